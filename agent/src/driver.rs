@@ -1,0 +1,810 @@
+//! The driver: performs the I/O the state machine asks for — LLM calls with retry and
+//! streaming, tool calls through the guard pipeline — and checkpoints after each LLM
+//! response and each tool result through the [`Checkpointer`] it is handed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span};
+
+use crate::error::{Error, ErrorClass, Result};
+use crate::event::{AgentEvent, EventSink};
+use crate::guard::{Guards, Verdict};
+use crate::provider::{LlmEvent, LlmProvider, LlmRequest};
+use crate::schema::{FinishReason, Message, Role, ThinkingBlock, ToolCall, Usage};
+use crate::spec::{ExitReason, Mode};
+use crate::state::{
+    Outcome, PLAN_TO_ACT, Phase, Piece, SessionState, Step, ThinkSplitter, truncate_output,
+};
+use crate::tools::{SideEffect, ToolContext, ToolOutput, ToolRegistry, ToolSettings, Workspace};
+
+/// Persists the state after each step. `from` is the index of the first message not yet
+/// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
+/// Returning [`Error::LeaseLost`] stops the run at once, without any further write.
+#[async_trait]
+pub trait Checkpointer: Send + Sync {
+    async fn save(&self, state: &SessionState, from: usize) -> Result<()>;
+}
+
+/// Keeps nothing: `agentq run` and tests that do not care.
+pub struct NoCheckpoint;
+
+#[async_trait]
+impl Checkpointer for NoCheckpoint {
+    async fn save(&self, _state: &SessionState, _from: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A background sub-agent's final result, to be injected into its parent.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BackgroundResult {
+    pub label: String,
+    pub id: String,
+    /// `completed`, `failed`, `cancelled`…
+    pub outcome: String,
+    pub result: String,
+}
+
+impl BackgroundResult {
+    /// Seed 001's injection format.
+    pub fn render(&self) -> String {
+        format!(
+            "[Background agent \"{}\" ({}) {}] {}",
+            self.label, self.id, self.outcome, self.result
+        )
+    }
+}
+
+/// Where background results come from. The host pushes them in; the loop drains them.
+#[async_trait]
+pub trait BackgroundSource: Send + Sync {
+    /// Results that arrived and were not injected yet. Taking them consumes them.
+    fn take(&self) -> Vec<BackgroundResult>;
+    /// Background children still running.
+    fn outstanding(&self) -> usize;
+    /// Wait for the next result. `false` when this host cannot wait in-process: the
+    /// session then suspends and is resumed when a result arrives.
+    async fn wait(&self, cancel: &CancellationToken) -> bool;
+}
+
+/// No background agents.
+pub struct NoBackground;
+
+#[async_trait]
+impl BackgroundSource for NoBackground {
+    fn take(&self) -> Vec<BackgroundResult> {
+        Vec::new()
+    }
+    fn outstanding(&self) -> usize {
+        0
+    }
+    async fn wait(&self, _cancel: &CancellationToken) -> bool {
+        false
+    }
+}
+
+/// An in-process inbox: anything can push results; the loop drains them.
+#[derive(Default)]
+pub struct BackgroundInbox {
+    results: std::sync::Mutex<Vec<BackgroundResult>>,
+    outstanding: std::sync::atomic::AtomicUsize,
+    notify: tokio::sync::Notify,
+}
+
+impl BackgroundInbox {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// A child was started.
+    pub fn started(&self) {
+        self.outstanding
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A child finished with this result.
+    pub fn push(&self, r: BackgroundResult) {
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r);
+        let _ = self.outstanding.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |n| Some(n.saturating_sub(1)),
+        );
+        self.notify.notify_one();
+    }
+}
+
+#[async_trait]
+impl BackgroundSource for BackgroundInbox {
+    fn take(&self) -> Vec<BackgroundResult> {
+        std::mem::take(&mut *self.results.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+    fn outstanding(&self) -> usize {
+        self.outstanding.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    async fn wait(&self, cancel: &CancellationToken) -> bool {
+        if !self
+            .results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+        {
+            return true;
+        }
+        tokio::select! {
+            _ = self.notify.notified() => true,
+            _ = cancel.cancelled() => false,
+        }
+    }
+}
+
+/// Why a run stopped without finishing the session.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspendReason {
+    /// Waiting for background children.
+    Children,
+    /// Waiting for a human to approve a tool call.
+    Approval { tool_call_id: String },
+}
+
+/// How one run of the driver ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    Finished(Outcome),
+    Suspended(SuspendReason),
+}
+
+/// Everything a session runs with. Cheap to clone (all shared).
+#[derive(Clone)]
+pub struct Agent {
+    pub provider: Arc<dyn LlmProvider>,
+    /// The model used when the session does not name one.
+    pub default_model: String,
+    /// The tools this session may use (already narrowed to its `tools` list).
+    pub tools: ToolRegistry,
+    pub guards: Guards,
+    pub events: Arc<dyn EventSink>,
+    pub checkpointer: Arc<dyn Checkpointer>,
+    pub background: Arc<dyn BackgroundSource>,
+    pub workspace: Arc<dyn Workspace>,
+    pub settings: Arc<ToolSettings>,
+}
+
+/// The result of one streamed LLM call, assembled.
+struct Response {
+    message: Message,
+    /// The model answered with an `error` finish and no content: retry it.
+    empty_error: bool,
+}
+
+enum Attempt {
+    Got(Response),
+    Ended(Outcome),
+}
+
+impl Agent {
+    fn model(&self, state: &SessionState) -> String {
+        state
+            .spec
+            .model
+            .clone()
+            .unwrap_or_else(|| self.default_model.clone())
+    }
+
+    async fn checkpoint(&self, state: &SessionState, persisted: &mut usize) -> Result<()> {
+        self.checkpointer.save(state, *persisted).await?;
+        *persisted = state.messages.len();
+        Ok(())
+    }
+
+    /// Run the session until it finishes or suspends. `Err` only when checkpointing
+    /// failed (including a lost lease): the run must stop without further writes.
+    pub async fn run(
+        &self,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<RunEnd> {
+        let span =
+            info_span!("session", session_id = %state.session_id, model = %self.model(state));
+        self.run_inner(state, cancel).instrument(span).await
+    }
+
+    async fn run_inner(
+        &self,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<RunEnd> {
+        state.normalize();
+        let mut persisted = state.messages.len();
+        let fresh = state.started_at.is_none();
+        if fresh {
+            state.started_at = Some(chrono::Utc::now());
+            for h in &self.guards.hooks {
+                h.session_start(&state.session_id).await;
+            }
+        }
+        // Calls pending when this run starts may have been started by a run that died.
+        let mut maybe_started: Vec<String> = if fresh {
+            Vec::new()
+        } else {
+            state.pending_calls().into_iter().map(|c| c.id).collect()
+        };
+        let specs = self.tools.specs();
+        loop {
+            if state.outcome.is_none() && cancel.is_cancelled() {
+                self.close_pending(state, "interrupted: the session was cancelled");
+                state.outcome = Some(Outcome::new(ExitReason::Interrupted));
+            }
+            match state.next_step(chrono::Utc::now()) {
+                Step::Done(outcome) => {
+                    if state.outcome.is_none() {
+                        state.outcome = Some(outcome.clone());
+                    }
+                    self.checkpoint(state, &mut persisted).await?;
+                    self.finish_events(state, &outcome).await;
+                    return Ok(RunEnd::Finished(outcome));
+                }
+                Step::RunTools(calls) => {
+                    let uncertain = std::mem::take(&mut maybe_started);
+                    match self
+                        .run_tools(state, calls, &uncertain, cancel, &mut persisted)
+                        .await?
+                    {
+                        Some(end) => return Ok(end),
+                        None => {
+                            if state.outcome.is_none() {
+                                self.inject_background(state);
+                                self.checkpoint(state, &mut persisted).await?;
+                            }
+                        }
+                    }
+                }
+                Step::CallLlm => {
+                    let iteration = state.iteration + u32::from(!state.free_iteration);
+                    self.events.emit(AgentEvent::IterationStarted { iteration });
+                    let request = state.request(&self.model(state), &specs);
+                    let span = info_span!("iteration", iteration);
+                    let attempt = self
+                        .call_with_retry(state, &request, cancel)
+                        .instrument(span)
+                        .await;
+                    let response = match attempt {
+                        Attempt::Ended(outcome) => {
+                            if outcome.reason == ExitReason::Interrupted {
+                                self.close_pending(state, "interrupted: the session was cancelled");
+                            }
+                            state.outcome = Some(outcome);
+                            continue;
+                        }
+                        Attempt::Got(r) => r,
+                    };
+                    let msg = response.message;
+                    let usage = msg.usage.unwrap_or_default();
+                    let has_calls = !msg.tool_calls.is_empty();
+                    let answer = msg.content.clone();
+                    for c in &msg.tool_calls {
+                        self.events.emit(AgentEvent::ToolCall {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                            arguments: c.arguments.clone(),
+                        });
+                    }
+                    state.push_assistant(msg);
+                    if has_calls && !state.tools_enabled() {
+                        // Think/plan: the model called tools it was not offered.
+                        self.refuse_calls(state);
+                    }
+                    // Write-ahead: the response is durable before any tool runs.
+                    self.checkpoint(state, &mut persisted).await?;
+                    self.events.emit(AgentEvent::IterationCompleted {
+                        iteration: state.iteration,
+                        usage,
+                    });
+                    if !has_calls {
+                        if state.spec.mode == Mode::PlanAct && state.phase == Phase::Plan {
+                            state.phase = Phase::Act;
+                            state.messages.push(Message::user(PLAN_TO_ACT));
+                            self.checkpoint(state, &mut persisted).await?;
+                            continue;
+                        }
+                        match self.drain_or_finish(state, answer, cancel).await {
+                            Some(end) => {
+                                self.checkpoint(state, &mut persisted).await?;
+                                if let RunEnd::Finished(o) = &end {
+                                    self.finish_events(state, o).await;
+                                }
+                                return Ok(end);
+                            }
+                            None => self.checkpoint(state, &mut persisted).await?,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn finish_events(&self, state: &SessionState, outcome: &Outcome) {
+        for h in &self.guards.hooks {
+            h.session_end(&state.session_id, outcome.reason).await;
+        }
+        self.events.emit(AgentEvent::SessionCompleted {
+            finish_reason: outcome.reason,
+            result: outcome.result.clone(),
+            error: outcome.error.clone(),
+            iterations: state.iteration,
+            usage: state.usage,
+        });
+    }
+
+    /// The model answered without tool calls: inject pending background results (at most
+    /// `max_background_drain_rounds` times in a row), wait for running children, or finish.
+    /// `None` means "keep looping".
+    async fn drain_or_finish(
+        &self,
+        state: &mut SessionState,
+        answer: String,
+        cancel: &CancellationToken,
+    ) -> Option<RunEnd> {
+        let can_drain = state.drain_rounds < state.spec.max_background_drain_rounds;
+        if can_drain {
+            let mut results = self.background.take();
+            if results.is_empty() && self.background.outstanding() > 0 {
+                if !self.background.wait(cancel).await {
+                    if cancel.is_cancelled() {
+                        state.outcome = Some(Outcome::new(ExitReason::Interrupted));
+                        return Some(RunEnd::Finished(Outcome::new(ExitReason::Interrupted)));
+                    }
+                    return Some(RunEnd::Suspended(SuspendReason::Children));
+                }
+                results = self.background.take();
+            }
+            if !results.is_empty() {
+                state.drain_rounds += 1;
+                state.free_iteration = true;
+                state.messages.push(Message::user(render_results(&results)));
+                return None;
+            }
+        }
+        let outcome = Outcome {
+            reason: ExitReason::Stop,
+            result: Some(answer),
+            error: None,
+        };
+        state.outcome = Some(outcome.clone());
+        Some(RunEnd::Finished(outcome))
+    }
+
+    /// After a tool round: inject whatever background results arrived meanwhile.
+    fn inject_background(&self, state: &mut SessionState) {
+        let results = self.background.take();
+        if !results.is_empty() {
+            state.messages.push(Message::user(render_results(&results)));
+        }
+    }
+
+    fn refuse_calls(&self, state: &mut SessionState) {
+        let mode = if state.spec.mode == Mode::PlanAct {
+            "the plan phase".to_string()
+        } else {
+            format!("{} mode", state.spec.mode)
+        };
+        for c in state.pending_calls() {
+            let text = format!(
+                "Tool calls are not available in {mode}: `{}` was not run. Answer without tools.",
+                c.name
+            );
+            self.events.emit(AgentEvent::ToolResult {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                content: text.clone(),
+                is_error: true,
+            });
+            state
+                .messages
+                .push(Message::tool_result(c.id, c.name, text, true));
+        }
+    }
+
+    /// Give every call still without a result an explicit result, so the history stays
+    /// replayable after a cancel.
+    fn close_pending(&self, state: &mut SessionState, text: &str) {
+        for c in state.pending_calls() {
+            state
+                .messages
+                .push(Message::tool_result(c.id, c.name, text, true));
+        }
+    }
+
+    /// LLM call with seed 001's retry policy.
+    async fn call_with_retry(
+        &self,
+        state: &SessionState,
+        request: &LlmRequest,
+        cancel: &CancellationToken,
+    ) -> Attempt {
+        let max_retries = state.spec.max_llm_retries;
+        let base = Duration::from_millis(state.spec.retry_delay_ms);
+        let mut attempt: u32 = 0;
+        loop {
+            if cancel.is_cancelled() {
+                return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
+            }
+            let deadline = state.deadline();
+            let call = self.call_once(request, cancel);
+            let result = match deadline {
+                Some(d) => {
+                    let left = (d - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                    match tokio::time::timeout(left, call).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            return Attempt::Ended(Outcome {
+                                reason: ExitReason::Timeout,
+                                result: None,
+                                error: Some("session deadline reached during an LLM call".into()),
+                            });
+                        }
+                    }
+                }
+                None => call.await,
+            };
+            let err = match result {
+                Ok(r) if !r.empty_error => return Attempt::Got(r),
+                Ok(_) => Error::Stream {
+                    message: "the model returned an error finish with no content".into(),
+                    code: None,
+                    retryable: true,
+                },
+                Err(Error::Cancelled) => {
+                    return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
+                }
+                Err(e) => e,
+            };
+            let class = err.class();
+            let retry_after = match class {
+                ErrorClass::Retryable { after } if attempt < max_retries => after,
+                _ => {
+                    let message = if attempt > 0 {
+                        format!("LLM call failed after {} attempts: {err}", attempt + 1)
+                    } else {
+                        format!("LLM call failed: {err}")
+                    };
+                    self.events.emit(AgentEvent::Error {
+                        message: message.clone(),
+                        retrying: false,
+                    });
+                    return Attempt::Ended(Outcome::error(message));
+                }
+            };
+            let delay = (base * (attempt + 1)).max(retry_after.unwrap_or(Duration::ZERO));
+            tracing::info!(error = %err, attempt, ?delay, "LLM call failed; retrying");
+            self.events.emit(AgentEvent::Error {
+                message: format!("{err} (retrying in {:.1}s)", delay.as_secs_f64()),
+                retrying: true,
+            });
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cancel.cancelled() => return Attempt::Ended(Outcome::new(ExitReason::Interrupted)),
+            }
+            attempt += 1;
+        }
+    }
+
+    /// One streamed call, assembled into an assistant message. Text and thinking deltas
+    /// are emitted as they arrive.
+    async fn call_once(
+        &self,
+        request: &LlmRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Response> {
+        let mut stream = tokio::select! {
+            s = self.provider.stream(request) => s?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        let mut text = String::new();
+        let mut splitter = ThinkSplitter::default();
+        let mut thinking: Vec<ThinkingBlock> = Vec::new();
+        let mut open_thinking = false;
+        let mut calls: BTreeMap<usize, (String, String, String)> = BTreeMap::new();
+        let mut usage = Usage::default();
+        let mut model: Option<String> = None;
+        let mut finish: Option<FinishReason> = None;
+        let think_piece = |thinking: &mut Vec<ThinkingBlock>, open: &mut bool, s: &str| {
+            if !*open {
+                thinking.push(ThinkingBlock::default());
+                *open = true;
+            }
+            if let Some(b) = thinking.last_mut() {
+                b.text.push_str(s);
+            }
+        };
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+            };
+            let Some(ev) = ev else { break };
+            match ev? {
+                LlmEvent::TextDelta(t) => {
+                    for piece in splitter.push(&t) {
+                        match piece {
+                            Piece::Text(s) => {
+                                text.push_str(&s);
+                                self.events.emit(AgentEvent::TextDelta { text: s });
+                            }
+                            Piece::Thinking(s) => {
+                                think_piece(&mut thinking, &mut open_thinking, &s);
+                                self.events.emit(AgentEvent::ThinkingDelta { text: s });
+                            }
+                        }
+                    }
+                }
+                LlmEvent::ThinkingDelta(t) => {
+                    if t.is_empty() {
+                        continue;
+                    }
+                    think_piece(&mut thinking, &mut open_thinking, &t);
+                    self.events.emit(AgentEvent::ThinkingDelta { text: t });
+                }
+                LlmEvent::ThinkingSignature(sig) => {
+                    if !open_thinking {
+                        thinking.push(ThinkingBlock::default());
+                    }
+                    if let Some(b) = thinking.last_mut() {
+                        b.signature = Some(sig);
+                    }
+                    open_thinking = false;
+                }
+                LlmEvent::RedactedThinking(data) => {
+                    thinking.push(ThinkingBlock {
+                        text: String::new(),
+                        signature: None,
+                        redacted: Some(data),
+                    });
+                    open_thinking = false;
+                }
+                LlmEvent::ToolCallDelta {
+                    index,
+                    id,
+                    name,
+                    arguments,
+                } => {
+                    let entry = calls.entry(index).or_default();
+                    if let Some(id) = id.filter(|s| !s.is_empty())
+                        && entry.0.is_empty()
+                    {
+                        entry.0 = id;
+                    }
+                    if let Some(n) = name.filter(|s| !s.is_empty())
+                        && entry.1.is_empty()
+                    {
+                        entry.1 = n;
+                    }
+                    entry.2.push_str(&arguments);
+                }
+                LlmEvent::Usage(u) => usage = u,
+                LlmEvent::Model(m) => model = Some(m),
+                LlmEvent::Done(f) => finish = Some(f),
+            }
+        }
+        for piece in splitter.finish() {
+            match piece {
+                Piece::Text(s) => {
+                    text.push_str(&s);
+                    self.events.emit(AgentEvent::TextDelta { text: s });
+                }
+                Piece::Thinking(s) => {
+                    think_piece(&mut thinking, &mut open_thinking, &s);
+                    self.events.emit(AgentEvent::ThinkingDelta { text: s });
+                }
+            }
+        }
+        let tool_calls: Vec<ToolCall> = calls
+            .into_values()
+            .filter(|(_, name, _)| !name.is_empty())
+            .map(|(id, name, args)| ToolCall {
+                id: if id.is_empty() {
+                    format!("call_{}", uuid::Uuid::new_v4().simple())
+                } else {
+                    id
+                },
+                name,
+                arguments: ToolCall::parse_arguments(&args),
+            })
+            .collect();
+        let empty_error =
+            finish == Some(FinishReason::Error) && text.trim().is_empty() && tool_calls.is_empty();
+        let mut message = Message::assistant(text);
+        message.thinking = thinking;
+        message.tool_calls = tool_calls;
+        message.usage = Some(usage);
+        message.model = model.or_else(|| Some(request.model.clone()));
+        message.finish_reason = finish;
+        Ok(Response {
+            message,
+            empty_error,
+        })
+    }
+
+    /// Run the pending calls concurrently; commit each result as it finishes.
+    /// `Some(end)` when the run must stop (yield, cancel, suspension).
+    async fn run_tools(
+        &self,
+        state: &mut SessionState,
+        calls: Vec<ToolCall>,
+        uncertain: &[String],
+        cancel: &CancellationToken,
+        persisted: &mut usize,
+    ) -> Result<Option<RunEnd>> {
+        let approval_timeout = Duration::from_secs(state.spec.approval_timeout_secs);
+        let tool_timeout = Duration::from_secs(state.spec.tool_timeout_secs);
+        let sensitive = state.spec.sensitive_tools.clone();
+        let max_chars = state.spec.tool_output_max_chars;
+        let session_id = state.session_id.clone();
+        let mut running = FuturesUnordered::new();
+        for call in calls {
+            let this = self.clone();
+            let sensitive = sensitive.clone();
+            let session_id = session_id.clone();
+            let cancel = cancel.clone();
+            let was_started = uncertain.contains(&call.id);
+            running.push(async move {
+                let span = info_span!("tool", tool = %call.name, tool_call_id = %call.id);
+                let out = this
+                    .execute_one(
+                        &session_id,
+                        &call,
+                        was_started,
+                        &sensitive,
+                        approval_timeout,
+                        tool_timeout,
+                        &cancel,
+                    )
+                    .instrument(span)
+                    .await;
+                (call, out)
+            });
+        }
+        let mut yielded: Option<String> = None;
+        let mut suspend: Option<SuspendReason> = None;
+        while let Some((call, out)) = running.next().await {
+            let out = match out {
+                Some(o) => o,
+                None => {
+                    suspend.get_or_insert(SuspendReason::Approval {
+                        tool_call_id: call.id.clone(),
+                    });
+                    continue;
+                }
+            };
+            let content = truncate_output(out.content.clone(), max_chars);
+            self.events.emit(AgentEvent::ToolResult {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                content: content.clone(),
+                is_error: out.is_error,
+            });
+            if out.yield_loop && yielded.is_none() {
+                yielded = Some(content.clone());
+            }
+            state.messages.push(Message::tool_result(
+                call.id.clone(),
+                call.name.clone(),
+                content,
+                out.is_error,
+            ));
+            self.checkpoint(state, persisted).await?;
+        }
+        state.order_tool_results();
+        if let Some(reason) = suspend {
+            return Ok(Some(RunEnd::Suspended(reason)));
+        }
+        if cancel.is_cancelled() {
+            return Ok(None);
+        }
+        if let Some(result) = yielded {
+            let outcome = Outcome {
+                reason: ExitReason::Yielded,
+                result: Some(result),
+                error: None,
+            };
+            state.outcome = Some(outcome.clone());
+            self.checkpoint(state, persisted).await?;
+            self.finish_events(state, &outcome).await;
+            return Ok(Some(RunEnd::Finished(outcome)));
+        }
+        Ok(None)
+    }
+
+    /// One call through the guard pipeline. `None` means "suspend for approval".
+    #[allow(clippy::too_many_arguments)]
+    async fn execute_one(
+        &self,
+        session_id: &str,
+        call: &ToolCall,
+        was_started: bool,
+        sensitive: &[String],
+        approval_timeout: Duration,
+        tool_timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Option<ToolOutput> {
+        if cancel.is_cancelled() {
+            return Some(ToolOutput::error("interrupted: the session was cancelled"));
+        }
+        let Some(tool) = self.tools.get(&call.name).cloned() else {
+            if self.guards.native_tools.contains(&call.name) {
+                return Some(ToolOutput::ok(
+                    "Skipped: this tool is executed natively by the provider.",
+                ));
+            }
+            return Some(ToolOutput::error(format!(
+                "Unknown tool `{}`. Available tools: {}",
+                call.name,
+                self.tools.names().join(", ")
+            )));
+        };
+        if was_started && tool.side_effect() == SideEffect::Unsafe {
+            return Some(ToolOutput::error(
+                "interrupted before completion; outcome unknown. This call may or may not have taken effect: check before repeating it.",
+            ));
+        }
+        match self
+            .guards
+            .check(session_id, call, tool.as_ref(), sensitive, approval_timeout)
+            .await
+        {
+            Verdict::Run => {}
+            Verdict::Result(out) => return Some(out),
+            Verdict::Suspend => return None,
+        }
+        let ctx = ToolContext {
+            session_id: session_id.to_string(),
+            tool_call_id: call.id.clone(),
+            idempotency_key: format!("{session_id}:{}", call.id),
+            workspace: self.workspace.clone(),
+            settings: self.settings.clone(),
+            cancel: cancel.child_token(),
+        };
+        debug!(tool = %call.name, "executing tool");
+        let fut = tool.call(call.arguments.clone(), &ctx);
+        let out = tokio::select! {
+            r = tokio::time::timeout(tool_timeout, fut) => match r {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => ToolOutput::error(format!("Error: {e}")),
+                Err(_) => ToolOutput::error(format!(
+                    "Error: tool `{}` timed out after {}s",
+                    call.name,
+                    tool_timeout.as_secs_f64()
+                )),
+            },
+            _ = cancel.cancelled() => {
+                ctx.cancel.cancel();
+                ToolOutput::error("interrupted: the session was cancelled while this tool ran")
+            }
+        };
+        self.guards.post_tool_use(session_id, call, &out);
+        Some(out)
+    }
+}
+
+fn render_results(results: &[BackgroundResult]) -> String {
+    results
+        .iter()
+        .map(BackgroundResult::render)
+        .collect::<Vec<_>>()
+        .join("\n\n")
+}
+
+/// The role of the last message, for hosts deciding how to resume.
+pub fn last_role(state: &SessionState) -> Option<Role> {
+    state.messages.last().map(|m| m.role)
+}

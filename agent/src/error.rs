@@ -1,0 +1,104 @@
+//! The crate's error type, classified where it is raised: retryable, fatal or suspended.
+
+use std::time::Duration;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How the caller should treat a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Try again, after at least `after` when the server said so.
+    Retryable { after: Option<Duration> },
+    /// Trying again cannot help.
+    Fatal,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connect failure, reset, idle timeout, a stream cut before its end.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// A non-2xx answer from a provider. `message` is the provider's own message.
+    #[error("HTTP {status}: {message}")]
+    Http {
+        status: u16,
+        message: String,
+        /// The provider's error code or type (`rate_limit_exceeded`, `overloaded_error`…).
+        code: Option<String>,
+        retry_after: Option<Duration>,
+    },
+    /// An error reported inside a 200 stream (`event: error`, `data: {"error":…}`).
+    #[error("provider stream error: {message}")]
+    Stream {
+        message: String,
+        code: Option<String>,
+        retryable: bool,
+    },
+    /// The provider sent something we could not understand.
+    #[error("invalid provider response: {0}")]
+    Decode(String),
+    /// The prompt does not fit the model's context window. Never retried.
+    #[error("context length exceeded: {0}")]
+    ContextLength(String),
+    /// Bad configuration (missing key, unknown provider, bad URL).
+    #[error("configuration error: {0}")]
+    Config(String),
+    #[error("cancelled")]
+    Cancelled,
+    /// The checkpoint was refused because another worker owns the session now.
+    #[error("lease lost: another worker owns this session")]
+    LeaseLost,
+    /// The checkpoint store failed.
+    #[error("checkpoint failed: {0}")]
+    Checkpoint(String),
+    #[error("tool error: {0}")]
+    Tool(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Transport(_) | Error::Decode(_) => ErrorClass::Retryable { after: None },
+            Error::Http {
+                status,
+                retry_after,
+                code,
+                ..
+            } => {
+                // A quota error is a 429 that waiting does not fix.
+                if code.as_deref() == Some("insufficient_quota") {
+                    return ErrorClass::Fatal;
+                }
+                match status {
+                    408 | 409 | 429 | 500 | 502 | 503 | 504 | 529 => ErrorClass::Retryable {
+                        after: *retry_after,
+                    },
+                    _ => ErrorClass::Fatal,
+                }
+            }
+            Error::Stream { retryable, .. } => {
+                if *retryable {
+                    ErrorClass::Retryable { after: None }
+                } else {
+                    ErrorClass::Fatal
+                }
+            }
+            Error::Checkpoint(_) => ErrorClass::Retryable { after: None },
+            Error::ContextLength(_)
+            | Error::Config(_)
+            | Error::Cancelled
+            | Error::LeaseLost
+            | Error::Tool(_)
+            | Error::Io(_)
+            | Error::Json(_) => ErrorClass::Fatal,
+        }
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.class(), ErrorClass::Retryable { .. })
+    }
+}

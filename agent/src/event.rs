@@ -1,0 +1,68 @@
+//! Events a running session emits, in order, as they happen. The CLI prints them, the
+//! worker forwards them to the session's event stream.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::schema::Usage;
+use crate::spec::ExitReason;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentEvent {
+    IterationStarted {
+        iteration: u32,
+    },
+    TextDelta {
+        text: String,
+    },
+    ThinkingDelta {
+        text: String,
+    },
+    ToolCall {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    ToolResult {
+        id: String,
+        name: String,
+        content: String,
+        is_error: bool,
+    },
+    IterationCompleted {
+        iteration: u32,
+        usage: Usage,
+    },
+    SessionCompleted {
+        finish_reason: ExitReason,
+        result: Option<String>,
+        error: Option<String>,
+        iterations: u32,
+        usage: Usage,
+    },
+    Error {
+        message: String,
+        /// Whether the loop will try again.
+        retrying: bool,
+    },
+}
+
+/// Where events go. Must not block: implementations buffer or drop.
+pub trait EventSink: Send + Sync {
+    fn emit(&self, event: AgentEvent);
+}
+
+/// Discards every event.
+pub struct NullSink;
+
+impl EventSink for NullSink {
+    fn emit(&self, _event: AgentEvent) {}
+}
+
+/// Forwards events into an unbounded channel.
+impl EventSink for tokio::sync::mpsc::UnboundedSender<AgentEvent> {
+    fn emit(&self, event: AgentEvent) {
+        let _ = self.send(event);
+    }
+}

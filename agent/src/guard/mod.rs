@@ -1,0 +1,184 @@
+//! The guard pipeline every tool call passes through, in seed 001's order: cancel check →
+//! provider-native skip → tenant/role permission → PreToolUse hooks → execution firewall →
+//! guardian → approval → (execute) → PostToolUse hooks. Each stage that says no produces a
+//! tool result the model sees, naming the stage.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::schema::ToolCall;
+use crate::spec::ExitReason;
+use crate::tools::{Tool, ToolOutput};
+
+pub mod firewall;
+
+pub use firewall::Firewall;
+
+/// What a PreToolUse hook decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookDecision {
+    Allow,
+    Deny(String),
+}
+
+/// Lifecycle hooks (seed 001: PreToolUse, PostToolUse, SessionStart, SessionEnd).
+/// Every method has a do-nothing default so a hook implements only what it needs.
+#[async_trait]
+pub trait Hook: Send + Sync {
+    async fn session_start(&self, _session_id: &str) {}
+    async fn session_end(&self, _session_id: &str, _reason: ExitReason) {}
+    async fn pre_tool_use(&self, _session_id: &str, _call: &ToolCall) -> HookDecision {
+        HookDecision::Allow
+    }
+    /// Fire and forget: runs on its own task, its outcome is never awaited by the loop.
+    async fn post_tool_use(&self, _session_id: &str, _call: &ToolCall, _output: &ToolOutput) {}
+}
+
+/// An optional reviewer (seed 001's GuardianAgent, e.g. an LLM) that can veto a call.
+#[async_trait]
+pub trait Guardian: Send + Sync {
+    async fn review(&self, session_id: &str, call: &ToolCall) -> HookDecision;
+}
+
+/// The answer to an approval request for a sensitive tool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    Approved,
+    Denied(String),
+    /// Nobody answered in time.
+    TimedOut,
+    /// The host cannot wait in-process: the session must suspend until someone answers.
+    Suspend,
+}
+
+/// Asked before a sensitive tool runs.
+#[async_trait]
+pub trait Approver: Send + Sync {
+    async fn approve(
+        &self,
+        session_id: &str,
+        call: &ToolCall,
+        timeout: std::time::Duration,
+    ) -> ApprovalDecision;
+}
+
+/// Which tools a tenant or channel role may use (seed 001 step 3).
+#[derive(Debug, Clone)]
+pub struct Permissions {
+    pub can_use_tools: bool,
+    /// When set, only these tools.
+    pub allowed: Option<HashSet<String>>,
+}
+
+impl Default for Permissions {
+    fn default() -> Self {
+        Permissions {
+            can_use_tools: true,
+            allowed: None,
+        }
+    }
+}
+
+/// The configured pipeline. `Default` allows everything but the default firewall.
+#[derive(Clone, Default)]
+pub struct Guards {
+    /// Tools the provider executes itself (e.g. native web search): skipped locally.
+    pub native_tools: HashSet<String>,
+    pub permissions: Permissions,
+    pub hooks: Vec<Arc<dyn Hook>>,
+    pub firewall: Option<Arc<Firewall>>,
+    pub guardian: Option<Arc<dyn Guardian>>,
+    pub approver: Option<Arc<dyn Approver>>,
+    /// Tools that need approval, on top of the session's own list.
+    pub sensitive_tools: HashSet<String>,
+}
+
+/// The verdict of the stages before execution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    Run,
+    /// Do not run; this is the call's result.
+    Result(ToolOutput),
+    /// Suspend the session until an approval arrives.
+    Suspend,
+}
+
+pub(crate) fn denied(stage: &str, reason: &str) -> ToolOutput {
+    ToolOutput::error(format!("Tool call denied by {stage}: {reason}"))
+}
+
+impl Guards {
+    /// Every stage up to and including approval, in order.
+    pub async fn check(
+        &self,
+        session_id: &str,
+        call: &ToolCall,
+        tool: &dyn Tool,
+        session_sensitive: &[String],
+        approval_timeout: std::time::Duration,
+    ) -> Verdict {
+        if self.native_tools.contains(&call.name) {
+            return Verdict::Result(ToolOutput::ok(
+                "Skipped: this tool is executed natively by the provider.",
+            ));
+        }
+        if !self.permissions.can_use_tools {
+            return Verdict::Result(denied("permission", "this session may not use tools"));
+        }
+        if let Some(allowed) = &self.permissions.allowed
+            && !allowed.contains(&call.name)
+        {
+            return Verdict::Result(denied(
+                "permission",
+                &format!("tool `{}` is not allowed for this tenant", call.name),
+            ));
+        }
+        for hook in &self.hooks {
+            if let HookDecision::Deny(reason) = hook.pre_tool_use(session_id, call).await {
+                return Verdict::Result(denied("PreToolUse hook", &reason));
+            }
+        }
+        if let Some(fw) = &self.firewall
+            && let Err(reason) = fw.check(tool, &call.arguments)
+        {
+            return Verdict::Result(denied("firewall", &reason));
+        }
+        if let Some(g) = &self.guardian
+            && let HookDecision::Deny(reason) = g.review(session_id, call).await
+        {
+            return Verdict::Result(denied("guardian", &reason));
+        }
+        let sensitive = self.sensitive_tools.contains(&call.name)
+            || session_sensitive.iter().any(|t| t == &call.name);
+        if sensitive {
+            let Some(approver) = &self.approver else {
+                return Verdict::Result(denied(
+                    "approval",
+                    "the tool needs a human approval and no approver is configured",
+                ));
+            };
+            match approver.approve(session_id, call, approval_timeout).await {
+                ApprovalDecision::Approved => {}
+                ApprovalDecision::Denied(reason) => {
+                    return Verdict::Result(denied("approval", &reason));
+                }
+                ApprovalDecision::TimedOut => {
+                    return Verdict::Result(denied("approval", "timeout"));
+                }
+                ApprovalDecision::Suspend => return Verdict::Suspend,
+            }
+        }
+        Verdict::Run
+    }
+
+    /// PostToolUse, fire and forget.
+    pub fn post_tool_use(&self, session_id: &str, call: &ToolCall, output: &ToolOutput) {
+        for hook in &self.hooks {
+            let hook = hook.clone();
+            let (sid, call, out) = (session_id.to_string(), call.clone(), output.clone());
+            tokio::spawn(async move { hook.post_tool_use(&sid, &call, &out).await });
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The `LlmProvider` trait and the neutral request/stream types. Each provider module owns
+//! its wire structs and converts at this boundary; vendor payloads never leave this folder.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::schema::{FinishReason, Message, ToolSpec, Usage};
+
+pub mod anthropic;
+pub mod factory;
+pub mod openai;
+pub mod scripted;
+pub mod sse;
+
+/// One request to a model. `messages` is the request view: already windowed, compacted and
+/// repaired by the loop; it never contains `System` messages (the prompt is in `system`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequest {
+    pub model: String,
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub temperature: f32,
+    pub max_tokens: u32,
+    /// The session this request belongs to; providers may use it as a user/trace id.
+    #[serde(default)]
+    pub session_id: String,
+}
+
+/// What a provider streams back. Tool-call fragments are keyed by `index`; the loop
+/// assembles them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum LlmEvent {
+    TextDelta(String),
+    /// Appends to the current thinking block (opens one if none is open).
+    ThinkingDelta(String),
+    /// Sets the signature of the current thinking block and closes it.
+    ThinkingSignature(String),
+    /// A complete `redacted_thinking` block.
+    RedactedThinking(String),
+    ToolCallDelta {
+        index: usize,
+        /// Present on the first fragment; later fragments may repeat it or send "".
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+    },
+    /// The usage so far, as a total: the assembler assigns, never adds.
+    Usage(Usage),
+    /// The model that answered, when the provider reports it.
+    Model(String),
+    Done(FinishReason),
+}
+
+pub type LlmStream = Pin<Box<dyn Stream<Item = Result<LlmEvent>> + Send>>;
+
+#[async_trait]
+pub trait LlmProvider: Send + Sync {
+    /// `openai`, `anthropic`, `scripted`: used in metrics and spans.
+    fn name(&self) -> &str;
+
+    /// Send one request. Errors before the first byte (HTTP status, connect) come back
+    /// here; errors after it come through the stream.
+    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream>;
+}
+
+/// Timeouts for streaming HTTP providers. There is deliberately no total timeout: a long
+/// answer is fine as long as bytes keep coming.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpTimeouts {
+    pub connect: Duration,
+    /// Longest silence allowed between two chunks (and before the first one).
+    pub idle: Duration,
+}
+
+impl Default for HttpTimeouts {
+    fn default() -> Self {
+        HttpTimeouts {
+            connect: Duration::from_secs(10),
+            idle: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Parse a `Retry-After` header: delta-seconds (possibly fractional) or an HTTP date.
+pub fn parse_retry_after(value: &str) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Some(Duration::from_secs_f64(secs.min(3600.0)));
+        }
+        return None;
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(delta.to_std().unwrap_or(Duration::ZERO))
+}

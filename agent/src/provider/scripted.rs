@@ -1,0 +1,263 @@
+//! The scripted provider: a JSON script of turns (text, thinking, tool calls, failures,
+//! delays) played back through the same streaming interface as a real model. Used by
+//! tests, `agentq run --provider scripted` and the demo.
+//!
+//! The turn to play is chosen from the request — the number of assistant messages already
+//! in the history — not from a counter, so a session resumed on another worker continues
+//! with the right turn.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::provider::{LlmEvent, LlmProvider, LlmRequest, LlmStream};
+use crate::schema::{FinishReason, Role, Usage};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Script {
+    pub turns: Vec<Turn>,
+    /// Past the end of the script, replay the last turn forever (for limit tests).
+    #[serde(default)]
+    pub repeat_last: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScriptedCall {
+    pub name: String,
+    #[serde(default)]
+    pub arguments: Value,
+    /// Send these exact argument bytes instead of `arguments` (e.g. invalid JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_arguments: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// A failure to produce before the turn succeeds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScriptedFailure {
+    /// HTTP status to fail with; 0 means a transport error.
+    #[serde(default)]
+    pub status: u16,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// Instead of an error, answer with an `error` finish and no content.
+    #[serde(default)]
+    pub empty_error_finish: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// The answer text. `{{prompt}}` and `{{last_tool_result}}` are substituted.
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ScriptedCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Delay before the first event.
+    #[serde(default)]
+    pub delay_ms: u64,
+    /// Delay between text chunks.
+    #[serde(default)]
+    pub chunk_delay_ms: u64,
+    /// Text is streamed in chunks of this many characters (0: one chunk).
+    #[serde(default)]
+    pub chunk_chars: usize,
+    /// Failures to produce, one per attempt, before this turn is answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fail: Vec<ScriptedFailure>,
+}
+
+pub struct ScriptedProvider {
+    script: Script,
+    /// Attempts per (session, turn), to play each turn's failures once.
+    attempts: Mutex<HashMap<(String, usize), usize>>,
+}
+
+impl ScriptedProvider {
+    pub fn new(script: Script) -> Self {
+        ScriptedProvider {
+            script,
+            attempts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn from_json(json: &str) -> Result<Self> {
+        let script: Script = serde_json::from_str(json)
+            .map_err(|e| Error::Config(format!("invalid script: {e}")))?;
+        Ok(Self::new(script))
+    }
+
+    /// A built-in script: look at the workspace, then answer with what was seen.
+    pub fn demo() -> Self {
+        Self::new(Script {
+            turns: vec![
+                Turn {
+                    text: "Let me look at the workspace first.".into(),
+                    tool_calls: vec![ScriptedCall {
+                        name: "list_dir".into(),
+                        arguments: serde_json::json!({"path": "."}),
+                        ..Default::default()
+                    }],
+                    usage: Some(Usage {
+                        input_tokens: 120,
+                        output_tokens: 18,
+                        ..Default::default()
+                    }),
+                    chunk_chars: 6,
+                    ..Default::default()
+                },
+                Turn {
+                    text:
+                        "You asked: \"{{prompt}}\". The workspace contains:\n{{last_tool_result}}"
+                            .into(),
+                    usage: Some(Usage {
+                        input_tokens: 180,
+                        output_tokens: 40,
+                        ..Default::default()
+                    }),
+                    chunk_chars: 6,
+                    ..Default::default()
+                },
+            ],
+            repeat_last: false,
+        })
+    }
+}
+
+fn substitute(text: &str, req: &LlmRequest) -> String {
+    if !text.contains("{{") {
+        return text.to_string();
+    }
+    let prompt = req
+        .messages
+        .iter()
+        .find(|m| m.role == Role::User)
+        .map(|m| m.content.as_str())
+        .unwrap_or("");
+    let last_tool = req
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Tool)
+        .map(|m| m.content.as_str())
+        .unwrap_or("");
+    text.replace("{{prompt}}", prompt)
+        .replace("{{last_tool_result}}", last_tool)
+}
+
+fn chunks(text: &str, size: usize) -> Vec<String> {
+    if size == 0 || text.is_empty() {
+        return if text.is_empty() {
+            Vec::new()
+        } else {
+            vec![text.to_string()]
+        };
+    }
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+#[async_trait]
+impl LlmProvider for ScriptedProvider {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream> {
+        let index = request
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
+        let turn = match self.script.turns.get(index) {
+            Some(t) => t.clone(),
+            None if self.script.repeat_last && !self.script.turns.is_empty() => {
+                self.script.turns[self.script.turns.len() - 1].clone()
+            }
+            None => Turn {
+                text: "(the script has no more turns)".into(),
+                ..Default::default()
+            },
+        };
+        let attempt = {
+            let mut a = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+            let n = a.entry((request.session_id.clone(), index)).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        if turn.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
+        }
+        if let Some(f) = turn.fail.get(attempt) {
+            if f.empty_error_finish {
+                let evs: Vec<Result<LlmEvent>> = vec![Ok(LlmEvent::Done(FinishReason::Error))];
+                return Ok(Box::pin(futures::stream::iter(evs)));
+            }
+            if f.status == 0 {
+                return Err(Error::Transport(f.message.clone()));
+            }
+            return Err(Error::Http {
+                status: f.status,
+                message: f.message.clone(),
+                code: None,
+                retry_after: f.retry_after_ms.map(Duration::from_millis),
+            });
+        }
+        let mut events: Vec<LlmEvent> = vec![LlmEvent::Model(request.model.clone())];
+        if let Some(t) = &turn.thinking {
+            events.push(LlmEvent::ThinkingDelta(t.clone()));
+        }
+        let text = substitute(&turn.text, request);
+        let text_chunks = chunks(&text, turn.chunk_chars);
+        for (i, c) in turn.tool_calls.iter().enumerate() {
+            let args = c
+                .raw_arguments
+                .clone()
+                .unwrap_or_else(|| c.arguments.to_string());
+            events.push(LlmEvent::ToolCallDelta {
+                index: i,
+                id: Some(c.id.clone().unwrap_or_else(|| format!("call_{index}_{i}"))),
+                name: Some(c.name.clone()),
+                arguments: args,
+            });
+        }
+        let usage = turn.usage.unwrap_or(Usage {
+            input_tokens: request
+                .messages
+                .iter()
+                .map(|m| m.content.len() as u64 / 4)
+                .sum::<u64>()
+                + 10,
+            output_tokens: (text.len() as u64 / 4).max(1),
+            ..Default::default()
+        });
+        let finish = if turn.tool_calls.is_empty() {
+            FinishReason::Stop
+        } else {
+            FinishReason::ToolCalls
+        };
+        let chunk_delay = Duration::from_millis(turn.chunk_delay_ms);
+        let text_events = futures::stream::iter(text_chunks).then(move |c| async move {
+            if !chunk_delay.is_zero() {
+                tokio::time::sleep(chunk_delay).await;
+            }
+            Ok(LlmEvent::TextDelta(c))
+        });
+        let head = futures::stream::iter(events.into_iter().map(Ok));
+        let tail =
+            futures::stream::iter(vec![Ok(LlmEvent::Usage(usage)), Ok(LlmEvent::Done(finish))]);
+        use futures::StreamExt;
+        Ok(Box::pin(head.chain(text_events).chain(tail)))
+    }
+}

@@ -1,0 +1,170 @@
+//! The internal, provider-neutral conversation schema. Providers convert to and from it at
+//! their edge; the loop, the store and the API only ever see these types.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// A tool call requested by the model. `arguments` is always a JSON value: arguments that
+/// were not valid JSON are kept as `{"_raw": "<text>"}` so the model can see and fix them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+impl ToolCall {
+    /// Parse streamed argument text tolerantly (seed 002): empty means `{}`, invalid JSON
+    /// becomes `{"_raw": text}`.
+    pub fn parse_arguments(raw: &str) -> Value {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            return Value::Object(Default::default());
+        }
+        match serde_json::from_str::<Value>(trimmed) {
+            Ok(v) => v,
+            Err(_) => serde_json::json!({ "_raw": raw }),
+        }
+    }
+}
+
+/// Reasoning the model produced. Anthropic thinking blocks must be replayed verbatim with
+/// their `signature`; `redacted` holds the opaque data of a `redacted_thinking` block.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ThinkingBlock {
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redacted: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+impl Usage {
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+        self.reasoning_tokens += other.reasoning_tokens;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// Why one LLM response ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    #[default]
+    Stop,
+    ToolCalls,
+    Length,
+    ContentFilter,
+    Error,
+    Other(String),
+}
+
+/// One entry of a session's history. Assistant messages carry their tool calls; each tool
+/// result is its own `Tool` message paired by `tool_call_id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default)]
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking: Vec<ThinkingBlock>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For `Tool` messages: the call this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For `Tool` messages: the tool's name (Anthropic and some servers want it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// For assistant messages: what this response cost and which model produced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+}
+
+impl Message {
+    fn bare(role: Role, content: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: content.into(),
+            thinking: Vec::new(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            is_error: false,
+            usage: None,
+            model: None,
+            finish_reason: None,
+        }
+    }
+
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::bare(Role::System, content)
+    }
+
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::bare(Role::User, content)
+    }
+
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::bare(Role::Assistant, content)
+    }
+
+    pub fn tool_result(
+        tool_call_id: impl Into<String>,
+        name: impl Into<String>,
+        content: impl Into<String>,
+        is_error: bool,
+    ) -> Self {
+        let mut m = Self::bare(Role::Tool, content);
+        m.tool_call_id = Some(tool_call_id.into());
+        m.name = Some(name.into());
+        m.is_error = is_error;
+        m
+    }
+}
+
+/// A tool as offered to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+}

@@ -1,0 +1,240 @@
+//! What a session is asked to do and under which limits: the per-session knobs of the
+//! seeds with their defaults, the run modes, and the reasons a session ends.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const DEFAULT_MAX_ITERATIONS: u32 = 40;
+pub const DEFAULT_TEMPERATURE: f32 = 0.1;
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
+pub const TOOL_RESULT_MAX_CHARS: usize = 50_000;
+pub const DEFAULT_MAX_LLM_RETRIES: u32 = 2;
+pub const DEFAULT_RETRY_DELAY_MS: u64 = 1_000;
+pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
+pub const DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS: u32 = 3;
+pub const DEFAULT_HISTORY_WINDOW: usize = 100;
+
+/// Run modes of seed 003.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Tools are offered and run automatically.
+    #[default]
+    Act,
+    /// No tools: answer from knowledge.
+    Think,
+    /// No tools: produce a plan only.
+    Plan,
+    /// A plan phase without tools, then an act phase with them.
+    PlanAct,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "act" => Ok(Mode::Act),
+            "think" => Ok(Mode::Think),
+            "plan" => Ok(Mode::Plan),
+            "plan-act" | "plan_act" => Ok(Mode::PlanAct),
+            other => Err(format!(
+                "unknown mode `{other}` (expected act, think, plan or plan-act)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Act => "act",
+            Mode::Think => "think",
+            Mode::Plan => "plan",
+            Mode::PlanAct => "plan-act",
+        })
+    }
+}
+
+/// Why a session ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitReason {
+    Stop,
+    MaxIterations,
+    Interrupted,
+    Timeout,
+    Error,
+    Yielded,
+    BudgetExhausted,
+}
+
+impl ExitReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ExitReason::Stop => "stop",
+            ExitReason::MaxIterations => "max_iterations",
+            ExitReason::Interrupted => "interrupted",
+            ExitReason::Timeout => "timeout",
+            ExitReason::Error => "error",
+            ExitReason::Yielded => "yielded",
+            ExitReason::BudgetExhausted => "budget_exhausted",
+        }
+    }
+}
+
+impl std::fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+fn d_max_iterations() -> u32 {
+    DEFAULT_MAX_ITERATIONS
+}
+fn d_temperature() -> f32 {
+    DEFAULT_TEMPERATURE
+}
+fn d_max_tokens() -> u32 {
+    DEFAULT_MAX_TOKENS
+}
+fn d_tool_timeout() -> u64 {
+    DEFAULT_TOOL_TIMEOUT_SECS
+}
+fn d_approval_timeout() -> u64 {
+    DEFAULT_APPROVAL_TIMEOUT_SECS
+}
+fn d_history_window() -> usize {
+    DEFAULT_HISTORY_WINDOW
+}
+fn d_retries() -> u32 {
+    DEFAULT_MAX_LLM_RETRIES
+}
+fn d_retry_delay() -> u64 {
+    DEFAULT_RETRY_DELAY_MS
+}
+fn d_drain_rounds() -> u32 {
+    DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS
+}
+fn d_output_max() -> usize {
+    TOOL_RESULT_MAX_CHARS
+}
+
+/// A session's request: the prompt plus every per-session override. Serialisable: it is
+/// stored with the session and sent over the API. Provider credentials are never here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    pub prompt: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// `openai`, `anthropic` or `scripted`; `None` means the host's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    #[serde(default)]
+    pub mode: Mode,
+    #[serde(default = "d_max_iterations")]
+    pub max_iterations: u32,
+    #[serde(default = "d_temperature")]
+    pub temperature: f32,
+    #[serde(default = "d_max_tokens")]
+    pub max_tokens: u32,
+    /// Names of the tools this session may use; `None` means the host's default set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default = "d_tool_timeout")]
+    pub tool_timeout_secs: u64,
+    #[serde(default = "d_approval_timeout")]
+    pub approval_timeout_secs: u64,
+    /// Messages of history sent to the model at most (the request view only).
+    #[serde(default = "d_history_window")]
+    pub history_window: usize,
+    /// Above this many characters, old tool outputs are shortened in the request view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_budget_chars: Option<usize>,
+    /// Total tokens (input + output) the session may spend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    /// Wall-clock limit of the whole session, from its first start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    #[serde(default = "d_retries")]
+    pub max_llm_retries: u32,
+    #[serde(default = "d_retry_delay")]
+    pub retry_delay_ms: u64,
+    #[serde(default = "d_drain_rounds")]
+    pub max_background_drain_rounds: u32,
+    #[serde(default = "d_output_max")]
+    pub tool_output_max_chars: usize,
+    /// Tools that need a human's approval before they run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sensitive_tools: Vec<String>,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
+}
+
+impl SessionSpec {
+    pub fn new(prompt: impl Into<String>) -> Self {
+        SessionSpec {
+            prompt: prompt.into(),
+            system: None,
+            provider: None,
+            model: None,
+            base_url: None,
+            mode: Mode::Act,
+            max_iterations: DEFAULT_MAX_ITERATIONS,
+            temperature: DEFAULT_TEMPERATURE,
+            max_tokens: DEFAULT_MAX_TOKENS,
+            tools: None,
+            tool_timeout_secs: DEFAULT_TOOL_TIMEOUT_SECS,
+            approval_timeout_secs: DEFAULT_APPROVAL_TIMEOUT_SECS,
+            history_window: DEFAULT_HISTORY_WINDOW,
+            context_budget_chars: None,
+            token_budget: None,
+            timeout_secs: None,
+            max_llm_retries: DEFAULT_MAX_LLM_RETRIES,
+            retry_delay_ms: DEFAULT_RETRY_DELAY_MS,
+            max_background_drain_rounds: DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS,
+            tool_output_max_chars: TOOL_RESULT_MAX_CHARS,
+            sensitive_tools: Vec::new(),
+            metadata: Value::Null,
+        }
+    }
+
+    /// Check the limits a client sent; the error names the field.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.prompt.trim().is_empty() {
+            return Err(("prompt", "must not be empty".into()));
+        }
+        if self.max_iterations == 0 || self.max_iterations > 10_000 {
+            return Err(("max_iterations", "must be between 1 and 10000".into()));
+        }
+        if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
+            return Err(("temperature", "must be between 0 and 2".into()));
+        }
+        if self.max_tokens == 0 || self.max_tokens > 1_000_000 {
+            return Err(("max_tokens", "must be between 1 and 1000000".into()));
+        }
+        if self.tool_timeout_secs == 0 {
+            return Err(("tool_timeout_secs", "must be positive".into()));
+        }
+        if self.history_window == 0 {
+            return Err(("history_window", "must be positive".into()));
+        }
+        if self.tool_output_max_chars < 100 {
+            return Err(("tool_output_max_chars", "must be at least 100".into()));
+        }
+        if let Some(p) = &self.provider
+            && !matches!(p.as_str(), "openai" | "anthropic" | "scripted")
+        {
+            return Err((
+                "provider",
+                format!("unknown provider `{p}` (expected openai, anthropic or scripted)"),
+            ));
+        }
+        Ok(())
+    }
+}

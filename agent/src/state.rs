@@ -1,0 +1,568 @@
+//! The loop's state between steps, and the pure logic that decides the next step. It does
+//! no I/O: the driver performs what [`SessionState::next_step`] asks for and feeds the
+//! results back. The state is exactly what a checkpoint stores, so resuming a session is
+//! "load the state, keep stepping".
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::provider::LlmRequest;
+use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
+use crate::spec::{ExitReason, Mode, SessionSpec};
+
+/// The text a tool call gets when its result was lost (a crash between the assistant
+/// response and the result) and it was not re-run.
+pub const INTERRUPTED_RESULT: &str =
+    "interrupted: no result was recorded for this call (the run stopped before it finished)";
+
+/// The default system prompt: behaviour rules rather than a persona (seed 002).
+pub const DEFAULT_SYSTEM_PROMPT: &str = "You are an autonomous agent working in a workspace.\n\
+- If your knowledge is enough to answer, answer directly without tools.\n\
+- If the answer depends on workspace files or the network, gather what you need with tools, then answer.\n\
+- Keep tool use restrained: call only what is needed. Independent calls may be made in parallel.\n\
+- For irreversible operations (deleting or overwriting), state the impact first.\n\
+- Finish with a short summary of what you did.";
+
+const PLAN_INSTRUCTIONS: &str = "You are in planning mode: tools are not available. Produce a concise, numbered plan of the steps needed; do not carry them out.";
+const THINK_INSTRUCTIONS: &str =
+    "Tools are not available in this mode: answer from your own knowledge and reasoning.";
+/// Sent when a plan-act session moves from its plan phase to its act phase.
+pub const PLAN_TO_ACT: &str =
+    "The plan above is accepted. Now carry it out step by step, using the tools available.";
+
+/// Which half of a `plan-act` session is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Plan,
+    #[default]
+    Act,
+}
+
+/// How a session (or one run of it) ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub reason: ExitReason,
+    /// The final answer (or the yielding tool's output).
+    pub result: Option<String>,
+    /// Why it failed, in words a user can act on.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    pub fn new(reason: ExitReason) -> Self {
+        Outcome {
+            reason,
+            result: None,
+            error: None,
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        Outcome {
+            reason: ExitReason::Error,
+            result: None,
+            error: Some(message.into()),
+        }
+    }
+}
+
+/// What the driver must do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    CallLlm,
+    /// Run these calls of the last assistant message: they have no result yet.
+    RunTools(Vec<ToolCall>),
+    Done(Outcome),
+}
+
+/// A session's whole state. History is append-only; everything else is small scalars, so
+/// a checkpoint writes the new messages plus one row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionState {
+    pub session_id: String,
+    pub spec: SessionSpec,
+    /// The conversation: the user prompt first, then assistant and tool messages. The
+    /// system prompt is not part of it.
+    pub messages: Vec<Message>,
+    /// LLM responses that counted against `max_iterations`.
+    pub iteration: u32,
+    pub usage: Usage,
+    /// Consecutive background drains since the last real tool call.
+    pub drain_rounds: u32,
+    /// The next LLM response does not consume an iteration (it follows a drain).
+    #[serde(default)]
+    pub free_iteration: bool,
+    #[serde(default)]
+    pub phase: Phase,
+    /// When the session first started running; the deadline counts from here.
+    #[serde(default)]
+    pub started_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
+}
+
+impl SessionState {
+    pub fn new(session_id: impl Into<String>, spec: SessionSpec) -> Self {
+        let phase = if spec.mode == Mode::PlanAct {
+            Phase::Plan
+        } else {
+            Phase::Act
+        };
+        let messages = vec![Message::user(spec.prompt.clone())];
+        SessionState {
+            session_id: session_id.into(),
+            spec,
+            messages,
+            iteration: 0,
+            usage: Usage::default(),
+            drain_rounds: 0,
+            free_iteration: false,
+            phase,
+            started_at: None,
+            outcome: None,
+        }
+    }
+
+    /// Whether the model may be offered tools right now.
+    pub fn tools_enabled(&self) -> bool {
+        match self.spec.mode {
+            Mode::Act => true,
+            Mode::Think | Mode::Plan => false,
+            Mode::PlanAct => self.phase == Phase::Act,
+        }
+    }
+
+    pub fn deadline(&self) -> Option<DateTime<Utc>> {
+        let secs = self.spec.timeout_secs?;
+        let start = self.started_at?;
+        Some(start + chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 2)))
+    }
+
+    /// The calls of the last assistant turn that have no result yet, in call order.
+    pub fn pending_calls(&self) -> Vec<ToolCall> {
+        let Some(pos) = self
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        else {
+            return Vec::new();
+        };
+        let answered: std::collections::HashSet<&str> = self.messages[pos + 1..]
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .filter_map(|m| m.tool_call_id.as_deref())
+            .collect();
+        self.messages[pos]
+            .tool_calls
+            .iter()
+            .filter(|c| !answered.contains(c.id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// Decide the next step. Cancellation is the driver's to check (it is not state).
+    pub fn next_step(&self, now: DateTime<Utc>) -> Step {
+        if let Some(o) = &self.outcome {
+            return Step::Done(o.clone());
+        }
+        let pending = self.pending_calls();
+        if !pending.is_empty() {
+            return Step::RunTools(pending);
+        }
+        if let Some(d) = self.deadline()
+            && now >= d
+        {
+            return Step::Done(Outcome {
+                reason: ExitReason::Timeout,
+                result: None,
+                error: Some(format!(
+                    "session deadline of {}s reached",
+                    self.spec.timeout_secs.unwrap_or(0)
+                )),
+            });
+        }
+        if let Some(budget) = self.spec.token_budget
+            && self.usage.total() >= budget
+        {
+            return Step::Done(Outcome {
+                reason: ExitReason::BudgetExhausted,
+                result: None,
+                error: Some(format!(
+                    "token budget of {budget} spent ({} used)",
+                    self.usage.total()
+                )),
+            });
+        }
+        if self.iteration >= self.spec.max_iterations && !self.free_iteration {
+            return Step::Done(Outcome {
+                reason: ExitReason::MaxIterations,
+                result: None,
+                error: Some(format!(
+                    "stopped after {} iterations without a final answer",
+                    self.iteration
+                )),
+            });
+        }
+        Step::CallLlm
+    }
+
+    /// Record an assistant response. Counts the iteration and the usage.
+    pub fn push_assistant(&mut self, msg: Message) {
+        if self.free_iteration {
+            self.free_iteration = false;
+        } else {
+            self.iteration += 1;
+        }
+        if let Some(u) = &msg.usage {
+            self.usage.add(u);
+        }
+        if !msg.tool_calls.is_empty() {
+            self.drain_rounds = 0;
+        }
+        self.messages.push(msg);
+    }
+
+    /// Put the trailing tool results of the last assistant turn in call order. Results are
+    /// stored as they finish (parallel calls finish in any order); history is replayed in
+    /// call order.
+    pub fn order_tool_results(&mut self) {
+        let Some(pos) = self
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        else {
+            return;
+        };
+        let order: HashMap<&str, usize> = self.messages[pos]
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.id.as_str(), i))
+            .collect();
+        let tail_start = pos + 1;
+        let tail_end = self.messages[tail_start..]
+            .iter()
+            .position(|m| m.role != Role::Tool)
+            .map_or(self.messages.len(), |p| tail_start + p);
+        let key = |m: &Message| {
+            m.tool_call_id
+                .as_deref()
+                .and_then(|id| order.get(id).copied())
+                .unwrap_or(usize::MAX)
+        };
+        let mut tail: Vec<Message> = self.messages[tail_start..tail_end].to_vec();
+        tail.sort_by_key(key);
+        self.messages.splice(tail_start..tail_end, tail);
+    }
+
+    /// Bring a history loaded from storage into canonical order: every turn's tool
+    /// results in call order.
+    pub fn normalize(&mut self) {
+        let mut i = 0;
+        while i < self.messages.len() {
+            if self.messages[i].role == Role::Assistant && !self.messages[i].tool_calls.is_empty() {
+                let order: HashMap<String, usize> = self.messages[i]
+                    .tool_calls
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| (c.id.clone(), k))
+                    .collect();
+                let start = i + 1;
+                let end = self.messages[start..]
+                    .iter()
+                    .position(|m| m.role != Role::Tool)
+                    .map_or(self.messages.len(), |p| start + p);
+                self.messages[start..end].sort_by_key(|m| {
+                    m.tool_call_id
+                        .as_deref()
+                        .and_then(|id| order.get(id).copied())
+                        .unwrap_or(usize::MAX)
+                });
+                i = end;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// The system prompt sent with every request: the session's own (or the default),
+    /// plus the instructions of the current mode.
+    pub fn system_prompt(&self) -> String {
+        let base = self
+            .spec
+            .system
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
+        match (self.spec.mode, self.phase) {
+            (Mode::Plan, _) | (Mode::PlanAct, Phase::Plan) => {
+                format!("{base}\n\n{PLAN_INSTRUCTIONS}")
+            }
+            (Mode::Think, _) => format!("{base}\n\n{THINK_INSTRUCTIONS}"),
+            _ => base,
+        }
+    }
+
+    /// The request for the next LLM call: the history repaired, windowed and compacted.
+    /// The stored history is never changed by this.
+    pub fn request(&self, model: &str, tools: &[ToolSpec]) -> LlmRequest {
+        LlmRequest {
+            model: model.to_string(),
+            system: Some(self.system_prompt()),
+            messages: request_view(
+                &self.messages,
+                self.spec.history_window,
+                self.spec.context_budget_chars,
+            ),
+            tools: if self.tools_enabled() {
+                tools.to_vec()
+            } else {
+                Vec::new()
+            },
+            temperature: self.spec.temperature,
+            max_tokens: self.spec.max_tokens,
+            session_id: self.session_id.clone(),
+        }
+    }
+}
+
+/// Repair, window and compact a history for sending.
+///
+/// - Repair: every assistant tool call is followed by exactly one result, in call order; a
+///   missing result becomes an explicit "interrupted" one; orphan results are dropped.
+/// - Window: at most `window` messages, cut at a turn boundary, always keeping the first
+///   user message (the task).
+/// - Compaction: while the view is over `budget_chars`, old tool outputs (all but the last
+///   two assistant turns') are shortened, oldest first.
+pub fn request_view(
+    history: &[Message],
+    window: usize,
+    budget_chars: Option<usize>,
+) -> Vec<Message> {
+    let repaired = repair(history);
+    let mut view = apply_window(repaired, window);
+    if let Some(budget) = budget_chars {
+        compact(&mut view, budget);
+    }
+    view
+}
+
+fn repair(history: &[Message]) -> Vec<Message> {
+    let mut out = Vec::with_capacity(history.len());
+    let mut i = 0;
+    while i < history.len() {
+        let m = &history[i];
+        match m.role {
+            Role::System => {
+                i += 1;
+            }
+            Role::Tool => {
+                // A result not directly after its assistant turn is an orphan.
+                i += 1;
+            }
+            Role::Assistant if !m.tool_calls.is_empty() => {
+                out.push(m.clone());
+                let start = i + 1;
+                let end = history[start..]
+                    .iter()
+                    .position(|x| x.role != Role::Tool)
+                    .map_or(history.len(), |p| start + p);
+                let results = &history[start..end];
+                for call in &m.tool_calls {
+                    match results
+                        .iter()
+                        .find(|r| r.tool_call_id.as_deref() == Some(call.id.as_str()))
+                    {
+                        Some(r) => out.push(r.clone()),
+                        None => out.push(Message::tool_result(
+                            call.id.clone(),
+                            call.name.clone(),
+                            INTERRUPTED_RESULT,
+                            true,
+                        )),
+                    }
+                }
+                i = end;
+            }
+            _ => {
+                out.push(m.clone());
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn apply_window(view: Vec<Message>, window: usize) -> Vec<Message> {
+    if view.len() <= window {
+        return view;
+    }
+    let first_user = view.iter().position(|m| m.role == Role::User);
+    let mut start = view.len().saturating_sub(window.saturating_sub(1).max(1));
+    // Never start on a tool result: its assistant turn would be cut off.
+    while start < view.len() && view[start].role == Role::Tool {
+        start += 1;
+    }
+    let mut out = Vec::with_capacity(window);
+    if let Some(fu) = first_user
+        && fu < start
+    {
+        out.push(view[fu].clone());
+    }
+    out.extend(view[start..].iter().cloned());
+    out
+}
+
+fn view_chars(view: &[Message]) -> usize {
+    view.iter()
+        .map(|m| {
+            m.content.len()
+                + m.tool_calls
+                    .iter()
+                    .map(|c| c.arguments.to_string().len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
+const COMPACT_KEEP_CHARS: usize = 200;
+
+fn compact(view: &mut [Message], budget: usize) {
+    let mut total = view_chars(view);
+    if total <= budget {
+        return;
+    }
+    // Protect the last two assistant turns and everything after them.
+    let protected_from = view
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::Assistant)
+        .map(|(i, _)| i)
+        .rev()
+        .nth(1)
+        .unwrap_or(0);
+    for m in view[..protected_from].iter_mut() {
+        if total <= budget {
+            break;
+        }
+        if m.role != Role::Tool || m.content.len() <= COMPACT_KEEP_CHARS * 2 {
+            continue;
+        }
+        let cut = floor_char_boundary(&m.content, COMPACT_KEEP_CHARS);
+        let omitted = m.content.len() - cut;
+        let shortened = format!(
+            "{}\n[… {omitted} characters of this earlier tool output omitted to fit the context budget]",
+            &m.content[..cut]
+        );
+        total = total - m.content.len() + shortened.len();
+        m.content = shortened;
+    }
+}
+
+pub(crate) fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// Cut a tool output over `max` characters, saying how much was cut.
+pub fn truncate_output(content: String, max: usize) -> String {
+    let chars = content.chars().count();
+    if chars <= max {
+        return content;
+    }
+    let cut_at = content
+        .char_indices()
+        .nth(max)
+        .map_or(content.len(), |(i, _)| i);
+    let omitted = chars - max;
+    format!(
+        "{}\n[output truncated: {omitted} of {chars} characters omitted]",
+        &content[..cut_at]
+    )
+}
+
+/// Splits `<think>…</think>` out of streamed text, whatever the chunking. Text that could
+/// be the start of a tag is held back until the next chunk decides it.
+#[derive(Debug, Default)]
+pub struct ThinkSplitter {
+    in_think: bool,
+    pending: String,
+}
+
+/// A piece of streamed text, classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    Text(String),
+    Thinking(String),
+}
+
+const OPEN: &str = "<think>";
+const CLOSE: &str = "</think>";
+
+impl ThinkSplitter {
+    pub fn push(&mut self, chunk: &str) -> Vec<Piece> {
+        self.pending.push_str(chunk);
+        let mut out = Vec::new();
+        loop {
+            let tag = if self.in_think { CLOSE } else { OPEN };
+            if let Some(pos) = self.pending.find(tag) {
+                let before: String = self.pending[..pos].to_string();
+                self.emit(&mut out, before);
+                self.pending.drain(..pos + tag.len());
+                self.in_think = !self.in_think;
+                continue;
+            }
+            // Keep back a suffix that could begin the tag.
+            let keep = (1..tag.len())
+                .rev()
+                .find(|&k| self.pending.len() >= k && self.pending.ends_with(&tag[..k]))
+                .unwrap_or(0);
+            let emit_to = self.pending.len() - keep;
+            let text: String = self.pending[..emit_to].to_string();
+            self.pending.drain(..emit_to);
+            self.emit(&mut out, text);
+            break;
+        }
+        out
+    }
+
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let rest = std::mem::take(&mut self.pending);
+        let mut out = Vec::new();
+        self.emit(&mut out, rest);
+        out
+    }
+
+    fn emit(&self, out: &mut Vec<Piece>, s: String) {
+        if s.is_empty() {
+            return;
+        }
+        out.push(if self.in_think {
+            Piece::Thinking(s)
+        } else {
+            Piece::Text(s)
+        });
+    }
+}
+
+/// Remove `<think>` blocks from a complete text (for stored answers).
+pub fn strip_think(text: &str) -> (String, String) {
+    let mut s = ThinkSplitter::default();
+    let mut pieces = s.push(text);
+    pieces.extend(s.finish());
+    let (mut t, mut th) = (String::new(), String::new());
+    for p in pieces {
+        match p {
+            Piece::Text(x) => t.push_str(&x),
+            Piece::Thinking(x) => th.push_str(&x),
+        }
+    }
+    (t, th)
+}

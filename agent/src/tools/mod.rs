@@ -1,0 +1,204 @@
+//! The `Tool` trait, the context a call runs in, the `Workspace` file tools act on, the
+//! registry a session's tool set is built from, and the built-in tools.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::schema::ToolSpec;
+
+pub mod fs;
+pub mod http;
+pub mod shell;
+pub mod workspace;
+
+pub use workspace::{LocalWorkspace, Workspace};
+
+/// What re-running a call whose result was not saved would do (issue: durability of
+/// tool side effects). The loop re-runs `Pure` and `Idempotent` calls on resume and
+/// reports `Unsafe` ones as "outcome unknown".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SideEffect {
+    Pure,
+    Idempotent,
+    Unsafe,
+}
+
+/// What a tool returns. `content` goes to the model as the tool result.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+    /// End the loop after this call (exit reason `yielded`).
+    pub yield_loop: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        ToolOutput {
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        ToolOutput {
+            content: content.into(),
+            is_error: true,
+            yield_loop: false,
+        }
+    }
+}
+
+/// A failure a tool reports. It becomes the tool's text output, never a crash of the loop.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("{0}")]
+    Failed(String),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Host-level settings tools read (network policy, shell switch, limits).
+#[derive(Debug, Clone)]
+pub struct ToolSettings {
+    /// `http_fetch` may reach private, loopback and link-local addresses.
+    pub allow_private_network: bool,
+    /// Hosts `http_fetch` may reach even if private (e.g. `127.0.0.1:8080`, `localhost`).
+    pub allowed_hosts: Vec<String>,
+    /// The `shell` tool exists only when this is on.
+    pub shell_enabled: bool,
+    pub shell_timeout_secs: u64,
+    pub http_max_bytes: usize,
+    pub read_max_bytes: usize,
+}
+
+impl Default for ToolSettings {
+    fn default() -> Self {
+        ToolSettings {
+            allow_private_network: false,
+            allowed_hosts: Vec::new(),
+            shell_enabled: false,
+            shell_timeout_secs: 60,
+            http_max_bytes: 1_000_000,
+            read_max_bytes: 1_000_000,
+        }
+    }
+}
+
+/// Everything a tool call may use besides its arguments.
+#[derive(Clone)]
+pub struct ToolContext {
+    pub session_id: String,
+    pub tool_call_id: String,
+    /// `session_id:tool_call_id`: stable across re-runs, for tools with side effects.
+    pub idempotency_key: String,
+    pub workspace: Arc<dyn Workspace>,
+    pub settings: Arc<ToolSettings>,
+    pub cancel: CancellationToken,
+}
+
+#[async_trait]
+pub trait Tool: Send + Sync {
+    fn name(&self) -> &str;
+    fn description(&self) -> &str;
+    /// JSON Schema of the arguments object.
+    fn parameters(&self) -> Value;
+    fn side_effect(&self) -> SideEffect {
+        SideEffect::Pure
+    }
+    /// Paths (relative to the workspace) this call would touch, for the firewall.
+    fn paths(&self, _args: &Value) -> Vec<String> {
+        Vec::new()
+    }
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
+
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name().to_string(),
+            description: self.description().to_string(),
+            parameters: self.parameters(),
+        }
+    }
+}
+
+/// The tools a session may call, by name. Ordered so that the tool list sent to the model
+/// is stable across runs (prompt caching, replay).
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name().to_string(), tool);
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.values().map(|t| t.spec()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Keep only the named tools; an unknown name is an error naming it.
+    pub fn select(&self, names: &[String]) -> Result<ToolRegistry, String> {
+        let mut out = ToolRegistry::new();
+        for n in names {
+            let tool = self.get(n).ok_or_else(|| {
+                format!(
+                    "unknown tool `{n}` (available: {})",
+                    self.names().join(", ")
+                )
+            })?;
+            out.register(tool.clone());
+        }
+        Ok(out)
+    }
+}
+
+/// Names of the built-in tools that only read (the default set, seed 003).
+pub const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
+
+/// Every built-in tool. `shell` is included only when the settings enable it.
+pub fn builtin_registry(settings: &ToolSettings) -> ToolRegistry {
+    let mut r = ToolRegistry::new();
+    r.register(Arc::new(fs::ReadFile));
+    r.register(Arc::new(fs::WriteFile));
+    r.register(Arc::new(fs::EditFile));
+    r.register(Arc::new(fs::ListDir));
+    r.register(Arc::new(fs::Glob));
+    r.register(Arc::new(fs::Grep));
+    r.register(Arc::new(http::HttpFetch));
+    if settings.shell_enabled {
+        r.register(Arc::new(shell::Shell));
+    }
+    r
+}
+
+/// Make `p` relative-to-root and refuse anything that escapes `root` lexically
+/// (`..`, absolute paths elsewhere). Symlinks are checked by the workspace.
+pub fn normalize_relative(root: &Path, p: &str) -> Result<PathBuf, ToolError> {
+    workspace::normalize_relative(root, p)
+}

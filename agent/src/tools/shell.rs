@@ -1,0 +1,218 @@
+//! The `shell` tool: one `sh -c` command in the workspace root, bounded in time and output,
+//! killed (with the processes it started) on timeout or cancellation. Registered only when
+//! the host enables it (`ToolSettings::shell_enabled`).
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use super::fs::Args;
+use super::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+
+/// Bytes kept from each of stdout and stderr; the loop truncates tool output at 50,000
+/// characters anyway.
+const MAX_STREAM_BYTES: usize = 32 * 1024;
+/// How long to wait for the output pipes to close once the shell itself has exited: a
+/// background process may hold them open.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Output captured from one pipe: the first `MAX_STREAM_BYTES`, and whether more came.
+#[derive(Default)]
+struct Captured {
+    data: Vec<u8>,
+    truncated: bool,
+}
+
+/// Read a pipe to its end, keeping a bounded head. Reading continues past the cap so the
+/// child never blocks on a full pipe.
+async fn drain(mut pipe: impl AsyncRead + Unpin, into: Arc<Mutex<Captured>>) {
+    let mut buf = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let Ok(mut c) = into.lock() else { return };
+                let room = MAX_STREAM_BYTES.saturating_sub(c.data.len());
+                if n > room {
+                    c.truncated = true;
+                }
+                let keep = n.min(room);
+                c.data.extend_from_slice(&buf[..keep]);
+            }
+        }
+    }
+}
+
+fn take(c: &Arc<Mutex<Captured>>) -> (String, bool) {
+    match c.lock() {
+        Ok(c) => (String::from_utf8_lossy(&c.data).into_owned(), c.truncated),
+        Err(_) => (String::new(), false),
+    }
+}
+
+/// Kill the process group the shell leads (it was started with `process_group(0)`, so its
+/// pgid is its pid), reaching the commands it spawned. Done through the shell's `kill`
+/// builtin since the crate forbids `unsafe` and has no libc binding; `-KILL -pid` is the
+/// spelling dash accepts (it rejects `--`).
+async fn kill_group(pid: Option<u32>) {
+    let Some(pid) = pid else { return };
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!("kill -KILL -{pid} 2>/dev/null"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await;
+}
+
+fn render(status: &str, stdout: (String, bool), stderr: (String, bool)) -> String {
+    let mut out = format!("{status}\n");
+    for (name, (text, truncated)) in [("stdout", stdout), ("stderr", stderr)] {
+        if text.is_empty() && !truncated {
+            continue;
+        }
+        out.push_str(&format!("--- {name} ---\n{text}"));
+        if !text.ends_with('\n') {
+            out.push('\n');
+        }
+        if truncated {
+            out.push_str(&format!("[{name} truncated at {MAX_STREAM_BYTES} bytes]\n"));
+        }
+    }
+    out
+}
+
+/// `shell {command, timeout_secs?}`. `Unsafe`: a command can do anything, once.
+pub struct Shell;
+
+#[async_trait]
+impl Tool for Shell {
+    fn name(&self) -> &str {
+        "shell"
+    }
+
+    fn description(&self) -> &str {
+        "Run a command with `sh -c` in the workspace root. Returns the exit code, then \
+         stdout and stderr (each truncated past a size cap). The command is killed when it \
+         exceeds its timeout. No stdin: interactive commands will not work."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The shell command line."},
+                "timeout_secs": {"type": "integer", "minimum": 1, "description": "Kill the command after this many seconds (capped by the host's limit)."}
+            },
+            "required": ["command"],
+            "additionalProperties": false
+        })
+    }
+
+    fn side_effect(&self) -> SideEffect {
+        SideEffect::Unsafe
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        let a = Args::parse(&args, &["command", "timeout_secs"])?;
+        let command = a.str("command")?;
+        if command.trim().is_empty() {
+            return Err(ToolError::InvalidArguments(
+                "field `command` is empty".into(),
+            ));
+        }
+        let max = ctx.settings.shell_timeout_secs.max(1);
+        let timeout_secs = match a.opt_u64("timeout_secs")? {
+            Some(0) => {
+                return Err(ToolError::InvalidArguments(
+                    "field `timeout_secs` must be at least 1".into(),
+                ));
+            }
+            Some(t) => t.min(max),
+            None => max,
+        };
+
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .current_dir(ctx.workspace.root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ToolError::Failed(format!("cannot start sh: {e}")))?;
+        let pid = child.id();
+
+        let out = Arc::new(Mutex::new(Captured::default()));
+        let err = Arc::new(Mutex::new(Captured::default()));
+        let mut readers = Vec::new();
+        if let Some(p) = child.stdout.take() {
+            readers.push(tokio::spawn(drain(p, out.clone())));
+        }
+        if let Some(p) = child.stderr.take() {
+            readers.push(tokio::spawn(drain(p, err.clone())));
+        }
+        let readers = futures::future::join_all(readers);
+
+        enum End {
+            Exited(std::io::Result<std::process::ExitStatus>),
+            TimedOut,
+            Cancelled,
+        }
+        let end = tokio::select! {
+            s = child.wait() => End::Exited(s),
+            _ = tokio::time::sleep(Duration::from_secs(timeout_secs)) => End::TimedOut,
+            _ = ctx.cancel.cancelled() => End::Cancelled,
+        };
+        if !matches!(end, End::Exited(_)) {
+            kill_group(pid).await;
+            let _ = child.kill().await;
+        }
+        // Leftover background processes holding the pipes open would keep the readers
+        // waiting; after a grace period they are killed with the group.
+        if tokio::time::timeout(DRAIN_GRACE, readers).await.is_err() {
+            kill_group(pid).await;
+        }
+        let (stdout, stderr) = (take(&out), take(&err));
+
+        match end {
+            End::Exited(Ok(status)) => {
+                let line = match status.code() {
+                    Some(code) => format!("exit code {code}"),
+                    None => {
+                        use std::os::unix::process::ExitStatusExt;
+                        match status.signal() {
+                            Some(sig) => format!("killed by signal {sig}"),
+                            None => "exit status unknown".to_string(),
+                        }
+                    }
+                };
+                let content = render(&line, stdout, stderr);
+                Ok(if status.success() {
+                    ToolOutput::ok(content)
+                } else {
+                    ToolOutput::error(content)
+                })
+            }
+            End::Exited(Err(e)) => Err(ToolError::Failed(format!(
+                "waiting for the command failed: {e}"
+            ))),
+            End::TimedOut => Ok(ToolOutput::error(render(
+                &format!("timed out after {timeout_secs} s (killed)"),
+                stdout,
+                stderr,
+            ))),
+            End::Cancelled => Err(ToolError::Failed(
+                "cancelled; the command was killed".into(),
+            )),
+        }
+    }
+}

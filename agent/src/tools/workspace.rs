@@ -1,0 +1,356 @@
+//! The workspace file tools act on: the [`Workspace`] trait (kept small so a durable,
+//! remote-backed workspace can implement it later), the local-directory implementation
+//! [`LocalWorkspace`], and the path confinement every implementation must apply
+//! ([`normalize_relative`] lexically, [`LocalWorkspace::resolve`] against symlinks).
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+use async_trait::async_trait;
+
+use super::ToolError;
+
+/// Directories a workspace walk never descends into: version-control data and build or
+/// dependency trees are huge and almost never what a search is after.
+pub const SKIPPED_DIRS: &[&str] = &[".git", "target", "node_modules"];
+
+/// What an entry of a directory listing is. Symlinks are not followed, so a link to a
+/// directory is reported as a link, never descended into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One entry of [`Workspace::list`]: a bare name, not a path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: EntryKind,
+}
+
+/// The result of [`Workspace::walk`]: files under a directory, as paths relative to the
+/// workspace root with `/` separators, sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WalkResult {
+    pub files: Vec<String>,
+    /// The walk stopped at its entry limit; `files` is incomplete.
+    pub truncated: bool,
+}
+
+/// A directory tree the file tools read and write. Every method takes a path relative to
+/// the root (absolute paths inside the root are accepted too) and must refuse a path that
+/// escapes the root, lexically or through a symlink, with [`ToolError::Denied`].
+#[async_trait]
+pub trait Workspace: Send + Sync {
+    /// The root directory; also the working directory of the `shell` tool.
+    fn root(&self) -> &Path;
+
+    /// The absolute path `rel` designates, once proven to stay inside the root.
+    fn resolve(&self, rel: &str) -> Result<PathBuf, ToolError>;
+
+    /// At most `max_bytes` bytes from the start of the file. Callers that need to know
+    /// whether the file was longer ask for one byte more than they will show.
+    async fn read(&self, rel: &str, max_bytes: usize) -> Result<Vec<u8>, ToolError>;
+
+    /// Replace the file's content, creating it and its parent directories as needed.
+    async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError>;
+
+    /// The entries of a directory, sorted by name.
+    async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError>;
+
+    /// Regular files under `rel` (or `rel` itself when it is a file), skipping
+    /// [`SKIPPED_DIRS`] and never following symlinked directories, visiting at most
+    /// `max_entries` entries.
+    async fn walk(&self, rel: &str, max_entries: usize) -> Result<WalkResult, ToolError>;
+}
+
+/// Lexically turn `p` into a path relative to `root`: relative paths are taken as is,
+/// absolute paths must lie under `root`; `.` is dropped and `..` pops a component. A path
+/// that climbs above the root is refused. The empty result designates the root itself.
+pub fn normalize_relative(root: &Path, p: &str) -> Result<PathBuf, ToolError> {
+    if p.contains('\0') {
+        return Err(ToolError::InvalidArguments(format!(
+            "path `{}` contains a NUL byte",
+            p.escape_debug()
+        )));
+    }
+    let path = Path::new(p);
+    if path.is_absolute() {
+        // Normalise the absolute path first, so `/root/a/../b` is judged by where it lands.
+        let mut abs = PathBuf::new();
+        for c in path.components() {
+            match c {
+                Component::Prefix(_) | Component::RootDir => abs.push(c.as_os_str()),
+                Component::CurDir => {}
+                Component::ParentDir => {
+                    abs.pop();
+                }
+                Component::Normal(n) => abs.push(n),
+            }
+        }
+        let inside = abs.strip_prefix(root).map_err(|_| {
+            ToolError::Denied(format!(
+                "path `{p}` is outside the workspace ({})",
+                root.display()
+            ))
+        })?;
+        return Ok(inside.to_path_buf());
+    }
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return Err(ToolError::Denied(format!(
+                        "path `{p}` escapes the workspace through `..`"
+                    )));
+                }
+            }
+            Component::Normal(n) => out.push(n),
+            // Unreachable for a relative path on Unix; a Windows drive-relative path
+            // (`C:foo`) lands here and is refused rather than guessed at.
+            Component::Prefix(_) | Component::RootDir => {
+                return Err(ToolError::Denied(format!(
+                    "path `{p}` is outside the workspace"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Resolve `rel` under the canonical `root`, refusing symlinks that lead outside it.
+///
+/// The deepest ancestor that exists (as a directory entry, links included) is
+/// canonicalized and must stay inside the root; the components below it do not exist yet,
+/// so they cannot be links. A dangling link is refused since writing through it would
+/// create its target wherever it points. A link swapped in between this check and the
+/// actual open is not caught (TOCTOU); the workspace is not a hostile multi-tenant
+/// filesystem.
+fn resolve_under(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
+    let relative = normalize_relative(root, rel)?;
+    let joined = root.join(&relative);
+    let mut existing = joined.as_path();
+    let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
+    while std::fs::symlink_metadata(existing).is_err() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                missing.push(name);
+                existing = parent;
+            }
+            // Reached the filesystem root without finding anything: the root itself
+            // vanished.
+            _ => {
+                return Err(ToolError::Failed(format!(
+                    "workspace root {} does not exist",
+                    root.display()
+                )));
+            }
+        }
+    }
+    let canonical = std::fs::canonicalize(existing).map_err(|e| {
+        ToolError::Denied(format!(
+            "path `{rel}` goes through a link that cannot be resolved: {e}"
+        ))
+    })?;
+    if !canonical.starts_with(root) {
+        return Err(ToolError::Denied(format!(
+            "path `{rel}` leads outside the workspace through a symlink"
+        )));
+    }
+    let mut out = canonical;
+    for name in missing.iter().rev() {
+        out.push(name);
+    }
+    Ok(out)
+}
+
+/// A workspace that is a directory on the local disk.
+#[derive(Debug, Clone)]
+pub struct LocalWorkspace {
+    root: PathBuf,
+}
+
+impl LocalWorkspace {
+    /// The root is canonicalized once here, so every later containment check compares
+    /// canonical paths.
+    pub fn new(root: impl AsRef<Path>) -> std::io::Result<Self> {
+        let root = std::fs::canonicalize(root)?;
+        if !root.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                format!("workspace root {} is not a directory", root.display()),
+            ));
+        }
+        Ok(LocalWorkspace { root })
+    }
+
+    /// Run blocking filesystem work off the async executor.
+    async fn blocking<T, F>(&self, f: F) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Path) -> Result<T, ToolError> + Send + 'static,
+    {
+        let root = self.root.clone();
+        tokio::task::spawn_blocking(move || f(&root))
+            .await
+            .map_err(|e| ToolError::Failed(format!("workspace task failed: {e}")))?
+    }
+}
+
+/// `rel` for messages: the model's own spelling, or `.` for the root.
+fn shown(rel: &str) -> &str {
+    if rel.is_empty() { "." } else { rel }
+}
+
+fn io_context(rel: &str, e: std::io::Error) -> ToolError {
+    let what = match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file or directory".to_string(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".to_string(),
+        _ => e.to_string(),
+    };
+    ToolError::Failed(format!("{}: {what}", shown(rel)))
+}
+
+fn kind_of(ft: std::fs::FileType) -> EntryKind {
+    if ft.is_symlink() {
+        EntryKind::Symlink
+    } else if ft.is_dir() {
+        EntryKind::Dir
+    } else if ft.is_file() {
+        EntryKind::File
+    } else {
+        EntryKind::Other
+    }
+}
+
+/// The path of `abs` relative to `root` with `/` separators, as tools print it.
+fn display_relative(root: &Path, abs: &Path) -> String {
+    let rel = abs.strip_prefix(root).unwrap_or(abs);
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    parts.join("/")
+}
+
+#[async_trait]
+impl Workspace for LocalWorkspace {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn resolve(&self, rel: &str) -> Result<PathBuf, ToolError> {
+        resolve_under(&self.root, rel)
+    }
+
+    async fn read(&self, rel: &str, max_bytes: usize) -> Result<Vec<u8>, ToolError> {
+        let rel = rel.to_string();
+        self.blocking(move |root| {
+            let path = resolve_under(root, &rel)?;
+            let meta = std::fs::metadata(&path).map_err(|e| io_context(&rel, e))?;
+            if meta.is_dir() {
+                return Err(ToolError::Failed(format!(
+                    "{} is a directory (use list_dir)",
+                    shown(&rel)
+                )));
+            }
+            let file = std::fs::File::open(&path).map_err(|e| io_context(&rel, e))?;
+            let mut buf = Vec::with_capacity(max_bytes.min(meta.len() as usize).min(1 << 20));
+            file.take(max_bytes as u64)
+                .read_to_end(&mut buf)
+                .map_err(|e| io_context(&rel, e))?;
+            Ok(buf)
+        })
+        .await
+    }
+
+    async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError> {
+        let rel = rel.to_string();
+        let data = data.to_vec();
+        self.blocking(move |root| {
+            let path = resolve_under(root, &rel)?;
+            if path == root {
+                return Err(ToolError::InvalidArguments(
+                    "path: the workspace root is a directory, not a file".into(),
+                ));
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io_context(&rel, e))?;
+            }
+            if path.is_dir() {
+                return Err(ToolError::Failed(format!("{} is a directory", shown(&rel))));
+            }
+            std::fs::write(&path, &data).map_err(|e| io_context(&rel, e))
+        })
+        .await
+    }
+
+    async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError> {
+        let rel = rel.to_string();
+        self.blocking(move |root| {
+            let path = resolve_under(root, &rel)?;
+            let mut out = Vec::new();
+            for entry in std::fs::read_dir(&path).map_err(|e| io_context(&rel, e))? {
+                let entry = entry.map_err(|e| io_context(&rel, e))?;
+                let kind = entry.file_type().map(kind_of).unwrap_or(EntryKind::Other);
+                out.push(DirEntry {
+                    name: entry.file_name().to_string_lossy().into_owned(),
+                    kind,
+                });
+            }
+            out.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn walk(&self, rel: &str, max_entries: usize) -> Result<WalkResult, ToolError> {
+        let rel = rel.to_string();
+        self.blocking(move |root| {
+            let base = resolve_under(root, &rel)?;
+            let meta = std::fs::metadata(&base).map_err(|e| io_context(&rel, e))?;
+            let mut result = WalkResult::default();
+            if !meta.is_dir() {
+                result.files.push(display_relative(root, &base));
+                return Ok(result);
+            }
+            let mut stack = vec![base];
+            let mut visited = 0usize;
+            'walk: while let Some(dir) = stack.pop() {
+                // An unreadable subdirectory is skipped rather than failing the search.
+                let Ok(entries) = std::fs::read_dir(&dir) else {
+                    continue;
+                };
+                for entry in entries.flatten() {
+                    visited += 1;
+                    if visited > max_entries {
+                        result.truncated = true;
+                        break 'walk;
+                    }
+                    let Ok(ft) = entry.file_type() else { continue };
+                    let path = entry.path();
+                    if ft.is_dir() {
+                        let name = entry.file_name();
+                        if !SKIPPED_DIRS.iter().any(|s| name == *s) {
+                            stack.push(path);
+                        }
+                    } else if ft.is_file()
+                        || (ft.is_symlink() && std::fs::metadata(&path).is_ok_and(|m| m.is_file()))
+                    {
+                        // Symlinked files are listed; reading them goes through
+                        // `resolve`, which refuses those pointing outside.
+                        result.files.push(display_relative(root, &path));
+                    }
+                }
+            }
+            result.files.sort();
+            Ok(result)
+        })
+        .await
+    }
+}

@@ -1,0 +1,1044 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! Loop behaviours, driven through the real driver with the scripted provider (wrapped to
+//! record requests) and test tools.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::driver::{
+    Agent, BackgroundInbox, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, RunEnd,
+    SuspendReason,
+};
+use agentq_agent::event::AgentEvent;
+use agentq_agent::guard::{Guards, Hook, HookDecision};
+use agentq_agent::provider::scripted::{
+    Script, ScriptedCall, ScriptedFailure, ScriptedProvider, Turn,
+};
+use agentq_agent::provider::{LlmProvider, LlmRequest, LlmStream};
+use agentq_agent::schema::{Message, Role, ToolCall, Usage};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
+use agentq_agent::state::{INTERRUPTED_RESULT, Outcome, SessionState};
+use agentq_agent::tools::{
+    LocalWorkspace, SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry,
+    ToolSettings,
+};
+
+// ---------- test doubles ----------
+
+struct Recording {
+    inner: ScriptedProvider,
+    requests: Mutex<Vec<LlmRequest>>,
+}
+
+#[async_trait]
+impl LlmProvider for Recording {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    async fn stream(&self, request: &LlmRequest) -> agentq_agent::Result<LlmStream> {
+        self.requests.lock().unwrap().push(request.clone());
+        self.inner.stream(request).await
+    }
+}
+
+/// A tool with programmable behaviour that counts its calls.
+type Behave = fn(Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>>;
+
+struct TestTool {
+    name: &'static str,
+    effect: SideEffect,
+    calls: Arc<Mutex<Vec<Value>>>,
+    behave: Behave,
+}
+
+#[async_trait]
+impl Tool for TestTool {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn description(&self) -> &str {
+        "test tool"
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object"})
+    }
+    fn side_effect(&self) -> SideEffect {
+        self.effect
+    }
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        self.calls.lock().unwrap().push(args.clone());
+        (self.behave)(args).await
+    }
+}
+
+fn echo(args: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move { Ok(ToolOutput::ok(format!("echo {args}"))) })
+}
+
+fn slow(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok(ToolOutput::ok("slow done"))
+    })
+}
+
+fn huge(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move { Ok(ToolOutput::ok("x".repeat(60_000))) })
+}
+
+fn yielding(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move {
+        Ok(ToolOutput {
+            content: "handing over".into(),
+            is_error: false,
+            yield_loop: true,
+        })
+    })
+}
+
+fn failing(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move { Err(ToolError::Failed("disk on fire".into())) })
+}
+
+static BARRIER: std::sync::OnceLock<tokio::sync::Barrier> = std::sync::OnceLock::new();
+
+/// Returns only once two calls are inside it at the same time: proves concurrency
+/// without timing.
+fn rendezvous(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move {
+        let b = BARRIER.get_or_init(|| tokio::sync::Barrier::new(2));
+        match tokio::time::timeout(Duration::from_secs(10), b.wait()).await {
+            Ok(_) => Ok(ToolOutput::ok("met")),
+            Err(_) => Ok(ToolOutput::error(
+                "never met the other call: calls ran sequentially",
+            )),
+        }
+    })
+}
+
+#[derive(Default)]
+struct RecordingCheckpointer {
+    /// (number of messages persisted in total, roles of the new messages, outcome set?)
+    saves: Mutex<Vec<(usize, Vec<Role>, bool)>>,
+}
+
+#[async_trait]
+impl Checkpointer for RecordingCheckpointer {
+    async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
+        let roles = state.messages[from..].iter().map(|m| m.role).collect();
+        self.saves
+            .lock()
+            .unwrap()
+            .push((state.messages.len(), roles, state.outcome.is_some()));
+        Ok(())
+    }
+}
+
+struct Harness {
+    agent: Agent,
+    provider: Arc<Recording>,
+    events: Arc<Mutex<Vec<AgentEvent>>>,
+    calls: Arc<Mutex<Vec<Value>>>,
+    checkpoints: Arc<RecordingCheckpointer>,
+    _dir: tempfile::TempDir,
+}
+
+struct Sink(Arc<Mutex<Vec<AgentEvent>>>);
+impl agentq_agent::event::EventSink for Sink {
+    fn emit(&self, e: AgentEvent) {
+        self.0.lock().unwrap().push(e);
+    }
+}
+
+fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Harness {
+    let provider = Arc::new(Recording {
+        inner: ScriptedProvider::new(script),
+        requests: Mutex::new(Vec::new()),
+    });
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let mut reg = ToolRegistry::new();
+    for (name, effect, behave) in tools {
+        reg.register(Arc::new(TestTool {
+            name,
+            effect,
+            calls: calls.clone(),
+            behave,
+        }));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let checkpoints = Arc::new(RecordingCheckpointer::default());
+    let agent = Agent {
+        provider: provider.clone(),
+        default_model: "test-model".into(),
+        tools: reg,
+        guards: Guards::default(),
+        events: Arc::new(Sink(events.clone())),
+        checkpointer: checkpoints.clone(),
+        background: Arc::new(NoBackground),
+        workspace: Arc::new(LocalWorkspace::new(dir.path()).unwrap()),
+        settings: Arc::new(ToolSettings::default()),
+    };
+    Harness {
+        agent,
+        provider,
+        events,
+        calls,
+        checkpoints,
+        _dir: dir,
+    }
+}
+
+fn text_turn(t: &str) -> Turn {
+    Turn {
+        text: t.into(),
+        usage: Some(Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn call_turn(calls: &[(&str, Value)]) -> Turn {
+    Turn {
+        tool_calls: calls
+            .iter()
+            .map(|(n, a)| ScriptedCall {
+                name: n.to_string(),
+                arguments: a.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        usage: Some(Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn spec() -> SessionSpec {
+    let mut s = SessionSpec::new("do the task");
+    s.retry_delay_ms = 1;
+    s
+}
+
+async fn run(h: &Harness, spec: SessionSpec) -> (SessionState, RunEnd) {
+    let mut state = SessionState::new("s1", spec);
+    let end = h
+        .agent
+        .run(&mut state, &CancellationToken::new())
+        .await
+        .unwrap();
+    (state, end)
+}
+
+fn finished(end: &RunEnd) -> &Outcome {
+    match end {
+        RunEnd::Finished(o) => o,
+        other => panic!("expected finished, got {other:?}"),
+    }
+}
+
+/// Every assistant tool call is followed by its results, ids paired one to one.
+fn assert_paired(messages: &[Message]) {
+    let mut i = 0;
+    while i < messages.len() {
+        let m = &messages[i];
+        if m.role == Role::Assistant && !m.tool_calls.is_empty() {
+            for (k, c) in m.tool_calls.iter().enumerate() {
+                let r = &messages[i + 1 + k];
+                assert_eq!(r.role, Role::Tool);
+                assert_eq!(r.tool_call_id.as_deref(), Some(c.id.as_str()));
+            }
+            i += 1 + m.tool_calls.len();
+        } else {
+            assert_ne!(m.role, Role::Tool, "orphan tool result at {i}");
+            i += 1;
+        }
+    }
+}
+
+// ---------- tests ----------
+
+#[tokio::test]
+async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
+    let h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[("echo", json!({"a": 1})), ("echo", json!({"b": 2}))]),
+                text_turn("all done"),
+            ],
+            repeat_last: false,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let (state, end) = run(&h, spec()).await;
+    let o = finished(&end);
+    assert_eq!(o.reason, ExitReason::Stop);
+    assert_eq!(o.result.as_deref(), Some("all done"));
+    assert_eq!(state.iteration, 2);
+    assert_eq!(state.usage.input_tokens, 20);
+    assert_eq!(h.calls.lock().unwrap().len(), 2);
+    assert_paired(&state.messages);
+    // Write-ahead: the assistant response is saved alone, before any result; then one
+    // save per result.
+    let saves = h.checkpoints.saves.lock().unwrap().clone();
+    assert_eq!(saves[0].1, vec![Role::Assistant]);
+    assert_eq!(saves[1].1, vec![Role::Tool]);
+    assert_eq!(saves[2].1, vec![Role::Tool]);
+    assert!(saves.last().unwrap().2, "final save carries the outcome");
+    // Second request carries both results, in call order, after the assistant turn.
+    let reqs = h.provider.requests.lock().unwrap();
+    assert_eq!(reqs.len(), 2);
+    let m = &reqs[1].messages;
+    assert_eq!(m[0].role, Role::User);
+    assert_eq!(m[1].tool_calls.len(), 2);
+    assert_eq!(
+        m[2].tool_call_id.as_deref(),
+        Some(m[1].tool_calls[0].id.as_str())
+    );
+    assert_eq!(
+        m[3].tool_call_id.as_deref(),
+        Some(m[1].tool_calls[1].id.as_str())
+    );
+    assert_eq!(reqs[0].temperature, 0.1);
+    assert_eq!(reqs[0].max_tokens, 8192);
+    assert_eq!(reqs[0].tools.len(), 1);
+    // Events in order.
+    let kinds: Vec<String> = h
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kinds.first().unwrap(), "iteration_started");
+    assert!(kinds.contains(&"tool_call".to_string()));
+    assert!(kinds.contains(&"tool_result".to_string()));
+    assert_eq!(kinds.last().unwrap(), "session_completed");
+}
+
+#[tokio::test]
+async fn parallel_calls_run_concurrently() {
+    let h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[("meet", json!({})), ("meet", json!({}))]),
+                text_turn("ok"),
+            ],
+            repeat_last: false,
+        },
+        vec![("meet", SideEffect::Pure, rendezvous)],
+    );
+    let (state, _) = run(&h, spec()).await;
+    let results: Vec<&str> = state
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(results, vec!["met", "met"]);
+}
+
+#[tokio::test]
+async fn max_iterations_stops_the_loop() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("echo", json!({}))])],
+            repeat_last: true,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let mut s = spec();
+    s.max_iterations = 3;
+    let (state, end) = run(&h, s).await;
+    assert_eq!(finished(&end).reason, ExitReason::MaxIterations);
+    assert_eq!(state.iteration, 3);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 3);
+    assert_paired(&state.messages);
+}
+
+#[tokio::test]
+async fn cancellation_mid_tool_interrupts_and_keeps_history_paired() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("slow", json!({}))]), text_turn("never")],
+            repeat_last: false,
+        },
+        vec![("slow", SideEffect::Pure, slow)],
+    );
+    let mut state = SessionState::new("s1", spec());
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    let calls = h.calls.clone();
+    tokio::spawn(async move {
+        while calls.lock().unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c2.cancel();
+    });
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).reason, ExitReason::Interrupted);
+    assert_paired(&state.messages);
+    let last = state.messages.last().unwrap();
+    assert!(last.content.contains("interrupted"), "{}", last.content);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn tool_timeout_becomes_the_result() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("slow", json!({}))]), text_turn("fine")],
+            repeat_last: false,
+        },
+        vec![("slow", SideEffect::Pure, slow)],
+    );
+    let mut s = spec();
+    s.tool_timeout_secs = 1;
+    let (state, end) = run(&h, s).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    let r = state
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .unwrap();
+    assert!(r.is_error);
+    assert!(r.content.contains("timed out after 1s"), "{}", r.content);
+}
+
+#[tokio::test]
+async fn tool_errors_become_text_and_outputs_are_truncated() {
+    let h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[
+                    ("huge", json!({})),
+                    ("fail", json!({})),
+                    ("nope", json!({})),
+                ]),
+                text_turn("fine"),
+            ],
+            repeat_last: false,
+        },
+        vec![
+            ("huge", SideEffect::Pure, huge),
+            ("fail", SideEffect::Pure, failing),
+        ],
+    );
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    let results: Vec<&Message> = state
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .collect();
+    assert!(results[0].content.starts_with(&"x".repeat(50_000)));
+    assert!(
+        results[0]
+            .content
+            .ends_with("[output truncated: 10000 of 60000 characters omitted]"),
+        "{}",
+        &results[0].content[50_000..]
+    );
+    assert!(results[1].is_error && results[1].content.contains("disk on fire"));
+    assert!(results[2].is_error && results[2].content.contains("Unknown tool `nope`"));
+}
+
+#[tokio::test]
+async fn a_tool_can_yield() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("yield", json!({}))]), text_turn("never")],
+            repeat_last: false,
+        },
+        vec![("yield", SideEffect::Pure, yielding)],
+    );
+    let (state, end) = run(&h, spec()).await;
+    let o = finished(&end);
+    assert_eq!(o.reason, ExitReason::Yielded);
+    assert_eq!(o.result.as_deref(), Some("handing over"));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+    assert_paired(&state.messages);
+}
+
+#[tokio::test]
+async fn malformed_arguments_go_back_to_the_model_as_raw() {
+    let mut turn = call_turn(&[("echo", json!({}))]);
+    turn.tool_calls[0].raw_arguments = Some("{\"path\": \"a.txt\"".into());
+    let h = harness(
+        Script {
+            turns: vec![turn, text_turn("fixed")],
+            repeat_last: false,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let (state, _) = run(&h, spec()).await;
+    assert_eq!(
+        h.calls.lock().unwrap()[0],
+        json!({"_raw": "{\"path\": \"a.txt\""})
+    );
+    assert_eq!(
+        state.messages[1].tool_calls[0].arguments,
+        json!({"_raw": "{\"path\": \"a.txt\""})
+    );
+    let reqs = h.provider.requests.lock().unwrap();
+    assert_eq!(
+        reqs[1].messages[1].tool_calls[0].arguments["_raw"],
+        "{\"path\": \"a.txt\""
+    );
+}
+
+#[tokio::test]
+async fn think_splitting_keeps_reasoning_out_of_the_answer() {
+    let h = harness(
+        Script {
+            turns: vec![Turn {
+                text: "<think>let me reason</think>The answer is 4.".into(),
+                chunk_chars: 3,
+                ..Default::default()
+            }],
+            repeat_last: false,
+        },
+        vec![],
+    );
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("The answer is 4."));
+    assert_eq!(state.messages[1].thinking[0].text, "let me reason");
+    let ev = h.events.lock().unwrap();
+    let text: String = ev
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::TextDelta { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(text, "The answer is 4.");
+}
+
+#[tokio::test]
+async fn think_and_plan_modes_expose_no_tools_and_refuse_calls() {
+    for mode in [Mode::Think, Mode::Plan] {
+        let h = harness(
+            Script {
+                turns: vec![call_turn(&[("echo", json!({}))]), text_turn("1. do it")],
+                repeat_last: false,
+            },
+            vec![("echo", SideEffect::Pure, echo)],
+        );
+        let mut s = spec();
+        s.mode = mode;
+        let (state, end) = run(&h, s).await;
+        assert_eq!(finished(&end).reason, ExitReason::Stop);
+        assert!(h.calls.lock().unwrap().is_empty(), "{mode}: tool ran");
+        let reqs = h.provider.requests.lock().unwrap();
+        assert!(reqs.iter().all(|r| r.tools.is_empty()));
+        let refusal = &state.messages[2];
+        assert_eq!(refusal.role, Role::Tool);
+        assert!(
+            refusal.content.contains("not available"),
+            "{}",
+            refusal.content
+        );
+        assert_paired(&state.messages);
+    }
+}
+
+#[tokio::test]
+async fn plan_act_plans_without_tools_then_acts_with_them() {
+    let h = harness(
+        Script {
+            turns: vec![
+                text_turn("1. echo\n2. report"),
+                call_turn(&[("echo", json!({"x": 1}))]),
+                text_turn("done"),
+            ],
+            repeat_last: false,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let mut s = spec();
+    s.mode = Mode::PlanAct;
+    let (state, end) = run(&h, s).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("done"));
+    let reqs = h.provider.requests.lock().unwrap();
+    assert!(reqs[0].tools.is_empty());
+    assert!(reqs[0].system.as_deref().unwrap().contains("planning mode"));
+    assert_eq!(reqs[1].tools.len(), 1);
+    assert_eq!(h.calls.lock().unwrap().len(), 1);
+    assert_eq!(state.messages[2].role, Role::User);
+}
+
+#[tokio::test]
+async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
+    let mut h = harness(
+        Script {
+            turns: vec![text_turn("answer")],
+            repeat_last: true,
+        },
+        vec![],
+    );
+    let inbox = BackgroundInbox::new();
+    for i in 0..5 {
+        inbox.started();
+        inbox.push(BackgroundResult {
+            label: format!("job{i}"),
+            id: format!("id{i}"),
+            outcome: "completed".into(),
+            result: format!("result {i}"),
+        });
+    }
+    // Results arrive one per drain: deliver them lazily.
+    struct OneAtATime(Arc<BackgroundInbox>, Mutex<Vec<BackgroundResult>>);
+    #[async_trait]
+    impl BackgroundSource for OneAtATime {
+        fn take(&self) -> Vec<BackgroundResult> {
+            let mut q = self.1.lock().unwrap();
+            if q.is_empty() {
+                *q = self.0.take();
+            }
+            if q.is_empty() {
+                vec![]
+            } else {
+                vec![q.remove(0)]
+            }
+        }
+        fn outstanding(&self) -> usize {
+            0
+        }
+        async fn wait(&self, _c: &CancellationToken) -> bool {
+            false
+        }
+    }
+    h.agent.background = Arc::new(OneAtATime(inbox, Mutex::new(Vec::new())));
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    // 1 answer + 3 drains → 4 LLM calls, only the first counted as an iteration.
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 4);
+    assert_eq!(state.iteration, 1);
+    let injected: Vec<&Message> = state
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::User && m.content.starts_with("[Background agent"))
+        .collect();
+    assert_eq!(injected.len(), 3);
+    assert_eq!(
+        injected[0].content,
+        "[Background agent \"job0\" (id0) completed] result 0"
+    );
+}
+
+#[tokio::test]
+async fn a_real_tool_call_resets_the_drain_count() {
+    let mut h = harness(
+        Script {
+            turns: vec![
+                text_turn("a1"),
+                text_turn("a2"),
+                call_turn(&[("echo", json!({}))]),
+                text_turn("a3"),
+                text_turn("a4"),
+                text_turn("a5"),
+            ],
+            repeat_last: true,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    struct Endless;
+    #[async_trait]
+    impl BackgroundSource for Endless {
+        fn take(&self) -> Vec<BackgroundResult> {
+            vec![BackgroundResult {
+                label: "l".into(),
+                id: "i".into(),
+                outcome: "completed".into(),
+                result: "r".into(),
+            }]
+        }
+        fn outstanding(&self) -> usize {
+            0
+        }
+        async fn wait(&self, _c: &CancellationToken) -> bool {
+            false
+        }
+    }
+    h.agent.background = Arc::new(Endless);
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    // a1 (drain 1), a2 (drain 2), tool call (reset; results injected after it),
+    // a3 (drain 1), a4 (drain 2), a5 (drain 3), a5 again → stop.
+    assert_eq!(finished(&end).result.as_deref(), Some("a5"));
+    assert_eq!(state.drain_rounds, 3);
+}
+
+#[tokio::test]
+async fn running_children_suspend_when_the_host_cannot_wait() {
+    let mut h = harness(
+        Script {
+            turns: vec![text_turn("waiting on kids")],
+            repeat_last: true,
+        },
+        vec![],
+    );
+    struct Running;
+    #[async_trait]
+    impl BackgroundSource for Running {
+        fn take(&self) -> Vec<BackgroundResult> {
+            vec![]
+        }
+        fn outstanding(&self) -> usize {
+            2
+        }
+        async fn wait(&self, _c: &CancellationToken) -> bool {
+            false
+        }
+    }
+    h.agent.background = Arc::new(Running);
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(end, RunEnd::Suspended(SuspendReason::Children));
+}
+
+#[tokio::test]
+async fn retries_transient_failures_then_succeeds() {
+    let mut turn = text_turn("made it");
+    turn.fail = vec![
+        ScriptedFailure {
+            status: 500,
+            message: "boom".into(),
+            ..Default::default()
+        },
+        ScriptedFailure {
+            empty_error_finish: true,
+            ..Default::default()
+        },
+    ];
+    let h = harness(
+        Script {
+            turns: vec![turn],
+            repeat_last: false,
+        },
+        vec![],
+    );
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("made it"));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 3);
+    let retries = h
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::Error { retrying: true, .. }))
+        .count();
+    assert_eq!(retries, 2);
+}
+
+#[tokio::test]
+async fn gives_up_after_two_retries_with_the_providers_message() {
+    let mut turn = text_turn("never");
+    turn.fail = vec![
+        ScriptedFailure {
+            status: 503,
+            message: "overloaded".into(),
+            ..Default::default()
+        };
+        3
+    ];
+    let h = harness(
+        Script {
+            turns: vec![turn],
+            repeat_last: false,
+        },
+        vec![],
+    );
+    let (_, end) = run(&h, spec()).await;
+    let o = finished(&end);
+    assert_eq!(o.reason, ExitReason::Error);
+    assert!(o.error.as_deref().unwrap().contains("overloaded"), "{o:?}");
+    assert!(o.error.as_deref().unwrap().contains("3 attempts"), "{o:?}");
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn no_retry_on_client_errors() {
+    let mut turn = text_turn("never");
+    turn.fail = vec![ScriptedFailure {
+        status: 400,
+        message: "bad request".into(),
+        ..Default::default()
+    }];
+    let h = harness(
+        Script {
+            turns: vec![turn],
+            repeat_last: false,
+        },
+        vec![],
+    );
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Error);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
+    let mut turn = text_turn("never");
+    turn.fail = vec![ScriptedFailure {
+        status: 429,
+        message: "slow down".into(),
+        retry_after_ms: Some(60_000),
+        ..Default::default()
+    }];
+    let h = harness(
+        Script {
+            turns: vec![turn],
+            repeat_last: false,
+        },
+        vec![],
+    );
+    let mut state = SessionState::new("s1", spec());
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    let events = h.events.clone();
+    tokio::spawn(async move {
+        loop {
+            let retrying = events.lock().unwrap().iter().any(|e| {
+                matches!(e, AgentEvent::Error { retrying: true, message } if message.contains("retrying in 60.0s"))
+            });
+            if retrying {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c2.cancel();
+    });
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).reason, ExitReason::Interrupted);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn token_budget_and_deadline_end_the_session() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("echo", json!({}))])],
+            repeat_last: true,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let mut s = spec();
+    s.token_budget = Some(30);
+    let (_, end) = run(&h, s).await;
+    assert_eq!(finished(&end).reason, ExitReason::BudgetExhausted);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 2);
+
+    let mut slow_turn = call_turn(&[("echo", json!({}))]);
+    slow_turn.delay_ms = 400;
+    let h = harness(
+        Script {
+            turns: vec![slow_turn],
+            repeat_last: true,
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let mut s = spec();
+    s.timeout_secs = Some(1);
+    let (_, end) = run(&h, s).await;
+    assert_eq!(finished(&end).reason, ExitReason::Timeout);
+}
+
+#[tokio::test]
+async fn resume_repairs_history_and_reruns_only_safe_calls() {
+    // A session whose worker died after the assistant response was saved and after one
+    // of three results: a pure and an unsafe call are still open.
+    let h = harness(
+        Script {
+            turns: vec![text_turn("unused"), text_turn("recovered")],
+            repeat_last: false,
+        },
+        vec![
+            ("pure", SideEffect::Pure, echo),
+            ("unsafe", SideEffect::Unsafe, echo),
+            ("done", SideEffect::Pure, echo),
+        ],
+    );
+    let mut state = SessionState::new("s1", spec());
+    state.started_at = Some(chrono::Utc::now());
+    let mut assistant = Message::assistant("");
+    assistant.tool_calls = vec![
+        ToolCall {
+            id: "c1".into(),
+            name: "pure".into(),
+            arguments: json!({}),
+        },
+        ToolCall {
+            id: "c2".into(),
+            name: "unsafe".into(),
+            arguments: json!({}),
+        },
+        ToolCall {
+            id: "c3".into(),
+            name: "done".into(),
+            arguments: json!({}),
+        },
+    ];
+    state.push_assistant(assistant);
+    state
+        .messages
+        .push(Message::tool_result("c3", "done", "already done", false));
+
+    // The request view repairs the gap without touching the stored history.
+    let view = state.request("m", &[]).messages;
+    assert_paired(&view);
+    assert_eq!(view[2].content, INTERRUPTED_RESULT);
+    assert_eq!(view[4].content, "already done");
+    assert_eq!(state.messages.len(), 3);
+
+    let end = h
+        .agent
+        .run(&mut state, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(finished(&end).result.as_deref(), Some("recovered"));
+    let calls = h.calls.lock().unwrap();
+    assert_eq!(calls.len(), 1, "only the pure call re-ran");
+    assert_paired(&state.messages);
+    assert_eq!(state.messages[2].tool_call_id.as_deref(), Some("c1"));
+    assert!(state.messages[3].content.contains("outcome unknown"));
+    assert_eq!(state.messages[4].content, "already done");
+    // The LLM was asked once, for the next turn: never again for the saved response.
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn compaction_shortens_old_tool_outputs_in_the_request_only() {
+    let mut big = |_: Value| -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+        Box::pin(async move { Ok(ToolOutput::ok("y".repeat(5_000))) })
+    };
+    let _ = &mut big;
+    let h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[("big", json!({}))]),
+                call_turn(&[("big", json!({}))]),
+                call_turn(&[("big", json!({}))]),
+                text_turn("done"),
+            ],
+            repeat_last: false,
+        },
+        vec![("big", SideEffect::Pure, big)],
+    );
+    let mut s = spec();
+    s.context_budget_chars = Some(8_000);
+    let (state, _) = run(&h, s).await;
+    let reqs = h.provider.requests.lock().unwrap();
+    let last = &reqs[3].messages;
+    let tool_lens: Vec<usize> = last
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| m.content.len())
+        .collect();
+    assert!(tool_lens[0] < 400, "{tool_lens:?}");
+    assert_eq!(tool_lens[2], 5_000);
+    assert!(
+        last[2]
+            .content
+            .contains("omitted to fit the context budget")
+    );
+    // Stored history untouched.
+    assert!(
+        state
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .all(|m| m.content.len() == 5_000)
+    );
+}
+
+#[tokio::test]
+async fn history_window_keeps_the_task_and_cuts_at_a_turn_boundary() {
+    let mut history = vec![Message::user("the task")];
+    for i in 0..20 {
+        let mut a = Message::assistant("");
+        a.tool_calls = vec![ToolCall {
+            id: format!("c{i}"),
+            name: "t".into(),
+            arguments: json!({}),
+        }];
+        history.push(a);
+        history.push(Message::tool_result(format!("c{i}"), "t", "r", false));
+    }
+    let view = agentq_agent::state::request_view(&history, 10, None);
+    assert!(view.len() <= 10);
+    assert_eq!(view[0].content, "the task");
+    assert_eq!(view[1].role, Role::Assistant);
+    assert_paired(&view);
+}
+
+struct DenyHook;
+#[async_trait]
+impl Hook for DenyHook {
+    async fn pre_tool_use(&self, _s: &str, call: &ToolCall) -> HookDecision {
+        if call.name == "echo" {
+            HookDecision::Deny("echo is banned".into())
+        } else {
+            HookDecision::Allow
+        }
+    }
+}
+
+#[tokio::test]
+async fn guards_deny_with_the_stage_named() {
+    let mut h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[
+                    ("echo", json!({})),
+                    ("other", json!({})),
+                    ("native", json!({})),
+                ]),
+                text_turn("ok"),
+            ],
+            repeat_last: false,
+        },
+        vec![
+            ("echo", SideEffect::Pure, echo),
+            ("other", SideEffect::Pure, echo),
+            ("native", SideEffect::Pure, echo),
+        ],
+    );
+    h.agent.guards.hooks.push(Arc::new(DenyHook));
+    h.agent.guards.native_tools.insert("native".into());
+    h.agent.guards.sensitive_tools.insert("other".into());
+    let (state, _) = run(&h, spec()).await;
+    let r: Vec<&Message> = state
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .collect();
+    assert!(
+        r[0].content
+            .contains("denied by PreToolUse hook: echo is banned"),
+        "{}",
+        r[0].content
+    );
+    assert!(
+        r[1].content.contains("denied by approval"),
+        "{}",
+        r[1].content
+    );
+    assert!(r[2].content.contains("natively"), "{}", r[2].content);
+    assert!(h.calls.lock().unwrap().is_empty());
+}

@@ -1,0 +1,254 @@
+//! `agentq run`: one session in this process, streamed to the terminal. No store, no queue.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::driver::{Agent, NoBackground, NoCheckpoint, RunEnd};
+use agentq_agent::event::AgentEvent;
+use agentq_agent::guard::{Firewall, Guards};
+use agentq_agent::provider::factory::{self, ProviderSettings};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
+use agentq_agent::state::SessionState;
+use agentq_agent::tools::{LocalWorkspace, READ_ONLY_TOOLS, ToolSettings, builtin_registry};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The task for the agent.
+    pub prompt: String,
+    /// openai, anthropic or scripted.
+    #[arg(long, default_value = "scripted")]
+    pub provider: String,
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Endpoint of the provider (OpenAI-compatible servers: vLLM, Ollama, OpenRouter…).
+    #[arg(long)]
+    pub base_url: Option<String>,
+    /// act, think, plan or plan-act.
+    #[arg(long, default_value = "act", value_parser = parse_mode)]
+    pub mode: Mode,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_iterations: Option<u32>,
+    /// Comma-separated tool names (default: the read-only set).
+    #[arg(long, value_delimiter = ',')]
+    pub tools: Option<Vec<String>>,
+    /// Directory the file tools work in.
+    #[arg(long, default_value = ".")]
+    pub workspace: PathBuf,
+    #[arg(long)]
+    pub system: Option<String>,
+    /// JSON script for the scripted provider (default: a built-in demo script).
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// Enable the `shell` tool (it still has to be listed in --tools).
+    #[arg(long)]
+    pub enable_shell: bool,
+    /// Let http_fetch reach private and loopback addresses.
+    #[arg(long)]
+    pub allow_private_network: bool,
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Print one JSON event per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut settings = ProviderSettings::from_env();
+    if let Some(path) = &args.script {
+        let json = std::fs::read_to_string(path)
+            .with_context(|| format!("--script: cannot read {}", path.display()))?;
+        settings.script = Some(json);
+    }
+    let provider = factory::build(&args.provider, args.base_url.as_deref(), &settings)
+        .map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(|| factory::default_model(&args.provider).to_string());
+
+    let tool_settings = ToolSettings {
+        shell_enabled: args.enable_shell,
+        allow_private_network: args.allow_private_network,
+        ..ToolSettings::default()
+    };
+    let all = builtin_registry(&tool_settings);
+    let wanted: Vec<String> = match &args.tools {
+        Some(t) => t
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        None => READ_ONLY_TOOLS.iter().map(|s| s.to_string()).collect(),
+    };
+    let tools = match all.select(&wanted) {
+        Ok(t) => t,
+        Err(e) if wanted.iter().any(|t| t == "shell") && !args.enable_shell => {
+            bail!("--tools: {e} (the shell tool needs --enable-shell)")
+        }
+        Err(e) => bail!("--tools: {e}"),
+    };
+    let workspace = LocalWorkspace::new(&args.workspace)
+        .with_context(|| format!("--workspace: cannot use {}", args.workspace.display()))?;
+
+    let mut spec = SessionSpec::new(args.prompt.clone());
+    spec.provider = Some(args.provider.clone());
+    spec.model = Some(model.clone());
+    spec.base_url = args.base_url.clone();
+    spec.mode = args.mode;
+    spec.system = args.system.clone();
+    spec.tools = Some(wanted);
+    if let Some(n) = args.max_iterations {
+        spec.max_iterations = n;
+    }
+    if let Some(t) = args.temperature {
+        spec.temperature = t;
+    }
+    if let Some(t) = args.max_tokens {
+        spec.max_tokens = t;
+    }
+    if let Err((field, msg)) = spec.validate() {
+        bail!("--{}: {msg}", field.replace('_', "-"));
+    }
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AgentEvent>();
+    let agent = Agent {
+        provider,
+        default_model: model,
+        tools,
+        guards: Guards {
+            firewall: Some(Arc::new(Firewall::default())),
+            ..Guards::default()
+        },
+        events: Arc::new(tx),
+        checkpointer: Arc::new(NoCheckpoint),
+        background: Arc::new(NoBackground),
+        workspace: Arc::new(workspace),
+        settings: Arc::new(tool_settings),
+    };
+    let cancel = CancellationToken::new();
+    let ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    let mut state = SessionState::new(uuid_like(), spec);
+    let json = args.json;
+    let printer = tokio::spawn(async move {
+        let mut out = std::io::stdout();
+        let mut at_line_start = true;
+        while let Some(ev) = rx.recv().await {
+            if json {
+                if let Ok(line) = serde_json::to_string(&ev) {
+                    let _ = writeln!(out, "{line}");
+                }
+                continue;
+            }
+            match ev {
+                AgentEvent::TextDelta { text } => {
+                    let _ = write!(out, "{text}");
+                    let _ = out.flush();
+                    at_line_start = text.ends_with('\n');
+                }
+                AgentEvent::ToolCall {
+                    name, arguments, ..
+                } => {
+                    if !at_line_start {
+                        let _ = writeln!(out);
+                        at_line_start = true;
+                    }
+                    let mut args = arguments.to_string();
+                    if args.len() > 120 {
+                        args.truncate(agentq_floor(&args, 117));
+                        args.push_str("...");
+                    }
+                    eprintln!("  → {name} {args}");
+                }
+                AgentEvent::ToolResult {
+                    name,
+                    content,
+                    is_error,
+                    ..
+                } => {
+                    let first = content.lines().next().unwrap_or("");
+                    let mark = if is_error { "✗" } else { "✓" };
+                    eprintln!(
+                        "  {mark} {name}: {} ({} chars)",
+                        shorten(first, 80),
+                        content.len()
+                    );
+                }
+                AgentEvent::Error {
+                    message,
+                    retrying: true,
+                } => {
+                    eprintln!("  ! {message}");
+                }
+                _ => {}
+            }
+        }
+        if !json && !at_line_start {
+            let _ = writeln!(out);
+        }
+    });
+    let end = agent.run(&mut state, &cancel).await;
+    drop(agent);
+    let _ = printer.await;
+    let outcome = match end {
+        Ok(RunEnd::Finished(o)) => o,
+        Ok(RunEnd::Suspended(r)) => {
+            bail!("the session suspended ({r:?}), which `agentq run` cannot resume")
+        }
+        Err(e) => bail!("{e}"),
+    };
+    if outcome.reason == ExitReason::Stop {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !json {
+        let why = outcome.error.clone().unwrap_or_default();
+        eprintln!(
+            "agentq: session ended with `{}`{}{}",
+            outcome.reason,
+            if why.is_empty() { "" } else { ": " },
+            why
+        );
+    }
+    Ok(ExitCode::from(match outcome.reason {
+        ExitReason::Stop => 0,
+        ExitReason::Yielded => 3,
+        ExitReason::Interrupted => 130,
+        _ => 1,
+    }))
+}
+
+fn agentq_floor(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn shorten(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(n).collect();
+    out.push('…');
+    out
+}
+
+fn uuid_like() -> String {
+    agentq_core::new_session_id()
+}

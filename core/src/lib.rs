@@ -1,0 +1,16 @@
+//! agentq-core: what the scheduler and the worker share — the session model, the `Store`
+//! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
+//! the embedded mode), configuration, the completion message and the metrics registry.
+
+pub mod config;
+pub mod error;
+pub mod model;
+pub mod pg;
+pub mod queue;
+pub mod redis_queue;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use model::*;
+pub use queue::Queue;
+pub use store::Store;

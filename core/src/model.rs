@@ -1,0 +1,257 @@
+//! The session model shared by every process: statuses, the stored row, what a claim
+//! returns, and the completion message published when a session ends.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use agentq_agent::schema::Usage;
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::state::Outcome;
+
+/// Lifecycle of a session (DESIGN §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    Queued,
+    Running,
+    /// On children or a message.
+    Waiting,
+    AwaitingApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl SessionStatus {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SessionStatus::Queued => "queued",
+            SessionStatus::Running => "running",
+            SessionStatus::Waiting => "waiting",
+            SessionStatus::AwaitingApproval => "awaiting_approval",
+            SessionStatus::Completed => "completed",
+            SessionStatus::Failed => "failed",
+            SessionStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => SessionStatus::Queued,
+            "running" => SessionStatus::Running,
+            "waiting" => SessionStatus::Waiting,
+            "awaiting_approval" => SessionStatus::AwaitingApproval,
+            "completed" => SessionStatus::Completed,
+            "failed" => SessionStatus::Failed,
+            "cancelled" => SessionStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            SessionStatus::Completed | SessionStatus::Failed | SessionStatus::Cancelled
+        )
+    }
+
+    /// The terminal status a finish reason maps to: a normal end (or a yield) completes,
+    /// a cancel cancels, every limit and error fails.
+    pub fn for_exit(reason: ExitReason) -> Self {
+        match reason {
+            ExitReason::Stop | ExitReason::Yielded => SessionStatus::Completed,
+            ExitReason::Interrupted => SessionStatus::Cancelled,
+            ExitReason::MaxIterations
+            | ExitReason::Timeout
+            | ExitReason::Error
+            | ExitReason::BudgetExhausted => SessionStatus::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a queue entry was added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnqueueReason {
+    New,
+    Resume,
+    Retry,
+}
+
+impl EnqueueReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EnqueueReason::New => "new",
+            EnqueueReason::Resume => "resume",
+            EnqueueReason::Retry => "retry",
+        }
+    }
+
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "resume" => EnqueueReason::Resume,
+            "retry" => EnqueueReason::Retry,
+            _ => EnqueueReason::New,
+        }
+    }
+}
+
+/// A session to create.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewSession {
+    pub id: String,
+    pub spec: SessionSpec,
+    pub queue: String,
+    pub parent_id: Option<String>,
+    /// The tree's root; equals `id` for a session without a parent.
+    pub root_id: String,
+    pub depth: u32,
+    pub idempotency_key: Option<String>,
+}
+
+impl NewSession {
+    /// A root session with a fresh time-ordered id.
+    pub fn root(spec: SessionSpec, queue: impl Into<String>) -> Self {
+        let id = new_session_id();
+        NewSession {
+            root_id: id.clone(),
+            id,
+            spec,
+            queue: queue.into(),
+            parent_id: None,
+            depth: 0,
+            idempotency_key: None,
+        }
+    }
+}
+
+/// Time-ordered (UUID v7) so that ids sort by creation and index well.
+pub fn new_session_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+/// A session as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRow {
+    pub id: String,
+    pub root_id: String,
+    pub parent_id: Option<String>,
+    pub depth: u32,
+    pub queue: String,
+    pub status: SessionStatus,
+    pub finish_reason: Option<ExitReason>,
+    pub spec: SessionSpec,
+    pub iteration: u32,
+    pub usage: Usage,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub lease_owner: Option<String>,
+    pub lease_epoch: i64,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Claims since the session last ran cleanly; too many means its entry keeps
+    /// killing workers.
+    pub attempts: u32,
+    pub cancel_requested: bool,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// Proof of ownership: every write a worker makes is conditional on it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease {
+    pub session_id: String,
+    pub root_id: String,
+    pub owner: String,
+    pub epoch: i64,
+}
+
+/// What a claim attempt found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The caller owns the session now; here is its state to resume from.
+    Acquired {
+        lease: Lease,
+        state: Box<agentq_agent::state::SessionState>,
+        row: Box<SessionRow>,
+    },
+    /// Already finished: nothing to run (re-publish its completion, ack the entry).
+    Terminal(Box<SessionRow>),
+    /// Another worker holds a live lease.
+    Busy,
+    /// Not runnable now (waiting on a child or an approval).
+    NotRunnable(SessionStatus),
+    /// Claimed too many times without finishing: the caller should dead-letter it.
+    Exhausted(Box<SessionRow>),
+    NotFound,
+}
+
+/// The message published on `agentq:done`, `agentq:done:<id>` and `agentq:completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub session_id: String,
+    pub status: SessionStatus,
+    pub finish_reason: Option<ExitReason>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub iterations: u32,
+    pub usage: CompletionUsage,
+    pub parent_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CompletionUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Completion {
+    pub fn from_row(row: &SessionRow) -> Self {
+        Completion {
+            session_id: row.id.clone(),
+            status: row.status,
+            finish_reason: row.finish_reason,
+            result: row.result.clone(),
+            error: row.error.clone(),
+            iterations: row.iteration,
+            usage: CompletionUsage {
+                input_tokens: row.usage.input_tokens,
+                output_tokens: row.usage.output_tokens,
+            },
+            parent_id: row.parent_id.clone(),
+        }
+    }
+}
+
+/// Filter for listing sessions.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub status: Option<SessionStatus>,
+    pub parent_id: Option<String>,
+    pub limit: u32,
+    /// Return sessions with an id strictly below this one (ids are time-ordered; newest first).
+    pub cursor: Option<String>,
+}
+
+/// Outcome of a cancel request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelResult {
+    /// It was queued (or waiting) and is now cancelled without running.
+    CancelledNow(Box<SessionRow>),
+    /// It is running: the owner must be told to stop.
+    Requested(Box<SessionRow>),
+    AlreadyFinished(Box<SessionRow>),
+    NotFound,
+}
+
+/// Re-exported so the store can turn an outcome into a terminal row.
+pub fn outcome_status(o: &Outcome) -> SessionStatus {
+    SessionStatus::for_exit(o.reason)
+}

@@ -1,0 +1,807 @@
+//! The Postgres [`Store`]: owns the `sessions` and `messages` tables (`migrations/`), the
+//! lease protocol on them (claim, fenced checkpoint, heartbeat, release) and the embedded
+//! migrator.
+//!
+//! Every statement is runtime-checked (`sqlx::query` + `FromRow`), so the build needs no
+//! database; `core/tests/pg_store.rs` runs each one against a real server.
+//!
+//! Leases: a claim bumps `lease_epoch`; every later write of the worker is conditional on
+//! `(lease_owner, lease_epoch)`, so a worker that was paused past its lease and replaced
+//! finds out at its next write ([`Error::LeaseLost`]) and writes nothing. A checkpoint is
+//! one statement (one round trip): the row's scalars plus only the new messages.
+//!
+//! Cancellation of a running session sets `cancel_requested`; the owner learns it from its
+//! heartbeat. A claim does not refuse a session with the flag set (its previous owner may
+//! have died before acting on it): the claimer sees `row.cancel_requested` and finishes
+//! the session as interrupted.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::types::Json;
+
+use agentq_agent::schema::{Message, Role, Usage};
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::state::{Phase, SessionState};
+
+use crate::error::{Error, Result};
+use crate::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionRow, SessionStatus};
+use crate::store::{LeaseStatus, Store};
+
+/// The migrations this binary was built with.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// Every column [`SessionRecord`] reads, for `SELECT`/`RETURNING` lists.
+const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason, spec, \
+    iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+    reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
+    lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
+    idempotency_key, created_at, updated_at, finished_at";
+
+/// `listing` without a limit gets this many rows; no request gets more than `MAX_LIST`.
+const DEFAULT_LIST: u32 = 100;
+const MAX_LIST: u32 = 10_000;
+
+/// The Postgres store. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+impl PgStore {
+    /// Open a pool. Connections are checked before use, so after a database restart the
+    /// pool replaces dead connections by itself; an acquire waits at most 5 s, so an
+    /// outage surfaces as a (retryable) [`Error::Db`] instead of a hang.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(5))
+            .test_before_acquire(true)
+            .connect(url)
+            .await?;
+        Ok(Self { pool })
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Apply the embedded migrations (idempotent; sqlx takes an advisory lock, so
+    /// concurrent callers are safe).
+    pub async fn migrate(&self) -> Result<()> {
+        MIGRATOR.run(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn get_record(&self, id: &str) -> Result<Option<SessionRecord>> {
+        let sql = format!("SELECT {COLS} FROM sessions WHERE id = $1");
+        Ok(sqlx::query_as::<_, SessionRecord>(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// After a fenced write matched nothing: did an earlier attempt of the same write
+    /// commit (the epoch is still ours and we already gave the lease up)? Makes a retry
+    /// after an ambiguous failure harmless for the writes that clear the owner.
+    async fn gave_up_lease(&self, lease: &Lease, want: fn(SessionStatus) -> bool) -> Result<bool> {
+        let row: Option<(i64, Option<String>, String)> = sqlx::query_as(
+            "SELECT lease_epoch, lease_owner, status FROM sessions WHERE root_id = $1 AND id = $2",
+        )
+        .bind(&lease.root_id)
+        .bind(&lease.session_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(match row {
+            Some((epoch, None, status)) if epoch == lease.epoch => {
+                SessionStatus::parse(&status).is_some_and(want)
+            }
+            _ => false,
+        })
+    }
+}
+
+/// A `sessions` row as stored, with the loop scalars `SessionRow` does not carry.
+#[derive(Debug, sqlx::FromRow)]
+struct SessionRecord {
+    id: String,
+    root_id: String,
+    parent_id: Option<String>,
+    depth: i32,
+    queue: String,
+    status: String,
+    finish_reason: Option<String>,
+    spec: Json<SessionSpec>,
+    iteration: i32,
+    input_tokens: i64,
+    output_tokens: i64,
+    cache_read_tokens: i64,
+    cache_write_tokens: i64,
+    reasoning_tokens: i64,
+    drain_rounds: i32,
+    free_iteration: bool,
+    phase: String,
+    started_at: Option<DateTime<Utc>>,
+    result: Option<String>,
+    error: Option<String>,
+    lease_owner: Option<String>,
+    lease_epoch: i64,
+    lease_expires_at: Option<DateTime<Utc>>,
+    attempts: i32,
+    cancel_requested: bool,
+    idempotency_key: Option<String>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+/// A value in the database this binary cannot read (not retryable).
+fn bad_data(what: impl std::fmt::Display) -> Error {
+    Error::Db(sqlx::Error::Decode(
+        format!("sessions: unreadable stored value: {what}").into(),
+    ))
+}
+
+fn to_u32(v: i32, col: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| bad_data(format_args!("{col} = {v}")))
+}
+
+fn to_u64(v: i64, col: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| bad_data(format_args!("{col} = {v}")))
+}
+
+fn to_i32(v: u32, field: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(field, format!("{v} is out of range")))
+}
+
+fn to_i64(v: u64, field: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::invalid(field, format!("{v} is out of range")))
+}
+
+fn parse_status(s: &str) -> Result<SessionStatus> {
+    SessionStatus::parse(s).ok_or_else(|| bad_data(format_args!("status = {s:?}")))
+}
+
+fn parse_exit(s: &str) -> Result<ExitReason> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| bad_data(format_args!("finish_reason = {s:?}")))
+}
+
+fn phase_str(p: Phase) -> &'static str {
+    match p {
+        Phase::Plan => "plan",
+        Phase::Act => "act",
+    }
+}
+
+fn parse_phase(s: &str) -> Result<Phase> {
+    match s {
+        "plan" => Ok(Phase::Plan),
+        "act" => Ok(Phase::Act),
+        other => Err(bad_data(format_args!("phase = {other:?}"))),
+    }
+}
+
+fn role_str(r: Role) -> &'static str {
+    match r {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
+
+/// Whole seconds and fractions, for `make_interval(secs => …)`.
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+impl SessionRecord {
+    fn usage(&self) -> Result<Usage> {
+        Ok(Usage {
+            input_tokens: to_u64(self.input_tokens, "input_tokens")?,
+            output_tokens: to_u64(self.output_tokens, "output_tokens")?,
+            cache_read_tokens: to_u64(self.cache_read_tokens, "cache_read_tokens")?,
+            cache_write_tokens: to_u64(self.cache_write_tokens, "cache_write_tokens")?,
+            reasoning_tokens: to_u64(self.reasoning_tokens, "reasoning_tokens")?,
+        })
+    }
+
+    fn status(&self) -> Result<SessionStatus> {
+        parse_status(&self.status)
+    }
+
+    fn into_row(self) -> Result<SessionRow> {
+        Ok(SessionRow {
+            status: self.status()?,
+            finish_reason: self.finish_reason.as_deref().map(parse_exit).transpose()?,
+            depth: to_u32(self.depth, "depth")?,
+            iteration: to_u32(self.iteration, "iteration")?,
+            usage: self.usage()?,
+            attempts: to_u32(self.attempts, "attempts")?,
+            id: self.id,
+            root_id: self.root_id,
+            parent_id: self.parent_id,
+            queue: self.queue,
+            spec: self.spec.0,
+            result: self.result,
+            error: self.error,
+            lease_owner: self.lease_owner,
+            lease_epoch: self.lease_epoch,
+            lease_expires_at: self.lease_expires_at,
+            cancel_requested: self.cancel_requested,
+            idempotency_key: self.idempotency_key,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            finished_at: self.finished_at,
+        })
+    }
+
+    /// The loop state to resume from: this row's scalars plus the stored history.
+    fn state(&self, mut messages: Vec<(i32, Json<Message>)>) -> Result<SessionState> {
+        // Message i has seq i. A row created without its first (user) message — not by
+        // this store — gets the prompt back in front, exactly as a fresh state has it.
+        let mut history = Vec::with_capacity(messages.len() + 1);
+        if messages.first().is_none_or(|(seq, _)| *seq != 0) {
+            history.push(Message::user(self.spec.0.prompt.clone()));
+        }
+        history.extend(messages.drain(..).map(|(_, m)| m.0));
+        Ok(SessionState {
+            session_id: self.id.clone(),
+            spec: self.spec.0.clone(),
+            messages: history,
+            iteration: to_u32(self.iteration, "iteration")?,
+            usage: self.usage()?,
+            drain_rounds: to_u32(self.drain_rounds, "drain_rounds")?,
+            free_iteration: self.free_iteration,
+            phase: parse_phase(&self.phase)?,
+            started_at: self.started_at,
+            outcome: None,
+        })
+    }
+}
+
+/// `CREATE` for a batch: one multi-row insert from arrays, plus each new session's first
+/// message (the prompt, seq 0) so that a claim finds the history a fresh state starts with.
+const INSERT_SESSIONS: &str = "
+WITH input AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
+                         $6::jsonb[], $7::text[], $8::text[], $9::jsonb[])
+        WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
+                             idempotency_key, first_message, ord)
+), ins AS (
+    INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, spec, phase,
+                          idempotency_key)
+    SELECT id, root_id, parent_id, depth, queue, 'queued', spec, phase, idempotency_key
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING COLS
+), msg AS (
+    INSERT INTO messages (root_id, session_id, seq, role, body)
+    SELECT ins.root_id, ins.id, 0, 'user', input.first_message
+    FROM ins JOIN input ON input.id = ins.id
+    ON CONFLICT DO NOTHING
+)
+SELECT * FROM ins";
+
+/// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
+/// lease or our own), never terminal or suspended.
+const CLAIM: &str = "
+UPDATE sessions SET
+    lease_owner = $2,
+    lease_epoch = lease_epoch + 1,
+    lease_expires_at = now() + make_interval(secs => $3),
+    status = 'running',
+    attempts = attempts + 1,
+    updated_at = now()
+WHERE id = $1
+  AND status IN ('queued', 'running')
+  AND (lease_owner IS NULL OR lease_expires_at < now() OR lease_owner = $2)
+RETURNING COLS";
+
+/// The checkpoint: one statement, one round trip. The update is fenced by the lease; the
+/// new messages are inserted only from the update's output, so a fenced-off worker writes
+/// nothing at all. `ON CONFLICT DO NOTHING` makes a retry after an ambiguous failure
+/// harmless. With an outcome ($13 not null) the row becomes terminal and the lease is
+/// given up in the same statement.
+const CHECKPOINT: &str = "
+WITH upd AS (
+    UPDATE sessions SET
+        iteration = $4,
+        input_tokens = $5,
+        output_tokens = $6,
+        cache_read_tokens = $7,
+        cache_write_tokens = $8,
+        reasoning_tokens = $9,
+        drain_rounds = $10,
+        free_iteration = $11,
+        phase = $12,
+        started_at = $13,
+        status = COALESCE($14, status),
+        finish_reason = CASE WHEN $14 IS NULL THEN finish_reason ELSE $15 END,
+        result = CASE WHEN $14 IS NULL THEN result ELSE $16 END,
+        error = CASE WHEN $14 IS NULL THEN error ELSE $17 END,
+        finished_at = CASE WHEN $14 IS NULL THEN finished_at ELSE now() END,
+        lease_owner = CASE WHEN $14 IS NULL THEN lease_owner ELSE NULL END,
+        lease_expires_at = CASE WHEN $14 IS NULL THEN lease_expires_at ELSE NULL END,
+        updated_at = now()
+    WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18
+    RETURNING root_id, id
+), ins AS (
+    INSERT INTO messages (root_id, session_id, seq, role, body)
+    SELECT upd.root_id, upd.id, m.seq, m.role, m.body
+    FROM upd CROSS JOIN UNNEST($19::int[], $20::text[], $21::jsonb[]) AS m(seq, role, body)
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) FROM upd";
+
+/// All of a worker's leases in one statement; the answer keeps the input order.
+const HEARTBEAT: &str = "
+WITH l AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY
+        AS l(root_id, id, epoch, owner, ord)
+), upd AS (
+    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $5)
+    FROM l
+    WHERE s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
+      AND s.lease_owner = l.owner
+    RETURNING s.id, s.lease_epoch, s.cancel_requested
+)
+SELECT l.id, (upd.id IS NOT NULL) AS held, COALESCE(upd.cancel_requested, false) AS cancel
+FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
+ORDER BY l.ord";
+
+/// Cancel in one race-free statement: queued or suspended → cancelled now; running → the
+/// flag for its owner. Terminal rows do not match.
+const CANCEL: &str = "
+UPDATE sessions SET
+    status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+    finish_reason = CASE WHEN status = 'running' THEN finish_reason ELSE 'interrupted' END,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+    lease_owner = CASE WHEN status = 'running' THEN lease_owner ELSE NULL END,
+    lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at ELSE NULL END,
+    cancel_requested = true,
+    updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'running', 'waiting', 'awaiting_approval')
+RETURNING COLS";
+
+fn with_cols(sql: &str) -> String {
+    sql.replace("COLS", COLS)
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn check_schema(&self) -> Result<()> {
+        let embedded: Vec<i64> = MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .map(|m| m.version)
+            .collect();
+        let required = embedded.iter().copied().max().unwrap_or(0);
+        let applied: Vec<i64> = match sqlx::query_scalar(
+            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
+        )
+        .fetch_all(&self.pool)
+        .await
+        {
+            Ok(v) => v,
+            // 42P01 undefined_table: never migrated.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                return Err(Error::SchemaBehind {
+                    current: None,
+                    required,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if embedded.iter().all(|v| applied.contains(v)) {
+            Ok(())
+        } else {
+            Err(Error::SchemaBehind {
+                current: applied.iter().copied().max(),
+                required,
+            })
+        }
+    }
+
+    async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)> {
+        self.create_sessions(std::slice::from_ref(new))
+            .await?
+            .pop()
+            .ok_or_else(|| Error::Conflict(format!("session {} was not created", new.id)))
+    }
+
+    async fn create_sessions(&self, new: &[NewSession]) -> Result<Vec<(SessionRow, bool)>> {
+        if new.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = new.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut roots = Vec::with_capacity(n);
+        let mut parents = Vec::with_capacity(n);
+        let mut depths = Vec::with_capacity(n);
+        let mut queues = Vec::with_capacity(n);
+        let mut specs = Vec::with_capacity(n);
+        let mut phases = Vec::with_capacity(n);
+        let mut keys = Vec::with_capacity(n);
+        let mut firsts = Vec::with_capacity(n);
+        for s in new {
+            // The state a fresh session starts from decides its phase and first message.
+            let fresh = SessionState::new(s.id.clone(), s.spec.clone());
+            let first = fresh
+                .messages
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Message::user(s.spec.prompt.clone()));
+            ids.push(s.id.as_str());
+            roots.push(s.root_id.as_str());
+            parents.push(s.parent_id.as_deref());
+            depths.push(to_i32(s.depth, "depth")?);
+            queues.push(s.queue.as_str());
+            specs.push(Json(&s.spec));
+            phases.push(phase_str(fresh.phase));
+            keys.push(s.idempotency_key.as_deref());
+            firsts.push(Json(first));
+        }
+        let inserted: Vec<SessionRecord> = sqlx::query_as(&with_cols(INSERT_SESSIONS))
+            .bind(&ids)
+            .bind(&roots)
+            .bind(&parents)
+            .bind(&depths)
+            .bind(&queues)
+            .bind(&specs)
+            .bind(&phases)
+            .bind(&keys)
+            .bind(&firsts)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut by_id: std::collections::HashMap<String, SessionRow> = inserted
+            .into_iter()
+            .map(|r| r.into_row().map(|row| (row.id.clone(), row)))
+            .collect::<Result<_>>()?;
+
+        // Items that were not inserted: an existing row with the same idempotency key
+        // (or id). One more query for all of them; read after the insert, so it sees rows
+        // of a concurrent insert that the conflict waited for.
+        let missing: Vec<&NewSession> = new.iter().filter(|s| !by_id.contains_key(&s.id)).collect();
+        let mut by_key = std::collections::HashMap::new();
+        let mut existing_by_id = std::collections::HashMap::new();
+        if !missing.is_empty() {
+            let m_ids: Vec<&str> = missing.iter().map(|s| s.id.as_str()).collect();
+            let m_keys: Vec<&str> = missing
+                .iter()
+                .filter_map(|s| s.idempotency_key.as_deref())
+                .collect();
+            let sql = format!(
+                "SELECT {COLS} FROM sessions WHERE id = ANY($1) \
+                 OR idempotency_key = ANY($2)"
+            );
+            let rows: Vec<SessionRecord> = sqlx::query_as(&sql)
+                .bind(&m_ids)
+                .bind(&m_keys)
+                .fetch_all(&self.pool)
+                .await?;
+            for r in rows {
+                let row = r.into_row()?;
+                if let Some(k) = &row.idempotency_key {
+                    by_key.insert(k.clone(), row.clone());
+                }
+                existing_by_id.insert(row.id.clone(), row);
+            }
+        }
+
+        let mut out = Vec::with_capacity(n);
+        for s in new {
+            // Take the inserted row once: a later duplicate of the same item is a repeat.
+            if let Some(row) = by_id.remove(&s.id) {
+                if let Some(k) = &row.idempotency_key {
+                    by_key.insert(k.clone(), row.clone());
+                }
+                existing_by_id.insert(row.id.clone(), row.clone());
+                out.push((row, true));
+                continue;
+            }
+            let found = s
+                .idempotency_key
+                .as_ref()
+                .and_then(|k| by_key.get(k))
+                .or_else(|| existing_by_id.get(&s.id));
+            match found {
+                Some(row) => out.push((row.clone(), false)),
+                None => {
+                    return Err(Error::Conflict(format!(
+                        "session {} conflicts with an existing row that could not be read",
+                        s.id
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn mark_enqueued(&self, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "UPDATE sessions SET enqueued_at = now() \
+             WHERE id = ANY($1) AND enqueued_at IS NULL",
+        )
+        .bind(ids)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT id, queue FROM sessions \
+             WHERE status = 'queued' AND enqueued_at IS NULL \
+               AND created_at < now() - make_interval(secs => $1) \
+             ORDER BY created_at LIMIT $2",
+        )
+        .bind(secs(age))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<SessionRow>> {
+        self.get_record(id)
+            .await?
+            .map(SessionRecord::into_row)
+            .transpose()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SessionRow>> {
+        let limit = match filter.limit {
+            0 => DEFAULT_LIST,
+            l => l.min(MAX_LIST),
+        };
+        // Built per filter rather than `($1 IS NULL OR …)`, so each shape gets a plan
+        // that uses its index.
+        let mut qb = sqlx::QueryBuilder::<sqlx::Postgres>::new(format!(
+            "SELECT {COLS} FROM sessions WHERE true"
+        ));
+        if let Some(status) = filter.status {
+            qb.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(parent) = &filter.parent_id {
+            qb.push(" AND parent_id = ").push_bind(parent.as_str());
+        }
+        if let Some(cursor) = &filter.cursor {
+            qb.push(" AND id < ").push_bind(cursor.as_str());
+        }
+        qb.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(limit));
+        let rows: Vec<SessionRecord> = qb.build_query_as().fetch_all(&self.pool).await?;
+        rows.into_iter().map(SessionRecord::into_row).collect()
+    }
+
+    async fn messages(&self, id: &str) -> Result<Vec<Message>> {
+        // Through `sessions` so the lookup uses the (root_id, session_id, seq) key; the
+        // LEFT JOIN tells a missing session (no row) from an empty history (NULL body).
+        let rows: Vec<(Option<Json<Message>>,)> = sqlx::query_as(
+            "SELECT m.body FROM sessions s \
+             LEFT JOIN messages m ON m.root_id = s.root_id AND m.session_id = s.id \
+             WHERE s.id = $1 ORDER BY m.seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        if rows.is_empty() {
+            return Err(Error::NotFound(id.to_string()));
+        }
+        Ok(rows.into_iter().filter_map(|(b,)| b.map(|j| j.0)).collect())
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: u32,
+    ) -> Result<Claim> {
+        let claimed: Option<SessionRecord> = sqlx::query_as(&with_cols(CLAIM))
+            .bind(id)
+            .bind(owner)
+            .bind(secs(ttl))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(rec) = claimed else {
+            // Why not? (A race with another claim only changes which answer is right.)
+            let Some(rec) = self.get_record(id).await? else {
+                return Ok(Claim::NotFound);
+            };
+            let status = rec.status()?;
+            return Ok(match status {
+                s if s.is_terminal() => Claim::Terminal(Box::new(rec.into_row()?)),
+                SessionStatus::Queued | SessionStatus::Running => Claim::Busy,
+                s => Claim::NotRunnable(s),
+            });
+        };
+        if i64::from(rec.attempts) > i64::from(max_attempts) {
+            return Ok(Claim::Exhausted(Box::new(rec.into_row()?)));
+        }
+        // A second statement, after the claim committed: from here on the previous holder
+        // is fenced off, so this read sees everything it will ever have written.
+        let messages: Vec<(i32, Json<Message>)> = sqlx::query_as(
+            "SELECT seq, body FROM messages WHERE root_id = $1 AND session_id = $2 ORDER BY seq",
+        )
+        .bind(&rec.root_id)
+        .bind(&rec.id)
+        .fetch_all(&self.pool)
+        .await?;
+        let state = rec.state(messages)?;
+        let lease = Lease {
+            session_id: rec.id.clone(),
+            root_id: rec.root_id.clone(),
+            owner: owner.to_string(),
+            epoch: rec.lease_epoch,
+        };
+        Ok(Claim::Acquired {
+            lease,
+            state: Box::new(state),
+            row: Box::new(rec.into_row()?),
+        })
+    }
+
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
+        let new = state.messages.get(from..).unwrap_or_default();
+        let mut seqs = Vec::with_capacity(new.len());
+        let mut roles = Vec::with_capacity(new.len());
+        let mut bodies = Vec::with_capacity(new.len());
+        for (i, m) in new.iter().enumerate() {
+            let seq = i32::try_from(from + i)
+                .map_err(|_| Error::invalid("messages", "history too long"))?;
+            seqs.push(seq);
+            roles.push(role_str(m.role));
+            bodies.push(Json(m));
+        }
+        let outcome = state.outcome.as_ref();
+        let status = outcome.map(|o| SessionStatus::for_exit(o.reason).as_str());
+        let u = &state.usage;
+        let matched: i64 = sqlx::query_scalar(CHECKPOINT)
+            .bind(&lease.root_id)
+            .bind(&lease.session_id)
+            .bind(lease.epoch)
+            .bind(to_i32(state.iteration, "iteration")?)
+            .bind(to_i64(u.input_tokens, "input_tokens")?)
+            .bind(to_i64(u.output_tokens, "output_tokens")?)
+            .bind(to_i64(u.cache_read_tokens, "cache_read_tokens")?)
+            .bind(to_i64(u.cache_write_tokens, "cache_write_tokens")?)
+            .bind(to_i64(u.reasoning_tokens, "reasoning_tokens")?)
+            .bind(to_i32(state.drain_rounds, "drain_rounds")?)
+            .bind(state.free_iteration)
+            .bind(phase_str(state.phase))
+            .bind(state.started_at)
+            .bind(status)
+            .bind(outcome.map(|o| o.reason.as_str()))
+            .bind(outcome.and_then(|o| o.result.as_deref()))
+            .bind(outcome.and_then(|o| o.error.as_deref()))
+            .bind(&lease.owner)
+            .bind(&seqs)
+            .bind(&roles)
+            .bind(&bodies)
+            .fetch_one(&self.pool)
+            .await?;
+        if matched > 0 {
+            return Ok(());
+        }
+        // A retried final checkpoint finds the row already finished under our epoch.
+        if outcome.is_some() && self.gave_up_lease(lease, |s| s.is_terminal()).await? {
+            return Ok(());
+        }
+        Err(Error::LeaseLost(lease.session_id.clone()))
+    }
+
+    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let roots: Vec<&str> = leases.iter().map(|l| l.root_id.as_str()).collect();
+        let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+        let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+        let rows: Vec<(String, bool, bool)> = sqlx::query_as(HEARTBEAT)
+            .bind(&roots)
+            .bind(&ids)
+            .bind(&epochs)
+            .bind(&owners)
+            .bind(secs(ttl))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(session_id, held, cancel_requested)| LeaseStatus {
+                session_id,
+                held,
+                cancel_requested,
+            })
+            .collect())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let done = sqlx::query(
+            "UPDATE sessions SET status = 'queued', lease_owner = NULL, \
+                 lease_expires_at = NULL, attempts = 0, updated_at = now() \
+             WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
+               AND status = 'running'",
+        )
+        .bind(&lease.root_id)
+        .bind(&lease.session_id)
+        .bind(lease.epoch)
+        .bind(&lease.owner)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if done > 0
+            || self
+                .gave_up_lease(lease, |s| s == SessionStatus::Queued)
+                .await?
+        {
+            return Ok(());
+        }
+        Err(Error::LeaseLost(lease.session_id.clone()))
+    }
+
+    async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
+        let sql = format!(
+            "UPDATE sessions SET status = 'failed', finish_reason = 'error', error = $2, \
+                 finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, \
+                 updated_at = now() \
+             WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled') \
+             RETURNING {COLS}"
+        );
+        let failed: Option<SessionRecord> = sqlx::query_as(&sql)
+            .bind(id)
+            .bind(reason)
+            .fetch_optional(&self.pool)
+            .await?;
+        match failed {
+            Some(rec) => rec.into_row().map(Some),
+            // Missing, or finished already: leave it as it is.
+            None => self.get(id).await,
+        }
+    }
+
+    async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
+        let sql = with_cols(CANCEL);
+        let changed: Option<SessionRecord> = sqlx::query_as(&sql)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(rec) = changed {
+            let row = rec.into_row()?;
+            return Ok(if row.status == SessionStatus::Running {
+                CancelResult::Requested(Box::new(row))
+            } else {
+                CancelResult::CancelledNow(Box::new(row))
+            });
+        }
+        // No match: only a missing or terminal session (every other status matches).
+        match self.get(id).await? {
+            None => Ok(CancelResult::NotFound),
+            Some(row) if row.status.is_terminal() => {
+                Ok(CancelResult::AlreadyFinished(Box::new(row)))
+            }
+            Some(row) => Err(Error::Conflict(format!(
+                "session {id} changed status to {} during the cancel; retry",
+                row.status
+            ))),
+        }
+    }
+
+    async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}

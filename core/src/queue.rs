@@ -1,0 +1,115 @@
+//! The `Queue`: work to do and news. Implemented on Redis Streams
+//! ([`crate::redis_queue::RedisQueue`]) and, for the embedded mode, in process.
+//! Entries carry only a session id and a reason; the store's lease decides who runs what,
+//! so duplicate entries are harmless.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::model::{Completion, EnqueueReason};
+
+/// Consumer group every worker reads with.
+pub const GROUP: &str = "agentq-workers";
+/// Stream of dead-lettered entries.
+pub const DEAD_STREAM: &str = "agentq:dead";
+/// Stream of completions, for consumers that were not listening.
+pub const COMPLETIONS_STREAM: &str = "agentq:completions";
+/// Pub/sub channel of all completions (`agentq:done:<id>` per session).
+pub const DONE_CHANNEL: &str = "agentq:done";
+/// Pub/sub channel on which cancel requests are broadcast to workers.
+pub const CANCEL_CHANNEL: &str = "agentq:cancel";
+
+pub fn queue_stream(queue: &str) -> String {
+    format!("agentq:queue:{queue}")
+}
+
+pub fn done_channel(session_id: &str) -> String {
+    format!("{DONE_CHANNEL}:{session_id}")
+}
+
+/// One entry handed to a worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub queue: String,
+    /// The stream entry id, for ack and claim.
+    pub entry_id: String,
+    pub session_id: String,
+    pub reason: EnqueueReason,
+}
+
+#[async_trait]
+pub trait Queue: Send + Sync {
+    /// Create the stream and consumer group if missing (idempotent).
+    async fn ensure_queue(&self, queue: &str) -> Result<()>;
+
+    async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()>;
+
+    /// Many entries in one round trip.
+    async fn enqueue_many(&self, queue: &str, items: &[(String, EnqueueReason)]) -> Result<()>;
+
+    /// New entries for `consumer` on any of `queues`, blocking up to `block`. Must use a
+    /// connection of its own (a blocking read stalls a shared one).
+    async fn read(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>>;
+
+    /// Entries delivered to `consumer` earlier and not acked (after a restart or a read
+    /// dropped mid-flight).
+    async fn read_own_pending(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Delivery>>;
+
+    /// Reset the idle time of entries `consumer` is working on, so the reclaimer leaves
+    /// them alone.
+    async fn touch(&self, queue: &str, consumer: &str, entry_ids: &[String]) -> Result<()>;
+
+    /// Take entries idle longer than `min_idle` (their worker is presumably dead).
+    async fn reclaim(
+        &self,
+        queue: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Delivery>>;
+
+    async fn ack(&self, queue: &str, entry_ids: &[String]) -> Result<()>;
+
+    /// Move an entry to the dead-letter stream with the reason, and ack it.
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()>;
+
+    /// Publish on `agentq:done:<id>` and `agentq:done`, append to `agentq:completions`.
+    async fn publish_completion(&self, completion: &Completion) -> Result<()>;
+
+    /// Broadcast a cancel request to workers.
+    async fn publish_cancel(&self, session_id: &str) -> Result<()>;
+
+    /// Receive cancel requests (session ids) until the stream ends.
+    async fn subscribe_cancels(&self) -> Result<futures::stream::BoxStream<'static, String>>;
+
+    /// Receive the completion of one session (subscribe before submitting).
+    async fn subscribe_completion(
+        &self,
+        session_id: &str,
+    ) -> Result<futures::stream::BoxStream<'static, Completion>>;
+
+    /// Length, pending count and lag of a queue's stream, for readiness and metrics.
+    async fn stats(&self, queue: &str) -> Result<QueueStats>;
+
+    async fn ping(&self) -> Result<()>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueStats {
+    pub length: u64,
+    pub pending: u64,
+    pub lag: Option<u64>,
+}

@@ -1,0 +1,841 @@
+//! [`RedisQueue`]: the [`Queue`] on Redis Streams (DESIGN §3, pitfalls in §8).
+//!
+//! This module owns every Redis key and channel agentq uses for work and news:
+//! - one stream per queue, `agentq:queue:<name>`, read by the consumer group
+//!   `agentq-workers` (created at id `0`, so entries added before the group are not lost);
+//!   entries carry `session_id` and `reason`;
+//! - the dead-letter stream `agentq:dead`, the completion stream `agentq:completions`;
+//! - the pub/sub channels `agentq:done`, `agentq:done:<id>` and `agentq:cancel`.
+//!
+//! # Connections
+//! - Ordinary commands share one [`ConnectionManager`] (multiplexed, reconnects by itself
+//!   after the server drops it; a command that fails while Redis is down returns a
+//!   retryable error, and the next ones work once Redis is back).
+//! - Blocking `XREADGROUP … BLOCK` runs on reader connections of its own, with no response
+//!   timeout (redis-rs 1.x defaults to 500 ms, which would fail any longer block) but an
+//!   outer deadline of `block` + [`READ_GRACE`]. A reader is checked out of a small idle
+//!   list for the duration of one read and only returned after a clean reply: a read that
+//!   fails, times out or is dropped mid-flight (cancelled) drops its connection, so no
+//!   connection is ever reused with a reply still in flight. Entries a dropped read had
+//!   already been delivered stay pending for the consumer: `read_own_pending` (ID `0`) or
+//!   the reclaimer gets them back.
+//! - Each subscription has a dedicated pub/sub connection; the returned stream reconnects
+//!   and re-subscribes with backoff when the connection is lost (messages published while
+//!   it is down are missed: pub/sub is fire-and-forget, the completion stream is the
+//!   durable record). It pings the server periodically so a silently dead connection is
+//!   noticed. The stream ends only when dropped.
+//!
+//! # Healing after a Redis restart without persistence
+//! The streams and the group are gone then. `XADD … NOMKSTREAM` tells the enqueuer (nil
+//! reply) that the stream is missing, so it re-creates stream and group before adding —
+//! a stream never exists without its group, which KEDA's lag scaler needs. Reads, claims
+//! and touches that get `NOGROUP` re-create the group (and retry, for reads).
+//!
+//! # Trimming
+//! Queue streams are capped with `MAXLEN ~ 1,000,000` ([`QUEUE_MAXLEN`]) so acked history
+//! does not grow without bound; only a backlog of a million undelivered entries would
+//! lose its oldest (the sweeper re-adds sessions that are queued in Postgres). Entries are
+//! never `XDEL`eted (that turns the group's `lag` to nil). The dead-letter and completion
+//! streams are capped at [`HISTORY_MAXLEN`].
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult, Value};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::model::{Completion, EnqueueReason};
+use crate::queue::{
+    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, GROUP, Queue,
+    QueueStats, done_channel, queue_stream,
+};
+
+/// Approximate cap on a queue stream's length (acked history; see the module docs).
+pub const QUEUE_MAXLEN: usize = 1_000_000;
+/// Approximate cap on `agentq:dead` and `agentq:completions`.
+pub const HISTORY_MAXLEN: usize = 100_000;
+/// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
+/// connection (a half-open TCP connection would otherwise hang it forever).
+pub const READ_GRACE: Duration = Duration::from_secs(5);
+
+/// Connect timeout of every connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Response timeout of the shared command connection. Longer than redis-rs's 500 ms so a
+/// busy server or a large pipeline does not fail spuriously.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reconnect attempts of the command connection before a command fails: kept small so
+/// commands fail fast (retryably) while Redis is down; the next command tries again.
+const COMMAND_RECONNECT_RETRIES: usize = 2;
+/// Idle reader connections kept for reuse.
+const MAX_IDLE_READERS: usize = 8;
+/// Reconnect backoff of subscriptions.
+const SUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const SUB_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a subscription checks its connection with a PING.
+const SUB_PING_EVERY: Duration = Duration::from_secs(15);
+/// Upper bound of `XAUTOCLAIM` calls per `reclaim` (each scans at most 10×COUNT entries of
+/// the pending list).
+const RECLAIM_MAX_ROUNDS: usize = 16;
+
+/// The [`Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the module docs.
+pub struct RedisQueue {
+    client: Client,
+    conn: ConnectionManager,
+    /// Idle reader connections for blocking reads (no response timeout).
+    readers: Mutex<Vec<MultiplexedConnection>>,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("server", &self.client.get_connection_info().addr())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisQueue {
+    /// Open the shared command connection to `url` (`redis://[:password@]host:port[/db]`).
+    /// Fails (retryably) when Redis cannot be reached now; once connected, the queue
+    /// survives Redis restarts without being re-created.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_number_of_retries(COMMAND_RECONNECT_RETRIES)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(RedisQueue {
+            client,
+            conn,
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        cmd.query_async(&mut self.conn()).await
+    }
+
+    /// A reader connection: an idle one if any (`true`: it may have gone stale), else a
+    /// new one.
+    async fn checkout_reader(&self) -> RedisResult<(MultiplexedConnection, bool)> {
+        let idle = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        if let Some(conn) = idle {
+            return Ok((conn, true));
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            // Blocking reads outlast any fixed response timeout; `blocking_query` puts its
+            // own deadline around each one.
+            .set_response_timeout(None);
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok((conn, false))
+    }
+
+    fn return_reader(&self, conn: MultiplexedConnection) {
+        let mut idle = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+
+    /// Run a blocking command on a reader connection. A connection that was idle in the
+    /// list and turns out dead (Redis restarted meanwhile) is replaced once.
+    async fn blocking_query(&self, cmd: &Cmd, block: Duration) -> RedisResult<Value> {
+        let mut tried_fresh = false;
+        loop {
+            let (mut conn, pooled) = self.checkout_reader().await?;
+            tried_fresh |= !pooled;
+            let result =
+                match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "blocking read got no reply within its block + grace",
+                    ))),
+                };
+            match result {
+                Ok(v) => {
+                    self.return_reader(conn);
+                    return Ok(v);
+                }
+                // A server error (e.g. NOGROUP) leaves the connection in a clean state.
+                Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => {
+                    self.return_reader(conn);
+                    return Err(e);
+                }
+                Err(e) if pooled && !tried_fresh && e.is_io_error() => {
+                    tracing::debug!(error = %e, "idle redis reader connection was dead; reconnecting");
+                    drop(conn);
+                    // Drain the other idle readers too: they share the dead server.
+                    self.readers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clear();
+                    tried_fresh = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `XREADGROUP` (blocking when `block` is set) over `queues` with `id` (`>` or `0`),
+    /// re-creating missing groups once.
+    async fn read_group(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+        block: Option<Duration>,
+        id: &str,
+    ) -> Result<Vec<Delivery>> {
+        if queues.is_empty() {
+            if let Some(block) = block {
+                // Nothing to read: behave like an empty blocking read.
+                tokio::time::sleep(block).await;
+            }
+            return Ok(Vec::new());
+        }
+        let streams: Vec<String> = queues.iter().map(|q| queue_stream(q)).collect();
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count.max(1));
+        if let Some(block) = block {
+            // BLOCK 0 would block forever: a zero block is a non-blocking read.
+            let ms = block.as_millis();
+            if ms > 0 {
+                cmd.arg("BLOCK").arg(u64::try_from(ms).unwrap_or(u64::MAX));
+            }
+        }
+        cmd.arg("STREAMS").arg(&streams);
+        for _ in queues {
+            cmd.arg(id);
+        }
+
+        let mut healed = false;
+        let reply = loop {
+            let result = match block {
+                Some(block) if !block.is_zero() => self.blocking_query(&cmd, block).await,
+                _ => self.query(&cmd).await,
+            };
+            match result {
+                Ok(v) => break v,
+                Err(e) if !healed && has_code(&e, "NOGROUP") => {
+                    tracing::warn!(
+                        ?queues,
+                        "consumer group missing (redis restarted?); re-creating"
+                    );
+                    for q in queues {
+                        self.ensure_queue(q).await?;
+                    }
+                    healed = true;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+
+        let by_stream: HashMap<&str, &String> = streams
+            .iter()
+            .map(String::as_str)
+            .zip(queues.iter())
+            .collect();
+        let mut out = Vec::new();
+        let mut garbage: HashMap<String, Vec<String>> = HashMap::new();
+        for (stream, entries) in stream_entries(reply) {
+            let queue = match by_stream.get(stream.as_str()) {
+                Some(q) => (*q).clone(),
+                None => match stream.strip_prefix("agentq:queue:") {
+                    Some(q) => q.to_string(),
+                    None => continue,
+                },
+            };
+            for entry in entries {
+                match entry.into_delivery(&queue) {
+                    Ok(d) => out.push(d),
+                    Err(id) => garbage.entry(queue.clone()).or_default().push(id),
+                }
+            }
+        }
+        self.ack_garbage(garbage).await;
+        Ok(out)
+    }
+
+    /// Ack entries without a session id (or deleted ones left in the pending list) so they
+    /// cannot wedge a worker. Failures are only logged: the entries stay pending and come
+    /// back through the reclaimer, which tries again.
+    async fn ack_garbage(&self, garbage: HashMap<String, Vec<String>>) {
+        for (queue, ids) in garbage {
+            tracing::warn!(%queue, ?ids, "skipping queue entries without a session_id");
+            if let Err(e) = self.ack(&queue, &ids).await {
+                tracing::warn!(%queue, error = %e, "could not ack malformed queue entries");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Queue for RedisQueue {
+    async fn ensure_queue(&self, queue: &str) -> Result<()> {
+        let mut cmd = redis::cmd("XGROUP");
+        // Id 0, not `$`: entries added before the group existed must be delivered too.
+        cmd.arg("CREATE")
+            .arg(queue_stream(queue))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM");
+        match self.query(&cmd).await {
+            Ok(_) => Ok(()),
+            Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
+        self.enqueue_many(queue, &[(session_id.to_string(), reason)])
+            .await
+    }
+
+    async fn enqueue_many(&self, queue: &str, items: &[(String, EnqueueReason)]) -> Result<()> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let stream = queue_stream(queue);
+        let mut pipe = redis::pipe();
+        for (session_id, reason) in items {
+            // NOMKSTREAM: a nil reply means the stream (and so its group) is missing; we
+            // create both below instead of letting XADD create a stream without a group.
+            pipe.add_command(xadd_entry(&stream, true, session_id, *reason));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.conn()).await?;
+        let missing: Vec<&(String, EnqueueReason)> = items
+            .iter()
+            .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
+            .filter(|(_, r)| matches!(r, Value::Nil))
+            .map(|(item, _)| item)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.ensure_queue(queue).await?;
+        let mut pipe = redis::pipe();
+        for (session_id, reason) in missing {
+            pipe.add_command(xadd_entry(&stream, false, session_id, *reason));
+        }
+        pipe.exec_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn read(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        self.read_group(queues, consumer, count, Some(block), ">")
+            .await
+    }
+
+    async fn read_own_pending(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        self.read_group(queues, consumer, count, None, "0").await
+    }
+
+    async fn touch(&self, queue: &str, consumer: &str, entry_ids: &[String]) -> Result<()> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("XCLAIM");
+        // min-idle 0 to ourselves: resets the idle time, keeps ownership; JUSTID does not
+        // bump the delivery counter.
+        cmd.arg(queue_stream(queue))
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(0)
+            .arg(entry_ids)
+            .arg("JUSTID");
+        match self.query(&cmd).await {
+            Ok(_) => Ok(()),
+            Err(e) if has_code(&e, "NOGROUP") => {
+                // Redis lost the stream: nothing left to touch; restore the group for
+                // the next enqueue and read.
+                tracing::warn!(%queue, "consumer group missing on touch; re-creating");
+                self.ensure_queue(queue).await
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn reclaim(
+        &self,
+        queue: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        let stream = queue_stream(queue);
+        let min_idle_ms = u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX);
+        let mut cursor = "0-0".to_string();
+        let mut out = Vec::new();
+        let mut garbage = Vec::new();
+        for _ in 0..RECLAIM_MAX_ROUNDS {
+            let want = count.saturating_sub(out.len());
+            if want == 0 {
+                break;
+            }
+            let mut cmd = redis::cmd("XAUTOCLAIM");
+            cmd.arg(&stream)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(min_idle_ms)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(want);
+            let reply = match self.query(&cmd).await {
+                Ok(v) => v,
+                Err(e) if has_code(&e, "NOGROUP") => {
+                    tracing::warn!(%queue, "consumer group missing on reclaim; re-creating");
+                    self.ensure_queue(queue).await?;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Value::Array(mut parts) = reply else {
+                return Err(unexpected("XAUTOCLAIM reply is not an array"));
+            };
+            // Redis ≥ 7 adds a third element: ids that were pending but no longer exist
+            // (trimmed); Redis removed them from the pending list already, nothing to do.
+            if parts.len() >= 3 {
+                let deleted = parts.remove(2);
+                if let Value::Array(ids) = &deleted
+                    && !ids.is_empty()
+                {
+                    tracing::debug!(%queue, n = ids.len(), "reclaim skipped deleted entries");
+                }
+            }
+            let entries = if parts.len() >= 2 {
+                parts.remove(1)
+            } else {
+                Value::Nil
+            };
+            let next = parts.first().and_then(value_string);
+            for entry in parse_entries(entries) {
+                match entry.into_delivery(queue) {
+                    Ok(d) => out.push(d),
+                    Err(id) => garbage.push(id),
+                }
+            }
+            match next {
+                Some(next) if next != "0-0" => cursor = next,
+                _ => break,
+            }
+        }
+        if !garbage.is_empty() {
+            self.ack_garbage(HashMap::from([(queue.to_string(), garbage)]))
+                .await;
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, queue: &str, entry_ids: &[String]) -> Result<()> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let mut cmd = redis::cmd("XACK");
+        cmd.arg(queue_stream(queue)).arg(GROUP).arg(entry_ids);
+        match self.query(&cmd).await {
+            Ok(_) => Ok(()),
+            // The group is gone (Redis restarted): nothing is pending any more.
+            Err(e) if has_code(&e, "NOGROUP") => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("XADD")
+            .arg(DEAD_STREAM)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(HISTORY_MAXLEN)
+            .arg("*")
+            .arg("session_id")
+            .arg(&delivery.session_id)
+            .arg("queue")
+            .arg(&delivery.queue)
+            .arg("entry_id")
+            .arg(&delivery.entry_id)
+            .arg("reason")
+            .arg(reason)
+            .arg("enqueue_reason")
+            .arg(delivery.reason.as_str())
+            .ignore()
+            .cmd("XACK")
+            .arg(queue_stream(&delivery.queue))
+            .arg(GROUP)
+            .arg(&delivery.entry_id)
+            .ignore();
+        pipe.exec_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn publish_completion(&self, completion: &Completion) -> Result<()> {
+        let json = serde_json::to_string(completion)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("PUBLISH")
+            .arg(done_channel(&completion.session_id))
+            .arg(&json)
+            .ignore()
+            .cmd("PUBLISH")
+            .arg(DONE_CHANNEL)
+            .arg(&json)
+            .ignore()
+            .cmd("XADD")
+            .arg(COMPLETIONS_STREAM)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(HISTORY_MAXLEN)
+            .arg("*")
+            .arg("session_id")
+            .arg(&completion.session_id)
+            .arg("data")
+            .arg(&json)
+            .ignore();
+        pipe.exec_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn publish_cancel(&self, session_id: &str) -> Result<()> {
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(CANCEL_CHANNEL).arg(session_id);
+        self.query(&cmd).await?;
+        Ok(())
+    }
+
+    async fn subscribe_cancels(&self) -> Result<BoxStream<'static, String>> {
+        subscribe(self.client.clone(), CANCEL_CHANNEL.to_string()).await
+    }
+
+    async fn subscribe_completion(
+        &self,
+        session_id: &str,
+    ) -> Result<BoxStream<'static, Completion>> {
+        let raw = subscribe(self.client.clone(), done_channel(session_id)).await?;
+        Ok(raw
+            .filter_map(|payload| async move {
+                match serde_json::from_str::<Completion>(&payload) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "ignoring malformed completion message");
+                        None
+                    }
+                }
+            })
+            .boxed())
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let stream = queue_stream(queue);
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&stream);
+        let groups = match self.query(&info).await {
+            Ok(v) => v,
+            // No stream yet: empty, and no group whose lag could be known.
+            Err(e) if e.to_string().contains("no such key") => {
+                return Ok(QueueStats::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut stats = QueueStats::default();
+        for group in value_items(groups) {
+            let fields: HashMap<String, Value> = value_pairs(group)
+                .into_iter()
+                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
+                .collect();
+            if fields.get("name").and_then(value_string).as_deref() != Some(GROUP) {
+                continue;
+            }
+            stats.pending = fields.get("pending").and_then(value_u64).unwrap_or(0);
+            stats.lag = fields.get("lag").and_then(value_u64);
+        }
+        let mut xlen = redis::cmd("XLEN");
+        xlen.arg(&stream);
+        stats.length = value_u64(&self.query(&xlen).await?).unwrap_or(0);
+        Ok(stats)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.query(&redis::cmd("PING")).await?;
+        Ok(())
+    }
+}
+
+/// `XADD <stream> [NOMKSTREAM] MAXLEN ~ <cap> * session_id <id> reason <reason>`
+fn xadd_entry(stream: &str, no_mkstream: bool, session_id: &str, reason: EnqueueReason) -> Cmd {
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(stream);
+    if no_mkstream {
+        cmd.arg("NOMKSTREAM");
+    }
+    cmd.arg("MAXLEN")
+        .arg("~")
+        .arg(QUEUE_MAXLEN)
+        .arg("*")
+        .arg("session_id")
+        .arg(session_id)
+        .arg("reason")
+        .arg(reason.as_str());
+    cmd
+}
+
+/// Whether the error (or one of a pipeline's errors) carries the server code `code`.
+fn has_code(e: &RedisError, code: &str) -> bool {
+    if e.code() == Some(code) {
+        return true;
+    }
+    e.clone()
+        .into_server_errors()
+        .is_some_and(|errs| errs.iter().any(|(_, se)| se.code() == code))
+}
+
+fn unexpected(what: &str) -> Error {
+    Error::Redis(RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        what.to_string(),
+    )))
+}
+
+// ---------------------------------------------------------------------------------------
+// Reply parsing. Tolerant by design: RESP2 arrays and RESP3 maps both parse, and anything
+// malformed is skipped rather than failing the whole read.
+// ---------------------------------------------------------------------------------------
+
+/// One stream entry; `fields` is `None` for an entry that was deleted while pending.
+struct Entry {
+    id: String,
+    fields: Option<HashMap<String, String>>,
+}
+
+impl Entry {
+    /// A delivery, or the entry id back when the entry has no usable session id.
+    fn into_delivery(self, queue: &str) -> std::result::Result<Delivery, String> {
+        let Some(mut fields) = self.fields else {
+            return Err(self.id);
+        };
+        match fields.remove("session_id") {
+            Some(session_id) if !session_id.is_empty() => Ok(Delivery {
+                queue: queue.to_string(),
+                entry_id: self.id,
+                session_id,
+                reason: EnqueueReason::parse(fields.get("reason").map_or("new", String::as_str)),
+            }),
+            _ => Err(self.id),
+        }
+    }
+}
+
+/// `XREADGROUP` reply → `(stream, entries)`; nil (timeout) → nothing.
+fn stream_entries(reply: Value) -> Vec<(String, Vec<Entry>)> {
+    let per_stream: Vec<(Value, Value)> = match reply {
+        Value::Map(pairs) => pairs,
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|item| {
+                let mut kv = value_items(item).into_iter();
+                Some((kv.next()?, kv.next()?))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    per_stream
+        .into_iter()
+        .filter_map(|(name, entries)| Some((value_string(&name)?, parse_entries(entries))))
+        .collect()
+}
+
+/// `[[id, [field, value, …] | nil], …]` → entries.
+fn parse_entries(entries: Value) -> Vec<Entry> {
+    value_items(entries)
+        .into_iter()
+        .filter_map(|entry| {
+            let mut parts = value_items(entry).into_iter();
+            let id = value_string(&parts.next()?)?;
+            let fields = match parts.next() {
+                None | Some(Value::Nil) => None,
+                Some(v) => Some(
+                    value_pairs(v)
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((value_string(&k)?, value_string(&v)?)))
+                        .collect(),
+                ),
+            };
+            Some(Entry { id, fields })
+        })
+        .collect()
+}
+
+fn value_items(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(items) | Value::Set(items) => items,
+        _ => Vec::new(),
+    }
+}
+
+/// A map, or a flat `[k, v, k, v, …]` array, as pairs.
+fn value_pairs(v: Value) -> Vec<(Value, Value)> {
+    match v {
+        Value::Map(pairs) => pairs,
+        Value::Array(items) => {
+            let mut it = items.into_iter();
+            let mut pairs = Vec::new();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                pairs.push((k, v));
+            }
+            pairs
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn value_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::Okay => Some("OK".to_string()),
+        _ => None,
+    }
+}
+
+fn value_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        other => value_string(other)?.parse().ok(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Subscriptions
+// ---------------------------------------------------------------------------------------
+
+/// Subscribe to `channel` now (the subscription is active when this returns) and yield
+/// the payloads, reconnecting with backoff when the connection is lost.
+async fn subscribe(client: Client, channel: String) -> Result<BoxStream<'static, String>> {
+    let conn = connect_subscription(&client, &channel).await?;
+    let state = Subscription {
+        client,
+        channel,
+        conn: Some(conn),
+        backoff: SUB_BACKOFF_MIN,
+        next_ping: Instant::now() + SUB_PING_EVERY,
+    };
+    Ok(futures::stream::unfold(state, |mut sub| async move {
+        let payload = sub.next().await;
+        Some((payload, sub))
+    })
+    .boxed())
+}
+
+async fn connect_subscription(
+    client: &Client,
+    channel: &str,
+) -> RedisResult<(PubSubSink, PubSubStream)> {
+    let connect = async {
+        let (mut sink, stream) = client.get_async_pubsub().await?.split();
+        sink.subscribe(channel).await?;
+        Ok::<_, RedisError>((sink, stream))
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "subscribing timed out",
+        ))),
+    }
+}
+
+struct Subscription {
+    client: Client,
+    channel: String,
+    /// `None` while disconnected.
+    conn: Option<(PubSubSink, PubSubStream)>,
+    backoff: Duration,
+    next_ping: Instant,
+}
+
+enum SubEvent {
+    Message(String),
+    Lost(&'static str),
+    Pinged,
+}
+
+impl Subscription {
+    /// The next payload; reconnects (forever, with backoff) when the connection is lost.
+    async fn next(&mut self) -> String {
+        loop {
+            let Some((sink, stream)) = &mut self.conn else {
+                tokio::time::sleep(self.backoff).await;
+                match connect_subscription(&self.client, &self.channel).await {
+                    Ok(conn) => {
+                        tracing::info!(channel = %self.channel, "redis subscription restored");
+                        self.conn = Some(conn);
+                        self.backoff = SUB_BACKOFF_MIN;
+                        self.next_ping = Instant::now() + SUB_PING_EVERY;
+                    }
+                    Err(e) => {
+                        tracing::debug!(channel = %self.channel, error = %e, "redis resubscribe failed");
+                        self.backoff = (self.backoff * 2).min(SUB_BACKOFF_MAX);
+                    }
+                }
+                continue;
+            };
+            let event = tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => match msg.get_payload::<String>() {
+                        Ok(p) => SubEvent::Message(p),
+                        Err(_) => continue,
+                    },
+                    None => SubEvent::Lost("connection closed"),
+                },
+                () = tokio::time::sleep_until(self.next_ping) => {
+                    match tokio::time::timeout(CONNECT_TIMEOUT, sink.ping::<Value>()).await {
+                        Ok(Ok(_)) => SubEvent::Pinged,
+                        _ => SubEvent::Lost("ping failed"),
+                    }
+                }
+            };
+            match event {
+                SubEvent::Message(p) => return p,
+                SubEvent::Pinged => self.next_ping = Instant::now() + SUB_PING_EVERY,
+                SubEvent::Lost(why) => {
+                    tracing::warn!(channel = %self.channel, why, "redis subscription lost; reconnecting");
+                    self.conn = None;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! The `Store`: where the truth lives. Sessions, their append-only messages, leases with
+//! fencing. Implemented on Postgres ([`crate::pg::PgStore`]) and, for the embedded mode,
+//! SQLite. Every write a worker makes after a claim is conditional on its lease epoch.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use agentq_agent::schema::Message;
+use agentq_agent::state::SessionState;
+
+use crate::error::Result;
+use crate::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionRow};
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Fail unless the schema is at least what this binary needs.
+    async fn check_schema(&self) -> Result<()>;
+
+    /// Insert a queued session. With an idempotency key that exists already, return the
+    /// existing row and `false`.
+    async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)>;
+
+    /// Insert many in one transaction; same idempotency rule per item.
+    async fn create_sessions(&self, new: &[NewSession]) -> Result<Vec<(SessionRow, bool)>>;
+
+    /// Remember that the session has a stream entry (so the sweeper leaves it alone).
+    async fn mark_enqueued(&self, ids: &[String]) -> Result<()>;
+
+    /// Queued sessions that never got a stream entry and are older than `age`.
+    async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
+
+    async fn get(&self, id: &str) -> Result<Option<SessionRow>>;
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SessionRow>>;
+
+    /// The stored history, in order.
+    async fn messages(&self, id: &str) -> Result<Vec<Message>>;
+
+    /// Take the session for `owner` if it is runnable and not leased by a live worker:
+    /// bump the epoch, set the lease, mark it running, and return its state.
+    /// `max_attempts`: past this many claims without finishing, return `Exhausted`.
+    async fn claim(&self, id: &str, owner: &str, ttl: Duration, max_attempts: u32)
+    -> Result<Claim>;
+
+    /// One round trip: append `state.messages[from..]` and update the row's scalars (and
+    /// its terminal status when `state.outcome` is set), only if `lease` still holds.
+    /// `Error::LeaseLost` when it does not. Safe to retry after an ambiguous failure.
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()>;
+
+    /// Extend these leases. Returns, per lease, whether it still holds and whether a
+    /// cancel was requested for it.
+    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>>;
+
+    /// Give the session back (graceful shutdown): status `queued`, no owner, attempts
+    /// reset. Fenced by the lease.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Mark a session failed from outside a run (dead letter), with the reason.
+    async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;
+
+    /// Cancel: a queued session is cancelled at once; a running one gets the flag.
+    async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
+
+    /// Liveness of the database.
+    async fn ping(&self) -> Result<()>;
+}
+
+/// What a heartbeat learned about one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    pub session_id: String,
+    pub held: bool,
+    pub cancel_requested: bool,
+}

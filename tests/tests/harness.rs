@@ -1,0 +1,124 @@
+//! The service harness itself: private Redis and Postgres start, answer, stop, crash and
+//! come back.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Instant;
+
+use agentq_testkit::{PostgresServer, RedisServer, shared_postgres};
+
+#[test]
+fn redis_starts_pings_and_restarts_on_the_same_port() {
+    let t = Instant::now();
+    let mut redis = RedisServer::start().unwrap();
+    eprintln!("redis start: {:?}", t.elapsed());
+    let port = redis.port();
+    assert_eq!(redis.url(), format!("redis://127.0.0.1:{port}"));
+    redis.ping().unwrap();
+
+    let t = Instant::now();
+    redis.restart().unwrap();
+    eprintln!("redis restart: {:?}", t.elapsed());
+    assert_eq!(redis.port(), port);
+    redis.ping().unwrap();
+
+    redis.kill();
+    assert!(!redis.is_running());
+    assert!(redis.ping().is_err(), "a killed redis must not answer");
+    let t = Instant::now();
+    redis.restart().unwrap();
+    eprintln!("redis restart after SIGKILL: {:?}", t.elapsed());
+    redis.ping().unwrap();
+
+    redis.stop().unwrap();
+    assert!(redis.ping().is_err(), "a stopped redis must not answer");
+    redis.restart().unwrap();
+    redis.ping().unwrap();
+}
+
+#[test]
+fn redis_dir_is_removed_on_drop() {
+    let redis = RedisServer::start().unwrap();
+    let dir = redis.dir().to_path_buf();
+    assert!(dir.is_dir());
+    drop(redis);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+#[test]
+fn shared_postgres_gives_each_test_a_fresh_database() {
+    let t = Instant::now();
+    let pg = shared_postgres().unwrap();
+    eprintln!(
+        "shared postgres (initdb + start, or already up): {:?}",
+        t.elapsed()
+    );
+    assert!(pg.base_url().starts_with("postgres://postgres@127.0.0.1:"));
+
+    let t = Instant::now();
+    let a = pg.fresh_database().unwrap();
+    eprintln!("fresh database: {:?}", t.elapsed());
+    let b = pg.fresh_database().unwrap();
+    assert_ne!(a, b);
+    let name_a = a.rsplit('/').next().unwrap();
+    let name_b = b.rsplit('/').next().unwrap();
+
+    pg.psql(&a, "create table t (x int); insert into t values (42)")
+        .unwrap();
+    assert_eq!(pg.psql(&a, "select x from t").unwrap(), "42");
+    // Databases are isolated.
+    assert!(pg.psql(&b, "select x from t").is_err());
+    assert_eq!(pg.psql(name_b, "select 1").unwrap(), "1");
+    assert_eq!(
+        pg.psql(
+            "postgres",
+            &format!("select count(*) from pg_database where datname in ('{name_a}', '{name_b}')")
+        )
+        .unwrap(),
+        "2"
+    );
+    // The same server for every caller in this process.
+    assert_eq!(shared_postgres().unwrap().port(), pg.port());
+}
+
+#[test]
+fn private_postgres_survives_sigkill_and_restarts() {
+    let t = Instant::now();
+    let mut pg = PostgresServer::start_crash_safe().unwrap();
+    eprintln!("private postgres initdb + start: {:?}", t.elapsed());
+    let port = pg.port();
+    let db = pg.create_database("crashme").unwrap();
+    assert_eq!(db, format!("postgres://postgres@127.0.0.1:{port}/crashme"));
+    assert_eq!(pg.psql(&db, "select 1").unwrap(), "1");
+    pg.psql(&db, "create table t (x int); insert into t values (7)")
+        .unwrap();
+
+    // Hold a backend open while the server dies, like a connected worker would.
+    let t = Instant::now();
+    pg.kill();
+    eprintln!("postgres SIGKILL: {:?}", t.elapsed());
+    assert!(!pg.is_running());
+    assert!(
+        pg.psql(&db, "select 1").is_err(),
+        "a killed postgres must not answer"
+    );
+
+    let t = Instant::now();
+    pg.restart().unwrap();
+    eprintln!("postgres restart with crash recovery: {:?}", t.elapsed());
+    assert_eq!(pg.port(), port);
+    assert_eq!(
+        pg.psql(&db, "select x from t").unwrap(),
+        "7",
+        "committed row lost"
+    );
+
+    let t = Instant::now();
+    pg.restart().unwrap();
+    eprintln!("postgres clean restart: {:?}", t.elapsed());
+    assert_eq!(pg.psql(&db, "select count(*) from t").unwrap(), "1");
+
+    let dir = pg.data_dir().parent().unwrap().to_path_buf();
+    drop(pg);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
