@@ -752,7 +752,7 @@ impl Agent {
                 self.tools.names().join(", ")
             )));
         };
-        if was_started && tool.side_effect() == SideEffect::Unsafe {
+        if was_started && tool.side_effect(&call.arguments) == SideEffect::Unsafe {
             return Some(ToolOutput::error(
                 "interrupted before completion; outcome unknown. This call may or may not have taken effect: check before repeating it.",
             ));

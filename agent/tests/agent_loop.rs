@@ -67,7 +67,7 @@ impl Tool for TestTool {
     fn parameters(&self) -> Value {
         json!({"type": "object"})
     }
-    fn side_effect(&self) -> SideEffect {
+    fn side_effect(&self, _args: &Value) -> SideEffect {
         self.effect
     }
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {

@@ -168,8 +168,8 @@ async fn write_then_read() {
     let abs = c.workspace.root().join("a/b/c.txt");
     let out = ok(&ReadFile, json!({"path": abs.to_str().unwrap()}), &c).await;
     assert!(out.contains("three"));
-    assert_eq!(WriteFile.side_effect(), SideEffect::Idempotent);
-    assert_eq!(ReadFile.side_effect(), SideEffect::Pure);
+    assert_eq!(WriteFile.side_effect(&json!({})), SideEffect::Idempotent);
+    assert_eq!(ReadFile.side_effect(&json!({})), SideEffect::Pure);
     assert_eq!(
         WriteFile.paths(&json!({"path": "x/y", "content": ""})),
         vec!["x/y"]
@@ -342,7 +342,7 @@ async fn edit_file_cases() {
     let dir = TempDir::new().unwrap();
     let c = ctx(&dir);
     write(&dir, "e.txt", b"alpha beta\ngamma beta\n");
-    assert_eq!(EditFile.side_effect(), SideEffect::Unsafe);
+    assert_eq!(EditFile.side_effect(&json!({})), SideEffect::Unsafe);
 
     let out = ok(
         &EditFile,
@@ -557,7 +557,14 @@ async fn http_fetch_refuses_private_addresses() {
         run(&HttpFetch, json!({"url": "http://x.test", "body": "b"}), &c).await,
         "`body`",
     );
-    assert_eq!(HttpFetch.side_effect(), SideEffect::Unsafe);
+    assert_eq!(
+        HttpFetch.side_effect(&json!({"url": "http://x/"})),
+        SideEffect::Idempotent
+    );
+    assert_eq!(
+        HttpFetch.side_effect(&json!({"url": "http://x/", "method": "POST"})),
+        SideEffect::Unsafe
+    );
 }
 
 /// A one-shot-per-connection HTTP server answering every request with `response`.
@@ -716,7 +723,7 @@ fn shell_registered_only_when_enabled() {
         ..Default::default()
     });
     assert!(enabled.get("shell").is_some());
-    assert_eq!(Shell.side_effect(), SideEffect::Unsafe);
+    assert_eq!(Shell.side_effect(&json!({})), SideEffect::Unsafe);
 }
 
 #[tokio::test]

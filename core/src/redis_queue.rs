@@ -47,7 +47,11 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::aio::{PubSubSink, PubSubStream};
-use redis::{AsyncConnectionConfig, Client, Cmd, RedisError, RedisResult, Value};
+use redis::io::tcp::TcpSettings;
+use redis::io::tcp::socket2::TcpKeepalive;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, RedisError, RedisResult, Value,
+};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
@@ -105,7 +109,7 @@ impl RedisQueue {
     /// Fails (retryably) when Redis cannot be reached now; once connected, the queue
     /// survives Redis restarts without being re-created.
     pub async fn connect(url: &str) -> Result<Self> {
-        let client = Client::open(url)?;
+        let client = Client::open(url.into_connection_info()?.set_tcp_settings(tcp_settings()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(COMMAND_TIMEOUT))
@@ -178,7 +182,7 @@ impl RedisQueue {
                     self.return_reader(conn);
                     return Err(e);
                 }
-                Err(e) if pooled && !tried_fresh && e.is_io_error() => {
+                Err(e) if pooled && !tried_fresh && e.is_connection_dropped() => {
                     tracing::debug!(error = %e, "idle redis reader connection was dead; reconnecting");
                     drop(conn);
                     // Drain the other idle readers too: they share the dead server.
@@ -590,6 +594,22 @@ impl Queue for RedisQueue {
         self.query(&redis::cmd("PING")).await?;
         Ok(())
     }
+}
+
+/// TCP settings of every connection: no Nagle delay on small request/response
+/// exchanges, and keepalive probes plus (on Linux) a user timeout so that a half-open
+/// connection (peer gone without a FIN, e.g. a partition) is closed by the kernel and then
+/// replaced, instead of timing out command after command or blocking a reader forever.
+fn tcp_settings() -> TcpSettings {
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(30))
+        .with_interval(Duration::from_secs(10));
+    let settings = TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive);
+    #[cfg(target_os = "linux")]
+    let settings = settings.set_user_timeout(Duration::from_secs(60));
+    settings
 }
 
 /// `XADD <stream> [NOMKSTREAM] MAXLEN ~ <cap> * session_id <id> reason <reason>`

@@ -217,7 +217,10 @@ impl RedisServer {
                     self.log_tail()
                 );
             }
-            if redis_ping(self.port).is_ok() {
+            // Ready when the server on the port is ours (not another test's that grabbed
+            // the port between our probe and its bind).
+            let ours = self.child.as_ref().map(Child::id);
+            if redis_server_pid(self.port).ok() == ours {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -269,6 +272,40 @@ fn redis_ping(port: u16) -> Result<()> {
         Ok(())
     } else {
         bail!("unexpected answer {:?}", String::from_utf8_lossy(&buf))
+    }
+}
+
+/// `INFO server` over a fresh TCP connection; the server's `process_id`.
+fn redis_server_pid(port: u16) -> Result<u32> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    s.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")?;
+    // A bulk string: `$LEN\r\n` then LEN bytes and `\r\n`.
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("connection closed");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if !buf.starts_with(b"$") {
+            bail!("unexpected answer {:?}", String::from_utf8_lossy(&buf));
+        }
+        let Some(eol) = buf.windows(2).position(|w| w == b"\r\n") else {
+            continue;
+        };
+        let len: usize = std::str::from_utf8(&buf[1..eol])?.parse()?;
+        if buf.len() >= eol + 2 + len {
+            let body = String::from_utf8_lossy(&buf[eol + 2..eol + 2 + len]);
+            let pid = body
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .ok_or_else(|| anyhow!("no process_id in INFO server"))?;
+            return Ok(pid.trim().parse()?);
+        }
     }
 }
 
@@ -691,6 +728,13 @@ impl PostgresServer {
     }
 
     fn ready(&self, isready: Option<&Path>) -> bool {
+        // Our postmaster writes `ready` into line 8 of postmaster.pid once it listens and
+        // accepts connections; checking it first means a server of another test that took
+        // the port between our probe and our bind is never mistaken for ours.
+        let status = fs::read_to_string(self.data.join("postmaster.pid")).unwrap_or_default();
+        if status.lines().nth(7).map(str::trim) != Some("ready") {
+            return false;
+        }
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_err() {
             return false;

@@ -285,7 +285,7 @@ impl Tool for WriteFile {
         })
     }
 
-    fn side_effect(&self) -> SideEffect {
+    fn side_effect(&self, _args: &Value) -> SideEffect {
         SideEffect::Idempotent
     }
 
@@ -340,7 +340,7 @@ impl Tool for EditFile {
         })
     }
 
-    fn side_effect(&self) -> SideEffect {
+    fn side_effect(&self, _args: &Value) -> SideEffect {
         SideEffect::Unsafe
     }
 

@@ -203,8 +203,15 @@ impl Tool for HttpFetch {
         })
     }
 
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::Unsafe
+    /// A GET only reads, so repeating one after a crash is harmless; any other method may
+    /// change something remotely.
+    fn side_effect(&self, args: &Value) -> SideEffect {
+        let method = args.get("method").and_then(Value::as_str).unwrap_or("GET");
+        if method.eq_ignore_ascii_case("GET") {
+            SideEffect::Idempotent
+        } else {
+            SideEffect::Unsafe
+        }
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {

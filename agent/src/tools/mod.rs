@@ -112,7 +112,9 @@ pub trait Tool: Send + Sync {
     fn description(&self) -> &str;
     /// JSON Schema of the arguments object.
     fn parameters(&self) -> Value;
-    fn side_effect(&self) -> SideEffect {
+    /// Decided per call: the same tool can be safe to repeat for some arguments (GET)
+    /// and not for others (POST).
+    fn side_effect(&self, _args: &Value) -> SideEffect {
         SideEffect::Pure
     }
     /// Paths (relative to the workspace) this call would touch, for the firewall.

@@ -115,7 +115,7 @@ impl Tool for Shell {
         })
     }
 
-    fn side_effect(&self) -> SideEffect {
+    fn side_effect(&self, _args: &Value) -> SideEffect {
         SideEffect::Unsafe
     }
 
