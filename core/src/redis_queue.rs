@@ -14,11 +14,11 @@
 //! - Blocking `XREADGROUP … BLOCK` runs on reader connections of its own, with no response
 //!   timeout (redis-rs 1.x defaults to 500 ms, which would fail any longer block) but an
 //!   outer deadline of `block` + [`READ_GRACE`]. A reader is checked out of a small idle
-//!   list for the duration of one read and only returned after a clean reply: a read that
-//!   fails, times out or is dropped mid-flight (cancelled) drops its connection, so no
-//!   connection is ever reused with a reply still in flight. Entries a dropped read had
-//!   already been delivered stay pending for the consumer: `read_own_pending` (ID `0`) or
-//!   the reclaimer gets them back.
+//!   list for the duration of one read and only returned after a complete reply (data or
+//!   a server error such as `NOGROUP`): a read that fails, times out or is dropped
+//!   mid-flight (cancelled) drops its connection, so no connection is ever reused with a
+//!   reply still in flight. Entries a dropped read had already been delivered stay pending
+//!   for the consumer: `read_own_pending` (ID `0`) or the reclaimer gets them back.
 //! - Each subscription has a dedicated pub/sub connection; the returned stream reconnects
 //!   and re-subscribes with backoff when the connection is lost (messages published while
 //!   it is down are missed: pub/sub is fire-and-forget, the completion stream is the
@@ -106,8 +106,8 @@ impl std::fmt::Debug for RedisQueue {
 
 impl RedisQueue {
     /// Open the shared command connection to `url` (`redis://[:password@]host:port[/db]`).
-    /// Fails (retryably) when Redis cannot be reached now; once connected, the queue
-    /// survives Redis restarts without being re-created.
+    /// Fails when Redis cannot be reached now; once connected, the queue survives Redis
+    /// restarts without being re-created.
     pub async fn connect(url: &str) -> Result<Self> {
         let client = Client::open(url.into_connection_info()?.set_tcp_settings(tcp_settings()))?;
         let config = ConnectionManagerConfig::new()
