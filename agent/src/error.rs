@@ -48,6 +48,10 @@ pub enum Error {
     /// The checkpoint was refused because another worker owns the session now.
     #[error("lease lost: another worker owns this session")]
     LeaseLost,
+    /// The host stopped the run right after a durable checkpoint (graceful shutdown):
+    /// the session is intact and another worker resumes it.
+    #[error("stopped at a checkpoint: the worker is shutting down")]
+    Stopped,
     /// The checkpoint store failed.
     #[error("checkpoint failed: {0}")]
     Checkpoint(String),
@@ -92,6 +96,7 @@ impl Error {
             | Error::Config(_)
             | Error::Cancelled
             | Error::LeaseLost
+            | Error::Stopped
             | Error::Tool(_)
             | Error::Io(_)
             | Error::Json(_) => ErrorClass::Fatal,

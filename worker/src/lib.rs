@@ -1,1 +1,488 @@
-//! placeholder
+//! agentq-worker: takes session entries off the queue, leases the session in the store,
+//! runs the agent loop with a fenced checkpointer, and publishes the completion. Owns the
+//! worker's background duties too: lease and entry heartbeats, reclaiming entries of dead
+//! workers, cancel notifications, and graceful drain on shutdown.
+
+mod checkpoint;
+mod session;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info, warn};
+
+use agentq_agent::provider::LlmProvider;
+use agentq_agent::provider::factory::{self, ProviderSettings};
+use agentq_agent::tools::ToolSettings;
+use agentq_core::queue::Delivery;
+use agentq_core::{EnqueueReason, Lease, Queue, Store};
+
+pub use checkpoint::StoreCheckpointer;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Core(#[from] agentq_core::Error),
+    #[error("configuration error: {0}")]
+    Config(String),
+}
+
+/// Everything a worker process is configured with.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Consumer name in the group; unique per process.
+    pub consumer: String,
+    pub queues: Vec<String>,
+    /// Sessions run at once.
+    pub concurrency: usize,
+    pub lease_ttl: Duration,
+    pub heartbeat_interval: Duration,
+    /// Entries idle this long belong to a dead worker. A few heartbeats.
+    pub reclaim_min_idle: Duration,
+    pub reclaim_interval: Duration,
+    /// Claims without finishing before the entry is dead-lettered.
+    pub max_attempts: u32,
+    /// How long running sessions get to reach a checkpoint on shutdown.
+    pub drain_timeout: Duration,
+    /// How long one XREADGROUP blocks.
+    pub read_block: Duration,
+    /// Per-tree workspaces live under here.
+    pub workspace_root: PathBuf,
+    pub default_provider: String,
+    pub default_model: Option<String>,
+    /// Tools a session gets when it names none.
+    pub default_tools: Vec<String>,
+    pub providers: ProviderSettings,
+    pub tool_settings: ToolSettings,
+    pub sensitive_tools: Vec<String>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            consumer: default_consumer_name(),
+            queues: vec!["default".into()],
+            concurrency: 256,
+            lease_ttl: Duration::from_secs(6),
+            heartbeat_interval: Duration::from_secs(2),
+            reclaim_min_idle: Duration::from_secs(6),
+            reclaim_interval: Duration::from_secs(2),
+            max_attempts: 5,
+            drain_timeout: Duration::from_secs(30),
+            read_block: Duration::from_secs(2),
+            workspace_root: PathBuf::from("./agentq-workspaces"),
+            default_provider: "scripted".into(),
+            default_model: None,
+            default_tools: agentq_agent::tools::READ_ONLY_TOOLS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            providers: ProviderSettings::from_env(),
+            tool_settings: ToolSettings::default(),
+            sensitive_tools: Vec::new(),
+        }
+    }
+}
+
+/// `host-pid-random`: distinct for every process, so a restarted worker never inherits
+/// the pending entries of its previous life (the reclaimer hands those out).
+pub fn default_consumer_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &rand[..8])
+}
+
+/// A session this worker is running.
+pub(crate) struct Active {
+    pub lease: Lease,
+    pub queue: String,
+    pub entry_id: String,
+    /// The user asked to cancel: the run ends `interrupted`.
+    pub cancel: CancellationToken,
+    /// The lease is gone: drop the run without writing anything.
+    pub abort: CancellationToken,
+}
+
+pub(crate) struct Inner {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub cfg: WorkerConfig,
+    pub active: Mutex<HashMap<String, Active>>,
+    /// Set on shutdown: runs stop at their next checkpoint.
+    pub draining: CancellationToken,
+    providers: Mutex<HashMap<(String, Option<String>), Arc<dyn LlmProvider>>>,
+    pub stats: Stats,
+}
+
+/// Counters tests and the demo read.
+#[derive(Default)]
+pub struct Stats {
+    pub completed: std::sync::atomic::AtomicU64,
+    pub lost_leases: std::sync::atomic::AtomicU64,
+    pub resumed: std::sync::atomic::AtomicU64,
+    pub dead_lettered: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
+        self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Providers are shared across sessions (one HTTP connection pool per endpoint).
+    /// Credentials go only to the endpoint they are configured for: a session that names
+    /// another base URL gets a provider without them.
+    pub(crate) fn provider(
+        &self,
+        name: &str,
+        base_url: Option<&str>,
+    ) -> agentq_agent::Result<Arc<dyn LlmProvider>> {
+        let key = (name.to_string(), base_url.map(str::to_string));
+        let mut cache = self.providers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = cache.get(&key) {
+            return Ok(p.clone());
+        }
+        let mut settings = self.cfg.providers.clone();
+        if let Some(url) = base_url {
+            let configured = match name {
+                "anthropic" => settings.anthropic_base_url.as_deref(),
+                _ => settings.openai_base_url.as_deref(),
+            };
+            if configured.map(|c| c.trim_end_matches('/')) != Some(url.trim_end_matches('/')) {
+                settings.openai_api_key = None;
+                settings.anthropic_api_key = None;
+            }
+        }
+        let p = factory::build(name, base_url, &settings)?;
+        cache.insert(key, p.clone());
+        Ok(p)
+    }
+}
+
+/// A worker process's engine. Cheap to clone.
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+impl Worker {
+    pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
+        Worker {
+            inner: Arc::new(Inner {
+                store,
+                queue,
+                cfg,
+                active: Mutex::new(HashMap::new()),
+                draining: CancellationToken::new(),
+                providers: Mutex::new(HashMap::new()),
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    pub fn consumer(&self) -> &str {
+        &self.inner.cfg.consumer
+    }
+
+    /// Sessions running right now.
+    pub fn active_sessions(&self) -> Vec<String> {
+        self.inner.active_lock().keys().cloned().collect()
+    }
+
+    /// Run until `shutdown` fires, then drain: running sessions stop at their next
+    /// checkpoint (bounded by `drain_timeout`), leases are released and their sessions
+    /// re-enqueued so another worker resumes them at once.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+        let inner = self.inner.clone();
+        inner.store.check_schema().await?;
+        for q in &inner.cfg.queues {
+            retry_forever(&shutdown, || inner.queue.ensure_queue(q)).await;
+        }
+        info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
+        let slots = Arc::new(Semaphore::new(inner.cfg.concurrency.max(1)));
+        let tracker = TaskTracker::new();
+        let bg_stop = CancellationToken::new();
+        let mut background = Vec::new();
+        background.push(tokio::spawn(heartbeat_loop(inner.clone(), bg_stop.clone())));
+        background.push(tokio::spawn(cancel_listener(
+            inner.clone(),
+            bg_stop.clone(),
+        )));
+        background.push(tokio::spawn(reclaim_loop(
+            inner.clone(),
+            slots.clone(),
+            tracker.clone(),
+            shutdown.clone(),
+        )));
+
+        // Entries delivered to this consumer earlier and never acked (a read dropped
+        // mid-flight): they would otherwise wait for the reclaimer.
+        match inner
+            .queue
+            .read_own_pending(&inner.cfg.queues, &inner.cfg.consumer, 1000)
+            .await
+        {
+            Ok(ds) => {
+                for d in ds {
+                    dispatch(&inner, &slots, &tracker, d).await;
+                }
+            }
+            Err(e) => warn!(error = %e, "reading own pending entries failed"),
+        }
+
+        let mut backoff = Backoff::new();
+        loop {
+            let free = tokio::select! {
+                p = slots.clone().acquire_many_owned(1) => match p {
+                    Ok(p) => { drop(p); slots.available_permits().max(1) }
+                    Err(_) => break,
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let read = inner.queue.read(
+                &inner.cfg.queues,
+                &inner.cfg.consumer,
+                free,
+                inner.cfg.read_block,
+            );
+            let deliveries = tokio::select! {
+                r = read => r,
+                _ = shutdown.cancelled() => break,
+            };
+            match deliveries {
+                Ok(ds) => {
+                    backoff.reset();
+                    for d in ds {
+                        dispatch(&inner, &slots, &tracker, d).await;
+                    }
+                }
+                Err(e) => {
+                    let wait = backoff.next();
+                    warn!(error = %e, ?wait, "reading the queue failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.cancelled() => break,
+                    }
+                }
+            }
+        }
+
+        info!("worker draining");
+        inner.draining.cancel();
+        tracker.close();
+        if tokio::time::timeout(inner.cfg.drain_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!("drain timeout: aborting the sessions still running");
+            let actives: Vec<CancellationToken> = inner
+                .active_lock()
+                .values()
+                .map(|a| a.abort.clone())
+                .collect();
+            for a in actives {
+                a.cancel();
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), tracker.wait()).await;
+        }
+        bg_stop.cancel();
+        for b in background {
+            let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+        }
+        info!("worker stopped");
+        Ok(())
+    }
+}
+
+/// Hand a delivery to a session task once a slot is free.
+async fn dispatch(inner: &Arc<Inner>, slots: &Arc<Semaphore>, tracker: &TaskTracker, d: Delivery) {
+    {
+        let active = inner.active_lock();
+        if let Some(a) = active.get(&d.session_id) {
+            if a.entry_id != d.entry_id {
+                // A duplicate entry of a session we run: the lease decides, and ours holds.
+                let (q, id) = (d.queue.clone(), d.entry_id.clone());
+                let queue = inner.queue.clone();
+                tokio::spawn(async move {
+                    let _ = queue.ack(&q, &[id]).await;
+                });
+            }
+            return;
+        }
+    }
+    let permit = match slots.clone().acquire_owned().await {
+        Ok(p) => p,
+        Err(_) => return,
+    };
+    let inner = inner.clone();
+    tracker.spawn(async move {
+        session::handle(inner, d).await;
+        drop(permit);
+    });
+}
+
+async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(inner.cfg.heartbeat_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let (leases, entries): (Vec<Lease>, HashMap<String, Vec<String>>) = {
+            let active = inner.active_lock();
+            let leases = active.values().map(|a| a.lease.clone()).collect();
+            let mut entries: HashMap<String, Vec<String>> = HashMap::new();
+            for a in active.values() {
+                entries
+                    .entry(a.queue.clone())
+                    .or_default()
+                    .push(a.entry_id.clone());
+            }
+            (leases, entries)
+        };
+        if leases.is_empty() {
+            continue;
+        }
+        for (q, ids) in &entries {
+            if let Err(e) = inner.queue.touch(q, &inner.cfg.consumer, ids).await {
+                debug!(error = %e, "touching pending entries failed");
+            }
+        }
+        match inner.store.heartbeat(&leases, inner.cfg.lease_ttl).await {
+            Ok(statuses) => {
+                let active = inner.active_lock();
+                for s in statuses {
+                    let Some(a) = active.get(&s.session_id) else {
+                        continue;
+                    };
+                    if !s.held {
+                        warn!(session_id = %s.session_id, "lease lost; stopping the run");
+                        a.abort.cancel();
+                    } else if s.cancel_requested {
+                        a.cancel.cancel();
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "lease heartbeat failed"),
+        }
+    }
+}
+
+async fn cancel_listener(inner: Arc<Inner>, stop: CancellationToken) {
+    use futures::StreamExt;
+    let mut stream = loop {
+        match inner.queue.subscribe_cancels().await {
+            Ok(s) => break s,
+            Err(e) => {
+                warn!(error = %e, "subscribing to cancels failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    };
+    loop {
+        let id = tokio::select! {
+            m = stream.next() => match m { Some(id) => id, None => return },
+            _ = stop.cancelled() => return,
+        };
+        if let Some(a) = inner.active_lock().get(&id) {
+            info!(session_id = %id, "cancel requested");
+            a.cancel.cancel();
+        }
+    }
+}
+
+async fn reclaim_loop(
+    inner: Arc<Inner>,
+    slots: Arc<Semaphore>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(inner.cfg.reclaim_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let free = slots.available_permits();
+        if free == 0 {
+            continue;
+        }
+        for q in &inner.cfg.queues {
+            match inner
+                .queue
+                .reclaim(q, &inner.cfg.consumer, inner.cfg.reclaim_min_idle, free)
+                .await
+            {
+                Ok(ds) => {
+                    for d in ds {
+                        info!(session_id = %d.session_id, "reclaimed an entry of a dead worker");
+                        dispatch(&inner, &slots, &tracker, d).await;
+                    }
+                }
+                Err(e) => debug!(error = %e, "reclaim failed"),
+            }
+        }
+    }
+}
+
+/// Exponential backoff for reconnect loops: 100 ms doubling to 5 s.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub fn new() -> Self {
+        Backoff(Duration::from_millis(100))
+    }
+    pub fn reset(&mut self) {
+        self.0 = Duration::from_millis(100);
+    }
+    pub fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(5));
+        d
+    }
+}
+
+async fn retry_forever<F, Fut, T>(stop: &CancellationToken, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = agentq_core::Result<T>>,
+{
+    let mut backoff = Backoff::new();
+    loop {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                let wait = backoff.next();
+                warn!(error = %e, ?wait, "retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => return None,
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn resume_reason() -> EnqueueReason {
+    EnqueueReason::Resume
+}

@@ -1,0 +1,314 @@
+//! One delivery, start to end: claim the session, run it, and settle the entry — publish
+//! and ack a finished session, hand back a drained one, dead-letter a poisonous one, and
+//! leave alone what another worker owns.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use agentq_agent::driver::{Agent, NoBackground, RunEnd};
+use agentq_agent::event::NullSink;
+use agentq_agent::guard::{Firewall, Guards};
+use agentq_agent::provider::factory;
+use agentq_agent::state::{Outcome, SessionState};
+use agentq_agent::tools::{LocalWorkspace, builtin_registry};
+use agentq_core::queue::Delivery;
+use agentq_core::{Claim, Completion, Lease, SessionRow};
+
+use crate::checkpoint::StoreCheckpointer;
+use crate::{Active, Backoff, Inner, resume_reason};
+
+pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
+    let span = info_span!("session", session_id = %d.session_id, queue = %d.queue);
+    handle_inner(inner, d).instrument(span).await
+}
+
+async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
+    let claim = inner
+        .store
+        .claim(
+            &d.session_id,
+            &inner.cfg.consumer,
+            inner.cfg.lease_ttl,
+            inner.cfg.max_attempts,
+        )
+        .await;
+    let claim = match claim {
+        Ok(c) => c,
+        Err(e) => {
+            // The entry stays pending; the reclaimer hands it out again later.
+            warn!(error = %e, "claim failed; leaving the entry for a retry");
+            return;
+        }
+    };
+    match claim {
+        Claim::Acquired { lease, state, row } => run(inner, d, lease, *state, *row).await,
+        Claim::Terminal(row) => {
+            // Finished already (its completion may not have gone out): publish again,
+            // never run again.
+            publish_and_ack(&inner, &d, &row).await;
+        }
+        Claim::Busy => {
+            // Another worker's live lease: leave the entry; if that worker dies, the
+            // reclaimer brings it back and the lease will have expired.
+        }
+        Claim::NotRunnable(status) => {
+            info!(%status, "session is not runnable now; dropping the entry");
+            ack(&inner, &d).await;
+        }
+        Claim::NotFound => {
+            warn!("entry for an unknown session; dropping it");
+            ack(&inner, &d).await;
+        }
+        Claim::Exhausted(row) => {
+            let reason = format!(
+                "delivered {} times without finishing (each run died); moved to the dead-letter stream",
+                row.attempts
+            );
+            error!(%reason, "dead-lettering session");
+            let failed = match inner.store.fail(&d.session_id, &reason).await {
+                Ok(Some(r)) => r,
+                Ok(None) => return ack(&inner, &d).await,
+                Err(e) => {
+                    warn!(error = %e, "failing an exhausted session failed; will retry");
+                    return;
+                }
+            };
+            if let Err(e) = inner.queue.dead_letter(&d, &reason).await {
+                warn!(error = %e, "dead-lettering failed; will retry");
+                return;
+            }
+            inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            publish(&inner, &failed).await;
+        }
+    }
+}
+
+async fn run(
+    inner: Arc<Inner>,
+    d: Delivery,
+    lease: Lease,
+    mut state: SessionState,
+    row: SessionRow,
+) {
+    if row.attempts > 1 || state.messages.len() > 1 {
+        inner.stats.resumed.fetch_add(1, Ordering::Relaxed);
+    }
+    let cancel = CancellationToken::new();
+    if row.cancel_requested {
+        cancel.cancel();
+    }
+    let abort = CancellationToken::new();
+    inner.active_lock().insert(
+        d.session_id.clone(),
+        Active {
+            lease: lease.clone(),
+            queue: d.queue.clone(),
+            entry_id: d.entry_id.clone(),
+            cancel: cancel.clone(),
+            abort: abort.clone(),
+        },
+    );
+    // Reset the entry's idle time now: a long claim must not look like a dead worker.
+    let _ = inner
+        .queue
+        .touch(
+            &d.queue,
+            &inner.cfg.consumer,
+            std::slice::from_ref(&d.entry_id),
+        )
+        .await;
+
+    let checkpointer = Arc::new(StoreCheckpointer {
+        store: inner.store.clone(),
+        lease: lease.clone(),
+        draining: inner.draining.clone(),
+        give_up_after: inner.cfg.lease_ttl * 10,
+    });
+    let result = match build_agent(&inner, &row, checkpointer) {
+        Ok(agent) => {
+            tokio::select! {
+                r = agent.run(&mut state, &cancel) => Some(r),
+                _ = abort.cancelled() => None,
+            }
+        }
+        Err(message) => {
+            // A session that cannot be built (unknown tool, bad provider) fails at once,
+            // with the reason, through a normal fenced checkpoint.
+            state.outcome = Some(Outcome::error(message));
+            let cp = StoreCheckpointer {
+                store: inner.store.clone(),
+                lease: lease.clone(),
+                draining: CancellationToken::new(),
+                give_up_after: inner.cfg.lease_ttl * 10,
+            };
+            use agentq_agent::driver::Checkpointer;
+            let from = state.messages.len();
+            Some(cp.save(&state, from).await.map(|_| {
+                RunEnd::Finished(state.outcome.clone().unwrap_or_else(|| Outcome::error("")))
+            }))
+        }
+    };
+    inner.active_lock().remove(&d.session_id);
+    match result {
+        None => {
+            inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
+            warn!("run aborted: lease lost");
+        }
+        Some(Ok(RunEnd::Finished(outcome))) => {
+            info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
+            inner.stats.completed.fetch_add(1, Ordering::Relaxed);
+            match get_row(&inner, &d.session_id).await {
+                Some(row) => publish_and_ack(&inner, &d, &row).await,
+                None => {
+                    warn!("finished, but its row could not be read; the entry will be redelivered")
+                }
+            }
+        }
+        Some(Ok(RunEnd::Suspended(reason))) => {
+            // Suspension needs the sub-agent and approval machinery; until then the
+            // session is handed back as is.
+            warn!(?reason, "session suspended; releasing it");
+            hand_back(&inner, &d, &lease).await;
+        }
+        Some(Err(agentq_agent::Error::LeaseLost)) => {
+            inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
+            warn!(
+                "lease lost at a checkpoint: another worker owns the session; stopping without writes"
+            );
+        }
+        Some(Err(agentq_agent::Error::Stopped)) => {
+            info!("stopped at a checkpoint for shutdown; handing the session back");
+            hand_back(&inner, &d, &lease).await;
+        }
+        Some(Err(e)) => {
+            // The store stayed unreachable: leave everything; the lease expires and the
+            // reclaimer resumes the session from its last checkpoint.
+            error!(error = %e, "run stopped: checkpoint failed");
+        }
+    }
+}
+
+fn build_agent(
+    inner: &Arc<Inner>,
+    row: &SessionRow,
+    checkpointer: Arc<StoreCheckpointer>,
+) -> Result<Agent, String> {
+    let spec = &row.spec;
+    let provider_name = spec
+        .provider
+        .clone()
+        .unwrap_or_else(|| inner.cfg.default_provider.clone());
+    let provider = inner
+        .provider(&provider_name, spec.base_url.as_deref())
+        .map_err(|e| format!("provider: {e}"))?;
+    let default_model = inner
+        .cfg
+        .default_model
+        .clone()
+        .unwrap_or_else(|| factory::default_model(&provider_name).to_string());
+    let all = builtin_registry(&inner.cfg.tool_settings);
+    let wanted = spec
+        .tools
+        .clone()
+        .unwrap_or_else(|| inner.cfg.default_tools.clone());
+    let tools = all.select(&wanted).map_err(|e| format!("tools: {e}"))?;
+    let dir = inner.cfg.workspace_root.join(&row.root_id);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("workspace {}: {e}", dir.display()))?;
+    let workspace =
+        LocalWorkspace::new(&dir).map_err(|e| format!("workspace {}: {e}", dir.display()))?;
+    Ok(Agent {
+        provider,
+        default_model,
+        tools,
+        guards: Guards {
+            firewall: Some(Arc::new(Firewall::default())),
+            sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
+            ..Guards::default()
+        },
+        events: Arc::new(NullSink),
+        checkpointer,
+        background: Arc::new(NoBackground),
+        workspace: Arc::new(workspace),
+        settings: Arc::new(inner.cfg.tool_settings.clone()),
+    })
+}
+
+async fn get_row(inner: &Arc<Inner>, id: &str) -> Option<SessionRow> {
+    let mut backoff = Backoff::new();
+    for _ in 0..20 {
+        match inner.store.get(id).await {
+            Ok(r) => return r,
+            Err(e) => {
+                warn!(error = %e, "reading the finished row failed; retrying");
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+    None
+}
+
+/// Give a session back after a graceful stop: release the lease, put a fresh entry on the
+/// queue so any worker resumes it at once, and ack the old one. A crash in between only
+/// leaves duplicates, which the lease makes harmless.
+async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) {
+    if let Err(e) = inner.store.release(lease).await {
+        warn!(error = %e, "releasing the lease failed; it will expire instead");
+        return;
+    }
+    if let Err(e) = inner
+        .queue
+        .enqueue(&d.queue, &d.session_id, resume_reason())
+        .await
+    {
+        warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
+        return;
+    }
+    ack(inner, d).await;
+}
+
+async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
+    let completion = Completion::from_row(row);
+    let mut backoff = Backoff::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match inner.queue.publish_completion(&completion).await {
+            Ok(()) => return true,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let wait = backoff.next();
+                warn!(error = %e, ?wait, "publishing the completion failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(e) => {
+                error!(error = %e, "publishing the completion failed; the entry stays for redelivery");
+                return false;
+            }
+        }
+    }
+}
+
+async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) {
+    if publish(inner, row).await {
+        ack(inner, d).await;
+    }
+}
+
+async fn ack(inner: &Arc<Inner>, d: &Delivery) {
+    let mut backoff = Backoff::new();
+    for _ in 0..10 {
+        match inner
+            .queue
+            .ack(&d.queue, std::slice::from_ref(&d.entry_id))
+            .await
+        {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, "ack failed; retrying");
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+}

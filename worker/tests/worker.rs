@@ -1,0 +1,118 @@
+//! The worker in process against real Postgres and Redis, with the scripted provider.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EnqueueReason, NewSession, Queue, SessionStatus, Store};
+use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_worker::{Worker, WorkerConfig};
+use tokio_util::sync::CancellationToken;
+
+const SCRIPT: &str = r#"{"turns":[
+  {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}],"usage":{"input_tokens":10,"output_tokens":3}},
+  {"text":"done: {{prompt}}","usage":{"input_tokens":20,"output_tokens":4}}
+]}"#;
+
+async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
+    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let store = PgStore::connect(&url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    let redis = RedisServer::start().unwrap();
+    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
+    queue.ensure_queue("default").await.unwrap();
+    (Arc::new(store), Arc::new(queue), redis)
+}
+
+fn config(dir: &std::path::Path) -> WorkerConfig {
+    let mut cfg = WorkerConfig {
+        concurrency: 8,
+        read_block: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(300),
+        lease_ttl: Duration::from_secs(2),
+        reclaim_min_idle: Duration::from_secs(2),
+        reclaim_interval: Duration::from_millis(500),
+        workspace_root: dir.to_path_buf(),
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(SCRIPT.into());
+    cfg
+}
+
+async fn submit(store: &PgStore, queue: &RedisQueue, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let s = NewSession::root(SessionSpec::new(format!("task {i}")), "default");
+        let (row, _) = store.create_session(&s).await.unwrap();
+        queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .unwrap();
+        ids.push(row.id);
+    }
+    ids
+}
+
+async fn wait_terminal(store: &PgStore, ids: &[String], limit: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let mut done = 0;
+        for id in ids {
+            if store.get(id).await.unwrap().unwrap().status.is_terminal() {
+                done += 1;
+            }
+        }
+        if done == ids.len() {
+            return;
+        }
+        assert!(start.elapsed() < limit, "{done}/{} finished", ids.len());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_complete_and_duplicates_run_once() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ids = submit(&store, &queue, 20).await;
+    // A duplicate entry for the first session.
+    queue
+        .enqueue("default", &ids[0], EnqueueReason::Retry)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let w = worker.clone();
+        let s = stop.clone();
+        async move { w.run(s).await }
+    });
+    wait_terminal(&store, &ids, Duration::from_secs(60)).await;
+    for id in &ids {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+        assert_eq!(row.iteration, 2);
+        assert_eq!(row.usage.input_tokens, 30);
+        let msgs = store.messages(id).await.unwrap();
+        assert_eq!(msgs.len(), 4, "user, assistant+call, tool result, answer");
+        assert!(msgs[3].content.starts_with("done: task"));
+    }
+    // The duplicate ran nothing: still exactly 4 messages and 2 iterations above.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        worker
+            .stats()
+            .completed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        20
+    );
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
