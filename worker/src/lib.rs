@@ -104,6 +104,9 @@ pub fn default_consumer_name() -> String {
     format!("{host}-{}-{}", std::process::id(), &rand[..8])
 }
 
+/// Providers by (name, base URL).
+type ProviderCache = HashMap<(String, Option<String>), Arc<dyn LlmProvider>>;
+
 /// A session this worker is running.
 pub(crate) struct Active {
     pub lease: Lease,
@@ -122,7 +125,7 @@ pub(crate) struct Inner {
     pub active: Mutex<HashMap<String, Active>>,
     /// Set on shutdown: runs stop at their next checkpoint.
     pub draining: CancellationToken,
-    providers: Mutex<HashMap<(String, Option<String>), Arc<dyn LlmProvider>>>,
+    providers: Mutex<ProviderCache>,
     pub stats: Stats,
 }
 
@@ -217,18 +220,16 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(inner.cfg.concurrency.max(1)));
         let tracker = TaskTracker::new();
         let bg_stop = CancellationToken::new();
-        let mut background = Vec::new();
-        background.push(tokio::spawn(heartbeat_loop(inner.clone(), bg_stop.clone())));
-        background.push(tokio::spawn(cancel_listener(
-            inner.clone(),
-            bg_stop.clone(),
-        )));
-        background.push(tokio::spawn(reclaim_loop(
-            inner.clone(),
-            slots.clone(),
-            tracker.clone(),
-            shutdown.clone(),
-        )));
+        let background = vec![
+            tokio::spawn(heartbeat_loop(inner.clone(), bg_stop.clone())),
+            tokio::spawn(cancel_listener(inner.clone(), bg_stop.clone())),
+            tokio::spawn(reclaim_loop(
+                inner.clone(),
+                slots.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            )),
+        ];
 
         // Entries delivered to this consumer earlier and never acked (a read dropped
         // mid-flight): they would otherwise wait for the reclaimer.
