@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -15,6 +15,7 @@ use tracing::{Instrument, debug, info_span};
 use crate::error::{Error, ErrorClass, Result};
 use crate::event::{AgentEvent, EventSink};
 use crate::guard::{Guards, Verdict};
+use crate::observe::{LlmCallInfo, Observer, outcome_of};
 use crate::provider::{LlmEvent, LlmProvider, LlmRequest};
 use crate::schema::{FinishReason, Message, Role, ThinkingBlock, ToolCall, Usage};
 use crate::spec::{ExitReason, Mode};
@@ -178,6 +179,7 @@ pub struct Agent {
     pub background: Arc<dyn BackgroundSource>,
     pub workspace: Arc<dyn Workspace>,
     pub settings: Arc<ToolSettings>,
+    pub observer: Arc<dyn Observer>,
 }
 
 /// The result of one streamed LLM call, assembled.
@@ -271,7 +273,9 @@ impl Agent {
                 }
                 Step::CallLlm => {
                     let iteration = state.iteration + u32::from(!state.free_iteration);
-                    self.events.emit(AgentEvent::IterationStarted { iteration });
+                    let seq = state.messages.len();
+                    self.events
+                        .emit(seq, AgentEvent::IterationStarted { iteration });
                     let request = state.request(&self.model(state), &specs);
                     let span = info_span!("iteration", iteration);
                     let attempt = self
@@ -292,24 +296,36 @@ impl Agent {
                     let usage = msg.usage.unwrap_or_default();
                     let has_calls = !msg.tool_calls.is_empty();
                     let answer = msg.content.clone();
+                    let model = msg.model.clone().unwrap_or_else(|| request.model.clone());
                     for c in &msg.tool_calls {
-                        self.events.emit(AgentEvent::ToolCall {
-                            id: c.id.clone(),
-                            name: c.name.clone(),
-                            arguments: c.arguments.clone(),
-                        });
+                        self.events.emit(
+                            seq,
+                            AgentEvent::ToolCall {
+                                id: c.id.clone(),
+                                name: c.name.clone(),
+                                arguments: c.arguments.clone(),
+                            },
+                        );
                     }
+                    let counted = !state.free_iteration;
                     state.push_assistant(msg);
+                    // Write-ahead: the response is durable before any tool runs.
+                    self.checkpoint(state, &mut persisted).await?;
+                    if counted {
+                        self.observer.iteration(self.provider.name(), &model);
+                    }
+                    self.events.emit(
+                        seq,
+                        AgentEvent::IterationCompleted {
+                            iteration: state.iteration,
+                            usage,
+                        },
+                    );
                     if has_calls && !state.tools_enabled() {
                         // Think/plan: the model called tools it was not offered.
                         self.refuse_calls(state);
+                        self.checkpoint(state, &mut persisted).await?;
                     }
-                    // Write-ahead: the response is durable before any tool runs.
-                    self.checkpoint(state, &mut persisted).await?;
-                    self.events.emit(AgentEvent::IterationCompleted {
-                        iteration: state.iteration,
-                        usage,
-                    });
                     if !has_calls {
                         if state.spec.mode == Mode::PlanAct && state.phase == Phase::Plan {
                             state.phase = Phase::Act;
@@ -337,13 +353,16 @@ impl Agent {
         for h in &self.guards.hooks {
             h.session_end(&state.session_id, outcome.reason).await;
         }
-        self.events.emit(AgentEvent::SessionCompleted {
-            finish_reason: outcome.reason,
-            result: outcome.result.clone(),
-            error: outcome.error.clone(),
-            iterations: state.iteration,
-            usage: state.usage,
-        });
+        self.events.emit(
+            state.messages.len(),
+            AgentEvent::SessionCompleted {
+                finish_reason: outcome.reason,
+                result: outcome.result.clone(),
+                error: outcome.error.clone(),
+                iterations: state.iteration,
+                usage: state.usage,
+            },
+        );
     }
 
     /// The model answered without tool calls: inject pending background results (at most
@@ -403,12 +422,15 @@ impl Agent {
                 "Tool calls are not available in {mode}: `{}` was not run. Answer without tools.",
                 c.name
             );
-            self.events.emit(AgentEvent::ToolResult {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                content: text.clone(),
-                is_error: true,
-            });
+            self.events.emit(
+                state.messages.len(),
+                AgentEvent::ToolResult {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    content: text.clone(),
+                    is_error: true,
+                },
+            );
             state
                 .messages
                 .push(Message::tool_result(c.id, c.name, text, true));
@@ -432,15 +454,31 @@ impl Agent {
         request: &LlmRequest,
         cancel: &CancellationToken,
     ) -> Attempt {
+        let seq = state.messages.len();
         let max_retries = state.spec.max_llm_retries;
         let base = Duration::from_millis(state.spec.retry_delay_ms);
+        let provider = self.provider.name().to_string();
         let mut attempt: u32 = 0;
         loop {
             if cancel.is_cancelled() {
                 return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
             }
             let deadline = state.deadline();
-            let call = self.call_once(request, cancel);
+            let span = info_span!(
+                "chat",
+                otel.name = %format!("chat {}", request.model),
+                gen_ai.operation.name = "chat",
+                gen_ai.provider.name = %provider,
+                gen_ai.request.model = %request.model,
+                gen_ai.usage.input_tokens = tracing::field::Empty,
+                gen_ai.usage.output_tokens = tracing::field::Empty,
+                attempt,
+            );
+            let started = Instant::now();
+            let ttft = std::sync::Mutex::new(None::<Duration>);
+            let call = self
+                .call_once(seq, request, cancel, started, &ttft)
+                .instrument(span.clone());
             let result = match deadline {
                 Some(d) => {
                     let left = (d - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
@@ -457,18 +495,54 @@ impl Agent {
                 }
                 None => call.await,
             };
+            let first_token = *ttft.lock().unwrap_or_else(|e| e.into_inner());
             let err = match result {
-                Ok(r) if !r.empty_error => return Attempt::Got(r),
+                Ok(r) if !r.empty_error => {
+                    let usage = r.message.usage;
+                    if let Some(u) = &usage {
+                        span.record("gen_ai.usage.input_tokens", u.input_tokens);
+                        span.record("gen_ai.usage.output_tokens", u.output_tokens);
+                    }
+                    self.observer.llm_call(&LlmCallInfo {
+                        provider: &provider,
+                        model: r.message.model.as_deref().unwrap_or(&request.model),
+                        outcome: "ok",
+                        duration: started.elapsed(),
+                        time_to_first_token: first_token,
+                        usage,
+                    });
+                    return Attempt::Got(r);
+                }
                 Ok(_) => Error::Stream {
                     message: "the model returned an error finish with no content".into(),
                     code: None,
                     retryable: true,
                 },
                 Err(Error::Cancelled) => {
+                    self.observer.llm_call(&LlmCallInfo {
+                        provider: &provider,
+                        model: &request.model,
+                        outcome: "cancelled",
+                        duration: started.elapsed(),
+                        time_to_first_token: first_token,
+                        usage: None,
+                    });
                     return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
                 }
                 Err(e) => e,
             };
+            let label = match &err {
+                Error::Stream { code: None, .. } => "empty_error",
+                e => outcome_of(e),
+            };
+            self.observer.llm_call(&LlmCallInfo {
+                provider: &provider,
+                model: &request.model,
+                outcome: label,
+                duration: started.elapsed(),
+                time_to_first_token: first_token,
+                usage: None,
+            });
             let class = err.class();
             let retry_after = match class {
                 ErrorClass::Retryable { after } if attempt < max_retries => after,
@@ -478,19 +552,26 @@ impl Agent {
                     } else {
                         format!("LLM call failed: {err}")
                     };
-                    self.events.emit(AgentEvent::Error {
-                        message: message.clone(),
-                        retrying: false,
-                    });
+                    self.events.emit(
+                        seq,
+                        AgentEvent::Error {
+                            message: message.clone(),
+                            retrying: false,
+                        },
+                    );
                     return Attempt::Ended(Outcome::error(message));
                 }
             };
+            self.observer.llm_retry(&provider, label);
             let delay = (base * (attempt + 1)).max(retry_after.unwrap_or(Duration::ZERO));
             tracing::info!(error = %err, attempt, ?delay, "LLM call failed; retrying");
-            self.events.emit(AgentEvent::Error {
-                message: format!("{err} (retrying in {:.1}s)", delay.as_secs_f64()),
-                retrying: true,
-            });
+            self.events.emit(
+                seq,
+                AgentEvent::Error {
+                    message: format!("{err} (retrying in {:.1}s)", delay.as_secs_f64()),
+                    retrying: true,
+                },
+            );
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = cancel.cancelled() => return Attempt::Ended(Outcome::new(ExitReason::Interrupted)),
@@ -503,9 +584,18 @@ impl Agent {
     /// are emitted as they arrive.
     async fn call_once(
         &self,
+        seq: usize,
         request: &LlmRequest,
         cancel: &CancellationToken,
+        started: Instant,
+        first_token: &std::sync::Mutex<Option<Duration>>,
     ) -> Result<Response> {
+        let mark_first = || {
+            let mut f = first_token.lock().unwrap_or_else(|e| e.into_inner());
+            if f.is_none() {
+                *f = Some(started.elapsed());
+            }
+        };
         let mut stream = tokio::select! {
             s = self.provider.stream(request) => s?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
@@ -533,17 +623,26 @@ impl Agent {
                 _ = cancel.cancelled() => return Err(Error::Cancelled),
             };
             let Some(ev) = ev else { break };
-            match ev? {
+            let ev = ev?;
+            if matches!(
+                ev,
+                LlmEvent::TextDelta(_)
+                    | LlmEvent::ThinkingDelta(_)
+                    | LlmEvent::ToolCallDelta { .. }
+            ) {
+                mark_first();
+            }
+            match ev {
                 LlmEvent::TextDelta(t) => {
                     for piece in splitter.push(&t) {
                         match piece {
                             Piece::Text(s) => {
                                 text.push_str(&s);
-                                self.events.emit(AgentEvent::TextDelta { text: s });
+                                self.events.emit(seq, AgentEvent::TextDelta { text: s });
                             }
                             Piece::Thinking(s) => {
                                 think_piece(&mut thinking, &mut open_thinking, &s);
-                                self.events.emit(AgentEvent::ThinkingDelta { text: s });
+                                self.events.emit(seq, AgentEvent::ThinkingDelta { text: s });
                             }
                         }
                     }
@@ -553,7 +652,7 @@ impl Agent {
                         continue;
                     }
                     think_piece(&mut thinking, &mut open_thinking, &t);
-                    self.events.emit(AgentEvent::ThinkingDelta { text: t });
+                    self.events.emit(seq, AgentEvent::ThinkingDelta { text: t });
                 }
                 LlmEvent::ThinkingSignature(sig) => {
                     if !open_thinking {
@@ -600,11 +699,11 @@ impl Agent {
             match piece {
                 Piece::Text(s) => {
                     text.push_str(&s);
-                    self.events.emit(AgentEvent::TextDelta { text: s });
+                    self.events.emit(seq, AgentEvent::TextDelta { text: s });
                 }
                 Piece::Thinking(s) => {
                     think_piece(&mut thinking, &mut open_thinking, &s);
-                    self.events.emit(AgentEvent::ThinkingDelta { text: s });
+                    self.events.emit(seq, AgentEvent::ThinkingDelta { text: s });
                 }
             }
         }
@@ -658,7 +757,13 @@ impl Agent {
             let cancel = cancel.clone();
             let was_started = uncertain.contains(&call.id);
             running.push(async move {
-                let span = info_span!("tool", tool = %call.name, tool_call_id = %call.id);
+                let span = info_span!(
+                    "execute_tool",
+                    otel.name = %format!("execute_tool {}", call.name),
+                    gen_ai.operation.name = "execute_tool",
+                    gen_ai.tool.name = %call.name,
+                    gen_ai.tool.call.id = %call.id,
+                );
                 let out = this
                     .execute_one(
                         &session_id,
@@ -687,12 +792,15 @@ impl Agent {
                 }
             };
             let content = truncate_output(out.content.clone(), max_chars);
-            self.events.emit(AgentEvent::ToolResult {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                content: content.clone(),
-                is_error: out.is_error,
-            });
+            self.events.emit(
+                state.messages.len(),
+                AgentEvent::ToolResult {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    content: content.clone(),
+                    is_error: out.is_error,
+                },
+            );
             if out.yield_loop && yielded.is_none() {
                 yielded = Some(content.clone());
             }
@@ -763,9 +871,14 @@ impl Agent {
             .await
         {
             Verdict::Run => {}
-            Verdict::Result(out) => return Some(out),
+            Verdict::Result(out) => {
+                self.observer
+                    .tool_call(&call.name, "denied", Duration::ZERO);
+                return Some(out);
+            }
             Verdict::Suspend => return None,
         }
+        let started = Instant::now();
         let ctx = ToolContext {
             session_id: session_id.to_string(),
             tool_call_id: call.id.clone(),
@@ -776,21 +889,32 @@ impl Agent {
         };
         debug!(tool = %call.name, "executing tool");
         let fut = tool.call(call.arguments.clone(), &ctx);
-        let out = tokio::select! {
+        let (out, outcome) = tokio::select! {
             r = tokio::time::timeout(tool_timeout, fut) => match r {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => ToolOutput::error(format!("Error: {e}")),
-                Err(_) => ToolOutput::error(format!(
-                    "Error: tool `{}` timed out after {}s",
-                    call.name,
-                    tool_timeout.as_secs_f64()
-                )),
+                Ok(Ok(o)) => {
+                    let label = if o.is_error { "error" } else { "ok" };
+                    (o, label)
+                }
+                Ok(Err(e)) => (ToolOutput::error(format!("Error: {e}")), "error"),
+                Err(_) => (
+                    ToolOutput::error(format!(
+                        "Error: tool `{}` timed out after {}s",
+                        call.name,
+                        tool_timeout.as_secs_f64()
+                    )),
+                    "timeout",
+                ),
             },
             _ = cancel.cancelled() => {
                 ctx.cancel.cancel();
-                ToolOutput::error("interrupted: the session was cancelled while this tool ran")
+                (
+                    ToolOutput::error("interrupted: the session was cancelled while this tool ran"),
+                    "cancelled",
+                )
             }
         };
+        self.observer
+            .tool_call(&call.name, outcome, started.elapsed());
         self.guards.post_tool_use(session_id, call, &out);
         Some(out)
     }

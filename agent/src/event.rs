@@ -49,20 +49,33 @@ pub enum AgentEvent {
 }
 
 /// Where events go. Must not block: implementations buffer or drop.
+///
+/// `seq` is the position in the session's history of the message the event belongs to
+/// (the assistant message being streamed, the tool result being added, or the history
+/// length for session-level events). Together with an ordinal it gives every event a
+/// stable id that survives a worker handover: events of a step that was never committed
+/// belong to a `seq` the next worker will produce again.
 pub trait EventSink: Send + Sync {
-    fn emit(&self, event: AgentEvent);
+    fn emit(&self, seq: usize, event: AgentEvent);
 }
 
 /// Discards every event.
 pub struct NullSink;
 
 impl EventSink for NullSink {
-    fn emit(&self, _event: AgentEvent) {}
+    fn emit(&self, _seq: usize, _event: AgentEvent) {}
 }
 
-/// Forwards events into an unbounded channel.
+/// Forwards events into an unbounded channel, dropping the position.
 impl EventSink for tokio::sync::mpsc::UnboundedSender<AgentEvent> {
-    fn emit(&self, event: AgentEvent) {
+    fn emit(&self, _seq: usize, event: AgentEvent) {
         let _ = self.send(event);
+    }
+}
+
+/// Forwards events with their position.
+impl EventSink for tokio::sync::mpsc::UnboundedSender<(usize, AgentEvent)> {
+    fn emit(&self, seq: usize, event: AgentEvent) {
+        let _ = self.send((seq, event));
     }
 }

@@ -10,6 +10,7 @@ pub mod driver;
 pub mod error;
 pub mod event;
 pub mod guard;
+pub mod observe;
 pub mod provider;
 pub mod schema;
 pub mod spec;

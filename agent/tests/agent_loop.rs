@@ -150,7 +150,7 @@ struct Harness {
 
 struct Sink(Arc<Mutex<Vec<AgentEvent>>>);
 impl agentq_agent::event::EventSink for Sink {
-    fn emit(&self, e: AgentEvent) {
+    fn emit(&self, _seq: usize, e: AgentEvent) {
         self.0.lock().unwrap().push(e);
     }
 }
@@ -183,6 +183,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         background: Arc::new(NoBackground),
         workspace: Arc::new(LocalWorkspace::new(dir.path()).unwrap()),
         settings: Arc::new(ToolSettings::default()),
+        observer: Arc::new(agentq_agent::observe::NoObserver),
     };
     Harness {
         agent,

@@ -136,6 +136,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         background: Arc::new(NoBackground),
         workspace: Arc::new(workspace),
         settings: Arc::new(tool_settings),
+        observer: Arc::new(agentq_agent::observe::NoObserver),
     };
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();

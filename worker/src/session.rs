@@ -234,6 +234,7 @@ fn build_agent(
         background: Arc::new(NoBackground),
         workspace: Arc::new(workspace),
         settings: Arc::new(inner.cfg.tool_settings.clone()),
+        observer: Arc::new(agentq_agent::observe::NoObserver),
     })
 }
 

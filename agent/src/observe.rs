@@ -1,0 +1,52 @@
+//! Hooks the host uses to measure the loop (metrics), without the agent crate knowing any
+//! metrics library. Every method has a do-nothing default.
+
+use std::time::Duration;
+
+use crate::schema::Usage;
+
+/// One LLM request attempt, as measured by the driver.
+#[derive(Debug, Clone)]
+pub struct LlmCallInfo<'a> {
+    pub provider: &'a str,
+    pub model: &'a str,
+    /// `ok`, `rate_limited`, `server_error`, `client_error`, `transport_error`,
+    /// `context_length`, `empty_error`, `cancelled`, `error`.
+    pub outcome: &'static str,
+    pub duration: Duration,
+    /// Until the first text, thinking or tool-call fragment.
+    pub time_to_first_token: Option<Duration>,
+    /// What the provider reported (successful calls only).
+    pub usage: Option<Usage>,
+}
+
+pub trait Observer: Send + Sync {
+    fn llm_call(&self, _info: &LlmCallInfo<'_>) {}
+    /// A failed attempt that will be retried; `reason` is the outcome label.
+    fn llm_retry(&self, _provider: &str, _reason: &str) {}
+    /// `outcome`: `ok`, `error`, `timeout`, `denied`, `cancelled`.
+    fn tool_call(&self, _tool: &str, _outcome: &str, _duration: Duration) {}
+    /// An LLM response that counted as an iteration was committed.
+    fn iteration(&self, _provider: &str, _model: &str) {}
+}
+
+/// Measures nothing.
+pub struct NoObserver;
+
+impl Observer for NoObserver {}
+
+/// The outcome label of a failed call.
+pub fn outcome_of(err: &crate::Error) -> &'static str {
+    use crate::Error;
+    match err {
+        Error::Http { status: 429, .. } => "rate_limited",
+        Error::Http { status, .. } if *status >= 500 => "server_error",
+        Error::Http { .. } => "client_error",
+        Error::Transport(_) => "transport_error",
+        Error::ContextLength(_) => "context_length",
+        Error::Cancelled => "cancelled",
+        Error::Stream { .. } => "stream_error",
+        Error::Decode(_) => "decode_error",
+        _ => "error",
+    }
+}
