@@ -59,6 +59,9 @@ pub struct WorkerArgs {
     /// Let http_fetch reach these private hosts (host or host:port), comma-separated.
     #[arg(long, env = "AGENTQ_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Where `/metrics` is served (Prometheus text format).
+    #[arg(long, env = "AGENTQ_METRICS_ADDR", default_value = "127.0.0.1:9464")]
+    pub metrics_addr: String,
     /// Enable the shell tool.
     #[arg(long, env = "AGENTQ_SHELL_ENABLED")]
     pub enable_shell: bool,
@@ -112,7 +115,24 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
+    let metrics_stop = CancellationToken::new();
+    // Several workers on one host contend for the default port; a busy port costs the
+    // metrics endpoint, not the worker.
+    match tokio::net::TcpListener::bind(&args.metrics_addr).await {
+        Ok(listener) => {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "serving /metrics");
+            }
+            tokio::spawn(agentq_core::metrics::serve_metrics(
+                listener,
+                Arc::new(|| agentq_core::metrics::global().render()),
+                metrics_stop.clone(),
+            ));
+        }
+        Err(e) => tracing::warn!(addr = %args.metrics_addr, error = %e, "cannot serve /metrics"),
+    }
     worker.run(shutdown).await?;
+    metrics_stop.cancel();
     Ok(ExitCode::SUCCESS)
 }
 

@@ -25,6 +25,26 @@ pub fn queue_stream(queue: &str) -> String {
     format!("agentq:queue:{queue}")
 }
 
+/// The per-session event stream (DESIGN §7): every event the loop emits, in order.
+pub fn events_stream(session_id: &str) -> String {
+    format!("agentq:events:{session_id}")
+}
+
+/// One event of a session's stream. `seq` is the history position the event belongs to
+/// and `epoch` the lease epoch of the run that emitted it: a reader drops events of an
+/// older epoch at or after the position where a newer run started (work that was never
+/// committed and was redone), which makes a replay equal an uninterrupted stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRecord {
+    pub session_id: String,
+    /// The stream entry id; empty until stored.
+    pub id: String,
+    pub seq: u64,
+    pub epoch: i64,
+    /// The event as JSON.
+    pub data: String,
+}
+
 pub fn done_channel(session_id: &str) -> String {
     format!("{DONE_CHANNEL}:{session_id}")
 }
@@ -105,6 +125,34 @@ pub trait Queue: Send + Sync {
     async fn stats(&self, queue: &str) -> Result<QueueStats>;
 
     async fn ping(&self) -> Result<()>;
+
+    /// Append events to their sessions' streams (capped), in order, in one round trip.
+    /// Backends without event streams accept and drop them.
+    async fn append_events(&self, _events: &[EventRecord]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Events of a session stored after entry `after` (`0` for all), up to `count`,
+    /// waiting up to `block` for new ones when there are none.
+    async fn read_events(
+        &self,
+        _session_id: &str,
+        _after: &str,
+        _count: usize,
+        _block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>> {
+        Ok(Vec::new())
+    }
+
+    /// The newest `count` events of a session, newest first.
+    async fn last_events(&self, _session_id: &str, _count: usize) -> Result<Vec<EventRecord>> {
+        Ok(Vec::new())
+    }
+
+    /// Let a finished session's event stream expire after `ttl`.
+    async fn expire_events(&self, _session_id: &str, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -57,14 +57,17 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
 use crate::queue::{
-    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, GROUP, Queue,
-    QueueStats, done_channel, queue_stream,
+    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, EventRecord, GROUP,
+    Queue, QueueStats, done_channel, events_stream, queue_stream,
 };
 
 /// Approximate cap on a queue stream's length (acked history; see the module docs).
 pub const QUEUE_MAXLEN: usize = 1_000_000;
 /// Approximate cap on `agentq:dead` and `agentq:completions`.
 pub const HISTORY_MAXLEN: usize = 100_000;
+/// Cap of each session's event stream: text deltas make it long; the transcript in the
+/// store is the record, this is for following a session live.
+pub const EVENTS_MAXLEN: usize = 20_000;
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).
 pub const READ_GRACE: Duration = Duration::from_secs(5);
@@ -594,6 +597,78 @@ impl Queue for RedisQueue {
         self.query(&redis::cmd("PING")).await?;
         Ok(())
     }
+
+    async fn append_events(&self, events: &[EventRecord]) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for e in events {
+            pipe.cmd("XADD")
+                .arg(events_stream(&e.session_id))
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(EVENTS_MAXLEN)
+                .arg("*")
+                .arg("seq")
+                .arg(e.seq)
+                .arg("epoch")
+                .arg(e.epoch)
+                .arg("data")
+                .arg(&e.data)
+                .ignore();
+        }
+        let _: () = pipe.query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn read_events(
+        &self,
+        session_id: &str,
+        after: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>> {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count.max(1));
+        let block = block.filter(|b| !b.is_zero());
+        if let Some(b) = block {
+            cmd.arg("BLOCK")
+                .arg(u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+        }
+        cmd.arg("STREAMS").arg(events_stream(session_id)).arg(after);
+        let reply = match block {
+            Some(b) => self.blocking_query(&cmd, b).await?,
+            None => self.query(&cmd).await?,
+        };
+        Ok(stream_entries(reply)
+            .into_iter()
+            .flat_map(|(_, entries)| entries)
+            .filter_map(|e| event_record(session_id, e))
+            .collect())
+    }
+
+    async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(events_stream(session_id))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(count.max(1));
+        let reply = self.query(&cmd).await?;
+        Ok(parse_entries(reply)
+            .into_iter()
+            .filter_map(|e| event_record(session_id, e))
+            .collect())
+    }
+
+    async fn expire_events(&self, session_id: &str, ttl: Duration) -> Result<()> {
+        let mut cmd = redis::cmd("PEXPIRE");
+        cmd.arg(events_stream(session_id))
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        self.query(&cmd).await?;
+        Ok(())
+    }
 }
 
 /// TCP settings of every connection: no Nagle delay on small request/response
@@ -675,6 +750,19 @@ impl Entry {
             _ => Err(self.id),
         }
     }
+}
+
+/// A stored event; entries missing a field are skipped.
+fn event_record(session_id: &str, entry: Entry) -> Option<EventRecord> {
+    let fields = entry.fields?;
+    let num = |k: &str| fields.get(k).and_then(|v| v.parse::<i64>().ok());
+    Some(EventRecord {
+        session_id: session_id.to_string(),
+        id: entry.id,
+        seq: u64::try_from(num("seq")?).unwrap_or(0),
+        epoch: num("epoch")?,
+        data: fields.get("data")?.clone(),
+    })
 }
 
 /// `XREADGROUP` reply → `(stream, entries)`; nil (timeout) → nothing.

@@ -22,6 +22,7 @@ pub struct StoreCheckpointer {
     pub draining: CancellationToken,
     /// How long to keep retrying a store that does not answer.
     pub give_up_after: Duration,
+    pub metrics: &'static agentq_core::metrics::Metrics,
 }
 
 #[async_trait]
@@ -30,8 +31,12 @@ impl Checkpointer for StoreCheckpointer {
         let started = Instant::now();
         let mut backoff = Backoff::new();
         loop {
+            let t = Instant::now();
             match self.store.checkpoint(&self.lease, state, from).await {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.metrics.observe_checkpoint(t.elapsed());
+                    break;
+                }
                 Err(agentq_core::Error::LeaseLost(_)) => {
                     return Err(agentq_agent::Error::LeaseLost);
                 }

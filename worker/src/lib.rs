@@ -4,6 +4,7 @@
 //! workers, cancel notifications, and graceful drain on shutdown.
 
 mod checkpoint;
+mod observe;
 mod session;
 
 use std::collections::HashMap;
@@ -19,7 +20,8 @@ use tracing::{debug, info, warn};
 use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::tools::ToolSettings;
-use agentq_core::queue::Delivery;
+use agentq_core::metrics::Metrics;
+use agentq_core::queue::{Delivery, EventRecord};
 use agentq_core::{EnqueueReason, Lease, Queue, Store};
 
 pub use checkpoint::StoreCheckpointer;
@@ -62,6 +64,8 @@ pub struct WorkerConfig {
     pub providers: ProviderSettings,
     pub tool_settings: ToolSettings,
     pub sensitive_tools: Vec<String>,
+    /// How long a finished session's event stream is kept.
+    pub event_ttl: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -87,6 +91,7 @@ impl Default for WorkerConfig {
             providers: ProviderSettings::from_env(),
             tool_settings: ToolSettings::default(),
             sensitive_tools: Vec::new(),
+            event_ttl: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -127,6 +132,9 @@ pub(crate) struct Inner {
     pub draining: CancellationToken,
     providers: Mutex<ProviderCache>,
     pub stats: Stats,
+    pub metrics: &'static Metrics,
+    pub events: tokio::sync::mpsc::UnboundedSender<EventRecord>,
+    events_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<EventRecord>>>,
 }
 
 /// Counters tests and the demo read.
@@ -181,6 +189,7 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         Worker {
             inner: Arc::new(Inner {
                 store,
@@ -190,6 +199,9 @@ impl Worker {
                 draining: CancellationToken::new(),
                 providers: Mutex::new(HashMap::new()),
                 stats: Stats::default(),
+                metrics: agentq_core::metrics::global(),
+                events: tx,
+                events_rx: Mutex::new(Some(rx)),
             }),
         }
     }
@@ -218,8 +230,20 @@ impl Worker {
         }
         info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
         let slots = Arc::new(Semaphore::new(inner.cfg.concurrency.max(1)));
+        let events_rx = inner
+            .events_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
         let tracker = TaskTracker::new();
         let bg_stop = CancellationToken::new();
+        let writer_stop = CancellationToken::new();
+        let writer = tokio::spawn(observe::event_writer(
+            inner.queue.clone(),
+            events_rx,
+            writer_stop.clone(),
+        ));
         let background = vec![
             tokio::spawn(heartbeat_loop(inner.clone(), bg_stop.clone())),
             tokio::spawn(cancel_listener(inner.clone(), bg_stop.clone())),
@@ -305,6 +329,8 @@ impl Worker {
         for b in background {
             let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
         }
+        writer_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
         info!("worker stopped");
         Ok(())
     }
@@ -437,6 +463,7 @@ async fn reclaim_loop(
                 Ok(ds) => {
                     for d in ds {
                         info!(session_id = %d.session_id, "reclaimed an entry of a dead worker");
+                        inner.metrics.sessions_reclaimed.inc();
                         dispatch(&inner, &slots, &tracker, d).await;
                     }
                 }

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use agentq_agent::driver::{Agent, NoBackground, RunEnd};
-use agentq_agent::event::NullSink;
 use agentq_agent::guard::{Firewall, Guards};
 use agentq_agent::provider::factory;
 use agentq_agent::state::{Outcome, SessionState};
@@ -19,6 +18,7 @@ use agentq_core::queue::Delivery;
 use agentq_core::{Claim, Completion, Lease, SessionRow};
 
 use crate::checkpoint::StoreCheckpointer;
+use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
 use crate::{Active, Backoff, Inner, resume_reason};
 
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
@@ -82,6 +82,12 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
                 return;
             }
             inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            inner.metrics.dead_letter.inc();
+            inner
+                .metrics
+                .sessions_finished
+                .with_label_values(&[d.queue.as_str(), "error"])
+                .inc();
             publish(&inner, &failed).await;
         }
     }
@@ -94,8 +100,31 @@ async fn run(
     mut state: SessionState,
     row: SessionRow,
 ) {
-    if row.attempts > 1 || state.messages.len() > 1 {
+    let resumed = state.started_at.is_some();
+    if resumed {
         inner.stats.resumed.fetch_add(1, Ordering::Relaxed);
+    }
+    let m = inner.metrics;
+    m.sessions_started
+        .with_label_values(&[d.queue.as_str()])
+        .inc();
+    let observer = Arc::new(SessionObserver {
+        metrics: m,
+        queue: d.queue.clone(),
+        reissue_pending: std::sync::atomic::AtomicBool::new(false),
+    });
+    if resumed
+        && state.outcome.is_none()
+        && state.pending_calls().is_empty()
+        && died_mid_llm_call(
+            inner.queue.as_ref(),
+            &d.session_id,
+            state.messages.len(),
+            lease.epoch,
+        )
+        .await
+    {
+        observer.reissue_pending.store(true, Ordering::SeqCst);
     }
     let cancel = CancellationToken::new();
     if row.cancel_requested {
@@ -127,8 +156,15 @@ async fn run(
         lease: lease.clone(),
         draining: inner.draining.clone(),
         give_up_after: inner.cfg.lease_ttl * 10,
+        metrics: m,
     });
-    let result = match build_agent(&inner, &row, checkpointer) {
+    m.sessions_active.inc();
+    let sink = Arc::new(StreamSink {
+        session_id: d.session_id.clone(),
+        epoch: lease.epoch,
+        tx: inner.events.clone(),
+    });
+    let result = match build_agent(&inner, &row, checkpointer, observer, sink) {
         Ok(agent) => {
             tokio::select! {
                 r = agent.run(&mut state, &cancel) => Some(r),
@@ -144,6 +180,7 @@ async fn run(
                 lease: lease.clone(),
                 draining: CancellationToken::new(),
                 give_up_after: inner.cfg.lease_ttl * 10,
+                metrics: m,
             };
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
@@ -153,14 +190,28 @@ async fn run(
         }
     };
     inner.active_lock().remove(&d.session_id);
+    m.sessions_active.dec();
     match result {
         None => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
+            m.lease_lost.inc();
             warn!("run aborted: lease lost");
         }
         Some(Ok(RunEnd::Finished(outcome))) => {
             info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
             inner.stats.completed.fetch_add(1, Ordering::Relaxed);
+            m.sessions_finished
+                .with_label_values(&[d.queue.as_str(), outcome.reason.as_str()])
+                .inc();
+            m.session_iterations.observe(f64::from(state.iteration));
+            m.session_tokens.observe(state.usage.total() as f64);
+            if let Err(e) = inner
+                .queue
+                .expire_events(&d.session_id, inner.cfg.event_ttl)
+                .await
+            {
+                warn!(error = %e, "setting the event stream's expiry failed");
+            }
             match get_row(&inner, &d.session_id).await {
                 Some(row) => publish_and_ack(&inner, &d, &row).await,
                 None => {
@@ -176,6 +227,7 @@ async fn run(
         }
         Some(Err(agentq_agent::Error::LeaseLost)) => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
+            m.lease_lost.inc();
             warn!(
                 "lease lost at a checkpoint: another worker owns the session; stopping without writes"
             );
@@ -196,6 +248,8 @@ fn build_agent(
     inner: &Arc<Inner>,
     row: &SessionRow,
     checkpointer: Arc<StoreCheckpointer>,
+    observer: Arc<SessionObserver>,
+    sink: Arc<StreamSink>,
 ) -> Result<Agent, String> {
     let spec = &row.spec;
     let provider_name = spec
@@ -229,12 +283,12 @@ fn build_agent(
             sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
             ..Guards::default()
         },
-        events: Arc::new(NullSink),
+        events: sink,
         checkpointer,
         background: Arc::new(NoBackground),
         workspace: Arc::new(workspace),
         settings: Arc::new(inner.cfg.tool_settings.clone()),
-        observer: Arc::new(agentq_agent::observe::NoObserver),
+        observer,
     })
 }
 

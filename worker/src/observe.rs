@@ -1,0 +1,181 @@
+//! The worker's side of observability: a per-session `Observer` that feeds the Prometheus
+//! metrics, and the event writer that appends every loop event to the session's stream
+//! in batches.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use agentq_agent::event::{AgentEvent, EventSink};
+use agentq_agent::observe::{LlmCallInfo, Observer};
+use agentq_core::Queue;
+use agentq_core::metrics::Metrics;
+use agentq_core::queue::EventRecord;
+
+/// Metrics of one session run. Labels: queue, provider, model, tool — never the session.
+pub struct SessionObserver {
+    pub metrics: &'static Metrics,
+    pub queue: String,
+    /// The previous run died during an LLM call: the next successful call re-issues it.
+    pub reissue_pending: AtomicBool,
+}
+
+impl Observer for SessionObserver {
+    fn llm_call(&self, info: &LlmCallInfo<'_>) {
+        let m = self.metrics;
+        m.llm_requests
+            .with_label_values(&[info.provider, info.model, info.outcome])
+            .inc();
+        m.llm_request_duration
+            .with_label_values(&[info.provider, info.model])
+            .observe(info.duration.as_secs_f64());
+        if let Some(t) = info.time_to_first_token {
+            m.llm_ttft
+                .with_label_values(&[info.provider, info.model])
+                .observe(t.as_secs_f64());
+        }
+        if let Some(u) = &info.usage {
+            for (kind, n) in [
+                ("input", u.input_tokens),
+                ("output", u.output_tokens),
+                ("cache_read", u.cache_read_tokens),
+                ("cache_write", u.cache_write_tokens),
+                ("reasoning", u.reasoning_tokens),
+            ] {
+                if n > 0 {
+                    m.llm_tokens
+                        .with_label_values(&[info.provider, info.model, kind])
+                        .inc_by(n);
+                }
+            }
+            if self.reissue_pending.swap(false, Ordering::SeqCst) {
+                m.llm_reissued.inc();
+                m.llm_reissued_tokens
+                    .inc_by(u.input_tokens + u.output_tokens);
+            }
+        }
+    }
+
+    fn llm_retry(&self, provider: &str, reason: &str) {
+        self.metrics
+            .llm_retries
+            .with_label_values(&[provider, reason])
+            .inc();
+    }
+
+    fn tool_call(&self, tool: &str, outcome: &str, duration: Duration) {
+        self.metrics
+            .tool_calls
+            .with_label_values(&[tool, outcome])
+            .inc();
+        if outcome != "denied" {
+            self.metrics
+                .tool_duration
+                .with_label_values(&[tool])
+                .observe(duration.as_secs_f64());
+        }
+    }
+
+    fn iteration(&self, provider: &str, model: &str) {
+        self.metrics
+            .iterations
+            .with_label_values(&[&self.queue, provider, model])
+            .inc();
+    }
+}
+
+/// The `EventSink` of one run: stamps events with the session and the run's lease epoch
+/// and hands them to the worker's writer.
+pub struct StreamSink {
+    pub session_id: String,
+    pub epoch: i64,
+    pub tx: mpsc::UnboundedSender<EventRecord>,
+}
+
+impl EventSink for StreamSink {
+    fn emit(&self, seq: usize, event: AgentEvent) {
+        let Ok(data) = serde_json::to_string(&event) else {
+            return;
+        };
+        let _ = self.tx.send(EventRecord {
+            session_id: self.session_id.clone(),
+            id: String::new(),
+            seq: seq as u64,
+            epoch: self.epoch,
+            data,
+        });
+    }
+}
+
+/// One task per worker drains the event channel and appends in batches: text deltas
+/// arrive by the hundred per second per session, one round trip each would dominate.
+/// Events are for following sessions live; losing some while Redis is down is accepted
+/// (the store holds the transcript).
+pub async fn event_writer(
+    queue: Arc<dyn Queue>,
+    mut rx: mpsc::UnboundedReceiver<EventRecord>,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::with_capacity(256);
+    loop {
+        let first = tokio::select! {
+            e = rx.recv() => e,
+            _ = stop.cancelled() => None,
+        };
+        let Some(first) = first else {
+            // Flush whatever is left, then stop.
+            while let Ok(e) = rx.try_recv() {
+                batch.push(e);
+            }
+            if !batch.is_empty() {
+                let _ = queue.append_events(&batch).await;
+            }
+            return;
+        };
+        batch.push(first);
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(e) => batch.push(e),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = queue.append_events(&batch).await {
+            debug!(error = %e, dropped = batch.len(), "appending events failed");
+        }
+        batch.clear();
+    }
+}
+
+/// Whether the run that held the session before died during an LLM call: its newest
+/// events (at the first uncommitted position) show a call started and not committed.
+pub async fn died_mid_llm_call(
+    queue: &dyn Queue,
+    session_id: &str,
+    committed: usize,
+    epoch: i64,
+) -> bool {
+    let Ok(events) = queue.last_events(session_id, 32).await else {
+        return false;
+    };
+    let Some(prev_epoch) = events.iter().map(|e| e.epoch).filter(|e| *e < epoch).max() else {
+        return false;
+    };
+    events
+        .iter()
+        .filter(|e| e.epoch == prev_epoch && e.seq == committed as u64)
+        .any(|e| {
+            serde_json::from_str::<serde_json::Value>(&e.data)
+                .ok()
+                .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_string))
+                .is_some_and(|t| {
+                    matches!(
+                        t.as_str(),
+                        "iteration_started" | "text_delta" | "thinking_delta" | "error"
+                    )
+                })
+        })
+}
