@@ -72,6 +72,39 @@ pub trait BackgroundSource: Send + Sync {
     /// Wait for the next result. `false` when this host cannot wait in-process: the
     /// session then suspends and is resumed when a result arrives.
     async fn wait(&self, cancel: &CancellationToken) -> bool;
+    /// User messages to add at the next iteration boundary (steering: `inject`).
+    fn take_injections(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// Stops the current turn without ending the session (steering: `interrupt`): the LLM
+/// call or the tools in flight are abandoned, and the loop goes on with whatever was
+/// injected meanwhile.
+#[derive(Default)]
+pub struct Interrupter {
+    current: std::sync::Mutex<CancellationToken>,
+}
+
+impl Interrupter {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The token of the step about to run.
+    pub fn token(&self) -> CancellationToken {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Interrupt the step in flight (if any).
+    pub fn interrupt(&self) {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        cur.cancel();
+        *cur = CancellationToken::new();
+    }
 }
 
 /// No background agents.
@@ -180,6 +213,7 @@ pub struct Agent {
     pub workspace: Arc<dyn Workspace>,
     pub settings: Arc<ToolSettings>,
     pub observer: Arc<dyn Observer>,
+    pub interrupter: Arc<Interrupter>,
 }
 
 /// The result of one streamed LLM call, assembled.
@@ -192,6 +226,8 @@ struct Response {
 enum Attempt {
     Got(Response),
     Ended(Outcome),
+    /// The user interrupted the turn: drop the call, keep looping.
+    Interrupted,
 }
 
 impl Agent {
@@ -235,11 +271,17 @@ impl Agent {
                 h.session_start(&state.session_id).await;
             }
         }
-        // Calls pending when this run starts may have been started by a run that died.
+        // Calls pending when this run starts may have been started by a run that died,
+        // unless they were held back for an approval.
         let mut maybe_started: Vec<String> = if fresh {
             Vec::new()
         } else {
-            state.pending_calls().into_iter().map(|c| c.id).collect()
+            state
+                .pending_calls()
+                .into_iter()
+                .map(|c| c.id)
+                .filter(|id| !state.not_started.contains(id))
+                .collect()
         };
         let specs = self.tools.specs();
         loop {
@@ -272,6 +314,13 @@ impl Agent {
                     }
                 }
                 Step::CallLlm => {
+                    let injected = self.background.take_injections();
+                    if !injected.is_empty() {
+                        for text in injected {
+                            state.messages.push(Message::user(text));
+                        }
+                        self.checkpoint(state, &mut persisted).await?;
+                    }
                     let iteration = state.iteration + u32::from(!state.free_iteration);
                     let seq = state.messages.len();
                     self.events
@@ -283,6 +332,7 @@ impl Agent {
                         .instrument(span)
                         .await;
                     let response = match attempt {
+                        Attempt::Interrupted => continue,
                         Attempt::Ended(outcome) => {
                             if outcome.reason == ExitReason::Interrupted {
                                 self.close_pending(state, "interrupted: the session was cancelled");
@@ -458,10 +508,14 @@ impl Agent {
         let max_retries = state.spec.max_llm_retries;
         let base = Duration::from_millis(state.spec.retry_delay_ms);
         let provider = self.provider.name().to_string();
+        let interrupt = self.interrupter.token();
         let mut attempt: u32 = 0;
         loop {
             if cancel.is_cancelled() {
                 return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
+            }
+            if interrupt.is_cancelled() {
+                return Attempt::Interrupted;
             }
             let deadline = state.deadline();
             let span = info_span!(
@@ -476,9 +530,13 @@ impl Agent {
             );
             let started = Instant::now();
             let ttft = std::sync::Mutex::new(None::<Duration>);
-            let call = self
-                .call_once(seq, request, cancel, started, &ttft)
-                .instrument(span.clone());
+            let call = async {
+                tokio::select! {
+                    r = self.call_once(seq, request, cancel, started, &ttft) => Some(r),
+                    _ = interrupt.cancelled() => None,
+                }
+            }
+            .instrument(span.clone());
             let result = match deadline {
                 Some(d) => {
                     let left = (d - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
@@ -494,6 +552,9 @@ impl Agent {
                     }
                 }
                 None => call.await,
+            };
+            let Some(result) = result else {
+                return Attempt::Interrupted;
             };
             let first_token = *ttft.lock().unwrap_or_else(|e| e.into_inner());
             let err = match result {
@@ -575,6 +636,7 @@ impl Agent {
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = cancel.cancelled() => return Attempt::Ended(Outcome::new(ExitReason::Interrupted)),
+                _ = interrupt.cancelled() => return Attempt::Interrupted,
             }
             attempt += 1;
         }
@@ -781,16 +843,37 @@ impl Agent {
         }
         let mut yielded: Option<String> = None;
         let mut suspend: Option<SuspendReason> = None;
-        while let Some((call, out)) = running.next().await {
+        let interrupt = self.interrupter.token();
+        loop {
+            let next = tokio::select! {
+                n = running.next() => n,
+                _ = interrupt.cancelled() => {
+                    // Abandon what is still running; the new user message takes over.
+                    drop(running);
+                    self.close_pending(state, "interrupted: the user sent a new message before this call finished");
+                    state.not_started.clear();
+                    self.checkpoint(state, persisted).await?;
+                    return Ok(None);
+                }
+            };
+            let Some((call, out)) = next else { break };
             let out = match out {
+                Some(o) if o.suspend => {
+                    suspend.get_or_insert(SuspendReason::Children);
+                    continue;
+                }
                 Some(o) => o,
                 None => {
+                    if !state.not_started.contains(&call.id) {
+                        state.not_started.push(call.id.clone());
+                    }
                     suspend.get_or_insert(SuspendReason::Approval {
                         tool_call_id: call.id.clone(),
                     });
                     continue;
                 }
             };
+            state.not_started.retain(|id| id != &call.id);
             let content = truncate_output(out.content.clone(), max_chars);
             self.events.emit(
                 state.messages.len(),
@@ -814,6 +897,8 @@ impl Agent {
         }
         state.order_tool_results();
         if let Some(reason) = suspend {
+            // Persist which calls never started before giving the session up.
+            self.checkpoint(state, persisted).await?;
             return Ok(Some(RunEnd::Suspended(reason)));
         }
         if cancel.is_cancelled() {

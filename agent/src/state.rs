@@ -102,6 +102,14 @@ pub struct SessionState {
     pub started_at: Option<DateTime<Utc>>,
     #[serde(default)]
     pub outcome: Option<Outcome>,
+    /// Calls that were stopped before they ran (waiting for an approval): on resume they
+    /// are not "possibly started", so even an unsafe tool may run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_started: Vec<String>,
+    /// `iteration` when the current turn began: `max_iterations` applies per turn, so a
+    /// follow-up message gets a fresh allowance.
+    #[serde(default)]
+    pub turn_base: u32,
 }
 
 impl SessionState {
@@ -123,7 +131,24 @@ impl SessionState {
             phase,
             started_at: None,
             outcome: None,
+            not_started: Vec::new(),
+            turn_base: 0,
         }
+    }
+
+    /// Start a new turn on a finished session with the user's follow-up message; the full
+    /// history is kept.
+    pub fn follow_up(&mut self, text: impl Into<String>) {
+        self.outcome = None;
+        self.drain_rounds = 0;
+        self.free_iteration = false;
+        self.turn_base = self.iteration;
+        self.messages.push(Message::user(text));
+    }
+
+    /// Iterations used by the current turn.
+    pub fn turn_iterations(&self) -> u32 {
+        self.iteration.saturating_sub(self.turn_base)
     }
 
     /// Whether the model may be offered tools right now.
@@ -196,7 +221,7 @@ impl SessionState {
                 )),
             });
         }
-        if self.iteration >= self.spec.max_iterations && !self.free_iteration {
+        if self.turn_iterations() >= self.spec.max_iterations && !self.free_iteration {
             return Step::Done(Outcome {
                 reason: ExitReason::MaxIterations,
                 result: None,

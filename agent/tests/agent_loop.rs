@@ -97,6 +97,7 @@ fn yielding(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, 
             content: "handing over".into(),
             is_error: false,
             yield_loop: true,
+            ..Default::default()
         })
     })
 }
@@ -184,6 +185,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         workspace: Arc::new(LocalWorkspace::new(dir.path()).unwrap()),
         settings: Arc::new(ToolSettings::default()),
         observer: Arc::new(agentq_agent::observe::NoObserver),
+        interrupter: agentq_agent::driver::Interrupter::new(),
     };
     Harness {
         agent,

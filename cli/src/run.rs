@@ -137,6 +137,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         workspace: Arc::new(workspace),
         settings: Arc::new(tool_settings),
         observer: Arc::new(agentq_agent::observe::NoObserver),
+        interrupter: agentq_agent::driver::Interrupter::new(),
     };
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();

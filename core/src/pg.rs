@@ -39,7 +39,7 @@ const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason,
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
-    idempotency_key, created_at, updated_at, finished_at";
+    idempotency_key, created_at, updated_at, finished_at, turn_base, not_started";
 
 /// `listing` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -140,6 +140,8 @@ struct SessionRecord {
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
+    turn_base: i32,
+    not_started: Json<Vec<String>>,
 }
 
 /// A value in the database this binary cannot read (not retryable).
@@ -264,6 +266,8 @@ impl SessionRecord {
             phase: parse_phase(&self.phase)?,
             started_at: self.started_at,
             outcome: None,
+            not_started: self.not_started.0.clone(),
+            turn_base: to_u32(self.turn_base, "turn_base")?,
         })
     }
 }
@@ -331,6 +335,8 @@ WITH upd AS (
         finished_at = CASE WHEN $14 IS NULL THEN finished_at ELSE now() END,
         lease_owner = CASE WHEN $14 IS NULL THEN lease_owner ELSE NULL END,
         lease_expires_at = CASE WHEN $14 IS NULL THEN lease_expires_at ELSE NULL END,
+        turn_base = $22,
+        not_started = $23,
         updated_at = now()
     WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18
     RETURNING root_id, id
@@ -691,6 +697,8 @@ impl Store for PgStore {
             .bind(&seqs)
             .bind(&roles)
             .bind(&bodies)
+            .bind(to_i32(state.turn_base, "turn_base")?)
+            .bind(Json(&state.not_started))
             .fetch_one(&self.pool)
             .await?;
         if matched > 0 {

@@ -289,6 +289,7 @@ fn build_agent(
         workspace: Arc::new(workspace),
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer,
+        interrupter: agentq_agent::driver::Interrupter::new(),
     })
 }
 

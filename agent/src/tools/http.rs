@@ -321,7 +321,7 @@ impl Tool for HttpFetch {
         Ok(ToolOutput {
             content: out,
             is_error: status.is_client_error() || status.is_server_error(),
-            yield_loop: false,
+            ..Default::default()
         })
     }
 }

@@ -35,6 +35,9 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// End the loop after this call (exit reason `yielded`).
     pub yield_loop: bool,
+    /// The call cannot finish yet (e.g. it waits for a sub-agent): record no result and
+    /// suspend the session; the call runs again when the session resumes.
+    pub suspend: bool,
 }
 
 impl ToolOutput {
@@ -49,7 +52,7 @@ impl ToolOutput {
         ToolOutput {
             content: content.into(),
             is_error: true,
-            yield_loop: false,
+            ..Default::default()
         }
     }
 }
