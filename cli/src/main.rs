@@ -5,7 +5,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod client;
 mod run;
+mod scheduler;
+mod signals;
+mod worker_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +26,20 @@ struct Cli {
 enum Command {
     /// Run one session in this process, streaming it to the terminal.
     Run(run::RunArgs),
+    /// Consume sessions from Redis Streams and run them, checkpointing to Postgres.
+    Worker(worker_cmd::WorkerArgs),
+    /// Serve the HTTP API (and the sweeper) against Postgres and Redis.
+    Scheduler(scheduler::SchedulerArgs),
+    /// Create or upgrade the Postgres schema.
+    Migrate(scheduler::MigrateArgs),
+    /// Submit a session (or a JSON Lines batch) to the HTTP API.
+    Submit(client::SubmitArgs),
+    /// Show a session as JSON.
+    Status(client::StatusArgs),
+    /// Cancel a session.
+    Cancel(client::CancelArgs),
+    /// List sessions, newest first.
+    Sessions(client::SessionsArgs),
 }
 
 fn init_tracing() {
@@ -54,6 +72,13 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Scheduler(args) => scheduler::scheduler(args).await,
+            Command::Migrate(args) => scheduler::migrate(args).await,
+            Command::Submit(args) => client::submit(args).await,
+            Command::Status(args) => client::status(args).await,
+            Command::Cancel(args) => client::cancel(args).await,
+            Command::Sessions(args) => client::sessions(args).await,
+            Command::Worker(args) => worker_cmd::worker(args).await,
         }
     });
     match result {

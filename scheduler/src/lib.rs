@@ -1,1 +1,205 @@
-//! placeholder
+//! agentq-scheduler: the front door of the distributed deployment. It owns the HTTP API
+//! (`/v1/sessions…`, `/healthz`, `/readyz`: [`router`]), enqueueing (insert the row, then
+//! `XADD`), the consumer groups of the configured queues (created at start so KEDA's lag
+//! scaler sees them before the first session) and the sweeper that repairs a crash between
+//! insert and `XADD` ([`sweeper`]). It holds no state of its own: Postgres is the truth,
+//! Redis carries the work, so any number of schedulers can run side by side.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use agentq_core::config::SchedulerConfig;
+use agentq_core::{Queue, Store};
+
+mod api;
+pub mod error;
+pub mod request;
+pub mod sweeper;
+
+pub use api::router;
+pub use error::ApiError;
+
+/// Body limit of `POST /v1/sessions/batch` (10,000 sessions of a few KiB each).
+pub const BATCH_BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// The scheduler's knobs (from `[scheduler]` of the configuration).
+#[derive(Debug, Clone)]
+pub struct SchedulerSettings {
+    pub sweep_interval: Duration,
+    pub sweep_age: Duration,
+    pub max_prompt_bytes: usize,
+    pub max_batch: usize,
+    /// Queues whose consumer group is created at start.
+    pub queues: Vec<String>,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        (&SchedulerConfig::default()).into()
+    }
+}
+
+impl From<&SchedulerConfig> for SchedulerSettings {
+    fn from(c: &SchedulerConfig) -> Self {
+        SchedulerSettings {
+            sweep_interval: Duration::from_secs(c.sweep_interval_secs),
+            sweep_age: Duration::from_secs(c.sweep_age_secs),
+            max_prompt_bytes: c.max_prompt_bytes,
+            max_batch: c.max_batch,
+            queues: c.queues.clone(),
+        }
+    }
+}
+
+/// Queues whose stream and consumer group are known to exist, so each is created once
+/// per process rather than on every request. Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct QueueRegistry {
+    configured: Arc<Vec<String>>,
+    ensured: Arc<Mutex<HashSet<String>>>,
+}
+
+impl QueueRegistry {
+    pub fn new(configured: Vec<String>) -> Self {
+        QueueRegistry {
+            configured: Arc::new(configured),
+            ensured: Arc::default(),
+        }
+    }
+
+    fn is_ensured(&self, name: &str) -> bool {
+        self.ensured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    /// Create the queue's group unless done already. A failure is logged and not
+    /// remembered: the next call tries again (and `enqueue` creates a missing group too).
+    pub async fn ensure(&self, queue: &dyn Queue, name: &str) -> bool {
+        if self.is_ensured(name) {
+            return true;
+        }
+        match queue.ensure_queue(name).await {
+            Ok(()) => {
+                self.ensured
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(name.to_string());
+                true
+            }
+            Err(e) => {
+                tracing::warn!(queue = name, error = %e, "cannot create the consumer group yet");
+                false
+            }
+        }
+    }
+
+    /// Ensure every configured queue; true when all exist.
+    pub async fn ensure_configured(&self, queue: &dyn Queue) -> bool {
+        let mut all = true;
+        for name in self.configured.iter() {
+            all &= self.ensure(queue, name).await;
+        }
+        all
+    }
+}
+
+/// Shared state of the HTTP handlers. Cheap to clone.
+#[derive(Clone)]
+pub struct Scheduler {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub cfg: SchedulerSettings,
+    queues: QueueRegistry,
+    /// Cancelled when shutdown begins: `/readyz` then answers 503.
+    draining: CancellationToken,
+}
+
+impl Scheduler {
+    pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: SchedulerSettings) -> Self {
+        let queues = QueueRegistry::new(cfg.queues.clone());
+        Scheduler {
+            store,
+            queue,
+            cfg,
+            queues,
+            draining: CancellationToken::new(),
+        }
+    }
+
+    /// Use `token` as the draining signal (shared with the server's shutdown).
+    pub fn with_shutdown(mut self, token: CancellationToken) -> Self {
+        self.draining = token;
+        self
+    }
+
+    /// Make `/readyz` answer 503 from now on (load balancers stop sending traffic).
+    pub fn begin_drain(&self) {
+        self.draining.cancel();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.is_cancelled()
+    }
+
+    pub fn queues(&self) -> &QueueRegistry {
+        &self.queues
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("HTTP server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Run the scheduler until `shutdown` is cancelled: create the configured queues' consumer
+/// groups, serve the API on `listener` (graceful: in-flight requests finish, `/readyz`
+/// turns 503 at once), and run the sweeper.
+pub async fn run(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    cfg: SchedulerSettings,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let state =
+        Scheduler::new(store.clone(), queue.clone(), cfg.clone()).with_shutdown(shutdown.clone());
+    // Not fatal when Redis is briefly away: the sweeper retries every tick.
+    if !state.queues.ensure_configured(queue.as_ref()).await {
+        tracing::warn!("some consumer groups could not be created yet; will retry");
+    }
+
+    // A child token: the sweeper also stops when the server ends on its own, without
+    // cancelling the caller's token.
+    let stop_sweeper = shutdown.child_token();
+    let sweeper = tokio::spawn(sweeper::run_sweeper(
+        store,
+        queue,
+        state.queues.clone(),
+        cfg.sweep_interval,
+        cfg.sweep_age,
+        stop_sweeper.clone(),
+    ));
+
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "scheduler listening");
+    }
+    let app = router(state);
+    let token = shutdown.clone();
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { token.cancelled().await })
+        .await;
+    stop_sweeper.cancel();
+    if let Err(e) = sweeper.await {
+        tracing::error!(error = %e, "sweeper task failed");
+    }
+    served?;
+    tracing::info!("scheduler stopped");
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! `agentq scheduler` and `agentq migrate`: the server side of the HTTP API. Wiring only —
+//! configuration, connections, schema check, signals; the scheduler itself is
+//! `agentq_scheduler::run`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow, bail};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use agentq_core::config::Config;
+use agentq_core::pg::{MIGRATOR, PgStore};
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{Error, Store};
+use agentq_scheduler::SchedulerSettings;
+
+/// Connections of the scheduler's pool: the API's queries are short.
+const SCHEDULER_PG_CONNS: u32 = 16;
+
+#[derive(Args, Debug)]
+pub struct SchedulerArgs {
+    /// Listen address (default: AGENTQ_API_ADDR, `api_addr` of agentq.toml, 127.0.0.1:7700).
+    #[arg(long)]
+    pub addr: Option<String>,
+    /// Configuration file (default: ./agentq.toml when present).
+    #[arg(long, env = "AGENTQ_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct MigrateArgs {
+    /// Configuration file (default: ./agentq.toml when present).
+    #[arg(long, env = "AGENTQ_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+fn database_url(cfg: &Config) -> anyhow::Result<&str> {
+    cfg.database_url.as_deref().ok_or_else(|| {
+        anyhow!("no database configured: set AGENTQ_DATABASE_URL (or database_url in agentq.toml)")
+    })
+}
+
+/// `agentq migrate`: bring the Postgres schema up to this binary's version.
+pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(args.config.as_deref())?;
+    let store = PgStore::connect(database_url(&cfg)?, 2)
+        .await
+        .context("cannot connect to Postgres")?;
+    let latest = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| m.version)
+        .max()
+        .unwrap_or(0);
+    let current = match store.check_schema().await {
+        Ok(()) => {
+            println!("database schema is up to date (version {latest})");
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(Error::SchemaBehind { current, .. }) => current,
+        Err(e) => return Err(anyhow!(e).context("cannot read the schema version")),
+    };
+    store.migrate().await.context("migration failed")?;
+    for m in MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .filter(|m| current.is_none_or(|c| m.version > c))
+    {
+        println!("applied {} {}", m.version, m.description);
+    }
+    match current {
+        Some(c) => println!("database schema migrated from version {c} to {latest}"),
+        None => println!("database schema created (version {latest})"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `agentq scheduler`: serve the HTTP API and sweep until SIGTERM/SIGINT.
+pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(args.config.as_deref())?;
+    let addr = args.addr.clone().unwrap_or_else(|| cfg.api_addr.clone());
+    let redis_url = cfg.redis_url.as_deref().ok_or_else(|| {
+        anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
+    })?;
+    let store = PgStore::connect(database_url(&cfg)?, SCHEDULER_PG_CONNS)
+        .await
+        .context("cannot connect to Postgres")?;
+    match store.check_schema().await {
+        Ok(()) => {}
+        Err(Error::SchemaBehind { .. }) => {
+            bail!("database schema is behind: run `agentq migrate`")
+        }
+        Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
+    }
+    let queue = RedisQueue::connect(redis_url)
+        .await
+        .context("cannot connect to Redis")?;
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr().map_or(addr, |a| a.to_string());
+
+    let shutdown = CancellationToken::new();
+    crate::signals::cancel_on_signal(shutdown.clone());
+    eprintln!("agentq scheduler: listening on http://{local}");
+    agentq_scheduler::run(
+        Arc::new(store),
+        Arc::new(queue),
+        SchedulerSettings::from(&cfg.scheduler),
+        listener,
+        shutdown,
+    )
+    .await?;
+    eprintln!("agentq scheduler: stopped");
+    Ok(ExitCode::SUCCESS)
+}

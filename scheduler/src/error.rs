@@ -1,0 +1,140 @@
+//! [`ApiError`]: every error the HTTP API answers with, and its one JSON shape
+//! `{"error":{"code","message","field"}}`. Client errors say what is wrong and, when one
+//! field is to blame, which (`prompt`, `[17].mode`, `metadata.api_key`). Server errors are
+//! logged with their cause and answered with a generic message: a database error string
+//! can leak schema or connection details.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not JSON at all (syntax error, truncated, not UTF-8).
+    #[error("{0}")]
+    InvalidJson(String),
+    /// A query string that cannot be decoded.
+    #[error("{0}")]
+    InvalidQuery(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// The body, or one field of it, is larger than allowed.
+    #[error("{message}")]
+    TooLarge {
+        field: Option<String>,
+        message: String,
+    },
+    /// Well-formed JSON with a value the API does not accept.
+    #[error("{message}")]
+    Invalid {
+        code: &'static str,
+        field: Option<String>,
+        message: String,
+    },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// Postgres or Redis is unreachable right now: worth retrying.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Anything else; the cause is logged, not sent.
+    #[error("internal error")]
+    Internal,
+}
+
+impl ApiError {
+    /// A 422 naming `field`.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            code: "invalid_field",
+            field: Some(field.into()),
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidJson(_) | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::InvalidQuery(_) => "invalid_query",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::TooLarge { .. } => "too_large",
+            ApiError::Invalid { code, .. } => code,
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict { code, .. } => code,
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal => "internal",
+        }
+    }
+
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ApiError::TooLarge { field, .. } | ApiError::Invalid { field, .. } => field.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl From<agentq_core::Error> for ApiError {
+    fn from(e: agentq_core::Error) -> Self {
+        use agentq_core::Error as E;
+        match e {
+            E::Invalid { field, message } => ApiError::Invalid {
+                code: "invalid_field",
+                field: Some(field),
+                message,
+            },
+            E::NotFound(id) => ApiError::NotFound(format!("session {id} not found")),
+            E::Conflict(message) => ApiError::Conflict {
+                code: "conflict",
+                message,
+            },
+            e if e.is_retryable() => {
+                tracing::warn!(error = %e, "backend unavailable");
+                ApiError::Unavailable("a backing service is unavailable; retry later".into())
+            }
+            e => {
+                tracing::error!(error = %e, "internal error");
+                ApiError::Internal
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "error": {
+                "code": self.code(),
+                "message": self.to_string(),
+                "field": self.field(),
+            }
+        });
+        let mut resp = (self.status(), Json(body)).into_response();
+        if matches!(self, ApiError::Unavailable(_)) {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        resp
+    }
+}

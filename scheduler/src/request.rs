@@ -1,0 +1,599 @@
+//! What a client may send: the JSON body extractor ([`JsonBody`]) and the checks that turn
+//! a body into [`SessionRequest`]s. Everything here runs before anything is written, so a
+//! rejected request (or a batch with one bad item) leaves no trace.
+//!
+//! The body is parsed in two steps: bytes → `serde_json::Value` (a failure is a 400
+//! `invalid_json`), then field checks and `Value` → [`SessionSpec`] through
+//! `serde_path_to_error`, so a wrong type names its field (422). Unknown fields are
+//! refused rather than ignored: a typo such as `max_iteration` would otherwise run the
+//! session with the default silently. Fields named like credentials are refused with a
+//! code of their own: provider keys live in the worker's configuration and must never be
+//! stored in a session row.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::{StatusCode, header};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::config::is_credential_name;
+
+use crate::error::ApiError;
+
+/// The queue of a session that names none.
+pub const DEFAULT_QUEUE: &str = "default";
+pub const MAX_QUEUE_NAME: usize = 64;
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+/// Serialised size of `metadata`.
+pub const MAX_METADATA_BYTES: usize = 64 * 1024;
+const MAX_NAME: usize = 256;
+const MAX_LLM_RETRIES: u32 = 100;
+const MAX_RETRY_DELAY_MS: u64 = 3_600_000;
+
+/// Body fields that map onto [`SessionSpec`].
+pub const SPEC_FIELDS: &[&str] = &[
+    "prompt",
+    "system",
+    "provider",
+    "model",
+    "base_url",
+    "mode",
+    "max_iterations",
+    "temperature",
+    "max_tokens",
+    "tools",
+    "tool_timeout_secs",
+    "approval_timeout_secs",
+    "history_window",
+    "context_budget_chars",
+    "token_budget",
+    "timeout_secs",
+    "max_llm_retries",
+    "retry_delay_ms",
+    "max_background_drain_rounds",
+    "tool_output_max_chars",
+    "sensitive_tools",
+    "metadata",
+];
+/// Body fields that are about the request rather than the session's work.
+pub const ENVELOPE_FIELDS: &[&str] = &["queue", "idempotency_key"];
+
+/// Limits of one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_prompt_bytes: usize,
+    pub max_batch: usize,
+}
+
+/// One validated session request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRequest {
+    pub spec: SessionSpec,
+    pub queue: String,
+    pub idempotency_key: Option<String>,
+}
+
+/// A JSON body: requires a JSON content type and maps every failure to an [`ApiError`].
+///
+/// The content type is required (not just tolerated) because the API usually listens on
+/// localhost: a browser may send a cross-site `text/plain` POST without a preflight, but
+/// not an `application/json` one.
+#[derive(Debug)]
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !is_json_content_type(ct) {
+            return Err(ApiError::UnsupportedMediaType(format!(
+                "expected `Content-Type: application/json`, got {}",
+                if ct.is_empty() { "none" } else { ct }
+            )));
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::TooLarge {
+                    field: None,
+                    message: "request body is too large".into(),
+                }
+            } else {
+                ApiError::InvalidJson(format!("cannot read the request body: {r}"))
+            }
+        })?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::InvalidJson(format!("invalid JSON: {e}")))
+    }
+}
+
+fn is_json_content_type(ct: &str) -> bool {
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// `prefix.name`, or `name` at the top level.
+fn path(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else if name.starts_with('[') {
+        format!("{prefix}{name}")
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// Whether `name` may be a queue: `[A-Za-z0-9_.-]{1,64}` (it becomes part of a Redis key).
+pub fn valid_queue_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_QUEUE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// One session request (`prefix` names it inside a batch, e.g. `[17]`).
+pub fn parse_session(
+    value: Value,
+    limits: &Limits,
+    prefix: &str,
+) -> Result<SessionRequest, ApiError> {
+    let Value::Object(mut obj) = value else {
+        return Err(ApiError::Invalid {
+            code: "invalid_body",
+            field: (!prefix.is_empty()).then(|| prefix.to_string()),
+            message: format!("expected a JSON object, got {}", kind(&value)),
+        });
+    };
+
+    for key in obj.keys() {
+        if is_credential_name(key) {
+            return Err(credential_error(&path(prefix, key)));
+        }
+        if !SPEC_FIELDS.contains(&key.as_str()) && !ENVELOPE_FIELDS.contains(&key.as_str()) {
+            return Err(ApiError::Invalid {
+                code: "unknown_field",
+                field: Some(path(prefix, key)),
+                message: format!("unknown field `{key}`"),
+            });
+        }
+    }
+    if let Some(meta) = obj.get("metadata") {
+        if let Some(found) = credential_in(meta, &path(prefix, "metadata")) {
+            return Err(credential_error(&found));
+        }
+        if !(meta.is_null() || meta.is_object()) {
+            return Err(ApiError::invalid(
+                path(prefix, "metadata"),
+                format!("expected a JSON object, got {}", kind(meta)),
+            ));
+        }
+        if meta.to_string().len() > MAX_METADATA_BYTES {
+            return Err(ApiError::TooLarge {
+                field: Some(path(prefix, "metadata")),
+                message: format!("metadata is larger than {MAX_METADATA_BYTES} bytes"),
+            });
+        }
+    }
+
+    let queue = match obj.remove("queue") {
+        None | Some(Value::Null) => DEFAULT_QUEUE.to_string(),
+        Some(Value::String(q)) if valid_queue_name(&q) => q,
+        Some(Value::String(q)) => {
+            return Err(ApiError::invalid(
+                path(prefix, "queue"),
+                format!("invalid queue name {q:?}: use 1 to {MAX_QUEUE_NAME} of A-Z a-z 0-9 _ . -"),
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                path(prefix, "queue"),
+                format!("expected a string, got {}", kind(&other)),
+            ));
+        }
+    };
+    let idempotency_key = match obj.remove("idempotency_key") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(k)) if !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY => Some(k),
+        Some(Value::String(_)) => {
+            return Err(ApiError::invalid(
+                path(prefix, "idempotency_key"),
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY} bytes"),
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                path(prefix, "idempotency_key"),
+                format!("expected a string, got {}", kind(&other)),
+            ));
+        }
+    };
+
+    // Size before type checks of the rest: a huge prompt is refused as such (413) even
+    // when another field is also wrong.
+    for field in ["prompt", "system"] {
+        if let Some(Value::String(s)) = obj.get(field)
+            && s.len() > limits.max_prompt_bytes
+        {
+            return Err(ApiError::TooLarge {
+                field: Some(path(prefix, field)),
+                message: format!(
+                    "{field} is {} bytes; the limit is {}",
+                    s.len(),
+                    limits.max_prompt_bytes
+                ),
+            });
+        }
+    }
+    if !obj.contains_key("prompt") {
+        return Err(ApiError::invalid(path(prefix, "prompt"), "is required"));
+    }
+
+    let spec = spec_from(obj, prefix)?;
+    spec.validate()
+        .map_err(|(field, message)| ApiError::invalid(path(prefix, field), message))?;
+    check_extra(&spec, prefix)?;
+    Ok(SessionRequest {
+        spec,
+        queue,
+        idempotency_key,
+    })
+}
+
+/// A batch: a JSON array of 1..=`max_batch` session requests. Every item is checked
+/// before anything is written; the first bad one is reported (`[17].mode`).
+pub fn parse_batch(value: Value, limits: &Limits) -> Result<Vec<SessionRequest>, ApiError> {
+    let Value::Array(items) = value else {
+        return Err(ApiError::Invalid {
+            code: "invalid_body",
+            field: None,
+            message: format!("expected a JSON array of sessions, got {}", kind(&value)),
+        });
+    };
+    if items.is_empty() || items.len() > limits.max_batch {
+        return Err(ApiError::Invalid {
+            code: "invalid_batch",
+            field: None,
+            message: format!(
+                "a batch holds 1 to {} sessions, got {}",
+                limits.max_batch,
+                items.len()
+            ),
+        });
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| parse_session(v, limits, &format!("[{i}]")))
+        .collect()
+}
+
+fn spec_from(obj: Map<String, Value>, prefix: &str) -> Result<SessionSpec, ApiError> {
+    serde_path_to_error::deserialize::<_, SessionSpec>(Value::Object(obj)).map_err(|e| {
+        let inner = e.inner().to_string();
+        let at = e.path().to_string();
+        let field = if at == "." {
+            // A missing field has no path; its name is in the message.
+            inner
+                .strip_prefix("missing field `")
+                .and_then(|r| r.split('`').next())
+                .map(|f| path(prefix, f))
+                .unwrap_or_else(|| prefix.to_string())
+        } else {
+            path(prefix, &at)
+        };
+        ApiError::Invalid {
+            code: "invalid_field",
+            field: (!field.is_empty()).then_some(field),
+            message: inner,
+        }
+    })
+}
+
+/// Limits `SessionSpec::validate` leaves to the host: the API is a trust boundary.
+fn check_extra(spec: &SessionSpec, prefix: &str) -> Result<(), ApiError> {
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= MAX_NAME
+            && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+    };
+    if let Some(m) = &spec.model
+        && !name_ok(m)
+    {
+        return Err(ApiError::invalid(
+            path(prefix, "model"),
+            format!("must be 1 to {MAX_NAME} characters without spaces"),
+        ));
+    }
+    if let Some(u) = &spec.base_url {
+        let rest = u
+            .strip_prefix("https://")
+            .or_else(|| u.strip_prefix("http://"));
+        if !rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/')) || !name_ok(u) {
+            return Err(ApiError::invalid(
+                path(prefix, "base_url"),
+                "must be an http:// or https:// URL",
+            ));
+        }
+    }
+    for (field, list) in [
+        ("tools", spec.tools.as_deref().unwrap_or_default()),
+        ("sensitive_tools", spec.sensitive_tools.as_slice()),
+    ] {
+        if let Some(i) = list.iter().position(|t| !name_ok(t)) {
+            return Err(ApiError::invalid(
+                path(prefix, &format!("{field}[{i}]")),
+                "a tool name is 1 to 256 characters without spaces",
+            ));
+        }
+    }
+    if spec.max_llm_retries > MAX_LLM_RETRIES {
+        return Err(ApiError::invalid(
+            path(prefix, "max_llm_retries"),
+            format!("must be at most {MAX_LLM_RETRIES}"),
+        ));
+    }
+    if spec.retry_delay_ms > MAX_RETRY_DELAY_MS {
+        return Err(ApiError::invalid(
+            path(prefix, "retry_delay_ms"),
+            format!("must be at most {MAX_RETRY_DELAY_MS}"),
+        ));
+    }
+    if spec.approval_timeout_secs == 0 {
+        return Err(ApiError::invalid(
+            path(prefix, "approval_timeout_secs"),
+            "must be positive",
+        ));
+    }
+    for (field, v) in [
+        ("timeout_secs", spec.timeout_secs),
+        ("token_budget", spec.token_budget),
+    ] {
+        if v == Some(0) {
+            return Err(ApiError::invalid(path(prefix, field), "must be positive"));
+        }
+    }
+    Ok(())
+}
+
+fn credential_error(field: &str) -> ApiError {
+    ApiError::Invalid {
+        code: "credential_not_allowed",
+        field: Some(field.to_string()),
+        message: "credentials are not accepted in a session: provider keys are configured \
+                  on the workers"
+            .into(),
+    }
+}
+
+/// The path of the first object key named like a credential anywhere inside `v`.
+fn credential_in(v: &Value, at: &str) -> Option<String> {
+    match v {
+        Value::Object(m) => m.iter().find_map(|(k, v)| {
+            let p = format!("{at}.{k}");
+            if is_credential_name(k) {
+                Some(p)
+            } else {
+                credential_in(v, &p)
+            }
+        }),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| credential_in(v, &format!("{at}[{i}]"))),
+        _ => None,
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Query of `GET /v1/sessions`: all strings, parsed by hand so each error names its field.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    pub status: Option<String>,
+    pub limit: Option<String>,
+    pub cursor: Option<String>,
+    pub parent_id: Option<String>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_prompt_bytes: 100,
+        max_batch: 3,
+    };
+
+    fn err(v: Value) -> (u16, String, Option<String>) {
+        let e = parse_session(v, &LIMITS, "").unwrap_err();
+        (
+            e.status().as_u16(),
+            e.code().to_string(),
+            e.field().map(str::to_string),
+        )
+    }
+
+    #[test]
+    fn every_spec_field_is_accepted() {
+        // A spec with every optional field set serialises every field name.
+        let mut spec = SessionSpec::new("hi");
+        spec.system = Some("s".into());
+        spec.provider = Some("openai".into());
+        spec.model = Some("m".into());
+        spec.base_url = Some("http://x".into());
+        spec.tools = Some(vec!["read_file".into()]);
+        spec.context_budget_chars = Some(1);
+        spec.token_budget = Some(1);
+        spec.timeout_secs = Some(1);
+        spec.sensitive_tools = vec!["shell".into()];
+        spec.metadata = json!({"k": 1});
+        let Value::Object(m) = serde_json::to_value(&spec).unwrap() else {
+            panic!()
+        };
+        let mut names: Vec<&str> = m.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        let mut known = SPEC_FIELDS.to_vec();
+        known.sort_unstable();
+        assert_eq!(names, known);
+        let req = parse_session(Value::Object(m), &LIMITS, "").unwrap();
+        assert_eq!(req.spec, spec);
+        assert_eq!(req.queue, "default");
+    }
+
+    #[test]
+    fn good_request() {
+        let r = parse_session(
+            json!({"prompt": "p", "mode": "plan-act", "queue": "batch.v2", "idempotency_key": "k1",
+                   "max_iterations": 3, "temperature": 0.5, "metadata": {"user": "u"}}),
+            &LIMITS,
+            "",
+        )
+        .unwrap();
+        assert_eq!(r.queue, "batch.v2");
+        assert_eq!(r.idempotency_key.as_deref(), Some("k1"));
+        assert_eq!(r.spec.max_iterations, 3);
+        assert_eq!(r.spec.mode, agentq_agent::spec::Mode::PlanAct);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let f = |s: &str| Some(s.to_string());
+        assert_eq!(err(json!([])), (422, "invalid_body".into(), None));
+        assert_eq!(err(json!({})), (422, "invalid_field".into(), f("prompt")));
+        assert_eq!(
+            err(json!({"prompt": 3})),
+            (422, "invalid_field".into(), f("prompt"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "mode": "fast"})),
+            (422, "invalid_field".into(), f("mode"))
+        );
+        let e = parse_session(json!({"prompt": "p", "mode": "fast"}), &LIMITS, "").unwrap_err();
+        assert!(e.to_string().contains("plan-act"), "{e}");
+        assert_eq!(
+            err(json!({"prompt": "p", "max_iterations": -1})),
+            (422, "invalid_field".into(), f("max_iterations"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "temperature": 5})),
+            (422, "invalid_field".into(), f("temperature"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "x".repeat(101)})),
+            (413, "too_large".into(), f("prompt"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "queue": "a b"})),
+            (422, "invalid_field".into(), f("queue"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "queue": "x".repeat(65)})),
+            (422, "invalid_field".into(), f("queue"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "api_key": "sk"})),
+            (422, "credential_not_allowed".into(), f("api_key"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "metadata": {"a": [{"openai_api_key": "sk"}]}})),
+            (
+                422,
+                "credential_not_allowed".into(),
+                f("metadata.a[0].openai_api_key")
+            )
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "max_iteration": 3})),
+            (422, "unknown_field".into(), f("max_iteration"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "provider": "gemini"})),
+            (422, "invalid_field".into(), f("provider"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "tools": ["a", 3]})),
+            (422, "invalid_field".into(), f("tools[1]"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "base_url": "file:///etc/passwd"})),
+            (422, "invalid_field".into(), f("base_url"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "metadata": [1]})),
+            (422, "invalid_field".into(), f("metadata"))
+        );
+        assert_eq!(
+            err(json!({"prompt": "p", "idempotency_key": ""})),
+            (422, "invalid_field".into(), f("idempotency_key"))
+        );
+    }
+
+    #[test]
+    fn batch_items_are_prefixed() {
+        let e = parse_batch(
+            json!([{"prompt": "a"}, {"prompt": "b", "mode": "x"}]),
+            &LIMITS,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), Some("[1].mode"));
+        let e = parse_batch(json!([{"prompt": "a"}, {}]), &LIMITS).unwrap_err();
+        assert_eq!(e.field(), Some("[1].prompt"));
+        let e = parse_batch(json!([{"prompt": "a"}, 7]), &LIMITS).unwrap_err();
+        assert_eq!(e.field(), Some("[1]"));
+        assert_eq!(
+            parse_batch(json!([]), &LIMITS).unwrap_err().code(),
+            "invalid_batch"
+        );
+        let four = json!([{"prompt": "a"}, {"prompt": "a"}, {"prompt": "a"}, {"prompt": "a"}]);
+        assert_eq!(
+            parse_batch(four, &LIMITS).unwrap_err().code(),
+            "invalid_batch"
+        );
+        assert_eq!(
+            parse_batch(json!({"prompt": "a"}), &LIMITS)
+                .unwrap_err()
+                .code(),
+            "invalid_body"
+        );
+        assert_eq!(
+            parse_batch(json!([{"prompt": "a"}]), &LIMITS)
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn content_types() {
+        assert!(is_json_content_type("application/json"));
+        assert!(is_json_content_type("Application/JSON; charset=utf-8"));
+        assert!(is_json_content_type("application/vnd.agentq+json"));
+        assert!(!is_json_content_type("text/plain"));
+        assert!(!is_json_content_type(""));
+    }
+}

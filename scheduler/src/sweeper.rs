@@ -1,0 +1,91 @@
+//! The sweeper: enqueue is "insert the row, then `XADD`", and a crash (or a Redis outage)
+//! between the two leaves a queued row that no worker will ever see. Every
+//! `sweep_interval` the sweeper adds an entry for queued rows older than `sweep_age` that
+//! were never marked enqueued, then marks them. A duplicate entry (the `XADD` happened but
+//! the mark did not) is harmless: the lease decides who runs a session.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use agentq_core::{EnqueueReason, Queue, Store};
+
+use crate::QueueRegistry;
+
+/// Rows fetched per query.
+pub const SWEEP_BATCH: u32 = 500;
+/// Batches per tick at most, so one tick of a large backlog stays bounded.
+const MAX_BATCHES_PER_TICK: usize = 20;
+
+/// One pass: enqueue up to `SWEEP_BATCH × 20` forgotten sessions. Returns how many were
+/// re-added. A queue that fails is skipped (and retried next pass); the others proceed.
+pub async fn sweep_once(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    queues: &QueueRegistry,
+    age: Duration,
+) -> agentq_core::Result<usize> {
+    let mut total = 0;
+    for _ in 0..MAX_BATCHES_PER_TICK {
+        let rows = store.unenqueued(age, SWEEP_BATCH).await?;
+        let fetched = rows.len();
+        if fetched == 0 {
+            break;
+        }
+        let mut by_queue: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (id, q) in rows {
+            by_queue.entry(q).or_default().push(id);
+        }
+        let mut failed = false;
+        for (q, ids) in by_queue {
+            queues.ensure(queue, &q).await;
+            let items: Vec<(String, EnqueueReason)> = ids
+                .iter()
+                .map(|id| (id.clone(), EnqueueReason::Retry))
+                .collect();
+            if let Err(e) = queue.enqueue_many(&q, &items).await {
+                tracing::warn!(queue = %q, sessions = ids.len(), error = %e, "sweeper: enqueue failed; retrying next tick");
+                failed = true;
+                continue;
+            }
+            store.mark_enqueued(&ids).await?;
+            tracing::info!(queue = %q, sessions = ids.len(), "sweeper: re-added sessions that had no stream entry");
+            total += ids.len();
+        }
+        // A failed queue would come back first in the next query: stop for this tick.
+        if failed || fetched < SWEEP_BATCH as usize {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+/// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
+/// tries again.
+pub async fn run_sweeper(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    queues: QueueRegistry,
+    interval: Duration,
+    age: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        // Queues configured at start whose group could not be created then.
+        queues.ensure_configured(queue.as_ref()).await;
+        let pass = sweep_once(store.as_ref(), queue.as_ref(), &queues, age);
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = pass => if let Err(e) = r {
+                tracing::warn!(error = %e, "sweeper pass failed; retrying next tick");
+            }
+        }
+    }
+}
