@@ -1,0 +1,847 @@
+//! The cluster every end-to-end test runs: a private Redis, a Postgres database, the fake
+//! LLM (which also serves the `http_fetch` tool endpoints), and real `agentq worker`
+//! processes the tests start, SIGKILL, SIGTERM, SIGSTOP and SIGCONT.
+//!
+//! Sessions follow a [`Script`]: the fake answers each LLM request from the request
+//! itself — the session by the token in its prompt, the turn by the number of assistant
+//! messages in the history sent — so any worker, resuming from any checkpoint, gets the
+//! same answer for the same turn. Every LLM request and tool hit is logged as a [`Hit`]
+//! so tests can assert what was asked again after a crash.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EnqueueReason, NewSession, Queue, SessionRow, Store};
+use agentq_testkit::{
+    FakeLlm, FakeResponse, PostgresServer, RecordedRequest, RedisServer, shared_postgres,
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+/// Lease timings of every worker: short, so a dead worker's sessions move within seconds,
+/// but with four heartbeats per lease so a busy 2-core box does not lose leases.
+pub const LEASE_TTL_SECS: &str = "2";
+pub const HEARTBEAT_SECS: &str = "0.5";
+pub const RECLAIM_INTERVAL_SECS: &str = "0.5";
+
+/// A tool endpoint told to block answers after this long: far beyond any kill the test
+/// makes, and beyond `http_fetch`'s own 30 s timeout.
+const BLOCK: Duration = Duration::from_secs(120);
+
+/// The tests of this binary run one at a time: each starts several worker processes with
+/// second-scale lease timings, and the box has 2 cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The `agentq` binary, built once per test binary (`CARGO_BIN_EXE_*` only exists for the
+/// cli crate's own tests).
+pub fn agentq_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the testkit lives in the workspace")
+            .to_path_buf();
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "agentq-cli", "--bin", "agentq"])
+            .current_dir(&workspace)
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build -p agentq-cli failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"));
+        let target = if target.is_relative() {
+            workspace.join(target)
+        } else {
+            target
+        };
+        let bin = target.join("debug").join("agentq");
+        assert!(bin.is_file(), "{} was not built", bin.display());
+        bin
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Scripts
+// ---------------------------------------------------------------------------------------
+
+/// One `http_fetch` call of a turn: `GET` (idempotent) or `POST` (unsafe) to
+/// `/tool/<token>/<name>` on the fake.
+#[derive(Debug, Clone)]
+pub struct ToolUse {
+    pub name: String,
+    pub post: bool,
+}
+
+/// One LLM answer: some text and, unless it is the final answer, tool calls.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub text: String,
+    pub tools: Vec<ToolUse>,
+}
+
+impl Turn {
+    pub fn text(text: &str) -> Turn {
+        Turn {
+            text: text.into(),
+            tools: Vec::new(),
+        }
+    }
+
+    /// A turn calling `http_fetch` with GET on each named endpoint, in parallel.
+    pub fn gets(text: &str, names: &[&str]) -> Turn {
+        Turn {
+            text: text.into(),
+            tools: names
+                .iter()
+                .map(|n| ToolUse {
+                    name: n.to_string(),
+                    post: false,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the fake does for one session.
+#[derive(Debug, Clone, Default)]
+pub struct Script {
+    pub turns: Vec<Turn>,
+    /// Delay before each SSE chunk of every LLM answer.
+    pub chunk_delay: Duration,
+    /// The first request for turn k streams with this delay before each chunk instead.
+    pub slow_once: HashMap<usize, Duration>,
+    /// These tool endpoints block their first hit (per session) for [`BLOCK`].
+    pub block_tool_once: HashSet<String>,
+    /// Every LLM request gets a 500 with a provider error message.
+    pub fail_500: bool,
+    /// LLM requests are accepted but the stream never delivers anything.
+    pub hang: bool,
+}
+
+impl Script {
+    pub fn new(turns: Vec<Turn>) -> Script {
+        Script {
+            turns,
+            ..Script::default()
+        }
+    }
+
+    /// Three turns: one tool, two parallel tools, the answer.
+    pub fn three_turns() -> Script {
+        Script::new(vec![
+            Turn::gets("Fetching the first page.", &["t0a"]),
+            Turn::gets("Fetching two more, in parallel.", &["fast", "slow"]),
+            Turn::text("All done: the pages say ok."),
+        ])
+    }
+
+    /// Two turns: one tool, the answer.
+    pub fn two_turns() -> Script {
+        Script::new(vec![
+            Turn::gets("Fetching the page.", &["page"]),
+            Turn::text("The page says ok."),
+        ])
+    }
+}
+
+/// One request the fake saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hit {
+    Llm { token: String, turn: usize },
+    Tool { token: String, name: String },
+}
+
+/// A submitted session.
+#[derive(Debug, Clone)]
+pub struct Sub {
+    pub id: String,
+    /// Unique per session; in its prompt and in its tool URLs.
+    pub token: String,
+}
+
+struct FakeState {
+    url: String,
+    scripts: Mutex<HashMap<String, Script>>,
+    hits: Mutex<Vec<Hit>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn new_token() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    // Fixed width, so no token is a prefix of another (tests substitute tokens in text).
+    format!(
+        "tk{:07}x{:06}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The token between `<<` and `>>` in the first user message of an OpenAI request body.
+fn token_of(body: &Value) -> Option<String> {
+    let msgs = body.get("messages")?.as_array()?;
+    let user = msgs.iter().find(|m| m["role"] == "user")?;
+    let text = match &user["content"] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let start = text.find("<<")? + 2;
+    let end = start + text[start..].find(">>")?;
+    Some(text[start..end].to_string())
+}
+
+fn answer(state: &FakeState, req: &RecordedRequest) -> Option<FakeResponse> {
+    if let Some(rest) = req.path.strip_prefix("/tool/") {
+        let (token, name) = rest.split_once('/')?;
+        lock(&state.hits).push(Hit::Tool {
+            token: token.into(),
+            name: name.into(),
+        });
+        let block = lock(&state.scripts)
+            .get_mut(token)
+            .is_some_and(|s| s.block_tool_once.remove(name));
+        let resp = FakeResponse::json(
+            200,
+            json!({"tool": name, "result": format!("ok-{name}")}).to_string(),
+        );
+        return Some(if block { resp.with_delay(BLOCK) } else { resp });
+    }
+    if !req.path.ends_with("/chat/completions") {
+        return None;
+    }
+    let token = token_of(&req.body)?;
+    let turn = req.body["messages"].as_array().map_or(0, |ms| {
+        ms.iter().filter(|m| m["role"] == "assistant").count()
+    });
+    lock(&state.hits).push(Hit::Llm {
+        token: token.clone(),
+        turn,
+    });
+    let mut scripts = lock(&state.scripts);
+    let script = scripts.get_mut(&token)?;
+    if script.fail_500 {
+        return Some(FakeResponse::json(
+            500,
+            r#"{"error":{"message":"upstream exploded (e2e)","type":"server_error"}}"#,
+        ));
+    }
+    let Some(t) = script.turns.get(turn) else {
+        return Some(FakeResponse::json(
+            400,
+            format!(r#"{{"error":{{"message":"e2e script has no turn {turn}"}}}}"#),
+        ));
+    };
+    let chunks = openai_turn(turn, t, &state.url, &token);
+    if script.hang {
+        return Some(FakeResponse::sse_chunks(chunks).with_delay(Duration::from_secs(600)));
+    }
+    let delay = script.slow_once.remove(&turn).unwrap_or(script.chunk_delay);
+    Some(FakeResponse::sse_chunks(chunks).with_delay(delay))
+}
+
+fn openai_chunk(delta: Value, finish: Option<&str>) -> Bytes {
+    let v = json!({
+        "id": "chatcmpl-e2e", "object": "chat.completion.chunk", "created": 1, "model": "gpt-test",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    });
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// One OpenAI streamed answer, one SSE event per chunk: the text in two pieces, each tool
+/// call (id `call_<turn>_<k>`) with its arguments split over two chunks, the finish, the
+/// usage, `[DONE]`.
+pub fn openai_turn(turn: usize, t: &Turn, base_url: &str, token: &str) -> Vec<Bytes> {
+    let mut out = vec![openai_chunk(
+        json!({"role": "assistant", "content": ""}),
+        None,
+    )];
+    let mid = t.text.len() / 2;
+    let (a, b) = t.text.split_at(mid);
+    out.push(openai_chunk(json!({"content": a}), None));
+    out.push(openai_chunk(json!({"content": b}), None));
+    for (k, tool) in t.tools.iter().enumerate() {
+        let mut args = json!({"url": format!("{base_url}/tool/{token}/{}", tool.name)});
+        if tool.post {
+            args["method"] = json!("POST");
+        }
+        let args = args.to_string();
+        let (x, y) = args.split_at(args.len() / 2);
+        out.push(openai_chunk(
+            json!({"tool_calls": [{"index": k, "id": format!("call_{turn}_{k}"), "type": "function",
+                "function": {"name": "http_fetch", "arguments": x}}]}),
+            None,
+        ));
+        out.push(openai_chunk(
+            json!({"tool_calls": [{"index": k, "function": {"arguments": y}}]}),
+            None,
+        ));
+    }
+    let finish = if t.tools.is_empty() {
+        "stop"
+    } else {
+        "tool_calls"
+    };
+    out.push(openai_chunk(json!({}), Some(finish)));
+    out.push(Bytes::from(format!(
+        "data: {}\n\n",
+        json!({"id": "chatcmpl-e2e", "object": "chat.completion.chunk", "choices": [],
+            "usage": {"prompt_tokens": 100 + turn, "completion_tokens": 10, "total_tokens": 110 + turn}})
+    )));
+    out.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct WorkerOpts {
+    pub concurrency: u32,
+    pub reclaim_min_idle_secs: f64,
+    pub max_attempts: u32,
+    pub drain_timeout_secs: f64,
+}
+
+impl Default for WorkerOpts {
+    fn default() -> Self {
+        WorkerOpts {
+            concurrency: 64,
+            reclaim_min_idle_secs: 2.0,
+            max_attempts: 5,
+            drain_timeout_secs: 15.0,
+        }
+    }
+}
+
+struct WorkerProc {
+    child: Child,
+    log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+// ---------------------------------------------------------------------------------------
+// The cluster
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterOpts {
+    /// Redis with an fsynced append-only file, for tests that restart it.
+    pub persistent_redis: bool,
+    /// A private crash-safe Postgres, for tests that kill and restart it.
+    pub private_postgres: bool,
+}
+
+pub struct Cluster {
+    pub store: PgStore,
+    pub queue: RedisQueue,
+    pub db_url: String,
+    pub redis: RedisServer,
+    pub pg: Option<PostgresServer>,
+    pub fake: FakeLlm,
+    state: Arc<FakeState>,
+    workers: Vec<WorkerProc>,
+    dir: tempfile::TempDir,
+    started: Instant,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        Self::start_with(ClusterOpts::default()).await
+    }
+
+    pub async fn start_with(opts: ClusterOpts) -> Cluster {
+        let serial = SERIAL.lock().await;
+        tokio::task::block_in_place(agentq_bin);
+        let redis = if opts.persistent_redis {
+            RedisServer::start_persistent()
+        } else {
+            RedisServer::start()
+        }
+        .expect("starting redis");
+        let (pg, db_url) = if opts.private_postgres {
+            let pg = tokio::task::block_in_place(PostgresServer::start_crash_safe)
+                .expect("starting a private postgres");
+            let url = pg.fresh_database().expect("creating a database");
+            (Some(pg), url)
+        } else {
+            let url = tokio::task::block_in_place(|| {
+                shared_postgres()
+                    .and_then(|pg| pg.fresh_database())
+                    .expect("a database on the shared postgres")
+            });
+            (None, url)
+        };
+        let store = PgStore::connect(&db_url, 8)
+            .await
+            .expect("connecting to pg");
+        store.migrate().await.expect("migrating");
+        let queue = RedisQueue::connect(&redis.url())
+            .await
+            .expect("connecting to redis");
+        queue.ensure_queue("default").await.expect("ensure_queue");
+        let fake = FakeLlm::start().await.expect("starting the fake LLM");
+        let state = Arc::new(FakeState {
+            url: fake.url.clone(),
+            scripts: Mutex::new(HashMap::new()),
+            hits: Mutex::new(Vec::new()),
+        });
+        let s = state.clone();
+        fake.set_handler(move |req| answer(&s, req));
+        Cluster {
+            store,
+            queue,
+            db_url,
+            redis,
+            pg,
+            fake,
+            state,
+            workers: Vec::new(),
+            dir: tempfile::tempdir().expect("a temp dir"),
+            started: Instant::now(),
+            _serial: serial,
+        }
+    }
+
+    // --- workers -----------------------------------------------------------------------
+
+    /// Start a worker process; returns its index. Its stderr and stdout go to a log file.
+    pub fn spawn_worker(&mut self, opts: &WorkerOpts) -> usize {
+        let i = self.workers.len();
+        let log = self.dir.path().join(format!("worker-{i}.log"));
+        let out = File::create(&log).expect("creating a worker log");
+        let err = out.try_clone().expect("cloning a file handle");
+        let host = self
+            .fake
+            .url
+            .strip_prefix("http://")
+            .expect("the fake serves http")
+            .to_string();
+        let child = Command::new(agentq_bin())
+            .arg("worker")
+            .args(["--database-url", &self.db_url])
+            .args(["--redis-url", &self.redis.url()])
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args(["--lease-ttl-secs", LEASE_TTL_SECS])
+            .args(["--heartbeat-secs", HEARTBEAT_SECS])
+            .args([
+                "--reclaim-min-idle-secs",
+                &opts.reclaim_min_idle_secs.to_string(),
+            ])
+            .args(["--reclaim-interval-secs", RECLAIM_INTERVAL_SECS])
+            .args(["--max-attempts", &opts.max_attempts.to_string()])
+            .args(["--drain-timeout-secs", &opts.drain_timeout_secs.to_string()])
+            .arg("--workspace-root")
+            .arg(self.dir.path().join("ws"))
+            .args([
+                "--default-provider",
+                "openai",
+                "--default-model",
+                "gpt-test",
+            ])
+            .args(["--allowed-hosts", &host])
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.fake.url))
+            .env("OPENAI_API_KEY", "sk-e2e")
+            .env("RUST_LOG", "info")
+            // Several workers run side by side: no fixed metrics port to fight over.
+            .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+            // Plain log lines to search.
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawning agentq worker");
+        self.workers.push(WorkerProc {
+            child,
+            log,
+            exit: None,
+        });
+        i
+    }
+
+    /// Start a worker and wait until it reads the queue.
+    pub async fn spawn_ready_worker(&mut self, opts: &WorkerOpts) -> usize {
+        let i = self.spawn_worker(opts);
+        self.wait_log(i, "worker started", Duration::from_secs(30))
+            .await;
+        i
+    }
+
+    pub fn pid(&self, i: usize) -> u32 {
+        self.workers[i].child.id()
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid(i).to_string())
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -{sig} worker {i} failed");
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill_worker(&mut self, i: usize) {
+        let w = &mut self.workers[i];
+        let _ = w.child.kill();
+        w.exit = Some(w.child.wait().expect("reaping a worker"));
+    }
+
+    /// SIGTERM: a graceful drain.
+    pub fn term_worker(&self, i: usize) {
+        self.signal(i, "TERM");
+    }
+
+    /// SIGSTOP: the process freezes (a GC pause, a stalled VM).
+    pub fn pause_worker(&self, i: usize) {
+        self.signal(i, "STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume_worker(&self, i: usize) {
+        self.signal(i, "CONT");
+    }
+
+    /// Wait for the worker to exit; `None` if it is still running after `timeout`.
+    pub async fn wait_exit(&mut self, i: usize, timeout: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        loop {
+            let w = &mut self.workers[i];
+            if let Some(s) = w.exit {
+                return Some(s);
+            }
+            if let Some(s) = w.child.try_wait().expect("try_wait") {
+                w.exit = Some(s);
+                return Some(s);
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn worker_log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.workers[i].log).unwrap_or_default()
+    }
+
+    pub async fn wait_log(&self, i: usize, needle: &str, timeout: Duration) {
+        assert!(
+            self.log_appears(i, needle, timeout).await,
+            "worker {i} did not log {needle:?} within {timeout:?}"
+        );
+    }
+
+    /// Whether worker `i` logs `needle` within `timeout`.
+    pub async fn log_appears(&self, i: usize, needle: &str, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while !self.worker_log(i).contains(needle) {
+            if start.elapsed() > timeout {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    // --- sessions ----------------------------------------------------------------------
+
+    pub async fn submit(&self, script: Script) -> Sub {
+        self.submit_many(vec![script]).await.remove(0)
+    }
+
+    /// Create the sessions in one transaction and enqueue them in one round trip.
+    pub async fn submit_many(&self, scripts: Vec<Script>) -> Vec<Sub> {
+        let mut news = Vec::new();
+        let mut tokens = Vec::new();
+        for script in scripts {
+            let token = new_token();
+            lock(&self.state.scripts).insert(token.clone(), script);
+            let mut spec = SessionSpec::new(format!("Follow the e2e script <<{token}>>."));
+            spec.tools = Some(vec!["http_fetch".into()]);
+            spec.retry_delay_ms = 50;
+            news.push(NewSession::root(spec, "default"));
+            tokens.push(token);
+        }
+        let rows = self
+            .store
+            .create_sessions(&news)
+            .await
+            .expect("creating sessions");
+        let ids: Vec<String> = rows.into_iter().map(|(r, _)| r.id).collect();
+        let items: Vec<(String, EnqueueReason)> = ids
+            .iter()
+            .map(|id| (id.clone(), EnqueueReason::New))
+            .collect();
+        self.queue
+            .enqueue_many("default", &items)
+            .await
+            .expect("enqueueing");
+        self.store.mark_enqueued(&ids).await.expect("mark_enqueued");
+        ids.into_iter()
+            .zip(tokens)
+            .map(|(id, token)| Sub { id, token })
+            .collect()
+    }
+
+    pub async fn row(&self, id: &str) -> SessionRow {
+        self.store
+            .get(id)
+            .await
+            .expect("reading a session")
+            .expect("the session exists")
+    }
+
+    /// The stored history as (role, content, tool_calls, tool_call_id, is_error), with the
+    /// session's token replaced so that transcripts of different sessions compare.
+    ///
+    /// Parallel tool results are stored in the order they finished, which varies from run
+    /// to run; like a resumed session (`SessionState::normalize`), the transcript puts
+    /// each turn's results in call order.
+    pub async fn transcript(&self, sub: &Sub) -> Vec<Value> {
+        let mut msgs = self
+            .store
+            .messages(&sub.id)
+            .await
+            .expect("reading messages");
+        let mut i = 0;
+        while i < msgs.len() {
+            let order: Vec<String> = msgs[i].tool_calls.iter().map(|c| c.id.clone()).collect();
+            let end = msgs[i + 1..]
+                .iter()
+                .position(|m| m.role != agentq_agent::schema::Role::Tool)
+                .map_or(msgs.len(), |p| i + 1 + p);
+            if !order.is_empty() {
+                msgs[i + 1..end].sort_by_key(|m| {
+                    m.tool_call_id
+                        .as_ref()
+                        .and_then(|id| order.iter().position(|o| o == id))
+                        .unwrap_or(usize::MAX)
+                });
+            }
+            i = end.max(i + 1);
+        }
+        msgs.iter()
+            .map(|m| {
+                let v = json!({
+                    "role": m.role, "content": m.content, "tool_calls": m.tool_calls,
+                    "tool_call_id": m.tool_call_id, "is_error": m.is_error,
+                });
+                serde_json::from_str(&v.to_string().replace(&sub.token, "<TOKEN>"))
+                    .expect("re-parsing a transcript entry")
+            })
+            .collect()
+    }
+
+    pub async fn message_count(&self, id: &str) -> usize {
+        self.store
+            .messages(id)
+            .await
+            .expect("reading messages")
+            .len()
+    }
+
+    /// Poll until every session is terminal; panics with a status summary on timeout.
+    pub async fn wait_all_terminal(&self, ids: &[String], timeout: Duration) -> Vec<SessionRow> {
+        let start = Instant::now();
+        loop {
+            let mut rows = Vec::with_capacity(ids.len());
+            for id in ids {
+                // A restarting Postgres answers errors for a while: retry.
+                match self.store.get(id).await {
+                    Ok(Some(r)) => rows.push(r),
+                    Ok(None) => panic!("session {id} vanished"),
+                    Err(_) => break,
+                }
+            }
+            if rows.len() == ids.len() && rows.iter().all(|r| r.status.is_terminal()) {
+                return rows;
+            }
+            if start.elapsed() > timeout {
+                let mut by_status: HashMap<String, usize> = HashMap::new();
+                for r in &rows {
+                    *by_status.entry(r.status.to_string()).or_default() += 1;
+                }
+                panic!(
+                    "{} sessions not all terminal within {timeout:?}: {by_status:?}",
+                    ids.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // --- what the fake saw -------------------------------------------------------------
+
+    pub fn hits(&self) -> Vec<Hit> {
+        lock(&self.state.hits).clone()
+    }
+
+    /// LLM requests for this session's turn.
+    pub fn llm_requests(&self, sub: &Sub, turn: usize) -> usize {
+        lock(&self.state.hits)
+            .iter()
+            .filter(
+                |h| matches!(h, Hit::Llm { token, turn: t } if *token == sub.token && *t == turn),
+            )
+            .count()
+    }
+
+    /// LLM requests for this session, all turns.
+    pub fn llm_requests_all(&self, sub: &Sub) -> usize {
+        lock(&self.state.hits)
+            .iter()
+            .filter(|h| matches!(h, Hit::Llm { token, .. } if *token == sub.token))
+            .count()
+    }
+
+    /// Hits of this session's tool endpoint `name`.
+    pub fn tool_hits(&self, sub: &Sub, name: &str) -> usize {
+        lock(&self.state.hits)
+            .iter()
+            .filter(
+                |h| matches!(h, Hit::Tool { token, name: n } if *token == sub.token && n == name),
+            )
+            .count()
+    }
+
+    // --- redis -------------------------------------------------------------------------
+
+    pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis.url())
+            .expect("a redis client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connecting to redis")
+    }
+
+    /// Every entry of a stream, as (entry id, fields).
+    pub async fn stream_entries(&self, stream: &str) -> Vec<(String, HashMap<String, String>)> {
+        let mut conn = self.redis_conn().await;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE");
+        reply
+            .ids
+            .into_iter()
+            .map(|e| {
+                let fields = e
+                    .map
+                    .iter()
+                    .filter_map(|(k, v)| {
+                        redis::from_redis_value_ref::<String>(v)
+                            .ok()
+                            .map(|v| (k.clone(), v))
+                    })
+                    .collect();
+                (e.id, fields)
+            })
+            .collect()
+    }
+
+    /// Entries of `agentq:completions` per session id.
+    pub async fn completion_entries(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for (_, f) in self
+            .stream_entries(agentq_core::queue::COMPLETIONS_STREAM)
+            .await
+        {
+            if let Some(id) = f.get("session_id") {
+                *counts.entry(id.clone()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// Subscribe to `agentq:done` (subscribed when this returns) and count the messages
+    /// per session id from then on.
+    pub async fn count_done_messages(&self) -> Arc<Mutex<HashMap<String, usize>>> {
+        let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let client = redis::Client::open(self.redis.url()).expect("a redis client");
+        let mut pubsub = client
+            .get_async_pubsub()
+            .await
+            .expect("a pubsub connection");
+        pubsub
+            .subscribe(agentq_core::queue::DONE_CHANNEL)
+            .await
+            .expect("SUBSCRIBE agentq:done");
+        let c = counts.clone();
+        tokio::spawn(async move {
+            let mut messages = pubsub.into_on_message();
+            while let Some(msg) = messages.next().await {
+                let Ok(payload) = msg.get_payload::<String>() else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_str::<Value>(&payload) else {
+                    continue;
+                };
+                if let Some(id) = v["session_id"].as_str() {
+                    *lock(&c).entry(id.to_string()).or_default() += 1;
+                }
+            }
+        });
+        counts
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        eprintln!(
+            "[e2e] {} ran for {:?}",
+            std::thread::current().name().unwrap_or("?"),
+            self.started.elapsed()
+        );
+        for w in &mut self.workers {
+            if w.exit.is_none() && matches!(w.child.try_wait(), Ok(None)) {
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+            }
+        }
+        if std::thread::panicking() {
+            for (i, w) in self.workers.iter().enumerate() {
+                let log = std::fs::read_to_string(&w.log).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+                eprintln!(
+                    "----- worker {i} log tail ({}) -----\n{tail}",
+                    w.log.display()
+                );
+            }
+            eprintln!("----- redis log tail -----\n{}", self.redis.log_tail());
+            if let Some(pg) = &self.pg {
+                eprintln!("----- postgres log tail -----\n{}", pg.log_tail());
+            }
+        }
+    }
+}
+
+/// Poll `cond` every 10 ms until it holds; panic naming `what` after `timeout`.
+pub async fn eventually(what: &str, timeout: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
