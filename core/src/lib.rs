@@ -4,10 +4,13 @@
 
 pub mod config;
 pub mod error;
+pub mod mem_queue;
+pub mod metrics;
 pub mod model;
 pub mod pg;
 pub mod queue;
 pub mod redis_queue;
+pub mod sqlite;
 pub mod store;
 
 pub use error::{Error, Result};

@@ -337,6 +337,9 @@ WITH upd AS (
         lease_expires_at = CASE WHEN $14 IS NULL THEN lease_expires_at ELSE NULL END,
         turn_base = $22,
         not_started = $23,
+        -- Progress: a run that saves new steps is not a crash loop, so the count of
+        -- claims that died without finishing starts again.
+        attempts = CASE WHEN cardinality($19::int[]) > 0 THEN 0 ELSE attempts END,
         updated_at = now()
     WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18
     RETURNING root_id, id
@@ -549,7 +552,7 @@ impl Store for PgStore {
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>> {
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT id, queue FROM sessions \
-             WHERE status = 'queued' AND enqueued_at IS NULL \
+             WHERE status IN ('queued', 'running') AND enqueued_at IS NULL \
                AND created_at < now() - make_interval(secs => $1) \
              ORDER BY created_at LIMIT $2",
         )
@@ -558,6 +561,18 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
+    }
+
+    async fn reset_enqueued(&self, queue: &str) -> Result<u64> {
+        let n = sqlx::query(
+            "UPDATE sessions SET enqueued_at = NULL \
+             WHERE queue = $1 AND status IN ('queued', 'running') AND enqueued_at IS NOT NULL",
+        )
+        .bind(queue)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        Ok(n)
     }
 
     async fn get(&self, id: &str) -> Result<Option<SessionRow>> {

@@ -121,6 +121,18 @@ pub trait Queue: Send + Sync {
         session_id: &str,
     ) -> Result<futures::stream::BoxStream<'static, Completion>>;
 
+    /// Whether the queue's backing data was lost since [`Queue::mark_queue`] (a Redis
+    /// restarted without persistence): its entries are gone and must be re-added from the
+    /// store. In-process queues answer `false`.
+    async fn check_lost(&self, _queue: &str) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Remember that the queue's entries are all accounted for (see `check_lost`).
+    async fn mark_queue(&self, _queue: &str) -> Result<()> {
+        Ok(())
+    }
+
     /// Length, pending count and lag of a queue's stream, for readiness and metrics.
     async fn stats(&self, queue: &str) -> Result<QueueStats>;
 

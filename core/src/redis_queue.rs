@@ -314,6 +314,20 @@ impl Queue for RedisQueue {
         }
     }
 
+    async fn check_lost(&self, queue: &str) -> Result<bool> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(marker_key(queue));
+        let n: i64 = cmd.query_async(&mut self.conn()).await?;
+        Ok(n == 0)
+    }
+
+    async fn mark_queue(&self, queue: &str) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(marker_key(queue)).arg("1");
+        self.query(&cmd).await?;
+        Ok(())
+    }
+
     async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
         self.enqueue_many(queue, &[(session_id.to_string(), reason)])
             .await
@@ -685,6 +699,13 @@ fn tcp_settings() -> TcpSettings {
     #[cfg(target_os = "linux")]
     let settings = settings.set_user_timeout(Duration::from_secs(60));
     settings
+}
+
+/// A key that exists while Redis still holds everything the scheduler enqueued: a Redis
+/// that comes back empty has lost it, and the stream alone cannot tell (workers re-create
+/// missing streams and groups on their own).
+fn marker_key(queue: &str) -> String {
+    format!("agentq:marker:{queue}")
 }
 
 /// `XADD <stream> [NOMKSTREAM] MAXLEN ~ <cap> * session_id <id> reason <reason>`

@@ -27,7 +27,13 @@ pub trait Store: Send + Sync {
     /// Remember that the session has a stream entry (so the sweeper leaves it alone).
     async fn mark_enqueued(&self, ids: &[String]) -> Result<()>;
 
-    /// Queued sessions that never got a stream entry and are older than `age`.
+    /// Forget that sessions of `queue` have stream entries (the queue lost its data): the
+    /// sweeper then re-adds every queued and running one. Returns how many.
+    async fn reset_enqueued(&self, _queue: &str) -> Result<u64> {
+        Ok(0)
+    }
+
+    /// Queued (or running) sessions without a stream entry, older than `age`.
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
 
     async fn get(&self, id: &str) -> Result<Option<SessionRow>>;

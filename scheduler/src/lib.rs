@@ -99,6 +99,22 @@ impl QueueRegistry {
         }
     }
 
+    /// Configured queues and those created since.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.configured.iter().cloned().collect();
+        for n in self
+            .ensured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+        names
+    }
+
     /// Ensure every configured queue; true when all exist.
     pub async fn ensure_configured(&self, queue: &dyn Queue) -> bool {
         let mut all = true;

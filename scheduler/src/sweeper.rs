@@ -61,6 +61,28 @@ pub async fn sweep_once(
     Ok(total)
 }
 
+/// A queue whose Redis came back empty lost the entries of every queued and running
+/// session: mark them all un-enqueued so this sweep re-adds them. Duplicates are harmless.
+pub async fn recover_lost(store: &dyn Store, queue: &dyn Queue, queues: &QueueRegistry) {
+    for q in queues.names() {
+        match queue.check_lost(&q).await {
+            Ok(false) => {}
+            Ok(true) => match store.reset_enqueued(&q).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::warn!(queue = %q, sessions = n, "queue data lost (Redis restarted empty?); re-adding its sessions");
+                    }
+                    if let Err(e) = queue.mark_queue(&q).await {
+                        tracing::warn!(queue = %q, error = %e, "cannot mark the queue");
+                    }
+                }
+                Err(e) => tracing::warn!(queue = %q, error = %e, "cannot reset enqueued marks"),
+            },
+            Err(e) => tracing::debug!(queue = %q, error = %e, "cannot check the queue marker"),
+        }
+    }
+}
+
 /// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
 /// tries again.
 pub async fn run_sweeper(
@@ -80,6 +102,7 @@ pub async fn run_sweeper(
         }
         // Queues configured at start whose group could not be created then.
         queues.ensure_configured(queue.as_ref()).await;
+        recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         let pass = sweep_once(store.as_ref(), queue.as_ref(), &queues, age);
         tokio::select! {
             _ = shutdown.cancelled() => return,
