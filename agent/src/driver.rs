@@ -50,6 +50,10 @@ pub struct BackgroundResult {
     /// `completed`, `failed`, `cancelled`…
     pub outcome: String,
     pub result: String,
+    /// Position in the host's inbox; injecting the result records it in the state
+    /// (`bg_cursor`) with the same checkpoint, so a result is delivered exactly once.
+    #[serde(default)]
+    pub seq: u64,
 }
 
 impl BackgroundResult {
@@ -66,14 +70,15 @@ impl BackgroundResult {
 #[async_trait]
 pub trait BackgroundSource: Send + Sync {
     /// Results that arrived and were not injected yet. Taking them consumes them.
-    fn take(&self) -> Vec<BackgroundResult>;
+    async fn take(&self) -> Vec<BackgroundResult>;
     /// Background children still running.
     fn outstanding(&self) -> usize;
     /// Wait for the next result. `false` when this host cannot wait in-process: the
     /// session then suspends and is resumed when a result arrives.
     async fn wait(&self, cancel: &CancellationToken) -> bool;
-    /// User messages to add at the next iteration boundary (steering: `inject`).
-    fn take_injections(&self) -> Vec<String> {
+    /// User messages to add at the next iteration boundary (steering: `inject`), with
+    /// their inbox positions (recorded in `msg_cursor` by the same checkpoint).
+    async fn take_injections(&self) -> Vec<(u64, String)> {
         Vec::new()
     }
 }
@@ -112,7 +117,7 @@ pub struct NoBackground;
 
 #[async_trait]
 impl BackgroundSource for NoBackground {
-    fn take(&self) -> Vec<BackgroundResult> {
+    async fn take(&self) -> Vec<BackgroundResult> {
         Vec::new()
     }
     fn outstanding(&self) -> usize {
@@ -159,7 +164,7 @@ impl BackgroundInbox {
 
 #[async_trait]
 impl BackgroundSource for BackgroundInbox {
-    fn take(&self) -> Vec<BackgroundResult> {
+    async fn take(&self) -> Vec<BackgroundResult> {
         std::mem::take(&mut *self.results.lock().unwrap_or_else(|e| e.into_inner()))
     }
     fn outstanding(&self) -> usize {
@@ -284,6 +289,38 @@ impl Agent {
                 .collect()
         };
         let specs = self.tools.specs();
+        // A run that stopped right after the model's final answer (suspended to wait for
+        // background children, or died before the next checkpoint) resumes where the
+        // answer left it: the plan→act switch, or the drain — never a new LLM call.
+        if !fresh
+            && state.outcome.is_none()
+            && let Some(last) = state.messages.last()
+            && last.role == Role::Assistant
+            && last.tool_calls.is_empty()
+        {
+            let answer = last.content.clone();
+            if state.spec.mode == Mode::PlanAct && state.phase == Phase::Plan {
+                state.phase = Phase::Act;
+                state.messages.push(Message::user(PLAN_TO_ACT));
+                self.checkpoint(state, &mut persisted).await?;
+            } else {
+                match self.drain_or_finish(state, answer, cancel).await {
+                    Some(end) => {
+                        self.checkpoint(state, &mut persisted).await?;
+                        if let RunEnd::Finished(o) = &end {
+                            self.finish_events(state, o).await;
+                        }
+                        return Ok(end);
+                    }
+                    None => self.checkpoint(state, &mut persisted).await?,
+                }
+            }
+        }
+        // Per-iteration overhead (Observer::iteration_overhead): the time from an LLM
+        // response to the next request (or to the final checkpoint), less the time spent
+        // waiting on tools and background children.
+        let mut since_response: Option<Instant> = None;
+        let mut waited = Duration::ZERO;
         loop {
             if state.outcome.is_none() && cancel.is_cancelled() {
                 self.close_pending(state, "interrupted: the session was cancelled");
@@ -295,28 +332,37 @@ impl Agent {
                         state.outcome = Some(outcome.clone());
                     }
                     self.checkpoint(state, &mut persisted).await?;
+                    self.report_overhead(&mut since_response, &mut waited);
                     self.finish_events(state, &outcome).await;
                     return Ok(RunEnd::Finished(outcome));
                 }
                 Step::RunTools(calls) => {
                     let uncertain = std::mem::take(&mut maybe_started);
                     match self
-                        .run_tools(state, calls, &uncertain, cancel, &mut persisted)
+                        .run_tools(
+                            state,
+                            calls,
+                            &uncertain,
+                            cancel,
+                            &mut persisted,
+                            &mut waited,
+                        )
                         .await?
                     {
                         Some(end) => return Ok(end),
                         None => {
                             if state.outcome.is_none() {
-                                self.inject_background(state);
+                                self.inject_background(state).await;
                                 self.checkpoint(state, &mut persisted).await?;
                             }
                         }
                     }
                 }
                 Step::CallLlm => {
-                    let injected = self.background.take_injections();
+                    let injected = self.background.take_injections().await;
                     if !injected.is_empty() {
-                        for text in injected {
+                        for (seq, text) in injected {
+                            state.msg_cursor = state.msg_cursor.max(seq);
                             state.messages.push(Message::user(text));
                         }
                         self.checkpoint(state, &mut persisted).await?;
@@ -326,6 +372,7 @@ impl Agent {
                     self.events
                         .emit(seq, AgentEvent::IterationStarted { iteration });
                     let request = state.request(&self.model(state), &specs);
+                    self.report_overhead(&mut since_response, &mut waited);
                     let span = info_span!("iteration", iteration);
                     let attempt = self
                         .call_with_retry(state, &request, cancel)
@@ -342,6 +389,8 @@ impl Agent {
                         }
                         Attempt::Got(r) => r,
                     };
+                    since_response = Some(Instant::now());
+                    waited = Duration::ZERO;
                     let msg = response.message;
                     let usage = msg.usage.unwrap_or_default();
                     let has_calls = !msg.tool_calls.is_empty();
@@ -383,9 +432,13 @@ impl Agent {
                             self.checkpoint(state, &mut persisted).await?;
                             continue;
                         }
-                        match self.drain_or_finish(state, answer, cancel).await {
+                        let drain_started = Instant::now();
+                        let drained = self.drain_or_finish(state, answer, cancel).await;
+                        waited += drain_started.elapsed();
+                        match drained {
                             Some(end) => {
                                 self.checkpoint(state, &mut persisted).await?;
+                                self.report_overhead(&mut since_response, &mut waited);
                                 if let RunEnd::Finished(o) = &end {
                                     self.finish_events(state, o).await;
                                 }
@@ -396,6 +449,15 @@ impl Agent {
                     }
                 }
             }
+        }
+    }
+
+    /// Report the overhead of the iteration whose response arrived at `since` (if any).
+    fn report_overhead(&self, since: &mut Option<Instant>, waited: &mut Duration) {
+        if let Some(t) = since.take() {
+            let waited = std::mem::take(waited);
+            self.observer
+                .iteration_overhead(t.elapsed().saturating_sub(waited));
         }
     }
 
@@ -426,7 +488,7 @@ impl Agent {
     ) -> Option<RunEnd> {
         let can_drain = state.drain_rounds < state.spec.max_background_drain_rounds;
         if can_drain {
-            let mut results = self.background.take();
+            let mut results = self.background.take().await;
             if results.is_empty() && self.background.outstanding() > 0 {
                 if !self.background.wait(cancel).await {
                     if cancel.is_cancelled() {
@@ -435,12 +497,12 @@ impl Agent {
                     }
                     return Some(RunEnd::Suspended(SuspendReason::Children));
                 }
-                results = self.background.take();
+                results = self.background.take().await;
             }
             if !results.is_empty() {
                 state.drain_rounds += 1;
                 state.free_iteration = true;
-                state.messages.push(Message::user(render_results(&results)));
+                record_results(state, &results);
                 return None;
             }
         }
@@ -454,10 +516,10 @@ impl Agent {
     }
 
     /// After a tool round: inject whatever background results arrived meanwhile.
-    fn inject_background(&self, state: &mut SessionState) {
-        let results = self.background.take();
+    async fn inject_background(&self, state: &mut SessionState) {
+        let results = self.background.take().await;
         if !results.is_empty() {
-            state.messages.push(Message::user(render_results(&results)));
+            record_results(state, &results);
         }
     }
 
@@ -805,6 +867,7 @@ impl Agent {
         uncertain: &[String],
         cancel: &CancellationToken,
         persisted: &mut usize,
+        waited: &mut Duration,
     ) -> Result<Option<RunEnd>> {
         let approval_timeout = Duration::from_secs(state.spec.approval_timeout_secs);
         let tool_timeout = Duration::from_secs(state.spec.tool_timeout_secs);
@@ -845,6 +908,7 @@ impl Agent {
         let mut suspend: Option<SuspendReason> = None;
         let interrupt = self.interrupter.token();
         loop {
+            let wait_started = Instant::now();
             let next = tokio::select! {
                 n = running.next() => n,
                 _ = interrupt.cancelled() => {
@@ -856,6 +920,7 @@ impl Agent {
                     return Ok(None);
                 }
             };
+            *waited += wait_started.elapsed();
             let Some((call, out)) = next else { break };
             let out = match out {
                 Some(o) if o.suspend => {
@@ -1003,6 +1068,13 @@ impl Agent {
         self.guards.post_tool_use(session_id, call, &out);
         Some(out)
     }
+}
+
+fn record_results(state: &mut SessionState, results: &[BackgroundResult]) {
+    for r in results {
+        state.bg_cursor = state.bg_cursor.max(r.seq);
+    }
+    state.messages.push(Message::user(render_results(results)));
 }
 
 fn render_results(results: &[BackgroundResult]) -> String {

@@ -28,6 +28,10 @@ pub trait Observer: Send + Sync {
     fn tool_call(&self, _tool: &str, _outcome: &str, _duration: Duration) {}
     /// An LLM response that counted as an iteration was committed.
     fn iteration(&self, _provider: &str, _model: &str) {}
+    /// The loop's own cost of one iteration: from its LLM response to the next request
+    /// (or to the final checkpoint), less the time spent waiting on tools and background
+    /// children — checkpoints, event emission, request building, bookkeeping.
+    fn iteration_overhead(&self, _overhead: Duration) {}
 }
 
 /// Measures nothing.

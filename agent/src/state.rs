@@ -110,6 +110,12 @@ pub struct SessionState {
     /// follow-up message gets a fresh allowance.
     #[serde(default)]
     pub turn_base: u32,
+    /// Inbox positions already delivered into the history: background results and
+    /// steering messages. Advanced by the checkpoint that records the delivery.
+    #[serde(default)]
+    pub bg_cursor: u64,
+    #[serde(default)]
+    pub msg_cursor: u64,
 }
 
 impl SessionState {
@@ -133,6 +139,8 @@ impl SessionState {
             outcome: None,
             not_started: Vec::new(),
             turn_base: 0,
+            bg_cursor: 0,
+            msg_cursor: 0,
         }
     }
 

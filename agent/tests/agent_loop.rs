@@ -281,6 +281,7 @@ async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
                 text_turn("all done"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -344,6 +345,7 @@ async fn parallel_calls_run_concurrently() {
                 text_turn("ok"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("meet", SideEffect::Pure, rendezvous)],
     );
@@ -363,6 +365,7 @@ async fn max_iterations_stops_the_loop() {
         Script {
             turns: vec![call_turn(&[("echo", json!({}))])],
             repeat_last: true,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -381,6 +384,7 @@ async fn cancellation_mid_tool_interrupts_and_keeps_history_paired() {
         Script {
             turns: vec![call_turn(&[("slow", json!({}))]), text_turn("never")],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("slow", SideEffect::Pure, slow)],
     );
@@ -408,6 +412,7 @@ async fn tool_timeout_becomes_the_result() {
         Script {
             turns: vec![call_turn(&[("slow", json!({}))]), text_turn("fine")],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("slow", SideEffect::Pure, slow)],
     );
@@ -437,6 +442,7 @@ async fn tool_errors_become_text_and_outputs_are_truncated() {
                 text_turn("fine"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![
             ("huge", SideEffect::Pure, huge),
@@ -468,6 +474,7 @@ async fn a_tool_can_yield() {
         Script {
             turns: vec![call_turn(&[("yield", json!({}))]), text_turn("never")],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("yield", SideEffect::Pure, yielding)],
     );
@@ -487,6 +494,7 @@ async fn malformed_arguments_go_back_to_the_model_as_raw() {
         Script {
             turns: vec![turn, text_turn("fixed")],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -516,6 +524,7 @@ async fn think_splitting_keeps_reasoning_out_of_the_answer() {
                 ..Default::default()
             }],
             repeat_last: false,
+            ..Default::default()
         },
         vec![],
     );
@@ -540,6 +549,7 @@ async fn think_and_plan_modes_expose_no_tools_and_refuse_calls() {
             Script {
                 turns: vec![call_turn(&[("echo", json!({}))]), text_turn("1. do it")],
                 repeat_last: false,
+                ..Default::default()
             },
             vec![("echo", SideEffect::Pure, echo)],
         );
@@ -571,6 +581,7 @@ async fn plan_act_plans_without_tools_then_acts_with_them() {
                 text_turn("done"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -592,6 +603,7 @@ async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
         Script {
             turns: vec![text_turn("answer")],
             repeat_last: true,
+            ..Default::default()
         },
         vec![],
     );
@@ -603,17 +615,17 @@ async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
             id: format!("id{i}"),
             outcome: "completed".into(),
             result: format!("result {i}"),
+            seq: i + 1,
         });
     }
     // Results arrive one per drain: deliver them lazily.
     struct OneAtATime(Arc<BackgroundInbox>, Mutex<Vec<BackgroundResult>>);
     #[async_trait]
     impl BackgroundSource for OneAtATime {
-        fn take(&self) -> Vec<BackgroundResult> {
+        async fn take(&self) -> Vec<BackgroundResult> {
+            let fresh = self.0.take().await;
             let mut q = self.1.lock().unwrap();
-            if q.is_empty() {
-                *q = self.0.take();
-            }
+            q.extend(fresh);
             if q.is_empty() {
                 vec![]
             } else {
@@ -639,6 +651,8 @@ async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
         .filter(|m| m.role == Role::User && m.content.starts_with("[Background agent"))
         .collect();
     assert_eq!(injected.len(), 3);
+    // The delivered positions are recorded with the history they were injected into.
+    assert_eq!(state.bg_cursor, 3);
     assert_eq!(
         injected[0].content,
         "[Background agent \"job0\" (id0) completed] result 0"
@@ -658,18 +672,20 @@ async fn a_real_tool_call_resets_the_drain_count() {
                 text_turn("a5"),
             ],
             repeat_last: true,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
     struct Endless;
     #[async_trait]
     impl BackgroundSource for Endless {
-        fn take(&self) -> Vec<BackgroundResult> {
+        async fn take(&self) -> Vec<BackgroundResult> {
             vec![BackgroundResult {
                 label: "l".into(),
                 id: "i".into(),
                 outcome: "completed".into(),
                 result: "r".into(),
+                seq: 0,
             }]
         }
         fn outstanding(&self) -> usize {
@@ -694,13 +710,14 @@ async fn running_children_suspend_when_the_host_cannot_wait() {
         Script {
             turns: vec![text_turn("waiting on kids")],
             repeat_last: true,
+            ..Default::default()
         },
         vec![],
     );
     struct Running;
     #[async_trait]
     impl BackgroundSource for Running {
-        fn take(&self) -> Vec<BackgroundResult> {
+        async fn take(&self) -> Vec<BackgroundResult> {
             vec![]
         }
         fn outstanding(&self) -> usize {
@@ -733,6 +750,7 @@ async fn retries_transient_failures_then_succeeds() {
         Script {
             turns: vec![turn],
             repeat_last: false,
+            ..Default::default()
         },
         vec![],
     );
@@ -764,6 +782,7 @@ async fn gives_up_after_two_retries_with_the_providers_message() {
         Script {
             turns: vec![turn],
             repeat_last: false,
+            ..Default::default()
         },
         vec![],
     );
@@ -787,6 +806,7 @@ async fn no_retry_on_client_errors() {
         Script {
             turns: vec![turn],
             repeat_last: false,
+            ..Default::default()
         },
         vec![],
     );
@@ -808,6 +828,7 @@ async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
         Script {
             turns: vec![turn],
             repeat_last: false,
+            ..Default::default()
         },
         vec![],
     );
@@ -838,6 +859,7 @@ async fn token_budget_and_deadline_end_the_session() {
         Script {
             turns: vec![call_turn(&[("echo", json!({}))])],
             repeat_last: true,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -853,6 +875,7 @@ async fn token_budget_and_deadline_end_the_session() {
         Script {
             turns: vec![slow_turn],
             repeat_last: true,
+            ..Default::default()
         },
         vec![("echo", SideEffect::Pure, echo)],
     );
@@ -870,6 +893,7 @@ async fn resume_repairs_history_and_reruns_only_safe_calls() {
         Script {
             turns: vec![text_turn("unused"), text_turn("recovered")],
             repeat_last: false,
+            ..Default::default()
         },
         vec![
             ("pure", SideEffect::Pure, echo),
@@ -940,6 +964,7 @@ async fn compaction_shortens_old_tool_outputs_in_the_request_only() {
                 text_turn("done"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![("big", SideEffect::Pure, big)],
     );
@@ -1015,6 +1040,7 @@ async fn guards_deny_with_the_stage_named() {
                 text_turn("ok"),
             ],
             repeat_last: false,
+            ..Default::default()
         },
         vec![
             ("echo", SideEffect::Pure, echo),

@@ -746,3 +746,67 @@ mod tests {
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
     }
 }
+
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// The session holding the call.
+    pub id: String,
+    /// The held tool call's id (see `agentq status ID` / the session's messages).
+    pub tool_call_id: String,
+    /// Why (shown to the model when denied).
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// `agentq approve` / `agentq deny`
+pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode> {
+    let api = Api::new(&args.api)?;
+    let mut body = json!({"tool_call_id": args.tool_call_id, "approve": approve});
+    if let Some(r) = &args.reason {
+        body["reason"] = Value::from(r.clone());
+    }
+    let (_, resp) = api
+        .post(&format!("/v1/sessions/{}/approvals", args.id), &body)
+        .await?;
+    let verb = if approve { "approved" } else { "denied" };
+    let resumed = resp["resumed"].as_bool().unwrap_or(false);
+    println!(
+        "{verb} {} of {}{}",
+        args.tool_call_id,
+        args.id,
+        if resumed { "; the session resumes" } else { "" }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args, Debug)]
+pub struct SendArgs {
+    pub id: String,
+    /// The message.
+    pub content: String,
+    /// inject (next step), enqueue (after it finishes), interrupt (stop the current
+    /// turn), reject (refuse while it runs).
+    #[arg(long, default_value = "inject", value_parser = ["inject", "enqueue", "interrupt", "reject"])]
+    pub strategy: String,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// `agentq send ID "message"`: steer a session, or start a follow-up turn.
+pub async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::new(&args.api)?;
+    let (_, resp) = api
+        .post(
+            &format!("/v1/sessions/{}/messages", args.id),
+            &json!({"content": args.content, "strategy": args.strategy}),
+        )
+        .await?;
+    println!(
+        "{}: delivered as {}",
+        args.id,
+        resp["delivery"].as_str().unwrap_or(&args.strategy)
+    );
+    Ok(ExitCode::SUCCESS)
+}

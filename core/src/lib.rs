@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod error;
+pub mod lifecycle;
 pub mod mem_queue;
 pub mod metrics;
 pub mod model;

@@ -162,6 +162,86 @@ pub struct SessionRow {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Bumped by everything that may wake the session (child results, messages,
+    /// approvals). A run that suspends passes the value it saw at its claim: anything
+    /// newer sends the session straight back to the queue.
+    #[serde(default)]
+    pub wake_seq: i64,
+    /// While awaiting approval: when an unanswered request counts as denied.
+    #[serde(default)]
+    pub approval_deadline: Option<DateTime<Utc>>,
+    /// Inbox position of the last `enqueue` message started as a follow-up turn.
+    #[serde(default)]
+    pub followup_cursor: u64,
+}
+
+/// Inbox kinds.
+pub mod inbox_kind {
+    /// A background (`wait: false`) child's final result, to inject into the parent.
+    pub const CHILD_RESULT: &str = "child_result";
+    /// A foreground (`wait: true`) child finished: only wakes the parent, whose
+    /// `spawn_agent` call then reads the child's row.
+    pub const CHILD_DONE: &str = "child_done";
+    /// A steering message to add at the next iteration boundary (`inject`, `interrupt`).
+    pub const MESSAGE: &str = "message";
+    /// A steering message to run as a new turn once the session finishes (`enqueue`).
+    pub const FOLLOWUP: &str = "followup";
+}
+
+/// One item of a session's inbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InboxItem {
+    pub seq: u64,
+    pub kind: String,
+    pub payload: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What delivering an inbox item did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    /// False when an item with the same dedupe key was there already.
+    pub inserted: bool,
+    /// The item's position (the existing one's when not inserted: 0).
+    pub seq: u64,
+    /// The session went from a waiting status to `queued`: the caller must enqueue it.
+    pub woken: bool,
+    pub queue: String,
+    /// The session's status before the delivery.
+    pub status: SessionStatus,
+}
+
+/// What recording an approval decision did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalRecorded {
+    /// Recorded; `woken` when the session went back to the queue (enqueue it).
+    Recorded {
+        woken: bool,
+        queue: String,
+    },
+    /// A decision for that call existed already.
+    AlreadyDecided,
+    /// The session is finished.
+    Finished(SessionStatus),
+    NotFound,
+}
+
+/// The `agentq` key of a child's `spec.metadata`: how its parent spawned it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SpawnInfo {
+    pub label: String,
+    /// The parent suspends until the child finishes, and gets its answer as the
+    /// `spawn_agent` result.
+    pub wait: bool,
+    pub tool_call_id: String,
+}
+
+impl SpawnInfo {
+    pub fn of(spec: &agentq_agent::spec::SessionSpec) -> Option<SpawnInfo> {
+        spec.metadata
+            .get("agentq")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
 }
 
 /// Proof of ownership: every write a worker makes is conditional on it.

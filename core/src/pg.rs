@@ -28,7 +28,10 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::{Phase, SessionState};
 
 use crate::error::{Error, Result};
-use crate::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionRow, SessionStatus};
+use crate::model::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
+    SessionRow, SessionStatus,
+};
 use crate::store::{LeaseStatus, Store};
 
 /// The migrations this binary was built with.
@@ -39,7 +42,8 @@ const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason,
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
-    idempotency_key, created_at, updated_at, finished_at, turn_base, not_started";
+    idempotency_key, created_at, updated_at, finished_at, turn_base, not_started, \
+    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor";
 
 /// `listing` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -142,6 +146,11 @@ struct SessionRecord {
     finished_at: Option<DateTime<Utc>>,
     turn_base: i32,
     not_started: Json<Vec<String>>,
+    wake_seq: i64,
+    approval_deadline: Option<DateTime<Utc>>,
+    bg_cursor: i64,
+    msg_cursor: i64,
+    followup_cursor: i64,
 }
 
 /// A value in the database this binary cannot read (not retryable).
@@ -243,6 +252,9 @@ impl SessionRecord {
             created_at: self.created_at,
             updated_at: self.updated_at,
             finished_at: self.finished_at,
+            wake_seq: self.wake_seq,
+            approval_deadline: self.approval_deadline,
+            followup_cursor: to_u64(self.followup_cursor, "followup_cursor")?,
         })
     }
 
@@ -268,6 +280,8 @@ impl SessionRecord {
             outcome: None,
             not_started: self.not_started.0.clone(),
             turn_base: to_u32(self.turn_base, "turn_base")?,
+            bg_cursor: to_u64(self.bg_cursor, "bg_cursor")?,
+            msg_cursor: to_u64(self.msg_cursor, "msg_cursor")?,
         })
     }
 }
@@ -337,6 +351,8 @@ WITH upd AS (
         lease_expires_at = CASE WHEN $14 IS NULL THEN lease_expires_at ELSE NULL END,
         turn_base = $22,
         not_started = $23,
+        bg_cursor = $24,
+        msg_cursor = $25,
         -- Progress: a run that saves new steps is not a crash loop, so the count of
         -- claims that died without finishing starts again.
         attempts = CASE WHEN cardinality($19::int[]) > 0 THEN 0 ELSE attempts END,
@@ -379,6 +395,78 @@ UPDATE sessions SET
     cancel_requested = true,
     updated_at = now()
 WHERE id = $1 AND status IN ('queued', 'running', 'waiting', 'awaiting_approval')
+RETURNING COLS";
+
+/// Fenced suspension. A wake that arrived after the claim (`wake_seq > $5`) sends the
+/// session back to the queue; a cancel request cancels it. Row-locked with every waker
+/// (they bump `wake_seq` under the same lock), so no wake-up can fall between the check
+/// and the sleep.
+const SUSPEND: &str = "
+UPDATE sessions SET
+    status = CASE WHEN cancel_requested THEN 'cancelled'
+                  WHEN wake_seq > $5 THEN 'queued' ELSE $4 END,
+    finish_reason = CASE WHEN cancel_requested THEN 'interrupted' ELSE finish_reason END,
+    finished_at = CASE WHEN cancel_requested THEN now() ELSE finished_at END,
+    enqueued_at = CASE WHEN wake_seq > $5 AND NOT cancel_requested THEN NULL ELSE enqueued_at END,
+    approval_deadline = $6,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = 0,
+    updated_at = now()
+WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $7 AND status = 'running'
+RETURNING COLS";
+
+/// Append to an inbox under the session's row lock: the item's position is the bumped
+/// `wake_seq`, so positions increase in commit order.
+const DELIVER: &str = "
+WITH p AS (
+    SELECT root_id, id, queue, status, wake_seq FROM sessions WHERE id = $1 FOR UPDATE
+), ins AS (
+    INSERT INTO inbox (root_id, session_id, seq, kind, dedupe, payload)
+    SELECT p.root_id, p.id, p.wake_seq + 1, $2, $3, $4 FROM p
+    ON CONFLICT (root_id, session_id, dedupe) DO NOTHING
+    RETURNING seq
+), upd AS (
+    UPDATE sessions s SET
+        wake_seq = ins.seq,
+        status = CASE WHEN s.status = ANY($5::text[]) THEN 'queued' ELSE s.status END,
+        enqueued_at = CASE WHEN s.status = ANY($5::text[]) THEN NULL ELSE s.enqueued_at END,
+        updated_at = now()
+    FROM ins WHERE s.id = $1
+    RETURNING s.status
+)
+SELECT p.queue, p.status, (SELECT seq FROM ins), (SELECT status FROM upd) FROM p";
+
+const DECIDE: &str = "
+WITH p AS (
+    SELECT root_id, id, queue, status FROM sessions WHERE id = $1 FOR UPDATE
+), ins AS (
+    INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason)
+    SELECT p.root_id, p.id, $2, $3, $4 FROM p
+    WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), upd AS (
+    UPDATE sessions s SET
+        wake_seq = s.wake_seq + 1,
+        status = CASE WHEN s.status = 'awaiting_approval' THEN 'queued' ELSE s.status END,
+        enqueued_at = CASE WHEN s.status = 'awaiting_approval' THEN NULL ELSE s.enqueued_at END,
+        updated_at = now()
+    FROM ins WHERE s.id = $1
+    RETURNING s.status
+)
+SELECT p.queue, p.status, EXISTS (SELECT 1 FROM ins), (SELECT status FROM upd) FROM p";
+
+const FOLLOW_UP: &str = "
+UPDATE sessions SET
+    status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
+    finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = false,
+    enqueued_at = NULL, cancel_requested = false, attempts = 0,
+    lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
+    followup_cursor = GREATEST(followup_cursor, $2),
+    updated_at = now()
+WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
+  AND ($2 = 0 OR followup_cursor < $2)
 RETURNING COLS";
 
 fn with_cols(sql: &str) -> String {
@@ -714,6 +802,8 @@ impl Store for PgStore {
             .bind(&bodies)
             .bind(to_i32(state.turn_base, "turn_base")?)
             .bind(Json(&state.not_started))
+            .bind(to_i64(state.bg_cursor, "bg_cursor")?)
+            .bind(to_i64(state.msg_cursor, "msg_cursor")?)
             .fetch_one(&self.pool)
             .await?;
         if matched > 0 {
@@ -826,5 +916,174 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let sql = with_cols(SUSPEND);
+        let rec: Option<SessionRecord> = sqlx::query_as(&sql)
+            .bind(&lease.root_id)
+            .bind(&lease.session_id)
+            .bind(lease.epoch)
+            .bind(status.as_str())
+            .bind(seen_wake)
+            .bind(approval_deadline)
+            .bind(&lease.owner)
+            .fetch_optional(&self.pool)
+            .await?;
+        match rec {
+            Some(r) => r.into_row(),
+            None => Err(Error::LeaseLost(lease.session_id.clone())),
+        }
+    }
+
+    async fn deliver(
+        &self,
+        session_id: &str,
+        kind: &str,
+        dedupe: &str,
+        payload: &serde_json::Value,
+        wake: &[SessionStatus],
+    ) -> Result<Option<Delivered>> {
+        let wake: Vec<&str> = wake.iter().map(SessionStatus::as_str).collect();
+        let row: Option<(String, String, Option<i64>, Option<String>)> = sqlx::query_as(DELIVER)
+            .bind(session_id)
+            .bind(kind)
+            .bind(dedupe)
+            .bind(Json(payload))
+            .bind(&wake)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some((queue, old, seq, new)) = row else {
+            return Ok(None);
+        };
+        let old = parse_status(&old)?;
+        Ok(Some(Delivered {
+            inserted: seq.is_some(),
+            seq: seq.map_or(Ok(0), |s| to_u64(s, "seq"))?,
+            woken: old != SessionStatus::Queued && new.as_deref() == Some("queued"),
+            queue,
+            status: old,
+        }))
+    }
+
+    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>> {
+        let rows: Vec<(i64, String, Json<serde_json::Value>, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT seq, kind, payload, created_at FROM inbox \
+             WHERE root_id = (SELECT root_id FROM sessions WHERE id = $1) AND session_id = $1 \
+               AND kind = ANY($2::text[]) AND seq > $3 ORDER BY seq",
+        )
+        .bind(session_id)
+        .bind(kinds)
+        .bind(to_i64(after, "after")?)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(seq, kind, payload, created_at)| {
+                Ok(InboxItem {
+                    seq: to_u64(seq, "seq")?,
+                    kind,
+                    payload: payload.0,
+                    created_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn decide_approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<ApprovalRecorded> {
+        let row: Option<(String, String, bool, Option<String>)> = sqlx::query_as(DECIDE)
+            .bind(session_id)
+            .bind(tool_call_id)
+            .bind(approve)
+            .bind(reason)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some((queue, old, inserted, new)) = row else {
+            return Ok(ApprovalRecorded::NotFound);
+        };
+        let old = parse_status(&old)?;
+        if old.is_terminal() {
+            return Ok(ApprovalRecorded::Finished(old));
+        }
+        if !inserted {
+            return Ok(ApprovalRecorded::AlreadyDecided);
+        }
+        Ok(ApprovalRecorded::Recorded {
+            woken: old == SessionStatus::AwaitingApproval && new.as_deref() == Some("queued"),
+            queue,
+        })
+    }
+
+    async fn approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<(bool, Option<String>)>> {
+        Ok(sqlx::query_as(
+            "SELECT approve, reason FROM approvals \
+             WHERE root_id = (SELECT root_id FROM sessions WHERE id = $1) \
+               AND session_id = $1 AND tool_call_id = $2",
+        )
+        .bind(session_id)
+        .bind(tool_call_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {
+        Ok(sqlx::query_as(
+            "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+                 wake_seq = wake_seq + 1, updated_at = now() \
+             WHERE id IN (SELECT id FROM sessions WHERE status = 'awaiting_approval' \
+                          AND approval_deadline < now() ORDER BY approval_deadline LIMIT $1) \
+               AND status = 'awaiting_approval' \
+             RETURNING id, queue",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn follow_up(
+        &self,
+        session_id: &str,
+        text: &str,
+        consume: Option<u64>,
+    ) -> Result<Option<SessionRow>> {
+        let mut tx = self.pool.begin().await?;
+        let sql = with_cols(FOLLOW_UP);
+        let rec: Option<SessionRecord> = sqlx::query_as(&sql)
+            .bind(session_id)
+            .bind(to_i64(consume.unwrap_or(0), "consume")?)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(rec) = rec else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        // The new message goes right after the history (message i has seq i).
+        sqlx::query(
+            "INSERT INTO messages (root_id, session_id, seq, role, body) \
+             SELECT $1, $2, COALESCE(max(seq) + 1, 0), 'user', $3 FROM messages \
+             WHERE root_id = $1 AND session_id = $2",
+        )
+        .bind(&rec.root_id)
+        .bind(&rec.id)
+        .bind(Json(Message::user(text)))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        rec.into_row().map(Some)
     }
 }

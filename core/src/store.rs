@@ -9,8 +9,13 @@ use async_trait::async_trait;
 use agentq_agent::schema::Message;
 use agentq_agent::state::SessionState;
 
+use chrono::{DateTime, Utc};
+
 use crate::error::Result;
-use crate::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionRow};
+use crate::model::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
+    SessionRow, SessionStatus,
+};
 
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -70,6 +75,66 @@ pub trait Store: Send + Sync {
 
     /// Liveness of the database.
     async fn ping(&self) -> Result<()>;
+
+    /// Give the session up until something wakes it (fenced by the lease): status
+    /// `waiting` or `awaiting_approval`, no owner. If anything arrived after `seen_wake`
+    /// (the row's `wake_seq` at the claim), the session goes back to `queued` instead; if
+    /// a cancel was requested, it is cancelled. Returns the status set; `queued` means
+    /// the caller must enqueue it.
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow>;
+
+    /// Append an item to a session's inbox (a no-op if `dedupe` was delivered before)
+    /// and bump its wake counter; a session whose status is in `wake` goes back to
+    /// `queued` (the caller enqueues it).
+    async fn deliver(
+        &self,
+        session_id: &str,
+        kind: &str,
+        dedupe: &str,
+        payload: &serde_json::Value,
+        wake: &[SessionStatus],
+    ) -> Result<Option<Delivered>>;
+
+    /// Inbox items of these kinds after position `after`, in order.
+    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>>;
+
+    /// Record a human's decision on a held tool call (first decision wins) and wake the
+    /// session if it awaits approval.
+    async fn decide_approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<ApprovalRecorded>;
+
+    /// The decision on a held call, if any: (approved, reason).
+    async fn approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<(bool, Option<String>)>>;
+
+    /// Sessions awaiting an approval past their deadline go back to the queue (their
+    /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Start a new turn on a finished session: the user's message is appended to its
+    /// full history and it is queued again. `consume` is the inbox position of the
+    /// follow-up this came from (recorded so it runs once). `None` when the session is
+    /// not finished (or the follow-up ran already).
+    async fn follow_up(
+        &self,
+        session_id: &str,
+        text: &str,
+        consume: Option<u64>,
+    ) -> Result<Option<SessionRow>>;
 }
 
 /// What a heartbeat learned about one lease.

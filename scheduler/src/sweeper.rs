@@ -83,6 +83,20 @@ pub async fn recover_lost(store: &dyn Store, queue: &dyn Queue, queues: &QueueRe
     }
 }
 
+/// Sessions whose approval request ran out of time go back to the queue; their held calls
+/// are then denied with `timeout` by the worker that resumes them.
+pub async fn wake_expired_approvals(store: &dyn Store, queue: &dyn Queue) {
+    match store.wake_expired_approvals(SWEEP_BATCH).await {
+        Ok(woken) => {
+            for (id, q) in woken {
+                tracing::info!(session_id = %id, "approval timed out; resuming the session");
+                agentq_core::lifecycle::enqueue_woken(store, queue, &id, &q).await;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot check approval deadlines"),
+    }
+}
+
 /// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
 /// tries again.
 pub async fn run_sweeper(
@@ -103,6 +117,7 @@ pub async fn run_sweeper(
         // Queues configured at start whose group could not be created then.
         queues.ensure_configured(queue.as_ref()).await;
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
+        wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
         let pass = sweep_once(store.as_ref(), queue.as_ref(), &queues, age);
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -4,8 +4,10 @@
 //! workers, cancel notifications, and graceful drain on shutdown.
 
 mod checkpoint;
+mod inbox;
 mod observe;
 mod session;
+pub mod spawn;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -25,6 +27,7 @@ use agentq_core::queue::{Delivery, EventRecord};
 use agentq_core::{EnqueueReason, Lease, Queue, Store};
 
 pub use checkpoint::StoreCheckpointer;
+pub use observe::{OverheadTap, overhead_tap};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -66,6 +69,10 @@ pub struct WorkerConfig {
     pub sensitive_tools: Vec<String>,
     /// How long a finished session's event stream is kept.
     pub event_ttl: Duration,
+    /// Deepest sub-agent nesting (a root session is depth 0).
+    pub max_depth: u32,
+    /// Most sub-agents one session may start.
+    pub max_children: usize,
 }
 
 impl Default for WorkerConfig {
@@ -92,6 +99,8 @@ impl Default for WorkerConfig {
             tool_settings: ToolSettings::default(),
             sensitive_tools: Vec::new(),
             event_ttl: Duration::from_secs(24 * 3600),
+            max_depth: 3,
+            max_children: 16,
         }
     }
 }
@@ -121,6 +130,8 @@ pub(crate) struct Active {
     pub cancel: CancellationToken,
     /// The lease is gone: drop the run without writing anything.
     pub abort: CancellationToken,
+    pub inbox: Arc<inbox::SessionInbox>,
+    pub interrupter: Arc<agentq_agent::driver::Interrupter>,
 }
 
 pub(crate) struct Inner {
@@ -430,9 +441,20 @@ async fn cancel_listener(inner: Arc<Inner>, stop: CancellationToken) {
             m = stream.next() => match m { Some(id) => id, None => return },
             _ = stop.cancelled() => return,
         };
-        if let Some(a) = inner.active_lock().get(&id) {
-            info!(session_id = %id, "cancel requested");
-            a.cancel.cancel();
+        let (kind, id) = agentq_core::lifecycle::signal::decode(&id);
+        if let Some(a) = inner.active_lock().get(id) {
+            match kind {
+                agentq_core::lifecycle::signal::WAKE => a.inbox.mark_dirty(),
+                agentq_core::lifecycle::signal::INTERRUPT => {
+                    info!(session_id = %id, "interrupted by a new message");
+                    a.inbox.mark_dirty();
+                    a.interrupter.interrupt();
+                }
+                _ => {
+                    info!(session_id = %id, "cancel requested");
+                    a.cancel.cancel();
+                }
+            }
         }
     }
 }

@@ -86,6 +86,56 @@ impl Observer for SessionObserver {
             .with_label_values(&[&self.queue, provider, model])
             .inc();
     }
+
+    fn iteration_overhead(&self, overhead: Duration) {
+        self.metrics
+            .iteration_overhead
+            .observe(overhead.as_secs_f64());
+        overhead_tap().record(overhead);
+    }
+}
+
+/// Exact per-iteration overhead samples for `agentq bench` (the histogram only has
+/// buckets). Process-wide like the metrics registry; off unless enabled, so a production
+/// worker pays one atomic load per iteration.
+pub struct OverheadTap {
+    enabled: AtomicBool,
+    samples: std::sync::Mutex<Vec<Duration>>,
+}
+
+impl OverheadTap {
+    /// Start (or restart) collecting, dropping what was collected.
+    pub fn start(&self) {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.enabled.store(true, Ordering::SeqCst);
+    }
+
+    /// Stop collecting and return the samples.
+    pub fn stop(&self) -> Vec<Duration> {
+        self.enabled.store(false, Ordering::SeqCst);
+        std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn record(&self, d: Duration) {
+        if self.enabled.load(Ordering::Relaxed) {
+            self.samples
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(d);
+        }
+    }
+}
+
+/// The process's overhead tap.
+pub fn overhead_tap() -> &'static OverheadTap {
+    static TAP: std::sync::OnceLock<OverheadTap> = std::sync::OnceLock::new();
+    TAP.get_or_init(|| OverheadTap {
+        enabled: AtomicBool::new(false),
+        samples: std::sync::Mutex::new(Vec::new()),
+    })
 }
 
 /// The `EventSink` of one run: stamps events with the session and the run's lease epoch

@@ -9,16 +9,19 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use agentq_agent::driver::{Agent, NoBackground, RunEnd};
+use agentq_agent::driver::{Agent, Interrupter, RunEnd, SuspendReason};
 use agentq_agent::guard::{Firewall, Guards};
 use agentq_agent::provider::factory;
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_agent::tools::{LocalWorkspace, builtin_registry};
+use agentq_core::lifecycle;
 use agentq_core::queue::Delivery;
-use agentq_core::{Claim, Completion, Lease, SessionRow};
+use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 
 use crate::checkpoint::StoreCheckpointer;
+use crate::inbox::SessionInbox;
 use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
+use crate::spawn::{self, SpawnAgent};
 use crate::{Active, Backoff, Inner, resume_reason};
 
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
@@ -47,9 +50,9 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
     match claim {
         Claim::Acquired { lease, state, row } => run(inner, d, lease, *state, *row).await,
         Claim::Terminal(row) => {
-            // Finished already (its completion may not have gone out): publish again,
-            // never run again.
-            publish_and_ack(&inner, &d, &row).await;
+            // Finished already (its completion may not have gone out, nor its parent been
+            // told): settle again — every step is idempotent — never run again.
+            settle_finished(&inner, &d, &row).await;
         }
         Claim::Busy => {
             // Another worker's live lease: leave the entry; if that worker dies, the
@@ -88,6 +91,7 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
                 .sessions_finished
                 .with_label_values(&[d.queue.as_str(), "error"])
                 .inc();
+            tell_family(&inner, &failed).await;
             publish(&inner, &failed).await;
         }
     }
@@ -131,6 +135,23 @@ async fn run(
         cancel.cancel();
     }
     let abort = CancellationToken::new();
+    let inbox = SessionInbox::new(
+        inner.store.clone(),
+        &d.session_id,
+        state.bg_cursor,
+        state.msg_cursor,
+        row.approval_deadline,
+        state.not_started.clone(),
+    );
+    let can_spawn = row
+        .spec
+        .tools
+        .as_ref()
+        .is_some_and(|t| t.iter().any(|n| n == spawn::NAME));
+    if can_spawn && let Err(e) = inbox.load_outstanding().await {
+        warn!(error = %e, "counting background children failed; the first drain re-reads them");
+    }
+    let interrupter = Interrupter::new();
     inner.active_lock().insert(
         d.session_id.clone(),
         Active {
@@ -139,6 +160,8 @@ async fn run(
             entry_id: d.entry_id.clone(),
             cancel: cancel.clone(),
             abort: abort.clone(),
+            inbox: inbox.clone(),
+            interrupter: interrupter.clone(),
         },
     );
     // Reset the entry's idle time now: a long claim must not look like a dead worker.
@@ -164,7 +187,14 @@ async fn run(
         epoch: lease.epoch,
         tx: inner.events.clone(),
     });
-    let result = match build_agent(&inner, &row, checkpointer, observer, sink) {
+    let parts = AgentParts {
+        checkpointer,
+        observer,
+        sink,
+        inbox,
+        interrupter,
+    };
+    let result = match build_agent(&inner, &row, parts) {
         Ok(agent) => {
             tokio::select! {
                 r = agent.run(&mut state, &cancel) => Some(r),
@@ -213,17 +243,14 @@ async fn run(
                 warn!(error = %e, "setting the event stream's expiry failed");
             }
             match get_row(&inner, &d.session_id).await {
-                Some(row) => publish_and_ack(&inner, &d, &row).await,
+                Some(row) => settle_finished(&inner, &d, &row).await,
                 None => {
                     warn!("finished, but its row could not be read; the entry will be redelivered")
                 }
             }
         }
         Some(Ok(RunEnd::Suspended(reason))) => {
-            // Suspension needs the sub-agent and approval machinery; until then the
-            // session is handed back as is.
-            warn!(?reason, "session suspended; releasing it");
-            hand_back(&inner, &d, &lease).await;
+            suspend(&inner, &d, &lease, &row, &state, reason).await;
         }
         Some(Err(agentq_agent::Error::LeaseLost)) => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
@@ -244,13 +271,104 @@ async fn run(
     }
 }
 
-fn build_agent(
-    inner: &Arc<Inner>,
-    row: &SessionRow,
+/// What a run's agent is made of besides the session's spec.
+struct AgentParts {
     checkpointer: Arc<StoreCheckpointer>,
     observer: Arc<SessionObserver>,
     sink: Arc<StreamSink>,
-) -> Result<Agent, String> {
+    inbox: Arc<SessionInbox>,
+    interrupter: Arc<Interrupter>,
+}
+
+/// The run gave its session up to wait (children, an approval): record that, fenced, and
+/// drop the entry — whatever it waits for puts it back on the queue.
+async fn suspend(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    lease: &Lease,
+    row: &SessionRow,
+    state: &SessionState,
+    reason: SuspendReason,
+) {
+    let (status, deadline) = match reason {
+        SuspendReason::Children => (SessionStatus::Waiting, None),
+        SuspendReason::Approval { .. } => (
+            SessionStatus::AwaitingApproval,
+            Some(
+                chrono::Utc::now()
+                    + chrono::Duration::seconds(
+                        i64::try_from(state.spec.approval_timeout_secs).unwrap_or(i64::MAX / 4),
+                    ),
+            ),
+        ),
+    };
+    match inner
+        .store
+        .suspend(lease, status, row.wake_seq, deadline)
+        .await
+    {
+        Ok(now) => {
+            info!(status = %now.status, "session suspended");
+            match now.status {
+                SessionStatus::Queued => {
+                    // Woken while it was suspending: straight back on the queue.
+                    lifecycle::enqueue_woken(
+                        inner.store.as_ref(),
+                        inner.queue.as_ref(),
+                        &now.id,
+                        &now.queue,
+                    )
+                    .await;
+                }
+                s if s.is_terminal() => {
+                    tell_family(inner, &now).await;
+                    if !publish(inner, &now).await {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+            ack(inner, d).await;
+        }
+        Err(agentq_core::Error::LeaseLost(_)) => {
+            inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
+            inner.metrics.lease_lost.inc();
+            warn!("lease lost while suspending: another worker owns the session");
+        }
+        Err(e) => {
+            // The entry stays; the lease expires and another claim resumes (and, with
+            // nothing new, suspends again).
+            warn!(error = %e, "suspending failed");
+        }
+    }
+}
+
+/// A session reached a terminal status: its parent learns (idempotently), a failed or
+/// cancelled one leaves no child running.
+async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
+    if let Err(e) = lifecycle::notify_parent(inner.store.as_ref(), inner.queue.as_ref(), row).await
+    {
+        warn!(error = %e, "notifying the parent failed; a redelivery retries");
+    }
+    if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
+        lifecycle::cancel_descendants(inner.store.as_ref(), inner.queue.as_ref(), &row.id).await;
+    }
+}
+
+/// Everything after a terminal commit, in an order that survives a crash at any point
+/// (each step is idempotent and the entry is acked last): parent, children, follow-up
+/// turn, completion, ack.
+async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) {
+    tell_family(inner, row).await;
+    match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
+        Ok(true) => info!("started an enqueued follow-up turn"),
+        Ok(false) => {}
+        Err(e) => warn!(error = %e, "starting a follow-up turn failed; a redelivery retries"),
+    }
+    publish_and_ack(inner, d, row).await;
+}
+
+fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Result<Agent, String> {
     let spec = &row.spec;
     let provider_name = spec
         .provider
@@ -269,7 +387,23 @@ fn build_agent(
         .tools
         .clone()
         .unwrap_or_else(|| inner.cfg.default_tools.clone());
-    let tools = all.select(&wanted).map_err(|e| format!("tools: {e}"))?;
+    let builtin: Vec<String> = wanted
+        .iter()
+        .filter(|t| t.as_str() != spawn::NAME)
+        .cloned()
+        .collect();
+    let mut tools = all.select(&builtin).map_err(|e| format!("tools: {e}"))?;
+    if builtin.len() < wanted.len() {
+        tools.register(Arc::new(SpawnAgent {
+            store: inner.store.clone(),
+            queue: inner.queue.clone(),
+            parent: row.clone(),
+            parent_tools: wanted.clone(),
+            max_depth: inner.cfg.max_depth,
+            max_children: inner.cfg.max_children,
+            inbox: parts.inbox.clone(),
+        }));
+    }
     let dir = inner.cfg.workspace_root.join(&row.root_id);
     std::fs::create_dir_all(&dir).map_err(|e| format!("workspace {}: {e}", dir.display()))?;
     let workspace =
@@ -281,15 +415,16 @@ fn build_agent(
         guards: Guards {
             firewall: Some(Arc::new(Firewall::default())),
             sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
+            approver: Some(parts.inbox.clone()),
             ..Guards::default()
         },
-        events: sink,
-        checkpointer,
-        background: Arc::new(NoBackground),
+        events: parts.sink,
+        checkpointer: parts.checkpointer,
+        background: parts.inbox,
         workspace: Arc::new(workspace),
         settings: Arc::new(inner.cfg.tool_settings.clone()),
-        observer,
-        interrupter: agentq_agent::driver::Interrupter::new(),
+        observer: parts.observer,
+        interrupter: parts.interrupter,
     })
 }
 

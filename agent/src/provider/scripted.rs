@@ -24,6 +24,18 @@ pub struct Script {
     /// Past the end of the script, replay the last turn forever (for limit tests).
     #[serde(default)]
     pub repeat_last: bool,
+    /// Other scripts for sessions whose task (first user message) contains a marker: one
+    /// provider can play a parent and its sub-agents differently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<Variant>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    pub when_prompt_contains: String,
+    pub turns: Vec<Turn>,
+    #[serde(default)]
+    pub repeat_last: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -131,6 +143,7 @@ impl ScriptedProvider {
                 },
             ],
             repeat_last: false,
+            variants: Vec::new(),
         })
     }
 }
@@ -180,11 +193,23 @@ impl LlmProvider for ScriptedProvider {
             .iter()
             .filter(|m| m.role == Role::Assistant)
             .count();
-        let turn = match self.script.turns.get(index) {
+        let task = request
+            .messages
+            .iter()
+            .find(|m| m.role == Role::User)
+            .map(|m| m.content.as_str())
+            .unwrap_or("");
+        let (turns, repeat_last) = self
+            .script
+            .variants
+            .iter()
+            .find(|v| task.contains(&v.when_prompt_contains))
+            .map_or((&self.script.turns, self.script.repeat_last), |v| {
+                (&v.turns, v.repeat_last)
+            });
+        let turn = match turns.get(index) {
             Some(t) => t.clone(),
-            None if self.script.repeat_last && !self.script.turns.is_empty() => {
-                self.script.turns[self.script.turns.len() - 1].clone()
-            }
+            None if repeat_last && !turns.is_empty() => turns[turns.len() - 1].clone(),
             None => Turn {
                 text: "(the script has no more turns)".into(),
                 ..Default::default()

@@ -1,0 +1,185 @@
+//! Session lifecycle steps that both the worker and the scheduler take, built from `Store`
+//! and `Queue` calls: waking a session (and queueing it), telling a parent its child
+//! finished, and cancelling a subtree.
+
+use serde_json::json;
+
+use crate::Result;
+use crate::model::{
+    CancelResult, Completion, EnqueueReason, ListFilter, SessionRow, SessionStatus, SpawnInfo,
+    inbox_kind,
+};
+use crate::queue::Queue;
+use crate::store::Store;
+
+/// Most descendants a cancel reaches (a runaway tree must not make it unbounded).
+pub const MAX_CANCEL_CASCADE: usize = 10_000;
+
+/// Put a session that was just woken (status back to `queued`, no stream entry) on its
+/// queue. If the XADD fails the sweeper adds it later (its `enqueued_at` is unset).
+pub async fn enqueue_woken(store: &dyn Store, queue: &dyn Queue, id: &str, queue_name: &str) {
+    match queue.enqueue(queue_name, id, EnqueueReason::Resume).await {
+        Ok(()) => {
+            if let Err(e) = store.mark_enqueued(&[id.to_string()]).await {
+                tracing::warn!(session_id = id, error = %e, "cannot mark a woken session enqueued");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(session_id = id, error = %e, "cannot enqueue a woken session; the sweeper will")
+        }
+    }
+}
+
+/// Deliver a finished child's result to its parent (idempotent: redelivering the same
+/// completion is a no-op) and queue the parent if this woke it. Background children's
+/// results go to the parent's inbox for injection; a foreground child only wakes it (the
+/// parent's `spawn_agent` call reads the child's row).
+pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &SessionRow) -> Result<()> {
+    let Some(parent) = child.parent_id.as_deref() else {
+        return Ok(());
+    };
+    if !child.status.is_terminal() {
+        return Ok(());
+    }
+    let info = SpawnInfo::of(&child.spec).unwrap_or_default();
+    let kind = if info.wait {
+        inbox_kind::CHILD_DONE
+    } else {
+        inbox_kind::CHILD_RESULT
+    };
+    let payload = json!({
+        "child_id": child.id,
+        "label": info.label,
+        "tool_call_id": info.tool_call_id,
+        "status": child.status,
+        "finish_reason": child.finish_reason,
+        "result": child.result,
+        "error": child.error,
+    });
+    let delivered = store
+        .deliver(
+            parent,
+            kind,
+            &format!("child:{}", child.id),
+            &payload,
+            &[SessionStatus::Waiting],
+        )
+        .await?;
+    if let Some(d) = delivered
+        && d.woken
+    {
+        enqueue_woken(store, queue, parent, &d.queue).await;
+    }
+    Ok(())
+}
+
+/// Tell the world about a cancel: a completion for a session cancelled now (and its
+/// parent), a cancel request to the owning worker for a running one. Best effort: the row
+/// is the truth (a worker that misses the message sees the flag at its next heartbeat).
+pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &CancelResult) {
+    match result {
+        CancelResult::CancelledNow(row) => {
+            if let Err(e) = notify_parent(store, queue, row).await {
+                tracing::warn!(session_id = %row.id, error = %e, "cannot notify the parent of a cancelled session");
+            }
+            if let Err(e) = queue.publish_completion(&Completion::from_row(row)).await {
+                tracing::warn!(session_id = %row.id, error = %e, "cannot publish the completion of a cancelled session");
+            }
+        }
+        CancelResult::Requested(row) => {
+            if let Err(e) = queue.publish_cancel(&row.id).await {
+                tracing::warn!(session_id = %row.id, error = %e, "cannot broadcast a cancel request");
+            }
+        }
+        CancelResult::AlreadyFinished(_) | CancelResult::NotFound => {}
+    }
+}
+
+/// Cancel every unfinished descendant of `root`, breadth first (DESIGN §5: cancelling a
+/// parent cancels its children; a parent that fails leaves no orphan running).
+pub async fn cancel_descendants(store: &dyn Store, queue: &dyn Queue, root: &str) {
+    let mut frontier = vec![root.to_string()];
+    let mut reached = 0usize;
+    while let Some(parent) = frontier.pop() {
+        let children = match store
+            .list(&ListFilter {
+                parent_id: Some(parent.clone()),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(session_id = %parent, error = %e, "cannot list children to cancel");
+                continue;
+            }
+        };
+        for child in children.into_iter().filter(|c| !c.status.is_terminal()) {
+            reached += 1;
+            if reached > MAX_CANCEL_CASCADE {
+                tracing::warn!(
+                    session_id = root,
+                    "cancel cascade stopped at {MAX_CANCEL_CASCADE} descendants"
+                );
+                return;
+            }
+            match store.request_cancel(&child.id).await {
+                Ok(r) => announce_cancel(store, queue, &r).await,
+                Err(e) => tracing::warn!(session_id = %child.id, error = %e, "cannot cancel child"),
+            }
+            frontier.push(child.id);
+        }
+    }
+}
+
+/// Signals sent to workers on the cancel channel, besides a bare session id (cancel).
+pub mod signal {
+    /// New inbox items: re-read the inbox at the next boundary.
+    pub const WAKE: &str = "wake";
+    /// A steering message that interrupts the current turn.
+    pub const INTERRUPT: &str = "interrupt";
+
+    pub fn encode(kind: &str, session_id: &str) -> String {
+        format!("{kind}:{session_id}")
+    }
+
+    /// `(kind, session_id)`; a bare id is a cancel.
+    pub fn decode(msg: &str) -> (&str, &str) {
+        match msg.split_once(':') {
+            Some((k, id)) if k == WAKE || k == INTERRUPT => (k, id),
+            _ => ("cancel", msg),
+        }
+    }
+}
+
+/// If a finished session has `enqueue`d messages waiting, start the oldest as a new turn
+/// (and queue it). Safe to race: the store starts each follow-up at most once. Returns
+/// whether a turn was started.
+pub async fn start_next_followup(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    row: &SessionRow,
+) -> Result<bool> {
+    if !row.status.is_terminal() {
+        return Ok(false);
+    }
+    let pending = store
+        .inbox(&row.id, &[inbox_kind::FOLLOWUP], row.followup_cursor)
+        .await?;
+    let Some(next) = pending.first() else {
+        return Ok(false);
+    };
+    let text = next
+        .payload
+        .get("content")
+        .and_then(|c| c.as_str())
+        .unwrap_or_default();
+    match store.follow_up(&row.id, text, Some(next.seq)).await? {
+        Some(reopened) => {
+            enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}

@@ -1,0 +1,211 @@
+//! A running session's view of its inbox: background child results to inject, steering
+//! messages to add at the next boundary, and human decisions on held tool calls. Reads
+//! the store only when something may have arrived (at the start of the run, and when a
+//! wake signal names the session), so a session nobody writes to costs no extra queries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use agentq_agent::driver::{BackgroundResult, BackgroundSource};
+use agentq_agent::guard::{ApprovalDecision, Approver};
+use agentq_agent::schema::ToolCall;
+use agentq_core::model::inbox_kind;
+use agentq_core::{ListFilter, SpawnInfo, Store};
+
+pub struct SessionInbox {
+    store: Arc<dyn Store>,
+    session_id: String,
+    bg_cursor: AtomicU64,
+    msg_cursor: AtomicU64,
+    bg_dirty: AtomicBool,
+    msg_dirty: AtomicBool,
+    /// Background children whose result has not been injected yet.
+    outstanding: AtomicUsize,
+    approval_deadline: Option<DateTime<Utc>>,
+    /// Calls that were already held for approval when this run started: only they can
+    /// have run out of time (a call held for the first time now gets a fresh deadline).
+    held: Vec<String>,
+}
+
+impl SessionInbox {
+    pub fn new(
+        store: Arc<dyn Store>,
+        session_id: &str,
+        bg_cursor: u64,
+        msg_cursor: u64,
+        approval_deadline: Option<DateTime<Utc>>,
+        held: Vec<String>,
+    ) -> Arc<Self> {
+        Arc::new(SessionInbox {
+            store,
+            session_id: session_id.to_string(),
+            bg_cursor: AtomicU64::new(bg_cursor),
+            msg_cursor: AtomicU64::new(msg_cursor),
+            bg_dirty: AtomicBool::new(true),
+            msg_dirty: AtomicBool::new(true),
+            outstanding: AtomicUsize::new(0),
+            approval_deadline,
+            held,
+        })
+    }
+
+    /// Count the background children whose results were not delivered yet (for a
+    /// session that can spawn).
+    pub async fn load_outstanding(&self) -> agentq_core::Result<()> {
+        let children = self
+            .store
+            .list(&ListFilter {
+                parent_id: Some(self.session_id.clone()),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await?;
+        let background = children
+            .iter()
+            .filter(|c| SpawnInfo::of(&c.spec).is_some_and(|i| !i.wait))
+            .count();
+        let delivered = self
+            .store
+            .inbox(&self.session_id, &[inbox_kind::CHILD_RESULT], 0)
+            .await?
+            .iter()
+            .filter(|i| i.seq <= self.bg_cursor.load(Ordering::SeqCst))
+            .count();
+        self.outstanding
+            .store(background.saturating_sub(delivered), Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// A background child was started by this run.
+    pub fn child_started(&self) {
+        self.outstanding.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Something may have arrived: read the inbox at the next boundary.
+    pub fn mark_dirty(&self) {
+        self.bg_dirty.store(true, Ordering::SeqCst);
+        self.msg_dirty.store(true, Ordering::SeqCst);
+    }
+}
+
+fn text(v: &serde_json::Value, key: &str) -> String {
+    v.get(key)
+        .and_then(|x| x.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[async_trait]
+impl BackgroundSource for SessionInbox {
+    async fn take(&self) -> Vec<BackgroundResult> {
+        if !self.bg_dirty.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let after = self.bg_cursor.load(Ordering::SeqCst);
+        let items = match self
+            .store
+            .inbox(&self.session_id, &[inbox_kind::CHILD_RESULT], after)
+            .await
+        {
+            Ok(items) => items,
+            Err(e) => {
+                warn!(session_id = %self.session_id, error = %e, "reading the inbox failed");
+                self.bg_dirty.store(true, Ordering::SeqCst);
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            let p = &item.payload;
+            let result = match p.get("result").and_then(|r| r.as_str()) {
+                Some(r) if !r.is_empty() => r.to_string(),
+                _ => text(p, "error"),
+            };
+            self.bg_cursor.fetch_max(item.seq, Ordering::SeqCst);
+            out.push(BackgroundResult {
+                label: text(p, "label"),
+                id: text(p, "child_id"),
+                outcome: text(p, "status"),
+                result,
+                seq: item.seq,
+            });
+        }
+        let _ = self
+            .outstanding
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                Some(n.saturating_sub(out.len()))
+            });
+        out
+    }
+
+    fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self, _cancel: &CancellationToken) -> bool {
+        // A distributed session never waits holding its slot: it suspends, and the
+        // child's completion re-enqueues it.
+        false
+    }
+
+    async fn take_injections(&self) -> Vec<(u64, String)> {
+        if !self.msg_dirty.swap(false, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let after = self.msg_cursor.load(Ordering::SeqCst);
+        match self
+            .store
+            .inbox(&self.session_id, &[inbox_kind::MESSAGE], after)
+            .await
+        {
+            Ok(items) => items
+                .into_iter()
+                .map(|i| {
+                    self.msg_cursor.fetch_max(i.seq, Ordering::SeqCst);
+                    (i.seq, text(&i.payload, "content"))
+                })
+                .collect(),
+            Err(e) => {
+                warn!(session_id = %self.session_id, error = %e, "reading the inbox failed");
+                self.msg_dirty.store(true, Ordering::SeqCst);
+                Vec::new()
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Approver for SessionInbox {
+    async fn approve(
+        &self,
+        session_id: &str,
+        call: &ToolCall,
+        _timeout: Duration,
+    ) -> ApprovalDecision {
+        match self.store.approval(session_id, &call.id).await {
+            Ok(Some((true, _))) => ApprovalDecision::Approved,
+            Ok(Some((false, reason))) => ApprovalDecision::Denied(
+                reason.unwrap_or_else(|| "a human denied this call".to_string()),
+            ),
+            Ok(None) => {
+                if self.held.contains(&call.id)
+                    && self.approval_deadline.is_some_and(|d| d <= Utc::now())
+                {
+                    ApprovalDecision::TimedOut
+                } else {
+                    ApprovalDecision::Suspend
+                }
+            }
+            Err(e) => {
+                warn!(session_id, error = %e, "reading an approval failed; waiting");
+                ApprovalDecision::Suspend
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! The `spawn_agent` tool: a child session on the same queue, with the parent's provider
+//! and limits (narrowed, never widened). `wait: true` suspends the parent until the child
+//! finishes and returns its answer; `wait: false` returns at once and the child's result
+//! is injected later. Creating the child is idempotent per tool call, so a parent that
+//! resumes runs the call again and finds the same child.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use agentq_agent::tools::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use agentq_core::{
+    EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, SpawnInfo, Store,
+    new_session_id,
+};
+
+use crate::inbox::SessionInbox;
+
+pub const NAME: &str = "spawn_agent";
+
+pub struct SpawnAgent {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub parent: SessionRow,
+    /// The parent's tools: a child gets these or fewer.
+    pub parent_tools: Vec<String>,
+    pub max_depth: u32,
+    pub max_children: usize,
+    pub inbox: Arc<SessionInbox>,
+}
+
+fn opt_str<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, ToolError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(_) => Err(ToolError::InvalidArguments(format!(
+            "`{key}` must be a string"
+        ))),
+    }
+}
+
+impl SpawnAgent {
+    fn child_spec(
+        &self,
+        args: &Value,
+        info: &SpawnInfo,
+    ) -> Result<agentq_agent::spec::SessionSpec, ToolError> {
+        let prompt = opt_str(args, "prompt")?
+            .filter(|p| !p.trim().is_empty())
+            .ok_or_else(|| ToolError::InvalidArguments("`prompt` is required".into()))?;
+        let parent = &self.parent.spec;
+        let mut spec = agentq_agent::spec::SessionSpec::new(prompt);
+        spec.provider = parent.provider.clone();
+        spec.base_url = parent.base_url.clone();
+        spec.model = opt_str(args, "model")?
+            .map(str::to_string)
+            .or_else(|| parent.model.clone());
+        spec.temperature = parent.temperature;
+        spec.max_tokens = parent.max_tokens;
+        spec.tool_timeout_secs = parent.tool_timeout_secs;
+        spec.approval_timeout_secs = parent.approval_timeout_secs;
+        spec.sensitive_tools = parent.sensitive_tools.clone();
+        spec.max_llm_retries = parent.max_llm_retries;
+        spec.retry_delay_ms = parent.retry_delay_ms;
+        spec.max_iterations = match args.get("max_iterations") {
+            None | Some(Value::Null) => parent.max_iterations,
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| {
+                    ToolError::InvalidArguments(
+                        "`max_iterations` must be a positive integer".into(),
+                    )
+                })?
+                .min(parent.max_iterations),
+        };
+        spec.tools = Some(match args.get("tools") {
+            None | Some(Value::Null) => self.parent_tools.clone(),
+            Some(Value::Array(items)) => {
+                let mut tools = Vec::new();
+                for t in items {
+                    let name = t.as_str().ok_or_else(|| {
+                        ToolError::InvalidArguments("`tools` must be a list of tool names".into())
+                    })?;
+                    if !self.parent_tools.iter().any(|p| p == name) {
+                        return Err(ToolError::InvalidArguments(format!(
+                            "tool `{name}` is not available to this agent, so not to its children"
+                        )));
+                    }
+                    tools.push(name.to_string());
+                }
+                tools
+            }
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`tools` must be a list of tool names".into(),
+                ));
+            }
+        });
+        // What is left of the parent's token budget and deadline.
+        if let Some(budget) = parent.token_budget {
+            let used = self.parent.usage.total();
+            spec.token_budget = Some(budget.saturating_sub(used).max(1));
+        }
+        if let Some(secs) = parent.timeout_secs {
+            let elapsed = chrono::Utc::now()
+                .signed_duration_since(self.parent.created_at)
+                .num_seconds()
+                .max(0) as u64;
+            spec.timeout_secs = Some(secs.saturating_sub(elapsed).max(1));
+        }
+        spec.metadata = json!({ "agentq": info });
+        Ok(spec)
+    }
+
+    /// The child's answer as this call's result.
+    fn answer(child: &SessionRow) -> ToolOutput {
+        match child.status {
+            SessionStatus::Completed => ToolOutput::ok(child.result.clone().unwrap_or_default()),
+            status => ToolOutput::error(format!(
+                "Sub-agent {} ended {status} ({}): {}",
+                child.id,
+                child
+                    .finish_reason
+                    .map(|r| r.as_str().to_string())
+                    .unwrap_or_default(),
+                child.error.clone().unwrap_or_default()
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for SpawnAgent {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn description(&self) -> &str {
+        "Start a sub-agent on a self-contained task. With wait=true (default) you get its \
+         final answer as this call's result; with wait=false it runs in the background and \
+         its result is delivered to you when it finishes, so you can start several at once."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "description": "The task, with everything the sub-agent needs to know."},
+                "label": {"type": "string", "description": "A short name for the sub-agent."},
+                "model": {"type": "string"},
+                "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools it may use (a subset of yours)."},
+                "max_iterations": {"type": "integer", "minimum": 1},
+                "wait": {"type": "boolean", "default": true}
+            },
+            "required": ["prompt"],
+            "additionalProperties": false
+        })
+    }
+
+    /// Creating the child is keyed by the call, so running the call again finds it.
+    fn side_effect(&self, _args: &Value) -> SideEffect {
+        SideEffect::Idempotent
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        if args.get("_raw").is_some() {
+            return Err(ToolError::InvalidArguments(
+                "the arguments were not valid JSON".into(),
+            ));
+        }
+        let wait = match args.get("wait") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`wait` must be a boolean".into(),
+                ));
+            }
+        };
+        let label = opt_str(&args, "label")?
+            .map(str::to_string)
+            .unwrap_or_else(|| "sub-agent".to_string());
+        let info = SpawnInfo {
+            label: label.clone(),
+            wait,
+            tool_call_id: ctx.tool_call_id.clone(),
+        };
+        let depth = self.parent.depth + 1;
+        if depth > self.max_depth {
+            return Err(ToolError::Denied(format!(
+                "sub-agents may nest {} levels deep; this one would be at depth {depth}",
+                self.max_depth
+            )));
+        }
+        let failed =
+            |e: agentq_core::Error| ToolError::Failed(format!("cannot start the sub-agent: {e}"));
+        let children = self
+            .store
+            .list(&ListFilter {
+                parent_id: Some(self.parent.id.clone()),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .map_err(failed)?;
+        let existing = children
+            .iter()
+            .find(|c| SpawnInfo::of(&c.spec).is_some_and(|i| i.tool_call_id == ctx.tool_call_id))
+            .cloned();
+        let child = match existing {
+            Some(c) => c,
+            None => {
+                if children.len() >= self.max_children {
+                    return Err(ToolError::Denied(format!(
+                        "this agent already started {} sub-agents, the most allowed",
+                        self.max_children
+                    )));
+                }
+                let spec = self.child_spec(&args, &info)?;
+                let new = NewSession {
+                    id: new_session_id(),
+                    spec,
+                    queue: self.parent.queue.clone(),
+                    parent_id: Some(self.parent.id.clone()),
+                    root_id: self.parent.root_id.clone(),
+                    depth,
+                    idempotency_key: Some(format!("spawn:{}", ctx.idempotency_key)),
+                };
+                let (row, created) = self.store.create_session(&new).await.map_err(failed)?;
+                if created {
+                    if !wait {
+                        self.inbox.child_started();
+                    }
+                    // If this XADD is lost, the sweeper adds the entry (no `enqueued_at`).
+                    match self
+                        .queue
+                        .enqueue(&row.queue, &row.id, EnqueueReason::New)
+                        .await
+                    {
+                        Ok(()) => {
+                            let _ = self
+                                .store
+                                .mark_enqueued(std::slice::from_ref(&row.id))
+                                .await;
+                        }
+                        Err(e) => {
+                            tracing::warn!(session_id = %row.id, error = %e, "enqueueing a sub-agent failed; the sweeper will")
+                        }
+                    }
+                }
+                row
+            }
+        };
+        if !wait {
+            return Ok(ToolOutput::ok(format!(
+                "Started background agent \"{label}\" ({}). Its result will be delivered to you when it finishes; carry on meanwhile.",
+                child.id
+            )));
+        }
+        if child.status.is_terminal() {
+            return Ok(Self::answer(&child));
+        }
+        // Not finished: suspend the parent; this call runs again once the child is done.
+        Ok(ToolOutput {
+            content: format!("waiting for sub-agent \"{label}\" ({})", child.id),
+            suspend: true,
+            ..Default::default()
+        })
+    }
+}
