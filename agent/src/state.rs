@@ -262,63 +262,19 @@ impl SessionState {
     /// stored as they finish (parallel calls finish in any order); history is replayed in
     /// call order.
     pub fn order_tool_results(&mut self) {
-        let Some(pos) = self
+        if let Some(pos) = self
             .messages
             .iter()
             .rposition(|m| m.role == Role::Assistant)
-        else {
-            return;
-        };
-        let order: HashMap<&str, usize> = self.messages[pos]
-            .tool_calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.id.as_str(), i))
-            .collect();
-        let tail_start = pos + 1;
-        let tail_end = self.messages[tail_start..]
-            .iter()
-            .position(|m| m.role != Role::Tool)
-            .map_or(self.messages.len(), |p| tail_start + p);
-        let key = |m: &Message| {
-            m.tool_call_id
-                .as_deref()
-                .and_then(|id| order.get(id).copied())
-                .unwrap_or(usize::MAX)
-        };
-        let mut tail: Vec<Message> = self.messages[tail_start..tail_end].to_vec();
-        tail.sort_by_key(key);
-        self.messages.splice(tail_start..tail_end, tail);
+        {
+            normalize_history(&mut self.messages[pos..]);
+        }
     }
 
     /// Bring a history loaded from storage into canonical order: every turn's tool
     /// results in call order.
     pub fn normalize(&mut self) {
-        let mut i = 0;
-        while i < self.messages.len() {
-            if self.messages[i].role == Role::Assistant && !self.messages[i].tool_calls.is_empty() {
-                let order: HashMap<String, usize> = self.messages[i]
-                    .tool_calls
-                    .iter()
-                    .enumerate()
-                    .map(|(k, c)| (c.id.clone(), k))
-                    .collect();
-                let start = i + 1;
-                let end = self.messages[start..]
-                    .iter()
-                    .position(|m| m.role != Role::Tool)
-                    .map_or(self.messages.len(), |p| start + p);
-                self.messages[start..end].sort_by_key(|m| {
-                    m.tool_call_id
-                        .as_deref()
-                        .and_then(|id| order.get(id).copied())
-                        .unwrap_or(usize::MAX)
-                });
-                i = end;
-            } else {
-                i += 1;
-            }
-        }
+        normalize_history(&mut self.messages);
     }
 
     /// The system prompt sent with every request: the session's own (or the default),
@@ -357,6 +313,36 @@ impl SessionState {
             temperature: self.spec.temperature,
             max_tokens: self.spec.max_tokens,
             session_id: self.session_id.clone(),
+        }
+    }
+}
+
+/// Put each turn's tool results in call order (the store keeps them in the order they
+/// finished).
+pub fn normalize_history(messages: &mut [Message]) {
+    let mut i = 0;
+    while i < messages.len() {
+        if messages[i].role == Role::Assistant && !messages[i].tool_calls.is_empty() {
+            let order: HashMap<String, usize> = messages[i]
+                .tool_calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| (c.id.clone(), k))
+                .collect();
+            let start = i + 1;
+            let end = messages[start..]
+                .iter()
+                .position(|m| m.role != Role::Tool)
+                .map_or(messages.len(), |p| start + p);
+            messages[start..end].sort_by_key(|m| {
+                m.tool_call_id
+                    .as_deref()
+                    .and_then(|id| order.get(id).copied())
+                    .unwrap_or(usize::MAX)
+            });
+            i = end;
+        } else {
+            i += 1;
         }
     }
 }

@@ -6,9 +6,14 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod client;
+mod demo;
+mod dev;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod run;
 mod scheduler;
 mod signals;
+mod watch;
 mod worker_cmd;
 
 #[derive(Parser)]
@@ -24,6 +29,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a batch of sessions end to end on the embedded store, kill a worker midway,
+    /// and summarise — no services needed.
+    Demo(demo::DemoArgs),
+    /// The HTTP API and workers in one process, on the embedded store (./agentq.db) or on
+    /// Postgres and Redis when AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL are set.
+    Dev(dev::DevArgs),
     /// Run one session in this process, streaming it to the terminal.
     Run(run::RunArgs),
     /// Consume sessions from Redis Streams and run them, checkpointing to Postgres.
@@ -36,24 +47,37 @@ enum Command {
     Submit(client::SubmitArgs),
     /// Show a session as JSON.
     Status(client::StatusArgs),
+    /// Follow a session's events live (replayed from the start), until it finishes.
+    Watch(watch::WatchArgs),
     /// Cancel a session.
     Cancel(client::CancelArgs),
+    /// Approve a tool call a session holds for a human.
+    Approve(client::DecideArgs),
+    /// Deny a tool call a session holds for a human.
+    Deny(client::DecideArgs),
+    /// Send a message to a session (steer it, or start a follow-up turn).
+    Send(client::SendArgs),
     /// List sessions, newest first.
     Sessions(client::SessionsArgs),
 }
 
+/// Logs on stderr as text or JSON (`AGENTQ_LOG_FORMAT=json`), filtered by `RUST_LOG`; with
+/// the `otlp` feature, spans also go to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let json = std::env::var("AGENTQ_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if json {
+        fmt.json().boxed()
     } else {
-        builder.init();
-    }
+        fmt.boxed()
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otlp")]
+    let registry = registry.with(otlp::layer());
+    registry.init();
 }
 
 fn main() -> ExitCode {
@@ -71,16 +95,28 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
+            Command::Demo(args) => demo::demo(args).await,
+            Command::Dev(args) => dev::dev(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Scheduler(args) => scheduler::scheduler(args).await,
             Command::Migrate(args) => scheduler::migrate(args).await,
             Command::Submit(args) => client::submit(args).await,
             Command::Status(args) => client::status(args).await,
+            Command::Watch(args) => watch::watch(args).await,
             Command::Cancel(args) => client::cancel(args).await,
+            Command::Approve(args) => client::decide(args, true).await,
+            Command::Deny(args) => client::decide(args, false).await,
+            Command::Send(args) => client::send(args).await,
             Command::Sessions(args) => client::sessions(args).await,
             Command::Worker(args) => worker_cmd::worker(args).await,
         }
     });
+    // The exporter's blocking client must be flushed outside the runtime.
+    #[cfg(feature = "otlp")]
+    {
+        drop(rt);
+        otlp::shutdown();
+    }
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -59,7 +59,8 @@ use agentq_agent::state::{Phase, SessionState};
 
 use crate::error::{Error, Result};
 use crate::model::{
-    CancelResult, Claim, EnqueueReason, Lease, ListFilter, NewSession, SessionRow, SessionStatus,
+    ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
+    NewSession, SessionRow, SessionStatus,
 };
 use crate::queue::Queue;
 use crate::store::{LeaseStatus, Store};
@@ -72,7 +73,8 @@ const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason,
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, turn_base, \
     not_started, result, error, lease_owner, lease_epoch, lease_expires_at, attempts, \
-    cancel_requested, idempotency_key, created_at, updated_at, finished_at";
+    cancel_requested, idempotency_key, created_at, updated_at, finished_at, wake_seq, \
+    approval_deadline, bg_cursor, msg_cursor, followup_cursor";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -242,6 +244,11 @@ struct SqliteRecord {
     created_at: i64,
     updated_at: i64,
     finished_at: Option<i64>,
+    wake_seq: i64,
+    approval_deadline: Option<i64>,
+    bg_cursor: i64,
+    msg_cursor: i64,
+    followup_cursor: i64,
 }
 
 /// A value in the database this binary cannot read (not retryable).
@@ -341,6 +348,7 @@ impl SqliteRecord {
             created_at: to_time(self.created_at, "created_at")?,
             updated_at: to_time(self.updated_at, "updated_at")?,
             finished_at: to_opt_time(self.finished_at, "finished_at")?,
+            approval_deadline: to_opt_time(self.approval_deadline, "approval_deadline")?,
             id: self.id,
             root_id: self.root_id,
             parent_id: self.parent_id,
@@ -352,6 +360,8 @@ impl SqliteRecord {
             lease_epoch: self.lease_epoch,
             cancel_requested: self.cancel_requested,
             idempotency_key: self.idempotency_key,
+            wake_seq: self.wake_seq,
+            followup_cursor: to_u64(self.followup_cursor, "followup_cursor")?,
         })
     }
 
@@ -377,6 +387,8 @@ impl SqliteRecord {
             outcome: None,
             not_started: self.not_started.0.clone(),
             turn_base: to_u32(self.turn_base, "turn_base")?,
+            bg_cursor: to_u64(self.bg_cursor, "bg_cursor")?,
+            msg_cursor: to_u64(self.msg_cursor, "msg_cursor")?,
         })
     }
 }
@@ -417,7 +429,9 @@ WHERE id = ?1
 RETURNING COLS";
 
 /// The checkpoint's row update, fenced by the lease. With an outcome (?14 not null) the
-/// row becomes terminal and the lease is given up in the same statement. ?19 = now.
+/// row becomes terminal and the lease is given up in the same statement. ?19 = now; ?22:
+/// new messages are saved (progress: the count of claims that died without finishing
+/// starts again); ?23, ?24: the inbox cursors, advanced with the history they delivered.
 const CHECKPOINT: &str = "
 UPDATE sessions SET
     iteration = ?4,
@@ -440,7 +454,9 @@ UPDATE sessions SET
     updated_at = ?19,
     turn_base = ?20,
     not_started = ?21,
-    attempts = CASE WHEN ?22 THEN 0 ELSE attempts END
+    attempts = CASE WHEN ?22 THEN 0 ELSE attempts END,
+    bg_cursor = ?23,
+    msg_cursor = ?24
 WHERE root_id = ?1 AND id = ?2 AND lease_epoch = ?3 AND lease_owner = ?18";
 
 /// Cancel in one statement: queued or suspended → cancelled now; running → the flag for
@@ -455,6 +471,52 @@ UPDATE sessions SET
     cancel_requested = 1,
     updated_at = ?2
 WHERE id = ?1 AND status IN ('queued', 'running', 'waiting', 'awaiting_approval')
+RETURNING COLS";
+
+/// Fenced suspension (see `pg.rs`). A wake that arrived after the claim (`wake_seq > ?5`)
+/// sends the session back to the queue; a cancel request cancels it. Every waker bumps
+/// `wake_seq` in its own write transaction, and write transactions are serialized (one
+/// writer, `BEGIN IMMEDIATE`): Postgres' row lock. So no wake-up can fall between the
+/// check and the sleep. ?8 = now.
+const SUSPEND: &str = "
+UPDATE sessions SET
+    status = CASE WHEN cancel_requested THEN 'cancelled'
+                  WHEN wake_seq > ?5 THEN 'queued' ELSE ?4 END,
+    finish_reason = CASE WHEN cancel_requested THEN 'interrupted' ELSE finish_reason END,
+    finished_at = CASE WHEN cancel_requested THEN ?8 ELSE finished_at END,
+    enqueued_at = CASE WHEN wake_seq > ?5 AND NOT cancel_requested THEN NULL
+                       ELSE enqueued_at END,
+    approval_deadline = ?6,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = 0,
+    updated_at = ?8
+WHERE root_id = ?1 AND id = ?2 AND lease_epoch = ?3 AND lease_owner = ?7 AND status = 'running'
+RETURNING COLS";
+
+/// Sessions awaiting an approval past their deadline (?1 = now) go back to the queue.
+const WAKE_EXPIRED: &str = "
+UPDATE sessions SET status = 'queued', enqueued_at = NULL, wake_seq = wake_seq + 1,
+    updated_at = ?1
+WHERE id IN (SELECT id FROM sessions WHERE status = 'awaiting_approval'
+             AND approval_deadline < ?1 ORDER BY approval_deadline LIMIT ?2)
+  AND status = 'awaiting_approval'
+RETURNING id, queue";
+
+/// A new turn on a finished session: queued again with a fresh per-turn allowance. With
+/// ?2 (the follow-up's inbox position) not 0, only once per position: `followup_cursor`,
+/// not `msg_cursor` (steering messages share the inbox's positions and are injected by
+/// the run, so their cursor may be past a follow-up that has not run). ?3 = now.
+const FOLLOW_UP: &str = "
+UPDATE sessions SET
+    status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
+    finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = 0,
+    enqueued_at = NULL, cancel_requested = 0, attempts = 0,
+    lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
+    followup_cursor = max(followup_cursor, ?2),
+    updated_at = ?3
+WHERE id = ?1 AND status IN ('completed', 'failed', 'cancelled')
+  AND (?2 = 0 OR followup_cursor < ?2)
 RETURNING COLS";
 
 /// After a fenced write matched nothing, inside the same transaction: did an earlier
@@ -815,6 +877,8 @@ impl Store for SqliteStore {
             .bind(i64::from(state.turn_base))
             .bind(Json(&state.not_started))
             .bind(!new.is_empty())
+            .bind(to_i64(state.bg_cursor, "bg_cursor")?)
+            .bind(to_i64(state.msg_cursor, "msg_cursor")?)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -954,5 +1018,269 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
         Ok(())
+    }
+
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let sql = with_cols(SUSPEND);
+        let mut tx = self.write_tx().await?;
+        let rec = returning_one(
+            &mut tx,
+            sqlx::query_as(&sql)
+                .bind(&lease.root_id)
+                .bind(&lease.session_id)
+                .bind(lease.epoch)
+                .bind(status.as_str())
+                .bind(seen_wake)
+                .bind(approval_deadline.map(|t| t.timestamp_micros()))
+                .bind(&lease.owner)
+                .bind(now_us()),
+        )
+        .await?;
+        match rec {
+            Some(r) => {
+                tx.commit().await?;
+                r.into_row()
+            }
+            None => {
+                tx.rollback().await?;
+                Err(Error::LeaseLost(lease.session_id.clone()))
+            }
+        }
+    }
+
+    async fn deliver(
+        &self,
+        session_id: &str,
+        kind: &str,
+        dedupe: &str,
+        payload: &serde_json::Value,
+        wake: &[SessionStatus],
+    ) -> Result<Option<Delivered>> {
+        let now = now_us();
+        // The session's row is read and written under the write lock (Postgres: `FOR
+        // UPDATE`): the item's position is the bumped `wake_seq`, so positions increase in
+        // commit order, and a concurrent suspend sees the bump.
+        let mut tx = self.write_tx().await?;
+        let row: Option<(String, String, String, i64)> =
+            sqlx::query_as("SELECT root_id, queue, status, wake_seq FROM sessions WHERE id = ?1")
+                .bind(session_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((root_id, queue, old, wake_seq)) = row else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        let old = parse_status(&old)?;
+        let seq = wake_seq
+            .checked_add(1)
+            .ok_or_else(|| bad_data(format_args!("wake_seq = {wake_seq}")))?;
+        let inserted = sqlx::query(
+            "INSERT INTO inbox (root_id, session_id, seq, kind, dedupe, payload, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+             ON CONFLICT (root_id, session_id, dedupe) DO NOTHING",
+        )
+        .bind(&root_id)
+        .bind(session_id)
+        .bind(seq)
+        .bind(kind)
+        .bind(dedupe)
+        .bind(Json(payload))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        if !inserted {
+            // Delivered before: no bump, no wake.
+            tx.rollback().await?;
+            return Ok(Some(Delivered {
+                inserted: false,
+                seq: 0,
+                woken: false,
+                queue,
+                status: old,
+            }));
+        }
+        let wakes = wake.contains(&old);
+        sqlx::query(
+            "UPDATE sessions SET wake_seq = ?3, \
+                 status = CASE WHEN ?4 THEN 'queued' ELSE status END, \
+                 enqueued_at = CASE WHEN ?4 THEN NULL ELSE enqueued_at END, \
+                 updated_at = ?5 \
+             WHERE root_id = ?1 AND id = ?2",
+        )
+        .bind(&root_id)
+        .bind(session_id)
+        .bind(seq)
+        .bind(wakes)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(Delivered {
+            inserted: true,
+            seq: to_u64(seq, "seq")?,
+            woken: wakes && old != SessionStatus::Queued,
+            queue,
+            status: old,
+        }))
+    }
+
+    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>> {
+        // The kinds as one JSON array parameter (SQLite has no array binds).
+        let kinds = serde_json::to_string(kinds)?;
+        let rows: Vec<(i64, String, Json<serde_json::Value>, i64)> = sqlx::query_as(
+            "SELECT seq, kind, payload, created_at FROM inbox \
+             WHERE root_id = (SELECT root_id FROM sessions WHERE id = ?1) AND session_id = ?1 \
+               AND kind IN (SELECT value FROM json_each(?2)) AND seq > ?3 ORDER BY seq",
+        )
+        .bind(session_id)
+        .bind(kinds)
+        .bind(to_i64(after, "after")?)
+        .fetch_all(&self.readers)
+        .await?;
+        rows.into_iter()
+            .map(|(seq, kind, payload, created_at)| {
+                Ok(InboxItem {
+                    seq: to_u64(seq, "seq")?,
+                    kind,
+                    payload: payload.0,
+                    created_at: to_time(created_at, "created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn decide_approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<ApprovalRecorded> {
+        let now = now_us();
+        // Under the write lock, like `deliver`: the decision and the wake-up are one step.
+        let mut tx = self.write_tx().await?;
+        let row: Option<(String, String, String)> =
+            sqlx::query_as("SELECT root_id, queue, status FROM sessions WHERE id = ?1")
+                .bind(session_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let Some((root_id, queue, old)) = row else {
+            tx.rollback().await?;
+            return Ok(ApprovalRecorded::NotFound);
+        };
+        let old = parse_status(&old)?;
+        if old.is_terminal() {
+            tx.rollback().await?;
+            return Ok(ApprovalRecorded::Finished(old));
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason, \
+                 decided_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        )
+        .bind(&root_id)
+        .bind(session_id)
+        .bind(tool_call_id)
+        .bind(approve)
+        .bind(reason)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        if !inserted {
+            // First decision wins.
+            tx.rollback().await?;
+            return Ok(ApprovalRecorded::AlreadyDecided);
+        }
+        let woken = old == SessionStatus::AwaitingApproval;
+        sqlx::query(
+            "UPDATE sessions SET wake_seq = wake_seq + 1, \
+                 status = CASE WHEN ?3 THEN 'queued' ELSE status END, \
+                 enqueued_at = CASE WHEN ?3 THEN NULL ELSE enqueued_at END, \
+                 updated_at = ?4 \
+             WHERE root_id = ?1 AND id = ?2",
+        )
+        .bind(&root_id)
+        .bind(session_id)
+        .bind(woken)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(ApprovalRecorded::Recorded { woken, queue })
+    }
+
+    async fn approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<(bool, Option<String>)>> {
+        Ok(sqlx::query_as(
+            "SELECT approve, reason FROM approvals \
+             WHERE root_id = (SELECT root_id FROM sessions WHERE id = ?1) \
+               AND session_id = ?1 AND tool_call_id = ?2",
+        )
+        .bind(session_id)
+        .bind(tool_call_id)
+        .fetch_optional(&self.readers)
+        .await?)
+    }
+
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {
+        let mut tx = self.write_tx().await?;
+        // Read to the end inside the transaction (see the module docs on `RETURNING`).
+        let woken: Vec<(String, String)> = sqlx::query_as(WAKE_EXPIRED)
+            .bind(now_us())
+            .bind(i64::from(limit))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(woken)
+    }
+
+    async fn follow_up(
+        &self,
+        session_id: &str,
+        text: &str,
+        consume: Option<u64>,
+    ) -> Result<Option<SessionRow>> {
+        let now = now_us();
+        let sql = with_cols(FOLLOW_UP);
+        let mut tx = self.write_tx().await?;
+        let rec = returning_one(
+            &mut tx,
+            sqlx::query_as(&sql)
+                .bind(session_id)
+                .bind(to_i64(consume.unwrap_or(0), "consume")?)
+                .bind(now),
+        )
+        .await?;
+        let Some(rec) = rec else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        // The new message goes right after the history (message i has seq i).
+        sqlx::query(
+            "INSERT INTO messages (root_id, session_id, seq, role, body, created_at) \
+             SELECT ?1, ?2, COALESCE(max(seq) + 1, 0), 'user', ?3, ?4 FROM messages \
+             WHERE root_id = ?1 AND session_id = ?2",
+        )
+        .bind(&rec.root_id)
+        .bind(&rec.id)
+        .bind(serde_json::to_string(&Message::user(text))?)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        rec.into_row().map(Some)
     }
 }

@@ -21,7 +21,10 @@ use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
-use agentq_core::{CancelResult, Claim, Error, Lease, ListFilter, NewSession, SessionStatus};
+use agentq_core::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, Error, Lease, ListFilter, NewSession,
+    SessionStatus, inbox_kind,
+};
 
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(200);
@@ -88,6 +91,12 @@ contract_tests!(
     contract_unenqueued,
     contract_list_paging,
     contract_concurrent_claims_and_checkpoints,
+    contract_suspend,
+    contract_deliver_and_inbox,
+    contract_checkpoint_cursors,
+    contract_approvals,
+    contract_wake_expired_approvals,
+    contract_follow_up,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -349,7 +358,9 @@ async fn contract_crashed_worker_resumes_from_checkpoint(store: &dyn Store) {
     assert_eq!(resumed.not_started, ["call_00002"]);
 
     let row = store.get(&id).await.unwrap().unwrap();
-    assert_eq!(row.attempts, 2);
+    // A's checkpoints saved progress, which resets the crash count; B's claim is the
+    // first claim since.
+    assert_eq!(row.attempts, 1);
     assert_eq!(row.iteration, 3);
     assert_eq!(row.usage, checkpointed.usage);
     assert_eq!(row.lease_owner.as_deref(), Some("worker-b"));
@@ -794,8 +805,14 @@ async fn contract_unenqueued(store: &dyn Store) {
     let found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
     assert_eq!(found, vec![(ids[2].clone(), "default".to_string())]);
 
-    // Running rows are not the sweeper's.
+    // A running row without an entry (its queue lost its data) is the sweeper's too;
+    // once marked it is left alone.
     let _ = acquire(store, &ids[2], "w", TTL).await;
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        vec![(ids[2].clone(), "default".to_string())]
+    );
+    store.mark_enqueued(&ids[2..]).await.unwrap();
     assert!(
         store
             .unenqueued(Duration::ZERO, 100)
@@ -955,6 +972,785 @@ async fn contract_concurrent_claims_and_checkpoints(store: &dyn Store) {
         assert_eq!(row.iteration, 10);
         assert_eq!(store.messages(&lease.session_id).await.unwrap().len(), 21);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sub-agents, suspension, approvals, steering (migration 0003)
+// ---------------------------------------------------------------------------------------
+
+fn default_queue(id: &str) -> Vec<(String, String)> {
+    vec![(id.to_string(), "default".to_string())]
+}
+
+/// The session's `wake_seq` now (what a claim at this moment would have seen).
+async fn wake_seq(store: &dyn Store, id: &str) -> i64 {
+    store.get(id).await.unwrap().unwrap().wake_seq
+}
+
+/// Claim and return the lease plus the row's `wake_seq` at the claim.
+async fn acquire_seen(store: &dyn Store, id: &str, owner: &str) -> (Lease, SessionState, i64) {
+    match store.claim(id, owner, TTL, 10).await.unwrap() {
+        Claim::Acquired { lease, state, row } => (lease, *state, row.wake_seq),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// Run a session to a final checkpoint with `answer`; returns its final state.
+async fn finish(store: &dyn Store, id: &str, answer: &str) -> SessionState {
+    let (lease, mut state) = acquire(store, id, "finisher", TTL).await;
+    let persisted = state.messages.len();
+    state.push_assistant(Message::assistant(answer));
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some(answer.into()),
+        error: None,
+    });
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    assert_eq!(
+        store.get(id).await.unwrap().unwrap().status,
+        SessionStatus::Completed
+    );
+    state
+}
+
+async fn contract_suspend(store: &dyn Store) {
+    let id = create(store, "wait for a child").await;
+    store
+        .mark_enqueued(std::slice::from_ref(&id))
+        .await
+        .unwrap();
+    let (lease, _, seen) = acquire_seen(store, &id, "w1").await;
+    assert_eq!(seen, 0);
+    assert_eq!(store.get(&id).await.unwrap().unwrap().attempts, 1);
+
+    // Fenced: a lease that is not the current one (older epoch, or another owner)
+    // changes nothing.
+    let before = store.get(&id).await.unwrap().unwrap();
+    for stale in [
+        Lease {
+            epoch: lease.epoch - 1,
+            ..lease.clone()
+        },
+        Lease {
+            owner: "w-other".into(),
+            ..lease.clone()
+        },
+    ] {
+        let err = store
+            .suspend(&stale, SessionStatus::Waiting, seen, None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::LeaseLost(ref s) if s == &id),
+            "{err:?}"
+        );
+    }
+    assert_eq!(store.get(&id).await.unwrap().unwrap(), before);
+
+    // Nothing arrived since the claim: it sleeps, holding no lease.
+    let row = store
+        .suspend(&lease, SessionStatus::Waiting, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Waiting);
+    assert!(row.lease_owner.is_none() && row.lease_expires_at.is_none());
+    assert_eq!(row.attempts, 0);
+    assert_eq!(row.lease_epoch, lease.epoch);
+    assert!(row.finish_reason.is_none() && row.finished_at.is_none());
+    assert_eq!(store.get(&id).await.unwrap().unwrap(), row);
+    assert_eq!(
+        store.claim(&id, "w2", TTL, 10).await.unwrap(),
+        Claim::NotRunnable(SessionStatus::Waiting)
+    );
+    // Suspended twice (a retry): the lease is gone.
+    assert!(matches!(
+        store
+            .suspend(&lease, SessionStatus::Waiting, seen, None)
+            .await,
+        Err(Error::LeaseLost(_))
+    ));
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A child's result wakes it: queued, and its queue entry must be added again.
+    let d = store
+        .deliver(
+            &id,
+            inbox_kind::CHILD_DONE,
+            "child-1",
+            &json!({ "child": "c1" }),
+            &[SessionStatus::Waiting],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && d.woken);
+    assert_eq!(d.status, SessionStatus::Waiting);
+    assert_eq!(
+        store.get(&id).await.unwrap().unwrap().status,
+        SessionStatus::Queued
+    );
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        default_queue(&id)
+    );
+    store
+        .mark_enqueued(std::slice::from_ref(&id))
+        .await
+        .unwrap();
+
+    // A later claim works and sees the bump.
+    let (lease2, _, seen2) = acquire_seen(store, &id, "w2").await;
+    assert!(lease2.epoch > lease.epoch);
+    assert_eq!(seen2, 1);
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "running and enqueued"
+    );
+
+    // Something arrives while it runs (it does not wake a running session) ...
+    let d = store
+        .deliver(
+            &id,
+            inbox_kind::CHILD_DONE,
+            "child-2",
+            &json!({ "child": "c2" }),
+            &[SessionStatus::Waiting],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && !d.woken);
+    assert_eq!(d.status, SessionStatus::Running);
+    assert_eq!(wake_seq(store, &id).await, 2);
+    // ... so the suspension that follows, having seen only 1, goes back to the queue
+    // instead of sleeping through it, with its (consumed) entry forgotten.
+    let row = store
+        .suspend(&lease2, SessionStatus::Waiting, seen2, None)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert!(row.lease_owner.is_none() && row.lease_expires_at.is_none());
+    assert_eq!(row.attempts, 0);
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        default_queue(&id)
+    );
+    let (lease3, _, seen3) = acquire_seen(store, &id, "w3").await;
+    assert_eq!(seen3, 2);
+    assert_eq!(store.get(&id).await.unwrap().unwrap().attempts, 1);
+
+    // A cancel requested while it ran: suspending cancels it instead.
+    assert!(matches!(
+        store.request_cancel(&id).await.unwrap(),
+        CancelResult::Requested(_)
+    ));
+    let row = store
+        .suspend(&lease3, SessionStatus::AwaitingApproval, seen3, None)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Cancelled);
+    assert_eq!(row.finish_reason, Some(ExitReason::Interrupted));
+    assert!(row.finished_at.is_some());
+    assert!(row.lease_owner.is_none());
+    assert!(matches!(
+        store.claim(&id, "w4", TTL, 10).await.unwrap(),
+        Claim::Terminal(_)
+    ));
+    // A cancel wins over a wake that arrived too.
+    let other = create(store, "cancel wins").await;
+    let (lease, _, seen) = acquire_seen(store, &other, "w1").await;
+    store
+        .deliver(&other, inbox_kind::MESSAGE, "m", &json!("hi"), &[])
+        .await
+        .unwrap()
+        .unwrap();
+    store.request_cancel(&other).await.unwrap();
+    let row = store
+        .suspend(&lease, SessionStatus::Waiting, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Cancelled);
+}
+
+async fn contract_deliver_and_inbox(store: &dyn Store) {
+    let id = create(store, "inbox").await;
+    assert!(
+        store
+            .inbox(&id, &[inbox_kind::MESSAGE], 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let wake = [SessionStatus::Waiting];
+
+    // Positions increase; a queued session is not "woken" (it is queued already).
+    let items = [
+        (inbox_kind::MESSAGE, "m1", json!({ "text": "first" })),
+        (inbox_kind::FOLLOWUP, "f1", json!({ "text": "later" })),
+        (inbox_kind::CHILD_RESULT, "c1", json!({ "result": "42" })),
+        (inbox_kind::MESSAGE, "m2", json!({ "text": "second" })),
+    ];
+    for (i, (kind, dedupe, payload)) in items.iter().enumerate() {
+        let d = store
+            .deliver(&id, kind, dedupe, payload, &wake)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            d,
+            Delivered {
+                inserted: true,
+                seq: i as u64 + 1,
+                woken: false,
+                queue: "default".into(),
+                status: SessionStatus::Queued,
+            }
+        );
+    }
+    assert_eq!(wake_seq(store, &id).await, 4);
+
+    // A repeat (a redelivered notification) is a no-op: no new item, no bump.
+    let d = store
+        .deliver(
+            &id,
+            inbox_kind::MESSAGE,
+            "m1",
+            &json!({ "text": "dup" }),
+            &wake,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!d.inserted && !d.woken);
+    assert_eq!(d.seq, 0);
+    assert_eq!(wake_seq(store, &id).await, 4);
+
+    // Filtered by kinds and position, in order, with the payload as delivered.
+    let messages = store.inbox(&id, &[inbox_kind::MESSAGE], 0).await.unwrap();
+    assert_eq!(
+        messages.iter().map(|i| i.seq).collect::<Vec<_>>(),
+        vec![1, 4]
+    );
+    assert_eq!(messages[0].kind, inbox_kind::MESSAGE);
+    assert_eq!(messages[0].payload, json!({ "text": "first" }));
+    assert!((Utc::now() - messages[0].created_at).num_seconds().abs() < 60);
+    let after = store.inbox(&id, &[inbox_kind::MESSAGE], 1).await.unwrap();
+    assert_eq!(after.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![4]);
+    let all = store
+        .inbox(
+            &id,
+            &[
+                inbox_kind::MESSAGE,
+                inbox_kind::FOLLOWUP,
+                inbox_kind::CHILD_RESULT,
+            ],
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter()
+            .map(|i| (i.seq, i.kind.as_str(), i.payload.clone()))
+            .collect::<Vec<_>>(),
+        items
+            .iter()
+            .enumerate()
+            .map(|(n, (k, _, p))| (n as u64 + 1, *k, p.clone()))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        store
+            .inbox(&id, &[inbox_kind::CHILD_RESULT], 3)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.inbox(&id, &[], 0).await.unwrap().is_empty());
+    assert!(
+        store
+            .inbox("missing", &[inbox_kind::MESSAGE], 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Another session's inbox is its own (the same dedupe key is independent).
+    let other = create(store, "other inbox").await;
+    let d = store
+        .deliver(&other, inbox_kind::MESSAGE, "m1", &json!("x"), &wake)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted);
+    assert_eq!(d.seq, 1);
+
+    // Only the listed statuses wake: running stays running ...
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    let d = store
+        .deliver(&id, inbox_kind::MESSAGE, "m3", &json!("run"), &wake)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && !d.woken);
+    assert_eq!(d.seq, 5);
+    assert_eq!(d.status, SessionStatus::Running);
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Running);
+    assert_eq!(row.lease_owner.as_deref(), Some("w"));
+
+    // ... awaiting an approval is not woken by a message (the suspension saw m3) ...
+    let row = store
+        .suspend(&lease, SessionStatus::AwaitingApproval, seen + 1, None)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::AwaitingApproval);
+    let d = store
+        .deliver(&id, inbox_kind::MESSAGE, "m4", &json!("held"), &wake)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && !d.woken);
+    assert_eq!(d.status, SessionStatus::AwaitingApproval);
+    assert_eq!(
+        store.get(&id).await.unwrap().unwrap().status,
+        SessionStatus::AwaitingApproval
+    );
+    assert_eq!(wake_seq(store, &id).await, 6);
+
+    // ... but is when its status is listed: queued, to be enqueued.
+    let d = store
+        .deliver(
+            &id,
+            inbox_kind::MESSAGE,
+            "m5",
+            &json!("wake up"),
+            &[SessionStatus::Waiting, SessionStatus::AwaitingApproval],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && d.woken);
+    assert_eq!(d.seq, 7);
+    assert_eq!(d.status, SessionStatus::AwaitingApproval);
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!(row.wake_seq, 7);
+
+    // A waiting session with `Waiting` listed.
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    store
+        .suspend(&lease, SessionStatus::Waiting, seen, None)
+        .await
+        .unwrap();
+    let d = store
+        .deliver(&id, inbox_kind::CHILD_RESULT, "c2", &json!("done"), &wake)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.inserted && d.woken);
+    assert_eq!(d.status, SessionStatus::Waiting);
+    assert_eq!(
+        store.get(&id).await.unwrap().unwrap().status,
+        SessionStatus::Queued
+    );
+
+    assert!(
+        store
+            .deliver("missing", inbox_kind::MESSAGE, "x", &json!(1), &wake)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn contract_checkpoint_cursors(store: &dyn Store) {
+    let id = create(store, "cursors").await;
+    let (lease, mut state) = acquire(store, &id, "w", TTL).await;
+    assert_eq!((state.bg_cursor, state.msg_cursor), (0, 0));
+    let mut persisted = state.messages.len();
+    iterate(store, &lease, &mut state, &mut persisted, 0).await;
+    state.bg_cursor = 3;
+    state.msg_cursor = 5;
+    state
+        .messages
+        .push(Message::user("injected steering message"));
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    // A checkpoint without new messages writes them too.
+    state.bg_cursor = 4;
+    store
+        .checkpoint(&lease, &state, state.messages.len())
+        .await
+        .unwrap();
+
+    let (_, resumed) = acquire(store, &id, "w", TTL).await;
+    assert_eq!((resumed.bg_cursor, resumed.msg_cursor), (4, 5));
+    assert_eq!(resumed, state);
+    // A fenced-off checkpoint does not move them.
+    let mut stale = state.clone();
+    stale.msg_cursor = 99;
+    assert!(matches!(
+        store.checkpoint(&lease, &stale, stale.messages.len()).await,
+        Err(Error::LeaseLost(_))
+    ));
+    let (_, again) = acquire(store, &id, "w", TTL).await;
+    assert_eq!(again.msg_cursor, 5);
+}
+
+async fn contract_approvals(store: &dyn Store) {
+    let id = create(store, "needs approval").await;
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    let deadline = (Utc::now() + chrono::Duration::hours(1)).trunc_subsecs(6);
+    let row = store
+        .suspend(
+            &lease,
+            SessionStatus::AwaitingApproval,
+            seen,
+            Some(deadline),
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::AwaitingApproval);
+    assert_eq!(row.approval_deadline, Some(deadline));
+    assert_eq!(
+        store.get(&id).await.unwrap().unwrap().approval_deadline,
+        Some(deadline)
+    );
+    assert_eq!(
+        store.claim(&id, "w", TTL, 10).await.unwrap(),
+        Claim::NotRunnable(SessionStatus::AwaitingApproval)
+    );
+    assert!(store.approval(&id, "call_1").await.unwrap().is_none());
+
+    // The first decision is recorded and wakes the session.
+    assert_eq!(
+        store
+            .decide_approval(&id, "call_1", true, None)
+            .await
+            .unwrap(),
+        ApprovalRecorded::Recorded {
+            woken: true,
+            queue: "default".into()
+        }
+    );
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!(row.wake_seq, seen + 1);
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        default_queue(&id)
+    );
+    // A second one (another reviewer, a retry) changes nothing.
+    assert_eq!(
+        store
+            .decide_approval(&id, "call_1", false, Some("changed my mind"))
+            .await
+            .unwrap(),
+        ApprovalRecorded::AlreadyDecided
+    );
+    assert_eq!(wake_seq(store, &id).await, seen + 1);
+    assert_eq!(
+        store.approval(&id, "call_1").await.unwrap(),
+        Some((true, None))
+    );
+
+    // A decision while it runs is recorded and bumps the wake counter, without a wake-up.
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    assert_eq!(
+        store
+            .decide_approval(&id, "call_2", false, Some("too risky"))
+            .await
+            .unwrap(),
+        ApprovalRecorded::Recorded {
+            woken: false,
+            queue: "default".into()
+        }
+    );
+    assert_eq!(
+        store.approval(&id, "call_2").await.unwrap(),
+        Some((false, Some("too risky".into())))
+    );
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Running);
+    assert_eq!(row.wake_seq, seen + 1);
+    // So its suspension goes straight back to the queue.
+    let row = store
+        .suspend(
+            &lease,
+            SessionStatus::AwaitingApproval,
+            seen,
+            Some(deadline),
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert!(store.approval(&id, "call_3").await.unwrap().is_none());
+
+    // Finished and unknown sessions.
+    let done = create(store, "done").await;
+    finish(store, &done, "ok").await;
+    assert_eq!(
+        store
+            .decide_approval(&done, "call_1", true, None)
+            .await
+            .unwrap(),
+        ApprovalRecorded::Finished(SessionStatus::Completed)
+    );
+    assert!(store.approval(&done, "call_1").await.unwrap().is_none());
+    assert_eq!(
+        store
+            .decide_approval("missing", "call_1", true, None)
+            .await
+            .unwrap(),
+        ApprovalRecorded::NotFound
+    );
+    assert!(store.approval("missing", "call_1").await.unwrap().is_none());
+}
+
+async fn contract_wake_expired_approvals(store: &dyn Store) {
+    let now = Utc::now();
+    // (status, deadline) per session.
+    let cases = [
+        (
+            SessionStatus::AwaitingApproval,
+            Some(now - chrono::Duration::seconds(60)),
+        ),
+        (
+            SessionStatus::AwaitingApproval,
+            Some(now - chrono::Duration::seconds(30)),
+        ),
+        (
+            SessionStatus::AwaitingApproval,
+            Some(now + chrono::Duration::hours(1)),
+        ),
+        (SessionStatus::AwaitingApproval, None),
+        (
+            SessionStatus::Waiting,
+            Some(now - chrono::Duration::seconds(60)),
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (i, (status, deadline)) in cases.iter().enumerate() {
+        let id = create(store, &format!("approval {i}")).await;
+        let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+        let row = store
+            .suspend(&lease, *status, seen, *deadline)
+            .await
+            .unwrap();
+        assert_eq!(row.status, *status);
+        ids.push(id);
+    }
+    assert!(store.wake_expired_approvals(0).await.unwrap().is_empty());
+    // Earliest deadline first, limited.
+    assert_eq!(
+        store.wake_expired_approvals(1).await.unwrap(),
+        default_queue(&ids[0])
+    );
+    assert_eq!(
+        store.wake_expired_approvals(100).await.unwrap(),
+        default_queue(&ids[1])
+    );
+    assert!(store.wake_expired_approvals(100).await.unwrap().is_empty());
+    for (i, want) in [
+        SessionStatus::Queued,
+        SessionStatus::Queued,
+        SessionStatus::AwaitingApproval,
+        SessionStatus::AwaitingApproval,
+        SessionStatus::Waiting,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let row = store.get(&ids[i]).await.unwrap().unwrap();
+        assert_eq!(row.status, want, "session {i}");
+        // Woken ones got a wake bump (a suspension racing the sweeper re-queues).
+        assert_eq!(row.wake_seq, i64::from(i < 2), "session {i}");
+    }
+    let mut unenqueued = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    unenqueued.sort();
+    let mut want = [default_queue(&ids[0]), default_queue(&ids[1])].concat();
+    want.sort();
+    assert_eq!(unenqueued, want);
+    // The woken session runs again.
+    let _ = acquire(store, &ids[0], "w2", TTL).await;
+}
+
+async fn contract_follow_up(store: &dyn Store) {
+    // Only a finished session takes a follow-up.
+    let queued = create(store, "still queued").await;
+    assert!(
+        store
+            .follow_up(&queued, "more", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let running = create(store, "running").await;
+    let _ = acquire(store, &running, "w", TTL).await;
+    assert!(
+        store
+            .follow_up(&running, "more", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .follow_up("missing", "more", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(store.messages(&queued).await.unwrap().len(), 1);
+    assert_eq!(store.messages(&running).await.unwrap().len(), 1);
+
+    // A follow-up (`enqueue`) arrives while the first turn runs, then a steering message
+    // (`inject`) that the run takes into its history before it ends: the message's
+    // cursor is past the follow-up, which must still run once the turn is over.
+    let id = create(store, "first question").await;
+    let (lease, mut first) = acquire(store, &id, "w", TTL).await;
+    let f = store
+        .deliver(
+            &id,
+            inbox_kind::FOLLOWUP,
+            "f1",
+            &json!({ "text": "second question" }),
+            &[],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(f.inserted && !f.woken);
+    assert_eq!(f.status, SessionStatus::Running);
+    let m = store
+        .deliver(&id, inbox_kind::MESSAGE, "m1", &json!("be brief"), &[])
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(m.seq > f.seq);
+    let persisted = first.messages.len();
+    first.messages.push(Message::user("be brief"));
+    first.msg_cursor = m.seq;
+    first.push_assistant(Message::assistant("first answer"));
+    first.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some("first answer".into()),
+        error: None,
+    });
+    store.checkpoint(&lease, &first, persisted).await.unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Completed);
+    assert_eq!((row.iteration, row.followup_cursor), (1, 0));
+
+    let row = store
+        .follow_up(&id, "second question", Some(f.seq))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert!(row.finish_reason.is_none() && row.result.is_none() && row.error.is_none());
+    assert!(row.finished_at.is_none() && row.lease_owner.is_none());
+    assert!(!row.cancel_requested);
+    assert_eq!((row.attempts, row.iteration), (0, 1));
+    assert_eq!(row.followup_cursor, f.seq);
+    assert_eq!(store.get(&id).await.unwrap().unwrap(), row);
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .contains(&(id.clone(), "default".to_string()))
+    );
+    assert_eq!(
+        store.messages(&id).await.unwrap(),
+        vec![
+            Message::user("first question"),
+            Message::user("be brief"),
+            first.messages[2].clone(),
+            Message::user("second question"),
+        ]
+    );
+    // Not finished any more: another follow-up waits for the end of this turn.
+    assert!(store.follow_up(&id, "third", None).await.unwrap().is_none());
+
+    // The new turn resumes with the full history and a fresh allowance.
+    let (lease, mut state, _) = acquire_seen(store, &id, "w").await;
+    assert_eq!(state.messages.len(), 4);
+    assert_eq!(state.messages[3], Message::user("second question"));
+    assert_eq!((state.iteration, state.turn_base), (1, 1));
+    // The follow-up does not move the steering cursor.
+    assert_eq!(state.msg_cursor, m.seq);
+    assert!(state.outcome.is_none());
+    let persisted = state.messages.len();
+    state.push_assistant(Message::assistant("second answer"));
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some("second answer".into()),
+        error: None,
+    });
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Completed);
+    assert_eq!(row.result.as_deref(), Some("second answer"));
+    assert_eq!(row.iteration, 2);
+
+    // The same follow-up again (a redelivered notification): it ran already.
+    assert!(
+        store
+            .follow_up(&id, "second question", Some(f.seq))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(store.messages(&id).await.unwrap().len(), 5);
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Completed);
+    assert_eq!(row.followup_cursor, f.seq);
+    // A later one runs.
+    let row = store
+        .follow_up(&id, "third question", Some(f.seq + 1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!(row.followup_cursor, f.seq + 1);
+    let msgs = store.messages(&id).await.unwrap();
+    assert_eq!(msgs.len(), 6);
+    assert_eq!(msgs[5], Message::user("third question"));
+
+    // A failed or cancelled session takes one too (without an inbox position).
+    let failed = create(store, "will fail").await;
+    store.fail(&failed, "boom").await.unwrap();
+    let row = store
+        .follow_up(&failed, "try again", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert!(row.error.is_none() && row.finish_reason.is_none());
+    assert_eq!(
+        store.messages(&failed).await.unwrap(),
+        vec![Message::user("will fail"), Message::user("try again")]
+    );
+    let cancelled = create(store, "cancelled").await;
+    store.request_cancel(&cancelled).await.unwrap();
+    let row = store
+        .follow_up(&cancelled, "resume", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert!(!row.cancel_requested);
+    let (_, state, _) = acquire_seen(store, &cancelled, "w").await;
+    assert_eq!(state.messages.last(), Some(&Message::user("resume")));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -16,9 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
-use agentq_core::{
-    CancelResult, Completion, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus,
-};
+use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::error::ApiError;
 use crate::request::{JsonBody, Limits, ListQuery, parse_batch, parse_session};
@@ -28,14 +26,11 @@ pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = 1000;
 /// Children listed in a session's view.
 const MAX_CHILDREN: u32 = 1000;
-/// Descendants a cancel reaches at most (a runaway fan-out must not make one request
-/// unbounded).
-const MAX_CANCEL_CASCADE: usize = 10_000;
 /// Session ids are UUIDs; anything much longer cannot exist.
 const MAX_ID_LEN: usize = 128;
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// The API on `state`. Serve it with `axum::serve` (the tests bind port 0).
 pub fn router(state: Scheduler) -> Router {
@@ -58,8 +53,15 @@ pub fn router(state: Scheduler) -> Router {
             post(create_batch).layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT.max(single_limit))),
         )
         .route("/v1/sessions/{id}", get(get_session))
-        .route("/v1/sessions/{id}/messages", get(get_messages))
+        .route(
+            "/v1/sessions/{id}/messages",
+            get(get_messages).post(crate::steer::post_message),
+        )
+        .route("/v1/sessions/{id}/approvals", post(crate::steer::approvals))
+        .route("/v1/sessions/{id}/tree", get(crate::steer::tree))
         .route("/v1/sessions/{id}/cancel", post(cancel_session))
+        .route("/v1/sessions/{id}/events", get(crate::events::events))
+        .route("/metrics", get(crate::metrics::metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(not_found)
@@ -108,69 +110,6 @@ impl Scheduler {
             tracing::warn!(queue, sessions = ids.len(), error = %e, "cannot mark sessions enqueued");
         }
     }
-
-    /// Cancel the descendants of a cancelled session (DESIGN §5), breadth first.
-    async fn cancel_descendants(&self, root: &str) {
-        let mut frontier = vec![root.to_string()];
-        let mut reached = 0usize;
-        while let Some(parent) = frontier.pop() {
-            let children = match self
-                .store
-                .list(&ListFilter {
-                    parent_id: Some(parent.clone()),
-                    limit: 10_000,
-                    ..Default::default()
-                })
-                .await
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(session_id = %parent, error = %e, "cannot list children to cancel");
-                    continue;
-                }
-            };
-            for child in children.into_iter().filter(|c| !c.status.is_terminal()) {
-                reached += 1;
-                if reached > MAX_CANCEL_CASCADE {
-                    tracing::warn!(
-                        session_id = root,
-                        "cancel cascade stopped at {MAX_CANCEL_CASCADE} descendants"
-                    );
-                    return;
-                }
-                match self.store.request_cancel(&child.id).await {
-                    Ok(r) => self.announce_cancel(&r).await,
-                    Err(e) => {
-                        tracing::warn!(session_id = %child.id, error = %e, "cannot cancel child")
-                    }
-                }
-                frontier.push(child.id);
-            }
-        }
-    }
-
-    /// Tell the world about a cancel: a completion for a session cancelled now, a cancel
-    /// request to the owning worker for a running one. Best effort: the row is the truth
-    /// (a worker that misses the message sees the flag at its next heartbeat).
-    async fn announce_cancel(&self, result: &CancelResult) {
-        match result {
-            CancelResult::CancelledNow(row) => {
-                if let Err(e) = self
-                    .queue
-                    .publish_completion(&Completion::from_row(row))
-                    .await
-                {
-                    tracing::warn!(session_id = %row.id, error = %e, "cannot publish the completion of a cancelled session");
-                }
-            }
-            CancelResult::Requested(row) => {
-                if let Err(e) = self.queue.publish_cancel(&row.id).await {
-                    tracing::warn!(session_id = %row.id, error = %e, "cannot broadcast a cancel request");
-                }
-            }
-            CancelResult::AlreadyFinished(_) | CancelResult::NotFound => {}
-        }
-    }
 }
 
 /// The JSON view of a session: the spec's fields at the top level beside the row's.
@@ -205,7 +144,7 @@ pub fn session_view(row: &SessionRow) -> Value {
     Value::Object(m)
 }
 
-fn check_id(id: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+pub(crate) fn check_id(id: Result<Path<String>, PathRejection>) -> ApiResult<String> {
     match id {
         Ok(Path(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => Ok(id),
         Ok(Path(id)) => Err(ApiError::NotFound(format!(
@@ -316,7 +255,9 @@ async fn get_messages(
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<Value>> {
     let id = check_id(id)?;
-    let messages = s.store.messages(&id).await?;
+    let mut messages = s.store.messages(&id).await?;
+    // Parallel tool results are stored as they finished; clients read them in call order.
+    agentq_agent::state::normalize_history(&mut messages);
     Ok(Json(json!({ "messages": messages })))
 }
 
@@ -384,11 +325,12 @@ async fn cancel_session(
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
     let result = s.store.request_cancel(&id).await?;
-    s.announce_cancel(&result).await;
+    agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
     match result {
         CancelResult::CancelledNow(row) => {
             tracing::info!(session_id = %row.id, "session cancelled before running");
-            s.cancel_descendants(&row.id).await;
+            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
+                .await;
             Ok((
                 StatusCode::OK,
                 Json(json!({"id": row.id, "status": row.status})),
@@ -397,7 +339,8 @@ async fn cancel_session(
         }
         CancelResult::Requested(row) => {
             tracing::info!(session_id = %row.id, owner = ?row.lease_owner, "cancel requested");
-            s.cancel_descendants(&row.id).await;
+            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
+                .await;
             Ok((
                 StatusCode::ACCEPTED,
                 Json(json!({"id": row.id, "status": row.status, "cancel_requested": true})),

@@ -2,7 +2,8 @@
 //! (`/v1/sessions…`, `/healthz`, `/readyz`: [`router`]), enqueueing (insert the row, then
 //! `XADD`), the consumer groups of the configured queues (created at start so KEDA's lag
 //! scaler sees them before the first session) and the sweeper that repairs a crash between
-//! insert and `XADD` ([`sweeper`]). It holds no state of its own: Postgres is the truth,
+//! insert and `XADD` ([`sweeper`]), the session event streams over SSE ([`events`]) and
+//! `/metrics` ([`metrics`]). It holds no state of its own: Postgres is the truth,
 //! Redis carries the work, so any number of schedulers can run side by side.
 
 use std::collections::HashSet;
@@ -17,7 +18,10 @@ use agentq_core::{Queue, Store};
 
 mod api;
 pub mod error;
+pub mod events;
+pub mod metrics;
 pub mod request;
+mod steer;
 pub mod sweeper;
 
 pub use api::router;

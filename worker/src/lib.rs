@@ -146,6 +146,11 @@ pub(crate) struct Inner {
     pub metrics: &'static Metrics,
     pub events: tokio::sync::mpsc::UnboundedSender<EventRecord>,
     events_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<EventRecord>>>,
+    /// Entries of a session that arrived while this worker was still running or settling
+    /// it: dispatched once it is done (acking them could lose a wake-up).
+    deferred: Mutex<HashMap<String, Vec<Delivery>>>,
+    redispatch: tokio::sync::mpsc::UnboundedSender<Delivery>,
+    redispatch_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Delivery>>>,
 }
 
 /// Counters tests and the demo read.
@@ -160,6 +165,23 @@ pub struct Stats {
 impl Inner {
     pub(crate) fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session's run is settled: forget it, and hand on entries that waited for it.
+    pub(crate) fn finish_active(&self, session_id: &str) {
+        // Same lock order as `dispatch`: active, then deferred.
+        let mut active = self.active_lock();
+        active.remove(session_id);
+        let waiting = self
+            .deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id)
+            .unwrap_or_default();
+        drop(active);
+        for d in waiting {
+            let _ = self.redispatch.send(d);
+        }
     }
 
     /// Providers are shared across sessions (one HTTP connection pool per endpoint).
@@ -201,6 +223,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (redispatch, redispatch_rx) = tokio::sync::mpsc::unbounded_channel();
         Worker {
             inner: Arc::new(Inner {
                 store,
@@ -213,6 +236,9 @@ impl Worker {
                 metrics: agentq_core::metrics::global(),
                 events: tx,
                 events_rx: Mutex::new(Some(rx)),
+                deferred: Mutex::new(HashMap::new()),
+                redispatch,
+                redispatch_rx: Mutex::new(Some(redispatch_rx)),
             }),
         }
     }
@@ -249,13 +275,37 @@ impl Worker {
             .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
         let tracker = TaskTracker::new();
         let bg_stop = CancellationToken::new();
+        let mut redispatch_rx = inner
+            .redispatch_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
         let writer_stop = CancellationToken::new();
         let writer = tokio::spawn(observe::event_writer(
             inner.queue.clone(),
             events_rx,
             writer_stop.clone(),
         ));
+        let redispatcher = {
+            let (inner, slots, tracker, stop) = (
+                inner.clone(),
+                slots.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    let d = tokio::select! {
+                        d = redispatch_rx.recv() => match d { Some(d) => d, None => return },
+                        _ = stop.cancelled() => return,
+                    };
+                    dispatch(&inner, &slots, &tracker, d).await;
+                }
+            })
+        };
         let background = vec![
+            redispatcher,
             tokio::spawn(heartbeat_loop(inner.clone(), bg_stop.clone())),
             tokio::spawn(cancel_listener(inner.clone(), bg_stop.clone())),
             tokio::spawn(reclaim_loop(
@@ -353,12 +403,15 @@ async fn dispatch(inner: &Arc<Inner>, slots: &Arc<Semaphore>, tracker: &TaskTrac
         let active = inner.active_lock();
         if let Some(a) = active.get(&d.session_id) {
             if a.entry_id != d.entry_id {
-                // A duplicate entry of a session we run: the lease decides, and ours holds.
-                let (q, id) = (d.queue.clone(), d.entry_id.clone());
-                let queue = inner.queue.clone();
-                tokio::spawn(async move {
-                    let _ = queue.ack(&q, &[id]).await;
-                });
+                // Another entry of a session this worker is running or settling: it may be
+                // a wake-up that arrived after the run's last look, so run it afterwards.
+                inner
+                    .deferred
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(d.session_id.clone())
+                    .or_default()
+                    .push(d);
             }
             return;
         }

@@ -219,7 +219,9 @@ async fn run(
             }))
         }
     };
-    inner.active_lock().remove(&d.session_id);
+    // Stays "active" until its entry is settled below: a duplicate entry delivered to this
+    // worker meanwhile must not start a second run (the same owner may re-claim).
+    let _settling = ActiveGuard(&inner, &d.session_id);
     m.sessions_active.dec();
     match result {
         None => {
@@ -268,6 +270,15 @@ async fn run(
             // reclaimer resumes the session from its last checkpoint.
             error!(error = %e, "run stopped: checkpoint failed");
         }
+    }
+}
+
+/// Removes the session from the worker's active set when the run is fully settled.
+struct ActiveGuard<'a>(&'a Arc<Inner>, &'a str);
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.finish_active(self.1);
     }
 }
 
@@ -402,6 +413,7 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
             max_depth: inner.cfg.max_depth,
             max_children: inner.cfg.max_children,
             inbox: parts.inbox.clone(),
+            creating: tokio::sync::Mutex::new(()),
         }));
     }
     let dir = inner.cfg.workspace_root.join(&row.root_id);

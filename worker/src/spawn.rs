@@ -28,6 +28,9 @@ pub struct SpawnAgent {
     pub max_depth: u32,
     pub max_children: usize,
     pub inbox: Arc<SessionInbox>,
+    /// Parallel calls of one response check the child limit and create under this lock,
+    /// so the limit holds however many arrive at once.
+    pub creating: tokio::sync::Mutex<()>,
 }
 
 fn opt_str<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, ToolError> {
@@ -197,6 +200,7 @@ impl Tool for SpawnAgent {
         }
         let failed =
             |e: agentq_core::Error| ToolError::Failed(format!("cannot start the sub-agent: {e}"));
+        let guard = self.creating.lock().await;
         let children = self
             .store
             .list(&ListFilter {
@@ -254,6 +258,7 @@ impl Tool for SpawnAgent {
                 row
             }
         };
+        drop(guard);
         if !wait {
             return Ok(ToolOutput::ok(format!(
                 "Started background agent \"{label}\" ({}). Its result will be delivered to you when it finishes; carry on meanwhile.",

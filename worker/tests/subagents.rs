@@ -1,0 +1,671 @@
+//! Sub-agents, suspension, approvals and steering, end to end in process: real Postgres
+//! and Redis, the scheduler's HTTP API, several workers, the scripted provider playing
+//! parents and children by their task.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::schema::{Message, Role};
+use agentq_agent::spec::SessionSpec;
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, Store};
+use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
+use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_worker::{Worker, WorkerConfig};
+
+struct Cluster {
+    store: Arc<PgStore>,
+    queue: Arc<RedisQueue>,
+    api: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    _redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(
+        script: Value,
+        workers: usize,
+        concurrency: usize,
+        tweak: impl Fn(&mut WorkerConfig),
+    ) -> Cluster {
+        let url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let redis = RedisServer::start().unwrap();
+        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+        queue.ensure_queue("default").await.unwrap();
+        let stop = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}", listener.local_addr().unwrap());
+        let settings = SchedulerSettings {
+            sweep_interval: Duration::from_millis(200),
+            sweep_age: Duration::from_millis(500),
+            queues: vec!["default".into()],
+            ..Default::default()
+        };
+        tokio::spawn(run_scheduler(
+            store.clone(),
+            queue.clone(),
+            settings,
+            listener,
+            stop.clone(),
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let mut handles = Vec::new();
+        for i in 0..workers {
+            let mut cfg = WorkerConfig {
+                consumer: format!("w{i}-{}", uuid_like()),
+                concurrency,
+                read_block: Duration::from_millis(200),
+                heartbeat_interval: Duration::from_millis(300),
+                lease_ttl: Duration::from_secs(2),
+                reclaim_min_idle: Duration::from_secs(2),
+                reclaim_interval: Duration::from_millis(500),
+                workspace_root: dir.path().to_path_buf(),
+                ..WorkerConfig::default()
+            };
+            cfg.providers.script = Some(script.to_string());
+            tweak(&mut cfg);
+            // Each worker process has its own pool, as in production.
+            let own = Arc::new(PgStore::connect(&url, 8).await.unwrap());
+            let w = Worker::new(own, queue.clone(), cfg);
+            let s = stop.clone();
+            handles.push(tokio::spawn(async move {
+                let _ = w.run(s).await;
+            }));
+        }
+        Cluster {
+            store,
+            queue,
+            api,
+            http: reqwest::Client::new(),
+            stop,
+            workers: handles,
+            _redis: redis,
+            _dir: dir,
+        }
+    }
+
+    async fn submit(
+        &self,
+        prompt: &str,
+        tools: &[&str],
+        tweak: impl Fn(&mut SessionSpec),
+    ) -> String {
+        let mut spec = SessionSpec::new(prompt);
+        spec.tools = Some(tools.iter().map(|s| s.to_string()).collect());
+        spec.retry_delay_ms = 10;
+        tweak(&mut spec);
+        let (row, _) = self
+            .store
+            .create_session(&NewSession::root(spec, "default"))
+            .await
+            .unwrap();
+        self.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .unwrap();
+        self.store
+            .mark_enqueued(std::slice::from_ref(&row.id))
+            .await
+            .unwrap();
+        row.id
+    }
+
+    async fn row(&self, id: &str) -> SessionRow {
+        self.store.get(id).await.unwrap().unwrap()
+    }
+
+    async fn wait_status(&self, id: &str, want: &[SessionStatus], limit: Duration) -> SessionRow {
+        let start = Instant::now();
+        loop {
+            let row = self.row(id).await;
+            if want.contains(&row.status) {
+                return row;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "session {id} is {} (wanted {want:?}): {row:?}",
+                row.status
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn children(&self, id: &str) -> Vec<SessionRow> {
+        self.store
+            .list(&ListFilter {
+                parent_id: Some(id.to_string()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    }
+
+    async fn shutdown(self) {
+        self.stop.cancel();
+        for w in self.workers {
+            let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
+        }
+    }
+}
+
+fn uuid_like() -> String {
+    agentq_core::new_session_id()
+}
+
+fn spawn_call(prompt: &str, label: &str, wait: bool) -> Value {
+    json!({"name": "spawn_agent", "arguments": {"prompt": prompt, "label": label, "wait": wait}})
+}
+
+/// The transcript as clients read it: each turn's results in call order.
+async fn transcript(c: &Cluster, id: &str) -> Vec<Message> {
+    let mut msgs = c.store.messages(id).await.unwrap();
+    agentq_agent::state::normalize_history(&mut msgs);
+    msgs
+}
+
+fn tool_results(msgs: &[Message]) -> Vec<&Message> {
+    msgs.iter().filter(|m| m.role == Role::Tool).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreground_and_background_children_nested_two_levels() {
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "ROOT", "turns": [
+                {"tool_calls": [spawn_call("CHILD-A: ask your own helper", "a", true),
+                                spawn_call("CHILD-B: slow background work", "b", false)]},
+                {"text": "root: first answer"},
+                {"text": "root: final answer"}
+            ]},
+            {"when_prompt_contains": "CHILD-A", "turns": [
+                {"tool_calls": [spawn_call("GRANDCHILD: answer", "g", true)]},
+                {"text": "A got: {{last_tool_result}}"}
+            ]},
+            {"when_prompt_contains": "GRANDCHILD", "turns": [{"text": "grandchild answer"}]},
+            {"when_prompt_contains": "CHILD-B", "turns": [{"text": "B answer", "delay_ms": 1500}]}
+        ]
+    });
+    let c = Cluster::start(script, 2, 4, |_| {}).await;
+    let root = c.submit("ROOT task", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(
+            &root,
+            &[SessionStatus::Completed, SessionStatus::Failed],
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    let msgs = transcript(&c, &root).await;
+    let results = tool_results(&msgs);
+    // The foreground child's answer is its call's result (it in turn got its own
+    // child's answer the same way).
+    assert_eq!(results[0].content, "A got: grandchild answer");
+    assert!(
+        results[1]
+            .content
+            .starts_with("Started background agent \"b\"")
+    );
+    let children = c.children(&root).await;
+    assert_eq!(children.len(), 2);
+    let b = children
+        .iter()
+        .find(|ch| ch.spec.prompt.contains("CHILD-B"))
+        .unwrap();
+    let a = children
+        .iter()
+        .find(|ch| ch.spec.prompt.contains("CHILD-A"))
+        .unwrap();
+    assert_eq!(a.depth, 1);
+    let grand = c.children(&a.id).await;
+    assert_eq!(grand.len(), 1);
+    assert_eq!(grand[0].depth, 2);
+    assert_eq!(grand[0].root_id, root);
+    // The background result is injected exactly once, in the documented format.
+    let want = format!("[Background agent \"b\" ({}) completed] B answer", b.id);
+    let injected: Vec<&Message> = msgs
+        .iter()
+        .filter(|m| m.role == Role::User && m.content.contains("[Background agent"))
+        .collect();
+    assert_eq!(injected.len(), 1, "{msgs:#?}");
+    assert_eq!(injected[0].content, want);
+    // It came after the root's first answer (the root waited for it, holding no slot),
+    // and the model answered again.
+    assert_eq!(row.result.as_deref(), Some("root: final answer"));
+    // The API lists the tree.
+    let tree: Value = c
+        .http
+        .get(format!("{}/v1/sessions/{root}/tree", c.api))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(tree["children"].as_array().unwrap().len(), 2);
+    let view: Value = c
+        .http
+        .get(format!("{}/v1/sessions/{root}", c.api))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["children"].as_array().unwrap().len(), 2);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_completes_with_fewer_slots_than_sessions() {
+    let sixteen: Vec<Value> = (0..16)
+        .map(|i| spawn_call(&format!("CHILD {i}: split further"), &format!("c{i}"), true))
+        .collect();
+    let four: Vec<Value> = (0..4)
+        .map(|i| spawn_call(&format!("LEAF {i}: answer"), &format!("l{i}"), true))
+        .collect();
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "ROOT", "turns": [{"tool_calls": sixteen}, {"text": "root done"}]},
+            {"when_prompt_contains": "CHILD", "turns": [{"tool_calls": four}, {"text": "child done"}]},
+            {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf", "delay_ms": 50}]}
+        ]
+    });
+    // 4 workers × 8 slots = 32 slots for 81 sessions: only possible if waiting parents
+    // hold none.
+    let c = Cluster::start(script, 4, 8, |_| {}).await;
+    let root = c.submit("ROOT fan out", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(
+            &root,
+            &[SessionStatus::Completed, SessionStatus::Failed],
+            Duration::from_secs(180),
+        )
+        .await;
+    assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    let children = c.children(&root).await;
+    assert_eq!(children.len(), 16);
+    let mut leaves = 0;
+    for ch in &children {
+        assert_eq!(ch.status, SessionStatus::Completed);
+        let gs = c.children(&ch.id).await;
+        assert_eq!(gs.len(), 4);
+        leaves += gs
+            .iter()
+            .filter(|g| g.status == SessionStatus::Completed)
+            .count();
+        let msgs = c.store.messages(&ch.id).await.unwrap();
+        let r = tool_results(&msgs);
+        assert_eq!(r.len(), 4);
+        assert!(r.iter().all(|m| m.content == "leaf"));
+    }
+    assert_eq!(leaves, 64);
+    let msgs = transcript(&c, &root).await;
+    let r = tool_results(&msgs);
+    assert_eq!(r.len(), 16, "each child's answer delivered exactly once");
+    assert!(r.iter().all(|m| m.content == "child done"));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn depth_and_fan_out_limits_are_tool_errors() {
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "NEST", "turns": [
+                {"tool_calls": [spawn_call("NEST deeper", "n", true)]},
+                {"text": "nest: {{last_tool_result}}"}
+            ]},
+            {"when_prompt_contains": "WIDE", "turns": [
+                {"tool_calls": [spawn_call("LEAF 1", "1", false), spawn_call("LEAF 2", "2", false), spawn_call("LEAF 3", "3", false)]},
+                {"text": "wide done"}
+            ]},
+            {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf"}]}
+        ]
+    });
+    let c = Cluster::start(script, 1, 8, |cfg| {
+        cfg.max_depth = 2;
+        cfg.max_children = 2;
+    })
+    .await;
+    let nest = c.submit("NEST top", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(&nest, &[SessionStatus::Completed], Duration::from_secs(60))
+        .await;
+    // Depth 0 → 1 → 2; the session at depth 2 may not spawn: its tool error travels up.
+    assert!(
+        row.result
+            .as_deref()
+            .unwrap()
+            .contains("nest 2 levels deep"),
+        "{row:?}"
+    );
+    let wide = c.submit("WIDE top", &["spawn_agent"], |_| {}).await;
+    c.wait_status(&wide, &[SessionStatus::Completed], Duration::from_secs(60))
+        .await;
+    let msgs = c.store.messages(&wide).await.unwrap();
+    let r = tool_results(&msgs);
+    assert_eq!(r.iter().filter(|m| m.is_error).count(), 1);
+    assert!(
+        r.iter()
+            .any(|m| m.content.contains("already started 2 sub-agents"))
+    );
+    assert_eq!(c.children(&wide).await.len(), 2);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parent_cancels_its_subtree() {
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "ROOT", "turns": [
+                {"tool_calls": [spawn_call("MID: go on", "m", true)]}, {"text": "never"}]},
+            {"when_prompt_contains": "MID", "turns": [
+                {"tool_calls": [spawn_call("SLOW: take long", "s", true)]}, {"text": "never"}]},
+            {"when_prompt_contains": "SLOW", "turns": [{"text": "slow", "delay_ms": 60000}]}
+        ]
+    });
+    let c = Cluster::start(script, 1, 8, |_| {}).await;
+    let root = c.submit("ROOT cancel me", &["spawn_agent"], |_| {}).await;
+    // Wait for the grandchild to be running (the parents wait, holding no slot).
+    let start = Instant::now();
+    let grand = loop {
+        let kids = c.children(&root).await;
+        if let Some(mid) = kids.first() {
+            let g = c.children(&mid.id).await;
+            if let Some(g) = g.first()
+                && g.status == SessionStatus::Running
+            {
+                break g.id.clone();
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "grandchild never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(c.row(&root).await.status, SessionStatus::Waiting);
+    let (status, _) = c
+        .post(&format!("/v1/sessions/{root}/cancel"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let g = c
+        .wait_status(&grand, &[SessionStatus::Cancelled], Duration::from_secs(20))
+        .await;
+    assert_eq!(g.finish_reason.map(|r| r.as_str()), Some("interrupted"));
+    let mid = c.children(&root).await.remove(0);
+    assert_eq!(mid.status, SessionStatus::Cancelled);
+    assert_eq!(c.row(&root).await.status, SessionStatus::Cancelled);
+    c.shutdown().await;
+}
+
+fn sensitive_script() -> Value {
+    json!({"turns": [
+        {"tool_calls": [{"name": "write_file", "arguments": {"path": "out.txt", "content": "hello"}}]},
+        {"text": "after: {{last_tool_result}}"}
+    ]})
+}
+
+async fn held_call(c: &Cluster, id: &str) -> String {
+    c.wait_status(
+        id,
+        &[SessionStatus::AwaitingApproval],
+        Duration::from_secs(30),
+    )
+    .await;
+    let msgs = c.store.messages(id).await.unwrap();
+    msgs.iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+        .unwrap()
+        .tool_calls[0]
+        .id
+        .clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_approve_deny_and_time_out() {
+    let c = Cluster::start(sensitive_script(), 1, 4, |_| {}).await;
+    let sensitive = |s: &mut SessionSpec| s.sensitive_tools = vec!["write_file".into()];
+
+    // Approve: the tool runs once.
+    let a = c.submit("approve me", &["write_file"], sensitive).await;
+    let call = held_call(&c, &a).await;
+    // Held: nothing ran yet, no worker slot held.
+    assert!(tool_results(&c.store.messages(&a).await.unwrap()).is_empty());
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{a}/approvals"),
+            json!({"tool_call_id": call, "approve": true}),
+        )
+        .await;
+    assert_eq!(st, 200, "{body}");
+    let row = c
+        .wait_status(&a, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    assert!(row.result.as_deref().unwrap().contains("after:"), "{row:?}");
+    let msgs = c.store.messages(&a).await.unwrap();
+    let r = tool_results(&msgs);
+    assert_eq!(r.len(), 1);
+    assert!(!r[0].is_error, "{}", r[0].content);
+    // A second decision is refused.
+    let (st, _) = c
+        .post(
+            &format!("/v1/sessions/{a}/approvals"),
+            json!({"tool_call_id": call, "approve": false}),
+        )
+        .await;
+    assert!(st == 409 || st == 422, "{st}");
+
+    // Deny: the model sees the denial with the reason.
+    let d = c.submit("deny me", &["write_file"], sensitive).await;
+    let call = held_call(&c, &d).await;
+    let (st, _) = c
+        .post(
+            &format!("/v1/sessions/{d}/approvals"),
+            json!({"tool_call_id": call, "approve": false, "reason": "not today"}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    c.wait_status(&d, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    let msgs = c.store.messages(&d).await.unwrap();
+    let r = tool_results(&msgs);
+    assert!(r[0].is_error);
+    assert!(
+        r[0].content.contains("denied by approval: not today"),
+        "{}",
+        r[0].content
+    );
+
+    // Timeout: nobody answers within the approval timeout.
+    let t = c
+        .submit("time me out", &["write_file"], |s| {
+            s.sensitive_tools = vec!["write_file".into()];
+            s.approval_timeout_secs = 1;
+        })
+        .await;
+    held_call(&c, &t).await;
+    c.wait_status(&t, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    let msgs = c.store.messages(&t).await.unwrap();
+    let r = tool_results(&msgs);
+    assert!(
+        r[0].content.contains("denied by approval: timeout"),
+        "{}",
+        r[0].content
+    );
+
+    // A call that is not held is refused, naming the field.
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{t}/approvals"),
+            json!({"tool_call_id": "nope", "approve": true}),
+        )
+        .await;
+    assert_eq!(st, 422);
+    assert_eq!(body["error"]["field"], "tool_call_id");
+    c.shutdown().await;
+}
+
+fn slow_loop_script() -> Value {
+    // Three slow tool rounds, then an answer that echoes what it was told last.
+    json!({"turns": [
+        {"text": "step 1", "tool_calls": [{"name": "list_dir", "arguments": {}}], "delay_ms": 600},
+        {"text": "step 2", "tool_calls": [{"name": "list_dir", "arguments": {}}], "delay_ms": 600},
+        {"text": "step 3", "tool_calls": [{"name": "list_dir", "arguments": {}}], "delay_ms": 600},
+        {"text": "done"},
+        {"text": "follow-up answered"}
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steering_inject_enqueue_interrupt_reject() {
+    let c = Cluster::start(slow_loop_script(), 1, 4, |_| {}).await;
+
+    // inject: the message joins the history at the next boundary; the loop goes on.
+    let s = c.submit("inject into me", &["list_dir"], |_| {}).await;
+    c.wait_status(&s, &[SessionStatus::Running], Duration::from_secs(20))
+        .await;
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{s}/messages"),
+            json!({"content": "also check X", "strategy": "inject"}),
+        )
+        .await;
+    assert_eq!(st, 202, "{body}");
+    c.wait_status(&s, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    let msgs = c.store.messages(&s).await.unwrap();
+    let injected: Vec<&Message> = msgs
+        .iter()
+        .filter(|m| m.role == Role::User && m.content == "also check X")
+        .collect();
+    assert_eq!(injected.len(), 1, "{msgs:#?}");
+
+    // reject: refused while it runs, nothing written.
+    let s2 = c.submit("reject while busy", &["list_dir"], |_| {}).await;
+    c.wait_status(&s2, &[SessionStatus::Running], Duration::from_secs(20))
+        .await;
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{s2}/messages"),
+            json!({"content": "hey", "strategy": "reject"}),
+        )
+        .await;
+    assert_eq!(st, 409, "{body}");
+
+    // enqueue: runs as a new turn once the session finishes.
+    let (st, _) = c
+        .post(
+            &format!("/v1/sessions/{s2}/messages"),
+            json!({"content": "then summarise", "strategy": "enqueue"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    let start = Instant::now();
+    loop {
+        let msgs = c.store.messages(&s2).await.unwrap();
+        let row = c.row(&s2).await;
+        if row.status == SessionStatus::Completed
+            && msgs
+                .iter()
+                .any(|m| m.role == Role::User && m.content == "then summarise")
+        {
+            assert_eq!(
+                row.result.as_deref(),
+                Some("follow-up answered"),
+                "{msgs:#?}"
+            );
+            // The follow-up came after the first turn's answer.
+            let done = msgs.iter().position(|m| m.content == "done").unwrap();
+            let fu = msgs
+                .iter()
+                .position(|m| m.content == "then summarise")
+                .unwrap();
+            assert!(fu > done);
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "{row:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // interrupt: the current turn stops; the new message is answered from the saved
+    // history.
+    let s3 = c.submit("interrupt me", &["list_dir"], |_| {}).await;
+    c.wait_status(&s3, &[SessionStatus::Running], Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (st, _) = c
+        .post(
+            &format!("/v1/sessions/{s3}/messages"),
+            json!({"content": "stop, do Y instead", "strategy": "interrupt"}),
+        )
+        .await;
+    assert_eq!(st, 202);
+    c.wait_status(&s3, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    let msgs = c.store.messages(&s3).await.unwrap();
+    assert!(
+        msgs.iter()
+            .any(|m| m.role == Role::User && m.content == "stop, do Y instead")
+    );
+    // The interrupted LLM call produced nothing: fewer list_dir rounds than the script's
+    // three, and the history stays paired.
+    let calls: usize = msgs.iter().map(|m| m.tool_calls.len()).sum();
+    assert_eq!(calls, tool_results(&msgs).len());
+
+    // A finished session takes a message as a follow-up turn with its full history.
+    let before = c.store.messages(&s).await.unwrap().len();
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{s}/messages"),
+            json!({"content": "one more thing"}),
+        )
+        .await;
+    assert_eq!(st, 202, "{body}");
+    assert_eq!(body["delivery"], "follow_up");
+    c.wait_status(&s, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    let msgs = c.store.messages(&s).await.unwrap();
+    assert!(msgs.len() > before);
+    assert_eq!(msgs[before].content, "one more thing");
+
+    // Bad input names the field.
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{s}/messages"),
+            json!({"content": "x", "strategy": "shout"}),
+        )
+        .await;
+    assert_eq!(st, 422);
+    assert_eq!(body["error"]["field"], "strategy");
+    c.shutdown().await;
+}
