@@ -80,6 +80,19 @@ pub fn agentq_bin() -> &'static Path {
 pub struct ToolUse {
     pub name: String,
     pub post: bool,
+    /// Instead of `http_fetch`: `spawn_agent` for a child playing the script registered
+    /// under this token ([`Cluster::register`]), waiting for it or not.
+    pub spawn: Option<(String, bool)>,
+}
+
+impl ToolUse {
+    pub fn spawn(child_token: &str, label: &str, wait: bool) -> ToolUse {
+        ToolUse {
+            name: label.into(),
+            post: false,
+            spawn: Some((child_token.into(), wait)),
+        }
+    }
 }
 
 /// One LLM answer: some text and, unless it is the final answer, tool calls.
@@ -106,6 +119,7 @@ impl Turn {
                 .map(|n| ToolUse {
                     name: n.to_string(),
                     post: false,
+                    spawn: None,
                 })
                 .collect(),
         }
@@ -272,15 +286,25 @@ pub fn openai_turn(turn: usize, t: &Turn, base_url: &str, token: &str) -> Vec<By
     out.push(openai_chunk(json!({"content": a}), None));
     out.push(openai_chunk(json!({"content": b}), None));
     for (k, tool) in t.tools.iter().enumerate() {
-        let mut args = json!({"url": format!("{base_url}/tool/{token}/{}", tool.name)});
-        if tool.post {
-            args["method"] = json!("POST");
-        }
+        let (function, args) = match &tool.spawn {
+            Some((child, wait)) => (
+                "spawn_agent",
+                json!({"prompt": format!("Follow the e2e script <<{child}>>."),
+                       "label": tool.name, "wait": wait}),
+            ),
+            None => {
+                let mut args = json!({"url": format!("{base_url}/tool/{token}/{}", tool.name)});
+                if tool.post {
+                    args["method"] = json!("POST");
+                }
+                ("http_fetch", args)
+            }
+        };
         let args = args.to_string();
         let (x, y) = args.split_at(args.len() / 2);
         out.push(openai_chunk(
             json!({"tool_calls": [{"index": k, "id": format!("call_{turn}_{k}"), "type": "function",
-                "function": {"name": "http_fetch", "arguments": x}}]}),
+                "function": {"name": function, "arguments": x}}]}),
             None,
         ));
         out.push(openai_chunk(
@@ -559,6 +583,56 @@ impl Cluster {
     }
 
     // --- sessions ----------------------------------------------------------------------
+
+    /// Make `script` playable by a session whose task names the returned token (a
+    /// sub-agent), without creating a session.
+    pub fn register(&self, script: Script) -> String {
+        let token = new_token();
+        lock(&self.state.scripts).insert(token.clone(), script);
+        token
+    }
+
+    /// A root session that may spawn sub-agents (and fetch).
+    pub async fn submit_spawner(&self, script: Script) -> Sub {
+        let token = self.register(script);
+        let mut spec = SessionSpec::new(format!("Follow the e2e script <<{token}>>."));
+        spec.tools = Some(vec!["http_fetch".into(), "spawn_agent".into()]);
+        spec.retry_delay_ms = 50;
+        let (row, _) = self
+            .store
+            .create_session(&NewSession::root(spec, "default"))
+            .await
+            .expect("creating a session");
+        self.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .expect("enqueueing");
+        self.store
+            .mark_enqueued(std::slice::from_ref(&row.id))
+            .await
+            .expect("mark_enqueued");
+        Sub { id: row.id, token }
+    }
+
+    /// The worker (index) holding `id`'s lease, if any.
+    pub async fn lease_holder(&self, id: &str) -> Option<usize> {
+        let owner = self.row(id).await.lease_owner?;
+        (0..self.workers.len()).find(|&i| {
+            self.workers[i].exit.is_none() && owner.contains(&format!("-{}-", self.pid(i)))
+        })
+    }
+
+    /// The children of a session.
+    pub async fn children(&self, id: &str) -> Vec<SessionRow> {
+        self.store
+            .list(&agentq_core::ListFilter {
+                parent_id: Some(id.to_string()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("listing children")
+    }
 
     pub async fn submit(&self, script: Script) -> Sub {
         self.submit_many(vec![script]).await.remove(0)

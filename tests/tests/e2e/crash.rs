@@ -96,10 +96,12 @@ async fn sigkill_resumes_exactly(point: KillPoint) {
     // Nothing counted twice, nothing lost.
     assert_eq!(row.iteration, ref_row.iteration);
     assert_eq!(row.usage, ref_row.usage);
+    // Each claim bumps the lease epoch (the crash count in `attempts` is reset by the
+    // resumed run's progress).
     assert!(
-        row.attempts >= 2,
-        "resumed by a second claim: {}",
-        row.attempts
+        row.lease_epoch >= 2,
+        "resumed by a second claim: epoch {}",
+        row.lease_epoch
     );
 
     // What was asked again: only the turn that was not committed, and the tool that was
@@ -154,6 +156,7 @@ async fn sigkill_while_post_runs_does_not_repeat_it() {
             tools: vec![ToolUse {
                 name: "charge".into(),
                 post: true,
+                spawn: None,
             }],
         },
         Turn::text("I could not tell whether the charge went through."),

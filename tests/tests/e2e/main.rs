@@ -10,3 +10,4 @@ mod drain;
 mod poison;
 mod restart;
 mod scale;
+mod subagents;
