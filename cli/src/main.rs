@@ -69,12 +69,13 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     let json = std::env::var("AGENTQ_LOG_FORMAT").is_ok_and(|v| v == "json");
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // The filter applies to the log lines only: exported spans have their own level.
     let fmt = if json {
-        fmt.json().boxed()
+        fmt.json().with_filter(filter).boxed()
     } else {
-        fmt.boxed()
+        fmt.with_filter(filter).boxed()
     };
-    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    let registry = tracing_subscriber::registry().with(fmt);
     #[cfg(feature = "otlp")]
     let registry = registry.with(otlp::layer());
     registry.init();

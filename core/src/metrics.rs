@@ -52,6 +52,7 @@ pub struct Metrics {
     pub session_iterations: Histogram,
     pub session_tokens: Histogram,
     pub checkpoint_duration: Histogram,
+    pub iteration_overhead: Histogram,
     pub lease_lost: IntCounter,
     pub sessions_reclaimed: IntCounter,
     pub dead_letter: IntCounter,
@@ -219,6 +220,12 @@ impl Metrics {
                 &r,
                 "agentq_checkpoint_duration_seconds",
                 "Time to commit one checkpoint.",
+                CHECKPOINT_BUCKETS,
+            ),
+            iteration_overhead: histogram(
+                &r,
+                "agentq_iteration_overhead_seconds",
+                "The loop's own time per iteration, outside the LLM and the tools (checkpoints, events, bookkeeping).",
                 CHECKPOINT_BUCKETS,
             ),
             lease_lost: counter(

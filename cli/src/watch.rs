@@ -1,0 +1,397 @@
+//! `agentq watch ID`: follow a session live over `GET /v1/sessions/{id}/events` (SSE).
+//! The server replays the session from its start, then tails it; this prints text deltas
+//! inline and tool calls and results one line each. A dropped connection is resumed with
+//! `Last-Event-ID` (bounded retries with backoff), so nothing is printed twice and nothing
+//! is skipped. A `reset` event (a worker died mid-step and another redoes it) is shown as
+//! a notice: a terminal cannot take back what it printed. Exit status: 0 when the session
+//! completed, 1 when it failed, was cancelled, is unknown or could not be followed.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use futures::StreamExt;
+use serde_json::Value;
+
+use agentq_agent::spec::ExitReason;
+use agentq_core::SessionStatus;
+use agentq_core::config::Config;
+
+use crate::client::ApiArgs;
+
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Tool arguments and results are shown up to this many characters.
+const SHOW_CHARS: usize = 160;
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    pub id: String,
+    /// Print each event as one JSON line (`{"id","event","data"}`) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up after this many failed connection attempts in a row.
+    #[arg(long, default_value_t = 10)]
+    pub max_retries: u32,
+    #[command(flatten)]
+    pub api: ApiArgs,
+}
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    pub id: Option<String>,
+    pub event: String,
+    pub data: String,
+}
+
+/// An incremental `text/event-stream` parser (the WHATWG rules this API needs: `id`,
+/// `event`, multi-line `data`, comments, CRLF or LF line ends).
+#[derive(Debug, Default)]
+pub struct SseParser {
+    buf: Vec<u8>,
+    id: Option<String>,
+    event: Option<String>,
+    data: Vec<String>,
+}
+
+impl SseParser {
+    /// Feed bytes; returns the events completed by them.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=nl).collect();
+            let line = String::from_utf8_lossy(&line[..line.len() - 1]);
+            let line = line.strip_suffix('\r').unwrap_or(&line);
+            if line.is_empty() {
+                if !self.data.is_empty() || self.event.is_some() {
+                    out.push(SseEvent {
+                        id: self.id.take(),
+                        event: self.event.take().unwrap_or_else(|| "message".into()),
+                        data: std::mem::take(&mut self.data).join("\n"),
+                    });
+                }
+                self.id = None;
+                continue;
+            }
+            if line.starts_with(':') {
+                continue;
+            }
+            let (field, value) = match line.split_once(':') {
+                Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
+                None => (line, ""),
+            };
+            match field {
+                "id" => self.id = Some(value.to_string()),
+                "event" => self.event = Some(value.to_string()),
+                "data" => self.data.push(value.to_string()),
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+/// Turns events into terminal output.
+struct Printer {
+    json: bool,
+    /// A text delta left the cursor mid-line.
+    mid_line: bool,
+}
+
+fn short(s: &str) -> String {
+    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= SHOW_CHARS {
+        one_line
+    } else {
+        let cut: String = one_line.chars().take(SHOW_CHARS).collect();
+        format!("{cut}…")
+    }
+}
+
+impl Printer {
+    fn line(&mut self, out: &mut impl Write, text: &str) -> std::io::Result<()> {
+        if self.mid_line {
+            writeln!(out)?;
+            self.mid_line = false;
+        }
+        writeln!(out, "{text}")
+    }
+
+    /// Print one event; returns the session's finish reason when it was the last one.
+    fn handle(
+        &mut self,
+        out: &mut impl Write,
+        ev: &SseEvent,
+    ) -> std::io::Result<Option<Option<ExitReason>>> {
+        let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
+        let finished = (ev.event == "session_completed")
+            .then(|| serde_json::from_value::<ExitReason>(data["finish_reason"].clone()).ok());
+        if self.json {
+            let line = serde_json::json!({"id": ev.id, "event": ev.event, "data": data});
+            writeln!(out, "{line}")?;
+            out.flush()?;
+            return Ok(finished);
+        }
+        let s = |k: &str| data[k].as_str().unwrap_or_default().to_string();
+        match ev.event.as_str() {
+            "text_delta" => {
+                let text = s("text");
+                write!(out, "{text}")?;
+                self.mid_line = !text.ends_with('\n');
+            }
+            "thinking_delta" | "iteration_started" => {}
+            "tool_call" => {
+                let args = short(&data["arguments"].to_string());
+                self.line(out, &format!("→ {}({args})", s("name")))?;
+            }
+            "tool_result" => {
+                let mark = if data["is_error"].as_bool() == Some(true) {
+                    "✗"
+                } else {
+                    "←"
+                };
+                self.line(
+                    out,
+                    &format!("{mark} {}: {}", s("name"), short(&s("content"))),
+                )?;
+            }
+            "iteration_completed" if self.mid_line => {
+                writeln!(out)?;
+                self.mid_line = false;
+            }
+            "error" => {
+                let retrying = if data["retrying"].as_bool() == Some(true) {
+                    " (retrying)"
+                } else {
+                    ""
+                };
+                self.line(out, &format!("! {}{retrying}", s("message")))?;
+            }
+            "reset" => {
+                self.line(
+                    out,
+                    &format!(
+                        "[the step at position {} is being redone by another worker]",
+                        data["seq"]
+                    ),
+                )?;
+            }
+            "session_completed" => {
+                let usage = &data["usage"];
+                self.line(
+                    out,
+                    &format!(
+                        "[session finished: {}; {} iterations; {} input / {} output tokens]",
+                        s("finish_reason"),
+                        data["iterations"],
+                        usage["input_tokens"].as_u64().unwrap_or(0),
+                        usage["output_tokens"].as_u64().unwrap_or(0),
+                    ),
+                )?;
+                if let Some(e) = data["error"].as_str() {
+                    self.line(out, &format!("error: {e}"))?;
+                }
+            }
+            _ => {}
+        }
+        out.flush()?;
+        Ok(finished)
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    let exp = BACKOFF_MIN.saturating_mul(1u32 << failures.min(8));
+    exp.min(BACKOFF_MAX)
+}
+
+/// `agentq watch ID`
+pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let base = match &args.api.api_url {
+        Some(u) if !u.trim().is_empty() => u.clone(),
+        _ => Config::load(None)?.api_url,
+    };
+    let url = format!(
+        "{}/v1/sessions/{}/events",
+        base.trim_end_matches('/'),
+        args.id
+    );
+    // No overall timeout: the stream lasts as long as the session. The server's
+    // keep-alive comments arrive every 15 s; a read silent for much longer means the
+    // connection is gone.
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .read_timeout(Duration::from_secs(60))
+        .build()
+        .context("cannot build the HTTP client")?;
+    let mut printer = Printer {
+        json: args.json,
+        mid_line: false,
+    };
+    let mut stdout = std::io::stdout();
+    let mut last_id: Option<String> = None;
+    let mut failures = 0u32;
+    loop {
+        let mut req = http.get(&url).header("accept", "text/event-stream");
+        if let Some(id) = &last_id {
+            req = req.header("last-event-id", id);
+        }
+        let why = match req.send().await {
+            Err(e) => format!("cannot reach {base}: {e}"),
+            Ok(resp) if resp.status().as_u16() == 404 => {
+                eprintln!("agentq: session {} not found", args.id);
+                return Ok(ExitCode::from(1));
+            }
+            Ok(resp) if resp.status().is_client_error() => {
+                let status = resp.status();
+                let body = resp.text().await.unwrap_or_default();
+                eprintln!("agentq: the API refused to stream events: HTTP {status}: {body}");
+                return Ok(ExitCode::from(1));
+            }
+            Ok(resp) if !resp.status().is_success() => {
+                format!("the API answered HTTP {}", resp.status())
+            }
+            Ok(resp) => {
+                let mut parser = SseParser::default();
+                let mut body = resp.bytes_stream();
+                let mut why = "the server closed the stream".to_string();
+                while let Some(chunk) = body.next().await {
+                    let chunk = match chunk {
+                        Ok(c) => c,
+                        Err(e) => {
+                            why = format!("the stream broke: {e}");
+                            break;
+                        }
+                    };
+                    for ev in parser.feed(&chunk) {
+                        if let Some(id) = &ev.id {
+                            last_id = Some(id.clone());
+                        }
+                        failures = 0;
+                        if let Some(reason) = printer.handle(&mut stdout, &ev)? {
+                            let completed = reason.is_some_and(|r| {
+                                SessionStatus::for_exit(r) == SessionStatus::Completed
+                            });
+                            return Ok(if completed {
+                                ExitCode::SUCCESS
+                            } else {
+                                ExitCode::from(1)
+                            });
+                        }
+                    }
+                }
+                why
+            }
+        };
+        failures += 1;
+        if failures > args.max_retries {
+            eprintln!("agentq: giving up after {failures} attempts: {why}");
+            return Ok(ExitCode::from(1));
+        }
+        eprintln!("agentq: {why}; reconnecting (attempt {failures})");
+        tokio::time::sleep(backoff(failures)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn parses_events_split_anywhere() {
+        let text = ": keep-alive\n\nid: 1-0\nevent: text_delta\ndata: {\"text\":\"hé\"}\n\n\
+                    event: reset\r\ndata: {\"seq\":3}\r\n\r\nid: 2-0\ndata: a\ndata: b\n\n";
+        let bytes = text.as_bytes();
+        // Byte by byte (splitting the UTF-8 of "é" too) gives the same as all at once.
+        let mut p = SseParser::default();
+        let mut one_by_one = Vec::new();
+        for b in bytes {
+            one_by_one.extend(p.feed(std::slice::from_ref(b)));
+        }
+        let all = SseParser::default().feed(bytes);
+        assert_eq!(one_by_one, all);
+        assert_eq!(
+            all,
+            vec![
+                SseEvent {
+                    id: Some("1-0".into()),
+                    event: "text_delta".into(),
+                    data: "{\"text\":\"hé\"}".into()
+                },
+                SseEvent {
+                    id: None,
+                    event: "reset".into(),
+                    data: "{\"seq\":3}".into()
+                },
+                SseEvent {
+                    id: Some("2-0".into()),
+                    event: "message".into(),
+                    data: "a\nb".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn prints_compactly_and_reports_the_finish() {
+        let mut p = Printer {
+            json: false,
+            mid_line: false,
+        };
+        let mut out = Vec::new();
+        let ev = |event: &str, data: &str| SseEvent {
+            id: None,
+            event: event.into(),
+            data: data.into(),
+        };
+        assert_eq!(
+            p.handle(&mut out, &ev("text_delta", r#"{"text":"Hello"}"#))
+                .unwrap(),
+            None
+        );
+        p.handle(
+            &mut out,
+            &ev(
+                "tool_call",
+                r#"{"name":"http_fetch","arguments":{"url":"http://x"}}"#,
+            ),
+        )
+        .unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "tool_result",
+                r#"{"name":"http_fetch","content":"ok\nfine","is_error":false}"#,
+            ),
+        )
+        .unwrap();
+        let done = p
+            .handle(
+                &mut out,
+                &ev(
+                    "session_completed",
+                    r#"{"finish_reason":"stop","iterations":2,"usage":{"input_tokens":5,"output_tokens":7}}"#,
+                ),
+            )
+            .unwrap();
+        assert_eq!(done, Some(Some(ExitReason::Stop)));
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(
+                "Hello\n→ http_fetch({\"url\":\"http://x\"})\n← http_fetch: ok fine\n"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("[session finished: stop; 2 iterations; 5 input / 7 output tokens]"));
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        assert_eq!(backoff(1), Duration::from_millis(500));
+        assert_eq!(backoff(30), BACKOFF_MAX);
+    }
+}

@@ -1,0 +1,103 @@
+//! `GET /metrics` of the scheduler: the process registry ([`agentq_core::metrics::global`])
+//! in the Prometheus text format, with the queue gauges refreshed from Redis on every
+//! scrape (`XINFO GROUPS` + `XLEN` per queue): `agentq_queue_length`,
+//! `agentq_queue_pending` and `agentq_queue_lag` for the configured queues and any other
+//! queue this scheduler has enqueued to.
+//!
+//! A queue whose lag Redis cannot tell (no consumer group yet, or a group whose lag is
+//! unknown after `XDEL`/trimming) exports no `agentq_queue_lag` series rather than a made-up
+//! value; a queue whose stats cannot be read (Redis down) exports none of the three, so a
+//! dashboard shows a gap instead of stale numbers.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
+
+use agentq_core::metrics::{Metrics, global};
+use agentq_core::queue::QueueStats;
+
+use crate::Scheduler;
+
+/// Upper bound on one queue's stats during a scrape (Prometheus times out at 10 s).
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+const CONTENT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Set (or clear) one queue's gauges.
+pub fn record_queue(m: &Metrics, queue: &str, stats: Option<QueueStats>) {
+    let gauge_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    match stats {
+        Some(st) => {
+            m.queue_length
+                .with_label_values(&[queue])
+                .set(gauge_i64(st.length));
+            m.queue_pending
+                .with_label_values(&[queue])
+                .set(gauge_i64(st.pending));
+            match st.lag {
+                Some(lag) => m.queue_lag.with_label_values(&[queue]).set(gauge_i64(lag)),
+                None => {
+                    let _ = m.queue_lag.remove_label_values(&[queue]);
+                }
+            }
+        }
+        None => {
+            let _ = m.queue_length.remove_label_values(&[queue]);
+            let _ = m.queue_pending.remove_label_values(&[queue]);
+            let _ = m.queue_lag.remove_label_values(&[queue]);
+        }
+    }
+}
+
+pub(crate) async fn metrics(State(s): State<Scheduler>) -> Response {
+    let m = global();
+    for queue in s.queues().names() {
+        let stats = match tokio::time::timeout(STATS_TIMEOUT, s.queue.stats(&queue)).await {
+            Ok(Ok(st)) => Some(st),
+            Ok(Err(e)) => {
+                tracing::debug!(queue, error = %e, "cannot read queue stats for /metrics");
+                None
+            }
+            Err(_) => None,
+        };
+        record_queue(m, &queue, stats);
+    }
+    ([(CONTENT_TYPE, CONTENT)], m.render()).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn unknown_lag_is_not_exported() {
+        let m = Metrics::new();
+        record_queue(
+            &m,
+            "default",
+            Some(QueueStats {
+                length: 5,
+                pending: 2,
+                lag: Some(3),
+            }),
+        );
+        let text = m.render();
+        assert!(text.contains("agentq_queue_length{queue=\"default\"} 5"));
+        assert!(text.contains("agentq_queue_pending{queue=\"default\"} 2"));
+        assert!(text.contains("agentq_queue_lag{queue=\"default\"} 3"));
+        record_queue(
+            &m,
+            "default",
+            Some(QueueStats {
+                length: 5,
+                pending: 2,
+                lag: None,
+            }),
+        );
+        assert!(!m.render().contains("agentq_queue_lag{"));
+        record_queue(&m, "default", None);
+        assert!(!m.render().contains("agentq_queue_length{"));
+    }
+}
