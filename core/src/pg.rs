@@ -918,6 +918,19 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT status, count(*) FROM sessions \
+             WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
+             GROUP BY status",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
+            .collect()
+    }
+
     async fn suspend(
         &self,
         lease: &Lease,

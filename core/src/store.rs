@@ -76,6 +76,9 @@ pub trait Store: Send + Sync {
     /// Liveness of the database.
     async fn ping(&self) -> Result<()>;
 
+    /// How many sessions are in each unfinished status (for the fleet's gauges).
+    async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>>;
+
     /// Give the session up until something wakes it (fenced by the lease): status
     /// `waiting` or `awaiting_approval`, no owner. If anything arrived after `seen_wake`
     /// (the row's `wake_seq` at the claim), the session goes back to `queued` instead; if

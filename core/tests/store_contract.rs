@@ -97,6 +97,7 @@ contract_tests!(
     contract_approvals,
     contract_wake_expired_approvals,
     contract_follow_up,
+    contract_count_unfinished,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1011,6 +1012,32 @@ async fn finish(store: &dyn Store, id: &str, answer: &str) -> SessionState {
         SessionStatus::Completed
     );
     state
+}
+
+async fn contract_count_unfinished(store: &dyn Store) {
+    let counts = |v: Vec<(SessionStatus, u64)>| {
+        let mut v = v;
+        v.sort_by_key(|(s, _)| s.as_str());
+        v
+    };
+    assert!(store.count_unfinished().await.unwrap().is_empty());
+    let a = create(store, "a").await;
+    let _b = create(store, "b").await;
+    let c = create(store, "c").await;
+    let (lease_a, _, seen) = acquire_seen(store, &a, "w1").await;
+    store
+        .suspend(&lease_a, SessionStatus::Waiting, seen, None)
+        .await
+        .unwrap();
+    let _ = acquire_seen(store, &c, "w1").await;
+    assert_eq!(
+        counts(store.count_unfinished().await.unwrap()),
+        vec![
+            (SessionStatus::Queued, 1),
+            (SessionStatus::Running, 1),
+            (SessionStatus::Waiting, 1)
+        ]
+    );
 }
 
 async fn contract_suspend(store: &dyn Store) {

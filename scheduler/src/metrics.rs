@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 
+use agentq_core::SessionStatus;
 use agentq_core::metrics::{Metrics, global};
 use agentq_core::queue::QueueStats;
 
@@ -50,6 +51,22 @@ pub fn record_queue(m: &Metrics, queue: &str, stats: Option<QueueStats>) {
     }
 }
 
+/// `agentq_sessions_waiting{reason}`: sessions suspended on children or on a human.
+pub fn record_waiting(m: &Metrics, counts: &[(SessionStatus, u64)]) {
+    let count = |want: SessionStatus| {
+        counts
+            .iter()
+            .find(|(s, _)| *s == want)
+            .map_or(0, |(_, n)| i64::try_from(*n).unwrap_or(i64::MAX))
+    };
+    m.sessions_waiting
+        .with_label_values(&["children"])
+        .set(count(SessionStatus::Waiting));
+    m.sessions_waiting
+        .with_label_values(&["approval"])
+        .set(count(SessionStatus::AwaitingApproval));
+}
+
 pub(crate) async fn metrics(State(s): State<Scheduler>) -> Response {
     let m = global();
     for queue in s.queues().names() {
@@ -63,6 +80,12 @@ pub(crate) async fn metrics(State(s): State<Scheduler>) -> Response {
         };
         record_queue(m, &queue, stats);
     }
+    // Suspended sessions hold no worker, so only the store knows how many there are.
+    match tokio::time::timeout(STATS_TIMEOUT, s.store.count_unfinished()).await {
+        Ok(Ok(counts)) => record_waiting(m, &counts),
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot count waiting sessions for /metrics"),
+        Err(_) => {}
+    }
     ([(CONTENT_TYPE, CONTENT)], m.render()).into_response()
 }
 
@@ -70,6 +93,28 @@ pub(crate) async fn metrics(State(s): State<Scheduler>) -> Response {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn waiting_sessions_by_reason() {
+        let m = Metrics::new();
+        record_waiting(
+            &m,
+            &[
+                (SessionStatus::Running, 7),
+                (SessionStatus::Waiting, 3),
+                (SessionStatus::AwaitingApproval, 2),
+            ],
+        );
+        let text = m.render();
+        assert!(
+            text.contains("agentq_sessions_waiting{reason=\"children\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_sessions_waiting{reason=\"approval\"} 2"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn unknown_lag_is_not_exported() {
