@@ -11,6 +11,7 @@ pub mod model;
 pub mod pg;
 pub mod queue;
 pub mod redis_queue;
+mod rowconv;
 pub mod sqlite;
 pub mod store;
 

@@ -53,9 +53,9 @@ use sqlx::sqlite::{
 use sqlx::types::Json;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use agentq_agent::schema::{Message, Role, Usage};
-use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_agent::state::{Phase, SessionState};
+use agentq_agent::schema::{Message, Usage};
+use agentq_agent::spec::SessionSpec;
+use agentq_agent::state::SessionState;
 
 use crate::error::{Error, Result};
 use crate::model::{
@@ -63,6 +63,7 @@ use crate::model::{
     NewSession, SessionRow, SessionStatus,
 };
 use crate::queue::Queue;
+use crate::rowconv::*;
 use crate::store::{LeaseStatus, Store};
 
 /// The migrations this binary was built with (SQLite dialect).
@@ -251,25 +252,6 @@ struct SqliteRecord {
     followup_cursor: i64,
 }
 
-/// A value in the database this binary cannot read (not retryable).
-fn bad_data(what: impl std::fmt::Display) -> Error {
-    Error::Db(sqlx::Error::Decode(
-        format!("sessions: unreadable stored value: {what}").into(),
-    ))
-}
-
-fn to_u32(v: i64, col: &str) -> Result<u32> {
-    u32::try_from(v).map_err(|_| bad_data(format_args!("{col} = {v}")))
-}
-
-fn to_u64(v: i64, col: &str) -> Result<u64> {
-    u64::try_from(v).map_err(|_| bad_data(format_args!("{col} = {v}")))
-}
-
-fn to_i64(v: u64, field: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| Error::invalid(field, format!("{v} is out of range")))
-}
-
 /// Unix microseconds → time.
 fn to_time(us: i64, col: &str) -> Result<DateTime<Utc>> {
     DateTime::from_timestamp_micros(us).ok_or_else(|| bad_data(format_args!("{col} = {us}")))
@@ -286,39 +268,6 @@ fn now_us() -> i64 {
 
 fn dur_us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-fn parse_status(s: &str) -> Result<SessionStatus> {
-    SessionStatus::parse(s).ok_or_else(|| bad_data(format_args!("status = {s:?}")))
-}
-
-fn parse_exit(s: &str) -> Result<ExitReason> {
-    serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| bad_data(format_args!("finish_reason = {s:?}")))
-}
-
-fn phase_str(p: Phase) -> &'static str {
-    match p {
-        Phase::Plan => "plan",
-        Phase::Act => "act",
-    }
-}
-
-fn parse_phase(s: &str) -> Result<Phase> {
-    match s {
-        "plan" => Ok(Phase::Plan),
-        "act" => Ok(Phase::Act),
-        other => Err(bad_data(format_args!("phase = {other:?}"))),
-    }
-}
-
-fn role_str(r: Role) -> &'static str {
-    match r {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    }
 }
 
 impl SqliteRecord {

@@ -1,0 +1,69 @@
+//! Conversions between stored column values and the model, shared by the Postgres and
+//! SQLite stores: what a bad stored value becomes (a non-retryable decode error), and the
+//! text forms of statuses, finish reasons, phases and roles.
+
+use std::fmt::Display;
+
+use agentq_agent::schema::Role;
+use agentq_agent::spec::ExitReason;
+use agentq_agent::state::Phase;
+
+use crate::error::{Error, Result};
+use crate::model::SessionStatus;
+
+/// A value in the database this binary cannot read (not retryable).
+pub(crate) fn bad_data(what: impl Display) -> Error {
+    Error::Db(sqlx::Error::Decode(
+        format!("sessions: unreadable stored value: {what}").into(),
+    ))
+}
+
+pub(crate) fn to_u32<T: TryInto<u32> + Copy + Display>(v: T, col: &str) -> Result<u32> {
+    v.try_into()
+        .map_err(|_| bad_data(format_args!("{col} = {v}")))
+}
+
+pub(crate) fn to_u64(v: i64, col: &str) -> Result<u64> {
+    u64::try_from(v).map_err(|_| bad_data(format_args!("{col} = {v}")))
+}
+
+pub(crate) fn to_i32(v: u32, field: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(field, format!("{v} is out of range")))
+}
+
+pub(crate) fn to_i64(v: u64, field: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::invalid(field, format!("{v} is out of range")))
+}
+
+pub(crate) fn parse_status(s: &str) -> Result<SessionStatus> {
+    SessionStatus::parse(s).ok_or_else(|| bad_data(format_args!("status = {s:?}")))
+}
+
+pub(crate) fn parse_exit(s: &str) -> Result<ExitReason> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| bad_data(format_args!("finish_reason = {s:?}")))
+}
+
+pub(crate) fn phase_str(p: Phase) -> &'static str {
+    match p {
+        Phase::Plan => "plan",
+        Phase::Act => "act",
+    }
+}
+
+pub(crate) fn parse_phase(s: &str) -> Result<Phase> {
+    match s {
+        "plan" => Ok(Phase::Plan),
+        "act" => Ok(Phase::Act),
+        other => Err(bad_data(format_args!("phase = {other:?}"))),
+    }
+}
+
+pub(crate) fn role_str(r: Role) -> &'static str {
+    match r {
+        Role::System => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    }
+}
