@@ -65,10 +65,19 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
             &[SessionStatus::Waiting],
         )
         .await?;
-    if let Some(d) = delivered
-        && d.woken
-    {
-        enqueue_woken(store, queue, parent, &d.queue).await;
+    match delivered {
+        Some(d) if d.woken => enqueue_woken(store, queue, parent, &d.queue).await,
+        // Running: tell its worker to look at the inbox at the next boundary rather
+        // than only when it next suspends.
+        Some(d) if d.inserted && d.status == SessionStatus::Running => {
+            if let Err(e) = queue
+                .publish_cancel(&signal::encode(signal::WAKE, parent))
+                .await
+            {
+                tracing::debug!(session_id = parent, error = %e, "cannot signal the parent's worker");
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
