@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod client;
 mod demo;
 mod dev;
@@ -59,14 +60,18 @@ enum Command {
     Send(client::SendArgs),
     /// List sessions, newest first.
     Sessions(client::SessionsArgs),
+    /// Measure throughput, checkpoint cost, storage growth, capacity and recovery against
+    /// what this Postgres and Redis can physically do.
+    Bench(bench::BenchArgs),
 }
 
 /// Logs on stderr as text or JSON (`AGENTQ_LOG_FORMAT=json`), filtered by `RUST_LOG`; with
 /// the `otlp` feature, spans also go to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
-fn init_tracing() {
+fn init_tracing(default_filter: &str) {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::prelude::*;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("AGENTQ_LOG_FORMAT").is_ok_and(|v| v == "json");
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     // The filter applies to the log lines only: exported spans have their own level.
@@ -83,7 +88,13 @@ fn init_tracing() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The demo kills a worker on purpose: the warnings that follow (lost leases, retried
+    // claims) are the expected story, told by its own output; RUST_LOG still shows them.
+    init_tracing(if matches!(cli.command, Command::Demo(_)) {
+        "error"
+    } else {
+        "warn"
+    });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -110,6 +121,7 @@ fn main() -> ExitCode {
             Command::Send(args) => client::send(args).await,
             Command::Sessions(args) => client::sessions(args).await,
             Command::Worker(args) => worker_cmd::worker(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     // The exporter's blocking client must be flushed outside the runtime.

@@ -132,6 +132,9 @@ pub(crate) struct Active {
     pub abort: CancellationToken,
     pub inbox: Arc<inbox::SessionInbox>,
     pub interrupter: Arc<agentq_agent::driver::Interrupter>,
+    /// The run returned and its entry is being settled: its lease may be gone by design
+    /// (a final checkpoint or a suspension gives it up), so no heartbeat.
+    pub settling: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub(crate) struct Inner {
@@ -437,7 +440,11 @@ async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
         }
         let (leases, entries): (Vec<Lease>, HashMap<String, Vec<String>>) = {
             let active = inner.active_lock();
-            let leases = active.values().map(|a| a.lease.clone()).collect();
+            let leases = active
+                .values()
+                .filter(|a| !a.settling.load(std::sync::atomic::Ordering::SeqCst))
+                .map(|a| a.lease.clone())
+                .collect();
             let mut entries: HashMap<String, Vec<String>> = HashMap::new();
             for a in active.values() {
                 entries
@@ -447,13 +454,16 @@ async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
             }
             (leases, entries)
         };
-        if leases.is_empty() {
+        if entries.is_empty() {
             continue;
         }
         for (q, ids) in &entries {
             if let Err(e) = inner.queue.touch(q, &inner.cfg.consumer, ids).await {
                 debug!(error = %e, "touching pending entries failed");
             }
+        }
+        if leases.is_empty() {
+            continue;
         }
         match inner.store.heartbeat(&leases, inner.cfg.lease_ttl).await {
             Ok(statuses) => {
@@ -525,10 +535,9 @@ async fn reclaim_loop(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let free = slots.available_permits();
-        if free == 0 {
-            continue;
-        }
+        // Even with no slot free, take at least one: its dispatch then queues for the next
+        // slot in turn with new work, instead of waiting until the backlog has drained.
+        let free = slots.available_permits().max(1);
         for q in &inner.cfg.queues {
             match inner
                 .queue

@@ -104,7 +104,9 @@ async fn run(
     mut state: SessionState,
     row: SessionRow,
 ) {
-    let resumed = state.started_at.is_some();
+    // A later claim of the session (its first run may have died before checkpointing
+    // anything, so `started_at` alone would miss it).
+    let resumed = state.started_at.is_some() || lease.epoch > 1;
     if resumed {
         inner.stats.resumed.fetch_add(1, Ordering::Relaxed);
     }
@@ -152,6 +154,7 @@ async fn run(
         warn!(error = %e, "counting background children failed; the first drain re-reads them");
     }
     let interrupter = Interrupter::new();
+    let settling = Arc::new(std::sync::atomic::AtomicBool::new(false));
     inner.active_lock().insert(
         d.session_id.clone(),
         Active {
@@ -162,6 +165,7 @@ async fn run(
             abort: abort.clone(),
             inbox: inbox.clone(),
             interrupter: interrupter.clone(),
+            settling: settling.clone(),
         },
     );
     // Reset the entry's idle time now: a long claim must not look like a dead worker.
@@ -221,6 +225,7 @@ async fn run(
     };
     // Stays "active" until its entry is settled below: a duplicate entry delivered to this
     // worker meanwhile must not start a second run (the same owner may re-claim).
+    settling.store(true, Ordering::SeqCst);
     let _settling = ActiveGuard(&inner, &d.session_id);
     m.sessions_active.dec();
     match result {

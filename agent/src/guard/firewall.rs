@@ -60,16 +60,23 @@ pub struct Firewall {
 }
 
 impl Default for Firewall {
+    /// Built once per process and cloned: the compiled globs and regexes (~0.9 MiB) are
+    /// shared by the clones, and a worker makes one firewall per session it runs.
     fn default() -> Self {
-        let strings = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        Firewall::new(
-            strings(DEFAULT_DENY_PATHS),
-            strings(DEFAULT_DENY_COMMANDS),
-            strings(DEFAULT_DENY_HOSTS),
-        )
-        // The defaults are constants covered by a test; an empty firewall is never
-        // reached, it only spares a panic path.
-        .unwrap_or_else(|_| Firewall::empty())
+        static DEFAULT: std::sync::OnceLock<Firewall> = std::sync::OnceLock::new();
+        DEFAULT
+            .get_or_init(|| {
+                let strings = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+                Firewall::new(
+                    strings(DEFAULT_DENY_PATHS),
+                    strings(DEFAULT_DENY_COMMANDS),
+                    strings(DEFAULT_DENY_HOSTS),
+                )
+                // The defaults are constants covered by a test; an empty firewall is never
+                // reached, it only spares a panic path.
+                .unwrap_or_else(|_| Firewall::empty())
+            })
+            .clone()
     }
 }
 

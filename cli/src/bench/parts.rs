@@ -1,0 +1,650 @@
+//! The in-process parts: the raw ceilings, the scripted workload (throughput, overhead,
+//! storage), resume, and the clean-up of everything a run created.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
+use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
+use agentq_agent::schema::Usage;
+use agentq_agent::spec::SessionSpec;
+use agentq_agent::state::Step;
+use agentq_agent::tools::{ToolSettings, builtin_registry};
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{Claim, EnqueueReason, NewSession, Queue, Store};
+use agentq_worker::{Worker, WorkerConfig};
+
+use super::fake_llm::{FINAL_TEXT, TURN_TEXT};
+use super::{Env, Results, ms, progress, quantile};
+
+/// The trivial tool every iteration calls.
+pub const TOOL: &str = "list_dir";
+const PROMPT: &str = "Look at the workspace and tell me what is in it.";
+
+/// The scripted model: `iterations - 1` turns calling `list_dir`, then an answer.
+pub fn script(iterations: u32, delay_ms: u64) -> String {
+    let usage = Some(Usage {
+        input_tokens: 200,
+        output_tokens: 40,
+        ..Default::default()
+    });
+    let mut turns: Vec<Turn> = (1..iterations)
+        .map(|_| Turn {
+            text: TURN_TEXT.into(),
+            tool_calls: vec![ScriptedCall {
+                name: TOOL.into(),
+                arguments: serde_json::json!({"path": "."}),
+                ..Default::default()
+            }],
+            usage,
+            delay_ms,
+            ..Default::default()
+        })
+        .collect();
+    turns.push(Turn {
+        text: FINAL_TEXT.into(),
+        usage,
+        delay_ms,
+        ..Default::default()
+    });
+    serde_json::to_string(&Script {
+        turns,
+        ..Script::default()
+    })
+    .unwrap_or_default()
+}
+
+pub fn spec(iterations: u32) -> SessionSpec {
+    let mut spec = SessionSpec::new(PROMPT);
+    spec.tools = Some(vec![TOOL.into()]);
+    spec.max_iterations = iterations + 5;
+    // The whole history goes to the model (the scripted model picks its turn by counting
+    // the assistant turns it is sent).
+    spec.history_window = spec.history_window.max(2 * iterations as usize + 10);
+    spec
+}
+
+/// Create `n` sessions on `queue` (not enqueued). Returns their ids.
+pub async fn create_sessions(
+    env: &Env,
+    queue: &str,
+    n: u32,
+    iterations: u32,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::with_capacity(n as usize);
+    let all: Vec<NewSession> = (0..n)
+        .map(|_| NewSession::root(spec(iterations), queue))
+        .collect();
+    for chunk in all.chunks(1000) {
+        let rows = env.store.create_sessions(chunk).await?;
+        ids.extend(rows.into_iter().map(|(r, _)| r.id));
+    }
+    Ok(ids)
+}
+
+pub async fn enqueue(queue: &dyn Queue, name: &str, ids: &[String]) -> anyhow::Result<()> {
+    queue.ensure_queue(name).await?;
+    for chunk in ids.chunks(1000) {
+        let items: Vec<(String, EnqueueReason)> = chunk
+            .iter()
+            .map(|id| (id.clone(), EnqueueReason::New))
+            .collect();
+        queue.enqueue_many(name, &items).await?;
+    }
+    Ok(())
+}
+
+/// A worker as `agentq worker` would configure it, on its own pool and Redis connection.
+pub async fn worker(
+    env: &Env,
+    queue: &str,
+    name: &str,
+    concurrency: u32,
+    script: &str,
+) -> anyhow::Result<Worker> {
+    let store = PgStore::connect(&env.db_url, Env::pool_size(concurrency)).await?;
+    let redis = RedisQueue::connect(&env.redis_url).await?;
+    let mut cfg = WorkerConfig {
+        consumer: format!("bench-{}-{name}", env.run),
+        queues: vec![queue.to_string()],
+        concurrency: concurrency as usize,
+        workspace_root: env.scratch.join("workspaces"),
+        default_provider: "scripted".into(),
+        default_tools: vec![TOOL.into()],
+        event_ttl: Duration::from_secs(60),
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(script.to_string());
+    Ok(Worker::new(Arc::new(store), Arc::new(redis), cfg))
+}
+
+pub struct Workload {
+    pub part: &'static str,
+    pub sessions: u32,
+    pub iterations: u32,
+}
+
+pub struct Ran {
+    pub elapsed: Duration,
+    pub ids: Vec<String>,
+    pub overhead: Vec<Duration>,
+    /// Sessions that did not end `completed` with every iteration.
+    pub failed: u64,
+}
+
+/// N sessions × K iterations on W in-process workers, timed from the enqueue to the last
+/// completion. The workers are up and idle before the clock starts.
+pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
+    let queue = env.queue(w.part);
+    let script = script(w.iterations, 0);
+    let shutdown = CancellationToken::new();
+    let mut workers = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..env.args.workers {
+        let wk = worker(
+            env,
+            &queue,
+            &format!("{}-{i}", w.part),
+            env.args.concurrency,
+            &script,
+        )
+        .await?;
+        let (w2, s) = (wk.clone(), shutdown.clone());
+        handles.push(tokio::spawn(async move { w2.run(s).await }));
+        workers.push(wk);
+    }
+    let ids = create_sessions(env, &queue, w.sessions, w.iterations).await?;
+    let redis = RedisQueue::connect(&env.redis_url).await?;
+    redis.ensure_queue(&queue).await?;
+    // Let the workers reach their first XREADGROUP.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let done = || -> u64 {
+        workers
+            .iter()
+            .map(|w| w.stats().completed.load(Ordering::Relaxed))
+            .sum()
+    };
+    let total = u64::from(w.sessions);
+    let tap = agentq_worker::overhead_tap();
+    tap.start();
+    let started = Instant::now();
+    enqueue(&redis, &queue, &ids).await?;
+    let deadline = started + Duration::from_secs(600);
+    while done() < total {
+        if Instant::now() > deadline {
+            tap.stop();
+            shutdown.cancel();
+            bail!(
+                "{}: only {} of {total} sessions finished in 600 s",
+                w.part,
+                done()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    let overhead = tap.stop();
+    shutdown.cancel();
+    for h in handles {
+        let _ = h.await;
+    }
+    let (ok,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM sessions WHERE queue = $1 AND status = 'completed' AND iteration = $2",
+    )
+    .bind(&queue)
+    .bind(i32::try_from(w.iterations)?)
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok(Ran {
+        elapsed,
+        ids,
+        overhead,
+        failed: total.saturating_sub(u64::try_from(ok)?),
+    })
+}
+
+pub async fn ceiling(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let conns = env.args.workers * Env::pool_size(env.args.concurrency);
+    let secs = Duration::from_secs_f64(env.args.ceiling_secs.clamp(0.5, 600.0));
+    r.ceiling_connections = Some(conns);
+    r.ceiling_commits_per_s = Some(pg_ceiling(env, conns, secs).await?);
+    r.ceiling_redis_roundtrips_per_s = Some(redis_ceiling(env, conns, secs).await?);
+    Ok(())
+}
+
+/// Rate of counted operations between a warm-up and the end, over `tasks` loops.
+async fn measure<F, Fut>(tasks: u32, secs: Duration, make: F) -> anyhow::Result<f64>
+where
+    F: Fn(u32, Arc<AtomicU64>, Instant) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let count = Arc::new(AtomicU64::new(0));
+    let warm = Duration::from_millis(500);
+    let start = Instant::now();
+    let end = start + warm + secs;
+    let mut hs = Vec::new();
+    for i in 0..tasks {
+        hs.push(tokio::spawn(make(i, count.clone(), end)));
+    }
+    tokio::time::sleep_until((start + warm).into()).await;
+    let c0 = count.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    tokio::time::sleep_until(end.into()).await;
+    let c1 = count.load(Ordering::Relaxed);
+    let dt = t0.elapsed();
+    for h in hs {
+        h.await??;
+    }
+    Ok((c1 - c0) as f64 / dt.as_secs_f64())
+}
+
+/// One-row INSERTs, each its own durable commit, on `conns` connections at once.
+async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<f64> {
+    let pool = PgPoolOptions::new()
+        .max_connections(conns)
+        .min_connections(conns)
+        .connect(&env.db_url)
+        .await?;
+    let table = format!("agentq_bench_ceiling_{}", env.run);
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, k text NOT NULL, v text NOT NULL)"
+    ))
+    .execute(&pool)
+    .await?;
+    let sql: Arc<str> = Arc::from(format!("INSERT INTO {table} (k, v) VALUES ($1, $2)"));
+    // A row about the size of one message.
+    let value: Arc<str> = Arc::from(TURN_TEXT.repeat(2));
+    let rate = measure(conns, secs, |i, count, end| {
+        let pool = pool.clone();
+        let value = value.clone();
+        let sql = sql.clone();
+        async move {
+            let mut conn = pool.acquire().await?;
+            let key = format!("task-{i}");
+            while Instant::now() < end {
+                sqlx::query(&sql)
+                    .bind(&key)
+                    .bind(&*value)
+                    .execute(&mut *conn)
+                    .await?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    pool.close().await;
+    Ok(rate)
+}
+
+/// XADD, XREADGROUP (one entry), XACK in a loop; each command is one round trip. One
+/// multiplexed connection per worker, as the workers have, shared by the loops.
+async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<f64> {
+    let client = redis::Client::open(env.redis_url.as_str())?;
+    let mut conns = Vec::new();
+    for _ in 0..env.args.workers.max(1) {
+        conns.push(client.get_multiplexed_async_connection().await?);
+    }
+    let prefix = format!("agentq:bench:{}:ceiling", env.run);
+    for i in 0..tasks {
+        let mut c = conns[i as usize % conns.len()].clone();
+        let _: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(format!("{prefix}:{i}"))
+            .arg("g")
+            .arg("$")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await;
+    }
+    let rate = measure(tasks, secs, |i, count, end| {
+        let mut c = conns[i as usize % conns.len()].clone();
+        let key = format!("{prefix}:{i}");
+        async move {
+            while Instant::now() < end {
+                let _: String = redis::cmd("XADD")
+                    .arg(&key)
+                    .arg("MAXLEN")
+                    .arg("~")
+                    .arg(1000)
+                    .arg("*")
+                    .arg("session")
+                    .arg("0194f0b2-7d6c-7c4e-9d7a-3f1e2a4b5c6d")
+                    .query_async(&mut c)
+                    .await?;
+                let reply: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+                    .arg("GROUP")
+                    .arg("g")
+                    .arg("c")
+                    .arg("COUNT")
+                    .arg(1)
+                    .arg("STREAMS")
+                    .arg(&key)
+                    .arg(">")
+                    .query_async(&mut c)
+                    .await?;
+                let ids: Vec<String> = reply
+                    .keys
+                    .into_iter()
+                    .flat_map(|k| k.ids.into_iter().map(|e| e.id))
+                    .collect();
+                let _: i64 = redis::cmd("XACK")
+                    .arg(&key)
+                    .arg("g")
+                    .arg(&ids)
+                    .query_async(&mut c)
+                    .await?;
+                count.fetch_add(3, Ordering::Relaxed);
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(rate)
+}
+
+pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let before = checkpoint_hist();
+    let ran = run_workload(
+        env,
+        &Workload {
+            part: "throughput",
+            sessions: env.args.sessions,
+            iterations: env.args.iterations,
+        },
+    )
+    .await?;
+    let after = checkpoint_hist();
+    let iterations = f64::from(env.args.sessions) * f64::from(env.args.iterations);
+    let rate = iterations / ran.elapsed.as_secs_f64();
+    r.iterations_per_s = Some(rate);
+    r.ratio_to_ceiling = r.ceiling_commits_per_s.map(|c| rate / c);
+    r.throughput_failed = Some(ran.failed);
+    let mut o = ran.overhead;
+    o.sort();
+    r.overhead_samples = Some(o.len());
+    r.overhead_p50_ms = quantile(&o, 0.5).map(ms);
+    r.overhead_p99_ms = quantile(&o, 0.99).map(ms);
+    r.checkpoint_p50_ms = hist_quantile(&before, &after, 0.5).map(|s| s * 1000.0);
+    progress(&format!(
+        "throughput: {:.0} iterations/s in {:.2} s ({} failed)",
+        rate,
+        ran.elapsed.as_secs_f64(),
+        ran.failed
+    ));
+    Ok(())
+}
+
+/// The checkpoint histogram's cumulative bucket counts (upper bound, count).
+fn checkpoint_hist() -> Vec<(f64, u64)> {
+    use prometheus::core::Collector;
+    let m = agentq_core::metrics::global();
+    m.checkpoint_duration
+        .collect()
+        .first()
+        .and_then(|f| f.get_metric().first().cloned())
+        .map(|metric| {
+            metric
+                .get_histogram()
+                .get_bucket()
+                .iter()
+                .map(|b| (b.upper_bound(), b.cumulative_count()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A quantile of the observations between two snapshots, interpolated in its bucket.
+fn hist_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
+    let deltas: Vec<(f64, u64)> = after
+        .iter()
+        .enumerate()
+        .map(|(i, (ub, c))| (*ub, c - before.get(i).map_or(0, |b| b.1)))
+        .collect();
+    let total = deltas.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let want = q * total as f64;
+    let mut lo = (0.0, 0u64);
+    for (ub, c) in deltas {
+        if c as f64 >= want {
+            let span = (c - lo.1) as f64;
+            let frac = if span > 0.0 {
+                (want - lo.1 as f64) / span
+            } else {
+                1.0
+            };
+            return Some(lo.0 + (ub - lo.0) * frac);
+        }
+        lo = (ub, c);
+    }
+    None
+}
+
+/// What autovacuum would do: trailing pages that concurrent inserts pre-allocated but
+/// never filled are given back, dead row versions become reusable space.
+async fn vacuum(env: &Env) -> anyhow::Result<()> {
+    sqlx::query("VACUUM sessions, messages")
+        .execute(env.store.pool())
+        .await?;
+    Ok(())
+}
+
+/// Sizes of the two tables: heap, indexes, TOAST (with its index) — in that order, for
+/// `sessions` then `messages`.
+async fn stored_bytes(env: &Env) -> anyhow::Result<[i64; 6]> {
+    let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT pg_relation_size('sessions'), pg_indexes_size('sessions'),                 pg_total_relation_size('sessions') - pg_relation_size('sessions')                     - pg_indexes_size('sessions'),                 pg_relation_size('messages'), pg_indexes_size('messages'),                 pg_total_relation_size('messages') - pg_relation_size('messages')                     - pg_indexes_size('messages')",
+    )
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok([row.0, row.1, row.2, row.3, row.4, row.5])
+}
+
+/// Bytes per iteration for K = 10, 40, 160. Returns the ids of the K = 160 sessions.
+pub async fn storage(env: &Env, r: &mut Results) -> anyhow::Result<Vec<String>> {
+    // The same number of iterations for each K (50 × 160 by default): every run then
+    // leaves the same fixed slack (each connection's half-filled insert page), which would
+    // otherwise weigh more on the short runs.
+    let base = env.args.sessions.min(50);
+    let mut long = Vec::new();
+    for (k, part) in [(10, "storage10"), (40, "storage40"), (160, "storage160")] {
+        let n = base * 160 / k;
+        progress(&format!("storage: {n} sessions of {k} iterations"));
+        vacuum(env).await?;
+        let before = stored_bytes(env).await?;
+        let ran = run_workload(
+            env,
+            &Workload {
+                part,
+                sessions: n,
+                iterations: k,
+            },
+        )
+        .await?;
+        vacuum(env).await?;
+        let after = stored_bytes(env).await?;
+        if ran.failed > 0 {
+            bail!(
+                "storage: {} of {n} sessions of {k} iterations did not complete",
+                ran.failed
+            );
+        }
+        let (msg,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(octet_length(m.body::text)), 0)::bigint \
+             FROM sessions s JOIN messages m ON m.root_id = s.root_id AND m.session_id = s.id \
+             WHERE s.queue = $1",
+        )
+        .bind(env.queue(part))
+        .fetch_one(env.store.pool())
+        .await?;
+        let iters = f64::from(n) * f64::from(k);
+        let d: Vec<f64> = after
+            .iter()
+            .zip(before.iter())
+            .map(|(a, b)| (a - b) as f64 / iters)
+            .collect();
+        progress(&format!(
+            "storage: K={k}: per iteration sessions heap {:.0} + indexes {:.0} + toast {:.0}, \
+             messages heap {:.0} + indexes {:.0} + toast {:.0}; message JSON {:.0}",
+            d[0],
+            d[1],
+            d[2],
+            d[3],
+            d[4],
+            d[5],
+            msg as f64 / iters
+        ));
+        r.bytes_per_iteration.insert(k, d.iter().sum());
+        r.message_bytes_per_iteration.insert(k, msg as f64 / iters);
+        if k == 160 {
+            long = ran.ids;
+        }
+    }
+    Ok(long)
+}
+
+/// Load a 160-iteration session on a fresh store and have its LLM request ready: the
+/// claim (row + history), the state, the request, and its OpenAI body.
+pub async fn resume(env: &Env, r: &mut Results, mut ids: Vec<String>) -> anyhow::Result<()> {
+    if ids.is_empty() {
+        let ran = run_workload(
+            env,
+            &Workload {
+                part: "resume",
+                sessions: env.args.sessions.min(20),
+                iterations: 160,
+            },
+        )
+        .await?;
+        ids = ran.ids;
+    }
+    ids.truncate(20);
+    // Make them resumable mid-way: drop the final answer, back to running at iteration 159.
+    sqlx::query(
+        "DELETE FROM messages m USING sessions s \
+         WHERE s.id = ANY($1) AND m.root_id = s.root_id AND m.session_id = s.id \
+           AND m.seq = (SELECT max(seq) FROM messages x \
+                        WHERE x.root_id = s.root_id AND x.session_id = s.id)",
+    )
+    .bind(&ids)
+    .execute(env.store.pool())
+    .await?;
+    sqlx::query(
+        "UPDATE sessions SET status = 'queued', finish_reason = NULL, result = NULL, \
+             error = NULL, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL, \
+             iteration = iteration - 1, attempts = 0 \
+         WHERE id = ANY($1)",
+    )
+    .bind(&ids)
+    .execute(env.store.pool())
+    .await?;
+
+    let store = PgStore::connect(&env.db_url, 2).await?;
+    store.ping().await?;
+    let specs = builtin_registry(&ToolSettings::default())
+        .select(&[TOOL.to_string()])
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .specs();
+    let openai = OpenAiProvider::new(OpenAiConfig {
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: None,
+        ..OpenAiConfig::from_env()
+    })
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut times = Vec::new();
+    let mut first = None;
+    let mut messages = 0;
+    for id in &ids {
+        let t = Instant::now();
+        let claim = store
+            .claim(
+                id,
+                &format!("bench-{}-resume", env.run),
+                Duration::from_secs(60),
+                100,
+            )
+            .await?;
+        let Claim::Acquired { mut state, .. } = claim else {
+            bail!("resume: session {id} could not be claimed: {claim:?}");
+        };
+        state.normalize();
+        let step = state.next_step(chrono::Utc::now());
+        if !matches!(step, Step::CallLlm) {
+            bail!(
+                "resume: session {id} is not about to call the LLM ({step:?}, {} messages, iteration {})",
+                state.messages.len(),
+                state.iteration
+            );
+        }
+        let request = state.request("gpt-4o-mini", &specs);
+        let body = serde_json::to_vec(&openai.request_body(&request))?;
+        let d = t.elapsed();
+        std::hint::black_box(body);
+        messages = state.messages.len();
+        first.get_or_insert(d);
+        times.push(d);
+    }
+    times.sort();
+    r.resume_ms = quantile(&times, 0.5).map(ms);
+    r.resume_first_ms = first.map(ms);
+    r.resume_messages = Some(messages);
+    Ok(())
+}
+
+/// Remove every row, table and key of this run.
+pub async fn cleanup(env: &Env) -> anyhow::Result<()> {
+    let pattern = format!("bench-{}-%", env.run);
+    let ids: Vec<(String,)> = sqlx::query_as("SELECT id FROM sessions WHERE queue LIKE $1")
+        .bind(&pattern)
+        .fetch_all(env.store.pool())
+        .await?;
+    let client = redis::Client::open(env.redis_url.as_str())?;
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .context("connecting to Redis for the clean-up")?;
+    for chunk in ids.chunks(500) {
+        let keys: Vec<String> = chunk
+            .iter()
+            .map(|(id,)| agentq_core::queue::events_stream(id))
+            .collect();
+        let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+    }
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("*bench*{}*", env.run))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await?;
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut c).await?;
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    sqlx::query("DELETE FROM sessions WHERE queue LIKE $1")
+        .bind(&pattern)
+        .execute(env.store.pool())
+        .await?;
+    sqlx::query(&format!(
+        "DROP TABLE IF EXISTS agentq_bench_ceiling_{}",
+        env.run
+    ))
+    .execute(env.store.pool())
+    .await?;
+    Ok(())
+}
