@@ -12,45 +12,45 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_worker::{Worker, WorkerConfig};
 
+/// Every flag overrides `agentq.toml`'s `[worker]` section (and its environment variable).
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
-    /// Sessions run at once.
-    #[arg(long, env = "AGENTQ_WORKER_CONCURRENCY", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub concurrency: u32,
-    /// Queues to consume, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "default")]
-    pub queues: Vec<String>,
+    /// Sessions run at once (default 256).
+    #[arg(long, env = "AGENTQ_WORKER_CONCURRENCY", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub concurrency: Option<u32>,
+    /// Queues to consume, comma-separated (default: default).
+    #[arg(long, value_delimiter = ',')]
+    pub queues: Option<Vec<String>>,
     /// Postgres URL.
     #[arg(long, env = "AGENTQ_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Redis URL.
     #[arg(long, env = "AGENTQ_REDIS_URL")]
     pub redis_url: Option<String>,
-    /// Seconds a lease lasts without a heartbeat.
-    #[arg(long, env = "AGENTQ_LEASE_TTL_SECS", default_value_t = 6.0)]
-    pub lease_ttl_secs: f64,
-    #[arg(long, env = "AGENTQ_HEARTBEAT_SECS", default_value_t = 2.0)]
-    pub heartbeat_secs: f64,
-    /// Idle time after which another worker's entries are taken over.
-    #[arg(long, env = "AGENTQ_RECLAIM_MIN_IDLE_SECS", default_value_t = 6.0)]
-    pub reclaim_min_idle_secs: f64,
-    #[arg(long, env = "AGENTQ_RECLAIM_INTERVAL_SECS", default_value_t = 2.0)]
-    pub reclaim_interval_secs: f64,
-    /// Deliveries of one session without finishing before it is dead-lettered.
-    #[arg(long, env = "AGENTQ_MAX_ATTEMPTS", default_value_t = 5)]
-    pub max_attempts: u32,
-    /// Seconds running sessions get to reach a checkpoint on shutdown.
-    #[arg(long, env = "AGENTQ_DRAIN_TIMEOUT_SECS", default_value_t = 30.0)]
-    pub drain_timeout_secs: f64,
-    #[arg(
-        long,
-        env = "AGENTQ_WORKSPACE_ROOT",
-        default_value = "./agentq-workspaces"
-    )]
-    pub workspace_root: std::path::PathBuf,
+    /// Seconds a lease lasts without a heartbeat (default 6).
+    #[arg(long, env = "AGENTQ_LEASE_TTL_SECS")]
+    pub lease_ttl_secs: Option<f64>,
+    /// Seconds between heartbeats (default 2).
+    #[arg(long, env = "AGENTQ_HEARTBEAT_SECS")]
+    pub heartbeat_secs: Option<f64>,
+    /// Idle time after which another worker's entries are taken over (default 6).
+    #[arg(long, env = "AGENTQ_RECLAIM_MIN_IDLE_SECS")]
+    pub reclaim_min_idle_secs: Option<f64>,
+    /// Seconds between looks for entries of dead workers (default 2).
+    #[arg(long, env = "AGENTQ_RECLAIM_INTERVAL_SECS")]
+    pub reclaim_interval_secs: Option<f64>,
+    /// Deliveries of one session without finishing before it is dead-lettered (default 5).
+    #[arg(long, env = "AGENTQ_MAX_ATTEMPTS")]
+    pub max_attempts: Option<u32>,
+    /// Seconds running sessions get to reach a checkpoint on shutdown (default 30).
+    #[arg(long, env = "AGENTQ_DRAIN_TIMEOUT_SECS")]
+    pub drain_timeout_secs: Option<f64>,
+    /// Per-tree workspaces live under here (default ./agentq-workspaces).
+    #[arg(long, env = "AGENTQ_WORKSPACE_ROOT")]
+    pub workspace_root: Option<std::path::PathBuf>,
     /// Provider for sessions that name none: openai, anthropic or scripted.
-    #[arg(long, env = "AGENTQ_DEFAULT_PROVIDER", default_value = "scripted")]
-    pub default_provider: String,
+    #[arg(long, env = "AGENTQ_DEFAULT_PROVIDER")]
+    pub default_provider: Option<String>,
     #[arg(long, env = "AGENTQ_DEFAULT_MODEL")]
     pub default_model: Option<String>,
     /// JSON script for the scripted provider.
@@ -58,13 +58,16 @@ pub struct WorkerArgs {
     pub script: Option<std::path::PathBuf>,
     /// Let http_fetch reach these private hosts (host or host:port), comma-separated.
     #[arg(long, env = "AGENTQ_ALLOWED_HOSTS", value_delimiter = ',')]
-    pub allowed_hosts: Vec<String>,
-    /// Where `/metrics` is served (Prometheus text format).
-    #[arg(long, env = "AGENTQ_METRICS_ADDR", default_value = "127.0.0.1:9464")]
-    pub metrics_addr: String,
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Where `/metrics` is served (Prometheus text format; default 127.0.0.1:9464).
+    #[arg(long, env = "AGENTQ_METRICS_ADDR")]
+    pub metrics_addr: Option<String>,
     /// Enable the shell tool.
     #[arg(long, env = "AGENTQ_SHELL_ENABLED")]
     pub enable_shell: bool,
+    /// Configuration file (default: ./agentq.toml when present).
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
 }
 
 fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
@@ -75,36 +78,72 @@ fn secs(flag: &str, v: f64) -> anyhow::Result<Duration> {
 }
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let file = agentq_core::config::Config::load(args.config.as_deref())?;
     let db = args
         .database_url
         .clone()
+        .or_else(|| file.database_url.clone())
         .context("--database-url (or AGENTQ_DATABASE_URL) is required")?;
     let redis = args
         .redis_url
         .clone()
+        .or_else(|| file.redis_url.clone())
         .context("--redis-url (or AGENTQ_REDIS_URL) is required")?;
-    let mut cfg = WorkerConfig {
-        queues: args.queues.clone(),
-        concurrency: args.concurrency as usize,
-        lease_ttl: secs("lease-ttl-secs", args.lease_ttl_secs)?,
-        heartbeat_interval: secs("heartbeat-secs", args.heartbeat_secs)?,
-        reclaim_min_idle: secs("reclaim-min-idle-secs", args.reclaim_min_idle_secs)?,
-        reclaim_interval: secs("reclaim-interval-secs", args.reclaim_interval_secs)?,
-        max_attempts: args.max_attempts,
-        drain_timeout: secs("drain-timeout-secs", args.drain_timeout_secs)?,
-        workspace_root: args.workspace_root.clone(),
-        default_provider: args.default_provider.clone(),
-        default_model: args.default_model.clone(),
-        ..WorkerConfig::default()
-    };
+    let mut cfg: WorkerConfig = crate::dev::worker_config(&file);
+    if let Some(n) = args.concurrency {
+        cfg.concurrency = n as usize;
+    }
+    if let Some(q) = &args.queues {
+        cfg.queues = q.clone();
+    }
+    if let Some(v) = args.lease_ttl_secs {
+        cfg.lease_ttl = secs("lease-ttl-secs", v)?;
+    }
+    if let Some(v) = args.heartbeat_secs {
+        cfg.heartbeat_interval = secs("heartbeat-secs", v)?;
+    }
+    if let Some(v) = args.reclaim_min_idle_secs {
+        cfg.reclaim_min_idle = secs("reclaim-min-idle-secs", v)?;
+    }
+    if let Some(v) = args.reclaim_interval_secs {
+        cfg.reclaim_interval = secs("reclaim-interval-secs", v)?;
+    }
+    if let Some(v) = args.max_attempts {
+        cfg.max_attempts = v.max(1);
+    }
+    if let Some(v) = args.drain_timeout_secs {
+        cfg.drain_timeout = secs("drain-timeout-secs", v)?;
+    }
+    if let Some(v) = &args.workspace_root {
+        cfg.workspace_root = v.clone();
+    }
+    if let Some(v) = &args.default_provider {
+        cfg.default_provider = v.clone();
+    }
+    if args.default_model.is_some() {
+        cfg.default_model = args.default_model.clone();
+    }
     if let Some(path) = &args.script {
         cfg.providers.script = Some(
             std::fs::read_to_string(path)
                 .with_context(|| format!("--script: cannot read {}", path.display()))?,
         );
     }
-    cfg.tool_settings.allowed_hosts = args.allowed_hosts.clone();
-    cfg.tool_settings.shell_enabled = args.enable_shell;
+    if let Some(h) = &args.allowed_hosts {
+        cfg.tool_settings.allowed_hosts = h.clone();
+    }
+    if args.enable_shell {
+        cfg.tool_settings.shell_enabled = true;
+    }
+    if cfg.heartbeat_interval >= cfg.lease_ttl {
+        anyhow::bail!(
+            "--heartbeat-secs: must be shorter than the lease TTL, or leases expire between heartbeats"
+        );
+    }
+    let metrics_addr = args
+        .metrics_addr
+        .clone()
+        .unwrap_or_else(|| file.metrics_addr.clone());
     let pool_size = (cfg.concurrency as u32 / 4).clamp(4, 64);
     let store = PgStore::connect(&db, pool_size)
         .await
@@ -118,7 +157,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let metrics_stop = CancellationToken::new();
     // Several workers on one host contend for the default port; a busy port costs the
     // metrics endpoint, not the worker.
-    match tokio::net::TcpListener::bind(&args.metrics_addr).await {
+    match tokio::net::TcpListener::bind(&metrics_addr).await {
         Ok(listener) => {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "serving /metrics");
@@ -129,7 +168,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
                 metrics_stop.clone(),
             ));
         }
-        Err(e) => tracing::warn!(addr = %args.metrics_addr, error = %e, "cannot serve /metrics"),
+        Err(e) => tracing::warn!(addr = %metrics_addr, error = %e, "cannot serve /metrics"),
     }
     worker.run(shutdown).await?;
     metrics_stop.cancel();
