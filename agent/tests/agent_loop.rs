@@ -1071,3 +1071,65 @@ async fn guards_deny_with_the_stage_named() {
     assert!(r[2].content.contains("natively"), "{}", r[2].content);
     assert!(h.calls.lock().unwrap().is_empty());
 }
+
+#[derive(Default)]
+struct Lifecycle {
+    seen: Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl Hook for Lifecycle {
+    async fn session_start(&self, session_id: &str) {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("start {session_id}"));
+    }
+    async fn session_end(&self, _session_id: &str, reason: ExitReason) {
+        self.seen.lock().unwrap().push(format!("end {reason}"));
+    }
+    async fn post_tool_use(&self, _session_id: &str, call: &ToolCall, output: &ToolOutput) {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("post {} {}", call.name, output.content));
+    }
+}
+
+#[tokio::test]
+async fn lifecycle_hooks_fire_once_each() {
+    let mut h = harness(
+        Script {
+            turns: vec![call_turn(&[("echo", json!({"x": 1}))]), text_turn("done")],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let hook = Arc::new(Lifecycle::default());
+    h.agent.guards.hooks.push(hook.clone());
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    // PostToolUse is fire and forget: give its task a moment.
+    for _ in 0..100 {
+        if hook
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.starts_with("post"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen = hook.seen.lock().unwrap().clone();
+    assert_eq!(seen.first().unwrap(), "start s1");
+    assert!(seen.contains(&"end stop".to_string()), "{seen:?}");
+    assert!(
+        seen.contains(&"post echo echo {\"x\":1}".to_string()),
+        "{seen:?}"
+    );
+    assert_eq!(seen.iter().filter(|s| s.starts_with("start")).count(), 1);
+    assert_eq!(seen.iter().filter(|s| s.starts_with("end")).count(), 1);
+}

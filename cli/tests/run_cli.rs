@@ -289,3 +289,112 @@ fn scripted_default_runs_with_no_services() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("notes.txt"));
 }
+
+/// Seed 001's retry policy through the real OpenAI provider and HTTP: a 429 with
+/// `Retry-After`, a 500 and a stream cut mid-way are retried (at most twice each call);
+/// a 400 is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_over_http_and_gives_up_on_client_errors() {
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(
+        FakeResponse::json(
+            429,
+            r#"{"error":{"message":"slow down","type":"rate_limit_exceeded"}}"#,
+        )
+        .with_header("retry-after", "1"),
+    );
+    fake.push(FakeResponse::json(
+        500,
+        r#"{"error":{"message":"boom","type":"server_error"}}"#,
+    ));
+    fake.push(FakeResponse::sse(openai_text_turn("made it"), 7));
+    let url = format!("{}/v1", fake.url);
+    let ws = workspace();
+    let dir = ws.path().to_path_buf();
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || {
+        agentq()
+            .args([
+                "run",
+                "--provider",
+                "openai",
+                "--base-url",
+                &url,
+                "--workspace",
+            ])
+            .arg(&dir)
+            .arg("hi")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("made it"));
+    assert_eq!(fake.request_count(), 3);
+    // The 429's Retry-After (1 s) was waited for (the base delay would be shorter).
+    assert!(started.elapsed() >= std::time::Duration::from_secs(1));
+
+    // A stream cut mid-way is retried too.
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(FakeResponse::sse(openai_text_turn("lost"), 7).cut_after(3));
+    fake.push(FakeResponse::sse(openai_text_turn("second try"), 7));
+    let url = format!("{}/v1", fake.url);
+    let dir = ws.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        agentq()
+            .args([
+                "run",
+                "--provider",
+                "openai",
+                "--base-url",
+                &url,
+                "--workspace",
+            ])
+            .arg(&dir)
+            .arg("hi")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fake.request_count(), 2);
+
+    // A 400 ends the session at once, with the provider's message.
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(FakeResponse::json(
+        400,
+        r#"{"error":{"message":"Unsupported parameter: 'max_tokens'","type":"invalid_request_error"}}"#,
+    ));
+    let url = format!("{}/v1", fake.url);
+    let dir = ws.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        agentq()
+            .args([
+                "run",
+                "--provider",
+                "openai",
+                "--base-url",
+                &url,
+                "--workspace",
+            ])
+            .arg(&dir)
+            .arg("hi")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Unsupported parameter"));
+    assert_eq!(fake.request_count(), 1);
+}

@@ -116,3 +116,15 @@ async fn sessions_complete_and_duplicates_run_once() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_on_a_schema_that_is_behind() {
+    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let store = PgStore::connect(&url, 2).await.unwrap();
+    let redis = RedisServer::start().unwrap();
+    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::new(Arc::new(store), Arc::new(queue), config(dir.path()));
+    let err = worker.run(CancellationToken::new()).await.unwrap_err();
+    assert!(err.to_string().contains("agentq migrate"), "{err}");
+}
