@@ -66,7 +66,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "AGENTQ_SHELL_ENABLED")]
     pub enable_shell: bool,
     /// Configuration file (default: ./agentq.toml when present).
-    #[arg(long)]
+    #[arg(long, env = "AGENTQ_CONFIG")]
     pub config: Option<std::path::PathBuf>,
 }
 
