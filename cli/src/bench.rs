@@ -104,6 +104,19 @@ impl Env {
         format!("bench-{}-{part}", self.run)
     }
 
+    /// The same run against another database (a scratch one of the storage part).
+    pub fn derived(&self, db_url: String, store: PgStore) -> Env {
+        Env {
+            db_url,
+            redis_url: self.redis_url.clone(),
+            store,
+            run: self.run.clone(),
+            scratch: self.scratch.clone(),
+            args: self.args.clone(),
+            _private: Vec::new(),
+        }
+    }
+
     /// Postgres connections of one worker, as `agentq worker` sizes its pool.
     pub fn pool_size(concurrency: u32) -> u32 {
         (concurrency / 4).clamp(4, 64)
@@ -211,13 +224,12 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
         ));
         parts::throughput(env, r).await?;
     }
-    let mut long_sessions = Vec::new();
     if want("storage") {
-        long_sessions = parts::storage(env, r).await?;
+        parts::storage(env, r).await?;
     }
     if want("resume") {
         progress("resume: loading 160-iteration sessions");
-        parts::resume(env, r, long_sessions).await?;
+        parts::resume(env, r).await?;
     }
     if want("capacity") {
         progress(&format!(
