@@ -290,29 +290,11 @@ fn scripted_default_runs_with_no_services() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("notes.txt"));
 }
 
-/// Seed 001's retry policy through the real OpenAI provider and HTTP: a 429 with
-/// `Retry-After`, a 500 and a stream cut mid-way are retried (at most twice each call);
-/// a 400 is not.
-#[tokio::test(flavor = "multi_thread")]
-async fn retries_over_http_and_gives_up_on_client_errors() {
-    let fake = FakeLlm::start().await.unwrap();
-    fake.push(
-        FakeResponse::json(
-            429,
-            r#"{"error":{"message":"slow down","type":"rate_limit_exceeded"}}"#,
-        )
-        .with_header("retry-after", "1"),
-    );
-    fake.push(FakeResponse::json(
-        500,
-        r#"{"error":{"message":"boom","type":"server_error"}}"#,
-    ));
-    fake.push(FakeResponse::sse(openai_text_turn("made it"), 7));
+/// `agentq run --provider openai` against `fake`, in `ws`.
+async fn run_openai(fake: &FakeLlm, ws: &tempfile::TempDir) -> std::process::Output {
     let url = format!("{}/v1", fake.url);
-    let ws = workspace();
     let dir = ws.path().to_path_buf();
-    let started = std::time::Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         agentq()
             .args([
                 "run",
@@ -328,7 +310,30 @@ async fn retries_over_http_and_gives_up_on_client_errors() {
             .unwrap()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// Seed 001's retry policy through the real OpenAI provider and HTTP: a 429 with
+/// `Retry-After`, a 500 and a stream cut mid-way are retried (at most twice each call);
+/// a 400 is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_over_http_and_gives_up_on_client_errors() {
+    let ws = workspace();
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(
+        FakeResponse::json(
+            429,
+            r#"{"error":{"message":"slow down","type":"rate_limit_exceeded"}}"#,
+        )
+        .with_header("retry-after", "1"),
+    );
+    fake.push(FakeResponse::json(
+        500,
+        r#"{"error":{"message":"boom","type":"server_error"}}"#,
+    ));
+    fake.push(FakeResponse::sse(openai_text_turn("made it"), 7));
+    let started = std::time::Instant::now();
+    let out = run_openai(&fake, &ws).await;
     assert!(
         out.status.success(),
         "{}",
@@ -343,25 +348,7 @@ async fn retries_over_http_and_gives_up_on_client_errors() {
     let fake = FakeLlm::start().await.unwrap();
     fake.push(FakeResponse::sse(openai_text_turn("lost"), 7).cut_after(3));
     fake.push(FakeResponse::sse(openai_text_turn("second try"), 7));
-    let url = format!("{}/v1", fake.url);
-    let dir = ws.path().to_path_buf();
-    let out = tokio::task::spawn_blocking(move || {
-        agentq()
-            .args([
-                "run",
-                "--provider",
-                "openai",
-                "--base-url",
-                &url,
-                "--workspace",
-            ])
-            .arg(&dir)
-            .arg("hi")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run_openai(&fake, &ws).await;
     assert!(
         out.status.success(),
         "{}",
@@ -375,25 +362,7 @@ async fn retries_over_http_and_gives_up_on_client_errors() {
         400,
         r#"{"error":{"message":"Unsupported parameter: 'max_tokens'","type":"invalid_request_error"}}"#,
     ));
-    let url = format!("{}/v1", fake.url);
-    let dir = ws.path().to_path_buf();
-    let out = tokio::task::spawn_blocking(move || {
-        agentq()
-            .args([
-                "run",
-                "--provider",
-                "openai",
-                "--base-url",
-                &url,
-                "--workspace",
-            ])
-            .arg(&dir)
-            .arg("hi")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = run_openai(&fake, &ws).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Unsupported parameter"));
     assert_eq!(fake.request_count(), 1);

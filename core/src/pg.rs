@@ -421,36 +421,16 @@ fn with_cols(sql: &str) -> String {
 #[async_trait]
 impl Store for PgStore {
     async fn check_schema(&self) -> Result<()> {
-        let embedded: Vec<i64> = MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
-            .map(|m| m.version)
-            .collect();
-        let required = embedded.iter().copied().max().unwrap_or(0);
-        let applied: Vec<i64> = match sqlx::query_scalar(
-            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
-        )
-        .fetch_all(&self.pool)
-        .await
+        let applied: Option<Vec<i64>> = match sqlx::query_scalar(APPLIED_MIGRATIONS)
+            .fetch_all(&self.pool)
+            .await
         {
-            Ok(v) => v,
+            Ok(v) => Some(v),
             // 42P01 undefined_table: never migrated.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
-                return Err(Error::SchemaBehind {
-                    current: None,
-                    required,
-                });
-            }
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => None,
             Err(e) => return Err(e.into()),
         };
-        if embedded.iter().all(|v| applied.contains(v)) {
-            Ok(())
-        } else {
-            Err(Error::SchemaBehind {
-                current: applied.iter().copied().max(),
-                required,
-            })
-        }
+        check_applied(&MIGRATOR, applied)
     }
 
     async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)> {
@@ -864,16 +844,10 @@ impl Store for PgStore {
     }
 
     async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT status, count(*) FROM sessions \
-             WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
-             GROUP BY status",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
-            .collect()
+        let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_UNFINISHED)
+            .fetch_all(&self.pool)
+            .await?;
+        unfinished_counts(rows)
     }
 
     async fn suspend(

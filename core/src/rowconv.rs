@@ -8,6 +8,8 @@ use agentq_agent::schema::Role;
 use agentq_agent::spec::ExitReason;
 use agentq_agent::state::Phase;
 
+use sqlx::migrate::Migrator;
+
 use crate::error::{Error, Result};
 use crate::model::SessionStatus;
 
@@ -57,6 +59,46 @@ pub(crate) fn parse_phase(s: &str) -> Result<Phase> {
         "act" => Ok(Phase::Act),
         other => Err(bad_data(format_args!("phase = {other:?}"))),
     }
+}
+
+/// Compare the migrations a database applied (`None`: it has no migrations table) with the
+/// ones this binary embeds.
+pub(crate) fn check_applied(migrator: &Migrator, applied: Option<Vec<i64>>) -> Result<()> {
+    let embedded: Vec<i64> = migrator
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| m.version)
+        .collect();
+    let required = embedded.iter().copied().max().unwrap_or(0);
+    let Some(applied) = applied else {
+        return Err(Error::SchemaBehind {
+            current: None,
+            required,
+        });
+    };
+    if embedded.iter().all(|v| applied.contains(v)) {
+        Ok(())
+    } else {
+        Err(Error::SchemaBehind {
+            current: applied.iter().copied().max(),
+            required,
+        })
+    }
+}
+
+/// The applied migrations, as both stores read them.
+pub(crate) const APPLIED_MIGRATIONS: &str =
+    "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
+
+/// Sessions per unfinished status, as both stores count them.
+pub(crate) const COUNT_UNFINISHED: &str = "SELECT status, count(*) FROM sessions \
+     WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
+     GROUP BY status";
+
+pub(crate) fn unfinished_counts(rows: Vec<(String, i64)>) -> Result<Vec<(SessionStatus, u64)>> {
+    rows.into_iter()
+        .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
+        .collect()
 }
 
 pub(crate) fn role_str(r: Role) -> &'static str {

@@ -531,36 +531,16 @@ async fn insert_messages(
 #[async_trait]
 impl Store for SqliteStore {
     async fn check_schema(&self) -> Result<()> {
-        let embedded: Vec<i64> = MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration())
-            .map(|m| m.version)
-            .collect();
-        let required = embedded.iter().copied().max().unwrap_or(0);
-        let applied: Vec<i64> = match sqlx::query_scalar(
-            "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version",
-        )
-        .fetch_all(&self.readers)
-        .await
+        let applied: Option<Vec<i64>> = match sqlx::query_scalar(APPLIED_MIGRATIONS)
+            .fetch_all(&self.readers)
+            .await
         {
-            Ok(v) => v,
+            Ok(v) => Some(v),
             // Never migrated.
-            Err(sqlx::Error::Database(e)) if e.message().contains("no such table") => {
-                return Err(Error::SchemaBehind {
-                    current: None,
-                    required,
-                });
-            }
+            Err(sqlx::Error::Database(e)) if e.message().contains("no such table") => None,
             Err(e) => return Err(e.into()),
         };
-        if embedded.iter().all(|v| applied.contains(v)) {
-            Ok(())
-        } else {
-            Err(Error::SchemaBehind {
-                current: applied.iter().copied().max(),
-                required,
-            })
-        }
+        check_applied(&MIGRATOR, applied)
     }
 
     async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)> {
@@ -970,16 +950,10 @@ impl Store for SqliteStore {
     }
 
     async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "SELECT status, count(*) FROM sessions \
-             WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
-             GROUP BY status",
-        )
-        .fetch_all(&self.readers)
-        .await?;
-        rows.into_iter()
-            .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
-            .collect()
+        let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_UNFINISHED)
+            .fetch_all(&self.readers)
+            .await?;
+        unfinished_counts(rows)
     }
 
     async fn suspend(
