@@ -24,7 +24,7 @@ use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::tools::ToolSettings;
 use agentq_core::metrics::Metrics;
 use agentq_core::queue::{Delivery, EventRecord};
-use agentq_core::{EnqueueReason, Lease, Queue, Store};
+use agentq_core::{Lease, Queue, Store};
 
 pub use checkpoint::StoreCheckpointer;
 pub use observe::{OverheadTap, overhead_tap};
@@ -593,8 +593,4 @@ where
             }
         }
     }
-}
-
-pub(crate) fn resume_reason() -> EnqueueReason {
-    EnqueueReason::Resume
 }

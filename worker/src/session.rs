@@ -22,7 +22,7 @@ use crate::checkpoint::StoreCheckpointer;
 use crate::inbox::SessionInbox;
 use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
 use crate::spawn::{self, SpawnAgent};
-use crate::{Active, Backoff, Inner, resume_reason};
+use crate::{Active, Backoff, Inner};
 
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
     let span = info_span!("session", session_id = %d.session_id, queue = %d.queue);
@@ -469,7 +469,7 @@ async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) {
     }
     if let Err(e) = inner
         .queue
-        .enqueue(&d.queue, &d.session_id, resume_reason())
+        .enqueue(&d.queue, &d.session_id, agentq_core::EnqueueReason::Resume)
         .await
     {
         warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
