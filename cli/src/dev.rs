@@ -162,6 +162,8 @@ pub fn worker_config(cfg: &Config) -> WorkerConfig {
         default_model: w.default_model.clone(),
         providers: cfg.provider_settings(),
         sensitive_tools: w.sensitive_tools.clone(),
+        checkpoint_batch_max: w.checkpoint_batch_max.max(1),
+        checkpoint_writers: w.checkpoint_writers.max(1),
         ..WorkerConfig::default()
     };
     if let Some(tools) = &w.default_tools {

@@ -45,6 +45,12 @@ pub struct WorkerArgs {
     /// Seconds running sessions get to reach a checkpoint on shutdown (default 30).
     #[arg(long, env = "AGENTQ_DRAIN_TIMEOUT_SECS")]
     pub drain_timeout_secs: Option<f64>,
+    /// Group commit: most checkpoints committed together (default 256).
+    #[arg(long, env = "AGENTQ_CHECKPOINT_BATCH_MAX", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub checkpoint_batch_max: Option<u32>,
+    /// Group commit: commits in flight at once, each on its own connection (default 2).
+    #[arg(long, env = "AGENTQ_CHECKPOINT_WRITERS", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub checkpoint_writers: Option<u32>,
     /// Per-tree workspaces live under here (default ./agentq-workspaces).
     #[arg(long, env = "AGENTQ_WORKSPACE_ROOT")]
     pub workspace_root: Option<std::path::PathBuf>,
@@ -113,6 +119,12 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(v) = args.drain_timeout_secs {
         cfg.drain_timeout = secs("drain-timeout-secs", v)?;
+    }
+    if let Some(v) = args.checkpoint_batch_max {
+        cfg.checkpoint_batch_max = v as usize;
+    }
+    if let Some(v) = args.checkpoint_writers {
+        cfg.checkpoint_writers = v as usize;
     }
     if let Some(v) = &args.workspace_root {
         cfg.workspace_root = v.clone();

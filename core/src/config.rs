@@ -85,6 +85,10 @@ pub struct WorkerConfig {
     pub allowed_hosts: Vec<String>,
     /// Tools that need approval in every session, on top of each session's own list.
     pub sensitive_tools: Vec<String>,
+    /// Group commit: most checkpoints committed together.
+    pub checkpoint_batch_max: usize,
+    /// Group commit: commits in flight at once.
+    pub checkpoint_writers: usize,
 }
 
 impl Default for WorkerConfig {
@@ -106,6 +110,8 @@ impl Default for WorkerConfig {
             allow_private_network: false,
             allowed_hosts: Vec::new(),
             sensitive_tools: Vec::new(),
+            checkpoint_batch_max: 256,
+            checkpoint_writers: 2,
         }
     }
 }
@@ -331,6 +337,8 @@ mod tests {
         assert!(!c.worker.allow_private_network);
         assert!(c.worker.allowed_hosts.is_empty());
         assert!(c.worker.sensitive_tools.is_empty());
+        assert_eq!(c.worker.checkpoint_batch_max, 256);
+        assert_eq!(c.worker.checkpoint_writers, 2);
         assert_eq!(c.scheduler.sweep_interval_secs, 5);
         assert_eq!(c.scheduler.sweep_age_secs, 10);
         assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);

@@ -33,6 +33,12 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Agent(#[from] agentq_agent::Error),
+    /// The worker stopped its checkpoint writer (hard shutdown): nothing more is written.
+    #[error("stopped: the worker is shutting down")]
+    Stopped,
+    /// One failure seen by every member of a group commit.
+    #[error(transparent)]
+    Shared(std::sync::Arc<Error>),
 }
 
 impl Error {
@@ -50,6 +56,7 @@ impl Error {
                 redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
             ),
             Error::Pool(_) => true,
+            Error::Shared(e) => e.is_retryable(),
             _ => false,
         }
     }

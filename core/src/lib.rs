@@ -2,6 +2,7 @@
 //! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod lifecycle;
@@ -15,6 +16,7 @@ mod rowconv;
 pub mod sqlite;
 pub mod store;
 
+pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
 pub use queue::Queue;

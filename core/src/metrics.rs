@@ -20,6 +20,7 @@ const TOOL_BUCKETS: &[f64] = &[
 const CHECKPOINT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 40.0, 80.0, 160.0];
 const TOKEN_BUCKETS: &[f64] = &[
     100.0,
@@ -52,6 +53,7 @@ pub struct Metrics {
     pub session_iterations: Histogram,
     pub session_tokens: Histogram,
     pub checkpoint_duration: Histogram,
+    pub checkpoint_batch_size: Histogram,
     pub iteration_overhead: Histogram,
     pub lease_lost: IntCounter,
     pub sessions_reclaimed: IntCounter,
@@ -221,6 +223,12 @@ impl Metrics {
                 "agentq_checkpoint_duration_seconds",
                 "Time to commit one checkpoint.",
                 CHECKPOINT_BUCKETS,
+            ),
+            checkpoint_batch_size: histogram(
+                &r,
+                "agentq_checkpoint_batch_size",
+                "Checkpoints committed together by one group commit.",
+                BATCH_BUCKETS,
             ),
             iteration_overhead: histogram(
                 &r,

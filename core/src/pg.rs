@@ -27,6 +27,7 @@ use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::SessionState;
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
@@ -274,53 +275,86 @@ RETURNING COLS";
 /// nothing at all. `ON CONFLICT DO NOTHING` makes a retry after an ambiguous failure
 /// harmless. With an outcome ($13 not null) the row becomes terminal and the lease is
 /// given up in the same statement.
-const CHECKPOINT: &str = "
-WITH upd AS (
-    UPDATE sessions SET
-        iteration = $4,
-        input_tokens = $5,
-        output_tokens = $6,
-        cache_read_tokens = $7,
-        cache_write_tokens = $8,
-        reasoning_tokens = $9,
-        drain_rounds = $10,
-        free_iteration = $11,
-        phase = $12,
-        started_at = $13,
-        status = COALESCE($14, status),
-        finish_reason = CASE WHEN $14 IS NULL THEN finish_reason ELSE $15 END,
-        result = CASE WHEN $14 IS NULL THEN result ELSE $16 END,
-        error = CASE WHEN $14 IS NULL THEN error ELSE $17 END,
-        finished_at = CASE WHEN $14 IS NULL THEN finished_at ELSE now() END,
-        lease_owner = CASE WHEN $14 IS NULL THEN lease_owner ELSE NULL END,
-        lease_expires_at = CASE WHEN $14 IS NULL THEN lease_expires_at ELSE NULL END,
-        turn_base = $22,
-        not_started = $23,
-        bg_cursor = $24,
-        msg_cursor = $25,
+/// Group commit: the checkpoints of many sessions in one statement, each fenced by its own
+/// lease. `$1..$23` are one array per column (one element per checkpoint), `$24..$27` one
+/// per new message; the answer is the ids whose lease held.
+const CHECKPOINT_BATCH: &str = "
+WITH c AS (
+    SELECT * FROM UNNEST(
+        $1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[],
+        $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::int[], $12::bool[],
+        $13::text[], $14::timestamptz[], $15::text[], $16::text[], $17::text[], $18::text[],
+        $19::int[], $20::text[], $21::bigint[], $22::bigint[], $23::bool[]
+    ) AS c(root_id, id, epoch, owner, iteration, input_tokens, output_tokens,
+           cache_read_tokens, cache_write_tokens, reasoning_tokens, drain_rounds,
+           free_iteration, phase, started_at, status, finish_reason, result, error,
+           turn_base, not_started, bg_cursor, msg_cursor, has_new)
+), locked AS (
+    -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
+    -- of one worker's sessions never wait on each other in a cycle.
+    SELECT s.root_id, s.id FROM sessions s
+    JOIN c ON s.root_id = c.root_id AND s.id = c.id
+    WHERE s.lease_epoch = c.epoch AND s.lease_owner = c.owner
+    ORDER BY s.root_id, s.id
+    FOR UPDATE OF s
+), upd AS (
+    UPDATE sessions s SET
+        iteration = c.iteration,
+        input_tokens = c.input_tokens,
+        output_tokens = c.output_tokens,
+        cache_read_tokens = c.cache_read_tokens,
+        cache_write_tokens = c.cache_write_tokens,
+        reasoning_tokens = c.reasoning_tokens,
+        drain_rounds = c.drain_rounds,
+        free_iteration = c.free_iteration,
+        phase = c.phase,
+        started_at = c.started_at,
+        status = COALESCE(c.status, s.status),
+        finish_reason = CASE WHEN c.status IS NULL THEN s.finish_reason ELSE c.finish_reason END,
+        result = CASE WHEN c.status IS NULL THEN s.result ELSE c.result END,
+        error = CASE WHEN c.status IS NULL THEN s.error ELSE c.error END,
+        finished_at = CASE WHEN c.status IS NULL THEN s.finished_at ELSE now() END,
+        lease_owner = CASE WHEN c.status IS NULL THEN s.lease_owner ELSE NULL END,
+        lease_expires_at = CASE WHEN c.status IS NULL THEN s.lease_expires_at ELSE NULL END,
+        turn_base = c.turn_base,
+        not_started = c.not_started::jsonb,
+        bg_cursor = c.bg_cursor,
+        msg_cursor = c.msg_cursor,
         -- Progress: a run that saves new steps is not a crash loop, so the count of
         -- claims that died without finishing starts again.
-        attempts = CASE WHEN cardinality($19::int[]) > 0 THEN 0 ELSE attempts END,
+        attempts = CASE WHEN c.has_new THEN 0 ELSE s.attempts END,
         updated_at = now()
-    WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18
-    RETURNING root_id, id
+    FROM c, locked
+    WHERE s.root_id = locked.root_id AND s.id = locked.id
+      AND c.root_id = s.root_id AND c.id = s.id
+      AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
+    RETURNING s.root_id, s.id
 ), ins AS (
     INSERT INTO messages (root_id, session_id, seq, role, body)
-    SELECT upd.root_id, upd.id, m.seq, m.role, m.body
-    FROM upd CROSS JOIN UNNEST($19::int[], $20::text[], $21::jsonb[]) AS m(seq, role, body)
+    SELECT upd.root_id, upd.id, m.seq, m.role, m.body::jsonb
+    FROM UNNEST($24::text[], $25::int[], $26::text[], $27::text[]) AS m(id, seq, role, body)
+    JOIN upd ON upd.id = m.id
     ON CONFLICT DO NOTHING
 )
-SELECT count(*) FROM upd";
+SELECT id FROM upd";
 
 /// All of a worker's leases in one statement; the answer keeps the input order.
 const HEARTBEAT: &str = "
 WITH l AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY
         AS l(root_id, id, epoch, owner, ord)
+), locked AS (
+    -- Key order, as a group commit takes them (no lock cycles between the two).
+    SELECT s.root_id, s.id FROM sessions s
+    JOIN l ON s.root_id = l.root_id AND s.id = l.id
+    WHERE s.lease_epoch = l.epoch AND s.lease_owner = l.owner
+    ORDER BY s.root_id, s.id
+    FOR UPDATE OF s
 ), upd AS (
     UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $5)
-    FROM l
-    WHERE s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
+    FROM l, locked
+    WHERE s.root_id = locked.root_id AND s.id = locked.id
+      AND s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
       AND s.lease_owner = l.owner
     RETURNING s.id, s.lease_epoch, s.cancel_requested
 )
@@ -688,57 +722,113 @@ impl Store for PgStore {
         })
     }
 
-    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
-        let new = state.messages.get(from..).unwrap_or_default();
-        let mut seqs = Vec::with_capacity(new.len());
-        let mut roles = Vec::with_capacity(new.len());
-        let mut bodies = Vec::with_capacity(new.len());
-        for (i, m) in new.iter().enumerate() {
-            let seq = i32::try_from(from + i)
-                .map_err(|_| Error::invalid("messages", "history too long"))?;
-            seqs.push(seq);
-            roles.push(role_str(m.role));
-            bodies.push(Json(m));
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
         }
-        let outcome = state.outcome.as_ref();
-        let status = outcome.map(|o| SessionStatus::for_exit(o.reason).as_str());
-        let u = &state.usage;
-        let matched: i64 = sqlx::query_scalar(CHECKPOINT)
-            .bind(&lease.root_id)
-            .bind(&lease.session_id)
-            .bind(lease.epoch)
-            .bind(to_i32(state.iteration, "iteration")?)
-            .bind(to_i64(u.input_tokens, "input_tokens")?)
-            .bind(to_i64(u.output_tokens, "output_tokens")?)
-            .bind(to_i64(u.cache_read_tokens, "cache_read_tokens")?)
-            .bind(to_i64(u.cache_write_tokens, "cache_write_tokens")?)
-            .bind(to_i64(u.reasoning_tokens, "reasoning_tokens")?)
-            .bind(to_i32(state.drain_rounds, "drain_rounds")?)
-            .bind(state.free_iteration)
-            .bind(phase_str(state.phase))
-            .bind(state.started_at)
-            .bind(status)
-            .bind(outcome.map(|o| o.reason.as_str()))
-            .bind(outcome.and_then(|o| o.result.as_deref()))
-            .bind(outcome.and_then(|o| o.error.as_deref()))
-            .bind(&lease.owner)
-            .bind(&seqs)
-            .bind(&roles)
-            .bind(&bodies)
-            .bind(to_i32(state.turn_base, "turn_base")?)
-            .bind(Json(&state.not_started))
-            .bind(to_i64(state.bg_cursor, "bg_cursor")?)
-            .bind(to_i64(state.msg_cursor, "msg_cursor")?)
-            .fetch_one(&self.pool)
+        let n = batch.len();
+        let mut roots = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(n);
+        let mut epochs = Vec::with_capacity(n);
+        let mut owners = Vec::with_capacity(n);
+        let mut iterations = Vec::with_capacity(n);
+        let mut input = Vec::with_capacity(n);
+        let mut output = Vec::with_capacity(n);
+        let mut cache_read = Vec::with_capacity(n);
+        let mut cache_write = Vec::with_capacity(n);
+        let mut reasoning = Vec::with_capacity(n);
+        let mut drain_rounds = Vec::with_capacity(n);
+        let mut free_iteration = Vec::with_capacity(n);
+        let mut phases = Vec::with_capacity(n);
+        let mut started_at = Vec::with_capacity(n);
+        let mut statuses = Vec::with_capacity(n);
+        let mut reasons = Vec::with_capacity(n);
+        let mut results = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut turn_base = Vec::with_capacity(n);
+        let mut not_started = Vec::with_capacity(n);
+        let mut bg_cursor = Vec::with_capacity(n);
+        let mut msg_cursor = Vec::with_capacity(n);
+        let mut has_new = Vec::with_capacity(n);
+        let (mut m_ids, mut m_seqs, mut m_roles, mut m_bodies) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for cp in batch {
+            let l = &cp.lease;
+            roots.push(l.root_id.as_str());
+            ids.push(l.session_id.as_str());
+            epochs.push(l.epoch);
+            owners.push(l.owner.as_str());
+            iterations.push(cp.iteration);
+            input.push(cp.input_tokens);
+            output.push(cp.output_tokens);
+            cache_read.push(cp.cache_read_tokens);
+            cache_write.push(cp.cache_write_tokens);
+            reasoning.push(cp.reasoning_tokens);
+            drain_rounds.push(cp.drain_rounds);
+            free_iteration.push(cp.free_iteration);
+            phases.push(cp.phase);
+            started_at.push(cp.started_at);
+            let f = cp.finish.as_ref();
+            statuses.push(f.map(|f| f.status));
+            reasons.push(f.map(|f| f.reason));
+            results.push(f.and_then(|f| f.result.as_deref()));
+            errors.push(f.and_then(|f| f.error.as_deref()));
+            turn_base.push(cp.turn_base);
+            not_started.push(cp.not_started.as_str());
+            bg_cursor.push(cp.bg_cursor);
+            msg_cursor.push(cp.msg_cursor);
+            has_new.push(!cp.messages.is_empty());
+            for (seq, (role, body)) in cp.seqs().zip(&cp.messages) {
+                m_ids.push(l.session_id.as_str());
+                m_seqs.push(seq);
+                m_roles.push(*role);
+                m_bodies.push(body.as_str());
+            }
+        }
+        let held: Vec<String> = sqlx::query_scalar(CHECKPOINT_BATCH)
+            .bind(&roots)
+            .bind(&ids)
+            .bind(&epochs)
+            .bind(&owners)
+            .bind(&iterations)
+            .bind(&input)
+            .bind(&output)
+            .bind(&cache_read)
+            .bind(&cache_write)
+            .bind(&reasoning)
+            .bind(&drain_rounds)
+            .bind(&free_iteration)
+            .bind(&phases)
+            .bind(&started_at)
+            .bind(&statuses)
+            .bind(&reasons)
+            .bind(&results)
+            .bind(&errors)
+            .bind(&turn_base)
+            .bind(&not_started)
+            .bind(&bg_cursor)
+            .bind(&msg_cursor)
+            .bind(&has_new)
+            .bind(&m_ids)
+            .bind(&m_seqs)
+            .bind(&m_roles)
+            .bind(&m_bodies)
+            .fetch_all(&self.pool)
             .await?;
-        if matched > 0 {
-            return Ok(());
+        let held: std::collections::HashSet<String> = held.into_iter().collect();
+        let mut out = Vec::with_capacity(n);
+        for cp in batch {
+            let lease = &cp.lease;
+            if held.contains(&lease.session_id) {
+                out.push(Ok(()));
+            // A retried final checkpoint finds the row already finished under our epoch.
+            } else if cp.finish.is_some() && self.gave_up_lease(lease, |s| s.is_terminal()).await? {
+                out.push(Ok(()));
+            } else {
+                out.push(Err(Error::LeaseLost(lease.session_id.clone())));
+            }
         }
-        // A retried final checkpoint finds the row already finished under our epoch.
-        if outcome.is_some() && self.gave_up_lease(lease, |s| s.is_terminal()).await? {
-            return Ok(());
-        }
-        Err(Error::LeaseLost(lease.session_id.clone()))
+        Ok(out)
     }
 
     async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {

@@ -57,6 +57,7 @@ use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::SessionState;
 
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
@@ -501,25 +502,35 @@ async fn insert_messages(
     messages: &[Message],
     now: i64,
 ) -> Result<()> {
-    for (c, chunk) in messages.chunks(INSERT_CHUNK).enumerate() {
-        let base = from + c * INSERT_CHUNK;
-        let mut rows = Vec::with_capacity(chunk.len());
-        for (i, m) in chunk.iter().enumerate() {
-            let seq = i64::try_from(base + i)
-                .ok()
-                .filter(|s| *s <= i64::from(i32::MAX))
-                .ok_or_else(|| Error::invalid("messages", "history too long"))?;
-            rows.push((seq, role_str(m.role), serde_json::to_string(m)?));
-        }
+    let mut rows = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let seq = from
+            .checked_add(i)
+            .and_then(|s| i32::try_from(s).ok())
+            .ok_or_else(|| Error::invalid("messages", "history too long"))?;
+        rows.push((seq, role_str(m.role), serde_json::to_string(m)?));
+    }
+    insert_rows(conn, root_id, session_id, &rows, now).await
+}
+
+/// Insert (seq, role, JSON body) rows of the session, leaving existing seqs alone.
+async fn insert_rows<B: AsRef<str>>(
+    conn: &mut SqliteConnection,
+    root_id: &str,
+    session_id: &str,
+    rows: &[(i32, &str, B)],
+    now: i64,
+) -> Result<()> {
+    for chunk in rows.chunks(INSERT_CHUNK) {
         let mut qb = sqlx::QueryBuilder::<Sqlite>::new(
             "INSERT INTO messages (root_id, session_id, seq, role, body, created_at) ",
         );
-        qb.push_values(rows, |mut b, (seq, role, body)| {
-            b.push_bind(root_id.to_string())
-                .push_bind(session_id.to_string())
-                .push_bind(seq)
-                .push_bind(role)
-                .push_bind(body)
+        qb.push_values(chunk, |mut b, (seq, role, body)| {
+            b.push_bind(root_id)
+                .push_bind(session_id)
+                .push_bind(*seq)
+                .push_bind(*role)
+                .push_bind(body.as_ref())
                 .push_bind(now);
         });
         qb.push(" ON CONFLICT DO NOTHING");
@@ -766,64 +777,60 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
-        let new = state.messages.get(from..).unwrap_or_default();
-        let outcome = state.outcome.as_ref();
-        let status = outcome.map(|o| SessionStatus::for_exit(o.reason).as_str());
-        let u = &state.usage;
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>> {
         let now = now_us();
-        let iteration = i64::from(state.iteration);
-        let input = to_i64(u.input_tokens, "input_tokens")?;
-        let output = to_i64(u.output_tokens, "output_tokens")?;
-        let cache_read = to_i64(u.cache_read_tokens, "cache_read_tokens")?;
-        let cache_write = to_i64(u.cache_write_tokens, "cache_write_tokens")?;
-        let reasoning = to_i64(u.reasoning_tokens, "reasoning_tokens")?;
-        let started_at = state.started_at.map(|t| t.timestamp_micros());
-
-        // One transaction: the fenced row update, then the new messages only if it
-        // matched. A fenced-off worker's transaction is rolled back with nothing written.
+        // One transaction for the whole batch (SQLite's group commit); within it each
+        // checkpoint's messages are written only if its fenced row update matched.
         let mut tx = self.write_tx().await?;
-        let matched = sqlx::query(CHECKPOINT)
-            .bind(&lease.root_id)
-            .bind(&lease.session_id)
-            .bind(lease.epoch)
-            .bind(iteration)
-            .bind(input)
-            .bind(output)
-            .bind(cache_read)
-            .bind(cache_write)
-            .bind(reasoning)
-            .bind(i64::from(state.drain_rounds))
-            .bind(state.free_iteration)
-            .bind(phase_str(state.phase))
-            .bind(started_at)
-            .bind(status)
-            .bind(outcome.map(|o| o.reason.as_str()))
-            .bind(outcome.and_then(|o| o.result.as_deref()))
-            .bind(outcome.and_then(|o| o.error.as_deref()))
-            .bind(&lease.owner)
-            .bind(now)
-            .bind(i64::from(state.turn_base))
-            .bind(Json(&state.not_started))
-            .bind(!new.is_empty())
-            .bind(to_i64(state.bg_cursor, "bg_cursor")?)
-            .bind(to_i64(state.msg_cursor, "msg_cursor")?)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        if matched > 0 {
-            insert_messages(&mut tx, &lease.root_id, &lease.session_id, from, new, now).await?;
-            tx.commit().await?;
-            return Ok(());
+        let mut out = Vec::with_capacity(batch.len());
+        for cp in batch {
+            let lease = &cp.lease;
+            let f = cp.finish.as_ref();
+            let matched = sqlx::query(CHECKPOINT)
+                .bind(&lease.root_id)
+                .bind(&lease.session_id)
+                .bind(lease.epoch)
+                .bind(cp.iteration)
+                .bind(cp.input_tokens)
+                .bind(cp.output_tokens)
+                .bind(cp.cache_read_tokens)
+                .bind(cp.cache_write_tokens)
+                .bind(cp.reasoning_tokens)
+                .bind(cp.drain_rounds)
+                .bind(cp.free_iteration)
+                .bind(cp.phase)
+                .bind(cp.started_at.map(|t| t.timestamp_micros()))
+                .bind(f.map(|f| f.status))
+                .bind(f.map(|f| f.reason))
+                .bind(f.and_then(|f| f.result.as_deref()))
+                .bind(f.and_then(|f| f.error.as_deref()))
+                .bind(&lease.owner)
+                .bind(now)
+                .bind(cp.turn_base)
+                .bind(cp.not_started.as_str())
+                .bind(!cp.messages.is_empty())
+                .bind(cp.bg_cursor)
+                .bind(cp.msg_cursor)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if matched > 0 {
+                let rows: Vec<(i32, &str, &str)> = cp
+                    .seqs()
+                    .zip(&cp.messages)
+                    .map(|(seq, (role, body))| (seq, *role, body.as_str()))
+                    .collect();
+                insert_rows(&mut tx, &lease.root_id, &lease.session_id, &rows, now).await?;
+                out.push(Ok(()));
+            // A retried final checkpoint finds the row already finished under our epoch.
+            } else if f.is_some() && gave_up_lease(&mut tx, lease, |s| s.is_terminal()).await? {
+                out.push(Ok(()));
+            } else {
+                out.push(Err(Error::LeaseLost(lease.session_id.clone())));
+            }
         }
-        // A retried final checkpoint finds the row already finished under our epoch.
-        let retried =
-            outcome.is_some() && gave_up_lease(&mut tx, lease, |s| s.is_terminal()).await?;
-        tx.rollback().await?;
-        if retried {
-            return Ok(());
-        }
-        Err(Error::LeaseLost(lease.session_id.clone()))
+        tx.commit().await?;
+        Ok(out)
     }
 
     async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {

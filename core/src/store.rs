@@ -11,6 +11,7 @@ use agentq_agent::state::SessionState;
 
 use chrono::{DateTime, Utc};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
@@ -57,7 +58,18 @@ pub trait Store: Send + Sync {
     /// One round trip: append `state.messages[from..]` and update the row's scalars (and
     /// its terminal status when `state.outcome` is set), only if `lease` still holds.
     /// `Error::LeaseLost` when it does not. Safe to retry after an ambiguous failure.
-    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()>;
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
+        let cp = Checkpoint::new(lease, state, from)?;
+        let mut out = self.checkpoint_batch(&[&cp]).await?;
+        out.pop().unwrap_or(Ok(()))
+    }
+
+    /// Group commit: many sessions' checkpoints in one durable commit (one statement on
+    /// Postgres). `Err` when the batch as a whole failed, in which case none of it was
+    /// written and all of it may be retried; otherwise one result per checkpoint, in
+    /// order, each `Ok` or `Error::LeaseLost` on its own: one fenced-off session does not
+    /// hold back the others. At most one checkpoint per session in a batch.
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>>;
 
     /// Extend these leases. Returns, per lease, whether it still holds and whether a
     /// cancel was requested for it.

@@ -22,8 +22,8 @@ use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
-    ApprovalRecorded, CancelResult, Claim, Delivered, Error, Lease, ListFilter, NewSession,
-    SessionStatus, inbox_kind,
+    ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
+    NewSession, SessionStatus, inbox_kind,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -98,6 +98,8 @@ contract_tests!(
     contract_wake_expired_approvals,
     contract_follow_up,
     contract_count_unfinished,
+    contract_group_commit,
+    contract_group_commit_with_heartbeats,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1877,5 +1879,144 @@ mod sqlite_only {
             Some("w")
         );
         assert_eq!(lease.epoch, 1);
+    }
+}
+
+/// Group commit: one batch, each checkpoint fenced and answered on its own.
+async fn contract_group_commit(store: &dyn Store) {
+    assert!(store.checkpoint_batch(&[]).await.unwrap().is_empty());
+
+    // a: two new messages; b: its final answer; c: scalars only; d: fenced off.
+    let [a, b, c, d] = [
+        create(store, "a").await,
+        create(store, "b").await,
+        create(store, "c").await,
+        create(store, "d").await,
+    ];
+    let (lease_a, mut state_a) = acquire(store, &a, "w", TTL).await;
+    let (lease_b, mut state_b) = acquire(store, &b, "w", TTL).await;
+    let (lease_c, mut state_c) = acquire(store, &c, "w", TTL).await;
+    let (lease_d, mut state_d) = acquire(store, &d, "w", SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL * 2).await;
+    let (_lease_d2, _) = acquire(store, &d, "w2", TTL).await;
+    let row_d = store.get(&d).await.unwrap().unwrap();
+
+    let from_a = state_a.messages.len();
+    let mut reply = Message::assistant("reading");
+    reply.tool_calls = vec![ToolCall {
+        id: "call_1".into(),
+        name: "read_file".into(),
+        arguments: json!({ "path": "x" }),
+    }];
+    state_a.push_assistant(reply);
+    state_a.messages.push(Message::tool_result(
+        "call_1",
+        "read_file",
+        "x's contents",
+        false,
+    ));
+    let from_b = state_b.messages.len();
+    state_b.push_assistant(Message::assistant("done"));
+    state_b.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some("done".into()),
+        error: None,
+    });
+    let from_c = state_c.messages.len();
+    state_c.iteration = 3;
+    state_c.msg_cursor = 7;
+    let from_d = state_d.messages.len();
+    state_d.push_assistant(Message::assistant("stale"));
+
+    let cps = [
+        Checkpoint::new(&lease_a, &state_a, from_a).unwrap(),
+        Checkpoint::new(&lease_b, &state_b, from_b).unwrap(),
+        Checkpoint::new(&lease_c, &state_c, from_c).unwrap(),
+        Checkpoint::new(&lease_d, &state_d, from_d).unwrap(),
+    ];
+    let refs: Vec<&Checkpoint> = cps.iter().collect();
+    let out = store.checkpoint_batch(&refs).await.unwrap();
+    assert_eq!(out.len(), 4);
+    assert!(
+        out[0].is_ok() && out[1].is_ok() && out[2].is_ok(),
+        "{out:?}"
+    );
+    assert!(
+        matches!(&out[3], Err(Error::LeaseLost(s)) if s == &d),
+        "{out:?}"
+    );
+
+    assert_eq!(store.messages(&a).await.unwrap(), state_a.messages);
+    let row_a = store.get(&a).await.unwrap().unwrap();
+    assert_eq!(row_a.status, SessionStatus::Running);
+    assert_eq!(row_a.iteration, 1);
+    let row_b = store.get(&b).await.unwrap().unwrap();
+    assert_eq!(row_b.status, SessionStatus::Completed);
+    assert_eq!(row_b.result.as_deref(), Some("done"));
+    assert!(row_b.lease_owner.is_none());
+    assert_eq!(store.messages(&b).await.unwrap(), state_b.messages);
+    assert_eq!(store.get(&c).await.unwrap().unwrap().iteration, 3);
+    let resumed_c = match store.claim(&c, "w2", TTL, 10).await.unwrap() {
+        Claim::Busy => None,
+        other => Some(other),
+    };
+    assert!(resumed_c.is_none(), "c is still leased: {resumed_c:?}");
+    // The fenced-off one wrote nothing.
+    assert_eq!(store.get(&d).await.unwrap().unwrap(), row_d);
+    assert_eq!(store.messages(&d).await.unwrap().len(), from_d);
+
+    // The same batch again (its answer was lost): harmless, nothing doubled.
+    let out = store.checkpoint_batch(&refs[..3]).await.unwrap();
+    assert!(out.iter().all(Result::is_ok), "{out:?}");
+    assert_eq!(store.messages(&a).await.unwrap(), state_a.messages);
+    assert_eq!(store.messages(&b).await.unwrap(), state_b.messages);
+}
+
+/// Batches and heartbeats over the same sessions, at once and in opposite orders: no lock
+/// cycle between them (Postgres would abort one as a deadlock), every write lands.
+async fn contract_group_commit_with_heartbeats(store: &dyn Store) {
+    // Enough other rows that Postgres looks the sessions up by index, in the order given,
+    // rather than in the table's order (which would hide a lock-order cycle).
+    let others: Vec<NewSession> = (0..2000)
+        .map(|i| new_session(&format!("other {i}")))
+        .collect();
+    store.create_sessions(&others).await.unwrap();
+    let mut sessions = Vec::new();
+    for i in 0..24 {
+        let id = create(store, &format!("s{i}")).await;
+        let (lease, state) = acquire(store, &id, "w", TTL).await;
+        sessions.push((lease, state));
+    }
+    let leases: Vec<Lease> = sessions.iter().map(|(l, _)| l.clone()).collect();
+    for round in 0..15 {
+        let mut cps = Vec::new();
+        for (lease, state) in sessions.iter_mut() {
+            let from = state.messages.len();
+            state.messages.push(Message::user(format!("round {round}")));
+            cps.push(Checkpoint::new(lease, state, from).unwrap());
+        }
+        let forward: Vec<&Checkpoint> = cps.iter().collect();
+        let (first, second) = forward.split_at(12);
+        let mut backward: Vec<&Checkpoint> = second.to_vec();
+        backward.reverse();
+        let mut reversed_leases = leases.clone();
+        reversed_leases.reverse();
+        let (r1, r2, h1, h2) = tokio::join!(
+            store.checkpoint_batch(first),
+            store.checkpoint_batch(&backward),
+            store.heartbeat(&leases, TTL),
+            store.heartbeat(&reversed_leases, TTL),
+        );
+        for r in r1.unwrap().into_iter().chain(r2.unwrap()) {
+            r.unwrap();
+        }
+        assert!(h1.unwrap().iter().all(|h| h.held));
+        assert!(h2.unwrap().iter().all(|h| h.held));
+    }
+    for (lease, state) in &sessions {
+        assert_eq!(
+            store.messages(&lease.session_id).await.unwrap(),
+            state.messages
+        );
     }
 }

@@ -1,7 +1,7 @@
-//! The worker's `Checkpointer`: writes each step through the store, fenced by the lease.
-//! Rides out short store outages by retrying (a checkpoint is idempotent), stops the run
-//! at once when the lease is gone, and stops it right after a durable checkpoint when the
-//! worker is draining.
+//! The worker's `Checkpointer`: hands each step to the worker's group commit, fenced by
+//! the lease. Rides out short store outages by retrying (a checkpoint is idempotent),
+//! stops the run at once when the lease is gone, and stops it right after a durable
+//! checkpoint when the worker is draining.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,12 +12,13 @@ use tracing::warn;
 
 use agentq_agent::driver::Checkpointer;
 use agentq_agent::state::SessionState;
-use agentq_core::{Lease, Store};
+use agentq_core::{Checkpoint, Lease};
 
 use crate::Backoff;
+use crate::group_commit::GroupCommit;
 
 pub struct StoreCheckpointer {
-    pub store: Arc<dyn Store>,
+    pub commits: GroupCommit,
     pub lease: Lease,
     pub draining: CancellationToken,
     /// How long to keep retrying a store that does not answer.
@@ -29,10 +30,14 @@ pub struct StoreCheckpointer {
 impl Checkpointer for StoreCheckpointer {
     async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
         let started = Instant::now();
+        let cp = Arc::new(
+            Checkpoint::new(&self.lease, state, from)
+                .map_err(|e| agentq_agent::Error::Checkpoint(e.to_string()))?,
+        );
         let mut backoff = Backoff::new();
         loop {
             let t = Instant::now();
-            match self.store.checkpoint(&self.lease, state, from).await {
+            match self.commits.commit(cp.clone()).await {
                 Ok(()) => {
                     self.metrics.observe_checkpoint(t.elapsed());
                     break;
@@ -40,6 +45,7 @@ impl Checkpointer for StoreCheckpointer {
                 Err(agentq_core::Error::LeaseLost(_)) => {
                     return Err(agentq_agent::Error::LeaseLost);
                 }
+                Err(agentq_core::Error::Stopped) => return Err(agentq_agent::Error::Stopped),
                 Err(e) if e.is_retryable() && started.elapsed() < self.give_up_after => {
                     let wait = backoff.next();
                     warn!(session_id = %state.session_id, error = %e, ?wait, "checkpoint failed; retrying");

@@ -4,6 +4,7 @@
 //! workers, cancel notifications, and graceful drain on shutdown.
 
 mod checkpoint;
+mod group_commit;
 mod inbox;
 mod observe;
 mod session;
@@ -27,6 +28,7 @@ use agentq_core::queue::{Delivery, EventRecord};
 use agentq_core::{Lease, Queue, Store};
 
 pub use checkpoint::StoreCheckpointer;
+pub use group_commit::GroupCommit;
 pub use observe::{OverheadTap, overhead_tap};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -73,6 +75,10 @@ pub struct WorkerConfig {
     pub max_depth: u32,
     /// Most sub-agents one session may start.
     pub max_children: usize,
+    /// Group commit: most checkpoints in one commit.
+    pub checkpoint_batch_max: usize,
+    /// Group commit: commits in flight at once, each on its own store connection.
+    pub checkpoint_writers: usize,
 }
 
 impl Default for WorkerConfig {
@@ -101,6 +107,8 @@ impl Default for WorkerConfig {
             event_ttl: Duration::from_secs(24 * 3600),
             max_depth: 3,
             max_children: 16,
+            checkpoint_batch_max: 256,
+            checkpoint_writers: 2,
         }
     }
 }
@@ -154,6 +162,9 @@ pub(crate) struct Inner {
     deferred: Mutex<HashMap<String, Vec<Delivery>>>,
     redispatch: tokio::sync::mpsc::UnboundedSender<Delivery>,
     redispatch_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Delivery>>>,
+    /// Every session's checkpoints go through the worker's group commit.
+    pub commits: GroupCommit,
+    commits_rx: Mutex<Option<group_commit::JobReceiver>>,
 }
 
 /// Counters tests and the demo read.
@@ -227,6 +238,7 @@ impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (redispatch, redispatch_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (commits, commits_rx) = GroupCommit::channel();
         Worker {
             inner: Arc::new(Inner {
                 store,
@@ -242,6 +254,8 @@ impl Worker {
                 deferred: Mutex::new(HashMap::new()),
                 redispatch,
                 redispatch_rx: Mutex::new(Some(redispatch_rx)),
+                commits,
+                commits_rx: Mutex::new(Some(commits_rx)),
             }),
         }
     }
@@ -284,6 +298,23 @@ impl Worker {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+        let commits_rx = inner
+            .commits_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+        let commits_stop = CancellationToken::new();
+        let committer = tokio::spawn(group_commit::writer(
+            inner.store.clone(),
+            commits_rx,
+            group_commit::Limits {
+                max_batch: inner.cfg.checkpoint_batch_max,
+                in_flight: inner.cfg.checkpoint_writers,
+            },
+            inner.metrics,
+            commits_stop.clone(),
+        ));
         let writer_stop = CancellationToken::new();
         let writer = tokio::spawn(observe::event_writer(
             inner.queue.clone(),
@@ -389,6 +420,9 @@ impl Worker {
             }
             let _ = tokio::time::timeout(Duration::from_secs(10), tracker.wait()).await;
         }
+        // Sessions are done with checkpoints (or abandoned): commits in flight finish.
+        commits_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), committer).await;
         bg_stop.cancel();
         for b in background {
             let _ = tokio::time::timeout(Duration::from_secs(5), b).await;

@@ -179,7 +179,7 @@ async fn run(
         .await;
 
     let checkpointer = Arc::new(StoreCheckpointer {
-        store: inner.store.clone(),
+        commits: inner.commits.clone(),
         lease: lease.clone(),
         draining: inner.draining.clone(),
         give_up_after: inner.cfg.lease_ttl * 10,
@@ -210,7 +210,7 @@ async fn run(
             // with the reason, through a normal fenced checkpoint.
             state.outcome = Some(Outcome::error(message));
             let cp = StoreCheckpointer {
-                store: inner.store.clone(),
+                commits: inner.commits.clone(),
                 lease: lease.clone(),
                 draining: CancellationToken::new(),
                 give_up_after: inner.cfg.lease_ttl * 10,

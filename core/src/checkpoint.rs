@@ -1,0 +1,99 @@
+//! A checkpoint taken off a `SessionState`: the new messages already serialized and the
+//! row's scalars already range-checked, owned, so that it can wait in a worker's
+//! group-commit batch while the session's task waits for its acknowledgement, and be
+//! written by either store without touching the state again.
+
+use chrono::{DateTime, Utc};
+
+use agentq_agent::state::SessionState;
+
+use crate::rowconv::{phase_str, role_str, to_i32, to_i64};
+use crate::{Error, Lease, Result, SessionStatus};
+
+/// `state.messages[from..]` and the row's scalars, fenced by `lease`.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub lease: Lease,
+    /// The seq of `messages[0]`.
+    pub from: i32,
+    /// (role, JSON body) of each new message.
+    pub messages: Vec<(&'static str, String)>,
+    pub iteration: i32,
+    pub input_tokens: i64,
+    pub output_tokens: i64,
+    pub cache_read_tokens: i64,
+    pub cache_write_tokens: i64,
+    pub reasoning_tokens: i64,
+    pub drain_rounds: i32,
+    pub free_iteration: bool,
+    pub phase: &'static str,
+    pub started_at: Option<DateTime<Utc>>,
+    pub turn_base: i32,
+    /// JSON array of the sub-agents planned but not started.
+    pub not_started: String,
+    pub bg_cursor: i64,
+    pub msg_cursor: i64,
+    /// Set on the final checkpoint: the run is over and the lease is given up with it.
+    pub finish: Option<Finish>,
+}
+
+/// The terminal part of a final checkpoint.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    pub status: &'static str,
+    pub reason: &'static str,
+    pub result: Option<String>,
+    pub error: Option<String>,
+}
+
+impl Checkpoint {
+    pub fn new(lease: &Lease, state: &SessionState, from: usize) -> Result<Self> {
+        let too_long = || Error::invalid("messages", "history too long");
+        let new = state.messages.get(from..).unwrap_or_default();
+        // Every seq must fit the column, not only the first.
+        let end = from.checked_add(new.len()).ok_or_else(too_long)?;
+        i32::try_from(end).map_err(|_| too_long())?;
+        let from = i32::try_from(from).map_err(|_| too_long())?;
+        let mut messages = Vec::with_capacity(new.len());
+        for m in new {
+            messages.push((role_str(m.role), serde_json::to_string(m)?));
+        }
+        let u = &state.usage;
+        Ok(Checkpoint {
+            lease: lease.clone(),
+            from,
+            messages,
+            iteration: to_i32(state.iteration, "iteration")?,
+            input_tokens: to_i64(u.input_tokens, "input_tokens")?,
+            output_tokens: to_i64(u.output_tokens, "output_tokens")?,
+            cache_read_tokens: to_i64(u.cache_read_tokens, "cache_read_tokens")?,
+            cache_write_tokens: to_i64(u.cache_write_tokens, "cache_write_tokens")?,
+            reasoning_tokens: to_i64(u.reasoning_tokens, "reasoning_tokens")?,
+            drain_rounds: to_i32(state.drain_rounds, "drain_rounds")?,
+            free_iteration: state.free_iteration,
+            phase: phase_str(state.phase),
+            started_at: state.started_at,
+            turn_base: to_i32(state.turn_base, "turn_base")?,
+            not_started: serde_json::to_string(&state.not_started)?,
+            bg_cursor: to_i64(state.bg_cursor, "bg_cursor")?,
+            msg_cursor: to_i64(state.msg_cursor, "msg_cursor")?,
+            finish: state.outcome.as_ref().map(|o| Finish {
+                status: SessionStatus::for_exit(o.reason).as_str(),
+                reason: o.reason.as_str(),
+                result: o.result.clone(),
+                error: o.error.clone(),
+            }),
+        })
+    }
+
+    /// The seq of each new message, in order.
+    pub fn seqs(&self) -> impl Iterator<Item = i32> + '_ {
+        // `new` checked that the last one fits.
+        (0..self.messages.len()).map(|i| self.from + i as i32)
+    }
+
+    /// Bytes of message JSON this checkpoint writes.
+    pub fn message_bytes(&self) -> usize {
+        self.messages.iter().map(|(_, b)| b.len()).sum()
+    }
+}

@@ -1,0 +1,152 @@
+//! Group commit (DESIGN §3): the checkpoints of all the sessions a worker runs go through
+//! one writer, which commits whatever is ready together — one statement, one durable
+//! commit — and acknowledges each session's step only once that commit is. A lone
+//! checkpoint goes out at once (nothing waits to fill a batch); under load the next batch
+//! gathers while the previous ones commit, so the commit rate, not the session count,
+//! bounds the store's work.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use agentq_core::metrics::Metrics;
+use agentq_core::{Checkpoint, Error, Store};
+
+pub(crate) struct Job {
+    cp: Arc<Checkpoint>,
+    reply: oneshot::Sender<agentq_core::Result<()>>,
+}
+
+pub(crate) type JobReceiver = mpsc::UnboundedReceiver<Job>;
+
+/// The sessions' side: hand a checkpoint to the writer and wait for its commit.
+#[derive(Clone)]
+pub struct GroupCommit {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+impl GroupCommit {
+    pub(crate) fn channel() -> (GroupCommit, JobReceiver) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (GroupCommit { tx }, rx)
+    }
+
+    /// `Ok` once the checkpoint is durable; the store's verdict on it otherwise.
+    /// `Error::Stopped` when the worker has stopped its writer (hard shutdown).
+    pub async fn commit(&self, cp: Arc<Checkpoint>) -> agentq_core::Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job { cp, reply })
+            .map_err(|_| Error::Stopped)?;
+        rx.await.unwrap_or(Err(Error::Stopped))
+    }
+}
+
+/// Limits of the writer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Most checkpoints in one commit.
+    pub max_batch: usize,
+    /// Commits in flight at once (each on its own connection).
+    pub in_flight: usize,
+}
+
+/// The writer: runs until `stop`, or until every `GroupCommit` is gone; then lets the
+/// commits in flight finish (their sessions wait on them) and returns. Jobs still queued
+/// at `stop` are answered `Error::Stopped`.
+pub(crate) async fn writer(
+    store: Arc<dyn Store>,
+    mut rx: JobReceiver,
+    limits: Limits,
+    metrics: &'static Metrics,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.in_flight.max(1)));
+    let max_batch = limits.max_batch.max(1);
+    let mut commits = JoinSet::new();
+    // A second checkpoint of a session already in the batch being built waits for the
+    // next one: a batch holds at most one per session (the store's contract).
+    let mut carried: Option<Job> = None;
+    loop {
+        let first = match carried.take() {
+            Some(j) => j,
+            None => tokio::select! {
+                j = rx.recv() => match j { Some(j) => j, None => break },
+                _ = stop.cancelled() => break,
+            },
+        };
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.cancelled() => {
+                let _ = first.reply.send(Err(Error::Stopped));
+                break;
+            }
+        };
+        // Everything that arrived while a slot was busy goes in this commit.
+        let mut batch = vec![first];
+        let mut sessions: HashSet<String> = HashSet::new();
+        sessions.insert(batch[0].cp.lease.session_id.clone());
+        while batch.len() < max_batch {
+            match rx.try_recv() {
+                Ok(j) if sessions.insert(j.cp.lease.session_id.clone()) => batch.push(j),
+                Ok(j) => {
+                    carried = Some(j);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        commits.spawn(async move {
+            commit(&*store, batch, metrics).await;
+            drop(permit);
+        });
+        while commits.try_join_next().is_some() {}
+    }
+    rx.close();
+    if let Some(j) = carried {
+        let _ = j.reply.send(Err(Error::Stopped));
+    }
+    while let Ok(j) = rx.try_recv() {
+        let _ = j.reply.send(Err(Error::Stopped));
+    }
+    while commits.join_next().await.is_some() {}
+}
+
+async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
+    metrics.checkpoint_batch_size.observe(batch.len() as f64);
+    let (cps, replies): (Vec<Arc<Checkpoint>>, Vec<_>) =
+        batch.into_iter().map(|j| (j.cp, j.reply)).unzip();
+    let refs: Vec<&Checkpoint> = cps.iter().map(|c| &**c).collect();
+    match store.checkpoint_batch(&refs).await {
+        Ok(results) => {
+            for (reply, r) in replies.into_iter().zip(results) {
+                let _ = reply.send(r);
+            }
+        }
+        // Something in the batch the store will never take (not an outage): commit each
+        // alone, so that only the checkpoint at fault fails.
+        Err(e) if cps.len() > 1 && !e.is_retryable() => {
+            debug!(error = %e, size = cps.len(), "group commit rejected; committing one by one");
+            for (cp, reply) in refs.iter().zip(replies) {
+                let r = store
+                    .checkpoint_batch(&[*cp])
+                    .await
+                    .and_then(|mut v| v.pop().unwrap_or(Ok(())));
+                let _ = reply.send(r);
+            }
+        }
+        // Nothing of the batch was written: each session sees the failure and retries
+        // on its own schedule.
+        Err(e) => {
+            let e = Arc::new(e);
+            for reply in replies {
+                let _ = reply.send(Err(Error::Shared(e.clone())));
+            }
+        }
+    }
+}
