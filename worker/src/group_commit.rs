@@ -150,3 +150,151 @@ async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use agentq_agent::schema::Message;
+    use agentq_agent::spec::SessionSpec;
+    use agentq_agent::state::SessionState;
+    use agentq_core::sqlite::SqliteStore;
+    use agentq_core::{Claim, Lease, NewSession};
+
+    use super::*;
+
+    async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("agentq.db"))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        (dir, Arc::new(store))
+    }
+
+    async fn leased(store: &dyn Store, n: usize, ttl: Duration) -> Vec<(Lease, SessionState)> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let new = NewSession::root(SessionSpec::new(format!("s{i}")), "default");
+            let (row, _) = store.create_session(&new).await.unwrap();
+            match store.claim(&row.id, "w", ttl, 10).await.unwrap() {
+                Claim::Acquired { lease, state, .. } => out.push((lease, *state)),
+                other => panic!("{other:?}"),
+            }
+        }
+        out
+    }
+
+    fn step(lease: &Lease, state: &mut SessionState, text: &str) -> Arc<Checkpoint> {
+        let from = state.messages.len();
+        state.messages.push(Message::assistant(text));
+        Arc::new(Checkpoint::new(lease, state, from).unwrap())
+    }
+
+    fn metrics() -> &'static Metrics {
+        Box::leak(Box::new(Metrics::new()))
+    }
+
+    /// Batch sizes the writer committed: (commits, checkpoints).
+    fn batches(m: &Metrics) -> (u64, f64) {
+        let h = &m.checkpoint_batch_size;
+        (h.get_sample_count(), h.get_sample_sum())
+    }
+
+    #[tokio::test]
+    async fn what_waits_is_committed_together_and_each_answered() {
+        let (_dir, store) = store().await;
+        let mut sessions = leased(&*store, 50, Duration::from_secs(30)).await;
+        let (commits, rx) = GroupCommit::channel();
+        let mut waiting = Vec::new();
+        for (lease, state) in sessions.iter_mut() {
+            let cp = step(lease, state, "one");
+            let c = commits.clone();
+            waiting.push(tokio::spawn(async move { c.commit(cp).await }));
+        }
+        // Let every session hand its checkpoint over before the writer starts.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = metrics();
+        let stop = CancellationToken::new();
+        let limits = Limits {
+            max_batch: 16,
+            in_flight: 1,
+        };
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        for t in waiting {
+            t.await.unwrap().unwrap();
+        }
+        // 50 waiting checkpoints, at most 16 a commit: 4 commits.
+        assert_eq!(batches(m), (4, 50.0));
+        for (lease, state) in &sessions {
+            assert_eq!(
+                store.messages(&lease.session_id).await.unwrap(),
+                state.messages
+            );
+        }
+
+        // A lone checkpoint does not wait for company.
+        let (lease, state) = &mut sessions[0];
+        commits.commit(step(lease, state, "two")).await.unwrap();
+        assert_eq!(batches(m), (5, 51.0));
+        stop.cancel();
+        w.await.unwrap();
+        // After the writer stopped, nothing more is taken.
+        let (lease, state) = &mut sessions[1];
+        assert!(matches!(
+            commits.commit(step(lease, state, "late")).await,
+            Err(Error::Stopped)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_lost_lease_fails_alone() {
+        let (_dir, store) = store().await;
+        let mut sessions = leased(&*store, 3, Duration::from_millis(100)).await;
+        // The second session's lease expires and another worker takes it.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let stolen = sessions[1].0.session_id.clone();
+        assert!(matches!(
+            store
+                .claim(&stolen, "w2", Duration::from_secs(30), 10)
+                .await
+                .unwrap(),
+            Claim::Acquired { .. }
+        ));
+        let (commits, rx) = GroupCommit::channel();
+        let mut waiting = Vec::new();
+        for (lease, state) in sessions.iter_mut() {
+            let cp = step(lease, state, "step");
+            let c = commits.clone();
+            waiting.push(tokio::spawn(async move { c.commit(cp).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = metrics();
+        let limits = Limits {
+            max_batch: 256,
+            in_flight: 2,
+        };
+        let stop = CancellationToken::new();
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let mut out = Vec::new();
+        for t in waiting {
+            out.push(t.await.unwrap());
+        }
+        assert_eq!(batches(m), (1, 3.0));
+        assert!(out[0].is_ok() && out[2].is_ok(), "{out:?}");
+        assert!(matches!(&out[1], Err(Error::LeaseLost(s)) if *s == stolen));
+        assert_eq!(store.messages(&stolen).await.unwrap().len(), 1);
+        assert_eq!(
+            store.messages(&sessions[2].0.session_id).await.unwrap(),
+            sessions[2].1.messages
+        );
+        drop(commits);
+        // Every sender gone: the writer ends on its own.
+        tokio::time::timeout(Duration::from_secs(5), w)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
