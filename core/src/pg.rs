@@ -249,7 +249,7 @@ WITH input AS (
     RETURNING COLS
 ), msg AS (
     INSERT INTO messages (root_id, session_id, seq, role, body)
-    SELECT ins.root_id, ins.id, 0, 'user', input.first_message
+    SELECT ins.root_id::uuid, ins.id::uuid, 0, 'user', input.first_message::json
     FROM ins JOIN input ON input.id = ins.id
     ON CONFLICT DO NOTHING
 )
@@ -331,7 +331,7 @@ WITH c AS (
     RETURNING s.root_id, s.id
 ), ins AS (
     INSERT INTO messages (root_id, session_id, seq, role, body)
-    SELECT upd.root_id, upd.id, m.seq, m.role, m.body::jsonb
+    SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.role, m.body::json
     FROM UNNEST($24::text[], $25::int[], $26::text[], $27::text[]) AS m(id, seq, role, body)
     JOIN upd ON upd.id = m.id
     ON CONFLICT DO NOTHING
@@ -659,7 +659,7 @@ impl Store for PgStore {
         // LEFT JOIN tells a missing session (no row) from an empty history (NULL body).
         let rows: Vec<(Option<Json<Message>>,)> = sqlx::query_as(
             "SELECT m.body FROM sessions s \
-             LEFT JOIN messages m ON m.root_id = s.root_id AND m.session_id = s.id \
+             LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
              WHERE s.id = $1 ORDER BY m.seq",
         )
         .bind(id)
@@ -702,7 +702,8 @@ impl Store for PgStore {
         // A second statement, after the claim committed: from here on the previous holder
         // is fenced off, so this read sees everything it will ever have written.
         let messages: Vec<(i32, Json<Message>)> = sqlx::query_as(
-            "SELECT seq, body FROM messages WHERE root_id = $1 AND session_id = $2 ORDER BY seq",
+            "SELECT seq, body FROM messages \
+             WHERE root_id = $1::uuid AND session_id = $2::uuid ORDER BY seq",
         )
         .bind(&rec.root_id)
         .bind(&rec.id)
@@ -1097,8 +1098,8 @@ impl Store for PgStore {
         // The new message goes right after the history (message i has seq i).
         sqlx::query(
             "INSERT INTO messages (root_id, session_id, seq, role, body) \
-             SELECT $1, $2, COALESCE(max(seq) + 1, 0), 'user', $3 FROM messages \
-             WHERE root_id = $1 AND session_id = $2",
+             SELECT $1::uuid, $2::uuid, COALESCE(max(seq) + 1, 0), 'user', $3::json \
+             FROM messages WHERE root_id = $1::uuid AND session_id = $2::uuid",
         )
         .bind(&rec.root_id)
         .bind(&rec.id)

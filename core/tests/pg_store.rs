@@ -457,7 +457,7 @@ async fn bytes_per_checkpoint_do_not_grow_with_history() {
         let size_after = sql_i64(&store, "SELECT pg_total_relation_size('messages')").await;
         let rows: i64 = sqlx::query_scalar(
             "SELECT sum(pg_column_size(m.*))::bigint FROM messages m \
-             WHERE session_id = $1 AND seq >= $2",
+             WHERE session_id = $1::uuid AND seq >= $2",
         )
         .bind(&id)
         .bind(1 + 2 * 3)

@@ -533,7 +533,7 @@ async fn storage_run(
     }
     let (msg,): (i64,) = sqlx::query_as(
         "SELECT coalesce(sum(octet_length(m.body::text)), 0)::bigint \
-         FROM sessions s JOIN messages m ON m.root_id = s.root_id AND m.session_id = s.id \
+         FROM sessions s JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
          WHERE s.queue = $1",
     )
     .bind(env.queue(part))
@@ -577,9 +577,9 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     // Make them resumable mid-way: drop the final answer, back to running at iteration 159.
     sqlx::query(
         "DELETE FROM messages m USING sessions s \
-         WHERE s.id = ANY($1) AND m.root_id = s.root_id AND m.session_id = s.id \
+         WHERE s.id = ANY($1) AND m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
            AND m.seq = (SELECT max(seq) FROM messages x \
-                        WHERE x.root_id = s.root_id AND x.session_id = s.id)",
+                        WHERE x.root_id = m.root_id AND x.session_id = m.session_id)",
     )
     .bind(&ids)
     .execute(env.store.pool())
@@ -683,10 +683,15 @@ pub async fn cleanup(env: &Env) -> anyhow::Result<()> {
         }
         cursor = next;
     }
-    sqlx::query("DELETE FROM sessions WHERE queue LIKE $1")
-        .bind(&pattern)
-        .execute(env.store.pool())
-        .await?;
+    // Messages have no foreign key to cascade from: delete them with their sessions.
+    sqlx::query(
+        "WITH s AS (DELETE FROM sessions WHERE queue LIKE $1 RETURNING root_id, id) \
+         DELETE FROM messages m USING s \
+         WHERE m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid",
+    )
+    .bind(&pattern)
+    .execute(env.store.pool())
+    .await?;
     sqlx::query(&format!(
         "DROP TABLE IF EXISTS agentq_bench_ceiling_{}",
         env.run
