@@ -358,7 +358,15 @@ WITH l AS (
       AND s.lease_owner = l.owner
     RETURNING s.id, s.lease_epoch, s.cancel_requested
 )
-SELECT l.id, (upd.id IS NOT NULL) AS held, COALESCE(upd.cancel_requested, false) AS cancel
+SELECT l.id, (upd.id IS NOT NULL) AS held,
+    -- Lost only if the row (as of this statement's snapshot) shows another holder: a
+    -- lease given up by its holder keeps its epoch and has no owner, and one given up
+    -- just after the snapshot still shows ours.
+    (upd.id IS NULL AND NOT EXISTS (
+        SELECT 1 FROM sessions s
+        WHERE s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
+          AND (s.lease_owner IS NULL OR s.lease_owner = l.owner))) AS lost,
+    COALESCE(upd.cancel_requested, false) AS cancel
 FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
 ORDER BY l.ord";
 
@@ -840,7 +848,7 @@ impl Store for PgStore {
         let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
-        let rows: Vec<(String, bool, bool)> = sqlx::query_as(HEARTBEAT)
+        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as(HEARTBEAT)
             .bind(&roots)
             .bind(&ids)
             .bind(&epochs)
@@ -850,9 +858,10 @@ impl Store for PgStore {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(session_id, held, cancel_requested)| LeaseStatus {
+            .map(|(session_id, held, lost, cancel_requested)| LeaseStatus {
                 session_id,
                 held,
+                lost,
                 cancel_requested,
             })
             .collect())

@@ -854,9 +854,13 @@ impl Store for SqliteStore {
             .fetch_all(&mut *tx)
             .await?
             .pop();
+            // Write transactions are serialized: no race to allow for, only a lease given
+            // up by its holder (same epoch, no owner) to tell from a lost one.
+            let lost = cancel.is_none() && !gave_up_lease(&mut tx, l, |_| true).await?;
             out.push(LeaseStatus {
                 session_id: l.session_id.clone(),
                 held: cancel.is_some(),
+                lost,
                 cancel_requested: cancel.unwrap_or(false),
             });
         }

@@ -156,6 +156,12 @@ pub trait Store: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseStatus {
     pub session_id: String,
+    /// Still ours, and extended.
     pub held: bool,
+    /// Someone else has it (a newer claim, or the row is gone): the run must stop. Not set
+    /// for a lease its holder gave up itself (a final checkpoint, a suspension or a
+    /// release that committed while the heartbeat was on its way), nor when the
+    /// heartbeat lost a race it cannot judge: the next checkpoint's fencing decides then.
+    pub lost: bool,
     pub cancel_requested: bool,
 }

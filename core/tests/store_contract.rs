@@ -422,7 +422,7 @@ async fn contract_fencing(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(hb.len(), 1);
-    assert!(!hb[0].held);
+    assert!(!hb[0].held && hb[0].lost);
     let err = store.release(&lease_a).await.unwrap_err();
     assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
     // A lease with the right epoch but another owner is no better.
@@ -434,7 +434,8 @@ async fn contract_fencing(store: &dyn Store) {
         store.checkpoint(&forged, &stale, persisted_a).await,
         Err(Error::LeaseLost(_))
     ));
-    assert!(!store.heartbeat(&[forged], TTL).await.unwrap()[0].held);
+    let hb = store.heartbeat(&[forged], TTL).await.unwrap();
+    assert!(!hb[0].held && hb[0].lost);
 
     assert_eq!(store.get(&id).await.unwrap().unwrap(), row_before);
     assert_eq!(store.messages(&id).await.unwrap(), msgs_before);
@@ -466,6 +467,14 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
     assert!(row.finished_at.is_some());
     assert!(row.lease_owner.is_none() && row.lease_expires_at.is_none());
     assert_eq!(row.iteration, 1);
+
+    // A heartbeat that raced the final checkpoint: not extended, but not lost either
+    // (the holder gave it up itself).
+    let hb = store
+        .heartbeat(std::slice::from_ref(&lease), TTL)
+        .await
+        .unwrap();
+    assert!(!hb[0].held && !hb[0].lost, "{hb:?}");
 
     // The same final checkpoint again (its answer was lost): harmless.
     store.checkpoint(&lease, &state, persisted).await.unwrap();
@@ -2010,7 +2019,7 @@ async fn contract_group_commit_with_heartbeats(store: &dyn Store) {
         for r in r1.unwrap().into_iter().chain(r2.unwrap()) {
             r.unwrap();
         }
-        assert!(h1.unwrap().iter().all(|h| h.held));
+        assert!(h1.unwrap().iter().all(|h| h.held && !h.lost));
         assert!(h2.unwrap().iter().all(|h| h.held));
     }
     for (lease, state) in &sessions {

@@ -506,7 +506,7 @@ async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
                     let Some(a) = active.get(&s.session_id) else {
                         continue;
                     };
-                    if !s.held {
+                    if s.lost && !a.settling.load(std::sync::atomic::Ordering::SeqCst) {
                         warn!(session_id = %s.session_id, "lease lost; stopping the run");
                         a.abort.cancel();
                     } else if s.cancel_requested {
