@@ -85,6 +85,15 @@ pub struct BenchArgs {
     /// Seconds each raw ceiling measurement runs.
     #[arg(long, default_value_t = 3.0)]
     pub ceiling_secs: f64,
+    /// Group commit of the in-process workers: most checkpoints per commit (as `agentq
+    /// worker --checkpoint-batch-max`; 1 turns group commit off, for comparison).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub checkpoint_batch_max: u32,
+    /// Group commit: commits in flight per worker (as `agentq worker --checkpoint-writers`).
+    /// With `--checkpoint-batch-max 1` and as many writers as the pool has connections,
+    /// every session commits its own checkpoints: the baseline without group commit.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub checkpoint_writers: u32,
 }
 
 /// Where the run happens: the services, an admin store, names and a scratch directory.

@@ -118,6 +118,8 @@ pub async fn worker(
         default_provider: "scripted".into(),
         default_tools: vec![TOOL.into()],
         event_ttl: Duration::from_secs(60),
+        checkpoint_batch_max: env.args.checkpoint_batch_max as usize,
+        checkpoint_writers: env.args.checkpoint_writers as usize,
         ..WorkerConfig::default()
     };
     cfg.providers.script = Some(script.to_string());

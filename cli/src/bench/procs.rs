@@ -109,6 +109,8 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     enqueue(&redis, &queue, &ids).await?;
     let log = env.scratch.join("capacity-worker.log");
     let concurrency = offered.to_string();
+    let batch_max = env.args.checkpoint_batch_max.to_string();
+    let writers = env.args.checkpoint_writers.to_string();
     let mut child = spawn_worker(
         env,
         &queue,
@@ -117,6 +119,10 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             &concurrency,
             "--default-provider",
             "openai",
+            "--checkpoint-batch-max",
+            &batch_max,
+            "--checkpoint-writers",
+            &writers,
         ],
         &[
             ("OPENAI_BASE_URL", fake.base_url.as_str()),
