@@ -147,6 +147,8 @@ pub struct Results {
     pub overhead_p99_ms: Option<f64>,
     pub overhead_samples: Option<usize>,
     pub checkpoint_p50_ms: Option<f64>,
+    /// Checkpoints per group commit, on average, during the throughput run.
+    pub checkpoint_batch_mean: Option<f64>,
     pub bytes_per_iteration: BTreeMap<u32, f64>,
     pub message_bytes_per_iteration: BTreeMap<u32, f64>,
     pub resume_ms: Option<f64>,
@@ -322,6 +324,7 @@ fn to_json(r: &Results) -> Value {
         "overhead_p50_ms": num(r.overhead_p50_ms, 3),
         "overhead_p99_ms": num(r.overhead_p99_ms, 3),
         "checkpoint_p50_ms": num(r.checkpoint_p50_ms, 3),
+        "checkpoint_batch_mean": num(r.checkpoint_batch_mean, 1),
         "bytes_per_iteration": per_k(&r.bytes_per_iteration),
         "message_bytes_per_iteration": per_k(&r.message_bytes_per_iteration),
         "resume_ms": num(r.resume_ms, 3),

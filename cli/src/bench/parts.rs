@@ -353,6 +353,8 @@ async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<
 
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let before = checkpoint_hist();
+    let batches = &agentq_core::metrics::global().checkpoint_batch_size;
+    let (commits_before, batched_before) = (batches.get_sample_count(), batches.get_sample_sum());
     let ran = run_workload(
         env,
         &Workload {
@@ -374,11 +376,15 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.overhead_p50_ms = quantile(&o, 0.5).map(ms);
     r.overhead_p99_ms = quantile(&o, 0.99).map(ms);
     r.checkpoint_p50_ms = hist_quantile(&before, &after, 0.5).map(|s| s * 1000.0);
+    let commits = batches.get_sample_count().saturating_sub(commits_before);
+    r.checkpoint_batch_mean =
+        (commits > 0).then(|| (batches.get_sample_sum() - batched_before) / commits as f64);
     progress(&format!(
-        "throughput: {:.0} iterations/s in {:.2} s ({} failed)",
+        "throughput: {:.0} iterations/s in {:.2} s ({} failed); {:.1} checkpoints per commit",
         rate,
         ran.elapsed.as_secs_f64(),
-        ran.failed
+        ran.failed,
+        r.checkpoint_batch_mean.unwrap_or(0.0)
     ));
     Ok(())
 }
