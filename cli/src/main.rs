@@ -5,9 +5,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod bench;
 mod client;
 mod demo;
