@@ -203,19 +203,28 @@ mod tests {
         (h.get_sample_count(), h.get_sample_sum())
     }
 
+    /// Every session hands a step to the writer-to-be; returns the waiting commits.
+    async fn hand_over(
+        commits: &GroupCommit,
+        sessions: &mut [(Lease, SessionState)],
+        text: &str,
+    ) -> Vec<tokio::task::JoinHandle<agentq_core::Result<()>>> {
+        let mut waiting = Vec::new();
+        for (lease, state) in sessions.iter_mut() {
+            let (c, cp) = (commits.clone(), step(lease, state, text));
+            waiting.push(tokio::spawn(async move { c.commit(cp).await }));
+        }
+        // Let every session hand its checkpoint over before the writer starts.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waiting
+    }
+
     #[tokio::test]
     async fn what_waits_is_committed_together_and_each_answered() {
         let (_dir, store) = store().await;
         let mut sessions = leased(&*store, 50, Duration::from_secs(30)).await;
         let (commits, rx) = GroupCommit::channel();
-        let mut waiting = Vec::new();
-        for (lease, state) in sessions.iter_mut() {
-            let cp = step(lease, state, "one");
-            let c = commits.clone();
-            waiting.push(tokio::spawn(async move { c.commit(cp).await }));
-        }
-        // Let every session hand its checkpoint over before the writer starts.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiting = hand_over(&commits, &mut sessions, "one").await;
         let m = metrics();
         let stop = CancellationToken::new();
         let limits = Limits {
@@ -264,13 +273,7 @@ mod tests {
             Claim::Acquired { .. }
         ));
         let (commits, rx) = GroupCommit::channel();
-        let mut waiting = Vec::new();
-        for (lease, state) in sessions.iter_mut() {
-            let cp = step(lease, state, "step");
-            let c = commits.clone();
-            waiting.push(tokio::spawn(async move { c.commit(cp).await }));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiting = hand_over(&commits, &mut sessions, "step").await;
         let m = metrics();
         let limits = Limits {
             max_batch: 256,

@@ -284,26 +284,11 @@ impl Worker {
         }
         info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
         let slots = Arc::new(Semaphore::new(inner.cfg.concurrency.max(1)));
-        let events_rx = inner
-            .events_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+        let events_rx = take_once(&inner.events_rx)?;
         let tracker = TaskTracker::new();
         let bg_stop = CancellationToken::new();
-        let mut redispatch_rx = inner
-            .redispatch_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
-        let commits_rx = inner
-            .commits_rx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+        let mut redispatch_rx = take_once(&inner.redispatch_rx)?;
+        let commits_rx = take_once(&inner.commits_rx)?;
         let commits_stop = CancellationToken::new();
         let committer = tokio::spawn(group_commit::writer(
             inner.store.clone(),
@@ -432,6 +417,14 @@ impl Worker {
         info!("worker stopped");
         Ok(())
     }
+}
+
+/// A receiver `run` takes for itself; it is there only once.
+fn take_once<T>(slot: &Mutex<Option<T>>) -> Result<T> {
+    slot.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .ok_or_else(|| Error::Config("Worker::run called twice".into()))
 }
 
 /// Hand a delivery to a session task once a slot is free.
