@@ -153,22 +153,8 @@ fn migrate_then_scheduler_then_sigterm() {
     let ready = client(&s.url, &["sessions"]);
     assert!(ready.status.success(), "{}", text(&ready.stderr));
 
-    let pid = s.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let status = loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "scheduler ignored SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status =
+        agentq_testkit::sigterm_and_wait(&mut s.child, Duration::from_secs(15), "agentq scheduler");
     assert!(status.success(), "{status}");
 }
 

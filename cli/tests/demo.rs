@@ -397,22 +397,8 @@ async fn dev_serves_resumes_after_sigkill_and_stops_on_sigterm() {
     assert_eq!(text.matches("Looking.").count(), 1, "{text}");
 
     // 4. SIGTERM: a graceful stop, promptly, exit code 0.
-    let pid = dev.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = dev.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "dev did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status =
+        agentq_testkit::sigterm_and_wait(&mut dev.child, Duration::from_secs(30), "agentq dev");
     assert!(status.success(), "{status:?}");
 
     // Both sessions are in the file, completed.

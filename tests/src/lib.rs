@@ -7,6 +7,34 @@ pub mod services;
 pub use fake_llm::{FakeLlm, FakeResponse, RecordedRequest};
 pub use services::{PostgresServer, RedisServer, shared_postgres};
 
+/// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running
+/// after `timeout`. For tests that check a process stops gracefully.
+pub fn sigterm_and_wait(
+    child: &mut std::process::Child,
+    timeout: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    let pid = child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .map(|s| s.success());
+    assert!(matches!(sent, Ok(true)), "cannot SIGTERM {what}: {sent:?}");
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status,
+            Ok(None) => {}
+            Err(e) => panic!("waiting for {what}: {e}"),
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} ignored SIGTERM for {timeout:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Directory of the recorded provider responses (`../shared/fixtures/llm`).
 pub fn fixtures_dir() -> std::path::PathBuf {
     if let Ok(d) = std::env::var("AGENTQ_FIXTURES") {
