@@ -91,9 +91,4 @@ impl Checkpoint {
         // `new` checked that the last one fits.
         (0..self.messages.len()).map(|i| self.from + i as i32)
     }
-
-    /// Bytes of message JSON this checkpoint writes.
-    pub fn message_bytes(&self) -> usize {
-        self.messages.iter().map(|(_, b)| b.len()).sum()
-    }
 }
