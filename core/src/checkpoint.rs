@@ -38,7 +38,7 @@ pub struct Checkpoint {
 }
 
 /// The terminal part of a final checkpoint.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
     pub status: &'static str,
     pub reason: &'static str,
@@ -84,6 +84,29 @@ impl Checkpoint {
                 error: o.error.clone(),
             }),
         })
+    }
+
+    /// Whether writing `self` right after `prev` (of the same lease) would store nothing
+    /// new: no message to add, and every scalar of the row, the outcome included, as
+    /// `prev` left it.
+    pub fn changes_nothing_after(&self, prev: &Checkpoint) -> bool {
+        self.messages.is_empty()
+            && self.lease == prev.lease
+            && self.iteration == prev.iteration
+            && self.input_tokens == prev.input_tokens
+            && self.output_tokens == prev.output_tokens
+            && self.cache_read_tokens == prev.cache_read_tokens
+            && self.cache_write_tokens == prev.cache_write_tokens
+            && self.reasoning_tokens == prev.reasoning_tokens
+            && self.drain_rounds == prev.drain_rounds
+            && self.free_iteration == prev.free_iteration
+            && self.phase == prev.phase
+            && self.started_at == prev.started_at
+            && self.turn_base == prev.turn_base
+            && self.not_started == prev.not_started
+            && self.bg_cursor == prev.bg_cursor
+            && self.msg_cursor == prev.msg_cursor
+            && self.finish == prev.finish
     }
 
     /// The seq of each new message, in order.

@@ -3,7 +3,7 @@
 //! stops the run at once when the lease is gone, and stops it right after a durable
 //! checkpoint when the worker is draining.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -24,6 +24,37 @@ pub struct StoreCheckpointer {
     /// How long to keep retrying a store that does not answer.
     pub give_up_after: Duration,
     pub metrics: &'static agentq_core::metrics::Metrics,
+    /// What this run last committed. The loop checkpoints at every boundary, and some
+    /// boundaries (after a tool round with nothing to inject, say) change nothing: such a
+    /// step is already durable, and writing it again would cost a commit per iteration.
+    pub last: Mutex<Option<Arc<Checkpoint>>>,
+}
+
+impl StoreCheckpointer {
+    pub fn new(
+        commits: GroupCommit,
+        lease: Lease,
+        draining: CancellationToken,
+        give_up_after: Duration,
+        metrics: &'static agentq_core::metrics::Metrics,
+    ) -> Self {
+        StoreCheckpointer {
+            commits,
+            lease,
+            draining,
+            give_up_after,
+            metrics,
+            last: Mutex::new(None),
+        }
+    }
+
+    fn already_durable(&self, cp: &Checkpoint) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .is_some_and(|prev| cp.changes_nothing_after(prev))
+    }
 }
 
 #[async_trait]
@@ -34,12 +65,16 @@ impl Checkpointer for StoreCheckpointer {
             Checkpoint::new(&self.lease, state, from)
                 .map_err(|e| agentq_agent::Error::Checkpoint(e.to_string()))?,
         );
+        if self.already_durable(&cp) {
+            return self.after_commit(state);
+        }
         let mut backoff = Backoff::new();
         loop {
             let t = Instant::now();
             match self.commits.commit(cp.clone()).await {
                 Ok(()) => {
                     self.metrics.observe_checkpoint(t.elapsed());
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(cp);
                     break;
                 }
                 Err(agentq_core::Error::LeaseLost(_)) => {
@@ -54,9 +89,92 @@ impl Checkpointer for StoreCheckpointer {
                 Err(e) => return Err(agentq_agent::Error::Checkpoint(e.to_string())),
             }
         }
+        self.after_commit(state)
+    }
+}
+
+impl StoreCheckpointer {
+    /// A draining worker stops each run right after a durable checkpoint.
+    fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
         if self.draining.is_cancelled() && state.outcome.is_none() {
             return Err(agentq_agent::Error::Stopped);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use agentq_agent::schema::Message;
+    use agentq_agent::spec::ExitReason;
+    use agentq_agent::state::Outcome;
+    use agentq_core::Store;
+
+    use super::*;
+    use crate::group_commit::tests::{batches, leased, metrics, store};
+    use crate::group_commit::{Limits, writer};
+
+    #[tokio::test]
+    async fn a_step_that_changes_nothing_is_not_written_again() {
+        let (_dir, store) = store().await;
+        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
+        let (commits, rx) = GroupCommit::channel();
+        let m = metrics();
+        let stop = CancellationToken::new();
+        let limits = Limits {
+            max_batch: 16,
+            in_flight: 1,
+        };
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let draining = CancellationToken::new();
+        let cp = StoreCheckpointer::new(
+            commits,
+            lease.clone(),
+            draining.clone(),
+            Duration::from_secs(5),
+            m,
+        );
+
+        // The first step of a run is always written, even with nothing new.
+        cp.save(&state, state.messages.len()).await.unwrap();
+        assert_eq!(batches(m).0, 1);
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("hello"));
+        cp.save(&state, from).await.unwrap();
+        assert_eq!(batches(m).0, 2);
+
+        // Nothing new since: already durable.
+        cp.save(&state, state.messages.len()).await.unwrap();
+        assert_eq!(batches(m).0, 2);
+
+        // A scalar alone is a change.
+        state.bg_cursor += 1;
+        cp.save(&state, state.messages.len()).await.unwrap();
+        assert_eq!(batches(m).0, 3);
+        let stored = store.get(&lease.session_id).await.unwrap().unwrap();
+        assert_eq!(stored.status.as_str(), "running");
+
+        // A skipped step still stops a draining worker's run, as a written one would.
+        draining.cancel();
+        assert!(matches!(
+            cp.save(&state, state.messages.len()).await,
+            Err(agentq_agent::Error::Stopped)
+        ));
+        assert_eq!(batches(m).0, 3);
+
+        // The outcome is a change too, and the final step is written even while draining.
+        state.outcome = Some(Outcome::new(ExitReason::Stop));
+        cp.save(&state, state.messages.len()).await.unwrap();
+        assert_eq!(batches(m).0, 4);
+        let stored = store.get(&lease.session_id).await.unwrap().unwrap();
+        assert!(stored.status.is_terminal(), "{:?}", stored.status);
+        assert_eq!(
+            store.messages(&lease.session_id).await.unwrap(),
+            state.messages
+        );
+        stop.cancel();
+        w.await.unwrap();
     }
 }

@@ -152,7 +152,7 @@ async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::time::Duration;
@@ -165,7 +165,7 @@ mod tests {
 
     use super::*;
 
-    async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
+    pub(crate) async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("agentq.db"))
             .await
@@ -174,7 +174,11 @@ mod tests {
         (dir, Arc::new(store))
     }
 
-    async fn leased(store: &dyn Store, n: usize, ttl: Duration) -> Vec<(Lease, SessionState)> {
+    pub(crate) async fn leased(
+        store: &dyn Store,
+        n: usize,
+        ttl: Duration,
+    ) -> Vec<(Lease, SessionState)> {
         let mut out = Vec::new();
         for i in 0..n {
             let new = NewSession::root(SessionSpec::new(format!("s{i}")), "default");
@@ -193,12 +197,12 @@ mod tests {
         Arc::new(Checkpoint::new(lease, state, from).unwrap())
     }
 
-    fn metrics() -> &'static Metrics {
+    pub(crate) fn metrics() -> &'static Metrics {
         Box::leak(Box::new(Metrics::new()))
     }
 
     /// Batch sizes the writer committed: (commits, checkpoints).
-    fn batches(m: &Metrics) -> (u64, f64) {
+    pub(crate) fn batches(m: &Metrics) -> (u64, f64) {
         let h = &m.checkpoint_batch_size;
         (h.get_sample_count(), h.get_sample_sum())
     }

@@ -178,13 +178,13 @@ async fn run(
         )
         .await;
 
-    let checkpointer = Arc::new(StoreCheckpointer {
-        commits: inner.commits.clone(),
-        lease: lease.clone(),
-        draining: inner.draining.clone(),
-        give_up_after: inner.cfg.lease_ttl * 10,
-        metrics: m,
-    });
+    let checkpointer = Arc::new(StoreCheckpointer::new(
+        inner.commits.clone(),
+        lease.clone(),
+        inner.draining.clone(),
+        inner.cfg.lease_ttl * 10,
+        m,
+    ));
     m.sessions_active.inc();
     let sink = Arc::new(StreamSink {
         session_id: d.session_id.clone(),
@@ -209,13 +209,13 @@ async fn run(
             // A session that cannot be built (unknown tool, bad provider) fails at once,
             // with the reason, through a normal fenced checkpoint.
             state.outcome = Some(Outcome::error(message));
-            let cp = StoreCheckpointer {
-                commits: inner.commits.clone(),
-                lease: lease.clone(),
-                draining: CancellationToken::new(),
-                give_up_after: inner.cfg.lease_ttl * 10,
-                metrics: m,
-            };
+            let cp = StoreCheckpointer::new(
+                inner.commits.clone(),
+                lease.clone(),
+                CancellationToken::new(),
+                inner.cfg.lease_ttl * 10,
+                m,
+            );
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
             Some(cp.save(&state, from).await.map(|_| {
