@@ -563,7 +563,7 @@ impl Agent {
     async fn call_with_retry(
         &self,
         state: &SessionState,
-        request: &LlmRequest,
+        request: &LlmRequest<'_>,
         cancel: &CancellationToken,
     ) -> Attempt {
         let seq = state.messages.len();
@@ -709,7 +709,7 @@ impl Agent {
     async fn call_once(
         &self,
         seq: usize,
-        request: &LlmRequest,
+        request: &LlmRequest<'_>,
         cancel: &CancellationToken,
         started: Instant,
         first_token: &std::sync::Mutex<Option<Duration>>,

@@ -3,6 +3,7 @@
 //! results back. The state is exactly what a checkpoint stores, so resuming a session is
 //! "load the state, keep stepping".
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
@@ -295,8 +296,10 @@ impl SessionState {
     }
 
     /// The request for the next LLM call: the history repaired, windowed and compacted.
-    /// The stored history is never changed by this.
-    pub fn request(&self, model: &str, tools: &[ToolSpec]) -> LlmRequest {
+    /// The stored history is never changed by this. The request borrows the history and
+    /// the tool specs (it is built every iteration, and the history can be long): only a
+    /// message the view changes (a synthesized result, a compacted output) is a copy.
+    pub fn request<'a>(&'a self, model: &str, tools: &'a [ToolSpec]) -> LlmRequest<'a> {
         LlmRequest {
             model: model.to_string(),
             system: Some(self.system_prompt()),
@@ -306,9 +309,9 @@ impl SessionState {
                 self.spec.context_budget_chars,
             ),
             tools: if self.tools_enabled() {
-                tools.to_vec()
+                Cow::Borrowed(tools)
             } else {
-                Vec::new()
+                Cow::Borrowed(&[])
             },
             temperature: self.spec.temperature,
             max_tokens: self.spec.max_tokens,
@@ -359,7 +362,7 @@ pub fn request_view(
     history: &[Message],
     window: usize,
     budget_chars: Option<usize>,
-) -> Vec<Message> {
+) -> Vec<Cow<'_, Message>> {
     let repaired = repair(history);
     let mut view = apply_window(repaired, window);
     if let Some(budget) = budget_chars {
@@ -368,7 +371,7 @@ pub fn request_view(
     view
 }
 
-fn repair(history: &[Message]) -> Vec<Message> {
+fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
     let mut out = Vec::with_capacity(history.len());
     let mut i = 0;
     while i < history.len() {
@@ -382,7 +385,7 @@ fn repair(history: &[Message]) -> Vec<Message> {
                 i += 1;
             }
             Role::Assistant if !m.tool_calls.is_empty() => {
-                out.push(m.clone());
+                out.push(Cow::Borrowed(m));
                 let start = i + 1;
                 let end = history[start..]
                     .iter()
@@ -394,19 +397,19 @@ fn repair(history: &[Message]) -> Vec<Message> {
                         .iter()
                         .find(|r| r.tool_call_id.as_deref() == Some(call.id.as_str()))
                     {
-                        Some(r) => out.push(r.clone()),
-                        None => out.push(Message::tool_result(
+                        Some(r) => out.push(Cow::Borrowed(r)),
+                        None => out.push(Cow::Owned(Message::tool_result(
                             call.id.clone(),
                             call.name.clone(),
                             INTERRUPTED_RESULT,
                             true,
-                        )),
+                        ))),
                     }
                 }
                 i = end;
             }
             _ => {
-                out.push(m.clone());
+                out.push(Cow::Borrowed(m));
                 i += 1;
             }
         }
@@ -414,7 +417,7 @@ fn repair(history: &[Message]) -> Vec<Message> {
     out
 }
 
-fn apply_window(view: Vec<Message>, window: usize) -> Vec<Message> {
+fn apply_window(view: Vec<Cow<'_, Message>>, window: usize) -> Vec<Cow<'_, Message>> {
     if view.len() <= window {
         return view;
     }
@@ -434,7 +437,7 @@ fn apply_window(view: Vec<Message>, window: usize) -> Vec<Message> {
     out
 }
 
-fn view_chars(view: &[Message]) -> usize {
+fn view_chars(view: &[Cow<'_, Message>]) -> usize {
     view.iter()
         .map(|m| {
             m.content.len()
@@ -448,7 +451,7 @@ fn view_chars(view: &[Message]) -> usize {
 
 const COMPACT_KEEP_CHARS: usize = 200;
 
-fn compact(view: &mut [Message], budget: usize) {
+fn compact(view: &mut [Cow<'_, Message>], budget: usize) {
     let mut total = view_chars(view);
     if total <= budget {
         return;
@@ -476,7 +479,7 @@ fn compact(view: &mut [Message], budget: usize) {
             &m.content[..cut]
         );
         total = total - m.content.len() + shortened.len();
-        m.content = shortened;
+        m.to_mut().content = shortened;
     }
 }
 

@@ -32,7 +32,7 @@ use agentq_agent::tools::{
 
 struct Recording {
     inner: ScriptedProvider,
-    requests: Mutex<Vec<LlmRequest>>,
+    requests: Mutex<Vec<LlmRequest<'static>>>,
 }
 
 #[async_trait]
@@ -40,8 +40,11 @@ impl LlmProvider for Recording {
     fn name(&self) -> &str {
         "scripted"
     }
-    async fn stream(&self, request: &LlmRequest) -> agentq_agent::Result<LlmStream> {
-        self.requests.lock().unwrap().push(request.clone());
+    async fn stream(&self, request: &LlmRequest<'_>) -> agentq_agent::Result<LlmStream> {
+        self.requests
+            .lock()
+            .unwrap()
+            .push(request.clone().into_owned());
         self.inner.stream(request).await
     }
 }
@@ -252,13 +255,13 @@ fn finished(end: &RunEnd) -> &Outcome {
 }
 
 /// Every assistant tool call is followed by its results, ids paired one to one.
-fn assert_paired(messages: &[Message]) {
+fn assert_paired<M: std::borrow::Borrow<Message>>(messages: &[M]) {
     let mut i = 0;
     while i < messages.len() {
-        let m = &messages[i];
+        let m: &Message = messages[i].borrow();
         if m.role == Role::Assistant && !m.tool_calls.is_empty() {
             for (k, c) in m.tool_calls.iter().enumerate() {
-                let r = &messages[i + 1 + k];
+                let r: &Message = messages[i + 1 + k].borrow();
                 assert_eq!(r.role, Role::Tool);
                 assert_eq!(r.tool_call_id.as_deref(), Some(c.id.as_str()));
             }

@@ -2,6 +2,7 @@
 //! recorded streams (and a few written from the documented wire format) in small chunks.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -41,12 +42,12 @@ fn weather_tool() -> ToolSpec {
     }
 }
 
-fn request(messages: Vec<Message>) -> LlmRequest {
+fn request(messages: Vec<Message>) -> LlmRequest<'static> {
     LlmRequest {
         model: "claude-sonnet-4-20250514".into(),
         system: Some("You are a weather bot.".into()),
-        messages,
-        tools: vec![weather_tool()],
+        messages: messages.into_iter().map(Cow::Owned).collect(),
+        tools: vec![weather_tool()].into(),
         temperature: 0.1,
         max_tokens: 1024,
         session_id: "s-1".into(),
@@ -159,7 +160,7 @@ async fn collect(mut s: LlmStream) -> (Collected, Option<Error>) {
     (c, None)
 }
 
-async fn run_ok(fake: &FakeLlm, p: &AnthropicProvider, req: &LlmRequest) -> Collected {
+async fn run_ok(fake: &FakeLlm, p: &AnthropicProvider, req: &LlmRequest<'_>) -> Collected {
     let (c, err) = collect(p.stream(req).await.unwrap()).await;
     assert!(err.is_none(), "unexpected error: {err:?}");
     assert!(c.finish.is_some(), "no Done event");
@@ -554,7 +555,7 @@ fn history_conversion_merges_turns() {
     );
 
     let mut no_tools = request(vec![Message::user("hi")]);
-    no_tools.tools.clear();
+    no_tools.tools = Cow::Borrowed(&[]);
     no_tools.system = None;
     let body = p.request_body(&no_tools);
     assert!(body.get("tools").is_none());

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -38,7 +39,7 @@ struct Collected {
     events_after_done: usize,
 }
 
-async fn collect(provider: &OpenAiProvider, req: &LlmRequest) -> Collected {
+async fn collect(provider: &OpenAiProvider, req: &LlmRequest<'_>) -> Collected {
     let mut stream = provider.stream(req).await.expect("request accepted");
     let mut c = Collected::default();
     while let Some(item) = stream.next().await {
@@ -104,16 +105,17 @@ fn provider(fake: &FakeLlm) -> OpenAiProvider {
     .expect("provider")
 }
 
-fn request() -> LlmRequest {
+fn request() -> LlmRequest<'static> {
     LlmRequest {
         model: "gpt-4o".into(),
         system: Some("You are terse.".into()),
-        messages: vec![Message::user("What's the weather like in SF?")],
+        messages: vec![Cow::Owned(Message::user("What's the weather like in SF?"))],
         tools: vec![ToolSpec {
             name: "weather".into(),
             description: "Current weather".into(),
             parameters: json!({"type":"object","properties":{"location":{"type":"string"}}}),
-        }],
+        }]
+        .into(),
         temperature: 0.1,
         max_tokens: 8192,
         session_id: "s1".into(),
@@ -675,17 +677,19 @@ async fn request_shape() {
             arguments: json!({"_raw": "{\"location\": \"LA"}),
         },
     ];
-    req.messages.push(assistant);
-    req.messages
-        .push(Message::tool_result("call_1", "weather", "sunny", false));
-    req.messages.push(Message::tool_result(
+    req.messages.push(Cow::Owned(assistant));
+    req.messages.push(Cow::Owned(Message::tool_result(
+        "call_1", "weather", "sunny", false,
+    )));
+    req.messages.push(Cow::Owned(Message::tool_result(
         "call_2",
         "weather",
         "invalid JSON",
         true,
-    ));
-    req.messages.push(Message::assistant("It is sunny in SF."));
-    req.messages.push(Message::user("Thanks"));
+    )));
+    req.messages
+        .push(Cow::Owned(Message::assistant("It is sunny in SF.")));
+    req.messages.push(Cow::Owned(Message::user("Thanks")));
 
     let c = collect(&p, &req).await;
     assert_clean(&c);
@@ -755,7 +759,7 @@ async fn no_tools_key_and_no_auth_without_key() {
     })
     .unwrap();
     let mut req = request();
-    req.tools.clear();
+    req.tools = Cow::Borrowed(&[]);
     req.system = None;
     let c = collect(&p, &req).await;
     assert_clean(&c);
@@ -780,8 +784,8 @@ async fn reasoning_replay_hook() {
         text: "think".into(),
         ..Default::default()
     }];
-    req.messages.push(a);
-    req.messages.push(Message::user("again"));
+    req.messages.push(Cow::Owned(a));
+    req.messages.push(Cow::Owned(Message::user("again")));
     collect(&p, &req).await;
     let body = &fake.requests()[0].body;
     assert_eq!(body["messages"][2]["reasoning_content"], "think");

@@ -101,7 +101,7 @@ impl AnthropicProvider {
     }
 
     /// The request body exactly as it is POSTed; public so tests and tools can inspect it.
-    pub fn request_body(&self, request: &LlmRequest) -> Value {
+    pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
         build_body(request, self.config.thinking_budget)
     }
 }
@@ -112,7 +112,7 @@ impl LlmProvider for AnthropicProvider {
         "anthropic"
     }
 
-    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream> {
+    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
         let body = self.request_body(request);
         let mut req = self
             .client
@@ -209,8 +209,8 @@ struct Turn {
     blocks: Vec<Value>,
 }
 
-fn build_body(request: &LlmRequest, thinking_budget: Option<u32>) -> Value {
-    let (messages, stray_system) = convert_messages(&request.messages);
+fn build_body(request: &LlmRequest<'_>, thinking_budget: Option<u32>) -> Value {
+    let (messages, stray_system) = convert_messages(request.messages.iter().map(|m| &**m));
     let mut body = Map::new();
     body.insert("model".into(), json!(request.model));
 
@@ -267,7 +267,9 @@ fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
 /// Converts the history into alternating user/assistant turns. Returns the turns and the
 /// text of any `System` messages found in the history (the API takes those only in
 /// `system`).
-fn convert_messages(messages: &[Message]) -> (Vec<Value>, Vec<String>) {
+fn convert_messages<'m>(
+    messages: impl IntoIterator<Item = &'m Message>,
+) -> (Vec<Value>, Vec<String>) {
     let mut turns: Vec<Turn> = Vec::new();
     let mut stray_system = Vec::new();
     for m in messages {
@@ -708,12 +710,12 @@ mod tests {
     use super::*;
     use crate::schema::ThinkingBlock;
 
-    fn req(messages: Vec<Message>) -> LlmRequest {
+    fn req(messages: Vec<Message>) -> LlmRequest<'static> {
         LlmRequest {
             model: "claude-test".into(),
             system: Some("sys".into()),
-            messages,
-            tools: Vec::new(),
+            messages: messages.into_iter().map(std::borrow::Cow::Owned).collect(),
+            tools: Vec::new().into(),
             temperature: 0.1,
             max_tokens: 100,
             session_id: String::new(),

@@ -1,6 +1,7 @@
 //! The `LlmProvider` trait and the neutral request/stream types. Each provider module owns
 //! its wire structs and converts at this boundary; vendor payloads never leave this folder.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -19,17 +20,39 @@ pub mod sse;
 
 /// One request to a model. `messages` is the request view: already windowed, compacted and
 /// repaired by the loop; it never contains `System` messages (the prompt is in `system`).
+///
+/// It borrows from the session's state (the history can be long, and a request is built
+/// for every iteration): a message the view did not change is not copied.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LlmRequest {
+pub struct LlmRequest<'a> {
     pub model: String,
     pub system: Option<String>,
-    pub messages: Vec<Message>,
-    pub tools: Vec<ToolSpec>,
+    pub messages: Vec<Cow<'a, Message>>,
+    pub tools: Cow<'a, [ToolSpec]>,
     pub temperature: f32,
     pub max_tokens: u32,
     /// The session this request belongs to; providers may use it as a user/trace id.
     #[serde(default)]
     pub session_id: String,
+}
+
+impl LlmRequest<'_> {
+    /// The same request, owning everything (to keep it past the state it came from).
+    pub fn into_owned(self) -> LlmRequest<'static> {
+        LlmRequest {
+            model: self.model,
+            system: self.system,
+            messages: self
+                .messages
+                .into_iter()
+                .map(|m| Cow::Owned(m.into_owned()))
+                .collect(),
+            tools: Cow::Owned(self.tools.into_owned()),
+            temperature: self.temperature,
+            max_tokens: self.max_tokens,
+            session_id: self.session_id,
+        }
+    }
 }
 
 /// What a provider streams back. Tool-call fragments are keyed by `index`; the loop
@@ -66,7 +89,7 @@ pub trait LlmProvider: Send + Sync {
 
     /// Send one request. Errors before the first byte (HTTP status, connect) come back
     /// here; errors after it come through the stream.
-    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream>;
+    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream>;
 }
 
 /// Timeouts for streaming HTTP providers. There is deliberately no total timeout: a long

@@ -128,7 +128,7 @@ impl OpenAiProvider {
     }
 
     /// The JSON body sent for `request`. Public so callers can log or inspect it.
-    pub fn request_body(&self, request: &LlmRequest) -> Value {
+    pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
         let mut messages = Vec::with_capacity(request.messages.len() + 1);
         if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
             messages.push(json!({"role": "system", "content": system}));
@@ -234,7 +234,7 @@ impl LlmProvider for OpenAiProvider {
         "openai"
     }
 
-    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream> {
+    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
         let body = self.request_body(request);
         let resp = self
             .client

@@ -148,7 +148,7 @@ impl ScriptedProvider {
     }
 }
 
-fn substitute(text: &str, req: &LlmRequest) -> String {
+fn substitute(text: &str, req: &LlmRequest<'_>) -> String {
     if !text.contains("{{") {
         return text.to_string();
     }
@@ -187,7 +187,7 @@ impl LlmProvider for ScriptedProvider {
         "scripted"
     }
 
-    async fn stream(&self, request: &LlmRequest) -> Result<LlmStream> {
+    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
         let index = request
             .messages
             .iter()
