@@ -170,7 +170,10 @@ pub async fn start_next_followup(
     queue: &dyn Queue,
     row: &SessionRow,
 ) -> Result<bool> {
-    if !row.status.is_terminal() {
+    // Every inbox item's position is the `wake_seq` it set: nothing past the cursor was
+    // ever delivered unless `wake_seq` is past it (the common case, spared a query).
+    let delivered_since = u64::try_from(row.wake_seq).map_or(true, |w| w > row.followup_cursor);
+    if !row.status.is_terminal() || !delivered_since {
         return Ok(false);
     }
     let pending = store

@@ -1,7 +1,9 @@
 //! A running session's view of its inbox: background child results to inject, steering
 //! messages to add at the next boundary, and human decisions on held tool calls. Reads
-//! the store only when something may have arrived (at the start of the run, and when a
-//! wake signal names the session), so a session nobody writes to costs no extra queries.
+//! the store only when something may have arrived: at the start of the run when the
+//! claimed row's `wake_seq` is past a cursor (every inbox item's position is the
+//! `wake_seq` it set), and when a wake signal names the session. A session nobody writes
+//! to costs no extra queries.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -39,16 +41,18 @@ impl SessionInbox {
         session_id: &str,
         bg_cursor: u64,
         msg_cursor: u64,
+        wake_seq: i64,
         approval_deadline: Option<DateTime<Utc>>,
         held: Vec<String>,
     ) -> Arc<Self> {
+        let past = |cursor: u64| u64::try_from(wake_seq).map_or(true, |w| w > cursor);
         Arc::new(SessionInbox {
             store,
             session_id: session_id.to_string(),
             bg_cursor: AtomicU64::new(bg_cursor),
             msg_cursor: AtomicU64::new(msg_cursor),
-            bg_dirty: AtomicBool::new(true),
-            msg_dirty: AtomicBool::new(true),
+            bg_dirty: AtomicBool::new(past(bg_cursor)),
+            msg_dirty: AtomicBool::new(past(msg_cursor)),
             outstanding: AtomicUsize::new(0),
             approval_deadline,
             held,

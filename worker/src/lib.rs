@@ -145,6 +145,12 @@ pub(crate) struct Active {
     pub settling: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// How long a wake-up for a session not running here is remembered (see
+/// [`Inner::register`]); records are pruned only once there are
+/// [`MISSED_WAKES_PRUNE_AT`] of them.
+const MISSED_WAKE_RETENTION: Duration = Duration::from_secs(30);
+const MISSED_WAKES_PRUNE_AT: usize = 4096;
+
 pub(crate) struct Inner {
     pub store: Arc<dyn Store>,
     pub queue: Arc<dyn Queue>,
@@ -160,6 +166,10 @@ pub(crate) struct Inner {
     /// Entries of a session that arrived while this worker was still running or settling
     /// it: dispatched once it is done (acking them could lose a wake-up).
     deferred: Mutex<HashMap<String, Vec<Delivery>>>,
+    /// Wake-ups for sessions that were not running here when they came: one of them may
+    /// be a session between its claim and its registration in `active`, which must not
+    /// miss it (see [`Inner::register`]).
+    missed_wakes: Mutex<HashMap<String, std::time::Instant>>,
     redispatch: tokio::sync::mpsc::UnboundedSender<Delivery>,
     redispatch_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Delivery>>>,
     /// Every session's checkpoints go through the worker's group commit.
@@ -179,6 +189,39 @@ pub struct Stats {
 impl Inner {
     pub(crate) fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Make a claimed session's run reachable by signals. Returns whether a wake-up may
+    /// have come for it since its claim (`claimed_at`) and before now, when no run of it was
+    /// registered to take it: the run must then read its inbox although the claimed row
+    /// showed nothing new.
+    pub(crate) fn register(
+        &self,
+        session_id: &str,
+        run: Active,
+        claimed_at: std::time::Instant,
+    ) -> bool {
+        // Same lock order as the listener: active, then missed_wakes; so a wake-up is
+        // either seen by the run in `active` or recorded for it here, never neither.
+        let mut active = self.active_lock();
+        active.insert(session_id.to_string(), run);
+        let missed = self
+            .missed_wakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id)
+            .is_some();
+        // Older records may have been pruned: a run that took that long assumes the worst.
+        missed || claimed_at.elapsed() >= MISSED_WAKE_RETENTION / 2
+    }
+
+    /// A wake-up for a session with no run here (called with the `active` lock held).
+    fn note_missed_wake(&self, session_id: &str) {
+        let mut missed = self.missed_wakes.lock().unwrap_or_else(|e| e.into_inner());
+        if missed.len() >= MISSED_WAKES_PRUNE_AT {
+            missed.retain(|_, at| at.elapsed() < MISSED_WAKE_RETENTION);
+        }
+        missed.insert(session_id.to_string(), std::time::Instant::now());
     }
 
     /// The session's run is settled: forget it, and hand on entries that waited for it.
@@ -252,6 +295,7 @@ impl Worker {
                 events: tx,
                 events_rx: Mutex::new(Some(rx)),
                 deferred: Mutex::new(HashMap::new()),
+                missed_wakes: Mutex::new(HashMap::new()),
                 redispatch,
                 redispatch_rx: Mutex::new(Some(redispatch_rx)),
                 commits,
@@ -532,7 +576,8 @@ async fn cancel_listener(inner: Arc<Inner>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
         };
         let (kind, id) = agentq_core::lifecycle::signal::decode(&id);
-        if let Some(a) = inner.active_lock().get(id) {
+        let active = inner.active_lock();
+        if let Some(a) = active.get(id) {
             match kind {
                 agentq_core::lifecycle::signal::WAKE => a.inbox.mark_dirty(),
                 agentq_core::lifecycle::signal::INTERRUPT => {
@@ -545,6 +590,11 @@ async fn cancel_listener(inner: Arc<Inner>, stop: CancellationToken) {
                     a.cancel.cancel();
                 }
             }
+        } else if matches!(
+            kind,
+            agentq_core::lifecycle::signal::WAKE | agentq_core::lifecycle::signal::INTERRUPT
+        ) {
+            inner.note_missed_wake(id);
         }
     }
 }
@@ -619,5 +669,76 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Instant;
+
+    use agentq_core::mem_queue::MemQueue;
+    use agentq_core::sqlite::SqliteStore;
+
+    use super::*;
+
+    fn active(store: Arc<dyn Store>, id: &str) -> Active {
+        Active {
+            lease: Lease {
+                session_id: id.into(),
+                root_id: id.into(),
+                owner: "w".into(),
+                epoch: 1,
+            },
+            queue: "default".into(),
+            entry_id: "0-1".into(),
+            cancel: CancellationToken::new(),
+            abort: CancellationToken::new(),
+            inbox: inbox::SessionInbox::new(store, id, 0, 0, 0, None, Vec::new()),
+            interrupter: agentq_agent::driver::Interrupter::new(),
+            settling: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    /// A wake-up that comes between a session's claim and its run's registration is
+    /// handed to the run when it registers; one for a session running here is not
+    /// recorded as missed.
+    #[tokio::test]
+    async fn a_wake_before_registration_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(&dir.path().join("a.db")).await.unwrap());
+        let w = Worker::new(
+            store.clone(),
+            Arc::new(MemQueue::new()),
+            WorkerConfig::default(),
+        );
+        let inner = &w.inner;
+
+        let claimed = Instant::now();
+        inner.note_missed_wake("early");
+        assert!(inner.register("early", active(store.clone(), "early"), claimed));
+        // Taken: a second run of it starts clean.
+        inner.finish_active("early");
+        assert!(!inner.register("early", active(store.clone(), "early"), Instant::now()));
+
+        assert!(!inner.register("quiet", active(store.clone(), "quiet"), Instant::now()));
+
+        // A registration long after its claim cannot trust that records were kept.
+        let long_ago = Instant::now() - MISSED_WAKE_RETENTION;
+        assert!(inner.register("slow", active(store.clone(), "slow"), long_ago));
+
+        // Records are pruned by age once there are many, and the fresh one stays.
+        {
+            let mut missed = inner.missed_wakes.lock().unwrap();
+            for i in 0..MISSED_WAKES_PRUNE_AT {
+                missed.insert(format!("old{i}"), long_ago);
+            }
+        }
+        inner.note_missed_wake("fresh");
+        let missed = inner.missed_wakes.lock().unwrap();
+        assert_eq!(missed.len(), 1);
+        assert!(missed.contains_key("fresh"));
     }
 }

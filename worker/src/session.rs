@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -30,6 +30,7 @@ pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
 }
 
 async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
+    let claimed_at = Instant::now();
     let claim = inner
         .store
         .claim(
@@ -48,7 +49,9 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
         }
     };
     match claim {
-        Claim::Acquired { lease, state, row } => run(inner, d, lease, *state, *row).await,
+        Claim::Acquired { lease, state, row } => {
+            run(inner, d, lease, *state, *row, claimed_at).await
+        }
         Claim::Terminal(row) => {
             // Finished already (its completion may not have gone out, nor its parent been
             // told): settle again — every step is idempotent — never run again.
@@ -103,6 +106,7 @@ async fn run(
     lease: Lease,
     mut state: SessionState,
     row: SessionRow,
+    claimed_at: Instant,
 ) {
     // A later claim of the session (its first run may have died before checkpointing
     // anything, so `started_at` alone would miss it).
@@ -142,6 +146,7 @@ async fn run(
         &d.session_id,
         state.bg_cursor,
         state.msg_cursor,
+        row.wake_seq,
         row.approval_deadline,
         state.not_started.clone(),
     );
@@ -155,8 +160,8 @@ async fn run(
     }
     let interrupter = Interrupter::new();
     let settling = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    inner.active_lock().insert(
-        d.session_id.clone(),
+    let woken_meanwhile = inner.register(
+        &d.session_id,
         Active {
             lease: lease.clone(),
             queue: d.queue.clone(),
@@ -167,7 +172,11 @@ async fn run(
             interrupter: interrupter.clone(),
             settling: settling.clone(),
         },
+        claimed_at,
     );
+    if woken_meanwhile {
+        inbox.mark_dirty();
+    }
     // Reset the entry's idle time now: a long claim must not look like a dead worker.
     let _ = inner
         .queue

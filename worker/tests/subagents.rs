@@ -546,6 +546,42 @@ fn slow_loop_script() -> Value {
     ]})
 }
 
+/// A message that arrives while no worker runs the session (queued behind another) is in
+/// its inbox when it is claimed: the run reads it although no wake signal reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_while_queued_is_injected_once() {
+    let c = Cluster::start(slow_loop_script(), 1, 1, |_| {}).await;
+    let busy = c
+        .submit("keep the only slot busy", &["list_dir"], |_| {})
+        .await;
+    c.wait_status(&busy, &[SessionStatus::Running], Duration::from_secs(20))
+        .await;
+    let s = c.submit("wait your turn", &["list_dir"], |_| {}).await;
+    // Delivered as the API does, but its wake signal lost (pub/sub is fire-and-forget):
+    // only the row's `wake_seq` tells the run that something is there.
+    c.store
+        .deliver(
+            &s,
+            agentq_core::model::inbox_kind::MESSAGE,
+            "lost-signal",
+            &json!({"content": "read this first", "strategy": "inject"}),
+            &[],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(c.row(&s).await.status, SessionStatus::Queued);
+    c.wait_status(&s, &[SessionStatus::Completed], Duration::from_secs(40))
+        .await;
+    let msgs = c.store.messages(&s).await.unwrap();
+    let injected = msgs
+        .iter()
+        .filter(|m| m.role == Role::User && m.content == "read this first")
+        .count();
+    assert_eq!(injected, 1, "{msgs:#?}");
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steering_inject_enqueue_interrupt_reject() {
     let c = Cluster::start(slow_loop_script(), 1, 4, |_| {}).await;
