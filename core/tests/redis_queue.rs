@@ -57,19 +57,6 @@ fn sessions(ds: &[agentq_core::queue::Delivery]) -> Vec<&str> {
     ds.iter().map(|d| d.session_id.as_str()).collect()
 }
 
-/// `blocked_clients` of `INFO clients`: connections waiting in a blocking command.
-async fn blocked_clients(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(&mut raw(server).await)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap()
-}
-
 /// Retry `f` until it succeeds, for at most `bound`.
 async fn eventually<T, F, Fut>(bound: Duration, mut f: F) -> T
 where
@@ -295,14 +282,7 @@ async fn dropped_read_and_own_pending() {
     // The cancelled read's connection is closed by a task of its own, so Redis may still
     // hold it blocked for a moment; an entry added meanwhile would go to that dead reader
     // (and stay pending for `w`, the case below). The reader must be gone soon.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while blocked_clients(&server).await > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the cancelled read still blocks a connection on the server after 2 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    server.wait_until_unblocked(Duration::from_secs(2)).unwrap();
     q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
     let ds = q
         .read(&queues(), "w", 10, Duration::from_secs(1))

@@ -150,6 +150,25 @@ impl RedisServer {
         redis_ping(self.port).with_context(|| format!("PING redis on 127.0.0.1:{}", self.port))
     }
 
+    /// Wait until no client is blocked in a command on the server (`blocked_clients` of
+    /// `INFO clients` is 0), for at most `bound`. A client cancels a blocking read by
+    /// dropping it, and its connection goes away asynchronously: until Redis has seen it
+    /// go, that read can still take entries.
+    pub fn wait_until_unblocked(&self, bound: Duration) -> Result<()> {
+        let deadline = Instant::now() + bound;
+        loop {
+            let blocked: u64 =
+                redis_info_field(self.port, "clients", "blocked_clients")?.parse()?;
+            if blocked == 0 {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!("{blocked} clients still blocked after {bound:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Graceful stop (SIGTERM, then SIGKILL after 30 s) and wait. No-op when not running.
     pub fn stop(&mut self) -> Result<()> {
         let Some(mut child) = self.child.take() else {
@@ -277,11 +296,16 @@ fn redis_ping(port: u16) -> Result<()> {
 
 /// `INFO server` over a fresh TCP connection; the server's `process_id`.
 fn redis_server_pid(port: u16) -> Result<u32> {
+    Ok(redis_info_field(port, "server", "process_id")?.parse()?)
+}
+
+/// One field of `INFO <section>`, read over a fresh TCP connection.
+fn redis_info_field(port: u16, section: &str, field: &str) -> Result<String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     s.set_write_timeout(Some(Duration::from_secs(2)))?;
-    s.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")?;
+    s.write_all(format!("*2\r\n$4\r\nINFO\r\n${}\r\n{section}\r\n", section.len()).as_bytes())?;
     // A bulk string: `$LEN\r\n` then LEN bytes and `\r\n`.
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -300,11 +324,12 @@ fn redis_server_pid(port: u16) -> Result<u32> {
         let len: usize = std::str::from_utf8(&buf[1..eol])?.parse()?;
         if buf.len() >= eol + 2 + len {
             let body = String::from_utf8_lossy(&buf[eol + 2..eol + 2 + len]);
-            let pid = body
+            let prefix = format!("{field}:");
+            return body
                 .lines()
-                .find_map(|l| l.strip_prefix("process_id:"))
-                .ok_or_else(|| anyhow!("no process_id in INFO server"))?;
-            return Ok(pid.trim().parse()?);
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .map(|v| v.trim().to_string())
+                .ok_or_else(|| anyhow!("no {field} in INFO {section}"));
         }
     }
 }
