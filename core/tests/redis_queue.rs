@@ -268,48 +268,6 @@ async fn blocking_read_longer_than_response_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_read_and_own_pending() {
-    let (server, q) = setup().await;
-    q.ensure_queue(Q).await.unwrap();
-
-    // A blocking read cancelled mid-flight leaves nothing broken behind.
-    let r = tokio::time::timeout(
-        Duration::from_millis(300),
-        q.read(&queues(), "w", 10, Duration::from_secs(5)),
-    )
-    .await;
-    assert!(r.is_err(), "the read should have been cancelled");
-    // The cancelled read's connection is closed by a task of its own, so Redis may still
-    // hold it blocked for a moment; an entry added meanwhile would go to that dead reader
-    // (and stay pending for `w`, the case below). The reader must be gone soon.
-    server.wait_until_unblocked(Duration::from_secs(2)).unwrap();
-    q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
-    let ds = q
-        .read(&queues(), "w", 10, Duration::from_secs(1))
-        .await
-        .unwrap();
-    assert_eq!(sessions(&ds), ["s1"]);
-
-    // Delivered, never acked (as after a crash or a read dropped after delivery):
-    // read_own_pending hands it back, to this consumer only.
-    let pending = q.read_own_pending(&queues(), "w", 10).await.unwrap();
-    assert_eq!(pending, ds);
-    assert!(
-        q.read_own_pending(&queues(), "other", 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    q.ack(Q, &[ds[0].entry_id.clone()]).await.unwrap();
-    assert!(
-        q.read_own_pending(&queues(), "w", 10)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn touch_protects_from_reclaim() {
     let (_server, q) = setup().await;
     q.enqueue(Q, "kept", EnqueueReason::New).await.unwrap();
