@@ -146,10 +146,58 @@ pub(crate) struct Active {
 }
 
 /// How long a wake-up for a session not running here is remembered (see
-/// [`Inner::register`]); records are pruned only once there are
-/// [`MISSED_WAKES_PRUNE_AT`] of them.
+/// [`Inner::register`]).
 const MISSED_WAKE_RETENTION: Duration = Duration::from_secs(30);
+/// Records are pruned by age once there are this many, at most once a second.
 const MISSED_WAKES_PRUNE_AT: usize = 4096;
+/// More records than this (a storm of wake-ups) are dropped all at once; runs whose claim
+/// came before that then read their inboxes anyway.
+const MISSED_WAKES_MAX: usize = 200_000;
+
+/// Wake-ups for sessions that had no run here when they came (see [`Inner::register`]).
+struct MissedWakes {
+    at: HashMap<String, std::time::Instant>,
+    pruned_at: std::time::Instant,
+    cleared_at: Option<std::time::Instant>,
+}
+
+impl Default for MissedWakes {
+    fn default() -> Self {
+        MissedWakes {
+            at: HashMap::new(),
+            pruned_at: std::time::Instant::now(),
+            cleared_at: None,
+        }
+    }
+}
+
+impl MissedWakes {
+    fn note(&mut self, session_id: &str) {
+        let now = std::time::Instant::now();
+        if self.at.len() >= MISSED_WAKES_PRUNE_AT
+            && now.duration_since(self.pruned_at) >= Duration::from_secs(1)
+        {
+            self.at
+                .retain(|_, at| now.duration_since(*at) < MISSED_WAKE_RETENTION);
+            self.pruned_at = now;
+        }
+        if self.at.len() >= MISSED_WAKES_MAX {
+            self.at.clear();
+            self.cleared_at = Some(now);
+        }
+        self.at.insert(session_id.to_string(), now);
+    }
+
+    /// Whether a wake-up for `session_id` may have come since `since`.
+    fn take(&mut self, session_id: &str, since: std::time::Instant) -> bool {
+        let noted = self.at.remove(session_id).is_some();
+        // Pruning keeps every record younger than the retention, so a run that registers
+        // within half of it after its claim finds any that came meanwhile.
+        noted
+            || self.cleared_at.is_some_and(|c| c >= since)
+            || since.elapsed() >= MISSED_WAKE_RETENTION / 2
+    }
+}
 
 pub(crate) struct Inner {
     pub store: Arc<dyn Store>,
@@ -169,7 +217,7 @@ pub(crate) struct Inner {
     /// Wake-ups for sessions that were not running here when they came: one of them may
     /// be a session between its claim and its registration in `active`, which must not
     /// miss it (see [`Inner::register`]).
-    missed_wakes: Mutex<HashMap<String, std::time::Instant>>,
+    missed_wakes: Mutex<MissedWakes>,
     redispatch: tokio::sync::mpsc::UnboundedSender<Delivery>,
     redispatch_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Delivery>>>,
     /// Every session's checkpoints go through the worker's group commit.
@@ -205,23 +253,18 @@ impl Inner {
         // either seen by the run in `active` or recorded for it here, never neither.
         let mut active = self.active_lock();
         active.insert(session_id.to_string(), run);
-        let missed = self
-            .missed_wakes
+        self.missed_wakes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(session_id)
-            .is_some();
-        // Older records may have been pruned: a run that took that long assumes the worst.
-        missed || claimed_at.elapsed() >= MISSED_WAKE_RETENTION / 2
+            .take(session_id, claimed_at)
     }
 
     /// A wake-up for a session with no run here (called with the `active` lock held).
     fn note_missed_wake(&self, session_id: &str) {
-        let mut missed = self.missed_wakes.lock().unwrap_or_else(|e| e.into_inner());
-        if missed.len() >= MISSED_WAKES_PRUNE_AT {
-            missed.retain(|_, at| at.elapsed() < MISSED_WAKE_RETENTION);
-        }
-        missed.insert(session_id.to_string(), std::time::Instant::now());
+        self.missed_wakes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(session_id);
     }
 
     /// The session's run is settled: forget it, and hand on entries that waited for it.
@@ -295,7 +338,7 @@ impl Worker {
                 events: tx,
                 events_rx: Mutex::new(Some(rx)),
                 deferred: Mutex::new(HashMap::new()),
-                missed_wakes: Mutex::new(HashMap::new()),
+                missed_wakes: Mutex::new(MissedWakes::default()),
                 redispatch,
                 redispatch_rx: Mutex::new(Some(redispatch_rx)),
                 commits,
@@ -728,17 +771,36 @@ mod tests {
         // A registration long after its claim cannot trust that records were kept.
         let long_ago = Instant::now() - MISSED_WAKE_RETENTION;
         assert!(inner.register("slow", active(store.clone(), "slow"), long_ago));
+    }
 
-        // Records are pruned by age once there are many, and the fresh one stays.
-        {
-            let mut missed = inner.missed_wakes.lock().unwrap();
-            for i in 0..MISSED_WAKES_PRUNE_AT {
-                missed.insert(format!("old{i}"), long_ago);
-            }
+    #[test]
+    fn missed_wakes_are_pruned_by_age_and_bounded() {
+        let long_ago = Instant::now() - MISSED_WAKE_RETENTION;
+        let mut m = MissedWakes::default();
+        for i in 0..MISSED_WAKES_PRUNE_AT {
+            m.at.insert(format!("old{i}"), long_ago);
         }
-        inner.note_missed_wake("fresh");
-        let missed = inner.missed_wakes.lock().unwrap();
-        assert_eq!(missed.len(), 1);
-        assert!(missed.contains_key("fresh"));
+        // Pruned at most once a second.
+        m.note("young");
+        assert_eq!(m.at.len(), MISSED_WAKES_PRUNE_AT + 1);
+        m.pruned_at = long_ago;
+        m.note("fresh");
+        assert_eq!(
+            m.at.len(),
+            2,
+            "only the records younger than the retention stay"
+        );
+
+        // A storm of recent ones: dropped all at once, and runs claimed before then
+        // cannot trust the absence of a record.
+        let claimed = Instant::now();
+        for i in 0..MISSED_WAKES_MAX {
+            m.at.insert(format!("storm{i}"), Instant::now());
+        }
+        m.note("last");
+        assert_eq!(m.at.len(), 1);
+        assert!(m.take("unrelated", claimed));
+        assert!(!m.take("unrelated", Instant::now()));
+        assert!(m.take("last", Instant::now()));
     }
 }
