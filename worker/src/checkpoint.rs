@@ -113,21 +113,14 @@ mod tests {
     use agentq_core::Store;
 
     use super::*;
-    use crate::group_commit::tests::{batches, leased, metrics, store};
-    use crate::group_commit::{Limits, writer};
+    use crate::group_commit::tests::{batches, leased, start_writer, store};
 
     #[tokio::test]
     async fn a_step_that_changes_nothing_is_not_written_again() {
         let (_dir, store) = store().await;
         let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
         let (commits, rx) = GroupCommit::channel();
-        let m = metrics();
-        let stop = CancellationToken::new();
-        let limits = Limits {
-            max_batch: 16,
-            in_flight: 1,
-        };
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let (m, stop, w) = start_writer(&store, rx, 16, 1);
         let draining = CancellationToken::new();
         let cp = StoreCheckpointer::new(
             commits,

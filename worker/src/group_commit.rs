@@ -197,7 +197,7 @@ pub(crate) mod tests {
         Arc::new(Checkpoint::new(lease, state, from).unwrap())
     }
 
-    pub(crate) fn metrics() -> &'static Metrics {
+    fn metrics() -> &'static Metrics {
         Box::leak(Box::new(Metrics::new()))
     }
 
@@ -205,6 +205,27 @@ pub(crate) mod tests {
     pub(crate) fn batches(m: &Metrics) -> (u64, f64) {
         let h = &m.checkpoint_batch_size;
         (h.get_sample_count(), h.get_sample_sum())
+    }
+
+    /// A writer on `store` with these limits: its metrics, its stop token, its task.
+    pub(crate) fn start_writer(
+        store: &Arc<SqliteStore>,
+        rx: JobReceiver,
+        max_batch: usize,
+        in_flight: usize,
+    ) -> (
+        &'static Metrics,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let m = metrics();
+        let stop = CancellationToken::new();
+        let limits = Limits {
+            max_batch,
+            in_flight,
+        };
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        (m, stop, w)
     }
 
     /// Every session hands a step to the writer-to-be; returns the waiting commits.
@@ -229,13 +250,7 @@ pub(crate) mod tests {
         let mut sessions = leased(&*store, 50, Duration::from_secs(30)).await;
         let (commits, rx) = GroupCommit::channel();
         let waiting = hand_over(&commits, &mut sessions, "one").await;
-        let m = metrics();
-        let stop = CancellationToken::new();
-        let limits = Limits {
-            max_batch: 16,
-            in_flight: 1,
-        };
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let (m, stop, w) = start_writer(&store, rx, 16, 1);
         for t in waiting {
             t.await.unwrap().unwrap();
         }
@@ -278,13 +293,7 @@ pub(crate) mod tests {
         ));
         let (commits, rx) = GroupCommit::channel();
         let waiting = hand_over(&commits, &mut sessions, "step").await;
-        let m = metrics();
-        let limits = Limits {
-            max_batch: 256,
-            in_flight: 2,
-        };
-        let stop = CancellationToken::new();
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let (m, _stop, w) = start_writer(&store, rx, 256, 2);
         let mut out = Vec::new();
         for t in waiting {
             out.push(t.await.unwrap());
