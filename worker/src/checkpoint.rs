@@ -55,6 +55,14 @@ impl StoreCheckpointer {
             .as_ref()
             .is_some_and(|prev| cp.changes_nothing_after(prev))
     }
+
+    /// A draining worker stops each run right after a durable checkpoint.
+    fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
+        if self.draining.is_cancelled() && state.outcome.is_none() {
+            return Err(agentq_agent::Error::Stopped);
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -90,16 +98,6 @@ impl Checkpointer for StoreCheckpointer {
             }
         }
         self.after_commit(state)
-    }
-}
-
-impl StoreCheckpointer {
-    /// A draining worker stops each run right after a durable checkpoint.
-    fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
-        if self.draining.is_cancelled() && state.outcome.is_none() {
-            return Err(agentq_agent::Error::Stopped);
-        }
-        Ok(())
     }
 }
 
