@@ -15,6 +15,7 @@
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
 
+mod cpu;
 mod fake_llm;
 mod parts;
 mod procs;
@@ -105,6 +106,7 @@ pub struct Env {
     pub run: String,
     pub scratch: PathBuf,
     pub args: BenchArgs,
+    pub cpu: cpu::Cpu,
     _private: Vec<services::Private>,
 }
 
@@ -122,6 +124,7 @@ impl Env {
             run: self.run.clone(),
             scratch: self.scratch.clone(),
             args: self.args.clone(),
+            cpu: self.cpu.clone(),
             _private: Vec::new(),
         }
     }
@@ -149,6 +152,13 @@ pub struct Results {
     pub checkpoint_p50_ms: Option<f64>,
     /// Checkpoints per group commit, on average, during the throughput run.
     pub checkpoint_batch_mean: Option<f64>,
+    /// CPU of this process and of Postgres per ceiling commit.
+    pub ceiling_cpu_ms_per_commit: Option<f64>,
+    /// CPU per iteration of the throughput run: this process (the workers), Postgres,
+    /// Redis.
+    pub worker_cpu_ms_per_iteration: Option<f64>,
+    pub postgres_cpu_ms_per_iteration: Option<f64>,
+    pub redis_cpu_ms_per_iteration: Option<f64>,
     pub bytes_per_iteration: BTreeMap<u32, f64>,
     pub message_bytes_per_iteration: BTreeMap<u32, f64>,
     pub resume_ms: Option<f64>,
@@ -161,6 +171,18 @@ pub struct Results {
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
     pub recovery_sessions: Option<usize>,
+}
+
+impl Results {
+    /// What an iteration costs in CPU (all processes), counted in ceiling commits (client
+    /// and Postgres): on a CPU-bound machine, `1 /` this bounds `ratio_to_ceiling`.
+    pub fn iteration_cpu_in_ceiling_commits(&self) -> Option<f64> {
+        let per_iteration = self.worker_cpu_ms_per_iteration?
+            + self.postgres_cpu_ms_per_iteration?
+            + self.redis_cpu_ms_per_iteration.unwrap_or(0.0);
+        let per_commit = self.ceiling_cpu_ms_per_commit.filter(|c| *c > 0.0)?;
+        Some(per_iteration / per_commit)
+    }
 }
 
 pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -192,6 +214,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
     let scratch = std::env::temp_dir().join(format!("agentq-bench-{run}"));
     std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let cpu = cpu::Cpu::discover(&store, &redis_url).await;
     let env = Env {
         db_url,
         redis_url,
@@ -199,6 +222,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         run,
         scratch,
         args: args.clone(),
+        cpu,
         _private: private,
     };
 
@@ -325,6 +349,11 @@ fn to_json(r: &Results) -> Value {
         "overhead_p99_ms": num(r.overhead_p99_ms, 3),
         "checkpoint_p50_ms": num(r.checkpoint_p50_ms, 3),
         "checkpoint_batch_mean": num(r.checkpoint_batch_mean, 1),
+        "ceiling_cpu_ms_per_commit": num(r.ceiling_cpu_ms_per_commit, 4),
+        "worker_cpu_ms_per_iteration": num(r.worker_cpu_ms_per_iteration, 4),
+        "postgres_cpu_ms_per_iteration": num(r.postgres_cpu_ms_per_iteration, 4),
+        "redis_cpu_ms_per_iteration": num(r.redis_cpu_ms_per_iteration, 4),
+        "iteration_cpu_in_ceiling_commits": num(r.iteration_cpu_in_ceiling_commits(), 2),
         "bytes_per_iteration": per_k(&r.bytes_per_iteration),
         "message_bytes_per_iteration": per_k(&r.message_bytes_per_iteration),
         "resume_ms": num(r.resume_ms, 3),
@@ -383,6 +412,31 @@ fn table(r: &Results, args: &BenchArgs) -> String {
             "iterations/s over commit ceiling".into(),
             format!("{x:.2}"),
             format!(">= 0.5 {}", verdict(x >= 0.5)),
+        );
+    }
+    if let (Some(w), Some(p)) = (
+        r.worker_cpu_ms_per_iteration,
+        r.postgres_cpu_ms_per_iteration,
+    ) {
+        row(
+            "",
+            "CPU per iteration: workers + Postgres + Redis".into(),
+            format!(
+                "{w:.3} + {p:.3} + {:.3} ms",
+                r.redis_cpu_ms_per_iteration.unwrap_or(0.0)
+            ),
+            String::new(),
+        );
+    }
+    if let (Some(n), Some(c)) = (
+        r.iteration_cpu_in_ceiling_commits(),
+        r.ceiling_cpu_ms_per_commit,
+    ) {
+        row(
+            "",
+            format!("that in ceiling commits ({c:.3} ms of CPU each)"),
+            format!("{n:.2}"),
+            String::new(),
         );
     }
     if let (Some(p50), Some(p99)) = (r.overhead_p50_ms, r.overhead_p99_ms) {

@@ -49,8 +49,22 @@ fn bench_prints_every_figure_as_json() {
         "overhead_p50_ms",
         "overhead_p99_ms",
         "resume_ms",
+        // The ceiling keeps both cores busy for a second: its CPU cannot round to zero.
+        "ceiling_cpu_ms_per_commit",
     ] {
         positive(key);
+    }
+    // A private Postgres runs on this machine, so its CPU is found; Redis reports its own.
+    for key in [
+        "worker_cpu_ms_per_iteration",
+        "postgres_cpu_ms_per_iteration",
+        "redis_cpu_ms_per_iteration",
+        "iteration_cpu_in_ceiling_commits",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"));
+        assert!(x.is_finite() && x >= 0.0, "{key} = {x}");
     }
     for k in ["10", "40", "160"] {
         let x = v["bytes_per_iteration"][k]

@@ -20,6 +20,7 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Claim, EnqueueReason, NewSession, Queue, Store};
 use agentq_worker::{Worker, WorkerConfig};
 
+use super::cpu::Sample;
 use super::fake_llm::{FINAL_TEXT, TURN_TEXT};
 use super::{Env, Results, ms, progress, quantile};
 
@@ -138,6 +139,8 @@ pub struct Ran {
     pub overhead: Vec<Duration>,
     /// Sessions that did not end `completed` with every iteration.
     pub failed: u64,
+    /// CPU spent from the enqueue to the last completion.
+    pub cpu: Sample,
 }
 
 /// N sessions × K iterations on W in-process workers, timed from the enqueue to the last
@@ -175,6 +178,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     let total = u64::from(w.sessions);
     let tap = agentq_worker::overhead_tap();
     tap.start();
+    let cpu_before = env.cpu.sample().await;
     let started = Instant::now();
     enqueue(&redis, &queue, &ids).await?;
     let deadline = started + Duration::from_secs(600);
@@ -191,6 +195,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    let cpu = env.cpu.sample().await.since(&cpu_before);
     let overhead = tap.stop();
     shutdown.cancel();
     for h in handles {
@@ -208,6 +213,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         ids,
         overhead,
         failed: total.saturating_sub(u64::try_from(ok)?),
+        cpu,
     })
 }
 
@@ -215,13 +221,30 @@ pub async fn ceiling(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let conns = env.args.workers * Env::pool_size(env.args.concurrency);
     let secs = Duration::from_secs_f64(env.args.ceiling_secs.clamp(0.5, 600.0));
     r.ceiling_connections = Some(conns);
-    r.ceiling_commits_per_s = Some(pg_ceiling(env, conns, secs).await?);
-    r.ceiling_redis_roundtrips_per_s = Some(redis_ceiling(env, conns, secs).await?);
+    let pg = pg_ceiling(env, conns, secs).await?;
+    r.ceiling_commits_per_s = Some(pg.rate);
+    r.ceiling_cpu_ms_per_commit = pg.cpu_ms_per_op(|s| Some(s.own? + s.postgres?));
+    r.ceiling_redis_roundtrips_per_s = Some(redis_ceiling(env, conns, secs).await?.rate);
     Ok(())
 }
 
+/// What `measure` saw between its warm-up and the end.
+struct Measured {
+    rate: f64,
+    ops: u64,
+    cpu: Sample,
+}
+
+impl Measured {
+    /// Milliseconds of CPU (as `pick` adds it up) per counted operation.
+    fn cpu_ms_per_op(&self, pick: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
+        (self.ops > 0).then_some(())?;
+        Some(pick(&self.cpu)? * 1000.0 / self.ops as f64)
+    }
+}
+
 /// Rate of counted operations between a warm-up and the end, over `tasks` loops.
-async fn measure<F, Fut>(tasks: u32, secs: Duration, make: F) -> anyhow::Result<f64>
+async fn measure<F, Fut>(env: &Env, tasks: u32, secs: Duration, make: F) -> anyhow::Result<Measured>
 where
     F: Fn(u32, Arc<AtomicU64>, Instant) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -235,19 +258,25 @@ where
         hs.push(tokio::spawn(make(i, count.clone(), end)));
     }
     tokio::time::sleep_until((start + warm).into()).await;
+    let cpu0 = env.cpu.sample().await;
     let c0 = count.load(Ordering::Relaxed);
     let t0 = Instant::now();
     tokio::time::sleep_until(end.into()).await;
     let c1 = count.load(Ordering::Relaxed);
     let dt = t0.elapsed();
+    let cpu = env.cpu.sample().await.since(&cpu0);
     for h in hs {
         h.await??;
     }
-    Ok((c1 - c0) as f64 / dt.as_secs_f64())
+    Ok(Measured {
+        rate: (c1 - c0) as f64 / dt.as_secs_f64(),
+        ops: c1 - c0,
+        cpu,
+    })
 }
 
 /// One-row INSERTs, each its own durable commit, on `conns` connections at once.
-async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<f64> {
+async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<Measured> {
     let pool = PgPoolOptions::new()
         .max_connections(conns)
         .min_connections(conns)
@@ -262,7 +291,7 @@ async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<f64
     let sql: Arc<str> = Arc::from(format!("INSERT INTO {table} (k, v) VALUES ($1, $2)"));
     // A row about the size of one message.
     let value: Arc<str> = Arc::from(TURN_TEXT.repeat(2));
-    let rate = measure(conns, secs, |i, count, end| {
+    let measured = measure(env, conns, secs, |i, count, end| {
         let pool = pool.clone();
         let value = value.clone();
         let sql = sql.clone();
@@ -282,12 +311,12 @@ async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<f64
     })
     .await?;
     pool.close().await;
-    Ok(rate)
+    Ok(measured)
 }
 
 /// XADD, XREADGROUP (one entry), XACK in a loop; each command is one round trip. One
 /// multiplexed connection per worker, as the workers have, shared by the loops.
-async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<f64> {
+async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<Measured> {
     let client = redis::Client::open(env.redis_url.as_str())?;
     let mut conns = Vec::new();
     for _ in 0..env.args.workers.max(1) {
@@ -305,7 +334,7 @@ async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<
             .query_async(&mut c)
             .await;
     }
-    let rate = measure(tasks, secs, |i, count, end| {
+    let measured = measure(env, tasks, secs, |i, count, end| {
         let mut c = conns[i as usize % conns.len()].clone();
         let key = format!("{prefix}:{i}");
         async move {
@@ -348,7 +377,7 @@ async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<
         }
     })
     .await?;
-    Ok(rate)
+    Ok(measured)
 }
 
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
@@ -369,6 +398,10 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let rate = iterations / ran.elapsed.as_secs_f64();
     r.iterations_per_s = Some(rate);
     r.ratio_to_ceiling = r.ceiling_commits_per_s.map(|c| rate / c);
+    let per_iteration = |secs: Option<f64>| secs.map(|s| s * 1000.0 / iterations);
+    r.worker_cpu_ms_per_iteration = per_iteration(ran.cpu.own);
+    r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
+    r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
     r.throughput_failed = Some(ran.failed);
     let mut o = ran.overhead;
     o.sort();
