@@ -744,9 +744,9 @@ mod tests {
         }
     }
 
-    /// A wake-up that comes between a session's claim and its run's registration is
-    /// handed to the run when it registers; one for a session running here is not
-    /// recorded as missed.
+    /// A wake-up noted between a session's claim and its run's registration is handed to
+    /// that run, once; a run with none noted starts clean; one that registers long after
+    /// its claim assumes the worst.
     #[tokio::test]
     async fn a_wake_before_registration_is_not_lost() {
         let dir = tempfile::tempdir().unwrap();
