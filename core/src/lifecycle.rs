@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::Result;
 use crate::model::{
     CancelResult, Completion, EnqueueReason, ListFilter, SessionRow, SessionStatus, SpawnInfo,
-    inbox_kind,
+    inbox_kind, inbox_past,
 };
 use crate::queue::Queue;
 use crate::store::Store;
@@ -170,10 +170,8 @@ pub async fn start_next_followup(
     queue: &dyn Queue,
     row: &SessionRow,
 ) -> Result<bool> {
-    // Every inbox item's position is the `wake_seq` it set: nothing past the cursor was
-    // ever delivered unless `wake_seq` is past it (the common case, spared a query).
-    let delivered_since = u64::try_from(row.wake_seq).map_or(true, |w| w > row.followup_cursor);
-    if !row.status.is_terminal() || !delivered_since {
+    // Nothing delivered since the last follow-up started: the common case, spared a query.
+    if !row.status.is_terminal() || !inbox_past(row.wake_seq, row.followup_cursor) {
         return Ok(false);
     }
     let pending = store

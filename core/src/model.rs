@@ -175,6 +175,13 @@ pub struct SessionRow {
     pub followup_cursor: u64,
 }
 
+/// Whether a session whose row shows `wake_seq` may have inbox items past `cursor`: every
+/// item's position is the `wake_seq` it set, so nothing is past the cursor unless
+/// `wake_seq` is.
+pub fn inbox_past(wake_seq: i64, cursor: u64) -> bool {
+    u64::try_from(wake_seq).map_or(true, |w| w > cursor)
+}
+
 /// Inbox kinds.
 pub mod inbox_kind {
     /// A background (`wait: false`) child's final result, to inject into the parent.

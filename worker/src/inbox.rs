@@ -17,7 +17,7 @@ use tracing::warn;
 use agentq_agent::driver::{BackgroundResult, BackgroundSource};
 use agentq_agent::guard::{ApprovalDecision, Approver};
 use agentq_agent::schema::ToolCall;
-use agentq_core::model::inbox_kind;
+use agentq_core::model::{inbox_kind, inbox_past};
 use agentq_core::{ListFilter, SpawnInfo, Store};
 
 pub struct SessionInbox {
@@ -45,14 +45,13 @@ impl SessionInbox {
         approval_deadline: Option<DateTime<Utc>>,
         held: Vec<String>,
     ) -> Arc<Self> {
-        let past = |cursor: u64| u64::try_from(wake_seq).map_or(true, |w| w > cursor);
         Arc::new(SessionInbox {
             store,
             session_id: session_id.to_string(),
             bg_cursor: AtomicU64::new(bg_cursor),
             msg_cursor: AtomicU64::new(msg_cursor),
-            bg_dirty: AtomicBool::new(past(bg_cursor)),
-            msg_dirty: AtomicBool::new(past(msg_cursor)),
+            bg_dirty: AtomicBool::new(inbox_past(wake_seq, bg_cursor)),
+            msg_dirty: AtomicBool::new(inbox_past(wake_seq, msg_cursor)),
             outstanding: AtomicUsize::new(0),
             approval_deadline,
             held,
