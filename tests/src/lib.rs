@@ -14,24 +14,13 @@ pub fn sigterm_and_wait(
     timeout: std::time::Duration,
     what: &str,
 ) -> std::process::ExitStatus {
-    let pid = child.id().to_string();
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .map(|s| s.success());
-    assert!(matches!(sent, Ok(true)), "cannot SIGTERM {what}: {sent:?}");
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return status,
-            Ok(None) => {}
-            Err(e) => panic!("waiting for {what}: {e}"),
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what} ignored SIGTERM for {timeout:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    if let Err(e) = services::signal(child.id(), "TERM") {
+        panic!("cannot SIGTERM {what}: {e:#}");
+    }
+    match services::wait_timeout(child, timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => panic!("{what} ignored SIGTERM for {timeout:?}"),
+        Err(e) => panic!("waiting for {what}: {e}"),
     }
 }
 

@@ -1089,7 +1089,7 @@ fn run_checked(cmd: &mut Command, what: &str) -> Result<String> {
 }
 
 /// Send a signal by name (`INT`, `TERM`, `KILL`) with the shell's `kill`.
-fn signal(pid: u32, sig: &str) -> Result<()> {
+pub(crate) fn signal(pid: u32, sig: &str) -> Result<()> {
     let status = Command::new("sh")
         .args(["-c", "kill -s \"$1\" \"$2\"", "sh", sig])
         .arg(pid.to_string())
@@ -1108,7 +1108,10 @@ fn kill_child(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn wait_timeout(child: &mut Child, timeout: Duration) -> std::io::Result<Option<ExitStatus>> {
+pub(crate) fn wait_timeout(
+    child: &mut Child,
+    timeout: Duration,
+) -> std::io::Result<Option<ExitStatus>> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = child.try_wait()? {
