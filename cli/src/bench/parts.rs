@@ -238,7 +238,9 @@ struct Measured {
 impl Measured {
     /// Milliseconds of CPU (as `pick` adds it up) per counted operation.
     fn cpu_ms_per_op(&self, pick: impl Fn(&Sample) -> Option<f64>) -> Option<f64> {
-        (self.ops > 0).then_some(())?;
+        if self.ops == 0 {
+            return None;
+        }
         Some(pick(&self.cpu)? * 1000.0 / self.ops as f64)
     }
 }
