@@ -114,4 +114,10 @@ impl Checkpoint {
         // `new` checked that the last one fits.
         (0..self.messages.len()).map(|i| self.from + i as i32)
     }
+
+    /// The history's length once this checkpoint is committed.
+    pub fn history_len(&self) -> i32 {
+        // `new` checked that it fits.
+        self.from + self.messages.len() as i32
+    }
 }

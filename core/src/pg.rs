@@ -48,7 +48,7 @@ const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason,
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
     idempotency_key, created_at, updated_at, finished_at, turn_base, not_started, \
-    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor";
+    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len";
 
 /// `listing` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -168,6 +168,9 @@ struct SessionRecord {
     bg_cursor: i64,
     msg_cursor: i64,
     followup_cursor: i64,
+    /// The history's length as the last write left it; `None` on rows from before
+    /// migration 0005.
+    history_len: Option<i32>,
 }
 
 /// Whole seconds and fractions, for `make_interval(secs => …)`.
@@ -220,18 +223,11 @@ impl SessionRecord {
     }
 
     /// The loop state to resume from: this row's scalars plus the stored history.
-    fn state(&self, mut messages: Vec<(i32, Json<Message>)>) -> Result<SessionState> {
-        // Message i has seq i. A row created without its first (user) message — not by
-        // this store — gets the prompt back in front, exactly as a fresh state has it.
-        let mut history = Vec::with_capacity(messages.len() + 1);
-        if messages.first().is_none_or(|(seq, _)| *seq != 0) {
-            history.push(Message::user(self.spec.0.prompt.clone()));
-        }
-        history.extend(messages.drain(..).map(|(_, m)| m.0));
+    fn state(&self, messages: Vec<(i32, Json<Message>)>) -> Result<SessionState> {
         Ok(SessionState {
             session_id: self.id.clone(),
             spec: self.spec.0.clone(),
-            messages: history,
+            messages: history(&self.spec.0.prompt, messages),
             iteration: to_u32(self.iteration, "iteration")?,
             usage: self.usage()?,
             drain_rounds: to_u32(self.drain_rounds, "drain_rounds")?,
@@ -247,28 +243,32 @@ impl SessionRecord {
     }
 }
 
-/// `CREATE` for a batch: one multi-row insert from arrays, plus each new session's first
-/// message (the prompt, seq 0) so that a claim finds the history a fresh state starts with.
+/// Message 0 of every history is the user's prompt (`SessionState::new`), which the spec
+/// holds; it is stored only by rows written before migration 0005. Message i has seq i.
+fn history(prompt: &str, mut stored: Vec<(i32, Json<Message>)>) -> Vec<Message> {
+    let mut history = Vec::with_capacity(stored.len() + 1);
+    if stored.first().is_none_or(|(seq, _)| *seq != 0) {
+        history.push(Message::user(prompt));
+    }
+    history.extend(stored.drain(..).map(|(_, m)| m.0));
+    history
+}
+
+/// `CREATE` for a batch: one multi-row insert from arrays. A fresh history is the prompt
+/// alone, which the spec holds, so no message is stored (`history_len` 1).
 const INSERT_SESSIONS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
-                         $6::jsonb[], $7::text[], $8::text[], $9::jsonb[])
+                         $6::text[], $7::text[], $8::text[])
         WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
-                             idempotency_key, first_message, ord)
-), ins AS (
-    INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, spec, phase,
-                          idempotency_key)
-    SELECT id, root_id, parent_id, depth, queue, 'queued', spec, phase, idempotency_key
-    FROM input ORDER BY ord
-    ON CONFLICT DO NOTHING
-    RETURNING COLS
-), msg AS (
-    INSERT INTO messages (root_id, session_id, seq, role, body)
-    SELECT ins.root_id::uuid, ins.id::uuid, 0, 'user', input.first_message::json
-    FROM ins JOIN input ON input.id = ins.id
-    ON CONFLICT DO NOTHING
+                             idempotency_key, ord)
 )
-SELECT * FROM ins";
+INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, spec, phase,
+                      idempotency_key, history_len)
+SELECT id, root_id, parent_id, depth, queue, 'queued', spec::json, phase, idempotency_key, 1
+FROM input ORDER BY ord
+ON CONFLICT DO NOTHING
+RETURNING COLS";
 
 /// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
 /// lease or our own), never terminal or suspended.
@@ -291,7 +291,7 @@ RETURNING COLS";
 /// harmless. With an outcome ($13 not null) the row becomes terminal and the lease is
 /// given up in the same statement.
 /// Group commit: the checkpoints of many sessions in one statement, each fenced by its own
-/// lease. `$1..$23` are one array per column (one element per checkpoint), `$24..$27` one
+/// lease. `$1..$24` are one array per column (one element per checkpoint), `$25..$27` one
 /// per new message; the answer is the ids whose lease held.
 const CHECKPOINT_BATCH: &str = "
 WITH c AS (
@@ -299,11 +299,11 @@ WITH c AS (
         $1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[],
         $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::int[], $12::bool[],
         $13::text[], $14::timestamptz[], $15::text[], $16::text[], $17::text[], $18::text[],
-        $19::int[], $20::text[], $21::bigint[], $22::bigint[], $23::bool[]
+        $19::int[], $20::text[], $21::bigint[], $22::bigint[], $23::bool[], $24::int[]
     ) AS c(root_id, id, epoch, owner, iteration, input_tokens, output_tokens,
            cache_read_tokens, cache_write_tokens, reasoning_tokens, drain_rounds,
            free_iteration, phase, started_at, status, finish_reason, result, error,
-           turn_base, not_started, bg_cursor, msg_cursor, has_new)
+           turn_base, not_started, bg_cursor, msg_cursor, has_new, history_len)
 ), locked AS (
     -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
     -- of one worker's sessions never wait on each other in a cycle.
@@ -335,6 +335,7 @@ WITH c AS (
         not_started = c.not_started::jsonb,
         bg_cursor = c.bg_cursor,
         msg_cursor = c.msg_cursor,
+        history_len = c.history_len,
         -- Progress: a run that saves new steps is not a crash loop, so the count of
         -- claims that died without finishing starts again.
         attempts = CASE WHEN c.has_new THEN 0 ELSE s.attempts END,
@@ -345,9 +346,9 @@ WITH c AS (
       AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
     RETURNING s.root_id, s.id
 ), ins AS (
-    INSERT INTO messages (root_id, session_id, seq, role, body)
-    SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.role, m.body::json
-    FROM UNNEST($24::text[], $25::int[], $26::text[], $27::text[]) AS m(id, seq, role, body)
+    INSERT INTO messages (root_id, session_id, seq, body)
+    SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.body::json
+    FROM UNNEST($25::text[], $26::int[], $27::text[]) AS m(id, seq, body)
     JOIN upd ON upd.id = m.id
     ON CONFLICT DO NOTHING
 )
@@ -466,6 +467,7 @@ UPDATE sessions SET
     enqueued_at = NULL, cancel_requested = false, attempts = 0,
     lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
     followup_cursor = GREATEST(followup_cursor, $2),
+    history_len = history_len + 1,
     updated_at = now()
 WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
   AND ($2 = 0 OR followup_cursor < $2)
@@ -510,24 +512,18 @@ impl Store for PgStore {
         let mut specs = Vec::with_capacity(n);
         let mut phases = Vec::with_capacity(n);
         let mut keys = Vec::with_capacity(n);
-        let mut firsts = Vec::with_capacity(n);
         for s in new {
-            // The state a fresh session starts from decides its phase and first message.
-            let fresh = SessionState::new(s.id.clone(), s.spec.clone());
-            let first = fresh
-                .messages
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| Message::user(s.spec.prompt.clone()));
             ids.push(s.id.as_str());
             roots.push(s.root_id.as_str());
             parents.push(s.parent_id.as_deref());
             depths.push(to_i32(s.depth, "depth")?);
             queues.push(s.queue.as_str());
-            specs.push(Json(&s.spec));
-            phases.push(phase_str(fresh.phase));
+            specs.push(serde_json::to_string(&s.spec)?);
+            // The state a fresh session starts from decides its phase.
+            phases.push(phase_str(
+                SessionState::new(s.id.clone(), s.spec.clone()).phase,
+            ));
             keys.push(s.idempotency_key.as_deref());
-            firsts.push(Json(first));
         }
         let inserted: Vec<SessionRecord> = sqlx::query_as(&with_cols(INSERT_SESSIONS))
             .bind(&ids)
@@ -538,7 +534,6 @@ impl Store for PgStore {
             .bind(&specs)
             .bind(&phases)
             .bind(&keys)
-            .bind(&firsts)
             .fetch_all(&self.pool)
             .await?;
         let mut by_id: std::collections::HashMap<String, SessionRow> = inserted
@@ -679,19 +674,25 @@ impl Store for PgStore {
 
     async fn messages(&self, id: &str) -> Result<Vec<Message>> {
         // Through `sessions` so the lookup uses the (root_id, session_id, seq) key; the
-        // LEFT JOIN tells a missing session (no row) from an empty history (NULL body).
-        let rows: Vec<(Option<Json<Message>>,)> = sqlx::query_as(
-            "SELECT m.body FROM sessions s \
+        // LEFT JOIN tells a missing session (no row) from a history of the prompt alone
+        // (NULL seq), and brings the prompt for message 0.
+        let rows: Vec<(String, Option<i32>, Option<Json<Message>>)> = sqlx::query_as(
+            "SELECT coalesce(s.spec->>'prompt', ''), m.seq, m.body FROM sessions s \
              LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
              WHERE s.id = $1 ORDER BY m.seq",
         )
         .bind(id)
         .fetch_all(&self.pool)
         .await?;
-        if rows.is_empty() {
+        let Some((prompt, _, _)) = rows.first() else {
             return Err(Error::NotFound(id.to_string()));
-        }
-        Ok(rows.into_iter().filter_map(|(b,)| b.map(|j| j.0)).collect())
+        };
+        let prompt = prompt.clone();
+        let stored = rows
+            .into_iter()
+            .filter_map(|(_, seq, body)| seq.zip(body))
+            .collect();
+        Ok(history(&prompt, stored))
     }
 
     async fn claim(
@@ -723,15 +724,22 @@ impl Store for PgStore {
             return Ok(Claim::Exhausted(Box::new(rec.into_row()?)));
         }
         // A second statement, after the claim committed: from here on the previous holder
-        // is fenced off, so this read sees everything it will ever have written.
-        let messages: Vec<(i32, Json<Message>)> = sqlx::query_as(
-            "SELECT seq, body FROM messages \
-             WHERE root_id = $1::uuid AND session_id = $2::uuid ORDER BY seq",
-        )
-        .bind(&rec.root_id)
-        .bind(&rec.id)
-        .fetch_all(&self.pool)
-        .await?;
+        // is fenced off, so this read sees everything it will ever have written. The
+        // claimed row is the latest version (the claim waited for any write in flight),
+        // and every write that stores messages sets `history_len` with them: a history of
+        // the prompt alone has nothing stored to read.
+        let messages: Vec<(i32, Json<Message>)> = if rec.history_len.is_some_and(|n| n <= 1) {
+            Vec::new()
+        } else {
+            sqlx::query_as(
+                "SELECT seq, body FROM messages \
+                 WHERE root_id = $1::uuid AND session_id = $2::uuid ORDER BY seq",
+            )
+            .bind(&rec.root_id)
+            .bind(&rec.id)
+            .fetch_all(&self.pool)
+            .await?
+        };
         let state = rec.state(messages)?;
         let lease = Lease {
             session_id: rec.id.clone(),
@@ -774,8 +782,8 @@ impl Store for PgStore {
         let mut bg_cursor = Vec::with_capacity(n);
         let mut msg_cursor = Vec::with_capacity(n);
         let mut has_new = Vec::with_capacity(n);
-        let (mut m_ids, mut m_seqs, mut m_roles, mut m_bodies) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut history_len = Vec::with_capacity(n);
+        let (mut m_ids, mut m_seqs, mut m_bodies) = (Vec::new(), Vec::new(), Vec::new());
         for cp in batch {
             let l = &cp.lease;
             roots.push(l.root_id.as_str());
@@ -802,10 +810,10 @@ impl Store for PgStore {
             bg_cursor.push(cp.bg_cursor);
             msg_cursor.push(cp.msg_cursor);
             has_new.push(!cp.messages.is_empty());
-            for (seq, (role, body)) in cp.seqs().zip(&cp.messages) {
+            history_len.push(cp.history_len());
+            for (seq, (_, body)) in cp.seqs().zip(&cp.messages) {
                 m_ids.push(l.session_id.as_str());
                 m_seqs.push(seq);
-                m_roles.push(*role);
                 m_bodies.push(body.as_str());
             }
         }
@@ -833,9 +841,9 @@ impl Store for PgStore {
             .bind(&bg_cursor)
             .bind(&msg_cursor)
             .bind(&has_new)
+            .bind(&history_len)
             .bind(&m_ids)
             .bind(&m_seqs)
-            .bind(&m_roles)
             .bind(&m_bodies)
             .fetch_all(&self.pool)
             .await?;
@@ -1119,15 +1127,18 @@ impl Store for PgStore {
             tx.rollback().await?;
             return Ok(None);
         };
-        // The new message goes right after the history (message i has seq i).
+        // The new message goes right after the history (message i has seq i). A row from
+        // before `history_len` has its history stored from message 0, so its last seq says
+        // where; message 0 itself is always the prompt.
         sqlx::query(
-            "INSERT INTO messages (root_id, session_id, seq, role, body) \
-             SELECT $1::uuid, $2::uuid, COALESCE(max(seq) + 1, 0), 'user', $3::json \
+            "INSERT INTO messages (root_id, session_id, seq, body) \
+             SELECT $1::uuid, $2::uuid, COALESCE($4, max(seq) + 1, 1), $3::json \
              FROM messages WHERE root_id = $1::uuid AND session_id = $2::uuid",
         )
         .bind(&rec.root_id)
         .bind(&rec.id)
         .bind(Json(Message::user(text)))
+        .bind(rec.history_len.map(|n| n - 1))
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -174,7 +174,14 @@ async fn batch_of_1000_then_10000() {
         assert_eq!(row.spec.prompt, s.spec.prompt);
     }
     assert_eq!(sql_i64(&store, "SELECT count(*) FROM sessions").await, 1000);
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 1000);
+    // A fresh history is the prompt alone, which the spec holds: no message row.
+    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 0);
+    for (s, (row, _)) in batch.iter().zip(&out).step_by(97) {
+        assert_eq!(
+            store.messages(&row.id).await.unwrap(),
+            vec![Message::user(s.spec.prompt.clone())]
+        );
+    }
 
     // The whole batch again: nothing new, every item answered with its row.
     let again = store.create_sessions(&batch).await.unwrap();
@@ -402,7 +409,12 @@ async fn retried_checkpoint_writes_nothing_twice() {
     for _ in 0..3 {
         store.checkpoint(&lease, &state, persisted).await.unwrap();
     }
-    // An overlapping window (from an earlier index) is harmless too.
+    // The two new messages, once each (message 0, the prompt, is in the spec).
+    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    // An overlapping window (from an earlier index) is harmless too: it stores message 0
+    // once, and the history reads back the same.
+    store.checkpoint(&lease, &state, 0).await.unwrap();
     store.checkpoint(&lease, &state, 0).await.unwrap();
     assert_eq!(store.messages(&id).await.unwrap(), state.messages);
     assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
@@ -412,6 +424,74 @@ async fn retried_checkpoint_writes_nothing_twice() {
         .await
         .unwrap();
     assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
+}
+
+/// A claim skips reading `messages` only for a history of the prompt alone: a follow-up to
+/// a session cancelled before it ever ran, and a row from before `history_len` (migration
+/// 0005) with its first message stored, both come back whole.
+#[tokio::test]
+async fn claims_read_exactly_the_stored_history() {
+    let store = store().await;
+
+    // What the store relies on to keep message 0 only in the spec.
+    for mode in [Mode::Act, Mode::Think, Mode::Plan, Mode::PlanAct] {
+        let mut spec = SessionSpec::new("p");
+        spec.mode = mode;
+        assert_eq!(
+            SessionState::new("x", spec).messages,
+            vec![Message::user("p")]
+        );
+    }
+    let fresh = create(&store, "fresh").await;
+    let (_, state) = acquire(&store, &fresh, "w", TTL).await;
+    assert_eq!(state.messages, vec![Message::user("fresh")]);
+
+    let cancelled = create(&store, "never ran").await;
+    assert!(matches!(
+        store.request_cancel(&cancelled).await.unwrap(),
+        CancelResult::CancelledNow(_)
+    ));
+    assert!(
+        store
+            .follow_up(&cancelled, "and now this", None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let want = vec![Message::user("never ran"), Message::user("and now this")];
+    assert_eq!(store.messages(&cancelled).await.unwrap(), want);
+    let (_, state) = acquire(&store, &cancelled, "w", TTL).await;
+    assert_eq!(state.messages, want);
+
+    let legacy = create(&store, "legacy").await;
+    let (lease, mut state) = acquire(&store, &legacy, "w", TTL).await;
+    state.push_assistant(Message::assistant("one"));
+    // From 0: message 0 stored as well, as every row before migration 0005 had it.
+    store.checkpoint(&lease, &state, 0).await.unwrap();
+    store.release(&lease).await.unwrap();
+    sqlx::query("UPDATE sessions SET history_len = NULL WHERE id = $1")
+        .bind(&legacy)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let (lease, resumed) = acquire(&store, &legacy, "w2", TTL).await;
+    assert_eq!(resumed.messages, state.messages);
+    // Its next follow-up goes after the stored history, and the row knows its length again.
+    state.outcome = Some(Outcome::new(ExitReason::Stop));
+    store
+        .checkpoint(&lease, &state, state.messages.len())
+        .await
+        .unwrap();
+    store
+        .follow_up(&legacy, "more", None)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut want = state.messages.clone();
+    want.push(Message::user("more"));
+    assert_eq!(store.messages(&legacy).await.unwrap(), want);
+    let (_, resumed) = acquire(&store, &legacy, "w3", TTL).await;
+    assert_eq!(resumed.messages, want);
 }
 
 /// What one checkpoint writes does not depend on the history length: measured as WAL bytes

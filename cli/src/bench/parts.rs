@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
-use agentq_agent::schema::Usage;
+use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::Step;
 use agentq_agent::tools::{ToolSettings, builtin_registry};
@@ -574,14 +574,21 @@ async fn storage_run(
             ran.failed
         );
     }
-    let (msg,): (i64,) = sqlx::query_as(
-        "SELECT coalesce(sum(octet_length(m.body::text)), 0)::bigint \
-         FROM sessions s JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
-         WHERE s.queue = $1",
+    // Every history starts with the prompt, which a session created since migration 0005
+    // keeps only in its spec: it counts as a message all the same.
+    let (stored, implicit): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT coalesce(sum(octet_length(m.body::text)), 0) \
+                 FROM sessions s JOIN messages m \
+                   ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
+                 WHERE s.queue = $1)::bigint, \
+                (SELECT count(*) FROM sessions s WHERE s.queue = $1 AND NOT EXISTS \
+                   (SELECT 1 FROM messages m WHERE m.root_id = s.root_id::uuid \
+                      AND m.session_id = s.id::uuid AND m.seq = 0))::bigint",
     )
     .bind(env.queue(part))
     .fetch_one(env.store.pool())
     .await?;
+    let msg = stored + implicit * serde_json::to_string(&Message::user(PROMPT))?.len() as i64;
     let iters = f64::from(n) * f64::from(k);
     let d: Vec<f64> = after
         .iter()
