@@ -20,4 +20,4 @@ pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
 pub use queue::Queue;
-pub use store::Store;
+pub use store::{Committed, Store};

@@ -34,7 +34,7 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 use crate::rowconv::*;
-use crate::store::{LeaseStatus, Store};
+use crate::store::{Committed, LeaseStatus, Store};
 
 /// The migrations this binary was built with.
 /// Pooled connections idle at least this long are pinged before use.
@@ -129,8 +129,9 @@ impl PgStore {
     }
 }
 
-/// A `sessions` row as stored, with the loop scalars `SessionRow` does not carry.
-#[derive(Debug, sqlx::FromRow)]
+/// A `sessions` row as stored, with the loop scalars `SessionRow` does not carry. Read
+/// by column, or from the row's JSON (`to_json`) where a statement returns it whole.
+#[derive(Debug, sqlx::FromRow, serde::Deserialize)]
 struct SessionRecord {
     id: String,
     root_id: String,
@@ -344,7 +345,10 @@ WITH c AS (
     WHERE s.root_id = locked.root_id AND s.id = locked.id
       AND c.root_id = s.root_id AND c.id = s.id
       AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
-    RETURNING s.root_id, s.id
+    -- A finished session's row comes back whole: its worker needs it (to tell the parent,
+    -- start a follow-up, publish the result), and a read after the commit would be one
+    -- more statement per session.
+    RETURNING s.root_id, s.id, CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin
 ), ins AS (
     INSERT INTO messages (root_id, session_id, seq, body)
     SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.body::json
@@ -352,7 +356,7 @@ WITH c AS (
     JOIN upd ON upd.id = m.id
     ON CONFLICT DO NOTHING
 )
-SELECT id FROM upd";
+SELECT id, fin FROM upd";
 
 /// All of a worker's leases in one statement; the answer keeps the input order.
 const HEARTBEAT: &str = "
@@ -754,7 +758,7 @@ impl Store for PgStore {
         })
     }
 
-    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>> {
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -817,7 +821,7 @@ impl Store for PgStore {
                 m_bodies.push(body.as_str());
             }
         }
-        let held: Vec<String> = sqlx::query_scalar(CHECKPOINT_BATCH)
+        let held: Vec<(String, Option<String>)> = sqlx::query_as(CHECKPOINT_BATCH)
             .bind(&roots)
             .bind(&ids)
             .bind(&epochs)
@@ -847,15 +851,21 @@ impl Store for PgStore {
             .bind(&m_bodies)
             .fetch_all(&self.pool)
             .await?;
-        let held: std::collections::HashSet<String> = held.into_iter().collect();
+        let mut held: std::collections::HashMap<String, Option<String>> =
+            held.into_iter().collect();
         let mut out = Vec::with_capacity(n);
         for cp in batch {
             let lease = &cp.lease;
-            if held.contains(&lease.session_id) {
-                out.push(Ok(()));
+            if let Some(fin) = held.remove(&lease.session_id) {
+                // Committed either way; a row that does not decode is read again by the
+                // caller, which then reports what is wrong with it.
+                let row = fin
+                    .and_then(|j| serde_json::from_str::<SessionRecord>(&j).ok())
+                    .and_then(|r| r.into_row().ok());
+                out.push(Ok(row.map(Box::new)));
             // A retried final checkpoint finds the row already finished under our epoch.
             } else if cp.finish.is_some() && self.gave_up_lease(lease, |s| s.is_terminal()).await? {
-                out.push(Ok(()));
+                out.push(Ok(None));
             } else {
                 out.push(Err(Error::LeaseLost(lease.session_id.clone())));
             }

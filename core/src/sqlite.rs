@@ -65,7 +65,7 @@ use crate::model::{
 };
 use crate::queue::Queue;
 use crate::rowconv::*;
-use crate::store::{LeaseStatus, Store};
+use crate::store::{Committed, LeaseStatus, Store};
 
 /// The migrations this binary was built with (SQLite dialect).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations_sqlite");
@@ -777,7 +777,8 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>> {
+    /// Returns no rows: a read of an embedded database is cheap, and the caller makes it.
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>> {
         let now = now_us();
         // One transaction for the whole batch (SQLite's group commit); within it each
         // checkpoint's messages are written only if its fenced row update matched.
@@ -821,10 +822,10 @@ impl Store for SqliteStore {
                     .map(|(seq, (role, body))| (seq, *role, body.as_str()))
                     .collect();
                 insert_rows(&mut tx, &lease.root_id, &lease.session_id, &rows, now).await?;
-                out.push(Ok(()));
+                out.push(Ok(None));
             // A retried final checkpoint finds the row already finished under our epoch.
             } else if f.is_some() && gave_up_lease(&mut tx, lease, |s| s.is_terminal()).await? {
-                out.push(Ok(()));
+                out.push(Ok(None));
             } else {
                 out.push(Err(Error::LeaseLost(lease.session_id.clone())));
             }

@@ -18,6 +18,12 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 
+/// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
+/// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
+/// `wake_seq`) when the store can return it with the commit, which spares the finishing
+/// worker a read; `None` for a step, or when the row must be read.
+pub type Committed = Option<Box<SessionRow>>;
+
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Fail unless the schema is at least what this binary needs.
@@ -61,7 +67,7 @@ pub trait Store: Send + Sync {
     async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
         let cp = Checkpoint::new(lease, state, from)?;
         let mut out = self.checkpoint_batch(&[&cp]).await?;
-        out.pop().unwrap_or(Ok(()))
+        out.pop().unwrap_or(Ok(None)).map(|_| ())
     }
 
     /// Group commit: many sessions' checkpoints in one durable commit (one statement on
@@ -69,7 +75,7 @@ pub trait Store: Send + Sync {
     /// written and all of it may be retried; otherwise one result per checkpoint, in
     /// order, each `Ok` or `Error::LeaseLost` on its own: one fenced-off session does not
     /// hold back the others. At most one checkpoint per session in a batch.
-    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<()>>>;
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>>;
 
     /// Extend these leases. Returns, per lease, whether it still holds and whether a
     /// cancel was requested for it.

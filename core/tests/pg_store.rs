@@ -16,7 +16,9 @@ use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_core::pg::PgStore;
 use agentq_core::store::Store;
-use agentq_core::{CancelResult, Claim, Error, Lease, ListFilter, NewSession, SessionStatus};
+use agentq_core::{
+    CancelResult, Checkpoint, Claim, Error, Lease, ListFilter, NewSession, SessionStatus,
+};
 use agentq_testkit::{PostgresServer, shared_postgres};
 
 const TTL: Duration = Duration::from_secs(30);
@@ -333,6 +335,12 @@ async fn checkpoint_with_outcome_finishes_the_session_and_retries_are_harmless()
     // Completed.
     let id = create(&store, "answer me").await;
     let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
+    // A step's commit has no row to give back.
+    let step = Checkpoint::new(&lease, &state, state.messages.len()).unwrap();
+    assert!(matches!(
+        store.checkpoint_batch(&[&step]).await.unwrap().as_slice(),
+        [Ok(None)]
+    ));
     let persisted = state.messages.len();
     state.push_assistant(Message::assistant("42"));
     state.outcome = Some(Outcome {
@@ -340,8 +348,11 @@ async fn checkpoint_with_outcome_finishes_the_session_and_retries_are_harmless()
         result: Some("42".into()),
         error: None,
     });
-    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    // The final commit brings the finished row back, exactly as a read after it finds it.
+    let cp = Checkpoint::new(&lease, &state, persisted).unwrap();
+    let committed = store.checkpoint_batch(&[&cp]).await.unwrap().pop().unwrap();
     let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(committed.unwrap().as_deref(), Some(&row));
     assert_eq!(row.status, SessionStatus::Completed);
     assert_eq!(row.finish_reason, Some(ExitReason::Stop));
     assert_eq!(row.result.as_deref(), Some("42"));

@@ -12,7 +12,7 @@ use tracing::warn;
 
 use agentq_agent::driver::Checkpointer;
 use agentq_agent::state::SessionState;
-use agentq_core::{Checkpoint, Lease};
+use agentq_core::{Checkpoint, Lease, SessionRow};
 
 use crate::Backoff;
 use crate::group_commit::GroupCommit;
@@ -28,6 +28,8 @@ pub struct StoreCheckpointer {
     /// boundaries (after a tool round with nothing to inject, say) change nothing: such a
     /// step is already durable, and writing it again would cost a commit per iteration.
     pub last: Mutex<Option<Arc<Checkpoint>>>,
+    /// The row as the final checkpoint's commit left it, when the store returned it.
+    finished: Mutex<Option<Box<SessionRow>>>,
 }
 
 impl StoreCheckpointer {
@@ -45,7 +47,18 @@ impl StoreCheckpointer {
             give_up_after,
             metrics,
             last: Mutex::new(None),
+            finished: Mutex::new(None),
         }
+    }
+
+    /// The finished session's row, if the final checkpoint's commit brought it back
+    /// (otherwise the caller reads it).
+    pub fn take_finished(&self) -> Option<SessionRow> {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .map(|r| *r)
     }
 
     fn already_durable(&self, cp: &Checkpoint) -> bool {
@@ -80,9 +93,12 @@ impl Checkpointer for StoreCheckpointer {
         loop {
             let t = Instant::now();
             match self.commits.commit(cp.clone()).await {
-                Ok(()) => {
+                Ok(row) => {
                     self.metrics.observe_checkpoint(t.elapsed());
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(cp);
+                    if row.is_some() {
+                        *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = row;
+                    }
                     break;
                 }
                 Err(agentq_core::Error::LeaseLost(_)) => {

@@ -14,11 +14,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use agentq_core::metrics::Metrics;
-use agentq_core::{Checkpoint, Error, Store};
+use agentq_core::{Checkpoint, Committed, Error, Store};
 
 pub(crate) struct Job {
     cp: Arc<Checkpoint>,
-    reply: oneshot::Sender<agentq_core::Result<()>>,
+    reply: oneshot::Sender<agentq_core::Result<Committed>>,
 }
 
 pub(crate) type JobReceiver = mpsc::UnboundedReceiver<Job>;
@@ -35,9 +35,10 @@ impl GroupCommit {
         (GroupCommit { tx }, rx)
     }
 
-    /// `Ok` once the checkpoint is durable; the store's verdict on it otherwise.
+    /// `Ok` once the checkpoint is durable (with the finished row, for a final checkpoint
+    /// on a store that returns it); the store's verdict on it otherwise.
     /// `Error::Stopped` when the worker has stopped its writer (hard shutdown).
-    pub async fn commit(&self, cp: Arc<Checkpoint>) -> agentq_core::Result<()> {
+    pub async fn commit(&self, cp: Arc<Checkpoint>) -> agentq_core::Result<Committed> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { cp, reply })
@@ -136,7 +137,7 @@ async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
                 let r = store
                     .checkpoint_batch(&[*cp])
                     .await
-                    .and_then(|mut v| v.pop().unwrap_or(Ok(())));
+                    .and_then(|mut v| v.pop().unwrap_or(Ok(None)));
                 let _ = reply.send(r);
             }
         }
@@ -233,7 +234,7 @@ pub(crate) mod tests {
         commits: &GroupCommit,
         sessions: &mut [(Lease, SessionState)],
         text: &str,
-    ) -> Vec<tokio::task::JoinHandle<agentq_core::Result<()>>> {
+    ) -> Vec<tokio::task::JoinHandle<agentq_core::Result<Committed>>> {
         let mut waiting = Vec::new();
         for (lease, state) in sessions.iter_mut() {
             let (c, cp) = (commits.clone(), step(lease, state, text));

@@ -200,6 +200,7 @@ async fn run(
         epoch: lease.epoch,
         tx: inner.events.clone(),
     });
+    let committed = checkpointer.clone();
     let parts = AgentParts {
         checkpointer,
         observer,
@@ -207,6 +208,7 @@ async fn run(
         inbox,
         interrupter,
     };
+    let mut finished_row = None;
     let result = match build_agent(&inner, &row, parts) {
         Ok(agent) => {
             tokio::select! {
@@ -227,7 +229,11 @@ async fn run(
             );
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
-            Some(cp.save(&state, from).await.map(|_| {
+            let saved = cp.save(&state, from).await;
+            if let Some(row) = cp.take_finished() {
+                finished_row = Some(row);
+            }
+            Some(saved.map(|_| {
                 RunEnd::Finished(state.outcome.clone().unwrap_or_else(|| Outcome::error("")))
             }))
         }
@@ -258,7 +264,11 @@ async fn run(
             {
                 warn!(error = %e, "setting the event stream's expiry failed");
             }
-            match get_row(&inner, &d.session_id).await {
+            let row = match finished_row.or_else(|| committed.take_finished()) {
+                Some(row) => Some(row),
+                None => get_row(&inner, &d.session_id).await,
+            };
+            match row {
                 Some(row) => settle_finished(&inner, &d, &row).await,
                 None => {
                     warn!("finished, but its row could not be read; the entry will be redelivered")
