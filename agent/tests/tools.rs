@@ -148,6 +148,50 @@ async fn workspace_resolve_refuses_symlinks_outside() {
     assert_eq!(ws.read("inlink", 100).await.unwrap(), b"ok");
 }
 
+/// A lazy workspace has no directory until something is written: until then it reads as
+/// empty (and still refuses escapes); the first write, or the shell's `ensure`, makes it.
+#[tokio::test]
+async fn lazy_workspace_is_made_on_first_write() {
+    let parent = TempDir::new().unwrap();
+    let parent_path = std::fs::canonicalize(parent.path()).unwrap();
+    for bad in ["", ".", "..", "a/b", "../x", "/abs"] {
+        assert!(LocalWorkspace::lazy(&parent_path, bad).is_err(), "{bad:?}");
+    }
+    assert!(LocalWorkspace::lazy(Path::new("relative"), "x").is_err());
+
+    let root = parent_path.join("tree-1");
+    let mut c = ctx(&parent);
+    c.workspace = Arc::new(LocalWorkspace::lazy(&parent_path, "tree-1").unwrap());
+    assert_eq!(
+        ok(&ListDir, json!({"path": "."}), &c).await,
+        ok(&ListDir, json!({}), &c).await
+    );
+    assert!(c.workspace.list(".").await.unwrap().is_empty());
+    assert!(c.workspace.walk(".", 100).await.unwrap().files.is_empty());
+    assert!(c.workspace.list("sub").await.is_err());
+    assert!(c.workspace.read("a.txt", 10).await.is_err());
+    assert_denied(run(&ReadFile, json!({"path": "../../etc/passwd"}), &c).await);
+    assert!(!root.exists(), "reading made the directory");
+
+    ok(&WriteFile, json!({"path": "d/a.txt", "content": "x"}), &c).await;
+    assert_eq!(std::fs::read_to_string(root.join("d/a.txt")).unwrap(), "x");
+    assert_eq!(
+        c.workspace.walk(".", 100).await.unwrap().files,
+        vec!["d/a.txt"]
+    );
+
+    let other = LocalWorkspace::lazy(&parent_path, "tree-2").unwrap();
+    other.ensure().await.unwrap();
+    assert!(parent_path.join("tree-2").is_dir());
+
+    // The shell runs in the directory it makes.
+    let mut c = shell_ctx(&parent);
+    c.workspace = Arc::new(LocalWorkspace::lazy(&parent_path, "tree-3").unwrap());
+    let out = ok(&Shell, json!({"command": "pwd"}), &c).await;
+    let made = parent_path.join("tree-3");
+    assert!(out.contains(&format!("{}\n", made.display())), "{out}");
+}
+
 // ---------------------------------------------------------------- read_file / write_file
 
 #[tokio::test]

@@ -223,6 +223,8 @@ pub(crate) struct Inner {
     /// Every session's checkpoints go through the worker's group commit.
     pub commits: GroupCommit,
     commits_rx: Mutex<Option<group_commit::JobReceiver>>,
+    /// `cfg.workspace_root`, made and canonicalized by the first session that needs it.
+    workspaces: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// Counters tests and the demo read.
@@ -235,6 +237,19 @@ pub struct Stats {
 }
 
 impl Inner {
+    /// The directory session trees' workspaces go in, canonical; made once. A failure is
+    /// not remembered: the next session tries again.
+    pub(crate) fn workspaces(&self) -> Result<&std::path::Path, String> {
+        if let Some(p) = self.workspaces.get() {
+            return Ok(p);
+        }
+        let root = &self.cfg.workspace_root;
+        std::fs::create_dir_all(root)
+            .and_then(|_| std::fs::canonicalize(root))
+            .map(|p| self.workspaces.get_or_init(|| p).as_path())
+            .map_err(|e| format!("workspace root {}: {e}", root.display()))
+    }
+
     pub(crate) fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Active>> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -343,6 +358,7 @@ impl Worker {
                 redispatch_rx: Mutex::new(Some(redispatch_rx)),
                 commits,
                 commits_rx: Mutex::new(Some(commits_rx)),
+                workspaces: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -440,10 +440,11 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
             creating: tokio::sync::Mutex::new(()),
         }));
     }
-    let dir = inner.cfg.workspace_root.join(&row.root_id);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("workspace {}: {e}", dir.display()))?;
-    let workspace =
-        LocalWorkspace::new(&dir).map_err(|e| format!("workspace {}: {e}", dir.display()))?;
+    // The tree's directory is made when a tool first writes there: sessions that never
+    // touch files cost no directory (creating one per session was a fifth of a worker's
+    // CPU in the bench, and a blocking call on the runtime).
+    let workspace = LocalWorkspace::lazy(inner.workspaces()?, &row.root_id)
+        .map_err(|e| format!("workspace: {e}"))?;
     Ok(Agent {
         provider,
         default_model,

@@ -138,6 +138,7 @@ impl Tool for Shell {
             None => max,
         };
 
+        ctx.workspace.ensure().await?;
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(command)

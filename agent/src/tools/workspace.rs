@@ -5,6 +5,8 @@
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 
@@ -65,6 +67,13 @@ pub trait Workspace: Send + Sync {
     /// [`SKIPPED_DIRS`] and never following symlinked directories, visiting at most
     /// `max_entries` entries.
     async fn walk(&self, rel: &str, max_entries: usize) -> Result<WalkResult, ToolError>;
+
+    /// Make sure the root exists on disk, for work that needs a real directory (the
+    /// `shell` tool's working directory). A workspace that makes its root only when first
+    /// written to makes it here.
+    async fn ensure(&self) -> Result<(), ToolError> {
+        Ok(())
+    }
 }
 
 /// Lexically turn `p` into a path relative to `root`: relative paths are taken as is,
@@ -134,6 +143,10 @@ pub fn normalize_relative(root: &Path, p: &str) -> Result<PathBuf, ToolError> {
 fn resolve_under(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
     let relative = normalize_relative(root, rel)?;
     let joined = root.join(&relative);
+    if std::fs::symlink_metadata(root).is_err() {
+        // A root not made yet (`LocalWorkspace::lazy`) holds nothing, so no link either.
+        return Ok(joined);
+    }
     let mut existing = joined.as_path();
     let mut missing: Vec<&std::ffi::OsStr> = Vec::new();
     while std::fs::symlink_metadata(existing).is_err() {
@@ -173,6 +186,9 @@ fn resolve_under(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
 #[derive(Debug, Clone)]
 pub struct LocalWorkspace {
     root: PathBuf,
+    /// The root is known to exist. One made by [`LocalWorkspace::lazy`] starts without
+    /// its directory and makes it on the first write; until then it reads as empty.
+    made: Arc<AtomicBool>,
 }
 
 impl LocalWorkspace {
@@ -186,20 +202,65 @@ impl LocalWorkspace {
                 format!("workspace root {} is not a directory", root.display()),
             ));
         }
-        Ok(LocalWorkspace { root })
+        Ok(LocalWorkspace {
+            root,
+            made: Arc::new(AtomicBool::new(true)),
+        })
     }
 
-    /// Run blocking filesystem work off the async executor.
-    async fn blocking<T, F>(&self, f: F) -> Result<T, ToolError>
+    /// The directory `name` under `parent`, made only when something is first written
+    /// to it (or [`Workspace::ensure`]d): a session that never writes a file costs no
+    /// directory, and no filesystem call when it starts. `parent` must be canonical
+    /// (containment checks compare canonical paths); `name` must be one plain path
+    /// component.
+    pub fn lazy(parent: &Path, name: &str) -> std::io::Result<Self> {
+        let mut parts = Path::new(name).components();
+        if !parent.is_absolute()
+            || !matches!(
+                (parts.next(), parts.next()),
+                (Some(Component::Normal(_)), None)
+            )
+        {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "workspace {name:?} under {}: needs an absolute parent and a plain name",
+                    parent.display()
+                ),
+            ));
+        }
+        Ok(LocalWorkspace {
+            root: parent.join(name),
+            made: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// Run blocking filesystem work off the async executor, making the root first when
+    /// `write` asks for it. `f` learns whether the root may still be missing.
+    async fn blocking<T, F>(&self, write: bool, f: F) -> Result<T, ToolError>
     where
         T: Send + 'static,
-        F: FnOnce(&Path) -> Result<T, ToolError> + Send + 'static,
+        F: FnOnce(&Path, bool) -> Result<T, ToolError> + Send + 'static,
     {
         let root = self.root.clone();
-        tokio::task::spawn_blocking(move || f(&root))
-            .await
-            .map_err(|e| ToolError::Failed(format!("workspace task failed: {e}")))?
+        let made = self.made.clone();
+        tokio::task::spawn_blocking(move || {
+            if write && !made.load(Ordering::Acquire) {
+                std::fs::create_dir_all(&root).map_err(|e| {
+                    ToolError::Failed(format!("workspace root {}: {e}", root.display()))
+                })?;
+                made.store(true, Ordering::Release);
+            }
+            f(&root, !made.load(Ordering::Acquire))
+        })
+        .await
+        .map_err(|e| ToolError::Failed(format!("workspace task failed: {e}")))?
     }
+}
+
+/// Reading the root of a workspace whose directory is not made yet reads an empty one.
+fn absent_root(e: &std::io::Error, path: &Path, root: &Path, may_be_absent: bool) -> bool {
+    may_be_absent && e.kind() == std::io::ErrorKind::NotFound && path == root
 }
 
 /// `rel` for messages: the model's own spelling, or `.` for the root.
@@ -250,7 +311,7 @@ impl Workspace for LocalWorkspace {
 
     async fn read(&self, rel: &str, max_bytes: usize) -> Result<Vec<u8>, ToolError> {
         let rel = rel.to_string();
-        self.blocking(move |root| {
+        self.blocking(false, move |root, _| {
             let path = resolve_under(root, &rel)?;
             let meta = std::fs::metadata(&path).map_err(|e| io_context(&rel, e))?;
             if meta.is_dir() {
@@ -272,7 +333,7 @@ impl Workspace for LocalWorkspace {
     async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError> {
         let rel = rel.to_string();
         let data = data.to_vec();
-        self.blocking(move |root| {
+        self.blocking(true, move |root, _| {
             let path = resolve_under(root, &rel)?;
             if path == root {
                 return Err(ToolError::InvalidArguments(
@@ -292,10 +353,15 @@ impl Workspace for LocalWorkspace {
 
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError> {
         let rel = rel.to_string();
-        self.blocking(move |root| {
+        self.blocking(false, move |root, may_be_absent| {
             let path = resolve_under(root, &rel)?;
             let mut out = Vec::new();
-            for entry in std::fs::read_dir(&path).map_err(|e| io_context(&rel, e))? {
+            let entries = match std::fs::read_dir(&path) {
+                Ok(entries) => entries,
+                Err(e) if absent_root(&e, &path, root, may_be_absent) => return Ok(out),
+                Err(e) => return Err(io_context(&rel, e)),
+            };
+            for entry in entries {
                 let entry = entry.map_err(|e| io_context(&rel, e))?;
                 let kind = entry.file_type().map(kind_of).unwrap_or(EntryKind::Other);
                 out.push(DirEntry {
@@ -311,10 +377,14 @@ impl Workspace for LocalWorkspace {
 
     async fn walk(&self, rel: &str, max_entries: usize) -> Result<WalkResult, ToolError> {
         let rel = rel.to_string();
-        self.blocking(move |root| {
+        self.blocking(false, move |root, may_be_absent| {
             let base = resolve_under(root, &rel)?;
-            let meta = std::fs::metadata(&base).map_err(|e| io_context(&rel, e))?;
             let mut result = WalkResult::default();
+            let meta = match std::fs::metadata(&base) {
+                Ok(meta) => meta,
+                Err(e) if absent_root(&e, &base, root, may_be_absent) => return Ok(result),
+                Err(e) => return Err(io_context(&rel, e)),
+            };
             if !meta.is_dir() {
                 result.files.push(display_relative(root, &base));
                 return Ok(result);
@@ -352,5 +422,12 @@ impl Workspace for LocalWorkspace {
             Ok(result)
         })
         .await
+    }
+
+    async fn ensure(&self) -> Result<(), ToolError> {
+        if self.made.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.blocking(true, |_, _| Ok(())).await
     }
 }
