@@ -11,15 +11,36 @@
 --   sets it in the same statement.
 -- * `messages.role` goes: nothing reads it (the body holds the role), and it cost every row
 --   a few bytes and a column to write.
--- * `spec` becomes `json`: it is written once and read back whole, never queried into, and
---   `jsonb` stores a small object ~30 % larger than its text. Every update of the session
---   row (two per step) copies it, so that is paid on every version of the row.
+-- * `messages` loses its unique key (root_id, session_id, seq) for a plain index on
+--   (root_id, session_id). Many sessions append to their own key ranges at once, so the
+--   unique index's pages sat two-thirds full at ~50 bytes an entry: ~75 bytes per message.
+--   A non-unique index deduplicates a session's entries into one posting list, ~6 bytes
+--   per message. What the key guaranteed, that no message is stored twice, the writes now
+--   ensure themselves: every statement that adds messages holds the session row's lock
+--   and stores only seqs from `history_len` on (and a row from before this column checks
+--   its stored seqs). Reads sort a session's rows by seq.
+-- * The spec moves to `session_specs`, as `json`. Every step updates the session row, and
+--   on its half-filled pages each session leaves several versions of it, each with a
+--   copy of the spec (written once, never changed, read only by a claim or a listing):
+--   out of the row it is stored once. `json` rather than `jsonb`: it is read back whole,
+--   never queried into, and `jsonb` stores a small object ~30 % larger than its text.
 --
--- The `spec` change rewrites `sessions`: on a large installation, run `agentq migrate` in a
--- quiet hour.
+-- Copying the specs out is one pass over `sessions`: on a large installation, run
+-- `agentq migrate` in a quiet hour.
 
 ALTER TABLE sessions ADD COLUMN history_len integer CHECK (history_len >= 1);
 
 ALTER TABLE messages DROP COLUMN role;
 
-ALTER TABLE sessions ALTER COLUMN spec TYPE json USING spec::json;
+ALTER TABLE messages DROP CONSTRAINT messages_pkey;
+CREATE INDEX messages_session_idx ON messages (root_id, session_id);
+
+CREATE TABLE session_specs (
+    root_id  text NOT NULL,
+    id       text NOT NULL,
+    spec     json NOT NULL,
+    PRIMARY KEY (root_id, id),
+    FOREIGN KEY (root_id, id) REFERENCES sessions (root_id, id) ON DELETE CASCADE
+);
+INSERT INTO session_specs (root_id, id, spec) SELECT root_id, id, spec::json FROM sessions;
+ALTER TABLE sessions DROP COLUMN spec;

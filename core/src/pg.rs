@@ -42,8 +42,11 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
-/// Every column [`SessionRecord`] reads, for `SELECT`/`RETURNING` lists.
-const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason, spec, \
+/// Every column [`SessionRecord`] reads, for `SELECT`/`RETURNING` lists on `sessions`
+/// (not aliased): the row's own, and its spec from `session_specs`.
+const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason, \
+    (SELECT p.spec FROM session_specs p WHERE p.root_id = sessions.root_id \
+       AND p.id = sessions.id) AS spec, \
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
@@ -255,21 +258,42 @@ fn history(prompt: &str, mut stored: Vec<(i32, Json<Message>)>) -> Vec<Message> 
     history
 }
 
-/// `CREATE` for a batch: one multi-row insert from arrays. A fresh history is the prompt
-/// alone, which the spec holds, so no message is stored (`history_len` 1).
+/// A finished row as the final checkpoint returns it: the row's JSON object (`to_json`)
+/// and its spec's JSON text, joined into one object here rather than by Postgres (whose
+/// `jsonb` merge would parse and re-encode both).
+fn finished_record(mut row: String, spec: &str) -> Option<SessionRecord> {
+    if !row.ends_with('}') {
+        return None;
+    }
+    row.pop();
+    row.push_str(",\"spec\":");
+    row.push_str(spec);
+    row.push('}');
+    serde_json::from_str(&row).ok()
+}
+
+/// `CREATE` for a batch: one multi-row insert from arrays, the specs beside the rows. A
+/// fresh history is the prompt alone, which the spec holds, so no message is stored
+/// (`history_len` 1). The spec is answered from the input: a statement does not see what
+/// its own other parts insert.
 const INSERT_SESSIONS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
                          $6::text[], $7::text[], $8::text[])
         WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
                              idempotency_key, ord)
+), ins AS (
+    INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
+                          idempotency_key, history_len)
+    SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key, 1
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), specs AS (
+    INSERT INTO session_specs (root_id, id, spec)
+    SELECT ins.root_id, ins.id, input.spec::json FROM ins JOIN input ON input.id = ins.id
 )
-INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, spec, phase,
-                      idempotency_key, history_len)
-SELECT id, root_id, parent_id, depth, queue, 'queued', spec::json, phase, idempotency_key, 1
-FROM input ORDER BY ord
-ON CONFLICT DO NOTHING
-RETURNING COLS";
+SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id";
 
 /// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
 /// lease or our own), never terminal or suspended.
@@ -288,12 +312,13 @@ RETURNING COLS";
 
 /// The checkpoint: one statement, one round trip. The update is fenced by the lease; the
 /// new messages are inserted only from the update's output, so a fenced-off worker writes
-/// nothing at all. `ON CONFLICT DO NOTHING` makes a retry after an ambiguous failure
-/// harmless. With an outcome ($13 not null) the row becomes terminal and the lease is
-/// given up in the same statement.
+/// nothing at all, and only past the stored history, so a retry after an ambiguous
+/// failure is harmless. With an outcome the row becomes terminal and the lease is given
+/// up in the same statement.
 /// Group commit: the checkpoints of many sessions in one statement, each fenced by its own
 /// lease. `$1..$24` are one array per column (one element per checkpoint), `$25..$27` one
-/// per new message; the answer is the ids whose lease held.
+/// per new message; the answer is the ids whose lease held, with the row of each that
+/// finished.
 const CHECKPOINT_BATCH: &str = "
 WITH c AS (
     SELECT * FROM UNNEST(
@@ -308,7 +333,7 @@ WITH c AS (
 ), locked AS (
     -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
     -- of one worker's sessions never wait on each other in a cycle.
-    SELECT s.root_id, s.id FROM sessions s
+    SELECT s.root_id, s.id, s.history_len AS stored_len FROM sessions s
     JOIN c ON s.root_id = c.root_id AND s.id = c.id
     WHERE s.lease_epoch = c.epoch AND s.lease_owner = c.owner
     ORDER BY s.root_id, s.id
@@ -348,15 +373,26 @@ WITH c AS (
     -- A finished session's row comes back whole: its worker needs it (to tell the parent,
     -- start a follow-up, publish the result), and a read after the commit would be one
     -- more statement per session.
-    RETURNING s.root_id, s.id, CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin
+    RETURNING s.root_id, s.id, locked.stored_len,
+        CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin,
+        CASE WHEN c.status IS NOT NULL THEN (SELECT p.spec::text FROM session_specs p
+            WHERE p.root_id = s.root_id AND p.id = s.id) END AS fin_spec
 ), ins AS (
+    -- Only messages not stored yet, so that a retry after an ambiguous failure, or an
+    -- overlapping window, stores nothing twice: the row lock orders this against every
+    -- other write of the session's messages, and `history_len` says how far they go (a
+    -- row from before it was kept checks its stored seqs instead).
     INSERT INTO messages (root_id, session_id, seq, body)
     SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.body::json
     FROM UNNEST($25::text[], $26::int[], $27::text[]) AS m(id, seq, body)
     JOIN upd ON upd.id = m.id
-    ON CONFLICT DO NOTHING
+    WHERE m.seq >= COALESCE(upd.stored_len, 0)
+      AND (upd.stored_len IS NOT NULL OR NOT EXISTS (
+          SELECT 1 FROM messages x
+          WHERE x.root_id = upd.root_id::uuid AND x.session_id = upd.id::uuid
+            AND x.seq = m.seq))
 )
-SELECT id, fin FROM upd";
+SELECT id, fin, fin_spec FROM upd";
 
 /// All of a worker's leases in one statement; the answer keeps the input order.
 const HEARTBEAT: &str = "
@@ -677,11 +713,12 @@ impl Store for PgStore {
     }
 
     async fn messages(&self, id: &str) -> Result<Vec<Message>> {
-        // Through `sessions` so the lookup uses the (root_id, session_id, seq) key; the
+        // Through `sessions` so the lookup uses the (root_id, session_id) index; the
         // LEFT JOIN tells a missing session (no row) from a history of the prompt alone
         // (NULL seq), and brings the prompt for message 0.
         let rows: Vec<(String, Option<i32>, Option<Json<Message>>)> = sqlx::query_as(
-            "SELECT coalesce(s.spec->>'prompt', ''), m.seq, m.body FROM sessions s \
+            "SELECT coalesce(p.spec->>'prompt', ''), m.seq, m.body FROM sessions s \
+             JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
              LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
              WHERE s.id = $1 ORDER BY m.seq",
         )
@@ -821,7 +858,7 @@ impl Store for PgStore {
                 m_bodies.push(body.as_str());
             }
         }
-        let held: Vec<(String, Option<String>)> = sqlx::query_as(CHECKPOINT_BATCH)
+        let held: Vec<(String, Option<String>, Option<String>)> = sqlx::query_as(CHECKPOINT_BATCH)
             .bind(&roots)
             .bind(&ids)
             .bind(&epochs)
@@ -851,16 +888,19 @@ impl Store for PgStore {
             .bind(&m_bodies)
             .fetch_all(&self.pool)
             .await?;
-        let mut held: std::collections::HashMap<String, Option<String>> =
-            held.into_iter().collect();
+        let mut held: std::collections::HashMap<String, (Option<String>, Option<String>)> = held
+            .into_iter()
+            .map(|(id, fin, spec)| (id, (fin, spec)))
+            .collect();
         let mut out = Vec::with_capacity(n);
         for cp in batch {
             let lease = &cp.lease;
-            if let Some(fin) = held.remove(&lease.session_id) {
+            if let Some((fin, spec)) = held.remove(&lease.session_id) {
                 // Committed either way; a row that does not decode is read again by the
                 // caller, which then reports what is wrong with it.
                 let row = fin
-                    .and_then(|j| serde_json::from_str::<SessionRecord>(&j).ok())
+                    .zip(spec)
+                    .and_then(|(row, spec)| finished_record(row, &spec))
                     .and_then(|r| r.into_row().ok());
                 out.push(Ok(row.map(Box::new)));
             // A retried final checkpoint finds the row already finished under our epoch.

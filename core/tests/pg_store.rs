@@ -423,18 +423,18 @@ async fn retried_checkpoint_writes_nothing_twice() {
     // The two new messages, once each (message 0, the prompt, is in the spec).
     assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
     assert_eq!(store.messages(&id).await.unwrap(), state.messages);
-    // An overlapping window (from an earlier index) is harmless too: it stores message 0
-    // once, and the history reads back the same.
+    // An overlapping window (from an earlier index) is harmless too: nothing is stored
+    // twice, and message 0 stays in the spec.
     store.checkpoint(&lease, &state, 0).await.unwrap();
-    store.checkpoint(&lease, &state, 0).await.unwrap();
+    store.checkpoint(&lease, &state, 1).await.unwrap();
     assert_eq!(store.messages(&id).await.unwrap(), state.messages);
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
+    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
     // Nothing new: only the row is written.
     store
         .checkpoint(&lease, &state, state.messages.len())
         .await
         .unwrap();
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
+    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
 }
 
 /// A claim skips reading `messages` only for a history of the prompt alone: a follow-up to
@@ -487,6 +487,9 @@ async fn claims_read_exactly_the_stored_history() {
         .unwrap();
     let (lease, resumed) = acquire(&store, &legacy, "w2", TTL).await;
     assert_eq!(resumed.messages, state.messages);
+    // Without `history_len`, a repeated window is checked against the stored seqs.
+    store.checkpoint(&lease, &state, 0).await.unwrap();
+    assert_eq!(store.messages(&legacy).await.unwrap(), state.messages);
     // Its next follow-up goes after the stored history, and the row knows its length again.
     state.outcome = Some(Outcome::new(ExitReason::Stop));
     store
@@ -503,6 +506,82 @@ async fn claims_read_exactly_the_stored_history() {
     assert_eq!(store.messages(&legacy).await.unwrap(), want);
     let (_, resumed) = acquire(&store, &legacy, "w3", TTL).await;
     assert_eq!(resumed.messages, want);
+}
+
+/// A database written by the store before migration 0005 (message 0 stored, a unique
+/// message key, the spec in the row) upgrades in place and its sessions carry on: their
+/// histories read back the same, a resumed run stores nothing twice, a follow-up lands
+/// after the history.
+#[tokio::test]
+async fn sessions_written_before_0005_carry_on_after_it() {
+    let url = shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let store = PgStore::connect(&url, 4).await.unwrap();
+    let before = tempfile::TempDir::new().unwrap();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        if name.as_str() < "0005" {
+            std::fs::copy(&path, before.path().join(&name)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(before.path())
+        .await
+        .unwrap()
+        .run(store.pool())
+        .await
+        .unwrap();
+
+    // One session as the store wrote it then: created, claimed, one step checkpointed.
+    let id = uuid::Uuid::now_v7().to_string();
+    let spec = SessionSpec::new("from before");
+    let history = vec![Message::user("from before"), Message::assistant("step one")];
+    sqlx::query(
+        "INSERT INTO sessions (id, root_id, queue, status, spec, iteration, started_at) \
+         VALUES ($1, $1, 'default', 'queued', $2, 1, now())",
+    )
+    .bind(&id)
+    .bind(sqlx::types::Json(&spec))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    for (seq, m) in history.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO messages (root_id, session_id, seq, role, body) \
+             VALUES ($1::uuid, $1::uuid, $2, 'x', $3)",
+        )
+        .bind(&id)
+        .bind(seq as i32)
+        .bind(sqlx::types::Json(m))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
+
+    store.migrate().await.unwrap();
+    store.check_schema().await.unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.spec, spec);
+    assert_eq!(store.messages(&id).await.unwrap(), history);
+    let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
+    assert_eq!(state.messages, history);
+    // A window from 0 after the upgrade: only the new message is stored.
+    state.push_assistant(Message::assistant("step two"));
+    state.outcome = Some(Outcome::new(ExitReason::Stop));
+    store.checkpoint(&lease, &state, 0).await.unwrap();
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
+    store
+        .follow_up(&id, "and then", None)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut want = state.messages.clone();
+    want.push(Message::user("and then"));
+    assert_eq!(store.messages(&id).await.unwrap(), want);
 }
 
 /// What one checkpoint writes does not depend on the history length: measured as WAL bytes

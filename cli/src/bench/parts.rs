@@ -474,17 +474,24 @@ fn hist_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<
 /// What autovacuum would do: trailing pages that concurrent inserts pre-allocated but
 /// never filled are given back, dead row versions become reusable space.
 async fn vacuum(env: &Env) -> anyhow::Result<()> {
-    sqlx::query("VACUUM sessions, messages")
+    sqlx::query("VACUUM sessions, session_specs, messages")
         .execute(env.store.pool())
         .await?;
     Ok(())
 }
 
-/// Sizes of the two tables: heap, indexes, TOAST (with its index) — in that order, for
-/// `sessions` then `messages`.
+/// Sizes of what sessions are stored in: heap, indexes, TOAST (with its index) — in that
+/// order, for `sessions` with `session_specs`, then `messages`.
 async fn stored_bytes(env: &Env) -> anyhow::Result<[i64; 6]> {
     let row: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT pg_relation_size('sessions'), pg_indexes_size('sessions'),                 pg_total_relation_size('sessions') - pg_relation_size('sessions')                     - pg_indexes_size('sessions'),                 pg_relation_size('messages'), pg_indexes_size('messages'),                 pg_total_relation_size('messages') - pg_relation_size('messages')                     - pg_indexes_size('messages')",
+        "WITH t(name, grp) AS (VALUES ('sessions', 0), ('session_specs', 0), ('messages', 1)), \
+              z AS (SELECT grp, pg_relation_size(name::regclass) AS heap, \
+                           pg_indexes_size(name::regclass) AS idx, \
+                           pg_total_relation_size(name::regclass) AS total FROM t) \
+         SELECT sum(heap) FILTER (WHERE grp = 0)::bigint, sum(idx) FILTER (WHERE grp = 0)::bigint, \
+                sum(total - heap - idx) FILTER (WHERE grp = 0)::bigint, \
+                sum(heap) FILTER (WHERE grp = 1)::bigint, sum(idx) FILTER (WHERE grp = 1)::bigint, \
+                sum(total - heap - idx) FILTER (WHERE grp = 1)::bigint FROM z",
     )
     .fetch_one(env.store.pool())
     .await?;
@@ -637,7 +644,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     sqlx::query(
         "UPDATE sessions SET status = 'queued', finish_reason = NULL, result = NULL, \
              error = NULL, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL, \
-             iteration = iteration - 1, attempts = 0 \
+             iteration = iteration - 1, history_len = history_len - 1, attempts = 0 \
          WHERE id = ANY($1)",
     )
     .bind(&ids)
