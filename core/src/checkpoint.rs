@@ -35,6 +35,8 @@ pub struct Checkpoint {
     pub msg_cursor: i64,
     /// Set on the final checkpoint: the run is over and the lease is given up with it.
     pub finish: Option<Finish>,
+    /// The whole history's length (the state's, whatever the window).
+    pub history_len: i32,
 }
 
 /// The terminal part of a final checkpoint.
@@ -54,6 +56,7 @@ impl Checkpoint {
         let end = from.checked_add(new.len()).ok_or_else(too_long)?;
         i32::try_from(end).map_err(|_| too_long())?;
         let from = i32::try_from(from).map_err(|_| too_long())?;
+        let history_len = i32::try_from(state.messages.len()).map_err(|_| too_long())?;
         let mut messages = Vec::with_capacity(new.len());
         for m in new {
             messages.push((role_str(m.role), serde_json::to_string(m)?));
@@ -83,6 +86,7 @@ impl Checkpoint {
                 result: o.result.clone(),
                 error: o.error.clone(),
             }),
+            history_len,
         })
     }
 
@@ -92,6 +96,7 @@ impl Checkpoint {
     pub fn changes_nothing_after(&self, prev: &Checkpoint) -> bool {
         self.messages.is_empty()
             && self.lease == prev.lease
+            && self.history_len == prev.history_len
             && self.iteration == prev.iteration
             && self.input_tokens == prev.input_tokens
             && self.output_tokens == prev.output_tokens
@@ -113,11 +118,5 @@ impl Checkpoint {
     pub fn seqs(&self) -> impl Iterator<Item = i32> + '_ {
         // `new` checked that the last one fits.
         (0..self.messages.len()).map(|i| self.from + i as i32)
-    }
-
-    /// The history's length once this checkpoint is committed.
-    pub fn history_len(&self) -> i32 {
-        // `new` checked that it fits.
-        self.from + self.messages.len() as i32
     }
 }

@@ -851,7 +851,7 @@ impl Store for PgStore {
             bg_cursor.push(cp.bg_cursor);
             msg_cursor.push(cp.msg_cursor);
             has_new.push(!cp.messages.is_empty());
-            history_len.push(cp.history_len());
+            history_len.push(cp.history_len);
             for (seq, (_, body)) in cp.seqs().zip(&cp.messages) {
                 m_ids.push(l.session_id.as_str());
                 m_seqs.push(seq);
