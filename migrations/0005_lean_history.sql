@@ -9,8 +9,9 @@
 --   one, or NULL: a row from before this column, whose length is unknown), so a fresh
 --   session's first claim is one statement instead of two. Every write that adds messages
 --   sets it in the same statement.
--- * `messages.role` goes: nothing reads it (the body holds the role), and it cost every row
---   a few bytes and a column to write.
+-- * `messages.role` and `messages.created_at` go: nothing reads them (the body holds the
+--   role; the session's `updated_at` and its event stream say when steps happened), and
+--   with its alignment the timestamp alone cost a message row ~12 bytes.
 -- * `messages` loses its unique key (root_id, session_id, seq) for a plain index on
 --   (root_id, session_id). Many sessions append to their own key ranges at once, so the
 --   unique index's pages sat two-thirds full at ~50 bytes an entry: ~75 bytes per message.
@@ -30,7 +31,7 @@
 
 ALTER TABLE sessions ADD COLUMN history_len integer CHECK (history_len >= 1);
 
-ALTER TABLE messages DROP COLUMN role;
+ALTER TABLE messages DROP COLUMN role, DROP COLUMN created_at;
 
 ALTER TABLE messages DROP CONSTRAINT messages_pkey;
 CREATE INDEX messages_session_idx ON messages (root_id, session_id);
