@@ -97,6 +97,16 @@ async fn iterate(
     *persisted = state.messages.len();
 }
 
+/// Follow a finished `history` up with `text`: it must land right after it. Returns the
+/// history with it.
+async fn followed_up(store: &PgStore, id: &str, history: &[Message], text: &str) -> Vec<Message> {
+    store.follow_up(id, text, None).await.unwrap().unwrap();
+    let mut want = history.to_vec();
+    want.push(Message::user(text));
+    assert_eq!(store.messages(id).await.unwrap(), want);
+    want
+}
+
 async fn sql_i64(store: &PgStore, sql: &str) -> i64 {
     sqlx::query_scalar(sql)
         .fetch_one(store.pool())
@@ -462,15 +472,13 @@ async fn claims_read_exactly_the_stored_history() {
         store.request_cancel(&cancelled).await.unwrap(),
         CancelResult::CancelledNow(_)
     ));
-    assert!(
-        store
-            .follow_up(&cancelled, "and now this", None)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    let want = vec![Message::user("never ran"), Message::user("and now this")];
-    assert_eq!(store.messages(&cancelled).await.unwrap(), want);
+    let want = followed_up(
+        &store,
+        &cancelled,
+        &[Message::user("never ran")],
+        "and now this",
+    )
+    .await;
     let (_, state) = acquire(&store, &cancelled, "w", TTL).await;
     assert_eq!(state.messages, want);
 
@@ -496,14 +504,7 @@ async fn claims_read_exactly_the_stored_history() {
         .checkpoint(&lease, &state, state.messages.len())
         .await
         .unwrap();
-    store
-        .follow_up(&legacy, "more", None)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut want = state.messages.clone();
-    want.push(Message::user("more"));
-    assert_eq!(store.messages(&legacy).await.unwrap(), want);
+    let want = followed_up(&store, &legacy, &state.messages, "more").await;
     let (_, resumed) = acquire(&store, &legacy, "w3", TTL).await;
     assert_eq!(resumed.messages, want);
 }
@@ -574,14 +575,7 @@ async fn sessions_written_before_0005_carry_on_after_it() {
     store.checkpoint(&lease, &state, 0).await.unwrap();
     assert_eq!(store.messages(&id).await.unwrap(), state.messages);
     assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 3);
-    store
-        .follow_up(&id, "and then", None)
-        .await
-        .unwrap()
-        .unwrap();
-    let mut want = state.messages.clone();
-    want.push(Message::user("and then"));
-    assert_eq!(store.messages(&id).await.unwrap(), want);
+    followed_up(&store, &id, &state.messages, "and then").await;
 }
 
 /// What one checkpoint writes does not depend on the history length: measured as WAL bytes
