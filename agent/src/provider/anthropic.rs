@@ -113,14 +113,16 @@ impl LlmProvider for AnthropicProvider {
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
-        let body = self.request_body(request);
+        // Only the bytes wait for the answer, not the larger JSON tree (see the OpenAI
+        // provider).
+        let body = serde_json::to_vec(&self.request_body(request))?;
         let mut req = self
             .client
             .post(&self.url)
             .header("anthropic-version", &self.config.version)
             .header("content-type", "application/json")
             .header("accept", "text/event-stream")
-            .json(&body);
+            .body(body);
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key);
         }

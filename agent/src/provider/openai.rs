@@ -235,12 +235,15 @@ impl LlmProvider for OpenAiProvider {
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
-        let body = self.request_body(request);
+        // Only the bytes wait for the answer: the JSON tree they are made from is several
+        // times their size, and a session's request is in flight for the model's whole
+        // latency (the bench's 5 000 sessions peaked at 968 MiB with the trees, 726 without).
+        let body = serde_json::to_vec(&self.request_body(request))?;
         let resp = self
             .client
             .post(&self.url)
             .headers(self.headers.clone())
-            .json(&body)
+            .body(body)
             .send()
             .await
             .map_err(|e| Error::Transport(format!("POST {}: {}", self.url, error_chain(&e))))?;
