@@ -140,10 +140,10 @@ pub fn normalize_relative(root: &Path, p: &str) -> Result<PathBuf, ToolError> {
 /// create its target wherever it points. A link swapped in between this check and the
 /// actual open is not caught (TOCTOU); the workspace is not a hostile multi-tenant
 /// filesystem.
-fn resolve_under(root: &Path, rel: &str) -> Result<PathBuf, ToolError> {
+fn resolve_under(root: &Path, rel: &str, may_be_absent: bool) -> Result<PathBuf, ToolError> {
     let relative = normalize_relative(root, rel)?;
     let joined = root.join(&relative);
-    if std::fs::symlink_metadata(root).is_err() {
+    if may_be_absent && std::fs::symlink_metadata(root).is_err() {
         // A root not made yet (`LocalWorkspace::lazy`) holds nothing, so no link either.
         return Ok(joined);
     }
@@ -306,13 +306,13 @@ impl Workspace for LocalWorkspace {
     }
 
     fn resolve(&self, rel: &str) -> Result<PathBuf, ToolError> {
-        resolve_under(&self.root, rel)
+        resolve_under(&self.root, rel, !self.made.load(Ordering::Acquire))
     }
 
     async fn read(&self, rel: &str, max_bytes: usize) -> Result<Vec<u8>, ToolError> {
         let rel = rel.to_string();
-        self.blocking(false, move |root, _| {
-            let path = resolve_under(root, &rel)?;
+        self.blocking(false, move |root, may_be_absent| {
+            let path = resolve_under(root, &rel, may_be_absent)?;
             let meta = std::fs::metadata(&path).map_err(|e| io_context(&rel, e))?;
             if meta.is_dir() {
                 return Err(ToolError::Failed(format!(
@@ -333,8 +333,8 @@ impl Workspace for LocalWorkspace {
     async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError> {
         let rel = rel.to_string();
         let data = data.to_vec();
-        self.blocking(true, move |root, _| {
-            let path = resolve_under(root, &rel)?;
+        self.blocking(true, move |root, may_be_absent| {
+            let path = resolve_under(root, &rel, may_be_absent)?;
             if path == root {
                 return Err(ToolError::InvalidArguments(
                     "path: the workspace root is a directory, not a file".into(),
@@ -354,7 +354,7 @@ impl Workspace for LocalWorkspace {
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError> {
         let rel = rel.to_string();
         self.blocking(false, move |root, may_be_absent| {
-            let path = resolve_under(root, &rel)?;
+            let path = resolve_under(root, &rel, may_be_absent)?;
             let mut out = Vec::new();
             let entries = match std::fs::read_dir(&path) {
                 Ok(entries) => entries,
@@ -378,7 +378,7 @@ impl Workspace for LocalWorkspace {
     async fn walk(&self, rel: &str, max_entries: usize) -> Result<WalkResult, ToolError> {
         let rel = rel.to_string();
         self.blocking(false, move |root, may_be_absent| {
-            let base = resolve_under(root, &rel)?;
+            let base = resolve_under(root, &rel, may_be_absent)?;
             let mut result = WalkResult::default();
             let meta = match std::fs::metadata(&base) {
                 Ok(meta) => meta,
