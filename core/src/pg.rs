@@ -1180,10 +1180,12 @@ impl Store for PgStore {
         // The new message goes right after the history (message i has seq i). A row from
         // before `history_len` has its history stored from message 0, so its last seq says
         // where; message 0 itself is always the prompt.
+        // (Inside `COALESCE`, the scan for the last seq runs only for such a row: the
+        // message index does not hold seqs, so it would read the session's every row.)
         sqlx::query(
             "INSERT INTO messages (root_id, session_id, seq, body) \
-             SELECT $1::uuid, $2::uuid, COALESCE($4, max(seq) + 1, 1), $3::json \
-             FROM messages WHERE root_id = $1::uuid AND session_id = $2::uuid",
+             VALUES ($1::uuid, $2::uuid, COALESCE($4, (SELECT max(seq) + 1 FROM messages \
+                     WHERE root_id = $1::uuid AND session_id = $2::uuid), 1), $3::json)",
         )
         .bind(&rec.root_id)
         .bind(&rec.id)
