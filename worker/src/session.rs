@@ -230,9 +230,7 @@ async fn run(
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
             let saved = cp.save(&state, from).await;
-            if let Some(row) = cp.take_finished() {
-                finished_row = Some(row);
-            }
+            finished_row = cp.take_finished();
             Some(saved.map(|_| {
                 RunEnd::Finished(state.outcome.clone().unwrap_or_else(|| Outcome::error("")))
             }))
