@@ -144,6 +144,8 @@ pub struct Results {
     pub throughput_sessions: u32,
     pub throughput_iterations: u32,
     pub iterations_per_s: Option<f64>,
+    /// The same workload as the first burst on fresh workers (the warm-up round).
+    pub iterations_per_s_cold: Option<f64>,
     pub ratio_to_ceiling: Option<f64>,
     pub throughput_failed: Option<u64>,
     pub overhead_p50_ms: Option<f64>,
@@ -343,6 +345,7 @@ fn to_json(r: &Results) -> Value {
         "ceiling_commits_per_s": num(r.ceiling_commits_per_s, 1),
         "ceiling_redis_roundtrips_per_s": num(r.ceiling_redis_roundtrips_per_s, 1),
         "iterations_per_s": num(r.iterations_per_s, 1),
+        "iterations_per_s_cold": num(r.iterations_per_s_cold, 1),
         "ratio_to_ceiling": num(r.ratio_to_ceiling, 3),
         "throughput_failed_sessions": r.throughput_failed,
         "overhead_p50_ms": num(r.overhead_p50_ms, 3),
@@ -402,6 +405,14 @@ fn table(r: &Results, args: &BenchArgs) -> String {
                 "iterations/s ({} x {}, {} workers)",
                 r.throughput_sessions, r.throughput_iterations, args.workers
             ),
+            format!("{t:.0}"),
+            String::new(),
+        );
+    }
+    if let Some(t) = r.iterations_per_s_cold {
+        row(
+            "",
+            "the same, as fresh workers' first burst (warm-up round)".into(),
             format!("{t:.0}"),
             String::new(),
         );

@@ -704,6 +704,46 @@ async fn heartbeat_extends_leases_and_reports_cancel_requests() {
     assert!(store.heartbeat(&[], TTL).await.unwrap().is_empty());
 }
 
+/// Checkpoints and heartbeats have connections of their own: with every connection of the
+/// main pool taken (a burst of claims, say), they still go through — before, they queued
+/// behind it and, held long enough, failed on the pool's acquire timeout.
+#[tokio::test]
+async fn checkpoints_and_heartbeats_do_not_wait_for_the_main_pool() {
+    let url = shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let store = PgStore::connect(&url, 2).await.unwrap();
+    store.migrate().await.unwrap();
+    let id = create(&store, "busy pool").await;
+    let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
+    let held = [
+        store.pool().acquire().await.unwrap(),
+        store.pool().acquire().await.unwrap(),
+    ];
+    // More checkpoints than it takes Postgres to switch a prepared statement to its
+    // generic plan on its own, so that both kinds of plan are exercised.
+    let mut persisted = state.messages.len();
+    for i in 0..8 {
+        iterate(&store, &lease, &mut state, &mut persisted, i).await;
+    }
+    let hb = store
+        .heartbeat(std::slice::from_ref(&lease), TTL)
+        .await
+        .unwrap();
+    assert!(hb[0].held);
+    drop(held);
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.iteration, 8);
+    let stored_len = sql_i64(
+        &store,
+        &format!("SELECT history_len::bigint FROM sessions WHERE id = '{id}'"),
+    )
+    .await;
+    assert_eq!(stored_len, i64::try_from(state.messages.len()).unwrap());
+}
+
 #[tokio::test]
 async fn request_cancel_queued_running_finished_missing() {
     let store = store().await;

@@ -97,11 +97,21 @@ fn stat(path: &Path) -> Option<(u32, Times)> {
     ))
 }
 
+/// A single-threaded process's CPU time to the nanosecond: the first field of
+/// `/proc/<pid>/schedstat` (`stat` rounds down to whole ticks, 10 ms, which over a hundred
+/// backends that start within a short window undercounts by a sizeable fraction).
+fn exact_secs(dir: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join("schedstat")).ok()?;
+    let ns: f64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(ns / 1e9)
+}
+
 /// The postmaster and every live child of it, plus the children it already reaped (so a
-/// backend that exits between two samples keeps counting).
+/// backend that exits between two samples keeps counting, if only to the tick).
 fn postgres_secs(postmaster: u32) -> Option<f64> {
-    let (_, pm) = stat(Path::new(&format!("/proc/{postmaster}/stat")))?;
-    let mut total = pm.own + pm.reaped;
+    let dir = Path::new("/proc").join(postmaster.to_string());
+    let (_, pm) = stat(&dir.join("stat"))?;
+    let mut total = exact_secs(&dir).unwrap_or(pm.own) + pm.reaped;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
@@ -110,7 +120,7 @@ fn postgres_secs(postmaster: u32) -> Option<f64> {
         if let Some((ppid, t)) = stat(&entry.path().join("stat"))
             && ppid == postmaster
         {
-            total += t.own;
+            total += exact_secs(&entry.path()).unwrap_or(t.own);
         }
     }
     Some(total)
@@ -148,6 +158,15 @@ mod tests {
         assert_eq!(ppid, 7);
         assert!((t.own - 3.0).abs() < 1e-9, "{}", t.own);
         assert!((t.reaped - 0.5).abs() < 1e-9, "{}", t.reaped);
+    }
+
+    #[test]
+    fn exact_time_is_read_from_schedstat() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("schedstat"), "1234567890 55 3\n").unwrap();
+        let secs = exact_secs(dir.path()).unwrap();
+        assert!((secs - 1.23456789).abs() < 1e-12, "{secs}");
+        assert!(exact_secs(&dir.path().join("missing")).is_none());
     }
 
     #[test]

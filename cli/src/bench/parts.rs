@@ -109,7 +109,12 @@ pub async fn worker(
     concurrency: u32,
     script: &str,
 ) -> anyhow::Result<Worker> {
-    let store = PgStore::connect(&env.db_url, Env::pool_size(concurrency)).await?;
+    let store = PgStore::connect_with_writers(
+        &env.db_url,
+        Env::pool_size(concurrency),
+        env.args.checkpoint_writers.saturating_add(1),
+    )
+    .await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     let mut cfg = WorkerConfig {
         consumer: format!("bench-{}-{name}", env.run),
@@ -131,6 +136,8 @@ pub struct Workload {
     pub part: &'static str,
     pub sessions: u32,
     pub iterations: u32,
+    /// Run the same workload once on the same workers before the measured one.
+    pub warm_up: bool,
 }
 
 pub struct Ran {
@@ -141,10 +148,20 @@ pub struct Ran {
     pub failed: u64,
     /// CPU spent from the enqueue to the last completion.
     pub cpu: Sample,
+    /// The warm-up round's time from the enqueue to the last completion: the workload as
+    /// the first burst on fresh workers runs it.
+    pub cold: Option<Duration>,
+    /// The checkpoint latency histogram before and after the measured round.
+    pub checkpoint_hist: (Vec<(f64, u64)>, Vec<(f64, u64)>),
+    /// Group commits in the measured round, and the checkpoints they carried.
+    pub commits: (u64, f64),
 }
 
 /// N sessions × K iterations on W in-process workers, timed from the enqueue to the last
-/// completion. The workers are up and idle before the clock starts.
+/// completion. The workers are up and idle before the clock starts; with `warm_up`, they
+/// have also run the same workload once, so that the figure is the rate of workers in
+/// service rather than of their first burst, which opens every pooled Postgres connection
+/// (a fork, then each backend's catalog caches and each statement's preparation).
 pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     let queue = env.queue(w.part);
     let script = script(w.iterations, 0);
@@ -164,56 +181,82 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         handles.push(tokio::spawn(async move { w2.run(s).await }));
         workers.push(wk);
     }
-    let ids = create_sessions(env, &queue, w.sessions, w.iterations).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     redis.ensure_queue(&queue).await?;
-    // Let the workers reach their first XREADGROUP.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let done = || -> u64 {
         workers
             .iter()
             .map(|w| w.stats().completed.load(Ordering::Relaxed))
             .sum()
     };
-    let total = u64::from(w.sessions);
-    let tap = agentq_worker::overhead_tap();
-    tap.start();
-    let cpu_before = env.cpu.sample().await;
-    let started = Instant::now();
-    enqueue(&redis, &queue, &ids).await?;
-    let deadline = started + Duration::from_secs(600);
-    while done() < total {
-        if Instant::now() > deadline {
-            tap.stop();
-            shutdown.cancel();
-            bail!(
-                "{}: only {} of {total} sessions finished in 600 s",
-                w.part,
-                done()
-            );
+    let round = async |ids: &[String]| -> anyhow::Result<Duration> {
+        let total = done() + ids.len() as u64;
+        let started = Instant::now();
+        enqueue(&redis, &queue, ids).await?;
+        let deadline = started + Duration::from_secs(600);
+        while done() < total {
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: only {} of {} sessions finished in 600 s",
+                    w.part,
+                    done(),
+                    ids.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        Ok(started.elapsed())
+    };
+    let measured = async {
+        let mut cold = None;
+        let mut all = Vec::new();
+        if w.warm_up {
+            all = create_sessions(env, &queue, w.sessions, w.iterations).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cold = Some(round(&all).await?);
+        }
+        let ids = create_sessions(env, &queue, w.sessions, w.iterations).await?;
+        all.extend(ids.iter().cloned());
+        // Let the workers reach their first (next) XREADGROUP.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let batches = &agentq_core::metrics::global().checkpoint_batch_size;
+        let batches_before = (batches.get_sample_count(), batches.get_sample_sum());
+        let hist_before = checkpoint_hist();
+        let tap = agentq_worker::overhead_tap();
+        tap.start();
+        let cpu_before = env.cpu.sample().await;
+        let elapsed = round(&ids).await;
+        let overhead = tap.stop();
+        let cpu = env.cpu.sample().await.since(&cpu_before);
+        let commits = (
+            batches.get_sample_count().saturating_sub(batches_before.0),
+            batches.get_sample_sum() - batches_before.1,
+        );
+        let hist = (hist_before, checkpoint_hist());
+        anyhow::Ok((ids, all, elapsed?, overhead, cpu, cold, hist, commits))
     }
-    let elapsed = started.elapsed();
-    let cpu = env.cpu.sample().await.since(&cpu_before);
-    let overhead = tap.stop();
+    .await;
     shutdown.cancel();
     for h in handles {
         let _ = h.await;
     }
+    let (ids, all, elapsed, overhead, cpu, cold, checkpoint_hist, commits) = measured?;
     let (ok,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM sessions WHERE queue = $1 AND status = 'completed' AND iteration = $2",
+        "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
     )
-    .bind(&queue)
+    .bind(&all)
     .bind(i32::try_from(w.iterations)?)
     .fetch_one(env.store.pool())
     .await?;
     Ok(Ran {
         elapsed,
+        failed: (all.len() as u64).saturating_sub(u64::try_from(ok)?),
         ids,
         overhead,
-        failed: total.saturating_sub(u64::try_from(ok)?),
         cpu,
+        cold,
+        checkpoint_hist,
+        commits,
     })
 }
 
@@ -383,22 +426,20 @@ async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<
 }
 
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
-    let before = checkpoint_hist();
-    let batches = &agentq_core::metrics::global().checkpoint_batch_size;
-    let (commits_before, batched_before) = (batches.get_sample_count(), batches.get_sample_sum());
     let ran = run_workload(
         env,
         &Workload {
             part: "throughput",
             sessions: env.args.sessions,
             iterations: env.args.iterations,
+            warm_up: true,
         },
     )
     .await?;
-    let after = checkpoint_hist();
     let iterations = f64::from(env.args.sessions) * f64::from(env.args.iterations);
     let rate = iterations / ran.elapsed.as_secs_f64();
     r.iterations_per_s = Some(rate);
+    r.iterations_per_s_cold = ran.cold.map(|d| iterations / d.as_secs_f64());
     r.ratio_to_ceiling = r.ceiling_commits_per_s.map(|c| rate / c);
     let per_iteration = |secs: Option<f64>| secs.map(|s| s * 1000.0 / iterations);
     r.worker_cpu_ms_per_iteration = per_iteration(ran.cpu.own);
@@ -410,14 +451,16 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.overhead_samples = Some(o.len());
     r.overhead_p50_ms = quantile(&o, 0.5).map(ms);
     r.overhead_p99_ms = quantile(&o, 0.99).map(ms);
-    r.checkpoint_p50_ms = hist_quantile(&before, &after, 0.5).map(|s| s * 1000.0);
-    let commits = batches.get_sample_count().saturating_sub(commits_before);
-    r.checkpoint_batch_mean =
-        (commits > 0).then(|| (batches.get_sample_sum() - batched_before) / commits as f64);
+    let (before, after) = &ran.checkpoint_hist;
+    r.checkpoint_p50_ms = hist_quantile(before, after, 0.5).map(|s| s * 1000.0);
+    let (commits, batched) = ran.commits;
+    r.checkpoint_batch_mean = (commits > 0).then(|| batched / commits as f64);
     progress(&format!(
-        "throughput: {:.0} iterations/s in {:.2} s ({} failed); {:.1} checkpoints per commit",
+        "throughput: {:.0} iterations/s in {:.2} s, after a warm-up round at {:.0} ({} failed); \
+         {:.1} checkpoints per commit",
         rate,
         ran.elapsed.as_secs_f64(),
+        r.iterations_per_s_cold.unwrap_or(0.0),
         ran.failed,
         r.checkpoint_batch_mean.unwrap_or(0.0)
     ));
@@ -570,6 +613,7 @@ async fn storage_run(
             part,
             sessions: n,
             iterations: k,
+            warm_up: false,
         },
     )
     .await?;
@@ -627,6 +671,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             part: "resume",
             sessions: env.args.sessions.min(20),
             iterations: 160,
+            warm_up: false,
         },
     )
     .await?;
