@@ -68,7 +68,7 @@ pub struct PgStore {
     writer: PgPool,
 }
 
-/// Writer connections [`PgStore::connect`] opens: two commits in flight (the worker's
+/// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
 /// default) and the heartbeat.
 pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 
@@ -82,14 +82,19 @@ pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 const WRITER_SETUP: &str = "SET plan_cache_mode = force_generic_plan";
 
 impl PgStore {
-    /// Open the pools: `max_connections` for everything but checkpoints and heartbeats,
-    /// and [`DEFAULT_WRITER_CONNECTIONS`] for those.
+    /// Open a pool of `max_connections` for everything but checkpoints and heartbeats,
+    /// and up to [`DEFAULT_WRITER_CONNECTIONS`] for those, opened only when first used (a
+    /// scheduler or a CLI command never checkpoints).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        Self::connect_with_writers(url, max_connections, DEFAULT_WRITER_CONNECTIONS).await
+        let pool = Self::options(max_connections).connect(url).await?;
+        let writer = Self::writer_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
+        Ok(Self { pool, writer })
     }
 
     /// Open the pools, with `writers` connections for checkpoints and heartbeats (a
-    /// worker's commits in flight, plus one for its heartbeat). Connections are checked
+    /// worker's commits in flight, plus one for its heartbeat), opened up front: they are
+    /// busy whenever sessions run, and the first commits after a start should not wait
+    /// for a connection. Connections are checked
     /// before use, so after a database restart the pools replace dead connections by
     /// themselves; an acquire waits at most 5 s, so an outage surfaces as a (retryable)
     /// [`Error::Db`] instead of a hang.
@@ -100,19 +105,20 @@ impl PgStore {
     ) -> Result<Self> {
         let pool = Self::options(max_connections).connect(url).await?;
         let writers = writers.max(1);
-        let writer = Self::options(writers)
-            // Few, and busy whenever sessions run: opened up front, so that the first
-            // commits after a start do not wait for a connection.
+        let writer = Self::writer_options(writers)
             .min_connections(writers)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::Executor::execute(conn, WRITER_SETUP).await?;
-                    Ok(())
-                })
-            })
             .connect(url)
             .await?;
         Ok(Self { pool, writer })
+    }
+
+    fn writer_options(max_connections: u32) -> PgPoolOptions {
+        Self::options(max_connections).after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, WRITER_SETUP).await?;
+                Ok(())
+            })
+        })
     }
 
     fn options(max_connections: u32) -> PgPoolOptions {
@@ -1061,9 +1067,12 @@ impl Store for PgStore {
     }
 
     async fn ping(&self) -> Result<()> {
-        // Both pools: after an outage, each gives up its dead connections as it is used.
+        // Both pools (the writers' once it has connections): after an outage, each gives
+        // up its dead connections as it is used.
         sqlx::query("SELECT 1").execute(&self.pool).await?;
-        sqlx::query("SELECT 1").execute(&self.writer).await?;
+        if self.writer.size() > 0 {
+            sqlx::query("SELECT 1").execute(&self.writer).await?;
+        }
         Ok(())
     }
 

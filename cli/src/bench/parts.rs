@@ -152,7 +152,7 @@ pub struct Ran {
     /// the first burst on fresh workers runs it.
     pub cold: Option<Duration>,
     /// The checkpoint latency histogram before and after the measured round.
-    pub checkpoint_hist: (Vec<(f64, u64)>, Vec<(f64, u64)>),
+    pub checkpoint_hist: (Hist, Hist),
     /// Group commits in the measured round, and the checkpoints they carried.
     pub commits: (u64, f64),
 }
@@ -467,8 +467,11 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The checkpoint histogram's cumulative bucket counts (upper bound, count).
-fn checkpoint_hist() -> Vec<(f64, u64)> {
+/// A histogram's cumulative bucket counts: (upper bound, count).
+pub type Hist = Vec<(f64, u64)>;
+
+/// The checkpoint histogram's cumulative bucket counts.
+fn checkpoint_hist() -> Hist {
     use prometheus::core::Collector;
     let m = agentq_core::metrics::global();
     m.checkpoint_duration
