@@ -45,6 +45,8 @@ fn bench_prints_every_figure_as_json() {
         "ceiling_commits_per_s",
         "ceiling_redis_roundtrips_per_s",
         "iterations_per_s",
+        // The warm-up round, run before the measured one on the same workers.
+        "iterations_per_s_cold",
         "ratio_to_ceiling",
         "overhead_p50_ms",
         "overhead_p99_ms",

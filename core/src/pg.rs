@@ -76,7 +76,7 @@ pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 /// look every row up by its key; planned afresh for each call (Postgres's choice while a
 /// connection has run a statement fewer than five times, and whenever the array lengths
 /// make a custom plan look cheaper) the checkpoint cost about a millisecond of Postgres
-/// CPU per commit, a quarter of Postgres's CPU per iteration. A generic plan is made once
+/// CPU per commit, about a third of Postgres's CPU per iteration. A generic plan is made once
 /// per connection and made again whenever `sessions` or `messages` is analyzed, so it
 /// follows the tables as they grow.
 const WRITER_SETUP: &str = "SET plan_cache_mode = force_generic_plan";
