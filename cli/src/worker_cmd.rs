@@ -164,6 +164,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let store = PgStore::connect_with_writers(&db, pool_size, writers)
         .await
         .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+    // Backends started under the first burst of sessions cost that burst about a third of
+    // its rate. A schema that is not there yet is `Worker::run`'s to report.
+    if agentq_core::Store::check_schema(&store).await.is_ok()
+        && let Err(e) = store.open_all().await
+    {
+        tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
+    }
     let queue = RedisQueue::connect(&redis)
         .await
         .with_context(|| format!("cannot connect to Redis at {}", redact(&redis)))?;

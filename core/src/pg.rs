@@ -81,6 +81,17 @@ pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 /// follows the tables as they grow.
 const WRITER_SETUP: &str = "SET plan_cache_mode = force_generic_plan";
 
+/// Connections the server can still accept from ordinary roles.
+const HEADROOM: &str = "SELECT (current_setting('max_connections')::int \
+    - current_setting('superuser_reserved_connections')::int \
+    - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'))::bigint";
+
+/// What a fresh backend's first claim and first reads would load: the session tables'
+/// and their indexes' catalog entries (a simple query, planned and run on no row).
+const WARM_UP: &str = "SELECT 1 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id \
+    AND p.id = s.id JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
+    WHERE s.id = '' AND s.root_id = ''";
+
 impl PgStore {
     /// Open a pool of `max_connections` for everything but checkpoints and heartbeats,
     /// and up to [`DEFAULT_WRITER_CONNECTIONS`] for those, opened only when first used (a
@@ -138,6 +149,30 @@ impl PgStore {
                     Ok(true)
                 })
             })
+    }
+
+    /// Open every connection the main pool may hold, and have each backend load the
+    /// catalog entries of the session tables, so that a worker's first burst of sessions
+    /// (right after a deploy, or when an autoscaler adds it under load) does not pay for
+    /// Postgres backends starting under it. The connections close again after the pool's
+    /// idle timeout (10 minutes) if nothing uses them. Takes at most half of the
+    /// connections the server has left, so that on a server sized too small for every
+    /// pool at once, the other workers and the schedulers can still connect.
+    pub async fn open_all(&self) -> Result<()> {
+        let (free,): (i64,) = sqlx::query_as(HEADROOM).fetch_one(&self.pool).await?;
+        let n = self
+            .pool
+            .options()
+            .get_max_connections()
+            .min(u32::try_from(free / 2).unwrap_or(0))
+            .max(self.pool.size());
+        let conns = futures::future::try_join_all((0..n).map(|_| self.pool.acquire())).await?;
+        futures::future::try_join_all(conns.into_iter().map(|mut c| async move {
+            sqlx::Executor::execute(&mut *c, WARM_UP).await?;
+            Ok::<_, sqlx::Error>(())
+        }))
+        .await?;
+        Ok(())
     }
 
     /// A store on one pool for everything.

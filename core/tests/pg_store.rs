@@ -744,6 +744,56 @@ async fn checkpoints_and_heartbeats_do_not_wait_for_the_main_pool() {
     assert_eq!(stored_len, i64::try_from(state.messages.len()).unwrap());
 }
 
+/// `open_all` leaves the main pool holding every connection it may, each ready for work.
+#[tokio::test]
+async fn open_all_opens_the_whole_pool() {
+    let url = shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let store = PgStore::connect(&url, 5).await.unwrap();
+    store.migrate().await.unwrap();
+    assert!(store.pool().size() < 5);
+    store.open_all().await.unwrap();
+    assert_eq!(store.pool().size(), 5);
+    let id = create(&store, "after warming").await;
+    let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
+    let mut persisted = state.messages.len();
+    iterate(&store, &lease, &mut state, &mut persisted, 0).await;
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+}
+
+/// On a server with few connections left, `open_all` takes at most half of them, so that
+/// other workers and the schedulers can still connect.
+#[tokio::test]
+async fn open_all_leaves_connections_for_others() {
+    let server = tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .unwrap()
+        .expect("private postgres");
+    let url = server.fresh_database().unwrap();
+    let store = PgStore::connect(&url, 64).await.unwrap();
+    store.migrate().await.unwrap();
+    let max: i64 = sql_i64(&store, "SELECT current_setting('max_connections')::bigint").await;
+    let others = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(u32::try_from(max - 30).unwrap())
+        .connect(&url)
+        .await
+        .unwrap();
+    let held = futures::future::try_join_all((0..max - 30).map(|_| others.acquire()))
+        .await
+        .unwrap();
+    store.open_all().await.unwrap();
+    // ~26 were left to ordinary roles (the server reserves 3 for superusers): half of them.
+    let opened = store.pool().size();
+    assert!((1..=14).contains(&opened), "opened {opened}");
+    let late = PgStore::connect(&url, 1)
+        .await
+        .expect("a late client still connects");
+    late.ping().await.unwrap();
+    drop(held);
+}
+
 #[tokio::test]
 async fn request_cancel_queued_running_finished_missing() {
     let store = store().await;

@@ -115,6 +115,7 @@ pub async fn worker(
         env.args.checkpoint_writers.saturating_add(1),
     )
     .await?;
+    store.open_all().await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     let mut cfg = WorkerConfig {
         consumer: format!("bench-{}-{name}", env.run),
