@@ -32,11 +32,18 @@ async fn store_at(url: &str) -> PgStore {
 
 /// A migrated store on a fresh database of the shared server.
 async fn store() -> PgStore {
+    store_with(8).await
+}
+
+/// A migrated store with a main pool of `conns` on a fresh database of the shared server.
+async fn store_with(conns: u32) -> PgStore {
     let url = shared_postgres()
         .expect("shared postgres")
         .fresh_database()
         .expect("fresh database");
-    store_at(&url).await
+    let store = PgStore::connect(&url, conns).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
 }
 
 fn new_session(prompt: &str) -> NewSession {
@@ -709,20 +716,15 @@ async fn heartbeat_extends_leases_and_reports_cancel_requests() {
 /// behind it and, held long enough, failed on the pool's acquire timeout.
 #[tokio::test]
 async fn checkpoints_and_heartbeats_do_not_wait_for_the_main_pool() {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, 2).await.unwrap();
-    store.migrate().await.unwrap();
+    let store = store_with(2).await;
     let id = create(&store, "busy pool").await;
     let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
     let held = [
         store.pool().acquire().await.unwrap(),
         store.pool().acquire().await.unwrap(),
     ];
-    // More checkpoints than it takes Postgres to switch a prepared statement to its
-    // generic plan on its own, so that both kinds of plan are exercised.
+    // Several steps on the writer connections: each one's generic plan, made once, serves
+    // every later checkpoint.
     let mut persisted = state.messages.len();
     for i in 0..8 {
         iterate(&store, &lease, &mut state, &mut persisted, i).await;
@@ -747,12 +749,7 @@ async fn checkpoints_and_heartbeats_do_not_wait_for_the_main_pool() {
 /// `open_all` leaves the main pool holding every connection it may, each ready for work.
 #[tokio::test]
 async fn open_all_opens_the_whole_pool() {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, 5).await.unwrap();
-    store.migrate().await.unwrap();
+    let store = store_with(5).await;
     assert!(store.pool().size() < 5);
     store.open_all().await.unwrap();
     assert_eq!(store.pool().size(), 5);
