@@ -87,10 +87,12 @@ const HEADROOM: &str = "SELECT (current_setting('max_connections')::int \
     - (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'))::bigint";
 
 /// What a fresh backend's first claim and first reads would load: the session tables'
-/// and their indexes' catalog entries (a simple query, planned and run on no row).
+/// and their indexes' catalog entries (a simple query, planned and run on no row; the
+/// nil uuid, so that no cast of the key can fail).
 const WARM_UP: &str = "SELECT 1 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id \
     AND p.id = s.id JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
-    WHERE s.id = '' AND s.root_id = ''";
+    WHERE s.id = '00000000-0000-0000-0000-000000000000' \
+      AND s.root_id = '00000000-0000-0000-0000-000000000000'";
 
 impl PgStore {
     /// Open a pool of `max_connections` for everything but checkpoints and heartbeats,
@@ -105,10 +107,9 @@ impl PgStore {
     /// Open the pools, with `writers` connections for checkpoints and heartbeats (a
     /// worker's commits in flight, plus one for its heartbeat), opened up front: they are
     /// busy whenever sessions run, and the first commits after a start should not wait
-    /// for a connection. Connections are checked
-    /// before use, so after a database restart the pools replace dead connections by
-    /// themselves; an acquire waits at most 5 s, so an outage surfaces as a (retryable)
-    /// [`Error::Db`] instead of a hang.
+    /// for a connection. Connections are checked before use, so after a database restart
+    /// the pools replace dead connections by themselves; an acquire waits at most 5 s, so
+    /// an outage surfaces as a (retryable) [`Error::Db`] instead of a hang.
     pub async fn connect_with_writers(
         url: &str,
         max_connections: u32,
