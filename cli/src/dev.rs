@@ -112,8 +112,13 @@ impl Stack {
 
     /// Postgres and Redis. The schema is brought up to date (this is a development
     /// command; the distributed deployment runs `agentq migrate` explicitly).
-    pub async fn services(database_url: &str, redis_url: &str) -> anyhow::Result<Self> {
-        let store = PgStore::connect(database_url, DEV_PG_CONNS)
+    /// `writers`: the worker's commits in flight, plus one for its heartbeat.
+    pub async fn services(
+        database_url: &str,
+        redis_url: &str,
+        writers: u32,
+    ) -> anyhow::Result<Self> {
+        let store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
             .await
             .with_context(|| {
                 format!(
@@ -196,7 +201,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let stack = match (cfg.database_url.as_deref(), cfg.redis_url.as_deref()) {
-        (Some(db), Some(redis)) => Stack::services(db, redis).await?,
+        (Some(db), Some(redis)) => Stack::services(db, redis, wcfg.writer_connections()).await?,
         (None, None) => Stack::embedded(&args.db, &queues, true).await?,
         (Some(_), None) => bail!(
             "AGENTQ_DATABASE_URL is set but AGENTQ_REDIS_URL is not: set both (Postgres and \

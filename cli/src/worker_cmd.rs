@@ -157,11 +157,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| file.metrics_addr.clone());
     let pool_size = (cfg.concurrency as u32 / 4).clamp(4, 64);
-    // The group commit's connections, and one for the heartbeat.
-    let writers = u32::try_from(cfg.checkpoint_writers)
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    let store = PgStore::connect_with_writers(&db, pool_size, writers)
+    let store = PgStore::connect_with_writers(&db, pool_size, cfg.writer_connections())
         .await
         .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
     // Backends started under the first burst of sessions cost that burst about a third of

@@ -81,6 +81,16 @@ pub struct WorkerConfig {
     pub checkpoint_writers: usize,
 }
 
+impl WorkerConfig {
+    /// Store connections the worker's checkpoints and heartbeats need to themselves: the
+    /// group commit's commits in flight, and one for the heartbeat.
+    pub fn writer_connections(&self) -> u32 {
+        u32::try_from(self.checkpoint_writers.max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
+    }
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
