@@ -208,7 +208,6 @@ async fn run(
         inbox,
         interrupter,
     };
-    let mut finished_row = None;
     let result = match build_agent(&inner, &row, parts) {
         Ok(agent) => {
             tokio::select! {
@@ -218,20 +217,12 @@ async fn run(
         }
         Err(message) => {
             // A session that cannot be built (unknown tool, bad provider) fails at once,
-            // with the reason, through a normal fenced checkpoint.
+            // with the reason, through a normal fenced checkpoint (the run's own
+            // checkpointer: a draining worker still writes a step with an outcome).
             state.outcome = Some(Outcome::error(message));
-            let cp = StoreCheckpointer::new(
-                inner.commits.clone(),
-                lease.clone(),
-                CancellationToken::new(),
-                inner.cfg.lease_ttl * 10,
-                m,
-            );
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
-            let saved = cp.save(&state, from).await;
-            finished_row = cp.take_finished();
-            Some(saved.map(|_| {
+            Some(committed.save(&state, from).await.map(|_| {
                 RunEnd::Finished(state.outcome.clone().unwrap_or_else(|| Outcome::error("")))
             }))
         }
@@ -262,7 +253,7 @@ async fn run(
             {
                 warn!(error = %e, "setting the event stream's expiry failed");
             }
-            let row = match finished_row.or_else(|| committed.take_finished()) {
+            let row = match committed.take_finished() {
                 Some(row) => Some(row),
                 None => get_row(&inner, &d.session_id).await,
             };

@@ -128,3 +128,53 @@ async fn refuses_to_start_on_a_schema_that_is_behind() {
     let err = worker.run(CancellationToken::new()).await.unwrap_err();
     assert!(err.to_string().contains("agentq migrate"), "{err}");
 }
+
+/// A session the worker cannot build (here a tool nobody has) fails at once with the
+/// reason, through the run's own fenced checkpoint, and is settled like any finished one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_cannot_be_built_fails_with_the_reason() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = SessionSpec::new("use a tool that is not there");
+    spec.tools = Some(vec!["no_such_tool".into()]);
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let w = worker.clone();
+        let s = stop.clone();
+        async move { w.run(s).await }
+    });
+    wait_terminal(
+        &store,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await;
+    let done = store.get(&row.id).await.unwrap().unwrap();
+    assert_eq!(done.status, SessionStatus::Failed, "{done:?}");
+    let error = done.error.clone().unwrap_or_default();
+    assert!(error.contains("no_such_tool"), "{error}");
+    assert_eq!(done.iteration, 0);
+    assert_eq!(done.lease_owner, None);
+    assert_eq!(
+        worker
+            .stats()
+            .completed
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
