@@ -128,11 +128,6 @@ impl Env {
             _private: Vec::new(),
         }
     }
-
-    /// Postgres connections of one worker, as `agentq worker` sizes its pool.
-    pub fn pool_size(concurrency: u32) -> u32 {
-        (concurrency / 4).clamp(4, 64)
-    }
 }
 
 /// Every figure; `None` when its part did not run.

@@ -82,6 +82,12 @@ pub struct WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// Store connections for everything but checkpoints and heartbeats: a quarter of the
+    /// sessions run at once (claims, reads and inbox writes are short), 4 to 64.
+    pub fn pool_connections(&self) -> u32 {
+        pool_connections(self.concurrency)
+    }
+
     /// Store connections the worker's checkpoints and heartbeats need to themselves: the
     /// group commit's commits in flight, and one for the heartbeat.
     pub fn writer_connections(&self) -> u32 {
@@ -89,6 +95,13 @@ impl WorkerConfig {
             .unwrap_or(u32::MAX)
             .saturating_add(1)
     }
+}
+
+/// [`WorkerConfig::pool_connections`] for a worker running `concurrency` sessions at once.
+pub fn pool_connections(concurrency: usize) -> u32 {
+    u32::try_from(concurrency / 4)
+        .unwrap_or(u32::MAX)
+        .clamp(4, 64)
 }
 
 impl Default for WorkerConfig {

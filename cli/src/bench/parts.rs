@@ -109,14 +109,6 @@ pub async fn worker(
     concurrency: u32,
     script: &str,
 ) -> anyhow::Result<Worker> {
-    let store = PgStore::connect_with_writers(
-        &env.db_url,
-        Env::pool_size(concurrency),
-        env.args.checkpoint_writers.saturating_add(1),
-    )
-    .await?;
-    store.open_all().await?;
-    let redis = RedisQueue::connect(&env.redis_url).await?;
     let mut cfg = WorkerConfig {
         consumer: format!("bench-{}-{name}", env.run),
         queues: vec![queue.to_string()],
@@ -130,6 +122,14 @@ pub async fn worker(
         ..WorkerConfig::default()
     };
     cfg.providers.script = Some(script.to_string());
+    let store = PgStore::connect_with_writers(
+        &env.db_url,
+        cfg.pool_connections(),
+        cfg.writer_connections(),
+    )
+    .await?;
+    store.open_all().await?;
+    let redis = RedisQueue::connect(&env.redis_url).await?;
     Ok(Worker::new(Arc::new(store), Arc::new(redis), cfg))
 }
 
@@ -262,7 +262,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
 }
 
 pub async fn ceiling(env: &Env, r: &mut Results) -> anyhow::Result<()> {
-    let conns = env.args.workers * Env::pool_size(env.args.concurrency);
+    let conns = env.args.workers * agentq_worker::pool_connections(env.args.concurrency as usize);
     let secs = Duration::from_secs_f64(env.args.ceiling_secs.clamp(0.5, 600.0));
     r.ceiling_connections = Some(conns);
     let pg = pg_ceiling(env, conns, secs).await?;
