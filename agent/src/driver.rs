@@ -1,6 +1,8 @@
 //! The driver: performs the I/O the state machine asks for — LLM calls with retry and
 //! streaming, tool calls through the guard pipeline — and checkpoints after each LLM
-//! response and each tool result through the [`Checkpointer`] it is handed.
+//! response and each tool result through the [`Checkpointer`] it is handed (a response
+//! whose calls have no effect anywhere may share one checkpoint with their results; see
+//! [`Agent::write_ahead_grace`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -219,6 +221,36 @@ pub struct Agent {
     pub settings: Arc<ToolSettings>,
     pub observer: Arc<dyn Observer>,
     pub interrupter: Arc<Interrupter>,
+    /// How long a response may wait for its checkpoint when every call it makes is
+    /// `Pure` and passes no hook or approval: the calls run at once, and if they are all
+    /// done within this time, the response and their results are committed together (one
+    /// commit per tool round instead of two). Re-running such calls changes nothing, so
+    /// all a crash in that window can cost is the LLM call, which the resumed session makes
+    /// again. A final answer with nothing to wait for likewise goes with the checkpoint
+    /// that finishes the session. Zero commits every response on its own, first.
+    pub write_ahead_grace: Duration,
+}
+
+/// [`Agent::write_ahead_grace`] unless configured.
+pub const DEFAULT_WRITE_AHEAD_GRACE: Duration = Duration::from_millis(250);
+
+/// How far a run's messages are durable, and a response whose checkpoint is held back.
+struct Saved {
+    /// Messages before this index are committed.
+    upto: usize,
+    held: Option<Held>,
+}
+
+/// A response not committed yet. Its iteration is announced (metric and
+/// `IterationCompleted`) only once it is, so that a crash never counts it twice.
+struct Held {
+    /// Committed by then at the latest, whether or not its calls are done.
+    due: Instant,
+    seq: usize,
+    iteration: u32,
+    usage: Usage,
+    model: String,
+    counted: bool,
 }
 
 /// The result of one streamed LLM call, assembled.
@@ -244,10 +276,38 @@ impl Agent {
             .unwrap_or_else(|| self.default_model.clone())
     }
 
-    async fn checkpoint(&self, state: &SessionState, persisted: &mut usize) -> Result<()> {
-        self.checkpointer.save(state, *persisted).await?;
-        *persisted = state.messages.len();
+    async fn checkpoint(&self, state: &SessionState, saved: &mut Saved) -> Result<()> {
+        self.checkpointer.save(state, saved.upto).await?;
+        saved.upto = state.messages.len();
+        if let Some(h) = saved.held.take() {
+            if h.counted {
+                self.observer.iteration(self.provider.name(), &h.model);
+            }
+            self.events.emit(
+                h.seq,
+                AgentEvent::IterationCompleted {
+                    iteration: h.iteration,
+                    usage: h.usage,
+                },
+            );
+        }
         Ok(())
+    }
+
+    /// Whether the write-ahead checkpoint of a response making `calls` may wait for their
+    /// results (see [`Agent::write_ahead_grace`]).
+    fn may_hold(&self, state: &SessionState, calls: &[ToolCall]) -> bool {
+        !self.write_ahead_grace.is_zero()
+            && !calls.is_empty()
+            && state.tools_enabled()
+            && calls.iter().all(|c| {
+                self.tools
+                    .get(&c.name)
+                    .is_some_and(|t| t.side_effect(&c.arguments) == SideEffect::Pure)
+                    && !self
+                        .guards
+                        .reaches_out(&c.name, &state.spec.sensitive_tools)
+            })
     }
 
     /// Run the session until it finishes or suspends. `Err` only when checkpointing
@@ -268,7 +328,10 @@ impl Agent {
         cancel: &CancellationToken,
     ) -> Result<RunEnd> {
         state.normalize();
-        let mut persisted = state.messages.len();
+        let mut saved = Saved {
+            upto: state.messages.len(),
+            held: None,
+        };
         let fresh = state.started_at.is_none();
         if fresh {
             state.started_at = Some(chrono::Utc::now());
@@ -302,17 +365,17 @@ impl Agent {
             if state.spec.mode == Mode::PlanAct && state.phase == Phase::Plan {
                 state.phase = Phase::Act;
                 state.messages.push(Message::user(PLAN_TO_ACT));
-                self.checkpoint(state, &mut persisted).await?;
+                self.checkpoint(state, &mut saved).await?;
             } else {
                 match self.drain_or_finish(state, answer, cancel).await {
                     Some(end) => {
-                        self.checkpoint(state, &mut persisted).await?;
+                        self.checkpoint(state, &mut saved).await?;
                         if let RunEnd::Finished(o) = &end {
                             self.finish_events(state, o).await;
                         }
                         return Ok(end);
                     }
-                    None => self.checkpoint(state, &mut persisted).await?,
+                    None => self.checkpoint(state, &mut saved).await?,
                 }
             }
         }
@@ -331,7 +394,7 @@ impl Agent {
                     if state.outcome.is_none() {
                         state.outcome = Some(outcome.clone());
                     }
-                    self.checkpoint(state, &mut persisted).await?;
+                    self.checkpoint(state, &mut saved).await?;
                     self.report_overhead(&mut since_response, &mut waited);
                     self.finish_events(state, &outcome).await;
                     return Ok(RunEnd::Finished(outcome));
@@ -339,21 +402,14 @@ impl Agent {
                 Step::RunTools(calls) => {
                     let uncertain = std::mem::take(&mut maybe_started);
                     match self
-                        .run_tools(
-                            state,
-                            calls,
-                            &uncertain,
-                            cancel,
-                            &mut persisted,
-                            &mut waited,
-                        )
+                        .run_tools(state, calls, &uncertain, cancel, &mut saved, &mut waited)
                         .await?
                     {
                         Some(end) => return Ok(end),
                         None => {
                             if state.outcome.is_none() {
                                 self.inject_background(state).await;
-                                self.checkpoint(state, &mut persisted).await?;
+                                self.checkpoint(state, &mut saved).await?;
                             }
                         }
                     }
@@ -365,7 +421,7 @@ impl Agent {
                             state.msg_cursor = state.msg_cursor.max(seq);
                             state.messages.push(Message::user(text));
                         }
-                        self.checkpoint(state, &mut persisted).await?;
+                        self.checkpoint(state, &mut saved).await?;
                     }
                     let iteration = state.iteration + u32::from(!state.free_iteration);
                     let seq = state.messages.len();
@@ -407,29 +463,38 @@ impl Agent {
                         );
                     }
                     let counted = !state.free_iteration;
+                    // A final answer with nothing to wait for is followed at once by the
+                    // checkpoint that finishes the session (or switches plan to act, or
+                    // injects results already in): one commit carries both.
+                    let hold = if has_calls {
+                        self.may_hold(state, &msg.tool_calls)
+                    } else {
+                        !self.write_ahead_grace.is_zero() && self.background.outstanding() == 0
+                    };
                     state.push_assistant(msg);
-                    // Write-ahead: the response is durable before any tool runs.
-                    self.checkpoint(state, &mut persisted).await?;
-                    if counted {
-                        self.observer.iteration(self.provider.name(), &model);
-                    }
-                    self.events.emit(
+                    saved.held = Some(Held {
+                        due: Instant::now() + self.write_ahead_grace,
                         seq,
-                        AgentEvent::IterationCompleted {
-                            iteration: state.iteration,
-                            usage,
-                        },
-                    );
+                        iteration: state.iteration,
+                        usage,
+                        model,
+                        counted,
+                    });
+                    // Write-ahead: the response is durable before any call that could
+                    // change something runs, and before any wait.
+                    if !hold {
+                        self.checkpoint(state, &mut saved).await?;
+                    }
                     if has_calls && !state.tools_enabled() {
                         // Think/plan: the model called tools it was not offered.
                         self.refuse_calls(state);
-                        self.checkpoint(state, &mut persisted).await?;
+                        self.checkpoint(state, &mut saved).await?;
                     }
                     if !has_calls {
                         if state.spec.mode == Mode::PlanAct && state.phase == Phase::Plan {
                             state.phase = Phase::Act;
                             state.messages.push(Message::user(PLAN_TO_ACT));
-                            self.checkpoint(state, &mut persisted).await?;
+                            self.checkpoint(state, &mut saved).await?;
                             continue;
                         }
                         let drain_started = Instant::now();
@@ -437,14 +502,14 @@ impl Agent {
                         waited += drain_started.elapsed();
                         match drained {
                             Some(end) => {
-                                self.checkpoint(state, &mut persisted).await?;
+                                self.checkpoint(state, &mut saved).await?;
                                 self.report_overhead(&mut since_response, &mut waited);
                                 if let RunEnd::Finished(o) = &end {
                                     self.finish_events(state, o).await;
                                 }
                                 return Ok(end);
                             }
-                            None => self.checkpoint(state, &mut persisted).await?,
+                            None => self.checkpoint(state, &mut saved).await?,
                         }
                     }
                 }
@@ -866,7 +931,7 @@ impl Agent {
         calls: Vec<ToolCall>,
         uncertain: &[String],
         cancel: &CancellationToken,
-        persisted: &mut usize,
+        saved: &mut Saved,
         waited: &mut Duration,
     ) -> Result<Option<RunEnd>> {
         let approval_timeout = Duration::from_secs(state.spec.approval_timeout_secs);
@@ -916,8 +981,15 @@ impl Agent {
                     drop(running);
                     self.close_pending(state, "interrupted: the user sent a new message before this call finished");
                     state.not_started.clear();
-                    self.checkpoint(state, persisted).await?;
+                    self.checkpoint(state, saved).await?;
                     return Ok(None);
+                }
+                _ = due(saved.held.as_ref().map(|h| h.due)) => {
+                    // Calls that outlast the grace: their response is committed now (with
+                    // any results so far) while they go on.
+                    *waited += wait_started.elapsed();
+                    self.checkpoint(state, saved).await?;
+                    continue;
                 }
             };
             *waited += wait_started.elapsed();
@@ -958,12 +1030,16 @@ impl Agent {
                 content,
                 out.is_error,
             ));
-            self.checkpoint(state, persisted).await?;
+            // A held response is committed with all its results, in call order, by the
+            // caller's checkpoint after the round.
+            if saved.held.is_none() {
+                self.checkpoint(state, saved).await?;
+            }
         }
         state.order_tool_results();
         if let Some(reason) = suspend {
             // Persist which calls never started before giving the session up.
-            self.checkpoint(state, persisted).await?;
+            self.checkpoint(state, saved).await?;
             return Ok(Some(RunEnd::Suspended(reason)));
         }
         if cancel.is_cancelled() {
@@ -976,7 +1052,7 @@ impl Agent {
                 error: None,
             };
             state.outcome = Some(outcome.clone());
-            self.checkpoint(state, persisted).await?;
+            self.checkpoint(state, saved).await?;
             self.finish_events(state, &outcome).await;
             return Ok(Some(RunEnd::Finished(outcome)));
         }
@@ -1088,4 +1164,12 @@ fn render_results(results: &[BackgroundResult]) -> String {
 /// The role of the last message, for hosts deciding how to resume.
 pub fn last_role(state: &SessionState) -> Option<Role> {
     state.messages.last().map(|m| m.role)
+}
+
+/// Resolves at `at`, or never.
+async fn due(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }

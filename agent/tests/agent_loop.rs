@@ -189,6 +189,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         settings: Arc::new(ToolSettings::default()),
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
+        write_ahead_grace: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE,
     };
     Harness {
         agent,
@@ -286,7 +287,7 @@ async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
             repeat_last: false,
             ..Default::default()
         },
-        vec![("echo", SideEffect::Pure, echo)],
+        vec![("echo", SideEffect::Idempotent, echo)],
     );
     let (state, end) = run(&h, spec()).await;
     let o = finished(&end);
@@ -296,8 +297,8 @@ async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
     assert_eq!(state.usage.input_tokens, 20);
     assert_eq!(h.calls.lock().unwrap().len(), 2);
     assert_paired(&state.messages);
-    // Write-ahead: the assistant response is saved alone, before any result; then one
-    // save per result.
+    // Write-ahead: the assistant response is saved alone, before any result of a call
+    // that may change something; then one save per result.
     let saves = h.checkpoints.saves.lock().unwrap().clone();
     assert_eq!(saves[0].1, vec![Role::Assistant]);
     assert_eq!(saves[1].1, vec![Role::Tool]);
@@ -321,8 +322,16 @@ async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
     assert_eq!(reqs[0].max_tokens, 8192);
     assert_eq!(reqs[0].tools.len(), 1);
     // Events in order.
-    let kinds: Vec<String> = h
-        .events
+    let kinds = kinds(&h);
+    assert_eq!(kinds.first().unwrap(), "iteration_started");
+    assert!(kinds.contains(&"tool_call".to_string()));
+    assert!(kinds.contains(&"tool_result".to_string()));
+    assert_eq!(kinds.last().unwrap(), "session_completed");
+}
+
+/// The `type` of every event emitted so far, in order.
+fn kinds(h: &Harness) -> Vec<String> {
+    h.events
         .lock()
         .unwrap()
         .iter()
@@ -332,11 +341,146 @@ async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
                 .unwrap()
                 .to_string()
         })
-        .collect();
-    assert_eq!(kinds.first().unwrap(), "iteration_started");
-    assert!(kinds.contains(&"tool_call".to_string()));
-    assert!(kinds.contains(&"tool_result".to_string()));
-    assert_eq!(kinds.last().unwrap(), "session_completed");
+        .collect()
+}
+
+fn position(kinds: &[String], kind: &str) -> usize {
+    kinds.iter().position(|k| k == kind).unwrap()
+}
+
+#[tokio::test]
+async fn pure_calls_share_one_checkpoint_with_their_response() {
+    let h = harness(
+        Script {
+            turns: vec![
+                call_turn(&[("echo", json!({"a": 1})), ("echo", json!({"b": 2}))]),
+                text_turn("all done"),
+            ],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    assert_eq!(h.calls.lock().unwrap().len(), 2);
+    assert_paired(&state.messages);
+    // Nothing of the round is saved until the response and both results go together;
+    // the final answer goes with the outcome.
+    let saves = h.checkpoints.saves.lock().unwrap().clone();
+    assert_eq!(
+        saves,
+        vec![
+            (4, vec![Role::Assistant, Role::Tool, Role::Tool], false),
+            (5, vec![Role::Assistant], true),
+        ]
+    );
+    assert_eq!(
+        state.messages[2].tool_call_id,
+        state.messages[1].tool_calls[0].id.clone().into()
+    );
+    // The iteration is announced once, when it is durable: after its results.
+    let kinds = kinds(&h);
+    let completed = kinds.iter().filter(|k| *k == "iteration_completed").count();
+    assert_eq!(completed, 2, "{kinds:?}");
+    assert!(
+        position(&kinds, "tool_result") < position(&kinds, "iteration_completed"),
+        "{kinds:?}"
+    );
+}
+
+static GATE: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+
+/// A read-only call that returns only once the test opens the gate.
+fn gated(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move {
+        GATE.get_or_init(tokio::sync::Notify::new).notified().await;
+        Ok(ToolOutput::ok("opened"))
+    })
+}
+
+#[tokio::test]
+async fn pure_calls_past_the_grace_have_their_response_committed_while_they_run() {
+    let mut h = harness(
+        Script {
+            turns: vec![call_turn(&[("gated", json!({}))]), text_turn("done")],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![("gated", SideEffect::Pure, gated)],
+    );
+    h.agent.write_ahead_grace = Duration::from_millis(20);
+    let agent = h.agent.clone();
+    let running = tokio::spawn(async move {
+        let mut state = SessionState::new("s1", spec());
+        let end = agent.run(&mut state, &CancellationToken::new()).await;
+        (state, end)
+    });
+    let started = std::time::Instant::now();
+    while h.checkpoints.saves.lock().unwrap().is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the response was not saved while its call ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Saved alone at the grace, the call still running (it cannot end before the gate).
+    assert!(started.elapsed() >= h.agent.write_ahead_grace);
+    assert_eq!(
+        h.checkpoints.saves.lock().unwrap()[0],
+        (2, vec![Role::Assistant], false)
+    );
+    assert_eq!(h.calls.lock().unwrap().len(), 1);
+    assert!(kinds(&h).contains(&"iteration_completed".to_string()));
+    GATE.get_or_init(tokio::sync::Notify::new).notify_one();
+    let (state, end) = running.await.unwrap();
+    assert_eq!(finished(&end.unwrap()).reason, ExitReason::Stop);
+    assert_paired(&state.messages);
+    let saves = h.checkpoints.saves.lock().unwrap().clone();
+    assert_eq!(saves[1], (3, vec![Role::Tool], false));
+    let kinds = kinds(&h);
+    assert!(
+        position(&kinds, "iteration_completed") < position(&kinds, "tool_result"),
+        "{kinds:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_call_that_could_change_something_keeps_the_write_ahead() {
+    type Setup = fn(&mut Harness, &mut SessionSpec);
+    let cases: [(&str, &[&str], Setup); 5] = [
+        ("no grace", &["echo"], |h, _| {
+            h.agent.write_ahead_grace = Duration::ZERO;
+        }),
+        ("beside an idempotent call", &["echo", "idem"], |_, _| {}),
+        ("with a hook", &["echo"], |h, _| {
+            h.agent.guards.hooks.push(Arc::new(Lifecycle::default()));
+        }),
+        ("sensitive", &["echo"], |_, s| {
+            s.sensitive_tools = vec!["echo".into()];
+        }),
+        ("unknown", &["nope"], |_, _| {}),
+    ];
+    for (case, names, setup) in cases {
+        let calls: Vec<(&str, Value)> = names.iter().map(|n| (*n, json!({}))).collect();
+        let mut h = harness(
+            Script {
+                turns: vec![call_turn(&calls), text_turn("done")],
+                repeat_last: false,
+                ..Default::default()
+            },
+            vec![
+                ("echo", SideEffect::Pure, echo),
+                ("idem", SideEffect::Idempotent, echo),
+            ],
+        );
+        let mut s = spec();
+        setup(&mut h, &mut s);
+        let (state, _) = run(&h, s).await;
+        assert_paired(&state.messages);
+        let saves = h.checkpoints.saves.lock().unwrap().clone();
+        assert_eq!(saves[0], (2, vec![Role::Assistant], false), "{case}");
+    }
 }
 
 #[tokio::test]
@@ -659,6 +803,42 @@ async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
     assert_eq!(
         injected[0].content,
         "[Background agent \"job0\" (id0) completed] result 0"
+    );
+}
+
+#[tokio::test]
+async fn a_final_answer_is_committed_before_waiting_on_children() {
+    /// A child still running: records what was saved when the loop began to wait on it.
+    struct Running(Arc<RecordingCheckpointer>, Mutex<Option<usize>>);
+    #[async_trait]
+    impl BackgroundSource for Running {
+        async fn take(&self) -> Vec<BackgroundResult> {
+            vec![]
+        }
+        fn outstanding(&self) -> usize {
+            1
+        }
+        async fn wait(&self, _c: &CancellationToken) -> bool {
+            let saved = self.0.saves.lock().unwrap().last().map(|s| s.0);
+            *self.1.lock().unwrap() = saved;
+            false
+        }
+    }
+    let mut h = harness(
+        Script {
+            turns: vec![text_turn("answer")],
+            ..Default::default()
+        },
+        vec![],
+    );
+    let running = Arc::new(Running(h.checkpoints.clone(), Mutex::new(None)));
+    h.agent.background = running.clone();
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(end, RunEnd::Suspended(SuspendReason::Children));
+    assert_eq!(
+        *running.1.lock().unwrap(),
+        Some(2),
+        "the answer was not saved before the wait"
     );
 }
 

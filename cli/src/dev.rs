@@ -169,6 +169,7 @@ pub fn worker_config(cfg: &Config) -> WorkerConfig {
         sensitive_tools: w.sensitive_tools.clone(),
         checkpoint_batch_max: w.checkpoint_batch_max.max(1),
         checkpoint_writers: w.checkpoint_writers.max(1),
+        write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
         ..WorkerConfig::default()
     };
     if let Some(tools) = &w.default_tools {

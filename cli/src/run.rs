@@ -138,6 +138,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         settings: Arc::new(tool_settings),
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
+        // Nothing is checkpointed here.
+        write_ahead_grace: std::time::Duration::ZERO,
     };
     let cancel = CancellationToken::new();
     let ctrl_c = cancel.clone();

@@ -51,6 +51,11 @@ pub struct WorkerArgs {
     /// Group commit: commits in flight at once, each on its own connection (default 2).
     #[arg(long, env = "AGENTQ_CHECKPOINT_WRITERS", value_parser = clap::value_parser!(u32).range(1..=64))]
     pub checkpoint_writers: Option<u32>,
+    /// Milliseconds the checkpoint of a response whose tool calls have no effect anywhere
+    /// (read-only tools, no hook, no approval) may wait to share one commit with their
+    /// results; 0 commits every response before its calls start (default 250).
+    #[arg(long, env = "AGENTQ_WRITE_AHEAD_GRACE_MS", value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub write_ahead_grace_ms: Option<u64>,
     /// Per-tree workspaces live under here (default ./agentq-workspaces).
     #[arg(long, env = "AGENTQ_WORKSPACE_ROOT")]
     pub workspace_root: Option<std::path::PathBuf>,
@@ -125,6 +130,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(v) = args.checkpoint_writers {
         cfg.checkpoint_writers = v as usize;
+    }
+    if let Some(v) = args.write_ahead_grace_ms {
+        cfg.write_ahead_grace = Duration::from_millis(v);
     }
     if let Some(v) = &args.workspace_root {
         cfg.workspace_root = v.clone();

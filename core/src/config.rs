@@ -89,6 +89,9 @@ pub struct WorkerConfig {
     pub checkpoint_batch_max: usize,
     /// Group commit: commits in flight at once.
     pub checkpoint_writers: usize,
+    /// How long the checkpoint of a response whose calls have no effect anywhere may wait
+    /// to be committed together with their results; 0 commits every response first.
+    pub write_ahead_grace_ms: u64,
 }
 
 impl Default for WorkerConfig {
@@ -112,6 +115,7 @@ impl Default for WorkerConfig {
             sensitive_tools: Vec::new(),
             checkpoint_batch_max: 256,
             checkpoint_writers: 2,
+            write_ahead_grace_ms: 250,
         }
     }
 }
@@ -339,6 +343,7 @@ mod tests {
         assert!(c.worker.sensitive_tools.is_empty());
         assert_eq!(c.worker.checkpoint_batch_max, 256);
         assert_eq!(c.worker.checkpoint_writers, 2);
+        assert_eq!(c.worker.write_ahead_grace_ms, 250);
         assert_eq!(c.scheduler.sweep_interval_secs, 5);
         assert_eq!(c.scheduler.sweep_age_secs, 10);
         assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);

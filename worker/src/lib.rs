@@ -79,6 +79,8 @@ pub struct WorkerConfig {
     pub checkpoint_batch_max: usize,
     /// Group commit: commits in flight at once, each on its own store connection.
     pub checkpoint_writers: usize,
+    /// See [`agentq_agent::driver::Agent::write_ahead_grace`].
+    pub write_ahead_grace: Duration,
 }
 
 impl WorkerConfig {
@@ -132,6 +134,7 @@ impl Default for WorkerConfig {
             max_children: 16,
             checkpoint_batch_max: 256,
             checkpoint_writers: 2,
+            write_ahead_grace: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE,
         }
     }
 }

@@ -451,6 +451,7 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
+        write_ahead_grace: inner.cfg.write_ahead_grace,
     })
 }
 

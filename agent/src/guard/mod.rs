@@ -150,9 +150,7 @@ impl Guards {
         {
             return Verdict::Result(denied("guardian", &reason));
         }
-        let sensitive = self.sensitive_tools.contains(&call.name)
-            || session_sensitive.iter().any(|t| t == &call.name);
-        if sensitive {
+        if self.needs_approval(&call.name, session_sensitive) {
             let Some(approver) = &self.approver else {
                 return Verdict::Result(denied(
                     "approval",
@@ -171,6 +169,19 @@ impl Guards {
             }
         }
         Verdict::Run
+    }
+
+    /// The tool is sensitive, for this host or for this session.
+    pub fn needs_approval(&self, tool: &str, session_sensitive: &[String]) -> bool {
+        self.sensitive_tools.contains(tool) || session_sensitive.iter().any(|t| t == tool)
+    }
+
+    /// Whether the pipeline can reach anything outside this process for `tool`: a hook
+    /// (which may notify or record), or an approval request (which a human sees). A call
+    /// whose pipeline does neither, of a tool with no side effect, changes nothing
+    /// anywhere if it runs and its result is then lost.
+    pub fn reaches_out(&self, tool: &str, session_sensitive: &[String]) -> bool {
+        !self.hooks.is_empty() || self.needs_approval(tool, session_sensitive)
     }
 
     /// PostToolUse, fire and forget.
