@@ -11,8 +11,8 @@ use agentq_agent::tools::fs::{EditFile, Glob, Grep, ListDir, ReadFile, WriteFile
 use agentq_agent::tools::http::HttpFetch;
 use agentq_agent::tools::shell::Shell;
 use agentq_agent::tools::{
-    LocalWorkspace, SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolSettings, Workspace,
-    builtin_registry, normalize_relative,
+    LocalWorkspace, SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry,
+    ToolSettings, Workspace, builtin_registry, normalize_relative,
 };
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -214,6 +214,11 @@ async fn write_then_read() {
     assert!(out.contains("three"));
     assert_eq!(WriteFile.side_effect(&json!({})), SideEffect::Idempotent);
     assert_eq!(ReadFile.side_effect(&json!({})), SideEffect::Pure);
+    // The tools that only read may run before their response is committed; nothing else.
+    assert_eq!(ListDir.side_effect(&json!({})), SideEffect::Pure);
+    assert_eq!(Glob.side_effect(&json!({})), SideEffect::Pure);
+    assert_eq!(Grep.side_effect(&json!({})), SideEffect::Pure);
+    assert_eq!(EditFile.side_effect(&json!({})), SideEffect::Unsafe);
     assert_eq!(
         WriteFile.paths(&json!({"path": "x/y", "content": ""})),
         vec!["x/y"]
@@ -971,4 +976,36 @@ fn firewall_denies_each_kind() {
     assert!(custom.check(&ReadFile, &json!({"path": ".env"})).is_ok());
     assert!(Firewall::new(vec!["a[".into()], vec![], vec![]).is_err());
     assert!(Firewall::new(vec![], vec!["(".into()], vec![]).is_err());
+}
+
+/// A tool that declares nothing about its effects.
+struct Undeclared;
+
+#[async_trait::async_trait]
+impl Tool for Undeclared {
+    fn name(&self) -> &str {
+        "undeclared"
+    }
+    fn description(&self) -> &str {
+        "says nothing about its effects"
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object"})
+    }
+    async fn call(&self, _args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::ok("done"))
+    }
+}
+
+#[test]
+fn a_tool_that_declares_no_effect_is_not_taken_for_pure() {
+    // Re-run on resume, but its response is committed before it runs.
+    assert_eq!(Undeclared.side_effect(&json!({})), SideEffect::Idempotent);
+    let mut r = ToolRegistry::new();
+    r.register(Arc::new(Undeclared));
+    let mut builtin = builtin_registry(&ToolSettings::default());
+    builtin.extend(&r);
+    assert!(builtin.get("undeclared").is_some());
+    assert!(builtin.get("read_file").is_some());
+    assert!(format!("{builtin:?}").contains("\"undeclared\""));
 }

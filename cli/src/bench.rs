@@ -3,8 +3,9 @@
 //!
 //! 1. `ceiling` — raw one-row durable INSERT commits/s of this Postgres, and raw
 //!    XADD/XREADGROUP/XACK round trips/s of this Redis, at the workers' connection count;
-//! 2. `throughput` — N sessions × K iterations (scripted provider, `list_dir` tool) on W
-//!    in-process workers: iterations/s, and that over the commit ceiling;
+//! 2. `throughput` — N sessions × K iterations (scripted provider, a trivial in-memory tool
+//!    or `--tool list_dir`) on W in-process workers: iterations/s, and that over the commit
+//!    ceiling;
 //! 3. `overhead` — p50/p99 of the loop's own time per iteration (same run);
 //! 4. `storage` — bytes stored per iteration for K = 10, 40, 160;
 //! 5. `resume` — time to load a 160-iteration session and have the LLM request ready;
@@ -95,6 +96,12 @@ pub struct BenchArgs {
     /// every session commits its own checkpoints: the baseline without group commit.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub checkpoint_writers: u32,
+    /// The tool every turn but the last calls in the in-process parts (throughput,
+    /// overhead, storage, resume): `trivial` answers at once from memory; `list_dir` is the
+    /// built-in, one directory listing through tokio's blocking pool. Capacity and recovery
+    /// run `agentq worker` children, which always call `list_dir`.
+    #[arg(long, default_value = parts::TRIVIAL, value_parser = [parts::TRIVIAL, parts::BUILTIN])]
+    pub tool: String,
 }
 
 /// Where the run happens: the services, an admin store, names and a scratch directory.
@@ -238,7 +245,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 
     print!("{}", table(&r, &args));
     if args.json {
-        println!("{}", to_json(&r));
+        println!("{}", to_json(&r, &args));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -324,7 +331,7 @@ fn num(v: Option<f64>, digits: i32) -> Value {
     }
 }
 
-fn to_json(r: &Results) -> Value {
+fn to_json(r: &Results, args: &BenchArgs) -> Value {
     let per_k = |m: &BTreeMap<u32, f64>| -> Value {
         if m.is_empty() {
             return Value::Null;
@@ -336,6 +343,7 @@ fn to_json(r: &Results) -> Value {
         )
     };
     json!({
+        "tool": args.tool,
         "ceiling_connections": r.ceiling_connections,
         "ceiling_commits_per_s": num(r.ceiling_commits_per_s, 1),
         "ceiling_redis_roundtrips_per_s": num(r.ceiling_redis_roundtrips_per_s, 1),
@@ -397,8 +405,8 @@ fn table(r: &Results, args: &BenchArgs) -> String {
         row(
             "throughput",
             format!(
-                "iterations/s ({} x {}, {} workers)",
-                r.throughput_sessions, r.throughput_iterations, args.workers
+                "iterations/s ({} x {}, {} workers, {})",
+                r.throughput_sessions, r.throughput_iterations, args.workers, args.tool
             ),
             format!("{t:.0}"),
             String::new(),

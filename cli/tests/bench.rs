@@ -34,6 +34,7 @@ fn bench_prints_every_figure_as_json() {
     );
     let last = stdout.lines().last().expect("no output");
     let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(v["tool"], "trivial");
 
     let positive = |key: &str| {
         let x = v[key]
@@ -86,4 +87,19 @@ fn bench_prints_every_figure_as_json() {
     assert_eq!(v["throughput_failed_sessions"], 0, "{v}");
     // The human table comes first.
     assert!(stdout.contains("ceiling"), "{stdout}");
+}
+
+#[test]
+fn an_unknown_tool_is_refused_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--tool", "shell"])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--tool"), "{stderr}");
+    assert!(
+        stderr.contains("trivial") && stderr.contains("list_dir"),
+        "{stderr}"
+    );
 }

@@ -81,6 +81,11 @@ pub struct WorkerConfig {
     pub checkpoint_writers: usize,
     /// See [`agentq_agent::driver::Agent::write_ahead_grace`].
     pub write_ahead_grace: Duration,
+    /// The embedding program's own tools, offered beside the built-in ones: a session
+    /// names them in its `tools` like any other, and one with a built-in's name replaces
+    /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
+    /// resumes and the write-ahead rule depend on it.
+    pub tools: agentq_agent::tools::ToolRegistry,
 }
 
 impl WorkerConfig {
@@ -135,6 +140,7 @@ impl Default for WorkerConfig {
             checkpoint_batch_max: 256,
             checkpoint_writers: 2,
             write_ahead_grace: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE,
+            tools: agentq_agent::tools::ToolRegistry::new(),
         }
     }
 }

@@ -406,7 +406,8 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
         .default_model
         .clone()
         .unwrap_or_else(|| factory::default_model(&provider_name).to_string());
-    let all = builtin_registry(&inner.cfg.tool_settings);
+    let mut all = builtin_registry(&inner.cfg.tool_settings);
+    all.extend(&inner.cfg.tools);
     let wanted = spec
         .tools
         .clone()

@@ -178,3 +178,88 @@ async fn a_session_that_cannot_be_built_fails_with_the_reason() {
         .unwrap()
         .unwrap();
 }
+
+/// An embedding program's own tool: counts its calls.
+struct Stamp(Arc<std::sync::atomic::AtomicUsize>);
+
+#[async_trait::async_trait]
+impl agentq_agent::tools::Tool for Stamp {
+    fn name(&self) -> &str {
+        "stamp"
+    }
+    fn description(&self) -> &str {
+        "stamps the task"
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+    fn side_effect(&self, _args: &serde_json::Value) -> agentq_agent::tools::SideEffect {
+        agentq_agent::tools::SideEffect::Pure
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        ctx: &agentq_agent::tools::ToolContext,
+    ) -> Result<agentq_agent::tools::ToolOutput, agentq_agent::tools::ToolError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(agentq_agent::tools::ToolOutput::ok(format!(
+            "stamped {}",
+            ctx.idempotency_key
+        )))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_call_the_embedding_programs_own_tools() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut cfg = config(dir.path());
+    cfg.tools.register(Arc::new(Stamp(calls.clone())));
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"stamping","tool_calls":[{"name":"stamp","arguments":{}}]},
+          {"text":"stamped"}
+        ]}"#
+        .into(),
+    );
+    let mut spec = SessionSpec::new("stamp it");
+    spec.tools = Some(vec!["stamp".into(), "read_file".into()]);
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let w = worker.clone();
+        let s = stop.clone();
+        async move { w.run(s).await }
+    });
+    wait_terminal(
+        &store,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await;
+    let done = store.get(&row.id).await.unwrap().unwrap();
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.result.as_deref(), Some("stamped"));
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let messages = store.messages(&row.id).await.unwrap();
+    let result = messages
+        .iter()
+        .find(|m| m.role == agentq_agent::schema::Role::Tool)
+        .unwrap();
+    assert_eq!(result.content, format!("stamped {}:call_0_0", row.id));
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -184,6 +184,11 @@ impl Tool for ReadFile {
         })
     }
 
+    /// Only reads the workspace.
+    fn side_effect(&self, _args: &Value) -> SideEffect {
+        SideEffect::Pure
+    }
+
     fn paths(&self, args: &Value) -> Vec<String> {
         path_arg(args, "path")
     }
@@ -426,6 +431,11 @@ impl Tool for ListDir {
         })
     }
 
+    /// Only reads the workspace.
+    fn side_effect(&self, _args: &Value) -> SideEffect {
+        SideEffect::Pure
+    }
+
     fn paths(&self, args: &Value) -> Vec<String> {
         let p = path_arg(args, "path");
         if p.is_empty() { vec![".".into()] } else { p }
@@ -522,6 +532,11 @@ impl Tool for Glob {
         })
     }
 
+    /// Only reads the workspace.
+    fn side_effect(&self, _args: &Value) -> SideEffect {
+        SideEffect::Pure
+    }
+
     fn paths(&self, args: &Value) -> Vec<String> {
         let p = path_arg(args, "path");
         if p.is_empty() { vec![".".into()] } else { p }
@@ -600,6 +615,11 @@ impl Tool for Grep {
             "required": ["pattern"],
             "additionalProperties": false
         })
+    }
+
+    /// Only reads the workspace.
+    fn side_effect(&self, _args: &Value) -> SideEffect {
+        SideEffect::Pure
     }
 
     fn paths(&self, args: &Value) -> Vec<String> {

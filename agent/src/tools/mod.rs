@@ -116,9 +116,10 @@ pub trait Tool: Send + Sync {
     /// JSON Schema of the arguments object.
     fn parameters(&self) -> Value;
     /// Decided per call: the same tool can be safe to repeat for some arguments (GET)
-    /// and not for others (POST).
+    /// and not for others (POST). A tool that says nothing is taken to be `Idempotent`:
+    /// re-run on resume, but never run before its response is committed.
     fn side_effect(&self, _args: &Value) -> SideEffect {
-        SideEffect::Pure
+        SideEffect::Idempotent
     }
     /// Paths (relative to the workspace) this call would touch, for the firewall.
     fn paths(&self, _args: &Value) -> Vec<String> {
@@ -142,6 +143,12 @@ pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
 }
 
+impl std::fmt::Debug for ToolRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.tools.keys()).finish()
+    }
+}
+
 impl ToolRegistry {
     pub fn new() -> Self {
         Self::default()
@@ -149,6 +156,13 @@ impl ToolRegistry {
 
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.insert(tool.name().to_string(), tool);
+    }
+
+    /// Add every tool of `other`; one with a name already here replaces it.
+    pub fn extend(&mut self, other: &ToolRegistry) {
+        for (name, tool) in &other.tools {
+            self.tools.insert(name.clone(), tool.clone());
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {

@@ -14,7 +14,10 @@ use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
 use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::Step;
-use agentq_agent::tools::{ToolSettings, builtin_registry};
+use agentq_agent::tools::{
+    SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings,
+    builtin_registry,
+};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Claim, EnqueueReason, NewSession, Queue, Store};
@@ -24,12 +27,52 @@ use super::cpu::Sample;
 use super::fake_llm::{FINAL_TEXT, TURN_TEXT};
 use super::{Env, Results, ms, progress, quantile};
 
-/// The trivial tool every iteration calls.
-pub const TOOL: &str = "list_dir";
+/// The tool the in-process parts call every iteration unless `--tool` names another: it
+/// returns at once and touches nothing, so that the figures are agentq's own costs. It is
+/// registered through `WorkerConfig::tools`, as an embedding program's tool would be.
+pub const TRIVIAL: &str = "trivial";
+/// The tool of the parts that run `agentq worker` children, which have only the built-in
+/// tools (and of the in-process parts with `--tool list_dir`): one directory listing through
+/// tokio's blocking pool.
+pub const BUILTIN: &str = "list_dir";
 const PROMPT: &str = "Look at the workspace and tell me what is in it.";
 
-/// The scripted model: `iterations - 1` turns calling `list_dir`, then an answer.
-pub fn script(iterations: u32, delay_ms: u64) -> String {
+struct Trivial;
+
+#[async_trait::async_trait]
+impl Tool for Trivial {
+    fn name(&self) -> &str {
+        TRIVIAL
+    }
+    fn description(&self) -> &str {
+        "List a directory of the workspace (answers at once: the workspace is empty)."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}})
+    }
+    fn side_effect(&self, _args: &serde_json::Value) -> SideEffect {
+        SideEffect::Pure
+    }
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        // What `list_dir` says of an empty workspace, so that messages weigh the same.
+        let path = args.get("path").and_then(|p| p.as_str()).unwrap_or(".");
+        Ok(ToolOutput::ok(format!("{path}: (empty directory)")))
+    }
+}
+
+/// The built-in tools and the trivial one.
+pub fn tools() -> ToolRegistry {
+    let mut all = builtin_registry(&ToolSettings::default());
+    all.register(Arc::new(Trivial));
+    all
+}
+
+/// The scripted model: `iterations - 1` turns calling `tool`, then an answer.
+pub fn script(iterations: u32, delay_ms: u64, tool: &str) -> String {
     let usage = Some(Usage {
         input_tokens: 200,
         output_tokens: 40,
@@ -39,7 +82,7 @@ pub fn script(iterations: u32, delay_ms: u64) -> String {
         .map(|_| Turn {
             text: TURN_TEXT.into(),
             tool_calls: vec![ScriptedCall {
-                name: TOOL.into(),
+                name: tool.into(),
                 arguments: serde_json::json!({"path": "."}),
                 ..Default::default()
             }],
@@ -61,9 +104,9 @@ pub fn script(iterations: u32, delay_ms: u64) -> String {
     .unwrap_or_default()
 }
 
-pub fn spec(iterations: u32) -> SessionSpec {
+pub fn spec(iterations: u32, tool: &str) -> SessionSpec {
     let mut spec = SessionSpec::new(PROMPT);
-    spec.tools = Some(vec![TOOL.into()]);
+    spec.tools = Some(vec![tool.into()]);
     spec.max_iterations = iterations + 5;
     // The whole history goes to the model (the scripted model picks its turn by counting
     // the assistant turns it is sent).
@@ -77,10 +120,11 @@ pub async fn create_sessions(
     queue: &str,
     n: u32,
     iterations: u32,
+    tool: &str,
 ) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::with_capacity(n as usize);
     let all: Vec<NewSession> = (0..n)
-        .map(|_| NewSession::root(spec(iterations), queue))
+        .map(|_| NewSession::root(spec(iterations, tool), queue))
         .collect();
     for chunk in all.chunks(1000) {
         let rows = env.store.create_sessions(chunk).await?;
@@ -108,6 +152,7 @@ pub async fn worker(
     name: &str,
     concurrency: u32,
     script: &str,
+    tool: &str,
 ) -> anyhow::Result<Worker> {
     let mut cfg = WorkerConfig {
         consumer: format!("bench-{}-{name}", env.run),
@@ -115,13 +160,16 @@ pub async fn worker(
         concurrency: concurrency as usize,
         workspace_root: env.scratch.join("workspaces"),
         default_provider: "scripted".into(),
-        default_tools: vec![TOOL.into()],
+        default_tools: vec![tool.into()],
         event_ttl: Duration::from_secs(60),
         checkpoint_batch_max: env.args.checkpoint_batch_max as usize,
         checkpoint_writers: env.args.checkpoint_writers as usize,
         ..WorkerConfig::default()
     };
     cfg.providers.script = Some(script.to_string());
+    if tool == TRIVIAL {
+        cfg.tools.register(Arc::new(Trivial));
+    }
     let store = PgStore::connect_with_writers(
         &env.db_url,
         cfg.pool_connections(),
@@ -165,7 +213,8 @@ pub struct Ran {
 /// (a fork, then each backend's catalog caches and each statement's preparation).
 pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     let queue = env.queue(w.part);
-    let script = script(w.iterations, 0);
+    let tool = env.args.tool.as_str();
+    let script = script(w.iterations, 0, tool);
     let shutdown = CancellationToken::new();
     let mut workers = Vec::new();
     let mut handles = Vec::new();
@@ -176,6 +225,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
             &format!("{}-{i}", w.part),
             env.args.concurrency,
             &script,
+            tool,
         )
         .await?;
         let (w2, s) = (wk.clone(), shutdown.clone());
@@ -212,11 +262,11 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         let mut cold = None;
         let mut all = Vec::new();
         if w.warm_up {
-            all = create_sessions(env, &queue, w.sessions, w.iterations).await?;
+            all = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
             tokio::time::sleep(Duration::from_millis(300)).await;
             cold = Some(round(&all).await?);
         }
-        let ids = create_sessions(env, &queue, w.sessions, w.iterations).await?;
+        let ids = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
         all.extend(ids.iter().cloned());
         // Let the workers reach their first (next) XREADGROUP.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -702,8 +752,8 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
 
     let store = PgStore::connect(&env.db_url, 2).await?;
     store.ping().await?;
-    let specs = builtin_registry(&ToolSettings::default())
-        .select(&[TOOL.to_string()])
+    let specs = tools()
+        .select(std::slice::from_ref(&env.args.tool))
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .specs();
     let openai = OpenAiProvider::new(OpenAiConfig {

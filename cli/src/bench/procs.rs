@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::redis_queue::RedisQueue;
 
 use super::fake_llm::FakeLlm;
-use super::parts::{create_sessions, enqueue, script, worker};
+use super::parts::{BUILTIN, create_sessions, enqueue, script, worker};
 use super::{Env, Results, progress, quantile};
 
 /// Settings the environment could override; the children must run with the defaults.
@@ -104,7 +104,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let iterations = u32::try_from(a.capacity_secs)?.saturating_add(60);
     let fake = FakeLlm::start(latency, iterations).await?;
     let queue = env.queue("capacity");
-    let ids = create_sessions(env, &queue, offered, iterations).await?;
+    let ids = create_sessions(env, &queue, offered, iterations, BUILTIN).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     enqueue(&redis, &queue, &ids).await?;
     let log = env.scratch.join("capacity-worker.log");
@@ -177,11 +177,11 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let n = env.args.sessions.min(20);
     // Each turn takes 250 ms: sessions are mid-run for ~20 s, well past the kill.
     let iterations = 80;
-    let script_json = script(iterations, 250);
+    let script_json = script(iterations, 250, BUILTIN);
     let script_path = env.scratch.join("recovery-script.json");
     std::fs::write(&script_path, &script_json)?;
     let queue = env.queue("recovery");
-    let ids = create_sessions(env, &queue, n, iterations).await?;
+    let ids = create_sessions(env, &queue, n, iterations, BUILTIN).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     enqueue(&redis, &queue, &ids).await?;
     let log = env.scratch.join("recovery-worker.log");
@@ -206,7 +206,7 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         }
     }
     // Mid-run, past at least one heartbeat, with the survivor already up and idle.
-    let survivor = worker(env, &queue, "recovery-survivor", 64, &script_json).await?;
+    let survivor = worker(env, &queue, "recovery-survivor", 64, &script_json, BUILTIN).await?;
     let stop = CancellationToken::new();
     let handle = {
         let (w, s) = (survivor.clone(), stop.clone());
