@@ -164,10 +164,9 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         .metrics_addr
         .clone()
         .unwrap_or_else(|| file.metrics_addr.clone());
-    let store =
-        PgStore::connect_with_writers(&db, cfg.pool_connections(), cfg.writer_connections())
-            .await
-            .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+    let store = PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
+        .await
+        .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
     // Backends started under the first burst of sessions cost that burst about a third of
     // its rate. A schema that is not there yet is `Worker::run`'s to report.
     if agentq_core::Store::check_schema(&store).await.is_ok()

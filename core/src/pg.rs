@@ -64,7 +64,7 @@ pub struct PgStore {
     /// The group commit's and the heartbeat's own connections. They are kept apart so that
     /// a burst of claims or reads queued for the main pool never holds up the checkpoints
     /// that every session in flight waits on, nor the heartbeat that keeps its lease.
-    /// They also run their statements with generic plans (see [`WRITER_SETUP`]).
+    /// They also run their statements with generic plans (see [`GENERIC_PLANS`]).
     writer: PgPool,
 }
 
@@ -72,14 +72,14 @@ pub struct PgStore {
 /// default) and the heartbeat.
 pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 
-/// Session settings of the writer connections. The batched checkpoint and the heartbeat
+/// Session settings of the writer connections (and of a worker's main pool). The batched checkpoint and the heartbeat
 /// look every row up by its key; planned afresh for each call (Postgres's choice while a
 /// connection has run a statement fewer than five times, and whenever the array lengths
 /// make a custom plan look cheaper) the checkpoint cost about a millisecond of Postgres
 /// CPU per commit, about a third of Postgres's CPU per iteration. A generic plan is made once
 /// per connection and made again whenever `sessions` or `messages` is analyzed, so it
 /// follows the tables as they grow.
-const WRITER_SETUP: &str = "SET plan_cache_mode = force_generic_plan";
+const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
 
 /// Connections the server can still accept from ordinary roles.
 const HEADROOM: &str = "SELECT (current_setting('max_connections')::int \
@@ -100,7 +100,7 @@ impl PgStore {
     /// scheduler or a CLI command never checkpoints).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let pool = Self::options(max_connections).connect(url).await?;
-        let writer = Self::writer_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
+        let writer = Self::generic_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
         Ok(Self { pool, writer })
     }
 
@@ -115,19 +115,34 @@ impl PgStore {
         max_connections: u32,
         writers: u32,
     ) -> Result<Self> {
-        let pool = Self::options(max_connections).connect(url).await?;
+        Self::open(url, Self::options(max_connections), writers).await
+    }
+
+    /// A worker's store: [`PgStore::connect_with_writers`], with generic plans on the main
+    /// pool too. Everything a worker runs there (claims, session and message reads, inbox
+    /// and child writes) finds its rows by key, so a plan never depends on the values; and
+    /// Postgres plans a statement afresh on each connection until it has run there five
+    /// times, which across a worker's up to 64 connections is most claims of a burst
+    /// (about 8 % of Postgres's CPU per iteration in `agentq bench`). Not for a store that
+    /// also serves the API, whose listings filter on skewed columns (`status`).
+    pub async fn connect_for_worker(url: &str, max_connections: u32, writers: u32) -> Result<Self> {
+        Self::open(url, Self::generic_plan_options(max_connections), writers).await
+    }
+
+    async fn open(url: &str, main: PgPoolOptions, writers: u32) -> Result<Self> {
+        let pool = main.connect(url).await?;
         let writers = writers.max(1);
-        let writer = Self::writer_options(writers)
+        let writer = Self::generic_plan_options(writers)
             .min_connections(writers)
             .connect(url)
             .await?;
         Ok(Self { pool, writer })
     }
 
-    fn writer_options(max_connections: u32) -> PgPoolOptions {
+    fn generic_plan_options(max_connections: u32) -> PgPoolOptions {
         Self::options(max_connections).after_connect(|conn, _| {
             Box::pin(async move {
-                sqlx::Executor::execute(conn, WRITER_SETUP).await?;
+                sqlx::Executor::execute(conn, GENERIC_PLANS).await?;
                 Ok(())
             })
         })
@@ -186,6 +201,11 @@ impl PgStore {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The connections of checkpoints and heartbeats.
+    pub fn writer_pool(&self) -> &PgPool {
+        &self.writer
     }
 
     /// Apply the embedded migrations (idempotent; sqlx takes an advisory lock, so

@@ -1137,3 +1137,34 @@ async fn store_recovers_after_postgres_is_killed_and_restarted() {
     drop(store);
     drop(server);
 }
+
+#[tokio::test]
+async fn a_workers_store_plans_generically_on_both_pools() {
+    let url = shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let mode = async |pool: &sqlx::PgPool| -> String {
+        sqlx::query_scalar("SHOW plan_cache_mode")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let worker = PgStore::connect_for_worker(&url, 2, 1).await.unwrap();
+    worker.migrate().await.unwrap();
+    assert_eq!(mode(worker.pool()).await, "force_generic_plan");
+    assert_eq!(mode(worker.writer_pool()).await, "force_generic_plan");
+    // A store that may serve the API keeps Postgres's choice on its main pool.
+    let shared = PgStore::connect_with_writers(&url, 2, 1).await.unwrap();
+    assert_eq!(mode(shared.pool()).await, "auto");
+    assert_eq!(mode(shared.writer_pool()).await, "force_generic_plan");
+    // And a worker's store runs the worker's statements.
+    let id = create(&worker, "generic").await;
+    let (lease, mut state) = acquire(&worker, &id, "w", TTL).await;
+    let mut persisted = state.messages.len();
+    iterate(&worker, &lease, &mut state, &mut persisted, 0).await;
+    assert_eq!(
+        worker.messages(&id).await.unwrap().len(),
+        state.messages.len()
+    );
+}

@@ -170,7 +170,7 @@ pub async fn worker(
     if tool == TRIVIAL {
         cfg.tools.register(Arc::new(Trivial));
     }
-    let store = PgStore::connect_with_writers(
+    let store = PgStore::connect_for_worker(
         &env.db_url,
         cfg.pool_connections(),
         cfg.writer_connections(),
