@@ -6,7 +6,8 @@
 //! 2. `throughput` — N sessions × K iterations (scripted provider, a trivial in-memory tool
 //!    or `--tool list_dir`) on W in-process workers: iterations/s, and that over the commit
 //!    ceiling;
-//! 3. `overhead` — p50/p99 of the loop's own time per iteration (same run);
+//! 3. `overhead` — p50/p99 of the loop's own time per iteration: in the same run, and with
+//!    one session alone (the worker's own cost, without queueing behind other sessions);
 //! 4. `storage` — bytes stored per iteration for K = 10, 40, 160;
 //! 5. `resume` — time to load a 160-iteration session and have the LLM request ready;
 //! 6. `capacity` — sessions one `agentq worker` child holds with a 1 s LLM, its RSS;
@@ -153,6 +154,10 @@ pub struct Results {
     pub overhead_p50_ms: Option<f64>,
     pub overhead_p99_ms: Option<f64>,
     pub overhead_samples: Option<usize>,
+    /// The same with one session alone on the workers.
+    pub overhead_alone_p50_ms: Option<f64>,
+    pub overhead_alone_p99_ms: Option<f64>,
+    pub overhead_alone_samples: Option<usize>,
     pub checkpoint_p50_ms: Option<f64>,
     /// Checkpoints per group commit, on average, during the throughput run.
     pub checkpoint_batch_mean: Option<f64>,
@@ -263,6 +268,13 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
         ));
         parts::throughput(env, r).await?;
     }
+    if want("overhead") {
+        progress(&format!(
+            "overhead: one session alone, {} iterations",
+            parts::ALONE_ITERATIONS
+        ));
+        parts::overhead_alone(env, r).await?;
+    }
     if want("storage") {
         parts::storage(env, r).await?;
     }
@@ -353,6 +365,8 @@ fn to_json(r: &Results, args: &BenchArgs) -> Value {
         "throughput_failed_sessions": r.throughput_failed,
         "overhead_p50_ms": num(r.overhead_p50_ms, 3),
         "overhead_p99_ms": num(r.overhead_p99_ms, 3),
+        "overhead_alone_p50_ms": num(r.overhead_alone_p50_ms, 3),
+        "overhead_alone_p99_ms": num(r.overhead_alone_p99_ms, 3),
         "checkpoint_p50_ms": num(r.checkpoint_p50_ms, 3),
         "checkpoint_batch_mean": num(r.checkpoint_batch_mean, 1),
         "ceiling_cpu_ms_per_commit": num(r.ceiling_cpu_ms_per_commit, 4),
@@ -457,8 +471,20 @@ fn table(r: &Results, args: &BenchArgs) -> String {
         row(
             "overhead",
             format!(
-                "per iteration p50 / p99 ({} samples)",
+                "per iteration p50 / p99, {} in flight ({} samples)",
+                r.throughput_sessions,
                 r.overhead_samples.unwrap_or(0)
+            ),
+            format!("{p50:.2} / {p99:.2} ms"),
+            format!("< 2 / < 10 ms {}", verdict(p50 < 2.0 && p99 < 10.0)),
+        );
+    }
+    if let (Some(p50), Some(p99)) = (r.overhead_alone_p50_ms, r.overhead_alone_p99_ms) {
+        row(
+            "",
+            format!(
+                "the same, one session alone ({} samples)",
+                r.overhead_alone_samples.unwrap_or(0)
             ),
             format!("{p50:.2} / {p99:.2} ms"),
             format!("< 2 / < 10 ms {}", verdict(p50 < 2.0 && p99 < 10.0)),

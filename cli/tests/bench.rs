@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `agentq bench` end to end, small: it starts its own Redis and durable Postgres
-//! (`--private`), runs four parts and prints one JSON object on its last line. Performance
+//! (`--private`), runs five parts and prints one JSON object on its last line. Performance
 //! is measured, never asserted: only that every figure is there and makes sense.
 
 use std::process::Command;
@@ -16,7 +16,7 @@ fn bench_prints_every_figure_as_json() {
             "--iterations",
             "3",
             "--only",
-            "ceiling,throughput,storage,resume",
+            "ceiling,throughput,overhead,storage,resume",
             "--ceiling-secs",
             "1",
             "--json",
@@ -51,6 +51,9 @@ fn bench_prints_every_figure_as_json() {
         "ratio_to_ceiling",
         "overhead_p50_ms",
         "overhead_p99_ms",
+        // One session alone on the workers.
+        "overhead_alone_p50_ms",
+        "overhead_alone_p99_ms",
         "resume_ms",
         // The ceiling keeps both cores busy for a second: its CPU cannot round to zero.
         "ceiling_cpu_ms_per_commit",

@@ -518,6 +518,34 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Iterations of the session the overhead part runs alone.
+pub const ALONE_ITERATIONS: u32 = 100;
+
+/// The overhead with one session alone on the same workers as the throughput run: what
+/// the loop costs per iteration when nothing queues ahead of it (under load, Little's law
+/// makes the per-iteration time sessions in flight / throughput, whatever the loop costs).
+pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let ran = run_workload(
+        env,
+        &Workload {
+            part: "overhead",
+            sessions: 1,
+            iterations: ALONE_ITERATIONS,
+            warm_up: true,
+        },
+    )
+    .await?;
+    if ran.failed > 0 {
+        bail!("overhead: the session did not complete");
+    }
+    let mut o = ran.overhead;
+    o.sort();
+    r.overhead_alone_samples = Some(o.len());
+    r.overhead_alone_p50_ms = quantile(&o, 0.5).map(ms);
+    r.overhead_alone_p99_ms = quantile(&o, 0.99).map(ms);
+    Ok(())
+}
+
 /// A histogram's cumulative bucket counts: (upper bound, count).
 pub type Hist = Vec<(f64, u64)>;
 
