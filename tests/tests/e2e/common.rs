@@ -83,6 +83,9 @@ pub struct ToolUse {
     /// Instead of `http_fetch`: `spawn_agent` for a child playing the script registered
     /// under this token ([`Cluster::register`]), waiting for it or not.
     pub spawn: Option<(String, bool)>,
+    /// Instead of `http_fetch`: `read_file` of the path `name` in the session's workspace,
+    /// a call that changes nothing (`Pure`).
+    pub read: bool,
 }
 
 impl ToolUse {
@@ -91,6 +94,7 @@ impl ToolUse {
             name: label.into(),
             post: false,
             spawn: Some((child_token.into(), wait)),
+            read: false,
         }
     }
 }
@@ -120,6 +124,23 @@ impl Turn {
                     name: n.to_string(),
                     post: false,
                     spawn: None,
+                    read: false,
+                })
+                .collect(),
+        }
+    }
+
+    /// A turn calling `read_file` on each named workspace path, in parallel.
+    pub fn reads(text: &str, paths: &[&str]) -> Turn {
+        Turn {
+            text: text.into(),
+            tools: paths
+                .iter()
+                .map(|p| ToolUse {
+                    name: p.to_string(),
+                    post: false,
+                    spawn: None,
+                    read: true,
                 })
                 .collect(),
         }
@@ -292,6 +313,7 @@ pub fn openai_turn(turn: usize, t: &Turn, base_url: &str, token: &str) -> Vec<By
                 json!({"prompt": format!("Follow the e2e script <<{child}>>."),
                        "label": tool.name, "wait": wait}),
             ),
+            None if tool.read => ("read_file", json!({"path": tool.name})),
             None => {
                 let mut args = json!({"url": format!("{base_url}/tool/{token}/{}", tool.name)});
                 if tool.post {
@@ -337,6 +359,8 @@ pub struct WorkerOpts {
     pub reclaim_min_idle_secs: f64,
     pub max_attempts: u32,
     pub drain_timeout_secs: f64,
+    /// `--write-ahead-grace-ms`, when set.
+    pub write_ahead_grace_ms: Option<u64>,
 }
 
 impl Default for WorkerOpts {
@@ -346,6 +370,7 @@ impl Default for WorkerOpts {
             reclaim_min_idle_secs: 2.0,
             max_attempts: 5,
             drain_timeout_secs: 15.0,
+            write_ahead_grace_ms: None,
         }
     }
 }
@@ -454,8 +479,8 @@ impl Cluster {
             .strip_prefix("http://")
             .expect("the fake serves http")
             .to_string();
-        let child = Command::new(agentq_bin())
-            .arg("worker")
+        let mut cmd = Command::new(agentq_bin());
+        cmd.arg("worker")
             .args(["--database-url", &self.db_url])
             .args(["--redis-url", &self.redis.url()])
             .args(["--concurrency", &opts.concurrency.to_string()])
@@ -486,9 +511,11 @@ impl Cluster {
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawning agentq worker");
+            .stderr(err);
+        if let Some(ms) = opts.write_ahead_grace_ms {
+            cmd.args(["--write-ahead-grace-ms", &ms.to_string()]);
+        }
+        let child = cmd.spawn().expect("spawning agentq worker");
         self.workers.push(WorkerProc {
             child,
             log,
@@ -646,7 +673,7 @@ impl Cluster {
             let token = new_token();
             lock(&self.state.scripts).insert(token.clone(), script);
             let mut spec = SessionSpec::new(format!("Follow the e2e script <<{token}>>."));
-            spec.tools = Some(vec!["http_fetch".into()]);
+            spec.tools = Some(vec!["http_fetch".into(), "read_file".into()]);
             spec.retry_delay_ms = 50;
             news.push(NewSession::root(spec, "default"));
             tokens.push(token);
@@ -719,6 +746,11 @@ impl Cluster {
                     .expect("re-parsing a transcript entry")
             })
             .collect()
+    }
+
+    /// The workspace directory of the session tree `root_id` (made on its first write).
+    pub fn workspace(&self, root_id: &str) -> PathBuf {
+        self.dir.path().join("ws").join(root_id)
     }
 
     pub async fn message_count(&self, id: &str) -> usize {

@@ -157,6 +157,7 @@ async fn sigkill_while_post_runs_does_not_repeat_it() {
                 name: "charge".into(),
                 post: true,
                 spawn: None,
+                read: false,
             }],
         },
         Turn::text("I could not tell whether the charge went through."),
@@ -298,4 +299,111 @@ async fn zombie_worker_cannot_write_after_wakeup() {
         "A never logged the lost lease:\n{}",
         c.worker_log(a)
     );
+}
+
+/// Open the FIFO `path` for writing once a reader has it open (without one, a
+/// non-blocking open fails with ENXIO): proof that a `read_file` call is in it.
+fn writer_once_read(path: &std::path::Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    const O_NONBLOCK: i32 = 0o4000;
+    let start = std::time::Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(O_NONBLOCK)
+            .open(path)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(6) && start.elapsed() < T => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("no reader came to {}: {e}", path.display()),
+        }
+    }
+}
+
+/// A worker SIGKILLed while a read-only call runs whose response it had not committed
+/// (the response was waiting to share one commit with the call's result): nothing of the
+/// turn is stored, the resumed session asks the model again for it, and the session ends
+/// with one answer and one result, as an uninterrupted run would. The second worker, with
+/// the default grace, commits the response at the grace while the same call blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_a_held_response_reads_asks_the_model_again() {
+    let mut c = Cluster::start().await;
+    let a = c
+        .spawn_ready_worker(&WorkerOpts {
+            write_ahead_grace_ms: Some(60_000),
+            ..WorkerOpts::default()
+        })
+        .await;
+    let mut script = Script::new(vec![
+        Turn::reads("Reading the pipe.", &["pipe"]),
+        Turn::text("The pipe says hello."),
+    ]);
+    // Time to make the pipe before the call comes (9 chunks at 300 ms).
+    script.slow_once.insert(0, Duration::from_millis(300));
+    let victim = c.submit(script).await;
+    let dir = c.workspace(&victim.id);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pipe = dir.join("pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .unwrap();
+    assert!(made.success());
+
+    // Worker A is inside the read: its response is held, not stored.
+    let reader = {
+        let p = pipe.clone();
+        tokio::task::spawn_blocking(move || writer_once_read(&p))
+            .await
+            .unwrap()
+    };
+    assert_eq!(c.llm_requests(&victim, 0), 1);
+    assert_eq!(
+        c.message_count(&victim.id).await,
+        1,
+        "only the prompt is stored"
+    );
+    c.kill_worker(a);
+    drop(reader);
+    assert_eq!(c.message_count(&victim.id).await, 1);
+
+    // Worker B asks the model again, commits that response at the grace while its read
+    // blocks, and then stores the result once the pipe speaks.
+    c.spawn_worker(&WorkerOpts::default());
+    let writer = {
+        let p = pipe.clone();
+        tokio::task::spawn_blocking(move || writer_once_read(&p))
+            .await
+            .unwrap()
+    };
+    assert_eq!(c.llm_requests(&victim, 0), 2);
+    eventually(
+        "the response committed while its call runs",
+        T,
+        async || c.message_count(&victim.id).await == 2,
+    )
+    .await;
+    {
+        use std::io::Write;
+        let mut w = writer;
+        w.write_all(b"hello\n").unwrap();
+    }
+    let row = c
+        .wait_all_terminal(std::slice::from_ref(&victim.id), T)
+        .await
+        .remove(0);
+    assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    let t = c.transcript(&victim).await;
+    assert_eq!(t.len(), 4, "{t:#?}");
+    assert_eq!(t[1]["tool_calls"][0]["id"], "call_0_0");
+    assert_eq!(t[2]["tool_call_id"], "call_0_0");
+    assert!(
+        t[2]["content"].as_str().unwrap().contains("hello"),
+        "{t:#?}"
+    );
+    assert_eq!(t[3]["content"], "The pipe says hello.");
+    assert_eq!(row.iteration, 2);
+    assert_eq!(c.llm_requests(&victim, 1), 1);
 }
