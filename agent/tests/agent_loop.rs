@@ -276,17 +276,22 @@ fn assert_paired<M: std::borrow::Borrow<Message>>(messages: &[M]) {
 
 // ---------- tests ----------
 
+/// Two parallel `echo` calls, then the answer "all done".
+fn two_calls_then_done() -> Script {
+    Script {
+        turns: vec![
+            call_turn(&[("echo", json!({"a": 1})), ("echo", json!({"b": 2}))]),
+            text_turn("all done"),
+        ],
+        repeat_last: false,
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn simple_stop_with_tool_round_and_write_ahead_checkpoints() {
     let h = harness(
-        Script {
-            turns: vec![
-                call_turn(&[("echo", json!({"a": 1})), ("echo", json!({"b": 2}))]),
-                text_turn("all done"),
-            ],
-            repeat_last: false,
-            ..Default::default()
-        },
+        two_calls_then_done(),
         vec![("echo", SideEffect::Idempotent, echo)],
     );
     let (state, end) = run(&h, spec()).await;
@@ -351,14 +356,7 @@ fn position(kinds: &[String], kind: &str) -> usize {
 #[tokio::test]
 async fn pure_calls_share_one_checkpoint_with_their_response() {
     let h = harness(
-        Script {
-            turns: vec![
-                call_turn(&[("echo", json!({"a": 1})), ("echo", json!({"b": 2}))]),
-                text_turn("all done"),
-            ],
-            repeat_last: false,
-            ..Default::default()
-        },
+        two_calls_then_done(),
         vec![("echo", SideEffect::Pure, echo)],
     );
     let (state, end) = run(&h, spec()).await;
@@ -807,42 +805,6 @@ async fn background_results_are_drained_at_most_three_rounds_in_a_row() {
 }
 
 #[tokio::test]
-async fn a_final_answer_is_committed_before_waiting_on_children() {
-    /// A child still running: records what was saved when the loop began to wait on it.
-    struct Running(Arc<RecordingCheckpointer>, Mutex<Option<usize>>);
-    #[async_trait]
-    impl BackgroundSource for Running {
-        async fn take(&self) -> Vec<BackgroundResult> {
-            vec![]
-        }
-        fn outstanding(&self) -> usize {
-            1
-        }
-        async fn wait(&self, _c: &CancellationToken) -> bool {
-            let saved = self.0.saves.lock().unwrap().last().map(|s| s.0);
-            *self.1.lock().unwrap() = saved;
-            false
-        }
-    }
-    let mut h = harness(
-        Script {
-            turns: vec![text_turn("answer")],
-            ..Default::default()
-        },
-        vec![],
-    );
-    let running = Arc::new(Running(h.checkpoints.clone(), Mutex::new(None)));
-    h.agent.background = running.clone();
-    let (_, end) = run(&h, spec()).await;
-    assert_eq!(end, RunEnd::Suspended(SuspendReason::Children));
-    assert_eq!(
-        *running.1.lock().unwrap(),
-        Some(2),
-        "the answer was not saved before the wait"
-    );
-}
-
-#[tokio::test]
 async fn a_real_tool_call_resets_the_drain_count() {
     let mut h = harness(
         Script {
@@ -889,15 +851,8 @@ async fn a_real_tool_call_resets_the_drain_count() {
 
 #[tokio::test]
 async fn running_children_suspend_when_the_host_cannot_wait() {
-    let mut h = harness(
-        Script {
-            turns: vec![text_turn("waiting on kids")],
-            repeat_last: true,
-            ..Default::default()
-        },
-        vec![],
-    );
-    struct Running;
+    /// Children still running: records what was saved when the loop began to wait on them.
+    struct Running(Arc<RecordingCheckpointer>, Mutex<Option<usize>>);
     #[async_trait]
     impl BackgroundSource for Running {
         async fn take(&self) -> Vec<BackgroundResult> {
@@ -907,12 +862,29 @@ async fn running_children_suspend_when_the_host_cannot_wait() {
             2
         }
         async fn wait(&self, _c: &CancellationToken) -> bool {
+            let saved = self.0.saves.lock().unwrap().last().map(|s| s.0);
+            *self.1.lock().unwrap() = saved;
             false
         }
     }
-    h.agent.background = Arc::new(Running);
+    let mut h = harness(
+        Script {
+            turns: vec![text_turn("waiting on kids")],
+            repeat_last: true,
+            ..Default::default()
+        },
+        vec![],
+    );
+    let running = Arc::new(Running(h.checkpoints.clone(), Mutex::new(None)));
+    h.agent.background = running.clone();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(end, RunEnd::Suspended(SuspendReason::Children));
+    // A final answer is committed before any wait, never held for the finishing commit.
+    assert_eq!(
+        *running.1.lock().unwrap(),
+        Some(2),
+        "the answer was not saved before the wait"
+    );
 }
 
 #[tokio::test]

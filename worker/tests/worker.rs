@@ -73,6 +73,44 @@ async fn wait_terminal(store: &PgStore, ids: &[String], limit: Duration) {
     }
 }
 
+/// Run one session of `spec` on a worker with `cfg` until it is terminal; the row, with
+/// the worker stopped again.
+async fn run_one(
+    store: &Arc<PgStore>,
+    queue: &Arc<RedisQueue>,
+    cfg: WorkerConfig,
+    spec: SessionSpec,
+) -> (agentq_core::SessionRow, Worker) {
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let w = worker.clone();
+        let s = stop.clone();
+        async move { w.run(s).await }
+    });
+    wait_terminal(
+        store,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await;
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    (store.get(&row.id).await.unwrap().unwrap(), worker)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_complete_and_duplicates_run_once() {
     let (store, queue, _redis) = setup().await;
@@ -137,28 +175,7 @@ async fn a_session_that_cannot_be_built_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = SessionSpec::new("use a tool that is not there");
     spec.tools = Some(vec!["no_such_tool".into()]);
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let w = worker.clone();
-        let s = stop.clone();
-        async move { w.run(s).await }
-    });
-    wait_terminal(
-        &store,
-        std::slice::from_ref(&row.id),
-        Duration::from_secs(30),
-    )
-    .await;
-    let done = store.get(&row.id).await.unwrap().unwrap();
+    let (done, worker) = run_one(&store, &queue, config(dir.path()), spec).await;
     assert_eq!(done.status, SessionStatus::Failed, "{done:?}");
     let error = done.error.clone().unwrap_or_default();
     assert!(error.contains("no_such_tool"), "{error}");
@@ -171,12 +188,6 @@ async fn a_session_that_cannot_be_built_fails_with_the_reason() {
             .load(std::sync::atomic::Ordering::SeqCst),
         1
     );
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
 }
 
 /// An embedding program's own tool: counts its calls.
@@ -225,41 +236,14 @@ async fn sessions_call_the_embedding_programs_own_tools() {
     );
     let mut spec = SessionSpec::new("stamp it");
     spec.tools = Some(vec!["stamp".into(), "read_file".into()]);
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let w = worker.clone();
-        let s = stop.clone();
-        async move { w.run(s).await }
-    });
-    wait_terminal(
-        &store,
-        std::slice::from_ref(&row.id),
-        Duration::from_secs(30),
-    )
-    .await;
-    let done = store.get(&row.id).await.unwrap().unwrap();
+    let (done, _) = run_one(&store, &queue, cfg, spec).await;
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.result.as_deref(), Some("stamped"));
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    let messages = store.messages(&row.id).await.unwrap();
+    let messages = store.messages(&done.id).await.unwrap();
     let result = messages
         .iter()
         .find(|m| m.role == agentq_agent::schema::Role::Tool)
         .unwrap();
-    assert_eq!(result.content, format!("stamped {}:call_0_0", row.id));
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    assert_eq!(result.content, format!("stamped {}:call_0_0", done.id));
 }
