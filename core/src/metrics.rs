@@ -162,7 +162,7 @@ impl Metrics {
             llm_reissued: counter(
                 &r,
                 "agentq_llm_reissued_total",
-                "LLM calls made again because the worker running them died mid-call.",
+                "LLM calls made again because the worker that made them died before their response was committed (mid-call, or while read-only calls ran under the write-ahead grace).",
             ),
             llm_reissued_tokens: counter(
                 &r,

@@ -20,7 +20,8 @@ use agentq_core::queue::EventRecord;
 pub struct SessionObserver {
     pub metrics: &'static Metrics,
     pub queue: String,
-    /// The previous run died during an LLM call: the next successful call re-issues it.
+    /// The previous run died during an LLM call (or before committing its response): the
+    /// next successful call re-issues it.
     pub reissue_pending: AtomicBool,
 }
 
@@ -200,8 +201,9 @@ pub async fn event_writer(
     }
 }
 
-/// Whether the run that held the session before died during an LLM call: its newest
-/// events (at the first uncommitted position) show a call started and not committed.
+/// Whether the run that held the session before died during an LLM call, or before the
+/// response it got was committed (held while its read-only calls ran): its newest events
+/// (at the first uncommitted position) show a call started and not committed.
 pub async fn died_mid_llm_call(
     queue: &dyn Queue,
     session_id: &str,
