@@ -497,11 +497,7 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
     r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
     r.throughput_failed = Some(ran.failed);
-    let mut o = ran.overhead;
-    o.sort();
-    r.overhead_samples = Some(o.len());
-    r.overhead_p50_ms = quantile(&o, 0.5).map(ms);
-    r.overhead_p99_ms = quantile(&o, 0.99).map(ms);
+    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead);
     let (before, after) = &ran.checkpoint_hist;
     r.checkpoint_p50_ms = hist_quantile(before, after, 0.5).map(|s| s * 1000.0);
     let (commits, batched) = ran.commits;
@@ -521,7 +517,7 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
 /// Iterations of the session the overhead part runs alone.
 pub const ALONE_ITERATIONS: u32 = 100;
 
-/// The overhead with one session alone on the same workers as the throughput run: what
+/// The overhead with one session alone, on workers set up as the throughput run's: what
 /// the loop costs per iteration when nothing queues ahead of it (under load, Little's law
 /// makes the per-iteration time sessions in flight / throughput, whatever the loop costs).
 pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
@@ -538,12 +534,22 @@ pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     if ran.failed > 0 {
         bail!("overhead: the session did not complete");
     }
-    let mut o = ran.overhead;
-    o.sort();
-    r.overhead_alone_samples = Some(o.len());
-    r.overhead_alone_p50_ms = quantile(&o, 0.5).map(ms);
-    r.overhead_alone_p99_ms = quantile(&o, 0.99).map(ms);
+    (
+        r.overhead_alone_samples,
+        r.overhead_alone_p50_ms,
+        r.overhead_alone_p99_ms,
+    ) = p50_p99(ran.overhead);
     Ok(())
+}
+
+/// The number of overhead samples, and their p50 and p99 in milliseconds.
+fn p50_p99(mut samples: Vec<Duration>) -> (Option<usize>, Option<f64>, Option<f64>) {
+    samples.sort();
+    (
+        Some(samples.len()),
+        quantile(&samples, 0.5).map(ms),
+        quantile(&samples, 0.99).map(ms),
+    )
 }
 
 /// A histogram's cumulative bucket counts: (upper bound, count).
