@@ -115,7 +115,8 @@ impl Default for WorkerConfig {
             sensitive_tools: Vec::new(),
             checkpoint_batch_max: 256,
             checkpoint_writers: 2,
-            write_ahead_grace_ms: 250,
+            write_ahead_grace_ms: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE.as_millis()
+                as u64,
         }
     }
 }

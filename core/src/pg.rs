@@ -72,13 +72,13 @@ pub struct PgStore {
 /// default) and the heartbeat.
 pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 
-/// Session settings of the writer connections (and of a worker's main pool). The batched checkpoint and the heartbeat
-/// look every row up by its key; planned afresh for each call (Postgres's choice while a
-/// connection has run a statement fewer than five times, and whenever the array lengths
-/// make a custom plan look cheaper) the checkpoint cost about a millisecond of Postgres
-/// CPU per commit, about a third of Postgres's CPU per iteration. A generic plan is made once
-/// per connection and made again whenever `sessions` or `messages` is analyzed, so it
-/// follows the tables as they grow.
+/// Session settings of the writer connections (and of a worker's main pool). The batched
+/// checkpoint and the heartbeat look every row up by its key; planned afresh for each call
+/// (Postgres's choice while a connection has run a statement fewer than five times, and
+/// whenever the array lengths make a custom plan look cheaper) the checkpoint cost about a
+/// millisecond of Postgres CPU per commit, about a third of Postgres's CPU per iteration. A
+/// generic plan is made once per connection and made again whenever `sessions` or
+/// `messages` is analyzed, so it follows the tables as they grow.
 const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
 
 /// Connections the server can still accept from ordinary roles.
