@@ -73,6 +73,41 @@ async fn wait_terminal(store: &PgStore, ids: &[String], limit: Duration) {
     }
 }
 
+/// A worker running in the background until [`Running::stop`].
+struct Running {
+    worker: Worker,
+    stop: CancellationToken,
+    handle: tokio::task::JoinHandle<agentq_worker::Result<()>>,
+}
+
+fn start(store: &Arc<PgStore>, queue: &Arc<RedisQueue>, cfg: WorkerConfig) -> Running {
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let w = worker.clone();
+        let s = stop.clone();
+        async move { w.run(s).await }
+    });
+    Running {
+        worker,
+        stop,
+        handle,
+    }
+}
+
+impl Running {
+    /// Stop it and wait (20 s at most) for it to end cleanly.
+    async fn stop(self) -> Worker {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.handle)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        self.worker
+    }
+}
+
 /// Run one session of `spec` on a worker with `cfg` until it is terminal; the row, with
 /// the worker stopped again.
 async fn run_one(
@@ -89,25 +124,14 @@ async fn run_one(
         .enqueue("default", &row.id, EnqueueReason::New)
         .await
         .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let w = worker.clone();
-        let s = stop.clone();
-        async move { w.run(s).await }
-    });
+    let running = start(store, queue, cfg);
     wait_terminal(
         store,
         std::slice::from_ref(&row.id),
         Duration::from_secs(30),
     )
     .await;
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let worker = running.stop().await;
     (store.get(&row.id).await.unwrap().unwrap(), worker)
 }
 
@@ -121,13 +145,7 @@ async fn sessions_complete_and_duplicates_run_once() {
         .enqueue("default", &ids[0], EnqueueReason::Retry)
         .await
         .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let w = worker.clone();
-        let s = stop.clone();
-        async move { w.run(s).await }
-    });
+    let running = start(&store, &queue, config(dir.path()));
     wait_terminal(&store, &ids, Duration::from_secs(60)).await;
     for id in &ids {
         let row = store.get(id).await.unwrap().unwrap();
@@ -141,18 +159,14 @@ async fn sessions_complete_and_duplicates_run_once() {
     // The duplicate ran nothing: still exactly 4 messages and 2 iterations above.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        worker
+        running
+            .worker
             .stats()
             .completed
             .load(std::sync::atomic::Ordering::SeqCst),
         20
     );
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
