@@ -24,10 +24,23 @@ use agentq_testkit::{PostgresServer, shared_postgres};
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(200);
 
-async fn store_at(url: &str) -> PgStore {
-    let store = PgStore::connect(url, 8).await.expect("connect");
+/// A fresh database of the shared server.
+fn fresh_url() -> String {
+    shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database")
+}
+
+/// A migrated store with a main pool of `conns` at `url`.
+async fn migrated(url: &str, conns: u32) -> PgStore {
+    let store = PgStore::connect(url, conns).await.expect("connect");
     store.migrate().await.expect("migrate");
     store
+}
+
+async fn store_at(url: &str) -> PgStore {
+    migrated(url, 8).await
 }
 
 /// A migrated store on a fresh database of the shared server.
@@ -37,13 +50,7 @@ async fn store() -> PgStore {
 
 /// A migrated store with a main pool of `conns` on a fresh database of the shared server.
 async fn store_with(conns: u32) -> PgStore {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, conns).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
+    migrated(&fresh_url(), conns).await
 }
 
 fn new_session(prompt: &str) -> NewSession {
@@ -522,10 +529,7 @@ async fn claims_read_exactly_the_stored_history() {
 /// after the history.
 #[tokio::test]
 async fn sessions_written_before_0005_carry_on_after_it() {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
+    let url = fresh_url();
     let store = PgStore::connect(&url, 4).await.unwrap();
     let before = tempfile::TempDir::new().unwrap();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
@@ -769,8 +773,7 @@ async fn open_all_leaves_connections_for_others() {
         .unwrap()
         .expect("private postgres");
     let url = server.fresh_database().unwrap();
-    let store = PgStore::connect(&url, 64).await.unwrap();
-    store.migrate().await.unwrap();
+    let store = migrated(&url, 64).await;
     let max: i64 = sql_i64(&store, "SELECT current_setting('max_connections')::bigint").await;
     let others = sqlx::postgres::PgPoolOptions::new()
         .max_connections(u32::try_from(max - 30).unwrap())
@@ -1140,10 +1143,7 @@ async fn store_recovers_after_postgres_is_killed_and_restarted() {
 
 #[tokio::test]
 async fn a_workers_store_plans_generically_on_both_pools() {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
+    let url = fresh_url();
     let mode = async |pool: &sqlx::PgPool| -> String {
         sqlx::query_scalar("SHOW plan_cache_mode")
             .fetch_one(pool)
