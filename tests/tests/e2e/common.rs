@@ -116,6 +116,15 @@ impl Turn {
 
     /// A turn calling `http_fetch` with GET on each named endpoint, in parallel.
     pub fn gets(text: &str, names: &[&str]) -> Turn {
+        Turn::calls(text, names, false)
+    }
+
+    /// A turn calling `read_file` on each named workspace path, in parallel.
+    pub fn reads(text: &str, paths: &[&str]) -> Turn {
+        Turn::calls(text, paths, true)
+    }
+
+    fn calls(text: &str, names: &[&str], read: bool) -> Turn {
         Turn {
             text: text.into(),
             tools: names
@@ -124,23 +133,7 @@ impl Turn {
                     name: n.to_string(),
                     post: false,
                     spawn: None,
-                    read: false,
-                })
-                .collect(),
-        }
-    }
-
-    /// A turn calling `read_file` on each named workspace path, in parallel.
-    pub fn reads(text: &str, paths: &[&str]) -> Turn {
-        Turn {
-            text: text.into(),
-            tools: paths
-                .iter()
-                .map(|p| ToolUse {
-                    name: p.to_string(),
-                    post: false,
-                    spawn: None,
-                    read: true,
+                    read,
                 })
                 .collect(),
         }
