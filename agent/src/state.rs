@@ -18,7 +18,8 @@ use crate::spec::{ExitReason, Mode, SessionSpec};
 pub const INTERRUPTED_RESULT: &str =
     "interrupted: no result was recorded for this call (the run stopped before it finished)";
 
-/// The default system prompt: behaviour rules rather than a persona (seed 002).
+/// The default system prompt: behaviour rules rather than a persona, because what makes an
+/// autonomous run go well is when to use tools and when to stop, not a character.
 pub const DEFAULT_SYSTEM_PROMPT: &str = "You are an autonomous agent working in a workspace.\n\
 - If your knowledge is enough to answer, answer directly without tools.\n\
 - If the answer depends on workspace files or the network, gather what you need with tools, then answer.\n\
@@ -70,14 +71,91 @@ impl Outcome {
     }
 }
 
-/// What the driver must do next.
+/// What the driver must do next. Every control decision of the loop is one of these; the
+/// driver performs the I/O a step names and records the results back into the state.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     CallLlm,
     /// Run these calls of the last assistant message: they have no result yet.
     RunTools(Vec<ToolCall>),
+    /// The model called tools the current mode does not offer (think, plan, or the plan
+    /// phase of plan-act): answer each with a refusal ([`SessionState::refuse_calls`]).
+    RefuseTools(Vec<ToolCall>),
+    /// The plan phase of a plan-act session produced its plan: switch to acting
+    /// ([`SessionState::start_act`]).
+    StartAct,
+    /// The model answered without tool calls and may still get background results: take
+    /// those that arrived (waiting for running children if none did) and hand them to
+    /// [`SessionState::drain`].
+    DrainBackground,
+    /// The run was cancelled: [`SessionState::cancel`] closes it.
+    Cancel,
     Done(Outcome),
 }
+
+/// What follows a final answer once the background results in (if any) are known.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Drain {
+    /// Results were injected into the history: the model gets to answer them, on a free
+    /// iteration.
+    Injected,
+    /// The session is over (the answer stands, or the run was cancelled while waiting).
+    Finished(Outcome),
+    /// Children are still running and this host cannot wait for them in-process.
+    Suspended(SuspendReason),
+}
+
+/// What follows a finished tool round.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AfterTools {
+    /// Some calls wait for an approval or for children: give the session up.
+    Suspend(SuspendReason),
+    /// A tool yielded the loop: the session ends with its output.
+    Finished(Outcome),
+    /// Go on (a cancelled run is closed by the next step).
+    Continue,
+}
+
+/// Why a run stopped without finishing the session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SuspendReason {
+    /// Waiting for background children.
+    Children,
+    /// Waiting for a human to approve a tool call.
+    Approval { tool_call_id: String },
+}
+
+/// A background sub-agent's final result, to be injected into its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackgroundResult {
+    pub label: String,
+    pub id: String,
+    /// `completed`, `failed`, `cancelled`…
+    pub outcome: String,
+    pub result: String,
+    /// Position in the host's inbox; injecting the result records it in the state
+    /// (`bg_cursor`) with the same checkpoint, so a result is delivered exactly once.
+    #[serde(default)]
+    pub seq: u64,
+}
+
+impl BackgroundResult {
+    /// The user message the parent sees. It names the child and how it ended, so the
+    /// model can tell several children's results apart and treat a failure as one.
+    pub fn render(&self) -> String {
+        format!(
+            "[Background agent \"{}\" ({}) {}] {}",
+            self.label, self.id, self.outcome, self.result
+        )
+    }
+}
+
+/// The result a call gets when the session is cancelled before it finished.
+pub const CANCELLED_RESULT: &str = "interrupted: the session was cancelled";
+/// The result a call gets when the user interrupted the turn before it finished.
+pub const INTERRUPTED_BY_USER_RESULT: &str =
+    "interrupted: the user sent a new message before this call finished";
 
 /// A session's whole state. History is append-only; everything else is small scalars, so
 /// a checkpoint writes the new messages plus one row.
@@ -197,12 +275,41 @@ impl SessionState {
             .collect()
     }
 
-    /// Decide the next step. Cancellation is the driver's to check (it is not state).
+    /// Decide the next step of a run that is not cancelled.
     pub fn next_step(&self, now: DateTime<Utc>) -> Step {
+        self.decide(now, false)
+    }
+
+    /// Decide the next step. Cancellation is not state: the driver says whether the run
+    /// was cancelled.
+    ///
+    /// A final answer is settled before a cancellation is looked at: the answer is in, and
+    /// settling it (finishing, or injecting results already there) loses nothing.
+    /// Refusals likewise come first: they run nothing.
+    pub fn decide(&self, now: DateTime<Utc>, cancelled: bool) -> Step {
         if let Some(o) = &self.outcome {
             return Step::Done(o.clone());
         }
+        if let Some(answer) = self.unsettled_answer() {
+            if self.spec.mode == Mode::PlanAct && self.phase == Phase::Plan {
+                return Step::StartAct;
+            }
+            if self.drain_rounds < self.spec.max_background_drain_rounds {
+                return Step::DrainBackground;
+            }
+            return Step::Done(Outcome {
+                reason: ExitReason::Stop,
+                result: Some(answer.to_string()),
+                error: None,
+            });
+        }
         let pending = self.pending_calls();
+        if !pending.is_empty() && !self.tools_enabled() {
+            return Step::RefuseTools(pending);
+        }
+        if cancelled {
+            return Step::Cancel;
+        }
         if !pending.is_empty() {
             return Step::RunTools(pending);
         }
@@ -241,6 +348,170 @@ impl SessionState {
             });
         }
         Step::CallLlm
+    }
+
+    /// The text of the model's final answer when nothing has acted on it yet (no plan→act
+    /// switch, no drain, no outcome): the last message is an assistant turn without calls.
+    fn unsettled_answer(&self) -> Option<&str> {
+        if self.outcome.is_some() {
+            return None;
+        }
+        let last = self.messages.last()?;
+        (last.role == Role::Assistant && last.tool_calls.is_empty()).then_some(&*last.content)
+    }
+
+    /// [`Step::StartAct`]: the plan stands; the act phase begins with tools.
+    pub fn start_act(&mut self) {
+        self.phase = Phase::Act;
+        self.messages.push(Message::user(PLAN_TO_ACT));
+    }
+
+    /// [`Step::RefuseTools`]: answer each call with a refusal that tells the model to
+    /// answer without tools. The refusals are the messages from the old history length on.
+    pub fn refuse_calls(&mut self, calls: Vec<ToolCall>) {
+        let mode = if self.spec.mode == Mode::PlanAct {
+            "the plan phase".to_string()
+        } else {
+            format!("{} mode", self.spec.mode)
+        };
+        for c in calls {
+            let text = format!(
+                "Tool calls are not available in {mode}: `{}` was not run. Answer without tools.",
+                c.name
+            );
+            self.messages
+                .push(Message::tool_result(c.id, c.name, text, true));
+        }
+    }
+
+    /// [`Step::DrainBackground`], once the results that arrived are known (after waiting,
+    /// if children were running): inject them, or let the answer stand.
+    pub fn drain(&mut self, results: &[BackgroundResult]) -> Drain {
+        if !results.is_empty() {
+            self.drain_rounds += 1;
+            self.free_iteration = true;
+            self.deliver_background(results);
+            return Drain::Injected;
+        }
+        let outcome = Outcome {
+            reason: ExitReason::Stop,
+            result: self.unsettled_answer().map(str::to_string),
+            error: None,
+        };
+        self.outcome = Some(outcome.clone());
+        Drain::Finished(outcome)
+    }
+
+    /// [`Step::DrainBackground`] when children are running but the host could not wait
+    /// for them: a cancelled run ends, any other suspends until a result arrives.
+    pub fn drain_unavailable(&mut self, cancelled: bool) -> Drain {
+        if cancelled {
+            let outcome = Outcome::new(ExitReason::Interrupted);
+            self.outcome = Some(outcome.clone());
+            return Drain::Finished(outcome);
+        }
+        Drain::Suspended(SuspendReason::Children)
+    }
+
+    /// Add background results to the history as one user message, recording how far the
+    /// inbox was delivered. Nothing when there are none.
+    pub fn deliver_background(&mut self, results: &[BackgroundResult]) {
+        if results.is_empty() {
+            return;
+        }
+        for r in results {
+            self.bg_cursor = self.bg_cursor.max(r.seq);
+        }
+        let text = results
+            .iter()
+            .map(BackgroundResult::render)
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        self.messages.push(Message::user(text));
+    }
+
+    /// Add steering messages (with their inbox positions) before the next LLM call.
+    /// Whether there were any.
+    pub fn inject_messages(&mut self, injected: Vec<(u64, String)>) -> bool {
+        let any = !injected.is_empty();
+        for (seq, text) in injected {
+            self.msg_cursor = self.msg_cursor.max(seq);
+            self.messages.push(Message::user(text));
+        }
+        any
+    }
+
+    /// [`Step::Cancel`]: close the calls still open and end the session as interrupted.
+    pub fn cancel(&mut self) {
+        self.close_pending(CANCELLED_RESULT);
+        self.outcome = Some(Outcome::new(ExitReason::Interrupted));
+    }
+
+    /// The LLM call ended the session (error, deadline, cancel). A cancel closes the calls
+    /// still open, so the history stays replayable.
+    pub fn end_with(&mut self, outcome: Outcome) {
+        if outcome.reason == ExitReason::Interrupted {
+            self.close_pending(CANCELLED_RESULT);
+        }
+        self.outcome = Some(outcome);
+    }
+
+    /// The user interrupted a tool round: the calls still running are abandoned, and none
+    /// is waiting for an approval any more.
+    pub fn interrupt_tools(&mut self) {
+        self.close_pending(INTERRUPTED_BY_USER_RESULT);
+        self.not_started.clear();
+    }
+
+    /// Give every call still without a result an explicit result, so the history stays
+    /// replayable.
+    pub fn close_pending(&mut self, text: &str) {
+        for c in self.pending_calls() {
+            self.messages
+                .push(Message::tool_result(c.id, c.name, text, true));
+        }
+    }
+
+    /// A call was held back for an approval: on resume it is known not to have started.
+    pub fn hold_for_approval(&mut self, call_id: &str) {
+        if !self.not_started.iter().any(|id| id == call_id) {
+            self.not_started.push(call_id.to_string());
+        }
+    }
+
+    /// Record a call's result (already truncated).
+    pub fn push_tool_result(&mut self, call: ToolCall, content: String, is_error: bool) {
+        self.not_started.retain(|id| id != &call.id);
+        self.messages
+            .push(Message::tool_result(call.id, call.name, content, is_error));
+    }
+
+    /// A tool round is over: put its results in call order and decide what follows. A
+    /// suspension wins (its calls must not be lost), then a cancel (the next step closes
+    /// the run), then a yield (the first yielding call's output, in finishing order).
+    pub fn end_tool_round(
+        &mut self,
+        suspend: Option<SuspendReason>,
+        yielded: Option<String>,
+        cancelled: bool,
+    ) -> AfterTools {
+        self.order_tool_results();
+        if let Some(reason) = suspend {
+            return AfterTools::Suspend(reason);
+        }
+        if cancelled {
+            return AfterTools::Continue;
+        }
+        if let Some(result) = yielded {
+            let outcome = Outcome {
+                reason: ExitReason::Yielded,
+                result: Some(result),
+                error: None,
+            };
+            self.outcome = Some(outcome.clone());
+            return AfterTools::Finished(outcome);
+        }
+        AfterTools::Continue
     }
 
     /// Record an assistant response. Counts the iteration and the usage.
