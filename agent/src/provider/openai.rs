@@ -615,6 +615,29 @@ impl StreamState {
     }
 }
 
+/// The events a whole recorded body decodes to, as [`OpenAiProvider::stream`] would yield
+/// them, without HTTP.
+#[cfg(test)]
+pub(crate) fn decode_body(body: &[u8]) -> Vec<Result<LlmEvent>> {
+    let mut parser = super::sse::SseParser::new();
+    let mut events = parser.push(body);
+    events.extend(parser.finish());
+    let mut state = StreamState::default();
+    let mut out = Vec::new();
+    for ev in &events {
+        if state.ended {
+            break;
+        }
+        state.on_event(ev);
+        out.extend(state.ready.drain(..));
+    }
+    if !state.ended {
+        state.on_eof();
+        out.extend(state.ready.drain(..));
+    }
+    out
+}
+
 fn finish_reason(s: &str) -> FinishReason {
     match s {
         "stop" | "end_turn" | "stop_sequence" => FinishReason::Stop,
