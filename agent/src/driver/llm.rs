@@ -264,3 +264,38 @@ impl Agent {
         Ok(assembler.finish(&request.model, &mut emit))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_linearly_honour_retry_after_and_stop() {
+        let base = Duration::from_millis(100);
+        let retry = |after| ErrorClass::Retryable { after };
+        assert_eq!(
+            retry_delay(retry(None), 0, 2, base),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            retry_delay(retry(None), 1, 2, base),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(retry_delay(retry(None), 2, 2, base), None, "retries spent");
+        assert_eq!(
+            retry_delay(retry(Some(Duration::from_secs(3))), 0, 2, base),
+            Some(Duration::from_secs(3)),
+            "the server's Retry-After wins when longer"
+        );
+        assert_eq!(
+            retry_delay(retry(Some(Duration::from_millis(10))), 1, 2, base),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(retry_delay(ErrorClass::Fatal, 0, 2, base), None);
+        // A configured delay too large to multiply saturates instead of panicking.
+        assert_eq!(
+            retry_delay(retry(None), 3, 9, Duration::MAX),
+            Some(Duration::MAX)
+        );
+    }
+}
