@@ -3,17 +3,18 @@
 //! `tool_use`, thinking blocks replayed with their signatures) and decodes the streamed
 //! answer into [`LlmEvent`]s. The wire format stays inside this module.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
 
 use async_trait::async_trait;
 use futures::{Stream, StreamExt};
-use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::provider::sse::{SseEvent, error_chain, sse_events};
-use crate::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
+use crate::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, f32_for_json};
 use crate::schema::{FinishReason, Message, Role, ToolCall, ToolSpec, Usage};
 
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -104,6 +105,15 @@ impl AnthropicProvider {
     pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
         build_body(request, self.config.thinking_budget)
     }
+
+    /// The bytes POSTed for `request`: [`AnthropicProvider::request_body`], serialized
+    /// straight from the wire structs.
+    pub fn request_bytes(&self, request: &LlmRequest<'_>) -> Result<Vec<u8>> {
+        Ok(serde_json::to_vec(&wire_request(
+            request,
+            self.config.thinking_budget,
+        ))?)
+    }
 }
 
 #[async_trait]
@@ -113,9 +123,9 @@ impl LlmProvider for AnthropicProvider {
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
-        // Only the bytes wait for the answer, not the larger JSON tree (see the OpenAI
-        // provider).
-        let body = serde_json::to_vec(&self.request_body(request))?;
+        // Only the bytes wait for the answer, not a JSON tree several times their size (a
+        // session's request is in flight for the model's whole latency).
+        let body = self.request_bytes(request)?;
         let mut req = self
             .client
             .post(&self.url)
@@ -198,66 +208,134 @@ async fn http_error(resp: reqwest::Response, idle: std::time::Duration) -> Error
 // Request conversion
 
 #[derive(Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<WireThinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    messages: Vec<WireTurn<'a>>,
+}
+
+#[derive(Serialize)]
+struct WireThinking {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    budget_tokens: u32,
+}
+
+#[derive(Serialize)]
 struct WireTool<'a> {
     name: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     description: &'a str,
-    input_schema: Value,
+    input_schema: Cow<'a, Value>,
+}
+
+#[derive(Serialize)]
+struct WireTurn<'a> {
+    role: &'static str,
+    content: TurnContent<'a>,
+}
+
+/// A user turn of one text block goes out as a plain string, like the SDKs send it.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TurnContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<WireBlock<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
+    ToolUse {
+        id: String,
+        name: &'a str,
+        input: Cow<'a, Value>,
+    },
+    ToolResult {
+        tool_use_id: String,
+        content: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
 }
 
 /// One turn being built; blocks are only collapsed to a plain string at the end.
-struct Turn {
+struct Turn<'a> {
     role: &'static str,
-    blocks: Vec<Value>,
+    blocks: Vec<WireBlock<'a>>,
 }
 
 fn build_body(request: &LlmRequest<'_>, thinking_budget: Option<u32>) -> Value {
+    // Serializing these structs cannot fail: every map key is a string.
+    serde_json::to_value(wire_request(request, thinking_budget)).unwrap_or_default()
+}
+
+fn wire_request<'a>(request: &'a LlmRequest<'a>, thinking_budget: Option<u32>) -> WireRequest<'a> {
     let (messages, stray_system) = convert_messages(request.messages.iter().map(|m| &**m));
-    let mut body = Map::new();
-    body.insert("model".into(), json!(request.model));
-
     let mut max_tokens = request.max_tokens;
-    if let Some(budget) = thinking_budget {
-        // The API rejects budget_tokens >= max_tokens; keep the requested room for the answer.
-        if max_tokens <= budget {
-            max_tokens = budget.saturating_add(max_tokens.max(1));
+    let (thinking, temperature) = match thinking_budget {
+        Some(budget) => {
+            // The API rejects budget_tokens >= max_tokens; keep the requested room for the
+            // answer.
+            if max_tokens <= budget {
+                max_tokens = budget.saturating_add(max_tokens.max(1));
+            }
+            let thinking = WireThinking {
+                kind: "enabled",
+                budget_tokens: budget,
+            };
+            // The API refuses a temperature with extended thinking.
+            (Some(thinking), None)
         }
-        body.insert(
-            "thinking".into(),
-            json!({"type": "enabled", "budget_tokens": budget}),
-        );
-    } else {
-        // Anthropic accepts 0..=1 while the neutral schema allows OpenAI's 0..=2.
-        body.insert(
-            "temperature".into(),
-            json!(request.temperature.clamp(0.0, 1.0)),
-        );
-    }
-    body.insert("max_tokens".into(), json!(max_tokens));
-
+        // Anthropic accepts 0..=1 while the neutral schema allows OpenAI's 0..=2. Sent as
+        // the decimal the session asked for, not the f32 widened.
+        None => (
+            None,
+            Some(f32_for_json(request.temperature.clamp(0.0, 1.0))),
+        ),
+    };
     let mut system: Vec<&str> = Vec::new();
     if let Some(s) = request.system.as_deref()
         && !s.trim().is_empty()
     {
         system.push(s);
     }
-    system.extend(stray_system.iter().map(String::as_str));
-    if !system.is_empty() {
-        body.insert("system".into(), json!(system.join("\n\n")));
+    system.extend(stray_system);
+    WireRequest {
+        model: &request.model,
+        thinking,
+        temperature,
+        max_tokens,
+        system: (!system.is_empty()).then(|| system.join("\n\n")),
+        stream: true,
+        tools: request.tools.iter().map(wire_tool).collect(),
+        messages,
     }
-    body.insert("stream".into(), json!(true));
-    if !request.tools.is_empty() {
-        let tools: Vec<WireTool<'_>> = request.tools.iter().map(wire_tool).collect();
-        body.insert("tools".into(), json!(tools));
-    }
-    body.insert("messages".into(), Value::Array(messages));
-    Value::Object(body)
 }
 
 fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
     let input_schema = match &t.parameters {
-        Value::Object(o) if !o.is_empty() => t.parameters.clone(),
-        _ => json!({"type": "object", "properties": {}}),
+        Value::Object(o) if !o.is_empty() => Cow::Borrowed(&t.parameters),
+        _ => Cow::Owned(json!({"type": "object", "properties": {}})),
     };
     WireTool {
         name: &t.name,
@@ -271,14 +349,14 @@ fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
 /// `system`).
 fn convert_messages<'m>(
     messages: impl IntoIterator<Item = &'m Message>,
-) -> (Vec<Value>, Vec<String>) {
-    let mut turns: Vec<Turn> = Vec::new();
+) -> (Vec<WireTurn<'m>>, Vec<&'m str>) {
+    let mut turns: Vec<Turn<'m>> = Vec::new();
     let mut stray_system = Vec::new();
     for m in messages {
         match m.role {
             Role::System => {
                 if !m.content.trim().is_empty() {
-                    stray_system.push(m.content.clone());
+                    stray_system.push(m.content.as_str());
                 }
             }
             Role::User => {
@@ -286,7 +364,7 @@ fn convert_messages<'m>(
                 if m.content.is_empty() {
                     continue;
                 }
-                let block = json!({"type": "text", "text": m.content});
+                let block = WireBlock::Text { text: &m.content };
                 match turns.last_mut() {
                     Some(t) if t.role == "user" => t.blocks.push(block),
                     _ => turns.push(Turn {
@@ -309,14 +387,11 @@ fn convert_messages<'m>(
                 }
             }
             Role::Tool => {
-                let mut block = json!({
-                    "type": "tool_result",
-                    "tool_use_id": wire_id(m.tool_call_id.as_deref().unwrap_or_default()),
-                    "content": m.content,
-                });
-                if m.is_error {
-                    block["is_error"] = json!(true);
-                }
+                let block = WireBlock::ToolResult {
+                    tool_use_id: wire_id(m.tool_call_id.as_deref().unwrap_or_default()),
+                    content: &m.content,
+                    is_error: m.is_error,
+                };
                 match turns.last_mut() {
                     // Results must precede any text in the user turn that answers the
                     // assistant's tool_use blocks.
@@ -324,7 +399,7 @@ fn convert_messages<'m>(
                         let pos = t
                             .blocks
                             .iter()
-                            .position(|b| b["type"] != "tool_result")
+                            .position(|b| !matches!(b, WireBlock::ToolResult { .. }))
                             .unwrap_or(t.blocks.len());
                         t.blocks.insert(pos, block);
                     }
@@ -340,50 +415,57 @@ fn convert_messages<'m>(
         .into_iter()
         .map(|t| {
             let content = match t.blocks.as_slice() {
-                [only] if t.role == "user" && only["type"] == "text" => only["text"].clone(),
-                _ => Value::Array(t.blocks),
+                [WireBlock::Text { text }] if t.role == "user" => TurnContent::Text(text),
+                _ => TurnContent::Blocks(t.blocks),
             };
-            json!({"role": t.role, "content": content})
+            WireTurn {
+                role: t.role,
+                content,
+            }
         })
         .collect();
     (out, stray_system)
 }
 
-fn assistant_blocks(m: &Message) -> Vec<Value> {
+fn assistant_blocks(m: &Message) -> Vec<WireBlock<'_>> {
     let mut blocks = Vec::new();
     for t in &m.thinking {
         if let Some(data) = &t.redacted {
-            blocks.push(json!({"type": "redacted_thinking", "data": data}));
-        } else if let Some(sig) = t.signature.as_deref().filter(|s| !s.is_empty()) {
-            blocks.push(json!({"type": "thinking", "thinking": t.text, "signature": sig}));
+            blocks.push(WireBlock::RedactedThinking { data });
+        } else if let Some(signature) = t.signature.as_deref().filter(|s| !s.is_empty()) {
+            blocks.push(WireBlock::Thinking {
+                thinking: &t.text,
+                signature,
+            });
         }
         // Unsigned reasoning (another model's `<think>` text) would be rejected as a
         // thinking block and is not worth replaying as text: it is dropped.
     }
     if !m.content.is_empty() {
-        blocks.push(json!({"type": "text", "text": m.content}));
+        blocks.push(WireBlock::Text { text: &m.content });
     }
     for c in &m.tool_calls {
-        blocks.push(json!({
-            "type": "tool_use",
-            "id": wire_id(&c.id),
-            "name": c.name,
-            "input": tool_input(c),
-        }));
+        blocks.push(WireBlock::ToolUse {
+            id: wire_id(&c.id),
+            name: &c.name,
+            input: tool_input(c),
+        });
     }
     blocks
 }
 
 /// `tool_use.input` must be an object; anything else is wrapped so the model sees it.
-fn tool_input(c: &ToolCall) -> Value {
+fn tool_input(c: &ToolCall) -> Cow<'_, Value> {
     match &c.arguments {
         Value::Object(o) => match o.get("_raw") {
-            Some(raw) if o.len() == 1 && !raw.is_string() => json!({"_raw": raw.to_string()}),
-            _ => c.arguments.clone(),
+            Some(raw) if o.len() == 1 && !raw.is_string() => {
+                Cow::Owned(json!({"_raw": raw.to_string()}))
+            }
+            _ => Cow::Borrowed(&c.arguments),
         },
-        Value::Null => json!({}),
-        Value::String(s) => json!({"_raw": s}),
-        other => json!({"_raw": other.to_string()}),
+        Value::Null => Cow::Owned(json!({})),
+        Value::String(s) => Cow::Owned(json!({"_raw": s})),
+        other => Cow::Owned(json!({"_raw": other.to_string()})),
     }
 }
 
@@ -443,34 +525,37 @@ impl StreamDecoder {
         if data.is_empty() {
             return Ok(Vec::new());
         }
-        let v: Value = serde_json::from_str(data).map_err(|e| {
+        let v = parse_event(data).map_err(|e| {
             let head: String = data.chars().take(200).collect();
             Error::Decode(format!("anthropic stream event is not JSON ({e}): {head}"))
         })?;
         let ty = v
-            .get("type")
-            .and_then(Value::as_str)
+            .kind
+            .as_deref()
             .or(ev.event.as_deref())
             .unwrap_or_default();
         let mut out = Vec::new();
         match ty {
             "message_start" => {
-                let msg = &v["message"];
-                if let Some(model) = msg.get("model").and_then(Value::as_str) {
-                    out.push(LlmEvent::Model(model.to_string()));
+                if let Some(model) = v.message.model {
+                    out.push(LlmEvent::Model(model));
                 }
-                if let Some(u) = msg.get("usage") {
+                if let Some(u) = &v.message.usage {
                     self.assign_usage(u);
                     out.push(LlmEvent::Usage(self.usage));
                 }
             }
-            "content_block_start" => self.block_start(&v, &mut out),
-            "content_block_delta" => self.block_delta(&v, &mut out),
+            "content_block_start" => {
+                self.block_start(v.index.unwrap_or_default(), v.content_block, &mut out)
+            }
+            "content_block_delta" => {
+                self.block_delta(v.index.unwrap_or_default(), v.delta, &mut out)
+            }
             "message_delta" => {
-                if let Some(r) = v["delta"].get("stop_reason").and_then(Value::as_str) {
+                if let Some(r) = &v.delta.stop_reason {
                     self.finish = Some(map_stop_reason(r));
                 }
-                if let Some(u) = v.get("usage") {
+                if let Some(u) = &v.usage {
                     self.assign_usage(u);
                     out.push(LlmEvent::Usage(self.usage));
                 }
@@ -480,13 +565,8 @@ impl StreamDecoder {
                 out.push(LlmEvent::Done(self.finish.clone().unwrap_or_default()));
             }
             "error" => {
-                let err = &v["error"];
-                let code = err.get("type").and_then(Value::as_str).map(str::to_string);
-                let message = err
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("stream error")
-                    .to_string();
+                let code = v.error.kind;
+                let message = v.error.message.unwrap_or_else(|| "stream error".into());
                 let retryable = matches!(
                     code.as_deref(),
                     Some("overloaded_error" | "api_error" | "rate_limit_error")
@@ -503,53 +583,38 @@ impl StreamDecoder {
         Ok(out)
     }
 
-    fn block_start(&mut self, v: &Value, out: &mut Vec<LlmEvent>) {
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or_default();
-        let cb = &v["content_block"];
-        let block = match cb.get("type").and_then(Value::as_str).unwrap_or_default() {
+    fn block_start(&mut self, index: u64, cb: WireContentBlock, out: &mut Vec<LlmEvent>) {
+        let block = match cb.kind.as_deref().unwrap_or_default() {
             "text" => {
-                if let Some(t) = cb
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .filter(|t| !t.is_empty())
-                {
-                    out.push(LlmEvent::TextDelta(t.to_string()));
+                if let Some(t) = cb.text.filter(|t| !t.is_empty()) {
+                    out.push(LlmEvent::TextDelta(t));
                 }
                 Block::Text
             }
             "thinking" => {
                 // Always open the block, so a signature arriving without text has one.
-                let t = cb
-                    .get("thinking")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
-                out.push(LlmEvent::ThinkingDelta(t.to_string()));
-                if let Some(sig) = cb
-                    .get("signature")
-                    .and_then(Value::as_str)
-                    .filter(|s| !s.is_empty())
-                {
-                    out.push(LlmEvent::ThinkingSignature(sig.to_string()));
+                out.push(LlmEvent::ThinkingDelta(cb.thinking.unwrap_or_default()));
+                if let Some(sig) = cb.signature.filter(|s| !s.is_empty()) {
+                    out.push(LlmEvent::ThinkingSignature(sig));
                 }
                 Block::Thinking
             }
             "redacted_thinking" => {
-                let data = cb.get("data").and_then(Value::as_str).unwrap_or_default();
-                out.push(LlmEvent::RedactedThinking(data.to_string()));
+                out.push(LlmEvent::RedactedThinking(cb.data.unwrap_or_default()));
                 Block::Ignored
             }
             "tool_use" => {
                 let ordinal = self.tools;
                 self.tools += 1;
                 // Announce the call now: a tool without input gets no input_json_delta.
-                let (arguments, whole) = match cb.get("input") {
-                    Some(Value::Object(o)) if !o.is_empty() => (cb["input"].to_string(), true),
+                let (arguments, whole) = match &cb.input {
+                    Some(input @ Value::Object(o)) if !o.is_empty() => (input.to_string(), true),
                     _ => (String::new(), false),
                 };
                 out.push(LlmEvent::ToolCallDelta {
                     index: ordinal,
-                    id: cb.get("id").and_then(Value::as_str).map(str::to_string),
-                    name: cb.get("name").and_then(Value::as_str).map(str::to_string),
+                    id: cb.id,
+                    name: cb.name,
                     arguments,
                 });
                 Block::Tool { ordinal, whole }
@@ -560,27 +625,20 @@ impl StreamDecoder {
         self.blocks.insert(index, block);
     }
 
-    fn block_delta(&mut self, v: &Value, out: &mut Vec<LlmEvent>) {
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or_default();
+    fn block_delta(&mut self, index: u64, d: WireDelta, out: &mut Vec<LlmEvent>) {
         let block = self.blocks.get(&index).copied();
-        let d = &v["delta"];
-        let ty = d.get("type").and_then(Value::as_str).unwrap_or_default();
-        let field = match ty {
-            "text_delta" => "text",
-            "input_json_delta" => "partial_json",
-            "thinking_delta" => "thinking",
-            "signature_delta" => "signature",
+        let ty = d.kind.as_deref().unwrap_or_default();
+        let text = match ty {
+            "text_delta" => d.text,
+            "input_json_delta" => d.partial_json,
+            "thinking_delta" => d.thinking,
+            "signature_delta" => d.signature,
             // citations_delta and later additions carry nothing the schema keeps.
             _ => return,
         };
-        let Some(text) = d
-            .get(field)
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-        else {
+        let Some(text) = text.filter(|t| !t.is_empty()) else {
             return;
         };
-        let text = text.to_string();
         let ev = match (ty, block) {
             ("text_delta", Some(Block::Ignored)) => return,
             ("text_delta", _) => LlmEvent::TextDelta(text),
@@ -604,27 +662,268 @@ impl StreamDecoder {
     }
 
     /// Anthropic reports usage as running totals: fields present overwrite, never add.
-    fn assign_usage(&mut self, u: &Value) {
-        let get = |k: &str| u.get(k).and_then(Value::as_u64);
-        if let Some(n) = get("input_tokens") {
-            self.usage.input_tokens = n;
+    fn assign_usage(&mut self, u: &WireUsage) {
+        let fields = [
+            (u.input_tokens, &mut self.usage.input_tokens),
+            (u.output_tokens, &mut self.usage.output_tokens),
+            (u.cache_read_input_tokens, &mut self.usage.cache_read_tokens),
+            (
+                u.cache_creation_input_tokens,
+                &mut self.usage.cache_write_tokens,
+            ),
+            (
+                u.output_tokens_details.thinking_tokens,
+                &mut self.usage.reasoning_tokens,
+            ),
+        ];
+        for (reported, total) in fields {
+            if let Some(n) = reported {
+                *total = n;
+            }
         }
-        if let Some(n) = get("output_tokens") {
-            self.usage.output_tokens = n;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Stream event structs. Lenient like the API's own SDKs: a missing field is absent, a field
+// of an unexpected JSON type is treated as absent (see [`lenient`]), unknown fields and
+// event types are ignored.
+
+/// One event's JSON. A payload that is JSON but not an object reads as an event with no
+/// fields (its SSE `event:` name may still say what it is).
+fn parse_event(data: &str) -> serde_json::Result<WireEvent> {
+    let mut de = serde_json::Deserializer::from_str(data);
+    let event = lenient::object(&mut de)?;
+    de.end()?;
+    Ok(event)
+}
+
+/// Every field any streamed event type uses; which ones matter depends on `type`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireEvent {
+    #[serde(rename = "type", deserialize_with = "lenient::string")]
+    kind: Option<String>,
+    /// `message_start`.
+    #[serde(deserialize_with = "lenient::object")]
+    message: WireMessageStart,
+    #[serde(deserialize_with = "lenient::u64")]
+    index: Option<u64>,
+    /// `content_block_start`.
+    #[serde(deserialize_with = "lenient::object")]
+    content_block: WireContentBlock,
+    /// `content_block_delta` (a block's delta) and `message_delta` (the stop reason).
+    #[serde(deserialize_with = "lenient::object")]
+    delta: WireDelta,
+    /// `message_delta`.
+    #[serde(deserialize_with = "lenient::present")]
+    usage: Option<WireUsage>,
+    /// `error`.
+    #[serde(deserialize_with = "lenient::object")]
+    error: WireError,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireMessageStart {
+    #[serde(deserialize_with = "lenient::string")]
+    model: Option<String>,
+    #[serde(deserialize_with = "lenient::present")]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireContentBlock {
+    #[serde(rename = "type", deserialize_with = "lenient::string")]
+    kind: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    text: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    thinking: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    signature: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    data: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    id: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    name: Option<String>,
+    input: Option<Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireDelta {
+    #[serde(rename = "type", deserialize_with = "lenient::string")]
+    kind: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    text: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    partial_json: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    thinking: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    signature: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    stop_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireUsage {
+    #[serde(deserialize_with = "lenient::u64")]
+    input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::u64")]
+    output_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::u64")]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::u64")]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(deserialize_with = "lenient::object")]
+    output_tokens_details: WireUsageDetails,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireUsageDetails {
+    #[serde(deserialize_with = "lenient::u64")]
+    thinking_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireError {
+    #[serde(rename = "type", deserialize_with = "lenient::string")]
+    kind: Option<String>,
+    #[serde(deserialize_with = "lenient::string")]
+    message: Option<String>,
+}
+
+/// Field deserializers that take what they expect and treat any other JSON value as
+/// absent, without failing the event: proxies and API additions send `null`s and odd
+/// types in places, and a usable event must not be lost to a field we do not need.
+mod lenient {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::value::MapAccessDeserializer;
+    use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+    /// A JSON value reduced to what the event structs read from a scalar field.
+    enum Scalar {
+        Str(String),
+        U64(u64),
+        Other,
+    }
+
+    struct ScalarVisitor;
+
+    impl<'de> Visitor<'de> for ScalarVisitor {
+        type Value = Scalar;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
         }
-        if let Some(n) = get("cache_read_input_tokens") {
-            self.usage.cache_read_tokens = n;
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+            Ok(Scalar::Str(v.to_owned()))
         }
-        if let Some(n) = get("cache_creation_input_tokens") {
-            self.usage.cache_write_tokens = n;
+        fn visit_string<E: de::Error>(self, v: String) -> Result<Scalar, E> {
+            Ok(Scalar::Str(v))
         }
-        if let Some(n) = u
-            .get("output_tokens_details")
-            .and_then(|d| d.get("thinking_tokens"))
-            .and_then(Value::as_u64)
-        {
-            self.usage.reasoning_tokens = n;
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+            Ok(Scalar::U64(v))
         }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Scalar, E> {
+            Ok(Scalar::Other)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Scalar, E> {
+            Ok(Scalar::Other)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Scalar, E> {
+            Ok(Scalar::Other)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Scalar, E> {
+            Ok(Scalar::Other)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Scalar::Other)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Scalar::Other)
+        }
+    }
+
+    /// A string field.
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(match d.deserialize_any(ScalarVisitor)? {
+            Scalar::Str(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    /// A non-negative integer field.
+    pub fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Ok(match d.deserialize_any(ScalarVisitor)? {
+            Scalar::U64(n) => Some(n),
+            _ => None,
+        })
+    }
+
+    /// An object field, parsed as `T`; any other value reads as `None`.
+    struct ObjectVisitor<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<T>, A::Error> {
+            T::deserialize(MapAccessDeserializer::new(map)).map(Some)
+        }
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<T>, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+    }
+
+    /// An object field; any other value reads as an empty object.
+    pub fn object<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Default,
+    {
+        Ok(d.deserialize_any(ObjectVisitor(PhantomData))?
+            .unwrap_or_default())
+    }
+
+    /// An object field whose presence matters: present with any value, it is `Some` (an
+    /// empty object when it is not one).
+    pub fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + Default,
+    {
+        object(d).map(Some)
     }
 }
 
@@ -778,6 +1077,92 @@ mod tests {
         assert_eq!(user[0]["is_error"], true);
         assert!(user[1].get("is_error").is_none());
         assert_eq!(user[3], json!({"type": "text", "text": "next"}));
+    }
+
+    fn sse(event: Option<&str>, data: &str) -> SseEvent {
+        SseEvent {
+            event: event.map(str::to_string),
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn fields_of_an_unexpected_type_read_as_absent() {
+        let mut d = StreamDecoder::new();
+        let evs = d
+            .handle(&sse(
+                None,
+                r#"{"type":"message_start","message":{"model":7,"usage":null,"extra":[1,{"a":2}]}}"#,
+            ))
+            .unwrap();
+        // A usage field that is present reports the totals, even when it says nothing.
+        assert_eq!(evs, vec![LlmEvent::Usage(Usage::default())]);
+        let evs = d
+            .handle(&sse(
+                None,
+                r#"{"type":"content_block_start","index":"0","content_block":{"type":"tool_use","id":"t1","name":["x"],"input":null}}"#,
+            ))
+            .unwrap();
+        assert_eq!(
+            evs,
+            vec![LlmEvent::ToolCallDelta {
+                index: 0,
+                id: Some("t1".into()),
+                name: None,
+                arguments: String::new(),
+            }]
+        );
+        let evs = d
+            .handle(&sse(
+                None,
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"a\":1}"}}"#,
+            ))
+            .unwrap();
+        assert_eq!(
+            evs,
+            vec![LlmEvent::ToolCallDelta {
+                index: 0,
+                id: None,
+                name: None,
+                arguments: "{\"a\":1}".into(),
+            }]
+        );
+        let evs = d
+            .handle(&sse(
+                None,
+                r#"{"type":"message_delta","delta":"odd","usage":{"output_tokens":-1,"input_tokens":12.5,"cache_read_input_tokens":3}}"#,
+            ))
+            .unwrap();
+        assert_eq!(
+            evs,
+            vec![LlmEvent::Usage(Usage {
+                cache_read_tokens: 3,
+                ..Default::default()
+            })]
+        );
+        // Not an object: the SSE event name says what it is.
+        let evs = d.handle(&sse(Some("message_stop"), "[]")).unwrap();
+        assert_eq!(evs, vec![LlmEvent::Done(FinishReason::Stop)]);
+        assert!(d.is_done());
+        // Unknown events are ignored whatever they carry.
+        let evs = d
+            .handle(&sse(
+                None,
+                r#"{"type":"future_event","delta":[1],"index":{}}"#,
+            ))
+            .unwrap();
+        assert!(evs.is_empty());
+        // Only text that is not JSON at all is a decode error.
+        assert!(matches!(
+            d.handle(&sse(None, r#"{"type":"ping""#)),
+            Err(Error::Decode(_))
+        ));
+        assert!(matches!(
+            d.handle(&sse(None, r#"{"type":"ping"} trailing"#)),
+            Err(Error::Decode(_))
+        ));
     }
 
     #[test]

@@ -13,11 +13,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::sse::{SseEvent, error_chain, sse_events};
-use super::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, parse_retry_after};
+use super::{
+    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, f32_for_json, parse_retry_after,
+};
 use crate::error::{Error, Result};
 use crate::schema::{FinishReason, Message, Role, ToolCall, Usage};
 
@@ -129,91 +131,173 @@ impl OpenAiProvider {
 
     /// The JSON body sent for `request`. Public so callers can log or inspect it.
     pub fn request_body(&self, request: &LlmRequest<'_>) -> Value {
-        let mut messages = Vec::with_capacity(request.messages.len() + 1);
-        if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
-            messages.push(json!({"role": "system", "content": system}));
-        }
-        for m in &request.messages {
-            messages.push(self.wire_message(m));
-        }
-        let mut body = json!({
-            "model": request.model,
-            "messages": messages,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-            "temperature": f32_for_json(request.temperature),
-            "max_tokens": request.max_tokens,
-        });
-        if !request.tools.is_empty() {
-            let tools: Vec<Value> = request
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters": t.parameters,
-                        }
-                    })
-                })
-                .collect();
-            body["tools"] = Value::Array(tools);
-        }
-        body
+        // Serializing these structs cannot fail: every map key is a string.
+        serde_json::to_value(self.wire_request(request)).unwrap_or_default()
     }
 
-    fn wire_message(&self, m: &Message) -> Value {
+    /// The bytes POSTed for `request`: [`OpenAiProvider::request_body`], serialized
+    /// straight from the wire structs.
+    pub fn request_bytes(&self, request: &LlmRequest<'_>) -> Result<Vec<u8>> {
+        Ok(serde_json::to_vec(&self.wire_request(request))?)
+    }
+
+    fn wire_request<'a>(&'a self, request: &'a LlmRequest<'a>) -> WireRequest<'a> {
+        let mut messages = Vec::with_capacity(request.messages.len() + 1);
+        if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
+            messages.push(WireMessage::text("system", system));
+        }
+        messages.extend(request.messages.iter().map(|m| self.wire_message(m)));
+        WireRequest {
+            model: &request.model,
+            messages,
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            temperature: f32_for_json(request.temperature),
+            max_tokens: request.max_tokens,
+            tools: request
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: WireToolFunction {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+        }
+    }
+
+    fn wire_message<'a>(&'a self, m: &'a Message) -> WireMessage<'a> {
         match m.role {
-            Role::System => json!({"role": "system", "content": m.content}),
-            Role::User => json!({"role": "user", "content": m.content}),
-            Role::Tool => json!({
-                "role": "tool",
-                "tool_call_id": m.tool_call_id.as_deref().unwrap_or_default(),
-                "content": m.content,
-            }),
+            Role::System => WireMessage::text("system", &m.content),
+            Role::User => WireMessage::text("user", &m.content),
+            Role::Tool => WireMessage {
+                tool_call_id: Some(m.tool_call_id.as_deref().unwrap_or_default()),
+                ..WireMessage::text("tool", &m.content)
+            },
             Role::Assistant => {
-                let mut out = Map::new();
-                out.insert("role".into(), "assistant".into());
-                let content = if m.content.is_empty() && !m.tool_calls.is_empty() {
-                    Value::Null
-                } else {
-                    Value::String(m.content.clone())
-                };
-                out.insert("content".into(), content);
-                if !m.tool_calls.is_empty() {
-                    let calls: Vec<Value> = m
-                        .tool_calls
-                        .iter()
-                        .map(|c| {
-                            json!({
-                                "id": c.id,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": arguments_string(c)},
-                            })
-                        })
-                        .collect();
-                    out.insert("tool_calls".into(), Value::Array(calls));
-                }
+                // A turn that only calls tools has `null` content, as OpenAI sends it.
+                let content = (!m.content.is_empty() || m.tool_calls.is_empty())
+                    .then_some(m.content.as_str());
+                let tool_calls = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| WireCallOut {
+                        id: &c.id,
+                        kind: "function",
+                        function: WireCallFunction {
+                            name: &c.name,
+                            arguments: arguments_string(c),
+                        },
+                    })
+                    .collect();
                 // Thinking is not part of the Chat Completions input; only servers that ask
                 // for it get it back (see `with_reasoning_replay`).
-                if let Some(field) = &self.reasoning_replay_field {
+                let reasoning = self.reasoning_replay_field.as_deref().and_then(|field| {
                     let text: String = m.thinking.iter().map(|t| t.text.as_str()).collect();
-                    if !text.is_empty() {
-                        out.insert(field.clone(), Value::String(text));
-                    }
+                    (!text.is_empty()).then_some(Replay { field, text })
+                });
+                WireMessage {
+                    role: "assistant",
+                    tool_call_id: None,
+                    content,
+                    tool_calls,
+                    reasoning,
                 }
-                Value::Object(out)
             }
         }
     }
 }
 
-/// An `f32` as the f64 its decimal form denotes: `0.1f32` goes out as `0.1`, not as
-/// `0.10000000149011612`.
-fn f32_for_json(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
+// ---- request body ----
+
+#[derive(Serialize)]
+struct WireRequest<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    stream: bool,
+    stream_options: StreamOptions,
+    temperature: f64,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// One input message. `content` is `null` only for an assistant turn that just calls tools.
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireCallOut<'a>>,
+    #[serde(flatten)]
+    reasoning: Option<Replay<'a>>,
+}
+
+impl<'a> WireMessage<'a> {
+    fn text(role: &'static str, content: &'a str) -> Self {
+        WireMessage {
+            role,
+            tool_call_id: None,
+            content: Some(content),
+            tool_calls: Vec::new(),
+            reasoning: None,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct WireCallOut<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireCallFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireCallFunction<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
+/// Earlier reasoning, under the field name the server wants it in.
+struct Replay<'a> {
+    field: &'a str,
+    text: String,
+}
+
+impl Serialize for Replay<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry(self.field, &self.text)?;
+        map.end()
+    }
 }
 
 /// Tool-call arguments as the JSON string the API wants. Arguments that were not valid JSON
@@ -235,10 +319,11 @@ impl LlmProvider for OpenAiProvider {
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
-        // Only the bytes wait for the answer: the JSON tree they are made from is several
-        // times their size, and a session's request is in flight for the model's whole
-        // latency (the bench's 5 000 sessions peaked at 968 MiB with the trees, 726 without).
-        let body = serde_json::to_vec(&self.request_body(request))?;
+        // Only the bytes wait for the answer, serialized straight from borrowed wire structs:
+        // a JSON tree is several times their size, and a session's request is in flight
+        // for the model's whole latency (the bench's 5 000 sessions peaked at 968 MiB with
+        // trees, 726 without).
+        let body = self.request_bytes(request)?;
         let resp = self
             .client
             .post(&self.url)
@@ -692,6 +777,7 @@ fn stream_error(err: &Value) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn raw_arguments_are_sent_back_verbatim() {
