@@ -4,10 +4,10 @@
 //! [`Checkpointer`] it is handed (a response whose calls have no effect anywhere may share
 //! one checkpoint with their results; see [`Agent::write_ahead_grace`]).
 //!
-//! - [`run`](self::run): the loop, one [`Step`](crate::state::Step) at a time;
-//! - [`llm`](self::llm): one LLM call with its retry policy;
-//! - [`stream`](self::stream): assembling a streamed answer into a message (pure);
-//! - [`tools`](self::tools): a tool round and one call through the guards.
+//! - `run`: the loop, one [`Step`](crate::state::Step) at a time;
+//! - `llm`: one LLM call with its retry policy;
+//! - `stream`: assembling a streamed answer into a message (pure);
+//! - `tools`: a tool round and one call through the guards.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -14,6 +14,7 @@ use crate::schema::{FinishReason, Message, ToolSpec, Usage};
 
 pub mod anthropic;
 pub mod factory;
+mod lenient;
 pub mod openai;
 pub mod scripted;
 pub mod sse;
