@@ -1,7 +1,9 @@
-//! The loop's state between steps, and the pure logic that decides the next step. It does
-//! no I/O: the driver performs what [`SessionState::next_step`] asks for and feeds the
-//! results back. The state is exactly what a checkpoint stores, so resuming a session is
-//! "load the state, keep stepping".
+//! The loop's state between steps, and the pure logic that makes every decision of the
+//! loop. It does no I/O: the driver performs the [`Step`] that [`SessionState::decide`]
+//! names and feeds the results back through the state's methods (which return a small
+//! decision when something follows from them: [`Drain`], [`AfterTools`]). The state is
+//! exactly what a checkpoint stores, so resuming a session is "load the state, keep
+//! stepping".
 
 use std::borrow::Cow;
 
@@ -9,12 +11,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::provider::LlmRequest;
+use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
+use crate::spec::{ExitReason, Mode, SessionSpec};
 
 mod think;
 mod view;
 
-use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
-use crate::spec::{ExitReason, Mode, SessionSpec};
 pub use think::{Piece, ThinkSplitter, strip_think};
 pub use view::{normalize_history, request_view, truncate_output};
 
