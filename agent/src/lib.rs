@@ -1,4 +1,4 @@
-//! agentq-agent: the agent loop of the seeds, provider-neutral and tool-neutral.
+//! agentq-agent: the agent loop, provider-neutral and tool-neutral.
 //!
 //! This crate owns the internal schema ([`schema`]), the two extension traits
 //! ([`provider::LlmProvider`], [`tools::Tool`]), the loop state machine ([`state`]) and the

@@ -23,7 +23,8 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
-    /// Parse streamed argument text tolerantly (seed 002): empty means `{}`, invalid JSON
+    /// Parse streamed argument text tolerantly, so a malformed call goes back to the model
+    /// to fix instead of failing the turn: empty means `{}`, invalid JSON
     /// becomes `{"_raw": text}`.
     pub fn parse_arguments(raw: &str) -> Value {
         let trimmed = raw.trim();

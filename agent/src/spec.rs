@@ -1,5 +1,5 @@
-//! What a session is asked to do and under which limits: the per-session knobs of the
-//! seeds with their defaults, the run modes, and the reasons a session ends.
+//! What a session is asked to do and under which limits: the per-session knobs with their
+//! defaults, the run modes, and the reasons a session ends.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,7 +15,8 @@ pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
 pub const DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS: u32 = 3;
 pub const DEFAULT_HISTORY_WINDOW: usize = 100;
 
-/// Run modes of seed 003.
+/// How much a session may do: run tools, or only answer or plan (a model asked for a plan
+/// or an answer from knowledge must not touch the workspace).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {

@@ -11,8 +11,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::driver::{
-    Agent, BackgroundInbox, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, RunEnd,
-    SuspendReason,
+    Agent, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, RunEnd, SuspendReason,
 };
 use agentq_agent::event::AgentEvent;
 use agentq_agent::guard::{Guards, Hook, HookDecision};
@@ -27,6 +26,9 @@ use agentq_agent::tools::{
     LocalWorkspace, SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry,
     ToolSettings,
 };
+
+mod support;
+use support::BackgroundInbox;
 
 // ---------- test doubles ----------
 

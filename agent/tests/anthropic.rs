@@ -759,3 +759,34 @@ fn bad_config_is_rejected() {
     assert!(matches!(AnthropicProvider::new(cfg), Err(Error::Config(_))));
     assert_eq!(AnthropicConfig::default().version, "2023-06-01");
 }
+
+/// The temperature goes out as the decimal the session asked for (an `f32` widened to f64
+/// would read `0.10000000149011612`), in the bytes POSTed and as the server parses them.
+#[tokio::test]
+async fn temperature_is_sent_as_the_decimal_asked_for() {
+    for (asked, sent) in [
+        (0.1f32, r#""temperature":0.1,"#),
+        (0.7, r#""temperature":0.7,"#),
+        (0.3, r#""temperature":0.3,"#),
+        // Clamped to the API's 0..=1.
+        (1.7, r#""temperature":1.0,"#),
+    ] {
+        let p = provider("http://127.0.0.1:9", None);
+        let mut req = request(vec![Message::user("hi")]);
+        req.temperature = asked;
+        let bytes = String::from_utf8(p.request_bytes(&req).unwrap()).unwrap();
+        assert!(bytes.contains(sent), "{asked}: {bytes}");
+        let body = serde_json::to_string(&p.request_body(&req)).unwrap();
+        assert!(body.contains(sent), "{asked}: {body}");
+    }
+
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(FakeResponse::sse(
+        fixture("anthropic_stream_text_tool_use.sse"),
+        CHUNK,
+    ));
+    let p = provider(&fake.url, None);
+    run_ok(&fake, &p, &request(vec![Message::user("hi")])).await;
+    let received = serde_json::to_string(&fake.requests()[0].body).unwrap();
+    assert!(received.contains(r#""temperature":0.1,"#), "{received}");
+}

@@ -790,3 +790,39 @@ async fn reasoning_replay_hook() {
     let body = &fake.requests()[0].body;
     assert_eq!(body["messages"][2]["reasoning_content"], "think");
 }
+
+/// The temperature goes out as the decimal the session asked for (an `f32` widened to f64
+/// would read `0.10000000149011612`), in the bytes POSTed and as the server parses them.
+#[tokio::test]
+async fn temperature_is_sent_as_the_decimal_asked_for() {
+    for (asked, sent) in [
+        (0.1f32, r#""temperature":0.1,"#),
+        (0.7, r#""temperature":0.7,"#),
+        (0.3, r#""temperature":0.3,"#),
+        (1.5, r#""temperature":1.5,"#),
+    ] {
+        let p = OpenAiProvider::new(OpenAiConfig {
+            base_url: "http://127.0.0.1:9/v1".into(),
+            api_key: None,
+            timeouts: HttpTimeouts::default(),
+            extra_headers: Vec::new(),
+        })
+        .unwrap();
+        let mut req = request();
+        req.temperature = asked;
+        let bytes = String::from_utf8(p.request_bytes(&req).unwrap()).unwrap();
+        assert!(bytes.contains(sent), "{asked}: {bytes}");
+        let body = serde_json::to_string(&p.request_body(&req)).unwrap();
+        assert!(body.contains(sent), "{asked}: {body}");
+    }
+
+    let fake = FakeLlm::start().await.unwrap();
+    fake.push(FakeResponse::sse(
+        fixture("openai_stream_text_usage.sse"),
+        CHUNK,
+    ));
+    let c = collect(&provider(&fake), &request()).await;
+    assert_clean(&c);
+    let received = serde_json::to_string(&fake.requests()[0].body).unwrap();
+    assert!(received.contains(r#""temperature":0.1,"#), "{received}");
+}

@@ -1,4 +1,4 @@
-//! The execution firewall (seed 001 step 5): deny zones for paths, commands and hosts,
+//! The execution firewall: deny zones for paths, commands and hosts,
 //! checked against a call's arguments before it runs. It sees only what the arguments
 //! declare: the paths a tool reports through [`Tool::paths`], a `command` string and a
 //! `url`. It does not see inside a directory a tool walks (`grep` over `.` still reads

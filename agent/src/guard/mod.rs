@@ -1,7 +1,8 @@
-//! The guard pipeline every tool call passes through, in seed 001's order: cancel check →
-//! provider-native skip → tenant/role permission → PreToolUse hooks → execution firewall →
-//! guardian → approval → (execute) → PostToolUse hooks. Each stage that says no produces a
-//! tool result the model sees, naming the stage.
+//! The guard pipeline every tool call passes through: cancel check → provider-native skip
+//! → tenant/role permission → PreToolUse hooks → execution firewall → guardian → approval
+//! → (execute) → PostToolUse hooks. The cheap, certain checks come first, and a human is
+//! asked last, only about calls every automatic stage let through. Each stage that says no
+//! produces a tool result the model sees, naming the stage.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ pub enum HookDecision {
     Deny(String),
 }
 
-/// Lifecycle hooks (seed 001: PreToolUse, PostToolUse, SessionStart, SessionEnd).
+/// Lifecycle hooks: PreToolUse, PostToolUse, SessionStart, SessionEnd.
 /// Every method has a do-nothing default so a hook implements only what it needs.
 #[async_trait]
 pub trait Hook: Send + Sync {
@@ -36,7 +37,8 @@ pub trait Hook: Send + Sync {
     async fn post_tool_use(&self, _session_id: &str, _call: &ToolCall, _output: &ToolOutput) {}
 }
 
-/// An optional reviewer (seed 001's GuardianAgent, e.g. an LLM) that can veto a call.
+/// An optional reviewer (e.g. an LLM judging the call in context) that can veto a call
+/// the static rules allowed.
 #[async_trait]
 pub trait Guardian: Send + Sync {
     async fn review(&self, session_id: &str, call: &ToolCall) -> HookDecision;
@@ -64,7 +66,7 @@ pub trait Approver: Send + Sync {
     ) -> ApprovalDecision;
 }
 
-/// Which tools a tenant or channel role may use (seed 001 step 3).
+/// Which tools a tenant or channel role may use (the pipeline's permission stage).
 #[derive(Debug, Clone)]
 pub struct Permissions {
     pub can_use_tools: bool,

@@ -14,6 +14,7 @@ use crate::schema::{FinishReason, Message, ToolSpec, Usage};
 
 pub mod anthropic;
 pub mod factory;
+mod lenient;
 pub mod openai;
 pub mod scripted;
 pub mod sse;
@@ -108,6 +109,12 @@ impl Default for HttpTimeouts {
             idle: Duration::from_secs(120),
         }
     }
+}
+
+/// An `f32` as the f64 its decimal form denotes, for request bodies: `0.1f32` goes out as
+/// `0.1` (what the session asked for), not as `0.10000000149011612` (the f32 widened).
+pub(crate) fn f32_for_json(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
 }
 
 /// Parse a `Retry-After` header: delta-seconds (possibly fractional) or an HTTP date.

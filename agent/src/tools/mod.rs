@@ -197,7 +197,8 @@ impl ToolRegistry {
     }
 }
 
-/// Names of the built-in tools that only read (the default set, seed 003).
+/// Names of the built-in tools that only read. They are the default set: a session that
+/// names no tools can look at its workspace but change nothing.
 pub const READ_ONLY_TOOLS: &[&str] = &["read_file", "list_dir", "glob", "grep"];
 
 /// Every built-in tool. `shell` is included only when the settings enable it.

@@ -1,0 +1,301 @@
+//! One LLM call as the loop makes it: streamed, bounded by the session deadline,
+//! abandoned on cancel or interrupt, measured, and retried on transient failures.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span, info_span};
+
+use super::Agent;
+use super::stream::{Assembled, StreamAssembler, is_token};
+use crate::error::{Error, ErrorClass, Result};
+use crate::event::AgentEvent;
+use crate::observe::{LlmCallInfo, outcome_of};
+use crate::provider::LlmRequest;
+use crate::schema::Usage;
+use crate::spec::ExitReason;
+use crate::state::{Outcome, SessionState};
+
+/// How an LLM call (with its retries) ended.
+pub(super) enum Attempt {
+    Got(Assembled),
+    Ended(Outcome),
+    /// The user interrupted the turn: drop the call, keep looping.
+    Interrupted,
+}
+
+/// What one try of the call came to.
+enum Try {
+    /// Done with the call: an answer, or a reason to stop trying.
+    Over(Attempt),
+    /// Failed; `label` is the outcome the observer was told.
+    Failed { err: Error, label: &'static str },
+}
+
+/// What every try of one call shares.
+struct CallCtx<'a> {
+    /// The history position of the message being produced (events belong to it).
+    seq: usize,
+    request: &'a LlmRequest<'a>,
+    cancel: &'a CancellationToken,
+    interrupt: CancellationToken,
+    provider: &'a str,
+}
+
+/// The delay before the retry after failed try number `attempt` (0-based), or `None` when
+/// the failure is not worth retrying or the retries are spent. The delay grows linearly
+/// from `base` and never undercuts what the server asked for.
+pub(super) fn retry_delay(
+    class: ErrorClass,
+    attempt: u32,
+    max_retries: u32,
+    base: Duration,
+) -> Option<Duration> {
+    match class {
+        ErrorClass::Retryable { after } if attempt < max_retries => {
+            let linear = base
+                .checked_mul(attempt.saturating_add(1))
+                .unwrap_or(Duration::MAX);
+            Some(linear.max(after.unwrap_or(Duration::ZERO)))
+        }
+        _ => None,
+    }
+}
+
+impl Agent {
+    /// The LLM call with its retry policy: transient failures (transport, 429/5xx, an
+    /// empty error finish) are retried up to `max_llm_retries` times with a growing delay
+    /// that honours `Retry-After`; anything else ends the session with the provider's
+    /// message.
+    pub(super) async fn call_with_retry(
+        &self,
+        state: &SessionState,
+        request: &LlmRequest<'_>,
+        cancel: &CancellationToken,
+    ) -> Attempt {
+        let ctx = CallCtx {
+            seq: state.messages.len(),
+            request,
+            cancel,
+            interrupt: self.interrupter.token(),
+            provider: self.provider.name(),
+        };
+        let max_retries = state.spec.max_llm_retries;
+        let base = Duration::from_millis(state.spec.retry_delay_ms);
+        let mut attempt: u32 = 0;
+        loop {
+            if cancel.is_cancelled() {
+                return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
+            }
+            if ctx.interrupt.is_cancelled() {
+                return Attempt::Interrupted;
+            }
+            let (err, label) = match self.try_once(&ctx, state, attempt).await {
+                Try::Over(a) => return a,
+                Try::Failed { err, label } => (err, label),
+            };
+            let Some(delay) = retry_delay(err.class(), attempt, max_retries, base) else {
+                return self.give_up(&ctx, attempt, &err);
+            };
+            self.observer.llm_retry(ctx.provider, label);
+            tracing::info!(error = %err, attempt, ?delay, "LLM call failed; retrying");
+            self.events.emit(
+                ctx.seq,
+                AgentEvent::Error {
+                    message: format!("{err} (retrying in {:.1}s)", delay.as_secs_f64()),
+                    retrying: true,
+                },
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = cancel.cancelled() => return Attempt::Ended(Outcome::new(ExitReason::Interrupted)),
+                _ = ctx.interrupt.cancelled() => return Attempt::Interrupted,
+            }
+            attempt += 1;
+        }
+    }
+
+    /// The call failed for good: say so and end the session.
+    fn give_up(&self, ctx: &CallCtx<'_>, attempt: u32, err: &Error) -> Attempt {
+        let message = if attempt > 0 {
+            format!("LLM call failed after {} attempts: {err}", attempt + 1)
+        } else {
+            format!("LLM call failed: {err}")
+        };
+        self.events.emit(
+            ctx.seq,
+            AgentEvent::Error {
+                message: message.clone(),
+                retrying: false,
+            },
+        );
+        Attempt::Ended(Outcome::error(message))
+    }
+
+    /// One try, within what is left of the session deadline, reported to the observer.
+    async fn try_once(&self, ctx: &CallCtx<'_>, state: &SessionState, attempt: u32) -> Try {
+        let request = ctx.request;
+        let span = info_span!(
+            "chat",
+            otel.name = %format!("chat {}", request.model),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = %ctx.provider,
+            gen_ai.request.model = %request.model,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            attempt,
+        );
+        let started = Instant::now();
+        let ttft = Mutex::new(None::<Duration>);
+        let call = async {
+            tokio::select! {
+                r = self.call_once(ctx.seq, request, ctx.cancel, started, &ttft) => Some(r),
+                _ = ctx.interrupt.cancelled() => None,
+            }
+        }
+        .instrument(span.clone());
+        let result = match state.deadline() {
+            Some(d) => {
+                let left = (d - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                match tokio::time::timeout(left, call).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Try::Over(Attempt::Ended(Outcome {
+                            reason: ExitReason::Timeout,
+                            result: None,
+                            error: Some("session deadline reached during an LLM call".into()),
+                        }));
+                    }
+                }
+            }
+            None => call.await,
+        };
+        let Some(result) = result else {
+            return Try::Over(Attempt::Interrupted);
+        };
+        let first_token = *ttft.lock().unwrap_or_else(|e| e.into_inner());
+        self.observe_try(ctx, &span, started, first_token, result)
+    }
+
+    /// Tell the observer (and the span) how a try went, and classify it.
+    fn observe_try(
+        &self,
+        ctx: &CallCtx<'_>,
+        span: &Span,
+        started: Instant,
+        first_token: Option<Duration>,
+        result: Result<Assembled>,
+    ) -> Try {
+        let report = |model: &str, outcome: &'static str, usage: Option<Usage>| {
+            self.observer.llm_call(&LlmCallInfo {
+                provider: ctx.provider,
+                model,
+                outcome,
+                duration: started.elapsed(),
+                time_to_first_token: first_token,
+                usage,
+            });
+        };
+        let err = match result {
+            Ok(r) if !r.empty_error => {
+                let usage = r.message.usage;
+                if let Some(u) = &usage {
+                    span.record("gen_ai.usage.input_tokens", u.input_tokens);
+                    span.record("gen_ai.usage.output_tokens", u.output_tokens);
+                }
+                let model = r.message.model.as_deref().unwrap_or(&ctx.request.model);
+                report(model, "ok", usage);
+                return Try::Over(Attempt::Got(r));
+            }
+            Ok(_) => Error::Stream {
+                message: "the model returned an error finish with no content".into(),
+                code: None,
+                retryable: true,
+            },
+            Err(Error::Cancelled) => {
+                report(&ctx.request.model, "cancelled", None);
+                return Try::Over(Attempt::Ended(Outcome::new(ExitReason::Interrupted)));
+            }
+            Err(e) => e,
+        };
+        let label = match &err {
+            Error::Stream { code: None, .. } => "empty_error",
+            e => outcome_of(e),
+        };
+        report(&ctx.request.model, label, None);
+        Try::Failed { err, label }
+    }
+
+    /// One streamed call, assembled into an assistant message. Text and thinking deltas
+    /// are emitted as they arrive.
+    async fn call_once(
+        &self,
+        seq: usize,
+        request: &LlmRequest<'_>,
+        cancel: &CancellationToken,
+        started: Instant,
+        first_token: &Mutex<Option<Duration>>,
+    ) -> Result<Assembled> {
+        let mut stream = tokio::select! {
+            s = self.provider.stream(request) => s?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        let mut assembler = StreamAssembler::default();
+        let mut emit = |e: AgentEvent| self.events.emit(seq, e);
+        let mut first_seen = false;
+        loop {
+            let ev = tokio::select! {
+                ev = stream.next() => ev,
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+            };
+            let Some(ev) = ev else { break };
+            let ev = ev?;
+            if !first_seen && is_token(&ev) {
+                first_seen = true;
+                let mut f = first_token.lock().unwrap_or_else(|e| e.into_inner());
+                if f.is_none() {
+                    *f = Some(started.elapsed());
+                }
+            }
+            assembler.push(ev, &mut emit);
+        }
+        Ok(assembler.finish(&request.model, &mut emit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_linearly_honour_retry_after_and_stop() {
+        let base = Duration::from_millis(100);
+        let retry = |after| ErrorClass::Retryable { after };
+        assert_eq!(
+            retry_delay(retry(None), 0, 2, base),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(
+            retry_delay(retry(None), 1, 2, base),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(retry_delay(retry(None), 2, 2, base), None, "retries spent");
+        assert_eq!(
+            retry_delay(retry(Some(Duration::from_secs(3))), 0, 2, base),
+            Some(Duration::from_secs(3)),
+            "the server's Retry-After wins when longer"
+        );
+        assert_eq!(
+            retry_delay(retry(Some(Duration::from_millis(10))), 1, 2, base),
+            Some(Duration::from_millis(200))
+        );
+        assert_eq!(retry_delay(ErrorClass::Fatal, 0, 2, base), None);
+        // A configured delay too large to multiply saturates instead of panicking.
+        assert_eq!(
+            retry_delay(retry(None), 3, 9, Duration::MAX),
+            Some(Duration::MAX)
+        );
+    }
+}

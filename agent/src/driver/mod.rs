@@ -1,0 +1,238 @@
+//! The driver: performs the I/O the state machine ([`crate::state`]) asks for — LLM calls
+//! with retry and streaming, tool calls through the guard pipeline, background results —
+//! and checkpoints after each LLM response and each tool result through the
+//! [`Checkpointer`] it is handed (a response whose calls have no effect anywhere may share
+//! one checkpoint with their results; see [`Agent::write_ahead_grace`]).
+//!
+//! - `run`: the loop, one [`Step`](crate::state::Step) at a time;
+//! - `llm`: one LLM call with its retry policy;
+//! - `stream`: assembling a streamed answer into a message (pure);
+//! - `tools`: a tool round and one call through the guards.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info_span};
+
+use crate::error::Result;
+use crate::event::{AgentEvent, EventSink};
+use crate::guard::Guards;
+use crate::observe::Observer;
+use crate::provider::LlmProvider;
+use crate::schema::{Role, Usage};
+use crate::state::{Outcome, SessionState};
+use crate::tools::{ToolRegistry, ToolSettings, Workspace};
+
+mod llm;
+mod run;
+mod stream;
+mod tools;
+
+pub use crate::state::{BackgroundResult, SuspendReason};
+
+/// Persists the state after each step. `from` is the index of the first message not yet
+/// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
+/// Returning [`Error::LeaseLost`](crate::Error::LeaseLost) stops the run at once, without
+/// any further write.
+#[async_trait]
+pub trait Checkpointer: Send + Sync {
+    async fn save(&self, state: &SessionState, from: usize) -> Result<()>;
+}
+
+/// Keeps nothing: `agentq run` and tests that do not care.
+pub struct NoCheckpoint;
+
+#[async_trait]
+impl Checkpointer for NoCheckpoint {
+    async fn save(&self, _state: &SessionState, _from: usize) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Where background results come from. The host pushes them in; the loop drains them.
+#[async_trait]
+pub trait BackgroundSource: Send + Sync {
+    /// Results that arrived and were not injected yet. Taking them consumes them.
+    async fn take(&self) -> Vec<BackgroundResult>;
+    /// Background children still running.
+    fn outstanding(&self) -> usize;
+    /// Wait for the next result. `false` when this host cannot wait in-process: the
+    /// session then suspends and is resumed when a result arrives.
+    async fn wait(&self, cancel: &CancellationToken) -> bool;
+    /// User messages to add at the next iteration boundary (steering: `inject`), with
+    /// their inbox positions (recorded in `msg_cursor` by the same checkpoint).
+    async fn take_injections(&self) -> Vec<(u64, String)> {
+        Vec::new()
+    }
+}
+
+/// No background agents.
+pub struct NoBackground;
+
+#[async_trait]
+impl BackgroundSource for NoBackground {
+    async fn take(&self) -> Vec<BackgroundResult> {
+        Vec::new()
+    }
+    fn outstanding(&self) -> usize {
+        0
+    }
+    async fn wait(&self, _cancel: &CancellationToken) -> bool {
+        false
+    }
+}
+
+/// Stops the current turn without ending the session (steering: `interrupt`): the LLM
+/// call or the tools in flight are abandoned, and the loop goes on with whatever was
+/// injected meanwhile.
+#[derive(Default)]
+pub struct Interrupter {
+    current: std::sync::Mutex<CancellationToken>,
+}
+
+impl Interrupter {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// The token of the step about to run.
+    pub fn token(&self) -> CancellationToken {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Interrupt the step in flight (if any).
+    pub fn interrupt(&self) {
+        let mut cur = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        cur.cancel();
+        *cur = CancellationToken::new();
+    }
+}
+
+/// How one run of the driver ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    Finished(Outcome),
+    Suspended(SuspendReason),
+}
+
+/// Everything a session runs with. Cheap to clone (all shared).
+#[derive(Clone)]
+pub struct Agent {
+    pub provider: Arc<dyn LlmProvider>,
+    /// The model used when the session does not name one.
+    pub default_model: String,
+    /// The tools this session may use (already narrowed to its `tools` list).
+    pub tools: ToolRegistry,
+    pub guards: Guards,
+    pub events: Arc<dyn EventSink>,
+    pub checkpointer: Arc<dyn Checkpointer>,
+    pub background: Arc<dyn BackgroundSource>,
+    pub workspace: Arc<dyn Workspace>,
+    pub settings: Arc<ToolSettings>,
+    pub observer: Arc<dyn Observer>,
+    pub interrupter: Arc<Interrupter>,
+    /// How long a response may wait for its checkpoint when every call it makes is
+    /// `Pure` and passes no hook or approval: the calls run at once, and if they are all
+    /// done within this time, the response and their results are committed together (one
+    /// commit per tool round instead of two). Re-running such calls changes nothing, so
+    /// all a crash in that window can cost is the LLM call, which the resumed session makes
+    /// again. A final answer with nothing to wait for likewise goes with the checkpoint
+    /// that finishes the session. Zero commits every response on its own, first.
+    pub write_ahead_grace: Duration,
+}
+
+/// [`Agent::write_ahead_grace`] unless configured.
+pub const DEFAULT_WRITE_AHEAD_GRACE: Duration = Duration::from_millis(250);
+
+/// How far a run's messages are durable, and a response whose checkpoint is held back.
+struct Saved {
+    /// Messages before this index are committed.
+    upto: usize,
+    held: Option<Held>,
+}
+
+/// A response not committed yet. Its iteration is announced (metric and
+/// `IterationCompleted`) only once it is, so that a crash never counts it twice.
+struct Held {
+    /// Committed by then at the latest, whether or not its calls are done.
+    due: Instant,
+    seq: usize,
+    iteration: u32,
+    usage: Usage,
+    model: String,
+    counted: bool,
+}
+
+impl Agent {
+    fn model(&self, state: &SessionState) -> String {
+        state
+            .spec
+            .model
+            .clone()
+            .unwrap_or_else(|| self.default_model.clone())
+    }
+
+    /// Run the session until it finishes or suspends. `Err` only when checkpointing
+    /// failed (including a lost lease): the run must stop without further writes.
+    pub async fn run(
+        &self,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<RunEnd> {
+        let span =
+            info_span!("session", session_id = %state.session_id, model = %self.model(state));
+        self.run_inner(state, cancel).instrument(span).await
+    }
+
+    async fn checkpoint(&self, state: &SessionState, saved: &mut Saved) -> Result<()> {
+        self.checkpointer.save(state, saved.upto).await?;
+        saved.upto = state.messages.len();
+        if let Some(h) = saved.held.take() {
+            if h.counted {
+                self.observer.iteration(self.provider.name(), &h.model);
+            }
+            self.events.emit(
+                h.seq,
+                AgentEvent::IterationCompleted {
+                    iteration: h.iteration,
+                    usage: h.usage,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    async fn finish_events(&self, state: &SessionState, outcome: &Outcome) {
+        for h in &self.guards.hooks {
+            h.session_end(&state.session_id, outcome.reason).await;
+        }
+        self.events.emit(
+            state.messages.len(),
+            AgentEvent::SessionCompleted {
+                finish_reason: outcome.reason,
+                result: outcome.result.clone(),
+                error: outcome.error.clone(),
+                iterations: state.iteration,
+                usage: state.usage,
+            },
+        );
+    }
+}
+
+/// The role of the last message, for hosts deciding how to resume.
+pub fn last_role(state: &SessionState) -> Option<Role> {
+    state.messages.last().map(|m| m.role)
+}
+
+/// Resolves at `at`, or never.
+async fn due(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}

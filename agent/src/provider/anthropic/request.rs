@@ -1,0 +1,373 @@
+//! The Messages API request body, built from typed wire structs that borrow from the
+//! neutral request: strict user/assistant alternation, tool results first in the user turn
+//! that answers the `tool_use` blocks, signed thinking replayed verbatim.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::provider::{LlmRequest, f32_for_json};
+use crate::schema::{Message, Role, ToolCall, ToolSpec};
+
+#[derive(Serialize)]
+pub(super) struct WireRequest<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<WireThinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<String>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    messages: Vec<WireTurn<'a>>,
+}
+
+#[derive(Serialize)]
+struct WireThinking {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    budget_tokens: u32,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    input_schema: Cow<'a, Value>,
+}
+
+#[derive(Serialize)]
+struct WireTurn<'a> {
+    role: &'static str,
+    content: TurnContent<'a>,
+}
+
+/// A user turn of one text block goes out as a plain string, like the SDKs send it.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum TurnContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<WireBlock<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    RedactedThinking {
+        data: &'a str,
+    },
+    ToolUse {
+        id: String,
+        name: &'a str,
+        input: Cow<'a, Value>,
+    },
+    ToolResult {
+        tool_use_id: String,
+        content: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+}
+
+/// One turn being built; blocks are only collapsed to a plain string at the end.
+struct Turn<'a> {
+    role: &'static str,
+    blocks: Vec<WireBlock<'a>>,
+}
+
+pub(super) fn build_body(request: &LlmRequest<'_>, thinking_budget: Option<u32>) -> Value {
+    // Serializing these structs cannot fail: every map key is a string.
+    serde_json::to_value(wire_request(request, thinking_budget)).unwrap_or_default()
+}
+
+pub(super) fn wire_request<'a>(
+    request: &'a LlmRequest<'a>,
+    thinking_budget: Option<u32>,
+) -> WireRequest<'a> {
+    let (messages, stray_system) = convert_messages(request.messages.iter().map(|m| &**m));
+    let mut max_tokens = request.max_tokens;
+    let (thinking, temperature) = match thinking_budget {
+        Some(budget) => {
+            // The API rejects budget_tokens >= max_tokens; keep the requested room for the
+            // answer.
+            if max_tokens <= budget {
+                max_tokens = budget.saturating_add(max_tokens.max(1));
+            }
+            let thinking = WireThinking {
+                kind: "enabled",
+                budget_tokens: budget,
+            };
+            // The API refuses a temperature with extended thinking.
+            (Some(thinking), None)
+        }
+        // Anthropic accepts 0..=1 while the neutral schema allows OpenAI's 0..=2. Sent as
+        // the decimal the session asked for, not the f32 widened.
+        None => (
+            None,
+            Some(f32_for_json(request.temperature.clamp(0.0, 1.0))),
+        ),
+    };
+    let mut system: Vec<&str> = Vec::new();
+    if let Some(s) = request.system.as_deref()
+        && !s.trim().is_empty()
+    {
+        system.push(s);
+    }
+    system.extend(stray_system);
+    WireRequest {
+        model: &request.model,
+        thinking,
+        temperature,
+        max_tokens,
+        system: (!system.is_empty()).then(|| system.join("\n\n")),
+        stream: true,
+        tools: request.tools.iter().map(wire_tool).collect(),
+        messages,
+    }
+}
+
+fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
+    let input_schema = match &t.parameters {
+        Value::Object(o) if !o.is_empty() => Cow::Borrowed(&t.parameters),
+        _ => Cow::Owned(json!({"type": "object", "properties": {}})),
+    };
+    WireTool {
+        name: &t.name,
+        description: &t.description,
+        input_schema,
+    }
+}
+
+/// Converts the history into alternating user/assistant turns. Returns the turns and the
+/// text of any `System` messages found in the history (the API takes those only in
+/// `system`).
+fn convert_messages<'m>(
+    messages: impl IntoIterator<Item = &'m Message>,
+) -> (Vec<WireTurn<'m>>, Vec<&'m str>) {
+    let mut turns: Vec<Turn<'m>> = Vec::new();
+    let mut stray_system = Vec::new();
+    for m in messages {
+        match m.role {
+            Role::System => {
+                if !m.content.trim().is_empty() {
+                    stray_system.push(m.content.as_str());
+                }
+            }
+            Role::User => {
+                // The API rejects empty text blocks.
+                if m.content.is_empty() {
+                    continue;
+                }
+                let block = WireBlock::Text { text: &m.content };
+                match turns.last_mut() {
+                    Some(t) if t.role == "user" => t.blocks.push(block),
+                    _ => turns.push(Turn {
+                        role: "user",
+                        blocks: vec![block],
+                    }),
+                }
+            }
+            Role::Assistant => {
+                let blocks = assistant_blocks(m);
+                if blocks.is_empty() {
+                    continue;
+                }
+                match turns.last_mut() {
+                    Some(t) if t.role == "assistant" => t.blocks.extend(blocks),
+                    _ => turns.push(Turn {
+                        role: "assistant",
+                        blocks,
+                    }),
+                }
+            }
+            Role::Tool => {
+                let block = WireBlock::ToolResult {
+                    tool_use_id: wire_id(m.tool_call_id.as_deref().unwrap_or_default()),
+                    content: &m.content,
+                    is_error: m.is_error,
+                };
+                match turns.last_mut() {
+                    // Results must precede any text in the user turn that answers the
+                    // assistant's tool_use blocks.
+                    Some(t) if t.role == "user" => {
+                        let pos = t
+                            .blocks
+                            .iter()
+                            .position(|b| !matches!(b, WireBlock::ToolResult { .. }))
+                            .unwrap_or(t.blocks.len());
+                        t.blocks.insert(pos, block);
+                    }
+                    _ => turns.push(Turn {
+                        role: "user",
+                        blocks: vec![block],
+                    }),
+                }
+            }
+        }
+    }
+    let out = turns
+        .into_iter()
+        .map(|t| {
+            let content = match t.blocks.as_slice() {
+                [WireBlock::Text { text }] if t.role == "user" => TurnContent::Text(text),
+                _ => TurnContent::Blocks(t.blocks),
+            };
+            WireTurn {
+                role: t.role,
+                content,
+            }
+        })
+        .collect();
+    (out, stray_system)
+}
+
+fn assistant_blocks(m: &Message) -> Vec<WireBlock<'_>> {
+    let mut blocks = Vec::new();
+    for t in &m.thinking {
+        if let Some(data) = &t.redacted {
+            blocks.push(WireBlock::RedactedThinking { data });
+        } else if let Some(signature) = t.signature.as_deref().filter(|s| !s.is_empty()) {
+            blocks.push(WireBlock::Thinking {
+                thinking: &t.text,
+                signature,
+            });
+        }
+        // Unsigned reasoning (another model's `<think>` text) would be rejected as a
+        // thinking block and is not worth replaying as text: it is dropped.
+    }
+    if !m.content.is_empty() {
+        blocks.push(WireBlock::Text { text: &m.content });
+    }
+    for c in &m.tool_calls {
+        blocks.push(WireBlock::ToolUse {
+            id: wire_id(&c.id),
+            name: &c.name,
+            input: tool_input(c),
+        });
+    }
+    blocks
+}
+
+/// `tool_use.input` must be an object; anything else is wrapped so the model sees it.
+fn tool_input(c: &ToolCall) -> Cow<'_, Value> {
+    match &c.arguments {
+        Value::Object(o) => match o.get("_raw") {
+            Some(raw) if o.len() == 1 && !raw.is_string() => {
+                Cow::Owned(json!({"_raw": raw.to_string()}))
+            }
+            _ => Cow::Borrowed(&c.arguments),
+        },
+        Value::Null => Cow::Owned(json!({})),
+        Value::String(s) => Cow::Owned(json!({"_raw": s})),
+        other => Cow::Owned(json!({"_raw": other.to_string()})),
+    }
+}
+
+/// Tool ids must match `^[a-zA-Z0-9_-]+$`; ids minted by other providers may not. The
+/// mapping is deterministic, so a `tool_use` and its `tool_result` still pair up.
+fn wire_id(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::ThinkingBlock;
+
+    fn req(messages: Vec<Message>) -> LlmRequest<'static> {
+        LlmRequest {
+            model: "claude-test".into(),
+            system: Some("sys".into()),
+            messages: messages.into_iter().map(std::borrow::Cow::Owned).collect(),
+            tools: Vec::new().into(),
+            temperature: 0.1,
+            max_tokens: 100,
+            session_id: String::new(),
+        }
+    }
+
+    fn call(id: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: "t".into(),
+            arguments: args,
+        }
+    }
+
+    #[test]
+    fn unsigned_thinking_is_dropped_and_raw_args_wrapped() {
+        let mut a = Message::assistant("");
+        a.thinking = vec![
+            ThinkingBlock {
+                text: "from <think>".into(),
+                ..Default::default()
+            },
+            ThinkingBlock {
+                redacted: Some("opaque".into()),
+                ..Default::default()
+            },
+        ];
+        a.tool_calls = vec![
+            call("a.b", json!({"_raw": "{bad"})),
+            call("c", json!([1])),
+            call("d", Value::Null),
+        ];
+        let body = build_body(
+            &req(vec![
+                Message::user("hi"),
+                a,
+                Message::tool_result("a.b", "t", "r1", true),
+                Message::tool_result("c", "t", "r2", false),
+                Message::tool_result("d", "t", "", false),
+                Message::user("next"),
+            ]),
+            None,
+        );
+        let msgs = body["messages"].as_array().cloned().unwrap_or_default();
+        assert_eq!(msgs.len(), 3);
+        let blocks = msgs[1]["content"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            blocks[0],
+            json!({"type": "redacted_thinking", "data": "opaque"})
+        );
+        assert_eq!(blocks[1]["input"], json!({"_raw": "{bad"}));
+        assert_eq!(blocks[1]["id"], "a_b");
+        assert_eq!(blocks[2]["input"], json!({"_raw": "[1]"}));
+        assert_eq!(blocks[3]["input"], json!({}));
+        let user = msgs[2]["content"].as_array().cloned().unwrap_or_default();
+        assert_eq!(user.len(), 4);
+        assert_eq!(user[0]["tool_use_id"], "a_b");
+        assert_eq!(user[0]["is_error"], true);
+        assert!(user[1].get("is_error").is_none());
+        assert_eq!(user[3], json!({"type": "text", "text": "next"}));
+    }
+
+    #[test]
+    fn thinking_budget_drops_temperature_and_keeps_room() {
+        let body = build_body(&req(vec![Message::user("hi")]), Some(2048));
+        assert!(body.get("temperature").is_none());
+        assert_eq!(body["thinking"]["budget_tokens"], 2048);
+        assert!(body["max_tokens"].as_u64().unwrap_or_default() > 2048);
+        assert_eq!(body["messages"][0]["content"], "hi");
+    }
+}

@@ -1,0 +1,383 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+//! The loop's decisions, made by the pure state machine without any I/O: each test builds
+//! a state, asks for the next step (or feeds a step's results back) and checks what the
+//! driver would be told to do.
+
+use agentq_agent::driver::{BackgroundResult, SuspendReason};
+use agentq_agent::schema::{Message, Role, ToolCall};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
+use agentq_agent::state::{
+    AfterTools, CANCELLED_RESULT, Drain, INTERRUPTED_BY_USER_RESULT, Outcome, PLAN_TO_ACT, Phase,
+    SessionState, Step,
+};
+use chrono::Utc;
+use serde_json::json;
+
+fn state(mode: Mode) -> SessionState {
+    let mut spec = SessionSpec::new("do the task");
+    spec.mode = mode;
+    SessionState::new("s", spec)
+}
+
+fn call(id: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: "echo".into(),
+        arguments: json!({}),
+    }
+}
+
+fn with_calls(ids: &[&str]) -> Message {
+    let mut m = Message::assistant("");
+    m.tool_calls = ids.iter().map(|id| call(id)).collect();
+    m
+}
+
+fn result(i: u64) -> BackgroundResult {
+    BackgroundResult {
+        label: format!("job{i}"),
+        id: format!("id{i}"),
+        outcome: "completed".into(),
+        result: format!("result {i}"),
+        seq: i,
+    }
+}
+
+fn step(s: &SessionState) -> Step {
+    s.decide(Utc::now(), false)
+}
+
+fn stop(answer: &str) -> Outcome {
+    Outcome {
+        reason: ExitReason::Stop,
+        result: Some(answer.into()),
+        error: None,
+    }
+}
+
+#[test]
+fn a_fresh_session_calls_the_model_and_next_step_is_decide_uncancelled() {
+    let s = state(Mode::Act);
+    assert_eq!(step(&s), Step::CallLlm);
+    assert_eq!(s.next_step(Utc::now()), Step::CallLlm);
+    assert_eq!(s.decide(Utc::now(), true), Step::Cancel);
+}
+
+#[test]
+fn an_outcome_is_final() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a"]));
+    s.outcome = Some(Outcome::error("boom"));
+    assert_eq!(
+        s.decide(Utc::now(), true),
+        Step::Done(Outcome::error("boom"))
+    );
+}
+
+#[test]
+fn pending_calls_run_in_act_mode_unless_cancelled() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a", "b"]));
+    assert_eq!(step(&s), Step::RunTools(vec![call("a"), call("b")]));
+    s.messages
+        .push(Message::tool_result("a", "echo", "ok", false));
+    assert_eq!(step(&s), Step::RunTools(vec![call("b")]));
+    assert_eq!(s.decide(Utc::now(), true), Step::Cancel);
+}
+
+#[test]
+fn cancel_closes_the_open_calls_and_interrupts() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a", "b"]));
+    s.messages
+        .push(Message::tool_result("a", "echo", "ok", false));
+    s.cancel();
+    assert_eq!(s.outcome, Some(Outcome::new(ExitReason::Interrupted)));
+    let last = s.messages.last().unwrap();
+    assert_eq!(last.tool_call_id.as_deref(), Some("b"));
+    assert_eq!(last.content, CANCELLED_RESULT);
+    assert!(last.is_error);
+    assert!(s.pending_calls().is_empty());
+    assert_eq!(step(&s), Step::Done(Outcome::new(ExitReason::Interrupted)));
+}
+
+#[test]
+fn calls_in_modes_without_tools_are_refused_even_when_cancelled() {
+    for (mode, phase, named) in [
+        (Mode::Think, Phase::Act, "think mode"),
+        (Mode::Plan, Phase::Act, "plan mode"),
+        (Mode::PlanAct, Phase::Plan, "the plan phase"),
+    ] {
+        let mut s = state(mode);
+        s.phase = phase;
+        s.push_assistant(with_calls(&["a", "b"]));
+        let expected = Step::RefuseTools(vec![call("a"), call("b")]);
+        assert_eq!(step(&s), expected, "{mode}");
+        assert_eq!(s.decide(Utc::now(), true), expected, "{mode}");
+        let Step::RefuseTools(calls) = expected else {
+            unreachable!()
+        };
+        s.refuse_calls(calls);
+        let refusals = &s.messages[2..];
+        assert_eq!(refusals.len(), 2);
+        for (r, id) in refusals.iter().zip(["a", "b"]) {
+            assert_eq!(r.role, Role::Tool);
+            assert_eq!(r.tool_call_id.as_deref(), Some(id));
+            assert_eq!(r.name.as_deref(), Some("echo"));
+            assert!(r.is_error);
+            assert_eq!(
+                r.content,
+                format!(
+                    "Tool calls are not available in {named}: `echo` was not run. Answer without tools."
+                )
+            );
+        }
+        // Refused, the model is asked again (without tools).
+        assert_eq!(step(&s), Step::CallLlm, "{mode}");
+    }
+}
+
+#[test]
+fn the_plan_of_a_plan_act_session_starts_the_act_phase() {
+    let mut s = state(Mode::PlanAct);
+    assert_eq!(s.phase, Phase::Plan);
+    assert!(!s.tools_enabled());
+    s.push_assistant(Message::assistant("1. do it"));
+    // The plan is in: settled before a cancel is looked at.
+    assert_eq!(s.decide(Utc::now(), true), Step::StartAct);
+    s.start_act();
+    assert_eq!(s.phase, Phase::Act);
+    assert!(s.tools_enabled());
+    let last = s.messages.last().unwrap();
+    assert_eq!(
+        (last.role, last.content.as_str()),
+        (Role::User, PLAN_TO_ACT)
+    );
+    assert_eq!(step(&s), Step::CallLlm);
+    // The act phase's answer is a final answer.
+    s.push_assistant(Message::assistant("done"));
+    assert_eq!(step(&s), Step::DrainBackground);
+}
+
+#[test]
+fn a_final_answer_drains_background_results_then_finishes() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(Message::assistant("answer"));
+    assert_eq!(s.decide(Utc::now(), true), Step::DrainBackground);
+
+    assert_eq!(s.drain(&[result(4), result(2)]), Drain::Injected);
+    assert_eq!(
+        (s.drain_rounds, s.free_iteration, s.bg_cursor),
+        (1, true, 4)
+    );
+    let injected = s.messages.last().unwrap();
+    assert_eq!(injected.role, Role::User);
+    assert_eq!(
+        injected.content,
+        "[Background agent \"job4\" (id4) completed] result 4\n\n\
+         [Background agent \"job2\" (id2) completed] result 2"
+    );
+    assert!(s.outcome.is_none());
+    assert_eq!(step(&s), Step::CallLlm);
+
+    // The answer to the results does not count as an iteration.
+    s.push_assistant(Message::assistant("second answer"));
+    assert_eq!(s.iteration, 1);
+    assert_eq!(step(&s), Step::DrainBackground);
+    assert_eq!(s.drain(&[]), Drain::Finished(stop("second answer")));
+    assert_eq!(s.outcome, Some(stop("second answer")));
+    assert_eq!(step(&s), Step::Done(stop("second answer")));
+}
+
+#[test]
+fn drains_stop_after_max_background_drain_rounds() {
+    let mut s = state(Mode::Act);
+    s.spec.max_background_drain_rounds = 3;
+    let mut llm_calls = 0;
+    let mut seq = 0;
+    let outcome = loop {
+        match step(&s) {
+            Step::CallLlm => {
+                llm_calls += 1;
+                s.push_assistant(Message::assistant(format!("answer {llm_calls}")));
+            }
+            Step::DrainBackground => {
+                seq += 1;
+                assert_eq!(s.drain(&[result(seq)]), Drain::Injected);
+            }
+            Step::Done(o) => break o,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    // 1 answer + 3 drains, the fourth answer stands although results keep coming.
+    assert_eq!(llm_calls, 4);
+    assert_eq!(s.iteration, 1);
+    assert_eq!(s.bg_cursor, 3);
+    assert_eq!(outcome, stop("answer 4"));
+}
+
+#[test]
+fn a_real_tool_call_resets_the_drain_count() {
+    let mut s = state(Mode::Act);
+    s.spec.max_background_drain_rounds = 1;
+    s.push_assistant(Message::assistant("a1"));
+    assert_eq!(s.drain(&[result(1)]), Drain::Injected);
+    s.push_assistant(Message::assistant("a2"));
+    assert_eq!(step(&s), Step::Done(stop("a2")));
+
+    let mut s = state(Mode::Act);
+    s.spec.max_background_drain_rounds = 1;
+    s.push_assistant(Message::assistant("a1"));
+    assert_eq!(s.drain(&[result(1)]), Drain::Injected);
+    s.push_assistant(with_calls(&["c"]));
+    assert_eq!(s.drain_rounds, 0);
+    s.push_tool_result(call("c"), "ok".into(), false);
+    assert_eq!(step(&s), Step::CallLlm);
+    s.push_assistant(Message::assistant("a2"));
+    assert_eq!(step(&s), Step::DrainBackground);
+}
+
+#[test]
+fn running_children_the_host_cannot_wait_for_suspend_or_end_a_cancelled_run() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(Message::assistant("answer"));
+    assert_eq!(
+        s.drain_unavailable(false),
+        Drain::Suspended(SuspendReason::Children)
+    );
+    assert!(s.outcome.is_none());
+    // Resumed later, the answer is still to be settled.
+    assert_eq!(step(&s), Step::DrainBackground);
+    assert_eq!(
+        s.drain_unavailable(true),
+        Drain::Finished(Outcome::new(ExitReason::Interrupted))
+    );
+    assert_eq!(s.outcome, Some(Outcome::new(ExitReason::Interrupted)));
+}
+
+#[test]
+fn a_tool_round_ends_in_suspension_then_cancel_then_yield() {
+    let round = |s: &mut SessionState| {
+        s.push_assistant(with_calls(&["a", "b"]));
+        // Finished in the other order; stored in call order.
+        s.push_tool_result(call("b"), "handing over".into(), false);
+        s.push_tool_result(call("a"), "ok".into(), false);
+    };
+    let yielded = || Some("handing over".to_string());
+
+    let mut s = state(Mode::Act);
+    round(&mut s);
+    let approval = SuspendReason::Approval {
+        tool_call_id: "x".into(),
+    };
+    assert_eq!(
+        s.end_tool_round(Some(approval.clone()), yielded(), true),
+        AfterTools::Suspend(approval)
+    );
+    assert!(s.outcome.is_none());
+    let ids: Vec<_> = s.messages[2..]
+        .iter()
+        .map(|m| m.tool_call_id.clone().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+
+    let mut s = state(Mode::Act);
+    round(&mut s);
+    assert_eq!(
+        s.end_tool_round(None, yielded(), true),
+        AfterTools::Continue
+    );
+    assert!(s.outcome.is_none(), "a cancel is closed by the next step");
+    assert_eq!(s.decide(Utc::now(), true), Step::Cancel);
+
+    let mut s = state(Mode::Act);
+    round(&mut s);
+    let outcome = Outcome {
+        reason: ExitReason::Yielded,
+        result: yielded(),
+        error: None,
+    };
+    assert_eq!(
+        s.end_tool_round(None, yielded(), false),
+        AfterTools::Finished(outcome.clone())
+    );
+    assert_eq!(s.outcome, Some(outcome.clone()));
+    assert_eq!(step(&s), Step::Done(outcome));
+
+    let mut s = state(Mode::Act);
+    round(&mut s);
+    assert_eq!(s.end_tool_round(None, None, false), AfterTools::Continue);
+    assert_eq!(step(&s), Step::CallLlm);
+}
+
+#[test]
+fn approvals_and_interrupts_track_which_calls_never_started() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a", "b"]));
+    s.hold_for_approval("a");
+    s.hold_for_approval("a");
+    s.hold_for_approval("b");
+    assert_eq!(s.not_started, ["a", "b"]);
+    s.push_tool_result(call("a"), "ok".into(), false);
+    assert_eq!(s.not_started, ["b"]);
+    s.interrupt_tools();
+    assert!(s.not_started.is_empty());
+    let last = s.messages.last().unwrap();
+    assert_eq!(last.tool_call_id.as_deref(), Some("b"));
+    assert_eq!(last.content, INTERRUPTED_BY_USER_RESULT);
+    // An interrupt does not end the session.
+    assert!(s.outcome.is_none());
+    assert_eq!(step(&s), Step::CallLlm);
+}
+
+#[test]
+fn an_llm_call_that_ends_the_session_closes_calls_only_when_cancelled() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a"]));
+    s.end_with(Outcome::error("LLM call failed"));
+    assert_eq!(s.pending_calls(), vec![call("a")]);
+    assert_eq!(s.outcome, Some(Outcome::error("LLM call failed")));
+
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["a"]));
+    s.end_with(Outcome::new(ExitReason::Interrupted));
+    assert!(s.pending_calls().is_empty());
+    assert_eq!(s.messages.last().unwrap().content, CANCELLED_RESULT);
+}
+
+#[test]
+fn steering_messages_and_late_background_results_are_recorded_with_their_positions() {
+    let mut s = state(Mode::Act);
+    assert!(!s.inject_messages(Vec::new()));
+    assert!(s.inject_messages(vec![(7, "also this".into()), (5, "and that".into())]));
+    assert_eq!(s.msg_cursor, 7);
+    let texts: Vec<_> = s.messages[1..].iter().map(|m| m.content.as_str()).collect();
+    assert_eq!(texts, ["also this", "and that"]);
+
+    let before = s.messages.len();
+    s.deliver_background(&[]);
+    assert_eq!(s.messages.len(), before);
+    s.deliver_background(&[result(9)]);
+    assert_eq!(s.bg_cursor, 9);
+    // Delivered after a tool round, results are no drain: nothing is free.
+    assert_eq!((s.drain_rounds, s.free_iteration), (0, false));
+}
+
+#[test]
+fn limits_end_the_session_before_another_call() {
+    let mut s = state(Mode::Act);
+    s.spec.max_iterations = 1;
+    s.push_assistant(with_calls(&["a"]));
+    s.push_tool_result(call("a"), "ok".into(), false);
+    assert!(matches!(
+        step(&s),
+        Step::Done(Outcome {
+            reason: ExitReason::MaxIterations,
+            ..
+        })
+    ));
+    // A drain's answer is free, so the limit does not apply to it.
+    s.free_iteration = true;
+    assert_eq!(step(&s), Step::CallLlm);
+}
