@@ -1,4 +1,4 @@
-//! [`RedisQueue`]: the [`Queue`] on Redis Streams (DESIGN §3, pitfalls in §8).
+//! [`RedisQueue`]: the [`crate::queue::Queue`] on Redis Streams.
 //!
 //! This module owns every Redis key and channel agentq uses for work and news:
 //! - one stream per queue, `agentq:queue:<name>`, read by the consumer group
@@ -57,8 +57,9 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
 use crate::queue::{
-    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, EventRecord, GROUP,
-    Queue, QueueStats, done_channel, events_stream, queue_stream,
+    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, EventRecord,
+    EventStreams, GROUP, QueueHealth, QueueStats, Signals, WorkQueue, done_channel, events_stream,
+    queue_stream,
 };
 
 /// Approximate cap on a queue stream's length (acked history; see the module docs).
@@ -91,7 +92,7 @@ const SUB_PING_EVERY: Duration = Duration::from_secs(15);
 /// the pending list).
 const RECLAIM_MAX_ROUNDS: usize = 16;
 
-/// The [`Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the module docs.
+/// The [`crate::queue::Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the module docs.
 pub struct RedisQueue {
     client: Client,
     conn: ConnectionManager,
@@ -298,7 +299,7 @@ impl RedisQueue {
 }
 
 #[async_trait]
-impl Queue for RedisQueue {
+impl WorkQueue for RedisQueue {
     async fn ensure_queue(&self, queue: &str) -> Result<()> {
         let mut cmd = redis::cmd("XGROUP");
         // Id 0, not `$`: entries added before the group existed must be delivered too.
@@ -312,20 +313,6 @@ impl Queue for RedisQueue {
             Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    async fn check_lost(&self, queue: &str) -> Result<bool> {
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(marker_key(queue));
-        let n: i64 = cmd.query_async(&mut self.conn()).await?;
-        Ok(n == 0)
-    }
-
-    async fn mark_queue(&self, queue: &str) -> Result<()> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(marker_key(queue)).arg("1");
-        self.query(&cmd).await?;
-        Ok(())
     }
 
     async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
@@ -521,7 +508,10 @@ impl Queue for RedisQueue {
         pipe.exec_async(&mut self.conn()).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Signals for RedisQueue {
     async fn publish_completion(&self, completion: &Completion) -> Result<()> {
         let json = serde_json::to_string(completion)?;
         let mut pipe = redis::pipe();
@@ -576,42 +566,10 @@ impl Queue for RedisQueue {
             })
             .boxed())
     }
+}
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        let stream = queue_stream(queue);
-        let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&stream);
-        let groups = match self.query(&info).await {
-            Ok(v) => v,
-            // No stream yet: empty, and no group whose lag could be known.
-            Err(e) if e.to_string().contains("no such key") => {
-                return Ok(QueueStats::default());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let mut stats = QueueStats::default();
-        for group in value_items(groups) {
-            let fields: HashMap<String, Value> = value_pairs(group)
-                .into_iter()
-                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
-                .collect();
-            if fields.get("name").and_then(value_string).as_deref() != Some(GROUP) {
-                continue;
-            }
-            stats.pending = fields.get("pending").and_then(value_u64).unwrap_or(0);
-            stats.lag = fields.get("lag").and_then(value_u64);
-        }
-        let mut xlen = redis::cmd("XLEN");
-        xlen.arg(&stream);
-        stats.length = value_u64(&self.query(&xlen).await?).unwrap_or(0);
-        Ok(stats)
-    }
-
-    async fn ping(&self) -> Result<()> {
-        self.query(&redis::cmd("PING")).await?;
-        Ok(())
-    }
-
+#[async_trait]
+impl EventStreams for RedisQueue {
     async fn append_events(&self, events: &[EventRecord]) -> Result<()> {
         if events.is_empty() {
             return Ok(());
@@ -681,6 +639,58 @@ impl Queue for RedisQueue {
         cmd.arg(events_stream(session_id))
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         self.query(&cmd).await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueHealth for RedisQueue {
+    async fn check_lost(&self, queue: &str) -> Result<bool> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(marker_key(queue));
+        let n: i64 = cmd.query_async(&mut self.conn()).await?;
+        Ok(n == 0)
+    }
+
+    async fn mark_queue(&self, queue: &str) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(marker_key(queue)).arg("1");
+        self.query(&cmd).await?;
+        Ok(())
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let stream = queue_stream(queue);
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&stream);
+        let groups = match self.query(&info).await {
+            Ok(v) => v,
+            // No stream yet: empty, and no group whose lag could be known.
+            Err(e) if e.to_string().contains("no such key") => {
+                return Ok(QueueStats::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut stats = QueueStats::default();
+        for group in value_items(groups) {
+            let fields: HashMap<String, Value> = value_pairs(group)
+                .into_iter()
+                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
+                .collect();
+            if fields.get("name").and_then(value_string).as_deref() != Some(GROUP) {
+                continue;
+            }
+            stats.pending = fields.get("pending").and_then(value_u64).unwrap_or(0);
+            stats.lag = fields.get("lag").and_then(value_u64);
+        }
+        let mut xlen = redis::cmd("XLEN");
+        xlen.arg(&stream);
+        stats.length = value_u64(&self.query(&xlen).await?).unwrap_or(0);
+        Ok(stats)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.query(&redis::cmd("PING")).await?;
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ use agentq_core::mem_queue::MemQueue;
 use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
 use agentq_core::queue::{Delivery, EventRecord, Queue, QueueStats};
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EventStreams, QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
 
 const Q: &str = "default";

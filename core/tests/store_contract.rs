@@ -18,6 +18,7 @@ use serde_json::json;
 use agentq_agent::schema::{Message, ToolCall, Usage};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
+use agentq_core::SessionStore;
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
