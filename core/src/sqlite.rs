@@ -67,7 +67,7 @@ use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
     NewSession, SessionRow, SessionStatus,
 };
-use crate::queue::Queue;
+use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unfinished_counts};
 use crate::sql::outcome;
 use crate::sql::record::{HistoryRow, InboxRecord, SessionRecord, StoredMessage, history_of};
@@ -188,7 +188,7 @@ impl SqliteStore {
 /// in-process queue lost its entries with the previous process). Marks them enqueued so
 /// the sweeper leaves them alone. Duplicates of entries that do exist are harmless: the
 /// lease decides. Returns how many entries were added.
-pub async fn requeue_runnable(store: &SqliteStore, queue: &dyn Queue) -> Result<usize> {
+pub async fn requeue_runnable(store: &SqliteStore, queue: &dyn WorkQueue) -> Result<usize> {
     let runnable = store.runnable_sessions().await?;
     let mut by_queue: std::collections::BTreeMap<String, Vec<(String, EnqueueReason)>> =
         std::collections::BTreeMap::new();
