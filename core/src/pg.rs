@@ -5,9 +5,9 @@
 //! Every statement is runtime-checked (`sqlx::query` + `FromRow`), so the build needs no
 //! database; `core/tests/pg_store.rs` runs each one against a real server. The statements
 //! it shares with the SQLite store, and the mapping of rows to the model, are in
-//! [`crate::sql`]; what only Postgres can express is here: the group commit and the
-//! heartbeat as one array-driven statement each ([`batch`]), batched creation
-//! ([`create`]), and deliveries and decisions as one statement under the row lock.
+//! `crate::sql`; what only Postgres can express is here: the group commit and the
+//! heartbeat as one array-driven statement each (`batch`), batched creation
+//! (`create`), and deliveries and decisions as one statement under the row lock.
 //!
 //! Leases: a claim bumps `lease_epoch`; every later write of the worker is conditional on
 //! `(lease_owner, lease_epoch)`, so a worker that was paused past its lease and replaced

@@ -3,8 +3,8 @@
 //! process without Postgres or Redis. This module owns that file: its connections, its
 //! schema and migrator, and the recovery step a restarted embedded process runs
 //! ([`requeue_runnable`]). The statements it shares with Postgres, and the mapping of rows
-//! to the model, are in [`crate::sql`]; the writes SQLite runs as several steps of one
-//! transaction (where Postgres runs one statement) are in [`writes`].
+//! to the model, are in `crate::sql`; the writes SQLite runs as several steps of one
+//! transaction (where Postgres runs one statement) are in `writes`.
 //!
 //! Semantics are Postgres': a claim bumps `lease_epoch`; every later write is conditional
 //! on `(lease_owner, lease_epoch)`; a checkpoint writes the row's scalars and only the new
