@@ -39,10 +39,10 @@ use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus,
 };
-use crate::rowconv::{check_applied, parse_status, to_i64, unfinished_counts};
-use crate::sql::outcome;
-use crate::sql::record::{HistoryRow, InboxRecord, SessionRecord, StoredMessage, history_of};
-use crate::sql::statements::{self, APPLIED_MIGRATIONS, COUNT_UNFINISHED, POSTGRES as SQL};
+use crate::rowconv::{check_applied, parse_status, to_i64};
+use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
+use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
+use crate::sql::{outcome, read};
 use crate::store::{
     Committed, InboxStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
     checkpoint_alone,
@@ -213,10 +213,7 @@ impl PgStore {
     }
 
     async fn get_record(&self, id: &str) -> Result<Option<SessionRecord>> {
-        Ok(sqlx::query_as::<_, SessionRecord>(&SQL.select_session)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?)
+        read::session(&self.pool, &SQL, id).await
     }
 
     /// After a fenced write matched nothing: did an earlier attempt of the same write
@@ -320,11 +317,7 @@ impl SessionStore for PgStore {
     }
 
     async fn messages(&self, id: &str) -> Result<Vec<Message>> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(&SQL.history)
-            .bind(id)
-            .fetch_all(&self.pool)
-            .await?;
-        history_of(rows).ok_or_else(|| Error::NotFound(id.to_string()))
+        read::history(&self.pool, &SQL, id).await
     }
 
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
@@ -362,10 +355,7 @@ impl SessionStore for PgStore {
     }
 
     async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_UNFINISHED)
-            .fetch_all(&self.pool)
-            .await?;
-        unfinished_counts(rows)
+        read::unfinished(&self.pool).await
     }
 }
 
@@ -524,11 +514,7 @@ impl InboxStore for PgStore {
         session_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>> {
-        Ok(sqlx::query_as(&SQL.approval)
-            .bind(session_id)
-            .bind(tool_call_id)
-            .fetch_optional(&self.pool)
-            .await?)
+        read::approval(&self.pool, &SQL, session_id, tool_call_id).await
     }
 
     async fn follow_up(

@@ -68,10 +68,10 @@ use crate::model::{
     NewSession, SessionRow, SessionStatus,
 };
 use crate::queue::WorkQueue;
-use crate::rowconv::{check_applied, to_i64, unfinished_counts};
-use crate::sql::outcome;
-use crate::sql::record::{HistoryRow, InboxRecord, SessionRecord, StoredMessage, history_of};
-use crate::sql::statements::{self, APPLIED_MIGRATIONS, COUNT_UNFINISHED, SQLITE as SQL};
+use crate::rowconv::{check_applied, to_i64};
+use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
+use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
+use crate::sql::{outcome, read};
 use crate::store::{
     Committed, InboxStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
     checkpoint_alone,
@@ -177,10 +177,7 @@ impl SqliteStore {
     }
 
     async fn get_record(&self, id: &str) -> Result<Option<SessionRecord>> {
-        Ok(sqlx::query_as::<_, SessionRecord>(&SQL.select_session)
-            .bind(id)
-            .fetch_optional(&self.readers)
-            .await?)
+        read::session(&self.readers, &SQL, id).await
     }
 }
 
@@ -304,11 +301,7 @@ impl SessionStore for SqliteStore {
     }
 
     async fn messages(&self, id: &str) -> Result<Vec<Message>> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(&SQL.history)
-            .bind(id)
-            .fetch_all(&self.readers)
-            .await?;
-        history_of(rows).ok_or_else(|| Error::NotFound(id.to_string()))
+        read::history(&self.readers, &SQL, id).await
     }
 
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
@@ -349,10 +342,7 @@ impl SessionStore for SqliteStore {
     }
 
     async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(COUNT_UNFINISHED)
-            .fetch_all(&self.readers)
-            .await?;
-        unfinished_counts(rows)
+        read::unfinished(&self.readers).await
     }
 }
 
@@ -559,11 +549,7 @@ impl InboxStore for SqliteStore {
         session_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>> {
-        Ok(sqlx::query_as(&SQL.approval)
-            .bind(session_id)
-            .bind(tool_call_id)
-            .fetch_optional(&self.readers)
-            .await?)
+        read::approval(&self.readers, &SQL, session_id, tool_call_id).await
     }
 
     async fn follow_up(
