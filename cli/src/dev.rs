@@ -17,6 +17,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use agentq_core::WorkQueue;
 use agentq_core::config::Config;
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::pg::PgStore;

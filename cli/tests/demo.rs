@@ -10,8 +10,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use agentq_core::SessionStore;
 use agentq_core::sqlite::SqliteStore;
-use agentq_core::{ListFilter, SessionRow, SessionStatus, Store};
+use agentq_core::{ListFilter, SessionRow, SessionStatus};
 use serde_json::{Value, json};
 
 /// What every demo session writes to `notes.md` in its workspace (cli/src/demo.rs).

@@ -14,11 +14,12 @@ pub mod protocol;
 pub mod queue;
 pub mod redis_queue;
 mod rowconv;
+mod sql;
 pub mod sqlite;
 pub mod store;
 
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
-pub use queue::Queue;
-pub use store::{Committed, Store};
+pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
+pub use store::{Committed, InboxStore, LeaseStore, SessionStore, Store, SweepStore};

@@ -1,4 +1,4 @@
-//! [`MemQueue`]: the [`Queue`] in process, for the embedded mode (with
+//! [`MemQueue`]: the [`crate::queue::Queue`] in process, for the embedded mode (with
 //! [`crate::sqlite::SqliteStore`]). It models what agentq uses of Redis Streams, with the
 //! same observable behaviour as [`crate::redis_queue::RedisQueue`]:
 //! - per queue, a log of entries with ids `<ms>-<seq>` (increasing) and one consumer
@@ -14,7 +14,7 @@
 //!   ([`MemQueue::completions`]), capped like the Redis streams;
 //! - completions broadcast to everyone ([`MemQueue::subscribe_all_completions`], the
 //!   `agentq:done` channel) and to the subscribers of one session; cancels broadcast to
-//!   every [`Queue::subscribe_cancels`] stream;
+//!   every [`Signals::subscribe_cancels`] stream;
 //! - per-session event streams (`agentq:events:<id>`): capped at [`EVENTS_MAXLEN`],
 //!   blocking reads after an id, newest-first reads, and expiry after a TTL (expired
 //!   streams are dropped lazily, at most once a second).
@@ -41,7 +41,9 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
-use crate::queue::{Delivery, EventRecord, Queue, QueueStats};
+use crate::queue::{
+    Delivery, EventRecord, EventStreams, QueueHealth, QueueStats, Signals, WorkQueue,
+};
 
 /// Approximate cap on a queue's log: acked history beyond it is dropped (oldest first);
 /// undelivered and pending entries are always kept.
@@ -208,7 +210,7 @@ impl State {
     }
 }
 
-/// The in-process [`Queue`]; see the module docs. Share it behind an `Arc`.
+/// The in-process [`crate::queue::Queue`]; see the module docs. Share it behind an `Arc`.
 pub struct MemQueue {
     state: Mutex<State>,
     /// Woken on every enqueue; blocked reads wait on it.
@@ -339,7 +341,7 @@ fn broadcast_stream<T: Clone + Send + 'static>(
 }
 
 #[async_trait]
-impl Queue for MemQueue {
+impl WorkQueue for MemQueue {
     async fn ensure_queue(&self, queue: &str) -> Result<()> {
         self.lock().queues.entry(queue.to_string()).or_default();
         Ok(())
@@ -497,7 +499,10 @@ impl Queue for MemQueue {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl Signals for MemQueue {
     async fn publish_completion(&self, completion: &Completion) -> Result<()> {
         let mut state = self.lock();
         state.completions.push_back(completion.clone());
@@ -545,23 +550,10 @@ impl Queue for MemQueue {
         };
         Ok(broadcast_stream(rx, "completion"))
     }
+}
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        let state = self.lock();
-        let Some(stream) = state.queues.get(queue) else {
-            return Ok(QueueStats::default());
-        };
-        Ok(QueueStats {
-            length: u64::try_from(stream.entries.len()).unwrap_or(u64::MAX),
-            pending: u64::try_from(stream.pending.len()).unwrap_or(u64::MAX),
-            lag: Some(stream.lag()),
-        })
-    }
-
-    async fn ping(&self) -> Result<()> {
-        Ok(())
-    }
-
+#[async_trait]
+impl EventStreams for MemQueue {
     async fn append_events(&self, events: &[EventRecord]) -> Result<()> {
         if events.is_empty() {
             return Ok(());
@@ -653,6 +645,38 @@ impl Queue for MemQueue {
         {
             log.expires_at = Some(now + ttl);
         }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueHealth for MemQueue {
+    /// Never: the entries live exactly as long as this queue, in the process that uses
+    /// them, and an embedded process re-adds every runnable session from its store when it
+    /// starts ([`crate::sqlite::requeue_runnable`]), before anything reads the queue.
+    async fn check_lost(&self, _queue: &str) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// Nothing to remember: [`QueueHealth::check_lost`] cannot become true for a queue
+    /// in process.
+    async fn mark_queue(&self, _queue: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let state = self.lock();
+        let Some(stream) = state.queues.get(queue) else {
+            return Ok(QueueStats::default());
+        };
+        Ok(QueueStats {
+            length: u64::try_from(stream.entries.len()).unwrap_or(u64::MAX),
+            pending: u64::try_from(stream.pending.len()).unwrap_or(u64::MAX),
+            lag: Some(stream.lag()),
+        })
+    }
+
+    async fn ping(&self) -> Result<()> {
         Ok(())
     }
 }

@@ -2,6 +2,11 @@
 //! ([`crate::redis_queue::RedisQueue`]) and, for the embedded mode, in process.
 //! Entries carry only a session id and a reason; the store's lease decides who runs what,
 //! so duplicate entries are harmless.
+//!
+//! The operations are split by what they carry: [`WorkQueue`] (entries for workers),
+//! [`Signals`] (completions and cancel requests), [`EventStreams`] (each session's live
+//! events) and [`QueueHealth`] (readiness, metrics, lost-data detection). [`Queue`] is
+//! all of them.
 
 use std::time::Duration;
 
@@ -25,7 +30,8 @@ pub fn queue_stream(queue: &str) -> String {
     format!("agentq:queue:{queue}")
 }
 
-/// The per-session event stream (DESIGN §7): every event the loop emits, in order.
+/// The per-session event stream: every event the loop emits, in order, so that a client
+/// can follow a session live and replay what it missed.
 pub fn events_stream(session_id: &str) -> String {
     format!("agentq:events:{session_id}")
 }
@@ -59,8 +65,16 @@ pub struct Delivery {
     pub reason: EnqueueReason,
 }
 
+/// The whole queue: every narrow trait below. Implemented for every type that implements
+/// them all, so `Arc<dyn Queue>` is what the processes hold and a backend only implements
+/// the parts.
+pub trait Queue: WorkQueue + Signals + EventStreams + QueueHealth {}
+
+impl<T: WorkQueue + Signals + EventStreams + QueueHealth> Queue for T {}
+
+/// Work to do: queue entries, handed to one consumer of the group at a time until acked.
 #[async_trait]
-pub trait Queue: Send + Sync {
+pub trait WorkQueue: Send + Sync {
     /// Create the stream and consumer group if missing (idempotent).
     async fn ensure_queue(&self, queue: &str) -> Result<()>;
 
@@ -105,7 +119,11 @@ pub trait Queue: Send + Sync {
 
     /// Move an entry to the dead-letter stream with the reason, and ack it.
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()>;
+}
 
+/// News between processes: completions and cancel requests, fire-and-forget.
+#[async_trait]
+pub trait Signals: Send + Sync {
     /// Publish on `agentq:done:<id>` and `agentq:done`, append to `agentq:completions`.
     async fn publish_completion(&self, completion: &Completion) -> Result<()>;
 
@@ -120,51 +138,47 @@ pub trait Queue: Send + Sync {
         &self,
         session_id: &str,
     ) -> Result<futures::stream::BoxStream<'static, Completion>>;
+}
 
-    /// Whether the queue's backing data was lost since [`Queue::mark_queue`] (a Redis
-    /// restarted without persistence): its entries are gone and must be re-added from the
-    /// store. In-process queues answer `false`.
-    async fn check_lost(&self, _queue: &str) -> Result<bool> {
-        Ok(false)
-    }
+/// Each session's event stream, for following it live (the stored history is the record).
+#[async_trait]
+pub trait EventStreams: Send + Sync {
+    /// Append events to their sessions' streams (capped), in order, in one round trip.
+    async fn append_events(&self, events: &[EventRecord]) -> Result<()>;
+
+    /// Events of a session stored after entry `after` (`0` for all, `$` for only those
+    /// appended from now on), up to `count`, waiting up to `block` for new ones when there
+    /// are none.
+    async fn read_events(
+        &self,
+        session_id: &str,
+        after: &str,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>>;
+
+    /// The newest `count` events of a session, newest first.
+    async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>>;
+
+    /// Let a finished session's event stream expire after `ttl`.
+    async fn expire_events(&self, session_id: &str, ttl: Duration) -> Result<()>;
+}
+
+/// The queue's own state, for readiness, metrics and the sweeper.
+#[async_trait]
+pub trait QueueHealth: Send + Sync {
+    /// Whether the queue's backing data was lost since [`QueueHealth::mark_queue`] (a
+    /// Redis restarted without persistence): its entries are gone and must be re-added
+    /// from the store.
+    async fn check_lost(&self, queue: &str) -> Result<bool>;
 
     /// Remember that the queue's entries are all accounted for (see `check_lost`).
-    async fn mark_queue(&self, _queue: &str) -> Result<()> {
-        Ok(())
-    }
+    async fn mark_queue(&self, queue: &str) -> Result<()>;
 
     /// Length, pending count and lag of a queue's stream, for readiness and metrics.
     async fn stats(&self, queue: &str) -> Result<QueueStats>;
 
     async fn ping(&self) -> Result<()>;
-
-    /// Append events to their sessions' streams (capped), in order, in one round trip.
-    /// Backends without event streams accept and drop them.
-    async fn append_events(&self, _events: &[EventRecord]) -> Result<()> {
-        Ok(())
-    }
-
-    /// Events of a session stored after entry `after` (`0` for all), up to `count`,
-    /// waiting up to `block` for new ones when there are none.
-    async fn read_events(
-        &self,
-        _session_id: &str,
-        _after: &str,
-        _count: usize,
-        _block: Option<Duration>,
-    ) -> Result<Vec<EventRecord>> {
-        Ok(Vec::new())
-    }
-
-    /// The newest `count` events of a session, newest first.
-    async fn last_events(&self, _session_id: &str, _count: usize) -> Result<Vec<EventRecord>> {
-        Ok(Vec::new())
-    }
-
-    /// Let a finished session's event stream expire after `ttl`.
-    async fn expire_events(&self, _session_id: &str, _ttl: Duration) -> Result<()> {
-        Ok(())
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -1,4 +1,4 @@
-//! [`RedisQueue`]: the [`Queue`] on Redis Streams (DESIGN §3, pitfalls in §8).
+//! [`RedisQueue`]: the [`crate::queue::Queue`] on Redis Streams.
 //!
 //! This module owns every Redis key and channel agentq uses for work and news:
 //! - one stream per queue, `agentq:queue:<name>`, read by the consumer group
@@ -38,6 +38,9 @@
 //! never `XDEL`eted (that turns the group's `lag` to nil). The dead-letter and completion
 //! streams are capped at [`HISTORY_MAXLEN`].
 
+mod reply;
+mod subscription;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -46,19 +49,23 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::aio::{PubSubSink, PubSubStream};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, RedisError, RedisResult, Value,
 };
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
+use reply::{
+    event_record, parse_entries, stream_entries, value_items, value_pairs, value_string, value_u64,
+};
+use subscription::subscribe;
+
 use crate::queue::{
-    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, EventRecord, GROUP,
-    Queue, QueueStats, done_channel, events_stream, queue_stream,
+    CANCEL_CHANNEL, COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, Delivery, EventRecord,
+    EventStreams, GROUP, QueueHealth, QueueStats, Signals, WorkQueue, done_channel, events_stream,
+    queue_stream,
 };
 
 /// Approximate cap on a queue stream's length (acked history; see the module docs).
@@ -91,7 +98,7 @@ const SUB_PING_EVERY: Duration = Duration::from_secs(15);
 /// the pending list).
 const RECLAIM_MAX_ROUNDS: usize = 16;
 
-/// The [`Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the module docs.
+/// The [`crate::queue::Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the module docs.
 pub struct RedisQueue {
     client: Client,
     conn: ConnectionManager,
@@ -298,7 +305,7 @@ impl RedisQueue {
 }
 
 #[async_trait]
-impl Queue for RedisQueue {
+impl WorkQueue for RedisQueue {
     async fn ensure_queue(&self, queue: &str) -> Result<()> {
         let mut cmd = redis::cmd("XGROUP");
         // Id 0, not `$`: entries added before the group existed must be delivered too.
@@ -312,20 +319,6 @@ impl Queue for RedisQueue {
             Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    async fn check_lost(&self, queue: &str) -> Result<bool> {
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(marker_key(queue));
-        let n: i64 = cmd.query_async(&mut self.conn()).await?;
-        Ok(n == 0)
-    }
-
-    async fn mark_queue(&self, queue: &str) -> Result<()> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(marker_key(queue)).arg("1");
-        self.query(&cmd).await?;
-        Ok(())
     }
 
     async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
@@ -521,7 +514,10 @@ impl Queue for RedisQueue {
         pipe.exec_async(&mut self.conn()).await?;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Signals for RedisQueue {
     async fn publish_completion(&self, completion: &Completion) -> Result<()> {
         let json = serde_json::to_string(completion)?;
         let mut pipe = redis::pipe();
@@ -576,42 +572,10 @@ impl Queue for RedisQueue {
             })
             .boxed())
     }
+}
 
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        let stream = queue_stream(queue);
-        let mut info = redis::cmd("XINFO");
-        info.arg("GROUPS").arg(&stream);
-        let groups = match self.query(&info).await {
-            Ok(v) => v,
-            // No stream yet: empty, and no group whose lag could be known.
-            Err(e) if e.to_string().contains("no such key") => {
-                return Ok(QueueStats::default());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let mut stats = QueueStats::default();
-        for group in value_items(groups) {
-            let fields: HashMap<String, Value> = value_pairs(group)
-                .into_iter()
-                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
-                .collect();
-            if fields.get("name").and_then(value_string).as_deref() != Some(GROUP) {
-                continue;
-            }
-            stats.pending = fields.get("pending").and_then(value_u64).unwrap_or(0);
-            stats.lag = fields.get("lag").and_then(value_u64);
-        }
-        let mut xlen = redis::cmd("XLEN");
-        xlen.arg(&stream);
-        stats.length = value_u64(&self.query(&xlen).await?).unwrap_or(0);
-        Ok(stats)
-    }
-
-    async fn ping(&self) -> Result<()> {
-        self.query(&redis::cmd("PING")).await?;
-        Ok(())
-    }
-
+#[async_trait]
+impl EventStreams for RedisQueue {
     async fn append_events(&self, events: &[EventRecord]) -> Result<()> {
         if events.is_empty() {
             return Ok(());
@@ -685,6 +649,58 @@ impl Queue for RedisQueue {
     }
 }
 
+#[async_trait]
+impl QueueHealth for RedisQueue {
+    async fn check_lost(&self, queue: &str) -> Result<bool> {
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(marker_key(queue));
+        let n: i64 = cmd.query_async(&mut self.conn()).await?;
+        Ok(n == 0)
+    }
+
+    async fn mark_queue(&self, queue: &str) -> Result<()> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(marker_key(queue)).arg("1");
+        self.query(&cmd).await?;
+        Ok(())
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let stream = queue_stream(queue);
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(&stream);
+        let groups = match self.query(&info).await {
+            Ok(v) => v,
+            // No stream yet: empty, and no group whose lag could be known.
+            Err(e) if e.to_string().contains("no such key") => {
+                return Ok(QueueStats::default());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut stats = QueueStats::default();
+        for group in value_items(groups) {
+            let fields: HashMap<String, Value> = value_pairs(group)
+                .into_iter()
+                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
+                .collect();
+            if fields.get("name").and_then(value_string).as_deref() != Some(GROUP) {
+                continue;
+            }
+            stats.pending = fields.get("pending").and_then(value_u64).unwrap_or(0);
+            stats.lag = fields.get("lag").and_then(value_u64);
+        }
+        let mut xlen = redis::cmd("XLEN");
+        xlen.arg(&stream);
+        stats.length = value_u64(&self.query(&xlen).await?).unwrap_or(0);
+        Ok(stats)
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.query(&redis::cmd("PING")).await?;
+        Ok(())
+    }
+}
+
 /// TCP settings of every connection: no Nagle delay on small request/response
 /// exchanges, and keepalive probes plus (on Linux) a user timeout so that a half-open
 /// connection (peer gone without a FIN, e.g. a partition) is closed by the kernel and then
@@ -742,229 +758,4 @@ fn unexpected(what: &str) -> Error {
         "unexpected reply",
         what.to_string(),
     )))
-}
-
-// ---------------------------------------------------------------------------------------
-// Reply parsing. Tolerant by design: RESP2 arrays and RESP3 maps both parse, and anything
-// malformed is skipped rather than failing the whole read.
-// ---------------------------------------------------------------------------------------
-
-/// One stream entry; `fields` is `None` for an entry that was deleted while pending.
-struct Entry {
-    id: String,
-    fields: Option<HashMap<String, String>>,
-}
-
-impl Entry {
-    /// A delivery, or the entry id back when the entry has no usable session id.
-    fn into_delivery(self, queue: &str) -> std::result::Result<Delivery, String> {
-        let Some(mut fields) = self.fields else {
-            return Err(self.id);
-        };
-        match fields.remove("session_id") {
-            Some(session_id) if !session_id.is_empty() => Ok(Delivery {
-                queue: queue.to_string(),
-                entry_id: self.id,
-                session_id,
-                reason: EnqueueReason::parse(fields.get("reason").map_or("new", String::as_str)),
-            }),
-            _ => Err(self.id),
-        }
-    }
-}
-
-/// A stored event; entries missing a field are skipped.
-fn event_record(session_id: &str, entry: Entry) -> Option<EventRecord> {
-    let fields = entry.fields?;
-    let num = |k: &str| fields.get(k).and_then(|v| v.parse::<i64>().ok());
-    Some(EventRecord {
-        session_id: session_id.to_string(),
-        id: entry.id,
-        seq: u64::try_from(num("seq")?).unwrap_or(0),
-        epoch: num("epoch")?,
-        data: fields.get("data")?.clone(),
-    })
-}
-
-/// `XREADGROUP` reply → `(stream, entries)`; nil (timeout) → nothing.
-fn stream_entries(reply: Value) -> Vec<(String, Vec<Entry>)> {
-    let per_stream: Vec<(Value, Value)> = match reply {
-        Value::Map(pairs) => pairs,
-        Value::Array(items) => items
-            .into_iter()
-            .filter_map(|item| {
-                let mut kv = value_items(item).into_iter();
-                Some((kv.next()?, kv.next()?))
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    per_stream
-        .into_iter()
-        .filter_map(|(name, entries)| Some((value_string(&name)?, parse_entries(entries))))
-        .collect()
-}
-
-/// `[[id, [field, value, …] | nil], …]` → entries.
-fn parse_entries(entries: Value) -> Vec<Entry> {
-    value_items(entries)
-        .into_iter()
-        .filter_map(|entry| {
-            let mut parts = value_items(entry).into_iter();
-            let id = value_string(&parts.next()?)?;
-            let fields = match parts.next() {
-                None | Some(Value::Nil) => None,
-                Some(v) => Some(
-                    value_pairs(v)
-                        .into_iter()
-                        .filter_map(|(k, v)| Some((value_string(&k)?, value_string(&v)?)))
-                        .collect(),
-                ),
-            };
-            Some(Entry { id, fields })
-        })
-        .collect()
-}
-
-fn value_items(v: Value) -> Vec<Value> {
-    match v {
-        Value::Array(items) | Value::Set(items) => items,
-        _ => Vec::new(),
-    }
-}
-
-/// A map, or a flat `[k, v, k, v, …]` array, as pairs.
-fn value_pairs(v: Value) -> Vec<(Value, Value)> {
-    match v {
-        Value::Map(pairs) => pairs,
-        Value::Array(items) => {
-            let mut it = items.into_iter();
-            let mut pairs = Vec::new();
-            while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                pairs.push((k, v));
-            }
-            pairs
-        }
-        _ => Vec::new(),
-    }
-}
-
-fn value_string(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::VerbatimString { text, .. } => Some(text.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        Value::Okay => Some("OK".to_string()),
-        _ => None,
-    }
-}
-
-fn value_u64(v: &Value) -> Option<u64> {
-    match v {
-        Value::Int(i) => u64::try_from(*i).ok(),
-        other => value_string(other)?.parse().ok(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// Subscriptions
-// ---------------------------------------------------------------------------------------
-
-/// Subscribe to `channel` now (the subscription is active when this returns) and yield
-/// the payloads, reconnecting with backoff when the connection is lost.
-async fn subscribe(client: Client, channel: String) -> Result<BoxStream<'static, String>> {
-    let conn = connect_subscription(&client, &channel).await?;
-    let state = Subscription {
-        client,
-        channel,
-        conn: Some(conn),
-        backoff: SUB_BACKOFF_MIN,
-        next_ping: Instant::now() + SUB_PING_EVERY,
-    };
-    Ok(futures::stream::unfold(state, |mut sub| async move {
-        let payload = sub.next().await;
-        Some((payload, sub))
-    })
-    .boxed())
-}
-
-async fn connect_subscription(
-    client: &Client,
-    channel: &str,
-) -> RedisResult<(PubSubSink, PubSubStream)> {
-    let connect = async {
-        let (mut sink, stream) = client.get_async_pubsub().await?.split();
-        sink.subscribe(channel).await?;
-        Ok::<_, RedisError>((sink, stream))
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-        Ok(r) => r,
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "subscribing timed out",
-        ))),
-    }
-}
-
-struct Subscription {
-    client: Client,
-    channel: String,
-    /// `None` while disconnected.
-    conn: Option<(PubSubSink, PubSubStream)>,
-    backoff: Duration,
-    next_ping: Instant,
-}
-
-enum SubEvent {
-    Message(String),
-    Lost(&'static str),
-    Pinged,
-}
-
-impl Subscription {
-    /// The next payload; reconnects (forever, with backoff) when the connection is lost.
-    async fn next(&mut self) -> String {
-        loop {
-            let Some((sink, stream)) = &mut self.conn else {
-                tokio::time::sleep(self.backoff).await;
-                match connect_subscription(&self.client, &self.channel).await {
-                    Ok(conn) => {
-                        tracing::info!(channel = %self.channel, "redis subscription restored");
-                        self.conn = Some(conn);
-                        self.backoff = SUB_BACKOFF_MIN;
-                        self.next_ping = Instant::now() + SUB_PING_EVERY;
-                    }
-                    Err(e) => {
-                        tracing::debug!(channel = %self.channel, error = %e, "redis resubscribe failed");
-                        self.backoff = (self.backoff * 2).min(SUB_BACKOFF_MAX);
-                    }
-                }
-                continue;
-            };
-            let event = tokio::select! {
-                msg = stream.next() => match msg {
-                    Some(msg) => match msg.get_payload::<String>() {
-                        Ok(p) => SubEvent::Message(p),
-                        Err(_) => continue,
-                    },
-                    None => SubEvent::Lost("connection closed"),
-                },
-                () = tokio::time::sleep_until(self.next_ping) => {
-                    match tokio::time::timeout(CONNECT_TIMEOUT, sink.ping::<Value>()).await {
-                        Ok(Ok(_)) => SubEvent::Pinged,
-                        _ => SubEvent::Lost("ping failed"),
-                    }
-                }
-            };
-            match event {
-                SubEvent::Message(p) => return p,
-                SubEvent::Pinged => self.next_ping = Instant::now() + SUB_PING_EVERY,
-                SubEvent::Lost(why) => {
-                    tracing::warn!(channel = %self.channel, why, "redis subscription lost; reconnecting");
-                    self.conn = None;
-                }
-            }
-        }
-    }
 }

@@ -86,15 +86,6 @@ pub(crate) fn check_applied(migrator: &Migrator, applied: Option<Vec<i64>>) -> R
     }
 }
 
-/// The applied migrations, as both stores read them.
-pub(crate) const APPLIED_MIGRATIONS: &str =
-    "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
-
-/// Sessions per unfinished status, as both stores count them.
-pub(crate) const COUNT_UNFINISHED: &str = "SELECT status, count(*) FROM sessions \
-     WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
-     GROUP BY status";
-
 pub(crate) fn unfinished_counts(rows: Vec<(String, i64)>) -> Result<Vec<(SessionStatus, u64)>> {
     rows.into_iter()
         .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))

@@ -1,6 +1,14 @@
 //! The `Store`: where the truth lives. Sessions, their append-only messages, leases with
 //! fencing. Implemented on Postgres ([`crate::pg::PgStore`]) and, for the embedded mode,
-//! SQLite. Every write a worker makes after a claim is conditional on its lease epoch.
+//! SQLite ([`crate::sqlite::SqliteStore`]). Every write a worker makes after a claim is
+//! conditional on its lease epoch.
+//!
+//! The operations are split by caller, so that each caller can depend on only what it
+//! uses: [`SessionStore`] (the API and the CLI: create, read, cancel), [`LeaseStore`] (a
+//! worker running sessions: claim, checkpoint, heartbeat, release, suspend),
+//! [`InboxStore`] (whatever wakes a session: inbox items, approvals, follow-ups) and
+//! [`SweepStore`] (the scheduler's sweeper). [`Store`] is all of them, plus the schema
+//! check a process runs once at start; `Arc<dyn Store>` is what the processes hold.
 
 use std::time::Duration;
 
@@ -12,7 +20,7 @@ use agentq_agent::state::SessionState;
 use chrono::{DateTime, Utc};
 
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus,
@@ -24,29 +32,26 @@ use crate::model::{
 /// worker a read; `None` for a step, or when the row must be read.
 pub type Committed = Option<Box<SessionRow>>;
 
+/// The whole store: every narrow trait below, and the schema check.
+///
+/// The schema check is the one operation of the database as a whole (not of sessions), run
+/// by a process before it serves anything; it is declared here rather than in a narrow
+/// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
-pub trait Store: Send + Sync {
+pub trait Store: SessionStore + LeaseStore + InboxStore + SweepStore {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
+}
 
+/// Sessions as the API and the CLI see them: create, read, list, cancel, fail.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
     /// Insert a queued session. With an idempotency key that exists already, return the
     /// existing row and `false`.
     async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)>;
 
     /// Insert many in one transaction; same idempotency rule per item.
     async fn create_sessions(&self, new: &[NewSession]) -> Result<Vec<(SessionRow, bool)>>;
-
-    /// Remember that the session has a stream entry (so the sweeper leaves it alone).
-    async fn mark_enqueued(&self, ids: &[String]) -> Result<()>;
-
-    /// Forget that sessions of `queue` have stream entries (the queue lost its data): the
-    /// sweeper then re-adds every queued and running one. Returns how many.
-    async fn reset_enqueued(&self, _queue: &str) -> Result<u64> {
-        Ok(0)
-    }
-
-    /// Queued (or running) sessions without a stream entry, older than `age`.
-    async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
 
     async fn get(&self, id: &str) -> Result<Option<SessionRow>>;
 
@@ -55,6 +60,22 @@ pub trait Store: Send + Sync {
     /// The stored history, in order.
     async fn messages(&self, id: &str) -> Result<Vec<Message>>;
 
+    /// Mark a session failed from outside a run (dead letter), with the reason.
+    async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;
+
+    /// Cancel: a queued session is cancelled at once; a running one gets the flag.
+    async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
+
+    /// Liveness of the database.
+    async fn ping(&self) -> Result<()>;
+
+    /// How many sessions are in each unfinished status (for the fleet's gauges).
+    async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>>;
+}
+
+/// What a worker needs to run sessions: leases and the writes fenced by them.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
     /// Take the session for `owner` if it is runnable and not leased by a live worker:
     /// bump the epoch, set the lease, mark it running, and return its state.
     /// `max_attempts`: past this many claims without finishing, return `Exhausted`.
@@ -64,11 +85,7 @@ pub trait Store: Send + Sync {
     /// One round trip: append `state.messages[from..]` and update the row's scalars (and
     /// its terminal status when `state.outcome` is set), only if `lease` still holds.
     /// `Error::LeaseLost` when it does not. Safe to retry after an ambiguous failure.
-    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
-        let cp = Checkpoint::new(lease, state, from)?;
-        let mut out = self.checkpoint_batch(&[&cp]).await?;
-        out.pop().unwrap_or(Ok(None)).map(|_| ())
-    }
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()>;
 
     /// Group commit: many sessions' checkpoints in one durable commit (one statement on
     /// Postgres). `Err` when the batch as a whole failed, in which case none of it was
@@ -85,18 +102,6 @@ pub trait Store: Send + Sync {
     /// reset. Fenced by the lease.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
-    /// Mark a session failed from outside a run (dead letter), with the reason.
-    async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;
-
-    /// Cancel: a queued session is cancelled at once; a running one gets the flag.
-    async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
-
-    /// Liveness of the database.
-    async fn ping(&self) -> Result<()>;
-
-    /// How many sessions are in each unfinished status (for the fleet's gauges).
-    async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>>;
-
     /// Give the session up until something wakes it (fenced by the lease): status
     /// `waiting` or `awaiting_approval`, no owner. If anything arrived after `seen_wake`
     /// (the row's `wake_seq` at the claim), the session goes back to `queued` instead; if
@@ -109,7 +114,11 @@ pub trait Store: Send + Sync {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow>;
+}
 
+/// What wakes a session: its inbox, the decisions on its held tool calls, follow-up turns.
+#[async_trait]
+pub trait InboxStore: Send + Sync {
     /// Append an item to a session's inbox (a no-op if `dedupe` was delivered before)
     /// and bump its wake counter; a session whose status is in `wake` goes back to
     /// `queued` (the caller enqueues it).
@@ -142,10 +151,6 @@ pub trait Store: Send + Sync {
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>>;
 
-    /// Sessions awaiting an approval past their deadline go back to the queue (their
-    /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
-    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
-
     /// Start a new turn on a finished session: the user's message is appended to its
     /// full history and it is queued again. `consume` is the inbox position of the
     /// follow-up this came from (recorded so it runs once). `None` when the session is
@@ -156,6 +161,43 @@ pub trait Store: Send + Sync {
         text: &str,
         consume: Option<u64>,
     ) -> Result<Option<SessionRow>>;
+}
+
+/// What the sweeper needs: which sessions have queue entries, and expired approvals.
+#[async_trait]
+pub trait SweepStore: Send + Sync {
+    /// Remember that the session has a queue entry (so the sweeper leaves it alone).
+    async fn mark_enqueued(&self, ids: &[String]) -> Result<()>;
+
+    /// Forget that sessions of `queue` have queue entries (the queue lost its data): the
+    /// sweeper then re-adds every queued and running one. Returns how many.
+    async fn reset_enqueued(&self, queue: &str) -> Result<u64>;
+
+    /// Queued (or running) sessions without a queue entry, older than `age`.
+    async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Sessions awaiting an approval past their deadline go back to the queue (their
+    /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+}
+
+/// A single checkpoint written as a batch of one, as both stores do: one code path for
+/// fencing and retries whatever the batch size.
+pub(crate) async fn checkpoint_alone<S: LeaseStore + ?Sized>(
+    store: &S,
+    lease: &Lease,
+    state: &SessionState,
+    from: usize,
+) -> Result<()> {
+    let cp = Checkpoint::new(lease, state, from)?;
+    match store.checkpoint_batch(&[&cp]).await?.pop() {
+        Some(result) => result.map(|_| ()),
+        // A batch answers once per checkpoint: no answer is a store bug, not a success.
+        None => Err(Error::Conflict(format!(
+            "the store gave no answer for the checkpoint of session {}",
+            lease.session_id
+        ))),
+    }
 }
 
 /// What a heartbeat learned about one lease.

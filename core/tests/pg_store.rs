@@ -19,6 +19,7 @@ use agentq_core::store::Store;
 use agentq_core::{
     CancelResult, Checkpoint, Claim, Error, Lease, ListFilter, NewSession, SessionStatus,
 };
+use agentq_core::{InboxStore, LeaseStore, SessionStore, SweepStore};
 use agentq_testkit::{PostgresServer, shared_postgres};
 
 const TTL: Duration = Duration::from_secs(30);

@@ -18,6 +18,7 @@ use agentq_core::mem_queue::MemQueue;
 use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
 use agentq_core::queue::{Delivery, EventRecord, Queue, QueueStats};
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EventStreams, QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
 
 const Q: &str = "default";
@@ -61,6 +62,9 @@ contract_tests!(
     contract_stats,
     contract_each_entry_goes_to_one_consumer,
     contract_event_streams,
+    contract_event_stream_after_expiry,
+    contract_events_from_now,
+    contract_marked_queue_is_not_lost,
 );
 
 /// `contract_own_pending` also needs to know when a cancelled read is gone on the server.
@@ -696,6 +700,67 @@ async fn contract_event_streams(q: &dyn Queue) {
     assert!(q.read_events("s1", "0", 10, None).await.unwrap().is_empty());
     assert!(q.last_events("s1", 10).await.unwrap().is_empty());
     assert_eq!(q.last_events("s2", 10).await.unwrap().len(), 2);
+}
+
+/// A stream that expired is gone; appending then starts a new one, without a TTL, and an
+/// expiry set on a stream that does not exist sets nothing.
+async fn contract_event_stream_after_expiry(q: &dyn Queue) {
+    q.append_events(&[event("s", 1, 1, "a")]).await.unwrap();
+    q.expire_events("s", Duration::from_millis(100))
+        .await
+        .unwrap();
+    q.expire_events("later", Duration::from_millis(100))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(q.read_events("s", "0", 10, None).await.unwrap().is_empty());
+
+    q.append_events(&[event("s", 2, 2, "b"), event("later", 1, 1, "c")])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = q.read_events("s", "0", 10, None).await.unwrap();
+    assert_eq!(
+        got.into_iter().map(unstored).collect::<Vec<_>>(),
+        [event("s", 2, 2, "b")]
+    );
+    assert_eq!(q.last_events("later", 10).await.unwrap().len(), 1);
+}
+
+/// `$` reads only what is appended after the read started, and ids keep increasing.
+async fn contract_events_from_now(q: &dyn Queue) {
+    q.append_events(&[event("s", 1, 1, "old")]).await.unwrap();
+    let (got, ()) = tokio::join!(
+        q.read_events("s", "$", 10, Some(Duration::from_secs(3))),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            q.append_events(&[event("s", 2, 1, "new")]).await.unwrap();
+        }
+    );
+    let got = got.unwrap();
+    assert_eq!(
+        got.iter().cloned().map(unstored).collect::<Vec<_>>(),
+        [event("s", 2, 1, "new")]
+    );
+    let all = q.read_events("s", "0", 10, None).await.unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[1], got[0]);
+    let key = |id: &str| -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap();
+        (ms.parse().unwrap(), seq.parse().unwrap())
+    };
+    assert!(key(&all[0].id) < key(&all[1].id), "{all:?}");
+    // Without a block, `$` has nothing to wait for.
+    assert!(q.read_events("s", "$", 10, None).await.unwrap().is_empty());
+}
+
+/// Once a queue is marked, its data counts as present.
+async fn contract_marked_queue_is_not_lost(q: &dyn Queue) {
+    q.ensure_queue(Q).await.unwrap();
+    q.mark_queue(Q).await.unwrap();
+    assert!(!q.check_lost(Q).await.unwrap());
+    q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
+    assert!(!q.check_lost(Q).await.unwrap());
 }
 
 mod mem_only {

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use agentq_agent::spec::ExitReason;
 use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
 use agentq_core::queue::{
-    COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, GROUP, Queue, QueueStats, done_channel,
-    queue_stream,
+    COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, GROUP, QueueStats, done_channel, queue_stream,
 };
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
 use futures::StreamExt;
 use redis::AsyncCommands;

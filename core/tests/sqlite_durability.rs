@@ -22,10 +22,12 @@ use agentq_agent::schema::{Message, ToolCall, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_core::mem_queue::MemQueue;
-use agentq_core::queue::Queue;
 use agentq_core::sqlite::{SqliteStore, requeue_runnable};
 use agentq_core::store::Store;
-use agentq_core::{Claim, EnqueueReason, NewSession, SessionStatus};
+use agentq_core::{
+    Claim, EnqueueReason, LeaseStore, NewSession, SessionStatus, SessionStore, SweepStore,
+    WorkQueue,
+};
 
 const CHILD_DB: &str = "AGENTQ_TEST_SQLITE_CHILD_DB";
 const CHILD_SESSION: &str = "AGENTQ_TEST_SQLITE_CHILD_SESSION";

@@ -18,6 +18,7 @@ use serde_json::json;
 use agentq_agent::schema::{Message, ToolCall, Usage};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
+use agentq_core::SessionStore;
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
@@ -89,6 +90,8 @@ contract_tests!(
     contract_exhausted_then_fail,
     contract_release,
     contract_unenqueued,
+    contract_reset_enqueued,
+    contract_messages_of_a_missing_session,
     contract_list_paging,
     contract_concurrent_claims_and_checkpoints,
     contract_suspend,
@@ -831,6 +834,73 @@ async fn contract_unenqueued(store: &dyn Store) {
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+/// After the queue lost its data, every queued or running session of that queue is the
+/// sweeper's again; other queues and finished sessions are left alone.
+async fn contract_reset_enqueued(store: &dyn Store) {
+    let queued = create(store, "queued").await;
+    let running = create(store, "running").await;
+    let finished = create(store, "finished").await;
+    let mut other = new_session("elsewhere");
+    other.queue = "other".to_string();
+    let (other, _) = store.create_session(&other).await.unwrap();
+    let all = [
+        queued.clone(),
+        running.clone(),
+        finished.clone(),
+        other.id.clone(),
+    ];
+    store.mark_enqueued(&all).await.unwrap();
+    let _ = acquire(store, &running, "w", TTL).await;
+    let (lease, mut state) = acquire(store, &finished, "w", TTL).await;
+    state.outcome = Some(Outcome::new(ExitReason::Stop));
+    store
+        .checkpoint(&lease, &state, state.messages.len())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    assert_eq!(store.reset_enqueued("default").await.unwrap(), 2);
+    let mut found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    found.sort();
+    let mut want = vec![
+        (queued.clone(), "default".to_string()),
+        (running.clone(), "default".to_string()),
+    ];
+    want.sort();
+    assert_eq!(found, want);
+    // Nothing left to reset; a queue without sessions has none.
+    assert_eq!(store.reset_enqueued("default").await.unwrap(), 0);
+    assert_eq!(store.reset_enqueued("nothing-here").await.unwrap(), 0);
+    store.mark_enqueued(&[queued, running]).await.unwrap();
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A missing session has no history (an error), a fresh one has its prompt.
+async fn contract_messages_of_a_missing_session(store: &dyn Store) {
+    assert!(matches!(
+        store.messages("no-such-session").await,
+        Err(Error::NotFound(id)) if id == "no-such-session"
+    ));
+    let id = create(store, "only the prompt").await;
+    assert_eq!(
+        store.messages(&id).await.unwrap(),
+        vec![Message::user("only the prompt")]
     );
 }
 

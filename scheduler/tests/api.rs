@@ -16,7 +16,10 @@ use tokio_util::sync::CancellationToken;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{NewSession, Queue, SessionStatus, Store};
+use agentq_core::{
+    LeaseStore, NewSession, QueueHealth, SessionStatus, SessionStore, Signals, SweepStore,
+    WorkQueue,
+};
 use agentq_scheduler::sweeper::sweep_once;
 use agentq_scheduler::{QueueRegistry, Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};

@@ -18,7 +18,9 @@ use agentq_agent::state::Outcome;
 use agentq_core::pg::PgStore;
 use agentq_core::queue::EventRecord;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, EnqueueReason, NewSession, Queue, Store};
+use agentq_core::{
+    Claim, EnqueueReason, EventStreams, LeaseStore, NewSession, SessionStore, WorkQueue,
+};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 

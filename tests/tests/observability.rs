@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::Value;
 
-use agentq_core::{SessionStatus, Store};
+use agentq_core::{SessionStatus, SessionStore};
 use common::{Cluster, Hit, Script, Turn, WorkerOpts, agentq_bin, eventually};
 
 const T: Duration = Duration::from_secs(60);

@@ -124,7 +124,7 @@ mod tests {
     use agentq_agent::schema::Message;
     use agentq_agent::spec::ExitReason;
     use agentq_agent::state::Outcome;
-    use agentq_core::Store;
+    use agentq_core::SessionStore;
 
     use super::*;
     use crate::group_commit::tests::{batches, leased, start_writer, store};

@@ -162,7 +162,7 @@ pub(crate) mod tests {
     use agentq_agent::spec::SessionSpec;
     use agentq_agent::state::SessionState;
     use agentq_core::sqlite::SqliteStore;
-    use agentq_core::{Claim, Lease, NewSession};
+    use agentq_core::{Claim, Lease, LeaseStore, NewSession, SessionStore};
 
     use super::*;
 

@@ -13,7 +13,10 @@ use agentq_agent::schema::{Message, Role};
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, Store};
+use agentq_core::{
+    EnqueueReason, InboxStore, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore,
+    SweepStore, WorkQueue,
+};
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
 use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerConfig};

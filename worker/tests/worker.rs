@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, Queue, SessionStatus, Store};
+use agentq_core::{EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;

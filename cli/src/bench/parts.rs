@@ -20,7 +20,7 @@ use agentq_agent::tools::{
 };
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, EnqueueReason, NewSession, Queue, Store};
+use agentq_core::{Claim, EnqueueReason, LeaseStore, NewSession, Queue, SessionStore, WorkQueue};
 use agentq_worker::{Worker, WorkerConfig};
 
 use super::cpu::Sample;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, Queue, SessionRow, Store};
+use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStore, SweepStore, WorkQueue};
 use agentq_testkit::{
     FakeLlm, FakeResponse, PostgresServer, RecordedRequest, RedisServer, shared_postgres,
 };

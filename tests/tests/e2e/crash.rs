@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use agentq_core::{Queue, SessionStatus};
+use agentq_core::{SessionStatus, Signals};
 use futures::StreamExt;
 
 use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};

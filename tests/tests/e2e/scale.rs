@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use agentq_core::{EnqueueReason, Queue, SessionStatus};
+use agentq_core::{EnqueueReason, SessionStatus, WorkQueue};
 
 use crate::common::{Cluster, Script, WorkerOpts, eventually};
 

@@ -1,0 +1,357 @@
+//! The two statements every session in flight waits on, each one round trip for a whole
+//! batch: the group commit of checkpoints and the heartbeat of a worker's leases. They run
+//! on the writer pool (generic plans, see [`super::GENERIC_PLANS`]) and are benchmarked:
+//! their texts and their parameters' types are part of their performance.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::Lease;
+use crate::sql::record::SessionRecord;
+use crate::store::{Committed, LeaseStatus};
+
+use super::{PgStore, secs};
+
+/// Group commit: the checkpoints of many sessions in one statement (one round trip), each
+/// fenced by its own lease. Each update is fenced by its lease; the new messages are
+/// inserted only from the update's output, so a fenced-off worker writes nothing at all,
+/// and only past the stored history, so a retry after an ambiguous failure is harmless.
+/// With an outcome the row becomes terminal and the lease is given up in the same
+/// statement. `$1..$24` are one array per column (one element per checkpoint), `$25..$27`
+/// one per new message; the answer is the ids whose lease held, with the row of each that
+/// finished.
+const CHECKPOINT_BATCH: &str = "
+WITH c AS (
+    SELECT * FROM UNNEST(
+        $1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[],
+        $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::int[], $12::bool[],
+        $13::text[], $14::timestamptz[], $15::text[], $16::text[], $17::text[], $18::text[],
+        $19::int[], $20::text[], $21::bigint[], $22::bigint[], $23::bool[], $24::int[]
+    ) AS c(root_id, id, epoch, owner, iteration, input_tokens, output_tokens,
+           cache_read_tokens, cache_write_tokens, reasoning_tokens, drain_rounds,
+           free_iteration, phase, started_at, status, finish_reason, result, error,
+           turn_base, not_started, bg_cursor, msg_cursor, has_new, history_len)
+), locked AS (
+    -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
+    -- of one worker's sessions never wait on each other in a cycle.
+    SELECT s.root_id, s.id, s.history_len AS stored_len FROM sessions s
+    JOIN c ON s.root_id = c.root_id AND s.id = c.id
+    WHERE s.lease_epoch = c.epoch AND s.lease_owner = c.owner
+    ORDER BY s.root_id, s.id
+    FOR UPDATE OF s
+), upd AS (
+    UPDATE sessions s SET
+        iteration = c.iteration,
+        input_tokens = c.input_tokens,
+        output_tokens = c.output_tokens,
+        cache_read_tokens = c.cache_read_tokens,
+        cache_write_tokens = c.cache_write_tokens,
+        reasoning_tokens = c.reasoning_tokens,
+        drain_rounds = c.drain_rounds,
+        free_iteration = c.free_iteration,
+        phase = c.phase,
+        started_at = c.started_at,
+        status = COALESCE(c.status, s.status),
+        finish_reason = CASE WHEN c.status IS NULL THEN s.finish_reason ELSE c.finish_reason END,
+        result = CASE WHEN c.status IS NULL THEN s.result ELSE c.result END,
+        error = CASE WHEN c.status IS NULL THEN s.error ELSE c.error END,
+        finished_at = CASE WHEN c.status IS NULL THEN s.finished_at ELSE now() END,
+        lease_owner = CASE WHEN c.status IS NULL THEN s.lease_owner ELSE NULL END,
+        lease_expires_at = CASE WHEN c.status IS NULL THEN s.lease_expires_at ELSE NULL END,
+        turn_base = c.turn_base,
+        not_started = c.not_started::jsonb,
+        bg_cursor = c.bg_cursor,
+        msg_cursor = c.msg_cursor,
+        history_len = c.history_len,
+        -- Progress: a run that saves new steps is not a crash loop, so the count of
+        -- claims that died without finishing starts again.
+        attempts = CASE WHEN c.has_new THEN 0 ELSE s.attempts END,
+        updated_at = now()
+    FROM c, locked
+    WHERE s.root_id = locked.root_id AND s.id = locked.id
+      AND c.root_id = s.root_id AND c.id = s.id
+      AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
+    -- A finished session's row comes back whole: its worker needs it (to tell the parent,
+    -- start a follow-up, publish the result), and a read after the commit would be one
+    -- more statement per session.
+    RETURNING s.root_id, s.id, locked.stored_len,
+        CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin,
+        CASE WHEN c.status IS NOT NULL THEN (SELECT p.spec::text FROM session_specs p
+            WHERE p.root_id = s.root_id AND p.id = s.id) END AS fin_spec
+), ins AS (
+    -- Only messages not stored yet, so that a retry after an ambiguous failure, or an
+    -- overlapping window, stores nothing twice: the row lock orders this against every
+    -- other write of the session's messages, and `history_len` says how far they go (a
+    -- row from before it was kept checks its stored seqs instead).
+    INSERT INTO messages (root_id, session_id, seq, body)
+    SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.body::json
+    FROM UNNEST($25::text[], $26::int[], $27::text[]) AS m(id, seq, body)
+    JOIN upd ON upd.id = m.id
+    WHERE m.seq >= COALESCE(upd.stored_len, 0)
+      AND (upd.stored_len IS NOT NULL OR NOT EXISTS (
+          SELECT 1 FROM messages x
+          WHERE x.root_id = upd.root_id::uuid AND x.session_id = upd.id::uuid
+            AND x.seq = m.seq))
+)
+SELECT id, fin, fin_spec FROM upd";
+
+/// All of a worker's leases in one statement; the answer keeps the input order.
+const HEARTBEAT: &str = "
+WITH l AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY
+        AS l(root_id, id, epoch, owner, ord)
+), locked AS (
+    -- Key order, as a group commit takes them (no lock cycles between the two).
+    SELECT s.root_id, s.id FROM sessions s
+    JOIN l ON s.root_id = l.root_id AND s.id = l.id
+    WHERE s.lease_epoch = l.epoch AND s.lease_owner = l.owner
+    ORDER BY s.root_id, s.id
+    FOR UPDATE OF s
+), upd AS (
+    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $5)
+    FROM l, locked
+    WHERE s.root_id = locked.root_id AND s.id = locked.id
+      AND s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
+      AND s.lease_owner = l.owner
+    RETURNING s.id, s.lease_epoch, s.cancel_requested
+)
+SELECT l.id, (upd.id IS NOT NULL) AS held,
+    -- Lost only if the row (as of this statement's snapshot) shows another holder: a
+    -- lease given up by its holder keeps its epoch and has no owner, and one given up
+    -- just after the snapshot still shows ours.
+    (upd.id IS NULL AND NOT EXISTS (
+        SELECT 1 FROM sessions s
+        WHERE s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
+          AND (s.lease_owner IS NULL OR s.lease_owner = l.owner))) AS lost,
+    COALESCE(upd.cancel_requested, false) AS cancel
+FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
+ORDER BY l.ord";
+
+/// A finished row as the final checkpoint returns it: the row's JSON object (`to_json`)
+/// and its spec's JSON text, joined into one object here rather than by Postgres (whose
+/// `jsonb` merge would parse and re-encode both).
+fn finished_record(mut row: String, spec: &str) -> Option<SessionRecord> {
+    if !row.ends_with('}') {
+        return None;
+    }
+    row.pop();
+    row.push_str(",\"spec\":");
+    row.push_str(spec);
+    row.push('}');
+    serde_json::from_str(&row).ok()
+}
+
+/// The group commit's parameters: one array per column of [`CHECKPOINT_BATCH`], one
+/// element per checkpoint, and one array per column of the new messages.
+#[derive(Default)]
+struct BatchColumns<'a> {
+    roots: Vec<&'a str>,
+    ids: Vec<&'a str>,
+    epochs: Vec<i64>,
+    owners: Vec<&'a str>,
+    iterations: Vec<i32>,
+    input: Vec<i64>,
+    output: Vec<i64>,
+    cache_read: Vec<i64>,
+    cache_write: Vec<i64>,
+    reasoning: Vec<i64>,
+    drain_rounds: Vec<i32>,
+    free_iteration: Vec<bool>,
+    phases: Vec<&'a str>,
+    started_at: Vec<Option<DateTime<Utc>>>,
+    statuses: Vec<Option<&'a str>>,
+    reasons: Vec<Option<&'a str>>,
+    results: Vec<Option<&'a str>>,
+    errors: Vec<Option<&'a str>>,
+    turn_base: Vec<i32>,
+    not_started: Vec<&'a str>,
+    bg_cursor: Vec<i64>,
+    msg_cursor: Vec<i64>,
+    has_new: Vec<bool>,
+    history_len: Vec<i32>,
+    m_ids: Vec<&'a str>,
+    m_seqs: Vec<i32>,
+    m_bodies: Vec<&'a str>,
+}
+
+impl<'a> BatchColumns<'a> {
+    fn of(batch: &[&'a Checkpoint]) -> Self {
+        let n = batch.len();
+        let mut c = BatchColumns {
+            roots: Vec::with_capacity(n),
+            ids: Vec::with_capacity(n),
+            epochs: Vec::with_capacity(n),
+            owners: Vec::with_capacity(n),
+            iterations: Vec::with_capacity(n),
+            input: Vec::with_capacity(n),
+            output: Vec::with_capacity(n),
+            cache_read: Vec::with_capacity(n),
+            cache_write: Vec::with_capacity(n),
+            reasoning: Vec::with_capacity(n),
+            drain_rounds: Vec::with_capacity(n),
+            free_iteration: Vec::with_capacity(n),
+            phases: Vec::with_capacity(n),
+            started_at: Vec::with_capacity(n),
+            statuses: Vec::with_capacity(n),
+            reasons: Vec::with_capacity(n),
+            results: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            turn_base: Vec::with_capacity(n),
+            not_started: Vec::with_capacity(n),
+            bg_cursor: Vec::with_capacity(n),
+            msg_cursor: Vec::with_capacity(n),
+            has_new: Vec::with_capacity(n),
+            history_len: Vec::with_capacity(n),
+            ..BatchColumns::default()
+        };
+        for cp in batch {
+            let l = &cp.lease;
+            c.roots.push(l.root_id.as_str());
+            c.ids.push(l.session_id.as_str());
+            c.epochs.push(l.epoch);
+            c.owners.push(l.owner.as_str());
+            c.iterations.push(cp.iteration);
+            c.input.push(cp.input_tokens);
+            c.output.push(cp.output_tokens);
+            c.cache_read.push(cp.cache_read_tokens);
+            c.cache_write.push(cp.cache_write_tokens);
+            c.reasoning.push(cp.reasoning_tokens);
+            c.drain_rounds.push(cp.drain_rounds);
+            c.free_iteration.push(cp.free_iteration);
+            c.phases.push(cp.phase);
+            c.started_at.push(cp.started_at);
+            let f = cp.finish.as_ref();
+            c.statuses.push(f.map(|f| f.status));
+            c.reasons.push(f.map(|f| f.reason));
+            c.results.push(f.and_then(|f| f.result.as_deref()));
+            c.errors.push(f.and_then(|f| f.error.as_deref()));
+            c.turn_base.push(cp.turn_base);
+            c.not_started.push(cp.not_started.as_str());
+            c.bg_cursor.push(cp.bg_cursor);
+            c.msg_cursor.push(cp.msg_cursor);
+            c.has_new.push(!cp.messages.is_empty());
+            c.history_len.push(cp.history_len);
+            for (seq, (_, body)) in cp.seqs().zip(&cp.messages) {
+                c.m_ids.push(l.session_id.as_str());
+                c.m_seqs.push(seq);
+                c.m_bodies.push(body.as_str());
+            }
+        }
+        c
+    }
+}
+
+/// What [`CHECKPOINT_BATCH`] answers per session whose lease held: its id, and for a
+/// finished one its row's JSON and its spec's.
+type Held = (String, Option<String>, Option<String>);
+
+impl PgStore {
+    /// [`crate::store::LeaseStore::checkpoint_batch`]: one statement for the batch.
+    pub(super) async fn commit_batch(
+        &self,
+        batch: &[&Checkpoint],
+    ) -> Result<Vec<Result<Committed>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let c = BatchColumns::of(batch);
+        let held: Vec<Held> = sqlx::query_as(CHECKPOINT_BATCH)
+            .bind(&c.roots)
+            .bind(&c.ids)
+            .bind(&c.epochs)
+            .bind(&c.owners)
+            .bind(&c.iterations)
+            .bind(&c.input)
+            .bind(&c.output)
+            .bind(&c.cache_read)
+            .bind(&c.cache_write)
+            .bind(&c.reasoning)
+            .bind(&c.drain_rounds)
+            .bind(&c.free_iteration)
+            .bind(&c.phases)
+            .bind(&c.started_at)
+            .bind(&c.statuses)
+            .bind(&c.reasons)
+            .bind(&c.results)
+            .bind(&c.errors)
+            .bind(&c.turn_base)
+            .bind(&c.not_started)
+            .bind(&c.bg_cursor)
+            .bind(&c.msg_cursor)
+            .bind(&c.has_new)
+            .bind(&c.history_len)
+            .bind(&c.m_ids)
+            .bind(&c.m_seqs)
+            .bind(&c.m_bodies)
+            .fetch_all(&self.writer)
+            .await?;
+        self.answers(batch, held).await
+    }
+
+    /// One answer per checkpoint, in order, from the sessions whose lease held.
+    async fn answers(
+        &self,
+        batch: &[&Checkpoint],
+        held: Vec<Held>,
+    ) -> Result<Vec<Result<Committed>>> {
+        let mut held: HashMap<String, (Option<String>, Option<String>)> = held
+            .into_iter()
+            .map(|(id, fin, spec)| (id, (fin, spec)))
+            .collect();
+        let mut out = Vec::with_capacity(batch.len());
+        for cp in batch {
+            let lease = &cp.lease;
+            if let Some((fin, spec)) = held.remove(&lease.session_id) {
+                // Committed either way; a row that does not decode is read again by the
+                // caller, which then reports what is wrong with it.
+                let row = fin
+                    .zip(spec)
+                    .and_then(|(row, spec)| finished_record(row, &spec))
+                    .and_then(|r| r.into_row().ok());
+                out.push(Ok(row.map(Box::new)));
+            // A retried final checkpoint finds the row already finished under our epoch.
+            } else if cp.finish.is_some() && self.gave_up_lease(lease, |s| s.is_terminal()).await? {
+                out.push(Ok(None));
+            } else {
+                out.push(Err(Error::LeaseLost(lease.session_id.clone())));
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`crate::store::LeaseStore::heartbeat`]: one statement for all the leases.
+    pub(super) async fn extend_leases(
+        &self,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<LeaseStatus>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let roots: Vec<&str> = leases.iter().map(|l| l.root_id.as_str()).collect();
+        let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+        let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as(HEARTBEAT)
+            .bind(&roots)
+            .bind(&ids)
+            .bind(&epochs)
+            .bind(&owners)
+            .bind(secs(ttl))
+            .fetch_all(&self.writer)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(session_id, held, lost, cancel_requested)| LeaseStatus {
+                session_id,
+                held,
+                lost,
+                cancel_requested,
+            })
+            .collect())
+    }
+}

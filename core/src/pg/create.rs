@@ -1,0 +1,154 @@
+//! Creating sessions on Postgres: a batch is one multi-row insert from arrays, and the
+//! rows that already existed (a repeated idempotency key or id) are read in one more
+//! statement.
+
+use std::collections::HashMap;
+
+use sqlx::postgres::PgPool;
+
+use crate::error::Result;
+use crate::model::{NewSession, SessionRow};
+use crate::rowconv::to_i32;
+use crate::sql::outcome::{fresh_phase, unreadable_conflict};
+use crate::sql::record::SessionRecord;
+use crate::sql::statements::COLS;
+
+/// `CREATE` for a batch: one multi-row insert from arrays, the specs beside the rows. A
+/// fresh history is the prompt alone, which the spec holds, so no message is stored
+/// (`history_len` 1). The spec is answered from the input: a statement does not see what
+/// its own other parts insert.
+const INSERT_SESSIONS: &str = "
+WITH input AS (
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
+                         $6::text[], $7::text[], $8::text[])
+        WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
+                             idempotency_key, ord)
+), ins AS (
+    INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
+                          idempotency_key, history_len)
+    SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key, 1
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING *
+), specs AS (
+    INSERT INTO session_specs (root_id, id, spec)
+    SELECT ins.root_id, ins.id, input.spec::json FROM ins JOIN input ON input.id = ins.id
+)
+SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id";
+
+/// Existing rows of sessions that were not inserted, by idempotency key and by id.
+#[derive(Default)]
+struct Existing {
+    by_key: HashMap<String, SessionRow>,
+    by_id: HashMap<String, SessionRow>,
+}
+
+impl Existing {
+    fn add(&mut self, row: SessionRow) {
+        if let Some(k) = &row.idempotency_key {
+            self.by_key.insert(k.clone(), row.clone());
+        }
+        self.by_id.insert(row.id.clone(), row);
+    }
+
+    fn find(&self, s: &NewSession) -> Option<&SessionRow> {
+        s.idempotency_key
+            .as_ref()
+            .and_then(|k| self.by_key.get(k))
+            .or_else(|| self.by_id.get(&s.id))
+    }
+}
+
+pub(super) async fn create_sessions(
+    pool: &PgPool,
+    new: &[NewSession],
+) -> Result<Vec<(SessionRow, bool)>> {
+    if new.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut inserted = insert(pool, new).await?;
+    // Items that were not inserted: an existing row with the same idempotency key (or id).
+    // Read after the insert, so it sees rows of a concurrent insert that the conflict
+    // waited for.
+    let missing: Vec<&NewSession> = new
+        .iter()
+        .filter(|s| !inserted.contains_key(&s.id))
+        .collect();
+    let mut existing = existing(pool, &missing).await?;
+    let mut out = Vec::with_capacity(new.len());
+    for s in new {
+        // Take the inserted row once: a later duplicate of the same item is a repeat.
+        if let Some(row) = inserted.remove(&s.id) {
+            existing.add(row.clone());
+            out.push((row, true));
+            continue;
+        }
+        match existing.find(s) {
+            Some(row) => out.push((row.clone(), false)),
+            None => return Err(unreadable_conflict(s)),
+        }
+    }
+    Ok(out)
+}
+
+/// Insert the batch; the rows inserted, by id.
+async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, SessionRow>> {
+    let n = new.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut roots = Vec::with_capacity(n);
+    let mut parents = Vec::with_capacity(n);
+    let mut depths = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    let mut phases = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    for s in new {
+        ids.push(s.id.as_str());
+        roots.push(s.root_id.as_str());
+        parents.push(s.parent_id.as_deref());
+        depths.push(to_i32(s.depth, "depth")?);
+        queues.push(s.queue.as_str());
+        specs.push(serde_json::to_string(&s.spec)?);
+        phases.push(fresh_phase(s));
+        keys.push(s.idempotency_key.as_deref());
+    }
+    let inserted: Vec<SessionRecord> = sqlx::query_as(INSERT_SESSIONS)
+        .bind(&ids)
+        .bind(&roots)
+        .bind(&parents)
+        .bind(&depths)
+        .bind(&queues)
+        .bind(&specs)
+        .bind(&phases)
+        .bind(&keys)
+        .fetch_all(pool)
+        .await?;
+    inserted
+        .into_iter()
+        .map(|r| r.into_row().map(|row| (row.id.clone(), row)))
+        .collect()
+}
+
+/// The existing rows of `missing`, in one statement.
+async fn existing(pool: &PgPool, missing: &[&NewSession]) -> Result<Existing> {
+    let mut found = Existing::default();
+    if missing.is_empty() {
+        return Ok(found);
+    }
+    let ids: Vec<&str> = missing.iter().map(|s| s.id.as_str()).collect();
+    let keys: Vec<&str> = missing
+        .iter()
+        .filter_map(|s| s.idempotency_key.as_deref())
+        .collect();
+    let sql =
+        format!("SELECT {COLS} FROM sessions WHERE id = ANY($1) OR idempotency_key = ANY($2)");
+    let rows: Vec<SessionRecord> = sqlx::query_as(&sql)
+        .bind(&ids)
+        .bind(&keys)
+        .fetch_all(pool)
+        .await?;
+    for r in rows {
+        found.add(r.into_row()?);
+    }
+    Ok(found)
+}

@@ -1,0 +1,115 @@
+//! Subscriptions: one pub/sub connection per subscription, re-subscribed with backoff when
+//! it is lost, and pinged so that a silently dead connection is noticed.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::{Client, RedisError, RedisResult, Value};
+use tokio::time::Instant;
+
+use crate::error::Result;
+
+use super::{CONNECT_TIMEOUT, SUB_BACKOFF_MAX, SUB_BACKOFF_MIN, SUB_PING_EVERY};
+
+/// Subscribe to `channel` now (the subscription is active when this returns) and yield
+/// the payloads, reconnecting with backoff when the connection is lost.
+pub(super) async fn subscribe(
+    client: Client,
+    channel: String,
+) -> Result<BoxStream<'static, String>> {
+    let conn = connect_subscription(&client, &channel).await?;
+    let state = Subscription {
+        client,
+        channel,
+        conn: Some(conn),
+        backoff: SUB_BACKOFF_MIN,
+        next_ping: Instant::now() + SUB_PING_EVERY,
+    };
+    Ok(futures::stream::unfold(state, |mut sub| async move {
+        let payload = sub.next().await;
+        Some((payload, sub))
+    })
+    .boxed())
+}
+
+async fn connect_subscription(
+    client: &Client,
+    channel: &str,
+) -> RedisResult<(PubSubSink, PubSubStream)> {
+    let connect = async {
+        let (mut sink, stream) = client.get_async_pubsub().await?.split();
+        sink.subscribe(channel).await?;
+        Ok::<_, RedisError>((sink, stream))
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "subscribing timed out",
+        ))),
+    }
+}
+
+struct Subscription {
+    client: Client,
+    channel: String,
+    /// `None` while disconnected.
+    conn: Option<(PubSubSink, PubSubStream)>,
+    backoff: Duration,
+    next_ping: Instant,
+}
+
+enum SubEvent {
+    Message(String),
+    Lost(&'static str),
+    Pinged,
+}
+
+impl Subscription {
+    /// The next payload; reconnects (forever, with backoff) when the connection is lost.
+    async fn next(&mut self) -> String {
+        loop {
+            let Some((sink, stream)) = &mut self.conn else {
+                tokio::time::sleep(self.backoff).await;
+                match connect_subscription(&self.client, &self.channel).await {
+                    Ok(conn) => {
+                        tracing::info!(channel = %self.channel, "redis subscription restored");
+                        self.conn = Some(conn);
+                        self.backoff = SUB_BACKOFF_MIN;
+                        self.next_ping = Instant::now() + SUB_PING_EVERY;
+                    }
+                    Err(e) => {
+                        tracing::debug!(channel = %self.channel, error = %e, "redis resubscribe failed");
+                        self.backoff = (self.backoff * 2).min(SUB_BACKOFF_MAX);
+                    }
+                }
+                continue;
+            };
+            let event = tokio::select! {
+                msg = stream.next() => match msg {
+                    Some(msg) => match msg.get_payload::<String>() {
+                        Ok(p) => SubEvent::Message(p),
+                        Err(_) => continue,
+                    },
+                    None => SubEvent::Lost("connection closed"),
+                },
+                () = tokio::time::sleep_until(self.next_ping) => {
+                    match tokio::time::timeout(CONNECT_TIMEOUT, sink.ping::<Value>()).await {
+                        Ok(Ok(_)) => SubEvent::Pinged,
+                        _ => SubEvent::Lost("ping failed"),
+                    }
+                }
+            };
+            match event {
+                SubEvent::Message(p) => return p,
+                SubEvent::Pinged => self.next_ping = Instant::now() + SUB_PING_EVERY,
+                SubEvent::Lost(why) => {
+                    tracing::warn!(channel = %self.channel, why, "redis subscription lost; reconnecting");
+                    self.conn = None;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! What the Postgres and SQLite stores share, so that the two cannot drift apart: the
+//! rows they read and how a row becomes the model ([`record`]), the statements both
+//! dialects run from one text with the dialects' differences isolated ([`statements`]),
+//! the reads both run alike on their own pools, generic over the database ([`read`]), and
+//! the answers built from what a statement found ([`outcome`]).
+
+pub(crate) mod outcome;
+pub(crate) mod read;
+pub(crate) mod record;
+pub(crate) mod statements;

@@ -1,0 +1,154 @@
+//! The answers both stores give, built from what their statements found: the same
+//! decisions (why a claim was refused, what a cancel did, whether a retried write had
+//! committed already) whatever the dialect that found it.
+
+use agentq_agent::state::SessionState;
+
+use crate::error::{Error, Result};
+use crate::model::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, Lease, NewSession, SessionRow, SessionStatus,
+};
+use crate::rowconv::{phase_str, to_u64};
+
+use super::record::{SessionRecord, StoredMessage};
+
+/// The phase a fresh session starts in, as its initial state decides it.
+pub(crate) fn fresh_phase(new: &NewSession) -> &'static str {
+    phase_str(SessionState::new(new.id.clone(), new.spec.clone()).phase)
+}
+
+/// The one answer of a batch of one creation.
+pub(crate) fn only_created(
+    new: &NewSession,
+    mut out: Vec<(SessionRow, bool)>,
+) -> Result<(SessionRow, bool)> {
+    out.pop()
+        .ok_or_else(|| Error::Conflict(format!("session {} was not created", new.id)))
+}
+
+/// An item that was not inserted and whose existing row was not found either.
+pub(crate) fn unreadable_conflict(new: &NewSession) -> Error {
+    Error::Conflict(format!(
+        "session {} conflicts with an existing row that could not be read",
+        new.id
+    ))
+}
+
+/// Why a claim matched nothing, from the row as it is now (`None`: no such session). A
+/// race with another claim only changes which answer is right.
+pub(crate) fn claim_refused(rec: Option<SessionRecord>) -> Result<Claim> {
+    let Some(rec) = rec else {
+        return Ok(Claim::NotFound);
+    };
+    Ok(match rec.status()? {
+        s if s.is_terminal() => Claim::Terminal(Box::new(rec.into_row()?)),
+        SessionStatus::Queued | SessionStatus::Running => Claim::Busy,
+        s => Claim::NotRunnable(s),
+    })
+}
+
+/// Whether a claimed row is past `max_attempts` claims without finishing: the caller
+/// fails the session then (the claim itself stands).
+pub(crate) fn exhausted(rec: &SessionRecord, max_attempts: u32) -> bool {
+    i64::from(rec.attempts) > i64::from(max_attempts)
+}
+
+/// The answer for a claimed row past its attempts.
+pub(crate) fn exhausted_claim(rec: SessionRecord) -> Result<Claim> {
+    Ok(Claim::Exhausted(Box::new(rec.into_row()?)))
+}
+
+/// A claim that took the session, with its stored history.
+pub(crate) fn acquired(
+    rec: SessionRecord,
+    owner: &str,
+    messages: Vec<StoredMessage>,
+) -> Result<Claim> {
+    let state = rec.state(messages)?;
+    let lease = rec.lease(owner);
+    Ok(Claim::Acquired {
+        lease,
+        state: Box::new(state),
+        row: Box::new(rec.into_row()?),
+    })
+}
+
+/// The row a cancel changed: a running session got the flag, any other was cancelled.
+pub(crate) fn cancel_changed(rec: SessionRecord) -> Result<CancelResult> {
+    let row = rec.into_row()?;
+    Ok(if row.status == SessionStatus::Running {
+        CancelResult::Requested(Box::new(row))
+    } else {
+        CancelResult::CancelledNow(Box::new(row))
+    })
+}
+
+/// A cancel that matched nothing: only a missing or terminal session (every other
+/// status matches), unless the row changed status in between.
+pub(crate) fn cancel_unchanged(id: &str, rec: Option<SessionRecord>) -> Result<CancelResult> {
+    let Some(rec) = rec else {
+        return Ok(CancelResult::NotFound);
+    };
+    let row = rec.into_row()?;
+    if row.status.is_terminal() {
+        return Ok(CancelResult::AlreadyFinished(Box::new(row)));
+    }
+    Err(Error::Conflict(format!(
+        "session {id} changed status to {} during the cancel; retry",
+        row.status
+    )))
+}
+
+/// `(lease_epoch, lease_owner, status)` of a session, read after a fenced write matched
+/// nothing.
+pub(crate) type LeaseRow = (i64, Option<String>, String);
+
+/// Did an earlier attempt of the same fenced write commit: the epoch is still ours, the
+/// lease was given up, and the status is what that write sets? Makes a retry after an
+/// ambiguous failure harmless for the writes that clear the owner.
+pub(crate) fn gave_up(
+    row: Option<LeaseRow>,
+    lease: &Lease,
+    want: fn(SessionStatus) -> bool,
+) -> bool {
+    match row {
+        Some((epoch, None, status)) if epoch == lease.epoch => {
+            SessionStatus::parse(&status).is_some_and(want)
+        }
+        _ => false,
+    }
+}
+
+/// What a delivery did: `seq` is the new item's position (`None`: a repeat, nothing
+/// inserted), `queued` whether the session's status is `queued` after it.
+pub(crate) fn delivered(
+    queue: String,
+    old: SessionStatus,
+    seq: Option<i64>,
+    queued: bool,
+) -> Result<Delivered> {
+    Ok(Delivered {
+        inserted: seq.is_some(),
+        seq: seq.map_or(Ok(0), |s| to_u64(s, "seq"))?,
+        woken: seq.is_some() && queued && old != SessionStatus::Queued,
+        queue,
+        status: old,
+    })
+}
+
+/// What recording a decision did, given the status before it, whether the decision was
+/// new, and whether it sent the session back to the queue.
+pub(crate) fn approval_recorded(
+    queue: String,
+    old: SessionStatus,
+    inserted: bool,
+    woken: bool,
+) -> ApprovalRecorded {
+    if old.is_terminal() {
+        ApprovalRecorded::Finished(old)
+    } else if !inserted {
+        ApprovalRecorded::AlreadyDecided
+    } else {
+        ApprovalRecorded::Recorded { woken, queue }
+    }
+}

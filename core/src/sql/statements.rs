@@ -1,0 +1,456 @@
+//! The statements both stores run, each written once in Postgres' text and rendered for
+//! each dialect when first used. SQLite reads `$n` parameters by number as Postgres does,
+//! so the texts differ only where the dialects do, and [`sqlite`] rewrites exactly that:
+//!
+//! - the clock: SQLite's store takes "now" from Rust and binds it (so a state read back
+//!   compares equal on both backends, at microsecond precision), so `now()` becomes the
+//!   parameter each statement names, and `now() ± make_interval(secs => $n)` becomes `$n`,
+//!   which SQLite's store binds as the point in time itself;
+//! - lists: Postgres binds an array (`= ANY($n)`), SQLite a JSON array
+//!   (`IN (SELECT value FROM json_each($n))`), having no array type;
+//! - casts (`::uuid`, `::json`, `::text[]`): Postgres needs them where it stores ids as
+//!   `uuid` and bodies as `json`; SQLite stores both as text and has no `::` cast;
+//! - `GREATEST(a, b)` is SQLite's two-argument `max(a, b)`.
+//!
+//! Statements that only one dialect can express (Postgres' array-driven batches, SQLite's
+//! per-row steps inside one write transaction) stay with their store.
+
+use std::sync::LazyLock;
+
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use crate::model::ListFilter;
+
+/// Every column [`super::record::SessionRecord`] reads, for `SELECT`/`RETURNING` lists on
+/// `sessions` (not aliased): the row's own, and its spec from `session_specs`.
+pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, finish_reason, \
+    (SELECT p.spec FROM session_specs p WHERE p.root_id = sessions.root_id \
+       AND p.id = sessions.id) AS spec, \
+    iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+    reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
+    lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
+    idempotency_key, created_at, updated_at, finished_at, turn_base, not_started, \
+    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len";
+
+/// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
+const DEFAULT_LIST: u32 = 100;
+const MAX_LIST: u32 = 10_000;
+
+/// The listing for `filter`, newest first. Built per filter rather than as
+/// `($1 IS NULL OR …)`, so that each shape gets a plan that uses its index.
+pub(crate) fn list<'a, DB: Database>(filter: &'a ListFilter) -> QueryBuilder<'a, DB>
+where
+    DB::Arguments<'a>: Default,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let limit = match filter.limit {
+        0 => DEFAULT_LIST,
+        l => l.min(MAX_LIST),
+    };
+    let mut qb = QueryBuilder::new(format!("SELECT {COLS} FROM sessions WHERE true"));
+    if let Some(status) = filter.status {
+        qb.push(" AND status = ").push_bind(status.as_str());
+    }
+    if let Some(parent) = &filter.parent_id {
+        qb.push(" AND parent_id = ").push_bind(parent.as_str());
+    }
+    if let Some(cursor) = &filter.cursor {
+        qb.push(" AND id < ").push_bind(cursor.as_str());
+    }
+    qb.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(i64::from(limit));
+    qb
+}
+
+/// The applied migrations, as both stores read them.
+pub(crate) const APPLIED_MIGRATIONS: &str =
+    "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
+
+/// Sessions per unfinished status, as both stores count them.
+pub(crate) const COUNT_UNFINISHED: &str = "SELECT status, count(*) FROM sessions \
+     WHERE status IN ('queued', 'running', 'waiting', 'awaiting_approval') \
+     GROUP BY status";
+
+/// A statement of both stores: Postgres' text (`COLS` stands for [`COLS`]) and which
+/// parameter SQLite's store binds "now" to, if the statement reads the clock.
+struct Shared {
+    text: &'static str,
+    sqlite_now: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+impl Shared {
+    fn render(&self, dialect: Dialect) -> String {
+        let text = self.text.replace("COLS", COLS);
+        match dialect {
+            Dialect::Postgres => text,
+            Dialect::Sqlite => sqlite(&text, self.sqlite_now),
+        }
+    }
+}
+
+const SELECT_SESSION: Shared = Shared {
+    text: "SELECT COLS FROM sessions WHERE id = $1",
+    sqlite_now: None,
+};
+
+/// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
+/// lease or our own), never terminal or suspended. `$3`: the lease's length in seconds
+/// (SQLite: its expiry).
+const CLAIM: Shared = Shared {
+    text: "
+UPDATE sessions SET
+    lease_owner = $2,
+    lease_epoch = lease_epoch + 1,
+    lease_expires_at = now() + make_interval(secs => $3),
+    status = 'running',
+    attempts = attempts + 1,
+    updated_at = now()
+WHERE id = $1
+  AND status IN ('queued', 'running')
+  AND (lease_owner IS NULL OR lease_expires_at < now() OR lease_owner = $2)
+RETURNING COLS",
+    sqlite_now: Some(4),
+};
+
+/// The stored history a claim resumes from.
+const CLAIM_HISTORY: Shared = Shared {
+    text: "SELECT seq, body FROM messages \
+           WHERE root_id = $1::uuid AND session_id = $2::uuid ORDER BY seq",
+    sqlite_now: None,
+};
+
+/// A session's history for reading: through `sessions` so the lookup uses the
+/// (root_id, session_id) key; the LEFT JOIN tells a missing session (no row) from a
+/// history of the prompt alone (NULL seq), and brings the prompt for message 0.
+const HISTORY: Shared = Shared {
+    text: "SELECT coalesce(p.spec->>'prompt', ''), m.seq, m.body FROM sessions s \
+           JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
+           LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
+           WHERE s.id = $1 ORDER BY m.seq",
+    sqlite_now: None,
+};
+
+/// Cancel in one race-free statement: queued or suspended → cancelled now; running → the
+/// flag for its owner. Terminal rows do not match. (SET expressions all see the old row.)
+const CANCEL: Shared = Shared {
+    text: "
+UPDATE sessions SET
+    status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+    finish_reason = CASE WHEN status = 'running' THEN finish_reason ELSE 'interrupted' END,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+    lease_owner = CASE WHEN status = 'running' THEN lease_owner ELSE NULL END,
+    lease_expires_at = CASE WHEN status = 'running' THEN lease_expires_at ELSE NULL END,
+    cancel_requested = true,
+    updated_at = now()
+WHERE id = $1 AND status IN ('queued', 'running', 'waiting', 'awaiting_approval')
+RETURNING COLS",
+    sqlite_now: Some(2),
+};
+
+/// Fenced suspension. A wake that arrived after the claim (`wake_seq > $5`) sends the
+/// session back to the queue; a cancel request cancels it. Every waker bumps `wake_seq`
+/// under the session's row lock (Postgres) or in its own write transaction, which SQLite
+/// serializes with this one, so no wake-up can fall between the check and the sleep.
+const SUSPEND: Shared = Shared {
+    text: "
+UPDATE sessions SET
+    status = CASE WHEN cancel_requested THEN 'cancelled'
+                  WHEN wake_seq > $5 THEN 'queued' ELSE $4 END,
+    finish_reason = CASE WHEN cancel_requested THEN 'interrupted' ELSE finish_reason END,
+    finished_at = CASE WHEN cancel_requested THEN now() ELSE finished_at END,
+    enqueued_at = CASE WHEN wake_seq > $5 AND NOT cancel_requested THEN NULL ELSE enqueued_at END,
+    approval_deadline = $6,
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    attempts = 0,
+    updated_at = now()
+WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $7 AND status = 'running'
+RETURNING COLS",
+    sqlite_now: Some(8),
+};
+
+/// Give a running session back (graceful shutdown), fenced by the lease.
+const RELEASE: Shared = Shared {
+    text: "UPDATE sessions SET status = 'queued', lease_owner = NULL, \
+               lease_expires_at = NULL, attempts = 0, updated_at = now() \
+           WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
+             AND status = 'running'",
+    sqlite_now: Some(5),
+};
+
+/// The lease of a session, read after a fenced write matched nothing.
+const LEASE_OF: Shared = Shared {
+    text: "SELECT lease_epoch, lease_owner, status FROM sessions WHERE root_id = $1 AND id = $2",
+    sqlite_now: None,
+};
+
+/// Fail a session from outside a run (dead letter); a finished one is left as it is.
+const FAIL: Shared = Shared {
+    text: "UPDATE sessions SET status = 'failed', finish_reason = 'error', error = $2, \
+               finished_at = now(), lease_owner = NULL, lease_expires_at = NULL, \
+               updated_at = now() \
+           WHERE id = $1 AND status NOT IN ('completed', 'failed', 'cancelled') \
+           RETURNING COLS",
+    sqlite_now: Some(3),
+};
+
+/// A new turn on a finished session: queued again with a fresh per-turn allowance. With
+/// `$2` (the follow-up's inbox position) not 0, only once per position: `followup_cursor`,
+/// not `msg_cursor` (steering messages share the inbox's positions and are injected by
+/// the run, so their cursor may be past a follow-up that has not run).
+const FOLLOW_UP: Shared = Shared {
+    text: "
+UPDATE sessions SET
+    status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
+    finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = false,
+    enqueued_at = NULL, cancel_requested = false, attempts = 0,
+    lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
+    followup_cursor = GREATEST(followup_cursor, $2),
+    history_len = history_len + 1,
+    updated_at = now()
+WHERE id = $1 AND status IN ('completed', 'failed', 'cancelled')
+  AND ($2 = 0 OR followup_cursor < $2)
+RETURNING COLS",
+    sqlite_now: Some(3),
+};
+
+/// The follow-up's message, right after the history (message i has seq i): `$4` is the
+/// history's stored length. A row from before `history_len` has its history stored from
+/// message 0, so its last seq says where; message 0 itself is always the prompt.
+/// (Inside `COALESCE`, the scan for the last seq runs only for such a row: Postgres'
+/// message index does not hold seqs, so it would read the session's every row.)
+const FOLLOW_UP_MESSAGE: Shared = Shared {
+    text: "INSERT INTO messages (root_id, session_id, seq, body) \
+           VALUES ($1::uuid, $2::uuid, COALESCE($4, (SELECT max(seq) + 1 FROM messages \
+                   WHERE root_id = $1::uuid AND session_id = $2::uuid), 1), $3::json)",
+    sqlite_now: None,
+};
+
+/// Sessions awaiting an approval past their deadline go back to the queue.
+const WAKE_EXPIRED: Shared = Shared {
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+               wake_seq = wake_seq + 1, updated_at = now() \
+           WHERE id IN (SELECT id FROM sessions WHERE status = 'awaiting_approval' \
+                        AND approval_deadline < now() ORDER BY approval_deadline LIMIT $1) \
+             AND status = 'awaiting_approval' \
+           RETURNING id, queue",
+    sqlite_now: Some(2),
+};
+
+const MARK_ENQUEUED: Shared = Shared {
+    text: "UPDATE sessions SET enqueued_at = now() \
+           WHERE id = ANY($1) AND enqueued_at IS NULL",
+    sqlite_now: Some(2),
+};
+
+const RESET_ENQUEUED: Shared = Shared {
+    text: "UPDATE sessions SET enqueued_at = NULL \
+           WHERE queue = $1 AND status IN ('queued', 'running') AND enqueued_at IS NOT NULL",
+    sqlite_now: None,
+};
+
+/// `$1`: the age in seconds (SQLite: the cut-off time).
+const UNENQUEUED: Shared = Shared {
+    text: "SELECT id, queue FROM sessions \
+           WHERE status IN ('queued', 'running') AND enqueued_at IS NULL \
+             AND created_at < now() - make_interval(secs => $1) \
+           ORDER BY created_at LIMIT $2",
+    sqlite_now: None,
+};
+
+const INBOX: Shared = Shared {
+    text: "SELECT seq, kind, payload, created_at FROM inbox \
+           WHERE root_id = (SELECT root_id FROM sessions WHERE id = $1) AND session_id = $1 \
+             AND kind = ANY($2::text[]) AND seq > $3 ORDER BY seq",
+    sqlite_now: None,
+};
+
+const APPROVAL: Shared = Shared {
+    text: "SELECT approve, reason FROM approvals \
+           WHERE root_id = (SELECT root_id FROM sessions WHERE id = $1) \
+             AND session_id = $1 AND tool_call_id = $2",
+    sqlite_now: None,
+};
+
+/// The shared statements, rendered for one dialect.
+pub(crate) struct Statements {
+    pub select_session: String,
+    pub claim: String,
+    pub claim_history: String,
+    pub history: String,
+    pub cancel: String,
+    pub suspend: String,
+    pub release: String,
+    pub lease_of: String,
+    pub fail: String,
+    pub follow_up: String,
+    pub follow_up_message: String,
+    pub wake_expired: String,
+    pub mark_enqueued: String,
+    pub reset_enqueued: String,
+    pub unenqueued: String,
+    pub inbox: String,
+    pub approval: String,
+}
+
+impl Statements {
+    fn new(d: Dialect) -> Self {
+        Statements {
+            select_session: SELECT_SESSION.render(d),
+            claim: CLAIM.render(d),
+            claim_history: CLAIM_HISTORY.render(d),
+            history: HISTORY.render(d),
+            cancel: CANCEL.render(d),
+            suspend: SUSPEND.render(d),
+            release: RELEASE.render(d),
+            lease_of: LEASE_OF.render(d),
+            fail: FAIL.render(d),
+            follow_up: FOLLOW_UP.render(d),
+            follow_up_message: FOLLOW_UP_MESSAGE.render(d),
+            wake_expired: WAKE_EXPIRED.render(d),
+            mark_enqueued: MARK_ENQUEUED.render(d),
+            reset_enqueued: RESET_ENQUEUED.render(d),
+            unenqueued: UNENQUEUED.render(d),
+            inbox: INBOX.render(d),
+            approval: APPROVAL.render(d),
+        }
+    }
+}
+
+pub(crate) static POSTGRES: LazyLock<Statements> =
+    LazyLock::new(|| Statements::new(Dialect::Postgres));
+pub(crate) static SQLITE: LazyLock<Statements> = LazyLock::new(|| Statements::new(Dialect::Sqlite));
+
+/// The `$n` parameter at the start of `s`, as `(n's digits, rest)`.
+fn param(s: &str) -> Option<(&str, &str)> {
+    let s = s.strip_prefix('$')?;
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    (end > 0).then(|| s.split_at(end))
+}
+
+/// Replace each `<open>$n<close>` in `sql` by `f(n)`, where `close` may follow an
+/// optional cast `::text[]`.
+fn replace_param_call(sql: &str, open: &str, f: impl Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find(open) {
+        let after = &rest[at + open.len()..];
+        let Some((n, tail)) = param(after) else {
+            out.push_str(&rest[..at + open.len()]);
+            rest = after;
+            continue;
+        };
+        let tail = tail.strip_prefix("::text[]").unwrap_or(tail);
+        let Some(tail) = tail.strip_prefix(')') else {
+            out.push_str(&rest[..at + open.len()]);
+            rest = after;
+            continue;
+        };
+        out.push_str(&rest[..at]);
+        out.push_str(&f(n));
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Drop every `::type` (and `::type[]`) cast.
+fn strip_casts(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find("::") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let end = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        rest = after[end..].strip_prefix("[]").unwrap_or(&after[end..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Postgres' text in SQLite's dialect (see the module docs); `now` is the parameter that
+/// carries the current time.
+fn sqlite(sql: &str, now: Option<u8>) -> String {
+    let sql = replace_param_call(sql, "now() + make_interval(secs => ", |n| format!("${n}"));
+    let sql = replace_param_call(&sql, "now() - make_interval(secs => ", |n| format!("${n}"));
+    let sql = replace_param_call(&sql, "= ANY(", |n| {
+        format!("IN (SELECT value FROM json_each(${n}))")
+    });
+    let sql = match now {
+        Some(n) => sql.replace("now()", &format!("${n}")),
+        None => sql,
+    };
+    strip_casts(&sql).replace("GREATEST(", "max(")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn sqlite_rendering_rewrites_only_the_dialect() {
+        assert_eq!(
+            sqlite(
+                "SET a = now() + make_interval(secs => $3), b = now()",
+                Some(4)
+            ),
+            "SET a = $3, b = $4"
+        );
+        assert_eq!(
+            sqlite("WHERE c < now() - make_interval(secs => $1) LIMIT $2", None),
+            "WHERE c < $1 LIMIT $2"
+        );
+        assert_eq!(
+            sqlite("kind = ANY($2::text[]) AND id = ANY($1)", None),
+            "kind IN (SELECT value FROM json_each($2)) AND id IN (SELECT value FROM json_each($1))"
+        );
+        assert_eq!(
+            sqlite("VALUES ($1::uuid, $3::json) x = GREATEST(x, $2)", None),
+            "VALUES ($1, $3) x = max(x, $2)"
+        );
+    }
+
+    #[test]
+    fn every_statement_renders_for_both() {
+        for d in [Dialect::Postgres, Dialect::Sqlite] {
+            let s = Statements::new(d);
+            for sql in [
+                &s.select_session,
+                &s.claim,
+                &s.claim_history,
+                &s.history,
+                &s.cancel,
+                &s.suspend,
+                &s.release,
+                &s.lease_of,
+                &s.fail,
+                &s.follow_up,
+                &s.follow_up_message,
+                &s.wake_expired,
+                &s.mark_enqueued,
+                &s.reset_enqueued,
+                &s.unenqueued,
+                &s.inbox,
+                &s.approval,
+            ] {
+                assert!(!sql.contains("COLS"), "{sql}");
+                if d == Dialect::Sqlite {
+                    for pg_only in ["now()", "::", "ANY(", "make_interval", "GREATEST"] {
+                        assert!(!sql.contains(pg_only), "{pg_only} in {sql}");
+                    }
+                }
+            }
+        }
+    }
+}
