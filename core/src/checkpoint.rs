@@ -5,9 +5,10 @@
 
 use chrono::{DateTime, Utc};
 
-use agentq_agent::state::SessionState;
+use agentq_agent::spec::ExitReason;
+use agentq_agent::state::{Phase, SessionState};
 
-use crate::rowconv::{phase_str, role_str, to_i32, to_i64};
+use crate::rowconv::{to_i32, to_i64};
 use crate::{Error, Lease, Result, SessionStatus};
 
 /// `state.messages[from..]` and the row's scalars, fenced by `lease`.
@@ -16,8 +17,8 @@ pub struct Checkpoint {
     pub lease: Lease,
     /// The seq of `messages[0]`.
     pub from: i32,
-    /// (role, JSON body) of each new message.
-    pub messages: Vec<(&'static str, String)>,
+    /// The JSON body of each new message (its role is inside).
+    pub messages: Vec<String>,
     pub iteration: i32,
     pub input_tokens: i64,
     pub output_tokens: i64,
@@ -26,7 +27,7 @@ pub struct Checkpoint {
     pub reasoning_tokens: i64,
     pub drain_rounds: i32,
     pub free_iteration: bool,
-    pub phase: &'static str,
+    pub phase: Phase,
     pub started_at: Option<DateTime<Utc>>,
     pub turn_base: i32,
     /// JSON array of the sub-agents planned but not started.
@@ -42,8 +43,8 @@ pub struct Checkpoint {
 /// The terminal part of a final checkpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
-    pub status: &'static str,
-    pub reason: &'static str,
+    pub status: SessionStatus,
+    pub reason: ExitReason,
     pub result: Option<String>,
     pub error: Option<String>,
 }
@@ -59,7 +60,7 @@ impl Checkpoint {
         let history_len = i32::try_from(state.messages.len()).map_err(|_| too_long())?;
         let mut messages = Vec::with_capacity(new.len());
         for m in new {
-            messages.push((role_str(m.role), serde_json::to_string(m)?));
+            messages.push(serde_json::to_string(m)?);
         }
         let u = &state.usage;
         Ok(Checkpoint {
@@ -74,15 +75,15 @@ impl Checkpoint {
             reasoning_tokens: to_i64(u.reasoning_tokens, "reasoning_tokens")?,
             drain_rounds: to_i32(state.drain_rounds, "drain_rounds")?,
             free_iteration: state.free_iteration,
-            phase: phase_str(state.phase),
+            phase: state.phase,
             started_at: state.started_at,
             turn_base: to_i32(state.turn_base, "turn_base")?,
             not_started: serde_json::to_string(&state.not_started)?,
             bg_cursor: to_i64(state.bg_cursor, "bg_cursor")?,
             msg_cursor: to_i64(state.msg_cursor, "msg_cursor")?,
             finish: state.outcome.as_ref().map(|o| Finish {
-                status: SessionStatus::for_exit(o.reason).as_str(),
-                reason: o.reason.as_str(),
+                status: SessionStatus::for_exit(o.reason),
+                reason: o.reason,
                 result: o.result.clone(),
                 error: o.error.clone(),
             }),

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use agentq_agent::event::AgentEvent;
 use agentq_agent::spec::ExitReason;
+use agentq_agent::state::Phase;
 
 use crate::error::{Error, Result};
 use crate::model::{InboxItem, SessionRow, SessionStatus, SpawnInfo};
@@ -332,6 +333,20 @@ impl std::fmt::Display for EventKind {
     }
 }
 
+/// The stored name of a plan-act session's phase (the `phase` column).
+pub const fn phase_name(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Plan => "plan",
+        Phase::Act => "act",
+    }
+}
+
+pub fn parse_phase_name(s: &str) -> Option<Phase> {
+    [Phase::Plan, Phase::Act]
+        .into_iter()
+        .find(|p| phase_name(*p) == s)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -377,6 +392,14 @@ mod tests {
             assert_eq!(Strategy::parse(s.as_str()), Some(s));
         }
         assert_eq!(InboxKind::parse("nope"), None);
+    }
+
+    #[test]
+    fn phase_names_match_their_serde_names() {
+        for p in [Phase::Plan, Phase::Act] {
+            assert_eq!(serde_json::to_value(p).unwrap(), phase_name(p));
+            assert_eq!(parse_phase_name(phase_name(p)), Some(p));
+        }
     }
 
     #[test]

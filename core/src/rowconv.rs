@@ -4,7 +4,6 @@
 
 use std::fmt::Display;
 
-use agentq_agent::schema::Role;
 use agentq_agent::spec::ExitReason;
 use agentq_agent::state::Phase;
 
@@ -12,6 +11,7 @@ use sqlx::migrate::Migrator;
 
 use crate::error::{Error, Result};
 use crate::model::SessionStatus;
+use crate::protocol::parse_phase_name;
 
 /// A value in the database this binary cannot read (not retryable).
 pub(crate) fn bad_data(what: impl Display) -> Error {
@@ -46,19 +46,8 @@ pub(crate) fn parse_exit(s: &str) -> Result<ExitReason> {
         .map_err(|_| bad_data(format_args!("finish_reason = {s:?}")))
 }
 
-pub(crate) fn phase_str(p: Phase) -> &'static str {
-    match p {
-        Phase::Plan => "plan",
-        Phase::Act => "act",
-    }
-}
-
 pub(crate) fn parse_phase(s: &str) -> Result<Phase> {
-    match s {
-        "plan" => Ok(Phase::Plan),
-        "act" => Ok(Phase::Act),
-        other => Err(bad_data(format_args!("phase = {other:?}"))),
-    }
+    parse_phase_name(s).ok_or_else(|| bad_data(format_args!("phase = {s:?}")))
 }
 
 /// Compare the migrations a database applied (`None`: it has no migrations table) with the
@@ -90,13 +79,4 @@ pub(crate) fn unfinished_counts(rows: Vec<(String, i64)>) -> Result<Vec<(Session
     rows.into_iter()
         .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
         .collect()
-}
-
-pub(crate) fn role_str(r: Role) -> &'static str {
-    match r {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
-        Role::Tool => "tool",
-    }
 }

@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::Lease;
+use crate::protocol::phase_name;
 use crate::sql::record::SessionRecord;
 use crate::store::{Committed, LeaseStatus};
 
@@ -222,11 +223,11 @@ impl<'a> BatchColumns<'a> {
             c.reasoning.push(cp.reasoning_tokens);
             c.drain_rounds.push(cp.drain_rounds);
             c.free_iteration.push(cp.free_iteration);
-            c.phases.push(cp.phase);
+            c.phases.push(phase_name(cp.phase));
             c.started_at.push(cp.started_at);
             let f = cp.finish.as_ref();
-            c.statuses.push(f.map(|f| f.status));
-            c.reasons.push(f.map(|f| f.reason));
+            c.statuses.push(f.map(|f| f.status.as_str()));
+            c.reasons.push(f.map(|f| f.reason.as_str()));
             c.results.push(f.and_then(|f| f.result.as_deref()));
             c.errors.push(f.and_then(|f| f.error.as_deref()));
             c.turn_base.push(cp.turn_base);
@@ -235,7 +236,7 @@ impl<'a> BatchColumns<'a> {
             c.msg_cursor.push(cp.msg_cursor);
             c.has_new.push(!cp.messages.is_empty());
             c.history_len.push(cp.history_len);
-            for (seq, (_, body)) in cp.seqs().zip(&cp.messages) {
+            for (seq, body) in cp.seqs().zip(&cp.messages) {
                 c.m_ids.push(l.session_id.as_str());
                 c.m_seqs.push(seq);
                 c.m_bodies.push(body.as_str());

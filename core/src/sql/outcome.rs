@@ -8,13 +8,14 @@ use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, Lease, NewSession, SessionRow, SessionStatus,
 };
-use crate::rowconv::{phase_str, to_u64};
+use crate::protocol::phase_name;
+use crate::rowconv::to_u64;
 
 use super::record::{SessionRecord, StoredMessage};
 
 /// The phase a fresh session starts in, as its initial state decides it.
 pub(crate) fn fresh_phase(new: &NewSession) -> &'static str {
-    phase_str(SessionState::new(new.id.clone(), new.spec.clone()).phase)
+    phase_name(SessionState::new(new.id.clone(), new.spec.clone()).phase)
 }
 
 /// The one answer of a batch of one creation.

@@ -9,6 +9,7 @@ use sqlx::{Sqlite, SqliteConnection};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{ApprovalRecorded, Delivered, Lease, NewSession, SessionRow, SessionStatus};
+use crate::protocol::phase_name;
 use crate::rowconv::{bad_data, parse_status};
 use crate::sql::outcome::{approval_recorded, delivered, fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
@@ -131,10 +132,10 @@ pub(super) async fn checkpoint(
         .bind(cp.reasoning_tokens)
         .bind(cp.drain_rounds)
         .bind(cp.free_iteration)
-        .bind(cp.phase)
+        .bind(phase_name(cp.phase))
         .bind(cp.started_at.map(|t| t.timestamp_micros()))
-        .bind(f.map(|f| f.status))
-        .bind(f.map(|f| f.reason))
+        .bind(f.map(|f| f.status.as_str()))
+        .bind(f.map(|f| f.reason.as_str()))
         .bind(f.and_then(|f| f.result.as_deref()))
         .bind(f.and_then(|f| f.error.as_deref()))
         .bind(&lease.owner)
@@ -155,7 +156,7 @@ pub(super) async fn checkpoint(
             .seqs()
             .zip(&cp.messages)
             .filter(|(seq, _)| *seq > 0)
-            .map(|(seq, (_, body))| (seq, body.as_str()))
+            .map(|(seq, body)| (seq, body.as_str()))
             .collect();
         insert_messages(conn, &lease.root_id, &lease.session_id, &rows).await?;
         return Ok(Ok(None));
