@@ -155,8 +155,14 @@ mod tests {
             Strategy::Interrupt
         );
         assert_eq!(err(json!({"content": null, "approve": true})), REQUIRED);
-        assert_eq!(err(json!({"content": 3, "approve": true})), "must be a string");
-        assert_eq!(err(json!({"content": "  ", "approve": true})), "must not be empty");
+        assert_eq!(
+            err(json!({"content": 3, "approve": true})),
+            "must be a string"
+        );
+        assert_eq!(
+            err(json!({"content": "  ", "approve": true})),
+            "must not be empty"
+        );
         assert_eq!(
             err(json!({"content": "x", "strategy": "shout", "approve": true})),
             "unknown strategy `shout` (expected inject, enqueue, interrupt or reject)"

@@ -46,7 +46,10 @@ mod tests {
 
     #[test]
     fn shapes() {
-        assert_eq!(round_trip(json!({"status": "ready"})).status, ReadyStatus::Ready);
+        assert_eq!(
+            round_trip(json!({"status": "ready"})).status,
+            ReadyStatus::Ready
+        );
         assert_eq!(
             round_trip(json!({"status": "draining"})).status,
             ReadyStatus::Draining

@@ -20,9 +20,9 @@ mod steer;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
-pub use health::{ReadyChecks, ReadyStatus, Readiness};
+pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use sessions::{
-    BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse,
-    MessagesResponse, SessionDetail, SessionRef, SessionView, TreeNode,
+    BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
+    SessionDetail, SessionRef, SessionView, TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

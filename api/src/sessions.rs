@@ -178,12 +178,14 @@ mod tests {
 
     #[test]
     fn create_session_fields() {
-        let req: CreateSession = round_trip(json!({"prompt": "p", "mode": "plan-act", "queue": "batch.v2",
+        let req: CreateSession = round_trip(
+            json!({"prompt": "p", "mode": "plan-act", "queue": "batch.v2",
             "idempotency_key": "k1", "max_iterations": 3, "temperature": 0.5,
             "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
             "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
             "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
-            "metadata": {"user": "u"}}));
+            "metadata": {"user": "u"}}),
+        );
         assert_eq!(req.queue.as_deref(), Some("batch.v2"));
         assert_eq!(req.spec.max_iterations, 3);
         let min: CreateSession = serde_json::from_value(json!({"prompt": "p"})).unwrap();
@@ -194,7 +196,15 @@ mod tests {
                 .unwrap();
         assert_eq!(batch[1].queue.as_deref(), Some("bulk"));
 
-        for f in ["prompt", "system", "mode", "tools", "metadata", "queue", "idempotency_key"] {
+        for f in [
+            "prompt",
+            "system",
+            "mode",
+            "tools",
+            "metadata",
+            "queue",
+            "idempotency_key",
+        ] {
             assert!(CreateSession::accepts(f), "{f}");
         }
         assert!(!CreateSession::accepts("max_iteration"));
@@ -242,7 +252,10 @@ mod tests {
     fn views_details_trees_and_pages() {
         let v: SessionView = round_trip(view_json("s1"));
         assert_eq!(v.spec.prompt, "hello");
-        assert_eq!(v.spec.tools.as_deref(), Some(&["read_file".to_string(), "grep".into()][..]));
+        assert_eq!(
+            v.spec.tools.as_deref(),
+            Some(&["read_file".to_string(), "grep".into()][..])
+        );
         assert_eq!(v.iterations, 0);
 
         let mut detail = view_json("s1");

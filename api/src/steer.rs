@@ -108,12 +108,13 @@ mod tests {
         assert_eq!(m.strategy, Strategy::Enqueue);
         let m: PostMessage = serde_json::from_value(json!({"content": "one more thing"})).unwrap();
         assert_eq!(m.strategy, Strategy::Inject);
-        assert!(serde_json::from_value::<PostMessage>(json!({"content": "x", "extra": 1})).is_err());
+        assert!(
+            serde_json::from_value::<PostMessage>(json!({"content": "x", "extra": 1})).is_err()
+        );
         assert_eq!(struct_fields::<PostMessage>(), ["content", "strategy"]);
 
-        let r: PostMessageResponse = round_trip(
-            json!({"id": "s1", "status": "running", "delivery": "interrupt", "seq": 4}),
-        );
+        let r: PostMessageResponse =
+            round_trip(json!({"id": "s1", "status": "running", "delivery": "interrupt", "seq": 4}));
         assert_eq!(r.delivery, Delivery::Steer(Strategy::Interrupt));
         let r: PostMessageResponse =
             round_trip(json!({"id": "s1", "status": "queued", "delivery": "follow_up"}));
@@ -127,17 +128,15 @@ mod tests {
     fn approvals() {
         let a: ApprovalRequest = round_trip(json!({"tool_call_id": "c1", "approve": true}));
         assert_eq!(a.reason, None);
-        let a: ApprovalRequest = round_trip(
-            json!({"tool_call_id": "c1", "approve": false, "reason": "not today"}),
-        );
+        let a: ApprovalRequest =
+            round_trip(json!({"tool_call_id": "c1", "approve": false, "reason": "not today"}));
         assert_eq!(a.reason.as_deref(), Some("not today"));
         assert_eq!(
             struct_fields::<ApprovalRequest>(),
             ["tool_call_id", "approve", "reason"]
         );
-        let r: ApprovalResponse = round_trip(
-            json!({"id": "s1", "tool_call_id": "c1", "approve": true, "resumed": true}),
-        );
+        let r: ApprovalResponse =
+            round_trip(json!({"id": "s1", "tool_call_id": "c1", "approve": true, "resumed": true}));
         assert!(r.resumed);
     }
 }

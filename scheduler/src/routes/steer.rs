@@ -1,0 +1,249 @@
+//! Talking to a session after it started: steering messages (`inject`, `enqueue`,
+//! `interrupt`, `reject`, and follow-up turns on a finished session), human decisions on
+//! held tool calls, and the session tree.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::Value;
+
+use agentq_agent::schema::Role;
+use agentq_api::{
+    ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse, TreeNode,
+};
+use agentq_core::lifecycle;
+use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
+use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
+
+use crate::Scheduler;
+use crate::error::ApiError;
+use crate::http::{
+    ApiResult, JsonBody, check_id, decode_object, get_row, known_fields, not_found, respond,
+    session_view,
+};
+
+/// Largest steering message accepted.
+const MAX_MESSAGE_BYTES: usize = 1_000_000;
+/// Most sessions a tree answer lists.
+const MAX_TREE: usize = 10_000;
+
+/// Start a follow-up turn on a finished session.
+async fn follow_up(s: &Scheduler, row: &SessionRow, content: &str) -> ApiResult<Response> {
+    match s.store.follow_up(&row.id, content, None).await? {
+        Some(reopened) => {
+            lifecycle::enqueue_woken(
+                s.store.as_ref(),
+                s.queue.as_ref(),
+                &reopened.id,
+                &reopened.queue,
+            )
+            .await;
+            respond(
+                StatusCode::ACCEPTED,
+                &PostMessageResponse {
+                    id: reopened.id,
+                    status: reopened.status,
+                    delivery: Delivery::FollowUp,
+                    seq: None,
+                },
+            )
+        }
+        None => Err(ApiError::Conflict {
+            code: "conflict",
+            message: format!("session {} changed status; retry", row.id),
+        }),
+    }
+}
+
+/// A `content` over the limit is refused as such (413) before the other fields are
+/// decoded, as an oversize prompt is; blank content is left to the decoding, which
+/// reports it as empty.
+fn check_content_size(body: &Value) -> ApiResult<()> {
+    if let Some(Value::String(content)) = body.get("content")
+        && !content.trim().is_empty()
+        && content.len() > MAX_MESSAGE_BYTES
+    {
+        return Err(ApiError::TooLarge {
+            field: Some("content".into()),
+            message: format!("content is over {MAX_MESSAGE_BYTES} bytes"),
+        });
+    }
+    Ok(())
+}
+
+/// `POST /v1/sessions/{id}/messages`
+pub(super) async fn post_message(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    known_fields::<PostMessage>(&body)?;
+    check_content_size(&body)?;
+    let PostMessage { content, strategy } = decode_object(body)?;
+    let row = get_row(&s, &id).await?;
+    if row.status.is_terminal() {
+        // A finished session takes any message as a new turn with its full history.
+        return follow_up(&s, &row, &content).await;
+    }
+    if strategy == Strategy::Reject {
+        return Err(ApiError::Conflict {
+            code: "session_busy",
+            message: format!("session {id} is {}; the message was rejected", row.status),
+        });
+    }
+    let kind = strategy.inbox_kind();
+    // An `enqueue` waits for the end of the session; the others wake a waiting one.
+    let wake: &[SessionStatus] = if strategy == Strategy::Enqueue {
+        &[]
+    } else {
+        &[SessionStatus::Waiting]
+    };
+    let dedupe = format!("msg:{}", uuid::Uuid::new_v4());
+    let payload = InboxPayload::Steer(SteerMessage { content, strategy }).to_value()?;
+    let delivered = s
+        .store
+        .deliver(&id, kind.as_str(), &dedupe, &payload, wake)
+        .await?
+        .ok_or_else(|| not_found(&id))?;
+    if delivered.woken {
+        lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &delivered.queue).await;
+    }
+    let signal = if strategy == Strategy::Interrupt {
+        WorkerSignal::Interrupt(id.clone())
+    } else {
+        WorkerSignal::Wake(id.clone())
+    };
+    if let Err(e) = s.queue.publish_cancel(&signal.encode()).await {
+        // The running worker reads its inbox at its next claim at the latest.
+        tracing::warn!(session_id = %id, error = %e, "cannot signal the worker");
+    }
+    if strategy == Strategy::Enqueue {
+        // It may have finished between our read and the delivery: start the turn now.
+        if let Some(now) = s.store.get(&id).await?
+            && now.status.is_terminal()
+        {
+            lifecycle::start_next_followup(s.store.as_ref(), s.queue.as_ref(), &now).await?;
+        }
+    }
+    respond(
+        StatusCode::ACCEPTED,
+        &PostMessageResponse {
+            id,
+            status: row.status,
+            delivery: Delivery::Steer(strategy),
+            seq: Some(delivered.seq),
+        },
+    )
+}
+
+/// Whether `call_id` is a call the session is holding: a pending call of its last turn.
+async fn is_pending(s: &Scheduler, id: &str, call_id: &str) -> ApiResult<bool> {
+    let messages = s.store.messages(id).await?;
+    Ok(messages
+        .iter()
+        .rposition(|m| m.role == Role::Assistant)
+        .map(|pos| {
+            let answered: Vec<&str> = messages[pos + 1..]
+                .iter()
+                .filter_map(|m| m.tool_call_id.as_deref())
+                .collect();
+            messages[pos]
+                .tool_calls
+                .iter()
+                .any(|c| c.id == call_id && !answered.contains(&c.id.as_str()))
+        })
+        .unwrap_or(false))
+}
+
+/// `POST /v1/sessions/{id}/approvals`
+pub(super) async fn approvals(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let ApprovalRequest {
+        tool_call_id,
+        approve,
+        reason,
+    } = decode_object(body)?;
+    if !is_pending(&s, &id, &tool_call_id).await? {
+        return Err(ApiError::invalid(
+            "tool_call_id",
+            format!("session {id} has no pending tool call `{tool_call_id}`"),
+        ));
+    }
+    match s
+        .store
+        .decide_approval(&id, &tool_call_id, approve, reason.as_deref())
+        .await?
+    {
+        ApprovalRecorded::Recorded { woken, queue } => {
+            if woken {
+                lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &queue).await;
+            }
+            respond(
+                StatusCode::OK,
+                &ApprovalResponse {
+                    id,
+                    tool_call_id,
+                    approve,
+                    resumed: woken,
+                },
+            )
+        }
+        ApprovalRecorded::AlreadyDecided => Err(ApiError::Conflict {
+            code: "already_decided",
+            message: format!("tool call `{tool_call_id}` was already decided"),
+        }),
+        ApprovalRecorded::Finished(status) => Err(ApiError::Conflict {
+            code: "already_finished",
+            message: format!("session {id} already finished ({status})"),
+        }),
+        ApprovalRecorded::NotFound => Err(not_found(&id)),
+    }
+}
+
+/// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested.
+pub(super) async fn tree(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let root = get_row(&s, &id).await?;
+    let mut count = 1usize;
+    let node = subtree(&s, root, &mut count).await?;
+    respond(StatusCode::OK, &node)
+}
+
+fn subtree<'a>(
+    s: &'a Scheduler,
+    row: SessionRow,
+    count: &'a mut usize,
+) -> futures::future::BoxFuture<'a, ApiResult<TreeNode>> {
+    Box::pin(async move {
+        let children = s
+            .store
+            .list(&ListFilter {
+                parent_id: Some(row.id.clone()),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await?;
+        let mut nodes = Vec::with_capacity(children.len());
+        // Oldest first reads naturally in a tree.
+        for child in children.into_iter().rev() {
+            *count += 1;
+            if *count > MAX_TREE {
+                break;
+            }
+            nodes.push(subtree(s, child, count).await?);
+        }
+        Ok(TreeNode {
+            session: session_view(&row),
+            children: nodes,
+        })
+    })
+}
