@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::response::sse::Event;
 use futures::Stream;
@@ -18,22 +17,6 @@ use agentq_core::{Queue, SessionRow, Store};
 
 use super::ids::LastId;
 
-/// Entries per `XREAD` while replaying.
-pub(super) const PAGE: usize = 1000;
-/// Replay at most this many stored events (the stream's cap is ~20,000).
-pub(super) const MAX_REPLAY: usize = 40_000;
-/// Entries per blocking `XREAD` while tailing.
-pub(super) const TAIL_COUNT: usize = 500;
-/// How long one tail read blocks (then the session's row is checked).
-pub(super) const TAIL_BLOCK: Duration = Duration::from_secs(5);
-/// Tail reads once the session is terminal: its last events may still be on their way.
-pub(super) const TERMINAL_BLOCK: Duration = Duration::from_millis(500);
-/// How long a terminal session may go without its `session_completed` event before one
-/// is rebuilt from the row (the worker died between the commit and the append, or the
-/// session was dead-lettered).
-pub(super) const TERMINAL_GRACE: Duration = Duration::from_secs(2);
-/// Consecutive failed tail reads before the stream is closed (the client reconnects).
-pub(super) const MAX_TAIL_ERRORS: u32 = 10;
 /// Events buffered for a slow client before the reader waits for it.
 const CHANNEL: usize = 256;
 

@@ -6,8 +6,13 @@ use agentq_core::queue::EventRecord;
 
 use super::handover::{EventKey, abandoned, reset_after};
 use super::ids::{LastId, StreamId};
-use super::relay::{Follower, Gone, MAX_REPLAY, Out, PAGE, TailState, reset_event};
+use super::relay::{Follower, Gone, Out, TailState, reset_event};
 use super::transcript::transcript_events;
+
+/// Entries per `XREAD` while replaying.
+const PAGE: usize = 1000;
+/// Replay at most this many stored events (the stream's cap is ~20,000).
+const MAX_REPLAY: usize = 40_000;
 
 impl Follower {
     /// Every stored event, in stream order (capped).

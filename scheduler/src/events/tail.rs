@@ -7,11 +7,21 @@ use axum::response::sse::Event;
 
 use agentq_core::protocol::EventKind;
 
-use super::relay::{
-    Follower, Gone, MAX_TAIL_ERRORS, Out, TAIL_BLOCK, TAIL_COUNT, TERMINAL_BLOCK, TERMINAL_GRACE,
-    TailState, reset_event,
-};
+use super::relay::{Follower, Gone, Out, TailState, reset_event};
 use super::transcript::completion_from_row;
+
+/// Entries per blocking `XREAD` while tailing.
+const TAIL_COUNT: usize = 500;
+/// How long one tail read blocks (then the session's row is checked).
+const TAIL_BLOCK: Duration = Duration::from_secs(5);
+/// Tail reads once the session is terminal: its last events may still be on their way.
+const TERMINAL_BLOCK: Duration = Duration::from_millis(500);
+/// How long a terminal session may go without its `session_completed` event before one
+/// is rebuilt from the row (the worker died between the commit and the append, or the
+/// session was dead-lettered).
+const TERMINAL_GRACE: Duration = Duration::from_secs(2);
+/// Consecutive failed tail reads before the stream is closed (the client reconnects).
+const MAX_TAIL_ERRORS: u32 = 10;
 
 impl Follower {
     pub(super) async fn tail(&self, mut st: TailState) -> Result<(), Gone> {

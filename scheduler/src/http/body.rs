@@ -78,28 +78,32 @@ pub(crate) fn path(prefix: &str, name: &str) -> String {
     }
 }
 
-/// Refuse a body that is not a JSON object of fields `T` declares, naming the first
-/// unknown field.
-pub fn known_fields<T: DeserializeOwned>(body: &Value) -> Result<(), ApiError> {
-    let Value::Object(fields) = body else {
-        return Err(ApiError::Invalid {
+/// The body as a JSON object, or a 422 `invalid_body`.
+pub fn object(body: Value) -> Result<Map<String, Value>, ApiError> {
+    match body {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::Invalid {
             code: "invalid_body",
             field: None,
             message: "the body must be a JSON object".into(),
-        });
-    };
+        }),
+    }
+}
+
+/// Refuse fields `T` does not declare, naming the first.
+pub fn known_fields<T: DeserializeOwned>(body: &Map<String, Value>) -> Result<(), ApiError> {
     let declared = struct_fields::<T>();
-    if let Some(k) = fields.keys().find(|k| !declared.contains(&k.as_str())) {
-        return Err(ApiError::Invalid {
+    match body.keys().find(|k| !declared.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(ApiError::Invalid {
             code: "unknown_field",
             field: Some(k.clone()),
             message: format!(
                 "unknown field `{k}` (expected one of {})",
                 declared.join(", ")
             ),
-        });
+        }),
     }
-    Ok(())
 }
 
 /// A body that must be a JSON object of the fields `T` declares, decoded into `T`.
@@ -109,14 +113,16 @@ pub fn known_fields<T: DeserializeOwned>(body: &Value) -> Result<(), ApiError> {
 /// types' field deserializers read `null` as absent), so that with several bad fields the
 /// first declared is the one named, whatever order the client wrote them in.
 pub fn decode_object<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+    decode_fields(object(body)?)
+}
+
+/// [`decode_object`] of a body known to be an object.
+pub fn decode_fields<T: DeserializeOwned>(mut body: Map<String, Value>) -> Result<T, ApiError> {
     known_fields::<T>(&body)?;
-    let Value::Object(mut fields) = body else {
-        return Err(ApiError::Internal);
-    };
     let ordered: Vec<(String, Value)> = struct_fields::<T>()
         .iter()
         .map(|name| {
-            let v = fields.remove(*name).unwrap_or(Value::Null);
+            let v = body.remove(*name).unwrap_or(Value::Null);
             (name.to_string(), v)
         })
         .collect();

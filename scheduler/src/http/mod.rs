@@ -17,7 +17,7 @@ use crate::error::ApiError;
 pub mod body;
 pub mod view;
 
-pub use body::{JsonBody, decode_object, known_fields};
+pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
 pub use view::session_view;
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;

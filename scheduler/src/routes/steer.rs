@@ -6,7 +6,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use agentq_agent::schema::Role;
 use agentq_api::{
@@ -19,8 +19,8 @@ use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, JsonBody, check_id, decode_object, get_row, known_fields, not_found, respond,
-    session_view,
+    ApiResult, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields, not_found,
+    object, respond, session_view,
 };
 
 /// Largest steering message accepted.
@@ -59,7 +59,7 @@ async fn follow_up(s: &Scheduler, row: &SessionRow, content: &str) -> ApiResult<
 /// A `content` over the limit is refused as such (413) before the other fields are
 /// decoded, as an oversize prompt is; blank content is left to the decoding, which
 /// reports it as empty.
-fn check_content_size(body: &Value) -> ApiResult<()> {
+fn check_content_size(body: &Map<String, Value>) -> ApiResult<()> {
     if let Some(Value::String(content)) = body.get("content")
         && !content.trim().is_empty()
         && content.len() > MAX_MESSAGE_BYTES
@@ -79,9 +79,10 @@ pub(super) async fn post_message(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    let body = object(body)?;
     known_fields::<PostMessage>(&body)?;
     check_content_size(&body)?;
-    let PostMessage { content, strategy } = decode_object(body)?;
+    let PostMessage { content, strategy } = decode_fields(body)?;
     let row = get_row(&s, &id).await?;
     if row.status.is_terminal() {
         // A finished session takes any message as a new turn with its full history.
