@@ -26,6 +26,7 @@
 //!
 //! The stream ends after `session_completed` once the session is terminal in the store
 //! (or, for a terminal session whose worker never wrote that event, after a short grace
+//! with one rebuilt from the row), and when the scheduler shuts down.
 //!
 //! The parts: event ids and where a client stopped ([`StreamId`], [`LastId`]), which
 //! stored events a handover abandoned ([`abandoned`], [`reset_after`]), the events rebuilt
