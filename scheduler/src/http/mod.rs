@@ -48,9 +48,10 @@ pub(crate) fn not_found(id: &str) -> ApiError {
 
 /// `status` with `body` as JSON.
 ///
-/// Encoded through a `serde_json::Value`, whose objects keep their keys sorted: the bytes
-/// are those the API sent before its bodies were types (built as `Value`s), numbers
-/// included (an `f32` such as a temperature is written through its `f64` value).
+/// Encoded through a `serde_json::Value`, as every answer of the API is: objects go out
+/// with their keys sorted and an `f32` (a temperature) is written through its `f64` value
+/// (`0.699999988079071`, not `0.7`), so clients get the same bytes whichever type an
+/// answer is built from.
 pub(crate) fn respond<T: Serialize>(status: StatusCode, body: &T) -> ApiResult<Response> {
     let value = serde_json::to_value(body).map_err(|e| {
         tracing::error!(error = %e, "cannot encode a response");
