@@ -1,5 +1,8 @@
-//! The client commands — `agentq submit`, `status`, `cancel`, `sessions` — over the HTTP API
-//! at `AGENTQ_API_URL` (or `api_url` of `agentq.toml`; default `http://127.0.0.1:7700`).
+//! The client commands — `agentq submit`, `status`, `cancel`, `sessions`, `approve`,
+//! `deny`, `send` — over the HTTP API at `AGENTQ_API_URL` (or `api_url` of `agentq.toml`;
+//! default `http://127.0.0.1:7700`). Answers are read as the `agentq-api` types the
+//! scheduler sends. Session requests are sent as the user wrote them (flags and JSON
+//! Lines alike), so that the server, not the client, judges them and names a bad field.
 //!
 //! `submit --wait` must not miss a completion that happens between the submit and the
 //! subscribe, and the session id is only known after the submit: so it subscribes to
@@ -16,11 +19,18 @@ use std::time::Duration;
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use futures::StreamExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use agentq_api::{
+    ApprovalRequest, ApprovalResponse, BatchResponse, CancelResponse, ErrorBody, ListResponse,
+    PostMessage, PostMessageResponse, SessionDetail, SessionRef, SessionView,
+};
 use agentq_core::config::Config;
+use agentq_core::protocol::Strategy;
 use agentq_core::queue::DONE_CHANNEL;
-use agentq_core::{Completion, SessionStatus};
+use agentq_core::{Completion, CompletionUsage, SessionStatus};
 
 /// Items per `POST /v1/sessions/batch` (the server's default limit).
 const BATCH_CHUNK: usize = 10_000;
@@ -134,6 +144,30 @@ impl std::fmt::Display for ApiFailure {
 
 impl std::error::Error for ApiFailure {}
 
+impl ApiFailure {
+    /// The failure an error answer describes: the API's error body, or (from something
+    /// in front of the API) the text of a body that is not JSON.
+    fn of(status: u16, text: &str) -> ApiFailure {
+        let (code, message, field) = match serde_json::from_str::<ErrorBody>(text) {
+            Ok(ErrorBody { error }) => (error.code, error.message, error.field),
+            Err(_) if serde_json::from_str::<Value>(text).is_ok() => {
+                ("error".to_string(), String::new(), None)
+            }
+            Err(_) => ("error".to_string(), text.trim().to_string(), None),
+        };
+        ApiFailure {
+            status,
+            code,
+            message: if message.is_empty() {
+                "no details".to_string()
+            } else {
+                message
+            },
+            field,
+        }
+    }
+}
+
 impl Api {
     fn new(args: &ApiArgs) -> anyhow::Result<Api> {
         let base = match &args.api_url {
@@ -151,27 +185,19 @@ impl Api {
         })
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+    /// Send `req`; a 2xx answer is read as `T`, any other as an [`ApiFailure`].
+    async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> anyhow::Result<(u16, T)> {
         let resp = req.send().await.map_err(|e| self.transport_error(e))?;
         let status = resp.status().as_u16();
         let text = resp.text().await.map_err(|e| self.transport_error(e))?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status >= 400 {
-            let err = &body["error"];
-            let message = err["message"]
-                .as_str()
-                .map(str::to_string)
-                .or_else(|| body.as_str().map(|s| s.trim().to_string()))
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| "no details".to_string());
-            return Err(ApiFailure {
-                status,
-                code: err["code"].as_str().unwrap_or("error").to_string(),
-                message,
-                field: err["field"].as_str().map(str::to_string),
-            }
-            .into());
+            return Err(ApiFailure::of(status, &text).into());
         }
+        let body = serde_json::from_str(&text)
+            .map_err(|_| anyhow!("unexpected answer from the API: {}", text.trim()))?;
         Ok((status, body))
     }
 
@@ -189,14 +215,18 @@ impl Api {
         }
     }
 
-    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self
             .send(self.http.get(format!("{}{path}", self.base)))
             .await?
             .1)
     }
 
-    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(u16, Value)> {
+    async fn post<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> anyhow::Result<(u16, T)> {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))
             .await
     }
@@ -302,19 +332,13 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         let items = parse_jsonl(&read_source(file)?, &name, &args.defaults())?;
         let mut ids = Vec::with_capacity(items.len());
         for (i, chunk) in items.chunks(BATCH_CHUNK).enumerate() {
-            let (_, body) = api
-                .post("/v1/sessions/batch", &Value::Array(chunk.to_vec()))
+            let (_, body): (u16, BatchResponse) = api
+                .post("/v1/sessions/batch", &chunk)
                 .await
                 .map_err(|e| batch_error(e, i * BATCH_CHUNK, ids.len()))?;
-            let sessions = body["sessions"]
-                .as_array()
-                .ok_or_else(|| anyhow!("unexpected answer from the API: {body}"))?;
-            for s in sessions {
-                let id = s["id"]
-                    .as_str()
-                    .ok_or_else(|| anyhow!("unexpected answer from the API: {s}"))?;
-                println!("{id}");
-                ids.push(id.to_string());
+            for s in body.sessions {
+                println!("{}", s.id);
+                ids.push(s.id);
             }
         }
         ids
@@ -326,11 +350,8 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         };
         let mut body = args.defaults();
         body.insert("prompt".into(), Value::String(prompt));
-        let (status, resp) = api.post("/v1/sessions", &Value::Object(body)).await?;
-        let id = resp["id"]
-            .as_str()
-            .ok_or_else(|| anyhow!("unexpected answer from the API: {resp}"))?
-            .to_string();
+        let (status, resp): (u16, SessionRef) = api.post("/v1/sessions", &body).await?;
+        let id = resp.id;
         if args.wait {
             // The result goes to stdout; keep the id off it.
             eprintln!("submitted {id}");
@@ -339,7 +360,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             if status == 200 {
                 eprintln!(
                     "(existing session for this idempotency key: {})",
-                    resp["status"].as_str().unwrap_or("?")
+                    resp.status
                 );
             }
         }
@@ -523,8 +544,8 @@ async fn wait_for(
         }
         let batch: Vec<String> = pending.iter().cloned().collect();
         for id in batch {
-            let view = api.get(&format!("/v1/sessions/{id}")).await?;
-            if let Some(c) = completion_from_view(&view) {
+            let view: SessionDetail = api.get(&format!("/v1/sessions/{id}")).await?;
+            if let Some(c) = completion_from_view(&view.session) {
                 pending.remove(&id);
                 results.insert(id, c);
             }
@@ -534,45 +555,45 @@ async fn wait_for(
 }
 
 /// A `Completion` from `GET /v1/sessions/{id}` once the session is terminal.
-fn completion_from_view(v: &Value) -> Option<Completion> {
-    let status = SessionStatus::parse(v["status"].as_str()?)?;
-    if !status.is_terminal() {
+fn completion_from_view(v: &SessionView) -> Option<Completion> {
+    if !v.status.is_terminal() {
         return None;
     }
-    let mut c = json!({
-        "session_id": v["id"],
-        "status": v["status"],
-        "finish_reason": v["finish_reason"],
-        "result": v["result"],
-        "error": v["error"],
-        "iterations": v["iterations"],
-        "usage": {
-            "input_tokens": v["usage"]["input_tokens"].as_u64().unwrap_or(0),
-            "output_tokens": v["usage"]["output_tokens"].as_u64().unwrap_or(0),
+    Some(Completion {
+        session_id: v.id.clone(),
+        status: v.status,
+        finish_reason: v.finish_reason,
+        result: v.result.clone(),
+        error: v.error.clone(),
+        iterations: v.iterations,
+        usage: CompletionUsage {
+            input_tokens: v.usage.input_tokens,
+            output_tokens: v.usage.output_tokens,
         },
-        "parent_id": v["parent_id"],
-    });
-    if c["iterations"].is_null() {
-        c["iterations"] = json!(0);
-    }
-    serde_json::from_value(c).ok()
+        parent_id: v.parent_id.clone(),
+    })
+}
+
+/// Pretty JSON of an answer, keys sorted as the server sends them.
+fn pretty(body: &impl Serialize) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(&serde_json::to_value(body)?)?)
 }
 
 /// `agentq status ID`
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
-    let view = api.get(&format!("/v1/sessions/{}", args.id)).await?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
+    let view: SessionDetail = api.get(&format!("/v1/sessions/{}", args.id)).await?;
+    println!("{}", pretty(&view)?);
     Ok(ExitCode::SUCCESS)
 }
 
 /// `agentq cancel ID`
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
-    match api
+    let answer: anyhow::Result<(u16, CancelResponse)> = api
         .post(&format!("/v1/sessions/{}/cancel", args.id), &json!({}))
-        .await
-    {
+        .await;
+    match answer {
         Ok((202, _)) => {
             println!(
                 "cancel requested for {} (running; its worker stops it at the next step)",
@@ -604,38 +625,33 @@ pub async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &args.cursor {
         q.push(format!("cursor={}", encode(c)));
     }
-    let body = api.get(&format!("/v1/sessions?{}", q.join("&"))).await?;
+    let body: ListResponse = api.get(&format!("/v1/sessions?{}", q.join("&"))).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&body)?);
+        println!("{}", pretty(&body)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let empty = Vec::new();
-    let rows: Vec<[String; 6]> = body["sessions"]
-        .as_array()
-        .unwrap_or(&empty)
-        .iter()
-        .map(|s| {
-            let tokens = s["usage"]["input_tokens"].as_u64().unwrap_or(0)
-                + s["usage"]["output_tokens"].as_u64().unwrap_or(0);
-            let created = s["created_at"].as_str().unwrap_or("");
-            [
-                s["id"].as_str().unwrap_or("").to_string(),
-                s["status"].as_str().unwrap_or("").to_string(),
-                s["iterations"].as_u64().unwrap_or(0).to_string(),
-                tokens.to_string(),
-                created.get(..19).unwrap_or(created).replace('T', " "),
-                truncate(&s["prompt"].as_str().unwrap_or("").replace('\n', " "), 50),
-            ]
-        })
-        .collect();
+    let rows: Vec<[String; 6]> = body.sessions.iter().map(table_row).collect();
     print_table(
         &["ID", "STATUS", "ITER", "TOKENS", "CREATED (UTC)", "PROMPT"],
         &rows,
     );
-    if let Some(next) = body["next_cursor"].as_str() {
+    if let Some(next) = &body.next_cursor {
         eprintln!("more: agentq sessions --cursor {next}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// ID, STATUS, ITER, TOKENS, CREATED (UTC), PROMPT.
+fn table_row(s: &SessionView) -> [String; 6] {
+    let tokens = s.usage.input_tokens.saturating_add(s.usage.output_tokens);
+    [
+        s.id.clone(),
+        s.status.to_string(),
+        s.iterations.to_string(),
+        tokens.to_string(),
+        s.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        truncate(&s.spec.prompt.replace('\n', " "), 50),
+    ]
 }
 
 fn print_table(header: &[&str; 6], rows: &[[String; 6]]) {
@@ -713,16 +729,74 @@ mod tests {
         assert!(parse_jsonl("\n", "f", &d).is_err());
     }
 
+    /// `GET /v1/sessions/{id}` of a session in `status`, as the scheduler answers.
+    fn view(status: &str, extra: Value) -> SessionView {
+        let mut v = json!({
+            "prompt": "p", "mode": "act", "max_iterations": 50, "temperature": 0.2,
+            "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
+            "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
+            "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
+            "id": "s1", "status": status, "finish_reason": null, "result": null,
+            "error": null, "iterations": 0, "parent_id": null, "root_id": "s1",
+            "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+                      "cache_write_tokens": 0, "reasoning_tokens": 0},
+            "depth": 0, "queue": "default", "cancel_requested": false, "attempts": 0,
+            "lease_owner": null, "idempotency_key": null, "children": [],
+            "created_at": "2026-12-01T08:36:45.123456Z",
+            "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
+        });
+        if let (Value::Object(v), Value::Object(extra)) = (&mut v, extra) {
+            v.extend(extra);
+        }
+        serde_json::from_value::<SessionDetail>(v).unwrap().session
+    }
+
     #[test]
     fn completion_from_a_terminal_view() {
-        let v = json!({"id": "s1", "status": "completed", "finish_reason": "stop",
-                       "result": "42", "error": null, "iterations": 2,
-                       "usage": {"input_tokens": 5, "output_tokens": 7}, "parent_id": null});
+        let v = view(
+            "completed",
+            json!({"finish_reason": "stop", "result": "42", "iterations": 2,
+                   "usage": {"input_tokens": 5, "output_tokens": 7}}),
+        );
         let c = completion_from_view(&v).unwrap();
         assert_eq!(c.session_id, "s1");
         assert_eq!(c.result.as_deref(), Some("42"));
+        assert_eq!(c.iterations, 2);
         assert_eq!(c.usage.output_tokens, 7);
-        assert!(completion_from_view(&json!({"id": "s1", "status": "running"})).is_none());
+        assert!(completion_from_view(&view("running", json!({}))).is_none());
+    }
+
+    #[test]
+    fn table_rows_and_error_bodies() {
+        let row = table_row(&view(
+            "queued",
+            json!({"prompt": "hello\nthere", "usage": {"input_tokens": 5, "output_tokens": 7}}),
+        ));
+        assert_eq!(
+            row,
+            [
+                "s1",
+                "queued",
+                "0",
+                "12",
+                "2026-12-01 08:36:45",
+                "hello there"
+            ]
+            .map(String::from)
+        );
+        let f = ApiFailure::of(
+            422,
+            r#"{"error":{"code":"invalid_field","message":"bad","field":"mode"}}"#,
+        );
+        assert_eq!(f.to_string(), "bad (field `mode`) [HTTP 422 invalid_field]");
+        assert_eq!(
+            ApiFailure::of(502, "Bad Gateway\n").to_string(),
+            "Bad Gateway [HTTP 502 error]"
+        );
+        assert_eq!(
+            ApiFailure::of(500, "{}").to_string(),
+            "no details [HTTP 500 error]"
+        );
     }
 
     #[test]
@@ -763,15 +837,16 @@ pub struct DecideArgs {
 /// `agentq approve` / `agentq deny`
 pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
-    let mut body = json!({"tool_call_id": args.tool_call_id, "approve": approve});
-    if let Some(r) = &args.reason {
-        body["reason"] = Value::from(r.clone());
-    }
-    let (_, resp) = api
+    let body = ApprovalRequest {
+        tool_call_id: args.tool_call_id.clone(),
+        approve,
+        reason: args.reason.clone(),
+    };
+    let (_, resp): (u16, ApprovalResponse) = api
         .post(&format!("/v1/sessions/{}/approvals", args.id), &body)
         .await?;
     let verb = if approve { "approved" } else { "denied" };
-    let resumed = resp["resumed"].as_bool().unwrap_or(false);
+    let resumed = resp.resumed;
     println!(
         "{verb} {} of {}{}",
         args.tool_call_id,
@@ -797,16 +872,17 @@ pub struct SendArgs {
 /// `agentq send ID "message"`: steer a session, or start a follow-up turn.
 pub async fn send(args: SendArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
-    let (_, resp) = api
+    let strategy = Strategy::parse(&args.strategy)
+        .ok_or_else(|| anyhow!("unknown strategy `{}`", args.strategy))?;
+    let (_, resp): (u16, PostMessageResponse) = api
         .post(
             &format!("/v1/sessions/{}/messages", args.id),
-            &json!({"content": args.content, "strategy": args.strategy}),
+            &PostMessage {
+                content: args.content.clone(),
+                strategy,
+            },
         )
         .await?;
-    println!(
-        "{}: delivered as {}",
-        args.id,
-        resp["delivery"].as_str().unwrap_or(&args.strategy)
-    );
+    println!("{}: delivered as {}", args.id, resp.delivery);
     Ok(ExitCode::SUCCESS)
 }

@@ -3,8 +3,10 @@
 //! inline and tool calls and results one line each. A dropped connection is resumed with
 //! `Last-Event-ID` (bounded retries with backoff), so nothing is printed twice and nothing
 //! is skipped. A `reset` event (a worker died mid-step and another redoes it) is shown as
-//! a notice: a terminal cannot take back what it printed. Exit status: 0 when the session
-//! completed, 1 when it failed, was cancelled, is unknown or could not be followed.
+//! a notice: a terminal cannot take back what it printed. Event data is read as the types
+//! the scheduler sends (the agent's events, and the `reset` and completion events of
+//! `agentq-api`). Exit status: 0 when the session completed, 1 when it failed, was
+//! cancelled, is unknown or could not be followed.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -15,9 +17,12 @@ use clap::Args;
 use futures::StreamExt;
 use serde_json::Value;
 
+use agentq_agent::event::AgentEvent;
 use agentq_agent::spec::ExitReason;
+use agentq_api::events::{self, CompletionEvent, ResetEvent};
 use agentq_core::SessionStatus;
 use agentq_core::config::Config;
+use agentq_core::protocol::EventKind;
 
 use crate::client::ApiArgs;
 
@@ -127,79 +132,91 @@ impl Printer {
         out: &mut impl Write,
         ev: &SseEvent,
     ) -> std::io::Result<Option<Option<ExitReason>>> {
-        let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
-        let finished = (ev.event == "session_completed")
-            .then(|| serde_json::from_value::<ExitReason>(data["finish_reason"].clone()).ok());
+        let completed = (EventKind::parse(&ev.event) == Some(EventKind::SessionCompleted))
+            .then(|| serde_json::from_str::<CompletionEvent>(&ev.data).ok());
+        let finished = completed
+            .as_ref()
+            .map(|c| c.as_ref().and_then(|c| c.finish_reason));
         if self.json {
+            let data: Value = serde_json::from_str(&ev.data).unwrap_or(Value::Null);
             let line = serde_json::json!({"id": ev.id, "event": ev.event, "data": data});
             writeln!(out, "{line}")?;
             out.flush()?;
             return Ok(finished);
         }
-        let s = |k: &str| data[k].as_str().unwrap_or_default().to_string();
-        match ev.event.as_str() {
-            "text_delta" => {
-                let text = s("text");
-                write!(out, "{text}")?;
-                self.mid_line = !text.ends_with('\n');
-            }
-            "thinking_delta" | "iteration_started" => {}
-            "tool_call" => {
-                let args = short(&data["arguments"].to_string());
-                self.line(out, &format!("→ {}({args})", s("name")))?;
-            }
-            "tool_result" => {
-                let mark = if data["is_error"].as_bool() == Some(true) {
-                    "✗"
-                } else {
-                    "←"
-                };
-                self.line(
-                    out,
-                    &format!("{mark} {}: {}", s("name"), short(&s("content"))),
-                )?;
-            }
-            "iteration_completed" if self.mid_line => {
-                writeln!(out)?;
-                self.mid_line = false;
-            }
-            "error" => {
-                let retrying = if data["retrying"].as_bool() == Some(true) {
-                    " (retrying)"
-                } else {
-                    ""
-                };
-                self.line(out, &format!("! {}{retrying}", s("message")))?;
-            }
-            "reset" => {
-                self.line(
-                    out,
-                    &format!(
-                        "[the step at position {} is being redone by another worker]",
-                        data["seq"]
-                    ),
-                )?;
-            }
-            "session_completed" => {
-                let usage = &data["usage"];
-                self.line(
-                    out,
-                    &format!(
-                        "[session finished: {}; {} iterations; {} input / {} output tokens]",
-                        s("finish_reason"),
-                        data["iterations"],
-                        usage["input_tokens"].as_u64().unwrap_or(0),
-                        usage["output_tokens"].as_u64().unwrap_or(0),
-                    ),
-                )?;
-                if let Some(e) = data["error"].as_str() {
-                    self.line(out, &format!("error: {e}"))?;
-                }
-            }
-            _ => {}
+        if let Some(c) = completed {
+            self.completion(out, c.as_ref())?;
+        } else if ev.event == events::RESET {
+            let seq = serde_json::from_str::<ResetEvent>(&ev.data)
+                .map_or_else(|_| "?".to_string(), |r| r.seq.to_string());
+            self.line(
+                out,
+                &format!("[the step at position {seq} is being redone by another worker]"),
+            )?;
+        } else if let Ok(agent) = serde_json::from_str::<AgentEvent>(&ev.data) {
+            self.agent_event(out, agent)?;
         }
         out.flush()?;
         Ok(finished)
+    }
+
+    fn agent_event(&mut self, out: &mut impl Write, ev: AgentEvent) -> std::io::Result<()> {
+        match ev {
+            AgentEvent::TextDelta { text } => {
+                write!(out, "{text}")?;
+                self.mid_line = !text.ends_with('\n');
+            }
+            AgentEvent::ThinkingDelta { .. } | AgentEvent::IterationStarted { .. } => {}
+            AgentEvent::ToolCall {
+                name, arguments, ..
+            } => {
+                let args = short(&arguments.to_string());
+                self.line(out, &format!("→ {name}({args})"))?;
+            }
+            AgentEvent::ToolResult {
+                name,
+                content,
+                is_error,
+                ..
+            } => {
+                let mark = if is_error { "✗" } else { "←" };
+                self.line(out, &format!("{mark} {name}: {}", short(&content)))?;
+            }
+            AgentEvent::IterationCompleted { .. } if self.mid_line => {
+                writeln!(out)?;
+                self.mid_line = false;
+            }
+            AgentEvent::IterationCompleted { .. } => {}
+            AgentEvent::Error { message, retrying } => {
+                let retrying = if retrying { " (retrying)" } else { "" };
+                self.line(out, &format!("! {message}{retrying}"))?;
+            }
+            // Read as a `CompletionEvent` (its finish reason may be null).
+            AgentEvent::SessionCompleted { .. } => {}
+        }
+        Ok(())
+    }
+
+    fn completion(
+        &mut self,
+        out: &mut impl Write,
+        c: Option<&CompletionEvent>,
+    ) -> std::io::Result<()> {
+        let Some(c) = c else {
+            return self.line(out, "[session finished]");
+        };
+        let reason = c.finish_reason.map(|r| r.as_str()).unwrap_or_default();
+        self.line(
+            out,
+            &format!(
+                "[session finished: {reason}; {} iterations; {} input / {} output tokens]",
+                c.iterations, c.usage.input_tokens, c.usage.output_tokens,
+            ),
+        )?;
+        if let Some(e) = &c.error {
+            self.line(out, &format!("error: {e}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -349,15 +366,21 @@ mod tests {
             data: data.into(),
         };
         assert_eq!(
-            p.handle(&mut out, &ev("text_delta", r#"{"text":"Hello"}"#))
-                .unwrap(),
+            p.handle(
+                &mut out,
+                &ev(
+                    "text_delta",
+                    r#"{"type":"text_delta","text":"Hello","seq":1}"#
+                )
+            )
+            .unwrap(),
             None
         );
         p.handle(
             &mut out,
             &ev(
                 "tool_call",
-                r#"{"name":"http_fetch","arguments":{"url":"http://x"}}"#,
+                r#"{"type":"tool_call","id":"c1","name":"http_fetch","arguments":{"url":"http://x"},"seq":1}"#,
             ),
         )
         .unwrap();
@@ -365,7 +388,7 @@ mod tests {
             &mut out,
             &ev(
                 "tool_result",
-                r#"{"name":"http_fetch","content":"ok\nfine","is_error":false}"#,
+                r#"{"type":"tool_result","id":"c1","name":"http_fetch","content":"ok\nfine","is_error":false,"seq":2}"#,
             ),
         )
         .unwrap();
@@ -374,7 +397,7 @@ mod tests {
                 &mut out,
                 &ev(
                     "session_completed",
-                    r#"{"finish_reason":"stop","iterations":2,"usage":{"input_tokens":5,"output_tokens":7}}"#,
+                    r#"{"type":"session_completed","finish_reason":"stop","result":"42","error":null,"iterations":2,"usage":{"input_tokens":5,"output_tokens":7},"seq":3}"#,
                 ),
             )
             .unwrap();
@@ -387,6 +410,47 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("[session finished: stop; 2 iterations; 5 input / 7 output tokens]"));
+    }
+
+    #[test]
+    fn resets_rebuilt_completions_and_errors() {
+        let mut p = Printer {
+            json: false,
+            mid_line: false,
+        };
+        let mut out = Vec::new();
+        let ev = |event: &str, data: &str| SseEvent {
+            id: None,
+            event: event.into(),
+            data: data.into(),
+        };
+        p.handle(&mut out, &ev("reset", r#"{"seq":3}"#)).unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "error",
+                r#"{"type":"error","message":"rate limited","retrying":true,"seq":3}"#,
+            ),
+        )
+        .unwrap();
+        // A completion rebuilt from a dead-lettered row has no finish reason.
+        let done = p
+            .handle(
+                &mut out,
+                &ev(
+                    "session_completed",
+                    r#"{"type":"session_completed","finish_reason":null,"result":null,"error":"gave up","iterations":1,"usage":{},"seq":4}"#,
+                ),
+            )
+            .unwrap();
+        assert_eq!(done, Some(None));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "[the step at position 3 is being redone by another worker]\n\
+             ! rate limited (retrying)\n\
+             [session finished: ; 1 iterations; 0 input / 0 output tokens]\n\
+             error: gave up\n"
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+
+use agentq_api::{ErrorBody, ErrorDetail};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -121,13 +122,15 @@ impl From<agentq_core::Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({
-            "error": {
-                "code": self.code(),
-                "message": self.to_string(),
-                "field": self.field(),
-            }
-        });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code().to_string(),
+                message: self.to_string(),
+                field: self.field().map(str::to_string),
+            },
+        };
+        // Through a `Value`, like every answer: its keys go out sorted, as they always have.
+        let body = serde_json::to_value(&body).unwrap_or_default();
         let mut resp = (self.status(), Json(body)).into_response();
         if matches!(self, ApiError::Unavailable(_)) {
             resp.headers_mut().insert(

@@ -1,10 +1,11 @@
 //! agentq-scheduler: the front door of the distributed deployment. It owns the HTTP API
-//! (`/v1/sessions…`, `/healthz`, `/readyz`: [`router`]), enqueueing (insert the row, then
-//! `XADD`), the consumer groups of the configured queues (created at start so KEDA's lag
-//! scaler sees them before the first session) and the sweeper that repairs a crash between
-//! insert and `XADD` ([`sweeper`]), the session event streams over SSE ([`events`]) and
-//! `/metrics` ([`metrics`]). It holds no state of its own: Postgres is the truth,
-//! Redis carries the work, so any number of schedulers can run side by side.
+//! (`/v1/sessions…`, `/healthz`, `/readyz`: [`router`]; its bodies are the types of
+//! `agentq-api`), enqueueing (insert the row, then `XADD`), the consumer groups of the
+//! configured queues (created at start so KEDA's lag scaler sees them before the first
+//! session) and the sweeper that repairs a crash between insert and `XADD` ([`sweeper`]),
+//! the session event streams over SSE ([`events`]) and `/metrics` ([`metrics`]). It holds
+//! no state of its own: Postgres is the truth, Redis carries the work, so any number of
+//! schedulers can run side by side.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -16,16 +17,16 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::config::SchedulerConfig;
 use agentq_core::{Queue, Store};
 
-mod api;
 pub mod error;
 pub mod events;
+mod http;
 pub mod metrics;
 pub mod request;
-mod steer;
+mod routes;
 pub mod sweeper;
 
-pub use api::router;
 pub use error::ApiError;
+pub use routes::router;
 
 /// Body limit of `POST /v1/sessions/batch` (10,000 sessions of a few KiB each).
 pub const BATCH_BODY_LIMIT: usize = 64 * 1024 * 1024;

@@ -1,5 +1,5 @@
-//! `GET /metrics` of the scheduler: the process registry ([`agentq_core::metrics::global`])
-//! in the Prometheus text format, with the queue gauges refreshed from Redis on every
+//! The gauges `GET /metrics` refreshes before it renders the process registry
+//! ([`agentq_core::metrics::global`]) in the Prometheus text format: on every
 //! scrape (`XINFO GROUPS` + `XLEN` per queue): `agentq_queue_length`,
 //! `agentq_queue_pending` and `agentq_queue_lag` for the configured queues and any other
 //! queue this scheduler has enqueued to.
@@ -11,19 +11,14 @@
 
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::header::CONTENT_TYPE;
-use axum::response::{IntoResponse, Response};
-
 use agentq_core::SessionStatus;
-use agentq_core::metrics::{Metrics, global};
+use agentq_core::metrics::Metrics;
 use agentq_core::queue::QueueStats;
 
-use crate::Scheduler;
-
 /// Upper bound on one queue's stats during a scrape (Prometheus times out at 10 s).
-const STATS_TIMEOUT: Duration = Duration::from_secs(2);
-const CONTENT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+/// The content type of the Prometheus text format.
+pub(crate) const CONTENT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Set (or clear) one queue's gauges.
 pub fn record_queue(m: &Metrics, queue: &str, stats: Option<QueueStats>) {
@@ -65,28 +60,6 @@ pub fn record_waiting(m: &Metrics, counts: &[(SessionStatus, u64)]) {
     m.sessions_waiting
         .with_label_values(&["approval"])
         .set(count(SessionStatus::AwaitingApproval));
-}
-
-pub(crate) async fn metrics(State(s): State<Scheduler>) -> Response {
-    let m = global();
-    for queue in s.queues().names() {
-        let stats = match tokio::time::timeout(STATS_TIMEOUT, s.queue.stats(&queue)).await {
-            Ok(Ok(st)) => Some(st),
-            Ok(Err(e)) => {
-                tracing::debug!(queue, error = %e, "cannot read queue stats for /metrics");
-                None
-            }
-            Err(_) => None,
-        };
-        record_queue(m, &queue, stats);
-    }
-    // Suspended sessions hold no worker, so only the store knows how many there are.
-    match tokio::time::timeout(STATS_TIMEOUT, s.store.count_unfinished()).await {
-        Ok(Ok(counts)) => record_waiting(m, &counts),
-        Ok(Err(e)) => tracing::debug!(error = %e, "cannot count waiting sessions for /metrics"),
-        Err(_) => {}
-    }
-    ([(CONTENT_TYPE, CONTENT)], m.render()).into_response()
 }
 
 #[cfg(test)]

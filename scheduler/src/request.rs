@@ -1,25 +1,28 @@
-//! What a client may send: the JSON body extractor ([`JsonBody`]) and the checks that turn
-//! a body into [`SessionRequest`]s. Everything here runs before anything is written, so a
-//! rejected request (or a batch with one bad item) leaves no trace.
+//! What a client may send to create sessions: the checks that turn a body into
+//! [`SessionRequest`]s, and the query of `GET /v1/sessions`. Everything here runs before
+//! anything is written, so a rejected request (or a batch with one bad item) leaves no
+//! trace.
 //!
-//! The body is parsed in two steps: bytes → `serde_json::Value` (a failure is a 400
-//! `invalid_json`), then field checks and `Value` → [`SessionSpec`] through
-//! `serde_path_to_error`, so a wrong type names its field (422). Unknown fields are
-//! refused rather than ignored: a typo such as `max_iteration` would otherwise run the
-//! session with the default silently. Fields named like credentials are refused with a
-//! code of their own: provider keys live in the worker's configuration and must never be
-//! stored in a session row.
+//! A body is an [`agentq_api::CreateSession`] (a batch: a JSON array of them). Its
+//! fields are checked on the `Value` before it is decoded, in an order the API keeps:
+//! unknown fields are refused rather than ignored (a typo such as `max_iteration` would
+//! otherwise run the session with the default silently), fields named like credentials
+//! are refused with a code of their own (provider keys live in the worker's
+//! configuration and must never be stored in a session row), and a prompt over the limit
+//! is a 413 even when another field is also wrong. The spec is then decoded through
+//! `serde_path_to_error`, so a wrong type names its field (422).
 
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
-use axum::http::{StatusCode, header};
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use agentq_agent::spec::SessionSpec;
+use agentq_api::CreateSession;
 use agentq_core::config::is_credential_name;
 
 use crate::error::ApiError;
+use crate::http::body::{decode_at, kind, path};
+
+pub use crate::http::JsonBody;
 
 /// The queue of a session that names none.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -30,34 +33,6 @@ pub const MAX_METADATA_BYTES: usize = 64 * 1024;
 const MAX_NAME: usize = 256;
 const MAX_LLM_RETRIES: u32 = 100;
 const MAX_RETRY_DELAY_MS: u64 = 3_600_000;
-
-/// Body fields that map onto [`SessionSpec`].
-pub const SPEC_FIELDS: &[&str] = &[
-    "prompt",
-    "system",
-    "provider",
-    "model",
-    "base_url",
-    "mode",
-    "max_iterations",
-    "temperature",
-    "max_tokens",
-    "tools",
-    "tool_timeout_secs",
-    "approval_timeout_secs",
-    "history_window",
-    "context_budget_chars",
-    "token_budget",
-    "timeout_secs",
-    "max_llm_retries",
-    "retry_delay_ms",
-    "max_background_drain_rounds",
-    "tool_output_max_chars",
-    "sensitive_tools",
-    "metadata",
-];
-/// Body fields that are about the request rather than the session's work.
-pub const ENVELOPE_FIELDS: &[&str] = &["queue", "idempotency_key"];
 
 /// Limits of one request.
 #[derive(Debug, Clone, Copy)]
@@ -74,64 +49,13 @@ pub struct SessionRequest {
     pub idempotency_key: Option<String>,
 }
 
-/// A JSON body: requires a JSON content type and maps every failure to an [`ApiError`].
-///
-/// The content type is required (not just tolerated) because the API usually listens on
-/// localhost: a browser may send a cross-site `text/plain` POST without a preflight, but
-/// not an `application/json` one.
-#[derive(Debug)]
-pub struct JsonBody(pub Value);
-
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let ct = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !is_json_content_type(ct) {
-            return Err(ApiError::UnsupportedMediaType(format!(
-                "expected `Content-Type: application/json`, got {}",
-                if ct.is_empty() { "none" } else { ct }
-            )));
+impl From<CreateSession> for SessionRequest {
+    fn from(r: CreateSession) -> Self {
+        SessionRequest {
+            spec: r.spec,
+            queue: r.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string()),
+            idempotency_key: r.idempotency_key,
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge {
-                    field: None,
-                    message: "request body is too large".into(),
-                }
-            } else {
-                ApiError::InvalidJson(format!("cannot read the request body: {r}"))
-            }
-        })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::InvalidJson(format!("invalid JSON: {e}")))
-    }
-}
-
-fn is_json_content_type(ct: &str) -> bool {
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
-}
-
-/// `prefix.name`, or `name` at the top level.
-fn path(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else if name.starts_with('[') {
-        format!("{prefix}{name}")
-    } else {
-        format!("{prefix}.{name}")
     }
 }
 
@@ -162,7 +86,7 @@ pub fn parse_session(
         if is_credential_name(key) {
             return Err(credential_error(&path(prefix, key)));
         }
-        if !SPEC_FIELDS.contains(&key.as_str()) && !ENVELOPE_FIELDS.contains(&key.as_str()) {
+        if !CreateSession::accepts(key) {
             return Err(ApiError::Invalid {
                 code: "unknown_field",
                 field: Some(path(prefix, key)),
@@ -189,8 +113,8 @@ pub fn parse_session(
     }
 
     let queue = match obj.remove("queue") {
-        None | Some(Value::Null) => DEFAULT_QUEUE.to_string(),
-        Some(Value::String(q)) if valid_queue_name(&q) => q,
+        None | Some(Value::Null) => None,
+        Some(Value::String(q)) if valid_queue_name(&q) => Some(q),
         Some(Value::String(q)) => {
             return Err(ApiError::invalid(
                 path(prefix, "queue"),
@@ -241,15 +165,16 @@ pub fn parse_session(
         return Err(ApiError::invalid(path(prefix, "prompt"), "is required"));
     }
 
-    let spec = spec_from(obj, prefix)?;
-    spec.validate()
-        .map_err(|(field, message)| ApiError::invalid(path(prefix, field), message))?;
-    check_extra(&spec, prefix)?;
-    Ok(SessionRequest {
-        spec,
+    let req = CreateSession {
+        spec: decode_at::<SessionSpec>(obj, prefix)?,
         queue,
         idempotency_key,
-    })
+    };
+    req.spec
+        .validate()
+        .map_err(|(field, message)| ApiError::invalid(path(prefix, field), message))?;
+    check_extra(&req.spec, prefix)?;
+    Ok(SessionRequest::from(req))
 }
 
 /// A batch: a JSON array of 1..=`max_batch` session requests. Every item is checked
@@ -278,28 +203,6 @@ pub fn parse_batch(value: Value, limits: &Limits) -> Result<Vec<SessionRequest>,
         .enumerate()
         .map(|(i, v)| parse_session(v, limits, &format!("[{i}]")))
         .collect()
-}
-
-fn spec_from(obj: Map<String, Value>, prefix: &str) -> Result<SessionSpec, ApiError> {
-    serde_path_to_error::deserialize::<_, SessionSpec>(Value::Object(obj)).map_err(|e| {
-        let inner = e.inner().to_string();
-        let at = e.path().to_string();
-        let field = if at == "." {
-            // A missing field has no path; its name is in the message.
-            inner
-                .strip_prefix("missing field `")
-                .and_then(|r| r.split('`').next())
-                .map(|f| path(prefix, f))
-                .unwrap_or_else(|| prefix.to_string())
-        } else {
-            path(prefix, &at)
-        };
-        ApiError::Invalid {
-            code: "invalid_field",
-            field: (!field.is_empty()).then_some(field),
-            message: inner,
-        }
-    })
 }
 
 /// Limits `SessionSpec::validate` leaves to the host: the API is a trust boundary.
@@ -397,17 +300,6 @@ fn credential_in(v: &Value, at: &str) -> Option<String> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// Query of `GET /v1/sessions`: all strings, parsed by hand so each error names its field.
 #[derive(Debug, Default, Deserialize)]
 pub struct ListQuery {
@@ -457,7 +349,7 @@ mod tests {
         };
         let mut names: Vec<&str> = m.keys().map(String::as_str).collect();
         names.sort_unstable();
-        let mut known = SPEC_FIELDS.to_vec();
+        let mut known = CreateSession::spec_fields().to_vec();
         known.sort_unstable();
         assert_eq!(names, known);
         let req = parse_session(Value::Object(m), &LIMITS, "").unwrap();
@@ -586,14 +478,5 @@ mod tests {
                 .len(),
             1
         );
-    }
-
-    #[test]
-    fn content_types() {
-        assert!(is_json_content_type("application/json"));
-        assert!(is_json_content_type("Application/JSON; charset=utf-8"));
-        assert!(is_json_content_type("application/vnd.agentq+json"));
-        assert!(!is_json_content_type("text/plain"));
-        assert!(!is_json_content_type(""));
     }
 }

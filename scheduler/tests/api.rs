@@ -1,7 +1,8 @@
 //! The HTTP API against a real Postgres and a real Redis (the testkit's private servers):
 //! enqueue (row + stream entry + `enqueued_at`), idempotency, batches, reads and paging,
 //! cancellation (queued, running, cascading to children), every documented 4xx with its
-//! JSON body and no writes, the sweeper, readiness, and surviving a Redis outage.
+//! JSON body and no writes, the checks of steering and approval bodies, the answers' bytes,
+//! the sweeper, readiness, and surviving a Redis outage.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -538,6 +539,122 @@ async fn bad_requests_get_documented_errors_and_write_nothing() {
 
     assert_eq!(env.row_count(), 0);
     assert_eq!(env.stream_len("default").await, 0);
+}
+
+#[tokio::test]
+async fn steering_and_approval_bodies_are_checked_and_answers_keep_their_shape() {
+    let env = Env::start().await;
+    let unknown = "0190aaaa-0000-7000-8000-000000000000";
+    let r = env
+        .post(
+            &format!("/v1/sessions/{unknown}/messages"),
+            &json!({"content": "x"}),
+        )
+        .await;
+    assert_error(&r, 404, "not_found", None);
+
+    let (_, b) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "temperature": 0.7}))
+        .await;
+    let id = b["id"].as_str().unwrap().to_string();
+    let messages = format!("/v1/sessions/{id}/messages");
+    let r = env
+        .post(&messages, &json!({"content": "x", "strategy": "shout"}))
+        .await;
+    assert_error(&r, 422, "invalid_field", Some("strategy"));
+    let msg = r.1["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("inject, enqueue, interrupt or reject"),
+        "{msg}"
+    );
+    let r = env
+        .post(&messages, &json!({"content": "x", "extra": 1}))
+        .await;
+    assert_error(&r, 422, "unknown_field", Some("extra"));
+    let r = env.post(&messages, &json!({"content": "  "})).await;
+    assert_error(&r, 422, "invalid_field", Some("content"));
+    let r = env.post(&messages, &json!({"strategy": "inject"})).await;
+    assert_error(&r, 422, "invalid_field", Some("content"));
+    let r = env.post(&messages, &json!(["x"])).await;
+    assert_error(&r, 422, "invalid_body", None);
+    // An oversize message is refused as such, even with another field also wrong.
+    let r = env
+        .post(
+            &messages,
+            &json!({"content": "x".repeat(1_000_001), "strategy": "shout"}),
+        )
+        .await;
+    assert_error(&r, 413, "too_large", Some("content"));
+
+    let (s, b) = env
+        .post(
+            &messages,
+            &json!({"content": "also this", "strategy": "inject"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{b}");
+    assert_eq!(
+        b,
+        json!({"id": id, "status": "queued", "delivery": "inject", "seq": b["seq"]})
+    );
+    assert!(b["seq"].is_u64(), "{b}");
+
+    let approvals = format!("/v1/sessions/{id}/approvals");
+    let r = env.post(&approvals, &json!({"approve": "yes"})).await;
+    assert_error(&r, 422, "invalid_field", Some("tool_call_id"));
+    let r = env
+        .post(&approvals, &json!({"tool_call_id": "c1", "approve": "yes"}))
+        .await;
+    assert_error(&r, 422, "invalid_field", Some("approve"));
+    let r = env
+        .post(
+            &approvals,
+            &json!({"tool_call_id": "nope", "approve": true}),
+        )
+        .await;
+    assert_error(&r, 422, "invalid_field", Some("tool_call_id"));
+    let r = env
+        .post(
+            &approvals,
+            &json!({"tool_call_id": "nope", "approve": true, "why": "x"}),
+        )
+        .await;
+    assert_error(&r, 422, "unknown_field", Some("why"));
+
+    let (s, tree) = env.get(&format!("/v1/sessions/{id}/tree")).await;
+    assert_eq!(s, 200, "{tree}");
+    assert_eq!(tree["id"], id.as_str());
+    assert_eq!(tree["children"], json!([]));
+
+    // Views go out as they always have: keys sorted, an f32 written through its f64.
+    let text = env
+        .http
+        .get(env.url(&format!("/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(text, v.to_string());
+    assert!(
+        text.contains(r#""temperature":0.699999988079071"#),
+        "{text}"
+    );
+    let text = env
+        .http
+        .get(env.url("/v1/sessions/nope"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        text,
+        r#"{"error":{"code":"not_found","field":null,"message":"session nope not found"}}"#
+    );
 }
 
 #[tokio::test]

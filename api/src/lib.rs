@@ -1,0 +1,28 @@
+//! agentq-api: the bodies of the HTTP API as plain serde types. The scheduler decodes
+//! requests into them and answers with them; the CLI client sends and reads the same
+//! types, so a route and its client cannot drift apart.
+//!
+//! Types only: no HTTP framework and no storage. Every type names the route it belongs
+//! to and says what its fields mean, so that an OpenAPI description can be generated from
+//! them later. The JSON forms are the ones deployed clients already read: field names,
+//! and which fields are `null` rather than left out, are part of the contract.
+//!
+//! Session events (`GET /v1/sessions/{id}/events`) are the agent's own events
+//! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_core::protocol::EventKind`])
+//! with their position added; [`events`] has what the scheduler adds itself.
+
+pub mod de;
+mod error;
+pub mod events;
+mod health;
+mod sessions;
+mod steer;
+
+pub use error::{ErrorBody, ErrorDetail};
+pub use events::{CompletionEvent, ResetEvent};
+pub use health::{Readiness, ReadyChecks, ReadyStatus};
+pub use sessions::{
+    BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
+    SessionDetail, SessionRef, SessionView, TreeNode,
+};
+pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

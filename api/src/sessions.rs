@@ -1,0 +1,290 @@
+//! Creating, reading, listing and cancelling sessions.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use agentq_agent::schema::{Message, Usage};
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_core::SessionStatus;
+
+use crate::de::struct_fields;
+
+/// `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
+///
+/// The spec's fields ([`SessionSpec`]: `prompt`, `mode`, `max_iterations`, …) sit at the
+/// top level beside `queue` and `idempotency_key`. Any other field is refused rather than
+/// ignored (a typo such as `max_iteration` would otherwise run the session with the
+/// default silently), and fields named like credentials are refused anywhere in the body:
+/// provider keys belong to the workers' configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateSession {
+    #[serde(flatten)]
+    pub spec: SessionSpec,
+    /// The queue to run on: 1 to 64 of `A-Z a-z 0-9 _ . -`; `default` when absent or `null`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// A repeat with the same key answers with the existing session (200) instead of
+    /// creating another: 1 to 256 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+impl CreateSession {
+    /// The fields about the request rather than the session's work.
+    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key"];
+
+    /// The fields that map onto [`SessionSpec`].
+    pub fn spec_fields() -> &'static [&'static str] {
+        struct_fields::<SessionSpec>()
+    }
+
+    /// Whether a body may have a field of this name.
+    pub fn accepts(field: &str) -> bool {
+        Self::ENVELOPE_FIELDS.contains(&field) || Self::spec_fields().contains(&field)
+    }
+}
+
+/// `POST /v1/sessions/batch`: 1 to `max_batch` sessions (10,000 by default), created all
+/// or none: one bad item refuses the batch, naming it (`[17].mode`).
+pub type BatchRequest = Vec<CreateSession>;
+
+/// A session's id and status: the answer to `POST /v1/sessions` (201 when created, 200
+/// for a repeat of an idempotency key, with the existing session's status) and each item
+/// of [`BatchResponse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRef {
+    pub id: String,
+    pub status: SessionStatus,
+}
+
+/// `POST /v1/sessions/batch`: the sessions in the order of the request (201 when any was
+/// created, 200 when all were repeats).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub sessions: Vec<SessionRef>,
+}
+
+/// A session as the API shows it: its spec's fields at the top level beside its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionView {
+    #[serde(flatten)]
+    pub spec: SessionSpec,
+    pub id: String,
+    pub status: SessionStatus,
+    /// Why it ended; `null` until it has.
+    pub finish_reason: Option<ExitReason>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    /// Model calls made so far.
+    pub iterations: u32,
+    pub usage: Usage,
+    /// The session that spawned this one; `null` for a root.
+    pub parent_id: Option<String>,
+    /// The root of its tree (its own id for a root).
+    pub root_id: String,
+    /// 0 for a root, 1 for its children, …
+    pub depth: u32,
+    pub queue: String,
+    /// A cancel was asked for and its worker has not stopped it yet.
+    pub cancel_requested: bool,
+    /// Claims since it last ran cleanly.
+    pub attempts: u32,
+    /// The worker running it, if one is.
+    pub lease_owner: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// `GET /v1/sessions/{id}`: the session and the ids of its children (newest first, at
+/// most 1000).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionDetail {
+    #[serde(flatten)]
+    pub session: SessionView,
+    pub children: Vec<String>,
+}
+
+/// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested, oldest child
+/// first (at most 10,000 sessions in all).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeNode {
+    #[serde(flatten)]
+    pub session: SessionView,
+    pub children: Vec<TreeNode>,
+}
+
+/// `GET /v1/sessions?status=&limit=&cursor=&parent_id=`: a page of sessions, newest
+/// first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListResponse {
+    pub sessions: Vec<SessionView>,
+    /// Pass as `cursor` for the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// `GET /v1/sessions/{id}/messages`: the session's history, parallel tool results in the
+/// order of their calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessagesResponse {
+    pub messages: Vec<Message>,
+}
+
+/// `POST /v1/sessions/{id}/cancel`: 200 when it was cancelled at once (it was not
+/// running), 202 with `cancel_requested: true` when its worker stops it at its next
+/// check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelResponse {
+    pub id: String,
+    pub status: SessionStatus,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_requested: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde::de::DeserializeOwned;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Decoding today's wire form and encoding it again gives it back unchanged.
+    fn round_trip<T: Serialize + DeserializeOwned>(wire: Value) -> T {
+        let t: T = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&t).unwrap(), wire);
+        t
+    }
+
+    fn view_json(id: &str) -> Value {
+        json!({
+            "prompt": "hello", "mode": "think", "max_iterations": 3, "temperature": 0.5,
+            "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
+            "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
+            "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
+            "tools": ["read_file", "grep"], "metadata": {"user": "u1"},
+            "id": id, "status": "queued", "finish_reason": null, "result": null,
+            "error": null, "iterations": 0,
+            "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+                      "cache_write_tokens": 0, "reasoning_tokens": 0},
+            "parent_id": null, "root_id": id, "depth": 0, "queue": "default",
+            "cancel_requested": false, "attempts": 0, "lease_owner": null,
+            "idempotency_key": null, "created_at": "2026-12-01T08:36:45.123456Z",
+            "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
+        })
+    }
+
+    #[test]
+    fn create_session_fields() {
+        let req: CreateSession = round_trip(
+            json!({"prompt": "p", "mode": "plan-act", "queue": "batch.v2",
+            "idempotency_key": "k1", "max_iterations": 3, "temperature": 0.5,
+            "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
+            "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
+            "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
+            "metadata": {"user": "u"}}),
+        );
+        assert_eq!(req.queue.as_deref(), Some("batch.v2"));
+        assert_eq!(req.spec.max_iterations, 3);
+        let min: CreateSession = serde_json::from_value(json!({"prompt": "p"})).unwrap();
+        assert_eq!(min.queue, None);
+        assert_eq!(min.spec, SessionSpec::new("p"));
+        let batch: BatchRequest =
+            serde_json::from_value(json!([{"prompt": "a"}, {"prompt": "b", "queue": "bulk"}]))
+                .unwrap();
+        assert_eq!(batch[1].queue.as_deref(), Some("bulk"));
+
+        for f in [
+            "prompt",
+            "system",
+            "mode",
+            "tools",
+            "metadata",
+            "queue",
+            "idempotency_key",
+        ] {
+            assert!(CreateSession::accepts(f), "{f}");
+        }
+        assert!(!CreateSession::accepts("max_iteration"));
+        assert!(!CreateSession::accepts("id"));
+    }
+
+    #[test]
+    fn the_spec_fields_are_what_the_spec_writes() {
+        let mut spec = SessionSpec::new("hi");
+        spec.system = Some("s".into());
+        spec.provider = Some("openai".into());
+        spec.model = Some("m".into());
+        spec.base_url = Some("http://x".into());
+        spec.tools = Some(vec!["read_file".into()]);
+        spec.context_budget_chars = Some(1);
+        spec.token_budget = Some(1);
+        spec.timeout_secs = Some(1);
+        spec.sensitive_tools = vec!["shell".into()];
+        spec.metadata = json!({"k": 1});
+        let Value::Object(m) = serde_json::to_value(&spec).unwrap() else {
+            panic!("a spec is an object")
+        };
+        let mut written: Vec<&str> = m.keys().map(String::as_str).collect();
+        written.sort_unstable();
+        let mut read = CreateSession::spec_fields().to_vec();
+        read.sort_unstable();
+        assert_eq!(written, read);
+    }
+
+    #[test]
+    fn refs_batches_and_cancels() {
+        let r: SessionRef = round_trip(json!({"id": "s1", "status": "queued"}));
+        assert_eq!(r.status, SessionStatus::Queued);
+        let b: BatchResponse = round_trip(json!({"sessions": [
+            {"id": "s1", "status": "queued"}, {"id": "s2", "status": "cancelled"}]}));
+        assert_eq!(b.sessions.len(), 2);
+        let c: CancelResponse = round_trip(json!({"id": "s1", "status": "cancelled"}));
+        assert!(!c.cancel_requested);
+        let c: CancelResponse =
+            round_trip(json!({"id": "s1", "status": "running", "cancel_requested": true}));
+        assert!(c.cancel_requested);
+    }
+
+    #[test]
+    fn views_details_trees_and_pages() {
+        let v: SessionView = round_trip(view_json("s1"));
+        assert_eq!(v.spec.prompt, "hello");
+        assert_eq!(
+            v.spec.tools.as_deref(),
+            Some(&["read_file".to_string(), "grep".into()][..])
+        );
+        assert_eq!(v.iterations, 0);
+
+        let mut detail = view_json("s1");
+        detail["children"] = json!(["c1", "c2"]);
+        let d: SessionDetail = round_trip(detail);
+        assert_eq!(d.children, ["c1", "c2"]);
+
+        let mut leaf = view_json("c1");
+        leaf["children"] = json!([]);
+        let mut root = view_json("s1");
+        root["children"] = json!([leaf]);
+        let t: TreeNode = round_trip(root);
+        assert_eq!(t.children[0].session.id, "c1");
+
+        let page: ListResponse =
+            round_trip(json!({"sessions": [view_json("s1")], "next_cursor": "s1"}));
+        assert_eq!(page.next_cursor.as_deref(), Some("s1"));
+        let last: ListResponse = round_trip(json!({"sessions": [], "next_cursor": null}));
+        assert!(last.next_cursor.is_none());
+    }
+
+    #[test]
+    fn messages() {
+        let m: MessagesResponse = round_trip(json!({"messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"id": "c1", "name": "grep", "arguments": {"q": "x"}}]},
+            {"role": "tool", "content": "ok", "tool_call_id": "c1", "name": "grep"},
+        ]}));
+        assert_eq!(m.messages.len(), 3);
+    }
+}

@@ -1,0 +1,61 @@
+//! What every route shares: the JSON body extractor and decoding ([`body`]), the session
+//! views ([`view`]), the id check, and answering with an API type. Routes import from
+//! here, never from each other.
+
+use axum::Json;
+use axum::extract::Path;
+use axum::extract::rejection::PathRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use agentq_core::SessionRow;
+
+use crate::Scheduler;
+use crate::error::ApiError;
+
+pub mod body;
+pub mod view;
+
+pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
+pub use view::session_view;
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// Session ids are UUIDs; anything much longer cannot exist.
+pub const MAX_ID_LEN: usize = 128;
+
+/// The session id of a path, or a 404 that repeats it (shortened).
+pub(crate) fn check_id(id: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+    match id {
+        Ok(Path(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => Ok(id),
+        Ok(Path(id)) => Err(ApiError::NotFound(format!(
+            "session {} not found",
+            id.chars().take(MAX_ID_LEN).collect::<String>()
+        ))),
+        Err(_) => Err(ApiError::NotFound("session not found".into())),
+    }
+}
+
+/// The session's row, or a 404.
+pub(crate) async fn get_row(s: &Scheduler, id: &str) -> ApiResult<SessionRow> {
+    s.store.get(id).await?.ok_or_else(|| not_found(id))
+}
+
+pub(crate) fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("session {id} not found"))
+}
+
+/// `status` with `body` as JSON.
+///
+/// Encoded through a `serde_json::Value`, as every answer of the API is: objects go out
+/// with their keys sorted and an `f32` (a temperature) is written through its `f64` value
+/// (`0.699999988079071`, not `0.7`), so clients get the same bytes whichever type an
+/// answer is built from.
+pub(crate) fn respond<T: Serialize>(status: StatusCode, body: &T) -> ApiResult<Response> {
+    let value = serde_json::to_value(body).map_err(|e| {
+        tracing::error!(error = %e, "cannot encode a response");
+        ApiError::Internal
+    })?;
+    Ok((status, Json(value)).into_response())
+}

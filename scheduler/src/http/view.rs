@@ -1,0 +1,29 @@
+//! A session's row as the API shows it.
+
+use agentq_api::SessionView;
+use agentq_core::SessionRow;
+
+/// The view of a row: its spec's fields beside its state.
+pub fn session_view(row: &SessionRow) -> SessionView {
+    SessionView {
+        spec: row.spec.clone(),
+        id: row.id.clone(),
+        status: row.status,
+        finish_reason: row.finish_reason,
+        result: row.result.clone(),
+        error: row.error.clone(),
+        iterations: row.iteration,
+        usage: row.usage,
+        parent_id: row.parent_id.clone(),
+        root_id: row.root_id.clone(),
+        depth: row.depth,
+        queue: row.queue.clone(),
+        cancel_requested: row.cancel_requested,
+        attempts: row.attempts,
+        lease_owner: row.lease_owner.clone(),
+        idempotency_key: row.idempotency_key.clone(),
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        finished_at: row.finished_at,
+    }
+}

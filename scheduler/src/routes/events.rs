@@ -1,0 +1,46 @@
+//! `GET /v1/sessions/{id}/events`: the session's events as server-sent events, resumable
+//! with `Last-Event-ID` (the relay itself is [`crate::events`]).
+
+use std::time::Duration;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+
+use crate::Scheduler;
+use crate::error::ApiError;
+use crate::events::{LastId, follow};
+use crate::http::{ApiResult, check_id, get_row};
+
+/// Comments that keep an idle connection open through proxies.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+pub(super) async fn events(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let last = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(LastId::parse).ok_or_else(|| {
+            ApiError::invalid(
+                "Last-Event-ID",
+                "is not an event id of this API (`<ms>-<n>` or `t-<seq>-<k>`)",
+            )
+        })?),
+    };
+    get_row(&s, &id).await?;
+    let stream = follow(
+        s.store.clone(),
+        s.queue.clone(),
+        id,
+        last,
+        s.draining.clone(),
+    );
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response())
+}

@@ -1,0 +1,292 @@
+//! Creating, reading, listing and cancelling sessions.
+//!
+//! Enqueue is "insert the row, then `XADD`, then mark the row enqueued". The row is the
+//! commitment: once it is in Postgres the request succeeds, even if Redis is down at that
+//! moment — the sweeper adds the missing entry later.
+
+use std::collections::BTreeMap;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use agentq_api::{
+    BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
+};
+use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionStatus};
+
+use crate::Scheduler;
+use crate::error::ApiError;
+use crate::http::{
+    ApiResult, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
+};
+use crate::request::{Limits, ListQuery, SessionRequest, parse_batch, parse_session};
+
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+pub const MAX_LIST_LIMIT: u32 = 1000;
+/// Children listed in a session's view.
+const MAX_CHILDREN: u32 = 1000;
+
+fn limits(s: &Scheduler) -> Limits {
+    Limits {
+        max_prompt_bytes: s.cfg.max_prompt_bytes,
+        max_batch: s.cfg.max_batch,
+    }
+}
+
+fn new_session(r: SessionRequest) -> NewSession {
+    let mut n = NewSession::root(r.spec, r.queue);
+    n.idempotency_key = r.idempotency_key;
+    n
+}
+
+/// `XADD` the new sessions of one queue and mark them enqueued. Failures are logged,
+/// not returned: the rows are committed and the sweeper adds what is missing.
+async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
+    if ids.is_empty() {
+        return;
+    }
+    if !s.queues().ensure(s.queue.as_ref(), queue).await {
+        tracing::warn!(
+            queue,
+            sessions = ids.len(),
+            "queue unavailable; the sweeper will enqueue these sessions"
+        );
+        return;
+    }
+    let added = match ids {
+        [id] => s.queue.enqueue(queue, id, EnqueueReason::New).await,
+        _ => {
+            let items: Vec<(String, EnqueueReason)> = ids
+                .iter()
+                .map(|id| (id.clone(), EnqueueReason::New))
+                .collect();
+            s.queue.enqueue_many(queue, &items).await
+        }
+    };
+    if let Err(e) = added {
+        tracing::warn!(queue, sessions = ids.len(), error = %e, "XADD failed; the sweeper will enqueue these sessions");
+        return;
+    }
+    if let Err(e) = s.store.mark_enqueued(ids).await {
+        // The entries exist; the sweeper may add duplicates, which the lease absorbs.
+        tracing::warn!(queue, sessions = ids.len(), error = %e, "cannot mark sessions enqueued");
+    }
+}
+
+/// `POST /v1/sessions`
+pub(super) async fn create(
+    State(s): State<Scheduler>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let req = parse_session(body, &limits(&s), "")?;
+    let (row, created) = s.store.create_session(&new_session(req)).await?;
+    if created {
+        tracing::info!(session_id = %row.id, queue = %row.queue, "session created");
+        enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
+        respond(
+            StatusCode::CREATED,
+            &SessionRef {
+                id: row.id,
+                status: SessionStatus::Queued,
+            },
+        )
+    } else {
+        respond(
+            StatusCode::OK,
+            &SessionRef {
+                id: row.id,
+                status: row.status,
+            },
+        )
+    }
+}
+
+/// `POST /v1/sessions/batch`
+pub(super) async fn create_batch(
+    State(s): State<Scheduler>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let reqs = parse_batch(body, &limits(&s))?;
+    let new: Vec<NewSession> = reqs.into_iter().map(new_session).collect();
+    let rows = s.store.create_sessions(&new).await?;
+
+    let mut by_queue: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (row, created) in &rows {
+        if *created {
+            by_queue
+                .entry(row.queue.as_str())
+                .or_default()
+                .push(row.id.clone());
+        }
+    }
+    let any_created = !by_queue.is_empty();
+    tracing::info!(
+        sessions = rows.len(),
+        created = by_queue.values().map(Vec::len).sum::<usize>(),
+        "batch created"
+    );
+    for (queue, ids) in &by_queue {
+        enqueue(&s, queue, ids).await;
+    }
+    let answer = BatchResponse {
+        sessions: rows
+            .iter()
+            .map(|(row, _)| SessionRef {
+                id: row.id.clone(),
+                status: row.status,
+            })
+            .collect(),
+    };
+    let status = if any_created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    respond(status, &answer)
+}
+
+/// `GET /v1/sessions/{id}`
+pub(super) async fn get(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let row = get_row(&s, &id).await?;
+    let children: Vec<String> = s
+        .store
+        .list(&ListFilter {
+            parent_id: Some(id.clone()),
+            limit: MAX_CHILDREN,
+            ..Default::default()
+        })
+        .await?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    respond(
+        StatusCode::OK,
+        &SessionDetail {
+            session: session_view(&row),
+            children,
+        },
+    )
+}
+
+/// `GET /v1/sessions/{id}/messages`
+pub(super) async fn messages(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let mut messages = s.store.messages(&id).await?;
+    // Parallel tool results are stored as they finished; clients read them in call order.
+    agentq_agent::state::normalize_history(&mut messages);
+    respond(StatusCode::OK, &MessagesResponse { messages })
+}
+
+/// `GET /v1/sessions`
+pub(super) async fn list(
+    State(s): State<Scheduler>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> ApiResult<Response> {
+    let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    let limit = match q.limit.as_deref() {
+        None | Some("") => DEFAULT_LIST_LIMIT,
+        Some(l) => l
+            .parse::<u32>()
+            .ok()
+            .filter(|l| (1..=MAX_LIST_LIMIT).contains(l))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "limit",
+                    format!("must be an integer between 1 and {MAX_LIST_LIMIT}, got {l:?}"),
+                )
+            })?,
+    };
+    let status = match q.status.as_deref() {
+        None | Some("") => None,
+        Some(st) => Some(SessionStatus::parse(st).ok_or_else(|| {
+            ApiError::invalid(
+                "status",
+                format!(
+                    "unknown status {st:?} (expected queued, running, waiting, \
+                     awaiting_approval, completed, failed or cancelled)"
+                ),
+            )
+        })?),
+    };
+    for (field, v) in [("cursor", &q.cursor), ("parent_id", &q.parent_id)] {
+        if v.as_ref().is_some_and(|v| v.len() > MAX_ID_LEN) {
+            return Err(ApiError::invalid(field, "is not a session id"));
+        }
+    }
+    // One more than asked tells whether another page exists.
+    let mut rows = s
+        .store
+        .list(&ListFilter {
+            status,
+            parent_id: q.parent_id.filter(|p| !p.is_empty()),
+            limit: limit + 1,
+            cursor: q.cursor.filter(|c| !c.is_empty()),
+        })
+        .await?;
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next_cursor = if more {
+        rows.last().map(|r| r.id.clone())
+    } else {
+        None
+    };
+    respond(
+        StatusCode::OK,
+        &ListResponse {
+            sessions: rows.iter().map(session_view).collect(),
+            next_cursor,
+        },
+    )
+}
+
+/// `POST /v1/sessions/{id}/cancel`
+pub(super) async fn cancel(
+    State(s): State<Scheduler>,
+    id: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let id = check_id(id)?;
+    let result = s.store.request_cancel(&id).await?;
+    agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
+    match result {
+        CancelResult::CancelledNow(row) => {
+            tracing::info!(session_id = %row.id, "session cancelled before running");
+            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
+                .await;
+            respond(
+                StatusCode::OK,
+                &CancelResponse {
+                    id: row.id,
+                    status: row.status,
+                    cancel_requested: false,
+                },
+            )
+        }
+        CancelResult::Requested(row) => {
+            tracing::info!(session_id = %row.id, owner = ?row.lease_owner, "cancel requested");
+            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
+                .await;
+            respond(
+                StatusCode::ACCEPTED,
+                &CancelResponse {
+                    id: row.id,
+                    status: row.status,
+                    cancel_requested: true,
+                },
+            )
+        }
+        CancelResult::AlreadyFinished(row) => Err(ApiError::Conflict {
+            code: "already_finished",
+            message: format!("session {} already finished ({})", row.id, row.status),
+        }),
+        CancelResult::NotFound => Err(not_found(&id)),
+    }
+}
