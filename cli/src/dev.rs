@@ -260,7 +260,11 @@ mod tests {
         let e = dev_config(&parse(&[]), env(&[("AGENTQ_HEARTBEAT_SECS", "6")]))
             .unwrap_err()
             .to_string();
-        for name in ["worker.heartbeat_secs", "AGENTQ_HEARTBEAT_SECS", "--heartbeat-secs"] {
+        for name in [
+            "worker.heartbeat_secs",
+            "AGENTQ_HEARTBEAT_SECS",
+            "--heartbeat-secs",
+        ] {
             assert!(e.contains(name), "{name} not in {e}");
         }
         let e = dev_config(

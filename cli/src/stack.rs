@@ -81,19 +81,11 @@ impl Stack {
     ) -> anyhow::Result<Self> {
         let store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
             .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to Postgres at {}",
-                    redact(database_url)
-                )
-            })?;
+            .with_context(|| format!("cannot connect to Postgres at {}", redact(database_url)))?;
         store.migrate().await.context("migration failed")?;
-        let queue = RedisQueue::connect(redis_url).await.with_context(|| {
-            format!(
-                "cannot connect to Redis at {}",
-                redact(redis_url)
-            )
-        })?;
+        let queue = RedisQueue::connect(redis_url)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", redact(redis_url)))?;
         Ok(Stack {
             store: Arc::new(store),
             queue: Arc::new(queue),

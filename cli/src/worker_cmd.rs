@@ -143,10 +143,15 @@ mod tests {
         let (_, cfg, db, redis) = worker_config(&args, env).unwrap();
         assert_eq!(db, "postgres://env/db");
         assert_eq!(redis, "redis://flag");
-        assert_eq!(cfg.heartbeat_interval, std::time::Duration::from_millis(500));
+        assert_eq!(
+            cfg.heartbeat_interval,
+            std::time::Duration::from_millis(500)
+        );
         assert_eq!(cfg.default_provider, "anthropic");
 
-        let e = worker_config(&parse(&[]), |_| None).unwrap_err().to_string();
+        let e = worker_config(&parse(&[]), |_| None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("AGENTQ_DATABASE_URL"), "{e}");
         let e = worker_config(&parse(&["--heartbeat-secs", "6"]), env)
             .unwrap_err()

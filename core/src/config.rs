@@ -318,7 +318,12 @@ const fn file(key: &'static str) -> Setting {
     }
 }
 
-const fn var(key: &'static str, env: &'static str, flag: Option<&'static str>, apply: Apply) -> Setting {
+const fn var(
+    key: &'static str,
+    env: &'static str,
+    flag: Option<&'static str>,
+    apply: Apply,
+) -> Setting {
     Setting {
         key,
         env: Some(env),
@@ -354,14 +359,24 @@ fn boolean(v: &str) -> std::result::Result<bool, String> {
 /// Every setting, in file order. The environment layer and the error messages read it;
 /// a test holds it equal to the fields of [`Settings`] and to `agentq.example.toml`.
 pub const SETTINGS: &[Setting] = &[
-    var("database_url", "AGENTQ_DATABASE_URL", Some("--database-url"), |s, v| {
-        s.database_url = Some(v.to_string());
-        Ok(())
-    }),
-    var("redis_url", "AGENTQ_REDIS_URL", Some("--redis-url"), |s, v| {
-        s.redis_url = Some(v.to_string());
-        Ok(())
-    }),
+    var(
+        "database_url",
+        "AGENTQ_DATABASE_URL",
+        Some("--database-url"),
+        |s, v| {
+            s.database_url = Some(v.to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "redis_url",
+        "AGENTQ_REDIS_URL",
+        Some("--redis-url"),
+        |s, v| {
+            s.redis_url = Some(v.to_string());
+            Ok(())
+        },
+    ),
     var("sqlite_path", "AGENTQ_DB", Some("--db"), |s, v| {
         s.sqlite_path = PathBuf::from(v);
         Ok(())
@@ -370,10 +385,15 @@ pub const SETTINGS: &[Setting] = &[
         s.api_addr = v.to_string();
         Ok(())
     }),
-    var("metrics_addr", "AGENTQ_METRICS_ADDR", Some("--metrics-addr"), |s, v| {
-        s.metrics_addr = v.to_string();
-        Ok(())
-    }),
+    var(
+        "metrics_addr",
+        "AGENTQ_METRICS_ADDR",
+        Some("--metrics-addr"),
+        |s, v| {
+            s.metrics_addr = v.to_string();
+            Ok(())
+        },
+    ),
     var("api_url", "AGENTQ_API_URL", Some("--api-url"), |s, v| {
         s.api_url = v.to_string();
         Ok(())
@@ -529,22 +549,39 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.max_prompt_bytes"),
     file("scheduler.max_batch"),
     file("scheduler.queues"),
-    var("providers.openai_base_url", "OPENAI_BASE_URL", None, |s, v| {
-        s.providers.openai_base_url = Some(v.trim().to_string());
-        Ok(())
-    }),
-    var("providers.anthropic_base_url", "ANTHROPIC_BASE_URL", None, |s, v| {
-        s.providers.anthropic_base_url = Some(v.trim().to_string());
-        Ok(())
-    }),
-    var("providers.script", "AGENTQ_SCRIPT", Some("--script"), |s, v| {
-        s.providers.script = Some(PathBuf::from(v));
-        Ok(())
-    }),
+    var(
+        "providers.openai_base_url",
+        "OPENAI_BASE_URL",
+        None,
+        |s, v| {
+            s.providers.openai_base_url = Some(v.trim().to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "providers.anthropic_base_url",
+        "ANTHROPIC_BASE_URL",
+        None,
+        |s, v| {
+            s.providers.anthropic_base_url = Some(v.trim().to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "providers.script",
+        "AGENTQ_SCRIPT",
+        Some("--script"),
+        |s, v| {
+            s.providers.script = Some(PathBuf::from(v));
+            Ok(())
+        },
+    ),
 ];
 
+type SetKey = fn(&mut ProvidersSection, Option<Secret>);
+
 /// The provider keys: environment only, no file key, no flag.
-const KEYS: &[(&str, fn(&mut ProvidersSection, Option<Secret>))] = &[
+const KEYS: &[(&str, SetKey)] = &[
     ("OPENAI_API_KEY", |p, k| p.openai_api_key = k),
     ("ANTHROPIC_API_KEY", |p, k| p.anthropic_api_key = k),
 ];
@@ -575,7 +612,10 @@ impl Settings {
     /// The file (`path`, an error if it does not exist; else `./agentq.toml` when
     /// present), then the environment given as a lookup function. Not validated: a
     /// command adds its flags first ([`Settings::resolve`]).
-    pub fn load_with(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Settings> {
+    pub fn load_with(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings> {
         let mut settings = match path {
             Some(p) => Self::from_file(p)?,
             None => {
@@ -691,19 +731,31 @@ impl Settings {
             ));
         }
         // A finished session's events are kept this long: up to 30 days.
-        if !(w.event_ttl_secs.0.is_finite() && (1.0..=2_592_000.0).contains(&w.event_ttl_secs.0))
-        {
+        if !(w.event_ttl_secs.0.is_finite() && (1.0..=2_592_000.0).contains(&w.event_ttl_secs.0)) {
             return Err(invalid(
                 "worker.event_ttl_secs",
-                format!("must be from 1 to 2592000 seconds, not {}", w.event_ttl_secs),
+                format!(
+                    "must be from 1 to 2592000 seconds, not {}",
+                    w.event_ttl_secs
+                ),
             ));
         }
         range("worker.concurrency", w.concurrency, 1, 100_000)?;
         range("worker.max_attempts", w.max_attempts, 1, 10_000)?;
         range("worker.read_block_ms", w.read_block_ms, 1, 60_000)?;
-        range("worker.checkpoint_batch_max", w.checkpoint_batch_max, 1, 10_000)?;
+        range(
+            "worker.checkpoint_batch_max",
+            w.checkpoint_batch_max,
+            1,
+            10_000,
+        )?;
         range("worker.checkpoint_writers", w.checkpoint_writers, 1, 64)?;
-        range("worker.write_ahead_grace_ms", w.write_ahead_grace_ms, 0, 60_000)?;
+        range(
+            "worker.write_ahead_grace_ms",
+            w.write_ahead_grace_ms,
+            0,
+            60_000,
+        )?;
         range("worker.max_depth", w.max_depth, 0, 64)?;
         range("worker.max_children", w.max_children, 0, 10_000)?;
         names("worker.queues", &w.queues)?;
@@ -720,13 +772,26 @@ impl Settings {
                 ),
             ));
         }
-        if w.default_model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        if w.default_model
+            .as_deref()
+            .is_some_and(|m| m.trim().is_empty())
+        {
             return Err(invalid("worker.default_model", "must not be empty"));
         }
         let s = &self.scheduler;
-        range("scheduler.sweep_interval_secs", s.sweep_interval_secs, 1, 86_400)?;
+        range(
+            "scheduler.sweep_interval_secs",
+            s.sweep_interval_secs,
+            1,
+            86_400,
+        )?;
         range("scheduler.sweep_age_secs", s.sweep_age_secs, 0, 86_400)?;
-        range("scheduler.max_prompt_bytes", s.max_prompt_bytes, 1, usize::MAX)?;
+        range(
+            "scheduler.max_prompt_bytes",
+            s.max_prompt_bytes,
+            1,
+            usize::MAX,
+        )?;
         range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
         names("scheduler.queues", &s.queues)?;
         for (key, addr) in [
@@ -758,7 +823,10 @@ impl Settings {
 
 fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, min: T, max: T) -> Result<()> {
     if v < min || v > max {
-        return Err(invalid(key, format!("must be from {min} to {max}, not {v}")));
+        return Err(invalid(
+            key,
+            format!("must be from {min} to {max}, not {v}"),
+        ));
     }
     Ok(())
 }

@@ -214,7 +214,10 @@ mod tests {
         assert!(c.tool_settings.shell_enabled);
         assert_eq!(c.tool_settings.allowed_hosts, vec!["localhost"]);
         assert_eq!(c.default_provider, "openai");
-        assert_eq!(c.providers.openai_base_url.as_deref(), Some("http://llm/v1"));
+        assert_eq!(
+            c.providers.openai_base_url.as_deref(),
+            Some("http://llm/v1")
+        );
 
         s.worker.heartbeat_secs = Secs(2.0);
         let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
@@ -223,6 +226,9 @@ mod tests {
         let mut s = Settings::default();
         s.providers.script = Some("/nonexistent/script.json".into());
         let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
-        assert!(e.contains("AGENTQ_SCRIPT") && e.contains("/nonexistent/script.json"), "{e}");
+        assert!(
+            e.contains("AGENTQ_SCRIPT") && e.contains("/nonexistent/script.json"),
+            "{e}"
+        );
     }
 }

@@ -10,8 +10,8 @@
 //! signals), `runs` (the sessions running here and what waits for them), `pipeline` (the
 //! writers every run hands its checkpoints and events to).
 
-pub mod config;
 mod checkpoint;
+pub mod config;
 mod dispatch;
 mod group_commit;
 mod heartbeat;

@@ -350,10 +350,7 @@ mod tests {
             got.push(EventKind::of_json(&r.data).unwrap());
         }
         assert_eq!(got.len(), 8);
-        assert_eq!(
-            got.iter().filter(|k| **k == EventKind::ToolCall).count(),
-            2
-        );
+        assert_eq!(got.iter().filter(|k| **k == EventKind::ToolCall).count(), 2);
 
         // Drained, deltas flow again.
         sink.emit(30, delta());

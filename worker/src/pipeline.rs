@@ -62,7 +62,12 @@ impl Pipeline {
     }
 
     /// Start both writers; nothing if they run already or have been stopped.
-    pub fn start(&self, store: Arc<dyn Store>, queue: Arc<dyn Queue>, limits: group_commit::Limits) {
+    pub fn start(
+        &self,
+        store: Arc<dyn Store>,
+        queue: Arc<dyn Queue>,
+        limits: group_commit::Limits,
+    ) {
         let mut state = self.lock();
         let Some((commits, events)) = state.idle.take() else {
             return;

@@ -73,8 +73,12 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         .is_err()
     {
         warn!("drain timeout: aborting the sessions still running");
-        let actives: Vec<CancellationToken> =
-            inner.runs.lock().values().map(|a| a.abort.clone()).collect();
+        let actives: Vec<CancellationToken> = inner
+            .runs
+            .lock()
+            .values()
+            .map(|a| a.abort.clone())
+            .collect();
         for a in actives {
             a.cancel();
         }

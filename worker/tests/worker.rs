@@ -271,7 +271,12 @@ async fn read_entry(
     session_id: &str,
 ) -> agentq_core::queue::Delivery {
     let ds = queue
-        .read(&["default".to_string()], consumer, 10, Duration::from_millis(500))
+        .read(
+            &["default".to_string()],
+            consumer,
+            10,
+            Duration::from_millis(500),
+        )
         .await
         .unwrap();
     ds.into_iter()
@@ -404,15 +409,28 @@ async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
     assert_eq!(pending(&queue, first.consumer()).await, 1);
 
     let second = start(&store, &queue, cfg());
-    wait_terminal(&store, std::slice::from_ref(&row.id), Duration::from_secs(30)).await;
+    wait_terminal(
+        &store,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await;
     let second = second.stop().await;
     let done = store.get(&row.id).await.unwrap().unwrap();
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.result.as_deref(), Some("resumed"));
-    assert_eq!(calls.load(Ordering::SeqCst), 2, "the unfinished call ran again");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the unfinished call ran again"
+    );
     assert_eq!(second.stats().resumed.load(Ordering::SeqCst), 1);
     let messages = store.messages(&row.id).await.unwrap();
-    assert_eq!(messages.len(), 4, "user, assistant+call, tool result, answer");
+    assert_eq!(
+        messages.len(),
+        4,
+        "user, assistant+call, tool result, answer"
+    );
     assert_eq!(
         messages
             .iter()

@@ -285,12 +285,16 @@ fn validation_names_the_setting_its_variable_and_its_flag() {
         ("worker.checkpoint_batch_max", |s| {
             s.worker.checkpoint_batch_max = 0
         }),
-        ("worker.checkpoint_writers", |s| s.worker.checkpoint_writers = 65),
+        ("worker.checkpoint_writers", |s| {
+            s.worker.checkpoint_writers = 65
+        }),
         ("worker.write_ahead_grace_ms", |s| {
             s.worker.write_ahead_grace_ms = 60_001
         }),
         ("worker.read_block_ms", |s| s.worker.read_block_ms = 0),
-        ("worker.event_ttl_secs", |s| s.worker.event_ttl_secs = Secs(0.0)),
+        ("worker.event_ttl_secs", |s| {
+            s.worker.event_ttl_secs = Secs(0.0)
+        }),
         ("worker.queues", |s| s.worker.queues.clear()),
         ("worker.default_provider", |s| {
             s.worker.default_provider = "gpt".into()
@@ -298,13 +302,18 @@ fn validation_names_the_setting_its_variable_and_its_flag() {
         ("scheduler.sweep_interval_secs", |s| {
             s.scheduler.sweep_interval_secs = 0
         }),
-        ("scheduler.queues", |s| s.scheduler.queues = vec![" ".into()]),
+        ("scheduler.queues", |s| {
+            s.scheduler.queues = vec![" ".into()]
+        }),
     ] {
         let e = invalid_with(tweak);
         assert!(e.contains(&format!("`{key}`")), "{key} not in {e}");
     }
     let e = invalid_with(|s| s.worker.concurrency = 0);
-    assert!(e.contains("AGENTQ_WORKER_CONCURRENCY") && e.contains("--concurrency"), "{e}");
+    assert!(
+        e.contains("AGENTQ_WORKER_CONCURRENCY") && e.contains("--concurrency"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -408,7 +417,10 @@ fn the_example_file_is_every_setting_at_its_default() {
         }
         uncommented.push('\n');
     }
-    assert_eq!(listed, registry, "agentq.example.toml must list every setting");
+    assert_eq!(
+        listed, registry,
+        "agentq.example.toml must list every setting"
+    );
     let all = Settings::from_toml(&uncommented).unwrap();
     let mut set = BTreeSet::new();
     keys(&serde_json::to_value(&all).unwrap(), "", &mut set);
