@@ -676,7 +676,8 @@ impl Settings {
                 continue;
             };
             if let Some(v) = var(name) {
-                apply(self, &v).map_err(|why| Error::Config(format!("{name}: {why}")))?;
+                apply(self, &v)
+                    .map_err(|why| Error::Config(format!("{name} (`{}`): {why}", s.key)))?;
             }
         }
         for (name, set) in KEYS {
