@@ -33,12 +33,6 @@ pub const DEFAULT_SQLITE_PATH: &str = "./agentq.db";
 /// The providers a session (or `default_provider`) may name.
 pub const PROVIDERS: &[&str] = &["openai", "anthropic", "scripted"];
 
-/// The longest any timing setting may be: past a day it is a typo, and durations that
-/// large would overflow the arithmetic of the timers built from them.
-const MAX_TIMING_SECS: f64 = 86_400.0;
-/// Timers shorter than a millisecond would spin.
-const MIN_TIMING_SECS: f64 = 0.001;
-
 /// The former name of [`Settings`].
 pub type Config = Settings;
 /// The former name of [`SchedulerSection`].
@@ -599,10 +593,6 @@ pub fn describe(key: &str) -> String {
     }
 }
 
-fn invalid(key: &str, why: impl std::fmt::Display) -> Error {
-    Error::Config(format!("{}: {why}", describe(key)))
-}
-
 impl Settings {
     /// [`Settings::load_with`] on the process environment.
     pub fn load(path: Option<&Path>) -> Result<Settings> {
@@ -686,127 +676,6 @@ impl Settings {
         Ok(())
     }
 
-    /// Every rule the settings must follow, checked once after all the layers; the error
-    /// names the setting with its variable and flag.
-    pub fn validate(&self) -> Result<()> {
-        let w = &self.worker;
-        let timing = |key: &str, v: Secs| {
-            if v.0.is_finite() && (MIN_TIMING_SECS..=MAX_TIMING_SECS).contains(&v.0) {
-                Ok(())
-            } else {
-                Err(invalid(
-                    key,
-                    format!(
-                        "must be a number of seconds from {MIN_TIMING_SECS} to {MAX_TIMING_SECS}, not {v}"
-                    ),
-                ))
-            }
-        };
-        timing("worker.lease_ttl_secs", w.lease_ttl_secs)?;
-        timing("worker.heartbeat_secs", w.heartbeat_secs)?;
-        timing("worker.reclaim_min_idle_secs", w.reclaim_min_idle_secs)?;
-        timing("worker.reclaim_interval_secs", w.reclaim_interval_secs)?;
-        timing("worker.drain_timeout_secs", w.drain_timeout_secs)?;
-        if w.heartbeat_secs >= w.lease_ttl_secs {
-            return Err(invalid(
-                "worker.heartbeat_secs",
-                format!(
-                    "{} must be shorter than {} ({}), or leases expire between heartbeats and \
-                     running sessions are taken over",
-                    w.heartbeat_secs,
-                    describe("worker.lease_ttl_secs"),
-                    w.lease_ttl_secs
-                ),
-            ));
-        }
-        if w.reclaim_min_idle_secs <= w.heartbeat_secs {
-            return Err(invalid(
-                "worker.reclaim_min_idle_secs",
-                format!(
-                    "{} must be longer than {} ({}): a live worker touches its entries every \
-                     heartbeat, so a shorter idle time takes over sessions that are running",
-                    w.reclaim_min_idle_secs,
-                    describe("worker.heartbeat_secs"),
-                    w.heartbeat_secs
-                ),
-            ));
-        }
-        // A finished session's events are kept this long: up to 30 days.
-        if !(w.event_ttl_secs.0.is_finite() && (1.0..=2_592_000.0).contains(&w.event_ttl_secs.0)) {
-            return Err(invalid(
-                "worker.event_ttl_secs",
-                format!(
-                    "must be from 1 to 2592000 seconds, not {}",
-                    w.event_ttl_secs
-                ),
-            ));
-        }
-        range("worker.concurrency", w.concurrency, 1, 100_000)?;
-        range("worker.max_attempts", w.max_attempts, 1, 10_000)?;
-        range("worker.read_block_ms", w.read_block_ms, 1, 60_000)?;
-        range(
-            "worker.checkpoint_batch_max",
-            w.checkpoint_batch_max,
-            1,
-            10_000,
-        )?;
-        range("worker.checkpoint_writers", w.checkpoint_writers, 1, 64)?;
-        range(
-            "worker.write_ahead_grace_ms",
-            w.write_ahead_grace_ms,
-            0,
-            60_000,
-        )?;
-        range("worker.max_depth", w.max_depth, 0, 64)?;
-        range("worker.max_children", w.max_children, 0, 10_000)?;
-        names("worker.queues", &w.queues)?;
-        if let Some(tools) = &w.default_tools {
-            names("worker.default_tools", tools)?;
-        }
-        if !PROVIDERS.contains(&w.default_provider.as_str()) {
-            return Err(invalid(
-                "worker.default_provider",
-                format!(
-                    "unknown provider `{}` (expected {})",
-                    w.default_provider,
-                    PROVIDERS.join(", ")
-                ),
-            ));
-        }
-        if w.default_model
-            .as_deref()
-            .is_some_and(|m| m.trim().is_empty())
-        {
-            return Err(invalid("worker.default_model", "must not be empty"));
-        }
-        let s = &self.scheduler;
-        range(
-            "scheduler.sweep_interval_secs",
-            s.sweep_interval_secs,
-            1,
-            86_400,
-        )?;
-        range("scheduler.sweep_age_secs", s.sweep_age_secs, 0, 86_400)?;
-        range(
-            "scheduler.max_prompt_bytes",
-            s.max_prompt_bytes,
-            1,
-            usize::MAX,
-        )?;
-        range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
-        names("scheduler.queues", &s.queues)?;
-        for (key, addr) in [
-            ("api_addr", &self.api_addr),
-            ("metrics_addr", &self.metrics_addr),
-            ("api_url", &self.api_url),
-        ] {
-            if addr.trim().is_empty() {
-                return Err(invalid(key, "must not be empty"));
-            }
-        }
-        Ok(())
-    }
-
     /// What the agent's provider factory needs: endpoints and keys (the script is read
     /// separately, by [`ProvidersSection::read_script`]).
     pub fn provider_settings(&self) -> ProviderSettings {
@@ -820,26 +689,6 @@ impl Settings {
             script: None,
         }
     }
-}
-
-fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, min: T, max: T) -> Result<()> {
-    if v < min || v > max {
-        return Err(invalid(
-            key,
-            format!("must be from {min} to {max}, not {v}"),
-        ));
-    }
-    Ok(())
-}
-
-fn names(key: &str, list: &[String]) -> Result<()> {
-    if key.ends_with("queues") && list.is_empty() {
-        return Err(invalid(key, "must name at least one queue"));
-    }
-    if list.iter().any(|n| n.trim().is_empty()) {
-        return Err(invalid(key, "names must not be empty"));
-    }
-    Ok(())
 }
 
 /// The dotted name of the first key anywhere in `table` that looks like a credential.
@@ -881,6 +730,8 @@ pub fn is_credential_name(name: &str) -> bool {
         || n == "token"
         || n == "key"
 }
+
+mod validate;
 
 #[cfg(test)]
 mod tests;

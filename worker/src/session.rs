@@ -160,24 +160,7 @@ async fn run(
     m.sessions_started
         .with_label_values(&[d.queue.as_str()])
         .inc();
-    let observer = Arc::new(SessionObserver {
-        metrics: m,
-        queue: d.queue.clone(),
-        reissue_pending: std::sync::atomic::AtomicBool::new(false),
-    });
-    if resumed
-        && state.outcome.is_none()
-        && state.pending_calls().is_empty()
-        && died_mid_llm_call(
-            inner.queue.as_ref(),
-            &d.session_id,
-            state.messages.len(),
-            lease.epoch,
-        )
-        .await
-    {
-        observer.reissue_pending.store(true, Ordering::SeqCst);
-    }
+    let observer = observer_for(&inner, &d, &state, &lease, resumed).await;
     let cancel = CancellationToken::new();
     if row.cancel_requested {
         cancel.cancel();
@@ -282,32 +265,7 @@ async fn run(
             Processed::LeaseLost
         }
         Some(Ok(RunEnd::Finished(outcome))) => {
-            info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
-            inner.stats.completed.fetch_add(1, Ordering::Relaxed);
-            m.sessions_finished
-                .with_label_values(&[d.queue.as_str(), outcome.reason.as_str()])
-                .inc();
-            m.session_iterations.observe(f64::from(state.iteration));
-            m.session_tokens.observe(state.usage.total() as f64);
-            if let Err(e) = inner
-                .queue
-                .expire_events(&d.session_id, inner.cfg.event_ttl)
-                .await
-            {
-                warn!(error = %e, "setting the event stream's expiry failed");
-            }
-            let row = match committed.take_finished() {
-                Some(row) => Some(row),
-                None => get_row(&inner, &d.session_id).await,
-            };
-            let acked = match row {
-                Some(row) => settle_finished(&inner, &d, &row).await,
-                None => {
-                    warn!("finished, but its row could not be read; the entry will be redelivered");
-                    false
-                }
-            };
-            Processed::Finished { acked }
+            finished(&inner, &d, &state, &outcome, &committed).await
         }
         Some(Ok(RunEnd::Suspended(reason))) => {
             suspend(&inner, &d, &lease, &row, &state, reason).await
@@ -335,6 +293,74 @@ async fn run(
             Processed::Left
         }
     }
+}
+
+/// The run's metrics; a resumed run whose predecessor died during an LLM call counts the
+/// call it issues again.
+async fn observer_for(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    state: &SessionState,
+    lease: &Lease,
+    resumed: bool,
+) -> Arc<SessionObserver> {
+    let observer = Arc::new(SessionObserver {
+        metrics: inner.metrics,
+        queue: d.queue.clone(),
+        reissue_pending: std::sync::atomic::AtomicBool::new(false),
+    });
+    if resumed
+        && state.outcome.is_none()
+        && state.pending_calls().is_empty()
+        && died_mid_llm_call(
+            inner.queue.as_ref(),
+            &d.session_id,
+            state.messages.len(),
+            lease.epoch,
+        )
+        .await
+    {
+        observer.reissue_pending.store(true, Ordering::SeqCst);
+    }
+    observer
+}
+
+/// The run finished the session: count it, let its event stream expire, and settle it
+/// with the row its final checkpoint returned (or read back).
+async fn finished(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    state: &SessionState,
+    outcome: &Outcome,
+    committed: &StoreCheckpointer,
+) -> Processed {
+    let m = inner.metrics;
+    info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
+    inner.stats.completed.fetch_add(1, Ordering::Relaxed);
+    m.sessions_finished
+        .with_label_values(&[d.queue.as_str(), outcome.reason.as_str()])
+        .inc();
+    m.session_iterations.observe(f64::from(state.iteration));
+    m.session_tokens.observe(state.usage.total() as f64);
+    if let Err(e) = inner
+        .queue
+        .expire_events(&d.session_id, inner.cfg.event_ttl)
+        .await
+    {
+        warn!(error = %e, "setting the event stream's expiry failed");
+    }
+    let row = match committed.take_finished() {
+        Some(row) => Some(row),
+        None => get_row(inner, &d.session_id).await,
+    };
+    let acked = match row {
+        Some(row) => settle_finished(inner, d, &row).await,
+        None => {
+            warn!("finished, but its row could not be read; the entry will be redelivered");
+            false
+        }
+    };
+    Processed::Finished { acked }
 }
 
 /// Removes the session from the worker's active set when the run is fully settled.
