@@ -1,201 +1,77 @@
 //! `agentq dev`: the scheduler API and a few workers in one process, on the embedded
 //! default (one SQLite file and the in-process queue) or, when `AGENTQ_DATABASE_URL` and
-//! `AGENTQ_REDIS_URL` are set, on Postgres and Redis.
-//!
-//! This module also owns what `agentq dev` and `agentq demo` share: opening the backend
-//! ([`Stack`]) — including the recovery step of the embedded mode, which puts every
-//! session that was queued or running when the previous process died back on the queue —
-//! and turning the file/environment configuration into a worker's configuration
-//! ([`worker_config`]).
+//! `AGENTQ_REDIS_URL` are set, on Postgres and Redis. Its workers are configured exactly
+//! as `agentq worker` is ([`dev_config`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use agentq_core::WorkQueue;
-use agentq_core::config::Config;
-use agentq_core::mem_queue::MemQueue;
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::sqlite::{SqliteStore, requeue_runnable};
-use agentq_core::{Queue, Store};
+use agentq_core::config::Settings;
 use agentq_scheduler::SchedulerSettings;
 use agentq_worker::{Worker, WorkerConfig};
 
-/// Connections of the Postgres pool shared by the API and the workers of one process.
-const DEV_PG_CONNS: u32 = 16;
+use crate::flags::WorkerFlags;
+// `agentq demo` opens its backend through here too.
+pub use crate::stack::Stack;
+
 /// Past the workers' drain timeout, what the rest of a shutdown (scheduler, background
 /// tasks, aborting sessions that did not reach a checkpoint) may take before `dev` exits
 /// anyway.
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(15);
 
+/// Every flag overrides its setting in `agentq.toml` and its environment variable.
 #[derive(Args, Debug)]
 pub struct DevArgs {
-    /// The embedded database file (ignored when AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL
-    /// are set).
-    #[arg(long, env = "AGENTQ_DB", default_value = "./agentq.db")]
-    pub db: PathBuf,
-    /// Listen address of the HTTP API (default: AGENTQ_API_ADDR, `api_addr` of
-    /// agentq.toml, 127.0.0.1:7700).
+    #[command(flatten)]
+    pub worker: WorkerFlags,
+    /// The embedded database file, used unless AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL
+    /// are set (AGENTQ_DB; default ./agentq.db).
+    #[arg(long)]
+    pub db: Option<PathBuf>,
+    /// Listen address of the HTTP API (AGENTQ_API_ADDR; default 127.0.0.1:7700).
     #[arg(long)]
     pub addr: Option<String>,
     /// In-process workers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
-    /// Sessions each worker runs at once (default: `[worker] concurrency` of agentq.toml).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub concurrency: Option<u32>,
-    /// JSON script for the scripted provider (default: its built-in demo script).
-    #[arg(long, env = "AGENTQ_SCRIPT")]
-    pub script: Option<PathBuf>,
     /// Configuration file (default: ./agentq.toml when present).
     #[arg(long, env = "AGENTQ_CONFIG")]
     pub config: Option<PathBuf>,
 }
 
-/// A store and a queue, opened and ready for workers.
-pub struct Stack {
-    pub store: Arc<dyn Store>,
-    pub queue: Arc<dyn Queue>,
-    /// Set in the embedded mode (the demo reads its file directly).
-    pub sqlite: Option<SqliteStore>,
-    /// Set in the embedded mode (the demo follows completions on it).
-    pub mem_queue: Option<Arc<MemQueue>>,
-    /// One line for the user: where the data lives.
-    pub description: String,
-    /// Sessions put back on the queue at start (embedded mode: left over by a previous
-    /// process that was killed).
-    pub requeued: usize,
-}
-
-impl Stack {
-    /// The embedded backend: the SQLite file at `path` (created and migrated as needed)
-    /// and a fresh in-process queue with a group for each of `queues`. With `recover`,
-    /// every session still queued or running in the file goes back on the queue — the
-    /// queue lived in the memory of the process that wrote them.
-    pub async fn embedded(path: &Path, queues: &[String], recover: bool) -> anyhow::Result<Self> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+impl DevArgs {
+    fn apply(&self, s: &mut Settings) {
+        self.worker.apply(s);
+        if let Some(db) = &self.db {
+            s.sqlite_path = db.clone();
         }
-        let store = SqliteStore::open(path)
-            .await
-            .with_context(|| format!("cannot open the database {}", path.display()))?;
-        store
-            .migrate()
-            .await
-            .with_context(|| format!("cannot migrate the database {}", path.display()))?;
-        let queue = Arc::new(MemQueue::new());
-        for q in queues {
-            queue.ensure_queue(q).await?;
+        if let Some(addr) = &self.addr {
+            s.api_addr = addr.clone();
         }
-        let requeued = if recover {
-            requeue_runnable(&store, queue.as_ref())
-                .await
-                .context("cannot re-enqueue the sessions of a previous run")?
-        } else {
-            0
-        };
-        Ok(Stack {
-            store: Arc::new(store.clone()),
-            queue: queue.clone(),
-            sqlite: Some(store),
-            mem_queue: Some(queue),
-            description: format!("embedded store {}, in-process queue", path.display()),
-            requeued,
-        })
-    }
-
-    /// Postgres and Redis. The schema is brought up to date (this is a development
-    /// command; the distributed deployment runs `agentq migrate` explicitly).
-    /// `writers`: the worker's commits in flight, plus one for its heartbeat.
-    pub async fn services(
-        database_url: &str,
-        redis_url: &str,
-        writers: u32,
-    ) -> anyhow::Result<Self> {
-        let store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to Postgres at {}",
-                    crate::worker_cmd::redact(database_url)
-                )
-            })?;
-        store.migrate().await.context("migration failed")?;
-        let queue = RedisQueue::connect(redis_url).await.with_context(|| {
-            format!(
-                "cannot connect to Redis at {}",
-                crate::worker_cmd::redact(redis_url)
-            )
-        })?;
-        Ok(Stack {
-            store: Arc::new(store),
-            queue: Arc::new(queue),
-            sqlite: None,
-            mem_queue: None,
-            description: format!(
-                "Postgres {}, Redis {}",
-                crate::worker_cmd::redact(database_url),
-                crate::worker_cmd::redact(redis_url)
-            ),
-            requeued: 0,
-        })
     }
 }
 
-/// A worker's configuration from the file/environment configuration: queues, limits,
-/// timings, tools and providers. The consumer name is fresh (unique per call).
-pub fn worker_config(cfg: &Config) -> WorkerConfig {
-    let w = &cfg.worker;
-    let secs = |s: u64| Duration::from_secs(s.max(1));
-    let mut out = WorkerConfig {
-        queues: w.queues.clone(),
-        concurrency: w.concurrency.max(1),
-        lease_ttl: secs(w.lease_ttl_secs),
-        heartbeat_interval: secs(w.heartbeat_secs),
-        reclaim_min_idle: secs(w.reclaim_min_idle_secs),
-        reclaim_interval: secs(w.reclaim_interval_secs),
-        max_attempts: w.max_attempts.max(1),
-        drain_timeout: secs(w.drain_timeout_secs),
-        workspace_root: w.workspace_root.clone(),
-        default_provider: w.default_provider.clone(),
-        default_model: w.default_model.clone(),
-        providers: cfg.provider_settings(),
-        sensitive_tools: w.sensitive_tools.clone(),
-        checkpoint_batch_max: w.checkpoint_batch_max.max(1),
-        checkpoint_writers: w.checkpoint_writers.max(1),
-        write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
-        ..WorkerConfig::default()
-    };
-    if let Some(tools) = &w.default_tools {
-        out.default_tools = tools.clone();
-    }
-    out.tool_settings.shell_enabled = w.shell_enabled;
-    out.tool_settings.allow_private_network = w.allow_private_network;
-    out.tool_settings.allowed_hosts = w.allowed_hosts.clone();
-    out
+/// Dev's settings and its workers' configuration: the same settings tree, rules and
+/// worker configuration as `agentq worker` (file, environment `env`, then dev's flags),
+/// so dev honours every setting the worker does.
+pub fn dev_config(
+    args: &DevArgs,
+    env: impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<(Settings, WorkerConfig)> {
+    let settings = Settings::resolve(args.config.as_deref(), env, |s| args.apply(s))?;
+    let wcfg = WorkerConfig::from_settings(&settings)?;
+    Ok((settings, wcfg))
 }
 
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(args.config.as_deref())?;
-    let addr = args.addr.clone().unwrap_or_else(|| cfg.api_addr.clone());
-    let mut wcfg = worker_config(&cfg);
-    if let Some(c) = args.concurrency {
-        wcfg.concurrency = c as usize;
-    }
-    if let Some(path) = &args.script {
-        wcfg.providers.script = Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("--script: cannot read {}", path.display()))?,
-        );
-    }
+    let (cfg, wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
+    let addr = cfg.api_addr.clone();
     let mut queues = cfg.scheduler.queues.clone();
     for q in &wcfg.queues {
         if !queues.contains(q) {
@@ -204,7 +80,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     }
     let stack = match (cfg.database_url.as_deref(), cfg.redis_url.as_deref()) {
         (Some(db), Some(redis)) => Stack::services(db, redis, wcfg.writer_connections()).await?,
-        (None, None) => Stack::embedded(&args.db, &queues, true).await?,
+        (None, None) => Stack::embedded(&cfg.sqlite_path, &queues, true).await?,
         (Some(_), None) => bail!(
             "AGENTQ_DATABASE_URL is set but AGENTQ_REDIS_URL is not: set both (Postgres and \
              Redis) or neither (the embedded store)"
@@ -305,4 +181,98 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("agentq dev: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: DevArgs,
+    }
+
+    fn parse(argv: &[&str]) -> DevArgs {
+        Cli::try_parse_from(std::iter::once("dev").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(name, _)| *name == k)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    /// `agentq dev` once left its sessions on the scripted model whatever
+    /// AGENTQ_DEFAULT_PROVIDER said: its workers take the provider, model, endpoint,
+    /// timings, tools and limits from the environment like `agentq worker`.
+    #[test]
+    fn dev_uses_the_default_provider_and_everything_else_from_the_environment() {
+        let (settings, wcfg) = dev_config(
+            &parse(&["--concurrency", "3"]),
+            env(&[
+                ("AGENTQ_DEFAULT_PROVIDER", "openai"),
+                ("AGENTQ_DEFAULT_MODEL", "gpt-test"),
+                ("OPENAI_BASE_URL", "http://llm:8000/v1"),
+                ("OPENAI_API_KEY", "sk-dev"),
+                ("AGENTQ_LEASE_TTL_SECS", "3"),
+                ("AGENTQ_HEARTBEAT_SECS", "1"),
+                ("AGENTQ_RECLAIM_MIN_IDLE_SECS", "4"),
+                ("AGENTQ_ALLOWED_HOSTS", "localhost:9000"),
+                ("AGENTQ_SHELL_ENABLED", "true"),
+                ("AGENTQ_MAX_ATTEMPTS", "2"),
+                ("AGENTQ_WORKER_CONCURRENCY", "50"),
+                ("AGENTQ_DB", "/tmp/dev-test.db"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(wcfg.default_provider, "openai");
+        assert_eq!(wcfg.default_model.as_deref(), Some("gpt-test"));
+        assert_eq!(
+            wcfg.providers.openai_base_url.as_deref(),
+            Some("http://llm:8000/v1")
+        );
+        assert_eq!(wcfg.providers.openai_api_key.as_deref(), Some("sk-dev"));
+        assert_eq!(wcfg.lease_ttl, Duration::from_secs(3));
+        assert_eq!(wcfg.heartbeat_interval, Duration::from_secs(1));
+        assert_eq!(wcfg.reclaim_min_idle, Duration::from_secs(4));
+        assert_eq!(wcfg.tool_settings.allowed_hosts, vec!["localhost:9000"]);
+        assert!(wcfg.tool_settings.shell_enabled);
+        assert_eq!(wcfg.max_attempts, 2);
+        // The flag beats the variable.
+        assert_eq!(wcfg.concurrency, 3);
+        assert_eq!(settings.sqlite_path, PathBuf::from("/tmp/dev-test.db"));
+    }
+
+    /// A heartbeat as long as the lease let a running session be reclaimed mid-run:
+    /// dev refuses it, as `agentq worker` does, naming the setting, variable and flag.
+    #[test]
+    fn dev_refuses_a_heartbeat_not_shorter_than_the_lease() {
+        let e = dev_config(&parse(&[]), env(&[("AGENTQ_HEARTBEAT_SECS", "6")]))
+            .unwrap_err()
+            .to_string();
+        for name in [
+            "worker.heartbeat_secs",
+            "AGENTQ_HEARTBEAT_SECS",
+            "--heartbeat-secs",
+        ] {
+            assert!(e.contains(name), "{name} not in {e}");
+        }
+        let e = dev_config(
+            &parse(&["--heartbeat-secs", "5", "--lease-ttl-secs", "4"]),
+            env(&[]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--heartbeat-secs"), "{e}");
+    }
 }

@@ -9,11 +9,13 @@ mod bench;
 mod client;
 mod demo;
 mod dev;
+mod flags;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod run;
 mod scheduler;
 mod signals;
+mod stack;
 mod watch;
 mod worker_cmd;
 

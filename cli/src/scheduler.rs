@@ -10,7 +10,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use agentq_core::config::Config;
+use agentq_core::config::Settings;
 use agentq_core::pg::{MIGRATOR, PgStore};
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Error, Store};
@@ -36,7 +36,7 @@ pub struct MigrateArgs {
     pub config: Option<PathBuf>,
 }
 
-fn database_url(cfg: &Config) -> anyhow::Result<&str> {
+fn database_url(cfg: &Settings) -> anyhow::Result<&str> {
     cfg.database_url.as_deref().ok_or_else(|| {
         anyhow!("no database configured: set AGENTQ_DATABASE_URL (or database_url in agentq.toml)")
     })
@@ -44,7 +44,7 @@ fn database_url(cfg: &Config) -> anyhow::Result<&str> {
 
 /// `agentq migrate`: bring the Postgres schema up to this binary's version.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(args.config.as_deref())?;
+    let cfg = Settings::resolve(args.config.as_deref(), |k| std::env::var(k).ok(), |_| {})?;
     let store = PgStore::connect(database_url(&cfg)?, 2)
         .await
         .context("cannot connect to Postgres")?;
@@ -79,8 +79,16 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
 
 /// `agentq scheduler`: serve the HTTP API and sweep until SIGTERM/SIGINT.
 pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(args.config.as_deref())?;
-    let addr = args.addr.clone().unwrap_or_else(|| cfg.api_addr.clone());
+    let cfg = Settings::resolve(
+        args.config.as_deref(),
+        |k| std::env::var(k).ok(),
+        |s| {
+            if let Some(addr) = &args.addr {
+                s.api_addr = addr.clone();
+            }
+        },
+    )?;
+    let addr = cfg.api_addr.clone();
     let redis_url = cfg.redis_url.as_deref().ok_or_else(|| {
         anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
     })?;

@@ -1,14 +1,21 @@
-//! Configuration of every process: an optional `agentq.toml` overlaid by the environment.
+//! The settings of every agentq process, as one typed tree ([`Settings`]) built in one
+//! order: defaults, then a TOML file (`agentq.toml`, or the path given with `--config`),
+//! then the environment, then the command's flags; then [`Settings::validate`].
 //!
-//! This module owns the file format (sections `[worker]`, `[scheduler]`, `[providers]`),
-//! every default, and which environment variables override what:
-//! `AGENTQ_DATABASE_URL`, `AGENTQ_REDIS_URL`, `AGENTQ_API_ADDR`, `AGENTQ_METRICS_ADDR`,
-//! `AGENTQ_API_URL`, `OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, and the provider keys
-//! `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`. Keys are read only from the environment: a
-//! config file is often committed or mounted from a ConfigMap, so one that names a key is
-//! refused rather than silently used.
+//! This module owns the file format (the top level and the sections `[worker]`,
+//! `[scheduler]`, `[providers]`), every default ([`Default`] of each section, and nowhere
+//! else), the environment variables that override settings ([`SETTINGS`]), and every rule
+//! a setting must follow. `Default` never reads the environment: reading it is the
+//! explicit [`Settings::load_with`] step, with the lookup given as a function so tests can
+//! inject one.
+//!
+//! Provider keys (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`) are read only from the
+//! environment, into [`Secret`]s that never print and never serialise: a config file is
+//! often committed or mounted from a ConfigMap, so one that names a key is refused rather
+//! than silently used.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,63 +28,130 @@ pub const DEFAULT_FILE: &str = "agentq.toml";
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7700";
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 pub const DEFAULT_API_URL: &str = "http://127.0.0.1:7700";
+pub const DEFAULT_SQLITE_PATH: &str = "./agentq.db";
+
+/// The providers a session (or `default_provider`) may name.
+pub const PROVIDERS: &[&str] = &["openai", "anthropic", "scripted"];
+
+/// The former name of [`Settings`].
+pub type Config = Settings;
+/// The former name of [`SchedulerSection`].
+pub type SchedulerConfig = SchedulerSection;
+/// The former name of [`ProvidersSection`].
+pub type ProvidersConfig = ProvidersSection;
 
 /// Everything a process may be configured with. Every field has a default, so an empty
 /// file (or none) is a valid configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct Config {
+pub struct Settings {
     /// Postgres; `None` means the embedded store.
     pub database_url: Option<String>,
     /// Redis; `None` means the in-process queue.
     pub redis_url: Option<String>,
+    /// The embedded store's SQLite file (`agentq dev` without Postgres and Redis).
+    pub sqlite_path: PathBuf,
     /// Where the scheduler's HTTP API listens.
     pub api_addr: String,
     /// Where `/metrics` is served by processes without the HTTP API.
     pub metrics_addr: String,
     /// Where the CLI client commands find the HTTP API.
     pub api_url: String,
-    pub worker: WorkerConfig,
-    pub scheduler: SchedulerConfig,
-    pub providers: ProvidersConfig,
+    pub worker: WorkerSection,
+    pub scheduler: SchedulerSection,
+    pub providers: ProvidersSection,
 }
 
-impl Default for Config {
+impl Default for Settings {
     fn default() -> Self {
-        Config {
+        Settings {
             database_url: None,
             redis_url: None,
+            sqlite_path: PathBuf::from(DEFAULT_SQLITE_PATH),
             api_addr: DEFAULT_API_ADDR.to_string(),
             metrics_addr: DEFAULT_METRICS_ADDR.to_string(),
             api_url: DEFAULT_API_URL.to_string(),
-            worker: WorkerConfig::default(),
-            scheduler: SchedulerConfig::default(),
-            providers: ProvidersConfig::default(),
+            worker: WorkerSection::default(),
+            scheduler: SchedulerSection::default(),
+            providers: ProvidersSection::default(),
         }
     }
 }
 
-/// `[worker]`
+/// A timing setting in seconds, fractions allowed (`0.5`), written as a plain number in
+/// the file, the environment and flags.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secs(pub f64);
+
+impl Secs {
+    /// As a `Duration`; a value [`Settings::validate`] would refuse saturates instead of
+    /// panicking (zero below, the largest duration above).
+    pub fn duration(self) -> Duration {
+        Duration::try_from_secs_f64(self.0).unwrap_or(if self.0 > 0.0 {
+            Duration::MAX
+        } else {
+            Duration::ZERO
+        })
+    }
+}
+
+impl From<u64> for Secs {
+    fn from(s: u64) -> Self {
+        Secs(s as f64)
+    }
+}
+
+impl std::fmt::Display for Secs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for Secs {
+    type Err = std::num::ParseFloatError;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        s.trim().parse().map(Secs)
+    }
+}
+
+// Whole seconds from elsewhere (a pod's termination grace period) compare with a timing
+// setting directly.
+impl PartialEq<Secs> for u64 {
+    fn eq(&self, other: &Secs) -> bool {
+        (*self as f64) == other.0
+    }
+}
+
+impl PartialOrd<Secs> for u64 {
+    fn partial_cmp(&self, other: &Secs) -> Option<std::cmp::Ordering> {
+        (*self as f64).partial_cmp(&other.0)
+    }
+}
+
+/// `[worker]`: how a worker process runs sessions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct WorkerConfig {
+pub struct WorkerSection {
     /// Sessions run at once by one worker process.
     pub concurrency: usize,
     pub queues: Vec<String>,
-    pub lease_ttl_secs: u64,
-    pub heartbeat_secs: u64,
+    pub lease_ttl_secs: Secs,
+    pub heartbeat_secs: Secs,
     /// Entries idle this long in another consumer's pending list are taken over.
-    pub reclaim_min_idle_secs: u64,
-    pub reclaim_interval_secs: u64,
+    pub reclaim_min_idle_secs: Secs,
+    pub reclaim_interval_secs: Secs,
     /// Deliveries of one entry before it is dead-lettered.
     pub max_attempts: u32,
     /// How long a SIGTERM'd worker lets running iterations reach a checkpoint.
-    pub drain_timeout_secs: u64,
+    pub drain_timeout_secs: Secs,
+    /// How long one read of the queue waits for entries.
+    pub read_block_ms: u64,
     pub workspace_root: PathBuf,
     /// Provider of sessions that name none.
     pub default_provider: String,
     pub default_model: Option<String>,
-    /// Tools of sessions that name none; `None` means the agent's default set.
+    /// Tools of sessions that name none; `None` means the agent's read-only set.
     pub default_tools: Option<Vec<String>>,
     pub shell_enabled: bool,
     /// Let http tools reach private and loopback addresses.
@@ -85,6 +159,12 @@ pub struct WorkerConfig {
     pub allowed_hosts: Vec<String>,
     /// Tools that need approval in every session, on top of each session's own list.
     pub sensitive_tools: Vec<String>,
+    /// How long a finished session's event stream is kept.
+    pub event_ttl_secs: Secs,
+    /// Deepest sub-agent nesting (a root session is depth 0).
+    pub max_depth: u32,
+    /// Most sub-agents one session may start.
+    pub max_children: usize,
     /// Group commit: most checkpoints committed together.
     pub checkpoint_batch_max: usize,
     /// Group commit: commits in flight at once.
@@ -94,17 +174,18 @@ pub struct WorkerConfig {
     pub write_ahead_grace_ms: u64,
 }
 
-impl Default for WorkerConfig {
+impl Default for WorkerSection {
     fn default() -> Self {
-        WorkerConfig {
+        WorkerSection {
             concurrency: 256,
             queues: vec!["default".to_string()],
-            lease_ttl_secs: 6,
-            heartbeat_secs: 2,
-            reclaim_min_idle_secs: 6,
-            reclaim_interval_secs: 2,
+            lease_ttl_secs: Secs(6.0),
+            heartbeat_secs: Secs(2.0),
+            reclaim_min_idle_secs: Secs(6.0),
+            reclaim_interval_secs: Secs(2.0),
             max_attempts: 5,
-            drain_timeout_secs: 30,
+            drain_timeout_secs: Secs(30.0),
+            read_block_ms: 2_000,
             workspace_root: PathBuf::from("./agentq-workspaces"),
             default_provider: "scripted".to_string(),
             default_model: None,
@@ -113,18 +194,23 @@ impl Default for WorkerConfig {
             allow_private_network: false,
             allowed_hosts: Vec::new(),
             sensitive_tools: Vec::new(),
+            event_ttl_secs: Secs(86_400.0),
+            max_depth: 3,
+            max_children: 16,
             checkpoint_batch_max: 256,
             checkpoint_writers: 2,
-            write_ahead_grace_ms: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE.as_millis()
-                as u64,
+            write_ahead_grace_ms: u64::try_from(
+                agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE.as_millis(),
+            )
+            .unwrap_or(u64::MAX),
         }
     }
 }
 
-/// `[scheduler]`
+/// `[scheduler]`: the HTTP API and the sweeper.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct SchedulerConfig {
+pub struct SchedulerSection {
     /// How often the sweeper looks for queued sessions without a stream entry.
     pub sweep_interval_secs: u64,
     /// Only sessions older than this are swept (younger ones may be between the insert
@@ -137,9 +223,9 @@ pub struct SchedulerConfig {
     pub queues: Vec<String>,
 }
 
-impl Default for SchedulerConfig {
+impl Default for SchedulerSection {
     fn default() -> Self {
-        SchedulerConfig {
+        SchedulerSection {
             sweep_interval_secs: 5,
             sweep_age_secs: 10,
             max_prompt_bytes: 1_000_000,
@@ -149,59 +235,407 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// `[providers]`: endpoints from the file or the environment; keys from the environment
-/// only (never serialised, never read from the file).
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProvidersConfig {
-    pub openai_base_url: Option<String>,
-    pub anthropic_base_url: Option<String>,
-    #[serde(skip)]
-    pub openai_api_key: Option<String>,
-    #[serde(skip)]
-    pub anthropic_api_key: Option<String>,
-}
+/// A credential: its `Debug` shows `<redacted>`, it has no `Display` and never
+/// serialises, so a logged or dumped configuration cannot leak it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
 
-// Hand-written so a logged config never shows a key.
-impl std::fmt::Debug for ProvidersConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let redact = |k: &Option<String>| k.as_ref().map(|_| "<redacted>");
-        f.debug_struct("ProvidersConfig")
-            .field("openai_base_url", &self.openai_base_url)
-            .field("anthropic_base_url", &self.anthropic_base_url)
-            .field("openai_api_key", &redact(&self.openai_api_key))
-            .field("anthropic_api_key", &redact(&self.anthropic_api_key))
-            .finish()
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
     }
 }
 
-impl Config {
-    /// Load `path` (an error if it does not exist), or `./agentq.toml` when present, then
-    /// apply the environment.
-    pub fn load(path: Option<&Path>) -> Result<Config> {
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// `[providers]`: endpoints and the scripted provider's script from the file or the
+/// environment; keys from the environment only (never serialised, never read from the
+/// file).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProvidersSection {
+    pub openai_base_url: Option<String>,
+    pub anthropic_base_url: Option<String>,
+    /// A JSON script file for the scripted provider; `None` plays its built-in demo.
+    pub script: Option<PathBuf>,
+    #[serde(skip)]
+    pub openai_api_key: Option<Secret>,
+    #[serde(skip)]
+    pub anthropic_api_key: Option<Secret>,
+}
+
+impl ProvidersSection {
+    /// The scripted provider's script, read from [`ProvidersSection::script`].
+    pub fn read_script(&self) -> Result<Option<String>> {
+        let Some(path) = &self.script else {
+            return Ok(None);
+        };
+        std::fs::read_to_string(path).map(Some).map_err(|e| {
+            Error::Config(format!(
+                "{}: cannot read {}: {e}",
+                describe("providers.script"),
+                path.display()
+            ))
+        })
+    }
+}
+
+/// Sets one setting from the text of an environment variable; the message says why the
+/// text is not a value of it.
+type Apply = fn(&mut Settings, &str) -> std::result::Result<(), String>;
+
+/// One setting's names: its dotted key in the file, the environment variable and the
+/// flag that override it (the flag of `agentq worker`, or of `agentq dev` for what only
+/// it has), and how the variable's text sets it.
+pub struct Setting {
+    pub key: &'static str,
+    pub env: Option<&'static str>,
+    pub flag: Option<&'static str>,
+    apply: Option<Apply>,
+}
+
+const fn file(key: &'static str) -> Setting {
+    Setting {
+        key,
+        env: None,
+        flag: None,
+        apply: None,
+    }
+}
+
+const fn var(
+    key: &'static str,
+    env: &'static str,
+    flag: Option<&'static str>,
+    apply: Apply,
+) -> Setting {
+    Setting {
+        key,
+        env: Some(env),
+        flag,
+        apply: Some(apply),
+    }
+}
+
+fn parse<T: std::str::FromStr>(v: &str) -> std::result::Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim()
+        .parse()
+        .map_err(|e| format!("`{v}` is not a valid value: {e}"))
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn boolean(v: &str) -> std::result::Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("`{v}` is not a boolean (true or false)")),
+    }
+}
+
+/// Every setting, in file order. The environment layer and the error messages read it;
+/// a test holds it equal to the fields of [`Settings`] and to `agentq.example.toml`.
+pub const SETTINGS: &[Setting] = &[
+    var(
+        "database_url",
+        "AGENTQ_DATABASE_URL",
+        Some("--database-url"),
+        |s, v| {
+            s.database_url = Some(v.to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "redis_url",
+        "AGENTQ_REDIS_URL",
+        Some("--redis-url"),
+        |s, v| {
+            s.redis_url = Some(v.to_string());
+            Ok(())
+        },
+    ),
+    var("sqlite_path", "AGENTQ_DB", Some("--db"), |s, v| {
+        s.sqlite_path = PathBuf::from(v);
+        Ok(())
+    }),
+    var("api_addr", "AGENTQ_API_ADDR", Some("--addr"), |s, v| {
+        s.api_addr = v.to_string();
+        Ok(())
+    }),
+    var(
+        "metrics_addr",
+        "AGENTQ_METRICS_ADDR",
+        Some("--metrics-addr"),
+        |s, v| {
+            s.metrics_addr = v.to_string();
+            Ok(())
+        },
+    ),
+    var("api_url", "AGENTQ_API_URL", Some("--api-url"), |s, v| {
+        s.api_url = v.to_string();
+        Ok(())
+    }),
+    var(
+        "worker.concurrency",
+        "AGENTQ_WORKER_CONCURRENCY",
+        Some("--concurrency"),
+        |s, v| {
+            s.worker.concurrency = parse(v)?;
+            Ok(())
+        },
+    ),
+    Setting {
+        flag: Some("--queues"),
+        ..file("worker.queues")
+    },
+    var(
+        "worker.lease_ttl_secs",
+        "AGENTQ_LEASE_TTL_SECS",
+        Some("--lease-ttl-secs"),
+        |s, v| {
+            s.worker.lease_ttl_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.heartbeat_secs",
+        "AGENTQ_HEARTBEAT_SECS",
+        Some("--heartbeat-secs"),
+        |s, v| {
+            s.worker.heartbeat_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.reclaim_min_idle_secs",
+        "AGENTQ_RECLAIM_MIN_IDLE_SECS",
+        Some("--reclaim-min-idle-secs"),
+        |s, v| {
+            s.worker.reclaim_min_idle_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.reclaim_interval_secs",
+        "AGENTQ_RECLAIM_INTERVAL_SECS",
+        Some("--reclaim-interval-secs"),
+        |s, v| {
+            s.worker.reclaim_interval_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.max_attempts",
+        "AGENTQ_MAX_ATTEMPTS",
+        Some("--max-attempts"),
+        |s, v| {
+            s.worker.max_attempts = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.drain_timeout_secs",
+        "AGENTQ_DRAIN_TIMEOUT_SECS",
+        Some("--drain-timeout-secs"),
+        |s, v| {
+            s.worker.drain_timeout_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    file("worker.read_block_ms"),
+    var(
+        "worker.workspace_root",
+        "AGENTQ_WORKSPACE_ROOT",
+        Some("--workspace-root"),
+        |s, v| {
+            s.worker.workspace_root = PathBuf::from(v);
+            Ok(())
+        },
+    ),
+    var(
+        "worker.default_provider",
+        "AGENTQ_DEFAULT_PROVIDER",
+        Some("--default-provider"),
+        |s, v| {
+            s.worker.default_provider = v.trim().to_string();
+            Ok(())
+        },
+    ),
+    var(
+        "worker.default_model",
+        "AGENTQ_DEFAULT_MODEL",
+        Some("--default-model"),
+        |s, v| {
+            s.worker.default_model = Some(v.trim().to_string());
+            Ok(())
+        },
+    ),
+    file("worker.default_tools"),
+    var(
+        "worker.shell_enabled",
+        "AGENTQ_SHELL_ENABLED",
+        Some("--enable-shell"),
+        |s, v| {
+            s.worker.shell_enabled = boolean(v)?;
+            Ok(())
+        },
+    ),
+    file("worker.allow_private_network"),
+    var(
+        "worker.allowed_hosts",
+        "AGENTQ_ALLOWED_HOSTS",
+        Some("--allowed-hosts"),
+        |s, v| {
+            s.worker.allowed_hosts = list(v);
+            Ok(())
+        },
+    ),
+    file("worker.sensitive_tools"),
+    file("worker.event_ttl_secs"),
+    file("worker.max_depth"),
+    file("worker.max_children"),
+    var(
+        "worker.checkpoint_batch_max",
+        "AGENTQ_CHECKPOINT_BATCH_MAX",
+        Some("--checkpoint-batch-max"),
+        |s, v| {
+            s.worker.checkpoint_batch_max = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.checkpoint_writers",
+        "AGENTQ_CHECKPOINT_WRITERS",
+        Some("--checkpoint-writers"),
+        |s, v| {
+            s.worker.checkpoint_writers = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.write_ahead_grace_ms",
+        "AGENTQ_WRITE_AHEAD_GRACE_MS",
+        Some("--write-ahead-grace-ms"),
+        |s, v| {
+            s.worker.write_ahead_grace_ms = parse(v)?;
+            Ok(())
+        },
+    ),
+    file("scheduler.sweep_interval_secs"),
+    file("scheduler.sweep_age_secs"),
+    file("scheduler.max_prompt_bytes"),
+    file("scheduler.max_batch"),
+    file("scheduler.queues"),
+    var(
+        "providers.openai_base_url",
+        "OPENAI_BASE_URL",
+        None,
+        |s, v| {
+            s.providers.openai_base_url = Some(v.trim().to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "providers.anthropic_base_url",
+        "ANTHROPIC_BASE_URL",
+        None,
+        |s, v| {
+            s.providers.anthropic_base_url = Some(v.trim().to_string());
+            Ok(())
+        },
+    ),
+    var(
+        "providers.script",
+        "AGENTQ_SCRIPT",
+        Some("--script"),
+        |s, v| {
+            s.providers.script = Some(PathBuf::from(v));
+            Ok(())
+        },
+    ),
+];
+
+type SetKey = fn(&mut ProvidersSection, Option<Secret>);
+
+/// The provider keys: environment only, no file key, no flag.
+const KEYS: &[(&str, SetKey)] = &[
+    ("OPENAI_API_KEY", |p, k| p.openai_api_key = k),
+    ("ANTHROPIC_API_KEY", |p, k| p.anthropic_api_key = k),
+];
+
+/// How a message names a setting: its key, and the variable and flag that set it.
+pub fn describe(key: &str) -> String {
+    let Some(s) = SETTINGS.iter().find(|s| s.key == key) else {
+        return format!("`{key}`");
+    };
+    let others: Vec<&str> = s.env.iter().chain(s.flag.iter()).copied().collect();
+    if others.is_empty() {
+        format!("`{key}`")
+    } else {
+        format!("`{key}` ({})", others.join(", "))
+    }
+}
+
+impl Settings {
+    /// [`Settings::load_with`] on the process environment.
+    pub fn load(path: Option<&Path>) -> Result<Settings> {
         Self::load_with(path, |k| std::env::var(k).ok())
     }
 
-    /// [`Config::load`] with the environment given as a lookup function (tests cannot
-    /// safely mutate the process environment).
-    pub fn load_with(path: Option<&Path>, env: impl Fn(&str) -> Option<String>) -> Result<Config> {
-        let mut cfg = match path {
+    /// The file (`path`, an error if it does not exist; else `./agentq.toml` when
+    /// present), then the environment given as a lookup function. Not validated: a
+    /// command adds its flags first ([`Settings::resolve`]).
+    pub fn load_with(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings> {
+        let mut settings = match path {
             Some(p) => Self::from_file(p)?,
             None => {
                 let p = Path::new(DEFAULT_FILE);
                 if p.is_file() {
                     Self::from_file(p)?
                 } else {
-                    Config::default()
+                    Settings::default()
                 }
             }
         };
-        cfg.apply_env(env);
-        Ok(cfg)
+        settings.apply_env(env)?;
+        Ok(settings)
+    }
+
+    /// What every command that runs something builds its settings with: the file, the
+    /// environment, then `flags` (the command's own overrides), validated.
+    pub fn resolve(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        flags: impl FnOnce(&mut Settings),
+    ) -> Result<Settings> {
+        let mut settings = Self::load_with(path, env)?;
+        flags(&mut settings);
+        settings.validate()?;
+        Ok(settings)
     }
 
     /// Parse a TOML file (no environment applied).
-    pub fn from_file(path: &Path) -> Result<Config> {
+    pub fn from_file(path: &Path) -> Result<Settings> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
         Self::from_toml(&text).map_err(|e| match e {
@@ -211,7 +645,7 @@ impl Config {
     }
 
     /// Parse TOML text (no environment applied).
-    pub fn from_toml(text: &str) -> Result<Config> {
+    pub fn from_toml(text: &str) -> Result<Settings> {
         // Checked before parsing so the message says why, not just "unknown field".
         let raw: toml::Table =
             toml::from_str(text).map_err(|e| Error::Config(e.to_string().trim().to_string()))?;
@@ -224,41 +658,34 @@ impl Config {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string().trim().to_string()))
     }
 
-    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) {
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
         // An empty variable counts as unset (a common result of `FOO= cmd` or templating).
         let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
-        if let Some(v) = var("AGENTQ_DATABASE_URL") {
-            self.database_url = Some(v);
+        for s in SETTINGS {
+            let (Some(name), Some(apply)) = (s.env, s.apply) else {
+                continue;
+            };
+            if let Some(v) = var(name) {
+                apply(self, &v)
+                    .map_err(|why| Error::Config(format!("{name} (`{}`): {why}", s.key)))?;
+            }
         }
-        if let Some(v) = var("AGENTQ_REDIS_URL") {
-            self.redis_url = Some(v);
+        for (name, set) in KEYS {
+            set(&mut self.providers, var(name).map(Secret::new));
         }
-        if let Some(v) = var("AGENTQ_API_ADDR") {
-            self.api_addr = v;
-        }
-        if let Some(v) = var("AGENTQ_METRICS_ADDR") {
-            self.metrics_addr = v;
-        }
-        if let Some(v) = var("AGENTQ_API_URL") {
-            self.api_url = v;
-        }
-        if let Some(v) = var("OPENAI_BASE_URL") {
-            self.providers.openai_base_url = Some(v);
-        }
-        if let Some(v) = var("ANTHROPIC_BASE_URL") {
-            self.providers.anthropic_base_url = Some(v);
-        }
-        self.providers.openai_api_key = var("OPENAI_API_KEY");
-        self.providers.anthropic_api_key = var("ANTHROPIC_API_KEY");
+        Ok(())
     }
 
-    /// What the agent's provider factory needs.
+    /// What the agent's provider factory needs: endpoints and keys (the script is read
+    /// separately, by [`ProvidersSection::read_script`]).
     pub fn provider_settings(&self) -> ProviderSettings {
+        let p = &self.providers;
+        let key = |k: &Option<Secret>| k.as_ref().map(|s| s.expose().to_string());
         ProviderSettings {
-            openai_base_url: self.providers.openai_base_url.clone(),
-            openai_api_key: self.providers.openai_api_key.clone(),
-            anthropic_base_url: self.providers.anthropic_base_url.clone(),
-            anthropic_api_key: self.providers.anthropic_api_key.clone(),
+            openai_base_url: p.openai_base_url.clone(),
+            openai_api_key: key(&p.openai_api_key),
+            anthropic_base_url: p.anthropic_base_url.clone(),
+            anthropic_api_key: key(&p.anthropic_api_key),
             script: None,
         }
     }
@@ -304,181 +731,7 @@ pub fn is_credential_name(name: &str) -> bool {
         || n == "key"
 }
 
+mod validate;
+
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use std::collections::HashMap;
-
-    use super::*;
-
-    fn no_env(_: &str) -> Option<String> {
-        None
-    }
-
-    #[test]
-    fn defaults() {
-        let c = Config::default();
-        assert_eq!(c.api_addr, "127.0.0.1:7700");
-        assert_eq!(c.metrics_addr, "127.0.0.1:9464");
-        assert_eq!(c.api_url, "http://127.0.0.1:7700");
-        assert_eq!(c.database_url, None);
-        assert_eq!(c.redis_url, None);
-        assert_eq!(c.worker.concurrency, 256);
-        assert_eq!(c.worker.queues, vec!["default"]);
-        assert_eq!(c.worker.lease_ttl_secs, 6);
-        assert_eq!(c.worker.heartbeat_secs, 2);
-        assert_eq!(c.worker.reclaim_min_idle_secs, 6);
-        assert_eq!(c.worker.reclaim_interval_secs, 2);
-        assert_eq!(c.worker.max_attempts, 5);
-        assert_eq!(c.worker.drain_timeout_secs, 30);
-        assert_eq!(
-            c.worker.workspace_root,
-            PathBuf::from("./agentq-workspaces")
-        );
-        assert_eq!(c.worker.default_provider, "scripted");
-        assert_eq!(c.worker.default_model, None);
-        assert_eq!(c.worker.default_tools, None);
-        assert!(!c.worker.shell_enabled);
-        assert!(!c.worker.allow_private_network);
-        assert!(c.worker.allowed_hosts.is_empty());
-        assert!(c.worker.sensitive_tools.is_empty());
-        assert_eq!(c.worker.checkpoint_batch_max, 256);
-        assert_eq!(c.worker.checkpoint_writers, 2);
-        assert_eq!(c.worker.write_ahead_grace_ms, 250);
-        assert_eq!(c.scheduler.sweep_interval_secs, 5);
-        assert_eq!(c.scheduler.sweep_age_secs, 10);
-        assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);
-        assert_eq!(c.scheduler.max_batch, 10_000);
-        assert_eq!(c.scheduler.queues, vec!["default"]);
-        // An empty file is the defaults.
-        assert_eq!(Config::from_toml("").unwrap(), c);
-    }
-
-    #[test]
-    fn file_sections() {
-        let c = Config::from_toml(
-            r#"
-            database_url = "postgres://db/agentq"
-            api_addr = "0.0.0.0:8080"
-
-            [worker]
-            concurrency = 8
-            queues = ["default", "batch"]
-            default_provider = "openai"
-            default_model = "gpt-4o"
-            default_tools = ["read_file"]
-            shell_enabled = true
-
-            [scheduler]
-            sweep_interval_secs = 1
-            max_batch = 50
-
-            [providers]
-            openai_base_url = "http://llm:8000/v1"
-            "#,
-        )
-        .unwrap();
-        assert_eq!(c.database_url.as_deref(), Some("postgres://db/agentq"));
-        assert_eq!(c.api_addr, "0.0.0.0:8080");
-        // Unset fields keep their defaults.
-        assert_eq!(c.metrics_addr, DEFAULT_METRICS_ADDR);
-        assert_eq!(c.worker.concurrency, 8);
-        assert_eq!(c.worker.queues, vec!["default", "batch"]);
-        assert_eq!(c.worker.default_provider, "openai");
-        assert_eq!(c.worker.default_model.as_deref(), Some("gpt-4o"));
-        assert_eq!(c.worker.default_tools, Some(vec!["read_file".to_string()]));
-        assert!(c.worker.shell_enabled);
-        assert_eq!(c.worker.lease_ttl_secs, 6);
-        assert_eq!(c.scheduler.sweep_interval_secs, 1);
-        assert_eq!(c.scheduler.max_batch, 50);
-        assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);
-        assert_eq!(
-            c.providers.openai_base_url.as_deref(),
-            Some("http://llm:8000/v1")
-        );
-    }
-
-    #[test]
-    fn file_errors() {
-        let e = Config::from_toml("[worker]\nconcurency = 3\n").unwrap_err();
-        assert!(e.to_string().contains("concurency"), "{e}");
-        let e = Config::from_toml("[worker]\nconcurrency = \"many\"\n").unwrap_err();
-        assert!(e.to_string().contains("concurrency"), "{e}");
-        let e = Config::from_toml("[providers]\nopenai_api_key = \"sk-1\"\n").unwrap_err();
-        let msg = e.to_string();
-        assert!(msg.contains("providers.openai_api_key"), "{msg}");
-        assert!(msg.contains("OPENAI_API_KEY"), "{msg}");
-        assert!(!msg.contains("sk-1"), "{msg}");
-        let e = Config::load_with(Some(Path::new("/nonexistent/agentq.toml")), no_env).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/agentq.toml"), "{e}");
-    }
-
-    #[test]
-    fn load_file_then_env() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("agentq.toml");
-        std::fs::write(
-            &path,
-            "redis_url = \"redis://file:6379\"\napi_addr = \"0.0.0.0:1\"\n\
-             [providers]\nanthropic_base_url = \"http://file\"\n",
-        )
-        .unwrap();
-
-        let c = Config::load_with(Some(&path), no_env).unwrap();
-        assert_eq!(c.redis_url.as_deref(), Some("redis://file:6379"));
-        assert_eq!(c.api_addr, "0.0.0.0:1");
-        assert_eq!(c.providers.openai_api_key, None);
-
-        let env: HashMap<&str, &str> = [
-            ("AGENTQ_DATABASE_URL", "postgres://env/db"),
-            ("AGENTQ_REDIS_URL", "redis://env:6379"),
-            ("AGENTQ_API_ADDR", "127.0.0.1:9999"),
-            ("AGENTQ_METRICS_ADDR", "127.0.0.1:9998"),
-            ("AGENTQ_API_URL", "http://api:1"),
-            ("ANTHROPIC_BASE_URL", "http://env"),
-            ("OPENAI_API_KEY", "sk-env"),
-            ("ANTHROPIC_API_KEY", ""),
-        ]
-        .into_iter()
-        .collect();
-        let c = Config::load_with(Some(&path), |k| env.get(k).map(|v| v.to_string())).unwrap();
-        assert_eq!(c.database_url.as_deref(), Some("postgres://env/db"));
-        assert_eq!(c.redis_url.as_deref(), Some("redis://env:6379"));
-        assert_eq!(c.api_addr, "127.0.0.1:9999");
-        assert_eq!(c.metrics_addr, "127.0.0.1:9998");
-        assert_eq!(c.api_url, "http://api:1");
-        assert_eq!(
-            c.providers.anthropic_base_url.as_deref(),
-            Some("http://env")
-        );
-        assert_eq!(c.providers.openai_api_key.as_deref(), Some("sk-env"));
-        // Empty means unset.
-        assert_eq!(c.providers.anthropic_api_key, None);
-        // Keys never show in Debug output and are never serialised.
-        assert!(!format!("{c:?}").contains("sk-env"));
-        assert!(!serde_json::to_string(&c).unwrap().contains("sk-env"));
-        let s = c.provider_settings();
-        assert_eq!(s.openai_api_key.as_deref(), Some("sk-env"));
-        assert_eq!(s.anthropic_base_url.as_deref(), Some("http://env"));
-    }
-
-    #[test]
-    fn credential_names() {
-        for n in [
-            "api_key",
-            "apiKey",
-            "openai_api_key",
-            "x-api-key",
-            "client_secret",
-            "password",
-            "access_token",
-            "Authorization",
-            "token",
-        ] {
-            assert!(is_credential_name(n), "{n}");
-        }
-        for n in ["token_budget", "max_tokens", "prompt", "keywords", "monkey"] {
-            assert!(!is_credential_name(n), "{n}");
-        }
-    }
-}
+mod tests;

@@ -58,6 +58,7 @@ pub struct Metrics {
     pub lease_lost: IntCounter,
     pub sessions_reclaimed: IntCounter,
     pub dead_letter: IntCounter,
+    pub events_dropped: IntCounterVec,
     pub queue_length: IntGaugeVec,
     pub queue_pending: IntGaugeVec,
     pub queue_lag: IntGaugeVec,
@@ -250,6 +251,12 @@ impl Metrics {
                 &r,
                 "agentq_dead_letter_total",
                 "Sessions moved to the dead-letter stream.",
+            ),
+            events_dropped: counter_vec(
+                &r,
+                "agentq_events_dropped_total",
+                "Session events a worker dropped instead of streaming them, because its event writer was behind (Redis slow or down); deltas go first.",
+                &["kind"],
             ),
             queue_length: gauge_vec(
                 &r,

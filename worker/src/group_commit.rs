@@ -1,9 +1,10 @@
-//! Group commit (DESIGN §3): the checkpoints of all the sessions a worker runs go through
-//! one writer, which commits whatever is ready together — one statement, one durable
-//! commit — and acknowledges each session's step only once that commit is. A lone
-//! checkpoint goes out at once (nothing waits to fill a batch); under load the next batch
-//! gathers while the previous ones commit, so the commit rate, not the session count,
-//! bounds the store's work.
+//! Group commit: the checkpoints of all the sessions a worker runs go through one writer,
+//! which commits whatever is ready together — one statement, one durable commit — and
+//! acknowledges each session's step only once that commit is. A durable commit per
+//! checkpoint would make the store's commit rate, not the sessions, bound a worker. A
+//! lone checkpoint goes out at once (nothing waits to fill a batch); under load the next
+//! batch gathers while the previous ones commit, so the commit rate, not the session
+//! count, bounds the store's work.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! in batches.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -140,26 +140,101 @@ pub fn overhead_tap() -> &'static OverheadTap {
     })
 }
 
+/// Event records a worker holds for its event writer at most. Text and thinking deltas
+/// are refused once a quarter of this room is left; every other event may use it all.
+/// Sized for a few seconds of deltas from every session of a busy worker: the writer
+/// appends batches of up to 512 records, so the buffer only fills when Redis is slow or
+/// down.
+pub const EVENT_BUFFER: usize = 16_384;
+
+/// The sessions' side of the event channel. [`EventSink::emit`] must not block the agent
+/// loop, so a full channel never waits: when the writer is behind, what does not fit is
+/// dropped and counted (`agentq_events_dropped_total{kind}` and
+/// [`crate::Worker::events_dropped`]). Deltas go first, while room is kept for the events
+/// a follower needs to make sense of a session (tool calls and results, iteration and
+/// completion events); those are dropped only when the channel is completely full.
+/// Nothing is lost for the session itself: its transcript is in the store, and the
+/// event stream is for following it live.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: mpsc::Sender<EventRecord>,
+    metrics: &'static Metrics,
+    dropped: Arc<AtomicU64>,
+}
+
+/// A bounded event channel of `capacity` records (at least 4).
+pub fn event_channel(
+    capacity: usize,
+    metrics: &'static Metrics,
+) -> (EventSender, mpsc::Receiver<EventRecord>) {
+    let (tx, rx) = mpsc::channel(capacity.max(4));
+    (
+        EventSender {
+            tx,
+            metrics,
+            dropped: Arc::new(AtomicU64::new(0)),
+        },
+        rx,
+    )
+}
+
+impl EventSender {
+    /// Hand `record` (an event of `kind`) to the writer without waiting; whether it went.
+    pub fn send(&self, record: EventRecord, kind: EventKind) -> bool {
+        let delta = matches!(kind, EventKind::TextDelta | EventKind::ThinkingDelta);
+        if delta && self.tx.capacity() <= self.tx.max_capacity() / 4 {
+            self.drop_one(kind);
+            return false;
+        }
+        match self.tx.try_send(record) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.drop_one(kind);
+                false
+            }
+            // The writer has stopped: the worker is shutting down.
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+
+    /// Events dropped so far because the channel was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn drop_one(&self, kind: EventKind) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .events_dropped
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+}
+
 /// The `EventSink` of one run: stamps events with the session and the run's lease epoch
 /// and hands them to the worker's writer.
 pub struct StreamSink {
     pub session_id: String,
     pub epoch: i64,
-    pub tx: mpsc::UnboundedSender<EventRecord>,
+    pub tx: EventSender,
 }
 
 impl EventSink for StreamSink {
     fn emit(&self, seq: usize, event: AgentEvent) {
+        let kind = EventKind::of(&event);
         let Ok(data) = serde_json::to_string(&event) else {
             return;
         };
-        let _ = self.tx.send(EventRecord {
-            session_id: self.session_id.clone(),
-            id: String::new(),
-            seq: seq as u64,
-            epoch: self.epoch,
-            data,
-        });
+        self.tx.send(
+            EventRecord {
+                session_id: self.session_id.clone(),
+                id: String::new(),
+                seq: seq as u64,
+                epoch: self.epoch,
+                data,
+            },
+            kind,
+        );
     }
 }
 
@@ -169,7 +244,7 @@ impl EventSink for StreamSink {
 /// (the store holds the transcript).
 pub async fn event_writer(
     queue: Arc<dyn Queue>,
-    mut rx: mpsc::UnboundedReceiver<EventRecord>,
+    mut rx: mpsc::Receiver<EventRecord>,
     stop: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(256);
@@ -221,4 +296,70 @@ pub async fn died_mid_llm_call(
         .iter()
         .filter(|e| e.epoch == prev_epoch && e.seq == committed as u64)
         .any(|e| EventKind::of_json(&e.data).is_some_and(EventKind::marks_llm_call))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn sink(capacity: usize) -> (StreamSink, mpsc::Receiver<EventRecord>, &'static Metrics) {
+        let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        let (tx, rx) = event_channel(capacity, metrics);
+        let sink = StreamSink {
+            session_id: "s".into(),
+            epoch: 1,
+            tx,
+        };
+        (sink, rx, metrics)
+    }
+
+    fn delta() -> AgentEvent {
+        AgentEvent::TextDelta { text: "x".into() }
+    }
+
+    fn call() -> AgentEvent {
+        AgentEvent::ToolCall {
+            id: "c".into(),
+            name: "read_file".into(),
+            arguments: serde_json::json!({}),
+        }
+    }
+
+    /// With the writer stalled, `emit` never waits: deltas stop at three quarters of the
+    /// buffer, other events fill the rest, and what does not fit is counted by kind.
+    #[test]
+    fn a_full_channel_drops_deltas_first_and_never_blocks() {
+        let (sink, mut rx, metrics) = sink(8);
+        for i in 0..20 {
+            sink.emit(i, delta());
+        }
+        // 8 slots, a quarter (2) kept for events that are not deltas.
+        assert_eq!(sink.tx.dropped(), 14);
+        for i in 0..5 {
+            sink.emit(20 + i, call());
+        }
+        assert_eq!(sink.tx.dropped(), 17, "2 tool calls fit, 3 did not");
+        let dropped = |kind: &str| metrics.events_dropped.with_label_values(&[kind]).get();
+        assert_eq!(dropped("text_delta"), 14);
+        assert_eq!(dropped("tool_call"), 3);
+
+        let mut got = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            got.push(EventKind::of_json(&r.data).unwrap());
+        }
+        assert_eq!(got.len(), 8);
+        assert_eq!(got.iter().filter(|k| **k == EventKind::ToolCall).count(), 2);
+
+        // Drained, deltas flow again.
+        sink.emit(30, delta());
+        assert_eq!(rx.try_recv().unwrap().seq, 30);
+        assert_eq!(sink.tx.dropped(), 17);
+
+        // A stopped writer is a shutdown, not a drop.
+        drop(rx);
+        sink.emit(31, call());
+        assert_eq!(sink.tx.dropped(), 17);
+    }
 }

@@ -21,15 +21,48 @@ use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 use crate::checkpoint::StoreCheckpointer;
 use crate::inbox::SessionInbox;
 use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
+use crate::runs::Active;
 use crate::spawn::{self, SpawnAgent};
-use crate::{Active, Backoff, Inner};
+use crate::{Backoff, Inner, Result};
 
-pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) {
+/// What processing one delivery came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The session is terminal (it finished now, or in an earlier run): its parent was
+    /// told, its completion published and its entry acknowledged — unless `acked` is
+    /// false, when a step failed and the entry stays for a redelivery to settle it.
+    Finished { acked: bool },
+    /// The run gave the session up to wait (for children, an approval, a message); the
+    /// entry is acknowledged and whatever it waits for enqueues it again.
+    Suspended,
+    /// Stopped at a checkpoint for shutdown: the lease was released, the session put back
+    /// on the queue and the entry acknowledged.
+    HandedBack,
+    /// Another worker took the lease: the run stopped without writing anything more.
+    LeaseLost,
+    /// Another worker's live lease: the entry is left for that worker (or the reclaimer).
+    Busy,
+    /// Not runnable now, or unknown: the entry was dropped.
+    Dropped,
+    /// Delivered too many times without finishing: failed, and moved to the dead-letter
+    /// stream.
+    DeadLettered,
+    /// Another entry of a session running here: it runs once that run has ended.
+    Deferred,
+    /// This very entry is being processed here already.
+    AlreadyRunning,
+    /// The store or the queue failed after the claim: the entry stays pending, the lease
+    /// expires, and a redelivery resumes from the last checkpoint.
+    Left,
+}
+
+pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     let span = info_span!("session", session_id = %d.session_id, queue = %d.queue);
     handle_inner(inner, d).instrument(span).await
 }
 
-async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
+async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     let claimed_at = Instant::now();
     let claim = inner
         .store
@@ -45,29 +78,34 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
         Err(e) => {
             // The entry stays pending; the reclaimer hands it out again later.
             warn!(error = %e, "claim failed; leaving the entry for a retry");
-            return;
+            return Err(e.into());
         }
     };
-    match claim {
+    Ok(match claim {
         Claim::Acquired { lease, state, row } => {
             run(inner, d, lease, *state, *row, claimed_at).await
         }
         Claim::Terminal(row) => {
             // Finished already (its completion may not have gone out, nor its parent been
             // told): settle again — every step is idempotent — never run again.
-            settle_finished(&inner, &d, &row).await;
+            Processed::Finished {
+                acked: settle_finished(&inner, &d, &row).await,
+            }
         }
         Claim::Busy => {
             // Another worker's live lease: leave the entry; if that worker dies, the
             // reclaimer brings it back and the lease will have expired.
+            Processed::Busy
         }
         Claim::NotRunnable(status) => {
             info!(%status, "session is not runnable now; dropping the entry");
             ack(&inner, &d).await;
+            Processed::Dropped
         }
         Claim::NotFound => {
             warn!("entry for an unknown session; dropping it");
             ack(&inner, &d).await;
+            Processed::Dropped
         }
         Claim::Exhausted(row) => {
             let reason = format!(
@@ -77,15 +115,18 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
             error!(%reason, "dead-lettering session");
             let failed = match inner.store.fail(&d.session_id, &reason).await {
                 Ok(Some(r)) => r,
-                Ok(None) => return ack(&inner, &d).await,
+                Ok(None) => {
+                    ack(&inner, &d).await;
+                    return Ok(Processed::Dropped);
+                }
                 Err(e) => {
                     warn!(error = %e, "failing an exhausted session failed; will retry");
-                    return;
+                    return Ok(Processed::Left);
                 }
             };
             if let Err(e) = inner.queue.dead_letter(&d, &reason).await {
                 warn!(error = %e, "dead-lettering failed; will retry");
-                return;
+                return Ok(Processed::Left);
             }
             inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             inner.metrics.dead_letter.inc();
@@ -96,8 +137,9 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) {
                 .inc();
             tell_family(&inner, &failed).await;
             publish(&inner, &failed).await;
+            Processed::DeadLettered
         }
-    }
+    })
 }
 
 async fn run(
@@ -107,7 +149,7 @@ async fn run(
     mut state: SessionState,
     row: SessionRow,
     claimed_at: Instant,
-) {
+) -> Processed {
     // A later claim of the session (its first run may have died before checkpointing
     // anything, so `started_at` alone would miss it).
     let resumed = state.started_at.is_some() || lease.epoch > 1;
@@ -118,24 +160,7 @@ async fn run(
     m.sessions_started
         .with_label_values(&[d.queue.as_str()])
         .inc();
-    let observer = Arc::new(SessionObserver {
-        metrics: m,
-        queue: d.queue.clone(),
-        reissue_pending: std::sync::atomic::AtomicBool::new(false),
-    });
-    if resumed
-        && state.outcome.is_none()
-        && state.pending_calls().is_empty()
-        && died_mid_llm_call(
-            inner.queue.as_ref(),
-            &d.session_id,
-            state.messages.len(),
-            lease.epoch,
-        )
-        .await
-    {
-        observer.reissue_pending.store(true, Ordering::SeqCst);
-    }
+    let observer = observer_for(&inner, &d, &state, &lease, resumed).await;
     let cancel = CancellationToken::new();
     if row.cancel_requested {
         cancel.cancel();
@@ -160,7 +185,7 @@ async fn run(
     }
     let interrupter = Interrupter::new();
     let settling = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let woken_meanwhile = inner.register(
+    let woken_meanwhile = inner.runs.register(
         &d.session_id,
         Active {
             lease: lease.clone(),
@@ -188,7 +213,7 @@ async fn run(
         .await;
 
     let checkpointer = Arc::new(StoreCheckpointer::new(
-        inner.commits.clone(),
+        inner.pipeline.commits.clone(),
         lease.clone(),
         inner.draining.clone(),
         inner.cfg.lease_ttl * 10,
@@ -198,7 +223,7 @@ async fn run(
     let sink = Arc::new(StreamSink {
         session_id: d.session_id.clone(),
         epoch: lease.epoch,
-        tx: inner.events.clone(),
+        tx: inner.pipeline.events.clone(),
     });
     let committed = checkpointer.clone();
     let parts = AgentParts {
@@ -237,35 +262,13 @@ async fn run(
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
             m.lease_lost.inc();
             warn!("run aborted: lease lost");
+            Processed::LeaseLost
         }
         Some(Ok(RunEnd::Finished(outcome))) => {
-            info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
-            inner.stats.completed.fetch_add(1, Ordering::Relaxed);
-            m.sessions_finished
-                .with_label_values(&[d.queue.as_str(), outcome.reason.as_str()])
-                .inc();
-            m.session_iterations.observe(f64::from(state.iteration));
-            m.session_tokens.observe(state.usage.total() as f64);
-            if let Err(e) = inner
-                .queue
-                .expire_events(&d.session_id, inner.cfg.event_ttl)
-                .await
-            {
-                warn!(error = %e, "setting the event stream's expiry failed");
-            }
-            let row = match committed.take_finished() {
-                Some(row) => Some(row),
-                None => get_row(&inner, &d.session_id).await,
-            };
-            match row {
-                Some(row) => settle_finished(&inner, &d, &row).await,
-                None => {
-                    warn!("finished, but its row could not be read; the entry will be redelivered")
-                }
-            }
+            finished(&inner, &d, &state, &outcome, &committed).await
         }
         Some(Ok(RunEnd::Suspended(reason))) => {
-            suspend(&inner, &d, &lease, &row, &state, reason).await;
+            suspend(&inner, &d, &lease, &row, &state, reason).await
         }
         Some(Err(agentq_agent::Error::LeaseLost)) => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
@@ -273,17 +276,91 @@ async fn run(
             warn!(
                 "lease lost at a checkpoint: another worker owns the session; stopping without writes"
             );
+            Processed::LeaseLost
         }
         Some(Err(agentq_agent::Error::Stopped)) => {
             info!("stopped at a checkpoint for shutdown; handing the session back");
-            hand_back(&inner, &d, &lease).await;
+            if hand_back(&inner, &d, &lease).await {
+                Processed::HandedBack
+            } else {
+                Processed::Left
+            }
         }
         Some(Err(e)) => {
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
             error!(error = %e, "run stopped: checkpoint failed");
+            Processed::Left
         }
     }
+}
+
+/// The run's metrics; a resumed run whose predecessor died during an LLM call counts the
+/// call it issues again.
+async fn observer_for(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    state: &SessionState,
+    lease: &Lease,
+    resumed: bool,
+) -> Arc<SessionObserver> {
+    let observer = Arc::new(SessionObserver {
+        metrics: inner.metrics,
+        queue: d.queue.clone(),
+        reissue_pending: std::sync::atomic::AtomicBool::new(false),
+    });
+    if resumed
+        && state.outcome.is_none()
+        && state.pending_calls().is_empty()
+        && died_mid_llm_call(
+            inner.queue.as_ref(),
+            &d.session_id,
+            state.messages.len(),
+            lease.epoch,
+        )
+        .await
+    {
+        observer.reissue_pending.store(true, Ordering::SeqCst);
+    }
+    observer
+}
+
+/// The run finished the session: count it, let its event stream expire, and settle it
+/// with the row its final checkpoint returned (or read back).
+async fn finished(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    state: &SessionState,
+    outcome: &Outcome,
+    committed: &StoreCheckpointer,
+) -> Processed {
+    let m = inner.metrics;
+    info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
+    inner.stats.completed.fetch_add(1, Ordering::Relaxed);
+    m.sessions_finished
+        .with_label_values(&[d.queue.as_str(), outcome.reason.as_str()])
+        .inc();
+    m.session_iterations.observe(f64::from(state.iteration));
+    m.session_tokens.observe(state.usage.total() as f64);
+    if let Err(e) = inner
+        .queue
+        .expire_events(&d.session_id, inner.cfg.event_ttl)
+        .await
+    {
+        warn!(error = %e, "setting the event stream's expiry failed");
+    }
+    let row = match committed.take_finished() {
+        Some(row) => Some(row),
+        None => get_row(inner, &d.session_id).await,
+    };
+    let acked = match row {
+        Some(row) => settle_finished(inner, d, &row).await,
+        None => {
+            warn!("finished, but its row could not be read; the entry will be redelivered");
+            false
+        }
+    };
+    Processed::Finished { acked }
 }
 
 /// Removes the session from the worker's active set when the run is fully settled.
@@ -291,7 +368,7 @@ struct ActiveGuard<'a>(&'a Arc<Inner>, &'a str);
 
 impl Drop for ActiveGuard<'_> {
     fn drop(&mut self) {
-        self.0.finish_active(self.1);
+        self.0.runs.finish(self.1);
     }
 }
 
@@ -313,7 +390,7 @@ async fn suspend(
     row: &SessionRow,
     state: &SessionState,
     reason: SuspendReason,
-) {
+) -> Processed {
     let (status, deadline) = match reason {
         SuspendReason::Children => (SessionStatus::Waiting, None),
         SuspendReason::Approval { .. } => (
@@ -347,22 +424,28 @@ async fn suspend(
                 s if s.is_terminal() => {
                     tell_family(inner, &now).await;
                     if !publish(inner, &now).await {
-                        return;
+                        return Processed::Finished { acked: false };
                     }
+                    return Processed::Finished {
+                        acked: ack(inner, d).await,
+                    };
                 }
                 _ => {}
             }
             ack(inner, d).await;
+            Processed::Suspended
         }
         Err(agentq_core::Error::LeaseLost(_)) => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
             inner.metrics.lease_lost.inc();
             warn!("lease lost while suspending: another worker owns the session");
+            Processed::LeaseLost
         }
         Err(e) => {
             // The entry stays; the lease expires and another claim resumes (and, with
             // nothing new, suspends again).
             warn!(error = %e, "suspending failed");
+            Processed::Left
         }
     }
 }
@@ -381,15 +464,15 @@ async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
 
 /// Everything after a terminal commit, in an order that survives a crash at any point
 /// (each step is idempotent and the entry is acked last): parent, children, follow-up
-/// turn, completion, ack.
-async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) {
+/// turn, completion, ack. Whether the entry was acked.
+async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
     tell_family(inner, row).await;
     match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
         Ok(true) => info!("started an enqueued follow-up turn"),
         Ok(false) => {}
         Err(e) => warn!(error = %e, "starting a follow-up turn failed; a redelivery retries"),
     }
-    publish_and_ack(inner, d, row).await;
+    publish_and_ack(inner, d, row).await
 }
 
 fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Result<Agent, String> {
@@ -472,11 +555,11 @@ async fn get_row(inner: &Arc<Inner>, id: &str) -> Option<SessionRow> {
 
 /// Give a session back after a graceful stop: release the lease, put a fresh entry on the
 /// queue so any worker resumes it at once, and ack the old one. A crash in between only
-/// leaves duplicates, which the lease makes harmless.
-async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) {
+/// leaves duplicates, which the lease makes harmless. Whether it got that far.
+async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> bool {
     if let Err(e) = inner.store.release(lease).await {
         warn!(error = %e, "releasing the lease failed; it will expire instead");
-        return;
+        return false;
     }
     if let Err(e) = inner
         .queue
@@ -484,9 +567,9 @@ async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) {
         .await
     {
         warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
-        return;
+        return false;
     }
-    ack(inner, d).await;
+    ack(inner, d).await
 }
 
 async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
@@ -509,13 +592,12 @@ async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
     }
 }
 
-async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) {
-    if publish(inner, row).await {
-        ack(inner, d).await;
-    }
+async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
+    publish(inner, row).await && ack(inner, d).await
 }
 
-async fn ack(inner: &Arc<Inner>, d: &Delivery) {
+/// Whether the entry was acked (a few tries).
+async fn ack(inner: &Arc<Inner>, d: &Delivery) -> bool {
     let mut backoff = Backoff::new();
     for _ in 0..10 {
         match inner
@@ -523,11 +605,12 @@ async fn ack(inner: &Arc<Inner>, d: &Delivery) {
             .ack(&d.queue, std::slice::from_ref(&d.entry_id))
             .await
         {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(e) => {
                 warn!(error = %e, "ack failed; retrying");
                 tokio::time::sleep(backoff.next()).await;
             }
         }
     }
+    false
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
@@ -9,7 +10,7 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{RedisServer, shared_postgres};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Processed, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
 const SCRIPT: &str = r#"{"turns":[
@@ -260,4 +261,184 @@ async fn sessions_call_the_embedding_programs_own_tools() {
         .find(|m| m.role == agentq_agent::schema::Role::Tool)
         .unwrap();
     assert_eq!(result.content, format!("stamped {}:call_0_0", done.id));
+}
+
+/// The entry of `session_id`, read from the queue as `consumer` (the consumer a worker
+/// would read it as).
+async fn read_entry(
+    queue: &RedisQueue,
+    consumer: &str,
+    session_id: &str,
+) -> agentq_core::queue::Delivery {
+    let ds = queue
+        .read(
+            &["default".to_string()],
+            consumer,
+            10,
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    ds.into_iter()
+        .find(|d| d.session_id == session_id)
+        .expect("the session's entry")
+}
+
+async fn pending(queue: &RedisQueue, consumer: &str) -> usize {
+    queue
+        .read_own_pending(&["default".to_string()], consumer, 100)
+        .await
+        .unwrap()
+        .len()
+}
+
+/// `Worker::process` drives one delivery to its end on the test's task, without the run
+/// loop: the session completes and its entry is acknowledged; processing it again finds
+/// it finished and only settles it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_runs_one_delivery_to_completion_and_acks_it() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ids = submit(&store, &queue, 1).await;
+    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
+    let d = read_entry(&queue, worker.consumer(), &ids[0]).await;
+    assert_eq!(pending(&queue, worker.consumer()).await, 1);
+
+    let done = worker.process(d.clone()).await.unwrap();
+    assert_eq!(done, Processed::Finished { acked: true });
+    let row = store.get(&ids[0]).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    assert_eq!(row.iteration, 2);
+    assert_eq!(store.messages(&ids[0]).await.unwrap().len(), 4);
+    assert_eq!(pending(&queue, worker.consumer()).await, 0);
+    assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 1);
+
+    // A redelivery of a finished session runs nothing.
+    assert_eq!(
+        worker.process(d).await.unwrap(),
+        Processed::Finished { acked: true }
+    );
+    assert_eq!(store.messages(&ids[0]).await.unwrap().len(), 4);
+    assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 1);
+}
+
+/// A tool that is not read-only (so the response that called it is committed before it
+/// runs) but safe to run again, whose first call never returns: the crash point.
+struct Hang {
+    calls: Arc<AtomicUsize>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl agentq_agent::tools::Tool for Hang {
+    fn name(&self) -> &str {
+        "hang"
+    }
+    fn description(&self) -> &str {
+        "hangs the first time"
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+    fn side_effect(&self, _args: &serde_json::Value) -> agentq_agent::tools::SideEffect {
+        agentq_agent::tools::SideEffect::Idempotent
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &agentq_agent::tools::ToolContext,
+    ) -> Result<agentq_agent::tools::ToolOutput, agentq_agent::tools::ToolError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(agentq_agent::tools::ToolOutput::ok("done hanging"))
+    }
+}
+
+/// Processing dropped in the middle of a session (its first response committed, its tool
+/// call running) stands for a worker that died there: nothing is settled, and another
+/// worker takes the entry over once it is idle and resumes the session from that
+/// checkpoint, without asking the model for the committed response again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let cfg = || {
+        let mut cfg = config(dir.path());
+        cfg.tools.register(Arc::new(Hang {
+            calls: calls.clone(),
+            entered: entered.clone(),
+        }));
+        cfg.providers.script = Some(
+            r#"{"turns":[
+              {"text":"hanging","tool_calls":[{"name":"hang","arguments":{}}]},
+              {"text":"resumed"}
+            ]}"#
+            .into(),
+        );
+        cfg
+    };
+    let mut spec = SessionSpec::new("hang, then finish");
+    spec.tools = Some(vec!["hang".into()]);
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+
+    let first = Worker::new(store.clone(), queue.clone(), cfg());
+    let d = read_entry(&queue, first.consumer(), &row.id).await;
+    let crashing = tokio::spawn({
+        let first = first.clone();
+        async move { first.process(d).await }
+    });
+    tokio::time::timeout(Duration::from_secs(20), entered.notified())
+        .await
+        .unwrap();
+    crashing.abort();
+    assert!(crashing.await.unwrap_err().is_cancelled());
+    let mid = store.get(&row.id).await.unwrap().unwrap();
+    assert_eq!(mid.status, SessionStatus::Running, "{mid:?}");
+    assert_eq!(mid.iteration, 1, "the response with the call is committed");
+    assert_eq!(pending(&queue, first.consumer()).await, 1);
+
+    let second = start(&store, &queue, cfg());
+    wait_terminal(
+        &store,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await;
+    let second = second.stop().await;
+    let done = store.get(&row.id).await.unwrap().unwrap();
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.result.as_deref(), Some("resumed"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the unfinished call ran again"
+    );
+    assert_eq!(second.stats().resumed.load(Ordering::SeqCst), 1);
+    let messages = store.messages(&row.id).await.unwrap();
+    assert_eq!(
+        messages.len(),
+        4,
+        "user, assistant+call, tool result, answer"
+    );
+    assert_eq!(
+        messages
+            .iter()
+            .filter(|m| m.role == agentq_agent::schema::Role::Assistant)
+            .count(),
+        2
+    );
+    // Settled by the second worker: nothing pending anywhere.
+    assert_eq!(pending(&queue, first.consumer()).await, 0);
+    assert_eq!(pending(&queue, second.consumer()).await, 0);
 }

@@ -1,0 +1,117 @@
+//! Opening a backend for workers, shared by `agentq dev` and `agentq demo` ([`Stack`]):
+//! the embedded one (a SQLite file and the in-process queue) — including the recovery
+//! step of the embedded mode, which puts every session that was queued or running when
+//! the previous process died back on the queue — or Postgres and Redis. And [`redact`],
+//! which every command uses to show a URL without its password.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use agentq_core::WorkQueue;
+use agentq_core::mem_queue::MemQueue;
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::sqlite::{SqliteStore, requeue_runnable};
+use agentq_core::{Queue, Store};
+
+/// Connections of the Postgres pool shared by the API and the workers of one process.
+const DEV_PG_CONNS: u32 = 16;
+
+/// A store and a queue, opened and ready for workers.
+pub struct Stack {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    /// Set in the embedded mode (the demo reads its file directly).
+    pub sqlite: Option<SqliteStore>,
+    /// Set in the embedded mode (the demo follows completions on it).
+    pub mem_queue: Option<Arc<MemQueue>>,
+    /// One line for the user: where the data lives.
+    pub description: String,
+    /// Sessions put back on the queue at start (embedded mode: left over by a previous
+    /// process that was killed).
+    pub requeued: usize,
+}
+
+impl Stack {
+    /// The embedded backend: the SQLite file at `path` (created and migrated as needed)
+    /// and a fresh in-process queue with a group for each of `queues`. With `recover`,
+    /// every session still queued or running in the file goes back on the queue — the
+    /// queue lived in the memory of the process that wrote them.
+    pub async fn embedded(path: &Path, queues: &[String], recover: bool) -> anyhow::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let store = SqliteStore::open(path)
+            .await
+            .with_context(|| format!("cannot open the database {}", path.display()))?;
+        store
+            .migrate()
+            .await
+            .with_context(|| format!("cannot migrate the database {}", path.display()))?;
+        let queue = Arc::new(MemQueue::new());
+        for q in queues {
+            queue.ensure_queue(q).await?;
+        }
+        let requeued = if recover {
+            requeue_runnable(&store, queue.as_ref())
+                .await
+                .context("cannot re-enqueue the sessions of a previous run")?
+        } else {
+            0
+        };
+        Ok(Stack {
+            store: Arc::new(store.clone()),
+            queue: queue.clone(),
+            sqlite: Some(store),
+            mem_queue: Some(queue),
+            description: format!("embedded store {}, in-process queue", path.display()),
+            requeued,
+        })
+    }
+
+    /// Postgres and Redis. The schema is brought up to date (this is a development
+    /// command; the distributed deployment runs `agentq migrate` explicitly).
+    /// `writers`: the worker's commits in flight, plus one for its heartbeat.
+    pub async fn services(
+        database_url: &str,
+        redis_url: &str,
+        writers: u32,
+    ) -> anyhow::Result<Self> {
+        let store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
+            .await
+            .with_context(|| format!("cannot connect to Postgres at {}", redact(database_url)))?;
+        store.migrate().await.context("migration failed")?;
+        let queue = RedisQueue::connect(redis_url)
+            .await
+            .with_context(|| format!("cannot connect to Redis at {}", redact(redis_url)))?;
+        Ok(Stack {
+            store: Arc::new(store),
+            queue: Arc::new(queue),
+            sqlite: None,
+            mem_queue: None,
+            description: format!(
+                "Postgres {}, Redis {}",
+                redact(database_url),
+                redact(redis_url)
+            ),
+            requeued: 0,
+        })
+    }
+}
+
+/// Hide the password of a URL in messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}

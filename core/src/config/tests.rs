@@ -1,0 +1,429 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::*;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+#[test]
+fn defaults() {
+    let c = Settings::default();
+    assert_eq!(c.api_addr, "127.0.0.1:7700");
+    assert_eq!(c.metrics_addr, "127.0.0.1:9464");
+    assert_eq!(c.api_url, "http://127.0.0.1:7700");
+    assert_eq!(c.sqlite_path, PathBuf::from("./agentq.db"));
+    assert_eq!(c.database_url, None);
+    assert_eq!(c.redis_url, None);
+    assert_eq!(c.worker.concurrency, 256);
+    assert_eq!(c.worker.queues, vec!["default"]);
+    assert_eq!(c.worker.lease_ttl_secs, Secs(6.0));
+    assert_eq!(c.worker.heartbeat_secs, Secs(2.0));
+    assert_eq!(c.worker.reclaim_min_idle_secs, Secs(6.0));
+    assert_eq!(c.worker.reclaim_interval_secs, Secs(2.0));
+    assert_eq!(c.worker.max_attempts, 5);
+    assert_eq!(c.worker.drain_timeout_secs, Secs(30.0));
+    assert_eq!(c.worker.read_block_ms, 2000);
+    assert_eq!(
+        c.worker.workspace_root,
+        PathBuf::from("./agentq-workspaces")
+    );
+    assert_eq!(c.worker.default_provider, "scripted");
+    assert_eq!(c.worker.default_model, None);
+    assert_eq!(c.worker.default_tools, None);
+    assert!(!c.worker.shell_enabled);
+    assert!(!c.worker.allow_private_network);
+    assert!(c.worker.allowed_hosts.is_empty());
+    assert!(c.worker.sensitive_tools.is_empty());
+    assert_eq!(c.worker.event_ttl_secs, Secs(86_400.0));
+    assert_eq!(c.worker.max_depth, 3);
+    assert_eq!(c.worker.max_children, 16);
+    assert_eq!(c.worker.checkpoint_batch_max, 256);
+    assert_eq!(c.worker.checkpoint_writers, 2);
+    assert_eq!(c.worker.write_ahead_grace_ms, 250);
+    assert_eq!(c.scheduler.sweep_interval_secs, 5);
+    assert_eq!(c.scheduler.sweep_age_secs, 10);
+    assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);
+    assert_eq!(c.scheduler.max_batch, 10_000);
+    assert_eq!(c.scheduler.queues, vec!["default"]);
+    assert_eq!(c.providers.script, None);
+    // An empty file is the defaults, and the defaults are valid.
+    assert_eq!(Settings::from_toml("").unwrap(), c);
+    c.validate().unwrap();
+}
+
+#[test]
+fn file_sections() {
+    let c = Settings::from_toml(
+        r#"
+        database_url = "postgres://db/agentq"
+        api_addr = "0.0.0.0:8080"
+
+        [worker]
+        concurrency = 8
+        queues = ["default", "batch"]
+        default_provider = "openai"
+        default_model = "gpt-4o"
+        default_tools = ["read_file"]
+        shell_enabled = true
+        heartbeat_secs = 0.5
+
+        [scheduler]
+        sweep_interval_secs = 1
+        max_batch = 50
+
+        [providers]
+        openai_base_url = "http://llm:8000/v1"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(c.database_url.as_deref(), Some("postgres://db/agentq"));
+    assert_eq!(c.api_addr, "0.0.0.0:8080");
+    // Unset fields keep their defaults.
+    assert_eq!(c.metrics_addr, DEFAULT_METRICS_ADDR);
+    assert_eq!(c.worker.concurrency, 8);
+    assert_eq!(c.worker.queues, vec!["default", "batch"]);
+    assert_eq!(c.worker.default_provider, "openai");
+    assert_eq!(c.worker.default_model.as_deref(), Some("gpt-4o"));
+    assert_eq!(c.worker.default_tools, Some(vec!["read_file".to_string()]));
+    assert!(c.worker.shell_enabled);
+    assert_eq!(c.worker.heartbeat_secs, Secs(0.5));
+    assert_eq!(c.worker.lease_ttl_secs, Secs(6.0));
+    assert_eq!(c.scheduler.sweep_interval_secs, 1);
+    assert_eq!(c.scheduler.max_batch, 50);
+    assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);
+    assert_eq!(
+        c.providers.openai_base_url.as_deref(),
+        Some("http://llm:8000/v1")
+    );
+}
+
+#[test]
+fn file_errors() {
+    let e = Settings::from_toml("[worker]\nconcurency = 3\n").unwrap_err();
+    assert!(e.to_string().contains("concurency"), "{e}");
+    let e = Settings::from_toml("[worker]\nconcurrency = \"many\"\n").unwrap_err();
+    assert!(e.to_string().contains("concurrency"), "{e}");
+    let e = Settings::from_toml("[providers]\nopenai_api_key = \"sk-1\"\n").unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("providers.openai_api_key"), "{msg}");
+    assert!(msg.contains("OPENAI_API_KEY"), "{msg}");
+    assert!(!msg.contains("sk-1"), "{msg}");
+    let e = Settings::load_with(Some(Path::new("/nonexistent/agentq.toml")), no_env).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/agentq.toml"), "{e}");
+}
+
+#[test]
+fn load_file_then_env() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentq.toml");
+    std::fs::write(
+        &path,
+        "redis_url = \"redis://file:6379\"\napi_addr = \"0.0.0.0:1\"\n\
+         [worker]\nconcurrency = 7\ndefault_provider = \"anthropic\"\n\
+         [providers]\nanthropic_base_url = \"http://file\"\n",
+    )
+    .unwrap();
+
+    let c = Settings::load_with(Some(&path), no_env).unwrap();
+    assert_eq!(c.redis_url.as_deref(), Some("redis://file:6379"));
+    assert_eq!(c.api_addr, "0.0.0.0:1");
+    assert_eq!(c.worker.concurrency, 7);
+    assert_eq!(c.providers.openai_api_key, None);
+
+    let env = env_of(&[
+        ("AGENTQ_DATABASE_URL", "postgres://env/db"),
+        ("AGENTQ_REDIS_URL", "redis://env:6379"),
+        ("AGENTQ_API_ADDR", "127.0.0.1:9999"),
+        ("AGENTQ_METRICS_ADDR", "127.0.0.1:9998"),
+        ("AGENTQ_API_URL", "http://api:1"),
+        ("ANTHROPIC_BASE_URL", "http://env"),
+        ("OPENAI_API_KEY", "sk-env"),
+        ("ANTHROPIC_API_KEY", ""),
+        // The environment beats the file.
+        ("AGENTQ_WORKER_CONCURRENCY", "9"),
+        ("AGENTQ_DEFAULT_PROVIDER", "openai"),
+    ]);
+    let c = Settings::load_with(Some(&path), env).unwrap();
+    assert_eq!(c.database_url.as_deref(), Some("postgres://env/db"));
+    assert_eq!(c.redis_url.as_deref(), Some("redis://env:6379"));
+    assert_eq!(c.api_addr, "127.0.0.1:9999");
+    assert_eq!(c.metrics_addr, "127.0.0.1:9998");
+    assert_eq!(c.api_url, "http://api:1");
+    assert_eq!(c.worker.concurrency, 9);
+    assert_eq!(c.worker.default_provider, "openai");
+    assert_eq!(
+        c.providers.anthropic_base_url.as_deref(),
+        Some("http://env")
+    );
+    assert_eq!(
+        c.providers.openai_api_key.as_ref().map(Secret::expose),
+        Some("sk-env")
+    );
+    // Empty means unset.
+    assert_eq!(c.providers.anthropic_api_key, None);
+    // Keys never show in Debug output and are never serialised.
+    assert!(!format!("{c:?}").contains("sk-env"));
+    assert!(format!("{c:?}").contains("<redacted>"));
+    assert!(!serde_json::to_string(&c).unwrap().contains("sk-env"));
+    let s = c.provider_settings();
+    assert_eq!(s.openai_api_key.as_deref(), Some("sk-env"));
+    assert_eq!(s.anthropic_base_url.as_deref(), Some("http://env"));
+}
+
+/// Every variable that `agentq worker` and `agentq dev` used to read through their flags
+/// sets its setting in the environment layer.
+#[test]
+fn every_worker_variable_sets_its_setting() {
+    let c = Settings::load_with(
+        None,
+        env_of(&[
+            ("AGENTQ_DB", "/data/a.db"),
+            ("AGENTQ_WORKER_CONCURRENCY", "12"),
+            ("AGENTQ_LEASE_TTL_SECS", "2"),
+            ("AGENTQ_HEARTBEAT_SECS", "0.5"),
+            ("AGENTQ_RECLAIM_MIN_IDLE_SECS", "3"),
+            ("AGENTQ_RECLAIM_INTERVAL_SECS", "0.25"),
+            ("AGENTQ_MAX_ATTEMPTS", "2"),
+            ("AGENTQ_DRAIN_TIMEOUT_SECS", "15"),
+            ("AGENTQ_CHECKPOINT_BATCH_MAX", "64"),
+            ("AGENTQ_CHECKPOINT_WRITERS", "4"),
+            ("AGENTQ_WRITE_AHEAD_GRACE_MS", "0"),
+            ("AGENTQ_WORKSPACE_ROOT", "/ws"),
+            ("AGENTQ_DEFAULT_PROVIDER", "anthropic"),
+            ("AGENTQ_DEFAULT_MODEL", "claude-x"),
+            ("AGENTQ_SCRIPT", "/s.json"),
+            ("AGENTQ_ALLOWED_HOSTS", "localhost:8080, 10.0.0.1"),
+            ("AGENTQ_SHELL_ENABLED", "true"),
+            ("OPENAI_BASE_URL", "http://o/v1"),
+        ]),
+    )
+    .unwrap();
+    let w = &c.worker;
+    assert_eq!(c.sqlite_path, PathBuf::from("/data/a.db"));
+    assert_eq!(w.concurrency, 12);
+    assert_eq!(w.lease_ttl_secs, Secs(2.0));
+    assert_eq!(w.heartbeat_secs, Secs(0.5));
+    assert_eq!(w.reclaim_min_idle_secs, Secs(3.0));
+    assert_eq!(w.reclaim_interval_secs, Secs(0.25));
+    assert_eq!(w.max_attempts, 2);
+    assert_eq!(w.drain_timeout_secs, Secs(15.0));
+    assert_eq!(w.checkpoint_batch_max, 64);
+    assert_eq!(w.checkpoint_writers, 4);
+    assert_eq!(w.write_ahead_grace_ms, 0);
+    assert_eq!(w.workspace_root, PathBuf::from("/ws"));
+    assert_eq!(w.default_provider, "anthropic");
+    assert_eq!(w.default_model.as_deref(), Some("claude-x"));
+    assert_eq!(c.providers.script, Some(PathBuf::from("/s.json")));
+    assert_eq!(w.allowed_hosts, vec!["localhost:8080", "10.0.0.1"]);
+    assert!(w.shell_enabled);
+    assert_eq!(c.providers.openai_base_url.as_deref(), Some("http://o/v1"));
+    c.validate().unwrap();
+
+    // A variable that is not a value of its setting is an error naming the variable.
+    let e = Settings::load_with(None, env_of(&[("AGENTQ_WORKER_CONCURRENCY", "many")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("AGENTQ_WORKER_CONCURRENCY"), "{e}");
+    let e = Settings::load_with(None, env_of(&[("AGENTQ_SHELL_ENABLED", "maybe")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("AGENTQ_SHELL_ENABLED"), "{e}");
+    let off = Settings::load_with(None, env_of(&[("AGENTQ_SHELL_ENABLED", "false")])).unwrap();
+    assert!(!off.worker.shell_enabled);
+}
+
+fn invalid_with(tweak: impl FnOnce(&mut Settings)) -> String {
+    let mut s = Settings::default();
+    tweak(&mut s);
+    s.validate().unwrap_err().to_string()
+}
+
+#[test]
+fn validation_names_the_setting_its_variable_and_its_flag() {
+    // The heartbeat must be shorter than the lease, or a running session is taken over.
+    let e = invalid_with(|s| s.worker.heartbeat_secs = Secs(6.0));
+    for name in [
+        "worker.heartbeat_secs",
+        "AGENTQ_HEARTBEAT_SECS",
+        "--heartbeat-secs",
+        "lease_ttl_secs",
+    ] {
+        assert!(e.contains(name), "{name} not in {e}");
+    }
+    let e = invalid_with(|s| s.worker.reclaim_min_idle_secs = Secs(1.0));
+    assert!(e.contains("worker.reclaim_min_idle_secs"), "{e}");
+    for (key, tweak) in [
+        (
+            "worker.lease_ttl_secs",
+            (|s: &mut Settings| s.worker.lease_ttl_secs = Secs(0.0)) as fn(&mut Settings),
+        ),
+        ("worker.lease_ttl_secs", |s| {
+            s.worker.lease_ttl_secs = Secs(f64::NAN)
+        }),
+        ("worker.drain_timeout_secs", |s| {
+            s.worker.drain_timeout_secs = Secs(-1.0)
+        }),
+        ("worker.drain_timeout_secs", |s| {
+            s.worker.drain_timeout_secs = Secs(1e30)
+        }),
+        ("worker.reclaim_interval_secs", |s| {
+            s.worker.reclaim_interval_secs = Secs(0.0)
+        }),
+        ("worker.concurrency", |s| s.worker.concurrency = 0),
+        ("worker.max_attempts", |s| s.worker.max_attempts = 0),
+        ("worker.checkpoint_batch_max", |s| {
+            s.worker.checkpoint_batch_max = 0
+        }),
+        ("worker.checkpoint_writers", |s| {
+            s.worker.checkpoint_writers = 65
+        }),
+        ("worker.write_ahead_grace_ms", |s| {
+            s.worker.write_ahead_grace_ms = 60_001
+        }),
+        ("worker.read_block_ms", |s| s.worker.read_block_ms = 0),
+        ("worker.event_ttl_secs", |s| {
+            s.worker.event_ttl_secs = Secs(0.0)
+        }),
+        ("worker.queues", |s| s.worker.queues.clear()),
+        ("worker.default_provider", |s| {
+            s.worker.default_provider = "gpt".into()
+        }),
+        ("scheduler.sweep_interval_secs", |s| {
+            s.scheduler.sweep_interval_secs = 0
+        }),
+        ("scheduler.queues", |s| {
+            s.scheduler.queues = vec![" ".into()]
+        }),
+    ] {
+        let e = invalid_with(tweak);
+        assert!(e.contains(&format!("`{key}`")), "{key} not in {e}");
+    }
+    let e = invalid_with(|s| s.worker.concurrency = 0);
+    assert!(
+        e.contains("AGENTQ_WORKER_CONCURRENCY") && e.contains("--concurrency"),
+        "{e}"
+    );
+}
+
+#[test]
+fn resolve_applies_flags_last_and_validates() {
+    let env = env_of(&[("AGENTQ_WORKER_CONCURRENCY", "9")]);
+    let s = Settings::resolve(None, &env, |s| s.worker.concurrency = 3).unwrap();
+    assert_eq!(s.worker.concurrency, 3);
+    let e = Settings::resolve(None, &env, |s| s.worker.heartbeat_secs = Secs(7.0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--heartbeat-secs"), "{e}");
+}
+
+#[test]
+fn secs_convert_and_compare_with_whole_seconds() {
+    assert_eq!(Secs(0.5).duration(), Duration::from_millis(500));
+    assert_eq!(Secs(-1.0).duration(), Duration::ZERO);
+    assert_eq!(Secs(f64::INFINITY).duration(), Duration::MAX);
+    assert!(31u64 > Secs(30.0));
+    assert!(30u64 == Secs(30.0));
+    assert_eq!(Secs(30.0).to_string(), "30");
+    assert_eq!("0.25".parse::<Secs>().unwrap(), Secs(0.25));
+}
+
+#[test]
+fn credential_names() {
+    for n in [
+        "api_key",
+        "apiKey",
+        "openai_api_key",
+        "x-api-key",
+        "client_secret",
+        "password",
+        "access_token",
+        "Authorization",
+        "token",
+    ] {
+        assert!(is_credential_name(n), "{n}");
+    }
+    for n in ["token_budget", "max_tokens", "prompt", "keywords", "monkey"] {
+        assert!(!is_credential_name(n), "{n}");
+    }
+}
+
+/// The dotted keys of every field of the settings (secrets are never serialised).
+fn keys(v: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
+    let serde_json::Value::Object(map) = v else {
+        return;
+    };
+    for (k, v) in map {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        if v.is_object() {
+            keys(v, &key, out);
+        } else {
+            out.insert(key);
+        }
+    }
+}
+
+const EXAMPLE: &str = include_str!("../../../agentq.example.toml");
+
+/// `agentq.example.toml` at the repository root lists every setting (the ones whose
+/// default is "unset" as a commented line), and what it sets is exactly the defaults.
+#[test]
+fn the_example_file_is_every_setting_at_its_default() {
+    let example = Settings::from_toml(EXAMPLE).unwrap();
+    assert_eq!(example, Settings::default());
+
+    let mut fields = BTreeSet::new();
+    keys(
+        &serde_json::to_value(Settings::default()).unwrap(),
+        "",
+        &mut fields,
+    );
+    let registry: BTreeSet<String> = SETTINGS.iter().map(|s| s.key.to_string()).collect();
+    assert_eq!(fields, registry, "SETTINGS must name every field");
+
+    // Uncomment the `# key = value` lines: that file must still parse (no misspelt key)
+    // and then hold every setting.
+    let mut section = String::new();
+    let mut listed = BTreeSet::new();
+    let mut uncommented = String::new();
+    for line in EXAMPLE.lines() {
+        let t = line.trim();
+        if let Some(name) = t.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+            section = name.to_string();
+            uncommented.push_str(line);
+        } else if let Some((k, _)) = t.trim_start_matches("# ").split_once(" = ")
+            && !k.contains(' ')
+        {
+            listed.insert(if section.is_empty() {
+                k.to_string()
+            } else {
+                format!("{section}.{k}")
+            });
+            uncommented.push_str(t.trim_start_matches("# "));
+        }
+        uncommented.push('\n');
+    }
+    assert_eq!(
+        listed, registry,
+        "agentq.example.toml must list every setting"
+    );
+    let all = Settings::from_toml(&uncommented).unwrap();
+    let mut set = BTreeSet::new();
+    keys(&serde_json::to_value(&all).unwrap(), "", &mut set);
+    assert_eq!(set, registry);
+    all.validate().unwrap();
+}

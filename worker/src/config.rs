@@ -1,0 +1,234 @@
+//! The worker's runtime configuration: what a [`crate::Worker`] runs with, built from the
+//! process's settings tree ([`agentq_core::config::Settings`]) — whose defaults and rules
+//! are the only ones — plus what only a program embedding the worker can give (its own
+//! tools, a consumer name).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentq_agent::provider::factory::ProviderSettings;
+use agentq_agent::tools::ToolSettings;
+use agentq_core::config::Settings;
+
+use crate::Result;
+
+/// Everything a worker process is configured with.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Consumer name in the group; unique per process.
+    pub consumer: String,
+    pub queues: Vec<String>,
+    /// Sessions run at once.
+    pub concurrency: usize,
+    pub lease_ttl: Duration,
+    pub heartbeat_interval: Duration,
+    /// Entries idle this long belong to a dead worker. A few heartbeats.
+    pub reclaim_min_idle: Duration,
+    pub reclaim_interval: Duration,
+    /// Claims without finishing before the entry is dead-lettered.
+    pub max_attempts: u32,
+    /// How long running sessions get to reach a checkpoint on shutdown.
+    pub drain_timeout: Duration,
+    /// How long one XREADGROUP blocks.
+    pub read_block: Duration,
+    /// Per-tree workspaces live under here.
+    pub workspace_root: PathBuf,
+    pub default_provider: String,
+    pub default_model: Option<String>,
+    /// Tools a session gets when it names none.
+    pub default_tools: Vec<String>,
+    pub providers: ProviderSettings,
+    pub tool_settings: ToolSettings,
+    pub sensitive_tools: Vec<String>,
+    /// How long a finished session's event stream is kept.
+    pub event_ttl: Duration,
+    /// Deepest sub-agent nesting (a root session is depth 0).
+    pub max_depth: u32,
+    /// Most sub-agents one session may start.
+    pub max_children: usize,
+    /// Group commit: most checkpoints in one commit.
+    pub checkpoint_batch_max: usize,
+    /// Group commit: commits in flight at once, each on its own store connection.
+    pub checkpoint_writers: usize,
+    /// See [`agentq_agent::driver::Agent::write_ahead_grace`].
+    pub write_ahead_grace: Duration,
+    /// The embedding program's own tools, offered beside the built-in ones: a session
+    /// names them in its `tools` like any other, and one with a built-in's name replaces
+    /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
+    /// resumes and the write-ahead rule depend on it.
+    pub tools: agentq_agent::tools::ToolRegistry,
+}
+
+impl WorkerConfig {
+    /// The configuration of a worker process: `settings` validated (every command calls
+    /// this, so every one refuses what [`Settings::validate`] refuses), the scripted
+    /// provider's script read, and a consumer name unique to this process.
+    pub fn from_settings(settings: &Settings) -> Result<WorkerConfig> {
+        settings.validate()?;
+        let mut cfg = Self::build(settings);
+        cfg.providers.script = settings.providers.read_script()?;
+        cfg.consumer = default_consumer_name();
+        Ok(cfg)
+    }
+
+    /// The settings as they are, without validating them or reading any file.
+    fn build(settings: &Settings) -> WorkerConfig {
+        let w = &settings.worker;
+        WorkerConfig {
+            consumer: unique_name("worker"),
+            queues: w.queues.clone(),
+            concurrency: w.concurrency,
+            lease_ttl: w.lease_ttl_secs.duration(),
+            heartbeat_interval: w.heartbeat_secs.duration(),
+            reclaim_min_idle: w.reclaim_min_idle_secs.duration(),
+            reclaim_interval: w.reclaim_interval_secs.duration(),
+            max_attempts: w.max_attempts,
+            drain_timeout: w.drain_timeout_secs.duration(),
+            read_block: Duration::from_millis(w.read_block_ms),
+            workspace_root: w.workspace_root.clone(),
+            default_provider: w.default_provider.clone(),
+            default_model: w.default_model.clone(),
+            default_tools: match &w.default_tools {
+                Some(tools) => tools.clone(),
+                None => agentq_agent::tools::READ_ONLY_TOOLS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+            },
+            providers: settings.provider_settings(),
+            tool_settings: ToolSettings {
+                shell_enabled: w.shell_enabled,
+                allow_private_network: w.allow_private_network,
+                allowed_hosts: w.allowed_hosts.clone(),
+                ..ToolSettings::default()
+            },
+            sensitive_tools: w.sensitive_tools.clone(),
+            event_ttl: w.event_ttl_secs.duration(),
+            max_depth: w.max_depth,
+            max_children: w.max_children,
+            checkpoint_batch_max: w.checkpoint_batch_max,
+            checkpoint_writers: w.checkpoint_writers,
+            write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
+            tools: agentq_agent::tools::ToolRegistry::new(),
+        }
+    }
+
+    /// Store connections for everything but checkpoints and heartbeats: a quarter of the
+    /// sessions run at once (claims, reads and inbox writes are short), 4 to 64.
+    pub fn pool_connections(&self) -> u32 {
+        pool_connections(self.concurrency)
+    }
+
+    /// Store connections the worker's checkpoints and heartbeats need to themselves: the
+    /// group commit's commits in flight, and one for the heartbeat.
+    pub fn writer_connections(&self) -> u32 {
+        u32::try_from(self.checkpoint_writers.max(1))
+            .unwrap_or(u32::MAX)
+            .saturating_add(1)
+    }
+}
+
+/// The settings' defaults, with no provider key and no script: this never reads the
+/// environment (use [`WorkerConfig::from_settings`] on loaded settings for that).
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self::build(&Settings::default())
+    }
+}
+
+/// [`WorkerConfig::pool_connections`] for a worker running `concurrency` sessions at once.
+pub fn pool_connections(concurrency: usize) -> u32 {
+    u32::try_from(concurrency / 4)
+        .unwrap_or(u32::MAX)
+        .clamp(4, 64)
+}
+
+/// `host-pid-random`: distinct for every process, so a restarted worker never inherits
+/// the pending entries of its previous life (the reclaimer hands those out).
+pub fn default_consumer_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    unique_name(&host)
+}
+
+/// `prefix-pid-random`.
+fn unique_name(prefix: &str) -> String {
+    let rand = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}-{}-{}", std::process::id(), &rand[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use agentq_core::config::Secs;
+
+    #[test]
+    fn defaults_are_the_settings_defaults() {
+        let c = WorkerConfig::default();
+        assert_eq!(c.concurrency, 256);
+        assert_eq!(c.queues, vec!["default"]);
+        assert_eq!(c.lease_ttl, Duration::from_secs(6));
+        assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
+        assert_eq!(c.reclaim_min_idle, Duration::from_secs(6));
+        assert_eq!(c.reclaim_interval, Duration::from_secs(2));
+        assert_eq!(c.max_attempts, 5);
+        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+        assert_eq!(c.read_block, Duration::from_secs(2));
+        assert_eq!(c.default_provider, "scripted");
+        assert_eq!(c.default_tools, agentq_agent::tools::READ_ONLY_TOOLS);
+        assert_eq!(c.event_ttl, Duration::from_secs(24 * 3600));
+        assert_eq!(c.max_depth, 3);
+        assert_eq!(c.max_children, 16);
+        assert_eq!(c.checkpoint_batch_max, 256);
+        assert_eq!(c.checkpoint_writers, 2);
+        assert_eq!(
+            c.write_ahead_grace,
+            agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE
+        );
+        // Nothing from the environment.
+        assert_eq!(c.providers.openai_api_key, None);
+        assert_eq!(c.providers.anthropic_api_key, None);
+        assert!(!c.tool_settings.shell_enabled);
+    }
+
+    #[test]
+    fn from_settings_validates_and_carries_every_setting() {
+        let mut s = Settings::default();
+        s.worker.heartbeat_secs = Secs(0.5);
+        s.worker.lease_ttl_secs = Secs(2.0);
+        s.worker.default_tools = Some(vec!["grep".into()]);
+        s.worker.shell_enabled = true;
+        s.worker.allowed_hosts = vec!["localhost".into()];
+        s.worker.default_provider = "openai".into();
+        s.providers.openai_base_url = Some("http://llm/v1".into());
+        let c = WorkerConfig::from_settings(&s).unwrap();
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(c.lease_ttl, Duration::from_secs(2));
+        assert_eq!(c.default_tools, vec!["grep"]);
+        assert!(c.tool_settings.shell_enabled);
+        assert_eq!(c.tool_settings.allowed_hosts, vec!["localhost"]);
+        assert_eq!(c.default_provider, "openai");
+        assert_eq!(
+            c.providers.openai_base_url.as_deref(),
+            Some("http://llm/v1")
+        );
+
+        s.worker.heartbeat_secs = Secs(2.0);
+        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        assert!(e.contains("worker.heartbeat_secs"), "{e}");
+
+        let mut s = Settings::default();
+        s.providers.script = Some("/nonexistent/script.json".into());
+        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("AGENTQ_SCRIPT") && e.contains("/nonexistent/script.json"),
+            "{e}"
+        );
+    }
+}

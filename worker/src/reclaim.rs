@@ -1,0 +1,44 @@
+//! The reclaimer: every `reclaim_interval`, take over queue entries another consumer has
+//! left idle for `reclaim_min_idle` (a dead worker's sessions) and dispatch them here.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{debug, info};
+
+use crate::{Inner, dispatch};
+
+pub(crate) async fn reclaim_loop(
+    inner: Arc<Inner>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(inner.cfg.reclaim_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        // Even with no slot free, take at least one: its dispatch then queues for the next
+        // slot in turn with new work, instead of waiting until the backlog has drained.
+        let free = inner.slots.available_permits().max(1);
+        for q in &inner.cfg.queues {
+            match inner
+                .queue
+                .reclaim(q, &inner.cfg.consumer, inner.cfg.reclaim_min_idle, free)
+                .await
+            {
+                Ok(ds) => {
+                    for d in ds {
+                        info!(session_id = %d.session_id, "reclaimed an entry of a dead worker");
+                        inner.metrics.sessions_reclaimed.inc();
+                        dispatch::dispatch(&inner, &tracker, d).await;
+                    }
+                }
+                Err(e) => debug!(error = %e, "reclaim failed"),
+            }
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! [`crate::Worker::run`]: start the writers and the background duties, read the queue
+//! as fast as slots free up and dispatch every delivery, and on shutdown drain — running
+//! sessions stop at their next checkpoint and are handed back — then stop everything in
+//! the order the sessions need it (checkpoints, then the background duties, then events).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::{Backoff, Error, Inner, Result, dispatch, heartbeat, listener, reclaim, retry_forever};
+
+pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Result<()> {
+    inner.store.check_schema().await?;
+    for q in &inner.cfg.queues {
+        retry_forever(&shutdown, || inner.queue.ensure_queue(q)).await;
+    }
+    let mut redispatch_rx = inner
+        .runs
+        .take_redispatch()
+        .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+    info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
+    inner.start_pipeline();
+    let tracker = TaskTracker::new();
+    let bg_stop = CancellationToken::new();
+    let redispatcher = {
+        let (inner, tracker, stop) = (inner.clone(), tracker.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                let d = tokio::select! {
+                    d = redispatch_rx.recv() => match d { Some(d) => d, None => return },
+                    _ = stop.cancelled() => return,
+                };
+                dispatch::dispatch(&inner, &tracker, d).await;
+            }
+        })
+    };
+    let background = vec![
+        redispatcher,
+        tokio::spawn(heartbeat::heartbeat_loop(inner.clone(), bg_stop.clone())),
+        tokio::spawn(listener::signal_listener(inner.clone(), bg_stop.clone())),
+        tokio::spawn(reclaim::reclaim_loop(
+            inner.clone(),
+            tracker.clone(),
+            shutdown.clone(),
+        )),
+    ];
+
+    // Entries delivered to this consumer earlier and never acked (a read dropped
+    // mid-flight): they would otherwise wait for the reclaimer.
+    match inner
+        .queue
+        .read_own_pending(&inner.cfg.queues, &inner.cfg.consumer, 1000)
+        .await
+    {
+        Ok(ds) => {
+            for d in ds {
+                dispatch::dispatch(&inner, &tracker, d).await;
+            }
+        }
+        Err(e) => warn!(error = %e, "reading own pending entries failed"),
+    }
+
+    read_until(&inner, &tracker, &shutdown).await;
+
+    info!("worker draining");
+    inner.draining.cancel();
+    tracker.close();
+    if tokio::time::timeout(inner.cfg.drain_timeout, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("drain timeout: aborting the sessions still running");
+        let actives: Vec<CancellationToken> = inner
+            .runs
+            .lock()
+            .values()
+            .map(|a| a.abort.clone())
+            .collect();
+        for a in actives {
+            a.cancel();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(10), tracker.wait()).await;
+    }
+    // Sessions are done with checkpoints (or abandoned): commits in flight finish.
+    inner.pipeline.stop_commits(Duration::from_secs(10)).await;
+    bg_stop.cancel();
+    for b in background {
+        let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
+    }
+    inner.pipeline.stop_events(Duration::from_secs(5)).await;
+    info!("worker stopped");
+    Ok(())
+}
+
+/// Read as many entries as there are free slots, dispatch them, until `shutdown`.
+async fn read_until(inner: &Arc<Inner>, tracker: &TaskTracker, shutdown: &CancellationToken) {
+    let mut backoff = Backoff::new();
+    loop {
+        let free = tokio::select! {
+            p = inner.slots.clone().acquire_many_owned(1) => match p {
+                Ok(p) => { drop(p); inner.slots.available_permits().max(1) }
+                Err(_) => return,
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        let read = inner.queue.read(
+            &inner.cfg.queues,
+            &inner.cfg.consumer,
+            free,
+            inner.cfg.read_block,
+        );
+        let deliveries = tokio::select! {
+            r = read => r,
+            _ = shutdown.cancelled() => return,
+        };
+        match deliveries {
+            Ok(ds) => {
+                backoff.reset();
+                for d in ds {
+                    dispatch::dispatch(inner, tracker, d).await;
+                }
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                warn!(error = %e, ?wait, "reading the queue failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+        }
+    }
+}
