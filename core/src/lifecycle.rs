@@ -46,11 +46,11 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
     } else {
         InboxKind::ChildResult
     };
-    let payload = InboxPayload::Child(ChildOutcome::of(child)).to_value()?;
+    let payload = InboxPayload::Child(ChildOutcome::of(child));
     let delivered = store
         .deliver(
             parent,
-            kind.as_str(),
+            kind,
             &format!("child:{}", child.id),
             &payload,
             &[SessionStatus::Waiting],
@@ -62,7 +62,7 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
         // than only when it next suspends.
         Some(d) if d.inserted && d.status == SessionStatus::Running => {
             if let Err(e) = queue
-                .publish_cancel(&WorkerSignal::Wake(parent.to_string()).encode())
+                .publish_signal(&WorkerSignal::Wake(parent.to_string()))
                 .await
             {
                 tracing::debug!(session_id = parent, error = %e, "cannot signal the parent's worker");
@@ -88,7 +88,7 @@ pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &Canc
         }
         CancelResult::Requested(row) => {
             let signal = WorkerSignal::Cancel(row.id.clone());
-            if let Err(e) = queue.publish_cancel(&signal.encode()).await {
+            if let Err(e) = queue.publish_signal(&signal).await {
                 tracing::warn!(session_id = %row.id, error = %e, "cannot broadcast a cancel request");
             }
         }
@@ -147,11 +147,7 @@ pub async fn start_next_followup(
         return Ok(false);
     }
     let pending = store
-        .inbox(
-            &row.id,
-            &[InboxKind::Followup.as_str()],
-            row.followup_cursor,
-        )
+        .inbox(&row.id, &[InboxKind::Followup], row.followup_cursor)
         .await?;
     let Some(next) = pending.first() else {
         return Ok(false);

@@ -14,7 +14,7 @@
 //!   ([`MemQueue::completions`]), capped like the Redis streams;
 //! - completions broadcast to everyone ([`MemQueue::subscribe_all_completions`], the
 //!   `agentq:done` channel) and to the subscribers of one session; cancels broadcast to
-//!   every [`Signals::subscribe_cancels`] stream;
+//!   every [`Signals::subscribe_signals`] stream;
 //! - per-session event streams (`agentq:events:<id>`): capped at [`EVENTS_MAXLEN`],
 //!   blocking reads after an id, newest-first reads, and expiry after a TTL (expired
 //!   streams are dropped lazily, at most once a second).
@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
+use crate::protocol::WorkerSignal;
 use crate::queue::{
     Delivery, EventRecord, EventStreams, QueueHealth, QueueStats, Signals, WorkQueue,
 };
@@ -218,7 +219,7 @@ pub struct MemQueue {
     /// Woken on every event append; blocked event reads wait on it.
     event_arrivals: Notify,
     done_all: broadcast::Sender<Completion>,
-    cancels: broadcast::Sender<String>,
+    cancels: broadcast::Sender<WorkerSignal>,
 }
 
 impl std::fmt::Debug for MemQueue {
@@ -519,13 +520,13 @@ impl Signals for MemQueue {
         Ok(())
     }
 
-    async fn publish_cancel(&self, session_id: &str) -> Result<()> {
+    async fn publish_signal(&self, signal: &WorkerSignal) -> Result<()> {
         // No receiver is not an error: no worker runs, nobody to tell.
-        let _ = self.cancels.send(session_id.to_string());
+        let _ = self.cancels.send(signal.clone());
         Ok(())
     }
 
-    async fn subscribe_cancels(&self) -> Result<BoxStream<'static, String>> {
+    async fn subscribe_signals(&self) -> Result<BoxStream<'static, WorkerSignal>> {
         Ok(broadcast_stream(self.cancels.subscribe(), "cancels"))
     }
 

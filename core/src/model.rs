@@ -183,16 +183,6 @@ pub fn inbox_past(wake_seq: i64, cursor: u64) -> bool {
     u64::try_from(wake_seq).map_or(true, |w| w > cursor)
 }
 
-/// The stored names of [`crate::protocol::InboxKind`], for the stores' kind filters.
-pub mod inbox_kind {
-    use crate::protocol::InboxKind;
-
-    pub const CHILD_RESULT: &str = InboxKind::ChildResult.as_str();
-    pub const CHILD_DONE: &str = InboxKind::ChildDone.as_str();
-    pub const MESSAGE: &str = InboxKind::Message.as_str();
-    pub const FOLLOWUP: &str = InboxKind::Followup.as_str();
-}
-
 /// One item of a session's inbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InboxItem {

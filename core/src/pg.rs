@@ -39,6 +39,7 @@ use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus,
 };
+use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64};
 use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
@@ -455,17 +456,17 @@ impl InboxStore for PgStore {
     async fn deliver(
         &self,
         session_id: &str,
-        kind: &str,
+        kind: InboxKind,
         dedupe: &str,
-        payload: &serde_json::Value,
+        payload: &InboxPayload,
         wake: &[SessionStatus],
     ) -> Result<Option<Delivered>> {
         let wake: Vec<&str> = wake.iter().map(SessionStatus::as_str).collect();
         let row: Option<(String, String, Option<i64>, Option<String>)> = sqlx::query_as(DELIVER)
             .bind(session_id)
-            .bind(kind)
+            .bind(kind.as_str())
             .bind(dedupe)
-            .bind(Json(payload))
+            .bind(Json(payload.to_value()?))
             .bind(&wake)
             .fetch_optional(&self.pool)
             .await?;
@@ -476,10 +477,16 @@ impl InboxStore for PgStore {
         outcome::delivered(queue, parse_status(&old)?, seq, queued).map(Some)
     }
 
-    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>> {
+    async fn inbox(
+        &self,
+        session_id: &str,
+        kinds: &[InboxKind],
+        after: u64,
+    ) -> Result<Vec<InboxItem>> {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let rows: Vec<InboxRecord> = sqlx::query_as(&SQL.inbox)
             .bind(session_id)
-            .bind(kinds)
+            .bind(&kinds)
             .bind(to_i64(after, "after")?)
             .fetch_all(&self.pool)
             .await?;

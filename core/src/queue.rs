@@ -14,6 +14,7 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::model::{Completion, EnqueueReason};
+use crate::protocol::WorkerSignal;
 
 /// Consumer group every worker reads with.
 pub const GROUP: &str = "agentq-workers";
@@ -127,11 +128,12 @@ pub trait Signals: Send + Sync {
     /// Publish on `agentq:done:<id>` and `agentq:done`, append to `agentq:completions`.
     async fn publish_completion(&self, completion: &Completion) -> Result<()>;
 
-    /// Broadcast a cancel request to workers.
-    async fn publish_cancel(&self, session_id: &str) -> Result<()>;
+    /// Broadcast a signal (cancel, wake, interrupt) to the workers; the one running the
+    /// session acts on it.
+    async fn publish_signal(&self, signal: &WorkerSignal) -> Result<()>;
 
-    /// Receive cancel requests (session ids) until the stream ends.
-    async fn subscribe_cancels(&self) -> Result<futures::stream::BoxStream<'static, String>>;
+    /// Receive the signals published from now on, until the stream ends.
+    async fn subscribe_signals(&self) -> Result<futures::stream::BoxStream<'static, WorkerSignal>>;
 
     /// Receive the completion of one session (subscribe before submitting).
     async fn subscribe_completion(

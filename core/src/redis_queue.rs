@@ -57,6 +57,7 @@ use redis::{
 
 use crate::error::{Error, Result};
 use crate::model::{Completion, EnqueueReason};
+use crate::protocol::WorkerSignal;
 use reply::{
     event_record, parse_entries, stream_entries, value_items, value_pairs, value_string, value_u64,
 };
@@ -544,15 +545,16 @@ impl Signals for RedisQueue {
         Ok(())
     }
 
-    async fn publish_cancel(&self, session_id: &str) -> Result<()> {
+    async fn publish_signal(&self, signal: &WorkerSignal) -> Result<()> {
         let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(CANCEL_CHANNEL).arg(session_id);
+        cmd.arg(CANCEL_CHANNEL).arg(signal.encode());
         self.query(&cmd).await?;
         Ok(())
     }
 
-    async fn subscribe_cancels(&self) -> Result<BoxStream<'static, String>> {
-        subscribe(self.client.clone(), CANCEL_CHANNEL.to_string()).await
+    async fn subscribe_signals(&self) -> Result<BoxStream<'static, WorkerSignal>> {
+        let raw = subscribe(self.client.clone(), CANCEL_CHANNEL.to_string()).await?;
+        Ok(raw.map(|msg| WorkerSignal::decode(&msg)).boxed())
     }
 
     async fn subscribe_completion(

@@ -67,6 +67,7 @@ use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
     NewSession, SessionRow, SessionStatus,
 };
+use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64};
 use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
@@ -486,20 +487,21 @@ impl InboxStore for SqliteStore {
     async fn deliver(
         &self,
         session_id: &str,
-        kind: &str,
+        kind: InboxKind,
         dedupe: &str,
-        payload: &serde_json::Value,
+        payload: &InboxPayload,
         wake: &[SessionStatus],
     ) -> Result<Option<Delivered>> {
+        let payload = payload.to_value()?;
         // Under the write lock (Postgres: `FOR UPDATE`): the item's position is the bumped
         // `wake_seq`, so positions increase in commit order, and a concurrent suspend
         // sees the bump.
         let mut tx = self.write_tx().await?;
         let item = writes::Item {
             session_id,
-            kind,
+            kind: kind.as_str(),
             dedupe,
-            payload,
+            payload: &payload,
         };
         let delivered = writes::deliver(&mut tx, &item, wake, now_us()).await?;
         match &delivered {
@@ -510,7 +512,12 @@ impl InboxStore for SqliteStore {
         Ok(delivered)
     }
 
-    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>> {
+    async fn inbox(
+        &self,
+        session_id: &str,
+        kinds: &[InboxKind],
+        after: u64,
+    ) -> Result<Vec<InboxItem>> {
         let rows: Vec<InboxRecord> = sqlx::query_as(&SQL.inbox)
             .bind(session_id)
             // The kinds as one JSON array parameter (SQLite has no array binds).

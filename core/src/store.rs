@@ -25,6 +25,7 @@ use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus,
 };
+use crate::protocol::{InboxKind, InboxPayload};
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -125,14 +126,19 @@ pub trait InboxStore: Send + Sync {
     async fn deliver(
         &self,
         session_id: &str,
-        kind: &str,
+        kind: InboxKind,
         dedupe: &str,
-        payload: &serde_json::Value,
+        payload: &InboxPayload,
         wake: &[SessionStatus],
     ) -> Result<Option<Delivered>>;
 
     /// Inbox items of these kinds after position `after`, in order.
-    async fn inbox(&self, session_id: &str, kinds: &[&str], after: u64) -> Result<Vec<InboxItem>>;
+    async fn inbox(
+        &self,
+        session_id: &str,
+        kinds: &[InboxKind],
+        after: u64,
+    ) -> Result<Vec<InboxItem>>;
 
     /// Record a human's decision on a held tool call (first decision wins) and wake the
     /// session if it awaits approval.

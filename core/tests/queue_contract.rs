@@ -16,6 +16,7 @@ use futures::StreamExt;
 use agentq_agent::spec::ExitReason;
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_core::protocol::WorkerSignal;
 use agentq_core::queue::{Delivery, EventRecord, Queue, QueueStats};
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EventStreams, QueueHealth, Signals, WorkQueue};
@@ -492,16 +493,29 @@ async fn contract_completion_subscription(q: &dyn Queue) {
 
 async fn contract_cancel_broadcast(q: &dyn Queue) {
     // Nobody listening: not an error.
-    q.publish_cancel("nobody").await.unwrap();
-    let mut a = q.subscribe_cancels().await.unwrap();
-    let mut b = q.subscribe_cancels().await.unwrap();
-    q.publish_cancel("s1").await.unwrap();
-    q.publish_cancel("s2").await.unwrap();
+    q.publish_signal(&WorkerSignal::Cancel("nobody".into()))
+        .await
+        .unwrap();
+    let mut a = q.subscribe_signals().await.unwrap();
+    let mut b = q.subscribe_signals().await.unwrap();
+    q.publish_signal(&WorkerSignal::Cancel("s1".into()))
+        .await
+        .unwrap();
+    q.publish_signal(&WorkerSignal::Interrupt("s2".into()))
+        .await
+        .unwrap();
     for s in [&mut a, &mut b] {
-        let got: Vec<String> = tokio::time::timeout(Duration::from_secs(5), s.take(2).collect())
-            .await
-            .unwrap();
-        assert_eq!(got, ["s1", "s2"]);
+        let got: Vec<WorkerSignal> =
+            tokio::time::timeout(Duration::from_secs(5), s.take(2).collect())
+                .await
+                .unwrap();
+        assert_eq!(
+            got,
+            [
+                WorkerSignal::Cancel("s1".into()),
+                WorkerSignal::Interrupt("s2".into())
+            ]
+        );
     }
 }
 

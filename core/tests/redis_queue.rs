@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use agentq_agent::spec::ExitReason;
 use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_core::protocol::WorkerSignal;
 use agentq_core::queue::{
     COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, GROUP, QueueStats, done_channel, queue_stream,
 };
@@ -422,15 +423,26 @@ async fn publish_completion_reaches_subscribers_and_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_pubsub() {
     let (_server, q) = setup().await;
-    let mut a = q.subscribe_cancels().await.unwrap();
-    let mut b = q.subscribe_cancels().await.unwrap();
-    q.publish_cancel("s1").await.unwrap();
-    q.publish_cancel("s2").await.unwrap();
+    let mut a = q.subscribe_signals().await.unwrap();
+    let mut b = q.subscribe_signals().await.unwrap();
+    q.publish_signal(&WorkerSignal::Cancel("s1".into()))
+        .await
+        .unwrap();
+    q.publish_signal(&WorkerSignal::Interrupt("s2".into()))
+        .await
+        .unwrap();
     for s in [&mut a, &mut b] {
-        let got: Vec<String> = tokio::time::timeout(Duration::from_secs(5), s.take(2).collect())
-            .await
-            .unwrap();
-        assert_eq!(got, ["s1", "s2"]);
+        let got: Vec<WorkerSignal> =
+            tokio::time::timeout(Duration::from_secs(5), s.take(2).collect())
+                .await
+                .unwrap();
+        assert_eq!(
+            got,
+            [
+                WorkerSignal::Cancel("s1".into()),
+                WorkerSignal::Interrupt("s2".into())
+            ]
+        );
     }
 }
 
@@ -531,7 +543,7 @@ async fn garbage_entries_are_skipped_and_acked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_redis_restart() {
     let (mut server, q) = setup().await;
-    let mut cancels = q.subscribe_cancels().await.unwrap();
+    let mut cancels = q.subscribe_signals().await.unwrap();
     q.enqueue(Q, "before", EnqueueReason::New).await.unwrap();
     let ds = q
         .read(&queues(), "w", 10, Duration::from_millis(100))
@@ -617,10 +629,12 @@ async fn survives_redis_restart() {
     // The cancel subscription reconnected by itself.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let _ = q.publish_cancel("after-restart").await;
+        let _ = q
+            .publish_signal(&WorkerSignal::Cancel("after-restart".into()))
+            .await;
         match tokio::time::timeout(Duration::from_millis(300), cancels.next()).await {
             Ok(Some(id)) => {
-                assert_eq!(id, "after-restart");
+                assert_eq!(id, WorkerSignal::Cancel("after-restart".into()));
                 break;
             }
             Ok(None) => panic!("cancel stream ended"),

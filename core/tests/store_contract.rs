@@ -20,11 +20,12 @@ use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_core::SessionStore;
 use agentq_core::pg::PgStore;
+use agentq_core::protocol::{ChildOutcome, InboxKind, InboxPayload, SteerMessage, Strategy};
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, SessionStatus, inbox_kind,
+    NewSession, SessionStatus,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -33,6 +34,27 @@ const SHORT_TTL: Duration = Duration::from_millis(200);
 // ---------------------------------------------------------------------------------------
 // Backends
 // ---------------------------------------------------------------------------------------
+
+/// A steering message as the API delivers it.
+fn steer(text: &str) -> InboxPayload {
+    InboxPayload::Steer(SteerMessage {
+        content: text.into(),
+        strategy: Strategy::Inject,
+    })
+}
+
+/// A finished child's outcome, as its parent is told it.
+fn child(result: &str) -> InboxPayload {
+    InboxPayload::Child(ChildOutcome {
+        child_id: format!("child-of-{result}"),
+        label: String::new(),
+        tool_call_id: String::new(),
+        status: SessionStatus::Completed,
+        finish_reason: None,
+        result: Some(result.into()),
+        error: None,
+    })
+}
 
 async fn pg_store() -> PgStore {
     let url = agentq_testkit::shared_postgres()
@@ -1189,9 +1211,9 @@ async fn contract_suspend(store: &dyn Store) {
     let d = store
         .deliver(
             &id,
-            inbox_kind::CHILD_DONE,
+            InboxKind::ChildDone,
             "child-1",
-            &json!({ "child": "c1" }),
+            &child("c1"),
             &[SessionStatus::Waiting],
         )
         .await
@@ -1229,9 +1251,9 @@ async fn contract_suspend(store: &dyn Store) {
     let d = store
         .deliver(
             &id,
-            inbox_kind::CHILD_DONE,
+            InboxKind::ChildDone,
             "child-2",
-            &json!({ "child": "c2" }),
+            &child("c2"),
             &[SessionStatus::Waiting],
         )
         .await
@@ -1278,7 +1300,7 @@ async fn contract_suspend(store: &dyn Store) {
     let other = create(store, "cancel wins").await;
     let (lease, _, seen) = acquire_seen(store, &other, "w1").await;
     store
-        .deliver(&other, inbox_kind::MESSAGE, "m", &json!("hi"), &[])
+        .deliver(&other, InboxKind::Message, "m", &steer("hi"), &[])
         .await
         .unwrap()
         .unwrap();
@@ -1294,7 +1316,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     let id = create(store, "inbox").await;
     assert!(
         store
-            .inbox(&id, &[inbox_kind::MESSAGE], 0)
+            .inbox(&id, &[InboxKind::Message], 0)
             .await
             .unwrap()
             .is_empty()
@@ -1303,14 +1325,14 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
 
     // Positions increase; a queued session is not "woken" (it is queued already).
     let items = [
-        (inbox_kind::MESSAGE, "m1", json!({ "text": "first" })),
-        (inbox_kind::FOLLOWUP, "f1", json!({ "text": "later" })),
-        (inbox_kind::CHILD_RESULT, "c1", json!({ "result": "42" })),
-        (inbox_kind::MESSAGE, "m2", json!({ "text": "second" })),
+        (InboxKind::Message, "m1", steer("first")),
+        (InboxKind::Followup, "f1", steer("later")),
+        (InboxKind::ChildResult, "c1", child("42")),
+        (InboxKind::Message, "m2", steer("second")),
     ];
     for (i, (kind, dedupe, payload)) in items.iter().enumerate() {
         let d = store
-            .deliver(&id, kind, dedupe, payload, &wake)
+            .deliver(&id, *kind, dedupe, payload, &wake)
             .await
             .unwrap()
             .unwrap();
@@ -1329,13 +1351,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
 
     // A repeat (a redelivered notification) is a no-op: no new item, no bump.
     let d = store
-        .deliver(
-            &id,
-            inbox_kind::MESSAGE,
-            "m1",
-            &json!({ "text": "dup" }),
-            &wake,
-        )
+        .deliver(&id, InboxKind::Message, "m1", &steer("dup"), &wake)
         .await
         .unwrap()
         .unwrap();
@@ -1344,23 +1360,23 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     assert_eq!(wake_seq(store, &id).await, 4);
 
     // Filtered by kinds and position, in order, with the payload as delivered.
-    let messages = store.inbox(&id, &[inbox_kind::MESSAGE], 0).await.unwrap();
+    let messages = store.inbox(&id, &[InboxKind::Message], 0).await.unwrap();
     assert_eq!(
         messages.iter().map(|i| i.seq).collect::<Vec<_>>(),
         vec![1, 4]
     );
-    assert_eq!(messages[0].kind, inbox_kind::MESSAGE);
-    assert_eq!(messages[0].payload, json!({ "text": "first" }));
+    assert_eq!(messages[0].kind(), Some(InboxKind::Message));
+    assert_eq!(messages[0].steer_message().unwrap().content, "first");
     assert!((Utc::now() - messages[0].created_at).num_seconds().abs() < 60);
-    let after = store.inbox(&id, &[inbox_kind::MESSAGE], 1).await.unwrap();
+    let after = store.inbox(&id, &[InboxKind::Message], 1).await.unwrap();
     assert_eq!(after.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![4]);
     let all = store
         .inbox(
             &id,
             &[
-                inbox_kind::MESSAGE,
-                inbox_kind::FOLLOWUP,
-                inbox_kind::CHILD_RESULT,
+                InboxKind::Message,
+                InboxKind::Followup,
+                InboxKind::ChildResult,
             ],
             0,
         )
@@ -1368,17 +1384,17 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
         .unwrap();
     assert_eq!(
         all.iter()
-            .map(|i| (i.seq, i.kind.as_str(), i.payload.clone()))
+            .map(|i| (i.seq, i.kind(), i.payload.clone()))
             .collect::<Vec<_>>(),
         items
             .iter()
             .enumerate()
-            .map(|(n, (k, _, p))| (n as u64 + 1, *k, p.clone()))
+            .map(|(n, (k, _, p))| (n as u64 + 1, Some(*k), p.to_value().unwrap()))
             .collect::<Vec<_>>()
     );
     assert!(
         store
-            .inbox(&id, &[inbox_kind::CHILD_RESULT], 3)
+            .inbox(&id, &[InboxKind::ChildResult], 3)
             .await
             .unwrap()
             .is_empty()
@@ -1386,7 +1402,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     assert!(store.inbox(&id, &[], 0).await.unwrap().is_empty());
     assert!(
         store
-            .inbox("missing", &[inbox_kind::MESSAGE], 0)
+            .inbox("missing", &[InboxKind::Message], 0)
             .await
             .unwrap()
             .is_empty()
@@ -1394,7 +1410,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     // Another session's inbox is its own (the same dedupe key is independent).
     let other = create(store, "other inbox").await;
     let d = store
-        .deliver(&other, inbox_kind::MESSAGE, "m1", &json!("x"), &wake)
+        .deliver(&other, InboxKind::Message, "m1", &steer("x"), &wake)
         .await
         .unwrap()
         .unwrap();
@@ -1404,7 +1420,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     // Only the listed statuses wake: running stays running ...
     let (lease, _, seen) = acquire_seen(store, &id, "w").await;
     let d = store
-        .deliver(&id, inbox_kind::MESSAGE, "m3", &json!("run"), &wake)
+        .deliver(&id, InboxKind::Message, "m3", &steer("run"), &wake)
         .await
         .unwrap()
         .unwrap();
@@ -1422,7 +1438,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
         .unwrap();
     assert_eq!(row.status, SessionStatus::AwaitingApproval);
     let d = store
-        .deliver(&id, inbox_kind::MESSAGE, "m4", &json!("held"), &wake)
+        .deliver(&id, InboxKind::Message, "m4", &steer("held"), &wake)
         .await
         .unwrap()
         .unwrap();
@@ -1438,9 +1454,9 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
     let d = store
         .deliver(
             &id,
-            inbox_kind::MESSAGE,
+            InboxKind::Message,
             "m5",
-            &json!("wake up"),
+            &steer("wake up"),
             &[SessionStatus::Waiting, SessionStatus::AwaitingApproval],
         )
         .await
@@ -1460,7 +1476,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
         .await
         .unwrap();
     let d = store
-        .deliver(&id, inbox_kind::CHILD_RESULT, "c2", &json!("done"), &wake)
+        .deliver(&id, InboxKind::ChildResult, "c2", &steer("done"), &wake)
         .await
         .unwrap()
         .unwrap();
@@ -1473,7 +1489,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
 
     assert!(
         store
-            .deliver("missing", inbox_kind::MESSAGE, "x", &json!(1), &wake)
+            .deliver("missing", InboxKind::Message, "x", &steer("1"), &wake)
             .await
             .unwrap()
             .is_none()
@@ -1728,9 +1744,9 @@ async fn contract_follow_up(store: &dyn Store) {
     let f = store
         .deliver(
             &id,
-            inbox_kind::FOLLOWUP,
+            InboxKind::Followup,
             "f1",
-            &json!({ "text": "second question" }),
+            &steer("second question"),
             &[],
         )
         .await
@@ -1739,7 +1755,7 @@ async fn contract_follow_up(store: &dyn Store) {
     assert!(f.inserted && !f.woken);
     assert_eq!(f.status, SessionStatus::Running);
     let m = store
-        .deliver(&id, inbox_kind::MESSAGE, "m1", &json!("be brief"), &[])
+        .deliver(&id, InboxKind::Message, "m1", &steer("be brief"), &[])
         .await
         .unwrap()
         .unwrap();

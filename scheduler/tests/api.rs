@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
+use agentq_core::protocol::WorkerSignal;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     LeaseStore, NewSession, QueueHealth, SessionStatus, SessionStore, Signals, SweepStore,
@@ -408,7 +409,7 @@ async fn cancel_a_running_session_notifies_workers() {
         .unwrap();
     assert!(matches!(claim, agentq_core::Claim::Acquired { .. }));
 
-    let mut cancels = env.queue.subscribe_cancels().await.unwrap();
+    let mut cancels = env.queue.subscribe_signals().await.unwrap();
     let r = env
         .post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
         .await;
@@ -420,7 +421,7 @@ async fn cancel_a_running_session_notifies_workers() {
     let got = tokio::time::timeout(Duration::from_secs(5), cancels.next())
         .await
         .expect("cancel within 5 s");
-    assert_eq!(got.as_deref(), Some(id.as_str()));
+    assert_eq!(got, Some(WorkerSignal::Cancel(id.clone())));
     assert!(env.store.get(&id).await.unwrap().unwrap().cancel_requested);
 }
 

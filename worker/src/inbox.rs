@@ -76,7 +76,7 @@ impl SessionInbox {
             .count();
         let delivered = self
             .store
-            .inbox(&self.session_id, &[InboxKind::ChildResult.as_str()], 0)
+            .inbox(&self.session_id, &[InboxKind::ChildResult], 0)
             .await?
             .iter()
             .filter(|i| i.seq <= self.bg_cursor.load(Ordering::SeqCst))
@@ -107,7 +107,7 @@ impl BackgroundSource for SessionInbox {
         let after = self.bg_cursor.load(Ordering::SeqCst);
         let items = match self
             .store
-            .inbox(&self.session_id, &[InboxKind::ChildResult.as_str()], after)
+            .inbox(&self.session_id, &[InboxKind::ChildResult], after)
             .await
         {
             Ok(items) => items,
@@ -162,7 +162,7 @@ impl BackgroundSource for SessionInbox {
         let after = self.msg_cursor.load(Ordering::SeqCst);
         match self
             .store
-            .inbox(&self.session_id, &[InboxKind::Message.as_str()], after)
+            .inbox(&self.session_id, &[InboxKind::Message], after)
             .await
         {
             Ok(items) => items

@@ -16,7 +16,7 @@ use crate::Inner;
 
 pub(crate) async fn signal_listener(inner: Arc<Inner>, stop: CancellationToken) {
     let mut stream = loop {
-        match inner.queue.subscribe_cancels().await {
+        match inner.queue.subscribe_signals().await {
             Ok(s) => break s,
             Err(e) => {
                 warn!(error = %e, "subscribing to cancels failed; retrying");
@@ -32,7 +32,7 @@ pub(crate) async fn signal_listener(inner: Arc<Inner>, stop: CancellationToken) 
             m = stream.next() => match m { Some(msg) => msg, None => return },
             _ = stop.cancelled() => return,
         };
-        deliver(&inner, WorkerSignal::decode(&msg));
+        deliver(&inner, msg);
     }
 }
 

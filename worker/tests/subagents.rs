@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use agentq_agent::schema::{Message, Role};
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
+use agentq_core::protocol::{InboxKind, InboxPayload, SteerMessage, Strategy};
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     EnqueueReason, InboxStore, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore,
@@ -565,9 +566,12 @@ async fn a_message_sent_while_queued_is_injected_once() {
     c.store
         .deliver(
             &s,
-            agentq_core::model::inbox_kind::MESSAGE,
+            InboxKind::Message,
             "lost-signal",
-            &json!({"content": "read this first", "strategy": "inject"}),
+            &InboxPayload::Steer(SteerMessage {
+                content: "read this first".into(),
+                strategy: Strategy::Inject,
+            }),
             &[],
         )
         .await

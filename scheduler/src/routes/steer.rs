@@ -102,10 +102,10 @@ pub(super) async fn post_message(
         &[SessionStatus::Waiting]
     };
     let dedupe = format!("msg:{}", uuid::Uuid::new_v4());
-    let payload = InboxPayload::Steer(SteerMessage { content, strategy }).to_value()?;
+    let payload = InboxPayload::Steer(SteerMessage { content, strategy });
     let delivered = s
         .store
-        .deliver(&id, kind.as_str(), &dedupe, &payload, wake)
+        .deliver(&id, kind, &dedupe, &payload, wake)
         .await?
         .ok_or_else(|| not_found(&id))?;
     if delivered.woken {
@@ -116,7 +116,7 @@ pub(super) async fn post_message(
     } else {
         WorkerSignal::Wake(id.clone())
     };
-    if let Err(e) = s.queue.publish_cancel(&signal.encode()).await {
+    if let Err(e) = s.queue.publish_signal(&signal).await {
         // The running worker reads its inbox at its next claim at the latest.
         tracing::warn!(session_id = %id, error = %e, "cannot signal the worker");
     }
