@@ -172,7 +172,7 @@ impl Api {
     fn new(args: &ApiArgs) -> anyhow::Result<Api> {
         let base = match &args.api_url {
             Some(u) if !u.trim().is_empty() => u.clone(),
-            _ => Config::load(None)?.api_url,
+            _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
         };
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
@@ -461,7 +461,7 @@ type DoneStream = futures::stream::BoxStream<'static, Completion>;
 
 /// All completions (`agentq:done`), when a Redis URL is configured and reachable.
 async fn subscribe_done() -> Option<DoneStream> {
-    let url = match Config::load(None) {
+    let url = match Config::load_only(None, |k| std::env::var(k).ok(), &["redis_url"]) {
         Ok(c) => c.redis_url?,
         Err(e) => {
             tracing::warn!(error = %e, "cannot load the configuration; polling the API");

@@ -229,7 +229,7 @@ fn backoff(failures: u32) -> Duration {
 pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let base = match &args.api.api_url {
         Some(u) if !u.trim().is_empty() => u.clone(),
-        _ => Config::load(None)?.api_url,
+        _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
     };
     let url = format!(
         "{}/v1/sessions/{}/events",

@@ -617,7 +617,21 @@ impl Settings {
                 }
             }
         };
-        settings.apply_env(env)?;
+        settings.apply_env(env, None)?;
+        Ok(settings)
+    }
+
+    /// The file, then the environment of only the settings named in `keys` (file keys,
+    /// e.g. `api_url`): for a command that needs a few settings, so that a variable meant
+    /// for another command (`AGENTQ_WORKER_CONCURRENCY=auto`) cannot stop it. Not
+    /// validated.
+    pub fn load_only(
+        path: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+        keys: &[&str],
+    ) -> Result<Settings> {
+        let mut settings = Self::load_with(path, |_| None)?;
+        settings.apply_env(env, Some(keys))?;
         Ok(settings)
     }
 
@@ -658,20 +672,31 @@ impl Settings {
         toml::from_str(text).map_err(|e| Error::Config(e.to_string().trim().to_string()))
     }
 
-    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<()> {
+    /// The environment over the settings; `only`: just the settings with these keys, and
+    /// no provider keys.
+    fn apply_env(
+        &mut self,
+        env: impl Fn(&str) -> Option<String>,
+        only: Option<&[&str]>,
+    ) -> Result<()> {
         // An empty variable counts as unset (a common result of `FOO= cmd` or templating).
         let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
         for s in SETTINGS {
             let (Some(name), Some(apply)) = (s.env, s.apply) else {
                 continue;
             };
+            if only.is_some_and(|keys| !keys.contains(&s.key)) {
+                continue;
+            }
             if let Some(v) = var(name) {
                 apply(self, &v)
                     .map_err(|why| Error::Config(format!("{name} (`{}`): {why}", s.key)))?;
             }
         }
-        for (name, set) in KEYS {
-            set(&mut self.providers, var(name).map(Secret::new));
+        if only.is_none() {
+            for (name, set) in KEYS {
+                set(&mut self.providers, var(name).map(Secret::new));
+            }
         }
         Ok(())
     }

@@ -152,7 +152,15 @@ pub async fn start_next_followup(
     let Some(next) = pending.first() else {
         return Ok(false);
     };
-    let text = next.steer_message()?.content;
+    // A malformed item must not block every follow-up behind it: it still starts its turn
+    // (with no text), which moves the cursor past it.
+    let text = match next.steer_message() {
+        Ok(m) => m.content,
+        Err(e) => {
+            tracing::warn!(session_id = %row.id, error = %e, "a follow-up item is malformed");
+            String::new()
+        }
+    };
     match store.follow_up(&row.id, &text, Some(next.seq)).await? {
         Some(reopened) => {
             enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;

@@ -427,3 +427,23 @@ fn the_example_file_is_every_setting_at_its_default() {
     assert_eq!(set, registry);
     all.validate().unwrap();
 }
+
+#[test]
+fn load_only_reads_just_the_named_settings() {
+    // A client command needs the API URL: a variable meant for a worker, even one it
+    // could not parse, must not stop it.
+    let env = env_of(&[
+        ("AGENTQ_API_URL", "http://api.example:7700"),
+        ("AGENTQ_WORKER_CONCURRENCY", "auto"),
+        ("AGENTQ_REDIS_URL", "redis://r:6379"),
+        ("OPENAI_API_KEY", "sk-canary"),
+    ]);
+    assert!(Settings::load_with(None, &env).is_err());
+    let s = Settings::load_only(None, &env, &["api_url"]).unwrap();
+    assert_eq!(s.api_url, "http://api.example:7700");
+    assert_eq!(s.redis_url, None);
+    assert_eq!(s.worker.concurrency, Settings::default().worker.concurrency);
+    assert!(s.providers.openai_api_key.is_none());
+    let s = Settings::load_only(None, &env, &["redis_url"]).unwrap();
+    assert_eq!(s.redis_url.as_deref(), Some("redis://r:6379"));
+}
