@@ -2,13 +2,12 @@
 //! and `Queue` calls: waking a session (and queueing it), telling a parent its child
 //! finished, and cancelling a subtree.
 
-use serde_json::json;
-
 use crate::Result;
 use crate::model::{
     CancelResult, Completion, EnqueueReason, ListFilter, SessionRow, SessionStatus, SpawnInfo,
-    inbox_kind, inbox_past,
+    inbox_past,
 };
+use crate::protocol::{ChildOutcome, InboxKind, InboxPayload, WorkerSignal};
 use crate::queue::Queue;
 use crate::store::Store;
 
@@ -41,25 +40,17 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
     if !child.status.is_terminal() {
         return Ok(());
     }
-    let info = SpawnInfo::of(&child.spec).unwrap_or_default();
-    let kind = if info.wait {
-        inbox_kind::CHILD_DONE
+    let waits = SpawnInfo::of(&child.spec).is_some_and(|i| i.wait);
+    let kind = if waits {
+        InboxKind::ChildDone
     } else {
-        inbox_kind::CHILD_RESULT
+        InboxKind::ChildResult
     };
-    let payload = json!({
-        "child_id": child.id,
-        "label": info.label,
-        "tool_call_id": info.tool_call_id,
-        "status": child.status,
-        "finish_reason": child.finish_reason,
-        "result": child.result,
-        "error": child.error,
-    });
+    let payload = InboxPayload::Child(ChildOutcome::of(child)).to_value()?;
     let delivered = store
         .deliver(
             parent,
-            kind,
+            kind.as_str(),
             &format!("child:{}", child.id),
             &payload,
             &[SessionStatus::Waiting],
@@ -71,7 +62,7 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
         // than only when it next suspends.
         Some(d) if d.inserted && d.status == SessionStatus::Running => {
             if let Err(e) = queue
-                .publish_cancel(&signal::encode(signal::WAKE, parent))
+                .publish_cancel(&WorkerSignal::Wake(parent.to_string()).encode())
                 .await
             {
                 tracing::debug!(session_id = parent, error = %e, "cannot signal the parent's worker");
@@ -96,7 +87,8 @@ pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &Canc
             }
         }
         CancelResult::Requested(row) => {
-            if let Err(e) = queue.publish_cancel(&row.id).await {
+            let signal = WorkerSignal::Cancel(row.id.clone());
+            if let Err(e) = queue.publish_cancel(&signal.encode()).await {
                 tracing::warn!(session_id = %row.id, error = %e, "cannot broadcast a cancel request");
             }
         }
@@ -104,8 +96,8 @@ pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &Canc
     }
 }
 
-/// Cancel every unfinished descendant of `root`, breadth first (DESIGN §5: cancelling a
-/// parent cancels its children; a parent that fails leaves no orphan running).
+/// Cancel every unfinished descendant of `root`, breadth first: cancelling a parent
+/// cancels its children, and a parent that fails leaves no orphan running up its bill.
 pub async fn cancel_descendants(store: &dyn Store, queue: &dyn Queue, root: &str) {
     let mut frontier = vec![root.to_string()];
     let mut reached = 0usize;
@@ -142,26 +134,6 @@ pub async fn cancel_descendants(store: &dyn Store, queue: &dyn Queue, root: &str
     }
 }
 
-/// Signals sent to workers on the cancel channel, besides a bare session id (cancel).
-pub mod signal {
-    /// New inbox items: re-read the inbox at the next boundary.
-    pub const WAKE: &str = "wake";
-    /// A steering message that interrupts the current turn.
-    pub const INTERRUPT: &str = "interrupt";
-
-    pub fn encode(kind: &str, session_id: &str) -> String {
-        format!("{kind}:{session_id}")
-    }
-
-    /// `(kind, session_id)`; a bare id is a cancel.
-    pub fn decode(msg: &str) -> (&str, &str) {
-        match msg.split_once(':') {
-            Some((k, id)) if k == WAKE || k == INTERRUPT => (k, id),
-            _ => ("cancel", msg),
-        }
-    }
-}
-
 /// If a finished session has `enqueue`d messages waiting, start the oldest as a new turn
 /// (and queue it). Safe to race: the store starts each follow-up at most once. Returns
 /// whether a turn was started.
@@ -175,17 +147,17 @@ pub async fn start_next_followup(
         return Ok(false);
     }
     let pending = store
-        .inbox(&row.id, &[inbox_kind::FOLLOWUP], row.followup_cursor)
+        .inbox(
+            &row.id,
+            &[InboxKind::Followup.as_str()],
+            row.followup_cursor,
+        )
         .await?;
     let Some(next) = pending.first() else {
         return Ok(false);
     };
-    let text = next
-        .payload
-        .get("content")
-        .and_then(|c| c.as_str())
-        .unwrap_or_default();
-    match store.follow_up(&row.id, text, Some(next.seq)).await? {
+    let text = next.steer_message()?.content;
+    match store.follow_up(&row.id, &text, Some(next.seq)).await? {
         Some(reopened) => {
             enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;
             Ok(true)

@@ -8,7 +8,8 @@ use agentq_agent::schema::Usage;
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
 
-/// Lifecycle of a session (DESIGN §3).
+/// Lifecycle of a session. `waiting` and `awaiting_approval` hold no lease: the event
+/// they wait for re-enqueues them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
@@ -182,17 +183,14 @@ pub fn inbox_past(wake_seq: i64, cursor: u64) -> bool {
     u64::try_from(wake_seq).map_or(true, |w| w > cursor)
 }
 
-/// Inbox kinds.
+/// The stored names of [`crate::protocol::InboxKind`], for the stores' kind filters.
 pub mod inbox_kind {
-    /// A background (`wait: false`) child's final result, to inject into the parent.
-    pub const CHILD_RESULT: &str = "child_result";
-    /// A foreground (`wait: true`) child finished: only wakes the parent, whose
-    /// `spawn_agent` call then reads the child's row.
-    pub const CHILD_DONE: &str = "child_done";
-    /// A steering message to add at the next iteration boundary (`inject`, `interrupt`).
-    pub const MESSAGE: &str = "message";
-    /// A steering message to run as a new turn once the session finishes (`enqueue`).
-    pub const FOLLOWUP: &str = "followup";
+    use crate::protocol::InboxKind;
+
+    pub const CHILD_RESULT: &str = InboxKind::ChildResult.as_str();
+    pub const CHILD_DONE: &str = InboxKind::ChildDone.as_str();
+    pub const MESSAGE: &str = InboxKind::Message.as_str();
+    pub const FOLLOWUP: &str = InboxKind::Followup.as_str();
 }
 
 /// One item of a session's inbox.

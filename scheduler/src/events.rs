@@ -43,6 +43,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::schema::{Message, Role};
+use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
 use agentq_core::{SessionRow, Store};
 
@@ -174,7 +175,9 @@ pub fn reset_after(events: &[(StreamId, EventKey)], last: StreamId) -> Option<u6
 /// A parsed stored event, ready to send.
 struct Out {
     id: Option<String>,
-    kind: String,
+    /// `None` for a type this process does not know (a newer worker's): sent as a plain
+    /// message rather than risk a malformed `event:` line.
+    kind: Option<EventKind>,
     data: Value,
 }
 
@@ -182,7 +185,7 @@ impl Out {
     fn from_record(r: &EventRecord) -> Option<Out> {
         let mut data: Value = serde_json::from_str(&r.data).ok()?;
         let obj = data.as_object_mut()?;
-        let kind = obj.get("type")?.as_str()?.to_string();
+        let kind = EventKind::parse(obj.get("type")?.as_str()?);
         obj.insert("seq".into(), json!(r.seq));
         Some(Out {
             id: Some(r.id.clone()),
@@ -192,22 +195,11 @@ impl Out {
     }
 
     fn is_completion(&self) -> bool {
-        self.kind == "session_completed"
+        self.kind == Some(EventKind::SessionCompleted)
     }
 
     fn into_event(self) -> Event {
-        // `type` comes from our own serializer; anything unexpected is sent as a plain
-        // message rather than risk a malformed `event:` line.
-        let kind = if !self.kind.is_empty()
-            && self
-                .kind
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b == b'_')
-        {
-            self.kind
-        } else {
-            "message".to_string()
-        };
+        let kind = self.kind.map_or("message", EventKind::as_str);
         let mut ev = Event::default().event(kind).data(self.data.to_string());
         if let Some(id) = self.id.filter(|i| !i.contains(['\n', '\r'])) {
             ev = ev.id(id);
@@ -225,7 +217,7 @@ fn reset_event(seq: u64) -> Event {
 /// The `session_completed` event of a terminal row.
 fn completion_from_row(row: &SessionRow, seq: u64) -> Value {
     json!({
-        "type": "session_completed",
+        "type": EventKind::SessionCompleted,
         "finish_reason": row.finish_reason,
         "result": row.result,
         "error": row.error,
@@ -247,24 +239,24 @@ pub fn transcript_events(messages: &[Message], row: Option<&SessionRow>) -> Vec<
         match m.role {
             Role::Assistant => {
                 iteration += 1;
-                evs.push(json!({"type": "iteration_started", "iteration": iteration}));
+                evs.push(json!({"type": EventKind::IterationStarted, "iteration": iteration}));
                 for t in m.thinking.iter().filter(|t| !t.text.is_empty()) {
-                    evs.push(json!({"type": "thinking_delta", "text": t.text}));
+                    evs.push(json!({"type": EventKind::ThinkingDelta, "text": t.text}));
                 }
                 if !m.content.is_empty() {
-                    evs.push(json!({"type": "text_delta", "text": m.content}));
+                    evs.push(json!({"type": EventKind::TextDelta, "text": m.content}));
                 }
                 for c in &m.tool_calls {
-                    evs.push(json!({"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.arguments}));
+                    evs.push(json!({"type": EventKind::ToolCall, "id": c.id, "name": c.name, "arguments": c.arguments}));
                 }
                 evs.push(json!({
-                    "type": "iteration_completed",
+                    "type": EventKind::IterationCompleted,
                     "iteration": iteration,
                     "usage": m.usage.unwrap_or_default(),
                 }));
             }
             Role::Tool => evs.push(json!({
-                "type": "tool_result",
+                "type": EventKind::ToolResult,
                 "id": m.tool_call_id,
                 "name": m.name,
                 "content": m.content,
@@ -490,7 +482,7 @@ impl Follower {
         for (seq, k, data) in rebuilt {
             let out = Out {
                 id: Some(format!("t-{seq}-{k}")),
-                kind: data["type"].as_str().unwrap_or("message").to_string(),
+                kind: data["type"].as_str().and_then(EventKind::parse),
                 data,
             };
             completed |= out.is_completion();
@@ -593,7 +585,7 @@ impl Follower {
                     let data = completion_from_row(&row, seq);
                     self.send(
                         Event::default()
-                            .event("session_completed")
+                            .event(EventKind::SessionCompleted.as_str())
                             .data(data.to_string()),
                     )
                     .await?;

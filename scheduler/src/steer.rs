@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use agentq_agent::schema::Role;
-use agentq_core::lifecycle::{self, signal};
-use agentq_core::model::inbox_kind;
+use agentq_core::lifecycle;
+use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
 use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
 
 use crate::Scheduler;
@@ -105,62 +105,59 @@ pub async fn post_message(
             message: format!("content is over {MAX_MESSAGE_BYTES} bytes"),
         });
     }
-    let strategy = field_str(&body, "strategy", false)?.unwrap_or("inject");
-    if !matches!(strategy, "inject" | "enqueue" | "interrupt" | "reject") {
-        return Err(ApiError::invalid(
-            "strategy",
-            format!(
-                "unknown strategy `{strategy}` (expected inject, enqueue, interrupt or reject)"
-            ),
-        ));
-    }
+    let strategy = match field_str(&body, "strategy", false)? {
+        None => Strategy::default(),
+        Some(name) => Strategy::parse(name).ok_or_else(|| {
+            ApiError::invalid(
+                "strategy",
+                format!(
+                    "unknown strategy `{name}` (expected inject, enqueue, interrupt or reject)"
+                ),
+            )
+        })?,
+    };
     let row = get_row(&s, &id).await?;
     if row.status.is_terminal() {
         // A finished session takes any message as a new turn with its full history.
         return follow_up(&s, &row, content).await;
     }
-    if strategy == "reject" {
+    if strategy == Strategy::Reject {
         return Err(ApiError::Conflict {
             code: "session_busy",
             message: format!("session {id} is {}; the message was rejected", row.status),
         });
     }
-    let kind = if strategy == "enqueue" {
-        inbox_kind::FOLLOWUP
-    } else {
-        inbox_kind::MESSAGE
-    };
+    let kind = strategy.inbox_kind();
     // An `enqueue` waits for the end of the session; the others wake a waiting one.
-    let wake: &[SessionStatus] = if strategy == "enqueue" {
+    let wake: &[SessionStatus] = if strategy == Strategy::Enqueue {
         &[]
     } else {
         &[SessionStatus::Waiting]
     };
     let dedupe = format!("msg:{}", uuid::Uuid::new_v4());
+    let payload = InboxPayload::Steer(SteerMessage {
+        content: content.to_string(),
+        strategy,
+    })
+    .to_value()?;
     let delivered = s
         .store
-        .deliver(
-            &id,
-            kind,
-            &dedupe,
-            &json!({"content": content, "strategy": strategy}),
-            wake,
-        )
+        .deliver(&id, kind.as_str(), &dedupe, &payload, wake)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("session {id} not found")))?;
     if delivered.woken {
         lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &delivered.queue).await;
     }
-    let sig = if strategy == "interrupt" {
-        signal::INTERRUPT
+    let signal = if strategy == Strategy::Interrupt {
+        WorkerSignal::Interrupt(id.clone())
     } else {
-        signal::WAKE
+        WorkerSignal::Wake(id.clone())
     };
-    if let Err(e) = s.queue.publish_cancel(&signal::encode(sig, &id)).await {
+    if let Err(e) = s.queue.publish_cancel(&signal.encode()).await {
         // The running worker reads its inbox at its next claim at the latest.
         tracing::warn!(session_id = %id, error = %e, "cannot signal the worker");
     }
-    if strategy == "enqueue" {
+    if strategy == Strategy::Enqueue {
         // It may have finished between our read and the delivery: start the turn now.
         if let Some(now) = s.store.get(&id).await?
             && now.status.is_terminal()

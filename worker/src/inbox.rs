@@ -17,7 +17,8 @@ use tracing::warn;
 use agentq_agent::driver::{BackgroundResult, BackgroundSource};
 use agentq_agent::guard::{ApprovalDecision, Approver};
 use agentq_agent::schema::ToolCall;
-use agentq_core::model::{inbox_kind, inbox_past};
+use agentq_core::model::inbox_past;
+use agentq_core::protocol::InboxKind;
 use agentq_core::{ListFilter, SpawnInfo, Store};
 
 pub struct SessionInbox {
@@ -75,7 +76,7 @@ impl SessionInbox {
             .count();
         let delivered = self
             .store
-            .inbox(&self.session_id, &[inbox_kind::CHILD_RESULT], 0)
+            .inbox(&self.session_id, &[InboxKind::ChildResult.as_str()], 0)
             .await?
             .iter()
             .filter(|i| i.seq <= self.bg_cursor.load(Ordering::SeqCst))
@@ -97,13 +98,6 @@ impl SessionInbox {
     }
 }
 
-fn text(v: &serde_json::Value, key: &str) -> String {
-    v.get(key)
-        .and_then(|x| x.as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[async_trait]
 impl BackgroundSource for SessionInbox {
     async fn take(&self) -> Vec<BackgroundResult> {
@@ -113,7 +107,7 @@ impl BackgroundSource for SessionInbox {
         let after = self.bg_cursor.load(Ordering::SeqCst);
         let items = match self
             .store
-            .inbox(&self.session_id, &[inbox_kind::CHILD_RESULT], after)
+            .inbox(&self.session_id, &[InboxKind::ChildResult.as_str()], after)
             .await
         {
             Ok(items) => items,
@@ -125,17 +119,21 @@ impl BackgroundSource for SessionInbox {
         };
         let mut out = Vec::with_capacity(items.len());
         for item in items {
-            let p = &item.payload;
-            let result = match p.get("result").and_then(|r| r.as_str()) {
-                Some(r) if !r.is_empty() => r.to_string(),
-                _ => text(p, "error"),
-            };
             self.bg_cursor.fetch_max(item.seq, Ordering::SeqCst);
+            // A malformed item is skipped rather than retried forever: no writer of ours
+            // produces one, and re-reading it would block every result behind it.
+            let child = match item.child_outcome() {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(session_id = %self.session_id, error = %e, "skipping an inbox item");
+                    continue;
+                }
+            };
             out.push(BackgroundResult {
-                label: text(p, "label"),
-                id: text(p, "child_id"),
-                outcome: text(p, "status"),
-                result,
+                result: child.text(),
+                label: child.label,
+                id: child.child_id,
+                outcome: child.status.as_str().to_string(),
                 seq: item.seq,
             });
         }
@@ -164,14 +162,20 @@ impl BackgroundSource for SessionInbox {
         let after = self.msg_cursor.load(Ordering::SeqCst);
         match self
             .store
-            .inbox(&self.session_id, &[inbox_kind::MESSAGE], after)
+            .inbox(&self.session_id, &[InboxKind::Message.as_str()], after)
             .await
         {
             Ok(items) => items
                 .into_iter()
-                .map(|i| {
+                .filter_map(|i| {
                     self.msg_cursor.fetch_max(i.seq, Ordering::SeqCst);
-                    (i.seq, text(&i.payload, "content"))
+                    match i.steer_message() {
+                        Ok(m) => Some((i.seq, m.content)),
+                        Err(e) => {
+                            warn!(session_id = %self.session_id, error = %e, "skipping an inbox item");
+                            None
+                        }
+                    }
                 })
                 .collect(),
             Err(e) => {

@@ -24,6 +24,7 @@ use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::tools::ToolSettings;
 use agentq_core::metrics::Metrics;
+use agentq_core::protocol::WorkerSignal;
 use agentq_core::queue::{Delivery, EventRecord};
 use agentq_core::{Lease, Queue, Store};
 
@@ -662,29 +663,27 @@ async fn cancel_listener(inner: Arc<Inner>, stop: CancellationToken) {
         }
     };
     loop {
-        let id = tokio::select! {
-            m = stream.next() => match m { Some(id) => id, None => return },
+        let msg = tokio::select! {
+            m = stream.next() => match m { Some(msg) => msg, None => return },
             _ = stop.cancelled() => return,
         };
-        let (kind, id) = agentq_core::lifecycle::signal::decode(&id);
+        let signal = WorkerSignal::decode(&msg);
+        let id = signal.session_id();
         let active = inner.active_lock();
         if let Some(a) = active.get(id) {
-            match kind {
-                agentq_core::lifecycle::signal::WAKE => a.inbox.mark_dirty(),
-                agentq_core::lifecycle::signal::INTERRUPT => {
+            match signal {
+                WorkerSignal::Wake(_) => a.inbox.mark_dirty(),
+                WorkerSignal::Interrupt(_) => {
                     info!(session_id = %id, "interrupted by a new message");
                     a.inbox.mark_dirty();
                     a.interrupter.interrupt();
                 }
-                _ => {
+                WorkerSignal::Cancel(_) => {
                     info!(session_id = %id, "cancel requested");
                     a.cancel.cancel();
                 }
             }
-        } else if matches!(
-            kind,
-            agentq_core::lifecycle::signal::WAKE | agentq_core::lifecycle::signal::INTERRUPT
-        ) {
+        } else if !matches!(signal, WorkerSignal::Cancel(_)) {
             inner.note_missed_wake(id);
         }
     }

@@ -14,6 +14,7 @@ use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::observe::{LlmCallInfo, Observer};
 use agentq_core::Queue;
 use agentq_core::metrics::Metrics;
+use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
 
 /// Metrics of one session run. Labels: queue, provider, model, tool — never the session.
@@ -219,15 +220,5 @@ pub async fn died_mid_llm_call(
     events
         .iter()
         .filter(|e| e.epoch == prev_epoch && e.seq == committed as u64)
-        .any(|e| {
-            serde_json::from_str::<serde_json::Value>(&e.data)
-                .ok()
-                .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_string))
-                .is_some_and(|t| {
-                    matches!(
-                        t.as_str(),
-                        "iteration_started" | "text_delta" | "thinking_delta" | "error"
-                    )
-                })
-        })
+        .any(|e| EventKind::of_json(&e.data).is_some_and(EventKind::marks_llm_call))
 }
