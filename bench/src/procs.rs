@@ -13,6 +13,7 @@ use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use agentq_core::SessionStatus;
 use agentq_core::redis_queue::RedisQueue;
 
 use crate::llm;
@@ -272,7 +273,8 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         let now = killed.elapsed();
         for (id, iteration, owner, status) in rows {
             let moved = iteration > before.get(&id).copied().unwrap_or(i32::MAX);
-            let ours = owner.as_deref() == Some(me.as_str()) || status != "running";
+            let ours = owner.as_deref() == Some(me.as_str())
+                || SessionStatus::parse(&status) != Some(SessionStatus::Running);
             if moved && ours {
                 recovered.entry(id).or_insert(now);
             }

@@ -519,7 +519,7 @@ fn verdict(failure: Option<String>, summary: &Summary) -> ExitCode {
         let bad: Vec<String> = summary
             .by_status
             .iter()
-            .filter(|(s, _)| s.as_str() != "completed")
+            .filter(|(s, _)| s.as_str() != SessionStatus::Completed.as_str())
             .map(|(s, n)| format!("{n} {s}"))
             .collect();
         eprintln!(

@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
-use agentq_core::{ListFilter, SessionRow, Store};
+use agentq_core::protocol::EventKind;
+use agentq_core::{ListFilter, SessionRow, SessionStatus, Store};
 
 /// What the demo reports, from the store (except the run's own observations: the kill,
 /// the wall time, the re-issued calls).
@@ -97,7 +98,10 @@ pub(super) fn summarize(rows: &[SessionRow], run: SummaryRun<'_>) -> Summary {
     }
     latencies.sort_unstable();
     let roots = rows.iter().filter(|r| r.parent_id.is_none()).count() as u64;
-    let completed = by_status.get("completed").copied().unwrap_or(0);
+    let completed = by_status
+        .get(SessionStatus::Completed.as_str())
+        .copied()
+        .unwrap_or(0);
     let secs = run.wall.as_secs_f64().max(1e-9);
     let (killed_worker, killed_at_secs, killed_running) = match run.kill {
         Some((n, at, k)) => (Some(n), Some(at), k),
@@ -159,15 +163,12 @@ pub(super) async fn llm_audit(queue: &dyn agentq_core::Queue, rows: &[SessionRow
         // seq → (epochs that started a call there, epochs that checkpointed its answer)
         let mut at: BTreeMap<u64, (BTreeSet<i64>, BTreeSet<i64>)> = BTreeMap::new();
         for e in &events {
-            let kind = serde_json::from_str::<serde_json::Value>(&e.data)
-                .ok()
-                .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_string));
             let slot = at.entry(e.seq).or_default();
-            match kind.as_deref() {
-                Some("iteration_started") => {
+            match EventKind::of_json(&e.data) {
+                Some(EventKind::IterationStarted) => {
                     slot.0.insert(e.epoch);
                 }
-                Some("iteration_completed") => {
+                Some(EventKind::IterationCompleted) => {
                     slot.1.insert(e.epoch);
                 }
                 _ => {}
@@ -239,7 +240,7 @@ pub(super) fn print_table(s: &Summary, temporary: bool) {
     for (status, n) in s
         .by_status
         .iter()
-        .filter(|(k, _)| k.as_str() != "completed")
+        .filter(|(k, _)| k.as_str() != SessionStatus::Completed.as_str())
     {
         push(&format!("  status {status}"), n.to_string());
     }
