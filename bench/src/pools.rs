@@ -9,7 +9,7 @@
 //! each worker's main pool to its share (telling so), or refuses at once when not even the
 //! smallest pool fits.
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 use agentq_core::pg::PgStore;
 
@@ -55,7 +55,10 @@ impl Pools {
         args: &BenchArgs,
         selected: &[String],
     ) -> anyhow::Result<Pools> {
-        let (free, max): (i64, i64) = sqlx::query_as(HEADROOM).fetch_one(store.pool()).await?;
+        let (free, max): (i64, i64) = sqlx::query_as(HEADROOM)
+            .fetch_one(store.pool())
+            .await
+            .context("counting the connections Postgres has free")?;
         let free = u32::try_from(free.max(0)).unwrap_or(u32::MAX);
         let held = store.pool().size();
         let own = OWN_CONNECTIONS.saturating_sub(held);

@@ -254,10 +254,32 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let killed = Instant::now();
     let _ = child.wait().await;
     let me = survivor.consumer().to_string();
+    let recovered = resumed_by(env, &ids, &before, &me, killed).await;
+    stop.cancel();
+    let _ = handle.await;
+    close(&survivor_store).await;
+    let recovered = recovered?;
+    let mut times: Vec<Duration> = recovered.into_values().collect();
+    times.sort();
+    r.recovery_sessions = Some(times.len());
+    r.recovery_s = times.last().map(Duration::as_secs_f64);
+    r.recovery_p50_s = quantile(&times, 0.5).map(|d| d.as_secs_f64());
+    Ok(())
+}
+
+/// For each of `ids`, the time after `killed` at which a worker other than the killed one
+/// (`me`, the survivor; or any, once the session has finished) committed an iteration past
+/// `before`.
+async fn resumed_by(
+    env: &Env,
+    ids: &[String],
+    before: &HashMap<String, i32>,
+    me: &str,
+    killed: Instant,
+) -> anyhow::Result<HashMap<String, Duration>> {
     let mut recovered: HashMap<String, Duration> = HashMap::new();
     while recovered.len() < ids.len() {
         if killed.elapsed() > Duration::from_secs(120) {
-            stop.cancel();
             bail!(
                 "recovery: only {} of {} sessions resumed within 120 s",
                 recovered.len(),
@@ -267,13 +289,13 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         let rows: Vec<(String, i32, Option<String>, String)> = sqlx::query_as(
             "SELECT id, iteration, lease_owner, status FROM sessions WHERE id = ANY($1)",
         )
-        .bind(&ids)
+        .bind(ids)
         .fetch_all(env.store.pool())
         .await?;
         let now = killed.elapsed();
         for (id, iteration, owner, status) in rows {
             let moved = iteration > before.get(&id).copied().unwrap_or(i32::MAX);
-            let ours = owner.as_deref() == Some(me.as_str())
+            let ours = owner.as_deref() == Some(me)
                 || SessionStatus::parse(&status) != Some(SessionStatus::Running);
             if moved && ours {
                 recovered.entry(id).or_insert(now);
@@ -281,13 +303,5 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.cancel();
-    let _ = handle.await;
-    close(&survivor_store).await;
-    let mut times: Vec<Duration> = recovered.into_values().collect();
-    times.sort();
-    r.recovery_sessions = Some(times.len());
-    r.recovery_s = times.last().map(Duration::as_secs_f64);
-    r.recovery_p50_s = quantile(&times, 0.5).map(|d| d.as_secs_f64());
-    Ok(())
+    Ok(recovered)
 }
