@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod bench;
 mod client;
 mod demo;
 mod dev;
@@ -64,7 +63,7 @@ enum Command {
     Sessions(client::SessionsArgs),
     /// Measure throughput, checkpoint cost, storage growth, capacity and recovery against
     /// what this Postgres and Redis can physically do.
-    Bench(bench::BenchArgs),
+    Bench(agentq_bench::BenchArgs),
 }
 
 /// Logs on stderr as text or JSON (`AGENTQ_LOG_FORMAT=json`), filtered by `RUST_LOG`; with
@@ -123,7 +122,7 @@ fn main() -> ExitCode {
             Command::Send(args) => client::send(args).await,
             Command::Sessions(args) => client::sessions(args).await,
             Command::Worker(args) => worker_cmd::worker(args).await,
-            Command::Bench(args) => bench::bench(args).await,
+            Command::Bench(args) => agentq_bench::run(args).await,
         }
     });
     // The exporter's blocking client must be flushed outside the runtime.

@@ -4,6 +4,9 @@
 //! is measured, never asserted: only that every figure is there and makes sense.
 
 use std::process::Command;
+use std::time::{Duration, Instant};
+
+use agentq_testkit::{PostgresOptions, PostgresServer, RedisServer};
 
 #[test]
 fn bench_prints_every_figure_as_json() {
@@ -104,5 +107,104 @@ fn an_unknown_tool_is_refused_naming_the_flag() {
     assert!(
         stderr.contains("trivial") && stderr.contains("list_dir"),
         "{stderr}"
+    );
+}
+
+/// A stock Postgres accepts 100 connections; the default run (2 workers at concurrency 256,
+/// whose pools `agentq worker` would size to 64 + 3 connections each) fits into that by
+/// sharing them, says so naming `--concurrency`, and runs the parts with worker processes
+/// too, instead of waiting half a minute for refused connections.
+#[test]
+fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
+    let pg = PostgresServer::start_with(PostgresOptions {
+        max_connections: 100,
+        ..PostgresOptions::default()
+    })
+    .expect("starting Postgres");
+    let redis = RedisServer::start().expect("starting Redis");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--database-url", &pg.database_url("postgres")])
+        .args(["--redis-url", &redis.url()])
+        .args([
+            "--sessions",
+            "20",
+            "--iterations",
+            "3",
+            "--ceiling-secs",
+            "1",
+        ])
+        .args(["--only", "ceiling,throughput,capacity,recovery"])
+        .args(["--capacity-sessions", "40", "--llm-latency-ms", "50"])
+        .args(["--capacity-secs", "2", "--json"])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("timed out"), "{stderr}");
+    assert!(
+        out.status.success(),
+        "agentq bench failed after {elapsed:?} ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("--concurrency") && stderr.contains("max_connections 100"),
+        "no notice of the smaller pools: {stderr}"
+    );
+    let last = stdout.lines().last().expect("no output");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    let conns = v["ceiling_connections"]
+        .as_u64()
+        .expect("ceiling_connections");
+    assert!((8..=97).contains(&conns), "ceiling_connections = {conns}");
+    assert_eq!(v["throughput_failed_sessions"], 0, "{v}");
+    for key in [
+        "ceiling_commits_per_s",
+        "iterations_per_s",
+        "capacity_iterations_per_s",
+        "recovery_s",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    // Every offered session was in flight at once on the worker process.
+    assert_eq!(v["capacity_sessions"], 40, "{v}");
+}
+
+/// Too few connections for even the smallest pools: refused before any part runs, naming
+/// the flags that fit the run to the server.
+#[test]
+fn too_few_postgres_connections_are_refused_at_once_naming_concurrency() {
+    let pg = PostgresServer::start_with(PostgresOptions {
+        max_connections: 100,
+        ..PostgresOptions::default()
+    })
+    .expect("starting Postgres");
+    let redis = RedisServer::start().expect("starting Redis");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--database-url", &pg.database_url("postgres")])
+        .args(["--redis-url", &redis.url(), "--workers", "16"])
+        .args(["--only", "throughput"])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--concurrency") && stderr.contains("--workers"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("timed out"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "refused only after {:?}",
+        started.elapsed()
     );
 }

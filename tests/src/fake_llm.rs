@@ -2,8 +2,13 @@
 //! answers each with a scripted response — a JSON body, or an SSE stream sent chunk by
 //! chunk with delays, optionally cut off mid-way. Providers are tested against it through
 //! their real HTTP code.
+//!
+//! [`FakeLlm::start_stateless`] is the same server for load (`agentq bench`'s capacity
+//! part): it answers every request from its raw body with a function, after a fixed
+//! latency, and only counts requests, so that it can serve thousands a second.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -119,11 +124,21 @@ impl FakeResponse {
 }
 
 type Handler = dyn Fn(&RecordedRequest) -> Option<FakeResponse> + Send + Sync;
+type Answer = dyn Fn(&[u8]) -> FakeResponse + Send + Sync;
 
 struct Inner {
     queue: Mutex<VecDeque<FakeResponse>>,
     requests: Mutex<Vec<RecordedRequest>>,
     handler: Mutex<Option<Arc<Handler>>>,
+    /// Requests received, in either mode.
+    served: AtomicU64,
+}
+
+/// The state of a [`FakeLlm::start_stateless`] server.
+struct Stateless {
+    inner: Arc<Inner>,
+    latency: Duration,
+    answer: Box<Answer>,
 }
 
 /// The running fake. Dropping it does not stop the server task; it dies with the runtime.
@@ -136,12 +151,31 @@ pub struct FakeLlm {
 impl FakeLlm {
     /// Bind 127.0.0.1 on a free port and serve.
     pub async fn start() -> anyhow::Result<FakeLlm> {
-        let inner = Arc::new(Inner {
-            queue: Mutex::new(VecDeque::new()),
-            requests: Mutex::new(Vec::new()),
-            handler: Mutex::new(None),
-        });
+        let inner = new_inner();
         let app = Router::new().fallback(serve).with_state(inner.clone());
+        Self::listen(app, inner).await
+    }
+
+    /// A fake for load: every request, on any path, is answered with `answer(body)` after
+    /// `latency`. Requests are neither recorded nor parsed, only counted
+    /// ([`request_count`](Self::request_count)); [`push`](Self::push) and
+    /// [`set_handler`](Self::set_handler) have no effect. A response of one chunk without
+    /// a delay is sent as a plain body (with its length), like a real endpoint's.
+    pub async fn start_stateless(
+        latency: Duration,
+        answer: impl Fn(&[u8]) -> FakeResponse + Send + Sync + 'static,
+    ) -> anyhow::Result<FakeLlm> {
+        let inner = new_inner();
+        let state = Arc::new(Stateless {
+            inner: inner.clone(),
+            latency,
+            answer: Box::new(answer),
+        });
+        let app = Router::new().fallback(serve_stateless).with_state(state);
+        Self::listen(app, inner).await
+    }
+
+    async fn listen(app: Router, inner: Arc<Inner>) -> anyhow::Result<FakeLlm> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
@@ -171,8 +205,17 @@ impl FakeLlm {
     }
 
     pub fn request_count(&self) -> usize {
-        lock(&self.inner.requests).len()
+        usize::try_from(self.inner.served.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
     }
+}
+
+fn new_inner() -> Arc<Inner> {
+    Arc::new(Inner {
+        queue: Mutex::new(VecDeque::new()),
+        requests: Mutex::new(Vec::new()),
+        handler: Mutex::new(None),
+        served: AtomicU64::new(0),
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -194,6 +237,7 @@ async fn serve(
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
     };
     lock(&inner.requests).push(rec.clone());
+    inner.served.fetch_add(1, Ordering::Relaxed);
     let queued = lock(&inner.queue).pop_front();
     let handler = lock(&inner.handler).clone();
     let resp = queued.or_else(|| handler.and_then(|h| h(&rec))).unwrap_or_else(|| {
@@ -203,6 +247,40 @@ async fn serve(
         )
     });
     render(resp)
+}
+
+async fn serve_stateless(State(fake): State<Arc<Stateless>>, body: Bytes) -> Response {
+    fake.inner.served.fetch_add(1, Ordering::Relaxed);
+    let resp = (fake.answer)(&body);
+    // Awaited even when zero: the yield lets a busy server write its answers in batches,
+    // which measured about 2 µs of CPU less per request than answering each at once.
+    tokio::time::sleep(fake.latency).await;
+    match resp.chunks.as_slice() {
+        [(delay, _)] if delay.is_zero() && !resp.cut => render_whole(resp),
+        _ => render(resp),
+    }
+}
+
+/// A response sent as one body: no stream to poll, a `content-length`.
+fn render_whole(r: FakeResponse) -> Response {
+    let body: Bytes = r
+        .chunks
+        .into_iter()
+        .map(|(_, b)| b)
+        .next()
+        .unwrap_or_default();
+    let mut resp = Response::new(Body::from(body));
+    set_head(&mut resp, r.status, r.headers);
+    resp
+}
+
+fn set_head(resp: &mut Response, status: u16, headers: Vec<(String, String)>) {
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
+            resp.headers_mut().append(k, v);
+        }
+    }
 }
 
 fn render(r: FakeResponse) -> Response {
@@ -226,12 +304,6 @@ fn render(r: FakeResponse) -> Response {
         }
     });
     let mut resp = Response::new(Body::from_stream(stream));
-    *resp.status_mut() =
-        StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    for (k, v) in r.headers {
-        if let (Ok(k), Ok(v)) = (HeaderName::try_from(k), HeaderValue::try_from(v)) {
-            resp.headers_mut().append(k, v);
-        }
-    }
+    set_head(&mut resp, r.status, r.headers);
     resp
 }

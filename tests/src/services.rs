@@ -9,6 +9,9 @@
 //! * [`shared_postgres`] starts one Postgres per test binary (the first call runs `initdb`);
 //!   each test takes its own database from [`PostgresServer::fresh_database`]. Tests that
 //!   stop, kill or restart Postgres start a private [`PostgresServer`] instead.
+//! * [`PostgresServer::start_with`] takes [`PostgresOptions`]: production durability
+//!   (`agentq bench --private` measures what durable commits cost), or the connection limit
+//!   of a stock server (`max_connections=100`) for tests of how pools are sized.
 //!
 //! # Cleanup
 //!
@@ -354,6 +357,57 @@ fn redis_bin() -> Result<PathBuf> {
 // Postgres
 // ---------------------------------------------------------------------------------------
 
+/// What a [`PostgresServer`] keeps of a commit when it (or the machine) crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync=off synchronous_commit=off full_page_writes=off`: the fastest, for tests that
+    /// never kill the server (a kill may lose the last ~0.5 s of commits).
+    Fast,
+    /// `synchronous_commit=on` with `fsync=off`: committed data survives a kill of the
+    /// server (not an OS crash), at one `write()` per commit.
+    CrashSafe,
+    /// Production settings: `fsync=on synchronous_commit=on full_page_writes=on`, and
+    /// `initdb` syncs its files. For measuring what durable commits cost.
+    Durable,
+}
+
+/// Settings of a [`PostgresServer`]; the default is the tests' (see
+/// [`PostgresServer::start`]).
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    pub durability: Durability,
+    /// `max_connections` (with Postgres's 3 reserved for superusers among them).
+    pub max_connections: u32,
+    /// `shared_buffers`, in MiB.
+    pub shared_buffers_mb: u32,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            durability: Durability::Fast,
+            max_connections: 300,
+            shared_buffers_mb: 128,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// The `-c` settings of the server.
+    fn settings(&self) -> Vec<String> {
+        let on = |b: bool| if b { "on" } else { "off" };
+        let durable = self.durability == Durability::Durable;
+        let sync = self.durability != Durability::Fast;
+        vec![
+            format!("fsync={}", on(durable)),
+            format!("synchronous_commit={}", on(sync)),
+            format!("full_page_writes={}", on(durable)),
+            format!("max_connections={}", self.max_connections),
+            format!("shared_buffers={}MB", self.shared_buffers_mb),
+        ]
+    }
+}
+
 /// A private PostgreSQL cluster on `127.0.0.1` with trust authentication for the
 /// `postgres` superuser. Stopped, and its directory removed, when dropped.
 #[derive(Debug)]
@@ -363,7 +417,7 @@ pub struct PostgresServer {
     /// through `runuser -u user --`.
     run_as: Option<String>,
     port: u16,
-    synchronous_commit: bool,
+    options: PostgresOptions,
     data: PathBuf,
     sock: PathBuf,
     log: PathBuf,
@@ -384,7 +438,7 @@ impl PostgresServer {
     /// server and expect committed rows to survive should use
     /// [`start_crash_safe`](Self::start_crash_safe).
     pub fn start() -> Result<PostgresServer> {
-        Self::start_inner(false)
+        Self::start_with(PostgresOptions::default())
     }
 
     /// Like [`start`](Self::start) but with `synchronous_commit=on`: every commit is in the
@@ -392,10 +446,14 @@ impl PostgresServer {
     /// crash; `fsync` stays off, so not an OS crash). With `fsync=off` this costs one
     /// `write()` per commit.
     pub fn start_crash_safe() -> Result<PostgresServer> {
-        Self::start_inner(true)
+        Self::start_with(PostgresOptions {
+            durability: Durability::CrashSafe,
+            ..PostgresOptions::default()
+        })
     }
 
-    fn start_inner(synchronous_commit: bool) -> Result<PostgresServer> {
+    /// `initdb` a new cluster and start it with these settings (see [`PostgresOptions`]).
+    pub fn start_with(options: PostgresOptions) -> Result<PostgresServer> {
         let bin_dir = pg_bin_dir()?;
         let run_as = if is_root()? {
             let user = std::env::var("AGENTQ_PG_USER").unwrap_or_else(|_| "postgres".into());
@@ -424,7 +482,7 @@ impl PostgresServer {
             bin_dir,
             run_as,
             port: 0,
-            synchronous_commit,
+            options,
             data: dir.path().join("data"),
             sock,
             log: dir.path().join("postgres.log"),
@@ -643,10 +701,18 @@ impl PostgresServer {
     fn initdb(&self) -> Result<()> {
         let log = self.dir.path().join("initdb.log");
         let mut cmd = self.server_command("initdb");
-        cmd.arg("-D")
-            .arg(&self.data)
-            .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"])
-            .arg("--no-sync");
+        cmd.arg("-D").arg(&self.data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ]);
+        // A durable cluster starts from files that are on disk, as a production one does.
+        if self.options.durability != Durability::Durable {
+            cmd.arg("--no-sync");
+        }
         let mut child = spawn_logged(&mut cmd, &log)
             .with_context(|| format!("spawning {}", self.bin_dir.join("initdb").display()))?;
         let status = child.wait().context("waiting for initdb")?;
@@ -667,25 +733,15 @@ impl PostgresServer {
 
     fn spawn_and_wait(&mut self) -> Result<()> {
         let port = self.port.to_string();
-        let sync = format!(
-            "synchronous_commit={}",
-            if self.synchronous_commit { "on" } else { "off" }
-        );
         let mut cmd = self.server_command("postgres");
         cmd.arg("-D")
             .arg(&self.data)
             .args(["-p", &port, "-k"])
             .arg(&self.sock)
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                &sync,
-            ])
-            .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
-            .args(["-c", "shared_buffers=128MB"]);
+            .args(["-c", "listen_addresses=127.0.0.1"]);
+        for setting in self.options.settings() {
+            cmd.arg("-c").arg(setting);
+        }
         let child = spawn_logged(&mut cmd, &self.log)
             .with_context(|| format!("spawning {}", self.bin_dir.join("postgres").display()))?;
         // Without runuser the child is the postmaster: the watchdog knows it already.

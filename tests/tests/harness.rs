@@ -122,3 +122,69 @@ fn private_postgres_survives_sigkill_and_restarts() {
     drop(pg);
     assert!(!dir.exists(), "{} left behind", dir.display());
 }
+
+#[test]
+fn postgres_options_set_durability_and_the_connection_limit() {
+    use agentq_testkit::{Durability, PostgresOptions};
+    let pg = PostgresServer::start_with(PostgresOptions {
+        durability: Durability::Durable,
+        max_connections: 100,
+        shared_buffers_mb: 64,
+    })
+    .unwrap();
+    let show = |name: &str| pg.psql("postgres", &format!("SHOW {name}")).unwrap();
+    assert_eq!(show("fsync"), "on");
+    assert_eq!(show("synchronous_commit"), "on");
+    assert_eq!(show("full_page_writes"), "on");
+    assert_eq!(show("max_connections"), "100");
+    assert_eq!(show("shared_buffers"), "64MB");
+    // The tests' default stays the fast one.
+    let fast = agentq_testkit::shared_postgres().unwrap();
+    assert_eq!(fast.psql("postgres", "SHOW fsync").unwrap(), "off");
+    assert_eq!(
+        fast.psql("postgres", "SHOW max_connections").unwrap(),
+        "300"
+    );
+}
+
+#[tokio::test]
+async fn a_stateless_fake_llm_answers_from_the_raw_body_and_only_counts() {
+    use agentq_testkit::{FakeLlm, FakeResponse};
+    let fake = FakeLlm::start_stateless(std::time::Duration::ZERO, |body| {
+        FakeResponse::sse_chunks(vec![bytes_of(&format!("data: {} bytes\n\n", body.len()))])
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    for body in ["{}", "{\"messages\":[]}"] {
+        let resp = client
+            .post(format!("{}/v1/chat/completions", fake.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()["content-type"],
+            "text/event-stream",
+            "{resp:?}"
+        );
+        assert_eq!(
+            resp.content_length(),
+            Some(format!("data: {} bytes\n\n", body.len()).len() as u64)
+        );
+        assert_eq!(
+            resp.text().await.unwrap(),
+            format!("data: {} bytes\n\n", body.len())
+        );
+    }
+    assert_eq!(fake.request_count(), 2);
+    assert!(
+        fake.requests().is_empty(),
+        "a stateless fake records nothing"
+    );
+}
+
+fn bytes_of(s: &str) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(s.as_bytes())
+}

@@ -1,7 +1,8 @@
 //! The parts that need a worker in a process of its own: capacity (its RSS must be a
-//! worker's, not the benchmark's) and recovery (it is SIGKILLed). The child is this very
-//! binary (`agentq worker`), configured through flags and the environment exactly as a
-//! deployment would be.
+//! worker's, not the benchmark's) and recovery (it is SIGKILLed). The child is the `agentq`
+//! binary ([`BenchArgs::agentq_binary`](crate::BenchArgs::agentq_binary): by default this
+//! very process's executable) run as `agentq worker`, configured through flags and the
+//! environment exactly as a deployment would be.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,11 +13,13 @@ use anyhow::{Context, bail};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
+use agentq_core::SessionStatus;
 use agentq_core::redis_queue::RedisQueue;
 
-use super::fake_llm::FakeLlm;
-use super::parts::{BUILTIN, create_sessions, enqueue, script, worker};
-use super::{Env, Results, progress, quantile};
+use crate::llm;
+use crate::pools::SURVIVOR_CONCURRENCY;
+use crate::workload::{BUILTIN, close, create_sessions, enqueue, script, worker};
+use crate::{Env, Results, progress, quantile};
 
 /// Settings the environment could override; the children must run with the defaults.
 const OVERRIDABLE: &[&str] = &[
@@ -40,9 +43,12 @@ fn spawn_worker(
     vars: &[(&str, &str)],
     log: &Path,
 ) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("locating the agentq binary")?;
+    let exe = match &env.args.agentq_binary {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().context("locating the agentq binary")?,
+    };
     let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new(exe);
+    let mut cmd = Command::new(&exe);
     cmd.arg("worker")
         .args(["--queues", queue, "--metrics-addr", "127.0.0.1:0"])
         .arg("--workspace-root")
@@ -61,7 +67,8 @@ fn spawn_worker(
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    cmd.spawn().context("spawning `agentq worker`")
+    cmd.spawn()
+        .with_context(|| format!("spawning `{} worker`", exe.display()))
 }
 
 /// Peak resident set of a process (`VmHWM`), in bytes.
@@ -102,7 +109,11 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let latency = Duration::from_millis(a.llm_latency_ms);
     // Long enough to still run after the ramp-up and the whole window.
     let iterations = u32::try_from(a.capacity_secs)?.saturating_add(60);
-    let fake = FakeLlm::start(latency, iterations).await?;
+    let writers = env.args.checkpoint_writers.saturating_add(1);
+    let pool = agentq_worker::pool_connections(offered as usize);
+    env.pools.check("capacity", pool.saturating_add(writers))?;
+    let fake = llm::start(latency, iterations).await?;
+    let base_url = llm::base_url(&fake);
     let queue = env.queue("capacity");
     let ids = create_sessions(env, &queue, offered, iterations, BUILTIN).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
@@ -125,7 +136,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             &writers,
         ],
         &[
-            ("OPENAI_BASE_URL", fake.base_url.as_str()),
+            ("OPENAI_BASE_URL", base_url.as_str()),
             ("OPENAI_API_KEY", "bench"),
         ],
         &log,
@@ -168,7 +179,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     progress(&format!(
         "capacity: {:.0} iterations/s, {} LLM requests served",
         (i1 - i0) as f64 / dt,
-        fake.requests()
+        fake.request_count()
     ));
     Ok(())
 }
@@ -178,6 +189,16 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     // Each turn takes 250 ms: sessions are mid-run for ~20 s, well past the kill.
     let iterations = 80;
     let script_json = script(iterations, 250, BUILTIN);
+    // The child (default settings) and the survivor each use at most a connection per
+    // session, besides their checkpoint writers and heartbeat.
+    let child_writers = agentq_worker::WorkerConfig::default().writer_connections();
+    let survivor_pool = env.pools.main(SURVIVOR_CONCURRENCY);
+    env.pools.check(
+        "recovery",
+        n.saturating_add(child_writers)
+            .saturating_add(survivor_pool)
+            .saturating_add(env.args.checkpoint_writers.saturating_add(1)),
+    )?;
     let script_path = env.scratch.join("recovery-script.json");
     std::fs::write(&script_path, &script_json)?;
     let queue = env.queue("recovery");
@@ -206,7 +227,15 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         }
     }
     // Mid-run, past at least one heartbeat, with the survivor already up and idle.
-    let survivor = worker(env, &queue, "recovery-survivor", 64, &script_json, BUILTIN).await?;
+    let (survivor, survivor_store) = worker(
+        env,
+        &queue,
+        "recovery-survivor",
+        SURVIVOR_CONCURRENCY,
+        &script_json,
+        BUILTIN,
+    )
+    .await?;
     let stop = CancellationToken::new();
     let handle = {
         let (w, s) = (survivor.clone(), stop.clone());
@@ -225,10 +254,32 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let killed = Instant::now();
     let _ = child.wait().await;
     let me = survivor.consumer().to_string();
+    let recovered = resumed_by(env, &ids, &before, &me, killed).await;
+    stop.cancel();
+    let _ = handle.await;
+    close(&survivor_store).await;
+    let recovered = recovered?;
+    let mut times: Vec<Duration> = recovered.into_values().collect();
+    times.sort();
+    r.recovery_sessions = Some(times.len());
+    r.recovery_s = times.last().map(Duration::as_secs_f64);
+    r.recovery_p50_s = quantile(&times, 0.5).map(|d| d.as_secs_f64());
+    Ok(())
+}
+
+/// For each of `ids`, the time after `killed` at which a worker other than the killed one
+/// (`me`, the survivor; or any, once the session has finished) committed an iteration past
+/// `before`.
+async fn resumed_by(
+    env: &Env,
+    ids: &[String],
+    before: &HashMap<String, i32>,
+    me: &str,
+    killed: Instant,
+) -> anyhow::Result<HashMap<String, Duration>> {
     let mut recovered: HashMap<String, Duration> = HashMap::new();
     while recovered.len() < ids.len() {
         if killed.elapsed() > Duration::from_secs(120) {
-            stop.cancel();
             bail!(
                 "recovery: only {} of {} sessions resumed within 120 s",
                 recovered.len(),
@@ -238,25 +289,19 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         let rows: Vec<(String, i32, Option<String>, String)> = sqlx::query_as(
             "SELECT id, iteration, lease_owner, status FROM sessions WHERE id = ANY($1)",
         )
-        .bind(&ids)
+        .bind(ids)
         .fetch_all(env.store.pool())
         .await?;
         let now = killed.elapsed();
         for (id, iteration, owner, status) in rows {
             let moved = iteration > before.get(&id).copied().unwrap_or(i32::MAX);
-            let ours = owner.as_deref() == Some(me.as_str()) || status != "running";
+            let ours = owner.as_deref() == Some(me)
+                || SessionStatus::parse(&status) != Some(SessionStatus::Running);
             if moved && ours {
                 recovered.entry(id).or_insert(now);
             }
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.cancel();
-    let _ = handle.await;
-    let mut times: Vec<Duration> = recovered.into_values().collect();
-    times.sort();
-    r.recovery_sessions = Some(times.len());
-    r.recovery_s = times.last().map(Duration::as_secs_f64);
-    r.recovery_p50_s = quantile(&times, 0.5).map(|d| d.as_secs_f64());
-    Ok(())
+    Ok(recovered)
 }

@@ -1,0 +1,453 @@
+//! The scripted workload of the in-process parts: its tool, script and sessions, workers
+//! configured as `agentq worker` configures them, and the timed runs of the throughput and
+//! overhead parts.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
+use agentq_agent::schema::Usage;
+use agentq_agent::spec::SessionSpec;
+use agentq_agent::tools::{
+    SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings,
+    builtin_registry,
+};
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, WorkQueue};
+use agentq_worker::{Worker, WorkerConfig};
+
+use crate::cpu::Sample;
+use crate::llm::{FINAL_TEXT, TURN_TEXT};
+use crate::{Env, Results, ms, progress, quantile};
+
+/// The tool the in-process parts call every iteration unless `--tool` names another: it
+/// returns at once and touches nothing, so that the figures are agentq's own costs. It is
+/// registered through `WorkerConfig::tools`, as an embedding program's tool would be.
+pub const TRIVIAL: &str = "trivial";
+/// The tool of the parts that run `agentq worker` children, which have only the built-in
+/// tools (and of the in-process parts with `--tool list_dir`): one directory listing through
+/// tokio's blocking pool.
+pub const BUILTIN: &str = "list_dir";
+pub const PROMPT: &str = "Look at the workspace and tell me what is in it.";
+
+struct Trivial;
+
+#[async_trait::async_trait]
+impl Tool for Trivial {
+    fn name(&self) -> &str {
+        TRIVIAL
+    }
+    fn description(&self) -> &str {
+        "List a directory of the workspace (answers at once: the workspace is empty)."
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}})
+    }
+    fn side_effect(&self, _args: &serde_json::Value) -> SideEffect {
+        SideEffect::Pure
+    }
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        _ctx: &ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        // What `list_dir` says of an empty workspace, so that messages weigh the same.
+        let path = args.get("path").and_then(|p| p.as_str()).unwrap_or(".");
+        Ok(ToolOutput::ok(format!("{path}: (empty directory)")))
+    }
+}
+
+/// The built-in tools and the trivial one.
+pub fn tools() -> ToolRegistry {
+    let mut all = builtin_registry(&ToolSettings::default());
+    all.register(Arc::new(Trivial));
+    all
+}
+
+/// The scripted model: `iterations - 1` turns calling `tool`, then an answer.
+pub fn script(iterations: u32, delay_ms: u64, tool: &str) -> String {
+    let usage = Some(Usage {
+        input_tokens: 200,
+        output_tokens: 40,
+        ..Default::default()
+    });
+    let mut turns: Vec<Turn> = (1..iterations)
+        .map(|_| Turn {
+            text: TURN_TEXT.into(),
+            tool_calls: vec![ScriptedCall {
+                name: tool.into(),
+                arguments: serde_json::json!({"path": "."}),
+                ..Default::default()
+            }],
+            usage,
+            delay_ms,
+            ..Default::default()
+        })
+        .collect();
+    turns.push(Turn {
+        text: FINAL_TEXT.into(),
+        usage,
+        delay_ms,
+        ..Default::default()
+    });
+    serde_json::to_string(&Script {
+        turns,
+        ..Script::default()
+    })
+    .unwrap_or_default()
+}
+
+pub fn spec(iterations: u32, tool: &str) -> SessionSpec {
+    let mut spec = SessionSpec::new(PROMPT);
+    spec.tools = Some(vec![tool.into()]);
+    spec.max_iterations = iterations + 5;
+    // The whole history goes to the model (the scripted model picks its turn by counting
+    // the assistant turns it is sent).
+    spec.history_window = spec.history_window.max(2 * iterations as usize + 10);
+    spec
+}
+
+/// Create `n` sessions on `queue` (not enqueued). Returns their ids.
+pub async fn create_sessions(
+    env: &Env,
+    queue: &str,
+    n: u32,
+    iterations: u32,
+    tool: &str,
+) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::with_capacity(n as usize);
+    let all: Vec<NewSession> = (0..n)
+        .map(|_| NewSession::root(spec(iterations, tool), queue))
+        .collect();
+    for chunk in all.chunks(1000) {
+        let rows = env.store.create_sessions(chunk).await?;
+        ids.extend(rows.into_iter().map(|(r, _)| r.id));
+    }
+    Ok(ids)
+}
+
+pub async fn enqueue(queue: &dyn Queue, name: &str, ids: &[String]) -> anyhow::Result<()> {
+    queue.ensure_queue(name).await?;
+    for chunk in ids.chunks(1000) {
+        let items: Vec<(String, EnqueueReason)> = chunk
+            .iter()
+            .map(|id| (id.clone(), EnqueueReason::New))
+            .collect();
+        queue.enqueue_many(name, &items).await?;
+    }
+    Ok(())
+}
+
+/// A worker as `agentq worker` would configure it, on its own pool (of the size the
+/// server's free connections allow, see [`crate::pools`]) and Redis connection; and its
+/// store, to [`close`] once the worker has stopped.
+pub async fn worker(
+    env: &Env,
+    queue: &str,
+    name: &str,
+    concurrency: u32,
+    script: &str,
+    tool: &str,
+) -> anyhow::Result<(Worker, PgStore)> {
+    let mut cfg = WorkerConfig {
+        consumer: format!("bench-{}-{name}", env.run),
+        queues: vec![queue.to_string()],
+        concurrency: concurrency as usize,
+        workspace_root: env.scratch.join("workspaces"),
+        default_provider: "scripted".into(),
+        default_tools: vec![tool.into()],
+        event_ttl: Duration::from_secs(60),
+        checkpoint_batch_max: env.args.checkpoint_batch_max as usize,
+        checkpoint_writers: env.args.checkpoint_writers as usize,
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(script.to_string());
+    if tool == TRIVIAL {
+        cfg.tools.register(Arc::new(Trivial));
+    }
+    let store = PgStore::connect_for_worker(
+        &env.db_url,
+        env.pools.main(concurrency),
+        cfg.writer_connections(),
+    )
+    .await?;
+    store.open_all().await?;
+    let redis = RedisQueue::connect(&env.redis_url).await?;
+    Ok((
+        Worker::new(Arc::new(store.clone()), Arc::new(redis), cfg),
+        store,
+    ))
+}
+
+/// Close a stopped worker's pools now, rather than whenever the last handle goes, so that
+/// the next part finds their connections free.
+pub async fn close(store: &PgStore) {
+    store.pool().close().await;
+    store.writer_pool().close().await;
+}
+
+pub struct Workload {
+    pub part: &'static str,
+    pub sessions: u32,
+    pub iterations: u32,
+    /// Run the same workload once on the same workers before the measured one.
+    pub warm_up: bool,
+}
+
+pub struct Ran {
+    pub elapsed: Duration,
+    pub ids: Vec<String>,
+    pub overhead: Vec<Duration>,
+    /// Sessions that did not end `completed` with every iteration.
+    pub failed: u64,
+    /// CPU spent from the enqueue to the last completion.
+    pub cpu: Sample,
+    /// The warm-up round's time from the enqueue to the last completion: the workload as
+    /// the first burst on fresh workers runs it.
+    pub cold: Option<Duration>,
+    /// The checkpoint latency histogram before and after the measured round.
+    pub checkpoint_hist: (Hist, Hist),
+    /// Group commits in the measured round, and the checkpoints they carried.
+    pub commits: (u64, f64),
+}
+
+/// N sessions × K iterations on W in-process workers, timed from the enqueue to the last
+/// completion. The workers are up and idle before the clock starts; with `warm_up`, they
+/// have also run the same workload once, so that the figure is the rate of workers in
+/// service rather than of their first burst, which opens every pooled Postgres connection
+/// (a fork, then each backend's catalog caches and each statement's preparation).
+pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
+    let queue = env.queue(w.part);
+    let tool = env.args.tool.as_str();
+    let script = script(w.iterations, 0, tool);
+    let shutdown = CancellationToken::new();
+    let mut workers = Vec::new();
+    let mut stores = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..env.args.workers {
+        let (wk, store) = worker(
+            env,
+            &queue,
+            &format!("{}-{i}", w.part),
+            env.args.concurrency,
+            &script,
+            tool,
+        )
+        .await?;
+        let (w2, s) = (wk.clone(), shutdown.clone());
+        handles.push(tokio::spawn(async move { w2.run(s).await }));
+        workers.push(wk);
+        stores.push(store);
+    }
+    let redis = RedisQueue::connect(&env.redis_url).await?;
+    redis.ensure_queue(&queue).await?;
+    let done = || -> u64 {
+        workers
+            .iter()
+            .map(|w| w.stats().completed.load(Ordering::Relaxed))
+            .sum()
+    };
+    let round = async |ids: &[String]| -> anyhow::Result<Duration> {
+        let total = done() + ids.len() as u64;
+        let started = Instant::now();
+        enqueue(&redis, &queue, ids).await?;
+        let deadline = started + Duration::from_secs(600);
+        while done() < total {
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: only {} of {} sessions finished in 600 s",
+                    w.part,
+                    done(),
+                    ids.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(started.elapsed())
+    };
+    let measured = async {
+        let mut cold = None;
+        let mut all = Vec::new();
+        if w.warm_up {
+            all = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cold = Some(round(&all).await?);
+        }
+        let ids = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
+        all.extend(ids.iter().cloned());
+        // Let the workers reach their first (next) XREADGROUP.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let batches = &agentq_core::metrics::global().checkpoint_batch_size;
+        let batches_before = (batches.get_sample_count(), batches.get_sample_sum());
+        let hist_before = checkpoint_hist();
+        let tap = agentq_worker::overhead_tap();
+        tap.start();
+        let cpu_before = env.cpu.sample().await;
+        let elapsed = round(&ids).await;
+        let overhead = tap.stop();
+        let cpu = env.cpu.sample().await.since(&cpu_before);
+        let commits = (
+            batches.get_sample_count().saturating_sub(batches_before.0),
+            batches.get_sample_sum() - batches_before.1,
+        );
+        let hist = (hist_before, checkpoint_hist());
+        anyhow::Ok((ids, all, elapsed?, overhead, cpu, cold, hist, commits))
+    }
+    .await;
+    shutdown.cancel();
+    for h in handles {
+        let _ = h.await;
+    }
+    for store in &stores {
+        close(store).await;
+    }
+    let (ids, all, elapsed, overhead, cpu, cold, checkpoint_hist, commits) = measured?;
+    let (ok,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
+    )
+    .bind(&all)
+    .bind(i32::try_from(w.iterations)?)
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok(Ran {
+        elapsed,
+        failed: (all.len() as u64).saturating_sub(u64::try_from(ok)?),
+        ids,
+        overhead,
+        cpu,
+        cold,
+        checkpoint_hist,
+        commits,
+    })
+}
+
+pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let ran = run_workload(
+        env,
+        &Workload {
+            part: "throughput",
+            sessions: env.args.sessions,
+            iterations: env.args.iterations,
+            warm_up: true,
+        },
+    )
+    .await?;
+    let iterations = f64::from(env.args.sessions) * f64::from(env.args.iterations);
+    let rate = iterations / ran.elapsed.as_secs_f64();
+    r.iterations_per_s = Some(rate);
+    r.iterations_per_s_cold = ran.cold.map(|d| iterations / d.as_secs_f64());
+    r.ratio_to_ceiling = r.ceiling_commits_per_s.map(|c| rate / c);
+    let per_iteration = |secs: Option<f64>| secs.map(|s| s * 1000.0 / iterations);
+    r.worker_cpu_ms_per_iteration = per_iteration(ran.cpu.own);
+    r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
+    r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
+    r.throughput_failed = Some(ran.failed);
+    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead);
+    let (before, after) = &ran.checkpoint_hist;
+    r.checkpoint_p50_ms = hist_quantile(before, after, 0.5).map(|s| s * 1000.0);
+    let (commits, batched) = ran.commits;
+    r.checkpoint_batch_mean = (commits > 0).then(|| batched / commits as f64);
+    progress(&format!(
+        "throughput: {:.0} iterations/s in {:.2} s, after a warm-up round at {:.0} ({} failed); \
+         {:.1} checkpoints per commit",
+        rate,
+        ran.elapsed.as_secs_f64(),
+        r.iterations_per_s_cold.unwrap_or(0.0),
+        ran.failed,
+        r.checkpoint_batch_mean.unwrap_or(0.0)
+    ));
+    Ok(())
+}
+
+/// Iterations of the session the overhead part runs alone.
+pub const ALONE_ITERATIONS: u32 = 100;
+
+/// The overhead with one session alone, on workers set up as the throughput run's: what
+/// the loop costs per iteration when nothing queues ahead of it (under load, Little's law
+/// makes the per-iteration time sessions in flight / throughput, whatever the loop costs).
+pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let ran = run_workload(
+        env,
+        &Workload {
+            part: "overhead",
+            sessions: 1,
+            iterations: ALONE_ITERATIONS,
+            warm_up: true,
+        },
+    )
+    .await?;
+    if ran.failed > 0 {
+        bail!("overhead: the session did not complete");
+    }
+    (
+        r.overhead_alone_samples,
+        r.overhead_alone_p50_ms,
+        r.overhead_alone_p99_ms,
+    ) = p50_p99(ran.overhead);
+    Ok(())
+}
+
+/// The number of overhead samples, and their p50 and p99 in milliseconds.
+fn p50_p99(mut samples: Vec<Duration>) -> (Option<usize>, Option<f64>, Option<f64>) {
+    samples.sort();
+    (
+        Some(samples.len()),
+        quantile(&samples, 0.5).map(ms),
+        quantile(&samples, 0.99).map(ms),
+    )
+}
+
+/// A histogram's cumulative bucket counts: (upper bound, count).
+pub type Hist = Vec<(f64, u64)>;
+
+/// The checkpoint histogram's cumulative bucket counts.
+fn checkpoint_hist() -> Hist {
+    use prometheus::core::Collector;
+    let m = agentq_core::metrics::global();
+    m.checkpoint_duration
+        .collect()
+        .first()
+        .and_then(|f| f.get_metric().first().cloned())
+        .map(|metric| {
+            metric
+                .get_histogram()
+                .get_bucket()
+                .iter()
+                .map(|b| (b.upper_bound(), b.cumulative_count()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A quantile of the observations between two snapshots, interpolated in its bucket.
+fn hist_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
+    let deltas: Vec<(f64, u64)> = after
+        .iter()
+        .enumerate()
+        .map(|(i, (ub, c))| (*ub, c - before.get(i).map_or(0, |b| b.1)))
+        .collect();
+    let total = deltas.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let want = q * total as f64;
+    let mut lo = (0.0, 0u64);
+    for (ub, c) in deltas {
+        if c as f64 >= want {
+            let span = (c - lo.1) as f64;
+            let frac = if span > 0.0 {
+                (want - lo.1 as f64) / span
+            } else {
+                1.0
+            };
+            return Some(lo.0 + (ub - lo.0) * frac);
+        }
+        lo = (ub, c);
+    }
+    None
+}
