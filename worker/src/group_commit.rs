@@ -32,6 +32,9 @@ pub struct GroupCommit {
 
 impl GroupCommit {
     pub(crate) fn channel() -> (GroupCommit, JobReceiver) {
+        // Bounded by construction: a session hands over one checkpoint and waits for its
+        // commit before its next, so the queue never holds more than the worker's
+        // concurrency. A bounded channel would only add a semaphore to every commit.
         let (tx, rx) = mpsc::unbounded_channel();
         (GroupCommit { tx }, rx)
     }
