@@ -112,9 +112,9 @@ pub(crate) struct Runs {
 
 impl Runs {
     pub fn new() -> Self {
-        // Bounded by construction: it only carries entries already held in `deferred`,
-        // at most one batch per session that ran here, and a send must not wait (it
-        // happens while a finished run settles).
+        // It only carries entries already held in `deferred` (entries the queue delivered
+        // while their session ran here), moved once their run ends; a send must not wait,
+        // since it happens while a finished run settles.
         let (redispatch, rx) = mpsc::unbounded_channel();
         Runs {
             active: Mutex::new(HashMap::new()),
