@@ -332,7 +332,8 @@ mod tests {
 
     #[test]
     fn every_spec_field_is_accepted() {
-        // A spec with every optional field set serialises every field name.
+        // A spec with every optional field set serialises every field name: the API
+        // type's list of spec fields must be exactly those, and each must parse back.
         let mut spec = SessionSpec::new("hi");
         spec.system = Some("s".into());
         spec.provider = Some("openai".into());
