@@ -40,13 +40,13 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
     if !child.status.is_terminal() {
         return Ok(());
     }
-    let waits = SpawnInfo::of(&child.spec).is_some_and(|i| i.wait);
-    let kind = if waits {
+    let info = SpawnInfo::of(&child.spec).unwrap_or_default();
+    let kind = if info.wait {
         InboxKind::ChildDone
     } else {
         InboxKind::ChildResult
     };
-    let payload = InboxPayload::Child(ChildOutcome::of(child));
+    let payload = InboxPayload::Child(ChildOutcome::of(child, info));
     let delivered = store
         .deliver(
             parent,

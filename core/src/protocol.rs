@@ -78,8 +78,8 @@ pub struct ChildOutcome {
 }
 
 impl ChildOutcome {
-    pub fn of(child: &SessionRow) -> Self {
-        let info = SpawnInfo::of(&child.spec).unwrap_or_default();
+    /// `info`: how the child was spawned (its spec's metadata, which the caller has read).
+    pub fn of(child: &SessionRow, info: SpawnInfo) -> Self {
         ChildOutcome {
             child_id: child.id.clone(),
             label: info.label,
