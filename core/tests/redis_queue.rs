@@ -421,32 +421,6 @@ async fn publish_completion_reaches_subscribers_and_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_pubsub() {
-    let (_server, q) = setup().await;
-    let mut a = q.subscribe_signals().await.unwrap();
-    let mut b = q.subscribe_signals().await.unwrap();
-    q.publish_signal(&WorkerSignal::Cancel("s1".into()))
-        .await
-        .unwrap();
-    q.publish_signal(&WorkerSignal::Interrupt("s2".into()))
-        .await
-        .unwrap();
-    for s in [&mut a, &mut b] {
-        let got: Vec<WorkerSignal> =
-            tokio::time::timeout(Duration::from_secs(5), s.take(2).collect())
-                .await
-                .unwrap();
-        assert_eq!(
-            got,
-            [
-                WorkerSignal::Cancel("s1".into()),
-                WorkerSignal::Interrupt("s2".into())
-            ]
-        );
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_length_pending_lag() {
     let (server, q) = setup().await;
     assert_eq!(q.stats("nothing").await.unwrap(), QueueStats::default());
