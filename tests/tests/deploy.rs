@@ -211,6 +211,11 @@ fn k8s_manifests_parse_and_hold_the_expected_kinds() {
         ("keda.yaml", "keda.sh/v1alpha1", "TriggerAuthentication"),
         ("migrate-job.yaml", "batch/v1", "Job"),
         (
+            "networkpolicy.yaml",
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+        ),
+        (
             "prometheusrule.yaml",
             "monitoring.coreos.com/v1",
             "PrometheusRule",
