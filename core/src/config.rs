@@ -687,18 +687,28 @@ pub const SETTINGS: &[Setting] = &[
             Ok(())
         },
     ),
-    var("policy.providers", "AGENTQ_POLICY_PROVIDERS", None, |s, v| {
-        s.policy.providers = list(v);
-        Ok(())
-    }),
+    var(
+        "policy.providers",
+        "AGENTQ_POLICY_PROVIDERS",
+        None,
+        |s, v| {
+            s.policy.providers = list(v);
+            Ok(())
+        },
+    ),
     var("policy.models", "AGENTQ_POLICY_MODELS", None, |s, v| {
         s.policy.models = list(v);
         Ok(())
     }),
-    var("policy.base_urls", "AGENTQ_POLICY_BASE_URLS", None, |s, v| {
-        s.policy.base_urls = list(v);
-        Ok(())
-    }),
+    var(
+        "policy.base_urls",
+        "AGENTQ_POLICY_BASE_URLS",
+        None,
+        |s, v| {
+            s.policy.base_urls = list(v);
+            Ok(())
+        },
+    ),
     var("policy.tools", "AGENTQ_POLICY_TOOLS", None, |s, v| {
         s.policy.tools = list(v);
         Ok(())

@@ -528,7 +528,9 @@ fn policy_validation_names_the_setting() {
         ("policy.max_iterations", |s| {
             s.policy.max_iterations = Some(0)
         }),
-        ("policy.max_tokens", |s| s.policy.max_tokens = Some(2_000_000)),
+        ("policy.max_tokens", |s| {
+            s.policy.max_tokens = Some(2_000_000)
+        }),
         ("policy.token_budget", |s| s.policy.token_budget = Some(0)),
         ("policy.timeout_secs", |s| s.policy.timeout_secs = Some(0)),
         ("policy.max_depth", |s| s.policy.max_depth = Some(65)),

@@ -2,8 +2,8 @@
 //! [`Settings::validate`]: each error names the setting with its variable and flag.
 
 use super::{
-    PROVIDERS, PolicySection, SchedulerSection, Secs, Settings, TenantPolicySection,
-    WorkerSection, describe,
+    PROVIDERS, PolicySection, SchedulerSection, Secs, Settings, TenantPolicySection, WorkerSection,
+    describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;

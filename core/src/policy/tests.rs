@@ -129,7 +129,11 @@ fn every_refusal_names_its_field() {
     }
     // A default above a bound in a stored row is refused too: only a request can tell.
     let e = p
-        .admit(&mut SessionSpec::new("hi"), Sent::Stored, SpawnContext::default())
+        .admit(
+            &mut SessionSpec::new("hi"),
+            Sent::Stored,
+            SpawnContext::default(),
+        )
         .unwrap_err();
     assert_eq!(e.field, "max_iterations");
     let mut spec = within.clone();
