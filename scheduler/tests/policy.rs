@@ -244,3 +244,46 @@ async fn the_default_policy_refuses_any_base_url_and_tools_that_change_things() 
         .await;
     assert_eq!(status, 201, "{answer}");
 }
+
+/// A request passes its tenant's override, which replaces the global fields it sets: here
+/// the tenant of every request (`default`, until requests carry the caller's tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_tenant_override_replaces_the_global_rule() {
+    let mut policy = bounded();
+    policy.tenants.insert(
+        agentq_core::policy::DEFAULT_TENANT.into(),
+        agentq_core::config::TenantPolicySection {
+            tools: Some(vec!["list_dir".into()]),
+            max_iterations: Some(5),
+            ..Default::default()
+        },
+    );
+    let env = Env::start(policy).await;
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["read_file"]}),
+        )
+        .await;
+    assert_refused(status, &answer, "tools");
+    let (status, answer) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "max_iterations": 6}))
+        .await;
+    assert_refused(status, &answer, "max_iterations");
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["list_dir"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // The tenant's bound for what it sets, the global one for the rest.
+    assert_eq!(row.spec.max_iterations, 5);
+    assert_eq!(row.spec.token_budget, Some(10_000));
+}

@@ -235,3 +235,35 @@ async fn the_default_policy_refuses_base_urls_and_writing_tools() {
     }
     assert_eq!(env.fake.request_count(), 0);
 }
+
+/// The worker applies the session's tenant's override, not the global rule: here the
+/// tenant of these rows (`default`, until rows carry a tenant of their own) may use
+/// `list_dir` only, though the global policy allows `read_file` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sessions_tenant_override_replaces_the_global_rule() {
+    let env = Env::start().await;
+    env.fake
+        .push(FakeResponse::sse(openai_answer("listed"), 64));
+    let mut policy = PolicySection::default();
+    policy.tenants.insert(
+        agentq_core::policy::DEFAULT_TENANT.into(),
+        agentq_core::config::TenantPolicySection {
+            tools: Some(vec!["list_dir".into()]),
+            ..Default::default()
+        },
+    );
+    let mut read = SessionSpec::new("read");
+    read.tools = Some(vec!["read_file".into()]);
+    let mut list = SessionSpec::new("list");
+    list.tools = Some(vec!["list_dir".into()]);
+    let ids = vec![env.insert(read, 0).await, env.insert(list, 0).await];
+    let rows = env.run_until_terminal(env.config(policy), &ids).await;
+    assert_eq!(rows[0].status, SessionStatus::Failed, "{:?}", rows[0]);
+    let error = rows[0].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("tools:") && error.contains("read_file"),
+        "{error}"
+    );
+    assert_eq!(rows[1].status, SessionStatus::Completed, "{:?}", rows[1]);
+    assert_eq!(env.fake.request_count(), 1);
+}
