@@ -167,6 +167,13 @@ pub async fn worker(
         ..WorkerConfig::default()
     };
     cfg.providers.script = Some(script.to_string());
+    // The operator's policy of a bench worker allows the one tool its sessions call.
+    cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(
+        &agentq_core::config::PolicySection {
+            tools: vec![tool.to_string()],
+            ..Default::default()
+        },
+    )?);
     if tool == TRIVIAL {
         cfg.tools.register(Arc::new(Trivial));
     }

@@ -110,7 +110,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let scheduler = tokio::spawn(agentq_scheduler::run(
         stack.store.clone(),
         stack.queue.clone(),
-        SchedulerSettings::from(&cfg.scheduler),
+        SchedulerSettings::from_settings(&cfg)?,
         listener,
         shutdown.clone(),
     ));

@@ -116,7 +116,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     agentq_scheduler::run(
         Arc::new(store),
         Arc::new(queue),
-        SchedulerSettings::from(&cfg.scheduler),
+        SchedulerSettings::from_settings(&cfg)?,
         listener,
         shutdown,
     )

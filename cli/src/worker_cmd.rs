@@ -158,4 +158,33 @@ mod tests {
             .to_string();
         assert!(e.contains("--heartbeat-secs"), "{e}");
     }
+
+    /// A worker whose own defaults its policy forbids refuses to start, naming the
+    /// setting; the policy it starts with is the configured one.
+    #[test]
+    fn the_policy_must_allow_the_workers_defaults() {
+        let env = |tools: &'static str, provider: &'static str| {
+            move |k: &str| match k {
+                "AGENTQ_DATABASE_URL" => Some("postgres://env/db".to_string()),
+                "AGENTQ_REDIS_URL" => Some("redis://env".to_string()),
+                "AGENTQ_POLICY_TOOLS" => Some(tools.to_string()),
+                "AGENTQ_DEFAULT_PROVIDER" => Some(provider.to_string()),
+                _ => None,
+            }
+        };
+        let e = worker_config(&parse(&[]), env("read_file", "scripted"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("worker.default_tools") && e.contains("list_dir"),
+            "{e}"
+        );
+        let (_, cfg, _, _) = worker_config(
+            &parse(&[]),
+            env("read_file,list_dir,glob,grep,write_file", "scripted"),
+        )
+        .unwrap();
+        let p = cfg.policy.for_tenant(agentq_core::policy::DEFAULT_TENANT);
+        assert!(p.allows_tool("write_file") && !p.allows_tool("spawn_agent"));
+    }
 }

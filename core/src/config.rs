@@ -3,7 +3,7 @@
 //! then the environment, then the command's flags; then [`Settings::validate`].
 //!
 //! This module owns the file format (the top level and the sections `[worker]`,
-//! `[scheduler]`, `[providers]`), every default ([`Default`] of each section, and nowhere
+//! `[scheduler]`, `[providers]`, `[policy]`), every default ([`Default`] of each section, and nowhere
 //! else), the environment variables that override settings ([`SETTINGS`]), and every rule
 //! a setting must follow. `Default` never reads the environment: reading it is the
 //! explicit [`Settings::load_with`] step, with the lookup given as a function so tests can
@@ -14,6 +14,7 @@
 //! often committed or mounted from a ConfigMap, so one that names a key is refused rather
 //! than silently used.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -60,6 +61,7 @@ pub struct Settings {
     pub worker: WorkerSection,
     pub scheduler: SchedulerSection,
     pub providers: ProvidersSection,
+    pub policy: PolicySection,
 }
 
 impl Default for Settings {
@@ -74,6 +76,7 @@ impl Default for Settings {
             worker: WorkerSection::default(),
             scheduler: SchedulerSection::default(),
             providers: ProvidersSection::default(),
+            policy: PolicySection::default(),
         }
     }
 }
@@ -286,6 +289,120 @@ impl ProvidersSection {
                 path.display()
             ))
         })
+    }
+}
+
+/// `[policy]`: what sessions may ask for — providers, models, endpoints, tools — and the
+/// upper bounds of their limits, for every tenant; `[policy.tenants.<name>]` replaces
+/// the fields it sets for that tenant's sessions (lists are replaced, never merged). The
+/// rules themselves live in [`crate::policy`]. An unset bound means no bound beyond the
+/// API's own limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicySection {
+    /// Providers a session may name (or run with, by default).
+    pub providers: Vec<String>,
+    /// Models a session may use, as globs (`gpt-4o*`, `claude-*`, `*`).
+    pub models: Vec<String>,
+    /// Endpoints a session may name as `base_url`, compared as scheme, host, port and
+    /// path without a trailing slash. Empty: a session may name none.
+    pub base_urls: Vec<String>,
+    /// Tools a session (and its sub-agents) may use, as globs.
+    pub tools: Vec<String>,
+    pub max_iterations: Option<u32>,
+    pub max_tokens: Option<u32>,
+    /// Also applied to sessions that set no `token_budget`.
+    pub token_budget: Option<u64>,
+    pub tool_timeout_secs: Option<u64>,
+    pub approval_timeout_secs: Option<u64>,
+    /// The session's wall clock; also applied to sessions that set no `timeout_secs`.
+    pub timeout_secs: Option<u64>,
+    /// Sub-agents one session may start (the lower of this and `worker.max_children`).
+    pub max_children: Option<usize>,
+    /// Deepest sub-agent nesting (the lower of this and `worker.max_depth`).
+    pub max_depth: Option<u32>,
+    pub tenants: BTreeMap<String, TenantPolicySection>,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        let mut tools: Vec<String> = agentq_agent::tools::READ_ONLY_TOOLS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        tools.push(SPAWN_AGENT_TOOL.to_string());
+        PolicySection {
+            providers: PROVIDERS.iter().map(|s| s.to_string()).collect(),
+            models: vec!["*".to_string()],
+            base_urls: Vec::new(),
+            tools,
+            max_iterations: None,
+            max_tokens: None,
+            token_budget: None,
+            tool_timeout_secs: None,
+            approval_timeout_secs: None,
+            timeout_secs: None,
+            max_children: None,
+            max_depth: None,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+/// The tool that starts a sub-agent (the worker's own; allowed by the default policy).
+pub const SPAWN_AGENT_TOOL: &str = "spawn_agent";
+
+/// `[policy.tenants.<name>]`: each field it sets replaces the global one for the tenant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantPolicySection {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub providers: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_urls: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_children: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_depth: Option<u32>,
+}
+
+impl PolicySection {
+    /// The policy of `tenant`: its override over the global fields.
+    pub fn tenant(&self, tenant: &str) -> PolicySection {
+        let mut p = PolicySection {
+            tenants: BTreeMap::new(),
+            ..self.clone()
+        };
+        let Some(o) = self.tenants.get(tenant) else {
+            return p;
+        };
+        let o = o.clone();
+        macro_rules! replace {
+            ($($list:ident),*; $($bound:ident),*) => {
+                $(if let Some(v) = o.$list { p.$list = v; })*
+                $(if o.$bound.is_some() { p.$bound = o.$bound; })*
+            };
+        }
+        replace!(providers, models, base_urls, tools;
+            max_iterations, max_tokens, token_budget, tool_timeout_secs,
+            approval_timeout_secs, timeout_secs, max_children, max_depth);
+        p
     }
 }
 
@@ -570,6 +687,40 @@ pub const SETTINGS: &[Setting] = &[
             Ok(())
         },
     ),
+    var(
+        "policy.providers",
+        "AGENTQ_POLICY_PROVIDERS",
+        None,
+        |s, v| {
+            s.policy.providers = list(v);
+            Ok(())
+        },
+    ),
+    var("policy.models", "AGENTQ_POLICY_MODELS", None, |s, v| {
+        s.policy.models = list(v);
+        Ok(())
+    }),
+    var(
+        "policy.base_urls",
+        "AGENTQ_POLICY_BASE_URLS",
+        None,
+        |s, v| {
+            s.policy.base_urls = list(v);
+            Ok(())
+        },
+    ),
+    var("policy.tools", "AGENTQ_POLICY_TOOLS", None, |s, v| {
+        s.policy.tools = list(v);
+        Ok(())
+    }),
+    file("policy.max_iterations"),
+    file("policy.max_tokens"),
+    file("policy.token_budget"),
+    file("policy.tool_timeout_secs"),
+    file("policy.approval_timeout_secs"),
+    file("policy.timeout_secs"),
+    file("policy.max_children"),
+    file("policy.max_depth"),
 ];
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

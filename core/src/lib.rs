@@ -10,6 +10,7 @@ pub mod mem_queue;
 pub mod metrics;
 pub mod model;
 pub mod pg;
+pub mod policy;
 pub mod protocol;
 pub mod queue;
 pub mod redis_queue;

@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use agentq_core::config::SchedulerConfig;
+use agentq_core::config::{SchedulerConfig, Settings};
+use agentq_core::policy::Policy;
 use agentq_core::{Queue, Store};
 
 pub mod error;
@@ -40,6 +41,18 @@ pub struct SchedulerSettings {
     pub max_batch: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
+    /// The operator's policy (`[policy]`), held to every session request.
+    pub policy: Arc<Policy>,
+}
+
+impl SchedulerSettings {
+    /// `[scheduler]` and `[policy]` of validated settings.
+    pub fn from_settings(s: &Settings) -> agentq_core::Result<Self> {
+        Ok(SchedulerSettings {
+            policy: Arc::new(Policy::from_section(&s.policy)?),
+            ..(&s.scheduler).into()
+        })
+    }
 }
 
 impl Default for SchedulerSettings {
@@ -56,6 +69,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_prompt_bytes: c.max_prompt_bytes,
             max_batch: c.max_batch,
             queues: c.queues.clone(),
+            policy: Arc::new(Policy::default()),
         }
     }
 }

@@ -10,7 +10,10 @@
 //! are refused with a code of their own (provider keys live in the worker's
 //! configuration and must never be stored in a session row), and a prompt over the limit
 //! is a 413 even when another field is also wrong. The spec is then decoded through
-//! `serde_path_to_error`, so a wrong type names its field (422).
+//! `serde_path_to_error`, so a wrong type names its field (422). Last, [`admit`] holds
+//! the request to its tenant's policy (422 naming the field).
+
+use std::collections::BTreeSet;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -18,6 +21,7 @@ use serde_json::Value;
 use agentq_agent::spec::SessionSpec;
 use agentq_api::CreateSession;
 use agentq_core::config::is_credential_name;
+use agentq_core::policy::{Sent, SpawnContext, TenantPolicy};
 
 use crate::error::ApiError;
 use crate::http::body::{decode_at, kind, path};
@@ -47,6 +51,8 @@ pub struct SessionRequest {
     pub spec: SessionSpec,
     pub queue: String,
     pub idempotency_key: Option<String>,
+    /// The spec's fields the client sent (the others hold their defaults), for the policy.
+    pub sent: BTreeSet<String>,
 }
 
 impl From<CreateSession> for SessionRequest {
@@ -55,8 +61,33 @@ impl From<CreateSession> for SessionRequest {
             spec: r.spec,
             queue: r.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string()),
             idempotency_key: r.idempotency_key,
+            sent: BTreeSet::new(),
         }
     }
+}
+
+/// Hold a parsed request to its tenant's policy (`prefix` names it inside a batch): a
+/// value beyond it is refused naming the field; a default above a bound is lowered to it.
+pub fn admit(
+    req: &mut SessionRequest,
+    policy: &TenantPolicy,
+    prefix: &str,
+) -> Result<(), ApiError> {
+    policy
+        .admit(
+            &mut req.spec,
+            Sent::Fields(&req.sent),
+            SpawnContext::default(),
+        )
+        .map_err(|v| ApiError::invalid(path(prefix, v.field), v.message))
+}
+
+/// [`admit`] for every item of a batch, each named by its index (`[3].base_url`).
+pub fn admit_batch(reqs: &mut [SessionRequest], policy: &TenantPolicy) -> Result<(), ApiError> {
+    for (i, req) in reqs.iter_mut().enumerate() {
+        admit(req, policy, &format!("[{i}]"))?;
+    }
+    Ok(())
 }
 
 /// Whether `name` may be a queue: `[A-Za-z0-9_.-]{1,64}` (it becomes part of a Redis key).
@@ -165,6 +196,7 @@ pub fn parse_session(
         return Err(ApiError::invalid(path(prefix, "prompt"), "is required"));
     }
 
+    let sent: BTreeSet<String> = obj.keys().cloned().collect();
     let req = CreateSession {
         spec: decode_at::<SessionSpec>(obj, prefix)?,
         queue,
@@ -174,7 +206,10 @@ pub fn parse_session(
         .validate()
         .map_err(|(field, message)| ApiError::invalid(path(prefix, field), message))?;
     check_extra(&req.spec, prefix)?;
-    Ok(SessionRequest::from(req))
+    Ok(SessionRequest {
+        sent,
+        ..SessionRequest::from(req)
+    })
 }
 
 /// A batch: a JSON array of 1..=`max_batch` session requests. Every item is checked

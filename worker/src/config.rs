@@ -4,11 +4,13 @@
 //! tools, a consumer name).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::provider::factory::ProviderSettings;
 use agentq_agent::tools::ToolSettings;
 use agentq_core::config::Settings;
+use agentq_core::policy::Policy;
 
 use crate::Result;
 
@@ -57,6 +59,9 @@ pub struct WorkerConfig {
     /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
     /// resumes and the write-ahead rule depend on it.
     pub tools: agentq_agent::tools::ToolRegistry,
+    /// The operator's policy (`[policy]`): every session is admitted under its tenant's
+    /// rules before it runs, and its sub-agents too.
+    pub policy: Arc<Policy>,
 }
 
 impl WorkerConfig {
@@ -66,6 +71,7 @@ impl WorkerConfig {
     pub fn from_settings(settings: &Settings) -> Result<WorkerConfig> {
         settings.validate()?;
         let mut cfg = Self::build(settings);
+        cfg.policy = Arc::new(Policy::from_section(&settings.policy)?);
         cfg.providers.script = settings.providers.read_script()?;
         cfg.consumer = default_consumer_name();
         Ok(cfg)
@@ -110,6 +116,10 @@ impl WorkerConfig {
             checkpoint_writers: w.checkpoint_writers,
             write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
             tools: agentq_agent::tools::ToolRegistry::new(),
+            // Unvalidated settings whose policy does not compile allow nothing.
+            policy: Arc::new(
+                Policy::from_section(&settings.policy).unwrap_or_else(|_| Policy::deny_all()),
+            ),
         }
     }
 

@@ -10,11 +10,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use agentq_agent::driver::{Agent, Interrupter, RunEnd, SuspendReason};
-use agentq_agent::guard::{Firewall, Guards};
+use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::factory;
+use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_agent::tools::{LocalWorkspace, builtin_registry};
 use agentq_core::lifecycle;
+use agentq_core::policy::{DEFAULT_TENANT, Sent, SpawnContext};
 use agentq_core::queue::Delivery;
 use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 
@@ -233,7 +235,9 @@ async fn run(
         inbox,
         interrupter,
     };
-    let result = match build_agent(&inner, &row, parts) {
+    let built = admit(&inner, &row, &mut state.spec)
+        .and_then(|()| build_agent(&inner, &row, &state.spec, parts));
+    let result = match built {
         Ok(agent) => {
             tokio::select! {
                 r = agent.run(&mut state, &cancel) => Some(r),
@@ -241,7 +245,8 @@ async fn run(
             }
         }
         Err(message) => {
-            // A session that cannot be built (unknown tool, bad provider) fails at once,
+            // A session that cannot be built (unknown tool, bad provider) or that its
+            // tenant's policy does not allow fails at once, before any LLM call or tool,
             // with the reason, through a normal fenced checkpoint (the run's own
             // checkpointer: a draining worker still writes a step with an outcome).
             state.outcome = Some(Outcome::error(message));
@@ -475,8 +480,50 @@ async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> 
     publish_and_ack(inner, d, row).await
 }
 
-fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Result<Agent, String> {
-    let spec = &row.spec;
+/// The tenant whose policy a session runs under.
+pub(crate) fn tenant(_row: &SessionRow) -> &str {
+    DEFAULT_TENANT
+}
+
+/// The stored spec under its tenant's policy, checked again here because the row may have
+/// been written by something that did not check it (an older or compromised scheduler, a
+/// direct insert). What the spec leaves to this host is checked as this host fills it in:
+/// the default provider and model must be allowed, and of the default tools the session
+/// gets those its tenant may use.
+fn admit(inner: &Arc<Inner>, row: &SessionRow, spec: &mut SessionSpec) -> Result<(), String> {
+    let policy = inner.cfg.policy.for_tenant(tenant(row));
+    let refused = |v: agentq_core::policy::PolicyViolation| format!("refused by policy: {v}");
+    policy
+        .admit(spec, Sent::Stored, SpawnContext { depth: row.depth })
+        .map_err(refused)?;
+    let provider = spec
+        .provider
+        .clone()
+        .unwrap_or_else(|| inner.cfg.default_provider.clone());
+    policy.check_provider(&provider).map_err(refused)?;
+    let model = spec
+        .model
+        .clone()
+        .or_else(|| inner.cfg.default_model.clone())
+        .unwrap_or_else(|| factory::default_model(&provider).to_string());
+    policy.check_model(&model).map_err(refused)?;
+    if spec.tools.is_none() {
+        let defaults = &inner.cfg.default_tools;
+        let allowed = policy.allowed_tools(defaults);
+        if allowed.len() < defaults.len() {
+            spec.tools = Some(allowed.into_iter().cloned().collect());
+        }
+    }
+    Ok(())
+}
+
+fn build_agent(
+    inner: &Arc<Inner>,
+    row: &SessionRow,
+    spec: &SessionSpec,
+    parts: AgentParts,
+) -> Result<Agent, String> {
+    let policy = inner.cfg.policy.for_tenant(tenant(row));
     let provider_name = spec
         .provider
         .clone()
@@ -505,10 +552,15 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
         tools.register(Arc::new(SpawnAgent {
             store: inner.store.clone(),
             queue: inner.queue.clone(),
-            parent: row.clone(),
+            parent: SessionRow {
+                spec: spec.clone(),
+                ..row.clone()
+            },
             parent_tools: wanted.clone(),
-            max_depth: inner.cfg.max_depth,
-            max_children: inner.cfg.max_children,
+            max_depth: policy.max_depth(inner.cfg.max_depth),
+            max_children: policy.max_children(inner.cfg.max_children),
+            policy: inner.cfg.policy.clone(),
+            tenant: tenant(row).to_string(),
             inbox: parts.inbox.clone(),
             creating: tokio::sync::Mutex::new(()),
         }));
@@ -518,6 +570,13 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
     // CPU in the bench, and a blocking call on the runtime).
     let workspace = LocalWorkspace::lazy(inner.workspaces()?, &row.root_id)
         .map_err(|e| format!("workspace: {e}"))?;
+    // The permission stage holds the tenant's rule, so a call of anything else is denied
+    // even if it reaches the pipeline.
+    let allowed = tools
+        .names()
+        .into_iter()
+        .filter(|n| policy.allows_tool(n))
+        .collect();
     Ok(Agent {
         provider,
         default_model,
@@ -526,6 +585,10 @@ fn build_agent(inner: &Arc<Inner>, row: &SessionRow, parts: AgentParts) -> Resul
             firewall: Some(Arc::new(Firewall::default())),
             sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
             approver: Some(parts.inbox.clone()),
+            permissions: Permissions {
+                can_use_tools: true,
+                allowed: Some(allowed),
+            },
             ..Guards::default()
         },
         events: parts.sink,

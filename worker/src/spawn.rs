@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use agentq_agent::tools::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use agentq_core::policy::{Policy, Sent, SpawnContext};
 use agentq_core::{
     EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, SpawnInfo, Store,
     new_session_id,
@@ -25,8 +26,13 @@ pub struct SpawnAgent {
     pub parent: SessionRow,
     /// The parent's tools: a child gets these or fewer.
     pub parent_tools: Vec<String>,
+    /// The lower of the worker's limit and the tenant's policy.
     pub max_depth: u32,
+    /// The lower of the worker's limit and the tenant's policy.
     pub max_children: usize,
+    /// A child passes its tenant's policy as a root session does.
+    pub policy: Arc<Policy>,
+    pub tenant: String,
     pub inbox: Arc<SessionInbox>,
     /// Parallel calls of one response check the child limit and create under this lock,
     /// so the limit holds however many arrive at once.
@@ -223,7 +229,11 @@ impl Tool for SpawnAgent {
                         self.max_children
                     )));
                 }
-                let spec = self.child_spec(&args, &info)?;
+                let mut spec = self.child_spec(&args, &info)?;
+                self.policy
+                    .for_tenant(&self.tenant)
+                    .admit(&mut spec, Sent::Stored, SpawnContext { depth })
+                    .map_err(|v| ToolError::Denied(format!("refused by policy: {v}")))?;
                 let new = NewSession {
                     id: new_session_id(),
                     spec,

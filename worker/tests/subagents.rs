@@ -383,6 +383,92 @@ async fn depth_and_fan_out_limits_are_tool_errors() {
     c.shutdown().await;
 }
 
+/// The worker's policy: the default `[policy]` changed by `tweak`.
+fn policy_with(
+    tweak: impl FnOnce(&mut agentq_core::config::PolicySection),
+) -> Arc<agentq_core::policy::Policy> {
+    let mut section = agentq_core::config::PolicySection::default();
+    tweak(&mut section);
+    Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap())
+}
+
+/// The tenant's policy bounds sub-agents below the worker's own limits (the lower one
+/// applies), and a sub-agent cannot be given a tool the policy does not allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenants_policy_bounds_sub_agents() {
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "NEST", "turns": [
+                {"tool_calls": [spawn_call("NEST deeper", "n", true)]},
+                {"text": "nest: {{last_tool_result}}"}
+            ]},
+            {"when_prompt_contains": "WIDE", "turns": [
+                {"tool_calls": [spawn_call("LEAF 1", "1", false), spawn_call("LEAF 2", "2", false), spawn_call("LEAF 3", "3", false)]},
+                {"text": "wide done"}
+            ]},
+            {"when_prompt_contains": "GREEDY", "turns": [
+                {"tool_calls": [{"name": "spawn_agent", "arguments": {"prompt": "LEAF w", "tools": ["write_file"]}}]},
+                {"text": "greedy: {{last_tool_result}}"}
+            ]},
+            {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf"}]}
+        ]
+    });
+    let c = Cluster::start(script, 1, 8, |cfg| {
+        // The worker would allow 3 levels and 16 children; the policy allows 1 and 2.
+        cfg.max_depth = 3;
+        cfg.max_children = 16;
+        cfg.policy = policy_with(|p| {
+            p.max_depth = Some(1);
+            p.max_children = Some(2);
+        });
+    })
+    .await;
+    let nest = c.submit("NEST top", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(&nest, &[SessionStatus::Completed], Duration::from_secs(60))
+        .await;
+    // Depth 0 → 1; the session at depth 1 may not spawn: its tool error travels up.
+    assert!(
+        row.result
+            .as_deref()
+            .unwrap()
+            .contains("nest 1 levels deep"),
+        "{row:?}"
+    );
+    let child = c.children(&nest).await.remove(0);
+    assert!(c.children(&child.id).await.is_empty());
+
+    let wide = c.submit("WIDE top", &["spawn_agent"], |_| {}).await;
+    c.wait_status(&wide, &[SessionStatus::Completed], Duration::from_secs(60))
+        .await;
+    let msgs = c.store.messages(&wide).await.unwrap();
+    let r = tool_results(&msgs);
+    assert_eq!(r.iter().filter(|m| m.is_error).count(), 1);
+    assert!(
+        r.iter()
+            .any(|m| m.content.contains("already started 2 sub-agents"))
+    );
+    assert_eq!(c.children(&wide).await.len(), 2);
+
+    // write_file is not the parent's, nor allowed by the policy: a tool error the model
+    // sees, and no child.
+    let greedy = c.submit("GREEDY top", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(
+            &greedy,
+            &[SessionStatus::Completed],
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        row.result.as_deref().unwrap().contains("write_file"),
+        "{row:?}"
+    );
+    assert!(c.children(&greedy).await.is_empty());
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_parent_cancels_its_subtree() {
     let script = json!({
@@ -456,7 +542,10 @@ async fn held_call(c: &Cluster, id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvals_approve_deny_and_time_out() {
-    let c = Cluster::start(sensitive_script(), 1, 4, |_| {}).await;
+    let c = Cluster::start(sensitive_script(), 1, 4, |cfg| {
+        cfg.policy = policy_with(|p| p.tools.push("write_file".into()));
+    })
+    .await;
     let sensitive = |s: &mut SessionSpec| s.sensitive_tools = vec!["write_file".into()];
 
     // Approve: the tool runs once.

@@ -43,6 +43,13 @@ fn config(dir: &std::path::Path) -> WorkerConfig {
     cfg
 }
 
+/// A policy that also allows `tools` (the default allows the read-only ones).
+fn allowing(tools: &[&str]) -> Arc<agentq_core::policy::Policy> {
+    let mut section = agentq_core::config::PolicySection::default();
+    section.tools.extend(tools.iter().map(|t| t.to_string()));
+    Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap())
+}
+
 async fn submit(store: &PgStore, queue: &RedisQueue, n: usize) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..n {
@@ -190,7 +197,10 @@ async fn a_session_that_cannot_be_built_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = SessionSpec::new("use a tool that is not there");
     spec.tools = Some(vec!["no_such_tool".into()]);
-    let (done, worker) = run_one(&store, &queue, config(dir.path()), spec).await;
+    // The policy allows it: building is what fails.
+    let mut cfg = config(dir.path());
+    cfg.policy = allowing(&["no_such_tool"]);
+    let (done, worker) = run_one(&store, &queue, cfg, spec).await;
     assert_eq!(done.status, SessionStatus::Failed, "{done:?}");
     let error = done.error.clone().unwrap_or_default();
     assert!(error.contains("no_such_tool"), "{error}");
@@ -242,6 +252,7 @@ async fn sessions_call_the_embedding_programs_own_tools() {
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut cfg = config(dir.path());
     cfg.tools.register(Arc::new(Stamp(calls.clone())));
+    cfg.policy = allowing(&["stamp"]);
     cfg.providers.script = Some(
         r#"{"turns":[
           {"text":"stamping","tool_calls":[{"name":"stamp","arguments":{}}]},
@@ -372,6 +383,7 @@ async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
             calls: calls.clone(),
             entered: entered.clone(),
         }));
+        cfg.policy = allowing(&["hang"]);
         cfg.providers.script = Some(
             r#"{"turns":[
               {"text":"hanging","tool_calls":[{"name":"hang","arguments":{}}]},

@@ -304,6 +304,7 @@ fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerConfig {
         default_provider: args.provider.clone(),
         default_model: args.model.clone(),
         default_tools: demo_tools(),
+        policy: std::sync::Arc::new(demo_policy()),
         ..WorkerConfig::default()
     };
     if args.provider == "scripted" {
@@ -536,6 +537,19 @@ fn demo_tools() -> Vec<String> {
         .iter()
         .map(|s| s.to_string())
         .collect()
+}
+
+/// The demo's sessions write a file, so its workers' policy allows that on top of the
+/// default (the read-only tools and spawn_agent).
+fn demo_policy() -> agentq_core::policy::Policy {
+    let mut section = agentq_core::config::PolicySection::default();
+    for t in demo_tools() {
+        if !section.tools.contains(&t) {
+            section.tools.push(t);
+        }
+    }
+    agentq_core::policy::Policy::from_section(&section)
+        .unwrap_or_else(|_| agentq_core::policy::Policy::deny_all())
 }
 
 /// The `i`-th session of the batch.

@@ -57,6 +57,16 @@ fn defaults() {
     assert_eq!(c.scheduler.max_batch, 10_000);
     assert_eq!(c.scheduler.queues, vec!["default"]);
     assert_eq!(c.providers.script, None);
+    assert_eq!(c.policy.providers, vec!["openai", "anthropic", "scripted"]);
+    assert_eq!(c.policy.models, vec!["*"]);
+    assert!(c.policy.base_urls.is_empty());
+    assert_eq!(
+        c.policy.tools,
+        vec!["read_file", "list_dir", "glob", "grep", "spawn_agent"]
+    );
+    assert_eq!(c.policy.max_iterations, None);
+    assert_eq!(c.policy.token_budget, None);
+    assert!(c.policy.tenants.is_empty());
     // An empty file is the defaults, and the defaults are valid.
     assert_eq!(Settings::from_toml("").unwrap(), c);
     c.validate().unwrap();
@@ -446,4 +456,109 @@ fn load_only_reads_just_the_named_settings() {
     assert!(s.providers.openai_api_key.is_none());
     let s = Settings::load_only(None, &env, &["redis_url"]).unwrap();
     assert_eq!(s.redis_url.as_deref(), Some("redis://r:6379"));
+}
+
+#[test]
+fn policy_section_with_tenants() {
+    let c = Settings::from_toml(
+        r#"
+        [worker]
+        default_tools = ["read_file", "write_file"]
+
+        [policy]
+        tools = ["read_file", "write_file", "spawn_agent"]
+        base_urls = ["http://127.0.0.1:8000/v1"]
+        max_iterations = 20
+        timeout_secs = 600
+
+        [policy.tenants.acme]
+        tools = ["read_file"]
+        max_iterations = 5
+        "#,
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.policy.max_iterations, Some(20));
+    let acme = c.policy.tenant("acme");
+    // Replaced, not merged; unset fields are the global ones.
+    assert_eq!(acme.tools, vec!["read_file"]);
+    assert_eq!(acme.max_iterations, Some(5));
+    assert_eq!(acme.timeout_secs, Some(600));
+    assert_eq!(acme.base_urls, vec!["http://127.0.0.1:8000/v1"]);
+    assert_eq!(c.policy.tenant("other").tools, c.policy.tools);
+
+    let e = Settings::from_toml("[policy.tenants.acme]\ntool = [\"x\"]\n").unwrap_err();
+    assert!(e.to_string().contains("tool"), "{e}");
+
+    let env = env_of(&[
+        ("AGENTQ_POLICY_TOOLS", "read_file, write_file"),
+        ("AGENTQ_POLICY_BASE_URLS", "http://a/v1,http://b"),
+    ]);
+    let c = Settings::load_with(None, env).unwrap();
+    assert_eq!(c.policy.tools, vec!["read_file", "write_file"]);
+    assert_eq!(c.policy.base_urls, vec!["http://a/v1", "http://b"]);
+}
+
+#[test]
+fn policy_validation_names_the_setting() {
+    for (key, tweak) in [
+        (
+            "worker.default_tools",
+            (|s: &mut Settings| s.worker.default_tools = Some(vec!["shell".into()]))
+                as fn(&mut Settings),
+        ),
+        // The implicit default (the read-only set) must be allowed too.
+        ("worker.default_tools", |s| {
+            s.policy.tools = vec!["read_file".into()]
+        }),
+        ("worker.default_provider", |s| {
+            s.policy.providers = vec!["openai".into()]
+        }),
+        ("worker.default_model", |s| {
+            s.policy.models = vec!["gpt-*".into()];
+            s.worker.default_model = Some("claude-x".into());
+        }),
+        ("policy.providers", |s| {
+            s.policy.providers.push("gemini".into())
+        }),
+        ("policy.models", |s| s.policy.models = vec!["a[".into()]),
+        ("policy.base_urls", |s| {
+            s.policy.base_urls = vec!["http://h/?q=1".into()]
+        }),
+        ("policy.max_iterations", |s| {
+            s.policy.max_iterations = Some(0)
+        }),
+        ("policy.max_tokens", |s| {
+            s.policy.max_tokens = Some(2_000_000)
+        }),
+        ("policy.token_budget", |s| s.policy.token_budget = Some(0)),
+        ("policy.timeout_secs", |s| s.policy.timeout_secs = Some(0)),
+        ("policy.max_depth", |s| s.policy.max_depth = Some(65)),
+        ("policy.tenants.acme.max_iterations", |s| {
+            s.policy.tenants.insert(
+                "acme".into(),
+                TenantPolicySection {
+                    max_iterations: Some(0),
+                    ..Default::default()
+                },
+            );
+        }),
+        ("policy.tenants.acme.tools", |s| {
+            s.policy.tenants.insert(
+                "acme".into(),
+                TenantPolicySection {
+                    tools: Some(vec!["{".into()]),
+                    ..Default::default()
+                },
+            );
+        }),
+        ("policy.tenants", |s| {
+            s.policy
+                .tenants
+                .insert("a b".into(), TenantPolicySection::default());
+        }),
+    ] {
+        let e = invalid_with(tweak);
+        assert!(e.contains(&format!("`{key}")), "{key} not in {e}");
+    }
 }

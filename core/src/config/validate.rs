@@ -1,8 +1,12 @@
 //! The rules every setting must follow, checked once, after all the layers, by
 //! [`Settings::validate`]: each error names the setting with its variable and flag.
 
-use super::{PROVIDERS, SchedulerSection, Secs, Settings, WorkerSection, describe};
+use super::{
+    PROVIDERS, PolicySection, SchedulerSection, Secs, Settings, TenantPolicySection, WorkerSection,
+    describe,
+};
 use crate::error::{Error, Result};
+use crate::policy::Policy;
 
 /// The longest any timing setting may be: past a day it is a typo, and durations that
 /// large would overflow the arithmetic of the timers built from them.
@@ -21,6 +25,7 @@ impl Settings {
         worker_timings(&self.worker)?;
         worker_limits(&self.worker)?;
         scheduler(&self.scheduler)?;
+        policy(&self.policy, &self.worker)?;
         for (key, addr) in [
             ("api_addr", &self.api_addr),
             ("metrics_addr", &self.metrics_addr),
@@ -141,6 +146,121 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
     )?;
     range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
     names("scheduler.queues", &s.queues)
+}
+
+/// The bounds of `[policy]` (or of one tenant, `key` naming it) are within what the API
+/// accepts at all, so a bound can always be met.
+fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
+    let k = |f: &str| format!("{key}.{f}");
+    if let Some(v) = p.max_iterations {
+        range(&k("max_iterations"), v, 1, 10_000)?;
+    }
+    if let Some(v) = p.max_tokens {
+        range(&k("max_tokens"), v, 1, 1_000_000)?;
+    }
+    for (f, v) in [
+        ("token_budget", p.token_budget),
+        ("tool_timeout_secs", p.tool_timeout_secs),
+        ("approval_timeout_secs", p.approval_timeout_secs),
+        ("timeout_secs", p.timeout_secs),
+    ] {
+        if let Some(v) = v {
+            range(&k(f), v, 1, u64::MAX)?;
+        }
+    }
+    if let Some(v) = p.max_children {
+        range(&k("max_children"), v, 0, 10_000)?;
+    }
+    if let Some(v) = p.max_depth {
+        range(&k("max_depth"), v, 0, 64)?;
+    }
+    for (f, list) in [
+        ("providers", &p.providers),
+        ("models", &p.models),
+        ("base_urls", &p.base_urls),
+        ("tools", &p.tools),
+    ] {
+        if let Some(list) = list {
+            names(&k(f), list)?;
+        }
+    }
+    Ok(())
+}
+
+/// `[policy]` compiles, and the worker's own defaults are within the global policy: a
+/// worker whose default provider or tools its policy forbids would fail every session
+/// that relies on them.
+fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
+    let global = TenantPolicySection {
+        providers: Some(p.providers.clone()),
+        models: Some(p.models.clone()),
+        base_urls: Some(p.base_urls.clone()),
+        tools: Some(p.tools.clone()),
+        max_iterations: p.max_iterations,
+        max_tokens: p.max_tokens,
+        token_budget: p.token_budget,
+        tool_timeout_secs: p.tool_timeout_secs,
+        approval_timeout_secs: p.approval_timeout_secs,
+        timeout_secs: p.timeout_secs,
+        max_children: p.max_children,
+        max_depth: p.max_depth,
+    };
+    policy_bounds("policy", &global)?;
+    for (name, t) in &p.tenants {
+        if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid(
+                "policy.tenants",
+                format!("tenant name {name:?} must be non-empty, without spaces"),
+            ));
+        }
+        policy_bounds(&format!("policy.tenants.{name}"), t)?;
+    }
+    let compiled = Policy::from_section(p)?;
+    let g = compiled.global();
+    if !g.allows_provider(&w.default_provider) {
+        return Err(invalid(
+            "worker.default_provider",
+            format!(
+                "`{}` is not allowed by {}",
+                w.default_provider,
+                describe("policy.providers")
+            ),
+        ));
+    }
+    if let Some(m) = &w.default_model
+        && !g.allows_model(m)
+    {
+        return Err(invalid(
+            "worker.default_model",
+            format!("`{m}` is not allowed by {}", describe("policy.models")),
+        ));
+    }
+    let implicit: Vec<String>;
+    let tools = match &w.default_tools {
+        Some(t) => t,
+        None => {
+            implicit = agentq_agent::tools::READ_ONLY_TOOLS
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            &implicit
+        }
+    };
+    if let Some(t) = tools.iter().find(|t| !g.allows_tool(t)) {
+        return Err(invalid(
+            "worker.default_tools",
+            format!(
+                "`{t}` is not allowed by {}{}",
+                describe("policy.tools"),
+                if w.default_tools.is_none() {
+                    " (the default is the read-only set: set worker.default_tools to what the policy allows)"
+                } else {
+                    ""
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn range<T: PartialOrd + std::fmt::Display>(key: &str, v: T, min: T, max: T) -> Result<()> {

@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{Extensions, StatusCode};
 use axum::response::Response;
 
 use agentq_api::{
     BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
 };
+use agentq_core::policy::DEFAULT_TENANT;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionStatus};
 
 use crate::Scheduler;
@@ -21,7 +22,9 @@ use crate::error::ApiError;
 use crate::http::{
     ApiResult, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
 };
-use crate::request::{Limits, ListQuery, SessionRequest, parse_batch, parse_session};
+use crate::request::{
+    Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch, parse_session,
+};
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = 1000;
@@ -33,6 +36,11 @@ fn limits(s: &Scheduler) -> Limits {
         max_prompt_bytes: s.cfg.max_prompt_bytes,
         max_batch: s.cfg.max_batch,
     }
+}
+
+/// The tenant a request acts for, whose policy its sessions pass.
+fn tenant_of(_request: &Extensions) -> &str {
+    DEFAULT_TENANT
 }
 
 fn new_session(r: SessionRequest) -> NewSession {
@@ -78,9 +86,11 @@ async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
 /// `POST /v1/sessions`
 pub(super) async fn create(
     State(s): State<Scheduler>,
+    request: Extensions,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let req = parse_session(body, &limits(&s), "")?;
+    let mut req = parse_session(body, &limits(&s), "")?;
+    admit(&mut req, s.cfg.policy.for_tenant(tenant_of(&request)), "")?;
     let (row, created) = s.store.create_session(&new_session(req)).await?;
     if created {
         tracing::info!(session_id = %row.id, queue = %row.queue, "session created");
@@ -106,9 +116,11 @@ pub(super) async fn create(
 /// `POST /v1/sessions/batch`
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
+    request: Extensions,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let reqs = parse_batch(body, &limits(&s))?;
+    let mut reqs = parse_batch(body, &limits(&s))?;
+    admit_batch(&mut reqs, s.cfg.policy.for_tenant(tenant_of(&request)))?;
     let new: Vec<NewSession> = reqs.into_iter().map(new_session).collect();
     let rows = s.store.create_sessions(&new).await?;
 

@@ -1,0 +1,447 @@
+//! The operator's policy over sessions: which providers, models, endpoints and tools a
+//! tenant's sessions may use, and the upper bounds of their limits. Built once from
+//! `[policy]` ([`Policy::from_section`]); the scheduler admits each request with it and
+//! the worker admits each stored row again before running it, so a row written by an
+//! older or compromised scheduler cannot escalate. Pure: no I/O.
+//!
+//! A bound applies to what the client sent and to what it left at the default alike: a
+//! value the client sent above the bound is refused naming the field; a default above it
+//! becomes the bound (a client that says nothing gets what the operator allows, not an
+//! error). `token_budget` and `timeout_secs` have no default: a session that sets none
+//! gets the bound. A stored row counts as having sent everything ([`Sent::Stored`]).
+
+use std::collections::BTreeSet;
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+
+use agentq_agent::spec::SessionSpec;
+
+use crate::config::{PROVIDERS, PolicySection};
+use crate::error::{Error, Result};
+
+/// The tenant of sessions created without one.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// A request beyond policy: the field it names and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct PolicyViolation {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn violation(field: &'static str, message: impl Into<String>) -> PolicyViolation {
+    PolicyViolation {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Which fields of the spec the client sent; the others hold their defaults.
+#[derive(Debug, Clone, Copy)]
+pub enum Sent<'a> {
+    /// A request's top-level keys.
+    Fields(&'a BTreeSet<String>),
+    /// A stored spec: nothing in it can be told from a default, so every value counts as
+    /// asked for.
+    Stored,
+}
+
+impl Sent<'_> {
+    fn has(&self, field: &str) -> bool {
+        match self {
+            Sent::Fields(f) => f.contains(field),
+            Sent::Stored => true,
+        }
+    }
+}
+
+/// Where in a tree the session being admitted sits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpawnContext {
+    /// 0 for a root session.
+    pub depth: u32,
+}
+
+/// A list of globs, with its text kept for messages.
+#[derive(Debug, Clone)]
+struct Globs {
+    set: GlobSet,
+    text: Vec<String>,
+}
+
+impl Globs {
+    fn new(key: &str, patterns: &[String]) -> Result<Globs> {
+        let mut b = GlobSetBuilder::new();
+        for p in patterns {
+            let glob = Glob::new(p.trim())
+                .map_err(|e| Error::Config(format!("`{key}`: bad pattern `{p}`: {e}")))?;
+            b.add(glob);
+        }
+        let set = b
+            .build()
+            .map_err(|e| Error::Config(format!("`{key}`: {e}")))?;
+        Ok(Globs {
+            set,
+            text: patterns.to_vec(),
+        })
+    }
+
+    fn matches(&self, name: &str) -> bool {
+        self.set.is_match(name)
+    }
+
+    fn describe(&self) -> String {
+        if self.text.is_empty() {
+            "none".to_string()
+        } else {
+            self.text.join(", ")
+        }
+    }
+}
+
+/// The upper bounds of a tenant's limits; `None`: no bound beyond the API's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_iterations: Option<u32>,
+    pub max_tokens: Option<u32>,
+    pub token_budget: Option<u64>,
+    pub tool_timeout_secs: Option<u64>,
+    pub approval_timeout_secs: Option<u64>,
+    pub timeout_secs: Option<u64>,
+    pub max_children: Option<usize>,
+    pub max_depth: Option<u32>,
+}
+
+/// One tenant's rules, compiled.
+#[derive(Debug, Clone)]
+pub struct TenantPolicy {
+    providers: Vec<String>,
+    models: Globs,
+    /// Normalised ([`normalize_base_url`]).
+    base_urls: Vec<String>,
+    tools: Globs,
+    pub bounds: Bounds,
+}
+
+/// The global policy and each tenant's.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    global: TenantPolicy,
+    tenants: std::collections::BTreeMap<String, TenantPolicy>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        // The default section always compiles (a unit test holds it).
+        Policy::from_section(&PolicySection::default()).unwrap_or_else(|_| Policy::deny_all())
+    }
+}
+
+impl Policy {
+    /// Allows nothing: what a process falls back to when its section does not compile.
+    pub fn deny_all() -> Policy {
+        Policy {
+            global: TenantPolicy::deny_all(),
+            tenants: Default::default(),
+        }
+    }
+
+    /// Compile `[policy]`; an error names the setting (`policy.tenants.acme.models`).
+    pub fn from_section(section: &PolicySection) -> Result<Policy> {
+        let global = TenantPolicy::compile(section, "policy")?;
+        let mut tenants = std::collections::BTreeMap::new();
+        for name in section.tenants.keys() {
+            let key = format!("policy.tenants.{name}");
+            tenants.insert(
+                name.clone(),
+                TenantPolicy::compile(&section.tenant(name), &key)?,
+            );
+        }
+        Ok(Policy { global, tenants })
+    }
+
+    /// The rules for `tenant`: its override, or the global policy.
+    pub fn for_tenant(&self, tenant: &str) -> &TenantPolicy {
+        self.tenants.get(tenant).unwrap_or(&self.global)
+    }
+
+    /// The policy without tenant overrides.
+    pub fn global(&self) -> &TenantPolicy {
+        &self.global
+    }
+}
+
+impl TenantPolicy {
+    fn deny_all() -> TenantPolicy {
+        let empty = Globs {
+            set: GlobSet::empty(),
+            text: Vec::new(),
+        };
+        TenantPolicy {
+            providers: Vec::new(),
+            models: empty.clone(),
+            base_urls: Vec::new(),
+            tools: empty,
+            bounds: Bounds::default(),
+        }
+    }
+
+    fn compile(s: &PolicySection, key: &str) -> Result<TenantPolicy> {
+        for p in &s.providers {
+            if !PROVIDERS.contains(&p.as_str()) {
+                return Err(Error::Config(format!(
+                    "`{key}.providers`: unknown provider `{p}` (expected {})",
+                    PROVIDERS.join(", ")
+                )));
+            }
+        }
+        let base_urls = s
+            .base_urls
+            .iter()
+            .map(|u| {
+                normalize_base_url(u)
+                    .map_err(|why| Error::Config(format!("`{key}.base_urls`: `{u}` {why}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TenantPolicy {
+            providers: s.providers.clone(),
+            models: Globs::new(&format!("{key}.models"), &s.models)?,
+            base_urls,
+            tools: Globs::new(&format!("{key}.tools"), &s.tools)?,
+            bounds: Bounds {
+                max_iterations: s.max_iterations,
+                max_tokens: s.max_tokens,
+                token_budget: s.token_budget,
+                tool_timeout_secs: s.tool_timeout_secs,
+                approval_timeout_secs: s.approval_timeout_secs,
+                timeout_secs: s.timeout_secs,
+                max_children: s.max_children,
+                max_depth: s.max_depth,
+            },
+        })
+    }
+
+    pub fn allows_provider(&self, name: &str) -> bool {
+        self.providers.iter().any(|p| p == name)
+    }
+
+    pub fn allows_model(&self, name: &str) -> bool {
+        self.models.matches(name)
+    }
+
+    pub fn allows_tool(&self, name: &str) -> bool {
+        self.tools.matches(name)
+    }
+
+    /// Whether a session may send its requests to `url` (normalised before comparing; a
+    /// URL that does not normalise is never allowed).
+    pub fn allows_base_url(&self, url: &str) -> bool {
+        normalize_base_url(url).is_ok_and(|n| self.base_urls.contains(&n))
+    }
+
+    /// The provider a session runs with (named, or the host's default) is allowed.
+    pub fn check_provider(&self, name: &str) -> std::result::Result<(), PolicyViolation> {
+        if self.allows_provider(name) {
+            return Ok(());
+        }
+        Err(violation(
+            "provider",
+            format!(
+                "`{name}` is not allowed by policy (allowed: {})",
+                list_or_none(&self.providers)
+            ),
+        ))
+    }
+
+    /// The model a session runs with (named, or the host's default) is allowed.
+    pub fn check_model(&self, name: &str) -> std::result::Result<(), PolicyViolation> {
+        if self.allows_model(name) {
+            return Ok(());
+        }
+        Err(violation(
+            "model",
+            format!(
+                "`{name}` is not allowed by policy (allowed: {})",
+                self.models.describe()
+            ),
+        ))
+    }
+
+    /// The first of `tools` the policy does not allow, as a violation of `tools`.
+    pub fn check_tools(&self, tools: &[String]) -> std::result::Result<(), PolicyViolation> {
+        match tools.iter().find(|t| !self.allows_tool(t)) {
+            None => Ok(()),
+            Some(t) => Err(violation(
+                "tools",
+                format!(
+                    "tool `{t}` is not allowed by policy (allowed: {})",
+                    self.tools.describe()
+                ),
+            )),
+        }
+    }
+
+    /// Of `tools` (the host's defaults for a session that names none), those allowed.
+    pub fn allowed_tools<'a>(&self, tools: &'a [String]) -> Vec<&'a String> {
+        tools.iter().filter(|t| self.allows_tool(t)).collect()
+    }
+
+    /// The lower of the host's nesting limit and the policy's.
+    pub fn max_depth(&self, host: u32) -> u32 {
+        self.bounds.max_depth.map_or(host, |b| b.min(host))
+    }
+
+    /// The lower of the host's sub-agent limit and the policy's.
+    pub fn max_children(&self, host: usize) -> usize {
+        self.bounds.max_children.map_or(host, |b| b.min(host))
+    }
+
+    /// Admit `spec` under this policy: every value the client sent is within it, every
+    /// default above a bound is lowered to the bound, and an unset `token_budget` or
+    /// `timeout_secs` gets the bound. What the spec leaves to the host (no provider, no
+    /// model, no tools) is checked where the host's defaults are known: the worker.
+    pub fn admit(
+        &self,
+        spec: &mut SessionSpec,
+        sent: Sent<'_>,
+        at: SpawnContext,
+    ) -> std::result::Result<(), PolicyViolation> {
+        if let Some(p) = &spec.provider {
+            self.check_provider(p)?;
+        }
+        if let Some(m) = &spec.model {
+            self.check_model(m)?;
+        }
+        if let Some(u) = &spec.base_url
+            && !self.allows_base_url(u)
+        {
+            return Err(violation(
+                "base_url",
+                format!(
+                    "`{u}` is not allowed by policy (allowed: {})",
+                    list_or_none(&self.base_urls)
+                ),
+            ));
+        }
+        if let Some(tools) = &spec.tools {
+            self.check_tools(tools)?;
+        }
+        let b = &self.bounds;
+        bound(
+            "max_iterations",
+            &mut spec.max_iterations,
+            b.max_iterations,
+            sent,
+        )?;
+        bound("max_tokens", &mut spec.max_tokens, b.max_tokens, sent)?;
+        bound(
+            "tool_timeout_secs",
+            &mut spec.tool_timeout_secs,
+            b.tool_timeout_secs,
+            sent,
+        )?;
+        bound(
+            "approval_timeout_secs",
+            &mut spec.approval_timeout_secs,
+            b.approval_timeout_secs,
+            sent,
+        )?;
+        bound_unset("token_budget", &mut spec.token_budget, b.token_budget)?;
+        bound_unset("timeout_secs", &mut spec.timeout_secs, b.timeout_secs)?;
+        if let Some(max) = b.max_depth
+            && at.depth > max
+        {
+            return Err(violation(
+                "depth",
+                format!(
+                    "sub-agents may nest {max} levels deep by policy; this one is at depth {}",
+                    at.depth
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// A limit with a default: a sent value above the bound is refused, a default above it
+/// becomes the bound.
+fn bound<T: Copy + PartialOrd + std::fmt::Display>(
+    field: &'static str,
+    value: &mut T,
+    max: Option<T>,
+    sent: Sent<'_>,
+) -> std::result::Result<(), PolicyViolation> {
+    let Some(max) = max else {
+        return Ok(());
+    };
+    if *value <= max {
+        return Ok(());
+    }
+    if sent.has(field) {
+        return Err(violation(
+            field,
+            format!("must be at most {max} by policy, not {value}"),
+        ));
+    }
+    *value = max;
+    Ok(())
+}
+
+/// A limit without a default (unset means unlimited): unset becomes the bound, a value
+/// above it is refused.
+fn bound_unset<T: Copy + PartialOrd + std::fmt::Display>(
+    field: &'static str,
+    value: &mut Option<T>,
+    max: Option<T>,
+) -> std::result::Result<(), PolicyViolation> {
+    let Some(max) = max else {
+        return Ok(());
+    };
+    match *value {
+        None => {
+            *value = Some(max);
+            Ok(())
+        }
+        Some(v) if v <= max => Ok(()),
+        Some(v) => Err(violation(
+            field,
+            format!("must be at most {max} by policy, not {v}"),
+        )),
+    }
+}
+
+/// `base_url` as compared with the allowed ones: lower-case scheme and host, the port
+/// only when it is not the scheme's default, the path without a trailing slash. Refused
+/// (the reason is returned): anything but http(s), a missing host, userinfo, a query or a
+/// fragment — an allowed endpoint must not be a prefix that reaches elsewhere.
+pub fn normalize_base_url(raw: &str) -> std::result::Result<String, &'static str> {
+    let url = url::Url::parse(raw.trim()).map_err(|_| "is not a URL")?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("must be an http:// or https:// URL");
+    }
+    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
+        return Err("has no host");
+    };
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not hold a user or password");
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("must not hold a query or fragment");
+    }
+    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = url.path().trim_end_matches('/');
+    Ok(format!("{}://{host}{port}{path}", url.scheme()))
+}
+
+#[cfg(test)]
+#[path = "policy/tests.rs"]
+mod tests;

@@ -1,0 +1,289 @@
+//! The operator's policy at the HTTP API, against a real Postgres and a real Redis: every
+//! request beyond it is a 422 naming the field (a batch item by its index), nothing is
+//! written, and a default above a bound is stored as the bound.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+
+use agentq_core::config::PolicySection;
+use agentq_core::pg::PgStore;
+use agentq_core::policy::Policy;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{SessionStore, WorkQueue};
+use agentq_scheduler::{Scheduler, SchedulerSettings, router};
+use agentq_testkit::{RedisServer, shared_postgres};
+
+struct Env {
+    base: String,
+    http: reqwest::Client,
+    store: Arc<PgStore>,
+    db_url: String,
+    _redis: RedisServer,
+}
+
+impl Env {
+    async fn start(policy: PolicySection) -> Env {
+        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&db_url, 4).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let redis = RedisServer::start().unwrap();
+        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+        queue.ensure_queue("default").await.unwrap();
+        let settings = SchedulerSettings {
+            policy: Arc::new(Policy::from_section(&policy).unwrap()),
+            ..SchedulerSettings::default()
+        };
+        let state = Scheduler::new(store.clone(), queue, settings);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        Env {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+            store,
+            db_url,
+            _redis: redis,
+        }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    fn row_count(&self) -> u64 {
+        shared_postgres()
+            .unwrap()
+            .psql(&self.db_url, "SELECT count(*) FROM sessions")
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+fn bounded() -> PolicySection {
+    PolicySection {
+        providers: vec!["openai".into(), "scripted".into()],
+        models: vec!["gpt-4o*".into()],
+        base_urls: vec!["http://llm.internal:8000/v1".into()],
+        tools: vec![
+            "read_file".into(),
+            "write_file".into(),
+            "spawn_agent".into(),
+        ],
+        max_iterations: Some(10),
+        max_tokens: Some(4096),
+        token_budget: Some(10_000),
+        tool_timeout_secs: Some(60),
+        approval_timeout_secs: Some(120),
+        timeout_secs: Some(600),
+        max_children: Some(2),
+        max_depth: Some(1),
+        ..PolicySection::default()
+    }
+}
+
+/// Each field with a value the bounded policy refuses.
+fn refusals() -> Vec<(&'static str, Value)> {
+    vec![
+        ("provider", json!("anthropic")),
+        ("model", json!("gpt-5")),
+        ("base_url", json!("http://llm.internal:8000/v2")),
+        ("base_url", json!("http://llm.internal:8000/v1/chat")),
+        ("base_url", json!("https://llm.internal:8000/v1")),
+        ("base_url", json!("http://127.0.0.1:7852/v1")),
+        ("tools", json!(["read_file", "shell"])),
+        ("tools", json!(["http_fetch"])),
+        ("max_iterations", json!(11)),
+        ("max_tokens", json!(4097)),
+        ("token_budget", json!(10_001)),
+        ("tool_timeout_secs", json!(61)),
+        ("approval_timeout_secs", json!(121)),
+        ("timeout_secs", json!(601)),
+    ]
+}
+
+fn assert_refused(status: u16, body: &Value, field: &str) {
+    assert_eq!(status, 422, "{field}: {body}");
+    assert_eq!(body["error"]["code"], "invalid_field", "{body}");
+    assert_eq!(body["error"]["field"], field, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("policy"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_a_422_naming_its_field_and_writes_nothing() {
+    let env = Env::start(bounded()).await;
+    for (field, value) in refusals() {
+        let mut body = json!({"prompt": "p"});
+        body[field] = value;
+        let (status, answer) = env.post("/v1/sessions", &body).await;
+        assert_refused(status, &answer, field);
+    }
+    assert_eq!(env.row_count(), 0);
+
+    // Each value just within the policy is accepted, as sent.
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "provider": "openai", "model": "gpt-4o-mini",
+                    "base_url": "http://LLM.Internal:8000/v1/", "tools": ["write_file"],
+                    "max_iterations": 10, "max_tokens": 4096, "token_budget": 10_000,
+                    "tool_timeout_secs": 60, "approval_timeout_secs": 120, "timeout_secs": 600}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.spec.max_iterations, 10);
+    assert_eq!(row.spec.tools, Some(vec!["write_file".to_string()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsent_limits_above_a_bound_are_stored_as_the_bound() {
+    let env = Env::start(bounded()).await;
+    let (status, answer) = env.post("/v1/sessions", &json!({"prompt": "p"})).await;
+    assert_eq!(status, 201, "{answer}");
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // The spec's defaults (40 iterations, 8192 tokens, 300 s) are above the bounds.
+    assert_eq!(row.spec.max_iterations, 10);
+    assert_eq!(row.spec.max_tokens, 4096);
+    assert_eq!(row.spec.tool_timeout_secs, 60);
+    assert_eq!(row.spec.approval_timeout_secs, 120);
+    // No budget or deadline sent: the bound applies.
+    assert_eq!(row.spec.token_budget, Some(10_000));
+    assert_eq!(row.spec.timeout_secs, Some(600));
+    // Below the bounds, what was sent is kept.
+    let (_, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "max_iterations": 3, "token_budget": 5}),
+        )
+        .await;
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.spec.max_iterations, 3);
+    assert_eq!(row.spec.token_budget, Some(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_item_beyond_policy_is_named_by_its_index_and_nothing_is_written() {
+    let env = Env::start(bounded()).await;
+    for (field, value) in refusals() {
+        let mut bad = json!({"prompt": "bad"});
+        bad[field] = value;
+        let batch = json!([{"prompt": "a"}, {"prompt": "b"}, bad, {"prompt": "d"}]);
+        let (status, answer) = env.post("/v1/sessions/batch", &batch).await;
+        assert_refused(status, &answer, &format!("[2].{field}"));
+    }
+    assert_eq!(env.row_count(), 0);
+    let (status, answer) = env
+        .post(
+            "/v1/sessions/batch",
+            &json!([{"prompt": "a"}, {"prompt": "b", "max_iterations": 2}]),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(env.row_count(), 2);
+    let first = env
+        .store
+        .get(answer["sessions"][0]["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.spec.max_iterations, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_policy_refuses_any_base_url_and_tools_that_change_things() {
+    let env = Env::start(PolicySection::default()).await;
+    for (field, value) in [
+        ("base_url", json!("http://127.0.0.1:7852/v1")),
+        ("base_url", json!("https://api.openai.com/v1")),
+        ("tools", json!(["write_file"])),
+        ("tools", json!(["edit_file"])),
+        ("tools", json!(["shell"])),
+        ("tools", json!(["http_fetch"])),
+    ] {
+        let mut body = json!({"prompt": "p"});
+        body[field] = value;
+        let (status, answer) = env.post("/v1/sessions", &body).await;
+        assert_refused(status, &answer, field);
+    }
+    assert_eq!(env.row_count(), 0);
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["read_file", "list_dir", "glob", "grep", "spawn_agent"],
+                    "max_iterations": 10000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+}
+
+/// A request passes its tenant's override, which replaces the global fields it sets: here
+/// the tenant of every request (`default`, until requests carry the caller's tenant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_requests_tenant_override_replaces_the_global_rule() {
+    let mut policy = bounded();
+    policy.tenants.insert(
+        agentq_core::policy::DEFAULT_TENANT.into(),
+        agentq_core::config::TenantPolicySection {
+            tools: Some(vec!["list_dir".into()]),
+            max_iterations: Some(5),
+            ..Default::default()
+        },
+    );
+    let env = Env::start(policy).await;
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["read_file"]}),
+        )
+        .await;
+    assert_refused(status, &answer, "tools");
+    let (status, answer) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "max_iterations": 6}))
+        .await;
+    assert_refused(status, &answer, "max_iterations");
+    let (status, answer) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["list_dir"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    // The tenant's bound for what it sets, the global one for the rest.
+    assert_eq!(row.spec.max_iterations, 5);
+    assert_eq!(row.spec.token_budget, Some(10_000));
+}
