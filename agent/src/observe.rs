@@ -32,6 +32,11 @@ pub trait Observer: Send + Sync {
     /// (or to the final checkpoint), less the time spent waiting on tools and background
     /// children — checkpoints, event emission, request building, bookkeeping.
     fn iteration_overhead(&self, _overhead: Duration) {}
+    /// A configured hook or the guardian was asked: `point` is a hook point
+    /// (`pre_tool_use`…) or `guardian`; `outcome` is `allow`, `deny` (a decision), `ok`
+    /// (an observer answered), `timeout`, `error` (unreachable, failed, non-2xx) or
+    /// `invalid` (an answer that is not a verdict).
+    fn hook_call(&self, _point: &str, _outcome: &str) {}
 }
 
 /// Measures nothing.

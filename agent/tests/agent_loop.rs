@@ -14,7 +14,7 @@ use agentq_agent::driver::{
     Agent, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, RunEnd, SuspendReason,
 };
 use agentq_agent::event::AgentEvent;
-use agentq_agent::guard::{Guards, Hook, HookDecision};
+use agentq_agent::guard::{Guards, Hook, HookContext, HookDecision};
 use agentq_agent::provider::scripted::{
     Script, ScriptedCall, ScriptedFailure, ScriptedProvider, Turn,
 };
@@ -1175,7 +1175,7 @@ async fn history_window_keeps_the_task_and_cuts_at_a_turn_boundary() {
 struct DenyHook;
 #[async_trait]
 impl Hook for DenyHook {
-    async fn pre_tool_use(&self, _s: &str, call: &ToolCall) -> HookDecision {
+    async fn pre_tool_use(&self, _ctx: &HookContext<'_>, call: &ToolCall) -> HookDecision {
         if call.name == "echo" {
             HookDecision::Deny("echo is banned".into())
         } else {
@@ -1236,16 +1236,16 @@ struct Lifecycle {
 
 #[async_trait]
 impl Hook for Lifecycle {
-    async fn session_start(&self, session_id: &str) {
+    async fn session_start(&self, ctx: &HookContext<'_>) {
         self.seen
             .lock()
             .unwrap()
-            .push(format!("start {session_id}"));
+            .push(format!("start {}", ctx.session_id));
     }
-    async fn session_end(&self, _session_id: &str, reason: ExitReason) {
+    async fn session_end(&self, _ctx: &HookContext<'_>, reason: ExitReason) {
         self.seen.lock().unwrap().push(format!("end {reason}"));
     }
-    async fn post_tool_use(&self, _session_id: &str, call: &ToolCall, output: &ToolOutput) {
+    async fn post_tool_use(&self, _ctx: &HookContext<'_>, call: &ToolCall, output: &ToolOutput) {
         self.seen
             .lock()
             .unwrap()

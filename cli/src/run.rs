@@ -16,6 +16,8 @@ use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::SessionState;
 use agentq_agent::tools::{LocalWorkspace, READ_ONLY_TOOLS, ToolSettings, builtin_registry};
+use agentq_core::config::Settings;
+use agentq_core::hooks::OperatorGuards;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -58,6 +60,10 @@ pub struct RunArgs {
     /// Print one JSON event per line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Configuration file whose [[hooks]] and [guardian] the session runs with (default:
+    /// ./agentq.toml when present).
+    #[arg(long, env = "AGENTQ_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
@@ -122,15 +128,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         bail!("--{}: {msg}", field.replace('_', "-"));
     }
 
+    let mut guards = Guards {
+        tenant: "default".to_string(),
+        firewall: Some(Arc::new(Firewall::default())),
+        ..Guards::default()
+    };
+    operator_guards(args.config.as_deref())?.apply(&mut guards);
+
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AgentEvent>();
     let agent = Agent {
         provider,
         default_model: model,
         tools,
-        guards: Guards {
-            firewall: Some(Arc::new(Firewall::default())),
-            ..Guards::default()
-        },
+        guards,
         events: Arc::new(tx),
         checkpointer: Arc::new(NoCheckpoint),
         background: Arc::new(NoBackground),
@@ -235,6 +245,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ExitReason::Interrupted => 130,
         _ => 1,
     }))
+}
+
+/// The operator's hooks and guardian from the configuration file, as a worker runs them.
+fn operator_guards(config: Option<&std::path::Path>) -> anyhow::Result<OperatorGuards> {
+    let settings = Settings::resolve(config, |k| std::env::var(k).ok(), |_| {})
+        .map_err(|e| anyhow::anyhow!("--config: {e}"))?;
+    OperatorGuards::from_settings(&settings, agentq_core::metrics::global())
+        .map_err(|e| anyhow::anyhow!("--config: {e}"))
 }
 
 fn agentq_floor(s: &str, mut i: usize) -> usize {

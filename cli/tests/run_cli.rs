@@ -367,3 +367,79 @@ async fn retries_over_http_and_gives_up_on_client_errors() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("Unsupported parameter"));
     assert_eq!(fake.request_count(), 1);
 }
+
+/// `agentq run --config` runs the session with the file's hooks, as a worker would.
+#[test]
+fn run_applies_the_configured_hooks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        r#"{"turns":[
+          {"text":"writing","tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"x"}}]},
+          {"text":"result: {{last_tool_result}}"}
+        ]}"#,
+    )
+    .unwrap();
+    let config = dir.path().join("agentq.toml");
+    std::fs::write(
+        &config,
+        r#"
+[[hooks]]
+on = "pre_tool_use"
+command = ["sh", "-c", "cat >/dev/null; printf '{\"behavior\":\"deny\",\"reason\":\"not from the CLI\"}'"]
+"#,
+    )
+    .unwrap();
+    let out = agentq()
+        .args([
+            "run",
+            "--provider",
+            "scripted",
+            "--tools",
+            "write_file",
+            "--json",
+        ])
+        .arg("--script")
+        .arg(&script)
+        .arg("--workspace")
+        .arg(&ws)
+        .arg("--config")
+        .arg(&config)
+        .arg("write a file")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("result: Tool call denied by PreToolUse hook: not from the CLI"),
+        "{stdout}"
+    );
+    assert!(!ws.join("out.txt").exists(), "the denied call ran");
+
+    // A configuration that cannot be used is refused, naming the flag and the setting.
+    std::fs::write(
+        &config,
+        "[[hooks]]\non = \"pre_tool_use\"\nurl = \"ftp://x/\"\n",
+    )
+    .unwrap();
+    let out = agentq()
+        .args(["run", "--provider", "scripted"])
+        .arg("--config")
+        .arg(&config)
+        .arg("hi")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--config") && stderr.contains("hooks[0].url"),
+        "{stderr}"
+    );
+}

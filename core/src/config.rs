@@ -3,7 +3,8 @@
 //! then the environment, then the command's flags; then [`Settings::validate`].
 //!
 //! This module owns the file format (the top level and the sections `[worker]`,
-//! `[scheduler]`, `[providers]`, `[policy]`), every default ([`Default`] of each section, and nowhere
+//! `[scheduler]`, `[providers]`, `[policy]`, `[[hooks]]`, `[guardian]`), every default
+//! ([`Default`] of each section, and nowhere
 //! else), the environment variables that override settings ([`SETTINGS`]), and every rule
 //! a setting must follow. `Default` never reads the environment: reading it is the
 //! explicit [`Settings::load_with`] step, with the lookup given as a function so tests can
@@ -20,6 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use agentq_agent::guard::{Behavior, HookPoint};
 use agentq_agent::provider::factory::ProviderSettings;
 
 use crate::error::{Error, Result};
@@ -58,10 +60,14 @@ pub struct Settings {
     pub metrics_addr: String,
     /// Where the CLI client commands find the HTTP API.
     pub api_url: String,
+    /// The operator's hooks (`[[hooks]]`), each at one point, run by workers and
+    /// `agentq run` in the order given.
+    pub hooks: Vec<HookSettings>,
     pub worker: WorkerSection,
     pub scheduler: SchedulerSection,
     pub providers: ProvidersSection,
     pub policy: PolicySection,
+    pub guardian: GuardianSection,
 }
 
 impl Default for Settings {
@@ -73,10 +79,12 @@ impl Default for Settings {
             api_addr: DEFAULT_API_ADDR.to_string(),
             metrics_addr: DEFAULT_METRICS_ADDR.to_string(),
             api_url: DEFAULT_API_URL.to_string(),
+            hooks: Vec::new(),
             worker: WorkerSection::default(),
             scheduler: SchedulerSection::default(),
             providers: ProvidersSection::default(),
             policy: PolicySection::default(),
+            guardian: GuardianSection::default(),
         }
     }
 }
@@ -406,6 +414,98 @@ impl PolicySection {
     }
 }
 
+/// A hook's timeout unless configured.
+pub const DEFAULT_HOOK_TIMEOUT_MS: u64 = 5_000;
+/// The longest a hook may take: a PreToolUse hook holds up every call it sees.
+pub const MAX_HOOK_TIMEOUT_MS: u64 = 60_000;
+/// The guardian's timeout unless configured.
+pub const DEFAULT_GUARDIAN_TIMEOUT_MS: u64 = 30_000;
+pub const MAX_GUARDIAN_TIMEOUT_MS: u64 = 300_000;
+
+fn d_hook_timeout() -> u64 {
+    DEFAULT_HOOK_TIMEOUT_MS
+}
+
+/// One `[[hooks]]` entry: a webhook (`url`) or a command (`command`) asked at one point.
+/// Only `pre_tool_use` hooks decide (`on_timeout` and `on_error` apply to them, and
+/// default to deny: a hook that cannot answer blocks the call); the other points observe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookSettings {
+    pub on: HookPoint,
+    /// An http(s) URL the event is POSTed to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// A program and its arguments, given the event on stdin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    #[serde(default = "d_hook_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<Behavior>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_error: Option<Behavior>,
+    /// Tool points: only tools whose name matches one of these globs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    /// A header sent to the webhook with every request, whose value is read from the
+    /// environment variable `header_env` (never from the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_env: Option<String>,
+    /// The value of `header_env`, read by the environment layer.
+    #[serde(skip)]
+    pub header_value: Option<Secret>,
+}
+
+impl HookSettings {
+    /// What the hook does when it cannot answer in time.
+    pub fn timeout_behavior(&self) -> Behavior {
+        self.on_timeout.unwrap_or(Behavior::Deny)
+    }
+
+    /// What the hook does when it fails or answers no verdict.
+    pub fn error_behavior(&self) -> Behavior {
+        self.on_error.unwrap_or(Behavior::Deny)
+    }
+}
+
+/// `[guardian]`: an LLM reviewer asked about each tool call the other automatic stages
+/// let through. Off unless `provider` is set. It is built from the worker's own provider
+/// settings (endpoints and keys of `[providers]`), never from a session's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GuardianSection {
+    /// `openai`, `anthropic` or `scripted`; unset: no guardian.
+    pub provider: Option<String>,
+    /// Unset: the provider's default model.
+    pub model: Option<String>,
+    /// The reviewer's instructions; unset: a built-in reviewer prompt.
+    pub prompt: Option<String>,
+    pub timeout_ms: u64,
+    /// When the review fails or its answer is not a verdict.
+    pub on_error: Behavior,
+    /// Only tools whose name matches one of these globs are reviewed; unset: every tool.
+    pub tools: Option<Vec<String>>,
+    /// The scripted provider's script for the guardian (tests and demos).
+    pub script: Option<PathBuf>,
+}
+
+impl Default for GuardianSection {
+    fn default() -> Self {
+        GuardianSection {
+            provider: None,
+            model: None,
+            prompt: None,
+            timeout_ms: DEFAULT_GUARDIAN_TIMEOUT_MS,
+            on_error: Behavior::Deny,
+            tools: None,
+            script: None,
+        }
+    }
+}
+
 /// Sets one setting from the text of an environment variable; the message says why the
 /// text is not a value of it.
 type Apply = fn(&mut Settings, &str) -> std::result::Result<(), String>;
@@ -509,6 +609,7 @@ pub const SETTINGS: &[Setting] = &[
         s.api_url = v.to_string();
         Ok(())
     }),
+    file("hooks"),
     var(
         "worker.concurrency",
         "AGENTQ_WORKER_CONCURRENCY",
@@ -721,6 +822,13 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.timeout_secs"),
     file("policy.max_children"),
     file("policy.max_depth"),
+    file("guardian.provider"),
+    file("guardian.model"),
+    file("guardian.prompt"),
+    file("guardian.timeout_ms"),
+    file("guardian.on_error"),
+    file("guardian.tools"),
+    file("guardian.script"),
 ];
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);
@@ -847,6 +955,11 @@ impl Settings {
         if only.is_none() {
             for (name, set) in KEYS {
                 set(&mut self.providers, var(name).map(Secret::new));
+            }
+            for hook in &mut self.hooks {
+                if let Some(name) = &hook.header_env {
+                    hook.header_value = var(name).map(Secret::new);
+                }
             }
         }
         Ok(())

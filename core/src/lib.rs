@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod hooks;
 pub mod lifecycle;
 pub mod mem_queue;
 pub mod metrics;

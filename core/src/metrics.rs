@@ -45,6 +45,7 @@ pub struct Metrics {
     pub llm_reissued: IntCounter,
     pub llm_reissued_tokens: IntCounter,
     pub tool_calls: IntCounterVec,
+    pub hook_calls: IntCounterVec,
     pub tool_duration: HistogramVec,
     pub sessions_started: IntCounterVec,
     pub sessions_finished: IntCounterVec,
@@ -175,6 +176,12 @@ impl Metrics {
                 "agentq_tool_calls_total",
                 "Tool calls by tool and outcome (ok, error, timeout, denied, cancelled).",
                 &["tool", "outcome"],
+            ),
+            hook_calls: counter_vec(
+                &r,
+                "agentq_hook_calls_total",
+                "Configured hooks and guardian asked, by point (pre_tool_use, post_tool_use, session_start, session_end, guardian) and outcome (allow, deny, ok; timeout, error, invalid: the configured behaviour applied).",
+                &["point", "outcome"],
             ),
             tool_duration: histogram_vec(
                 &r,

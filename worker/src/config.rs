@@ -10,6 +10,7 @@ use std::time::Duration;
 use agentq_agent::provider::factory::ProviderSettings;
 use agentq_agent::tools::ToolSettings;
 use agentq_core::config::Settings;
+use agentq_core::hooks::OperatorGuards;
 use agentq_core::policy::Policy;
 
 use crate::Result;
@@ -62,6 +63,8 @@ pub struct WorkerConfig {
     /// The operator's policy (`[policy]`): every session is admitted under its tenant's
     /// rules before it runs, and its sub-agents too.
     pub policy: Arc<Policy>,
+    /// The operator's hooks and guardian, built once and shared by every session.
+    pub operator: OperatorGuards,
 }
 
 impl WorkerConfig {
@@ -73,6 +76,7 @@ impl WorkerConfig {
         let mut cfg = Self::build(settings);
         cfg.policy = Arc::new(Policy::from_section(&settings.policy)?);
         cfg.providers.script = settings.providers.read_script()?;
+        cfg.operator = OperatorGuards::from_settings(settings, agentq_core::metrics::global())?;
         cfg.consumer = default_consumer_name();
         Ok(cfg)
     }
@@ -120,6 +124,7 @@ impl WorkerConfig {
             policy: Arc::new(
                 Policy::from_section(&settings.policy).unwrap_or_else(|_| Policy::deny_all()),
             ),
+            operator: OperatorGuards::default(),
         }
     }
 

@@ -577,20 +577,23 @@ fn build_agent(
         .into_iter()
         .filter(|n| policy.allows_tool(n))
         .collect();
+    let mut guards = Guards {
+        tenant: tenant(row).to_string(),
+        firewall: Some(Arc::new(Firewall::default())),
+        sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
+        approver: Some(parts.inbox.clone()),
+        permissions: Permissions {
+            can_use_tools: true,
+            allowed: Some(allowed),
+        },
+        ..Guards::default()
+    };
+    inner.cfg.operator.apply(&mut guards);
     Ok(Agent {
         provider,
         default_model,
         tools,
-        guards: Guards {
-            firewall: Some(Arc::new(Firewall::default())),
-            sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
-            approver: Some(parts.inbox.clone()),
-            permissions: Permissions {
-                can_use_tools: true,
-                allowed: Some(allowed),
-            },
-            ..Guards::default()
-        },
+        guards,
         events: parts.sink,
         checkpointer: parts.checkpointer,
         background: parts.inbox,

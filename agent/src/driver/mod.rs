@@ -18,7 +18,7 @@ use tracing::{Instrument, info_span};
 
 use crate::error::Result;
 use crate::event::{AgentEvent, EventSink};
-use crate::guard::Guards;
+use crate::guard::{CONTEXT_PROMPT_MAX_BYTES, Guards, HookContext, bounded};
 use crate::observe::Observer;
 use crate::provider::LlmProvider;
 use crate::schema::{Role, Usage};
@@ -207,9 +207,20 @@ impl Agent {
         Ok(())
     }
 
+    /// Who the hooks and the guardian are told about.
+    fn hook_context<'a>(&'a self, state: &'a SessionState) -> HookContext<'a> {
+        HookContext {
+            session_id: &state.session_id,
+            tenant: &self.guards.tenant,
+            iteration: state.iteration,
+            prompt: bounded(&state.spec.prompt, CONTEXT_PROMPT_MAX_BYTES),
+        }
+    }
+
     async fn finish_events(&self, state: &SessionState, outcome: &Outcome) {
+        let ctx = self.hook_context(state);
         for h in &self.guards.hooks {
-            h.session_end(&state.session_id, outcome.reason).await;
+            h.session_end(&ctx, outcome.reason).await;
         }
         self.events.emit(
             state.messages.len(),

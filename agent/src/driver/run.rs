@@ -98,8 +98,9 @@ impl Agent {
         let fresh = state.started_at.is_none();
         if fresh {
             state.started_at = Some(chrono::Utc::now());
+            let ctx = self.hook_context(state);
             for h in &self.guards.hooks {
-                h.session_start(&state.session_id).await;
+                h.session_start(&ctx).await;
             }
         }
         // Calls held back for an approval were known not to have started.

@@ -13,14 +13,14 @@ use tracing::{Instrument, debug, info_span};
 use super::{Agent, RunEnd, Saved, due};
 use crate::error::Result;
 use crate::event::AgentEvent;
-use crate::guard::Verdict;
+use crate::guard::{CONTEXT_PROMPT_MAX_BYTES, HookContext, Verdict, bounded};
 use crate::schema::ToolCall;
 use crate::state::{AfterTools, SessionState, SuspendReason, truncate_output};
 use crate::tools::{SideEffect, ToolContext, ToolOutput};
 
 /// What every call of one round shares.
 struct RoundCtx<'a> {
-    session_id: &'a str,
+    hook: HookContext<'a>,
     sensitive: &'a [String],
     approval_timeout: Duration,
     tool_timeout: Duration,
@@ -73,8 +73,14 @@ impl Agent {
         // Copies, so the calls can run while the state takes their results.
         let session_id = state.session_id.clone();
         let sensitive = state.spec.sensitive_tools.clone();
+        let prompt = bounded(&state.spec.prompt, CONTEXT_PROMPT_MAX_BYTES).to_string();
         let ctx = RoundCtx {
-            session_id: &session_id,
+            hook: HookContext {
+                session_id: &session_id,
+                tenant: &self.guards.tenant,
+                iteration: state.iteration,
+                prompt: &prompt,
+            },
             sensitive: &sensitive,
             approval_timeout: Duration::from_secs(state.spec.approval_timeout_secs),
             tool_timeout: Duration::from_secs(state.spec.tool_timeout_secs),
@@ -227,7 +233,7 @@ impl Agent {
         match self
             .guards
             .check(
-                ctx.session_id,
+                &ctx.hook,
                 call,
                 tool.as_ref(),
                 ctx.sensitive,
@@ -245,9 +251,9 @@ impl Agent {
         }
         let started = Instant::now();
         let tool_ctx = ToolContext {
-            session_id: ctx.session_id.to_string(),
+            session_id: ctx.hook.session_id.to_string(),
             tool_call_id: call.id.clone(),
-            idempotency_key: format!("{}:{}", ctx.session_id, call.id),
+            idempotency_key: format!("{}:{}", ctx.hook.session_id, call.id),
             workspace: self.workspace.clone(),
             settings: self.settings.clone(),
             cancel: ctx.cancel.child_token(),
@@ -280,7 +286,7 @@ impl Agent {
         };
         self.observer
             .tool_call(&call.name, outcome, started.elapsed());
-        self.guards.post_tool_use(ctx.session_id, call, &out);
+        self.guards.post_tool_use(&ctx.hook, call, &out);
         Some(out)
     }
 }

@@ -3,19 +3,29 @@
 //! → (execute) → PostToolUse hooks. The cheap, certain checks come first, and a human is
 //! asked last, only about calls every automatic stage let through. Each stage that says no
 //! produces a tool result the model sees, naming the stage.
+//!
+//! The traits ([`Hook`], [`Guardian`], [`Approver`]) are what a host plugs in; `external`
+//! holds the hooks an operator configures (webhooks and commands), `reviewer` the LLM
+//! guardian, `verdict` the answer both of them parse.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::schema::ToolCall;
 use crate::spec::ExitReason;
 use crate::tools::{Tool, ToolOutput};
 
+pub mod external;
 pub mod firewall;
+pub mod reviewer;
+pub mod verdict;
 
+pub use external::{ExternalHook, HookOptions, HookTarget};
 pub use firewall::Firewall;
+pub use reviewer::{DEFAULT_GUARDIAN_PROMPT, GuardianOptions, LlmGuardian};
 
 /// What a PreToolUse hook decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,24 +34,94 @@ pub enum HookDecision {
     Deny(String),
 }
 
+/// What a stage decides when it cannot decide (no answer in time, a failure, an answer
+/// that is not a verdict).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Behavior {
+    Allow,
+    Deny,
+}
+
+/// Where in the pipeline a hook runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HookPoint {
+    PreToolUse,
+    PostToolUse,
+    SessionStart,
+    SessionEnd,
+}
+
+impl HookPoint {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HookPoint::PreToolUse => "pre_tool_use",
+            HookPoint::PostToolUse => "post_tool_use",
+            HookPoint::SessionStart => "session_start",
+            HookPoint::SessionEnd => "session_end",
+        }
+    }
+}
+
+impl std::fmt::Display for HookPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The most of a session's prompt a hook or the guardian is given: enough to judge a call
+/// against the task, bounded so a huge prompt is not copied into every review.
+pub const CONTEXT_PROMPT_MAX_BYTES: usize = 4 * 1024;
+
+/// Which session a hook or the guardian is asked about.
+#[derive(Debug, Clone, Copy)]
+pub struct HookContext<'a> {
+    pub session_id: &'a str,
+    /// The tenant the session belongs to.
+    pub tenant: &'a str,
+    /// Model responses so far (0 before the first).
+    pub iteration: u32,
+    /// The session's task, at most [`CONTEXT_PROMPT_MAX_BYTES`] (cut at a character
+    /// boundary).
+    pub prompt: &'a str,
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+pub fn bounded(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Lifecycle hooks: PreToolUse, PostToolUse, SessionStart, SessionEnd.
 /// Every method has a do-nothing default so a hook implements only what it needs.
+///
+/// SessionStart fires when a session first runs (a resume after a suspension or a crash
+/// does not fire it again, unless the crash came before the first checkpoint); SessionEnd
+/// fires once the terminal checkpoint of a run is committed (each turn of a session with
+/// follow-ups ends once; a crash right after that commit skips it).
 #[async_trait]
 pub trait Hook: Send + Sync {
-    async fn session_start(&self, _session_id: &str) {}
-    async fn session_end(&self, _session_id: &str, _reason: ExitReason) {}
-    async fn pre_tool_use(&self, _session_id: &str, _call: &ToolCall) -> HookDecision {
+    async fn session_start(&self, _ctx: &HookContext<'_>) {}
+    async fn session_end(&self, _ctx: &HookContext<'_>, _reason: ExitReason) {}
+    async fn pre_tool_use(&self, _ctx: &HookContext<'_>, _call: &ToolCall) -> HookDecision {
         HookDecision::Allow
     }
     /// Fire and forget: runs on its own task, its outcome is never awaited by the loop.
-    async fn post_tool_use(&self, _session_id: &str, _call: &ToolCall, _output: &ToolOutput) {}
+    async fn post_tool_use(&self, _ctx: &HookContext<'_>, _call: &ToolCall, _output: &ToolOutput) {}
 }
 
 /// An optional reviewer (e.g. an LLM judging the call in context) that can veto a call
 /// the static rules allowed.
 #[async_trait]
 pub trait Guardian: Send + Sync {
-    async fn review(&self, session_id: &str, call: &ToolCall) -> HookDecision;
+    async fn review(&self, ctx: &HookContext<'_>, call: &ToolCall) -> HookDecision;
 }
 
 /// The answer to an approval request for a sensitive tool.
@@ -86,6 +166,8 @@ impl Default for Permissions {
 /// The configured pipeline. `Default` allows everything but the default firewall.
 #[derive(Clone, Default)]
 pub struct Guards {
+    /// The tenant of the session, told to hooks and the guardian.
+    pub tenant: String,
     /// Tools the provider executes itself (e.g. native web search): skipped locally.
     pub native_tools: HashSet<String>,
     pub permissions: Permissions,
@@ -115,7 +197,7 @@ impl Guards {
     /// Every stage up to and including approval, in order.
     pub async fn check(
         &self,
-        session_id: &str,
+        ctx: &HookContext<'_>,
         call: &ToolCall,
         tool: &dyn Tool,
         session_sensitive: &[String],
@@ -138,7 +220,7 @@ impl Guards {
             ));
         }
         for hook in &self.hooks {
-            if let HookDecision::Deny(reason) = hook.pre_tool_use(session_id, call).await {
+            if let HookDecision::Deny(reason) = hook.pre_tool_use(ctx, call).await {
                 return Verdict::Result(denied("PreToolUse hook", &reason));
             }
         }
@@ -148,7 +230,7 @@ impl Guards {
             return Verdict::Result(denied("firewall", &reason));
         }
         if let Some(g) = &self.guardian
-            && let HookDecision::Deny(reason) = g.review(session_id, call).await
+            && let HookDecision::Deny(reason) = g.review(ctx, call).await
         {
             return Verdict::Result(denied("guardian", &reason));
         }
@@ -159,7 +241,10 @@ impl Guards {
                     "the tool needs a human approval and no approver is configured",
                 ));
             };
-            match approver.approve(session_id, call, approval_timeout).await {
+            match approver
+                .approve(ctx.session_id, call, approval_timeout)
+                .await
+            {
                 ApprovalDecision::Approved => {}
                 ApprovalDecision::Denied(reason) => {
                     return Verdict::Result(denied("approval", &reason));
@@ -187,11 +272,31 @@ impl Guards {
     }
 
     /// PostToolUse, fire and forget.
-    pub fn post_tool_use(&self, session_id: &str, call: &ToolCall, output: &ToolOutput) {
+    pub fn post_tool_use(&self, ctx: &HookContext<'_>, call: &ToolCall, output: &ToolOutput) {
+        if self.hooks.is_empty() {
+            return;
+        }
+        let owned = Arc::new((
+            ctx.session_id.to_string(),
+            ctx.tenant.to_string(),
+            ctx.prompt.to_string(),
+            call.clone(),
+            output.clone(),
+        ));
+        let iteration = ctx.iteration;
         for hook in &self.hooks {
             let hook = hook.clone();
-            let (sid, call, out) = (session_id.to_string(), call.clone(), output.clone());
-            tokio::spawn(async move { hook.post_tool_use(&sid, &call, &out).await });
+            let owned = owned.clone();
+            tokio::spawn(async move {
+                let (session_id, tenant, prompt, call, out) = &*owned;
+                let ctx = HookContext {
+                    session_id,
+                    tenant,
+                    iteration,
+                    prompt,
+                };
+                hook.post_tool_use(&ctx, call, out).await
+            });
         }
     }
 }

@@ -59,7 +59,7 @@ fn take(c: &Arc<Mutex<Captured>>) -> (String, bool) {
 /// pgid is its pid), reaching the commands it spawned. Done through the shell's `kill`
 /// builtin since the crate forbids `unsafe` and has no libc binding; `-KILL -pid` is the
 /// spelling dash accepts (it rejects `--`).
-async fn kill_group(pid: Option<u32>) {
+pub(crate) async fn kill_group(pid: Option<u32>) {
     let Some(pid) = pid else { return };
     let _ = Command::new("sh")
         .arg("-c")

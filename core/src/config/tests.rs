@@ -3,6 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::*;
+use agentq_agent::guard::{Behavior, HookPoint};
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -560,5 +561,154 @@ fn policy_validation_names_the_setting() {
     ] {
         let e = invalid_with(tweak);
         assert!(e.contains(&format!("`{key}")), "{key} not in {e}");
+    }
+}
+
+#[test]
+fn hooks_and_the_guardian_from_the_file() {
+    let file = r#"
+        [[hooks]]
+        on = "pre_tool_use"
+        url = "https://hooks.example/check"
+        timeout_ms = 2000
+        on_timeout = "allow"
+        tools = ["write_*", "shell"]
+        header = "Authorization"
+        header_env = "HOOK_TOKEN"
+
+        [[hooks]]
+        on = "session_end"
+        command = ["/usr/local/bin/notify", "--json"]
+
+        [guardian]
+        provider = "anthropic"
+        prompt = "Deny deletions."
+        tools = ["shell"]
+    "#;
+    let path = std::env::temp_dir().join(format!("agentq-hooks-{}.toml", std::process::id()));
+    std::fs::write(&path, file).unwrap();
+    let s = Settings::load_with(Some(&path), env_of(&[("HOOK_TOKEN", "Bearer t0k")])).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    s.validate().unwrap();
+    let [pre, end] = s.hooks.as_slice() else {
+        panic!("{:?}", s.hooks)
+    };
+    assert_eq!(pre.on, HookPoint::PreToolUse);
+    assert_eq!(pre.url.as_deref(), Some("https://hooks.example/check"));
+    assert_eq!(pre.timeout_ms, 2000);
+    assert_eq!(pre.timeout_behavior(), Behavior::Allow);
+    // Unset: a pre_tool_use hook that fails blocks the call.
+    assert_eq!(pre.error_behavior(), Behavior::Deny);
+    assert_eq!(
+        pre.header_value.as_ref().map(Secret::expose),
+        Some("Bearer t0k")
+    );
+    // The secret never serialises, never prints.
+    assert!(!serde_json::to_string(&s).unwrap().contains("t0k"));
+    assert!(!format!("{s:?}").contains("t0k"));
+    assert_eq!(end.on, HookPoint::SessionEnd);
+    assert_eq!(end.timeout_ms, DEFAULT_HOOK_TIMEOUT_MS);
+    assert_eq!(end.command.as_ref().unwrap()[0], "/usr/local/bin/notify");
+    assert_eq!(s.guardian.provider.as_deref(), Some("anthropic"));
+    assert_eq!(s.guardian.on_error, Behavior::Deny);
+    assert_eq!(s.guardian.timeout_ms, DEFAULT_GUARDIAN_TIMEOUT_MS);
+
+    // Only the full environment layer reads header secrets.
+    let path = std::env::temp_dir().join(format!("agentq-hooks-o-{}.toml", std::process::id()));
+    std::fs::write(&path, file).unwrap();
+    let only =
+        Settings::load_only(Some(&path), env_of(&[("HOOK_TOKEN", "x")]), &["api_url"]).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert!(only.hooks[0].header_value.is_none());
+}
+
+#[test]
+fn hook_and_guardian_rules_name_the_field() {
+    let parse_err = |text: &str| Settings::from_toml(text).unwrap_err().to_string();
+    let e = parse_err("[[hooks]]\non = \"pre_tool\"\nurl = \"http://h/\"\n");
+    assert!(e.contains("pre_tool"), "{e}");
+    let e = parse_err("[[hooks]]\non = \"pre_tool_use\"\nurl = \"http://h/\"\nheaders = {}\n");
+    assert!(e.contains("headers"), "{e}");
+    let e =
+        parse_err("[[hooks]]\non = \"pre_tool_use\"\nurl = \"http://h/\"\non_error = \"maybe\"\n");
+    assert!(e.contains("maybe"), "{e}");
+
+    let invalid = |text: &str| {
+        Settings::from_toml(text)
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string()
+    };
+    let hook = |body: &str| format!("[[hooks]]\non = \"pre_tool_use\"\n{body}\n");
+    for (body, field) in [
+        ("", "`hooks[0]`"),
+        ("url = \"http://h/\"\ncommand = [\"x\"]", "`hooks[0].url`"),
+        ("url = \"ftp://h/\"", "`hooks[0].url`"),
+        ("url = \"http:///path\"", "`hooks[0].url`"),
+        ("url = \"https://user:pw@h/\"", "`hooks[0].url`"),
+        ("command = []", "`hooks[0].command`"),
+        ("command = [\" \"]", "`hooks[0].command`"),
+        (
+            "url = \"http://h/\"\ntimeout_ms = 0",
+            "`hooks[0].timeout_ms`",
+        ),
+        (
+            "url = \"http://h/\"\ntimeout_ms = 60001",
+            "`hooks[0].timeout_ms`",
+        ),
+        ("url = \"http://h/\"\ntools = []", "`hooks[0].tools`"),
+        (
+            "url = \"http://h/\"\nheader = \"X-Token\"",
+            "`hooks[0].header_env`",
+        ),
+        (
+            "url = \"http://h/\"\nheader_env = \"TOKEN\"",
+            "`hooks[0].header`",
+        ),
+        (
+            "url = \"http://h/\"\nheader = \"Bad Header\"\nheader_env = \"T\"",
+            "`hooks[0].header`",
+        ),
+        (
+            "url = \"http://h/\"\nheader = \"X-T\"\nheader_env = \"NOT-A-VAR\"",
+            "`hooks[0].header_env`",
+        ),
+        (
+            "command = [\"x\"]\nheader = \"X-T\"\nheader_env = \"T\"",
+            "`hooks[0].header`",
+        ),
+    ] {
+        let e = invalid(&hook(body));
+        assert!(e.contains(field), "{body:?}: {field} not in {e}");
+    }
+    // Observing points do not decide.
+    let e =
+        invalid("[[hooks]]\non = \"post_tool_use\"\nurl = \"http://h/\"\non_error = \"allow\"\n");
+    assert!(e.contains("`hooks[0].on_error`"), "{e}");
+    let e = invalid("[[hooks]]\non = \"session_start\"\nurl = \"http://h/\"\ntools = [\"x\"]\n");
+    assert!(e.contains("`hooks[0].tools`"), "{e}");
+    // The second hook is named as the second.
+    let e = invalid(
+        "[[hooks]]\non = \"pre_tool_use\"\nurl = \"http://h/\"\n\n[[hooks]]\non = \"session_end\"\nurl = \"nope\"\n",
+    );
+    assert!(e.contains("`hooks[1].url`"), "{e}");
+
+    for (body, field) in [
+        ("provider = \"gpt\"", "`guardian.provider`"),
+        ("provider = \"openai\"\nmodel = \" \"", "`guardian.model`"),
+        ("provider = \"openai\"\nprompt = \"\"", "`guardian.prompt`"),
+        (
+            "provider = \"openai\"\ntimeout_ms = 0",
+            "`guardian.timeout_ms`",
+        ),
+        (
+            "provider = \"openai\"\ntimeout_ms = 300001",
+            "`guardian.timeout_ms`",
+        ),
+        ("provider = \"openai\"\ntools = []", "`guardian.tools`"),
+    ] {
+        let e = invalid(&format!("[guardian]\n{body}\n"));
+        assert!(e.contains(field), "{body:?}: {field} not in {e}");
     }
 }
