@@ -438,6 +438,8 @@ async fn cancelling_a_parent_cancels_its_children() {
         root_id: parent.id.clone(),
         depth: 1,
         idempotency_key: None,
+        idempotency_hash: None,
+        tenant: parent.tenant.clone(),
     };
     env.store.create_session(&child).await.unwrap();
 

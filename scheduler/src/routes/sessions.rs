@@ -14,12 +14,15 @@ use axum::response::Response;
 use agentq_api::{
     BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
 };
-use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionStatus};
+use agentq_core::auth::Caller;
+use agentq_core::{
+    CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus,
+};
 
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
+    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
 };
 use crate::request::{Limits, ListQuery, SessionRequest, parse_batch, parse_session};
 
@@ -35,10 +38,35 @@ fn limits(s: &Scheduler) -> Limits {
     }
 }
 
-fn new_session(r: SessionRequest) -> NewSession {
-    let mut n = NewSession::root(r.spec, r.queue);
+/// The session a request creates, owned by the caller's tenant. With an idempotency key,
+/// the hash of what was asked (the validated spec and queue, so that key order, spacing
+/// and spelled-out defaults do not count as a different request).
+fn new_session(r: SessionRequest, caller: &Caller) -> ApiResult<NewSession> {
+    let hash = match &r.idempotency_key {
+        Some(_) => Some(agentq_core::auth::digest(
+            &serde_json::to_string(&(&r.spec, &r.queue)).map_err(|_| ApiError::Internal)?,
+        )),
+        None => None,
+    };
+    let mut n = NewSession::root(r.spec, r.queue).with_tenant(&caller.tenant);
     n.idempotency_key = r.idempotency_key;
-    n
+    n.idempotency_hash = hash;
+    Ok(n)
+}
+
+/// A repeated idempotency key must come with the request it was first used with.
+fn check_repeat(new: &NewSession, row: &SessionRow, field: String) -> ApiResult<()> {
+    match (&new.idempotency_hash, &row.idempotency_hash) {
+        (Some(asked), Some(stored)) if asked != stored => Err(ApiError::ConflictOn {
+            field,
+            message: format!(
+                "idempotency key {:?} was used for a different request (session {})",
+                new.idempotency_key.as_deref().unwrap_or_default(),
+                row.id
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// `XADD` the new sessions of one queue and mark them enqueued. Failures are logged,
@@ -78,10 +106,15 @@ async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
 /// `POST /v1/sessions`
 pub(super) async fn create(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let req = parse_session(body, &limits(&s), "")?;
-    let (row, created) = s.store.create_session(&new_session(req)).await?;
+    let new = new_session(req, &caller)?;
+    let (row, created) = s.store.create_session(&new).await?;
+    if !created {
+        check_repeat(&new, &row, "idempotency_key".into())?;
+    }
     if created {
         tracing::info!(session_id = %row.id, queue = %row.queue, "session created");
         enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
@@ -106,10 +139,14 @@ pub(super) async fn create(
 /// `POST /v1/sessions/batch`
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let reqs = parse_batch(body, &limits(&s))?;
-    let new: Vec<NewSession> = reqs.into_iter().map(new_session).collect();
+    let new: Vec<NewSession> = reqs
+        .into_iter()
+        .map(|r| new_session(r, &caller))
+        .collect::<ApiResult<_>>()?;
     let rows = s.store.create_sessions(&new).await?;
 
     let mut by_queue: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -129,6 +166,12 @@ pub(super) async fn create_batch(
     );
     for (queue, ids) in &by_queue {
         enqueue(&s, queue, ids).await;
+    }
+    // After the enqueue: the new sessions of the batch are committed and must run.
+    for (i, (n, (row, created))) in new.iter().zip(&rows).enumerate() {
+        if !created {
+            check_repeat(n, row, format!("[{i}].idempotency_key"))?;
+        }
     }
     let answer = BatchResponse {
         sessions: rows
@@ -150,13 +193,15 @@ pub(super) async fn create_batch(
 /// `GET /v1/sessions/{id}`
 pub(super) async fn get(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    let row = get_row(&s, &id).await?;
+    let row = get_row(&s, &caller, &id).await?;
     let children: Vec<String> = s
         .store
         .list(&ListFilter {
+            tenant: caller.tenant_filter(),
             parent_id: Some(id.clone()),
             limit: MAX_CHILDREN,
             ..Default::default()
@@ -177,9 +222,11 @@ pub(super) async fn get(
 /// `GET /v1/sessions/{id}/messages`
 pub(super) async fn messages(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    get_row(&s, &caller, &id).await?;
     let mut messages = s.store.messages(&id).await?;
     // Parallel tool results are stored as they finished; clients read them in call order.
     agentq_agent::state::normalize_history(&mut messages);
@@ -189,6 +236,7 @@ pub(super) async fn messages(
 /// `GET /v1/sessions`
 pub(super) async fn list(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
@@ -226,6 +274,7 @@ pub(super) async fn list(
     let mut rows = s
         .store
         .list(&ListFilter {
+            tenant: caller.tenant_filter(),
             status,
             parent_id: q.parent_id.filter(|p| !p.is_empty()),
             limit: limit + 1,
@@ -251,9 +300,11 @@ pub(super) async fn list(
 /// `POST /v1/sessions/{id}/cancel`
 pub(super) async fn cancel(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    get_row(&s, &caller, &id).await?;
     let result = s.store.request_cancel(&id).await?;
     agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
     match result {
