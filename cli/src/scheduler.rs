@@ -125,17 +125,24 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr().map_or(addr, |a| a.to_string());
-    let metrics = tokio::net::TcpListener::bind(&cfg.metrics_addr)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot serve /metrics on {} (--metrics-addr, AGENTQ_METRICS_ADDR)",
+    // As for workers: a busy metrics port costs the metrics endpoint, not the API.
+    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
+        Ok(m) => {
+            let at = m
+                .local_addr()
+                .map_or(cfg.metrics_addr.clone(), |a| a.to_string());
+            eprintln!("agentq scheduler: /metrics on http://{at}");
+            Some(m)
+        }
+        Err(e) => {
+            eprintln!(
+                "agentq scheduler: cannot serve /metrics on {} (--metrics-addr, \
+                 AGENTQ_METRICS_ADDR): {e}",
                 cfg.metrics_addr
-            )
-        })?;
-    let metrics_local = metrics
-        .local_addr()
-        .map_or(cfg.metrics_addr.clone(), |a| a.to_string());
+            );
+            None
+        }
+    };
 
     let mut settings = SchedulerSettings::from(&cfg.scheduler);
     match admin_key_from_env() {
@@ -147,13 +154,13 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     }
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
-    eprintln!("agentq scheduler: listening on http://{local}, /metrics on http://{metrics_local}");
+    eprintln!("agentq scheduler: listening on http://{local}");
     agentq_scheduler::run(
         Arc::new(store),
         Arc::new(queue),
         settings,
         listener,
-        Some(metrics),
+        metrics,
         shutdown,
     )
     .await?;
