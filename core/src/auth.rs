@@ -216,7 +216,7 @@ pub struct NewApiKey {
 /// A fresh key for `tenant`: what to store, and the key to hand out (once).
 pub fn generate(
     tenant: &str,
-    scopes: Vec<Scope>,
+    mut scopes: Vec<Scope>,
     label: Option<String>,
     expires_at: Option<DateTime<Utc>>,
 ) -> Result<(NewApiKey, String)> {
@@ -228,6 +228,15 @@ pub fn generate(
             ),
         });
     }
+    if scopes.is_empty() {
+        return Err(Error::Invalid {
+            field: "scopes".into(),
+            message: "name at least one scope".into(),
+        });
+    }
+    // As the stored list reads back.
+    scopes.sort_unstable();
+    scopes.dedup();
     let id = hex(&random::<ID_BYTES>()?);
     let secret = hex(&random::<SECRET_BYTES>()?);
     let key = format!("{KEY_PREFIX}{id}_{secret}");
