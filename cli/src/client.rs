@@ -58,7 +58,12 @@ impl ApiArgs {
     /// The default headers of a client of the API: the key, if one is given.
     pub fn headers(&self) -> anyhow::Result<reqwest::header::HeaderMap> {
         let mut headers = reqwest::header::HeaderMap::new();
-        if let Some(key) = self.api_key.as_deref().map(str::trim).filter(|k| !k.is_empty()) {
+        if let Some(key) = self
+            .api_key
+            .as_deref()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+        {
             let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
                 .map_err(|_| anyhow!("--api-key (AGENTQ_API_KEY) is not a valid header value"))?;
             value.set_sensitive(true);

@@ -120,7 +120,9 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    let bound = listener.local_addr().context("cannot read the listen address")?;
+    let bound = listener
+        .local_addr()
+        .context("cannot read the listen address")?;
     let auth = dev_auth(bound, admin_key.as_deref(), &cfg)?;
     let local = bound.to_string();
 
@@ -136,6 +138,22 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let token = shutdown.clone();
         workers.push(tokio::spawn(async move { worker.run(token).await }));
     }
+    // As for `agentq worker`: a busy metrics port costs the metrics endpoint, not dev.
+    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
+        Ok(m) => {
+            if let Ok(at) = m.local_addr() {
+                eprintln!("agentq dev: /metrics on http://{at}");
+            }
+            Some(m)
+        }
+        Err(e) => {
+            eprintln!(
+                "agentq dev: cannot serve /metrics on {} (AGENTQ_METRICS_ADDR): {e}",
+                cfg.metrics_addr
+            );
+            None
+        }
+    };
     let mut scheduler_settings = SchedulerSettings::from(&cfg.scheduler);
     scheduler_settings.auth = auth;
     let scheduler = tokio::spawn(agentq_scheduler::run(
@@ -143,7 +161,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         stack.queue.clone(),
         scheduler_settings,
         listener,
-        None,
+        metrics,
         shutdown.clone(),
     ));
     eprintln!("agentq dev: {}", stack.description);

@@ -103,7 +103,10 @@ pub fn parse_expiry(v: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>
 }
 
 fn time(t: Option<DateTime<Utc>>) -> String {
-    t.map_or_else(|| "-".to_string(), |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string())
+    t.map_or_else(
+        || "-".to_string(),
+        |t| t.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    )
 }
 
 fn row(k: &ApiKey) -> [String; 7] {
@@ -139,7 +142,10 @@ pub async fn keys(args: KeysArgs) -> anyhow::Result<ExitCode> {
                 .transpose()?;
             let store = open_store(args.config.as_deref()).await?;
             let (new, key) = auth::generate(&c.tenant, scopes, c.label, expires)?;
-            let stored = store.create_key(&new).await.context("cannot store the key")?;
+            let stored = store
+                .create_key(&new)
+                .await
+                .context("cannot store the key")?;
             println!(
                 "created key {} for tenant {} with scopes {} (expires {})",
                 stored.id,
@@ -180,8 +186,17 @@ pub async fn keys(args: KeysArgs) -> anyhow::Result<ExitCode> {
         }
         KeysCommand::Revoke { id } => {
             let store = open_store(args.config.as_deref()).await?;
-            match store.revoke_key(&id).await.context("cannot revoke the key")? {
-                Some(k) => println!("revoked key {} (tenant {}) at {}", k.id, k.tenant, time(k.revoked_at)),
+            match store
+                .revoke_key(&id)
+                .await
+                .context("cannot revoke the key")?
+            {
+                Some(k) => println!(
+                    "revoked key {} (tenant {}) at {}",
+                    k.id,
+                    k.tenant,
+                    time(k.revoked_at)
+                ),
                 None => {
                     eprintln!("agentq: no key with id {id:?} (see `agentq keys list`)");
                     return Ok(ExitCode::from(1));
@@ -209,7 +224,15 @@ mod tests {
         );
         assert!(parse_expiry("2026-01-01T12:00:00+02:00", now).is_ok());
         let past = parse_expiry("2025-12-31", now).unwrap_err().to_string();
-        assert!(past.contains("--expires") && past.contains("past"), "{past}");
-        assert!(parse_expiry("next week", now).unwrap_err().to_string().contains("--expires"));
+        assert!(
+            past.contains("--expires") && past.contains("past"),
+            "{past}"
+        );
+        assert!(
+            parse_expiry("next week", now)
+                .unwrap_err()
+                .to_string()
+                .contains("--expires")
+        );
     }
 }

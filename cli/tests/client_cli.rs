@@ -76,7 +76,13 @@ fn wait_line(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHan
 
 fn start_scheduler(db: &str, redis: &str) -> Scheduler {
     let mut child = agentq()
-        .args(["scheduler", "--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+        .args([
+            "scheduler",
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
         .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
         .env("AGENTQ_DATABASE_URL", db)
         .env("AGENTQ_REDIS_URL", redis)

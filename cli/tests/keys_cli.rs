@@ -162,16 +162,42 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     let env = [("AGENTQ_DATABASE_URL", db.as_str())];
 
     // Bad flags are named.
-    let out = keys(&env, &["create", "--tenant", "acme", "--scopes", "sessions:delete"]);
-    assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("--scopes"), "{}", text(&out.stderr));
-    let out = keys(&env, &["create", "--tenant", "a b", "--scopes", "sessions:read"]);
-    assert!(text(&out.stderr).contains("--tenant"), "{}", text(&out.stderr));
     let out = keys(
         &env,
-        &["create", "--tenant", "acme", "--scopes", "admin", "--expires", "2001-01-01"],
+        &["create", "--tenant", "acme", "--scopes", "sessions:delete"],
     );
-    assert!(text(&out.stderr).contains("--expires"), "{}", text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--scopes"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = keys(
+        &env,
+        &["create", "--tenant", "a b", "--scopes", "sessions:read"],
+    );
+    assert!(
+        text(&out.stderr).contains("--tenant"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = keys(
+        &env,
+        &[
+            "create",
+            "--tenant",
+            "acme",
+            "--scopes",
+            "admin",
+            "--expires",
+            "2001-01-01",
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("--expires"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let (rw, rw_id) = create_key(
         &env,
@@ -189,7 +215,12 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     let (ro, _) = create_key(&env, &["--tenant", "acme", "--scopes", "sessions:read"]);
     let (other, _) = create_key(
         &env,
-        &["--tenant", "globex", "--scopes", "sessions:read,sessions:write"],
+        &[
+            "--tenant",
+            "globex",
+            "--scopes",
+            "sessions:read,sessions:write",
+        ],
     );
     let out = keys(&env, &["list"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -197,12 +228,21 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     assert!(listing.contains(&rw_id) && listing.contains("acme") && listing.contains("ci"));
     assert!(listing.contains("2999-01-01"), "{listing}");
     for secret in [&rw, &ro, &other] {
-        assert!(!listing.contains(&secret[16..]), "a secret in the listing: {listing}");
+        assert!(
+            !listing.contains(&secret[16..]),
+            "a secret in the listing: {listing}"
+        );
     }
 
     let mut sched = agentq();
     sched
-        .args(["scheduler", "--addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"])
+        .args([
+            "scheduler",
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
         .env("AGENTQ_DATABASE_URL", &db)
         .env("AGENTQ_REDIS_URL", redis.url())
         .env("AGENTQ_KEY_CACHE_SECS", "1");
@@ -213,7 +253,10 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("401") && err.contains("unauthorized"), "{err}");
-    assert!(err.contains("--api-key") && err.contains("AGENTQ_API_KEY"), "{err}");
+    assert!(
+        err.contains("--api-key") && err.contains("AGENTQ_API_KEY"),
+        "{err}"
+    );
     // The printed key works; the read-only one cannot submit.
     let out = client(&s.url, Some(&rw), &["submit", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -221,13 +264,23 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     let out = client(&s.url, Some(&ro), &["submit", "hello"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("403") && err.contains("sessions:write"), "{err}");
+    assert!(
+        err.contains("403") && err.contains("sessions:write"),
+        "{err}"
+    );
     // Another tenant neither lists nor reads it.
-    assert_eq!(ids_of(&client(&s.url, Some(&ro), &["sessions", "--json"])), [mine.clone()]);
+    assert_eq!(
+        ids_of(&client(&s.url, Some(&ro), &["sessions", "--json"])),
+        std::slice::from_ref(&mine)
+    );
     assert!(ids_of(&client(&s.url, Some(&other), &["sessions", "--json"])).is_empty());
     let out = client(&s.url, Some(&other), &["status", &mine]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("not found"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // Revoked: refused once the scheduler's cached entry (1 s here) is stale.
     let out = keys(&env, &["revoke", &rw_id]);
@@ -245,7 +298,10 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     }
     let listing = text(&keys(&env, &["list"]).stdout);
     let line = listing.lines().find(|l| l.starts_with(&rw_id)).unwrap();
-    assert!(!line.trim_end().ends_with('-'), "no revocation time: {line}");
+    assert!(
+        !line.trim_end().ends_with('-'),
+        "no revocation time: {line}"
+    );
     let out = keys(&env, &["revoke", "000000000000"]);
     assert!(!out.status.success());
 }
@@ -258,7 +314,12 @@ fn dev_on_loopback_checks_hosts_and_presented_keys() {
     let env = [("AGENTQ_DB", db_s)];
     let (acme, _) = create_key(
         &env,
-        &["--tenant", "acme", "--scopes", "sessions:read,sessions:write"],
+        &[
+            "--tenant",
+            "acme",
+            "--scopes",
+            "sessions:read,sessions:write",
+        ],
     );
     let mut cmd = agentq();
     cmd.args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
@@ -273,8 +334,14 @@ fn dev_on_loopback_checks_hosts_and_presented_keys() {
     let out = client(&dev.url, Some(&acme), &["submit", "acme's"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let theirs = text(&out.stdout).trim().to_string();
-    assert_eq!(ids_of(&client(&dev.url, None, &["sessions", "--json"])), [local.clone()]);
-    assert_eq!(ids_of(&client(&dev.url, Some(&acme), &["sessions", "--json"])), [theirs]);
+    assert_eq!(
+        ids_of(&client(&dev.url, None, &["sessions", "--json"])),
+        std::slice::from_ref(&local)
+    );
+    assert_eq!(
+        ids_of(&client(&dev.url, Some(&acme), &["sessions", "--json"])),
+        [theirs]
+    );
     let bad = format!("aq_{}_{}", "0".repeat(12), "1".repeat(64));
     let out = client(&dev.url, Some(&bad), &["sessions", "--json"]);
     assert!(!out.status.success());
@@ -317,14 +384,24 @@ fn dev_refuses_a_public_address_without_an_admin_key() {
         .unwrap();
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("--addr") && err.contains("AGENTQ_ADMIN_KEY"), "{err}");
+    assert!(
+        err.contains("--addr") && err.contains("AGENTQ_ADMIN_KEY"),
+        "{err}"
+    );
 
     // With the admin key it starts, and checks keys as the scheduler does.
     let port = free_port();
     let mut cmd = agentq();
-    cmd.args(["dev", "--addr", &format!("0.0.0.0:{port}"), "--workers", "1", "--db"])
-        .arg(&db)
-        .env("AGENTQ_ADMIN_KEY", "dev-admin-key");
+    cmd.args([
+        "dev",
+        "--addr",
+        &format!("0.0.0.0:{port}"),
+        "--workers",
+        "1",
+        "--db",
+    ])
+    .arg(&db)
+    .env("AGENTQ_ADMIN_KEY", "dev-admin-key");
     let _dev = serve(cmd);
     let url = format!("http://127.0.0.1:{port}");
     let out = client(&url, None, &["sessions", "--json"]);

@@ -262,10 +262,12 @@ fn random<const N: usize>() -> Result<[u8; N]> {
 
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// Hex SHA-256 of `text`.
@@ -395,10 +397,7 @@ mod tests {
         let last = if forged.ends_with('0') { "1" } else { "0" };
         forged.replace_range(forged.len() - 1.., last);
         assert_eq!(key_id(&forged), Some(new.id.as_str()));
-        assert_eq!(
-            verify(&forged, Some(&row), now),
-            Err(KeyRejected::Unknown)
-        );
+        assert_eq!(verify(&forged, Some(&row), now), Err(KeyRejected::Unknown));
         assert_eq!(verify(&key, None, now), Err(KeyRejected::Unknown));
         let (_, other) = generate("acme", vec![Scope::SessionsRead], None, None).unwrap();
         assert_ne!(key, other);
@@ -426,7 +425,10 @@ mod tests {
     fn key_shapes() {
         assert_eq!(key_id("garbage"), None);
         assert_eq!(key_id("aq_zz_00"), None);
-        assert_eq!(key_id(&format!("aq_{}_{}", "a".repeat(12), "b".repeat(63))), None);
+        assert_eq!(
+            key_id(&format!("aq_{}_{}", "a".repeat(12), "b".repeat(63))),
+            None
+        );
         assert!(key_id(&format!("aq_{}_{}", "a".repeat(12), "b".repeat(64))).is_some());
         assert!(generate("bad tenant", vec![Scope::Admin], None, None).is_err());
         assert!(generate(&"x".repeat(65), vec![Scope::Admin], None, None).is_err());

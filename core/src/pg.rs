@@ -293,9 +293,7 @@ impl KeyStore for PgStore {
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKey>> {
-        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys)
-            .fetch_all(&self.pool)
-            .await?;
+        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys).fetch_all(&self.pool).await?;
         recs.into_iter().map(KeyRecord::into_key).collect()
     }
 

@@ -2145,7 +2145,10 @@ async fn contract_tenants_and_their_idempotency_keys(store: &dyn Store) {
     again.idempotency_hash = Some("h3".into());
     let (r, created) = store.create_session(&again).await.unwrap();
     assert!(!created);
-    assert_eq!((r.id.as_str(), r.idempotency_hash.as_deref()), (ra.id.as_str(), Some("h1")));
+    assert_eq!(
+        (r.id.as_str(), r.idempotency_hash.as_deref()),
+        (ra.id.as_str(), Some("h1"))
+    );
     let fresh = new_session("new").with_tenant("globex");
     let out = store
         .create_sessions(&[again.clone(), fresh.clone(), b.clone()])
@@ -2168,7 +2171,10 @@ async fn contract_tenants_and_their_idempotency_keys(store: &dyn Store) {
         ..Default::default()
     };
     let acme = store.list(&only("acme", None)).await.unwrap();
-    assert_eq!(acme.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [ra.id.as_str()]);
+    assert_eq!(
+        acme.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        [ra.id.as_str()]
+    );
     let globex = store.list(&only("globex", None)).await.unwrap();
     assert_eq!(globex.len(), 2);
     assert!(globex.iter().all(|r| r.tenant == "globex"));
@@ -2209,7 +2215,9 @@ async fn contract_api_keys(store: &dyn Store) {
     let found = store.key(auth::key_id(&key).unwrap()).await.unwrap();
     assert_eq!(found.as_ref(), Some(&stored));
     assert_eq!(
-        auth::verify(&key, found.as_ref(), Utc::now()).unwrap().tenant,
+        auth::verify(&key, found.as_ref(), Utc::now())
+            .unwrap()
+            .tenant,
         "acme"
     );
     assert!(store.key("000000000000").await.unwrap().is_none());
@@ -2234,5 +2242,8 @@ async fn contract_api_keys(store: &dyn Store) {
     let again = store.revoke_key(&new.id).await.unwrap().unwrap();
     assert_eq!(again.revoked_at, Some(at));
     assert!(store.revoke_key("nope").await.unwrap().is_none());
-    assert_eq!(store.key(&new.id).await.unwrap().unwrap().revoked_at, Some(at));
+    assert_eq!(
+        store.key(&new.id).await.unwrap().unwrap().revoked_at,
+        Some(at)
+    );
 }

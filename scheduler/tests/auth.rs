@@ -71,7 +71,8 @@ impl Env {
         key: Option<&str>,
         body: Option<&Value>,
     ) -> (u16, Value, reqwest::header::HeaderMap) {
-        let mut req = reqwest::Client::new().request(method.clone(), format!("{}{path}", self.base));
+        let mut req =
+            reqwest::Client::new().request(method.clone(), format!("{}{path}", self.base));
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
@@ -183,7 +184,11 @@ async fn every_route_is_checked() {
     let other = env
         .key(
             "globex",
-            &[Scope::SessionsRead, Scope::SessionsWrite, Scope::ApprovalsWrite],
+            &[
+                Scope::SessionsRead,
+                Scope::SessionsWrite,
+                Scope::ApprovalsWrite,
+            ],
         )
         .await;
 
@@ -219,7 +224,10 @@ async fn every_route_is_checked() {
         assert_eq!(s, 403, "{method} {path} without {scope}: {v}");
         assert_eq!(error_code(&v), "forbidden");
         assert!(
-            v["error"]["message"].as_str().unwrap().contains(scope.as_str()),
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(scope.as_str()),
             "{v}"
         );
         // Another tenant's key with every session scope: the session does not exist for
@@ -228,7 +236,12 @@ async fn every_route_is_checked() {
             let (s, v, _) = env.call(&method, &url, Some(&other), body.as_ref()).await;
             let missing = "00000000-0000-7000-8000-000000000000";
             let (ms, mv, _) = env
-                .call(&method, &concrete(path, missing), Some(&other), body.as_ref())
+                .call(
+                    &method,
+                    &concrete(path, missing),
+                    Some(&other),
+                    body.as_ref(),
+                )
                 .await;
             assert_eq!(s, 404, "{method} {path} of another tenant: {v}");
             assert_eq!(ms, 404, "{method} {path} missing: {mv}");
@@ -241,7 +254,10 @@ async fn every_route_is_checked() {
         // The right key: only the scope the route needs.
         let right = env.key("acme", &[scope]).await;
         let (s, v, _) = env.call(&method, &url, Some(&right), body.as_ref()).await;
-        assert!((200..300).contains(&s), "{method} {path} with {scope}: {s} {v}");
+        assert!(
+            (200..300).contains(&s),
+            "{method} {path} with {scope}: {s} {v}"
+        );
     }
 
     // Nothing above may have touched acme's sessions through globex: none was cancelled,
@@ -265,7 +281,11 @@ async fn tenants_never_see_each_other() {
         acme.push(v["id"].as_str().unwrap().to_string());
     }
     let (s, v) = env
-        .post("/v1/sessions/batch", &b, &json!([{"prompt": "b0"}, {"prompt": "b1"}]))
+        .post(
+            "/v1/sessions/batch",
+            &b,
+            &json!([{"prompt": "b0"}, {"prompt": "b1"}]),
+        )
         .await;
     assert_eq!(s, 201, "{v}");
     let globex: Vec<String> = v["sessions"]
@@ -276,7 +296,10 @@ async fn tenants_never_see_each_other() {
         .collect();
     for id in acme.iter().chain(&globex) {
         let row = env.store.get(id).await.unwrap().unwrap();
-        assert_eq!(row.tenant, if acme.contains(id) { "acme" } else { "globex" });
+        assert_eq!(
+            row.tenant,
+            if acme.contains(id) { "acme" } else { "globex" }
+        );
     }
 
     // Paging through globex's listing with a cursor taken from acme's newest session.
@@ -289,7 +312,10 @@ async fn tenants_never_see_each_other() {
         .iter()
         .map(|s| s["id"].as_str().unwrap())
         .collect();
-    assert!(ids.iter().all(|id| globex.iter().any(|g| g == id)), "{page}");
+    assert!(
+        ids.iter().all(|id| globex.iter().any(|g| g == id)),
+        "{page}"
+    );
     // Every page of acme's listing holds acme's sessions only, and all of them.
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
@@ -320,7 +346,9 @@ async fn tenants_never_see_each_other() {
     // The admin key sees every tenant.
     let (_, all) = env.get("/v1/sessions?limit=100", ADMIN_KEY).await;
     assert_eq!(all["sessions"].as_array().unwrap().len(), 7, "{all}");
-    let (s, _) = env.get(&format!("/v1/sessions/{}", globex[0]), ADMIN_KEY).await;
+    let (s, _) = env
+        .get(&format!("/v1/sessions/{}", globex[0]), ADMIN_KEY)
+        .await;
     assert_eq!(s, 200);
     let (s, _) = env.get(&format!("/v1/sessions/{}", globex[0]), &a).await;
     assert_eq!(s, 404);
@@ -370,7 +398,10 @@ async fn idempotency_keys_are_per_tenant_and_bound_to_the_request() {
     assert_eq!(s, 201, "{theirs}");
     assert_ne!(theirs["id"], first["id"]);
     let (s, _) = env
-        .get(&format!("/v1/sessions/{}", first["id"].as_str().unwrap()), &b)
+        .get(
+            &format!("/v1/sessions/{}", first["id"].as_str().unwrap()),
+            &b,
+        )
         .await;
     assert_eq!(s, 404);
     let (s, v) = env.post("/v1/sessions", &b, &req).await;
@@ -391,7 +422,10 @@ async fn revoked_and_expired_keys_are_refused() {
     tokio::time::sleep(ttl * 2).await;
     let (s, v) = env.get("/v1/sessions", &key).await;
     assert_eq!(s, 401, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("revoked"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("revoked"),
+        "{v}"
+    );
 
     let (new, expired) = auth::generate(
         "acme",
@@ -407,7 +441,10 @@ async fn revoked_and_expired_keys_are_refused() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (s, v) = env.get("/v1/sessions", &expired).await;
     assert_eq!(s, 401, "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains("expired"), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("expired"),
+        "{v}"
+    );
 
     // A key with the right id and a wrong secret is not the key.
     let live = env.key("acme", &[Scope::SessionsRead]).await;

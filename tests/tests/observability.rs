@@ -330,7 +330,10 @@ async fn scraped_counters_equal_what_the_fake_reported() {
     // The scheduler's queue gauges, read from XINFO at the scrape, on its own port: the
     // API's answers 404 there.
     assert_eq!(
-        reqwest::get(format!("{api}/metrics")).await.unwrap().status(),
+        reqwest::get(format!("{api}/metrics"))
+            .await
+            .unwrap()
+            .status(),
         404
     );
     let sched_metrics = _sched

@@ -286,7 +286,8 @@ const APPROVAL: Shared = Shared {
 };
 
 /// The columns of `api_keys`, as [`super::record::KeyRecord`] reads them.
-const KEY_FIELDS: &str = "id, tenant, scopes, label, secret_hash, created_at, expires_at, revoked_at";
+const KEY_FIELDS: &str =
+    "id, tenant, scopes, label, secret_hash, created_at, expires_at, revoked_at";
 
 const INSERT_KEY: Shared = Shared {
     text: "INSERT INTO api_keys (id, tenant, scopes, label, secret_hash, created_at, expires_at) \

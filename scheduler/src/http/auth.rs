@@ -280,7 +280,9 @@ pub fn is_loopback_host(host: &str) -> bool {
     };
     name.eq_ignore_ascii_case("localhost")
         || name == "127.0.0.1"
-        || name.parse::<std::net::Ipv6Addr>().is_ok_and(|a| a.is_loopback())
+        || name
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 fn valid_port(p: &str) -> bool {

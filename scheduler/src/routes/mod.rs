@@ -98,7 +98,12 @@ fn table(state: &Scheduler) -> Vec<Route> {
             WRITE,
             post(sessions::cancel),
         ),
-        route(g.clone(), "/v1/sessions/{id}/events", READ, get(events::events)),
+        route(
+            g.clone(),
+            "/v1/sessions/{id}/events",
+            READ,
+            get(events::events),
+        ),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]
@@ -118,22 +123,17 @@ pub fn router(state: Scheduler) -> Router {
     let authn = Authenticator::new(
         state.store.clone(),
         state.cfg.auth.clone(),
-        routes
-            .iter()
-            .map(|r| (r.method.clone(), r.path, r.access)),
+        routes.iter().map(|r| (r.method.clone(), r.path, r.access)),
     );
     let mut app = Router::new();
     for r in routes {
         app = app.route(r.path, r.handler);
     }
-    app.route_layer(middleware::from_fn_with_state(
-        authn.clone(),
-        auth::require,
-    ))
-    .fallback(not_found)
-    .method_not_allowed_fallback(method_not_allowed)
-    .layer(middleware::from_fn_with_state(authn, auth::loopback_hosts))
-    .with_state(state)
+    app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(authn, auth::loopback_hosts))
+        .with_state(state)
 }
 
 /// `/metrics` alone, for a listener of its own: the API's port is for keyed clients,

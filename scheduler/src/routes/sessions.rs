@@ -15,9 +15,7 @@ use agentq_api::{
     BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
 };
 use agentq_core::auth::Caller;
-use agentq_core::{
-    CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus,
-};
+use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::Scheduler;
 use crate::error::ApiError;

@@ -20,8 +20,8 @@ use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, Auth, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields, not_found,
-    object, respond, session_view,
+    ApiResult, Auth, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields,
+    not_found, object, respond, session_view,
 };
 
 /// Largest steering message accepted.
