@@ -45,6 +45,32 @@ pub struct ApiArgs {
     /// Base URL of the HTTP API (default: `api_url` of agentq.toml, else http://127.0.0.1:7700).
     #[arg(long, env = "AGENTQ_API_URL")]
     pub api_url: Option<String>,
+    /// API key, sent as `Authorization: Bearer <key>` (from `agentq keys create`).
+    #[arg(long, env = "AGENTQ_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// What a refused request must tell the user: where the key comes from.
+pub const KEY_HINT: &str =
+    "pass an API key with --api-key or AGENTQ_API_KEY (create one with `agentq keys create`)";
+
+impl ApiArgs {
+    /// The default headers of a client of the API: the key, if one is given.
+    pub fn headers(&self) -> anyhow::Result<reqwest::header::HeaderMap> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = self
+            .api_key
+            .as_deref()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+        {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| anyhow!("--api-key (AGENTQ_API_KEY) is not a valid header value"))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        Ok(headers)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -138,7 +164,11 @@ impl std::fmt::Display for ApiFailure {
         if let Some(field) = &self.field {
             write!(f, " (field `{field}`)")?;
         }
-        write!(f, " [HTTP {} {}]", self.status, self.code)
+        write!(f, " [HTTP {} {}]", self.status, self.code)?;
+        if matches!(self.status, 401 | 403) && self.field.is_none() {
+            write!(f, "; {KEY_HINT}")?;
+        }
+        Ok(())
     }
 }
 
@@ -175,6 +205,7 @@ impl Api {
             _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
         };
         let http = reqwest::Client::builder()
+            .default_headers(args.headers()?)
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(300))
             .build()

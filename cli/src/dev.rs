@@ -12,7 +12,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::Settings;
-use agentq_scheduler::SchedulerSettings;
+use agentq_scheduler::{AuthSettings, SchedulerSettings};
 use agentq_worker::{Worker, WorkerConfig};
 
 use crate::flags::WorkerFlags;
@@ -68,6 +68,32 @@ pub fn dev_config(
     Ok((settings, wcfg))
 }
 
+/// How dev's API authenticates. On a loopback address it may run keyless (the tenant
+/// `default`, for the two-command start) but answers only loopback `Host` names, so a web
+/// page that rebinds its name to 127.0.0.1 gets nothing. Any other address is reachable
+/// from elsewhere: it needs `AGENTQ_ADMIN_KEY` and then checks keys as the scheduler does.
+pub fn dev_auth(
+    bound: std::net::SocketAddr,
+    admin_key: Option<&str>,
+    cfg: &Settings,
+) -> anyhow::Result<AuthSettings> {
+    let mut auth = SchedulerSettings::from(&cfg.scheduler).auth;
+    if let Some(key) = admin_key {
+        auth = auth.with_admin_key(key);
+    }
+    if bound.ip().is_loopback() {
+        auth.keyless = admin_key.is_none();
+        auth.loopback_hosts_only = true;
+    } else if admin_key.is_none() {
+        bail!(
+            "--addr {bound} is not a loopback address: anyone who can reach it could run \
+             sessions. Set AGENTQ_ADMIN_KEY (and give clients keys from `agentq keys create`) \
+             or listen on 127.0.0.1"
+        );
+    }
+    Ok(auth)
+}
+
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let (cfg, wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
@@ -90,10 +116,15 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
              Redis) or neither (the embedded store)"
         ),
     };
+    let admin_key = crate::scheduler::admin_key_from_env();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener.local_addr().map_or(addr, |a| a.to_string());
+    let bound = listener
+        .local_addr()
+        .context("cannot read the listen address")?;
+    let auth = dev_auth(bound, admin_key.as_deref(), &cfg)?;
+    let local = bound.to_string();
 
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
@@ -107,11 +138,30 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         let token = shutdown.clone();
         workers.push(tokio::spawn(async move { worker.run(token).await }));
     }
+    // As for `agentq worker`: a busy metrics port costs the metrics endpoint, not dev.
+    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
+        Ok(m) => {
+            if let Ok(at) = m.local_addr() {
+                eprintln!("agentq dev: /metrics on http://{at}");
+            }
+            Some(m)
+        }
+        Err(e) => {
+            eprintln!(
+                "agentq dev: cannot serve /metrics on {} (AGENTQ_METRICS_ADDR): {e}",
+                cfg.metrics_addr
+            );
+            None
+        }
+    };
+    let mut scheduler_settings = SchedulerSettings::from_settings(&cfg)?;
+    scheduler_settings.auth = auth;
     let scheduler = tokio::spawn(agentq_scheduler::run(
         stack.store.clone(),
         stack.queue.clone(),
-        SchedulerSettings::from_settings(&cfg)?,
+        scheduler_settings,
         listener,
+        metrics,
         shutdown.clone(),
     ));
     eprintln!("agentq dev: {}", stack.description);

@@ -9,6 +9,7 @@ mod client;
 mod demo;
 mod dev;
 mod flags;
+mod keys;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod run;
@@ -45,6 +46,8 @@ enum Command {
     Scheduler(scheduler::SchedulerArgs),
     /// Create or upgrade the Postgres schema.
     Migrate(scheduler::MigrateArgs),
+    /// Create, list or revoke API keys in the configured store.
+    Keys(keys::KeysArgs),
     /// Submit a session (or a JSON Lines batch) to the HTTP API.
     Submit(client::SubmitArgs),
     /// Show a session as JSON.
@@ -113,6 +116,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Scheduler(args) => scheduler::scheduler(args).await,
             Command::Migrate(args) => scheduler::migrate(args).await,
+            Command::Keys(args) => keys::keys(args).await,
             Command::Submit(args) => client::submit(args).await,
             Command::Status(args) => client::status(args).await,
             Command::Watch(args) => watch::watch(args).await,

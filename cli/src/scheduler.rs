@@ -24,9 +24,22 @@ pub struct SchedulerArgs {
     /// Listen address (default: AGENTQ_API_ADDR, `api_addr` of agentq.toml, 127.0.0.1:7700).
     #[arg(long)]
     pub addr: Option<String>,
+    /// Where `/metrics` is served, apart from the API (Prometheus text format;
+    /// AGENTQ_METRICS_ADDR; default 127.0.0.1:9464).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// Configuration file (default: ./agentq.toml when present).
     #[arg(long, env = "AGENTQ_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+/// The operator's key (`AGENTQ_ADMIN_KEY`): every scope, every tenant. Unset or blank:
+/// none (keys come from `agentq keys create` only).
+pub fn admin_key_from_env() -> Option<String> {
+    std::env::var("AGENTQ_ADMIN_KEY")
+        .ok()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
 }
 
 #[derive(Args, Debug)]
@@ -86,6 +99,9 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
             if let Some(addr) = &args.addr {
                 s.api_addr = addr.clone();
             }
+            if let Some(addr) = &args.metrics_addr {
+                s.metrics_addr = addr.clone();
+            }
         },
     )?;
     let addr = cfg.api_addr.clone();
@@ -109,15 +125,42 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr().map_or(addr, |a| a.to_string());
+    // As for workers: a busy metrics port costs the metrics endpoint, not the API.
+    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
+        Ok(m) => {
+            let at = m
+                .local_addr()
+                .map_or(cfg.metrics_addr.clone(), |a| a.to_string());
+            eprintln!("agentq scheduler: /metrics on http://{at}");
+            Some(m)
+        }
+        Err(e) => {
+            eprintln!(
+                "agentq scheduler: cannot serve /metrics on {} (--metrics-addr, \
+                 AGENTQ_METRICS_ADDR): {e}",
+                cfg.metrics_addr
+            );
+            None
+        }
+    };
 
+    let mut settings = SchedulerSettings::from_settings(&cfg)?;
+    match admin_key_from_env() {
+        Some(key) => settings.auth = settings.auth.with_admin_key(&key),
+        None => eprintln!(
+            "agentq scheduler: AGENTQ_ADMIN_KEY is not set; only keys from `agentq keys create` \
+             are accepted"
+        ),
+    }
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
     eprintln!("agentq scheduler: listening on http://{local}");
     agentq_scheduler::run(
         Arc::new(store),
         Arc::new(queue),
-        SchedulerSettings::from_settings(&cfg)?,
+        settings,
         listener,
+        metrics,
         shutdown,
     )
     .await?;

@@ -240,6 +240,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     // keep-alive comments arrive every 15 s; a read silent for much longer means the
     // connection is gone.
     let http = reqwest::Client::builder()
+        .default_headers(args.api.headers()?)
         .connect_timeout(Duration::from_secs(5))
         .read_timeout(Duration::from_secs(60))
         .build()
@@ -266,6 +267,9 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
                 let status = resp.status();
                 let body = resp.text().await.unwrap_or_default();
                 eprintln!("agentq: the API refused to stream events: HTTP {status}: {body}");
+                if matches!(status.as_u16(), 401 | 403) {
+                    eprintln!("agentq: {}", crate::client::KEY_HINT);
+                }
                 return Ok(ExitCode::from(1));
             }
             Ok(resp) if !resp.status().is_success() => {

@@ -21,12 +21,20 @@ fn agentq() -> Command {
         "AGENTQ_API_URL",
         "AGENTQ_API_ADDR",
         "AGENTQ_CONFIG",
+        "AGENTQ_ADMIN_KEY",
+        "AGENTQ_API_KEY",
+        "AGENTQ_METRICS_ADDR",
     ] {
         c.env_remove(k);
     }
+    // Clients authenticate as the operator; the schedulers here accept that key.
+    c.env("AGENTQ_API_KEY", ADMIN_KEY);
     c.current_dir(std::env::temp_dir());
     c
 }
+
+/// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start.
+const ADMIN_KEY: &str = "client-cli-admin-key";
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -68,7 +76,14 @@ fn wait_line(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHan
 
 fn start_scheduler(db: &str, redis: &str) -> Scheduler {
     let mut child = agentq()
-        .args(["scheduler", "--addr", "127.0.0.1:0"])
+        .args([
+            "scheduler",
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
         .env("AGENTQ_DATABASE_URL", db)
         .env("AGENTQ_REDIS_URL", redis)
         .stdout(Stdio::null())

@@ -232,6 +232,9 @@ pub struct SchedulerSection {
     pub max_batch: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
+    /// How long a verified API key is trusted without asking the database again: a
+    /// revoked key is refused at most this long after `agentq keys revoke`.
+    pub key_cache_secs: u64,
 }
 
 impl Default for SchedulerSection {
@@ -242,6 +245,7 @@ impl Default for SchedulerSection {
             max_prompt_bytes: 1_000_000,
             max_batch: 10_000,
             queues: vec!["default".to_string()],
+            key_cache_secs: 30,
         }
     }
 }
@@ -761,6 +765,15 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.max_prompt_bytes"),
     file("scheduler.max_batch"),
     file("scheduler.queues"),
+    var(
+        "scheduler.key_cache_secs",
+        "AGENTQ_KEY_CACHE_SECS",
+        None,
+        |s, v| {
+            s.scheduler.key_cache_secs = parse(v)?;
+            Ok(())
+        },
+    ),
     var(
         "providers.openai_base_url",
         "OPENAI_BASE_URL",

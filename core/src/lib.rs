@@ -2,6 +2,7 @@
 //! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
+pub mod auth;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -24,4 +25,4 @@ pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
-pub use store::{Committed, InboxStore, LeaseStore, SessionStore, Store, SweepStore};
+pub use store::{Committed, InboxStore, KeyStore, LeaseStore, SessionStore, Store, SweepStore};

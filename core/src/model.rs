@@ -114,6 +114,11 @@ pub struct NewSession {
     pub root_id: String,
     pub depth: u32,
     pub idempotency_key: Option<String>,
+    /// Hash of the request that came with `idempotency_key`: a repeat of the key with
+    /// another request is a conflict, not the first session.
+    pub idempotency_hash: Option<String>,
+    /// Who owns the session (children inherit their parent's tenant).
+    pub tenant: String,
 }
 
 impl NewSession {
@@ -128,7 +133,15 @@ impl NewSession {
             parent_id: None,
             depth: 0,
             idempotency_key: None,
+            idempotency_hash: None,
+            tenant: crate::auth::DEFAULT_TENANT.to_string(),
         }
+    }
+
+    /// The same session, owned by `tenant`.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
     }
 }
 
@@ -160,6 +173,13 @@ pub struct SessionRow {
     pub attempts: u32,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
+    /// Hash of the request that came with the idempotency key (`None` on rows from
+    /// before request hashes were stored).
+    #[serde(default)]
+    pub idempotency_hash: Option<String>,
+    /// The tenant that owns the session.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -174,6 +194,10 @@ pub struct SessionRow {
     /// Inbox position of the last `enqueue` message started as a follow-up turn.
     #[serde(default)]
     pub followup_cursor: u64,
+}
+
+fn default_tenant() -> String {
+    crate::auth::DEFAULT_TENANT.to_string()
 }
 
 /// Whether a session whose row shows `wake_seq` may have inbox items past `cursor`: every
@@ -308,6 +332,8 @@ impl Completion {
 /// Filter for listing sessions.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
+    /// Only sessions of this tenant; `None` lists every tenant (the admin's view).
+    pub tenant: Option<String>,
     pub status: Option<SessionStatus>,
     pub parent_id: Option<String>,
     pub limit: u32,

@@ -33,6 +33,7 @@ use sqlx::types::Json;
 use agentq_agent::schema::Message;
 use agentq_agent::state::SessionState;
 
+use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -40,12 +41,12 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 use crate::protocol::{InboxKind, InboxPayload};
-use crate::rowconv::{check_applied, parse_status, to_i64};
-use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
+use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
+use crate::sql::record::{InboxRecord, KeyRecord, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
     checkpoint_alone,
 };
 
@@ -274,6 +275,44 @@ WITH p AS (
     RETURNING s.status
 )
 SELECT p.queue, p.status, EXISTS (SELECT 1 FROM ins), (SELECT status FROM upd) FROM p";
+
+#[async_trait]
+impl KeyStore for PgStore {
+    async fn create_key(&self, key: &NewApiKey) -> Result<ApiKey> {
+        let rec: KeyRecord = sqlx::query_as(&SQL.insert_key)
+            .bind(&key.id)
+            .bind(&key.tenant)
+            .bind(Scope::join(&key.scopes))
+            .bind(key.label.as_deref())
+            .bind(&key.secret_hash)
+            .bind(key.expires_at)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| unique_as_conflict(e, &format!("api key {}", key.id)))?;
+        rec.into_key()
+    }
+
+    async fn list_keys(&self) -> Result<Vec<ApiKey>> {
+        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys).fetch_all(&self.pool).await?;
+        recs.into_iter().map(KeyRecord::into_key).collect()
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>> {
+        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.revoke_key)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        rec.map(KeyRecord::into_key).transpose()
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<ApiKey>> {
+        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.key_by_id)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        rec.map(KeyRecord::into_key).transpose()
+    }
+}
 
 #[async_trait]
 impl Store for PgStore {

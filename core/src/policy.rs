@@ -19,8 +19,7 @@ use agentq_agent::spec::SessionSpec;
 use crate::config::{PROVIDERS, PolicySection};
 use crate::error::{Error, Result};
 
-/// The tenant of sessions created without one.
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::auth::DEFAULT_TENANT;
 
 /// A request beyond policy: the field it names and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

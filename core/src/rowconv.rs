@@ -80,3 +80,13 @@ pub(crate) fn unfinished_counts(rows: Vec<(String, i64)>) -> Result<Vec<(Session
         .map(|(s, n)| Ok((parse_status(&s)?, to_u64(n, "count")?)))
         .collect()
 }
+
+/// A unique violation (23505 on Postgres, 2067/1555 on SQLite) as a conflict naming `what`.
+pub(crate) fn unique_as_conflict(e: sqlx::Error, what: &str) -> Error {
+    match &e {
+        sqlx::Error::Database(d) if d.is_unique_violation() => {
+            Error::Conflict(format!("{what} exists already"))
+        }
+        _ => e.into(),
+    }
+}

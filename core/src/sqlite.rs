@@ -61,6 +61,7 @@ use sqlx::{Sqlite, SqliteConnection, Transaction};
 use agentq_agent::schema::Message;
 use agentq_agent::state::SessionState;
 
+use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -69,12 +70,12 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
-use crate::rowconv::{check_applied, to_i64};
-use crate::sql::record::{InboxRecord, SessionRecord, StoredMessage};
+use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::sql::record::{InboxRecord, KeyRecord, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
     checkpoint_alone,
 };
 
@@ -245,6 +246,51 @@ async fn gave_up_lease(
         .fetch_optional(conn)
         .await?;
     Ok(outcome::gave_up(row, lease, want))
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn create_key(&self, key: &NewApiKey) -> Result<ApiKey> {
+        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.insert_key)
+            .bind(&key.id)
+            .bind(&key.tenant)
+            .bind(Scope::join(&key.scopes))
+            .bind(key.label.as_deref())
+            .bind(&key.secret_hash)
+            .bind(key.expires_at.map(|t| t.timestamp_micros()))
+            .bind(now_us())
+            .fetch_all(&self.writer)
+            .await
+            .map_err(|e| unique_as_conflict(e, &format!("api key {}", key.id)))?
+            .pop();
+        rec.ok_or_else(|| Error::Conflict(format!("api key {} was not stored", key.id)))?
+            .into_key()
+    }
+
+    async fn list_keys(&self) -> Result<Vec<ApiKey>> {
+        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys)
+            .fetch_all(&self.readers)
+            .await?;
+        recs.into_iter().map(KeyRecord::into_key).collect()
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>> {
+        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.revoke_key)
+            .bind(id)
+            .bind(now_us())
+            .fetch_all(&self.writer)
+            .await?
+            .pop();
+        rec.map(KeyRecord::into_key).transpose()
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<ApiKey>> {
+        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.key_by_id)
+            .bind(id)
+            .fetch_optional(&self.readers)
+            .await?;
+        rec.map(KeyRecord::into_key).transpose()
+    }
 }
 
 #[async_trait]

@@ -7,7 +7,7 @@
 //! uses: [`SessionStore`] (the API and the CLI: create, read, cancel), [`LeaseStore`] (a
 //! worker running sessions: claim, checkpoint, heartbeat, release, suspend),
 //! [`InboxStore`] (whatever wakes a session: inbox items, approvals, follow-ups) and
-//! [`SweepStore`] (the scheduler's sweeper). [`Store`] is all of them, plus the schema
+//! [`SweepStore`] (the scheduler's sweeper) and [`KeyStore`] (API keys). [`Store`] is all of them, plus the schema
 //! check a process runs once at start; `Arc<dyn Store>` is what the processes hold.
 
 use std::time::Duration;
@@ -19,6 +19,7 @@ use agentq_agent::state::SessionState;
 
 use chrono::{DateTime, Utc};
 
+use crate::auth::{ApiKey, NewApiKey};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -39,7 +40,7 @@ pub type Committed = Option<Box<SessionRow>>;
 /// by a process before it serves anything; it is declared here rather than in a narrow
 /// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
-pub trait Store: SessionStore + LeaseStore + InboxStore + SweepStore {
+pub trait Store: SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
 }
@@ -185,6 +186,24 @@ pub trait SweepStore: Send + Sync {
     /// Sessions awaiting an approval past their deadline go back to the queue (their
     /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+}
+
+/// API keys (the hashes of them: a key itself is never stored).
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    /// Store a new key; `Error::Conflict` when its id exists already.
+    async fn create_key(&self, key: &NewApiKey) -> Result<ApiKey>;
+
+    /// Every key, oldest first (revoked and expired ones included).
+    async fn list_keys(&self) -> Result<Vec<ApiKey>>;
+
+    /// Revoke the key (a revoked key stays revoked, at its first revocation's time); the
+    /// key as stored now, `None` when there is no such key.
+    async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>>;
+
+    /// The key with this public id, whose stored hash a presented key is then compared
+    /// with (`auth::verify`, constant time).
+    async fn key(&self, id: &str) -> Result<Option<ApiKey>>;
 }
 
 /// A single checkpoint written as a batch of one, as both stores do: one code path for

@@ -93,6 +93,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
     assert_eq!(
         tables(&pg),
         [
+            "api_keys",
             "approvals",
             "inbox",
             "messages",

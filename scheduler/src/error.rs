@@ -35,8 +35,22 @@ pub enum ApiError {
     },
     #[error("{0}")]
     NotFound(String),
+    /// No key, or one that is not valid (unknown, expired, revoked).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A valid key without the scope the route needs, or a request the server refuses
+    /// whoever sends it (a `Host` that is not loopback in `agentq dev`).
+    #[error("{message}")]
+    Forbidden {
+        field: Option<String>,
+        message: String,
+    },
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// A conflict one field is to blame for (an idempotency key reused with another
+    /// request).
+    #[error("{message}")]
+    ConflictOn { field: String, message: String },
     #[error("method not allowed")]
     MethodNotAllowed,
     /// Postgres or Redis is unreachable right now: worth retrying.
@@ -64,7 +78,9 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            ApiError::Conflict { .. } | ApiError::ConflictOn { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,7 +95,10 @@ impl ApiError {
             ApiError::TooLarge { .. } => "too_large",
             ApiError::Invalid { code, .. } => code,
             ApiError::NotFound(_) => "not_found",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden { .. } => "forbidden",
             ApiError::Conflict { code, .. } => code,
+            ApiError::ConflictOn { .. } => "conflict",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal => "internal",
@@ -88,7 +107,10 @@ impl ApiError {
 
     pub fn field(&self) -> Option<&str> {
         match self {
-            ApiError::TooLarge { field, .. } | ApiError::Invalid { field, .. } => field.as_deref(),
+            ApiError::TooLarge { field, .. }
+            | ApiError::Invalid { field, .. }
+            | ApiError::Forbidden { field, .. } => field.as_deref(),
+            ApiError::ConflictOn { field, .. } => Some(field),
             _ => None,
         }
     }
@@ -136,6 +158,12 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        if matches!(self, ApiError::Unauthorized(_)) {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
             );
         }
         resp

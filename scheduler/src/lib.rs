@@ -3,7 +3,8 @@
 //! `agentq-api`), enqueueing (insert the row, then `XADD`), the consumer groups of the
 //! configured queues (created at start so KEDA's lag scaler sees them before the first
 //! session) and the sweeper that repairs a crash between insert and `XADD` ([`sweeper`]),
-//! the session event streams over SSE ([`events`]) and `/metrics` ([`metrics`]). It holds
+//! the session event streams over SSE ([`events`]), API keys checked on every route
+//! (`http::auth`) and `/metrics` on a listener of its own ([`metrics`]). It holds
 //! no state of its own: Postgres is the truth, Redis carries the work, so any number of
 //! schedulers can run side by side.
 
@@ -27,7 +28,8 @@ mod routes;
 pub mod sweeper;
 
 pub use error::ApiError;
-pub use routes::router;
+pub use http::auth::{Access, AuthSettings, is_loopback_host};
+pub use routes::{metrics_router, route_table, router};
 
 /// Body limit of `POST /v1/sessions/batch` (10,000 sessions of a few KiB each).
 pub const BATCH_BODY_LIMIT: usize = 64 * 1024 * 1024;
@@ -41,6 +43,9 @@ pub struct SchedulerSettings {
     pub max_batch: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
+    /// Who may call the API (the admin key is not part of the configuration file: the
+    /// process reads it from `AGENTQ_ADMIN_KEY`).
+    pub auth: AuthSettings,
     /// The operator's policy (`[policy]`), held to every session request.
     pub policy: Arc<Policy>,
 }
@@ -70,6 +75,10 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_batch: c.max_batch,
             queues: c.queues.clone(),
             policy: Arc::new(Policy::default()),
+            auth: AuthSettings {
+                cache_ttl: Duration::from_secs(c.key_cache_secs),
+                ..AuthSettings::default()
+            },
         }
     }
 }
@@ -195,12 +204,14 @@ pub enum RunError {
 
 /// Run the scheduler until `shutdown` is cancelled: create the configured queues' consumer
 /// groups, serve the API on `listener` (graceful: in-flight requests finish, `/readyz`
-/// turns 503 at once), and run the sweeper.
+/// turns 503 at once) and `/metrics` on `metrics` (a listener of its own: the scraper
+/// holds no API key), and run the sweeper.
 pub async fn run(
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
     cfg: SchedulerSettings,
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let state =
@@ -225,12 +236,30 @@ pub async fn run(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "scheduler listening");
     }
+    let metrics_server = metrics.map(|m| {
+        if let Ok(addr) = m.local_addr() {
+            tracing::info!(%addr, "serving /metrics");
+        }
+        let token = shutdown.clone();
+        let app = metrics_router(state.clone());
+        tokio::spawn(async move {
+            let served = axum::serve(m, app)
+                .with_graceful_shutdown(async move { token.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "the /metrics server stopped");
+            }
+        })
+    });
     let app = router(state);
     let token = shutdown.clone();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move { token.cancelled().await })
         .await;
     stop_sweeper.cancel();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Err(e) = sweeper.await {
         tracing::error!(error = %e, "sweeper task failed");
     }

@@ -26,6 +26,22 @@ use agentq_scheduler::sweeper::sweep_once;
 use agentq_scheduler::{QueueRegistry, Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
+/// The operator's key of these tests: every existing case runs as the admin (tenant
+/// `default`, every scope); the tenant and scope checks have their own tests (`auth.rs`).
+const ADMIN_KEY: &str = "test-admin-key";
+
+fn admin_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {ADMIN_KEY}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
 struct Env {
     base: String,
     http: reqwest::Client,
@@ -41,7 +57,8 @@ impl Env {
         Self::start_with(SchedulerSettings::default()).await
     }
 
-    async fn start_with(settings: SchedulerSettings) -> Env {
+    async fn start_with(mut settings: SchedulerSettings) -> Env {
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
         let db_url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
@@ -55,7 +72,7 @@ impl Env {
         tokio::spawn(async move { axum::serve(listener, app).await });
         Env {
             base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
+            http: admin_client(),
             store,
             queue,
             state,
@@ -438,6 +455,8 @@ async fn cancelling_a_parent_cancels_its_children() {
         root_id: parent.id.clone(),
         depth: 1,
         idempotency_key: None,
+        idempotency_hash: None,
+        tenant: parent.tenant.clone(),
     };
     env.store.create_session(&child).await.unwrap();
 
@@ -707,6 +726,7 @@ async fn sweeper_adds_entries_the_enqueue_missed() {
         queue.clone(),
         settings,
         listener,
+        None,
         token.clone(),
     ));
     wait_for("the reports group", || async {

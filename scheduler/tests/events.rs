@@ -1,4 +1,4 @@
-//! `GET /v1/sessions/{id}/events` and `GET /metrics` against a real Postgres and Redis,
+//! `GET /v1/sessions/{id}/events` and `GET /metrics` (on its own listener) against a real Postgres and Redis,
 //! with the session's event stream written by hand: which stored events a replay drops
 //! (redone steps, zombie runs), `reset` on a reconnect and live, the transcript rebuilt
 //! when there is no stream, closing after the completion, and the queue gauges.
@@ -21,11 +21,29 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     Claim, EnqueueReason, EventStreams, LeaseStore, NewSession, SessionStore, WorkQueue,
 };
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
+use agentq_scheduler::{Scheduler, SchedulerSettings, metrics_router, router};
 use agentq_testkit::{RedisServer, shared_postgres};
+
+/// The operator's key of these tests: every existing case runs as the admin (tenant
+/// `default`, every scope); the tenant and scope checks have their own tests (`auth.rs`).
+const ADMIN_KEY: &str = "test-admin-key";
+
+fn admin_client() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {ADMIN_KEY}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
 
 struct Env {
     base: String,
+    /// `/metrics` has a listener of its own, without keys.
+    metrics_base: String,
     http: reqwest::Client,
     store: Arc<PgStore>,
     queue: Arc<RedisQueue>,
@@ -40,13 +58,20 @@ impl Env {
         let store = Arc::new(store);
         let redis = RedisServer::start().unwrap();
         let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-        let state = Scheduler::new(store.clone(), queue.clone(), SchedulerSettings::default());
+        let mut settings = SchedulerSettings::default();
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        let state = Scheduler::new(store.clone(), queue.clone(), settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
+        let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr: SocketAddr = metrics.local_addr().unwrap();
+        let metrics_app = metrics_router(state.clone());
         tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        tokio::spawn(async move { axum::serve(metrics, metrics_app).await });
         Env {
             base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
+            metrics_base: format!("http://{metrics_addr}"),
+            http: admin_client(),
             store,
             queue,
             _redis: redis,
@@ -419,10 +444,15 @@ async fn metrics_export_queue_gauges() {
             .await
             .unwrap();
     }
+    // Not on the API's port any more; the scraper holds no key.
     let r = env
         .http
         .get(format!("{}/metrics", env.base))
         .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let r = reqwest::get(format!("{}/metrics", env.metrics_base))
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);

@@ -75,6 +75,10 @@ impl Drop for Proc {
     }
 }
 
+/// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start (and the key their clients
+/// send).
+const ADMIN_KEY: &str = "observability-admin-key";
+
 /// `agentq scheduler` on a free port; returns it and its base URL.
 async fn start_scheduler(c: &Cluster, dir: &Path) -> (Proc, String) {
     start_scheduler_at(c, dir, "127.0.0.1:0").await
@@ -84,7 +88,8 @@ async fn start_scheduler_at(c: &Cluster, dir: &Path, addr: &str) -> (Proc, Strin
     let log = dir.join(format!("scheduler-{}.log", free_port()));
     let out = File::create(&log).unwrap();
     let child = Command::new(agentq_bin())
-        .args(["scheduler", "--addr", addr])
+        .args(["scheduler", "--addr", addr, "--metrics-addr", "127.0.0.1:0"])
+        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
         .env("AGENTQ_DATABASE_URL", &c.db_url)
         .env("AGENTQ_REDIS_URL", c.redis.url())
         .env("RUST_LOG", "info")
@@ -322,8 +327,23 @@ async fn scraped_counters_equal_what_the_fake_reported() {
         );
     }
 
-    // The scheduler's queue gauges, read from XINFO at the scrape.
-    let sched = get_text(&format!("{api}/metrics")).await;
+    // The scheduler's queue gauges, read from XINFO at the scrape, on its own port: the
+    // API's answers 404 there.
+    assert_eq!(
+        reqwest::get(format!("{api}/metrics"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let sched_metrics = _sched
+        .log()
+        .split("/metrics on ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the scheduler logs its /metrics address")
+        .to_string();
+    let sched = get_text(&format!("{sched_metrics}/metrics")).await;
     assert!(
         sched.contains("agentq_queue_length{queue=\"default\"}"),
         "{sched}"
@@ -346,7 +366,7 @@ async fn scraped_counters_equal_what_the_fake_reported() {
     // A real Prometheus scraping both workers and the scheduler every second.
     let port = free_port();
     let config = dir.path().join("prometheus.yml");
-    let sched_target = api.trim_start_matches("http://").to_string();
+    let sched_target = sched_metrics.trim_start_matches("http://").to_string();
     std::fs::write(
         &config,
         format!(
@@ -430,7 +450,9 @@ struct Sse {
 
 impl Sse {
     async fn connect(api: &str, id: &str, last: Option<&str>) -> Sse {
-        let mut req = reqwest::Client::new().get(format!("{api}/v1/sessions/{id}/events"));
+        let mut req = reqwest::Client::new()
+            .get(format!("{api}/v1/sessions/{id}/events"))
+            .bearer_auth(ADMIN_KEY);
         if let Some(l) = last {
             req = req.header("last-event-id", l);
         }
@@ -647,6 +669,7 @@ async fn sse_resumes_across_a_worker_kill() {
         move || {
             Command::new(agentq_bin())
                 .args(["watch", &id, "--api-url", &api])
+                .env("AGENTQ_API_KEY", ADMIN_KEY)
                 .output()
                 .unwrap()
         }
@@ -674,6 +697,7 @@ async fn watch_survives_a_scheduler_restart() {
     let out_path = dir.path().join("watch.out");
     let mut watch = Command::new(agentq_bin())
         .args(["watch", &sub.id, "--api-url", &api])
+        .env("AGENTQ_API_KEY", ADMIN_KEY)
         .stdout(File::create(&out_path).unwrap())
         .stderr(File::create(dir.path().join("watch.err")).unwrap())
         .spawn()

@@ -16,7 +16,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_agent::tools::{LocalWorkspace, builtin_registry};
 use agentq_core::lifecycle;
-use agentq_core::policy::{DEFAULT_TENANT, Sent, SpawnContext};
+use agentq_core::policy::{Sent, SpawnContext};
 use agentq_core::queue::Delivery;
 use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 
@@ -481,8 +481,8 @@ async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> 
 }
 
 /// The tenant whose policy a session runs under.
-pub(crate) fn tenant(_row: &SessionRow) -> &str {
-    DEFAULT_TENANT
+pub(crate) fn tenant(row: &SessionRow) -> &str {
+    &row.tenant
 }
 
 /// The stored spec under its tenant's policy, checked again here because the row may have

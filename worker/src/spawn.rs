@@ -242,6 +242,9 @@ impl Tool for SpawnAgent {
                     root_id: self.parent.root_id.clone(),
                     depth,
                     idempotency_key: Some(format!("spawn:{}", ctx.idempotency_key)),
+                    idempotency_hash: None,
+                    // A child acts for its parent's caller: it must not leave the tenant.
+                    tenant: self.parent.tenant.clone(),
                 };
                 let (row, created) = self.store.create_session(&new).await.map_err(failed)?;
                 if created {

@@ -33,6 +33,11 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// The scheduler's operator key: the API calls here read every tenant.
+const ADMIN_KEY: &str = "subagents-admin-key";
+/// The tenant of every root session here; children must inherit it.
+const TENANT: &str = "acme";
+
 impl Cluster {
     async fn start(
         script: Value,
@@ -50,17 +55,19 @@ impl Cluster {
         let stop = CancellationToken::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = format!("http://{}", listener.local_addr().unwrap());
-        let settings = SchedulerSettings {
+        let mut settings = SchedulerSettings {
             sweep_interval: Duration::from_millis(200),
             sweep_age: Duration::from_millis(500),
             queues: vec!["default".into()],
             ..Default::default()
         };
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
         tokio::spawn(run_scheduler(
             store.clone(),
             queue.clone(),
             settings,
             listener,
+            None,
             stop.clone(),
         ));
         let dir = tempfile::tempdir().unwrap();
@@ -91,7 +98,17 @@ impl Cluster {
             store,
             queue,
             api,
-            http: reqwest::Client::new(),
+            http: {
+                let mut headers = reqwest::header::HeaderMap::new();
+                headers.insert(
+                    reqwest::header::AUTHORIZATION,
+                    format!("Bearer {ADMIN_KEY}").parse().unwrap(),
+                );
+                reqwest::Client::builder()
+                    .default_headers(headers)
+                    .build()
+                    .unwrap()
+            },
             stop,
             workers: handles,
             _redis: redis,
@@ -111,7 +128,7 @@ impl Cluster {
         tweak(&mut spec);
         let (row, _) = self
             .store
-            .create_session(&NewSession::root(spec, "default"))
+            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
             .await
             .unwrap();
         self.queue
@@ -249,6 +266,11 @@ async fn foreground_and_background_children_nested_two_levels() {
     assert_eq!(grand.len(), 1);
     assert_eq!(grand[0].depth, 2);
     assert_eq!(grand[0].root_id, root);
+    // Children act for their root's caller: they never leave its tenant.
+    assert_eq!(row.tenant, TENANT);
+    for ch in children.iter().chain(&grand) {
+        assert_eq!(ch.tenant, TENANT, "{ch:?}");
+    }
     // The background result is injected exactly once, in the documented format.
     let want = format!("[Background agent \"b\" ({}) completed] B answer", b.id);
     let injected: Vec<&Message> = msgs

@@ -151,6 +151,7 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
         usize::MAX,
     )?;
     range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
+    range("scheduler.key_cache_secs", s.key_cache_secs, 0, 3_600)?;
     names("scheduler.queues", &s.queues)
 }
 

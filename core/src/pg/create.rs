@@ -20,13 +20,14 @@ use crate::sql::statements::COLS;
 const INSERT_SESSIONS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
-                         $6::text[], $7::text[], $8::text[])
+                         $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
         WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
-                             idempotency_key, ord)
+                             idempotency_key, idempotency_hash, tenant, ord)
 ), ins AS (
     INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
-                          idempotency_key, history_len)
-    SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key, 1
+                          idempotency_key, idempotency_hash, tenant, history_len)
+    SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key,
+           idempotency_hash, tenant, 1
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -36,17 +37,19 @@ WITH input AS (
 )
 SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id";
 
-/// Existing rows of sessions that were not inserted, by idempotency key and by id.
+/// Existing rows of sessions that were not inserted, by (tenant, idempotency key) and by
+/// id.
 #[derive(Default)]
 struct Existing {
-    by_key: HashMap<String, SessionRow>,
+    by_key: HashMap<(String, String), SessionRow>,
     by_id: HashMap<String, SessionRow>,
 }
 
 impl Existing {
     fn add(&mut self, row: SessionRow) {
         if let Some(k) = &row.idempotency_key {
-            self.by_key.insert(k.clone(), row.clone());
+            self.by_key
+                .insert((row.tenant.clone(), k.clone()), row.clone());
         }
         self.by_id.insert(row.id.clone(), row);
     }
@@ -54,7 +57,7 @@ impl Existing {
     fn find(&self, s: &NewSession) -> Option<&SessionRow> {
         s.idempotency_key
             .as_ref()
-            .and_then(|k| self.by_key.get(k))
+            .and_then(|k| self.by_key.get(&(s.tenant.clone(), k.clone())))
             .or_else(|| self.by_id.get(&s.id))
     }
 }
@@ -102,6 +105,8 @@ async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, Ses
     let mut specs = Vec::with_capacity(n);
     let mut phases = Vec::with_capacity(n);
     let mut keys = Vec::with_capacity(n);
+    let mut hashes = Vec::with_capacity(n);
+    let mut tenants = Vec::with_capacity(n);
     for s in new {
         ids.push(s.id.as_str());
         roots.push(s.root_id.as_str());
@@ -111,6 +116,8 @@ async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, Ses
         specs.push(serde_json::to_string(&s.spec)?);
         phases.push(fresh_phase(s));
         keys.push(s.idempotency_key.as_deref());
+        hashes.push(s.idempotency_hash.as_deref());
+        tenants.push(s.tenant.as_str());
     }
     let inserted: Vec<SessionRecord> = sqlx::query_as(INSERT_SESSIONS)
         .bind(&ids)
@@ -121,6 +128,8 @@ async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, Ses
         .bind(&specs)
         .bind(&phases)
         .bind(&keys)
+        .bind(&hashes)
+        .bind(&tenants)
         .fetch_all(pool)
         .await?;
     inserted
@@ -136,14 +145,17 @@ async fn existing(pool: &PgPool, missing: &[&NewSession]) -> Result<Existing> {
         return Ok(found);
     }
     let ids: Vec<&str> = missing.iter().map(|s| s.id.as_str()).collect();
-    let keys: Vec<&str> = missing
+    let (tenants, keys): (Vec<&str>, Vec<&str>) = missing
         .iter()
-        .filter_map(|s| s.idempotency_key.as_deref())
-        .collect();
-    let sql =
-        format!("SELECT {COLS} FROM sessions WHERE id = ANY($1) OR idempotency_key = ANY($2)");
+        .filter_map(|s| Some((s.tenant.as_str(), s.idempotency_key.as_deref()?)))
+        .unzip();
+    let sql = format!(
+        "SELECT {COLS} FROM sessions WHERE id = ANY($1) \
+         OR (tenant, idempotency_key) IN (SELECT * FROM UNNEST($2::text[], $3::text[]))"
+    );
     let rows: Vec<SessionRecord> = sqlx::query_as(&sql)
         .bind(&ids)
+        .bind(&tenants)
         .bind(&keys)
         .fetch_all(pool)
         .await?;

@@ -15,9 +15,10 @@ use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::SessionState;
 
+use crate::auth::{ApiKey, Scope};
 use crate::error::Result;
 use crate::model::{InboxItem, Lease, SessionRow, SessionStatus};
-use crate::rowconv::{parse_exit, parse_phase, parse_status, to_u32, to_u64};
+use crate::rowconv::{bad_data, parse_exit, parse_phase, parse_status, to_u32, to_u64};
 
 /// A stored point in time, as either database keeps it. Also read from the JSON of a row
 /// (Postgres' `to_json`), where it is an RFC 3339 string.
@@ -64,6 +65,35 @@ fn time(s: Option<Stamp>) -> Option<DateTime<Utc>> {
     s.map(|s| s.0)
 }
 
+/// An `api_keys` row.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct KeyRecord {
+    pub id: String,
+    pub tenant: String,
+    pub scopes: String,
+    pub label: Option<String>,
+    pub secret_hash: String,
+    pub created_at: Stamp,
+    pub expires_at: Option<Stamp>,
+    pub revoked_at: Option<Stamp>,
+}
+
+impl KeyRecord {
+    pub fn into_key(self) -> Result<ApiKey> {
+        Ok(ApiKey {
+            scopes: Scope::parse_list(&self.scopes)
+                .map_err(|_| bad_data(format!("api key {}: scopes {:?}", self.id, self.scopes)))?,
+            id: self.id,
+            tenant: self.tenant,
+            label: self.label,
+            secret_hash: self.secret_hash,
+            created_at: self.created_at.0,
+            expires_at: time(self.expires_at),
+            revoked_at: time(self.revoked_at),
+        })
+    }
+}
+
 /// A stored message: its seq and its body.
 pub(crate) type StoredMessage = (i32, Json<Message>);
 
@@ -98,6 +128,8 @@ pub(crate) struct SessionRecord {
     pub attempts: i32,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
+    pub idempotency_hash: Option<String>,
+    pub tenant: String,
     pub created_at: Stamp,
     pub updated_at: Stamp,
     pub finished_at: Option<Stamp>,
@@ -149,6 +181,8 @@ impl SessionRecord {
             lease_expires_at: time(self.lease_expires_at),
             cancel_requested: self.cancel_requested,
             idempotency_key: self.idempotency_key,
+            idempotency_hash: self.idempotency_hash,
+            tenant: self.tenant,
             created_at: self.created_at.0,
             updated_at: self.updated_at.0,
             finished_at: time(self.finished_at),

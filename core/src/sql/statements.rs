@@ -29,7 +29,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
-    idempotency_key, created_at, updated_at, finished_at, turn_base, not_started, \
+    idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
@@ -49,6 +49,9 @@ where
         l => l.min(MAX_LIST),
     };
     let mut qb = QueryBuilder::new(format!("SELECT {COLS} FROM sessions WHERE true"));
+    if let Some(tenant) = &filter.tenant {
+        qb.push(" AND tenant = ").push_bind(tenant.as_str());
+    }
     if let Some(status) = filter.status {
         qb.push(" AND status = ").push_bind(status.as_str());
     }
@@ -87,7 +90,10 @@ pub(crate) enum Dialect {
 
 impl Shared {
     fn render(&self, dialect: Dialect) -> String {
-        let text = self.text.replace("COLS", COLS);
+        let text = self
+            .text
+            .replace("KEY_FIELDS", KEY_FIELDS)
+            .replace("COLS", COLS);
         match dialect {
             Dialect::Postgres => text,
             Dialect::Sqlite => sqlite(&text, self.sqlite_now),
@@ -279,6 +285,32 @@ const APPROVAL: Shared = Shared {
     sqlite_now: None,
 };
 
+/// The columns of `api_keys`, as [`super::record::KeyRecord`] reads them.
+const KEY_FIELDS: &str =
+    "id, tenant, scopes, label, secret_hash, created_at, expires_at, revoked_at";
+
+const INSERT_KEY: Shared = Shared {
+    text: "INSERT INTO api_keys (id, tenant, scopes, label, secret_hash, created_at, expires_at) \
+           VALUES ($1, $2, $3, $4, $5, now(), $6) RETURNING KEY_FIELDS",
+    sqlite_now: Some(7),
+};
+
+const LIST_KEYS: Shared = Shared {
+    text: "SELECT KEY_FIELDS FROM api_keys ORDER BY created_at, id",
+    sqlite_now: None,
+};
+
+const REVOKE_KEY: Shared = Shared {
+    text: "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1 \
+           RETURNING KEY_FIELDS",
+    sqlite_now: Some(2),
+};
+
+const KEY_BY_ID: Shared = Shared {
+    text: "SELECT KEY_FIELDS FROM api_keys WHERE id = $1",
+    sqlite_now: None,
+};
+
 /// The shared statements, rendered for one dialect.
 pub(crate) struct Statements {
     pub select_session: String,
@@ -298,6 +330,10 @@ pub(crate) struct Statements {
     pub unenqueued: String,
     pub inbox: String,
     pub approval: String,
+    pub insert_key: String,
+    pub list_keys: String,
+    pub revoke_key: String,
+    pub key_by_id: String,
 }
 
 impl Statements {
@@ -320,6 +356,10 @@ impl Statements {
             unenqueued: UNENQUEUED.render(d),
             inbox: INBOX.render(d),
             approval: APPROVAL.render(d),
+            insert_key: INSERT_KEY.render(d),
+            list_keys: LIST_KEYS.render(d),
+            revoke_key: REVOKE_KEY.render(d),
+            key_by_id: KEY_BY_ID.render(d),
         }
     }
 }
@@ -443,8 +483,13 @@ mod tests {
                 &s.unenqueued,
                 &s.inbox,
                 &s.approval,
+                &s.insert_key,
+                &s.list_keys,
+                &s.revoke_key,
+                &s.key_by_id,
             ] {
                 assert!(!sql.contains("COLS"), "{sql}");
+                assert!(!sql.contains("KEY_FIELDS"), "{sql}");
                 if d == Dialect::Sqlite {
                     for pg_only in ["now()", "::", "ANY(", "make_interval", "GREATEST"] {
                         assert!(!sql.contains(pg_only), "{pg_only} in {sql}");

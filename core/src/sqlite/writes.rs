@@ -25,8 +25,9 @@ const INSERT_CHUNK: usize = 1000;
 /// message is stored (`history_len` 1).
 const INSERT_SESSION: &str = "
 INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
-                      idempotency_key, history_len, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8)
+                      idempotency_key, history_len, created_at, updated_at,
+                      idempotency_hash, tenant)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10)
 ON CONFLICT DO NOTHING";
 
 const INSERT_SPEC: &str = "INSERT INTO session_specs (root_id, id, spec) VALUES ($1, $2, $3)";
@@ -79,6 +80,8 @@ pub(super) async fn create(
         .bind(fresh_phase(s))
         .bind(s.idempotency_key.as_deref())
         .bind(now)
+        .bind(s.idempotency_hash.as_deref())
+        .bind(&s.tenant)
         .execute(&mut *conn)
         .await?
         .rows_affected()
@@ -96,8 +99,10 @@ pub(super) async fn create(
     // Not inserted: an existing row with the same idempotency key (or id).
     let mut existing = None;
     if let Some(key) = &s.idempotency_key {
-        let by_key = format!("SELECT {COLS} FROM sessions WHERE idempotency_key = $1");
+        let by_key =
+            format!("SELECT {COLS} FROM sessions WHERE tenant = $1 AND idempotency_key = $2");
         existing = sqlx::query_as::<_, SessionRecord>(&by_key)
+            .bind(&s.tenant)
             .bind(key)
             .fetch_optional(&mut *conn)
             .await?;

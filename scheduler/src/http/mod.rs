@@ -10,13 +10,16 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use agentq_core::SessionRow;
+use agentq_core::auth::Caller;
 
 use crate::Scheduler;
 use crate::error::ApiError;
 
+pub mod auth;
 pub mod body;
 pub mod view;
 
+pub use auth::Auth;
 pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
 pub use view::session_view;
 
@@ -37,9 +40,14 @@ pub(crate) fn check_id(id: Result<Path<String>, PathRejection>) -> ApiResult<Str
     }
 }
 
-/// The session's row, or a 404.
-pub(crate) async fn get_row(s: &Scheduler, id: &str) -> ApiResult<SessionRow> {
-    s.store.get(id).await?.ok_or_else(|| not_found(id))
+/// The session's row, or a 404 — the same 404 for another tenant's session as for a
+/// missing one, so that ids of other tenants cannot be probed.
+pub(crate) async fn get_row(s: &Scheduler, caller: &Caller, id: &str) -> ApiResult<SessionRow> {
+    s.store
+        .get(id)
+        .await?
+        .filter(|row| caller.sees(&row.tenant))
+        .ok_or_else(|| not_found(id))
 }
 
 pub(crate) fn not_found(id: &str) -> ApiError {

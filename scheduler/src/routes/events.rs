@@ -12,13 +12,14 @@ use axum::response::{IntoResponse, Response};
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::events::{LastId, follow};
-use crate::http::{ApiResult, check_id, get_row};
+use crate::http::{ApiResult, Auth, check_id, get_row};
 
 /// Comments that keep an idle connection open through proxies.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 pub(super) async fn events(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
@@ -32,7 +33,7 @@ pub(super) async fn events(
             )
         })?),
     };
-    get_row(&s, &id).await?;
+    get_row(&s, &caller, &id).await?;
     let stream = follow(
         s.store.clone(),
         s.queue.clone(),

@@ -1,11 +1,19 @@
 //! The HTTP API's routes. Each module serves one part of the API and imports only the
 //! shared helpers of [`crate::http`], never another route module.
+//!
+//! [`table`] is every route with what it requires; the router is built from it and the
+//! authentication layer reads it, so a route cannot be served without an entry.
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::http::Method;
+use axum::middleware;
+use axum::routing::{MethodRouter, get, post};
+
+use agentq_core::auth::Scope;
 
 use crate::error::ApiError;
+use crate::http::auth::{self, Access, Authenticator};
 use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod events;
@@ -13,8 +21,34 @@ mod health;
 mod sessions;
 mod steer;
 
-/// The API on `state`. Serve it with `axum::serve` (the tests bind port 0).
-pub fn router(state: Scheduler) -> Router {
+/// One route: its method, its path pattern, what it requires, and its handler.
+struct Route {
+    method: Method,
+    path: &'static str,
+    access: Access,
+    handler: MethodRouter<Scheduler>,
+}
+
+fn route(
+    method: Method,
+    path: &'static str,
+    access: Access,
+    handler: MethodRouter<Scheduler>,
+) -> Route {
+    Route {
+        method,
+        path,
+        access,
+        handler,
+    }
+}
+
+/// Every route of the API (see the module docs).
+fn table(state: &Scheduler) -> Vec<Route> {
+    use Access::Open;
+    const WRITE: Access = Access::Scope(Scope::SessionsWrite);
+    const READ: Access = Access::Scope(Scope::SessionsRead);
+    const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
     // Room for a prompt and a system prompt at their limit, plus metadata and escaping;
     // the handler reports an oversize prompt by name before this limit is reached.
     let single_limit = state
@@ -22,32 +56,92 @@ pub fn router(state: Scheduler) -> Router {
         .max_prompt_bytes
         .saturating_mul(2)
         .saturating_add(1024 * 1024);
-    Router::new()
-        .route(
+    let (g, p) = (Method::GET, Method::POST);
+    vec![
+        route(
+            p.clone(),
             "/v1/sessions",
-            post(sessions::create)
-                .layer(DefaultBodyLimit::max(single_limit))
-                .get(sessions::list),
-        )
-        .route(
+            WRITE,
+            post(sessions::create).layer(DefaultBodyLimit::max(single_limit)),
+        ),
+        route(g.clone(), "/v1/sessions", READ, get(sessions::list)),
+        route(
+            p.clone(),
             "/v1/sessions/batch",
+            WRITE,
             post(sessions::create_batch)
                 .layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT.max(single_limit))),
-        )
-        .route("/v1/sessions/{id}", get(sessions::get))
-        .route(
+        ),
+        route(g.clone(), "/v1/sessions/{id}", READ, get(sessions::get)),
+        route(
+            g.clone(),
             "/v1/sessions/{id}/messages",
-            get(sessions::messages).post(steer::post_message),
-        )
-        .route("/v1/sessions/{id}/approvals", post(steer::approvals))
-        .route("/v1/sessions/{id}/tree", get(steer::tree))
-        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
-        .route("/v1/sessions/{id}/events", get(events::events))
-        .route("/metrics", get(health::metrics))
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
+            READ,
+            get(sessions::messages),
+        ),
+        route(
+            p.clone(),
+            "/v1/sessions/{id}/messages",
+            WRITE,
+            post(steer::post_message),
+        ),
+        route(
+            p.clone(),
+            "/v1/sessions/{id}/approvals",
+            APPROVE,
+            post(steer::approvals),
+        ),
+        route(g.clone(), "/v1/sessions/{id}/tree", READ, get(steer::tree)),
+        route(
+            p.clone(),
+            "/v1/sessions/{id}/cancel",
+            WRITE,
+            post(sessions::cancel),
+        ),
+        route(
+            g.clone(),
+            "/v1/sessions/{id}/events",
+            READ,
+            get(events::events),
+        ),
+        route(g.clone(), "/healthz", Open, get(health::healthz)),
+        route(g, "/readyz", Open, get(health::readyz)),
+    ]
+}
+
+/// Every route of [`router`]: (method, path pattern, what it requires).
+pub fn route_table(state: &Scheduler) -> Vec<(Method, &'static str, Access)> {
+    table(state)
+        .into_iter()
+        .map(|r| (r.method, r.path, r.access))
+        .collect()
+}
+
+/// The API on `state`. Serve it with `axum::serve` (the tests bind port 0).
+pub fn router(state: Scheduler) -> Router {
+    let routes = table(&state);
+    let authn = Authenticator::new(
+        state.store.clone(),
+        state.cfg.auth.clone(),
+        routes.iter().map(|r| (r.method.clone(), r.path, r.access)),
+    );
+    let mut app = Router::new();
+    for r in routes {
+        app = app.route(r.path, r.handler);
+    }
+    app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(authn, auth::loopback_hosts))
+        .with_state(state)
+}
+
+/// `/metrics` alone, for a listener of its own: the API's port is for keyed clients,
+/// the metrics port for the scraper (which holds no key).
+pub fn metrics_router(state: Scheduler) -> Router {
+    Router::new()
+        .route("/metrics", get(health::metrics))
+        .fallback(not_found)
         .with_state(state)
 }
 

@@ -8,19 +8,19 @@ use std::collections::BTreeMap;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{Extensions, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 
 use agentq_api::{
     BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
 };
-use agentq_core::policy::DEFAULT_TENANT;
-use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionStatus};
+use agentq_core::auth::Caller;
+use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
+    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
 };
 use crate::request::{
     Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch, parse_session,
@@ -38,15 +38,40 @@ fn limits(s: &Scheduler) -> Limits {
     }
 }
 
-/// The tenant a request acts for, whose policy its sessions pass.
-fn tenant_of(_request: &Extensions) -> &str {
-    DEFAULT_TENANT
+/// The hash an idempotency key is bound to: of what was asked (the validated spec and
+/// queue, before the tenant's policy fills in its bounds), so that key order, spacing and
+/// spelled-out defaults do not count as a different request, and neither does a policy
+/// change between a request and its repeat.
+fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
+    match &r.idempotency_key {
+        Some(_) => Ok(Some(agentq_core::auth::digest(
+            &serde_json::to_string(&(&r.spec, &r.queue)).map_err(|_| ApiError::Internal)?,
+        ))),
+        None => Ok(None),
+    }
 }
 
-fn new_session(r: SessionRequest) -> NewSession {
-    let mut n = NewSession::root(r.spec, r.queue);
+/// The session a request creates, owned by the caller's tenant.
+fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewSession {
+    let mut n = NewSession::root(r.spec, r.queue).with_tenant(&caller.tenant);
     n.idempotency_key = r.idempotency_key;
+    n.idempotency_hash = hash;
     n
+}
+
+/// A repeated idempotency key must come with the request it was first used with.
+fn check_repeat(new: &NewSession, row: &SessionRow, field: String) -> ApiResult<()> {
+    match (&new.idempotency_hash, &row.idempotency_hash) {
+        (Some(asked), Some(stored)) if asked != stored => Err(ApiError::ConflictOn {
+            field,
+            message: format!(
+                "idempotency key {:?} was used for a different request (session {})",
+                new.idempotency_key.as_deref().unwrap_or_default(),
+                row.id
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// `XADD` the new sessions of one queue and mark them enqueued. Failures are logged,
@@ -86,12 +111,17 @@ async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
 /// `POST /v1/sessions`
 pub(super) async fn create(
     State(s): State<Scheduler>,
-    request: Extensions,
+    Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let mut req = parse_session(body, &limits(&s), "")?;
-    admit(&mut req, s.cfg.policy.for_tenant(tenant_of(&request)), "")?;
-    let (row, created) = s.store.create_session(&new_session(req)).await?;
+    let hash = request_hash(&req)?;
+    admit(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
+    let new = new_session(req, &caller, hash);
+    let (row, created) = s.store.create_session(&new).await?;
+    if !created {
+        check_repeat(&new, &row, "idempotency_key".into())?;
+    }
     if created {
         tracing::info!(session_id = %row.id, queue = %row.queue, "session created");
         enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
@@ -116,12 +146,20 @@ pub(super) async fn create(
 /// `POST /v1/sessions/batch`
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
-    request: Extensions,
+    Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let mut reqs = parse_batch(body, &limits(&s))?;
-    admit_batch(&mut reqs, s.cfg.policy.for_tenant(tenant_of(&request)))?;
-    let new: Vec<NewSession> = reqs.into_iter().map(new_session).collect();
+    let hashes = reqs
+        .iter()
+        .map(request_hash)
+        .collect::<ApiResult<Vec<_>>>()?;
+    admit_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
+    let new: Vec<NewSession> = reqs
+        .into_iter()
+        .zip(hashes)
+        .map(|(r, h)| new_session(r, &caller, h))
+        .collect();
     let rows = s.store.create_sessions(&new).await?;
 
     let mut by_queue: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -141,6 +179,12 @@ pub(super) async fn create_batch(
     );
     for (queue, ids) in &by_queue {
         enqueue(&s, queue, ids).await;
+    }
+    // After the enqueue: the new sessions of the batch are committed and must run.
+    for (i, (n, (row, created))) in new.iter().zip(&rows).enumerate() {
+        if !created {
+            check_repeat(n, row, format!("[{i}].idempotency_key"))?;
+        }
     }
     let answer = BatchResponse {
         sessions: rows
@@ -162,13 +206,15 @@ pub(super) async fn create_batch(
 /// `GET /v1/sessions/{id}`
 pub(super) async fn get(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    let row = get_row(&s, &id).await?;
+    let row = get_row(&s, &caller, &id).await?;
     let children: Vec<String> = s
         .store
         .list(&ListFilter {
+            tenant: caller.tenant_filter(),
             parent_id: Some(id.clone()),
             limit: MAX_CHILDREN,
             ..Default::default()
@@ -189,9 +235,11 @@ pub(super) async fn get(
 /// `GET /v1/sessions/{id}/messages`
 pub(super) async fn messages(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    get_row(&s, &caller, &id).await?;
     let mut messages = s.store.messages(&id).await?;
     // Parallel tool results are stored as they finished; clients read them in call order.
     agentq_agent::state::normalize_history(&mut messages);
@@ -201,6 +249,7 @@ pub(super) async fn messages(
 /// `GET /v1/sessions`
 pub(super) async fn list(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
@@ -238,6 +287,7 @@ pub(super) async fn list(
     let mut rows = s
         .store
         .list(&ListFilter {
+            tenant: caller.tenant_filter(),
             status,
             parent_id: q.parent_id.filter(|p| !p.is_empty()),
             limit: limit + 1,
@@ -263,9 +313,11 @@ pub(super) async fn list(
 /// `POST /v1/sessions/{id}/cancel`
 pub(super) async fn cancel(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    get_row(&s, &caller, &id).await?;
     let result = s.store.request_cancel(&id).await?;
     agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
     match result {

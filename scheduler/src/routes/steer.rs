@@ -12,6 +12,7 @@ use agentq_agent::schema::Role;
 use agentq_api::{
     ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse, TreeNode,
 };
+use agentq_core::auth::Caller;
 use agentq_core::lifecycle;
 use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
 use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
@@ -19,8 +20,8 @@ use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields, not_found,
-    object, respond, session_view,
+    ApiResult, Auth, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields,
+    not_found, object, respond, session_view,
 };
 
 /// Largest steering message accepted.
@@ -75,6 +76,7 @@ fn check_content_size(body: &Map<String, Value>) -> ApiResult<()> {
 /// `POST /v1/sessions/{id}/messages`
 pub(super) async fn post_message(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
@@ -83,7 +85,7 @@ pub(super) async fn post_message(
     known_fields::<PostMessage>(&body)?;
     check_content_size(&body)?;
     let PostMessage { content, strategy } = decode_fields(body)?;
-    let row = get_row(&s, &id).await?;
+    let row = get_row(&s, &caller, &id).await?;
     if row.status.is_terminal() {
         // A finished session takes any message as a new turn with its full history.
         return follow_up(&s, &row, &content).await;
@@ -161,10 +163,12 @@ async fn is_pending(s: &Scheduler, id: &str, call_id: &str) -> ApiResult<bool> {
 /// `POST /v1/sessions/{id}/approvals`
 pub(super) async fn approvals(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
+    get_row(&s, &caller, &id).await?;
     let ApprovalRequest {
         tool_call_id,
         approve,
@@ -210,17 +214,19 @@ pub(super) async fn approvals(
 /// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested.
 pub(super) async fn tree(
     State(s): State<Scheduler>,
+    Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    let root = get_row(&s, &id).await?;
+    let root = get_row(&s, &caller, &id).await?;
     let mut count = 1usize;
-    let node = subtree(&s, root, &mut count).await?;
+    let node = subtree(&s, &caller, root, &mut count).await?;
     respond(StatusCode::OK, &node)
 }
 
 fn subtree<'a>(
     s: &'a Scheduler,
+    caller: &'a Caller,
     row: SessionRow,
     count: &'a mut usize,
 ) -> futures::future::BoxFuture<'a, ApiResult<TreeNode>> {
@@ -228,6 +234,7 @@ fn subtree<'a>(
         let children = s
             .store
             .list(&ListFilter {
+                tenant: caller.tenant_filter(),
                 parent_id: Some(row.id.clone()),
                 limit: 10_000,
                 ..Default::default()
@@ -240,7 +247,7 @@ fn subtree<'a>(
             if *count > MAX_TREE {
                 break;
             }
-            nodes.push(subtree(s, child, count).await?);
+            nodes.push(subtree(s, caller, child, count).await?);
         }
         Ok(TreeNode {
             session: session_view(&row),

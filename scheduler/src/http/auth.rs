@@ -1,0 +1,365 @@
+//! Who is calling: the one check every route of the API passes through.
+//!
+//! [`require`] runs on every matched route (a `route_layer` of the router). It looks the
+//! route up in the access table the router is built from ([`crate::routes`]): a route
+//! missing from the table is refused, so a new route cannot be served unchecked. An open
+//! route (`/healthz`, `/readyz`) passes; any other needs `Authorization: Bearer <key>`
+//! naming a key that exists, is neither expired nor revoked, and holds the route's scope.
+//! The [`Caller`] it runs as goes into the request's extensions, where handlers take it
+//! with the [`Auth`] extractor and scope every read and write by its tenant.
+//!
+//! Keys are checked without a database round trip once seen: a key's row is cached for
+//! `key_cache_secs` (a revoked key is refused at most that long after the revocation;
+//! its expiry is checked on every request), and ids that name no key are remembered in a
+//! bounded negative cache, so a flood of made-up keys does not cost a query each.
+//!
+//! [`loopback_hosts`] is the DNS-rebinding defence of `agentq dev`: a browser page whose
+//! name was rebound to 127.0.0.1 still sends its own name as `Host`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use agentq_core::Store;
+use agentq_core::auth::{self, ApiKey, Caller, KeyRejected, Scope};
+
+use crate::error::ApiError;
+
+/// Ids that named no key, remembered at most this many at once (then forgotten all
+/// together: garbage must not grow the process).
+const MAX_NEGATIVE: usize = 10_000;
+/// Keys whose rows are cached at most this many at once.
+const MAX_POSITIVE: usize = 10_000;
+
+/// What a route requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Served to anyone (liveness and readiness probes).
+    Open,
+    /// A key holding this scope (or `admin`).
+    Scope(Scope),
+}
+
+/// How the API authenticates.
+#[derive(Debug, Clone)]
+pub struct AuthSettings {
+    /// SHA-256 (hex) of the operator's admin key (`AGENTQ_ADMIN_KEY`), if one is set.
+    pub admin_key_hash: Option<String>,
+    /// A request without a key runs as [`Caller::local`] (a loopback `agentq dev`); a
+    /// presented key is still checked.
+    pub keyless: bool,
+    /// Serve only requests whose `Host` is a loopback name.
+    pub loopback_hosts_only: bool,
+    /// How long a key's row is trusted without reading it again.
+    pub cache_ttl: Duration,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        AuthSettings {
+            admin_key_hash: None,
+            keyless: false,
+            loopback_hosts_only: false,
+            cache_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl AuthSettings {
+    /// Accept `key` as the admin key.
+    pub fn with_admin_key(mut self, key: &str) -> Self {
+        self.admin_key_hash = Some(auth::hash_key(key));
+        self
+    }
+}
+
+#[derive(Default)]
+struct Cache {
+    /// Key id → its row and when it was read.
+    known: HashMap<String, (ApiKey, Instant)>,
+    /// Key ids that named no row, and when that was found.
+    unknown: HashMap<String, Instant>,
+}
+
+/// The key check and its cache. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Authenticator {
+    keys: Arc<dyn Store>,
+    settings: Arc<AuthSettings>,
+    /// (method, path pattern, what it requires): the router's own table.
+    table: Arc<Vec<(Method, &'static str, Access)>>,
+    cache: Arc<Mutex<Cache>>,
+}
+
+impl Authenticator {
+    pub fn new(
+        keys: Arc<dyn Store>,
+        settings: AuthSettings,
+        table: impl IntoIterator<Item = (Method, &'static str, Access)>,
+    ) -> Self {
+        Authenticator {
+            keys,
+            settings: Arc::new(settings),
+            table: Arc::new(table.into_iter().collect()),
+            cache: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the route of `method` and `path` (its pattern) requires; `None`: not in the
+    /// table.
+    fn access(&self, method: &Method, path: &str) -> Option<Access> {
+        // axum answers HEAD with the GET handler: it needs what GET needs.
+        let method = if method == Method::HEAD {
+            &Method::GET
+        } else {
+            method
+        };
+        self.table
+            .iter()
+            .find(|(m, p, _)| m == method && *p == path)
+            .map(|(_, _, a)| *a)
+    }
+
+    /// The caller `key` authenticates, or why not.
+    pub async fn authenticate(&self, key: &str) -> Result<Caller, ApiError> {
+        if let Some(admin) = &self.settings.admin_key_hash
+            && auth::matches_hash(key, admin)
+        {
+            return Ok(Caller::admin());
+        }
+        let Some(id) = auth::key_id(key) else {
+            return Err(unauthorized(&KeyRejected::Unknown.to_string()));
+        };
+        let row = self.key_row(id).await?;
+        auth::verify(key, row.as_ref(), chrono::Utc::now())
+            .map_err(|e| unauthorized(&e.to_string()))
+    }
+
+    /// The row of key `id`, from the cache when fresh.
+    async fn key_row(&self, id: &str) -> Result<Option<ApiKey>, ApiError> {
+        let ttl = self.settings.cache_ttl;
+        {
+            let cache = self.lock();
+            if let Some((row, at)) = cache.known.get(id)
+                && at.elapsed() < ttl
+            {
+                return Ok(Some(row.clone()));
+            }
+            if let Some(at) = cache.unknown.get(id)
+                && at.elapsed() < ttl
+            {
+                return Ok(None);
+            }
+        }
+        let row = self.keys.key(id).await?;
+        let mut cache = self.lock();
+        let now = Instant::now();
+        match &row {
+            Some(r) => {
+                if cache.known.len() >= MAX_POSITIVE {
+                    cache.known.retain(|_, (_, at)| at.elapsed() < ttl);
+                    if cache.known.len() >= MAX_POSITIVE {
+                        cache.known.clear();
+                    }
+                }
+                cache.known.insert(id.to_string(), (r.clone(), now));
+                cache.unknown.remove(id);
+            }
+            None => {
+                if cache.unknown.len() >= MAX_NEGATIVE {
+                    cache.unknown.clear();
+                }
+                cache.unknown.insert(id.to_string(), now);
+            }
+        }
+        Ok(row)
+    }
+}
+
+fn unauthorized(why: &str) -> ApiError {
+    ApiError::Unauthorized(format!(
+        "{why}: send `Authorization: Bearer <key>` with a key from `agentq keys create`"
+    ))
+}
+
+/// The key of an `Authorization: Bearer <key>` header; `Ok(None)` without the header.
+fn bearer(value: Option<&HeaderValue>) -> Result<Option<&str>, ApiError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| unauthorized("the Authorization header is not text"))?;
+    let (scheme, key) = value
+        .split_once(' ')
+        .ok_or_else(|| unauthorized("the Authorization header is not `Bearer <key>`"))?;
+    if !scheme.eq_ignore_ascii_case("bearer") || key.trim().is_empty() {
+        return Err(unauthorized(
+            "the Authorization header is not `Bearer <key>`",
+        ));
+    }
+    Ok(Some(key.trim()))
+}
+
+/// The check of every route (see the module docs).
+pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string());
+    let authorization = req.headers().get(header::AUTHORIZATION).cloned();
+    match check(&a, &method, path.as_deref(), authorization.as_ref()).await {
+        Ok(Some(caller)) => {
+            req.extensions_mut().insert(caller);
+            next.run(req).await
+        }
+        Ok(None) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The caller of `req`; `None` for an open route.
+async fn check(
+    a: &Authenticator,
+    method: &Method,
+    path: Option<&str>,
+    authorization: Option<&HeaderValue>,
+) -> Result<Option<Caller>, ApiError> {
+    let access = path.and_then(|p| a.access(method, p));
+    let scope = match access {
+        Some(Access::Open) => return Ok(None),
+        Some(Access::Scope(scope)) => scope,
+        None => {
+            tracing::error!(%method, path = ?path, "route missing from the access table");
+            return Err(ApiError::Forbidden {
+                field: None,
+                message: "this route is not open to any key".into(),
+            });
+        }
+    };
+    let caller = match bearer(authorization)? {
+        Some(key) => a.authenticate(key).await?,
+        None if a.settings.keyless => Caller::local(),
+        None => return Err(unauthorized("no API key")),
+    };
+    if !caller.allows(scope) {
+        return Err(ApiError::Forbidden {
+            field: None,
+            message: format!("the API key lacks the scope `{scope}`"),
+        });
+    }
+    Ok(Some(caller))
+}
+
+/// Whether `host` (a `Host` header: a name or address, maybe with a port) is loopback.
+pub fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // `[::1]` or `[::1]:7700`
+        match rest.split_once(']') {
+            Some((addr, "")) => addr,
+            Some((addr, port)) if port.strip_prefix(':').is_some_and(valid_port) => addr,
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if valid_port(port) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name == "127.0.0.1"
+        || name
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| a.is_loopback())
+}
+
+fn valid_port(p: &str) -> bool {
+    !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+}
+
+/// Refuse a request whose `Host` is not loopback (when so configured), before anything
+/// else (the fallback included).
+pub async fn loopback_hosts(State(a): State<Authenticator>, req: Request, next: Next) -> Response {
+    if a.settings.loopback_hosts_only {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok());
+        if !host.is_some_and(is_loopback_host) {
+            return ApiError::Forbidden {
+                field: Some("Host".into()),
+                message: format!(
+                    "the Host header {:?} is not a loopback name (localhost, 127.0.0.1, [::1]): \
+                     this server answers local clients only",
+                    host.unwrap_or("")
+                ),
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// The authenticated caller of a request (put there by [`require`]). A handler that
+/// takes it on a route that did not authenticate answers 500: fail closed.
+#[derive(Debug, Clone)]
+pub struct Auth(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        match parts.extensions.get::<Caller>() {
+            Some(c) => Ok(Auth(c.clone())),
+            None => {
+                tracing::error!("a handler needs a caller on a route that did not authenticate");
+                Err(ApiError::Internal)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_are_told_apart() {
+        for ok in [
+            "localhost",
+            "localhost:7700",
+            "LOCALHOST:1",
+            "127.0.0.1",
+            "127.0.0.1:7700",
+            "[::1]",
+            "[::1]:7700",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "attacker.example",
+            "attacker.example:7700",
+            "localhost.attacker.example",
+            "127.0.0.1.nip.io",
+            "10.0.0.1:7700",
+            "[::2]:7700",
+            "localhost:x",
+            "[::1]x",
+            "",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
+}
