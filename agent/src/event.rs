@@ -30,6 +30,15 @@ pub enum AgentEvent {
         content: String,
         is_error: bool,
     },
+    /// A sensitive call is held until a human decides on it; the session suspends once
+    /// the calls of its round are done. Emitted once per call, by the run that first held
+    /// it, at the position of the response that made it (or later, when that response was
+    /// committed by a run before this one).
+    ApprovalRequested {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
     IterationCompleted {
         iteration: u32,
         usage: Usage,

@@ -579,12 +579,89 @@ fn pretty(body: &impl Serialize) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(&serde_json::to_value(body)?)?)
 }
 
-/// `agentq status ID`
+/// `agentq status ID`: the session as JSON on stdout; the calls it holds for a decision,
+/// with the commands that decide them, on stderr (so the JSON stays pipeable).
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
     let view: SessionDetail = api.get(&format!("/v1/sessions/{}", args.id)).await?;
     println!("{}", pretty(&view)?);
+    for line in pending_lines(&view.session.id, &view.pending_approvals) {
+        eprintln!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Tool arguments are shown up to this many characters where a held call is listed.
+const ARGS_CHARS: usize = 120;
+
+/// `s` on one line, cut to `max` characters.
+pub fn one_line(s: &str, max: usize) -> String {
+    let flat = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// `s` as one shell word. Call ids come from the model's provider, so anything but a
+/// plain word is quoted, control characters escaped: the printed command is safe to paste.
+pub fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_.:+=@%/,".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return s.to_string();
+    }
+    if !s.chars().any(char::is_control) {
+        return format!("'{}'", s.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The commands that approve or deny a held call.
+pub fn decide_commands(session_id: &str, call_id: &str) -> String {
+    let (s, c) = (shell_word(session_id), shell_word(call_id));
+    format!("agentq approve {s} {c}  |  agentq deny {s} {c} --reason '...'")
+}
+
+/// What `status` prints about the calls a session holds: none, or a header and two lines
+/// per call (the call, then how to decide it).
+pub fn pending_lines(session_id: &str, pending: &[agentq_api::PendingApproval]) -> Vec<String> {
+    if pending.is_empty() {
+        return Vec::new();
+    }
+    let deadline = pending
+        .iter()
+        .find_map(|p| p.deadline)
+        .map(|d| format!(" (denied as `timeout` after {})", d.to_rfc3339()))
+        .unwrap_or_default();
+    let mut out = vec![format!(
+        "{} tool call(s) await approval{deadline}:",
+        pending.len()
+    )];
+    for p in pending {
+        out.push(format!(
+            "  {} {}({})",
+            shell_word(&p.tool_call_id),
+            p.tool,
+            one_line(&p.arguments.to_string(), ARGS_CHARS)
+        ));
+        out.push(format!(
+            "      {}",
+            decide_commands(session_id, &p.tool_call_id)
+        ));
+    }
+    out
 }
 
 /// `agentq cancel ID`

@@ -24,7 +24,7 @@ use agentq_core::SessionStatus;
 use agentq_core::config::Config;
 use agentq_core::protocol::EventKind;
 
-use crate::client::ApiArgs;
+use crate::client::{ApiArgs, decide_commands, shell_word};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -103,6 +103,8 @@ impl SseParser {
 /// Turns events into terminal output.
 struct Printer {
     json: bool,
+    /// The session followed, for the commands that decide on its held calls.
+    session: String,
     /// A text delta left the cursor mid-line.
     mid_line: bool,
 }
@@ -182,6 +184,21 @@ impl Printer {
                 let mark = if is_error { "✗" } else { "←" };
                 self.line(out, &format!("{mark} {name}: {}", short(&content)))?;
             }
+            AgentEvent::ApprovalRequested {
+                id,
+                name,
+                arguments,
+            } => {
+                let args = short(&arguments.to_string());
+                self.line(
+                    out,
+                    &format!(
+                        "⏸ {name}({args}) awaits approval, call {}: {}",
+                        shell_word(&id),
+                        decide_commands(&self.session, &id)
+                    ),
+                )?;
+            }
             AgentEvent::IterationCompleted { .. } if self.mid_line => {
                 writeln!(out)?;
                 self.mid_line = false;
@@ -246,6 +263,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
         .context("cannot build the HTTP client")?;
     let mut printer = Printer {
         json: args.json,
+        session: args.id.clone(),
         mid_line: false,
     };
     let mut stdout = std::io::stdout();
@@ -357,6 +375,7 @@ mod tests {
     fn prints_compactly_and_reports_the_finish() {
         let mut p = Printer {
             json: false,
+            session: "s1".into(),
             mid_line: false,
         };
         let mut out = Vec::new();
@@ -392,6 +411,14 @@ mod tests {
             ),
         )
         .unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "approval_requested",
+                r#"{"type":"approval_requested","id":"c2","name":"write_file","arguments":{"path":"a.txt"},"seq":1}"#,
+            ),
+        )
+        .unwrap();
         let done = p
             .handle(
                 &mut out,
@@ -409,6 +436,13 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "⏸ write_file({\"path\":\"a.txt\"}) awaits approval, call c2: \
+                 agentq approve s1 c2  |  agentq deny s1 c2 --reason '...'\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("[session finished: stop; 2 iterations; 5 input / 7 output tokens]"));
     }
 
@@ -416,6 +450,7 @@ mod tests {
     fn resets_rebuilt_completions_and_errors() {
         let mut p = Printer {
             json: false,
+            session: "s1".into(),
             mid_line: false,
         };
         let mut out = Vec::new();

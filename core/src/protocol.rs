@@ -256,18 +256,20 @@ pub enum EventKind {
     ThinkingDelta,
     ToolCall,
     ToolResult,
+    ApprovalRequested,
     IterationCompleted,
     SessionCompleted,
     Error,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 9] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
         EventKind::ToolCall,
         EventKind::ToolResult,
+        EventKind::ApprovalRequested,
         EventKind::IterationCompleted,
         EventKind::SessionCompleted,
         EventKind::Error,
@@ -280,6 +282,7 @@ impl EventKind {
             EventKind::ThinkingDelta => "thinking_delta",
             EventKind::ToolCall => "tool_call",
             EventKind::ToolResult => "tool_result",
+            EventKind::ApprovalRequested => "approval_requested",
             EventKind::IterationCompleted => "iteration_completed",
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
@@ -297,6 +300,7 @@ impl EventKind {
             AgentEvent::ThinkingDelta { .. } => EventKind::ThinkingDelta,
             AgentEvent::ToolCall { .. } => EventKind::ToolCall,
             AgentEvent::ToolResult { .. } => EventKind::ToolResult,
+            AgentEvent::ApprovalRequested { .. } => EventKind::ApprovalRequested,
             AgentEvent::IterationCompleted { .. } => EventKind::IterationCompleted,
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
@@ -412,6 +416,18 @@ mod tests {
         };
         let json = serde_json::to_string(&ev).unwrap();
         assert_eq!(EventKind::of_json(&json), Some(EventKind::of(&ev)));
+        let held = AgentEvent::ApprovalRequested {
+            id: "c".into(),
+            name: "write_file".into(),
+            arguments: serde_json::json!({"path": "a"}),
+        };
+        let json = serde_json::to_string(&held).unwrap();
+        assert_eq!(
+            EventKind::of_json(&json),
+            Some(EventKind::ApprovalRequested)
+        );
+        assert_eq!(EventKind::of(&held), EventKind::ApprovalRequested);
+        assert!(!EventKind::ApprovalRequested.marks_llm_call());
         assert_eq!(EventKind::of_json(r#"{"type":"x"}"#), None);
         assert_eq!(EventKind::of_json("not json"), None);
     }

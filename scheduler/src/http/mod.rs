@@ -18,7 +18,7 @@ pub mod body;
 pub mod view;
 
 pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
-pub use view::session_view;
+pub use view::{pending_approval, session_view};
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
