@@ -895,6 +895,54 @@ mod tests {
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(one_line("a\n  b", 10), "a b");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn held_call_ids_are_pasteable() {
+        assert_eq!(shell_word("call_AbC-1.2:3"), "call_AbC-1.2:3");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("$(rm -rf ~)"), "'$(rm -rf ~)'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+        // No raw control character reaches the terminal.
+        assert_eq!(shell_word("a\u{1b}[2J'"), r"$'a\u001b[2J\''");
+    }
+
+    #[test]
+    fn pending_approvals_say_how_to_decide() {
+        assert!(pending_lines("s1", &[]).is_empty());
+        let deadline = serde_json::from_value(json!("2026-12-01T09:00:00Z")).unwrap();
+        let held = |id: &str, args: Value| agentq_api::PendingApproval {
+            tool_call_id: id.into(),
+            tool: "write_file".into(),
+            arguments: args,
+            deadline: Some(deadline),
+        };
+        let lines = pending_lines(
+            "s1",
+            &[
+                held("c1", json!({"path": "a.txt"})),
+                held("c 2", json!({"content": "x".repeat(500)})),
+            ],
+        );
+        assert_eq!(
+            lines[0],
+            "2 tool call(s) await approval (denied as `timeout` after 2026-12-01T09:00:00+00:00):"
+        );
+        assert_eq!(lines[1], r#"  c1 write_file({"path":"a.txt"})"#);
+        assert_eq!(
+            lines[2],
+            "      agentq approve s1 c1  |  agentq deny s1 c1 --reason '...'"
+        );
+        assert!(lines[3].starts_with("  'c 2' write_file({\"content\":\"xxx"));
+        assert!(
+            lines[3].ends_with("…)") && lines[3].chars().count() < 160,
+            "{}",
+            lines[3]
+        );
+        assert!(lines[4].contains("agentq approve s1 'c 2'"), "{}", lines[4]);
     }
 }
 
@@ -902,7 +950,7 @@ mod tests {
 pub struct DecideArgs {
     /// The session holding the call.
     pub id: String,
-    /// The held tool call's id (see `agentq status ID` / the session's messages).
+    /// The held tool call's id (`agentq status ID` lists the calls a session holds).
     pub tool_call_id: String,
     /// Why (shown to the model when denied).
     #[arg(long)]

@@ -1,6 +1,7 @@
 //! `agentq watch ID`: follow a session live over `GET /v1/sessions/{id}/events` (SSE).
 //! The server replays the session from its start, then tails it; this prints text deltas
-//! inline and tool calls and results one line each. A dropped connection is resumed with
+//! inline and tool calls and results one line each; a call held for approval is shown with
+//! the commands that decide it. A dropped connection is resumed with
 //! `Last-Event-ID` (bounded retries with backoff), so nothing is printed twice and nothing
 //! is skipped. A `reset` event (a worker died mid-step and another redoes it) is shown as
 //! a notice: a terminal cannot take back what it printed. Event data is read as the types
@@ -24,7 +25,7 @@ use agentq_core::SessionStatus;
 use agentq_core::config::Config;
 use agentq_core::protocol::EventKind;
 
-use crate::client::{ApiArgs, decide_commands, shell_word};
+use crate::client::{ApiArgs, decide_commands, one_line, shell_word};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -110,13 +111,7 @@ struct Printer {
 }
 
 fn short(s: &str) -> String {
-    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= SHOW_CHARS {
-        one_line
-    } else {
-        let cut: String = one_line.chars().take(SHOW_CHARS).collect();
-        format!("{cut}…")
-    }
+    one_line(s, SHOW_CHARS)
 }
 
 impl Printer {

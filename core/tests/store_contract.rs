@@ -1687,7 +1687,7 @@ async fn contract_pending_approvals(store: &dyn Store) {
     let asked: Vec<String> = ["r", "call_00000", "w2"].map(String::from).into();
     assert_eq!(
         store.pending_approvals(&id, &asked).await.unwrap(),
-        [w2.clone()]
+        std::slice::from_ref(&w2)
     );
     assert!(store.pending_approvals(&id, &[]).await.unwrap().is_empty());
     assert!(
@@ -1704,7 +1704,7 @@ async fn contract_pending_approvals(store: &dyn Store) {
     assert_eq!(row.status, SessionStatus::Queued);
     assert_eq!(
         store.pending_approvals(&id, &row.held_calls).await.unwrap(),
-        [w2.clone()]
+        std::slice::from_ref(&w2)
     );
 
     // The approved call ran; the other is held again.
@@ -1719,7 +1719,7 @@ async fn contract_pending_approvals(store: &dyn Store) {
     assert_eq!(row.held_calls, ["w2"]);
     assert_eq!(
         store.pending_approvals(&id, &row.held_calls).await.unwrap(),
-        [w2.clone()]
+        std::slice::from_ref(&w2)
     );
 
     // Cancelled while holding: the row still records the call, the session holds nothing.
