@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use agentq_testkit::{RedisServer, shared_postgres};
 use serde_json::{Value, json};
 
+/// The operator allows the write this test holds (the default policy allows reads only).
+const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
+
 fn agentq() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
     for k in [
@@ -21,6 +24,7 @@ fn agentq() -> Command {
         "AGENTQ_API_ADDR",
         "AGENTQ_CONFIG",
         "AGENTQ_SCRIPT",
+        "AGENTQ_POLICY_TOOLS",
     ] {
         c.env_remove(k);
     }
@@ -108,6 +112,7 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
         .args(["scheduler", "--addr", "127.0.0.1:0"])
         .env("AGENTQ_DATABASE_URL", &db)
         .env("AGENTQ_REDIS_URL", redis.url())
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -130,6 +135,7 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
         .arg("--workspace-root")
         .arg(dir.path().join("ws"))
         .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -698,7 +698,10 @@ fn approval_requests(events: &[(String, Value)]) -> Vec<&Value> {
 /// on replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_approvals_are_listed_and_announced() {
-    let c = Cluster::start(two_writes_script(), 1, 4, |_| {}).await;
+    let c = Cluster::start(two_writes_script(), 1, 4, |cfg| {
+        cfg.policy = policy_with(|p| p.tools.push("write_file".into()));
+    })
+    .await;
     let id = c
         .submit("write two files", &["write_file", "list_dir"], |s| {
             s.sensitive_tools = vec!["write_file".into()];
