@@ -39,6 +39,16 @@ pub enum AgentEvent {
         name: String,
         arguments: Value,
     },
+    /// A run found the decision on a call it asked a human about: approved, or not (with
+    /// the reason the model is told: the reviewer's, or `timeout`). Emitted by the host's
+    /// approver when the call is checked again, before it runs or gets its denial.
+    ApprovalDecided {
+        id: String,
+        name: String,
+        approved: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     IterationCompleted {
         iteration: u32,
         usage: Usage,

@@ -194,6 +194,19 @@ impl Printer {
                     ),
                 )?;
             }
+            AgentEvent::ApprovalDecided {
+                id,
+                name,
+                approved,
+                reason,
+            } => {
+                let verdict = match (approved, reason) {
+                    (true, _) => "approved".to_string(),
+                    (false, Some(r)) => format!("denied: {}", short(&r)),
+                    (false, None) => "denied".to_string(),
+                };
+                self.line(out, &format!("▶ {name} call {} {verdict}", shell_word(&id)))?;
+            }
             AgentEvent::IterationCompleted { .. } if self.mid_line => {
                 writeln!(out)?;
                 self.mid_line = false;
@@ -414,6 +427,14 @@ mod tests {
             ),
         )
         .unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "approval_decided",
+                r#"{"type":"approval_decided","id":"c2","name":"write_file","approved":false,"reason":"not today","seq":2}"#,
+            ),
+        )
+        .unwrap();
         let done = p
             .handle(
                 &mut out,
@@ -434,7 +455,8 @@ mod tests {
         assert!(
             text.contains(
                 "⏸ write_file({\"path\":\"a.txt\"}) awaits approval, call c2: \
-                 agentq approve s1 c2  |  agentq deny s1 c2 --reason '...'\n"
+                 agentq approve s1 c2  |  agentq deny s1 c2 --reason '...'\n\
+                 ▶ write_file call c2 denied: not today\n"
             ),
             "{text}"
         );

@@ -201,6 +201,10 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
         )),
         "{shown}"
     );
+    assert!(
+        shown.contains("▶ write_file call call_w1 approved"),
+        "{shown}"
+    );
     assert!(shown.contains("← write_file"), "{shown}");
     assert_eq!(
         std::fs::read_to_string(

@@ -257,19 +257,21 @@ pub enum EventKind {
     ToolCall,
     ToolResult,
     ApprovalRequested,
+    ApprovalDecided,
     IterationCompleted,
     SessionCompleted,
     Error,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
         EventKind::ToolCall,
         EventKind::ToolResult,
         EventKind::ApprovalRequested,
+        EventKind::ApprovalDecided,
         EventKind::IterationCompleted,
         EventKind::SessionCompleted,
         EventKind::Error,
@@ -283,6 +285,7 @@ impl EventKind {
             EventKind::ToolCall => "tool_call",
             EventKind::ToolResult => "tool_result",
             EventKind::ApprovalRequested => "approval_requested",
+            EventKind::ApprovalDecided => "approval_decided",
             EventKind::IterationCompleted => "iteration_completed",
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
@@ -301,6 +304,7 @@ impl EventKind {
             AgentEvent::ToolCall { .. } => EventKind::ToolCall,
             AgentEvent::ToolResult { .. } => EventKind::ToolResult,
             AgentEvent::ApprovalRequested { .. } => EventKind::ApprovalRequested,
+            AgentEvent::ApprovalDecided { .. } => EventKind::ApprovalDecided,
             AgentEvent::IterationCompleted { .. } => EventKind::IterationCompleted,
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
@@ -428,6 +432,15 @@ mod tests {
         );
         assert_eq!(EventKind::of(&held), EventKind::ApprovalRequested);
         assert!(!EventKind::ApprovalRequested.marks_llm_call());
+        let decided = AgentEvent::ApprovalDecided {
+            id: "c".into(),
+            name: "write_file".into(),
+            approved: false,
+            reason: Some("timeout".into()),
+        };
+        let json = serde_json::to_string(&decided).unwrap();
+        assert_eq!(EventKind::of_json(&json), Some(EventKind::ApprovalDecided));
+        assert_eq!(EventKind::of(&decided), EventKind::ApprovalDecided);
         assert_eq!(EventKind::of_json(r#"{"type":"x"}"#), None);
         assert_eq!(EventKind::of_json("not json"), None);
     }

@@ -661,6 +661,20 @@ async fn approvals_approve_deny_and_time_out() {
         "{}",
         r[0].content
     );
+    // The streams say how each was decided.
+    for (id, reason) in [(&d, "not today"), (&t, "timeout")] {
+        let evs = c
+            .events_until(id, |evs| evs.iter().any(|(e, _)| e == "session_completed"))
+            .await;
+        let decided: Vec<&Value> = evs
+            .iter()
+            .filter(|(e, _)| e == "approval_decided")
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(decided.len(), 1, "{evs:?}");
+        assert_eq!(decided[0]["approved"], false);
+        assert_eq!(decided[0]["reason"], reason);
+    }
 
     // A call that is not held is refused, naming the field.
     let (st, body) = c
@@ -816,6 +830,24 @@ async fn pending_approvals_are_listed_and_announced() {
         .await;
     let asked = approval_requests(&replay);
     assert_eq!(asked.len(), 2, "{replay:?}");
+    // And each decision once, as the run that acted on it found it, before its result.
+    let decided: Vec<(&str, &Value)> = replay
+        .iter()
+        .filter(|(e, _)| e == "approval_decided")
+        .map(|(_, d)| (d["id"].as_str().unwrap(), &d["approved"]))
+        .collect();
+    assert_eq!(
+        decided,
+        [(w1.as_str(), &json!(true)), (w2.as_str(), &json!(true))],
+        "{replay:?}"
+    );
+    let position = |kind: &str, call: &str| {
+        replay
+            .iter()
+            .position(|(e, d)| e == kind && d["id"] == call)
+            .unwrap()
+    };
+    assert!(position("approval_decided", &w2) < position("tool_result", &w2));
     c.shutdown().await;
 }
 
