@@ -30,6 +30,25 @@ pub enum AgentEvent {
         content: String,
         is_error: bool,
     },
+    /// A sensitive call is held until a human decides on it; the session suspends once
+    /// the calls of its round are done. Emitted once per call, by the run that first held
+    /// it, at the position of the response that made it (or later, when that response was
+    /// committed by a run before this one).
+    ApprovalRequested {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    /// A run found the decision on a call it asked a human about: approved, or not (with
+    /// the reason the model is told: the reviewer's, or `timeout`). Emitted by the host's
+    /// approver when the call is checked again, before it runs or gets its denial.
+    ApprovalDecided {
+        id: String,
+        name: String,
+        approved: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     IterationCompleted {
         iteration: u32,
         usage: Usage,

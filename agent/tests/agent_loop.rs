@@ -1290,3 +1290,184 @@ async fn lifecycle_hooks_fire_once_each() {
     assert_eq!(seen.iter().filter(|s| s.starts_with("start")).count(), 1);
     assert_eq!(seen.iter().filter(|s| s.starts_with("end")).count(), 1);
 }
+
+/// An approver that knows the decisions recorded so far and has the session suspend for
+/// the others, as a worker's does.
+#[derive(Default)]
+struct Decisions(Mutex<Vec<(String, bool)>>);
+
+#[async_trait]
+impl agentq_agent::guard::Approver for Decisions {
+    async fn approve(
+        &self,
+        _session_id: &str,
+        call: &ToolCall,
+        _timeout: Duration,
+    ) -> agentq_agent::guard::ApprovalDecision {
+        use agentq_agent::guard::ApprovalDecision;
+        match self.0.lock().unwrap().iter().find(|(id, _)| *id == call.id) {
+            Some((_, true)) => ApprovalDecision::Approved,
+            Some((_, false)) => ApprovalDecision::Denied("no".into()),
+            None => ApprovalDecision::Suspend,
+        }
+    }
+}
+
+/// Events with their positions.
+struct SeqSink(Arc<Mutex<Vec<(usize, AgentEvent)>>>);
+impl agentq_agent::event::EventSink for SeqSink {
+    fn emit(&self, seq: usize, e: AgentEvent) {
+        self.0.lock().unwrap().push((seq, e));
+    }
+}
+
+fn approval_requests(events: &Mutex<Vec<(usize, AgentEvent)>>) -> Vec<(usize, String, Value)> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(seq, e)| match e {
+            AgentEvent::ApprovalRequested {
+                id,
+                name,
+                arguments,
+            } => Some((*seq, format!("{name}:{id}"), arguments.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn held_calls_are_announced_once_at_their_response() {
+    let turn = |calls: &[(&str, &str, Value)]| Turn {
+        tool_calls: calls
+            .iter()
+            .map(|(id, name, arguments)| ScriptedCall {
+                id: Some(id.to_string()),
+                name: name.to_string(),
+                arguments: arguments.clone(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let mut h = harness(
+        Script {
+            turns: vec![
+                turn(&[
+                    ("w1", "write", json!({"path": "a"})),
+                    ("r1", "echo", json!({"x": 1})),
+                    ("w2", "write", json!({"path": "b"})),
+                ]),
+                text_turn("both written"),
+            ],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![
+            ("write", SideEffect::Unsafe, echo),
+            ("echo", SideEffect::Pure, echo),
+        ],
+    );
+    let decisions = Arc::new(Decisions::default());
+    h.agent.guards.approver = Some(decisions.clone());
+    let events = Arc::new(Mutex::new(Vec::new()));
+    h.agent.events = Arc::new(SeqSink(events.clone()));
+    let mut s = spec();
+    s.sensitive_tools = vec!["write".into()];
+
+    let mut state = SessionState::new("s1", s);
+    let cancel = CancellationToken::new();
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert!(
+        matches!(end, RunEnd::Suspended(SuspendReason::Approval { .. })),
+        "{end:?}"
+    );
+    // Both held calls, at the position of the response that made them (1), as its
+    // `ToolCall`s are; the unheld one ran.
+    let mut asked = approval_requests(&events);
+    asked.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        asked,
+        [
+            (1, "write:w1".to_string(), json!({"path": "a"})),
+            (1, "write:w2".to_string(), json!({"path": "b"})),
+        ]
+    );
+    assert_eq!(state.not_started.len(), 2);
+
+    // A resumed run that holds them again does not announce them again.
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert!(matches!(end, RunEnd::Suspended(_)), "{end:?}");
+    assert_eq!(approval_requests(&events).len(), 2);
+
+    // Decided: both run, nothing more is asked.
+    decisions
+        .0
+        .lock()
+        .unwrap()
+        .extend([("w1".into(), true), ("w2".into(), true)]);
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).result.as_deref(), Some("both written"));
+    assert_eq!(approval_requests(&events).len(), 2);
+    assert_eq!(h.calls.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_hold_after_a_handover_is_announced_no_earlier_than_the_run_began() {
+    // The response was committed by a run that died before its calls were checked: the
+    // run that holds them started later in the history. (An idempotent tool: an unsafe
+    // one that may have started is answered "outcome unknown" instead.)
+    let h0 = harness(
+        Script {
+            turns: vec![text_turn("done")],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![
+            ("write", SideEffect::Idempotent, echo),
+            ("echo", SideEffect::Pure, echo),
+        ],
+    );
+    let mut h = h0;
+    h.agent.guards.approver = Some(Arc::new(Decisions::default()));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    h.agent.events = Arc::new(SeqSink(events.clone()));
+    let mut s = spec();
+    s.sensitive_tools = vec!["write".into()];
+    let mut state = SessionState::new("s1", s);
+    state.started_at = Some(chrono::Utc::now());
+    let mut reply = Message::assistant("");
+    reply.tool_calls = vec![
+        ToolCall {
+            id: "r1".into(),
+            name: "echo".into(),
+            arguments: json!({}),
+        },
+        ToolCall {
+            id: "w1".into(),
+            name: "write".into(),
+            arguments: json!({"path": "a"}),
+        },
+    ];
+    state.push_assistant(reply);
+    state.push_tool_result(
+        ToolCall {
+            id: "r1".into(),
+            name: "echo".into(),
+            arguments: json!({}),
+        },
+        "echo {}".into(),
+        false,
+    );
+    let end = h
+        .agent
+        .run(&mut state, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(matches!(end, RunEnd::Suspended(_)), "{end:?}");
+    assert_eq!(
+        approval_requests(&events),
+        [(3, "write:w1".to_string(), json!({"path": "a"}))]
+    );
+}

@@ -23,6 +23,6 @@ pub use events::{CompletionEvent, ResetEvent};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
-    SessionDetail, SessionRef, SessionView, TreeNode,
+    PendingApproval, SessionDetail, SessionRef, SessionView, TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

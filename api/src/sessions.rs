@@ -97,13 +97,30 @@ pub struct SessionView {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// `GET /v1/sessions/{id}`: the session and the ids of its children (newest first, at
-/// most 1000).
+/// `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at
+/// most 1000) and the tool calls it holds for a human decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionDetail {
     #[serde(flatten)]
     pub session: SessionView,
     pub children: Vec<String>,
+    /// The calls waiting for `POST /v1/sessions/{id}/approvals`, in the order the model
+    /// made them: held by a run and not decided yet. Empty for a session that holds none
+    /// (and from a server that predates the field).
+    #[serde(default)]
+    pub pending_approvals: Vec<PendingApproval>,
+}
+
+/// A sensitive tool call held until someone approves or denies it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingApproval {
+    /// What `POST /v1/sessions/{id}/approvals` names as `tool_call_id`.
+    pub tool_call_id: String,
+    pub tool: String,
+    pub arguments: serde_json::Value,
+    /// When an unanswered call counts as denied (`timeout`); `null` until the session has
+    /// suspended for it.
+    pub deadline: Option<DateTime<Utc>>,
 }
 
 /// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested, oldest child
@@ -237,8 +254,25 @@ mod tests {
 
         let mut detail = view_json("s1");
         detail["children"] = json!(["c1", "c2"]);
-        let d: SessionDetail = round_trip(detail);
+        detail["pending_approvals"] = json!([]);
+        let d: SessionDetail = round_trip(detail.clone());
         assert_eq!(d.children, ["c1", "c2"]);
+        detail["status"] = json!("awaiting_approval");
+        detail["pending_approvals"] = json!([
+            {"tool_call_id": "call_1", "tool": "write_file",
+             "arguments": {"path": "out.txt", "content": "hi"},
+             "deadline": "2026-12-01T08:41:45.123456Z"},
+            {"tool_call_id": "call_2", "tool": "shell", "arguments": {"command": "ls"},
+             "deadline": null},
+        ]);
+        let d: SessionDetail = round_trip(detail.clone());
+        assert_eq!(d.pending_approvals[0].tool_call_id, "call_1");
+        assert_eq!(d.pending_approvals[0].arguments["path"], "out.txt");
+        assert!(d.pending_approvals[1].deadline.is_none());
+        // An older server's answer, without the field, reads as holding nothing.
+        detail.as_object_mut().unwrap().remove("pending_approvals");
+        let old: SessionDetail = serde_json::from_value(detail).unwrap();
+        assert!(old.pending_approvals.is_empty());
 
         let mut leaf = view_json("c1");
         leaf["children"] = json!([]);

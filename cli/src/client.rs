@@ -610,12 +610,89 @@ fn pretty(body: &impl Serialize) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(&serde_json::to_value(body)?)?)
 }
 
-/// `agentq status ID`
+/// `agentq status ID`: the session as JSON on stdout; the calls it holds for a decision,
+/// with the commands that decide them, on stderr (so the JSON stays pipeable).
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
     let view: SessionDetail = api.get(&format!("/v1/sessions/{}", args.id)).await?;
     println!("{}", pretty(&view)?);
+    for line in pending_lines(&view.session.id, &view.pending_approvals) {
+        eprintln!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Tool arguments are shown up to this many characters where a held call is listed.
+const ARGS_CHARS: usize = 120;
+
+/// `s` on one line, cut to `max` characters.
+pub fn one_line(s: &str, max: usize) -> String {
+    let flat = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// `s` as one shell word. Call ids come from the model's provider, so anything but a
+/// plain word is quoted, control characters escaped: the printed command is safe to paste.
+pub fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_.:+=@%/,".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return s.to_string();
+    }
+    if !s.chars().any(char::is_control) {
+        return format!("'{}'", s.replace('\'', r"'\''"));
+    }
+    let mut out = String::from("$'");
+    for c in s.chars() {
+        match c {
+            '\'' => out.push_str("\\'"),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// The commands that approve or deny a held call.
+pub fn decide_commands(session_id: &str, call_id: &str) -> String {
+    let (s, c) = (shell_word(session_id), shell_word(call_id));
+    format!("agentq approve {s} {c}  |  agentq deny {s} {c} --reason '...'")
+}
+
+/// What `status` prints about the calls a session holds: none, or a header and two lines
+/// per call (the call, then how to decide it).
+pub fn pending_lines(session_id: &str, pending: &[agentq_api::PendingApproval]) -> Vec<String> {
+    if pending.is_empty() {
+        return Vec::new();
+    }
+    let deadline = pending
+        .iter()
+        .find_map(|p| p.deadline)
+        .map(|d| format!(" (denied as `timeout` after {})", d.to_rfc3339()))
+        .unwrap_or_default();
+    let mut out = vec![format!(
+        "{} tool call(s) await approval{deadline}:",
+        pending.len()
+    )];
+    for p in pending {
+        out.push(format!(
+            "  {} {}({})",
+            shell_word(&p.tool_call_id),
+            p.tool,
+            one_line(&p.arguments.to_string(), ARGS_CHARS)
+        ));
+        out.push(format!(
+            "      {}",
+            decide_commands(session_id, &p.tool_call_id)
+        ));
+    }
+    out
 }
 
 /// `agentq cancel ID`
@@ -849,6 +926,54 @@ mod tests {
         assert_eq!(truncate("abcdef", 4), "abc…");
         assert_eq!(truncate("abc", 4), "abc");
         assert_eq!(encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(one_line("a\n  b", 10), "a b");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn held_call_ids_are_pasteable() {
+        assert_eq!(shell_word("call_AbC-1.2:3"), "call_AbC-1.2:3");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("$(rm -rf ~)"), "'$(rm -rf ~)'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word(""), "''");
+        // No raw control character reaches the terminal.
+        assert_eq!(shell_word("a\u{1b}[2J'"), r"$'a\u001b[2J\''");
+    }
+
+    #[test]
+    fn pending_approvals_say_how_to_decide() {
+        assert!(pending_lines("s1", &[]).is_empty());
+        let deadline = serde_json::from_value(json!("2026-12-01T09:00:00Z")).unwrap();
+        let held = |id: &str, args: Value| agentq_api::PendingApproval {
+            tool_call_id: id.into(),
+            tool: "write_file".into(),
+            arguments: args,
+            deadline: Some(deadline),
+        };
+        let lines = pending_lines(
+            "s1",
+            &[
+                held("c1", json!({"path": "a.txt"})),
+                held("c 2", json!({"content": "x".repeat(500)})),
+            ],
+        );
+        assert_eq!(
+            lines[0],
+            "2 tool call(s) await approval (denied as `timeout` after 2026-12-01T09:00:00+00:00):"
+        );
+        assert_eq!(lines[1], r#"  c1 write_file({"path":"a.txt"})"#);
+        assert_eq!(
+            lines[2],
+            "      agentq approve s1 c1  |  agentq deny s1 c1 --reason '...'"
+        );
+        assert!(lines[3].starts_with("  'c 2' write_file({\"content\":\"xxx"));
+        assert!(
+            lines[3].ends_with("…)") && lines[3].chars().count() < 160,
+            "{}",
+            lines[3]
+        );
+        assert!(lines[4].contains("agentq approve s1 'c 2'"), "{}", lines[4]);
     }
 }
 
@@ -856,7 +981,7 @@ mod tests {
 pub struct DecideArgs {
     /// The session holding the call.
     pub id: String,
-    /// The held tool call's id (see `agentq status ID` / the session's messages).
+    /// The held tool call's id (`agentq status ID` lists the calls a session holds).
     pub tool_call_id: String,
     /// Why (shown to the model when denied).
     #[arg(long)]

@@ -50,13 +50,14 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Submit a session (or a JSON Lines batch) to the HTTP API.
     Submit(client::SubmitArgs),
-    /// Show a session as JSON.
+    /// Show a session as JSON (on stderr: the tool calls it holds for approval, with the
+    /// commands that decide them).
     Status(client::StatusArgs),
     /// Follow a session's events live (replayed from the start), until it finishes.
     Watch(watch::WatchArgs),
     /// Cancel a session.
     Cancel(client::CancelArgs),
-    /// Approve a tool call a session holds for a human.
+    /// Approve a tool call a session holds for a human (`agentq status ID` lists them).
     Approve(client::DecideArgs),
     /// Deny a tool call a session holds for a human.
     Deny(client::DecideArgs),

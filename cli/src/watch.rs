@@ -1,6 +1,7 @@
 //! `agentq watch ID`: follow a session live over `GET /v1/sessions/{id}/events` (SSE).
 //! The server replays the session from its start, then tails it; this prints text deltas
-//! inline and tool calls and results one line each. A dropped connection is resumed with
+//! inline and tool calls and results one line each; a call held for approval is shown with
+//! the commands that decide it. A dropped connection is resumed with
 //! `Last-Event-ID` (bounded retries with backoff), so nothing is printed twice and nothing
 //! is skipped. A `reset` event (a worker died mid-step and another redoes it) is shown as
 //! a notice: a terminal cannot take back what it printed. Event data is read as the types
@@ -24,7 +25,7 @@ use agentq_core::SessionStatus;
 use agentq_core::config::Config;
 use agentq_core::protocol::EventKind;
 
-use crate::client::ApiArgs;
+use crate::client::{ApiArgs, decide_commands, one_line, shell_word};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -103,18 +104,14 @@ impl SseParser {
 /// Turns events into terminal output.
 struct Printer {
     json: bool,
+    /// The session followed, for the commands that decide on its held calls.
+    session: String,
     /// A text delta left the cursor mid-line.
     mid_line: bool,
 }
 
 fn short(s: &str) -> String {
-    let one_line = s.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= SHOW_CHARS {
-        one_line
-    } else {
-        let cut: String = one_line.chars().take(SHOW_CHARS).collect();
-        format!("{cut}…")
-    }
+    one_line(s, SHOW_CHARS)
 }
 
 impl Printer {
@@ -182,6 +179,34 @@ impl Printer {
                 let mark = if is_error { "✗" } else { "←" };
                 self.line(out, &format!("{mark} {name}: {}", short(&content)))?;
             }
+            AgentEvent::ApprovalRequested {
+                id,
+                name,
+                arguments,
+            } => {
+                let args = short(&arguments.to_string());
+                self.line(
+                    out,
+                    &format!(
+                        "⏸ {name}({args}) awaits approval, call {}: {}",
+                        shell_word(&id),
+                        decide_commands(&self.session, &id)
+                    ),
+                )?;
+            }
+            AgentEvent::ApprovalDecided {
+                id,
+                name,
+                approved,
+                reason,
+            } => {
+                let verdict = match (approved, reason) {
+                    (true, _) => "approved".to_string(),
+                    (false, Some(r)) => format!("denied: {}", short(&r)),
+                    (false, None) => "denied".to_string(),
+                };
+                self.line(out, &format!("▶ {name} call {} {verdict}", shell_word(&id)))?;
+            }
             AgentEvent::IterationCompleted { .. } if self.mid_line => {
                 writeln!(out)?;
                 self.mid_line = false;
@@ -247,6 +272,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
         .context("cannot build the HTTP client")?;
     let mut printer = Printer {
         json: args.json,
+        session: args.id.clone(),
         mid_line: false,
     };
     let mut stdout = std::io::stdout();
@@ -361,6 +387,7 @@ mod tests {
     fn prints_compactly_and_reports_the_finish() {
         let mut p = Printer {
             json: false,
+            session: "s1".into(),
             mid_line: false,
         };
         let mut out = Vec::new();
@@ -396,6 +423,22 @@ mod tests {
             ),
         )
         .unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "approval_requested",
+                r#"{"type":"approval_requested","id":"c2","name":"write_file","arguments":{"path":"a.txt"},"seq":1}"#,
+            ),
+        )
+        .unwrap();
+        p.handle(
+            &mut out,
+            &ev(
+                "approval_decided",
+                r#"{"type":"approval_decided","id":"c2","name":"write_file","approved":false,"reason":"not today","seq":2}"#,
+            ),
+        )
+        .unwrap();
         let done = p
             .handle(
                 &mut out,
@@ -413,6 +456,14 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains(
+                "⏸ write_file({\"path\":\"a.txt\"}) awaits approval, call c2: \
+                 agentq approve s1 c2  |  agentq deny s1 c2 --reason '...'\n\
+                 ▶ write_file call c2 denied: not today\n"
+            ),
+            "{text}"
+        );
         assert!(text.contains("[session finished: stop; 2 iterations; 5 input / 7 output tokens]"));
     }
 
@@ -420,6 +471,7 @@ mod tests {
     fn resets_rebuilt_completions_and_errors() {
         let mut p = Printer {
             json: false,
+            session: "s1".into(),
             mid_line: false,
         };
         let mut out = Vec::new();

@@ -194,6 +194,20 @@ pub struct SessionRow {
     /// Inbox position of the last `enqueue` message started as a follow-up turn.
     #[serde(default)]
     pub followup_cursor: u64,
+    /// Calls of the latest response that a run held for a human decision and that have
+    /// not run since (the loop's `not_started`). Only meaningful while the session is
+    /// unfinished: see [`SessionRow::may_hold_calls`].
+    #[serde(default)]
+    pub held_calls: Vec<String>,
+}
+
+impl SessionRow {
+    /// Whether the session may have calls waiting for a decision, so that a reader looks
+    /// them up ([`crate::InboxStore::pending_approvals`]). A finished session holds none,
+    /// whatever its last run recorded (a cancel closes held calls without a decision).
+    pub fn may_hold_calls(&self) -> bool {
+        !self.held_calls.is_empty() && !self.status.is_terminal()
+    }
 }
 
 fn default_tenant() -> String {

@@ -30,7 +30,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::types::Json;
 
-use agentq_agent::schema::Message;
+use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
@@ -42,7 +42,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
-use crate::sql::record::{InboxRecord, KeyRecord, SessionRecord, StoredMessage};
+use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
@@ -561,6 +561,18 @@ impl InboxStore for PgStore {
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>> {
         read::approval(&self.pool, &SQL, session_id, tool_call_id).await
+    }
+
+    async fn pending_approvals(&self, session_id: &str, held: &[String]) -> Result<Vec<ToolCall>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<PendingRow> = sqlx::query_as(&SQL.pending_approvals)
+            .bind(session_id)
+            .bind(held)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(outcome::pending_approvals(rows, held))
     }
 
     async fn follow_up(

@@ -256,18 +256,22 @@ pub enum EventKind {
     ThinkingDelta,
     ToolCall,
     ToolResult,
+    ApprovalRequested,
+    ApprovalDecided,
     IterationCompleted,
     SessionCompleted,
     Error,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 8] = [
+    pub const ALL: [EventKind; 10] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
         EventKind::ToolCall,
         EventKind::ToolResult,
+        EventKind::ApprovalRequested,
+        EventKind::ApprovalDecided,
         EventKind::IterationCompleted,
         EventKind::SessionCompleted,
         EventKind::Error,
@@ -280,6 +284,8 @@ impl EventKind {
             EventKind::ThinkingDelta => "thinking_delta",
             EventKind::ToolCall => "tool_call",
             EventKind::ToolResult => "tool_result",
+            EventKind::ApprovalRequested => "approval_requested",
+            EventKind::ApprovalDecided => "approval_decided",
             EventKind::IterationCompleted => "iteration_completed",
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
@@ -297,6 +303,8 @@ impl EventKind {
             AgentEvent::ThinkingDelta { .. } => EventKind::ThinkingDelta,
             AgentEvent::ToolCall { .. } => EventKind::ToolCall,
             AgentEvent::ToolResult { .. } => EventKind::ToolResult,
+            AgentEvent::ApprovalRequested { .. } => EventKind::ApprovalRequested,
+            AgentEvent::ApprovalDecided { .. } => EventKind::ApprovalDecided,
             AgentEvent::IterationCompleted { .. } => EventKind::IterationCompleted,
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
@@ -412,6 +420,27 @@ mod tests {
         };
         let json = serde_json::to_string(&ev).unwrap();
         assert_eq!(EventKind::of_json(&json), Some(EventKind::of(&ev)));
+        let held = AgentEvent::ApprovalRequested {
+            id: "c".into(),
+            name: "write_file".into(),
+            arguments: serde_json::json!({"path": "a"}),
+        };
+        let json = serde_json::to_string(&held).unwrap();
+        assert_eq!(
+            EventKind::of_json(&json),
+            Some(EventKind::ApprovalRequested)
+        );
+        assert_eq!(EventKind::of(&held), EventKind::ApprovalRequested);
+        assert!(!EventKind::ApprovalRequested.marks_llm_call());
+        let decided = AgentEvent::ApprovalDecided {
+            id: "c".into(),
+            name: "write_file".into(),
+            approved: false,
+            reason: Some("timeout".into()),
+        };
+        let json = serde_json::to_string(&decided).unwrap();
+        assert_eq!(EventKind::of_json(&json), Some(EventKind::ApprovalDecided));
+        assert_eq!(EventKind::of(&decided), EventKind::ApprovalDecided);
         assert_eq!(EventKind::of_json(r#"{"type":"x"}"#), None);
         assert_eq!(EventKind::of_json("not json"), None);
     }

@@ -58,7 +58,7 @@ use sqlx::sqlite::{
 use sqlx::types::Json;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
-use agentq_agent::schema::Message;
+use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
@@ -71,7 +71,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
-use crate::sql::record::{InboxRecord, KeyRecord, SessionRecord, StoredMessage};
+use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
@@ -603,6 +603,19 @@ impl InboxStore for SqliteStore {
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>> {
         read::approval(&self.readers, &SQL, session_id, tool_call_id).await
+    }
+
+    async fn pending_approvals(&self, session_id: &str, held: &[String]) -> Result<Vec<ToolCall>> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<PendingRow> = sqlx::query_as(&SQL.pending_approvals)
+            .bind(session_id)
+            // The ids as one JSON array parameter (SQLite has no array binds).
+            .bind(serde_json::to_string(held)?)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(outcome::pending_approvals(rows, held))
     }
 
     async fn follow_up(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use agentq_agent::schema::Message;
+use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use chrono::{DateTime, Utc};
@@ -157,6 +157,13 @@ pub trait InboxStore: Send + Sync {
         session_id: &str,
         tool_call_id: &str,
     ) -> Result<Option<(bool, Option<String>)>>;
+
+    /// The calls of `held` (the row's [`SessionRow::held_calls`]) that still wait for a
+    /// decision: made by the session's latest response, without a result and without a
+    /// recorded decision; in the response's order, with their tool and arguments. Empty
+    /// when the turn has moved on past that response (a user message follows it). One
+    /// round trip.
+    async fn pending_approvals(&self, session_id: &str, held: &[String]) -> Result<Vec<ToolCall>>;
 
     /// Start a new turn on a finished session: the user's message is appended to its
     /// full history and it is queued again. `consume` is the inbox position of the

@@ -120,6 +120,7 @@ contract_tests!(
     contract_deliver_and_inbox,
     contract_checkpoint_cursors,
     contract_approvals,
+    contract_pending_approvals,
     contract_wake_expired_approvals,
     contract_follow_up,
     contract_count_unfinished,
@@ -1639,6 +1640,110 @@ async fn contract_approvals(store: &dyn Store) {
         ApprovalRecorded::NotFound
     );
     assert!(store.approval("missing", "call_1").await.unwrap().is_none());
+}
+
+fn call(id: &str, tool: &str, arguments: serde_json::Value) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: tool.into(),
+        arguments,
+    }
+}
+
+/// The calls a session holds for a decision, as a reader finds them from its row: those
+/// the latest response made that the run held, without a result or a decision yet.
+async fn contract_pending_approvals(store: &dyn Store) {
+    let id = create(store, "write two files").await;
+    let (lease, mut state, seen) = acquire_seen(store, &id, "w").await;
+    let mut persisted = state.messages.len();
+    // An earlier round, answered: its call is not pending whatever a reader asks.
+    iterate(store, &lease, &mut state, &mut persisted, 0).await;
+    let w1 = call("w1", "write_file", json!({"path": "a.txt", "content": "A"}));
+    let w2 = call("w2", "write_file", json!({"path": "b.txt", "content": "B"}));
+    let r = call("r", "read_file", json!({"path": "notes.txt"}));
+    let mut reply = Message::assistant("writing both");
+    reply.tool_calls = vec![w1.clone(), r.clone(), w2.clone()];
+    state.push_assistant(reply);
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    persisted = state.messages.len();
+    // The read ran; both writes were held.
+    state.push_tool_result(r.clone(), "notes".into(), false);
+    state.hold_for_approval("w2");
+    state.hold_for_approval("w1");
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    persisted = state.messages.len();
+    let row = store
+        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(row.held_calls, ["w2", "w1"]);
+    assert!(row.may_hold_calls());
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.held_calls, ["w2", "w1"]);
+    // In the response's order, with their arguments.
+    assert_eq!(
+        store.pending_approvals(&id, &row.held_calls).await.unwrap(),
+        [w1.clone(), w2.clone()]
+    );
+    // Only held calls count: an answered one and one of an earlier round do not.
+    let asked: Vec<String> = ["r", "call_00000", "w2"].map(String::from).into();
+    assert_eq!(
+        store.pending_approvals(&id, &asked).await.unwrap(),
+        std::slice::from_ref(&w2)
+    );
+    assert!(store.pending_approvals(&id, &[]).await.unwrap().is_empty());
+    assert!(
+        store
+            .pending_approvals("missing", &row.held_calls)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A decision takes its call off the list, even before a run acts on it.
+    store.decide_approval(&id, "w1", true, None).await.unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!(
+        store.pending_approvals(&id, &row.held_calls).await.unwrap(),
+        std::slice::from_ref(&w2)
+    );
+
+    // The approved call ran; the other is held again.
+    let (lease, mut state, seen) = acquire_seen(store, &id, "w").await;
+    assert_eq!(state.not_started, ["w2", "w1"]);
+    state.push_tool_result(w1.clone(), "written".into(), false);
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    let row = store
+        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(row.held_calls, ["w2"]);
+    assert_eq!(
+        store.pending_approvals(&id, &row.held_calls).await.unwrap(),
+        std::slice::from_ref(&w2)
+    );
+
+    // Cancelled while holding: the row still records the call, the session holds nothing.
+    store.request_cancel(&id).await.unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Cancelled);
+    assert_eq!(row.held_calls, ["w2"]);
+    assert!(!row.may_hold_calls());
+    // A follow-up turn moves past that response: nothing is pending any more.
+    let row = store
+        .follow_up(&id, "never mind, just say hi", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.may_hold_calls());
+    assert!(
+        store
+            .pending_approvals(&id, &row.held_calls)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 async fn contract_wake_expired_approvals(store: &dyn Store) {

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use agentq_agent::driver::{BackgroundResult, BackgroundSource};
+use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::guard::{ApprovalDecision, Approver};
 use agentq_agent::schema::ToolCall;
 use agentq_core::model::inbox_past;
@@ -30,10 +31,20 @@ pub struct SessionInbox {
     msg_dirty: AtomicBool,
     /// Background children whose result has not been injected yet.
     outstanding: AtomicUsize,
-    approval_deadline: Option<DateTime<Utc>>,
+    approvals: Approvals,
+}
+
+/// What a run starts with for the calls it asks a human about.
+pub struct Approvals {
+    /// The row's: when an unanswered call counts as denied.
+    pub deadline: Option<DateTime<Utc>>,
     /// Calls that were already held for approval when this run started: only they can
     /// have run out of time (a call held for the first time now gets a fresh deadline).
-    held: Vec<String>,
+    pub held: Vec<String>,
+    /// Where the decisions found are announced, and at which position: the history's
+    /// length when the run started (the events of a run belong to no earlier one).
+    pub events: Arc<dyn EventSink>,
+    pub run_from: usize,
 }
 
 impl SessionInbox {
@@ -43,8 +54,7 @@ impl SessionInbox {
         bg_cursor: u64,
         msg_cursor: u64,
         wake_seq: i64,
-        approval_deadline: Option<DateTime<Utc>>,
-        held: Vec<String>,
+        approvals: Approvals,
     ) -> Arc<Self> {
         Arc::new(SessionInbox {
             store,
@@ -54,8 +64,7 @@ impl SessionInbox {
             bg_dirty: AtomicBool::new(inbox_past(wake_seq, bg_cursor)),
             msg_dirty: AtomicBool::new(inbox_past(wake_seq, msg_cursor)),
             outstanding: AtomicUsize::new(0),
-            approval_deadline,
-            held,
+            approvals,
         })
     }
 
@@ -195,14 +204,14 @@ impl Approver for SessionInbox {
         call: &ToolCall,
         _timeout: Duration,
     ) -> ApprovalDecision {
-        match self.store.approval(session_id, &call.id).await {
+        let decision = match self.store.approval(session_id, &call.id).await {
             Ok(Some((true, _))) => ApprovalDecision::Approved,
             Ok(Some((false, reason))) => ApprovalDecision::Denied(
                 reason.unwrap_or_else(|| "a human denied this call".to_string()),
             ),
             Ok(None) => {
-                if self.held.contains(&call.id)
-                    && self.approval_deadline.is_some_and(|d| d <= Utc::now())
+                if self.approvals.held.contains(&call.id)
+                    && self.approvals.deadline.is_some_and(|d| d <= Utc::now())
                 {
                     ApprovalDecision::TimedOut
                 } else {
@@ -213,6 +222,22 @@ impl Approver for SessionInbox {
                 warn!(session_id, error = %e, "reading an approval failed; waiting");
                 ApprovalDecision::Suspend
             }
-        }
+        };
+        let (approved, reason) = match &decision {
+            ApprovalDecision::Approved => (true, None),
+            ApprovalDecision::Denied(r) => (false, Some(r.clone())),
+            ApprovalDecision::TimedOut => (false, Some("timeout".to_string())),
+            ApprovalDecision::Suspend => return decision,
+        };
+        self.approvals.events.emit(
+            self.approvals.run_from,
+            AgentEvent::ApprovalDecided {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                approved,
+                reason,
+            },
+        );
+        decision
     }
 }

@@ -226,7 +226,19 @@ mod tests {
             entry_id: "0-1".into(),
             cancel: CancellationToken::new(),
             abort: CancellationToken::new(),
-            inbox: inbox::SessionInbox::new(store, id, 0, 0, 0, None, Vec::new()),
+            inbox: inbox::SessionInbox::new(
+                store,
+                id,
+                0,
+                0,
+                0,
+                inbox::Approvals {
+                    deadline: None,
+                    held: Vec::new(),
+                    events: Arc::new(agentq_agent::event::NullSink),
+                    run_from: 1,
+                },
+            ),
             interrupter: agentq_agent::driver::Interrupter::new(),
             settling: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }

@@ -21,7 +21,7 @@ use agentq_core::queue::Delivery;
 use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 
 use crate::checkpoint::StoreCheckpointer;
-use crate::inbox::SessionInbox;
+use crate::inbox::{Approvals, SessionInbox};
 use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
 use crate::runs::Active;
 use crate::spawn::{self, SpawnAgent};
@@ -168,14 +168,23 @@ async fn run(
         cancel.cancel();
     }
     let abort = CancellationToken::new();
+    let sink = Arc::new(StreamSink {
+        session_id: d.session_id.clone(),
+        epoch: lease.epoch,
+        tx: inner.pipeline.events.clone(),
+    });
     let inbox = SessionInbox::new(
         inner.store.clone(),
         &d.session_id,
         state.bg_cursor,
         state.msg_cursor,
         row.wake_seq,
-        row.approval_deadline,
-        state.not_started.clone(),
+        Approvals {
+            deadline: row.approval_deadline,
+            held: state.not_started.clone(),
+            events: sink.clone(),
+            run_from: state.messages.len(),
+        },
     );
     let can_spawn = row
         .spec
@@ -222,11 +231,6 @@ async fn run(
         m,
     ));
     m.sessions_active.inc();
-    let sink = Arc::new(StreamSink {
-        session_id: d.session_id.clone(),
-        epoch: lease.epoch,
-        tx: inner.pipeline.events.clone(),
-    });
     let committed = checkpointer.clone();
     let parts = AgentParts {
         checkpointer,

@@ -174,6 +174,52 @@ impl Cluster {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.api))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The session's events stream until `enough` says what was read suffices (or the
+    /// server ends it); `(event, data)` pairs.
+    async fn events_until(
+        &self,
+        id: &str,
+        enough: impl Fn(&[(String, Value)]) -> bool,
+    ) -> Vec<(String, Value)> {
+        use futures::StreamExt;
+        let resp = self
+            .http
+            .get(format!("{}/v1/sessions/{id}/events", self.api))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let mut body = resp.bytes_stream();
+        let (mut buf, mut out) = (String::new(), Vec::new());
+        while !enough(&out) {
+            let chunk = tokio::time::timeout(Duration::from_secs(30), body.next())
+                .await
+                .expect("no event within 30 s");
+            let Some(chunk) = chunk else { break };
+            buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                let event = block.lines().find_map(|l| l.strip_prefix("event: "));
+                let data = block.lines().find_map(|l| l.strip_prefix("data: "));
+                if let (Some(e), Some(d)) = (event, data) {
+                    out.push((e.to_string(), serde_json::from_str(d).unwrap()));
+                }
+            }
+        }
+        out
+    }
+
     async fn children(&self, id: &str) -> Vec<SessionRow> {
         self.store
             .list(&ListFilter {
@@ -637,6 +683,20 @@ async fn approvals_approve_deny_and_time_out() {
         "{}",
         r[0].content
     );
+    // The streams say how each was decided.
+    for (id, reason) in [(&d, "not today"), (&t, "timeout")] {
+        let evs = c
+            .events_until(id, |evs| evs.iter().any(|(e, _)| e == "session_completed"))
+            .await;
+        let decided: Vec<&Value> = evs
+            .iter()
+            .filter(|(e, _)| e == "approval_decided")
+            .map(|(_, d)| d)
+            .collect();
+        assert_eq!(decided.len(), 1, "{evs:?}");
+        assert_eq!(decided[0]["approved"], false);
+        assert_eq!(decided[0]["reason"], reason);
+    }
 
     // A call that is not held is refused, naming the field.
     let (st, body) = c
@@ -647,6 +707,169 @@ async fn approvals_approve_deny_and_time_out() {
         .await;
     assert_eq!(st, 422);
     assert_eq!(body["error"]["field"], "tool_call_id");
+    c.shutdown().await;
+}
+
+fn two_writes_script() -> Value {
+    json!({"turns": [
+        {"text": "writing both", "tool_calls": [
+            {"name": "write_file", "arguments": {"path": "a.txt", "content": "first"}},
+            {"name": "list_dir", "arguments": {}},
+            {"name": "write_file", "arguments": {"path": "b.txt", "content": "second"}}
+        ]},
+        {"text": "both written"}
+    ]})
+}
+
+fn approval_requests(events: &[(String, Value)]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|(e, _)| e == "approval_requested")
+        .map(|(_, d)| d)
+        .collect()
+}
+
+/// The calls a session holds are found without guessing: `GET` lists them with their
+/// arguments until each is decided, and the event stream announces each once, live and
+/// on replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_approvals_are_listed_and_announced() {
+    let c = Cluster::start(two_writes_script(), 1, 4, |cfg| {
+        cfg.policy = policy_with(|p| p.tools.push("write_file".into()));
+    })
+    .await;
+    let id = c
+        .submit("write two files", &["write_file", "list_dir"], |s| {
+            s.sensitive_tools = vec!["write_file".into()];
+        })
+        .await;
+    // Before it runs, it holds nothing.
+    let (st, view) = c.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(st, 200, "{view}");
+    assert_eq!(view["pending_approvals"], json!([]));
+
+    c.wait_status(
+        &id,
+        &[SessionStatus::AwaitingApproval],
+        Duration::from_secs(30),
+    )
+    .await;
+    let msgs = c.store.messages(&id).await.unwrap();
+    let made = &msgs
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+        .unwrap()
+        .tool_calls;
+    let (w1, w2) = (made[0].id.clone(), made[2].id.clone());
+    // The unheld call ran; the two writes wait.
+    assert_eq!(tool_results(&msgs).len(), 1);
+    let (_, view) = c.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(view["status"], "awaiting_approval");
+    let pending = view["pending_approvals"].as_array().unwrap();
+    assert_eq!(pending.len(), 2, "{view}");
+    assert_eq!(pending[0]["tool_call_id"], w1.as_str());
+    assert_eq!(pending[0]["tool"], "write_file");
+    assert_eq!(
+        pending[0]["arguments"],
+        json!({"path": "a.txt", "content": "first"})
+    );
+    assert_eq!(pending[1]["tool_call_id"], w2.as_str());
+    assert_eq!(
+        pending[1]["arguments"],
+        json!({"path": "b.txt", "content": "second"})
+    );
+    let deadline = pending[0]["deadline"].as_str().unwrap();
+    assert_eq!(pending[1]["deadline"], deadline);
+
+    // The stream announces both (while the session waits, it stays open).
+    let live = c
+        .events_until(&id, |evs| approval_requests(evs).len() >= 2)
+        .await;
+    let asked = approval_requests(&live);
+    let mut ids: Vec<&str> = asked.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    let mut want = vec![w1.as_str(), w2.as_str()];
+    want.sort_unstable();
+    assert_eq!(ids, want);
+    let first = asked.iter().find(|d| d["id"] == w1.as_str()).unwrap();
+    assert_eq!(first["name"], "write_file");
+    assert_eq!(
+        first["arguments"],
+        json!({"path": "a.txt", "content": "first"})
+    );
+
+    // One decision: that call leaves the list at once, the other stays.
+    let (st, body) = c
+        .post(
+            &format!("/v1/sessions/{id}/approvals"),
+            json!({"tool_call_id": w1, "approve": true}),
+        )
+        .await;
+    assert_eq!(st, 200, "{body}");
+    let (_, view) = c.get(&format!("/v1/sessions/{id}")).await;
+    let pending = view["pending_approvals"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{view}");
+    assert_eq!(pending[0]["tool_call_id"], w2.as_str());
+    // The approved write runs; the session waits again for the other.
+    let start = Instant::now();
+    while tool_results(&c.store.messages(&id).await.unwrap()).len() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(30), "w1 never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.wait_status(
+        &id,
+        &[SessionStatus::AwaitingApproval],
+        Duration::from_secs(30),
+    )
+    .await;
+    let (_, view) = c.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(view["pending_approvals"].as_array().unwrap().len(), 1);
+    assert_eq!(view["pending_approvals"][0]["tool_call_id"], w2.as_str());
+
+    let (st, _) = c
+        .post(
+            &format!("/v1/sessions/{id}/approvals"),
+            json!({"tool_call_id": w2, "approve": true}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    let row = c
+        .wait_status(&id, &[SessionStatus::Completed], Duration::from_secs(30))
+        .await;
+    assert_eq!(row.result.as_deref(), Some("both written"));
+    let (_, view) = c.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(view["pending_approvals"], json!([]));
+    let msgs = transcript(&c, &id).await;
+    let results = tool_results(&msgs);
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|r| !r.is_error), "{results:?}");
+
+    // A replay of the finished session still shows each request once: the runs that
+    // resumed it neither dropped them as redone work nor announced them again.
+    let replay = c
+        .events_until(&id, |evs| evs.iter().any(|(e, _)| e == "session_completed"))
+        .await;
+    let asked = approval_requests(&replay);
+    assert_eq!(asked.len(), 2, "{replay:?}");
+    // And each decision once, as the run that acted on it found it, before its result.
+    let decided: Vec<(&str, &Value)> = replay
+        .iter()
+        .filter(|(e, _)| e == "approval_decided")
+        .map(|(_, d)| (d["id"].as_str().unwrap(), &d["approved"]))
+        .collect();
+    assert_eq!(
+        decided,
+        [(w1.as_str(), &json!(true)), (w2.as_str(), &json!(true))],
+        "{replay:?}"
+    );
+    let position = |kind: &str, call: &str| {
+        replay
+            .iter()
+            .position(|(e, d)| e == kind && d["id"] == call)
+            .unwrap()
+    };
+    assert!(position("approval_decided", &w2) < position("tool_result", &w2));
     c.shutdown().await;
 }
 

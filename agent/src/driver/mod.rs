@@ -153,6 +153,10 @@ pub const DEFAULT_WRITE_AHEAD_GRACE: Duration = Duration::from_millis(250);
 struct Saved {
     /// Messages before this index are committed.
     upto: usize,
+    /// The committed length this run started from. None of its events may belong to an
+    /// earlier position: a reader of the event stream takes a run's first position as
+    /// where a redone step starts, and drops what older runs emitted from there on.
+    run_from: usize,
     held: Option<Held>,
 }
 

@@ -117,6 +117,7 @@ impl Agent {
         Run {
             saved: Saved {
                 upto: state.messages.len(),
+                run_from: state.messages.len(),
                 held: None,
             },
             maybe_started,

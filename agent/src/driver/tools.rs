@@ -153,6 +153,7 @@ impl Agent {
             }
             Some(o) => o,
             None => {
+                self.announce_hold(state, saved, &call);
                 state.hold_for_approval(&call.id);
                 round.suspend.get_or_insert(SuspendReason::Approval {
                     tool_call_id: call.id,
@@ -180,6 +181,29 @@ impl Agent {
             self.checkpoint(state, saved).await?;
         }
         Ok(())
+    }
+
+    /// Tell the session's followers that `call` waits for a human, unless a run before
+    /// this one held it already (and said so). The event belongs to the response that
+    /// made the call, like its `ToolCall`, so that the suspension's commit and the resumed
+    /// run after it do not make it look like uncommitted work.
+    fn announce_hold(&self, state: &SessionState, saved: &Saved, call: &ToolCall) {
+        if state.not_started.contains(&call.id) {
+            return;
+        }
+        let made_at = state
+            .messages
+            .iter()
+            .rposition(|m| m.tool_calls.iter().any(|c| c.id == call.id))
+            .unwrap_or(state.messages.len());
+        self.events.emit(
+            made_at.max(saved.run_from),
+            AgentEvent::ApprovalRequested {
+                id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        );
     }
 
     /// One call in its tracing span, paired with its outcome.

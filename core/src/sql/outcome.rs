@@ -2,6 +2,7 @@
 //! decisions (why a claim was refused, what a cancel did, whether a retried write had
 //! committed already) whatever the dialect that found it.
 
+use agentq_agent::schema::{Role, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::error::{Error, Result};
@@ -11,7 +12,7 @@ use crate::model::{
 use crate::protocol::phase_name;
 use crate::rowconv::to_u64;
 
-use super::record::{SessionRecord, StoredMessage};
+use super::record::{PendingRow, SessionRecord, StoredMessage};
 
 /// The phase a fresh session starts in, as its initial state decides it.
 pub(crate) fn fresh_phase(new: &NewSession) -> &'static str {
@@ -152,4 +153,36 @@ pub(crate) fn approval_recorded(
     } else {
         ApprovalRecorded::Recorded { woken, queue }
     }
+}
+
+/// The held calls still waiting for a decision, from the latest response on and the
+/// decisions recorded (see [`crate::InboxStore::pending_approvals`]).
+pub(crate) fn pending_approvals(rows: Vec<PendingRow>, held: &[String]) -> Vec<ToolCall> {
+    let mut messages = Vec::new();
+    let mut decided = Vec::new();
+    for (seq, body, call) in rows {
+        match (seq, body, call) {
+            (Some(seq), Some(body), _) => messages.push((seq, body.0)),
+            (_, _, Some(call)) => decided.push(call),
+            _ => {}
+        }
+    }
+    messages.sort_by_key(|(seq, _)| *seq);
+    let mut messages = messages.into_iter().map(|(_, m)| m);
+    let Some(response) = messages.next().filter(|m| m.role == Role::Assistant) else {
+        return Vec::new();
+    };
+    let mut answered = Vec::new();
+    for m in messages {
+        if m.role != Role::Tool {
+            // The turn went on without these calls (a cancelled turn and a follow-up).
+            return Vec::new();
+        }
+        answered.extend(m.tool_call_id);
+    }
+    response
+        .tool_calls
+        .into_iter()
+        .filter(|c| held.contains(&c.id) && !answered.contains(&c.id) && !decided.contains(&c.id))
+        .collect()
 }

@@ -188,6 +188,7 @@ impl SessionRecord {
             finished_at: time(self.finished_at),
             wake_seq: self.wake_seq,
             approval_deadline: time(self.approval_deadline),
+            held_calls: self.not_started.0,
         })
     }
 
@@ -254,6 +255,10 @@ pub(crate) fn history_of(rows: Vec<HistoryRow>) -> Option<Vec<Message>> {
         .collect();
     Some(history(&prompt, stored))
 }
+
+/// A row of the pending-approvals read: a message (seq and body) of the latest response
+/// on, or (no seq) the id of a held call that has a decision.
+pub(crate) type PendingRow = (Option<i32>, Option<Json<Message>>, Option<String>);
 
 /// An `inbox` row.
 #[derive(Debug, sqlx::FromRow)]

@@ -311,6 +311,24 @@ const KEY_BY_ID: Shared = Shared {
     sqlite_now: None,
 };
 
+/// What [`crate::InboxStore::pending_approvals`] reads, in one round trip: the session's
+/// latest response and every message after it (seq, body), then the recorded decisions
+/// on the held calls `$2` (a NULL seq, the call's id). The last response is found by its
+/// role inside the body, so the scan reads the session's messages (no index holds their
+/// seq or role); it runs only for a session holding calls.
+const PENDING_APPROVALS: Shared = Shared {
+    text: "SELECT m.seq, m.body, NULL::text FROM sessions s \
+           JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
+           WHERE s.id = $1 AND m.seq >= (SELECT max(l.seq) FROM messages l \
+                WHERE l.root_id = s.root_id::uuid AND l.session_id = s.id::uuid \
+                  AND l.body->>'role' = 'assistant') \
+           UNION ALL \
+           SELECT NULL, NULL, a.tool_call_id FROM sessions s \
+           JOIN approvals a ON a.root_id = s.root_id AND a.session_id = s.id \
+           WHERE s.id = $1 AND a.tool_call_id = ANY($2)",
+    sqlite_now: None,
+};
+
 /// The shared statements, rendered for one dialect.
 pub(crate) struct Statements {
     pub select_session: String,
@@ -334,6 +352,7 @@ pub(crate) struct Statements {
     pub list_keys: String,
     pub revoke_key: String,
     pub key_by_id: String,
+    pub pending_approvals: String,
 }
 
 impl Statements {
@@ -360,6 +379,7 @@ impl Statements {
             list_keys: LIST_KEYS.render(d),
             revoke_key: REVOKE_KEY.render(d),
             key_by_id: KEY_BY_ID.render(d),
+            pending_approvals: PENDING_APPROVALS.render(d),
         }
     }
 }
@@ -487,6 +507,7 @@ mod tests {
                 &s.list_keys,
                 &s.revoke_key,
                 &s.key_by_id,
+                &s.pending_approvals,
             ] {
                 assert!(!sql.contains("COLS"), "{sql}");
                 assert!(!sql.contains("KEY_FIELDS"), "{sql}");

@@ -24,9 +24,14 @@ pub(crate) fn completion_from_row(row: &SessionRow, seq: u64) -> Value {
 }
 
 /// The events a run would have emitted for a stored history: per assistant message its
-/// iteration, text, tool calls and completion; per tool message its result; then the
-/// completion of a terminal session. Ids `t-<seq>-<k>`.
+/// iteration, text, tool calls and completion, then the approval requests of the calls
+/// the session still holds; per tool message its result; then the completion of a
+/// terminal session. Ids `t-<seq>-<k>`.
 pub fn transcript_events(messages: &[Message], row: Option<&SessionRow>) -> Vec<(u64, u64, Value)> {
+    let held: &[String] = match row {
+        Some(r) if r.may_hold_calls() => &r.held_calls,
+        _ => &[],
+    };
     let mut out = Vec::new();
     let mut iteration = 0u32;
     for (seq, m) in messages.iter().enumerate() {
@@ -50,6 +55,9 @@ pub fn transcript_events(messages: &[Message], row: Option<&SessionRow>) -> Vec<
                     "iteration": iteration,
                     "usage": m.usage.unwrap_or_default(),
                 }));
+                for c in m.tool_calls.iter().filter(|c| held.contains(&c.id)) {
+                    evs.push(json!({"type": EventKind::ApprovalRequested, "id": c.id, "name": c.name, "arguments": c.arguments}));
+                }
             }
             Role::Tool => evs.push(json!({
                 "type": EventKind::ToolResult,
@@ -112,5 +120,50 @@ mod tests {
             ]
         );
         assert_eq!(evs[4].2["seq"], json!(2));
+    }
+
+    #[test]
+    fn calls_still_held_are_requested_again() {
+        let mut a = Message::assistant("");
+        for (id, path) in [("w1", "a"), ("w2", "b")] {
+            a.tool_calls.push(agentq_agent::schema::ToolCall {
+                id: id.into(),
+                name: "write_file".into(),
+                arguments: json!({"path": path}),
+            });
+        }
+        let msgs = vec![
+            Message::user("write"),
+            a,
+            Message::tool_result("w1", "write_file", "ok", false),
+        ];
+        let mut row: SessionRow = serde_json::from_value(json!({
+            "id": "s1", "root_id": "s1", "parent_id": null, "depth": 0, "queue": "default",
+            "status": "awaiting_approval", "finish_reason": null,
+            "spec": {"prompt": "write"}, "iteration": 1,
+            "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+                      "cache_write_tokens": 0, "reasoning_tokens": 0},
+            "result": null, "error": null, "lease_owner": null, "lease_epoch": 1,
+            "lease_expires_at": null, "attempts": 0, "cancel_requested": false,
+            "idempotency_key": null, "created_at": "2026-12-01T08:00:00Z",
+            "updated_at": "2026-12-01T08:00:00Z", "finished_at": null,
+            "held_calls": ["w2"],
+        }))
+        .unwrap();
+        let requested = |row: &SessionRow| -> Vec<(u64, u64, Value)> {
+            transcript_events(&msgs, Some(row))
+                .into_iter()
+                .filter(|(_, _, v)| v["type"] == "approval_requested")
+                .collect()
+        };
+        let got = requested(&row);
+        assert_eq!(got.len(), 1);
+        // After the response's own events: started, two calls, completed.
+        assert_eq!((got[0].0, got[0].1), (1, 4));
+        assert_eq!(got[0].2["id"], "w2");
+        assert_eq!(got[0].2["arguments"], json!({"path": "b"}));
+        // A finished session holds nothing, whatever its row last recorded.
+        row.status = agentq_core::SessionStatus::Cancelled;
+        assert!(requested(&row).is_empty());
     }
 }

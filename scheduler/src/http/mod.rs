@@ -21,7 +21,7 @@ pub mod view;
 
 pub use auth::Auth;
 pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
-pub use view::session_view;
+pub use view::{pending_approval, session_view};
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 

@@ -1,6 +1,7 @@
-//! A session's row as the API shows it.
+//! A session's row as the API shows it, and the calls it holds for a decision.
 
-use agentq_api::SessionView;
+use agentq_agent::schema::ToolCall;
+use agentq_api::{PendingApproval, SessionView};
 use agentq_core::SessionRow;
 
 /// The view of a row: its spec's fields beside its state.
@@ -25,5 +26,16 @@ pub fn session_view(row: &SessionRow) -> SessionView {
         created_at: row.created_at,
         updated_at: row.updated_at,
         finished_at: row.finished_at,
+    }
+}
+
+/// A call `row` holds for a decision, as the API shows it: the session's deadline applies
+/// to every call it holds.
+pub fn pending_approval(row: &SessionRow, call: ToolCall) -> PendingApproval {
+    PendingApproval {
+        tool_call_id: call.id,
+        tool: call.name,
+        arguments: call.arguments,
+        deadline: row.approval_deadline,
     }
 }

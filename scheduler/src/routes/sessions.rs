@@ -20,7 +20,8 @@ use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRo
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, respond, session_view,
+    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval,
+    respond, session_view,
 };
 use crate::request::{
     Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch, parse_session,
@@ -223,11 +224,21 @@ pub(super) async fn get(
         .into_iter()
         .map(|c| c.id)
         .collect();
+    // Only a session whose row shows held calls costs a read for them.
+    let pending_approvals = if row.may_hold_calls() {
+        let held = s.store.pending_approvals(&id, &row.held_calls).await?;
+        held.into_iter()
+            .map(|c| pending_approval(&row, c))
+            .collect()
+    } else {
+        Vec::new()
+    };
     respond(
         StatusCode::OK,
         &SessionDetail {
             session: session_view(&row),
             children,
+            pending_approvals,
         },
     )
 }

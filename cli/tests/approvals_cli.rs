@@ -1,0 +1,230 @@
+//! Finding and deciding a held tool call with the real `agentq` binary: a scheduler and a
+//! worker (the scripted provider) on the test kit's Postgres and Redis; `status` names
+//! the held call and the commands that decide it, `approve` decides it, `watch` shows the
+//! request and how to answer it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agentq_testkit::{RedisServer, shared_postgres};
+use serde_json::{Value, json};
+
+/// The operator allows the write this test holds (the default policy allows reads only).
+const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
+
+fn agentq() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
+    for k in [
+        "AGENTQ_DATABASE_URL",
+        "AGENTQ_REDIS_URL",
+        "AGENTQ_API_URL",
+        "AGENTQ_API_ADDR",
+        "AGENTQ_CONFIG",
+        "AGENTQ_SCRIPT",
+        "AGENTQ_POLICY_TOOLS",
+    ] {
+        c.env_remove(k);
+    }
+    c.current_dir(std::env::temp_dir());
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Child processes, killed when the test ends however it ends.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The first stderr line containing `marker`; the rest is drained in the background.
+fn wait_line(stderr: ChildStderr, marker: &str) -> String {
+    let mut reader = BufReader::new(stderr);
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "stderr closed before {marker:?}: {seen}");
+        if line.contains(marker) {
+            std::thread::spawn(move || {
+                let mut sink = Vec::new();
+                let _ = reader.read_to_end(&mut sink);
+            });
+            return line;
+        }
+        seen.push_str(&line);
+    }
+}
+
+fn client(api: &str, args: &[&str]) -> Output {
+    agentq()
+        .env("AGENTQ_API_URL", api)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn status(api: &str, id: &str) -> (Value, String) {
+    let out = client(api, &["status", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        text(&out.stderr),
+    )
+}
+
+#[test]
+fn status_names_the_held_call_and_watch_shows_the_request() {
+    let db = shared_postgres().unwrap().fresh_database().unwrap();
+    let redis = RedisServer::start().unwrap();
+    let out = agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        json!({"turns": [
+            {"text": "writing", "tool_calls": [{"id": "call_w1", "name": "write_file",
+                "arguments": {"path": "out.txt", "content": "hello from the test"}}]},
+            {"text": "written"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+
+    let mut procs = Procs(Vec::new());
+    let mut scheduler = agentq()
+        .args(["scheduler", "--addr", "127.0.0.1:0"])
+        .env("AGENTQ_DATABASE_URL", &db)
+        .env("AGENTQ_REDIS_URL", redis.url())
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = wait_line(scheduler.stderr.take().unwrap(), "listening on ");
+    procs.0.push(scheduler);
+    let api = line
+        .trim()
+        .rsplit("listening on ")
+        .next()
+        .unwrap()
+        .to_string();
+    let worker = agentq()
+        .arg("worker")
+        .args(["--database-url", &db])
+        .args(["--redis-url", &redis.url()])
+        .args(["--default-provider", "scripted"])
+        .arg("--script")
+        .arg(&script)
+        .arg("--workspace-root")
+        .arg(dir.path().join("ws"))
+        .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    procs.0.push(worker);
+
+    let batch = dir.path().join("batch.jsonl");
+    std::fs::write(
+        &batch,
+        format!(
+            "{}\n",
+            json!({"prompt": "write the file", "tools": ["write_file"],
+                   "sensitive_tools": ["write_file"]})
+        ),
+    )
+    .unwrap();
+    let out = client(&api, &["submit", "--file", batch.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(id.len(), 36, "{id}");
+
+    let started = Instant::now();
+    let (view, hints) = loop {
+        let (view, hints) = status(&api, &id);
+        if view["status"] == "awaiting_approval" {
+            break (view, hints);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "never held: {view}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // stdout stays the JSON view, with the held call in it.
+    assert_eq!(view["pending_approvals"][0]["tool_call_id"], "call_w1");
+    assert_eq!(view["pending_approvals"][0]["tool"], "write_file");
+    // stderr says which call waits, with what, and the exact commands.
+    assert!(hints.contains("1 tool call(s) await approval"), "{hints}");
+    assert!(
+        hints.contains(r#"call_w1 write_file({"content":"hello from the test","path":"out.txt"})"#),
+        "{hints}"
+    );
+    assert!(
+        hints.contains(&format!("agentq approve {id} call_w1")),
+        "{hints}"
+    );
+    assert!(
+        hints.contains(&format!("agentq deny {id} call_w1")),
+        "{hints}"
+    );
+
+    let out = client(&api, &["approve", &id, "call_w1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // `watch` replays the session to its end, the request among its events.
+    let out = client(&api, &["watch", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains(&format!(
+            "⏸ write_file({{\"content\":\"hello from the test\",\"path\":\"out.txt\"}}) \
+             awaits approval, call call_w1: agentq approve {id} call_w1"
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("▶ write_file call call_w1 approved"),
+        "{shown}"
+    );
+    assert!(shown.contains("← write_file"), "{shown}");
+    assert_eq!(
+        std::fs::read_to_string(
+            dir.path()
+                .join("ws")
+                .read_dir()
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path()
+                .join("out.txt")
+        )
+        .unwrap(),
+        "hello from the test"
+    );
+
+    // Decided and done: nothing is held, nothing is printed about it.
+    let (view, hints) = status(&api, &id);
+    assert_eq!(view["status"], "completed");
+    assert_eq!(view["pending_approvals"], json!([]));
+    assert!(!hints.contains("await approval"), "{hints}");
+}
