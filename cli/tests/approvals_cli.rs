@@ -15,6 +15,9 @@ use serde_json::{Value, json};
 /// The operator allows the write this test holds (the default policy allows reads only).
 const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
 
+/// The scheduler's operator key, which the client commands use too.
+const ADMIN_KEY: &str = "approvals-cli-admin-key";
+
 fn agentq() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
     for k in [
@@ -25,6 +28,8 @@ fn agentq() -> Command {
         "AGENTQ_CONFIG",
         "AGENTQ_SCRIPT",
         "AGENTQ_POLICY_TOOLS",
+        "AGENTQ_ADMIN_KEY",
+        "AGENTQ_API_KEY",
     ] {
         c.env_remove(k);
     }
@@ -70,6 +75,7 @@ fn wait_line(stderr: ChildStderr, marker: &str) -> String {
 fn client(api: &str, args: &[&str]) -> Output {
     agentq()
         .env("AGENTQ_API_URL", api)
+        .env("AGENTQ_API_KEY", ADMIN_KEY)
         .args(args)
         .output()
         .unwrap()
@@ -113,6 +119,7 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
         .env("AGENTQ_DATABASE_URL", &db)
         .env("AGENTQ_REDIS_URL", redis.url())
         .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

@@ -24,6 +24,26 @@ struct Env {
     _redis: RedisServer,
 }
 
+/// Requests of these tests act as the admin (tenant `default`); `tenants_get_their_own_policy`
+/// uses keys of two tenants.
+const ADMIN_KEY: &str = "policy-test-admin-key";
+
+fn bearer_client(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
+}
+
+fn admin_client() -> reqwest::Client {
+    bearer_client(ADMIN_KEY)
+}
+
 impl Env {
     async fn start(policy: PolicySection) -> Env {
         let db_url = shared_postgres().unwrap().fresh_database().unwrap();
@@ -33,17 +53,18 @@ impl Env {
         let redis = RedisServer::start().unwrap();
         let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
         queue.ensure_queue("default").await.unwrap();
-        let settings = SchedulerSettings {
+        let mut settings = SchedulerSettings {
             policy: Arc::new(Policy::from_section(&policy).unwrap()),
             ..SchedulerSettings::default()
         };
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
         let state = Scheduler::new(store.clone(), queue, settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router(state)).await });
         Env {
             base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
+            http: admin_client(),
             store,
             db_url,
             _redis: redis,
@@ -286,4 +307,64 @@ async fn the_requests_tenant_override_replaces_the_global_rule() {
     // The tenant's bound for what it sets, the global one for the rest.
     assert_eq!(row.spec.max_iterations, 5);
     assert_eq!(row.spec.token_budget, Some(10_000));
+}
+
+/// Two tenants' keys, two policies: each request is held to its own key's tenant, and the
+/// session is stored under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenant_is_held_to_its_own_policy() {
+    use agentq_core::KeyStore;
+    use agentq_core::auth::{Scope, generate};
+    let mut policy = PolicySection::default();
+    policy.tenants.insert(
+        "acme".into(),
+        agentq_core::config::TenantPolicySection {
+            tools: Some(vec!["read_file".into(), "write_file".into()]),
+            ..Default::default()
+        },
+    );
+    policy.tenants.insert(
+        "globex".into(),
+        agentq_core::config::TenantPolicySection {
+            tools: Some(vec!["list_dir".into()]),
+            ..Default::default()
+        },
+    );
+    let env = Env::start(policy).await;
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let (new, key) = generate(tenant, vec![Scope::SessionsWrite], None, None).unwrap();
+        env.store.create_key(&new).await.unwrap();
+        keys.push(bearer_client(&key));
+    }
+    let post = |client: &reqwest::Client, tools: &[&str]| {
+        let req = client
+            .post(format!("{}/v1/sessions", env.base))
+            .json(&json!({"prompt": "p", "tools": tools}));
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, answer) = post(&keys[0], &["write_file"]).await;
+    assert_eq!(status, 201, "{answer}");
+    let row = env
+        .store
+        .get(answer["id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.tenant, "acme");
+    let (status, answer) = post(&keys[1], &["write_file"]).await;
+    assert_refused(status, &answer, "tools");
+    let (status, answer) = post(&keys[1], &["list_dir"]).await;
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = post(&keys[0], &["list_dir"]).await;
+    assert_refused(status, &answer, "tools");
+    // The admin's own tenant (`default`) has the global policy: reads only.
+    let (status, answer) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "tools": ["write_file"]}))
+        .await;
+    assert_refused(status, &answer, "tools");
 }

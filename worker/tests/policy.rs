@@ -267,3 +267,44 @@ async fn the_sessions_tenant_override_replaces_the_global_rule() {
     assert_eq!(rows[1].status, SessionStatus::Completed, "{:?}", rows[1]);
     assert_eq!(env.fake.request_count(), 1);
 }
+
+/// Rows of two tenants, the same request: each runs under its own tenant's policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_row_runs_under_its_own_tenants_policy() {
+    let env = Env::start().await;
+    env.fake
+        .push(FakeResponse::sse(openai_answer("read"), 64));
+    let mut policy = PolicySection::default();
+    for (tenant, tool) in [("acme", "read_file"), ("globex", "list_dir")] {
+        policy.tenants.insert(
+            tenant.into(),
+            agentq_core::config::TenantPolicySection {
+                tools: Some(vec![tool.into()]),
+                ..Default::default()
+            },
+        );
+    }
+    let mut ids = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let mut spec = SessionSpec::new("read");
+        spec.tools = Some(vec!["read_file".into()]);
+        let new = NewSession::root(spec, "default").with_tenant(tenant);
+        let (row, _) = env.store.create_session(&new).await.unwrap();
+        env.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .unwrap();
+        ids.push(row.id);
+    }
+    let rows = env.run_until_terminal(env.config(policy), &ids).await;
+    assert_eq!(rows[0].tenant, "acme");
+    assert_eq!(rows[0].status, SessionStatus::Completed, "{:?}", rows[0]);
+    assert_eq!(rows[1].tenant, "globex");
+    assert_eq!(rows[1].status, SessionStatus::Failed, "{:?}", rows[1]);
+    let error = rows[1].error.clone().unwrap_or_default();
+    assert!(
+        error.contains("tools:") && error.contains("read_file"),
+        "{error}"
+    );
+    assert_eq!(env.fake.request_count(), 1);
+}
