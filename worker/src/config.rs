@@ -264,4 +264,34 @@ mod tests {
             "{e}"
         );
     }
+
+    /// A tenant's keys are this worker's only if their variables are set: a worker that
+    /// would run the tenant's sessions keyless (or with someone else's key) refuses to
+    /// start, naming the setting; the scheduler, which reads the same file, needs no keys.
+    #[test]
+    fn a_tenant_key_variable_that_is_unset_stops_the_worker() {
+        let mut s = Settings::default();
+        s.providers.tenants.insert(
+            "acme".into(),
+            agentq_core::config::TenantProviders {
+                anthropic_key_env: Some("ACME_ANTHROPIC".into()),
+                ..Default::default()
+            },
+        );
+        s.validate().unwrap();
+        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("providers.tenants.acme.anthropic_key_env") && e.contains("ACME_ANTHROPIC"),
+            "{e}"
+        );
+        if let Some(t) = s.providers.tenants.get_mut("acme") {
+            t.anthropic_api_key = Some(agentq_core::config::Secret::new("sk-acme"));
+        }
+        let c = WorkerConfig::from_settings(&s).unwrap();
+        assert_eq!(
+            c.tenant_providers["acme"].anthropic_api_key.as_deref(),
+            Some("sk-acme")
+        );
+        assert_eq!(c.tenant_providers["acme"].openai_api_key, None);
+    }
 }
