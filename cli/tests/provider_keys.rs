@@ -30,22 +30,18 @@ impl Drop for Dev {
     }
 }
 
-/// The configuration file the test runs `agentq dev` with: shell enabled so `env` can be
-/// tried. A deployment that refuses session base URLs unless allowed adds the allowance
-/// for `allowed_base_urls` here; the keys must stay home either way.
+/// The configuration file the test runs `agentq dev` with: shell enabled and allowed so
+/// `env` can be tried, and `allowed_base_urls` allowed as session base URLs (refused by
+/// default): an operator allowing an endpoint does not give it the keys.
 fn agentq_toml(dir: &Path, allowed_base_urls: &[String]) -> String {
-    let mut text = format!(
-        "[worker]\nshell_enabled = true\nworkspace_root = {:?}\n",
-        dir.join("ws").display().to_string()
-    );
-    // Without a policy table sessions may name any base URL; with one, these are the
-    // URLs the operator allows, so that the requests reach the listeners at all.
-    if !allowed_base_urls.is_empty() {
-        text.push_str("\n# session base URLs allowed: ");
-        text.push_str(&allowed_base_urls.join(", "));
-        text.push('\n');
-    }
-    text
+    let quoted: Vec<String> = allowed_base_urls.iter().map(|u| format!("{u:?}")).collect();
+    format!(
+        "[worker]\nshell_enabled = true\nworkspace_root = {:?}\n\n\
+         [policy]\nbase_urls = [{}]\ntools = [\"read_file\", \"list_dir\", \"glob\", \"grep\", \
+         \"spawn_agent\", \"shell\"]\n",
+        dir.join("ws").display().to_string(),
+        quoted.join(", ")
+    )
 }
 
 /// `agentq dev` on a free loopback port with canary keys in its environment and its

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use agentq_agent::provider::factory::ProviderSettings;
 use agentq_agent::spec::SessionSpec;
+use agentq_core::config::PolicySection;
 use agentq_core::pg::PgStore;
+use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, RedisServer, fixture};
@@ -33,9 +35,16 @@ async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
     (Arc::new(store), Arc::new(queue), redis)
 }
 
-/// A worker whose configuration holds canary keys for `configured`.
-fn config(dir: &std::path::Path, configured: &FakeLlm) -> WorkerConfig {
+/// A worker whose configuration holds canary keys for `configured`, and whose policy
+/// lets sessions name `allowed` as their base URL: an operator allowing an endpoint does
+/// not give it the keys.
+fn config(dir: &std::path::Path, configured: &FakeLlm, allowed: &[String]) -> WorkerConfig {
+    let policy = PolicySection {
+        base_urls: allowed.to_vec(),
+        ..PolicySection::default()
+    };
     WorkerConfig {
+        policy: Arc::new(Policy::from_section(&policy).unwrap()),
         read_block: Duration::from_millis(200),
         workspace_root: dir.to_path_buf(),
         providers: ProviderSettings {
@@ -136,7 +145,7 @@ async fn a_session_base_url_never_receives_the_workers_key() {
         let row = run_one(
             &store,
             &queue,
-            config(dir.path(), &configured),
+            config(dir.path(), &configured, &[base(provider, &attacker)]),
             spec(provider, Some(base(provider, &attacker))),
         )
         .await;
@@ -167,7 +176,7 @@ async fn a_redirect_from_the_configured_endpoint_is_not_followed() {
         let row = run_one(
             &store,
             &queue,
-            config(dir.path(), &configured),
+            config(dir.path(), &configured, &[]),
             spec(provider, None),
         )
         .await;
@@ -196,7 +205,7 @@ async fn a_tenant_with_its_own_keys_never_sends_the_shared_ones() {
     let attacker = FakeLlm::start().await.unwrap();
     configured.push(answer("openai"));
     attacker.push(answer("openai"));
-    let mut cfg = config(dir.path(), &configured);
+    let mut cfg = config(dir.path(), &configured, &[base("openai", &attacker)]);
     let mut own = cfg.providers.clone();
     own.openai_api_key = Some("sk-tenant-own".into());
     own.anthropic_api_key = None;
