@@ -236,6 +236,9 @@ impl SessionSpec {
                 format!("unknown provider `{p}` (expected openai, anthropic or scripted)"),
             ));
         }
+        if let Some(url) = &self.base_url {
+            crate::provider::endpoint::check_base_url(url).map_err(|why| ("base_url", why))?;
+        }
         Ok(())
     }
 }

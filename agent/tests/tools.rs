@@ -1009,3 +1009,161 @@ fn a_tool_that_declares_no_effect_is_not_taken_for_pure() {
     assert!(builtin.get("read_file").is_some());
     assert!(format!("{builtin:?}").contains("\"undeclared\""));
 }
+
+// ---------------------------------------------------------------- the trust boundary
+
+/// A hard link inside the workspace to a file outside it passes every path check (it is a
+/// plain file, not a link), so the file tools refuse any file with more than one name:
+/// read, write, edit and grep leave the outside file alone.
+#[tokio::test]
+async fn hard_links_are_refused_like_symlinks() {
+    let dir = TempDir::new().unwrap();
+    let outside = TempDir::new().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, "s3cret").unwrap();
+    std::fs::hard_link(&secret, dir.path().join("inside")).unwrap();
+    let c = ctx(&dir);
+    assert_denied(run(&ReadFile, json!({"path": "inside"}), &c).await);
+    assert_denied(run(&WriteFile, json!({"path": "inside", "content": "x"}), &c).await);
+    assert_denied(
+        run(
+            &EditFile,
+            json!({"path": "inside", "old_string": "s3cret", "new_string": "t"}),
+            &c,
+        )
+        .await,
+    );
+    let out = ok(&Grep, json!({"pattern": "s3cret"}), &c).await;
+    assert!(!out.contains("inside:"), "{out}");
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "s3cret");
+
+    // A file with one name is still read and written (the check is on the link count).
+    write(&dir, "own", b"mine");
+    let out = ok(&ReadFile, json!({"path": "own"}), &c).await;
+    assert!(out.contains("mine"), "{out}");
+    ok(&WriteFile, json!({"path": "own", "content": "new"}), &c).await;
+    assert_eq!(read(&dir, "own"), "new");
+}
+
+/// IPv6 spellings of a loopback IPv4 address are refused before any connection: the
+/// IPv4-mapped form reaches the listener on a dual-stack host, and the NAT64, 6to4,
+/// Teredo and IPv4-compatible forms embed the same address for a gateway to reach.
+#[tokio::test]
+async fn http_fetch_refuses_v6_forms_of_private_v4() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                accepted.store(true, std::sync::atomic::Ordering::SeqCst);
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+                let _ = s.shutdown().await;
+            }
+        }
+    });
+    let dir = TempDir::new().unwrap();
+    let c = ctx(&dir);
+    for host in [
+        "[::ffff:127.0.0.1]",
+        "[::ffff:7f00:1]",
+        "[::ffff:10.0.0.1]",
+        "[64:ff9b::127.0.0.1]",
+        "[64:ff9b:1::7f00:1]",
+        "[2002:7f00:1::1]",
+        "[2002:a9fe:a9fe::1]",
+        "[2001:0:7f00:1::1]",
+        "[::127.0.0.1]",
+    ] {
+        let url = format!("http://{host}:{port}/");
+        let r = run(&HttpFetch, json!({"url": url}), &c).await;
+        assert!(matches!(r, Err(ToolError::Denied(_))), "{url}: {r:?}");
+    }
+    assert!(!accepted.load(std::sync::atomic::Ordering::SeqCst));
+    // The listener is reachable: with the address allowed, the same fetch gets through.
+    let allowed = ctx_with(
+        &dir,
+        ToolSettings {
+            allowed_hosts: vec![format!("127.0.0.1:{port}")],
+            ..ToolSettings::default()
+        },
+    );
+    let out = ok(
+        &HttpFetch,
+        json!({"url": format!("http://127.0.0.1:{port}/")}),
+        &allowed,
+    )
+    .await;
+    assert!(out.starts_with("HTTP 200"), "{out}");
+    assert!(accepted.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+/// Set in the parent's environment for the child run of
+/// [`shell_env_child_sees_no_secret`]; the child must not see it.
+const CANARY_VARS: &[(&str, &str)] = &[
+    ("OPENAI_API_KEY", "sk-canary-shell-openai"),
+    ("ANTHROPIC_API_KEY", "sk-ant-canary-shell"),
+    ("AGENTQ_DATABASE_URL", "postgres://u:canary-db-pw@db/agentq"),
+];
+
+/// `shell` with `env` prints none of the worker's environment: this test runs the one
+/// below in a child process of this test binary whose environment holds canary keys.
+#[test]
+fn shell_runs_with_a_cleared_environment() {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "shell_env_child_sees_no_secret",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("AGENTQ_TEST_SHELL_CHILD", "1");
+    for (k, v) in CANARY_VARS {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("1 passed"), "{stdout}");
+}
+
+#[tokio::test]
+#[ignore = "run by shell_runs_with_a_cleared_environment, with canaries in its environment"]
+async fn shell_env_child_sees_no_secret() {
+    // The canaries are in this process's environment, as in a worker's.
+    for (k, v) in CANARY_VARS {
+        assert_eq!(std::env::var(k).as_deref(), Ok(*v), "{k}");
+    }
+    let dir = TempDir::new().unwrap();
+    let c = ctx(&dir);
+    let out = ok(&Shell, json!({"command": "env"}), &c).await;
+    for (k, v) in CANARY_VARS {
+        assert!(!out.contains(v), "{k} leaked: {out}");
+        assert!(!out.contains(&format!("{k}=")), "{k} leaked: {out}");
+    }
+    assert!(!out.contains("AGENTQ_TEST_SHELL_CHILD"), "{out}");
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    assert!(out.contains(&format!("HOME={}\n", root.display())), "{out}");
+    assert!(out.contains("PATH="), "{out}");
+    // Commands on PATH still run, and `~` is the workspace.
+    let out = ok(&Shell, json!({"command": "cd ~ && pwd && ls /"}), &c).await;
+    assert!(out.contains(&root.display().to_string()), "{out}");
+}

@@ -28,7 +28,8 @@ pub struct RunArgs {
     pub provider: String,
     #[arg(long)]
     pub model: Option<String>,
-    /// Endpoint of the provider (OpenAI-compatible servers: vLLM, Ollama, OpenRouter…).
+    /// Endpoint of the provider (OpenAI-compatible servers: vLLM, Ollama, OpenRouter…);
+    /// the key from OPENAI_API_KEY or ANTHROPIC_API_KEY is sent to it.
     #[arg(long)]
     pub base_url: Option<String>,
     /// act, think, plan or plan-act.
@@ -77,7 +78,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("--script: cannot read {}", path.display()))?;
         settings.script = Some(json);
     }
-    let provider = factory::build(&args.provider, args.base_url.as_deref(), &settings)
+    // `run` acts on the operator's own behalf: the environment's keys are its keys, and
+    // `--base-url` is an endpoint the operator chose, like OPENAI_BASE_URL, so the key of
+    // the environment goes there.
+    if let Some(url) = &args.base_url {
+        match args.provider.as_str() {
+            "anthropic" => settings.anthropic_base_url = Some(url.clone()),
+            _ => settings.openai_base_url = Some(url.clone()),
+        }
+    }
+    let provider = factory::build(&args.provider, None, &settings)
         .map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
     let model = args
         .model

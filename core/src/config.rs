@@ -286,6 +286,48 @@ pub struct ProvidersSection {
     pub openai_api_key: Option<Secret>,
     #[serde(skip)]
     pub anthropic_api_key: Option<Secret>,
+    /// Tenants with keys of their own (`[providers.tenants.<name>]`): their sessions use
+    /// these endpoints and keys, never the shared ones above.
+    pub tenants: BTreeMap<String, TenantProviders>,
+}
+
+/// `[providers.tenants.<name>]`: one tenant's provider endpoints and the environment
+/// variables holding its keys. A key this table names no variable for is no key: the
+/// tenant's sessions never fall back to the shared keys. An endpoint left unset is the
+/// shared one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantProviders {
+    pub openai_base_url: Option<String>,
+    pub anthropic_base_url: Option<String>,
+    /// The environment variable that holds this tenant's OpenAI key.
+    pub openai_key_env: Option<String>,
+    /// The environment variable that holds this tenant's Anthropic key.
+    pub anthropic_key_env: Option<String>,
+    #[serde(skip)]
+    pub openai_api_key: Option<Secret>,
+    #[serde(skip)]
+    pub anthropic_api_key: Option<Secret>,
+}
+
+impl TenantProviders {
+    /// Each named variable that is unset or empty, with the setting naming it.
+    pub fn missing_keys(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("openai_key_env", &self.openai_key_env, &self.openai_api_key),
+            (
+                "anthropic_key_env",
+                &self.anthropic_key_env,
+                &self.anthropic_api_key,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, var, key)| match (var, key) {
+            (Some(var), None) => Some((field, var.as_str())),
+            _ => None,
+        })
+        .collect()
+    }
 }
 
 impl ProvidersSection {
@@ -974,6 +1016,15 @@ impl Settings {
                     hook.header_value = var(name).map(Secret::new);
                 }
             }
+            for t in self.providers.tenants.values_mut() {
+                let read = |name: &Option<String>| {
+                    name.as_deref()
+                        .and_then(|n| var(n.trim()))
+                        .map(|v| Secret::new(v.trim()))
+                };
+                t.openai_api_key = read(&t.openai_key_env);
+                t.anthropic_api_key = read(&t.anthropic_key_env);
+            }
         }
         Ok(())
     }
@@ -990,6 +1041,32 @@ impl Settings {
             anthropic_api_key: key(&p.anthropic_api_key),
             script: None,
         }
+    }
+
+    /// [`Settings::provider_settings`] of each tenant with a `[providers.tenants.<name>]`
+    /// table: its own keys, its endpoints or else the shared ones.
+    pub fn tenant_provider_settings(&self) -> BTreeMap<String, ProviderSettings> {
+        let p = &self.providers;
+        let key = |k: &Option<Secret>| k.as_ref().map(|s| s.expose().to_string());
+        p.tenants
+            .iter()
+            .map(|(name, t)| {
+                let own = ProviderSettings {
+                    openai_base_url: t
+                        .openai_base_url
+                        .clone()
+                        .or_else(|| p.openai_base_url.clone()),
+                    openai_api_key: key(&t.openai_api_key),
+                    anthropic_base_url: t
+                        .anthropic_base_url
+                        .clone()
+                        .or_else(|| p.anthropic_base_url.clone()),
+                    anthropic_api_key: key(&t.anthropic_api_key),
+                    script: None,
+                };
+                (name.clone(), own)
+            })
+            .collect()
     }
 }
 

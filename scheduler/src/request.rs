@@ -471,6 +471,19 @@ mod tests {
             err(json!({"prompt": "p", "base_url": "file:///etc/passwd"})),
             (422, "invalid_field".into(), f("base_url"))
         );
+        // Each of these would let the host's key reach a place nobody configured.
+        for bad in [
+            "http://user:pw@llm.test/v1",
+            "http://llm.test/v1?x=/",
+            "http://llm.test/v1#f",
+            "ftp://llm.test/v1",
+        ] {
+            assert_eq!(
+                err(json!({"prompt": "p", "base_url": bad})),
+                (422, "invalid_field".into(), f("base_url")),
+                "{bad}"
+            );
+        }
         assert_eq!(
             err(json!({"prompt": "p", "metadata": [1]})),
             (422, "invalid_field".into(), f("metadata"))

@@ -3,6 +3,7 @@
 //! are the only ones — plus what only a program embedding the worker can give (its own
 //! tools, a consumer name).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +41,11 @@ pub struct WorkerConfig {
     pub default_model: Option<String>,
     /// Tools a session gets when it names none.
     pub default_tools: Vec<String>,
+    /// The provider endpoints and keys sessions use, unless their tenant has its own.
     pub providers: ProviderSettings,
+    /// Tenants with provider settings of their own (`[providers.tenants.<name>]`): their
+    /// sessions use these, never the shared keys.
+    pub tenant_providers: BTreeMap<String, ProviderSettings>,
     pub tool_settings: ToolSettings,
     pub sensitive_tools: Vec<String>,
     /// How long a finished session's event stream is kept.
@@ -73,10 +78,22 @@ impl WorkerConfig {
     /// provider's script read, and a consumer name unique to this process.
     pub fn from_settings(settings: &Settings) -> Result<WorkerConfig> {
         settings.validate()?;
+        // Only a worker needs the keys: the scheduler reads the same file without them.
+        for (name, t) in &settings.providers.tenants {
+            if let Some((field, var)) = t.missing_keys().first() {
+                return Err(crate::Error::Config(format!(
+                    "`providers.tenants.{name}.{field}`: the environment variable {var} is \
+                     unset or empty"
+                )));
+            }
+        }
         let mut cfg = Self::build(settings);
         cfg.policy = Arc::new(Policy::from_section(&settings.policy)?);
         cfg.providers.script = settings.providers.read_script()?;
         cfg.operator = OperatorGuards::from_settings(settings, agentq_core::metrics::global())?;
+        for own in cfg.tenant_providers.values_mut() {
+            own.script.clone_from(&cfg.providers.script);
+        }
         cfg.consumer = default_consumer_name();
         Ok(cfg)
     }
@@ -106,6 +123,7 @@ impl WorkerConfig {
                     .collect(),
             },
             providers: settings.provider_settings(),
+            tenant_providers: settings.tenant_provider_settings(),
             tool_settings: ToolSettings {
                 shell_enabled: w.shell_enabled,
                 allow_private_network: w.allow_private_network,
@@ -245,5 +263,35 @@ mod tests {
             e.contains("AGENTQ_SCRIPT") && e.contains("/nonexistent/script.json"),
             "{e}"
         );
+    }
+
+    /// A tenant's keys are this worker's only if their variables are set: a worker that
+    /// would run the tenant's sessions keyless (or with someone else's key) refuses to
+    /// start, naming the setting; the scheduler, which reads the same file, needs no keys.
+    #[test]
+    fn a_tenant_key_variable_that_is_unset_stops_the_worker() {
+        let mut s = Settings::default();
+        s.providers.tenants.insert(
+            "acme".into(),
+            agentq_core::config::TenantProviders {
+                anthropic_key_env: Some("ACME_ANTHROPIC".into()),
+                ..Default::default()
+            },
+        );
+        s.validate().unwrap();
+        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        assert!(
+            e.contains("providers.tenants.acme.anthropic_key_env") && e.contains("ACME_ANTHROPIC"),
+            "{e}"
+        );
+        if let Some(t) = s.providers.tenants.get_mut("acme") {
+            t.anthropic_api_key = Some(agentq_core::config::Secret::new("sk-acme"));
+        }
+        let c = WorkerConfig::from_settings(&s).unwrap();
+        assert_eq!(
+            c.tenant_providers["acme"].anthropic_api_key.as_deref(),
+            Some("sk-acme")
+        );
+        assert_eq!(c.tenant_providers["acme"].openai_api_key, None);
     }
 }

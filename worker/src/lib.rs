@@ -55,8 +55,9 @@ pub enum Error {
     Config(String),
 }
 
-/// Providers by (name, base URL).
-type ProviderCache = HashMap<(String, Option<String>), Arc<dyn LlmProvider>>;
+/// Providers by (the tenant whose own settings built it, or `None` for the shared ones;
+/// provider name; the session's base URL).
+type ProviderCache = HashMap<(Option<String>, String, Option<String>), Arc<dyn LlmProvider>>;
 
 /// What a worker holds for all its sessions.
 pub(crate) struct Inner {
@@ -109,15 +110,23 @@ impl Inner {
             .map_err(|e| format!("workspace root {}: {e}", root.display()))
     }
 
-    /// Providers are shared across sessions (one HTTP connection pool per endpoint).
-    /// Credentials go only to the endpoint they are configured for: a session that names
-    /// another base URL gets a provider without them.
+    /// Providers are shared across sessions (one HTTP connection pool per endpoint). The
+    /// provider is built from this worker's settings for `tenant` (its own
+    /// `[providers.tenants.<name>]` when configured, else the shared `[providers]`); which
+    /// key goes to which endpoint is the factory's rule, so a session's `base_url` never
+    /// gets a key configured for another endpoint. The cache key holds everything that
+    /// changes the credentials: whose settings, the provider and the endpoint.
     pub(crate) fn provider(
         &self,
+        tenant: &str,
         name: &str,
         base_url: Option<&str>,
     ) -> agentq_agent::Result<Arc<dyn LlmProvider>> {
-        let key = (name.to_string(), base_url.map(str::to_string));
+        let (owner, settings) = match self.cfg.tenant_providers.get(tenant) {
+            Some(own) => (Some(tenant.to_string()), own),
+            None => (None, &self.cfg.providers),
+        };
+        let key = (owner, name.to_string(), base_url.map(str::to_string));
         let mut cache = self
             .shared
             .providers
@@ -126,18 +135,7 @@ impl Inner {
         if let Some(p) = cache.get(&key) {
             return Ok(p.clone());
         }
-        let mut settings = self.cfg.providers.clone();
-        if let Some(url) = base_url {
-            let configured = match name {
-                "anthropic" => settings.anthropic_base_url.as_deref(),
-                _ => settings.openai_base_url.as_deref(),
-            };
-            if configured.map(|c| c.trim_end_matches('/')) != Some(url.trim_end_matches('/')) {
-                settings.openai_api_key = None;
-                settings.anthropic_api_key = None;
-            }
-        }
-        let p = factory::build(name, base_url, &settings)?;
+        let p = factory::build(name, base_url, settings)?;
         cache.insert(key, p.clone());
         Ok(p)
     }

@@ -533,7 +533,7 @@ fn build_agent(
         .clone()
         .unwrap_or_else(|| inner.cfg.default_provider.clone());
     let provider = inner
-        .provider(&provider_name, spec.base_url.as_deref())
+        .provider(tenant(row), &provider_name, spec.base_url.as_deref())
         .map_err(|e| format!("provider: {e}"))?;
     let default_model = inner
         .cfg

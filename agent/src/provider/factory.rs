@@ -1,16 +1,20 @@
 //! Building a provider from a name and settings, shared by `agentq run`, the worker and
-//! the demo. Credentials come from the host's configuration, never from a session.
+//! the demo. Credentials come from the settings the caller passes, never from a session
+//! and never from the environment: only a caller that means to (`agentq run`, through
+//! [`ProviderSettings::from_env`]) puts the environment's keys into them.
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::provider::LlmProvider;
-use crate::provider::anthropic::{AnthropicConfig, AnthropicProvider};
-use crate::provider::openai::{OpenAiConfig, OpenAiProvider};
+use crate::provider::anthropic::{self, AnthropicConfig, AnthropicProvider};
+use crate::provider::endpoint;
+use crate::provider::openai::{self, OpenAiConfig, OpenAiProvider};
 use crate::provider::scripted::ScriptedProvider;
+use crate::provider::{HttpTimeouts, LlmProvider};
 
-/// Host-side provider settings: keys and default endpoints.
-#[derive(Debug, Clone, Default)]
+/// Host-side provider settings: keys and the endpoints they belong to. An endpoint left
+/// `None` is the provider's public API, and its key goes there.
+#[derive(Clone, Default)]
 pub struct ProviderSettings {
     pub openai_base_url: Option<String>,
     pub openai_api_key: Option<String>,
@@ -20,8 +24,23 @@ pub struct ProviderSettings {
     pub script: Option<String>,
 }
 
+impl std::fmt::Debug for ProviderSettings {
+    // By hand so a key never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let key = |k: &Option<String>| k.as_ref().map(|_| "<redacted>");
+        f.debug_struct("ProviderSettings")
+            .field("openai_base_url", &self.openai_base_url)
+            .field("openai_api_key", &key(&self.openai_api_key))
+            .field("anthropic_base_url", &self.anthropic_base_url)
+            .field("anthropic_api_key", &key(&self.anthropic_api_key))
+            .field("script", &self.script.as_ref().map(|s| s.len()))
+            .finish()
+    }
+}
+
 impl ProviderSettings {
-    /// `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`.
+    /// Read from the process environment, for a caller that runs on the operator's own
+    /// behalf (`agentq run`): `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`.
     pub fn from_env() -> Self {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         ProviderSettings {
@@ -43,7 +62,11 @@ pub fn default_model(provider: &str) -> &'static str {
     }
 }
 
-/// Build the named provider. `base_url` overrides the settings' endpoint.
+/// Build the named provider from `settings` alone; nothing here reads the environment.
+/// `base_url` (a session's) replaces the configured endpoint; the configured key goes
+/// with it only when it names that same endpoint ([`endpoint::resolve`]), so a session
+/// cannot have the host's key sent anywhere else. A malformed `base_url` (not http(s), or
+/// with userinfo, a query or a fragment) is refused.
 pub fn build(
     name: &str,
     base_url: Option<&str>,
@@ -51,30 +74,39 @@ pub fn build(
 ) -> Result<Arc<dyn LlmProvider>> {
     match name {
         "openai" => {
-            let mut cfg = OpenAiConfig::from_env();
-            if let Some(u) = settings.openai_base_url.as_deref() {
-                cfg.base_url = u.to_string();
-            }
-            if let Some(u) = base_url {
-                cfg.base_url = u.to_string();
-            }
-            if settings.openai_api_key.is_some() {
-                cfg.api_key = settings.openai_api_key.clone();
-            }
-            Ok(Arc::new(OpenAiProvider::new(cfg)?))
+            let configured = settings
+                .openai_base_url
+                .as_deref()
+                .unwrap_or(openai::DEFAULT_BASE_URL);
+            let (url, key) = endpoint::resolve(
+                "openai",
+                configured,
+                base_url,
+                settings.openai_api_key.as_deref(),
+            )?;
+            Ok(Arc::new(OpenAiProvider::new(OpenAiConfig {
+                base_url: url,
+                api_key: key.map(str::to_string),
+                timeouts: HttpTimeouts::default(),
+                extra_headers: Vec::new(),
+            })?))
         }
         "anthropic" => {
-            let mut cfg = AnthropicConfig::from_env();
-            if let Some(u) = settings.anthropic_base_url.as_deref() {
-                cfg.base_url = u.to_string();
-            }
-            if let Some(u) = base_url {
-                cfg.base_url = u.to_string();
-            }
-            if settings.anthropic_api_key.is_some() {
-                cfg.api_key = settings.anthropic_api_key.clone();
-            }
-            Ok(Arc::new(AnthropicProvider::new(cfg)?))
+            let configured = settings
+                .anthropic_base_url
+                .as_deref()
+                .unwrap_or(anthropic::DEFAULT_BASE_URL);
+            let (url, key) = endpoint::resolve(
+                "anthropic",
+                configured,
+                base_url,
+                settings.anthropic_api_key.as_deref(),
+            )?;
+            Ok(Arc::new(AnthropicProvider::new(AnthropicConfig {
+                base_url: url,
+                api_key: key.map(str::to_string),
+                ..AnthropicConfig::default()
+            })?))
         }
         "scripted" => match &settings.script {
             Some(json) => Ok(Arc::new(ScriptedProvider::from_json(json)?)),

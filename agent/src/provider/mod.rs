@@ -13,6 +13,7 @@ use crate::error::Result;
 use crate::schema::{FinishReason, Message, ToolSpec, Usage};
 
 pub mod anthropic;
+pub mod endpoint;
 pub mod factory;
 mod lenient;
 pub mod openai;

@@ -50,11 +50,22 @@ fn is_forbidden_v6(ip: Ipv6Addr) -> bool {
         return is_forbidden_v4(v4);
     }
     let seg = ip.segments();
-    // 64:ff9b::/96 NAT64 embeds an IPv4 address that the gateway will reach for us.
-    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        let [x, y] = [seg[6], seg[7]];
-        let v4 = Ipv4Addr::new((x >> 8) as u8, x as u8, (y >> 8) as u8, y as u8);
-        return is_forbidden_v4(v4);
+    let v4 = |x: u16, y: u16| Ipv4Addr::new((x >> 8) as u8, x as u8, (y >> 8) as u8, y as u8);
+    // 64:ff9b::/96 NAT64 (and the local-use 64:ff9b:1::/48) embed an IPv4 address that
+    // the gateway will reach for us.
+    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1] {
+        return is_forbidden_v4(v4(seg[6], seg[7]));
+    }
+    // 2002::/16 6to4 embeds the IPv4 address of the relay that delivers the packet.
+    if seg[0] == 0x2002 && is_forbidden_v4(v4(seg[1], seg[2])) {
+        return true;
+    }
+    // 2001::/32 Teredo: the server's IPv4 address, and the client's inverted.
+    if seg[0] == 0x2001
+        && seg[1] == 0
+        && (is_forbidden_v4(v4(seg[2], seg[3])) || is_forbidden_v4(v4(!seg[6], !seg[7])))
+    {
+        return true;
     }
     ip.is_loopback()
         || ip.is_unspecified()

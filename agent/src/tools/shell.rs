@@ -1,6 +1,7 @@
 //! The `shell` tool: one `sh -c` command in the workspace root, bounded in time and output,
-//! killed (with the processes it started) on timeout or cancellation. Registered only when
-//! the host enables it (`ToolSettings::shell_enabled`).
+//! killed (with the processes it started) on timeout or cancellation, with none of the
+//! worker's environment ([`confine_env`]). Registered only when the host enables it
+//! (`ToolSettings::shell_enabled`).
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,27 @@ const MAX_STREAM_BYTES: usize = 32 * 1024;
 /// How long to wait for the output pipes to close once the shell itself has exited: a
 /// background process may hold them open.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// `PATH` when the worker has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The whole environment a command sees. The worker's own holds provider keys and
+/// database and Redis URLs with their passwords, and `env` would print them into the
+/// transcript; so nothing is inherited but `PATH` and the locale, and `HOME` is the
+/// workspace, so that tools writing dotfiles write them where the session may look.
+fn confine_env(cmd: &mut Command, workspace: &std::path::Path) {
+    let path = std::env::var_os("PATH")
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_PATH.into());
+    let lang = std::env::var_os("LANG")
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| "C.UTF-8".into());
+    cmd.env_clear()
+        .env("PATH", path)
+        .env("HOME", workspace)
+        .env("PWD", workspace)
+        .env("LANG", lang);
+}
 
 /// Output captured from one pipe: the first `MAX_STREAM_BYTES`, and whether more came.
 #[derive(Default)]
@@ -62,6 +84,8 @@ fn take(c: &Arc<Mutex<Captured>>) -> (String, bool) {
 pub(crate) async fn kill_group(pid: Option<u32>) {
     let Some(pid) = pid else { return };
     let _ = Command::new("sh")
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
         .arg("-c")
         .arg(format!("kill -KILL -{pid} 2>/dev/null"))
         .stdin(Stdio::null())
@@ -100,7 +124,8 @@ impl Tool for Shell {
     fn description(&self) -> &str {
         "Run a command with `sh -c` in the workspace root. Returns the exit code, then \
          stdout and stderr (each truncated past a size cap). The command is killed when it \
-         exceeds its timeout. No stdin: interactive commands will not work."
+         exceeds its timeout. No stdin: interactive commands will not work. The environment \
+         holds only PATH, LANG and HOME (the workspace root)."
     }
 
     fn parameters(&self) -> Value {
@@ -139,7 +164,9 @@ impl Tool for Shell {
         };
 
         ctx.workspace.ensure().await?;
-        let mut child = Command::new("sh")
+        let mut child = Command::new("sh");
+        confine_env(&mut child, ctx.workspace.root());
+        let mut child = child
             .arg("-c")
             .arg(command)
             .current_dir(ctx.workspace.root())

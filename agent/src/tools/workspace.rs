@@ -1,7 +1,8 @@
 //! The workspace file tools act on: the [`Workspace`] trait (kept small so a durable,
 //! remote-backed workspace can implement it later), the local-directory implementation
 //! [`LocalWorkspace`], and the path confinement every implementation must apply
-//! ([`normalize_relative`] lexically, [`LocalWorkspace::resolve`] against symlinks).
+//! ([`normalize_relative`] lexically, [`LocalWorkspace::resolve`] against symlinks, and
+//! hard-linked files refused where they are read or written).
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -44,7 +45,8 @@ pub struct WalkResult {
 
 /// A directory tree the file tools read and write. Every method takes a path relative to
 /// the root (absolute paths inside the root are accepted too) and must refuse a path that
-/// escapes the root, lexically or through a symlink, with [`ToolError::Denied`].
+/// escapes the root, lexically, through a symlink or through a hard link, with
+/// [`ToolError::Denied`].
 #[async_trait]
 pub trait Workspace: Send + Sync {
     /// The root directory; also the working directory of the `shell` tool.
@@ -180,6 +182,23 @@ fn resolve_under(root: &Path, rel: &str, may_be_absent: bool) -> Result<PathBuf,
         out.push(name);
     }
     Ok(out)
+}
+
+/// Refuse a file with more than one name. A hard link made inside the workspace (by the
+/// `shell` tool, say) to a file outside it is an ordinary file by every path check, but
+/// reading or writing it reaches the outside file; and which of its names is the original
+/// cannot be told, so every multiply-linked file is refused.
+fn refuse_hard_link(rel: &str, meta: &std::fs::Metadata) -> Result<(), ToolError> {
+    use std::os::unix::fs::MetadataExt;
+    if meta.is_file() && meta.nlink() > 1 {
+        return Err(ToolError::Denied(format!(
+            "{} has {} hard links; a file with several names may be one outside the \
+             workspace, so it is not read or written",
+            shown(rel),
+            meta.nlink()
+        )));
+    }
+    Ok(())
 }
 
 /// A workspace that is a directory on the local disk.
@@ -320,7 +339,11 @@ impl Workspace for LocalWorkspace {
                     shown(&rel)
                 )));
             }
+            refuse_hard_link(&rel, &meta)?;
             let file = std::fs::File::open(&path).map_err(|e| io_context(&rel, e))?;
+            // The file opened may not be the one checked if it was swapped in between.
+            let opened = file.metadata().map_err(|e| io_context(&rel, e))?;
+            refuse_hard_link(&rel, &opened)?;
             let mut buf = Vec::with_capacity(max_bytes.min(meta.len() as usize).min(1 << 20));
             file.take(max_bytes as u64)
                 .read_to_end(&mut buf)
@@ -343,8 +366,12 @@ impl Workspace for LocalWorkspace {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| io_context(&rel, e))?;
             }
-            if path.is_dir() {
-                return Err(ToolError::Failed(format!("{} is a directory", shown(&rel))));
+            match std::fs::metadata(&path) {
+                Ok(meta) if meta.is_dir() => {
+                    return Err(ToolError::Failed(format!("{} is a directory", shown(&rel))));
+                }
+                Ok(meta) => refuse_hard_link(&rel, &meta)?,
+                Err(_) => {}
             }
             std::fs::write(&path, &data).map_err(|e| io_context(&rel, e))
         })

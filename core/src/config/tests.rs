@@ -712,3 +712,94 @@ fn hook_and_guardian_rules_name_the_field() {
         assert!(e.contains(field), "{body:?}: {field} not in {e}");
     }
 }
+
+/// A configured endpoint receives the key, so it must be plain http(s): each malformed
+/// one is refused at start, naming the setting and its variable.
+#[test]
+fn provider_base_urls_are_checked_at_start() {
+    for bad in [
+        "ftp://llm/v1",
+        "http://user:pw@llm/v1",
+        "http://llm/v1?x=",
+        "http://llm/v1#f",
+    ] {
+        let e = invalid_with(|s| s.providers.openai_base_url = Some(bad.into()));
+        assert!(
+            e.contains("`providers.openai_base_url` (OPENAI_BASE_URL)"),
+            "{bad}: {e}"
+        );
+        let e = invalid_with(|s| s.providers.anthropic_base_url = Some(bad.into()));
+        assert!(e.contains("`providers.anthropic_base_url`"), "{bad}: {e}");
+        let e = Settings::from_toml(&format!(
+            "[providers.tenants.acme]\nopenai_base_url = {bad:?}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("providers.tenants.acme.openai_base_url"),
+            "{bad}: {e}"
+        );
+    }
+    let e = Settings::from_toml("[providers.tenants.acme]\nopenai_key_env = \"A B\"\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("providers.tenants.acme.openai_key_env"), "{e}");
+}
+
+/// A tenant's table names the variables holding its keys; the keys are read from the
+/// environment into secrets, and the tenant's settings hold only its own keys (with the
+/// shared endpoints where it names none).
+#[test]
+fn tenant_keys_come_from_the_variables_they_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agentq.toml");
+    std::fs::write(
+        &path,
+        "[providers]\nanthropic_base_url = \"http://shared-anthropic\"\n\
+         [providers.tenants.acme]\nopenai_base_url = \"http://acme-llm/v1\"\n\
+         openai_key_env = \"ACME_OPENAI\"\n",
+    )
+    .unwrap();
+    let s = Settings::load_with(
+        Some(&path),
+        env_of(&[
+            ("ACME_OPENAI", "sk-acme"),
+            ("OPENAI_API_KEY", "sk-shared"),
+            ("ANTHROPIC_API_KEY", "sk-ant-shared"),
+        ]),
+    )
+    .unwrap();
+    s.validate().unwrap();
+    let acme = &s.providers.tenants["acme"];
+    assert_eq!(
+        acme.openai_api_key.as_ref().map(Secret::expose),
+        Some("sk-acme")
+    );
+    assert!(acme.missing_keys().is_empty());
+    assert!(!format!("{s:?}").contains("sk-acme"));
+    assert!(!serde_json::to_string(&s).unwrap().contains("sk-acme"));
+    let own = &s.tenant_provider_settings()["acme"];
+    assert_eq!(own.openai_api_key.as_deref(), Some("sk-acme"));
+    assert_eq!(own.openai_base_url.as_deref(), Some("http://acme-llm/v1"));
+    assert_eq!(own.anthropic_api_key, None);
+    assert_eq!(
+        own.anthropic_base_url.as_deref(),
+        Some("http://shared-anthropic")
+    );
+
+    // A variable named but unset is reported, for the worker to refuse to start.
+    let s = Settings::load_with(Some(&path), no_env).unwrap();
+    assert_eq!(
+        s.providers.tenants["acme"].missing_keys(),
+        vec![("openai_key_env", "ACME_OPENAI")]
+    );
+    // The table holds variable names, never keys.
+    let e = Settings::from_toml("[providers.tenants.acme]\nopenai_api_key = \"sk\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("providers.tenants.acme.openai_api_key"), "{e}");
+}

@@ -2,10 +2,12 @@
 //! [`Settings::validate`]: each error names the setting with its variable and flag.
 
 use agentq_agent::guard::HookPoint;
+use agentq_agent::provider::endpoint::check_base_url;
 
 use super::{
     GuardianSection, HookSettings, MAX_GUARDIAN_TIMEOUT_MS, MAX_HOOK_TIMEOUT_MS, PROVIDERS,
-    PolicySection, SchedulerSection, Secs, Settings, TenantPolicySection, WorkerSection, describe,
+    PolicySection, ProvidersSection, SchedulerSection, Secs, Settings, TenantPolicySection,
+    WorkerSection, describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;
@@ -32,6 +34,7 @@ impl Settings {
             hook_rules(i, hook)?;
         }
         guardian(&self.guardian)?;
+        providers(&self.providers)?;
         for (key, addr) in [
             ("api_addr", &self.api_addr),
             ("metrics_addr", &self.metrics_addr),
@@ -434,6 +437,46 @@ fn guardian(g: &GuardianSection) -> Result<()> {
     )?;
     if let Some(tools) = &g.tools {
         globs("guardian.tools", tools)?;
+    }
+    Ok(())
+}
+
+/// Every configured endpoint is one a key may be sent to: plain http(s), no userinfo,
+/// query or fragment. Each tenant's table names variables that could hold a key.
+fn providers(p: &ProvidersSection) -> Result<()> {
+    let url = |key: &str, v: &Option<String>| match v {
+        Some(u) => check_base_url(u).map(drop).map_err(|why| invalid(key, why)),
+        None => Ok(()),
+    };
+    url("providers.openai_base_url", &p.openai_base_url)?;
+    url("providers.anthropic_base_url", &p.anthropic_base_url)?;
+    for (name, t) in &p.tenants {
+        let at = |field: &str| format!("providers.tenants.{name}.{field}");
+        if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid(
+                "providers.tenants",
+                format!("tenant name {name:?} must be non-empty, without spaces"),
+            ));
+        }
+        url(&at("openai_base_url"), &t.openai_base_url)?;
+        url(&at("anthropic_base_url"), &t.anthropic_base_url)?;
+        for (field, var) in [
+            ("openai_key_env", &t.openai_key_env),
+            ("anthropic_key_env", &t.anthropic_key_env),
+        ] {
+            if let Some(var) = var
+                && (var.trim().is_empty()
+                    || !var
+                        .trim()
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            {
+                return Err(invalid(
+                    &at(field),
+                    format!("{var:?} is not an environment variable name"),
+                ));
+            }
+        }
     }
     Ok(())
 }

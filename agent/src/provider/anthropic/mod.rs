@@ -12,6 +12,7 @@ use futures::{Stream, StreamExt};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::provider::endpoint;
 use crate::provider::sse::{SseEvent, error_chain, sse_events};
 use crate::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
 
@@ -51,7 +52,9 @@ impl Default for AnthropicConfig {
 }
 
 impl AnthropicConfig {
-    /// `ANTHROPIC_BASE_URL` (default `https://api.anthropic.com`) and `ANTHROPIC_API_KEY`.
+    /// `ANTHROPIC_BASE_URL` (default `https://api.anthropic.com`) and `ANTHROPIC_API_KEY`,
+    /// read from the process environment: only for a caller acting on the operator's
+    /// behalf (the provider factory never calls it).
     pub fn from_env() -> Self {
         let non_empty = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         AnthropicConfig {
@@ -92,12 +95,7 @@ impl AnthropicProvider {
                 "ANTHROPIC_API_KEY contains characters not allowed in a header".into(),
             ));
         }
-        // Only a connect timeout: a total timeout would kill long but healthy streams; the
-        // idle timeout between chunks is enforced by the SSE reader.
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.timeouts.connect)
-            .build()
-            .map_err(|e| Error::Config(format!("HTTP client: {e}")))?;
+        let client = endpoint::http_client(config.timeouts)?;
         Ok(AnthropicProvider {
             client,
             config,
@@ -158,6 +156,9 @@ impl LlmProvider for AnthropicProvider {
             }
         };
         let status = resp.status();
+        if status.is_redirection() {
+            return Err(endpoint::redirect_error(&self.url, &resp));
+        }
         if !status.is_success() {
             return Err(http_error(resp, self.config.timeouts.idle).await);
         }

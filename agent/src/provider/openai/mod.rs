@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
+use super::endpoint;
 use super::sse::{error_chain, sse_events};
 use super::{HttpTimeouts, LlmProvider, LlmRequest, LlmStream, parse_retry_after};
 use crate::error::{Error, Result};
@@ -27,7 +28,7 @@ pub(crate) use chunks::decode_body;
 use chunks::decode_stream;
 use request::wire_request;
 
-const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// Longest error body kept in an error message when the body is not the usual JSON.
 const MAX_RAW_ERROR: usize = 500;
@@ -43,8 +44,10 @@ pub struct OpenAiConfig {
 }
 
 impl OpenAiConfig {
-    /// `OPENAI_BASE_URL` (default `https://api.openai.com/v1`) and `OPENAI_API_KEY`. An empty
-    /// key means none: local servers (Ollama, llama.cpp) need no key.
+    /// `OPENAI_BASE_URL` (default `https://api.openai.com/v1`) and `OPENAI_API_KEY`, read
+    /// from the process environment: only for a caller acting on the operator's behalf
+    /// (the provider factory never calls it). An empty key means none: local servers
+    /// (Ollama, llama.cpp) need no key.
     pub fn from_env() -> Self {
         let non_empty = |k: &str| {
             std::env::var(k)
@@ -105,12 +108,7 @@ impl OpenAiProvider {
             headers.insert(AUTHORIZATION, value);
         }
 
-        // No total timeout: a long answer is fine while bytes keep coming (idle is enforced
-        // per chunk by the SSE reader).
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.timeouts.connect)
-            .build()
-            .map_err(|e| Error::Config(format!("HTTP client: {}", error_chain(&e))))?;
+        let client = endpoint::http_client(config.timeouts)?;
 
         Ok(OpenAiProvider {
             client,
@@ -175,6 +173,9 @@ impl LlmProvider for OpenAiProvider {
             .map_err(|e| Error::Transport(format!("POST {}: {}", self.url, error_chain(&e))))?;
 
         let status = resp.status();
+        if status.is_redirection() {
+            return Err(endpoint::redirect_error(&self.url, &resp));
+        }
         if !status.is_success() {
             return Err(http_error(resp, self.idle).await);
         }
