@@ -497,6 +497,11 @@ impl Cluster {
             .args(["--allowed-hosts", &host])
             .env("OPENAI_BASE_URL", format!("{}/v1", self.fake.url))
             .env("OPENAI_API_KEY", "sk-e2e")
+            // The scripts fetch from the fake (the default policy allows reads only).
+            .env(
+                "AGENTQ_POLICY_TOOLS",
+                "read_file,list_dir,glob,grep,spawn_agent,http_fetch",
+            )
             .env("RUST_LOG", "info")
             // Several workers run side by side: no fixed metrics port to fight over.
             .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
