@@ -364,7 +364,10 @@ async fn each_tenant_is_held_to_its_own_policy() {
     assert_refused(status, &answer, "tools");
     // The admin's own tenant (`default`) has the global policy: reads only.
     let (status, answer) = env
-        .post("/v1/sessions", &json!({"prompt": "p", "tools": ["write_file"]}))
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "tools": ["write_file"]}),
+        )
         .await;
     assert_refused(status, &answer, "tools");
 }

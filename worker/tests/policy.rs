@@ -272,8 +272,7 @@ async fn the_sessions_tenant_override_replaces_the_global_rule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_row_runs_under_its_own_tenants_policy() {
     let env = Env::start().await;
-    env.fake
-        .push(FakeResponse::sse(openai_answer("read"), 64));
+    env.fake.push(FakeResponse::sse(openai_answer("read"), 64));
     let mut policy = PolicySection::default();
     for (tenant, tool) in [("acme", "read_file"), ("globex", "list_dir")] {
         policy.tenants.insert(

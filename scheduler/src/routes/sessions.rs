@@ -20,8 +20,8 @@ use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRo
 use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval,
-    respond, session_view,
+    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
+    session_view,
 };
 use crate::request::{
     Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch, parse_session,
