@@ -363,6 +363,9 @@ pub struct PolicySection {
     pub base_urls: Vec<String>,
     /// Tools a session (and its sub-agents) may use, as globs.
     pub tools: Vec<String>,
+    /// Queues a session may be put on, as globs: the queue picks the worker pool, and
+    /// pools may differ in what their tools reach.
+    pub queues: Vec<String>,
     pub max_iterations: Option<u32>,
     pub max_tokens: Option<u32>,
     /// Also applied to sessions that set no `token_budget`.
@@ -390,6 +393,7 @@ impl Default for PolicySection {
             models: vec!["*".to_string()],
             base_urls: Vec::new(),
             tools,
+            queues: vec!["*".to_string()],
             max_iterations: None,
             max_tokens: None,
             token_budget: None,
@@ -418,6 +422,8 @@ pub struct TenantPolicySection {
     pub base_urls: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<String>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_iterations: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -453,7 +459,7 @@ impl PolicySection {
                 $(if o.$bound.is_some() { p.$bound = o.$bound; })*
             };
         }
-        replace!(providers, models, base_urls, tools;
+        replace!(providers, models, base_urls, tools, queues;
             max_iterations, max_tokens, token_budget, tool_timeout_secs,
             approval_timeout_secs, timeout_secs, max_children, max_depth);
         p
@@ -869,6 +875,7 @@ pub const SETTINGS: &[Setting] = &[
         s.policy.tools = list(v);
         Ok(())
     }),
+    file("policy.queues"),
     file("policy.max_iterations"),
     file("policy.max_tokens"),
     file("policy.token_budget"),

@@ -120,6 +120,7 @@ pub struct TenantPolicy {
     /// Normalised ([`normalize_base_url`]).
     base_urls: Vec<String>,
     tools: Globs,
+    queues: Globs,
     pub bounds: Bounds,
 }
 
@@ -181,7 +182,8 @@ impl TenantPolicy {
             providers: Vec::new(),
             models: empty.clone(),
             base_urls: Vec::new(),
-            tools: empty,
+            tools: empty.clone(),
+            queues: empty,
             bounds: Bounds::default(),
         }
     }
@@ -208,6 +210,7 @@ impl TenantPolicy {
             models: Globs::new(&format!("{key}.models"), &s.models)?,
             base_urls,
             tools: Globs::new(&format!("{key}.tools"), &s.tools)?,
+            queues: Globs::new(&format!("{key}.queues"), &s.queues)?,
             bounds: Bounds {
                 max_iterations: s.max_iterations,
                 max_tokens: s.max_tokens,
@@ -279,6 +282,21 @@ impl TenantPolicy {
                 ),
             )),
         }
+    }
+
+    /// The queue a session is put on (named, or the default) is allowed: the queue picks
+    /// the worker pool that runs it.
+    pub fn check_queue(&self, name: &str) -> std::result::Result<(), PolicyViolation> {
+        if self.queues.matches(name) {
+            return Ok(());
+        }
+        Err(violation(
+            "queue",
+            format!(
+                "`{name}` is not allowed by policy (allowed: {})",
+                self.queues.describe()
+            ),
+        ))
     }
 
     /// Of `tools` (the host's defaults for a session that names none), those allowed.

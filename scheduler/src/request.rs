@@ -74,11 +74,14 @@ pub fn admit(
     prefix: &str,
 ) -> Result<(), ApiError> {
     policy
-        .admit(
-            &mut req.spec,
-            Sent::Fields(&req.sent),
-            SpawnContext::default(),
-        )
+        .check_queue(&req.queue)
+        .and_then(|()| {
+            policy.admit(
+                &mut req.spec,
+                Sent::Fields(&req.sent),
+                SpawnContext::default(),
+            )
+        })
         .map_err(|v| ApiError::invalid(path(prefix, v.field), v.message))
 }
 

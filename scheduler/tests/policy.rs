@@ -371,3 +371,37 @@ async fn each_tenant_is_held_to_its_own_policy() {
         .await;
     assert_refused(status, &answer, "tools");
 }
+
+/// A tenant picks its session's `queue`, and so the worker pool that runs it (pools may
+/// differ in what their tools may reach: one may allow the private network). A queue the
+/// policy does not list is refused naming `queue`, for one request and a batch item, and
+/// nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn queues_beyond_policy_are_refused() {
+    let env = Env::start(PolicySection {
+        queues: vec!["default".into(), "batch-*".into()],
+        ..PolicySection::default()
+    })
+    .await;
+    let (status, v) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "queue": "internal"}))
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "queue", "{v}");
+    let (status, v) = env
+        .post(
+            "/v1/sessions/batch",
+            &json!([{"prompt": "p"}, {"prompt": "p", "queue": "internal"}]),
+        )
+        .await;
+    assert_eq!(status, 422, "{v}");
+    assert_eq!(v["error"]["field"], "[1].queue", "{v}");
+    assert_eq!(env.row_count(), 0);
+    for ok in [
+        json!({"prompt": "p"}),
+        json!({"prompt": "p", "queue": "batch-7"}),
+    ] {
+        let (status, v) = env.post("/v1/sessions", &ok).await;
+        assert_eq!(status, 201, "{ok}: {v}");
+    }
+}

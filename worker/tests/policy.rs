@@ -307,3 +307,26 @@ async fn each_row_runs_under_its_own_tenants_policy() {
     );
     assert_eq!(env.fake.request_count(), 1);
 }
+
+/// A row on a queue its tenant's policy does not list (written by anything with store
+/// access) fails naming `queue` on the worker that consumes that queue, before any LLM
+/// call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_rows_on_a_queue_beyond_policy_fail_naming_queue() {
+    let env = Env::start().await;
+    let id = env.insert(within("on the wrong pool"), 0).await;
+    let policy = PolicySection {
+        queues: vec!["public-*".into()],
+        ..bounded()
+    };
+    let rows = env.run_until_terminal(env.config(policy), &[id]).await;
+    let row = &rows[0];
+    assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
+    let error = row.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("policy") && error.contains("queue:"),
+        "{error}"
+    );
+    assert_eq!(row.iteration, 0);
+    assert_eq!(env.fake.request_count(), 0);
+}

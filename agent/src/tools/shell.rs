@@ -1,6 +1,6 @@
 //! The `shell` tool: one `sh -c` command in the workspace root, bounded in time and output,
 //! killed (with the processes it started) on timeout or cancellation, with none of the
-//! worker's environment ([`confine_env`]). Registered only when the host enables it
+//! worker's environment ([`confine_env`]), not even through `/proc` ([`seal_host`]). Registered only when the host enables it
 //! (`ToolSettings::shell_enabled`).
 
 use std::process::Stdio;
@@ -41,6 +41,28 @@ fn confine_env(cmd: &mut Command, workspace: &std::path::Path) {
         .env("HOME", workspace)
         .env("PWD", workspace)
         .env("LANG", lang);
+}
+
+/// Make this process non-dumpable before it runs a command, so that the command cannot
+/// read the worker's environment through `/proc/<worker pid>/environ` (the environment
+/// the process started with, keys included, whatever [`confine_env`] hands the child) or
+/// its memory through `/proc/<pid>/mem`: a non-dumpable process's `/proc` entries belong
+/// to root, so a command running as the worker's user is refused them. Fails closed: a
+/// command is not run if the process cannot be sealed.
+#[cfg(target_os = "linux")]
+fn seal_host() -> Result<(), ToolError> {
+    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+    set_dumpable_behavior(DumpableBehavior::NotDumpable).map_err(|e| {
+        ToolError::Failed(format!(
+            "cannot protect the worker's environment from the command (prctl \
+             PR_SET_DUMPABLE: {e}); not running it"
+        ))
+    })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn seal_host() -> Result<(), ToolError> {
+    Ok(())
 }
 
 /// Output captured from one pipe: the first `MAX_STREAM_BYTES`, and whether more came.
@@ -164,6 +186,7 @@ impl Tool for Shell {
         };
 
         ctx.workspace.ensure().await?;
+        seal_host()?;
         let mut child = Command::new("sh");
         confine_env(&mut child, ctx.workspace.root());
         let mut child = child

@@ -206,6 +206,7 @@ fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
         models: Some(p.models.clone()),
         base_urls: Some(p.base_urls.clone()),
         tools: Some(p.tools.clone()),
+        queues: Some(p.queues.clone()),
         max_iterations: p.max_iterations,
         max_tokens: p.max_tokens,
         token_budget: p.token_budget,

@@ -15,6 +15,7 @@ fn bounded() -> PolicySection {
         models: vec!["gpt-4o*".into(), "scripted".into()],
         base_urls: vec!["https://LLM.example:443/v1/".into()],
         tools: vec!["read_file".into(), "list_dir".into(), "spawn_agent".into()],
+        queues: vec!["default".into()],
         max_iterations: Some(10),
         max_tokens: Some(1000),
         token_budget: Some(50_000),
@@ -321,4 +322,28 @@ fn bad_sections_name_their_setting() {
     );
     let e = Policy::from_section(&s).unwrap_err().to_string();
     assert!(e.contains("policy.tenants.acme.base_urls"), "{e}");
+}
+
+#[test]
+fn queues_are_checked_by_glob_and_the_default_allows_any() {
+    let strict = Policy::from_section(&bounded()).unwrap();
+    let p = strict.global();
+    assert!(p.check_queue("default").is_ok());
+    let v = p.check_queue("internal").unwrap_err();
+    assert_eq!(v.field, "queue");
+    assert!(v.message.contains("internal"), "{v}");
+    let open = Policy::default();
+    assert!(open.global().check_queue("any.queue-name").is_ok());
+    let mut section = bounded();
+    section.tenants.insert(
+        "ops".into(),
+        TenantPolicySection {
+            queues: Some(vec!["ops-*".into()]),
+            ..Default::default()
+        },
+    );
+    let p = Policy::from_section(&section).unwrap();
+    assert!(p.for_tenant("ops").check_queue("ops-private").is_ok());
+    assert!(p.for_tenant("ops").check_queue("default").is_err());
+    assert!(p.for_tenant("other").check_queue("ops-private").is_err());
 }
