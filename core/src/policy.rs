@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
+use agentq_agent::provider::endpoint;
 use agentq_agent::spec::SessionSpec;
 
 use crate::config::{PROVIDERS, PolicySection};
@@ -436,27 +437,12 @@ fn bound_unset<T: Copy + PartialOrd + std::fmt::Display>(
     }
 }
 
-/// `base_url` as compared with the allowed ones: lower-case scheme and host, the port
-/// only when it is not the scheme's default, the path without a trailing slash. Refused
-/// (the reason is returned): anything but http(s), a missing host, userinfo, a query or a
-/// fragment — an allowed endpoint must not be a prefix that reaches elsewhere.
-pub fn normalize_base_url(raw: &str) -> std::result::Result<String, &'static str> {
-    let url = url::Url::parse(raw.trim()).map_err(|_| "is not a URL")?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err("must be an http:// or https:// URL");
-    }
-    let Some(host) = url.host_str().filter(|h| !h.is_empty()) else {
-        return Err("has no host");
-    };
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err("must not hold a user or password");
-    }
-    if url.query().is_some() || url.fragment().is_some() {
-        return Err("must not hold a query or fragment");
-    }
-    let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-    let path = url.path().trim_end_matches('/');
-    Ok(format!("{}://{host}{port}{path}", url.scheme()))
+/// `base_url` as compared with the allowed ones: the endpoint it names, spelled one way
+/// ([`endpoint::canonical`], the rule that also decides where a provider key may go).
+/// Refused (the reason is returned): anything but http(s), a missing host, userinfo, a
+/// query or a fragment — an allowed endpoint must not be a prefix that reaches elsewhere.
+pub fn normalize_base_url(raw: &str) -> std::result::Result<String, String> {
+    endpoint::canonical(raw)
 }
 
 #[cfg(test)]

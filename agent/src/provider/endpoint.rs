@@ -45,20 +45,28 @@ pub fn check_base_url(url: &str) -> std::result::Result<Url, String> {
     Ok(parsed)
 }
 
-/// The parts of a base URL that decide where a request lands: scheme, host, port (the
-/// scheme's default when absent) and path without trailing slashes.
-fn normalised(url: &Url) -> Option<(String, String, u16, String)> {
-    let host = url.host_str()?.trim_end_matches('.').to_ascii_lowercase();
-    let port = url.port_or_known_default()?;
-    let path = url.path().trim_end_matches('/').to_string();
-    Some((url.scheme().to_string(), host, port, path))
+/// The endpoint a base URL names, as one string: the parts that decide where a request
+/// lands — scheme, lower-case host without a trailing dot, port (only when it is not the
+/// scheme's default: the parser drops a default one) and path without trailing slashes —
+/// so that two spellings of one endpoint give the same text. Refused as
+/// [`check_base_url`] refuses.
+pub fn canonical(url: &str) -> std::result::Result<String, String> {
+    let parsed = check_base_url(url)?;
+    let host = parsed
+        .host_str()
+        .unwrap_or_default()
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
+    let port = parsed.port().map(|p| format!(":{p}")).unwrap_or_default();
+    let path = parsed.path().trim_end_matches('/');
+    Ok(format!("{}://{host}{port}{path}", parsed.scheme()))
 }
 
 /// Whether two base URLs name the same endpoint. Either one failing
 /// [`check_base_url`] makes them different, so a malformed URL never inherits a key.
 pub fn same_endpoint(a: &str, b: &str) -> bool {
-    match (check_base_url(a), check_base_url(b)) {
-        (Ok(a), Ok(b)) => normalised(&a).is_some_and(|na| normalised(&b) == Some(na)),
+    match (canonical(a), canonical(b)) {
+        (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
 }
