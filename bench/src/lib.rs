@@ -14,7 +14,10 @@
 //! 5. `resume` — time to load a 160-iteration session and have the LLM request ready;
 //! 6. `capacity` — sessions one `agentq worker` child holds with a 1 s LLM, its RSS;
 //! 7. `recovery` — SIGKILL a worker child, time until another worker commits its
-//!    sessions' next iteration.
+//!    sessions' next iteration;
+//! 8. `isolation` — bystander sessions' iterations/s alone and beside hostile sessions
+//!    (NUL in model output, an edit bomb, huge outputs, a spinning loop, a huge timeout)
+//!    on the same workers, and what became of the hostile sessions.
 //!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
@@ -26,6 +29,8 @@
 mod ceiling;
 mod cleanup;
 mod cpu;
+mod hostile;
+mod isolation;
 mod llm;
 mod pools;
 mod procs;
@@ -55,6 +60,7 @@ pub const PARTS: &[&str] = &[
     "resume",
     "capacity",
     "recovery",
+    "isolation",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -83,7 +89,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Run only these parts (comma-separated): ceiling, throughput, overhead, storage,
-    /// resume, capacity, recovery.
+    /// resume, capacity, recovery, isolation.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print the results as one JSON object on the last line.
@@ -116,6 +122,24 @@ pub struct BenchArgs {
     /// run `agentq worker` children, which always call `list_dir`.
     #[arg(long, default_value = TRIVIAL, value_parser = [TRIVIAL, BUILTIN])]
     pub tool: String,
+    /// The isolation part's hostile kinds (comma-separated; all when not given): nul
+    /// (NUL characters in the model's text), edit_bomb (write_file 16 KiB, then edit_file
+    /// replace_all expanding it 1 000 times, twice), big_output (write_file, read_file and
+    /// an answer of --hostile-bytes each), spin (a tool call every turn until the
+    /// iteration limit), huge_timeout (a timeout_secs no clock can add).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(hostile::NAMES))]
+    pub hostile: Vec<String>,
+    /// The isolation part's hostile sessions, in percent of all its sessions (the
+    /// bystanders are --sessions).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=90))]
+    pub hostile_percent: u32,
+    /// The size of each big_output session's file, and of its answer.
+    #[arg(long, default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub hostile_bytes: u64,
+    /// How long the isolation part waits for a round's bystanders to end; past it, those
+    /// still going count as failed.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub isolation_deadline_secs: u64,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
     /// children. Not a flag: `None` is this process's own executable, which is that binary
     /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
@@ -220,6 +244,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", report::to_json(&r, &args));
     }
+    // A bystander that a hostile session brought down is what the isolation part exists
+    // to catch: the run fails, after its figures are out.
+    if let Some(n) = r.isolation_bystanders_failed.filter(|n| *n > 0) {
+        progress(&format!(
+            "isolation: {n} bystander sessions failed beside the hostile ones"
+        ));
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -288,6 +320,14 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
     if want("recovery") {
         progress("recovery: SIGKILL a worker process, time until another resumes");
         procs::recovery(env, r).await?;
+    }
+    if want("isolation") {
+        progress(&format!(
+            "isolation: {} bystanders x {} iterations on {} workers, alone and beside {}% \
+             hostile sessions",
+            env.args.sessions, env.args.iterations, env.args.workers, env.args.hostile_percent
+        ));
+        isolation::isolation(env, r).await?;
     }
     Ok(())
 }

@@ -9,6 +9,8 @@ use std::time::Duration;
 use agentq_testkit::{FakeLlm, FakeResponse};
 use bytes::Bytes;
 
+use crate::workload::BUILTIN;
+
 /// What a turn says (a realistic, constant size).
 pub const TURN_TEXT: &str = "I will look at the workspace to see which files are there before answering; \
      listing the directory is cheap and tells me where the relevant code lives.";
@@ -28,25 +30,21 @@ pub fn base_url(fake: &FakeLlm) -> String {
 
 /// Assistant turns in a request body, counted on the raw bytes: parsing a long history
 /// as JSON thousands of times a second would make the fake, not the worker, the limit.
-fn assistant_turns(body: &[u8]) -> usize {
+pub(crate) fn assistant_turns(body: &[u8]) -> usize {
     let needle = b"\"role\":\"assistant\"";
     body.windows(needle.len()).filter(|w| *w == needle).count()
 }
 
 /// The streamed answer to a request whose history holds `body`'s assistant turns.
 fn answer(body: &[u8], iterations: u32) -> FakeResponse {
+    answer_calling(body, iterations, BUILTIN)
+}
+
+/// [`answer`], with turns but the last calling `tool`.
+pub(crate) fn answer_calling(body: &[u8], iterations: u32, tool: &str) -> FakeResponse {
     let turn = assistant_turns(body);
     let last = turn + 1 >= iterations as usize;
     let mut out = String::with_capacity(1024);
-    let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-        let v = serde_json::json!({
-            "id": "chatcmpl-bench",
-            "object": "chat.completion.chunk",
-            "model": "fake",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        });
-        format!("data: {v}\n\n")
-    };
     if last {
         out.push_str(&chunk(
             serde_json::json!({"role": "assistant", "content": FINAL_TEXT}),
@@ -58,17 +56,38 @@ fn answer(body: &[u8], iterations: u32) -> FakeResponse {
             serde_json::json!({"role": "assistant", "content": TURN_TEXT}),
             None,
         ));
-        out.push_str(&chunk(
-            serde_json::json!({"tool_calls": [{
-                "index": 0,
-                "id": format!("call_{turn}"),
-                "type": "function",
-                "function": {"name": "list_dir", "arguments": "{\"path\":\".\"}"},
-            }]}),
-            None,
-        ));
+        out.push_str(&call_chunk(turn, tool, &serde_json::json!({"path": "."})));
         out.push_str(&chunk(serde_json::json!({}), Some("tool_calls")));
     }
+    finish(out)
+}
+
+/// One OpenAI stream chunk of `delta`, framed as an SSE event.
+pub(crate) fn chunk(delta: serde_json::Value, finish: Option<&str>) -> String {
+    let v = serde_json::json!({
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "model": "fake",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {v}\n\n")
+}
+
+/// The chunk of turn `turn`'s one call to `tool` with `arguments`.
+pub(crate) fn call_chunk(turn: usize, tool: &str, arguments: &serde_json::Value) -> String {
+    chunk(
+        serde_json::json!({"tool_calls": [{
+            "index": 0,
+            "id": format!("call_{turn}"),
+            "type": "function",
+            "function": {"name": tool, "arguments": arguments.to_string()},
+        }]}),
+        None,
+    )
+}
+
+/// `out` followed by the usage chunk and `[DONE]`, as one body.
+pub(crate) fn finish(mut out: String) -> FakeResponse {
     out.push_str(
         "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":200,\"completion_tokens\":40,\"total_tokens\":240}}\n\n",
     );

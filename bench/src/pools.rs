@@ -64,7 +64,14 @@ impl Pools {
         let own = OWN_CONNECTIONS.saturating_sub(held);
         let pools = plan(free, max, own, args)?;
         let want = agentq_worker::pool_connections(args.concurrency as usize);
-        let in_process = ["ceiling", "throughput", "overhead", "storage", "resume"];
+        let in_process = [
+            "ceiling",
+            "throughput",
+            "overhead",
+            "storage",
+            "resume",
+            "isolation",
+        ];
         if pools.cap < want && selected.iter().any(|p| in_process.contains(&p.as_str())) {
             progress(&format!(
                 "Postgres has {free} connections free (max_connections {max}): each of the {} \

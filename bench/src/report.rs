@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::BenchArgs;
+use crate::isolation::Outcomes;
 
 /// Every figure; `None` when its part did not run.
 #[derive(Debug, Default)]
@@ -49,6 +50,18 @@ pub struct Results {
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
     pub recovery_sessions: Option<usize>,
+    /// The isolation part's bystander sessions, and the hostile ones beside them.
+    pub isolation_bystanders: Option<u32>,
+    pub isolation_hostiles: Option<u32>,
+    pub isolation_hostile_kinds: Vec<String>,
+    /// Bystanders' iterations/s without hostile sessions (two rounds, around the mixed
+    /// one), and beside them.
+    pub isolation_alone_iterations_per_s: Option<f64>,
+    pub isolation_mixed_iterations_per_s: Option<f64>,
+    pub isolation_ratio: Option<f64>,
+    /// Bystanders of the mixed round that did not complete every iteration.
+    pub isolation_bystanders_failed: Option<u64>,
+    pub isolation_outcomes: Option<Outcomes>,
 }
 
 impl Results {
@@ -115,6 +128,17 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
         "capacity_rss_bytes": r.capacity_rss_bytes,
         "recovery_s": num(r.recovery_s, 3),
         "recovery_p50_s": num(r.recovery_p50_s, 3),
+        "isolation_bystanders": r.isolation_bystanders,
+        "isolation_hostiles": r.isolation_hostiles,
+        "isolation_hostile_kinds": r.isolation_bystanders.map(|_| &r.isolation_hostile_kinds),
+        "isolation_alone_iterations_per_s": num(r.isolation_alone_iterations_per_s, 1),
+        "isolation_mixed_iterations_per_s": num(r.isolation_mixed_iterations_per_s, 1),
+        "isolation_ratio": num(r.isolation_ratio, 3),
+        "isolation_bystanders_failed": r.isolation_bystanders_failed,
+        "isolation_hostiles_completed": r.isolation_outcomes.as_ref().map(|o| o.completed),
+        "isolation_hostiles_failed": r.isolation_outcomes.as_ref().map(|o| o.failed),
+        "isolation_hostiles_unfinished": r.isolation_outcomes.as_ref().map(|o| o.unfinished),
+        "isolation_hostile_outcomes": r.isolation_outcomes.as_ref().map(|o| &o.by_kind),
     })
 }
 
@@ -142,6 +166,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     resume_rows(r, &mut rows);
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
+    isolation_rows(r, args, &mut rows);
     layout(&rows.0)
 }
 
@@ -363,6 +388,70 @@ fn recovery_rows(r: &Results, rows: &mut Rows) {
             format!("{x:.2} s"),
             format!("< 10 s {}", verdict(x < 10.0)),
         );
+    }
+}
+
+/// Bystanders beside hostile sessions, and what the hostile sessions came to.
+fn isolation_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
+    let (Some(alone), Some(mixed)) = (
+        r.isolation_alone_iterations_per_s,
+        r.isolation_mixed_iterations_per_s,
+    ) else {
+        return;
+    };
+    rows.add(
+        "isolation",
+        format!(
+            "bystander iterations/s alone ({} x {}, {} workers)",
+            r.isolation_bystanders.unwrap_or(0),
+            args.iterations,
+            args.workers
+        ),
+        format!("{alone:.0}"),
+        String::new(),
+    );
+    rows.add(
+        "",
+        format!(
+            "the same beside {} hostile sessions ({})",
+            r.isolation_hostiles.unwrap_or(0),
+            r.isolation_hostile_kinds.join(", ")
+        ),
+        format!("{mixed:.0}"),
+        String::new(),
+    );
+    if let Some(x) = r.isolation_ratio {
+        rows.add(
+            "",
+            "beside hostile sessions over alone".into(),
+            format!("{x:.2}"),
+            format!(">= 0.9 {}", verdict(x >= 0.9)),
+        );
+    }
+    let failed = r.isolation_bystanders_failed.unwrap_or(0);
+    rows.add(
+        "",
+        "bystanders failed beside hostile sessions".into(),
+        failed.to_string(),
+        format!("0 {}", verdict(failed == 0)),
+    );
+    if let Some(o) = &r.isolation_outcomes {
+        rows.add(
+            "",
+            "hostile sessions completed / failed / unfinished".into(),
+            format!("{} / {} / {}", o.completed, o.failed, o.unfinished),
+            String::new(),
+        );
+        for (kind, outcomes) in &o.by_kind {
+            for (label, n) in outcomes {
+                rows.add(
+                    "",
+                    format!("  {kind}: {label}"),
+                    n.to_string(),
+                    String::new(),
+                );
+            }
+        }
     }
 }
 

@@ -154,6 +154,18 @@ pub async fn worker(
     script: &str,
     tool: &str,
 ) -> anyhow::Result<(Worker, PgStore)> {
+    start(env, config(env, queue, name, concurrency, script, tool)?).await
+}
+
+/// The configuration of [`worker`], for a part that changes it before [`start`].
+pub fn config(
+    env: &Env,
+    queue: &str,
+    name: &str,
+    concurrency: u32,
+    script: &str,
+    tool: &str,
+) -> anyhow::Result<WorkerConfig> {
     let mut cfg = WorkerConfig {
         consumer: format!("bench-{}-{name}", env.run),
         queues: vec![queue.to_string()],
@@ -177,6 +189,12 @@ pub async fn worker(
     if tool == TRIVIAL {
         cfg.tools.register(Arc::new(Trivial));
     }
+    Ok(cfg)
+}
+
+/// A worker of `cfg` on its own pool and Redis connection, as [`worker`] describes.
+pub async fn start(env: &Env, cfg: WorkerConfig) -> anyhow::Result<(Worker, PgStore)> {
+    let concurrency = u32::try_from(cfg.concurrency)?;
     let store = PgStore::connect_for_worker(
         &env.db_url,
         env.pools.main(concurrency),
