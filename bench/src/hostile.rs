@@ -86,7 +86,8 @@ impl Kind {
     }
 }
 
-/// The kinds `--hostile` names (every kind when it names none), each once.
+/// The kinds `--hostile` names (every kind when it names none), each once, in the order
+/// of [`ALL`].
 pub fn selected(names: &[String]) -> anyhow::Result<Vec<Kind>> {
     let mut out = Vec::new();
     for n in names {
@@ -107,6 +108,7 @@ pub fn selected(names: &[String]) -> anyhow::Result<Vec<Kind>> {
     if out.is_empty() {
         out = ALL.to_vec();
     }
+    out.sort();
     Ok(out)
 }
 
@@ -279,7 +281,7 @@ mod tests {
         let all = selected(&[]).unwrap();
         assert_eq!(all, ALL);
         let two = selected(&["spin".into(), " nul".into(), "spin".into()]).unwrap();
-        assert_eq!(two, [Kind::Spin, Kind::Nul]);
+        assert_eq!(two, [Kind::Nul, Kind::Spin]);
         let e = selected(&["bomb".into()]).unwrap_err().to_string();
         assert!(e.contains("--hostile") && e.contains("edit_bomb"), "{e}");
     }

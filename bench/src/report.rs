@@ -59,7 +59,8 @@ pub struct Results {
     pub isolation_alone_iterations_per_s: Option<f64>,
     pub isolation_mixed_iterations_per_s: Option<f64>,
     pub isolation_ratio: Option<f64>,
-    /// Bystanders of the mixed round that did not complete every iteration.
+    /// Bystanders that did not complete every iteration: of the mixed round, and of the
+    /// round alone after it (which hostile sessions may outlast).
     pub isolation_bystanders_failed: Option<u64>,
     pub isolation_outcomes: Option<Outcomes>,
 }

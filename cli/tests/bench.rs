@@ -110,6 +110,21 @@ fn an_unknown_tool_is_refused_naming_the_flag() {
     );
 }
 
+#[test]
+fn an_unknown_hostile_kind_is_refused_naming_the_flag_and_the_kinds() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--only", "isolation"])
+        .args(["--hostile", "spin,bomb"])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--hostile"), "{stderr}");
+    for kind in ["nul", "edit_bomb", "big_output", "spin", "huge_timeout"] {
+        assert!(stderr.contains(kind), "{kind} not named: {stderr}");
+    }
+}
+
 /// A stock Postgres accepts 100 connections; the default run (2 workers at concurrency 256,
 /// whose pools `agentq worker` would size to 64 + 3 connections each) fits into that by
 /// sharing them, says so naming `--concurrency`, and runs the parts with worker processes
@@ -207,4 +222,101 @@ fn too_few_postgres_connections_are_refused_at_once_naming_concurrency() {
         "refused only after {:?}",
         started.elapsed()
     );
+}
+
+/// The isolation part, tiny: bystanders alone and beside hostile sessions of `kinds` on the
+/// same workers. Its JSON, and that no bystander failed (the run would exit non-zero).
+fn isolation_run(kinds: Option<&str>) -> serde_json::Value {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
+    cmd.args(["bench", "--private", "--only", "isolation", "--json"])
+        .args(["--sessions", "18", "--iterations", "3", "--workers", "2"])
+        .args(["--concurrency", "16", "--hostile-percent", "25"])
+        .args(["--hostile-bytes", "200000"])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL");
+    if let Some(kinds) = kinds {
+        cmd.args(["--hostile", kinds]);
+    }
+    let out = cmd.output().expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "agentq bench failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let last = stdout.lines().last().expect("no output");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(v["isolation_bystanders"], 18, "{v}");
+    // 25 % of all sessions: 6 beside 18.
+    assert_eq!(v["isolation_hostiles"], 6, "{v}");
+    for key in [
+        "isolation_alone_iterations_per_s",
+        "isolation_mixed_iterations_per_s",
+        "isolation_ratio",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert_eq!(v["isolation_bystanders_failed"], 0, "{v}");
+    // Every hostile session is accounted for, by kind and outcome.
+    let by_kind = v["isolation_hostile_outcomes"]
+        .as_object()
+        .unwrap_or_else(|| panic!("isolation_hostile_outcomes in {v}"));
+    let kinds: Vec<&str> = v["isolation_hostile_kinds"]
+        .as_array()
+        .expect("isolation_hostile_kinds")
+        .iter()
+        .map(|k| k.as_str().expect("a kind name"))
+        .collect();
+    let mut named: Vec<&str> = by_kind.keys().map(String::as_str).collect();
+    named.sort_unstable();
+    let mut want = kinds.clone();
+    want.sort_unstable();
+    assert_eq!(named, want, "{v}");
+    let total: u64 = by_kind
+        .values()
+        .flat_map(|o| o.as_object().expect("outcomes").values())
+        .map(|n| n.as_u64().expect("a count"))
+        .sum();
+    assert_eq!(total, 6, "{v}");
+    let sum = ["completed", "failed", "unfinished"]
+        .iter()
+        .map(|k| v[format!("isolation_hostiles_{k}")].as_u64().expect(k))
+        .sum::<u64>();
+    assert_eq!(sum, 6, "{v}");
+    // Other parts did not run.
+    assert!(v["iterations_per_s"].is_null(), "{v}");
+    assert!(stdout.contains("isolation"), "{stdout}");
+    v
+}
+
+/// The kinds that today's build survives: a spinning loop and big outputs. A spin session
+/// ends at its iteration limit, never completed.
+#[test]
+fn bench_isolation_prints_bystanders_beside_hostile_sessions_as_json() {
+    let v = isolation_run(Some("spin,big_output"));
+    assert_eq!(
+        v["isolation_hostile_kinds"],
+        serde_json::json!(["big_output", "spin"])
+    );
+    let spin = v["isolation_hostile_outcomes"]["spin"]
+        .as_object()
+        .expect("spin outcomes");
+    assert!(!spin.contains_key("completed"), "{v}");
+}
+
+/// Every kind, the default: NUL in model output, the edit bomb and the huge timeout as
+/// well, which only a build that isolates them survives with every bystander completed.
+#[test]
+#[ignore = "needs the fixes for NUL checkpoints, edit_file expansion and huge timeouts"]
+fn bench_isolation_survives_every_hostile_kind() {
+    let v = isolation_run(None);
+    assert_eq!(
+        v["isolation_hostile_kinds"].as_array().map(Vec::len),
+        Some(5)
+    );
+    assert_eq!(v["isolation_hostiles_unfinished"], 0, "{v}");
 }
