@@ -55,7 +55,6 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::types::Json;
 use sqlx::{Sqlite, SqliteConnection, Transaction};
 
 use agentq_agent::schema::{Message, ToolCall};
@@ -71,6 +70,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::sql::escape::{escape_text, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
@@ -357,7 +357,7 @@ impl SessionStore for SqliteStore {
             &mut tx,
             sqlx::query_as(&SQL.fail)
                 .bind(id)
-                .bind(reason)
+                .bind(escape_text(reason))
                 .bind(now_us()),
         )
         .await?;
@@ -641,7 +641,7 @@ impl InboxStore for SqliteStore {
         sqlx::query(&SQL.follow_up_message)
             .bind(&rec.root_id)
             .bind(&rec.id)
-            .bind(Json(Message::user(text)))
+            .bind(stored_json(&Message::user(text))?)
             .bind(rec.history_len.map(|n| n - 1))
             .execute(&mut *tx)
             .await?;

@@ -124,33 +124,32 @@ pub(crate) async fn writer(
 
 async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
     metrics.checkpoint_batch_size.observe(batch.len() as f64);
-    let (cps, replies): (Vec<Arc<Checkpoint>>, Vec<_>) =
-        batch.into_iter().map(|j| (j.cp, j.reply)).unzip();
-    let refs: Vec<&Checkpoint> = cps.iter().map(|c| &**c).collect();
-    match store.checkpoint_batch(&refs).await {
-        Ok(results) => {
-            for (reply, r) in replies.into_iter().zip(results) {
-                let _ = reply.send(r);
+    // Parts still to commit. A part the store will never take as it is (a value it
+    // refuses, not an outage) is split in two and each half committed on its own, so that
+    // only the checkpoint at fault fails, after about 2·log2(n) more commits, and every
+    // other one of the batch is committed in the same round.
+    let mut parts = vec![batch];
+    while let Some(mut part) = parts.pop() {
+        let refs: Vec<&Checkpoint> = part.iter().map(|j| &*j.cp).collect();
+        match store.checkpoint_batch(&refs).await {
+            Ok(results) => {
+                for (job, r) in part.into_iter().zip(results) {
+                    let _ = job.reply.send(r);
+                }
             }
-        }
-        // Something in the batch the store will never take (not an outage): commit each
-        // alone, so that only the checkpoint at fault fails.
-        Err(e) if cps.len() > 1 && !e.is_retryable() => {
-            debug!(error = %e, size = cps.len(), "group commit rejected; committing one by one");
-            for (cp, reply) in refs.iter().zip(replies) {
-                let r = store
-                    .checkpoint_batch(&[*cp])
-                    .await
-                    .and_then(|mut v| v.pop().unwrap_or(Ok(None)));
-                let _ = reply.send(r);
+            Err(e) if part.len() > 1 && !e.is_retryable() => {
+                debug!(error = %e, size = part.len(), "group commit rejected; splitting it");
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
             }
-        }
-        // Nothing of the batch was written: each session sees the failure and retries
-        // on its own schedule.
-        Err(e) => {
-            let e = Arc::new(e);
-            for reply in replies {
-                let _ = reply.send(Err(Error::Shared(e.clone())));
+            // Nothing of the part was written: each session sees the failure, and retries
+            // on its own schedule if it is worth retrying.
+            Err(e) => {
+                let e = Arc::new(e);
+                for job in part {
+                    let _ = job.reply.send(Err(Error::Shared(e.clone())));
+                }
             }
         }
     }

@@ -296,9 +296,39 @@ async fn run(
             }
         }
         Some(Err(e)) => {
+            if let Some(refused) = committed.take_refused() {
+                return fail_refused(&inner, &d, &mut state, &committed, refused).await;
+            }
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
             error!(error = %e, "run stopped: checkpoint failed");
+            Processed::Left
+        }
+    }
+}
+
+/// The store refused a checkpoint for what it holds: a redelivery would replay the same
+/// step into the same refusal, so the session fails now, with the reason, from its
+/// durable history (the refused step dropped), through a fenced final checkpoint that
+/// gives up the lease.
+async fn fail_refused(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    state: &mut SessionState,
+    committed: &StoreCheckpointer,
+    refused: crate::checkpoint::Refused,
+) -> Processed {
+    use agentq_agent::driver::Checkpointer;
+    state.messages.truncate(refused.durable);
+    let outcome = Outcome::error(format!(
+        "a checkpoint could not be stored: {}",
+        refused.reason
+    ));
+    state.outcome = Some(outcome.clone());
+    match committed.save(state, state.messages.len()).await {
+        Ok(()) => finished(inner, d, state, &outcome, committed).await,
+        Err(e) => {
+            error!(error = %e, "failing a session whose checkpoint was refused failed");
             Processed::Left
         }
     }
