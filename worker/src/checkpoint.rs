@@ -91,6 +91,21 @@ impl StoreCheckpointer {
             .is_some_and(|prev| cp.changes_nothing_after(prev))
     }
 
+    /// Remember a checkpoint that can never be stored, and stop the run.
+    fn refuse(
+        &self,
+        state: &SessionState,
+        from: usize,
+        e: &agentq_core::Error,
+    ) -> agentq_agent::Error {
+        warn!(session_id = %state.session_id, error = %e, "checkpoint cannot be stored; stopping the run");
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(Refused {
+            reason: e.to_string(),
+            durable: from,
+        });
+        agentq_agent::Error::Checkpoint(e.to_string())
+    }
+
     /// A draining worker stops each run right after a durable checkpoint.
     fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
         if self.draining.is_cancelled() && state.outcome.is_none() {
@@ -104,10 +119,12 @@ impl StoreCheckpointer {
 impl Checkpointer for StoreCheckpointer {
     async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
         let started = Instant::now();
-        let cp = Arc::new(
-            Checkpoint::new(&self.lease, state, from)
-                .map_err(|e| agentq_agent::Error::Checkpoint(e.to_string()))?,
-        );
+        let cp = match Checkpoint::new(&self.lease, state, from) {
+            Ok(cp) => Arc::new(cp),
+            // A state no row can hold (a count out of the column's range): as final as a
+            // value the database refuses.
+            Err(e) => return Err(self.refuse(state, from, &e)),
+        };
         if self.already_durable(&cp) {
             return self.after_commit(state);
         }
@@ -132,16 +149,8 @@ impl Checkpointer for StoreCheckpointer {
                     warn!(session_id = %state.session_id, error = %e, ?wait, "checkpoint failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
-                Err(e) => {
-                    if e.is_data() {
-                        warn!(session_id = %state.session_id, error = %e, "checkpoint refused for its data; stopping the run");
-                        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(Refused {
-                            reason: e.to_string(),
-                            durable: from,
-                        });
-                    }
-                    return Err(agentq_agent::Error::Checkpoint(e.to_string()));
-                }
+                Err(e) if e.is_data() => return Err(self.refuse(state, from, &e)),
+                Err(e) => return Err(agentq_agent::Error::Checkpoint(e.to_string())),
             }
         }
         self.after_commit(state)

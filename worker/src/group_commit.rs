@@ -317,4 +317,62 @@ pub(crate) mod tests {
             .unwrap()
             .unwrap();
     }
+
+    /// One checkpoint the database refuses (a raw NUL in a text column, as before the
+    /// stores escaped it) among bystanders, all in one group commit on real Postgres:
+    /// every bystander is committed in that round, only the poisoned one fails, with a
+    /// data error, which is not retried.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_checkpoint_fails_alone_on_postgres() {
+        let url = agentq_testkit::shared_postgres()
+            .unwrap()
+            .fresh_database()
+            .unwrap();
+        let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
+        pg.migrate().await.unwrap();
+        let store: Arc<dyn Store> = Arc::new(pg);
+        let mut sessions = leased(&*store, 9, Duration::from_secs(30)).await;
+        let (commits, rx) = GroupCommit::channel();
+        let mut waiting = Vec::new();
+        for (i, (lease, state)) in sessions.iter_mut().enumerate() {
+            let mut cp = (*step(lease, state, "step")).clone();
+            if i == 4 {
+                cp.finish = Some(agentq_core::checkpoint::Finish {
+                    status: agentq_core::SessionStatus::Failed,
+                    reason: agentq_agent::spec::ExitReason::Error,
+                    result: None,
+                    error: Some("poison \0".into()),
+                });
+            }
+            let c = commits.clone();
+            waiting.push(tokio::spawn(async move { c.commit(Arc::new(cp)).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = metrics();
+        let limits = Limits {
+            max_batch: 64,
+            in_flight: 1,
+        };
+        let stop = CancellationToken::new();
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let mut out = Vec::new();
+        for t in waiting {
+            out.push(t.await.unwrap());
+        }
+        // One group commit took them all.
+        assert_eq!(batches(m), (1, 9.0));
+        for (i, (r, (lease, state))) in out.iter().zip(&sessions).enumerate() {
+            let stored = store.messages(&lease.session_id).await.unwrap();
+            if i == 4 {
+                let e = r.as_ref().unwrap_err();
+                assert!(e.is_data() && !e.is_retryable(), "{e:?}");
+                assert_eq!(stored.len(), 1, "the refused step wrote nothing");
+            } else {
+                assert!(r.is_ok(), "bystander {i}: {r:?}");
+                assert_eq!(stored, state.messages, "bystander {i}");
+            }
+        }
+        stop.cancel();
+        w.await.unwrap();
+    }
 }

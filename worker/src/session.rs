@@ -297,7 +297,7 @@ async fn run(
         }
         Some(Err(e)) => {
             if let Some(refused) = committed.take_refused() {
-                return fail_refused(&inner, &d, &mut state, &committed, refused).await;
+                return fail_refused(&inner, &d, refused).await;
             }
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
@@ -307,30 +307,36 @@ async fn run(
     }
 }
 
-/// The store refused a checkpoint for what it holds: a redelivery would replay the same
-/// step into the same refusal, so the session fails now, with the reason, from its
-/// durable history (the refused step dropped), through a fenced final checkpoint that
-/// gives up the lease.
+/// The store refused a checkpoint for what it holds (or no row could hold the state): a
+/// redelivery would replay the same step into the same refusal, so the session fails now,
+/// with the reason, and its lease is given up. Its stored history stays as the last
+/// checkpoint left it (the refused step is not in it). Not through a checkpoint: the
+/// state that could not be stored may be what is wrong.
 async fn fail_refused(
     inner: &Arc<Inner>,
     d: &Delivery,
-    state: &mut SessionState,
-    committed: &StoreCheckpointer,
     refused: crate::checkpoint::Refused,
 ) -> Processed {
-    use agentq_agent::driver::Checkpointer;
-    state.messages.truncate(refused.durable);
-    let outcome = Outcome::error(format!(
-        "a checkpoint could not be stored: {}",
-        refused.reason
-    ));
-    state.outcome = Some(outcome.clone());
-    match committed.save(state, state.messages.len()).await {
-        Ok(()) => finished(inner, d, state, &outcome, committed).await,
-        Err(e) => {
-            error!(error = %e, "failing a session whose checkpoint was refused failed");
-            Processed::Left
+    let reason = format!("a checkpoint could not be stored: {}", refused.reason);
+    error!(%reason, durable = refused.durable, "failing the session");
+    let row = match inner.store.fail(&d.session_id, &reason).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
         }
+        Err(e) => {
+            warn!(error = %e, "failing the session failed; a redelivery retries");
+            return Processed::Left;
+        }
+    };
+    inner
+        .metrics
+        .sessions_finished
+        .with_label_values(&[d.queue.as_str(), "error"])
+        .inc();
+    Processed::Finished {
+        acked: settle_finished(inner, d, &row).await,
     }
 }
 
