@@ -36,6 +36,11 @@ pub enum Error {
     /// not retryable, and not an outage.
     #[error("the database refused the data{code}: {0}", code = sqlstate(.0))]
     Data(sqlx::Error),
+    /// The embedded database file is damaged or is not a database.
+    #[error(
+        "the database file {path} is corrupt ({detail}); restore it from a backup, or move it aside to start afresh"
+    )]
+    Corrupt { path: String, detail: String },
     #[error("migration error: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("redis error: {0}")]
