@@ -291,11 +291,8 @@ mod tests {
         for case in CASES {
             let doc = serde_json::json!({ "k": case, *case: [case, 1] });
             let stored = to_stored_json(&doc).unwrap();
-            assert!(
-                !stored.contains("\\u0000") && !stored.contains('\0'),
-                "{stored}"
-            );
-            // The same as escaping each string of the document.
+            assert!(!stored.contains('\0'), "{stored}");
+            // The same as escaping each string of the document (so no string holds NUL).
             let escaped = serde_json::json!({
                 "k": escape_text(case), escape_text(case): [escape_text(case), 1]
             });
