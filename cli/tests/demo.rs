@@ -484,6 +484,11 @@ async fn dev_refuses_a_corrupt_file() {
     let db = dir.path().join("broken.db");
     let store = SqliteStore::open(&db).await.unwrap();
     store.migrate().await.unwrap();
+    // Everything into the main file, so that the damage below is what a reader sees.
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(store.pool())
+        .await
+        .unwrap();
     store.close().await;
     let mut bytes = std::fs::read(&db).unwrap();
     let page = 4096;
