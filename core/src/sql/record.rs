@@ -244,13 +244,26 @@ pub(crate) fn history(prompt: &str, stored: Vec<StoredMessage>) -> Vec<Message> 
     history
 }
 
-/// The rows of a session's history listing: the prompt, then each stored message (none,
-/// with a NULL seq and body, when only the prompt is there). No row: no such session.
-pub(crate) type HistoryRow = (Text, Option<i32>, Option<Doc<Message>>);
+/// The rows of a session's history listing: each stored message (one row with a NULL seq
+/// and body when only the prompt is there), the first with the spec that holds the
+/// prompt. No row: no such session.
+pub(crate) type HistoryRow = (Option<Doc<Prompt>>, Option<i32>, Option<Doc<Message>>);
+
+/// The prompt of a stored spec (the rest of it is not read).
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct Prompt {
+    #[serde(default)]
+    prompt: String,
+}
 
 /// The history from its listing; `None` when the session does not exist.
 pub(crate) fn history_of(rows: Vec<HistoryRow>) -> Option<Vec<Message>> {
-    let prompt = rows.first()?.0.0.clone();
+    let prompt = rows
+        .first()?
+        .0
+        .as_ref()
+        .map(|spec| spec.0.prompt.clone())
+        .unwrap_or_default();
     let stored = rows
         .into_iter()
         .filter_map(|(_, seq, body)| seq.zip(body))
