@@ -411,3 +411,95 @@ async fn dev_serves_resumes_after_sigkill_and_stops_on_sigterm() {
     assert!(resumed.lease_epoch >= 2, "{resumed:?}");
     store.close().await;
 }
+
+/// `agentq dev` on a file another process holds the write lock of: `/readyz` answers 503
+/// while the store cannot write, and 200 again once it can, and writes go through then.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_is_not_ready_while_its_file_cannot_be_written() {
+    use sqlx::{ConnectOptions, Connection};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("dev.db");
+    let config = dir.path().join("agentq.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[worker]\nworkspace_root = {:?}\n",
+            dir.path().join("ws").display().to_string()
+        ),
+    )
+    .unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, json!({"turns": [{"text": "done"}]}).to_string()).unwrap();
+    let dev = start_dev(&db, &config, &script);
+    let http = reqwest::Client::new();
+    let ready = || async {
+        http.get(format!("{}/readyz", dev.url))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(ready().await, 200);
+
+    let mut other = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&db)
+        .connect()
+        .await
+        .unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let resp = http
+        .post(format!("{}/v1/sessions", dev.url))
+        .json(&json!({"prompt": "blocked"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(ready().await, 503);
+
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    other.close().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ready().await != 200 {
+        assert!(Instant::now() < deadline, "never ready again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let id = submit(&http, &dev, "after").await;
+    wait_for(&http, &dev, &id, Duration::from_secs(30), |v| {
+        v["status"] == "completed"
+    })
+    .await;
+}
+
+/// A damaged database file is refused at start: the process exits non-zero with a
+/// message that names the file and says it is corrupt.
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_refuses_a_corrupt_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("broken.db");
+    let store = SqliteStore::open(&db).await.unwrap();
+    store.migrate().await.unwrap();
+    // Everything into the main file, so that the damage below is what a reader sees.
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.close().await;
+    let mut bytes = std::fs::read(&db).unwrap();
+    let page = 4096;
+    assert!(bytes.len() >= 4 * page, "{} bytes", bytes.len());
+    let middle = bytes.len() / page / 2;
+    bytes[middle * page..(middle + 1) * page].fill(0x5a);
+    std::fs::write(&db, &bytes).unwrap();
+    let mut cmd = agentq();
+    cmd.args(["dev", "--addr", "127.0.0.1:0", "--db"]).arg(&db);
+    let (ok, _out, err) = run_with_limit(cmd, Duration::from_secs(30));
+    assert!(!ok, "{err}");
+    assert!(err.contains("corrupt"), "{err}");
+    assert!(err.contains(&db.display().to_string()), "{err}");
+}

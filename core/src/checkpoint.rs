@@ -1,7 +1,8 @@
 //! A checkpoint taken off a `SessionState`: the new messages already serialized and the
 //! row's scalars already range-checked, owned, so that it can wait in a worker's
 //! group-commit batch while the session's task waits for its acknowledgement, and be
-//! written by either store without touching the state again.
+//! written by either store without touching the state again. Its texts are in their
+//! stored form already (`crate::sql::escape`), which both stores write as they are.
 
 use chrono::{DateTime, Utc};
 
@@ -9,6 +10,7 @@ use agentq_agent::spec::ExitReason;
 use agentq_agent::state::{Phase, SessionState};
 
 use crate::rowconv::{to_i32, to_i64};
+use crate::sql::escape::{escape_text, to_stored_json};
 use crate::{Error, Lease, Result, SessionStatus};
 
 /// `state.messages[from..]` and the row's scalars, fenced by `lease`.
@@ -17,7 +19,7 @@ pub struct Checkpoint {
     pub lease: Lease,
     /// The seq of `messages[0]`.
     pub from: i32,
-    /// The JSON body of each new message (its role is inside).
+    /// The JSON body of each new message (its role is inside), as stored.
     pub messages: Vec<String>,
     pub iteration: i32,
     pub input_tokens: i64,
@@ -30,7 +32,7 @@ pub struct Checkpoint {
     pub phase: Phase,
     pub started_at: Option<DateTime<Utc>>,
     pub turn_base: i32,
-    /// JSON array of the sub-agents planned but not started.
+    /// JSON array of the sub-agents planned but not started, as stored.
     pub not_started: String,
     pub bg_cursor: i64,
     pub msg_cursor: i64,
@@ -40,7 +42,7 @@ pub struct Checkpoint {
     pub history_len: i32,
 }
 
-/// The terminal part of a final checkpoint.
+/// The terminal part of a final checkpoint; its texts as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finish {
     pub status: SessionStatus,
@@ -60,7 +62,7 @@ impl Checkpoint {
         let history_len = i32::try_from(state.messages.len()).map_err(|_| too_long())?;
         let mut messages = Vec::with_capacity(new.len());
         for m in new {
-            messages.push(serde_json::to_string(m)?);
+            messages.push(to_stored_json(m)?);
         }
         let u = &state.usage;
         Ok(Checkpoint {
@@ -78,14 +80,14 @@ impl Checkpoint {
             phase: state.phase,
             started_at: state.started_at,
             turn_base: to_i32(state.turn_base, "turn_base")?,
-            not_started: serde_json::to_string(&state.not_started)?,
+            not_started: to_stored_json(&state.not_started)?,
             bg_cursor: to_i64(state.bg_cursor, "bg_cursor")?,
             msg_cursor: to_i64(state.msg_cursor, "msg_cursor")?,
             finish: state.outcome.as_ref().map(|o| Finish {
                 status: SessionStatus::for_exit(o.reason),
                 reason: o.reason,
-                result: o.result.clone(),
-                error: o.error.clone(),
+                result: o.result.as_deref().map(|r| escape_text(r).into_owned()),
+                error: o.error.as_deref().map(|e| escape_text(e).into_owned()),
             }),
             history_len,
         })

@@ -28,7 +28,6 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::types::Json;
 
 use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
@@ -42,6 +41,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
+use crate::sql::escape::{escape_opt, escape_text, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
@@ -363,7 +363,7 @@ impl SessionStore for PgStore {
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
         let failed: Option<SessionRecord> = sqlx::query_as(&SQL.fail)
             .bind(id)
-            .bind(reason)
+            .bind(escape_text(reason))
             .fetch_optional(&self.pool)
             .await?;
         match failed {
@@ -505,7 +505,7 @@ impl InboxStore for PgStore {
             .bind(session_id)
             .bind(kind.as_str())
             .bind(dedupe)
-            .bind(Json(payload.to_value()?))
+            .bind(stored_json(&payload.to_value()?)?)
             .bind(&wake)
             .fetch_optional(&self.pool)
             .await?;
@@ -543,7 +543,7 @@ impl InboxStore for PgStore {
             .bind(session_id)
             .bind(tool_call_id)
             .bind(approve)
-            .bind(reason)
+            .bind(escape_opt(reason))
             .fetch_optional(&self.pool)
             .await?;
         let Some((queue, old, inserted, new)) = row else {
@@ -595,7 +595,7 @@ impl InboxStore for PgStore {
         sqlx::query(&SQL.follow_up_message)
             .bind(&rec.root_id)
             .bind(&rec.id)
-            .bind(Json(Message::user(text)))
+            .bind(stored_json(&Message::user(text))?)
             .bind(rec.history_len.map(|n| n - 1))
             .execute(&mut *tx)
             .await?;

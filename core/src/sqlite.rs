@@ -30,6 +30,20 @@
 //!   survives the process being killed (not an OS crash or power loss, which may lose the
 //!   last commits; never corrupts the file).
 //!
+//! # Faults
+//! - A write that fails part way (the disk full, an I/O error) may leave the writer
+//!   connection in a transaction sqlx cannot end: SQLite rolls some failures back by
+//!   itself, the `ROLLBACK` sqlx then sends fails, and sqlx still counts the transaction
+//!   open, refusing every later `BEGIN`. The writer pool never hands out a connection in a
+//!   transaction: it closes it (which ends whatever SQLite still held) and opens a fresh
+//!   one, so the write after the fault works once its cause is gone.
+//! - Whether the store can write is what [`SessionStore::ping`] answers (and `/readyz`
+//!   with it). A write that fails marks the store suspect; while it is, `ping` makes a
+//!   real write (a row inserted and deleted in one committed transaction), and the first
+//!   that succeeds clears the mark. A healthy store's `ping` only reads.
+//! - [`SqliteStore::open`] refuses a file that `PRAGMA quick_check` finds damaged, or that
+//!   is not a database at all ([`Error::Corrupt`]), naming it.
+//!
 //! # Time
 //! Timestamps are INTEGER unix microseconds (UTC): Postgres' `timestamptz` precision, so a
 //! state read back compares equal on both backends. "Now" is taken in Rust and bound into
@@ -45,8 +59,11 @@
 
 mod writes;
 
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -55,8 +72,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::types::Json;
-use sqlx::{Sqlite, SqliteConnection, Transaction};
+use sqlx::{Connection, Sqlite, SqliteConnection, Transaction};
 
 use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
@@ -71,6 +87,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::sql::escape::{escape_text, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
@@ -90,6 +107,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// queue means overload, and the caller gets a retryable error.
 const WRITER_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Lines of `PRAGMA quick_check` kept in the message for a damaged file.
+const QUICK_CHECK_LINES: usize = 5;
+
 /// The SQLite store. Cheap to clone (the pools are shared).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -97,7 +117,72 @@ pub struct SqliteStore {
     writer: SqlitePool,
     /// Connections for reads; the writer itself for an in-memory database.
     readers: SqlitePool,
+    /// Set when a write failed, until a write succeeds again (see the module docs).
+    write_suspect: Arc<AtomicBool>,
 }
+
+/// A write transaction that tells the store how it ended: one dropped without a commit or
+/// a rollback was left by a failed statement, and marks the store suspect.
+struct WriteTx {
+    tx: Option<Transaction<'static, Sqlite>>,
+    suspect: Arc<AtomicBool>,
+}
+
+impl WriteTx {
+    async fn commit(mut self) -> Result<()> {
+        let Some(tx) = self.tx.take() else {
+            return Ok(());
+        };
+        let r = tx.commit().await;
+        self.suspect.store(r.is_err(), Ordering::Relaxed);
+        Ok(r?)
+    }
+
+    async fn rollback(mut self) -> Result<()> {
+        let Some(tx) = self.tx.take() else {
+            return Ok(());
+        };
+        let r = tx.rollback().await;
+        if r.is_err() {
+            self.suspect.store(true, Ordering::Relaxed);
+        }
+        Ok(r?)
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        match &self.tx {
+            Some(tx) => tx,
+            // Taken only by `commit` and `rollback`, which consume the value.
+            None => unreachable!("a settled write transaction is not used"),
+        }
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match &mut self.tx {
+            Some(tx) => tx,
+            None => unreachable!("a settled write transaction is not used"),
+        }
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.tx.is_some() {
+            self.suspect.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A committed write that leaves nothing behind: whether the file takes writes.
+const PROBE_INSERT: &str = "INSERT INTO api_keys (id, tenant, scopes, secret_hash, created_at) \
+    VALUES ('agentq-write-probe', '', '', '', 0)";
+const PROBE_DELETE: &str = "DELETE FROM api_keys WHERE id = 'agentq-write-probe'";
 
 impl SqliteStore {
     /// Open (creating it if missing) the database file at `path`: WAL,
@@ -111,20 +196,61 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT)
             .foreign_keys(true);
+        let corrupt = |detail: String| Error::Corrupt {
+            path: path.display().to_string(),
+            detail,
+        };
         // The writer first: it creates the file and switches it to WAL (persistent in the
         // file), before any reader opens it.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .min_connections(1)
             .acquire_timeout(WRITER_ACQUIRE_TIMEOUT)
+            // Never a connection left in a transaction (see the module docs): closed, and
+            // the pool opens another.
+            .before_acquire(|conn, _| Box::pin(async move { Ok(!conn.is_in_transaction()) }))
             .connect_with(options.clone())
-            .await?;
+            .await
+            .map_err(|e| {
+                if not_a_database(&e) {
+                    corrupt(e.to_string())
+                } else {
+                    e.into()
+                }
+            })?;
+        let problems: Vec<String> = sqlx::query_scalar("PRAGMA quick_check")
+            .fetch_all(&writer)
+            .await
+            .map_err(|e| {
+                if not_a_database(&e) {
+                    corrupt(e.to_string())
+                } else {
+                    e.into()
+                }
+            })?;
+        if problems.iter().any(|p| p != "ok") {
+            writer.close().await;
+            let mut detail = problems
+                .iter()
+                .take(QUICK_CHECK_LINES)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("; ");
+            if problems.len() > QUICK_CHECK_LINES {
+                detail.push_str("; …");
+            }
+            return Err(corrupt(format!("PRAGMA quick_check: {detail}")));
+        }
         let readers = SqlitePoolOptions::new()
             .max_connections(READERS)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options.create_if_missing(false))
             .await?;
-        Ok(Self { writer, readers })
+        Ok(Self {
+            writer,
+            readers,
+            write_suspect: Arc::default(),
+        })
     }
 
     /// A private in-memory database, for tests. One connection serves reads and writes,
@@ -142,6 +268,7 @@ impl SqliteStore {
         Ok(Self {
             writer: pool.clone(),
             readers: pool,
+            write_suspect: Arc::default(),
         })
     }
 
@@ -174,8 +301,26 @@ impl SqliteStore {
     }
 
     /// A write transaction holding the file's write lock from its first statement.
-    async fn write_tx(&self) -> Result<Transaction<'static, Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    async fn write_tx(&self) -> Result<WriteTx> {
+        match self.writer.begin_with("BEGIN IMMEDIATE").await {
+            Ok(tx) => Ok(WriteTx {
+                tx: Some(tx),
+                suspect: self.write_suspect.clone(),
+            }),
+            Err(e) => {
+                self.write_suspect.store(true, Ordering::Relaxed);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Whether the file takes a write now: one committed transaction that leaves
+    /// nothing behind. Clears the suspect mark when it does.
+    async fn probe_write(&self) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(PROBE_INSERT).execute(&mut *tx).await?;
+        sqlx::query(PROBE_DELETE).execute(&mut *tx).await?;
+        tx.commit().await
     }
 
     async fn get_record(&self, id: &str) -> Result<Option<SessionRecord>> {
@@ -357,7 +502,7 @@ impl SessionStore for SqliteStore {
             &mut tx,
             sqlx::query_as(&SQL.fail)
                 .bind(id)
-                .bind(reason)
+                .bind(escape_text(reason))
                 .bind(now_us()),
         )
         .await?;
@@ -383,8 +528,13 @@ impl SessionStore for SqliteStore {
         outcome::cancel_unchanged(id, rec)
     }
 
+    /// Reads, and while a failed write left the store suspect, writes (see the module
+    /// docs).
     async fn ping(&self) -> Result<()> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
+        if self.write_suspect.load(Ordering::Relaxed) {
+            self.probe_write().await?;
+        }
         Ok(())
     }
 
@@ -641,7 +791,7 @@ impl InboxStore for SqliteStore {
         sqlx::query(&SQL.follow_up_message)
             .bind(&rec.root_id)
             .bind(&rec.id)
-            .bind(Json(Message::user(text)))
+            .bind(stored_json(&Message::user(text))?)
             .bind(rec.history_len.map(|n| n - 1))
             .execute(&mut *tx)
             .await?;
@@ -696,5 +846,19 @@ impl SweepStore for SqliteStore {
             .await?;
         tx.commit().await?;
         Ok(woken)
+    }
+}
+
+/// SQLite's answer for a file that is damaged or not a database (`SQLITE_CORRUPT`,
+/// `SQLITE_NOTADB`).
+fn not_a_database(e: &sqlx::Error) -> bool {
+    const SQLITE_CORRUPT: u32 = 11;
+    const SQLITE_NOTADB: u32 = 26;
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .and_then(|c| c.parse::<u32>().ok())
+            .is_some_and(|c| matches!(c & 0xff, SQLITE_CORRUPT | SQLITE_NOTADB)),
+        _ => false,
     }
 }

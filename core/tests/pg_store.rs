@@ -1169,3 +1169,44 @@ async fn a_workers_store_plans_generically_on_both_pools() {
         state.messages.len()
     );
 }
+
+/// Rows written before the stores escaped NUL hold it as JSON's `\u0000` (Postgres' `json`
+/// takes it as text): the session, its history and its claim still read back, NUL and
+/// all, instead of every read failing for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_stored_with_json_nul_before_escaping_read_back() {
+    let store = store().await;
+    let id = create(&store, "placeholder").await;
+    let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
+    let from = state.messages.len();
+    state.push_assistant(Message::assistant("placeholder answer"));
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    // What an older release wrote for a prompt and an answer holding NUL.
+    let spec = serde_json::to_string(&SessionSpec::new("legacy \0 prompt")).unwrap();
+    let body = serde_json::to_string(&Message::assistant("legacy \0 answer")).unwrap();
+    assert!(spec.contains("\\u0000") && body.contains("\\u0000"));
+    sqlx::query("UPDATE session_specs SET spec = $2::json WHERE id = $1")
+        .bind(&id)
+        .bind(&spec)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE messages SET body = $2::json WHERE session_id = $1::uuid AND seq = 1")
+        .bind(&id)
+        .bind(&body)
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let history = store.messages(&id).await.unwrap();
+    assert_eq!(
+        history,
+        vec![
+            Message::user("legacy \0 prompt"),
+            Message::assistant("legacy \0 answer")
+        ]
+    );
+    assert_eq!(
+        store.get(&id).await.unwrap().unwrap().spec.prompt,
+        "legacy \0 prompt"
+    );
+}

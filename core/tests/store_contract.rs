@@ -128,6 +128,7 @@ contract_tests!(
     contract_group_commit_with_heartbeats,
     contract_tenants_and_their_idempotency_keys,
     contract_api_keys,
+    contract_text_postgres_cannot_hold_reads_back_exactly,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -2351,4 +2352,118 @@ async fn contract_api_keys(store: &dyn Store) {
         store.key(&new.id).await.unwrap().unwrap().revoked_at,
         Some(at)
     );
+}
+
+/// NUL (which Postgres' text and jsonb cannot hold) and the stores' escape character, in
+/// everything a caller or a model writes: the spec (prompt, system prompt, metadata), the
+/// model's answers and tool results, the outcome, inbox payloads, approval reasons and
+/// follow-ups. Each is stored, reads back byte for byte (`get`, `messages`, a resuming
+/// claim, the inbox), and the session's other reads keep working.
+async fn contract_text_postgres_cannot_hold_reads_back_exactly(store: &dyn Store) {
+    // NUL, the escape character (alone, and as the stored forms of NUL and of itself),
+    // and the six characters of JSON's escape for NUL.
+    let hostile = "a\0b \u{FDD0}0 \u{FDD0}\u{FDD0} \\u0000 \u{FDD0} \0";
+    assert!(hostile.contains('\0') && hostile.contains('\u{FDD0}'));
+    let mut spec = SessionSpec::new(format!("prompt {hostile}"));
+    spec.system = Some(format!("system {hostile}"));
+    spec.metadata = json!({ "note": hostile, hostile: [hostile] });
+    let (row, created) = store
+        .create_session(&NewSession::root(spec.clone(), "default"))
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(row.spec, spec);
+    let id = row.id;
+    assert_eq!(store.get(&id).await.unwrap().unwrap().spec, spec);
+    assert_eq!(
+        store.messages(&id).await.unwrap(),
+        vec![Message::user(spec.prompt.clone())]
+    );
+
+    let (lease, mut state) = acquire(store, &id, "w", TTL).await;
+    assert_eq!(state.spec, spec);
+    let persisted = state.messages.len();
+    let mut reply = Message::assistant(format!("answer {hostile}"));
+    reply.tool_calls = vec![ToolCall {
+        id: "call_1".into(),
+        name: "read_file".into(),
+        arguments: json!({ "path": hostile }),
+    }];
+    state.push_assistant(reply);
+    state.messages.push(Message::tool_result(
+        "call_1",
+        "read_file",
+        format!("contents {hostile}"),
+        false,
+    ));
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    // The pending-approvals read looks into the stored bodies.
+    assert!(
+        store
+            .pending_approvals(&id, &["call_1".to_string()])
+            .await
+            .unwrap()
+            .iter()
+            .all(|c| c.id == "call_1")
+    );
+
+    // A resumed claim gets exactly what was written.
+    let (lease, resumed) = acquire(store, &id, "w", TTL).await;
+    assert_eq!(resumed.messages, state.messages);
+    assert_eq!(resumed.spec, spec);
+
+    // The inbox and approvals carry caller text too.
+    let delivered = store
+        .deliver(&id, InboxKind::Message, "d1", &steer(hostile), &[])
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(delivered.inserted);
+    let items = store.inbox(&id, &[InboxKind::Message], 0).await.unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].payload, steer(hostile).to_value().unwrap());
+    store
+        .decide_approval(&id, "call_1", false, Some(hostile))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.approval(&id, "call_1").await.unwrap(),
+        Some((false, Some(hostile.to_string())))
+    );
+
+    // The final answer and the error are text columns.
+    let mut state = resumed;
+    let persisted = state.messages.len();
+    state.push_assistant(Message::assistant(format!("final {hostile}")));
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some(format!("result {hostile}")),
+        error: Some(format!("error {hostile}")),
+    });
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    let done = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(done.status, SessionStatus::Completed);
+    assert_eq!(done.result, Some(format!("result {hostile}")));
+    assert_eq!(done.error, Some(format!("error {hostile}")));
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+
+    // A follow-up turn's text, and a failure's reason.
+    store
+        .follow_up(&id, &format!("more {hostile}"), None)
+        .await
+        .unwrap()
+        .unwrap();
+    let history = store.messages(&id).await.unwrap();
+    assert_eq!(
+        history.last().unwrap(),
+        &Message::user(format!("more {hostile}"))
+    );
+    let failed = store
+        .fail(&id, &format!("reason {hostile}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(failed.error, Some(format!("reason {hostile}")));
+    assert_eq!(store.get(&id).await.unwrap().unwrap(), failed);
 }

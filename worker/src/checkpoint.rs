@@ -1,7 +1,9 @@
 //! The worker's `Checkpointer`: hands each step to the worker's group commit, fenced by
 //! the lease. Rides out short store outages by retrying (a checkpoint is idempotent),
 //! stops the run at once when the lease is gone, and stops it right after a durable
-//! checkpoint when the worker is draining.
+//! checkpoint when the worker is draining. A checkpoint the store refuses for its data
+//! (never retried: it would fail the same way) stops the run, and is remembered so that
+//! the session can be failed with the reason ([`StoreCheckpointer::take_refused`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +32,17 @@ pub struct StoreCheckpointer {
     pub last: Mutex<Option<Arc<Checkpoint>>>,
     /// The row as the final checkpoint's commit left it, when the store returned it.
     finished: Mutex<Option<Box<SessionRow>>>,
+    /// The checkpoint the store refused for its data, if one was.
+    refused: Mutex<Option<Refused>>,
+}
+
+/// A checkpoint the store refused for what it holds.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    /// The store's reason.
+    pub reason: String,
+    /// How much of the history is durable: what the refused checkpoint came after.
+    pub durable: usize,
 }
 
 impl StoreCheckpointer {
@@ -48,7 +61,16 @@ impl StoreCheckpointer {
             metrics,
             last: Mutex::new(None),
             finished: Mutex::new(None),
+            refused: Mutex::new(None),
         }
+    }
+
+    /// The checkpoint the store refused for its data, if the run stopped on one.
+    pub fn take_refused(&self) -> Option<Refused> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// The finished session's row, if the final checkpoint's commit brought it back
@@ -69,6 +91,21 @@ impl StoreCheckpointer {
             .is_some_and(|prev| cp.changes_nothing_after(prev))
     }
 
+    /// Remember a checkpoint that can never be stored, and stop the run.
+    fn refuse(
+        &self,
+        state: &SessionState,
+        from: usize,
+        e: &agentq_core::Error,
+    ) -> agentq_agent::Error {
+        warn!(session_id = %state.session_id, error = %e, "checkpoint cannot be stored; stopping the run");
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(Refused {
+            reason: e.to_string(),
+            durable: from,
+        });
+        agentq_agent::Error::Checkpoint(e.to_string())
+    }
+
     /// A draining worker stops each run right after a durable checkpoint.
     fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
         if self.draining.is_cancelled() && state.outcome.is_none() {
@@ -82,10 +119,12 @@ impl StoreCheckpointer {
 impl Checkpointer for StoreCheckpointer {
     async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
         let started = Instant::now();
-        let cp = Arc::new(
-            Checkpoint::new(&self.lease, state, from)
-                .map_err(|e| agentq_agent::Error::Checkpoint(e.to_string()))?,
-        );
+        let cp = match Checkpoint::new(&self.lease, state, from) {
+            Ok(cp) => Arc::new(cp),
+            // A state no row can hold (a count out of the column's range): as final as a
+            // value the database refuses.
+            Err(e) => return Err(self.refuse(state, from, &e)),
+        };
         if self.already_durable(&cp) {
             return self.after_commit(state);
         }
@@ -110,6 +149,7 @@ impl Checkpointer for StoreCheckpointer {
                     warn!(session_id = %state.session_id, error = %e, ?wait, "checkpoint failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
+                Err(e) if e.is_data() => return Err(self.refuse(state, from, &e)),
                 Err(e) => return Err(agentq_agent::Error::Checkpoint(e.to_string())),
             }
         }

@@ -124,33 +124,32 @@ pub(crate) async fn writer(
 
 async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
     metrics.checkpoint_batch_size.observe(batch.len() as f64);
-    let (cps, replies): (Vec<Arc<Checkpoint>>, Vec<_>) =
-        batch.into_iter().map(|j| (j.cp, j.reply)).unzip();
-    let refs: Vec<&Checkpoint> = cps.iter().map(|c| &**c).collect();
-    match store.checkpoint_batch(&refs).await {
-        Ok(results) => {
-            for (reply, r) in replies.into_iter().zip(results) {
-                let _ = reply.send(r);
+    // Parts still to commit. A part the store will never take as it is (a value it
+    // refuses, not an outage) is split in two and each half committed on its own, so that
+    // only the checkpoint at fault fails, after about 2·log2(n) more commits, and every
+    // other one of the batch is committed in the same round.
+    let mut parts = vec![batch];
+    while let Some(mut part) = parts.pop() {
+        let refs: Vec<&Checkpoint> = part.iter().map(|j| &*j.cp).collect();
+        match store.checkpoint_batch(&refs).await {
+            Ok(results) => {
+                for (job, r) in part.into_iter().zip(results) {
+                    let _ = job.reply.send(r);
+                }
             }
-        }
-        // Something in the batch the store will never take (not an outage): commit each
-        // alone, so that only the checkpoint at fault fails.
-        Err(e) if cps.len() > 1 && !e.is_retryable() => {
-            debug!(error = %e, size = cps.len(), "group commit rejected; committing one by one");
-            for (cp, reply) in refs.iter().zip(replies) {
-                let r = store
-                    .checkpoint_batch(&[*cp])
-                    .await
-                    .and_then(|mut v| v.pop().unwrap_or(Ok(None)));
-                let _ = reply.send(r);
+            Err(e) if part.len() > 1 && !e.is_retryable() => {
+                debug!(error = %e, size = part.len(), "group commit rejected; splitting it");
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
             }
-        }
-        // Nothing of the batch was written: each session sees the failure and retries
-        // on its own schedule.
-        Err(e) => {
-            let e = Arc::new(e);
-            for reply in replies {
-                let _ = reply.send(Err(Error::Shared(e.clone())));
+            // Nothing of the part was written: each session sees the failure, and retries
+            // on its own schedule if it is worth retrying.
+            Err(e) => {
+                let e = Arc::new(e);
+                for job in part {
+                    let _ = job.reply.send(Err(Error::Shared(e.clone())));
+                }
             }
         }
     }
@@ -317,5 +316,63 @@ pub(crate) mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    /// One checkpoint the database refuses (a raw NUL in a text column, as before the
+    /// stores escaped it) among bystanders, all in one group commit on real Postgres:
+    /// every bystander is committed in that round, only the poisoned one fails, with a
+    /// data error, which is not retried.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_checkpoint_fails_alone_on_postgres() {
+        let url = agentq_testkit::shared_postgres()
+            .unwrap()
+            .fresh_database()
+            .unwrap();
+        let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
+        pg.migrate().await.unwrap();
+        let store: Arc<dyn Store> = Arc::new(pg);
+        let mut sessions = leased(&*store, 9, Duration::from_secs(30)).await;
+        let (commits, rx) = GroupCommit::channel();
+        let mut waiting = Vec::new();
+        for (i, (lease, state)) in sessions.iter_mut().enumerate() {
+            let mut cp = (*step(lease, state, "step")).clone();
+            if i == 4 {
+                cp.finish = Some(agentq_core::checkpoint::Finish {
+                    status: agentq_core::SessionStatus::Failed,
+                    reason: agentq_agent::spec::ExitReason::Error,
+                    result: None,
+                    error: Some("poison \0".into()),
+                });
+            }
+            let c = commits.clone();
+            waiting.push(tokio::spawn(async move { c.commit(Arc::new(cp)).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = metrics();
+        let limits = Limits {
+            max_batch: 64,
+            in_flight: 1,
+        };
+        let stop = CancellationToken::new();
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let mut out = Vec::new();
+        for t in waiting {
+            out.push(t.await.unwrap());
+        }
+        // One group commit took them all.
+        assert_eq!(batches(m), (1, 9.0));
+        for (i, (r, (lease, state))) in out.iter().zip(&sessions).enumerate() {
+            let stored = store.messages(&lease.session_id).await.unwrap();
+            if i == 4 {
+                let e = r.as_ref().unwrap_err();
+                assert!(e.is_data() && !e.is_retryable(), "{e:?}");
+                assert_eq!(stored.len(), 1, "the refused step wrote nothing");
+            } else {
+                assert!(r.is_ok(), "bystander {i}: {r:?}");
+                assert_eq!(stored, state.messages, "bystander {i}");
+            }
+        }
+        stop.cancel();
+        w.await.unwrap();
     }
 }

@@ -296,11 +296,47 @@ async fn run(
             }
         }
         Some(Err(e)) => {
+            if let Some(refused) = committed.take_refused() {
+                return fail_refused(&inner, &d, refused).await;
+            }
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
             error!(error = %e, "run stopped: checkpoint failed");
             Processed::Left
         }
+    }
+}
+
+/// The store refused a checkpoint for what it holds (or no row could hold the state): a
+/// redelivery would replay the same step into the same refusal, so the session fails now,
+/// with the reason, and its lease is given up. Its stored history stays as the last
+/// checkpoint left it (the refused step is not in it). Not through a checkpoint: the
+/// state that could not be stored may be what is wrong.
+async fn fail_refused(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    refused: crate::checkpoint::Refused,
+) -> Processed {
+    let reason = format!("a checkpoint could not be stored: {}", refused.reason);
+    error!(%reason, durable = refused.durable, "failing the session");
+    let row = match inner.store.fail(&d.session_id, &reason).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
+        }
+        Err(e) => {
+            warn!(error = %e, "failing the session failed; a redelivery retries");
+            return Processed::Left;
+        }
+    };
+    inner
+        .metrics
+        .sessions_finished
+        .with_label_values(&[d.queue.as_str(), "error"])
+        .inc();
+    Processed::Finished {
+        acked: settle_finished(inner, d, &row).await,
     }
 }
 

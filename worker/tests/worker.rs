@@ -454,3 +454,59 @@ async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
     assert_eq!(pending(&queue, first.consumer()).await, 0);
     assert_eq!(pending(&queue, second.consumer()).await, 0);
 }
+
+/// A model that answers with NUL (which Postgres' text cannot hold), next to bystanders
+/// on the same worker: every session completes, and the NUL reads back intact in the
+/// transcript and the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_answering_with_nul_completes_and_reads_back_intact() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"thinking \u0000 aloud","tool_calls":[{"name":"list_dir","arguments":{"path":".\u0000"}}]},
+          {"text":"done \u0000 {{prompt}}"}
+        ]}"#
+        .into(),
+    );
+    let ids = submit(&store, &queue, 6).await;
+    let running = start(&store, &queue, cfg);
+    wait_terminal(&store, &ids, Duration::from_secs(60)).await;
+    running.stop().await;
+    for id in &ids {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+        let msgs = store.messages(id).await.unwrap();
+        assert_eq!(msgs.len(), 4, "{msgs:?}");
+        assert_eq!(msgs[1].content, "thinking \0 aloud");
+        assert_eq!(msgs[1].tool_calls[0].arguments["path"], ".\0");
+        assert!(msgs[3].content.starts_with("done \0 task"), "{msgs:?}");
+        assert_eq!(row.result.as_deref(), Some(msgs[3].content.as_str()));
+    }
+}
+
+/// A step no row can hold (a token count past the column's range) is not retried: the
+/// session fails at once with the reason and its lease given up, and the bystanders on
+/// the same worker complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script =
+        Some(r#"{"turns":[{"text":"huge","usage":{"input_tokens":9223372036854775808}}]}"#.into());
+    let (row, worker) = run_one(&store, &queue, cfg, SessionSpec::new("poison")).await;
+    assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
+    let error = row.error.unwrap_or_default();
+    assert!(
+        error.contains("could not be stored") && error.contains("input_tokens"),
+        "{error}"
+    );
+    assert!(row.lease_owner.is_none());
+    assert_eq!(
+        row.attempts, 1,
+        "failed on its first delivery, not dead-lettered"
+    );
+    assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 0);
+}

@@ -9,6 +9,7 @@ use sqlx::postgres::PgPool;
 use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i32;
+use crate::sql::escape::to_stored_json;
 use crate::sql::outcome::{fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
@@ -113,7 +114,7 @@ async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, Ses
         parents.push(s.parent_id.as_deref());
         depths.push(to_i32(s.depth, "depth")?);
         queues.push(s.queue.as_str());
-        specs.push(serde_json::to_string(&s.spec)?);
+        specs.push(to_stored_json(&s.spec)?);
         phases.push(fresh_phase(s));
         keys.push(s.idempotency_key.as_deref());
         hashes.push(s.idempotency_hash.as_deref());

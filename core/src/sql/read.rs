@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::SessionStatus;
 use crate::rowconv::unfinished_counts;
 
+use super::escape::Text;
 use super::record::{HistoryRow, SessionRecord, history_of};
 use super::statements::{COUNT_UNFINISHED, Statements};
 
@@ -57,16 +58,17 @@ pub(crate) async fn approval<DB>(
 ) -> Result<Option<(bool, Option<String>)>>
 where
     DB: Database,
-    for<'r> (bool, Option<String>): FromRow<'r, DB::Row>,
+    for<'r> (bool, Option<Text>): FromRow<'r, DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    Ok(sqlx::query_as::<DB, (bool, Option<String>)>(&sql.approval)
+    let found = sqlx::query_as::<DB, (bool, Option<Text>)>(&sql.approval)
         .bind(session_id)
         .bind(tool_call_id)
         .fetch_optional(pool)
-        .await?)
+        .await?;
+    Ok(found.map(|(approve, reason)| (approve, reason.map(Text::into_inner))))
 }
 
 /// How many sessions are in each unfinished status.

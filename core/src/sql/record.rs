@@ -2,13 +2,13 @@
 //! mapping to the model. Column types differ between the dialects only in timestamps
 //! (`timestamptz` on Postgres, INTEGER unix microseconds on SQLite), which [`Stamp`]
 //! reads from either; every integer column has the same width on both, and SQLite's
-//! decoder range-checks it.
+//! decoder range-checks it. Text and JSON that a caller or a model wrote are decoded by
+//! the stores' escaping rule ([`Text`], [`Doc`]; see [`super::escape`]).
 
 use chrono::{DateTime, Utc};
 use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgTypeInfo, PgValueRef, Postgres};
 use sqlx::sqlite::{Sqlite, SqliteTypeInfo, SqliteValueRef};
-use sqlx::types::Json;
 use sqlx::{Decode, Type};
 
 use agentq_agent::schema::{Message, Usage};
@@ -19,6 +19,8 @@ use crate::auth::{ApiKey, Scope};
 use crate::error::Result;
 use crate::model::{InboxItem, Lease, SessionRow, SessionStatus};
 use crate::rowconv::{bad_data, parse_exit, parse_phase, parse_status, to_u32, to_u64};
+
+use super::escape::{Doc, Text};
 
 /// A stored point in time, as either database keeps it. Also read from the JSON of a row
 /// (Postgres' `to_json`), where it is an RFC 3339 string.
@@ -95,7 +97,7 @@ impl KeyRecord {
 }
 
 /// A stored message: its seq and its body.
-pub(crate) type StoredMessage = (i32, Json<Message>);
+pub(crate) type StoredMessage = (i32, Doc<Message>);
 
 /// A `sessions` row as stored (with its spec from `session_specs`), including the loop
 /// scalars `SessionRow` does not carry. Read by column ([`super::statements::COLS`]), or
@@ -109,7 +111,7 @@ pub(crate) struct SessionRecord {
     pub queue: String,
     pub status: String,
     pub finish_reason: Option<String>,
-    pub spec: Json<SessionSpec>,
+    pub spec: Doc<SessionSpec>,
     pub iteration: i32,
     pub input_tokens: i64,
     pub output_tokens: i64,
@@ -120,8 +122,8 @@ pub(crate) struct SessionRecord {
     pub free_iteration: bool,
     pub phase: String,
     pub started_at: Option<Stamp>,
-    pub result: Option<String>,
-    pub error: Option<String>,
+    pub result: Option<Text>,
+    pub error: Option<Text>,
     pub lease_owner: Option<String>,
     pub lease_epoch: i64,
     pub lease_expires_at: Option<Stamp>,
@@ -134,7 +136,7 @@ pub(crate) struct SessionRecord {
     pub updated_at: Stamp,
     pub finished_at: Option<Stamp>,
     pub turn_base: i32,
-    pub not_started: Json<Vec<String>>,
+    pub not_started: Doc<Vec<String>>,
     pub wake_seq: i64,
     pub approval_deadline: Option<Stamp>,
     pub bg_cursor: i64,
@@ -174,8 +176,8 @@ impl SessionRecord {
             parent_id: self.parent_id,
             queue: self.queue,
             spec: self.spec.0,
-            result: self.result,
-            error: self.error,
+            result: self.result.map(Text::into_inner),
+            error: self.error.map(Text::into_inner),
             lease_owner: self.lease_owner,
             lease_epoch: self.lease_epoch,
             lease_expires_at: time(self.lease_expires_at),
@@ -242,13 +244,26 @@ pub(crate) fn history(prompt: &str, stored: Vec<StoredMessage>) -> Vec<Message> 
     history
 }
 
-/// The rows of a session's history listing: the prompt, then each stored message (none,
-/// with a NULL seq and body, when only the prompt is there). No row: no such session.
-pub(crate) type HistoryRow = (String, Option<i32>, Option<Json<Message>>);
+/// The rows of a session's history listing: each stored message (one row with a NULL seq
+/// and body when only the prompt is there), the first with the spec that holds the
+/// prompt. No row: no such session.
+pub(crate) type HistoryRow = (Option<Doc<Prompt>>, Option<i32>, Option<Doc<Message>>);
+
+/// The prompt of a stored spec (the rest of it is not read).
+#[derive(Debug, serde::Deserialize)]
+pub(crate) struct Prompt {
+    #[serde(default)]
+    prompt: String,
+}
 
 /// The history from its listing; `None` when the session does not exist.
 pub(crate) fn history_of(rows: Vec<HistoryRow>) -> Option<Vec<Message>> {
-    let prompt = rows.first()?.0.clone();
+    let prompt = rows
+        .first()?
+        .0
+        .as_ref()
+        .map(|spec| spec.0.prompt.clone())
+        .unwrap_or_default();
     let stored = rows
         .into_iter()
         .filter_map(|(_, seq, body)| seq.zip(body))
@@ -258,14 +273,14 @@ pub(crate) fn history_of(rows: Vec<HistoryRow>) -> Option<Vec<Message>> {
 
 /// A row of the pending-approvals read: a message (seq and body) of the latest response
 /// on, or (no seq) the id of a held call that has a decision.
-pub(crate) type PendingRow = (Option<i32>, Option<Json<Message>>, Option<String>);
+pub(crate) type PendingRow = (Option<i32>, Option<Doc<Message>>, Option<String>);
 
 /// An `inbox` row.
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct InboxRecord {
     pub seq: i64,
     pub kind: String,
-    pub payload: Json<serde_json::Value>,
+    pub payload: Doc<serde_json::Value>,
     pub created_at: Stamp,
 }
 

@@ -134,9 +134,12 @@ const CLAIM_HISTORY: Shared = Shared {
 
 /// A session's history for reading: through `sessions` so the lookup uses the
 /// (root_id, session_id) key; the LEFT JOIN tells a missing session (no row) from a
-/// history of the prompt alone (NULL seq), and brings the prompt for message 0.
+/// history of the prompt alone (NULL seq), and brings, on the first row only, the spec
+/// for message 0's prompt (whole: Postgres refuses to take a field out of a JSON
+/// document holding `\u0000`, which a spec stored before the stores escaped NUL may hold).
 const HISTORY: Shared = Shared {
-    text: "SELECT coalesce(p.spec->>'prompt', ''), m.seq, m.body FROM sessions s \
+    text: "SELECT CASE WHEN row_number() OVER (ORDER BY m.seq) = 1 THEN p.spec END, \
+                  m.seq, m.body FROM sessions s \
            JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
            LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
            WHERE s.id = $1 ORDER BY m.seq",

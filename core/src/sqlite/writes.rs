@@ -3,7 +3,6 @@
 //! lock throughout and its steps see and make one consistent state, which is what
 //! Postgres' row locks give the single statement.
 
-use sqlx::types::Json;
 use sqlx::{Sqlite, SqliteConnection};
 
 use crate::checkpoint::Checkpoint;
@@ -11,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::{ApprovalRecorded, Delivered, Lease, NewSession, SessionRow, SessionStatus};
 use crate::protocol::phase_name;
 use crate::rowconv::{bad_data, parse_status};
+use crate::sql::escape::{escape_opt, stored_json};
 use crate::sql::outcome::{approval_recorded, delivered, fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
@@ -90,7 +90,7 @@ pub(super) async fn create(
         sqlx::query(INSERT_SPEC)
             .bind(&s.root_id)
             .bind(&s.id)
-            .bind(Json(&s.spec))
+            .bind(stored_json(&s.spec)?)
             .execute(&mut *conn)
             .await?;
         let rec = record_in(conn, &s.id).await?;
@@ -265,7 +265,7 @@ pub(super) async fn deliver(
     .bind(seq)
     .bind(item.kind)
     .bind(item.dedupe)
-    .bind(Json(item.payload))
+    .bind(stored_json(item.payload)?)
     .bind(now)
     .execute(&mut *conn)
     .await?
@@ -329,7 +329,7 @@ pub(super) async fn decide(
     .bind(d.session_id)
     .bind(d.tool_call_id)
     .bind(d.approve)
-    .bind(d.reason)
+    .bind(escape_opt(d.reason).as_deref())
     .bind(now)
     .execute(&mut *conn)
     .await?
