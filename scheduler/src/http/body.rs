@@ -163,6 +163,9 @@ impl Scanner<'_> {
                     if !out.is_empty() {
                         out.push('.');
                     }
+                    if k.is_empty() {
+                        out.push_str("\"\"");
+                    }
                     for c in k.chars().take(MAX_PATH_KEY) {
                         match c {
                             '\0' => out.push_str("\\u0000"),
@@ -320,7 +323,11 @@ pub(crate) fn is_json_content_type(ct: &str) -> bool {
 }
 
 /// `prefix.name`, or `name` at the top level (`prefix` names an item of a batch: `[17]`).
+/// An empty key is written `""`, so that a field is never named by an empty string.
 pub(crate) fn path(prefix: &str, name: &str) -> String {
+    if name.is_empty() {
+        return path(prefix, "\"\"");
+    }
     if prefix.is_empty() {
         name.to_string()
     } else if name.starts_with('[') {
@@ -349,7 +356,7 @@ pub fn known_fields<T: DeserializeOwned>(body: &Map<String, Value>) -> Result<()
         None => Ok(()),
         Some(k) => Err(ApiError::Invalid {
             code: "unknown_field",
-            field: Some(k.clone()),
+            field: Some(path("", k)),
             message: format!(
                 "unknown field `{k}` (expected one of {})",
                 declared.join(", ")
