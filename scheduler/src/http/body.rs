@@ -454,6 +454,49 @@ mod tests {
         )
     }
 
+    /// What [`scan`] answers for a body: its shape, or (status, field).
+    fn scanned(body: &str) -> Result<Shape, (u16, Option<String>)> {
+        scan(body.as_bytes()).map_err(|e| (e.status().as_u16(), e.field().map(str::to_string)))
+    }
+
+    #[test]
+    fn the_scan_names_nul_repeated_keys_and_oversize_objects() {
+        let at = |f: &str| Err((422, Some(f.to_string())));
+        assert_eq!(scanned(r#"{"a": [1, "x"]}"#), Ok(Shape::Object));
+        assert_eq!(scanned(r#"[{}, {}, 3]"#), Ok(Shape::Array(3)));
+        assert_eq!(scanned(r#""s""#), Ok(Shape::String));
+        assert_eq!(scanned(r#"{"prompt": "a\u0000"}"#), at("prompt"));
+        assert_eq!(
+            scanned(r#"[{}, {"m": {"k": ["", "\u0000"]}}]"#),
+            at("[1].m.k[1]")
+        );
+        assert_eq!(scanned(r#"{"m": {"a\u0000": 1}}"#), at("m.a\\u0000"));
+        assert_eq!(scanned(r#"{"a": 1, "b": {"c": 1, "c": 2}}"#), at("b.c"));
+        assert_eq!(scanned(r#"{"a": 1, "\u0061": 2}"#), at("a"));
+        assert_eq!(scanned(r#"{"": 1, "": 2}"#), at("\"\""));
+        // The same key in sibling objects is no repeat.
+        assert_eq!(scanned(r#"[{"a": 1}, {"a": 1}]"#), Ok(Shape::Array(2)));
+        let many: Vec<String> = (0..=MAX_OBJECT_ENTRIES)
+            .map(|i| format!("\"k{i}\": 0"))
+            .collect();
+        assert_eq!(
+            scanned(&format!(r#"{{"m": {{{}}}}}"#, many.join(","))),
+            at("m")
+        );
+        // The first finding in the text is the one named.
+        assert_eq!(scanned(r#"{"a": "\u0000", "a": 1}"#), at("a"));
+        assert_eq!(
+            scanned(r#"{"x": {"a": 1, "a": 2}, "y": "\u0000"}"#),
+            at("x.a")
+        );
+        // A syntax error anywhere wins: the body cannot be read at all.
+        assert_eq!(scanned(r#"{"a": "\u0000", "a": "#), Err((400, None)));
+        assert_eq!(scanned(r#"{"a": 1} x"#), Err((400, None)));
+        assert_eq!(scanned(""), Err((400, None)));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(scanned(&deep), Err((400, None)));
+    }
+
     #[test]
     fn content_types() {
         assert!(is_json_content_type("application/json"));
