@@ -134,3 +134,65 @@ proptest! {
         prop_assert_eq!(split(bytes, &sizes), whole(bytes));
     }
 }
+
+/// Lines an SSE stream of either provider is made of, for streams that are almost right.
+fn sse_line() -> impl Strategy<Value = Vec<u8>> {
+    let data = prop_oneof![
+        Just(r#"{"type":"message_start","message":{"usage":{"input_tokens":5}}}"#.to_string()),
+        Just(r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"grep"}}"#.to_string()),
+        Just(r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"q\":"}}"#.to_string()),
+        Just(r#"{"type":"content_block_delta","index":18446744073709551615,"delta":{"type":"text_delta","text":"hi"}}"#.to_string()),
+        Just(r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":18446744073709551615}}"#.to_string()),
+        Just(r#"{"type":"message_stop"}"#.to_string()),
+        Just(r#"{"type":"error","error":{"type":"overloaded_error","message":"x"}}"#.to_string()),
+        Just(r#"{"choices":[{"index":0,"delta":{"content":"hi","tool_calls":[{"index":4294967295,"id":"c","function":{"name":"f","arguments":"{"}}]}}]}"#.to_string()),
+        Just(r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":{"a":1}}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":18446744073709551615}}"#.to_string()),
+        Just(r#"{"error":{"message":"boom","code":502}}"#.to_string()),
+        Just("[DONE]".to_string()),
+        "[ -~\u{0}é🦀]{0,40}",
+    ];
+    prop_oneof![
+        4 => data.prop_map(|d| format!("data: {d}\n\n").into_bytes()),
+        1 => prop::sample::select(vec!["event: message_start\n", ": ping\n", "\n", "\r\n", "id: 7\n", "retry: x\n"])
+            .prop_map(|l| l.as_bytes().to_vec()),
+        1 => prop::collection::vec(any::<u8>(), 0..24),
+    ]
+}
+
+fn sse_stream() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(sse_line(), 0..24).prop_map(|lines| lines.concat())
+}
+
+/// The anthropic decoder over every event of `bytes`: it never panics, whatever it is fed
+/// (an error ends a real stream; here the decoder is fed on, to reach more states).
+fn anthropic_decode(events: &[SseEvent]) {
+    let mut d = agentq_agent::provider::anthropic::StreamDecoder::new();
+    for ev in events {
+        let _ = d.handle(ev);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Arbitrary bytes, arbitrarily split: never a panic, and the split does not matter.
+    #[test]
+    fn arbitrary_bytes_parse_the_same_in_any_split(
+        bytes in prop::collection::vec(any::<u8>(), 0..512),
+        sizes in prop::collection::vec(1usize..16, 1..16),
+    ) {
+        prop_assert_eq!(split(&bytes, &sizes), whole(&bytes));
+    }
+
+    /// Almost-right provider streams, arbitrarily split, through the SSE parser and the
+    /// anthropic decoder: never a panic.
+    #[test]
+    fn provider_streams_never_panic(
+        bytes in sse_stream(),
+        sizes in prop::collection::vec(1usize..32, 1..16),
+    ) {
+        let events = split(&bytes, &sizes);
+        prop_assert_eq!(&events, &whole(&bytes));
+        anthropic_decode(&events);
+    }
+}

@@ -11,6 +11,7 @@
 //! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_core::protocol::EventKind`])
 //! with their position added; [`events`] has what the scheduler adds itself.
 
+pub mod bounds;
 pub mod de;
 mod error;
 pub mod events;

@@ -76,6 +76,32 @@ pub struct ApprovalRequest {
     pub reason: Option<String>,
 }
 
+impl ApprovalRequest {
+    /// Hold the strings to their bounds: `tool_call_id` 1 to
+    /// [`MAX_TOOL_CALL_ID_LEN`](crate::bounds::MAX_TOOL_CALL_ID_LEN) bytes, `reason` at
+    /// most [`MAX_REASON_BYTES`](crate::bounds::MAX_REASON_BYTES).
+    pub fn check(&self) -> Result<(), crate::bounds::Violation> {
+        use crate::bounds::{MAX_REASON_BYTES, MAX_TOOL_CALL_ID_LEN, Violation};
+        if self.tool_call_id.is_empty() || self.tool_call_id.len() > MAX_TOOL_CALL_ID_LEN {
+            return Err(Violation {
+                field: "tool_call_id".into(),
+                message: format!("must be 1 to {MAX_TOOL_CALL_ID_LEN} bytes"),
+            });
+        }
+        if self
+            .reason
+            .as_ref()
+            .is_some_and(|r| r.len() > MAX_REASON_BYTES)
+        {
+            return Err(Violation {
+                field: "reason".into(),
+                message: format!("must be at most {MAX_REASON_BYTES} bytes"),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// `POST /v1/sessions/{id}/approvals` (200): the decision was recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApprovalResponse {
@@ -135,6 +161,19 @@ mod tests {
             struct_fields::<ApprovalRequest>(),
             ["tool_call_id", "approve", "reason"]
         );
+        let long = |id: String, reason: Option<String>| ApprovalRequest {
+            tool_call_id: id,
+            approve: false,
+            reason,
+        };
+        assert_eq!(
+            long("c".repeat(1024), Some("r".repeat(65536))).check(),
+            Ok(())
+        );
+        let field = |a: ApprovalRequest| a.check().unwrap_err().field;
+        assert_eq!(field(long("c".repeat(1025), None)), "tool_call_id");
+        assert_eq!(field(long(String::new(), None)), "tool_call_id");
+        assert_eq!(field(long("c".into(), Some("r".repeat(65537)))), "reason");
         let r: ApprovalResponse =
             round_trip(json!({"id": "s1", "tool_call_id": "c1", "approve": true, "resumed": true}));
         assert!(r.resumed);

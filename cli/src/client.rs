@@ -362,11 +362,11 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         let name = file.display().to_string();
         let items = parse_jsonl(&read_source(file)?, &name, &args.defaults())?;
         let mut ids = Vec::with_capacity(items.len());
-        for (i, chunk) in items.chunks(BATCH_CHUNK).enumerate() {
+        for (offset, chunk) in batch_chunks(&items)? {
             let (_, body): (u16, BatchResponse) = api
                 .post("/v1/sessions/batch", &chunk)
                 .await
-                .map_err(|e| batch_error(e, i * BATCH_CHUNK, ids.len()))?;
+                .map_err(|e| batch_error(e, offset, ids.len()))?;
             for s in body.sessions {
                 println!("{}", s.id);
                 ids.push(s.id);
@@ -407,6 +407,29 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Which items of a failed batch were already submitted, so the user can resume.
+/// Bytes of one batch the client sends at most: the server's body limit, less room for
+/// the array's commas and brackets.
+const BATCH_BYTES: usize = agentq_scheduler::BATCH_BODY_LIMIT - 1024 * 1024;
+
+/// `items` in consecutive batches of at most [`BATCH_CHUNK`] items and [`BATCH_BYTES`]
+/// bytes, each with the offset of its first item.
+fn batch_chunks<T: Serialize>(items: &[T]) -> anyhow::Result<Vec<(usize, &[T])>> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, item) in items.iter().enumerate() {
+        let len = serde_json::to_vec(item)?.len().saturating_add(1);
+        if i > start && (i - start >= BATCH_CHUNK || bytes.saturating_add(len) > BATCH_BYTES) {
+            out.push((start, &items[start..i]));
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(len);
+    }
+    if start < items.len() {
+        out.push((start, &items[start..]));
+    }
+    Ok(out)
+}
+
 fn batch_error(e: anyhow::Error, offset: usize, submitted: usize) -> anyhow::Error {
     let e = match e.downcast::<ApiFailure>() {
         Ok(mut f) => {
@@ -905,6 +928,25 @@ mod tests {
             ApiFailure::of(500, "{}").to_string(),
             "no details [HTTP 500 error]"
         );
+    }
+
+    #[test]
+    fn batches_are_cut_by_count_and_by_size() {
+        let small = vec![0u8; 25_000];
+        let chunks = batch_chunks(&small).unwrap();
+        let cuts: Vec<(usize, usize)> = chunks.iter().map(|(o, c)| (*o, c.len())).collect();
+        assert_eq!(cuts, [(0, 10_000), (10_000, 10_000), (20_000, 5_000)]);
+        let big = vec!["x".repeat(1024 * 1024); 70];
+        let chunks = batch_chunks(&big).unwrap();
+        assert!(chunks.len() >= 3, "{}", chunks.len());
+        let mut next = 0;
+        for (offset, chunk) in &chunks {
+            assert_eq!(*offset, next);
+            next += chunk.len();
+            assert!(serde_json::to_vec(chunk).unwrap().len() < agentq_scheduler::BATCH_BODY_LIMIT);
+        }
+        assert_eq!(next, 70);
+        assert!(batch_chunks::<u8>(&[]).unwrap().is_empty());
     }
 
     #[test]

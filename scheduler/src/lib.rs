@@ -31,8 +31,11 @@ pub use error::ApiError;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};
 pub use routes::{metrics_router, route_table, router};
 
-/// Body limit of `POST /v1/sessions/batch` (10,000 sessions of a few KiB each).
-pub const BATCH_BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// Body limit of `POST /v1/sessions/batch` (10,000 sessions of about 3 KiB each). A
+/// batch takes about four times its body while it is created (the body, the requests,
+/// the statement's arguments and the rows it answers), so this bounds one batch to about
+/// 128 MiB of the scheduler's memory.
+pub const BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 
 /// The scheduler's knobs (from `[scheduler]` of the configuration).
 #[derive(Debug, Clone)]

@@ -20,13 +20,15 @@ use serde_json::Value;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_api::CreateSession;
+use agentq_api::bounds::{self, MAX_NAME_LEN};
 use agentq_core::config::is_credential_name;
 use agentq_core::policy::{Sent, SpawnContext, TenantPolicy};
 
 use crate::error::ApiError;
-use crate::http::body::{decode_at, kind, path};
+use crate::http::body::{Shape, decode_at, kind, no_nul, path, scan};
 
-pub use crate::http::JsonBody;
+pub use crate::http::body::{decode_json, decode_object};
+pub use crate::http::{JsonBody, RawJson};
 
 /// The queue of a session that names none.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -34,9 +36,6 @@ pub const MAX_QUEUE_NAME: usize = 64;
 pub const MAX_IDEMPOTENCY_KEY: usize = 256;
 /// Serialised size of `metadata`.
 pub const MAX_METADATA_BYTES: usize = 64 * 1024;
-const MAX_NAME: usize = 256;
-const MAX_LLM_RETRIES: u32 = 100;
-const MAX_RETRY_DELAY_MS: u64 = 3_600_000;
 
 /// Limits of one request.
 #[derive(Debug, Clone, Copy)]
@@ -225,17 +224,7 @@ pub fn parse_batch(value: Value, limits: &Limits) -> Result<Vec<SessionRequest>,
             message: format!("expected a JSON array of sessions, got {}", kind(&value)),
         });
     };
-    if items.is_empty() || items.len() > limits.max_batch {
-        return Err(ApiError::Invalid {
-            code: "invalid_batch",
-            field: None,
-            message: format!(
-                "a batch holds 1 to {} sessions, got {}",
-                limits.max_batch,
-                items.len()
-            ),
-        });
-    }
+    check_batch_len(items.len(), limits)?;
     items
         .into_iter()
         .enumerate()
@@ -243,11 +232,82 @@ pub fn parse_batch(value: Value, limits: &Limits) -> Result<Vec<SessionRequest>,
         .collect()
 }
 
+/// [`parse_batch`] of a body's bytes, decoding each item straight from them: the
+/// body is [`scan`]ned, then each item becomes a `Value` only while it is checked, so
+/// parsing holds the body, one item and the requests built so far — about twice the
+/// body — where a whole-body `Value` took several times its size.
+pub fn parse_batch_bytes(bytes: &[u8], limits: &Limits) -> Result<Vec<SessionRequest>, ApiError> {
+    let n = match scan(bytes)? {
+        Shape::Array(n) => n,
+        other => {
+            return Err(ApiError::Invalid {
+                code: "invalid_body",
+                field: None,
+                message: format!("expected a JSON array of sessions, got {}", other.kind()),
+            });
+        }
+    };
+    check_batch_len(n, limits)?;
+    let mut items = Items {
+        limits,
+        out: Vec::with_capacity(n),
+        refused: None,
+    };
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde::Deserializer::deserialize_seq(&mut de, &mut items) {
+        Ok(()) => Ok(items.out),
+        Err(e) => Err(items
+            .refused
+            .unwrap_or_else(|| ApiError::InvalidJson(format!("invalid JSON: {e}")))),
+    }
+}
+
+fn check_batch_len(n: usize, limits: &Limits) -> Result<(), ApiError> {
+    if n == 0 || n > limits.max_batch {
+        return Err(ApiError::Invalid {
+            code: "invalid_batch",
+            field: None,
+            message: format!("a batch holds 1 to {} sessions, got {n}", limits.max_batch),
+        });
+    }
+    Ok(())
+}
+
+/// The items of a batch, parsed one by one as the array is read.
+struct Items<'a> {
+    limits: &'a Limits,
+    out: Vec<SessionRequest>,
+    /// Why an item was refused (the parse is stopped with a placeholder error).
+    refused: Option<ApiError>,
+}
+
+impl<'de> serde::de::Visitor<'de> for &mut Items<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array of sessions")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element::<Value>()? {
+            let at = format!("[{}]", self.out.len());
+            match parse_session(item, self.limits, &at) {
+                Ok(req) => self.out.push(req),
+                Err(e) => {
+                    self.refused = Some(e);
+                    return Err(serde::de::Error::custom("item refused"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Limits `SessionSpec::validate` leaves to the host: the API is a trust boundary.
 fn check_extra(spec: &SessionSpec, prefix: &str) -> Result<(), ApiError> {
     let name_ok = |s: &str| {
         !s.is_empty()
-            && s.len() <= MAX_NAME
+            && s.len() <= MAX_NAME_LEN
             && !s.chars().any(|c| c.is_whitespace() || c.is_control())
     };
     if let Some(m) = &spec.model
@@ -255,7 +315,7 @@ fn check_extra(spec: &SessionSpec, prefix: &str) -> Result<(), ApiError> {
     {
         return Err(ApiError::invalid(
             path(prefix, "model"),
-            format!("must be 1 to {MAX_NAME} characters without spaces"),
+            format!("must be 1 to {MAX_NAME_LEN} characters without spaces"),
         ));
     }
     if let Some(u) = &spec.base_url {
@@ -280,33 +340,7 @@ fn check_extra(spec: &SessionSpec, prefix: &str) -> Result<(), ApiError> {
             ));
         }
     }
-    if spec.max_llm_retries > MAX_LLM_RETRIES {
-        return Err(ApiError::invalid(
-            path(prefix, "max_llm_retries"),
-            format!("must be at most {MAX_LLM_RETRIES}"),
-        ));
-    }
-    if spec.retry_delay_ms > MAX_RETRY_DELAY_MS {
-        return Err(ApiError::invalid(
-            path(prefix, "retry_delay_ms"),
-            format!("must be at most {MAX_RETRY_DELAY_MS}"),
-        ));
-    }
-    if spec.approval_timeout_secs == 0 {
-        return Err(ApiError::invalid(
-            path(prefix, "approval_timeout_secs"),
-            "must be positive",
-        ));
-    }
-    for (field, v) in [
-        ("timeout_secs", spec.timeout_secs),
-        ("token_budget", spec.token_budget),
-    ] {
-        if v == Some(0) {
-            return Err(ApiError::invalid(path(prefix, field), "must be positive"));
-        }
-    }
-    Ok(())
+    bounds::check_spec(spec).map_err(|v| ApiError::invalid(path(prefix, &v.field), v.message))
 }
 
 fn credential_error(field: &str) -> ApiError {
@@ -345,6 +379,23 @@ pub struct ListQuery {
     pub limit: Option<String>,
     pub cursor: Option<String>,
     pub parent_id: Option<String>,
+}
+
+impl ListQuery {
+    /// A NUL character in any parameter is a 422 naming it, as in a body.
+    pub fn check_text(&self) -> Result<(), ApiError> {
+        for (field, v) in [
+            ("status", &self.status),
+            ("limit", &self.limit),
+            ("cursor", &self.cursor),
+            ("parent_id", &self.parent_id),
+        ] {
+            if let Some(v) = v {
+                no_nul(field, v)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

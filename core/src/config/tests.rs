@@ -534,6 +534,15 @@ fn policy_validation_names_the_setting() {
         }),
         ("policy.token_budget", |s| s.policy.token_budget = Some(0)),
         ("policy.timeout_secs", |s| s.policy.timeout_secs = Some(0)),
+        ("policy.timeout_secs", |s| {
+            s.policy.timeout_secs = Some(9_000_000_000_000_000)
+        }),
+        ("policy.approval_timeout_secs", |s| {
+            s.policy.approval_timeout_secs = Some(30 * 24 * 3600 + 1)
+        }),
+        ("policy.token_budget", |s| {
+            s.policy.token_budget = Some(1_000_000_001)
+        }),
         ("policy.max_depth", |s| s.policy.max_depth = Some(65)),
         ("policy.tenants.acme.max_iterations", |s| {
             s.policy.tenants.insert(

@@ -168,14 +168,21 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
     if let Some(v) = p.max_tokens {
         range(&k("max_tokens"), v, 1, 1_000_000)?;
     }
-    for (f, v) in [
-        ("token_budget", p.token_budget),
-        ("tool_timeout_secs", p.tool_timeout_secs),
-        ("approval_timeout_secs", p.approval_timeout_secs),
-        ("timeout_secs", p.timeout_secs),
+    // The API's hard bounds (`agentq_api::bounds`): a default lowered to a policy bound
+    // is stored, so a bound beyond them would store what no client may send.
+    const MAX_TIMEOUT_SECS: u64 = 30 * 24 * 3600;
+    for (f, v, max) in [
+        ("token_budget", p.token_budget, 1_000_000_000),
+        ("tool_timeout_secs", p.tool_timeout_secs, MAX_TIMEOUT_SECS),
+        (
+            "approval_timeout_secs",
+            p.approval_timeout_secs,
+            MAX_TIMEOUT_SECS,
+        ),
+        ("timeout_secs", p.timeout_secs, MAX_TIMEOUT_SECS),
     ] {
         if let Some(v) = v {
-            range(&k(f), v, 1, u64::MAX)?;
+            range(&k(f), v, 1, max)?;
         }
     }
     if let Some(v) = p.max_children {

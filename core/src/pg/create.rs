@@ -78,19 +78,39 @@ pub(super) async fn create_sessions(
         .iter()
         .filter(|s| !inserted.contains_key(&s.id))
         .collect();
-    let mut existing = existing(pool, &missing).await?;
-    let mut out = Vec::with_capacity(new.len());
+    let existing = existing(pool, &missing).await?;
+    let mut out: Vec<(SessionRow, bool)> = Vec::with_capacity(new.len());
+    // Where each row inserted here sits in `out`, by key and by id: a later duplicate of
+    // an item answers with a copy of it, and only a duplicate costs one (a batch holds
+    // each spec once, not once per index).
+    let mut by_key: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut by_id: HashMap<&str, usize> = HashMap::new();
     for s in new {
         // Take the inserted row once: a later duplicate of the same item is a repeat.
         if let Some(row) = inserted.remove(&s.id) {
-            existing.add(row.clone());
+            if let Some(k) = &s.idempotency_key {
+                by_key
+                    .entry((s.tenant.as_str(), k.as_str()))
+                    .or_insert(out.len());
+            }
+            by_id.insert(s.id.as_str(), out.len());
             out.push((row, true));
             continue;
         }
-        match existing.find(s) {
-            Some(row) => out.push((row.clone(), false)),
-            None => return Err(unreadable_conflict(s)),
-        }
+        let earlier = s
+            .idempotency_key
+            .as_deref()
+            .and_then(|k| by_key.get(&(s.tenant.as_str(), k)))
+            .or_else(|| by_id.get(s.id.as_str()))
+            .copied();
+        let row = match earlier {
+            Some(i) => out[i].0.clone(),
+            None => existing
+                .find(s)
+                .cloned()
+                .ok_or_else(|| unreadable_conflict(s))?,
+        };
+        out.push((row, false));
     }
     Ok(out)
 }
@@ -126,7 +146,9 @@ async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, Ses
         .bind(&parents)
         .bind(&depths)
         .bind(&queues)
-        .bind(&specs)
+        // By value: encoded into the statement's arguments at once, so the batch's
+        // specs are not held twice while the statement runs.
+        .bind(specs)
         .bind(&phases)
         .bind(&keys)
         .bind(&hashes)

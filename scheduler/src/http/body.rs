@@ -1,18 +1,28 @@
-//! Request bodies: the JSON extractor ([`JsonBody`]) and the decoding of a body into an
-//! API request type ([`decode_object`]) with every failure named like the rest of the API.
+//! Request bodies: the JSON extractors ([`JsonBody`], [`RawJson`]), the scan every body
+//! passes before it is decoded ([`scan`]), and the decoding of a body into an API request
+//! type ([`decode_object`]) with every failure named like the rest of the API.
 //!
-//! The body is parsed in two steps: bytes → `serde_json::Value` (a failure is a 400
-//! `invalid_json`, answered before the path is looked at), then, in the handler, checks
-//! and `Value` → the request type through `serde_path_to_error`, so a wrong value names
-//! its field (422).
+//! The body is parsed in steps: one pass over the bytes ([`scan`]: a syntax error is a
+//! 400 `invalid_json`; a NUL character in any string or key, a key repeated in one
+//! object, or an object of more than [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it),
+//! then bytes → `serde_json::Value` (answered before the path is looked at), then, in
+//! the handler, checks and `Value` → the request type through `serde_path_to_error`, so
+//! a wrong value names its field (422). NUL is refused at the door because no store can
+//! keep it as text and a client never means it; duplicate keys because JSON parsers
+//! disagree on which one wins, so a proxy and the API could read different requests.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::fmt;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use axum::http::{StatusCode, header};
-use serde::de::DeserializeOwned;
 use serde::de::value::MapDeserializer;
+use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use agentq_api::bounds::MAX_OBJECT_ENTRIES;
 use agentq_api::de::{REQUIRED, struct_fields};
 
 use crate::error::ApiError;
@@ -29,6 +39,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let RawJson(bytes) = RawJson::from_request(req, state).await?;
+        decode_json(&bytes).map(JsonBody)
+    }
+}
+
+/// The bytes of a body sent as JSON, not parsed yet: for a route that decodes them
+/// itself, straight into its types ([`JsonBody`]'s content-type rule and errors apply).
+#[derive(Debug)]
+pub struct RawJson(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawJson {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let ct = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -40,20 +64,251 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 if ct.is_empty() { "none" } else { ct }
             )));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
-            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge {
-                    field: None,
-                    message: "request body is too large".into(),
+        Bytes::from_request(req, state)
+            .await
+            .map(RawJson)
+            .map_err(|r| {
+                if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::TooLarge {
+                        field: None,
+                        message: "request body is too large".into(),
+                    }
+                } else {
+                    ApiError::InvalidJson(format!("cannot read the request body: {r}"))
                 }
-            } else {
-                ApiError::InvalidJson(format!("cannot read the request body: {r}"))
-            }
-        })?;
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::InvalidJson(format!("invalid JSON: {e}")))
+            })
     }
+}
+
+/// A body's bytes as a `Value`, after [`scan`].
+pub fn decode_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    scan(bytes)?;
+    serde_json::from_slice(bytes).map_err(invalid_json)
+}
+
+fn invalid_json(e: serde_json::Error) -> ApiError {
+    ApiError::InvalidJson(format!("invalid JSON: {e}"))
+}
+
+/// What the top level of a scanned body is (and, for an array, how many items it holds),
+/// so a route can refuse the wrong shape before decoding anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array(usize),
+    Object,
+}
+
+impl Shape {
+    /// How the value is named in an error, as [`kind`] names a `Value`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Shape::Null => "null",
+            Shape::Bool => "a boolean",
+            Shape::Number => "a number",
+            Shape::String => "a string",
+            Shape::Array(_) => "an array",
+            Shape::Object => "an object",
+        }
+    }
+}
+
+/// One pass over a JSON body, building nothing: a syntax error anywhere is a 400
+/// `invalid_json`; else the first (in the order of the text) NUL character in a string
+/// or key, key repeated within one object, or object with more than
+/// [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it (`[3].prompt`, `metadata.a`).
+///
+/// Memory: the keys of the objects on the path to the current value (borrowed from
+/// `bytes` unless escaped), at most [`MAX_OBJECT_ENTRIES`] per object; nesting is bounded
+/// by the JSON parser's recursion limit.
+pub fn scan(bytes: &[u8]) -> Result<Shape, ApiError> {
+    let mut scanner = Scanner::default();
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let shape = Node(&mut scanner)
+        .deserialize(&mut de)
+        .and_then(|shape| de.end().map(|()| shape))
+        .map_err(invalid_json)?;
+    match scanner.found {
+        Some(e) => Err(e),
+        None => Ok(shape),
+    }
+}
+
+/// Longest key of a path in an error; a longer one is cut (the field stays readable).
+const MAX_PATH_KEY: usize = 64;
+
+#[derive(Default)]
+struct Scanner<'de> {
+    path: Vec<Seg<'de>>,
+    /// The first finding; the scan goes on to the end so that a syntax error, which
+    /// makes the whole body unreadable, wins over it.
+    found: Option<ApiError>,
+}
+
+enum Seg<'de> {
+    Key(Cow<'de, str>),
+    Index(usize),
+}
+
+impl Scanner<'_> {
+    fn field(&self) -> String {
+        let mut out = String::new();
+        for seg in &self.path {
+            match seg {
+                Seg::Index(i) => out.push_str(&format!("[{i}]")),
+                Seg::Key(k) => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    if k.is_empty() {
+                        out.push_str("\"\"");
+                    }
+                    for c in k.chars().take(MAX_PATH_KEY) {
+                        match c {
+                            '\0' => out.push_str("\\u0000"),
+                            c => out.push(c),
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn report(&mut self, message: &str) {
+        if self.found.is_none() {
+            self.found = Some(ApiError::invalid(self.field(), message));
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        if self.found.is_none() && s.contains('\0') {
+            self.report("must not contain a NUL character (\\u0000)");
+        }
+    }
+}
+
+/// A value at the scanner's current path.
+struct Node<'a, 'de>(&'a mut Scanner<'de>);
+
+impl<'de> DeserializeSeed<'de> for Node<'_, 'de> {
+    type Value = Shape;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Shape, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Node<'_, 'de> {
+    type Value = Shape;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Shape, E> {
+        Ok(Shape::Null)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+        Ok(Shape::Bool)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
+        Ok(Shape::Number)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
+        Ok(Shape::Number)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+        Ok(Shape::Number)
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Shape, E> {
+        self.0.string(s);
+        Ok(Shape::String)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+        let mut n = 0usize;
+        loop {
+            self.0.path.push(Seg::Index(n));
+            let item = seq.next_element_seed(Node(self.0))?;
+            self.0.path.pop();
+            if item.is_none() {
+                return Ok(Shape::Array(n));
+            }
+            n = n.saturating_add(1);
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+        let mut keys: HashSet<Cow<'de, str>> = HashSet::new();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            self.0.path.push(Seg::Key(key.clone()));
+            if self.0.found.is_none() {
+                if key.contains('\0') {
+                    self.0
+                        .report("a key must not contain a NUL character (\\u0000)");
+                } else if keys.len() >= MAX_OBJECT_ENTRIES {
+                    self.0.path.pop();
+                    self.0.report(&format!(
+                        "an object holds at most {MAX_OBJECT_ENTRIES} entries"
+                    ));
+                    self.0.path.push(Seg::Key(Cow::Borrowed("")));
+                } else if !keys.insert(key) {
+                    self.0.report("this key appears twice in one object");
+                }
+            }
+            map.next_value_seed(Node(self.0))?;
+            self.0.path.pop();
+        }
+        Ok(Shape::Object)
+    }
+}
+
+/// An object key, borrowed from the body when it has no escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(s))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(s.to_string()))
+    }
+}
+
+/// A string of a path or query (`field` names it) with a NUL character in it, as [`scan`]
+/// refuses one in a body.
+pub fn no_nul(field: &str, value: &str) -> Result<(), ApiError> {
+    if value.contains('\0') {
+        return Err(ApiError::invalid(
+            field,
+            "must not contain a NUL character (\\u0000)",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn is_json_content_type(ct: &str) -> bool {
@@ -68,7 +323,11 @@ pub(crate) fn is_json_content_type(ct: &str) -> bool {
 }
 
 /// `prefix.name`, or `name` at the top level (`prefix` names an item of a batch: `[17]`).
+/// An empty key is written `""`, so that a field is never named by an empty string.
 pub(crate) fn path(prefix: &str, name: &str) -> String {
+    if name.is_empty() {
+        return path(prefix, "\"\"");
+    }
     if prefix.is_empty() {
         name.to_string()
     } else if name.starts_with('[') {
@@ -97,7 +356,7 @@ pub fn known_fields<T: DeserializeOwned>(body: &Map<String, Value>) -> Result<()
         None => Ok(()),
         Some(k) => Err(ApiError::Invalid {
             code: "unknown_field",
-            field: Some(k.clone()),
+            field: Some(path("", k)),
             message: format!(
                 "unknown field `{k}` (expected one of {})",
                 declared.join(", ")
@@ -193,6 +452,49 @@ mod tests {
             e.field().map(str::to_string),
             e.to_string(),
         )
+    }
+
+    /// What [`scan`] answers for a body: its shape, or (status, field).
+    fn scanned(body: &str) -> Result<Shape, (u16, Option<String>)> {
+        scan(body.as_bytes()).map_err(|e| (e.status().as_u16(), e.field().map(str::to_string)))
+    }
+
+    #[test]
+    fn the_scan_names_nul_repeated_keys_and_oversize_objects() {
+        let at = |f: &str| Err((422, Some(f.to_string())));
+        assert_eq!(scanned(r#"{"a": [1, "x"]}"#), Ok(Shape::Object));
+        assert_eq!(scanned(r#"[{}, {}, 3]"#), Ok(Shape::Array(3)));
+        assert_eq!(scanned(r#""s""#), Ok(Shape::String));
+        assert_eq!(scanned(r#"{"prompt": "a\u0000"}"#), at("prompt"));
+        assert_eq!(
+            scanned(r#"[{}, {"m": {"k": ["", "\u0000"]}}]"#),
+            at("[1].m.k[1]")
+        );
+        assert_eq!(scanned(r#"{"m": {"a\u0000": 1}}"#), at("m.a\\u0000"));
+        assert_eq!(scanned(r#"{"a": 1, "b": {"c": 1, "c": 2}}"#), at("b.c"));
+        assert_eq!(scanned(r#"{"a": 1, "\u0061": 2}"#), at("a"));
+        assert_eq!(scanned(r#"{"": 1, "": 2}"#), at("\"\""));
+        // The same key in sibling objects is no repeat.
+        assert_eq!(scanned(r#"[{"a": 1}, {"a": 1}]"#), Ok(Shape::Array(2)));
+        let many: Vec<String> = (0..=MAX_OBJECT_ENTRIES)
+            .map(|i| format!("\"k{i}\": 0"))
+            .collect();
+        assert_eq!(
+            scanned(&format!(r#"{{"m": {{{}}}}}"#, many.join(","))),
+            at("m")
+        );
+        // The first finding in the text is the one named.
+        assert_eq!(scanned(r#"{"a": "\u0000", "a": 1}"#), at("a"));
+        assert_eq!(
+            scanned(r#"{"x": {"a": 1, "a": 2}, "y": "\u0000"}"#),
+            at("x.a")
+        );
+        // A syntax error anywhere wins: the body cannot be read at all.
+        assert_eq!(scanned(r#"{"a": "\u0000", "a": "#), Err((400, None)));
+        assert_eq!(scanned(r#"{"a": 1} x"#), Err((400, None)));
+        assert_eq!(scanned(""), Err((400, None)));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert_eq!(scanned(&deep), Err((400, None)));
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod body;
 pub mod view;
 
 pub use auth::Auth;
-pub use body::{JsonBody, decode_fields, decode_object, known_fields, object};
+pub use body::{JsonBody, RawJson, decode_fields, decode_object, known_fields, object};
 pub use view::{pending_approval, session_view};
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
@@ -28,8 +28,12 @@ pub(crate) type ApiResult<T> = Result<T, ApiError>;
 /// Session ids are UUIDs; anything much longer cannot exist.
 pub const MAX_ID_LEN: usize = 128;
 
-/// The session id of a path, or a 404 that repeats it (shortened).
+/// The session id of a path, or a 404 that repeats it (shortened); one with a NUL
+/// character is a 422 naming `id`, as in a body.
 pub(crate) fn check_id(id: Result<Path<String>, PathRejection>) -> ApiResult<String> {
+    if let Ok(Path(id)) = &id {
+        body::no_nul("id", id)?;
+    }
     match id {
         Ok(Path(id)) if !id.is_empty() && id.len() <= MAX_ID_LEN => Ok(id),
         Ok(Path(id)) => Err(ApiError::NotFound(format!(

@@ -24,11 +24,12 @@ use crate::http::{
     session_view,
 };
 use crate::request::{
-    Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch, parse_session,
+    Limits, ListQuery, RawJson, SessionRequest, admit, admit_batch, parse_batch_bytes,
+    parse_session,
 };
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
-pub const MAX_LIST_LIMIT: u32 = 1000;
+pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
 /// Children listed in a session's view.
 const MAX_CHILDREN: u32 = 1000;
 
@@ -148,9 +149,11 @@ pub(super) async fn create(
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
-    JsonBody(body): JsonBody,
+    RawJson(body): RawJson,
 ) -> ApiResult<Response> {
-    let mut reqs = parse_batch(body, &limits(&s))?;
+    let mut reqs = parse_batch_bytes(&body, &limits(&s))?;
+    // The requests own what they need; the body's bytes go before the store's work.
+    drop(body);
     let hashes = reqs
         .iter()
         .map(request_hash)
@@ -264,6 +267,7 @@ pub(super) async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    q.check_text()?;
     let limit = match q.limit.as_deref() {
         None | Some("") => DEFAULT_LIST_LIMIT,
         Some(l) => l

@@ -169,11 +169,14 @@ pub(super) async fn approvals(
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
     get_row(&s, &caller, &id).await?;
+    let req: ApprovalRequest = decode_object(body)?;
+    req.check()
+        .map_err(|v| ApiError::invalid(v.field, v.message))?;
     let ApprovalRequest {
         tool_call_id,
         approve,
         reason,
-    } = decode_object(body)?;
+    } = req;
     if !is_pending(&s, &id, &tool_call_id).await? {
         return Err(ApiError::invalid(
             "tool_call_id",

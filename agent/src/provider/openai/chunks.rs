@@ -360,6 +360,79 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    use proptest::prelude::*;
+
+    fn chunk() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(r#"{"model":"m","choices":[{"index":0,"delta":{"content":"hi"}}]}"#.to_string()),
+            Just(r#"{"choices":[{"delta":{"reasoning_content":"r","reasoning":"s"}}]}"#.to_string()),
+            Just(r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":4294967295,"id":"c","function":{"name":"f","arguments":"{\"a\""}}]}}]}"#.to_string()),
+            Just(r#"{"choices":[{"delta":{"tool_calls":[{"id":"d","function":{"arguments":{"a":1}}}]}}]}"#.to_string()),
+            Just(r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":7}}]}}]}"#.to_string()),
+            Just(r#"{"choices":[{"index":18446744073709551615,"finish_reason":"tool_calls"}]}"#.to_string()),
+            Just(r#"{"choices":[{"finish_reason":"length"}],"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":18446744073709551615,"prompt_tokens_details":{"cached_tokens":18446744073709551615},"completion_tokens_details":{"reasoning_tokens":18446744073709551615}}}"#.to_string()),
+            Just(r#"{"error":{"message":"busy","type":"server_error"}}"#.to_string()),
+            Just(r#"{"choices":null,"usage":null}"#.to_string()),
+            Just("[DONE]".to_string()),
+            "[ -~\u{0}é🦀]{0,40}",
+        ]
+    }
+
+    fn stream() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            4 => chunk().prop_map(|c| format!("data: {c}\n\n").into_bytes()),
+            1 => prop::collection::vec(any::<u8>(), 0..24),
+        ];
+        prop::collection::vec(line, 0..24).prop_map(|l| l.concat())
+    }
+
+    /// The events of `bytes` split at `sizes`, decoded as a live stream would be.
+    fn decode_split(bytes: &[u8], sizes: &[usize]) -> usize {
+        let mut parser = crate::provider::sse::SseParser::new();
+        let mut state = StreamState::default();
+        let mut events = Vec::new();
+        let mut rest = bytes;
+        let mut sizes = sizes.iter().cycle();
+        while !rest.is_empty() {
+            let n = sizes.next().copied().unwrap_or(1).clamp(1, rest.len());
+            events.extend(parser.push(&rest[..n]));
+            rest = &rest[n..];
+        }
+        events.extend(parser.finish());
+        let mut out = 0;
+        for ev in &events {
+            if state.ended {
+                break;
+            }
+            state.on_event(ev);
+            out += state.ready.drain(..).count();
+        }
+        if !state.ended {
+            state.on_eof();
+        }
+        out + state.ready.len()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes and almost-right chunk streams, arbitrarily split: decoding never
+        /// panics, and the split does not change what comes out.
+        #[test]
+        fn any_stream_in_any_split_decodes_without_panic(
+            bytes in stream(),
+            sizes in prop::collection::vec(1usize..32, 1..16),
+        ) {
+            let whole = decode_body(&bytes).len();
+            prop_assert_eq!(decode_split(&bytes, &sizes), whole);
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_body(&bytes);
+        }
+    }
+
     #[test]
     fn missing_indexes_follow_ids() {
         let mut s = StreamState::default();
