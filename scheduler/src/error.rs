@@ -130,6 +130,16 @@ impl From<agentq_core::Error> for ApiError {
                 code: "conflict",
                 message,
             },
+            // Input the request checks let through but the database refuses (a value out
+            // of a column's range, say): the caller's to fix, never worth a retry.
+            e if e.is_data() => {
+                tracing::warn!(error = %e, "the store refused a value of a request");
+                ApiError::Invalid {
+                    code: "invalid_value",
+                    field: None,
+                    message: "the store refused a value of this request".into(),
+                }
+            }
             e if e.is_retryable() => {
                 tracing::warn!(error = %e, "backend unavailable");
                 ApiError::Unavailable("a backing service is unavailable; retry later".into())
