@@ -381,3 +381,23 @@ fn limits_end_the_session_before_another_call() {
     s.free_iteration = true;
     assert_eq!(step(&s), Step::CallLlm);
 }
+
+/// A session timeout too large for any clock (a row written before the API bounded it, or
+/// inserted directly) is taken as "no deadline in any lifetime": deciding never panics,
+/// the session calls the model, and its deadline is far off but representable.
+#[test]
+fn a_timeout_beyond_the_clock_does_not_panic() {
+    for secs in [9_000_000_000_000_000, i64::MAX as u64, u64::MAX] {
+        let mut s = state(Mode::Act);
+        s.spec.timeout_secs = Some(secs);
+        s.started_at = Some(Utc::now());
+        assert_eq!(step(&s), Step::CallLlm, "timeout_secs {secs}");
+        let d = s.deadline().expect("a deadline");
+        assert!(d > Utc::now() + chrono::Duration::days(365 * 50), "{d}");
+    }
+    // A start at the far end of the calendar cannot overflow either.
+    let mut s = state(Mode::Act);
+    s.spec.timeout_secs = Some(60);
+    s.started_at = Some(chrono::DateTime::<Utc>::MAX_UTC);
+    assert_eq!(step(&s), Step::CallLlm);
+}

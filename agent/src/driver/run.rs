@@ -274,7 +274,7 @@ impl Agent {
         };
         state.push_assistant(msg);
         run.saved.held = Some(Held {
-            due: Instant::now() + self.write_ahead_grace,
+            due: crate::bounds::instant_after(Instant::now(), self.write_ahead_grace),
             seq,
             iteration: state.iteration,
             usage,

@@ -254,10 +254,12 @@ impl SessionState {
         }
     }
 
+    /// When the session's time is up. A timeout too large for the clock is clamped
+    /// ([`crate::bounds`]), so the deadline is far off rather than an overflow.
     pub fn deadline(&self) -> Option<DateTime<Utc>> {
         let secs = self.spec.timeout_secs?;
         let start = self.started_at?;
-        Some(start + chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 2)))
+        Some(crate::bounds::after(start, secs))
     }
 
     /// The calls of the last assistant turn that have no result yet, in call order.
