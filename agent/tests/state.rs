@@ -401,3 +401,21 @@ fn a_timeout_beyond_the_clock_does_not_panic() {
     s.started_at = Some(chrono::DateTime::<Utc>::MAX_UTC);
     assert_eq!(step(&s), Step::CallLlm);
 }
+
+/// Usage a provider reports is counted saturating: a model claiming `u64::MAX` tokens
+/// twice exhausts the budget rather than overflowing.
+#[test]
+fn reported_usage_saturates() {
+    let mut s = state(Mode::Act);
+    s.spec.token_budget = Some(1_000);
+    for _ in 0..2 {
+        let mut m = with_calls(&["a"]);
+        m.usage = Some(agentq_agent::schema::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX,
+            ..Default::default()
+        });
+        s.push_assistant(m);
+    }
+    assert_eq!(s.usage.total(), u64::MAX);
+}

@@ -73,12 +73,21 @@ pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> 
         .catch_unwind()
         .instrument(span.clone())
         .await;
-    match handled {
-        Ok(processed) => processed,
-        Err(panic) => Ok(after_panic(&inner, &d, panic_message(panic.as_ref()))
-            .instrument(span)
-            .await),
-    }
+    let panic = match handled {
+        Ok(processed) => return processed,
+        Err(panic) => panic,
+    };
+    // Settling may be what panicked: a second panic leaves the entry pending and the
+    // lease to expire (the run is forgotten already), and the task still survives.
+    let settled = AssertUnwindSafe(after_panic(&inner, &d, panic_message(panic.as_ref())))
+        .catch_unwind()
+        .instrument(span)
+        .await;
+    Ok(settled.unwrap_or_else(|again| {
+        error!(panic = %panic_message(again.as_ref()), "failing a panicked session panicked too; leaving its entry");
+        inner.runs.finish(&d.session_id);
+        Processed::Left
+    }))
 }
 
 /// What a panic said, bounded (it becomes the session's error).

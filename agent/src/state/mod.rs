@@ -397,7 +397,7 @@ impl SessionState {
     /// if children were running): inject them, or let the answer stand.
     pub fn drain(&mut self, results: &[BackgroundResult]) -> Drain {
         if !results.is_empty() {
-            self.drain_rounds += 1;
+            self.drain_rounds = self.drain_rounds.saturating_add(1);
             self.free_iteration = true;
             self.deliver_background(results);
             return Drain::Injected;
@@ -528,7 +528,7 @@ impl SessionState {
         if self.free_iteration {
             self.free_iteration = false;
         } else {
-            self.iteration += 1;
+            self.iteration = self.iteration.saturating_add(1);
         }
         if let Some(u) = &msg.usage {
             self.usage.add(u);
