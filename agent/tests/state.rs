@@ -402,8 +402,8 @@ fn a_timeout_beyond_the_clock_does_not_panic() {
     assert_eq!(step(&s), Step::CallLlm);
 }
 
-/// Usage a provider reports is counted saturating: a model claiming `u64::MAX` tokens
-/// twice exhausts the budget rather than overflowing.
+/// Usage a provider reports is counted saturating, within what a store holds: a model
+/// claiming `u64::MAX` tokens twice neither overflows nor makes the state unstorable.
 #[test]
 fn reported_usage_saturates() {
     let mut s = state(Mode::Act);
@@ -417,5 +417,6 @@ fn reported_usage_saturates() {
         });
         s.push_assistant(m);
     }
-    assert_eq!(s.usage.total(), u64::MAX);
+    assert_eq!(s.usage.input_tokens, i64::MAX as u64);
+    assert_eq!(s.usage.total(), 2 * (i64::MAX as u64));
 }

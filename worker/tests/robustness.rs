@@ -276,3 +276,30 @@ async fn a_panic_under_process_fails_the_session_and_returns() {
     let messages = store.messages(&id).await.unwrap();
     assert_eq!(messages.len(), 2, "{messages:?}");
 }
+
+/// A model reporting `u64::MAX` tokens on every response: the counts saturate within what
+/// the store holds, so each checkpoint is still written and the session completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_usage_from_the_model_is_stored_saturated() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}],"usage":{"input_tokens":18446744073709551615,"output_tokens":18446744073709551615}},
+          {"text":"done","usage":{"input_tokens":18446744073709551615,"output_tokens":18446744073709551615}}
+        ]}"#
+        .into(),
+    );
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let id = create(&store, &queue, SessionSpec::new("count this")).await;
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(
+        worker.process(d).await.unwrap(),
+        Processed::Finished { acked: true }
+    );
+    let done = row(&store, &id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.usage.input_tokens, i64::MAX as u64);
+    assert_eq!(done.lease_owner, None);
+}
