@@ -65,16 +65,22 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The largest count kept: the widest signed integer, which is what stores hold.
+    pub const MAX_COUNT: u64 = i64::MAX as u64;
+
+    /// Saturating at [`Usage::MAX_COUNT`]: the counts come from the provider, which may
+    /// report anything, and a session's counts must stay storable.
     pub fn add(&mut self, other: &Usage) {
-        self.input_tokens += other.input_tokens;
-        self.output_tokens += other.output_tokens;
-        self.cache_read_tokens += other.cache_read_tokens;
-        self.cache_write_tokens += other.cache_write_tokens;
-        self.reasoning_tokens += other.reasoning_tokens;
+        let sum = |a: u64, b: u64| a.saturating_add(b).min(Self::MAX_COUNT);
+        self.input_tokens = sum(self.input_tokens, other.input_tokens);
+        self.output_tokens = sum(self.output_tokens, other.output_tokens);
+        self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
+        self.cache_write_tokens = sum(self.cache_write_tokens, other.cache_write_tokens);
+        self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
     }
 
     pub fn total(&self) -> u64 {
-        self.input_tokens + self.output_tokens
+        self.input_tokens.saturating_add(self.output_tokens)
     }
 }
 

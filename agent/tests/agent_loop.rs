@@ -615,6 +615,42 @@ async fn tool_errors_become_text_and_outputs_are_truncated() {
     assert!(results[2].is_error && results[2].content.contains("Unknown tool `nope`"));
 }
 
+fn enormous(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
+    Box::pin(async move { Ok(ToolOutput::ok("y".repeat(1_500_000))) })
+}
+
+/// A session whose own limit on tool output is anything (a stored row the API never
+/// bounded) still gets at most the hard ceiling of one result in its transcript.
+#[tokio::test]
+async fn a_tool_result_never_exceeds_the_hard_ceiling() {
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&[("enormous", json!({}))]), text_turn("fine")],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![("enormous", SideEffect::Pure, enormous)],
+    );
+    let mut spec = spec();
+    spec.tool_output_max_chars = usize::MAX;
+    let (state, end) = run(&h, spec).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    let result = state
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .unwrap();
+    let max = agentq_agent::bounds::TOOL_OUTPUT_HARD_MAX_CHARS;
+    assert!(result.content.starts_with(&"y".repeat(max)));
+    assert!(
+        result
+            .content
+            .ends_with("[output truncated: 500000 of 1500000 characters omitted]"),
+        "{}",
+        &result.content[max..]
+    );
+}
+
 #[tokio::test]
 async fn a_tool_can_yield() {
     let h = harness(

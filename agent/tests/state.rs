@@ -381,3 +381,42 @@ fn limits_end_the_session_before_another_call() {
     s.free_iteration = true;
     assert_eq!(step(&s), Step::CallLlm);
 }
+
+/// A session timeout too large for any clock (a row written before the API bounded it, or
+/// inserted directly) is taken as "no deadline in any lifetime": deciding never panics,
+/// the session calls the model, and its deadline is far off but representable.
+#[test]
+fn a_timeout_beyond_the_clock_does_not_panic() {
+    for secs in [9_000_000_000_000_000, i64::MAX as u64, u64::MAX] {
+        let mut s = state(Mode::Act);
+        s.spec.timeout_secs = Some(secs);
+        s.started_at = Some(Utc::now());
+        assert_eq!(step(&s), Step::CallLlm, "timeout_secs {secs}");
+        let d = s.deadline().expect("a deadline");
+        assert!(d > Utc::now() + chrono::Duration::days(365 * 50), "{d}");
+    }
+    // A start at the far end of the calendar cannot overflow either.
+    let mut s = state(Mode::Act);
+    s.spec.timeout_secs = Some(60);
+    s.started_at = Some(chrono::DateTime::<Utc>::MAX_UTC);
+    assert_eq!(step(&s), Step::CallLlm);
+}
+
+/// Usage a provider reports is counted saturating, within what a store holds: a model
+/// claiming `u64::MAX` tokens twice neither overflows nor makes the state unstorable.
+#[test]
+fn reported_usage_saturates() {
+    let mut s = state(Mode::Act);
+    s.spec.token_budget = Some(1_000);
+    for _ in 0..2 {
+        let mut m = with_calls(&["a"]);
+        m.usage = Some(agentq_agent::schema::Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX,
+            ..Default::default()
+        });
+        s.push_assistant(m);
+    }
+    assert_eq!(s.usage.input_tokens, i64::MAX as u64);
+    assert_eq!(s.usage.total(), 2 * (i64::MAX as u64));
+}

@@ -1167,3 +1167,187 @@ async fn shell_env_child_sees_no_secret() {
     let out = ok(&Shell, json!({"command": "cd ~ && pwd && ls /"}), &c).await;
     assert!(out.contains(&root.display().to_string()), "{out}");
 }
+
+// ---------------------------------------------------------------- caps and quota
+
+/// The attack: 16 KB of `a`, then `replace_all` of `a` with 1,000 `a`s, twice. The
+/// second edit used to build a 16 GB string and abort the whole process; the result's
+/// size is now known from the counts before anything is built, and over the cap it is a
+/// tool error naming the cap, leaving the file as it was.
+#[tokio::test]
+async fn edit_replace_all_blow_up_is_a_tool_error() {
+    let dir = TempDir::new().unwrap();
+    let c = ctx(&dir);
+    let seed = "a".repeat(16_000);
+    ok(&WriteFile, json!({"path": "bomb.txt", "content": seed}), &c).await;
+    let thousand = "a".repeat(1_000);
+    for _ in 0..2 {
+        assert_failed(
+            run(
+                &EditFile,
+                json!({"path": "bomb.txt", "old_string": "a", "new_string": thousand, "replace_all": true}),
+                &c,
+            )
+            .await,
+            "max_file_bytes",
+        );
+    }
+    assert_eq!(read(&dir, "bomb.txt"), seed);
+
+    // A result far beyond memory is refused the same way, without being built.
+    let huge = "a".repeat(1_000_000);
+    assert_failed(
+        run(
+            &EditFile,
+            json!({"path": "bomb.txt", "old_string": "a", "new_string": huge, "replace_all": true}),
+            &c,
+        )
+        .await,
+        "16000000000 bytes",
+    );
+    assert_eq!(read(&dir, "bomb.txt"), seed);
+}
+
+fn capped(dir: &TempDir, max_file_bytes: u64, workspace_quota_bytes: u64) -> ToolContext {
+    ctx_with(
+        dir,
+        ToolSettings {
+            max_file_bytes,
+            workspace_quota_bytes,
+            ..ToolSettings::default()
+        },
+    )
+}
+
+#[tokio::test]
+async fn write_file_over_the_cap_is_refused_before_writing() {
+    let dir = TempDir::new().unwrap();
+    let c = capped(&dir, 1_000, 1_000_000);
+    ok(
+        &WriteFile,
+        json!({"path": "ok.txt", "content": "x".repeat(1_000)}),
+        &c,
+    )
+    .await;
+    assert_failed(
+        run(
+            &WriteFile,
+            json!({"path": "big.txt", "content": "x".repeat(1_001)}),
+            &c,
+        )
+        .await,
+        "max_file_bytes",
+    );
+    assert!(!dir.path().join("big.txt").exists());
+    // An edit whose result would pass the cap is refused too; the file stays.
+    assert_failed(
+        run(
+            &EditFile,
+            json!({"path": "ok.txt", "old_string": "xx", "new_string": "xxx", "replace_all": true}),
+            &c,
+        )
+        .await,
+        "1500 bytes",
+    );
+    assert_eq!(read(&dir, "ok.txt"), "x".repeat(1_000));
+    // A shrinking edit is fine.
+    ok(
+        &EditFile,
+        json!({"path": "ok.txt", "old_string": "xx", "new_string": "x", "replace_all": true}),
+        &c,
+    )
+    .await;
+    assert_eq!(read(&dir, "ok.txt"), "x".repeat(500));
+}
+
+#[tokio::test]
+async fn workspace_quota_counts_every_file_and_refuses_past_it() {
+    let dir = TempDir::new().unwrap();
+    // Files there before the session count.
+    write(&dir, "old/data.bin", &[7u8; 1_000]);
+    let c = capped(&dir, 2_000, 3_000);
+    ok(
+        &WriteFile,
+        json!({"path": "a.txt", "content": "a".repeat(1_500)}),
+        &c,
+    )
+    .await;
+    // 1000 + 1500 + 600 > 3000.
+    assert_failed(
+        run(
+            &WriteFile,
+            json!({"path": "b.txt", "content": "b".repeat(600)}),
+            &c,
+        )
+        .await,
+        "workspace_quota_bytes",
+    );
+    assert!(!dir.path().join("b.txt").exists());
+    // Replacing a file counts only the difference: a.txt shrinks, then b.txt fits.
+    ok(
+        &WriteFile,
+        json!({"path": "a.txt", "content": "a".repeat(900)}),
+        &c,
+    )
+    .await;
+    ok(
+        &WriteFile,
+        json!({"path": "b.txt", "content": "b".repeat(600)}),
+        &c,
+    )
+    .await;
+    // An edit that grows past the quota is refused as well.
+    assert_failed(
+        run(
+            &EditFile,
+            json!({"path": "b.txt", "old_string": "b", "new_string": "bb", "replace_all": true}),
+            &c,
+        )
+        .await,
+        "workspace_quota_bytes",
+    );
+    assert_eq!(read(&dir, "b.txt"), "b".repeat(600));
+    // What the shell (or anything else) wrote meanwhile is seen by the next measure: a new
+    // context over the same directory measures it afresh.
+    write(&dir, "old/more.bin", &[7u8; 1_250]);
+    let fresh = capped(&dir, 2_000, 3_000);
+    assert_failed(
+        run(&WriteFile, json!({"path": "c.txt", "content": "c"}), &fresh).await,
+        "workspace_quota_bytes",
+    );
+}
+
+/// The shell can write anything; the quota cannot stop it from inside the command, but a
+/// file tool's next write measures the workspace again and sees what the command left.
+#[tokio::test]
+async fn after_a_shell_command_the_quota_is_measured_again() {
+    let dir = TempDir::new().unwrap();
+    let c = ctx_with(
+        &dir,
+        ToolSettings {
+            shell_enabled: true,
+            max_file_bytes: 2_000,
+            workspace_quota_bytes: 3_000,
+            ..ToolSettings::default()
+        },
+    );
+    ok(
+        &WriteFile,
+        json!({"path": "a.txt", "content": "a".repeat(100)}),
+        &c,
+    )
+    .await;
+    ok(
+        &Shell,
+        json!({"command": "head -c 5000 /dev/zero > blob.bin"}),
+        &c,
+    )
+    .await;
+    assert_failed(
+        run(&WriteFile, json!({"path": "b.txt", "content": "b"}), &c).await,
+        "workspace_quota_bytes",
+    );
+    // Freeing space makes room again.
+    ok(&Shell, json!({"command": "rm blob.bin"}), &c).await;
+    ok(&WriteFile, json!({"path": "b.txt", "content": "b"}), &c).await;
+}

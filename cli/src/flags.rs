@@ -74,6 +74,13 @@ pub struct WorkerFlags {
     /// (AGENTQ_ALLOWED_HOSTS).
     #[arg(long, value_delimiter = ',')]
     pub allowed_hosts: Option<Vec<String>>,
+    /// Largest file a tool may write, in bytes (AGENTQ_MAX_FILE_BYTES; default 10485760).
+    #[arg(long)]
+    pub max_file_bytes: Option<u64>,
+    /// Most bytes one workspace may hold, checked before every file tool's write
+    /// (AGENTQ_WORKSPACE_QUOTA_BYTES; default 104857600).
+    #[arg(long)]
+    pub workspace_quota_bytes: Option<u64>,
     /// Enable the shell tool (AGENTQ_SHELL_ENABLED).
     #[arg(long)]
     pub enable_shell: bool,
@@ -123,6 +130,12 @@ impl WorkerFlags {
         }
         if let Some(h) = &self.allowed_hosts {
             w.allowed_hosts = h.clone();
+        }
+        if let Some(v) = self.max_file_bytes {
+            w.max_file_bytes = v;
+        }
+        if let Some(v) = self.workspace_quota_bytes {
+            w.workspace_quota_bytes = v;
         }
         if self.enable_shell {
             w.shell_enabled = true;

@@ -168,6 +168,11 @@ pub struct WorkerSection {
     /// Let http tools reach private and loopback addresses.
     pub allow_private_network: bool,
     pub allowed_hosts: Vec<String>,
+    /// Largest file a tool may write (`write_file`, the result of `edit_file`), in bytes.
+    pub max_file_bytes: u64,
+    /// Most bytes the files of one workspace (a session tree's directory) may hold,
+    /// checked before every write of a file tool.
+    pub workspace_quota_bytes: u64,
     /// Tools that need approval in every session, on top of each session's own list.
     pub sensitive_tools: Vec<String>,
     /// How long a finished session's event stream is kept.
@@ -204,6 +209,8 @@ impl Default for WorkerSection {
             shell_enabled: false,
             allow_private_network: false,
             allowed_hosts: Vec::new(),
+            max_file_bytes: agentq_agent::tools::DEFAULT_MAX_FILE_BYTES,
+            workspace_quota_bytes: agentq_agent::tools::DEFAULT_WORKSPACE_QUOTA_BYTES,
             sensitive_tools: Vec::new(),
             event_ttl_secs: Secs(86_400.0),
             max_depth: 3,
@@ -774,6 +781,24 @@ pub const SETTINGS: &[Setting] = &[
         Some("--allowed-hosts"),
         |s, v| {
             s.worker.allowed_hosts = list(v);
+            Ok(())
+        },
+    ),
+    var(
+        "worker.max_file_bytes",
+        "AGENTQ_MAX_FILE_BYTES",
+        Some("--max-file-bytes"),
+        |s, v| {
+            s.worker.max_file_bytes = parse(v)?;
+            Ok(())
+        },
+    ),
+    var(
+        "worker.workspace_quota_bytes",
+        "AGENTQ_WORKSPACE_QUOTA_BYTES",
+        Some("--workspace-quota-bytes"),
+        |s, v| {
+            s.worker.workspace_quota_bytes = parse(v)?;
             Ok(())
         },
     ),

@@ -83,6 +83,19 @@ impl StoreCheckpointer {
             .map(|r| *r)
     }
 
+    /// How much of the history this run has committed (`None` before its first commit).
+    pub fn committed_len(&self) -> Option<usize> {
+        self.last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|cp| {
+                usize::try_from(cp.from)
+                    .ok()?
+                    .checked_add(cp.messages.len())
+            })
+    }
+
     fn already_durable(&self, cp: &Checkpoint) -> bool {
         self.last
             .lock()

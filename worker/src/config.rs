@@ -128,6 +128,8 @@ impl WorkerConfig {
                 shell_enabled: w.shell_enabled,
                 allow_private_network: w.allow_private_network,
                 allowed_hosts: w.allowed_hosts.clone(),
+                max_file_bytes: w.max_file_bytes,
+                workspace_quota_bytes: w.workspace_quota_bytes,
                 ..ToolSettings::default()
             },
             sensitive_tools: w.sensitive_tools.clone(),

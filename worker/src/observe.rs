@@ -57,7 +57,7 @@ impl Observer for SessionObserver {
             if self.reissue_pending.swap(false, Ordering::SeqCst) {
                 m.llm_reissued.inc();
                 m.llm_reissued_tokens
-                    .inc_by(u.input_tokens + u.output_tokens);
+                    .inc_by(u.input_tokens.saturating_add(u.output_tokens));
             }
         }
     }

@@ -2,13 +2,17 @@
 //! and ack a finished session, hand back a drained one, dead-letter a poisonous one, and
 //! leave alone what another worker owns.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+use agentq_agent::bounds;
 use agentq_agent::driver::{Agent, Interrupter, RunEnd, SuspendReason};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::factory;
@@ -59,9 +63,95 @@ pub enum Processed {
     Left,
 }
 
+/// One delivery, to its end. A panic anywhere in it (the loop, a tool, a provider, this
+/// worker's own code) fails that session with the panic's message: the task survives, the
+/// lease and the slot are given back and the heartbeat forgets the run, so the session
+/// never stays `running` with nobody running it.
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     let span = info_span!("session", session_id = %d.session_id, queue = %d.queue);
-    handle_inner(inner, d).instrument(span).await
+    let handled = AssertUnwindSafe(handle_inner(inner.clone(), d.clone()))
+        .catch_unwind()
+        .instrument(span.clone())
+        .await;
+    let panic = match handled {
+        Ok(processed) => return processed,
+        Err(panic) => panic,
+    };
+    // Settling may be what panicked: a second panic leaves the entry pending and the
+    // lease to expire (the run is forgotten already), and the task still survives.
+    let settled = AssertUnwindSafe(after_panic(&inner, &d, panic_message(panic.as_ref())))
+        .catch_unwind()
+        .instrument(span)
+        .await;
+    Ok(settled.unwrap_or_else(|again| {
+        error!(panic = %panic_message(again.as_ref()), "failing a panicked session panicked too; leaving its entry");
+        inner.runs.finish(&d.session_id);
+        Processed::Left
+    }))
+}
+
+/// What a panic said, bounded (it becomes the session's error).
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    const MAX_CHARS: usize = 2_000;
+    let text = if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    };
+    match text.char_indices().nth(MAX_CHARS) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
+}
+
+/// A panic outside the run's own loop (claiming, building, settling): the run is
+/// forgotten here and the session failed with the message, unless another worker holds
+/// its lease by now; its family is told and the entry acknowledged like any finish.
+async fn after_panic(inner: &Arc<Inner>, d: &Delivery, message: String) -> Processed {
+    let reason = format!("the worker panicked while handling this session: {message}");
+    error!(%reason, "failing the session");
+    inner.runs.finish(&d.session_id);
+    match inner.store.get(&d.session_id).await {
+        Ok(Some(row))
+            if row
+                .lease_owner
+                .as_deref()
+                .is_some_and(|owner| owner != inner.cfg.consumer) =>
+        {
+            warn!("another worker holds the session now; leaving it to that one");
+            return Processed::Left;
+        }
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
+        }
+        Ok(Some(_)) => {}
+        Err(e) => {
+            warn!(error = %e, "reading the session after a panic failed; the lease expires instead");
+            return Processed::Left;
+        }
+    }
+    let failed = match inner.store.fail(&d.session_id, &reason).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
+        }
+        Err(e) => {
+            warn!(error = %e, "failing the session after a panic failed; the lease expires instead");
+            return Processed::Left;
+        }
+    };
+    inner
+        .metrics
+        .sessions_finished
+        .with_label_values(&[d.queue.as_str(), "error"])
+        .inc();
+    Processed::Finished {
+        acked: settle_finished(inner, d, &failed).await,
+    }
 }
 
 async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
@@ -210,6 +300,9 @@ async fn run(
         },
         claimed_at,
     );
+    // From here on the run is forgotten when this returns or unwinds: a panic must not
+    // leave it registered, heartbeating a lease nobody uses.
+    let _registered = ActiveGuard(&inner, &d.session_id);
     if woken_meanwhile {
         inbox.mark_dirty();
     }
@@ -227,7 +320,7 @@ async fn run(
         inner.pipeline.commits.clone(),
         lease.clone(),
         inner.draining.clone(),
-        inner.cfg.lease_ttl * 10,
+        inner.cfg.lease_ttl.saturating_mul(10),
         m,
     ));
     m.sessions_active.inc();
@@ -241,11 +334,20 @@ async fn run(
     };
     let built = admit(&inner, &row, &mut state.spec)
         .and_then(|()| build_agent(&inner, &row, &state.spec, parts));
+    let loaded = state.messages.len();
     let result = match built {
         Ok(agent) => {
-            tokio::select! {
-                r = agent.run(&mut state, &cancel) => Some(r),
+            let ran = tokio::select! {
+                r = AssertUnwindSafe(agent.run(&mut state, &cancel)).catch_unwind() => Some(r),
                 _ = abort.cancelled() => None,
+            };
+            match ran {
+                None => None,
+                Some(Ok(r)) => Some(r),
+                Some(Err(panic)) => {
+                    let message = panic_message(panic.as_ref());
+                    Some(fail_panicked(&mut state, &committed, loaded, message).await)
+                }
             }
         }
         Err(message) => {
@@ -264,7 +366,6 @@ async fn run(
     // Stays "active" until its entry is settled below: a duplicate entry delivered to this
     // worker meanwhile must not start a second run (the same owner may re-claim).
     settling.store(true, Ordering::SeqCst);
-    let _settling = ActiveGuard(&inner, &d.session_id);
     m.sessions_active.dec();
     match result {
         None => {
@@ -338,6 +439,29 @@ async fn fail_refused(
     Processed::Finished {
         acked: settle_finished(inner, d, &row).await,
     }
+}
+
+/// The run panicked (in the loop, a tool or a provider): the session fails with the
+/// panic's message through a normal fenced final checkpoint, which gives the lease up, and
+/// is then settled like any finished session. The messages the run had not committed are
+/// written with it (each is whole: a panic cannot leave half a message), so the stored
+/// history stays contiguous for a later turn.
+async fn fail_panicked(
+    state: &mut SessionState,
+    committed: &StoreCheckpointer,
+    loaded: usize,
+    message: String,
+) -> agentq_agent::Result<RunEnd> {
+    use agentq_agent::driver::Checkpointer;
+    let error = format!("the run panicked: {message}");
+    error!(%error, "session failed");
+    let from = committed.committed_len().unwrap_or(loaded);
+    let outcome = Outcome::error(error);
+    state.outcome = Some(outcome.clone());
+    committed
+        .save(state, from.min(state.messages.len()))
+        .await
+        .map(|()| RunEnd::Finished(outcome))
 }
 
 /// The run's metrics; a resumed run whose predecessor died during an LLM call counts the
@@ -438,14 +562,13 @@ async fn suspend(
 ) -> Processed {
     let (status, deadline) = match reason {
         SuspendReason::Children => (SessionStatus::Waiting, None),
+        // Clamped: the spec may hold any number (a row written before the API bounded it).
         SuspendReason::Approval { .. } => (
             SessionStatus::AwaitingApproval,
-            Some(
-                chrono::Utc::now()
-                    + chrono::Duration::seconds(
-                        i64::try_from(state.spec.approval_timeout_secs).unwrap_or(i64::MAX / 4),
-                    ),
-            ),
+            Some(bounds::after(
+                chrono::Utc::now(),
+                state.spec.approval_timeout_secs,
+            )),
         ),
     };
     match inner

@@ -197,7 +197,7 @@ impl Tool for SpawnAgent {
             wait,
             tool_call_id: ctx.tool_call_id.clone(),
         };
-        let depth = self.parent.depth + 1;
+        let depth = self.parent.depth.saturating_add(1);
         if depth > self.max_depth {
             return Err(ToolError::Denied(format!(
                 "sub-agents may nest {} levels deep; this one would be at depth {depth}",

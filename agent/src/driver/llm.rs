@@ -83,7 +83,7 @@ impl Agent {
             provider: self.provider.name(),
         };
         let max_retries = state.spec.max_llm_retries;
-        let base = Duration::from_millis(state.spec.retry_delay_ms);
+        let base = crate::bounds::millis(state.spec.retry_delay_ms);
         let mut attempt: u32 = 0;
         loop {
             if cancel.is_cancelled() {
@@ -158,7 +158,10 @@ impl Agent {
         .instrument(span.clone());
         let result = match state.deadline() {
             Some(d) => {
-                let left = (d - chrono::Utc::now()).to_std().unwrap_or(Duration::ZERO);
+                let left = d
+                    .signed_duration_since(chrono::Utc::now())
+                    .to_std()
+                    .unwrap_or(Duration::ZERO);
                 match tokio::time::timeout(left, call).await {
                     Ok(r) => r,
                     Err(_) => {

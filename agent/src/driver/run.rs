@@ -212,7 +212,9 @@ impl Agent {
         if state.inject_messages(injected) {
             self.checkpoint(state, &mut run.saved).await?;
         }
-        let iteration = state.iteration + u32::from(!state.free_iteration);
+        let iteration = state
+            .iteration
+            .saturating_add(u32::from(!state.free_iteration));
         let seq = state.messages.len();
         self.events
             .emit(seq, AgentEvent::IterationStarted { iteration });
@@ -274,7 +276,7 @@ impl Agent {
         };
         state.push_assistant(msg);
         run.saved.held = Some(Held {
-            due: Instant::now() + self.write_ahead_grace,
+            due: crate::bounds::instant_after(Instant::now(), self.write_ahead_grace),
             seq,
             iteration: state.iteration,
             usage,

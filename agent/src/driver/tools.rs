@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
 use super::{Agent, RunEnd, Saved, due};
+use crate::bounds;
 use crate::error::Result;
 use crate::event::AgentEvent;
 use crate::guard::{CONTEXT_PROMPT_MAX_BYTES, HookContext, Verdict, bounded};
@@ -82,11 +83,16 @@ impl Agent {
                 prompt: &prompt,
             },
             sensitive: &sensitive,
-            approval_timeout: Duration::from_secs(state.spec.approval_timeout_secs),
-            tool_timeout: Duration::from_secs(state.spec.tool_timeout_secs),
+            approval_timeout: bounds::secs(state.spec.approval_timeout_secs),
+            tool_timeout: bounds::secs(state.spec.tool_timeout_secs),
             cancel,
         };
-        let max_chars = state.spec.tool_output_max_chars;
+        // The spec's own limit may be anything a row holds; the transcript never takes more
+        // than the hard ceiling of one result.
+        let max_chars = state
+            .spec
+            .tool_output_max_chars
+            .min(bounds::TOOL_OUTPUT_HARD_MAX_CHARS);
         let mut running: FuturesUnordered<_> = calls
             .into_iter()
             .map(|call| {

@@ -254,10 +254,12 @@ impl SessionState {
         }
     }
 
+    /// When the session's time is up. A timeout too large for the clock is clamped
+    /// ([`crate::bounds`]), so the deadline is far off rather than an overflow.
     pub fn deadline(&self) -> Option<DateTime<Utc>> {
         let secs = self.spec.timeout_secs?;
         let start = self.started_at?;
-        Some(start + chrono::Duration::seconds(i64::try_from(secs).unwrap_or(i64::MAX / 2)))
+        Some(crate::bounds::after(start, secs))
     }
 
     /// The calls of the last assistant turn that have no result yet, in call order.
@@ -395,7 +397,7 @@ impl SessionState {
     /// if children were running): inject them, or let the answer stand.
     pub fn drain(&mut self, results: &[BackgroundResult]) -> Drain {
         if !results.is_empty() {
-            self.drain_rounds += 1;
+            self.drain_rounds = self.drain_rounds.saturating_add(1);
             self.free_iteration = true;
             self.deliver_background(results);
             return Drain::Injected;
@@ -526,7 +528,7 @@ impl SessionState {
         if self.free_iteration {
             self.free_iteration = false;
         } else {
-            self.iteration += 1;
+            self.iteration = self.iteration.saturating_add(1);
         }
         if let Some(u) = &msg.usage {
             self.usage.add(u);

@@ -8,7 +8,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use regex::RegexBuilder;
 use serde_json::{Map, Value, json};
 
-use super::workspace::EntryKind;
+use super::workspace::{EntryKind, WriteLimits};
 use super::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Default number of lines `read_file` returns.
@@ -302,7 +302,9 @@ impl Tool for WriteFile {
         let a = Args::parse(&args, &["path", "content"])?;
         let path = a.str("path")?;
         let content = a.str("content")?;
-        ctx.workspace.write(path, content.as_bytes()).await?;
+        ctx.workspace
+            .write(path, content.as_bytes(), WriteLimits::of(&ctx.settings))
+            .await?;
         Ok(ToolOutput::ok(format!(
             "wrote {} bytes to {path}",
             content.len()
@@ -394,17 +396,34 @@ impl Tool for EditFile {
                  unique, or set replace_all"
             )));
         }
+        // The result's size follows from the counts: known, and checked against the cap,
+        // before a byte of it is built (a replace_all of one character by a thousand
+        // multiplies the file a thousandfold).
+        let limits = WriteLimits::of(&ctx.settings);
+        let replaced = if replace_all { count } else { 1 };
+        limits.check_file(path, edited_len(text.len(), replaced, old.len(), new.len()))?;
         let updated = if replace_all {
             text.replace(old, new)
         } else {
             text.replacen(old, new, 1)
         };
-        ctx.workspace.write(path, updated.as_bytes()).await?;
+        ctx.workspace
+            .write(path, updated.as_bytes(), limits)
+            .await?;
         Ok(ToolOutput::ok(format!(
             "replaced {count} occurrence{} in {path}",
             if count == 1 { "" } else { "s" }
         )))
     }
+}
+
+/// The length of a text of `len` bytes once `count` occurrences of `old` bytes are
+/// replaced by `new` bytes; `None` past `u64`.
+fn edited_len(len: usize, count: usize, old: usize, new: usize) -> Option<u64> {
+    let wide = |n: usize| u64::try_from(n).ok();
+    let removed = wide(count)?.checked_mul(wide(old)?)?;
+    let added = wide(count)?.checked_mul(wide(new)?)?;
+    wide(len)?.checked_sub(removed)?.checked_add(added)
 }
 
 /// `list_dir {path?}`: the entries of a directory, sorted, directories marked with `/`.

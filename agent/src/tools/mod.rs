@@ -16,7 +16,12 @@ pub mod http;
 pub mod shell;
 pub mod workspace;
 
-pub use workspace::{LocalWorkspace, Workspace};
+pub use workspace::{LocalWorkspace, Workspace, WriteLimits};
+
+/// Default of [`ToolSettings::max_file_bytes`]: 10 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
+/// Default of [`ToolSettings::workspace_quota_bytes`]: 100 MiB.
+pub const DEFAULT_WORKSPACE_QUOTA_BYTES: u64 = 100 * 1024 * 1024;
 
 /// What re-running a call whose result was not saved would do (issue: durability of
 /// tool side effects). The loop re-runs `Pure` and `Idempotent` calls on resume and
@@ -82,6 +87,12 @@ pub struct ToolSettings {
     pub shell_timeout_secs: u64,
     pub http_max_bytes: usize,
     pub read_max_bytes: usize,
+    /// Largest file a tool may write (`write_file`'s content, `edit_file`'s result),
+    /// refused before it is built (`worker.max_file_bytes`).
+    pub max_file_bytes: u64,
+    /// Most bytes the files of one workspace may hold, checked before every write
+    /// (`worker.workspace_quota_bytes`).
+    pub workspace_quota_bytes: u64,
 }
 
 impl Default for ToolSettings {
@@ -93,6 +104,8 @@ impl Default for ToolSettings {
             shell_timeout_secs: 60,
             http_max_bytes: 1_000_000,
             read_max_bytes: 1_000_000,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            workspace_quota_bytes: DEFAULT_WORKSPACE_QUOTA_BYTES,
         }
     }
 }

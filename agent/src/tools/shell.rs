@@ -233,6 +233,9 @@ impl Tool for Shell {
             kill_group(pid).await;
         }
         let (stdout, stderr) = (take(&out), take(&err));
+        // The command may have written anything: the next file tool's write measures the
+        // workspace again against its quota.
+        ctx.workspace.forget_usage();
 
         match end {
             End::Exited(Ok(status)) => {

@@ -2,16 +2,18 @@
 //! remote-backed workspace can implement it later), the local-directory implementation
 //! [`LocalWorkspace`], and the path confinement every implementation must apply
 //! ([`normalize_relative`] lexically, [`LocalWorkspace::resolve`] against symlinks, and
-//! hard-linked files refused where they are read or written).
+//! hard-linked files refused where they are read or written), and the limits on what a
+//! write may put there ([`WriteLimits`]: a cap per file and a quota for the whole tree,
+//! both checked before anything is written).
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::ToolError;
+use super::{ToolError, ToolSettings};
 
 /// Directories a workspace walk never descends into: version-control data and build or
 /// dependency trees are huge and almost never what a search is after.
@@ -43,6 +45,43 @@ pub struct WalkResult {
     pub truncated: bool,
 }
 
+/// Entries a measure of the workspace's size visits at most: a tree with more cannot be
+/// measured cheaply, so nothing more is written to it.
+pub const MEASURE_MAX_ENTRIES: usize = 200_000;
+
+/// What one write may put in the workspace. Both bounds are checked before anything is
+/// written, and a write over either is a [`ToolError`] naming the setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteLimits {
+    /// Largest file, in bytes.
+    pub max_file_bytes: u64,
+    /// Most bytes all files of the workspace together may hold.
+    pub quota_bytes: u64,
+}
+
+impl WriteLimits {
+    pub fn of(settings: &ToolSettings) -> Self {
+        WriteLimits {
+            max_file_bytes: settings.max_file_bytes,
+            quota_bytes: settings.workspace_quota_bytes,
+        }
+    }
+
+    /// Refuse a file of `len` bytes (`None`: more than any count) before it is built.
+    pub fn check_file(&self, rel: &str, len: Option<u64>) -> Result<(), ToolError> {
+        match len {
+            Some(n) if n <= self.max_file_bytes => Ok(()),
+            _ => Err(ToolError::Failed(format!(
+                "{}: the file would be {} bytes, over the cap of {} bytes per file \
+                 (worker.max_file_bytes); nothing was written",
+                shown(rel),
+                len.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+                self.max_file_bytes
+            ))),
+        }
+    }
+}
+
 /// A directory tree the file tools read and write. Every method takes a path relative to
 /// the root (absolute paths inside the root are accepted too) and must refuse a path that
 /// escapes the root, lexically, through a symlink or through a hard link, with
@@ -59,8 +98,16 @@ pub trait Workspace: Send + Sync {
     /// whether the file was longer ask for one byte more than they will show.
     async fn read(&self, rel: &str, max_bytes: usize) -> Result<Vec<u8>, ToolError>;
 
-    /// Replace the file's content, creating it and its parent directories as needed.
-    async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError>;
+    /// Replace the file's content, creating it and its parent directories as needed,
+    /// unless the file would be over `limits.max_file_bytes` or the workspace would then
+    /// hold more than `limits.quota_bytes` (a write that does not grow the file is
+    /// allowed even then, so space can be freed): refused before anything is written.
+    async fn write(&self, rel: &str, data: &[u8], limits: WriteLimits) -> Result<(), ToolError>;
+
+    /// Something other than [`Workspace::write`] may have changed the tree (a `shell`
+    /// command): a workspace that keeps a running total of its size measures it again
+    /// before the next write.
+    fn forget_usage(&self) {}
 
     /// The entries of a directory, sorted by name.
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError>;
@@ -208,6 +255,10 @@ pub struct LocalWorkspace {
     /// The root is known to exist. One made by [`LocalWorkspace::lazy`] starts without
     /// its directory and makes it on the first write; until then it reads as empty.
     made: Arc<AtomicBool>,
+    /// Bytes the tree holds: measured before the first write (and again after
+    /// [`Workspace::forget_usage`]), then kept up to date by each write, which holds the
+    /// lock from its check to its end so that concurrent calls cannot both fit.
+    usage: Arc<Mutex<Option<u64>>>,
 }
 
 impl LocalWorkspace {
@@ -224,6 +275,7 @@ impl LocalWorkspace {
         Ok(LocalWorkspace {
             root,
             made: Arc::new(AtomicBool::new(true)),
+            usage: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -251,6 +303,7 @@ impl LocalWorkspace {
         Ok(LocalWorkspace {
             root: parent.join(name),
             made: Arc::new(AtomicBool::new(false)),
+            usage: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -275,6 +328,36 @@ impl LocalWorkspace {
         .await
         .map_err(|e| ToolError::Failed(format!("workspace task failed: {e}")))?
     }
+}
+
+/// The bytes of every file under `root` (links not followed, skipped directories
+/// included: they take space too), visiting at most [`MEASURE_MAX_ENTRIES`] entries.
+fn measure(root: &Path) -> Result<u64, ToolError> {
+    let mut total = 0u64;
+    let mut visited = 0usize;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            visited += 1;
+            if visited > MEASURE_MAX_ENTRIES {
+                return Err(ToolError::Failed(format!(
+                    "the workspace holds more than {MEASURE_MAX_ENTRIES} files and directories; \
+                     its size cannot be checked against its quota \
+                     (worker.workspace_quota_bytes), so nothing more is written to it"
+                )));
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                total = total.saturating_add(meta.len());
+            }
+        }
+    }
+    Ok(total)
 }
 
 /// Reading the root of a workspace whose directory is not made yet reads an empty one.
@@ -353,9 +436,12 @@ impl Workspace for LocalWorkspace {
         .await
     }
 
-    async fn write(&self, rel: &str, data: &[u8]) -> Result<(), ToolError> {
+    async fn write(&self, rel: &str, data: &[u8], limits: WriteLimits) -> Result<(), ToolError> {
+        // Before the copy below: a file over the cap is never even duplicated.
+        limits.check_file(rel, u64::try_from(data.len()).ok())?;
         let rel = rel.to_string();
         let data = data.to_vec();
+        let usage = self.usage.clone();
         self.blocking(true, move |root, may_be_absent| {
             let path = resolve_under(root, &rel, may_be_absent)?;
             if path == root {
@@ -366,16 +452,50 @@ impl Workspace for LocalWorkspace {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| io_context(&rel, e))?;
             }
-            match std::fs::metadata(&path) {
+            let old = match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_dir() => {
                     return Err(ToolError::Failed(format!("{} is a directory", shown(&rel))));
                 }
-                Ok(meta) => refuse_hard_link(&rel, &meta)?,
-                Err(_) => {}
+                Ok(meta) => {
+                    refuse_hard_link(&rel, &meta)?;
+                    meta.len()
+                }
+                Err(_) => 0,
+            };
+            let mut usage = usage.lock().unwrap_or_else(|e| e.into_inner());
+            let total = match *usage {
+                Some(total) => total,
+                None => measure(root)?,
+            };
+            let new = data.len() as u64;
+            let after = total.saturating_sub(old).saturating_add(new);
+            if new > old && after > limits.quota_bytes {
+                *usage = Some(total);
+                return Err(ToolError::Failed(format!(
+                    "{}: writing {new} bytes would bring the workspace to {after} bytes, over \
+                     its quota of {} bytes (worker.workspace_quota_bytes); nothing was \
+                     written. Delete or shrink files first",
+                    shown(&rel),
+                    limits.quota_bytes
+                )));
             }
-            std::fs::write(&path, &data).map_err(|e| io_context(&rel, e))
+            match std::fs::write(&path, &data) {
+                Ok(()) => {
+                    *usage = Some(after);
+                    Ok(())
+                }
+                Err(e) => {
+                    // How much of it landed is unknown: measure again next time.
+                    *usage = None;
+                    Err(io_context(&rel, e))
+                }
+            }
         })
         .await
+    }
+
+    fn forget_usage(&self) {
+        *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError> {

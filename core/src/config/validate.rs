@@ -15,6 +15,8 @@ use crate::policy::Policy;
 /// The longest any timing setting may be: past a day it is a typo, and durations that
 /// large would overflow the arithmetic of the timers built from them.
 const MAX_TIMING_SECS: f64 = 86_400.0;
+/// The largest file cap or workspace quota: 1 TiB.
+const MAX_WORKSPACE_BYTES: u64 = 1 << 40;
 /// Timers shorter than a millisecond would spin.
 const MIN_TIMING_SECS: f64 = 0.001;
 
@@ -115,6 +117,29 @@ fn worker_limits(w: &WorkerSection) -> Result<()> {
         60_000,
     )?;
     range("worker.max_depth", w.max_depth, 0, 64)?;
+    range(
+        "worker.max_file_bytes",
+        w.max_file_bytes,
+        1,
+        MAX_WORKSPACE_BYTES,
+    )?;
+    range(
+        "worker.workspace_quota_bytes",
+        w.workspace_quota_bytes,
+        1,
+        MAX_WORKSPACE_BYTES,
+    )?;
+    if w.max_file_bytes > w.workspace_quota_bytes {
+        return Err(invalid(
+            "worker.max_file_bytes",
+            format!(
+                "{} must not be larger than {} ({}): no file that size could be written",
+                w.max_file_bytes,
+                describe("worker.workspace_quota_bytes"),
+                w.workspace_quota_bytes
+            ),
+        ));
+    }
     range("worker.max_children", w.max_children, 0, 10_000)?;
     names("worker.queues", &w.queues)?;
     if let Some(tools) = &w.default_tools {

@@ -1,0 +1,305 @@
+//! Sessions that would crash a worker: numbers past any clock in a stored spec (a row
+//! written before the API bounded them, or inserted directly) and tools that panic. Each
+//! ends its own session, releases its lease and slot, and leaves the worker serving.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::pg::PgStore;
+use agentq_core::queue::Delivery;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{
+    EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue,
+};
+use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_worker::{Processed, Worker, WorkerConfig};
+use tokio_util::sync::CancellationToken;
+
+const SCRIPT: &str = r#"{"turns":[
+  {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}]},
+  {"text":"done: {{prompt}}"}
+]}"#;
+
+async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
+    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let store = PgStore::connect(&url, 8).await.unwrap();
+    store.migrate().await.unwrap();
+    let redis = RedisServer::start().unwrap();
+    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
+    queue.ensure_queue("default").await.unwrap();
+    (Arc::new(store), Arc::new(queue), redis)
+}
+
+fn config(dir: &std::path::Path) -> WorkerConfig {
+    let mut cfg = WorkerConfig {
+        concurrency: 1,
+        read_block: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(300),
+        lease_ttl: Duration::from_secs(2),
+        reclaim_min_idle: Duration::from_secs(2),
+        reclaim_interval: Duration::from_millis(500),
+        workspace_root: dir.to_path_buf(),
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(SCRIPT.into());
+    cfg
+}
+
+async fn create(store: &PgStore, queue: &RedisQueue, spec: SessionSpec) -> String {
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    row.id
+}
+
+async fn entry(queue: &RedisQueue, consumer: &str, session_id: &str) -> Delivery {
+    let ds = queue
+        .read(
+            &["default".to_string()],
+            consumer,
+            10,
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    ds.into_iter()
+        .find(|d| d.session_id == session_id)
+        .expect("the session's entry")
+}
+
+async fn row(store: &PgStore, id: &str) -> SessionRow {
+    store.get(id).await.unwrap().unwrap()
+}
+
+/// `timeout_secs` of 9e15 used to panic computing the deadline inside the run: the
+/// session stayed `running`, its lease renewed forever. Now the deadline is clamped and
+/// the session runs to its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_past_the_clock_runs_to_completion() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
+    for secs in [9_000_000_000_000_000, u64::MAX] {
+        let mut spec = SessionSpec::new("take your time");
+        spec.timeout_secs = Some(secs);
+        spec.tool_timeout_secs = u64::MAX;
+        spec.retry_delay_ms = u64::MAX;
+        spec.tool_output_max_chars = usize::MAX;
+        let id = create(&store, &queue, spec).await;
+        let d = entry(&queue, worker.consumer(), &id).await;
+        assert_eq!(
+            worker.process(d).await.unwrap(),
+            Processed::Finished { acked: true }
+        );
+        let done = row(&store, &id).await;
+        assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+        assert_eq!(done.lease_owner, None);
+        assert!(worker.active_sessions().is_empty());
+    }
+}
+
+/// A huge `approval_timeout_secs` used to panic when the session suspended for the
+/// approval, on every delivery until it was dead-lettered. Now its deadline is clamped:
+/// the session waits for the human like any other and finishes once approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_approval_timeout_suspends_and_resumes() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
+    let mut spec = SessionSpec::new("list it once approved");
+    spec.approval_timeout_secs = u64::MAX;
+    spec.sensitive_tools = vec!["list_dir".into()];
+    let id = create(&store, &queue, spec).await;
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
+    let waiting = row(&store, &id).await;
+    assert_eq!(
+        waiting.status,
+        SessionStatus::AwaitingApproval,
+        "{waiting:?}"
+    );
+    assert_eq!(waiting.lease_owner, None);
+    let deadline = waiting.approval_deadline.expect("a deadline");
+    assert!(
+        deadline > chrono::Utc::now() + chrono::Duration::days(365 * 50),
+        "{deadline}"
+    );
+
+    let held = store.messages(&id).await.unwrap()[1].tool_calls[0]
+        .id
+        .clone();
+    store.decide_approval(&id, &held, true, None).await.unwrap();
+    queue
+        .enqueue("default", &id, EnqueueReason::Resume)
+        .await
+        .unwrap();
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(
+        worker.process(d).await.unwrap(),
+        Processed::Finished { acked: true }
+    );
+    let done = row(&store, &id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+}
+
+/// A tool that panics.
+struct Boom;
+
+#[async_trait::async_trait]
+impl agentq_agent::tools::Tool for Boom {
+    fn name(&self) -> &str {
+        "boom"
+    }
+    fn description(&self) -> &str {
+        "panics"
+    }
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({"type": "object"})
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &agentq_agent::tools::ToolContext,
+    ) -> Result<agentq_agent::tools::ToolOutput, agentq_agent::tools::ToolError> {
+        panic!("the boom tool exploded");
+    }
+}
+
+fn boom_config(dir: &std::path::Path) -> WorkerConfig {
+    let mut cfg = config(dir);
+    cfg.tools.register(Arc::new(Boom));
+    let mut section = agentq_core::config::PolicySection::default();
+    section.tools.push("boom".into());
+    cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"boom","tool_calls":[{"name":"boom","arguments":{}}]},
+          {"text":"survived"}
+        ]}"#
+        .into(),
+    );
+    cfg
+}
+
+async fn wait_terminal(store: &PgStore, id: &str) -> SessionRow {
+    let start = std::time::Instant::now();
+    loop {
+        let r = row(store, id).await;
+        if r.status.is_terminal() {
+            return r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still {:?}: {r:?}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A panic inside a tool fails that session with the panic's message, gives its lease
+/// back, stops its heartbeat and frees its slot: the worker (one slot) goes on to run the
+/// next session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_tool_fails_its_session_and_the_worker_serves_on() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), boom_config(dir.path()));
+    let stop = CancellationToken::new();
+    let handle = tokio::spawn({
+        let (w, s) = (worker.clone(), stop.clone());
+        async move { w.run(s).await }
+    });
+
+    let mut spec = SessionSpec::new("blow up");
+    spec.tools = Some(vec!["boom".into()]);
+    let id = create(&store, &queue, spec).await;
+    let failed = wait_terminal(&store, &id).await;
+    assert_eq!(failed.status, SessionStatus::Failed, "{failed:?}");
+    let error = failed.error.clone().unwrap_or_default();
+    assert!(error.contains("the boom tool exploded"), "{error}");
+    assert!(error.contains("panicked"), "{error}");
+    assert_eq!(failed.lease_owner, None);
+
+    // The one slot is free again: a bystander runs to its end (the script's call of
+    // `boom` is not a tool it has, so it gets an error result and answers).
+    let mut spec = SessionSpec::new("bystander");
+    spec.tools = Some(vec!["list_dir".into()]);
+    let other = create(&store, &queue, spec).await;
+    let done = wait_terminal(&store, &other).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.result.as_deref(), Some("survived"));
+    assert!(worker.active_sessions().is_empty());
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(20), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The same panic under `Worker::process` (the caller's task): the call returns, the
+/// session is failed and acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_under_process_fails_the_session_and_returns() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), boom_config(dir.path()));
+    let mut spec = SessionSpec::new("blow up");
+    spec.tools = Some(vec!["boom".into()]);
+    let id = create(&store, &queue, spec).await;
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(
+        worker.process(d).await.unwrap(),
+        Processed::Finished { acked: true }
+    );
+    let failed = row(&store, &id).await;
+    assert_eq!(failed.status, SessionStatus::Failed, "{failed:?}");
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("the boom tool exploded")),
+        "{failed:?}"
+    );
+    assert_eq!(failed.lease_owner, None);
+    assert!(worker.active_sessions().is_empty());
+    // The history it had is kept, whole: the call that panicked has no result.
+    let messages = store.messages(&id).await.unwrap();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+}
+
+/// A model reporting `u64::MAX` tokens on every response: the counts saturate within what
+/// the store holds, so each checkpoint is still written and the session completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_usage_from_the_model_is_stored_saturated() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}],"usage":{"input_tokens":18446744073709551615,"output_tokens":18446744073709551615}},
+          {"text":"done","usage":{"input_tokens":18446744073709551615,"output_tokens":18446744073709551615}}
+        ]}"#
+        .into(),
+    );
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let id = create(&store, &queue, SessionSpec::new("count this")).await;
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(
+        worker.process(d).await.unwrap(),
+        Processed::Finished { acked: true }
+    );
+    let done = row(&store, &id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.usage.input_tokens, i64::MAX as u64);
+    assert_eq!(done.lease_owner, None);
+}
