@@ -766,12 +766,9 @@ async fn contract_events_of_many_sessions(q: &dyn Queue) {
     );
 
     // Blocking: woken by an append to one of the streams, only that one's event returned.
+    let cursors = from(&[("a", &a[2].id), ("b", &b[1].id)]);
     let (got, ()) = tokio::join!(
-        q.read_events_many(
-            &from(&[("a", &a[2].id), ("b", &b[1].id)]),
-            10,
-            Some(Duration::from_secs(30)),
-        ),
+        q.read_events_many(&cursors, 10, Some(Duration::from_secs(30)),),
         async {
             tokio::time::sleep(Duration::from_millis(200)).await;
             q.append_events(&[event("other", 1, 1, "x")]).await.unwrap();
