@@ -103,6 +103,8 @@ pub async fn serve(
                 continue;
             }
         };
+        // Events are small writes that should go out at once.
+        let _ = stream.set_nodelay(true);
         match slots.clone().try_acquire_owned() {
             Ok(slot) => {
                 let app = app.clone();

@@ -329,3 +329,112 @@ async fn overlong_uris_and_headers_get_json_bodies() {
         Some("application/json")
     );
 }
+
+/// The resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// The figure in docs/benchmarks.md: memory per open event stream, so how many one
+/// scheduler holds in 1 GiB. Opens `AGENTQ_STREAMS` (default 4000) streams, one per
+/// session, each a raw connection that has received one live event, and reports the
+/// growth of this process's RSS (the client's sockets are in the same process: the
+/// figure errs on the high side). Run with
+/// `scripts/test -p agentq-scheduler --test serve stream_memory -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement, not a check"]
+async fn stream_memory() {
+    use agentq_core::EventStreams;
+    use agentq_core::queue::EventRecord;
+
+    let n: usize = std::env::var("AGENTQ_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    let redis = RedisServer::start().unwrap();
+    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+    let env = {
+        let q = queue.clone();
+        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&db_url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let mut settings = SchedulerSettings::default();
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        settings.serve.max_connections = n + 100;
+        settings.streams.total = n + 100;
+        settings.streams.per_tenant = n + 100;
+        let limits = settings.serve;
+        let stop = CancellationToken::new();
+        let state = Scheduler::new(store.clone(), q, settings).with_shutdown(stop.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router(state), limits, stop.clone()));
+        Env {
+            addr,
+            store,
+            stop,
+            _redis: redis,
+        }
+    };
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(env.session().await);
+    }
+    // Warm up: one stream opened and closed, so lazily built parts are in the baseline.
+    drop(env.get(&format!("/v1/sessions/{}/events", ids[0])).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss();
+    let mut streams = Vec::with_capacity(n);
+    for id in &ids {
+        let (a, s) = env.get(&format!("/v1/sessions/{id}/events")).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        streams.push(s);
+    }
+    let events: Vec<EventRecord> = ids
+        .iter()
+        .map(|id| EventRecord {
+            session_id: id.clone(),
+            id: String::new(),
+            seq: 1,
+            epoch: 1,
+            data: r#"{"type":"text_delta","text":"hello"}"#.into(),
+        })
+        .collect();
+    for chunk in events.chunks(500) {
+        queue.append_events(chunk).await.unwrap();
+    }
+    let mut buf = [0u8; 4096];
+    for s in &mut streams {
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("hello") {
+            let k = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(k > 0);
+            got.extend_from_slice(&buf[..k]);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss();
+    let per = after.saturating_sub(before) / n as u64;
+    println!(
+        "{n} streams: RSS {} MiB -> {} MiB, {per} bytes per stream, {} streams per GiB; \
+         Redis connections: {}",
+        before >> 20,
+        after >> 20,
+        (1u64 << 30) / per.max(1),
+        env._redis.connected_clients().unwrap()
+    );
+}
