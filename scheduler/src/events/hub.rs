@@ -13,7 +13,8 @@
 //! A subscriber that does not take its events (its client is slower than the session)
 //! is never waited for: once its channel is full it is dropped from the shard, its
 //! channel closes, and the relay catches up from where it stopped with reads of its own
-//! through the shared command connection, at its own pace, then subscribes again.
+//! through the shared command connection, at its own pace, then subscribes again. A
+//! failed read lets every subscriber of the shard go the same way.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -36,7 +37,7 @@ const COUNT: usize = 500;
 const BLOCK: Duration = Duration::from_secs(5);
 /// Pages buffered per subscriber before it counts as lagging and is dropped.
 const SUBSCRIBER_PAGES: usize = 64;
-/// Pause after a failed read (Redis away): subscribers keep waiting meanwhile.
+/// Pause after a failed read (Redis away).
 const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 /// The wake-up stream of a reader expires this long after its last wake-up, so a
 /// scheduler that went away leaves nothing behind.
@@ -222,8 +223,15 @@ async fn read_loop(shard: Arc<Shard>, queue: Arc<dyn Queue>, stop: CancellationT
         let records = match read {
             Ok(r) => r,
             Err(e) => {
+                // The subscribers go back to reads of their own, which count failures
+                // and close a stream after too many (its client reconnects and is
+                // replayed), as without the fan-out.
                 tracing::debug!(error = %e, "event reader: read failed");
-                shard.lock().reading = false;
+                {
+                    let mut st = shard.lock();
+                    st.reading = false;
+                    st.subs.clear();
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY_AFTER_ERROR) => {}
                     _ = stop.cancelled() => {}
