@@ -242,6 +242,19 @@ pub struct SchedulerSection {
     /// How long a verified API key is trusted without asking the database again: a
     /// revoked key is refused at most this long after `agentq keys revoke`.
     pub key_cache_secs: u64,
+    /// Open client connections at most; past it a new one is answered 503 and closed.
+    pub max_connections: usize,
+    /// Open event streams (`GET /v1/sessions/{id}/events`) at most, in all.
+    pub max_event_streams: usize,
+    /// Open event streams at most per tenant.
+    pub max_event_streams_per_tenant: usize,
+    /// Open event streams at most per API key.
+    pub max_event_streams_per_key: usize,
+    /// Seconds a client has to send a request's headers; also how long an idle
+    /// keep-alive connection stays open.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client has to send a request's whole body.
+    pub body_read_timeout_secs: u64,
 }
 
 impl Default for SchedulerSection {
@@ -253,6 +266,12 @@ impl Default for SchedulerSection {
             max_batch: 10_000,
             queues: vec!["default".to_string()],
             key_cache_secs: 30,
+            max_connections: 4096,
+            max_event_streams: 2048,
+            max_event_streams_per_tenant: 512,
+            max_event_streams_per_key: 128,
+            header_read_timeout_secs: 10,
+            body_read_timeout_secs: 60,
         }
     }
 }
@@ -847,6 +866,12 @@ pub const SETTINGS: &[Setting] = &[
             Ok(())
         },
     ),
+    file("scheduler.max_connections"),
+    file("scheduler.max_event_streams"),
+    file("scheduler.max_event_streams_per_tenant"),
+    file("scheduler.max_event_streams_per_key"),
+    file("scheduler.header_read_timeout_secs"),
+    file("scheduler.body_read_timeout_secs"),
     var(
         "providers.openai_base_url",
         "OPENAI_BASE_URL",

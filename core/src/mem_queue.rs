@@ -622,6 +622,40 @@ impl EventStreams for MemQueue {
         }
     }
 
+    async fn read_events_many(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>> {
+        let mut cursors = Vec::with_capacity(from.len());
+        for (session_id, after) in from {
+            let id = EntryId::parse(after).ok_or_else(|| {
+                Error::invalid("after", format!("{after:?} is not a stream entry id"))
+            })?;
+            cursors.push((session_id.as_str(), id));
+        }
+        let deadline = block.filter(|b| !b.is_zero()).map(|b| Instant::now() + b);
+        loop {
+            let arrived = self.event_arrivals.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let got: Vec<EventRecord> = cursors
+                .iter()
+                .flat_map(|(session_id, after)| self.events_after(session_id, *after, count))
+                .collect();
+            let Some(deadline) = deadline else {
+                return Ok(got);
+            };
+            if !got.is_empty() || Instant::now() >= deadline {
+                return Ok(got);
+            }
+            if tokio::time::timeout_at(deadline, arrived).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
     async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>> {
         let mut state = self.lock();
         let Some(log) = state.events_of(session_id, Instant::now()) else {

@@ -159,6 +159,18 @@ pub trait EventStreams: Send + Sync {
         block: Option<Duration>,
     ) -> Result<Vec<EventRecord>>;
 
+    /// Events of many sessions in one read: for each `(session id, after)` of `from`, the
+    /// events stored after `after` (as [`EventStreams::read_events`]; `$` is not
+    /// accepted), up to `count` per session, in stream order per session; waiting up to
+    /// `block` when none of them has any. One round trip however many sessions are
+    /// named, so one connection follows them all (the scheduler's event relay).
+    async fn read_events_many(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>>;
+
     /// The newest `count` events of a session, newest first.
     async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>>;
 

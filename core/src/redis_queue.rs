@@ -628,6 +628,57 @@ impl EventStreams for RedisQueue {
             .collect())
     }
 
+    async fn read_events_many(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>> {
+        let block = block.filter(|b| !b.is_zero());
+        if from.is_empty() {
+            if let Some(b) = block {
+                tokio::time::sleep(b).await;
+            }
+            return Ok(Vec::new());
+        }
+        if let Some((_, after)) = from.iter().find(|(_, a)| a.as_str() == "$") {
+            return Err(Error::invalid(
+                "after",
+                format!("{after:?}: read_events_many takes entry ids only"),
+            ));
+        }
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count.max(1));
+        if let Some(b) = block {
+            cmd.arg("BLOCK")
+                .arg(u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+        }
+        cmd.arg("STREAMS");
+        for (session_id, _) in from {
+            cmd.arg(events_stream(session_id));
+        }
+        for (_, after) in from {
+            cmd.arg(after);
+        }
+        let reply = match block {
+            Some(b) => self.blocking_query(&cmd, b).await?,
+            None => self.query(&cmd).await?,
+        };
+        let prefix = events_stream("");
+        Ok(stream_entries(reply)
+            .into_iter()
+            .filter_map(|(stream, entries)| {
+                let session_id = stream.strip_prefix(prefix.as_str())?.to_string();
+                Some((session_id, entries))
+            })
+            .flat_map(|(session_id, entries)| {
+                entries
+                    .into_iter()
+                    .filter_map(move |e| event_record(&session_id, e))
+            })
+            .collect())
+    }
+
     async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>> {
         let mut cmd = redis::cmd("XREVRANGE");
         cmd.arg(events_stream(session_id))

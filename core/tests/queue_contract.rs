@@ -65,6 +65,7 @@ contract_tests!(
     contract_event_streams,
     contract_event_stream_after_expiry,
     contract_events_from_now,
+    contract_events_of_many_sessions,
     contract_marked_queue_is_not_lost,
 );
 
@@ -714,6 +715,83 @@ async fn contract_event_streams(q: &dyn Queue) {
     assert!(q.read_events("s1", "0", 10, None).await.unwrap().is_empty());
     assert!(q.last_events("s1", 10).await.unwrap().is_empty());
     assert_eq!(q.last_events("s2", 10).await.unwrap().len(), 2);
+}
+
+/// One read over many sessions' streams, each after its own id: what each session has
+/// past its cursor (COUNT per session), nothing for a stream that does not exist, and a
+/// blocking read woken by an append to any one of them.
+async fn contract_events_of_many_sessions(q: &dyn Queue) {
+    let from = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(s, a)| (s.to_string(), a.to_string()))
+            .collect()
+    };
+    assert!(q.read_events_many(&[], 10, None).await.unwrap().is_empty());
+    let batch = vec![
+        event("a", 1, 1, "iteration_started"),
+        event("b", 1, 1, "iteration_started"),
+        event("a", 1, 1, "text_delta"),
+        event("b", 2, 1, "tool_started"),
+        event("a", 2, 1, "tool_started"),
+    ];
+    q.append_events(&batch).await.unwrap();
+    let a = q.read_events("a", "0", 10, None).await.unwrap();
+    let b = q.read_events("b", "0", 10, None).await.unwrap();
+
+    let got = q
+        .read_events_many(
+            &from(&[("a", &a[0].id), ("b", "0"), ("none", "0")]),
+            10,
+            None,
+        )
+        .await
+        .unwrap();
+    let of = |s: &str| -> Vec<EventRecord> {
+        got.iter().filter(|e| e.session_id == s).cloned().collect()
+    };
+    assert_eq!(of("a"), a[1..].to_vec());
+    assert_eq!(of("b"), b);
+    assert_eq!(got.len(), 4);
+    // COUNT is per session.
+    let got = q
+        .read_events_many(&from(&[("a", "0"), ("b", "0")]), 1, None)
+        .await
+        .unwrap();
+    assert_eq!(got, vec![a[0].clone(), b[0].clone()]);
+    // `$` is for single-stream reads only.
+    assert!(
+        q.read_events_many(&from(&[("a", "$")]), 1, None)
+            .await
+            .is_err()
+    );
+
+    // Blocking: woken by an append to one of the streams, only that one's event returned.
+    let cursors = from(&[("a", &a[2].id), ("b", &b[1].id)]);
+    let (got, ()) = tokio::join!(
+        q.read_events_many(&cursors, 10, Some(Duration::from_secs(30)),),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            q.append_events(&[event("other", 1, 1, "x")]).await.unwrap();
+            q.append_events(&[event("b", 3, 1, "iteration_started")])
+                .await
+                .unwrap();
+        }
+    );
+    assert_eq!(
+        got.unwrap().into_iter().map(unstored).collect::<Vec<_>>(),
+        [event("b", 3, 1, "iteration_started")]
+    );
+    // Nothing new: an empty answer once the block is over.
+    assert!(
+        q.read_events_many(
+            &from(&[("a", &a[2].id)]),
+            10,
+            Some(Duration::from_millis(200))
+        )
+        .await
+        .unwrap()
+        .is_empty()
+    );
 }
 
 /// A stream that expired is gone; appending then starts a new one, without a TTL, and an

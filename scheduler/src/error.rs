@@ -56,6 +56,19 @@ pub enum ApiError {
     /// Postgres or Redis is unreachable right now: worth retrying.
     #[error("{0}")]
     Unavailable(String),
+    /// A cap of the server is reached (open connections, event streams): retry after
+    /// `retry_after` seconds.
+    #[error("{message}")]
+    Overloaded { message: String, retry_after: u64 },
+    /// The client did not send its request within the server's time.
+    #[error("{0}")]
+    Timeout(String),
+    /// The request line is longer than the server reads.
+    #[error("{0}")]
+    UriTooLong(String),
+    /// The request's headers are larger than the server reads.
+    #[error("{0}")]
+    HeadersTooLarge(String),
     /// Anything else; the cause is logged, not sent.
     #[error("internal error")]
     Internal,
@@ -82,7 +95,12 @@ impl ApiError {
             ApiError::Forbidden { .. } => StatusCode::FORBIDDEN,
             ApiError::Conflict { .. } | ApiError::ConflictOn { .. } => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::Overloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UriTooLong(_) => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -101,6 +119,10 @@ impl ApiError {
             ApiError::ConflictOn { .. } => "conflict",
             ApiError::MethodNotAllowed => "method_not_allowed",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::Overloaded { .. } => "overloaded",
+            ApiError::Timeout(_) => "timeout",
+            ApiError::UriTooLong(_) => "uri_too_long",
+            ApiError::HeadersTooLarge(_) => "headers_too_large",
             ApiError::Internal => "internal",
         }
     }
@@ -164,10 +186,15 @@ impl IntoResponse for ApiError {
         // Through a `Value`, like every answer: its keys go out sorted, as they always have.
         let body = serde_json::to_value(&body).unwrap_or_default();
         let mut resp = (self.status(), Json(body)).into_response();
-        if matches!(self, ApiError::Unavailable(_)) {
+        let retry_after = match &self {
+            ApiError::Unavailable(_) => Some(1),
+            ApiError::Overloaded { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        };
+        if let Some(secs) = retry_after {
             resp.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
+                axum::http::HeaderValue::from(secs),
             );
         }
         if matches!(self, ApiError::Unauthorized(_)) {

@@ -25,11 +25,14 @@ mod http;
 pub mod metrics;
 pub mod request;
 mod routes;
+pub mod serve;
 pub mod sweeper;
 
 pub use error::ApiError;
+pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};
 pub use routes::{metrics_router, route_table, router};
+pub use serve::{ServeLimits, serve};
 
 /// Body limit of `POST /v1/sessions/batch` (10,000 sessions of about 3 KiB each). A
 /// batch takes about four times its body while it is created (the body, the requests,
@@ -51,6 +54,10 @@ pub struct SchedulerSettings {
     pub auth: AuthSettings,
     /// The operator's policy (`[policy]`), held to every session request.
     pub policy: Arc<Policy>,
+    /// Open event streams at most (in all, per tenant, per key).
+    pub streams: StreamLimits,
+    /// Connections and read timeouts of the API's listener.
+    pub serve: ServeLimits,
 }
 
 impl SchedulerSettings {
@@ -81,6 +88,16 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()
+            },
+            streams: StreamLimits {
+                total: c.max_event_streams,
+                per_tenant: c.max_event_streams_per_tenant,
+                per_key: c.max_event_streams_per_key,
+            },
+            serve: ServeLimits {
+                max_connections: c.max_connections,
+                header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
+                body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
             },
         }
     }
@@ -165,17 +182,24 @@ pub struct Scheduler {
     queues: QueueRegistry,
     /// Cancelled when shutdown begins: `/readyz` then answers 503.
     draining: CancellationToken,
+    /// The readers that fan live events out to the event streams.
+    hub: events::Hub,
+    /// The open event streams, against their caps.
+    streams: events::StreamCaps,
 }
 
 impl Scheduler {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: SchedulerSettings) -> Self {
         let queues = QueueRegistry::new(cfg.queues.clone());
+        let streams = events::StreamCaps::new(cfg.streams);
         Scheduler {
             store,
             queue,
             cfg,
             queues,
             draining: CancellationToken::new(),
+            hub: events::Hub::default(),
+            streams,
         }
     }
 
@@ -255,10 +279,7 @@ pub async fn run(
         })
     });
     let app = router(state);
-    let token = shutdown.clone();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { token.cancelled().await })
-        .await;
+    let served = serve(listener, app, cfg.serve, shutdown.clone()).await;
     stop_sweeper.cancel();
     if let Some(m) = metrics_server {
         m.abort();

@@ -1,7 +1,8 @@
 //! `GET /v1/sessions/{id}/events` and `GET /metrics` (on its own listener) against a real Postgres and Redis,
 //! with the session's event stream written by hand: which stored events a replay drops
 //! (redone steps, zombie runs), `reset` on a reconnect and live, the transcript rebuilt
-//! when there is no stream, closing after the completion, and the queue gauges.
+//! when there is no stream, closing after the completion, and the queue gauges; many
+//! clients followed over a few Redis connections, a slow one holding up no other.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -21,6 +22,7 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     Claim, EnqueueReason, EventStreams, LeaseStore, NewSession, SessionStore, WorkQueue,
 };
+use agentq_scheduler::events::READERS;
 use agentq_scheduler::{Scheduler, SchedulerSettings, metrics_router, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
@@ -47,7 +49,7 @@ struct Env {
     http: reqwest::Client,
     store: Arc<PgStore>,
     queue: Arc<RedisQueue>,
-    _redis: RedisServer,
+    redis: RedisServer,
 }
 
 impl Env {
@@ -74,7 +76,7 @@ impl Env {
             http: admin_client(),
             store,
             queue,
-            _redis: redis,
+            redis,
         }
     }
 
@@ -470,4 +472,71 @@ async fn metrics_export_queue_gauges() {
     assert!(text.contains("agentq_queue_pending{queue=\"default\"} 0"));
     assert!(text.contains("agentq_queue_lag{queue=\"default\"} 3"));
     assert!(text.contains("agentq_build_info{version="));
+}
+
+/// Many clients of different sessions: their live events come over the scheduler's few
+/// event readers, not a Redis connection per client, and every client gets its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_streams_share_a_few_redis_connections() {
+    let env = Env::start().await;
+    const N: usize = 40;
+    let mut ids = Vec::new();
+    for _ in 0..N {
+        ids.push(env.session().await);
+    }
+    let mut streams = Vec::new();
+    for id in &ids {
+        streams.push(env.connect(id, None).await);
+    }
+    for round in 0..2u64 {
+        for id in &ids {
+            env.append(id, &[(round + 1, 1, text(&format!("{id}/{round}")))])
+                .await;
+        }
+        for (id, sse) in ids.iter().zip(streams.iter_mut()) {
+            let ev = sse.next().await.expect("the stream ended");
+            assert_eq!(ev.event, "text_delta");
+            assert_eq!(ev.data["text"], format!("{id}/{round}"));
+        }
+        // Every client is following live now: the shared command connection and the
+        // readers are all the scheduler holds (the test shares its command connection).
+        let clients = env.redis.connected_clients().unwrap();
+        assert!(
+            clients <= 1 + READERS as u64,
+            "{clients} Redis connections for {N} event streams"
+        );
+    }
+}
+
+/// A client that reads nothing while its session streams a lot holds up no other
+/// client, and, once it reads, gets every event in order (caught up from where the
+/// fan-out let it go).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_client_holds_up_no_other_and_misses_nothing() {
+    let env = Env::start().await;
+    let slow_id = env.session().await;
+    let other_id = env.session().await;
+    let mut slow = env.connect(&slow_id, None).await;
+    let mut other = env.connect(&other_id, None).await;
+    // Far more than the socket buffers, the relay's channel and the fan-out's hold.
+    const EVENTS: usize = 6000;
+    let pad = "x".repeat(2000);
+    for chunk in 0..EVENTS / 20 {
+        let batch: Vec<(u64, i64, Value)> = (0..20)
+            .map(|i| (1, 1, text(&format!("{}:{pad}", chunk * 20 + i))))
+            .collect();
+        env.append(&slow_id, &batch).await;
+        // The other session's client is served meanwhile.
+        if chunk % 50 == 0 {
+            env.append(&other_id, &[(1, 1, text(&format!("o{chunk}")))])
+                .await;
+            let ev = other.next().await.expect("the other stream ended");
+            assert_eq!(ev.data["text"], format!("o{chunk}"));
+        }
+    }
+    for n in 0..EVENTS {
+        let ev = slow.next().await.expect("the slow stream ended");
+        let t = ev.data["text"].as_str().unwrap();
+        assert_eq!(t.split(':').next().unwrap(), n.to_string());
+    }
 }

@@ -172,6 +172,13 @@ impl RedisServer {
         }
     }
 
+    /// Client connections open on the server (`connected_clients` of `INFO clients`),
+    /// not counting the one asking.
+    pub fn connected_clients(&self) -> Result<u64> {
+        let n: u64 = redis_info_field(self.port, "clients", "connected_clients")?.parse()?;
+        Ok(n.saturating_sub(1))
+    }
+
     /// Graceful stop (SIGTERM, then SIGKILL after 30 s) and wait. No-op when not running.
     pub fn stop(&mut self) -> Result<()> {
         let Some(mut child) = self.child.take() else {

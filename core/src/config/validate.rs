@@ -180,6 +180,37 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
     )?;
     range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
     range("scheduler.key_cache_secs", s.key_cache_secs, 0, 3_600)?;
+    range("scheduler.max_connections", s.max_connections, 1, 1_000_000)?;
+    range(
+        "scheduler.max_event_streams",
+        s.max_event_streams,
+        1,
+        1_000_000,
+    )?;
+    range(
+        "scheduler.max_event_streams_per_tenant",
+        s.max_event_streams_per_tenant,
+        1,
+        1_000_000,
+    )?;
+    range(
+        "scheduler.max_event_streams_per_key",
+        s.max_event_streams_per_key,
+        1,
+        1_000_000,
+    )?;
+    range(
+        "scheduler.header_read_timeout_secs",
+        s.header_read_timeout_secs,
+        1,
+        3_600,
+    )?;
+    range(
+        "scheduler.body_read_timeout_secs",
+        s.body_read_timeout_secs,
+        1,
+        3_600,
+    )?;
     names("scheduler.queues", &s.queues)
 }
 

@@ -31,16 +31,28 @@
 //! The parts: event ids and where a client stopped ([`StreamId`], [`LastId`]), which
 //! stored events a handover abandoned ([`abandoned`], [`reset_after`]), the events rebuilt
 //! from a transcript ([`transcript_events`]), and one client's relay (`relay`: the
-//! replay of what is stored, `replay`, then the live tail, `tail`).
+//! replay of what is stored, `replay`, then the live tail, `tail`), and the fan-out that
+//! follows every client's session over a few Redis connections (`hub`).
+//!
+//! Connections. Replays and catch-up reads go through the queue's shared command
+//! connection; live events come from the hub's readers, a fixed few per scheduler
+//! whatever the number of clients (see `hub`). A client that cannot keep up with its
+//! session is caught up at its own pace, never waited for by the others.
 
+mod caps;
 mod handover;
+mod hub;
 mod ids;
 mod relay;
 mod replay;
 mod tail;
 mod transcript;
 
+pub(crate) use caps::StreamCaps;
+pub use caps::StreamLimits;
 pub use handover::{EventKey, abandoned, reset_after};
+pub(crate) use hub::Hub;
+pub use hub::READERS;
 pub use ids::{LastId, StreamId};
 pub(crate) use relay::follow;
 pub use transcript::transcript_events;

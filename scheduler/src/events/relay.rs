@@ -15,6 +15,8 @@ use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
 use agentq_core::{Queue, SessionRow, Store};
 
+use super::caps::StreamPermit;
+use super::hub::Hub;
 use super::ids::LastId;
 
 /// Events buffered for a slow client before the reader waits for it.
@@ -25,17 +27,21 @@ const CHANNEL: usize = 256;
 pub(crate) fn follow(
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
+    hub: Hub,
     session_id: String,
     last: Option<LastId>,
     stop: CancellationToken,
+    permit: StreamPermit,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let (tx, rx) = mpsc::channel(CHANNEL);
     let follower = Follower {
         store,
         queue,
+        hub,
         session_id,
         tx,
         stop,
+        _permit: permit,
     };
     tokio::spawn(follower.run(last));
     receiver_stream(rx)
@@ -50,9 +56,12 @@ fn receiver_stream(mut rx: mpsc::Receiver<Event>) -> impl Stream<Item = Result<E
 pub(super) struct Follower {
     pub(super) store: Arc<dyn Store>,
     pub(super) queue: Arc<dyn Queue>,
+    pub(super) hub: Hub,
     pub(super) session_id: String,
     pub(super) tx: mpsc::Sender<Event>,
     pub(super) stop: CancellationToken,
+    /// Held while the stream is open (the caps count it).
+    pub(super) _permit: StreamPermit,
 }
 
 /// Where the tail starts and what the client holds.

@@ -1,18 +1,22 @@
-//! The live tail: blocking reads of the stream after the replay, a `reset` when a new run
-//! redoes a step the client holds events of, and the end once the session is over.
+//! The live tail: the stream's events after the replay, live from the hub (`hub`) once
+//! caught up, a `reset` when a new run redoes a step the client holds events of, and the
+//! end once the session is over.
 
 use std::time::{Duration, Instant};
 
 use axum::response::sse::Event;
 
 use agentq_core::protocol::EventKind;
+use agentq_core::queue::EventRecord;
 
+use super::hub::Subscription;
+use super::ids::StreamId;
 use super::relay::{Follower, Gone, Out, TailState, reset_event};
 use super::transcript::completion_from_row;
 
-/// Entries per blocking `XREAD` while tailing.
+/// Entries per catch-up read while tailing.
 const TAIL_COUNT: usize = 500;
-/// How long one tail read blocks (then the session's row is checked).
+/// How long the tail waits for events before it checks the session's row.
 const TAIL_BLOCK: Duration = Duration::from_secs(5);
 /// Tail reads once the session is terminal: its last events may still be on their way.
 const TERMINAL_BLOCK: Duration = Duration::from_millis(500);
@@ -20,13 +24,57 @@ const TERMINAL_BLOCK: Duration = Duration::from_millis(500);
 /// is rebuilt from the row (the worker died between the commit and the append, or the
 /// session was dead-lettered).
 const TERMINAL_GRACE: Duration = Duration::from_secs(2);
-/// Consecutive failed tail reads before the stream is closed (the client reconnects).
+/// Consecutive failed catch-up reads before the stream is closed (the client reconnects).
 const MAX_TAIL_ERRORS: u32 = 10;
 
 impl Follower {
+    /// The next events after `after`: caught up through the shared connection while
+    /// there are stored ones, then live from the hub (subscribed here), or empty after
+    /// `block` without any. A subscription the hub let go (the client lagged) is caught
+    /// up the same way.
+    async fn next_page(
+        &self,
+        live: &mut Option<Subscription>,
+        after: &str,
+        block: Duration,
+    ) -> agentq_core::Result<Vec<EventRecord>> {
+        let deadline = tokio::time::Instant::now() + block;
+        loop {
+            let sub = match live {
+                Some(sub) => sub,
+                None => {
+                    let page = self
+                        .queue
+                        .read_events(&self.session_id, after, TAIL_COUNT, None)
+                        .await?;
+                    if !page.is_empty() {
+                        return Ok(page);
+                    }
+                    let Some(pos) = StreamId::parse(after) else {
+                        return Err(agentq_core::Error::invalid(
+                            "after",
+                            format!("{after:?} is not a stream entry id"),
+                        ));
+                    };
+                    live.insert(
+                        self.hub
+                            .subscribe(&self.queue, &self.session_id, pos, &self.stop)
+                            .await,
+                    )
+                }
+            };
+            match tokio::time::timeout_at(deadline, sub.next()).await {
+                Ok(Some(page)) => return Ok(page),
+                Ok(None) => *live = None,
+                Err(_) => return Ok(Vec::new()),
+            }
+        }
+    }
+
     pub(super) async fn tail(&self, mut st: TailState) -> Result<(), Gone> {
         let mut errors = 0u32;
         let mut terminal_since: Option<Instant> = None;
+        let mut live: Option<Subscription> = None;
         loop {
             let block = if terminal_since.is_some() {
                 TERMINAL_BLOCK
@@ -35,7 +83,7 @@ impl Follower {
             };
             let asked = Instant::now();
             let read = tokio::select! {
-                r = self.queue.read_events(&self.session_id, &st.after, TAIL_COUNT, Some(block)) => r,
+                r = self.next_page(&mut live, &st.after, block) => r,
                 _ = self.tx.closed() => return Err(Gone),
                 _ = self.stop.cancelled() => return Err(Gone),
             };

@@ -34,12 +34,15 @@ pub(super) async fn events(
         })?),
     };
     get_row(&s, &caller, &id).await?;
+    let permit = s.streams.acquire(&caller)?;
     let stream = follow(
         s.store.clone(),
         s.queue.clone(),
+        s.hub.clone(),
         id,
         last,
         s.draining.clone(),
+        permit,
     );
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))

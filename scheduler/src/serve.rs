@@ -1,0 +1,455 @@
+//! The API's listener: the accept loop and each connection's HTTP/1.1 server, with the
+//! limits that keep hostile or broken clients from holding the process's connections
+//! and file descriptors.
+//!
+//! - At most `max_connections` connections are served at once; one past it is answered
+//!   503 with `Retry-After` and a JSON body, and closed. Running out of file descriptors
+//!   on `accept` pauses the loop briefly instead of ending it.
+//! - A client has `header_read_timeout` to send a request's headers, counted from when
+//!   the server starts waiting for them, so an idle keep-alive connection is closed after
+//!   as long too; and `body_read_timeout` for the whole body from the request's start
+//!   (not per chunk: a body trickled a byte at a time is cut all the same), answered 408.
+//! - A request line longer than [`MAX_URI_BYTES`] is a 414 and headers larger than
+//!   [`MAX_HEADER_BYTES`] a 431, both with the API's JSON error body; a request head
+//!   hyper itself refuses (past its read buffer) gets the same bodies.
+//! - On shutdown the loop stops accepting and every connection finishes its requests
+//!   in flight (event streams end as the scheduler drains).
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, Request, Response, header};
+use axum::response::IntoResponse;
+use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use agentq_api::{ErrorBody, ErrorDetail};
+use agentq_core::config::SchedulerConfig;
+
+use crate::error::ApiError;
+
+/// Longest request target (path and query) served; session ids are UUIDs.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// Largest request head (all header names and values) served.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Connections being refused at once (each is answered and closed within
+/// [`REFUSE_WITHIN`]); past it a connection over the cap is closed without an answer.
+const MAX_REFUSING: usize = 64;
+const REFUSE_WITHIN: Duration = Duration::from_secs(1);
+/// Seconds a client refused for the connection cap is told to wait.
+const RETRY_AFTER_SECS: u64 = 1;
+/// Pause of the accept loop when the process is out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The listener's limits (from `[scheduler]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        let c = SchedulerConfig::default();
+        ServeLimits {
+            max_connections: c.max_connections,
+            header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
+            body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
+        }
+    }
+}
+
+/// Serve `app` on `listener` until `shutdown` is cancelled (see the module docs), then
+/// wait for the connections to finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeLimits,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let conns = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) if is_per_connection(&e) => continue,
+            Err(e) => {
+                // EMFILE/ENFILE and the like: connections in flight free some up.
+                tracing::warn!(error = %e, "cannot accept a connection; pausing");
+                tokio::select! {
+                    _ = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+        };
+        // Events are small writes that should go out at once.
+        let _ = stream.set_nodelay(true);
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let app = app.clone();
+                let shutdown = shutdown.clone();
+                conns.spawn(async move {
+                    serve_connection(stream, app, limits, shutdown).await;
+                    drop(slot);
+                });
+            }
+            Err(_) => {
+                if let Ok(permit) = refusing.clone().try_acquire_owned() {
+                    conns.spawn(async move {
+                        let _ = tokio::time::timeout(REFUSE_WITHIN, refuse(stream)).await;
+                        drop(permit);
+                    });
+                }
+            }
+        }
+    }
+    conns.close();
+    conns.wait().await;
+    Ok(())
+}
+
+/// Errors of one connection that `accept` reports: the next accept works.
+fn is_per_connection(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Answer a connection over the cap with a 503 and close it.
+async fn refuse(mut stream: TcpStream) {
+    let err = ApiError::Overloaded {
+        message: "too many open connections; retry later".into(),
+        retry_after: RETRY_AFTER_SECS,
+    };
+    let resp = raw_response(&err, &[("retry-after", &RETRY_AFTER_SECS.to_string())]);
+    if stream.write_all(&resp).await.is_ok() {
+        let _ = stream.shutdown().await;
+        // Read what the client sent, so closing does not reset the connection before
+        // the client has read the answer.
+        let mut sink = [0u8; 4096];
+        while matches!(tokio::io::AsyncReadExt::read(&mut stream, &mut sink).await, Ok(n) if n > 0)
+        {
+        }
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    app: Router,
+    limits: ServeLimits,
+    shutdown: CancellationToken,
+) {
+    let io = TokioIo::new(JsonParseErrors::new(stream));
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        handle(app.clone(), limits.body_read_timeout, req)
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    let conn = http.serve_connection(io, service);
+    tokio::pin!(conn);
+    let served = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = served {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// One request: the size checks, then the router with the body under its deadline.
+async fn handle(
+    app: Router,
+    body_timeout: Duration,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let uri_len = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len > MAX_URI_BYTES {
+        return Ok(closing(ApiError::UriTooLong(format!(
+            "the request target is {uri_len} bytes; at most {MAX_URI_BYTES} are read"
+        ))));
+    }
+    let header_bytes = req.headers().iter().fold(0usize, |n, (k, v)| {
+        n.saturating_add(k.as_str().len())
+            .saturating_add(v.len())
+            .saturating_add(4)
+    });
+    if header_bytes > MAX_HEADER_BYTES {
+        return Ok(closing(ApiError::HeadersTooLarge(format!(
+            "the request headers are {header_bytes} bytes; at most {MAX_HEADER_BYTES} are read"
+        ))));
+    }
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let deadline = tokio::time::Instant::now() + body_timeout;
+    let req = req.map(|b| Body::new(DeadlineBody::new(b, deadline, timed_out.clone())));
+    let resp = match app.oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    if timed_out.load(Ordering::Relaxed) {
+        return Ok(closing(ApiError::Timeout(format!(
+            "the request body was not received within {} s",
+            body_timeout.as_secs()
+        ))));
+    }
+    Ok(resp)
+}
+
+/// `err` as the answer, closing the connection after it (what follows on it cannot be
+/// trusted to be the next request).
+fn closing(err: ApiError) -> Response<Body> {
+    let mut resp = err.into_response();
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// A whole HTTP/1.1 response of `err` (for answers written outside hyper).
+fn raw_response(err: &ApiError, extra: &[(&str, &str)]) -> Vec<u8> {
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: err.code().to_string(),
+            message: err.to_string(),
+            field: None,
+        },
+    };
+    // Through a `Value`, like every answer of the API (sorted keys).
+    let body = serde_json::to_value(&body)
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let status = err.status();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len()
+    );
+    for (k, v) in extra {
+        out.push_str(&format!("{k}: {v}\r\n"));
+    }
+    out.push_str("\r\n");
+    out.push_str(&body);
+    out.into_bytes()
+}
+
+/// The request body, failing once `deadline` has passed.
+struct DeadlineBody {
+    inner: Incoming,
+    deadline: tokio::time::Instant,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    timed_out: Arc<AtomicBool>,
+}
+
+impl DeadlineBody {
+    fn new(inner: Incoming, deadline: tokio::time::Instant, timed_out: Arc<AtomicBool>) -> Self {
+        DeadlineBody {
+            inner,
+            deadline,
+            sleep: None,
+            timed_out,
+        }
+    }
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        // The timer only exists for bodies that are waited for.
+        let deadline = this.deadline;
+        let sleep = this
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if sleep.as_mut().poll(cx).is_ready() {
+            this.timed_out.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(Box::new(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the request body was not received in time",
+            )))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The connection's socket, answering with the API's JSON body where hyper itself
+/// refuses a request head (414, 431) with an empty one.
+///
+/// hyper writes such an answer as one buffer holding only a head with
+/// `content-length: 0`, and closes the connection after it. A buffer like that is
+/// recognised whole and replaced; nothing else can match it, since the API's answers
+/// are JSON (no raw line breaks) and writes are not vectored (so a head is never split
+/// from its buffer's start).
+struct JsonParseErrors<S> {
+    inner: S,
+    /// A replacement answer still to be written, and how much of it was.
+    pending: Vec<u8>,
+    written: usize,
+}
+
+impl<S> JsonParseErrors<S> {
+    fn new(inner: S) -> Self {
+        JsonParseErrors {
+            inner,
+            pending: Vec::new(),
+            written: 0,
+        }
+    }
+}
+
+/// The JSON answer for a head hyper wrote for a request it could not parse, if `buf`
+/// is one.
+fn replacement(buf: &[u8]) -> Option<Vec<u8>> {
+    if buf.len() > 512 {
+        return None;
+    }
+    let head = std::str::from_utf8(buf).ok()?;
+    let rest = head.strip_prefix("HTTP/1.1 ")?;
+    if !head.ends_with("\r\n\r\n")
+        || !head
+            .to_ascii_lowercase()
+            .contains("\r\ncontent-length: 0\r\n")
+    {
+        return None;
+    }
+    let err = match rest.get(..4)? {
+        "414 " => ApiError::UriTooLong(format!(
+            "the request target is too long; at most {MAX_URI_BYTES} bytes are read"
+        )),
+        "431 " => ApiError::HeadersTooLarge(format!(
+            "the request head is too large; at most {MAX_HEADER_BYTES} bytes of headers are read"
+        )),
+        _ => return None,
+    };
+    Some(raw_response(&err, &[]))
+}
+
+impl<S: AsyncWrite + Unpin> JsonParseErrors<S> {
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.written < self.pending.len() {
+            let n =
+                ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.written += n;
+        }
+        self.pending.clear();
+        self.written = 0;
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for JsonParseErrors<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_pending(cx))?;
+        if let Some(answer) = replacement(buf) {
+            this.pending = answer;
+            // Taken whole: what is left goes out with the next write, flush or shutdown.
+            if let Poll::Ready(Err(e)) = this.poll_pending(cx) {
+                return Poll::Ready(Err(e));
+            }
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_pending(cx))?;
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_pending(cx))?;
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn only_hyper_parse_error_heads_are_replaced() {
+        let date = "date: Tue, 01 Dec 2026 14:00:00 GMT\r\n";
+        let head = format!(
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n{date}\r\n"
+        );
+        let got = String::from_utf8(replacement(head.as_bytes()).unwrap()).unwrap();
+        assert!(got.starts_with("HTTP/1.1 431 "), "{got}");
+        assert!(got.contains("\"code\":\"headers_too_large\""), "{got}");
+        let head = format!("HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n{date}\r\n");
+        assert!(replacement(head.as_bytes()).is_some());
+        // An answer with a body, another status, or part of one: left alone.
+        let with_body =
+            "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 2\r\n\r\n{}";
+        assert!(replacement(with_body.as_bytes()).is_none());
+        let other = format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n{date}\r\n");
+        assert!(replacement(other.as_bytes()).is_none());
+        assert!(replacement(b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n").is_none());
+    }
+}

@@ -1,0 +1,440 @@
+//! The API's listener against hostile clients, with the real server (`serve`) on a real
+//! Postgres and Redis: caps on connections and event streams (503 with `Retry-After` and
+//! a JSON body), header and body read timeouts (trickling and idle connections are
+//! closed), and JSON bodies on 414 and 431. Outcomes only: every wait is a generous
+//! bound on a loop, never a timing assertion.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{NewSession, SessionStore};
+use agentq_scheduler::{Scheduler, SchedulerSettings, router, serve};
+use agentq_testkit::{RedisServer, shared_postgres};
+
+const ADMIN_KEY: &str = "test-admin-key";
+/// The bound on every wait for the server to act: generous, the outcome is what counts.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+struct Env {
+    addr: SocketAddr,
+    store: Arc<PgStore>,
+    stop: CancellationToken,
+    _redis: RedisServer,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Env {
+    async fn start(tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
+        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&db_url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let redis = RedisServer::start().unwrap();
+        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+        let mut settings = SchedulerSettings::default();
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        tune(&mut settings);
+        let limits = settings.serve;
+        let stop = CancellationToken::new();
+        let state = Scheduler::new(store.clone(), queue, settings).with_shutdown(stop.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router(state), limits, stop.clone()));
+        Env {
+            addr,
+            store,
+            stop,
+            _redis: redis,
+        }
+    }
+
+    async fn session(&self) -> String {
+        let (row, _) = self
+            .store
+            .create_session(&NewSession::root(SessionSpec::new("hello"), "default"))
+            .await
+            .unwrap();
+        row.id
+    }
+
+    async fn tcp(&self) -> TcpStream {
+        TcpStream::connect(self.addr).await.unwrap()
+    }
+
+    /// `GET path` with the admin key on a fresh connection, reading the answer's head
+    /// (and, unless it is an event stream, its body).
+    async fn get(&self, path: &str) -> (Answer, TcpStream) {
+        let mut s = self.tcp().await;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_KEY}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let a = read_answer(&mut s).await;
+        (a, s)
+    }
+}
+
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("not a JSON body ({e}): {self:?}"))
+    }
+}
+
+/// One answer from `s`: its head, and its body when it has a `content-length`.
+async fn read_answer(s: &mut TcpStream) -> Answer {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut chunk))
+            .await
+            .expect("no answer")
+            .expect("read failed");
+        assert!(
+            n > 0,
+            "closed without an answer: {:?}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut a = Answer {
+        status,
+        head,
+        body: String::new(),
+    };
+    if let Some(len) = a.header("content-length") {
+        let len: usize = len.parse().unwrap();
+        let mut body = buf[head_end..].to_vec();
+        while body.len() < len {
+            let n = tokio::time::timeout(PATIENCE, s.read(&mut chunk))
+                .await
+                .expect("no body")
+                .unwrap();
+            assert!(n > 0, "closed mid-body");
+            body.extend_from_slice(&chunk[..n]);
+        }
+        a.body = String::from_utf8_lossy(&body[..len]).to_string();
+    }
+    a
+}
+
+/// Whether the server closes `s` within [`PATIENCE`], while `trickle` is sent to it a
+/// byte at a time (nothing when empty). Bytes the server answers with are returned.
+async fn closed_by_server(s: &mut TcpStream, trickle: &[u8]) -> Option<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let mut i = 0usize;
+    while tokio::time::Instant::now() < deadline {
+        if !trickle.is_empty() {
+            let b = trickle[i % trickle.len()];
+            i += 1;
+            if s.write_all(&[b]).await.is_err() {
+                return Some(got);
+            }
+        }
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut chunk)).await {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
+            Ok(Ok(n)) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trickling_header_is_cut_by_the_header_timeout() {
+    let env = Env::start(|s| s.serve.header_read_timeout = Duration::from_secs(1)).await;
+    let mut s = env.tcp().await;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n")
+        .await
+        .unwrap();
+    // One header byte every 200 ms, forever: the connection must not stay open.
+    let got = closed_by_server(&mut s, b"x-slow: aaaaaaaaaaaaaaaa\r\n").await;
+    let got = got.expect("a trickling request head kept its connection open");
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_are_closed() {
+    let env = Env::start(|s| s.serve.header_read_timeout = Duration::from_secs(1)).await;
+    // Never a byte.
+    let mut s = env.tcp().await;
+    assert!(closed_by_server(&mut s, b"").await.is_some());
+    // Idle after a request (keep-alive).
+    let (a, mut s) = env.get("/healthz").await;
+    assert_eq!(a.status, 200);
+    assert!(closed_by_server(&mut s, b"").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trickling_body_is_cut_with_a_408() {
+    let env = Env::start(|s| s.serve.body_read_timeout = Duration::from_secs(1)).await;
+    let mut s = env.tcp().await;
+    let head = format!(
+        "POST /v1/sessions HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_KEY}\r\n\
+         content-type: application/json\r\ncontent-length: 100000\r\n\r\n{{\"prompt\": \""
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let got = closed_by_server(&mut s, b"a")
+        .await
+        .expect("a trickling body kept its connection open");
+    let text = String::from_utf8_lossy(&got).to_string();
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "timeout");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_past_the_cap_get_a_503() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 3;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    // Three idle connections hold every slot (a request on each proves it is served).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let (a, s) = env.get("/healthz").await;
+        assert_eq!(a.status, 200);
+        held.push(s);
+    }
+    let (a, _) = env.get("/healthz").await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    // A slot freed is served again.
+    held.pop();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (a, _) = env.get("/healthz").await;
+        if a.status == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn event_streams_past_the_tenant_cap_get_a_503() {
+    let env = Env::start(|s| s.streams.per_tenant = 2).await;
+    let id = env.session().await;
+    let path = format!("/v1/sessions/{id}/events");
+    let (a, s1) = env.get(&path).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let (a, _s2) = env.get(&path).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let (a, _) = env.get(&path).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert!(a.header("retry-after").is_some(), "{a:?}");
+    let v = a.json();
+    assert_eq!(v["error"]["code"], "overloaded");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("tenant"),
+        "{v}"
+    );
+    // A client that goes away frees its stream.
+    drop(s1);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (a, _s) = env.get(&path).await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.status, 503);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overlong_uris_and_headers_get_json_bodies() {
+    let env = Env::start(|_| {}).await;
+    // Past the API's own limits.
+    let (a, _) = env
+        .get(&format!("/v1/sessions/{}", "a".repeat(20_000)))
+        .await;
+    assert_eq!(a.status, 414, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "uri_too_long");
+    let mut s = env.tcp().await;
+    let req = format!(
+        "GET /healthz HTTP/1.1\r\nhost: localhost\r\nx-big: {}\r\n\r\n",
+        "b".repeat(100_000)
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let a = read_answer(&mut s).await;
+    assert_eq!(a.status, 431, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "headers_too_large");
+
+    // Refused by the HTTP parser itself: a target longer than it can hold, more
+    // headers than it parses.
+    let (a, _) = env
+        .get(&format!("/v1/sessions/{}", "a".repeat(70_000)))
+        .await;
+    assert_eq!(a.status, 414, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "uri_too_long");
+    let mut s = env.tcp().await;
+    let mut req = String::from("GET /healthz HTTP/1.1\r\nhost: localhost\r\n");
+    for i in 0..200 {
+        req.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let a = read_answer(&mut s).await;
+    assert_eq!(a.status, 431, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "headers_too_large");
+    assert_eq!(
+        a.header("content-type").as_deref(),
+        Some("application/json")
+    );
+}
+
+/// The resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// The figure in docs/benchmarks.md: memory per open event stream, so how many one
+/// scheduler holds in 1 GiB. Opens `AGENTQ_STREAMS` (default 4000) streams, one per
+/// session, each a raw connection that has received one live event, and reports the
+/// growth of this process's RSS (the client's sockets are in the same process: the
+/// figure errs on the high side). Run with
+/// `scripts/test -p agentq-scheduler --test serve stream_memory -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a measurement, not a check"]
+async fn stream_memory() {
+    use agentq_core::EventStreams;
+    use agentq_core::queue::EventRecord;
+
+    let n: usize = std::env::var("AGENTQ_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4000);
+    let redis = RedisServer::start().unwrap();
+    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+    let env = {
+        let q = queue.clone();
+        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&db_url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let mut settings = SchedulerSettings::default();
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        settings.serve.max_connections = n + 100;
+        settings.streams.total = n + 100;
+        settings.streams.per_tenant = n + 100;
+        let limits = settings.serve;
+        let stop = CancellationToken::new();
+        let state = Scheduler::new(store.clone(), q, settings).with_shutdown(stop.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, router(state), limits, stop.clone()));
+        Env {
+            addr,
+            store,
+            stop,
+            _redis: redis,
+        }
+    };
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(env.session().await);
+    }
+    // Warm up: one stream opened and closed, so lazily built parts are in the baseline.
+    drop(env.get(&format!("/v1/sessions/{}/events", ids[0])).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = rss();
+    let mut streams = Vec::with_capacity(n);
+    for id in &ids {
+        let (a, s) = env.get(&format!("/v1/sessions/{id}/events")).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        streams.push(s);
+    }
+    let events: Vec<EventRecord> = ids
+        .iter()
+        .map(|id| EventRecord {
+            session_id: id.clone(),
+            id: String::new(),
+            seq: 1,
+            epoch: 1,
+            data: r#"{"type":"text_delta","text":"hello"}"#.into(),
+        })
+        .collect();
+    for chunk in events.chunks(500) {
+        queue.append_events(chunk).await.unwrap();
+    }
+    let mut buf = [0u8; 4096];
+    for s in &mut streams {
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains("hello") {
+            let k = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(k > 0);
+            got.extend_from_slice(&buf[..k]);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss();
+    let per = after.saturating_sub(before) / n as u64;
+    println!(
+        "{n} streams: RSS {} MiB -> {} MiB, {per} bytes per stream, {} streams per GiB; \
+         Redis connections: {}",
+        before >> 20,
+        after >> 20,
+        (1u64 << 30) / per.max(1),
+        env._redis.connected_clients().unwrap()
+    );
+}
