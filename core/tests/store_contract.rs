@@ -113,6 +113,7 @@ contract_tests!(
     contract_release,
     contract_unenqueued,
     contract_reset_enqueued,
+    contract_forget_expired_entries,
     contract_messages_of_a_missing_session,
     contract_list_paging,
     contract_concurrent_claims_and_checkpoints,
@@ -859,6 +860,76 @@ async fn contract_unenqueued(store: &dyn Store) {
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+/// The lease is the truth for liveness: a running session whose lease ran out (past the
+/// grace) is the sweeper's again whatever became of its entry, once per expiry; a live
+/// lease, a queued or a finished session is left alone.
+async fn contract_forget_expired_entries(store: &dyn Store) {
+    let dead = create(store, "dead worker").await;
+    let live = create(store, "live worker").await;
+    let queued = create(store, "queued").await;
+    let finished = create(store, "finished").await;
+    let all = [dead.clone(), live.clone(), queued.clone(), finished.clone()];
+    store.mark_enqueued(&all).await.unwrap();
+    finish(store, &finished, "done").await;
+    let _ = acquire(store, &dead, "w1", SHORT_TTL).await;
+    let _ = acquire(store, &live, "w2", TTL).await;
+
+    // Expired, but not past the grace: nothing.
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Expired: only the dead worker's session, which the sweep then re-adds.
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        vec![(dead.clone(), "default".to_string())]
+    );
+    store
+        .mark_enqueued(std::slice::from_ref(&dead))
+        .await
+        .unwrap();
+    // Re-added after the expiry: left alone until a newer lease expires.
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        0
+    );
+    let _ = acquire(store, &dead, "w3", SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        vec![(dead.clone(), "default".to_string())]
     );
 }
 
