@@ -25,7 +25,7 @@ use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, SessionStatus,
+    NewSession, QueueCreate, QueueStore, SessionStatus,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -114,6 +114,7 @@ contract_tests!(
     contract_unenqueued,
     contract_reset_enqueued,
     contract_forget_expired_entries,
+    contract_created_queues,
     contract_messages_of_a_missing_session,
     contract_list_paging,
     contract_concurrent_claims_and_checkpoints,
@@ -931,6 +932,34 @@ async fn contract_forget_expired_entries(store: &dyn Store) {
         store.unenqueued(Duration::ZERO, 100).await.unwrap(),
         vec![(dead.clone(), "default".to_string())]
     );
+}
+
+/// Queues an admin creates: stored once, listed oldest first, none past the limit.
+async fn contract_created_queues(store: &dyn Store) {
+    assert!(store.stored_queues().await.unwrap().is_empty());
+    assert_eq!(
+        store.create_queue("bulk", 2).await.unwrap(),
+        QueueCreate::Created
+    );
+    assert_eq!(
+        store.create_queue("bulk", 2).await.unwrap(),
+        QueueCreate::Exists
+    );
+    assert_eq!(
+        store.create_queue("gpu", 2).await.unwrap(),
+        QueueCreate::Created
+    );
+    assert_eq!(
+        store.create_queue("more", 2).await.unwrap(),
+        QueueCreate::Full
+    );
+    // An existing one is reported as such even at the limit.
+    assert_eq!(
+        store.create_queue("gpu", 2).await.unwrap(),
+        QueueCreate::Exists
+    );
+    assert_eq!(store.stored_queues().await.unwrap(), ["bulk", "gpu"]);
+    assert_eq!(store.create_queue("x", 0).await.unwrap(), QueueCreate::Full);
 }
 
 /// After the queue lost its data, every queued or running session of that queue is the
