@@ -25,7 +25,7 @@ use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, QueueCreate, QueueStore, SessionStatus,
+    NewSession, QueueCreate, SessionStatus,
 };
 
 const TTL: Duration = Duration::from_secs(30);

@@ -462,8 +462,10 @@ async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
 async fn callers_cannot_add_model_series() {
     let (store, queue, _redis) = setup().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut section = agentq_core::config::PolicySection::default();
-    section.models = vec!["*".into(), "named-by-policy".into()];
+    let section = agentq_core::config::PolicySection {
+        models: vec!["*".into(), "named-by-policy".into()],
+        ..Default::default()
+    };
     let mut cfg = config(dir.path());
     cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
     let mut ids = Vec::new();
