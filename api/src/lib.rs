@@ -16,12 +16,14 @@ pub mod de;
 mod error;
 pub mod events;
 mod health;
+mod queues;
 mod sessions;
 mod steer;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
+pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
     PendingApproval, SessionDetail, SessionRef, SessionView, TreeNode,

@@ -75,7 +75,15 @@ fn wait_line(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHan
 }
 
 fn start_scheduler(db: &str, redis: &str) -> Scheduler {
+    // The queues the batch case names: sessions may only name configured ones.
+    let config = std::env::temp_dir().join(format!("client-cli-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[scheduler]\nqueues = [\"default\", \"bulk\", \"other\"]\n",
+    )
+    .unwrap();
     let mut child = agentq()
+        .env("AGENTQ_CONFIG", &config)
         .args([
             "scheduler",
             "--addr",

@@ -239,6 +239,12 @@ pub struct SchedulerSection {
     pub max_batch: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
+    /// Most queues there may be, the configured ones and those an admin creates: each is
+    /// a Redis stream and a label value of the metrics.
+    pub max_queues: usize,
+    /// A queue stream longer than this has its acked history trimmed by the sweeper
+    /// (entries pending or not yet delivered are kept whatever the length).
+    pub stream_max_len: u64,
     /// How long a verified API key is trusted without asking the database again: a
     /// revoked key is refused at most this long after `agentq keys revoke`.
     pub key_cache_secs: u64,
@@ -265,6 +271,8 @@ impl Default for SchedulerSection {
             max_prompt_bytes: 1_000_000,
             max_batch: 10_000,
             queues: vec!["default".to_string()],
+            max_queues: 64,
+            stream_max_len: 1_000_000,
             key_cache_secs: 30,
             max_connections: 4096,
             max_event_streams: 2048,
@@ -857,6 +865,8 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.max_prompt_bytes"),
     file("scheduler.max_batch"),
     file("scheduler.queues"),
+    file("scheduler.max_queues"),
+    file("scheduler.stream_max_len"),
     var(
         "scheduler.key_cache_secs",
         "AGENTQ_KEY_CACHE_SECS",

@@ -25,4 +25,7 @@ pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
-pub use store::{Committed, InboxStore, KeyStore, LeaseStore, SessionStore, Store, SweepStore};
+pub use store::{
+    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, SessionStore, Store,
+    SweepStore,
+};

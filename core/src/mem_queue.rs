@@ -134,17 +134,22 @@ impl Stream {
         u64::try_from(n).unwrap_or(u64::MAX)
     }
 
-    /// Drop the oldest acked entries beyond [`QUEUE_MAXLEN`].
-    fn trim(&mut self) {
-        while self.entries.len() > QUEUE_MAXLEN {
+    /// Drop the oldest acked entries beyond `max_len`, stopping at the first entry that is
+    /// pending or undelivered (as `XTRIM MINID` at the oldest of those does on Redis).
+    /// Returns how many were dropped.
+    fn trim(&mut self, max_len: usize) -> u64 {
+        let mut dropped = 0;
+        while self.entries.len() > max_len {
             let Some((&oldest, _)) = self.entries.first_key_value() else {
-                return;
+                break;
             };
             if oldest > self.last_delivered || self.pending.contains_key(&oldest) {
-                return;
+                break;
             }
             self.entries.remove(&oldest);
+            dropped += 1;
         }
+        dropped
     }
 }
 
@@ -370,7 +375,7 @@ impl WorkQueue for MemQueue {
                     },
                 );
             }
-            stream.trim();
+            stream.trim(QUEUE_MAXLEN);
         }
         self.arrivals.notify_waiters();
         Ok(())
@@ -482,9 +487,17 @@ impl WorkQueue for MemQueue {
             for id in entry_ids.iter().filter_map(|s| EntryId::parse(s)) {
                 stream.pending.remove(&id);
             }
-            stream.trim();
+            stream.trim(QUEUE_MAXLEN);
         }
         Ok(())
+    }
+
+    async fn trim(&self, queue: &str, max_len: u64) -> Result<u64> {
+        let max_len = usize::try_from(max_len).unwrap_or(usize::MAX);
+        Ok(match self.lock().queues.get_mut(queue) {
+            Some(stream) if stream.entries.len() > max_len => stream.trim(0),
+            _ => 0,
+        })
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()> {

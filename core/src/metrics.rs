@@ -1,8 +1,12 @@
 //! Every Prometheus metric agentq exports, defined in one place with its unit and
 //! buckets, registered in one registry per process. Labels never carry a session id, a
 //! prompt or any user value: only provider, model, queue, tool and bounded outcome names.
+//! A session names its model, so the `model` label is the model only when the operator
+//! configured it ([`Metrics::label_models`]) and [`OTHER_MODEL`] otherwise: callers cannot
+//! add series.
 
-use std::sync::OnceLock;
+use std::collections::HashSet;
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use prometheus::{
@@ -20,6 +24,9 @@ const TOOL_BUCKETS: &[f64] = &[
 const CHECKPOINT_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
+/// The `model` label of every model the operator did not configure.
+pub const OTHER_MODEL: &str = "other";
+
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 40.0, 80.0, 160.0];
 const TOKEN_BUCKETS: &[f64] = &[
@@ -64,6 +71,8 @@ pub struct Metrics {
     pub queue_pending: IntGaugeVec,
     pub queue_lag: IntGaugeVec,
     pub build_info: IntGaugeVec,
+    /// The models that are their own `model` label value (see the module docs).
+    models: RwLock<HashSet<String>>,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -290,6 +299,7 @@ impl Metrics {
                 &["version"],
             ),
             registry: r,
+            models: RwLock::default(),
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -305,6 +315,28 @@ impl Metrics {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// Let these models be `model` label values (added to those already known).
+    pub fn label_models(&self, models: impl IntoIterator<Item = String>) {
+        self.models
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(models);
+    }
+
+    /// The `model` label value of `model`: itself when configured, else [`OTHER_MODEL`].
+    pub fn model_label<'a>(&self, model: &'a str) -> &'a str {
+        if self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(model)
+        {
+            model
+        } else {
+            OTHER_MODEL
+        }
     }
 
     pub fn observe_checkpoint(&self, d: Duration) {

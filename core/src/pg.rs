@@ -46,8 +46,8 @@ use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, Stor
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
-    checkpoint_alone,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    SessionStore, Store, SweepStore, checkpoint_alone,
 };
 
 /// Pooled connections idle at least this long are pinged before use.
@@ -605,6 +605,42 @@ impl InboxStore for PgStore {
 }
 
 #[async_trait]
+impl QueueStore for PgStore {
+    async fn create_queue(&self, name: &str, limit: usize) -> Result<QueueCreate> {
+        let mut tx = self.pool.begin().await?;
+        // Schedulers creating queues at once take turns, so the count they check holds.
+        sqlx::query("LOCK TABLE queues IN SHARE ROW EXCLUSIVE MODE")
+            .execute(&mut *tx)
+            .await?;
+        let exists: i64 = sqlx::query_scalar(&SQL.queue_exists)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        if exists > 0 {
+            return Ok(QueueCreate::Exists);
+        }
+        let added = sqlx::query(&SQL.insert_queue)
+            .bind(name)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(if added > 0 {
+            QueueCreate::Created
+        } else {
+            QueueCreate::Full
+        })
+    }
+
+    async fn stored_queues(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(&SQL.stored_queues)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+}
+
+#[async_trait]
 impl SweepStore for PgStore {
     async fn mark_enqueued(&self, ids: &[String]) -> Result<()> {
         if ids.is_empty() {
@@ -620,6 +656,16 @@ impl SweepStore for PgStore {
     async fn reset_enqueued(&self, queue: &str) -> Result<u64> {
         let n = sqlx::query(&SQL.reset_enqueued)
             .bind(queue)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n)
+    }
+
+    async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64> {
+        let n = sqlx::query(&SQL.forget_expired)
+            .bind(secs(grace))
+            .bind(i64::from(limit))
             .execute(&self.pool)
             .await?
             .rows_affected();

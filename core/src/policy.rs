@@ -171,6 +171,18 @@ impl Policy {
     pub fn global(&self) -> &TenantPolicy {
         &self.global
     }
+
+    /// The models the policy names literally (not patterns), for every tenant: the
+    /// models the operator configured, which the metrics may label by name.
+    pub fn named_models(&self) -> Vec<String> {
+        std::iter::once(&self.global)
+            .chain(self.tenants.values())
+            .flat_map(|t| t.models.text.iter())
+            .map(|m| m.trim())
+            .filter(|m| !m.is_empty() && !m.contains(['*', '?', '[', ']', '{', '}', '\\']))
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 impl TenantPolicy {

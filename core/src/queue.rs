@@ -118,6 +118,12 @@ pub trait WorkQueue: Send + Sync {
 
     async fn ack(&self, queue: &str, entry_ids: &[String]) -> Result<()>;
 
+    /// When the queue holds more than `max_len` entries, drop its acked history: the
+    /// entries before the oldest one that is still pending (delivered and not acked,
+    /// however long its session runs) or not yet delivered. Trimming never drops those, so
+    /// it can strand no session. Returns how many entries were dropped.
+    async fn trim(&self, queue: &str, max_len: u64) -> Result<u64>;
+
     /// Move an entry to the dead-letter stream with the reason, and ack it.
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()>;
 }

@@ -32,11 +32,16 @@
 //! and touches that get `NOGROUP` re-create the group (and retry, for reads).
 //!
 //! # Trimming
-//! Queue streams are capped with `MAXLEN ~ 1,000,000` ([`QUEUE_MAXLEN`]) so acked history
-//! does not grow without bound; only a backlog of a million undelivered entries would
-//! lose its oldest (the sweeper re-adds sessions that are queued in Postgres). Entries are
-//! never `XDEL`eted (that turns the group's `lag` to nil). The dead-letter and completion
-//! streams are capped at [`HISTORY_MAXLEN`].
+//! `XADD` to a queue stream trims nothing: `MAXLEN` would drop the oldest entries whether
+//! or not they are acked, and the entry of a session that runs for hours is the oldest
+//! one pending; once it is gone, a touch (`XCLAIM`) drops it from the pending list and a
+//! dead worker's session is reclaimed by nobody. Acked history is dropped instead by
+//! [`WorkQueue::trim`] (the scheduler's sweeper, past a length it is configured with):
+//! `XTRIM MINID` at the oldest entry that is pending or not yet delivered, read before the
+//! trim (an entry delivered meanwhile is newer than the group's cursor read first, so it is
+//! kept). Entries are never `XDEL`eted, and the trim never passes the group's cursor, so
+//! the group's `lag` stays known. The dead-letter and completion streams are capped at
+//! [`HISTORY_MAXLEN`].
 
 mod reply;
 mod subscription;
@@ -69,8 +74,6 @@ use crate::queue::{
     queue_stream,
 };
 
-/// Approximate cap on a queue stream's length (acked history; see the module docs).
-pub const QUEUE_MAXLEN: usize = 1_000_000;
 /// Approximate cap on `agentq:dead` and `agentq:completions`.
 pub const HISTORY_MAXLEN: usize = 100_000;
 /// Cap of each session's event stream: text deltas make it long; the transcript in the
@@ -295,6 +298,32 @@ impl RedisQueue {
     /// Ack entries without a session id (or deleted ones left in the pending list) so they
     /// cannot wedge a worker. Failures are only logged: the entries stay pending and come
     /// back through the reclaimer, which tries again.
+    /// The consumer group's `last-delivered-id` on `stream`; `None` without the stream or
+    /// the group.
+    async fn group_cursor(&self, stream: &str) -> Result<Option<(u64, u64)>> {
+        let mut info = redis::cmd("XINFO");
+        info.arg("GROUPS").arg(stream);
+        let groups = match self.query(&info).await {
+            Ok(v) => v,
+            Err(e) if e.to_string().contains("no such key") => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        for group in value_items(groups) {
+            let fields: HashMap<String, Value> = value_pairs(group)
+                .into_iter()
+                .filter_map(|(k, v)| Some((value_string(&k)?, v)))
+                .collect();
+            if fields.get("name").and_then(value_string).as_deref() == Some(GROUP) {
+                return Ok(fields
+                    .get("last-delivered-id")
+                    .and_then(value_string)
+                    .as_deref()
+                    .and_then(parse_id));
+            }
+        }
+        Ok(None)
+    }
+
     async fn ack_garbage(&self, garbage: HashMap<String, Vec<String>>) {
         for (queue, ids) in garbage {
             tracing::warn!(%queue, ?ids, "skipping queue entries without a session_id");
@@ -485,6 +514,41 @@ impl WorkQueue for RedisQueue {
             Err(e) if has_code(&e, "NOGROUP") => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    async fn trim(&self, queue: &str, max_len: u64) -> Result<u64> {
+        let stream = queue_stream(queue);
+        let mut xlen = redis::cmd("XLEN");
+        xlen.arg(&stream);
+        if value_u64(&self.query(&xlen).await?).unwrap_or(0) <= max_len {
+            return Ok(0);
+        }
+        // The group's cursor first, then the pending list: see the module docs.
+        let Some(cursor) = self.group_cursor(&stream).await? else {
+            // No group: nothing says what was delivered, so nothing may go.
+            return Ok(0);
+        };
+        let mut xpending = redis::cmd("XPENDING");
+        xpending.arg(&stream).arg(GROUP);
+        let oldest_pending = match self.query(&xpending).await {
+            // `[count, smallest id, greatest id, consumers]`; nil ids when none is pending.
+            Ok(v) => value_items(v).get(1).and_then(value_string),
+            Err(e) if has_code(&e, "NOGROUP") => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let keep_from = match oldest_pending.as_deref().and_then(parse_id) {
+            Some(p) => p.min(cursor),
+            None => cursor,
+        };
+        if keep_from == (0, 0) {
+            return Ok(0);
+        }
+        let mut xtrim = redis::cmd("XTRIM");
+        xtrim
+            .arg(&stream)
+            .arg("MINID")
+            .arg(format!("{}-{}", keep_from.0, keep_from.1));
+        Ok(value_u64(&self.query(&xtrim).await?).unwrap_or(0))
     }
 
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()> {
@@ -777,22 +841,26 @@ fn marker_key(queue: &str) -> String {
     format!("agentq:marker:{queue}")
 }
 
-/// `XADD <stream> [NOMKSTREAM] MAXLEN ~ <cap> * session_id <id> reason <reason>`
+/// `XADD <stream> [NOMKSTREAM] * session_id <id> reason <reason>`, trimming nothing (see
+/// the module docs).
 fn xadd_entry(stream: &str, no_mkstream: bool, session_id: &str, reason: EnqueueReason) -> Cmd {
     let mut cmd = redis::cmd("XADD");
     cmd.arg(stream);
     if no_mkstream {
         cmd.arg("NOMKSTREAM");
     }
-    cmd.arg("MAXLEN")
-        .arg("~")
-        .arg(QUEUE_MAXLEN)
-        .arg("*")
+    cmd.arg("*")
         .arg("session_id")
         .arg(session_id)
         .arg("reason")
         .arg(reason.as_str());
     cmd
+}
+
+/// A stream entry id `<ms>-<seq>` as a pair that orders as Redis orders ids.
+fn parse_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 /// Whether the error (or one of a pipeline's errors) carries the server code `code`.

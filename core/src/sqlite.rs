@@ -92,8 +92,8 @@ use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, Stor
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, SessionStore, Store, SweepStore,
-    checkpoint_alone,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    SessionStore, Store, SweepStore, checkpoint_alone,
 };
 
 /// The migrations this binary was built with (SQLite dialect).
@@ -801,6 +801,40 @@ impl InboxStore for SqliteStore {
 }
 
 #[async_trait]
+impl QueueStore for SqliteStore {
+    async fn create_queue(&self, name: &str, limit: usize) -> Result<QueueCreate> {
+        // The one writer's transaction: the count and the insert cannot interleave.
+        let mut tx = self.write_tx().await?;
+        let exists: i64 = sqlx::query_scalar(&SQL.queue_exists)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        if exists > 0 {
+            return Ok(QueueCreate::Exists);
+        }
+        let added = sqlx::query(&SQL.insert_queue)
+            .bind(name)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(now_us())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(if added > 0 {
+            QueueCreate::Created
+        } else {
+            QueueCreate::Full
+        })
+    }
+
+    async fn stored_queues(&self) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(&SQL.stored_queues)
+            .fetch_all(&self.readers)
+            .await?)
+    }
+}
+
+#[async_trait]
 impl SweepStore for SqliteStore {
     async fn mark_enqueued(&self, ids: &[String]) -> Result<()> {
         if ids.is_empty() {
@@ -821,6 +855,18 @@ impl SweepStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         let n = sqlx::query(&SQL.reset_enqueued)
             .bind(queue)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64> {
+        let mut tx = self.write_tx().await?;
+        let n = sqlx::query(&SQL.forget_expired)
+            .bind(now_us().saturating_sub(dur_us(grace)))
+            .bind(i64::from(limit))
             .execute(&mut *tx)
             .await?
             .rows_affected();

@@ -7,7 +7,8 @@
 //! uses: [`SessionStore`] (the API and the CLI: create, read, cancel), [`LeaseStore`] (a
 //! worker running sessions: claim, checkpoint, heartbeat, release, suspend),
 //! [`InboxStore`] (whatever wakes a session: inbox items, approvals, follow-ups) and
-//! [`SweepStore`] (the scheduler's sweeper) and [`KeyStore`] (API keys). [`Store`] is all of them, plus the schema
+//! [`SweepStore`] (the scheduler's sweeper), [`KeyStore`] (API keys) and [`QueueStore`]
+//! (the queues an admin created). [`Store`] is all of them, plus the schema
 //! check a process runs once at start; `Arc<dyn Store>` is what the processes hold.
 
 use std::time::Duration;
@@ -40,7 +41,9 @@ pub type Committed = Option<Box<SessionRow>>;
 /// by a process before it serves anything; it is declared here rather than in a narrow
 /// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
-pub trait Store: SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore {
+pub trait Store:
+    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore
+{
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
 }
@@ -187,6 +190,15 @@ pub trait SweepStore: Send + Sync {
     /// sweeper then re-adds every queued and running one. Returns how many.
     async fn reset_enqueued(&self, queue: &str) -> Result<u64>;
 
+    /// Running sessions whose lease expired more than `grace` ago, with a queue entry added
+    /// before that lease: forget the entry, so that [`SweepStore::unenqueued`] returns them
+    /// and the sweeper adds a new one. The lease is the truth for liveness: whatever became
+    /// of the old entry (trimmed, lost with Redis, pending for a dead worker), the session
+    /// runs again, and a duplicate entry is harmless. A session whose entry was added after
+    /// its lease expired is left alone (each expiry is re-queued once). Up to `limit`,
+    /// longest expired first; returns how many.
+    async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64>;
+
     /// Queued (or running) sessions without a queue entry, older than `age`.
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
 
@@ -211,6 +223,28 @@ pub trait KeyStore: Send + Sync {
     /// The key with this public id, whose stored hash a presented key is then compared
     /// with (`auth::verify`, constant time).
     async fn key(&self, id: &str) -> Result<Option<ApiKey>>;
+}
+
+/// The queues an admin created (the configured ones are in the configuration): a queue is
+/// a Redis stream and a label value of the metrics, so sessions may only name known ones.
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    /// Store the queue `name`, unless it is stored already or `limit` queues are; the
+    /// count and the insert are one step for every scheduler at once.
+    async fn create_queue(&self, name: &str, limit: usize) -> Result<QueueCreate>;
+
+    /// Every stored queue, oldest first.
+    async fn stored_queues(&self) -> Result<Vec<String>>;
+}
+
+/// What [`QueueStore::create_queue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueCreate {
+    Created,
+    /// It was stored already.
+    Exists,
+    /// `limit` queues are stored: none was added.
+    Full,
 }
 
 /// A single checkpoint written as a batch of one, as both stores do: one code path for

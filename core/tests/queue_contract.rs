@@ -67,6 +67,7 @@ contract_tests!(
     contract_events_from_now,
     contract_events_of_many_sessions,
     contract_marked_queue_is_not_lost,
+    contract_trim_keeps_pending_and_undelivered,
 );
 
 /// `contract_own_pending` also needs to know when a cancelled read is gone on the server.
@@ -397,6 +398,65 @@ async fn contract_touch_vs_reclaim(q: &dyn Queue) {
     let all = q.reclaim(Q, "c", Duration::ZERO, 10).await.unwrap();
     assert_eq!(sessions(&all), ["kept", "lost"]);
     assert_eq!(q.stats(Q).await.unwrap().pending, 2);
+}
+
+/// A long session's entry is the oldest pending one while short ones come and go: a trim
+/// drops acked history only, so the entry survives, a touch keeps it, and once its worker
+/// is gone another consumer reclaims it.
+async fn contract_trim_keeps_pending_and_undelivered(q: &dyn Queue) {
+    q.enqueue(Q, "long", EnqueueReason::New).await.unwrap();
+    let long = q.read(&queues(), "a", 1, Duration::ZERO).await.unwrap();
+    assert_eq!(sessions(&long), ["long"]);
+    let items: Vec<(String, EnqueueReason)> = (0..10)
+        .map(|i| (format!("short{i}"), EnqueueReason::New))
+        .collect();
+    q.enqueue_many(Q, &items).await.unwrap();
+    let shorts = q.read(&queues(), "a", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(shorts.len(), 10);
+    let acked: Vec<String> = shorts.iter().map(|d| d.entry_id.clone()).collect();
+    q.ack(Q, &acked).await.unwrap();
+    q.enqueue(Q, "waiting", EnqueueReason::New).await.unwrap();
+    assert_eq!(q.stats(Q).await.unwrap().length, 12);
+
+    // Under the cap: nothing goes.
+    assert_eq!(q.trim(Q, 12).await.unwrap(), 0);
+    // Over it: the acked entries after the pending one stay too, as the oldest pending
+    // entry bounds the trim.
+    assert_eq!(q.trim(Q, 2).await.unwrap(), 0);
+    assert_eq!(q.stats(Q).await.unwrap().length, 12);
+
+    // The long session's heartbeat touch still finds its entry.
+    q.touch(Q, "a", &[long[0].entry_id.clone()]).await.unwrap();
+    let pending = q.read_own_pending(&queues(), "a", 10).await.unwrap();
+    assert_eq!(sessions(&pending), ["long"]);
+
+    // The long one finishes on another run; a second long one is pending now.
+    q.enqueue(Q, "long2", EnqueueReason::New).await.unwrap();
+    let waiting = q.read(&queues(), "a", 2, Duration::ZERO).await.unwrap();
+    assert_eq!(sessions(&waiting), ["waiting", "long2"]);
+    q.ack(Q, &[long[0].entry_id.clone(), waiting[0].entry_id.clone()])
+        .await
+        .unwrap();
+    // Everything before long2 is acked history.
+    assert_eq!(q.trim(Q, 2).await.unwrap(), 12);
+    let st = q.stats(Q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (1, 1, Some(0)));
+
+    // Entries never delivered are kept whatever the cap.
+    q.enqueue(Q, "new", EnqueueReason::New).await.unwrap();
+    assert_eq!(q.trim(Q, 0).await.unwrap(), 0);
+    let st = q.stats(Q).await.unwrap();
+    assert_eq!((st.length, st.pending, st.lag), (2, 1, Some(1)));
+
+    // long2's worker is gone: its entry is still there to reclaim, with its session id.
+    q.touch(Q, "a", &[waiting[1].entry_id.clone()])
+        .await
+        .unwrap();
+    let taken = q.reclaim(Q, "b", Duration::ZERO, 10).await.unwrap();
+    assert_eq!(sessions(&taken), ["long2"]);
+    assert_eq!(taken[0].entry_id, waiting[1].entry_id);
+    let next = q.read(&queues(), "b", 10, Duration::ZERO).await.unwrap();
+    assert_eq!(sessions(&next), ["new"]);
 }
 
 async fn contract_reclaim_respects_count(q: &dyn Queue) {

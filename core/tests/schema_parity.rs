@@ -97,6 +97,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "approvals",
             "inbox",
             "messages",
+            "queues",
             "session_specs",
             "sessions"
         ]

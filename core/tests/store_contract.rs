@@ -25,7 +25,7 @@ use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, SessionStatus,
+    NewSession, QueueCreate, SessionStatus,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -113,6 +113,8 @@ contract_tests!(
     contract_release,
     contract_unenqueued,
     contract_reset_enqueued,
+    contract_forget_expired_entries,
+    contract_created_queues,
     contract_messages_of_a_missing_session,
     contract_list_paging,
     contract_concurrent_claims_and_checkpoints,
@@ -861,6 +863,104 @@ async fn contract_unenqueued(store: &dyn Store) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// The lease is the truth for liveness: a running session whose lease ran out (past the
+/// grace) is the sweeper's again whatever became of its entry, once per expiry; a live
+/// lease, a queued or a finished session is left alone.
+async fn contract_forget_expired_entries(store: &dyn Store) {
+    let dead = create(store, "dead worker").await;
+    let live = create(store, "live worker").await;
+    let queued = create(store, "queued").await;
+    let finished = create(store, "finished").await;
+    let all = [dead.clone(), live.clone(), queued.clone(), finished.clone()];
+    store.mark_enqueued(&all).await.unwrap();
+    finish(store, &finished, "done").await;
+    let _ = acquire(store, &dead, "w1", SHORT_TTL).await;
+    let _ = acquire(store, &live, "w2", TTL).await;
+
+    // Expired, but not past the grace: nothing.
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::from_secs(3600), 100)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Expired: only the dead worker's session, which the sweep then re-adds.
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        vec![(dead.clone(), "default".to_string())]
+    );
+    store
+        .mark_enqueued(std::slice::from_ref(&dead))
+        .await
+        .unwrap();
+    // Re-added after the expiry: left alone until a newer lease expires.
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        0
+    );
+    let _ = acquire(store, &dead, "w3", SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL + Duration::from_millis(100)).await;
+    assert_eq!(
+        store
+            .forget_expired_entries(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        vec![(dead.clone(), "default".to_string())]
+    );
+}
+
+/// Queues an admin creates: stored once, listed oldest first, none past the limit.
+async fn contract_created_queues(store: &dyn Store) {
+    assert!(store.stored_queues().await.unwrap().is_empty());
+    assert_eq!(
+        store.create_queue("bulk", 2).await.unwrap(),
+        QueueCreate::Created
+    );
+    assert_eq!(
+        store.create_queue("bulk", 2).await.unwrap(),
+        QueueCreate::Exists
+    );
+    assert_eq!(
+        store.create_queue("gpu", 2).await.unwrap(),
+        QueueCreate::Created
+    );
+    assert_eq!(
+        store.create_queue("more", 2).await.unwrap(),
+        QueueCreate::Full
+    );
+    // An existing one is reported as such even at the limit.
+    assert_eq!(
+        store.create_queue("gpu", 2).await.unwrap(),
+        QueueCreate::Exists
+    );
+    assert_eq!(store.stored_queues().await.unwrap(), ["bulk", "gpu"]);
+    assert_eq!(store.create_queue("x", 0).await.unwrap(), QueueCreate::Full);
 }
 
 /// After the queue lost its data, every queued or running session of that queue is the

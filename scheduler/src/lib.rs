@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::{SchedulerConfig, Settings};
 use agentq_core::policy::Policy;
-use agentq_core::{Queue, Store};
+use agentq_core::{Queue, QueueStore, Store};
 
 pub mod error;
 pub mod events;
@@ -49,6 +49,10 @@ pub struct SchedulerSettings {
     pub max_batch: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
+    /// Most queues there may be (configured and admin-created).
+    pub max_queues: usize,
+    /// Length past which the sweeper trims a queue stream's acked history.
+    pub stream_max_len: u64,
     /// Who may call the API (the admin key is not part of the configuration file: the
     /// process reads it from `AGENTQ_ADMIN_KEY`).
     pub auth: AuthSettings,
@@ -84,6 +88,8 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_prompt_bytes: c.max_prompt_bytes,
             max_batch: c.max_batch,
             queues: c.queues.clone(),
+            max_queues: c.max_queues,
+            stream_max_len: c.stream_max_len,
             policy: Arc::new(Policy::default()),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
@@ -103,11 +109,16 @@ impl From<&SchedulerConfig> for SchedulerSettings {
     }
 }
 
-/// Queues whose stream and consumer group are known to exist, so each is created once
-/// per process rather than on every request. Cheap to clone (shared).
+/// The queues sessions may name, and those whose stream and consumer group are known to
+/// exist (so each is created once per process rather than on every request). A queue is
+/// known when it is configured or an admin created it (stored, so every scheduler learns
+/// it); callers cannot invent queues, each of which is a Redis stream and a metrics label
+/// value. Cheap to clone (shared).
 #[derive(Debug, Clone, Default)]
 pub struct QueueRegistry {
     configured: Arc<Vec<String>>,
+    /// Admin-created queues learned from the store.
+    created: Arc<Mutex<HashSet<String>>>,
     ensured: Arc<Mutex<HashSet<String>>>,
 }
 
@@ -115,8 +126,68 @@ impl QueueRegistry {
     pub fn new(configured: Vec<String>) -> Self {
         QueueRegistry {
             configured: Arc::new(configured),
+            created: Arc::default(),
             ensured: Arc::default(),
         }
+    }
+
+    pub fn is_configured(&self, name: &str) -> bool {
+        self.configured.iter().any(|q| q == name)
+    }
+
+    /// Remember an admin-created queue.
+    pub fn learn(&self, name: &str) {
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string());
+    }
+
+    /// How many queues may be stored when at most `max_queues` may exist in all.
+    pub fn room_for_created(&self, max_queues: usize) -> usize {
+        max_queues.saturating_sub(self.configured.len())
+    }
+
+    /// Every known queue, configured ones first (asks the store for created ones).
+    pub async fn known(&self, store: &dyn QueueStore) -> agentq_core::Result<Vec<String>> {
+        let mut names: Vec<String> = self.configured.to_vec();
+        for q in store.stored_queues().await? {
+            self.learn(&q);
+            if !names.contains(&q) {
+                names.push(q);
+            }
+        }
+        Ok(names)
+    }
+
+    /// A 422 naming `field` unless sessions may name `queue`. A queue this process has not
+    /// seen is looked up in the store (another scheduler may have created it).
+    pub async fn check_known(
+        &self,
+        store: &dyn QueueStore,
+        queue: &str,
+        field: &str,
+    ) -> Result<(), ApiError> {
+        let learned = || {
+            self.created
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(queue)
+        };
+        if self.is_configured(queue) || learned() {
+            return Ok(());
+        }
+        self.known(store).await?;
+        if learned() {
+            return Ok(());
+        }
+        Err(ApiError::invalid(
+            field,
+            format!(
+                "unknown queue {queue:?}: name a configured queue or one an admin created \
+                 (POST /v1/queues)"
+            ),
+        ))
     }
 
     fn is_ensured(&self, name: &str) -> bool {
@@ -147,17 +218,15 @@ impl QueueRegistry {
         }
     }
 
-    /// Configured queues and those created since.
+    /// Configured queues, admin-created ones this process learned, and those it created
+    /// a group for since (the sweeper's, for sessions stored before queues were checked).
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.configured.iter().cloned().collect();
-        for n in self
-            .ensured
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
-            if !names.contains(n) {
-                names.push(n.clone());
+        for set in [&self.created, &self.ensured] {
+            for n in set.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
             }
         }
         names
@@ -257,6 +326,7 @@ pub async fn run(
         state.queues.clone(),
         cfg.sweep_interval,
         cfg.sweep_age,
+        cfg.stream_max_len,
         stop_sweeper.clone(),
     ));
 

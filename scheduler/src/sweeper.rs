@@ -3,6 +3,12 @@
 //! `sweep_interval` the sweeper adds an entry for queued rows older than `sweep_age` that
 //! were never marked enqueued, then marks them. A duplicate entry (the `XADD` happened but
 //! the mark did not) is harmless: the lease decides who runs a session.
+//!
+//! The lease is also the truth for liveness: a running session whose lease expired more
+//! than `sweep_age` ago has lost its worker, and its stream entry may be gone too (lost
+//! with Redis, or never added), so the sweeper re-queues it from the store whatever became
+//! of the entry ([`requeue_expired`]). It also trims each queue's stream of acked history
+//! past `stream_max_len` entries ([`trim_queues`]), never an entry still pending.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +67,32 @@ pub async fn sweep_once(
     Ok(total)
 }
 
+/// Running sessions whose lease expired more than `grace` ago lose their enqueued mark, so
+/// that the next [`sweep_once`] adds them to their queue again. Returns how many.
+pub async fn requeue_expired(store: &dyn Store, grace: Duration) -> agentq_core::Result<u64> {
+    let limit = SWEEP_BATCH.saturating_mul(u32::try_from(MAX_BATCHES_PER_TICK).unwrap_or(1));
+    let n = store.forget_expired_entries(grace, limit).await?;
+    if n > 0 {
+        tracing::warn!(
+            sessions = n,
+            "sweeper: re-queueing running sessions whose lease expired"
+        );
+    }
+    Ok(n)
+}
+
+/// Trim each known queue's stream of acked history once it is longer than `max_len`.
+/// A queue that fails is logged and tried again next pass.
+pub async fn trim_queues(queue: &dyn Queue, queues: &QueueRegistry, max_len: u64) {
+    for q in queues.names() {
+        match queue.trim(&q, max_len).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(queue = %q, entries = n, "trimmed acked queue history"),
+            Err(e) => tracing::debug!(queue = %q, error = %e, "cannot trim the queue"),
+        }
+    }
+}
+
 /// A queue whose Redis came back empty lost the entries of every queued and running
 /// session: mark them all un-enqueued so this sweep re-adds them. Duplicates are harmless.
 pub async fn recover_lost(store: &dyn Store, queue: &dyn Queue, queues: &QueueRegistry) {
@@ -105,6 +137,7 @@ pub async fn run_sweeper(
     queues: QueueRegistry,
     interval: Duration,
     age: Duration,
+    stream_max_len: u64,
     shutdown: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
@@ -118,6 +151,10 @@ pub async fn run_sweeper(
         queues.ensure_configured(queue.as_ref()).await;
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
+        if let Err(e) = requeue_expired(store.as_ref(), age).await {
+            tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");
+        }
+        trim_queues(queue.as_ref(), &queues, stream_max_len).await;
         let pass = sweep_once(store.as_ref(), queue.as_ref(), &queues, age);
         tokio::select! {
             _ = shutdown.cancelled() => return,

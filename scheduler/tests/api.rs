@@ -201,7 +201,9 @@ async fn create_inserts_enqueues_and_marks() {
     assert_eq!(msgs["messages"][0]["role"], "user");
     assert_eq!(msgs["messages"][0]["content"], "hello");
 
-    // A queue named in the request gets its group lazily.
+    // A queue an admin created gets its group; sessions may then name it.
+    let (status, body) = env.post("/v1/queues", &json!({"name": "gpu-1"})).await;
+    assert_eq!(status, 201, "{body}");
     let (status, body) = env
         .post("/v1/sessions", &json!({"prompt": "p", "queue": "gpu-1"}))
         .await;
@@ -237,6 +239,8 @@ async fn idempotency_key_repeats_return_the_same_session() {
 #[tokio::test]
 async fn batch_of_a_thousand() {
     let env = Env::start().await;
+    let (status, body) = env.post("/v1/queues", &json!({"name": "bulk"})).await;
+    assert_eq!(status, 201, "{body}");
     let items: Vec<Value> = (0..1000)
         .map(|i| {
             if i % 4 == 0 {
@@ -878,5 +882,93 @@ async fn sessions_are_re_added_after_redis_comes_back_empty() {
             .await
             .unwrap(),
         0
+    );
+}
+
+/// Queues are the operator's: a session naming a queue nobody configured or created is
+/// refused naming `queue` (one request and a batch item), with nothing written and no
+/// stream made; an admin creates one (stored, so it survives and every scheduler sees
+/// it), after which sessions may name it; past `scheduler.max_queues` no more are made.
+#[tokio::test]
+async fn queues_are_configured_or_created_by_an_admin() {
+    let env = Env::start_with(SchedulerSettings {
+        queues: vec!["default".into()],
+        max_queues: 3,
+        ..Default::default()
+    })
+    .await;
+    let (status, v) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "queue": "invented"}))
+        .await;
+    assert_error(&(status, v.clone()), 422, "invalid_field", Some("queue"));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("invented"),
+        "{v}"
+    );
+    let (status, v) = env
+        .post(
+            "/v1/sessions/batch",
+            &json!([{"prompt": "p"}, {"prompt": "p", "queue": "invented"}]),
+        )
+        .await;
+    assert_error(&(status, v), 422, "invalid_field", Some("[1].queue"));
+    assert_eq!(env.row_count(), 0);
+    assert_eq!(env.stream_len("invented").await, 0);
+
+    // A bad name, and a configured queue (nothing to create).
+    let (status, v) = env.post("/v1/queues", &json!({"name": "a b"})).await;
+    assert_error(&(status, v), 422, "invalid_field", Some("name"));
+    let (status, v) = env.post("/v1/queues", &json!({"name": "default"})).await;
+    assert_eq!((status, &v["created"]), (200, &json!(false)), "{v}");
+
+    let (status, v) = env.post("/v1/queues", &json!({"name": "invented"})).await;
+    assert_eq!(
+        (status, &v),
+        (201, &json!({"name": "invented", "created": true}))
+    );
+    let (status, v) = env.post("/v1/queues", &json!({"name": "invented"})).await;
+    assert_eq!((status, &v["created"]), (200, &json!(false)), "{v}");
+    let (status, v) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "queue": "invented"}))
+        .await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(env.stream_len("invented").await, 1);
+
+    // Another scheduler on the same store knows it too.
+    let other = Scheduler::new(
+        env.store.clone(),
+        env.queue.clone(),
+        SchedulerSettings::default(),
+    );
+    other
+        .queues()
+        .check_known(env.store.as_ref(), "invented", "queue")
+        .await
+        .unwrap();
+
+    // The cap: `default` and `invented` exist, one more fits.
+    let (status, v) = env.post("/v1/queues", &json!({"name": "third"})).await;
+    assert_eq!(status, 201, "{v}");
+    let (status, v) = env.post("/v1/queues", &json!({"name": "fourth"})).await;
+    assert_eq!(status, 409, "{v}");
+    assert_eq!(v["error"]["field"], "name", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("scheduler.max_queues"),
+        "{v}"
+    );
+    let (status, v) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "queue": "fourth"}))
+        .await;
+    assert_error(&(status, v), 422, "invalid_field", Some("queue"));
+    let (status, v) = env.get("/v1/queues").await;
+    assert_eq!(
+        (status, v),
+        (
+            200,
+            json!({"queues": ["default", "invented", "third"], "max_queues": 3})
+        )
     );
 }

@@ -397,6 +397,8 @@ async fn queues_beyond_policy_are_refused() {
     assert_eq!(status, 422, "{v}");
     assert_eq!(v["error"]["field"], "[1].queue", "{v}");
     assert_eq!(env.row_count(), 0);
+    let (status, v) = env.post("/v1/queues", &json!({"name": "batch-7"})).await;
+    assert_eq!(status, 201, "{v}");
     for ok in [
         json!({"prompt": "p"}),
         json!({"prompt": "p", "queue": "batch-7"}),

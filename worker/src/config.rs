@@ -148,6 +148,23 @@ impl WorkerConfig {
         }
     }
 
+    /// The models the metrics label by name (every other model is `other`): the default
+    /// model (configured, or the default provider's own), each provider's own default, and
+    /// the models the policy names literally. A session names its model, so taking the
+    /// label from it would let callers add series at will.
+    pub fn labelled_models(&self) -> Vec<String> {
+        let mut models = self.policy.named_models();
+        models.push(self.default_model.clone().unwrap_or_else(|| {
+            agentq_agent::provider::factory::default_model(&self.default_provider).to_string()
+        }));
+        models.extend(
+            agentq_core::config::PROVIDERS
+                .iter()
+                .map(|p| agentq_agent::provider::factory::default_model(p).to_string()),
+        );
+        models
+    }
+
     /// Store connections for everything but checkpoints and heartbeats: a quarter of the
     /// sessions run at once (claims, reads and inbox writes are short), 4 to 64.
     pub fn pool_connections(&self) -> u32 {

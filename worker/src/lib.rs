@@ -162,6 +162,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
         let metrics = agentq_core::metrics::global();
+        metrics.label_models(cfg.labelled_models());
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Worker {
             inner: Arc::new(Inner {

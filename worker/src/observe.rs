@@ -17,7 +17,8 @@ use agentq_core::metrics::Metrics;
 use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
 
-/// Metrics of one session run. Labels: queue, provider, model, tool — never the session.
+/// Metrics of one session run. Labels: queue, provider, model (a configured one, else
+/// `other`), tool — never the session.
 pub struct SessionObserver {
     pub metrics: &'static Metrics,
     pub queue: String,
@@ -29,15 +30,16 @@ pub struct SessionObserver {
 impl Observer for SessionObserver {
     fn llm_call(&self, info: &LlmCallInfo<'_>) {
         let m = self.metrics;
+        let model = m.model_label(info.model);
         m.llm_requests
-            .with_label_values(&[info.provider, info.model, info.outcome])
+            .with_label_values(&[info.provider, model, info.outcome])
             .inc();
         m.llm_request_duration
-            .with_label_values(&[info.provider, info.model])
+            .with_label_values(&[info.provider, model])
             .observe(info.duration.as_secs_f64());
         if let Some(t) = info.time_to_first_token {
             m.llm_ttft
-                .with_label_values(&[info.provider, info.model])
+                .with_label_values(&[info.provider, model])
                 .observe(t.as_secs_f64());
         }
         if let Some(u) = &info.usage {
@@ -50,7 +52,7 @@ impl Observer for SessionObserver {
             ] {
                 if n > 0 {
                     m.llm_tokens
-                        .with_label_values(&[info.provider, info.model, kind])
+                        .with_label_values(&[info.provider, model, kind])
                         .inc_by(n);
                 }
             }
@@ -85,7 +87,7 @@ impl Observer for SessionObserver {
     fn iteration(&self, provider: &str, model: &str) {
         self.metrics
             .iterations
-            .with_label_values(&[&self.queue, provider, model])
+            .with_label_values(&[&self.queue, provider, self.metrics.model_label(model)])
             .inc();
     }
 

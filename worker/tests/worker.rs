@@ -510,3 +510,58 @@ async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() 
     );
     assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 0);
 }
+
+/// Sessions name their model: 500 distinct names must not become 500 label values on the
+/// worker's `/metrics`. A model the operator configured (here the policy names it) keeps
+/// its own; every other one is `other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_cannot_add_model_series() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let section = agentq_core::config::PolicySection {
+        models: vec!["*".into(), "named-by-policy".into()],
+        ..Default::default()
+    };
+    let mut cfg = config(dir.path());
+    cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
+    let mut ids = Vec::new();
+    for i in 0..500 {
+        let mut spec = SessionSpec::new(format!("task {i}"));
+        spec.model = Some(if i == 0 {
+            "named-by-policy".to_string()
+        } else {
+            format!("caller-model-{i}")
+        });
+        let (row, _) = store
+            .create_session(&NewSession::root(spec, "default"))
+            .await
+            .unwrap();
+        ids.push(row.id);
+    }
+    let items: Vec<(String, EnqueueReason)> = ids
+        .iter()
+        .map(|id| (id.clone(), EnqueueReason::New))
+        .collect();
+    queue.enqueue_many("default", &items).await.unwrap();
+    let running = start(&store, &queue, cfg);
+    wait_terminal(&store, &ids, Duration::from_secs(300)).await;
+    running.stop().await;
+
+    let text = agentq_core::metrics::global().render();
+    let model_series = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("model=\""))
+        .count();
+    assert!(
+        !text.contains("caller-model-"),
+        "a caller's model became a label value"
+    );
+    assert!(text.contains("model=\"other\""), "{text}");
+    assert!(text.contains("model=\"named-by-policy\""), "{text}");
+    // A handful of label sets (provider × model × outcome/type, and histogram buckets),
+    // whatever the number of distinct models sessions named.
+    assert!(
+        model_series < 400,
+        "{model_series} series carry a model label"
+    );
+}

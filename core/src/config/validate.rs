@@ -211,6 +211,23 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
         1,
         3_600,
     )?;
+    range("scheduler.max_queues", s.max_queues, 1, 10_000)?;
+    range(
+        "scheduler.stream_max_len",
+        s.stream_max_len,
+        0,
+        1_000_000_000,
+    )?;
+    if s.queues.len() > s.max_queues {
+        return Err(invalid(
+            "scheduler.queues",
+            format!(
+                "names {} queues, more than scheduler.max_queues ({})",
+                s.queues.len(),
+                s.max_queues
+            ),
+        ));
+    }
     names("scheduler.queues", &s.queues)
 }
 

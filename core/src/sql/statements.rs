@@ -265,6 +265,20 @@ const RESET_ENQUEUED: Shared = Shared {
     sqlite_now: None,
 };
 
+/// Running sessions whose lease ran out more than `$1` seconds ago (SQLite: the cut-off
+/// time) and whose entry was added before that lease: forget the entry, so `UNENQUEUED`
+/// finds them. An entry added since the lease expired (`enqueued_at` after it) is left
+/// alone until a newer lease expires, so each expiry is re-queued once.
+const FORGET_EXPIRED: Shared = Shared {
+    text: "UPDATE sessions SET enqueued_at = NULL \
+           WHERE id IN (SELECT id FROM sessions WHERE status = 'running' \
+                        AND lease_expires_at < now() - make_interval(secs => $1) \
+                        AND enqueued_at IS NOT NULL AND enqueued_at < lease_expires_at \
+                        ORDER BY lease_expires_at LIMIT $2) \
+             AND status = 'running' AND enqueued_at IS NOT NULL",
+    sqlite_now: None,
+};
+
 /// `$1`: the age in seconds (SQLite: the cut-off time).
 const UNENQUEUED: Shared = Shared {
     text: "SELECT id, queue FROM sessions \
@@ -332,6 +346,23 @@ const PENDING_APPROVALS: Shared = Shared {
     sqlite_now: None,
 };
 
+const QUEUE_EXISTS: Shared = Shared {
+    text: "SELECT count(*) FROM queues WHERE name = $1",
+    sqlite_now: None,
+};
+
+/// Adds the queue only while fewer than `$2` are stored.
+const INSERT_QUEUE: Shared = Shared {
+    text: "INSERT INTO queues (name, created_at) SELECT $1, now() \
+           WHERE (SELECT count(*) FROM queues) < $2",
+    sqlite_now: Some(3),
+};
+
+const STORED_QUEUES: Shared = Shared {
+    text: "SELECT name FROM queues ORDER BY created_at, name",
+    sqlite_now: None,
+};
+
 /// The shared statements, rendered for one dialect.
 pub(crate) struct Statements {
     pub select_session: String,
@@ -349,6 +380,10 @@ pub(crate) struct Statements {
     pub mark_enqueued: String,
     pub reset_enqueued: String,
     pub unenqueued: String,
+    pub forget_expired: String,
+    pub queue_exists: String,
+    pub insert_queue: String,
+    pub stored_queues: String,
     pub inbox: String,
     pub approval: String,
     pub insert_key: String,
@@ -376,6 +411,10 @@ impl Statements {
             mark_enqueued: MARK_ENQUEUED.render(d),
             reset_enqueued: RESET_ENQUEUED.render(d),
             unenqueued: UNENQUEUED.render(d),
+            forget_expired: FORGET_EXPIRED.render(d),
+            queue_exists: QUEUE_EXISTS.render(d),
+            insert_queue: INSERT_QUEUE.render(d),
+            stored_queues: STORED_QUEUES.render(d),
             inbox: INBOX.render(d),
             approval: APPROVAL.render(d),
             insert_key: INSERT_KEY.render(d),
@@ -504,6 +543,10 @@ mod tests {
                 &s.mark_enqueued,
                 &s.reset_enqueued,
                 &s.unenqueued,
+                &s.forget_expired,
+                &s.queue_exists,
+                &s.insert_queue,
+                &s.stored_queues,
                 &s.inbox,
                 &s.approval,
                 &s.insert_key,

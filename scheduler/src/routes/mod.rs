@@ -18,6 +18,7 @@ use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod events;
 mod health;
+mod queues;
 mod sessions;
 mod steer;
 
@@ -49,6 +50,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const WRITE: Access = Access::Scope(Scope::SessionsWrite);
     const READ: Access = Access::Scope(Scope::SessionsRead);
     const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
+    const ADMIN: Access = Access::Scope(Scope::Admin);
     // Room for a prompt and a system prompt at their limit, plus metadata and escaping;
     // the handler reports an oversize prompt by name before this limit is reached.
     let single_limit = state
@@ -104,6 +106,8 @@ fn table(state: &Scheduler) -> Vec<Route> {
             READ,
             get(events::events),
         ),
+        route(g.clone(), "/v1/queues", READ, get(queues::list)),
+        route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]

@@ -110,6 +110,22 @@ async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
     }
 }
 
+/// Sessions may only name known queues (configured, or created by an admin); `batch`
+/// names the field by the item's index.
+async fn known_queues(s: &Scheduler, reqs: &[SessionRequest], batch: bool) -> ApiResult<()> {
+    for (i, r) in reqs.iter().enumerate() {
+        let field = if batch {
+            format!("[{i}].queue")
+        } else {
+            "queue".to_string()
+        };
+        s.queues()
+            .check_known(s.store.as_ref(), &r.queue, &field)
+            .await?;
+    }
+    Ok(())
+}
+
 /// `POST /v1/sessions`
 pub(super) async fn create(
     State(s): State<Scheduler>,
@@ -119,6 +135,7 @@ pub(super) async fn create(
     let mut req = parse_session(body, &limits(&s), "")?;
     let hash = request_hash(&req)?;
     admit(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
+    known_queues(&s, std::slice::from_ref(&req), false).await?;
     let new = new_session(req, &caller, hash);
     let (row, created) = s.store.create_session(&new).await?;
     if !created {
@@ -159,6 +176,7 @@ pub(super) async fn create_batch(
         .map(request_hash)
         .collect::<ApiResult<Vec<_>>>()?;
     admit_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
+    known_queues(&s, &reqs, true).await?;
     let new: Vec<NewSession> = reqs
         .into_iter()
         .zip(hashes)

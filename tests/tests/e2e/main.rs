@@ -9,6 +9,7 @@
 mod common;
 mod crash;
 mod drain;
+mod liveness;
 mod poison;
 mod restart;
 mod scale;

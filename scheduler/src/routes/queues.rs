@@ -1,0 +1,85 @@
+//! The queues sessions may name: listing them, and creating one (admin). See
+//! [`crate::QueueRegistry`] for what makes a queue known.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use agentq_api::{CreateQueue, QueueCreated, QueueList};
+use agentq_core::QueueCreate;
+
+use crate::Scheduler;
+use crate::error::ApiError;
+use crate::http::{ApiResult, JsonBody, decode_object, respond};
+use crate::request::{MAX_QUEUE_NAME, valid_queue_name};
+
+/// `GET /v1/queues`
+pub(super) async fn list(State(s): State<Scheduler>) -> ApiResult<Response> {
+    let queues = s.queues().known(s.store.as_ref()).await?;
+    respond(
+        StatusCode::OK,
+        &QueueList {
+            queues,
+            max_queues: s.cfg.max_queues,
+        },
+    )
+}
+
+/// `POST /v1/queues`
+pub(super) async fn create(
+    State(s): State<Scheduler>,
+    JsonBody(body): JsonBody,
+) -> ApiResult<Response> {
+    let CreateQueue { name } = decode_object(body)?;
+    if !valid_queue_name(&name) {
+        return Err(ApiError::invalid(
+            "name",
+            format!("invalid queue name {name:?}: use 1 to {MAX_QUEUE_NAME} of A-Z a-z 0-9 _ . -"),
+        ));
+    }
+    let registry = s.queues();
+    if registry.is_configured(&name) {
+        return respond(
+            StatusCode::OK,
+            &QueueCreated {
+                name,
+                created: false,
+            },
+        );
+    }
+    match s
+        .store
+        .create_queue(&name, registry.room_for_created(s.cfg.max_queues))
+        .await?
+    {
+        QueueCreate::Created => {
+            tracing::info!(queue = %name, "queue created");
+            registry.learn(&name);
+            registry.ensure(s.queue.as_ref(), &name).await;
+            respond(
+                StatusCode::CREATED,
+                &QueueCreated {
+                    name,
+                    created: true,
+                },
+            )
+        }
+        QueueCreate::Exists => {
+            registry.learn(&name);
+            respond(
+                StatusCode::OK,
+                &QueueCreated {
+                    name,
+                    created: false,
+                },
+            )
+        }
+        QueueCreate::Full => Err(ApiError::ConflictOn {
+            field: "name".into(),
+            message: format!(
+                "there are {} queues already, the most scheduler.max_queues allows",
+                s.cfg.max_queues
+            ),
+        }),
+    }
+}

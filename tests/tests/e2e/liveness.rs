@@ -1,0 +1,126 @@
+//! The lease is the truth for liveness: a long session outlives a flood of short ones
+//! that pushes its stream past the cap, and one whose stream entry is gone altogether;
+//! their worker is SIGKILLed, and a second worker finishes both.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{Queue, SessionStatus, Store};
+use agentq_scheduler::QueueRegistry;
+use agentq_scheduler::sweeper::run_sweeper;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{Cluster, Script, Turn, WorkerOpts, eventually};
+
+const T: Duration = Duration::from_secs(90);
+/// The stream cap of this test: far below the flood, so an `XADD … MAXLEN` would drop the
+/// long sessions' entries.
+const STREAM_MAX_LEN: u64 = 10;
+/// More entries than one node of a Redis stream holds (100 by default): an approximate
+/// trim to the cap removes the first node, which holds the long sessions' entries.
+const FLOOD: usize = 150;
+
+/// A session whose one answer streams for minutes (until its worker dies) the first time
+/// it is asked for, and at once when asked again.
+fn long_script() -> Script {
+    let mut s = Script::new(vec![Turn::text("The slow answer.")]);
+    s.slow_once.insert(0, Duration::from_secs(100));
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_session_survives_trimming_and_a_killed_worker() {
+    let mut c = Cluster::start().await;
+    // The scheduler's sweeper, with short timings and the small cap.
+    let store: Arc<dyn Store> = Arc::new(PgStore::connect(&c.db_url, 4).await.unwrap());
+    let queue: Arc<dyn Queue> = Arc::new(RedisQueue::connect(&c.redis.url()).await.unwrap());
+    let stop = CancellationToken::new();
+    let sweeper = tokio::spawn(run_sweeper(
+        store,
+        queue,
+        QueueRegistry::new(vec!["default".into()]),
+        Duration::from_millis(300),
+        Duration::from_secs(1),
+        STREAM_MAX_LEN,
+        stop.clone(),
+    ));
+
+    let a = c.spawn_ready_worker(&WorkerOpts::default()).await;
+    let trimmed = c.submit(long_script()).await;
+    let lost = c.submit(long_script()).await;
+    eventually(
+        "both long sessions are streaming their answer",
+        T,
+        async || c.llm_requests_all(&trimmed) == 1 && c.llm_requests_all(&lost) == 1,
+    )
+    .await;
+
+    // The flood: many short sessions, each its own stream entry, in batches that the
+    // worker takes as they come (so every short entry is delivered and acked).
+    for _ in 0..FLOOD / 25 {
+        let flood = c
+            .submit_many(
+                (0..25)
+                    .map(|_| Script::new(vec![Turn::text("ok")]))
+                    .collect(),
+            )
+            .await;
+        let ids: Vec<String> = flood.iter().map(|s| s.id.clone()).collect();
+        for row in c.wait_all_terminal(&ids, T).await {
+            assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+        }
+    }
+    // Let heartbeats touch the long sessions' entries and the sweeper trim meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The other long session's entry is gone from the pending list altogether, as when
+    // Redis lost it: only the store still says it runs. (The trimming kept both entries.)
+    let stream = agentq_core::queue::queue_stream("default");
+    let entries = c.stream_entries(&stream).await;
+    let entry_of = |id: &str| {
+        entries
+            .iter()
+            .find(|(_, f)| f.get("session_id").map(String::as_str) == Some(id))
+            .map(|(e, _)| e.clone())
+    };
+    let kept = (entry_of(&trimmed.id).is_some(), entry_of(&lost.id));
+    if let Some(entry) = &kept.1 {
+        let mut conn = c.redis_conn().await;
+        let acked: i64 = redis::cmd("XACK")
+            .arg(&stream)
+            .arg(agentq_core::queue::GROUP)
+            .arg(entry)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(acked, 1);
+    }
+    assert_eq!(c.row(&trimmed.id).await.status, SessionStatus::Running);
+    assert_eq!(c.row(&lost.id).await.status, SessionStatus::Running);
+
+    c.kill_worker(a);
+    c.spawn_worker(&WorkerOpts::default());
+    let rows = c
+        .wait_all_terminal(&[trimmed.id.clone(), lost.id.clone()], T)
+        .await;
+    for row in rows {
+        assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+        assert!(row.lease_epoch >= 2, "resumed by a second claim: {row:?}");
+    }
+    assert_eq!(c.llm_requests_all(&trimmed), 2);
+    assert_eq!(c.llm_requests_all(&lost), 2);
+    assert!(
+        kept.0 && kept.1.is_some(),
+        "trimming dropped a pending entry: {kept:?}"
+    );
+
+    // With nothing pending any more, the acked history is trimmed to the cap.
+    eventually("the stream is trimmed", T, async || {
+        c.stream_entries(&stream).await.len() as u64 <= STREAM_MAX_LEN
+    })
+    .await;
+    stop.cancel();
+    sweeper.await.unwrap();
+}
