@@ -311,7 +311,6 @@ fn bench_isolation_prints_bystanders_beside_hostile_sessions_as_json() {
 /// Every kind, the default: NUL in model output, the edit bomb and the huge timeout as
 /// well, which only a build that isolates them survives with every bystander completed.
 #[test]
-#[ignore = "needs the fixes for NUL checkpoints, edit_file expansion and huge timeouts"]
 fn bench_isolation_survives_every_hostile_kind() {
     let v = isolation_run(None);
     assert_eq!(
