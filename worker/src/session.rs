@@ -133,14 +133,21 @@ async fn after_panic(inner: &Arc<Inner>, d: &Delivery, message: String) -> Proce
             return Processed::Left;
         }
     }
-    let failed = match inner.store.fail(&d.session_id, &reason).await {
+    fail_and_settle(inner, d, &reason).await
+}
+
+/// Fail the session with `reason` outside any checkpoint (the state may be what cannot be
+/// stored, or unknown after a panic), then settle it like any finished session. If the
+/// store cannot be reached the entry is left: the lease expires and a redelivery decides.
+async fn fail_and_settle(inner: &Arc<Inner>, d: &Delivery, reason: &str) -> Processed {
+    let failed = match inner.store.fail(&d.session_id, reason).await {
         Ok(Some(row)) => row,
         Ok(None) => {
             ack(inner, d).await;
             return Processed::Dropped;
         }
         Err(e) => {
-            warn!(error = %e, "failing the session after a panic failed; the lease expires instead");
+            warn!(error = %e, "failing the session failed; the lease expires instead");
             return Processed::Left;
         }
     };
@@ -420,25 +427,7 @@ async fn fail_refused(
 ) -> Processed {
     let reason = format!("a checkpoint could not be stored: {}", refused.reason);
     error!(%reason, durable = refused.durable, "failing the session");
-    let row = match inner.store.fail(&d.session_id, &reason).await {
-        Ok(Some(row)) => row,
-        Ok(None) => {
-            ack(inner, d).await;
-            return Processed::Dropped;
-        }
-        Err(e) => {
-            warn!(error = %e, "failing the session failed; a redelivery retries");
-            return Processed::Left;
-        }
-    };
-    inner
-        .metrics
-        .sessions_finished
-        .with_label_values(&[d.queue.as_str(), "error"])
-        .inc();
-    Processed::Finished {
-        acked: settle_finished(inner, d, &row).await,
-    }
+    fail_and_settle(inner, d, &reason).await
 }
 
 /// The run panicked (in the loop, a tool or a provider): the session fails with the

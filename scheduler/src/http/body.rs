@@ -7,8 +7,8 @@
 //! object, or an object of more than [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it),
 //! then bytes → `serde_json::Value` (answered before the path is looked at), then, in
 //! the handler, checks and `Value` → the request type through `serde_path_to_error`, so
-//! a wrong value names its field (422). NUL is refused at the door because no store can
-//! keep it as text and a client never means it; duplicate keys because JSON parsers
+//! a wrong value names its field (422). NUL is refused at the door because a client never
+//! means it and ids, keys and cursors must compare byte for byte; duplicate keys because JSON parsers
 //! disagree on which one wins, so a proxy and the API could read different requests.
 
 use std::borrow::Cow;
@@ -174,6 +174,10 @@ impl Scanner<'_> {
                     }
                 }
             }
+        }
+        // A body that is itself a string: the field is the body.
+        if out.is_empty() {
+            out.push_str("body");
         }
         out
     }
@@ -465,6 +469,7 @@ mod tests {
         assert_eq!(scanned(r#"{"a": [1, "x"]}"#), Ok(Shape::Object));
         assert_eq!(scanned(r#"[{}, {}, 3]"#), Ok(Shape::Array(3)));
         assert_eq!(scanned(r#""s""#), Ok(Shape::String));
+        assert_eq!(scanned(r#""\u0000""#), at("body"));
         assert_eq!(scanned(r#"{"prompt": "a\u0000"}"#), at("prompt"));
         assert_eq!(
             scanned(r#"[{}, {"m": {"k": ["", "\u0000"]}}]"#),
