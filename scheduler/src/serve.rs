@@ -13,7 +13,7 @@
 //!   [`MAX_HEADER_BYTES`] a 431, both with the API's JSON error body; a request head
 //!   hyper itself refuses (past its read buffer) gets the same bodies.
 //! - On shutdown the loop stops accepting and every connection finishes its requests
-//!   in flight (event streams end as the scheduler drains).
+//!   in flight (event streams end as the scheduler drains), within a bounded grace.
 
 use std::convert::Infallible;
 use std::io;
@@ -52,6 +52,8 @@ const MAX_REFUSING: usize = 64;
 const REFUSE_WITHIN: Duration = Duration::from_secs(1);
 /// Seconds a client refused for the connection cap is told to wait.
 const RETRY_AFTER_SECS: u64 = 1;
+/// How long shutdown waits for connections to finish their requests in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Pause of the accept loop when the process is out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -125,7 +127,18 @@ pub async fn serve(
         }
     }
     conns.close();
-    conns.wait().await;
+    // A client that stops reading its answer would hold the connection, and with it the
+    // shutdown, for ever: past the grace the remaining connections are left to the
+    // process's exit.
+    if tokio::time::timeout(SHUTDOWN_GRACE, conns.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            left = conns.len(),
+            "connections still open after the shutdown grace; leaving them"
+        );
+    }
     Ok(())
 }
 

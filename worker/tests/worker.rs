@@ -486,21 +486,50 @@ async fn a_model_answering_with_nul_completes_and_reads_back_intact() {
     }
 }
 
-/// A step no row can hold (a token count past the column's range) is not retried: the
-/// session fails at once with the reason and its lease given up, and the bystanders on
-/// the same worker complete.
+/// A step the database refuses as data (here a trigger raising SQLSTATE 22023 on one
+/// session's answer, as Postgres does for a value it cannot hold) is not retried: that
+/// session fails at once with the reason and its lease given up, on its first delivery,
+/// and the bystanders committing beside it on the same worker complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() {
     let (store, queue, _redis) = setup().await;
+    sqlx::raw_sql(
+        r#"CREATE FUNCTION refuse_poison() RETURNS trigger AS $$
+           BEGIN
+             IF NEW.body->>'role' = 'assistant' AND NEW.body::text LIKE '%refuse-me%' THEN
+               RAISE EXCEPTION 'value refused' USING ERRCODE = '22023';
+             END IF;
+             RETURN NEW;
+           END $$ LANGUAGE plpgsql;
+           CREATE TRIGGER refuse_poison BEFORE INSERT ON messages
+             FOR EACH ROW EXECUTE FUNCTION refuse_poison();"#,
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(dir.path());
-    cfg.providers.script =
-        Some(r#"{"turns":[{"text":"huge","usage":{"input_tokens":9223372036854775808}}]}"#.into());
-    let (row, worker) = run_one(&store, &queue, cfg, SessionSpec::new("poison")).await;
+    cfg.providers.script = Some(r#"{"turns":[{"text":"done {{prompt}}"}]}"#.into());
+    let bystanders = submit(&store, &queue, 6).await;
+    let (poison, _) = store
+        .create_session(&NewSession::root(SessionSpec::new("refuse-me"), "default"))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &poison.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let running = start(&store, &queue, cfg);
+    let mut all = bystanders.clone();
+    all.push(poison.id.clone());
+    wait_terminal(&store, &all, Duration::from_secs(60)).await;
+    running.stop().await;
+
+    let row = store.get(&poison.id).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
-    let error = row.error.unwrap_or_default();
+    let error = row.error.clone().unwrap_or_default();
     assert!(
-        error.contains("could not be stored") && error.contains("input_tokens"),
+        error.contains("could not be stored") && error.contains("22023"),
         "{error}"
     );
     assert!(row.lease_owner.is_none());
@@ -508,7 +537,10 @@ async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() 
         row.attempts, 1,
         "failed on its first delivery, not dead-lettered"
     );
-    assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 0);
+    for id in &bystanders {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    }
 }
 
 /// Sessions name their model: 500 distinct names must not become 500 label values on the
