@@ -104,6 +104,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
                 max_connections: c.max_connections,
                 header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
                 body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
+                write_timeout: Duration::from_secs(c.write_timeout_secs),
             },
         }
     }
