@@ -194,9 +194,20 @@ impl Scanner<'_> {
     }
 
     fn report(&mut self, message: &str) {
-        if self.found.is_none() {
-            self.found = Some(ApiError::invalid(self.field(), message));
+        if self.found.is_some() {
+            return;
         }
+        let field = self.field();
+        // A body that is itself the bad string has no field to name.
+        self.found = Some(if field.is_empty() {
+            ApiError::Invalid {
+                code: "invalid_body",
+                field: None,
+                message: format!("the body {message}"),
+            }
+        } else {
+            ApiError::invalid(field, message)
+        });
     }
 
     fn string(&mut self, s: &str) {
