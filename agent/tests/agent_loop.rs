@@ -1507,3 +1507,27 @@ async fn a_hold_after_a_handover_is_announced_no_earlier_than_the_run_began() {
         [(3, "write:w1".to_string(), json!({"path": "a"}))]
     );
 }
+
+/// A provider that streams without end (a broken or hostile endpoint) cannot make one
+/// answer grow past the response cap: the call fails, not the worker's memory.
+#[tokio::test]
+async fn an_answer_past_the_response_cap_fails_the_session() {
+    let size = 33 * 1024 * 1024;
+    let h = harness(
+        Script {
+            turns: vec![text_turn(&"z".repeat(size))],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![],
+    );
+    let (state, end) = run(&h, spec()).await;
+    let outcome = finished(&end);
+    assert_eq!(outcome.reason, ExitReason::Error, "{:?}", outcome.error);
+    assert!(
+        outcome.error.as_deref().unwrap_or("").contains("bytes"),
+        "{:?}",
+        outcome.error
+    );
+    assert!(state.messages.iter().all(|m| m.content.len() < size));
+}
