@@ -251,6 +251,29 @@ pub fn sse_events(
     })
 }
 
+/// The most of an error answer's body that is read: a provider's error fits many times
+/// over, and a body without end neither fills memory nor becomes the session's error.
+pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// The body of an error answer, at most [`MAX_ERROR_BODY_BYTES`] of it (as text), read
+/// within `idle` in all: empty when it cannot be read, cut when it is longer.
+pub(crate) async fn error_body(resp: reqwest::Response, idle: Duration) -> String {
+    let mut body = Box::pin(resp.bytes_stream());
+    let mut out = Vec::new();
+    let read = async {
+        while let Some(Ok(chunk)) = body.next().await {
+            let room = MAX_ERROR_BODY_BYTES.saturating_sub(out.len());
+            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if out.len() >= MAX_ERROR_BODY_BYTES {
+                break;
+            }
+        }
+    };
+    // A stall keeps what came before it, as a body cut by the bound is.
+    let _ = tokio::time::timeout(idle, read).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// An error with its sources, since reqwest's own message ("error decoding response body")
 /// hides the cause (reset, abort…).
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
