@@ -21,6 +21,12 @@ pub const TOOL_OUTPUT_HARD_MAX_CHARS: usize = 1_000_000;
 /// memory.
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
+/// The most tool calls of one model answer that run; those past it are refused (the
+/// model is told so), because every call runs at once and each result lands in the
+/// transcript: thousands in one answer would take the worker's blocking threads and
+/// memory from every other session on it.
+pub const MAX_TOOL_CALLS_PER_RESPONSE: usize = 128;
+
 /// `secs` seconds, at most [`MAX_DURATION_SECS`].
 pub fn secs(secs: u64) -> Duration {
     Duration::from_secs(secs.min(MAX_DURATION_SECS))
