@@ -15,6 +15,18 @@ pub const MAX_DURATION_SECS: u64 = 100 * 365 * 24 * 3600;
 /// session's `tool_output_max_chars` says.
 pub const TOOL_OUTPUT_HARD_MAX_CHARS: usize = 1_000_000;
 
+/// The most bytes of one model answer (text, thinking, tool calls and their arguments):
+/// far past what the largest `max_tokens` produces, so only a broken or hostile endpoint
+/// that streams without end reaches it, and it fails that call instead of the worker's
+/// memory.
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// The most tool calls of one model answer that run; those past it are refused (the
+/// model is told so), because every call runs at once and each result lands in the
+/// transcript: thousands in one answer would take the worker's blocking threads and
+/// memory from every other session on it.
+pub const MAX_TOOL_CALLS_PER_RESPONSE: usize = 128;
+
 /// `secs` seconds, at most [`MAX_DURATION_SECS`].
 pub fn secs(secs: u64) -> Duration {
     Duration::from_secs(secs.min(MAX_DURATION_SECS))

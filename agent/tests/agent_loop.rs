@@ -1507,3 +1507,57 @@ async fn a_hold_after_a_handover_is_announced_no_earlier_than_the_run_began() {
         [(3, "write:w1".to_string(), json!({"path": "a"}))]
     );
 }
+
+/// A provider that streams without end (a broken or hostile endpoint) cannot make one
+/// answer grow past the response cap: the call fails, not the worker's memory.
+#[tokio::test]
+async fn an_answer_past_the_response_cap_fails_the_session() {
+    let size = 33 * 1024 * 1024;
+    let h = harness(
+        Script {
+            turns: vec![text_turn(&"z".repeat(size))],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![],
+    );
+    let (state, end) = run(&h, spec()).await;
+    let outcome = finished(&end);
+    assert_eq!(outcome.reason, ExitReason::Error, "{:?}", outcome.error);
+    assert!(
+        outcome.error.as_deref().unwrap_or("").contains("bytes"),
+        "{:?}",
+        outcome.error
+    );
+    assert!(state.messages.iter().all(|m| m.content.len() < size));
+}
+
+/// A model that makes far more calls in one answer than a round runs: the first
+/// `MAX_TOOL_CALLS_PER_RESPONSE` run, the rest are answered with a refusal, every call
+/// has its result, and the session goes on to its answer.
+#[tokio::test]
+async fn calls_past_the_per_response_limit_are_refused_not_run() {
+    let max = agentq_agent::bounds::MAX_TOOL_CALLS_PER_RESPONSE;
+    let many: Vec<(&str, Value)> = (0..max + 50).map(|i| ("echo", json!({ "i": i }))).collect();
+    let h = harness(
+        Script {
+            turns: vec![call_turn(&many), text_turn("done")],
+            repeat_last: false,
+            ..Default::default()
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    let mut spec = spec();
+    // The scripted model counts its answers in what it is sent: send it all.
+    spec.history_window = 1_000;
+    let (state, end) = run(&h, spec).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    assert_eq!(h.calls.lock().unwrap().len(), max);
+    assert_paired(&state.messages);
+    let refused = state
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Tool && m.is_error && m.content.starts_with("Not run"))
+        .count();
+    assert_eq!(refused, 50);
+}

@@ -826,3 +826,21 @@ async fn temperature_is_sent_as_the_decimal_asked_for() {
     let received = serde_json::to_string(&fake.requests()[0].body).unwrap();
     assert!(received.contains(r#""temperature":0.1,"#), "{received}");
 }
+
+/// An error answer's body is read only up to a bound: a huge one (a broken or hostile
+/// endpoint) becomes a short message, not a session error of its size in memory and in
+/// the store.
+#[tokio::test]
+async fn a_huge_error_body_is_read_within_a_bound() {
+    let body = format!(r#"{{"error":{{"message":"{}"}}}}"#, "x".repeat(40 << 20));
+    let e = http_error(FakeResponse::json(500, body)).await;
+    match e {
+        Error::Http {
+            status, message, ..
+        } => {
+            assert_eq!(status, 500);
+            assert!(message.len() <= 64 * 1024, "{} bytes", message.len());
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -420,3 +420,24 @@ fn reported_usage_saturates() {
     assert_eq!(s.usage.input_tokens, i64::MAX as u64);
     assert_eq!(s.usage.total(), 2 * (i64::MAX as u64));
 }
+
+/// A response of more calls than one round runs (a model looping on calls, or told to
+/// make thousands): those past the limit are refused, in order, before any runs, and the
+/// rest run as usual.
+#[test]
+fn calls_past_the_per_response_limit_are_refused_first() {
+    let max = agentq_agent::bounds::MAX_TOOL_CALLS_PER_RESPONSE;
+    let ids: Vec<String> = (0..max + 3).map(|i| format!("c{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&refs));
+    let excess: Vec<ToolCall> = refs[max..].iter().map(|id| call(id)).collect();
+    assert_eq!(step(&s), Step::RefuseExcessCalls(excess.clone()));
+    s.refuse_excess_calls(excess);
+    let last = s.messages.last().unwrap();
+    assert_eq!(last.tool_call_id.as_deref(), Some(ids[max + 2].as_str()));
+    assert!(last.is_error);
+    assert!(last.content.contains(&max.to_string()), "{}", last.content);
+    let run: Vec<ToolCall> = refs[..max].iter().map(|id| call(id)).collect();
+    assert_eq!(step(&s), Step::RunTools(run));
+}

@@ -1351,3 +1351,30 @@ async fn after_a_shell_command_the_quota_is_measured_again() {
     ok(&Shell, json!({"command": "rm blob.bin"}), &c).await;
     ok(&WriteFile, json!({"path": "b.txt", "content": "b"}), &c).await;
 }
+
+/// Every session of one tree works in the same directory, each with its own handle on
+/// it (a parent and the sub-agents it starts, running at once): the quota bounds the
+/// directory, not each handle, so they cannot each fill it.
+#[tokio::test]
+async fn sessions_sharing_a_workspace_share_its_quota() {
+    use agentq_agent::tools::{Workspace, WriteLimits};
+    let parent = TempDir::new().unwrap();
+    let parent_path = std::fs::canonicalize(parent.path()).unwrap();
+    let limits = WriteLimits {
+        max_file_bytes: 1_000,
+        quota_bytes: 1_000,
+    };
+    let a = LocalWorkspace::lazy(&parent_path, "tree").unwrap();
+    let b = LocalWorkspace::lazy(&parent_path, "tree").unwrap();
+    a.write("a1", &[1u8; 100], limits).await.unwrap();
+    b.write("b1", &[1u8; 100], limits).await.unwrap();
+    a.write("a2", &[1u8; 800], limits).await.unwrap();
+    // 100 + 100 + 800 + 800 > 1000.
+    let e = b.write("b2", &[1u8; 800], limits).await;
+    assert!(e.is_err(), "b wrote past the tree's quota");
+    let total: u64 = std::fs::read_dir(parent_path.join("tree"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(total <= 1_000, "{total} bytes");
+}

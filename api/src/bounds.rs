@@ -46,6 +46,21 @@ pub const MAX_METADATA_KEY_LEN: usize = 256;
 /// Most entries of any one JSON object or array inside `metadata`, and of any object in a
 /// request body.
 pub const MAX_OBJECT_ENTRIES: usize = 1_000;
+/// A body may hold one JSON value (of any kind, containers and their entries alike) per
+/// this many bytes of its size, and [`MIN_BODY_VALUES`] whatever its size: a parsed value
+/// takes up to about a hundred bytes, so a body of tiny values (`[[0],[0],…]`) would
+/// otherwise take forty times its size once parsed, where one of ordinary values (strings
+/// longer than a few bytes) stays within twice.
+pub const BODY_BYTES_PER_VALUE: usize = 64;
+/// The JSON values any body may hold, however short it is: at most some 20 MB parsed,
+/// and room for a full batch of short sessions with a few tools each.
+pub const MIN_BODY_VALUES: usize = 200_000;
+
+/// The most JSON values a body of `len` bytes may hold.
+pub fn max_body_values(len: usize) -> usize {
+    (len / BODY_BYTES_PER_VALUE).max(MIN_BODY_VALUES)
+}
+
 /// Longest `tool_call_id` of an approval (bytes).
 pub const MAX_TOOL_CALL_ID_LEN: usize = 1_024;
 /// Longest `reason` of an approval (bytes).

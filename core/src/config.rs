@@ -261,6 +261,10 @@ pub struct SchedulerSection {
     pub header_read_timeout_secs: u64,
     /// Seconds a client has to send a request's whole body.
     pub body_read_timeout_secs: u64,
+    /// Seconds a write to a client may wait for it to take bytes; a client that reads
+    /// nothing for as long (a stalled event stream, pipelined requests never read) is
+    /// disconnected, so it cannot hold a connection forever.
+    pub write_timeout_secs: u64,
 }
 
 impl Default for SchedulerSection {
@@ -280,6 +284,7 @@ impl Default for SchedulerSection {
             max_event_streams_per_key: 128,
             header_read_timeout_secs: 10,
             body_read_timeout_secs: 60,
+            write_timeout_secs: 60,
         }
     }
 }
@@ -882,6 +887,7 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.max_event_streams_per_key"),
     file("scheduler.header_read_timeout_secs"),
     file("scheduler.body_read_timeout_secs"),
+    file("scheduler.write_timeout_secs"),
     var(
         "providers.openai_base_url",
         "OPENAI_BASE_URL",

@@ -41,7 +41,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
-use crate::sql::escape::{escape_opt, escape_text, stored_json};
+use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
@@ -541,7 +541,7 @@ impl InboxStore for PgStore {
     ) -> Result<ApprovalRecorded> {
         let row: Option<(String, String, bool, Option<String>)> = sqlx::query_as(DECIDE)
             .bind(session_id)
-            .bind(tool_call_id)
+            .bind(escape_text(tool_call_id).as_ref())
             .bind(approve)
             .bind(escape_opt(reason))
             .fetch_optional(&self.pool)
@@ -569,7 +569,7 @@ impl InboxStore for PgStore {
         }
         let rows: Vec<PendingRow> = sqlx::query_as(&SQL.pending_approvals)
             .bind(session_id)
-            .bind(held)
+            .bind(stored_ids(held))
             .fetch_all(&self.pool)
             .await?;
         Ok(outcome::pending_approvals(rows, held))

@@ -87,7 +87,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
-use crate::sql::escape::{escape_text, stored_json};
+use crate::sql::escape::{escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
@@ -761,8 +761,8 @@ impl InboxStore for SqliteStore {
         }
         let rows: Vec<PendingRow> = sqlx::query_as(&SQL.pending_approvals)
             .bind(session_id)
-            // The ids as one JSON array parameter (SQLite has no array binds).
-            .bind(serde_json::to_string(held)?)
+            // The ids as one JSON array parameter (SQLite has no array binds), as stored.
+            .bind(serde_json::to_string(&stored_ids(held))?)
             .fetch_all(&self.readers)
             .await?;
         Ok(outcome::pending_approvals(rows, held))

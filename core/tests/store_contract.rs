@@ -131,6 +131,7 @@ contract_tests!(
     contract_tenants_and_their_idempotency_keys,
     contract_api_keys,
     contract_text_postgres_cannot_hold_reads_back_exactly,
+    contract_approvals_of_call_ids_postgres_cannot_hold,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -2566,4 +2567,67 @@ async fn contract_text_postgres_cannot_hold_reads_back_exactly(store: &dyn Store
         .unwrap();
     assert_eq!(failed.error, Some(format!("reason {hostile}")));
     assert_eq!(store.get(&id).await.unwrap().unwrap(), failed);
+}
+
+/// A model names its calls as it likes: ids with NUL (which no Postgres text holds) and
+/// the escape character are held, decided, read and listed like any other.
+async fn contract_approvals_of_call_ids_postgres_cannot_hold(store: &dyn Store) {
+    let id = create(store, "write it").await;
+    let (lease, mut state, seen) = acquire_seen(store, &id, "w").await;
+    let persisted = state.messages.len();
+    let nul = call(
+        "c\0x",
+        "write_file",
+        json!({"path": "a.txt", "content": "A"}),
+    );
+    let esc = call(
+        "c\u{FDD0}0",
+        "write_file",
+        json!({"path": "b.txt", "content": "B"}),
+    );
+    let mut reply = Message::assistant("writing");
+    reply.tool_calls = vec![nul.clone(), esc.clone()];
+    state.push_assistant(reply);
+    state.hold_for_approval(&nul.id);
+    state.hold_for_approval(&esc.id);
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    store
+        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
+        .await
+        .unwrap();
+    let row = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(
+        store.pending_approvals(&id, &row.held_calls).await.unwrap(),
+        [nul.clone(), esc.clone()]
+    );
+    assert_eq!(store.approval(&id, &nul.id).await.unwrap(), None);
+    store
+        .decide_approval(&id, &esc.id, false, Some("no"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.approval(&id, &esc.id).await.unwrap(),
+        Some((false, Some("no".to_string())))
+    );
+    // `ESC 0` is not NUL: the two ids stay apart.
+    assert_eq!(store.approval(&id, "c\0").await.unwrap(), None);
+    assert_eq!(
+        store.pending_approvals(&id, &row.held_calls).await.unwrap(),
+        std::slice::from_ref(&nul)
+    );
+    store
+        .decide_approval(&id, &nul.id, true, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.approval(&id, &nul.id).await.unwrap(),
+        Some((true, None))
+    );
+    assert!(
+        store
+            .pending_approvals(&id, &row.held_calls)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -39,6 +39,10 @@ pub use serve::{ServeLimits, serve};
 /// the statement's arguments and the rows it answers), so this bounds one batch to about
 /// 128 MiB of the scheduler's memory.
 pub const BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
+/// The most bytes of sessions (their prompts, systems, results and errors) one page of
+/// `GET /v1/sessions` holds: past it the page ends early, with a cursor to the rest, so a
+/// listing costs a bounded amount of memory however large the sessions are.
+pub const LIST_MAX_BYTES: usize = 16 * 1024 * 1024;
 
 /// The scheduler's knobs (from `[scheduler]` of the configuration).
 #[derive(Debug, Clone)]
@@ -104,6 +108,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
                 max_connections: c.max_connections,
                 header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
                 body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
+                write_timeout: Duration::from_secs(c.write_timeout_secs),
             },
         }
     }

@@ -9,6 +9,9 @@
 //!   the server starts waiting for them, so an idle keep-alive connection is closed after
 //!   as long too; and `body_read_timeout` for the whole body from the request's start
 //!   (not per chunk: a body trickled a byte at a time is cut all the same), answered 408.
+//! - A write may wait `write_timeout` for the client to take bytes; a client that stops
+//!   reading (an event stream it no longer reads, answers to pipelined requests it never
+//!   reads) is disconnected then, as hyper itself never gives up on a write.
 //! - A request line longer than [`MAX_URI_BYTES`] is a 414 and headers larger than
 //!   [`MAX_HEADER_BYTES`] a 431, both with the API's JSON error body; a request head
 //!   hyper itself refuses (past its read buffer) gets the same bodies.
@@ -63,6 +66,7 @@ pub struct ServeLimits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
+    pub write_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -72,6 +76,7 @@ impl Default for ServeLimits {
             max_connections: c.max_connections,
             header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
             body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
+            write_timeout: Duration::from_secs(c.write_timeout_secs),
         }
     }
 }
@@ -176,7 +181,10 @@ async fn serve_connection(
     limits: ServeLimits,
     shutdown: CancellationToken,
 ) {
-    let io = TokioIo::new(JsonParseErrors::new(stream));
+    let io = TokioIo::new(WriteDeadline::new(
+        JsonParseErrors::new(stream),
+        limits.write_timeout,
+    ));
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         handle(app.clone(), limits.body_read_timeout, req)
     });
@@ -434,6 +442,90 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<S> {
         let this = self.get_mut();
         ready!(this.poll_pending(cx))?;
         Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+}
+
+/// A connection whose writes fail once one has waited `limit` for the peer to take bytes
+/// (the wait is counted from the first write that could not proceed; any progress ends
+/// it), so that the connection and its slot are given up.
+struct WriteDeadline<S> {
+    inner: S,
+    limit: Duration,
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        WriteDeadline {
+            inner,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `poll` as a write: pending past the deadline is an error.
+    fn guard<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut S, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match poll(&mut self.inner, cx) {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let limit = self.limit;
+                let sleep = self.stalled.get_or_insert_with(|| {
+                    Box::pin(tokio::time::sleep_until(
+                        tokio::time::Instant::now()
+                            .checked_add(limit)
+                            .unwrap_or_else(tokio::time::Instant::now),
+                    ))
+                });
+                match sleep.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client took no bytes within the write timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .guard(cx, |s, cx| Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().guard(cx, |s, cx| Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut()
+            .guard(cx, |s, cx| Pin::new(s).poll_shutdown(cx))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -408,3 +408,49 @@ async fn lists_maps_and_strings_are_bounded() {
     );
     assert_eq!(env.row_count(), 1);
 }
+
+/// One listing cannot be made as large as a tenant's sessions are: sessions of 1 MB
+/// prompts (and systems) are listed a bounded number of bytes at a time, with a cursor to
+/// the rest, where a `limit=1000` over such sessions used to load and answer gigabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_huge_sessions_is_cut_by_bytes() {
+    let env = Env::start().await;
+    let big = "p".repeat(900_000);
+    let n = 24;
+    for i in 0..n {
+        let (status, v) = env
+            .post(
+                "/v1/sessions",
+                &json!({"prompt": format!("{i} {big}"), "system": big}),
+            )
+            .await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let mut seen = 0;
+    let mut pages = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/sessions?limit=1000&cursor={c}"),
+            None => "/v1/sessions?limit=1000".to_string(),
+        };
+        let (status, v) = env.get(&path).await;
+        assert_eq!(status, 200, "{v}");
+        let page = v["sessions"].as_array().unwrap().len();
+        assert!(page >= 1, "{v}");
+        let bytes = serde_json::to_vec(&v).unwrap().len();
+        assert!(
+            bytes <= agentq_scheduler::LIST_MAX_BYTES + 4_000_000,
+            "a page of {page} sessions is {bytes} bytes"
+        );
+        seen += page;
+        pages += 1;
+        match v["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+        assert!(pages <= n, "no end to the pages");
+    }
+    assert_eq!(seen, n);
+    assert!(pages > 1);
+}

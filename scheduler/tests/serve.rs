@@ -438,3 +438,52 @@ async fn stream_memory() {
         env._redis.connected_clients().unwrap()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_stops_reading_is_cut_by_the_write_timeout() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 1;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        s.serve.write_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let (big, _) = env
+        .store
+        .create_session(&NewSession::root(
+            SessionSpec::new("a".repeat(1 << 20)),
+            "default",
+        ))
+        .await
+        .unwrap();
+    // Pipelined requests for answers far larger than every socket buffer between them,
+    // on a connection whose reader never reads: the server's writes block.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(env.addr).await.unwrap();
+    let one = format!(
+        "GET /v1/sessions/{} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {ADMIN_KEY}\r\n\r\n",
+        big.id
+    );
+    let burst = one.repeat(64);
+    let writer = tokio::spawn(async move {
+        let _ = s.write_all(burst.as_bytes()).await;
+        // Held open, never read.
+        tokio::time::sleep(PATIENCE * 2).await;
+        drop(s);
+    });
+    // The stuck connection holds the only slot until the server gives up on it.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (a, _) = env.get("/healthz").await;
+        if a.status == 200 {
+            break;
+        }
+        assert_eq!(a.status, 503, "{a:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a client that never reads held its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    writer.abort();
+}

@@ -11,7 +11,8 @@ use agentq_core::pg::PgStore;
 use agentq_core::queue::Delivery;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
-    EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue,
+    EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, SweepStore,
+    WorkQueue,
 };
 use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Processed, Worker, WorkerConfig};
@@ -302,4 +303,56 @@ async fn absurd_usage_from_the_model_is_stored_saturated() {
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.usage.input_tokens, i64::MAX as u64);
     assert_eq!(done.lease_owner, None);
+}
+
+/// A model that names its call with a NUL (`"id": "c\u0000"`), which no Postgres text
+/// holds: the approval of that call can never be read. The session used to suspend at
+/// every wake, its approval deadline long past, for good; now the unreadable approval
+/// counts as none, and past the deadline the call is refused as timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_id_the_store_cannot_hold_times_out_its_approval() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+          {"text":"listing","tool_calls":[{"id":"c\u0000x","name":"list_dir","arguments":{"path":"."}}]},
+          {"text":"done"}
+        ]}"#
+        .into(),
+    );
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let mut spec = SessionSpec::new("list it");
+    spec.approval_timeout_secs = 1;
+    spec.sensitive_tools = vec!["list_dir".into()];
+    let id = create(&store, &queue, spec).await;
+    let d = entry(&queue, worker.consumer(), &id).await;
+    assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
+    let waiting = row(&store, &id).await;
+    assert_eq!(
+        waiting.status,
+        SessionStatus::AwaitingApproval,
+        "{waiting:?}"
+    );
+    let deadline = waiting.approval_deadline.expect("a deadline");
+    while chrono::Utc::now() <= deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // What the sweeper does for a deadline that passed, at every sweep while it holds.
+    for _ in 0..3 {
+        let woken = SweepStore::wake_expired_approvals(store.as_ref(), 10)
+            .await
+            .unwrap();
+        if woken.is_empty() {
+            break;
+        }
+        queue
+            .enqueue("default", &id, EnqueueReason::Resume)
+            .await
+            .unwrap();
+        let d = entry(&queue, worker.consumer(), &id).await;
+        worker.process(d).await.unwrap();
+    }
+    let done = row(&store, &id).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
 }

@@ -10,10 +10,11 @@ use tracing::{Instrument, Span, info_span};
 
 use super::Agent;
 use super::stream::{Assembled, StreamAssembler, is_token};
+use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
 use crate::event::AgentEvent;
 use crate::observe::{LlmCallInfo, outcome_of};
-use crate::provider::LlmRequest;
+use crate::provider::{LlmEvent, LlmRequest};
 use crate::schema::Usage;
 use crate::spec::ExitReason;
 use crate::state::{Outcome, SessionState};
@@ -248,6 +249,7 @@ impl Agent {
         let mut assembler = StreamAssembler::default();
         let mut emit = |e: AgentEvent| self.events.emit(seq, e);
         let mut first_seen = false;
+        let mut bytes = 0usize;
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev,
@@ -262,9 +264,41 @@ impl Agent {
                     *f = Some(started.elapsed());
                 }
             }
+            bytes = bytes.saturating_add(event_bytes(&ev));
+            if bytes > bounds::MAX_RESPONSE_BYTES {
+                return Err(Error::Stream {
+                    message: format!(
+                        "the model's answer is over {} bytes; the call was stopped",
+                        bounds::MAX_RESPONSE_BYTES
+                    ),
+                    code: Some("response_too_large".into()),
+                    retryable: false,
+                });
+            }
             assembler.push(ev, &mut emit);
         }
         Ok(assembler.finish(&request.model, &mut emit))
+    }
+}
+
+/// The bytes `ev` adds to the answer being assembled.
+fn event_bytes(ev: &LlmEvent) -> usize {
+    match ev {
+        LlmEvent::TextDelta(s)
+        | LlmEvent::ThinkingDelta(s)
+        | LlmEvent::ThinkingSignature(s)
+        | LlmEvent::RedactedThinking(s)
+        | LlmEvent::Model(s) => s.len(),
+        LlmEvent::ToolCallDelta {
+            id,
+            name,
+            arguments,
+            ..
+        } => arguments
+            .len()
+            .saturating_add(id.as_deref().map_or(0, str::len))
+            .saturating_add(name.as_deref().map_or(0, str::len)),
+        LlmEvent::Usage(_) | LlmEvent::Done(_) => 0,
     }
 }
 

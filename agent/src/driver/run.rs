@@ -74,6 +74,13 @@ impl Agent {
                     self.checkpoint(state, &mut run.saved).await?;
                     None
                 }
+                Step::RefuseExcessCalls(calls) => {
+                    let from = state.messages.len();
+                    state.refuse_excess_calls(calls);
+                    self.emit_results(state, from);
+                    self.checkpoint(state, &mut run.saved).await?;
+                    None
+                }
                 Step::StartAct => {
                     state.start_act();
                     self.checkpoint(state, &mut run.saved).await?;

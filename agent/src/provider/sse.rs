@@ -40,7 +40,14 @@ pub struct SseParser {
     event: String,
     /// The spec's "last event ID buffer": it persists across events until reset.
     last_id: String,
+    /// A line or an event grew past [`MAX_EVENT_BYTES`]: its bytes were dropped and the
+    /// rest of the body is ignored.
+    overflow: bool,
 }
+
+/// The most bytes one line or one event may hold: a whole answer's worth, so that an
+/// endpoint streaming one line (or one event) without end cannot take the worker's memory.
+pub const MAX_EVENT_BYTES: usize = crate::bounds::MAX_RESPONSE_BYTES;
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -49,9 +56,27 @@ impl SseParser {
         Self::default()
     }
 
+    /// A line or event went past [`MAX_EVENT_BYTES`]; nothing more is parsed.
+    pub fn overflowed(&self) -> bool {
+        self.overflow
+    }
+
+    /// Whether what is buffered is past [`MAX_EVENT_BYTES`]; if so, drop it for good.
+    fn check_size(&mut self) -> bool {
+        if self.line.len().saturating_add(self.data.len()) > MAX_EVENT_BYTES {
+            self.overflow = true;
+            self.line = Vec::new();
+            self.data = String::new();
+        }
+        self.overflow
+    }
+
     /// Feed the next chunk of the body; returns the events it completes.
     pub fn push(&mut self, chunk: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();
+        if self.overflow {
+            return out;
+        }
         let mut rest = chunk;
         if self.after_cr && !rest.is_empty() {
             self.after_cr = false;
@@ -61,7 +86,13 @@ impl SseParser {
         }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
             self.line.extend_from_slice(&rest[..pos]);
+            if self.check_size() {
+                return out;
+            }
             self.end_line(&mut out);
+            if self.check_size() {
+                return out;
+            }
             if rest[pos] == b'\r' {
                 match rest.get(pos + 1) {
                     Some(b'\n') => rest = &rest[pos + 2..],
@@ -75,7 +106,14 @@ impl SseParser {
                 rest = &rest[pos + 1..];
             }
         }
+        if rest.len() > MAX_EVENT_BYTES.saturating_sub(self.line.len()) {
+            self.overflow = true;
+            self.line = Vec::new();
+            self.data = String::new();
+            return out;
+        }
         self.line.extend_from_slice(rest);
+        self.check_size();
         out
     }
 
@@ -83,6 +121,9 @@ impl SseParser {
     /// a blank line had followed.
     pub fn finish(&mut self) -> Vec<SseEvent> {
         let mut out = Vec::new();
+        if self.overflow {
+            return out;
+        }
         if !self.line.is_empty() {
             self.end_line(&mut out);
         }
@@ -192,8 +233,45 @@ pub fn sse_events(
                     st.ready.extend(st.parser.finish());
                 }
             }
+            if st.parser.overflowed() && st.body.is_some() {
+                // The answer is unusable: its events so far are dropped with it.
+                st.body = None;
+                st.ready.clear();
+                let err = Error::Stream {
+                    message: format!(
+                        "the provider sent a line or event over {MAX_EVENT_BYTES} bytes; the \
+                         call was stopped"
+                    ),
+                    code: Some("response_too_large".into()),
+                    retryable: false,
+                };
+                return Some((Err(err), st));
+            }
         }
     })
+}
+
+/// The most of an error answer's body that is read: a provider's error fits many times
+/// over, and a body without end neither fills memory nor becomes the session's error.
+pub const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+/// The body of an error answer, at most [`MAX_ERROR_BODY_BYTES`] of it (as text), read
+/// within `idle` in all: empty when it cannot be read, cut when it is longer.
+pub(crate) async fn error_body(resp: reqwest::Response, idle: Duration) -> String {
+    let mut body = Box::pin(resp.bytes_stream());
+    let mut out = Vec::new();
+    let read = async {
+        while let Some(Ok(chunk)) = body.next().await {
+            let room = MAX_ERROR_BODY_BYTES.saturating_sub(out.len());
+            out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if out.len() >= MAX_ERROR_BODY_BYTES {
+                break;
+            }
+        }
+    };
+    // A stall keeps what came before it, as a body cut by the bound is.
+    let _ = tokio::time::timeout(idle, read).await;
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// An error with its sources, since reqwest's own message ("error decoding response body")
@@ -229,6 +307,37 @@ mod tests {
             data: data.to_string(),
             id: None,
         }
+    }
+
+    #[test]
+    fn a_line_or_event_past_the_cap_is_refused_and_not_kept() {
+        let max = crate::bounds::MAX_RESPONSE_BYTES;
+        // One line that never ends.
+        let mut p = SseParser::new();
+        p.push(b"data: ");
+        let chunk = vec![b'a'; 1024 * 1024];
+        for _ in 0..=max / chunk.len() {
+            assert!(p.push(&chunk).is_empty());
+        }
+        assert!(p.overflowed());
+        assert!(
+            p.line.capacity() <= max + chunk.len(),
+            "{}",
+            p.line.capacity()
+        );
+        // Many data lines of one event that never ends.
+        let mut p = SseParser::new();
+        let line = format!("data: {}\n", "b".repeat(1024 * 1024));
+        for _ in 0..=max / (1024 * 1024) {
+            assert!(p.push(line.as_bytes()).is_empty());
+        }
+        assert!(p.overflowed());
+        assert!(
+            p.data.capacity() <= max + line.len(),
+            "{}",
+            p.data.capacity()
+        );
+        assert!(p.finish().is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::bounds;
 use crate::provider::LlmRequest;
 use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
 use crate::spec::{ExitReason, Mode, SessionSpec};
@@ -88,6 +89,10 @@ pub enum Step {
     /// The model called tools the current mode does not offer (think, plan, or the plan
     /// phase of plan-act): answer each with a refusal ([`SessionState::refuse_calls`]).
     RefuseTools(Vec<ToolCall>),
+    /// The last assistant message made more calls than one answer may run: answer those
+    /// past the limit with a refusal ([`SessionState::refuse_excess_calls`]) before
+    /// any runs.
+    RefuseExcessCalls(Vec<ToolCall>),
     /// The plan phase of a plan-act session produced its plan: switch to acting
     /// ([`SessionState::start_act`]).
     StartAct,
@@ -284,6 +289,46 @@ impl SessionState {
             .collect()
     }
 
+    /// The unanswered calls of the last assistant message past
+    /// [`bounds::MAX_TOOL_CALLS_PER_RESPONSE`] in its order.
+    fn excess_calls(&self) -> Vec<ToolCall> {
+        let Some(pos) = self
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        else {
+            return Vec::new();
+        };
+        let calls = &self.messages[pos].tool_calls;
+        if calls.len() <= bounds::MAX_TOOL_CALLS_PER_RESPONSE {
+            return Vec::new();
+        }
+        let answered: std::collections::HashSet<&str> = self.messages[pos + 1..]
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .filter_map(|m| m.tool_call_id.as_deref())
+            .collect();
+        calls[bounds::MAX_TOOL_CALLS_PER_RESPONSE..]
+            .iter()
+            .filter(|c| !answered.contains(c.id.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// [`Step::RefuseExcessCalls`]: answer each call past the limit with a refusal.
+    pub fn refuse_excess_calls(&mut self, calls: Vec<ToolCall>) {
+        let max = bounds::MAX_TOOL_CALLS_PER_RESPONSE;
+        for c in calls {
+            let text = format!(
+                "Not run: one response may make at most {max} tool calls, and `{}` came \
+                 after them. Make fewer calls at once.",
+                c.name
+            );
+            self.messages
+                .push(Message::tool_result(c.id, c.name, text, true));
+        }
+    }
+
     /// Decide the next step of a run that is not cancelled.
     pub fn next_step(&self, now: DateTime<Utc>) -> Step {
         self.decide(now, false)
@@ -318,6 +363,10 @@ impl SessionState {
         }
         if cancelled {
             return Step::Cancel;
+        }
+        let excess = self.excess_calls();
+        if !excess.is_empty() {
+            return Step::RefuseExcessCalls(excess);
         }
         if !pending.is_empty() {
             return Step::RunTools(pending);

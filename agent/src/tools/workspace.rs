@@ -257,8 +257,32 @@ pub struct LocalWorkspace {
     made: Arc<AtomicBool>,
     /// Bytes the tree holds: measured before the first write (and again after
     /// [`Workspace::forget_usage`]), then kept up to date by each write, which holds the
-    /// lock from its check to its end so that concurrent calls cannot both fit.
-    usage: Arc<Mutex<Option<u64>>>,
+    /// lock from its check to its end so that concurrent calls cannot both fit. Shared
+    /// by every handle on the same root in this process ([`shared_usage`]): the sessions
+    /// of one tree running at once write to one directory under one quota.
+    usage: Usage,
+}
+
+/// A workspace's byte count, `None` until measured.
+type Usage = Arc<Mutex<Option<u64>>>;
+
+/// The usage count of `root`, the one every live handle on it holds. A new handle (a
+/// session starting on the tree) has it measured again at the next write, so what was
+/// written meanwhile by other means is counted.
+fn shared_usage(root: &Path) -> Usage {
+    type Handles = std::collections::HashMap<PathBuf, std::sync::Weak<Mutex<Option<u64>>>>;
+    static USAGE: std::sync::LazyLock<Mutex<Handles>> = std::sync::LazyLock::new(Mutex::default);
+    let mut all = USAGE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(usage) = all.get(root).and_then(std::sync::Weak::upgrade) {
+        drop(all);
+        *usage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        return usage;
+    }
+    // Roots no handle holds any more are forgotten as new ones come.
+    all.retain(|_, u| u.strong_count() > 0);
+    let usage = Arc::new(Mutex::new(None));
+    all.insert(root.to_path_buf(), Arc::downgrade(&usage));
+    usage
 }
 
 impl LocalWorkspace {
@@ -273,9 +297,9 @@ impl LocalWorkspace {
             ));
         }
         Ok(LocalWorkspace {
+            usage: shared_usage(&root),
             root,
             made: Arc::new(AtomicBool::new(true)),
-            usage: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -300,10 +324,11 @@ impl LocalWorkspace {
                 ),
             ));
         }
+        let root = parent.join(name);
         Ok(LocalWorkspace {
-            root: parent.join(name),
+            usage: shared_usage(&root),
+            root,
             made: Arc::new(AtomicBool::new(false)),
-            usage: Arc::new(Mutex::new(None)),
         })
     }
 

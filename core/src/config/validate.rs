@@ -211,6 +211,12 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
         1,
         3_600,
     )?;
+    range(
+        "scheduler.write_timeout_secs",
+        s.write_timeout_secs,
+        1,
+        3_600,
+    )?;
     range("scheduler.max_queues", s.max_queues, 1, 10_000)?;
     range(
         "scheduler.stream_max_len",

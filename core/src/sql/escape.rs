@@ -65,6 +65,12 @@ pub(crate) fn escape_opt(s: Option<&str>) -> Option<Cow<'_, str>> {
     s.map(escape_text)
 }
 
+/// Ids (of tool calls: a model's choice) as stored, for a statement that compares them
+/// with a stored column.
+pub(crate) fn stored_ids(ids: &[String]) -> Vec<String> {
+    ids.iter().map(|id| escape_text(id).into_owned()).collect()
+}
+
 /// A stored value as it was given.
 pub(crate) fn unescape_text(s: &str) -> Cow<'_, str> {
     if !s.contains(ESC) {

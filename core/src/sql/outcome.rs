@@ -163,7 +163,7 @@ pub(crate) fn pending_approvals(rows: Vec<PendingRow>, held: &[String]) -> Vec<T
     for (seq, body, call) in rows {
         match (seq, body, call) {
             (Some(seq), Some(body), _) => messages.push((seq, body.0)),
-            (_, _, Some(call)) => decided.push(call),
+            (_, _, Some(call)) => decided.push(call.into_inner()),
             _ => {}
         }
     }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::SessionStatus;
 use crate::rowconv::unfinished_counts;
 
-use super::escape::Text;
+use super::escape::{Text, escape_text};
 use super::record::{HistoryRow, SessionRecord, history_of};
 use super::statements::{COUNT_UNFINISHED, Statements};
 
@@ -63,9 +63,11 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
+    // The id as stored: a model may name its call with anything, NUL included.
+    let tool_call_id = escape_text(tool_call_id);
     let found = sqlx::query_as::<DB, (bool, Option<Text>)>(&sql.approval)
         .bind(session_id)
-        .bind(tool_call_id)
+        .bind(tool_call_id.as_ref())
         .fetch_optional(pool)
         .await?;
     Ok(found.map(|(approve, reason)| (approve, reason.map(Text::into_inner))))

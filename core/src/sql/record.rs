@@ -273,7 +273,7 @@ pub(crate) fn history_of(rows: Vec<HistoryRow>) -> Option<Vec<Message>> {
 
 /// A row of the pending-approvals read: a message (seq and body) of the latest response
 /// on, or (no seq) the id of a held call that has a decision.
-pub(crate) type PendingRow = (Option<i32>, Option<Doc<Message>>, Option<String>);
+pub(crate) type PendingRow = (Option<i32>, Option<Doc<Message>>, Option<Text>);
 
 /// An `inbox` row.
 #[derive(Debug, sqlx::FromRow)]

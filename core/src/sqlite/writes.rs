@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::{ApprovalRecorded, Delivered, Lease, NewSession, SessionRow, SessionStatus};
 use crate::protocol::phase_name;
 use crate::rowconv::{bad_data, parse_status};
-use crate::sql::escape::{escape_opt, stored_json};
+use crate::sql::escape::{escape_opt, escape_text, stored_json};
 use crate::sql::outcome::{approval_recorded, delivered, fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
@@ -327,7 +327,7 @@ pub(super) async fn decide(
     )
     .bind(&root_id)
     .bind(d.session_id)
-    .bind(d.tool_call_id)
+    .bind(escape_text(d.tool_call_id).as_ref())
     .bind(d.approve)
     .bind(escape_opt(d.reason).as_deref())
     .bind(now)

@@ -4,7 +4,8 @@
 //!
 //! The body is parsed in steps: one pass over the bytes ([`scan`]: a syntax error is a
 //! 400 `invalid_json`; a NUL character in any string or key, a key repeated in one
-//! object, or an object of more than [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it),
+//! object, or an object of more than [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it;
+//! more JSON values than [`max_body_values`] allows for the body's size is a 413),
 //! then bytes → `serde_json::Value` (answered before the path is looked at), then, in
 //! the handler, checks and `Value` → the request type through `serde_path_to_error`, so
 //! a wrong value names its field (422). NUL is refused at the door because a client never
@@ -22,7 +23,7 @@ use serde::de::value::MapDeserializer;
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use agentq_api::bounds::MAX_OBJECT_ENTRIES;
+use agentq_api::bounds::{BODY_BYTES_PER_VALUE, MAX_OBJECT_ENTRIES, max_body_values};
 use agentq_api::de::{REQUIRED, struct_fields};
 
 use crate::error::ApiError;
@@ -131,10 +132,22 @@ pub fn scan(bytes: &[u8]) -> Result<Shape, ApiError> {
         .deserialize(&mut de)
         .and_then(|shape| de.end().map(|()| shape))
         .map_err(invalid_json)?;
-    match scanner.found {
-        Some(e) => Err(e),
-        None => Ok(shape),
+    if let Some(e) = scanner.found {
+        return Err(e);
     }
+    let most = max_body_values(bytes.len());
+    if scanner.values > most {
+        return Err(ApiError::TooLarge {
+            field: None,
+            message: format!(
+                "the body holds more than {most} JSON values; a body of {} bytes may hold \
+                 one per {BODY_BYTES_PER_VALUE} bytes (at least {})",
+                bytes.len(),
+                agentq_api::bounds::MIN_BODY_VALUES
+            ),
+        });
+    }
+    Ok(shape)
 }
 
 /// Longest key of a path in an error; a longer one is cut (the field stays readable).
@@ -146,6 +159,8 @@ struct Scanner<'de> {
     /// The first finding; the scan goes on to the end so that a syntax error, which
     /// makes the whole body unreadable, wins over it.
     found: Option<ApiError>,
+    /// JSON values seen so far (each costs memory once the body is parsed).
+    values: usize,
 }
 
 enum Seg<'de> {
@@ -175,17 +190,24 @@ impl Scanner<'_> {
                 }
             }
         }
-        // A body that is itself a string: the field is the body.
-        if out.is_empty() {
-            out.push_str("body");
-        }
         out
     }
 
     fn report(&mut self, message: &str) {
-        if self.found.is_none() {
-            self.found = Some(ApiError::invalid(self.field(), message));
+        if self.found.is_some() {
+            return;
         }
+        let field = self.field();
+        // A body that is itself the bad string has no field to name.
+        self.found = Some(if field.is_empty() {
+            ApiError::Invalid {
+                code: "invalid_body",
+                field: None,
+                message: format!("the body {message}"),
+            }
+        } else {
+            ApiError::invalid(field, message)
+        });
     }
 
     fn string(&mut self, s: &str) {
@@ -202,6 +224,7 @@ impl<'de> DeserializeSeed<'de> for Node<'_, 'de> {
     type Value = Shape;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Shape, D::Error> {
+        self.0.values = self.0.values.saturating_add(1);
         d.deserialize_any(self)
     }
 }
@@ -469,7 +492,6 @@ mod tests {
         assert_eq!(scanned(r#"{"a": [1, "x"]}"#), Ok(Shape::Object));
         assert_eq!(scanned(r#"[{}, {}, 3]"#), Ok(Shape::Array(3)));
         assert_eq!(scanned(r#""s""#), Ok(Shape::String));
-        assert_eq!(scanned(r#""\u0000""#), at("body"));
         assert_eq!(scanned(r#"{"prompt": "a\u0000"}"#), at("prompt"));
         assert_eq!(
             scanned(r#"[{}, {"m": {"k": ["", "\u0000"]}}]"#),

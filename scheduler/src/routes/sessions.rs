@@ -17,7 +17,6 @@ use agentq_api::{
 use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
@@ -27,6 +26,7 @@ use crate::request::{
     Limits, ListQuery, RawJson, SessionRequest, admit, admit_batch, parse_batch_bytes,
     parse_session,
 };
+use crate::{LIST_MAX_BYTES, Scheduler};
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
@@ -278,6 +278,24 @@ pub(super) async fn messages(
     respond(StatusCode::OK, &MessagesResponse { messages })
 }
 
+/// Rows read from the store at a time for a listing.
+const LIST_CHUNK_ROWS: usize = 32;
+
+/// What a session adds to a listing, roughly: its texts, the bulk of it.
+fn row_bytes(row: &SessionRow) -> usize {
+    let spec = &row.spec;
+    [
+        spec.prompt.len(),
+        spec.system.as_deref().map_or(0, str::len),
+        row.result.as_deref().map_or(0, str::len),
+        row.error.as_deref().map_or(0, str::len),
+        // Ids, numbers and the rest.
+        1_024,
+    ]
+    .iter()
+    .fold(0usize, |n, b| n.saturating_add(*b))
+}
+
 /// `GET /v1/sessions`
 pub(super) async fn list(
     State(s): State<Scheduler>,
@@ -316,19 +334,37 @@ pub(super) async fn list(
             return Err(ApiError::invalid(field, "is not a session id"));
         }
     }
-    // One more than asked tells whether another page exists.
-    let mut rows = s
-        .store
-        .list(&ListFilter {
-            tenant: caller.tenant_filter(),
-            status,
-            parent_id: q.parent_id.filter(|p| !p.is_empty()),
-            limit: limit + 1,
-            cursor: q.cursor.filter(|c| !c.is_empty()),
-        })
-        .await?;
-    let more = rows.len() > limit as usize;
-    rows.truncate(limit as usize);
+    let mut filter = ListFilter {
+        tenant: caller.tenant_filter(),
+        status,
+        parent_id: q.parent_id.filter(|p| !p.is_empty()),
+        limit: 0,
+        cursor: q.cursor.filter(|c| !c.is_empty()),
+    };
+    // Read a few rows at a time, and end the page early once it holds
+    // `LIST_MAX_BYTES`: a session may carry megabytes, so `limit` rows could be gigabytes.
+    let limit = limit as usize;
+    let mut rows: Vec<SessionRow> = Vec::new();
+    let mut bytes = 0usize;
+    let more = 'page: loop {
+        let want = limit.saturating_sub(rows.len()).min(LIST_CHUNK_ROWS);
+        // One more than asked tells whether another page exists.
+        filter.limit = u32::try_from(want.saturating_add(1)).unwrap_or(u32::MAX);
+        let chunk = s.store.list(&filter).await?;
+        let chunk_more = chunk.len() > want;
+        for row in chunk.into_iter().take(want) {
+            let size = row_bytes(&row);
+            if !rows.is_empty() && bytes.saturating_add(size) > LIST_MAX_BYTES {
+                break 'page true;
+            }
+            bytes = bytes.saturating_add(size);
+            rows.push(row);
+        }
+        if !chunk_more || rows.len() >= limit {
+            break chunk_more;
+        }
+        filter.cursor = rows.last().map(|r| r.id.clone());
+    };
     let next_cursor = if more {
         rows.last().map(|r| r.id.clone())
     } else {

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::provider::endpoint;
-use crate::provider::sse::{SseEvent, error_chain, sse_events};
+use crate::provider::sse::{SseEvent, error_body, error_chain, sse_events};
 use crate::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
 
 mod events;
@@ -175,11 +175,7 @@ async fn http_error(resp: reqwest::Response, idle: std::time::Duration) -> Error
         .and_then(|v| v.to_str().ok())
         .and_then(crate::provider::parse_retry_after);
     // An error body that never finishes must not hang the caller; the status says enough.
-    let text = tokio::time::timeout(idle, resp.text())
-        .await
-        .ok()
-        .and_then(|r| r.ok())
-        .unwrap_or_default();
+    let text = error_body(resp, idle).await;
     let parsed = serde_json::from_str::<Value>(&text).ok();
     let err = parsed.as_ref().and_then(|v| v.get("error"));
     let code = err

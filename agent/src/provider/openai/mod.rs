@@ -16,7 +16,7 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, Header
 use serde_json::Value;
 
 use super::endpoint;
-use super::sse::{error_chain, sse_events};
+use super::sse::{error_body, error_chain, sse_events};
 use super::{HttpTimeouts, LlmProvider, LlmRequest, LlmStream, parse_retry_after};
 use crate::error::{Error, Result};
 
@@ -190,10 +190,7 @@ async fn http_error(resp: reqwest::Response, idle: Duration) -> Error {
     let retry_after = retry_after(resp.headers());
     // The body of an error answer is bounded by the idle timeout too: a server that sends
     // the status and then stalls must not hang the session.
-    let body = match tokio::time::timeout(idle, resp.bytes()).await {
-        Ok(Ok(b)) => String::from_utf8_lossy(&b).into_owned(),
-        Ok(Err(_)) | Err(_) => String::new(),
-    };
+    let body = error_body(resp, idle).await;
     let (message, code) = parse_error_body(&body);
     let message = message.unwrap_or_else(|| {
         let raw = body.trim();
