@@ -54,6 +54,10 @@ pub struct WorkerConfig {
     pub max_depth: u32,
     /// Most sub-agents one session may start.
     pub max_children: usize,
+    /// Longest prompt a sub-agent may be given, in bytes: the scheduler's bound on a
+    /// request's prompt (`scheduler.max_prompt_bytes`), so a model cannot store through
+    /// `spawn_agent` what a caller could not submit.
+    pub max_prompt_bytes: usize,
     /// Group commit: most checkpoints in one commit.
     pub checkpoint_batch_max: usize,
     /// Group commit: commits in flight at once, each on its own store connection.
@@ -136,6 +140,7 @@ impl WorkerConfig {
             event_ttl: w.event_ttl_secs.duration(),
             max_depth: w.max_depth,
             max_children: w.max_children,
+            max_prompt_bytes: settings.scheduler.max_prompt_bytes,
             checkpoint_batch_max: w.checkpoint_batch_max,
             checkpoint_writers: w.checkpoint_writers,
             write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),

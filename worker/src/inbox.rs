@@ -218,6 +218,12 @@ impl Approver for SessionInbox {
                     ApprovalDecision::Suspend
                 }
             }
+            // The store refuses this read for what it holds: no later wake can read it
+            // either, and waiting would park the session for good.
+            Err(e) if e.is_data() => {
+                warn!(session_id, error = %e, "an approval cannot be read; denying the call");
+                ApprovalDecision::Denied(format!("the approval could not be read: {e}"))
+            }
             Err(e) => {
                 warn!(session_id, error = %e, "reading an approval failed; waiting");
                 ApprovalDecision::Suspend

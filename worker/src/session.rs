@@ -712,6 +712,7 @@ fn build_agent(
             parent_tools: wanted.clone(),
             max_depth: policy.max_depth(inner.cfg.max_depth),
             max_children: policy.max_children(inner.cfg.max_children),
+            max_prompt_bytes: inner.cfg.max_prompt_bytes,
             policy: inner.cfg.policy.clone(),
             tenant: tenant(row).to_string(),
             inbox: parts.inbox.clone(),

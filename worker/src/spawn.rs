@@ -30,6 +30,8 @@ pub struct SpawnAgent {
     pub max_depth: u32,
     /// The lower of the worker's limit and the tenant's policy.
     pub max_children: usize,
+    /// Longest prompt a child may be given, in bytes (`scheduler.max_prompt_bytes`).
+    pub max_prompt_bytes: usize,
     /// A child passes its tenant's policy as a root session does.
     pub policy: Arc<Policy>,
     pub tenant: String,
@@ -58,6 +60,13 @@ impl SpawnAgent {
         let prompt = opt_str(args, "prompt")?
             .filter(|p| !p.trim().is_empty())
             .ok_or_else(|| ToolError::InvalidArguments("`prompt` is required".into()))?;
+        if prompt.len() > self.max_prompt_bytes {
+            return Err(ToolError::InvalidArguments(format!(
+                "`prompt` is {} bytes; a sub-agent's prompt is at most {} bytes",
+                prompt.len(),
+                self.max_prompt_bytes
+            )));
+        }
         let parent = &self.parent.spec;
         let mut spec = agentq_agent::spec::SessionSpec::new(prompt);
         spec.provider = parent.provider.clone();

@@ -413,6 +413,10 @@ async fn depth_and_fan_out_limits_are_tool_errors() {
                 {"tool_calls": [spawn_call("NEST deeper", "n", true)]},
                 {"text": "nest: {{last_tool_result}}"}
             ]},
+            {"when_prompt_contains": "LONG", "turns": [
+                {"tool_calls": [spawn_call(&format!("LEAF {}", "x".repeat(600)), "l", true)]},
+                {"text": "long: {{last_tool_result}}"}
+            ]},
             {"when_prompt_contains": "WIDE", "turns": [
                 {"tool_calls": [spawn_call("LEAF 1", "1", false), spawn_call("LEAF 2", "2", false), spawn_call("LEAF 3", "3", false)]},
                 {"text": "wide done"}
@@ -423,6 +427,7 @@ async fn depth_and_fan_out_limits_are_tool_errors() {
     let c = Cluster::start(script, 1, 8, |cfg| {
         cfg.max_depth = 2;
         cfg.max_children = 2;
+        cfg.max_prompt_bytes = 500;
     })
     .await;
     let nest = c.submit("NEST top", &["spawn_agent"], |_| {}).await;
@@ -448,6 +453,19 @@ async fn depth_and_fan_out_limits_are_tool_errors() {
             .any(|m| m.content.contains("already started 2 sub-agents"))
     );
     assert_eq!(c.children(&wide).await.len(), 2);
+    // A prompt longer than a request's may be is refused before any child is stored.
+    let long = c.submit("LONG top", &["spawn_agent"], |_| {}).await;
+    let row = c
+        .wait_status(&long, &[SessionStatus::Completed], Duration::from_secs(60))
+        .await;
+    assert!(
+        row.result
+            .as_deref()
+            .unwrap()
+            .contains("a sub-agent's prompt is at most 500 bytes"),
+        "{row:?}"
+    );
+    assert!(c.children(&long).await.is_empty());
     c.shutdown().await;
 }
 
