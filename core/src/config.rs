@@ -250,6 +250,9 @@ pub struct SchedulerSection {
     pub key_cache_secs: u64,
     /// Open client connections at most; past it a new one is answered 503 and closed.
     pub max_connections: usize,
+    /// Open connections at most that carried a request of one API key; past it a
+    /// request with that key is answered 503 and its connection closed.
+    pub max_connections_per_key: usize,
     /// Open event streams (`GET /v1/sessions/{id}/events`) at most, in all.
     pub max_event_streams: usize,
     /// Open event streams at most per tenant.
@@ -279,6 +282,7 @@ impl Default for SchedulerSection {
             stream_max_len: 1_000_000,
             key_cache_secs: 30,
             max_connections: 4096,
+            max_connections_per_key: 256,
             max_event_streams: 2048,
             max_event_streams_per_tenant: 512,
             max_event_streams_per_key: 128,
@@ -882,6 +886,7 @@ pub const SETTINGS: &[Setting] = &[
         },
     ),
     file("scheduler.max_connections"),
+    file("scheduler.max_connections_per_key"),
     file("scheduler.max_event_streams"),
     file("scheduler.max_event_streams_per_tenant"),
     file("scheduler.max_event_streams_per_key"),

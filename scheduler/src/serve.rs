@@ -3,7 +3,9 @@
 //! and file descriptors.
 //!
 //! - At most `max_connections` connections are served at once; one past it is answered
-//!   503 with `Retry-After` and a JSON body, and closed. Running out of file descriptors
+//!   503 with `Retry-After` and a JSON body, and closed. A connection that carried a
+//!   request of an API key counts against that key's `max_connections_per_key` until it
+//!   closes; a request past it is answered 503 and its connection closed. Running out of file descriptors
 //!   on `accept` pauses the loop briefly instead of ending it.
 //! - A client has `header_read_timeout` to send a request's headers, counted from when
 //!   the server starts waiting for them, so an idle keep-alive connection is closed after
@@ -18,11 +20,12 @@
 //! - On shutdown the loop stops accepting and every connection finishes its requests
 //!   in flight (event streams end as the scheduler drains), within a bounded grace.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -64,6 +67,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
     pub max_connections: usize,
+    /// Open connections at most that carried a request of one API key.
+    pub max_connections_per_key: usize,
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub write_timeout: Duration,
@@ -74,6 +79,7 @@ impl Default for ServeLimits {
         let c = SchedulerConfig::default();
         ServeLimits {
             max_connections: c.max_connections,
+            max_connections_per_key: c.max_connections_per_key,
             header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
             body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
             write_timeout: Duration::from_secs(c.write_timeout_secs),
@@ -90,6 +96,10 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let keys = Arc::new(KeyConnections {
+        max_per_key: limits.max_connections_per_key.max(1),
+        open: Mutex::new(HashMap::new()),
+    });
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let conns = TaskTracker::new();
     loop {
@@ -116,8 +126,9 @@ pub async fn serve(
             Ok(slot) => {
                 let app = app.clone();
                 let shutdown = shutdown.clone();
+                let tag = Connection::new(keys.clone());
                 conns.spawn(async move {
-                    serve_connection(stream, app, limits, shutdown).await;
+                    serve_connection(stream, app, limits, tag, shutdown).await;
                     drop(slot);
                 });
             }
@@ -157,6 +168,86 @@ fn is_per_connection(e: &io::Error) -> bool {
     )
 }
 
+/// Most distinct API keys one connection may carry requests of: each counts the
+/// connection against its own cap, so switching keys on one connection buys nothing.
+const MAX_KEYS_PER_CONNECTION: usize = 16;
+
+/// Connections per API key, across the listener: a connection counts once for every key
+/// that authenticated a request on it, until it closes. A key is only known after its
+/// first request, so this caps what one key holds; the total cap bounds the rest.
+#[derive(Debug)]
+struct KeyConnections {
+    max_per_key: usize,
+    open: Mutex<HashMap<String, usize>>,
+}
+
+/// The connection a request came on (a request extension): the authentication layer
+/// counts it against the caller's key with [`Connection::bind`].
+#[derive(Clone, Debug)]
+pub struct Connection(Arc<ConnectionKeys>);
+
+#[derive(Debug)]
+struct ConnectionKeys {
+    registry: Arc<KeyConnections>,
+    keys: Mutex<Vec<String>>,
+}
+
+impl Connection {
+    fn new(registry: Arc<KeyConnections>) -> Self {
+        Connection(Arc::new(ConnectionKeys {
+            registry,
+            keys: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Count this connection for `key`, once; a 503 when the key already holds its cap
+    /// of connections or the connection has carried too many keys (the caller then
+    /// closes it).
+    pub fn bind(&self, key: &str) -> Result<(), ApiError> {
+        let mut keys = self.0.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.iter().any(|k| k == key) {
+            return Ok(());
+        }
+        let overloaded = |message: String| ApiError::Overloaded {
+            message,
+            retry_after: RETRY_AFTER_SECS,
+        };
+        if keys.len() >= MAX_KEYS_PER_CONNECTION {
+            return Err(overloaded(format!(
+                "one connection carries the requests of at most {MAX_KEYS_PER_CONNECTION} API keys"
+            )));
+        }
+        let registry = &self.0.registry;
+        let mut open = registry.open.lock().unwrap_or_else(|e| e.into_inner());
+        let held = open.get(key).copied().unwrap_or(0);
+        if held >= registry.max_per_key {
+            return Err(overloaded(format!(
+                "this API key holds {} open connections, the most it may \
+                 (scheduler.max_connections_per_key); close one or retry later",
+                registry.max_per_key
+            )));
+        }
+        open.insert(key.to_string(), held + 1);
+        keys.push(key.to_string());
+        Ok(())
+    }
+}
+
+impl Drop for ConnectionKeys {
+    fn drop(&mut self) {
+        let keys = std::mem::take(self.keys.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let mut open = self.registry.open.lock().unwrap_or_else(|e| e.into_inner());
+        for key in keys {
+            if let Some(n) = open.get_mut(&key) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.remove(&key);
+                }
+            }
+        }
+    }
+}
+
 /// Answer a connection over the cap with a 503 and close it.
 async fn refuse(mut stream: TcpStream) {
     let err = ApiError::Overloaded {
@@ -179,13 +270,15 @@ async fn serve_connection(
     stream: TcpStream,
     app: Router,
     limits: ServeLimits,
+    tag: Connection,
     shutdown: CancellationToken,
 ) {
     let io = TokioIo::new(WriteDeadline::new(
         JsonParseErrors::new(stream),
         limits.write_timeout,
     ));
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        req.extensions_mut().insert(tag.clone());
         handle(app.clone(), limits.body_read_timeout, req)
     });
     let mut http = hyper::server::conn::http1::Builder::new();

@@ -16,9 +16,10 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
+use agentq_core::auth::{self, Scope};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{NewSession, SessionStore};
+use agentq_core::{KeyStore, NewSession, SessionStore};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router, serve};
 use agentq_testkit::{RedisServer, shared_postgres};
 
@@ -71,6 +72,22 @@ impl Env {
             .await
             .unwrap();
         row.id
+    }
+
+    /// A stored key of `tenant` that may read sessions; the key itself.
+    async fn key(&self, tenant: &str) -> String {
+        let (new, key) = auth::generate(tenant, vec![Scope::SessionsRead], None, None).unwrap();
+        self.store.create_key(&new).await.unwrap();
+        key
+    }
+
+    /// `GET path` with `key` on the open connection `s`, which stays open for more.
+    async fn get_on(s: &mut TcpStream, path: &str, key: &str) -> Answer {
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {key}\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        read_answer(s).await
     }
 
     async fn tcp(&self) -> TcpStream {
@@ -249,6 +266,65 @@ async fn connections_past_the_cap_get_a_503() {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One key cannot take the listener's connections: past `max_connections_per_key`, a
+/// request with that key is refused and its connection closed, while another key (of the
+/// same tenant) and the connections the key already holds are served; a connection that
+/// closes frees its place. Switching keys on one connection does not get past it.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_past_the_key_cap_get_a_503() {
+    let env = Env::start(|s| {
+        s.serve.max_connections_per_key = 2;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let hog = env.key("t1").await;
+    let other = env.key("t1").await;
+    let path = "/v1/sessions?limit=1";
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = env.tcp().await;
+        let a = Env::get_on(&mut s, path, &hog).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        held.push(s);
+    }
+    // A third connection of the same key is refused, and closed.
+    let mut third = env.tcp().await;
+    let a = Env::get_on(&mut third, path, &hog).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections_per_key"),
+        "{a:?}"
+    );
+    assert!(closed_by_server(&mut third, b"").await.is_some());
+    // Opening the connection with another key, then switching to the capped one, is
+    // refused the same.
+    let mut switched = env.tcp().await;
+    assert_eq!(Env::get_on(&mut switched, path, &other).await.status, 200);
+    assert_eq!(Env::get_on(&mut switched, path, &hog).await.status, 503);
+    // The connections the key holds go on being served, and so does another key.
+    for s in &mut held {
+        assert_eq!(Env::get_on(s, path, &hog).await.status, 200);
+    }
+    let mut s = env.tcp().await;
+    assert_eq!(Env::get_on(&mut s, path, &other).await.status, 200);
+    // A connection that closes gives its place back.
+    drop(held.pop());
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut s = env.tcp().await;
+        if Env::get_on(&mut s, path, &hog).await.status == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never freed");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -182,6 +182,12 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
     range("scheduler.key_cache_secs", s.key_cache_secs, 0, 3_600)?;
     range("scheduler.max_connections", s.max_connections, 1, 1_000_000)?;
     range(
+        "scheduler.max_connections_per_key",
+        s.max_connections_per_key,
+        1,
+        1_000_000,
+    )?;
+    range(
         "scheduler.max_event_streams",
         s.max_event_streams,
         1,

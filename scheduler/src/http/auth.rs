@@ -221,6 +221,19 @@ pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Nex
     let authorization = req.headers().get(header::AUTHORIZATION).cloned();
     match check(&a, &method, path.as_deref(), authorization.as_ref()).await {
         Ok(Some(caller)) => {
+            // Count the connection against the key (see `serve`); one over the key's cap
+            // is closed after the answer, freeing the slot it took.
+            let conn = req.extensions().get::<crate::serve::Connection>();
+            if let (Some(key), Some(conn)) = (caller.key_id.as_deref(), conn) {
+                if let Err(e) = conn.bind(key) {
+                    let mut resp = e.into_response();
+                    resp.headers_mut().insert(
+                        header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                    return resp;
+                }
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
