@@ -21,6 +21,24 @@ pub const TOOL_OUTPUT_HARD_MAX_CHARS: usize = 1_000_000;
 /// memory.
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
 
+/// Bytes of text, thinking and tool-call arguments one output token may stand for, with
+/// room to spare: a token is a few bytes of text, and JSON escapes in streamed arguments
+/// (`\u00e9`) at most multiply that by six.
+pub const BYTES_PER_OUTPUT_TOKEN: usize = 32;
+/// The least an answer may hold whatever its `max_tokens`.
+pub const MIN_ANSWER_BYTES: usize = 256 * 1024;
+
+/// The most bytes of text, thinking and tool-call arguments an answer asked for with
+/// `max_tokens` may hold. A provider stops at `max_tokens`, so only an endpoint that
+/// ignores it goes past this: it fails the call before the session's work (transcript,
+/// checkpoints, the next request) grows with what the caller's bound was meant to stop.
+pub fn answer_bytes(max_tokens: u32) -> usize {
+    usize::try_from(max_tokens)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(BYTES_PER_OUTPUT_TOKEN)
+        .clamp(MIN_ANSWER_BYTES, MAX_RESPONSE_BYTES)
+}
+
 /// The most tool calls of one model answer that run; those past it are refused (the
 /// model is told so), because every call runs at once and each result lands in the
 /// transcript: thousands in one answer would take the worker's blocking threads and

@@ -1532,6 +1532,41 @@ async fn an_answer_past_the_response_cap_fails_the_session() {
     assert!(state.messages.iter().all(|m| m.content.len() < size));
 }
 
+/// An endpoint that ignores `max_tokens` cannot make an answer longer than the tokens
+/// could be: past `answer_bytes(max_tokens)` the call fails (not retried), while an
+/// answer within it, however long, is taken whole.
+#[tokio::test]
+async fn an_answer_longer_than_its_max_tokens_allows_fails_the_session() {
+    let limit = agentq_agent::bounds::answer_bytes(8_192);
+    let answer = |size: usize| {
+        harness(
+            Script {
+                turns: vec![text_turn(&"z".repeat(size))],
+                repeat_last: false,
+                ..Default::default()
+            },
+            vec![],
+        )
+    };
+    let mut s = spec();
+    s.max_tokens = 8_192;
+    let (_, end) = run(&answer(limit - 1), s.clone()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Stop);
+    let (state, end) = run(&answer(limit + 1), s).await;
+    let outcome = finished(&end);
+    assert_eq!(outcome.reason, ExitReason::Error, "{:?}", outcome.error);
+    assert!(
+        outcome
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("max_tokens"),
+        "{:?}",
+        outcome.error
+    );
+    assert!(state.messages.iter().all(|m| m.content.len() <= limit));
+}
+
 /// A model that makes far more calls in one answer than a round runs: the first
 /// `MAX_TOOL_CALLS_PER_RESPONSE` run, the rest are answered with a refusal, every call
 /// has its result, and the session goes on to its answer.

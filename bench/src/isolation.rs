@@ -101,18 +101,23 @@ pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let m = measured?;
     let per_round = f64::from(bystanders) * f64::from(iterations);
     let alone = 2.0 * per_round / (m.alone.0 + m.alone.1).as_secs_f64();
+    let control = 2.0 * per_round / (m.control.0 + m.control.1).as_secs_f64();
     let mixed = per_round / m.mixed.as_secs_f64();
     r.isolation_bystanders = Some(bystanders);
     r.isolation_hostiles = Some(hostiles);
     r.isolation_hostile_kinds = kinds.iter().map(|k| k.name().to_string()).collect();
     r.isolation_alone_iterations_per_s = Some(alone);
+    r.isolation_control_iterations_per_s = Some(control);
     r.isolation_mixed_iterations_per_s = Some(mixed);
-    r.isolation_ratio = Some(mixed / alone);
+    r.isolation_ratio = Some(mixed / control);
+    r.isolation_ratio_vs_alone = Some(mixed / alone);
     r.isolation_bystanders_failed = Some(m.bystanders_failed);
     progress(&format!(
-        "isolation: bystanders {alone:.0} iterations/s alone, {mixed:.0} beside {hostiles} hostile \
-         sessions (ratio {:.2}); {} bystanders failed; hostile sessions: {} completed, {} failed, \
-         {} unfinished; {} LLM requests served",
+        "isolation: bystanders {alone:.0} iterations/s alone, {control:.0} beside {hostiles} \
+         benign sessions, {mixed:.0} beside {hostiles} hostile ones (ratio {:.2}, {:.2} of \
+         alone); {} bystanders failed; hostile sessions: {} completed, {} failed, {} \
+         unfinished; {} LLM requests served",
+        mixed / control,
         mixed / alone,
         m.bystanders_failed,
         m.outcomes.completed,
@@ -127,13 +132,20 @@ pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
 struct Measured {
     /// The bystander rounds alone, before and after the mixed one.
     alone: (Duration, Duration),
+    /// The bystander rounds beside as many benign sessions as the mixed round has
+    /// hostile ones, before and after it.
+    control: (Duration, Duration),
     mixed: Duration,
     bystanders_failed: u64,
     outcomes: Outcomes,
 }
 
-/// A warm-up round, a round alone, the mixed round, and a second round alone (so that a
-/// drift of the machine's speed during the run weighs on both sides of the ratio).
+/// A warm-up round, a round alone, a control round, the mixed round, a second control
+/// round and a second round alone (so that a drift of the machine's speed during the run
+/// weighs on both sides of each ratio). A control round puts as many benign sessions (a
+/// bystander's spec) beside the bystanders, in the same order, as the mixed round puts
+/// hostile ones: what the mixed round loses against it is what hostility costs, beyond
+/// the load of 10% more sessions on the same slots.
 async fn rounds(
     env: &Env,
     redis: &RedisQueue,
@@ -145,11 +157,16 @@ async fn rounds(
     let deadline = Duration::from_secs(a.isolation_deadline_secs);
     // A round of bystanders only: its time and its failed bystanders. Before the mixed
     // round a failure is the run's error; after it, hostile sessions may still be going.
-    let alone = async |label: &str, strict: bool| -> anyhow::Result<(Duration, u64)> {
+    let alone = async |label: &str, strict: bool, benign: u32| -> anyhow::Result<(Duration, u64)> {
         let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
+        let extra = if benign > 0 {
+            create_sessions(env, queue, benign, a.iterations, &a.tool).await?
+        } else {
+            Vec::new()
+        };
         tokio::time::sleep(Duration::from_millis(300)).await;
         let started = Instant::now();
-        enqueue(redis, queue, &ids).await?;
+        enqueue(redis, queue, &interleave(&ids, &extra)).await?;
         let elapsed = match wait_ended(env, &ids, started, deadline).await {
             Ok(d) => d,
             Err(e) if !strict => {
@@ -159,6 +176,10 @@ async fn rounds(
             Err(e) => return Err(e.context(format!("isolation: {label} round"))),
         };
         let failed = bystanders_failed(env, &ids, a.iterations).await?;
+        // The benign sessions end before the next round, so none of it runs beside them.
+        if !extra.is_empty() {
+            let _ = wait_ended(env, &extra, Instant::now(), deadline).await;
+        }
         if strict && failed > 0 {
             bail!(
                 "isolation: {failed} of {} bystanders failed in the {label} round, before any \
@@ -168,8 +189,9 @@ async fn rounds(
         }
         Ok((elapsed, failed))
     };
-    alone("warm-up", true).await?;
-    let (first, _) = alone("first alone", true).await?;
+    alone("warm-up", true, 0).await?;
+    let (first, _) = alone("first alone", true, 0).await?;
+    let (control_first, _) = alone("first control", true, hostiles).await?;
 
     let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
     let mut outcomes = Outcomes::default();
@@ -217,11 +239,15 @@ async fn rounds(
     let _ = wait_ended(env, &hostile_list, grace, HOSTILE_GRACE).await;
     tally(env, &hostile_ids, &mut outcomes).await?;
 
-    let (second, failed_after) = alone("second alone", false).await?;
+    let (control_second, failed_control) = alone("second control", false, hostiles).await?;
+    let (second, failed_after) = alone("second alone", false, 0).await?;
     Ok(Measured {
         alone: (first, second),
+        control: (control_first, control_second),
         mixed,
-        bystanders_failed: failed.saturating_add(failed_after),
+        bystanders_failed: failed
+            .saturating_add(failed_control)
+            .saturating_add(failed_after),
         outcomes,
     })
 }

@@ -57,8 +57,14 @@ pub struct Results {
     /// Bystanders' iterations/s without hostile sessions (two rounds, around the mixed
     /// one), and beside them.
     pub isolation_alone_iterations_per_s: Option<f64>,
+    /// Bystanders' iterations/s beside as many benign sessions as there are hostile ones
+    /// (two rounds, around the mixed one).
+    pub isolation_control_iterations_per_s: Option<f64>,
     pub isolation_mixed_iterations_per_s: Option<f64>,
+    /// Beside hostile sessions over beside as many benign ones: what hostility costs.
     pub isolation_ratio: Option<f64>,
+    /// Beside hostile sessions over alone: what hostility and the added load cost.
+    pub isolation_ratio_vs_alone: Option<f64>,
     /// Bystanders that did not complete every iteration: of the mixed round, and of the
     /// round alone after it (which hostile sessions may outlast).
     pub isolation_bystanders_failed: Option<u64>,
@@ -133,8 +139,10 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
         "isolation_hostiles": r.isolation_hostiles,
         "isolation_hostile_kinds": r.isolation_bystanders.map(|_| &r.isolation_hostile_kinds),
         "isolation_alone_iterations_per_s": num(r.isolation_alone_iterations_per_s, 1),
+        "isolation_control_iterations_per_s": num(r.isolation_control_iterations_per_s, 1),
         "isolation_mixed_iterations_per_s": num(r.isolation_mixed_iterations_per_s, 1),
         "isolation_ratio": num(r.isolation_ratio, 3),
+        "isolation_ratio_vs_alone": num(r.isolation_ratio_vs_alone, 3),
         "isolation_bystanders_failed": r.isolation_bystanders_failed,
         "isolation_hostiles_completed": r.isolation_outcomes.as_ref().map(|o| o.completed),
         "isolation_hostiles_failed": r.isolation_outcomes.as_ref().map(|o| o.failed),
@@ -411,6 +419,17 @@ fn isolation_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
         format!("{alone:.0}"),
         String::new(),
     );
+    if let Some(control) = r.isolation_control_iterations_per_s {
+        rows.add(
+            "",
+            format!(
+                "the same beside {} benign sessions",
+                r.isolation_hostiles.unwrap_or(0)
+            ),
+            format!("{control:.0}"),
+            String::new(),
+        );
+    }
     rows.add(
         "",
         format!(
@@ -424,9 +443,17 @@ fn isolation_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
     if let Some(x) = r.isolation_ratio {
         rows.add(
             "",
-            "beside hostile sessions over alone".into(),
+            "beside hostile sessions over beside benign ones".into(),
             format!("{x:.2}"),
             format!(">= 0.9 {}", verdict(x >= 0.9)),
+        );
+    }
+    if let Some(x) = r.isolation_ratio_vs_alone {
+        rows.add(
+            "",
+            "beside hostile sessions over alone".into(),
+            format!("{x:.2}"),
+            String::new(),
         );
     }
     let failed = r.isolation_bystanders_failed.unwrap_or(0);

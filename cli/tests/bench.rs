@@ -252,8 +252,10 @@ fn isolation_run(kinds: Option<&str>) -> serde_json::Value {
     assert_eq!(v["isolation_hostiles"], 6, "{v}");
     for key in [
         "isolation_alone_iterations_per_s",
+        "isolation_control_iterations_per_s",
         "isolation_mixed_iterations_per_s",
         "isolation_ratio",
+        "isolation_ratio_vs_alone",
     ] {
         let x = v[key]
             .as_f64()

@@ -250,6 +250,8 @@ impl Agent {
         let mut emit = |e: AgentEvent| self.events.emit(seq, e);
         let mut first_seen = false;
         let mut bytes = 0usize;
+        let mut output = 0usize;
+        let max_output = bounds::answer_bytes(request.max_tokens);
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev,
@@ -265,6 +267,18 @@ impl Agent {
                 }
             }
             bytes = bytes.saturating_add(event_bytes(&ev));
+            output = output.saturating_add(output_bytes(&ev));
+            if output > max_output {
+                return Err(Error::Stream {
+                    message: format!(
+                        "the model's answer is over {max_output} bytes, more than its \
+                         max_tokens ({}) can produce; the call was stopped",
+                        request.max_tokens
+                    ),
+                    code: Some("response_too_large".into()),
+                    retryable: false,
+                });
+            }
             if bytes > bounds::MAX_RESPONSE_BYTES {
                 return Err(Error::Stream {
                     message: format!(
@@ -278,6 +292,16 @@ impl Agent {
             assembler.push(ev, &mut emit);
         }
         Ok(assembler.finish(&request.model, &mut emit))
+    }
+}
+
+/// The bytes of output tokens `ev` carries: text, thinking and tool-call arguments
+/// (signatures and ids are not tokens the model generates).
+fn output_bytes(ev: &LlmEvent) -> usize {
+    match ev {
+        LlmEvent::TextDelta(s) | LlmEvent::ThinkingDelta(s) => s.len(),
+        LlmEvent::ToolCallDelta { arguments, .. } => arguments.len(),
+        _ => 0,
     }
 }
 
