@@ -3,6 +3,8 @@
 //! operator's service), a command hook, and the LLM guardian on the scripted provider.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,26 +17,18 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue,
 };
-use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, RedisServer, shared_postgres};
+use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest};
 use agentq_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use common::setup;
 
 /// The session writes `out.txt`, then reports what the call came back with.
 const SCRIPT: &str = r#"{"turns":[
   {"text":"writing","tool_calls":[{"name":"write_file","arguments":{"path":"out.txt","content":"hello"}}]},
   {"text":"result: {{last_tool_result}}"}
 ]}"#;
-
-async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
-    let store = PgStore::connect(&url, 8).await.unwrap();
-    store.migrate().await.unwrap();
-    let redis = RedisServer::start().unwrap();
-    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
-    queue.ensure_queue("default").await.unwrap();
-    (Arc::new(store), Arc::new(queue), redis)
-}
 
 /// A worker configured by `toml` (an `agentq.toml`) with only `env` in its environment.
 fn config(dir: &Path, toml: &str, env: &[(&str, &str)]) -> WorkerConfig {

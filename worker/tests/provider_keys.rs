@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,25 +17,14 @@ use agentq_core::pg::PgStore;
 use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
-use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, RedisServer, fixture};
+use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, fixture};
 use agentq_worker::{Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
+use common::setup;
+
 const OPENAI_CANARY: &str = "sk-canary-worker-openai";
 const ANTHROPIC_CANARY: &str = "sk-ant-canary-worker";
-
-async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
-    let url = agentq_testkit::shared_postgres()
-        .unwrap()
-        .fresh_database()
-        .unwrap();
-    let store = PgStore::connect(&url, 8).await.unwrap();
-    store.migrate().await.unwrap();
-    let redis = RedisServer::start().unwrap();
-    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
-    queue.ensure_queue("default").await.unwrap();
-    (Arc::new(store), Arc::new(queue), redis)
-}
 
 /// A worker whose configuration holds canary keys for `configured`, and whose policy
 /// lets sessions name `allowed` as their base URL: an operator allowing an endpoint does

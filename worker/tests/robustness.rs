@@ -3,6 +3,8 @@
 //! ends its own session, releases its lease and slot, and leaves the worker serving.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,24 +16,15 @@ use agentq_core::{
     EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, SweepStore,
     WorkQueue,
 };
-use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Processed, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
+
+use common::setup;
 
 const SCRIPT: &str = r#"{"turns":[
   {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}]},
   {"text":"done: {{prompt}}"}
 ]}"#;
-
-async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
-    let store = PgStore::connect(&url, 8).await.unwrap();
-    store.migrate().await.unwrap();
-    let redis = RedisServer::start().unwrap();
-    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
-    queue.ensure_queue("default").await.unwrap();
-    (Arc::new(store), Arc::new(queue), redis)
-}
 
 fn config(dir: &std::path::Path) -> WorkerConfig {
     let mut cfg = WorkerConfig {

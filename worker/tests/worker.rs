@@ -1,6 +1,8 @@
 //! The worker in process against real Postgres and Redis, with the scripted provider.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -13,20 +15,12 @@ use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Processed, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
+use common::setup;
+
 const SCRIPT: &str = r#"{"turns":[
   {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}],"usage":{"input_tokens":10,"output_tokens":3}},
   {"text":"done: {{prompt}}","usage":{"input_tokens":20,"output_tokens":4}}
 ]}"#;
-
-async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
-    let store = PgStore::connect(&url, 8).await.unwrap();
-    store.migrate().await.unwrap();
-    let redis = RedisServer::start().unwrap();
-    let queue = RedisQueue::connect(&redis.url()).await.unwrap();
-    queue.ensure_queue("default").await.unwrap();
-    (Arc::new(store), Arc::new(queue), redis)
-}
 
 fn config(dir: &std::path::Path) -> WorkerConfig {
     let mut cfg = WorkerConfig {
