@@ -238,12 +238,7 @@ impl Drop for ConnectionKeys {
         let keys = std::mem::take(self.keys.get_mut().unwrap_or_else(|e| e.into_inner()));
         let mut open = self.registry.open.lock().unwrap_or_else(|e| e.into_inner());
         for key in keys {
-            if let Some(n) = open.get_mut(&key) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    open.remove(&key);
-                }
-            }
+            crate::events::caps::release(&mut open, &key);
         }
     }
 }

@@ -93,7 +93,9 @@ impl Drop for StreamPermit {
     }
 }
 
-fn release(counts: &mut HashMap<String, usize>, name: &str) {
+/// One fewer open for `name`, forgetting it at zero (so a map holds only what is open).
+/// Shared with the listener's per-key connection counts.
+pub(crate) fn release(counts: &mut HashMap<String, usize>, name: &str) {
     if let Some(n) = counts.get_mut(name) {
         *n = n.saturating_sub(1);
         if *n == 0 {

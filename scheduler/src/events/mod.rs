@@ -39,7 +39,7 @@
 //! whatever the number of clients (see `hub`). A client that cannot keep up with its
 //! session is caught up at its own pace, never waited for by the others.
 
-mod caps;
+pub(crate) mod caps;
 mod handover;
 mod hub;
 mod ids;
