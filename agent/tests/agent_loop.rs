@@ -191,6 +191,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         settings: Arc::new(ToolSettings::default()),
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
+        admission: Arc::new(agentq_agent::driver::NoAdmission),
         write_ahead_grace: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE,
     };
     Harness {

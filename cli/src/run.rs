@@ -158,6 +158,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         settings: Arc::new(tool_settings),
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
+        admission: std::sync::Arc::new(agentq_agent::driver::NoAdmission),
         // Nothing is checkpointed here.
         write_ahead_grace: std::time::Duration::ZERO,
     };

@@ -20,6 +20,7 @@ mod rowconv;
 mod sql;
 pub mod sqlite;
 pub mod store;
+pub mod workspace;
 
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};

@@ -550,7 +550,9 @@ async fn suspend(
     reason: SuspendReason,
 ) -> Processed {
     let (status, deadline) = match reason {
-        SuspendReason::Children => (SessionStatus::Waiting, None),
+        SuspendReason::Children
+        | SuspendReason::RateLimit { .. }
+        | SuspendReason::Budget { .. } => (SessionStatus::Waiting, None),
         // Clamped: the spec may hold any number (a row written before the API bounded it).
         SuspendReason::Approval { .. } => (
             SessionStatus::AwaitingApproval,
@@ -755,6 +757,7 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
+        admission: Arc::new(agentq_agent::driver::NoAdmission),
         write_ahead_grace: inner.cfg.write_ahead_grace,
     })
 }

@@ -25,12 +25,14 @@ use crate::schema::{Role, Usage};
 use crate::state::{Outcome, SessionState};
 use crate::tools::{ToolRegistry, ToolSettings, Workspace};
 
+pub mod admission;
 mod llm;
 mod run;
 mod stream;
 mod tools;
 
 pub use crate::state::{BackgroundResult, SuspendReason};
+pub use admission::{Admission, Admit, CallAsk, CallReport, NoAdmission, Permit};
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
@@ -136,6 +138,8 @@ pub struct Agent {
     pub settings: Arc<ToolSettings>,
     pub observer: Arc<dyn Observer>,
     pub interrupter: Arc<Interrupter>,
+    /// Asked before every try of an LLM call, told how it went after.
+    pub admission: Arc<dyn Admission>,
     /// How long a response may wait for its checkpoint when every call it makes is
     /// `Pure` and passes no hook or approval: the calls run at once, and if they are all
     /// done within this time, the response and their results are committed together (one

@@ -12,11 +12,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::schema::{FinishReason, Message, ToolSpec, Usage};
 
+pub use ratelimit::RateLimitInfo;
+
 pub mod anthropic;
 pub mod endpoint;
 pub mod factory;
 mod lenient;
 pub mod openai;
+pub mod ratelimit;
 pub mod scripted;
 pub mod sse;
 

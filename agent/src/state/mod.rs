@@ -136,6 +136,12 @@ pub enum SuspendReason {
     Children,
     /// Waiting for a human to approve a tool call.
     Approval { tool_call_id: String },
+    /// An LLM call would wait longer than the host lets a session hold its slot for a
+    /// rate limit: woken at `until`, when capacity is expected back.
+    RateLimit { until: DateTime<Utc> },
+    /// A budget of the session's tree or tenant is spent and its policy parks the session
+    /// until the budget is raised or its period turns over.
+    Budget { message: String },
 }
 
 /// A background sub-agent's final result, to be injected into its parent.
