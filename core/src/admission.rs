@@ -458,7 +458,9 @@ pub struct LimiterState {
 
 /// Read the limiter's state from Redis (the admin route): every rule key in use with
 /// its counts, and the holds not yet past.
-pub async fn read_state(conn: &mut ConnectionManager) -> Result<LimiterState> {
+pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+) -> Result<LimiterState> {
     let now = now_ms();
     let keys: Vec<String> = redis::cmd("SMEMBERS")
         .arg(INDEX_KEY)
