@@ -20,6 +20,7 @@ mod rowconv;
 mod sql;
 pub mod sqlite;
 pub mod store;
+pub mod wait;
 pub mod workspace;
 
 pub use checkpoint::Checkpoint;
@@ -30,3 +31,4 @@ pub use store::{
     Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, SessionStore, Store,
     SweepStore,
 };
+pub use wait::WaitReason;
