@@ -222,6 +222,10 @@ impl Printer {
                     .unwrap_or_default();
                 self.line(out, &format!("… waiting for {}{until}", short(&reason)))?;
             }
+            AgentEvent::RateLimited { wait_ms, reason } => {
+                let secs = wait_ms as f64 / 1000.0;
+                self.line(out, &format!("… rate limit ({reason}): waiting {secs:.1}s"))?;
+            }
             // Read as a `CompletionEvent` (its finish reason may be null).
             AgentEvent::SessionCompleted { .. } => {}
         }

@@ -262,10 +262,11 @@ pub enum EventKind {
     SessionCompleted,
     Error,
     SessionWaiting,
+    RateLimited,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
@@ -277,6 +278,7 @@ impl EventKind {
         EventKind::SessionCompleted,
         EventKind::Error,
         EventKind::SessionWaiting,
+        EventKind::RateLimited,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -292,6 +294,7 @@ impl EventKind {
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
             EventKind::SessionWaiting => "session_waiting",
+            EventKind::RateLimited => "rate_limited",
         }
     }
 
@@ -312,6 +315,7 @@ impl EventKind {
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
             AgentEvent::SessionWaiting { .. } => EventKind::SessionWaiting,
+            AgentEvent::RateLimited { .. } => EventKind::RateLimited,
         }
     }
 

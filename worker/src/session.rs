@@ -811,6 +811,8 @@ fn build_agent(
         interrupter: parts.interrupter,
         admission: Arc::new(agentq_agent::driver::NoAdmission),
         write_ahead_grace: inner.cfg.write_ahead_grace,
+        max_llm_retries: inner.cfg.max_llm_retries,
+        suspend_after: inner.cfg.rate_limit_suspend_after,
     })
 }
 
