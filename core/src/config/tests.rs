@@ -855,12 +855,24 @@ fn limit_rules_parse_and_name_the_field() {
     for (body, field) in [
         ("provider = \"openai\"", "`limits[0].rpm`"),
         ("provider = \"azure\"\nrpm = 1", "`limits[0].provider`"),
-        ("provider = \"openai\"\nmodel = \"gpt-[\"\nrpm = 1", "`limits[0].model`"),
-        ("provider = \"openai\"\ntenant = \" \"\nrpm = 1", "`limits[0].tenant`"),
+        (
+            "provider = \"openai\"\nmodel = \"gpt-[\"\nrpm = 1",
+            "`limits[0].model`",
+        ),
+        (
+            "provider = \"openai\"\ntenant = \" \"\nrpm = 1",
+            "`limits[0].tenant`",
+        ),
         ("provider = \"openai\"\nrpm = 0", "`limits[0].rpm`"),
         ("provider = \"openai\"\ntpm = 0", "`limits[0].tpm`"),
-        ("provider = \"openai\"\nconcurrency = 0", "`limits[0].concurrency`"),
-        ("provider = \"openai\"\nrpm = 1\nwindow_secs = 61", "`limits[0].window_secs`"),
+        (
+            "provider = \"openai\"\nconcurrency = 0",
+            "`limits[0].concurrency`",
+        ),
+        (
+            "provider = \"openai\"\nrpm = 1\nwindow_secs = 61",
+            "`limits[0].window_secs`",
+        ),
         (
             "provider = \"openai\"\nrpm = 1\nreservation_ttl_secs = 0",
             "`limits[0].reservation_ttl_secs`",
