@@ -16,6 +16,7 @@ pub mod de;
 mod error;
 pub mod events;
 mod health;
+mod limits;
 mod queues;
 mod sessions;
 mod steer;
@@ -23,6 +24,7 @@ mod steer;
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
+pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,

@@ -66,6 +66,17 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// The fleet's rate limits as configured, and the Redis their state is kept in
+    /// (`GET /v1/admin/limits`).
+    pub limits: LimitsAdmin,
+}
+
+/// What the limiter's admin view reads.
+#[derive(Debug, Clone, Default)]
+pub struct LimitsAdmin {
+    pub configured: Vec<agentq_core::config::LimitSettings>,
+    /// `None`: no Redis, so no fleet-wide limiter.
+    pub redis_url: Option<String>,
 }
 
 impl SchedulerSettings {
@@ -73,6 +84,10 @@ impl SchedulerSettings {
     pub fn from_settings(s: &Settings) -> agentq_core::Result<Self> {
         Ok(SchedulerSettings {
             policy: Arc::new(Policy::from_section(&s.policy)?),
+            limits: LimitsAdmin {
+                configured: s.limits.clone(),
+                redis_url: s.redis_url.clone(),
+            },
             ..(&s.scheduler).into()
         })
     }
@@ -95,6 +110,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_queues: c.max_queues,
             stream_max_len: c.stream_max_len,
             policy: Arc::new(Policy::default()),
+            limits: LimitsAdmin::default(),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()

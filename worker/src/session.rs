@@ -797,6 +797,7 @@ fn build_agent(
         ..Guards::default()
     };
     inner.cfg.operator.apply(&mut guards);
+    let admission = crate::admission::admission_for(inner, row, &*provider);
     Ok(Agent {
         provider,
         default_model,
@@ -809,7 +810,7 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
-        admission: Arc::new(agentq_agent::driver::NoAdmission),
+        admission,
         write_ahead_grace: inner.cfg.write_ahead_grace,
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,

@@ -18,6 +18,7 @@ use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod events;
 mod health;
+mod limits;
 mod queues;
 mod sessions;
 mod steer;
@@ -108,6 +109,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
         ),
         route(g.clone(), "/v1/queues", READ, get(queues::list)),
         route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),
+        route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]
