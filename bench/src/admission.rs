@@ -5,15 +5,17 @@
 //! provider does, and counts what it accepted and refused). Three rounds, each on a model
 //! of its own so that no limiter state crosses between them:
 //!
-//! - `binding`: the model's configured `rpm` is the fake's own limit: iterations/s over
-//!   the limit's rate (target ≥ 0.9) and the share of requests the fake refused (≤ 1 %);
+//! - `binding`: the model's configured `rpm` is the fake's own limit (both counted over
+//!   10 s windows): iterations/s over the limit's rate (target ≥ 0.9) and the share of
+//!   requests the fake refused (≤ 1 %);
 //! - `nonbinding`: a configured limit far above what the worker can do;
 //! - `none`: no limit configured: throughput with the non-binding limit over this
 //!   (target within 5 %).
 //!
 //! The limiter's cost per call is read from the private Redis' `INFO commandstats`: the
-//! script calls (`EVAL*`, `FCALL*`) per LLM call in the binding round, and every command
-//! per iteration in the non-binding round over the same in the unlimited one.
+//! script calls (`EVAL*`, `FCALL*`: round trips) per LLM call in the binding round, and
+//! every command (those a script runs included) per iteration in the non-binding round
+//! over the same in the unlimited one.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -34,6 +36,11 @@ use crate::{Env, Results, progress};
 const LATENCY: Duration = Duration::from_millis(20);
 /// Turns per session: more than any round runs, so no session ends within one.
 const TURNS: u32 = 5_000;
+/// The window the fake enforces its limit over and the limiter counts over
+/// (`window_secs`): a minute's allowance spread evenly, as providers that enforce over
+/// short windows do. The binding round measures after one whole window, so that the
+/// allowance of the first one (which a limiter may spend at once) does not count.
+const WINDOW: Duration = Duration::from_secs(10);
 /// A limit no round reaches.
 const NONBINDING_RPM: u64 = 100_000_000;
 const ROUNDS: [&str; 3] = ["binding", "nonbinding", "none"];
@@ -57,9 +64,10 @@ fn script() -> Script {
 /// none for the third.
 fn config(rpm: u64) -> String {
     format!(
-        "[[limits]]\nprovider = \"openai\"\nmodel = \"{}\"\nrpm = {rpm}\n\n\
+        "[[limits]]\nprovider = \"openai\"\nmodel = \"{}\"\nrpm = {rpm}\nwindow_secs = {}\n\n\
          [[limits]]\nprovider = \"openai\"\nmodel = \"{}\"\nrpm = {NONBINDING_RPM}\n",
         model("binding"),
+        WINDOW.as_secs(),
         model("nonbinding")
     )
 }
@@ -170,6 +178,13 @@ async fn round(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if name == "binding" {
+        let warm = Instant::now();
+        while warm.elapsed() < WINDOW {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            check_alive(&mut child, &log)?;
+        }
+    }
     let m = model(name);
     let s0 = llm.model_stats(&m);
     let i0 = iterations(env, &queue).await?;
@@ -206,9 +221,11 @@ async fn round(
 
 pub async fn admission(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let rpm = env.args.admission_rpm;
+    // The fake's own limit: the minute's allowance per window, as the limiter scales it.
+    let per_window = rpm.saturating_mul(WINDOW.as_secs()).div_ceil(60).max(1);
     let llm = RateLimitedLlm::start(
-        RateLimitedConfig::new(Duration::from_secs(60), Limits::unlimited(), script())
-            .model(&model("binding"), Limits::requests(rpm))
+        RateLimitedConfig::new(WINDOW, Limits::unlimited(), script())
+            .model(&model("binding"), Limits::requests(per_window))
             .latency(LATENCY),
     )
     .await?;
@@ -264,7 +281,7 @@ mod tests {
     fn the_configuration_limits_two_models_of_three() {
         let c = config(600);
         assert_eq!(c.matches("[[limits]]").count(), 2);
-        assert!(c.contains("model = \"bench-admission-binding\"\nrpm = 600\n"));
+        assert!(c.contains("model = \"bench-admission-binding\"\nrpm = 600\nwindow_secs = 10\n"));
         assert!(!c.contains(&model("none")));
     }
 }
