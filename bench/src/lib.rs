@@ -17,7 +17,11 @@
 //!    sessions' next iteration;
 //! 8. `isolation` — bystander sessions' iterations/s alone and beside hostile sessions
 //!    (NUL in model output, an edit bomb, huge outputs, a spinning loop, a huge timeout)
-//!    on the same workers, and what became of the hostile sessions.
+//!    on the same workers, and what became of the hostile sessions;
+//! 9. `admission` — `agentq worker` children against a fake endpoint that enforces a
+//!    rate limit: iterations/s under a configured limit over the limit, the share of
+//!    requests refused, the limiter's Redis calls per LLM call, and throughput with a
+//!    non-binding limit over none.
 //!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
@@ -26,6 +30,7 @@
 //! binary: [`run`] with the [`BenchArgs`] clap parsed. The capacity and recovery parts run
 //! that binary as `agentq worker` children ([`BenchArgs::agentq_binary`]).
 
+mod admission;
 mod ceiling;
 mod cleanup;
 mod cpu;
@@ -61,6 +66,7 @@ pub const PARTS: &[&str] = &[
     "capacity",
     "recovery",
     "isolation",
+    "admission",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -89,7 +95,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Run only these parts (comma-separated): ceiling, throughput, overhead, storage,
-    /// resume, capacity, recovery, isolation.
+    /// resume, capacity, recovery, isolation, admission.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print the results as one JSON object on the last line.
@@ -140,6 +146,16 @@ pub struct BenchArgs {
     /// still going count as failed.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub isolation_deadline_secs: u64,
+    /// The admission part's configured limit (and the fake endpoint's own), in requests
+    /// per minute.
+    #[arg(long, default_value_t = 1200, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub admission_rpm: u64,
+    /// Sessions of each admission round (one worker process runs them all at once).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub admission_sessions: u32,
+    /// How long each of the three admission rounds measures.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub admission_secs: u64,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
     /// children. Not a flag: `None` is this process's own executable, which is that binary
     /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
@@ -328,6 +344,13 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
             env.args.sessions, env.args.iterations, env.args.workers, env.args.hostile_percent
         ));
         isolation::isolation(env, r).await?;
+    }
+    if want("admission") {
+        progress(&format!(
+            "admission: {} sessions against a {} rpm limit, a non-binding one and none, {} s each",
+            env.args.admission_sessions, env.args.admission_rpm, env.args.admission_secs
+        ));
+        admission::admission(env, r).await?;
     }
     Ok(())
 }

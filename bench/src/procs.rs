@@ -36,7 +36,7 @@ const OVERRIDABLE: &[&str] = &[
     "AGENTQ_METRICS_ADDR",
 ];
 
-fn spawn_worker(
+pub(crate) fn spawn_worker(
     env: &Env,
     queue: &str,
     args: &[&str],
@@ -79,7 +79,7 @@ fn peak_rss(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn check_alive(child: &mut Child, log: &Path) -> anyhow::Result<()> {
+pub(crate) fn check_alive(child: &mut Child, log: &Path) -> anyhow::Result<()> {
     if let Ok(Some(status)) = child.try_wait() {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(20).collect();

@@ -69,6 +69,19 @@ pub struct Results {
     /// round alone after it (which hostile sessions may outlast).
     pub isolation_bystanders_failed: Option<u64>,
     pub isolation_outcomes: Option<Outcomes>,
+    /// The admission part: its configured limit, iterations/s under it and over its rate,
+    /// the share of requests the endpoint refused, the limiter's Redis script calls per
+    /// LLM call, Redis commands per iteration a non-binding limit adds, and throughput
+    /// with a non-binding limit and with none.
+    pub admission_rpm: Option<u64>,
+    pub admission_iterations_per_s: Option<f64>,
+    pub admission_limit_ratio: Option<f64>,
+    pub admission_refused_share: Option<f64>,
+    pub admission_redis_calls_per_call: Option<f64>,
+    pub admission_redis_commands_added_per_iteration: Option<f64>,
+    pub admission_nonbinding_iterations_per_s: Option<f64>,
+    pub admission_unlimited_iterations_per_s: Option<f64>,
+    pub admission_nonbinding_ratio: Option<f64>,
 }
 
 impl Results {
@@ -106,7 +119,7 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
                 .collect(),
         )
     };
-    json!({
+    let mut v = json!({
         "tool": args.tool,
         "ceiling_connections": r.ceiling_connections,
         "ceiling_commits_per_s": num(r.ceiling_commits_per_s, 1),
@@ -148,7 +161,23 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
         "isolation_hostiles_failed": r.isolation_outcomes.as_ref().map(|o| o.failed),
         "isolation_hostiles_unfinished": r.isolation_outcomes.as_ref().map(|o| o.unfinished),
         "isolation_hostile_outcomes": r.isolation_outcomes.as_ref().map(|o| &o.by_kind),
-    })
+    });
+    // Apart: one `json!` of every key passes the macro's recursion limit.
+    let admission = json!({
+        "admission_rpm": r.admission_rpm,
+        "admission_iterations_per_s": num(r.admission_iterations_per_s, 2),
+        "admission_limit_ratio": num(r.admission_limit_ratio, 3),
+        "admission_refused_share": num(r.admission_refused_share, 4),
+        "admission_redis_calls_per_call": num(r.admission_redis_calls_per_call, 2),
+        "admission_redis_commands_added_per_iteration": num(r.admission_redis_commands_added_per_iteration, 2),
+        "admission_nonbinding_iterations_per_s": num(r.admission_nonbinding_iterations_per_s, 1),
+        "admission_unlimited_iterations_per_s": num(r.admission_unlimited_iterations_per_s, 1),
+        "admission_nonbinding_ratio": num(r.admission_nonbinding_ratio, 3),
+    });
+    if let (Value::Object(all), Value::Object(more)) = (&mut v, admission) {
+        all.extend(more);
+    }
+    v
 }
 
 /// `met`/`missed` against a target.
@@ -176,6 +205,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);
+    admission_rows(r, &mut rows);
     layout(&rows.0)
 }
 
@@ -401,6 +431,57 @@ fn recovery_rows(r: &Results, rows: &mut Rows) {
 }
 
 /// Bystanders beside hostile sessions, and what the hostile sessions came to.
+fn admission_rows(r: &Results, rows: &mut Rows) {
+    let (Some(rpm), Some(ratio)) = (r.admission_rpm, r.admission_limit_ratio) else {
+        return;
+    };
+    rows.add(
+        "admission",
+        format!("iterations/s under a {rpm} rpm limit, over the limit"),
+        format!(
+            "{ratio:.2} ({:.1}/s)",
+            r.admission_iterations_per_s.unwrap_or(0.0)
+        ),
+        format!(">= 0.9 {}", verdict(ratio >= 0.9)),
+    );
+    if let Some(x) = r.admission_refused_share {
+        rows.add(
+            "",
+            "requests the endpoint refused (429)".into(),
+            format!("{:.2}%", x * 100.0),
+            format!("<= 1% {}", verdict(x <= 0.01)),
+        );
+    }
+    if let Some(x) = r.admission_redis_calls_per_call {
+        rows.add(
+            "",
+            "limiter Redis script calls per LLM call".into(),
+            format!("{x:.2}"),
+            format!("<= 1 {}", verdict(x <= 1.0)),
+        );
+    }
+    if let Some(x) = r.admission_redis_commands_added_per_iteration {
+        rows.add(
+            "",
+            "Redis commands per iteration a non-binding limit adds".into(),
+            format!("{x:.2}"),
+            String::new(),
+        );
+    }
+    if let Some(x) = r.admission_nonbinding_ratio {
+        rows.add(
+            "",
+            format!(
+                "iterations/s with a non-binding limit over none ({:.0} / {:.0})",
+                r.admission_nonbinding_iterations_per_s.unwrap_or(0.0),
+                r.admission_unlimited_iterations_per_s.unwrap_or(0.0)
+            ),
+            format!("{x:.3}"),
+            format!(">= 0.95 {}", verdict(x >= 0.95)),
+        );
+    }
+}
+
 fn isolation_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
     let (Some(alone), Some(mixed)) = (
         r.isolation_alone_iterations_per_s,

@@ -321,3 +321,63 @@ fn bench_isolation_survives_every_hostile_kind() {
     );
     assert_eq!(v["isolation_hostiles_unfinished"], 0, "{v}");
 }
+
+/// The admission part, small: three short rounds of `agentq worker` children against the
+/// rate-limited fake. Every figure is there and in range (the targets are the bench's, not
+/// this test's).
+#[test]
+fn bench_admission_prints_the_limiter_figures_as_json() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--only", "admission", "--json"])
+        .args(["--admission-rpm", "600", "--admission-sessions", "8"])
+        .args(["--admission-secs", "5"])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "agentq bench failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let last = stdout.lines().last().expect("no output");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(v["admission_rpm"], 600, "{v}");
+    let num = |key: &str| {
+        v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"))
+    };
+    for key in [
+        "admission_iterations_per_s",
+        "admission_limit_ratio",
+        "admission_nonbinding_iterations_per_s",
+        "admission_unlimited_iterations_per_s",
+        "admission_nonbinding_ratio",
+    ] {
+        let x = num(key);
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    let share = num("admission_refused_share");
+    assert!((0.0..=1.0).contains(&share), "{share}");
+    let calls = num("admission_redis_calls_per_call");
+    assert!(calls.is_finite() && calls >= 0.0, "{calls}");
+    assert!(num("admission_redis_commands_added_per_iteration").is_finite());
+    // Other parts did not run.
+    assert!(v["iterations_per_s"].is_null(), "{v}");
+    assert!(stdout.contains("admission"), "{stdout}");
+}
+
+#[test]
+fn an_admission_limit_of_zero_is_refused_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--only", "admission"])
+        .args(["--admission-rpm", "0"])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--admission-rpm"), "{stderr}");
+}
