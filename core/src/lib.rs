@@ -3,6 +3,7 @@
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
 pub mod auth;
+pub mod budget;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
