@@ -32,6 +32,17 @@ pub const DEFAULT_MAX_TREE_SESSIONS: u64 = 1_000;
 /// small calls without rounding each to nothing.
 pub const NANOS_PER_USD: f64 = 1e9;
 
+/// Dollars as nano-dollars (negative and non-finite amounts as 0, huge ones saturated).
+pub fn usd_to_nanos(usd: f64) -> u64 {
+    let n = (usd * NANOS_PER_USD).round();
+    if n.is_finite() && n > 0.0 {
+        // `as` saturates at u64::MAX for a float beyond it.
+        n as u64
+    } else {
+        0
+    }
+}
+
 /// What a spawn must respect besides creating the child.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpawnLimits {
@@ -100,7 +111,7 @@ pub fn grant(remaining: u64, requested: Option<u64>) -> Option<u64> {
 }
 
 /// How often a tenant budget resets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Period {
     Day,
@@ -327,14 +338,7 @@ impl Prices {
 
     /// [`Prices::cost_usd`] in nano-dollars (0 without a price).
     pub fn cost_nanos(&self, model: &str, usage: &Usage) -> u64 {
-        let usd = self.cost_usd(model, usage).unwrap_or(0.0);
-        let n = (usd * NANOS_PER_USD).round();
-        if n.is_finite() && n > 0.0 {
-            // `as` saturates at u64::MAX for a float beyond it.
-            n as u64
-        } else {
-            0
-        }
+        usd_to_nanos(self.cost_usd(model, usage).unwrap_or(0.0))
     }
 }
 
