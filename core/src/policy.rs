@@ -169,6 +169,11 @@ impl Policy {
     }
 
     /// The policy without tenant overrides.
+    /// The tenants with rules of their own.
+    pub fn tenant_names(&self) -> impl Iterator<Item = String> + '_ {
+        self.tenants.keys().cloned()
+    }
+
     pub fn global(&self) -> &TenantPolicy {
         &self.global
     }

@@ -10,6 +10,7 @@
 //! signals), `runs` (the sessions running here and what waits for them), `pipeline` (the
 //! writers every run hands its checkpoints and events to).
 
+mod budget;
 mod checkpoint;
 pub mod config;
 mod dispatch;
@@ -76,6 +77,8 @@ pub(crate) struct Inner {
     pub draining: CancellationToken,
     /// Built on first use and shared by every session.
     shared: Shared,
+    /// The tenant budgets stored through the admin API, as last read.
+    pub stored_budgets: budget::StoredBudgets,
 }
 
 /// What sessions share and nobody needs before the first one: providers (one HTTP
@@ -163,6 +166,7 @@ impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
         let metrics = agentq_core::metrics::global();
         metrics.label_models(cfg.labelled_models());
+        metrics.label_tenants(cfg.labelled_tenants());
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Worker {
             inner: Arc::new(Inner {
@@ -176,6 +180,7 @@ impl Worker {
                 slots,
                 draining: CancellationToken::new(),
                 shared: Shared::default(),
+                stored_budgets: budget::StoredBudgets::default(),
             }),
         }
     }

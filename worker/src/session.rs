@@ -715,6 +715,7 @@ fn build_agent(
             max_depth: policy.max_depth(inner.cfg.max_depth),
             max_children: policy.max_children(inner.cfg.max_children),
             max_prompt_bytes: inner.cfg.max_prompt_bytes,
+            max_tree_sessions: policy.max_tree_sessions(),
             policy: inner.cfg.policy.clone(),
             tenant: tenant(row).to_string(),
             inbox: parts.inbox.clone(),
@@ -757,7 +758,12 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
-        admission: Arc::new(agentq_agent::driver::NoAdmission),
+        admission: Arc::new(crate::budget::BudgetGate::new(
+            inner.clone(),
+            row,
+            spec.token_budget,
+            Arc::new(agentq_agent::driver::NoAdmission),
+        )),
         write_ahead_grace: inner.cfg.write_ahead_grace,
     })
 }
