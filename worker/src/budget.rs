@@ -5,8 +5,9 @@
 //! or month. After each call it counts the tenant's tokens and cost (metrics, and the
 //! store's daily spend for tenants with a budget).
 //!
-//! A call starts while anything is left, so a tree ends within its budget plus the calls
-//! in flight when it ran out (each ends at most one call past its own allowance).
+//! A call starts only when what is left pays for its worst case, and the allowances of a
+//! tree's sessions are disjoint (each drawn from its parent's), so a tree ends within its
+//! budget plus what the estimates of the calls in flight missed.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -107,7 +108,10 @@ impl BudgetGate {
         }
     }
 
-    async fn tree(&self) -> Option<Admit> {
+    /// The tree budget: the call starts only if what is left pays for its worst case (the
+    /// prompt's estimate and all of `max_tokens`), so no session spends past its
+    /// allowance by more than the estimate missed.
+    async fn tree(&self, ask: &CallAsk<'_>) -> Option<Admit> {
         let allowance = self.allowance?;
         let ledger = match self.inner.store.ledger(&self.session_id).await {
             Ok(Some(l)) => l,
@@ -122,13 +126,19 @@ impl BudgetGate {
         };
         let allowance = ledger.allowance.unwrap_or(allowance);
         let own = self.own.load(Ordering::Relaxed);
-        if ledger.remaining(allowance, own) > 0 {
+        let left = ledger.remaining(allowance, own);
+        let worst = ask
+            .input_tokens
+            .saturating_add(ask.max_output_tokens)
+            .max(1);
+        if left >= worst {
             return None;
         }
         Some(Admit::Exhausted {
             message: format!(
                 "token budget of {allowance} spent: {} by this session, {} by its finished \
-                 sub-agents, {} held by running ones",
+                 sub-agents, {} held by running ones; {left} left, and the next call may \
+                 cost {worst}",
                 own.max(ledger.spent),
                 ledger.children_spent,
                 ledger.held
@@ -176,7 +186,7 @@ impl BudgetGate {
 #[async_trait]
 impl Admission for BudgetGate {
     async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
-        if let Some(refused) = self.tree().await {
+        if let Some(refused) = self.tree(ask).await {
             return refused;
         }
         if let Some(refused) = self.tenant().await {

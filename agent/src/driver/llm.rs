@@ -17,7 +17,9 @@ use crate::observe::{LlmCallInfo, outcome_of};
 use crate::provider::{LlmEvent, LlmRequest};
 use crate::schema::Usage;
 use crate::spec::ExitReason;
-use crate::state::{Outcome, SessionState};
+use crate::state::{Outcome, SessionState, SuspendReason};
+
+use super::admission::{Admit, CallAsk, CallReport, Permit};
 
 /// How an LLM call (with its retries) ended.
 pub(super) enum Attempt {
@@ -25,6 +27,8 @@ pub(super) enum Attempt {
     Ended(Outcome),
     /// The user interrupted the turn: drop the call, keep looping.
     Interrupted,
+    /// The admission parked the session (a budget is spent and its policy parks).
+    Suspend(SuspendReason),
 }
 
 /// What one try of the call came to.
@@ -65,6 +69,26 @@ pub(super) fn retry_delay(
     }
 }
 
+/// Prompt tokens of `request`, estimated from its size (about four bytes a token).
+fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
+    let mut bytes = request.system.as_ref().map_or(0, String::len);
+    for m in &request.messages {
+        bytes = bytes.saturating_add(m.content.len());
+        for c in &m.tool_calls {
+            bytes = bytes
+                .saturating_add(c.name.len())
+                .saturating_add(c.arguments.to_string().len());
+        }
+    }
+    for t in request.tools.iter() {
+        bytes = bytes
+            .saturating_add(t.name.len())
+            .saturating_add(t.description.len())
+            .saturating_add(t.parameters.to_string().len());
+    }
+    u64::try_from(bytes / 4).unwrap_or(u64::MAX)
+}
+
 impl Agent {
     /// The LLM call with its retry policy: transient failures (transport, 429/5xx, an
     /// empty error finish) are retried up to `max_llm_retries` times with a growing delay
@@ -93,7 +117,25 @@ impl Agent {
             if ctx.interrupt.is_cancelled() {
                 return Attempt::Interrupted;
             }
-            let (err, label) = match self.try_once(&ctx, state, attempt).await {
+            let ask = CallAsk {
+                model: &request.model,
+                input_tokens: estimate_input_tokens(request),
+                max_output_tokens: u64::from(request.max_tokens),
+            };
+            let permit = match self.admit(&ask, &ctx).await {
+                Ok(p) => p,
+                Err(end) => return end,
+            };
+            let tried = self.try_once(&ctx, state, attempt).await;
+            let report = CallReport {
+                usage: match &tried {
+                    Try::Over(Attempt::Got(r)) => r.message.usage,
+                    _ => None,
+                },
+                ..Default::default()
+            };
+            self.admission.settle(&ask, permit, &report).await;
+            let (err, label) = match tried {
                 Try::Over(a) => return a,
                 Try::Failed { err, label } => (err, label),
             };
@@ -115,6 +157,44 @@ impl Agent {
                 _ = ctx.interrupt.cancelled() => return Attempt::Interrupted,
             }
             attempt += 1;
+        }
+    }
+
+    /// Leave to start the call from the admission, waiting as long as it says (a wait is
+    /// not a failed try); `Err` with how the call ends instead.
+    async fn admit(
+        &self,
+        ask: &CallAsk<'_>,
+        ctx: &CallCtx<'_>,
+    ) -> std::result::Result<Permit, Attempt> {
+        loop {
+            match self.admission.reserve(ask).await {
+                Admit::Go(p) => return Ok(p),
+                Admit::Wait { after, .. } => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(after) => {}
+                        _ = ctx.cancel.cancelled() => return Err(Attempt::Ended(Outcome::new(ExitReason::Interrupted))),
+                        _ = ctx.interrupt.cancelled() => return Err(Attempt::Interrupted),
+                    }
+                }
+                Admit::Exhausted { message, park } => {
+                    if park {
+                        return Err(Attempt::Suspend(SuspendReason::Budget { message }));
+                    }
+                    self.events.emit(
+                        ctx.seq,
+                        AgentEvent::Error {
+                            message: message.clone(),
+                            retrying: false,
+                        },
+                    );
+                    return Err(Attempt::Ended(Outcome {
+                        reason: ExitReason::BudgetExhausted,
+                        result: None,
+                        error: Some(message),
+                    }));
+                }
+            }
         }
     }
 

@@ -87,10 +87,7 @@ impl Agent {
                     None
                 }
                 Step::DrainBackground => self.drain(state, &mut run, cancel).await?,
-                Step::CallLlm => {
-                    self.iterate(state, &mut run, cancel).await?;
-                    None
-                }
+                Step::CallLlm => self.iterate(state, &mut run, cancel).await?,
             };
             if let Some(end) = end {
                 return Ok(end);
@@ -214,7 +211,7 @@ impl Agent {
         state: &mut SessionState,
         run: &mut Run,
         cancel: &CancellationToken,
-    ) -> Result<()> {
+    ) -> Result<Option<RunEnd>> {
         let injected = self.background.take_injections().await;
         if state.inject_messages(injected) {
             self.checkpoint(state, &mut run.saved).await?;
@@ -235,12 +232,19 @@ impl Agent {
             .await;
         drop(request);
         match attempt {
-            Attempt::Interrupted => Ok(()),
+            Attempt::Interrupted => Ok(None),
             Attempt::Ended(outcome) => {
                 state.end_with(outcome);
-                Ok(())
+                Ok(None)
             }
-            Attempt::Got(response) => self.record_response(state, run, response, seq, model).await,
+            Attempt::Suspend(reason) => {
+                self.checkpoint(state, &mut run.saved).await?;
+                Ok(Some(RunEnd::Suspended(reason)))
+            }
+            Attempt::Got(response) => self
+                .record_response(state, run, response, seq, model)
+                .await
+                .map(|()| None),
         }
     }
 
