@@ -21,6 +21,7 @@ mod rowconv;
 mod sql;
 pub mod sqlite;
 pub mod store;
+pub mod wait;
 pub mod workspace;
 
 pub use checkpoint::Checkpoint;
@@ -31,3 +32,4 @@ pub use store::{
     Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, SessionStore, Store,
     SweepStore,
 };
+pub use wait::WaitReason;

@@ -199,6 +199,12 @@ pub struct SessionRow {
     /// unfinished: see [`SessionRow::may_hold_calls`].
     #[serde(default)]
     pub held_calls: Vec<String>,
+    /// While `waiting` or `awaiting_approval`: what for (see [`crate::wait`]).
+    #[serde(default)]
+    pub wait_reason: Option<crate::wait::WaitReason>,
+    /// While waiting for a rate limit: when the sweeper puts it back on the queue.
+    #[serde(default)]
+    pub wake_at: Option<DateTime<Utc>>,
 }
 
 impl SessionRow {

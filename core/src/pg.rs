@@ -51,6 +51,7 @@ use crate::store::{
     Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
     SessionStore, Store, SweepStore, checkpoint_alone,
 };
+use crate::wait::WaitReason;
 
 /// Pooled connections idle at least this long are pinged before use.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
@@ -514,6 +515,43 @@ impl LeaseStore for PgStore {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
+        let reason = match status {
+            SessionStatus::AwaitingApproval => WaitReason::Approval,
+            _ => WaitReason::Children,
+        };
+        self.suspend_with(lease, status, seen_wake, approval_deadline, reason, None)
+            .await
+    }
+
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        self.suspend_with(
+            lease,
+            SessionStatus::Waiting,
+            seen_wake,
+            None,
+            reason,
+            wake_at,
+        )
+        .await
+    }
+}
+
+impl PgStore {
+    async fn suspend_with(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
         let rec: Option<SessionRecord> = sqlx::query_as(&SQL.suspend)
             .bind(&lease.root_id)
             .bind(&lease.session_id)
@@ -522,6 +560,8 @@ impl LeaseStore for PgStore {
             .bind(seen_wake)
             .bind(approval_deadline)
             .bind(&lease.owner)
+            .bind(reason.as_str())
+            .bind(wake_at)
             .fetch_optional(&self.pool)
             .await?;
         match rec {
@@ -726,5 +766,27 @@ impl SweepStore for PgStore {
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>> {
+        Ok(sqlx::query_as(&SQL.wake_due)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>> {
+        Ok(sqlx::query_as(&SQL.wake_budget)
+            .bind(tenant)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn waiting_by_reason(&self) -> Result<Vec<(Option<WaitReason>, u64)>> {
+        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(crate::wait::tally(rows))
     }
 }

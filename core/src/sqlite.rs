@@ -97,6 +97,7 @@ use crate::store::{
     Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
     SessionStore, Store, SweepStore, checkpoint_alone,
 };
+use crate::wait::WaitReason;
 
 /// The migrations this binary was built with (SQLite dialect).
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations_sqlite");
@@ -692,6 +693,43 @@ impl LeaseStore for SqliteStore {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
+        let reason = match status {
+            SessionStatus::AwaitingApproval => WaitReason::Approval,
+            _ => WaitReason::Children,
+        };
+        self.suspend_with(lease, status, seen_wake, approval_deadline, reason, None)
+            .await
+    }
+
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        self.suspend_with(
+            lease,
+            SessionStatus::Waiting,
+            seen_wake,
+            None,
+            reason,
+            wake_at,
+        )
+        .await
+    }
+}
+
+impl SqliteStore {
+    async fn suspend_with(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
         let mut tx = self.write_tx().await?;
         let rec = returning_one(
             &mut tx,
@@ -703,6 +741,8 @@ impl LeaseStore for SqliteStore {
                 .bind(seen_wake)
                 .bind(approval_deadline.map(|t| t.timestamp_micros()))
                 .bind(&lease.owner)
+                .bind(reason.as_str())
+                .bind(wake_at.map(|t| t.timestamp_micros()))
                 .bind(now_us()),
         )
         .await?;
@@ -933,6 +973,36 @@ impl SweepStore for SqliteStore {
             .await?;
         tx.commit().await?;
         Ok(woken)
+    }
+
+    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>> {
+        let mut tx = self.write_tx().await?;
+        let woken: Vec<(String, String)> = sqlx::query_as(&SQL.wake_due)
+            .bind(i64::from(limit))
+            .bind(now_us())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(woken)
+    }
+
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>> {
+        let mut tx = self.write_tx().await?;
+        let woken: Vec<(String, String)> = sqlx::query_as(&SQL.wake_budget)
+            .bind(tenant)
+            .bind(i64::from(limit))
+            .bind(now_us())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(woken)
+    }
+
+    async fn waiting_by_reason(&self) -> Result<Vec<(Option<WaitReason>, u64)>> {
+        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(crate::wait::tally(rows))
     }
 }
 

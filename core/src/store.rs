@@ -29,6 +29,7 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 use crate::protocol::{InboxKind, InboxPayload};
+use crate::wait::WaitReason;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -120,6 +121,17 @@ pub trait LeaseStore: Send + Sync {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow>;
+
+    /// [`LeaseStore::suspend`] to `waiting` for `reason`, recording it, and, with
+    /// `wake_at`, when the sweeper puts the session back on the queue by itself
+    /// ([`SweepStore::wake_due`]). Fenced and woken-or-cancelled like `suspend`.
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow>;
 }
 
 /// What wakes a session: its inbox, the decisions on its held tool calls, follow-up turns.
@@ -206,6 +218,20 @@ pub trait SweepStore: Send + Sync {
     /// Sessions awaiting an approval past their deadline go back to the queue (their
     /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Sessions waiting with a wake time that has come (a rate limit's) go back to the
+    /// queue, those due longest first, up to `limit`. Returns (id, queue) to enqueue.
+    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// `tenant`'s sessions parked for a spent budget go back to the queue (its budget was
+    /// raised or its period turned over), longest parked first, up to `limit`. Returns
+    /// (id, queue) to enqueue. A session that is still running when this is called and
+    /// parks afterwards is not woken by it.
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason; `None` counts
+    /// rows suspended before reasons were stored.
+    async fn waiting_by_reason(&self) -> Result<Vec<(Option<WaitReason>, u64)>>;
 }
 
 /// API keys (the hashes of them: a key itself is never stored).

@@ -25,7 +25,7 @@ use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, QueueCreate, SessionStatus,
+    NewSession, QueueCreate, SessionStatus, WaitReason,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -124,6 +124,8 @@ contract_tests!(
     contract_approvals,
     contract_pending_approvals,
     contract_wake_expired_approvals,
+    contract_rate_limit_waits,
+    contract_budget_waits,
     contract_follow_up,
     contract_count_unfinished,
     contract_group_commit,
@@ -1914,6 +1916,201 @@ async fn contract_wake_expired_approvals(store: &dyn Store) {
     assert_eq!(unenqueued, want);
     // The woken session runs again.
     let _ = acquire(store, &ids[0], "w2", TTL).await;
+}
+
+async fn contract_rate_limit_waits(store: &dyn Store) {
+    let now = Utc::now();
+    let ago = |s: i64| Some(now - chrono::Duration::seconds(s));
+    // (reason, wake time) per session; the ones due wake earliest first.
+    let cases = [
+        (WaitReason::RateLimit, ago(30)),
+        (WaitReason::RateLimit, ago(60)),
+        (
+            WaitReason::RateLimit,
+            Some(now + chrono::Duration::hours(1)),
+        ),
+        (WaitReason::Budget, None),
+        (WaitReason::RateLimit, ago(10)),
+    ];
+    let mut ids = Vec::new();
+    for (i, (reason, wake_at)) in cases.iter().enumerate() {
+        let id = create(store, &format!("rate limited {i}")).await;
+        let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+        let row = store
+            .suspend_for(&lease, seen, *reason, *wake_at)
+            .await
+            .unwrap();
+        assert_eq!(row.status, SessionStatus::Waiting);
+        assert_eq!(row.wait_reason, Some(*reason));
+        assert_eq!(
+            row.wake_at.map(|t| t.timestamp_micros()),
+            wake_at.map(|t| t.timestamp_micros())
+        );
+        assert_eq!(row.lease_owner, None, "no lease while it waits");
+        // The stored row reads back the same.
+        assert_eq!(store.get(&id).await.unwrap().unwrap(), row);
+        ids.push(id);
+    }
+    // A session waiting for its children has no wake time: the sweeper leaves it.
+    let children = create(store, "waits for children").await;
+    let (lease, _, seen) = acquire_seen(store, &children, "w").await;
+    let row = store
+        .suspend(&lease, SessionStatus::Waiting, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(row.wait_reason, Some(WaitReason::Children));
+    assert_eq!(row.wake_at, None);
+
+    let mut counts = store.waiting_by_reason().await.unwrap();
+    counts.sort_by_key(|(r, _)| r.map(WaitReason::as_str));
+    assert_eq!(
+        counts,
+        vec![
+            (Some(WaitReason::Budget), 1),
+            (Some(WaitReason::Children), 1),
+            (Some(WaitReason::RateLimit), 4),
+        ]
+    );
+
+    assert!(store.wake_due(0).await.unwrap().is_empty());
+    assert_eq!(store.wake_due(1).await.unwrap(), default_queue(&ids[1]));
+    assert_eq!(
+        store.wake_due(100).await.unwrap(),
+        [default_queue(&ids[0]), default_queue(&ids[4])].concat()
+    );
+    assert!(store.wake_due(100).await.unwrap().is_empty());
+    for (i, want) in [
+        SessionStatus::Queued,
+        SessionStatus::Queued,
+        SessionStatus::Waiting,
+        SessionStatus::Waiting,
+        SessionStatus::Queued,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let row = store.get(&ids[i]).await.unwrap().unwrap();
+        assert_eq!(row.status, want, "session {i}");
+        if want == SessionStatus::Queued {
+            assert_eq!((row.wait_reason, row.wake_at), (None, None), "session {i}");
+        }
+    }
+    // Woken sessions have no queue entry: the sweeper's own pass enqueues them if the
+    // caller could not.
+    let mut unenqueued = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    unenqueued.sort();
+    let mut want = [
+        default_queue(&ids[0]),
+        default_queue(&ids[1]),
+        default_queue(&ids[4]),
+    ]
+    .concat();
+    want.sort();
+    assert_eq!(unenqueued, want);
+
+    // A wake that arrives while the run suspends sends it back to the queue, with no
+    // wake time left behind; a cancel requested meanwhile cancels it.
+    let (lease, _, seen) = acquire_seen(store, &ids[0], "w2").await;
+    store
+        .deliver(
+            &ids[0],
+            InboxKind::Message,
+            "m-1",
+            &steer("hi"),
+            &[SessionStatus::Waiting],
+        )
+        .await
+        .unwrap();
+    let later = Some(now + chrono::Duration::hours(1));
+    let row = store
+        .suspend_for(&lease, seen, WaitReason::RateLimit, later)
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!((row.wait_reason, row.wake_at), (None, None));
+    let (lease, _, seen) = acquire_seen(store, &ids[1], "w2").await;
+    store.request_cancel(&ids[1]).await.unwrap();
+    let row = store
+        .suspend_for(&lease, seen, WaitReason::RateLimit, ago(5))
+        .await
+        .unwrap();
+    assert_eq!(row.status, SessionStatus::Cancelled);
+    assert!(store.wake_due(100).await.unwrap().is_empty());
+
+    // Fenced: a stale lease suspends nothing.
+    let seen = wake_seq(store, &ids[4]).await;
+    let (stale, _) = acquire(store, &ids[4], "w3", SHORT_TTL).await;
+    tokio::time::sleep(SHORT_TTL * 2).await;
+    let _ = acquire(store, &ids[4], "w4", TTL).await;
+    assert!(matches!(
+        store
+            .suspend_for(&stale, seen, WaitReason::RateLimit, ago(5))
+            .await,
+        Err(Error::LeaseLost(_))
+    ));
+}
+
+async fn contract_budget_waits(store: &dyn Store) {
+    let mut ids = Vec::new();
+    for (i, tenant) in ["acme", "acme", "globex", "acme"].into_iter().enumerate() {
+        let (row, _) = store
+            .create_session(&new_session(&format!("budget {i}")).with_tenant(tenant))
+            .await
+            .unwrap();
+        let (lease, _, seen) = acquire_seen(store, &row.id, "w").await;
+        let reason = if i == 3 {
+            WaitReason::RateLimit
+        } else {
+            WaitReason::Budget
+        };
+        let wake_at = (i == 3).then(|| Utc::now() + chrono::Duration::hours(1));
+        store
+            .suspend_for(&lease, seen, reason, wake_at)
+            .await
+            .unwrap();
+        ids.push(row.id);
+    }
+    assert!(
+        store
+            .wake_budget_waiters("acme", 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        store.wake_budget_waiters("acme", 1).await.unwrap(),
+        default_queue(&ids[0])
+    );
+    assert_eq!(
+        store.wake_budget_waiters("acme", 100).await.unwrap(),
+        default_queue(&ids[1])
+    );
+    // Another tenant's parked sessions and the tenant's rate-limited one stay.
+    assert!(
+        store
+            .wake_budget_waiters("acme", 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for (i, want) in [
+        SessionStatus::Queued,
+        SessionStatus::Queued,
+        SessionStatus::Waiting,
+        SessionStatus::Waiting,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let row = store.get(&ids[i]).await.unwrap().unwrap();
+        assert_eq!(row.status, want, "session {i}");
+    }
+    // Woken ones got a wake bump (a parking run racing the wake re-queues).
+    assert_eq!(store.get(&ids[0]).await.unwrap().unwrap().wake_seq, 1);
+    assert_eq!(
+        store.wake_budget_waiters("globex", 100).await.unwrap(),
+        default_queue(&ids[2])
+    );
 }
 
 async fn contract_follow_up(store: &dyn Store) {

@@ -1,10 +1,13 @@
-//! agentq-testkit: what the tests share. A fake LLM HTTP server ([`fake_llm`]) and private
+//! agentq-testkit: what the tests share. A fake LLM HTTP server ([`fake_llm`]), one that
+//! enforces rate limits like a real provider ([`rate_limited`]), and private
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]).
 
 pub mod fake_llm;
+pub mod rate_limited;
 pub mod services;
 
 pub use fake_llm::{FakeLlm, FakeResponse, RecordedRequest};
+pub use rate_limited::{Limits, RateLimitedConfig, RateLimitedLlm, RateStats, Reply};
 pub use services::{Durability, PostgresOptions, PostgresServer, RedisServer, shared_postgres};
 
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running

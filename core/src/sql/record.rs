@@ -19,6 +19,7 @@ use crate::auth::{ApiKey, Scope};
 use crate::error::Result;
 use crate::model::{InboxItem, Lease, SessionRow, SessionStatus};
 use crate::rowconv::{bad_data, parse_exit, parse_phase, parse_status, to_u32, to_u64};
+use crate::wait::WaitReason;
 
 use super::escape::{Doc, Text};
 
@@ -145,6 +146,10 @@ pub(crate) struct SessionRecord {
     /// The history's length as the last write left it; `None` on rows written before the
     /// column existed, whose length is only known from their stored messages.
     pub history_len: Option<i32>,
+    #[serde(default)]
+    pub wait_reason: Option<String>,
+    #[serde(default)]
+    pub wake_at: Option<Stamp>,
 }
 
 impl SessionRecord {
@@ -191,6 +196,10 @@ impl SessionRecord {
             wake_seq: self.wake_seq,
             approval_deadline: time(self.approval_deadline),
             held_calls: self.not_started.0,
+            // A name this build does not know (a newer one wrote it) shows as no reason
+            // rather than failing every read of the row.
+            wait_reason: self.wait_reason.as_deref().and_then(WaitReason::parse),
+            wake_at: time(self.wake_at),
         })
     }
 

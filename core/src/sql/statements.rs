@@ -30,7 +30,8 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
-    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len";
+    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \
+    wait_reason, wake_at";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -176,13 +177,15 @@ UPDATE sessions SET
     finished_at = CASE WHEN cancel_requested THEN now() ELSE finished_at END,
     enqueued_at = CASE WHEN wake_seq > $5 AND NOT cancel_requested THEN NULL ELSE enqueued_at END,
     approval_deadline = $6,
+    wait_reason = CASE WHEN cancel_requested OR wake_seq > $5 THEN NULL ELSE $8::text END,
+    wake_at = CASE WHEN cancel_requested OR wake_seq > $5 THEN NULL ELSE $9::timestamptz END,
     lease_owner = NULL,
     lease_expires_at = NULL,
     attempts = 0,
     updated_at = now()
 WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $7 AND status = 'running'
 RETURNING COLS",
-    sqlite_now: Some(8),
+    sqlite_now: Some(10),
 };
 
 /// Give a running session back (graceful shutdown), fenced by the lease.
@@ -251,6 +254,38 @@ const WAKE_EXPIRED: Shared = Shared {
              AND status = 'awaiting_approval' \
            RETURNING id, queue",
     sqlite_now: Some(2),
+};
+
+/// Sessions waiting for a rate limit whose wake time has come go back to the queue, those
+/// due longest first. (`wake_seq` stays: nothing arrived for them.)
+const WAKE_DUE: Shared = Shared {
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+               wait_reason = NULL, wake_at = NULL, updated_at = now() \
+           WHERE id IN (SELECT id FROM sessions WHERE status = 'waiting' \
+                        AND wake_at IS NOT NULL AND wake_at <= now() ORDER BY wake_at LIMIT $1) \
+             AND status = 'waiting' AND wake_at <= now() \
+           RETURNING id, queue",
+    sqlite_now: Some(2),
+};
+
+/// A tenant's sessions parked for a spent budget go back to the queue (the budget was
+/// raised), longest parked first. `wake_seq` is bumped like any waker's.
+const WAKE_BUDGET: Shared = Shared {
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+               wait_reason = NULL, wake_at = NULL, wake_seq = wake_seq + 1, updated_at = now() \
+           WHERE id IN (SELECT id FROM sessions WHERE tenant = $1 AND status = 'waiting' \
+                        AND wait_reason = 'budget' ORDER BY updated_at LIMIT $2) \
+             AND status = 'waiting' AND wait_reason = 'budget' \
+           RETURNING id, queue",
+    sqlite_now: Some(3),
+};
+
+/// Waiting and awaiting-approval sessions per wait reason (NULL: a row suspended before
+/// reasons were stored), for the gauge.
+const WAITING_BY_REASON: Shared = Shared {
+    text: "SELECT wait_reason, count(*) FROM sessions \
+           WHERE status IN ('waiting', 'awaiting_approval') GROUP BY wait_reason",
+    sqlite_now: None,
 };
 
 const MARK_ENQUEUED: Shared = Shared {
@@ -377,6 +412,9 @@ pub(crate) struct Statements {
     pub follow_up: String,
     pub follow_up_message: String,
     pub wake_expired: String,
+    pub wake_due: String,
+    pub wake_budget: String,
+    pub waiting_by_reason: String,
     pub mark_enqueued: String,
     pub reset_enqueued: String,
     pub unenqueued: String,
@@ -408,6 +446,9 @@ impl Statements {
             follow_up: FOLLOW_UP.render(d),
             follow_up_message: FOLLOW_UP_MESSAGE.render(d),
             wake_expired: WAKE_EXPIRED.render(d),
+            wake_due: WAKE_DUE.render(d),
+            wake_budget: WAKE_BUDGET.render(d),
+            waiting_by_reason: WAITING_BY_REASON.render(d),
             mark_enqueued: MARK_ENQUEUED.render(d),
             reset_enqueued: RESET_ENQUEUED.render(d),
             unenqueued: UNENQUEUED.render(d),
@@ -540,6 +581,9 @@ mod tests {
                 &s.follow_up,
                 &s.follow_up_message,
                 &s.wake_expired,
+                &s.wake_due,
+                &s.wake_budget,
+                &s.waiting_by_reason,
                 &s.mark_enqueued,
                 &s.reset_enqueued,
                 &s.unenqueued,
