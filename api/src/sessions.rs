@@ -109,6 +109,16 @@ pub struct SessionDetail {
     /// (and from a server that predates the field).
     #[serde(default)]
     pub pending_approvals: Vec<PendingApproval>,
+    /// What the session's own usage cost at the configured prices; `null` when its model
+    /// has no price.
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
+    /// The spend of the tree the session belongs to.
+    #[serde(default)]
+    pub tree_cost: Option<crate::TreeCost>,
+    /// Its part of the tree's token budget; `null` without a budget.
+    #[serde(default)]
+    pub budget: Option<crate::BudgetLedger>,
 }
 
 /// A sensitive tool call held until someone approves or denies it.

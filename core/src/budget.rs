@@ -134,6 +134,19 @@ impl Period {
         }
     }
 
+    /// When the period after the one holding `now` starts (UTC midnight).
+    pub fn next_start(self, now: DateTime<Utc>) -> DateTime<Utc> {
+        let today = now.date_naive();
+        let next = match self {
+            Period::Day => today.succ_opt(),
+            Period::Month => today
+                .with_day(1)
+                .and_then(|d| d.checked_add_months(chrono::Months::new(1))),
+        };
+        next.and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map_or(now + chrono::Duration::days(1), |t| t.and_utc())
+    }
+
     /// The first and last UTC day (`YYYY-MM-DD`) of the period holding `now`.
     pub fn days(self, now: DateTime<Utc>) -> (String, String) {
         let today = now.date_naive();
@@ -415,6 +428,14 @@ mod tests {
         assert_eq!(
             Period::Month.days(now),
             ("2026-03-01".into(), "2026-03-17".into())
+        );
+        assert_eq!(
+            Period::Day.next_start(now).to_rfc3339(),
+            "2026-03-18T00:00:00+00:00"
+        );
+        assert_eq!(
+            Period::Month.next_start(now).to_rfc3339(),
+            "2026-04-01T00:00:00+00:00"
         );
         let b = TenantBudget {
             tenant: "acme".into(),

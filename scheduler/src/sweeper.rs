@@ -145,6 +145,20 @@ pub async fn return_budgets(store: &dyn Store) {
     }
 }
 
+/// Waiting sessions whose wake time has come (a parked budget's period turned over)
+/// go back to the queue.
+pub async fn wake_due(store: &dyn Store, queue: &dyn Queue) {
+    match store.wake_due(SWEEP_BATCH).await {
+        Ok(woken) => {
+            for (id, q) in woken {
+                tracing::info!(session_id = %id, "wake time reached; resuming the session");
+                agentq_core::lifecycle::enqueue_woken(store, queue, &id, &q).await;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot look for sessions due to wake"),
+    }
+}
+
 /// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
 /// tries again.
 pub async fn run_sweeper(
@@ -168,6 +182,7 @@ pub async fn run_sweeper(
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
         return_budgets(store.as_ref()).await;
+        wake_due(store.as_ref(), queue.as_ref()).await;
         if let Err(e) = requeue_expired(store.as_ref(), age).await {
             tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");
         }

@@ -40,6 +40,11 @@ pub(crate) struct StoredBudgets {
 }
 
 impl StoredBudgets {
+    /// Read the stored budgets again at the next use.
+    async fn forget(&self) {
+        *self.cache.lock().await = None;
+    }
+
     async fn get(&self, inner: &Inner) -> Option<Arc<Vec<TenantBudget>>> {
         let mut cache = self.cache.lock().await;
         if let Some((at, b)) = cache.as_ref()
@@ -147,7 +152,18 @@ impl BudgetGate {
         })
     }
 
+    /// The tenant's budgets. A budget found spent is checked again against freshly read
+    /// ones, so that a budget raised a moment ago never parks or fails a session.
     async fn tenant(&self) -> Option<Admit> {
+        let refused = self.tenant_with_cache().await;
+        if matches!(refused, Some(Admit::Exhausted { .. })) {
+            self.inner.stored_budgets.forget().await;
+            return self.tenant_with_cache().await;
+        }
+        refused
+    }
+
+    async fn tenant_with_cache(&self) -> Option<Admit> {
         let Some(budgets) = tenant_budgets(&self.inner, &self.tenant).await else {
             return Some(Admit::Wait {
                 after: STORE_DOWN_WAIT,
@@ -225,4 +241,15 @@ impl Admission for BudgetGate {
             warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed");
         }
     }
+}
+
+/// When a session of `tenant` parked for its budget wakes by itself: when the first of its
+/// budgets' periods turns over (a budget still spent then parks it again).
+pub(crate) async fn park_until(inner: &Inner, tenant: &str) -> Option<chrono::DateTime<Utc>> {
+    let now = Utc::now();
+    tenant_budgets(inner, tenant)
+        .await?
+        .iter()
+        .map(|b| b.period.next_start(now))
+        .min()
 }

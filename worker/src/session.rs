@@ -22,6 +22,7 @@ use agentq_agent::tools::{LocalWorkspace, builtin_registry};
 use agentq_core::lifecycle;
 use agentq_core::policy::{Sent, SpawnContext};
 use agentq_core::queue::Delivery;
+use agentq_core::wait::WaitReason;
 use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
 
 use crate::checkpoint::StoreCheckpointer;
@@ -562,11 +563,24 @@ async fn suspend(
             )),
         ),
     };
-    match inner
-        .store
-        .suspend(lease, status, row.wake_seq, deadline)
-        .await
-    {
+    let suspended = match &reason {
+        // Parked for a spent tenant budget: raising it wakes the session, and so does the
+        // sweeper when the period turns over.
+        SuspendReason::Budget { .. } => {
+            let wake_at = crate::budget::park_until(inner, &row.tenant).await;
+            inner
+                .store
+                .suspend_for(lease, row.wake_seq, WaitReason::Budget, wake_at)
+                .await
+        }
+        _ => {
+            inner
+                .store
+                .suspend(lease, status, row.wake_seq, deadline)
+                .await
+        }
+    };
+    match suspended {
         Ok(now) => {
             info!(status = %now.status, "session suspended");
             match now.status {

@@ -55,6 +55,11 @@ impl Cluster {
             ..Default::default()
         };
         settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        // The scheduler reads the same [[budgets]] and [[prices]] as the workers.
+        let mut probe = WorkerConfig::default();
+        tweak(&mut probe);
+        settings.budgets = probe.budgets.clone();
+        settings.prices = probe.prices.clone();
         tokio::spawn(run_scheduler(
             store.clone(),
             queue.clone(),
@@ -177,6 +182,17 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    async fn admin_get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.api))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
     }
 
     async fn shutdown(self) {
@@ -309,7 +325,8 @@ async fn the_tree_session_cap_holds_across_two_workers() {
 
 /// A model that never stops calling: five turns of a no-op tool call, then an answer.
 fn long_script() -> Value {
-    let turn = json!({"text": "working", "usage": usage()});
+    let turn = json!({"text": "working", "usage": usage(),
+                      "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]});
     json!({"turns": [turn.clone(), turn.clone(), turn.clone(), turn.clone(), {"text": "finished", "usage": usage()}]})
 }
 
@@ -374,12 +391,26 @@ async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
         cfg.budgets = vec![tenant_budget(100, OnBudget::Park)];
     })
     .await;
-    let a = c.submit("A", |s| s.tools = Some(vec![])).await;
-    let b = c.submit("B", |s| s.tools = Some(vec![])).await;
+    let a = c
+        .submit("A", |s| s.tools = Some(vec!["list_dir".into()]))
+        .await;
+    let b = c
+        .submit("B", |s| s.tools = Some(vec!["list_dir".into()]))
+        .await;
     for id in [&a, &b] {
-        c.wait_status(id, &[SessionStatus::Waiting], Duration::from_secs(60))
+        let row = c
+            .wait_status(id, &[SessionStatus::Waiting], Duration::from_secs(60))
             .await;
+        assert_eq!(row.wait_reason, Some(agentq_core::wait::WaitReason::Budget));
+        // It wakes by itself when the day turns over.
+        let tomorrow = Period::Day.next_start(chrono::Utc::now());
+        assert_eq!(row.wake_at, Some(tomorrow), "{row:?}");
     }
+    // Parked, not failed: nothing more is spent while it waits.
+    let (status, body) = c.admin_get("/v1/admin/budgets").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["budgets"][0]["source"], "config");
+    assert!(body["budgets"][0]["spent_tokens"].as_u64().unwrap() >= 100);
     // Raised through the admin API: stored, it overrides the configured budget, and the
     // parked sessions of the tenant are woken.
     let resp = c
@@ -401,5 +432,14 @@ async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
         assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
         assert_eq!(row.result.as_deref(), Some("finished"));
     }
+    let (_, body) = c.admin_get("/v1/admin/budgets").await;
+    assert_eq!(body["budgets"][0]["source"], "stored");
+    assert_eq!(body["budgets"][0]["tokens"], 100_000);
+    let (status, spend) = c
+        .admin_get(&format!("/v1/admin/tenants/{TENANT}/spend"))
+        .await;
+    assert_eq!(status, 200);
+    // Five calls per session, all counted.
+    assert_eq!(spend["day"]["tokens"], 2 * 5 * (CALL.0 + CALL.1));
     c.shutdown().await;
 }
