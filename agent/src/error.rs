@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::provider::RateLimitInfo;
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How the caller should treat a failure.
@@ -26,6 +28,9 @@ pub enum Error {
         /// The provider's error code or type (`rate_limit_exceeded`, `overloaded_error`…).
         code: Option<String>,
         retry_after: Option<Duration>,
+        /// The rate-limit state the answer's headers announced (boxed: most errors have
+        /// none, and the error travels in every `Result`).
+        limits: Option<Box<RateLimitInfo>>,
     },
     /// An error reported inside a 200 stream (`event: error`, `data: {"error":…}`).
     #[error("provider stream error: {message}")]
@@ -100,6 +105,29 @@ impl Error {
             | Error::Tool(_)
             | Error::Io(_)
             | Error::Json(_) => ErrorClass::Fatal,
+        }
+    }
+
+    /// The provider refused the call for its rate limit (HTTP 429, or Anthropic's 529
+    /// `overloaded`): `Some(retry_after)`. A quota error (`insufficient_quota`) is not a
+    /// rate limit: waiting does not fix it.
+    pub fn rate_limited(&self) -> Option<Option<Duration>> {
+        match self {
+            Error::Http {
+                status: 429 | 529,
+                code,
+                retry_after,
+                ..
+            } if code.as_deref() != Some("insufficient_quota") => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The rate-limit state an error answer announced, if any.
+    pub fn rate_limits(&self) -> Option<&RateLimitInfo> {
+        match self {
+            Error::Http { limits, .. } => limits.as_deref(),
+            _ => None,
         }
     }
 

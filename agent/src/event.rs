@@ -65,6 +65,14 @@ pub enum AgentEvent {
         /// Whether the loop will try again.
         retrying: bool,
     },
+    /// The next LLM call waits `wait_ms` for a rate limit before it starts (or the
+    /// session suspends, when that is longer than the host holds a slot for). `reason`:
+    /// `rpm`, `tpm`, `concurrency` (a configured limit), or `provider` (a limit the
+    /// provider announced or refused a call for).
+    RateLimited {
+        wait_ms: u64,
+        reason: String,
+    },
 }
 
 /// Where events go. Must not block: implementations buffer or drop.

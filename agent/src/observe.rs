@@ -37,6 +37,10 @@ pub trait Observer: Send + Sync {
     /// (an observer answered), `timeout`, `error` (unreachable, failed, non-2xx) or
     /// `invalid` (an answer that is not a verdict).
     fn hook_call(&self, _point: &str, _outcome: &str) {}
+    /// The provider refused a call for its rate limit (HTTP 429, or Anthropic's 529).
+    fn llm_rate_limited(&self, _provider: &str, _model: &str) {}
+    /// A try of an LLM call was admitted after waiting this long (zero: at once).
+    fn admission_wait(&self, _provider: &str, _model: &str, _waited: Duration) {}
 }
 
 /// Measures nothing.
@@ -48,7 +52,9 @@ impl Observer for NoObserver {}
 pub fn outcome_of(err: &crate::Error) -> &'static str {
     use crate::Error;
     match err {
-        Error::Http { status: 429, .. } => "rate_limited",
+        Error::Http {
+            status: 429 | 529, ..
+        } => "rate_limited",
         Error::Http { status, .. } if *status >= 500 => "server_error",
         Error::Http { .. } => "client_error",
         Error::Transport(_) => "transport_error",

@@ -108,9 +108,6 @@ fn d_approval_timeout() -> u64 {
 fn d_history_window() -> usize {
     DEFAULT_HISTORY_WINDOW
 }
-fn d_retries() -> u32 {
-    DEFAULT_MAX_LLM_RETRIES
-}
 fn d_retry_delay() -> u64 {
     DEFAULT_RETRY_DELAY_MS
 }
@@ -162,8 +159,10 @@ pub struct SessionSpec {
     /// Wall-clock limit of the whole session, from its first start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
-    #[serde(default = "d_retries")]
-    pub max_llm_retries: u32,
+    /// Retries of an LLM call after real failures (transport, 5xx, undecodable answers);
+    /// rate-limit waits never count. `None`: the host's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_retries: Option<u32>,
     #[serde(default = "d_retry_delay")]
     pub retry_delay_ms: u64,
     #[serde(default = "d_drain_rounds")]
@@ -196,7 +195,7 @@ impl SessionSpec {
             context_budget_chars: None,
             token_budget: None,
             timeout_secs: None,
-            max_llm_retries: DEFAULT_MAX_LLM_RETRIES,
+            max_llm_retries: None,
             retry_delay_ms: DEFAULT_RETRY_DELAY_MS,
             max_background_drain_rounds: DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS,
             tool_output_max_chars: TOOL_RESULT_MAX_CHARS,

@@ -192,6 +192,8 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
         admission: Arc::new(agentq_agent::driver::NoAdmission),
+        max_llm_retries: agentq_agent::spec::DEFAULT_MAX_LLM_RETRIES,
+        suspend_after: agentq_agent::driver::DEFAULT_SUSPEND_AFTER,
         write_ahead_grace: agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE,
     };
     Harness {
@@ -1018,7 +1020,7 @@ async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
         retry_after_ms: Some(60_000),
         ..Default::default()
     }];
-    let h = harness(
+    let mut h = harness(
         Script {
             turns: vec![turn],
             repeat_last: false,
@@ -1026,6 +1028,8 @@ async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
         },
         vec![],
     );
+    // Held in the slot, not suspended: the wait is the one to interrupt.
+    h.agent.suspend_after = Duration::ZERO;
     let mut state = SessionState::new("s1", spec());
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
@@ -1033,7 +1037,7 @@ async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
     tokio::spawn(async move {
         loop {
             let retrying = events.lock().unwrap().iter().any(|e| {
-                matches!(e, AgentEvent::Error { retrying: true, message } if message.contains("retrying in 60.0s"))
+                matches!(e, AgentEvent::RateLimited { wait_ms: 60_000, reason } if reason == "provider")
             });
             if retrying {
                 break;
@@ -1596,4 +1600,390 @@ async fn calls_past_the_per_response_limit_are_refused_not_run() {
         .filter(|m| m.role == Role::Tool && m.is_error && m.content.starts_with("Not run"))
         .count();
     assert_eq!(refused, 50);
+}
+
+// ---------- admission and rate limits ----------
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::provider::RateLimitInfo;
+
+/// Answers `reserve` from a script (then `Go`), and records every ask and settle.
+#[derive(Default)]
+struct ScriptedAdmission {
+    answers: Mutex<std::collections::VecDeque<Admit>>,
+    asks: Mutex<Vec<(String, u64, u64)>>,
+    settled: Mutex<Vec<(Permit, CallReport)>>,
+    granted: std::sync::atomic::AtomicUsize,
+}
+
+impl ScriptedAdmission {
+    fn new(answers: Vec<Admit>) -> Arc<Self> {
+        Arc::new(ScriptedAdmission {
+            answers: Mutex::new(answers.into()),
+            ..Default::default()
+        })
+    }
+    fn settled(&self) -> Vec<(Permit, CallReport)> {
+        self.settled.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl Admission for ScriptedAdmission {
+    async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
+        self.asks.lock().unwrap().push((
+            ask.model.to_string(),
+            ask.input_tokens,
+            ask.max_output_tokens,
+        ));
+        if let Some(a) = self.answers.lock().unwrap().pop_front() {
+            return a;
+        }
+        let n = self
+            .granted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Admit::Go(Permit {
+            id: format!("p{n}"),
+            reserved_tokens: ask.input_tokens + ask.max_output_tokens,
+        })
+    }
+    async fn settle(&self, _ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
+        self.settled.lock().unwrap().push((permit, report.clone()));
+    }
+}
+
+fn wait(ms: u64, reason: &'static str) -> Admit {
+    Admit::Wait {
+        after: Duration::from_millis(ms),
+        reason,
+    }
+}
+
+fn rate_limited_events(h: &Harness) -> Vec<(u64, String)> {
+    h.events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::RateLimited { wait_ms, reason } => Some((*wait_ms, reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn one_turn(turn: Turn) -> Script {
+    Script {
+        turns: vec![turn],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn admission_waits_do_not_spend_the_retry_allowance() {
+    let mut turn = text_turn("made it");
+    turn.fail = vec![
+        ScriptedFailure {
+            status: 500,
+            message: "boom".into(),
+            ..Default::default()
+        };
+        2
+    ];
+    let mut h = harness(one_turn(turn), vec![]);
+    // Three waits before the first try, two before the second: more waits than the
+    // two retries the session has, and the two real failures still get their retries.
+    let admission =
+        ScriptedAdmission::new(vec![wait(1, "rpm"), wait(0, "tpm"), wait(2, "concurrency")]);
+    h.agent.admission = admission.clone();
+    let mut spec = spec();
+    spec.max_llm_retries = Some(2);
+    spec.max_tokens = 512;
+    let (state, end) = run(&h, spec).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("made it"));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 3);
+    assert_eq!(
+        rate_limited_events(&h),
+        // Waits under 5 ms (a limiter's "wait 0") are floored, so the loop never spins
+        // on its round trips.
+        vec![
+            (5, "rpm".to_string()),
+            (5, "tpm".to_string()),
+            (5, "concurrency".to_string()),
+        ]
+    );
+    // Asked once per wait and once per try; settled once per try, with the same permit.
+    let asks = admission.asks.lock().unwrap().clone();
+    assert_eq!(asks.len(), 3 + 3);
+    assert!(
+        asks.iter()
+            .all(|(m, input, max)| m == "test-model" && *input > 0 && *max == 512)
+    );
+    let settled = admission.settled();
+    assert_eq!(
+        settled
+            .iter()
+            .map(|(p, _)| p.id.as_str())
+            .collect::<Vec<_>>(),
+        ["p0", "p1", "p2"]
+    );
+    assert!(settled[..2].iter().all(|(_, r)| r.usage.is_none()));
+    assert_eq!(
+        settled[2]
+            .1
+            .usage
+            .map(|u| (u.input_tokens, u.output_tokens)),
+        Some((10, 5)),
+        "the answer's usage is reported"
+    );
+    assert!(state.outcome.is_some());
+}
+
+#[tokio::test]
+async fn a_429_waits_for_its_reset_without_spending_retries() {
+    let limits = RateLimitInfo {
+        limit_requests: Some(40),
+        remaining_requests: Some(0),
+        reset_requests: Some(Duration::from_millis(3)),
+        ..Default::default()
+    };
+    let mut turn = text_turn("through");
+    // Five refusals in a row with no retry allowance at all: none is a failure.
+    turn.fail = vec![
+        ScriptedFailure {
+            status: 429,
+            message: "slow down".into(),
+            retry_after_ms: Some(1),
+            ..Default::default()
+        },
+        ScriptedFailure {
+            status: 429,
+            message: "slow down".into(),
+            limits: Some(limits.clone()),
+            ..Default::default()
+        },
+        ScriptedFailure {
+            status: 529,
+            message: "overloaded".into(),
+            ..Default::default()
+        },
+    ];
+    turn.limits = Some(RateLimitInfo {
+        limit_requests: Some(40),
+        remaining_requests: Some(39),
+        ..Default::default()
+    });
+    let mut h = harness(one_turn(turn), vec![]);
+    let admission = ScriptedAdmission::new(vec![]);
+    h.agent.admission = admission.clone();
+    h.agent.max_llm_retries = 0;
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("through"));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 4);
+    let reports: Vec<CallReport> = admission.settled().into_iter().map(|(_, r)| r).collect();
+    assert_eq!(reports.len(), 4);
+    assert_eq!(
+        reports[0].rate_limited,
+        Some(Some(Duration::from_millis(1)))
+    );
+    assert_eq!(reports[1].rate_limited, Some(None));
+    assert_eq!(reports[1].limits.as_ref(), Some(&limits));
+    assert_eq!(reports[2].rate_limited, Some(None), "529 is a refusal");
+    assert_eq!(reports[3].rate_limited, None);
+    assert_eq!(
+        reports[3].limits.as_ref().unwrap().remaining_requests,
+        Some(39)
+    );
+    // The waits honour the server: the header's reset, else the doubling floor.
+    let waits = rate_limited_events(&h);
+    assert_eq!(waits.len(), 3);
+    assert!(waits.iter().all(|(_, r)| r == "provider"));
+    assert_eq!(
+        waits.iter().map(|(w, _)| *w).collect::<Vec<_>>(),
+        [100, 200, 400]
+    );
+    // No failure was announced as one.
+    assert!(
+        !h.events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::Error { .. }))
+    );
+}
+
+#[tokio::test]
+async fn real_failures_use_the_hosts_retry_count_unless_the_spec_sets_one() {
+    let failing_turn = || {
+        let mut turn = text_turn("never");
+        turn.fail = vec![
+            ScriptedFailure {
+                status: 502,
+                message: "bad gateway".into(),
+                ..Default::default()
+            };
+            5
+        ];
+        turn
+    };
+    let mut h = harness(one_turn(failing_turn()), vec![]);
+    h.agent.max_llm_retries = 0;
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).reason, ExitReason::Error);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+
+    let mut h = harness(one_turn(failing_turn()), vec![]);
+    h.agent.max_llm_retries = 0;
+    let mut s = spec();
+    s.max_llm_retries = Some(3);
+    let (_, end) = run(&h, s).await;
+    assert!(
+        finished(&end)
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("4 attempts")
+    );
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn a_long_admission_wait_suspends_without_recording_the_call() {
+    let mut h = harness(
+        Script {
+            turns: vec![call_turn(&[("echo", json!({"x": 1}))]), text_turn("done")],
+            ..Default::default()
+        },
+        vec![("echo", SideEffect::Pure, echo)],
+    );
+    // The first call goes through; the second would wait ten minutes.
+    let admission = ScriptedAdmission::new(vec![]);
+    h.agent.admission = admission.clone();
+    let mut state = SessionState::new("s1", spec());
+    let cancel = CancellationToken::new();
+    // First run: one call, its tool round; then the wait.
+    admission
+        .answers
+        .lock()
+        .unwrap()
+        .extend([Admit::Go(Permit::default()), wait(600_000, "tpm")]);
+    let before = chrono::Utc::now();
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    let RunEnd::Suspended(SuspendReason::RateLimit { until }) = end else {
+        panic!("expected a rate-limit suspension, got {end:?}")
+    };
+    assert!(until >= before + chrono::Duration::seconds(599), "{until}");
+    assert!(until <= chrono::Utc::now() + chrono::Duration::seconds(601));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+    // The history ends with the tool result, committed; nothing of the second call.
+    let roles: Vec<Role> = state.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles.last(), Some(&Role::Tool));
+    assert!(state.outcome.is_none());
+    let saves = h.checkpoints.saves.lock().unwrap().clone();
+    assert_eq!(saves.last().unwrap().0, state.messages.len());
+    assert_eq!(rate_limited_events(&h), vec![(600_000, "tpm".to_string())]);
+
+    // Resumed (the wait is over): the session finishes where it stopped.
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).result.as_deref(), Some("done"));
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 2);
+    assert_eq!(
+        state
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_429_asking_for_a_long_wait_suspends_and_zero_never_does() {
+    let refused = || {
+        let mut turn = text_turn("later");
+        turn.fail = vec![ScriptedFailure {
+            status: 429,
+            message: "slow down".into(),
+            retry_after_ms: Some(120_000),
+            ..Default::default()
+        }];
+        turn
+    };
+    let h = harness(one_turn(refused()), vec![]);
+    let (state, end) = run(&h, spec()).await;
+    assert!(
+        matches!(end, RunEnd::Suspended(SuspendReason::RateLimit { .. })),
+        "{end:?}"
+    );
+    assert!(state.outcome.is_none());
+    assert_eq!(state.messages.len(), 1, "only the task");
+
+    // A deadline that falls before the reset ends the session instead of suspending it.
+    let h = harness(one_turn(refused()), vec![]);
+    let mut s = spec();
+    s.timeout_secs = Some(60);
+    let (_, end) = run(&h, s).await;
+    let o = finished(&end);
+    assert_eq!(o.reason, ExitReason::Timeout);
+    assert!(o.error.as_deref().unwrap().contains("rate limit"), "{o:?}");
+}
+
+#[tokio::test]
+async fn a_spent_budget_fails_or_parks_the_session() {
+    let mut h = harness(one_turn(text_turn("never")), vec![]);
+    h.agent.admission = ScriptedAdmission::new(vec![Admit::Exhausted {
+        message: "tenant acme's daily budget is spent".into(),
+        park: false,
+    }]);
+    let (_, end) = run(&h, spec()).await;
+    let o = finished(&end);
+    assert_eq!(o.reason, ExitReason::BudgetExhausted);
+    assert_eq!(
+        o.error.as_deref(),
+        Some("tenant acme's daily budget is spent")
+    );
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 0);
+
+    let mut h = harness(one_turn(text_turn("later")), vec![]);
+    let admission = ScriptedAdmission::new(vec![Admit::Exhausted {
+        message: "the tree's budget is spent".into(),
+        park: true,
+    }]);
+    h.agent.admission = admission.clone();
+    let (state, end) = run(&h, spec()).await;
+    assert_eq!(
+        end,
+        RunEnd::Suspended(SuspendReason::Budget {
+            message: "the tree's budget is spent".into()
+        })
+    );
+    assert!(state.outcome.is_none());
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 0);
+    assert!(
+        admission.settled().is_empty(),
+        "no permit, nothing to settle"
+    );
+}
+
+#[tokio::test]
+async fn cancel_stops_an_admission_wait() {
+    let mut h = harness(one_turn(text_turn("never")), vec![]);
+    h.agent.admission = ScriptedAdmission::new(vec![wait(20_000, "rpm")]);
+    let mut state = SessionState::new("s1", spec());
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    let events = h.events.clone();
+    tokio::spawn(async move {
+        while !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c2.cancel();
+    });
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).reason, ExitReason::Interrupted);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 0);
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use agentq_agent::error::{Error, ErrorClass};
 use agentq_agent::provider::anthropic::{AnthropicConfig, AnthropicProvider};
-use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
+use agentq_agent::provider::{
+    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo,
+};
 use agentq_agent::schema::{FinishReason, Message, ThinkingBlock, ToolCall, ToolSpec, Usage};
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use futures::StreamExt;
@@ -70,6 +72,9 @@ struct Collected {
     model: Option<String>,
     finish: Option<FinishReason>,
     events_after_done: usize,
+    limits: Option<RateLimitInfo>,
+    /// Events seen before the rate limits (they must come first).
+    events_before_limits: usize,
 }
 
 impl Collected {
@@ -77,7 +82,11 @@ impl Collected {
         if self.finish.is_some() {
             self.events_after_done += 1;
         }
+        if self.limits.is_none() && !matches!(ev, LlmEvent::RateLimits(_)) {
+            self.events_before_limits += 1;
+        }
         match ev {
+            LlmEvent::RateLimits(l) => self.limits = Some(l),
             LlmEvent::TextDelta(t) => self.text.push_str(&t),
             LlmEvent::ThinkingDelta(t) => {
                 if !self.thinking_open {
@@ -653,6 +662,7 @@ async fn rate_limit_429_honours_retry_after() {
         message,
         code,
         retry_after,
+        ..
     } = e
     else {
         panic!("{e:?}")
@@ -789,4 +799,104 @@ async fn temperature_is_sent_as_the_decimal_asked_for() {
     run_ok(&fake, &p, &request(vec![Message::user("hi")])).await;
     let received = serde_json::to_string(&fake.requests()[0].body).unwrap();
     assert!(received.contains(r#""temperature":0.1,"#), "{received}");
+}
+
+#[tokio::test]
+async fn rate_limit_headers_lead_a_2xx_stream() {
+    let fake = FakeLlm::start().await.unwrap();
+    let reset = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc3339();
+    let mut r = FakeResponse::sse(fixture("anthropic_stream_text_tool_use.sse"), CHUNK);
+    for (k, v) in [
+        ("anthropic-ratelimit-requests-limit", "50"),
+        ("anthropic-ratelimit-requests-remaining", "49"),
+        ("anthropic-ratelimit-requests-reset", reset.as_str()),
+        ("anthropic-ratelimit-input-tokens-limit", "40000"),
+        ("anthropic-ratelimit-input-tokens-remaining", "39000"),
+        ("anthropic-ratelimit-input-tokens-reset", reset.as_str()),
+    ] {
+        r = r.with_header(k, v);
+    }
+    fake.push(r);
+    let p = provider(&fake.url, None);
+    let c = run_ok(&fake, &p, &request(vec![Message::user("hi")])).await;
+    let l = c.limits.expect("the headers' limits");
+    assert_eq!(c.events_before_limits, 0, "the limits come first");
+    assert_eq!(l.limit_requests, Some(50));
+    assert_eq!(l.remaining_requests, Some(49));
+    assert_eq!(l.limit_tokens, Some(40_000));
+    assert_eq!(l.remaining_tokens, Some(39_000));
+    let left = l.reset_requests.unwrap();
+    assert!(left <= Duration::from_secs(30) && left >= Duration::from_secs(20));
+    // An answer without the headers has no such event.
+    fake.push(FakeResponse::sse(
+        fixture("anthropic_stream_text_tool_use.sse"),
+        CHUNK,
+    ));
+    let c = run_ok(&fake, &p, &request(vec![Message::user("hi")])).await;
+    assert!(c.limits.is_none());
+}
+
+#[tokio::test]
+async fn a_429_carries_the_recorded_rate_limit_headers() {
+    // The header values of a recorded 2024 Anthropic 429 (no retry-after), with the
+    // body of another recording.
+    let recorded: Value =
+        serde_json::from_slice(&fixture("anthropic_error_429_rate_limit.response.json")).unwrap();
+    let e = http_error(
+        429,
+        &recorded["body"].to_string(),
+        &[
+            ("anthropic-ratelimit-requests-limit", "5"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2024-03-26T20:00:00Z"),
+            ("anthropic-ratelimit-tokens-limit", "25000"),
+            ("anthropic-ratelimit-tokens-remaining", "16000"),
+            ("anthropic-ratelimit-tokens-reset", "2024-03-26T20:00:00Z"),
+            ("x-should-retry", "true"),
+            ("retry-after-ms", "1200"),
+        ],
+    )
+    .await;
+    assert_eq!(e.rate_limited(), Some(Some(Duration::from_millis(1200))));
+    let l = e.rate_limits().expect("limits on the error");
+    assert_eq!(l.limit_requests, Some(5));
+    assert_eq!(l.remaining_requests, Some(0));
+    // The recorded reset is long past: nothing left to wait for.
+    assert_eq!(l.reset_requests, Some(Duration::ZERO));
+    assert_eq!(l.remaining_tokens, Some(16_000));
+    // A 529 is a refusal for capacity too; a 500 is a real failure.
+    let e = http_error(
+        529,
+        &fixture_str("anthropic_error_529_overloaded.body.json"),
+        &[],
+    )
+    .await;
+    assert_eq!(e.rate_limited(), Some(None));
+    let e = http_error(
+        500,
+        &fixture_str("anthropic_error_500_api_error.body.json"),
+        &[],
+    )
+    .await;
+    assert_eq!(e.rate_limited(), None);
+}
+
+#[test]
+fn limit_keys_share_an_endpoint_and_key_and_never_hold_the_key() {
+    let key = |url: &str, k: Option<&str>| {
+        AnthropicProvider::new(AnthropicConfig {
+            base_url: url.into(),
+            api_key: k.map(str::to_string),
+            ..AnthropicConfig::default()
+        })
+        .unwrap()
+        .limit_key()
+    };
+    let a = key("https://API.anthropic.com/", Some("sk-ant-secret-1"));
+    assert_eq!(a, key("https://api.anthropic.com", Some("sk-ant-secret-1")));
+    assert_ne!(a, key("https://api.anthropic.com", Some("sk-ant-secret-2")));
+    assert_ne!(a, key("https://gateway.example", Some("sk-ant-secret-1")));
+    assert!(!a.contains("secret"), "{a}");
+    assert!(a.starts_with("anthropic|https://api.anthropic.com|"), "{a}");
+    assert!(key("https://api.anthropic.com", None).ends_with("|-"));
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentq_agent::Error;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
-use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest};
+use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, RateLimitInfo};
 use agentq_agent::schema::{FinishReason, Message, ToolCall, ToolSpec, Usage};
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use futures::StreamExt;
@@ -37,6 +37,8 @@ struct Collected {
     dones: usize,
     error: Option<Error>,
     events_after_done: usize,
+    limits: Option<RateLimitInfo>,
+    events_before_limits: usize,
 }
 
 async fn collect(provider: &OpenAiProvider, req: &LlmRequest<'_>) -> Collected {
@@ -46,7 +48,11 @@ async fn collect(provider: &OpenAiProvider, req: &LlmRequest<'_>) -> Collected {
         if c.dones > 0 {
             c.events_after_done += 1;
         }
+        if c.limits.is_none() && !matches!(item, Ok(LlmEvent::RateLimits(_))) {
+            c.events_before_limits += 1;
+        }
         match item {
+            Ok(LlmEvent::RateLimits(l)) => c.limits = Some(l),
             Ok(LlmEvent::TextDelta(t)) => c.text.push_str(&t),
             Ok(LlmEvent::ThinkingDelta(t)) => c.thinking.push_str(&t),
             Ok(LlmEvent::ToolCallDelta {
@@ -500,6 +506,7 @@ async fn http_429_with_retry_after() {
             message,
             code,
             retry_after,
+            ..
         } => {
             assert_eq!(*status, 429);
             assert!(message.starts_with("Rate limit reached for gpt-4o-mini"));
@@ -546,6 +553,7 @@ async fn http_500_is_retryable_with_provider_message() {
             message,
             code,
             retry_after,
+            ..
         } => {
             assert_eq!(*status, 500);
             assert!(message.starts_with("The server had an error processing your request."));
@@ -843,4 +851,82 @@ async fn a_huge_error_body_is_read_within_a_bound() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[tokio::test]
+async fn rate_limit_headers_lead_a_2xx_stream() {
+    let fake = FakeLlm::start().await.unwrap();
+    let mut r = FakeResponse::sse(fixture("openai_stream_text_usage.sse"), CHUNK);
+    for (k, v) in [
+        ("x-ratelimit-limit-requests", "60"),
+        ("x-ratelimit-limit-tokens", "150000"),
+        ("x-ratelimit-remaining-requests", "59"),
+        ("x-ratelimit-remaining-tokens", "149984"),
+        ("x-ratelimit-reset-requests", "1s"),
+        ("x-ratelimit-reset-tokens", "6m0s"),
+    ] {
+        r = r.with_header(k, v);
+    }
+    fake.push(r);
+    let c = collect(&provider(&fake), &request()).await;
+    assert!(c.error.is_none(), "{:?}", c.error);
+    assert_eq!(c.events_before_limits, 0, "the limits come first");
+    assert_eq!(
+        c.limits,
+        Some(RateLimitInfo {
+            limit_requests: Some(60),
+            remaining_requests: Some(59),
+            reset_requests: Some(Duration::from_secs(1)),
+            limit_tokens: Some(150_000),
+            remaining_tokens: Some(149_984),
+            reset_tokens: Some(Duration::from_secs(360)),
+        })
+    );
+    assert_eq!(c.dones, 1);
+}
+
+#[tokio::test]
+async fn a_429_carries_its_rate_limits_and_a_quota_error_is_no_rate_limit() {
+    let body = String::from_utf8(fixture("openai_error_429_rate_limit.body.json")).unwrap();
+    let e = http_error(
+        FakeResponse::json(429, body)
+            .with_header("x-ratelimit-limit-tokens", "30000")
+            .with_header("x-ratelimit-remaining-tokens", "0")
+            .with_header("x-ratelimit-reset-tokens", "59.89s"),
+    )
+    .await;
+    assert_eq!(e.rate_limited(), Some(None));
+    let l = e.rate_limits().expect("limits on the error");
+    assert_eq!(l.remaining_tokens, Some(0));
+    assert_eq!(l.exhausted_for(), Some(Duration::from_millis(59_890)));
+    // The recorded 429 without any of these headers: a rate limit with nothing known.
+    let e = http_error(FakeResponse::json(429, r#"{"error":{"message":"slow"}}"#)).await;
+    assert_eq!(e.rate_limited(), Some(None));
+    assert!(e.rate_limits().is_none());
+    let e = http_error(FakeResponse::json(
+        429,
+        r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#,
+    ))
+    .await;
+    assert_eq!(e.rate_limited(), None, "waiting does not fix a quota");
+}
+
+#[test]
+fn limit_keys_share_an_endpoint_and_key_and_never_hold_the_key() {
+    let key = |url: &str, k: Option<&str>| {
+        OpenAiProvider::new(OpenAiConfig {
+            base_url: url.into(),
+            api_key: k.map(str::to_string),
+            timeouts: HttpTimeouts::default(),
+            extra_headers: Vec::new(),
+        })
+        .unwrap()
+        .limit_key()
+    };
+    let a = key("https://api.openai.com/v1", Some("sk-secret-1"));
+    assert_eq!(a, key("HTTPS://API.OPENAI.COM/v1/", Some("sk-secret-1")));
+    assert_ne!(a, key("https://api.openai.com/v1", Some("sk-secret-2")));
+    assert_ne!(a, key("http://localhost:8000/v1", Some("sk-secret-1")));
+    assert!(!a.contains("secret"), "{a}");
+    assert!(a.starts_with("openai|https://api.openai.com/v1|"), "{a}");
 }

@@ -147,12 +147,9 @@ pub fn check_spec(spec: &SessionSpec) -> Result<(), Violation> {
     if let Some(t) = spec.timeout_secs {
         within("timeout_secs", t, 1, MAX_TIMEOUT_SECS)?;
     }
-    within(
-        "max_llm_retries",
-        spec.max_llm_retries.into(),
-        0,
-        MAX_LLM_RETRIES.into(),
-    )?;
+    if let Some(r) = spec.max_llm_retries {
+        within("max_llm_retries", r.into(), 0, MAX_LLM_RETRIES.into())?;
+    }
     within("retry_delay_ms", spec.retry_delay_ms, 0, MAX_RETRY_DELAY_MS)?;
     within(
         "max_background_drain_rounds",
@@ -282,7 +279,7 @@ mod tests {
                 s.context_budget_chars = Some(1_000_000_000 + usize::from(!at))
             }),
             ("max_llm_retries", |s, at| {
-                s.max_llm_retries = MAX_LLM_RETRIES + u32::from(!at)
+                s.max_llm_retries = Some(MAX_LLM_RETRIES + u32::from(!at))
             }),
             ("retry_delay_ms", |s, at| {
                 s.retry_delay_ms = MAX_RETRY_DELAY_MS + u64::from(!at)

@@ -159,6 +159,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         observer: Arc::new(agentq_agent::observe::NoObserver),
         interrupter: agentq_agent::driver::Interrupter::new(),
         admission: std::sync::Arc::new(agentq_agent::driver::NoAdmission),
+        max_llm_retries: agentq_agent::spec::DEFAULT_MAX_LLM_RETRIES,
+        // A one-off run has no host to wake it: it waits (bounded by its deadline).
+        suspend_after: std::time::Duration::ZERO,
         // Nothing is checkpointed here.
         write_ahead_grace: std::time::Duration::ZERO,
     };
@@ -220,6 +223,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                     retrying: true,
                 } => {
                     eprintln!("  ! {message}");
+                }
+                AgentEvent::RateLimited { wait_ms, reason } => {
+                    eprintln!("  … rate limit ({reason}): waiting {wait_ms} ms");
                 }
                 _ => {}
             }

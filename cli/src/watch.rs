@@ -216,6 +216,10 @@ impl Printer {
                 let retrying = if retrying { " (retrying)" } else { "" };
                 self.line(out, &format!("! {message}{retrying}"))?;
             }
+            AgentEvent::RateLimited { wait_ms, reason } => {
+                let secs = wait_ms as f64 / 1000.0;
+                self.line(out, &format!("… rate limit ({reason}): waiting {secs:.1}s"))?;
+            }
             // Read as a `CompletionEvent` (its finish reason may be null).
             AgentEvent::SessionCompleted { .. } => {}
         }

@@ -194,6 +194,12 @@ pub struct WorkerSection {
     /// How long the checkpoint of a response whose calls have no effect anywhere may wait
     /// to be committed together with their results; 0 commits every response first.
     pub write_ahead_grace_ms: u64,
+    /// Retries of an LLM call after real failures (5xx, transport, undecodable answers)
+    /// for sessions whose spec sets none. Rate-limit waits never count.
+    pub max_llm_retries: u32,
+    /// A session whose next LLM call would wait longer than this for a rate limit gives
+    /// up its slot and waits suspended; 0 never suspends.
+    pub rate_limit_suspend_secs: Secs,
 }
 
 impl Default for WorkerSection {
@@ -227,6 +233,10 @@ impl Default for WorkerSection {
                 agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE.as_millis(),
             )
             .unwrap_or(u64::MAX),
+            max_llm_retries: agentq_agent::spec::DEFAULT_MAX_LLM_RETRIES,
+            rate_limit_suspend_secs: Secs(
+                agentq_agent::driver::DEFAULT_SUSPEND_AFTER.as_secs_f64(),
+            ),
         }
     }
 }
@@ -909,6 +919,8 @@ pub const SETTINGS: &[Setting] = &[
             Ok(())
         },
     ),
+    file("worker.max_llm_retries"),
+    file("worker.rate_limit_suspend_secs"),
     file("scheduler.sweep_interval_secs"),
     file("scheduler.sweep_age_secs"),
     file("scheduler.max_prompt_bytes"),

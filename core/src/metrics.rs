@@ -27,6 +27,11 @@ const CHECKPOINT_BUCKETS: &[f64] = &[
 /// The `model` label of every model the operator did not configure.
 pub const OTHER_MODEL: &str = "other";
 
+/// Waits for admission: most calls wait not at all (the first bucket), rate-limited ones
+/// up to a provider's minute window and beyond.
+const ADMISSION_BUCKETS: &[f64] = &[
+    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
 const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 40.0, 80.0, 160.0];
 const TOKEN_BUCKETS: &[f64] = &[
@@ -49,6 +54,9 @@ pub struct Metrics {
     pub llm_request_duration: HistogramVec,
     pub llm_ttft: HistogramVec,
     pub llm_retries: IntCounterVec,
+    pub llm_rate_limited: IntCounterVec,
+    pub admission_wait: HistogramVec,
+    pub limiter_errors: IntCounter,
     pub llm_reissued: IntCounter,
     pub llm_reissued_tokens: IntCounter,
     pub tool_calls: IntCounterVec,
@@ -174,6 +182,24 @@ impl Metrics {
                 "agentq_llm_retries_total",
                 "LLM request attempts that failed and were retried, by reason.",
                 &["provider", "reason"],
+            ),
+            llm_rate_limited: counter_vec(
+                &r,
+                "agentq_llm_rate_limited_total",
+                "LLM calls the provider refused for its rate limit (HTTP 429, or 529 overloaded).",
+                &["provider", "model"],
+            ),
+            admission_wait: histogram_vec(
+                &r,
+                "agentq_admission_wait_seconds",
+                "Time an LLM call waited for admission by the rate limiter before it started.",
+                &["provider", "model"],
+                ADMISSION_BUCKETS,
+            ),
+            limiter_errors: counter(
+                &r,
+                "agentq_admission_limiter_errors_total",
+                "Rate-limiter round trips that failed (Redis down or erroring); the call was let through.",
             ),
             llm_reissued: counter(
                 &r,

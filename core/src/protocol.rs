@@ -261,10 +261,11 @@ pub enum EventKind {
     IterationCompleted,
     SessionCompleted,
     Error,
+    RateLimited,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 10] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
@@ -275,6 +276,7 @@ impl EventKind {
         EventKind::IterationCompleted,
         EventKind::SessionCompleted,
         EventKind::Error,
+        EventKind::RateLimited,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -289,6 +291,7 @@ impl EventKind {
             EventKind::IterationCompleted => "iteration_completed",
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
+            EventKind::RateLimited => "rate_limited",
         }
     }
 
@@ -308,6 +311,7 @@ impl EventKind {
             AgentEvent::IterationCompleted { .. } => EventKind::IterationCompleted,
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
+            AgentEvent::RateLimited { .. } => EventKind::RateLimited,
         }
     }
 

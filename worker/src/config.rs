@@ -64,6 +64,10 @@ pub struct WorkerConfig {
     pub checkpoint_writers: usize,
     /// See [`agentq_agent::driver::Agent::write_ahead_grace`].
     pub write_ahead_grace: Duration,
+    /// See [`agentq_agent::driver::Agent::max_llm_retries`].
+    pub max_llm_retries: u32,
+    /// See [`agentq_agent::driver::Agent::suspend_after`].
+    pub rate_limit_suspend_after: Duration,
     /// The embedding program's own tools, offered beside the built-in ones: a session
     /// names them in its `tools` like any other, and one with a built-in's name replaces
     /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
@@ -149,6 +153,8 @@ impl WorkerConfig {
             checkpoint_batch_max: w.checkpoint_batch_max,
             checkpoint_writers: w.checkpoint_writers,
             write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
+            max_llm_retries: w.max_llm_retries,
+            rate_limit_suspend_after: w.rate_limit_suspend_secs.duration(),
             tools: agentq_agent::tools::ToolRegistry::new(),
             // Unvalidated settings whose policy does not compile allow nothing.
             policy: Arc::new(
@@ -266,6 +272,14 @@ mod tests {
         assert_eq!(
             c.write_ahead_grace,
             agentq_agent::driver::DEFAULT_WRITE_AHEAD_GRACE
+        );
+        assert_eq!(
+            c.max_llm_retries,
+            agentq_agent::spec::DEFAULT_MAX_LLM_RETRIES
+        );
+        assert_eq!(
+            c.rate_limit_suspend_after,
+            agentq_agent::driver::DEFAULT_SUSPEND_AFTER
         );
         // Nothing from the environment.
         assert_eq!(c.providers.openai_api_key, None);

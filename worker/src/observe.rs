@@ -64,6 +64,20 @@ impl Observer for SessionObserver {
         }
     }
 
+    fn llm_rate_limited(&self, provider: &str, model: &str) {
+        let m = self.metrics;
+        m.llm_rate_limited
+            .with_label_values(&[provider, m.model_label(model)])
+            .inc();
+    }
+
+    fn admission_wait(&self, provider: &str, model: &str, waited: Duration) {
+        let m = self.metrics;
+        m.admission_wait
+            .with_label_values(&[provider, m.model_label(model)])
+            .observe(waited.as_secs_f64());
+    }
+
     fn llm_retry(&self, provider: &str, reason: &str) {
         self.metrics
             .llm_retries

@@ -779,6 +779,8 @@ fn build_agent(
             Arc::new(agentq_agent::driver::NoAdmission),
         )),
         write_ahead_grace: inner.cfg.write_ahead_grace,
+        max_llm_retries: inner.cfg.max_llm_retries,
+        suspend_after: inner.cfg.rate_limit_suspend_after,
     })
 }
 

@@ -1,5 +1,13 @@
-//! One LLM call as the loop makes it: streamed, bounded by the session deadline,
-//! abandoned on cancel or interrupt, measured, and retried on transient failures.
+//! One LLM call as the loop makes it: admitted by the host's [`Admission`] before every
+//! try, streamed, bounded by the session deadline, abandoned on cancel or interrupt,
+//! measured, and retried on transient failures.
+//!
+//! Two kinds of "not now" are kept apart. A rate limit — the admission saying wait, or
+//! the provider refusing with 429 (or Anthropic's 529) — is waited out and never spends
+//! the retry allowance, which is kept for real failures (5xx, transport, undecodable
+//! answers). A wait longer than [`Agent::suspend_after`] gives the session up instead of
+//! holding its slot: the run ends suspended, with nothing of the call recorded, and the
+//! host wakes it when capacity is expected back.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -9,17 +17,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, info_span};
 
 use super::Agent;
+use super::admission::{Admit, CallAsk, CallReport, Permit};
 use super::stream::{Assembled, StreamAssembler, is_token};
 use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
 use crate::event::AgentEvent;
 use crate::observe::{LlmCallInfo, outcome_of};
-use crate::provider::{LlmEvent, LlmRequest};
+use crate::provider::{LlmEvent, LlmRequest, RateLimitInfo};
 use crate::schema::Usage;
 use crate::spec::ExitReason;
 use crate::state::{Outcome, SessionState, SuspendReason};
-
-use super::admission::{Admit, CallAsk, CallReport, Permit};
 
 /// How an LLM call (with its retries) ended.
 pub(super) enum Attempt {
@@ -27,8 +34,9 @@ pub(super) enum Attempt {
     Ended(Outcome),
     /// The user interrupted the turn: drop the call, keep looping.
     Interrupted,
-    /// The admission parked the session (a budget is spent and its policy parks).
-    Suspend(SuspendReason),
+    /// The call would wait too long for a rate limit, or its budget is parked: give the
+    /// session up without recording anything of the call.
+    Suspended(SuspendReason),
 }
 
 /// What one try of the call came to.
@@ -47,7 +55,18 @@ struct CallCtx<'a> {
     cancel: &'a CancellationToken,
     interrupt: CancellationToken,
     provider: &'a str,
+    /// What the admission is asked for every try.
+    ask: CallAsk<'a>,
 }
+
+/// The shortest wait for admission: a limiter answering "wait 0" must not make the loop
+/// spin on its round trips.
+const MIN_ADMISSION_WAIT: Duration = Duration::from_millis(5);
+
+/// The wait after a rate-limit refusal that named no wait of its own: doubling from this,
+/// up to [`MAX_REFUSAL_BACKOFF`].
+const REFUSAL_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_REFUSAL_BACKOFF: Duration = Duration::from_secs(60);
 
 /// The delay before the retry after failed try number `attempt` (0-based), or `None` when
 /// the failure is not worth retrying or the retries are spent. The delay grows linearly
@@ -69,31 +88,67 @@ pub(super) fn retry_delay(
     }
 }
 
-/// Prompt tokens of `request`, estimated from its size (about four bytes a token).
-fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
-    let mut bytes = request.system.as_ref().map_or(0, String::len);
+/// The wait after the `refusals`-th (0-based) rate-limit refusal in a row of one call:
+/// what the provider asked for (`retry-after`, or the reset of the window its headers say
+/// is spent), and never less than a floor that doubles with each refusal, so that a
+/// server answering 429 with no (or a zero) wait is not hammered.
+pub(super) fn refusal_wait(
+    retry_after: Option<Duration>,
+    limits: Option<&RateLimitInfo>,
+    refusals: u32,
+) -> Duration {
+    let floor = REFUSAL_BACKOFF
+        .checked_mul(1u32.checked_shl(refusals.min(16)).unwrap_or(u32::MAX))
+        .unwrap_or(MAX_REFUSAL_BACKOFF)
+        .min(MAX_REFUSAL_BACKOFF);
+    let asked = retry_after
+        .or_else(|| limits.and_then(RateLimitInfo::exhausted_for))
+        .unwrap_or(Duration::ZERO);
+    asked.max(floor)
+}
+
+/// Prompt tokens of `request`, estimated as its text bytes / 4 (the usual rule of thumb
+/// for English text and JSON with BPE tokenizers). Good enough to reserve against a
+/// tokens-per-minute limit: the call settles with the usage the provider reports, and the
+/// provider's own count differs from any local one anyway. Counts the text that goes
+/// out — system prompt, message contents, thinking, tool calls and tool schemas — without
+/// serializing the request a second time.
+pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
+    let mut bytes = request.system.as_deref().map_or(0, str::len);
     for m in &request.messages {
         bytes = bytes.saturating_add(m.content.len());
+        for t in &m.thinking {
+            bytes = bytes.saturating_add(t.text.len());
+        }
         for c in &m.tool_calls {
             bytes = bytes
                 .saturating_add(c.name.len())
-                .saturating_add(c.arguments.to_string().len());
+                .saturating_add(json_len(&c.arguments));
         }
     }
     for t in request.tools.iter() {
         bytes = bytes
             .saturating_add(t.name.len())
             .saturating_add(t.description.len())
-            .saturating_add(t.parameters.to_string().len());
+            .saturating_add(json_len(&t.parameters));
     }
-    u64::try_from(bytes / 4).unwrap_or(u64::MAX)
+    (bytes as u64).div_ceil(4)
+}
+
+fn json_len(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Null => 0,
+        serde_json::Value::String(s) => s.len(),
+        other => other.to_string().len(),
+    }
 }
 
 impl Agent {
-    /// The LLM call with its retry policy: transient failures (transport, 429/5xx, an
-    /// empty error finish) are retried up to `max_llm_retries` times with a growing delay
-    /// that honours `Retry-After`; anything else ends the session with the provider's
-    /// message.
+    /// The LLM call with its admission and retry policy: every try is admitted first
+    /// (waiting as the admission says); a rate-limit refusal is waited out; other
+    /// transient failures (transport, 5xx, an empty error finish) are retried up to
+    /// `max_llm_retries` times with a growing delay that honours `Retry-After`; anything
+    /// else ends the session with the provider's message.
     pub(super) async fn call_with_retry(
         &self,
         state: &SessionState,
@@ -106,10 +161,16 @@ impl Agent {
             cancel,
             interrupt: self.interrupter.token(),
             provider: self.provider.name(),
+            ask: CallAsk {
+                model: &request.model,
+                input_tokens: estimate_input_tokens(request),
+                max_output_tokens: u64::from(request.max_tokens),
+            },
         };
-        let max_retries = state.spec.max_llm_retries;
+        let max_retries = state.spec.max_llm_retries.unwrap_or(self.max_llm_retries);
         let base = crate::bounds::millis(state.spec.retry_delay_ms);
         let mut attempt: u32 = 0;
+        let mut refusals: u32 = 0;
         loop {
             if cancel.is_cancelled() {
                 return Attempt::Ended(Outcome::new(ExitReason::Interrupted));
@@ -117,28 +178,27 @@ impl Agent {
             if ctx.interrupt.is_cancelled() {
                 return Attempt::Interrupted;
             }
-            let ask = CallAsk {
-                model: &request.model,
-                input_tokens: estimate_input_tokens(request),
-                max_output_tokens: u64::from(request.max_tokens),
-            };
-            let permit = match self.admit(&ask, &ctx).await {
+            let permit = match self.admit(&ctx, state).await {
                 Ok(p) => p,
                 Err(end) => return end,
             };
-            let tried = self.try_once(&ctx, state, attempt).await;
-            let report = CallReport {
-                usage: match &tried {
-                    Try::Over(Attempt::Got(r)) => r.message.usage,
-                    _ => None,
-                },
-                ..Default::default()
-            };
-            self.admission.settle(&ask, permit, &report).await;
+            let (tried, report) = self.try_once(&ctx, state, attempt).await;
+            self.admission.settle(&ctx.ask, permit, &report).await;
             let (err, label) = match tried {
                 Try::Over(a) => return a,
                 Try::Failed { err, label } => (err, label),
             };
+            if let Some(retry_after) = report.rate_limited {
+                self.observer
+                    .llm_rate_limited(ctx.provider, &ctx.request.model);
+                let wait = refusal_wait(retry_after, report.limits.as_ref(), refusals);
+                refusals = refusals.saturating_add(1);
+                tracing::info!(error = %err, ?wait, "LLM call refused for a rate limit; waiting");
+                if let Some(end) = self.wait_for_capacity(&ctx, state, wait, "provider").await {
+                    return end;
+                }
+                continue;
+            }
             let Some(delay) = retry_delay(err.class(), attempt, max_retries, base) else {
                 return self.give_up(&ctx, attempt, &err);
             };
@@ -160,41 +220,89 @@ impl Agent {
         }
     }
 
-    /// Leave to start the call from the admission, waiting as long as it says (a wait is
-    /// not a failed try); `Err` with how the call ends instead.
-    async fn admit(
-        &self,
-        ask: &CallAsk<'_>,
-        ctx: &CallCtx<'_>,
-    ) -> std::result::Result<Permit, Attempt> {
+    /// Ask the admission until it lets the try start (`Ok`), or the call cannot go on.
+    async fn admit(&self, ctx: &CallCtx<'_>, state: &SessionState) -> Result<Permit, Attempt> {
+        let started = Instant::now();
         loop {
-            match self.admission.reserve(ask).await {
-                Admit::Go(p) => return Ok(p),
-                Admit::Wait { after, .. } => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(after) => {}
-                        _ = ctx.cancel.cancelled() => return Err(Attempt::Ended(Outcome::new(ExitReason::Interrupted))),
-                        _ = ctx.interrupt.cancelled() => return Err(Attempt::Interrupted),
+            match self.admission.reserve(&ctx.ask).await {
+                Admit::Go(permit) => {
+                    self.observer.admission_wait(
+                        ctx.provider,
+                        &ctx.request.model,
+                        started.elapsed(),
+                    );
+                    return Ok(permit);
+                }
+                Admit::Wait { after, reason } => {
+                    let after = after.max(MIN_ADMISSION_WAIT);
+                    if let Some(end) = self.wait_for_capacity(ctx, state, after, reason).await {
+                        return Err(end);
                     }
                 }
                 Admit::Exhausted { message, park } => {
-                    if park {
-                        return Err(Attempt::Suspend(SuspendReason::Budget { message }));
-                    }
                     self.events.emit(
                         ctx.seq,
                         AgentEvent::Error {
                             message: message.clone(),
-                            retrying: false,
+                            retrying: park,
                         },
                     );
-                    return Err(Attempt::Ended(Outcome {
-                        reason: ExitReason::BudgetExhausted,
-                        result: None,
-                        error: Some(message),
-                    }));
+                    return Err(if park {
+                        Attempt::Suspended(SuspendReason::Budget { message })
+                    } else {
+                        Attempt::Ended(Outcome {
+                            reason: ExitReason::BudgetExhausted,
+                            result: None,
+                            error: Some(message),
+                        })
+                    });
                 }
             }
+        }
+    }
+
+    /// Wait `wait` for capacity (`None` once waited), or say how the call ends instead:
+    /// past the session deadline it times out, beyond [`Agent::suspend_after`] it
+    /// suspends until then, and a cancel or an interrupt stops it at once.
+    async fn wait_for_capacity(
+        &self,
+        ctx: &CallCtx<'_>,
+        state: &SessionState,
+        wait: Duration,
+        reason: &'static str,
+    ) -> Option<Attempt> {
+        self.events.emit(
+            ctx.seq,
+            AgentEvent::RateLimited {
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                reason: reason.to_string(),
+            },
+        );
+        let now = chrono::Utc::now();
+        let until = chrono::Duration::from_std(wait)
+            .ok()
+            .and_then(|w| now.checked_add_signed(w))
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MAX_UTC);
+        if let Some(deadline) = state.deadline()
+            && until >= deadline
+        {
+            return Some(Attempt::Ended(Outcome {
+                reason: ExitReason::Timeout,
+                result: None,
+                error: Some(format!(
+                    "session deadline reached: the LLM call would wait {:.1}s for a rate \
+                     limit ({reason})",
+                    wait.as_secs_f64()
+                )),
+            }));
+        }
+        if !self.suspend_after.is_zero() && wait > self.suspend_after {
+            return Some(Attempt::Suspended(SuspendReason::RateLimit { until }));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => None,
+            _ = ctx.cancel.cancelled() => Some(Attempt::Ended(Outcome::new(ExitReason::Interrupted))),
+            _ = ctx.interrupt.cancelled() => Some(Attempt::Interrupted),
         }
     }
 
@@ -215,8 +323,14 @@ impl Agent {
         Attempt::Ended(Outcome::error(message))
     }
 
-    /// One try, within what is left of the session deadline, reported to the observer.
-    async fn try_once(&self, ctx: &CallCtx<'_>, state: &SessionState, attempt: u32) -> Try {
+    /// One try, within what is left of the session deadline, reported to the observer;
+    /// with what the admission is told of it.
+    async fn try_once(
+        &self,
+        ctx: &CallCtx<'_>,
+        state: &SessionState,
+        attempt: u32,
+    ) -> (Try, CallReport) {
         let request = ctx.request;
         let span = info_span!(
             "chat",
@@ -230,13 +344,16 @@ impl Agent {
         );
         let started = Instant::now();
         let ttft = Mutex::new(None::<Duration>);
+        let limits = Mutex::new(None::<RateLimitInfo>);
         let call = async {
             tokio::select! {
-                r = self.call_once(ctx.seq, request, ctx.cancel, started, &ttft) => Some(r),
+                r = self.call_once(ctx.seq, request, ctx.cancel, started, &ttft, &limits) => Some(r),
                 _ = ctx.interrupt.cancelled() => None,
             }
         }
         .instrument(span.clone());
+        let taken =
+            |m: Mutex<Option<RateLimitInfo>>| m.into_inner().unwrap_or_else(|e| e.into_inner());
         let result = match state.deadline() {
             Some(d) => {
                 let left = d
@@ -246,21 +363,44 @@ impl Agent {
                 match tokio::time::timeout(left, call).await {
                     Ok(r) => r,
                     Err(_) => {
-                        return Try::Over(Attempt::Ended(Outcome {
-                            reason: ExitReason::Timeout,
-                            result: None,
-                            error: Some("session deadline reached during an LLM call".into()),
-                        }));
+                        let report = CallReport {
+                            limits: taken(limits),
+                            ..CallReport::default()
+                        };
+                        return (
+                            Try::Over(Attempt::Ended(Outcome {
+                                reason: ExitReason::Timeout,
+                                result: None,
+                                error: Some("session deadline reached during an LLM call".into()),
+                            })),
+                            report,
+                        );
                     }
                 }
             }
             None => call.await,
         };
-        let Some(result) = result else {
-            return Try::Over(Attempt::Interrupted);
+        let mut report = CallReport {
+            limits: taken(limits),
+            ..CallReport::default()
         };
+        let Some(result) = result else {
+            return (Try::Over(Attempt::Interrupted), report);
+        };
+        match &result {
+            Ok(r) => report.usage = r.message.usage,
+            Err(e) => {
+                report.rate_limited = e.rate_limited();
+                if let Some(l) = e.rate_limits() {
+                    report.limits = Some(l.clone());
+                }
+            }
+        }
         let first_token = *ttft.lock().unwrap_or_else(|e| e.into_inner());
-        self.observe_try(ctx, &span, started, first_token, result)
+        (
+            self.observe_try(ctx, &span, started, first_token, result),
+            report,
+        )
     }
 
     /// Tell the observer (and the span) how a try went, and classify it.
@@ -321,6 +461,7 @@ impl Agent {
         cancel: &CancellationToken,
         started: Instant,
         first_token: &Mutex<Option<Duration>>,
+        limits: &Mutex<Option<RateLimitInfo>>,
     ) -> Result<Assembled> {
         let mut stream = tokio::select! {
             s = self.provider.stream(request) => s?,
@@ -339,6 +480,10 @@ impl Agent {
             };
             let Some(ev) = ev else { break };
             let ev = ev?;
+            if let LlmEvent::RateLimits(l) = ev {
+                *limits.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+                continue;
+            }
             if !first_seen && is_token(&ev) {
                 first_seen = true;
                 let mut f = first_token.lock().unwrap_or_else(|e| e.into_inner());
@@ -402,7 +547,7 @@ fn event_bytes(ev: &LlmEvent) -> usize {
             .len()
             .saturating_add(id.as_deref().map_or(0, str::len))
             .saturating_add(name.as_deref().map_or(0, str::len)),
-        LlmEvent::Usage(_) | LlmEvent::Done(_) => 0,
+        LlmEvent::Usage(_) | LlmEvent::Done(_) | LlmEvent::RateLimits(_) => 0,
     }
 }
 

@@ -140,6 +140,12 @@ pub struct Agent {
     pub interrupter: Arc<Interrupter>,
     /// Asked before every try of an LLM call, told how it went after.
     pub admission: Arc<dyn Admission>,
+    /// Retries of an LLM call after real failures when the session's spec sets none.
+    pub max_llm_retries: u32,
+    /// The longest a call waits for a rate limit (the admission's wait, or a 429's reset)
+    /// while holding the session's slot; a longer wait suspends the session until then.
+    /// Zero never suspends (the call waits, bounded by the session deadline).
+    pub suspend_after: Duration,
     /// How long a response may wait for its checkpoint when every call it makes is
     /// `Pure` and passes no hook or approval: the calls run at once, and if they are all
     /// done within this time, the response and their results are committed together (one
@@ -149,6 +155,9 @@ pub struct Agent {
     /// that finishes the session. Zero commits every response on its own, first.
     pub write_ahead_grace: Duration,
 }
+
+/// [`Agent::suspend_after`] unless configured.
+pub const DEFAULT_SUSPEND_AFTER: Duration = Duration::from_secs(30);
 
 /// [`Agent::write_ahead_grace`] unless configured.
 pub const DEFAULT_WRITE_AHEAD_GRACE: Duration = Duration::from_millis(250);

@@ -237,14 +237,21 @@ impl Agent {
                 state.end_with(outcome);
                 Ok(None)
             }
-            Attempt::Suspend(reason) => {
-                self.checkpoint(state, &mut run.saved).await?;
+            Attempt::Suspended(reason) => {
+                // Nothing of the call is in the state; what came before it is made
+                // durable (a response held back for its grace, injected messages) so
+                // the resumed run starts from exactly here.
+                if run.saved.held.is_some() || run.saved.upto < state.messages.len() {
+                    self.checkpoint(state, &mut run.saved).await?;
+                }
+                run.overhead.report(&*self.observer);
                 Ok(Some(RunEnd::Suspended(reason)))
             }
-            Attempt::Got(response) => self
-                .record_response(state, run, response, seq, model)
-                .await
-                .map(|()| None),
+            Attempt::Got(response) => {
+                self.record_response(state, run, response, seq, model)
+                    .await?;
+                Ok(None)
+            }
         }
     }
 

@@ -110,6 +110,8 @@ impl StreamAssembler {
             LlmEvent::Usage(u) => self.usage = u,
             LlmEvent::Model(m) => self.model = Some(m),
             LlmEvent::Done(f) => self.finish = Some(f),
+            // The caller hands these to its admission; they are no part of the message.
+            LlmEvent::RateLimits(_) => {}
         }
     }
 

@@ -122,6 +122,7 @@ pub(crate) fn redirect_error(url: &str, resp: &reqwest::Response) -> Error {
         ),
         code: Some("redirect_refused".into()),
         retry_after: None,
+        limits: None,
     }
 }
 

@@ -83,6 +83,9 @@ pub enum LlmEvent {
     /// The model that answered, when the provider reports it.
     Model(String),
     Done(FinishReason),
+    /// The rate-limit state the answer's headers announced; sent first, when any. Not
+    /// part of the message: the loop reports it to its admission.
+    RateLimits(RateLimitInfo),
 }
 
 pub type LlmStream = Pin<Box<dyn Stream<Item = Result<LlmEvent>> + Send>>;
@@ -95,6 +98,15 @@ pub trait LlmProvider: Send + Sync {
     /// Send one request. Errors before the first byte (HTTP status, connect) come back
     /// here; errors after it come through the stream.
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream>;
+
+    /// What the fleet's rate limits for this provider are keyed by: calls with the same
+    /// key draw on the same provider quota. Made of the provider's name, its endpoint and
+    /// a short digest of its API key (never the key itself; see [`limit_key`]), so that
+    /// workers with the same endpoint and key share limits and tenants with their own
+    /// keys do not.
+    fn limit_key(&self) -> String {
+        self.name().to_string()
+    }
 }
 
 /// Timeouts for streaming HTTP providers. There is deliberately no total timeout: a long
@@ -133,4 +145,57 @@ pub fn parse_retry_after(value: &str) -> Option<Duration> {
     let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
     let delta = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
     Some(delta.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// How long an error answer asks the client to wait: `retry-after-ms` (OpenAI's and
+/// Anthropic's SDKs read it first), else `Retry-After`.
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
+        && ms.is_finite()
+        && ms >= 0.0
+    {
+        return Some(Duration::from_secs_f64((ms / 1000.0).min(3600.0)));
+    }
+    header("retry-after").and_then(parse_retry_after)
+}
+
+/// `stream`, led by the rate-limit state its answer's headers announced (when they
+/// announced any): the loop hands it to its admission, the assembler ignores it.
+pub(crate) fn with_limits(limits: RateLimitInfo, stream: LlmStream) -> LlmStream {
+    use futures::StreamExt;
+    if limits.is_empty() {
+        return stream;
+    }
+    Box::pin(
+        futures::stream::once(std::future::ready(Ok(LlmEvent::RateLimits(limits)))).chain(stream),
+    )
+}
+
+/// [`LlmProvider::limit_key`] from its parts: `name|endpoint|key digest`. The endpoint
+/// is normalized (scheme and host lowercased, trailing slashes dropped) so spellings of
+/// one URL share a key; no key at all is `-`.
+pub fn limit_key(name: &str, endpoint: &str, api_key: Option<&str>) -> String {
+    use sha2::{Digest, Sha256};
+    let endpoint = normalize_endpoint(endpoint);
+    let digest = match api_key.filter(|k| !k.is_empty()) {
+        Some(k) => {
+            let d = Sha256::digest(k.as_bytes());
+            d.iter()
+                .take(8)
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        }
+        None => "-".to_string(),
+    };
+    format!("{name}|{endpoint}|{digest}")
+}
+
+fn normalize_endpoint(endpoint: &str) -> String {
+    let trimmed = endpoint.trim().trim_end_matches('/');
+    match reqwest::Url::parse(trimmed) {
+        // `Url` lowercases the scheme and host and drops a default port.
+        Ok(u) => u.as_str().trim_end_matches('/').to_string(),
+        Err(_) => trimmed.to_string(),
+    }
 }

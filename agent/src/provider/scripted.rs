@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::provider::{LlmEvent, LlmProvider, LlmRequest, LlmStream};
+use crate::provider::{LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo};
 use crate::schema::{FinishReason, Role, Usage};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -63,6 +63,9 @@ pub struct ScriptedFailure {
     /// Instead of an error, answer with an `error` finish and no content.
     #[serde(default)]
     pub empty_error_finish: bool,
+    /// The rate-limit state the failure announces (as a provider's headers would).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RateLimitInfo>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -88,6 +91,9 @@ pub struct Turn {
     /// Failures to produce, one per attempt, before this turn is answered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fail: Vec<ScriptedFailure>,
+    /// The rate-limit state the answer announces (sent first, as a provider's headers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RateLimitInfo>,
 }
 
 pub struct ScriptedProvider {
@@ -237,9 +243,16 @@ impl LlmProvider for ScriptedProvider {
                 message: f.message.clone(),
                 code: None,
                 retry_after: f.retry_after_ms.map(Duration::from_millis),
+                limits: f.limits.clone().map(Box::new),
             });
         }
-        let mut events: Vec<LlmEvent> = vec![LlmEvent::Model(request.model.clone())];
+        let mut events: Vec<LlmEvent> = turn
+            .limits
+            .clone()
+            .map(LlmEvent::RateLimits)
+            .into_iter()
+            .collect();
+        events.push(LlmEvent::Model(request.model.clone()));
         if let Some(t) = &turn.thinking {
             events.push(LlmEvent::ThinkingDelta(t.clone()));
         }

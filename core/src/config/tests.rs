@@ -303,6 +303,13 @@ fn validation_names_the_setting_its_variable_and_its_flag() {
             s.worker.write_ahead_grace_ms = 60_001
         }),
         ("worker.read_block_ms", |s| s.worker.read_block_ms = 0),
+        ("worker.max_llm_retries", |s| s.worker.max_llm_retries = 101),
+        ("worker.rate_limit_suspend_secs", |s| {
+            s.worker.rate_limit_suspend_secs = Secs(-1.0)
+        }),
+        ("worker.rate_limit_suspend_secs", |s| {
+            s.worker.rate_limit_suspend_secs = Secs(f64::NAN)
+        }),
         ("worker.max_file_bytes", |s| s.worker.max_file_bytes = 0),
         ("worker.max_file_bytes", |s| {
             s.worker.max_file_bytes = s.worker.workspace_quota_bytes + 1

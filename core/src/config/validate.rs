@@ -72,6 +72,13 @@ fn worker_timings(w: &WorkerSection) -> Result<()> {
     ] {
         timing(key, v, MIN_TIMING_SECS, MAX_TIMING_SECS)?;
     }
+    // 0 never suspends; at most an hour of holding a slot.
+    timing(
+        "worker.rate_limit_suspend_secs",
+        w.rate_limit_suspend_secs,
+        0.0,
+        3_600.0,
+    )?;
     // Kept for following a finished session afterwards: a second at least, 30 days at most.
     timing("worker.event_ttl_secs", w.event_ttl_secs, 1.0, 2_592_000.0)?;
     if w.heartbeat_secs >= w.lease_ttl_secs {
@@ -119,6 +126,7 @@ fn worker_limits(w: &WorkerSection) -> Result<()> {
         60_000,
     )?;
     range("worker.max_depth", w.max_depth, 0, 64)?;
+    range("worker.max_llm_retries", w.max_llm_retries, 0, 100)?;
     range(
         "worker.max_file_bytes",
         w.max_file_bytes,

@@ -14,7 +14,10 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::provider::endpoint;
 use crate::provider::sse::{SseEvent, error_body, error_chain, sse_events};
-use crate::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
+use crate::provider::{
+    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after,
+    with_limits,
+};
 
 mod events;
 mod request;
@@ -69,6 +72,8 @@ pub struct AnthropicProvider {
     client: reqwest::Client,
     config: AnthropicConfig,
     url: String,
+    /// [`LlmProvider::limit_key`], computed once (it digests the key).
+    limit_key: String,
 }
 
 impl std::fmt::Debug for AnthropicProvider {
@@ -96,10 +101,12 @@ impl AnthropicProvider {
             ));
         }
         let client = endpoint::http_client(config.timeouts)?;
+        let limit_key = crate::provider::limit_key("anthropic", base, config.api_key.as_deref());
         Ok(AnthropicProvider {
             client,
             config,
             url,
+            limit_key,
         })
     }
 
@@ -122,6 +129,10 @@ impl AnthropicProvider {
 impl LlmProvider for AnthropicProvider {
     fn name(&self) -> &str {
         "anthropic"
+    }
+
+    fn limit_key(&self) -> String {
+        self.limit_key.clone()
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
@@ -162,18 +173,16 @@ impl LlmProvider for AnthropicProvider {
         if !status.is_success() {
             return Err(http_error(resp, self.config.timeouts.idle).await);
         }
+        let limits = RateLimitInfo::from_anthropic_headers(resp.headers());
         let events = sse_events(resp, self.config.timeouts.idle);
-        Ok(decode_stream(events))
+        Ok(with_limits(limits, decode_stream(events)))
     }
 }
 
 async fn http_error(resp: reqwest::Response, idle: std::time::Duration) -> Error {
     let status = resp.status();
-    let retry_after = resp
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::provider::parse_retry_after);
+    let retry_after = retry_after(resp.headers());
+    let limits = RateLimitInfo::from_anthropic_headers(resp.headers());
     // An error body that never finishes must not hang the caller; the status says enough.
     let text = error_body(resp, idle).await;
     let parsed = serde_json::from_str::<Value>(&text).ok();
@@ -202,6 +211,7 @@ async fn http_error(resp: reqwest::Response, idle: std::time::Duration) -> Error
         message,
         code,
         retry_after,
+        limits: (!limits.is_empty()).then(|| Box::new(limits)),
     }
 }
 

@@ -17,7 +17,9 @@ use serde_json::Value;
 
 use super::endpoint;
 use super::sse::{error_body, error_chain, sse_events};
-use super::{HttpTimeouts, LlmProvider, LlmRequest, LlmStream, parse_retry_after};
+use super::{
+    HttpTimeouts, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after, with_limits,
+};
 use crate::error::{Error, Result};
 
 mod chunks;
@@ -73,6 +75,8 @@ pub struct OpenAiProvider {
     /// servers that want it replayed (DeepSeek's thinking mode with tools wants
     /// `reasoning_content`). None by default: most servers reject or ignore it.
     reasoning_replay_field: Option<String>,
+    /// [`LlmProvider::limit_key`], computed once (it digests the key).
+    limit_key: String,
 }
 
 impl std::fmt::Debug for OpenAiProvider {
@@ -109,6 +113,7 @@ impl OpenAiProvider {
         }
 
         let client = endpoint::http_client(config.timeouts)?;
+        let limit_key = super::limit_key("openai", base, config.api_key.as_deref());
 
         Ok(OpenAiProvider {
             client,
@@ -116,6 +121,7 @@ impl OpenAiProvider {
             headers,
             idle: config.timeouts.idle,
             reasoning_replay_field: None,
+            limit_key,
         })
     }
 
@@ -157,6 +163,10 @@ impl LlmProvider for OpenAiProvider {
         "openai"
     }
 
+    fn limit_key(&self) -> String {
+        self.limit_key.clone()
+    }
+
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
         // Only the bytes wait for the answer, serialized straight from borrowed wire structs:
         // a JSON tree is several times their size, and a session's request is in flight
@@ -180,7 +190,11 @@ impl LlmProvider for OpenAiProvider {
             return Err(http_error(resp, self.idle).await);
         }
 
-        Ok(decode_stream(sse_events(resp, self.idle)))
+        let limits = RateLimitInfo::from_openai_headers(resp.headers());
+        Ok(with_limits(
+            limits,
+            decode_stream(sse_events(resp, self.idle)),
+        ))
     }
 }
 
@@ -188,6 +202,7 @@ impl LlmProvider for OpenAiProvider {
 async fn http_error(resp: reqwest::Response, idle: Duration) -> Error {
     let status = resp.status();
     let retry_after = retry_after(resp.headers());
+    let limits = RateLimitInfo::from_openai_headers(resp.headers());
     // The body of an error answer is bounded by the idle timeout too: a server that sends
     // the status and then stalls must not hang the session.
     let body = error_body(resp, idle).await;
@@ -211,18 +226,8 @@ async fn http_error(resp: reqwest::Response, idle: Duration) -> Error {
         message,
         code,
         retry_after,
+        limits: (!limits.is_empty()).then(|| Box::new(limits)),
     }
-}
-
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.trim().parse::<f64>().ok())
-        && ms.is_finite()
-        && ms >= 0.0
-    {
-        return Some(Duration::from_secs_f64((ms / 1000.0).min(3600.0)));
-    }
-    header("retry-after").and_then(parse_retry_after)
 }
 
 /// `(message, code)` from the error shapes compatible servers use: OpenAI's
