@@ -32,6 +32,9 @@ const STORED_BUDGETS_TTL: Duration = Duration::from_secs(2);
 /// enforced by guessing.
 const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
 
+/// How often a session whose budget is held by its running sub-agents looks again.
+const HELD_WAIT: Duration = Duration::from_secs(1);
+
 /// The tenant budgets stored through the admin API, read at most every
 /// [`STORED_BUDGETS_TTL`] per worker.
 #[derive(Default)]
@@ -138,6 +141,14 @@ impl BudgetGate {
             .max(1);
         if left >= worst {
             return None;
+        }
+        // Running sub-agents hold some of it and give back what they do not spend: wait
+        // for them rather than end the session (which would cancel them).
+        if ledger.held > 0 {
+            return Some(Admit::Wait {
+                after: HELD_WAIT,
+                reason: "budget",
+            });
         }
         Some(Admit::Exhausted {
             message: format!(
