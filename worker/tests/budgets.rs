@@ -451,3 +451,56 @@ async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
     assert_eq!(spend["day"]["tokens"], 2 * 5 * (CALL.0 + CALL.1));
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_cannot_give_a_sub_agent_more_than_it_has() {
+    let spawn = |budget: Value, task: &str| {
+        json!({"name": "spawn_agent",
+               "arguments": {"prompt": format!("LEAF {task}"), "wait": true, "token_budget": budget}})
+    };
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "GREEDY", "turns": [
+                {"tool_calls": [spawn(json!(-5), "neg"), spawn(json!("all"), "str"),
+                                spawn(json!(1.5), "frac"), spawn(json!(u64::MAX), "huge")],
+                 "usage": usage()},
+                {"text": "done", "usage": usage()}
+            ]},
+            {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf", "usage": usage()}]}
+        ]
+    });
+    let c = Cluster::start(script, 1, |_| {}).await;
+    const BUDGET: u64 = 5_000;
+    let root = c
+        .submit("GREEDY root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(60)).await;
+    // Three bad arguments are tool errors naming the field; the huge ask got what was left.
+    let errors: Vec<String> = c
+        .store
+        .messages(&root)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.is_error)
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.contains("token_budget")),
+        "{errors:?}"
+    );
+    let children: Vec<_> = tree.iter().filter(|r| r.parent_id.is_some()).collect();
+    assert_eq!(children.len(), 1, "{tree:?}");
+    assert_eq!(
+        children[0].spec.token_budget,
+        Some(BUDGET - CALL.0 - CALL.1),
+        "all that was left, no more"
+    );
+    assert!(spent(&tree) <= BUDGET);
+    c.shutdown().await;
+}
