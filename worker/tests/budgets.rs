@@ -26,6 +26,8 @@ const ADMIN_KEY: &str = "budgets-admin-key";
 const TENANT: &str = "acme";
 
 struct Cluster {
+    url: String,
+    script: Value,
     store: Arc<PgStore>,
     queue: Arc<RedisQueue>,
     api: String,
@@ -34,6 +36,37 @@ struct Cluster {
     workers: Vec<tokio::task::JoinHandle<()>>,
     _redis: RedisServer,
     _dir: tempfile::TempDir,
+}
+
+/// A worker with its own pool, as a separate process has; stopped by its task's abort
+/// as a crash would stop it (no lease given back, no entry acked).
+async fn start_worker(
+    url: &str,
+    queue: &Arc<RedisQueue>,
+    script: &Value,
+    dir: &std::path::Path,
+    stop: &CancellationToken,
+    tweak: &impl Fn(&mut WorkerConfig),
+) -> tokio::task::JoinHandle<()> {
+    let mut cfg = WorkerConfig {
+        consumer: format!("w-{}", agentq_core::new_session_id()),
+        concurrency: 8,
+        read_block: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(300),
+        lease_ttl: Duration::from_secs(2),
+        reclaim_min_idle: Duration::from_secs(2),
+        reclaim_interval: Duration::from_millis(500),
+        workspace_root: dir.to_path_buf(),
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(script.to_string());
+    tweak(&mut cfg);
+    let own = Arc::new(PgStore::connect(url, 8).await.unwrap());
+    let w = Worker::new(own, queue.clone(), cfg);
+    let stop = stop.child_token();
+    tokio::spawn(async move {
+        let _ = w.run(stop).await;
+    })
 }
 
 impl Cluster {
@@ -70,27 +103,8 @@ impl Cluster {
         ));
         let dir = tempfile::tempdir().unwrap();
         let mut handles = Vec::new();
-        for i in 0..workers {
-            let mut cfg = WorkerConfig {
-                consumer: format!("w{i}-{}", agentq_core::new_session_id()),
-                concurrency: 8,
-                read_block: Duration::from_millis(200),
-                heartbeat_interval: Duration::from_millis(300),
-                lease_ttl: Duration::from_secs(2),
-                reclaim_min_idle: Duration::from_secs(2),
-                reclaim_interval: Duration::from_millis(500),
-                workspace_root: dir.path().to_path_buf(),
-                ..WorkerConfig::default()
-            };
-            cfg.providers.script = Some(script.to_string());
-            tweak(&mut cfg);
-            // Each worker has its own pool, as separate processes do.
-            let own = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-            let w = Worker::new(own, queue.clone(), cfg);
-            let s = stop.clone();
-            handles.push(tokio::spawn(async move {
-                let _ = w.run(s).await;
-            }));
+        for _ in 0..workers {
+            handles.push(start_worker(&url, &queue, &script, dir.path(), &stop, &tweak).await);
         }
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(
@@ -98,6 +112,8 @@ impl Cluster {
             format!("Bearer {ADMIN_KEY}").parse().unwrap(),
         );
         Cluster {
+            url,
+            script,
             store,
             queue,
             api,
@@ -193,6 +209,21 @@ impl Cluster {
             .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Crash worker `i` (its task aborted mid-flight) and start another in its place.
+    async fn crash_and_replace(&mut self, i: usize) {
+        self.workers[i].abort();
+        let fresh = start_worker(
+            &self.url,
+            &self.queue,
+            &self.script,
+            self._dir.path(),
+            &self.stop,
+            &|_| {},
+        )
+        .await;
+        self.workers[i] = fresh;
     }
 
     async fn shutdown(self) {
@@ -502,5 +533,46 @@ async fn a_model_cannot_give_a_sub_agent_more_than_it_has() {
         "all that was left, no more"
     );
     assert!(spent(&tree) <= BUDGET);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
+    let mut script = fan_out_script(false);
+    // Slow calls, so the crash finds calls and spawns in flight.
+    for t in script["variants"][0]["turns"].as_array_mut().unwrap() {
+        t["delay_ms"] = json!(150);
+    }
+    let mut c = Cluster::start(script, 1, |_| {}).await;
+    const BUDGET: u64 = 12_000;
+    let root = c
+        .submit("NODE root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    // Let the tree grow, then crash its only worker.
+    let start = Instant::now();
+    while c.tree(&root).await.len() < 4 {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.crash_and_replace(0).await;
+    let tree = c.settled_tree(&root, Duration::from_secs(180)).await;
+    let total = spent(&tree);
+    eprintln!(
+        "after a crash: {} sessions, {total} tokens of {BUDGET}",
+        tree.len()
+    );
+    // A call the crash cut off is made again, so at most one call per session that was
+    // in flight is paid twice; the budget still bounds the tree.
+    assert!(
+        total <= BUDGET + CALL.0 + CALL.1,
+        "the tree spent {total} of {BUDGET}"
+    );
+    for r in &tree {
+        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
+    }
     c.shutdown().await;
 }
