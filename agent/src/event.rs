@@ -65,6 +65,14 @@ pub enum AgentEvent {
         /// Whether the loop will try again.
         retrying: bool,
     },
+    /// The session gave up its slot to wait without a lease: `reason` is `rate_limit`
+    /// (woken by itself at `wake_at`) or `budget` (woken when the budget is raised).
+    /// Emitted by the host as the run suspends.
+    SessionWaiting {
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wake_at: Option<chrono::DateTime<chrono::Utc>>,
+    },
     /// The next LLM call waits `wait_ms` for a rate limit before it starts (or the
     /// session suspends, when that is longer than the host holds a slot for). `reason`:
     /// `rpm`, `tpm`, `concurrency` (a configured limit), or `provider` (a limit the

@@ -17,6 +17,7 @@ pub mod de;
 mod error;
 pub mod events;
 mod health;
+mod limits;
 mod queues;
 mod sessions;
 mod steer;
@@ -27,6 +28,7 @@ pub use budgets::{
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
+pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,

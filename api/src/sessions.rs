@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_core::SessionStatus;
+use agentq_core::{SessionStatus, WaitReason};
 
 use crate::de::struct_fields;
 
@@ -95,6 +95,13 @@ pub struct SessionView {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// While `waiting` or `awaiting_approval`: what for (`children`, `approval`,
+    /// `rate_limit`, `budget`); `null` otherwise (and from a server that predates it).
+    #[serde(default)]
+    pub wait_reason: Option<WaitReason>,
+    /// While waiting for a rate limit: when it goes back on the queue by itself.
+    #[serde(default)]
+    pub wake_at: Option<DateTime<Utc>>,
 }
 
 /// `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at

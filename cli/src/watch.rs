@@ -216,6 +216,12 @@ impl Printer {
                 let retrying = if retrying { " (retrying)" } else { "" };
                 self.line(out, &format!("! {message}{retrying}"))?;
             }
+            AgentEvent::SessionWaiting { reason, wake_at } => {
+                let until = wake_at
+                    .map(|t| format!(" until {}", t.to_rfc3339()))
+                    .unwrap_or_default();
+                self.line(out, &format!("… waiting for {}{until}", short(&reason)))?;
+            }
             AgentEvent::RateLimited { wait_ms, reason } => {
                 let secs = wait_ms as f64 / 1000.0;
                 self.line(out, &format!("… rate limit ({reason}): waiting {secs:.1}s"))?;

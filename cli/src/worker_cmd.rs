@@ -85,8 +85,18 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let queue = RedisQueue::connect(&redis)
         .await
         .with_context(|| format!("cannot connect to Redis at {}", redact(&redis)))?;
-    let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
     let shutdown = CancellationToken::new();
+    let mut cfg = cfg;
+    cfg.limiter =
+        agentq_core::admission::Limiter::connect(&redis, &settings.limits, shutdown.clone())
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot connect the rate limiter to Redis at {}",
+                    redact(&redis)
+                )
+            })?;
+    let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
     crate::signals::cancel_on_signal(shutdown.clone());
     let metrics_stop = CancellationToken::new();
     // Several workers on one host contend for the default port; a busy port costs the

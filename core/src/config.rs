@@ -63,6 +63,8 @@ pub struct Settings {
     /// The operator's hooks (`[[hooks]]`), each at one point, run by workers and
     /// `agentq run` in the order given.
     pub hooks: Vec<HookSettings>,
+    /// The fleet's rate limits (`[[limits]]`), per provider endpoint and key.
+    pub limits: Vec<LimitSettings>,
     pub worker: WorkerSection,
     pub scheduler: SchedulerSection,
     pub providers: ProvidersSection,
@@ -84,6 +86,7 @@ impl Default for Settings {
             metrics_addr: DEFAULT_METRICS_ADDR.to_string(),
             api_url: DEFAULT_API_URL.to_string(),
             hooks: Vec::new(),
+            limits: Vec::new(),
             worker: WorkerSection::default(),
             scheduler: SchedulerSection::default(),
             providers: ProvidersSection::default(),
@@ -1243,7 +1246,10 @@ pub fn is_credential_name(name: &str) -> bool {
         || n == "key"
 }
 
+mod limits;
 mod validate;
+
+pub use limits::LimitSettings;
 
 #[cfg(test)]
 mod tests;

@@ -2,6 +2,7 @@
 //! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
+pub mod admission;
 pub mod auth;
 pub mod budget;
 pub mod checkpoint;

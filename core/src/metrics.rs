@@ -66,6 +66,7 @@ pub struct Metrics {
     pub sessions_finished: IntCounterVec,
     pub sessions_active: IntGauge,
     pub sessions_waiting: IntGaugeVec,
+    pub sessions_suspended: IntCounterVec,
     pub session_iterations: Histogram,
     pub session_tokens: Histogram,
     pub checkpoint_duration: Histogram,
@@ -252,6 +253,12 @@ impl Metrics {
                 &r,
                 "agentq_sessions_waiting",
                 "Sessions suspended, by what they wait for.",
+                &["reason"],
+            ),
+            sessions_suspended: counter_vec(
+                &r,
+                "agentq_sessions_suspended_total",
+                "Runs that gave their session up to wait without a lease, by what it waits for (children, approval, rate_limit, budget).",
                 &["reason"],
             ),
             session_iterations: histogram(

@@ -783,8 +783,8 @@ impl SweepStore for PgStore {
             .await?)
     }
 
-    async fn waiting_by_reason(&self) -> Result<Vec<(Option<WaitReason>, u64)>> {
-        let rows: Vec<(Option<String>, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
+    async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
             .fetch_all(&self.pool)
             .await?;
         Ok(crate::wait::tally(rows))

@@ -261,11 +261,12 @@ pub enum EventKind {
     IterationCompleted,
     SessionCompleted,
     Error,
+    SessionWaiting,
     RateLimited,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 12] = [
         EventKind::IterationStarted,
         EventKind::TextDelta,
         EventKind::ThinkingDelta,
@@ -276,6 +277,7 @@ impl EventKind {
         EventKind::IterationCompleted,
         EventKind::SessionCompleted,
         EventKind::Error,
+        EventKind::SessionWaiting,
         EventKind::RateLimited,
     ];
 
@@ -291,6 +293,7 @@ impl EventKind {
             EventKind::IterationCompleted => "iteration_completed",
             EventKind::SessionCompleted => "session_completed",
             EventKind::Error => "error",
+            EventKind::SessionWaiting => "session_waiting",
             EventKind::RateLimited => "rate_limited",
         }
     }
@@ -311,6 +314,7 @@ impl EventKind {
             AgentEvent::IterationCompleted { .. } => EventKind::IterationCompleted,
             AgentEvent::SessionCompleted { .. } => EventKind::SessionCompleted,
             AgentEvent::Error { .. } => EventKind::Error,
+            AgentEvent::SessionWaiting { .. } => EventKind::SessionWaiting,
             AgentEvent::RateLimited { .. } => EventKind::RateLimited,
         }
     }

@@ -229,9 +229,8 @@ pub trait SweepStore: Send + Sync {
     /// parks afterwards is not woken by it.
     async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>>;
 
-    /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason; `None` counts
-    /// rows suspended before reasons were stored.
-    async fn waiting_by_reason(&self) -> Result<Vec<(Option<WaitReason>, u64)>>;
+    /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason (one query).
+    async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>>;
 }
 
 /// API keys (the hashes of them: a key itself is never stored).

@@ -49,19 +49,12 @@ impl fmt::Display for WaitReason {
     }
 }
 
-/// Counts per stored reason name as [`crate::SweepStore::waiting_by_reason`] returns
-/// them: names this build does not know count with the rows that have none.
-pub(crate) fn tally(rows: Vec<(Option<String>, i64)>) -> Vec<(Option<WaitReason>, u64)> {
-    let mut out: Vec<(Option<WaitReason>, u64)> = Vec::new();
-    for (name, n) in rows {
-        let reason = name.as_deref().and_then(WaitReason::parse);
-        let n = u64::try_from(n).unwrap_or(0);
-        match out.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, total)) => *total = total.saturating_add(n),
-            None => out.push((reason, n)),
-        }
-    }
-    out
+/// Counts per reason name as [`crate::SweepStore::waiting_by_reason`] reads them: a name
+/// this build does not know (a newer one wrote it) is left out.
+pub(crate) fn tally(rows: Vec<(String, i64)>) -> Vec<(WaitReason, u64)> {
+    rows.into_iter()
+        .filter_map(|(name, n)| Some((WaitReason::parse(&name)?, u64::try_from(n).unwrap_or(0))))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1962,13 +1962,13 @@ async fn contract_rate_limit_waits(store: &dyn Store) {
     assert_eq!(row.wake_at, None);
 
     let mut counts = store.waiting_by_reason().await.unwrap();
-    counts.sort_by_key(|(r, _)| r.map(WaitReason::as_str));
+    counts.sort_by_key(|(r, _)| r.as_str());
     assert_eq!(
         counts,
         vec![
-            (Some(WaitReason::Budget), 1),
-            (Some(WaitReason::Children), 1),
-            (Some(WaitReason::RateLimit), 4),
+            (WaitReason::Budget, 1),
+            (WaitReason::Children, 1),
+            (WaitReason::RateLimit, 4),
         ]
     );
 

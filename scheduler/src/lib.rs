@@ -70,6 +70,17 @@ pub struct SchedulerSettings {
     pub prices: Arc<agentq_core::budget::Prices>,
     /// Tenant budgets as configured (`[[budgets]]`); stored ones replace a tenant's.
     pub budgets: Vec<agentq_core::budget::TenantBudget>,
+    /// The fleet's rate limits as configured, and the Redis their state is kept in
+    /// (`GET /v1/admin/limits`).
+    pub limits: LimitsAdmin,
+}
+
+/// What the limiter's admin view reads.
+#[derive(Debug, Clone, Default)]
+pub struct LimitsAdmin {
+    pub configured: Vec<agentq_core::config::LimitSettings>,
+    /// `None`: no Redis, so no fleet-wide limiter.
+    pub redis_url: Option<String>,
 }
 
 impl SchedulerSettings {
@@ -79,6 +90,10 @@ impl SchedulerSettings {
             policy: Arc::new(Policy::from_section(&s.policy)?),
             prices: Arc::new(agentq_core::budget::Prices::new(&s.prices)?),
             budgets: s.budgets.iter().map(|b| b.budget()).collect(),
+            limits: LimitsAdmin {
+                configured: s.limits.clone(),
+                redis_url: s.redis_url.clone(),
+            },
             ..(&s.scheduler).into()
         })
     }
@@ -101,6 +116,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_queues: c.max_queues,
             stream_max_len: c.stream_max_len,
             policy: Arc::new(Policy::default()),
+            limits: LimitsAdmin::default(),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()

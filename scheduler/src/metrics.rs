@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use agentq_core::SessionStatus;
+use agentq_core::WaitReason;
 use agentq_core::metrics::Metrics;
 use agentq_core::queue::QueueStats;
 
@@ -46,20 +46,19 @@ pub fn record_queue(m: &Metrics, queue: &str, stats: Option<QueueStats>) {
     }
 }
 
-/// `agentq_sessions_waiting{reason}`: sessions suspended on children or on a human.
-pub fn record_waiting(m: &Metrics, counts: &[(SessionStatus, u64)]) {
-    let count = |want: SessionStatus| {
-        counts
+/// `agentq_sessions_waiting{reason}`: suspended sessions by what they wait for (every
+/// reason is set, 0 when none waits for it).
+pub fn record_waiting(m: &Metrics, counts: &[(WaitReason, u64)]) {
+    for reason in WaitReason::ALL {
+        let n: u64 = counts
             .iter()
-            .find(|(s, _)| *s == want)
-            .map_or(0, |(_, n)| i64::try_from(*n).unwrap_or(i64::MAX))
-    };
-    m.sessions_waiting
-        .with_label_values(&["children"])
-        .set(count(SessionStatus::Waiting));
-    m.sessions_waiting
-        .with_label_values(&["approval"])
-        .set(count(SessionStatus::AwaitingApproval));
+            .filter(|(r, _)| *r == reason)
+            .map(|(_, n)| *n)
+            .sum();
+        m.sessions_waiting
+            .with_label_values(&[reason.as_str()])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
 }
 
 #[cfg(test)]
@@ -73,9 +72,9 @@ mod tests {
         record_waiting(
             &m,
             &[
-                (SessionStatus::Running, 7),
-                (SessionStatus::Waiting, 3),
-                (SessionStatus::AwaitingApproval, 2),
+                (WaitReason::Children, 3),
+                (WaitReason::Approval, 2),
+                (WaitReason::RateLimit, 5),
             ],
         );
         let text = m.render();
@@ -85,6 +84,14 @@ mod tests {
         );
         assert!(
             text.contains("agentq_sessions_waiting{reason=\"approval\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_sessions_waiting{reason=\"rate_limit\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agentq_sessions_waiting{reason=\"budget\"} 0"),
             "{text}"
         );
     }

@@ -8,7 +8,10 @@
 //! than `sweep_age` ago has lost its worker, and its stream entry may be gone too (lost
 //! with Redis, or never added), so the sweeper re-queues it from the store whatever became
 //! of the entry ([`requeue_expired`]). It also trims each queue's stream of acked history
-//! past `stream_max_len` entries ([`trim_queues`]), never an entry still pending.
+//! past `stream_max_len` entries ([`trim_queues`]), never an entry still pending. And it
+//! wakes what waits for time: approvals past their deadline ([`wake_expired_approvals`])
+//! and sessions suspended for a rate limit whose wake time has come
+//! ([`wake_rate_limited`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,18 +148,53 @@ pub async fn return_budgets(store: &dyn Store) {
     }
 }
 
-/// Waiting sessions whose wake time has come (a parked budget's period turned over)
-/// go back to the queue.
-pub async fn wake_due(store: &dyn Store, queue: &dyn Queue) {
-    match store.wake_due(SWEEP_BATCH).await {
-        Ok(woken) => {
-            for (id, q) in woken {
-                tracing::info!(session_id = %id, "wake time reached; resuming the session");
-                agentq_core::lifecycle::enqueue_woken(store, queue, &id, &q).await;
+/// Sessions that suspended for a rate limit and whose wake time has come go back to the
+/// queue, those due longest first, up to `SWEEP_BATCH × 20` a tick. Returns how many.
+pub async fn wake_rate_limited(store: &dyn Store, queue: &dyn Queue) -> usize {
+    let mut total = 0;
+    for _ in 0..MAX_BATCHES_PER_TICK {
+        let woken = match store.wake_due(SWEEP_BATCH).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot wake rate-limited sessions; retrying next tick");
+                break;
+            }
+        };
+        let n = woken.len();
+        let mut by_queue: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (id, q) in woken {
+            by_queue.entry(q).or_default().push(id);
+        }
+        for (q, ids) in by_queue {
+            let items: Vec<(String, EnqueueReason)> = ids
+                .iter()
+                .map(|id| (id.clone(), EnqueueReason::Resume))
+                .collect();
+            // A failed enqueue leaves the rows queued without an entry: `sweep_once`
+            // adds them.
+            match queue.enqueue_many(&q, &items).await {
+                Ok(()) => {
+                    if let Err(e) = store.mark_enqueued(&ids).await {
+                        tracing::warn!(queue = %q, error = %e, "cannot mark woken sessions enqueued");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %q, error = %e, "cannot enqueue woken sessions; the sweeper will")
+                }
             }
         }
-        Err(e) => tracing::warn!(error = %e, "cannot look for sessions due to wake"),
+        total += n;
+        if n < SWEEP_BATCH as usize {
+            break;
+        }
     }
+    if total > 0 {
+        tracing::info!(
+            sessions = total,
+            "woke sessions whose rate-limit wait ended"
+        );
+    }
+    total
 }
 
 /// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
@@ -182,7 +220,7 @@ pub async fn run_sweeper(
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
         return_budgets(store.as_ref()).await;
-        wake_due(store.as_ref(), queue.as_ref()).await;
+        wake_rate_limited(store.as_ref(), queue.as_ref()).await;
         if let Err(e) = requeue_expired(store.as_ref(), age).await {
             tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");
         }

@@ -68,6 +68,8 @@ pub struct WorkerConfig {
     pub max_llm_retries: u32,
     /// See [`agentq_agent::driver::Agent::suspend_after`].
     pub rate_limit_suspend_after: Duration,
+    /// The fleet's rate limiter (connected by the host; disabled by default).
+    pub limiter: Arc<agentq_core::admission::Limiter>,
     /// The embedding program's own tools, offered beside the built-in ones: a session
     /// names them in its `tools` like any other, and one with a built-in's name replaces
     /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
@@ -155,6 +157,7 @@ impl WorkerConfig {
             write_ahead_grace: Duration::from_millis(w.write_ahead_grace_ms),
             max_llm_retries: w.max_llm_retries,
             rate_limit_suspend_after: w.rate_limit_suspend_secs.duration(),
+            limiter: agentq_core::admission::Limiter::disabled(),
             tools: agentq_agent::tools::ToolRegistry::new(),
             // Unvalidated settings whose policy does not compile allow nothing.
             policy: Arc::new(

@@ -10,6 +10,7 @@
 //! signals), `runs` (the sessions running here and what waits for them), `pipeline` (the
 //! writers every run hands its checkpoints and events to).
 
+mod admission;
 mod budget;
 mod checkpoint;
 pub mod config;

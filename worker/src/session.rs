@@ -14,6 +14,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use agentq_agent::bounds;
 use agentq_agent::driver::{Agent, Interrupter, RunEnd, SuspendReason};
+use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::factory;
 use agentq_agent::spec::SessionSpec;
@@ -22,8 +23,7 @@ use agentq_agent::tools::{LocalWorkspace, builtin_registry};
 use agentq_core::lifecycle;
 use agentq_core::policy::{Sent, SpawnContext};
 use agentq_core::queue::Delivery;
-use agentq_core::wait::WaitReason;
-use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus};
+use agentq_core::{Claim, Completion, Lease, SessionRow, SessionStatus, WaitReason};
 
 use crate::checkpoint::StoreCheckpointer;
 use crate::inbox::{Approvals, SessionInbox};
@@ -336,7 +336,7 @@ async fn run(
     let parts = AgentParts {
         checkpointer,
         observer,
-        sink,
+        sink: sink.clone(),
         inbox,
         interrupter,
     };
@@ -386,7 +386,7 @@ async fn run(
             finished(&inner, &d, &state, &outcome, &committed).await
         }
         Some(Ok(RunEnd::Suspended(reason))) => {
-            suspend(&inner, &d, &lease, &row, &state, reason).await
+            suspend(&inner, &d, &lease, &row, &state, sink.as_ref(), reason).await
         }
         Some(Err(agentq_agent::Error::LeaseLost)) => {
             inner.stats.lost_leases.fetch_add(1, Ordering::Relaxed);
@@ -548,41 +548,81 @@ async fn suspend(
     lease: &Lease,
     row: &SessionRow,
     state: &SessionState,
+    sink: &StreamSink,
     reason: SuspendReason,
 ) -> Processed {
-    let (status, deadline) = match reason {
-        SuspendReason::Children
-        | SuspendReason::RateLimit { .. }
-        | SuspendReason::Budget { .. } => (SessionStatus::Waiting, None),
-        // Clamped: the spec may hold any number (a row written before the API bounded it).
-        SuspendReason::Approval { .. } => (
-            SessionStatus::AwaitingApproval,
-            Some(bounds::after(
-                chrono::Utc::now(),
-                state.spec.approval_timeout_secs,
-            )),
-        ),
+    let wait = match &reason {
+        SuspendReason::Children => WaitReason::Children,
+        SuspendReason::Approval { .. } => WaitReason::Approval,
+        SuspendReason::RateLimit { .. } => WaitReason::RateLimit,
+        SuspendReason::Budget { .. } => WaitReason::Budget,
     };
-    let suspended = match &reason {
-        // Parked for a spent tenant budget: raising it wakes the session, and so does the
-        // sweeper when the period turns over.
-        SuspendReason::Budget { .. } => {
-            let wake_at = crate::budget::park_until(inner, &row.tenant).await;
+    let suspended = match reason {
+        SuspendReason::Children => {
             inner
                 .store
-                .suspend_for(lease, row.wake_seq, WaitReason::Budget, wake_at)
+                .suspend(lease, SessionStatus::Waiting, row.wake_seq, None)
                 .await
         }
-        _ => {
+        // Clamped: the spec may hold any number (a row written before the API bounded it).
+        SuspendReason::Approval { .. } => {
+            let deadline = bounds::after(chrono::Utc::now(), state.spec.approval_timeout_secs);
             inner
                 .store
-                .suspend(lease, status, row.wake_seq, deadline)
+                .suspend(
+                    lease,
+                    SessionStatus::AwaitingApproval,
+                    row.wake_seq,
+                    Some(deadline),
+                )
+                .await
+        }
+        // No lease and no slot until the sweeper wakes it at `until`.
+        SuspendReason::RateLimit { until } => {
+            info!(wake_at = %until, "suspending for a rate limit");
+            sink.emit(
+                state.messages.len(),
+                AgentEvent::SessionWaiting {
+                    reason: wait.as_str().into(),
+                    wake_at: Some(until),
+                },
+            );
+            inner
+                .store
+                .suspend_for(lease, row.wake_seq, wait, Some(until))
+                .await
+        }
+        // Parked until the budget is raised (`SweepStore::wake_budget_waiters`), or until
+        // its period turns over (the sweeper wakes it then).
+        SuspendReason::Budget { message } => {
+            info!(budget = %message, "parking for a spent budget");
+            let wake_at = crate::budget::park_until(inner, &row.tenant).await;
+            sink.emit(
+                state.messages.len(),
+                AgentEvent::SessionWaiting {
+                    reason: wait.as_str().into(),
+                    wake_at,
+                },
+            );
+            inner
+                .store
+                .suspend_for(lease, row.wake_seq, wait, wake_at)
                 .await
         }
     };
     match suspended {
         Ok(now) => {
             info!(status = %now.status, "session suspended");
+            if matches!(
+                now.status,
+                SessionStatus::Waiting | SessionStatus::AwaitingApproval
+            ) {
+                inner
+                    .metrics
+                    .sessions_suspended
+                    .with_label_values(&[wait.as_str()])
+                    .inc();
+            }
             match now.status {
                 SessionStatus::Queued => {
                     // Woken while it was suspending: straight back on the queue.
@@ -760,6 +800,7 @@ fn build_agent(
         ..Guards::default()
     };
     inner.cfg.operator.apply(&mut guards);
+    let admission = crate::admission::admission_for(inner, row, &*provider);
     Ok(Agent {
         provider,
         default_model,
@@ -776,7 +817,7 @@ fn build_agent(
             inner.clone(),
             row,
             spec.token_budget,
-            Arc::new(agentq_agent::driver::NoAdmission),
+            admission,
         )),
         write_ahead_grace: inner.cfg.write_ahead_grace,
         max_llm_retries: inner.cfg.max_llm_retries,

@@ -36,6 +36,9 @@ impl Settings {
             hook_rules(i, hook)?;
         }
         guardian(&self.guardian)?;
+        for (i, l) in self.limits.iter().enumerate() {
+            limit_rules(i, l)?;
+        }
         providers(&self.providers)?;
         prices(&self.prices)?;
         budgets(&self.budgets)?;
@@ -651,5 +654,47 @@ fn budgets(list: &[super::BudgetSettings]) -> Result<()> {
             ));
         }
     }
+    Ok(())
+}
+
+fn limit_rules(i: usize, l: &super::LimitSettings) -> Result<()> {
+    let key = |field: &str| format!("limits[{i}].{field}");
+    if !matches!(l.provider.as_str(), "openai" | "anthropic" | "scripted") {
+        return Err(invalid(
+            &key("provider"),
+            format!(
+                "must be openai, anthropic or scripted, not {:?}",
+                l.provider
+            ),
+        ));
+    }
+    if let Err(e) = globset::Glob::new(&l.model) {
+        return Err(invalid(&key("model"), format!("not a glob: {e}")));
+    }
+    if l.tenant.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(invalid(&key("tenant"), "must not be empty"));
+    }
+    if l.rpm.is_none() && l.tpm.is_none() && l.concurrency.is_none() {
+        return Err(invalid(
+            &key("rpm"),
+            "a limit needs at least one of rpm, tpm and concurrency",
+        ));
+    }
+    for (field, v) in [
+        ("rpm", l.rpm),
+        ("tpm", l.tpm),
+        ("concurrency", l.concurrency),
+    ] {
+        if let Some(v) = v {
+            range(&key(field), v, 1, 1_000_000_000)?;
+        }
+    }
+    range(&key("window_secs"), l.window_secs, 1, 60)?;
+    range(
+        &key("reservation_ttl_secs"),
+        l.reservation_ttl_secs,
+        1,
+        86_400,
+    )?;
     Ok(())
 }

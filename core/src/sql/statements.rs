@@ -280,11 +280,13 @@ const WAKE_BUDGET: Shared = Shared {
     sqlite_now: Some(3),
 };
 
-/// Waiting and awaiting-approval sessions per wait reason (NULL: a row suspended before
-/// reasons were stored), for the gauge.
+/// Waiting and awaiting-approval sessions per wait reason, for the gauge. A row suspended
+/// before reasons were stored waited for its children or for a human, as its status says.
 const WAITING_BY_REASON: Shared = Shared {
-    text: "SELECT wait_reason, count(*) FROM sessions \
-           WHERE status IN ('waiting', 'awaiting_approval') GROUP BY wait_reason",
+    text: "SELECT CASE WHEN wait_reason IS NOT NULL THEN wait_reason \
+                       WHEN status = 'awaiting_approval' THEN 'approval' \
+                       ELSE 'children' END AS reason, count(*) FROM sessions \
+           WHERE status IN ('waiting', 'awaiting_approval') GROUP BY 1",
     sqlite_now: None,
 };
 

@@ -2,7 +2,7 @@
 
 use agentq_agent::schema::ToolCall;
 use agentq_api::{PendingApproval, SessionView};
-use agentq_core::SessionRow;
+use agentq_core::{SessionRow, SessionStatus, WaitReason};
 
 /// The view of a row: its spec's fields beside its state.
 pub fn session_view(row: &SessionRow) -> SessionView {
@@ -26,6 +26,19 @@ pub fn session_view(row: &SessionRow) -> SessionView {
         created_at: row.created_at,
         updated_at: row.updated_at,
         finished_at: row.finished_at,
+        wait_reason: wait_reason(row),
+        wake_at: row.wake_at.filter(|_| row.status == SessionStatus::Waiting),
+    }
+}
+
+/// What a suspended session waits for. A row suspended before reasons were stored waited
+/// for its children or for a human, as its status says; a running or finished one waits
+/// for nothing, whatever its last suspension left in the row.
+fn wait_reason(row: &SessionRow) -> Option<WaitReason> {
+    match row.status {
+        SessionStatus::Waiting => Some(row.wait_reason.unwrap_or(WaitReason::Children)),
+        SessionStatus::AwaitingApproval => Some(WaitReason::Approval),
+        _ => None,
     }
 }
 

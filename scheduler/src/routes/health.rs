@@ -91,7 +91,7 @@ pub(super) async fn metrics(State(s): State<Scheduler>) -> Response {
         record_queue(m, &queue, stats);
     }
     // Suspended sessions hold no worker, so only the store knows how many there are.
-    match tokio::time::timeout(STATS_TIMEOUT, s.store.count_unfinished()).await {
+    match tokio::time::timeout(STATS_TIMEOUT, s.store.waiting_by_reason()).await {
         Ok(Ok(counts)) => record_waiting(m, &counts),
         Ok(Err(e)) => tracing::debug!(error = %e, "cannot count waiting sessions for /metrics"),
         Err(_) => {}

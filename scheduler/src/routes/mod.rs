@@ -19,6 +19,7 @@ use crate::{BATCH_BODY_LIMIT, Scheduler};
 mod budgets;
 mod events;
 mod health;
+mod limits;
 mod queues;
 mod sessions;
 mod steer;
@@ -122,6 +123,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
             ADMIN,
             get(budgets::spend),
         ),
+        route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]

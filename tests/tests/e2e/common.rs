@@ -354,6 +354,11 @@ pub struct WorkerOpts {
     pub drain_timeout_secs: f64,
     /// `--write-ahead-grace-ms`, when set.
     pub write_ahead_grace_ms: Option<u64>,
+    /// The OpenAI endpoint instead of the cluster's scripted fake (another fake, such as
+    /// a rate-limited one): its base URL without `/v1`.
+    pub llm_url: Option<String>,
+    /// More variables for the worker's environment (settings such as `[[limits]]`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for WorkerOpts {
@@ -364,6 +369,8 @@ impl Default for WorkerOpts {
             max_attempts: 5,
             drain_timeout_secs: 15.0,
             write_ahead_grace_ms: None,
+            llm_url: None,
+            env: Vec::new(),
         }
     }
 }
@@ -510,6 +517,10 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        if let Some(url) = &opts.llm_url {
+            cmd.env("OPENAI_BASE_URL", format!("{url}/v1"));
+        }
+        cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if let Some(ms) = opts.write_ahead_grace_ms {
             cmd.args(["--write-ahead-grace-ms", &ms.to_string()]);
         }
@@ -661,6 +672,31 @@ impl Cluster {
 
     pub async fn submit(&self, script: Script) -> Sub {
         self.submit_many(vec![script]).await.remove(0)
+    }
+
+    /// Create sessions of these specs in one transaction and enqueue them in one round
+    /// trip (for fakes other than the scripted one); returns their ids.
+    pub async fn submit_specs(&self, specs: Vec<SessionSpec>) -> Vec<String> {
+        let news: Vec<NewSession> = specs
+            .into_iter()
+            .map(|spec| NewSession::root(spec, "default"))
+            .collect();
+        let rows = self
+            .store
+            .create_sessions(&news)
+            .await
+            .expect("creating sessions");
+        let ids: Vec<String> = rows.into_iter().map(|(r, _)| r.id).collect();
+        let items: Vec<(String, EnqueueReason)> = ids
+            .iter()
+            .map(|id| (id.clone(), EnqueueReason::New))
+            .collect();
+        self.queue
+            .enqueue_many("default", &items)
+            .await
+            .expect("enqueueing");
+        self.store.mark_enqueued(&ids).await.expect("mark_enqueued");
+        ids
     }
 
     /// Create the sessions in one transaction and enqueue them in one round trip.

@@ -6,6 +6,7 @@
 //! is stored runs twice, and a worker that lost its lease writes nothing more.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod admission;
 mod common;
 mod crash;
 mod drain;

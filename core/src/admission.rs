@@ -1,0 +1,594 @@
+//! The fleet-wide rate limiter: the [`Admission`] every worker's LLM calls pass, kept in
+//! Redis so that all workers share one count per provider endpoint and key.
+//!
+//! # Configured limits (`[[limits]]`)
+//! A call falls under every rule whose provider, model glob and tenant match. Each rule
+//! keeps, per provider endpoint and key ([`LlmProvider::limit_key`]), sliding-window
+//! logs of requests and tokens and a set of calls in flight, and one Lua script
+//! (`reserve.lua`, run with `EVALSHA`) checks and records a call under all of its rules
+//! in one atomic round trip: the call goes, or the script says how long until the rule
+//! that binds lets it. A call reserves its prompt estimate plus `max_tokens`, or a
+//! learned average of its model's output (kept in Redis) when that is smaller; `settle`
+//! corrects the tokens by the usage the provider reported and frees the slot. A
+//! reservation of a worker that died is scored by its expiry and purged by the next
+//! reserve after `reservation_ttl_secs`.
+//!
+//! # Learned holds (nothing configured)
+//! When a provider refuses a call (429, 529) or announces a spent window (`remaining`
+//! at 0), the key is held until the reset it named: the settle records the hold in
+//! Redis, and every worker reads the holds every [`HOLD_REFRESH`], so all of them wait
+//! instead of each finding out with a refusal of its own; waiters wake spread over a
+//! short jitter. Past the hold calls go at the provider's own pace, which its next
+//! answers report.
+//!
+//! # Cost
+//! With no rule matching a call and no hold on its key, a call costs no Redis round trip
+//! at all (the holds come from the periodic read, not from the call). With rules, a call
+//! costs one round trip before it starts (reserve); its settle runs off the call path. A
+//! limiter that cannot reach Redis lets calls through, with a warning and the
+//! `agentq_admission_limiter_errors_total` metric: a limiter outage never fails sessions.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::provider::LlmProvider;
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, IntoConnectionInfo, Script};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LimitSettings;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// How often a worker reads the fleet's learned holds.
+pub const HOLD_REFRESH: Duration = Duration::from_millis(250);
+/// Waiters on a hold wake spread over up to this long, not all in one instant.
+const HOLD_JITTER_MS: u64 = 200;
+/// The hold after a refusal that named no wait.
+const DEFAULT_HOLD: Duration = Duration::from_secs(1);
+/// Redis answers a limiter waits for; past this the call goes (fail open).
+const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// At most one warning about an unreachable Redis this often.
+const WARN_EVERY_MS: i64 = 10_000;
+
+const PREFIX: &str = "agentq:limit:";
+/// The set of every rule key in use (the admin view lists them).
+pub const INDEX_KEY: &str = "agentq:limit:keys";
+/// Hash: `limit_key|model` → hold until (ms since the epoch).
+pub const HOLDS_KEY: &str = "agentq:limit:holds";
+/// Hash: `limit_key|model` → the learned average of output tokens.
+const AVERAGES_KEY: &str = "agentq:limit:avg";
+
+/// A `[[limits]]` rule, compiled.
+struct Rule {
+    settings: LimitSettings,
+    glob: globset::GlobMatcher,
+}
+
+impl Rule {
+    fn matches(&self, provider: &str, model: &str, tenant: &str) -> bool {
+        self.settings.provider == provider
+            && self.glob.is_match(model)
+            && self.settings.tenant.as_deref().is_none_or(|t| t == tenant)
+    }
+
+    /// The Redis prefix of this rule's counters for one provider key (and tenant).
+    fn key(&self, limit_key: &str) -> String {
+        let s = &self.settings;
+        match &s.tenant {
+            Some(t) => format!("{PREFIX}{}:{}:{t}|{limit_key}", s.provider, s.model),
+            None => format!("{PREFIX}{}:{}:*|{limit_key}", s.provider, s.model),
+        }
+    }
+
+    fn window_ms(&self) -> u64 {
+        self.settings.window_secs.clamp(1, 60).saturating_mul(1000)
+    }
+
+    /// A per-minute allowance scaled to the rule's window (at least 1).
+    fn per_window(&self, per_minute: Option<u64>) -> u64 {
+        per_minute.map_or(0, |m| {
+            (m.saturating_mul(self.settings.window_secs.clamp(1, 60)) / 60).max(1)
+        })
+    }
+}
+
+/// The limiter one worker process shares among its sessions.
+pub struct Limiter {
+    rules: Vec<Rule>,
+    /// `None`: no Redis (the embedded mode): nothing is enforced.
+    conn: Option<ConnectionManager>,
+    /// The fleet's holds as last read (and as this worker learned them since).
+    holds: RwLock<HashMap<String, i64>>,
+    metrics: &'static Metrics,
+    last_warning: AtomicI64,
+    reserve: Script,
+    settle: Script,
+}
+
+impl std::fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Limiter")
+            .field("rules", &self.rules.len())
+            .field("redis", &self.conn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Limiter {
+    fn new(limits: &[LimitSettings], conn: Option<ConnectionManager>) -> Result<Limiter> {
+        let rules = limits
+            .iter()
+            .map(|l| {
+                let glob = globset::Glob::new(&l.model)
+                    .map_err(|e| Error::Config(format!("limits: model {:?}: {e}", l.model)))?
+                    .compile_matcher();
+                Ok(Rule {
+                    settings: l.clone(),
+                    glob,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Limiter {
+            rules,
+            conn,
+            holds: RwLock::new(HashMap::new()),
+            metrics: crate::metrics::global(),
+            last_warning: AtomicI64::new(i64::MIN),
+            reserve: Script::new(include_str!("admission/reserve.lua")),
+            settle: Script::new(include_str!("admission/settle.lua")),
+        })
+    }
+
+    /// A limiter that enforces nothing (hosts without Redis).
+    pub fn disabled() -> Arc<Limiter> {
+        Arc::new(Limiter {
+            rules: Vec::new(),
+            conn: None,
+            holds: RwLock::new(HashMap::new()),
+            metrics: crate::metrics::global(),
+            last_warning: AtomicI64::new(i64::MIN),
+            reserve: Script::new(include_str!("admission/reserve.lua")),
+            settle: Script::new(include_str!("admission/settle.lua")),
+        })
+    }
+
+    /// Connect to Redis at `url` and start reading the fleet's holds until `cancel` (or
+    /// until the limiter is dropped).
+    pub async fn connect(
+        url: &str,
+        limits: &[LimitSettings],
+        cancel: CancellationToken,
+    ) -> Result<Arc<Limiter>> {
+        let client = Client::open(url.into_connection_info()?)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(COMMAND_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(200));
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let limiter = Arc::new(Limiter::new(limits, Some(conn))?);
+        tokio::spawn(refresh_holds(Arc::downgrade(&limiter), cancel));
+        Ok(limiter)
+    }
+
+    /// Whether any rule is configured.
+    pub fn has_rules(&self) -> bool {
+        !self.rules.is_empty()
+    }
+
+    /// The admission of one session's calls: its tenant and its provider (name and key).
+    pub fn for_session(
+        self: &Arc<Self>,
+        tenant: &str,
+        provider: &dyn LlmProvider,
+    ) -> Arc<dyn Admission> {
+        Arc::new(SessionLimiter {
+            limiter: self.clone(),
+            tenant: tenant.to_string(),
+            provider: provider.name().to_string(),
+            limit_key: provider.limit_key(),
+        })
+    }
+
+    fn hold(&self, field: &str) -> Option<i64> {
+        self.holds
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(field)
+            .copied()
+    }
+
+    fn note_hold(&self, field: &str, until: i64) {
+        let mut holds = self.holds.write().unwrap_or_else(|e| e.into_inner());
+        let cur = holds.entry(field.to_string()).or_insert(until);
+        *cur = (*cur).max(until);
+    }
+
+    /// Let a call through because Redis failed: say so (not too often) and count it.
+    fn failed_open(&self, what: &str, err: &redis::RedisError) {
+        self.metrics.limiter_errors.inc();
+        let now = now_ms();
+        let last = self.last_warning.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= WARN_EVERY_MS
+            && self
+                .last_warning
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(error = %err, "rate limiter {what} failed; letting calls through");
+        }
+    }
+}
+
+/// Read the fleet's holds every [`HOLD_REFRESH`] into the limiter, until cancelled or
+/// the limiter is gone.
+async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(HOLD_REFRESH) => {}
+            _ = cancel.cancelled() => return,
+        }
+        let Some(l) = limiter.upgrade() else { return };
+        let Some(mut conn) = l.conn.clone() else {
+            return;
+        };
+        let read: redis::RedisResult<HashMap<String, i64>> = redis::cmd("HGETALL")
+            .arg(HOLDS_KEY)
+            .query_async(&mut conn)
+            .await;
+        match read {
+            Ok(remote) => {
+                let now = now_ms();
+                let mut holds = l.holds.write().unwrap_or_else(|e| e.into_inner());
+                holds.retain(|_, until| *until > now);
+                for (k, until) in remote {
+                    if until > now {
+                        let cur = holds.entry(k).or_insert(until);
+                        *cur = (*cur).max(until);
+                    }
+                }
+            }
+            Err(e) => l.failed_open("reading holds", &e),
+        }
+    }
+}
+
+/// One session's view of the limiter.
+struct SessionLimiter {
+    limiter: Arc<Limiter>,
+    tenant: String,
+    provider: String,
+    limit_key: String,
+}
+
+impl SessionLimiter {
+    fn rules(&self, model: &str) -> Vec<&Rule> {
+        self.limiter
+            .rules
+            .iter()
+            .filter(|r| r.matches(&self.provider, model, &self.tenant))
+            .collect()
+    }
+
+    fn field(&self, model: &str) -> String {
+        format!("{}|{model}", self.limit_key)
+    }
+}
+
+#[async_trait]
+impl Admission for SessionLimiter {
+    async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
+        let field = self.field(ask.model);
+        let now = now_ms();
+        if let Some(until) = self.limiter.hold(&field)
+            && until > now
+        {
+            let left = u64::try_from(until.saturating_sub(now)).unwrap_or(0);
+            return Admit::Wait {
+                after: Duration::from_millis(left.saturating_add(jitter(HOLD_JITTER_MS))),
+                reason: "provider",
+            };
+        }
+        let rules = self.rules(ask.model);
+        let Some(mut conn) = self.limiter.conn.clone().filter(|_| !rules.is_empty()) else {
+            return Admit::Go(Permit::default());
+        };
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let ttl_ms = rules
+            .iter()
+            .map(|r| r.settings.reservation_ttl_secs.saturating_mul(1000))
+            .max()
+            .unwrap_or(300_000);
+        let mut inv = self.limiter.reserve.prepare_invoke();
+        inv.key(AVERAGES_KEY).key(INDEX_KEY);
+        for r in &rules {
+            inv.key(r.key(&self.limit_key));
+        }
+        inv.arg(now)
+            .arg(&id)
+            .arg(ttl_ms)
+            .arg(ask.input_tokens)
+            .arg(ask.max_output_tokens)
+            .arg(&field);
+        for r in &rules {
+            let s = &r.settings;
+            inv.arg(r.per_window(s.rpm))
+                .arg(r.per_window(s.tpm))
+                .arg(s.concurrency.unwrap_or(0))
+                .arg(r.window_ms());
+        }
+        let answer: redis::RedisResult<(i64, u64, String)> = inv.invoke_async(&mut conn).await;
+        match answer {
+            Ok((1, tokens, _)) => Admit::Go(Permit {
+                id,
+                reserved_tokens: tokens,
+                parts: Vec::new(),
+            }),
+            Ok((_, wait_ms, reason)) => Admit::Wait {
+                after: Duration::from_millis(wait_ms),
+                reason: match reason.as_str() {
+                    "rpm" => "rpm",
+                    "tpm" => "tpm",
+                    _ => "concurrency",
+                },
+            },
+            Err(e) => {
+                self.limiter.failed_open("reserve", &e);
+                Admit::Go(Permit::default())
+            }
+        }
+    }
+
+    async fn settle(&self, ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
+        let field = self.field(ask.model);
+        let hold = hold_for(report)
+            .map(|d| now_ms().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
+        if let Some(until) = hold {
+            self.limiter.note_hold(&field, until);
+        }
+        let keys: Vec<String> = if permit.id.is_empty() {
+            Vec::new()
+        } else {
+            self.rules(ask.model)
+                .iter()
+                .map(|r| r.key(&self.limit_key))
+                .collect()
+        };
+        let Some(mut conn) = self.limiter.conn.clone() else {
+            return;
+        };
+        if keys.is_empty() && hold.is_none() {
+            return;
+        }
+        let used = if report.not_started {
+            0
+        } else {
+            report.usage.map_or(-1, |u| {
+                i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
+            })
+        };
+        let out = report
+            .usage
+            .map_or(-1, |u| i64::try_from(u.output_tokens).unwrap_or(i64::MAX));
+        let limiter = self.limiter.clone();
+        let id = permit.id;
+        // Off the call path: the session goes on while its slot is given back.
+        tokio::spawn(async move {
+            let mut inv = limiter.settle.prepare_invoke();
+            inv.key(AVERAGES_KEY).key(HOLDS_KEY);
+            for k in &keys {
+                inv.key(k);
+            }
+            inv.arg(&id)
+                .arg(used)
+                .arg(out)
+                .arg(&field)
+                .arg(&field)
+                .arg(hold.unwrap_or(0))
+                .arg(now_ms());
+            let done: redis::RedisResult<i64> = inv.invoke_async(&mut conn).await;
+            if let Err(e) = done {
+                limiter.failed_open("settle", &e);
+            }
+        });
+    }
+}
+
+/// How long the provider's answer says its key is spent: a refusal's `retry-after`, else
+/// the reset of the window its headers say is empty.
+fn hold_for(report: &CallReport) -> Option<Duration> {
+    let spent = report
+        .limits
+        .as_ref()
+        .and_then(agentq_agent::provider::RateLimitInfo::exhausted_for);
+    match report.rate_limited {
+        Some(after) => Some(after.or(spent).unwrap_or(DEFAULT_HOLD)),
+        None => spent,
+    }
+    .filter(|d| !d.is_zero())
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn jitter(max_ms: u64) -> u64 {
+    let r = uuid::Uuid::new_v4().as_u128();
+    u64::try_from(r % u128::from(max_ms.max(1))).unwrap_or(0)
+}
+
+/// What the limiter holds for one rule key, for the admin view.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleState {
+    /// `provider:model glob:tenant|limit key` (the key digests the API key).
+    pub key: String,
+    /// The allowances per window, as the workers last applied them (0 = none).
+    pub requests_per_window: u64,
+    pub tokens_per_window: u64,
+    pub concurrency: u64,
+    pub window_ms: u64,
+    /// The counts in the current window.
+    pub requests: u64,
+    pub tokens: i64,
+    /// Calls reserved and not settled (nor expired).
+    pub in_flight: u64,
+}
+
+/// A learned hold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HoldState {
+    /// `limit key|model`.
+    pub key: String,
+    pub until: chrono::DateTime<chrono::Utc>,
+}
+
+/// The limiter's state across the fleet.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LimiterState {
+    pub rules: Vec<RuleState>,
+    pub holds: Vec<HoldState>,
+}
+
+/// Read the limiter's state from Redis (the admin route): every rule key in use with
+/// its counts, and the holds not yet past.
+pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+) -> Result<LimiterState> {
+    let now = now_ms();
+    let keys: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(INDEX_KEY)
+        .query_async(conn)
+        .await?;
+    let mut rules = Vec::new();
+    let mut gone = Vec::new();
+    for k in keys {
+        let cfg: HashMap<String, u64> = redis::cmd("HGETALL")
+            .arg(format!("{k}:cfg"))
+            .query_async(conn)
+            .await?;
+        if cfg.is_empty() {
+            // Expired: no call used the rule for a window and a reservation's life.
+            gone.push(k);
+            continue;
+        }
+        let window_ms = cfg.get("window_ms").copied().unwrap_or(60_000);
+        let since = now.saturating_sub(i64::try_from(window_ms).unwrap_or(i64::MAX));
+        let (requests, in_flight, tokens): (u64, u64, Option<i64>) = redis::pipe()
+            .cmd("ZCOUNT")
+            .arg(format!("{k}:r"))
+            .arg(format!("({since}"))
+            .arg("+inf")
+            .cmd("ZCOUNT")
+            .arg(format!("{k}:c"))
+            .arg(format!("({now}"))
+            .arg("+inf")
+            .cmd("GET")
+            .arg(format!("{k}:tt"))
+            .query_async(conn)
+            .await?;
+        rules.push(RuleState {
+            key: k.strip_prefix(PREFIX).unwrap_or(&k).to_string(),
+            requests_per_window: cfg.get("rpm").copied().unwrap_or(0),
+            tokens_per_window: cfg.get("tpm").copied().unwrap_or(0),
+            concurrency: cfg.get("concurrency").copied().unwrap_or(0),
+            window_ms,
+            requests,
+            tokens: tokens.unwrap_or(0),
+            in_flight,
+        });
+    }
+    if !gone.is_empty() {
+        let _: redis::RedisResult<i64> = redis::cmd("SREM")
+            .arg(INDEX_KEY)
+            .arg(&gone)
+            .query_async(conn)
+            .await;
+    }
+    let held: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(HOLDS_KEY)
+        .query_async(conn)
+        .await?;
+    let mut holds: Vec<HoldState> = held
+        .into_iter()
+        .filter(|(_, until)| *until > now)
+        .filter_map(|(key, until)| {
+            Some(HoldState {
+                key,
+                until: chrono::DateTime::from_timestamp_millis(until)?,
+            })
+        })
+        .collect();
+    holds.sort_by(|a, b| a.key.cmp(&b.key));
+    rules.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(LimiterState { rules, holds })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn rule(toml: &str) -> Rule {
+        let s: LimitSettings = toml::from_str(toml).unwrap();
+        Limiter::new(&[s], None).unwrap().rules.remove(0)
+    }
+
+    #[test]
+    fn rules_match_provider_model_glob_and_tenant() {
+        let r = rule("provider = \"openai\"\nmodel = \"gpt-4o*\"\nrpm = 60");
+        assert!(r.matches("openai", "gpt-4o-mini", "acme"));
+        assert!(!r.matches("openai", "o3", "acme"));
+        assert!(!r.matches("anthropic", "gpt-4o", "acme"));
+        let t = rule("provider = \"openai\"\ntenant = \"acme\"\nrpm = 60");
+        assert!(t.matches("openai", "anything", "acme"));
+        assert!(!t.matches("openai", "anything", "other"));
+        assert_ne!(t.key("k"), r.key("k"), "a tenant's rule counts on its own");
+        assert_ne!(r.key("k1"), r.key("k2"), "per provider key");
+    }
+
+    #[test]
+    fn allowances_scale_to_the_window() {
+        let r = rule("provider = \"openai\"\nrpm = 600\ntpm = 90\nwindow_secs = 1");
+        assert_eq!(r.per_window(r.settings.rpm), 10);
+        assert_eq!(r.per_window(r.settings.tpm), 1, "never below one");
+        assert_eq!(r.per_window(None), 0);
+        assert_eq!(r.window_ms(), 1000);
+    }
+
+    #[test]
+    fn holds_come_from_refusals_and_spent_windows() {
+        let limits = agentq_agent::provider::RateLimitInfo {
+            remaining_requests: Some(0),
+            reset_requests: Some(Duration::from_secs(7)),
+            ..Default::default()
+        };
+        let refused = |after, limits| CallReport {
+            rate_limited: Some(after),
+            limits,
+            ..Default::default()
+        };
+        assert_eq!(
+            hold_for(&refused(Some(Duration::from_secs(3)), Some(limits.clone()))),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            hold_for(&refused(None, Some(limits.clone()))),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(hold_for(&refused(None, None)), Some(DEFAULT_HOLD));
+        let answered = CallReport {
+            limits: Some(limits),
+            ..Default::default()
+        };
+        assert_eq!(hold_for(&answered), Some(Duration::from_secs(7)));
+        assert_eq!(hold_for(&CallReport::default()), None);
+    }
+}

@@ -1,0 +1,321 @@
+//! The fleet-wide rate limiter against a real, private `redis-server`: its Lua scripts
+//! under many concurrent reservers, the expiry of a dead worker's reservation, token
+//! correction by the reported usage, a hold learned from a 429 shared by every worker,
+//! and failing open when Redis is gone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
+use agentq_agent::provider::{HttpTimeouts, RateLimitInfo};
+use agentq_agent::schema::Usage;
+use agentq_core::admission::{Limiter, read_state};
+use agentq_core::config::LimitSettings;
+use agentq_testkit::services::RedisServer;
+use tokio_util::sync::CancellationToken;
+
+fn provider(key: &str) -> OpenAiProvider {
+    OpenAiProvider::new(OpenAiConfig {
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: Some(key.into()),
+        timeouts: HttpTimeouts::default(),
+        extra_headers: Vec::new(),
+    })
+    .unwrap()
+}
+
+fn limit(toml: &str) -> LimitSettings {
+    toml::from_str(toml).unwrap()
+}
+
+async fn limiter(server: &RedisServer, limits: &[LimitSettings]) -> Arc<Limiter> {
+    Limiter::connect(&server.url(), limits, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+fn ask(input: u64, max_out: u64) -> CallAsk<'static> {
+    CallAsk {
+        model: "gpt-4o",
+        input_tokens: input,
+        max_output_tokens: max_out,
+    }
+}
+
+/// Reserve until admitted (bounded), sleeping as told.
+async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
+    for _ in 0..10_000 {
+        match a.reserve(ask).await {
+            Admit::Go(p) => return p,
+            Admit::Wait { after, .. } => tokio::time::sleep(after).await,
+            Admit::Exhausted { message, .. } => panic!("{message}"),
+        }
+    }
+    panic!("never admitted")
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::ConnectionManager {
+    redis::aio::ConnectionManager::new(redis::Client::open(server.url()).unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn concurrency_holds_across_many_reservers_on_several_workers() {
+    let server = RedisServer::start().unwrap();
+    let rules = [limit("provider = \"openai\"\nconcurrency = 3")];
+    // Three "workers", each with its own limiter and connection.
+    let mut gates = Vec::new();
+    for _ in 0..3 {
+        gates.push(
+            limiter(&server, &rules)
+                .await
+                .for_session("t", &provider("k")),
+        );
+    }
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let gate = gates[i % 3].clone();
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let a = ask(10, 10);
+            let p = admitted(&*gate, &a).await;
+            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            gate.settle(&a, p, &CallReport::default()).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(most.load(Ordering::SeqCst) <= 3, "{most:?}");
+    assert!(most.load(Ordering::SeqCst) >= 1);
+    // Every slot is given back (settles run off the call path: wait for them).
+    let mut conn = raw(&server).await;
+    for _ in 0..200 {
+        let state = read_state(&mut conn).await.unwrap();
+        if state.rules[0].in_flight == 0 {
+            assert_eq!(state.rules[0].concurrency, 3);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("slots were not released");
+}
+
+#[tokio::test]
+async fn requests_per_window_are_exact_and_the_wait_says_until_when() {
+    let server = RedisServer::start().unwrap();
+    // 600 a minute over a one-second window: 10 per window.
+    let rules = [limit(
+        "provider = \"openai\"\nmodel = \"gpt-4o*\"\nrpm = 600\nwindow_secs = 1",
+    )];
+    let gate = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    let mut went = 0;
+    let mut waits = Vec::new();
+    for _ in 0..25 {
+        match gate.reserve(&ask(1, 1)).await {
+            Admit::Go(_) => went += 1,
+            Admit::Wait { after, reason } => waits.push((after, reason)),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(went, 10);
+    assert_eq!(waits.len(), 15);
+    assert!(
+        waits
+            .iter()
+            .all(|(after, r)| *r == "rpm" && *after <= Duration::from_millis(1000))
+    );
+    // A model the glob does not match, and another key, are not limited by it.
+    let other = CallAsk {
+        model: "o3",
+        ..ask(1, 1)
+    };
+    assert!(matches!(gate.reserve(&other).await, Admit::Go(p) if p.id.is_empty()));
+    let gate2 = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k2"));
+    assert!(matches!(gate2.reserve(&ask(1, 1)).await, Admit::Go(_)));
+}
+
+#[tokio::test]
+async fn a_dead_workers_reservation_expires() {
+    let server = RedisServer::start().unwrap();
+    let rules = [limit(
+        "provider = \"openai\"\nconcurrency = 1\nreservation_ttl_secs = 1",
+    )];
+    let dead = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    // Reserved and never settled: its worker died mid-call.
+    let Admit::Go(_) = dead.reserve(&ask(1, 1)).await else {
+        panic!()
+    };
+    drop(dead);
+    let other = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    assert!(matches!(
+        other.reserve(&ask(1, 1)).await,
+        Admit::Wait {
+            reason: "concurrency",
+            ..
+        }
+    ));
+    // Once the reservation's life is over the slot is free for another session.
+    let p = admitted(&*other, &ask(1, 1)).await;
+    assert!(!p.id.is_empty());
+    other.settle(&ask(1, 1), p, &CallReport::default()).await;
+    let mut conn = raw(&server).await;
+    for _ in 0..200 {
+        if read_state(&mut conn).await.unwrap().rules[0].in_flight == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the slot was not released");
+}
+
+#[tokio::test]
+async fn tokens_are_reserved_then_corrected_by_the_usage() {
+    let server = RedisServer::start().unwrap();
+    let rules = [limit("provider = \"openai\"\ntpm = 600")];
+    let gate = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    let a = ask(100, 400);
+    let Admit::Go(p) = gate.reserve(&a).await else {
+        panic!()
+    };
+    assert_eq!(p.reserved_tokens, 500);
+    assert!(matches!(
+        gate.reserve(&a).await,
+        Admit::Wait { reason: "tpm", .. }
+    ));
+    let used = CallReport {
+        usage: Some(Usage {
+            input_tokens: 60,
+            output_tokens: 40,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    gate.settle(&a, p, &used).await;
+    // 100 spent of 600: the next call fits, with its output estimated from what the
+    // model wrote before (40, with headroom) rather than its max_tokens.
+    let mut conn = raw(&server).await;
+    for _ in 0..200 {
+        if read_state(&mut conn).await.unwrap().rules[0].tokens == 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Admit::Go(p) = gate.reserve(&a).await else {
+        panic!("the corrected window has room")
+    };
+    assert_eq!(p.reserved_tokens, 100 + 40 * 3 / 2 + 16);
+    // A call larger than the whole allowance still goes, alone, into an empty window,
+    // instead of waiting forever; here the window is not empty.
+    assert!(matches!(
+        gate.reserve(&ask(10_000, 1)).await,
+        Admit::Wait { reason: "tpm", .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_429_holds_the_key_on_every_worker_and_no_other_key() {
+    let server = RedisServer::start().unwrap();
+    // Nothing configured: only what the provider says.
+    let w1 = limiter(&server, &[]).await;
+    let w2 = limiter(&server, &[]).await;
+    let on_w1 = w1.for_session("t", &provider("k"));
+    let on_w2 = w2.for_session("t", &provider("k"));
+    let other_key = w2.for_session("t", &provider("another-key"));
+    let a = ask(10, 10);
+    let Admit::Go(p) = on_w1.reserve(&a).await else {
+        panic!()
+    };
+    assert!(p.id.is_empty(), "nothing to count: no round trip");
+    on_w1
+        .settle(
+            &a,
+            p,
+            &CallReport {
+                rate_limited: Some(Some(Duration::from_secs(30))),
+                ..Default::default()
+            },
+        )
+        .await;
+    // At once on the worker that was refused.
+    assert!(matches!(
+        on_w1.reserve(&a).await,
+        Admit::Wait { reason: "provider", after } if after > Duration::from_secs(29)
+    ));
+    // Within a refresh on the other worker.
+    let mut held = false;
+    for _ in 0..100 {
+        if let Admit::Wait { reason, after } = on_w2.reserve(&a).await {
+            assert_eq!(reason, "provider");
+            assert!(after > Duration::from_secs(28) && after <= Duration::from_secs(31));
+            held = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(held, "the second worker never saw the hold");
+    assert!(matches!(other_key.reserve(&a).await, Admit::Go(_)));
+    // The admin view shows it.
+    let state = read_state(&mut raw(&server).await).await.unwrap();
+    assert_eq!(state.holds.len(), 1);
+    assert!(state.holds[0].key.ends_with("|gpt-4o"));
+    assert!(
+        !state.holds[0].key.contains("k|"),
+        "the key itself is never shown"
+    );
+
+    // A 2xx answer announcing a spent window holds the key too.
+    let spent = CallReport {
+        limits: Some(RateLimitInfo {
+            remaining_tokens: Some(0),
+            reset_tokens: Some(Duration::from_secs(20)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    other_key.settle(&a, Permit::default(), &spent).await;
+    assert!(matches!(
+        other_key.reserve(&a).await,
+        Admit::Wait {
+            reason: "provider",
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn redis_gone_lets_calls_through() {
+    let mut server = RedisServer::start().unwrap();
+    let rules = [limit("provider = \"openai\"\nrpm = 1")];
+    let gate = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    assert!(matches!(gate.reserve(&ask(1, 1)).await, Admit::Go(_)));
+    assert!(matches!(gate.reserve(&ask(1, 1)).await, Admit::Wait { .. }));
+    let errors = agentq_core::metrics::global().limiter_errors.get();
+    server.kill();
+    for _ in 0..3 {
+        assert!(matches!(gate.reserve(&ask(1, 1)).await, Admit::Go(p) if p.id.is_empty()));
+    }
+    assert!(agentq_core::metrics::global().limiter_errors.get() >= errors + 3);
+}

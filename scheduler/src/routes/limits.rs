@@ -1,0 +1,65 @@
+//! The fleet's rate limiter, for operators (admin): what is configured, the counts of
+//! every rule key in use, and the holds providers asked for.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use agentq_api::LimitsView;
+use agentq_core::admission::{LimiterState, read_state};
+
+use crate::Scheduler;
+use crate::error::ApiError;
+use crate::http::{ApiResult, respond};
+
+/// How long the view waits for Redis.
+const READ_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// `GET /v1/admin/limits`
+pub(super) async fn state(State(s): State<Scheduler>) -> ApiResult<Response> {
+    let limits = &s.cfg.limits;
+    let Some(url) = limits.redis_url.as_deref() else {
+        return respond(
+            StatusCode::OK,
+            &LimitsView {
+                enabled: false,
+                configured: limits.configured.clone(),
+                rules: Vec::new(),
+                holds: Vec::new(),
+            },
+        );
+    };
+    let read = async {
+        let client = redis::Client::open(url).map_err(agentq_core::Error::from)?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(agentq_core::Error::from)?;
+        read_state(&mut conn).await
+    };
+    let LimiterState { rules, holds } = match tokio::time::timeout(READ_TIMEOUT, read).await {
+        Ok(Ok(state)) => state,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read the rate limiter's state");
+            return Err(ApiError::Unavailable(
+                "the rate limiter's state cannot be read from Redis now; retry later".into(),
+            ));
+        }
+        Err(_) => {
+            return Err(ApiError::Unavailable(
+                "Redis did not answer for the rate limiter's state; retry later".into(),
+            ));
+        }
+    };
+    respond(
+        StatusCode::OK,
+        &LimitsView {
+            enabled: true,
+            configured: limits.configured.clone(),
+            rules,
+            holds,
+        },
+    )
+}
