@@ -1011,6 +1011,7 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.max_children"),
     file("policy.max_depth"),
     file("policy.max_tree_sessions"),
+    file("limits"),
     file("prices"),
     file("budgets"),
     file("guardian.provider"),
