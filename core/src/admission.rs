@@ -87,8 +87,15 @@ impl Rule {
         }
     }
 
+    /// The window the counts are kept over: the configured one, plus a guard for the
+    /// time between admitting a call and its request reaching the provider. Callers
+    /// waiting on a full window all wake when its oldest call leaves it, so the next
+    /// window's calls leave in a burst; without the guard, the provider (which counts at
+    /// arrival) sees the late arrivals of one burst and the early ones of the next in
+    /// one of its windows.
     fn window_ms(&self) -> u64 {
-        self.settings.window_secs.clamp(1, 60).saturating_mul(1000)
+        let window = self.settings.window_secs.clamp(1, 60).saturating_mul(1000);
+        window.saturating_add((window / 20).clamp(50, 250))
     }
 
     /// A per-minute allowance scaled to the rule's window (at least 1).
@@ -560,7 +567,9 @@ mod tests {
         assert_eq!(r.per_window(r.settings.rpm), 10);
         assert_eq!(r.per_window(r.settings.tpm), 1, "never below one");
         assert_eq!(r.per_window(None), 0);
-        assert_eq!(r.window_ms(), 1000);
+        assert_eq!(r.window_ms(), 1050, "with its arrival guard");
+        let r = rule("provider = \"openai\"\nrpm = 600");
+        assert_eq!(r.window_ms(), 60_250);
     }
 
     #[test]

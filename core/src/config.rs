@@ -758,6 +758,7 @@ pub const SETTINGS: &[Setting] = &[
         Ok(())
     }),
     file("hooks"),
+    file("limits"),
     var(
         "worker.concurrency",
         "AGENTQ_WORKER_CONCURRENCY",
@@ -1011,7 +1012,6 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.max_children"),
     file("policy.max_depth"),
     file("policy.max_tree_sessions"),
-    file("limits"),
     file("prices"),
     file("budgets"),
     file("guardian.provider"),
