@@ -12,6 +12,7 @@
 //! with their position added; [`events`] has what the scheduler adds itself.
 
 pub mod bounds;
+mod budgets;
 pub mod de;
 mod error;
 pub mod events;
@@ -21,6 +22,9 @@ mod queues;
 mod sessions;
 mod steer;
 
+pub use budgets::{
+    BudgetLedger, BudgetList, BudgetSet, BudgetView, SetBudget, SpendView, TenantSpend, TreeCost,
+};
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};

@@ -116,6 +116,16 @@ pub struct SessionDetail {
     /// (and from a server that predates the field).
     #[serde(default)]
     pub pending_approvals: Vec<PendingApproval>,
+    /// What the session's own usage cost at the configured prices; left out when its
+    /// model has no price.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The spend of the tree the session belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_cost: Option<crate::TreeCost>,
+    /// Its part of the tree's token budget; left out without a budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<crate::BudgetLedger>,
 }
 
 /// A sensitive tool call held until someone approves or denies it.
@@ -276,6 +286,16 @@ mod tests {
         assert_eq!(d.pending_approvals[0].tool_call_id, "call_1");
         assert_eq!(d.pending_approvals[0].arguments["path"], "out.txt");
         assert!(d.pending_approvals[1].deadline.is_none());
+        // Cost and budget, when the server has them.
+        let mut costed = detail.clone();
+        costed["cost_usd"] = json!(0.435);
+        costed["tree_cost"] = json!({"root_id": "r", "sessions": 2, "input_tokens": 10,
+                                     "output_tokens": 5, "cost_usd": 0.5});
+        costed["budget"] = json!({"allowance": 1000, "spent": 100, "held": 400,
+                                  "children_spent": 50, "remaining": 450});
+        let c: SessionDetail = round_trip(costed);
+        assert_eq!(c.tree_cost.unwrap().sessions, 2);
+        assert_eq!(c.budget.unwrap().remaining, 450);
         // An older server's answer, without the field, reads as holding nothing.
         detail.as_object_mut().unwrap().remove("pending_approvals");
         let old: SessionDetail = serde_json::from_value(detail).unwrap();

@@ -70,6 +70,10 @@ pub struct Settings {
     pub providers: ProvidersSection,
     pub policy: PolicySection,
     pub guardian: GuardianSection,
+    /// `[[prices]]`: dollars per million tokens per model (glob; the first match wins).
+    pub prices: Vec<crate::budget::PriceEntry>,
+    /// `[[budgets]]`: tenant budgets per day or month (the admin API may override them).
+    pub budgets: Vec<BudgetSettings>,
 }
 
 impl Default for Settings {
@@ -88,6 +92,8 @@ impl Default for Settings {
             providers: ProvidersSection::default(),
             policy: PolicySection::default(),
             guardian: GuardianSection::default(),
+            prices: Vec::new(),
+            budgets: Vec::new(),
         }
     }
 }
@@ -434,6 +440,9 @@ pub struct PolicySection {
     pub max_children: Option<usize>,
     /// Deepest sub-agent nesting (the lower of this and `worker.max_depth`).
     pub max_depth: Option<u32>,
+    /// Sessions one tree may create, its root included (unset:
+    /// [`crate::budget::DEFAULT_MAX_TREE_SESSIONS`]).
+    pub max_tree_sessions: Option<u64>,
     pub tenants: BTreeMap<String, TenantPolicySection>,
 }
 
@@ -458,7 +467,36 @@ impl Default for PolicySection {
             timeout_secs: None,
             max_children: None,
             max_depth: None,
+            max_tree_sessions: None,
             tenants: BTreeMap::new(),
+        }
+    }
+}
+
+/// One `[[budgets]]` entry: what a tenant may spend per period, in tokens (input +
+/// output) and/or dollars, and what becomes of its sessions once it has.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSettings {
+    pub tenant: String,
+    pub period: crate::budget::Period,
+    #[serde(default)]
+    pub tokens: Option<u64>,
+    #[serde(default)]
+    pub usd: Option<f64>,
+    #[serde(default)]
+    pub on_budget: crate::budget::OnBudget,
+}
+
+impl BudgetSettings {
+    /// The budget as the gate and the store hold it (dollars in nano-dollars).
+    pub fn budget(&self) -> crate::budget::TenantBudget {
+        crate::budget::TenantBudget {
+            tenant: self.tenant.clone(),
+            period: self.period,
+            tokens: self.tokens,
+            usd_nanos: self.usd.map(crate::budget::usd_to_nanos),
+            on_budget: self.on_budget,
         }
     }
 }
@@ -496,6 +534,8 @@ pub struct TenantPolicySection {
     pub max_children: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_tree_sessions: Option<u64>,
 }
 
 impl PolicySection {
@@ -517,7 +557,7 @@ impl PolicySection {
         }
         replace!(providers, models, base_urls, tools, queues;
             max_iterations, max_tokens, token_budget, tool_timeout_secs,
-            approval_timeout_secs, timeout_secs, max_children, max_depth);
+            approval_timeout_secs, timeout_secs, max_children, max_depth, max_tree_sessions);
         p
     }
 }
@@ -971,6 +1011,9 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.timeout_secs"),
     file("policy.max_children"),
     file("policy.max_depth"),
+    file("policy.max_tree_sessions"),
+    file("prices"),
+    file("budgets"),
     file("guardian.provider"),
     file("guardian.model"),
     file("guardian.prompt"),

@@ -4,6 +4,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod budget;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

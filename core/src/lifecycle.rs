@@ -40,6 +40,12 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
     if !child.status.is_terminal() {
         return Ok(());
     }
+    // The allowance goes back before the parent hears, so that the parent, woken by the
+    // news, sees its budget with the child's unspent part in it. Once per child (the
+    // store marks it); a crash before this leaves it to the sweeper.
+    if child.spec.token_budget.is_some() {
+        store.return_budget(&child.id).await?;
+    }
     let info = SpawnInfo::of(&child.spec).unwrap_or_default();
     let kind = if info.wait {
         InboxKind::ChildDone

@@ -80,8 +80,13 @@ pub struct Metrics {
     pub queue_pending: IntGaugeVec,
     pub queue_lag: IntGaugeVec,
     pub build_info: IntGaugeVec,
+    pub tenant_tokens: IntCounterVec,
+    pub tenant_cost_usd: prometheus::CounterVec,
     /// The models that are their own `model` label value (see the module docs).
     models: RwLock<HashSet<String>>,
+    /// The tenants that are their own `tenant` label value: the configured ones (a
+    /// tenant is any string an API key names, so the rest share [`OTHER_MODEL`]'s `other`).
+    tenants: RwLock<HashSet<String>>,
 }
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -331,8 +336,28 @@ impl Metrics {
                 "Build information; the value is always 1.",
                 &["version"],
             ),
+            tenant_tokens: counter_vec(
+                &r,
+                "agentq_tenant_tokens_total",
+                "Tokens spent by LLM calls per tenant, by kind (input, output, cache_read, cache_write).",
+                &["tenant", "kind"],
+            ),
+            tenant_cost_usd: {
+                let c = prometheus::CounterVec::new(
+                    Opts::new(
+                        "agentq_tenant_cost_usd_total",
+                        "Dollars spent by LLM calls per tenant, at the configured prices.",
+                    ),
+                    &["tenant"],
+                )
+                .unwrap_or_else(|e| panic!("metric agentq_tenant_cost_usd_total: {e}"));
+                r.register(Box::new(c.clone()))
+                    .unwrap_or_else(|e| panic!("metric agentq_tenant_cost_usd_total: {e}"));
+                c
+            },
             registry: r,
             models: RwLock::default(),
+            tenants: RwLock::default(),
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -369,6 +394,46 @@ impl Metrics {
             model
         } else {
             OTHER_MODEL
+        }
+    }
+
+    /// Let these tenants be `tenant` label values (added to those already known).
+    pub fn label_tenants(&self, tenants: impl IntoIterator<Item = String>) {
+        self.tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(tenants);
+    }
+
+    /// The `tenant` label value of `tenant`: itself when configured, else `other`.
+    pub fn tenant_label<'a>(&self, tenant: &'a str) -> &'a str {
+        if self
+            .tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(tenant)
+        {
+            tenant
+        } else {
+            OTHER_MODEL
+        }
+    }
+
+    /// An LLM call of `tenant` spent `usage`, costing `usd`.
+    pub fn tenant_spent(&self, tenant: &str, usage: &agentq_agent::schema::Usage, usd: f64) {
+        let t = self.tenant_label(tenant);
+        for (kind, n) in [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_tokens),
+            ("cache_write", usage.cache_write_tokens),
+        ] {
+            if n > 0 {
+                self.tenant_tokens.with_label_values(&[t, kind]).inc_by(n);
+            }
+        }
+        if usd.is_finite() && usd > 0.0 {
+            self.tenant_cost_usd.with_label_values(&[t]).inc_by(usd);
         }
     }
 

@@ -20,6 +20,7 @@
 //! the session as interrupted.
 
 mod batch;
+mod budget;
 mod create;
 
 use std::time::Duration;
@@ -33,6 +34,7 @@ use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
+use crate::budget::{BudgetStore, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -312,6 +314,45 @@ impl KeyStore for PgStore {
             .fetch_optional(&self.pool)
             .await?;
         rec.map(KeyRecord::into_key).transpose()
+    }
+}
+
+#[async_trait]
+impl BudgetStore for PgStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        budget::spawn_session(&self.pool, new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        budget::ledger(&self.pool, id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        budget::return_budget(&self.pool, id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        budget::unreturned(&self.pool, limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        budget::tree_usage(&self.pool, root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        budget::add_spend(&self.pool, tenant, day, spend).await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        budget::spend(&self.pool, tenant, from, to).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        budget::set_budget(&self.pool, b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        budget::budgets(&self.pool).await
     }
 }
 

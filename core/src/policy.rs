@@ -111,6 +111,7 @@ pub struct Bounds {
     pub timeout_secs: Option<u64>,
     pub max_children: Option<usize>,
     pub max_depth: Option<u32>,
+    pub max_tree_sessions: Option<u64>,
 }
 
 /// One tenant's rules, compiled.
@@ -168,6 +169,11 @@ impl Policy {
     }
 
     /// The policy without tenant overrides.
+    /// The tenants with rules of their own.
+    pub fn tenant_names(&self) -> impl Iterator<Item = String> + '_ {
+        self.tenants.keys().cloned()
+    }
+
     pub fn global(&self) -> &TenantPolicy {
         &self.global
     }
@@ -233,6 +239,7 @@ impl TenantPolicy {
                 timeout_secs: s.timeout_secs,
                 max_children: s.max_children,
                 max_depth: s.max_depth,
+                max_tree_sessions: s.max_tree_sessions,
             },
         })
     }
@@ -320,6 +327,13 @@ impl TenantPolicy {
     /// The lower of the host's nesting limit and the policy's.
     pub fn max_depth(&self, host: u32) -> u32 {
         self.bounds.max_depth.map_or(host, |b| b.min(host))
+    }
+
+    /// Sessions one tree may create, its root included.
+    pub fn max_tree_sessions(&self) -> u64 {
+        self.bounds
+            .max_tree_sessions
+            .unwrap_or(crate::budget::DEFAULT_MAX_TREE_SESSIONS)
     }
 
     /// The lower of the host's sub-agent limit and the policy's.

@@ -57,6 +57,7 @@
 //! the lease expires; the worker's reclaimer then hands the entry out again and the claim
 //! resumes it from its last checkpoint.
 
+mod budget;
 mod writes;
 
 use std::ops::{Deref, DerefMut};
@@ -78,6 +79,7 @@ use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
+use crate::budget::{BudgetStore, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -436,6 +438,45 @@ impl KeyStore for SqliteStore {
             .fetch_optional(&self.readers)
             .await?;
         rec.map(KeyRecord::into_key).transpose()
+    }
+}
+
+#[async_trait]
+impl BudgetStore for SqliteStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        self.spawn_in_tree(new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        self.ledger_of(id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        self.give_back(id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        self.unreturned(limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        self.usage_of_tree(root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        self.add_spend(tenant, day, spend).await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        self.spend(tenant, from, to).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        self.set_budget(b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        self.budgets().await
     }
 }
 

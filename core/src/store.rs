@@ -21,6 +21,7 @@ use agentq_agent::state::SessionState;
 use chrono::{DateTime, Utc};
 
 use crate::auth::{ApiKey, NewApiKey};
+use crate::budget::BudgetStore;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -43,7 +44,7 @@ pub type Committed = Option<Box<SessionRow>>;
 /// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
 pub trait Store:
-    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore
+    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore + BudgetStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;

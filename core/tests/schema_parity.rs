@@ -99,7 +99,9 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "messages",
             "queues",
             "session_specs",
-            "sessions"
+            "sessions",
+            "tenant_budgets",
+            "tenant_spend",
         ]
     );
     let names = |c: &Columns| c.keys().cloned().collect::<Vec<_>>();

@@ -66,6 +66,10 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// Prices per model (`[[prices]]`): the cost fields of the API.
+    pub prices: Arc<agentq_core::budget::Prices>,
+    /// Tenant budgets as configured (`[[budgets]]`); stored ones replace a tenant's.
+    pub budgets: Vec<agentq_core::budget::TenantBudget>,
     /// The fleet's rate limits as configured, and the Redis their state is kept in
     /// (`GET /v1/admin/limits`).
     pub limits: LimitsAdmin,
@@ -84,6 +88,8 @@ impl SchedulerSettings {
     pub fn from_settings(s: &Settings) -> agentq_core::Result<Self> {
         Ok(SchedulerSettings {
             policy: Arc::new(Policy::from_section(&s.policy)?),
+            prices: Arc::new(agentq_core::budget::Prices::new(&s.prices)?),
+            budgets: s.budgets.iter().map(|b| b.budget()).collect(),
             limits: LimitsAdmin {
                 configured: s.limits.clone(),
                 redis_url: s.redis_url.clone(),
@@ -127,6 +133,8 @@ impl From<&SchedulerConfig> for SchedulerSettings {
                 body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
                 write_timeout: Duration::from_secs(c.write_timeout_secs),
             },
+            prices: Arc::default(),
+            budgets: Vec::new(),
         }
     }
 }

@@ -132,6 +132,22 @@ pub async fn wake_expired_approvals(store: &dyn Store, queue: &dyn Queue) {
     }
 }
 
+/// Finished sub-agents whose allowance did not go back to their parent (their worker died
+/// between the finish and the give-back, or they were cancelled or dead-lettered without
+/// a run) give it back now: a parent's budget is never held by a child that has ended.
+pub async fn return_budgets(store: &dyn Store) {
+    match store.unreturned_budgets(SWEEP_BATCH).await {
+        Ok(ids) => {
+            for id in ids {
+                if let Err(e) = store.return_budget(&id).await {
+                    tracing::warn!(session_id = %id, error = %e, "cannot give a finished sub-agent's budget back");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot look for unreturned budgets"),
+    }
+}
+
 /// Sessions that suspended for a rate limit and whose wake time has come go back to the
 /// queue, those due longest first, up to `SWEEP_BATCH × 20` a tick. Returns how many.
 pub async fn wake_rate_limited(store: &dyn Store, queue: &dyn Queue) -> usize {
@@ -203,6 +219,7 @@ pub async fn run_sweeper(
         queues.ensure_configured(queue.as_ref()).await;
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
+        return_budgets(store.as_ref()).await;
         wake_rate_limited(store.as_ref(), queue.as_ref()).await;
         if let Err(e) = requeue_expired(store.as_ref(), age).await {
             tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");

@@ -116,6 +116,9 @@ fn error_code(v: &Value) -> &str {
 
 /// A request body a route accepts (its handler runs and answers 2xx).
 fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
+    if method == Method::PUT && path == "/v1/admin/budgets/{tenant}" {
+        return Some(json!({"period": "day", "tokens": 1000}));
+    }
     if method != Method::POST {
         return None;
     }
@@ -167,7 +170,7 @@ async fn held_session(env: &Env, tenant: &str) -> (String, String) {
 }
 
 fn concrete(path: &str, id: &str) -> String {
-    path.replace("{id}", id)
+    path.replace("{id}", id).replace("{tenant}", "acme")
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -80,6 +80,11 @@ pub struct WorkerConfig {
     pub policy: Arc<Policy>,
     /// The operator's hooks and guardian, built once and shared by every session.
     pub operator: OperatorGuards,
+    /// Prices per model (`[[prices]]`): the cost of each call, for tenant spend.
+    pub prices: Arc<agentq_core::budget::Prices>,
+    /// Tenant budgets as configured (`[[budgets]]`); a budget stored through the admin
+    /// API replaces a tenant's configured ones.
+    pub budgets: Vec<agentq_core::budget::TenantBudget>,
 }
 
 impl WorkerConfig {
@@ -159,7 +164,21 @@ impl WorkerConfig {
                 Policy::from_section(&settings.policy).unwrap_or_else(|_| Policy::deny_all()),
             ),
             operator: OperatorGuards::default(),
+            // Unvalidated prices that do not compile price nothing.
+            prices: Arc::new(
+                agentq_core::budget::Prices::new(&settings.prices).unwrap_or_default(),
+            ),
+            budgets: settings.budgets.iter().map(|b| b.budget()).collect(),
         }
+    }
+
+    /// The tenants the metrics label by name (every other tenant is `other`): those the
+    /// configuration names (policy, provider settings, budgets).
+    pub fn labelled_tenants(&self) -> Vec<String> {
+        let mut t: Vec<String> = self.budgets.iter().map(|b| b.tenant.clone()).collect();
+        t.extend(self.tenant_providers.keys().cloned());
+        t.extend(self.policy.tenant_names());
+        t
     }
 
     /// The models the metrics label by name (every other model is `other`): the default

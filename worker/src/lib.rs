@@ -11,6 +11,7 @@
 //! writers every run hands its checkpoints and events to).
 
 mod admission;
+mod budget;
 mod checkpoint;
 pub mod config;
 mod dispatch;
@@ -77,6 +78,8 @@ pub(crate) struct Inner {
     pub draining: CancellationToken,
     /// Built on first use and shared by every session.
     shared: Shared,
+    /// The tenant budgets stored through the admin API, as last read.
+    pub stored_budgets: budget::StoredBudgets,
 }
 
 /// What sessions share and nobody needs before the first one: providers (one HTTP
@@ -164,6 +167,7 @@ impl Worker {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
         let metrics = agentq_core::metrics::global();
         metrics.label_models(cfg.labelled_models());
+        metrics.label_tenants(cfg.labelled_tenants());
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Worker {
             inner: Arc::new(Inner {
@@ -177,6 +181,7 @@ impl Worker {
                 slots,
                 draining: CancellationToken::new(),
                 shared: Shared::default(),
+                stored_budgets: budget::StoredBudgets::default(),
             }),
         }
     }

@@ -592,19 +592,21 @@ async fn suspend(
                 .suspend_for(lease, row.wake_seq, wait, Some(until))
                 .await
         }
-        // Parked until the budget is raised (`SweepStore::wake_budget_waiters`).
+        // Parked until the budget is raised (`SweepStore::wake_budget_waiters`), or until
+        // its period turns over (the sweeper wakes it then).
         SuspendReason::Budget { message } => {
             info!(budget = %message, "parking for a spent budget");
+            let wake_at = crate::budget::park_until(inner, &row.tenant).await;
             sink.emit(
                 state.messages.len(),
                 AgentEvent::SessionWaiting {
                     reason: wait.as_str().into(),
-                    wake_at: None,
+                    wake_at,
                 },
             );
             inner
                 .store
-                .suspend_for(lease, row.wake_seq, wait, None)
+                .suspend_for(lease, row.wake_seq, wait, wake_at)
                 .await
         }
     };
@@ -767,6 +769,7 @@ fn build_agent(
             max_depth: policy.max_depth(inner.cfg.max_depth),
             max_children: policy.max_children(inner.cfg.max_children),
             max_prompt_bytes: inner.cfg.max_prompt_bytes,
+            max_tree_sessions: policy.max_tree_sessions(),
             policy: inner.cfg.policy.clone(),
             tenant: tenant(row).to_string(),
             inbox: parts.inbox.clone(),
@@ -810,7 +813,12 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
-        admission,
+        admission: Arc::new(crate::budget::BudgetGate::new(
+            inner.clone(),
+            row,
+            spec.token_budget,
+            admission,
+        )),
         write_ahead_grace: inner.cfg.write_ahead_grace,
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,

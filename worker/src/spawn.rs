@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use agentq_agent::tools::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use agentq_core::budget::{SpawnBudget, SpawnLimits, Spawned};
 use agentq_core::policy::{Policy, Sent, SpawnContext};
 use agentq_core::{
     EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, SpawnInfo, Store,
@@ -36,6 +37,8 @@ pub struct SpawnAgent {
     pub policy: Arc<Policy>,
     pub tenant: String,
     pub inbox: Arc<SessionInbox>,
+    /// Sessions the parent's tree may create, root included (the tenant's policy).
+    pub max_tree_sessions: u64,
     /// Parallel calls of one response check the child limit and create under this lock,
     /// so the limit holds however many arrive at once.
     pub creating: tokio::sync::Mutex<()>,
@@ -117,11 +120,10 @@ impl SpawnAgent {
                 ));
             }
         });
-        // What is left of the parent's token budget and deadline.
-        if let Some(budget) = parent.token_budget {
-            let used = self.parent.usage.total();
-            spec.token_budget = Some(budget.saturating_sub(used).max(1));
-        }
+        // The token budget is drawn from the parent's remaining budget by the store, in
+        // the spawn's transaction (`spawn_session`); the deadline is what is left of the
+        // parent's.
+        spec.token_budget = None;
         if let Some(secs) = parent.timeout_secs {
             let elapsed = chrono::Utc::now()
                 .signed_duration_since(self.parent.created_at)
@@ -171,6 +173,7 @@ impl Tool for SpawnAgent {
                 "model": {"type": "string"},
                 "tools": {"type": "array", "items": {"type": "string"}, "description": "Tools it may use (a subset of yours)."},
                 "max_iterations": {"type": "integer", "minimum": 1},
+                "token_budget": {"type": "integer", "minimum": 1, "description": "Tokens the sub-agent may spend, taken from your own remaining budget until it finishes (default: half of what you have left)."},
                 "wait": {"type": "boolean", "default": true}
             },
             "required": ["prompt"],
@@ -197,6 +200,12 @@ impl Tool for SpawnAgent {
                     "`wait` must be a boolean".into(),
                 ));
             }
+        };
+        let requested = match args.get("token_budget") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                ToolError::InvalidArguments("`token_budget` must be a positive integer".into())
+            })?),
         };
         let label = opt_str(&args, "label")?
             .map(str::to_string)
@@ -255,7 +264,34 @@ impl Tool for SpawnAgent {
                     // A child acts for its parent's caller: it must not leave the tenant.
                     tenant: self.parent.tenant.clone(),
                 };
-                let (row, created) = self.store.create_session(&new).await.map_err(failed)?;
+                let limits = SpawnLimits {
+                    max_tree_sessions: self.max_tree_sessions,
+                    budget: self.parent.spec.token_budget.map(|b| SpawnBudget {
+                        parent_allowance: b,
+                        requested,
+                    }),
+                };
+                let (row, created) = match self
+                    .store
+                    .spawn_session(&new, &limits)
+                    .await
+                    .map_err(failed)?
+                {
+                    Spawned::Created(row) => (row, true),
+                    Spawned::Existing(row) => (row, false),
+                    Spawned::TreeFull { max } => {
+                        return Err(ToolError::Denied(format!(
+                            "this session tree already holds {max} sessions, the most \
+                                 allowed (policy.max_tree_sessions)"
+                        )));
+                    }
+                    Spawned::NoBudget { remaining } => {
+                        return Err(ToolError::Denied(format!(
+                            "no token budget left to give a sub-agent ({remaining} tokens \
+                                 remain of this agent's budget)"
+                        )));
+                    }
+                };
                 if created {
                     if !wait {
                         self.inbox.child_started();

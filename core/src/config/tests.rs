@@ -581,6 +581,49 @@ fn policy_validation_names_the_setting() {
                 .tenants
                 .insert("a b".into(), TenantPolicySection::default());
         }),
+        ("policy.max_tree_sessions", |s| {
+            s.policy.max_tree_sessions = Some(0)
+        }),
+        ("prices[0].model", |s| {
+            s.prices = vec![crate::budget::PriceEntry {
+                model: "gpt[".into(),
+                ..Default::default()
+            }]
+        }),
+        ("prices[0].output", |s| {
+            s.prices = vec![crate::budget::PriceEntry {
+                model: "gpt-4o".into(),
+                output: f64::NAN,
+                ..Default::default()
+            }]
+        }),
+        ("prices[0].input", |s| {
+            s.prices = vec![crate::budget::PriceEntry {
+                model: "gpt-4o".into(),
+                input: -1.0,
+                ..Default::default()
+            }]
+        }),
+        ("budgets[0].tokens", |s| {
+            s.budgets = vec![budget(None, None)]
+        }),
+        ("budgets[0].tokens", |s| {
+            s.budgets = vec![budget(Some(0), None)]
+        }),
+        ("budgets[0].usd", |s| {
+            s.budgets = vec![budget(None, Some(-2.0))]
+        }),
+        ("budgets[0].usd", |s| {
+            s.budgets = vec![budget(None, Some(f64::INFINITY))]
+        }),
+        ("budgets[1].tenant", |s| {
+            s.budgets = vec![budget(Some(5), None), budget(Some(6), None)]
+        }),
+        ("budgets[0].tenant", |s| {
+            let mut b = budget(Some(5), None);
+            b.tenant = "a b".into();
+            s.budgets = vec![b]
+        }),
     ] {
         let e = invalid_with(tweak);
         assert!(e.contains(&format!("`{key}")), "{key} not in {e}");
@@ -825,6 +868,53 @@ fn tenant_keys_come_from_the_variables_they_name() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("providers.tenants.acme.openai_api_key"), "{e}");
+}
+
+fn budget(tokens: Option<u64>, usd: Option<f64>) -> super::BudgetSettings {
+    super::BudgetSettings {
+        tenant: "acme".into(),
+        period: crate::budget::Period::Day,
+        tokens,
+        usd,
+        on_budget: crate::budget::OnBudget::Park,
+    }
+}
+
+#[test]
+fn prices_and_budgets_from_the_file() {
+    let file = r#"
+        [[prices]]
+        model = "gpt-4o-mini*"
+        input = 0.15
+        output = 0.60
+        cache_read = 0.075
+
+        [[budgets]]
+        tenant = "acme"
+        period = "month"
+        usd = 20.0
+        on_budget = "park"
+
+        [policy]
+        max_tree_sessions = 50
+    "#;
+    let s: Settings = toml::from_str(file).unwrap();
+    s.validate().unwrap();
+    assert_eq!(s.prices[0].cache_write, 0.0);
+    assert_eq!(s.policy.max_tree_sessions, Some(50));
+    let b = s.budgets[0].budget();
+    assert_eq!(b.usd_nanos, Some(20_000_000_000));
+    assert_eq!(b.tokens, None);
+    assert_eq!(b.on_budget, crate::budget::OnBudget::Park);
+    // on_budget defaults to fail; an unknown period or field is refused.
+    let s: Settings =
+        toml::from_str("[[budgets]]\ntenant = \"a\"\nperiod = \"day\"\ntokens = 5\n").unwrap();
+    assert_eq!(s.budgets[0].on_budget, crate::budget::OnBudget::Fail);
+    assert!(
+        toml::from_str::<Settings>("[[budgets]]\ntenant = \"a\"\nperiod = \"week\"\ntokens = 5\n")
+            .is_err()
+    );
+    assert!(toml::from_str::<Settings>("[[prices]]\nmodel = \"a\"\nprice = 5\n").is_err());
 }
 
 #[test]

@@ -40,6 +40,8 @@ impl Settings {
             limit_rules(i, l)?;
         }
         providers(&self.providers)?;
+        prices(&self.prices)?;
+        budgets(&self.budgets)?;
         for (key, addr) in [
             ("api_addr", &self.api_addr),
             ("metrics_addr", &self.metrics_addr),
@@ -287,6 +289,9 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
     if let Some(v) = p.max_depth {
         range(&k("max_depth"), v, 0, 64)?;
     }
+    if let Some(v) = p.max_tree_sessions {
+        range(&k("max_tree_sessions"), v, 1, 10_000_000)?;
+    }
     for (f, list) in [
         ("providers", &p.providers),
         ("models", &p.models),
@@ -318,6 +323,7 @@ fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
         timeout_secs: p.timeout_secs,
         max_children: p.max_children,
         max_depth: p.max_depth,
+        max_tree_sessions: p.max_tree_sessions,
     };
     policy_bounds("policy", &global)?;
     for (name, t) in &p.tenants {
@@ -580,6 +586,72 @@ fn providers(p: &ProvidersSection) -> Result<()> {
                     format!("{var:?} is not an environment variable name"),
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Each price is a finite, non-negative number of dollars per million tokens, for a model
+/// glob that compiles.
+fn prices(list: &[crate::budget::PriceEntry]) -> Result<()> {
+    for (i, p) in list.iter().enumerate() {
+        if p.model.trim().is_empty() {
+            return Err(invalid(&format!("prices[{i}].model"), "must not be empty"));
+        }
+        if let Err(e) = globset::Glob::new(&p.model) {
+            return Err(invalid(&format!("prices[{i}].model"), e));
+        }
+        for (f, v) in [
+            ("input", p.input),
+            ("output", p.output),
+            ("cache_read", p.cache_read),
+            ("cache_write", p.cache_write),
+        ] {
+            if !(v.is_finite() && (0.0..=1_000_000.0).contains(&v)) {
+                return Err(invalid(
+                    &format!("prices[{i}].{f}"),
+                    format!("must be dollars per million tokens from 0 to 1000000, not {v}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tenant budget names a tenant and at least one bound, once per tenant and period.
+fn budgets(list: &[super::BudgetSettings]) -> Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, b) in list.iter().enumerate() {
+        let k = |f: &str| format!("budgets[{i}].{f}");
+        if b.tenant.is_empty()
+            || b.tenant
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(invalid(
+                &k("tenant"),
+                "must be a tenant name, without spaces",
+            ));
+        }
+        if b.tokens.is_none() && b.usd.is_none() {
+            return Err(invalid(&k("tokens"), "a budget sets tokens, usd or both"));
+        }
+        if let Some(t) = b.tokens {
+            range(&k("tokens"), t, 1, u64::MAX / 4)?;
+        }
+        if let Some(u) = b.usd
+            && !(u.is_finite() && u > 0.0 && u <= 1e9)
+        {
+            return Err(invalid(
+                &k("usd"),
+                format!("must be dollars above 0 and at most 1e9, not {u}"),
+            ));
+        }
+        if !seen.insert((b.tenant.clone(), b.period)) {
+            return Err(invalid(
+                &k("tenant"),
+                format!("{} has two budgets per {}", b.tenant, b.period.as_str()),
+            ));
         }
     }
     Ok(())

@@ -116,7 +116,10 @@ pub(super) async fn create_sessions(
 }
 
 /// Insert the batch; the rows inserted, by id.
-async fn insert(pool: &PgPool, new: &[NewSession]) -> Result<HashMap<String, SessionRow>> {
+pub(super) async fn insert(
+    pool: impl sqlx::PgExecutor<'_>,
+    new: &[NewSession],
+) -> Result<HashMap<String, SessionRow>> {
     let n = new.len();
     let mut ids = Vec::with_capacity(n);
     let mut roots = Vec::with_capacity(n);

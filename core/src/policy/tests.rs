@@ -24,6 +24,7 @@ fn bounded() -> PolicySection {
         timeout_secs: Some(600),
         max_children: Some(2),
         max_depth: Some(1),
+        max_tree_sessions: None,
         tenants: Default::default(),
     }
 }

@@ -5,6 +5,7 @@
 //! the answers built from what a statement found ([`outcome`]), and the one rule by which
 //! both store text Postgres cannot hold, and read it back ([`escape`]).
 
+pub(crate) mod budget;
 pub(crate) mod escape;
 pub(crate) mod outcome;
 pub(crate) mod read;

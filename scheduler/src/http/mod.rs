@@ -17,6 +17,7 @@ use crate::error::ApiError;
 
 pub mod auth;
 pub mod body;
+pub mod cost;
 pub mod view;
 
 pub use auth::Auth;

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::middleware;
-use axum::routing::{MethodRouter, get, post};
+use axum::routing::{MethodRouter, get, post, put};
 
 use agentq_core::auth::Scope;
 
@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
 use crate::{BATCH_BODY_LIMIT, Scheduler};
 
+mod budgets;
 mod events;
 mod health;
 mod limits;
@@ -109,6 +110,19 @@ fn table(state: &Scheduler) -> Vec<Route> {
         ),
         route(g.clone(), "/v1/queues", READ, get(queues::list)),
         route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),
+        route(g.clone(), "/v1/admin/budgets", ADMIN, get(budgets::list)),
+        route(
+            Method::PUT,
+            "/v1/admin/budgets/{tenant}",
+            ADMIN,
+            put(budgets::set),
+        ),
+        route(
+            g.clone(),
+            "/v1/admin/tenants/{tenant}/spend",
+            ADMIN,
+            get(budgets::spend),
+        ),
         route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),

@@ -254,12 +254,16 @@ pub(super) async fn get(
     } else {
         Vec::new()
     };
+    let (cost_usd, tree_cost, budget) = crate::http::cost::of_session(&s, &row).await?;
     respond(
         StatusCode::OK,
         &SessionDetail {
             session: session_view(&row),
             children,
             pending_approvals,
+            cost_usd,
+            tree_cost,
+            budget,
         },
     )
 }

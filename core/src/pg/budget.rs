@@ -1,0 +1,213 @@
+//! Budgets on Postgres: the spawn's transaction (tree cap, the child's grant, the insert),
+//! the ledger's reads and give-backs, tenant budgets and spend.
+
+use sqlx::postgres::PgPool;
+
+use crate::budget::{Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
+use crate::error::Result;
+use crate::model::NewSession;
+use crate::rowconv::to_i64;
+use crate::sql::budget::{
+    BudgetRow, LedgerRow, UsageRow, budget_of, check_spawn, count, ledger_of, usage_of, with_grant,
+};
+use crate::sql::record::SessionRecord;
+use crate::sql::statements::COLS;
+
+use super::create;
+
+/// The rows a spawn checks, locked in id order (the same order for every spawn, so two
+/// never wait on each other crosswise).
+const LOCK_TREE: &str = "
+SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget_held,
+       budget_children_spent
+FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+
+/// The give-back of one finished child, in one statement: the child is marked, its
+/// parent's hold released and its subtree's spend added.
+const RETURN_BUDGET: &str = "
+WITH c AS (
+    UPDATE sessions SET budget_returned = true
+    WHERE id = $1 AND budget_allowance IS NOT NULL AND budget_returned = false
+      AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled')
+    RETURNING parent_id, budget_allowance,
+              input_tokens + output_tokens + budget_children_spent + budget_held AS consumed
+)
+UPDATE sessions p SET
+    budget_held = GREATEST(p.budget_held - c.budget_allowance, 0),
+    budget_children_spent = p.budget_children_spent + c.consumed
+FROM c WHERE p.id = c.parent_id
+RETURNING p.id";
+
+const UNRETURNED: &str = "
+SELECT id FROM sessions
+WHERE budget_allowance IS NOT NULL AND budget_returned = false
+  AND status IN ('completed', 'failed', 'cancelled')
+ORDER BY id LIMIT $1";
+
+/// Usage per model of a tree. The model is the spec's (JSON), read from the specs table.
+const TREE_USAGE: &str = "
+SELECT p.spec->>'model', count(*), sum(s.input_tokens)::bigint, sum(s.output_tokens)::bigint,
+       sum(s.cache_read_tokens)::bigint, sum(s.cache_write_tokens)::bigint,
+       sum(s.reasoning_tokens)::bigint
+FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
+WHERE s.root_id = $1
+GROUP BY 1 ORDER BY 1";
+
+const ADD_SPEND: &str = "
+INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, day) DO UPDATE SET
+    tokens = tenant_spend.tokens + excluded.tokens,
+    cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
+
+const SPEND: &str = "
+SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint
+FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
+
+const SET_BUDGET: &str = "
+INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (tenant) DO UPDATE SET period = excluded.period, tokens = excluded.tokens,
+    usd_nanos = excluded.usd_nanos, on_budget = excluded.on_budget, updated_at = now()";
+
+const BUDGETS: &str =
+    "SELECT tenant, period, tokens, usd_nanos, on_budget FROM tenant_budgets ORDER BY tenant";
+
+async fn existing(pool: &PgPool, new: &NewSession) -> Result<Option<Spawned>> {
+    let Some(key) = &new.idempotency_key else {
+        return Ok(None);
+    };
+    let sql = format!("SELECT {COLS} FROM sessions WHERE tenant = $1 AND idempotency_key = $2");
+    let rec: Option<SessionRecord> = sqlx::query_as(&sql)
+        .bind(&new.tenant)
+        .bind(key)
+        .fetch_optional(pool)
+        .await?;
+    rec.map(|r| r.into_row().map(Spawned::Existing)).transpose()
+}
+
+pub(super) async fn spawn_session(
+    pool: &PgPool,
+    new: &NewSession,
+    limits: &SpawnLimits,
+) -> Result<Spawned> {
+    if let Some(e) = existing(pool, new).await? {
+        return Ok(e);
+    }
+    let mut tx = pool.begin().await?;
+    let parent = new.parent_id.clone().unwrap_or_else(|| new.root_id.clone());
+    let ids = vec![new.root_id.clone(), parent.clone()];
+    let rows: Vec<LedgerRow> = sqlx::query_as(LOCK_TREE)
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    let g = match check_spawn(new, limits, &rows)? {
+        Ok(g) => g,
+        Err(refused) => {
+            tx.rollback().await?;
+            return Ok(refused);
+        }
+    };
+    let child = with_grant(new, g);
+    let mut inserted = create::insert(&mut *tx, std::slice::from_ref(&child)).await?;
+    let Some(row) = inserted.remove(&child.id) else {
+        // A concurrent spawn of the same call inserted it: answer with that one.
+        tx.rollback().await?;
+        return existing(pool, new)
+            .await?
+            .ok_or_else(|| crate::sql::outcome::unreadable_conflict(new));
+    };
+    sqlx::query("UPDATE sessions SET tree_sessions = tree_sessions + 1 WHERE id = $1")
+        .bind(&new.root_id)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(g) = g {
+        let g = to_i64(g, "budget")?;
+        sqlx::query("UPDATE sessions SET budget_held = budget_held + $2 WHERE id = $1")
+            .bind(&parent)
+            .bind(g)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE sessions SET budget_allowance = $2 WHERE id = $1")
+            .bind(&child.id)
+            .bind(g)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(Spawned::Created(row))
+}
+
+pub(super) async fn ledger(pool: &PgPool, id: &str) -> Result<Option<Ledger>> {
+    let row: Option<LedgerRow> = sqlx::query_as(
+        "SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, \
+         budget_held, budget_children_spent FROM sessions WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.as_ref().map(ledger_of))
+}
+
+pub(super) async fn return_budget(pool: &PgPool, id: &str) -> Result<bool> {
+    let done: Option<String> = sqlx::query_scalar(RETURN_BUDGET)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    Ok(done.is_some())
+}
+
+pub(super) async fn unreturned(pool: &PgPool, limit: u32) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(UNRETURNED)
+        .bind(i64::from(limit))
+        .fetch_all(pool)
+        .await?)
+}
+
+pub(super) async fn tree_usage(pool: &PgPool, root_id: &str) -> Result<Vec<ModelUsage>> {
+    let rows: Vec<UsageRow> = sqlx::query_as(TREE_USAGE)
+        .bind(root_id)
+        .fetch_all(pool)
+        .await?;
+    Ok(usage_of(rows))
+}
+
+pub(super) async fn add_spend(pool: &PgPool, tenant: &str, day: &str, s: Spend) -> Result<()> {
+    sqlx::query(ADD_SPEND)
+        .bind(tenant)
+        .bind(day)
+        .bind(to_i64(s.tokens, "tokens")?)
+        .bind(to_i64(s.cost_nanos, "cost")?)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn spend(pool: &PgPool, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+    let (t, c): (i64, i64) = sqlx::query_as(SPEND)
+        .bind(tenant)
+        .bind(from)
+        .bind(to)
+        .fetch_one(pool)
+        .await?;
+    Ok(Spend {
+        tokens: count(t),
+        cost_nanos: count(c),
+    })
+}
+
+pub(super) async fn set_budget(pool: &PgPool, b: &TenantBudget) -> Result<()> {
+    sqlx::query(SET_BUDGET)
+        .bind(&b.tenant)
+        .bind(b.period.as_str())
+        .bind(b.tokens.map(|t| to_i64(t, "tokens")).transpose()?)
+        .bind(b.usd_nanos.map(|t| to_i64(t, "usd")).transpose()?)
+        .bind(b.on_budget.as_str())
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn budgets(pool: &PgPool) -> Result<Vec<TenantBudget>> {
+    let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(pool).await?;
+    rows.into_iter().map(budget_of).collect()
+}

@@ -1,0 +1,218 @@
+//! Budgets on SQLite: the same steps as on Postgres, each write inside one `BEGIN
+//! IMMEDIATE` transaction, which holds the file's write lock as the row locks do there.
+
+use crate::budget::{Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
+use crate::error::Result;
+use crate::model::NewSession;
+use crate::rowconv::to_i64;
+use crate::sql::budget::{
+    BudgetRow, LedgerRow, UsageRow, budget_of, check_spawn, count, ledger_of, usage_of, with_grant,
+};
+
+use super::{SqliteStore, now_us, writes};
+
+const LEDGER: &str = "
+SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget_held,
+       budget_children_spent
+FROM sessions WHERE id IN ($1, $2)";
+
+const MARK_RETURNED: &str = "
+UPDATE sessions SET budget_returned = 1
+WHERE id = $1 AND budget_allowance IS NOT NULL AND budget_returned = 0
+  AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled')
+RETURNING parent_id, budget_allowance,
+          input_tokens + output_tokens + budget_children_spent + budget_held";
+
+const GIVE_BACK: &str = "
+UPDATE sessions SET
+    budget_held = MAX(budget_held - $2, 0),
+    budget_children_spent = budget_children_spent + $3
+WHERE id = $1";
+
+const UNRETURNED: &str = "
+SELECT id FROM sessions
+WHERE budget_allowance IS NOT NULL AND budget_returned = 0
+  AND status IN ('completed', 'failed', 'cancelled')
+ORDER BY id LIMIT $1";
+
+const TREE_USAGE: &str = "
+SELECT json_extract(p.spec, '$.model'), count(*), sum(s.input_tokens), sum(s.output_tokens),
+       sum(s.cache_read_tokens), sum(s.cache_write_tokens), sum(s.reasoning_tokens)
+FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
+WHERE s.root_id = $1
+GROUP BY 1 ORDER BY 1";
+
+const ADD_SPEND: &str = "
+INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, day) DO UPDATE SET
+    tokens = tenant_spend.tokens + excluded.tokens,
+    cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
+
+const SPEND: &str = "
+SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
+FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
+
+const SET_BUDGET: &str = "
+INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (tenant) DO UPDATE SET period = excluded.period, tokens = excluded.tokens,
+    usd_nanos = excluded.usd_nanos, on_budget = excluded.on_budget,
+    updated_at = excluded.updated_at";
+
+const BUDGETS: &str =
+    "SELECT tenant, period, tokens, usd_nanos, on_budget FROM tenant_budgets ORDER BY tenant";
+
+impl SqliteStore {
+    pub(super) async fn spawn_in_tree(
+        &self,
+        new: &NewSession,
+        limits: &SpawnLimits,
+    ) -> Result<Spawned> {
+        let mut tx = self.write_tx().await?;
+        if let Some(key) = &new.idempotency_key {
+            let id: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM sessions WHERE tenant = $1 AND idempotency_key = $2",
+            )
+            .bind(&new.tenant)
+            .bind(key)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(id) = id {
+                let rec = super::record_in(&mut tx, &id).await?;
+                tx.commit().await?;
+                if let Some(r) = rec {
+                    return Ok(Spawned::Existing(r.into_row()?));
+                }
+                return Err(crate::sql::outcome::unreadable_conflict(new));
+            }
+        }
+        let parent = new.parent_id.clone().unwrap_or_else(|| new.root_id.clone());
+        let rows: Vec<LedgerRow> = sqlx::query_as(LEDGER)
+            .bind(&new.root_id)
+            .bind(&parent)
+            .fetch_all(&mut *tx)
+            .await?;
+        let g = match check_spawn(new, limits, &rows)? {
+            Ok(g) => g,
+            Err(refused) => {
+                tx.rollback().await?;
+                return Ok(refused);
+            }
+        };
+        let child = with_grant(new, g);
+        let (row, created) = writes::create(&mut tx, &child, now_us()).await?;
+        if !created {
+            tx.commit().await?;
+            return Ok(Spawned::Existing(row));
+        }
+        sqlx::query("UPDATE sessions SET tree_sessions = tree_sessions + 1 WHERE id = $1")
+            .bind(&new.root_id)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(g) = g {
+            let g = to_i64(g, "budget")?;
+            sqlx::query("UPDATE sessions SET budget_held = budget_held + $2 WHERE id = $1")
+                .bind(&parent)
+                .bind(g)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE sessions SET budget_allowance = $2 WHERE id = $1")
+                .bind(&child.id)
+                .bind(g)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(Spawned::Created(row))
+    }
+
+    pub(super) async fn ledger_of(&self, id: &str) -> Result<Option<Ledger>> {
+        let row: Option<LedgerRow> = sqlx::query_as(
+            "SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, \
+             budget_held, budget_children_spent FROM sessions WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.readers)
+        .await?;
+        Ok(row.as_ref().map(ledger_of))
+    }
+
+    pub(super) async fn give_back(&self, id: &str) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let marked: Vec<(String, i64, i64)> = sqlx::query_as(MARK_RETURNED)
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+        let Some((parent, allowance, consumed)) = marked.into_iter().next() else {
+            tx.commit().await?;
+            return Ok(false);
+        };
+        sqlx::query(GIVE_BACK)
+            .bind(&parent)
+            .bind(allowance)
+            .bind(consumed)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub(super) async fn unreturned(&self, limit: u32) -> Result<Vec<String>> {
+        Ok(sqlx::query_scalar(UNRETURNED)
+            .bind(i64::from(limit))
+            .fetch_all(&self.readers)
+            .await?)
+    }
+
+    pub(super) async fn usage_of_tree(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        let rows: Vec<UsageRow> = sqlx::query_as(TREE_USAGE)
+            .bind(root_id)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(usage_of(rows))
+    }
+
+    pub(super) async fn add_spend(&self, tenant: &str, day: &str, s: Spend) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(ADD_SPEND)
+            .bind(tenant)
+            .bind(day)
+            .bind(to_i64(s.tokens, "tokens")?)
+            .bind(to_i64(s.cost_nanos, "cost")?)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    pub(super) async fn spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        let (t, c): (i64, i64) = sqlx::query_as(SPEND)
+            .bind(tenant)
+            .bind(from)
+            .bind(to)
+            .fetch_one(&self.readers)
+            .await?;
+        Ok(Spend {
+            tokens: count(t),
+            cost_nanos: count(c),
+        })
+    }
+
+    pub(super) async fn set_budget(&self, b: &TenantBudget) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(SET_BUDGET)
+            .bind(&b.tenant)
+            .bind(b.period.as_str())
+            .bind(b.tokens.map(|t| to_i64(t, "tokens")).transpose()?)
+            .bind(b.usd_nanos.map(|t| to_i64(t, "usd")).transpose()?)
+            .bind(b.on_budget.as_str())
+            .bind(now_us())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+
+    pub(super) async fn budgets(&self) -> Result<Vec<TenantBudget>> {
+        let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(&self.readers).await?;
+        rows.into_iter().map(budget_of).collect()
+    }
+}

@@ -1,0 +1,322 @@
+//! Budgets and cost through the API, on a real Postgres and Redis: `cost_usd` of a session
+//! and its tree for a known usage and price, the budget ledger on `GET /v1/sessions/{id}`,
+//! and the admin budget routes against bad input and callers without the admin scope.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use agentq_agent::schema::{Message, Usage};
+use agentq_agent::spec::SessionSpec;
+use agentq_core::auth::{self, Scope};
+use agentq_core::budget::{BudgetStore, PriceEntry, Prices, SpawnBudget, SpawnLimits, Spawned};
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{Claim, KeyStore, LeaseStore, NewSession, SessionStore, new_session_id};
+use agentq_scheduler::{Scheduler, SchedulerSettings, router};
+use agentq_testkit::{RedisServer, shared_postgres};
+
+const ADMIN_KEY: &str = "budgets-api-admin-key";
+
+struct Env {
+    base: String,
+    store: Arc<PgStore>,
+    _redis: RedisServer,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let redis = RedisServer::start().unwrap();
+        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+        let mut settings = SchedulerSettings::default();
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        settings.prices = Arc::new(
+            Prices::new(&[
+                PriceEntry {
+                    model: "gpt-4o-mini*".into(),
+                    input: 0.15,
+                    output: 0.60,
+                    cache_read: 0.075,
+                    cache_write: 0.0,
+                },
+                PriceEntry {
+                    model: "gpt-4o*".into(),
+                    input: 2.5,
+                    output: 10.0,
+                    ..Default::default()
+                },
+            ])
+            .unwrap(),
+        );
+        let state = Scheduler::new(store.clone(), queue, settings);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router(state)).await });
+        Env {
+            base: format!("http://{addr}"),
+            store,
+            _redis: redis,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = reqwest::Client::new()
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A session of `model` that spent `usage`, left queued.
+    async fn spent(&self, new: &NewSession, usage: Usage) {
+        let Claim::Acquired {
+            lease, mut state, ..
+        } = self
+            .store
+            .claim(&new.id, "w", Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+        else {
+            panic!("claim");
+        };
+        let from = state.messages.len();
+        let mut m = Message::assistant("spent");
+        m.usage = Some(usage);
+        state.push_assistant(m);
+        self.store.checkpoint(&lease, &state, from).await.unwrap();
+        self.store.release(&lease).await.unwrap();
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_of_a_session_and_its_tree_at_the_configured_prices() {
+    let env = Env::start().await;
+    let mut spec = SessionSpec::new("root");
+    spec.model = Some("gpt-4o-mini-2024-07-18".into());
+    spec.token_budget = Some(10_000_000);
+    let root = NewSession::root(spec, "default").with_tenant("acme");
+    env.store.create_session(&root).await.unwrap();
+    // 1M input of which 200k read from the cache, 500k output: 0.12 + 0.015 + 0.30.
+    env.spent(
+        &root,
+        Usage {
+            input_tokens: 1_000_000,
+            output_tokens: 500_000,
+            cache_read_tokens: 200_000,
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut cspec = SessionSpec::new("child");
+    cspec.model = Some("gpt-4o".into());
+    let child = NewSession {
+        id: new_session_id(),
+        spec: cspec,
+        queue: "default".into(),
+        parent_id: Some(root.id.clone()),
+        root_id: root.id.clone(),
+        depth: 1,
+        idempotency_key: Some("spawn:c".into()),
+        idempotency_hash: None,
+        tenant: "acme".into(),
+    };
+    let limits = SpawnLimits {
+        max_tree_sessions: 10,
+        budget: Some(SpawnBudget {
+            parent_allowance: 10_000_000,
+            requested: Some(4_000_000),
+        }),
+    };
+    assert!(matches!(
+        env.store.spawn_session(&child, &limits).await.unwrap(),
+        Spawned::Created(_)
+    ));
+    // 100k input at 2.5, 10k output at 10: 0.25 + 0.10.
+    env.spent(
+        &child,
+        Usage {
+            input_tokens: 100_000,
+            output_tokens: 10_000,
+            ..Default::default()
+        },
+    )
+    .await;
+
+    let (status, body) = env
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{}", root.id),
+            ADMIN_KEY,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(close(body["cost_usd"].as_f64().unwrap(), 0.435), "{body}");
+    let tree = &body["tree_cost"];
+    assert_eq!(tree["sessions"], 2);
+    assert_eq!(tree["input_tokens"], 1_100_000);
+    assert!(
+        close(tree["cost_usd"].as_f64().unwrap(), 0.435 + 0.35),
+        "{tree}"
+    );
+    let budget = &body["budget"];
+    assert_eq!(budget["allowance"], 10_000_000);
+    assert_eq!(budget["spent"], 1_500_000);
+    assert_eq!(budget["held"], 4_000_000);
+    assert_eq!(budget["remaining"], 10_000_000 - 1_500_000 - 4_000_000);
+
+    let (_, body) = env
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{}", child.id),
+            ADMIN_KEY,
+            None,
+        )
+        .await;
+    assert!(close(body["cost_usd"].as_f64().unwrap(), 0.35), "{body}");
+    assert_eq!(body["tree_cost"]["sessions"], 2);
+    assert_eq!(body["budget"]["allowance"], 4_000_000);
+    assert_eq!(body["budget"]["remaining"], 4_000_000 - 110_000);
+
+    // A model without a price has no cost (not a made-up 0).
+    let mut spec = SessionSpec::new("unpriced");
+    spec.model = Some("claude-x".into());
+    let other = NewSession::root(spec, "default").with_tenant("acme");
+    env.store.create_session(&other).await.unwrap();
+    let (_, body) = env
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{}", other.id),
+            ADMIN_KEY,
+            None,
+        )
+        .await;
+    assert!(body["cost_usd"].is_null(), "{body}");
+    assert!(body["budget"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_routes_refuse_bad_input_and_callers_without_admin() {
+    let env = Env::start().await;
+    let put = |t: &str| format!("/v1/admin/budgets/{t}");
+    // Only an admin may set, list or read spend.
+    let (new, tenant_key) = auth::generate(
+        "acme",
+        vec![Scope::SessionsWrite, Scope::SessionsRead],
+        None,
+        None,
+    )
+    .unwrap();
+    env.store.create_key(&new).await.unwrap();
+    let body = json!({"period": "day", "tokens": 1_000_000_000});
+    let (status, _) = env
+        .call(
+            reqwest::Method::PUT,
+            &put("acme"),
+            &tenant_key,
+            Some(body.clone()),
+        )
+        .await;
+    assert_eq!(status, 403, "a tenant raises its own budget");
+    for path in ["/v1/admin/budgets", "/v1/admin/tenants/acme/spend"] {
+        let (status, _) = env
+            .call(reqwest::Method::GET, path, &tenant_key, None)
+            .await;
+        assert_eq!(status, 403, "{path}");
+    }
+    assert!(env.store.tenant_budgets().await.unwrap().is_empty());
+
+    // Bad bodies are 4xx naming the field.
+    for (body, field) in [
+        (json!({"period": "week", "tokens": 5}), "period"),
+        (json!({"period": "day"}), "tokens"),
+        (json!({"period": "day", "tokens": 0}), "tokens"),
+        (json!({"period": "day", "tokens": -5}), "tokens"),
+        (json!({"period": "day", "tokens": "many"}), "tokens"),
+        (json!({"period": "day", "usd": -1.0}), "usd"),
+        (json!({"period": "day", "usd": 1e300}), "usd"),
+        (
+            json!({"period": "day", "tokens": 5, "on_budget": "explode"}),
+            "on_budget",
+        ),
+        (
+            json!({"period": "day", "tokens": 5, "tenant": "other"}),
+            "tenant",
+        ),
+    ] {
+        let (status, resp) = env
+            .call(
+                reqwest::Method::PUT,
+                &put("acme"),
+                ADMIN_KEY,
+                Some(body.clone()),
+            )
+            .await;
+        assert!((400..500).contains(&status), "{body}: {status} {resp}");
+        assert_eq!(resp["error"]["field"], field, "{body}: {resp}");
+    }
+    // A tenant name with a space or a control character.
+    for t in ["a%20b", "a%09b"] {
+        let (status, resp) = env
+            .call(
+                reqwest::Method::PUT,
+                &put(t),
+                ADMIN_KEY,
+                Some(json!({"period": "day", "tokens": 5})),
+            )
+            .await;
+        assert!((400..500).contains(&status), "{t}: {status}");
+        assert_eq!(resp["error"]["field"], "tenant", "{resp}");
+    }
+    assert!(env.store.tenant_budgets().await.unwrap().is_empty());
+
+    // The admin sets it; the listing and the spend route show it.
+    let (status, resp) = env
+        .call(
+            reqwest::Method::PUT,
+            &put("acme"),
+            ADMIN_KEY,
+            Some(json!({"period": "month", "usd": 12.5, "on_budget": "park"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["budget"]["usd"], 12.5);
+    assert_eq!(resp["woken"], 0);
+    let (_, list) = env
+        .call(reqwest::Method::GET, "/v1/admin/budgets", ADMIN_KEY, None)
+        .await;
+    assert_eq!(list["budgets"][0]["tenant"], "acme");
+    assert_eq!(list["budgets"][0]["period"], "month");
+    assert_eq!(list["budgets"][0]["source"], "stored");
+    let (status, spend) = env
+        .call(
+            reqwest::Method::GET,
+            "/v1/admin/tenants/acme/spend",
+            ADMIN_KEY,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(spend["day"]["tokens"], 0);
+}

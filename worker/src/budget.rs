@@ -1,0 +1,266 @@
+//! The budget gate every LLM call of a session passes before the rate limiter: its tree's
+//! token budget (its allowance minus its own spend, what its live sub-agents hold and what
+//! its finished ones spent, read from the store's ledger before each call, so a sibling's
+//! or a child's spend on another worker counts at once) and its tenant's budgets per day
+//! or month. After each call it counts the tenant's tokens and cost (metrics, and the
+//! store's daily spend for tenants with a budget).
+//!
+//! A call starts only when what is left pays for its worst case, and the allowances of a
+//! tree's sessions are disjoint (each drawn from its parent's), so a tree ends within its
+//! budget plus what the estimates of the calls in flight missed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+use tokio::sync::Mutex;
+use tracing::warn;
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_core::SessionRow;
+use agentq_core::budget::{OnBudget, Spend, TenantBudget, day_key};
+
+use crate::Inner;
+
+/// How long a worker trusts the budgets it read from the store: a budget raised through
+/// the admin API binds every worker within this.
+const STORED_BUDGETS_TTL: Duration = Duration::from_secs(2);
+
+/// How long a call waits when the store cannot say what is left: a budget is not
+/// enforced by guessing.
+const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// How often a session whose budget is held by its running sub-agents looks again.
+const HELD_WAIT: Duration = Duration::from_secs(1);
+
+/// The tenant budgets stored through the admin API, read at most every
+/// [`STORED_BUDGETS_TTL`] per worker.
+#[derive(Default)]
+pub(crate) struct StoredBudgets {
+    cache: Mutex<Option<(Instant, Arc<Vec<TenantBudget>>)>>,
+}
+
+impl StoredBudgets {
+    /// Read the stored budgets again at the next use.
+    async fn forget(&self) {
+        *self.cache.lock().await = None;
+    }
+
+    async fn get(&self, inner: &Inner) -> Option<Arc<Vec<TenantBudget>>> {
+        let mut cache = self.cache.lock().await;
+        if let Some((at, b)) = cache.as_ref()
+            && at.elapsed() < STORED_BUDGETS_TTL
+        {
+            return Some(b.clone());
+        }
+        match inner.store.tenant_budgets().await {
+            Ok(b) => {
+                let b = Arc::new(b);
+                *cache = Some((Instant::now(), b.clone()));
+                Some(b)
+            }
+            Err(e) => {
+                warn!(error = %e, "reading the stored tenant budgets failed");
+                None
+            }
+        }
+    }
+}
+
+/// The budgets that bind `tenant`: the one stored through the admin API if there is one,
+/// else the configured ones. `None` when the store could not be read.
+pub(crate) async fn tenant_budgets(inner: &Inner, tenant: &str) -> Option<Vec<TenantBudget>> {
+    let stored = inner.stored_budgets.get(inner).await?;
+    if let Some(b) = stored.iter().find(|b| b.tenant == tenant) {
+        return Some(vec![b.clone()]);
+    }
+    Some(
+        inner
+            .cfg
+            .budgets
+            .iter()
+            .filter(|b| b.tenant == tenant)
+            .cloned()
+            .collect(),
+    )
+}
+
+/// The gate of one session: the budgets, then `next` (the rate limiter).
+pub(crate) struct BudgetGate {
+    inner: Arc<Inner>,
+    session_id: String,
+    tenant: String,
+    /// The session's allowance when its row stores none (a root: its spec's budget).
+    allowance: Option<u64>,
+    /// Its own spend as this run knows it (newer than the store's between checkpoints).
+    own: AtomicU64,
+    next: Arc<dyn Admission>,
+}
+
+impl BudgetGate {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        row: &SessionRow,
+        allowance: Option<u64>,
+        next: Arc<dyn Admission>,
+    ) -> Self {
+        BudgetGate {
+            inner,
+            session_id: row.id.clone(),
+            tenant: row.tenant.clone(),
+            allowance,
+            own: AtomicU64::new(row.usage.total()),
+            next,
+        }
+    }
+
+    /// The tree budget: the call starts only if what is left pays for its worst case (the
+    /// prompt's estimate and all of `max_tokens`), so no session spends past its
+    /// allowance by more than the estimate missed.
+    async fn tree(&self, ask: &CallAsk<'_>) -> Option<Admit> {
+        let allowance = self.allowance?;
+        let ledger = match self.inner.store.ledger(&self.session_id).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return None,
+            Err(e) => {
+                warn!(error = %e, "reading the tree budget failed; the call waits");
+                return Some(Admit::Wait {
+                    after: STORE_DOWN_WAIT,
+                    reason: "budget",
+                });
+            }
+        };
+        let allowance = ledger.allowance.unwrap_or(allowance);
+        let own = self.own.load(Ordering::Relaxed);
+        let left = ledger.remaining(allowance, own);
+        let worst = ask
+            .input_tokens
+            .saturating_add(ask.max_output_tokens)
+            .max(1);
+        if left >= worst {
+            return None;
+        }
+        // Running sub-agents hold some of it and give back what they do not spend: wait
+        // for them rather than end the session (which would cancel them).
+        if ledger.held > 0 {
+            return Some(Admit::Wait {
+                after: HELD_WAIT,
+                reason: "budget",
+            });
+        }
+        Some(Admit::Exhausted {
+            message: format!(
+                "token budget of {allowance} spent: {} by this session, {} by its finished \
+                 sub-agents, {} held by running ones; {left} left, and the next call may \
+                 cost {worst}",
+                own.max(ledger.spent),
+                ledger.children_spent,
+                ledger.held
+            ),
+            park: false,
+        })
+    }
+
+    /// The tenant's budgets. A budget found spent is checked again against freshly read
+    /// ones, so that a budget raised a moment ago never parks or fails a session.
+    async fn tenant(&self) -> Option<Admit> {
+        let refused = self.tenant_with_cache().await;
+        if matches!(refused, Some(Admit::Exhausted { .. })) {
+            self.inner.stored_budgets.forget().await;
+            return self.tenant_with_cache().await;
+        }
+        refused
+    }
+
+    async fn tenant_with_cache(&self) -> Option<Admit> {
+        let Some(budgets) = tenant_budgets(&self.inner, &self.tenant).await else {
+            return Some(Admit::Wait {
+                after: STORE_DOWN_WAIT,
+                reason: "budget",
+            });
+        };
+        let now = Utc::now();
+        for b in &budgets {
+            let (from, to) = b.period.days(now);
+            let spend = match self
+                .inner
+                .store
+                .tenant_spend(&self.tenant, &from, &to)
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "reading the tenant's spend failed; the call waits");
+                    return Some(Admit::Wait {
+                        after: STORE_DOWN_WAIT,
+                        reason: "budget",
+                    });
+                }
+            };
+            if let Some(message) = b.reached(spend) {
+                return Some(Admit::Exhausted {
+                    message,
+                    park: b.on_budget == OnBudget::Park,
+                });
+            }
+        }
+        None
+    }
+}
+
+#[async_trait]
+impl Admission for BudgetGate {
+    async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
+        if let Some(refused) = self.tree(ask).await {
+            return refused;
+        }
+        if let Some(refused) = self.tenant().await {
+            return refused;
+        }
+        self.next.reserve(ask).await
+    }
+
+    async fn settle(&self, ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
+        self.next.settle(ask, permit, report).await;
+        let Some(usage) = &report.usage else {
+            return;
+        };
+        self.own.fetch_add(usage.total(), Ordering::Relaxed);
+        let prices = &self.inner.cfg.prices;
+        let usd = prices.cost_usd(ask.model, usage).unwrap_or(0.0);
+        self.inner.metrics.tenant_spent(&self.tenant, usage, usd);
+        // Only a tenant with a budget pays a statement per call for its count.
+        let counted = tenant_budgets(&self.inner, &self.tenant)
+            .await
+            .is_none_or(|b| !b.is_empty());
+        if !counted {
+            return;
+        }
+        let spend = Spend {
+            tokens: usage.total(),
+            cost_nanos: prices.cost_nanos(ask.model, usage),
+        };
+        let day = day_key(Utc::now().date_naive());
+        if let Err(e) = self
+            .inner
+            .store
+            .add_tenant_spend(&self.tenant, &day, spend)
+            .await
+        {
+            warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed");
+        }
+    }
+}
+
+/// When a session of `tenant` parked for its budget wakes by itself: when the first of its
+/// budgets' periods turns over (a budget still spent then parks it again).
+pub(crate) async fn park_until(inner: &Inner, tenant: &str) -> Option<chrono::DateTime<Utc>> {
+    let now = Utc::now();
+    tenant_budgets(inner, tenant)
+        .await?
+        .iter()
+        .map(|b| b.period.next_start(now))
+        .min()
+}

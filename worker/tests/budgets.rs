@@ -1,0 +1,578 @@
+//! Budgets end to end in process: real Postgres and Redis, the scheduler (its sweeper and
+//! routes), two workers, the scripted provider playing a tree that fans out. A tree under a
+//! token budget ends within it; the cap on a tree's sessions holds across workers; tenant
+//! budgets end or park sessions, and raising a parked tenant's budget finishes them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_core::budget::{BudgetStore, OnBudget, Period, TenantBudget};
+use agentq_core::pg::PgStore;
+use agentq_core::redis_queue::RedisQueue;
+use agentq_core::{
+    EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore, SweepStore,
+    WorkQueue,
+};
+use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
+use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_worker::{Worker, WorkerConfig};
+
+const ADMIN_KEY: &str = "budgets-admin-key";
+const TENANT: &str = "acme";
+
+struct Cluster {
+    url: String,
+    script: Value,
+    store: Arc<PgStore>,
+    queue: Arc<RedisQueue>,
+    api: String,
+    http: reqwest::Client,
+    stop: CancellationToken,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    _redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+/// A worker with its own pool, as a separate process has; stopped by its task's abort
+/// as a crash would stop it (no lease given back, no entry acked).
+async fn start_worker(
+    url: &str,
+    queue: &Arc<RedisQueue>,
+    script: &Value,
+    dir: &std::path::Path,
+    stop: &CancellationToken,
+    tweak: &impl Fn(&mut WorkerConfig),
+) -> tokio::task::JoinHandle<()> {
+    let mut cfg = WorkerConfig {
+        consumer: format!("w-{}", agentq_core::new_session_id()),
+        concurrency: 8,
+        read_block: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(300),
+        lease_ttl: Duration::from_secs(2),
+        reclaim_min_idle: Duration::from_secs(2),
+        reclaim_interval: Duration::from_millis(500),
+        workspace_root: dir.to_path_buf(),
+        ..WorkerConfig::default()
+    };
+    cfg.providers.script = Some(script.to_string());
+    tweak(&mut cfg);
+    let own = Arc::new(PgStore::connect(url, 8).await.unwrap());
+    let w = Worker::new(own, queue.clone(), cfg);
+    let stop = stop.child_token();
+    tokio::spawn(async move {
+        let _ = w.run(stop).await;
+    })
+}
+
+impl Cluster {
+    async fn start(script: Value, workers: usize, tweak: impl Fn(&mut WorkerConfig)) -> Cluster {
+        let url = shared_postgres().unwrap().fresh_database().unwrap();
+        let store = PgStore::connect(&url, 8).await.unwrap();
+        store.migrate().await.unwrap();
+        let store = Arc::new(store);
+        let redis = RedisServer::start().unwrap();
+        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+        queue.ensure_queue("default").await.unwrap();
+        let stop = CancellationToken::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = format!("http://{}", listener.local_addr().unwrap());
+        let mut settings = SchedulerSettings {
+            sweep_interval: Duration::from_millis(200),
+            sweep_age: Duration::from_millis(500),
+            queues: vec!["default".into()],
+            ..Default::default()
+        };
+        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+        // The scheduler reads the same [[budgets]] and [[prices]] as the workers.
+        let mut probe = WorkerConfig::default();
+        tweak(&mut probe);
+        settings.budgets = probe.budgets.clone();
+        settings.prices = probe.prices.clone();
+        tokio::spawn(run_scheduler(
+            store.clone(),
+            queue.clone(),
+            settings,
+            listener,
+            None,
+            stop.clone(),
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let mut handles = Vec::new();
+        for _ in 0..workers {
+            handles.push(start_worker(&url, &queue, &script, dir.path(), &stop, &tweak).await);
+        }
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {ADMIN_KEY}").parse().unwrap(),
+        );
+        Cluster {
+            url,
+            script,
+            store,
+            queue,
+            api,
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+            stop,
+            workers: handles,
+            _redis: redis,
+            _dir: dir,
+        }
+    }
+
+    async fn submit(&self, prompt: &str, tweak: impl Fn(&mut SessionSpec)) -> String {
+        let mut spec = SessionSpec::new(prompt);
+        spec.tools = Some(vec!["spawn_agent".into(), "list_dir".into()]);
+        spec.retry_delay_ms = 10;
+        tweak(&mut spec);
+        let (row, _) = self
+            .store
+            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
+            .await
+            .unwrap();
+        self.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .unwrap();
+        self.store
+            .mark_enqueued(std::slice::from_ref(&row.id))
+            .await
+            .unwrap();
+        row.id
+    }
+
+    async fn row(&self, id: &str) -> SessionRow {
+        self.store.get(id).await.unwrap().unwrap()
+    }
+
+    async fn wait_status(&self, id: &str, want: &[SessionStatus], limit: Duration) -> SessionRow {
+        let start = Instant::now();
+        loop {
+            let row = self.row(id).await;
+            if want.contains(&row.status) {
+                return row;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "session {id} is {} (wanted {want:?}): {row:?}",
+                row.status
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every session of the tree rooted at `root`.
+    async fn tree(&self, root: &str) -> Vec<SessionRow> {
+        let all = self
+            .store
+            .list(&ListFilter {
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        all.into_iter().filter(|r| r.root_id == root).collect()
+    }
+
+    /// Wait until every session of the tree is finished and no sweep is left to do.
+    async fn settled_tree(&self, root: &str, limit: Duration) -> Vec<SessionRow> {
+        let start = Instant::now();
+        loop {
+            let tree = self.tree(root).await;
+            let unreturned = self.store.unreturned_budgets(1000).await.unwrap();
+            if tree.iter().all(|r| r.status.is_terminal()) && unreturned.is_empty() {
+                return tree;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "tree {root} did not settle: {:?}",
+                tree.iter().map(|r| (r.depth, r.status)).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn admin_get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.api))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Crash worker `i` (its task aborted mid-flight) and start another in its place.
+    async fn crash_and_replace(&mut self, i: usize) {
+        self.workers[i].abort();
+        let fresh = start_worker(
+            &self.url,
+            &self.queue,
+            &self.script,
+            self._dir.path(),
+            &self.stop,
+            &|_| {},
+        )
+        .await;
+        self.workers[i] = fresh;
+    }
+
+    async fn shutdown(self) {
+        self.stop.cancel();
+        for w in self.workers {
+            let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
+        }
+    }
+}
+
+/// Each call of the scripted model costs this many tokens (input, output): about what the
+/// call path estimates for these prompts, as with a real model.
+const CALL: (u64, u64) = (400, 10);
+
+fn usage() -> Value {
+    json!({"input_tokens": CALL.0, "output_tokens": CALL.1})
+}
+
+/// A model that answers every NODE task by starting four more NODE sub-agents and then
+/// works on forever: unbounded, 1 + 4 + 16 + 64 sessions at the worker's depth of 3, each
+/// running to its iteration limit.
+fn fan_out_script(wait: bool) -> Value {
+    let spawn = |i: usize| {
+        json!({"name": "spawn_agent",
+               "arguments": {"prompt": format!("NODE part {i}"), "label": format!("n{i}"), "wait": wait}})
+    };
+    json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "NODE", "turns": [
+                {"tool_calls": [spawn(0), spawn(1), spawn(2), spawn(3)], "usage": usage()},
+                {"text": "still working",
+                 "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}],
+                 "usage": usage()}
+            ], "repeat_last": true}
+        ]
+    })
+}
+
+fn spent(tree: &[SessionRow]) -> u64 {
+    tree.iter().map(|r| r.usage.total()).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fan_out_tree_ends_within_its_token_budget() {
+    let c = Cluster::start(fan_out_script(true), 2, |_| {}).await;
+    const BUDGET: u64 = 20_000;
+    let root = c
+        .submit("NODE root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
+    let total = spent(&tree);
+    eprintln!("tree: {} sessions, {total} tokens of {BUDGET}", tree.len());
+    // The worst case of one call: its prompt (the estimate is generous: it counts the
+    // tool's schema) plus max_tokens. The scripted calls cost CALL each.
+    let one_call = CALL.0 + CALL.1;
+    assert!(
+        total <= BUDGET + one_call,
+        "the tree spent {total} of a budget of {BUDGET} over {} sessions",
+        tree.len()
+    );
+    // The tree works until its budget is spent, not until some session's share is.
+    assert!(
+        total >= BUDGET / 2,
+        "the tree spent only {total} of {BUDGET}"
+    );
+    assert!(
+        tree.len() < 85,
+        "{} sessions: the budget did not bound the fan-out",
+        tree.len()
+    );
+    // Each child's allowance was drawn from its parent, and every one went back.
+    for r in &tree {
+        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
+        if r.parent_id.is_some() {
+            assert!(r.spec.token_budget.is_some_and(|b| b < BUDGET), "{r:?}");
+        }
+    }
+    let ended: Vec<_> = tree
+        .iter()
+        .filter(|r| r.finish_reason == Some(ExitReason::BudgetExhausted))
+        .collect();
+    assert!(!ended.is_empty(), "some session ran out of budget");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_fan_out_on_two_workers_stays_within_the_budget() {
+    let c = Cluster::start(fan_out_script(false), 2, |_| {}).await;
+    const BUDGET: u64 = 12_000;
+    let root = c
+        .submit("NODE root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
+    let total = spent(&tree);
+    eprintln!("tree: {} sessions, {total} tokens of {BUDGET}", tree.len());
+    assert!(
+        total <= BUDGET + CALL.0 + CALL.1,
+        "the tree spent {total} of {BUDGET} over {} sessions",
+        tree.len()
+    );
+    assert!(tree.len() < 85, "{} sessions", tree.len());
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tree_session_cap_holds_across_two_workers() {
+    let c = Cluster::start(fan_out_script(false), 2, |cfg| {
+        let section = agentq_core::config::PolicySection {
+            max_tree_sessions: Some(7),
+            ..Default::default()
+        };
+        cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
+    })
+    .await;
+    let root = c.submit("NODE root", |_| {}).await;
+    let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
+    assert_eq!(tree.len(), 7, "{tree:?}");
+    // A refused spawn is a tool error naming the bound.
+    let mut named = false;
+    for r in &tree {
+        for m in c.store.messages(&r.id).await.unwrap() {
+            if m.is_error && m.content.contains("policy.max_tree_sessions") {
+                named = true;
+            }
+        }
+    }
+    assert!(named, "no refusal names policy.max_tree_sessions");
+    c.shutdown().await;
+}
+
+/// A model that never stops calling: five turns of a no-op tool call, then an answer.
+fn long_script() -> Value {
+    let turn = json!({"text": "working", "usage": usage(),
+                      "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]});
+    json!({"turns": [turn.clone(), turn.clone(), turn.clone(), turn.clone(), {"text": "finished", "usage": usage()}]})
+}
+
+fn tenant_budget(tokens: u64, on_budget: OnBudget) -> TenantBudget {
+    TenantBudget {
+        tenant: TENANT.into(),
+        period: Period::Day,
+        tokens: Some(tokens),
+        usd_nanos: None,
+        on_budget,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_tenant_budget_fails_its_sessions() {
+    let c = Cluster::start(
+        json!({"turns": [{"text": "answer", "usage": usage()}]}),
+        2,
+        |cfg| cfg.budgets = vec![tenant_budget(1000, OnBudget::Fail)],
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let id = c.submit("one call", |s| s.tools = Some(vec![])).await;
+        let row = c
+            .wait_status(
+                &id,
+                &[
+                    SessionStatus::Completed,
+                    SessionStatus::Failed,
+                    SessionStatus::Cancelled,
+                ],
+                Duration::from_secs(60),
+            )
+            .await;
+        ids.push(row);
+    }
+    let completed = ids
+        .iter()
+        .filter(|r| r.status == SessionStatus::Completed)
+        .count();
+    // 410 tokens a call: three calls reach 1000 (1230 counted), the rest are refused.
+    assert_eq!(completed, 3, "{ids:?}");
+    for r in ids.iter().skip(3) {
+        assert_eq!(r.finish_reason, Some(ExitReason::BudgetExhausted), "{r:?}");
+        assert!(
+            r.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("1000 tokens per day")
+        );
+    }
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    assert_eq!(spend.tokens, 3 * (CALL.0 + CALL.1));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
+    let c = Cluster::start(long_script(), 2, |cfg| {
+        cfg.budgets = vec![tenant_budget(100, OnBudget::Park)];
+    })
+    .await;
+    let a = c
+        .submit("A", |s| s.tools = Some(vec!["list_dir".into()]))
+        .await;
+    let b = c
+        .submit("B", |s| s.tools = Some(vec!["list_dir".into()]))
+        .await;
+    for id in [&a, &b] {
+        let row = c
+            .wait_status(id, &[SessionStatus::Waiting], Duration::from_secs(60))
+            .await;
+        assert_eq!(row.wait_reason, Some(agentq_core::wait::WaitReason::Budget));
+        // It wakes by itself when the day turns over.
+        let tomorrow = Period::Day.next_start(chrono::Utc::now());
+        assert_eq!(row.wake_at, Some(tomorrow), "{row:?}");
+    }
+    // Parked, not failed: nothing more is spent while it waits.
+    let (status, body) = c.admin_get("/v1/admin/budgets").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["budgets"][0]["source"], "config");
+    assert!(body["budgets"][0]["spent_tokens"].as_u64().unwrap() >= 100);
+    // Raised through the admin API: stored, it overrides the configured budget, and the
+    // parked sessions of the tenant are woken.
+    let resp = c
+        .http
+        .put(format!("{}/v1/admin/budgets/{TENANT}", c.api))
+        .json(&json!({"period": "day", "tokens": 100_000, "on_budget": "park"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+    for id in [&a, &b] {
+        let row = c
+            .wait_status(
+                id,
+                &[SessionStatus::Completed, SessionStatus::Failed],
+                Duration::from_secs(60),
+            )
+            .await;
+        assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+        assert_eq!(row.result.as_deref(), Some("finished"));
+    }
+    let (_, body) = c.admin_get("/v1/admin/budgets").await;
+    assert_eq!(body["budgets"][0]["source"], "stored");
+    assert_eq!(body["budgets"][0]["tokens"], 100_000);
+    let (status, spend) = c
+        .admin_get(&format!("/v1/admin/tenants/{TENANT}/spend"))
+        .await;
+    assert_eq!(status, 200);
+    // Five calls per session, all counted.
+    assert_eq!(spend["day"]["tokens"], 2 * 5 * (CALL.0 + CALL.1));
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_cannot_give_a_sub_agent_more_than_it_has() {
+    let spawn = |budget: Value, task: &str| {
+        json!({"name": "spawn_agent",
+               "arguments": {"prompt": format!("LEAF {task}"), "wait": true, "token_budget": budget}})
+    };
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "GREEDY", "turns": [
+                {"tool_calls": [spawn(json!(-5), "neg"), spawn(json!("all"), "str"),
+                                spawn(json!(1.5), "frac"), spawn(json!(u64::MAX), "huge")],
+                 "usage": usage()},
+                {"text": "done", "usage": usage()}
+            ]},
+            {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf", "usage": usage()}]}
+        ]
+    });
+    let c = Cluster::start(script, 1, |_| {}).await;
+    const BUDGET: u64 = 5_000;
+    let root = c
+        .submit("GREEDY root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(60)).await;
+    // Three bad arguments are tool errors naming the field; the huge ask got what was left.
+    let errors: Vec<String> = c
+        .store
+        .messages(&root)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.is_error)
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors.iter().all(|e| e.contains("token_budget")),
+        "{errors:?}"
+    );
+    let children: Vec<_> = tree.iter().filter(|r| r.parent_id.is_some()).collect();
+    assert_eq!(children.len(), 1, "{tree:?}");
+    assert_eq!(
+        children[0].spec.token_budget,
+        Some(BUDGET - CALL.0 - CALL.1),
+        "all that was left, no more"
+    );
+    assert!(spent(&tree) <= BUDGET);
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
+    let mut script = fan_out_script(false);
+    // Slow calls, so the crash finds calls and spawns in flight.
+    for t in script["variants"][0]["turns"].as_array_mut().unwrap() {
+        t["delay_ms"] = json!(150);
+    }
+    let mut c = Cluster::start(script, 1, |_| {}).await;
+    const BUDGET: u64 = 12_000;
+    let root = c
+        .submit("NODE root", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    // Let the tree grow, then crash its only worker.
+    let start = Instant::now();
+    while c.tree(&root).await.len() < 4 {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.crash_and_replace(0).await;
+    let tree = c.settled_tree(&root, Duration::from_secs(180)).await;
+    let total = spent(&tree);
+    eprintln!(
+        "after a crash: {} sessions, {total} tokens of {BUDGET}",
+        tree.len()
+    );
+    // A call the crash cut off is made again, so at most one call per session that was
+    // in flight is paid twice; the budget still bounds the tree.
+    assert!(
+        total <= BUDGET + CALL.0 + CALL.1,
+        "the tree spent {total} of {BUDGET}"
+    );
+    for r in &tree {
+        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
+    }
+    c.shutdown().await;
+}
