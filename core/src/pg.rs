@@ -45,8 +45,9 @@ use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
+use crate::scheduling::{ActiveCount, Candidate};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore, checkpoint_alone,
 };
 
@@ -373,6 +374,17 @@ impl SessionStore for PgStore {
         }
     }
 
+    async fn retry(&self, id: &str) -> Result<RetryResult> {
+        let retried: Option<SessionRecord> = sqlx::query_as(&SQL.retry)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        match retried {
+            Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),
+            None => Ok(outcome::not_retried(self.get(id).await?)),
+        }
+    }
+
     async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
         let changed: Option<SessionRecord> = sqlx::query_as(&SQL.cancel)
             .bind(id)
@@ -683,6 +695,33 @@ impl SweepStore for PgStore {
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {
         Ok(sqlx::query_as(&SQL.wake_expired)
             .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn dispatch_load(&self) -> Result<Vec<ActiveCount>> {
+        let rows: Vec<outcome::LoadRow> = sqlx::query_as(&SQL.dispatch_load)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(outcome::LoadRow::into_count).collect()
+    }
+
+    async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>> {
+        let rows: Vec<outcome::HeldRow> = sqlx::query_as(&SQL.held)
+            .bind(queue)
+            .bind(i64::from(per_group))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(outcome::HeldRow::into_candidate).collect()
+    }
+
+    async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar(&SQL.release_held)
+            .bind(ids)
             .fetch_all(&self.pool)
             .await?)
     }

@@ -254,6 +254,12 @@ impl Tool for SpawnAgent {
                     idempotency_hash: None,
                     // A child acts for its parent's caller: it must not leave the tenant.
                     tenant: self.parent.tenant.clone(),
+                    // A child runs for a tree that was admitted already: it enters its
+                    // queue at once, at its parent's priority.
+                    sched: agentq_core::scheduling::Placement {
+                        priority: self.parent.priority,
+                        ..Default::default()
+                    },
                 };
                 let (row, created) = self.store.create_session(&new).await.map_err(failed)?;
                 if created {

@@ -145,6 +145,8 @@ pub(crate) struct SessionRecord {
     /// The history's length as the last write left it; `None` on rows written before the
     /// column existed, whose length is only known from their stored messages.
     pub history_len: Option<i32>,
+    pub priority: i32,
+    pub batch_id: Option<String>,
 }
 
 impl SessionRecord {
@@ -191,6 +193,9 @@ impl SessionRecord {
             wake_seq: self.wake_seq,
             approval_deadline: time(self.approval_deadline),
             held_calls: self.not_started.0,
+            priority: u8::try_from(self.priority)
+                .map_err(|_| bad_data(format!("priority {} out of range", self.priority)))?,
+            batch_id: self.batch_id,
         })
     }
 
