@@ -27,11 +27,15 @@ pub struct CreateSession {
     /// creating another: 1 to 256 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// 0 (lowest) to 9; 5 when absent. Among sessions waiting for a queue, higher
+    /// priorities are handed to workers first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl CreateSession {
     /// The fields about the request rather than the session's work.
-    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key"];
+    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key", "priority"];
 
     /// The fields that map onto [`SessionSpec`].
     pub fn spec_fields() -> &'static [&'static str] {
@@ -95,6 +99,23 @@ pub struct SessionView {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// 0 (lowest) to 9.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// The `POST /v1/sessions/batch` request that created it; `null` for one created alone.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+}
+
+fn default_priority() -> u8 {
+    5
+}
+
+/// `POST /v1/sessions/{id}/retry`: the session queued again from its last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryResponse {
+    pub id: String,
+    pub status: SessionStatus,
 }
 
 /// `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at

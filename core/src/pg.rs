@@ -374,9 +374,10 @@ impl SessionStore for PgStore {
         }
     }
 
-    async fn retry(&self, id: &str) -> Result<RetryResult> {
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
         let retried: Option<SessionRecord> = sqlx::query_as(&SQL.retry)
             .bind(id)
+            .bind(hold)
             .fetch_optional(&self.pool)
             .await?;
         match retried {

@@ -515,10 +515,13 @@ impl SessionStore for SqliteStore {
         }
     }
 
-    async fn retry(&self, id: &str) -> Result<RetryResult> {
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
         let mut tx = self.write_tx().await?;
-        let retried =
-            returning_one(&mut tx, sqlx::query_as(&SQL.retry).bind(id).bind(now_us())).await?;
+        let retried = returning_one(
+            &mut tx,
+            sqlx::query_as(&SQL.retry).bind(id).bind(hold).bind(now_us()),
+        )
+        .await?;
         tx.commit().await?;
         match retried {
             Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),

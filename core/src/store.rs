@@ -77,7 +77,8 @@ pub trait SessionStore: Send + Sync {
     /// checkpoint, with its claim count reset and its outcome cleared; the lease epoch
     /// moves on, fencing off any earlier holder. A session that is not failed that way is
     /// left as it is ([`RetryResult::NotRetryable`]), so a repeated retry does nothing.
-    async fn retry(&self, id: &str) -> Result<RetryResult>;
+    /// With `hold`, it waits for the dispatcher rather than for the caller's enqueue.
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult>;
 
     /// Liveness of the database.
     async fn ping(&self) -> Result<()>;

@@ -292,18 +292,19 @@ const UNENQUEUED: Shared = Shared {
 /// Redrive: a session that failed with an error (a run's, or a dead letter's) is queued
 /// again from its last checkpoint with a fresh claim allowance and no outcome. The epoch
 /// moves on, so a write of any earlier holder is fenced off; a session that is not (or no
-/// longer) failed is left as it is, so a repeated retry does nothing more.
+/// longer) failed is left as it is, so a repeated retry does nothing more. `$2`: held for
+/// the dispatcher.
 const RETRY: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
     finished_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
-    enqueued_at = NULL, held = false, approval_deadline = NULL,
+    enqueued_at = NULL, held = $2, approval_deadline = NULL,
     updated_at = now()
 WHERE id = $1 AND status = 'failed' AND finish_reason = 'error'
 RETURNING COLS",
-    sqlite_now: Some(2),
+    sqlite_now: Some(3),
 };
 
 /// What each (queue, tenant, batch) has running or in the buffer (queued, not held).

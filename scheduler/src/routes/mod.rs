@@ -19,6 +19,7 @@ use crate::{BATCH_BODY_LIMIT, Scheduler};
 mod events;
 mod health;
 mod queues;
+mod redrive;
 mod sessions;
 mod steer;
 
@@ -99,6 +100,12 @@ fn table(state: &Scheduler) -> Vec<Route> {
             "/v1/sessions/{id}/cancel",
             WRITE,
             post(sessions::cancel),
+        ),
+        route(
+            p.clone(),
+            "/v1/sessions/{id}/retry",
+            WRITE,
+            post(redrive::retry),
         ),
         route(
             g.clone(),

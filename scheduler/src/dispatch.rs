@@ -1,0 +1,215 @@
+//! The dispatcher: each queue's Redis stream is a short delivery buffer, and the store is
+//! the fair queue behind it. While a queue's buffer has room (fewer than
+//! `scheduling.buffer` sessions in it that no worker claimed yet) and nothing waits behind
+//! it, a new session is enqueued at once, as it always was. Past that, and always for a
+//! tenant or batch with a cap on running sessions, it is stored `held` (queued, no entry),
+//! and every `dispatch_interval` (or sooner, when a request held some) the dispatcher
+//! refills each buffer from the held sessions, chosen by
+//! [`agentq_core::scheduling::choose`]: priority, then weighted fair share across tenants
+//! and across each tenant's batches, never past a cap.
+//!
+//! What is buffered is read from the store (queued and not held), not from Redis, so a
+//! Redis restart changes nothing here: the entries it lost are the sweeper's to re-add
+//! (`recover_lost`), the held sessions stay held until their turn. A session released
+//! from the hold whose `XADD` failed is queued without an entry, which the sweeper adds.
+//! Several schedulers may each run a dispatcher: a held row is released once
+//! ([`agentq_core::SweepStore::release_held`]), so none is handed out twice.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use agentq_core::config::SchedulingSection;
+use agentq_core::scheduling::choose;
+use agentq_core::{EnqueueReason, Queue, Store};
+
+use crate::QueueRegistry;
+
+/// Held sessions read per tick at most, whatever the room (the choice is in memory).
+const MAX_CANDIDATES: u32 = 10_000;
+
+/// The submit path's view of the buffers, refreshed by each dispatcher tick. Cheap to
+/// clone (shared).
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    settings: SchedulingSection,
+    /// Set while a dispatcher runs for this process: without one, nothing may be held.
+    running: AtomicBool,
+    /// Per queue: how many more sessions may be enqueued at once before the next tick.
+    room: Mutex<HashMap<String, i64>>,
+    wake: Notify,
+}
+
+impl Dispatch {
+    pub fn new(settings: SchedulingSection) -> Self {
+        Dispatch {
+            inner: Arc::new(Inner {
+                settings,
+                running: AtomicBool::new(false),
+                room: Mutex::new(HashMap::new()),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    pub fn settings(&self) -> &SchedulingSection {
+        &self.inner.settings
+    }
+
+    /// Whether `n` new sessions of `tenant` on `queue` (of a batch capped at `batch_cap`)
+    /// wait in the store for the dispatcher rather than being enqueued now. Without a
+    /// running dispatcher, never. Counts the ones let through against the room, so a
+    /// burst between two ticks cannot overfill the buffer.
+    pub fn hold(&self, queue: &str, tenant: &str, n: usize, batch_cap: Option<u32>) -> bool {
+        if !self.inner.running.load(Ordering::Acquire) {
+            return false;
+        }
+        if batch_cap.is_some() || self.inner.settings.share(tenant).max_running.is_some() {
+            return true;
+        }
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let mut room = self.inner.room.lock().unwrap_or_else(|e| e.into_inner());
+        // A queue no tick has measured yet starts with a whole buffer of room.
+        let left = room
+            .entry(queue.to_string())
+            .or_insert_with(|| i64::from(self.inner.settings.buffer));
+        if *left >= n {
+            *left = left.saturating_sub(n);
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Whether a dispatcher runs for this process.
+    pub fn is_running(&self) -> bool {
+        self.inner.running.load(Ordering::Acquire)
+    }
+
+    /// Ask for a tick soon (sessions were held).
+    pub fn nudge(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    fn set_room(&self, queue: &str, left: i64) {
+        self.inner
+            .room
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.to_string(), left);
+    }
+}
+
+/// One tick: refill every queue's buffer from its held sessions. Returns how many were
+/// handed out. A queue whose `XADD` fails is left to the sweeper (the released rows are
+/// queued without an entry).
+pub async fn dispatch_once(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    queues: &QueueRegistry,
+    dispatch: &Dispatch,
+) -> agentq_core::Result<usize> {
+    let load = store.dispatch_load().await?;
+    let mut names: BTreeSet<String> = queues.names().into_iter().collect();
+    let mut buffered: HashMap<&str, u64> = HashMap::new();
+    for a in &load {
+        names.insert(a.queue.clone());
+        let b = buffered.entry(a.queue.as_str()).or_default();
+        *b = b.saturating_add(a.buffered);
+    }
+    let settings = dispatch.settings();
+    let buffer = u64::from(settings.buffer);
+    let mut total = 0usize;
+    for q in &names {
+        let room = buffer.saturating_sub(buffered.get(q.as_str()).copied().unwrap_or(0));
+        let room_u32 = u32::try_from(room).unwrap_or(u32::MAX);
+        // Read at least one row even without room, to learn whether any wait: new
+        // sessions must then wait behind them.
+        let per_group = room_u32.max(1);
+        let held = store
+            .held(q, per_group, per_group.saturating_mul(4).min(MAX_CANDIDATES))
+            .await?;
+        if held.is_empty() {
+            dispatch.set_room(q, i64::try_from(room).unwrap_or(i64::MAX));
+            continue;
+        }
+        // Sessions wait: every new one waits behind them until none is left.
+        dispatch.set_room(q, 0);
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        if room == 0 {
+            continue;
+        }
+        let chosen = choose(held, &load, |t| settings.share(t), room);
+        if chosen.is_empty() {
+            continue;
+        }
+        let released = store.release_held(&chosen).await?;
+        if released.is_empty() {
+            continue;
+        }
+        // The store answers in its own order: hand them out in the chosen one, since a
+        // stream is read in order.
+        let released: BTreeSet<String> = released.into_iter().collect();
+        let ordered: Vec<String> = chosen
+            .into_iter()
+            .filter(|id| released.contains(id))
+            .collect();
+        queues.ensure(queue, q).await;
+        let items: Vec<(String, EnqueueReason)> = ordered
+            .iter()
+            .map(|id| (id.clone(), EnqueueReason::New))
+            .collect();
+        if let Err(e) = queue.enqueue_many(q, &items).await {
+            tracing::warn!(queue = %q, sessions = ordered.len(), error = %e, "dispatcher: XADD failed; the sweeper will enqueue these sessions");
+            continue;
+        }
+        if let Err(e) = store.mark_enqueued(&ordered).await {
+            // The entries exist; the sweeper may add duplicates, which the lease absorbs.
+            tracing::warn!(queue = %q, sessions = ordered.len(), error = %e, "dispatcher: cannot mark sessions enqueued");
+        }
+        tracing::debug!(queue = %q, sessions = ordered.len(), "dispatcher: handed out held sessions");
+        total = total.saturating_add(ordered.len());
+    }
+    Ok(total)
+}
+
+/// Run [`dispatch_once`] every `scheduling.dispatch_interval_ms`, or sooner when nudged,
+/// until `cancel`. A failed tick is logged and the next one tries again; the loop stops
+/// within one tick of the cancel (a tick in flight is abandoned: its effects are safe to
+/// stop between any two steps).
+pub async fn run_dispatcher(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    queues: QueueRegistry,
+    dispatch: Dispatch,
+    cancel: CancellationToken,
+) {
+    dispatch.inner.running.store(true, Ordering::Release);
+    let interval = Duration::from_millis(dispatch.settings().dispatch_interval_ms.max(1));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = dispatch_once(store.as_ref(), queue.as_ref(), &queues, &dispatch) => {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "dispatcher: tick failed; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(interval) => {}
+            _ = dispatch.inner.wake.notified() => {}
+        }
+    }
+    // Without a dispatcher, new sessions go straight to their queue again.
+    dispatch.inner.running.store(false, Ordering::Release);
+}
