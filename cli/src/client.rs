@@ -144,17 +144,17 @@ pub struct SessionsArgs {
 }
 
 /// A thin client of the HTTP API with one-line errors.
-struct Api {
+pub(crate) struct Api {
     base: String,
     http: reqwest::Client,
 }
 
 /// A 4xx/5xx answer, with the server's error body.
 #[derive(Debug)]
-struct ApiFailure {
+pub(crate) struct ApiFailure {
     status: u16,
-    code: String,
-    message: String,
+    pub(crate) code: String,
+    pub(crate) message: String,
     field: Option<String>,
 }
 
@@ -199,7 +199,7 @@ impl ApiFailure {
 }
 
 impl Api {
-    fn new(args: &ApiArgs) -> anyhow::Result<Api> {
+    pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Api> {
         let base = match &args.api_url {
             Some(u) if !u.trim().is_empty() => u.clone(),
             _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
@@ -246,14 +246,14 @@ impl Api {
         }
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self
             .send(self.http.get(format!("{}{path}", self.base)))
             .await?
             .1)
     }
 
-    async fn post<T: DeserializeOwned>(
+    pub(crate) async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
         body: &impl Serialize,
@@ -820,7 +820,7 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 /// Percent-encode a query value (ids and statuses are plain, but the user typed them).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
