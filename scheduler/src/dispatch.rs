@@ -90,6 +90,11 @@ impl Dispatch {
         }
     }
 
+    /// A dispatcher is about to run: new sessions may be held from now on.
+    pub(crate) fn mark_running(&self) {
+        self.inner.running.store(true, Ordering::Release);
+    }
+
     /// Whether a dispatcher runs for this process.
     pub fn is_running(&self) -> bool {
         self.inner.running.load(Ordering::Acquire)
@@ -193,7 +198,7 @@ pub async fn run_dispatcher(
     dispatch: Dispatch,
     cancel: CancellationToken,
 ) {
-    dispatch.inner.running.store(true, Ordering::Release);
+    dispatch.mark_running();
     let interval = Duration::from_millis(dispatch.settings().dispatch_interval_ms.max(1));
     loop {
         tokio::select! {

@@ -313,6 +313,8 @@ impl Scheduler {
     /// Run the dispatcher for this scheduler until `cancel` (as [`run`] does); until it
     /// starts, and after it stops, every new session is enqueued at once.
     pub fn spawn_dispatcher(&self, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        // Before the first request is served: from now on sessions may be held.
+        self.dispatch.mark_running();
         tokio::spawn(dispatch::run_dispatcher(
             self.store.clone(),
             self.queue.clone(),

@@ -9,6 +9,7 @@
 mod common;
 mod crash;
 mod drain;
+mod fairshare;
 mod liveness;
 mod poison;
 mod restart;
