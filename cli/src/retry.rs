@@ -175,7 +175,15 @@ mod tests {
             parse_since("2d", now).unwrap(),
             now - chrono::TimeDelta::days(2)
         );
-        for bad in ["", "h", "1w", "-1h", "1.5h", "yesterday", "99999999999999999999d"] {
+        for bad in [
+            "",
+            "h",
+            "1w",
+            "-1h",
+            "1.5h",
+            "yesterday",
+            "99999999999999999999d",
+        ] {
             let e = parse_since(bad, now).unwrap_err().to_string();
             assert!(e.starts_with("--since:"), "{bad}: {e}");
         }

@@ -331,9 +331,7 @@ impl SchedulingSection {
         let t = self.tenants.get(tenant);
         crate::scheduling::TenantShare {
             weight: t.map_or(1, |t| t.weight.max(1)),
-            max_running: t
-                .and_then(|t| t.max_running)
-                .or(self.tenant_max_running),
+            max_running: t.and_then(|t| t.max_running).or(self.tenant_max_running),
         }
     }
 }

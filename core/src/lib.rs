@@ -28,6 +28,6 @@ pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
-    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult, SessionStore,
-    Store, SweepStore,
+    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
+    SessionStore, Store, SweepStore,
 };

@@ -41,11 +41,11 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
+use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
-use crate::scheduling::{ActiveCount, Candidate};
 use crate::store::{
     Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore, checkpoint_alone,
@@ -714,7 +714,9 @@ impl SweepStore for PgStore {
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter().map(outcome::HeldRow::into_candidate).collect()
+        rows.into_iter()
+            .map(outcome::HeldRow::into_candidate)
+            .collect()
     }
 
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {

@@ -131,7 +131,8 @@ pub fn choose(
         g.queue.push(c);
     }
     for g in groups.values_mut() {
-        g.queue.sort_by(|a, b| a.rank.cmp(&b.rank).then_with(|| a.id.cmp(&b.id)));
+        g.queue
+            .sort_by(|a, b| a.rank.cmp(&b.rank).then_with(|| a.id.cmp(&b.id)));
     }
     let shares: HashMap<String, TenantShare> = groups
         .values()
@@ -154,7 +155,13 @@ pub fn choose(
                 continue;
             }
             let weight = s.weight.max(1);
-            let score = (head.priority, t_n.saturating_add(1), weight, b_n, head.id.as_str());
+            let score = (
+                head.priority,
+                t_n.saturating_add(1),
+                weight,
+                b_n,
+                head.id.as_str(),
+            );
             let better = match &best {
                 None => true,
                 Some((_, cur)) => before(&score, cur),
@@ -218,7 +225,15 @@ mod tests {
 
     fn flood(tenant: &str, batch: Option<&str>, n: u32) -> Vec<Candidate> {
         (1..=n)
-            .map(|i| c(&format!("{tenant}-{i:04}"), tenant, batch, DEFAULT_PRIORITY, i))
+            .map(|i| {
+                c(
+                    &format!("{tenant}-{i:04}"),
+                    tenant,
+                    batch,
+                    DEFAULT_PRIORITY,
+                    i,
+                )
+            })
             .collect()
     }
 
@@ -227,7 +242,10 @@ mod tests {
         let mut all = flood("a", None, 100);
         all.extend(flood("b", None, 3));
         let got = choose(all, &[], |_| TenantShare::default(), 6);
-        assert_eq!(got, ["a-0001", "b-0001", "a-0002", "b-0002", "a-0003", "b-0003"]);
+        assert_eq!(
+            got,
+            ["a-0001", "b-0001", "a-0002", "b-0002", "a-0003", "b-0003"]
+        );
     }
 
     #[test]

@@ -87,11 +87,11 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
-use crate::scheduling::{ActiveCount, Candidate};
 use crate::store::{
     Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore, checkpoint_alone,
@@ -519,7 +519,10 @@ impl SessionStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         let retried = returning_one(
             &mut tx,
-            sqlx::query_as(&SQL.retry).bind(id).bind(hold).bind(now_us()),
+            sqlx::query_as(&SQL.retry)
+                .bind(id)
+                .bind(hold)
+                .bind(now_us()),
         )
         .await?;
         tx.commit().await?;
@@ -923,7 +926,9 @@ impl SweepStore for SqliteStore {
             .bind(i64::from(limit))
             .fetch_all(&self.readers)
             .await?;
-        rows.into_iter().map(outcome::HeldRow::into_candidate).collect()
+        rows.into_iter()
+            .map(outcome::HeldRow::into_candidate)
+            .collect()
     }
 
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {

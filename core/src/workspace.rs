@@ -36,6 +36,9 @@ pub trait WorkspaceStore: Send + Sync {
     async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>>;
 
     /// One committed file and its bytes; `None` when the tree holds no such path.
-    async fn workspace_file(&self, root_id: &str, path: &str)
-    -> Result<Option<(FileEntry, Vec<u8>)>>;
+    async fn workspace_file(
+        &self,
+        root_id: &str,
+        path: &str,
+    ) -> Result<Option<(FileEntry, Vec<u8>)>>;
 }

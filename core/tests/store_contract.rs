@@ -21,13 +21,13 @@ use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_core::SessionStore;
 use agentq_core::pg::PgStore;
 use agentq_core::protocol::{ChildOutcome, InboxKind, InboxPayload, SteerMessage, Strategy};
+use agentq_core::scheduling::Placement;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
     NewSession, QueueCreate, RetryResult, SessionStatus,
 };
-use agentq_core::scheduling::Placement;
 
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(200);
@@ -2702,7 +2702,12 @@ async fn contract_retry(store: &dyn Store) {
         other => panic!("expected Retried, got {other:?}"),
     }
     assert!(
-        store.unenqueued(Duration::ZERO, 10).await.unwrap().iter().all(|(i, _)| i != &dead),
+        store
+            .unenqueued(Duration::ZERO, 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|(i, _)| i != &dead),
         "a held session is the dispatcher's, not the sweeper's"
     );
     assert_eq!(
@@ -2730,7 +2735,10 @@ async fn contract_retry(store: &dyn Store) {
         store.retry(&queued, false).await.unwrap(),
         RetryResult::NotRetryable(r) if r.status == SessionStatus::Queued
     ));
-    assert_eq!(store.retry("missing", false).await.unwrap(), RetryResult::NotFound);
+    assert_eq!(
+        store.retry("missing", false).await.unwrap(),
+        RetryResult::NotFound
+    );
 }
 
 async fn contract_held_sessions(store: &dyn Store) {
@@ -2768,28 +2776,47 @@ async fn contract_held_sessions(store: &dyn Store) {
         .map(|c| (c.tenant.as_str(), c.priority, c.rank))
         .collect();
     assert_eq!(got.len(), 4, "{got:?}");
-    assert!(got.contains(&("a", 4, 1)) && got.contains(&("a", 3, 2)), "{got:?}");
-    assert!(got.contains(&("b", 9, 1)) && got.contains(&("b", 5, 2)), "{got:?}");
-    assert!(held.iter().filter(|c| c.tenant == "a").all(|c| c.batch_max_running == Some(2)));
+    assert!(
+        got.contains(&("a", 4, 1)) && got.contains(&("a", 3, 2)),
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&("b", 9, 1)) && got.contains(&("b", 5, 2)),
+        "{got:?}"
+    );
+    assert!(
+        held.iter()
+            .filter(|c| c.tenant == "a")
+            .all(|c| c.batch_max_running == Some(2))
+    );
     assert_eq!(store.held("default", 10, 3).await.unwrap().len(), 3);
     assert!(store.held("other", 10, 10).await.unwrap().is_empty());
 
     // Load: only what is running or buffered (queued, not held).
     let load = store.dispatch_load().await.unwrap();
     assert_eq!(load.len(), 1, "{load:?}");
-    assert_eq!((load[0].tenant.as_str(), load[0].running, load[0].buffered), ("c", 0, 1));
+    assert_eq!(
+        (load[0].tenant.as_str(), load[0].running, load[0].buffered),
+        ("c", 0, 1)
+    );
 
     // Release: once, only still-held rows; a second caller gets nothing.
     let released = store.release_held(&ids[5..7]).await.unwrap();
     assert_eq!(released.len(), 2);
     assert!(store.release_held(&ids[5..7]).await.unwrap().is_empty());
-    assert!(store.release_held(&ids[7..8]).await.unwrap().is_empty(), "never held");
+    assert!(
+        store.release_held(&ids[7..8]).await.unwrap().is_empty(),
+        "never held"
+    );
     assert!(store.release_held(&[]).await.unwrap().is_empty());
     let (_lease, _) = acquire(store, &ids[5], "w", TTL).await;
     let mut load = store.dispatch_load().await.unwrap();
     load.sort_by(|a, b| a.tenant.cmp(&b.tenant));
     assert_eq!(load.len(), 2, "{load:?}");
-    assert_eq!((load[0].tenant.as_str(), load[0].running, load[0].buffered), ("b", 1, 1));
+    assert_eq!(
+        (load[0].tenant.as_str(), load[0].running, load[0].buffered),
+        ("b", 1, 1)
+    );
     // A cancelled held session is no longer a candidate.
     store.request_cancel(&ids[0]).await.unwrap();
     let held = store.held("default", 10, 100).await.unwrap();

@@ -141,7 +141,11 @@ pub async fn dispatch_once(
         // sessions must then wait behind them.
         let per_group = room_u32.max(1);
         let held = store
-            .held(q, per_group, per_group.saturating_mul(4).min(MAX_CANDIDATES))
+            .held(
+                q,
+                per_group,
+                per_group.saturating_mul(4).min(MAX_CANDIDATES),
+            )
             .await?;
         if held.is_empty() {
             dispatch.set_room(q, i64::try_from(room).unwrap_or(i64::MAX));

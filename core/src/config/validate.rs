@@ -6,8 +6,8 @@ use agentq_agent::provider::endpoint::check_base_url;
 
 use super::{
     GuardianSection, HookSettings, MAX_GUARDIAN_TIMEOUT_MS, MAX_HOOK_TIMEOUT_MS, PROVIDERS,
-    PolicySection, ProvidersSection, SchedulerSection, SchedulingSection, Secs, Settings, TenantPolicySection,
-    WorkerSection, describe,
+    PolicySection, ProvidersSection, SchedulerSection, SchedulingSection, Secs, Settings,
+    TenantPolicySection, WorkerSection, describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;

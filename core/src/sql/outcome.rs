@@ -227,7 +227,8 @@ impl HeldRow {
         let bad = |what: &str, v: i64| {
             crate::rowconv::bad_data(format!("held session {}: {what} {v}", self.id))
         };
-        let priority = u8::try_from(self.priority).map_err(|_| bad("priority", self.priority.into()))?;
+        let priority =
+            u8::try_from(self.priority).map_err(|_| bad("priority", self.priority.into()))?;
         let rank = u32::try_from(self.r).map_err(|_| bad("rank", self.r))?;
         let batch_max_running = self
             .batch_max_running

@@ -23,22 +23,27 @@ use crate::common::{Cluster, ClusterOpts, Script, Sub, Turn, WorkerOpts, eventua
 const T: Duration = Duration::from_secs(240);
 
 /// The scheduler of a test, serving on a loopback port.
-struct Api {
-    url: String,
-    http: reqwest::Client,
-    keys: HashMap<String, String>,
+pub struct Api {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub keys: HashMap<String, String>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Api {
-    async fn start(c: &Cluster, scheduling: SchedulingSection, tenants: &[&str]) -> Api {
+    pub async fn start(c: &Cluster, scheduling: SchedulingSection, tenants: &[&str]) -> Api {
         let store: Arc<dyn Store> = Arc::new(PgStore::connect(&c.db_url, 8).await.unwrap());
         let queue: Arc<dyn Queue> = Arc::new(RedisQueue::connect(&c.redis.url()).await.unwrap());
         let mut keys = HashMap::new();
         for t in tenants {
-            let (new, key) = auth::generate(t, vec![Scope::SessionsWrite, Scope::SessionsRead], None, None)
-                .unwrap();
+            let (new, key) = auth::generate(
+                t,
+                vec![Scope::SessionsWrite, Scope::SessionsRead],
+                None,
+                None,
+            )
+            .unwrap();
             store.create_key(&new).await.unwrap();
             keys.insert(t.to_string(), key);
         }
@@ -66,7 +71,7 @@ impl Api {
         }
     }
 
-    async fn post(&self, tenant: &str, path: &str, body: &Value) -> (u16, Value) {
+    pub async fn post(&self, tenant: &str, path: &str, body: &Value) -> (u16, Value) {
         let resp = self
             .http
             .post(format!("{}{path}", self.url))
@@ -119,7 +124,7 @@ impl Api {
             .collect()
     }
 
-    async fn stop(self) {
+    pub async fn stop(self) {
         self.stop.cancel();
         self.task.await.unwrap();
     }
@@ -151,7 +156,7 @@ async fn tenant_rows(c: &Cluster, tenant: &str) -> Vec<SessionRow> {
         .unwrap()
 }
 
-fn scheduling(buffer: u32) -> SchedulingSection {
+pub fn scheduling(buffer: u32) -> SchedulingSection {
     SchedulingSection {
         buffer,
         dispatch_interval_ms: 50,

@@ -12,6 +12,7 @@ mod drain;
 mod fairshare;
 mod liveness;
 mod poison;
+mod redrive;
 mod restart;
 mod scale;
 mod subagents;
