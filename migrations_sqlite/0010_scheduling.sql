@@ -7,9 +7,11 @@ ALTER TABLE sessions ADD COLUMN batch_id TEXT;
 ALTER TABLE sessions
     ADD COLUMN batch_max_running INTEGER CHECK (batch_max_running > 0);
 ALTER TABLE sessions ADD COLUMN held INTEGER NOT NULL DEFAULT 0 CHECK (held IN (0, 1));
+ALTER TABLE sessions ADD COLUMN retries INTEGER NOT NULL DEFAULT 0 CHECK (retries >= 0);
 
 CREATE INDEX sessions_held_idx
-    ON sessions (queue, tenant, batch_id, priority DESC, id) WHERE held AND status = 'queued';
+    ON sessions (queue, tenant, batch_id, priority DESC, id, batch_max_running)
+    WHERE held AND status = 'queued';
 
 CREATE INDEX sessions_active_idx
     ON sessions (queue, tenant, batch_id)

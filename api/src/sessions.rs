@@ -211,6 +211,7 @@ mod tests {
             "cancel_requested": false, "attempts": 0, "lease_owner": null,
             "idempotency_key": null, "created_at": "2026-12-01T08:36:45.123456Z",
             "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
+            "priority": 5, "batch_id": null,
         })
     }
 
@@ -242,6 +243,7 @@ mod tests {
             "metadata",
             "queue",
             "idempotency_key",
+            "priority",
         ] {
             assert!(CreateSession::accepts(f), "{f}");
         }
@@ -261,6 +263,8 @@ mod tests {
         let c: CancelResponse =
             round_trip(json!({"id": "s1", "status": "running", "cancel_requested": true}));
         assert!(c.cancel_requested);
+        let r: RetryResponse = round_trip(json!({"id": "s1", "status": "queued"}));
+        assert_eq!(r.status, SessionStatus::Queued);
     }
 
     #[test]
@@ -272,6 +276,13 @@ mod tests {
             Some(&["read_file".to_string(), "grep".into()][..])
         );
         assert_eq!(v.iterations, 0);
+        assert_eq!((v.priority, v.batch_id.as_deref()), (5, None));
+        // An older server's answer, without the scheduling fields, reads with defaults.
+        let mut older = view_json("s1");
+        older.as_object_mut().unwrap().remove("priority");
+        older.as_object_mut().unwrap().remove("batch_id");
+        let old: SessionView = serde_json::from_value(older).unwrap();
+        assert_eq!((old.priority, old.batch_id), (5, None));
 
         let mut detail = view_json("s1");
         detail["children"] = json!(["c1", "c2"]);

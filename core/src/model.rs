@@ -209,6 +209,9 @@ pub struct SessionRow {
     /// The batch request that created the session, if any.
     #[serde(default)]
     pub batch_id: Option<String>,
+    /// Times it was redriven after a failure (`POST /v1/sessions/{id}/retry`).
+    #[serde(default)]
+    pub retries: u32,
 }
 
 impl SessionRow {

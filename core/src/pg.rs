@@ -719,6 +719,13 @@ impl SweepStore for PgStore {
             .collect()
     }
 
+    async fn any_held(&self, queue: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(&SQL.any_held)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {
         if ids.is_empty() {
             return Ok(Vec::new());

@@ -224,6 +224,9 @@ pub trait SweepStore: Send + Sync {
     /// ranks first.
     async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>>;
 
+    /// Whether any session of `queue` is held (cheap: the first index entry).
+    async fn any_held(&self, queue: &str) -> Result<bool>;
+
     /// Stop holding these sessions (the caller then enqueues them): only those still held
     /// and queued, which are returned, so that of two racing callers one gets each.
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>>;

@@ -2659,6 +2659,7 @@ async fn contract_retry(store: &dyn Store) {
     assert_eq!(row.finish_reason, None);
     assert!(row.error.is_none() && row.result.is_none() && row.finished_at.is_none());
     assert_eq!(row.attempts, 0);
+    assert_eq!((failed.retries, row.retries), (0, 1));
     assert!(row.lease_owner.is_none());
     assert!(row.lease_epoch > failed.lease_epoch, "the epoch moves on");
     assert_eq!(row.iteration, failed.iteration, "the checkpoint stays");
@@ -2791,6 +2792,8 @@ async fn contract_held_sessions(store: &dyn Store) {
     );
     assert_eq!(store.held("default", 10, 3).await.unwrap().len(), 3);
     assert!(store.held("other", 10, 10).await.unwrap().is_empty());
+    assert!(store.any_held("default").await.unwrap());
+    assert!(!store.any_held("other").await.unwrap());
 
     // Load: only what is running or buffered (queued, not held).
     let load = store.dispatch_load().await.unwrap();

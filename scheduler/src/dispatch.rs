@@ -46,6 +46,10 @@ struct Inner {
     running: AtomicBool,
     /// Per queue: how many more sessions may be enqueued at once before the next tick.
     room: Mutex<HashMap<String, i64>>,
+    /// Per queue whose held sessions are all capped: the [`fingerprint`] of what was
+    /// active (in every queue) when that was found. Until it changes, or a request holds new
+    /// sessions, the queue is not read again.
+    blocked: Mutex<HashMap<String, u64>>,
     wake: Notify,
 }
 
@@ -56,6 +60,7 @@ impl Dispatch {
                 settings,
                 running: AtomicBool::new(false),
                 room: Mutex::new(HashMap::new()),
+                blocked: Mutex::new(HashMap::new()),
                 wake: Notify::new(),
             }),
         }
@@ -102,7 +107,37 @@ impl Dispatch {
 
     /// Ask for a tick soon (sessions were held).
     pub fn nudge(&self) {
+        self.inner
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.inner.wake.notify_one();
+    }
+
+    fn block(&self, queue: &str, active: u64) {
+        self.inner
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(queue.to_string(), active);
+    }
+
+    fn forget_blocked(&self, queue: &str) {
+        self.inner
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(queue);
+    }
+
+    fn still_blocked(&self, queue: &str, active: u64) -> bool {
+        self.inner
+            .blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(queue)
+            .is_some_and(|was| *was == active)
     }
 
     fn set_room(&self, queue: &str, left: i64) {
@@ -112,6 +147,17 @@ impl Dispatch {
             .unwrap_or_else(|e| e.into_inner())
             .insert(queue.to_string(), left);
     }
+}
+
+/// What is active, as one number that changes when any group's counts do (whatever
+/// order the store answers in).
+fn fingerprint(load: &[agentq_core::scheduling::ActiveCount]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    load.iter().fold(0u64, |acc, a| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (&a.queue, &a.tenant, &a.batch_id, a.running, a.buffered).hash(&mut h);
+        acc.wrapping_add(h.finish())
+    })
 }
 
 /// One tick: refill every queue's buffer from its held sessions. Returns how many were
@@ -133,32 +179,35 @@ pub async fn dispatch_once(
     }
     let settings = dispatch.settings();
     let buffer = u64::from(settings.buffer);
+    // Refill once half a buffer is free, not after every claim: reading the held
+    // sessions costs about one pass over their index entries, which a large backlog makes
+    // worth sharing among many sessions.
+    let refill_at = (buffer / 2).max(1);
     let mut total = 0usize;
     for q in &names {
         let room = buffer.saturating_sub(buffered.get(q.as_str()).copied().unwrap_or(0));
-        let room_u32 = u32::try_from(room).unwrap_or(u32::MAX);
-        // Read at least one row even without room, to learn whether any wait: new
-        // sessions must then wait behind them.
-        let per_group = room_u32.max(1);
-        let held = store
-            .held(
-                q,
-                per_group,
-                per_group.saturating_mul(4).min(MAX_CANDIDATES),
-            )
-            .await?;
-        if held.is_empty() {
+        if !store.any_held(q).await? {
             dispatch.set_room(q, i64::try_from(room).unwrap_or(i64::MAX));
+            dispatch.forget_blocked(q);
             continue;
         }
         // Sessions wait: every new one waits behind them until none is left.
         dispatch.set_room(q, 0);
-        let room = usize::try_from(room).unwrap_or(usize::MAX);
-        if room == 0 {
+        let active = fingerprint(&load);
+        if room < refill_at || dispatch.still_blocked(q, active) {
             continue;
         }
+        let room_u32 = u32::try_from(room).unwrap_or(u32::MAX);
+        let held = store
+            .held(q, room_u32, room_u32.saturating_mul(4).min(MAX_CANDIDATES))
+            .await?;
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
         let chosen = choose(held, &load, |t| settings.share(t), room);
         if chosen.is_empty() {
+            // Every waiting session is of a tenant or batch at its cap: nothing can go
+            // until something active ends (or new sessions arrive), so the held index is
+            // not read again until then.
+            dispatch.block(q, active);
             continue;
         }
         let released = store.release_held(&chosen).await?;

@@ -461,6 +461,7 @@ async fn cancelling_a_parent_cancels_its_children() {
         idempotency_key: None,
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
+        sched: Default::default(),
     };
     env.store.create_session(&child).await.unwrap();
 

@@ -147,6 +147,7 @@ pub(crate) struct SessionRecord {
     pub history_len: Option<i32>,
     pub priority: i32,
     pub batch_id: Option<String>,
+    pub retries: i32,
 }
 
 impl SessionRecord {
@@ -196,6 +197,7 @@ impl SessionRecord {
             priority: u8::try_from(self.priority)
                 .map_err(|_| bad_data(format!("priority {} out of range", self.priority)))?,
             batch_id: self.batch_id,
+            retries: to_u32(self.retries, "retries")?,
         })
     }
 

@@ -30,7 +30,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
-    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, priority, batch_id";
+    wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, priority, batch_id, retries";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -301,7 +301,7 @@ UPDATE sessions SET
     finished_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
     enqueued_at = NULL, held = $2, approval_deadline = NULL,
-    updated_at = now()
+    retries = retries + 1, updated_at = now()
 WHERE id = $1 AND status = 'failed' AND finish_reason = 'error'
 RETURNING COLS",
     sqlite_now: Some(3),
@@ -326,6 +326,12 @@ const HELD: Shared = Shared {
                                        ORDER BY priority DESC, id) AS r \
              FROM sessions WHERE queue = $1 AND held AND status = 'queued') ranked \
            WHERE r <= $2 ORDER BY r, priority DESC, id LIMIT $3",
+    sqlite_now: None,
+};
+
+/// Whether any session of a queue is held.
+const ANY_HELD: Shared = Shared {
+    text: "SELECT EXISTS (SELECT 1 FROM sessions WHERE queue = $1 AND held AND status = 'queued')",
     sqlite_now: None,
 };
 
@@ -432,6 +438,7 @@ pub(crate) struct Statements {
     pub retry: String,
     pub dispatch_load: String,
     pub held: String,
+    pub any_held: String,
     pub release_held: String,
     pub forget_expired: String,
     pub queue_exists: String,
@@ -467,6 +474,7 @@ impl Statements {
             retry: RETRY.render(d),
             dispatch_load: DISPATCH_LOAD.render(d),
             held: HELD.render(d),
+            any_held: ANY_HELD.render(d),
             release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
@@ -603,6 +611,7 @@ mod tests {
                 &s.retry,
                 &s.dispatch_load,
                 &s.held,
+                &s.any_held,
                 &s.release_held,
                 &s.forget_expired,
                 &s.queue_exists,

@@ -2,11 +2,12 @@
 //! was dead-lettered) again, to resume from its last checkpoint with a fresh allowance of
 //! claims. What it already committed (model answers, tool results) is not redone.
 //!
-//! A parent is told about a child once: its notification is deduplicated by the child's
-//! id, so a parent that already received the failure keeps that result (it has moved on
-//! from it), and the retried child's outcome is only visible on the child itself. A
-//! parent still waiting reads the child's row when it next runs, and so sees the outcome
-//! of the retry.
+//! A parent is told of each outcome of a child once (the notification is keyed by the
+//! child and its retry count), never of the same failure twice. A parent waiting for the
+//! child (`spawn_agent` with `wait`) that had not run since the failure reads the child
+//! again when it runs, waits for the retry and is woken by its outcome. A parent that
+//! already took the failure keeps it in its history; a background child's new outcome
+//! reaches it as a later message, a foreground one only wakes it (its call was answered).
 
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
