@@ -55,13 +55,7 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
         n => format!("child:{}:retry:{n}", child.id),
     };
     let delivered = store
-        .deliver(
-            parent,
-            kind,
-            &dedupe,
-            &payload,
-            &[SessionStatus::Waiting],
-        )
+        .deliver(parent, kind, &dedupe, &payload, &[SessionStatus::Waiting])
         .await?;
     match delivered {
         Some(d) if d.woken => enqueue_woken(store, queue, parent, &d.queue).await,
