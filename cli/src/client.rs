@@ -103,6 +103,9 @@ pub struct SubmitArgs {
     pub tools: Option<Vec<String>>,
     #[arg(long)]
     pub queue: Option<String>,
+    /// 0 (lowest) to 9 (default 5): among waiting sessions, higher ones run first.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: Option<u8>,
     #[arg(long)]
     pub system: Option<String>,
     /// Submitting again with the same key returns the existing session.
@@ -299,6 +302,7 @@ impl SubmitArgs {
         put("max_iterations", self.max_iterations.map(Value::from));
         put("tools", self.tools.clone().map(|t| json!(t)));
         put("queue", self.queue.clone().map(Value::from));
+        put("priority", self.priority.map(Value::from));
         put("system", self.system.clone().map(Value::from));
         put(
             "idempotency_key",

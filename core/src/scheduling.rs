@@ -87,6 +87,10 @@ impl Default for TenantShare {
 
 type GroupKey = (String, Option<String>);
 
+/// How a group's head ranks: (priority, tenant load after it, tenant weight, batch load,
+/// id); see [`before`].
+type Score<'a> = (u8, u64, u32, u64, &'a str);
+
 struct Group {
     tenant: String,
     batch_cap: Option<u32>,
@@ -141,7 +145,7 @@ pub fn choose(
 
     let mut out = Vec::with_capacity(room.min(1024));
     while out.len() < room {
-        let mut best: Option<(&GroupKey, (u8, u64, u32, u64, &str))> = None;
+        let mut best: Option<(&GroupKey, Score)> = None;
         for (key, g) in &groups {
             let Some(head) = g.queue.get(g.next) else {
                 continue;
@@ -193,7 +197,7 @@ pub fn choose(
 /// Whether score `a` goes before `b`: higher priority; then the lower tenant load per
 /// weight (`load_a / w_a < load_b / w_b`, compared by cross-multiplying); then the
 /// batch with fewer active; then the older id.
-fn before(a: &(u8, u64, u32, u64, &str), b: &(u8, u64, u32, u64, &str)) -> bool {
+fn before(a: &Score, b: &Score) -> bool {
     if a.0 != b.0 {
         return a.0 > b.0;
     }
