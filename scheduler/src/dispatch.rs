@@ -95,8 +95,9 @@ impl Dispatch {
         }
     }
 
-    /// A dispatcher is about to run: new sessions may be held from now on.
-    pub(crate) fn mark_running(&self) {
+    /// A dispatcher is about to run (or the caller drives [`dispatch_once`] itself): new
+    /// sessions may be held from now on.
+    pub fn mark_running(&self) {
         self.inner.running.store(true, Ordering::Release);
     }
 
