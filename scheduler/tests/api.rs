@@ -1012,6 +1012,20 @@ async fn priority_and_batch_caps_are_checked_and_shown() {
         .await;
     assert_eq!(view["priority"], 8);
     assert_eq!(view["batch_id"], Value::Null);
+    // An idempotency key repeated with another priority is another request.
+    let keyed = json!({"prompt": "p", "idempotency_key": "prio-1", "priority": 7});
+    let (s, first) = env.post("/v1/sessions", &keyed).await;
+    assert_eq!(s, 201, "{first}");
+    let (s, again) = env.post("/v1/sessions", &keyed).await;
+    assert_eq!((s, &again["id"]), (200, &first["id"]), "{again}");
+    let (s, v) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "idempotency_key": "prio-1", "priority": 2}),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["field"], "idempotency_key", "{v}");
     let (s, v) = env
         .post(
             "/v1/sessions/batch?max_running=2",

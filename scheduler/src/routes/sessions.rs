@@ -46,6 +46,14 @@ fn limits(s: &Scheduler) -> Limits {
 /// change between a request and its repeat.
 fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
     match &r.idempotency_key {
+        // A priority other than the default is part of what was asked; the default one
+        // hashes as before priorities existed, so earlier keys still match their repeats.
+        Some(_) if r.priority != agentq_core::scheduling::DEFAULT_PRIORITY => {
+            Ok(Some(agentq_core::auth::digest(
+                &serde_json::to_string(&(&r.spec, &r.queue, r.priority))
+                    .map_err(|_| ApiError::Internal)?,
+            )))
+        }
         Some(_) => Ok(Some(agentq_core::auth::digest(
             &serde_json::to_string(&(&r.spec, &r.queue)).map_err(|_| ApiError::Internal)?,
         ))),
