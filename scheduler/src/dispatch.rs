@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::SchedulingSection;
-use agentq_core::scheduling::choose;
+use agentq_core::scheduling::{ActiveCount, choose};
 use agentq_core::{EnqueueReason, Queue, Store};
 
 use crate::QueueRegistry;
@@ -152,7 +152,7 @@ impl Dispatch {
 
 /// What is active, as one number that changes when any group's counts do (whatever
 /// order the store answers in).
-fn fingerprint(load: &[agentq_core::scheduling::ActiveCount]) -> u64 {
+fn fingerprint(load: &[ActiveCount]) -> u64 {
     use std::hash::{Hash, Hasher};
     load.iter().fold(0u64, |acc, a| {
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -170,12 +170,12 @@ pub async fn dispatch_once(
     queues: &QueueRegistry,
     dispatch: &Dispatch,
 ) -> agentq_core::Result<usize> {
-    let load = store.dispatch_load().await?;
+    let mut load = store.dispatch_load().await?;
     let mut names: BTreeSet<String> = queues.names().into_iter().collect();
-    let mut buffered: HashMap<&str, u64> = HashMap::new();
+    let mut buffered: HashMap<String, u64> = HashMap::new();
     for a in &load {
         names.insert(a.queue.clone());
-        let b = buffered.entry(a.queue.as_str()).or_default();
+        let b = buffered.entry(a.queue.clone()).or_default();
         *b = b.saturating_add(a.buffered);
     }
     let settings = dispatch.settings();
@@ -184,9 +184,11 @@ pub async fn dispatch_once(
     // sessions costs about one pass over their index entries, which a large backlog makes
     // worth sharing among many sessions.
     let refill_at = (buffer / 2).max(1);
+    // Of what the store answered, before this tick hands anything out.
+    let active = fingerprint(&load);
     let mut total = 0usize;
     for q in &names {
-        let room = buffer.saturating_sub(buffered.get(q.as_str()).copied().unwrap_or(0));
+        let room = buffer.saturating_sub(buffered.get(q).copied().unwrap_or(0));
         if !store.any_held(q).await? {
             dispatch.set_room(q, i64::try_from(room).unwrap_or(i64::MAX));
             dispatch.forget_blocked(q);
@@ -194,7 +196,6 @@ pub async fn dispatch_once(
         }
         // Sessions wait: every new one waits behind them until none is left.
         dispatch.set_room(q, 0);
-        let active = fingerprint(&load);
         if room < refill_at || dispatch.still_blocked(q, active) {
             continue;
         }
@@ -203,6 +204,10 @@ pub async fn dispatch_once(
             .held(q, room_u32, room_u32.saturating_mul(4).min(MAX_CANDIDATES))
             .await?;
         let room = usize::try_from(room).unwrap_or(usize::MAX);
+        let owners: HashMap<String, (String, Option<String>)> = held
+            .iter()
+            .map(|c| (c.id.clone(), (c.tenant.clone(), c.batch_id.clone())))
+            .collect();
         let chosen = choose(held, &load, |t| settings.share(t), room);
         if chosen.is_empty() {
             // Every waiting session is of a tenant or batch at its cap: nothing can go
@@ -222,6 +227,18 @@ pub async fn dispatch_once(
             .into_iter()
             .filter(|id| released.contains(id))
             .collect();
+        // What this tick handed out counts against the caps of the queues after this one.
+        for id in &ordered {
+            if let Some((tenant, batch_id)) = owners.get(id) {
+                load.push(ActiveCount {
+                    queue: q.clone(),
+                    tenant: tenant.clone(),
+                    batch_id: batch_id.clone(),
+                    running: 0,
+                    buffered: 1,
+                });
+            }
+        }
         queues.ensure(queue, q).await;
         let items: Vec<(String, EnqueueReason)> = ordered
             .iter()
