@@ -32,6 +32,6 @@ pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
-    PendingApproval, SessionDetail, SessionRef, SessionView, TreeNode,
+    PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView, TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

@@ -27,11 +27,15 @@ pub struct CreateSession {
     /// creating another: 1 to 256 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// 0 (lowest) to 9; 5 when absent. Among sessions waiting for a queue, higher
+    /// priorities are handed to workers first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl CreateSession {
     /// The fields about the request rather than the session's work.
-    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key"];
+    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key", "priority"];
 
     /// The fields that map onto [`SessionSpec`].
     pub fn spec_fields() -> &'static [&'static str] {
@@ -102,6 +106,23 @@ pub struct SessionView {
     /// While waiting for a rate limit: when it goes back on the queue by itself.
     #[serde(default)]
     pub wake_at: Option<DateTime<Utc>>,
+    /// 0 (lowest) to 9.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// The `POST /v1/sessions/batch` request that created it; `null` for one created alone.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+}
+
+fn default_priority() -> u8 {
+    5
+}
+
+/// `POST /v1/sessions/{id}/retry`: the session queued again from its last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryResponse {
+    pub id: String,
+    pub status: SessionStatus,
 }
 
 /// `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at
@@ -207,6 +228,7 @@ mod tests {
             "cancel_requested": false, "attempts": 0, "lease_owner": null,
             "idempotency_key": null, "created_at": "2026-12-01T08:36:45.123456Z",
             "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
+            "priority": 5, "batch_id": null,
         })
     }
 
@@ -238,6 +260,7 @@ mod tests {
             "metadata",
             "queue",
             "idempotency_key",
+            "priority",
         ] {
             assert!(CreateSession::accepts(f), "{f}");
         }
@@ -257,6 +280,8 @@ mod tests {
         let c: CancelResponse =
             round_trip(json!({"id": "s1", "status": "running", "cancel_requested": true}));
         assert!(c.cancel_requested);
+        let r: RetryResponse = round_trip(json!({"id": "s1", "status": "queued"}));
+        assert_eq!(r.status, SessionStatus::Queued);
     }
 
     #[test]
@@ -268,6 +293,13 @@ mod tests {
             Some(&["read_file".to_string(), "grep".into()][..])
         );
         assert_eq!(v.iterations, 0);
+        assert_eq!((v.priority, v.batch_id.as_deref()), (5, None));
+        // An older server's answer, without the scheduling fields, reads with defaults.
+        let mut older = view_json("s1");
+        older.as_object_mut().unwrap().remove("priority");
+        older.as_object_mut().unwrap().remove("batch_id");
+        let old: SessionView = serde_json::from_value(older).unwrap();
+        assert_eq!((old.priority, old.batch_id), (5, None));
 
         let mut detail = view_json("s1");
         detail["children"] = json!(["c1", "c2"]);

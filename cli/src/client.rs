@@ -103,6 +103,9 @@ pub struct SubmitArgs {
     pub tools: Option<Vec<String>>,
     #[arg(long)]
     pub queue: Option<String>,
+    /// 0 (lowest) to 9 (default 5): among waiting sessions, higher ones run first.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: Option<u8>,
     #[arg(long)]
     pub system: Option<String>,
     /// Submitting again with the same key returns the existing session.
@@ -144,17 +147,17 @@ pub struct SessionsArgs {
 }
 
 /// A thin client of the HTTP API with one-line errors.
-struct Api {
+pub(crate) struct Api {
     base: String,
     http: reqwest::Client,
 }
 
 /// A 4xx/5xx answer, with the server's error body.
 #[derive(Debug)]
-struct ApiFailure {
+pub(crate) struct ApiFailure {
     status: u16,
-    code: String,
-    message: String,
+    pub(crate) code: String,
+    pub(crate) message: String,
     field: Option<String>,
 }
 
@@ -199,7 +202,7 @@ impl ApiFailure {
 }
 
 impl Api {
-    fn new(args: &ApiArgs) -> anyhow::Result<Api> {
+    pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Api> {
         let base = match &args.api_url {
             Some(u) if !u.trim().is_empty() => u.clone(),
             _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
@@ -246,14 +249,14 @@ impl Api {
         }
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+    pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self
             .send(self.http.get(format!("{}{path}", self.base)))
             .await?
             .1)
     }
 
-    async fn post<T: DeserializeOwned>(
+    pub(crate) async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
         body: &impl Serialize,
@@ -299,6 +302,7 @@ impl SubmitArgs {
         put("max_iterations", self.max_iterations.map(Value::from));
         put("tools", self.tools.clone().map(|t| json!(t)));
         put("queue", self.queue.clone().map(Value::from));
+        put("priority", self.priority.map(Value::from));
         put("system", self.system.clone().map(Value::from));
         put(
             "idempotency_key",
@@ -820,7 +824,7 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 /// Percent-encode a query value (ids and statuses are plain, but the user typed them).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| {
             if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

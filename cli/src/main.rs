@@ -12,6 +12,7 @@ mod flags;
 mod keys;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod retry;
 mod run;
 mod scheduler;
 mod signals;
@@ -57,6 +58,9 @@ enum Command {
     Watch(watch::WatchArgs),
     /// Cancel a session.
     Cancel(client::CancelArgs),
+    /// Retry failed sessions from their last checkpoint: the ids given, or with
+    /// `--failed` every session that failed with an error (`--since`, `--reason` narrow it).
+    Retry(retry::RetryArgs),
     /// Approve a tool call a session holds for a human (`agentq status ID` lists them).
     Approve(client::DecideArgs),
     /// Deny a tool call a session holds for a human.
@@ -122,6 +126,7 @@ fn main() -> ExitCode {
             Command::Status(args) => client::status(args).await,
             Command::Watch(args) => watch::watch(args).await,
             Command::Cancel(args) => client::cancel(args).await,
+            Command::Retry(args) => retry::retry(args).await,
             Command::Approve(args) => client::decide(args, true).await,
             Command::Deny(args) => client::decide(args, false).await,
             Command::Send(args) => client::send(args).await,

@@ -67,6 +67,7 @@ pub struct Settings {
     pub limits: Vec<LimitSettings>,
     pub worker: WorkerSection,
     pub scheduler: SchedulerSection,
+    pub scheduling: SchedulingSection,
     pub providers: ProvidersSection,
     pub policy: PolicySection,
     pub guardian: GuardianSection,
@@ -89,6 +90,7 @@ impl Default for Settings {
             limits: Vec::new(),
             worker: WorkerSection::default(),
             scheduler: SchedulerSection::default(),
+            scheduling: SchedulingSection::default(),
             providers: ProvidersSection::default(),
             policy: PolicySection::default(),
             guardian: GuardianSection::default(),
@@ -308,6 +310,67 @@ impl Default for SchedulerSection {
             header_read_timeout_secs: 10,
             body_read_timeout_secs: 60,
             write_timeout_secs: 60,
+        }
+    }
+}
+
+/// `[scheduling]`: how the scheduler's dispatcher shares each queue among tenants and
+/// batches. A queue's stream is a short delivery buffer: past `buffer` sessions in it,
+/// new sessions wait in the store, and the dispatcher moves them in as it drains, by
+/// priority, then by weighted fair share across tenants and across each tenant's batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulingSection {
+    /// Sessions of one queue in its stream and not yet claimed, at most, before new ones
+    /// wait in the store for their turn.
+    pub buffer: u32,
+    /// How often the dispatcher refills the buffers.
+    pub dispatch_interval_ms: u64,
+    /// Sessions of one tenant running or in a buffer at most, for a tenant without its
+    /// own `max_running`. Unset: no cap.
+    pub tenant_max_running: Option<u32>,
+    /// `[scheduling.tenants.<name>]`: a tenant's weight and cap.
+    pub tenants: BTreeMap<String, TenantScheduling>,
+}
+
+impl Default for SchedulingSection {
+    fn default() -> Self {
+        SchedulingSection {
+            buffer: 1000,
+            dispatch_interval_ms: 100,
+            tenant_max_running: None,
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl SchedulingSection {
+    /// How `tenant` is scheduled.
+    pub fn share(&self, tenant: &str) -> crate::scheduling::TenantShare {
+        let t = self.tenants.get(tenant);
+        crate::scheduling::TenantShare {
+            weight: t.map_or(1, |t| t.weight.max(1)),
+            max_running: t.and_then(|t| t.max_running).or(self.tenant_max_running),
+        }
+    }
+}
+
+/// One tenant's share of the queues.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantScheduling {
+    /// Its share relative to other tenants' (each has 1 unless set).
+    pub weight: u32,
+    /// Its sessions running or in a buffer at most.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_running: Option<u32>,
+}
+
+impl Default for TenantScheduling {
+    fn default() -> Self {
+        TenantScheduling {
+            weight: 1,
+            max_running: None,
         }
     }
 }
@@ -949,6 +1012,9 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.header_read_timeout_secs"),
     file("scheduler.body_read_timeout_secs"),
     file("scheduler.write_timeout_secs"),
+    file("scheduling.buffer"),
+    file("scheduling.dispatch_interval_ms"),
+    file("scheduling.tenant_max_running"),
     var(
         "providers.openai_base_url",
         "OPENAI_BASE_URL",

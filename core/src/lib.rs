@@ -19,6 +19,7 @@ pub mod protocol;
 pub mod queue;
 pub mod redis_queue;
 mod rowconv;
+pub mod scheduling;
 mod sql;
 pub mod sqlite;
 pub mod store;
@@ -30,7 +31,7 @@ pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
-    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, SessionStore, Store,
-    SweepStore,
+    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
+    SessionStore, Store, SweepStore,
 };
 pub use wait::WaitReason;

@@ -53,14 +53,15 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
         InboxKind::ChildResult
     };
     let payload = InboxPayload::Child(ChildOutcome::of(child, info));
+    // Once per outcome: a redelivery of the same one is a no-op, and a child redriven
+    // after a failure tells its parent its new outcome too (a parent still waiting for it
+    // is woken to read it; one that moved on after the failure gets it as news).
+    let dedupe = match child.retries {
+        0 => format!("child:{}", child.id),
+        n => format!("child:{}:retry:{n}", child.id),
+    };
     let delivered = store
-        .deliver(
-            parent,
-            kind,
-            &format!("child:{}", child.id),
-            &payload,
-            &[SessionStatus::Waiting],
-        )
+        .deliver(parent, kind, &dedupe, &payload, &[SessionStatus::Waiting])
         .await?;
     match delivered {
         Some(d) if d.woken => enqueue_woken(store, queue, parent, &d.queue).await,

@@ -119,6 +119,9 @@ pub struct NewSession {
     pub idempotency_hash: Option<String>,
     /// Who owns the session (children inherit their parent's tenant).
     pub tenant: String,
+    /// Scheduling: priority, batch, cap, and whether it waits for the dispatcher.
+    #[serde(default)]
+    pub sched: crate::scheduling::Placement,
 }
 
 impl NewSession {
@@ -135,6 +138,7 @@ impl NewSession {
             idempotency_key: None,
             idempotency_hash: None,
             tenant: crate::auth::DEFAULT_TENANT.to_string(),
+            sched: crate::scheduling::Placement::default(),
         }
     }
 
@@ -205,6 +209,15 @@ pub struct SessionRow {
     /// While waiting for a rate limit: when the sweeper puts it back on the queue.
     #[serde(default)]
     pub wake_at: Option<DateTime<Utc>>,
+    /// 0 (lowest) to 9; the dispatcher hands out higher priorities first.
+    #[serde(default = "crate::scheduling::default_priority")]
+    pub priority: u8,
+    /// The batch request that created the session, if any.
+    #[serde(default)]
+    pub batch_id: Option<String>,
+    /// Times it was redriven after a failure (`POST /v1/sessions/{id}/retry`).
+    #[serde(default)]
+    pub retries: u32,
 }
 
 impl SessionRow {

@@ -43,12 +43,13 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
+use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore, checkpoint_alone,
 };
 use crate::wait::WaitReason;
@@ -412,6 +413,18 @@ impl SessionStore for PgStore {
             Some(rec) => rec.into_row().map(Some),
             // Missing, or finished already: leave it as it is.
             None => self.get(id).await,
+        }
+    }
+
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
+        let retried: Option<SessionRecord> = sqlx::query_as(&SQL.retry)
+            .bind(id)
+            .bind(hold)
+            .fetch_optional(&self.pool)
+            .await?;
+        match retried {
+            Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),
+            None => Ok(outcome::not_retried(self.get(id).await?)),
         }
     }
 
@@ -788,5 +801,41 @@ impl SweepStore for PgStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(crate::wait::tally(rows))
+    }
+
+    async fn dispatch_load(&self) -> Result<Vec<ActiveCount>> {
+        let rows: Vec<outcome::LoadRow> = sqlx::query_as(&SQL.dispatch_load)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter().map(outcome::LoadRow::into_count).collect()
+    }
+
+    async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>> {
+        let rows: Vec<outcome::HeldRow> = sqlx::query_as(&SQL.held)
+            .bind(queue)
+            .bind(i64::from(per_group))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(outcome::HeldRow::into_candidate)
+            .collect()
+    }
+
+    async fn any_held(&self, queue: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(&SQL.any_held)
+            .bind(queue)
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_scalar(&SQL.release_held)
+            .bind(ids)
+            .fetch_all(&self.pool)
+            .await?)
     }
 }

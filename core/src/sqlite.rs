@@ -89,12 +89,13 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
 use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore, checkpoint_alone,
 };
 use crate::wait::WaitReason;
@@ -556,6 +557,23 @@ impl SessionStore for SqliteStore {
         }
     }
 
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
+        let mut tx = self.write_tx().await?;
+        let retried = returning_one(
+            &mut tx,
+            sqlx::query_as(&SQL.retry)
+                .bind(id)
+                .bind(hold)
+                .bind(now_us()),
+        )
+        .await?;
+        tx.commit().await?;
+        match retried {
+            Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),
+            None => Ok(outcome::not_retried(self.get(id).await?)),
+        }
+    }
+
     async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
         let mut tx = self.write_tx().await?;
         let changed =
@@ -1003,6 +1021,46 @@ impl SweepStore for SqliteStore {
             .fetch_all(&self.readers)
             .await?;
         Ok(crate::wait::tally(rows))
+    }
+
+    async fn dispatch_load(&self) -> Result<Vec<ActiveCount>> {
+        let rows: Vec<outcome::LoadRow> = sqlx::query_as(&SQL.dispatch_load)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.into_iter().map(outcome::LoadRow::into_count).collect()
+    }
+
+    async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>> {
+        let rows: Vec<outcome::HeldRow> = sqlx::query_as(&SQL.held)
+            .bind(queue)
+            .bind(i64::from(per_group))
+            .bind(i64::from(limit))
+            .fetch_all(&self.readers)
+            .await?;
+        rows.into_iter()
+            .map(outcome::HeldRow::into_candidate)
+            .collect()
+    }
+
+    async fn any_held(&self, queue: &str) -> Result<bool> {
+        Ok(sqlx::query_scalar(&SQL.any_held)
+            .bind(queue)
+            .fetch_one(&self.readers)
+            .await?)
+    }
+
+    async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write_tx().await?;
+        // Read to the end inside the transaction (see the module docs on `RETURNING`).
+        let released: Vec<String> = sqlx::query_scalar(&SQL.release_held)
+            .bind(serde_json::to_string(ids)?)
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(released)
     }
 }
 

@@ -30,6 +30,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::wait::WaitReason;
+use crate::scheduling::{ActiveCount, Candidate};
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -72,6 +73,14 @@ pub trait SessionStore: Send + Sync {
 
     /// Cancel: a queued session is cancelled at once; a running one gets the flag.
     async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
+
+    /// Redrive a session that failed with an error (its run's, or a dead letter): back
+    /// to `queued` without a stream entry (the caller enqueues it), resuming from its last
+    /// checkpoint, with its claim count reset and its outcome cleared; the lease epoch
+    /// moves on, fencing off any earlier holder. A session that is not failed that way is
+    /// left as it is ([`RetryResult::NotRetryable`]), so a repeated retry does nothing.
+    /// With `hold`, it waits for the dispatcher rather than for the caller's enqueue.
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult>;
 
     /// Liveness of the database.
     async fn ping(&self) -> Result<()>;
@@ -231,6 +240,31 @@ pub trait SweepStore: Send + Sync {
 
     /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason (one query).
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>>;
+    /// Per (queue, tenant, batch): sessions running, and sessions queued and not held
+    /// (in the delivery buffer, or about to be). Groups with neither are absent.
+    async fn dispatch_load(&self) -> Result<Vec<ActiveCount>>;
+
+    /// The held sessions of `queue`: at most `per_group` of each (tenant, batch), the
+    /// best of each (higher priority, then older), and at most `limit` in all, lowest
+    /// ranks first.
+    async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>>;
+
+    /// Whether any session of `queue` is held (cheap: the first index entry).
+    async fn any_held(&self, queue: &str) -> Result<bool>;
+
+    /// Stop holding these sessions (the caller then enqueues them): only those still held
+    /// and queued, which are returned, so that of two racing callers one gets each.
+    async fn release_held(&self, ids: &[String]) -> Result<Vec<String>>;
+}
+
+/// What [`SessionStore::retry`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryResult {
+    /// Queued again; the caller enqueues it.
+    Retried(Box<SessionRow>),
+    /// It is not a session that failed with an error (as it stands now).
+    NotRetryable(Box<SessionRow>),
+    NotFound,
 }
 
 /// API keys (the hashes of them: a key itself is never stored).

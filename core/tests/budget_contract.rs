@@ -96,6 +96,7 @@ fn child_of(parent: &NewSession, key: &str) -> NewSession {
         idempotency_key: Some(format!("spawn:{key}")),
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
+        sched: Default::default(),
     }
 }
 
@@ -298,6 +299,7 @@ async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
         idempotency_key: None,
         idempotency_hash: None,
         tenant: k.tenant.clone(),
+        sched: Default::default(),
     };
     let gc = child_of(&parent, "gc");
     assert_eq!(

@@ -21,11 +21,12 @@ use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_core::SessionStore;
 use agentq_core::pg::PgStore;
 use agentq_core::protocol::{ChildOutcome, InboxKind, InboxPayload, SteerMessage, Strategy};
+use agentq_core::scheduling::Placement;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, QueueCreate, SessionStatus, WaitReason,
+    NewSession, QueueCreate, RetryResult, SessionStatus, WaitReason,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -134,6 +135,8 @@ contract_tests!(
     contract_api_keys,
     contract_text_postgres_cannot_hold_reads_back_exactly,
     contract_approvals_of_call_ids_postgres_cannot_hold,
+    contract_retry,
+    contract_held_sessions,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -2827,4 +2830,196 @@ async fn contract_approvals_of_call_ids_postgres_cannot_hold(store: &dyn Store) 
             .unwrap()
             .is_empty()
     );
+}
+
+async fn contract_retry(store: &dyn Store) {
+    // A run that committed one iteration, then failed with an error.
+    let id = create(store, "flaky").await;
+    let (lease, mut state) = acquire(store, &id, "w1", TTL).await;
+    let mut persisted = state.messages.len();
+    iterate(store, &lease, &mut state, &mut persisted, 1).await;
+    let committed = state.messages.clone();
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Error,
+        result: None,
+        error: Some("LLM call failed after 3 attempts: HTTP 500".into()),
+    });
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    let failed = store.get(&id).await.unwrap().unwrap();
+    assert_eq!(failed.status, SessionStatus::Failed);
+
+    let row = match store.retry(&id, false).await.unwrap() {
+        RetryResult::Retried(row) => *row,
+        other => panic!("expected Retried, got {other:?}"),
+    };
+    assert_eq!(row.status, SessionStatus::Queued);
+    assert_eq!(row.finish_reason, None);
+    assert!(row.error.is_none() && row.result.is_none() && row.finished_at.is_none());
+    assert_eq!(row.attempts, 0);
+    assert_eq!((failed.retries, row.retries), (0, 1));
+    assert!(row.lease_owner.is_none());
+    assert!(row.lease_epoch > failed.lease_epoch, "the epoch moves on");
+    assert_eq!(row.iteration, failed.iteration, "the checkpoint stays");
+    // Without an entry: the caller enqueues it (or the sweeper does).
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 10).await.unwrap(),
+        default_queue(&id)
+    );
+
+    // Idempotent: a second retry of the same failure changes nothing.
+    match store.retry(&id, false).await.unwrap() {
+        RetryResult::NotRetryable(r) => {
+            assert_eq!(r.status, SessionStatus::Queued);
+            assert_eq!(r.lease_epoch, row.lease_epoch);
+        }
+        other => panic!("expected NotRetryable, got {other:?}"),
+    }
+    // Fenced: the failed run's lease cannot write any more.
+    let mut stale = state.clone();
+    stale.outcome = None;
+    assert!(matches!(
+        store.checkpoint(&lease, &stale, persisted).await,
+        Err(Error::LeaseLost(_))
+    ));
+
+    // The next claim resumes from the checkpoint with a fresh claim allowance.
+    match store.claim(&id, "w2", TTL, 1).await.unwrap() {
+        Claim::Acquired { state, row, .. } => {
+            assert_eq!(state.messages, committed);
+            assert!(state.outcome.is_none());
+            assert_eq!(row.attempts, 1);
+        }
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+
+    // A dead-lettered session can be retried; held, it waits for the dispatcher.
+    let dead = create(store, "poison").await;
+    store.fail(&dead, "delivered 3 times").await.unwrap();
+    match store.retry(&dead, true).await.unwrap() {
+        RetryResult::Retried(r) => assert_eq!(r.status, SessionStatus::Queued),
+        other => panic!("expected Retried, got {other:?}"),
+    }
+    assert!(
+        store
+            .unenqueued(Duration::ZERO, 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|(i, _)| i != &dead),
+        "a held session is the dispatcher's, not the sweeper's"
+    );
+    assert_eq!(
+        store.held("default", 10, 10).await.unwrap().len(),
+        1,
+        "held for the dispatcher"
+    );
+
+    // Not failed with an error: completed, cancelled, failed for another reason, queued.
+    let done = create(store, "done").await;
+    let (lease, mut state) = acquire(store, &done, "w", TTL).await;
+    let persisted = state.messages.len();
+    state.outcome = Some(Outcome {
+        reason: ExitReason::MaxIterations,
+        result: None,
+        error: Some("too many".into()),
+    });
+    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    assert!(matches!(
+        store.retry(&done, false).await.unwrap(),
+        RetryResult::NotRetryable(r) if r.status == SessionStatus::Failed
+    ));
+    let queued = create(store, "queued").await;
+    assert!(matches!(
+        store.retry(&queued, false).await.unwrap(),
+        RetryResult::NotRetryable(r) if r.status == SessionStatus::Queued
+    ));
+    assert_eq!(
+        store.retry("missing", false).await.unwrap(),
+        RetryResult::NotFound
+    );
+}
+
+async fn contract_held_sessions(store: &dyn Store) {
+    let placed = |tenant: &str, batch: Option<&str>, priority: u8, held: bool| {
+        let mut n = new_session("work").with_tenant(tenant);
+        n.sched = Placement {
+            priority,
+            batch_id: batch.map(Into::into),
+            batch_max_running: batch.map(|_| 2),
+            held,
+        };
+        n
+    };
+    let mut new = Vec::new();
+    for i in 0..5u8 {
+        new.push(placed("a", Some("b1"), i, true));
+    }
+    new.push(placed("b", None, 5, true));
+    new.push(placed("b", None, 9, true));
+    new.push(placed("c", None, 5, false));
+    let rows = store.create_sessions(&new).await.unwrap();
+    assert_eq!(rows[6].0.priority, 9);
+    assert_eq!(rows[0].0.batch_id.as_deref(), Some("b1"));
+    let ids: Vec<String> = rows.iter().map(|(r, _)| r.id.clone()).collect();
+
+    // Held ones are the dispatcher's: the sweeper leaves them alone.
+    assert_eq!(
+        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        default_queue(&ids[7])
+    );
+    // Each group's best first, at most `per_group` of each.
+    let held = store.held("default", 2, 100).await.unwrap();
+    let got: Vec<(&str, u8, u32)> = held
+        .iter()
+        .map(|c| (c.tenant.as_str(), c.priority, c.rank))
+        .collect();
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(
+        got.contains(&("a", 4, 1)) && got.contains(&("a", 3, 2)),
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&("b", 9, 1)) && got.contains(&("b", 5, 2)),
+        "{got:?}"
+    );
+    assert!(
+        held.iter()
+            .filter(|c| c.tenant == "a")
+            .all(|c| c.batch_max_running == Some(2))
+    );
+    assert_eq!(store.held("default", 10, 3).await.unwrap().len(), 3);
+    assert!(store.held("other", 10, 10).await.unwrap().is_empty());
+    assert!(store.any_held("default").await.unwrap());
+    assert!(!store.any_held("other").await.unwrap());
+
+    // Load: only what is running or buffered (queued, not held).
+    let load = store.dispatch_load().await.unwrap();
+    assert_eq!(load.len(), 1, "{load:?}");
+    assert_eq!(
+        (load[0].tenant.as_str(), load[0].running, load[0].buffered),
+        ("c", 0, 1)
+    );
+
+    // Release: once, only still-held rows; a second caller gets nothing.
+    let released = store.release_held(&ids[5..7]).await.unwrap();
+    assert_eq!(released.len(), 2);
+    assert!(store.release_held(&ids[5..7]).await.unwrap().is_empty());
+    assert!(
+        store.release_held(&ids[7..8]).await.unwrap().is_empty(),
+        "never held"
+    );
+    assert!(store.release_held(&[]).await.unwrap().is_empty());
+    let (_lease, _) = acquire(store, &ids[5], "w", TTL).await;
+    let mut load = store.dispatch_load().await.unwrap();
+    load.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+    assert_eq!(load.len(), 2, "{load:?}");
+    assert_eq!(
+        (load[0].tenant.as_str(), load[0].running, load[0].buffered),
+        ("b", 1, 1)
+    );
+    // A cancelled held session is no longer a candidate.
+    store.request_cancel(&ids[0]).await.unwrap();
+    let held = store.held("default", 10, 100).await.unwrap();
+    assert_eq!(held.len(), 4);
+    assert!(held.iter().all(|c| c.id != ids[0]));
 }

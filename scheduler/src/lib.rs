@@ -15,10 +15,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use agentq_core::config::{SchedulerConfig, Settings};
+use agentq_core::config::{SchedulerConfig, SchedulingSection, Settings};
 use agentq_core::policy::Policy;
 use agentq_core::{Queue, QueueStore, Store};
 
+pub mod dispatch;
 pub mod error;
 pub mod events;
 mod http;
@@ -66,6 +67,8 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// How the dispatcher shares the queues (`[scheduling]`).
+    pub scheduling: SchedulingSection,
     /// Prices per model (`[[prices]]`): the cost fields of the API.
     pub prices: Arc<agentq_core::budget::Prices>,
     /// Tenant budgets as configured (`[[budgets]]`); stored ones replace a tenant's.
@@ -94,6 +97,7 @@ impl SchedulerSettings {
                 configured: s.limits.clone(),
                 redis_url: s.redis_url.clone(),
             },
+            scheduling: s.scheduling.clone(),
             ..(&s.scheduler).into()
         })
     }
@@ -135,6 +139,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             },
             prices: Arc::default(),
             budgets: Vec::new(),
+            scheduling: SchedulingSection::default(),
         }
     }
 }
@@ -285,17 +290,21 @@ pub struct Scheduler {
     hub: events::Hub,
     /// The open event streams, against their caps.
     streams: events::StreamCaps,
+    /// Which new sessions wait in the store for the dispatcher.
+    dispatch: dispatch::Dispatch,
 }
 
 impl Scheduler {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: SchedulerSettings) -> Self {
         let queues = QueueRegistry::new(cfg.queues.clone());
         let streams = events::StreamCaps::new(cfg.streams);
+        let dispatch = dispatch::Dispatch::new(cfg.scheduling.clone());
         Scheduler {
             store,
             queue,
             cfg,
             queues,
+            dispatch,
             draining: CancellationToken::new(),
             hub: events::Hub::default(),
             streams,
@@ -320,6 +329,24 @@ impl Scheduler {
     pub fn queues(&self) -> &QueueRegistry {
         &self.queues
     }
+
+    pub fn dispatch(&self) -> &dispatch::Dispatch {
+        &self.dispatch
+    }
+
+    /// Run the dispatcher for this scheduler until `cancel` (as [`run`] does); until it
+    /// starts, and after it stops, every new session is enqueued at once.
+    pub fn spawn_dispatcher(&self, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        // Before the first request is served: from now on sessions may be held.
+        self.dispatch.mark_running();
+        tokio::spawn(dispatch::run_dispatcher(
+            self.store.clone(),
+            self.queue.clone(),
+            self.queues.clone(),
+            self.dispatch.clone(),
+            cancel,
+        ))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -331,7 +358,7 @@ pub enum RunError {
 /// Run the scheduler until `shutdown` is cancelled: create the configured queues' consumer
 /// groups, serve the API on `listener` (graceful: in-flight requests finish, `/readyz`
 /// turns 503 at once) and `/metrics` on `metrics` (a listener of its own: the scraper
-/// holds no API key), and run the sweeper.
+/// holds no API key), and run the sweeper and the dispatcher.
 pub async fn run(
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
@@ -359,6 +386,7 @@ pub async fn run(
         cfg.stream_max_len,
         stop_sweeper.clone(),
     ));
+    let dispatcher = state.spawn_dispatcher(stop_sweeper.clone());
 
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "scheduler listening");
@@ -386,6 +414,9 @@ pub async fn run(
     }
     if let Err(e) = sweeper.await {
         tracing::error!(error = %e, "sweeper task failed");
+    }
+    if let Err(e) = dispatcher.await {
+        tracing::error!(error = %e, "dispatcher task failed");
     }
     served?;
     tracing::info!("scheduler stopped");

@@ -50,6 +50,8 @@ pub struct SessionRequest {
     pub spec: SessionSpec,
     pub queue: String,
     pub idempotency_key: Option<String>,
+    /// 0 (lowest) to 9.
+    pub priority: u8,
     /// The spec's fields the client sent (the others hold their defaults), for the policy.
     pub sent: BTreeSet<String>,
 }
@@ -60,6 +62,9 @@ impl From<CreateSession> for SessionRequest {
             spec: r.spec,
             queue: r.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string()),
             idempotency_key: r.idempotency_key,
+            priority: r
+                .priority
+                .unwrap_or(agentq_core::scheduling::DEFAULT_PRIORITY),
             sent: BTreeSet::new(),
         }
     }
@@ -177,6 +182,28 @@ pub fn parse_session(
             ));
         }
     };
+    let priority = match obj.remove("priority") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64().and_then(|p| u8::try_from(p).ok()) {
+            Some(p) if p <= agentq_core::scheduling::MAX_PRIORITY => Some(p),
+            _ => {
+                return Err(ApiError::invalid(
+                    path(prefix, "priority"),
+                    format!(
+                        "must be an integer from {} to {}, got {n}",
+                        agentq_core::scheduling::MIN_PRIORITY,
+                        agentq_core::scheduling::MAX_PRIORITY
+                    ),
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::invalid(
+                path(prefix, "priority"),
+                format!("expected an integer from 0 to 9, got {}", kind(&other)),
+            ));
+        }
+    };
 
     // Size before type checks of the rest: a huge prompt is refused as such (413) even
     // when another field is also wrong.
@@ -203,6 +230,7 @@ pub fn parse_session(
         spec: decode_at::<SessionSpec>(obj, prefix)?,
         queue,
         idempotency_key,
+        priority,
     };
     req.spec
         .validate()

@@ -461,6 +461,7 @@ async fn cancelling_a_parent_cancels_its_children() {
         idempotency_key: None,
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
+        sched: Default::default(),
     };
     env.store.create_session(&child).await.unwrap();
 
@@ -971,4 +972,89 @@ async fn queues_are_configured_or_created_by_an_admin() {
             json!({"queues": ["default", "invented", "third"], "max_queues": 3})
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priority_and_batch_caps_are_checked_and_shown() {
+    let env = Env::start().await;
+    for bad in [json!(10), json!(-1), json!(2.5), json!("high"), json!(true)] {
+        let (s, v) = env
+            .post("/v1/sessions", &json!({"prompt": "p", "priority": bad}))
+            .await;
+        assert_eq!(s, 422, "{bad}: {v}");
+        assert_eq!(v["error"]["field"], "priority", "{v}");
+    }
+    let (s, v) = env
+        .post(
+            "/v1/sessions/batch",
+            &json!([{"prompt": "a"}, {"prompt": "b", "priority": 99}]),
+        )
+        .await;
+    assert_eq!(s, 422, "{v}");
+    assert_eq!(v["error"]["field"], "[1].priority", "{v}");
+    for bad in ["0", "-3", "x", "99999999999"] {
+        let (s, v) = env
+            .post(
+                &format!("/v1/sessions/batch?max_running={bad}"),
+                &json!([{"prompt": "a"}]),
+            )
+            .await;
+        assert_eq!(s, 422, "{bad}: {v}");
+        assert_eq!(v["error"]["field"], "max_running", "{v}");
+    }
+
+    let (s, v) = env
+        .post("/v1/sessions", &json!({"prompt": "p", "priority": 8}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (_, view) = env
+        .get(&format!("/v1/sessions/{}", v["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(view["priority"], 8);
+    assert_eq!(view["batch_id"], Value::Null);
+    // An idempotency key repeated with another priority is another request.
+    let keyed = json!({"prompt": "p", "idempotency_key": "prio-1", "priority": 7});
+    let (s, first) = env.post("/v1/sessions", &keyed).await;
+    assert_eq!(s, 201, "{first}");
+    let (s, again) = env.post("/v1/sessions", &keyed).await;
+    assert_eq!((s, &again["id"]), (200, &first["id"]), "{again}");
+    let (s, v) = env
+        .post(
+            "/v1/sessions",
+            &json!({"prompt": "p", "idempotency_key": "prio-1", "priority": 2}),
+        )
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["field"], "idempotency_key", "{v}");
+    let (s, v) = env
+        .post(
+            "/v1/sessions/batch?max_running=2",
+            &json!([{"prompt": "a"}, {"prompt": "b", "priority": 0}]),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let a = v["sessions"][0]["id"].as_str().unwrap().to_string();
+    let b = v["sessions"][1]["id"].as_str().unwrap().to_string();
+    let (_, va) = env.get(&format!("/v1/sessions/{a}")).await;
+    let (_, vb) = env.get(&format!("/v1/sessions/{b}")).await;
+    assert_eq!(
+        (va["priority"].clone(), vb["priority"].clone()),
+        (json!(5), json!(0))
+    );
+    assert!(va["batch_id"].is_string());
+    assert_eq!(va["batch_id"], vb["batch_id"]);
+
+    // A retry of a session that is not failed is a 409 with a JSON body; a missing one 404.
+    let (s, v) = env
+        .post(&format!("/v1/sessions/{a}/retry"), &json!({}))
+        .await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["code"], "not_failed");
+    let (s, v) = env
+        .post(
+            "/v1/sessions/00000000-0000-7000-8000-000000000000/retry",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
 }

@@ -128,6 +128,7 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/sessions/{id}/messages" => json!({"content": "more", "strategy": "enqueue"}),
         "/v1/sessions/{id}/approvals" => json!({"tool_call_id": call_id, "approve": true}),
         "/v1/sessions/{id}/cancel" => json!({}),
+        "/v1/sessions/{id}/retry" => json!({}),
         "/v1/queues" => json!({"name": "made-by-the-auth-test"}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
@@ -206,6 +207,10 @@ async fn every_route_is_checked() {
         };
         // A fresh session per route: cancel and approvals change it.
         let (id, call_id) = held_session(&env, "acme").await;
+        if path.ends_with("/retry") {
+            // Only a failed session can be retried: dead-letter this one.
+            env.store.fail(&id, "dead letter").await.unwrap();
+        }
         let url = concrete(path, &id);
         let body = body_for(&method, path, &call_id);
 

@@ -140,6 +140,7 @@ async fn cost_of_a_session_and_its_tree_at_the_configured_prices() {
         idempotency_key: Some("spawn:c".into()),
         idempotency_hash: None,
         tenant: "acme".into(),
+        sched: Default::default(),
     };
     let limits = SpawnLimits {
         max_tree_sessions: 10,

@@ -263,6 +263,12 @@ impl Tool for SpawnAgent {
                     idempotency_hash: None,
                     // A child acts for its parent's caller: it must not leave the tenant.
                     tenant: self.parent.tenant.clone(),
+                    // A child runs for a tree that was admitted already: it enters its
+                    // queue at once, at its parent's priority.
+                    sched: agentq_core::scheduling::Placement {
+                        priority: self.parent.priority,
+                        ..Default::default()
+                    },
                 };
                 let limits = SpawnLimits {
                     max_tree_sessions: self.max_tree_sessions,

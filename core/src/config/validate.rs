@@ -6,8 +6,8 @@ use agentq_agent::provider::endpoint::check_base_url;
 
 use super::{
     GuardianSection, HookSettings, MAX_GUARDIAN_TIMEOUT_MS, MAX_HOOK_TIMEOUT_MS, PROVIDERS,
-    PolicySection, ProvidersSection, SchedulerSection, Secs, Settings, TenantPolicySection,
-    WorkerSection, describe,
+    PolicySection, ProvidersSection, SchedulerSection, SchedulingSection, Secs, Settings,
+    TenantPolicySection, WorkerSection, describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;
@@ -31,6 +31,7 @@ impl Settings {
         worker_timings(&self.worker)?;
         worker_limits(&self.worker)?;
         scheduler(&self.scheduler)?;
+        scheduling(&self.scheduling)?;
         policy(&self.policy, &self.worker)?;
         for (i, hook) in self.hooks.iter().enumerate() {
             hook_rules(i, hook)?;
@@ -379,6 +380,36 @@ fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
                 }
             ),
         ));
+    }
+    Ok(())
+}
+
+fn scheduling(s: &SchedulingSection) -> Result<()> {
+    range("scheduling.buffer", s.buffer, 1, 1_000_000)?;
+    range(
+        "scheduling.dispatch_interval_ms",
+        s.dispatch_interval_ms,
+        10,
+        60_000,
+    )?;
+    if let Some(cap) = s.tenant_max_running {
+        range("scheduling.tenant_max_running", cap, 1, 1_000_000)?;
+    }
+    for (name, t) in &s.tenants {
+        range(
+            &format!("scheduling.tenants.{name}.weight"),
+            t.weight,
+            1,
+            1_000,
+        )?;
+        if let Some(cap) = t.max_running {
+            range(
+                &format!("scheduling.tenants.{name}.max_running"),
+                cap,
+                1,
+                1_000_000,
+            )?;
+        }
     }
     Ok(())
 }

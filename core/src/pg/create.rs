@@ -21,14 +21,17 @@ use crate::sql::statements::COLS;
 const INSERT_SESSIONS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
-                         $6::text[], $7::text[], $8::text[], $9::text[], $10::text[])
+                         $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
+                         $11::int[], $12::text[], $13::int[], $14::bool[])
         WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
-                             idempotency_key, idempotency_hash, tenant, ord)
+                             idempotency_key, idempotency_hash, tenant, priority, batch_id,
+                             batch_max_running, held, ord)
 ), ins AS (
     INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
-                          idempotency_key, idempotency_hash, tenant, history_len)
+                          idempotency_key, idempotency_hash, tenant, history_len,
+                          priority, batch_id, batch_max_running, held)
     SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key,
-           idempotency_hash, tenant, 1
+           idempotency_hash, tenant, 1, priority, batch_id, batch_max_running, held
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -131,7 +134,20 @@ pub(super) async fn insert(
     let mut keys = Vec::with_capacity(n);
     let mut hashes = Vec::with_capacity(n);
     let mut tenants = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut batches = Vec::with_capacity(n);
+    let mut caps = Vec::with_capacity(n);
+    let mut held = Vec::with_capacity(n);
     for s in new {
+        priorities.push(i32::from(s.sched.priority));
+        batches.push(s.sched.batch_id.as_deref());
+        caps.push(
+            s.sched
+                .batch_max_running
+                .map(|c| to_i32(c, "batch_max_running"))
+                .transpose()?,
+        );
+        held.push(s.sched.held);
         ids.push(s.id.as_str());
         roots.push(s.root_id.as_str());
         parents.push(s.parent_id.as_deref());
@@ -156,6 +172,10 @@ pub(super) async fn insert(
         .bind(&keys)
         .bind(&hashes)
         .bind(&tenants)
+        .bind(&priorities)
+        .bind(&batches)
+        .bind(&caps)
+        .bind(&held)
         .fetch_all(pool)
         .await?;
     inserted

@@ -186,3 +186,61 @@ pub(crate) fn pending_approvals(rows: Vec<PendingRow>, held: &[String]) -> Vec<T
         .filter(|c| held.contains(&c.id) && !answered.contains(&c.id) && !decided.contains(&c.id))
         .collect()
 }
+
+/// A retry that changed nothing: the session is missing, or not failed with an error.
+pub(crate) fn not_retried(row: Option<SessionRow>) -> crate::store::RetryResult {
+    match row {
+        Some(row) => crate::store::RetryResult::NotRetryable(Box::new(row)),
+        None => crate::store::RetryResult::NotFound,
+    }
+}
+
+/// A row of the dispatcher's load: (queue, tenant, batch, running, buffered).
+#[derive(sqlx::FromRow)]
+pub(crate) struct LoadRow(String, String, Option<String>, i64, i64);
+
+impl LoadRow {
+    pub(crate) fn into_count(self) -> Result<crate::scheduling::ActiveCount> {
+        Ok(crate::scheduling::ActiveCount {
+            queue: self.0,
+            tenant: self.1,
+            batch_id: self.2,
+            running: to_u64(self.3, "running")?,
+            buffered: to_u64(self.4, "buffered")?,
+        })
+    }
+}
+
+/// A held session with its rank in its group.
+#[derive(sqlx::FromRow)]
+pub(crate) struct HeldRow {
+    id: String,
+    tenant: String,
+    batch_id: Option<String>,
+    priority: i32,
+    batch_max_running: Option<i32>,
+    r: i64,
+}
+
+impl HeldRow {
+    pub(crate) fn into_candidate(self) -> Result<crate::scheduling::Candidate> {
+        let bad = |what: &str, v: i64| {
+            crate::rowconv::bad_data(format!("held session {}: {what} {v}", self.id))
+        };
+        let priority =
+            u8::try_from(self.priority).map_err(|_| bad("priority", self.priority.into()))?;
+        let rank = u32::try_from(self.r).map_err(|_| bad("rank", self.r))?;
+        let batch_max_running = self
+            .batch_max_running
+            .map(|n| u32::try_from(n).map_err(|_| bad("batch_max_running", n.into())))
+            .transpose()?;
+        Ok(crate::scheduling::Candidate {
+            id: self.id,
+            tenant: self.tenant,
+            batch_id: self.batch_id,
+            priority,
+            batch_max_running,
+            rank,
+        })
+    }
+}

@@ -150,6 +150,9 @@ pub(crate) struct SessionRecord {
     pub wait_reason: Option<String>,
     #[serde(default)]
     pub wake_at: Option<Stamp>,
+    pub priority: i32,
+    pub batch_id: Option<String>,
+    pub retries: i32,
 }
 
 impl SessionRecord {
@@ -200,6 +203,10 @@ impl SessionRecord {
             // rather than failing every read of the row.
             wait_reason: self.wait_reason.as_deref().and_then(WaitReason::parse),
             wake_at: time(self.wake_at),
+            priority: u8::try_from(self.priority)
+                .map_err(|_| bad_data(format!("priority {} out of range", self.priority)))?,
+            batch_id: self.batch_id,
+            retries: to_u32(self.retries, "retries")?,
         })
     }
 

@@ -31,7 +31,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \
-    wait_reason, wake_at";
+    wait_reason, wake_at, priority, batch_id, retries";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -118,6 +118,7 @@ UPDATE sessions SET
     lease_expires_at = now() + make_interval(secs => $3),
     status = 'running',
     attempts = attempts + 1,
+    held = false,
     updated_at = now()
 WHERE id = $1
   AND status IN ('queued', 'running')
@@ -319,9 +320,63 @@ const FORGET_EXPIRED: Shared = Shared {
 /// `$1`: the age in seconds (SQLite: the cut-off time).
 const UNENQUEUED: Shared = Shared {
     text: "SELECT id, queue FROM sessions \
-           WHERE status IN ('queued', 'running') AND enqueued_at IS NULL \
+           WHERE status IN ('queued', 'running') AND enqueued_at IS NULL AND NOT held \
              AND created_at < now() - make_interval(secs => $1) \
            ORDER BY created_at LIMIT $2",
+    sqlite_now: None,
+};
+
+/// Redrive: a session that failed with an error (a run's, or a dead letter's) is queued
+/// again from its last checkpoint with a fresh claim allowance and no outcome. The epoch
+/// moves on, so a write of any earlier holder is fenced off; a session that is not (or no
+/// longer) failed is left as it is, so a repeated retry does nothing more. `$2`: held for
+/// the dispatcher.
+const RETRY: Shared = Shared {
+    text: "
+UPDATE sessions SET
+    status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
+    finished_at = NULL, attempts = 0, cancel_requested = false,
+    lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
+    enqueued_at = NULL, held = $2, approval_deadline = NULL,
+    retries = retries + 1, updated_at = now()
+WHERE id = $1 AND status = 'failed' AND finish_reason = 'error'
+RETURNING COLS",
+    sqlite_now: Some(3),
+};
+
+/// What each (queue, tenant, batch) has running or in the buffer (queued, not held).
+const DISPATCH_LOAD: Shared = Shared {
+    text: "SELECT queue, tenant, batch_id, \
+                  count(*) FILTER (WHERE status = 'running'), \
+                  count(*) FILTER (WHERE status = 'queued') \
+           FROM sessions WHERE status IN ('queued', 'running') AND NOT held \
+           GROUP BY queue, tenant, batch_id",
+    sqlite_now: None,
+};
+
+/// The held sessions of a queue, at most `$2` per (tenant, batch) group, each with its
+/// rank in its group (best first: priority, then age), and at most `$3` in all.
+const HELD: Shared = Shared {
+    text: "SELECT id, tenant, batch_id, priority, batch_max_running, r FROM ( \
+             SELECT id, tenant, batch_id, priority, batch_max_running, \
+                    row_number() OVER (PARTITION BY tenant, batch_id \
+                                       ORDER BY priority DESC, id) AS r \
+             FROM sessions WHERE queue = $1 AND held AND status = 'queued') ranked \
+           WHERE r <= $2 ORDER BY r, priority DESC, id LIMIT $3",
+    sqlite_now: None,
+};
+
+/// Whether any session of a queue is held.
+const ANY_HELD: Shared = Shared {
+    text: "SELECT EXISTS (SELECT 1 FROM sessions WHERE queue = $1 AND held AND status = 'queued')",
+    sqlite_now: None,
+};
+
+/// Held sessions the dispatcher moves to the buffer: only those still held, so of two
+/// dispatchers racing for one row, one gets it.
+const RELEASE_HELD: Shared = Shared {
+    text: "UPDATE sessions SET held = false \
+           WHERE id = ANY($1) AND held AND status = 'queued' RETURNING id",
     sqlite_now: None,
 };
 
@@ -420,6 +475,11 @@ pub(crate) struct Statements {
     pub mark_enqueued: String,
     pub reset_enqueued: String,
     pub unenqueued: String,
+    pub retry: String,
+    pub dispatch_load: String,
+    pub held: String,
+    pub any_held: String,
+    pub release_held: String,
     pub forget_expired: String,
     pub queue_exists: String,
     pub insert_queue: String,
@@ -454,6 +514,11 @@ impl Statements {
             mark_enqueued: MARK_ENQUEUED.render(d),
             reset_enqueued: RESET_ENQUEUED.render(d),
             unenqueued: UNENQUEUED.render(d),
+            retry: RETRY.render(d),
+            dispatch_load: DISPATCH_LOAD.render(d),
+            held: HELD.render(d),
+            any_held: ANY_HELD.render(d),
+            release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
             insert_queue: INSERT_QUEUE.render(d),
@@ -589,6 +654,11 @@ mod tests {
                 &s.mark_enqueued,
                 &s.reset_enqueued,
                 &s.unenqueued,
+                &s.retry,
+                &s.dispatch_load,
+                &s.held,
+                &s.any_held,
+                &s.release_held,
                 &s.forget_expired,
                 &s.queue_exists,
                 &s.insert_queue,

@@ -26,8 +26,8 @@ const INSERT_CHUNK: usize = 1000;
 const INSERT_SESSION: &str = "
 INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                       idempotency_key, history_len, created_at, updated_at,
-                      idempotency_hash, tenant)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10)
+                      idempotency_hash, tenant, priority, batch_id, batch_max_running, held)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10, $11, $12, $13, $14)
 ON CONFLICT DO NOTHING";
 
 const INSERT_SPEC: &str = "INSERT INTO session_specs (root_id, id, spec) VALUES ($1, $2, $3)";
@@ -82,6 +82,10 @@ pub(super) async fn create(
         .bind(now)
         .bind(s.idempotency_hash.as_deref())
         .bind(&s.tenant)
+        .bind(i64::from(s.sched.priority))
+        .bind(s.sched.batch_id.as_deref())
+        .bind(s.sched.batch_max_running.map(i64::from))
+        .bind(s.sched.held)
         .execute(&mut *conn)
         .await?
         .rows_affected()

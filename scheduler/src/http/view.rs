@@ -26,6 +26,8 @@ pub fn session_view(row: &SessionRow) -> SessionView {
         created_at: row.created_at,
         updated_at: row.updated_at,
         finished_at: row.finished_at,
+        priority: row.priority,
+        batch_id: row.batch_id.clone(),
         wait_reason: wait_reason(row),
         wake_at: row.wake_at.filter(|_| row.status == SessionStatus::Waiting),
     }

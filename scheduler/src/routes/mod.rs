@@ -21,6 +21,7 @@ mod events;
 mod health;
 mod limits;
 mod queues;
+mod redrive;
 mod sessions;
 mod steer;
 
@@ -101,6 +102,12 @@ fn table(state: &Scheduler) -> Vec<Route> {
             "/v1/sessions/{id}/cancel",
             WRITE,
             post(sessions::cancel),
+        ),
+        route(
+            p.clone(),
+            "/v1/sessions/{id}/retry",
+            WRITE,
+            post(redrive::retry),
         ),
         route(
             g.clone(),

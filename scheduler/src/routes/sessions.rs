@@ -46,6 +46,14 @@ fn limits(s: &Scheduler) -> Limits {
 /// change between a request and its repeat.
 fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
     match &r.idempotency_key {
+        // A priority other than the default is part of what was asked; the default one
+        // hashes as before priorities existed, so earlier keys still match their repeats.
+        Some(_) if r.priority != agentq_core::scheduling::DEFAULT_PRIORITY => {
+            Ok(Some(agentq_core::auth::digest(
+                &serde_json::to_string(&(&r.spec, &r.queue, r.priority))
+                    .map_err(|_| ApiError::Internal)?,
+            )))
+        }
         Some(_) => Ok(Some(agentq_core::auth::digest(
             &serde_json::to_string(&(&r.spec, &r.queue)).map_err(|_| ApiError::Internal)?,
         ))),
@@ -58,7 +66,34 @@ fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewS
     let mut n = NewSession::root(r.spec, r.queue).with_tenant(&caller.tenant);
     n.idempotency_key = r.idempotency_key;
     n.idempotency_hash = hash;
+    n.sched.priority = r.priority;
     n
+}
+
+/// `POST /v1/sessions/batch?max_running=N`: at most N of the batch's sessions running
+/// (or buffered) at once.
+#[derive(Debug, Default, serde::Deserialize)]
+pub(super) struct BatchQuery {
+    max_running: Option<String>,
+}
+
+impl BatchQuery {
+    fn max_running(&self) -> ApiResult<Option<u32>> {
+        match self.max_running.as_deref() {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=1_000_000).contains(n))
+                .map(Some)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "max_running",
+                        format!("must be an integer from 1 to 1000000, got {v:?}"),
+                    )
+                }),
+        }
+    }
 }
 
 /// A repeated idempotency key must come with the request it was first used with.
@@ -136,14 +171,19 @@ pub(super) async fn create(
     let hash = request_hash(&req)?;
     admit(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
     known_queues(&s, std::slice::from_ref(&req), false).await?;
-    let new = new_session(req, &caller, hash);
+    let mut new = new_session(req, &caller, hash);
+    new.sched.held = s.dispatch().hold(&new.queue, &new.tenant, 1, None);
     let (row, created) = s.store.create_session(&new).await?;
     if !created {
         check_repeat(&new, &row, "idempotency_key".into())?;
     }
     if created {
-        tracing::info!(session_id = %row.id, queue = %row.queue, "session created");
-        enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
+        tracing::info!(session_id = %row.id, queue = %row.queue, held = new.sched.held, "session created");
+        if new.sched.held {
+            s.dispatch().nudge();
+        } else {
+            enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
+        }
         respond(
             StatusCode::CREATED,
             &SessionRef {
@@ -166,8 +206,11 @@ pub(super) async fn create(
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
+    query: Result<Query<BatchQuery>, QueryRejection>,
     RawJson(body): RawJson,
 ) -> ApiResult<Response> {
+    let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    let max_running = q.max_running()?;
     let mut reqs = parse_batch_bytes(&body, &limits(&s))?;
     // The requests own what they need; the body's bytes go before the store's work.
     drop(body);
@@ -177,30 +220,55 @@ pub(super) async fn create_batch(
         .collect::<ApiResult<Vec<_>>>()?;
     admit_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
     known_queues(&s, &reqs, true).await?;
-    let new: Vec<NewSession> = reqs
+    let mut new: Vec<NewSession> = reqs
         .into_iter()
         .zip(hashes)
         .map(|(r, h)| new_session(r, &caller, h))
         .collect();
+    // One batch id per request: fair share among a tenant's batches, and their caps.
+    let batch_id = agentq_core::new_session_id();
+    let mut per_queue: BTreeMap<String, usize> = BTreeMap::new();
+    for n in &new {
+        *per_queue.entry(n.queue.clone()).or_default() += 1;
+    }
+    let held: BTreeMap<String, bool> = per_queue
+        .into_iter()
+        .map(|(q, n)| {
+            let held = s.dispatch().hold(&q, &caller.tenant, n, max_running);
+            (q, held)
+        })
+        .collect();
+    for n in &mut new {
+        n.sched.batch_id = Some(batch_id.clone());
+        n.sched.batch_max_running = max_running;
+        n.sched.held = held.get(&n.queue).copied().unwrap_or(false);
+    }
     let rows = s.store.create_sessions(&new).await?;
 
     let mut by_queue: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut any_held = false;
     for (row, created) in &rows {
-        if *created {
+        if *created && held.get(&row.queue).copied().unwrap_or(false) {
+            any_held = true;
+        } else if *created {
             by_queue
                 .entry(row.queue.as_str())
                 .or_default()
                 .push(row.id.clone());
         }
     }
-    let any_created = !by_queue.is_empty();
+    let any_created = any_held || !by_queue.is_empty();
     tracing::info!(
         sessions = rows.len(),
-        created = by_queue.values().map(Vec::len).sum::<usize>(),
+        enqueued = by_queue.values().map(Vec::len).sum::<usize>(),
+        held = any_held,
         "batch created"
     );
     for (queue, ids) in &by_queue {
         enqueue(&s, queue, ids).await;
+    }
+    if any_held {
+        s.dispatch().nudge();
     }
     // After the enqueue: the new sessions of the batch are committed and must run.
     for (i, (n, (row, created))) in new.iter().zip(&rows).enumerate() {

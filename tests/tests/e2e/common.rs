@@ -152,6 +152,8 @@ pub struct Script {
     pub block_tool_once: HashSet<String>,
     /// Every LLM request gets a 500 with a provider error message.
     pub fail_500: bool,
+    /// LLM requests for this turn and later get a 500, until [`Cluster::heal`].
+    pub fail_from_turn: Option<usize>,
     /// LLM requests are accepted but the stream never delivers anything.
     pub hang: bool,
 }
@@ -259,7 +261,7 @@ fn answer(state: &FakeState, req: &RecordedRequest) -> Option<FakeResponse> {
     });
     let mut scripts = lock(&state.scripts);
     let script = scripts.get_mut(&token)?;
-    if script.fail_500 {
+    if script.fail_500 || script.fail_from_turn.is_some_and(|k| turn >= k) {
         return Some(FakeResponse::json(
             500,
             r#"{"error":{"message":"upstream exploded (e2e)","type":"server_error"}}"#,
@@ -626,6 +628,14 @@ impl Cluster {
         let token = new_token();
         lock(&self.state.scripts).insert(token.clone(), script);
         token
+    }
+
+    /// The model answers the session playing `token` again (no more 500s).
+    pub fn heal(&self, token: &str) {
+        if let Some(s) = lock(&self.state.scripts).get_mut(token) {
+            s.fail_500 = false;
+            s.fail_from_turn = None;
+        }
     }
 
     /// A root session that may spawn sub-agents (and fetch).

@@ -1,0 +1,128 @@
+//! The dispatcher in the embedded mode (`agentq dev`: the SQLite store and the in-process
+//! queue, as `agentq_scheduler::run` serves it): held sessions enter the buffer by fair
+//! share across tenants, the buffer's depth and a tenant's cap hold, and the submit path
+//! holds new sessions once sessions wait.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use agentq_agent::spec::SessionSpec;
+use agentq_core::config::{SchedulingSection, TenantScheduling};
+use agentq_core::mem_queue::MemQueue;
+use agentq_core::scheduling::Placement;
+use agentq_core::sqlite::SqliteStore;
+use agentq_core::{Claim, LeaseStore, NewSession, SessionStore, WorkQueue};
+
+use agentq_scheduler::QueueRegistry;
+use agentq_scheduler::dispatch::{Dispatch, dispatch_once};
+
+fn held(tenant: &str, n: usize) -> Vec<NewSession> {
+    (0..n)
+        .map(|i| {
+            let mut s = NewSession::root(SessionSpec::new(format!("{tenant} {i}")), "default")
+                .with_tenant(tenant);
+            s.sched = Placement {
+                held: true,
+                ..Placement::default()
+            };
+            s
+        })
+        .collect()
+}
+
+/// The tenants of the entries the queue delivers now, and their sessions.
+async fn read_tenants(
+    store: &SqliteStore,
+    queue: &MemQueue,
+    n: usize,
+) -> (Vec<String>, Vec<String>) {
+    let got = queue
+        .read(&["default".into()], "w", n, Duration::from_millis(10))
+        .await
+        .unwrap();
+    let mut tenants = Vec::new();
+    let mut ids = Vec::new();
+    for d in got {
+        tenants.push(store.get(&d.session_id).await.unwrap().unwrap().tenant);
+        ids.push(d.session_id);
+    }
+    (tenants, ids)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_dispatch_is_fair_bounded_and_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let queue = MemQueue::new();
+    queue.ensure_queue("default").await.unwrap();
+    let registry = QueueRegistry::new(vec!["default".into()]);
+    let mut settings = SchedulingSection {
+        buffer: 4,
+        ..SchedulingSection::default()
+    };
+    settings.tenants.insert(
+        "capped".into(),
+        TenantScheduling {
+            weight: 1,
+            max_running: Some(1),
+        },
+    );
+    let dispatch = Dispatch::new(settings);
+    dispatch.mark_running();
+
+    store.create_sessions(&held("flood", 100)).await.unwrap();
+    store.create_sessions(&held("few", 3)).await.unwrap();
+    store.create_sessions(&held("capped", 5)).await.unwrap();
+
+    // The buffer fills to its depth, the three tenants taking turns; the capped one once.
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        4
+    );
+    let (first, delivered) = read_tenants(&store, &queue, 10).await;
+    assert_eq!(first.len(), 4, "{first:?}");
+    assert_eq!(
+        first.iter().filter(|t| *t == "capped").count(),
+        1,
+        "{first:?}"
+    );
+    assert!(
+        first.iter().filter(|t| *t == "few").count() >= 1,
+        "{first:?}"
+    );
+    // Nothing claimed them: the buffer is full, nothing more goes in, and a new session
+    // waits behind the held ones.
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(dispatch.hold("default", "few", 1, None));
+
+    // The workers take them; the buffer refills, the capped tenant still at its one.
+    for id in &delivered {
+        assert!(matches!(
+            store
+                .claim(id, "w", Duration::from_secs(30), 5)
+                .await
+                .unwrap(),
+            Claim::Acquired { .. }
+        ));
+    }
+    let second_n = dispatch_once(&store, &queue, &registry, &dispatch)
+        .await
+        .unwrap();
+    let (second, _) = read_tenants(&store, &queue, 10).await;
+    assert_eq!(second.len(), second_n);
+    assert!(second_n >= 2, "{second:?}");
+    assert!(!second.iter().any(|t| t == "capped"), "the cap: {second:?}");
+    let few_so_far = first.iter().chain(&second).filter(|t| *t == "few").count();
+    assert!(few_so_far >= 2, "{first:?} {second:?}");
+}
