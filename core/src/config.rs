@@ -421,6 +421,12 @@ pub struct PolicySection {
     pub max_children: Option<usize>,
     /// Deepest sub-agent nesting (the lower of this and `worker.max_depth`).
     pub max_depth: Option<u32>,
+    /// Files one request may bring (`files`), and their bytes in all, decoded.
+    pub max_input_files: usize,
+    pub max_input_bytes: u64,
+    /// Longest (bytes) and deepest (segments) path of a request's file.
+    pub max_path_bytes: usize,
+    pub max_path_depth: usize,
     pub tenants: BTreeMap<String, TenantPolicySection>,
 }
 
@@ -445,6 +451,10 @@ impl Default for PolicySection {
             timeout_secs: None,
             max_children: None,
             max_depth: None,
+            max_input_files: crate::workspace_path::FileLimits::DEFAULT.max_files,
+            max_input_bytes: crate::workspace_path::FileLimits::DEFAULT.max_bytes,
+            max_path_bytes: crate::workspace_path::FileLimits::DEFAULT.max_path_bytes,
+            max_path_depth: crate::workspace_path::FileLimits::DEFAULT.max_path_depth,
             tenants: BTreeMap::new(),
         }
     }
@@ -483,6 +493,14 @@ pub struct TenantPolicySection {
     pub max_children: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_depth: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_input_files: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_input_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_path_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_path_depth: Option<usize>,
 }
 
 impl PolicySection {
@@ -502,7 +520,8 @@ impl PolicySection {
                 $(if o.$bound.is_some() { p.$bound = o.$bound; })*
             };
         }
-        replace!(providers, models, base_urls, tools, queues;
+        replace!(providers, models, base_urls, tools, queues,
+            max_input_files, max_input_bytes, max_path_bytes, max_path_depth;
             max_iterations, max_tokens, token_budget, tool_timeout_secs,
             approval_timeout_secs, timeout_secs, max_children, max_depth);
         p
@@ -955,6 +974,10 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.timeout_secs"),
     file("policy.max_children"),
     file("policy.max_depth"),
+    file("policy.max_input_files"),
+    file("policy.max_input_bytes"),
+    file("policy.max_path_bytes"),
+    file("policy.max_path_depth"),
     file("guardian.provider"),
     file("guardian.model"),
     file("guardian.prompt"),

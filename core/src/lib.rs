@@ -21,6 +21,7 @@ mod sql;
 pub mod sqlite;
 pub mod store;
 pub mod workspace;
+pub mod workspace_path;
 
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};

@@ -276,6 +276,7 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
     if let Some(v) = p.max_depth {
         range(&k("max_depth"), v, 0, 64)?;
     }
+    input_bounds(&k, p)?;
     for (f, list) in [
         ("providers", &p.providers),
         ("models", &p.models),
@@ -285,6 +286,27 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
         if let Some(list) = list {
             names(&k(f), list)?;
         }
+    }
+    Ok(())
+}
+
+/// The bounds of a request's files are within the API's hard ones: a request of at most
+/// [`MAX_INPUT_FILES`](crate::workspace_path::MAX_INPUT_FILES) files (what one JSON
+/// object of the body may hold) and [`MAX_INPUT_BYTES`](crate::workspace_path::MAX_INPUT_BYTES)
+/// (what fits, base64-encoded, in the largest body the API reads).
+fn input_bounds(k: &dyn Fn(&str) -> String, p: &TenantPolicySection) -> Result<()> {
+    use crate::workspace_path as wp;
+    if let Some(v) = p.max_input_files {
+        range(&k("max_input_files"), v, 0, wp::MAX_INPUT_FILES)?;
+    }
+    if let Some(v) = p.max_input_bytes {
+        range(&k("max_input_bytes"), v, 0, wp::MAX_INPUT_BYTES)?;
+    }
+    if let Some(v) = p.max_path_bytes {
+        range(&k("max_path_bytes"), v, 1, wp::MAX_PATH_BYTES)?;
+    }
+    if let Some(v) = p.max_path_depth {
+        range(&k("max_path_depth"), v, 1, wp::MAX_PATH_DEPTH)?;
     }
     Ok(())
 }
@@ -307,6 +329,10 @@ fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
         timeout_secs: p.timeout_secs,
         max_children: p.max_children,
         max_depth: p.max_depth,
+        max_input_files: Some(p.max_input_files),
+        max_input_bytes: Some(p.max_input_bytes),
+        max_path_bytes: Some(p.max_path_bytes),
+        max_path_depth: Some(p.max_path_depth),
     };
     policy_bounds("policy", &global)?;
     for (name, t) in &p.tenants {
