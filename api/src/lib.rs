@@ -15,6 +15,7 @@ pub mod bounds;
 pub mod de;
 mod error;
 pub mod events;
+pub mod files;
 mod health;
 mod queues;
 mod sessions;
@@ -22,6 +23,7 @@ mod steer;
 
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
+pub use files::{FileContent, FileEntry, FileList};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{

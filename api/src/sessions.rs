@@ -1,5 +1,7 @@
 //! Creating, reading, listing and cancelling sessions.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +10,7 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_core::SessionStatus;
 
 use crate::de::struct_fields;
+use crate::files::FileContent;
 
 /// `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
 ///
@@ -27,11 +30,22 @@ pub struct CreateSession {
     /// creating another: 1 to 256 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// Files the session's workspace starts with, by path (relative, `/`-separated):
+    /// bounded by the tenant's policy (`max_input_files`, `max_input_bytes`,
+    /// `max_path_bytes`, `max_path_depth`); a bad one is named `files["../x"]`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileContent>,
+    /// Start from the committed files of this session (of the same tenant): a fork of its
+    /// workspace; `files` then replace what they name. Later changes of either do not
+    /// reach the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_from: Option<String>,
 }
 
 impl CreateSession {
     /// The fields about the request rather than the session's work.
-    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key"];
+    pub const ENVELOPE_FIELDS: &'static [&'static str] =
+        &["queue", "idempotency_key", "files", "workspace_from"];
 
     /// The fields that map onto [`SessionSpec`].
     pub fn spec_fields() -> &'static [&'static str] {
@@ -212,6 +226,16 @@ mod tests {
             serde_json::from_value(json!([{"prompt": "a"}, {"prompt": "b", "queue": "bulk"}]))
                 .unwrap();
         assert_eq!(batch[1].queue.as_deref(), Some("bulk"));
+        let files = json!({"a.txt": "hi", "b.bin": {"base64": "AAE="}});
+        let with_files: CreateSession = serde_json::from_value(
+            json!({"prompt": "p", "files": files, "workspace_from": "s0"}),
+        )
+        .unwrap();
+        let back = serde_json::to_value(&with_files).unwrap();
+        assert_eq!((&back["files"], &back["workspace_from"]), (&files, &json!("s0")));
+        assert_eq!(with_files.files["a.txt"], FileContent::Text("hi".into()));
+        assert_eq!(with_files.workspace_from.as_deref(), Some("s0"));
+        assert!(min.files.is_empty() && min.workspace_from.is_none());
 
         for f in [
             "prompt",
@@ -221,6 +245,8 @@ mod tests {
             "metadata",
             "queue",
             "idempotency_key",
+            "files",
+            "workspace_from",
         ] {
             assert!(CreateSession::accepts(f), "{f}");
         }

@@ -119,6 +119,13 @@ pub struct NewSession {
     pub idempotency_hash: Option<String>,
     /// Who owns the session (children inherit their parent's tenant).
     pub tenant: String,
+    /// Files the session's workspace starts with (paths already checked).
+    #[serde(default)]
+    pub files: Vec<crate::workspace::InputFile>,
+    /// A session of the same tenant whose committed workspace this one starts from
+    /// (before `files`, which replace what they name).
+    #[serde(default)]
+    pub workspace_from: Option<String>,
 }
 
 impl NewSession {
@@ -135,6 +142,8 @@ impl NewSession {
             idempotency_key: None,
             idempotency_hash: None,
             tenant: crate::auth::DEFAULT_TENANT.to_string(),
+            files: Vec::new(),
+            workspace_from: None,
         }
     }
 

@@ -23,6 +23,7 @@ pub mod error;
 pub mod events;
 mod http;
 pub mod metrics;
+mod inputs;
 pub mod request;
 mod routes;
 pub mod serve;
