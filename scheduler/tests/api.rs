@@ -461,6 +461,8 @@ async fn cancelling_a_parent_cancels_its_children() {
         idempotency_key: None,
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
+        files: Vec::new(),
+        workspace_from: None,
     };
     env.store.create_session(&child).await.unwrap();
 

@@ -254,6 +254,8 @@ impl Tool for SpawnAgent {
                     idempotency_hash: None,
                     // A child acts for its parent's caller: it must not leave the tenant.
                     tenant: self.parent.tenant.clone(),
+                    files: Vec::new(),
+                    workspace_from: None,
                 };
                 let (row, created) = self.store.create_session(&new).await.map_err(failed)?;
                 if created {
