@@ -3,6 +3,7 @@
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
 pub mod auth;
+pub mod blob;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -31,3 +32,4 @@ pub use store::{
     Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, SessionStore, Store,
     SweepStore,
 };
+pub use workspace::WorkspaceStore;

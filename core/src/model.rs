@@ -119,11 +119,13 @@ pub struct NewSession {
     pub idempotency_hash: Option<String>,
     /// Who owns the session (children inherit their parent's tenant).
     pub tenant: String,
-    /// Files the session's workspace starts with (paths already checked).
+    /// Files put in the tree's workspace with the session, over those of
+    /// `workspace_from` (paths already checked against the path rules and the policy).
     #[serde(default)]
     pub files: Vec<crate::workspace::InputFile>,
-    /// A session of the same tenant whose committed workspace this one starts from
-    /// (before `files`, which replace what they name).
+    /// A session of the same tenant whose tree's committed files the new tree starts with
+    /// (a copy: later changes of either tree do not reach the other). Another tenant's, or
+    /// an unknown session, is [`crate::Error::NotFound`].
     #[serde(default)]
     pub workspace_from: Option<String>,
 }

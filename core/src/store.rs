@@ -28,6 +28,7 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 use crate::protocol::{InboxKind, InboxPayload};
+use crate::workspace::WorkspaceStore;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -42,7 +43,7 @@ pub type Committed = Option<Box<SessionRow>>;
 /// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
 pub trait Store:
-    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore
+    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore + WorkspaceStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
@@ -205,6 +206,16 @@ pub trait SweepStore: Send + Sync {
     /// Sessions awaiting an approval past their deadline go back to the queue (their
     /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Delete the workspaces (manifests) of up to `limit` trees whose root finished more
+    /// than `ttl` ago and did not run since; their blobs are then unreferenced, for
+    /// [`SweepStore::collect_blobs`]. Returns how many trees.
+    async fn expire_workspaces(&self, ttl: Duration, limit: u32) -> Result<u64>;
+
+    /// Delete up to `limit` blobs that no manifest references and that nothing touched for
+    /// `grace` (an upload about to be committed touched its blobs just before). Returns
+    /// how many.
+    async fn collect_blobs(&self, grace: Duration, limit: u32) -> Result<u64>;
 }
 
 /// API keys (the hashes of them: a key itself is never stored).
