@@ -227,12 +227,14 @@ mod tests {
                 .unwrap();
         assert_eq!(batch[1].queue.as_deref(), Some("bulk"));
         let files = json!({"a.txt": "hi", "b.bin": {"base64": "AAE="}});
-        let with_files: CreateSession = serde_json::from_value(
-            json!({"prompt": "p", "files": files, "workspace_from": "s0"}),
-        )
-        .unwrap();
+        let with_files: CreateSession =
+            serde_json::from_value(json!({"prompt": "p", "files": files, "workspace_from": "s0"}))
+                .unwrap();
         let back = serde_json::to_value(&with_files).unwrap();
-        assert_eq!((&back["files"], &back["workspace_from"]), (&files, &json!("s0")));
+        assert_eq!(
+            (&back["files"], &back["workspace_from"]),
+            (&files, &json!("s0"))
+        );
         assert_eq!(with_files.files["a.txt"], FileContent::Text("hi".into()));
         assert_eq!(with_files.workspace_from.as_deref(), Some("s0"));
         assert!(min.files.is_empty() && min.workspace_from.is_none());

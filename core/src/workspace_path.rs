@@ -72,7 +72,8 @@ fn invisible(c: char) -> bool {
 /// `seg` read the way case-insensitive file systems that drop trailing dots and spaces
 /// (Windows, macOS by default) read it, for the `.git` check.
 fn is_git(seg: &str) -> bool {
-    seg.trim_end_matches(['.', ' ']).eq_ignore_ascii_case(".git")
+    seg.trim_end_matches(['.', ' '])
+        .eq_ignore_ascii_case(".git")
 }
 
 /// `path` in the one spelling a tree stores: `/`-separated segments, `.` segments
@@ -163,7 +164,9 @@ impl Tree {
         while let Some(i) = path[at..].find('/') {
             let parent = &path[..at + i];
             if self.files.contains(parent) {
-                return Err(format!("`{parent}` is a file, so it cannot hold other files"));
+                return Err(format!(
+                    "`{parent}` is a file, so it cannot hold other files"
+                ));
             }
             parents.push(parent);
             at += i + 1;
@@ -253,7 +256,11 @@ mod tests {
             ..FileLimits::DEFAULT
         };
         assert!(normalize("abcdefghij", &l).is_ok());
-        assert!(normalize("abcdefghijk", &l).unwrap_err().contains("10 bytes"));
+        assert!(
+            normalize("abcdefghijk", &l)
+                .unwrap_err()
+                .contains("10 bytes")
+        );
         assert!(normalize("a/b", &l).is_ok());
         assert!(normalize("a/b/c", &l).unwrap_err().contains("2 parts"));
         // `.` parts do not count towards the depth.

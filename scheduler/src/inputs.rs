@@ -45,7 +45,7 @@ fn too_large(field: String, message: String) -> ApiError {
 }
 
 /// `files` of a request item (`prefix` names the item in a batch): absent or `null` is
-/// none; else an object of path → text or `{"base64": "…"}`, in the body's order.
+/// none; else an object of path → text or `{"base64": "…"}`, answered in path order.
 pub fn parse_files(
     value: Option<Value>,
     limits: &FileLimits,
@@ -183,7 +183,11 @@ pub async fn check_sources(
             .await?
             .is_some_and(|row| row.tenant == caller.tenant);
         if !found {
-            let prefix = if batch { format!("[{i}]") } else { String::new() };
+            let prefix = if batch {
+                format!("[{i}]")
+            } else {
+                String::new()
+            };
             return Err(ApiError::Invalid {
                 code: "not_found",
                 field: Some(path(&prefix, "workspace_from")),
@@ -246,12 +250,27 @@ mod tests {
     fn every_refusal_names_the_file() {
         let f = |s: &str| s.to_string();
         assert_eq!(refused(json!([])), (422, f("[2].files")));
-        assert_eq!(refused(json!({"../x": "a"})), (422, f(r#"[2].files["../x"]"#)));
-        assert_eq!(refused(json!({"/etc/passwd": "a"})), (422, f(r#"[2].files["/etc/passwd"]"#)));
-        assert_eq!(refused(json!({"a\u{1}": "a"})), (422, f(r#"[2].files["a\u0001"]"#)));
-        assert_eq!(refused(json!({".git/config": "a"})), (422, f(r#"[2].files[".git/config"]"#)));
+        assert_eq!(
+            refused(json!({"../x": "a"})),
+            (422, f(r#"[2].files["../x"]"#))
+        );
+        assert_eq!(
+            refused(json!({"/etc/passwd": "a"})),
+            (422, f(r#"[2].files["/etc/passwd"]"#))
+        );
+        assert_eq!(
+            refused(json!({"a\u{1}": "a"})),
+            (422, f(r#"[2].files["a\u0001"]"#))
+        );
+        assert_eq!(
+            refused(json!({".git/config": "a"})),
+            (422, f(r#"[2].files[".git/config"]"#))
+        );
         assert_eq!(refused(json!({"a": 1})), (422, f(r#"[2].files["a"]"#)));
-        assert_eq!(refused(json!({"a": {"b64": "AA=="}})), (422, f(r#"[2].files["a"]"#)));
+        assert_eq!(
+            refused(json!({"a": {"b64": "AA=="}})),
+            (422, f(r#"[2].files["a"]"#))
+        );
         assert_eq!(
             refused(json!({"a": {"base64": 7}})),
             (422, f(r#"[2].files["a"].base64"#))
@@ -261,16 +280,27 @@ mod tests {
             (422, f(r#"[2].files["a"].base64"#))
         );
         // Twins and a file that is also a directory, in either order.
-        assert_eq!(refused(json!({"a/./b": "x", "a/b": "y"})).1.contains("files["), true);
+        assert_eq!(
+            refused(json!({"a/./b": "x", "a/b": "y"}))
+                .1
+                .contains("files["),
+            true
+        );
         let (s, field) = refused(json!({"a": "x", "a/b": "y"}));
         assert_eq!(s, 422);
-        assert!(field == r#"[2].files["a/b"]"# || field == r#"[2].files["a"]"#, "{field}");
+        assert!(
+            field == r#"[2].files["a/b"]"# || field == r#"[2].files["a"]"#,
+            "{field}"
+        );
         // Bounds of the policy: count, bytes (of one file, and of all), length, depth.
         assert_eq!(
             refused(json!({"a": "", "b": "", "c": "", "d": ""})),
             (422, f("[2].files"))
         );
-        assert_eq!(refused(json!({"a": "x".repeat(11)})), (413, f(r#"[2].files["a"]"#)));
+        assert_eq!(
+            refused(json!({"a": "x".repeat(11)})),
+            (413, f(r#"[2].files["a"]"#))
+        );
         assert_eq!(
             refused(json!({"a": "x".repeat(6), "b": "x".repeat(6)})),
             (413, f("[2].files"))
@@ -283,16 +313,26 @@ mod tests {
         let (s, field) = refused(json!({long.clone(): "x"}));
         assert_eq!(s, 422);
         assert_eq!(field, format!("[2].files[\"{}\"]", "p".repeat(64)));
-        assert_eq!(refused(json!({"a/b/c/d/e": "x"})), (422, f(r#"[2].files["a/b/c/d/e"]"#)));
+        assert_eq!(
+            refused(json!({"a/b/c/d/e": "x"})),
+            (422, f(r#"[2].files["a/b/c/d/e"]"#))
+        );
         // Exactly at the bounds.
-        parse_files(Some(json!({"a": "x".repeat(5), "b/c/d/e": "x".repeat(5)})), &L, "").unwrap();
+        parse_files(
+            Some(json!({"a": "x".repeat(5), "b/c/d/e": "x".repeat(5)})),
+            &L,
+            "",
+        )
+        .unwrap();
     }
 
     #[test]
     fn workspace_from_is_an_id() {
         assert_eq!(parse_workspace_from(None, "").unwrap(), None);
         assert_eq!(
-            parse_workspace_from(Some(json!("s1")), "").unwrap().as_deref(),
+            parse_workspace_from(Some(json!("s1")), "")
+                .unwrap()
+                .as_deref(),
             Some("s1")
         );
         for bad in [json!(""), json!(3), json!("x".repeat(129))] {
@@ -303,8 +343,14 @@ mod tests {
 
     #[test]
     fn the_digest_binds_paths_and_bytes() {
-        let a = vec![InputFile { path: "a".into(), data: b"1".to_vec() }];
-        let b = vec![InputFile { path: "a".into(), data: b"2".to_vec() }];
+        let a = vec![InputFile {
+            path: "a".into(),
+            data: b"1".to_vec(),
+        }];
+        let b = vec![InputFile {
+            path: "a".into(),
+            data: b"2".to_vec(),
+        }];
         assert_ne!(files_digest(&a), files_digest(&b));
         assert_eq!(files_digest(&a), files_digest(&a.clone()));
     }

@@ -533,11 +533,17 @@ mod tests {
             Ok(Shape::Object)
         );
         assert_eq!(
-            scanned(&format!(r#"[{{}}, {{"files": {{{}}}}}]"#, files(MAX_INPUT_FILES))),
+            scanned(&format!(
+                r#"[{{}}, {{"files": {{{}}}}}]"#,
+                files(MAX_INPUT_FILES)
+            )),
             Ok(Shape::Array(2))
         );
         assert_eq!(
-            scanned(&format!(r#"{{"files": {{{}}}}}"#, files(MAX_INPUT_FILES + 1))),
+            scanned(&format!(
+                r#"{{"files": {{{}}}}}"#,
+                files(MAX_INPUT_FILES + 1)
+            )),
             at("files")
         );
         assert_eq!(

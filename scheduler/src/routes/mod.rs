@@ -17,6 +17,7 @@ use crate::http::auth::{self, Access, Authenticator};
 use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod events;
+mod files;
 mod health;
 mod queues;
 mod sessions;
@@ -99,6 +100,13 @@ fn table(state: &Scheduler) -> Vec<Route> {
             post(steer::approvals),
         ),
         route(g.clone(), "/v1/sessions/{id}/tree", READ, get(steer::tree)),
+        route(g.clone(), "/v1/sessions/{id}/files", READ, get(files::list)),
+        route(
+            g.clone(),
+            "/v1/sessions/{id}/files/{*path}",
+            READ,
+            get(files::get),
+        ),
         route(
             p.clone(),
             "/v1/sessions/{id}/cancel",
