@@ -24,6 +24,7 @@ mod run_loop;
 mod runs;
 mod session;
 pub mod spawn;
+pub mod workspace;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
