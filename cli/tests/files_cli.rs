@@ -1,0 +1,253 @@
+//! `agentq submit --input/--input-dir/--workspace-from` and `agentq files` against a real
+//! scheduler on Postgres and Redis: the files given at submit are listed, printed and
+//! saved byte for byte (one, and all through the tar), symbolic links in an input
+//! directory are skipped, a fork sees its source's files, and bad flags and refused
+//! files are one-line errors naming the flag or the field. No worker runs: the inputs are
+//! in the workspace from the moment the session is created.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use agentq_testkit::{RedisServer, shared_postgres};
+
+const ADMIN_KEY: &str = "files-cli-admin-key";
+
+fn agentq() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
+    for k in [
+        "AGENTQ_DATABASE_URL",
+        "AGENTQ_REDIS_URL",
+        "AGENTQ_API_URL",
+        "AGENTQ_API_ADDR",
+        "AGENTQ_CONFIG",
+        "AGENTQ_ADMIN_KEY",
+        "AGENTQ_API_KEY",
+        "AGENTQ_METRICS_ADDR",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("AGENTQ_API_KEY", ADMIN_KEY);
+    c.current_dir(std::env::temp_dir());
+    c
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+struct Scheduler {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_scheduler(db: &str, redis: &str) -> Scheduler {
+    let mut child = agentq()
+        .args([
+            "scheduler",
+            "--addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
+        .env("AGENTQ_DATABASE_URL", db)
+        .env("AGENTQ_REDIS_URL", redis)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let url = loop {
+        assert!(Instant::now() < deadline, "the scheduler did not start");
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "stderr closed");
+        if let Some(u) = line.trim().rsplit("listening on ").next()
+            && line.contains("listening on ")
+        {
+            break u.to_string();
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    Scheduler { child, url }
+}
+
+fn client(api: &str, args: &[&str]) -> Output {
+    agentq()
+        .env("AGENTQ_API_URL", api)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+fn migrated_db() -> String {
+    let db = shared_postgres().unwrap().fresh_database().unwrap();
+    let out = agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    db
+}
+
+#[test]
+fn inputs_in_and_files_out() {
+    let db = migrated_db();
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(&db, &redis.url());
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("data/nested")).unwrap();
+    let binary: Vec<u8> = (0..=255u8).collect();
+    std::fs::write(src.join("notes.md"), "# notes\n").unwrap();
+    std::fs::write(src.join("data/nested/table.bin"), &binary).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", src.join("data/passwd")).unwrap();
+    let single = tmp.path().join("single.txt");
+    std::fs::write(&single, "one file").unwrap();
+
+    let out = client(
+        &s.url,
+        &[
+            "submit",
+            "--input-dir",
+            src.to_str().unwrap(),
+            "--input",
+            single.to_str().unwrap(),
+            "work on the files",
+        ],
+    );
+    let id = ok(&out).trim().to_string();
+    assert!(
+        text(&out.stderr).contains("skipped 1 symbolic links"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The list, as a table and as the API's JSON.
+    let list = ok(&client(&s.url, &["files", &id]));
+    for p in ["notes.md", "data/nested/table.bin", "single.txt"] {
+        assert!(list.contains(p), "{list}");
+    }
+    assert!(!list.contains("passwd"), "{list}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&client(&s.url, &["files", &id, "--json"]))).unwrap();
+    assert_eq!(json["files"].as_array().unwrap().len(), 3, "{json}");
+
+    // One file to stdout, byte for byte.
+    let out = client(&s.url, &["files", &id, "data/nested/table.bin"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, binary);
+    // One file, and then everything, into a directory.
+    let one = tmp.path().join("one");
+    ok(&client(
+        &s.url,
+        &["files", &id, "notes.md", "-o", one.to_str().unwrap()],
+    ));
+    assert_eq!(
+        std::fs::read_to_string(one.join("notes.md")).unwrap(),
+        "# notes\n"
+    );
+    let all = tmp.path().join("all");
+    ok(&client(
+        &s.url,
+        &["files", &id, "-o", all.to_str().unwrap()],
+    ));
+    assert_eq!(
+        std::fs::read(all.join("data/nested/table.bin")).unwrap(),
+        binary
+    );
+    assert_eq!(
+        std::fs::read_to_string(all.join("single.txt")).unwrap(),
+        "one file"
+    );
+    assert!(!all.join("data/passwd").exists());
+
+    // A fork starts with its source's files.
+    let fork = ok(&client(
+        &s.url,
+        &["submit", "--workspace-from", &id, "fork"],
+    ))
+    .trim()
+    .to_string();
+    let list = ok(&client(&s.url, &["files", &fork]));
+    assert!(list.contains("data/nested/table.bin"), "{list}");
+
+    // Errors name the flag, the argument or the field.
+    let out = client(&s.url, &["submit", "--input", "/no/such/file", "p"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--input /no/such/file"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(
+        &s.url,
+        &["submit", "--input-dir", single.to_str().unwrap(), "p"],
+    );
+    assert!(
+        text(&out.stderr).contains("--input-dir"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(&s.url, &["files", &id, "../../etc/passwd"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("PATH \"../../etc/passwd\""),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(&s.url, &["files", &id, "missing.txt"]);
+    assert!(
+        text(&out.stderr).contains("HTTP 404"),
+        "{}",
+        text(&out.stderr)
+    );
+    let deep = tmp.path().join("deep");
+    let mut at = deep.clone();
+    for _ in 0..40 {
+        at.push("d");
+    }
+    std::fs::create_dir_all(&at).unwrap();
+    std::fs::write(at.join("f"), "x").unwrap();
+    let out = client(
+        &s.url,
+        &["submit", "--input-dir", deep.to_str().unwrap(), "p"],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("(field `files[\"d/d/d"), "{err}");
+    assert!(err.contains("HTTP 422"), "{err}");
+    let out = client(
+        &s.url,
+        &[
+            "submit",
+            "--workspace-from",
+            "00000000-0000-7000-8000-000000000000",
+            "p",
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("field `workspace_from`"),
+        "{}",
+        text(&out.stderr)
+    );
+}
