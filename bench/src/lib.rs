@@ -17,7 +17,9 @@
 //!    sessions' next iteration;
 //! 8. `isolation` — bystander sessions' iterations/s alone and beside hostile sessions
 //!    (NUL in model output, an edit bomb, huge outputs, a spinning loop, a huge timeout)
-//!    on the same workers, and what became of the hostile sessions.
+//!    on the same workers, and what became of the hostile sessions;
+//! 9. `workspace` — time to have a tree's committed files on disk at a claim, for a
+//!    workspace of 1,000 files and 50 MB: cold (empty cache) and warm (cache as committed).
 //!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
@@ -38,6 +40,7 @@ mod report;
 mod resume;
 mod storage;
 mod workload;
+mod workspace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +64,7 @@ pub const PARTS: &[&str] = &[
     "capacity",
     "recovery",
     "isolation",
+    "workspace",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -89,7 +93,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Run only these parts (comma-separated): ceiling, throughput, overhead, storage,
-    /// resume, capacity, recovery, isolation.
+    /// resume, capacity, recovery, isolation, workspace.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print the results as one JSON object on the last line.
@@ -140,6 +144,12 @@ pub struct BenchArgs {
     /// still going count as failed.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub isolation_deadline_secs: u64,
+    /// Files of the workspace part's tree.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub workspace_files: u32,
+    /// Megabytes (10^6 bytes) of the workspace part's tree, spread evenly over its files.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub workspace_mb: u64,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
     /// children. Not a flag: `None` is this process's own executable, which is that binary
     /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
@@ -328,6 +338,9 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
             env.args.sessions, env.args.iterations, env.args.workers, env.args.hostile_percent
         ));
         isolation::isolation(env, r).await?;
+    }
+    if want("workspace") {
+        workspace::workspace(env, r).await?;
     }
     Ok(())
 }

@@ -43,6 +43,11 @@ pub struct Results {
     pub resume_ms: Option<f64>,
     pub resume_first_ms: Option<f64>,
     pub resume_messages: Option<usize>,
+    /// The workspace part's tree, and how long a claim takes to have it on disk.
+    pub workspace_files: Option<usize>,
+    pub workspace_bytes: Option<u64>,
+    pub workspace_resume_cold_ms: Option<f64>,
+    pub workspace_resume_warm_ms: Option<f64>,
     pub capacity_offered: Option<u32>,
     pub capacity_sessions: Option<u64>,
     pub capacity_iterations_per_s: Option<f64>,
@@ -106,7 +111,7 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
                 .collect(),
         )
     };
-    json!({
+    let mut out = json!({
         "tool": args.tool,
         "ceiling_connections": r.ceiling_connections,
         "ceiling_commits_per_s": num(r.ceiling_commits_per_s, 1),
@@ -148,7 +153,25 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
         "isolation_hostiles_failed": r.isolation_outcomes.as_ref().map(|o| o.failed),
         "isolation_hostiles_unfinished": r.isolation_outcomes.as_ref().map(|o| o.unfinished),
         "isolation_hostile_outcomes": r.isolation_outcomes.as_ref().map(|o| &o.by_kind),
-    })
+    });
+    // Beside the rest (one `json!` of every figure is past the macro's recursion limit).
+    if let Value::Object(m) = &mut out {
+        for (k, v) in [
+            ("workspace_files", json!(r.workspace_files)),
+            ("workspace_bytes", json!(r.workspace_bytes)),
+            (
+                "workspace_resume_cold_ms",
+                num(r.workspace_resume_cold_ms, 3),
+            ),
+            (
+                "workspace_resume_warm_ms",
+                num(r.workspace_resume_warm_ms, 3),
+            ),
+        ] {
+            m.insert(k.into(), v);
+        }
+    }
+    out
 }
 
 /// `met`/`missed` against a target.
@@ -173,6 +196,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     overhead_rows(r, &mut rows);
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);
+    workspace_rows(r, &mut rows);
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);
@@ -347,6 +371,31 @@ fn resume_rows(r: &Results, rows: &mut Rows) {
             "",
             "first load on a fresh connection".into(),
             format!("{x:.2} ms"),
+            String::new(),
+        );
+    }
+}
+
+/// Having a tree's files on disk at a claim.
+fn workspace_rows(r: &Results, rows: &mut Rows) {
+    let shape = format!(
+        "{} files, {:.0} MB",
+        r.workspace_files.unwrap_or(0),
+        r.workspace_bytes.unwrap_or(0) as f64 / 1e6
+    );
+    if let Some(x) = r.workspace_resume_cold_ms {
+        rows.add(
+            "workspace",
+            format!("resume {shape}, cold (empty cache, p50)"),
+            format!("{x:.1} ms"),
+            String::new(),
+        );
+    }
+    if let Some(x) = r.workspace_resume_warm_ms {
+        rows.add(
+            "",
+            "resume, warm (cache as committed, p50)".into(),
+            format!("{x:.1} ms"),
             String::new(),
         );
     }
