@@ -2,8 +2,10 @@
 //! scheduler on Postgres and Redis: the files given at submit are listed, printed and
 //! saved byte for byte (one, and all through the tar), symbolic links in an input
 //! directory are skipped, a fork sees its source's files, and bad flags and refused
-//! files are one-line errors naming the flag or the field. No worker runs: the inputs are
-//! in the workspace from the moment the session is created.
+//! files are one-line errors naming the flag or the field. The inputs are in the
+//! workspace from the moment the session is created, so those need no worker; then, with
+//! a real `agentq worker` (the scripted provider), a session reads its inputs at its
+//! first step and its outputs come out, and a fork's changes stay in the fork.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -50,8 +52,12 @@ impl Drop for Scheduler {
     }
 }
 
+/// The tools the end-to-end case's sessions use (and the workers' defaults).
+const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
+
 fn start_scheduler(db: &str, redis: &str) -> Scheduler {
     let mut child = agentq()
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
         .args([
             "scheduler",
             "--addr",
@@ -247,6 +253,174 @@ fn inputs_in_and_files_out() {
     );
     assert!(
         text(&out.stderr).contains("field `workspace_from`"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A worker process, killed when dropped.
+struct Worker(Child);
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The messages of a session, as the API sends them.
+fn messages(api: &str, id: &str) -> String {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        reqwest::Client::new()
+            .get(format!("{api}/v1/sessions/{id}/messages"))
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_session_reads_its_inputs_and_its_outputs_come_out() {
+    let db = migrated_db();
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(&db, &redis.url());
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("script.json");
+    let call = |id: &str, name: &str, args: serde_json::Value| serde_json::json!({"text": "", "tool_calls": [{"id": id, "name": name, "arguments": args}]});
+    std::fs::write(
+        &script,
+        serde_json::json!({
+            "turns": [
+                call("c1", "read_file", serde_json::json!({"path": "in/data.txt"})),
+                call("c2", "write_file", serde_json::json!({"path": "out/result.txt", "content": "the result"})),
+                {"text": "done"},
+            ],
+            "variants": [{"when_prompt_contains": "FORK", "turns": [
+                call("f1", "read_file", serde_json::json!({"path": "out/result.txt"})),
+                call("f2", "write_file", serde_json::json!({"path": "out/result.txt", "content": "changed by the fork"})),
+                call("f3", "write_file", serde_json::json!({"path": "fork-only.txt", "content": "f"})),
+                {"text": "fork done"},
+            ]}],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let _worker = Worker(
+        agentq()
+            .arg("worker")
+            .args(["--database-url", &db])
+            .args(["--redis-url", &redis.url()])
+            .args(["--default-provider", "scripted"])
+            .arg("--script")
+            .arg(&script)
+            .arg("--workspace-root")
+            .arg(tmp.path().join("ws"))
+            .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+            .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let inputs = tmp.path().join("in");
+    std::fs::create_dir_all(&inputs).unwrap();
+    std::fs::write(inputs.join("data.txt"), "hello input 42").unwrap();
+
+    // `--input in/data.txt` from the temp dir keeps its relative place.
+    let out = agentq()
+        .env("AGENTQ_API_URL", &s.url)
+        .current_dir(tmp.path())
+        .args([
+            "submit",
+            "--wait",
+            "--wait-timeout",
+            "120",
+            "--tools",
+            "read_file,write_file",
+        ])
+        .args(["--input", "in/data.txt", "source task"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "done");
+    let id = text(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted "))
+        .unwrap()
+        .trim()
+        .to_string();
+    // The first step read the input.
+    let transcript = messages(&s.url, &id);
+    assert!(transcript.contains("hello input 42"), "{transcript}");
+
+    // The outputs, as one file and as a tar unpacked into a directory.
+    let one = client(&s.url, &["files", &id, "out/result.txt"]);
+    assert_eq!(ok(&one), "the result");
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&client(&s.url, &["files", &id, "--json"]))).unwrap();
+    let result = list["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "out/result.txt")
+        .unwrap()
+        .clone();
+    assert!(result["modified_at_seq"].as_i64().unwrap() > 0, "{list}");
+    let all = tmp.path().join("all");
+    ok(&client(
+        &s.url,
+        &["files", &id, "-o", all.to_str().unwrap()],
+    ));
+    assert_eq!(
+        std::fs::read_to_string(all.join("in/data.txt")).unwrap(),
+        "hello input 42"
+    );
+    assert_eq!(
+        std::fs::read_to_string(all.join("out/result.txt")).unwrap(),
+        "the result"
+    );
+
+    // A fork sees the source's outputs; its own changes stay in the fork.
+    let out = client(
+        &s.url,
+        &[
+            "submit",
+            "--wait",
+            "--wait-timeout",
+            "120",
+            "--tools",
+            "read_file,write_file",
+            "--workspace-from",
+            &id,
+            "FORK task",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "fork done");
+    let fork = text(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(messages(&s.url, &fork).contains("the result"));
+    assert_eq!(
+        ok(&client(&s.url, &["files", &fork, "out/result.txt"])),
+        "changed by the fork"
+    );
+    assert_eq!(ok(&client(&s.url, &["files", &fork, "fork-only.txt"])), "f");
+    assert_eq!(
+        ok(&client(&s.url, &["files", &id, "out/result.txt"])),
+        "the result"
+    );
+    let out = client(&s.url, &["files", &id, "fork-only.txt"]);
+    assert!(
+        text(&out.stderr).contains("HTTP 404"),
         "{}",
         text(&out.stderr)
     );
