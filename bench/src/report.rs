@@ -48,6 +48,10 @@ pub struct Results {
     pub workspace_bytes: Option<u64>,
     pub workspace_resume_cold_ms: Option<f64>,
     pub workspace_resume_warm_ms: Option<f64>,
+    /// Per tool round (commits, rows written, bytes stored): the tool touches no file, or
+    /// writes one.
+    pub workspace_round_nofile: Option<[f64; 3]>,
+    pub workspace_round_write: Option<[f64; 3]>,
     pub capacity_offered: Option<u32>,
     pub capacity_sessions: Option<u64>,
     pub capacity_iterations_per_s: Option<f64>,
@@ -169,6 +173,15 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
             ),
         ] {
             m.insert(k.into(), v);
+        }
+        for (name, x) in [
+            ("nofile", r.workspace_round_nofile),
+            ("write", r.workspace_round_write),
+        ] {
+            let [commits, rows, bytes] = x.map_or([None; 3], |x| x.map(Some));
+            m.insert(format!("workspace_round_{name}_commits"), num(commits, 3));
+            m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
+            m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
         }
     }
     out
@@ -398,6 +411,19 @@ fn workspace_rows(r: &Results, rows: &mut Rows) {
             format!("{x:.1} ms"),
             String::new(),
         );
+    }
+    for (what, x) in [
+        ("tool round, no file", r.workspace_round_nofile),
+        ("tool round writing a file", r.workspace_round_write),
+    ] {
+        if let Some([commits, written, bytes]) = x {
+            rows.add(
+                "",
+                format!("{what}: commits, rows written, bytes stored"),
+                format!("{commits:.2}, {written:.1}, {bytes:.0} B"),
+                String::new(),
+            );
+        }
     }
 }
 

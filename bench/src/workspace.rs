@@ -2,17 +2,24 @@
 //! disk when it claims the tree — cold (an empty cache: another machine, every blob
 //! fetched) and warm (the cache as committed: each file checked by `stat` against the
 //! local index, nothing fetched) — for a workspace of `--workspace-files` files and
-//! `--workspace-mb` MB, through the worker's own materialise step.
+//! `--workspace-mb` MB, through the worker's own materialise step. Then what a tool round
+//! costs the store when its tool touches no file and when it writes one: commits, rows
+//! written and bytes stored per round, the same sessions on the same worker.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::workspace::InputFile;
 use agentq_core::{NewSession, SessionStore};
 use agentq_worker::workspace::materialise;
 
+use crate::workload::{self, TRIVIAL};
 use crate::{Env, Results, ms, progress, quantile};
 
 /// Rounds of each kind; the median is reported.
@@ -91,5 +98,135 @@ pub async fn workspace(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     for round in 0..ROUNDS {
         let _ = std::fs::remove_dir_all(env.scratch.join(format!("ws-cold-{round}")));
     }
+    rounds(env, r).await
+}
+
+/// Sessions and tool rounds of each storage run.
+const ROUND_SESSIONS: u32 = 20;
+const ROUND_ITERATIONS: u32 = 11;
+/// Bytes each write of the writing run puts in its file.
+const WRITE_BYTES: usize = 256;
+
+/// The same scripted sessions twice: each tool round calling the trivial tool (no file),
+/// then `write_file` (a new file each round).
+async fn rounds(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    progress(&format!(
+        "workspace: {ROUND_SESSIONS} sessions x {} tool rounds, touching no file, then \
+         writing one",
+        ROUND_ITERATIONS - 1
+    ));
+    let none = round_cost(env, TRIVIAL, "wsnone").await?;
+    let write = round_cost(env, "write_file", "wswrite").await?;
+    r.workspace_round_nofile = Some(none);
+    r.workspace_round_write = Some(write);
     Ok(())
+}
+
+/// The scripted model of the writing run: every turn but the last writes a new file.
+fn write_script(iterations: u32) -> String {
+    let mut turns: Vec<Turn> = (1..iterations)
+        .map(|i| Turn {
+            text: crate::llm::TURN_TEXT.into(),
+            tool_calls: vec![ScriptedCall {
+                name: "write_file".into(),
+                arguments: serde_json::json!({
+                    "path": format!("out/f{i}.txt"),
+                    "content": "w".repeat(WRITE_BYTES),
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .collect();
+    turns.push(Turn {
+        text: crate::llm::FINAL_TEXT.into(),
+        ..Default::default()
+    });
+    serde_json::to_string(&Script {
+        turns,
+        ..Script::default()
+    })
+    .unwrap_or_default()
+}
+
+/// What the store did in a run, from `pg_stat_database` and the relations' sizes.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    commits: i64,
+    rows: i64,
+    bytes: i64,
+}
+
+async fn counters(env: &Env) -> anyhow::Result<Counters> {
+    sqlx::query("VACUUM sessions, session_specs, messages, workspace_files, blobs")
+        .execute(env.store.pool())
+        .await?;
+    // Statistics reach the view when each backend flushes them (within a second).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (commits, rows, bytes): (i64, i64, i64) = sqlx::query_as(
+        "SELECT d.xact_commit, d.tup_inserted + d.tup_updated + d.tup_deleted, \
+                (SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest(\
+                   ARRAY['sessions', 'session_specs', 'messages', 'workspace_files', 'blobs']) t) \
+         FROM pg_stat_database d WHERE d.datname = current_database()",
+    )
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok(Counters {
+        commits,
+        rows,
+        bytes,
+    })
+}
+
+/// Per tool round of one run: commits, rows written, bytes stored.
+async fn round_cost(env: &Env, tool: &str, part: &'static str) -> anyhow::Result<[f64; 3]> {
+    let queue = env.queue(part);
+    let script = if tool == TRIVIAL {
+        workload::script(ROUND_ITERATIONS, 0, tool)
+    } else {
+        write_script(ROUND_ITERATIONS)
+    };
+    let (wk, store) = workload::worker(env, &queue, part, 64, &script, tool).await?;
+    let shutdown = CancellationToken::new();
+    let handle = {
+        let (w, s) = (wk.clone(), shutdown.clone());
+        tokio::spawn(async move { w.run(s).await })
+    };
+    let ids =
+        workload::create_sessions(env, &queue, ROUND_SESSIONS, ROUND_ITERATIONS, tool).await?;
+    let before = counters(env).await?;
+    let redis = agentq_core::redis_queue::RedisQueue::connect(&env.redis_url).await?;
+    workload::enqueue(&redis, &queue, &ids).await?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let waited = loop {
+        if wk.stats().completed.load(Ordering::Relaxed) >= u64::from(ROUND_SESSIONS) {
+            break Ok(());
+        }
+        if Instant::now() > deadline {
+            break Err(anyhow::anyhow!(
+                "workspace: the {part} sessions did not finish"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    shutdown.cancel();
+    let _ = handle.await;
+    workload::close(&store).await;
+    waited?;
+    let after = counters(env).await?;
+    let (ok,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed'")
+            .bind(&ids)
+            .fetch_one(env.store.pool())
+            .await?;
+    if ok != i64::from(ROUND_SESSIONS) {
+        bail!("workspace: {ok} of {ROUND_SESSIONS} {part} sessions completed");
+    }
+    let n = f64::from(ROUND_SESSIONS) * f64::from(ROUND_ITERATIONS - 1);
+    let per = |a: i64, b: i64| (a - b) as f64 / n;
+    Ok([
+        per(after.commits, before.commits),
+        per(after.rows, before.rows),
+        per(after.bytes, before.bytes),
+    ])
 }

@@ -346,9 +346,18 @@ fn bench_workspace_resumes_cold_and_warm() {
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(v["workspace_files"], 50, "{v}");
     assert_eq!(v["workspace_bytes"], 2_000_000, "{v}");
-    for key in ["workspace_resume_cold_ms", "workspace_resume_warm_ms"] {
+    for key in [
+        "workspace_resume_cold_ms",
+        "workspace_resume_warm_ms",
+        "workspace_round_nofile_commits",
+        "workspace_round_nofile_rows",
+        "workspace_round_write_commits",
+        "workspace_round_write_rows",
+        "workspace_round_write_bytes",
+    ] {
         let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
+
     assert!(stdout.contains("workspace"), "{stdout}");
 }
