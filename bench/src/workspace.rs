@@ -149,7 +149,11 @@ fn write_script(iterations: u32) -> String {
     .unwrap_or_default()
 }
 
-/// What the store did in a run, from `pg_stat_database` and the relations' sizes.
+/// What the store did in a run: commits of the whole database (`pg_stat_database`), rows
+/// inserted, updated or deleted in the session and workspace tables
+/// (`pg_stat_user_tables`), and those tables' sizes after a VACUUM. The statistics are
+/// flushed as each connection goes (the workers' pools are closed before the second
+/// reading), so a few rows of the bench's own connection may count in either run.
 #[derive(Debug, Clone, Copy)]
 struct Counters {
     commits: i64,
@@ -164,10 +168,12 @@ async fn counters(env: &Env) -> anyhow::Result<Counters> {
     // Statistics reach the view when each backend flushes them (within a second).
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (commits, rows, bytes): (i64, i64, i64) = sqlx::query_as(
-        "SELECT d.xact_commit, d.tup_inserted + d.tup_updated + d.tup_deleted, \
-                (SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest(\
-                   ARRAY['sessions', 'session_specs', 'messages', 'workspace_files', 'blobs']) t) \
-         FROM pg_stat_database d WHERE d.datname = current_database()",
+        "WITH t AS (SELECT unnest(ARRAY['sessions', 'session_specs', 'messages', \
+                                         'workspace_files', 'blobs']) AS name) \
+         SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()), \
+                (SELECT sum(n_tup_ins + n_tup_upd + n_tup_del)::bigint FROM pg_stat_user_tables \
+                   WHERE relname IN (SELECT name FROM t)), \
+                (SELECT sum(pg_total_relation_size(name::regclass))::bigint FROM t)",
     )
     .fetch_one(env.store.pool())
     .await?;
