@@ -5,7 +5,9 @@
 //! files are one-line errors naming the flag or the field. The inputs are in the
 //! workspace from the moment the session is created, so those need no worker; then, with
 //! a real `agentq worker` (the scripted provider), a session reads its inputs at its
-//! first step and its outputs come out, and a fork's changes stay in the fork.
+//! first step and its outputs come out, and a fork's changes stay in the fork; and the
+//! same on the embedded `agentq dev`, whose files outlive a SIGKILL and reach a dev with
+//! another workspace root (an empty cache).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -284,13 +286,10 @@ fn messages(api: &str, id: &str) -> String {
     })
 }
 
-#[test]
-fn a_session_reads_its_inputs_and_its_outputs_come_out() {
-    let db = migrated_db();
-    let redis = RedisServer::start().unwrap();
-    let s = start_scheduler(&db, &redis.url());
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("script.json");
+/// The scripted model of the end-to-end cases: a session reads `in/data.txt` and writes
+/// `out/result.txt`; a fork (prompt with `FORK`) reads that, changes it and adds a file.
+fn write_script(dir: &std::path::Path) -> std::path::PathBuf {
+    let script = dir.join("script.json");
     let call = |id: &str, name: &str, args: serde_json::Value| serde_json::json!({"text": "", "tool_calls": [{"id": id, "name": name, "arguments": args}]});
     std::fs::write(
         &script,
@@ -310,6 +309,16 @@ fn a_session_reads_its_inputs_and_its_outputs_come_out() {
         .to_string(),
     )
     .unwrap();
+    script
+}
+
+#[test]
+fn a_session_reads_its_inputs_and_its_outputs_come_out() {
+    let db = migrated_db();
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(&db, &redis.url());
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(tmp.path());
     let _worker = Worker(
         agentq()
             .arg("worker")
@@ -423,5 +432,163 @@ fn a_session_reads_its_inputs_and_its_outputs_come_out() {
         text(&out.stderr).contains("HTTP 404"),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// `agentq dev` on its embedded file, without keys on loopback.
+fn dev(db: &std::path::Path, ws: &std::path::Path, script: &std::path::Path) -> Scheduler {
+    let mut child = agentq()
+        .env_remove("AGENTQ_API_KEY")
+        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+        .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+        .arg(db)
+        .arg("--script")
+        .arg(script)
+        .arg("--workspace-root")
+        .arg(ws)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let url = loop {
+        assert!(Instant::now() < deadline, "dev did not start");
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "dev exited");
+        if let Some(i) = line.find("listening on ") {
+            break line[i + "listening on ".len()..].trim().to_string();
+        }
+    };
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    Scheduler { child, url }
+}
+
+fn dev_client(api: &str, args: &[&str]) -> Output {
+    agentq()
+        .env_remove("AGENTQ_API_KEY")
+        .env("AGENTQ_API_URL", api)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_embedded_mode_keeps_files_across_a_killed_dev_and_another_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = write_script(tmp.path());
+    let db = tmp.path().join("agentq.db");
+    let input = tmp.path().join("data.txt");
+    std::fs::write(&input, "embedded input 7").unwrap();
+    let mut first = dev(&db, &tmp.path().join("ws-a"), &script);
+    let out = dev_client(
+        &first.url,
+        &[
+            "submit",
+            "--wait",
+            "--wait-timeout",
+            "120",
+            "--tools",
+            "read_file,write_file",
+            "--input-dir",
+            tmp.path().join("in-dir").to_str().unwrap(),
+            "source task",
+        ],
+    );
+    // An input directory that does not exist is refused naming the flag.
+    assert!(
+        text(&out.stderr).contains("--input-dir"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::create_dir_all(tmp.path().join("in-dir/in")).unwrap();
+    std::fs::copy(&input, tmp.path().join("in-dir/in/data.txt")).unwrap();
+    let out = dev_client(
+        &first.url,
+        &[
+            "submit",
+            "--wait",
+            "--wait-timeout",
+            "120",
+            "--tools",
+            "read_file,write_file",
+            "--input-dir",
+            tmp.path().join("in-dir").to_str().unwrap(),
+            "source task",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "done");
+    let id = text(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(
+        ok(&dev_client(&first.url, &["files", &id, "out/result.txt"])),
+        "the result"
+    );
+
+    // SIGKILL, then a dev with another workspace root (another machine's cache).
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let second = dev(&db, &tmp.path().join("ws-b"), &script);
+    assert_eq!(
+        ok(&dev_client(&second.url, &["files", &id, "in/data.txt"])),
+        "embedded input 7"
+    );
+    assert_eq!(
+        ok(&dev_client(&second.url, &["files", &id, "out/result.txt"])),
+        "the result"
+    );
+    let out = dev_client(
+        &second.url,
+        &[
+            "submit",
+            "--wait",
+            "--wait-timeout",
+            "120",
+            "--tools",
+            "read_file,write_file",
+            "--workspace-from",
+            &id,
+            "FORK task",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let fork = text(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("submitted "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_eq!(
+        ok(&dev_client(
+            &second.url,
+            &["files", &fork, "out/result.txt"]
+        )),
+        "changed by the fork"
+    );
+    assert_eq!(
+        ok(&dev_client(&second.url, &["files", &id, "out/result.txt"])),
+        "the result"
+    );
+    let all = tmp.path().join("all");
+    ok(&dev_client(
+        &second.url,
+        &["files", &fork, "-o", all.to_str().unwrap()],
+    ));
+    assert_eq!(
+        std::fs::read_to_string(all.join("in/data.txt")).unwrap(),
+        "embedded input 7"
+    );
+    assert_eq!(
+        std::fs::read_to_string(all.join("fork-only.txt")).unwrap(),
+        "f"
     );
 }
