@@ -68,6 +68,7 @@ pub struct Settings {
     pub providers: ProvidersSection,
     pub policy: PolicySection,
     pub guardian: GuardianSection,
+    pub workspace: WorkspaceSection,
 }
 
 impl Default for Settings {
@@ -85,6 +86,7 @@ impl Default for Settings {
             providers: ProvidersSection::default(),
             policy: PolicySection::default(),
             guardian: GuardianSection::default(),
+            workspace: WorkspaceSection::default(),
         }
     }
 }
@@ -620,6 +622,35 @@ impl Default for GuardianSection {
     }
 }
 
+/// `[workspace]`: how long the durable workspaces of finished trees are kept, and the
+/// collection of contents no workspace holds any more (run by the scheduler).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkspaceSection {
+    /// A tree's files are deleted this long after its root finished (unless it runs
+    /// again first); 0 keeps them for as long as the session.
+    pub ttl_secs: u64,
+    /// A content no workspace holds is collected once nothing touched it for this long.
+    /// Longer than any commit may take after its uploads (a worker gives a commit up
+    /// after ten lease times).
+    pub blob_grace_secs: u64,
+    /// How often the scheduler expires workspaces and collects contents.
+    pub gc_interval_secs: u64,
+    /// Trees expired, and contents collected, per statement at most.
+    pub gc_batch: u32,
+}
+
+impl Default for WorkspaceSection {
+    fn default() -> Self {
+        WorkspaceSection {
+            ttl_secs: 30 * 24 * 3600,
+            blob_grace_secs: 3600,
+            gc_interval_secs: 60,
+            gc_batch: 500,
+        }
+    }
+}
+
 /// Sets one setting from the text of an environment variable; the message says why the
 /// text is not a value of it.
 type Apply = fn(&mut Settings, &str) -> std::result::Result<(), String>;
@@ -985,6 +1016,18 @@ pub const SETTINGS: &[Setting] = &[
     file("guardian.on_error"),
     file("guardian.tools"),
     file("guardian.script"),
+    var(
+        "workspace.ttl_secs",
+        "AGENTQ_WORKSPACE_TTL_SECS",
+        None,
+        |s, v| {
+            s.workspace.ttl_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    file("workspace.blob_grace_secs"),
+    file("workspace.gc_interval_secs"),
+    file("workspace.gc_batch"),
 ];
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

@@ -28,6 +28,7 @@ pub mod request;
 mod routes;
 pub mod serve;
 pub mod sweeper;
+pub mod workspace_gc;
 
 pub use error::ApiError;
 pub use events::StreamLimits;
@@ -67,6 +68,8 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// Retention of durable workspaces (`[workspace]`).
+    pub workspace: agentq_core::config::WorkspaceSection,
 }
 
 impl SchedulerSettings {
@@ -74,6 +77,7 @@ impl SchedulerSettings {
     pub fn from_settings(s: &Settings) -> agentq_core::Result<Self> {
         Ok(SchedulerSettings {
             policy: Arc::new(Policy::from_section(&s.policy)?),
+            workspace: s.workspace.clone(),
             ..(&s.scheduler).into()
         })
     }
@@ -96,6 +100,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             max_queues: c.max_queues,
             stream_max_len: c.stream_max_len,
             policy: Arc::new(Policy::default()),
+            workspace: agentq_core::config::WorkspaceSection::default(),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()
@@ -327,6 +332,11 @@ pub async fn run(
     // A child token: the sweeper also stops when the server ends on its own, without
     // cancelling the caller's token.
     let stop_sweeper = shutdown.child_token();
+    let workspace_gc = tokio::spawn(workspace_gc::run_workspace_gc(
+        store.clone(),
+        cfg.workspace.clone(),
+        stop_sweeper.clone(),
+    ));
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
         queue,
@@ -363,6 +373,9 @@ pub async fn run(
     }
     if let Err(e) = sweeper.await {
         tracing::error!(error = %e, "sweeper task failed");
+    }
+    if let Err(e) = workspace_gc.await {
+        tracing::error!(error = %e, "workspace collector task failed");
     }
     served?;
     tracing::info!("scheduler stopped");

@@ -7,7 +7,7 @@ use agentq_agent::provider::endpoint::check_base_url;
 use super::{
     GuardianSection, HookSettings, MAX_GUARDIAN_TIMEOUT_MS, MAX_HOOK_TIMEOUT_MS, PROVIDERS,
     PolicySection, ProvidersSection, SchedulerSection, Secs, Settings, TenantPolicySection,
-    WorkerSection, describe,
+    WorkerSection, WorkspaceSection, describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;
@@ -36,6 +36,7 @@ impl Settings {
             hook_rules(i, hook)?;
         }
         guardian(&self.guardian)?;
+        workspace(&self.workspace, &self.worker)?;
         providers(&self.providers)?;
         for (key, addr) in [
             ("api_addr", &self.api_addr),
@@ -596,6 +597,29 @@ fn providers(p: &ProvidersSection) -> Result<()> {
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+fn workspace(w: &WorkspaceSection, worker: &WorkerSection) -> Result<()> {
+    if w.gc_interval_secs == 0 {
+        return Err(invalid("workspace.gc_interval_secs", "must be at least 1"));
+    }
+    if w.gc_batch == 0 {
+        return Err(invalid("workspace.gc_batch", "must be at least 1"));
+    }
+    // A worker uploads a change's contents, then commits it, retrying for up to ten lease
+    // times: a content must not be collected before its commit had every chance.
+    let commit_window = worker.lease_ttl_secs.0 * 10.0;
+    if (w.blob_grace_secs as f64) <= commit_window {
+        return Err(invalid(
+            "workspace.blob_grace_secs",
+            format!(
+                "{} must be longer than ten lease times ({commit_window} s, \
+                 worker.lease_ttl_secs): a commit may follow its uploads that late",
+                w.blob_grace_secs
+            ),
+        ));
     }
     Ok(())
 }

@@ -14,3 +14,4 @@ mod poison;
 mod restart;
 mod scale;
 mod subagents;
+mod workspace;
