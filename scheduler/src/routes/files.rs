@@ -1,5 +1,6 @@
 //! A session's files: the list of its tree's committed workspace (`GET
-//! /v1/sessions/{id}/files`, or with `?format=tar` every file in one tar) and one file's
+//! /v1/sessions/{id}/files`, or with `?format=tar` every file in one tar, streamed a file
+//! at a time) and one file's
 //! bytes (`GET /v1/sessions/{id}/files/{path}`). Read like every other read of a session:
 //! the caller's tenant only (another tenant's session is the same 404 as a missing one).
 //!
@@ -8,7 +9,7 @@
 //! sandboxing `Content-Security-Policy`, and anything a browser would render as a page
 //! (HTML, SVG, XML, scripts) is served as plain text and as an attachment.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -23,10 +24,6 @@ use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::body::no_nul;
 use crate::http::{ApiResult, Auth, MAX_ID_LEN, get_row, not_found, respond};
-
-/// The largest tar the scheduler builds in memory; a larger workspace is read file by
-/// file. Workspaces are bounded by their quota well below this.
-const MAX_TAR_BYTES: u64 = 1024 * 1024 * 1024;
 
 /// The longest and deepest path asked for: the hard bounds, whatever the policy.
 const ANY_PATH: FileLimits = FileLimits {
@@ -66,18 +63,8 @@ pub(super) async fn list(
     if !tar {
         return respond(StatusCode::OK, &FileList { files });
     }
-    let total = files.iter().fold(0u64, |n, f| n.saturating_add(f.size));
-    if total > MAX_TAR_BYTES {
-        return Err(ApiError::TooLarge {
-            field: Some("format".into()),
-            message: format!(
-                "the workspace holds {total} bytes; a tar is built for at most \
-                 {MAX_TAR_BYTES}: download its files one by one"
-            ),
-        });
-    }
-    let body = build_tar(&s, &row.root_id, &files).await?;
-    let mut resp = (StatusCode::OK, Body::from(body)).into_response();
+    let body = Body::from_stream(tar_stream(s.clone(), row.root_id.clone(), files));
+    let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -88,36 +75,74 @@ pub(super) async fn list(
     Ok(resp)
 }
 
-/// Every file of `files` into one tar: regular files only, mode 0644, no owner and the
-/// epoch as their time, so the same workspace always gives the same bytes.
-async fn build_tar(s: &Scheduler, root_id: &str, files: &[FileEntry]) -> ApiResult<Vec<u8>> {
-    let mut out = tar::Builder::new(Vec::new());
-    out.mode(tar::HeaderMode::Deterministic);
-    for f in files {
-        // A path the rules refuse cannot have been committed; should one be stored
-        // anyway it stays out of the tar rather than reach an unpacker.
-        if normalize(&f.path, &ANY_PATH).as_deref() != Ok(f.path.as_str()) {
-            tracing::warn!(root_id, path = %f.path.escape_debug(), "skipping a stored path that breaks the path rules");
-            continue;
-        }
-        // Gone since the listing (a concurrent commit): the tar holds what is there.
-        let Some((_, data)) = s.store.workspace_file(root_id, &f.path).await? else {
-            continue;
-        };
-        let mut head = tar::Header::new_gnu();
-        head.set_entry_type(tar::EntryType::Regular);
-        head.set_mode(0o644);
-        head.set_mtime(0);
-        head.set_size(u64::try_from(data.len()).unwrap_or(u64::MAX));
-        out.append_data(&mut head, &f.path, data.as_slice())
-            .map_err(|e| {
-                tracing::error!(root_id, error = %e, "cannot build a tar");
-                ApiError::Internal
-            })?;
+/// The end of a tar: two zero blocks.
+const TAR_END: usize = 1024;
+
+/// One file's tar entry — its header (and a long name's records), its bytes and their
+/// padding — without the archive's end: a regular file, mode 0644, no owner and the
+/// epoch as its time, so the same workspace always gives the same bytes.
+fn tar_entry(path: &str, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.mode(tar::HeaderMode::Deterministic);
+    let mut head = tar::Header::new_gnu();
+    head.set_entry_type(tar::EntryType::Regular);
+    head.set_mode(0o644);
+    head.set_mtime(0);
+    head.set_size(u64::try_from(data.len()).unwrap_or(u64::MAX));
+    b.append_data(&mut head, path, data)?;
+    let mut out = b.into_inner()?;
+    out.truncate(out.len().saturating_sub(TAR_END));
+    Ok(out)
+}
+
+/// Every file of `files`, read one at a time and sent as its tar entry, then the end of
+/// the archive: the scheduler holds one file at a time, whatever the workspace's size. A
+/// failure past the first byte can only cut the answer short, which leaves a tar without
+/// its end (an unpacker reports it).
+fn tar_stream(
+    s: Scheduler,
+    root_id: String,
+    files: Vec<FileEntry>,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static {
+    struct At {
+        s: Scheduler,
+        root_id: String,
+        files: std::vec::IntoIter<FileEntry>,
+        done: bool,
     }
-    out.into_inner().map_err(|e| {
-        tracing::error!(root_id, error = %e, "cannot finish a tar");
-        ApiError::Internal
+    let start = At {
+        s,
+        root_id,
+        files: files.into_iter(),
+        done: false,
+    };
+    futures::stream::unfold(start, |mut at| async move {
+        if at.done {
+            return None;
+        }
+        loop {
+            let Some(f) = at.files.next() else {
+                at.done = true;
+                return Some((Ok(Bytes::from(vec![0u8; TAR_END])), at));
+            };
+            // A path the rules refuse cannot have been committed; should one be stored
+            // anyway it stays out of the tar rather than reach an unpacker.
+            if normalize(&f.path, &ANY_PATH).as_deref() != Ok(f.path.as_str()) {
+                tracing::warn!(root_id = %at.root_id, path = %f.path.escape_debug(), "skipping a stored path that breaks the path rules");
+                continue;
+            }
+            let entry = match at.s.store.workspace_file(&at.root_id, &f.path).await {
+                // Gone since the listing (a concurrent commit): the tar holds what is.
+                Ok(None) => continue,
+                Ok(Some((_, data))) => tar_entry(&f.path, &data),
+                Err(e) => {
+                    tracing::warn!(root_id = %at.root_id, error = %e, "cannot read a workspace file for a tar");
+                    Err(std::io::Error::other("cannot read the workspace"))
+                }
+            };
+            at.done = entry.is_err();
+            return Some((entry.map(Bytes::from), at));
+        }
     })
 }
 
@@ -151,7 +176,7 @@ pub(super) async fn get(
     let mut resp = (StatusCode::OK, Body::from(data)).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if let Ok(v) = HeaderValue::from_str(&entry.sha256) {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", entry.sha256)) {
         h.insert(header::ETAG, v);
     }
     if render_risk {
@@ -234,7 +259,25 @@ fn content_type(path: &str) -> (&'static str, bool) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
+
+    #[test]
+    fn entries_and_the_end_make_one_tar() {
+        let long = format!("{}/f.txt", "d".repeat(150));
+        let mut t = tar_entry("a.txt", b"hi").unwrap();
+        assert_eq!(t.len() % 512, 0);
+        t.extend(tar_entry(&long, b"x").unwrap());
+        t.extend([0u8; TAR_END]);
+        let mut a = tar::Archive::new(t.as_slice());
+        let names: Vec<String> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["a.txt".to_string(), long]);
+    }
 
     #[test]
     fn types_by_extension_and_what_a_browser_must_not_render() {
