@@ -173,15 +173,24 @@ pub async fn check_sources(
     reqs: &[SessionRequest],
     batch: bool,
 ) -> Result<(), ApiError> {
+    // A batch may fork many sessions from a few sources: each is looked up once.
+    let mut seen = std::collections::HashMap::<&str, bool>::new();
     for (i, r) in reqs.iter().enumerate() {
         let Some(id) = &r.workspace_from else {
             continue;
         };
-        let found = s
-            .store
-            .get(id)
-            .await?
-            .is_some_and(|row| row.tenant == caller.tenant);
+        let found = match seen.get(id.as_str()) {
+            Some(found) => *found,
+            None => {
+                let found = s
+                    .store
+                    .get(id)
+                    .await?
+                    .is_some_and(|row| row.tenant == caller.tenant);
+                seen.insert(id, found);
+                found
+            }
+        };
         if !found {
             let prefix = if batch {
                 format!("[{i}]")

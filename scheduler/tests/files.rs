@@ -390,6 +390,20 @@ async fn workspace_from_forks_within_a_tenant_only() {
         )
         .await;
     assert_eq!((s, field(&v)), (422, "[1].workspace_from"), "{v}");
+    for junk in [
+        "not-a-session-id",
+        "'; DROP TABLE sessions; --",
+        "\u{202e}x",
+    ] {
+        let (s, v) = env
+            .post(
+                "/v1/sessions",
+                &env.globex,
+                &json!({"prompt": "p", "workspace_from": junk}),
+            )
+            .await;
+        assert_eq!((s, field(&v)), (422, "workspace_from"), "{junk}: {v}");
+    }
     assert_eq!(env.sessions_of("globex").await, before);
 
     // Nor can another tenant read the files: every route answers as for a missing session.
