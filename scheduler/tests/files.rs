@@ -4,8 +4,10 @@
 //! attacks: every bad path, shape and size at submit is a 4xx naming the file and leaves
 //! nothing behind; a download never answers a file outside the tree (traversal sent raw,
 //! past any client's URL normalisation); another tenant's session, its files and its
-//! workspace as a `workspace_from` all look exactly like missing ones; and what a browser
-//! could render is served so that it will not.
+//! workspace as a `workspace_from` all look exactly like missing ones; what a browser
+//! could render is served so that it will not; and with Postgres killed, files in and out
+//! are a 503, and once it is back the refused request left nothing and the committed
+//! files are intact.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -622,4 +624,87 @@ async fn a_download_never_leaves_the_tree() {
         assert!(s == 404 || s == 422, "{target}: {s} {body}");
         assert!(!body.contains("root:"), "{target}: {body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_down_refuses_files_in_and_out_and_loses_nothing() {
+    let mut pg =
+        tokio::task::block_in_place(agentq_testkit::PostgresServer::start_crash_safe).unwrap();
+    let db_url = pg.fresh_database().unwrap();
+    let store = PgStore::connect(&db_url, 4).await.unwrap();
+    store.migrate().await.unwrap();
+    let store = Arc::new(store);
+    let redis = RedisServer::start().unwrap();
+    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+    let mut settings = SchedulerSettings::default();
+    settings.auth = settings.auth.with_admin_key("files-fault-admin");
+    let state = Scheduler::new(store.clone(), queue, settings);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/sessions"))
+                .bearer_auth("files-fault-admin")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let get = |path: String| {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let r = http
+                .get(format!("{base}{path}"))
+                .bearer_auth("files-fault-admin")
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.bytes().await.unwrap().to_vec())
+        }
+    };
+    let (s, v) = post(json!({"prompt": "p", "files": {"kept.txt": "kept"}})).await;
+    assert_eq!(s, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+
+    tokio::task::block_in_place(|| pg.kill());
+    let (s, v) = post(json!({"prompt": "lost?", "files": {"a.txt": "a"}})).await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(get(format!("/v1/sessions/{id}/files")).await.0, 503);
+    assert_eq!(
+        get(format!("/v1/sessions/{id}/files/kept.txt")).await.0,
+        503
+    );
+
+    tokio::task::block_in_place(|| pg.restart()).unwrap();
+    // The refused request left nothing; the committed files are there, byte for byte.
+    let mut back = false;
+    for _ in 0..100 {
+        let (s, body) = get(format!("/v1/sessions/{id}/files/kept.txt")).await;
+        if s == 200 {
+            assert_eq!(body, b"kept");
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "the scheduler never answered again");
+    let all = store
+        .list(&ListFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    let (s, v) = post(json!({"prompt": "again", "files": {"a.txt": "a"}})).await;
+    assert_eq!(s, 201, "{v}");
 }
