@@ -16,6 +16,7 @@ mod budgets;
 pub mod de;
 mod error;
 pub mod events;
+pub mod files;
 mod health;
 mod limits;
 mod queues;
@@ -27,6 +28,7 @@ pub use budgets::{
 };
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
+pub use files::{FileContent, FileEntry, FileList};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};

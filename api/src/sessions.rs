@@ -1,5 +1,7 @@
 //! Creating, reading, listing and cancelling sessions.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -8,6 +10,7 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_core::{SessionStatus, WaitReason};
 
 use crate::de::struct_fields;
+use crate::files::FileContent;
 
 /// `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
 ///
@@ -31,11 +34,27 @@ pub struct CreateSession {
     /// priorities are handed to workers first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u8>,
+    /// Files the session's workspace starts with, by path (relative, `/`-separated):
+    /// bounded by the tenant's policy (`max_input_files`, `max_input_bytes`,
+    /// `max_path_bytes`, `max_path_depth`); a bad one is named `files["../x"]`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileContent>,
+    /// Start from the committed files of this session (of the same tenant): a fork of its
+    /// workspace; `files` then replace what they name. Later changes of either do not
+    /// reach the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace_from: Option<String>,
 }
 
 impl CreateSession {
     /// The fields about the request rather than the session's work.
-    pub const ENVELOPE_FIELDS: &'static [&'static str] = &["queue", "idempotency_key", "priority"];
+    pub const ENVELOPE_FIELDS: &'static [&'static str] = &[
+        "queue",
+        "idempotency_key",
+        "priority",
+        "files",
+        "workspace_from",
+    ];
 
     /// The fields that map onto [`SessionSpec`].
     pub fn spec_fields() -> &'static [&'static str] {
@@ -251,6 +270,18 @@ mod tests {
             serde_json::from_value(json!([{"prompt": "a"}, {"prompt": "b", "queue": "bulk"}]))
                 .unwrap();
         assert_eq!(batch[1].queue.as_deref(), Some("bulk"));
+        let files = json!({"a.txt": "hi", "b.bin": {"base64": "AAE="}});
+        let with_files: CreateSession =
+            serde_json::from_value(json!({"prompt": "p", "files": files, "workspace_from": "s0"}))
+                .unwrap();
+        let back = serde_json::to_value(&with_files).unwrap();
+        assert_eq!(
+            (&back["files"], &back["workspace_from"]),
+            (&files, &json!("s0"))
+        );
+        assert_eq!(with_files.files["a.txt"], FileContent::Text("hi".into()));
+        assert_eq!(with_files.workspace_from.as_deref(), Some("s0"));
+        assert!(min.files.is_empty() && min.workspace_from.is_none());
 
         for f in [
             "prompt",
@@ -261,6 +292,8 @@ mod tests {
             "queue",
             "idempotency_key",
             "priority",
+            "files",
+            "workspace_from",
         ] {
             assert!(CreateSession::accepts(f), "{f}");
         }

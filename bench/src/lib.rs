@@ -22,6 +22,8 @@
 //!    rate limit: iterations/s under a configured limit over the limit, the share of
 //!    requests refused, the limiter's Redis calls per LLM call, and throughput with a
 //!    non-binding limit over none.
+//! 10. `workspace` — time to have a tree's committed files on disk at a claim, for a
+//!    workspace of 1,000 files and 50 MB: cold (empty cache) and warm (cache as committed).
 //!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
@@ -43,6 +45,7 @@ mod report;
 mod resume;
 mod storage;
 mod workload;
+mod workspace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +70,7 @@ pub const PARTS: &[&str] = &[
     "recovery",
     "isolation",
     "admission",
+    "workspace",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -95,7 +99,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Run only these parts (comma-separated): ceiling, throughput, overhead, storage,
-    /// resume, capacity, recovery, isolation, admission.
+    /// resume, capacity, recovery, isolation, admission, workspace.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print the results as one JSON object on the last line.
@@ -156,6 +160,12 @@ pub struct BenchArgs {
     /// How long each of the three admission rounds measures.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub admission_secs: u64,
+    /// Files of the workspace part's tree.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub workspace_files: u32,
+    /// Megabytes (10^6 bytes) of the workspace part's tree, spread evenly over its files.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub workspace_mb: u64,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
     /// children. Not a flag: `None` is this process's own executable, which is that binary
     /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
@@ -351,6 +361,9 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
             env.args.admission_sessions, env.args.admission_rpm, env.args.admission_secs
         ));
         admission::admission(env, r).await?;
+    }
+    if want("workspace") {
+        workspace::workspace(env, r).await?;
     }
     Ok(())
 }

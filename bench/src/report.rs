@@ -43,6 +43,15 @@ pub struct Results {
     pub resume_ms: Option<f64>,
     pub resume_first_ms: Option<f64>,
     pub resume_messages: Option<usize>,
+    /// The workspace part's tree, and how long a claim takes to have it on disk.
+    pub workspace_files: Option<usize>,
+    pub workspace_bytes: Option<u64>,
+    pub workspace_resume_cold_ms: Option<f64>,
+    pub workspace_resume_warm_ms: Option<f64>,
+    /// Per tool round (commits, rows written, bytes stored): the tool touches no file, or
+    /// writes one.
+    pub workspace_round_nofile: Option<[f64; 3]>,
+    pub workspace_round_write: Option<[f64; 3]>,
     pub capacity_offered: Option<u32>,
     pub capacity_sessions: Option<u64>,
     pub capacity_iterations_per_s: Option<f64>,
@@ -177,6 +186,32 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
     if let (Value::Object(all), Value::Object(more)) = (&mut v, admission) {
         all.extend(more);
     }
+    // Beside the rest (one `json!` of every figure is past the macro's recursion limit).
+    if let Value::Object(m) = &mut v {
+        for (key, value) in [
+            ("workspace_files", json!(r.workspace_files)),
+            ("workspace_bytes", json!(r.workspace_bytes)),
+            (
+                "workspace_resume_cold_ms",
+                num(r.workspace_resume_cold_ms, 3),
+            ),
+            (
+                "workspace_resume_warm_ms",
+                num(r.workspace_resume_warm_ms, 3),
+            ),
+        ] {
+            m.insert(key.into(), value);
+        }
+        for (name, x) in [
+            ("nofile", r.workspace_round_nofile),
+            ("write", r.workspace_round_write),
+        ] {
+            let [commits, rows, bytes] = x.map_or([None; 3], |x| x.map(Some));
+            m.insert(format!("workspace_round_{name}_commits"), num(commits, 3));
+            m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
+            m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
+        }
+    }
     v
 }
 
@@ -202,6 +237,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     overhead_rows(r, &mut rows);
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);
+    workspace_rows(r, &mut rows);
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);
@@ -379,6 +415,44 @@ fn resume_rows(r: &Results, rows: &mut Rows) {
             format!("{x:.2} ms"),
             String::new(),
         );
+    }
+}
+
+/// Having a tree's files on disk at a claim.
+fn workspace_rows(r: &Results, rows: &mut Rows) {
+    let shape = format!(
+        "{} files, {:.0} MB",
+        r.workspace_files.unwrap_or(0),
+        r.workspace_bytes.unwrap_or(0) as f64 / 1e6
+    );
+    if let Some(x) = r.workspace_resume_cold_ms {
+        rows.add(
+            "workspace",
+            format!("resume {shape}, cold (empty cache, p50)"),
+            format!("{x:.1} ms"),
+            String::new(),
+        );
+    }
+    if let Some(x) = r.workspace_resume_warm_ms {
+        rows.add(
+            "",
+            "resume, warm (cache as committed, p50)".into(),
+            format!("{x:.1} ms"),
+            String::new(),
+        );
+    }
+    for (what, x) in [
+        ("tool round, no file", r.workspace_round_nofile),
+        ("tool round writing a file", r.workspace_round_write),
+    ] {
+        if let Some([commits, written, bytes]) = x {
+            rows.add(
+                "",
+                format!("{what}: commits, rows written, bytes stored"),
+                format!("{commits:.2}, {written:.1}, {bytes:.0} B"),
+                String::new(),
+            );
+        }
     }
 }
 

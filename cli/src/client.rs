@@ -111,6 +111,18 @@ pub struct SubmitArgs {
     /// Submitting again with the same key returns the existing session.
     #[arg(long, conflicts_with = "file")]
     pub idempotency_key: Option<String>,
+    /// A file for the session's workspace (repeatable). A relative path without `..`
+    /// keeps its place (`--input src/main.rs` is `src/main.rs`); any other lands at its
+    /// file name.
+    #[arg(long, value_name = "PATH")]
+    pub input: Vec<PathBuf>,
+    /// A directory whose files (recursively, paths relative to it, symbolic links
+    /// skipped) go into the session's workspace (repeatable).
+    #[arg(long, value_name = "DIR")]
+    pub input_dir: Vec<PathBuf>,
+    /// Start from the files of this session (of your tenant).
+    #[arg(long, value_name = "ID")]
+    pub workspace_from: Option<String>,
     #[command(flatten)]
     pub api: ApiArgs,
 }
@@ -249,6 +261,25 @@ impl Api {
         }
     }
 
+    /// The bytes of a 2xx answer to a GET of `path`, any other as an [`ApiFailure`].
+    pub(crate) async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let text = resp.text().await.map_err(|e| self.transport_error(e))?;
+            return Err(ApiFailure::of(status, &text).into());
+        }
+        resp.bytes()
+            .await
+            .map(|b| b.to_vec())
+            .map_err(|e| self.transport_error(e))
+    }
+
     pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self
             .send(self.http.get(format!("{}{path}", self.base)))
@@ -308,6 +339,10 @@ impl SubmitArgs {
             "idempotency_key",
             self.idempotency_key.clone().map(Value::from),
         );
+        put(
+            "workspace_from",
+            self.workspace_from.clone().map(Value::from),
+        );
         m
     }
 }
@@ -362,9 +397,14 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         None
     };
 
+    let mut defaults = args.defaults();
+    if !args.input.is_empty() || !args.input_dir.is_empty() {
+        let files = crate::files::collect_inputs(&args.input, &args.input_dir)?;
+        defaults.insert("files".into(), Value::Object(files));
+    }
     let ids: Vec<String> = if let Some(file) = &args.file {
         let name = file.display().to_string();
-        let items = parse_jsonl(&read_source(file)?, &name, &args.defaults())?;
+        let items = parse_jsonl(&read_source(file)?, &name, &defaults)?;
         let mut ids = Vec::with_capacity(items.len());
         for (offset, chunk) in batch_chunks(&items)? {
             let (_, body): (u16, BatchResponse) = api
@@ -383,7 +423,7 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
             Some(p) => p.to_string(),
             None => bail!("a prompt or --file is required"),
         };
-        let mut body = args.defaults();
+        let mut body = defaults;
         body.insert("prompt".into(), Value::String(prompt));
         let (status, resp): (u16, SessionRef) = api.post("/v1/sessions", &body).await?;
         let id = resp.id;

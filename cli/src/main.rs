@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod client;
 mod demo;
 mod dev;
+mod files;
 mod flags;
 mod keys;
 #[cfg(feature = "otlp")]
@@ -69,6 +70,8 @@ enum Command {
     Send(client::SendArgs),
     /// List sessions, newest first.
     Sessions(client::SessionsArgs),
+    /// List a session's files, print one, or save one or all of them (-o DIR).
+    Files(files::FilesArgs),
     /// Measure throughput, checkpoint cost, storage growth, capacity and recovery against
     /// what this Postgres and Redis can physically do.
     Bench(agentq_bench::BenchArgs),
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
             Command::Deny(args) => client::decide(args, false).await,
             Command::Send(args) => client::send(args).await,
             Command::Sessions(args) => client::sessions(args).await,
+            Command::Files(args) => files::files(args).await,
             Command::Worker(args) => worker_cmd::worker(args).await,
             Command::Bench(args) => agentq_bench::run(args).await,
         }

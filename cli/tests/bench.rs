@@ -381,3 +381,43 @@ fn an_admission_limit_of_zero_is_refused_naming_the_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--admission-rpm"), "{stderr}");
 }
+
+#[test]
+fn bench_workspace_resumes_cold_and_warm() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args([
+            "bench",
+            "--private",
+            "--only",
+            "workspace",
+            "--workspace-files",
+            "50",
+            "--workspace-mb",
+            "2",
+            "--json",
+        ])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["workspace_files"], 50, "{v}");
+    assert_eq!(v["workspace_bytes"], 2_000_000, "{v}");
+    for key in [
+        "workspace_resume_cold_ms",
+        "workspace_resume_warm_ms",
+        "workspace_round_nofile_commits",
+        "workspace_round_nofile_rows",
+        "workspace_round_write_commits",
+        "workspace_round_write_rows",
+        "workspace_round_write_bytes",
+    ] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+
+    assert!(stdout.contains("workspace"), "{stdout}");
+}

@@ -11,6 +11,7 @@ use agentq_agent::state::{Phase, SessionState};
 
 use crate::rowconv::{to_i32, to_i64};
 use crate::sql::escape::{escape_text, to_stored_json};
+use crate::workspace::FileChange;
 use crate::{Error, Lease, Result, SessionStatus};
 
 /// `state.messages[from..]` and the row's scalars, fenced by `lease`.
@@ -40,6 +41,10 @@ pub struct Checkpoint {
     pub finish: Option<Finish>,
     /// The whole history's length (the state's, whatever the window).
     pub history_len: i32,
+    /// The workspace changes this step commits to its tree's manifest (their blobs are
+    /// stored already); empty for a step that changed no file, which then writes exactly
+    /// what it wrote before workspaces were durable.
+    pub files: Vec<FileChange>,
 }
 
 /// The terminal part of a final checkpoint; its texts as stored.
@@ -90,7 +95,20 @@ impl Checkpoint {
                 error: o.error.as_deref().map(|e| escape_text(e).into_owned()),
             }),
             history_len,
+            files: Vec::new(),
         })
+    }
+
+    /// The same checkpoint, committing `files` too.
+    pub fn with_files(mut self, files: Vec<FileChange>) -> Self {
+        self.files = files;
+        self
+    }
+
+    /// The history position a file this checkpoint changes was last modified at: the
+    /// seq of the step's last message.
+    pub fn file_seq(&self) -> i64 {
+        i64::from(self.history_len).saturating_sub(1).max(0)
     }
 
     /// Whether writing `self` right after `prev` (of the same lease) would store nothing
@@ -115,6 +133,7 @@ impl Checkpoint {
             && self.bg_cursor == prev.bg_cursor
             && self.msg_cursor == prev.msg_cursor
             && self.finish == prev.finish
+            && self.files.is_empty()
     }
 
     /// The seq of each new message, in order.

@@ -75,6 +75,7 @@ pub struct Settings {
     pub prices: Vec<crate::budget::PriceEntry>,
     /// `[[budgets]]`: tenant budgets per day or month (the admin API may override them).
     pub budgets: Vec<BudgetSettings>,
+    pub workspace: WorkspaceSection,
 }
 
 impl Default for Settings {
@@ -96,6 +97,7 @@ impl Default for Settings {
             guardian: GuardianSection::default(),
             prices: Vec::new(),
             budgets: Vec::new(),
+            workspace: WorkspaceSection::default(),
         }
     }
 }
@@ -506,6 +508,12 @@ pub struct PolicySection {
     /// Sessions one tree may create, its root included (unset:
     /// [`crate::budget::DEFAULT_MAX_TREE_SESSIONS`]).
     pub max_tree_sessions: Option<u64>,
+    /// Files one request may bring (`files`), and their bytes in all, decoded.
+    pub max_input_files: usize,
+    pub max_input_bytes: u64,
+    /// Longest (bytes) and deepest (segments) path of a request's file.
+    pub max_path_bytes: usize,
+    pub max_path_depth: usize,
     pub tenants: BTreeMap<String, TenantPolicySection>,
 }
 
@@ -531,6 +539,10 @@ impl Default for PolicySection {
             max_children: None,
             max_depth: None,
             max_tree_sessions: None,
+            max_input_files: crate::workspace_path::FileLimits::DEFAULT.max_files,
+            max_input_bytes: crate::workspace_path::FileLimits::DEFAULT.max_bytes,
+            max_path_bytes: crate::workspace_path::FileLimits::DEFAULT.max_path_bytes,
+            max_path_depth: crate::workspace_path::FileLimits::DEFAULT.max_path_depth,
             tenants: BTreeMap::new(),
         }
     }
@@ -599,6 +611,13 @@ pub struct TenantPolicySection {
     pub max_depth: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tree_sessions: Option<u64>,
+    pub max_input_files: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_input_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_path_bytes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_path_depth: Option<usize>,
 }
 
 impl PolicySection {
@@ -618,7 +637,8 @@ impl PolicySection {
                 $(if o.$bound.is_some() { p.$bound = o.$bound; })*
             };
         }
-        replace!(providers, models, base_urls, tools, queues;
+        replace!(providers, models, base_urls, tools, queues,
+            max_input_files, max_input_bytes, max_path_bytes, max_path_depth;
             max_iterations, max_tokens, token_budget, tool_timeout_secs,
             approval_timeout_secs, timeout_secs, max_children, max_depth, max_tree_sessions);
         p
@@ -713,6 +733,35 @@ impl Default for GuardianSection {
             on_error: Behavior::Deny,
             tools: None,
             script: None,
+        }
+    }
+}
+
+/// `[workspace]`: how long the durable workspaces of finished trees are kept, and the
+/// collection of contents no workspace holds any more (run by the scheduler).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkspaceSection {
+    /// A tree's files are deleted this long after its root finished (unless it runs
+    /// again first); 0 keeps them for as long as the session.
+    pub ttl_secs: u64,
+    /// A content no workspace holds is collected once nothing touched it for this long.
+    /// Longer than any commit may take after its uploads (a worker gives a commit up
+    /// after ten lease times).
+    pub blob_grace_secs: u64,
+    /// How often the scheduler expires workspaces and collects contents.
+    pub gc_interval_secs: u64,
+    /// Trees expired, and contents collected, per statement at most.
+    pub gc_batch: u32,
+}
+
+impl Default for WorkspaceSection {
+    fn default() -> Self {
+        WorkspaceSection {
+            ttl_secs: 30 * 24 * 3600,
+            blob_grace_secs: 3600,
+            gc_interval_secs: 60,
+            gc_batch: 500,
         }
     }
 }
@@ -1080,6 +1129,10 @@ pub const SETTINGS: &[Setting] = &[
     file("policy.max_tree_sessions"),
     file("prices"),
     file("budgets"),
+    file("policy.max_input_files"),
+    file("policy.max_input_bytes"),
+    file("policy.max_path_bytes"),
+    file("policy.max_path_depth"),
     file("guardian.provider"),
     file("guardian.model"),
     file("guardian.prompt"),
@@ -1087,6 +1140,18 @@ pub const SETTINGS: &[Setting] = &[
     file("guardian.on_error"),
     file("guardian.tools"),
     file("guardian.script"),
+    var(
+        "workspace.ttl_secs",
+        "AGENTQ_WORKSPACE_TTL_SECS",
+        None,
+        |s, v| {
+            s.workspace.ttl_secs = parse(v)?;
+            Ok(())
+        },
+    ),
+    file("workspace.blob_grace_secs"),
+    file("workspace.gc_interval_secs"),
+    file("workspace.gc_batch"),
 ];
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod auth;
 pub mod budget;
+pub mod blob;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
@@ -25,6 +26,7 @@ pub mod sqlite;
 pub mod store;
 pub mod wait;
 pub mod workspace;
+pub mod workspace_path;
 
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
@@ -35,3 +37,4 @@ pub use store::{
     SessionStore, Store, SweepStore,
 };
 pub use wait::WaitReason;
+pub use workspace::WorkspaceStore;

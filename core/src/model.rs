@@ -122,6 +122,15 @@ pub struct NewSession {
     /// Scheduling: priority, batch, cap, and whether it waits for the dispatcher.
     #[serde(default)]
     pub sched: crate::scheduling::Placement,
+    /// Files put in the tree's workspace with the session, over those of
+    /// `workspace_from` (paths already checked against the path rules and the policy).
+    #[serde(default)]
+    pub files: Vec<crate::workspace::InputFile>,
+    /// A session of the same tenant whose tree's committed files the new tree starts with
+    /// (a copy: later changes of either tree do not reach the other). Another tenant's, or
+    /// an unknown session, is [`crate::Error::NotFound`].
+    #[serde(default)]
+    pub workspace_from: Option<String>,
 }
 
 impl NewSession {
@@ -139,6 +148,8 @@ impl NewSession {
             idempotency_hash: None,
             tenant: crate::auth::DEFAULT_TENANT.to_string(),
             sched: crate::scheduling::Placement::default(),
+            files: Vec::new(),
+            workspace_from: None,
         }
     }
 

@@ -22,6 +22,7 @@
 mod batch;
 mod budget;
 mod create;
+mod workspace;
 
 use std::time::Duration;
 
@@ -772,6 +773,14 @@ impl SweepStore for PgStore {
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?)
+    }
+
+    async fn expire_workspaces(&self, ttl: Duration, limit: u32) -> Result<u64> {
+        self.expire_trees(ttl, limit).await
+    }
+
+    async fn collect_blobs(&self, grace: Duration, limit: u32) -> Result<u64> {
+        self.collect(grace, limit).await
     }
 
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {

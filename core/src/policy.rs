@@ -19,6 +19,7 @@ use agentq_agent::spec::SessionSpec;
 
 use crate::config::{PROVIDERS, PolicySection};
 use crate::error::{Error, Result};
+use crate::workspace_path::FileLimits;
 
 pub use crate::auth::DEFAULT_TENANT;
 
@@ -124,6 +125,8 @@ pub struct TenantPolicy {
     tools: Globs,
     queues: Globs,
     pub bounds: Bounds,
+    /// What a request's `files` may hold.
+    pub files: FileLimits,
 }
 
 /// The global policy and each tenant's.
@@ -178,6 +181,16 @@ impl Policy {
         &self.global
     }
 
+    /// The most bytes of files any tenant's request may bring: what the body limit of
+    /// `POST /v1/sessions` must make room for.
+    pub fn max_input_bytes(&self) -> u64 {
+        std::iter::once(&self.global)
+            .chain(self.tenants.values())
+            .map(|t| t.files.max_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The models the policy names literally (not patterns), for every tenant: the
     /// models the operator configured, which the metrics may label by name.
     pub fn named_models(&self) -> Vec<String> {
@@ -204,6 +217,11 @@ impl TenantPolicy {
             tools: empty.clone(),
             queues: empty,
             bounds: Bounds::default(),
+            files: FileLimits {
+                max_files: 0,
+                max_bytes: 0,
+                ..FileLimits::DEFAULT
+            },
         }
     }
 
@@ -240,6 +258,12 @@ impl TenantPolicy {
                 max_children: s.max_children,
                 max_depth: s.max_depth,
                 max_tree_sessions: s.max_tree_sessions,
+            },
+            files: FileLimits {
+                max_files: s.max_input_files,
+                max_bytes: s.max_input_bytes,
+                max_path_bytes: s.max_path_bytes,
+                max_path_depth: s.max_path_depth,
             },
         })
     }

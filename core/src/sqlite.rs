@@ -58,6 +58,7 @@
 //! resumes it from its last checkpoint.
 
 mod budget;
+mod workspace;
 mod writes;
 
 use std::ops::{Deref, DerefMut};
@@ -514,7 +515,11 @@ impl SessionStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         let mut out = Vec::with_capacity(new.len());
         for s in new {
-            out.push(writes::create(&mut tx, s, now).await?);
+            let created = writes::create(&mut tx, s, now).await?;
+            if created.1 && (!s.files.is_empty() || s.workspace_from.is_some()) {
+                workspace::add_inputs(&mut tx, s, now).await?;
+            }
+            out.push(created);
         }
         tx.commit().await?;
         Ok(out)
@@ -979,6 +984,14 @@ impl SweepStore for SqliteStore {
             .bind(i64::from(limit))
             .fetch_all(&self.readers)
             .await?)
+    }
+
+    async fn expire_workspaces(&self, ttl: Duration, limit: u32) -> Result<u64> {
+        self.expire_trees(ttl, limit).await
+    }
+
+    async fn collect_blobs(&self, grace: Duration, limit: u32) -> Result<u64> {
+        self.collect(grace, limit).await
     }
 
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {

@@ -31,6 +31,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::wait::WaitReason;
 use crate::scheduling::{ActiveCount, Candidate};
+use crate::workspace::WorkspaceStore;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -45,7 +46,14 @@ pub type Committed = Option<Box<SessionRow>>;
 /// trait so that `Store::check_schema(&store)` names it directly.
 #[async_trait]
 pub trait Store:
-    SessionStore + LeaseStore + InboxStore + SweepStore + KeyStore + QueueStore + BudgetStore
+    SessionStore
+    + LeaseStore
+    + InboxStore
+    + SweepStore
+    + KeyStore
+    + QueueStore
+    + BudgetStore
+    + WorkspaceStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
@@ -255,6 +263,16 @@ pub trait SweepStore: Send + Sync {
     /// Stop holding these sessions (the caller then enqueues them): only those still held
     /// and queued, which are returned, so that of two racing callers one gets each.
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>>;
+
+    /// Delete the workspaces (manifests) of up to `limit` trees whose root finished more
+    /// than `ttl` ago and did not run since; their blobs are then unreferenced, for
+    /// [`SweepStore::collect_blobs`]. Returns how many trees.
+    async fn expire_workspaces(&self, ttl: Duration, limit: u32) -> Result<u64>;
+
+    /// Delete up to `limit` blobs that no manifest references and that nothing touched for
+    /// `grace` (an upload about to be committed touched its blobs just before). Returns
+    /// how many.
+    async fn collect_blobs(&self, grace: Duration, limit: u32) -> Result<u64>;
 }
 
 /// What [`SessionStore::retry`] did.

@@ -6,6 +6,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::blob::BlobStore;
 use crate::error::Result;
 
 /// A file a request brings into its session's workspace. `path` is relative to the
@@ -29,9 +30,11 @@ pub struct FileEntry {
     pub modified_at_seq: i64,
 }
 
-/// Reading a tree's committed workspace (the API's and the CLI's side).
+/// A tree's committed workspace: read by the API and the CLI, and by a worker that
+/// materialises it; written by the checkpoints (see [`crate::Checkpoint::files`]) and by
+/// the creation of a session (its input files, or a fork of another tree's).
 #[async_trait]
-pub trait WorkspaceStore: Send + Sync {
+pub trait WorkspaceStore: BlobStore + Send + Sync {
     /// Every committed file of the tree `root_id`, sorted by path.
     async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>>;
 
@@ -41,4 +44,56 @@ pub trait WorkspaceStore: Send + Sync {
         root_id: &str,
         path: &str,
     ) -> Result<Option<(FileEntry, Vec<u8>)>>;
+}
+
+/// The lower-case hex SHA-256 of `data`: a blob's key.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(data);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Whether `s` is a blob key as [`sha256_hex`] writes it.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| HEX.contains(&b))
+}
+
+/// One change a checkpoint commits to its tree's manifest, the blob uploaded before.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChange {
+    /// Relative to the workspace root, `/`-separated.
+    pub path: String,
+    /// The new content (its key and size); `None` when the file was deleted.
+    pub blob: Option<BlobRef>,
+}
+
+/// A content by its key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlobRef {
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// Largest committed path, in bytes: a manifest row's key.
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// Whether `path` may be a manifest key: relative, `/`-separated, no empty, `.` or `..`
+/// component, no NUL or backslash, at most [`MAX_PATH_BYTES`]. Every path a manifest
+/// holds passed this, so materialising it can never leave the workspace.
+pub fn valid_path(path: &str) -> bool {
+    !path.is_empty()
+        && path.len() <= MAX_PATH_BYTES
+        && !path.contains('\0')
+        && !path.contains('\\')
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..")
 }

@@ -97,6 +97,8 @@ fn child_of(parent: &NewSession, key: &str) -> NewSession {
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
         sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
     }
 }
 
@@ -300,6 +302,8 @@ async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
         idempotency_hash: None,
         tenant: k.tenant.clone(),
         sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
     };
     let gc = child_of(&parent, "gc");
     assert_eq!(

@@ -26,6 +26,7 @@ fn sqlite_class_of_pg(data_type: &str) -> &'static str {
     match data_type {
         "text" | "uuid" | "json" | "jsonb" => "TEXT",
         "integer" | "bigint" | "boolean" | "timestamp with time zone" => "INTEGER",
+        "bytea" => "BLOB",
         other => panic!("no SQLite counterpart for Postgres type {other}"),
     }
 }
@@ -34,6 +35,7 @@ fn sqlite_class(declared: &str) -> &'static str {
     match declared {
         "TEXT" => "TEXT",
         "INTEGER" => "INTEGER",
+        "BLOB" => "BLOB",
         other => panic!("unexpected SQLite column type {other}"),
     }
 }

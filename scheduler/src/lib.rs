@@ -23,11 +23,13 @@ pub mod dispatch;
 pub mod error;
 pub mod events;
 mod http;
+mod inputs;
 pub mod metrics;
 pub mod request;
 mod routes;
 pub mod serve;
 pub mod sweeper;
+pub mod workspace_gc;
 
 pub use error::ApiError;
 pub use events::StreamLimits;
@@ -67,6 +69,8 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// Retention of durable workspaces (`[workspace]`).
+    pub workspace: agentq_core::config::WorkspaceSection,
     /// How the dispatcher shares the queues (`[scheduling]`).
     pub scheduling: SchedulingSection,
     /// Prices per model (`[[prices]]`): the cost fields of the API.
@@ -98,6 +102,7 @@ impl SchedulerSettings {
                 redis_url: s.redis_url.clone(),
             },
             scheduling: s.scheduling.clone(),
+            workspace: s.workspace.clone(),
             ..(&s.scheduler).into()
         })
     }
@@ -121,6 +126,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             stream_max_len: c.stream_max_len,
             policy: Arc::new(Policy::default()),
             limits: LimitsAdmin::default(),
+            workspace: agentq_core::config::WorkspaceSection::default(),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()
@@ -377,6 +383,11 @@ pub async fn run(
     // A child token: the sweeper also stops when the server ends on its own, without
     // cancelling the caller's token.
     let stop_sweeper = shutdown.child_token();
+    let workspace_gc = tokio::spawn(workspace_gc::run_workspace_gc(
+        store.clone(),
+        cfg.workspace.clone(),
+        stop_sweeper.clone(),
+    ));
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
         queue,
@@ -417,6 +428,9 @@ pub async fn run(
     }
     if let Err(e) = dispatcher.await {
         tracing::error!(error = %e, "dispatcher task failed");
+    }
+    if let Err(e) = workspace_gc.await {
+        tracing::error!(error = %e, "workspace collector task failed");
     }
     served?;
     tracing::info!("scheduler stopped");

@@ -23,9 +23,12 @@ use agentq_api::CreateSession;
 use agentq_api::bounds::{self, MAX_NAME_LEN};
 use agentq_core::config::is_credential_name;
 use agentq_core::policy::{Sent, SpawnContext, TenantPolicy};
+use agentq_core::workspace::InputFile;
+use agentq_core::workspace_path::FileLimits;
 
 use crate::error::ApiError;
 use crate::http::body::{Shape, decode_at, kind, no_nul, path, scan};
+use crate::inputs::{parse_files, parse_workspace_from};
 
 pub use crate::http::body::{decode_json, decode_object};
 pub use crate::http::{JsonBody, RawJson};
@@ -42,6 +45,8 @@ pub const MAX_METADATA_BYTES: usize = 64 * 1024;
 pub struct Limits {
     pub max_prompt_bytes: usize,
     pub max_batch: usize,
+    /// What its `files` may hold (the tenant's policy).
+    pub files: FileLimits,
 }
 
 /// One validated session request.
@@ -54,20 +59,10 @@ pub struct SessionRequest {
     pub priority: u8,
     /// The spec's fields the client sent (the others hold their defaults), for the policy.
     pub sent: BTreeSet<String>,
-}
-
-impl From<CreateSession> for SessionRequest {
-    fn from(r: CreateSession) -> Self {
-        SessionRequest {
-            spec: r.spec,
-            queue: r.queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string()),
-            idempotency_key: r.idempotency_key,
-            priority: r
-                .priority
-                .unwrap_or(agentq_core::scheduling::DEFAULT_PRIORITY),
-            sent: BTreeSet::new(),
-        }
-    }
+    /// The workspace's files, paths normalised.
+    pub files: Vec<InputFile>,
+    /// The session whose workspace this one starts from (not looked up yet).
+    pub workspace_from: Option<String>,
 }
 
 /// Hold a parsed request to its tenant's policy (`prefix` names it inside a batch): a
@@ -224,21 +219,24 @@ pub fn parse_session(
     if !obj.contains_key("prompt") {
         return Err(ApiError::invalid(path(prefix, "prompt"), "is required"));
     }
+    let workspace_from = parse_workspace_from(obj.remove("workspace_from"), prefix)?;
+    let files_value = obj.remove("files");
 
     let sent: BTreeSet<String> = obj.keys().cloned().collect();
-    let req = CreateSession {
-        spec: decode_at::<SessionSpec>(obj, prefix)?,
-        queue,
-        idempotency_key,
-        priority,
-    };
-    req.spec
-        .validate()
+    let spec = decode_at::<SessionSpec>(obj, prefix)?;
+    spec.validate()
         .map_err(|(field, message)| ApiError::invalid(path(prefix, field), message))?;
-    check_extra(&req.spec, prefix)?;
+    check_extra(&spec, prefix)?;
+    // Last: the spec's errors come first, and its checks are cheaper than decoding files.
+    let files = parse_files(files_value, &limits.files, prefix)?;
     Ok(SessionRequest {
+        spec,
+        queue: queue.unwrap_or_else(|| DEFAULT_QUEUE.to_string()),
+        idempotency_key,
+        priority: priority.unwrap_or(agentq_core::scheduling::DEFAULT_PRIORITY),
         sent,
-        ..SessionRequest::from(req)
+        files,
+        workspace_from,
     })
 }
 
@@ -436,6 +434,7 @@ mod tests {
     const LIMITS: Limits = Limits {
         max_prompt_bytes: 100,
         max_batch: 3,
+        files: FileLimits::DEFAULT,
     };
 
     fn err(v: Value) -> (u16, String, Option<String>) {

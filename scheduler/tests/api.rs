@@ -462,6 +462,8 @@ async fn cancelling_a_parent_cancels_its_children() {
         idempotency_hash: None,
         tenant: parent.tenant.clone(),
         sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
     };
     env.store.create_session(&child).await.unwrap();
 

@@ -141,7 +141,11 @@ async fn held_session(env: &Env, tenant: &str) -> (String, String) {
     use agentq_agent::state::SessionState;
     use agentq_core::{Claim, LeaseStore, SessionStatus};
 
-    let new = NewSession::root(SessionSpec::new("hold"), "default").with_tenant(tenant);
+    let mut new = NewSession::root(SessionSpec::new("hold"), "default").with_tenant(tenant);
+    new.files = vec![agentq_core::workspace::InputFile {
+        path: HELD_FILE.into(),
+        data: b"held".to_vec(),
+    }];
     env.store.create_session(&new).await.unwrap();
     let Claim::Acquired { lease, state, .. } = env
         .store
@@ -170,8 +174,13 @@ async fn held_session(env: &Env, tenant: &str) -> (String, String) {
     (new.id, call.id)
 }
 
+/// The file every held session's workspace holds, for the routes that read one.
+const HELD_FILE: &str = "out/report.txt";
+
 fn concrete(path: &str, id: &str) -> String {
-    path.replace("{id}", id).replace("{tenant}", "acme")
+    path.replace("{id}", id)
+        .replace("{tenant}", "acme")
+        .replace("{*path}", HELD_FILE)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -69,6 +69,7 @@ async fn a_batch_takes_about_twice_its_size_to_parse_and_four_times_to_create() 
     let limits = Limits {
         max_prompt_bytes: 1_000_000,
         max_batch: items,
+        files: agentq_core::workspace_path::FileLimits::DEFAULT,
     };
     let before = reset_peak();
     let reqs = parse_batch_bytes(&body, &limits).unwrap();

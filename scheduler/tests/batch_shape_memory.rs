@@ -41,6 +41,7 @@ fn a_batch_of_tiny_nested_values_is_parsed_within_twice_its_size_or_refused() {
     let limits = Limits {
         max_prompt_bytes: 1_000_000,
         max_batch: 10_000,
+        files: agentq_core::workspace_path::FileLimits::DEFAULT,
     };
     let before = reset_peak();
     let parsed = parse_batch_bytes(&body, &limits);

@@ -141,6 +141,8 @@ async fn cost_of_a_session_and_its_tree_at_the_configured_prices() {
         idempotency_hash: None,
         tenant: "acme".into(),
         sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
     };
     let limits = SpawnLimits {
         max_tree_sessions: 10,

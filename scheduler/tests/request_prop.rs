@@ -20,6 +20,7 @@ use agentq_scheduler::request::{
 const LIMITS: Limits = Limits {
     max_prompt_bytes: 64,
     max_batch: 4,
+    files: agentq_core::workspace_path::FileLimits::DEFAULT,
 };
 
 /// A JSON text as a tree, written by hand so that an object may repeat a key.

@@ -18,6 +18,7 @@ use agentq_core::{Checkpoint, Lease, SessionRow};
 
 use crate::Backoff;
 use crate::group_commit::GroupCommit;
+use crate::workspace::{Pending, TreeSync};
 
 pub struct StoreCheckpointer {
     pub commits: GroupCommit,
@@ -34,6 +35,8 @@ pub struct StoreCheckpointer {
     finished: Mutex<Option<Box<SessionRow>>>,
     /// The checkpoint the store refused for its data, if one was.
     refused: Mutex<Option<Refused>>,
+    /// The tree's durable workspace: the file changes each step commits.
+    pub workspace: Option<Arc<TreeSync>>,
 }
 
 /// A checkpoint the store refused for what it holds.
@@ -62,6 +65,32 @@ impl StoreCheckpointer {
             last: Mutex::new(None),
             finished: Mutex::new(None),
             refused: Mutex::new(None),
+            workspace: None,
+        }
+    }
+
+    /// The file changes since the last commit, uploaded; none when there is no workspace
+    /// or nothing changed. A store outage is retried like a commit; anything else (a file
+    /// that changed while it was read, a disk error) leaves the changes for the next
+    /// commit, so a step is never held up by its files.
+    async fn collect_files(&self, session_id: &str, started: Instant) -> Pending {
+        let Some(sync) = &self.workspace else {
+            return Pending::default();
+        };
+        let mut backoff = Backoff::new();
+        loop {
+            match sync.collect().await {
+                Ok(p) => return p,
+                Err(e) if e.is_retryable() && started.elapsed() < self.give_up_after => {
+                    let wait = backoff.next();
+                    warn!(%session_id, error = %e, ?wait, "uploading workspace changes failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => {
+                    warn!(%session_id, error = %e, "workspace changes are left for the next commit");
+                    return Pending::default();
+                }
+            }
         }
     }
 
@@ -119,6 +148,18 @@ impl StoreCheckpointer {
         agentq_agent::Error::Checkpoint(e.to_string())
     }
 
+    fn files_committed(&self, files: Pending) {
+        if let Some(sync) = &self.workspace {
+            sync.committed(files);
+        }
+    }
+
+    fn files_not_committed(&self, files: Pending) {
+        if let Some(sync) = &self.workspace {
+            sync.not_committed(files);
+        }
+    }
+
     /// A draining worker stops each run right after a durable checkpoint.
     fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
         if self.draining.is_cancelled() && state.outcome.is_none() {
@@ -133,12 +174,15 @@ impl Checkpointer for StoreCheckpointer {
     async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
         let started = Instant::now();
         let cp = match Checkpoint::new(&self.lease, state, from) {
-            Ok(cp) => Arc::new(cp),
+            Ok(cp) => cp,
             // A state no row can hold (a count out of the column's range): as final as a
             // value the database refuses.
             Err(e) => return Err(self.refuse(state, from, &e)),
         };
+        let mut files = self.collect_files(&state.session_id, started).await;
+        let cp = Arc::new(cp.with_files(std::mem::take(&mut files.changes)));
         if self.already_durable(&cp) {
+            self.files_committed(files);
             return self.after_commit(state);
         }
         let mut backoff = Backoff::new();
@@ -146,6 +190,7 @@ impl Checkpointer for StoreCheckpointer {
             let t = Instant::now();
             match self.commits.commit(cp.clone()).await {
                 Ok(row) => {
+                    self.files_committed(std::mem::take(&mut files));
                     self.metrics.observe_checkpoint(t.elapsed());
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(cp);
                     if row.is_some() {
@@ -154,16 +199,26 @@ impl Checkpointer for StoreCheckpointer {
                     break;
                 }
                 Err(agentq_core::Error::LeaseLost(_)) => {
+                    self.files_not_committed(files);
                     return Err(agentq_agent::Error::LeaseLost);
                 }
-                Err(agentq_core::Error::Stopped) => return Err(agentq_agent::Error::Stopped),
+                Err(agentq_core::Error::Stopped) => {
+                    self.files_not_committed(files);
+                    return Err(agentq_agent::Error::Stopped);
+                }
                 Err(e) if e.is_retryable() && started.elapsed() < self.give_up_after => {
                     let wait = backoff.next();
                     warn!(session_id = %state.session_id, error = %e, ?wait, "checkpoint failed; retrying");
                     tokio::time::sleep(wait).await;
                 }
-                Err(e) if e.is_data() => return Err(self.refuse(state, from, &e)),
-                Err(e) => return Err(agentq_agent::Error::Checkpoint(e.to_string())),
+                Err(e) => {
+                    // Another session of the tree running here commits them instead.
+                    self.files_not_committed(files);
+                    if e.is_data() {
+                        return Err(self.refuse(state, from, &e));
+                    }
+                    return Err(agentq_agent::Error::Checkpoint(e.to_string()));
+                }
             }
         }
         self.after_commit(state)

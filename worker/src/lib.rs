@@ -26,6 +26,7 @@ mod run_loop;
 mod runs;
 mod session;
 pub mod spawn;
+pub mod workspace;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

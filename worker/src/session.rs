@@ -30,6 +30,7 @@ use crate::inbox::{Approvals, SessionInbox};
 use crate::observe::{SessionObserver, StreamSink, died_mid_llm_call};
 use crate::runs::Active;
 use crate::spawn::{self, SpawnAgent};
+use crate::workspace::TreeSync;
 use crate::{Backoff, Inner, Result};
 
 /// What processing one delivery came to.
@@ -324,24 +325,41 @@ async fn run(
         )
         .await;
 
-    let checkpointer = Arc::new(StoreCheckpointer::new(
+    // The tree's files as of its last commit, before anything runs.
+    let (sync, workspace) = match open_workspace(&inner, &row).await {
+        Ok(opened) => opened,
+        Err(WorkspaceOpen::Unavailable(e)) => {
+            warn!(error = %e, "the workspace cannot be restored now; handing the session back");
+            return if hand_back(&inner, &d, &lease).await {
+                Processed::HandedBack
+            } else {
+                Processed::Left
+            };
+        }
+        Err(WorkspaceOpen::Failed(e)) => (None, Err(e)),
+    };
+    let mut checkpointer = StoreCheckpointer::new(
         inner.pipeline.commits.clone(),
         lease.clone(),
         inner.draining.clone(),
         inner.cfg.lease_ttl.saturating_mul(10),
         m,
-    ));
+    );
+    checkpointer.workspace = sync;
+    let checkpointer = Arc::new(checkpointer);
     m.sessions_active.inc();
     let committed = checkpointer.clone();
-    let parts = AgentParts {
-        checkpointer,
-        observer,
-        sink: sink.clone(),
-        inbox,
-        interrupter,
-    };
-    let built = admit(&inner, &row, &mut state.spec)
-        .and_then(|()| build_agent(&inner, &row, &state.spec, parts));
+    let built = admit(&inner, &row, &mut state.spec).and_then(|()| {
+        let parts = AgentParts {
+            checkpointer,
+            observer,
+            sink: sink.clone(),
+            inbox,
+            interrupter,
+            workspace: workspace?,
+        };
+        build_agent(&inner, &row, &state.spec, parts)
+    });
     let loaded = state.messages.len();
     let result = match built {
         Ok(agent) => {
@@ -538,6 +556,49 @@ struct AgentParts {
     sink: Arc<StreamSink>,
     inbox: Arc<SessionInbox>,
     interrupter: Arc<Interrupter>,
+    workspace: LocalWorkspace,
+}
+
+/// Why a claimed session's workspace could not be opened.
+enum WorkspaceOpen {
+    /// The store stayed unreachable: the session is handed back and runs later.
+    Unavailable(String),
+    /// It never will be (the local directory cannot be used, stored content is gone):
+    /// the session fails with the reason.
+    Failed(String),
+}
+
+/// Outages of the store while restoring a workspace are ridden out this long.
+const WORKSPACE_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// The tree's workspace for a run here: its directory made to match the committed
+/// manifest (see [`crate::workspace`]), and the sync that commits its changes.
+async fn open_workspace(
+    inner: &Arc<Inner>,
+    row: &SessionRow,
+) -> Result<(Option<Arc<TreeSync>>, Result<LocalWorkspace, String>), WorkspaceOpen> {
+    let workspaces = inner.workspaces().map_err(WorkspaceOpen::Failed)?;
+    let started = Instant::now();
+    let mut backoff = Backoff::new();
+    loop {
+        match TreeSync::open(
+            inner.store.clone(),
+            workspaces,
+            &row.root_id,
+            inner.cfg.tool_settings.max_file_bytes,
+        )
+        .await
+        {
+            Ok((sync, ws)) => return Ok((Some(Arc::new(sync)), Ok(ws))),
+            Err(e) if e.is_retryable() && started.elapsed() < WORKSPACE_RETRY_FOR => {
+                let wait = backoff.next();
+                warn!(error = %e, ?wait, "restoring the workspace failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(e) if e.is_retryable() => return Err(WorkspaceOpen::Unavailable(e.to_string())),
+            Err(e) => return Err(WorkspaceOpen::Failed(format!("workspace: {e}"))),
+        }
+    }
 }
 
 /// The run gave its session up to wait (children, an approval): record that, fenced, and
@@ -776,11 +837,11 @@ fn build_agent(
             creating: tokio::sync::Mutex::new(()),
         }));
     }
-    // The tree's directory is made when a tool first writes there: sessions that never
-    // touch files cost no directory (creating one per session was a fifth of a worker's
-    // CPU in the bench, and a blocking call on the runtime).
-    let workspace = LocalWorkspace::lazy(inner.workspaces()?, &row.root_id)
-        .map_err(|e| format!("workspace: {e}"))?;
+    // The tree's directory is made when a tool first writes there (or when committed
+    // files are restored into it): sessions that never touch files cost no directory
+    // (creating one per session was a fifth of a worker's CPU in the bench, and a
+    // blocking call on the runtime).
+    let workspace = parts.workspace;
     // The permission stage holds the tenant's rule, so a call of anything else is denied
     // even if it reaches the pipeline.
     let allowed = tools

@@ -263,6 +263,8 @@ impl Tool for SpawnAgent {
                     idempotency_hash: None,
                     // A child acts for its parent's caller: it must not leave the tenant.
                     tenant: self.parent.tenant.clone(),
+                    files: Vec::new(),
+                    workspace_from: None,
                     // A child runs for a tree that was admitted already: it enters its
                     // queue at once, at its parent's priority.
                     sched: agentq_core::scheduling::Placement {

@@ -16,7 +16,7 @@ pub mod http;
 pub mod shell;
 pub mod workspace;
 
-pub use workspace::{LocalWorkspace, Workspace, WriteLimits};
+pub use workspace::{Changes, LocalWorkspace, Workspace, WriteLimits};
 
 /// Default of [`ToolSettings::max_file_bytes`]: 10 MiB.
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;

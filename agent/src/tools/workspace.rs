@@ -4,7 +4,8 @@
 //! ([`normalize_relative`] lexically, [`LocalWorkspace::resolve`] against symlinks, and
 //! hard-linked files refused where they are read or written), and the limits on what a
 //! write may put there ([`WriteLimits`]: a cap per file and a quota for the whole tree,
-//! both checked before anything is written).
+//! both checked before anything is written), and the record of what changed since the
+//! last commit ([`Changes`]) that a durable workspace commits.
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
@@ -261,6 +262,45 @@ pub struct LocalWorkspace {
     /// by every handle on the same root in this process ([`shared_usage`]): the sessions
     /// of one tree running at once write to one directory under one quota.
     usage: Usage,
+    /// What changed in the tree since its changes were last taken
+    /// ([`LocalWorkspace::take_changes`]), shared like `usage`: whichever session of the
+    /// tree commits next commits them.
+    changes: Arc<Mutex<Changes>>,
+}
+
+/// The changes of a tree not yet taken for a commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Files written through [`Workspace::write`], relative to the root, `/`-separated.
+    pub written: std::collections::BTreeSet<String>,
+    /// Something else (a `shell` command) may have changed anything: the whole tree must
+    /// be compared with what was last committed.
+    pub rescan: bool,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.written.is_empty() && !self.rescan
+    }
+
+    fn absorb(&mut self, other: Changes) {
+        self.written.extend(other.written);
+        self.rescan |= other.rescan;
+    }
+}
+
+/// The change set of `root`, the one every live handle on it holds.
+fn shared_changes(root: &Path) -> Arc<Mutex<Changes>> {
+    type Handles = std::collections::HashMap<PathBuf, std::sync::Weak<Mutex<Changes>>>;
+    static CHANGES: std::sync::LazyLock<Mutex<Handles>> = std::sync::LazyLock::new(Mutex::default);
+    let mut all = CHANGES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(changes) = all.get(root).and_then(std::sync::Weak::upgrade) {
+        return changes;
+    }
+    all.retain(|_, c| c.strong_count() > 0);
+    let changes = Arc::new(Mutex::new(Changes::default()));
+    all.insert(root.to_path_buf(), Arc::downgrade(&changes));
+    changes
 }
 
 /// A workspace's byte count, `None` until measured.
@@ -298,6 +338,7 @@ impl LocalWorkspace {
         }
         Ok(LocalWorkspace {
             usage: shared_usage(&root),
+            changes: shared_changes(&root),
             root,
             made: Arc::new(AtomicBool::new(true)),
         })
@@ -327,9 +368,34 @@ impl LocalWorkspace {
         let root = parent.join(name);
         Ok(LocalWorkspace {
             usage: shared_usage(&root),
+            changes: shared_changes(&root),
             root,
             made: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// The changes since they were last taken, leaving none.
+    pub fn take_changes(&self) -> Changes {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Put taken changes back (their commit failed): the next commit takes them again.
+    pub fn restore_changes(&self, changes: Changes) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .absorb(changes);
+    }
+
+    /// Whether another handle on this root is alive in this process (another session of
+    /// the tree runs here), whose uncommitted changes the directory may hold.
+    pub fn shared_with_others(&self) -> bool {
+        Arc::strong_count(&self.changes) > 1
+    }
+
+    /// The root is there now (made by someone else than a write, such as a restore).
+    pub fn mark_made(&self) {
+        self.made.store(true, Ordering::Release);
     }
 
     /// Run blocking filesystem work off the async executor, making the root first when
@@ -467,6 +533,7 @@ impl Workspace for LocalWorkspace {
         let rel = rel.to_string();
         let data = data.to_vec();
         let usage = self.usage.clone();
+        let changes = self.changes.clone();
         self.blocking(true, move |root, may_be_absent| {
             let path = resolve_under(root, &rel, may_be_absent)?;
             if path == root {
@@ -504,7 +571,14 @@ impl Workspace for LocalWorkspace {
                     limits.quota_bytes
                 )));
             }
-            match std::fs::write(&path, &data) {
+            let written = std::fs::write(&path, &data);
+            // Recorded even when the write failed: part of it may have landed.
+            changes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .written
+                .insert(display_relative(root, &path));
+            match written {
                 Ok(()) => {
                     *usage = Some(after);
                     Ok(())
@@ -521,6 +595,10 @@ impl Workspace for LocalWorkspace {
 
     fn forget_usage(&self) {
         *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rescan = true;
     }
 
     async fn list(&self, rel: &str) -> Result<Vec<DirEntry>, ToolError> {

@@ -558,6 +558,23 @@ fn policy_validation_names_the_setting() {
             s.policy.token_budget = Some(1_000_000_001)
         }),
         ("policy.max_depth", |s| s.policy.max_depth = Some(65)),
+        ("policy.max_input_files", |s| {
+            s.policy.max_input_files = 10_001
+        }),
+        ("policy.max_input_bytes", |s| {
+            s.policy.max_input_bytes = 16 * 1024 * 1024 + 1
+        }),
+        ("policy.max_path_bytes", |s| s.policy.max_path_bytes = 0),
+        ("policy.max_path_depth", |s| s.policy.max_path_depth = 129),
+        ("policy.tenants.acme.max_input_bytes", |s| {
+            s.policy.tenants.insert(
+                "acme".into(),
+                TenantPolicySection {
+                    max_input_bytes: Some(u64::MAX),
+                    ..Default::default()
+                },
+            );
+        }),
         ("policy.tenants.acme.max_iterations", |s| {
             s.policy.tenants.insert(
                 "acme".into(),

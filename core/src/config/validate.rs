@@ -7,7 +7,7 @@ use agentq_agent::provider::endpoint::check_base_url;
 use super::{
     GuardianSection, HookSettings, MAX_GUARDIAN_TIMEOUT_MS, MAX_HOOK_TIMEOUT_MS, PROVIDERS,
     PolicySection, ProvidersSection, SchedulerSection, SchedulingSection, Secs, Settings,
-    TenantPolicySection, WorkerSection, describe,
+    TenantPolicySection, WorkerSection, WorkspaceSection, describe,
 };
 use crate::error::{Error, Result};
 use crate::policy::Policy;
@@ -40,6 +40,7 @@ impl Settings {
         for (i, l) in self.limits.iter().enumerate() {
             limit_rules(i, l)?;
         }
+        workspace(&self.workspace, &self.worker)?;
         providers(&self.providers)?;
         prices(&self.prices)?;
         budgets(&self.budgets)?;
@@ -293,6 +294,7 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
     if let Some(v) = p.max_tree_sessions {
         range(&k("max_tree_sessions"), v, 1, 10_000_000)?;
     }
+    input_bounds(&k, p)?;
     for (f, list) in [
         ("providers", &p.providers),
         ("models", &p.models),
@@ -302,6 +304,27 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
         if let Some(list) = list {
             names(&k(f), list)?;
         }
+    }
+    Ok(())
+}
+
+/// The bounds of a request's files are within the API's hard ones: a request of at most
+/// [`MAX_INPUT_FILES`](crate::workspace_path::MAX_INPUT_FILES) files (what one JSON
+/// object of the body may hold) and [`MAX_INPUT_BYTES`](crate::workspace_path::MAX_INPUT_BYTES)
+/// (what fits, base64-encoded, in the largest body the API reads).
+fn input_bounds(k: &dyn Fn(&str) -> String, p: &TenantPolicySection) -> Result<()> {
+    use crate::workspace_path as wp;
+    if let Some(v) = p.max_input_files {
+        range(&k("max_input_files"), v, 0, wp::MAX_INPUT_FILES)?;
+    }
+    if let Some(v) = p.max_input_bytes {
+        range(&k("max_input_bytes"), v, 0, wp::MAX_INPUT_BYTES)?;
+    }
+    if let Some(v) = p.max_path_bytes {
+        range(&k("max_path_bytes"), v, 1, wp::MAX_PATH_BYTES)?;
+    }
+    if let Some(v) = p.max_path_depth {
+        range(&k("max_path_depth"), v, 1, wp::MAX_PATH_DEPTH)?;
     }
     Ok(())
 }
@@ -325,6 +348,10 @@ fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
         max_children: p.max_children,
         max_depth: p.max_depth,
         max_tree_sessions: p.max_tree_sessions,
+        max_input_files: Some(p.max_input_files),
+        max_input_bytes: Some(p.max_input_bytes),
+        max_path_bytes: Some(p.max_path_bytes),
+        max_path_depth: Some(p.max_path_depth),
     };
     policy_bounds("policy", &global)?;
     for (name, t) in &p.tenants {
@@ -727,5 +754,28 @@ fn limit_rules(i: usize, l: &super::LimitSettings) -> Result<()> {
         1,
         86_400,
     )?;
+    Ok(())
+}
+
+fn workspace(w: &WorkspaceSection, worker: &WorkerSection) -> Result<()> {
+    if w.gc_interval_secs == 0 {
+        return Err(invalid("workspace.gc_interval_secs", "must be at least 1"));
+    }
+    if w.gc_batch == 0 {
+        return Err(invalid("workspace.gc_batch", "must be at least 1"));
+    }
+    // A worker uploads a change's contents, then commits it, retrying for up to ten lease
+    // times: a content must not be collected before its commit had every chance.
+    let commit_window = worker.lease_ttl_secs.0 * 10.0;
+    if (w.blob_grace_secs as f64) <= commit_window {
+        return Err(invalid(
+            "workspace.blob_grace_secs",
+            format!(
+                "{} must be longer than ten lease times ({commit_window} s, \
+                 worker.lease_ttl_secs): a commit may follow its uploads that late",
+                w.blob_grace_secs
+            ),
+        ));
+    }
     Ok(())
 }

@@ -100,6 +100,36 @@ WITH c AS (
 )
 SELECT id, fin, fin_spec FROM upd";
 
+/// The last line of [`CHECKPOINT_BATCH`], before which [`FILES_CTES`] go.
+const BATCH_ANSWER: &str = "SELECT id, fin, fin_spec FROM upd";
+
+/// A batch's manifest changes, part of the same statement: only for sessions whose lease
+/// held (from `upd`), a deletion where the content is NULL, else an upsert. `$28..$32`
+/// are one array per column (one element per change: session id, path, content key,
+/// size, seq); a (tree, path) appears once in a batch.
+const FILES_CTES: &str = ", fdel AS (
+    DELETE FROM workspace_files w
+    USING UNNEST($28::text[], $29::text[], $30::text[]) AS f(id, path, sha256), upd
+    WHERE f.sha256 IS NULL AND upd.id = f.id AND w.root_id = upd.root_id
+      AND w.path = f.path
+), fput AS (
+    INSERT INTO workspace_files (root_id, path, sha256, size, modified_at_seq)
+    SELECT upd.root_id, f.path, f.sha256, f.size, f.seq
+    FROM UNNEST($28::text[], $29::text[], $30::text[], $31::bigint[], $32::bigint[])
+        AS f(id, path, sha256, size, seq)
+    JOIN upd ON upd.id = f.id
+    WHERE f.sha256 IS NOT NULL
+    ON CONFLICT (root_id, path) DO UPDATE SET sha256 = EXCLUDED.sha256,
+        size = EXCLUDED.size, modified_at_seq = EXCLUDED.modified_at_seq
+)
+";
+
+/// [`CHECKPOINT_BATCH`] with [`FILES_CTES`]: the statement of a batch that changes files.
+/// A batch that changes none runs the plain one, exactly as before.
+static CHECKPOINT_BATCH_FILES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    CHECKPOINT_BATCH.replace(BATCH_ANSWER, &format!("{FILES_CTES}{BATCH_ANSWER}"))
+});
+
 /// All of a worker's leases in one statement; the answer keeps the input order.
 const HEARTBEAT: &str = "
 WITH l AS (
@@ -177,6 +207,11 @@ struct BatchColumns<'a> {
     m_ids: Vec<&'a str>,
     m_seqs: Vec<i32>,
     m_bodies: Vec<&'a str>,
+    f_ids: Vec<&'a str>,
+    f_paths: Vec<&'a str>,
+    f_keys: Vec<Option<&'a str>>,
+    f_sizes: Vec<i64>,
+    f_seqs: Vec<i64>,
 }
 
 impl<'a> BatchColumns<'a> {
@@ -242,7 +277,39 @@ impl<'a> BatchColumns<'a> {
                 c.m_bodies.push(body.as_str());
             }
         }
+        c.add_files(batch);
         c
+    }
+
+    /// The manifest changes, each (tree, path) once: two sessions of one tree in a batch
+    /// that changed the same path commit the later one (last writer wins, as between two
+    /// commits).
+    fn add_files(&mut self, batch: &[&'a Checkpoint]) {
+        let mut at: HashMap<(&str, &str), usize> = HashMap::new();
+        for cp in batch {
+            let seq = cp.file_seq();
+            for f in &cp.files {
+                let key = (cp.lease.root_id.as_str(), f.path.as_str());
+                let size = f
+                    .blob
+                    .as_ref()
+                    .map_or(0, |b| i64::try_from(b.size).unwrap_or(i64::MAX));
+                let sha = f.blob.as_ref().map(|b| b.sha256.as_str());
+                if let Some(&i) = at.get(&key) {
+                    self.f_ids[i] = cp.lease.session_id.as_str();
+                    self.f_keys[i] = sha;
+                    self.f_sizes[i] = size;
+                    self.f_seqs[i] = seq;
+                    continue;
+                }
+                at.insert(key, self.f_ids.len());
+                self.f_ids.push(cp.lease.session_id.as_str());
+                self.f_paths.push(f.path.as_str());
+                self.f_keys.push(sha);
+                self.f_sizes.push(size);
+                self.f_seqs.push(seq);
+            }
+        }
     }
 }
 
@@ -260,7 +327,12 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let c = BatchColumns::of(batch);
-        let held: Vec<Held> = sqlx::query_as(CHECKPOINT_BATCH)
+        let sql = if c.f_ids.is_empty() {
+            CHECKPOINT_BATCH
+        } else {
+            CHECKPOINT_BATCH_FILES.as_str()
+        };
+        let q = sqlx::query_as(sql)
             .bind(&c.roots)
             .bind(&c.ids)
             .bind(&c.epochs)
@@ -287,9 +359,17 @@ impl PgStore {
             .bind(&c.history_len)
             .bind(&c.m_ids)
             .bind(&c.m_seqs)
-            .bind(&c.m_bodies)
-            .fetch_all(&self.writer)
-            .await?;
+            .bind(&c.m_bodies);
+        let q = if c.f_ids.is_empty() {
+            q
+        } else {
+            q.bind(&c.f_ids)
+                .bind(&c.f_paths)
+                .bind(&c.f_keys)
+                .bind(&c.f_sizes)
+                .bind(&c.f_seqs)
+        };
+        let held: Vec<Held> = q.fetch_all(&self.writer).await?;
         self.answers(batch, held).await
     }
 

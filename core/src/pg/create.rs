@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use sqlx::PgExecutor;
 use sqlx::postgres::PgPool;
 
 use crate::error::Result;
@@ -73,15 +74,25 @@ pub(super) async fn create_sessions(
     if new.is_empty() {
         return Ok(Vec::new());
     }
-    let mut inserted = insert(pool, new).await?;
-    // Items that were not inserted: an existing row with the same idempotency key (or id).
-    // Read after the insert, so it sees rows of a concurrent insert that the conflict
-    // waited for.
-    let missing: Vec<&NewSession> = new
+    let with_files = new
         .iter()
-        .filter(|s| !inserted.contains_key(&s.id))
-        .collect();
-    let existing = existing(pool, &missing).await?;
+        .any(|s| !s.files.is_empty() || s.workspace_from.is_some());
+    let (mut inserted, existing) = if with_files {
+        // A session and its files are one transaction.
+        let mut tx = pool.begin().await?;
+        let inserted = insert(&mut *tx, new).await?;
+        super::workspace::add_inputs(&mut tx, new, |id| inserted.contains_key(id)).await?;
+        let existing = existing(&mut *tx, &not_inserted(new, &inserted)).await?;
+        tx.commit().await?;
+        (inserted, existing)
+    } else {
+        let inserted = insert(pool, new).await?;
+        // Items that were not inserted: an existing row with the same idempotency key (or
+        // id). Read after the insert, so it sees rows of a concurrent insert that the
+        // conflict waited for.
+        let existing = existing(pool, &not_inserted(new, &inserted)).await?;
+        (inserted, existing)
+    };
     let mut out: Vec<(SessionRow, bool)> = Vec::with_capacity(new.len());
     // Where each row inserted here sits in `out`, by key and by id: a later duplicate of
     // an item answers with a copy of it, and only a duplicate costs one (a batch holds
@@ -118,9 +129,18 @@ pub(super) async fn create_sessions(
     Ok(out)
 }
 
+fn not_inserted<'a>(
+    new: &'a [NewSession],
+    inserted: &HashMap<String, SessionRow>,
+) -> Vec<&'a NewSession> {
+    new.iter()
+        .filter(|s| !inserted.contains_key(&s.id))
+        .collect()
+}
+
 /// Insert the batch; the rows inserted, by id.
-pub(super) async fn insert(
-    pool: impl sqlx::PgExecutor<'_>,
+pub(super) async fn insert<'e>(
+    pool: impl PgExecutor<'e>,
     new: &[NewSession],
 ) -> Result<HashMap<String, SessionRow>> {
     let n = new.len();
@@ -185,7 +205,7 @@ pub(super) async fn insert(
 }
 
 /// The existing rows of `missing`, in one statement.
-async fn existing(pool: &PgPool, missing: &[&NewSession]) -> Result<Existing> {
+async fn existing<'e>(pool: impl PgExecutor<'e>, missing: &[&NewSession]) -> Result<Existing> {
     let mut found = Existing::default();
     if missing.is_empty() {
         return Ok(found);

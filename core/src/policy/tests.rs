@@ -25,6 +25,10 @@ fn bounded() -> PolicySection {
         max_children: Some(2),
         max_depth: Some(1),
         max_tree_sessions: None,
+        max_input_files: 5,
+        max_input_bytes: 100,
+        max_path_bytes: 20,
+        max_path_depth: 3,
         tenants: Default::default(),
     }
 }
@@ -347,4 +351,40 @@ fn queues_are_checked_by_glob_and_the_default_allows_any() {
     assert!(p.for_tenant("ops").check_queue("ops-private").is_ok());
     assert!(p.for_tenant("ops").check_queue("default").is_err());
     assert!(p.for_tenant("other").check_queue("ops-private").is_err());
+}
+
+#[test]
+fn file_limits_come_from_the_section_and_a_tenant_replaces_them() {
+    let d = Policy::default();
+    assert_eq!(d.for_tenant(DEFAULT_TENANT).files, FileLimits::DEFAULT);
+    let mut section = bounded();
+    section.tenants.insert(
+        "big".into(),
+        TenantPolicySection {
+            max_input_bytes: Some(5000),
+            max_path_depth: Some(8),
+            ..Default::default()
+        },
+    );
+    let p = Policy::from_section(&section).unwrap();
+    assert_eq!(
+        p.global().files,
+        FileLimits {
+            max_files: 5,
+            max_bytes: 100,
+            max_path_bytes: 20,
+            max_path_depth: 3
+        }
+    );
+    assert_eq!(
+        p.for_tenant("big").files,
+        FileLimits {
+            max_files: 5,
+            max_bytes: 5000,
+            max_path_bytes: 20,
+            max_path_depth: 8
+        }
+    );
+    assert_eq!(p.max_input_bytes(), 5000);
+    assert_eq!(Policy::deny_all().global().files.max_files, 0);
 }

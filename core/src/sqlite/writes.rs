@@ -168,6 +168,7 @@ pub(super) async fn checkpoint(
             .map(|(seq, body)| (seq, body.as_str()))
             .collect();
         insert_messages(conn, &lease.root_id, &lease.session_id, &rows).await?;
+        super::workspace::commit_files(conn, cp).await?;
         return Ok(Ok(None));
     }
     // A retried final checkpoint finds the row already finished under our epoch.

@@ -25,6 +25,7 @@ use serde_json::{Map, Value};
 
 use agentq_api::bounds::{BODY_BYTES_PER_VALUE, MAX_OBJECT_ENTRIES, max_body_values};
 use agentq_api::de::{REQUIRED, struct_fields};
+use agentq_core::workspace_path::MAX_INPUT_FILES;
 
 use crate::error::ApiError;
 
@@ -120,7 +121,8 @@ impl Shape {
 /// One pass over a JSON body, building nothing: a syntax error anywhere is a 400
 /// `invalid_json`; else the first (in the order of the text) NUL character in a string
 /// or key, key repeated within one object, or object with more than
-/// [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it (`[3].prompt`, `metadata.a`).
+/// [`MAX_OBJECT_ENTRIES`] entries (a session's `files`: [`MAX_INPUT_FILES`]) is a 422
+/// naming it (`[3].prompt`, `metadata.a`).
 ///
 /// Memory: the keys of the objects on the path to the current value (borrowed from
 /// `bytes` unless escaped), at most [`MAX_OBJECT_ENTRIES`] per object; nesting is bounded
@@ -210,6 +212,17 @@ impl Scanner<'_> {
         });
     }
 
+    /// The most entries the object at the current path may hold: a session request's
+    /// `files` (at the top level, or of a batch item) holds up to a file count's bound,
+    /// any other object [`MAX_OBJECT_ENTRIES`].
+    fn max_entries(&self) -> usize {
+        let files = |k: &Seg<'_>| matches!(k, Seg::Key(k) if k == "files");
+        match self.path.as_slice() {
+            [k] | [Seg::Index(_), k] if files(k) => MAX_INPUT_FILES,
+            _ => MAX_OBJECT_ENTRIES,
+        }
+    }
+
     fn string(&mut self, s: &str) {
         if self.found.is_none() && s.contains('\0') {
             self.report("must not contain a NUL character (\\u0000)");
@@ -276,17 +289,17 @@ impl<'de> Visitor<'de> for Node<'_, 'de> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
         let mut keys: HashSet<Cow<'de, str>> = HashSet::new();
+        let most = self.0.max_entries();
         while let Some(key) = map.next_key_seed(KeySeed)? {
             self.0.path.push(Seg::Key(key.clone()));
             if self.0.found.is_none() {
                 if key.contains('\0') {
                     self.0
                         .report("a key must not contain a NUL character (\\u0000)");
-                } else if keys.len() >= MAX_OBJECT_ENTRIES {
+                } else if keys.len() >= most {
                     self.0.path.pop();
-                    self.0.report(&format!(
-                        "an object holds at most {MAX_OBJECT_ENTRIES} entries"
-                    ));
+                    self.0
+                        .report(&format!("an object holds at most {most} entries"));
                     self.0.path.push(Seg::Key(Cow::Borrowed("")));
                 } else if !keys.insert(key) {
                     self.0.report("this key appears twice in one object");
@@ -509,6 +522,33 @@ mod tests {
         assert_eq!(
             scanned(&format!(r#"{{"m": {{{}}}}}"#, many.join(","))),
             at("m")
+        );
+        // A session's files may be more, to their own bound, and no further.
+        let files = |n: usize| {
+            let f: Vec<String> = (0..n).map(|i| format!("\"f{i}\": \"\"")).collect();
+            f.join(",")
+        };
+        assert_eq!(
+            scanned(&format!(r#"{{"files": {{{}}}}}"#, files(MAX_INPUT_FILES))),
+            Ok(Shape::Object)
+        );
+        assert_eq!(
+            scanned(&format!(
+                r#"[{{}}, {{"files": {{{}}}}}]"#,
+                files(MAX_INPUT_FILES)
+            )),
+            Ok(Shape::Array(2))
+        );
+        assert_eq!(
+            scanned(&format!(
+                r#"{{"files": {{{}}}}}"#,
+                files(MAX_INPUT_FILES + 1)
+            )),
+            at("files")
+        );
+        assert_eq!(
+            scanned(&format!(r#"{{"m": {{"files": {{{}}}}}}}"#, many.join(","))),
+            at("m.files")
         );
         // The first finding in the text is the one named.
         assert_eq!(scanned(r#"{"a": "\u0000", "a": 1}"#), at("a"));

@@ -18,6 +18,7 @@ use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod budgets;
 mod events;
+mod files;
 mod health;
 mod limits;
 mod queues;
@@ -54,13 +55,18 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const READ: Access = Access::Scope(Scope::SessionsRead);
     const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
     const ADMIN: Access = Access::Scope(Scope::Admin);
-    // Room for a prompt and a system prompt at their limit, plus metadata and escaping;
-    // the handler reports an oversize prompt by name before this limit is reached.
+    // Room for a prompt and a system prompt at their limit, plus metadata and escaping,
+    // and for files at the largest policy's bound, base64-encoded (or escaped text); the
+    // handler reports an oversize prompt or file by name before this limit is reached.
+    let files_room = usize::try_from(state.cfg.policy.max_input_bytes())
+        .unwrap_or(usize::MAX)
+        .saturating_mul(2);
     let single_limit = state
         .cfg
         .max_prompt_bytes
         .saturating_mul(2)
-        .saturating_add(1024 * 1024);
+        .saturating_add(1024 * 1024)
+        .saturating_add(files_room);
     let (g, p) = (Method::GET, Method::POST);
     vec![
         route(
@@ -97,6 +103,13 @@ fn table(state: &Scheduler) -> Vec<Route> {
             post(steer::approvals),
         ),
         route(g.clone(), "/v1/sessions/{id}/tree", READ, get(steer::tree)),
+        route(g.clone(), "/v1/sessions/{id}/files", READ, get(files::list)),
+        route(
+            g.clone(),
+            "/v1/sessions/{id}/files/{*path}",
+            READ,
+            get(files::get),
+        ),
         route(
             p.clone(),
             "/v1/sessions/{id}/cancel",

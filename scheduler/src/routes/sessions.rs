@@ -22,6 +22,7 @@ use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
     session_view,
 };
+use crate::inputs::check_sources;
 use crate::request::{
     Limits, ListQuery, RawJson, SessionRequest, admit, admit_batch, parse_batch_bytes,
     parse_session,
@@ -33,10 +34,11 @@ pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
 /// Children listed in a session's view.
 const MAX_CHILDREN: u32 = 1000;
 
-fn limits(s: &Scheduler) -> Limits {
+fn limits(s: &Scheduler, caller: &Caller) -> Limits {
     Limits {
         max_prompt_bytes: s.cfg.max_prompt_bytes,
         max_batch: s.cfg.max_batch,
+        files: s.cfg.policy.for_tenant(&caller.tenant).files,
     }
 }
 
@@ -45,20 +47,30 @@ fn limits(s: &Scheduler) -> Limits {
 /// spelled-out defaults do not count as a different request, and neither does a policy
 /// change between a request and its repeat.
 fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
-    match &r.idempotency_key {
-        // A priority other than the default is part of what was asked; the default one
-        // hashes as before priorities existed, so earlier keys still match their repeats.
-        Some(_) if r.priority != agentq_core::scheduling::DEFAULT_PRIORITY => {
-            Ok(Some(agentq_core::auth::digest(
-                &serde_json::to_string(&(&r.spec, &r.queue, r.priority))
-                    .map_err(|_| ApiError::Internal)?,
-            )))
-        }
-        Some(_) => Ok(Some(agentq_core::auth::digest(
-            &serde_json::to_string(&(&r.spec, &r.queue)).map_err(|_| ApiError::Internal)?,
-        ))),
-        None => Ok(None),
+    if r.idempotency_key.is_none() {
+        return Ok(None);
     }
+    // A request without a workspace hashes as it always has, so keys stored before
+    // workspaces existed still match their repeats.
+    // Likewise a priority other than the default is part of what was asked; the default
+    // one hashes as before priorities existed.
+    let priority = (r.priority != agentq_core::scheduling::DEFAULT_PRIORITY).then_some(r.priority);
+    let asked = match (r.files.is_empty() && r.workspace_from.is_none(), priority) {
+        (true, None) => serde_json::to_string(&(&r.spec, &r.queue)),
+        (true, Some(p)) => serde_json::to_string(&(&r.spec, &r.queue, p)),
+        (false, p) => {
+            let files = crate::inputs::files_digest(&r.files);
+            match p {
+                None => serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from)),
+                Some(p) => {
+                    serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from, p))
+                }
+            }
+        }
+    };
+    Ok(Some(agentq_core::auth::digest(
+        &asked.map_err(|_| ApiError::Internal)?,
+    )))
 }
 
 /// The session a request creates, owned by the caller's tenant.
@@ -67,6 +79,8 @@ fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewS
     n.idempotency_key = r.idempotency_key;
     n.idempotency_hash = hash;
     n.sched.priority = r.priority;
+    n.files = r.files;
+    n.workspace_from = r.workspace_from;
     n
 }
 
@@ -167,10 +181,11 @@ pub(super) async fn create(
     Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let mut req = parse_session(body, &limits(&s), "")?;
+    let mut req = parse_session(body, &limits(&s, &caller), "")?;
     let hash = request_hash(&req)?;
     admit(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
     known_queues(&s, std::slice::from_ref(&req), false).await?;
+    check_sources(&s, &caller, std::slice::from_ref(&req), false).await?;
     let mut new = new_session(req, &caller, hash);
     new.sched.held = s.dispatch().hold(&new.queue, &new.tenant, 1, None);
     let (row, created) = s.store.create_session(&new).await?;
@@ -211,7 +226,7 @@ pub(super) async fn create_batch(
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
     let max_running = q.max_running()?;
-    let mut reqs = parse_batch_bytes(&body, &limits(&s))?;
+    let mut reqs = parse_batch_bytes(&body, &limits(&s, &caller))?;
     // The requests own what they need; the body's bytes go before the store's work.
     drop(body);
     let hashes = reqs
@@ -220,6 +235,7 @@ pub(super) async fn create_batch(
         .collect::<ApiResult<Vec<_>>>()?;
     admit_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
     known_queues(&s, &reqs, true).await?;
+    check_sources(&s, &caller, &reqs, true).await?;
     let mut new: Vec<NewSession> = reqs
         .into_iter()
         .zip(hashes)

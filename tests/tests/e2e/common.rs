@@ -86,6 +86,8 @@ pub struct ToolUse {
     /// Instead of `http_fetch`: `read_file` of the path `name` in the session's workspace,
     /// a call that changes nothing (`Pure`).
     pub read: bool,
+    /// Instead of all of the above: this tool with these arguments.
+    pub call: Option<(String, Value)>,
 }
 
 impl ToolUse {
@@ -95,6 +97,18 @@ impl ToolUse {
             post: false,
             spawn: Some((child_token.into(), wait)),
             read: false,
+            call: None,
+        }
+    }
+
+    /// A call of `tool` with `args`.
+    pub fn call(tool: &str, args: Value) -> ToolUse {
+        ToolUse {
+            name: tool.into(),
+            post: false,
+            spawn: None,
+            read: false,
+            call: Some((tool.into(), args)),
         }
     }
 }
@@ -134,6 +148,7 @@ impl Turn {
                     post: false,
                     spawn: None,
                     read,
+                    call: None,
                 })
                 .collect(),
         }
@@ -303,6 +318,10 @@ pub fn openai_turn(turn: usize, t: &Turn, base_url: &str, token: &str) -> Vec<By
     out.push(openai_chunk(json!({"content": b}), None));
     for (k, tool) in t.tools.iter().enumerate() {
         let (function, args) = match &tool.spawn {
+            _ if tool.call.is_some() => match &tool.call {
+                Some((f, a)) => (f.as_str(), a.clone()),
+                None => unreachable!(),
+            },
             Some((child, wait)) => (
                 "spawn_agent",
                 json!({"prompt": format!("Follow the e2e script <<{child}>>."),
@@ -361,6 +380,12 @@ pub struct WorkerOpts {
     pub llm_url: Option<String>,
     /// More variables for the worker's environment (settings such as `[[limits]]`).
     pub env: Vec<(String, String)>,
+    /// Its own `--workspace-root` (another machine's disk), else the cluster's.
+    pub workspace_root: Option<PathBuf>,
+    /// `--workspace-quota-bytes`, when set.
+    pub workspace_quota_bytes: Option<u64>,
+    /// `--enable-shell`.
+    pub enable_shell: bool,
 }
 
 impl Default for WorkerOpts {
@@ -373,6 +398,9 @@ impl Default for WorkerOpts {
             write_ahead_grace_ms: None,
             llm_url: None,
             env: Vec::new(),
+            workspace_root: None,
+            workspace_quota_bytes: None,
+            enable_shell: false,
         }
     }
 }
@@ -496,7 +524,11 @@ impl Cluster {
             .args(["--max-attempts", &opts.max_attempts.to_string()])
             .args(["--drain-timeout-secs", &opts.drain_timeout_secs.to_string()])
             .arg("--workspace-root")
-            .arg(self.dir.path().join("ws"))
+            .arg(
+                opts.workspace_root
+                    .clone()
+                    .unwrap_or_else(|| self.dir.path().join("ws")),
+            )
             .args([
                 "--default-provider",
                 "openai",
@@ -509,7 +541,7 @@ impl Cluster {
             // The scripts fetch from the fake (the default policy allows reads only).
             .env(
                 "AGENTQ_POLICY_TOOLS",
-                "read_file,list_dir,glob,grep,spawn_agent,http_fetch",
+                "read_file,list_dir,glob,grep,spawn_agent,http_fetch,write_file,shell",
             )
             .env("RUST_LOG", "info")
             // Several workers run side by side: no fixed metrics port to fight over.
@@ -523,6 +555,14 @@ impl Cluster {
             cmd.env("OPENAI_BASE_URL", format!("{url}/v1"));
         }
         cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        if opts.enable_shell {
+            cmd.arg("--enable-shell");
+        }
+        if let Some(n) = opts.workspace_quota_bytes {
+            // A file may not be larger than the whole quota.
+            cmd.args(["--workspace-quota-bytes", &n.to_string()])
+                .args(["--max-file-bytes", &n.to_string()]);
+        }
         if let Some(ms) = opts.write_ahead_grace_ms {
             cmd.args(["--write-ahead-grace-ms", &ms.to_string()]);
         }
@@ -678,6 +718,56 @@ impl Cluster {
             })
             .await
             .expect("listing children")
+    }
+
+    /// A root session with these tools and input files.
+    pub async fn submit_with_files(
+        &self,
+        script: Script,
+        tools: &[&str],
+        files: Vec<agentq_core::workspace::InputFile>,
+    ) -> Sub {
+        let token = self.register(script);
+        let mut spec = SessionSpec::new(format!("Follow the e2e script <<{token}>>."));
+        spec.tools = Some(tools.iter().map(|t| t.to_string()).collect());
+        spec.retry_delay_ms = 50;
+        let mut new = NewSession::root(spec, "default");
+        new.files = files;
+        let (row, _) = self
+            .store
+            .create_session(&new)
+            .await
+            .expect("creating a session");
+        self.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .expect("enqueueing");
+        self.store
+            .mark_enqueued(std::slice::from_ref(&row.id))
+            .await
+            .expect("mark_enqueued");
+        Sub { id: row.id, token }
+    }
+
+    /// The bodies of the LLM requests of `sub`'s session asking for turn `turn`.
+    pub fn llm_bodies(&self, sub: &Sub, turn: usize) -> Vec<String> {
+        self.fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.ends_with("/chat/completions"))
+            .filter(|r| token_of(&r.body).as_deref() == Some(sub.token.as_str()))
+            .filter(|r| {
+                r.body["messages"].as_array().map_or(0, |ms| {
+                    ms.iter().filter(|m| m["role"] == "assistant").count()
+                }) == turn
+            })
+            .map(|r| r.body.to_string())
+            .collect()
+    }
+
+    /// A directory of the cluster's, for a worker's own workspaces.
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
     }
 
     pub async fn submit(&self, script: Script) -> Sub {

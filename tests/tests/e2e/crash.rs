@@ -158,6 +158,7 @@ async fn sigkill_while_post_runs_does_not_repeat_it() {
                 post: true,
                 spawn: None,
                 read: false,
+                call: None,
             }],
         },
         Turn::text("I could not tell whether the charge went through."),

@@ -18,3 +18,4 @@ mod redrive;
 mod restart;
 mod scale;
 mod subagents;
+mod workspace;

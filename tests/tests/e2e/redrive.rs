@@ -27,6 +27,7 @@ fn flaky() -> Script {
                 post: true,
                 spawn: None,
                 read: false,
+                call: None,
             }],
         },
         Turn::gets("Reading the receipt.", &["receipt"]),

@@ -1,0 +1,192 @@
+//! The embedded mode's workspaces are durable too: `agentq dev` (the binary) writes a file
+//! in a session, is SIGKILLed during the next model call, and started again on the same
+//! database file with another workspace directory (as on another machine, or after the
+//! directory was lost): the resumed session reads the file it wrote.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use agentq_core::WorkspaceStore;
+use agentq_core::sqlite::SqliteStore;
+
+fn agentq() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
+    for k in [
+        "AGENTQ_DATABASE_URL",
+        "AGENTQ_REDIS_URL",
+        "AGENTQ_API_URL",
+        "AGENTQ_API_ADDR",
+        "AGENTQ_CONFIG",
+        "AGENTQ_DB",
+        "AGENTQ_SCRIPT",
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+    ] {
+        c.env_remove(k);
+    }
+    c.current_dir(std::env::temp_dir());
+    c
+}
+
+struct Dev {
+    child: Child,
+    url: String,
+    _drain: std::thread::JoinHandle<()>,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_dev(db: &Path, config: &Path, script: &Path) -> Dev {
+    let mut child = agentq()
+        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+        .arg(db)
+        .arg("--config")
+        .arg(config)
+        .arg("--script")
+        .arg(script)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = String::new();
+    let url = loop {
+        assert!(Instant::now() < deadline, "dev did not start: {seen}");
+        let mut line = String::new();
+        assert!(
+            reader.read_line(&mut line).unwrap() > 0,
+            "dev exited: {seen}"
+        );
+        if let Some(i) = line.find("listening on ") {
+            break line[i + "listening on ".len()..].trim().to_string();
+        }
+        seen.push_str(&line);
+    };
+    let drain = std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    Dev {
+        child,
+        url,
+        _drain: drain,
+    }
+}
+
+fn config(path: &Path, workspaces: &Path) {
+    std::fs::write(
+        path,
+        format!(
+            "[worker]\nlease_ttl_secs = 2\nheartbeat_secs = 1\nreclaim_min_idle_secs = 3\n\
+             reclaim_interval_secs = 1\ndrain_timeout_secs = 5\nworkspace_root = {:?}\n\n\
+             [policy]\ntools = [\"read_file\", \"write_file\", \"list_dir\", \"glob\", \"grep\"]\n",
+            workspaces.display().to_string()
+        ),
+    )
+    .unwrap();
+}
+
+async fn session(http: &reqwest::Client, dev: &Dev, id: &str) -> Value {
+    http.get(format!("{}/v1/sessions/{id}", dev.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn wait_for(
+    http: &reqwest::Client,
+    dev: &Dev,
+    id: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = session(http, dev, id).await;
+        if pred(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out; session is {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_resumes_with_its_files_after_sigkill_in_another_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("dev.db");
+    let cfg = dir.path().join("agentq.toml");
+    let first_ws = dir.path().join("ws-first");
+    let second_ws = dir.path().join("ws-second");
+    config(&cfg, &first_ws);
+    // Write a file; then a long model call (the kill lands in it) that reads it back; then
+    // answer with what was read.
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        json!({"turns": [
+            {"text": "Writing.", "tool_calls": [{"name": "write_file",
+                "arguments": {"path": "notes/kept.txt", "content": "kept across the crash"}}],
+             "delay_ms": 50},
+            {"text": "Reading.", "tool_calls": [{"name": "read_file",
+                "arguments": {"path": "notes/kept.txt"}}],
+             "delay_ms": 3000},
+            {"text": "Read: {{last_tool_result}}", "delay_ms": 50},
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let http = reqwest::Client::new();
+    let mut dev = start_dev(&db, &cfg, &script);
+    let resp = http
+        .post(format!("{}/v1/sessions", dev.url))
+        .json(&json!({"prompt": "files", "tools": ["read_file", "write_file"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let id = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for(&http, &dev, &id, |v| {
+        v["status"] == "running" && v["iterations"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    assert!(first_ws.join(&id).join("notes/kept.txt").exists());
+    dev.child.kill().unwrap(); // SIGKILL, in the long model call
+    dev.child.wait().unwrap();
+    drop(dev);
+
+    config(&cfg, &second_ws);
+    let dev = start_dev(&db, &cfg, &script);
+    let v = wait_for(&http, &dev, &id, |v| v["status"] == "completed").await;
+    let result = v["result"].as_str().unwrap_or_default();
+    assert!(result.contains("kept across the crash"), "{v}");
+    assert_eq!(
+        std::fs::read_to_string(second_ws.join(&id).join("notes/kept.txt")).unwrap(),
+        "kept across the crash"
+    );
+    drop(dev);
+
+    let store = SqliteStore::open(&db).await.unwrap();
+    let files = store.workspace_files(&id).await.unwrap();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(files[0].path, "notes/kept.txt");
+    store.close().await;
+}

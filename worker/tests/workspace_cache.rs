@@ -1,0 +1,133 @@
+//! The worker's local workspace is a cache of the committed manifest: restored cold,
+//! checked cheaply warm, cleaned of everything never committed (links and hard links
+//! included, without writing through them), and the changes of tools and of other
+//! processes found for the next commit. On the embedded store (a temporary file).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use agentq_agent::spec::SessionSpec;
+use agentq_agent::tools::{Workspace, WriteLimits};
+use agentq_core::sqlite::SqliteStore;
+use agentq_core::workspace::InputFile;
+use agentq_core::{NewSession, Store};
+use agentq_worker::workspace::{TreeSync, materialise};
+
+async fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("db")).await.unwrap();
+    store.migrate().await.unwrap();
+    (dir, Arc::new(store))
+}
+
+async fn tree(store: &dyn Store, files: &[(&str, &[u8])]) -> String {
+    let mut new = NewSession::root(SessionSpec::new("ws"), "default");
+    new.files = files
+        .iter()
+        .map(|(p, d)| InputFile {
+            path: p.to_string(),
+            data: d.to_vec(),
+        })
+        .collect();
+    store.create_session(&new).await.unwrap().0.root_id
+}
+
+const LIMITS: WriteLimits = WriteLimits {
+    max_file_bytes: 1 << 20,
+    quota_bytes: 1 << 24,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_is_restored_cold_checked_warm_and_cleaned() {
+    let (_d, store) = store().await;
+    let root = tree(&*store, &[("a.txt", b"alpha"), ("dir/b.txt", b"beta")]).await;
+    let disk = tempfile::tempdir().unwrap();
+    let dir = disk.path().join(&root);
+    let index = disk.path().join("index.json");
+
+    let cold = materialise(&*store, &root, &dir, &index).await.unwrap();
+    assert_eq!((cold.files, cold.fetched, cold.deleted), (2, 2, 0));
+    assert_eq!(std::fs::read(dir.join("dir/b.txt")).unwrap(), b"beta");
+    let warm = materialise(&*store, &root, &dir, &index).await.unwrap();
+    assert_eq!((warm.files, warm.fetched, warm.deleted), (2, 0, 0));
+
+    // What was never committed goes, a changed file comes back as committed, and links
+    // are removed without writing through them.
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret");
+    std::fs::write(&secret, b"outside").unwrap();
+    std::fs::write(dir.join("uncommitted.txt"), b"x").unwrap();
+    std::fs::write(dir.join("a.txt"), b"changed, not committed").unwrap();
+    std::fs::remove_file(dir.join("dir/b.txt")).unwrap();
+    std::fs::hard_link(&secret, dir.join("dir/b.txt")).unwrap();
+    std::os::unix::fs::symlink(&secret, dir.join("link")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.join("linked-dir")).unwrap();
+    let again = materialise(&*store, &root, &dir, &index).await.unwrap();
+    assert_eq!(again.fetched, 2, "{again:?}");
+    // The extra file, both links, and the hard-linked name (then fetched afresh).
+    assert_eq!(again.deleted, 4, "{again:?}");
+    assert_eq!(std::fs::read(dir.join("a.txt")).unwrap(), b"alpha");
+    assert_eq!(std::fs::read(dir.join("dir/b.txt")).unwrap(), b"beta");
+    assert!(!dir.join("uncommitted.txt").exists());
+    assert!(std::fs::symlink_metadata(dir.join("link")).is_err());
+    assert!(std::fs::symlink_metadata(dir.join("linked-dir")).is_err());
+    assert_eq!(std::fs::read(&secret).unwrap(), b"outside");
+
+    // An index that lies is only a cost: the file is checked against the manifest.
+    std::fs::write(&index, b"not json").unwrap();
+    let lied = materialise(&*store, &root, &dir, &index).await.unwrap();
+    assert_eq!(lied.fetched, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_found_for_the_next_commit() {
+    let (_d, store) = store().await;
+    let root = tree(&*store, &[("keep.txt", b"k"), ("gone.txt", b"g")]).await;
+    let disk = tempfile::tempdir().unwrap();
+    let workspaces = std::fs::canonicalize(disk.path()).unwrap();
+    let (sync, ws) = TreeSync::open(store.clone(), &workspaces, &root, 64)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(ws.root().join("keep.txt")).unwrap(), b"k");
+    // Nothing changed: nothing to commit, nothing asked of the store.
+    assert!(sync.collect().await.unwrap().changes.is_empty());
+
+    ws.write("tool.txt", b"by a tool", LIMITS).await.unwrap();
+    let p = sync.collect().await.unwrap();
+    let paths: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
+    assert_eq!(paths, vec!["tool.txt"]);
+    let key = p.changes[0].blob.clone().unwrap().sha256;
+    assert_eq!(store.get_blob(&key).await.unwrap().unwrap(), b"by a tool");
+    sync.committed(p);
+
+    // A shell command changed things behind the tools' back: a rescan finds them. A file
+    // over the size cap, a link and a hard-linked file are not committed.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"outside").unwrap();
+    std::fs::write(ws.root().join("shell.txt"), b"by a shell").unwrap();
+    std::fs::remove_file(ws.root().join("gone.txt")).unwrap();
+    std::fs::write(ws.root().join("big.bin"), vec![0u8; 65]).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), ws.root().join("link")).unwrap();
+    std::fs::hard_link(outside.path().join("secret"), ws.root().join("hard")).unwrap();
+    ws.forget_usage();
+    let p = sync.collect().await.unwrap();
+    let mut got: Vec<(String, bool)> = p
+        .changes
+        .iter()
+        .map(|c| (c.path.clone(), c.blob.is_some()))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![("gone.txt".into(), false), ("shell.txt".into(), true)]
+    );
+    sync.not_committed(p);
+    // Not committed: taken again by the next commit.
+    let p = sync.collect().await.unwrap();
+    assert_eq!(p.changes.len(), 2);
+    sync.committed(p);
+    // Committed: nothing left, and a rescan with nothing new finds nothing.
+    ws.forget_usage();
+    assert!(sync.collect().await.unwrap().changes.is_empty());
+}
