@@ -11,7 +11,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_agent::tools::{Workspace, WriteLimits};
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::workspace::InputFile;
-use agentq_core::{NewSession, SessionStore, Store};
+use agentq_core::{NewSession, Store};
 use agentq_worker::workspace::{TreeSync, materialise};
 
 async fn store() -> (tempfile::TempDir, Arc<dyn Store>) {
