@@ -97,11 +97,13 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
         [
             "api_keys",
             "approvals",
+            "blobs",
             "inbox",
             "messages",
             "queues",
             "session_specs",
-            "sessions"
+            "sessions",
+            "workspace_files"
         ]
     );
     let names = |c: &Columns| c.keys().cloned().collect::<Vec<_>>();
