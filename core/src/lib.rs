@@ -23,6 +23,7 @@ pub mod sqlite;
 pub mod store;
 pub mod workspace;
 
+pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;
