@@ -260,9 +260,10 @@ struct Plan {
     deleted: usize,
 }
 
-/// Delete what the manifest does not hold (links and special files included: the
-/// manifest holds regular files only, so afterwards no link is left to write through),
-/// and find what to fetch.
+/// Delete the files and links the manifest does not hold (the manifest holds regular
+/// files only, so afterwards no link is left to write through), and find what to fetch.
+/// Special files (pipes, sockets) hold no content to commit or to undo and are left alone,
+/// unless a committed file takes their place.
 fn plan(cache: &TreeCache, manifest: &[FileEntry]) -> Result<Plan, Error> {
     let dir = &cache.dir;
     std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -284,6 +285,10 @@ fn plan(cache: &TreeCache, manifest: &[FileEntry]) -> Result<Plan, Error> {
             if let Some(i) = old.get(&rel) {
                 kept.insert(rel, i.clone());
             }
+            continue;
+        }
+        let ft = meta.file_type();
+        if !ft.is_file() && !ft.is_symlink() && !wanted.contains_key(rel.as_str()) {
             continue;
         }
         if wanted.contains_key(rel.as_str()) && meta.file_type().is_file() && meta.nlink() == 1 {
