@@ -28,6 +28,7 @@ pub mod wait;
 pub mod workspace;
 pub mod workspace_path;
 
+pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
 pub use error::{Error, Result};
 pub use model::*;

@@ -97,6 +97,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
         [
             "api_keys",
             "approvals",
+            "blobs",
             "inbox",
             "messages",
             "queues",
@@ -104,6 +105,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "sessions",
             "tenant_budgets",
             "tenant_spend",
+            "workspace_files",
         ]
     );
     let names = |c: &Columns| c.keys().cloned().collect::<Vec<_>>();

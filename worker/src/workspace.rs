@@ -260,9 +260,10 @@ struct Plan {
     deleted: usize,
 }
 
-/// Delete what the manifest does not hold (links and special files included: the
-/// manifest holds regular files only, so afterwards no link is left to write through),
-/// and find what to fetch.
+/// Delete the files and links the manifest does not hold (the manifest holds regular
+/// files only, so afterwards no link is left to write through), and find what to fetch.
+/// Special files (pipes, sockets) hold no content to commit or to undo and are left alone,
+/// unless a committed file takes their place.
 fn plan(cache: &TreeCache, manifest: &[FileEntry]) -> Result<Plan, Error> {
     let dir = &cache.dir;
     std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -284,6 +285,10 @@ fn plan(cache: &TreeCache, manifest: &[FileEntry]) -> Result<Plan, Error> {
             if let Some(i) = old.get(&rel) {
                 kept.insert(rel, i.clone());
             }
+            continue;
+        }
+        let ft = meta.file_type();
+        if !ft.is_file() && !ft.is_symlink() && !wanted.contains_key(rel.as_str()) {
             continue;
         }
         if wanted.contains_key(rel.as_str()) && meta.file_type().is_file() && meta.nlink() == 1 {
@@ -358,6 +363,11 @@ fn place(dir: &Path, f: &FileEntry, data: &[u8]) -> Result<Option<Indexed>, Erro
         warn!(path = %f.path, error = %e, "a committed file cannot be placed");
         return Ok(None);
     }
+    // A directory left where the file goes (what it held is deleted already): an empty
+    // one gives way; one that still holds committed files keeps them.
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        remove_empty_dirs(&path);
+    }
     let tmp = path.with_file_name(format!(
         ".agentq-{}.tmp",
         path.file_name()
@@ -376,6 +386,19 @@ fn place(dir: &Path, f: &FileEntry, data: &[u8]) -> Result<Option<Indexed>, Erro
         mtime_ns: mtime_ns(&meta),
         sha256: f.sha256.clone(),
     }))
+}
+
+/// Remove `dir` and the directories under it, bottom up, as far as they are empty (links
+/// are not followed: a link is an entry, so its directory stays).
+fn remove_empty_dirs(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_dirs(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// A session's side of its tree's workspace: the changes to commit with its checkpoints.

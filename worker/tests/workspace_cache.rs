@@ -74,6 +74,13 @@ async fn a_cache_is_restored_cold_checked_warm_and_cleaned() {
     assert!(std::fs::symlink_metadata(dir.join("linked-dir")).is_err());
     assert_eq!(std::fs::read(&secret).unwrap(), b"outside");
 
+    // A directory where a committed file belongs gives way to it.
+    std::fs::remove_file(dir.join("a.txt")).unwrap();
+    std::fs::create_dir_all(dir.join("a.txt/inner")).unwrap();
+    std::fs::write(dir.join("a.txt/inner/x"), b"x").unwrap();
+    materialise(&*store, &root, &dir, &index).await.unwrap();
+    assert_eq!(std::fs::read(dir.join("a.txt")).unwrap(), b"alpha");
+
     // An index that lies is only a cost: the file is checked against the manifest.
     std::fs::write(&index, b"not json").unwrap();
     let lied = materialise(&*store, &root, &dir, &index).await.unwrap();
