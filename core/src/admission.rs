@@ -77,6 +77,8 @@ const ANNOUNCED_KEY: &str = "agentq:limit:holds:announced";
 /// Counters of what a key and model have left until their reset, as last announced.
 const LEFT_REQUESTS: &str = "agentq:limit:left:r|";
 const LEFT_TOKENS: &str = "agentq:limit:left:t|";
+/// Hash of the limits (and the longest reset) a key and model announced.
+const ANNOUNCED_LIMITS: &str = "agentq:limit:announced|";
 /// The permit of a call that probes a key nothing is known of.
 const PROBE: &str = "probe";
 /// The longest a call waits for another's probe before going anyway.
@@ -382,6 +384,7 @@ impl SessionLimiter {
             .learned
             .key(format!("{LEFT_REQUESTS}{field}"))
             .key(format!("{LEFT_TOKENS}{field}"))
+            .key(format!("{ANNOUNCED_LIMITS}{field}"))
             .arg(tokens)
             .invoke_async(&mut conn)
             .await;
@@ -549,6 +552,8 @@ impl Admission for SessionLimiter {
             ms(left.and_then(|l| l.reset_requests)),
             count(left.and_then(|l| l.remaining_tokens)),
             ms(left.and_then(|l| l.reset_tokens)),
+            count(left.and_then(|l| l.limit_requests)),
+            count(left.and_then(|l| l.limit_tokens)),
         ];
         let used = if report.not_started {
             0
@@ -576,9 +581,11 @@ impl Admission for SessionLimiter {
                 .arg(&field)
                 .arg(hold.unwrap_or(0))
                 .arg(now_ms())
-                .arg(&announced[..])
+                .arg(&announced[..4])
                 .arg(format!("{LEFT_REQUESTS}{field}"))
-                .arg(format!("{LEFT_TOKENS}{field}"));
+                .arg(format!("{LEFT_TOKENS}{field}"))
+                .arg(&announced[4..])
+                .arg(format!("{ANNOUNCED_LIMITS}{field}"));
             let done: redis::RedisResult<i64> = inv.invoke_async(&mut conn).await;
             if let Err(e) = done {
                 limiter.failed_open("settle", &e);
