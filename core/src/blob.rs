@@ -13,6 +13,8 @@
 //! touches every blob of a change right before the commit that references it, and gives
 //! a commit up long before the grace period ends.
 
+pub mod s3;
+
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};

@@ -753,6 +753,48 @@ pub struct WorkspaceSection {
     pub gc_interval_secs: u64,
     /// Trees expired, and contents collected, per statement at most.
     pub gc_batch: u32,
+    /// Where the bytes of contents live: `database` (the `blobs` table) or `s3` (an
+    /// S3-compatible bucket, `[workspace.s3]`; the database keeps the index).
+    pub blob_store: BlobStoreKind,
+    pub s3: S3Section,
+}
+
+/// `[workspace] blob_store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BlobStoreKind {
+    #[default]
+    Database,
+    S3,
+}
+
+/// `[workspace.s3]`: the bucket of `blob_store = "s3"`, addressed path-style (as
+/// S3-compatible servers expect). The credentials are read from the environment
+/// variables named here, never from the file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct S3Section {
+    pub bucket: String,
+    /// `http(s)://host[:port]`, e.g. `https://s3.eu-west-1.amazonaws.com`.
+    pub endpoint: String,
+    pub region: String,
+    /// Prepended to each object's key (the content's SHA-256 in hex), e.g. `agentq/`.
+    pub prefix: String,
+    pub access_key_env: String,
+    pub secret_key_env: String,
+}
+
+impl Default for S3Section {
+    fn default() -> Self {
+        S3Section {
+            bucket: String::new(),
+            endpoint: String::new(),
+            region: "us-east-1".to_string(),
+            prefix: String::new(),
+            access_key_env: "AWS_ACCESS_KEY_ID".to_string(),
+            secret_key_env: "AWS_SECRET_ACCESS_KEY".to_string(),
+        }
+    }
 }
 
 impl Default for WorkspaceSection {
@@ -762,6 +804,8 @@ impl Default for WorkspaceSection {
             blob_grace_secs: 3600,
             gc_interval_secs: 60,
             gc_batch: 500,
+            blob_store: BlobStoreKind::Database,
+            s3: S3Section::default(),
         }
     }
 }
@@ -1152,6 +1196,13 @@ pub const SETTINGS: &[Setting] = &[
     file("workspace.blob_grace_secs"),
     file("workspace.gc_interval_secs"),
     file("workspace.gc_batch"),
+    file("workspace.blob_store"),
+    file("workspace.s3.bucket"),
+    file("workspace.s3.endpoint"),
+    file("workspace.s3.region"),
+    file("workspace.s3.prefix"),
+    file("workspace.s3.access_key_env"),
+    file("workspace.s3.secret_key_env"),
 ];
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

@@ -56,6 +56,10 @@ pub enum Error {
     /// The worker stopped its checkpoint writer (hard shutdown): nothing more is written.
     #[error("stopped: the worker is shutting down")]
     Stopped,
+    /// The object store (`[workspace] blob_store = "s3"`) failed or refused: retryable for
+    /// an outage (transport, 5xx, throttling), not for a refusal or a wrong content.
+    #[error("object store: {message}")]
+    ObjectStore { retryable: bool, message: String },
     /// One failure seen by every member of a group commit.
     #[error(transparent)]
     Shared(std::sync::Arc<Error>),
@@ -80,6 +84,7 @@ impl Error {
                 redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
             ),
             Error::Pool(_) => true,
+            Error::ObjectStore { retryable, .. } => *retryable,
             Error::Shared(e) => e.is_retryable(),
             _ => false,
         }

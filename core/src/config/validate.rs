@@ -777,5 +777,60 @@ fn workspace(w: &WorkspaceSection, worker: &WorkerSection) -> Result<()> {
             ),
         ));
     }
+    if w.blob_store == super::BlobStoreKind::S3 {
+        s3(&w.s3)?;
+    }
+    Ok(())
+}
+
+/// `[workspace.s3]`, checked only when it is the blob store; the credentials' variables
+/// are read when the store is opened.
+fn s3(s: &super::S3Section) -> Result<()> {
+    // Bucket names per S3's rules; nothing else can reach a path-style URL unescaped.
+    let b = &s.bucket;
+    if b.len() < 3
+        || b.len() > 63
+        || !b
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.')
+    {
+        return Err(invalid(
+            "workspace.s3.bucket",
+            format!("{b:?} is not a bucket name (3 to 63 of a-z, 0-9, '-', '.')"),
+        ));
+    }
+    let scheme_ok = s.endpoint.starts_with("http://") || s.endpoint.starts_with("https://");
+    if !scheme_ok || s.endpoint.contains(['?', '#']) || s.endpoint.contains(char::is_whitespace) {
+        return Err(invalid(
+            "workspace.s3.endpoint",
+            format!("{:?} is not an http(s) URL", s.endpoint),
+        ));
+    }
+    if s.region.is_empty() || !s.region.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
+        return Err(invalid(
+            "workspace.s3.region",
+            format!("{:?} is not a region name", s.region),
+        ));
+    }
+    if s.prefix.len() > 512
+        || s.prefix.starts_with('/')
+        || !s
+            .prefix
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_./".contains(&c))
+    {
+        return Err(invalid(
+            "workspace.s3.prefix",
+            "must be at most 512 of a-z, A-Z, 0-9, '-', '_', '.', '/' and not start with '/'",
+        ));
+    }
+    for (key, v) in [
+        ("workspace.s3.access_key_env", &s.access_key_env),
+        ("workspace.s3.secret_key_env", &s.secret_key_env),
+    ] {
+        if v.is_empty() || v.contains('=') || v.contains('\0') {
+            return Err(invalid(key, "must name an environment variable"));
+        }
+    }
     Ok(())
 }

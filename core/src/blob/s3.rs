@@ -1,0 +1,239 @@
+//! The bytes of blobs in an S3-compatible bucket (`[workspace] blob_store = "s3"`): one
+//! object per content, its key the configured prefix and the content's SHA-256 in hex.
+//! Requests are SigV4-presigned (`rusty-s3`) and sent with `reqwest`, with bounded
+//! timeouts and no redirects (a redirect could send the credentials' signature or a
+//! content elsewhere).
+//!
+//! The bucket is outside the trust boundary: a content read back is hashed and refused
+//! unless it is the content its key names, so a changed object is an error, never served.
+//! The database stores keep the index (see `PgStore::with_objects`); this type only moves
+//! bytes.
+
+use std::time::Duration;
+
+use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
+
+use crate::config::S3Section;
+use crate::error::{Error, Result};
+use crate::workspace::sha256_hex;
+
+/// How long a presigned request stays valid: long enough for the slowest transfer the
+/// request timeout allows.
+const SIGN_FOR: Duration = Duration::from_secs(15 * 60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Per request, body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub struct S3Blobs {
+    bucket: Bucket,
+    credentials: Credentials,
+    prefix: String,
+    http: reqwest::Client,
+}
+
+impl std::fmt::Debug for S3Blobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the credentials.
+        f.debug_struct("S3Blobs")
+            .field("bucket", &self.bucket.name())
+            .field("endpoint", &self.bucket.base_url().as_str())
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+fn fatal(message: impl Into<String>) -> Error {
+    Error::ObjectStore {
+        retryable: false,
+        message: message.into(),
+    }
+}
+
+fn transport(what: &str, e: &reqwest::Error) -> Error {
+    Error::ObjectStore {
+        retryable: true,
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// A refusal is final (bad credentials, a missing bucket, a refused request); the
+/// service's own trouble, throttling and timeouts are worth another try.
+fn status_error(what: &str, status: reqwest::StatusCode) -> Error {
+    let retryable = status.is_server_error()
+        || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+        || status == reqwest::StatusCode::REQUEST_TIMEOUT;
+    Error::ObjectStore {
+        retryable,
+        message: format!("{what}: HTTP {status}"),
+    }
+}
+
+impl S3Blobs {
+    /// From validated settings, with the credentials read from the variables they name.
+    pub fn from_settings(s: &S3Section) -> Result<Self> {
+        let read = |name: &str, key: &str| {
+            std::env::var(name).map_err(|_| {
+                Error::Config(format!(
+                    "`workspace.{key}`: the environment variable {name} is not set"
+                ))
+            })
+        };
+        let access = read(&s.access_key_env, "s3.access_key_env")?;
+        let secret = read(&s.secret_key_env, "s3.secret_key_env")?;
+        Self::new(s, Credentials::new(access, secret))
+    }
+
+    pub fn new(s: &S3Section, credentials: Credentials) -> Result<Self> {
+        let endpoint = s.endpoint.parse().map_err(|e| {
+            Error::Config(format!(
+                "`workspace.s3.endpoint`: {:?} is not a URL ({e})",
+                s.endpoint
+            ))
+        })?;
+        let bucket = Bucket::new(endpoint, UrlStyle::Path, s.bucket.clone(), s.region.clone())
+            .map_err(|e| Error::Config(format!("`workspace.s3.bucket`: {e}")))?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::Config(format!("object store client: {e}")))?;
+        Ok(S3Blobs {
+            bucket,
+            credentials,
+            prefix: s.prefix.clone(),
+            http,
+        })
+    }
+
+    fn object(&self, key: &str) -> Result<String> {
+        // Only a hash names an object: nothing else may reach a key of the bucket.
+        if key.len() != 64 || !key.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+            return Err(Error::invalid("blob", format!("{key:?} is not a SHA-256")));
+        }
+        Ok(format!("{}{key}", self.prefix))
+    }
+
+    /// Store `data` as the object of `key` (its SHA-256, checked by the caller). An
+    /// object of that key holds the same bytes already, so writing it again is harmless.
+    pub async fn put(&self, key: &str, data: Vec<u8>) -> Result<()> {
+        let object = self.object(key)?;
+        let url = self
+            .bucket
+            .put_object(Some(&self.credentials), &object)
+            .sign(SIGN_FOR);
+        let what = format!("PUT {object}");
+        let resp = self
+            .http
+            .put(url)
+            .body(data)
+            .send()
+            .await
+            .map_err(|e| transport(&what, &e))?;
+        if !resp.status().is_success() {
+            return Err(status_error(&what, resp.status()));
+        }
+        Ok(())
+    }
+
+    /// The bytes of `key`, verified against it; `None` when there is no such object.
+    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let object = self.object(key)?;
+        let url = self
+            .bucket
+            .get_object(Some(&self.credentials), &object)
+            .sign(SIGN_FOR);
+        let what = format!("GET {object}");
+        let resp = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| transport(&what, &e))?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !resp.status().is_success() {
+            return Err(status_error(&what, resp.status()));
+        }
+        let data = resp.bytes().await.map_err(|e| transport(&what, &e))?;
+        if sha256_hex(&data) != key {
+            return Err(fatal(format!(
+                "{what}: the object's content is not the content its key names \
+                 (changed in the bucket?); refused"
+            )));
+        }
+        Ok(Some(data.to_vec()))
+    }
+
+    /// Whether the object of `key` exists.
+    pub async fn exists(&self, key: &str) -> Result<bool> {
+        let object = self.object(key)?;
+        let url = self
+            .bucket
+            .head_object(Some(&self.credentials), &object)
+            .sign(SIGN_FOR);
+        let what = format!("HEAD {object}");
+        let resp = self
+            .http
+            .head(url)
+            .send()
+            .await
+            .map_err(|e| transport(&what, &e))?;
+        match resp.status() {
+            s if s.is_success() => Ok(true),
+            reqwest::StatusCode::NOT_FOUND => Ok(false),
+            s => Err(status_error(&what, s)),
+        }
+    }
+
+    /// Delete the object of `key`; an absent one is no error.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        let object = self.object(key)?;
+        let url = self
+            .bucket
+            .delete_object(Some(&self.credentials), &object)
+            .sign(SIGN_FOR);
+        let what = format!("DELETE {object}");
+        let resp = self
+            .http
+            .delete(url)
+            .send()
+            .await
+            .map_err(|e| transport(&what, &e))?;
+        let s = resp.status();
+        if s.is_success() || s == reqwest::StatusCode::NOT_FOUND {
+            Ok(())
+        } else {
+            Err(status_error(&what, s))
+        }
+    }
+
+    /// Delete the objects of `keys`, each tried once; the first failure is returned after
+    /// every key was tried.
+    pub async fn delete_all(&self, keys: &[String]) -> Result<()> {
+        let mut first = None;
+        for k in keys {
+            if let Err(e) = self.delete(k).await {
+                tracing::warn!(key = %k, error = %e, "deleting a collected content's object failed");
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Create the bucket (tests and first setup).
+    pub async fn create_bucket(&self) -> Result<()> {
+        let url = self.bucket.create_bucket(&self.credentials).sign(SIGN_FOR);
+        let resp = self
+            .http
+            .put(url)
+            .send()
+            .await
+            .map_err(|e| transport("create bucket", &e))?;
+        if !resp.status().is_success() {
+            return Err(status_error("create bucket", resp.status()));
+        }
+        Ok(())
+    }
+}
