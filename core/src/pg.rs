@@ -70,6 +70,9 @@ pub struct PgStore {
     /// that every session in flight waits on, nor the heartbeat that keeps its lease.
     /// They also run their statements with generic plans (see [`GENERIC_PLANS`]).
     writer: PgPool,
+    /// Where the bytes of blobs live when not in the `blobs` table (see
+    /// [`PgStore::with_objects`]).
+    objects: Option<std::sync::Arc<crate::blob::s3::S3Blobs>>,
 }
 
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
@@ -105,7 +108,11 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let pool = Self::options(max_connections).connect(url).await?;
         let writer = Self::generic_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
-        Ok(Self { pool, writer })
+        Ok(Self {
+            pool,
+            writer,
+            objects: None,
+        })
     }
 
     /// Open the pools, with `writers` connections for checkpoints and heartbeats (a
@@ -140,7 +147,11 @@ impl PgStore {
             .min_connections(writers)
             .connect(url)
             .await?;
-        Ok(Self { pool, writer })
+        Ok(Self {
+            pool,
+            writer,
+            objects: None,
+        })
     }
 
     fn generic_plan_options(max_connections: u32) -> PgPoolOptions {
@@ -200,6 +211,7 @@ impl PgStore {
         Self {
             writer: pool.clone(),
             pool,
+            objects: None,
         }
     }
 
@@ -382,7 +394,7 @@ impl SessionStore for PgStore {
     }
 
     async fn create_sessions(&self, new: &[NewSession]) -> Result<Vec<(SessionRow, bool)>> {
-        create::create_sessions(&self.pool, new).await
+        create::create_sessions(&self.pool, new, self.objects.as_deref()).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<SessionRow>> {

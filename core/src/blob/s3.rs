@@ -23,6 +23,8 @@ const SIGN_FOR: Duration = Duration::from_secs(15 * 60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Per request, body included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// Requests of one batch in flight at once.
+const PARALLEL: usize = 8;
 
 pub struct S3Blobs {
     bucket: Bucket,
@@ -209,14 +211,26 @@ impl S3Blobs {
         }
     }
 
+    /// Store every `(key, bytes)`, a few at a time.
+    pub async fn put_all(&self, blobs: &[(String, Vec<u8>)]) -> Result<()> {
+        for chunk in blobs.chunks(PARALLEL) {
+            futures::future::try_join_all(chunk.iter().map(|(k, d)| self.put(k, d.clone())))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Delete the objects of `keys`, each tried once; the first failure is returned after
     /// every key was tried.
     pub async fn delete_all(&self, keys: &[String]) -> Result<()> {
         let mut first = None;
-        for k in keys {
-            if let Err(e) = self.delete(k).await {
-                tracing::warn!(key = %k, error = %e, "deleting a collected content's object failed");
-                first.get_or_insert(e);
+        for chunk in keys.chunks(PARALLEL) {
+            let results = futures::future::join_all(chunk.iter().map(|k| self.delete(k))).await;
+            for (k, r) in chunk.iter().zip(results) {
+                if let Err(e) = r {
+                    tracing::warn!(key = %k, error = %e, "deleting a collected content's object failed");
+                    first.get_or_insert(e);
+                }
             }
         }
         first.map_or(Ok(()), Err)

@@ -70,6 +70,7 @@ impl Existing {
 pub(super) async fn create_sessions(
     pool: &PgPool,
     new: &[NewSession],
+    objects: Option<&crate::blob::s3::S3Blobs>,
 ) -> Result<Vec<(SessionRow, bool)>> {
     if new.is_empty() {
         return Ok(Vec::new());
@@ -81,7 +82,13 @@ pub(super) async fn create_sessions(
         // A session and its files are one transaction.
         let mut tx = pool.begin().await?;
         let inserted = insert(&mut *tx, new).await?;
-        super::workspace::add_inputs(&mut tx, new, |id| inserted.contains_key(id)).await?;
+        super::workspace::add_inputs(
+            &mut tx,
+            new,
+            |id| inserted.contains_key(id),
+            objects,
+        )
+        .await?;
         let existing = existing(&mut *tx, &not_inserted(new, &inserted)).await?;
         tx.commit().await?;
         (inserted, existing)

@@ -17,12 +17,25 @@ use crate::rowconv::{bad_data, to_i64, to_u64};
 use crate::workspace::{FileEntry, WorkspaceStore, sha256_hex, valid_path};
 
 use super::{PgStore, secs};
+use crate::blob::s3::S3Blobs;
 
 /// Upload: a blob stored already is only touched (its bytes are not sent twice to disk).
 const PUT_BLOBS: &str = "
 INSERT INTO blobs (sha256, size, data)
 SELECT * FROM UNNEST($1::text[], $2::bigint[], $3::bytea[])
+ON CONFLICT (sha256) DO UPDATE SET touched_at = now(),
+    data = COALESCE(blobs.data, EXCLUDED.data)";
+
+/// The index rows of blobs whose bytes are in the object store (`data` NULL); locked
+/// until the transaction that uploads their objects ends.
+const PUT_INDEX: &str = "
+INSERT INTO blobs (sha256, size, data)
+SELECT k, n, NULL FROM UNNEST($1::text[], $2::bigint[]) AS b(k, n)
 ON CONFLICT (sha256) DO UPDATE SET touched_at = now()";
+
+/// [`TOUCH_BLOBS`] when the bytes are in the object store: the index row is the truth.
+const TOUCH_INDEX: &str = "
+UPDATE blobs SET touched_at = now() WHERE sha256 = ANY($1) RETURNING sha256";
 
 const GET_BLOB: &str = "SELECT data FROM blobs WHERE sha256 = $1";
 
@@ -36,7 +49,8 @@ RETURNING sha256";
 /// Only unreferenced blobs, whoever asks.
 const DELETE_BLOBS: &str = "
 DELETE FROM blobs b WHERE b.sha256 = ANY($1)
-  AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256)";
+  AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256)
+RETURNING b.sha256";
 
 /// Byte order (`COLLATE \"C\"`), as SQLite sorts and as the API documents.
 const FILES: &str = "
@@ -116,7 +130,16 @@ fn dedupe(blobs: &[(String, Vec<u8>)]) -> BTreeMap<&str, &[u8]> {
         .collect()
 }
 
-async fn put_blobs_in(conn: &mut PgConnection, blobs: &[(String, Vec<u8>)]) -> Result<()> {
+/// Store `blobs`: in the table, or with an object store, their index rows (locked until
+/// `conn`'s transaction ends, so the collector skips them) and then their objects. The
+/// collector deletes an index row and then its object inside one transaction holding the
+/// row, so an upload of the same content waits for it to finish and then writes the
+/// object afresh: no index row is left without its object.
+async fn put_blobs_in(
+    conn: &mut PgConnection,
+    blobs: &[(String, Vec<u8>)],
+    objects: Option<&S3Blobs>,
+) -> Result<()> {
     if blobs.is_empty() {
         return Ok(());
     }
@@ -126,6 +149,18 @@ async fn put_blobs_in(conn: &mut PgConnection, blobs: &[(String, Vec<u8>)]) -> R
     let mut sizes = Vec::with_capacity(keys.len());
     for d in unique.values() {
         sizes.push(to_i64(d.len() as u64, "blob")?);
+    }
+    if let Some(objects) = objects {
+        sqlx::query(PUT_INDEX)
+            .bind(&keys)
+            .bind(&sizes)
+            .execute(&mut *conn)
+            .await?;
+        let unique: Vec<(String, Vec<u8>)> = unique
+            .iter()
+            .map(|(k, d)| ((*k).to_string(), d.to_vec()))
+            .collect();
+        return objects.put_all(&unique).await;
     }
     let data: Vec<&[u8]> = unique.values().copied().collect();
     sqlx::query(PUT_BLOBS)
@@ -144,6 +179,7 @@ pub(super) async fn add_inputs(
     conn: &mut PgConnection,
     new: &[NewSession],
     inserted: impl Fn(&str) -> bool,
+    objects: Option<&S3Blobs>,
 ) -> Result<()> {
     for s in new
         .iter()
@@ -193,7 +229,7 @@ pub(super) async fn add_inputs(
             );
             blobs.push((key, f.data.clone()));
         }
-        put_blobs_in(conn, &blobs).await?;
+        put_blobs_in(conn, &blobs, objects).await?;
         let paths: Vec<&str> = by_path.keys().copied().collect();
         let keys: Vec<&str> = by_path.values().map(|(k, _)| k.as_str()).collect();
         let sizes: Vec<i64> = by_path.values().map(|(_, n)| *n).collect();
@@ -211,8 +247,13 @@ pub(super) async fn add_inputs(
 #[async_trait]
 impl BlobStore for PgStore {
     async fn put_blobs(&self, blobs: &[(String, Vec<u8>)]) -> Result<()> {
-        let mut conn = self.pool.acquire().await?;
-        put_blobs_in(&mut conn, blobs).await
+        if blobs.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        put_blobs_in(&mut tx, blobs, self.objects.as_deref()).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
@@ -220,14 +261,23 @@ impl BlobStore for PgStore {
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
-        Ok(data.flatten())
+        match (data, &self.objects) {
+            (Some(Some(d)), _) => Ok(Some(d)),
+            (Some(None), Some(o)) => o.get(key).await,
+            _ => Ok(None),
+        }
     }
 
     async fn missing_blobs(&self, keys: &[String]) -> Result<Vec<String>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let present: Vec<String> = sqlx::query_scalar(TOUCH_BLOBS)
+        let touch = if self.objects.is_some() {
+            TOUCH_INDEX
+        } else {
+            TOUCH_BLOBS
+        };
+        let present: Vec<String> = sqlx::query_scalar(touch)
             .bind(keys)
             .fetch_all(&self.pool)
             .await?;
@@ -243,11 +293,19 @@ impl BlobStore for PgStore {
         if keys.is_empty() {
             return Ok(());
         }
-        sqlx::query(DELETE_BLOBS)
+        let mut tx = self.pool.begin().await?;
+        let gone: Vec<String> = sqlx::query_scalar(DELETE_BLOBS)
             .bind(keys)
-            .execute(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(())
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
+        // Committed even when an object's delete failed: an object without its index row
+        // is only garbage, while an index row without its object would be served as held.
+        tx.commit().await?;
+        deleted
     }
 }
 
@@ -274,6 +332,11 @@ impl WorkspaceStore for PgStore {
         let Some((p, size, sha, seq, data)) = row else {
             return Ok(None);
         };
+        let data = match (data, &self.objects) {
+            (Some(d), _) => Some(d),
+            (None, Some(o)) => o.get(&sha).await?,
+            (None, None) => None,
+        };
         let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
         Ok(Some((entry((p, size, sha, seq))?, data)))
     }
@@ -291,12 +354,31 @@ impl PgStore {
     }
 
     /// [`crate::SweepStore::collect_blobs`].
+    ///
+    /// With an object store, the index rows are deleted first and their objects then,
+    /// inside the transaction that holds the rows: a check or upload of one of these
+    /// contents waits for it, then finds it gone (and uploads it again). A failed
+    /// object delete still commits the rows' deletion (the object is left as garbage,
+    /// never an index row pointing nowhere) and is reported for the log.
     pub(super) async fn collect(&self, grace: Duration, limit: u32) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
         let gone: Vec<String> = sqlx::query_scalar(COLLECT)
             .bind(secs(grace))
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await?;
-        Ok(gone.len() as u64)
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
+        tx.commit().await?;
+        deleted.map(|()| gone.len() as u64)
+    }
+
+    /// Keep the bytes of blobs in `objects` (an S3-compatible bucket) and only their
+    /// index in the `blobs` table. Contents stored in the table before stay readable.
+    pub fn with_objects(mut self, objects: std::sync::Arc<S3Blobs>) -> Self {
+        self.objects = Some(objects);
+        self
     }
 }
