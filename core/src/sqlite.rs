@@ -124,6 +124,9 @@ pub struct SqliteStore {
     readers: SqlitePool,
     /// Set when a write failed, until a write succeeds again (see the module docs).
     write_suspect: Arc<AtomicBool>,
+    /// Where the bytes of blobs live when not in the `blobs` table (see
+    /// [`SqliteStore::with_objects`]).
+    objects: Option<Arc<crate::blob::s3::S3Blobs>>,
 }
 
 /// A write transaction that tells the store how it ended: one dropped without a commit or
@@ -255,6 +258,7 @@ impl SqliteStore {
             writer,
             readers,
             write_suspect: Arc::default(),
+            objects: None,
         })
     }
 
@@ -274,6 +278,7 @@ impl SqliteStore {
             writer: pool.clone(),
             readers: pool,
             write_suspect: Arc::default(),
+            objects: None,
         })
     }
 
@@ -517,7 +522,7 @@ impl SessionStore for SqliteStore {
         for s in new {
             let created = writes::create(&mut tx, s, now).await?;
             if created.1 && (!s.files.is_empty() || s.workspace_from.is_some()) {
-                workspace::add_inputs(&mut tx, s, now).await?;
+                workspace::add_inputs(&mut tx, s, now, self.objects.as_deref()).await?;
             }
             out.push(created);
         }

@@ -18,10 +18,19 @@ use crate::rowconv::{bad_data, to_i64, to_u64};
 use crate::workspace::{FileEntry, WorkspaceStore, sha256_hex, valid_path};
 
 use super::{SqliteStore, dur_us, now_us};
+use crate::blob::s3::S3Blobs;
 
 const PUT_BLOB: &str = "
 INSERT INTO blobs (sha256, size, data, touched_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (sha256) DO UPDATE SET touched_at = excluded.touched_at,
+    data = COALESCE(blobs.data, excluded.data)";
+
+const PUT_INDEX: &str = "
+INSERT INTO blobs (sha256, size, data, touched_at) VALUES ($1, $2, NULL, $3)
 ON CONFLICT (sha256) DO UPDATE SET touched_at = excluded.touched_at";
+
+/// With an object store, the index row is the truth.
+const TOUCH_INDEX: &str = "UPDATE blobs SET touched_at = $2 WHERE sha256 = $1 RETURNING sha256";
 
 const TOUCH_BLOB: &str =
     "UPDATE blobs SET touched_at = $2 WHERE sha256 = $1 AND data IS NOT NULL RETURNING sha256";
@@ -52,12 +61,28 @@ fn entry((path, size, sha256, seq): FileRow) -> Result<FileEntry> {
     })
 }
 
+/// Store `blobs`, inside the caller's write transaction: in the table, or with an object
+/// store, their index rows and then their objects. The collector deletes index rows and
+/// then their objects inside its own write transaction, which this one cannot overlap, so
+/// no index row is ever left without its object.
 async fn put_blobs_in(
     conn: &mut SqliteConnection,
     blobs: &[(String, Vec<u8>)],
     now: i64,
+    objects: Option<&S3Blobs>,
 ) -> Result<()> {
     check_keys(blobs)?;
+    if let Some(objects) = objects {
+        for (key, data) in blobs {
+            sqlx::query(PUT_INDEX)
+                .bind(key)
+                .bind(to_i64(data.len() as u64, "blob")?)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+        }
+        return objects.put_all(blobs).await;
+    }
     for (key, data) in blobs {
         sqlx::query(PUT_BLOB)
             .bind(key)
@@ -76,6 +101,7 @@ pub(super) async fn add_inputs(
     conn: &mut SqliteConnection,
     s: &NewSession,
     now: i64,
+    objects: Option<&S3Blobs>,
 ) -> Result<()> {
     if let Some(from) = &s.workspace_from {
         let source: Option<String> =
@@ -116,7 +142,7 @@ pub(super) async fn add_inputs(
             ));
         }
         let key = sha256_hex(&f.data);
-        put_blobs_in(conn, &[(key.clone(), f.data.clone())], now).await?;
+        put_blobs_in(conn, &[(key.clone(), f.data.clone())], now, objects).await?;
         by_path.insert(&f.path, (key, to_i64(f.data.len() as u64, "files")?));
     }
     for (path, (key, size)) in by_path {
@@ -168,7 +194,7 @@ impl BlobStore for SqliteStore {
         }
         check_keys(blobs)?;
         let mut tx = self.write_tx().await?;
-        put_blobs_in(&mut tx, blobs, now_us()).await?;
+        put_blobs_in(&mut tx, blobs, now_us(), self.objects.as_deref()).await?;
         tx.commit().await
     }
 
@@ -178,7 +204,11 @@ impl BlobStore for SqliteStore {
                 .bind(key)
                 .fetch_optional(&self.readers)
                 .await?;
-        Ok(data.flatten())
+        match (data, &self.objects) {
+            (Some(Some(d)), _) => Ok(Some(d)),
+            (Some(None), Some(o)) => o.get(key).await,
+            _ => Ok(None),
+        }
     }
 
     async fn missing_blobs(&self, keys: &[String]) -> Result<Vec<String>> {
@@ -186,10 +216,15 @@ impl BlobStore for SqliteStore {
             return Ok(Vec::new());
         }
         let now = now_us();
+        let touch = if self.objects.is_some() {
+            TOUCH_INDEX
+        } else {
+            TOUCH_BLOB
+        };
         let mut tx = self.write_tx().await?;
         let mut missing = Vec::new();
         for key in keys {
-            let found: Option<String> = sqlx::query_scalar(TOUCH_BLOB)
+            let found: Option<String> = sqlx::query_scalar(touch)
                 .bind(key)
                 .bind(now)
                 .fetch_optional(&mut *tx)
@@ -207,16 +242,27 @@ impl BlobStore for SqliteStore {
             return Ok(());
         }
         let mut tx = self.write_tx().await?;
+        let mut gone = Vec::new();
         for key in keys {
-            sqlx::query(
+            let n = sqlx::query(
                 "DELETE FROM blobs WHERE sha256 = $1 \
                  AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = $1)",
             )
             .bind(key)
             .execute(&mut *tx)
-            .await?;
+            .await?
+            .rows_affected();
+            if n > 0 {
+                gone.push(key.clone());
+            }
         }
-        tx.commit().await
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
+        // See `collect` on why a failed object delete still commits.
+        tx.commit().await?;
+        deleted
     }
 }
 
@@ -242,6 +288,11 @@ impl WorkspaceStore for SqliteStore {
             .await?;
         let Some((p, size, sha, seq, data)) = row else {
             return Ok(None);
+        };
+        let data = match (data, &self.objects) {
+            (Some(d), _) => Some(d),
+            (None, Some(o)) => o.get(&sha).await?,
+            (None, None) => None,
         };
         let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
         Ok(Some((entry((p, size, sha, seq))?, data)))
@@ -275,21 +326,36 @@ impl SqliteStore {
     }
 
     /// [`crate::SweepStore::collect_blobs`].
+    ///
+    /// With an object store, the index rows are deleted first and their objects then,
+    /// inside the write transaction (no upload can overlap it). A failed object delete
+    /// still commits the rows' deletion: the object is left as garbage, never an index
+    /// row pointing nowhere; the failure is reported for the log.
     pub(super) async fn collect(&self, grace: Duration, limit: u32) -> Result<u64> {
         let cutoff = now_us().saturating_sub(dur_us(grace));
         let mut tx = self.write_tx().await?;
-        let n = sqlx::query(
+        let gone: Vec<String> = sqlx::query_scalar(
             "DELETE FROM blobs WHERE sha256 IN (SELECT b.sha256 FROM blobs b \
                  WHERE b.touched_at < $1 \
                    AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256) \
-                 ORDER BY b.touched_at LIMIT $2)",
+                 ORDER BY b.touched_at LIMIT $2) RETURNING sha256",
         )
         .bind(cutoff)
         .bind(i64::from(limit))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
+        .fetch_all(&mut *tx)
+        .await?;
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
         tx.commit().await?;
-        Ok(n)
+        deleted.map(|()| gone.len() as u64)
+    }
+
+    /// Keep the bytes of blobs in `objects` (an S3-compatible bucket) and only their
+    /// index in the `blobs` table. Contents stored in the table before stay readable.
+    pub fn with_objects(mut self, objects: std::sync::Arc<S3Blobs>) -> Self {
+        self.objects = Some(objects);
+        self
     }
 }
