@@ -104,9 +104,12 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             queues.push(q.clone());
         }
     }
+    let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
     let stack = match (cfg.database_url.as_deref(), cfg.redis_url.as_deref()) {
-        (Some(db), Some(redis)) => Stack::services(db, redis, wcfg.writer_connections()).await?,
-        (None, None) => Stack::embedded(&cfg.sqlite_path, &queues, true).await?,
+        (Some(db), Some(redis)) => {
+            Stack::services(db, redis, wcfg.writer_connections(), objects).await?
+        }
+        (None, None) => Stack::embedded(&cfg.sqlite_path, &queues, true, objects).await?,
         (Some(_), None) => bail!(
             "AGENTQ_DATABASE_URL is set but AGENTQ_REDIS_URL is not: set both (Postgres and \
              Redis) or neither (the embedded store)"

@@ -108,9 +108,13 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let redis_url = cfg.redis_url.as_deref().ok_or_else(|| {
         anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
     })?;
-    let store = PgStore::connect(database_url(&cfg)?, SCHEDULER_PG_CONNS)
+    let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
+    let mut store = PgStore::connect(database_url(&cfg)?, SCHEDULER_PG_CONNS)
         .await
         .context("cannot connect to Postgres")?;
+    if let Some(o) = objects {
+        store = store.with_objects(o);
+    }
     match store.check_schema().await {
         Ok(()) => {}
         Err(Error::SchemaBehind { .. }) => {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use agentq_core::WorkQueue;
+use agentq_core::blob::s3::S3Blobs;
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
@@ -39,14 +40,23 @@ impl Stack {
     /// and a fresh in-process queue with a group for each of `queues`. With `recover`,
     /// every session still queued or running in the file goes back on the queue — the
     /// queue lived in the memory of the process that wrote them.
-    pub async fn embedded(path: &Path, queues: &[String], recover: bool) -> anyhow::Result<Self> {
+    /// `objects`: where the bytes of workspace contents live, when not in the database.
+    pub async fn embedded(
+        path: &Path,
+        queues: &[String],
+        recover: bool,
+        objects: Option<Arc<S3Blobs>>,
+    ) -> anyhow::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
-        let store = SqliteStore::open(path)
+        let mut store = SqliteStore::open(path)
             .await
             .with_context(|| format!("cannot open the database {}", path.display()))?;
+        if let Some(o) = objects {
+            store = store.with_objects(o);
+        }
         store
             .migrate()
             .await
@@ -79,10 +89,14 @@ impl Stack {
         database_url: &str,
         redis_url: &str,
         writers: u32,
+        objects: Option<Arc<S3Blobs>>,
     ) -> anyhow::Result<Self> {
-        let store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
+        let mut store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
             .await
             .with_context(|| format!("cannot connect to Postgres at {}", redact(database_url)))?;
+        if let Some(o) = objects {
+            store = store.with_objects(o);
+        }
         store.migrate().await.context("migration failed")?;
         let queue = RedisQueue::connect(redis_url)
             .await

@@ -72,9 +72,14 @@ fn worker_config(
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (settings, cfg, db, redis) = worker_config(&args, |k| std::env::var(k).ok())?;
     let metrics_addr = settings.metrics_addr.clone();
-    let store = PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
-        .await
-        .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+    let objects = agentq_core::blob::s3::from_workspace(&settings.workspace)?;
+    let mut store =
+        PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
+            .await
+            .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+    if let Some(o) = objects {
+        store = store.with_objects(o);
+    }
     // Backends started under the first burst of sessions cost that burst about a third of
     // its rate. A schema that is not there yet is `Worker::run`'s to report.
     if agentq_core::Store::check_schema(&store).await.is_ok()

@@ -274,7 +274,7 @@ fn paths(args: &DemoArgs) -> anyhow::Result<(PathBuf, PathBuf, Scratch)> {
 /// The embedded stack on `db`, which must not hold sessions yet (the summary counts
 /// every session in the file), and its SQLite store.
 async fn open_stack(db: &Path) -> anyhow::Result<(Stack, SqliteStore)> {
-    let stack = Stack::embedded(db, &[QUEUE.to_string()], false).await?;
+    let stack = Stack::embedded(db, &[QUEUE.to_string()], false, None).await?;
     let (Some(sqlite), Some(_)) = (stack.sqlite.clone(), stack.mem_queue.clone()) else {
         bail!("the demo needs the embedded stack");
     };

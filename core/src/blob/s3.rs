@@ -70,6 +70,18 @@ fn status_error(what: &str, status: reqwest::StatusCode) -> Error {
     }
 }
 
+/// The object store `[workspace]` configures: `None` for `blob_store = "database"`.
+pub fn from_workspace(
+    w: &crate::config::WorkspaceSection,
+) -> Result<Option<std::sync::Arc<S3Blobs>>> {
+    match w.blob_store {
+        crate::config::BlobStoreKind::Database => Ok(None),
+        crate::config::BlobStoreKind::S3 => {
+            Ok(Some(std::sync::Arc::new(S3Blobs::from_settings(&w.s3)?)))
+        }
+    }
+}
+
 impl S3Blobs {
     /// From validated settings, with the credentials read from the variables they name.
     pub fn from_settings(s: &S3Section) -> Result<Self> {
