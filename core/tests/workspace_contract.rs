@@ -5,11 +5,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::schema::Message;
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::{Outcome, SessionState};
+use agentq_core::blob::s3::S3Blobs;
+use agentq_core::config::S3Section;
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
@@ -37,8 +40,51 @@ async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
+/// One S3-compatible server for the test binary; each store gets a bucket of its own.
+fn moto() -> &'static agentq_testkit::MotoServer {
+    static MOTO: std::sync::OnceLock<agentq_testkit::MotoServer> = std::sync::OnceLock::new();
+    MOTO.get_or_init(|| {
+        agentq_testkit::MotoServer::start()
+            .expect("moto_server (pip install 'moto[server]'; scripts/test installs it)")
+    })
+}
+
+async fn objects() -> Arc<S3Blobs> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let s = S3Section {
+        bucket: format!("agentq-{}-{n}", std::process::id()),
+        endpoint: moto().endpoint(),
+        prefix: "blobs/".to_string(),
+        ..S3Section::default()
+    };
+    let o = S3Blobs::new(&s, "test".into(), "test".into()).unwrap();
+    o.create_bucket().await.unwrap();
+    Arc::new(o)
+}
+
 macro_rules! contract_tests {
     ($($case:ident),* $(,)?) => {
+        mod pg_s3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let store = super::pg_store().await.with_objects(super::objects().await);
+                    super::$case(&store).await;
+                }
+            )*
+        }
+        mod sqlite_s3 {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let (_dir, store) = super::sqlite_store().await;
+                    let store = store.with_objects(super::objects().await);
+                    super::$case(&store).await;
+                    store.close().await;
+                }
+            )*
+        }
         mod pg {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,9 @@ pub mod services;
 
 pub use fake_llm::{FakeLlm, FakeResponse, RecordedRequest};
 pub use rate_limited::{Limits, RateLimitedConfig, RateLimitedLlm, RateStats, Reply};
-pub use services::{Durability, PostgresOptions, PostgresServer, RedisServer, shared_postgres};
+pub use services::{
+    Durability, MotoServer, PostgresOptions, PostgresServer, RedisServer, shared_postgres,
+};
 
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running
 /// after `timeout`. For tests that check a process stops gracefully.

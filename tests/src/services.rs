@@ -1047,6 +1047,115 @@ impl Watchdog {
 }
 
 // ---------------------------------------------------------------------------------------
+// S3 (moto)
+// ---------------------------------------------------------------------------------------
+
+const MOTO_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A private S3-compatible server (`moto_server`, Python package `moto[server]`;
+/// `AGENTQ_MOTO_SERVER` names another binary) on `127.0.0.1`. Killed when dropped. It
+/// accepts any credentials and keeps its buckets in memory.
+#[derive(Debug)]
+pub struct MotoServer {
+    port: u16,
+    log: PathBuf,
+    child: Option<Child>,
+    watchdog: Watchdog,
+    dir: tempfile::TempDir,
+}
+
+impl MotoServer {
+    pub fn start() -> Result<MotoServer> {
+        let bin = std::env::var_os("AGENTQ_MOTO_SERVER")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("moto_server"));
+        let dir = tempfile::Builder::new()
+            .prefix("agentq-moto-")
+            .tempdir()
+            .context("creating a temporary directory for moto_server")?;
+        let watchdog = Watchdog::spawn("KILL", dir.path())?;
+        let log = dir.path().join("moto.log");
+        let mut server = MotoServer {
+            port: free_port()?,
+            log,
+            child: None,
+            watchdog,
+            dir,
+        };
+        let port = server.port.to_string();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["-H", "127.0.0.1", "-p", &port])
+            .current_dir(server.dir.path());
+        let child = spawn_logged(&mut cmd, &server.log).with_context(|| {
+            format!(
+                "spawning {} (install it with `pip install 'moto[server]'`; scripts/test does)",
+                bin.display()
+            )
+        })?;
+        server.watchdog.set_pid(child.id());
+        server.child = Some(child);
+        let deadline = Instant::now() + MOTO_START_TIMEOUT;
+        loop {
+            if let Some(status) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                server.child = None;
+                bail!(
+                    "{} exited during start-up ({status}). Log tail:\n{}",
+                    bin.display(),
+                    log_tail(&server.log)
+                );
+            }
+            if http_answers(server.port) {
+                return Ok(server);
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} on 127.0.0.1:{} did not answer within {MOTO_START_TIMEOUT:?}. Log tail:\n{}",
+                    bin.display(),
+                    server.port,
+                    log_tail(&server.log)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.log)
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_child(&mut child);
+        }
+        self.watchdog.finish();
+    }
+}
+
+/// Whether an HTTP server answers on the port.
+fn http_answers(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s
+        .write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = [0u8; 8];
+    matches!(s.read(&mut buf), Ok(n) if n >= 5 && buf.starts_with(b"HTTP/"))
+}
+
+// ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
 

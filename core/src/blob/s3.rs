@@ -94,10 +94,12 @@ impl S3Blobs {
         };
         let access = read(&s.access_key_env, "s3.access_key_env")?;
         let secret = read(&s.secret_key_env, "s3.secret_key_env")?;
-        Self::new(s, Credentials::new(access, secret))
+        Self::new(s, access, secret)
     }
 
-    pub fn new(s: &S3Section, credentials: Credentials) -> Result<Self> {
+    /// With the credentials given (tests, and callers that read them elsewhere).
+    pub fn new(s: &S3Section, access_key: String, secret_key: String) -> Result<Self> {
+        let credentials = Credentials::new(access_key, secret_key);
         let endpoint = s.endpoint.parse().map_err(|e| {
             Error::Config(format!(
                 "`workspace.s3.endpoint`: {:?} is not a URL ({e})",
@@ -254,6 +256,7 @@ impl S3Blobs {
         let resp = self
             .http
             .put(url)
+            .header(reqwest::header::CONTENT_LENGTH, "0")
             .send()
             .await
             .map_err(|e| transport("create bucket", &e))?;
