@@ -579,3 +579,116 @@ async fn contract_expiry_and_collection(store: &dyn Store) {
         vec![old]
     );
 }
+
+/// With an object store: the bytes are in the bucket, the database keeps only the index;
+/// a content changed in the bucket behind the store's back is refused, never served; the
+/// collector deletes the index row and the object.
+async fn s3_case(store: &dyn Store, objects: &S3Blobs, index_data_is_null: impl AsyncFn(&str) -> bool) {
+    let data = b"kept in the bucket".to_vec();
+    let key = sha256_hex(&data);
+    store.put_blobs(&[(key.clone(), data.clone())]).await.unwrap();
+    assert!(objects.exists(&key).await.unwrap());
+    assert!(index_data_is_null(&key).await);
+    assert_eq!(store.get_blob(&key).await.unwrap().unwrap(), data);
+    assert!(
+        store
+            .missing_blobs(std::slice::from_ref(&key))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A session's file read through the API's path is verified too.
+    let (s, _) = store
+        .create_session(&with_files("t", "default", vec![input("f.txt", &data)]))
+        .await
+        .unwrap();
+    assert_eq!(bytes(store, &s.root_id, "f.txt").await.unwrap(), data);
+
+    // Someone with write access to the bucket swaps the content.
+    objects.put(&key, b"evil".to_vec()).await.unwrap();
+    let err = store.get_blob(&key).await.unwrap_err();
+    assert!(
+        matches!(err, Error::ObjectStore { retryable: false, .. }),
+        "{err:?}"
+    );
+    let err = store.workspace_file(&s.root_id, "f.txt").await.unwrap_err();
+    assert!(matches!(err, Error::ObjectStore { .. }), "{err:?}");
+    // Keys that are not hashes never reach the bucket.
+    assert!(objects.get("../other-bucket/x").await.is_err());
+
+    // Collection: the orphan's index row and object both go; a referenced one stays.
+    let orphan = b"nobody holds me".to_vec();
+    let okey = sha256_hex(&orphan);
+    store.put_blobs(&[(okey.clone(), orphan)]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(store.collect_blobs(Duration::ZERO, 100).await.unwrap(), 1);
+    assert!(!objects.exists(&okey).await.unwrap());
+    assert!(objects.exists(&key).await.unwrap());
+    assert_eq!(store.get_blob(&okey).await.unwrap(), None);
+    assert_eq!(
+        store
+            .missing_blobs(std::slice::from_ref(&okey))
+            .await
+            .unwrap(),
+        vec![okey.clone()]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_s3_bytes_in_the_bucket_verified_and_collected() {
+    let objects = objects().await;
+    let url = agentq_testkit::shared_postgres()
+        .unwrap()
+        .fresh_database()
+        .unwrap();
+    let store = PgStore::connect(&url, 4).await.unwrap();
+    store.migrate().await.unwrap();
+    let store = store.with_objects(objects.clone());
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    s3_case(&store, &objects, async |k: &str| {
+        let d: Option<Vec<u8>> = sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
+            .bind(k)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        d.is_none()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_s3_bytes_in_the_bucket_verified_and_collected() {
+    let objects = objects().await;
+    let (dir, store) = sqlite_store().await;
+    let store = store.with_objects(objects.clone());
+    let path = dir.path().join("agentq.db");
+    s3_case(&store, &objects, async |k: &str| {
+        let pool = sqlx::SqlitePool::connect(&format!("sqlite:{}", path.display()))
+            .await
+            .unwrap();
+        let d: Option<Vec<u8>> = sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
+            .bind(k)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        d.is_none()
+    })
+    .await;
+    store.close().await;
+}
+
+/// Refused credentials are a fatal error, not one retried forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_unknown_bucket_is_fatal() {
+    let s = S3Section {
+        bucket: "no-such-bucket-here".to_string(),
+        endpoint: moto().endpoint(),
+        ..S3Section::default()
+    };
+    let o = S3Blobs::new(&s, "test".into(), "test".into()).unwrap();
+    let data = b"x".to_vec();
+    let err = o.put(&sha256_hex(&data), data).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err:?}");
+}
