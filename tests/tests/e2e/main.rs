@@ -19,3 +19,4 @@ mod restart;
 mod scale;
 mod subagents;
 mod workspace;
+mod workspace_s3;
