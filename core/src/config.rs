@@ -1397,7 +1397,7 @@ fn credential_key(table: &toml::Table, prefix: &str) -> Option<String> {
         } else {
             format!("{prefix}.{k}")
         };
-        if is_credential_name(k) {
+        if is_credential_name(k) && !names_a_variable(k, v) {
             return Some(name);
         }
         if let toml::Value::Table(t) = v
@@ -1407,6 +1407,19 @@ fn credential_key(table: &toml::Table, prefix: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// A `…_env` setting whose value is an environment variable's name (such as
+/// `workspace.s3.secret_key_env = "AWS_SECRET_ACCESS_KEY"`) names where a secret is, and
+/// holds none; any other value of it is refused like a secret.
+fn names_a_variable(k: &str, v: &toml::Value) -> bool {
+    k.ends_with("_env")
+        && v.as_str().is_some_and(|s| {
+            !s.is_empty()
+                && s.len() <= 128
+                && !s.starts_with(|c: char| c.is_ascii_digit())
+                && s.bytes().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+        })
 }
 
 /// Whether a field name looks like it holds a secret (`api_key`, `openai_api_key`,

@@ -989,3 +989,51 @@ fn limit_rules_parse_and_name_the_field() {
         assert!(e.contains(field), "{body}: {e}");
     }
 }
+
+#[test]
+fn s3_blob_store_settings() {
+    let base = "[workspace]\nblob_store = \"s3\"\n[workspace.s3]\n";
+    let ok = format!(
+        "{base}bucket = \"agentq-ws\"\nendpoint = \"http://127.0.0.1:9000\"\n\
+         access_key_env = \"MY_KEY\"\nsecret_key_env = \"MY_SECRET\"\n"
+    );
+    let s = Settings::from_toml(&ok).unwrap();
+    s.validate().unwrap();
+    assert_eq!(s.workspace.blob_store, BlobStoreKind::S3);
+    assert_eq!(s.workspace.s3.secret_key_env, "MY_SECRET");
+    assert_eq!(Settings::default().workspace.s3.access_key_env, "AWS_ACCESS_KEY_ID");
+    for (text, key) in [
+        (
+            format!("{base}bucket = \"Bad/Name\"\nendpoint = \"http://h\"\n"),
+            "workspace.s3.bucket",
+        ),
+        (
+            format!("{base}bucket = \"ok-name\"\nendpoint = \"ftp://h\"\n"),
+            "workspace.s3.endpoint",
+        ),
+        (
+            format!("{base}bucket = \"ok-name\"\nendpoint = \"http://h\"\nprefix = \"/abs\"\n"),
+            "workspace.s3.prefix",
+        ),
+        (
+            format!("{base}bucket = \"ok-name\"\nendpoint = \"http://h\"\nregion = \"a b\"\n"),
+            "workspace.s3.region",
+        ),
+    ] {
+        let e = Settings::from_toml(&text).unwrap().validate().unwrap_err();
+        assert!(e.to_string().contains(key), "{key}: {e}");
+    }
+    // A secret typed where the variable's name belongs is refused, and not echoed.
+    let e = Settings::from_toml(&format!(
+        "{base}bucket = \"ok-name\"\nendpoint = \"http://h\"\nsecret_key_env = \"wJalr/K7MDENG\"\n"
+    ))
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("workspace.s3.secret_key_env"), "{msg}");
+    assert!(!msg.contains("wJalr"), "{msg}");
+    // Without `blob_store = "s3"` the section is not checked.
+    Settings::from_toml("[workspace.s3]\nbucket = \"x\"\n")
+        .unwrap()
+        .validate()
+        .unwrap();
+}

@@ -828,8 +828,17 @@ fn s3(s: &super::S3Section) -> Result<()> {
         ("workspace.s3.access_key_env", &s.access_key_env),
         ("workspace.s3.secret_key_env", &s.secret_key_env),
     ] {
-        if v.is_empty() || v.contains('=') || v.contains('\0') {
-            return Err(invalid(key, "must name an environment variable"));
+        let name_like = !v.is_empty()
+            && v.len() <= 128
+            && !v.starts_with(|c: char| c.is_ascii_digit())
+            && v
+                .bytes()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_');
+        if !name_like {
+            return Err(invalid(
+                key,
+                "must name an environment variable (A-Z, 0-9, '_'); the credentials are never in the file",
+            ));
         }
     }
     Ok(())

@@ -14,7 +14,7 @@ use agentq_core::blob::s3::S3Blobs;
 use agentq_core::config::{S3Section, WorkspaceSection};
 use agentq_core::pg::PgStore;
 use agentq_core::{
-    EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue, WorkspaceStore,
+    EnqueueReason, NewSession, SessionStatus, SessionStore, SweepStore, WorkQueue, WorkspaceStore,
 };
 use agentq_testkit::MotoServer;
 
