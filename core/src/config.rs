@@ -1418,7 +1418,8 @@ fn names_a_variable(k: &str, v: &toml::Value) -> bool {
             !s.is_empty()
                 && s.len() <= 128
                 && !s.starts_with(|c: char| c.is_ascii_digit())
-                && s.bytes().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+                && s.bytes()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
         })
 }
 

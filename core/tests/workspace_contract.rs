@@ -583,10 +583,17 @@ async fn contract_expiry_and_collection(store: &dyn Store) {
 /// With an object store: the bytes are in the bucket, the database keeps only the index;
 /// a content changed in the bucket behind the store's back is refused, never served; the
 /// collector deletes the index row and the object.
-async fn s3_case(store: &dyn Store, objects: &S3Blobs, index_data_is_null: impl AsyncFn(&str) -> bool) {
+async fn s3_case(
+    store: &dyn Store,
+    objects: &S3Blobs,
+    index_data_is_null: impl AsyncFn(&str) -> bool,
+) {
     let data = b"kept in the bucket".to_vec();
     let key = sha256_hex(&data);
-    store.put_blobs(&[(key.clone(), data.clone())]).await.unwrap();
+    store
+        .put_blobs(&[(key.clone(), data.clone())])
+        .await
+        .unwrap();
     assert!(objects.exists(&key).await.unwrap());
     assert!(index_data_is_null(&key).await);
     assert_eq!(store.get_blob(&key).await.unwrap().unwrap(), data);
@@ -609,7 +616,13 @@ async fn s3_case(store: &dyn Store, objects: &S3Blobs, index_data_is_null: impl 
     objects.put(&key, b"evil".to_vec()).await.unwrap();
     let err = store.get_blob(&key).await.unwrap_err();
     assert!(
-        matches!(err, Error::ObjectStore { retryable: false, .. }),
+        matches!(
+            err,
+            Error::ObjectStore {
+                retryable: false,
+                ..
+            }
+        ),
         "{err:?}"
     );
     let err = store.workspace_file(&s.root_id, "f.txt").await.unwrap_err();

@@ -1096,7 +1096,11 @@ impl MotoServer {
         server.child = Some(child);
         let deadline = Instant::now() + MOTO_START_TIMEOUT;
         loop {
-            if let Some(status) = server.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = server
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 server.child = None;
                 bail!(
                     "{} exited during start-up ({status}). Log tail:\n{}",
@@ -1145,8 +1149,7 @@ fn http_answers(port: u16) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s
-        .write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    if s.write_all(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         .is_err()
     {
         return false;

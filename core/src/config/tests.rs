@@ -1001,7 +1001,10 @@ fn s3_blob_store_settings() {
     s.validate().unwrap();
     assert_eq!(s.workspace.blob_store, BlobStoreKind::S3);
     assert_eq!(s.workspace.s3.secret_key_env, "MY_SECRET");
-    assert_eq!(Settings::default().workspace.s3.access_key_env, "AWS_ACCESS_KEY_ID");
+    assert_eq!(
+        Settings::default().workspace.s3.access_key_env,
+        "AWS_ACCESS_KEY_ID"
+    );
     for (text, key) in [
         (
             format!("{base}bucket = \"Bad/Name\"\nendpoint = \"http://h\"\n"),

@@ -806,7 +806,12 @@ fn s3(s: &super::S3Section) -> Result<()> {
             format!("{:?} is not an http(s) URL", s.endpoint),
         ));
     }
-    if s.region.is_empty() || !s.region.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-') {
+    if s.region.is_empty()
+        || !s
+            .region
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-')
+    {
         return Err(invalid(
             "workspace.s3.region",
             format!("{:?} is not a region name", s.region),
@@ -831,8 +836,7 @@ fn s3(s: &super::S3Section) -> Result<()> {
         let name_like = !v.is_empty()
             && v.len() <= 128
             && !v.starts_with(|c: char| c.is_ascii_digit())
-            && v
-                .bytes()
+            && v.bytes()
                 .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_');
         if !name_like {
             return Err(invalid(

@@ -82,13 +82,7 @@ pub(super) async fn create_sessions(
         // A session and its files are one transaction.
         let mut tx = pool.begin().await?;
         let inserted = insert(&mut *tx, new).await?;
-        super::workspace::add_inputs(
-            &mut tx,
-            new,
-            |id| inserted.contains_key(id),
-            objects,
-        )
-        .await?;
+        super::workspace::add_inputs(&mut tx, new, |id| inserted.contains_key(id), objects).await?;
         let existing = existing(&mut *tx, &not_inserted(new, &inserted)).await?;
         tx.commit().await?;
         (inserted, existing)

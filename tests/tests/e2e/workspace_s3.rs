@@ -111,7 +111,12 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
     let sha = files[0].sha256.clone();
     assert!(objects.exists(&sha).await.unwrap());
     // The database holds the index only: a store without the bucket cannot read it.
-    assert!(c.store.workspace_file(&first, "out/result.txt").await.is_err());
+    assert!(
+        c.store
+            .workspace_file(&first, "out/result.txt")
+            .await
+            .is_err()
+    );
     let (_, data) = store
         .workspace_file(&first, "out/result.txt")
         .await
