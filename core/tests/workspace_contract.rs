@@ -705,3 +705,43 @@ async fn s3_unknown_bucket_is_fatal() {
     let err = o.put(&sha256_hex(&data), data).await.unwrap_err();
     assert!(!err.is_retryable(), "{err:?}");
 }
+
+/// The bucket's server goes away: an upload fails as retryable and leaves no index row
+/// (the content is still missing, so the next try uploads it); a read is retryable too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_outage_is_retryable_and_leaves_no_index_row() {
+    let moto = agentq_testkit::MotoServer::start().expect("moto_server");
+    let s = S3Section {
+        bucket: "agentq-outage".to_string(),
+        endpoint: moto.endpoint(),
+        ..S3Section::default()
+    };
+    let objects = Arc::new(S3Blobs::new(&s, "test".into(), "test".into()).unwrap());
+    objects.create_bucket().await.unwrap();
+    let kept = b"uploaded before".to_vec();
+    let kkey = sha256_hex(&kept);
+    objects.put(&kkey, kept).await.unwrap();
+    drop(moto);
+    let data = b"during the outage".to_vec();
+    let key = sha256_hex(&data);
+    let (_dir, sqlite) = sqlite_store().await;
+    for store in [
+        Box::new(pg_store().await.with_objects(objects.clone())) as Box<dyn Store>,
+        Box::new(sqlite.with_objects(objects.clone())),
+    ] {
+        let err = store
+            .put_blobs(&[(key.clone(), data.clone())])
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable(), "{err:?}");
+        assert_eq!(
+            store
+                .missing_blobs(std::slice::from_ref(&key))
+                .await
+                .unwrap(),
+            vec![key.clone()]
+        );
+    }
+    let err = objects.get(&kkey).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+}
