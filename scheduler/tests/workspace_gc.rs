@@ -94,6 +94,7 @@ async fn expiry_and_collection_spare_what_is_referenced() {
         blob_grace_secs: 0,
         gc_interval_secs: 1,
         gc_batch: 1,
+        ..WorkspaceSection::default()
     };
     gc_pass(&store, &eager).await;
     assert!(store.workspace_files(&done).await.unwrap().is_empty());
