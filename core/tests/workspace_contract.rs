@@ -628,7 +628,12 @@ async fn s3_case(
     let err = store.workspace_file(&s.root_id, "f.txt").await.unwrap_err();
     assert!(matches!(err, Error::ObjectStore { .. }), "{err:?}");
     // Keys that are not hashes never reach the bucket.
-    assert!(objects.get("../other-bucket/x").await.is_err());
+    assert!(objects.get("../other-bucket/x", 10).await.is_err());
+    // A larger object than the index records is refused before it is all read.
+    let big = vec![7u8; 4096];
+    objects.put(&key, big).await.unwrap();
+    let err = store.get_blob(&key).await.unwrap_err();
+    assert!(matches!(err, Error::ObjectStore { .. }), "{err:?}");
 
     // Collection: the orphan's index row and object both go; a referenced one stays.
     let orphan = b"nobody holds me".to_vec();
@@ -742,6 +747,6 @@ async fn s3_outage_is_retryable_and_leaves_no_index_row() {
             vec![key.clone()]
         );
     }
-    let err = objects.get(&kkey).await.unwrap_err();
+    let err = objects.get(&kkey, 100).await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
 }

@@ -153,14 +153,16 @@ impl S3Blobs {
     }
 
     /// The bytes of `key`, verified against it; `None` when there is no such object.
-    pub async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+    /// `size`: the content's size as the index records it; an object that is larger is
+    /// refused as soon as it is (a changed object cannot make us hold more than that).
+    pub async fn get(&self, key: &str, size: u64) -> Result<Option<Vec<u8>>> {
         let object = self.object(key)?;
         let url = self
             .bucket
             .get_object(Some(&self.credentials), &object)
             .sign(SIGN_FOR);
         let what = format!("GET {object}");
-        let resp = self
+        let mut resp = self
             .http
             .get(url)
             .send()
@@ -172,14 +174,26 @@ impl S3Blobs {
         if !resp.status().is_success() {
             return Err(status_error(&what, resp.status()));
         }
-        let data = resp.bytes().await.map_err(|e| transport(&what, &e))?;
-        if sha256_hex(&data) != key {
-            return Err(fatal(format!(
+        let changed = || {
+            fatal(format!(
                 "{what}: the object's content is not the content its key names \
                  (changed in the bucket?); refused"
-            )));
+            ))
+        };
+        if resp.content_length().is_some_and(|n| n > size) {
+            return Err(changed());
         }
-        Ok(Some(data.to_vec()))
+        let mut data = Vec::with_capacity(usize::try_from(size.min(1 << 20)).unwrap_or(0));
+        while let Some(chunk) = resp.chunk().await.map_err(|e| transport(&what, &e))? {
+            if (data.len() as u64).saturating_add(chunk.len() as u64) > size {
+                return Err(changed());
+            }
+            data.extend_from_slice(&chunk);
+        }
+        if sha256_hex(&data) != key {
+            return Err(changed());
+        }
+        Ok(Some(data))
     }
 
     /// Whether the object of `key` exists.

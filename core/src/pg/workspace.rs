@@ -37,7 +37,7 @@ ON CONFLICT (sha256) DO UPDATE SET touched_at = now()";
 const TOUCH_INDEX: &str = "
 UPDATE blobs SET touched_at = now() WHERE sha256 = ANY($1) RETURNING sha256";
 
-const GET_BLOB: &str = "SELECT data FROM blobs WHERE sha256 = $1";
+const GET_BLOB: &str = "SELECT data, size FROM blobs WHERE sha256 = $1";
 
 /// The stored ones of the keys, touched; the rest are missing. A blob the collector holds
 /// locked is waited for, and is then gone (so reported missing and uploaded again).
@@ -257,13 +257,13 @@ impl BlobStore for PgStore {
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let data: Option<Option<Vec<u8>>> = sqlx::query_scalar(GET_BLOB)
+        let row: Option<(Option<Vec<u8>>, i64)> = sqlx::query_as(GET_BLOB)
             .bind(key)
             .fetch_optional(&self.pool)
             .await?;
-        match (data, &self.objects) {
-            (Some(Some(d)), _) => Ok(Some(d)),
-            (Some(None), Some(o)) => o.get(key).await,
+        match (row, &self.objects) {
+            (Some((Some(d), _)), _) => Ok(Some(d)),
+            (Some((None, size)), Some(o)) => o.get(key, to_u64(size, "blobs.size")?).await,
             _ => Ok(None),
         }
     }
@@ -334,7 +334,7 @@ impl WorkspaceStore for PgStore {
         };
         let data = match (data, &self.objects) {
             (Some(d), _) => Some(d),
-            (None, Some(o)) => o.get(&sha).await?,
+            (None, Some(o)) => o.get(&sha, to_u64(size, "workspace_files.size")?).await?,
             (None, None) => None,
         };
         let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;

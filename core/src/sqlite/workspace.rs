@@ -199,14 +199,14 @@ impl BlobStore for SqliteStore {
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let data: Option<Option<Vec<u8>>> =
-            sqlx::query_scalar("SELECT data FROM blobs WHERE sha256 = $1")
+        let row: Option<(Option<Vec<u8>>, i64)> =
+            sqlx::query_as("SELECT data, size FROM blobs WHERE sha256 = $1")
                 .bind(key)
                 .fetch_optional(&self.readers)
                 .await?;
-        match (data, &self.objects) {
-            (Some(Some(d)), _) => Ok(Some(d)),
-            (Some(None), Some(o)) => o.get(key).await,
+        match (row, &self.objects) {
+            (Some((Some(d), _)), _) => Ok(Some(d)),
+            (Some((None, size)), Some(o)) => o.get(key, to_u64(size, "blobs.size")?).await,
             _ => Ok(None),
         }
     }
@@ -291,7 +291,7 @@ impl WorkspaceStore for SqliteStore {
         };
         let data = match (data, &self.objects) {
             (Some(d), _) => Some(d),
-            (None, Some(o)) => o.get(&sha).await?,
+            (None, Some(o)) => o.get(&sha, to_u64(size, "workspace_files.size")?).await?,
             (None, None) => None,
         };
         let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
