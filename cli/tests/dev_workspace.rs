@@ -215,6 +215,17 @@ async fn resumes_after_sigkill(bucket: Option<(String, Arc<S3Blobs>)>) {
         std::fs::read_to_string(second_ws.join(&id).join("notes/kept.txt")).unwrap(),
         "kept across the crash"
     );
+    // The API serves it (from the bucket, with one configured).
+    let resp = http
+        .get(format!("{}/v1/sessions/{id}/files/notes/kept.txt", dev.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(
+        resp.bytes().await.unwrap().as_ref(),
+        b"kept across the crash"
+    );
     drop(dev);
 
     let store = SqliteStore::open(&db).await.unwrap();
