@@ -13,24 +13,33 @@
 //! reservation of a worker that died is scored by its expiry and purged by the next
 //! reserve after `reservation_ttl_secs`.
 //!
-//! # Learned holds (nothing configured)
-//! When a provider refuses a call (429, 529) or announces a spent window (`remaining`
-//! at 0), the key is held until the reset it named: the settle records the hold in
-//! Redis, and every worker reads the holds every [`HOLD_REFRESH`], so all of them wait
-//! instead of each finding out with a refusal of its own; waiters wake spread over a
-//! short jitter. Past the hold calls go at the provider's own pace, which its next
-//! answers report.
+//! # Learned (nothing configured)
+//! - A provider's refusal (429, 529) or an answer announcing a spent window (`remaining`
+//!   at 0) holds the key and model until the reset it named: the settle records the hold
+//!   in Redis, every worker reads the holds every [`HOLD_REFRESH`], and all of them wait
+//!   instead of each finding out with a refusal of its own (waiters wake spread over a
+//!   short jitter).
+//! - An answer announcing what is left (`x-ratelimit-remaining-*`,
+//!   `anthropic-ratelimit-*-remaining`) sets fleet-wide counters of requests and tokens
+//!   left, expiring at the announced resets; calls on that key then go while they last
+//!   (`learned.lua`, one round trip) and wait for the reset otherwise: the fleet goes at
+//!   the provider's own pace, as its answers report it.
+//! - A key nothing is known of yet is probed: one call per worker goes first and the
+//!   others wait (at most [`PROBE_WAIT`]) for what its answer says, so that a batch does
+//!   not open with a burst the key cannot take. A key whose answers announce nothing
+//!   (local servers) is then left alone.
 //!
 //! # Cost
-//! With no rule matching a call and no hold on its key, a call costs no Redis round trip
-//! at all (the holds come from the periodic read, not from the call). With rules, a call
+//! With no rule matching a call, no hold on its key and no limits announced for it, a call
+//! costs no Redis round trip at all (the holds and the keys that announce limits come
+//! from the periodic read, not from the call). With rules, a call
 //! costs one round trip before it starts (reserve); its settle runs off the call path. A
 //! limiter that cannot reach Redis lets calls through, with a warning and the
 //! `agentq_admission_limiter_errors_total` metric: a limiter outage never fails sessions.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
@@ -39,6 +48,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, Script};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LimitSettings;
@@ -62,6 +72,18 @@ const PREFIX: &str = "agentq:limit:";
 pub const INDEX_KEY: &str = "agentq:limit:keys";
 /// Hash: `limit_key|model` → hold until (ms since the epoch).
 pub const HOLDS_KEY: &str = "agentq:limit:holds";
+/// Hash: `limit_key|model` → when an answer last announced its limits (ms).
+const ANNOUNCED_KEY: &str = "agentq:limit:holds:announced";
+/// Counters of what a key and model have left until their reset, as last announced.
+const LEFT_REQUESTS: &str = "agentq:limit:left:r|";
+const LEFT_TOKENS: &str = "agentq:limit:left:t|";
+/// Hash of the limits (and the longest reset) a key and model announced.
+const ANNOUNCED_LIMITS: &str = "agentq:limit:announced|";
+/// The permit of a call that probes a key nothing is known of.
+const PROBE: &str = "probe";
+/// The longest a call waits for another's probe before going anyway.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
 /// Hash: `limit_key|model` → the learned average of output tokens.
 const AVERAGES_KEY: &str = "agentq:limit:avg";
 
@@ -87,8 +109,15 @@ impl Rule {
         }
     }
 
+    /// The window the counts are kept over: the configured one, plus a guard for the
+    /// time between admitting a call and its request reaching the provider. Callers
+    /// waiting on a full window all wake when its oldest call leaves it, so the next
+    /// window's calls leave in a burst; without the guard, the provider (which counts at
+    /// arrival) sees the late arrivals of one burst and the early ones of the next in
+    /// one of its windows.
     fn window_ms(&self) -> u64 {
-        self.settings.window_secs.clamp(1, 60).saturating_mul(1000)
+        let window = self.settings.window_secs.clamp(1, 60).saturating_mul(1000);
+        window.saturating_add((window / 20).clamp(50, 250))
     }
 
     /// A per-minute allowance scaled to the rule's window (at least 1).
@@ -106,10 +135,24 @@ pub struct Limiter {
     conn: Option<ConnectionManager>,
     /// The fleet's holds as last read (and as this worker learned them since).
     holds: RwLock<HashMap<String, i64>>,
+    /// The keys (and models) whose answers announce their limits: their calls go
+    /// through what those announced left ([`Limiter::learned`]).
+    announced: RwLock<HashSet<String>>,
+    /// Keys nothing is known of yet: one call at a time probes what the provider says.
+    probes: Mutex<HashMap<String, Probe>>,
     metrics: &'static Metrics,
     last_warning: AtomicI64,
     reserve: Script,
     settle: Script,
+    learned: Script,
+}
+
+/// What this worker knows of a key that has no rule.
+enum Probe {
+    /// A call is out to find out; the others wait for it (a bounded while).
+    InFlight(Arc<Notify>),
+    /// Its answers announce no limits: calls go without a round trip.
+    Quiet,
 }
 
 impl std::fmt::Debug for Limiter {
@@ -139,24 +182,50 @@ impl Limiter {
             rules,
             conn,
             holds: RwLock::new(HashMap::new()),
+            announced: RwLock::new(HashSet::new()),
+            probes: Mutex::new(HashMap::new()),
             metrics: crate::metrics::global(),
             last_warning: AtomicI64::new(i64::MIN),
             reserve: Script::new(include_str!("admission/reserve.lua")),
             settle: Script::new(include_str!("admission/settle.lua")),
+            learned: Script::new(include_str!("admission/learned.lua")),
         })
     }
 
     /// A limiter that enforces nothing (hosts without Redis).
     pub fn disabled() -> Arc<Limiter> {
-        Arc::new(Limiter {
-            rules: Vec::new(),
-            conn: None,
-            holds: RwLock::new(HashMap::new()),
-            metrics: crate::metrics::global(),
-            last_warning: AtomicI64::new(i64::MIN),
-            reserve: Script::new(include_str!("admission/reserve.lua")),
-            settle: Script::new(include_str!("admission/settle.lua")),
-        })
+        match Limiter::new(&[], None) {
+            Ok(l) => Arc::new(l),
+            // No rule, nothing to compile: cannot fail.
+            Err(_) => unreachable_limiter(),
+        }
+    }
+
+    fn is_announced(&self, field: &str) -> bool {
+        self.announced
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(field)
+    }
+
+    /// The probe of `field` is over: record what it found (`None`: nothing, the next
+    /// call probes again) and wake the calls waiting for it.
+    fn end_probe(&self, field: &str, found: Option<Probe>) {
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        let was = probes.remove(field);
+        if let Some(f) = found {
+            probes.insert(field.to_string(), f);
+        }
+        if let Some(Probe::InFlight(n)) = was {
+            n.notify_waiters();
+        }
+    }
+
+    fn note_announced(&self, field: &str) {
+        let mut a = self.announced.write().unwrap_or_else(|e| e.into_inner());
+        if !a.contains(field) {
+            a.insert(field.to_string());
+        }
     }
 
     /// Connect to Redis at `url` and start reading the fleet's holds until `cancel` (or
@@ -227,6 +296,21 @@ impl Limiter {
     }
 }
 
+fn unreachable_limiter() -> Arc<Limiter> {
+    Arc::new(Limiter {
+        rules: Vec::new(),
+        conn: None,
+        holds: RwLock::new(HashMap::new()),
+        announced: RwLock::new(HashSet::new()),
+        probes: Mutex::new(HashMap::new()),
+        metrics: crate::metrics::global(),
+        last_warning: AtomicI64::new(i64::MIN),
+        reserve: Script::new(include_str!("admission/reserve.lua")),
+        settle: Script::new(include_str!("admission/settle.lua")),
+        learned: Script::new(include_str!("admission/learned.lua")),
+    })
+}
+
 /// Read the fleet's holds every [`HOLD_REFRESH`] into the limiter, until cancelled or
 /// the limiter is gone.
 async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
@@ -239,12 +323,18 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
         let Some(mut conn) = l.conn.clone() else {
             return;
         };
-        let read: redis::RedisResult<HashMap<String, i64>> = redis::cmd("HGETALL")
+        let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> = redis::pipe()
+            .cmd("HGETALL")
             .arg(HOLDS_KEY)
+            .cmd("HGETALL")
+            .arg(ANNOUNCED_KEY)
             .query_async(&mut conn)
             .await;
         match read {
-            Ok(remote) => {
+            Ok((remote, announced)) => {
+                for field in announced.keys() {
+                    l.note_announced(field);
+                }
                 let now = now_ms();
                 let mut holds = l.holds.write().unwrap_or_else(|e| e.into_inner());
                 holds.retain(|_, until| *until > now);
@@ -280,24 +370,99 @@ impl SessionLimiter {
     fn field(&self, model: &str) -> String {
         format!("{}|{model}", self.limit_key)
     }
+
+    /// A call on a key with no rule whose answers announce their limits: it goes while
+    /// what they last said is left (requests, and tokens for its estimate) lasts, and
+    /// waits for the reset otherwise. One round trip.
+    async fn reserve_learned(&self, field: &str, ask: &CallAsk<'_>) -> Admit {
+        let Some(mut conn) = self.limiter.conn.clone() else {
+            return Admit::Go(Permit::default());
+        };
+        let tokens = ask.input_tokens.saturating_add(ask.max_output_tokens);
+        let answer: redis::RedisResult<u64> = self
+            .limiter
+            .learned
+            .key(format!("{LEFT_REQUESTS}{field}"))
+            .key(format!("{LEFT_TOKENS}{field}"))
+            .key(format!("{ANNOUNCED_LIMITS}{field}"))
+            .arg(tokens)
+            .invoke_async(&mut conn)
+            .await;
+        match answer {
+            Ok(0) => Admit::Go(Permit::default()),
+            Ok(wait_ms) => Admit::Wait {
+                after: Duration::from_millis(wait_ms.saturating_add(jitter(HOLD_JITTER_MS))),
+                reason: "provider",
+            },
+            Err(e) => {
+                self.limiter.failed_open("reserve", &e);
+                Admit::Go(Permit::default())
+            }
+        }
+    }
 }
 
 #[async_trait]
 impl Admission for SessionLimiter {
     async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
         let field = self.field(ask.model);
-        let now = now_ms();
-        if let Some(until) = self.limiter.hold(&field)
-            && until > now
-        {
-            let left = u64::try_from(until.saturating_sub(now)).unwrap_or(0);
-            return Admit::Wait {
-                after: Duration::from_millis(left.saturating_add(jitter(HOLD_JITTER_MS))),
-                reason: "provider",
-            };
-        }
         let rules = self.rules(ask.model);
-        let Some(mut conn) = self.limiter.conn.clone().filter(|_| !rules.is_empty()) else {
+        let mut waited_for_probe = false;
+        loop {
+            let now = now_ms();
+            if let Some(until) = self.limiter.hold(&field)
+                && until > now
+            {
+                let left = u64::try_from(until.saturating_sub(now)).unwrap_or(0);
+                return Admit::Wait {
+                    after: Duration::from_millis(left.saturating_add(jitter(HOLD_JITTER_MS))),
+                    reason: "provider",
+                };
+            }
+            if !rules.is_empty() {
+                break;
+            }
+            if self.limiter.conn.is_none() {
+                return Admit::Go(Permit::default());
+            }
+            if self.limiter.is_announced(&field) {
+                return self.reserve_learned(&field, ask).await;
+            }
+            if waited_for_probe {
+                return Admit::Go(Permit::default());
+            }
+            let waiting = {
+                let mut probes = self
+                    .limiter
+                    .probes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                match probes.get(&field) {
+                    Some(Probe::Quiet) => return Admit::Go(Permit::default()),
+                    Some(Probe::InFlight(n)) => Some(n.clone().notified_owned()),
+                    None => {
+                        probes.insert(field.clone(), Probe::InFlight(Arc::new(Notify::new())));
+                        None
+                    }
+                }
+            };
+            let Some(waiting) = waiting else {
+                // The probe: other workers may know what the key has left.
+                return match self.reserve_learned(&field, ask).await {
+                    Admit::Go(_) => Admit::Go(Permit {
+                        id: PROBE.to_string(),
+                        ..Permit::default()
+                    }),
+                    other => {
+                        self.limiter.end_probe(&field, None);
+                        other
+                    }
+                };
+            };
+            let _ = tokio::time::timeout(PROBE_WAIT, waiting).await;
+            waited_for_probe = true;
+        }
+        let Some(mut conn) = self.limiter.conn.clone() else {
             return Admit::Go(Permit::default());
         };
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -311,7 +476,7 @@ impl Admission for SessionLimiter {
         for r in &rules {
             inv.key(r.key(&self.limit_key));
         }
-        inv.arg(now)
+        inv.arg(now_ms())
             .arg(&id)
             .arg(ttl_ms)
             .arg(ask.input_tokens)
@@ -353,7 +518,16 @@ impl Admission for SessionLimiter {
         if let Some(until) = hold {
             self.limiter.note_hold(&field, until);
         }
-        let keys: Vec<String> = if permit.id.is_empty() {
+        let left = report
+            .limits
+            .as_ref()
+            .filter(|l| l.remaining_requests.is_some() || l.remaining_tokens.is_some());
+        if left.is_some() {
+            self.limiter.note_announced(&field);
+        }
+        let probe = (permit.id == PROBE)
+            .then(|| (left.is_none() && report.usage.is_some()).then_some(Probe::Quiet));
+        let keys: Vec<String> = if permit.id.is_empty() || permit.id == PROBE {
             Vec::new()
         } else {
             self.rules(ask.model)
@@ -361,12 +535,26 @@ impl Admission for SessionLimiter {
                 .map(|r| r.key(&self.limit_key))
                 .collect()
         };
-        let Some(mut conn) = self.limiter.conn.clone() else {
+        let conn = self.limiter.conn.clone();
+        let Some(mut conn) = conn.filter(|_| !keys.is_empty() || hold.is_some() || left.is_some())
+        else {
+            if let Some(found) = probe {
+                self.limiter.end_probe(&field, found);
+            }
             return;
         };
-        if keys.is_empty() && hold.is_none() {
-            return;
-        }
+        let ms = |d: Option<Duration>| {
+            d.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        };
+        let count = |n: Option<u64>| n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        let announced = [
+            count(left.and_then(|l| l.remaining_requests)),
+            ms(left.and_then(|l| l.reset_requests)),
+            count(left.and_then(|l| l.remaining_tokens)),
+            ms(left.and_then(|l| l.reset_tokens)),
+            count(left.and_then(|l| l.limit_requests)),
+            count(left.and_then(|l| l.limit_tokens)),
+        ];
         let used = if report.not_started {
             0
         } else {
@@ -379,8 +567,8 @@ impl Admission for SessionLimiter {
             .map_or(-1, |u| i64::try_from(u.output_tokens).unwrap_or(i64::MAX));
         let limiter = self.limiter.clone();
         let id = permit.id;
-        // Off the call path: the session goes on while its slot is given back.
-        tokio::spawn(async move {
+        let probed = field.clone();
+        let write = async move {
             let mut inv = limiter.settle.prepare_invoke();
             inv.key(AVERAGES_KEY).key(HOLDS_KEY);
             for k in &keys {
@@ -392,12 +580,29 @@ impl Admission for SessionLimiter {
                 .arg(&field)
                 .arg(&field)
                 .arg(hold.unwrap_or(0))
-                .arg(now_ms());
+                .arg(now_ms())
+                .arg(&announced[..4])
+                .arg(format!("{LEFT_REQUESTS}{field}"))
+                .arg(format!("{LEFT_TOKENS}{field}"))
+                .arg(&announced[4..])
+                .arg(format!("{ANNOUNCED_LIMITS}{field}"));
             let done: redis::RedisResult<i64> = inv.invoke_async(&mut conn).await;
             if let Err(e) = done {
                 limiter.failed_open("settle", &e);
             }
-        });
+        };
+        match probe {
+            // A probe's answer is recorded before the calls waiting for it go, so that
+            // they count against what it announced (once per key and worker).
+            Some(found) => {
+                write.await;
+                self.limiter.end_probe(&probed, found);
+            }
+            // Off the call path: the session goes on while its slot is given back.
+            None => {
+                tokio::spawn(write);
+            }
+        }
     }
 }
 
@@ -560,7 +765,9 @@ mod tests {
         assert_eq!(r.per_window(r.settings.rpm), 10);
         assert_eq!(r.per_window(r.settings.tpm), 1, "never below one");
         assert_eq!(r.per_window(None), 0);
-        assert_eq!(r.window_ms(), 1000);
+        assert_eq!(r.window_ms(), 1050, "with its arrival guard");
+        let r = rule("provider = \"openai\"\nrpm = 600");
+        assert_eq!(r.window_ms(), 60_250);
     }
 
     #[test]

@@ -718,6 +718,7 @@ pub const SETTINGS: &[Setting] = &[
         Ok(())
     }),
     file("hooks"),
+    file("limits"),
     var(
         "worker.concurrency",
         "AGENTQ_WORKER_CONCURRENCY",

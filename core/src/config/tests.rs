@@ -826,3 +826,59 @@ fn tenant_keys_come_from_the_variables_they_name() {
         .to_string();
     assert!(e.contains("providers.tenants.acme.openai_api_key"), "{e}");
 }
+
+#[test]
+fn limit_rules_parse_and_name_the_field() {
+    let s = Settings::from_toml(
+        "[[limits]]\nprovider = \"openai\"\nmodel = \"gpt-4o*\"\nrpm = 500\ntpm = 200000\n\
+         [[limits]]\nprovider = \"anthropic\"\ntenant = \"acme\"\nconcurrency = 4\n",
+    )
+    .unwrap();
+    s.validate().unwrap();
+    assert_eq!(s.limits.len(), 2);
+    assert_eq!(s.limits[0].rpm, Some(500));
+    assert_eq!(s.limits[0].window_secs, 60);
+    assert_eq!(s.limits[1].model, "*");
+    assert_eq!(s.limits[1].tenant.as_deref(), Some("acme"));
+    assert_eq!(s.limits[1].reservation_ttl_secs, 300);
+    let e = Settings::from_toml("[[limits]]\nprovider = \"openai\"\nrmp = 5\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rmp"), "{e}");
+    let invalid = |body: &str| {
+        Settings::from_toml(&format!("[[limits]]\n{body}\n"))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string()
+    };
+    for (body, field) in [
+        ("provider = \"openai\"", "`limits[0].rpm`"),
+        ("provider = \"azure\"\nrpm = 1", "`limits[0].provider`"),
+        (
+            "provider = \"openai\"\nmodel = \"gpt-[\"\nrpm = 1",
+            "`limits[0].model`",
+        ),
+        (
+            "provider = \"openai\"\ntenant = \" \"\nrpm = 1",
+            "`limits[0].tenant`",
+        ),
+        ("provider = \"openai\"\nrpm = 0", "`limits[0].rpm`"),
+        ("provider = \"openai\"\ntpm = 0", "`limits[0].tpm`"),
+        (
+            "provider = \"openai\"\nconcurrency = 0",
+            "`limits[0].concurrency`",
+        ),
+        (
+            "provider = \"openai\"\nrpm = 1\nwindow_secs = 61",
+            "`limits[0].window_secs`",
+        ),
+        (
+            "provider = \"openai\"\nrpm = 1\nreservation_ttl_secs = 0",
+            "`limits[0].reservation_ttl_secs`",
+        ),
+    ] {
+        let e = invalid(body);
+        assert!(e.contains(field), "{body}: {e}");
+    }
+}

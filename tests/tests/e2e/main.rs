@@ -10,6 +10,7 @@ mod admission;
 mod common;
 mod crash;
 mod drain;
+mod limits;
 mod liveness;
 mod poison;
 mod restart;
