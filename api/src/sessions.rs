@@ -248,6 +248,7 @@ mod tests {
             "idempotency_key": null, "created_at": "2026-12-01T08:36:45.123456Z",
             "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
             "priority": 5, "batch_id": null,
+            "wait_reason": null, "wake_at": null,
         })
     }
 
@@ -333,6 +334,20 @@ mod tests {
         older.as_object_mut().unwrap().remove("batch_id");
         let old: SessionView = serde_json::from_value(older).unwrap();
         assert_eq!((old.priority, old.batch_id), (5, None));
+        // A session waiting for a rate limit says so, and when it wakes.
+        let mut waiting = view_json("s1");
+        waiting["status"] = json!("waiting");
+        waiting["wait_reason"] = json!("rate_limit");
+        waiting["wake_at"] = json!("2026-12-01T08:37:45.123456Z");
+        let w: SessionView = round_trip(waiting);
+        assert_eq!(w.wait_reason, Some(WaitReason::RateLimit));
+        assert!(w.wake_at.is_some());
+        // A server that predates the fields: none.
+        let mut old2 = view_json("s1");
+        old2.as_object_mut().unwrap().remove("wait_reason");
+        old2.as_object_mut().unwrap().remove("wake_at");
+        let o: SessionView = serde_json::from_value(old2).unwrap();
+        assert_eq!((o.wait_reason, o.wake_at), (None, None));
 
         let mut detail = view_json("s1");
         detail["children"] = json!(["c1", "c2"]);

@@ -23,7 +23,7 @@
 //!    requests refused, the limiter's Redis calls per LLM call, and throughput with a
 //!    non-binding limit over none.
 //! 10. `workspace` — time to have a tree's committed files on disk at a claim, for a
-//!    workspace of 1,000 files and 50 MB: cold (empty cache) and warm (cache as committed).
+//!     workspace of 1,000 files and 50 MB: cold (empty cache) and warm (cache as committed).
 //!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.

@@ -390,8 +390,12 @@ impl SessionLimiter {
             .await;
         match answer {
             Ok(0) => Admit::Go(Permit::default()),
+            // Spread over a tenth of the wait: the first calls past the reset bring back
+            // what the key really has left before the rest go.
             Ok(wait_ms) => Admit::Wait {
-                after: Duration::from_millis(wait_ms.saturating_add(jitter(HOLD_JITTER_MS))),
+                after: Duration::from_millis(
+                    wait_ms.saturating_add(jitter((wait_ms / 10).clamp(HOLD_JITTER_MS, 1000))),
+                ),
                 reason: "provider",
             },
             Err(e) => {

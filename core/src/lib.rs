@@ -4,8 +4,8 @@
 
 pub mod admission;
 pub mod auth;
-pub mod budget;
 pub mod blob;
+pub mod budget;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -29,8 +29,8 @@ use crate::model::{
     SessionRow, SessionStatus,
 };
 use crate::protocol::{InboxKind, InboxPayload};
-use crate::wait::WaitReason;
 use crate::scheduling::{ActiveCount, Candidate};
+use crate::wait::WaitReason;
 use crate::workspace::WorkspaceStore;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it

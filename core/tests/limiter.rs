@@ -362,7 +362,9 @@ async fn what_a_key_announces_paces_it_and_a_quiet_key_costs_nothing() {
             Admit::Wait { reason, after } => {
                 if went == 3 {
                     assert_eq!(reason, "provider");
-                    assert!(after > Duration::from_secs(25), "{after:?}");
+                    // Until the reset (less the while this worker waited out its own
+                    // probe, which nothing answers here).
+                    assert!(after > Duration::from_secs(20), "{after:?}");
                     waited = true;
                     break;
                 }

@@ -459,6 +459,7 @@ mod tests {
         spec.context_budget_chars = Some(1);
         spec.token_budget = Some(1);
         spec.timeout_secs = Some(1);
+        spec.max_llm_retries = Some(1);
         spec.sensitive_tools = vec!["shell".into()];
         spec.metadata = json!({"k": 1});
         let Value::Object(m) = serde_json::to_value(&spec).unwrap() else {

@@ -62,9 +62,7 @@ fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
             let files = crate::inputs::files_digest(&r.files);
             match p {
                 None => serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from)),
-                Some(p) => {
-                    serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from, p))
-                }
+                Some(p) => serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from, p)),
             }
         }
     };
