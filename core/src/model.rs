@@ -229,6 +229,11 @@ pub struct SessionRow {
     /// Times it was redriven after a failure (`POST /v1/sessions/{id}/retry`).
     #[serde(default)]
     pub retries: u32,
+    /// Set by a claim: whether the session's tree had committed files then. A claim of a
+    /// tree without any (most sessions) need not read its manifest, which would double
+    /// the statements of a first claim. `false` on every other read.
+    #[serde(default)]
+    pub has_workspace: bool,
 }
 
 impl SessionRow {

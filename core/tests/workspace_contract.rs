@@ -320,6 +320,20 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Store) {
         .await
         .unwrap();
     let root = row.root_id.clone();
+    // A claim says whether the tree holds committed files (the worker then skips reading
+    // an empty manifest); a tree without any says so too.
+    match store.claim(&row.id, "w1", TTL, 10).await.unwrap() {
+        Claim::Acquired { row, .. } => assert!(row.has_workspace, "inputs are committed"),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+    let (bare, _) = store
+        .create_session(&with_files("bare", "default", vec![]))
+        .await
+        .unwrap();
+    match store.claim(&bare.id, "w0", TTL, 10).await.unwrap() {
+        Claim::Acquired { row, .. } => assert!(!row.has_workspace, "no file anywhere"),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
     let (lease, mut state) = acquire(store, &row.id, "w1").await;
     let a = put(store, "out/a.txt", b"first").await;
     step(store, &lease, &mut state, vec![a, delete("gone")])

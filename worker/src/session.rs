@@ -586,6 +586,7 @@ async fn open_workspace(
             workspaces,
             &row.root_id,
             inner.cfg.tool_settings.max_file_bytes,
+            row.has_workspace,
         )
         .await
         {

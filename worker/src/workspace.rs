@@ -423,15 +423,20 @@ impl TreeSync {
     /// The workspace of `root_id` for a session claimed here: materialised from the
     /// committed manifest unless another session of the tree runs here already (then the
     /// directory is in use, with changes of that session not committed yet).
+    /// `committed`: whether the claim saw committed files in the tree. Without any, and
+    /// with nothing on this disk either, there is nothing to restore or undo, and the
+    /// manifest is not read (the common case costs no statement).
     pub async fn open(
         store: Arc<dyn Store>,
         workspaces: &Path,
         root_id: &str,
         max_file_bytes: u64,
+        committed: bool,
     ) -> Result<(Self, LocalWorkspace), Error> {
         let workspace = LocalWorkspace::lazy(workspaces, root_id).map_err(io(workspaces))?;
         let (cache, in_use) = open_cache(workspaces, root_id);
-        if !in_use {
+        let nothing = !committed && std::fs::symlink_metadata(&cache.dir).is_err();
+        if !in_use && !nothing {
             let done = materialise_into(store.as_ref(), root_id, &cache).await?;
             if done.files > 0 || done.deleted > 0 {
                 workspace.mark_made();

@@ -93,7 +93,7 @@ async fn changes_are_found_for_the_next_commit() {
     let root = tree(&*store, &[("keep.txt", b"k"), ("gone.txt", b"g")]).await;
     let disk = tempfile::tempdir().unwrap();
     let workspaces = std::fs::canonicalize(disk.path()).unwrap();
-    let (sync, ws) = TreeSync::open(store.clone(), &workspaces, &root, 64)
+    let (sync, ws) = TreeSync::open(store.clone(), &workspaces, &root, 64, true)
         .await
         .unwrap();
     assert_eq!(std::fs::read(ws.root().join("keep.txt")).unwrap(), b"k");

@@ -153,6 +153,10 @@ pub(crate) struct SessionRecord {
     pub priority: i32,
     pub batch_id: Option<String>,
     pub retries: i32,
+    /// Returned by a claim only (see [`SessionRow::has_workspace`]).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub has_workspace: bool,
 }
 
 impl SessionRecord {
@@ -207,6 +211,7 @@ impl SessionRecord {
                 .map_err(|_| bad_data(format!("priority {} out of range", self.priority)))?,
             batch_id: self.batch_id,
             retries: to_u32(self.retries, "retries")?,
+            has_workspace: self.has_workspace,
         })
     }
 

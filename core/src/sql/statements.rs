@@ -123,7 +123,8 @@ UPDATE sessions SET
 WHERE id = $1
   AND status IN ('queued', 'running')
   AND (lease_owner IS NULL OR lease_expires_at < now() OR lease_owner = $2)
-RETURNING COLS",
+RETURNING COLS,
+    EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = sessions.root_id) AS has_workspace",
     sqlite_now: Some(4),
 };
 
