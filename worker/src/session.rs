@@ -862,7 +862,7 @@ fn build_agent(
         ..Guards::default()
     };
     inner.cfg.operator.apply(&mut guards);
-    let admission = crate::admission::admission_for(inner, row, &*provider);
+    let admission = crate::admission::admission_for(inner, row, spec.token_budget, &*provider);
     Ok(Agent {
         provider,
         default_model,
@@ -875,12 +875,7 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
-        admission: Arc::new(crate::budget::BudgetGate::new(
-            inner.clone(),
-            row,
-            spec.token_budget,
-            admission,
-        )),
+        admission,
         write_ahead_grace: inner.cfg.write_ahead_grace,
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,
