@@ -1645,7 +1645,6 @@ impl Admission for ScriptedAdmission {
         Admit::Go(Permit {
             id: format!("p{n}"),
             reserved_tokens: ask.input_tokens + ask.max_output_tokens,
-            parts: Vec::new(),
         })
     }
     async fn settle(&self, _ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {

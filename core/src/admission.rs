@@ -498,7 +498,6 @@ impl Admission for SessionLimiter {
             Ok((1, tokens, _)) => Admit::Go(Permit {
                 id,
                 reserved_tokens: tokens,
-                parts: Vec::new(),
             }),
             Ok((_, wait_ms, reason)) => Admit::Wait {
                 after: Duration::from_millis(wait_ms),
@@ -559,13 +558,9 @@ impl Admission for SessionLimiter {
             count(left.and_then(|l| l.limit_requests)),
             count(left.and_then(|l| l.limit_tokens)),
         ];
-        let used = if report.not_started {
-            0
-        } else {
-            report.usage.map_or(-1, |u| {
-                i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
-            })
-        };
+        let used = report.usage.map_or(-1, |u| {
+            i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
+        });
         let out = report
             .usage
             .map_or(-1, |u| i64::try_from(u.output_tokens).unwrap_or(i64::MAX));

@@ -6,7 +6,6 @@
 //! and tenant, or nothing at all ([`NoAdmission`]). Waiting for admission is not a failed
 //! try: it never spends the session's retry allowance.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,8 +31,6 @@ pub struct Permit {
     pub id: String,
     /// The tokens reserved for the call.
     pub reserved_tokens: u64,
-    /// The permits of each gate, for a permit of [`AllOf`].
-    pub parts: Vec<Permit>,
 }
 
 /// The answer to [`Admission::reserve`].
@@ -63,9 +60,6 @@ pub struct CallReport {
     /// The provider refused the call for its rate limit (HTTP 429, or Anthropic's 529):
     /// `Some(retry_after)`, the wait it asked for when it said.
     pub rate_limited: Option<Option<Duration>>,
-    /// The call never started (a later gate of [`AllOf`] did not admit it): whatever
-    /// was reserved for it is given back whole.
-    pub not_started: bool,
 }
 
 /// The gate every LLM call passes. One value serves one session (the host builds it with
@@ -90,54 +84,4 @@ impl Admission for NoAdmission {
     }
 
     async fn settle(&self, _ask: &CallAsk<'_>, _permit: Permit, _report: &CallReport) {}
-}
-
-/// Every gate must admit a call: asked in order, the first that does not decides. The
-/// permits of the gates before it are settled at once as never started.
-pub struct AllOf {
-    gates: Vec<Arc<dyn Admission>>,
-}
-
-impl AllOf {
-    /// One gate is itself; none admits everything.
-    pub fn of(mut gates: Vec<Arc<dyn Admission>>) -> Arc<dyn Admission> {
-        match gates.len() {
-            0 => Arc::new(NoAdmission),
-            1 => gates.remove(0),
-            _ => Arc::new(AllOf { gates }),
-        }
-    }
-}
-
-#[async_trait]
-impl Admission for AllOf {
-    async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
-        let mut parts = Vec::with_capacity(self.gates.len());
-        for (i, gate) in self.gates.iter().enumerate() {
-            match gate.reserve(ask).await {
-                Admit::Go(p) => parts.push(p),
-                other => {
-                    let unused = CallReport {
-                        not_started: true,
-                        ..CallReport::default()
-                    };
-                    for (g, p) in self.gates[..i].iter().zip(parts) {
-                        g.settle(ask, p, &unused).await;
-                    }
-                    return other;
-                }
-            }
-        }
-        Admit::Go(Permit {
-            id: String::new(),
-            reserved_tokens: parts.iter().map(|p| p.reserved_tokens).max().unwrap_or(0),
-            parts,
-        })
-    }
-
-    async fn settle(&self, ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
-        for (g, p) in self.gates.iter().zip(permit.parts) {
-            g.settle(ask, p, report).await;
-        }
-    }
 }

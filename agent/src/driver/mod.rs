@@ -32,7 +32,7 @@ mod stream;
 mod tools;
 
 pub use crate::state::{BackgroundResult, SuspendReason};
-pub use admission::{Admission, Admit, AllOf, CallAsk, CallReport, NoAdmission, Permit};
+pub use admission::{Admission, Admit, CallAsk, CallReport, NoAdmission, Permit};
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
