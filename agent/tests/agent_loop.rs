@@ -1612,6 +1612,7 @@ use agentq_agent::provider::RateLimitInfo;
 struct ScriptedAdmission {
     answers: Mutex<std::collections::VecDeque<Admit>>,
     asks: Mutex<Vec<(String, u64, u64)>>,
+    max_waits: Mutex<Vec<Duration>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
     granted: std::sync::atomic::AtomicUsize,
 }
@@ -1636,6 +1637,7 @@ impl Admission for ScriptedAdmission {
             ask.input_tokens,
             ask.max_output_tokens,
         ));
+        self.max_waits.lock().unwrap().push(ask.max_wait);
         if let Some(a) = self.answers.lock().unwrap().pop_front() {
             return a;
         }
@@ -1645,6 +1647,7 @@ impl Admission for ScriptedAdmission {
         Admit::Go(Permit {
             id: format!("p{n}"),
             reserved_tokens: ask.input_tokens + ask.max_output_tokens,
+            ..Permit::default()
         })
     }
     async fn settle(&self, _ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
@@ -1986,4 +1989,80 @@ async fn cancel_stops_an_admission_wait() {
     let end = h.agent.run(&mut state, &cancel).await.unwrap();
     assert_eq!(finished(&end).reason, ExitReason::Interrupted);
     assert_eq!(h.provider.requests.lock().unwrap().len(), 0);
+}
+
+fn booked(ms: u64, waits_for: &'static str) -> Admit {
+    Admit::Go(Permit {
+        id: "booked".into(),
+        start_after: Duration::from_millis(ms),
+        waits_for,
+        ..Permit::default()
+    })
+}
+
+#[tokio::test]
+async fn a_booked_start_is_waited_for_without_asking_again() {
+    let mut h = harness(one_turn(text_turn("on time")), vec![]);
+    let admission = ScriptedAdmission::new(vec![booked(40, "rpm")]);
+    h.agent.admission = admission.clone();
+    h.agent.suspend_after = Duration::from_secs(7);
+    let started = std::time::Instant::now();
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("on time"));
+    assert!(started.elapsed() >= Duration::from_millis(40));
+    // One ask, one settle of the booked permit, and the wait shows as a rate limit.
+    assert_eq!(admission.asks.lock().unwrap().len(), 1);
+    let settled = admission.settled();
+    assert_eq!(settled.len(), 1);
+    assert_eq!(settled[0].0.id, "booked");
+    assert!(settled[0].1.usage.is_some());
+    assert_eq!(rate_limited_events(&h), vec![(40, "rpm".to_string())]);
+    // The admission may book no later start than the wait that would suspend the session.
+    assert_eq!(
+        *admission.max_waits.lock().unwrap(),
+        vec![Duration::from_secs(7)]
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_bounds_the_bookable_wait() {
+    let mut h = harness(one_turn(text_turn("ok")), vec![]);
+    let admission = ScriptedAdmission::new(vec![]);
+    h.agent.admission = admission.clone();
+    h.agent.suspend_after = Duration::ZERO;
+    let mut spec = spec();
+    spec.timeout_secs = Some(20);
+    let _ = run(&h, spec).await;
+    let waits = admission.max_waits.lock().unwrap().clone();
+    assert_eq!(waits.len(), 1);
+    assert!(waits[0] <= Duration::from_secs(20) && waits[0] > Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn cancel_during_a_booked_start_settles_the_permit_and_calls_nothing() {
+    let mut h = harness(one_turn(text_turn("never")), vec![]);
+    let admission = ScriptedAdmission::new(vec![booked(20_000, "tpm")]);
+    h.agent.admission = admission.clone();
+    let mut state = SessionState::new("s1", spec());
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    let events = h.events.clone();
+    tokio::spawn(async move {
+        while !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        c2.cancel();
+    });
+    let end = h.agent.run(&mut state, &cancel).await.unwrap();
+    assert_eq!(finished(&end).reason, ExitReason::Interrupted);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 0);
+    let settled = admission.settled();
+    assert_eq!(settled.len(), 1, "the booked place is given back");
+    assert_eq!(settled[0].0.id, "booked");
+    assert_eq!(settled[0].1, CallReport::default());
 }

@@ -132,6 +132,28 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
 
+    // With Redis the workers share the fleet's rate limiter, as `agentq worker` does; the
+    // embedded mode has nothing to share it through.
+    let mut wcfg = wcfg;
+    match cfg.redis_url.as_deref() {
+        Some(redis) => {
+            wcfg.limiter =
+                agentq_core::admission::Limiter::connect(redis, &cfg.limits, shutdown.clone())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot connect the rate limiter to Redis at {}",
+                            crate::stack::redact(redis)
+                        )
+                    })?;
+        }
+        None if !cfg.limits.is_empty() => eprintln!(
+            "agentq dev: the [[limits]] of the configuration are not enforced on the embedded \
+             store (they are counted in Redis: set AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL)"
+        ),
+        None => {}
+    }
+
     let drain_timeout = wcfg.drain_timeout;
     let mut workers = Vec::new();
     for i in 0..args.workers {

@@ -5,13 +5,16 @@
 //! A call falls under every rule whose provider, model glob and tenant match. Each rule
 //! keeps, per provider endpoint and key ([`LlmProvider::limit_key`]), sliding-window
 //! logs of requests and tokens and a set of calls in flight, and one Lua script
-//! (`reserve.lua`, run with `EVALSHA`) checks and records a call under all of its rules
-//! in one atomic round trip: the call goes, or the script says how long until the rule
-//! that binds lets it. A call reserves its prompt estimate plus `max_tokens`, or a
-//! learned average of its model's output (kept in Redis) when that is smaller; `settle`
-//! corrects the tokens by the usage the provider reported and frees the slot. A
-//! reservation of a worker that died is scored by its expiry and purged by the next
-//! reserve after `reservation_ttl_secs`.
+//! (`admit.lua`, run with `EVALSHA`) checks and records a call under all of its rules
+//! in one atomic round trip: the call goes, or goes later at a start the script booked
+//! for it in the first window with room (when the session takes that wait: it then never
+//! asks twice), or the script says how long until the rule that binds lets it. A call
+//! reserves its prompt estimate plus `max_tokens`, or a learned average of its model's
+//! output (kept in Redis) when that is smaller; its settlement corrects the tokens by the
+//! usage the provider reported and frees the slot. A reservation of a worker that died is
+//! scored by its expiry and purged by the next reserve after `reservation_ttl_secs`; a
+//! live call's slot is pushed out every third of that while it runs, so a long call
+//! keeps it.
 //!
 //! # Learned (nothing configured)
 //! - A provider's refusal (429, 529) or an answer announcing a spent window (`remaining`
@@ -22,7 +25,7 @@
 //! - An answer announcing what is left (`x-ratelimit-remaining-*`,
 //!   `anthropic-ratelimit-*-remaining`) sets fleet-wide counters of requests and tokens
 //!   left, expiring at the announced resets; calls on that key then go while they last
-//!   (`learned.lua`, one round trip) and wait for the reset otherwise: the fleet goes at
+//!   (one round trip) and wait for the reset otherwise: the fleet goes at
 //!   the provider's own pace, as its answers report it.
 //! - A key nothing is known of yet is probed: one call per worker goes first and the
 //!   others wait (at most [`PROBE_WAIT`]) for what its answer says, so that a batch does
@@ -32,13 +35,17 @@
 //! # Cost
 //! With no rule matching a call, no hold on its key and no limits announced for it, a call
 //! costs no Redis round trip at all (the holds and the keys that announce limits come
-//! from the periodic read, not from the call). With rules, a call
-//! costs one round trip before it starts (reserve); its settle runs off the call path. A
-//! limiter that cannot reach Redis lets calls through, with a warning and the
-//! `agentq_admission_limiter_errors_total` metric: a limiter outage never fails sessions.
+//! from the periodic read, not from the call). With rules, a call costs one round trip
+//! before it starts. Its settlement is not a round trip of its own: the next reservation
+//! of the same worker carries it, in the same script call, or a writer sends what no
+//! reservation took within [`SETTLE_DELAY`] — at once for what the fleet must hear now (a
+//! hold) or a slot of a rule more than half full. A limiter that cannot reach Redis lets
+//! calls through, with a warning and the `agentq_admission_limiter_errors_total` metric:
+//! a limiter outage never fails sessions (settlements it could not write are kept for the
+//! next round trip).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -67,25 +74,32 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// At most one warning about an unreachable Redis this often.
 const WARN_EVERY_MS: i64 = 10_000;
 
-const PREFIX: &str = "agentq:limit:";
+/// Every key of the limiter carries the hash tag `{limit}`: a Redis Cluster keeps them in
+/// one slot, as the script that touches several of them at once needs.
+const PREFIX: &str = "agentq:{limit}:";
 /// The set of every rule key in use (the admin view lists them).
-pub const INDEX_KEY: &str = "agentq:limit:keys";
+pub const INDEX_KEY: &str = "agentq:{limit}:keys";
 /// Hash: `limit_key|model` → hold until (ms since the epoch).
-pub const HOLDS_KEY: &str = "agentq:limit:holds";
+pub const HOLDS_KEY: &str = "agentq:{limit}:holds";
 /// Hash: `limit_key|model` → when an answer last announced its limits (ms).
-const ANNOUNCED_KEY: &str = "agentq:limit:holds:announced";
-/// Counters of what a key and model have left until their reset, as last announced.
-const LEFT_REQUESTS: &str = "agentq:limit:left:r|";
-const LEFT_TOKENS: &str = "agentq:limit:left:t|";
-/// Hash of the limits (and the longest reset) a key and model announced.
-const ANNOUNCED_LIMITS: &str = "agentq:limit:announced|";
+const ANNOUNCED_KEY: &str = "agentq:{limit}:holds:announced";
+/// The prefix of the counters a key and model announce (what is left until the reset,
+/// and the limits), which the script names from the field.
+const FIELD_PREFIX: &str = "agentq:{limit}:";
 /// The permit of a call that probes a key nothing is known of.
 const PROBE: &str = "probe";
 /// The longest a call waits for another's probe before going anyway.
 const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// Hash: `limit_key|model` → the learned average of output tokens.
-const AVERAGES_KEY: &str = "agentq:limit:avg";
+const AVERAGES_KEY: &str = "agentq:{limit}:avg";
+
+/// A settlement waits this long for the next reservation of its worker to carry it
+/// (so that a call costs one round trip, not two) before it is written on its own.
+const SETTLE_DELAY: Duration = Duration::from_millis(100);
+/// Settlements kept for the next round trip at most; past this the oldest are dropped
+/// (their tokens stay counted as reserved, their slots expire).
+const MAX_PENDING: usize = 10_000;
 
 /// A `[[limits]]` rule, compiled.
 struct Rule {
@@ -136,15 +150,21 @@ pub struct Limiter {
     /// The fleet's holds as last read (and as this worker learned them since).
     holds: RwLock<HashMap<String, i64>>,
     /// The keys (and models) whose answers announce their limits: their calls go
-    /// through what those announced left ([`Limiter::learned`]).
+    /// through what those announced left ([`SessionLimiter::reserve_learned`]).
     announced: RwLock<HashSet<String>>,
     /// Keys nothing is known of yet: one call at a time probes what the provider says.
     probes: Mutex<HashMap<String, Probe>>,
+    /// Settlements not yet written: the next round trip carries them.
+    pending: Mutex<Vec<Settlement>>,
+    /// Wakes the writer of settlements; `urgent` says not to wait for a reservation.
+    flush: Arc<Notify>,
+    urgent: AtomicBool,
+    /// Reservations under a concurrency limit not yet settled: renewed while their call
+    /// runs, so that a call longer than `reservation_ttl_secs` keeps its slot.
+    live: Mutex<HashMap<String, Live>>,
     metrics: &'static Metrics,
     last_warning: AtomicI64,
-    reserve: Script,
-    settle: Script,
-    learned: Script,
+    script: Script,
 }
 
 /// What this worker knows of a key that has no rule.
@@ -154,6 +174,65 @@ enum Probe {
     /// Its answers announce no limits: calls go without a round trip.
     Quiet,
 }
+
+/// A reservation holding calls-in-flight slots.
+struct Live {
+    /// The rule prefixes whose slots it holds.
+    keys: Vec<String>,
+    ttl_ms: i64,
+    /// When to push its expiry out again.
+    renew_at: i64,
+    /// The rules were more than half full when it was admitted: its slot is wanted back
+    /// at once, not with the next reservation.
+    tight: bool,
+}
+
+/// One finished call, as the script's settle part takes it.
+struct Settlement {
+    id: String,
+    used: i64,
+    out: i64,
+    field: String,
+    hold: i64,
+    /// Requests left and their reset, tokens left and their reset, the limits of
+    /// requests and of tokens (-1: not announced).
+    announced: [i64; 6],
+    keys: Vec<String>,
+}
+
+impl Settlement {
+    fn push_args(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        inv.arg(&self.id)
+            .arg(self.used)
+            .arg(self.out)
+            .arg(&self.field)
+            .arg(self.hold)
+            .arg(&self.announced[..])
+            .arg(self.keys.len())
+            .arg(&self.keys);
+    }
+}
+
+/// What a round trip asks for besides the settlements it carries.
+enum Ask<'a> {
+    /// Settle only.
+    Nothing,
+    /// A call under configured rules.
+    Rules {
+        id: &'a str,
+        ttl_ms: u64,
+        ask: &'a CallAsk<'a>,
+        field: &'a str,
+        rules: &'a [&'a Rule],
+        limit_key: &'a str,
+    },
+    /// A call on a key whose answers announce its limits.
+    Learned { field: &'a str, tokens: u64 },
+}
+
+/// The script's answer: go (1), reserved tokens or the wait's ms, the start delay ms,
+/// whether the slot is wanted back promptly (1), and what the delay or wait waits for.
+type Answer = (i64, u64, u64, i64, String);
 
 impl std::fmt::Debug for Limiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,27 +257,29 @@ impl Limiter {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Limiter {
+        Ok(Limiter::with_rules(rules, conn))
+    }
+
+    fn with_rules(rules: Vec<Rule>, conn: Option<ConnectionManager>) -> Limiter {
+        Limiter {
             rules,
             conn,
             holds: RwLock::new(HashMap::new()),
             announced: RwLock::new(HashSet::new()),
             probes: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+            flush: Arc::new(Notify::new()),
+            urgent: AtomicBool::new(false),
+            live: Mutex::new(HashMap::new()),
             metrics: crate::metrics::global(),
             last_warning: AtomicI64::new(i64::MIN),
-            reserve: Script::new(include_str!("admission/reserve.lua")),
-            settle: Script::new(include_str!("admission/settle.lua")),
-            learned: Script::new(include_str!("admission/learned.lua")),
-        })
+            script: Script::new(include_str!("admission/admit.lua")),
+        }
     }
 
     /// A limiter that enforces nothing (hosts without Redis).
     pub fn disabled() -> Arc<Limiter> {
-        match Limiter::new(&[], None) {
-            Ok(l) => Arc::new(l),
-            // No rule, nothing to compile: cannot fail.
-            Err(_) => unreachable_limiter(),
-        }
+        Arc::new(Limiter::with_rules(Vec::new(), None))
     }
 
     fn is_announced(&self, field: &str) -> bool {
@@ -228,8 +309,8 @@ impl Limiter {
         }
     }
 
-    /// Connect to Redis at `url` and start reading the fleet's holds until `cancel` (or
-    /// until the limiter is dropped).
+    /// Connect to Redis at `url` and start reading the fleet's holds and writing this
+    /// worker's settlements until `cancel` (or until the limiter is dropped).
     pub async fn connect(
         url: &str,
         limits: &[LimitSettings],
@@ -243,7 +324,12 @@ impl Limiter {
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let limiter = Arc::new(Limiter::new(limits, Some(conn))?);
-        tokio::spawn(refresh_holds(Arc::downgrade(&limiter), cancel));
+        tokio::spawn(refresh_holds(Arc::downgrade(&limiter), cancel.clone()));
+        tokio::spawn(write_settlements(
+            Arc::downgrade(&limiter),
+            limiter.flush.clone(),
+            cancel,
+        ));
         Ok(limiter)
     }
 
@@ -294,25 +380,117 @@ impl Limiter {
             tracing::warn!(error = %err, "rate limiter {what} failed; letting calls through");
         }
     }
+
+    /// Keep a settlement for the next round trip; wake the writer (at once if `urgent`).
+    fn defer(&self, s: Settlement, urgent: bool) {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.len() >= MAX_PENDING {
+                pending.remove(0);
+            }
+            pending.push(s);
+        }
+        if urgent {
+            self.urgent.store(true, Ordering::Relaxed);
+        }
+        self.flush.notify_one();
+    }
+
+    fn take_pending(&self) -> Vec<Settlement> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Put back settlements a failed round trip carried, before any that came since.
+    fn restore_pending(&self, mut back: Vec<Settlement>) {
+        if back.is_empty() {
+            return;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        back.append(&mut pending);
+        let over = back.len().saturating_sub(MAX_PENDING);
+        back.drain(..over);
+        *pending = back;
+    }
+
+    /// One round trip: the pending settlements, then `ask`. On failure the settlements
+    /// are kept for the next one.
+    async fn round_trip(&self, ask: Ask<'_>, what: &str) -> Option<Answer> {
+        let mut conn = self.conn.clone()?;
+        let settlements = self.take_pending();
+        if settlements.is_empty() && matches!(ask, Ask::Nothing) {
+            return None;
+        }
+        let mut inv = self.script.prepare_invoke();
+        inv.key(AVERAGES_KEY)
+            .key(INDEX_KEY)
+            .key(HOLDS_KEY)
+            .key(ANNOUNCED_KEY)
+            .arg(now_ms())
+            .arg(FIELD_PREFIX)
+            .arg(settlements.len());
+        for s in &settlements {
+            s.push_args(&mut inv);
+        }
+        match ask {
+            Ask::Nothing => {
+                inv.arg("none");
+            }
+            Ask::Rules {
+                id,
+                ttl_ms,
+                ask,
+                field,
+                rules,
+                limit_key,
+            } => {
+                inv.arg("rules")
+                    .arg(id)
+                    .arg(ttl_ms)
+                    .arg(ask.input_tokens)
+                    .arg(ask.max_output_tokens)
+                    .arg(field)
+                    .arg(u64::try_from(ask.max_wait.as_millis()).unwrap_or(u64::MAX))
+                    .arg(rules.len());
+                for r in rules {
+                    let s = &r.settings;
+                    inv.arg(r.key(limit_key))
+                        .arg(r.per_window(s.rpm))
+                        .arg(r.per_window(s.tpm))
+                        .arg(s.concurrency.unwrap_or(0))
+                        .arg(r.window_ms());
+                }
+            }
+            Ask::Learned { field, tokens } => {
+                inv.arg("learned").arg(field).arg(tokens);
+            }
+        }
+        let answer: redis::RedisResult<Answer> = inv.invoke_async(&mut conn).await;
+        match answer {
+            Ok(a) => Some(a),
+            Err(e) => {
+                self.restore_pending(settlements);
+                self.failed_open(what, &e);
+                None
+            }
+        }
+    }
+
+    /// The reservations whose calls-in-flight slots are due to be pushed out, marked
+    /// renewed: (id, rule prefixes, new expiry).
+    fn due_renewals(&self, now: i64) -> Vec<(String, Vec<String>, i64)> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        live.iter_mut()
+            .filter(|(_, l)| l.renew_at <= now)
+            .map(|(id, l)| {
+                l.renew_at = now.saturating_add(l.ttl_ms / 3);
+                (id.clone(), l.keys.clone(), now.saturating_add(l.ttl_ms))
+            })
+            .collect()
+    }
 }
 
-fn unreachable_limiter() -> Arc<Limiter> {
-    Arc::new(Limiter {
-        rules: Vec::new(),
-        conn: None,
-        holds: RwLock::new(HashMap::new()),
-        announced: RwLock::new(HashSet::new()),
-        probes: Mutex::new(HashMap::new()),
-        metrics: crate::metrics::global(),
-        last_warning: AtomicI64::new(i64::MIN),
-        reserve: Script::new(include_str!("admission/reserve.lua")),
-        settle: Script::new(include_str!("admission/settle.lua")),
-        learned: Script::new(include_str!("admission/learned.lua")),
-    })
-}
-
-/// Read the fleet's holds every [`HOLD_REFRESH`] into the limiter, until cancelled or
-/// the limiter is gone.
+/// Read the fleet's holds every [`HOLD_REFRESH`] into the limiter, and renew the slots of
+/// long calls, until cancelled or the limiter is gone.
 async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
     loop {
         tokio::select! {
@@ -323,13 +501,25 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
         let Some(mut conn) = l.conn.clone() else {
             return;
         };
-        let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> = redis::pipe()
-            .cmd("HGETALL")
+        let mut pipe = redis::pipe();
+        pipe.cmd("HGETALL")
             .arg(HOLDS_KEY)
             .cmd("HGETALL")
-            .arg(ANNOUNCED_KEY)
-            .query_async(&mut conn)
-            .await;
+            .arg(ANNOUNCED_KEY);
+        for (id, keys, until) in l.due_renewals(now_ms()) {
+            for k in keys {
+                // XX: a slot already given back (or expired and taken) is not revived.
+                pipe.cmd("ZADD")
+                    .arg(format!("{k}:c"))
+                    .arg("XX")
+                    .arg("GT")
+                    .arg(until)
+                    .arg(&id)
+                    .ignore();
+            }
+        }
+        let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> =
+            pipe.query_async(&mut conn).await;
         match read {
             Ok((remote, announced)) => {
                 for field in announced.keys() {
@@ -346,6 +536,35 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
                 }
             }
             Err(e) => l.failed_open("reading holds", &e),
+        }
+    }
+}
+
+/// Write the settlements no reservation carried: at once when one is urgent, else after
+/// [`SETTLE_DELAY`]. On cancel, what is left is written before it returns.
+async fn write_settlements(limiter: Weak<Limiter>, flush: Arc<Notify>, cancel: CancellationToken) {
+    loop {
+        let stop = tokio::select! {
+            _ = flush.notified() => false,
+            _ = cancel.cancelled() => true,
+        };
+        let Some(l) = limiter.upgrade() else { return };
+        if !stop && !l.urgent.swap(false, Ordering::Relaxed) {
+            drop(l);
+            let stop = tokio::select! {
+                _ = tokio::time::sleep(SETTLE_DELAY) => false,
+                _ = cancel.cancelled() => true,
+            };
+            let Some(l) = limiter.upgrade() else { return };
+            l.round_trip(Ask::Nothing, "settle").await;
+            if stop {
+                return;
+            }
+            continue;
+        }
+        l.round_trip(Ask::Nothing, "settle").await;
+        if stop {
+            return;
         }
     }
 }
@@ -375,34 +594,90 @@ impl SessionLimiter {
     /// what they last said is left (requests, and tokens for its estimate) lasts, and
     /// waits for the reset otherwise. One round trip.
     async fn reserve_learned(&self, field: &str, ask: &CallAsk<'_>) -> Admit {
-        let Some(mut conn) = self.limiter.conn.clone() else {
-            return Admit::Go(Permit::default());
-        };
         let tokens = ask.input_tokens.saturating_add(ask.max_output_tokens);
-        let answer: redis::RedisResult<u64> = self
+        match self
             .limiter
-            .learned
-            .key(format!("{LEFT_REQUESTS}{field}"))
-            .key(format!("{LEFT_TOKENS}{field}"))
-            .key(format!("{ANNOUNCED_LIMITS}{field}"))
-            .arg(tokens)
-            .invoke_async(&mut conn)
-            .await;
-        match answer {
-            Ok(0) => Admit::Go(Permit::default()),
-            // Spread over a tenth of the wait: the first calls past the reset bring back
-            // what the key really has left before the rest go.
-            Ok(wait_ms) => Admit::Wait {
+            .round_trip(Ask::Learned { field, tokens }, "reserve")
+            .await
+        {
+            Some((0, wait_ms, ..)) => Admit::Wait {
+                // Spread over a tenth of the wait: the first calls past the reset bring
+                // back what the key really has left before the rest go.
                 after: Duration::from_millis(
                     wait_ms.saturating_add(jitter((wait_ms / 10).clamp(HOLD_JITTER_MS, 1000))),
                 ),
                 reason: "provider",
             },
-            Err(e) => {
-                self.limiter.failed_open("reserve", &e);
-                Admit::Go(Permit::default())
-            }
+            _ => Admit::Go(Permit::default()),
         }
+    }
+
+    /// A call under configured rules: one round trip, which books a later start when
+    /// the windows are full until then and the caller takes that wait.
+    async fn reserve_rules(&self, field: &str, rules: &[&Rule], ask: &CallAsk<'_>) -> Admit {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let ttl_ms = rules
+            .iter()
+            .map(|r| r.settings.reservation_ttl_secs.saturating_mul(1000))
+            .max()
+            .unwrap_or(300_000);
+        let answer = self
+            .limiter
+            .round_trip(
+                Ask::Rules {
+                    id: &id,
+                    ttl_ms,
+                    ask,
+                    field,
+                    rules,
+                    limit_key: &self.limit_key,
+                },
+                "reserve",
+            )
+            .await;
+        let Some((go, n, delay, tight, why)) = answer else {
+            return Admit::Go(Permit::default());
+        };
+        let why = match why.as_str() {
+            "rpm" => "rpm",
+            "tpm" => "tpm",
+            "concurrency" => "concurrency",
+            _ => "",
+        };
+        if go != 1 {
+            return Admit::Wait {
+                after: Duration::from_millis(n),
+                reason: if why.is_empty() { "concurrency" } else { why },
+            };
+        }
+        let conc: Vec<String> = rules
+            .iter()
+            .filter(|r| r.settings.concurrency.is_some_and(|c| c > 0))
+            .map(|r| r.key(&self.limit_key))
+            .collect();
+        if !conc.is_empty() {
+            let ttl = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
+            let delay = i64::try_from(delay).unwrap_or(i64::MAX);
+            self.limiter
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(
+                    id.clone(),
+                    Live {
+                        keys: conc,
+                        ttl_ms: ttl,
+                        renew_at: now_ms().saturating_add(delay).saturating_add(ttl / 3),
+                        tight: tight == 1,
+                    },
+                );
+        }
+        Admit::Go(Permit {
+            id,
+            reserved_tokens: n,
+            start_after: Duration::from_millis(delay),
+            waits_for: why,
+        })
     }
 }
 
@@ -424,7 +699,7 @@ impl Admission for SessionLimiter {
                 };
             }
             if !rules.is_empty() {
-                break;
+                return self.reserve_rules(&field, &rules, ask).await;
             }
             if self.limiter.conn.is_none() {
                 return Admit::Go(Permit::default());
@@ -466,56 +741,16 @@ impl Admission for SessionLimiter {
             let _ = tokio::time::timeout(PROBE_WAIT, waiting).await;
             waited_for_probe = true;
         }
-        let Some(mut conn) = self.limiter.conn.clone() else {
-            return Admit::Go(Permit::default());
-        };
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let ttl_ms = rules
-            .iter()
-            .map(|r| r.settings.reservation_ttl_secs.saturating_mul(1000))
-            .max()
-            .unwrap_or(300_000);
-        let mut inv = self.limiter.reserve.prepare_invoke();
-        inv.key(AVERAGES_KEY).key(INDEX_KEY);
-        for r in &rules {
-            inv.key(r.key(&self.limit_key));
-        }
-        inv.arg(now_ms())
-            .arg(&id)
-            .arg(ttl_ms)
-            .arg(ask.input_tokens)
-            .arg(ask.max_output_tokens)
-            .arg(&field);
-        for r in &rules {
-            let s = &r.settings;
-            inv.arg(r.per_window(s.rpm))
-                .arg(r.per_window(s.tpm))
-                .arg(s.concurrency.unwrap_or(0))
-                .arg(r.window_ms());
-        }
-        let answer: redis::RedisResult<(i64, u64, String)> = inv.invoke_async(&mut conn).await;
-        match answer {
-            Ok((1, tokens, _)) => Admit::Go(Permit {
-                id,
-                reserved_tokens: tokens,
-            }),
-            Ok((_, wait_ms, reason)) => Admit::Wait {
-                after: Duration::from_millis(wait_ms),
-                reason: match reason.as_str() {
-                    "rpm" => "rpm",
-                    "tpm" => "tpm",
-                    _ => "concurrency",
-                },
-            },
-            Err(e) => {
-                self.limiter.failed_open("reserve", &e);
-                Admit::Go(Permit::default())
-            }
-        }
     }
 
     async fn settle(&self, ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
         let field = self.field(ask.model);
+        let live = self
+            .limiter
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&permit.id);
         let hold = hold_for(report)
             .map(|d| now_ms().saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)));
         if let Some(until) = hold {
@@ -538,68 +773,49 @@ impl Admission for SessionLimiter {
                 .map(|r| r.key(&self.limit_key))
                 .collect()
         };
-        let conn = self.limiter.conn.clone();
-        let Some(mut conn) = conn.filter(|_| !keys.is_empty() || hold.is_some() || left.is_some())
-        else {
+        if self.limiter.conn.is_none() || (keys.is_empty() && hold.is_none() && left.is_none()) {
             if let Some(found) = probe {
                 self.limiter.end_probe(&field, found);
             }
             return;
-        };
+        }
         let ms = |d: Option<Duration>| {
             d.map_or(-1, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         };
         let count = |n: Option<u64>| n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
-        let announced = [
-            count(left.and_then(|l| l.remaining_requests)),
-            ms(left.and_then(|l| l.reset_requests)),
-            count(left.and_then(|l| l.remaining_tokens)),
-            ms(left.and_then(|l| l.reset_tokens)),
-            count(left.and_then(|l| l.limit_requests)),
-            count(left.and_then(|l| l.limit_tokens)),
-        ];
-        let used = report.usage.map_or(-1, |u| {
-            i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
-        });
-        let out = report
-            .usage
-            .map_or(-1, |u| i64::try_from(u.output_tokens).unwrap_or(i64::MAX));
-        let limiter = self.limiter.clone();
-        let id = permit.id;
-        let probed = field.clone();
-        let write = async move {
-            let mut inv = limiter.settle.prepare_invoke();
-            inv.key(AVERAGES_KEY).key(HOLDS_KEY);
-            for k in &keys {
-                inv.key(k);
-            }
-            inv.arg(&id)
-                .arg(used)
-                .arg(out)
-                .arg(&field)
-                .arg(&field)
-                .arg(hold.unwrap_or(0))
-                .arg(now_ms())
-                .arg(&announced[..4])
-                .arg(format!("{LEFT_REQUESTS}{field}"))
-                .arg(format!("{LEFT_TOKENS}{field}"))
-                .arg(&announced[4..])
-                .arg(format!("{ANNOUNCED_LIMITS}{field}"));
-            let done: redis::RedisResult<i64> = inv.invoke_async(&mut conn).await;
-            if let Err(e) = done {
-                limiter.failed_open("settle", &e);
-            }
+        let settlement = Settlement {
+            id: permit.id,
+            used: report.usage.map_or(-1, |u| {
+                i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
+            }),
+            out: report
+                .usage
+                .map_or(-1, |u| i64::try_from(u.output_tokens).unwrap_or(i64::MAX)),
+            field: field.clone(),
+            hold: hold.unwrap_or(0),
+            announced: [
+                count(left.and_then(|l| l.remaining_requests)),
+                ms(left.and_then(|l| l.reset_requests)),
+                count(left.and_then(|l| l.remaining_tokens)),
+                ms(left.and_then(|l| l.reset_tokens)),
+                count(left.and_then(|l| l.limit_requests)),
+                count(left.and_then(|l| l.limit_tokens)),
+            ],
+            keys,
         };
         match probe {
             // A probe's answer is recorded before the calls waiting for it go, so that
             // they count against what it announced (once per key and worker).
             Some(found) => {
-                write.await;
-                self.limiter.end_probe(&probed, found);
+                self.limiter.defer(settlement, false);
+                self.limiter.round_trip(Ask::Nothing, "settle").await;
+                self.limiter.end_probe(&field, found);
             }
-            // Off the call path: the session goes on while its slot is given back.
+            // Off the call path: the next reservation of this worker carries it, unless
+            // the fleet should hear of it now (a hold) or its slot is wanted back.
             None => {
-                tokio::spawn(write);
+                let urgent = hold.is_some() || live.is_some_and(|l| l.tight);
+                self.limiter.defer(settlement, urgent);
             }
         }
     }

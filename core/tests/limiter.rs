@@ -43,6 +43,7 @@ fn ask(input: u64, max_out: u64) -> CallAsk<'static> {
         model: "gpt-4o",
         input_tokens: input,
         max_output_tokens: max_out,
+        max_wait: Duration::ZERO,
     }
 }
 
@@ -393,4 +394,169 @@ async fn what_a_key_announces_paces_it_and_a_quiet_key_costs_nothing() {
     for _ in 0..50 {
         assert!(matches!(quiet.reserve(&a).await, Admit::Go(p) if p.id.is_empty()));
     }
+}
+
+/// Script calls (round trips of the limiter) the server has run so far.
+async fn script_calls(conn: &mut redis::aio::ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !name.starts_with("eval") {
+                return None;
+            }
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// The server's first run of the script loads it (a refused `EVALSHA`, then `EVAL`): have
+/// that done, on a key of its own, before counting round trips.
+async fn warm_up(l: &Arc<Limiter>) {
+    let gate = l.for_session("t", &provider("warm-up"));
+    let p = admitted(&*gate, &ask(1, 1)).await;
+    gate.settle(&ask(1, 1), p, &CallReport::default()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test]
+async fn a_full_window_books_the_next_start_and_the_call_asks_once() {
+    let server = RedisServer::start().unwrap();
+    // 10 per one-second window (1050 ms with its arrival guard).
+    let rules = [limit("provider = \"openai\"\nrpm = 600\nwindow_secs = 1")];
+    let l = limiter(&server, &rules).await;
+    let gate = l.for_session("t", &provider("k"));
+    let mut conn = raw(&server).await;
+    warm_up(&l).await;
+    let a = CallAsk {
+        max_wait: Duration::from_millis(2_000),
+        ..ask(1, 1)
+    };
+    let before = script_calls(&mut conn).await;
+    let mut starts = Vec::new();
+    let mut refused = None;
+    for _ in 0..25 {
+        match gate.reserve(&a).await {
+            Admit::Go(p) => starts.push((p.start_after, p.waits_for)),
+            Admit::Wait { after, reason } => {
+                refused = Some((after, reason));
+                break;
+            }
+            Admit::Exhausted { message, .. } => panic!("{message}"),
+        }
+    }
+    // Ten now, ten booked a window later; the next would wait past what the call takes,
+    // so it is told to wait (and nothing is booked for it).
+    assert_eq!(starts.len(), 20, "{starts:?}");
+    assert!(
+        starts[..10]
+            .iter()
+            .all(|(d, w)| d.is_zero() && w.is_empty())
+    );
+    assert!(
+        starts[10..]
+            .iter()
+            .all(|(d, w)| *d > Duration::from_millis(900)
+                && *d <= Duration::from_millis(1050)
+                && *w == "rpm"),
+        "{starts:?}"
+    );
+    let (after, reason) = refused.expect("the third window is past max_wait");
+    assert_eq!(reason, "rpm");
+    assert!(after > Duration::from_millis(2_000), "{after:?}");
+    // One round trip per call, the refused one included.
+    assert_eq!(script_calls(&mut conn).await - before, 21);
+    let state = read_state(&mut conn).await.unwrap();
+    assert_eq!(state.rules[0].requests, 20, "the refusal booked nothing");
+}
+
+#[tokio::test]
+async fn a_settlement_rides_on_the_next_reservation() {
+    let server = RedisServer::start().unwrap();
+    let rules = [limit("provider = \"openai\"\ntpm = 100000")];
+    let l = limiter(&server, &rules).await;
+    let gate = l.for_session("t", &provider("k"));
+    let mut conn = raw(&server).await;
+    warm_up(&l).await;
+    let a = ask(100, 400);
+    let used = CallReport {
+        usage: Some(Usage {
+            input_tokens: 60,
+            output_tokens: 40,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let before = script_calls(&mut conn).await;
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let Admit::Go(p) = gate.reserve(&a).await else {
+            panic!()
+        };
+        gate.settle(&a, p, &used).await;
+    }
+    // Twenty calls, twenty round trips: each reservation carried the settlement before
+    // it, and the last is written on its own once no reservation came for it. The
+    // writer also sends, at most once per 100 ms, what no reservation took in that time
+    // (none here, unless the loop itself took that long).
+    let slack = u64::try_from(started.elapsed().as_millis() / 100).unwrap();
+    let calls = script_calls(&mut conn).await - before;
+    assert!((20..=20 + slack).contains(&calls), "{calls} round trips");
+    for _ in 0..200 {
+        if read_state(&mut conn).await.unwrap().rules[0].tokens == 20 * 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(read_state(&mut conn).await.unwrap().rules[0].tokens, 2_000);
+    let calls = script_calls(&mut conn).await - before;
+    assert!((21..=21 + slack).contains(&calls), "{calls} round trips");
+}
+
+#[tokio::test]
+async fn a_call_longer_than_its_reservation_keeps_its_slot() {
+    let server = RedisServer::start().unwrap();
+    let rules = [limit(
+        "provider = \"openai\"\nconcurrency = 1\nreservation_ttl_secs = 1",
+    )];
+    let w1 = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    let w2 = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    let long = admitted(&*w1, &ask(1, 1)).await;
+    // Three reservation lives later the call still runs, and still holds the slot.
+    for _ in 0..30 {
+        assert!(
+            matches!(
+                w2.reserve(&ask(1, 1)).await,
+                Admit::Wait {
+                    reason: "concurrency",
+                    ..
+                }
+            ),
+            "the running call's slot expired under it"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settled: the slot is given back at once (the rule is full, so it is not deferred).
+    w1.settle(&ask(1, 1), long, &CallReport::default()).await;
+    let mut got = false;
+    for _ in 0..50 {
+        if let Admit::Go(p) = w2.reserve(&ask(1, 1)).await {
+            assert!(!p.id.is_empty());
+            got = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(got, "the slot was not given back");
 }

@@ -22,6 +22,10 @@ pub struct CallAsk<'a> {
     pub input_tokens: u64,
     /// The request's `max_tokens`: the most the answer can cost.
     pub max_output_tokens: u64,
+    /// The longest the call may be told to wait before it starts ([`Permit::start_after`]):
+    /// an admission that can book a later start takes no more than this. Zero books
+    /// nothing: the answer is go now, or wait and ask again.
+    pub max_wait: Duration,
 }
 
 /// Leave to start a call, handed back to [`Admission::settle`] when the call has ended.
@@ -31,6 +35,13 @@ pub struct Permit {
     pub id: String,
     /// The tokens reserved for the call.
     pub reserved_tokens: u64,
+    /// The call is admitted from this long on, not before: the admission booked its
+    /// place in a window that has room then (at most [`CallAsk::max_wait`]), so the
+    /// caller waits and starts without asking again. The permit is settled in any case,
+    /// a call abandoned before its start too.
+    pub start_after: Duration,
+    /// What the booked wait waits for (`rpm`, `tpm`), empty when there is none.
+    pub waits_for: &'static str,
 }
 
 /// The answer to [`Admission::reserve`].

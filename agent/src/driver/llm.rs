@@ -165,6 +165,7 @@ impl Agent {
                 model: &request.model,
                 input_tokens: estimate_input_tokens(request),
                 max_output_tokens: u64::from(request.max_tokens),
+                max_wait: self.bookable_wait(state),
             },
         };
         let max_retries = state.spec.max_llm_retries.unwrap_or(self.max_llm_retries);
@@ -220,12 +221,50 @@ impl Agent {
         }
     }
 
+    /// The longest start the admission may book for a call of this session: no later
+    /// than the wait that would suspend it, nor past its deadline.
+    fn bookable_wait(&self, state: &SessionState) -> Duration {
+        let mut most = if self.suspend_after.is_zero() {
+            Duration::MAX
+        } else {
+            self.suspend_after
+        };
+        if let Some(deadline) = state.deadline() {
+            let left = (deadline - chrono::Utc::now()).to_std().unwrap_or_default();
+            most = most.min(left);
+        }
+        most
+    }
+
     /// Ask the admission until it lets the try start (`Ok`), or the call cannot go on.
     async fn admit(&self, ctx: &CallCtx<'_>, state: &SessionState) -> Result<Permit, Attempt> {
         let started = Instant::now();
         loop {
             match self.admission.reserve(&ctx.ask).await {
                 Admit::Go(permit) => {
+                    if !permit.start_after.is_zero() {
+                        self.events.emit(
+                            ctx.seq,
+                            AgentEvent::RateLimited {
+                                wait_ms: u64::try_from(permit.start_after.as_millis())
+                                    .unwrap_or(u64::MAX),
+                                reason: permit.waits_for.to_string(),
+                            },
+                        );
+                        let stop = tokio::select! {
+                            _ = tokio::time::sleep(permit.start_after) => None,
+                            _ = ctx.cancel.cancelled() => {
+                                Some(Attempt::Ended(Outcome::new(ExitReason::Interrupted)))
+                            }
+                            _ = ctx.interrupt.cancelled() => Some(Attempt::Interrupted),
+                        };
+                        if let Some(stop) = stop {
+                            self.admission
+                                .settle(&ctx.ask, permit, &CallReport::default())
+                                .await;
+                            return Err(stop);
+                        }
+                    }
                     self.observer.admission_wait(
                         ctx.provider,
                         &ctx.request.model,
