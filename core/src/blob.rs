@@ -37,7 +37,19 @@ pub trait BlobStore: Send + Sync {
     /// Delete these blobs (unknown keys are ignored). The collector's last step; nothing
     /// else deletes a blob.
     async fn delete_blobs(&self, keys: &[String]) -> Result<()>;
+
+    /// The largest content a checkpoint may carry itself ([`crate::Checkpoint::blobs`]),
+    /// stored by the commit's own statement instead of uploaded before it; 0 when
+    /// contents live elsewhere (an object store) and are always uploaded first.
+    fn inline_limit(&self) -> u64 {
+        0
+    }
 }
+
+/// [`BlobStore::inline_limit`] of a store that keeps contents in the database: small
+/// files, the common case of a tool round, ride on the commit; larger ones are uploaded
+/// first (checked for presence, so a content stored already is not sent again).
+pub const INLINE_BLOB_BYTES: u64 = 64 * 1024;
 
 /// Refuse a blob whose key is not its content's hash.
 pub(crate) fn check_keys(blobs: &[(String, Vec<u8>)]) -> Result<()> {

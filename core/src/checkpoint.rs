@@ -4,6 +4,8 @@
 //! written by either store without touching the state again. Its texts are in their
 //! stored form already (`crate::sql::escape`), which both stores write as they are.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 
 use agentq_agent::spec::ExitReason;
@@ -11,7 +13,7 @@ use agentq_agent::state::{Phase, SessionState};
 
 use crate::rowconv::{to_i32, to_i64};
 use crate::sql::escape::{escape_text, to_stored_json};
-use crate::workspace::FileChange;
+use crate::workspace::{FileChange, sha256_hex};
 use crate::{Error, Lease, Result, SessionStatus};
 
 /// `state.messages[from..]` and the row's scalars, fenced by `lease`.
@@ -45,6 +47,13 @@ pub struct Checkpoint {
     /// stored already); empty for a step that changed no file, which then writes exactly
     /// what it wrote before workspaces were durable.
     pub files: Vec<FileChange>,
+    /// Contents of `files` the commit carries itself, by key: stored in the same
+    /// statement as the manifest change that references them (a store that keeps
+    /// contents in the database offers this, [`crate::blob::BlobStore::inline_limit`]);
+    /// the other contents of `files` were stored before. Each key is its bytes' SHA-256,
+    /// which whoever reads the bytes checks (a wrong key would serve other trees the wrong
+    /// content).
+    pub blobs: Vec<(String, Arc<Vec<u8>>)>,
 }
 
 /// The terminal part of a final checkpoint; its texts as stored.
@@ -96,13 +105,30 @@ impl Checkpoint {
             }),
             history_len,
             files: Vec::new(),
+            blobs: Vec::new(),
         })
     }
 
-    /// The same checkpoint, committing `files` too.
-    pub fn with_files(mut self, files: Vec<FileChange>) -> Self {
+    /// The same checkpoint, committing `files` too, with the contents in `blobs` stored by
+    /// the commit itself (their keys as [`Checkpoint::blobs`] requires).
+    pub fn with_files(
+        mut self,
+        files: Vec<FileChange>,
+        blobs: Vec<(String, Arc<Vec<u8>>)>,
+    ) -> Self {
+        debug_assert!(blobs.iter().all(|(k, d)| sha256_hex(d) == *k));
         self.files = files;
+        self.blobs = blobs;
         self
+    }
+
+    /// The same checkpoint without the contents it carried (they are stored): what is
+    /// kept of it after its commit.
+    pub fn without_blobs(&self) -> Self {
+        Checkpoint {
+            blobs: Vec::new(),
+            ..self.clone()
+        }
     }
 
     /// The history position a file this checkpoint changes was last modified at: the

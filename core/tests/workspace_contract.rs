@@ -111,6 +111,7 @@ contract_tests!(
     contract_input_files_and_forks,
     contract_checkpoint_commits_file_changes,
     contract_group_commit_of_one_tree,
+    contract_a_commit_carries_its_contents,
     contract_blobs_by_content,
     contract_expiry_and_collection,
 );
@@ -171,7 +172,7 @@ async fn step(
         .push(Message::assistant(format!("step {from}")));
     let cp = Checkpoint::new(lease, state, from)
         .unwrap()
-        .with_files(files);
+        .with_files(files, vec![]);
     store
         .checkpoint_batch(&[&cp])
         .await?
@@ -376,7 +377,7 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Store) {
     state2.outcome = Some(Outcome::new(ExitReason::Stop));
     let cp = Checkpoint::new(&lease2, &state2, from)
         .unwrap()
-        .with_files(vec![fin]);
+        .with_files(vec![fin], vec![]);
     store
         .checkpoint_batch(&[&cp])
         .await
@@ -429,7 +430,7 @@ async fn contract_group_commit_of_one_tree(store: &dyn Store) {
         cps.push(
             Checkpoint::new(lease, state, from)
                 .unwrap()
-                .with_files(files),
+                .with_files(files, vec![]),
         );
     }
     let refs: Vec<&Checkpoint> = cps.iter().collect();
@@ -452,6 +453,107 @@ async fn contract_group_commit_of_one_tree(store: &dyn Store) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A change whose content the checkpoint carries, not stored before.
+fn carried(path: &str, data: &[u8]) -> (FileChange, (String, Arc<Vec<u8>>)) {
+    let key = sha256_hex(data);
+    (
+        FileChange {
+            path: path.into(),
+            blob: Some(BlobRef {
+                sha256: key.clone(),
+                size: data.len() as u64,
+            }),
+        },
+        (key, Arc::new(data.to_vec())),
+    )
+}
+
+async fn contract_a_commit_carries_its_contents(store: &dyn Store) {
+    let (parent, _) = store
+        .create_session(&with_files("parent", "default", vec![]))
+        .await
+        .unwrap();
+    let mut child = NewSession::root(SessionSpec::new("child"), "default");
+    child.root_id = parent.root_id.clone();
+    child.parent_id = Some(parent.id.clone());
+    child.depth = 1;
+    let (child, _) = store.create_session(&child).await.unwrap();
+    let (pl, mut ps) = acquire(store, &parent.id, "w").await;
+    let (cl, mut cs) = acquire(store, &child.id, "w").await;
+    // One content carried by two checkpoints of one batch (and a second, new one), and a
+    // content stored already carried again: each is stored once, with its references.
+    let stored = put(store, "old.txt", b"stored before").await;
+    let (a, a_blob) = carried("a.txt", b"carried twice");
+    let (b, b_blob) = carried("b.txt", b"carried twice");
+    let (c, c_blob) = carried("c.txt", b"only here");
+    let (again, again_blob) = carried("again.txt", b"stored before");
+    assert_eq!(again.blob, stored.blob);
+    let mut cps = Vec::new();
+    for (lease, state, files, blobs) in [
+        (
+            &pl,
+            &mut ps,
+            vec![a, again],
+            vec![a_blob.clone(), again_blob],
+        ),
+        (&cl, &mut cs, vec![b, c], vec![b_blob, c_blob]),
+    ] {
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("x"));
+        cps.push(
+            Checkpoint::new(lease, state, from)
+                .unwrap()
+                .with_files(files, blobs),
+        );
+    }
+    let refs: Vec<&Checkpoint> = cps.iter().collect();
+    for r in store.checkpoint_batch(&refs).await.unwrap() {
+        r.unwrap();
+    }
+    let root = &parent.root_id;
+    assert_eq!(bytes(store, root, "a.txt").await.unwrap(), b"carried twice");
+    assert_eq!(bytes(store, root, "b.txt").await.unwrap(), b"carried twice");
+    assert_eq!(bytes(store, root, "c.txt").await.unwrap(), b"only here");
+    assert_eq!(
+        bytes(store, root, "again.txt").await.unwrap(),
+        b"stored before"
+    );
+    assert_eq!(
+        store.get_blob(&a_blob.0).await.unwrap().unwrap(),
+        b"carried twice"
+    );
+    assert!(
+        store
+            .missing_blobs(&[a_blob.0.clone()])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A worker whose lease is gone commits none of its changes, carried contents or not.
+    store
+        .heartbeat(std::slice::from_ref(&pl), Duration::from_millis(1))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (_pl2, _) = acquire(store, &parent.id, "w2").await;
+    let (late, late_blob) = carried("a.txt", b"from the dead worker");
+    let from = ps.messages.len();
+    ps.messages.push(Message::assistant("late"));
+    let cp = Checkpoint::new(&pl, &ps, from)
+        .unwrap()
+        .with_files(vec![late], vec![late_blob]);
+    let err = store
+        .checkpoint_batch(&[&cp])
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
+    assert_eq!(bytes(store, root, "a.txt").await.unwrap(), b"carried twice");
 }
 
 async fn contract_blobs_by_content(store: &dyn Store) {

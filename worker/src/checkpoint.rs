@@ -180,7 +180,11 @@ impl Checkpointer for StoreCheckpointer {
             Err(e) => return Err(self.refuse(state, from, &e)),
         };
         let mut files = self.collect_files(&state.session_id, started).await;
-        let cp = Arc::new(cp.with_files(std::mem::take(&mut files.changes)));
+        let carried = !files.blobs.is_empty();
+        let cp = Arc::new(cp.with_files(
+            std::mem::take(&mut files.changes),
+            std::mem::take(&mut files.blobs),
+        ));
         if self.already_durable(&cp) {
             self.files_committed(files);
             return self.after_commit(state);
@@ -192,7 +196,13 @@ impl Checkpointer for StoreCheckpointer {
                 Ok(row) => {
                     self.files_committed(std::mem::take(&mut files));
                     self.metrics.observe_checkpoint(t.elapsed());
-                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(cp);
+                    // The contents it carried are stored: not kept in memory with it.
+                    let kept = if carried {
+                        Arc::new(cp.without_blobs())
+                    } else {
+                        cp
+                    };
+                    *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
                     if row.is_some() {
                         *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = row;
                     }

@@ -32,6 +32,10 @@ use agentq_core::workspace::{BlobRef, FileChange, FileEntry, sha256_hex, valid_p
 /// Entries a walk of the directory visits at most.
 const WALK_MAX_ENTRIES: usize = 200_000;
 
+/// Bytes of contents one commit carries at most ([`Pending::blobs`]); past this, changed
+/// files are uploaded before the commit.
+const INLINE_COMMIT_BYTES: u64 = 256 * 1024;
+
 /// Bytes of blobs uploaded in one call, at most (more than one file's worth only when
 /// files are small).
 const UPLOAD_BATCH_BYTES: usize = 8 * 1024 * 1024;
@@ -413,6 +417,8 @@ pub struct TreeSync {
 #[derive(Debug, Default)]
 pub struct Pending {
     pub changes: Vec<FileChange>,
+    /// Contents of `changes` the commit carries itself (not uploaded before it).
+    pub blobs: Vec<(String, Arc<Vec<u8>>)>,
     /// The index as it will be once the changes are committed (the paths they touch).
     index: Vec<(String, Option<Indexed>)>,
     /// What was taken from the workspace's record, put back if the commit fails.
@@ -478,15 +484,16 @@ impl TreeSync {
                 return Err(e);
             }
         };
-        match self.upload(&found).await {
-            Ok(()) => {}
+        let blobs = match self.upload(&found).await {
+            Ok(b) => b,
             Err(e) => {
                 self.workspace.restore_changes(taken);
                 return Err(e);
             }
-        }
+        };
         let mut pending = Pending {
             taken,
+            blobs,
             ..Pending::default()
         };
         for (path, found) in found {
@@ -514,19 +521,36 @@ impl TreeSync {
         Ok(pending)
     }
 
-    /// Upload the changed contents the store does not hold yet.
-    async fn upload(&self, found: &[(String, Found)]) -> Result<(), Error> {
-        let keys: Vec<String> = found
-            .iter()
-            .filter_map(|(_, f)| match f {
-                Found::Changed(i) => Some(i.sha256.clone()),
-                _ => None,
-            })
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+    /// The changed contents for the commit to carry (small ones, up to the store's
+    /// [`inline limit`](agentq_core::blob::BlobStore::inline_limit) and
+    /// [`INLINE_COMMIT_BYTES`] in all), read here; and the others uploaded now, those the
+    /// store does not hold yet.
+    async fn upload(
+        &self,
+        found: &[(String, Found)],
+    ) -> Result<Vec<(String, Arc<Vec<u8>>)>, Error> {
+        let limit = self.store.inline_limit();
+        let mut carried: Vec<(String, Arc<Vec<u8>>)> = Vec::new();
+        let mut carried_bytes = 0u64;
+        let mut keys = BTreeSet::new();
+        for (path, f) in found {
+            let Found::Changed(i) = f else { continue };
+            if keys.contains(&i.sha256) || carried.iter().any(|(k, _)| *k == i.sha256) {
+                continue;
+            }
+            let fits =
+                i.size <= limit && carried_bytes.saturating_add(i.size) <= INLINE_COMMIT_BYTES;
+            if !fits {
+                keys.insert(i.sha256.clone());
+                continue;
+            }
+            let data = self.read_checked(path, &i.sha256).await?;
+            carried_bytes = carried_bytes.saturating_add(i.size);
+            carried.push((i.sha256.clone(), Arc::new(data)));
+        }
+        let keys: Vec<String> = keys.into_iter().collect();
         if keys.is_empty() {
-            return Ok(());
+            return Ok(carried);
         }
         let missing: BTreeSet<String> =
             self.store.missing_blobs(&keys).await?.into_iter().collect();
@@ -538,14 +562,7 @@ impl TreeSync {
             if !missing.contains(&i.sha256) || !sent.insert(i.sha256.clone()) {
                 continue;
             }
-            let abs = self.cache.dir.join(path);
-            let data = blocking(move || std::fs::read(&abs).map_err(io(&abs))).await?;
-            if sha256_hex(&data) != i.sha256 {
-                // Changed again since it was hashed: its later state is the next commit's.
-                return Err(Error::Data(format!(
-                    "{path} changed while it was committed"
-                )));
-            }
+            let data = self.read_checked(path, &i.sha256).await?;
             bytes = bytes.saturating_add(data.len());
             batch.push((i.sha256.clone(), data));
             if bytes >= UPLOAD_BATCH_BYTES {
@@ -557,7 +574,20 @@ impl TreeSync {
         if !batch.is_empty() {
             self.store.put_blobs(&batch).await?;
         }
-        Ok(())
+        Ok(carried)
+    }
+
+    /// The bytes of `path`, which must still hash to `sha256`.
+    async fn read_checked(&self, path: &str, sha256: &str) -> Result<Vec<u8>, Error> {
+        let abs = self.cache.dir.join(path);
+        let data = blocking(move || std::fs::read(&abs).map_err(io(&abs))).await?;
+        if sha256_hex(&data) != sha256 {
+            // Changed again since it was hashed: its later state is the next commit's.
+            return Err(Error::Data(format!(
+                "{path} changed while it was committed"
+            )));
+        }
+        Ok(data)
     }
 
     /// The changes are committed: the index says so.

@@ -104,8 +104,12 @@ async fn changes_are_found_for_the_next_commit() {
     let p = sync.collect().await.unwrap();
     let paths: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
     assert_eq!(paths, vec!["tool.txt"]);
+    // A small content rides on the commit: nothing is uploaded before it.
     let key = p.changes[0].blob.clone().unwrap().sha256;
-    assert_eq!(store.get_blob(&key).await.unwrap().unwrap(), b"by a tool");
+    assert_eq!(p.blobs.len(), 1);
+    assert_eq!(p.blobs[0].0, key);
+    assert_eq!(p.blobs[0].1.as_slice(), b"by a tool");
+    assert!(store.get_blob(&key).await.unwrap().is_none());
     sync.committed(p);
 
     // A shell command changed things behind the tools' back: a rescan finds them. A file

@@ -106,8 +106,17 @@ const BATCH_ANSWER: &str = "SELECT id, fin, fin_spec FROM upd";
 /// A batch's manifest changes, part of the same statement: only for sessions whose lease
 /// held (from `upd`), a deletion where the content is NULL, else an upsert. `$28..$32`
 /// are one array per column (one element per change: session id, path, content key,
-/// size, seq); a (tree, path) appears once in a batch.
-const FILES_CTES: &str = ", fdel AS (
+/// size, seq); a (tree, path) appears once in a batch. `$33..$35` are the contents the
+/// checkpoints carry (key, size, bytes; each key once), stored here with the rows that
+/// reference them, whatever became of the leases: a content no commit references is the
+/// collector's after its grace period, and one another session's commit references must
+/// not depend on whose lease held.
+const FILES_CTES: &str = ", bput AS (
+    INSERT INTO blobs (sha256, size, data)
+    SELECT * FROM UNNEST($33::text[], $34::bigint[], $35::bytea[])
+    ON CONFLICT (sha256) DO UPDATE SET touched_at = now(),
+        data = COALESCE(blobs.data, EXCLUDED.data)
+), fdel AS (
     DELETE FROM workspace_files w
     USING UNNEST($28::text[], $29::text[], $30::text[]) AS f(id, path, sha256), upd
     WHERE f.sha256 IS NULL AND upd.id = f.id AND w.root_id = upd.root_id
@@ -212,6 +221,9 @@ struct BatchColumns<'a> {
     f_keys: Vec<Option<&'a str>>,
     f_sizes: Vec<i64>,
     f_seqs: Vec<i64>,
+    b_keys: Vec<&'a str>,
+    b_sizes: Vec<i64>,
+    b_data: Vec<&'a [u8]>,
 }
 
 impl<'a> BatchColumns<'a> {
@@ -278,7 +290,30 @@ impl<'a> BatchColumns<'a> {
             }
         }
         c.add_files(batch);
+        c.add_blobs(batch);
         c
+    }
+
+    /// The contents the batch carries, each key once (an upsert may not touch a row twice
+    /// in one statement).
+    fn add_blobs(&mut self, batch: &[&'a Checkpoint]) {
+        let mut seen = std::collections::HashSet::new();
+        for cp in batch {
+            for (key, data) in &cp.blobs {
+                if !seen.insert(key.as_str()) {
+                    continue;
+                }
+                self.b_keys.push(key.as_str());
+                self.b_sizes
+                    .push(i64::try_from(data.len()).unwrap_or(i64::MAX));
+                self.b_data.push(data.as_slice());
+            }
+        }
+    }
+
+    /// Whether the batch writes workspace rows: then its statement has [`FILES_CTES`].
+    fn has_files(&self) -> bool {
+        !self.f_ids.is_empty() || !self.b_keys.is_empty()
     }
 
     /// The manifest changes, each (tree, path) once: two sessions of one tree in a batch
@@ -327,10 +362,10 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let c = BatchColumns::of(batch);
-        let sql = if c.f_ids.is_empty() {
-            CHECKPOINT_BATCH
-        } else {
+        let sql = if c.has_files() {
             CHECKPOINT_BATCH_FILES.as_str()
+        } else {
+            CHECKPOINT_BATCH
         };
         let q = sqlx::query_as(sql)
             .bind(&c.roots)
@@ -360,14 +395,17 @@ impl PgStore {
             .bind(&c.m_ids)
             .bind(&c.m_seqs)
             .bind(&c.m_bodies);
-        let q = if c.f_ids.is_empty() {
-            q
-        } else {
+        let q = if c.has_files() {
             q.bind(&c.f_ids)
                 .bind(&c.f_paths)
                 .bind(&c.f_keys)
                 .bind(&c.f_sizes)
                 .bind(&c.f_seqs)
+                .bind(&c.b_keys)
+                .bind(&c.b_sizes)
+                .bind(&c.b_data)
+        } else {
+            q
         };
         let held: Vec<Held> = q.fetch_all(&self.writer).await?;
         self.answers(batch, held).await

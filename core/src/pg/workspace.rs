@@ -307,6 +307,14 @@ impl BlobStore for PgStore {
         tx.commit().await?;
         deleted
     }
+
+    fn inline_limit(&self) -> u64 {
+        if self.objects.is_some() {
+            0
+        } else {
+            crate::blob::INLINE_BLOB_BYTES
+        }
+    }
 }
 
 #[async_trait]

@@ -162,6 +162,18 @@ pub(super) async fn add_inputs(
 pub(super) async fn commit_files(conn: &mut SqliteConnection, cp: &Checkpoint) -> Result<()> {
     let root = &cp.lease.root_id;
     let seq = cp.file_seq();
+    // The contents the checkpoint carries, in the same transaction as the manifest rows
+    // that reference them (no collector can come between the two).
+    let now = now_us();
+    for (key, data) in &cp.blobs {
+        sqlx::query(PUT_BLOB)
+            .bind(key)
+            .bind(to_i64(data.len() as u64, "blob")?)
+            .bind(data.as_slice())
+            .bind(now)
+            .execute(&mut *conn)
+            .await?;
+    }
     for f in &cp.files {
         match &f.blob {
             Some(b) => {
@@ -263,6 +275,14 @@ impl BlobStore for SqliteStore {
         // See `collect` on why a failed object delete still commits.
         tx.commit().await?;
         deleted
+    }
+
+    fn inline_limit(&self) -> u64 {
+        if self.objects.is_some() {
+            0
+        } else {
+            crate::blob::INLINE_BLOB_BYTES
+        }
     }
 }
 
