@@ -66,6 +66,7 @@ pub struct Metrics {
     pub sessions_finished: IntCounterVec,
     pub sessions_active: IntGauge,
     pub sessions_waiting: IntGaugeVec,
+    pub sessions_held: IntGaugeVec,
     pub sessions_suspended: IntCounterVec,
     pub session_iterations: Histogram,
     pub session_tokens: Histogram,
@@ -254,6 +255,12 @@ impl Metrics {
                 "agentq_sessions_waiting",
                 "Sessions suspended, by what they wait for.",
                 &["reason"],
+            ),
+            sessions_held: gauge_vec(
+                &r,
+                "agentq_sessions_held",
+                "Queued sessions held in the store, behind a full delivery buffer or a cap on running sessions, per queue.",
+                &["queue"],
             ),
             sessions_suspended: counter_vec(
                 &r,

@@ -824,6 +824,16 @@ impl SweepStore for PgStore {
         Ok(crate::wait::tally(rows))
     }
 
+    async fn held_by_queue(&self) -> Result<Vec<(String, u64)>> {
+        let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.held_by_queue)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(q, n)| (q, u64::try_from(n).unwrap_or(0)))
+            .collect())
+    }
+
     async fn dispatch_load(&self) -> Result<Vec<ActiveCount>> {
         let rows: Vec<outcome::LoadRow> = sqlx::query_as(&SQL.dispatch_load)
             .fetch_all(&self.pool)

@@ -248,6 +248,9 @@ pub trait SweepStore: Send + Sync {
 
     /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason (one query).
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>>;
+    /// Queued sessions held in the store (behind a full delivery buffer or a cap on
+    /// running sessions), per queue; queues with none are absent.
+    async fn held_by_queue(&self) -> Result<Vec<(String, u64)>>;
     /// Per (queue, tenant, batch): sessions running, and sessions queued and not held
     /// (in the delivery buffer, or about to be). Groups with neither are absent.
     async fn dispatch_load(&self) -> Result<Vec<ActiveCount>>;

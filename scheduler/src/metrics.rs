@@ -61,6 +61,21 @@ pub fn record_waiting(m: &Metrics, counts: &[(WaitReason, u64)]) {
     }
 }
 
+/// `agentq_sessions_held{queue}`: every queue of `queues` is set (0 when none is held
+/// there), and so is any other queue the store holds sessions in.
+pub fn record_held(m: &Metrics, queues: &[String], counts: &[(String, u64)]) {
+    for q in queues {
+        if !counts.iter().any(|(c, _)| c == q) {
+            m.sessions_held.with_label_values(&[q.as_str()]).set(0);
+        }
+    }
+    for (q, n) in counts {
+        m.sessions_held
+            .with_label_values(&[q.as_str()])
+            .set(i64::try_from(*n).unwrap_or(i64::MAX));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -93,6 +108,30 @@ mod tests {
         assert!(
             text.contains("agentq_sessions_waiting{reason=\"budget\"} 0"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn held_sessions_by_queue() {
+        let m = Metrics::new();
+        record_held(
+            &m,
+            &["default".to_string(), "fast".to_string()],
+            &[("default".to_string(), 7), ("old".to_string(), 1)],
+        );
+        let text = m.render();
+        for line in [
+            "agentq_sessions_held{queue=\"default\"} 7",
+            "agentq_sessions_held{queue=\"fast\"} 0",
+            "agentq_sessions_held{queue=\"old\"} 1",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        // Released: the gauge falls back to 0.
+        record_held(&m, &["default".to_string()], &[]);
+        assert!(
+            m.render()
+                .contains("agentq_sessions_held{queue=\"default\"} 0")
         );
     }
 

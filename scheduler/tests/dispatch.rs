@@ -12,7 +12,7 @@ use agentq_core::config::{SchedulingSection, TenantScheduling};
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::scheduling::Placement;
 use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Claim, LeaseStore, NewSession, SessionStore, WorkQueue};
+use agentq_core::{Claim, LeaseStore, NewSession, SessionStore, SweepStore, WorkQueue};
 
 use agentq_scheduler::QueueRegistry;
 use agentq_scheduler::dispatch::{Dispatch, dispatch_once};
@@ -78,6 +78,12 @@ async fn embedded_dispatch_is_fair_bounded_and_capped() {
     store.create_sessions(&held("few", 3)).await.unwrap();
     store.create_sessions(&held("capped", 5)).await.unwrap();
 
+    // The store counts what it holds (the scheduler's /metrics reads this).
+    assert_eq!(
+        store.held_by_queue().await.unwrap(),
+        vec![("default".to_string(), 108)]
+    );
+
     // The buffer fills to its depth, the three tenants taking turns; the capped one once.
     assert_eq!(
         dispatch_once(&store, &queue, &registry, &dispatch)
@@ -87,6 +93,10 @@ async fn embedded_dispatch_is_fair_bounded_and_capped() {
     );
     let (first, delivered) = read_tenants(&store, &queue, 10).await;
     assert_eq!(first.len(), 4, "{first:?}");
+    assert_eq!(
+        store.held_by_queue().await.unwrap(),
+        vec![("default".to_string(), 104)]
+    );
     assert_eq!(
         first.iter().filter(|t| *t == "capped").count(),
         1,

@@ -292,6 +292,12 @@ const WAITING_BY_REASON: Shared = Shared {
     sqlite_now: None,
 };
 
+/// From the held index alone (its predicate is this one's).
+const HELD_BY_QUEUE: Shared = Shared {
+    text: "SELECT queue, count(*) FROM sessions WHERE held AND status = 'queued' GROUP BY queue",
+    sqlite_now: None,
+};
+
 const MARK_ENQUEUED: Shared = Shared {
     text: "UPDATE sessions SET enqueued_at = now() \
            WHERE id = ANY($1) AND enqueued_at IS NULL",
@@ -473,6 +479,7 @@ pub(crate) struct Statements {
     pub wake_due: String,
     pub wake_budget: String,
     pub waiting_by_reason: String,
+    pub held_by_queue: String,
     pub mark_enqueued: String,
     pub reset_enqueued: String,
     pub unenqueued: String,
@@ -512,6 +519,7 @@ impl Statements {
             wake_due: WAKE_DUE.render(d),
             wake_budget: WAKE_BUDGET.render(d),
             waiting_by_reason: WAITING_BY_REASON.render(d),
+            held_by_queue: HELD_BY_QUEUE.render(d),
             mark_enqueued: MARK_ENQUEUED.render(d),
             reset_enqueued: RESET_ENQUEUED.render(d),
             unenqueued: UNENQUEUED.render(d),
@@ -652,6 +660,7 @@ mod tests {
                 &s.wake_due,
                 &s.wake_budget,
                 &s.waiting_by_reason,
+                &s.held_by_queue,
                 &s.mark_enqueued,
                 &s.reset_enqueued,
                 &s.unenqueued,

@@ -13,7 +13,7 @@ use agentq_core::metrics::global;
 
 use crate::Scheduler;
 use crate::http::respond;
-use crate::metrics::{CONTENT, STATS_TIMEOUT, record_queue, record_waiting};
+use crate::metrics::{CONTENT, STATS_TIMEOUT, record_held, record_queue, record_waiting};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -94,6 +94,11 @@ pub(super) async fn metrics(State(s): State<Scheduler>) -> Response {
     match tokio::time::timeout(STATS_TIMEOUT, s.store.waiting_by_reason()).await {
         Ok(Ok(counts)) => record_waiting(m, &counts),
         Ok(Err(e)) => tracing::debug!(error = %e, "cannot count waiting sessions for /metrics"),
+        Err(_) => {}
+    }
+    match tokio::time::timeout(STATS_TIMEOUT, s.store.held_by_queue()).await {
+        Ok(Ok(counts)) => record_held(m, &s.queues().names(), &counts),
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot count held sessions for /metrics"),
         Err(_) => {}
     }
     ([(CONTENT_TYPE, CONTENT)], m.render()).into_response()
