@@ -39,7 +39,9 @@
 //! before it starts. Its settlement is not a round trip of its own: the next reservation
 //! of the same worker carries it, in the same script call, or a writer sends what no
 //! reservation took within [`SETTLE_DELAY`] — at once for what the fleet must hear now (a
-//! hold) or a slot of a rule more than half full. A limiter that cannot reach Redis lets
+//! hold, what the provider announced is left) or a slot of a rule more than half full.
+//! So a call under configured rules costs one round trip, and one on a key paced by what
+//! it announces two (its admission, and the news of what is left). A limiter that cannot reach Redis lets
 //! calls through, with a warning and the `agentq_admission_limiter_errors_total` metric:
 //! a limiter outage never fails sessions (settlements it could not write are kept for the
 //! next round trip).
@@ -95,8 +97,10 @@ const PROBE_WAIT: Duration = Duration::from_secs(5);
 const AVERAGES_KEY: &str = "agentq:{limit}:avg";
 
 /// A settlement waits this long for the next reservation of its worker to carry it
-/// (so that a call costs one round trip, not two) before it is written on its own.
-const SETTLE_DELAY: Duration = Duration::from_millis(100);
+/// (so that a call costs one round trip, not two) before it is written on its own. What
+/// waits is only a correction of counted tokens and of the learned output size; a slot
+/// wanted back, a hold and what the provider announced go at once.
+const SETTLE_DELAY: Duration = Duration::from_secs(1);
 /// Settlements kept for the next round trip at most; past this the oldest are dropped
 /// (their tokens stay counted as reserved, their slots expire).
 const MAX_PENDING: usize = 10_000;
@@ -324,6 +328,15 @@ impl Limiter {
             .set_max_delay(Duration::from_millis(200));
         let conn = ConnectionManager::new_with_config(client, config).await?;
         let limiter = Arc::new(Limiter::new(limits, Some(conn))?);
+        // Loaded up front, so that no call's round trip is the one refused for an unknown
+        // script and sent again with its text.
+        if let Some(mut c) = limiter.conn.clone() {
+            let loaded: redis::RedisResult<String> =
+                limiter.script.prepare_invoke().load_async(&mut c).await;
+            if let Err(e) = loaded {
+                limiter.failed_open("loading its script", &e);
+            }
+        }
         tokio::spawn(refresh_holds(Arc::downgrade(&limiter), cancel.clone()));
         tokio::spawn(write_settlements(
             Arc::downgrade(&limiter),
@@ -541,27 +554,28 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
 }
 
 /// Write the settlements no reservation carried: at once when one is urgent, else after
-/// [`SETTLE_DELAY`]. On cancel, what is left is written before it returns.
+/// [`SETTLE_DELAY`] (an urgent one arriving meanwhile cuts the wait short). On cancel,
+/// what is left is written before it returns.
 async fn write_settlements(limiter: Weak<Limiter>, flush: Arc<Notify>, cancel: CancellationToken) {
     loop {
-        let stop = tokio::select! {
+        let mut stop = tokio::select! {
             _ = flush.notified() => false,
             _ = cancel.cancelled() => true,
         };
-        let Some(l) = limiter.upgrade() else { return };
-        if !stop && !l.urgent.swap(false, Ordering::Relaxed) {
-            drop(l);
-            let stop = tokio::select! {
-                _ = tokio::time::sleep(SETTLE_DELAY) => false,
-                _ = cancel.cancelled() => true,
-            };
-            let Some(l) = limiter.upgrade() else { return };
-            l.round_trip(Ask::Nothing, "settle").await;
-            if stop {
-                return;
+        let deadline = tokio::time::Instant::now() + SETTLE_DELAY;
+        while !stop {
+            match limiter.upgrade() {
+                Some(l) if l.urgent.swap(false, Ordering::Relaxed) => break,
+                Some(_) => {}
+                None => return,
             }
-            continue;
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = flush.notified() => {}
+                _ = cancel.cancelled() => stop = true,
+            }
         }
+        let Some(l) = limiter.upgrade() else { return };
         l.round_trip(Ask::Nothing, "settle").await;
         if stop {
             return;
@@ -812,9 +826,11 @@ impl Admission for SessionLimiter {
                 self.limiter.end_probe(&field, found);
             }
             // Off the call path: the next reservation of this worker carries it, unless
-            // the fleet should hear of it now (a hold) or its slot is wanted back.
+            // the fleet should hear of it now (a hold, or what the provider says is left,
+            // which paces every worker and is stale a moment later) or its slot is wanted
+            // back.
             None => {
-                let urgent = hold.is_some() || live.is_some_and(|l| l.tight);
+                let urgent = hold.is_some() || left.is_some() || live.is_some_and(|l| l.tight);
                 self.limiter.defer(settlement, urgent);
             }
         }

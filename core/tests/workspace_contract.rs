@@ -526,7 +526,7 @@ async fn contract_a_commit_carries_its_contents(store: &dyn Store) {
     );
     assert!(
         store
-            .missing_blobs(&[a_blob.0.clone()])
+            .missing_blobs(std::slice::from_ref(&a_blob.0))
             .await
             .unwrap()
             .is_empty()

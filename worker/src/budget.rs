@@ -36,29 +36,43 @@ const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
 const HELD_WAIT: Duration = Duration::from_secs(1);
 
 /// The tenant budgets stored through the admin API, read at most every
-/// [`STORED_BUDGETS_TTL`] per worker.
+/// [`STORED_BUDGETS_TTL`] per worker. Every LLM call of the worker looks here, so a fresh
+/// copy is one uncontended lock; when it is stale, one caller reads the store while the
+/// others wait for that read rather than each making their own.
 #[derive(Default)]
 pub(crate) struct StoredBudgets {
-    cache: Mutex<Option<(Instant, Arc<Vec<TenantBudget>>)>>,
+    cache: std::sync::Mutex<Option<(Instant, Arc<Vec<TenantBudget>>)>>,
+    refresh: Mutex<()>,
 }
 
 impl StoredBudgets {
+    fn fresh(&self) -> Option<Arc<Vec<TenantBudget>>> {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < STORED_BUDGETS_TTL)
+            .map(|(_, b)| b.clone())
+    }
+
     /// Read the stored budgets again at the next use.
-    async fn forget(&self) {
-        *self.cache.lock().await = None;
+    fn forget(&self) {
+        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     async fn get(&self, inner: &Inner) -> Option<Arc<Vec<TenantBudget>>> {
-        let mut cache = self.cache.lock().await;
-        if let Some((at, b)) = cache.as_ref()
-            && at.elapsed() < STORED_BUDGETS_TTL
-        {
-            return Some(b.clone());
+        if let Some(b) = self.fresh() {
+            return Some(b);
+        }
+        let _one = self.refresh.lock().await;
+        // Read by the caller that held the refresh before this one.
+        if let Some(b) = self.fresh() {
+            return Some(b);
         }
         match inner.store.tenant_budgets().await {
             Ok(b) => {
                 let b = Arc::new(b);
-                *cache = Some((Instant::now(), b.clone()));
+                *self.cache.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), b.clone()));
                 Some(b)
             }
             Err(e) => {
@@ -168,7 +182,7 @@ impl BudgetGate {
     async fn tenant(&self) -> Option<Admit> {
         let refused = self.tenant_with_cache().await;
         if matches!(refused, Some(Admit::Exhausted { .. })) {
-            self.inner.stored_budgets.forget().await;
+            self.inner.stored_budgets.forget();
             return self.tenant_with_cache().await;
         }
         refused
