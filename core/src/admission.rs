@@ -39,9 +39,10 @@
 //! before it starts. Its settlement is not a round trip of its own: the next reservation
 //! of the same worker carries it, in the same script call, or a writer sends what no
 //! reservation took within [`SETTLE_DELAY`] — at once for what the fleet must hear now (a
-//! hold, what the provider announced is left) or a slot of a rule more than half full.
-//! So a call under configured rules costs one round trip, and one on a key paced by what
-//! it announces two (its admission, and the news of what is left). A limiter that cannot reach Redis lets
+//! hold; for a key no rule governs, what the provider announced is left) or a slot of a
+//! rule more than half full. So a call under configured rules costs one round trip, and
+//! one on a key paced by what it announces two (its admission, and the news of what is
+//! left). A limiter that cannot reach Redis lets
 //! calls through, with a warning and the `agentq_admission_limiter_errors_total` metric:
 //! a limiter outage never fails sessions (settlements it could not write are kept for the
 //! next round trip).
@@ -826,11 +827,12 @@ impl Admission for SessionLimiter {
                 self.limiter.end_probe(&field, found);
             }
             // Off the call path: the next reservation of this worker carries it, unless
-            // the fleet should hear of it now (a hold, or what the provider says is left,
-            // which paces every worker and is stale a moment later) or its slot is wanted
-            // back.
+            // the fleet should hear of it now (a hold; or, for a key no rule governs, what
+            // the provider says is left, which paces every worker and is stale a moment
+            // later) or its slot is wanted back.
             None => {
-                let urgent = hold.is_some() || left.is_some() || live.is_some_and(|l| l.tight);
+                let paces = left.is_some() && settlement.keys.is_empty();
+                let urgent = hold.is_some() || paces || live.is_some_and(|l| l.tight);
                 self.limiter.defer(settlement, urgent);
             }
         }
