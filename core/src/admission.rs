@@ -25,7 +25,9 @@
 //! - An answer announcing what is left (`x-ratelimit-remaining-*`,
 //!   `anthropic-ratelimit-*-remaining`) sets fleet-wide counters of requests and tokens
 //!   left, expiring at the announced resets; calls on that key then go while they last
-//!   (one round trip) and wait for the reset otherwise: the fleet goes at
+//!   (one round trip), never more of them within the announced window than its announced
+//!   limit of requests (a log of the fleet's own calls, for providers that count over a
+//!   sliding window), and wait for the reset otherwise: the fleet goes at
 //!   the provider's own pace, as its answers report it.
 //! - A key nothing is known of yet is probed: one call per worker goes first and the
 //!   others wait (at most [`PROBE_WAIT`]) for what its answer says, so that a batch does
@@ -475,7 +477,8 @@ impl Limiter {
                 }
             }
             Ask::Learned { field, tokens } => {
-                inv.arg("learned").arg(field).arg(tokens);
+                let id = uuid::Uuid::new_v4().simple().to_string();
+                inv.arg("learned").arg(field).arg(tokens).arg(id);
             }
         }
         let answer: redis::RedisResult<Answer> = inv.invoke_async(&mut conn).await;

@@ -186,15 +186,34 @@ local function rules()
   return { 1, tokens, delay, tight, why }
 end
 
--- No rule, but the provider announces its limits: the field and the call's token
--- estimate. What a key and model have left until their reset, as last announced, is a
+-- No rule, but the provider announces its limits: the field, the call's token estimate
+-- and an id for it. What a key and model have left until their reset, as last announced, is a
 -- counter that expires at the reset; an expired one starts again from the limit last
 -- announced, for as long as the last announced reset (so the waiters of a window that
 -- just reset do not all go). The call goes while both last, else waits for the reset.
+--
+-- A provider may count over a sliding window, where a counter that starts again in full at
+-- its reset lets a burst in while the window still holds recent calls. So the fleet's own
+-- calls on the field are logged too (the id, scored by when it went), and no more of them
+-- go within the announced window (the longest reset it announced, with the arrival guard
+-- of a configured rule) than the announced limit of requests.
 local function learned()
-  local field, tokens = str(), num()
+  local field, tokens, id = str(), num(), str()
   local limits = base .. 'announced|' .. field
   local wait = 0
+  local log = base .. 'log:r|' .. field
+  local lr = tonumber(redis.call('HGET', limits, 'limit_r') or '')
+  local lw = tonumber(redis.call('HGET', limits, 'window_r') or '')
+  if lw then lw = lw + math.max(50, math.min(lw / 20, 250)) end
+  if lr and lr > 0 and lw and lw > 0 then
+    redis.call('ZREMRANGEBYSCORE', log, '-inf', now - lw)
+    local n = redis.call('ZCARD', log)
+    if n >= lr then
+      local e = redis.call('ZRANGE', log, n - lr, n - lr, 'WITHSCORES')
+      local w = math.ceil(tonumber(e[2]) + lw - now)
+      if w > wait then wait = w end
+    end
+  end
   local function counter(key, lfield, wfield)
     local v = redis.call('GET', key)
     if v then return tonumber(v) end
@@ -216,9 +235,13 @@ local function learned()
   if r and r <= 0 then reset_in(kr) end
   local t = counter(kt, 'limit_t', 'window_t')
   if t and t < tokens then reset_in(kt) end
-  if wait > 0 then return { 0, wait, 0, 0, 'provider' } end
+  if wait > 0 then return { 0, math.max(1, wait), 0, 0, 'provider' } end
   if r then redis.call('DECR', kr) end
   if t then redis.call('DECRBY', kt, tokens) end
+  if lr and lr > 0 and lw and lw > 0 then
+    redis.call('ZADD', log, now, id)
+    redis.call('PEXPIRE', log, math.ceil(lw))
+  end
   return { 1, 0, 0, 0, '' }
 end
 
