@@ -35,6 +35,9 @@ const WALK_MAX_ENTRIES: usize = 200_000;
 /// Bytes of contents one commit carries at most ([`Pending::blobs`]); past this, changed
 /// files are uploaded before the commit.
 const INLINE_COMMIT_BYTES: u64 = 256 * 1024;
+/// Contents one commit carries at most, however small (a command that writes thousands of
+/// tiny files uploads most of them first, in batches, instead of growing one statement).
+const INLINE_COMMIT_FILES: usize = 256;
 
 /// Bytes of blobs uploaded in one call, at most (more than one file's worth only when
 /// files are small).
@@ -531,21 +534,24 @@ impl TreeSync {
     ) -> Result<Vec<(String, Arc<Vec<u8>>)>, Error> {
         let limit = self.store.inline_limit();
         let mut carried: Vec<(String, Arc<Vec<u8>>)> = Vec::new();
+        let mut carried_keys = BTreeSet::new();
         let mut carried_bytes = 0u64;
         let mut keys = BTreeSet::new();
         for (path, f) in found {
             let Found::Changed(i) = f else { continue };
-            if keys.contains(&i.sha256) || carried.iter().any(|(k, _)| *k == i.sha256) {
+            if keys.contains(&i.sha256) || carried_keys.contains(&i.sha256) {
                 continue;
             }
-            let fits =
-                i.size <= limit && carried_bytes.saturating_add(i.size) <= INLINE_COMMIT_BYTES;
+            let fits = i.size <= limit
+                && carried.len() < INLINE_COMMIT_FILES
+                && carried_bytes.saturating_add(i.size) <= INLINE_COMMIT_BYTES;
             if !fits {
                 keys.insert(i.sha256.clone());
                 continue;
             }
             let data = self.read_checked(path, &i.sha256).await?;
             carried_bytes = carried_bytes.saturating_add(i.size);
+            carried_keys.insert(i.sha256.clone());
             carried.push((i.sha256.clone(), Arc::new(data)));
         }
         let keys: Vec<String> = keys.into_iter().collect();

@@ -142,3 +142,35 @@ async fn changes_are_found_for_the_next_commit() {
     ws.forget_usage();
     assert!(sync.collect().await.unwrap().changes.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_carries_a_bounded_number_of_contents() {
+    let (_d, store) = store().await;
+    let root = tree(&*store, &[]).await;
+    let disk = tempfile::tempdir().unwrap();
+    let workspaces = std::fs::canonicalize(disk.path()).unwrap();
+    let (sync, ws) = TreeSync::open(store.clone(), &workspaces, &root, 64, true)
+        .await
+        .unwrap();
+    // A command wrote many tiny files: some ride on the commit, the rest are uploaded
+    // before it, and every one is in the change set.
+    std::fs::create_dir_all(ws.root()).unwrap();
+    for i in 0..300 {
+        std::fs::write(ws.root().join(format!("f{i}.txt")), format!("{i}")).unwrap();
+    }
+    ws.forget_usage();
+    let p = sync.collect().await.unwrap();
+    assert_eq!(p.changes.len(), 300);
+    assert_eq!(p.blobs.len(), 256);
+    let carried: std::collections::BTreeSet<&str> =
+        p.blobs.iter().map(|(k, _)| k.as_str()).collect();
+    let mut uploaded = 0;
+    for c in &p.changes {
+        let key = &c.blob.as_ref().unwrap().sha256;
+        if !carried.contains(key.as_str()) {
+            assert!(store.get_blob(key).await.unwrap().is_some());
+            uploaded += 1;
+        }
+    }
+    assert_eq!(uploaded, 44);
+}
