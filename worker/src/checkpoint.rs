@@ -180,7 +180,6 @@ impl Checkpointer for StoreCheckpointer {
             Err(e) => return Err(self.refuse(state, from, &e)),
         };
         let mut files = self.collect_files(&state.session_id, started).await;
-        let carried = !files.blobs.is_empty();
         let cp = Arc::new(cp.with_files(
             std::mem::take(&mut files.changes),
             std::mem::take(&mut files.blobs),
@@ -197,10 +196,10 @@ impl Checkpointer for StoreCheckpointer {
                     self.files_committed(std::mem::take(&mut files));
                     self.metrics.observe_checkpoint(t.elapsed());
                     // The contents it carried are stored: not kept in memory with it.
-                    let kept = if carried {
-                        Arc::new(cp.without_blobs())
-                    } else {
+                    let kept = if cp.blobs.is_empty() {
                         cp
+                    } else {
+                        Arc::new(cp.without_blobs())
                     };
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
                     if row.is_some() {

@@ -84,14 +84,20 @@ async fn put_blobs_in(
         return objects.put_all(blobs).await;
     }
     for (key, data) in blobs {
-        sqlx::query(PUT_BLOB)
-            .bind(key)
-            .bind(to_i64(data.len() as u64, "blob")?)
-            .bind(data.as_slice())
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
+        put_blob(conn, key, data, now).await?;
     }
+    Ok(())
+}
+
+/// One content's row in the table (touched if stored already).
+async fn put_blob(conn: &mut SqliteConnection, key: &str, data: &[u8], now: i64) -> Result<()> {
+    sqlx::query(PUT_BLOB)
+        .bind(key)
+        .bind(to_i64(data.len() as u64, "blob")?)
+        .bind(data)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -166,13 +172,7 @@ pub(super) async fn commit_files(conn: &mut SqliteConnection, cp: &Checkpoint) -
     // that reference them (no collector can come between the two).
     let now = now_us();
     for (key, data) in &cp.blobs {
-        sqlx::query(PUT_BLOB)
-            .bind(key)
-            .bind(to_i64(data.len() as u64, "blob")?)
-            .bind(data.as_slice())
-            .bind(now)
-            .execute(&mut *conn)
-            .await?;
+        put_blob(conn, key, data, now).await?;
     }
     for f in &cp.files {
         match &f.blob {
