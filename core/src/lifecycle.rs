@@ -64,6 +64,7 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
         .deliver(parent, kind, &dedupe, &payload, &[SessionStatus::Waiting])
         .await?;
     match delivered {
+        // (Woken held for the dispatcher, it is not enqueued here: `d.woken` is false.)
         Some(d) if d.woken => enqueue_woken(store, queue, parent, &d.queue).await,
         // Running: tell its worker to look at the inbox at the next boundary rather
         // than only when it next suspends.
@@ -170,7 +171,10 @@ pub async fn start_next_followup(
     };
     match store.follow_up(&row.id, &text, Some(next.seq)).await? {
         Some(reopened) => {
-            enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;
+            // A capped one is held for the dispatcher instead.
+            if !reopened.held {
+                enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;
+            }
             Ok(true)
         }
         None => Ok(false),

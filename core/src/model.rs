@@ -229,6 +229,14 @@ pub struct SessionRow {
     /// Times it was redriven after a failure (`POST /v1/sessions/{id}/retry`).
     #[serde(default)]
     pub retries: u32,
+    /// Queued without a stream entry: it waits in the store for the dispatcher.
+    #[serde(default)]
+    pub held: bool,
+    /// Of a tenant or batch with a cap on running sessions (or a sub-agent of such a
+    /// tree): each time it is queued again it is held for the dispatcher, which keeps it
+    /// within the cap.
+    #[serde(default)]
+    pub capped: bool,
     /// Set by a claim: whether the session's tree had committed files then. A claim of a
     /// tree without any (most sessions) need not read its manifest, which would double
     /// the statements of a first claim. `false` on every other read.
@@ -274,17 +282,31 @@ pub struct Delivered {
     pub seq: u64,
     /// The session went from a waiting status to `queued`: the caller must enqueue it.
     pub woken: bool,
+    /// The session went from a waiting status to `queued` held for the dispatcher (it is
+    /// [`SessionRow::capped`]): nothing to enqueue.
+    pub held: bool,
     pub queue: String,
     /// The session's status before the delivery.
     pub status: SessionStatus,
 }
 
+/// A session a waker sent back to the queue: the caller enqueues it, unless it is `held`
+/// for the dispatcher ([`SessionRow::capped`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Woken {
+    pub id: String,
+    pub queue: String,
+    pub held: bool,
+}
+
 /// What recording an approval decision did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApprovalRecorded {
-    /// Recorded; `woken` when the session went back to the queue (enqueue it).
+    /// Recorded; `woken` when the session went back to the queue (enqueue it), `held`
+    /// when it went back held for the dispatcher (nothing to enqueue).
     Recorded {
         woken: bool,
+        held: bool,
         queue: String,
     },
     /// A decision for that call existed already.

@@ -40,7 +40,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
-    SessionRow, SessionStatus,
+    SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
@@ -267,11 +267,13 @@ WITH p AS (
         wake_seq = ins.seq,
         status = CASE WHEN s.status = ANY($5::text[]) THEN 'queued' ELSE s.status END,
         enqueued_at = CASE WHEN s.status = ANY($5::text[]) THEN NULL ELSE s.enqueued_at END,
+        held = CASE WHEN s.status = ANY($5::text[]) THEN s.capped ELSE s.held END,
         updated_at = now()
     FROM ins WHERE s.id = $1
-    RETURNING s.status
+    RETURNING s.status, s.held
 )
-SELECT p.queue, p.status, (SELECT seq FROM ins), (SELECT status FROM upd) FROM p";
+SELECT p.queue, p.status, (SELECT seq FROM ins), (SELECT status FROM upd),
+       COALESCE((SELECT held FROM upd), false) FROM p";
 
 const DECIDE: &str = "
 WITH p AS (
@@ -287,11 +289,13 @@ WITH p AS (
         wake_seq = s.wake_seq + 1,
         status = CASE WHEN s.status = 'awaiting_approval' THEN 'queued' ELSE s.status END,
         enqueued_at = CASE WHEN s.status = 'awaiting_approval' THEN NULL ELSE s.enqueued_at END,
+        held = CASE WHEN s.status = 'awaiting_approval' THEN s.capped ELSE s.held END,
         updated_at = now()
     FROM ins WHERE s.id = $1
-    RETURNING s.status
+    RETURNING s.status, s.held
 )
-SELECT p.queue, p.status, EXISTS (SELECT 1 FROM ins), (SELECT status FROM upd) FROM p";
+SELECT p.queue, p.status, EXISTS (SELECT 1 FROM ins), (SELECT status FROM upd),
+       COALESCE((SELECT held FROM upd), false) FROM p";
 
 #[async_trait]
 impl KeyStore for PgStore {
@@ -608,7 +612,8 @@ impl InboxStore for PgStore {
         wake: &[SessionStatus],
     ) -> Result<Option<Delivered>> {
         let wake: Vec<&str> = wake.iter().map(SessionStatus::as_str).collect();
-        let row: Option<(String, String, Option<i64>, Option<String>)> = sqlx::query_as(DELIVER)
+        let row: Option<(String, String, Option<i64>, Option<String>, bool)> =
+            sqlx::query_as(DELIVER)
             .bind(session_id)
             .bind(kind.as_str())
             .bind(dedupe)
@@ -616,11 +621,11 @@ impl InboxStore for PgStore {
             .bind(&wake)
             .fetch_optional(&self.pool)
             .await?;
-        let Some((queue, old, seq, new)) = row else {
+        let Some((queue, old, seq, new, held)) = row else {
             return Ok(None);
         };
         let queued = new.as_deref() == Some(SessionStatus::Queued.as_str());
-        outcome::delivered(queue, parse_status(&old)?, seq, queued).map(Some)
+        outcome::delivered(queue, parse_status(&old)?, seq, queued, held).map(Some)
     }
 
     async fn inbox(
@@ -646,20 +651,20 @@ impl InboxStore for PgStore {
         approve: bool,
         reason: Option<&str>,
     ) -> Result<ApprovalRecorded> {
-        let row: Option<(String, String, bool, Option<String>)> = sqlx::query_as(DECIDE)
+        let row: Option<(String, String, bool, Option<String>, bool)> = sqlx::query_as(DECIDE)
             .bind(session_id)
             .bind(escape_text(tool_call_id).as_ref())
             .bind(approve)
             .bind(escape_opt(reason))
             .fetch_optional(&self.pool)
             .await?;
-        let Some((queue, old, inserted, new)) = row else {
+        let Some((queue, old, inserted, new, held)) = row else {
             return Ok(ApprovalRecorded::NotFound);
         };
         let old = parse_status(&old)?;
         let woken = old == SessionStatus::AwaitingApproval
             && new.as_deref() == Some(SessionStatus::Queued.as_str());
-        Ok(outcome::approval_recorded(queue, old, inserted, woken))
+        Ok(outcome::approval_recorded(queue, old, inserted, woken, held))
     }
 
     async fn approval(
@@ -795,21 +800,21 @@ impl SweepStore for PgStore {
         self.collect(grace, limit).await
     }
 
-    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>> {
         Ok(sqlx::query_as(&SQL.wake_expired)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?)
     }
 
-    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>> {
         Ok(sqlx::query_as(&SQL.wake_due)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?)
     }
 
-    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>> {
         Ok(sqlx::query_as(&SQL.wake_budget)
             .bind(tenant)
             .bind(i64::from(limit))

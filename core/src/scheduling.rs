@@ -31,6 +31,9 @@ pub struct Placement {
     pub batch_max_running: Option<u32>,
     /// Stored without a stream entry: the dispatcher adds it when its turn comes.
     pub held: bool,
+    /// Its tenant or batch has a cap on running sessions: held for the dispatcher again
+    /// whenever it is queued again after a wait (see [`crate::SessionRow::capped`]).
+    pub capped: bool,
 }
 
 impl Default for Placement {
@@ -40,6 +43,7 @@ impl Default for Placement {
             batch_id: None,
             batch_max_running: None,
             held: false,
+            capped: false,
         }
     }
 }

@@ -85,7 +85,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
-    NewSession, SessionRow, SessionStatus,
+    NewSession, SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
@@ -999,10 +999,10 @@ impl SweepStore for SqliteStore {
         self.collect(grace, limit).await
     }
 
-    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
         // Read to the end inside the transaction (see the module docs on `RETURNING`).
-        let woken: Vec<(String, String)> = sqlx::query_as(&SQL.wake_expired)
+        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_expired)
             .bind(i64::from(limit))
             .bind(now_us())
             .fetch_all(&mut *tx)
@@ -1011,9 +1011,9 @@ impl SweepStore for SqliteStore {
         Ok(woken)
     }
 
-    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
-        let woken: Vec<(String, String)> = sqlx::query_as(&SQL.wake_due)
+        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_due)
             .bind(i64::from(limit))
             .bind(now_us())
             .fetch_all(&mut *tx)
@@ -1022,9 +1022,9 @@ impl SweepStore for SqliteStore {
         Ok(woken)
     }
 
-    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>> {
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
-        let woken: Vec<(String, String)> = sqlx::query_as(&SQL.wake_budget)
+        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_budget)
             .bind(tenant)
             .bind(i64::from(limit))
             .bind(now_us())

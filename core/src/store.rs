@@ -26,7 +26,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
-    SessionRow, SessionStatus,
+    SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::scheduling::{ActiveCount, Candidate};
@@ -234,17 +234,17 @@ pub trait SweepStore: Send + Sync {
 
     /// Sessions awaiting an approval past their deadline go back to the queue (their
     /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
-    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<(String, String)>>;
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>>;
 
     /// Sessions waiting with a wake time that has come (a rate limit's) go back to the
     /// queue, those due longest first, up to `limit`. Returns (id, queue) to enqueue.
-    async fn wake_due(&self, limit: u32) -> Result<Vec<(String, String)>>;
+    async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>>;
 
     /// `tenant`'s sessions parked for a spent budget go back to the queue (its budget was
     /// raised or its period turned over), longest parked first, up to `limit`. Returns
     /// (id, queue) to enqueue. A session that is still running when this is called and
     /// parks afterwards is not woken by it.
-    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<(String, String)>>;
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>>;
 
     /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason (one query).
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>>;

@@ -26,7 +26,7 @@ use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
 use agentq_core::{
     ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, QueueCreate, RetryResult, SessionStatus, WaitReason,
+    NewSession, QueueCreate, RetryResult, SessionStatus, WaitReason, Woken,
 };
 
 const TTL: Duration = Duration::from_secs(30);
@@ -137,6 +137,7 @@ contract_tests!(
     contract_approvals_of_call_ids_postgres_cannot_hold,
     contract_retry,
     contract_held_sessions,
+    contract_capped_sessions_are_held_whenever_woken,
 );
 
 // ---------------------------------------------------------------------------------------
@@ -1196,6 +1197,15 @@ fn default_queue(id: &str) -> Vec<(String, String)> {
     vec![(id.to_string(), "default".to_string())]
 }
 
+/// What a waker answers for one session of the default queue that is not capped.
+fn woken(id: &str) -> Vec<Woken> {
+    vec![Woken {
+        id: id.to_string(),
+        queue: "default".to_string(),
+        held: false,
+    }]
+}
+
 /// The session's `wake_seq` now (what a claim at this moment would have seen).
 async fn wake_seq(store: &dyn Store, id: &str) -> i64 {
     store.get(id).await.unwrap().unwrap().wake_seq
@@ -1452,6 +1462,7 @@ async fn contract_deliver_and_inbox(store: &dyn Store) {
                 inserted: true,
                 seq: i as u64 + 1,
                 woken: false,
+                held: false,
                 queue: "default".into(),
                 status: SessionStatus::Queued,
             }
@@ -1672,6 +1683,7 @@ async fn contract_approvals(store: &dyn Store) {
             .unwrap(),
         ApprovalRecorded::Recorded {
             woken: true,
+            held: false,
             queue: "default".into()
         }
     );
@@ -1705,6 +1717,7 @@ async fn contract_approvals(store: &dyn Store) {
             .unwrap(),
         ApprovalRecorded::Recorded {
             woken: false,
+            held: false,
             queue: "default".into()
         }
     );
@@ -1890,11 +1903,11 @@ async fn contract_wake_expired_approvals(store: &dyn Store) {
     // Earliest deadline first, limited.
     assert_eq!(
         store.wake_expired_approvals(1).await.unwrap(),
-        default_queue(&ids[0])
+        woken(&ids[0])
     );
     assert_eq!(
         store.wake_expired_approvals(100).await.unwrap(),
-        default_queue(&ids[1])
+        woken(&ids[1])
     );
     assert!(store.wake_expired_approvals(100).await.unwrap().is_empty());
     for (i, want) in [
@@ -1976,10 +1989,10 @@ async fn contract_rate_limit_waits(store: &dyn Store) {
     );
 
     assert!(store.wake_due(0).await.unwrap().is_empty());
-    assert_eq!(store.wake_due(1).await.unwrap(), default_queue(&ids[1]));
+    assert_eq!(store.wake_due(1).await.unwrap(), woken(&ids[1]));
     assert_eq!(
         store.wake_due(100).await.unwrap(),
-        [default_queue(&ids[0]), default_queue(&ids[4])].concat()
+        [woken(&ids[0]), woken(&ids[4])].concat()
     );
     assert!(store.wake_due(100).await.unwrap().is_empty());
     for (i, want) in [
@@ -2082,11 +2095,11 @@ async fn contract_budget_waits(store: &dyn Store) {
     );
     assert_eq!(
         store.wake_budget_waiters("acme", 1).await.unwrap(),
-        default_queue(&ids[0])
+        woken(&ids[0])
     );
     assert_eq!(
         store.wake_budget_waiters("acme", 100).await.unwrap(),
-        default_queue(&ids[1])
+        woken(&ids[1])
     );
     // Another tenant's parked sessions and the tenant's rate-limited one stay.
     assert!(
@@ -2112,7 +2125,7 @@ async fn contract_budget_waits(store: &dyn Store) {
     assert_eq!(store.get(&ids[0]).await.unwrap().unwrap().wake_seq, 1);
     assert_eq!(
         store.wake_budget_waiters("globex", 100).await.unwrap(),
-        default_queue(&ids[2])
+        woken(&ids[2])
     );
 }
 
@@ -2947,6 +2960,7 @@ async fn contract_held_sessions(store: &dyn Store) {
             batch_id: batch.map(Into::into),
             batch_max_running: batch.map(|_| 2),
             held,
+            capped: false,
         };
         n
     };
@@ -3022,4 +3036,128 @@ async fn contract_held_sessions(store: &dyn Store) {
     let held = store.held("default", 10, 100).await.unwrap();
     assert_eq!(held.len(), 4);
     assert!(held.iter().all(|c| c.id != ids[0]));
+}
+
+/// A capped session (its tenant or batch has a cap on running sessions) goes back to the
+/// queue held for the dispatcher whatever wakes it: a child's result, the end of a
+/// rate-limit wait, a decision, a follow-up, a retry. Nothing is left for the waker to
+/// enqueue, and the sweeper leaves it alone. An uncapped one is woken as before.
+async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Store) {
+    let mut n = new_session("capped").with_tenant("acme");
+    n.sched = Placement {
+        held: false,
+        capped: true,
+        ..Placement::default()
+    };
+    let (row, _) = store.create_session(&n).await.unwrap();
+    let id = row.id.clone();
+    assert!(row.capped && !row.held);
+    let (plain, _) = store
+        .create_session(&new_session("plain").with_tenant("acme"))
+        .await
+        .unwrap();
+    let is_held = async |id: &str| {
+        let r = store.get(id).await.unwrap().unwrap();
+        assert_eq!(r.status, SessionStatus::Queued);
+        assert!(
+            store
+                .unenqueued(Duration::ZERO, 100)
+                .await
+                .unwrap()
+                .iter()
+                .all(|(u, _)| u != id),
+            "the sweeper must leave a held session to the dispatcher"
+        );
+        r.held
+    };
+    let release = async |id: &str| {
+        store.release_held(&[id.to_string()]).await.unwrap();
+        store.mark_enqueued(&[id.to_string()]).await.unwrap();
+    };
+
+    // Waiting for a child, woken by its result.
+    for sid in [&id, &plain.id] {
+        let (lease, _, seen) = acquire_seen(store, sid, "w").await;
+        store
+            .suspend(&lease, SessionStatus::Waiting, seen, None)
+            .await
+            .unwrap();
+    }
+    let payload = InboxPayload::Steer(SteerMessage {
+        content: "news".into(),
+        strategy: Strategy::Inject,
+    });
+    let d = store
+        .deliver(&id, InboxKind::Message, "d1", &payload, &[SessionStatus::Waiting])
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.held && !d.woken, "{d:?}");
+    assert!(is_held(&id).await);
+    let d = store
+        .deliver(&plain.id, InboxKind::Message, "d1", &payload, &[SessionStatus::Waiting])
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.woken && !d.held, "{d:?}");
+    assert!(!store.get(&plain.id).await.unwrap().unwrap().held);
+    release(&id).await;
+
+    // A rate-limit wait that ends.
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    store
+        .suspend_for(&lease, seen, WaitReason::RateLimit, Some(chrono::Utc::now()))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert_eq!(
+        store.wake_due(100).await.unwrap(),
+        vec![Woken {
+            id: id.clone(),
+            queue: "default".into(),
+            held: true
+        }]
+    );
+    assert!(is_held(&id).await);
+    release(&id).await;
+
+    // A decision on a held call.
+    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
+    store
+        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.decide_approval(&id, "call_1", true, None).await.unwrap(),
+        ApprovalRecorded::Recorded {
+            woken: false,
+            held: true,
+            queue: "default".into()
+        }
+    );
+    assert!(is_held(&id).await);
+    release(&id).await;
+
+    // A follow-up on the finished session.
+    finish(store, &id, "done").await;
+    let reopened = store.follow_up(&id, "more", None).await.unwrap().unwrap();
+    assert!(reopened.held && reopened.capped);
+    assert!(is_held(&id).await);
+    release(&id).await;
+
+    // A retry after a failure, even when the caller would not hold it.
+    let (lease, mut state) = acquire(store, &id, "w", TTL).await;
+    let from = state.messages.len();
+    state.push_assistant(Message::assistant("boom"));
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Error,
+        result: None,
+        error: Some("failed".into()),
+    });
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    match store.retry(&id, false).await.unwrap() {
+        RetryResult::Retried(r) => assert!(r.held),
+        other => panic!("{other:?}"),
+    }
+    assert!(is_held(&id).await);
 }

@@ -8,6 +8,13 @@
 //! [`agentq_core::scheduling::choose`]: priority, then weighted fair share across tenants
 //! and across each tenant's batches, never past a cap.
 //!
+//! A session created under a cap is `capped` for good, and so are the sub-agents of its
+//! tree: whenever one of them goes back to the queue after a wait (a child's result, a
+//! decision, the end of a rate-limit wait, a raised budget, a follow-up, a retry) it is
+//! held again rather than enqueued by whoever woke it. Waiting sessions are not counted
+//! against a cap, so without this a cap's worth of sessions suspended for a rate limit,
+//! replaced meanwhile by as many more, would all come back at once past it.
+//!
 //! What is buffered is read from the store (queued and not held), not from Redis, so a
 //! Redis restart changes nothing here: the entries it lost are the sweeper's to re-add
 //! (`recover_lost`), the held sessions stay held until their turn. A session released
@@ -18,7 +25,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +38,12 @@ use crate::QueueRegistry;
 
 /// Held sessions read per tick at most, whatever the room (the choice is in memory).
 const MAX_CANDIDATES: u32 = 10_000;
+
+/// How long a queue found blocked (every held session at its cap) is not read again while
+/// nothing active changed. Sessions can join the held ones without a nudge reaching this
+/// process (a capped sub-agent spawned by a worker, a capped session woken there), and
+/// one of them may be of a tenant with room: it waits this long at most.
+const BLOCKED_RECHECK: Duration = Duration::from_secs(1);
 
 /// The submit path's view of the buffers, refreshed by each dispatcher tick. Cheap to
 /// clone (shared).
@@ -47,9 +60,9 @@ struct Inner {
     /// Per queue: how many more sessions may be enqueued at once before the next tick.
     room: Mutex<HashMap<String, i64>>,
     /// Per queue whose held sessions are all capped: the [`fingerprint`] of what was
-    /// active (in every queue) when that was found. Until it changes, or a request holds new
-    /// sessions, the queue is not read again.
-    blocked: Mutex<HashMap<String, u64>>,
+    /// active (in every queue) when that was found, and when. Until it changes, a request
+    /// holds new sessions, or [`BLOCKED_RECHECK`] passes, the queue is not read again.
+    blocked: Mutex<HashMap<String, (u64, Instant)>>,
     wake: Notify,
 }
 
@@ -78,7 +91,7 @@ impl Dispatch {
         if !self.inner.running.load(Ordering::Acquire) {
             return false;
         }
-        if batch_cap.is_some() || self.inner.settings.share(tenant).max_running.is_some() {
+        if self.capped(tenant, batch_cap) {
             return true;
         }
         let n = i64::try_from(n).unwrap_or(i64::MAX);
@@ -93,6 +106,14 @@ impl Dispatch {
         } else {
             true
         }
+    }
+
+    /// Whether sessions of `tenant` (of a batch capped at `batch_cap`) are under a cap on
+    /// running sessions the dispatcher keeps: they are held whenever they are queued (see
+    /// [`agentq_core::SessionRow::capped`]). Without a running dispatcher, never.
+    pub fn capped(&self, tenant: &str, batch_cap: Option<u32>) -> bool {
+        self.inner.running.load(Ordering::Acquire)
+            && (batch_cap.is_some() || self.inner.settings.share(tenant).max_running.is_some())
     }
 
     /// A dispatcher is about to run (or the caller drives [`dispatch_once`] itself): new
@@ -121,7 +142,7 @@ impl Dispatch {
             .blocked
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(queue.to_string(), active);
+            .insert(queue.to_string(), (active, Instant::now()));
     }
 
     fn forget_blocked(&self, queue: &str) {
@@ -138,7 +159,7 @@ impl Dispatch {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(queue)
-            .is_some_and(|was| *was == active)
+            .is_some_and(|(was, at)| *was == active && at.elapsed() < BLOCKED_RECHECK)
     }
 
     fn set_room(&self, queue: &str, left: i64) {

@@ -123,9 +123,11 @@ pub async fn recover_lost(store: &dyn Store, queue: &dyn Queue, queues: &QueueRe
 pub async fn wake_expired_approvals(store: &dyn Store, queue: &dyn Queue) {
     match store.wake_expired_approvals(SWEEP_BATCH).await {
         Ok(woken) => {
-            for (id, q) in woken {
-                tracing::info!(session_id = %id, "approval timed out; resuming the session");
-                agentq_core::lifecycle::enqueue_woken(store, queue, &id, &q).await;
+            for w in woken {
+                tracing::info!(session_id = %w.id, held = w.held, "approval timed out; resuming the session");
+                if !w.held {
+                    agentq_core::lifecycle::enqueue_woken(store, queue, &w.id, &w.queue).await;
+                }
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot check approval deadlines"),
@@ -162,8 +164,9 @@ pub async fn wake_rate_limited(store: &dyn Store, queue: &dyn Queue) -> usize {
         };
         let n = woken.len();
         let mut by_queue: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for (id, q) in woken {
-            by_queue.entry(q).or_default().push(id);
+        // A capped one is held for the dispatcher, which lets it run within its cap.
+        for w in woken.into_iter().filter(|w| !w.held) {
+            by_queue.entry(w.queue).or_default().push(w.id);
         }
         for (q, ids) in by_queue {
             let items: Vec<(String, EnqueueReason)> = ids

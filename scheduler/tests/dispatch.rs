@@ -136,3 +136,114 @@ async fn embedded_dispatch_is_fair_bounded_and_capped() {
     let few_so_far = first.iter().chain(&second).filter(|t| *t == "few").count();
     assert!(few_so_far >= 2, "{first:?} {second:?}");
 }
+
+/// A tenant's cap holds for sessions coming back from a wait, not only for new ones: a
+/// cap's worth suspends for a rate limit, as many more run meanwhile, and when the waits
+/// end the first ones come back held and enter only as the cap allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_holds_for_sessions_back_from_a_wait() {
+    use agentq_agent::schema::Message;
+    use agentq_agent::state::Outcome;
+    use agentq_agent::spec::ExitReason;
+    use agentq_core::WaitReason;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let queue = MemQueue::new();
+    queue.ensure_queue("default").await.unwrap();
+    let registry = QueueRegistry::new(vec!["default".into()]);
+    let mut settings = SchedulingSection {
+        buffer: 10,
+        ..SchedulingSection::default()
+    };
+    settings.tenants.insert(
+        "capped".into(),
+        TenantScheduling {
+            weight: 1,
+            max_running: Some(2),
+        },
+    );
+    let dispatch = Dispatch::new(settings);
+    dispatch.mark_running();
+    assert!(dispatch.capped("capped", None));
+    assert!(!dispatch.capped("other", None));
+    let mut new = held("capped", 4);
+    for n in &mut new {
+        n.sched.capped = true;
+    }
+    store.create_sessions(&new).await.unwrap();
+    let claim = async |id: &str| match store
+        .claim(id, "w", Duration::from_secs(30), 5)
+        .await
+        .unwrap()
+    {
+        Claim::Acquired { lease, state, row } => (lease, *state, row.wake_seq),
+        other => panic!("{other:?}"),
+    };
+
+    // Two enter, and suspend for a rate limit.
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        2
+    );
+    let (_, first) = read_tenants(&store, &queue, 10).await;
+    for id in &first {
+        let (lease, _, seen) = claim(id).await;
+        let wake_at = chrono::Utc::now() + chrono::Duration::milliseconds(50);
+        store
+            .suspend_for(&lease, seen, WaitReason::RateLimit, Some(wake_at))
+            .await
+            .unwrap();
+    }
+    // Waiting sessions do not count: the other two enter and run.
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        2
+    );
+    let (_, second) = read_tenants(&store, &queue, 10).await;
+    let mut running = Vec::new();
+    for id in &second {
+        running.push(claim(id).await);
+    }
+
+    // The waits end: both come back held, nothing for the sweeper to enqueue, and the
+    // dispatcher lets none in while two run.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let woken = store.wake_due(100).await.unwrap();
+    assert_eq!(woken.len(), 2);
+    assert!(woken.iter().all(|w| w.held), "{woken:?}");
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(read_tenants(&store, &queue, 10).await.1.is_empty());
+
+    // One of the running ones finishes: one comes back in.
+    let (lease, mut state, _) = running.pop().unwrap();
+    let from = state.messages.len();
+    state.push_assistant(Message::assistant("done"));
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some("done".into()),
+        error: None,
+    });
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    assert_eq!(
+        dispatch_once(&store, &queue, &registry, &dispatch)
+            .await
+            .unwrap(),
+        1
+    );
+    let (_, third) = read_tenants(&store, &queue, 10).await;
+    assert_eq!(third.len(), 1);
+    assert!(first.contains(&third[0]), "{third:?} {first:?}");
+}

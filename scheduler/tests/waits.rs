@@ -176,7 +176,11 @@ async fn waits_show_and_the_sweeper_wakes_rate_limited_sessions() {
     );
     assert_eq!(
         store.wake_budget_waiters("acme", 10).await.unwrap(),
-        vec![(parked.clone(), "default".to_string())]
+        vec![agentq_core::Woken {
+            id: parked.clone(),
+            queue: "default".to_string(),
+            held: false,
+        }]
     );
 
     token.cancel();

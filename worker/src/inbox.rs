@@ -5,7 +5,7 @@
 //! `wake_seq` it set), and when a wake signal names the session. A session nobody writes
 //! to costs no extra queries.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ use agentq_core::model::inbox_past;
 use agentq_core::protocol::InboxKind;
 use agentq_core::{ListFilter, SpawnInfo, Store};
 
+use crate::workspace::TreeSync;
+
 pub struct SessionInbox {
     store: Arc<dyn Store>,
     session_id: String,
@@ -32,6 +34,10 @@ pub struct SessionInbox {
     /// Background children whose result has not been injected yet.
     outstanding: AtomicUsize,
     approvals: Approvals,
+    /// The tree's workspace, refreshed when a background child's result arrives: the
+    /// child may have run on another machine, and its files must be here when the model
+    /// reads its report.
+    workspace: OnceLock<Arc<TreeSync>>,
 }
 
 /// What a run starts with for the calls it asks a human about.
@@ -65,6 +71,7 @@ impl SessionInbox {
             msg_dirty: AtomicBool::new(inbox_past(wake_seq, msg_cursor)),
             outstanding: AtomicUsize::new(0),
             approvals,
+            workspace: OnceLock::new(),
         })
     }
 
@@ -93,6 +100,11 @@ impl SessionInbox {
         self.outstanding
             .store(background.saturating_sub(delivered), Ordering::SeqCst);
         Ok(())
+    }
+
+    /// The workspace to refresh when children's results arrive.
+    pub fn set_workspace(&self, sync: Arc<TreeSync>) {
+        let _ = self.workspace.set(sync);
     }
 
     /// A background child was started by this run.
@@ -151,6 +163,13 @@ impl BackgroundSource for SessionInbox {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 Some(n.saturating_sub(out.len()))
             });
+        if !out.is_empty()
+            && let Some(sync) = self.workspace.get()
+            && let Err(e) = sync.refresh().await
+        {
+            // The results still go in: the files come with the next claim.
+            warn!(session_id = %self.session_id, error = %e, "bringing in the sub-agents' files failed");
+        }
         out
     }
 

@@ -345,6 +345,9 @@ async fn run(
         inner.cfg.lease_ttl.saturating_mul(10),
         m,
     );
+    if let Some(sync) = &sync {
+        inbox.set_workspace(sync.clone());
+    }
     checkpointer.workspace = sync;
     let checkpointer = Arc::new(checkpointer);
     m.sessions_active.inc();

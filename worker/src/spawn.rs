@@ -265,10 +265,15 @@ impl Tool for SpawnAgent {
                     tenant: self.parent.tenant.clone(),
                     files: Vec::new(),
                     workspace_from: None,
-                    // A child runs for a tree that was admitted already: it enters its
-                    // queue at once, at its parent's priority.
+                    // A child runs for a tree that was admitted already, at its parent's
+                    // priority: it enters its queue at once, unless the tree is under a
+                    // cap on running sessions, which holds for its sub-agents too (the
+                    // dispatcher hands it out when the cap allows; a parent waiting
+                    // for it runs nowhere, so the cap cannot starve it).
                     sched: agentq_core::scheduling::Placement {
                         priority: self.parent.priority,
+                        held: self.parent.capped,
+                        capped: self.parent.capped,
                         ..Default::default()
                     },
                 };
@@ -305,19 +310,22 @@ impl Tool for SpawnAgent {
                         self.inbox.child_started();
                     }
                     // If this XADD is lost, the sweeper adds the entry (no `enqueued_at`).
-                    match self
-                        .queue
-                        .enqueue(&row.queue, &row.id, EnqueueReason::New)
-                        .await
-                    {
-                        Ok(()) => {
-                            let _ = self
-                                .store
-                                .mark_enqueued(std::slice::from_ref(&row.id))
-                                .await;
-                        }
-                        Err(e) => {
-                            tracing::warn!(session_id = %row.id, error = %e, "enqueueing a sub-agent failed; the sweeper will")
+                    // A held one is the dispatcher's to add.
+                    if !row.held {
+                        match self
+                            .queue
+                            .enqueue(&row.queue, &row.id, EnqueueReason::New)
+                            .await
+                        {
+                            Ok(()) => {
+                                let _ = self
+                                    .store
+                                    .mark_enqueued(std::slice::from_ref(&row.id))
+                                    .await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(session_id = %row.id, error = %e, "enqueueing a sub-agent failed; the sweeper will")
+                            }
                         }
                     }
                 }

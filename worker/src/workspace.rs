@@ -13,8 +13,10 @@
 //!
 //! Sessions of one tree share its workspace. On one worker they share the directory (a
 //! claim does not rebuild a directory another session of the tree is using here); on two
-//! workers each claim starts from the latest committed manifest and each commit replaces
-//! the paths it changed: the last writer of a path wins.
+//! workers each claim starts from the latest committed manifest, a running session brings
+//! in what the others committed when a sub-agent's result reaches it
+//! ([`TreeSync::refresh`], which leaves uncommitted local changes alone), and each commit
+//! replaces the paths it changed: the last writer of a path wins.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -168,6 +170,86 @@ pub struct Materialised {
     pub deleted: usize,
 }
 
+/// What [`TreeSync::refresh`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Files committed elsewhere, fetched and placed here.
+    pub fetched: usize,
+    /// Files deleted elsewhere, deleted here.
+    pub deleted: usize,
+    /// Paths changed elsewhere that were left as they are here (changed here too).
+    pub kept_local: usize,
+}
+
+/// Of the paths the manifest changed (`updates`) or dropped (`deletes`) since the index,
+/// those the disk still holds as indexed: the entries to fetch, and the paths deleted here
+/// (done). The rest were changed here and are left alone; how many is the third answer.
+fn refresh_plan(
+    dir: &Path,
+    index: &Index,
+    updates: Vec<FileEntry>,
+    deletes: Vec<(String, Indexed)>,
+) -> (Vec<FileEntry>, Vec<String>, usize) {
+    let as_indexed = |rel: &str, indexed: Option<&Indexed>| {
+        let meta = std::fs::symlink_metadata(dir.join(rel));
+        match (meta, indexed) {
+            (Err(e), None) => e.kind() == std::io::ErrorKind::NotFound,
+            (Ok(m), Some(i)) => {
+                m.file_type().is_file()
+                    && m.nlink() == 1
+                    && m.len() == i.size
+                    && mtime_ns(&m) == i.mtime_ns
+            }
+            _ => false,
+        }
+    };
+    let mut kept_local = 0usize;
+    let mut fetch = Vec::new();
+    for f in updates {
+        if valid_path(&f.path) && as_indexed(&f.path, index.get(&f.path)) {
+            fetch.push(f);
+        } else {
+            kept_local = kept_local.saturating_add(1);
+        }
+    }
+    let mut deleted = Vec::new();
+    for (rel, i) in deletes {
+        let path = dir.join(&rel);
+        if valid_path(&rel)
+            && as_indexed(&rel, Some(&i))
+            && std::fs::remove_file(&path).is_ok()
+        {
+            if let Some(parent) = path.parent()
+                && parent != dir
+            {
+                // A directory emptied by the deletion goes too (as on the other machine).
+                let _ = std::fs::remove_dir(parent);
+            }
+            deleted.push(rel);
+        } else {
+            kept_local = kept_local.saturating_add(1);
+        }
+    }
+    (fetch, deleted, kept_local)
+}
+
+/// The content of `f` from the store, which must hash to what the manifest says.
+async fn fetch_checked(store: &dyn Store, f: FileEntry) -> Result<(FileEntry, Vec<u8>), Error> {
+    let data = store.get_blob(&f.sha256).await?.ok_or_else(|| {
+        Error::Data(format!(
+            "the content of {} ({}) is not stored",
+            f.path, f.sha256
+        ))
+    })?;
+    if sha256_hex(&data) != f.sha256 {
+        return Err(Error::Data(format!(
+            "the stored content of {} is not {}",
+            f.path, f.sha256
+        )));
+    }
+    Ok((f, data))
+}
+
 /// Make `dir` hold exactly the committed files of the tree `root_id`: a file the index
 /// and `stat` say is as committed is kept, any other is fetched, anything the manifest
 /// does not hold is deleted. `index_path` is the tree's local index (read, then
@@ -204,22 +286,9 @@ async fn materialise_into(
         .filter(|f| plan.fetch.contains(&f.path))
         .collect();
     for chunk in wanted.chunks(FETCH_CONCURRENCY) {
-        let blobs = futures::future::try_join_all(chunk.iter().map(|f| async move {
-            let data = store.get_blob(&f.sha256).await?.ok_or_else(|| {
-                Error::Data(format!(
-                    "the content of {} ({}) is not stored",
-                    f.path, f.sha256
-                ))
-            })?;
-            if sha256_hex(&data) != f.sha256 {
-                return Err(Error::Data(format!(
-                    "the stored content of {} is not {}",
-                    f.path, f.sha256
-                )));
-            }
-            Ok::<_, Error>(((*f).clone(), data))
-        }))
-        .await?;
+        let blobs =
+            futures::future::try_join_all(chunk.iter().map(|f| fetch_checked(store, (*f).clone())))
+                .await?;
         let dir = cache.dir.clone();
         let written = blocking(move || {
             let mut out = Vec::with_capacity(blobs.len());
@@ -411,6 +480,7 @@ fn remove_empty_dirs(dir: &Path) {
 /// A session's side of its tree's workspace: the changes to commit with its checkpoints.
 pub struct TreeSync {
     store: Arc<dyn Store>,
+    root_id: String,
     workspace: LocalWorkspace,
     cache: Arc<TreeCache>,
     max_file_bytes: u64,
@@ -445,8 +515,19 @@ impl TreeSync {
         let workspace = LocalWorkspace::lazy(workspaces, root_id).map_err(io(workspaces))?;
         let (cache, in_use) = open_cache(workspaces, root_id);
         let nothing = !committed && std::fs::symlink_metadata(&cache.dir).is_err();
-        if !in_use && !nothing {
-            let done = materialise_into(store.as_ref(), root_id, &cache).await?;
+        let sync = TreeSync {
+            store,
+            root_id: root_id.to_string(),
+            workspace: workspace.clone(),
+            cache,
+            max_file_bytes,
+        };
+        if in_use {
+            // Another session of the tree runs here: its uncommitted changes stay, and
+            // only what sessions elsewhere committed since is brought in.
+            sync.refresh().await?;
+        } else if !nothing {
+            let done = materialise_into(sync.store.as_ref(), root_id, &sync.cache).await?;
             if done.files > 0 || done.deleted > 0 {
                 workspace.mark_made();
             }
@@ -454,15 +535,91 @@ impl TreeSync {
             // is left to commit.
             drop(workspace.take_changes());
         }
-        Ok((
-            TreeSync {
-                store,
-                workspace: workspace.clone(),
-                cache,
-                max_file_bytes,
-            },
-            workspace,
-        ))
+        Ok((sync, workspace))
+    }
+
+    /// Bring in what sessions of the tree on other machines committed since this cache
+    /// last matched the manifest (a background sub-agent's files, when its result
+    /// arrives), without touching a change made here and not committed yet, by this
+    /// session or by another of the tree running here: a path is replaced or deleted only
+    /// where the disk still holds what the index says was committed there (or nothing,
+    /// for a path the index does not know). A path changed on both sides keeps the local
+    /// change, which its next commit makes the last writer. One manifest read, and no
+    /// filesystem call, when nothing changed elsewhere.
+    pub async fn refresh(&self) -> Result<Refreshed, Error> {
+        // The index first: a commit here between the two reads then looks like a local
+        // change (kept), never like a stale entry to overwrite with the older manifest.
+        let index = self.cache.index().clone();
+        let manifest = self.store.workspace_files(&self.root_id).await?;
+        let wanted: BTreeMap<&str, &FileEntry> =
+            manifest.iter().map(|f| (f.path.as_str(), f)).collect();
+        let updates: Vec<FileEntry> = manifest
+            .iter()
+            .filter(|f| index.get(&f.path).is_none_or(|i| i.sha256 != f.sha256))
+            .cloned()
+            .collect();
+        let deletes: Vec<(String, Indexed)> = index
+            .iter()
+            .filter(|(p, _)| !wanted.contains_key(p.as_str()))
+            .map(|(p, i)| (p.clone(), i.clone()))
+            .collect();
+        if updates.is_empty() && deletes.is_empty() {
+            return Ok(Refreshed::default());
+        }
+        let (fetch, deleted, kept_local) = {
+            let dir = self.cache.dir.clone();
+            let index = index.clone();
+            blocking(move || Ok(refresh_plan(&dir, &index, updates, deletes))).await?
+        };
+        let mut placed: Vec<(String, Indexed)> = Vec::new();
+        for chunk in fetch.chunks(FETCH_CONCURRENCY) {
+            let store = self.store.as_ref();
+            let blobs = futures::future::try_join_all(
+                chunk.iter().map(|f| fetch_checked(store, f.clone())),
+            )
+            .await?;
+            let dir = self.cache.dir.clone();
+            let written = blocking(move || {
+                let mut out = Vec::with_capacity(blobs.len());
+                for (f, data) in blobs {
+                    if let Some(entry) = place(&dir, &f, &data)? {
+                        out.push((f.path, entry));
+                    }
+                }
+                Ok(out)
+            })
+            .await?;
+            placed.extend(written);
+        }
+        let fetched = placed.len();
+        let snapshot = {
+            // An entry a commit here changed meanwhile is that commit's.
+            let mut now = self.cache.index();
+            for (path, entry) in placed {
+                if now.get(&path) == index.get(&path) {
+                    now.insert(path, entry);
+                }
+            }
+            for path in &deleted {
+                if now.get(path) == index.get(path) {
+                    now.remove(path);
+                }
+            }
+            now.clone()
+        };
+        if fetched > 0 {
+            self.workspace.mark_made();
+            self.workspace.forget_size();
+        }
+        let cache = self.cache.clone();
+        if let Err(e) = blocking(move || cache.save(&snapshot)).await {
+            warn!(error = %e, "saving the workspace index failed; the next claim checks every file");
+        }
+        Ok(Refreshed {
+            fetched,
+            deleted: deleted.len(),
+            kept_local,
+        })
     }
 
     /// The changes since the last commit, their new contents uploaded (and every one

@@ -462,7 +462,9 @@ async fn a_resumed_session_starts_and_ends_once() {
         .await
         .unwrap()
     {
-        agentq_core::ApprovalRecorded::Recorded { woken, queue: q } => {
+        agentq_core::ApprovalRecorded::Recorded {
+            woken, queue: q, ..
+        } => {
             assert!(woken);
             agentq_core::lifecycle::enqueue_woken(store.as_ref(), queue.as_ref(), &row.id, &q)
                 .await;

@@ -352,6 +352,107 @@ async fn foreground_and_background_children_nested_two_levels() {
     c.shutdown().await;
 }
 
+/// Two machines (workers with their own workspace roots, one slot each): the parent runs
+/// on one while its background child runs on the other and writes a file. When the
+/// child's result reaches the still-running parent, the file is on the parent's disk:
+/// the parent reads it without being suspended or claimed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_childs_files_reach_its_running_parent_on_another_machine() {
+    let write = |path: &str, content: &str| {
+        json!({"name": "write_file", "arguments": {"path": path, "content": content}})
+    };
+    let read = |path: &str| json!({"name": "read_file", "arguments": {"path": path}});
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "ROOT", "repeat_last": true, "turns": [
+                {"tool_calls": [write("parent.txt", "the parent's own")]},
+                {"tool_calls": [spawn_call("CHILD: write your report", "c", false)]},
+                // Polls for the report (bounded by max_iterations), each turn a while.
+                {"tool_calls": [read("report.txt"), read("parent.txt")], "delay_ms": 300}
+            ]},
+            {"when_prompt_contains": "CHILD", "turns": [
+                {"tool_calls": [write("report.txt", "written on the other machine"),
+                                write("parent.txt", "the child's version")]},
+                {"text": "report written"}
+            ]}
+        ]
+    });
+    let disk_a = tempfile::tempdir().unwrap();
+    let disk_b = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        std::fs::canonicalize(disk_a.path()).unwrap(),
+        std::fs::canonicalize(disk_b.path()).unwrap(),
+    );
+    let c = Cluster::start(script, 2, 1, |cfg| {
+        cfg.policy = policy_with(|p| p.tools.push("write_file".into()));
+        cfg.workspace_root = if cfg.consumer.starts_with("w0") {
+            a.clone()
+        } else {
+            b.clone()
+        };
+    })
+    .await;
+    let root = c
+        .submit(
+            "ROOT task",
+            &["spawn_agent", "read_file", "write_file"],
+            |s| s.max_iterations = 30,
+        )
+        .await;
+    let row = c
+        .wait_status(
+            &root,
+            &[SessionStatus::Completed, SessionStatus::Failed],
+            Duration::from_secs(60),
+        )
+        .await;
+    let msgs = transcript(&c, &root).await;
+    let child = c
+        .children(&root)
+        .await
+        .pop()
+        .unwrap_or_else(|| panic!("no child: {row:?} {msgs:#?}"));
+    assert_eq!(child.status, SessionStatus::Completed, "{child:?}");
+    // One claim of the parent: what it read came while it ran.
+    assert_eq!(row.lease_epoch, 1, "{row:?}");
+    let results: Vec<&str> = tool_results(&msgs)
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect();
+    let first_seen = results
+        .iter()
+        .position(|r| r.contains("written on the other machine"))
+        .unwrap_or_else(|| panic!("the parent never read the child's file: {results:#?}"));
+    // Before the result came the file was not there; after it, every read finds it.
+    assert!(results[..first_seen].iter().any(|r| r.contains("no such file")), "{results:#?}");
+    let injected = msgs
+        .iter()
+        .position(|m| m.role == Role::User && m.content.contains("[Background agent"))
+        .unwrap();
+    let first_read_after = msgs
+        .iter()
+        .enumerate()
+        .position(|(i, m)| {
+            i > injected && m.role == Role::Tool && m.content.contains("written on the other machine")
+        })
+        .unwrap();
+    assert!(first_read_after > injected);
+    // The path both wrote: the child's commit came after the parent's, and is what the
+    // parent reads from then on.
+    let last = results.last().unwrap();
+    assert!(last.contains("the child's version"), "{results:#?}");
+    // The parent held its machine's only slot throughout, so the child ran on the other:
+    // both disks hold the report.
+    for disk in [&a, &b] {
+        assert_eq!(
+            std::fs::read_to_string(disk.join(&root).join("report.txt")).unwrap(),
+            "written on the other machine"
+        );
+    }
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fan_out_completes_with_fewer_slots_than_sessions() {
     let sixteen: Vec<Value> = (0..16)

@@ -174,3 +174,116 @@ async fn a_commit_carries_a_bounded_number_of_contents() {
     }
     assert_eq!(uploaded, 44);
 }
+
+/// Commit `p`'s changes to the store as the session's next checkpoint, as its worker's
+/// checkpointer does.
+async fn commit(
+    store: &dyn Store,
+    lease: &agentq_core::Lease,
+    state: &mut agentq_agent::state::SessionState,
+    p: &agentq_worker::workspace::Pending,
+) {
+    let from = state.messages.len();
+    state
+        .messages
+        .push(agentq_agent::schema::Message::assistant("x"));
+    let cp = agentq_core::Checkpoint::new(lease, state, from)
+        .unwrap()
+        .with_files(p.changes.clone(), p.blobs.clone());
+    for r in store.checkpoint_batch(&[&cp]).await.unwrap() {
+        r.unwrap();
+    }
+}
+
+/// Two machines of one tree: what one commits reaches the other's running session when it
+/// refreshes (changed, added and deleted files), while a change made on the refreshing
+/// machine and not committed yet is left as it is, on a path both changed too; a second
+/// session of the tree opened on that machine brings in the news the same way, without
+/// undoing the first one's work. A tree nobody changed elsewhere costs no file operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_session_brings_in_what_another_machine_committed() {
+    use agentq_worker::workspace::Refreshed;
+    let (_d, store) = store().await;
+    let root = tree(
+        &*store,
+        &[
+            ("shared.txt", b"v1"),
+            ("doomed.txt", b"d"),
+            ("both.txt", b"b1"),
+            ("sub/gone.txt", b"g"),
+        ],
+    )
+    .await;
+    let (lease, mut state) = match store.claim(&root, "b", std::time::Duration::from_secs(30), 10).await.unwrap() {
+        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
+        other => panic!("{other:?}"),
+    };
+    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
+    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
+    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    assert_eq!(a.refresh().await.unwrap(), Refreshed::default());
+
+    // Machine B changes, adds and deletes, and commits.
+    wb.write("shared.txt", b"v2 from b", LIMITS).await.unwrap();
+    wb.write("new/from_b.txt", b"new from b", LIMITS).await.unwrap();
+    wb.write("both.txt", b"b from b", LIMITS).await.unwrap();
+    std::fs::remove_file(wb.root().join("doomed.txt")).unwrap();
+    std::fs::remove_file(wb.root().join("sub/gone.txt")).unwrap();
+    wb.forget_usage();
+    let p = b.collect().await.unwrap();
+    assert_eq!(p.changes.len(), 5);
+    commit(&*store, &lease, &mut state, &p).await;
+    b.committed(p);
+
+    // Machine A's session changed a path B changed too, and wrote one of its own; neither
+    // is committed yet.
+    wa.write("both.txt", b"b from a", LIMITS).await.unwrap();
+    wa.write("local.txt", b"mine", LIMITS).await.unwrap();
+    let r = a.refresh().await.unwrap();
+    assert_eq!(
+        r,
+        Refreshed {
+            fetched: 2,
+            deleted: 2,
+            kept_local: 1
+        }
+    );
+    let on_a = |p: &str| std::fs::read(a_root.join(&root).join(p)).ok();
+    assert_eq!(on_a("shared.txt").unwrap(), b"v2 from b");
+    assert_eq!(on_a("new/from_b.txt").unwrap(), b"new from b");
+    assert_eq!(on_a("both.txt").unwrap(), b"b from a");
+    assert_eq!(on_a("local.txt").unwrap(), b"mine");
+    assert!(on_a("doomed.txt").is_none());
+    assert!(!a_root.join(&root).join("sub").exists());
+    // What was brought in is not a change of A's: only its own are left to commit, and
+    // the path both changed becomes A's, the last writer.
+    let p = a.collect().await.unwrap();
+    let mut paths: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
+    paths.sort();
+    assert_eq!(paths, vec!["both.txt", "local.txt"]);
+    commit(&*store, &lease, &mut state, &p).await;
+    a.committed(p);
+    assert_eq!(a.refresh().await.unwrap(), Refreshed::default());
+
+    // B commits again while A's first session has a change of its own pending; a second
+    // session of the tree opened on A brings the news in and leaves that change alone.
+    wb.write("shared.txt", b"v3 from b", LIMITS).await.unwrap();
+    let p = b.collect().await.unwrap();
+    commit(&*store, &lease, &mut state, &p).await;
+    b.committed(p);
+    wa.write("pending.txt", b"not committed", LIMITS).await.unwrap();
+    let (_a2, _wa2) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    assert_eq!(on_a("shared.txt").unwrap(), b"v3 from b");
+    assert_eq!(on_a("pending.txt").unwrap(), b"not committed");
+    let p = a.collect().await.unwrap();
+    let paths: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
+    assert_eq!(paths, vec!["pending.txt"]);
+}

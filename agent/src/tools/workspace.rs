@@ -393,6 +393,13 @@ impl LocalWorkspace {
         Arc::strong_count(&self.changes) > 1
     }
 
+    /// Files were placed here by someone else than a tool (brought in from the store):
+    /// the size is measured again before the next write, without a rescan for changes
+    /// (what was placed is no change to commit).
+    pub fn forget_size(&self) {
+        *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// The root is there now (made by someone else than a write, such as a restore).
     pub fn mark_made(&self) {
         self.made.store(true, Ordering::Release);

@@ -23,16 +23,16 @@ const INSERT_SESSIONS: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
                          $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                         $11::int[], $12::text[], $13::int[], $14::bool[])
+                         $11::int[], $12::text[], $13::int[], $14::bool[], $15::bool[])
         WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
                              idempotency_key, idempotency_hash, tenant, priority, batch_id,
-                             batch_max_running, held, ord)
+                             batch_max_running, held, capped, ord)
 ), ins AS (
     INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                           idempotency_key, idempotency_hash, tenant, history_len,
-                          priority, batch_id, batch_max_running, held)
+                          priority, batch_id, batch_max_running, held, capped)
     SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key,
-           idempotency_hash, tenant, 1, priority, batch_id, batch_max_running, held
+           idempotency_hash, tenant, 1, priority, batch_id, batch_max_running, held, capped
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -159,6 +159,7 @@ pub(super) async fn insert<'e>(
     let mut batches = Vec::with_capacity(n);
     let mut caps = Vec::with_capacity(n);
     let mut held = Vec::with_capacity(n);
+    let mut capped = Vec::with_capacity(n);
     for s in new {
         priorities.push(i32::from(s.sched.priority));
         batches.push(s.sched.batch_id.as_deref());
@@ -169,6 +170,7 @@ pub(super) async fn insert<'e>(
                 .transpose()?,
         );
         held.push(s.sched.held);
+        capped.push(s.sched.capped);
         ids.push(s.id.as_str());
         roots.push(s.root_id.as_str());
         parents.push(s.parent_id.as_deref());
@@ -197,6 +199,7 @@ pub(super) async fn insert<'e>(
         .bind(&batches)
         .bind(&caps)
         .bind(&held)
+        .bind(&capped)
         .fetch_all(pool)
         .await?;
     inserted

@@ -122,36 +122,46 @@ pub(crate) fn gave_up(
 }
 
 /// What a delivery did: `seq` is the new item's position (`None`: a repeat, nothing
-/// inserted), `queued` whether the session's status is `queued` after it.
+/// inserted), `queued` whether the session's status is `queued` after it, `held` whether
+/// it is held for the dispatcher after it.
 pub(crate) fn delivered(
     queue: String,
     old: SessionStatus,
     seq: Option<i64>,
     queued: bool,
+    held: bool,
 ) -> Result<Delivered> {
+    let back = seq.is_some() && queued && old != SessionStatus::Queued;
     Ok(Delivered {
         inserted: seq.is_some(),
         seq: seq.map_or(Ok(0), |s| to_u64(s, "seq"))?,
-        woken: seq.is_some() && queued && old != SessionStatus::Queued,
+        woken: back && !held,
+        held: back && held,
         queue,
         status: old,
     })
 }
 
 /// What recording a decision did, given the status before it, whether the decision was
-/// new, and whether it sent the session back to the queue.
+/// new, whether it sent the session back to the queue, and whether held for the
+/// dispatcher.
 pub(crate) fn approval_recorded(
     queue: String,
     old: SessionStatus,
     inserted: bool,
     woken: bool,
+    held: bool,
 ) -> ApprovalRecorded {
     if old.is_terminal() {
         ApprovalRecorded::Finished(old)
     } else if !inserted {
         ApprovalRecorded::AlreadyDecided
     } else {
-        ApprovalRecorded::Recorded { woken, queue }
+        ApprovalRecorded::Recorded {
+            woken: woken && !held,
+            held: woken && held,
+            queue,
+        }
     }
 }
 

@@ -153,6 +153,8 @@ pub(crate) struct SessionRecord {
     pub priority: i32,
     pub batch_id: Option<String>,
     pub retries: i32,
+    pub held: bool,
+    pub capped: bool,
     /// Returned by a claim only (see [`SessionRow::has_workspace`]).
     #[sqlx(default)]
     #[serde(default)]
@@ -211,6 +213,8 @@ impl SessionRecord {
                 .map_err(|_| bad_data(format!("priority {} out of range", self.priority)))?,
             batch_id: self.batch_id,
             retries: to_u32(self.retries, "retries")?,
+            held: self.held,
+            capped: self.capped,
             has_workspace: self.has_workspace,
         })
     }

@@ -31,7 +31,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \
-    wait_reason, wake_at, priority, batch_id, retries";
+    wait_reason, wake_at, priority, batch_id, retries, held, capped";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -224,7 +224,7 @@ const FOLLOW_UP: Shared = Shared {
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
     finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = false,
-    enqueued_at = NULL, cancel_requested = false, attempts = 0,
+    enqueued_at = NULL, held = capped, cancel_requested = false, attempts = 0,
     lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
     followup_cursor = GREATEST(followup_cursor, $2),
     history_len = history_len + 1,
@@ -249,36 +249,36 @@ const FOLLOW_UP_MESSAGE: Shared = Shared {
 
 /// Sessions awaiting an approval past their deadline go back to the queue.
 const WAKE_EXPIRED: Shared = Shared {
-    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, held = capped, \
                wake_seq = wake_seq + 1, updated_at = now() \
            WHERE id IN (SELECT id FROM sessions WHERE status = 'awaiting_approval' \
                         AND approval_deadline < now() ORDER BY approval_deadline LIMIT $1) \
              AND status = 'awaiting_approval' \
-           RETURNING id, queue",
+           RETURNING id, queue, held",
     sqlite_now: Some(2),
 };
 
 /// Sessions waiting for a rate limit whose wake time has come go back to the queue, those
 /// due longest first. (`wake_seq` stays: nothing arrived for them.)
 const WAKE_DUE: Shared = Shared {
-    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, held = capped, \
                wait_reason = NULL, wake_at = NULL, updated_at = now() \
            WHERE id IN (SELECT id FROM sessions WHERE status = 'waiting' \
                         AND wake_at IS NOT NULL AND wake_at <= now() ORDER BY wake_at LIMIT $1) \
              AND status = 'waiting' AND wake_at <= now() \
-           RETURNING id, queue",
+           RETURNING id, queue, held",
     sqlite_now: Some(2),
 };
 
 /// A tenant's sessions parked for a spent budget go back to the queue (the budget was
 /// raised), longest parked first. `wake_seq` is bumped like any waker's.
 const WAKE_BUDGET: Shared = Shared {
-    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, \
+    text: "UPDATE sessions SET status = 'queued', enqueued_at = NULL, held = capped, \
                wait_reason = NULL, wake_at = NULL, wake_seq = wake_seq + 1, updated_at = now() \
            WHERE id IN (SELECT id FROM sessions WHERE tenant = $1 AND status = 'waiting' \
                         AND wait_reason = 'budget' ORDER BY updated_at LIMIT $2) \
              AND status = 'waiting' AND wait_reason = 'budget' \
-           RETURNING id, queue",
+           RETURNING id, queue, held",
     sqlite_now: Some(3),
 };
 
@@ -344,7 +344,7 @@ UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
     finished_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
-    enqueued_at = NULL, held = $2, approval_deadline = NULL,
+    enqueued_at = NULL, held = ($2 OR capped), approval_deadline = NULL,
     retries = retries + 1, updated_at = now()
 WHERE id = $1 AND status = 'failed' AND finish_reason = 'error'
 RETURNING COLS",

@@ -26,8 +26,9 @@ const INSERT_CHUNK: usize = 1000;
 const INSERT_SESSION: &str = "
 INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                       idempotency_key, history_len, created_at, updated_at,
-                      idempotency_hash, tenant, priority, batch_id, batch_max_running, held)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10, $11, $12, $13, $14)
+                      idempotency_hash, tenant, priority, batch_id, batch_max_running, held,
+                      capped)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10, $11, $12, $13, $14, $15)
 ON CONFLICT DO NOTHING";
 
 const INSERT_SPEC: &str = "INSERT INTO session_specs (root_id, id, spec) VALUES ($1, $2, $3)";
@@ -86,6 +87,7 @@ pub(super) async fn create(
         .bind(s.sched.batch_id.as_deref())
         .bind(s.sched.batch_max_running.map(i64::from))
         .bind(s.sched.held)
+        .bind(s.sched.capped)
         .execute(&mut *conn)
         .await?
         .rows_affected()
@@ -248,12 +250,13 @@ pub(super) async fn deliver(
     wake: &[SessionStatus],
     now: i64,
 ) -> Result<Option<Delivered>> {
-    let row: Option<(String, String, String, i64)> =
-        sqlx::query_as("SELECT root_id, queue, status, wake_seq FROM sessions WHERE id = $1")
-            .bind(item.session_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let Some((root_id, queue, old, wake_seq)) = row else {
+    let row: Option<(String, String, String, i64, bool, bool)> = sqlx::query_as(
+        "SELECT root_id, queue, status, wake_seq, held, capped FROM sessions WHERE id = $1",
+    )
+    .bind(item.session_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((root_id, queue, old, wake_seq, was_held, capped)) = row else {
         return Ok(None);
     };
     let old = parse_status(&old)?;
@@ -278,13 +281,14 @@ pub(super) async fn deliver(
         > 0;
     if !inserted {
         // Delivered before: no bump, no wake.
-        return delivered(queue, old, None, false).map(Some);
+        return delivered(queue, old, None, false, was_held).map(Some);
     }
     let wakes = wake.contains(&old);
     sqlx::query(
         "UPDATE sessions SET wake_seq = $3, \
              status = CASE WHEN $4 THEN 'queued' ELSE status END, \
              enqueued_at = CASE WHEN $4 THEN NULL ELSE enqueued_at END, \
+             held = CASE WHEN $4 THEN capped ELSE held END, \
              updated_at = $5 \
          WHERE root_id = $1 AND id = $2",
     )
@@ -295,7 +299,15 @@ pub(super) async fn deliver(
     .bind(now)
     .execute(&mut *conn)
     .await?;
-    delivered(queue, old, Some(seq), wakes || old == SessionStatus::Queued).map(Some)
+    let held = if wakes { capped } else { was_held };
+    delivered(
+        queue,
+        old,
+        Some(seq),
+        wakes || old == SessionStatus::Queued,
+        held,
+    )
+    .map(Some)
 }
 
 /// A decision on a held tool call.
@@ -313,17 +325,17 @@ pub(super) async fn decide(
     d: &Decision<'_>,
     now: i64,
 ) -> Result<ApprovalRecorded> {
-    let row: Option<(String, String, String)> =
-        sqlx::query_as("SELECT root_id, queue, status FROM sessions WHERE id = $1")
+    let row: Option<(String, String, String, bool)> =
+        sqlx::query_as("SELECT root_id, queue, status, capped FROM sessions WHERE id = $1")
             .bind(d.session_id)
             .fetch_optional(&mut *conn)
             .await?;
-    let Some((root_id, queue, old)) = row else {
+    let Some((root_id, queue, old, capped)) = row else {
         return Ok(ApprovalRecorded::NotFound);
     };
     let old = parse_status(&old)?;
     if old.is_terminal() {
-        return Ok(approval_recorded(queue, old, false, false));
+        return Ok(approval_recorded(queue, old, false, false, false));
     }
     let inserted = sqlx::query(
         "INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason, \
@@ -346,6 +358,7 @@ pub(super) async fn decide(
             "UPDATE sessions SET wake_seq = wake_seq + 1, \
                  status = CASE WHEN $3 THEN 'queued' ELSE status END, \
                  enqueued_at = CASE WHEN $3 THEN NULL ELSE enqueued_at END, \
+                 held = CASE WHEN $3 THEN capped ELSE held END, \
                  updated_at = $4 \
              WHERE root_id = $1 AND id = $2",
         )
@@ -356,5 +369,5 @@ pub(super) async fn decide(
         .execute(&mut *conn)
         .await?;
     }
-    Ok(approval_recorded(queue, old, inserted, woken))
+    Ok(approval_recorded(queue, old, inserted, woken, capped))
 }

@@ -94,8 +94,12 @@ pub(super) async fn set(
     // its worker has read this one parks again and is woken by the sweeper or the next
     // raise, so wake them now and let the sweeper's pass catch stragglers.
     let woken = s.store.wake_budget_waiters(&tenant, WAKE_BATCH).await?;
-    for (id, q) in &woken {
-        agentq_core::lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), id, q).await;
+    for w in woken.iter().filter(|w| !w.held) {
+        agentq_core::lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &w.id, &w.queue)
+            .await;
+    }
+    if woken.iter().any(|w| w.held) {
+        s.dispatch().nudge();
     }
     respond(
         StatusCode::OK,

@@ -35,8 +35,8 @@ pub(super) async fn retry(
     let hold = s.dispatch().is_running();
     match s.store.retry(&id, hold).await? {
         RetryResult::Retried(row) => {
-            tracing::info!(session_id = %row.id, held = hold, "session retried");
-            if hold {
+            tracing::info!(session_id = %row.id, held = row.held, "session retried");
+            if row.held {
                 s.dispatch().nudge();
             } else {
                 agentq_core::lifecycle::enqueue_woken(

@@ -186,6 +186,7 @@ pub(super) async fn create(
     check_sources(&s, &caller, std::slice::from_ref(&req), false).await?;
     let mut new = new_session(req, &caller, hash);
     new.sched.held = s.dispatch().hold(&new.queue, &new.tenant, 1, None);
+    new.sched.capped = s.dispatch().capped(&new.tenant, None);
     let (row, created) = s.store.create_session(&new).await?;
     if !created {
         check_repeat(&new, &row, "idempotency_key".into())?;
@@ -256,6 +257,7 @@ pub(super) async fn create_batch(
         n.sched.batch_id = Some(batch_id.clone());
         n.sched.batch_max_running = max_running;
         n.sched.held = held.get(&n.queue).copied().unwrap_or(false);
+        n.sched.capped = s.dispatch().capped(&caller.tenant, max_running);
     }
     let rows = s.store.create_sessions(&new).await?;
 

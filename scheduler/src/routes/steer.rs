@@ -33,13 +33,17 @@ const MAX_TREE: usize = 10_000;
 async fn follow_up(s: &Scheduler, row: &SessionRow, content: &str) -> ApiResult<Response> {
     match s.store.follow_up(&row.id, content, None).await? {
         Some(reopened) => {
-            lifecycle::enqueue_woken(
-                s.store.as_ref(),
-                s.queue.as_ref(),
-                &reopened.id,
-                &reopened.queue,
-            )
-            .await;
+            if reopened.held {
+                s.dispatch().nudge();
+            } else {
+                lifecycle::enqueue_woken(
+                    s.store.as_ref(),
+                    s.queue.as_ref(),
+                    &reopened.id,
+                    &reopened.queue,
+                )
+                .await;
+            }
             respond(
                 StatusCode::ACCEPTED,
                 &PostMessageResponse {
@@ -112,6 +116,8 @@ pub(super) async fn post_message(
         .ok_or_else(|| not_found(&id))?;
     if delivered.woken {
         lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &delivered.queue).await;
+    } else if delivered.held {
+        s.dispatch().nudge();
     }
     let signal = if strategy == Strategy::Interrupt {
         WorkerSignal::Interrupt(id.clone())
@@ -188,9 +194,11 @@ pub(super) async fn approvals(
         .decide_approval(&id, &tool_call_id, approve, reason.as_deref())
         .await?
     {
-        ApprovalRecorded::Recorded { woken, queue } => {
+        ApprovalRecorded::Recorded { woken, held, queue } => {
             if woken {
                 lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &queue).await;
+            } else if held {
+                s.dispatch().nudge();
             }
             respond(
                 StatusCode::OK,
