@@ -614,13 +614,13 @@ impl InboxStore for PgStore {
         let wake: Vec<&str> = wake.iter().map(SessionStatus::as_str).collect();
         let row: Option<(String, String, Option<i64>, Option<String>, bool)> =
             sqlx::query_as(DELIVER)
-            .bind(session_id)
-            .bind(kind.as_str())
-            .bind(dedupe)
-            .bind(stored_json(&payload.to_value()?)?)
-            .bind(&wake)
-            .fetch_optional(&self.pool)
-            .await?;
+                .bind(session_id)
+                .bind(kind.as_str())
+                .bind(dedupe)
+                .bind(stored_json(&payload.to_value()?)?)
+                .bind(&wake)
+                .fetch_optional(&self.pool)
+                .await?;
         let Some((queue, old, seq, new, held)) = row else {
             return Ok(None);
         };
@@ -664,7 +664,9 @@ impl InboxStore for PgStore {
         let old = parse_status(&old)?;
         let woken = old == SessionStatus::AwaitingApproval
             && new.as_deref() == Some(SessionStatus::Queued.as_str());
-        Ok(outcome::approval_recorded(queue, old, inserted, woken, held))
+        Ok(outcome::approval_recorded(
+            queue, old, inserted, woken, held,
+        ))
     }
 
     async fn approval(

@@ -3088,14 +3088,26 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Store) {
         strategy: Strategy::Inject,
     });
     let d = store
-        .deliver(&id, InboxKind::Message, "d1", &payload, &[SessionStatus::Waiting])
+        .deliver(
+            &id,
+            InboxKind::Message,
+            "d1",
+            &payload,
+            &[SessionStatus::Waiting],
+        )
         .await
         .unwrap()
         .unwrap();
     assert!(d.held && !d.woken, "{d:?}");
     assert!(is_held(&id).await);
     let d = store
-        .deliver(&plain.id, InboxKind::Message, "d1", &payload, &[SessionStatus::Waiting])
+        .deliver(
+            &plain.id,
+            InboxKind::Message,
+            "d1",
+            &payload,
+            &[SessionStatus::Waiting],
+        )
         .await
         .unwrap()
         .unwrap();
@@ -3106,7 +3118,12 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Store) {
     // A rate-limit wait that ends.
     let (lease, _, seen) = acquire_seen(store, &id, "w").await;
     store
-        .suspend_for(&lease, seen, WaitReason::RateLimit, Some(chrono::Utc::now()))
+        .suspend_for(
+            &lease,
+            seen,
+            WaitReason::RateLimit,
+            Some(chrono::Utc::now()),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -3128,7 +3145,10 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(
-        store.decide_approval(&id, "call_1", true, None).await.unwrap(),
+        store
+            .decide_approval(&id, "call_1", true, None)
+            .await
+            .unwrap(),
         ApprovalRecorded::Recorded {
             woken: false,
             held: true,

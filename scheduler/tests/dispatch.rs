@@ -143,8 +143,8 @@ async fn embedded_dispatch_is_fair_bounded_and_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cap_holds_for_sessions_back_from_a_wait() {
     use agentq_agent::schema::Message;
-    use agentq_agent::state::Outcome;
     use agentq_agent::spec::ExitReason;
+    use agentq_agent::state::Outcome;
     use agentq_core::WaitReason;
 
     let dir = tempfile::tempdir().unwrap();

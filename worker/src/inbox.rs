@@ -5,8 +5,8 @@
 //! `wake_seq` it set), and when a wake signal names the session. A session nobody writes
 //! to costs no extra queries.
 
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;

@@ -215,10 +215,7 @@ fn refresh_plan(
     let mut deleted = Vec::new();
     for (rel, i) in deletes {
         let path = dir.join(&rel);
-        if valid_path(&rel)
-            && as_indexed(&rel, Some(&i))
-            && std::fs::remove_file(&path).is_ok()
-        {
+        if valid_path(&rel) && as_indexed(&rel, Some(&i)) && std::fs::remove_file(&path).is_ok() {
             if let Some(parent) = path.parent()
                 && parent != dir
             {

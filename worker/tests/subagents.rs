@@ -358,9 +358,7 @@ async fn foreground_and_background_children_nested_two_levels() {
 /// the parent reads it without being suspended or claimed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_childs_files_reach_its_running_parent_on_another_machine() {
-    let write = |path: &str, content: &str| {
-        json!({"name": "write_file", "arguments": {"path": path, "content": content}})
-    };
+    let write = |path: &str, content: &str| json!({"name": "write_file", "arguments": {"path": path, "content": content}});
     let read = |path: &str| json!({"name": "read_file", "arguments": {"path": path}});
     let script = json!({
         "turns": [],
@@ -425,7 +423,12 @@ async fn a_background_childs_files_reach_its_running_parent_on_another_machine()
         .position(|r| r.contains("written on the other machine"))
         .unwrap_or_else(|| panic!("the parent never read the child's file: {results:#?}"));
     // Before the result came the file was not there; after it, every read finds it.
-    assert!(results[..first_seen].iter().any(|r| r.contains("no such file")), "{results:#?}");
+    assert!(
+        results[..first_seen]
+            .iter()
+            .any(|r| r.contains("no such file")),
+        "{results:#?}"
+    );
     let injected = msgs
         .iter()
         .position(|m| m.role == Role::User && m.content.contains("[Background agent"))
@@ -434,7 +437,9 @@ async fn a_background_childs_files_reach_its_running_parent_on_another_machine()
         .iter()
         .enumerate()
         .position(|(i, m)| {
-            i > injected && m.role == Role::Tool && m.content.contains("written on the other machine")
+            i > injected
+                && m.role == Role::Tool
+                && m.content.contains("written on the other machine")
         })
         .unwrap();
     assert!(first_read_after > injected);

@@ -214,7 +214,11 @@ async fn a_running_session_brings_in_what_another_machine_committed() {
         ],
     )
     .await;
-    let (lease, mut state) = match store.claim(&root, "b", std::time::Duration::from_secs(30), 10).await.unwrap() {
+    let (lease, mut state) = match store
+        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    {
         agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
         other => panic!("{other:?}"),
     };
@@ -231,7 +235,9 @@ async fn a_running_session_brings_in_what_another_machine_committed() {
 
     // Machine B changes, adds and deletes, and commits.
     wb.write("shared.txt", b"v2 from b", LIMITS).await.unwrap();
-    wb.write("new/from_b.txt", b"new from b", LIMITS).await.unwrap();
+    wb.write("new/from_b.txt", b"new from b", LIMITS)
+        .await
+        .unwrap();
     wb.write("both.txt", b"b from b", LIMITS).await.unwrap();
     std::fs::remove_file(wb.root().join("doomed.txt")).unwrap();
     std::fs::remove_file(wb.root().join("sub/gone.txt")).unwrap();
@@ -277,7 +283,9 @@ async fn a_running_session_brings_in_what_another_machine_committed() {
     let p = b.collect().await.unwrap();
     commit(&*store, &lease, &mut state, &p).await;
     b.committed(p);
-    wa.write("pending.txt", b"not committed", LIMITS).await.unwrap();
+    wa.write("pending.txt", b"not committed", LIMITS)
+        .await
+        .unwrap();
     let (_a2, _wa2) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
         .await
         .unwrap();
