@@ -191,6 +191,11 @@ fn refresh_plan(
     deletes: Vec<(String, Indexed)>,
 ) -> (Vec<FileEntry>, Vec<String>, usize) {
     let as_indexed = |rel: &str, indexed: Option<&Indexed>| {
+        // Through a link a command made here (`sub -> /elsewhere`), a path would name a
+        // file outside the workspace: such a path is left alone.
+        if !real_dirs_to(dir, rel) {
+            return false;
+        }
         let meta = std::fs::symlink_metadata(dir.join(rel));
         match (meta, indexed) {
             (Err(e), None) => e.kind() == std::io::ErrorKind::NotFound,
@@ -228,6 +233,25 @@ fn refresh_plan(
         }
     }
     (fetch, deleted, kept_local)
+}
+
+/// Whether every directory on the way from `dir` (itself included) to `rel` is a real
+/// directory or not there yet: no link (nor file) stands where one of them belongs.
+fn real_dirs_to(dir: &Path, rel: &str) -> bool {
+    let mut at = dir.to_path_buf();
+    let parents = rel.rsplit_once('/').map_or("", |(p, _)| p);
+    let steps = std::iter::once("").chain(parents.split('/').filter(|s| !s.is_empty()));
+    for step in steps {
+        if !step.is_empty() {
+            at.push(step);
+        }
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return true,
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// The content of `f` from the store, which must hash to what the manifest says.
@@ -339,6 +363,11 @@ struct Plan {
 /// unless a committed file takes their place.
 fn plan(cache: &TreeCache, manifest: &[FileEntry]) -> Result<Plan, Error> {
     let dir = &cache.dir;
+    // A command may have put a link (or a file) where the tree's directory is: the link
+    // goes, not what it points to, and a real directory takes its place.
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        std::fs::remove_file(dir).map_err(io(dir))?;
+    }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let old = cache.index().clone();
     let wanted: BTreeMap<&str, &FileEntry> =
@@ -579,6 +608,11 @@ impl TreeSync {
             let written = blocking(move || {
                 let mut out = Vec::with_capacity(blobs.len());
                 for (f, data) in blobs {
+                    // Checked again just before the write: the directory is shared with
+                    // the tree's other sessions here, whose commands run meanwhile.
+                    if !real_dirs_to(&dir, &f.path) {
+                        continue;
+                    }
                     if let Some(entry) = place(&dir, &f, &data)? {
                         out.push((f.path, entry));
                     }
@@ -795,6 +829,12 @@ fn find_changes(
     taken: &Changes,
     max_file_bytes: u64,
 ) -> Result<Vec<(String, Found)>, Error> {
+    if std::fs::symlink_metadata(dir).is_ok_and(|m| !m.is_dir()) {
+        // A command replaced the tree's directory with a link (or a file): what is
+        // reached through it is not the tree's, and the tree's files are gone.
+        warn!(dir = %dir.display(), "the workspace directory is no longer a directory; its files are gone");
+        return Ok(index.keys().map(|k| (k.clone(), Found::Gone)).collect());
+    }
     let mut candidates: BTreeSet<String> = taken.written.clone();
     if taken.rescan {
         let on_disk = walk(dir)?;

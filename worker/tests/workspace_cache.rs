@@ -295,3 +295,89 @@ async fn a_running_session_brings_in_what_another_machine_committed() {
     let paths: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
     assert_eq!(paths, vec!["pending.txt"]);
 }
+
+/// A command on one machine planted links in the shared directory (a subdirectory, then
+/// the tree's directory itself, pointing outside). Bringing in another machine's commits
+/// never writes or deletes through them, a rescan commits nothing reached through them,
+/// and the next claim replaces the linked directory with a real one, leaving the target
+/// untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_planted_in_the_workspace_are_never_written_through() {
+    use agentq_worker::workspace::Refreshed;
+    let (_d, store) = store().await;
+    let root = tree(&*store, &[("sub/kept.txt", b"k")]).await;
+    let (lease, mut state) = match store
+        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    {
+        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
+        other => panic!("{other:?}"),
+    };
+    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
+    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("kept.txt"), b"k").unwrap();
+    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+
+    // On A, `sub` becomes a link outside; B changes and adds files under `sub`.
+    let a_dir = wa.root().to_path_buf();
+    std::fs::remove_dir_all(a_dir.join("sub")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), a_dir.join("sub")).unwrap();
+    wb.write("sub/new.txt", b"from b", LIMITS).await.unwrap();
+    std::fs::remove_file(wb.root().join("sub/kept.txt")).unwrap();
+    wb.forget_usage();
+    let p = b.collect().await.unwrap();
+    commit(&*store, &lease, &mut state, &p).await;
+    b.committed(p);
+    let r = a.refresh().await.unwrap();
+    assert_eq!(
+        r,
+        Refreshed {
+            fetched: 0,
+            deleted: 0,
+            kept_local: 2
+        }
+    );
+    assert!(!outside.path().join("new.txt").exists());
+    assert_eq!(
+        std::fs::read(outside.path().join("kept.txt")).unwrap(),
+        b"k"
+    );
+
+    // The tree's directory itself replaced by a link: a rescan commits nothing of what
+    // it points to, only that the tree's files are gone.
+    std::fs::remove_file(a_dir.join("sub")).unwrap();
+    std::fs::remove_dir_all(&a_dir).unwrap();
+    std::os::unix::fs::symlink(outside.path(), &a_dir).unwrap();
+    wa.forget_usage();
+    let p = a.collect().await.unwrap();
+    let got: Vec<(String, bool)> = p
+        .changes
+        .iter()
+        .map(|c| (c.path.clone(), c.blob.is_some()))
+        .collect();
+    assert_eq!(got, vec![("sub/kept.txt".to_string(), false)]);
+    a.not_committed(p);
+    drop((a, wa));
+    // The next claim here makes it a real directory again, from the manifest.
+    let (_a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    assert!(std::fs::symlink_metadata(wa.root()).unwrap().is_dir());
+    assert_eq!(
+        std::fs::read(wa.root().join("sub/new.txt")).unwrap(),
+        b"from b"
+    );
+    assert_eq!(
+        std::fs::read(outside.path().join("kept.txt")).unwrap(),
+        b"k"
+    );
+    assert!(!outside.path().join("new.txt").exists());
+}
