@@ -190,28 +190,10 @@ fn refresh_plan(
     updates: Vec<FileEntry>,
     deletes: Vec<(String, Indexed)>,
 ) -> (Vec<FileEntry>, Vec<String>, usize) {
-    let as_indexed = |rel: &str, indexed: Option<&Indexed>| {
-        // Through a link a command made here (`sub -> /elsewhere`), a path would name a
-        // file outside the workspace: such a path is left alone.
-        if !real_dirs_to(dir, rel) {
-            return false;
-        }
-        let meta = std::fs::symlink_metadata(dir.join(rel));
-        match (meta, indexed) {
-            (Err(e), None) => e.kind() == std::io::ErrorKind::NotFound,
-            (Ok(m), Some(i)) => {
-                m.file_type().is_file()
-                    && m.nlink() == 1
-                    && m.len() == i.size
-                    && mtime_ns(&m) == i.mtime_ns
-            }
-            _ => false,
-        }
-    };
     let mut kept_local = 0usize;
     let mut fetch = Vec::new();
     for f in updates {
-        if valid_path(&f.path) && as_indexed(&f.path, index.get(&f.path)) {
+        if valid_path(&f.path) && as_indexed(dir, &f.path, index.get(&f.path)) {
             fetch.push(f);
         } else {
             kept_local = kept_local.saturating_add(1);
@@ -220,7 +202,10 @@ fn refresh_plan(
     let mut deleted = Vec::new();
     for (rel, i) in deletes {
         let path = dir.join(&rel);
-        if valid_path(&rel) && as_indexed(&rel, Some(&i)) && std::fs::remove_file(&path).is_ok() {
+        if valid_path(&rel)
+            && as_indexed(dir, &rel, Some(&i))
+            && std::fs::remove_file(&path).is_ok()
+        {
             if let Some(parent) = path.parent()
                 && parent != dir
             {
@@ -233,6 +218,27 @@ fn refresh_plan(
         }
     }
     (fetch, deleted, kept_local)
+}
+
+/// Whether the disk holds at `rel` what the index says was committed there (`indexed`),
+/// or nothing for a path the index does not know, reached through real directories only
+/// (through a link a command made here, `sub -> /elsewhere`, a path would name a file
+/// outside the workspace).
+fn as_indexed(dir: &Path, rel: &str, indexed: Option<&Indexed>) -> bool {
+    if !real_dirs_to(dir, rel) {
+        return false;
+    }
+    let meta = std::fs::symlink_metadata(dir.join(rel));
+    match (meta, indexed) {
+        (Err(e), None) => e.kind() == std::io::ErrorKind::NotFound,
+        (Ok(m), Some(i)) => {
+            m.file_type().is_file()
+                && m.nlink() == 1
+                && m.len() == i.size
+                && mtime_ns(&m) == i.mtime_ns
+        }
+        _ => false,
+    }
 }
 
 /// Whether every directory on the way from `dir` (itself included) to `rel` is a real
@@ -476,7 +482,26 @@ fn place(dir: &Path, f: &FileEntry, data: &[u8]) -> Result<Option<Indexed>, Erro
             .map(|n| n.to_string_lossy())
             .unwrap_or_default()
     ));
-    std::fs::write(&tmp, data).map_err(io(&tmp))?;
+    // Whatever a command left at the temporary name (a link, a hard link to a file
+    // elsewhere) goes first, and the file is made new there: never written through.
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!(path = %f.path, error = %e, "a committed file cannot be placed");
+            return Ok(None);
+        }
+    }
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, data));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        warn!(path = %f.path, error = %e, "a committed file cannot be placed");
+        return Ok(None);
+    }
     if let Err(e) = std::fs::rename(&tmp, &path) {
         let _ = std::fs::remove_file(&tmp);
         warn!(path = %f.path, error = %e, "a committed file cannot be placed");
@@ -592,7 +617,7 @@ impl TreeSync {
         if updates.is_empty() && deletes.is_empty() {
             return Ok(Refreshed::default());
         }
-        let (fetch, deleted, kept_local) = {
+        let (fetch, deleted, mut kept_local) = {
             let dir = self.cache.dir.clone();
             let index = index.clone();
             blocking(move || Ok(refresh_plan(&dir, &index, updates, deletes))).await?
@@ -605,22 +630,31 @@ impl TreeSync {
             )
             .await?;
             let dir = self.cache.dir.clone();
-            let written = blocking(move || {
+            let was: Vec<Option<Indexed>> = blobs
+                .iter()
+                .map(|(f, _)| index.get(&f.path).cloned())
+                .collect();
+            let (written, changed_here) = blocking(move || {
                 let mut out = Vec::with_capacity(blobs.len());
-                for (f, data) in blobs {
-                    // Checked again just before the write: the directory is shared with
-                    // the tree's other sessions here, whose commands run meanwhile.
-                    if !real_dirs_to(&dir, &f.path) {
+                let mut changed_here = 0usize;
+                for ((f, data), was) in blobs.into_iter().zip(was) {
+                    // Checked again just before the write: the fetch took time, and this
+                    // session's tools and the tree's other sessions here (their commands,
+                    // their commits) may have changed the path (or planted a link on the
+                    // way) meanwhile; such a change is theirs to commit.
+                    if !as_indexed(&dir, &f.path, was.as_ref()) {
+                        changed_here = changed_here.saturating_add(1);
                         continue;
                     }
                     if let Some(entry) = place(&dir, &f, &data)? {
                         out.push((f.path, entry));
                     }
                 }
-                Ok(out)
+                Ok((out, changed_here))
             })
             .await?;
             placed.extend(written);
+            kept_local = kept_local.saturating_add(changed_here);
         }
         let fetched = placed.len();
         let snapshot = {

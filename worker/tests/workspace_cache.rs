@@ -381,3 +381,118 @@ async fn links_planted_in_the_workspace_are_never_written_through() {
     );
     assert!(!outside.path().join("new.txt").exists());
 }
+
+/// A command planted a link (and a hard link) where a refresh puts its temporary file
+/// (`.agentq-<name>.tmp`, beside the path): bringing in another machine's commit of that
+/// path writes neither the link's target nor the hard-linked file outside the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_never_writes_through_a_link_planted_at_its_temporary_file() {
+    use agentq_worker::workspace::Refreshed;
+    let (_d, store) = store().await;
+    let root = tree(&*store, &[("a.txt", b"a1"), ("b.txt", b"b1")]).await;
+    let (lease, mut state) = match store
+        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    {
+        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
+        other => panic!("{other:?}"),
+    };
+    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
+    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let victim = outside.path().join("victim.txt");
+    let hard = a_root.join("hard.txt");
+    std::fs::write(&victim, b"untouched").unwrap();
+    std::fs::write(&hard, b"untouched").unwrap();
+    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+
+    // On A, a command plants a link and a hard link at the temporary names.
+    let a_dir = wa.root().to_path_buf();
+    std::os::unix::fs::symlink(&victim, a_dir.join(".agentq-a.txt.tmp")).unwrap();
+    std::fs::hard_link(&hard, a_dir.join(".agentq-b.txt.tmp")).unwrap();
+    wb.write("a.txt", b"a2 from b", LIMITS).await.unwrap();
+    wb.write("b.txt", b"b2 from b", LIMITS).await.unwrap();
+    let p = b.collect().await.unwrap();
+    commit(&*store, &lease, &mut state, &p).await;
+    b.committed(p);
+
+    let r = a.refresh().await.unwrap();
+    assert_eq!(
+        r,
+        Refreshed {
+            fetched: 2,
+            deleted: 0,
+            kept_local: 0
+        }
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"untouched");
+    assert_eq!(std::fs::read(&hard).unwrap(), b"untouched");
+    assert_eq!(std::fs::read(a_dir.join("a.txt")).unwrap(), b"a2 from b");
+    assert_eq!(std::fs::read(a_dir.join("b.txt")).unwrap(), b"b2 from b");
+}
+
+/// While a refresh fetches many files another machine committed, this machine's session
+/// writes one of them (the last fetched): that write, made after the refresh looked at the
+/// disk, is still a local change and is not overwritten by the older committed contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_leaves_alone_a_path_written_here_while_it_fetched() {
+    let (_d, store) = store().await;
+    let mut files: Vec<(String, Vec<u8>)> = (0..1500)
+        .map(|i| (format!("f{i:04}.txt"), b"old".to_vec()))
+        .collect();
+    files.push(("zzz.txt".to_string(), b"old".to_vec()));
+    let refs: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(p, d)| (p.as_str(), d.as_slice()))
+        .collect();
+    let root = tree(&*store, &refs).await;
+    let (lease, mut state) = match store
+        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    {
+        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
+        other => panic!("{other:?}"),
+    };
+    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
+    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
+    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
+        .await
+        .unwrap();
+    for (p, _) in &files {
+        wb.write(p, format!("{p} from b").as_bytes(), LIMITS)
+            .await
+            .unwrap();
+    }
+    let p = b.collect().await.unwrap();
+    commit(&*store, &lease, &mut state, &p).await;
+    b.committed(p);
+
+    let a = Arc::new(a);
+    let refreshing = tokio::spawn({
+        let a = a.clone();
+        async move { a.refresh().await.unwrap() }
+    });
+    let first = wa.root().join("f0000.txt");
+    while std::fs::read(&first).unwrap() == b"old" {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    wa.write("zzz.txt", b"mine", LIMITS).await.unwrap();
+    let r = refreshing.await.unwrap();
+    assert_eq!(std::fs::read(wa.root().join("zzz.txt")).unwrap(), b"mine");
+    assert_eq!(r.kept_local, 1);
+    let p = a.collect().await.unwrap();
+    let got: Vec<_> = p.changes.iter().map(|c| c.path.clone()).collect();
+    assert_eq!(got, vec!["zzz.txt"]);
+}
