@@ -212,6 +212,55 @@ pub struct Spend {
     pub cost_nanos: u64,
 }
 
+impl Spend {
+    /// Both spends together (saturating: a sum of stored counts never wraps).
+    pub fn plus(self, other: Spend) -> Spend {
+        Spend {
+            tokens: self.tokens.saturating_add(other.tokens),
+            cost_nanos: self.cost_nanos.saturating_add(other.cost_nanos),
+        }
+    }
+}
+
+/// One LLM call's hold on its tenant's budgets: its worst case (the prompt's estimate and
+/// all of `max_tokens`, at its price) from its start to its end
+/// ([`BudgetStore::hold_tenant_spend`], [`BudgetStore::settle_tenant_hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantHold {
+    /// Unique per call.
+    pub id: String,
+    pub tenant: String,
+    pub worst: Spend,
+    /// How long the hold outlives a worker that died during the call.
+    pub ttl: std::time::Duration,
+}
+
+/// Why a call could not hold its tenant's budget: `budget` is the index (in the budgets
+/// asked about) of the first one reached, `message` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldRefused {
+    pub budget: usize,
+    pub message: String,
+}
+
+/// The first of `budgets` that its recorded spend (`spent`, one per budget, in its period)
+/// plus what the calls in flight hold (`held`) has reached, for
+/// [`BudgetStore::hold_tenant_spend`].
+pub fn first_reached(
+    budgets: &[TenantBudget],
+    spent: &[Spend],
+    held: Spend,
+) -> Option<HoldRefused> {
+    budgets
+        .iter()
+        .zip(spent)
+        .enumerate()
+        .find_map(|(i, (b, s))| {
+            b.reached(s.plus(held))
+                .map(|message| HoldRefused { budget: i, message })
+        })
+}
+
 impl TenantBudget {
     /// Whether `spend` has reached this budget; the message names the bound.
     pub fn reached(&self, spend: Spend) -> Option<String> {
@@ -279,6 +328,30 @@ pub trait BudgetStore: Send + Sync {
 
     /// Add to what `tenant` spent on UTC day `day` (`YYYY-MM-DD`).
     async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()>;
+
+    /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
+    /// in one transaction serialised per tenant on every worker, refused with the first
+    /// budget that the tenant's recorded spend in its period plus the unexpired holds of
+    /// its other calls has reached; else `hold` is stored (and the tenant's expired holds
+    /// dropped). A call starts only while spend and holds are below the budget, so the
+    /// tenant ends within it plus one call, however many run at once.
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: DateTime<Utc>,
+    ) -> Result<Option<HoldRefused>>;
+
+    /// The call of hold `id` ended having spent `spend`, counted on UTC day `day`: the
+    /// hold goes and the spend is added, in one step (a hold already gone, expired or
+    /// settled, only adds the spend).
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()>;
 
     /// What `tenant` spent from day `from` to day `to`, both included.
     async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend>;

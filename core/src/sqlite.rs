@@ -80,7 +80,10 @@ use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
-use crate::budget::{BudgetStore, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
+use crate::budget::{
+    BudgetStore, HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget,
+    TenantHold,
+};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -476,6 +479,25 @@ impl BudgetStore for SqliteStore {
 
     async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
         self.spend(tenant, from, to).await
+    }
+
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        self.hold(hold, budgets, now).await
+    }
+
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()> {
+        self.settle_hold(id, tenant, day, spend).await
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {

@@ -12,7 +12,7 @@ use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
 use agentq_core::budget::{
-    Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget,
+    Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
@@ -74,6 +74,7 @@ contract_tests!(
     budget_sweeper_finds_unreturned_allowances,
     budget_tree_usage_per_model,
     budget_tenant_spend_and_stored_budgets,
+    budget_tenant_holds_bound_the_calls_in_flight,
 );
 
 fn root(budget: Option<u64>) -> NewSession {
@@ -491,4 +492,183 @@ async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {
     b.usd_nanos = Some(5_000_000_000);
     store.set_tenant_budget(&b).await.unwrap();
     assert_eq!(store.tenant_budgets().await.unwrap(), vec![b]);
+}
+
+/// Calls of a tenant with a budget hold their worst case while they run: of twelve calls
+/// asking at once (from as many tasks, as from many workers), only those that find the
+/// recorded spend plus the holds before them below the budget start, so the tenant cannot
+/// pass it by more than one call. A settled hold becomes the call's real spend, which
+/// frees the rest; an expired hold (a dead worker's) holds nothing; another tenant and a
+/// money budget are held apart.
+async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
+    let now = chrono::Utc::now();
+    let day = agentq_core::budget::day_key(now.date_naive());
+    let tokens = |n: u64| TenantBudget {
+        tenant: "acme".into(),
+        period: Period::Day,
+        tokens: Some(n),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    };
+    let hold = |tenant: &str, tokens: u64, ttl: Duration| TenantHold {
+        id: new_session_id(),
+        tenant: tenant.into(),
+        worst: Spend {
+            tokens,
+            cost_nanos: 0,
+        },
+        ttl,
+    };
+    store
+        .add_tenant_spend(
+            "acme",
+            &day,
+            Spend {
+                tokens: 100,
+                cost_nanos: 0,
+            },
+        )
+        .await
+        .unwrap();
+    let budgets = vec![tokens(1000)];
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let (store, budgets) = (store.clone(), budgets.clone());
+        let h = hold("acme", 300, TTL);
+        tasks.push(tokio::spawn(async move {
+            let refused = store.hold_tenant_spend(&h, &budgets, now).await.unwrap();
+            (h.id, refused)
+        }));
+    }
+    let mut held = Vec::new();
+    for t in tasks {
+        let (id, refused) = t.await.unwrap();
+        match refused {
+            None => held.push(id),
+            Some(r) => {
+                assert_eq!(r.budget, 0);
+                assert!(r.message.contains("1000 tokens"), "{}", r.message);
+            }
+        }
+    }
+    // 100 spent: holds start at 100, 400 and 700 (each below 1000); the fourth would
+    // start at 1000.
+    assert_eq!(held.len(), 3, "{held:?}");
+    // Another tenant is not held by these.
+    assert!(
+        store
+            .hold_tenant_spend(
+                &hold("other", 300, TTL),
+                &[TenantBudget {
+                    tenant: "other".into(),
+                    ..tokens(1000)
+                }],
+                now
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Two calls end having spent 50 each: their holds become 100 of spend, and a call
+    // starts again (100 + 100 + 300 held).
+    for id in &held[..2] {
+        store
+            .settle_tenant_hold(
+                id,
+                "acme",
+                &day,
+                Spend {
+                    tokens: 50,
+                    cost_nanos: 0,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.tenant_spend("acme", &day, &day).await.unwrap().tokens,
+        200
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 300, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // 200 + 600 held: one more fits (800 < 1000), then none.
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 300, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 1, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // A hold that expired (its worker died) holds nothing: counted, its 900 would have
+    // reached the 800.
+    let fresh = hold("late", 900, Duration::from_millis(1));
+    let late = |n| TenantBudget {
+        tenant: "late".into(),
+        ..tokens(n)
+    };
+    assert!(
+        store
+            .hold_tenant_spend(&fresh, &[late(800)], now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .hold_tenant_spend(&hold("late", 900, TTL), &[late(800)], now)
+            .await
+            .unwrap()
+            .is_none(),
+        "an expired hold still counted"
+    );
+    // A money budget: the holds' cost counts the same way.
+    let usd = TenantBudget {
+        tenant: "money".into(),
+        period: Period::Month,
+        tokens: None,
+        usd_nanos: Some(1_000),
+        on_budget: OnBudget::Park,
+    };
+    let costly = |cost_nanos| TenantHold {
+        worst: Spend {
+            tokens: 1,
+            cost_nanos,
+        },
+        ..hold("money", 1, TTL)
+    };
+    assert!(
+        store
+            .hold_tenant_spend(&costly(999), std::slice::from_ref(&usd), now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&costly(1), std::slice::from_ref(&usd), now)
+            .await
+            .unwrap()
+            .is_none(),
+        "999 held is below 1000"
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&costly(1), &[usd], now)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

@@ -104,6 +104,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "session_specs",
             "sessions",
             "tenant_budgets",
+            "tenant_holds",
             "tenant_spend",
             "workspace_files",
         ]

@@ -50,8 +50,18 @@ async fn read_tenants(
     (tenants, ids)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_dispatch_is_fair_bounded_and_capped() {
+/// The embedded store and queue with a running dispatcher: a delivery buffer of `buffer`
+/// sessions, and the tenant `capped` at `cap` running.
+async fn embedded(
+    buffer: u32,
+    cap: u32,
+) -> (
+    tempfile::TempDir,
+    SqliteStore,
+    MemQueue,
+    QueueRegistry,
+    Dispatch,
+) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("agentq.db"))
         .await
@@ -61,18 +71,24 @@ async fn embedded_dispatch_is_fair_bounded_and_capped() {
     queue.ensure_queue("default").await.unwrap();
     let registry = QueueRegistry::new(vec!["default".into()]);
     let mut settings = SchedulingSection {
-        buffer: 4,
+        buffer,
         ..SchedulingSection::default()
     };
     settings.tenants.insert(
         "capped".into(),
         TenantScheduling {
             weight: 1,
-            max_running: Some(1),
+            max_running: Some(cap),
         },
     );
     let dispatch = Dispatch::new(settings);
     dispatch.mark_running();
+    (dir, store, queue, registry, dispatch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_dispatch_is_fair_bounded_and_capped() {
+    let (_dir, store, queue, registry, dispatch) = embedded(4, 1).await;
 
     store.create_sessions(&held("flood", 100)).await.unwrap();
     store.create_sessions(&held("few", 3)).await.unwrap();
@@ -147,27 +163,7 @@ async fn a_cap_holds_for_sessions_back_from_a_wait() {
     use agentq_agent::state::Outcome;
     use agentq_core::WaitReason;
 
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("agentq.db"))
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    let queue = MemQueue::new();
-    queue.ensure_queue("default").await.unwrap();
-    let registry = QueueRegistry::new(vec!["default".into()]);
-    let mut settings = SchedulingSection {
-        buffer: 10,
-        ..SchedulingSection::default()
-    };
-    settings.tenants.insert(
-        "capped".into(),
-        TenantScheduling {
-            weight: 1,
-            max_running: Some(2),
-        },
-    );
-    let dispatch = Dispatch::new(settings);
-    dispatch.mark_running();
+    let (_dir, store, queue, registry, dispatch) = embedded(10, 2).await;
     assert!(dispatch.capped("capped", None));
     assert!(!dispatch.capped("other", None));
     let mut new = held("capped", 4);

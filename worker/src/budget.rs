@@ -7,7 +7,10 @@
 //!
 //! A call starts only when what is left pays for its worst case, and the allowances of a
 //! tree's sessions are disjoint (each drawn from its parent's), so a tree ends within its
-//! budget plus what the estimates of the calls in flight missed.
+//! budget plus what the estimates of the calls in flight missed. A call of a tenant with a
+//! budget holds its worst case on the tenant's budgets while it runs, and starts only
+//! while the tenant's spend and the other calls' holds are below them, so a tenant ends
+//! within its budget plus one call, however many of its sessions run at once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +22,9 @@ use tokio::sync::Mutex;
 use tracing::warn;
 
 use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::schema::Usage;
 use agentq_core::SessionRow;
-use agentq_core::budget::{OnBudget, Spend, TenantBudget, day_key};
+use agentq_core::budget::{OnBudget, Spend, TenantBudget, TenantHold, day_key};
 
 use crate::Inner;
 
@@ -31,6 +35,11 @@ const STORED_BUDGETS_TTL: Duration = Duration::from_secs(2);
 /// How long a call waits when the store cannot say what is left: a budget is not
 /// enforced by guessing.
 const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
+
+/// How long a call's hold on its tenant's budgets lasts at most: what a worker that died
+/// during the call leaves held. Longer than calls last in practice; one that runs longer
+/// still is counted when it ends, but holds nothing for its remaining time.
+const HOLD_TTL: Duration = Duration::from_secs(30 * 60);
 
 /// How often a session whose budget is held by its running sub-agents looks again.
 const HELD_WAIT: Duration = Duration::from_secs(1);
@@ -110,6 +119,9 @@ pub(crate) struct BudgetGate {
     allowance: Option<u64>,
     /// Its own spend as this run knows it (newer than the store's between checkpoints).
     own: AtomicU64,
+    /// The hold of the call in flight on the tenant's budgets (a session makes one call
+    /// at a time), settled with it.
+    hold: std::sync::Mutex<Option<String>>,
     next: Arc<dyn Admission>,
 }
 
@@ -126,6 +138,7 @@ impl BudgetGate {
             tenant: row.tenant.clone(),
             allowance,
             own: AtomicU64::new(row.usage.total()),
+            hold: std::sync::Mutex::new(None),
             next,
         }
     }
@@ -177,50 +190,68 @@ impl BudgetGate {
         })
     }
 
-    /// The tenant's budgets. A budget found spent is checked again against freshly read
-    /// ones, so that a budget raised a moment ago never parks or fails a session.
-    async fn tenant(&self) -> Option<Admit> {
-        let refused = self.tenant_with_cache().await;
+    /// The tenant's budgets: the call holds its worst case on them
+    /// ([`agentq_core::budget::BudgetStore::hold_tenant_spend`]) or is refused. A budget
+    /// found spent is checked again against freshly read ones, so that a budget raised a
+    /// moment ago never parks or fails a session. `None`: the call may start (held, or
+    /// the tenant has no budget).
+    async fn tenant(&self, ask: &CallAsk<'_>) -> Option<Admit> {
+        let refused = self.tenant_with_cache(ask).await;
         if matches!(refused, Some(Admit::Exhausted { .. })) {
             self.inner.stored_budgets.forget();
-            return self.tenant_with_cache().await;
+            return self.tenant_with_cache(ask).await;
         }
         refused
     }
 
-    async fn tenant_with_cache(&self) -> Option<Admit> {
+    async fn tenant_with_cache(&self, ask: &CallAsk<'_>) -> Option<Admit> {
         let Some(budgets) = tenant_budgets(&self.inner, &self.tenant).await else {
             return Some(Admit::Wait {
                 after: STORE_DOWN_WAIT,
                 reason: "budget",
             });
         };
-        let now = Utc::now();
-        for b in &budgets {
-            let (from, to) = b.period.days(now);
-            let spend = match self
-                .inner
-                .store
-                .tenant_spend(&self.tenant, &from, &to)
-                .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(error = %e, "reading the tenant's spend failed; the call waits");
-                    return Some(Admit::Wait {
-                        after: STORE_DOWN_WAIT,
-                        reason: "budget",
-                    });
-                }
-            };
-            if let Some(message) = b.reached(spend) {
-                return Some(Admit::Exhausted {
-                    message,
-                    park: b.on_budget == OnBudget::Park,
-                });
+        if budgets.is_empty() {
+            return None;
+        }
+        let worst = Usage {
+            input_tokens: ask.input_tokens,
+            output_tokens: ask.max_output_tokens,
+            ..Usage::default()
+        };
+        let hold = TenantHold {
+            id: uuid::Uuid::new_v4().to_string(),
+            tenant: self.tenant.clone(),
+            worst: Spend {
+                tokens: worst.total(),
+                cost_nanos: self.inner.cfg.prices.cost_nanos(ask.model, &worst),
+            },
+            ttl: HOLD_TTL,
+        };
+        match self
+            .inner
+            .store
+            .hold_tenant_spend(&hold, &budgets, Utc::now())
+            .await
+        {
+            Ok(None) => {
+                *self.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold.id);
+                None
+            }
+            Ok(Some(refused)) => Some(Admit::Exhausted {
+                message: refused.message,
+                park: budgets
+                    .get(refused.budget)
+                    .is_some_and(|b| b.on_budget == OnBudget::Park),
+            }),
+            Err(e) => {
+                warn!(error = %e, "holding the tenant's budget failed; the call waits");
+                Some(Admit::Wait {
+                    after: STORE_DOWN_WAIT,
+                    reason: "budget",
+                })
             }
         }
-        None
     }
 }
 
@@ -230,40 +261,50 @@ impl Admission for BudgetGate {
         if let Some(refused) = self.tree(ask).await {
             return refused;
         }
-        if let Some(refused) = self.tenant().await {
+        // The rate limiter before the tenant's budgets: a call told to wait for a rate
+        // limit (again and again, under a busy limit) holds nothing and costs the store
+        // nothing; a call let through holds its worst case until it ends.
+        let permit = match self.next.reserve(ask).await {
+            Admit::Go(p) => p,
+            other => return other,
+        };
+        if let Some(refused) = self.tenant(ask).await {
+            // No call: the limiter's reservation goes back unused.
+            self.next.settle(ask, permit, &CallReport::default()).await;
             return refused;
         }
-        self.next.reserve(ask).await
+        Admit::Go(permit)
     }
 
     async fn settle(&self, ask: &CallAsk<'_>, permit: Permit, report: &CallReport) {
         self.next.settle(ask, permit, report).await;
-        let Some(usage) = &report.usage else {
-            return;
-        };
-        self.own.fetch_add(usage.total(), Ordering::Relaxed);
+        let hold = self.hold.lock().unwrap_or_else(|e| e.into_inner()).take();
         let prices = &self.inner.cfg.prices;
-        let usd = prices.cost_usd(ask.model, usage).unwrap_or(0.0);
-        self.inner.metrics.tenant_spent(&self.tenant, usage, usd);
-        // Only a tenant with a budget pays a statement per call for its count.
-        let counted = tenant_budgets(&self.inner, &self.tenant)
-            .await
-            .is_none_or(|b| !b.is_empty());
-        if !counted {
+        let spend = match &report.usage {
+            Some(usage) => {
+                self.own.fetch_add(usage.total(), Ordering::Relaxed);
+                let usd = prices.cost_usd(ask.model, usage).unwrap_or(0.0);
+                self.inner.metrics.tenant_spent(&self.tenant, usage, usd);
+                Spend {
+                    tokens: usage.total(),
+                    cost_nanos: prices.cost_nanos(ask.model, usage),
+                }
+            }
+            None => Spend::default(),
+        };
+        // Only a tenant with a budget holds, and pays a statement per call for its count:
+        // the hold becomes what the call spent (nothing, for a call that never answered).
+        let Some(hold) = hold else {
             return;
-        }
-        let spend = Spend {
-            tokens: usage.total(),
-            cost_nanos: prices.cost_nanos(ask.model, usage),
         };
         let day = day_key(Utc::now().date_naive());
         if let Err(e) = self
             .inner
             .store
-            .add_tenant_spend(&self.tenant, &day, spend)
+            .settle_tenant_hold(&hold, &self.tenant, &day, spend)
             .await
         {
-            warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed");
+            warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed; its hold expires");
         }
     }
 }

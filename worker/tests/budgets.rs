@@ -424,6 +424,72 @@ async fn a_spent_tenant_budget_fails_its_sessions() {
     c.shutdown().await;
 }
 
+/// Sessions of one tenant running at once on two workers: each call holds its worst case
+/// on the tenant's budget while it runs, so however many start together the tenant ends
+/// within its budget plus one call (without the holds, all sixteen calls in flight would
+/// have seen nothing spent and started: 6,560 tokens against 2,000).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_stay_within_their_tenants_budget() {
+    let c = Cluster::start(
+        json!({"turns": [{"text": "answer", "usage": usage(), "delay_ms": 400}]}),
+        2,
+        |cfg| cfg.budgets = vec![tenant_budget(2000, OnBudget::Fail)],
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..16 {
+        ids.push(
+            c.submit("one call", |s| {
+                s.tools = Some(vec![]);
+                // A call's hold (its prompt's estimate and all of max_tokens) covers what
+                // the script reports it used, as a real call's does.
+                s.max_tokens = (CALL.0 + CALL.1) as u32;
+            })
+            .await,
+        );
+    }
+    let mut rows = Vec::new();
+    for id in &ids {
+        rows.push(
+            c.wait_status(
+                id,
+                &[
+                    SessionStatus::Completed,
+                    SessionStatus::Failed,
+                    SessionStatus::Cancelled,
+                ],
+                Duration::from_secs(60),
+            )
+            .await,
+        );
+    }
+    let completed = rows
+        .iter()
+        .filter(|r| r.status == SessionStatus::Completed)
+        .count();
+    let refused = rows
+        .iter()
+        .filter(|r| r.finish_reason == Some(ExitReason::BudgetExhausted))
+        .count();
+    assert_eq!(completed + refused, 16, "{rows:?}");
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    let call = CALL.0 + CALL.1;
+    assert_eq!(spend.tokens, completed as u64 * call);
+    assert!(spend.tokens <= 2000 + call, "{} tokens spent", spend.tokens);
+    assert!(
+        completed >= 2 && refused >= 1,
+        "{completed} completed, {refused} refused"
+    );
+    // Every hold became spend: nothing is left held for the next calls.
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM tenant_holds")
+        .fetch_one(c.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
     let c = Cluster::start(long_script(), 2, |cfg| {

@@ -195,6 +195,50 @@ async fn commit(
     }
 }
 
+/// One tree open on two machines (two workspace roots), and a lease on its root session to
+/// commit what either changes, as its workers' checkpointers do.
+struct TwoMachines {
+    lease: agentq_core::Lease,
+    state: agentq_agent::state::SessionState,
+    a: TreeSync,
+    wa: agentq_agent::tools::LocalWorkspace,
+    b: TreeSync,
+    wb: agentq_agent::tools::LocalWorkspace,
+    /// Machine A's workspace root (to open another session of the tree there).
+    a_root: std::path::PathBuf,
+    _disks: (tempfile::TempDir, tempfile::TempDir),
+}
+
+async fn two_machines(store: &Arc<dyn Store>, root: &str) -> TwoMachines {
+    let (lease, state) = match store
+        .claim(root, "b", std::time::Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    {
+        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
+        other => panic!("{other:?}"),
+    };
+    let disks = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a_root = std::fs::canonicalize(disks.0.path()).unwrap();
+    let b_root = std::fs::canonicalize(disks.1.path()).unwrap();
+    let (a, wa) = TreeSync::open(store.clone(), &a_root, root, 1 << 20, true)
+        .await
+        .unwrap();
+    let (b, wb) = TreeSync::open(store.clone(), &b_root, root, 1 << 20, true)
+        .await
+        .unwrap();
+    TwoMachines {
+        lease,
+        state,
+        a,
+        wa,
+        b,
+        wb,
+        a_root,
+        _disks: disks,
+    }
+}
+
 /// Two machines of one tree: what one commits reaches the other's running session when it
 /// refreshes (changed, added and deleted files), while a change made on the refreshing
 /// machine and not committed yet is left as it is, on a path both changed too; a second
@@ -214,23 +258,16 @@ async fn a_running_session_brings_in_what_another_machine_committed() {
         ],
     )
     .await;
-    let (lease, mut state) = match store
-        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
-        .await
-        .unwrap()
-    {
-        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
-        other => panic!("{other:?}"),
-    };
-    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
-    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
-    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
-    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
+    let TwoMachines {
+        lease,
+        mut state,
+        a,
+        wa,
+        b,
+        wb,
+        a_root,
+        _disks,
+    } = two_machines(&store, &root).await;
     assert_eq!(a.refresh().await.unwrap(), Refreshed::default());
 
     // Machine B changes, adds and deletes, and commits.
@@ -306,25 +343,18 @@ async fn links_planted_in_the_workspace_are_never_written_through() {
     use agentq_worker::workspace::Refreshed;
     let (_d, store) = store().await;
     let root = tree(&*store, &[("sub/kept.txt", b"k")]).await;
-    let (lease, mut state) = match store
-        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
-        .await
-        .unwrap()
-    {
-        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
-        other => panic!("{other:?}"),
-    };
-    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
-    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("kept.txt"), b"k").unwrap();
-    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
-    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
+    let TwoMachines {
+        lease,
+        mut state,
+        a,
+        wa,
+        b,
+        wb,
+        a_root,
+        _disks,
+    } = two_machines(&store, &root).await;
 
     // On A, `sub` becomes a link outside; B changes and adds files under `sub`.
     let a_dir = wa.root().to_path_buf();
@@ -390,28 +420,22 @@ async fn a_refresh_never_writes_through_a_link_planted_at_its_temporary_file() {
     use agentq_worker::workspace::Refreshed;
     let (_d, store) = store().await;
     let root = tree(&*store, &[("a.txt", b"a1"), ("b.txt", b"b1")]).await;
-    let (lease, mut state) = match store
-        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
-        .await
-        .unwrap()
-    {
-        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
-        other => panic!("{other:?}"),
-    };
-    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
-    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
+    let TwoMachines {
+        lease,
+        mut state,
+        a,
+        wa,
+        b,
+        wb,
+        a_root,
+        _disks,
+    } = two_machines(&store, &root).await;
     let outside = tempfile::tempdir().unwrap();
     let victim = outside.path().join("victim.txt");
+    // Beside the tree's directory, outside it.
     let hard = a_root.join("hard.txt");
     std::fs::write(&victim, b"untouched").unwrap();
     std::fs::write(&hard, b"untouched").unwrap();
-    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
-    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
 
     // On A, a command plants a link and a hard link at the temporary names.
     let a_dir = wa.root().to_path_buf();
@@ -453,23 +477,16 @@ async fn a_refresh_leaves_alone_a_path_written_here_while_it_fetched() {
         .map(|(p, d)| (p.as_str(), d.as_slice()))
         .collect();
     let root = tree(&*store, &refs).await;
-    let (lease, mut state) = match store
-        .claim(&root, "b", std::time::Duration::from_secs(30), 10)
-        .await
-        .unwrap()
-    {
-        agentq_core::Claim::Acquired { lease, state, .. } => (lease, *state),
-        other => panic!("{other:?}"),
-    };
-    let (disk_a, disk_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a_root = std::fs::canonicalize(disk_a.path()).unwrap();
-    let b_root = std::fs::canonicalize(disk_b.path()).unwrap();
-    let (a, wa) = TreeSync::open(store.clone(), &a_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
-    let (b, wb) = TreeSync::open(store.clone(), &b_root, &root, 1 << 20, true)
-        .await
-        .unwrap();
+    let TwoMachines {
+        lease,
+        mut state,
+        a,
+        wa,
+        b,
+        wb,
+        a_root: _,
+        _disks,
+    } = two_machines(&store, &root).await;
     for (p, _) in &files {
         wb.write(p, format!("{p} from b").as_bytes(), LIMITS)
             .await

@@ -3,7 +3,12 @@
 
 use sqlx::postgres::PgPool;
 
-use crate::budget::{Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
+use chrono::{DateTime, Utc};
+
+use crate::budget::{
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
+    first_reached,
+};
 use crate::error::Result;
 use crate::model::NewSession;
 use crate::rowconv::to_i64;
@@ -62,6 +67,29 @@ ON CONFLICT (tenant, day) DO UPDATE SET
 const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint
 FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
+
+/// Serialises the holds of one tenant across every worker (released with the
+/// transaction). The second key keeps this lock apart from any other use of advisory locks.
+const LOCK_TENANT: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 1802))";
+
+/// What the tenant's calls in flight hold (expired holds are a dead worker's).
+const HELD: &str = "
+SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint
+FROM tenant_holds WHERE tenant = $1 AND expires_at > now()";
+
+const INSERT_HOLD: &str = "
+WITH expired AS (DELETE FROM tenant_holds WHERE tenant = $2 AND expires_at <= now())
+INSERT INTO tenant_holds (id, tenant, tokens, cost_nanos, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+ON CONFLICT (id) DO NOTHING";
+
+/// The hold becomes the call's spend, in one statement.
+const SETTLE_HOLD: &str = "
+WITH gone AS (DELETE FROM tenant_holds WHERE id = $5)
+INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $4)
+ON CONFLICT (tenant, day) DO UPDATE SET
+    tokens = tenant_spend.tokens + excluded.tokens,
+    cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
 
 const SET_BUDGET: &str = "
 INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
@@ -193,6 +221,77 @@ pub(super) async fn spend(pool: &PgPool, tenant: &str, from: &str, to: &str) -> 
         tokens: count(t),
         cost_nanos: count(c),
     })
+}
+
+/// See [`crate::budget::BudgetStore::hold_tenant_spend`]: the advisory lock, then (each
+/// read seeing what the tenant's calls committed before it) the holds and each budget's
+/// spend, then the insert.
+pub(super) async fn hold(
+    pool: &PgPool,
+    hold: &TenantHold,
+    budgets: &[TenantBudget],
+    now: DateTime<Utc>,
+) -> Result<Option<HoldRefused>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(LOCK_TENANT)
+        .bind(&hold.tenant)
+        .execute(&mut *tx)
+        .await?;
+    let (t, c): (i64, i64) = sqlx::query_as(HELD)
+        .bind(&hold.tenant)
+        .fetch_one(&mut *tx)
+        .await?;
+    let held = Spend {
+        tokens: count(t),
+        cost_nanos: count(c),
+    };
+    let mut spent = Vec::with_capacity(budgets.len());
+    for b in budgets {
+        let (from, to) = b.period.days(now);
+        let (t, c): (i64, i64) = sqlx::query_as(SPEND)
+            .bind(&hold.tenant)
+            .bind(from)
+            .bind(to)
+            .fetch_one(&mut *tx)
+            .await?;
+        spent.push(Spend {
+            tokens: count(t),
+            cost_nanos: count(c),
+        });
+    }
+    let refused = first_reached(budgets, &spent, held);
+    if refused.is_some() {
+        tx.rollback().await?;
+        return Ok(refused);
+    }
+    sqlx::query(INSERT_HOLD)
+        .bind(&hold.id)
+        .bind(&hold.tenant)
+        .bind(to_i64(hold.worst.tokens, "tokens")?)
+        .bind(to_i64(hold.worst.cost_nanos, "cost")?)
+        .bind(hold.ttl.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(None)
+}
+
+pub(super) async fn settle_hold(
+    pool: &PgPool,
+    id: &str,
+    tenant: &str,
+    day: &str,
+    s: Spend,
+) -> Result<()> {
+    sqlx::query(SETTLE_HOLD)
+        .bind(tenant)
+        .bind(day)
+        .bind(to_i64(s.tokens, "tokens")?)
+        .bind(to_i64(s.cost_nanos, "cost")?)
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 pub(super) async fn set_budget(pool: &PgPool, b: &TenantBudget) -> Result<()> {

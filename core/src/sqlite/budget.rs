@@ -1,7 +1,12 @@
 //! Budgets on SQLite: the same steps as on Postgres, each write inside one `BEGIN
 //! IMMEDIATE` transaction, which holds the file's write lock as the row locks do there.
 
-use crate::budget::{Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget};
+use chrono::{DateTime, Utc};
+
+use crate::budget::{
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
+    first_reached,
+};
 use crate::error::Result;
 use crate::model::NewSession;
 use crate::rowconv::to_i64;
@@ -51,6 +56,18 @@ ON CONFLICT (tenant, day) DO UPDATE SET
 const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
 FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
+
+/// What the tenant's calls in flight hold (expired holds are a dead worker's); `$2`: now.
+const HELD: &str = "
+SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
+FROM tenant_holds WHERE tenant = $1 AND expires_at > $2";
+
+const DROP_EXPIRED: &str = "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= $2";
+
+const INSERT_HOLD: &str = "
+INSERT INTO tenant_holds (id, tenant, tokens, cost_nanos, expires_at)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (id) DO NOTHING";
 
 const SET_BUDGET: &str = "
 INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
@@ -195,6 +212,84 @@ impl SqliteStore {
             tokens: count(t),
             cost_nanos: count(c),
         })
+    }
+
+    /// See [`crate::budget::BudgetStore::hold_tenant_spend`]: the write transaction
+    /// serialises it with every other writer.
+    pub(super) async fn hold(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: DateTime<Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        let mut tx = self.write_tx().await?;
+        let at = now_us();
+        let (t, c): (i64, i64) = sqlx::query_as(HELD)
+            .bind(&hold.tenant)
+            .bind(at)
+            .fetch_one(&mut *tx)
+            .await?;
+        let held = Spend {
+            tokens: count(t),
+            cost_nanos: count(c),
+        };
+        let mut spent = Vec::with_capacity(budgets.len());
+        for b in budgets {
+            let (from, to) = b.period.days(now);
+            let (t, c): (i64, i64) = sqlx::query_as(SPEND)
+                .bind(&hold.tenant)
+                .bind(from)
+                .bind(to)
+                .fetch_one(&mut *tx)
+                .await?;
+            spent.push(Spend {
+                tokens: count(t),
+                cost_nanos: count(c),
+            });
+        }
+        let refused = first_reached(budgets, &spent, held);
+        if refused.is_some() {
+            tx.rollback().await?;
+            return Ok(refused);
+        }
+        let ttl_us = i64::try_from(hold.ttl.as_micros()).unwrap_or(i64::MAX);
+        sqlx::query(DROP_EXPIRED)
+            .bind(&hold.tenant)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(INSERT_HOLD)
+            .bind(&hold.id)
+            .bind(&hold.tenant)
+            .bind(to_i64(hold.worst.tokens, "tokens")?)
+            .bind(to_i64(hold.worst.cost_nanos, "cost")?)
+            .bind(at.saturating_add(ttl_us))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(None)
+    }
+
+    pub(super) async fn settle_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        s: Spend,
+    ) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query("DELETE FROM tenant_holds WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(ADD_SPEND)
+            .bind(tenant)
+            .bind(day)
+            .bind(to_i64(s.tokens, "tokens")?)
+            .bind(to_i64(s.cost_nanos, "cost")?)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
     }
 
     pub(super) async fn set_budget(&self, b: &TenantBudget) -> Result<()> {
