@@ -260,6 +260,49 @@ fn real_dirs_to(dir: &Path, rel: &str) -> bool {
     true
 }
 
+/// Fetch `entries` from the store, [`FETCH_CONCURRENCY`] at a time, and place each under
+/// `dir` that `may_place` still allows just before its write (checked off the executor,
+/// with the write). The index entries of the files placed, and how many `may_place`
+/// refused.
+async fn fetch_and_place<F>(
+    store: &dyn Store,
+    dir: &Path,
+    entries: &[FileEntry],
+    may_place: F,
+) -> Result<(Vec<(String, Indexed)>, usize), Error>
+where
+    F: Fn(&Path, &FileEntry) -> bool + Send + Sync + 'static,
+{
+    let may_place = Arc::new(may_place);
+    let mut placed = Vec::new();
+    let mut refused = 0usize;
+    for chunk in entries.chunks(FETCH_CONCURRENCY) {
+        let blobs =
+            futures::future::try_join_all(chunk.iter().map(|f| fetch_checked(store, f.clone())))
+                .await?;
+        let dir = dir.to_path_buf();
+        let may_place = may_place.clone();
+        let (written, skipped) = blocking(move || {
+            let mut out = Vec::with_capacity(blobs.len());
+            let mut skipped = 0usize;
+            for (f, data) in blobs {
+                if !may_place(&dir, &f) {
+                    skipped = skipped.saturating_add(1);
+                    continue;
+                }
+                if let Some(entry) = place(&dir, &f, &data)? {
+                    out.push((f.path, entry));
+                }
+            }
+            Ok((out, skipped))
+        })
+        .await?;
+        placed.extend(written);
+        refused = refused.saturating_add(skipped);
+    }
+    Ok((placed, refused))
+}
+
 /// The content of `f` from the store, which must hash to what the manifest says.
 async fn fetch_checked(store: &dyn Store, f: FileEntry) -> Result<(FileEntry, Vec<u8>), Error> {
     let data = store.get_blob(&f.sha256).await?.ok_or_else(|| {
@@ -306,30 +349,16 @@ async fn materialise_into(
         let manifest = manifest.clone();
         blocking(move || plan(&cache, &manifest)).await?
     };
-    let mut fetched = 0usize;
     let mut index = plan.kept;
-    let wanted: Vec<&FileEntry> = manifest
+    let wanted: Vec<FileEntry> = manifest
         .iter()
         .filter(|f| plan.fetch.contains(&f.path))
+        .cloned()
         .collect();
-    for chunk in wanted.chunks(FETCH_CONCURRENCY) {
-        let blobs =
-            futures::future::try_join_all(chunk.iter().map(|f| fetch_checked(store, (*f).clone())))
-                .await?;
-        let dir = cache.dir.clone();
-        let written = blocking(move || {
-            let mut out = Vec::with_capacity(blobs.len());
-            for (f, data) in blobs {
-                if let Some(entry) = place(&dir, &f, &data)? {
-                    out.push((f.path, entry));
-                }
-            }
-            Ok(out)
-        })
-        .await?;
-        fetched = fetched.saturating_add(written.len());
-        index.extend(written);
-    }
+    // No other session of the tree runs here: nothing changes the directory meanwhile.
+    let (written, _) = fetch_and_place(store, &cache.dir, &wanted, |_, _| true).await?;
+    let fetched = written.len();
+    index.extend(written);
     let saved = {
         let cache = cache.clone();
         let index = index.clone();
@@ -622,40 +651,22 @@ impl TreeSync {
             let index = index.clone();
             blocking(move || Ok(refresh_plan(&dir, &index, updates, deletes))).await?
         };
-        let mut placed: Vec<(String, Indexed)> = Vec::new();
-        for chunk in fetch.chunks(FETCH_CONCURRENCY) {
-            let store = self.store.as_ref();
-            let blobs = futures::future::try_join_all(
-                chunk.iter().map(|f| fetch_checked(store, f.clone())),
-            )
-            .await?;
-            let dir = self.cache.dir.clone();
-            let was: Vec<Option<Indexed>> = blobs
-                .iter()
-                .map(|(f, _)| index.get(&f.path).cloned())
-                .collect();
-            let (written, changed_here) = blocking(move || {
-                let mut out = Vec::with_capacity(blobs.len());
-                let mut changed_here = 0usize;
-                for ((f, data), was) in blobs.into_iter().zip(was) {
-                    // Checked again just before the write: the fetch took time, and this
-                    // session's tools and the tree's other sessions here (their commands,
-                    // their commits) may have changed the path (or planted a link on the
-                    // way) meanwhile; such a change is theirs to commit.
-                    if !as_indexed(&dir, &f.path, was.as_ref()) {
-                        changed_here = changed_here.saturating_add(1);
-                        continue;
-                    }
-                    if let Some(entry) = place(&dir, &f, &data)? {
-                        out.push((f.path, entry));
-                    }
-                }
-                Ok((out, changed_here))
-            })
-            .await?;
-            placed.extend(written);
-            kept_local = kept_local.saturating_add(changed_here);
-        }
+        // Checked again just before each write: the fetch takes time, and this session's
+        // tools and the tree's other sessions here (their commands, their commits) may
+        // have changed the path (or planted a link on the way) meanwhile; such a change is
+        // theirs to commit.
+        let was: Index = fetch
+            .iter()
+            .filter_map(|f| index.get(&f.path).map(|i| (f.path.clone(), i.clone())))
+            .collect();
+        let (placed, changed_here) = fetch_and_place(
+            self.store.as_ref(),
+            &self.cache.dir,
+            &fetch,
+            move |dir, f| as_indexed(dir, &f.path, was.get(&f.path)),
+        )
+        .await?;
+        kept_local = kept_local.saturating_add(changed_here);
         let fetched = placed.len();
         let snapshot = {
             // An entry a commit here changed meanwhile is that commit's.
