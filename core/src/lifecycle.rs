@@ -17,14 +17,26 @@ pub const MAX_CANCEL_CASCADE: usize = 10_000;
 /// Put a session that was just woken (status back to `queued`, no stream entry) on its
 /// queue. If the XADD fails the sweeper adds it later (its `enqueued_at` is unset).
 pub async fn enqueue_woken(store: &dyn Store, queue: &dyn Queue, id: &str, queue_name: &str) {
-    match queue.enqueue(queue_name, id, EnqueueReason::Resume).await {
+    enqueue_one(store, queue, id, queue_name, EnqueueReason::Resume).await;
+}
+
+/// Give a queued session without a stream entry (new or woken) its entry, and mark it
+/// enqueued. If the XADD fails the sweeper adds it later (its `enqueued_at` is unset).
+pub async fn enqueue_one(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    id: &str,
+    queue_name: &str,
+    reason: EnqueueReason,
+) {
+    match queue.enqueue(queue_name, id, reason).await {
         Ok(()) => {
             if let Err(e) = store.mark_enqueued(&[id.to_string()]).await {
-                tracing::warn!(session_id = id, error = %e, "cannot mark a woken session enqueued");
+                tracing::warn!(session_id = id, error = %e, "cannot mark a session enqueued");
             }
         }
         Err(e) => {
-            tracing::warn!(session_id = id, error = %e, "cannot enqueue a woken session; the sweeper will")
+            tracing::warn!(session_id = id, error = %e, "cannot enqueue a session; the sweeper will")
         }
     }
 }

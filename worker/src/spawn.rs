@@ -309,24 +309,16 @@ impl Tool for SpawnAgent {
                     if !wait {
                         self.inbox.child_started();
                     }
-                    // If this XADD is lost, the sweeper adds the entry (no `enqueued_at`).
                     // A held one is the dispatcher's to add.
                     if !row.held {
-                        match self
-                            .queue
-                            .enqueue(&row.queue, &row.id, EnqueueReason::New)
-                            .await
-                        {
-                            Ok(()) => {
-                                let _ = self
-                                    .store
-                                    .mark_enqueued(std::slice::from_ref(&row.id))
-                                    .await;
-                            }
-                            Err(e) => {
-                                tracing::warn!(session_id = %row.id, error = %e, "enqueueing a sub-agent failed; the sweeper will")
-                            }
-                        }
+                        agentq_core::lifecycle::enqueue_one(
+                            self.store.as_ref(),
+                            self.queue.as_ref(),
+                            &row.id,
+                            &row.queue,
+                            EnqueueReason::New,
+                        )
+                        .await;
                     }
                 }
                 row
