@@ -109,6 +109,65 @@ fn compose_file_is_valid() {
     assert!(prom.contains("- alerts.yml"));
 }
 
+/// The example stack is secured as the Kubernetes one is: no service runs with a default
+/// password, Redis demands one, and nothing but the API is published beyond loopback.
+#[test]
+fn compose_stack_has_no_default_password_and_publishes_only_the_api() {
+    let text = read("deploy/docker-compose.yml");
+    // `${VAR:-default}` would start the stack with a password anyone can read here;
+    // `${VAR:?message}` refuses to start without one.
+    for var in [
+        "POSTGRES_PASSWORD",
+        "REDIS_PASSWORD",
+        "GRAFANA_ADMIN_PASSWORD",
+    ] {
+        assert!(
+            !text.contains(&format!("${{{var}:-")),
+            "docker-compose.yml gives {var} a default"
+        );
+        assert!(
+            text.contains(&format!("${{{var}:?")),
+            "docker-compose.yml does not require {var}"
+        );
+    }
+    assert!(
+        !text.contains("admin}"),
+        "a default Grafana password is back"
+    );
+    assert!(
+        text.contains(r#""redis-server", "--requirepass", "${REDIS_PASSWORD:?"#),
+        "Redis runs without a password"
+    );
+    assert!(
+        text.contains("AGENTQ_REDIS_URL: redis://:${REDIS_PASSWORD:?"),
+        "agentq does not authenticate to Redis"
+    );
+    // Every published port: only the API's may listen on every interface.
+    let mut published = Vec::new();
+    let mut in_ports = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t == "ports:" {
+            in_ports = true;
+            continue;
+        }
+        if in_ports {
+            match t.strip_prefix("- ") {
+                Some(p) => published.push(p.trim_matches('"').to_string()),
+                None if t.starts_with('#') => {}
+                None => in_ports = false,
+            }
+        }
+    }
+    assert_eq!(published.len(), 3, "{published:?}");
+    for p in &published {
+        assert!(
+            p.starts_with("127.0.0.1:") || p.starts_with("${AGENTQ_API_PORT"),
+            "{p} is published on every interface"
+        );
+    }
+}
+
 /// (file, apiVersion, kind, name) of every document of every manifest in deploy/k8s.
 fn k8s_documents() -> Vec<(String, String, String, String)> {
     let dir = workspace().join("deploy/k8s");
