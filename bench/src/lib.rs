@@ -32,6 +32,7 @@
 //! binary: [`run`] with the [`BenchArgs`] clap parsed. The capacity and recovery parts run
 //! that binary as `agentq worker` children ([`BenchArgs::agentq_binary`]).
 
+mod ab;
 mod admission;
 mod ceiling;
 mod cleanup;
@@ -166,6 +167,14 @@ pub struct BenchArgs {
     /// Megabytes (10^6 bytes) of the workspace part's tree, spread evenly over its files.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub workspace_mb: u64,
+    /// Another `agentq` binary (a path, or a name on PATH) to measure this one against: the
+    /// same parts run with each, alternately, each on a fresh database of the same servers,
+    /// and every figure is reported as this / other with its spread across pairs.
+    #[arg(long)]
+    pub baseline: Option<PathBuf>,
+    /// Alternating pairs of runs of an A/B sitting (`--baseline`).
+    #[arg(long, default_value_t = 6, requires = "baseline", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub pairs: u32,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
     /// children. Not a flag: `None` is this process's own executable, which is that binary
     /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
@@ -230,6 +239,14 @@ impl Env {
 /// JSON object on the last line). Progress goes to stderr.
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let selected = selection(&args.only)?;
+    if args.baseline.is_some() {
+        // The children get what followed `bench` on this command line.
+        let argv: Vec<_> = std::env::args_os()
+            .skip_while(|a| a != "bench")
+            .skip(1)
+            .collect();
+        return ab::run(&args, &argv).await;
+    }
     let want = |p: &str| selected.iter().any(|s| s == p);
     let (db_url, redis_url, private) = services(&args)?;
     let store = PgStore::connect(&db_url, pools::ADMIN_CONNECTIONS)
@@ -283,7 +300,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
 
 /// The Postgres and Redis URLs of the run: private servers with `--private`, else the
 /// ones given.
-fn services(args: &BenchArgs) -> anyhow::Result<(String, String, Option<Private>)> {
+pub(crate) fn services(args: &BenchArgs) -> anyhow::Result<(String, String, Option<Private>)> {
     if args.private {
         progress("starting a private Redis and a durable private Postgres");
         let redis = RedisServer::start()?;

@@ -36,7 +36,7 @@ async fn stored_bytes(env: &Env) -> anyhow::Result<[i64; 6]> {
 }
 
 /// `url` with its database name replaced by `db`.
-fn with_database(url: &str, db: &str) -> Option<String> {
+pub(crate) fn with_database(url: &str, db: &str) -> Option<String> {
     let scheme = url.find("://")? + 3;
     let slash = url[scheme..].find('/').map(|i| scheme + i);
     let query = url.find('?');

@@ -421,3 +421,75 @@ fn bench_workspace_resumes_cold_and_warm() {
 
     assert!(stdout.contains("workspace"), "{stdout}");
 }
+
+/// `--baseline`: the same parts run with another binary and this one alternately, each on a
+/// fresh database of the same private servers, figures reported as ratios. Against itself
+/// every figure is there for both builds and every ratio is a positive number.
+#[test]
+fn bench_against_a_baseline_reports_each_figure_as_a_ratio() {
+    let exe = env!("CARGO_BIN_EXE_agentq");
+    let out = Command::new(exe)
+        .args([
+            "bench",
+            "--baseline",
+            exe,
+            "--pairs",
+            "2",
+            "--private",
+            "--only",
+            "ceiling",
+            "--ceiling-secs",
+            "0.3",
+            "--json",
+        ])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench --baseline");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "agentq bench --baseline failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // Both orders ran: the baseline first in the first pair, this build first in the second.
+    let firsts: Vec<&str> = stderr.lines().filter(|l| l.contains("A/B pair")).collect();
+    assert_eq!(firsts.len(), 4, "{stderr}");
+    assert!(
+        firsts[0].contains("1/2: other") && firsts[2].contains("2/2: this"),
+        "{stderr}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("no output")).expect("JSON");
+    assert_eq!(v["pairs"], 2);
+    let f = &v["figures"]["ceiling_commits_per_s"];
+    assert_eq!(f["this"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(f["other"].as_array().unwrap().len(), 2, "{v}");
+    for k in ["ratio_median", "ratio_min", "ratio_max"] {
+        let r = f[k].as_f64().unwrap_or_else(|| panic!("{k} in {f}"));
+        assert!(r.is_finite() && r > 0.0, "{k} = {r}");
+    }
+    assert!(stdout.contains("ceiling_commits_per_s"), "{stdout}");
+}
+
+#[test]
+fn bench_refuses_a_baseline_that_is_not_there() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args([
+            "bench",
+            "--baseline",
+            "/nonexistent/agentq",
+            "--private",
+            "--only",
+            "ceiling",
+        ])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--baseline /nonexistent/agentq"),
+        "{stderr}"
+    );
+}
