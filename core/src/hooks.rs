@@ -28,6 +28,8 @@ pub struct OperatorGuards {
     /// The provider the guardian's reviews go to: a host admits them under its endpoint,
     /// key and the guardian's model, not the session's.
     pub guardian_provider: Option<Arc<dyn LlmProvider>>,
+    /// The model the guardian asks (operator-configured: a metrics label of its own).
+    pub guardian_model: Option<String>,
 }
 
 impl std::fmt::Debug for OperatorGuards {
@@ -103,18 +105,20 @@ impl OperatorGuards {
             .map_err(|e| invalid(&format!("hooks[{i}]"), e))?;
             hooks.push(Arc::new(hook));
         }
-        let (guardian, guardian_provider) = match &settings.guardian.provider {
-            None => (None, None),
+        let (guardian, guardian_provider, guardian_model) = match &settings.guardian.provider {
+            None => (None, None, None),
             Some(provider) => {
                 let reviewer = guardian(settings, provider, observer)?;
                 let llm = reviewer.provider().clone();
-                (Some(reviewer as Arc<dyn Guardian>), Some(llm))
+                let model = reviewer.model().to_string();
+                (Some(reviewer as Arc<dyn Guardian>), Some(llm), Some(model))
             }
         };
         Ok(OperatorGuards {
             hooks,
             guardian,
             guardian_provider,
+            guardian_model,
         })
     }
 

@@ -168,6 +168,11 @@ impl LlmGuardian {
         &self.provider
     }
 
+    /// The model reviews ask.
+    pub fn model(&self) -> &str {
+        &self.opts.model
+    }
+
     /// The user message: the call as one line of JSON between nonce-marked lines.
     fn request_text(ctx: &HookContext<'_>, call: &ToolCall, shown: &Shown) -> String {
         let mut data = json!({
