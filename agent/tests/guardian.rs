@@ -24,7 +24,9 @@ use agentq_agent::guard::{
     Behavior, GuardianOptions, Guards, LlmGuardian, MAX_REVIEWS_PER_ANSWER, OnTruncated,
 };
 use agentq_agent::observe::{LlmCallInfo, Observer};
-use agentq_agent::provider::scripted::{Script, ScriptedCall, ScriptedProvider, Turn, Variant};
+use agentq_agent::provider::scripted::{
+    Script, ScriptedCall, ScriptedFailure, ScriptedProvider, Turn, Variant,
+};
 use agentq_agent::provider::{LlmProvider, LlmRequest, LlmStream};
 use agentq_agent::schema::{Role, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
@@ -469,6 +471,41 @@ async fn a_review_waits_for_admission() {
     assert_eq!(h.gate.reserves().len(), 3);
     assert_eq!(h.gate.settled().len(), 1);
     assert_eq!(h.guardian.count(), 1);
+}
+
+/// The guardian's endpoint refuses a review for its rate limit: each try is settled
+/// (the refused one as refused, with no usage), the refusal is waited out, and the review
+/// is made again within its timeout; only the answered try is counted.
+#[tokio::test]
+async fn a_rate_limited_review_is_waited_out() {
+    let mut guardian = guardian_script("never");
+    guardian.turns[0].fail = vec![ScriptedFailure {
+        status: 429,
+        message: "slow down".into(),
+        retry_after_ms: Some(1),
+        ..Default::default()
+    }];
+    let h = harness(
+        session_script(vec![("act", json!({}))]),
+        guardian,
+        vec![],
+        |_| {},
+    );
+    let (state, _) = run(&h, SessionSpec::new("do it")).await;
+    assert_eq!(results(&state), ["done"]);
+    assert_eq!(h.guardian.count(), 2);
+    let settled = h.gate.settled();
+    assert_eq!(settled.len(), 2);
+    assert_eq!(
+        settled[0].1.rate_limited,
+        Some(Some(Duration::from_millis(1)))
+    );
+    assert_eq!(settled[0].1.usage, None);
+    assert_eq!(settled[1].1.usage, Some(REVIEW_USAGE));
+    assert_eq!(
+        state.usage.total(),
+        total(&SESSION_USAGE, 2) + REVIEW_USAGE.total()
+    );
 }
 
 /// A wait the review cannot afford within its timeout is not waited: the review times

@@ -34,6 +34,10 @@ const MAX_ITEMS: usize = 256;
 const MAX_NODES: usize = 4_096;
 /// The most cut places listed; the rest are only counted.
 const MAX_CUTS_LISTED: usize = 32;
+/// The most targets listed (each is in the arguments as well).
+const MAX_TARGETS_LISTED: usize = 64;
+/// The longest JSON pointer given for a place (keys can nest deep).
+const MAX_POINTER_BYTES: usize = 1024;
 /// The arguments' view is replaced by a bounded prefix of its JSON past this (escapes and
 /// structure can make the view longer than the strings it holds).
 const MAX_VIEW_BYTES: usize = 4 * MAX_ARGUMENTS_BYTES;
@@ -193,9 +197,7 @@ impl Shown {
             view.shown.arguments = Value::String(kept);
         }
         for (i, p) in declared.iter().enumerate() {
-            let at = format!("paths()/{i}");
-            let value = view.target(p, &at).to_string();
-            view.shown.targets.push(Target { at, value });
+            view.target(p, &format!("paths()/{i}"));
         }
         view.shown
     }
@@ -320,26 +322,37 @@ struct View {
 }
 
 impl View {
-    fn note(&mut self, cut: Cut) {
+    fn note(&mut self, mut cut: Cut) {
         if self.shown.cut.len() < MAX_CUTS_LISTED {
+            cut.at = bounded(&cut.at, MAX_POINTER_BYTES).to_string();
             self.shown.cut.push(cut);
         } else {
             self.shown.more_cut = self.shown.more_cut.saturating_add(1);
         }
     }
 
-    /// A target's shown part: whole when it fits its own bound and what is left of all.
+    /// A target's shown part, listed in the targets: whole when it fits its own bound and
+    /// what is left of all. One that could not be listed counts as cut.
     fn target<'s>(&mut self, s: &'s str, at: &str) -> &'s str {
         let room = MAX_TARGET_BYTES.min(self.targets_left);
         let kept = bounded(s, room);
         self.targets_left = self.targets_left.saturating_sub(kept.len());
-        if kept.len() < s.len() {
+        // An empty string is listed; one with nothing left to show of it is only cut.
+        let listed =
+            self.shown.targets.len() < MAX_TARGETS_LISTED && (!kept.is_empty() || s.is_empty());
+        if kept.len() < s.len() || !listed {
             self.note(Cut {
                 at: at.to_string(),
                 unit: "bytes",
                 of: s.len(),
-                shown: kept.len(),
+                shown: if listed { kept.len() } else { 0 },
                 target: true,
+            });
+        }
+        if listed {
+            self.shown.targets.push(Target {
+                at: bounded(at, MAX_POINTER_BYTES).to_string(),
+                value: kept.to_string(),
             });
         }
         kept
@@ -348,14 +361,7 @@ impl View {
     fn render(&mut self, node: &Node<'_>, at: &mut String) -> Value {
         match node {
             Node::Scalar(v) => (*v).clone(),
-            Node::Str { s, target: true } => {
-                let kept = self.target(s, at).to_string();
-                self.shown.targets.push(Target {
-                    at: at.clone(),
-                    value: kept.clone(),
-                });
-                Value::String(kept)
-            }
+            Node::Str { s, target: true } => Value::String(self.target(s, at).to_string()),
             Node::Str { s, target: false } => {
                 let kept = bounded(s, self.cap);
                 if kept.len() < s.len() {
@@ -547,6 +553,20 @@ mod tests {
         let units: Vec<&str> = s.cut.iter().map(|c| c.unit).collect();
         assert_eq!(units, ["key_bytes", "items"], "{:?}", s.cut);
         assert_eq!(s.arguments["many"].as_array().unwrap().len(), MAX_ITEMS);
+    }
+
+    #[test]
+    fn targets_past_their_room_are_cut_not_listed_empty() {
+        let many: Vec<String> = (0..100)
+            .map(|i| format!("{i}/{}", "p".repeat(500)))
+            .collect();
+        let s = Shown::of(&json!({ "paths": many }), &[]);
+        assert!(!s.whole());
+        assert!(s.targets.len() <= MAX_TARGETS_LISTED);
+        assert!(s.targets.iter().all(|t| !t.value.is_empty()));
+        let listed: usize = s.targets.iter().map(|t| t.value.len()).sum();
+        assert!(listed <= MAX_TARGETS_BYTES);
+        assert!(s.cut.iter().all(|c| c.target));
     }
 
     #[test]
