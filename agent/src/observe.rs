@@ -22,6 +22,9 @@ pub struct LlmCallInfo<'a> {
 
 pub trait Observer: Send + Sync {
     fn llm_call(&self, _info: &LlmCallInfo<'_>) {}
+    /// One try of a guardian's review call (its own kind: never an iteration, and not in
+    /// [`Observer::llm_call`]). `outcome` as there, or `timeout`.
+    fn guardian_call(&self, _info: &LlmCallInfo<'_>) {}
     /// A failed attempt that will be retried; `reason` is the outcome label.
     fn llm_retry(&self, _provider: &str, _reason: &str) {}
     /// `outcome`: `ok`, `error`, `timeout`, `denied`, `cancelled`.
@@ -35,7 +38,9 @@ pub trait Observer: Send + Sync {
     /// A configured hook or the guardian was asked: `point` is a hook point
     /// (`pre_tool_use`…) or `guardian`; `outcome` is `allow`, `deny` (a decision), `ok`
     /// (an observer answered), `timeout`, `error` (unreachable, failed, non-2xx) or
-    /// `invalid` (an answer that is not a verdict).
+    /// `invalid` (an answer that is not a verdict); the guardian's also `truncated` (a
+    /// call it could not see whole, denied unasked), `budget` (a budget is spent: not
+    /// asked, denied) and `cancelled`.
     fn hook_call(&self, _point: &str, _outcome: &str) {}
     /// The provider refused a call for its rate limit (HTTP 429, or Anthropic's 529).
     fn llm_rate_limited(&self, _provider: &str, _model: &str) {}

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use agentq_agent::guard::{Behavior, HookPoint};
+use agentq_agent::guard::{Behavior, HookPoint, OnTruncated};
 use agentq_agent::provider::factory::ProviderSettings;
 
 use crate::error::{Error, Result};
@@ -717,6 +717,9 @@ pub struct GuardianSection {
     pub timeout_ms: u64,
     /// When the review fails or its answer is not a verdict.
     pub on_error: Behavior,
+    /// A call the reviewer cannot be shown whole (an argument or a target too long):
+    /// `deny` it unasked, or `review` what was shown, told what was cut.
+    pub on_truncated: OnTruncated,
     /// Only tools whose name matches one of these globs are reviewed; unset: every tool.
     pub tools: Option<Vec<String>>,
     /// The scripted provider's script for the guardian (tests and demos).
@@ -731,6 +734,7 @@ impl Default for GuardianSection {
             prompt: None,
             timeout_ms: DEFAULT_GUARDIAN_TIMEOUT_MS,
             on_error: Behavior::Deny,
+            on_truncated: OnTruncated::Deny,
             tools: None,
             script: None,
         }
@@ -1182,6 +1186,7 @@ pub const SETTINGS: &[Setting] = &[
     file("guardian.prompt"),
     file("guardian.timeout_ms"),
     file("guardian.on_error"),
+    file("guardian.on_truncated"),
     file("guardian.tools"),
     file("guardian.script"),
     var(

@@ -9,8 +9,8 @@ use agentq_agent::guard::{
     DEFAULT_GUARDIAN_PROMPT, ExternalHook, Guardian, GuardianOptions, Guards, Hook, HookOptions,
     HookTarget, LlmGuardian,
 };
-use agentq_agent::observe::Observer;
-use agentq_agent::provider::factory;
+use agentq_agent::observe::{LlmCallInfo, Observer};
+use agentq_agent::provider::{LlmProvider, factory};
 
 use crate::config::{Settings, describe};
 use crate::error::{Error, Result};
@@ -25,6 +25,11 @@ const GUARDIAN_MAX_TOKENS: u32 = 1_024;
 pub struct OperatorGuards {
     pub hooks: Vec<Arc<dyn Hook>>,
     pub guardian: Option<Arc<dyn Guardian>>,
+    /// The provider the guardian's reviews go to: a host admits them under its endpoint,
+    /// key and the guardian's model, not the session's.
+    pub guardian_provider: Option<Arc<dyn LlmProvider>>,
+    /// The model the guardian asks (operator-configured: a metrics label of its own).
+    pub guardian_model: Option<String>,
 }
 
 impl std::fmt::Debug for OperatorGuards {
@@ -36,12 +41,18 @@ impl std::fmt::Debug for OperatorGuards {
     }
 }
 
-/// Counts hook calls in the process's registry.
+/// Counts hook calls, and the guardian's tokens, in the process's registry.
 struct HookMetrics(&'static Metrics);
 
 impl Observer for HookMetrics {
     fn hook_call(&self, point: &str, outcome: &str) {
         self.0.hook_calls.with_label_values(&[point, outcome]).inc();
+    }
+
+    fn guardian_call(&self, info: &LlmCallInfo<'_>) {
+        if let Some(usage) = &info.usage {
+            self.0.guardian_spent(info.provider, info.model, usage);
+        }
     }
 }
 
@@ -94,11 +105,21 @@ impl OperatorGuards {
             .map_err(|e| invalid(&format!("hooks[{i}]"), e))?;
             hooks.push(Arc::new(hook));
         }
-        let guardian = match &settings.guardian.provider {
-            None => None,
-            Some(provider) => Some(guardian(settings, provider, observer)?),
+        let (guardian, guardian_provider, guardian_model) = match &settings.guardian.provider {
+            None => (None, None, None),
+            Some(provider) => {
+                let reviewer = guardian(settings, provider, observer)?;
+                let llm = reviewer.provider().clone();
+                let model = reviewer.model().to_string();
+                (Some(reviewer as Arc<dyn Guardian>), Some(llm), Some(model))
+            }
         };
-        Ok(OperatorGuards { hooks, guardian })
+        Ok(OperatorGuards {
+            hooks,
+            guardian,
+            guardian_provider,
+            guardian_model,
+        })
     }
 
     /// Put them in a session's pipeline (after any hooks it has already).
@@ -115,7 +136,7 @@ fn guardian(
     settings: &Settings,
     provider: &str,
     observer: Arc<dyn Observer>,
-) -> Result<Arc<dyn Guardian>> {
+) -> Result<Arc<LlmGuardian>> {
     let g = &settings.guardian;
     let mut providers = settings.provider_settings();
     providers.script = match &g.script {
@@ -149,6 +170,7 @@ fn guardian(
                 .unwrap_or_else(|| DEFAULT_GUARDIAN_PROMPT.to_string()),
             timeout: Duration::from_millis(g.timeout_ms),
             on_error: g.on_error,
+            on_truncated: g.on_truncated,
             tools: g.tools.clone(),
             max_tokens: GUARDIAN_MAX_TOKENS,
         },

@@ -50,6 +50,7 @@ pub struct Metrics {
     pub registry: Registry,
     pub iterations: IntCounterVec,
     pub llm_tokens: IntCounterVec,
+    pub guardian_tokens: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_request_duration: HistogramVec,
     pub llm_ttft: HistogramVec,
@@ -159,6 +160,12 @@ impl Metrics {
                 "Tokens reported by LLM providers, by kind (input, output, cache_read, cache_write, reasoning).",
                 &["provider", "model", "type"],
             ),
+            guardian_tokens: counter_vec(
+                &r,
+                "agentq_guardian_tokens_total",
+                "Tokens reported by the guardian's review calls, by kind (input, output, cache_read, cache_write, reasoning); not in agentq_llm_tokens_total.",
+                &["provider", "model", "type"],
+            ),
             llm_requests: counter_vec(
                 &r,
                 "agentq_llm_requests_total",
@@ -222,7 +229,7 @@ impl Metrics {
             hook_calls: counter_vec(
                 &r,
                 "agentq_hook_calls_total",
-                "Configured hooks and guardian asked, by point (pre_tool_use, post_tool_use, session_start, session_end, guardian) and outcome (allow, deny, ok; timeout, error, invalid: the configured behaviour applied).",
+                "Configured hooks and guardian asked, by point (pre_tool_use, post_tool_use, session_start, session_end, guardian) and outcome (allow, deny, ok; timeout, error, invalid: the configured behaviour applied; the guardian's truncated, budget, cancelled: denied without a verdict).",
                 &["point", "outcome"],
             ),
             tool_duration: histogram_vec(
@@ -441,6 +448,24 @@ impl Metrics {
         }
         if usd.is_finite() && usd > 0.0 {
             self.tenant_cost_usd.with_label_values(&[t]).inc_by(usd);
+        }
+    }
+
+    /// A guardian's review call of `model` on `provider` spent `usage`.
+    pub fn guardian_spent(&self, provider: &str, model: &str, usage: &agentq_agent::schema::Usage) {
+        let model = self.model_label(model);
+        for (kind, n) in [
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_tokens),
+            ("cache_write", usage.cache_write_tokens),
+            ("reasoning", usage.reasoning_tokens),
+        ] {
+            if n > 0 {
+                self.guardian_tokens
+                    .with_label_values(&[provider, model, kind])
+                    .inc_by(n);
+            }
         }
     }
 

@@ -1,7 +1,9 @@
 //! The admission each session's LLM calls pass, built in one place: the budgets of the
 //! session's tree and tenant ([`BudgetGate`]) in front of the fleet's rate limiter for the
 //! session's tenant and provider key. The budget goes first so that a call it refuses
-//! never holds a rate-limit slot.
+//! never holds a rate-limit slot. The guardian's reviews are calls of the session too:
+//! the same budgets (one count of the session's spend for both), in front of the limiter
+//! of the guardian's own provider key.
 
 use std::sync::Arc;
 
@@ -13,14 +15,30 @@ use crate::Inner;
 use crate::budget::BudgetGate;
 use crate::session::tenant;
 
-/// The admission of `row`'s calls to `provider`; `token_budget` is the session's own
-/// allowance when its row stores none (a root's spec).
+/// How a session's calls are admitted.
+pub(crate) struct Admissions {
+    /// Its own calls, to `provider`.
+    pub(crate) session: Arc<dyn Admission>,
+    /// Its guardian's reviews, when the operator configured a guardian.
+    pub(crate) guardian: Option<Arc<dyn Admission>>,
+}
+
+/// The admission of `row`'s calls to `provider` and of its guardian's reviews;
+/// `token_budget` is the session's own allowance when its row stores none (a root's spec).
 pub(crate) fn admission_for(
     inner: &Arc<Inner>,
     row: &SessionRow,
     token_budget: Option<u64>,
     provider: &dyn LlmProvider,
-) -> Arc<dyn Admission> {
+) -> Admissions {
     let limiter = inner.cfg.limiter.for_session(tenant(row), provider);
-    Arc::new(BudgetGate::new(inner.clone(), row, token_budget, limiter))
+    let gate = BudgetGate::new(inner.clone(), row, token_budget, limiter);
+    let guardian = inner.cfg.operator.guardian_provider.as_ref().map(|g| {
+        let limiter = inner.cfg.limiter.for_session(tenant(row), g.as_ref());
+        Arc::new(gate.sibling(limiter)) as Arc<dyn Admission>
+    });
+    Admissions {
+        session: Arc::new(gate),
+        guardian,
+    }
 }

@@ -117,8 +117,9 @@ pub(crate) struct BudgetGate {
     tenant: String,
     /// The session's allowance when its row stores none (a root: its spec's budget).
     allowance: Option<u64>,
-    /// Its own spend as this run knows it (newer than the store's between checkpoints).
-    own: AtomicU64,
+    /// Its own spend as this run knows it (newer than the store's between checkpoints),
+    /// shared with its [`BudgetGate::sibling`].
+    own: Arc<AtomicU64>,
     /// The hold of the call in flight on the tenant's budgets (a session makes one call
     /// at a time), settled with it.
     hold: std::sync::Mutex<Option<String>>,
@@ -137,7 +138,22 @@ impl BudgetGate {
             session_id: row.id.clone(),
             tenant: row.tenant.clone(),
             allowance,
-            own: AtomicU64::new(row.usage.total()),
+            own: Arc::new(AtomicU64::new(row.usage.total())),
+            hold: std::sync::Mutex::new(None),
+            next,
+        }
+    }
+
+    /// The gate of the same session's calls to another provider (its guardian's), in front
+    /// of `next`: the same budgets and the same count of the session's spend, so that
+    /// each gate's calls count against the other's.
+    pub(crate) fn sibling(&self, next: Arc<dyn Admission>) -> BudgetGate {
+        BudgetGate {
+            inner: self.inner.clone(),
+            session_id: self.session_id.clone(),
+            tenant: self.tenant.clone(),
+            allowance: self.allowance,
+            own: self.own.clone(),
             hold: std::sync::Mutex::new(None),
             next,
         }

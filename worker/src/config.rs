@@ -182,8 +182,8 @@ impl WorkerConfig {
     }
 
     /// The models the metrics label by name (every other model is `other`): the default
-    /// model (configured, or the default provider's own), each provider's own default, and
-    /// the models the policy names literally. A session names its model, so taking the
+    /// model (configured, or the default provider's own), each provider's own default, the
+    /// guardian's, and the models the policy names literally. A session names its model, so taking the
     /// label from it would let callers add series at will.
     pub fn labelled_models(&self) -> Vec<String> {
         let mut models = self.policy.named_models();
@@ -195,6 +195,7 @@ impl WorkerConfig {
                 .iter()
                 .map(|p| agentq_agent::provider::factory::default_model(p).to_string()),
         );
+        models.extend(self.operator.guardian_model.clone());
         models
     }
 

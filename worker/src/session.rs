@@ -865,7 +865,8 @@ fn build_agent(
         ..Guards::default()
     };
     inner.cfg.operator.apply(&mut guards);
-    let admission = crate::admission::admission_for(inner, row, spec.token_budget, &*provider);
+    let admissions = crate::admission::admission_for(inner, row, spec.token_budget, &*provider);
+    guards.guardian_admission = admissions.guardian;
     Ok(Agent {
         provider,
         default_model,
@@ -878,7 +879,7 @@ fn build_agent(
         settings: Arc::new(inner.cfg.tool_settings.clone()),
         observer: parts.observer,
         interrupter: parts.interrupter,
-        admission,
+        admission: admissions.session,
         write_ahead_grace: inner.cfg.write_ahead_grace,
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,

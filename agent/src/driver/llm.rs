@@ -92,7 +92,7 @@ pub(super) fn retry_delay(
 /// what the provider asked for (`retry-after`, or the reset of the window its headers say
 /// is spent), and never less than a floor that doubles with each refusal, so that a
 /// server answering 429 with no (or a zero) wait is not hammered.
-pub(super) fn refusal_wait(
+pub(crate) fn refusal_wait(
     retry_after: Option<Duration>,
     limits: Option<&RateLimitInfo>,
     refusals: u32,

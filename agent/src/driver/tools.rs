@@ -1,7 +1,8 @@
 //! A tool round: the pending calls of a response run concurrently, each through the guard
 //! pipeline with its timeout, their outputs truncated and committed as they finish — or,
 //! when the response's checkpoint is held back (see [`Agent::write_ahead_grace`]), all
-//! together with the response once the round is over or the grace has run out.
+//! together with the response once the round is over or the grace has run out. What the
+//! guardian's reviews spent goes on the session's usage with the next of those commits.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,9 @@ use super::{Agent, RunEnd, Saved, due};
 use crate::bounds;
 use crate::error::Result;
 use crate::event::AgentEvent;
-use crate::guard::{CONTEXT_PROMPT_MAX_BYTES, HookContext, Verdict, bounded};
+use crate::guard::{
+    CONTEXT_PROMPT_MAX_BYTES, HookContext, ReviewGate, ReviewRound, Verdict, bounded,
+};
 use crate::schema::ToolCall;
 use crate::state::{AfterTools, SessionState, SuspendReason, truncate_output};
 use crate::tools::{SideEffect, ToolContext, ToolOutput};
@@ -26,6 +29,8 @@ struct RoundCtx<'a> {
     approval_timeout: Duration,
     tool_timeout: Duration,
     cancel: &'a CancellationToken,
+    /// The guardian's reviews of this round's calls (none without a guardian).
+    reviews: Option<&'a ReviewRound>,
 }
 
 /// What a round has seen so far of the calls that finished.
@@ -75,6 +80,7 @@ impl Agent {
         let session_id = state.session_id.clone();
         let sensitive = state.spec.sensitive_tools.clone();
         let prompt = bounded(&state.spec.prompt, CONTEXT_PROMPT_MAX_BYTES).to_string();
+        let reviews = self.review_round(state, &calls, cancel);
         let ctx = RoundCtx {
             hook: HookContext {
                 session_id: &session_id,
@@ -86,6 +92,7 @@ impl Agent {
             approval_timeout: bounds::secs(state.spec.approval_timeout_secs),
             tool_timeout: bounds::secs(state.spec.tool_timeout_secs),
             cancel,
+            reviews: reviews.as_ref(),
         };
         // The spec's own limit may be anything a row holds; the transcript never takes more
         // than the hard ceiling of one result.
@@ -109,6 +116,7 @@ impl Agent {
                 _ = interrupt.cancelled() => {
                     // Abandon what is still running; the new user message takes over.
                     drop(running);
+                    record_reviews(state, ctx.reviews);
                     state.interrupt_tools();
                     self.checkpoint(state, io.saved).await?;
                     return Ok(None);
@@ -123,9 +131,11 @@ impl Agent {
             };
             *io.waited += wait_started.elapsed();
             let Some((call, out)) = next else { break };
+            record_reviews(state, ctx.reviews);
             self.take_result(state, io.saved, &mut round, call, out, max_chars)
                 .await?;
         }
+        record_reviews(state, ctx.reviews);
         let after = state.end_tool_round(round.suspend, round.yielded, cancel.is_cancelled());
         match after {
             AfterTools::Suspend(reason) => {
@@ -140,6 +150,31 @@ impl Agent {
             }
             AfterTools::Continue => Ok(None),
         }
+    }
+
+    /// The guardian's reviews of `calls`, admitted by its own gate or the session's.
+    fn review_round(
+        &self,
+        state: &SessionState,
+        calls: &[ToolCall],
+        cancel: &CancellationToken,
+    ) -> Option<ReviewRound> {
+        self.guards.guardian.as_ref()?;
+        let deadline = state.deadline().map(|d| {
+            let left = (d - chrono::Utc::now()).to_std().unwrap_or_default();
+            bounds::instant_after(Instant::now(), left)
+        });
+        let gate = ReviewGate {
+            admission: self
+                .guards
+                .guardian_admission
+                .clone()
+                .unwrap_or_else(|| self.admission.clone()),
+            cancel: cancel.clone(),
+            deadline,
+        };
+        self.guards
+            .review_round(calls, |name| self.tools.get(name).is_some(), gate)
     }
 
     /// Record one finished call. `out` is `None` when the call waits for an approval.
@@ -268,6 +303,7 @@ impl Agent {
                 tool.as_ref(),
                 ctx.sensitive,
                 ctx.approval_timeout,
+                ctx.reviews,
             )
             .await
         {
@@ -318,5 +354,13 @@ impl Agent {
             .tool_call(&call.name, outcome, started.elapsed());
         self.guards.post_tool_use(&ctx.hook, call, &out);
         Some(out)
+    }
+}
+
+/// Put what the round's reviews spent so far on the session's usage; the next checkpoint
+/// records it (each review's once: taking it empties the round's count).
+fn record_reviews(state: &mut SessionState, reviews: Option<&ReviewRound>) {
+    if let Some(u) = reviews.and_then(ReviewRound::take_spent) {
+        state.usage.add(&u);
     }
 }

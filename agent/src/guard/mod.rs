@@ -6,7 +6,8 @@
 //!
 //! The traits ([`Hook`], [`Guardian`], [`Approver`]) are what a host plugs in; `external`
 //! holds the hooks an operator configures (webhooks and commands), `reviewer` the LLM
-//! guardian, `verdict` the answer both of them parse.
+//! guardian, `review` the bounds on its reviews of one answer, `shown` what it is shown of
+//! a call, `verdict` the answer both hooks and the guardian give.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,17 +15,21 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::driver::Admission;
 use crate::schema::ToolCall;
 use crate::spec::ExitReason;
 use crate::tools::{Tool, ToolOutput};
 
 pub mod external;
 pub mod firewall;
+pub mod review;
 pub mod reviewer;
+pub mod shown;
 pub mod verdict;
 
 pub use external::{ExternalHook, HookOptions, HookTarget};
 pub use firewall::Firewall;
+pub use review::{MAX_REVIEWS_PER_ANSWER, Review, ReviewCall, ReviewGate, ReviewRound};
 pub use reviewer::{DEFAULT_GUARDIAN_PROMPT, GuardianOptions, LlmGuardian};
 
 /// What a PreToolUse hook decides.
@@ -41,6 +46,19 @@ pub enum HookDecision {
 pub enum Behavior {
     Allow,
     Deny,
+}
+
+/// What the guardian does with a call it could not see whole (an argument, or a target
+/// such as a path or URL, too long to show; see [`shown`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTruncated {
+    /// Deny it without asking the model: what the reviewer cannot see may be the part
+    /// that matters.
+    #[default]
+    Deny,
+    /// Review what was shown, told which parts were cut.
+    Review,
 }
 
 /// Where in the pipeline a hook runs.
@@ -121,7 +139,18 @@ pub trait Hook: Send + Sync {
 /// the static rules allowed.
 #[async_trait]
 pub trait Guardian: Send + Sync {
-    async fn review(&self, ctx: &HookContext<'_>, call: &ToolCall) -> HookDecision;
+    /// Whether calls of `tool` are reviewed at all (a call that is not costs nothing).
+    fn reviews(&self, _tool: &str) -> bool {
+        true
+    }
+    /// Review one call. An LLM call made for it is admitted by `gate` (and settled there),
+    /// is bounded by its cancellation and deadline, and its usage is returned.
+    async fn review(
+        &self,
+        ctx: &HookContext<'_>,
+        call: &ReviewCall<'_>,
+        gate: &ReviewGate,
+    ) -> Review;
 }
 
 /// The answer to an approval request for a sensitive tool.
@@ -174,6 +203,9 @@ pub struct Guards {
     pub hooks: Vec<Arc<dyn Hook>>,
     pub firewall: Option<Arc<Firewall>>,
     pub guardian: Option<Arc<dyn Guardian>>,
+    /// Admits the guardian's reviews as calls of the session, to the guardian's provider
+    /// and model; `None`: the session's own admission.
+    pub guardian_admission: Option<Arc<dyn Admission>>,
     pub approver: Option<Arc<dyn Approver>>,
     /// Tools that need approval, on top of the session's own list.
     pub sensitive_tools: HashSet<String>,
@@ -194,7 +226,26 @@ pub(crate) fn denied(stage: &str, reason: &str) -> ToolOutput {
 }
 
 impl Guards {
-    /// Every stage up to and including approval, in order.
+    /// The guardian's reviews of an answer's `calls` (`None` without a guardian);
+    /// `known` says which calls name a tool the session has.
+    pub fn review_round(
+        &self,
+        calls: &[ToolCall],
+        known: impl Fn(&str) -> bool,
+        gate: ReviewGate,
+    ) -> Option<ReviewRound> {
+        let guardian = self.guardian.clone()?;
+        let g = guardian.clone();
+        Some(ReviewRound::new(
+            guardian,
+            calls,
+            |c| known(&c.name) && !self.native_tools.contains(&c.name) && g.reviews(&c.name),
+            gate,
+        ))
+    }
+
+    /// Every stage up to and including approval, in order. The guardian's stage runs
+    /// through `reviews` (see [`Guards::review_round`]).
     pub async fn check(
         &self,
         ctx: &HookContext<'_>,
@@ -202,6 +253,7 @@ impl Guards {
         tool: &dyn Tool,
         session_sensitive: &[String],
         approval_timeout: std::time::Duration,
+        reviews: Option<&ReviewRound>,
     ) -> Verdict {
         if self.native_tools.contains(&call.name) {
             return Verdict::Result(ToolOutput::ok(
@@ -230,9 +282,17 @@ impl Guards {
             return Verdict::Result(denied("firewall", &reason));
         }
         if let Some(g) = &self.guardian
-            && let HookDecision::Deny(reason) = g.review(ctx, call).await
+            && g.reviews(&call.name)
         {
-            return Verdict::Result(denied("guardian", &reason));
+            let decision = match reviews {
+                Some(round) => round.review(ctx, call, &tool.paths(&call.arguments)).await,
+                // Never reached through the driver; a host that forgets the round must
+                // not get its calls through unreviewed.
+                None => HookDecision::Deny("the guardian could not review the call".into()),
+            };
+            if let HookDecision::Deny(reason) = decision {
+                return Verdict::Result(denied("guardian", &reason));
+            }
         }
         if self.needs_approval(&call.name, session_sensitive) {
             let Some(approver) = &self.approver else {

@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::*;
-use agentq_agent::guard::{Behavior, HookPoint};
+use agentq_agent::guard::{Behavior, HookPoint, OnTruncated};
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -694,7 +694,14 @@ fn hooks_and_the_guardian_from_the_file() {
     assert_eq!(end.command.as_ref().unwrap()[0], "/usr/local/bin/notify");
     assert_eq!(s.guardian.provider.as_deref(), Some("anthropic"));
     assert_eq!(s.guardian.on_error, Behavior::Deny);
+    // Unset: a call the guardian cannot see whole is denied unasked.
+    assert_eq!(s.guardian.on_truncated, OnTruncated::Deny);
     assert_eq!(s.guardian.timeout_ms, DEFAULT_GUARDIAN_TIMEOUT_MS);
+    let review =
+        Settings::from_toml("[guardian]\nprovider = \"openai\"\non_truncated = \"review\"\n")
+            .unwrap();
+    review.validate().unwrap();
+    assert_eq!(review.guardian.on_truncated, OnTruncated::Review);
 
     // Only the full environment layer reads header secrets.
     let path = std::env::temp_dir().join(format!("agentq-hooks-o-{}.toml", std::process::id()));
@@ -715,6 +722,8 @@ fn hook_and_guardian_rules_name_the_field() {
     let e =
         parse_err("[[hooks]]\non = \"pre_tool_use\"\nurl = \"http://h/\"\non_error = \"maybe\"\n");
     assert!(e.contains("maybe"), "{e}");
+    let e = parse_err("[guardian]\nprovider = \"openai\"\non_truncated = \"cut\"\n");
+    assert!(e.contains("cut") && e.contains("on_truncated"), "{e}");
 
     let invalid = |text: &str| {
         Settings::from_toml(text)
