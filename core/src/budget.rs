@@ -241,24 +241,45 @@ pub struct TenantHold {
 pub struct HoldRefused {
     pub budget: usize,
     pub message: String,
+    /// `None`: the recorded spend alone reached the budget, so the call must not start.
+    /// `Some(t)`: only with the holds of the other calls in flight, which may spend less
+    /// than they hold: the call waits for them to settle; `t` is when the first of them
+    /// expires (its worker died, if it has not settled by then).
+    pub holds_expire: Option<DateTime<Utc>>,
 }
 
 /// The first of `budgets` that its recorded spend (`spent`, one per budget, in its period)
-/// plus what the calls in flight hold (`held`) has reached, for
+/// has reached, else the first that it reaches with what the calls in flight hold
+/// (`held`, the first of whose holds expires at `held_expires`), for
 /// [`BudgetStore::hold_tenant_spend`].
 pub fn first_reached(
     budgets: &[TenantBudget],
     spent: &[Spend],
     held: Spend,
+    held_expires: Option<DateTime<Utc>>,
 ) -> Option<HoldRefused> {
-    budgets
-        .iter()
-        .zip(spent)
-        .enumerate()
-        .find_map(|(i, (b, s))| {
-            b.reached(s.plus(held))
-                .map(|message| HoldRefused { budget: i, message })
-        })
+    let reached = |extra: Spend| {
+        budgets
+            .iter()
+            .zip(spent)
+            .enumerate()
+            .find_map(|(i, (b, s))| b.reached(s.plus(extra)).map(|m| (i, m)))
+    };
+    if let Some((budget, message)) = reached(Spend::default()) {
+        return Some(HoldRefused {
+            budget,
+            message,
+            holds_expire: None,
+        });
+    }
+    let (budget, message) = reached(held)?;
+    Some(HoldRefused {
+        budget,
+        message: format!("{message}, counting what the calls in flight hold"),
+        // Holds that reach a budget exist, so their first expiry does too; a store that
+        // could not say waits as long as a hold may last.
+        holds_expire: Some(held_expires.unwrap_or_else(Utc::now)),
+    })
 }
 
 impl TenantBudget {
@@ -314,9 +335,13 @@ pub trait BudgetStore: Send + Sync {
     async fn ledger(&self, id: &str) -> Result<Option<Ledger>>;
 
     /// A finished child gives its allowance back to its parent, with what it and its
-    /// subtree spent (its own tokens, its finished children's, and what its live
-    /// children still hold, which is never given back further). Once per child; `false`
-    /// when there was nothing to do (not finished, no allowance, done already).
+    /// subtree consumed (its own tokens, its finished children's, and what its live
+    /// children still hold). Once per child; `false` when there was nothing to do (not
+    /// finished, no allowance, done already). A child whose parent gave back already
+    /// changes what that parent consumed: the difference goes on up to the first
+    /// ancestor that has not given back (at the latest the root), so the root's ledger
+    /// counts every token of the tree once. Serialised per tree with spawns and
+    /// re-openings ([`crate::SessionStore::retry`], [`crate::InboxStore::follow_up`]).
     async fn return_budget(&self, id: &str) -> Result<bool>;
 
     /// Finished children whose allowance was not given back (up to `limit`), for the
@@ -331,10 +356,12 @@ pub trait BudgetStore: Send + Sync {
 
     /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
     /// in one transaction serialised per tenant on every worker, refused with the first
-    /// budget that the tenant's recorded spend in its period plus the unexpired holds of
-    /// its other calls has reached; else `hold` is stored (and the tenant's expired holds
-    /// dropped). A call starts only while spend and holds are below the budget, so the
-    /// tenant ends within it plus one call, however many run at once.
+    /// budget that the tenant's recorded spend in its period has reached, else with the
+    /// first that this spend plus the unexpired holds of its other calls reaches (with
+    /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`
+    /// is stored (and the tenant's expired holds dropped). A call starts only while spend
+    /// and holds are below the budget, so the tenant ends within it plus one call,
+    /// however many run at once.
     async fn hold_tenant_spend(
         &self,
         hold: &TenantHold,

@@ -17,7 +17,7 @@ use agentq_core::budget::{
 use agentq_core::pg::PgStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::store::Store;
-use agentq_core::{Claim, NewSession, SessionStatus, new_session_id};
+use agentq_core::{Claim, Error, NewSession, RetryResult, SessionStatus, new_session_id};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -75,6 +75,11 @@ contract_tests!(
     budget_tree_usage_per_model,
     budget_tenant_spend_and_stored_budgets,
     budget_tenant_holds_bound_the_calls_in_flight,
+    budget_reopened_child_draws_from_its_tree_and_counts_once,
+    budget_reopen_refused_when_the_tree_has_nothing_left,
+    budget_reopen_gives_back_first_when_its_worker_died,
+    budget_late_grandchild_and_its_reopening_reach_the_root,
+    budget_tenant_holds_make_calls_wait_and_spend_refuses,
 );
 
 fn root(budget: Option<u64>) -> NewSession {
@@ -139,6 +144,55 @@ async fn finish_spending(store: &dyn Store, id: &str, input: u64, output: u64) {
         store.get(id).await.unwrap().unwrap().status,
         SessionStatus::Completed
     );
+}
+
+/// Run `id` to a final checkpoint for `reason` that spent `tokens`.
+async fn end_spending(store: &dyn Store, id: &str, tokens: u64, reason: ExitReason) {
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = store.claim(id, "w", TTL, 10).await.unwrap()
+    else {
+        panic!("claim");
+    };
+    let from = state.messages.len();
+    let mut m = Message::assistant("ended");
+    m.usage = Some(Usage {
+        input_tokens: tokens,
+        ..Default::default()
+    });
+    state.push_assistant(m);
+    state.outcome = Some(Outcome {
+        reason,
+        result: None,
+        error: Some("ended".into()),
+    });
+    store.checkpoint(&lease, &state, from).await.unwrap();
+}
+
+/// (held, children_spent, signed remaining) of `id`'s ledger, `allowance` for a root.
+async fn ledger_of(store: &dyn Store, id: &str, root_allowance: u64) -> (u64, u64, i128) {
+    let l = store.ledger(id).await.unwrap().unwrap();
+    let a = l.allowance.unwrap_or(root_allowance);
+    let raw =
+        i128::from(a) - i128::from(l.spent) - i128::from(l.held) - i128::from(l.children_spent);
+    (l.held, l.children_spent, raw)
+}
+
+fn as_new(row: &agentq_core::SessionRow) -> NewSession {
+    NewSession {
+        id: row.id.clone(),
+        spec: row.spec.clone(),
+        queue: row.queue.clone(),
+        parent_id: row.parent_id.clone(),
+        root_id: row.root_id.clone(),
+        depth: row.depth,
+        idempotency_key: None,
+        idempotency_hash: None,
+        tenant: row.tenant.clone(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    }
 }
 
 /// Spend `input + output` on `id` without finishing it.
@@ -670,5 +724,332 @@ async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
             .await
             .unwrap()
             .is_some()
+    );
+}
+
+/// A finished sub-agent started again (a follow-up, a retry) draws a new allowance from
+/// its tree in the same transaction, at most what its own token_budget still allows: what
+/// it spent before moves from its parent's finished children's spend back to what the
+/// parent holds for it, so each of its tokens is counted once, and its next give-back
+/// returns only what is new. The root's ledger always says budget minus what the tree
+/// spent and holds.
+async fn budget_reopened_child_draws_from_its_tree_and_counts_once(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let a = child_of(&r, "a");
+    created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &a.id, 200, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 200, 700));
+
+    // A follow-up: 700 left in the tree, but its own budget of 500 allows 300 more.
+    let row = store.follow_up(&a.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    let la = store.ledger(&a.id).await.unwrap().unwrap();
+    assert_eq!(la.allowance, Some(500), "its 200 spent plus a grant of 300");
+    assert_eq!(la.remaining(500, 0), 300);
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (500, 0, 400));
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    assert!(
+        !store.return_budget(&a.id).await.unwrap(),
+        "running again: nothing to give"
+    );
+
+    // It spends 250 more and ends: 450 counted once, the rest back.
+    finish_spending(store.as_ref(), &a.id, 250, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert!(!store.return_budget(&a.id).await.unwrap(), "once only");
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 450));
+
+    // Again: 50 left of its own budget; cancelled before it runs, it gives all back.
+    store.follow_up(&a.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (500, 0, 400));
+    store.request_cancel(&a.id).await.unwrap();
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 450));
+
+    // A retry of a child that failed with an error draws the same way.
+    let b = child_of(&r, "b");
+    created(
+        store
+            .spawn_session(&b, &limits(10, Some(1000), Some(400)))
+            .await
+            .unwrap(),
+    );
+    end_spending(store.as_ref(), &b.id, 100, ExitReason::Error).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 550, 350));
+    match store.retry(&b.id, false).await.unwrap() {
+        RetryResult::Retried(row) => assert_eq!(row.status, SessionStatus::Queued),
+        other => panic!("{other:?}"),
+    }
+    let lb = store.ledger(&b.id).await.unwrap().unwrap();
+    assert_eq!(
+        lb.allowance,
+        Some(400),
+        "its 100 spent plus 300 of its own 400"
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (400, 450, 50));
+    finish_spending(store.as_ref(), &b.id, 300, 0).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    // 100 (root) + 450 (a) + 400 (b): the ledger says exactly what the tree spent.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 850, 50));
+    let tree: u64 = store
+        .tree_usage(&r.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.usage.input_tokens + m.usage.output_tokens)
+        .sum();
+    assert_eq!(tree, 950);
+
+    // A root keeps its one budget over its turns: its follow-up finds what is left.
+    finish_spending(store.as_ref(), &r.id, 0, 0).await;
+    store
+        .follow_up(&r.id, "and then", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 850, 50));
+}
+
+/// With nothing left in the tree (or in its own budget), a follow-up or a retry is
+/// refused and changes nothing: not the session, not its history, not the ledger.
+async fn budget_reopen_refused_when_the_tree_has_nothing_left(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let a = child_of(&r, "a");
+    let b = child_of(&r, "b");
+    for (c, want) in [(&a, 450), (&b, 450)] {
+        created(
+            store
+                .spawn_session(c, &limits(10, Some(1000), Some(want)))
+                .await
+                .unwrap(),
+        );
+    }
+    finish_spending(store.as_ref(), &a.id, 450, 0).await;
+    end_spending(store.as_ref(), &b.id, 200, ExitReason::Error).await;
+    for c in [&a, &b] {
+        assert!(store.return_budget(&c.id).await.unwrap());
+    }
+    // 100 + 450 + 200 spent: 250 left, but `a` spent all of its own 450.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 250));
+    let before = store.get(&a.id).await.unwrap().unwrap();
+    let history = store.messages(&a.id).await.unwrap();
+    match store.follow_up(&a.id, "more", None).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains(&a.id), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap(), before);
+    assert_eq!(store.messages(&a.id).await.unwrap(), history);
+    // The root spends the rest: the tree has nothing left for anyone.
+    spend_on(store.as_ref(), &r.id, 250, 0).await;
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 0));
+    let before_b = store.get(&b.id).await.unwrap().unwrap();
+    match store.retry(&b.id, false).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains("0 tokens left"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&b.id).await.unwrap().unwrap(), before_b);
+    let lb = store.ledger(&b.id).await.unwrap().unwrap();
+    assert_eq!(lb.allowance, Some(450));
+    finish_spending(store.as_ref(), &r.id, 0, 0).await;
+    assert!(matches!(
+        store.follow_up(&r.id, "more", None).await,
+        Err(Error::NoBudget(_))
+    ));
+    assert_eq!(
+        store.get(&r.id).await.unwrap().unwrap().status,
+        SessionStatus::Completed
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 0));
+    // A tree without a budget re-opens as before.
+    let free = root(None);
+    store.create_session(&free).await.unwrap();
+    finish_spending(store.as_ref(), &free.id, 10, 0).await;
+    assert!(
+        store
+            .follow_up(&free.id, "more", None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// A child whose worker died after it ended, before giving its allowance back, is started
+/// again: what it consumed is given back first, then it draws; nothing counted twice.
+async fn budget_reopen_gives_back_first_when_its_worker_died(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
+            .await
+            .unwrap(),
+    );
+    end_spending(store.as_ref(), &a.id, 100, ExitReason::Error).await;
+    assert_eq!(
+        store.unreturned_budgets(10).await.unwrap(),
+        vec![a.id.clone()]
+    );
+    store.retry(&a.id, false).await.unwrap();
+    // Its 100 plus min(600 - 100, 1000 - 100) = 500 more.
+    assert_eq!(
+        store.ledger(&a.id).await.unwrap().unwrap().allowance,
+        Some(600)
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (600, 0, 400));
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    finish_spending(store.as_ref(), &a.id, 0, 50).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 150, 850));
+}
+
+/// A grandchild that ends after its parent gave back changes what that parent consumed:
+/// the difference reaches the root. Started again, it draws from the nearest ancestor
+/// still holding its own allowance (here the root).
+async fn budget_late_grandchild_and_its_reopening_reach_the_root(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    let arow = created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
+            .await
+            .unwrap(),
+    );
+    let g = child_of(&as_new(&arow), "g");
+    created(
+        store
+            .spawn_session(&g, &limits(10, Some(600), Some(400)))
+            .await
+            .unwrap(),
+    );
+    // The parent ends (cancelled, say) while its child still runs: the child's whole
+    // allowance counts as consumed for now.
+    end_spending(store.as_ref(), &a.id, 50, ExitReason::Error).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 550));
+    // The grandchild ends having spent 100: the 300 it did not spend reach the root.
+    finish_spending(store.as_ref(), &g.id, 100, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &a.id, 0).await.0, 0);
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 150, 850));
+    // A follow-up on the grandchild: 300 more of its own 400, drawn from the root.
+    store.follow_up(&g.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(
+        store.ledger(&g.id).await.unwrap().unwrap().allowance,
+        Some(400)
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 550));
+    finish_spending(store.as_ref(), &g.id, 50, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    // 50 (a) + 150 (g): all the tree spent, counted once.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 200, 800));
+    let la = store.ledger(&a.id).await.unwrap().unwrap();
+    assert_eq!((la.held, la.children_spent), (0, 150));
+}
+
+/// A call that finds its tenant's budget reached only with the holds of the calls in
+/// flight is told to wait for them (with when the first of them expires); one that finds
+/// it reached by the recorded spend is refused for good. Settled holds free the budget.
+async fn budget_tenant_holds_make_calls_wait_and_spend_refuses(store: Arc<dyn Store>) {
+    let now = chrono::Utc::now();
+    let day = agentq_core::budget::day_key(now.date_naive());
+    let budgets = [TenantBudget {
+        tenant: "acme".into(),
+        period: Period::Day,
+        tokens: Some(1000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }];
+    let hold = |tokens: u64| TenantHold {
+        id: new_session_id(),
+        tenant: "acme".into(),
+        worst: Spend {
+            tokens,
+            cost_nanos: 0,
+        },
+        ttl: TTL,
+    };
+    let (a, b) = (hold(600), hold(600));
+    assert!(
+        store
+            .hold_tenant_spend(&a, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&b, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // 1200 held, nothing spent: wait, until at the latest the first hold expires.
+    let refused = store
+        .hold_tenant_spend(&hold(10), &budgets, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let expire = refused.holds_expire.expect("a wait for the holds");
+    assert!(expire > now && expire <= chrono::Utc::now() + chrono::Duration::seconds(31));
+    assert!(refused.message.contains("in flight"), "{}", refused.message);
+    // They settle having spent 100 each: the budget has room again.
+    for h in [&a, &b] {
+        store
+            .settle_tenant_hold(
+                &h.id,
+                "acme",
+                &day,
+                Spend {
+                    tokens: 100,
+                    cost_nanos: 0,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let c = hold(900);
+    assert!(
+        store
+            .hold_tenant_spend(&c, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store
+        .settle_tenant_hold(
+            &c.id,
+            "acme",
+            &day,
+            Spend {
+                tokens: 800,
+                cost_nanos: 0,
+            },
+        )
+        .await
+        .unwrap();
+    // 1000 spent: refused for good, holds or not.
+    let refused = store
+        .hold_tenant_spend(&hold(10), &budgets, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(refused.holds_expire, None);
+    assert!(
+        refused.message.contains("(1000 used)"),
+        "{}",
+        refused.message
     );
 }
