@@ -484,6 +484,33 @@ mod tests {
     }
 
     #[test]
+    fn a_budget_reached_by_spend_refuses_and_one_reached_by_holds_waits() {
+        let b = TenantBudget {
+            tenant: "acme".into(),
+            period: Period::Day,
+            tokens: Some(1000),
+            usd_nanos: None,
+            on_budget: OnBudget::Fail,
+        };
+        let spend = |tokens| Spend {
+            tokens,
+            cost_nanos: 0,
+        };
+        let at = Utc::now();
+        let budgets = std::slice::from_ref(&b);
+        assert_eq!(
+            first_reached(budgets, &[spend(900)], spend(99), Some(at)),
+            None
+        );
+        let wait = first_reached(budgets, &[spend(900)], spend(100), Some(at)).unwrap();
+        assert_eq!(wait.holds_expire, Some(at));
+        assert!(wait.message.contains("in flight"), "{}", wait.message);
+        let spent = first_reached(budgets, &[spend(1000)], spend(500), Some(at)).unwrap();
+        assert_eq!(spent.holds_expire, None);
+        assert!(spent.message.contains("(1000 used)"), "{}", spent.message);
+    }
+
+    #[test]
     fn cost_of_a_known_usage_first_price_wins() {
         let prices = Prices::new(&[
             PriceEntry {
