@@ -266,8 +266,10 @@ impl BudgetGate {
                     .holds_expire
                     .and_then(|t| (t - Utc::now()).to_std().ok())
                     .unwrap_or_default();
+                // Not below the first step: a worker clock ahead of the database's would
+                // otherwise ask again at once until the database saw the hold expire.
                 Some(Admit::Wait {
-                    after: backoff.min(to_expiry),
+                    after: backoff.min(to_expiry.max(HOLDS_WAIT_MIN)),
                     reason: HOLDS_REASON,
                 })
             }
