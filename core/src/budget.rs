@@ -3,7 +3,11 @@
 //!
 //! The tree's ledger lives on the session rows (migration 0009): a child's allowance is
 //! drawn from its parent's remaining budget in the spawn's transaction and given back,
-//! with what its subtree spent, when it ends ([`BudgetStore::return_budget`]). A session's
+//! with what its subtree spent, when it ends ([`BudgetStore::return_budget`]). A child
+//! started again after it ended (a follow-up, a retry) draws from its tree again in the
+//! transaction that re-opens it, its earlier spend held again rather than counted twice
+//! (migration 0014), so a tree ends within its budget plus one call whatever happens to
+//! its sessions. A session's
 //! own spend is the token count its checkpoints store anyway, so budgets cost a checkpoint
 //! nothing. Tenant spend is counted per UTC day in `tenant_spend`; a month is the sum of
 //! its days.
@@ -276,8 +280,8 @@ pub fn first_reached(
     Some(HoldRefused {
         budget,
         message: format!("{message}, counting what the calls in flight hold"),
-        // Holds that reach a budget exist, so their first expiry does too; a store that
-        // could not say waits as long as a hold may last.
+        // Holds that reach a budget exist, so their first expiry does too; without it the
+        // caller looks again after its shortest wait.
         holds_expire: Some(held_expires.unwrap_or_else(Utc::now)),
     })
 }

@@ -272,9 +272,9 @@ pub(crate) fn reopen(
         let Some(budget) = root_budget else {
             return Ok(false);
         };
-        let remaining = Ledger::remaining(&link_ledger(x), budget, 0);
+        let remaining = link_ledger(x).remaining(budget, 0);
         let own_left = budget.saturating_sub(x.own);
-        if remaining == 0 || own_left == 0 {
+        if remaining == 0 {
             return Err(NoRoom {
                 remaining,
                 own_left,
