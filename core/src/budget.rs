@@ -3,7 +3,11 @@
 //!
 //! The tree's ledger lives on the session rows (migration 0009): a child's allowance is
 //! drawn from its parent's remaining budget in the spawn's transaction and given back,
-//! with what its subtree spent, when it ends ([`BudgetStore::return_budget`]). A session's
+//! with what its subtree spent, when it ends ([`BudgetStore::return_budget`]). A child
+//! started again after it ended (a follow-up, a retry) draws from its tree again in the
+//! transaction that re-opens it, its earlier spend held again rather than counted twice
+//! (migration 0014), so a tree ends within its budget plus one call whatever happens to
+//! its sessions. A session's
 //! own spend is the token count its checkpoints store anyway, so budgets cost a checkpoint
 //! nothing. Tenant spend is counted per UTC day in `tenant_spend`; a month is the sum of
 //! its days.
@@ -241,24 +245,45 @@ pub struct TenantHold {
 pub struct HoldRefused {
     pub budget: usize,
     pub message: String,
+    /// `None`: the recorded spend alone reached the budget, so the call must not start.
+    /// `Some(t)`: only with the holds of the other calls in flight, which may spend less
+    /// than they hold: the call waits for them to settle; `t` is when the first of them
+    /// expires (its worker died, if it has not settled by then).
+    pub holds_expire: Option<DateTime<Utc>>,
 }
 
 /// The first of `budgets` that its recorded spend (`spent`, one per budget, in its period)
-/// plus what the calls in flight hold (`held`) has reached, for
+/// has reached, else the first that it reaches with what the calls in flight hold
+/// (`held`, the first of whose holds expires at `held_expires`), for
 /// [`BudgetStore::hold_tenant_spend`].
 pub fn first_reached(
     budgets: &[TenantBudget],
     spent: &[Spend],
     held: Spend,
+    held_expires: Option<DateTime<Utc>>,
 ) -> Option<HoldRefused> {
-    budgets
-        .iter()
-        .zip(spent)
-        .enumerate()
-        .find_map(|(i, (b, s))| {
-            b.reached(s.plus(held))
-                .map(|message| HoldRefused { budget: i, message })
-        })
+    let reached = |extra: Spend| {
+        budgets
+            .iter()
+            .zip(spent)
+            .enumerate()
+            .find_map(|(i, (b, s))| b.reached(s.plus(extra)).map(|m| (i, m)))
+    };
+    if let Some((budget, message)) = reached(Spend::default()) {
+        return Some(HoldRefused {
+            budget,
+            message,
+            holds_expire: None,
+        });
+    }
+    let (budget, message) = reached(held)?;
+    Some(HoldRefused {
+        budget,
+        message: format!("{message}, counting what the calls in flight hold"),
+        // Holds that reach a budget exist, so their first expiry does too; without it the
+        // caller looks again after its shortest wait.
+        holds_expire: Some(held_expires.unwrap_or_else(Utc::now)),
+    })
 }
 
 impl TenantBudget {
@@ -314,9 +339,13 @@ pub trait BudgetStore: Send + Sync {
     async fn ledger(&self, id: &str) -> Result<Option<Ledger>>;
 
     /// A finished child gives its allowance back to its parent, with what it and its
-    /// subtree spent (its own tokens, its finished children's, and what its live
-    /// children still hold, which is never given back further). Once per child; `false`
-    /// when there was nothing to do (not finished, no allowance, done already).
+    /// subtree consumed (its own tokens, its finished children's, and what its live
+    /// children still hold). Once per child; `false` when there was nothing to do (not
+    /// finished, no allowance, done already). A child whose parent gave back already
+    /// changes what that parent consumed: the difference goes on up to the first
+    /// ancestor that has not given back (at the latest the root), so the root's ledger
+    /// counts every token of the tree once. Serialised per tree with spawns and
+    /// re-openings ([`crate::SessionStore::retry`], [`crate::InboxStore::follow_up`]).
     async fn return_budget(&self, id: &str) -> Result<bool>;
 
     /// Finished children whose allowance was not given back (up to `limit`), for the
@@ -331,10 +360,12 @@ pub trait BudgetStore: Send + Sync {
 
     /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
     /// in one transaction serialised per tenant on every worker, refused with the first
-    /// budget that the tenant's recorded spend in its period plus the unexpired holds of
-    /// its other calls has reached; else `hold` is stored (and the tenant's expired holds
-    /// dropped). A call starts only while spend and holds are below the budget, so the
-    /// tenant ends within it plus one call, however many run at once.
+    /// budget that the tenant's recorded spend in its period has reached, else with the
+    /// first that this spend plus the unexpired holds of its other calls reaches (with
+    /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`
+    /// is stored (and the tenant's expired holds dropped). A call starts only while spend
+    /// and holds are below the budget, so the tenant ends within it plus one call,
+    /// however many run at once.
     async fn hold_tenant_spend(
         &self,
         hold: &TenantHold,
@@ -454,6 +485,33 @@ mod tests {
         assert_eq!(l.remaining(1000, 0), 550);
         assert_eq!(l.remaining(1000, 200), 450);
         assert_eq!(l.remaining(100, 0), 0);
+    }
+
+    #[test]
+    fn a_budget_reached_by_spend_refuses_and_one_reached_by_holds_waits() {
+        let b = TenantBudget {
+            tenant: "acme".into(),
+            period: Period::Day,
+            tokens: Some(1000),
+            usd_nanos: None,
+            on_budget: OnBudget::Fail,
+        };
+        let spend = |tokens| Spend {
+            tokens,
+            cost_nanos: 0,
+        };
+        let at = Utc::now();
+        let budgets = std::slice::from_ref(&b);
+        assert_eq!(
+            first_reached(budgets, &[spend(900)], spend(99), Some(at)),
+            None
+        );
+        let wait = first_reached(budgets, &[spend(900)], spend(100), Some(at)).unwrap();
+        assert_eq!(wait.holds_expire, Some(at));
+        assert!(wait.message.contains("in flight"), "{}", wait.message);
+        let spent = first_reached(budgets, &[spend(1000)], spend(500), Some(at)).unwrap();
+        assert_eq!(spent.holds_expire, None);
+        assert!(spent.message.contains("(1000 used)"), "{}", spent.message);
     }
 
     #[test]

@@ -24,6 +24,10 @@ pub enum Error {
     /// The request conflicts with the session's state (e.g. cancel of a finished one).
     #[error("conflict: {0}")]
     Conflict(String),
+    /// A finished session cannot be re-opened (a follow-up, a retry): its tree's token
+    /// budget has nothing left to give it. Nothing was changed.
+    #[error("{0}")]
+    NoBudget(String),
     /// Invalid input, naming the field.
     #[error("invalid {field}: {message}")]
     Invalid { field: String, message: String },

@@ -181,14 +181,21 @@ pub async fn start_next_followup(
             String::new()
         }
     };
-    match store.follow_up(&row.id, &text, Some(next.seq)).await? {
-        Some(reopened) => {
+    match store.follow_up(&row.id, &text, Some(next.seq)).await {
+        Ok(Some(reopened)) => {
             // A capped one is held for the dispatcher instead.
             if !reopened.held {
                 enqueue_woken(store, queue, &reopened.id, &reopened.queue).await;
             }
             Ok(true)
         }
-        None => Ok(false),
+        Ok(None) => Ok(false),
+        // The tree's token budget has nothing left to give the session: the follow-up is
+        // not started (nobody is there to be refused), and stays in the inbox unconsumed.
+        Err(crate::Error::NoBudget(message)) => {
+            tracing::info!(session_id = %row.id, %message, "a queued follow-up is not started");
+            Ok(false)
+        }
+        Err(e) => Err(e),
     }
 }

@@ -456,15 +456,25 @@ impl SessionStore for PgStore {
     }
 
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
+        // Under the tree's lock: a retried sub-agent draws from its tree again, in the
+        // transaction that queues it (`budget::reopen_in`).
+        let mut tx = self.pool.begin().await?;
+        let Some(root) = budget::lock_root(&mut tx, id).await? else {
+            return Ok(RetryResult::NotFound);
+        };
         let retried: Option<SessionRecord> = sqlx::query_as(&SQL.retry)
             .bind(id)
             .bind(hold)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await?;
-        match retried {
-            Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),
-            None => Ok(outcome::not_retried(self.get(id).await?)),
-        }
+        let Some(rec) = retried else {
+            tx.rollback().await?;
+            return Ok(outcome::not_retried(self.get(id).await?));
+        };
+        let row = rec.into_row()?;
+        budget::reopen_in(&mut tx, &row, &root).await?;
+        tx.commit().await?;
+        Ok(RetryResult::Retried(Box::new(row)))
     }
 
     async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
@@ -718,6 +728,11 @@ impl InboxStore for PgStore {
         consume: Option<u64>,
     ) -> Result<Option<SessionRow>> {
         let mut tx = self.pool.begin().await?;
+        // Under the tree's lock: a re-opened sub-agent draws from its tree again, in the
+        // transaction that queues it (`budget::reopen_in`).
+        let Some(root) = budget::lock_root(&mut tx, session_id).await? else {
+            return Ok(None);
+        };
         let rec: Option<SessionRecord> = sqlx::query_as(&SQL.follow_up)
             .bind(session_id)
             .bind(to_i64(consume.unwrap_or(0), "consume")?)
@@ -728,15 +743,18 @@ impl InboxStore for PgStore {
             return Ok(None);
         };
         // The update bumped `history_len`, so the new message's seq is one less.
+        let (root_id, id, seq) = (rec.root_id.clone(), rec.id.clone(), rec.history_len);
+        let row = rec.into_row()?;
+        budget::reopen_in(&mut tx, &row, &root).await?;
         sqlx::query(&SQL.follow_up_message)
-            .bind(&rec.root_id)
-            .bind(&rec.id)
+            .bind(&root_id)
+            .bind(&id)
             .bind(stored_json(&Message::user(text))?)
-            .bind(rec.history_len.map(|n| n - 1))
+            .bind(seq.map(|n| n - 1))
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        rec.into_row().map(Some)
+        Ok(Some(row))
     }
 }
 

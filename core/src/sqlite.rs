@@ -599,11 +599,18 @@ impl SessionStore for SqliteStore {
                 .bind(now_us()),
         )
         .await?;
-        tx.commit().await?;
-        match retried {
-            Some(rec) => Ok(RetryResult::Retried(Box::new(rec.into_row()?))),
-            None => Ok(outcome::not_retried(self.get(id).await?)),
+        let Some(rec) = retried else {
+            tx.commit().await?;
+            return Ok(outcome::not_retried(self.get(id).await?));
+        };
+        let row = rec.into_row()?;
+        // A retried sub-agent draws from its tree again, in the transaction that queues it.
+        if let Err(e) = budget::reopen_in(&mut tx, &row).await {
+            tx.rollback().await?;
+            return Err(e);
         }
+        tx.commit().await?;
+        Ok(RetryResult::Retried(Box::new(row)))
     }
 
     async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
@@ -918,16 +925,24 @@ impl InboxStore for SqliteStore {
             tx.rollback().await?;
             return Ok(None);
         };
+        let (root_id, id, seq) = (rec.root_id.clone(), rec.id.clone(), rec.history_len);
+        let row = rec.into_row()?;
+        // A re-opened sub-agent draws from its tree again, in the transaction that
+        // queues it.
+        if let Err(e) = budget::reopen_in(&mut tx, &row).await {
+            tx.rollback().await?;
+            return Err(e);
+        }
         // The update bumped `history_len`, so the new message's seq is one less.
         sqlx::query(&SQL.follow_up_message)
-            .bind(&rec.root_id)
-            .bind(&rec.id)
+            .bind(&root_id)
+            .bind(&id)
             .bind(stored_json(&Message::user(text))?)
-            .bind(rec.history_len.map(|n| n - 1))
+            .bind(seq.map(|n| n - 1))
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        rec.into_row().map(Some)
+        Ok(Some(row))
     }
 }
 

@@ -88,6 +88,10 @@ pub trait SessionStore: Send + Sync {
     /// moves on, fencing off any earlier holder. A session that is not failed that way is
     /// left as it is ([`RetryResult::NotRetryable`]), so a repeated retry does nothing.
     /// With `hold`, it waits for the dispatcher rather than for the caller's enqueue.
+    ///
+    /// In a tree with a token budget it is re-opened on the tree's ledger in the same
+    /// transaction, as [`InboxStore::follow_up`] says; `Error::NoBudget`, changing
+    /// nothing, when the tree has nothing left to give it.
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult>;
 
     /// Liveness of the database.
@@ -202,6 +206,15 @@ pub trait InboxStore: Send + Sync {
     /// full history and it is queued again. `consume` is the inbox position of the
     /// follow-up this came from (recorded so it runs once). `None` when the session is
     /// not finished (or the follow-up ran already).
+    ///
+    /// In a tree with a token budget, in the same transaction (serialised per tree with
+    /// spawns and give-backs): a sub-agent draws a new allowance from its tree as a spawn
+    /// does, from the nearest ancestor that still holds its own (at the latest the root),
+    /// and at most what its own `token_budget` still lets it spend (a session's
+    /// `token_budget` bounds its spend over all its turns); what it consumed before goes
+    /// from its parent's finished children's spend back to what the parent holds for it,
+    /// so its tokens are counted once. A root keeps its budget and its spend. When the
+    /// tree (or its own budget) has nothing left: `Error::NoBudget`, changing nothing.
     async fn follow_up(
         &self,
         session_id: &str,

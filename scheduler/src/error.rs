@@ -152,6 +152,12 @@ impl From<agentq_core::Error> for ApiError {
                 code: "conflict",
                 message,
             },
+            // A follow-up or retry of a session whose tree's token budget has nothing left
+            // to give it: refused, the session left as it was.
+            E::NoBudget(message) => ApiError::Conflict {
+                code: "budget_exhausted",
+                message,
+            },
             // Input the request checks let through but the database refuses (a value out
             // of a column's range, say): the caller's to fix, never worth a retry.
             e if e.is_data() => {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use agentq_agent::schema::{Message, Usage};
-use agentq_agent::spec::SessionSpec;
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::state::Outcome;
 use agentq_core::auth::{self, Scope};
 use agentq_core::budget::{BudgetStore, PriceEntry, Prices, SpawnBudget, SpawnLimits, Spawned};
 use agentq_core::pg::PgStore;
@@ -82,6 +83,35 @@ impl Env {
         let r = req.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Run `new` to its end for `reason`, having spent `tokens`, and give its allowance
+    /// back as its worker does.
+    async fn ended(&self, new: &NewSession, tokens: u64, reason: ExitReason) {
+        let Claim::Acquired {
+            lease, mut state, ..
+        } = self
+            .store
+            .claim(&new.id, "w", Duration::from_secs(30), 10)
+            .await
+            .unwrap()
+        else {
+            panic!("claim");
+        };
+        let from = state.messages.len();
+        let mut m = Message::assistant("ended");
+        m.usage = Some(Usage {
+            input_tokens: tokens,
+            ..Default::default()
+        });
+        state.push_assistant(m);
+        state.outcome = Some(Outcome {
+            reason,
+            result: Some("ended".into()),
+            error: None,
+        });
+        self.store.checkpoint(&lease, &state, from).await.unwrap();
+        self.store.return_budget(&new.id).await.unwrap();
     }
 
     /// A session of `model` that spent `usage`, left queued.
@@ -322,4 +352,121 @@ async fn budget_routes_refuse_bad_input_and_callers_without_admin() {
         .await;
     assert_eq!(status, 200);
     assert_eq!(spend["day"]["tokens"], 0);
+}
+
+/// A finished sub-agent is started again only with a new allowance from its tree: once
+/// the tree's budget is spent, a follow-up and a retry are refused with 409
+/// `budget_exhausted`, and neither the session nor the ledger changes. While something is
+/// left, the follow-up is accepted and the root's ledger holds the new grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_a_sub_agent_again_needs_budget_left_in_its_tree() {
+    let env = Env::start().await;
+    let mut spec = SessionSpec::new("root");
+    spec.token_budget = Some(1_000);
+    let root = NewSession::root(spec, "default").with_tenant("acme");
+    env.store.create_session(&root).await.unwrap();
+    let child = |key: &str| NewSession {
+        id: new_session_id(),
+        spec: SessionSpec::new("child"),
+        queue: "default".into(),
+        parent_id: Some(root.id.clone()),
+        root_id: root.id.clone(),
+        depth: 1,
+        idempotency_key: Some(format!("spawn:{key}")),
+        idempotency_hash: None,
+        tenant: "acme".into(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    };
+    let (a, b) = (child("a"), child("b"));
+    for c in [&a, &b] {
+        let limits = SpawnLimits {
+            max_tree_sessions: 10,
+            budget: Some(SpawnBudget {
+                parent_allowance: 1_000,
+                requested: Some(500),
+            }),
+        };
+        assert!(matches!(
+            env.store.spawn_session(c, &limits).await.unwrap(),
+            Spawned::Created(_)
+        ));
+    }
+    env.ended(&a, 200, ExitReason::Stop).await;
+    env.ended(&b, 100, ExitReason::Error).await;
+    let get = |id: String| {
+        let env = &env;
+        async move {
+            env.call(
+                reqwest::Method::GET,
+                &format!("/v1/sessions/{id}"),
+                ADMIN_KEY,
+                None,
+            )
+            .await
+            .1
+        }
+    };
+    assert_eq!(get(root.id.clone()).await["budget"]["remaining"], 700);
+
+    // 700 left: the follow-up draws 300 (what a's own 500 still allows).
+    let (status, body) = env
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{}/messages", a.id),
+            ADMIN_KEY,
+            Some(json!({"content": "more"})),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let view = get(root.id.clone()).await;
+    assert_eq!(view["budget"]["held"], 500, "{view}");
+    assert_eq!(view["budget"]["remaining"], 400, "{view}");
+    // a spends all of it; the root the rest: nothing is left.
+    env.ended(&a, 300, ExitReason::Stop).await;
+    env.spent(
+        &root,
+        Usage {
+            input_tokens: 400,
+            ..Default::default()
+        },
+    )
+    .await;
+    let view = get(root.id.clone()).await;
+    assert_eq!(view["budget"]["remaining"], 0, "{view}");
+    assert_eq!(view["budget"]["held"], 0, "{view}");
+    assert_eq!(view["tree_cost"]["input_tokens"], 1_000, "{view}");
+
+    let before_b = env.store.get(&b.id).await.unwrap().unwrap();
+    let (status, body) = env
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{}/retry", b.id),
+            ADMIN_KEY,
+            None,
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "budget_exhausted", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(&b.id),
+        "{body}"
+    );
+    assert_eq!(env.store.get(&b.id).await.unwrap().unwrap(), before_b);
+    let history = env.store.messages(&a.id).await.unwrap();
+    let (status, body) = env
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{}/messages", a.id),
+            ADMIN_KEY,
+            Some(json!({"content": "and more"})),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "budget_exhausted", "{body}");
+    assert_eq!(env.store.messages(&a.id).await.unwrap(), history);
+    let view = get(root.id.clone()).await;
+    assert_eq!(view["budget"]["remaining"], 0, "{view}");
+    assert_eq!(view["budget"]["children_spent"], 600, "{view}");
 }

@@ -10,10 +10,13 @@
 //! budget plus what the estimates of the calls in flight missed. A call of a tenant with a
 //! budget holds its worst case on the tenant's budgets while it runs, and starts only
 //! while the tenant's spend and the other calls' holds are below them, so a tenant ends
-//! within its budget plus one call, however many of its sessions run at once.
+//! within its budget plus one call, however many of its sessions run at once. A call that
+//! finds the budget taken only by the other calls' holds waits for them to settle (they
+//! may spend far less than they hold): only a spend that has reached the budget ends or
+//! parks a session.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -43,6 +46,16 @@ const HOLD_TTL: Duration = Duration::from_secs(30 * 60);
 
 /// How often a session whose budget is held by its running sub-agents looks again.
 const HELD_WAIT: Duration = Duration::from_secs(1);
+
+/// A call that finds its tenant's budget taken by the holds of other calls in flight looks
+/// again after this, doubling while it keeps finding them (a call lasts seconds), up to
+/// [`HOLDS_WAIT_MAX`], and never past when the first of those holds expires. The driver
+/// waits out each look against the session's deadline and its cancellation.
+const HOLDS_WAIT_MIN: Duration = Duration::from_millis(50);
+const HOLDS_WAIT_MAX: Duration = Duration::from_secs(1);
+
+/// The wait reason of a call waiting for the holds of its tenant's other calls.
+pub(crate) const HOLDS_REASON: &str = "budget_holds";
 
 /// The tenant budgets stored through the admin API, read at most every
 /// [`STORED_BUDGETS_TTL`] per worker. Every LLM call of the worker looks here, so a fresh
@@ -123,6 +136,8 @@ pub(crate) struct BudgetGate {
     /// The hold of the call in flight on the tenant's budgets (a session makes one call
     /// at a time), settled with it.
     hold: std::sync::Mutex<Option<String>>,
+    /// How many looks in a row found the tenant's budget taken by other calls' holds.
+    holds_waits: AtomicU32,
     next: Arc<dyn Admission>,
 }
 
@@ -155,6 +170,7 @@ impl BudgetGate {
             allowance: self.allowance,
             own: self.own.clone(),
             hold: std::sync::Mutex::new(None),
+            holds_waits: AtomicU32::new(0),
             next,
         }
     }
@@ -251,8 +267,27 @@ impl BudgetGate {
             .await
         {
             Ok(None) => {
+                self.holds_waits.store(0, Ordering::Relaxed);
                 *self.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold.id);
                 None
+            }
+            // Reached only with what the other calls hold: they may spend less, so the
+            // call waits for them to settle rather than end or park the session.
+            Ok(Some(refused)) if refused.holds_expire.is_some() => {
+                let looks = self.holds_waits.fetch_add(1, Ordering::Relaxed);
+                let backoff = HOLDS_WAIT_MIN
+                    .saturating_mul(1u32 << looks.min(8))
+                    .min(HOLDS_WAIT_MAX);
+                let to_expiry = refused
+                    .holds_expire
+                    .and_then(|t| (t - Utc::now()).to_std().ok())
+                    .unwrap_or_default();
+                // Not below the first step: a worker clock ahead of the database's would
+                // otherwise ask again at once until the database saw the hold expire.
+                Some(Admit::Wait {
+                    after: backoff.min(to_expiry.max(HOLDS_WAIT_MIN)),
+                    reason: HOLDS_REASON,
+                })
             }
             Ok(Some(refused)) => Some(Admit::Exhausted {
                 message: refused.message,
@@ -269,6 +304,22 @@ impl BudgetGate {
             }
         }
     }
+
+    /// Give the hold of a call that will not start back (nothing spent).
+    async fn release_hold(&self) {
+        let Some(hold) = self.hold.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let day = day_key(Utc::now().date_naive());
+        if let Err(e) = self
+            .inner
+            .store
+            .settle_tenant_hold(&hold, &self.tenant, &day, Spend::default())
+            .await
+        {
+            warn!(error = %e, tenant = %self.tenant, "releasing an unused hold failed; it expires");
+        }
+    }
 }
 
 #[async_trait]
@@ -276,6 +327,22 @@ impl Admission for BudgetGate {
     async fn reserve(&self, ask: &CallAsk<'_>) -> Admit {
         if let Some(refused) = self.tree(ask).await {
             return refused;
+        }
+        if self.holds_waits.load(Ordering::Relaxed) > 0 {
+            // Waiting for other calls' holds: the budget first, so that the rate limiter
+            // is asked only once there is room (asking it at every look and giving its
+            // reservation back would spend the fleet's rate limit on calls that do not
+            // start).
+            if let Some(refused) = self.tenant(ask).await {
+                return refused;
+            }
+            return match self.next.reserve(ask).await {
+                Admit::Go(permit) => Admit::Go(permit),
+                other => {
+                    self.release_hold().await;
+                    other
+                }
+            };
         }
         // The rate limiter before the tenant's budgets: a call told to wait for a rate
         // limit (again and again, under a busy limit) holds nothing and costs the store

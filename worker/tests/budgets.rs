@@ -15,8 +15,8 @@ use agentq_core::budget::{BudgetStore, OnBudget, Period, TenantBudget};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
-    EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore, SweepStore,
-    WorkQueue,
+    EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore, Signals,
+    SweepStore, WorkQueue,
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
 use agentq_testkit::{RedisServer, shared_postgres};
@@ -198,6 +198,39 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}{path}", self.api))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Run `act` (a request that may start `id` again) and, when `started` says from its
+    /// answer that it did, wait for the session's next completion: subscribed before the
+    /// request, so it cannot be missed.
+    async fn start_again(
+        &self,
+        id: &str,
+        act: impl std::future::Future<Output = (u16, Value)>,
+        started: impl Fn(u16) -> bool,
+    ) -> (u16, Value) {
+        use futures::StreamExt;
+        let mut done = self.queue.subscribe_completion(id).await.unwrap();
+        let answer = act.await;
+        if started(answer.0) {
+            tokio::time::timeout(Duration::from_secs(60), done.next())
+                .await
+                .expect("the session ends")
+                .expect("a completion");
+        }
+        answer
     }
 
     async fn admin_get(&self, path: &str) -> (u16, Value) {
@@ -640,5 +673,253 @@ async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
         let l = c.store.ledger(&r.id).await.unwrap().unwrap();
         assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
     }
+    c.shutdown().await;
+}
+
+/// A root of 6,000 tokens starts three sub-agents one after the other (`wait`), each asking
+/// for 5,000; each gives back what it did not spend when it ends, and the root completes.
+/// Then the finished sub-agents are started again through the API: a follow-up on each of
+/// the two that completed, a retry of the one that failed. Each must draw from what the
+/// tree has left, not run again on the allowance it gave back: before, the follow-ups and
+/// the retry ran each on its old allowance, and the tree spent about 15,000 tokens of its
+/// 6,000 while the root's ledger still showed some left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_sub_agents_started_again_draw_from_their_tree() {
+    let spawn = |task: &str| {
+        json!({"name": "spawn_agent",
+               "arguments": {"prompt": task, "wait": true, "token_budget": 5000}})
+    };
+    let work = json!({"tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}],
+                      "usage": usage()});
+    let mut failing = work.clone();
+    failing["fail"] = json!([{"status": 400, "message": "bad request"}]);
+    let script = json!({
+        "turns": [],
+        "variants": [
+            {"when_prompt_contains": "ROOT", "turns": [
+                {"tool_calls": [spawn("CHILD a")], "usage": usage()},
+                {"tool_calls": [spawn("CHILD b")], "usage": usage()},
+                {"tool_calls": [spawn("FAILER c")], "usage": usage()},
+                {"text": "all done", "usage": usage()},
+                work.clone()
+            ], "repeat_last": true},
+            // Answers at once; a later turn works until its budget stops it.
+            {"when_prompt_contains": "CHILD", "turns": [
+                {"text": "child done", "usage": usage()}, work.clone()
+            ], "repeat_last": true},
+            // Its first call fails for good (400); run again, it works until stopped.
+            {"when_prompt_contains": "FAILER", "turns": [failing, work.clone()],
+             "repeat_last": true}
+        ]
+    });
+    // One worker: the scripted failure is played once per worker process.
+    let c = Cluster::start(script, 1, |_| {}).await;
+    const BUDGET: u64 = 6_000;
+    let root = c
+        .submit("ROOT", |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+            s.max_iterations = 100;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(60)).await;
+    assert_eq!(c.row(&root).await.status, SessionStatus::Completed);
+    let mut children: Vec<SessionRow> =
+        tree.into_iter().filter(|r| r.parent_id.is_some()).collect();
+    children.sort_by_key(|r| r.created_at);
+    assert_eq!(children.len(), 3, "{children:?}");
+    assert_eq!(children[2].status, SessionStatus::Failed, "{children:?}");
+
+    let refused_or_started = |(status, body): &(u16, Value)| {
+        assert!(
+            *status == 202
+                || *status == 200
+                || (*status == 409 && body["error"]["code"] == "budget_exhausted"),
+            "{status} {body}"
+        );
+    };
+    for child in &children[..2] {
+        let path = format!("/v1/sessions/{}/messages", child.id);
+        let answer = c
+            .start_again(
+                &child.id,
+                c.post(&path, json!({"content": "keep going"})),
+                |s| s == 202,
+            )
+            .await;
+        refused_or_started(&answer);
+    }
+    let failed = &children[2];
+    let answer = c
+        .start_again(
+            &failed.id,
+            c.post(&format!("/v1/sessions/{}/retry", failed.id), json!({})),
+            |s| s == 200,
+        )
+        .await;
+    refused_or_started(&answer);
+    // The root itself, finished: its budget is its own for its whole life.
+    let answer = c
+        .start_again(
+            &root,
+            c.post(
+                &format!("/v1/sessions/{root}/messages"),
+                json!({"content": "more"}),
+            ),
+            |s| s == 202,
+        )
+        .await;
+    refused_or_started(&answer);
+
+    let tree = c.settled_tree(&root, Duration::from_secs(60)).await;
+    let total = spent(&tree);
+    eprintln!("after the follow-ups and the retry: {total} tokens of {BUDGET}");
+    // The worst case of one call: its prompt's estimate plus max_tokens; these cost CALL.
+    assert!(
+        total <= BUDGET + CALL.0 + CALL.1,
+        "the tree spent {total} of its budget of {BUDGET}: {:?}",
+        tree.iter()
+            .map(|r| (r.depth, r.status, r.usage.total()))
+            .collect::<Vec<_>>()
+    );
+    // What the API shows agrees with what was spent: the root's ledger counts every token
+    // of the tree once, and holds nothing.
+    let (status, view) = c.admin_get(&format!("/v1/sessions/{root}")).await;
+    assert_eq!(status, 200, "{view}");
+    let cost = &view["tree_cost"];
+    let tree_tokens =
+        cost["input_tokens"].as_u64().unwrap() + cost["output_tokens"].as_u64().unwrap();
+    assert_eq!(tree_tokens, total);
+    let ledger = &view["budget"];
+    assert_eq!(ledger["held"], 0, "{view}");
+    assert_eq!(
+        ledger["spent"].as_u64().unwrap() + ledger["children_spent"].as_u64().unwrap(),
+        tree_tokens,
+        "{view}"
+    );
+    assert_eq!(
+        ledger["remaining"].as_u64().unwrap(),
+        BUDGET.saturating_sub(tree_tokens),
+        "{view}"
+    );
+    // Once nothing is left, starting a sub-agent again is refused, changing nothing.
+    if BUDGET.saturating_sub(tree_tokens) == 0 {
+        let (status, body) = c
+            .post(
+                &format!("/v1/sessions/{}/messages", children[0].id),
+                json!({"content": "again"}),
+            )
+            .await;
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (409, &json!("budget_exhausted")),
+            "{body}"
+        );
+        assert!(c.row(&children[0].id).await.status.is_terminal());
+    }
+    c.shutdown().await;
+}
+
+/// Many sessions of one tenant at once against its budget, each call holding far more
+/// than it spends (all of `max_tokens`). A call that finds the budget taken only by the
+/// holds of calls in flight waits for them to settle: a session fails `budget_exhausted`
+/// only once the tenant's recorded spend has reached the budget. Before, such calls ended
+/// their sessions at once: most of fifty sessions failed having spent nothing while the
+/// tenant had spent a fraction of its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_wait_for_holds_and_fail_only_on_a_spent_tenant_budget() {
+    use futures::StreamExt;
+    const BUDGET: u64 = 30_000;
+    let work = json!({"text": "working", "usage": usage(), "delay_ms": 150,
+                      "tool_calls": [{"name": "list_dir", "arguments": {"path": "."}}]});
+    let c = Cluster::start(
+        json!({"turns": [work.clone(), work,
+                         {"text": "finished", "usage": usage(), "delay_ms": 150}]}),
+        2,
+        |cfg| cfg.budgets = vec![tenant_budget(BUDGET, OnBudget::Fail)],
+    )
+    .await;
+    let mut ends = Vec::new();
+    for i in 0..50 {
+        let mut spec = SessionSpec::new(format!("task {i}"));
+        spec.tools = Some(vec!["list_dir".into()]);
+        spec.retry_delay_ms = 10;
+        // Each call holds its prompt and 2,000 tokens while it runs, and spends 410.
+        spec.max_tokens = 2_000;
+        let (row, _) = c
+            .store
+            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
+            .await
+            .unwrap();
+        let done = c.queue.subscribe_completion(&row.id).await.unwrap();
+        c.queue
+            .enqueue("default", &row.id, EnqueueReason::New)
+            .await
+            .unwrap();
+        c.store
+            .mark_enqueued(std::slice::from_ref(&row.id))
+            .await
+            .unwrap();
+        ends.push((row.id, done));
+    }
+    let mut rows = Vec::new();
+    for (id, mut done) in ends {
+        tokio::time::timeout(Duration::from_secs(120), done.next())
+            .await
+            .expect("every session ends")
+            .expect("a completion");
+        rows.push(c.row(&id).await);
+    }
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    let completed = rows
+        .iter()
+        .filter(|r| r.status == SessionStatus::Completed)
+        .count();
+    let failed: Vec<&SessionRow> = rows
+        .iter()
+        .filter(|r| r.status != SessionStatus::Completed)
+        .collect();
+    eprintln!(
+        "{completed} completed, {} failed, {} tokens of {BUDGET}",
+        failed.len(),
+        spend.tokens
+    );
+    // The budget is used up before anyone is refused, and passed by less than one call.
+    let call = CALL.0 + CALL.1;
+    assert_eq!(spend.tokens, spent(&rows));
+    assert!(
+        spend.tokens >= BUDGET,
+        "{} tokens spent, {} sessions failed",
+        spend.tokens,
+        failed.len()
+    );
+    assert!(
+        spend.tokens <= BUDGET + call,
+        "{} tokens spent",
+        spend.tokens
+    );
+    assert!(
+        !failed.is_empty(),
+        "fifty sessions of 1,230 tokens fit in {BUDGET}?"
+    );
+    for r in &failed {
+        assert_eq!(r.finish_reason, Some(ExitReason::BudgetExhausted), "{r:?}");
+        // Refused on the recorded spend: the message says how much, holds not counted.
+        let error = r.error.as_deref().unwrap_or("");
+        assert!(!error.contains("in flight"), "{error}");
+        let used: u64 = error
+            .rsplit_once('(')
+            .and_then(|(_, tail)| tail.split_once(' '))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or_else(|| panic!("no spend in {error:?}"));
+        assert!(used >= BUDGET, "{r:?}");
+    }
+    // Every hold became spend or went: nothing is left held.
+    let held: i64 = sqlx::query_scalar("SELECT count(*) FROM tenant_holds")
+        .fetch_one(c.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(held, 0);
     c.shutdown().await;
 }

@@ -1,7 +1,11 @@
 //! Budgets on Postgres: the spawn's transaction (tree cap, the child's grant, the insert),
-//! the ledger's reads and give-backs, tenant budgets and spend.
+//! the ledger's reads, give-backs and re-openings, tenant budgets and spend.
+//!
+//! Every write to a tree's ledger (a spawn, a give-back, a re-opening) locks the tree's
+//! root row first: they run one at a time per tree, on every worker and scheduler, and
+//! never wait on each other's row locks crosswise.
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgConnection, PgPool};
 
 use chrono::{DateTime, Utc};
 
@@ -10,38 +14,29 @@ use crate::budget::{
     first_reached,
 };
 use crate::error::Result;
-use crate::model::NewSession;
+use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
-    BudgetRow, LedgerRow, UsageRow, budget_of, check_spawn, count, ledger_of, usage_of, with_grant,
+    BudgetRow, CHAIN, ChainRow, LedgerRow, Link, UsageRow, WRITE_LINK, budget_of, changed,
+    check_spawn, count, give_back, ledger_of, reopen, usage_of, with_grant,
 };
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
 
 use super::create;
 
-/// The rows a spawn checks, locked in id order (the same order for every spawn, so two
-/// never wait on each other crosswise).
+/// The rows a spawn checks, locked root first (`$2`; see the module docs), then by id.
 const LOCK_TREE: &str = "
 SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget_held,
        budget_children_spent
-FROM sessions WHERE id = ANY($1) ORDER BY id FOR UPDATE";
+FROM sessions WHERE id = ANY($1) ORDER BY id = $2 DESC, id FOR UPDATE";
 
-/// The give-back of one finished child, in one statement: the child is marked, its
-/// parent's hold released and its subtree's spend added.
-const RETURN_BUDGET: &str = "
-WITH c AS (
-    UPDATE sessions SET budget_returned = true
+/// Whether the session is a finished child whose allowance has not gone back: the one
+/// case in which a give-back has anything to do, checked before taking the root's lock.
+const GIVE_BACK_DUE: &str = "
+SELECT EXISTS (SELECT 1 FROM sessions
     WHERE id = $1 AND budget_allowance IS NOT NULL AND budget_returned = false
-      AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled')
-    RETURNING parent_id, budget_allowance,
-              input_tokens + output_tokens + budget_children_spent + budget_held AS consumed
-)
-UPDATE sessions p SET
-    budget_held = GREATEST(p.budget_held - c.budget_allowance, 0),
-    budget_children_spent = p.budget_children_spent + c.consumed
-FROM c WHERE p.id = c.parent_id
-RETURNING p.id";
+      AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled'))";
 
 const UNRETURNED: &str = "
 SELECT id FROM sessions
@@ -72,9 +67,10 @@ FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
 /// transaction). The second key keeps this lock apart from any other use of advisory locks.
 const LOCK_TENANT: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 1802))";
 
-/// What the tenant's calls in flight hold (expired holds are a dead worker's).
+/// What the tenant's calls in flight hold (expired holds are a dead worker's), and when
+/// the first of those holds expires.
 const HELD: &str = "
-SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint
+SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint, min(expires_at)
 FROM tenant_holds WHERE tenant = $1 AND expires_at > now()";
 
 const INSERT_HOLD: &str = "
@@ -126,6 +122,7 @@ pub(super) async fn spawn_session(
     let ids = vec![new.root_id.clone(), parent.clone()];
     let rows: Vec<LedgerRow> = sqlx::query_as(LOCK_TREE)
         .bind(&ids)
+        .bind(&new.root_id)
         .fetch_all(&mut *tx)
         .await?;
     let g = match check_spawn(new, limits, &rows)? {
@@ -177,11 +174,85 @@ pub(super) async fn ledger(pool: &PgPool, id: &str) -> Result<Option<Ledger>> {
 }
 
 pub(super) async fn return_budget(pool: &PgPool, id: &str) -> Result<bool> {
-    let done: Option<String> = sqlx::query_scalar(RETURN_BUDGET)
+    let due: bool = sqlx::query_scalar(GIVE_BACK_DUE)
         .bind(id)
-        .fetch_optional(pool)
+        .fetch_one(pool)
         .await?;
-    Ok(done.is_some())
+    if !due {
+        return Ok(false);
+    }
+    let mut tx = pool.begin().await?;
+    if lock_root(&mut tx, id).await?.is_none() {
+        return Ok(false);
+    }
+    // Read again under the lock: a racing give-back or re-opening may have come first.
+    let due: bool = sqlx::query_scalar(GIVE_BACK_DUE)
+        .bind(id)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !due {
+        return Ok(false);
+    }
+    let mut links = chain(&mut tx, id).await?;
+    let before = links.clone();
+    if !give_back(&mut links) {
+        return Ok(false);
+    }
+    write_links(&mut tx, &before, &links).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Lock the root of `id`'s tree (see the module docs) and read it; `None` when there is
+/// no such session.
+pub(super) async fn lock_root(conn: &mut PgConnection, id: &str) -> Result<Option<SessionRow>> {
+    let sql = format!(
+        "SELECT {COLS} FROM sessions \
+         WHERE id = (SELECT root_id FROM sessions WHERE id = $1) FOR UPDATE"
+    );
+    let rec: Option<SessionRecord> = sqlx::query_as(&sql)
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    rec.map(SessionRecord::into_row).transpose()
+}
+
+async fn chain(conn: &mut PgConnection, id: &str) -> Result<Vec<Link>> {
+    let rows: Vec<ChainRow> = sqlx::query_as(CHAIN).bind(id).fetch_all(&mut *conn).await?;
+    Ok(rows.into_iter().map(Link::of).collect())
+}
+
+async fn write_links(conn: &mut PgConnection, before: &[Link], after: &[Link]) -> Result<()> {
+    for l in changed(before, after) {
+        sqlx::query(WRITE_LINK)
+            .bind(&l.id)
+            .bind(l.allowance.map(|a| to_i64(a, "budget")).transpose()?)
+            .bind(to_i64(l.held, "budget")?)
+            .bind(to_i64(l.children_spent, "budget")?)
+            .bind(l.returned)
+            .bind(l.consumed.map(|c| to_i64(c, "budget")).transpose()?)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Re-open `row` (just queued again by a follow-up or a retry, in this transaction) on
+/// its tree's ledger, under the lock of its tree's root `root` ([`lock_root`]): see
+/// [`crate::sql::budget::reopen`]. `Error::NoBudget` when the tree has nothing to give
+/// it; the caller's transaction is then dropped, changing nothing.
+pub(super) async fn reopen_in(
+    conn: &mut PgConnection,
+    row: &SessionRow,
+    root: &SessionRow,
+) -> Result<()> {
+    let mut links = chain(conn, &row.id).await?;
+    let before = links.clone();
+    match reopen(&mut links, root.spec.token_budget, row.spec.token_budget) {
+        Ok(true) => write_links(conn, &before, &links).await,
+        Ok(false) => Ok(()),
+        Err(no_room) => Err(no_room.error(&row.id)),
+    }
 }
 
 pub(super) async fn unreturned(pool: &PgPool, limit: u32) -> Result<Vec<String>> {
@@ -237,7 +308,7 @@ pub(super) async fn hold(
         .bind(&hold.tenant)
         .execute(&mut *tx)
         .await?;
-    let (t, c): (i64, i64) = sqlx::query_as(HELD)
+    let (t, c, expires): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(HELD)
         .bind(&hold.tenant)
         .fetch_one(&mut *tx)
         .await?;
@@ -259,7 +330,7 @@ pub(super) async fn hold(
             cost_nanos: count(c),
         });
     }
-    let refused = first_reached(budgets, &spent, held);
+    let refused = first_reached(budgets, &spent, held, expires);
     if refused.is_some() {
         tx.rollback().await?;
         return Ok(refused);

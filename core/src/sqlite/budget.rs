@@ -3,15 +3,18 @@
 
 use chrono::{DateTime, Utc};
 
+use sqlx::SqliteConnection;
+
 use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
     first_reached,
 };
 use crate::error::Result;
-use crate::model::NewSession;
+use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
-    BudgetRow, LedgerRow, UsageRow, budget_of, check_spawn, count, ledger_of, usage_of, with_grant,
+    BudgetRow, CHAIN, ChainRow, LedgerRow, Link, UsageRow, WRITE_LINK, budget_of, changed,
+    check_spawn, count, give_back, ledger_of, reopen, usage_of, with_grant,
 };
 
 use super::{SqliteStore, now_us, writes};
@@ -21,18 +24,11 @@ SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget
        budget_children_spent
 FROM sessions WHERE id IN ($1, $2)";
 
-const MARK_RETURNED: &str = "
-UPDATE sessions SET budget_returned = 1
-WHERE id = $1 AND budget_allowance IS NOT NULL AND budget_returned = 0
-  AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled')
-RETURNING parent_id, budget_allowance,
-          input_tokens + output_tokens + budget_children_spent + budget_held";
-
-const GIVE_BACK: &str = "
-UPDATE sessions SET
-    budget_held = MAX(budget_held - $2, 0),
-    budget_children_spent = budget_children_spent + $3
-WHERE id = $1";
+/// Whether the session is a finished child whose allowance has not gone back.
+const GIVE_BACK_DUE: &str = "
+SELECT EXISTS (SELECT 1 FROM sessions
+    WHERE id = $1 AND budget_allowance IS NOT NULL AND budget_returned = 0
+      AND parent_id IS NOT NULL AND status IN ('completed', 'failed', 'cancelled'))";
 
 const UNRETURNED: &str = "
 SELECT id FROM sessions
@@ -57,9 +53,10 @@ const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
 FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
 
-/// What the tenant's calls in flight hold (expired holds are a dead worker's); `$2`: now.
+/// What the tenant's calls in flight hold (expired holds are a dead worker's), and when
+/// the first of those holds expires; `$2`: now.
 const HELD: &str = "
-SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
+SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0), min(expires_at)
 FROM tenant_holds WHERE tenant = $1 AND expires_at > $2";
 
 const DROP_EXPIRED: &str = "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= $2";
@@ -155,23 +152,30 @@ impl SqliteStore {
     }
 
     pub(super) async fn give_back(&self, id: &str) -> Result<bool> {
-        let mut tx = self.write_tx().await?;
-        let marked: Vec<(String, i64, i64)> = sqlx::query_as(MARK_RETURNED)
+        let due: bool = sqlx::query_scalar(GIVE_BACK_DUE)
             .bind(id)
-            .fetch_all(&mut *tx)
+            .fetch_one(&self.readers)
             .await?;
-        let Some((parent, allowance, consumed)) = marked.into_iter().next() else {
+        if !due {
+            return Ok(false);
+        }
+        let mut tx = self.write_tx().await?;
+        // Read again in the write transaction: a racing give-back or re-opening may have
+        // come first.
+        let due: bool = sqlx::query_scalar(GIVE_BACK_DUE)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !due {
             tx.commit().await?;
             return Ok(false);
-        };
-        sqlx::query(GIVE_BACK)
-            .bind(&parent)
-            .bind(allowance)
-            .bind(consumed)
-            .execute(&mut *tx)
-            .await?;
+        }
+        let mut links = chain(&mut tx, id).await?;
+        let before = links.clone();
+        let done = give_back(&mut links);
+        write_links(&mut tx, &before, &links).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(done)
     }
 
     pub(super) async fn unreturned(&self, limit: u32) -> Result<Vec<String>> {
@@ -224,11 +228,12 @@ impl SqliteStore {
     ) -> Result<Option<HoldRefused>> {
         let mut tx = self.write_tx().await?;
         let at = now_us();
-        let (t, c): (i64, i64) = sqlx::query_as(HELD)
+        let (t, c, expires): (i64, i64, Option<i64>) = sqlx::query_as(HELD)
             .bind(&hold.tenant)
             .bind(at)
             .fetch_one(&mut *tx)
             .await?;
+        let expires = expires.and_then(DateTime::from_timestamp_micros);
         let held = Spend {
             tokens: count(t),
             cost_nanos: count(c),
@@ -247,7 +252,7 @@ impl SqliteStore {
                 cost_nanos: count(c),
             });
         }
-        let refused = first_reached(budgets, &spent, held);
+        let refused = first_reached(budgets, &spent, held, expires);
         if refused.is_some() {
             tx.rollback().await?;
             return Ok(refused);
@@ -309,5 +314,48 @@ impl SqliteStore {
     pub(super) async fn budgets(&self) -> Result<Vec<TenantBudget>> {
         let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(&self.readers).await?;
         rows.into_iter().map(budget_of).collect()
+    }
+}
+
+async fn chain(conn: &mut SqliteConnection, id: &str) -> Result<Vec<Link>> {
+    let rows: Vec<ChainRow> = sqlx::query_as(CHAIN).bind(id).fetch_all(&mut *conn).await?;
+    Ok(rows.into_iter().map(Link::of).collect())
+}
+
+async fn write_links(conn: &mut SqliteConnection, before: &[Link], after: &[Link]) -> Result<()> {
+    for l in changed(before, after) {
+        sqlx::query(WRITE_LINK)
+            .bind(&l.id)
+            .bind(l.allowance.map(|a| to_i64(a, "budget")).transpose()?)
+            .bind(to_i64(l.held, "budget")?)
+            .bind(to_i64(l.children_spent, "budget")?)
+            .bind(l.returned)
+            .bind(l.consumed.map(|c| to_i64(c, "budget")).transpose()?)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Re-open `row` (just queued again by a follow-up or a retry, in this write
+/// transaction) on its tree's ledger: see [`crate::sql::budget::reopen`].
+/// `Error::NoBudget` when the tree has nothing to give it; the caller's transaction is
+/// then dropped, changing nothing.
+pub(super) async fn reopen_in(conn: &mut SqliteConnection, row: &SessionRow) -> Result<()> {
+    let root_budget = if row.parent_id.is_none() {
+        row.spec.token_budget
+    } else {
+        super::record_in(conn, &row.root_id)
+            .await?
+            .map(|r| r.into_row())
+            .transpose()?
+            .and_then(|r| r.spec.token_budget)
+    };
+    let mut links = chain(conn, &row.id).await?;
+    let before = links.clone();
+    match reopen(&mut links, root_budget, row.spec.token_budget) {
+        Ok(true) => write_links(conn, &before, &links).await,
+        Ok(false) => Ok(()),
+        Err(no_room) => Err(no_room.error(&row.id)),
     }
 }

@@ -1,0 +1,14 @@
+-- agentq: a sub-agent re-opened after it ended (a follow-up, a retry) draws from its tree
+-- again, and its new spend reaches the tree's ledger once.
+--
+-- When a child gives its allowance back, what it and its subtree consumed (its own
+-- tokens, its finished children's, and the allowances its live children still hold) is
+-- added to its parent's budget_children_spent. This column keeps that amount while the
+-- child stays given back, so that:
+--   - re-opening the child takes exactly it out of the parent's children_spent again,
+--     and the child holds it plus a new grant from the tree, as a live child does;
+--   - a live grandchild that ends after its parent gave back passes what its parent's
+--     consumption changed by up to the first ancestor that has not given back.
+-- NULL while the child holds its allowance (not given back), and on rows given back
+-- before this column existed.
+ALTER TABLE sessions ADD COLUMN budget_consumed bigint CHECK (budget_consumed >= 0);
