@@ -155,6 +155,7 @@ impl BudgetGate {
             allowance,
             own: Arc::new(AtomicU64::new(row.usage.total())),
             hold: std::sync::Mutex::new(None),
+            holds_waits: AtomicU32::new(0),
             next,
         }
     }
