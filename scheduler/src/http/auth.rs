@@ -15,6 +15,8 @@
 //!
 //! [`loopback_hosts`] is the DNS-rebinding defence of `agentq dev`: a browser page whose
 //! name was rebound to 127.0.0.1 still sends its own name as `Host`.
+//! [`same_origin_writes`] is its cross-site defence: a keyless server takes writes only
+//! as JSON and never from a page of another origin.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -321,6 +323,79 @@ pub async fn loopback_hosts(State(a): State<Authenticator>, req: Request, next: 
             }
             .into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// Whether `method` may change state (anything but a read).
+fn is_write(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Refuse, on a keyless server, a write a web page on another origin could have sent
+/// (see [`same_origin_writes`]); `None` lets the request through.
+fn cross_site_write(method: &Method, headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    if !is_write(method) {
+        return None;
+    }
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        // A page of this server is `http://` + the `Host` it was loaded from, which is a
+        // loopback name here; `null` (a sandboxed frame, a file) is nobody's.
+        let same = origin
+            .strip_prefix("http://")
+            .zip(host)
+            .is_some_and(|(o, h)| o.eq_ignore_ascii_case(h) && is_loopback_host(o));
+        if !same {
+            return Some(ApiError::Forbidden {
+                field: Some("Origin".into()),
+                message: format!(
+                    "a state-changing request from the web page {:?} is refused: this keyless \
+                     server takes writes only from local clients and its own pages",
+                    origin.chars().take(200).collect::<String>()
+                ),
+            });
+        }
+    }
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !crate::http::body::is_json_content_type(ct) {
+        return Some(ApiError::Forbidden {
+            field: Some("Content-Type".into()),
+            message: format!(
+                "a state-changing request must be sent as `Content-Type: application/json` \
+                 (a body of `{{}}` when there is nothing to send), got {}: a web page can \
+                 send other types to this keyless server from any site",
+                if ct.is_empty() { "none" } else { ct }
+            ),
+        });
+    }
+    None
+}
+
+/// The cross-site defence of a keyless server (`agentq dev` on loopback, where the
+/// browser's own machine is trusted): every request that may change state (not GET,
+/// HEAD, OPTIONS) must be JSON and, when a browser says where it comes from (`Origin`),
+/// come from a page of this server. A page elsewhere can make a browser send a form or a
+/// `text/plain` POST anywhere without asking, but not a JSON one (that needs a CORS
+/// preflight, which this API never grants), and a browser always names the page's
+/// origin on a cross-origin write. Servers that require keys need neither: a browser
+/// never adds an `Authorization` header on its own.
+pub async fn same_origin_writes(
+    State(a): State<Authenticator>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if a.settings.keyless
+        && let Some(refused) = cross_site_write(req.method(), req.headers())
+    {
+        return refused.into_response();
     }
     next.run(req).await
 }

@@ -172,6 +172,10 @@ pub fn router(state: Scheduler) -> Router {
     app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            authn.clone(),
+            auth::same_origin_writes,
+        ))
         .layer(middleware::from_fn_with_state(authn, auth::loopback_hosts))
         .with_state(state)
 }
