@@ -269,7 +269,8 @@ pub struct SchedulerSection {
     /// (entries pending or not yet delivered are kept whatever the length).
     pub stream_max_len: u64,
     /// How long a verified API key is trusted without asking the database again: a
-    /// revoked key is refused at most this long after `agentq keys revoke`.
+    /// revoked key is refused at most this long after `agentq keys revoke`, and its
+    /// open event streams (and other answers still being sent) are cut as soon.
     pub key_cache_secs: u64,
     /// Open client connections at most; past it a new one is answered 503 and closed.
     pub max_connections: usize,

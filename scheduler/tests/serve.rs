@@ -30,6 +30,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 struct Env {
     addr: SocketAddr,
     store: Arc<PgStore>,
+    queue: Arc<RedisQueue>,
     stop: CancellationToken,
     _redis: RedisServer,
 }
@@ -53,13 +54,15 @@ impl Env {
         tune(&mut settings);
         let limits = settings.serve;
         let stop = CancellationToken::new();
-        let state = Scheduler::new(store.clone(), queue, settings).with_shutdown(stop.clone());
+        let state =
+            Scheduler::new(store.clone(), queue.clone(), settings).with_shutdown(stop.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, router(state), limits, stop.clone()));
         Env {
             addr,
             store,
+            queue,
             stop,
             _redis: redis,
         }
@@ -452,13 +455,14 @@ async fn stream_memory() {
         settings.streams.per_tenant = n + 100;
         let limits = settings.serve;
         let stop = CancellationToken::new();
-        let state = Scheduler::new(store.clone(), q, settings).with_shutdown(stop.clone());
+        let state = Scheduler::new(store.clone(), q.clone(), settings).with_shutdown(stop.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, router(state), limits, stop.clone()));
         Env {
             addr,
             store,
+            queue: q,
             stop,
             _redis: redis,
         }
@@ -562,4 +566,86 @@ async fn a_client_that_stops_reading_is_cut_by_the_write_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     writer.abort();
+}
+
+/// Read `s` until `needle` arrives (bounded).
+async fn read_until(s: &mut TcpStream, needle: &str) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(needle) {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("nothing arrived")
+            .unwrap();
+        assert!(n > 0, "closed before {needle:?} arrived");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// An event stream outlives the check of its key at the start: a key revoked while its
+/// stream is open has the stream cut within the key cache's life, while another key's
+/// stream of the same session goes on, and a new stream of the revoked key is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_keys_event_stream_is_cut() {
+    use agentq_core::EventStreams;
+    use agentq_core::queue::EventRecord;
+
+    let env = Env::start(|s| s.auth.cache_ttl = Duration::from_secs(1)).await;
+    let id = env.session().await;
+    let path = format!("/v1/sessions/{id}/events");
+    let doomed = env.key("default").await;
+    let kept = env.key("default").await;
+    let mut s1 = env.tcp().await;
+    let a = Env::get_on(&mut s1, &path, &doomed).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let mut s2 = env.tcp().await;
+    let a = Env::get_on(&mut s2, &path, &kept).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let revoked = env
+        .store
+        .revoke_key(auth::key_id(&doomed).unwrap())
+        .await
+        .unwrap();
+    assert!(revoked.unwrap().revoked_at.is_some());
+    assert!(
+        closed_by_server(&mut s1, b"").await.is_some(),
+        "the revoked key's stream stayed open"
+    );
+    env.queue
+        .append_events(&[EventRecord {
+            session_id: id.clone(),
+            id: String::new(),
+            seq: 1,
+            epoch: 1,
+            data: r#"{"type":"text_delta","text":"still-here"}"#.into(),
+        }])
+        .await
+        .unwrap();
+    read_until(&mut s2, "still-here").await;
+    let mut s3 = env.tcp().await;
+    let a = Env::get_on(&mut s3, &path, &doomed).await;
+    assert_eq!(a.status, 401, "{a:?}");
+}
+
+/// A key that expires while its event stream is open has the stream cut at its expiry,
+/// however long the key cache trusts the key's row.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expiring_keys_event_stream_is_cut_at_its_expiry() {
+    let env = Env::start(|s| s.auth.cache_ttl = Duration::from_secs(3600)).await;
+    let id = env.session().await;
+    let (new, key) = auth::generate(
+        "default",
+        vec![Scope::SessionsRead],
+        None,
+        Some(chrono::Utc::now() + chrono::Duration::seconds(8)),
+    )
+    .unwrap();
+    env.store.create_key(&new).await.unwrap();
+    let mut s = env.tcp().await;
+    let a = Env::get_on(&mut s, &format!("/v1/sessions/{id}/events"), &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(
+        closed_by_server(&mut s, b"").await.is_some(),
+        "the expired key's stream stayed open"
+    );
 }
