@@ -277,6 +277,11 @@ pub struct SchedulerSection {
     /// Open connections at most that carried a request of one API key; past it a
     /// request with that key is answered 503 and its connection closed.
     pub max_connections_per_key: usize,
+    /// Open connections at most from one peer (an IPv4 address, an IPv6 /64). A new
+    /// connection past it (or past `max_connections`) closes the oldest connection that
+    /// has not authenticated a request yet (the peer's own, past this cap); only when
+    /// every connection authenticated is the new one answered 503.
+    pub max_connections_per_peer: usize,
     /// Open event streams (`GET /v1/sessions/{id}/events`) at most, in all.
     pub max_event_streams: usize,
     /// Open event streams at most per tenant.
@@ -307,6 +312,7 @@ impl Default for SchedulerSection {
             key_cache_secs: 30,
             max_connections: 4096,
             max_connections_per_key: 256,
+            max_connections_per_peer: 256,
             max_event_streams: 2048,
             max_event_streams_per_tenant: 512,
             max_event_streams_per_key: 128,
@@ -1100,6 +1106,7 @@ pub const SETTINGS: &[Setting] = &[
     ),
     file("scheduler.max_connections"),
     file("scheduler.max_connections_per_key"),
+    file("scheduler.max_connections_per_peer"),
     file("scheduler.max_event_streams"),
     file("scheduler.max_event_streams_per_tenant"),
     file("scheduler.max_event_streams_per_key"),

@@ -139,6 +139,7 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             serve: ServeLimits {
                 max_connections: c.max_connections,
                 max_connections_per_key: c.max_connections_per_key,
+                max_connections_per_peer: c.max_connections_per_peer,
                 header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
                 body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
                 write_timeout: Duration::from_secs(c.write_timeout_secs),

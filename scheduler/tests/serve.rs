@@ -249,10 +249,11 @@ async fn connections_past_the_cap_get_a_503() {
         s.serve.header_read_timeout = Duration::from_secs(600);
     })
     .await;
-    // Three idle connections hold every slot (a request on each proves it is served).
+    // Three idle connections hold every slot (a keyed request on each proves it is
+    // served, and makes it one a newer connection cannot displace).
     let mut held = Vec::new();
     for _ in 0..3 {
-        let (a, s) = env.get("/healthz").await;
+        let (a, s) = env.get("/v1/sessions?limit=1").await;
         assert_eq!(a.status, 200);
         held.push(s);
     }
@@ -545,12 +546,22 @@ async fn a_client_that_stops_reading_is_cut_by_the_write_timeout() {
         big.id
     );
     let burst = one.repeat(64);
+    let (answering, answered) = tokio::sync::oneshot::channel();
     let writer = tokio::spawn(async move {
         let _ = s.write_all(burst.as_bytes()).await;
+        // The first answer has begun (so the connection authenticated, and no newer one
+        // may displace it); peeked at, never read.
+        let mut first = [0u8; 1];
+        let _ = s.peek(&mut first).await;
+        let _ = answering.send(());
         // Held open, never read.
         tokio::time::sleep(PATIENCE * 2).await;
         drop(s);
     });
+    tokio::time::timeout(PATIENCE, answered)
+        .await
+        .expect("no answer began")
+        .unwrap();
     // The stuck connection holds the only slot until the server gives up on it.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
@@ -648,4 +659,113 @@ async fn an_expiring_keys_event_stream_is_cut_at_its_expiry() {
         closed_by_server(&mut s, b"").await.is_some(),
         "the expired key's stream stayed open"
     );
+}
+
+/// A connection from `ip` (a loopback address: each is another peer).
+async fn tcp_from(env: &Env, ip: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    socket.connect(env.addr).await.unwrap()
+}
+
+/// `GET /healthz` (no key: the connection stays unauthenticated) on `s`.
+async fn healthz_on(s: &mut TcpStream) -> Answer {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    read_answer(s).await
+}
+
+/// One peer cannot hold more than `max_connections_per_peer` connections: each past it
+/// closes the peer's oldest connection that never authenticated; once all of the peer's
+/// connections authenticated, a new one is answered 503. Other peers are not affected.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_from_one_peer_are_capped() {
+    let env = Env::start(|s| {
+        s.serve.max_connections_per_peer = 3;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let mut conns = Vec::new();
+    for _ in 0..10 {
+        conns.push(tcp_from(&env, "127.0.0.2").await);
+    }
+    // The seven oldest are closed for the newer ones; the three newest are served.
+    for (i, s) in conns.iter_mut().enumerate().take(7) {
+        assert!(
+            closed_by_server(s, b"").await.is_some(),
+            "idle connection {i} of one peer stayed open past the peer's cap"
+        );
+    }
+    for s in conns.iter_mut().skip(7) {
+        assert_eq!(healthz_on(s).await.status, 200);
+    }
+    // Three that authenticated cannot be displaced: a fourth is refused.
+    let key = env.key("default").await;
+    let mut keyed = Vec::new();
+    for _ in 0..3 {
+        let mut s = tcp_from(&env, "127.0.0.3").await;
+        let a = Env::get_on(&mut s, "/v1/sessions?limit=1", &key).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        keyed.push(s);
+    }
+    let mut fourth = tcp_from(&env, "127.0.0.3").await;
+    let a = healthz_on(&mut fourth).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections_per_peer"),
+        "{a:?}"
+    );
+    for s in &mut keyed {
+        assert_eq!(
+            Env::get_on(s, "/v1/sessions?limit=1", &key).await.status,
+            200
+        );
+    }
+    // Another peer is served all the while.
+    let mut other = tcp_from(&env, "127.0.0.4").await;
+    assert_eq!(healthz_on(&mut other).await.status, 200);
+}
+
+/// Unauthenticated idle connections from many peers fill the listener: a key holder's
+/// new connection is still served (it displaces the oldest of them), and once it has
+/// authenticated, no number of newer unauthenticated connections displaces it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_request_is_served_when_unauthenticated_connections_fill_the_listener() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 6;
+        s.serve.max_connections_per_peer = 2;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let key = env.key("default").await;
+    // Six connections from three peers, each served (so holding a slot) and idle.
+    let mut attackers = Vec::new();
+    for i in 0..6 {
+        let mut s = tcp_from(&env, &format!("127.0.1.{}", 1 + i / 2)).await;
+        assert_eq!(healthz_on(&mut s).await.status, 200);
+        attackers.push(s);
+    }
+    let mut holder = tcp_from(&env, "127.0.2.1").await;
+    let a = Env::get_on(&mut holder, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    // It took the place of the oldest.
+    assert!(closed_by_server(&mut attackers[0], b"").await.is_some());
+    // The attackers reconnect, from new addresses, many times over.
+    for i in 0..20 {
+        let mut s = tcp_from(&env, &format!("127.0.3.{}", 1 + i)).await;
+        assert_eq!(healthz_on(&mut s).await.status, 200);
+        attackers.push(s);
+    }
+    let a = Env::get_on(&mut holder, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    // And a second key holder still gets in.
+    let mut second = tcp_from(&env, "127.0.2.2").await;
+    let a = Env::get_on(&mut second, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
 }

@@ -203,6 +203,12 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
         1_000_000,
     )?;
     range(
+        "scheduler.max_connections_per_peer",
+        s.max_connections_per_peer,
+        1,
+        1_000_000,
+    )?;
+    range(
         "scheduler.max_event_streams",
         s.max_event_streams,
         1,

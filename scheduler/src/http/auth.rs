@@ -330,6 +330,10 @@ pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Nex
                     return resp;
                 }
             }
+            // Authenticated: no longer a connection a newer one may displace (`serve`).
+            if let Some(conn) = conn {
+                conn.authenticated();
+            }
             let key_id = caller.key_id.clone();
             req.extensions_mut().insert(caller);
             let resp = next.run(req).await;
