@@ -282,6 +282,11 @@ pub struct SchedulerSection {
     /// has not authenticated a request yet (the peer's own, past this cap); only when
     /// every connection authenticated is the new one answered 503.
     pub max_connections_per_peer: usize,
+    /// Bytes of `POST /v1/sessions/batch` bodies read and decoded at once, across all
+    /// requests (a batch takes about four times its body while it is created), one
+    /// tenant's at most half of them; a batch whose body would go past either is
+    /// answered 503 with `Retry-After`, one larger than half of it 413.
+    pub batch_decode_bytes: usize,
     /// Open event streams (`GET /v1/sessions/{id}/events`) at most, in all.
     pub max_event_streams: usize,
     /// Open event streams at most per tenant.
@@ -313,6 +318,7 @@ impl Default for SchedulerSection {
             max_connections: 4096,
             max_connections_per_key: 256,
             max_connections_per_peer: 256,
+            batch_decode_bytes: 64 * 1024 * 1024,
             max_event_streams: 2048,
             max_event_streams_per_tenant: 512,
             max_event_streams_per_key: 128,
@@ -1107,6 +1113,7 @@ pub const SETTINGS: &[Setting] = &[
     file("scheduler.max_connections"),
     file("scheduler.max_connections_per_key"),
     file("scheduler.max_connections_per_peer"),
+    file("scheduler.batch_decode_bytes"),
     file("scheduler.max_event_streams"),
     file("scheduler.max_event_streams_per_tenant"),
     file("scheduler.max_event_streams_per_key"),

@@ -769,3 +769,117 @@ async fn a_keyed_request_is_served_when_unauthenticated_connections_fill_the_lis
     let a = Env::get_on(&mut second, "/v1/sessions?limit=1", &key).await;
     assert_eq!(a.status, 200, "{a:?}");
 }
+
+/// A stored key of `tenant` that may create sessions.
+async fn writer_key(env: &Env, tenant: &str) -> String {
+    let (new, key) = auth::generate(tenant, vec![Scope::SessionsWrite], None, None).unwrap();
+    env.store.create_key(&new).await.unwrap();
+    key
+}
+
+/// A batch of one session whose body is exactly `len` bytes.
+fn batch_of_len(len: usize) -> Vec<u8> {
+    let shell = r#"[{"prompt":""}]"#;
+    let body = format!(r#"[{{"prompt":"{}"}}]"#, "p".repeat(len - shell.len()));
+    assert_eq!(body.len(), len);
+    body.into_bytes()
+}
+
+/// The head of a batch of `len` bytes with `key`, asking to be told before the body is
+/// sent (`Expect: 100-continue`): the server says `100 Continue` once it reads the body.
+fn batch_head(key: &str, len: usize) -> String {
+    format!(
+        "POST /v1/sessions/batch HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {len}\r\nexpect: 100-continue\r\n\r\n"
+    )
+}
+
+/// Batches being read and decoded hold `batch_decode_bytes` at most: one past it is
+/// answered 503 with `Retry-After` before its body is read, a tenant holds at most half
+/// of it (another tenant's batch still goes), a body larger than that half is a 413, and
+/// the bytes are given back when a batch is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_past_the_decode_budget_get_a_503() {
+    let env = Env::start(|s| {
+        s.batch_decode_bytes = 200_000;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        s.serve.body_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let t1 = writer_key(&env, "t1").await;
+    let t1_again = writer_key(&env, "t1").await;
+    let t2 = writer_key(&env, "t2").await;
+    let t3 = writer_key(&env, "t3").await;
+    // A batch of t1 that the server started reading (it said `100 Continue`), held with
+    // half of its body sent.
+    let held = batch_of_len(60_000);
+    let mut c1 = env.tcp().await;
+    c1.write_all(batch_head(&t1, held.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c1).await.status, 100);
+    c1.write_all(&held[..30_000]).await.unwrap();
+    // Another of t1 would take the tenant past half the budget: 503, its body unread.
+    let mut c2 = env.tcp().await;
+    c2.write_all(batch_head(&t1_again, 60_000).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut c2).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch_decode_bytes"),
+        "{a:?}"
+    );
+    // One larger than half the budget can never be read: 413.
+    let mut big = env.tcp().await;
+    big.write_all(batch_head(&t2, 100_001).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut big).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "too_large");
+    // Another tenant's goes, and one more of its own is held half sent...
+    let mut c3 = env.tcp().await;
+    let body = batch_of_len(60_000);
+    c3.write_all(batch_head(&t2, body.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c3).await.status, 100);
+    c3.write_all(&body).await.unwrap();
+    let a = read_answer(&mut c3).await;
+    assert_eq!(a.status, 201, "{a:?}");
+    let held2 = batch_of_len(90_000);
+    let mut c4 = env.tcp().await;
+    c4.write_all(batch_head(&t2, held2.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c4).await.status, 100);
+    // ...so that, with 150,000 of 200,000 bytes held, a third tenant's 60,000 are refused.
+    let mut c5 = env.tcp().await;
+    c5.write_all(batch_head(&t3, 60_000).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut c5).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    // The held batches complete and give their bytes back.
+    c1.write_all(&held[30_000..]).await.unwrap();
+    assert_eq!(read_answer(&mut c1).await.status, 201);
+    c4.write_all(&held2).await.unwrap();
+    assert_eq!(read_answer(&mut c4).await.status, 201);
+    let body = batch_of_len(60_000);
+    for key in [&t1_again, &t3] {
+        let mut c = env.tcp().await;
+        c.write_all(batch_head(key, body.len()).as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(read_answer(&mut c).await.status, 100);
+        c.write_all(&body).await.unwrap();
+        let a = read_answer(&mut c).await;
+        assert_eq!(a.status, 201, "{a:?}");
+    }
+}
