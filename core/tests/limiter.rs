@@ -578,7 +578,6 @@ async fn naming_ten_thousand_models_keeps_the_per_model_hashes_bounded() {
             reset_requests: Some(Duration::from_secs(60)),
             ..Default::default()
         }),
-        ..Default::default()
     };
     let n = 10_000;
     for i in 0..n {

@@ -541,7 +541,9 @@ async fn a_keyless_server_refuses_writes_a_web_page_could_send() {
     let form = Some("application/x-www-form-urlencoded");
     let json_ct = Some("application/json");
     let https_own = format!("https://{host}");
-    let refused: Vec<(Method, &str, Option<&str>, Option<&str>, &str)> = vec![
+    // (method, path, content type, origin, body)
+    type Write<'a> = (Method, &'a str, Option<&'a str>, Option<&'a str>, &'a str);
+    let refused: Vec<Write<'_>> = vec![
         (
             Method::POST,
             &cancel,
