@@ -1111,6 +1111,59 @@ async fn http_fetch_refuses_v6_forms_of_private_v4() {
     assert!(accepted.load(std::sync::atomic::Ordering::SeqCst));
 }
 
+/// The IPv4-translated form `::ffff:0:a.b.c.d` (distinct from the mapped `::ffff:a.b.c.d`)
+/// and every other IPv6 form that carries a private IPv4 address for a translator, relay
+/// or tunnel to reach is refused, by the fetch itself and by the address check; the same
+/// forms around a public address are not.
+#[tokio::test]
+async fn http_fetch_refuses_translated_and_other_embedded_private_v4() {
+    use agentq_agent::tools::http::is_forbidden_ip;
+    use std::net::IpAddr;
+
+    let dir = TempDir::new().unwrap();
+    let c = ctx(&dir);
+    let private = [
+        // IPv4-translated (SIIT).
+        "::ffff:0:127.0.0.1",
+        "::ffff:0:7f00:1",
+        "::ffff:0:10.0.0.1",
+        "::ffff:0:169.254.169.254",
+        "::ffff:0:192.168.1.1",
+        // NAT64 well-known prefix around a private address.
+        "64:ff9b::10.1.2.3",
+        "64:ff9b::169.254.169.254",
+        // The local-use NAT64 prefix, the address embedded after a /48 or /64 prefix.
+        "64:ff9b:1:a00:1::",
+        "64:ff9b:1:0:a:0:100::",
+        // 6to4 around a private relay address.
+        "2002:a00:1::1",
+        "2002:c0a8:101::1",
+        // IPv4-compatible.
+        "::10.0.0.1",
+        "::169.254.169.254",
+        // ISATAP interface ids, with and without the u bit.
+        "2001:470:1::5efe:10.0.0.1",
+        "2001:470:1:0:200:5efe:7f00:1",
+    ];
+    for host in private {
+        let ip: IpAddr = host.parse().unwrap();
+        assert!(is_forbidden_ip(ip), "{host} is allowed");
+        let url = format!("http://[{host}]:9/");
+        let r = run(&HttpFetch, json!({"url": url}), &c).await;
+        assert!(matches!(r, Err(ToolError::Denied(_))), "{url}: {r:?}");
+    }
+    for host in [
+        "::ffff:0:8.8.8.8",
+        "64:ff9b::8.8.8.8",
+        "2002:808:808::1",
+        "2001:470:1::5efe:8.8.8.8",
+        "2606:4700:4700::1111",
+    ] {
+        let ip: IpAddr = host.parse().unwrap();
+        assert!(!is_forbidden_ip(ip), "{host} is refused");
+    }
+}
+
 /// Set in the parent's environment for the child run of
 /// [`shell_env_child_sees_no_secret`]; the child must not see it.
 const CANARY_VARS: &[(&str, &str)] = &[

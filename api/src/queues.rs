@@ -19,7 +19,8 @@ pub struct QueueCreated {
     pub created: bool,
 }
 
-/// `GET /v1/queues`: every queue sessions may name, configured ones first.
+/// `GET /v1/queues`: every queue the caller may put sessions on (the admin: every queue),
+/// configured ones first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueList {
     pub queues: Vec<String>,

@@ -34,6 +34,12 @@
 //!   not open with a burst the key cannot take. A key whose answers announce nothing
 //!   (local servers) is then left alone.
 //!
+//! # Bounded by the fleet, not by callers
+//! A session names its model, so the records kept per key and model (learned averages,
+//! holds, what was announced, the probes of a worker) are kept to the [`MAX_FIELDS`]
+//! used most recently, in Redis and in each worker: a caller naming a new model on every
+//! call cycles through them instead of growing them.
+//!
 //! # Cost
 //! With no rule matching a call, no hold on its key and no limits announced for it, a call
 //! costs no Redis round trip at all (the holds and the keys that announce limits come
@@ -98,6 +104,16 @@ const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// Hash: `limit_key|model` → the learned average of output tokens.
 const AVERAGES_KEY: &str = "agentq:{limit}:avg";
+/// Sorted set: every `limit_key|model` the hashes above may hold a field of, scored by
+/// its last settlement (ms).
+pub const FIELDS_KEY: &str = "agentq:{limit}:fields";
+/// The most `limit_key|model` fields the limiter keeps in Redis (and each worker in
+/// memory). A session names its model, so without a bound every model string a caller
+/// ever tried would stay in every hash above for good (and in every worker's periodic
+/// read of the holds); past it the fields settled least recently are forgotten. A field
+/// forgotten while in use loses only what was learned of it (a hold, an average, what
+/// the provider announced), which its next answers teach again.
+pub const MAX_FIELDS: usize = 4096;
 
 /// A settlement waits this long for the next reservation of its worker to carry it
 /// (so that a call costs one round trip, not two) before it is written on its own. What
@@ -302,6 +318,7 @@ impl Limiter {
         let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
         let was = probes.remove(field);
         if let Some(f) = found {
+            forget_quiet(&mut probes);
             probes.insert(field.to_string(), f);
         }
         if let Some(Probe::InFlight(n)) = was {
@@ -312,6 +329,11 @@ impl Limiter {
     fn note_announced(&self, field: &str) {
         let mut a = self.announced.write().unwrap_or_else(|e| e.into_inner());
         if !a.contains(field) {
+            // Bounded like the fleet's own record of it: the next read of the holds
+            // brings back the fields still in use.
+            if a.len() >= 2 * MAX_FIELDS {
+                a.clear();
+            }
             a.insert(field.to_string());
         }
     }
@@ -441,8 +463,10 @@ impl Limiter {
             .key(INDEX_KEY)
             .key(HOLDS_KEY)
             .key(ANNOUNCED_KEY)
+            .key(FIELDS_KEY)
             .arg(now_ms())
             .arg(FIELD_PREFIX)
+            .arg(MAX_FIELDS)
             .arg(settlements.len());
         for s in &settlements {
             s.push_args(&mut inv);
@@ -539,8 +563,14 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
             pipe.query_async(&mut conn).await;
         match read {
             Ok((remote, announced)) => {
-                for field in announced.keys() {
-                    l.note_announced(field);
+                {
+                    let mut a = l.announced.write().unwrap_or_else(|e| e.into_inner());
+                    // Past the bound, what the fleet forgot is forgotten here too (fields
+                    // noted since the last write come back with their write).
+                    if a.len() > MAX_FIELDS {
+                        a.retain(|f| announced.contains_key(f));
+                    }
+                    a.extend(announced.into_keys());
                 }
                 let now = now_ms();
                 let mut holds = l.holds.write().unwrap_or_else(|e| e.into_inner());
@@ -738,6 +768,7 @@ impl Admission for SessionLimiter {
                     Some(Probe::Quiet) => return Admit::Go(Permit::default()),
                     Some(Probe::InFlight(n)) => Some(n.clone().notified_owned()),
                     None => {
+                        forget_quiet(&mut probes);
                         probes.insert(field.clone(), Probe::InFlight(Arc::new(Notify::new())));
                         None
                     }
@@ -854,6 +885,14 @@ fn hold_for(report: &CallReport) -> Option<Duration> {
         None => spent,
     }
     .filter(|d| !d.is_zero())
+}
+
+/// Keep the probes' record bounded (a session names its model): at [`MAX_FIELDS`] the
+/// keys found quiet are forgotten, and probed again when next called.
+fn forget_quiet(probes: &mut HashMap<String, Probe>) {
+    if probes.len() >= MAX_FIELDS {
+        probes.retain(|_, p| matches!(p, Probe::InFlight(_)));
+    }
 }
 
 fn now_ms() -> i64 {

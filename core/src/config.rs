@@ -269,13 +269,24 @@ pub struct SchedulerSection {
     /// (entries pending or not yet delivered are kept whatever the length).
     pub stream_max_len: u64,
     /// How long a verified API key is trusted without asking the database again: a
-    /// revoked key is refused at most this long after `agentq keys revoke`.
+    /// revoked key is refused at most this long after `agentq keys revoke`, and its
+    /// open event streams (and other answers still being sent) are cut as soon.
     pub key_cache_secs: u64,
     /// Open client connections at most; past it a new one is answered 503 and closed.
     pub max_connections: usize,
     /// Open connections at most that carried a request of one API key; past it a
     /// request with that key is answered 503 and its connection closed.
     pub max_connections_per_key: usize,
+    /// Open connections at most from one peer (an IPv4 address, an IPv6 /64). A new
+    /// connection past it (or past `max_connections`) closes the oldest connection that
+    /// has not authenticated a request yet (the peer's own, past this cap); only when
+    /// every connection authenticated is the new one answered 503.
+    pub max_connections_per_peer: usize,
+    /// Bytes of `POST /v1/sessions/batch` bodies read and decoded at once, across all
+    /// requests (a batch takes about four times its body while it is created), one
+    /// tenant's at most half of them; a batch whose body would go past either is
+    /// answered 503 with `Retry-After`, one larger than half of it 413.
+    pub batch_decode_bytes: usize,
     /// Open event streams (`GET /v1/sessions/{id}/events`) at most, in all.
     pub max_event_streams: usize,
     /// Open event streams at most per tenant.
@@ -306,6 +317,8 @@ impl Default for SchedulerSection {
             key_cache_secs: 30,
             max_connections: 4096,
             max_connections_per_key: 256,
+            max_connections_per_peer: 256,
+            batch_decode_bytes: 64 * 1024 * 1024,
             max_event_streams: 2048,
             max_event_streams_per_tenant: 512,
             max_event_streams_per_key: 128,
@@ -1103,6 +1116,8 @@ pub const SETTINGS: &[Setting] = &[
     ),
     file("scheduler.max_connections"),
     file("scheduler.max_connections_per_key"),
+    file("scheduler.max_connections_per_peer"),
+    file("scheduler.batch_decode_bytes"),
     file("scheduler.max_event_streams"),
     file("scheduler.max_event_streams_per_tenant"),
     file("scheduler.max_event_streams_per_key"),

@@ -551,3 +551,94 @@ async fn a_call_longer_than_its_reservation_keeps_its_slot() {
     }
     assert!(got, "the slot was not given back");
 }
+
+/// A session names its model, so a caller can name a new one on every call: the
+/// limiter's per-model records in Redis (learned averages, holds, what was announced)
+/// stay within `MAX_FIELDS` however many models are named, keeping the ones settled
+/// most recently.
+#[tokio::test]
+async fn naming_ten_thousand_models_keeps_the_per_model_hashes_bounded() {
+    use agentq_core::admission::{FIELDS_KEY, HOLDS_KEY, MAX_FIELDS};
+
+    let server = RedisServer::start().unwrap();
+    let rules = [limit("provider = \"openai\"\nmodel = \"*\"\nrpm = 1000000")];
+    let w = limiter(&server, &rules)
+        .await
+        .for_session("t", &provider("k"));
+    let report = CallReport {
+        usage: Some(Usage {
+            input_tokens: 3,
+            output_tokens: 5,
+            ..Default::default()
+        }),
+        rate_limited: Some(Some(Duration::from_secs(60))),
+        limits: Some(RateLimitInfo {
+            limit_requests: Some(100),
+            remaining_requests: Some(5),
+            reset_requests: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }),
+    };
+    let n = 10_000;
+    for i in 0..n {
+        let model = format!("made-up-{i}");
+        let a = CallAsk {
+            model: &model,
+            input_tokens: 3,
+            max_output_tokens: 5,
+            max_wait: Duration::ZERO,
+        };
+        let p = admitted(&*w, &a).await;
+        w.settle(&a, p, &report).await;
+    }
+    let mut conn = raw(&server).await;
+    let hashes = [
+        HOLDS_KEY,
+        "agentq:{limit}:avg",
+        "agentq:{limit}:holds:announced",
+    ];
+    let last = format!("|made-up-{}", n - 1);
+    // The last settlement is written off the call path: wait for it (bounded).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let keys: Vec<String> = redis::cmd("HKEYS")
+            .arg("agentq:{limit}:avg")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if keys.iter().any(|k| k.ends_with(&last)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the last settlement never arrived"
+        );
+        tokio::task::yield_now().await;
+    }
+    for h in hashes.iter().chain([&FIELDS_KEY]) {
+        let len: usize = redis::cmd(if *h == FIELDS_KEY { "ZCARD" } else { "HLEN" })
+            .arg(*h)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(len <= MAX_FIELDS, "{h} holds {len} fields");
+        assert!(len >= MAX_FIELDS / 2, "{h} holds only {len} fields");
+    }
+    // The most recent models are the ones kept.
+    for h in hashes {
+        let keys: Vec<String> = redis::cmd("HKEYS")
+            .arg(h)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(keys.iter().any(|k| k.ends_with(&last)), "{h}");
+        assert!(!keys.iter().any(|k| k.ends_with("|made-up-0")), "{h}");
+    }
+    // Nothing else per model outlives the bound either.
+    let per_model: Vec<String> = redis::cmd("KEYS")
+        .arg("agentq:{limit}:announced|*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(per_model.len() <= MAX_FIELDS, "{}", per_model.len());
+}

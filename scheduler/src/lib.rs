@@ -69,6 +69,9 @@ pub struct SchedulerSettings {
     pub streams: StreamLimits,
     /// Connections and read timeouts of the API's listener.
     pub serve: ServeLimits,
+    /// Bytes of batch bodies read and decoded at once, across requests (a tenant's at
+    /// most half of them).
+    pub batch_decode_bytes: usize,
     /// Retention of durable workspaces (`[workspace]`).
     pub workspace: agentq_core::config::WorkspaceSection,
     /// How the dispatcher shares the queues (`[scheduling]`).
@@ -139,10 +142,12 @@ impl From<&SchedulerConfig> for SchedulerSettings {
             serve: ServeLimits {
                 max_connections: c.max_connections,
                 max_connections_per_key: c.max_connections_per_key,
+                max_connections_per_peer: c.max_connections_per_peer,
                 header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
                 body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
                 write_timeout: Duration::from_secs(c.write_timeout_secs),
             },
+            batch_decode_bytes: c.batch_decode_bytes,
             prices: Arc::default(),
             budgets: Vec::new(),
             scheduling: SchedulingSection::default(),
@@ -296,6 +301,8 @@ pub struct Scheduler {
     hub: events::Hub,
     /// The open event streams, against their caps.
     streams: events::StreamCaps,
+    /// The bytes of batch bodies being read and decoded, against `batch_decode_bytes`.
+    decoding: http::decode::DecodeBudget,
     /// Which new sessions wait in the store for the dispatcher.
     dispatch: dispatch::Dispatch,
 }
@@ -305,7 +312,9 @@ impl Scheduler {
         let queues = QueueRegistry::new(cfg.queues.clone());
         let streams = events::StreamCaps::new(cfg.streams);
         let dispatch = dispatch::Dispatch::new(cfg.scheduling.clone());
+        let decoding = http::decode::DecodeBudget::new(cfg.batch_decode_bytes);
         Scheduler {
+            decoding,
             store,
             queue,
             cfg,
@@ -338,6 +347,27 @@ impl Scheduler {
 
     pub fn dispatch(&self) -> &dispatch::Dispatch {
         &self.dispatch
+    }
+
+    /// Body limit of `POST /v1/sessions`: room for a prompt and a system prompt at their
+    /// limit, plus metadata and escaping, and for files at the largest policy's bound,
+    /// base64-encoded (or escaped text); the handler reports an oversize prompt or file
+    /// by name before this limit is reached.
+    pub(crate) fn single_body_limit(&self) -> usize {
+        let files_room = usize::try_from(self.cfg.policy.max_input_bytes())
+            .unwrap_or(usize::MAX)
+            .saturating_mul(2);
+        self.cfg
+            .max_prompt_bytes
+            .saturating_mul(2)
+            .saturating_add(1024 * 1024)
+            .saturating_add(files_room)
+    }
+
+    /// Body limit of `POST /v1/sessions/batch`: [`BATCH_BODY_LIMIT`], or one session's if
+    /// that is more.
+    pub(crate) fn batch_body_limit(&self) -> usize {
+        BATCH_BODY_LIMIT.max(self.single_body_limit())
     }
 
     /// Run the dispatcher for this scheduler until `cancel` (as [`run`] does); until it

@@ -2,11 +2,27 @@
 //! limits that keep hostile or broken clients from holding the process's connections
 //! and file descriptors.
 //!
-//! - At most `max_connections` connections are served at once; one past it is answered
+//! - At most `max_connections` connections are served at once, and at most
+//!   `max_connections_per_peer` from one peer (an IPv4 address, an IPv6 /64: one host
+//!   commonly holds a whole /64). A connection is *unauthenticated* until one of its
+//!   requests passes the key check. A new connection past either cap closes the oldest
+//!   unauthenticated connection (of the same peer, when the peer is at its cap) and takes
+//!   its place; only when there is none (every connection authenticated) is it answered
 //!   503 with `Retry-After` and a JSON body, and closed. A connection that carried a
 //!   request of an API key counts against that key's `max_connections_per_key` until it
-//!   closes; a request past it is answered 503 and its connection closed. Running out of file descriptors
-//!   on `accept` pauses the loop briefly instead of ending it.
+//!   closes; a request past it is answered 503 and its connection closed. Running out of
+//!   file descriptors on `accept` pauses the loop briefly instead of ending it.
+//!
+//!   The worst case, for a key holder. Connections that never send a keyed request (from
+//!   any number of addresses) cannot keep it out: its new connection takes the place of
+//!   the oldest of them, and is itself closed only if `max_connections` less the
+//!   authenticated connections newer connections arrive before its first request is
+//!   checked (about one round trip) — thousands within a few milliseconds, sustained, and
+//!   even then each retry of the key holder gets the same chance. From one address an
+//!   attacker only displaces its own connections. What can keep a key holder out is
+//!   authenticated connections: `max_connections / max_connections_per_key` keys' worth
+//!   (16 with the defaults), each sending requests at least every `header_read_timeout`
+//!   (an idle one is closed after it).
 //! - A client has `header_read_timeout` to send a request's headers, counted from when
 //!   the server starts waiting for them, so an idle keep-alive connection is closed after
 //!   as long too; and `body_read_timeout` for the whole body from the request's start
@@ -20,9 +36,10 @@
 //! - On shutdown the loop stops accepting and every connection finishes its requests
 //!   in flight (event streams end as the scheduler drains), within a bounded grace.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -69,6 +86,8 @@ pub struct ServeLimits {
     pub max_connections: usize,
     /// Open connections at most that carried a request of one API key.
     pub max_connections_per_key: usize,
+    /// Open connections at most from one peer (see the module docs).
+    pub max_connections_per_peer: usize,
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub write_timeout: Duration,
@@ -80,6 +99,7 @@ impl Default for ServeLimits {
         ServeLimits {
             max_connections: c.max_connections,
             max_connections_per_key: c.max_connections_per_key,
+            max_connections_per_peer: c.max_connections_per_peer,
             header_read_timeout: Duration::from_secs(c.header_read_timeout_secs),
             body_read_timeout: Duration::from_secs(c.body_read_timeout_secs),
             write_timeout: Duration::from_secs(c.write_timeout_secs),
@@ -95,7 +115,11 @@ pub async fn serve(
     limits: ServeLimits,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let slots = Arc::new(Slots {
+        max_total: limits.max_connections.max(1),
+        max_per_peer: limits.max_connections_per_peer.max(1),
+        state: Mutex::default(),
+    });
     let keys = Arc::new(KeyConnections {
         max_per_key: limits.max_connections_per_key.max(1),
         open: Mutex::new(HashMap::new()),
@@ -107,8 +131,8 @@ pub async fn serve(
             a = listener.accept() => a,
             _ = shutdown.cancelled() => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, from) = match accepted {
+            Ok(a) => a,
             Err(e) if is_per_connection(&e) => continue,
             Err(e) => {
                 // EMFILE/ENFILE and the like: connections in flight free some up.
@@ -122,20 +146,21 @@ pub async fn serve(
         };
         // Events are small writes that should go out at once.
         let _ = stream.set_nodelay(true);
-        match slots.clone().try_acquire_owned() {
+        match slots.admit(Peer::of(from)) {
             Ok(slot) => {
                 let app = app.clone();
                 let shutdown = shutdown.clone();
-                let tag = Connection::new(keys.clone());
+                let evicted = slot.evicted.clone();
+                let tag = Connection::new(keys.clone(), slots.clone(), slot.id);
                 conns.spawn(async move {
-                    serve_connection(stream, app, limits, tag, shutdown).await;
+                    serve_connection(stream, app, limits, tag, evicted, shutdown).await;
                     drop(slot);
                 });
             }
-            Err(_) => {
+            Err(full) => {
                 if let Ok(permit) = refusing.clone().try_acquire_owned() {
                     conns.spawn(async move {
-                        let _ = tokio::time::timeout(REFUSE_WITHIN, refuse(stream)).await;
+                        let _ = tokio::time::timeout(REFUSE_WITHIN, refuse(stream, full)).await;
                         drop(permit);
                     });
                 }
@@ -168,6 +193,161 @@ fn is_per_connection(e: &io::Error) -> bool {
     )
 }
 
+/// Where a connection comes from, for `max_connections_per_peer`: an IPv4 address (an
+/// IPv4-mapped IPv6 one counts as it), or the /64 of an IPv6 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Peer {
+    V4(Ipv4Addr),
+    V6(u64),
+}
+
+impl Peer {
+    fn of(addr: SocketAddr) -> Peer {
+        match addr.ip() {
+            IpAddr::V4(a) => Peer::V4(a),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(v4) => Peer::V4(v4),
+                None => Peer::V6((u128::from(a) >> 64) as u64),
+            },
+        }
+    }
+}
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// `max_connections`, every one authenticated.
+    Total,
+    /// `max_connections_per_peer`, every one of the peer's authenticated.
+    Peer,
+}
+
+/// The listener's connections against `max_connections` and `max_connections_per_peer`,
+/// and which of them have not authenticated a request (see the module docs).
+#[derive(Debug)]
+struct Slots {
+    max_total: usize,
+    max_per_peer: usize,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    next_id: u64,
+    /// Every open connection by id (ids grow with each accept, so lower is older).
+    open: HashMap<u64, Open>,
+    /// The unauthenticated ones, oldest first.
+    unauthenticated: BTreeSet<u64>,
+    peers: HashMap<Peer, PeerSlots>,
+}
+
+#[derive(Debug)]
+struct Open {
+    peer: Peer,
+    /// Cancelled to close the connection for a newer one.
+    evicted: CancellationToken,
+}
+
+#[derive(Debug, Default)]
+struct PeerSlots {
+    open: usize,
+    unauthenticated: BTreeSet<u64>,
+}
+
+/// A connection's place; dropping it (when the connection ends) frees it.
+struct Slot {
+    slots: Arc<Slots>,
+    id: u64,
+    evicted: CancellationToken,
+}
+
+impl Slots {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for a new connection from `peer`, closing the oldest unauthenticated
+    /// connection (the peer's own when the peer is at its cap) if that is what it takes.
+    fn admit(self: &Arc<Self>, peer: Peer) -> Result<Slot, Full> {
+        let mut st = self.lock();
+        let peer_open = st.peers.get(&peer).map_or(0, |p| p.open);
+        if peer_open >= self.max_per_peer {
+            let victim = st
+                .peers
+                .get(&peer)
+                .and_then(|p| p.unauthenticated.first().copied())
+                .ok_or(Full::Peer)?;
+            st.evict(victim);
+        }
+        if st.open.len() >= self.max_total {
+            let victim = st.unauthenticated.first().copied().ok_or(Full::Total)?;
+            st.evict(victim);
+        }
+        let id = st.next_id;
+        st.next_id = st.next_id.wrapping_add(1);
+        let evicted = CancellationToken::new();
+        st.open.insert(
+            id,
+            Open {
+                peer,
+                evicted: evicted.clone(),
+            },
+        );
+        st.unauthenticated.insert(id);
+        let p = st.peers.entry(peer).or_default();
+        p.open = p.open.saturating_add(1);
+        p.unauthenticated.insert(id);
+        Ok(Slot {
+            slots: self.clone(),
+            id,
+            evicted,
+        })
+    }
+
+    /// Connection `id` carried a request that passed the key check: it is never closed
+    /// for a newer one.
+    fn authenticated(&self, id: u64) {
+        let mut st = self.lock();
+        let Some(peer) = st.open.get(&id).map(|o| o.peer) else {
+            return;
+        };
+        st.unauthenticated.remove(&id);
+        if let Some(p) = st.peers.get_mut(&peer) {
+            p.unauthenticated.remove(&id);
+        }
+    }
+}
+
+impl SlotState {
+    /// Forget connection `id` (its place is free at once) and tell it to close.
+    fn evict(&mut self, id: u64) {
+        if let Some(o) = self.remove(id) {
+            tracing::debug!(peer = ?o.peer, "closing an unauthenticated connection for a new one");
+            o.evicted.cancel();
+        }
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Open> {
+        let o = self.open.remove(&id)?;
+        self.unauthenticated.remove(&id);
+        if let Some(p) = self.peers.get_mut(&o.peer) {
+            p.open = p.open.saturating_sub(1);
+            p.unauthenticated.remove(&id);
+            if p.open == 0 {
+                self.peers.remove(&o.peer);
+            }
+        }
+        Some(o)
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // Gone already when it was evicted.
+        self.slots.lock().remove(self.id);
+    }
+}
+
 /// Most distinct API keys one connection may carry requests of: each counts the
 /// connection against its own cap, so switching keys on one connection buys nothing.
 const MAX_KEYS_PER_CONNECTION: usize = 16;
@@ -190,14 +370,24 @@ pub struct Connection(Arc<ConnectionKeys>);
 struct ConnectionKeys {
     registry: Arc<KeyConnections>,
     keys: Mutex<Vec<String>>,
+    slots: Arc<Slots>,
+    id: u64,
 }
 
 impl Connection {
-    fn new(registry: Arc<KeyConnections>) -> Self {
+    fn new(registry: Arc<KeyConnections>, slots: Arc<Slots>, id: u64) -> Self {
         Connection(Arc::new(ConnectionKeys {
             registry,
             keys: Mutex::new(Vec::new()),
+            slots,
+            id,
         }))
+    }
+
+    /// A request on this connection passed the key check: the connection is no longer
+    /// one a newer connection may take the place of.
+    pub fn authenticated(&self) {
+        self.0.slots.authenticated(self.0.id);
     }
 
     /// Count this connection for `key`, once; a 503 when the key already holds its cap
@@ -244,9 +434,16 @@ impl Drop for ConnectionKeys {
 }
 
 /// Answer a connection over the cap with a 503 and close it.
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(mut stream: TcpStream, full: Full) {
+    let message = match full {
+        Full::Total => "too many open connections; retry later",
+        Full::Peer => {
+            "too many open connections from your address \
+             (scheduler.max_connections_per_peer); close one or retry later"
+        }
+    };
     let err = ApiError::Overloaded {
-        message: "too many open connections; retry later".into(),
+        message: message.into(),
         retry_after: RETRY_AFTER_SECS,
     };
     let resp = raw_response(&err, &[("retry-after", &RETRY_AFTER_SECS.to_string())]);
@@ -266,6 +463,7 @@ async fn serve_connection(
     app: Router,
     limits: ServeLimits,
     tag: Connection,
+    evicted: CancellationToken,
     shutdown: CancellationToken,
 ) {
     let io = TokioIo::new(WriteDeadline::new(
@@ -283,6 +481,8 @@ async fn serve_connection(
     tokio::pin!(conn);
     let served = tokio::select! {
         r = conn.as_mut() => r,
+        // Dropped at once, whatever it was doing: it never authenticated.
+        _ = evicted.cancelled() => return,
         _ = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await

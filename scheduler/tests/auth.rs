@@ -36,6 +36,10 @@ struct Env {
 
 impl Env {
     async fn start(cache_ttl: Duration) -> Env {
+        Self::start_with(cache_ttl, |_| {}).await
+    }
+
+    async fn start_with(cache_ttl: Duration, tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
         let db_url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
@@ -45,6 +49,7 @@ impl Env {
         let mut settings = SchedulerSettings::default();
         settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
         settings.auth.cache_ttl = cache_ttl;
+        tune(&mut settings);
         let state = Scheduler::new(store.clone(), queue, settings);
         let routes = route_table(&state);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -489,4 +494,151 @@ async fn revoked_and_expired_keys_are_refused() {
     assert_eq!(s, 401);
     let (s, _) = env.get("/v1/sessions", &live).await;
     assert_eq!(s, 200);
+}
+
+/// A keyless server (`agentq dev` on loopback) takes no write a web page elsewhere can
+/// make a browser send: a form or `text/plain` POST (no preflight needed) to `/cancel`
+/// or `/retry`, or any write naming a foreign `Origin`, is a 403 naming the header, and
+/// nothing changes; reads from anywhere, and JSON writes from local clients or the
+/// server's own pages, are served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyless_server_refuses_writes_a_web_page_could_send() {
+    let env = Env::start_with(Duration::from_secs(30), |s| {
+        s.auth.admin_key_hash = None;
+        s.auth.keyless = true;
+        s.auth.loopback_hosts_only = true;
+    })
+    .await;
+    let (row, _) = env
+        .store
+        .create_session(&NewSession::root(SessionSpec::new("hello"), "default"))
+        .await
+        .unwrap();
+    let id = row.id;
+    let host = env.base.strip_prefix("http://").unwrap().to_string();
+    let own = format!("http://{host}");
+    let send =
+        async |method: Method, path: &str, ct: Option<&str>, origin: Option<&str>, body: &str| {
+            let mut req = reqwest::Client::new()
+                .request(method, format!("{}{path}", env.base))
+                .body(body.to_string());
+            if let Some(ct) = ct {
+                req = req.header("content-type", ct);
+            }
+            if let Some(o) = origin {
+                req = req.header("origin", o);
+            }
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+            )
+        };
+    let cancel = format!("/v1/sessions/{id}/cancel");
+    let retry = format!("/v1/sessions/{id}/retry");
+    let form = Some("application/x-www-form-urlencoded");
+    let json_ct = Some("application/json");
+    let https_own = format!("https://{host}");
+    // (method, path, content type, origin, body)
+    type Write<'a> = (Method, &'a str, Option<&'a str>, Option<&'a str>, &'a str);
+    let refused: Vec<Write<'_>> = vec![
+        (
+            Method::POST,
+            &cancel,
+            form,
+            Some("http://evil.example"),
+            "a=b",
+        ),
+        (Method::POST, &cancel, form, None, "a=b"),
+        (Method::POST, &cancel, Some("text/plain"), Some(&own), "{}"),
+        (Method::POST, &cancel, None, None, ""),
+        (
+            Method::POST,
+            &cancel,
+            json_ct,
+            Some("http://evil.example"),
+            "{}",
+        ),
+        // Another local page is another origin.
+        (
+            Method::POST,
+            &cancel,
+            json_ct,
+            Some("http://localhost:1"),
+            "{}",
+        ),
+        (Method::POST, &cancel, json_ct, Some("null"), "{}"),
+        (Method::POST, &cancel, json_ct, Some(&https_own), "{}"),
+        (
+            Method::POST,
+            &retry,
+            Some("multipart/form-data; boundary=x"),
+            None,
+            "",
+        ),
+        (
+            Method::POST,
+            &retry,
+            Some("text/plain"),
+            Some("http://evil.example"),
+            "{}",
+        ),
+        (
+            Method::POST,
+            "/v1/sessions",
+            Some("text/plain"),
+            None,
+            r#"{"prompt": "p"}"#,
+        ),
+        (
+            Method::PUT,
+            "/v1/admin/budgets/x",
+            Some("text/plain"),
+            None,
+            "{}",
+        ),
+        (
+            Method::DELETE,
+            &cancel,
+            None,
+            Some("http://evil.example"),
+            "",
+        ),
+    ];
+    for (method, path, ct, origin, body) in refused {
+        let what = format!("{method} {path} content-type {ct:?} origin {origin:?}");
+        let (status, v) = send(method, path, ct, origin, body).await;
+        assert_eq!(status, 403, "{what}: {v}");
+        assert_eq!(v["error"]["code"], "forbidden", "{what}: {v}");
+        let field = if origin.is_some_and(|o| o != own) {
+            "Origin"
+        } else {
+            "Content-Type"
+        };
+        assert_eq!(v["error"]["field"], field, "{what}: {v}");
+    }
+    // Nothing was cancelled; reads are served whoever asks.
+    let (status, v) = send(
+        Method::GET,
+        &format!("/v1/sessions/{id}"),
+        None,
+        Some("http://evil.example"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "queued", "{v}");
+    // The CLI's way (JSON, no Origin) and the server's own page are served.
+    let (status, v) = send(Method::POST, &cancel, json_ct, Some(&own), "{}").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "cancelled", "{v}");
+    // (Reaching the handler: a cancelled session is not one to retry.)
+    let (status, v) = send(Method::POST, &retry, json_ct, None, "{}").await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (409, &json!("not_failed")),
+        "{v}"
+    );
 }

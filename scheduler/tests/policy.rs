@@ -407,3 +407,69 @@ async fn queues_beyond_policy_are_refused() {
         assert_eq!(status, 201, "{ok}: {v}");
     }
 }
+
+/// `GET /v1/queues` shows a tenant the queues it may put sessions on (its own policy's,
+/// including the configured ones it allows), never another tenant's; the admin sees
+/// every queue.
+#[tokio::test]
+async fn a_tenant_lists_only_the_queues_it_may_use() {
+    use agentq_core::KeyStore;
+    use agentq_core::auth::{self, Scope};
+    use agentq_core::config::TenantPolicySection;
+
+    let tenant = |queues: &[&str]| TenantPolicySection {
+        queues: Some(queues.iter().map(|q| q.to_string()).collect()),
+        ..TenantPolicySection::default()
+    };
+    let env = Env::start(PolicySection {
+        queues: vec!["default".into()],
+        tenants: [
+            ("acme".to_string(), tenant(&["default", "acme-*"])),
+            ("beta".to_string(), tenant(&["beta-*"])),
+        ]
+        .into(),
+        ..PolicySection::default()
+    })
+    .await;
+    for name in ["acme-gpu", "beta-gpu", "beta-cpu", "internal"] {
+        let (status, v) = env.post("/v1/queues", &json!({"name": name})).await;
+        assert_eq!(status, 201, "{v}");
+    }
+    let listed = |key: String| {
+        let base = env.base.clone();
+        async move {
+            let r = bearer_client(&key)
+                .get(format!("{base}/v1/queues"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            let names: Vec<String> = v["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q.as_str().unwrap().to_string())
+                .collect();
+            names
+        }
+    };
+    let key = |t: &str| {
+        let (new, key) = auth::generate(t, vec![Scope::SessionsRead], None, None).unwrap();
+        (new, key)
+    };
+    let (acme_row, acme) = key("acme");
+    let (beta_row, beta) = key("beta");
+    let (other_row, other) = key("other");
+    for row in [&acme_row, &beta_row, &other_row] {
+        env.store.create_key(row).await.unwrap();
+    }
+    assert_eq!(listed(acme).await, ["default", "acme-gpu"]);
+    assert_eq!(listed(beta).await, ["beta-gpu", "beta-cpu"]);
+    // A tenant without a section of its own gets the global policy's.
+    assert_eq!(listed(other).await, ["default"]);
+    assert_eq!(
+        listed(ADMIN_KEY.to_string()).await,
+        ["default", "acme-gpu", "beta-gpu", "beta-cpu", "internal"]
+    );
+}

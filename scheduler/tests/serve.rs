@@ -30,6 +30,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 struct Env {
     addr: SocketAddr,
     store: Arc<PgStore>,
+    queue: Arc<RedisQueue>,
     stop: CancellationToken,
     _redis: RedisServer,
 }
@@ -53,13 +54,15 @@ impl Env {
         tune(&mut settings);
         let limits = settings.serve;
         let stop = CancellationToken::new();
-        let state = Scheduler::new(store.clone(), queue, settings).with_shutdown(stop.clone());
+        let state =
+            Scheduler::new(store.clone(), queue.clone(), settings).with_shutdown(stop.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, router(state), limits, stop.clone()));
         Env {
             addr,
             store,
+            queue,
             stop,
             _redis: redis,
         }
@@ -246,10 +249,11 @@ async fn connections_past_the_cap_get_a_503() {
         s.serve.header_read_timeout = Duration::from_secs(600);
     })
     .await;
-    // Three idle connections hold every slot (a request on each proves it is served).
+    // Three idle connections hold every slot (a keyed request on each proves it is
+    // served, and makes it one a newer connection cannot displace).
     let mut held = Vec::new();
     for _ in 0..3 {
-        let (a, s) = env.get("/healthz").await;
+        let (a, s) = env.get("/v1/sessions?limit=1").await;
         assert_eq!(a.status, 200);
         held.push(s);
     }
@@ -452,13 +456,14 @@ async fn stream_memory() {
         settings.streams.per_tenant = n + 100;
         let limits = settings.serve;
         let stop = CancellationToken::new();
-        let state = Scheduler::new(store.clone(), q, settings).with_shutdown(stop.clone());
+        let state = Scheduler::new(store.clone(), q.clone(), settings).with_shutdown(stop.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, router(state), limits, stop.clone()));
         Env {
             addr,
             store,
+            queue: q,
             stop,
             _redis: redis,
         }
@@ -541,12 +546,22 @@ async fn a_client_that_stops_reading_is_cut_by_the_write_timeout() {
         big.id
     );
     let burst = one.repeat(64);
+    let (answering, answered) = tokio::sync::oneshot::channel();
     let writer = tokio::spawn(async move {
         let _ = s.write_all(burst.as_bytes()).await;
+        // The first answer has begun (so the connection authenticated, and no newer one
+        // may displace it); peeked at, never read.
+        let mut first = [0u8; 1];
+        let _ = s.peek(&mut first).await;
+        let _ = answering.send(());
         // Held open, never read.
         tokio::time::sleep(PATIENCE * 2).await;
         drop(s);
     });
+    tokio::time::timeout(PATIENCE, answered)
+        .await
+        .expect("no answer began")
+        .unwrap();
     // The stuck connection holds the only slot until the server gives up on it.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
@@ -562,4 +577,309 @@ async fn a_client_that_stops_reading_is_cut_by_the_write_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     writer.abort();
+}
+
+/// Read `s` until `needle` arrives (bounded).
+async fn read_until(s: &mut TcpStream, needle: &str) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains(needle) {
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .expect("nothing arrived")
+            .unwrap();
+        assert!(n > 0, "closed before {needle:?} arrived");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// An event stream outlives the check of its key at the start: a key revoked while its
+/// stream is open has the stream cut within the key cache's life, while another key's
+/// stream of the same session goes on, and a new stream of the revoked key is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_keys_event_stream_is_cut() {
+    use agentq_core::EventStreams;
+    use agentq_core::queue::EventRecord;
+
+    let env = Env::start(|s| s.auth.cache_ttl = Duration::from_secs(1)).await;
+    let id = env.session().await;
+    let path = format!("/v1/sessions/{id}/events");
+    let doomed = env.key("default").await;
+    let kept = env.key("default").await;
+    let mut s1 = env.tcp().await;
+    let a = Env::get_on(&mut s1, &path, &doomed).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let mut s2 = env.tcp().await;
+    let a = Env::get_on(&mut s2, &path, &kept).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let revoked = env
+        .store
+        .revoke_key(auth::key_id(&doomed).unwrap())
+        .await
+        .unwrap();
+    assert!(revoked.unwrap().revoked_at.is_some());
+    assert!(
+        closed_by_server(&mut s1, b"").await.is_some(),
+        "the revoked key's stream stayed open"
+    );
+    env.queue
+        .append_events(&[EventRecord {
+            session_id: id.clone(),
+            id: String::new(),
+            seq: 1,
+            epoch: 1,
+            data: r#"{"type":"text_delta","text":"still-here"}"#.into(),
+        }])
+        .await
+        .unwrap();
+    read_until(&mut s2, "still-here").await;
+    let mut s3 = env.tcp().await;
+    let a = Env::get_on(&mut s3, &path, &doomed).await;
+    assert_eq!(a.status, 401, "{a:?}");
+}
+
+/// A key that expires while its event stream is open has the stream cut at its expiry,
+/// however long the key cache trusts the key's row.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expiring_keys_event_stream_is_cut_at_its_expiry() {
+    let env = Env::start(|s| s.auth.cache_ttl = Duration::from_secs(3600)).await;
+    let id = env.session().await;
+    let (new, key) = auth::generate(
+        "default",
+        vec![Scope::SessionsRead],
+        None,
+        Some(chrono::Utc::now() + chrono::Duration::seconds(8)),
+    )
+    .unwrap();
+    env.store.create_key(&new).await.unwrap();
+    let mut s = env.tcp().await;
+    let a = Env::get_on(&mut s, &format!("/v1/sessions/{id}/events"), &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(
+        closed_by_server(&mut s, b"").await.is_some(),
+        "the expired key's stream stayed open"
+    );
+}
+
+/// A connection from `ip` (a loopback address: each is another peer).
+async fn tcp_from(env: &Env, ip: &str) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    socket.connect(env.addr).await.unwrap()
+}
+
+/// `GET /healthz` (no key: the connection stays unauthenticated) on `s`.
+async fn healthz_on(s: &mut TcpStream) -> Answer {
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    read_answer(s).await
+}
+
+/// One peer cannot hold more than `max_connections_per_peer` connections: each past it
+/// closes the peer's oldest connection that never authenticated; once all of the peer's
+/// connections authenticated, a new one is answered 503. Other peers are not affected.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_connections_from_one_peer_are_capped() {
+    let env = Env::start(|s| {
+        s.serve.max_connections_per_peer = 3;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let mut conns = Vec::new();
+    for _ in 0..10 {
+        conns.push(tcp_from(&env, "127.0.0.2").await);
+    }
+    // The seven oldest are closed for the newer ones; the three newest are served.
+    for (i, s) in conns.iter_mut().enumerate().take(7) {
+        assert!(
+            closed_by_server(s, b"").await.is_some(),
+            "idle connection {i} of one peer stayed open past the peer's cap"
+        );
+    }
+    for s in conns.iter_mut().skip(7) {
+        assert_eq!(healthz_on(s).await.status, 200);
+    }
+    // Three that authenticated cannot be displaced: a fourth is refused.
+    let key = env.key("default").await;
+    let mut keyed = Vec::new();
+    for _ in 0..3 {
+        let mut s = tcp_from(&env, "127.0.0.3").await;
+        let a = Env::get_on(&mut s, "/v1/sessions?limit=1", &key).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        keyed.push(s);
+    }
+    let mut fourth = tcp_from(&env, "127.0.0.3").await;
+    let a = healthz_on(&mut fourth).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_connections_per_peer"),
+        "{a:?}"
+    );
+    for s in &mut keyed {
+        assert_eq!(
+            Env::get_on(s, "/v1/sessions?limit=1", &key).await.status,
+            200
+        );
+    }
+    // Another peer is served all the while.
+    let mut other = tcp_from(&env, "127.0.0.4").await;
+    assert_eq!(healthz_on(&mut other).await.status, 200);
+}
+
+/// Unauthenticated idle connections from many peers fill the listener: a key holder's
+/// new connection is still served (it displaces the oldest of them), and once it has
+/// authenticated, no number of newer unauthenticated connections displaces it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_request_is_served_when_unauthenticated_connections_fill_the_listener() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 6;
+        s.serve.max_connections_per_peer = 2;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let key = env.key("default").await;
+    // Six connections from three peers, each served (so holding a slot) and idle.
+    let mut attackers = Vec::new();
+    for i in 0..6 {
+        let mut s = tcp_from(&env, &format!("127.0.1.{}", 1 + i / 2)).await;
+        assert_eq!(healthz_on(&mut s).await.status, 200);
+        attackers.push(s);
+    }
+    let mut holder = tcp_from(&env, "127.0.2.1").await;
+    let a = Env::get_on(&mut holder, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    // It took the place of the oldest.
+    assert!(closed_by_server(&mut attackers[0], b"").await.is_some());
+    // The attackers reconnect, from new addresses, many times over.
+    for i in 0..20 {
+        let mut s = tcp_from(&env, &format!("127.0.3.{}", 1 + i)).await;
+        assert_eq!(healthz_on(&mut s).await.status, 200);
+        attackers.push(s);
+    }
+    let a = Env::get_on(&mut holder, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    // And a second key holder still gets in.
+    let mut second = tcp_from(&env, "127.0.2.2").await;
+    let a = Env::get_on(&mut second, "/v1/sessions?limit=1", &key).await;
+    assert_eq!(a.status, 200, "{a:?}");
+}
+
+/// A stored key of `tenant` that may create sessions.
+async fn writer_key(env: &Env, tenant: &str) -> String {
+    let (new, key) = auth::generate(tenant, vec![Scope::SessionsWrite], None, None).unwrap();
+    env.store.create_key(&new).await.unwrap();
+    key
+}
+
+/// A batch of one session whose body is exactly `len` bytes.
+fn batch_of_len(len: usize) -> Vec<u8> {
+    let shell = r#"[{"prompt":""}]"#;
+    let body = format!(r#"[{{"prompt":"{}"}}]"#, "p".repeat(len - shell.len()));
+    assert_eq!(body.len(), len);
+    body.into_bytes()
+}
+
+/// The head of a batch of `len` bytes with `key`, asking to be told before the body is
+/// sent (`Expect: 100-continue`): the server says `100 Continue` once it reads the body.
+fn batch_head(key: &str, len: usize) -> String {
+    format!(
+        "POST /v1/sessions/batch HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {len}\r\nexpect: 100-continue\r\n\r\n"
+    )
+}
+
+/// Batches being read and decoded hold `batch_decode_bytes` at most: one past it is
+/// answered 503 with `Retry-After` before its body is read, a tenant holds at most half
+/// of it (another tenant's batch still goes), a body larger than that half is a 413, and
+/// the bytes are given back when a batch is done.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_past_the_decode_budget_get_a_503() {
+    let env = Env::start(|s| {
+        s.batch_decode_bytes = 200_000;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        s.serve.body_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let t1 = writer_key(&env, "t1").await;
+    let t1_again = writer_key(&env, "t1").await;
+    let t2 = writer_key(&env, "t2").await;
+    let t3 = writer_key(&env, "t3").await;
+    // A batch of t1 that the server started reading (it said `100 Continue`), held with
+    // half of its body sent.
+    let held = batch_of_len(60_000);
+    let mut c1 = env.tcp().await;
+    c1.write_all(batch_head(&t1, held.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c1).await.status, 100);
+    c1.write_all(&held[..30_000]).await.unwrap();
+    // Another of t1 would take the tenant past half the budget: 503, its body unread.
+    let mut c2 = env.tcp().await;
+    c2.write_all(batch_head(&t1_again, 60_000).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut c2).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    assert_eq!(a.header("retry-after").as_deref(), Some("1"));
+    assert_eq!(a.json()["error"]["code"], "overloaded");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch_decode_bytes"),
+        "{a:?}"
+    );
+    // One larger than half the budget can never be read: 413.
+    let mut big = env.tcp().await;
+    big.write_all(batch_head(&t2, 100_001).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut big).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "too_large");
+    // Another tenant's goes, and one more of its own is held half sent...
+    let mut c3 = env.tcp().await;
+    let body = batch_of_len(60_000);
+    c3.write_all(batch_head(&t2, body.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c3).await.status, 100);
+    c3.write_all(&body).await.unwrap();
+    let a = read_answer(&mut c3).await;
+    assert_eq!(a.status, 201, "{a:?}");
+    let held2 = batch_of_len(90_000);
+    let mut c4 = env.tcp().await;
+    c4.write_all(batch_head(&t2, held2.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c4).await.status, 100);
+    // ...so that, with 150,000 of 200,000 bytes held, a third tenant's 60,000 are refused.
+    let mut c5 = env.tcp().await;
+    c5.write_all(batch_head(&t3, 60_000).as_bytes())
+        .await
+        .unwrap();
+    let a = read_answer(&mut c5).await;
+    assert_eq!(a.status, 503, "{a:?}");
+    // The held batches complete and give their bytes back.
+    c1.write_all(&held[30_000..]).await.unwrap();
+    assert_eq!(read_answer(&mut c1).await.status, 201);
+    c4.write_all(&held2).await.unwrap();
+    assert_eq!(read_answer(&mut c4).await.status, 201);
+    let body = batch_of_len(60_000);
+    for key in [&t1_again, &t3] {
+        let mut c = env.tcp().await;
+        c.write_all(batch_head(key, body.len()).as_bytes())
+            .await
+            .unwrap();
+        assert_eq!(read_answer(&mut c).await.status, 100);
+        c.write_all(&body).await.unwrap();
+        let a = read_answer(&mut c).await;
+        assert_eq!(a.status, 201, "{a:?}");
+    }
 }

@@ -51,10 +51,24 @@ fn is_forbidden_v6(ip: Ipv6Addr) -> bool {
     }
     let seg = ip.segments();
     let v4 = |x: u16, y: u16| Ipv4Addr::new((x >> 8) as u8, x as u8, (y >> 8) as u8, y as u8);
-    // 64:ff9b::/96 NAT64 (and the local-use 64:ff9b:1::/48) embed an IPv4 address that
-    // the gateway will reach for us.
-    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1] {
+    // ::ffff:0:0/96 IPv4-translated (SIIT): a stateless translator on the path turns it
+    // into the embedded IPv4 address, like the IPv4-mapped form above.
+    if seg[..6] == [0, 0, 0, 0, 0xffff, 0] {
         return is_forbidden_v4(v4(seg[6], seg[7]));
+    }
+    // 64:ff9b::/96 NAT64 embeds an IPv4 address that the gateway will reach for us.
+    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_forbidden_v4(v4(seg[6], seg[7]));
+    }
+    // 64:ff9b:1::/48 is for local NAT64 prefixes of any length, so the embedded address
+    // may sit at any of several places: none of it is publicly routable anyway.
+    if seg[..3] == [0x64, 0xff9b, 1] {
+        return true;
+    }
+    // An ISATAP interface id (`0:5efe` or `200:5efe`, the u bit aside) names the IPv4
+    // address the site's router tunnels to.
+    if (seg[4] & !0x0200) == 0 && seg[5] == 0x5efe && is_forbidden_v4(v4(seg[6], seg[7])) {
+        return true;
     }
     // 2002::/16 6to4 embeds the IPv4 address of the relay that delivers the packet.
     if seg[0] == 0x2002 && is_forbidden_v4(v4(seg[1], seg[2])) {

@@ -5,14 +5,17 @@
 -- the keys named in ARGV (rule prefixes, per-model counters) are derived from it.
 -- KEYS[1]: learned output averages (hash, field `limit_key|model`); KEYS[2]: the index of
 -- rule keys (set); KEYS[3]: holds (hash, field -> until ms); KEYS[4]: when a field last
--- announced its limits (hash).
--- ARGV[1]: now (ms); ARGV[2]: the prefix of the per-model counters; ARGV[3]: how many
--- settlements follow; then each settlement, then the ask (see below).
+-- announced its limits (hash); KEYS[5]: every field in use, scored by its last settlement
+-- (sorted set).
+-- ARGV[1]: now (ms); ARGV[2]: the prefix of the per-model counters; ARGV[3]: the most
+-- fields kept; ARGV[4]: how many settlements follow; then each settlement, then the ask
+-- (see below).
 -- Returns {1, reserved tokens, start delay ms, tight, what the delay waits for} to go,
 -- {0, wait ms, 0, 0, reason} not to.
 local now = tonumber(ARGV[1])
 local base = ARGV[2]
-local p = 3
+local maxfields = tonumber(ARGV[3])
+local p = 4
 local function str()
   local v = ARGV[p]
   p = p + 1
@@ -20,6 +23,26 @@ local function str()
 end
 local function num()
   return tonumber(str())
+end
+
+-- The model of a field is the caller's to name, so the hashes keyed by field are kept to
+-- the `maxfields` fields settled most recently: `field` is recorded as just used, and the
+-- fields past the bound are forgotten everywhere they are kept. Called after the
+-- settlement's writes, so that even a field evicted at once (a worker whose clock is
+-- behind) leaves nothing behind.
+local function touch(field)
+  redis.call('ZADD', KEYS[5], now, field)
+  local n = redis.call('ZCARD', KEYS[5])
+  if n <= maxfields then return end
+  local old = redis.call('ZPOPMIN', KEYS[5], n - maxfields)
+  for i = 1, #old, 2 do
+    local f = old[i]
+    redis.call('HDEL', KEYS[1], f)
+    redis.call('HDEL', KEYS[3], f)
+    redis.call('HDEL', KEYS[4], f)
+    redis.call('DEL', base .. 'left:r|' .. f, base .. 'left:t|' .. f,
+      base .. 'announced|' .. f, base .. 'log:r|' .. f)
+  end
 end
 
 -- A settlement: id, total tokens used (-1 unknown), output tokens (-1 unknown), the
@@ -73,6 +96,7 @@ local function settle()
   if rl >= 0 or tl >= 0 then
     redis.call('HSET', KEYS[4], field, now)
   end
+  touch(field)
 end
 
 -- Configured rules: id, reservation ttl ms, input tokens, max output tokens, the field,

@@ -203,6 +203,18 @@ fn scheduler(s: &SchedulerSection) -> Result<()> {
         1_000_000,
     )?;
     range(
+        "scheduler.max_connections_per_peer",
+        s.max_connections_per_peer,
+        1,
+        1_000_000,
+    )?;
+    range(
+        "scheduler.batch_decode_bytes",
+        s.batch_decode_bytes,
+        1024 * 1024,
+        usize::MAX,
+    )?;
+    range(
         "scheduler.max_event_streams",
         s.max_event_streams,
         1,

@@ -13,8 +13,15 @@
 //! its expiry is checked on every request), and ids that name no key are remembered in a
 //! bounded negative cache, so a flood of made-up keys does not cost a query each.
 //!
+//! An answer still being sent when its key is revoked (an event stream, a download) is
+//! cut within `key_cache_secs` of the revocation (not before 250 ms), and at the key's
+//! expiry: while it is open, its key's row is read again every half cache life (shared
+//! through the cache by every answer of the key).
+//!
 //! [`loopback_hosts`] is the DNS-rebinding defence of `agentq dev`: a browser page whose
 //! name was rebound to 127.0.0.1 still sends its own name as `Host`.
+//! [`same_origin_writes`] is its cross-site defence: a keyless server takes writes only
+//! as JSON and never from a page of another origin.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -147,16 +154,27 @@ impl Authenticator {
 
     /// The row of key `id`, from the cache when fresh.
     async fn key_row(&self, id: &str) -> Result<Option<ApiKey>, ApiError> {
+        self.key_row_within(id, self.settings.cache_ttl).await
+    }
+
+    /// The row of key `id`, from the cache when read less than `max_age` ago (a read
+    /// refreshes the cache for every request of the key).
+    async fn key_row_within(
+        &self,
+        id: &str,
+        max_age: Duration,
+    ) -> Result<Option<ApiKey>, ApiError> {
         let ttl = self.settings.cache_ttl;
+        let fresh = max_age.min(ttl);
         {
             let cache = self.lock();
             if let Some((row, at)) = cache.known.get(id)
-                && at.elapsed() < ttl
+                && at.elapsed() < fresh
             {
                 return Ok(Some(row.clone()));
             }
             if let Some(at) = cache.unknown.get(id)
-                && at.elapsed() < ttl
+                && at.elapsed() < fresh
             {
                 return Ok(None);
             }
@@ -183,6 +201,84 @@ impl Authenticator {
             }
         }
         Ok(row)
+    }
+
+    /// How often a long-lived answer of a key reads the key's row again: half the
+    /// cache's life, so that a revocation ends it within `key_cache_secs` (a check sees
+    /// a row at most half a life old, and the next check comes half a life later), but
+    /// not more often than [`MIN_RECHECK`] (a cache of 0 s would otherwise mean a read
+    /// per answer per poll).
+    fn recheck_every(&self) -> Duration {
+        (self.settings.cache_ttl / 2).max(MIN_RECHECK)
+    }
+
+    /// Resolves once key `id` may no longer be used: revoked (seen within
+    /// [`Self::recheck_every`] of a re-read), expired (at its expiry), or gone. A
+    /// database that cannot be read ends it too: the answer it bounds is cut, and the
+    /// client's reconnect (event streams resume with `Last-Event-ID`) is checked afresh.
+    async fn until_unusable(self, id: String) {
+        let every = self.recheck_every();
+        loop {
+            let row = match self.key_row_within(&id, every).await {
+                Ok(Some(row)) => row,
+                Ok(None) => return,
+                Err(_) => {
+                    tracing::warn!(key_id = %id, "cannot re-read an API key; ending its open answer");
+                    return;
+                }
+            };
+            let now = chrono::Utc::now();
+            if let Some(why) = row.unusable(now) {
+                tracing::info!(key_id = %id, why, "ending an open answer of an unusable API key");
+                return;
+            }
+            let mut wait = every;
+            if let Some(left) = row.expires_at.and_then(|t| (t - now).to_std().ok()) {
+                wait = wait.min(left);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// The shortest interval between re-reads of a key for its long-lived answers.
+const MIN_RECHECK: Duration = Duration::from_millis(250);
+
+/// An answer's body that ends (as a failure: the connection is cut, so a download is
+/// never taken for complete) once its key may no longer be used. Only a body still being
+/// sent is watched: the watch starts the first time the body has nothing ready.
+struct KeyBound {
+    inner: axum::body::Body,
+    watch: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl http_body::Body for KeyBound {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
+        }
+        if this.watch.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(
+                "the API key of this answer may no longer be used".into(),
+            )));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -234,8 +330,24 @@ pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Nex
                     return resp;
                 }
             }
+            // Authenticated: no longer a connection a newer one may displace (`serve`).
+            if let Some(conn) = conn {
+                conn.authenticated();
+            }
+            let key_id = caller.key_id.clone();
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            let resp = next.run(req).await;
+            match key_id {
+                // A key checked once would otherwise keep an event stream (or any answer
+                // still being sent) for as long as it lasts, revoked or expired.
+                Some(id) => resp.map(|inner| {
+                    axum::body::Body::new(KeyBound {
+                        inner,
+                        watch: Box::pin(a.clone().until_unusable(id)),
+                    })
+                }),
+                None => resp,
+            }
         }
         Ok(None) => next.run(req).await,
         Err(e) => e.into_response(),
@@ -321,6 +433,79 @@ pub async fn loopback_hosts(State(a): State<Authenticator>, req: Request, next: 
             }
             .into_response();
         }
+    }
+    next.run(req).await
+}
+
+/// Whether `method` may change state (anything but a read).
+fn is_write(method: &Method) -> bool {
+    !matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+    )
+}
+
+/// Refuse, on a keyless server, a write a web page on another origin could have sent
+/// (see [`same_origin_writes`]); `None` lets the request through.
+fn cross_site_write(method: &Method, headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    if !is_write(method) {
+        return None;
+    }
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        // A page of this server is `http://` + the `Host` it was loaded from, which is a
+        // loopback name here; `null` (a sandboxed frame, a file) is nobody's.
+        let same = origin
+            .strip_prefix("http://")
+            .zip(host)
+            .is_some_and(|(o, h)| o.eq_ignore_ascii_case(h) && is_loopback_host(o));
+        if !same {
+            return Some(ApiError::Forbidden {
+                field: Some("Origin".into()),
+                message: format!(
+                    "a state-changing request from the web page {:?} is refused: this keyless \
+                     server takes writes only from local clients and its own pages",
+                    origin.chars().take(200).collect::<String>()
+                ),
+            });
+        }
+    }
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !crate::http::body::is_json_content_type(ct) {
+        return Some(ApiError::Forbidden {
+            field: Some("Content-Type".into()),
+            message: format!(
+                "a state-changing request must be sent as `Content-Type: application/json` \
+                 (a body of `{{}}` when there is nothing to send), got {}: a web page can \
+                 send other types to this keyless server from any site",
+                if ct.is_empty() { "none" } else { ct }
+            ),
+        });
+    }
+    None
+}
+
+/// The cross-site defence of a keyless server (`agentq dev` on loopback, where the
+/// browser's own machine is trusted): every request that may change state (not GET,
+/// HEAD, OPTIONS) must be JSON and, when a browser says where it comes from (`Origin`),
+/// come from a page of this server. A page elsewhere can make a browser send a form or a
+/// `text/plain` POST anywhere without asking, but not a JSON one (that needs a CORS
+/// preflight, which this API never grants), and a browser always names the page's
+/// origin on a cross-origin write. Servers that require keys need neither: a browser
+/// never adds an `Authorization` header on its own.
+pub async fn same_origin_writes(
+    State(a): State<Authenticator>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if a.settings.keyless
+        && let Some(refused) = cross_site_write(req.method(), req.headers())
+    {
+        return refused.into_response();
     }
     next.run(req).await
 }

@@ -55,17 +55,7 @@ impl<S: Send + Sync> FromRequest<S> for RawJson {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let ct = req
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !is_json_content_type(ct) {
-            return Err(ApiError::UnsupportedMediaType(format!(
-                "expected `Content-Type: application/json`, got {}",
-                if ct.is_empty() { "none" } else { ct }
-            )));
-        }
+        require_json(req.headers())?;
         Bytes::from_request(req, state)
             .await
             .map(RawJson)
@@ -80,6 +70,21 @@ impl<S: Send + Sync> FromRequest<S> for RawJson {
                 }
             })
     }
+}
+
+/// A 415 unless the request says its body is JSON.
+pub(crate) fn require_json(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !is_json_content_type(ct) {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "expected `Content-Type: application/json`, got {}",
+            if ct.is_empty() { "none" } else { ct }
+        )));
+    }
+    Ok(())
 }
 
 /// A body's bytes as a `Value`, after [`scan`].

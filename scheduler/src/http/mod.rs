@@ -18,6 +18,7 @@ use crate::error::ApiError;
 pub mod auth;
 pub mod body;
 pub mod cost;
+pub mod decode;
 pub mod view;
 
 pub use auth::Auth;

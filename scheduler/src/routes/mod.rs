@@ -12,9 +12,9 @@ use axum::routing::{MethodRouter, get, post, put};
 
 use agentq_core::auth::Scope;
 
+use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
-use crate::{BATCH_BODY_LIMIT, Scheduler};
 
 mod budgets;
 mod events;
@@ -55,18 +55,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const READ: Access = Access::Scope(Scope::SessionsRead);
     const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
     const ADMIN: Access = Access::Scope(Scope::Admin);
-    // Room for a prompt and a system prompt at their limit, plus metadata and escaping,
-    // and for files at the largest policy's bound, base64-encoded (or escaped text); the
-    // handler reports an oversize prompt or file by name before this limit is reached.
-    let files_room = usize::try_from(state.cfg.policy.max_input_bytes())
-        .unwrap_or(usize::MAX)
-        .saturating_mul(2);
-    let single_limit = state
-        .cfg
-        .max_prompt_bytes
-        .saturating_mul(2)
-        .saturating_add(1024 * 1024)
-        .saturating_add(files_room);
+    let single_limit = state.single_body_limit();
     let (g, p) = (Method::GET, Method::POST);
     vec![
         route(
@@ -80,8 +69,8 @@ fn table(state: &Scheduler) -> Vec<Route> {
             p.clone(),
             "/v1/sessions/batch",
             WRITE,
-            post(sessions::create_batch)
-                .layer(DefaultBodyLimit::max(BATCH_BODY_LIMIT.max(single_limit))),
+            // `BatchBody` reads the body itself, under the decode budget and this limit.
+            post(sessions::create_batch).layer(DefaultBodyLimit::max(state.batch_body_limit())),
         ),
         route(g.clone(), "/v1/sessions/{id}", READ, get(sessions::get)),
         route(
@@ -172,6 +161,10 @@ pub fn router(state: Scheduler) -> Router {
     app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            authn.clone(),
+            auth::same_origin_writes,
+        ))
         .layer(middleware::from_fn_with_state(authn, auth::loopback_hosts))
         .with_state(state)
 }

@@ -1,5 +1,9 @@
 //! The queues sessions may name: listing them, and creating one (admin). See
 //! [`crate::QueueRegistry`] for what makes a queue known.
+//!
+//! A queue's name tells which worker pool (often which customer's) runs its sessions, so
+//! a tenant is shown only the queues its policy lets it put sessions on (the operator's
+//! `[policy]` `queues`, its own section's if it has one); the admin sees them all.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,12 +14,16 @@ use agentq_core::QueueCreate;
 
 use crate::Scheduler;
 use crate::error::ApiError;
-use crate::http::{ApiResult, JsonBody, decode_object, respond};
+use crate::http::{ApiResult, Auth, JsonBody, decode_object, respond};
 use crate::request::{MAX_QUEUE_NAME, valid_queue_name};
 
 /// `GET /v1/queues`
-pub(super) async fn list(State(s): State<Scheduler>) -> ApiResult<Response> {
-    let queues = s.queues().known(s.store.as_ref()).await?;
+pub(super) async fn list(State(s): State<Scheduler>, Auth(caller): Auth) -> ApiResult<Response> {
+    let mut queues = s.queues().known(s.store.as_ref()).await?;
+    if !caller.is_admin() {
+        let policy = s.cfg.policy.for_tenant(&caller.tenant);
+        queues.retain(|q| policy.check_queue(q).is_ok());
+    }
     respond(
         StatusCode::OK,
         &QueueList {

@@ -18,14 +18,14 @@ use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::error::ApiError;
+use crate::http::decode::BatchBody;
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
     session_view,
 };
 use crate::inputs::check_sources;
 use crate::request::{
-    Limits, ListQuery, RawJson, SessionRequest, admit, admit_batch, parse_batch_bytes,
-    parse_session,
+    Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch_bytes, parse_session,
 };
 use crate::{LIST_MAX_BYTES, Scheduler};
 
@@ -221,7 +221,11 @@ pub(super) async fn create_batch(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
     query: Result<Query<BatchQuery>, QueryRejection>,
-    RawJson(body): RawJson,
+    // Its grant of the decode budget is held until the batch is created.
+    BatchBody {
+        bytes: body,
+        grant: _grant,
+    }: BatchBody,
 ) -> ApiResult<Response> {
     let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
     let max_running = q.max_running()?;
