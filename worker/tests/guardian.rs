@@ -99,7 +99,7 @@ period = "day"
 tokens = 100000000
 
 [policy]
-tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch"]
+tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch", "spawn_agent"]
 "#,
         guard.url
     );
@@ -302,6 +302,78 @@ async fn the_token_budget_bounds_the_session_and_its_reviews() {
     assert_eq!(
         guardian_metric(model, "input"),
         Some((reviews * REVIEW_INPUT) as f64)
+    );
+}
+
+/// A prompt-injected model answers with a dozen sub-agents that wait (each drawing one
+/// token, each reviewed) and, last, one more asking for everything. The reviews before it
+/// were paid for but only recorded on the session with the round's checkpoint; the last
+/// spawn's grant used to be drawn from the stored ledger, which did not have them yet, so
+/// the tree's commitments (what the parent spent plus what its children hold) ended a
+/// dozen reviews past the budget (25,330 of 20,000). A spawn now draws from what the
+/// parent's run knows it spent: the tree stays within its budget plus one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_not_yet_checkpointed_count_against_a_spawns_grant() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let guard = fake_guardian("never").await;
+    let small = 12;
+    let mut calls: Vec<Value> = (0..small)
+        .map(|i| {
+            json!({"name": "spawn_agent", "arguments": {
+                "prompt": format!("helper {i}"), "label": format!("h{i}"),
+                "token_budget": 1, "wait": true,
+            }})
+        })
+        .collect();
+    calls.push(json!({"name": "spawn_agent", "arguments": {
+        "prompt": "take the rest", "label": "big", "token_budget": 1_000_000, "wait": false,
+    }}));
+    let script = json!({"turns": [{"text": "fanning out", "tool_calls": calls}]});
+    let cfg = config(dir.path(), &guard, "guard-spawn-model", "", &script);
+    let budget: u64 = 20_000;
+    let mut spec = SessionSpec::new("fan out");
+    spec.tools = Some(vec!["spawn_agent".into()]);
+    spec.token_budget = Some(budget);
+    spec.max_tokens = 256;
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let ds = queue
+        .read(
+            &["default".to_string()],
+            worker.consumer(),
+            10,
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    let d = ds.into_iter().find(|d| d.session_id == row.id).unwrap();
+    // It waits for its helpers.
+    assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
+
+    assert_eq!(
+        guard.requests().len(),
+        small + 1,
+        "every spawn was reviewed"
+    );
+    let parent = store.get(&row.id).await.unwrap().unwrap();
+    assert!(
+        parent.usage.total() >= (small as u64 + 1) * review_cost(),
+        "{parent:?}"
+    );
+    let ledger = store.ledger(&row.id).await.unwrap().unwrap();
+    assert_eq!(ledger.spent, parent.usage.total());
+    let committed = ledger.spent + ledger.held + ledger.children_spent;
+    assert!(
+        committed <= budget + review_cost(),
+        "the tree committed {committed} of its {budget}: {ledger:?}"
     );
 }
 
