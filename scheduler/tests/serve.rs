@@ -770,6 +770,66 @@ async fn a_keyed_request_is_served_when_unauthenticated_connections_fill_the_lis
     assert_eq!(a.status, 200, "{a:?}");
 }
 
+/// A connection keeps its place only while its requests pass the key check. An attacker
+/// who authenticated connections with a key used to keep them for good: after the key
+/// was revoked (its requests now refused), or going on with requests that need no key
+/// (`/healthz`, an unknown path) to stay clear of the idle timeout, they were never
+/// displaced, and a key holder's new connection was answered 503. Now each is again the
+/// oldest connection that did not authenticate, and makes way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_whose_requests_stop_passing_the_key_check_makes_way() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 3;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        // Each request reads its key again: the revocation is seen at once.
+        s.auth.cache_ttl = Duration::ZERO;
+    })
+    .await;
+    let doomed = env.key("default").await;
+    let pinger = env.key("default").await;
+    let holder = env.key("default").await;
+    let path = "/v1/sessions?limit=1";
+    let mut held = Vec::new();
+    for key in [&doomed, &pinger, &pinger] {
+        let mut s = env.tcp().await;
+        assert_eq!(Env::get_on(&mut s, path, key).await.status, 200);
+        held.push(s);
+    }
+    let (a, _) = env.get("/healthz").await;
+    assert_eq!(a.status, 503, "{a:?}");
+    env.store
+        .revoke_key(auth::key_id(&doomed).unwrap())
+        .await
+        .unwrap();
+    // Each goes on without passing the key check.
+    let a = Env::get_on(&mut held[0], path, &doomed).await;
+    assert_eq!(a.status, 401, "{a:?}");
+    assert_eq!(healthz_on(&mut held[1]).await.status, 200);
+    held[2]
+        .write_all(b"GET /no/such/route HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut held[2]).await.status, 404);
+    // A key holder's connections take their places, one after the other.
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let mut s = env.tcp().await;
+        let a = Env::get_on(&mut s, path, &holder).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        holders.push(s);
+    }
+    for (i, s) in held.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(s, b"").await.is_some(),
+            "connection {i} kept its place"
+        );
+    }
+    // Connections that authenticate again are kept: none of the holder's is displaced.
+    for s in &mut holders {
+        assert_eq!(Env::get_on(s, path, &holder).await.status, 200);
+    }
+}
+
 /// A stored key of `tenant` that may create sessions.
 async fn writer_key(env: &Env, tenant: &str) -> String {
     let (new, key) = auth::generate(tenant, vec![Scope::SessionsWrite], None, None).unwrap();
