@@ -19,6 +19,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_core::auth::{self, Scope};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::workspace::InputFile;
 use agentq_core::{KeyStore, NewSession, SessionStore};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router, serve};
 use agentq_testkit::{RedisServer, shared_postgres};
@@ -658,6 +659,79 @@ async fn an_expiring_keys_event_stream_is_cut_at_its_expiry() {
     assert!(
         closed_by_server(&mut s, b"").await.is_some(),
         "the expired key's stream stayed open"
+    );
+}
+
+/// A revoked key's answer is cut however it is sent. A download the server hands to the
+/// connection in one piece (a workspace file, read whole) used to be watched for its key
+/// only when it had nothing ready, which it never has: a client reading it slowly went on
+/// receiving it for as long as it liked after the key was revoked. The client here reads
+/// 4 KiB at a time, pacing itself by a round trip on another connection, and is cut
+/// before the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_keys_download_is_cut_while_a_slow_client_reads_it() {
+    const SIZE: usize = 16 << 20;
+    let env = Env::start(|s| {
+        s.auth.cache_ttl = Duration::ZERO;
+        s.serve.write_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let (row, _) = env
+        .store
+        .create_session(&NewSession {
+            files: vec![InputFile {
+                path: "big.bin".into(),
+                data: vec![7u8; SIZE],
+            }],
+            ..NewSession::root(SessionSpec::new("hello"), "default")
+        })
+        .await
+        .unwrap();
+    let key = env.key("default").await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(env.addr).await.unwrap();
+    let req = format!(
+        "GET /v1/sessions/{}/files/big.bin HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {key}\r\n\r\n",
+        row.id
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    // The head, and whatever of the body came with it.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let mut body = got.len() - head_end;
+    env.store
+        .revoke_key(auth::key_id(&key).unwrap())
+        .await
+        .unwrap();
+    let mut pace = env.tcp().await;
+    let cut = loop {
+        assert_eq!(healthz_on(&mut pace).await.status, 200);
+        match tokio::time::timeout(PATIENCE, s.read(&mut buf)).await {
+            Err(_) => panic!("nothing arrived and the connection stayed open"),
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => body += n,
+        }
+        if body >= SIZE {
+            break false;
+        }
+    };
+    assert!(
+        cut,
+        "the revoked key's download of {SIZE} bytes was read to its end"
     );
 }
 
