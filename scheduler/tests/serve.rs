@@ -1017,3 +1017,52 @@ async fn batches_past_the_decode_budget_get_a_503() {
         assert_eq!(a.status, 201, "{a:?}");
     }
 }
+
+/// A batch sent in chunks, without a `Content-Length`, is held to the decode budget as it
+/// arrives: past the tenant's half it is a 413 naming the setting, and the bytes it held
+/// go back (a batch of the same tenant as large as that half is read next).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_batch_is_granted_as_it_arrives() {
+    let env = Env::start(|s| {
+        s.batch_decode_bytes = 200_000;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        s.serve.body_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let t1 = writer_key(&env, "t1").await;
+    let mut c = env.tcp().await;
+    let head = format!(
+        "POST /v1/sessions/batch HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {t1}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    // 110,000 bytes of a batch that never ends, in chunks of 10,000.
+    let body = batch_of_len(200_000);
+    for piece in body.chunks(10_000).take(11) {
+        let chunk = [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
+        // The server may answer (and close) before the last chunk is sent.
+        if c.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let a = read_answer(&mut c).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "too_large");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch_decode_bytes"),
+        "{a:?}"
+    );
+    // What it held was given back: the tenant's whole half is granted to the next one.
+    let full = batch_of_len(100_000);
+    let mut next = env.tcp().await;
+    next.write_all(batch_head(&t1, full.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut next).await.status, 100);
+    next.write_all(&full).await.unwrap();
+    let a = read_answer(&mut next).await;
+    assert_eq!(a.status, 201, "{a:?}");
+}
