@@ -16,7 +16,8 @@
 //! An answer still being sent when its key is revoked (an event stream, a download) is
 //! cut within `key_cache_secs` of the revocation (not before 250 ms), and at the key's
 //! expiry: while it is open, its key's row is read again every half cache life (shared
-//! through the cache by every answer of the key).
+//! through the cache by every answer of the key). What the connection was handed before
+//! the cut (its buffers, and at most one 64 KiB piece) still reaches the client.
 //!
 //! [`loopback_hosts`] is the DNS-rebinding defence of `agentq dev`: a browser page whose
 //! name was rebound to 127.0.0.1 still sends its own name as `Host`.
