@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::schema::Role;
-use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_core::budget::{BudgetStore, day_key};
 use agentq_core::config::Settings;
 use agentq_core::pg::PgStore;
@@ -375,6 +375,38 @@ async fn reviews_not_yet_checkpointed_count_against_a_spawns_grant() {
         committed <= budget + review_cost(),
         "the tree committed {committed} of its {budget}: {ledger:?}"
     );
+}
+
+/// Calls the session's mode does not offer (think, plan, the plan phase of plan-act) are
+/// refused without running, so nothing of them is reviewed: a model cannot spend the
+/// guardian's key on calls that would never run. Sixteen different calls in each mode:
+/// no review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_refused_by_the_mode_are_not_reviewed() {
+    let (store, queue, _redis) = setup().await;
+    let calls: Vec<Value> = (0..16).map(|i| list(&format!("d{i}"))).collect();
+    let script = json!({"turns": [
+        {"text": "let me look", "tool_calls": calls},
+        {"text": "the plan: nothing to do"}
+    ]});
+    for mode in [Mode::Think, Mode::Plan, Mode::PlanAct] {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = fake_guardian("never").await;
+        let cfg = config(dir.path(), &guard, "guard-mode-model", "", &script);
+        let mut spec = SessionSpec::new("plan something");
+        spec.tools = Some(vec!["list_dir".into()]);
+        spec.mode = mode;
+        let row = run_one(&store, &queue, cfg, spec).await;
+        let results = tool_results(&store, &row.id).await;
+        assert!(results.len() >= 16, "{mode:?}: {results:?}");
+        assert!(
+            results[..16]
+                .iter()
+                .all(|r| r.starts_with("Tool calls are not available")),
+            "{mode:?}: {results:?}"
+        );
+        assert_eq!(guard.requests().len(), 0, "{mode:?}: reviewed");
+    }
 }
 
 // ---------- item 3: a long argument cannot blind the guardian ----------
