@@ -63,6 +63,11 @@ pub struct SpawnBudget {
     /// Tokens the caller asked for; at most the parent's remaining budget. `None`: half of
     /// it, so that a parent keeps some for itself and its other children.
     pub requested: Option<u64>,
+    /// The parent's own spend as its running worker knows it: ahead of the stored one
+    /// between checkpoints (its guardian's reviews of the round that spawns are recorded
+    /// only with the round's next checkpoint), and a grant drawn past them would let the
+    /// tree spend them twice. The larger of this and the stored spend is what counts.
+    pub parent_spent: u64,
 }
 
 /// What [`BudgetStore::spawn_session`] did.

@@ -83,6 +83,8 @@ contract_tests!(
     budget_reopen_gives_back_first_when_its_worker_died,
     budget_late_grandchild_and_its_reopening_reach_the_root,
     budget_tenant_holds_make_calls_wait_and_spend_refuses,
+    budget_spawn_counts_the_spend_its_parent_has_not_checkpointed,
+    budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too,
 );
 
 fn root(budget: Option<u64>) -> NewSession {
@@ -117,6 +119,7 @@ fn limits(max: u64, parent_allowance: Option<u64>, requested: Option<u64>) -> Sp
         budget: parent_allowance.map(|b| SpawnBudget {
             parent_allowance: b,
             requested,
+            parent_spent: 0,
         }),
     }
 }
@@ -223,6 +226,127 @@ fn created(s: Spawned) -> agentq_core::SessionRow {
         Spawned::Created(row) => row,
         other => panic!("expected a new child, got {other:?}"),
     }
+}
+
+/// A spawn's grant is drawn from what is left after the parent's spend as its running
+/// worker knows it (`parent_spent`: its guardian's reviews are checkpointed only after the
+/// round), or the stored spend when that is larger: never from a count the parent has
+/// already passed.
+async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let with_spent = |requested, parent_spent| SpawnLimits {
+        max_tree_sessions: 10,
+        budget: Some(SpawnBudget {
+            parent_allowance: 1000,
+            requested,
+            parent_spent,
+        }),
+    };
+    // 400 spent as the run knows it: everything asked for is what is left after it.
+    let a = created(
+        store
+            .spawn_session(&child_of(&r, "a"), &with_spent(Some(5000), 400))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(a.spec.token_budget, Some(600));
+    assert_eq!(
+        store.ledger(&a.id).await.unwrap().unwrap().allowance,
+        Some(600)
+    );
+    // Nothing is left once the run's count is taken: refused, nothing written.
+    match store
+        .spawn_session(&child_of(&r, "b"), &with_spent(None, 400))
+        .await
+        .unwrap()
+    {
+        Spawned::NoBudget { remaining } => assert_eq!(remaining, 0),
+        other => panic!("{other:?}"),
+    }
+    // A count behind the stored spend is not believed over it.
+    finish_spending(store.as_ref(), &a.id, 100, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    let c = created(
+        store
+            .spawn_session(&child_of(&r, "c"), &with_spent(Some(5000), 0))
+            .await
+            .unwrap(),
+    );
+    // 1000 - 100 (stored, the root) - 100 (a spent).
+    assert_eq!(c.spec.token_budget, Some(800));
+}
+
+/// A sub-agent's `token_budget` bounds it and its own sub-agents over its whole life, as
+/// a root's does: one that spent its allowance through a sub-agent of its own cannot be
+/// started again for more. It used to count only its own spend, so that each follow-up
+/// granted it its budget less that (here 400 more, again and again), up to all its tree
+/// had left.
+async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
+    store: Arc<dyn Store>,
+) {
+    let r = root(Some(10_000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    let arow = created(
+        store
+            .spawn_session(&a, &limits(10, Some(10_000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    let g = child_of(&as_new(&arow), "g");
+    created(
+        store
+            .spawn_session(&g, &limits(10, Some(500), Some(400)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &g.id, 400, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    finish_spending(store.as_ref(), &a.id, 100, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    // `a` and its child consumed all of its 500.
+    assert_eq!(
+        ledger_of(store.as_ref(), &r.id, 10_000).await,
+        (0, 500, 9_500)
+    );
+    let before = store.get(&a.id).await.unwrap().unwrap();
+    match store.follow_up(&a.id, "more", None).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains(&a.id), "{m}"),
+        other => panic!("a sub-agent re-opened past its own token_budget: {other:?}"),
+    }
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap(), before);
+    assert_eq!(
+        ledger_of(store.as_ref(), &r.id, 10_000).await,
+        (0, 500, 9_500)
+    );
+
+    // One that consumed 300 of its 500 (100 itself, 200 through its child) gets 200 more.
+    let b = child_of(&r, "b");
+    let brow = created(
+        store
+            .spawn_session(&b, &limits(10, Some(10_000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    let h = child_of(&as_new(&brow), "h");
+    created(
+        store
+            .spawn_session(&h, &limits(10, Some(500), Some(300)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &h.id, 200, 0).await;
+    assert!(store.return_budget(&h.id).await.unwrap());
+    finish_spending(store.as_ref(), &b.id, 100, 0).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    store.follow_up(&b.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(
+        store.ledger(&b.id).await.unwrap().unwrap().allowance,
+        Some(500),
+        "its 300 consumed plus the 200 its token_budget still allows"
+    );
 }
 
 async fn budget_child_draws_and_gives_back_once(store: Arc<dyn Store>) {

@@ -5,7 +5,9 @@
 //! - At most `max_connections` connections are served at once, and at most
 //!   `max_connections_per_peer` from one peer (an IPv4 address, an IPv6 /64: one host
 //!   commonly holds a whole /64). A connection is *unauthenticated* until one of its
-//!   requests passes the key check. A new connection past either cap closes the oldest
+//!   requests passes the key check, and again after a request that does not (one of a
+//!   key revoked since, or one needing no key such as `/healthz`): a place is kept only
+//!   by going on using a key that may still be used. A new connection past either cap closes the oldest
 //!   unauthenticated connection (of the same peer, when the peer is at its cap) and takes
 //!   its place; only when there is none (every connection authenticated) is it answered
 //!   503 with `Retry-After` and a JSON body, and closed. A connection that carried a
@@ -21,8 +23,8 @@
 //!   even then each retry of the key holder gets the same chance. From one address an
 //!   attacker only displaces its own connections. What can keep a key holder out is
 //!   authenticated connections: `max_connections / max_connections_per_key` keys' worth
-//!   (16 with the defaults), each sending requests at least every `header_read_timeout`
-//!   (an idle one is closed after it).
+//!   (16 with the defaults), each sending requests with a usable key at least every
+//!   `header_read_timeout` (an idle one is closed after it).
 //! - A client has `header_read_timeout` to send a request's headers, counted from when
 //!   the server starts waiting for them, so an idle keep-alive connection is closed after
 //!   as long too; and `body_read_timeout` for the whole body from the request's start
@@ -304,8 +306,21 @@ impl Slots {
         })
     }
 
-    /// Connection `id` carried a request that passed the key check: it is never closed
-    /// for a newer one.
+    /// Connection `id` carried a request that did not pass the key check: it may be
+    /// closed for a newer one again (the oldest such first: its id).
+    fn unauthenticated(&self, id: u64) {
+        let mut st = self.lock();
+        let Some(peer) = st.open.get(&id).map(|o| o.peer) else {
+            return;
+        };
+        st.unauthenticated.insert(id);
+        if let Some(p) = st.peers.get_mut(&peer) {
+            p.unauthenticated.insert(id);
+        }
+    }
+
+    /// Connection `id` carried a request that passed the key check: it is not closed for
+    /// a newer one while its requests go on passing it.
     fn authenticated(&self, id: u64) {
         let mut st = self.lock();
         let Some(peer) = st.open.get(&id).map(|o| o.peer) else {
@@ -372,6 +387,9 @@ struct ConnectionKeys {
     keys: Mutex<Vec<String>>,
     slots: Arc<Slots>,
     id: u64,
+    /// The request being served passed the key check (HTTP/1.1 serves a connection's
+    /// requests one at a time).
+    passed: AtomicBool,
 }
 
 impl Connection {
@@ -381,13 +399,30 @@ impl Connection {
             keys: Mutex::new(Vec::new()),
             slots,
             id,
+            passed: AtomicBool::new(false),
         }))
     }
 
     /// A request on this connection passed the key check: the connection is no longer
     /// one a newer connection may take the place of.
     pub fn authenticated(&self) {
+        self.0.passed.store(true, Ordering::Relaxed);
         self.0.slots.authenticated(self.0.id);
+    }
+
+    /// A request starts: it has not passed the key check yet.
+    fn request_started(&self) {
+        self.0.passed.store(false, Ordering::Relaxed);
+    }
+
+    /// A request was answered (its head): one that did not pass the key check leaves the
+    /// connection one a newer connection may take the place of. Otherwise an attacker
+    /// keeps connections it authenticated once for good, past its key's revocation,
+    /// with requests that need no key every `header_read_timeout`.
+    fn request_answered(&self) {
+        if !self.0.passed.load(Ordering::Relaxed) {
+            self.0.slots.unauthenticated(self.0.id);
+        }
     }
 
     /// Count this connection for `key`, once; a 503 when the key already holds its cap
@@ -472,7 +507,13 @@ async fn serve_connection(
     ));
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(tag.clone());
-        handle(app.clone(), limits.body_read_timeout, req)
+        let (app, tag) = (app.clone(), tag.clone());
+        async move {
+            tag.request_started();
+            let resp = handle(app, limits.body_read_timeout, req).await;
+            tag.request_answered();
+            resp
+        }
     });
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())

@@ -179,6 +179,7 @@ async fn cost_of_a_session_and_its_tree_at_the_configured_prices() {
         budget: Some(SpawnBudget {
             parent_allowance: 10_000_000,
             requested: Some(4_000_000),
+            parent_spent: 0,
         }),
     };
     assert!(matches!(
@@ -386,6 +387,7 @@ async fn starting_a_sub_agent_again_needs_budget_left_in_its_tree() {
             budget: Some(SpawnBudget {
                 parent_allowance: 1_000,
                 requested: Some(500),
+                parent_spent: 0,
             }),
         };
         assert!(matches!(

@@ -19,6 +19,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_core::auth::{self, Scope};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::workspace::InputFile;
 use agentq_core::{KeyStore, NewSession, SessionStore};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router, serve};
 use agentq_testkit::{RedisServer, shared_postgres};
@@ -661,6 +662,79 @@ async fn an_expiring_keys_event_stream_is_cut_at_its_expiry() {
     );
 }
 
+/// A revoked key's answer is cut however it is sent. A download the server hands to the
+/// connection in one piece (a workspace file, read whole) used to be watched for its key
+/// only when it had nothing ready, which it never has: a client reading it slowly went on
+/// receiving it for as long as it liked after the key was revoked. The client here reads
+/// 4 KiB at a time, pacing itself by a round trip on another connection, and is cut
+/// before the end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revoked_keys_download_is_cut_while_a_slow_client_reads_it() {
+    const SIZE: usize = 16 << 20;
+    let env = Env::start(|s| {
+        s.auth.cache_ttl = Duration::ZERO;
+        s.serve.write_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let (row, _) = env
+        .store
+        .create_session(&NewSession {
+            files: vec![InputFile {
+                path: "big.bin".into(),
+                data: vec![7u8; SIZE],
+            }],
+            ..NewSession::root(SessionSpec::new("hello"), "default")
+        })
+        .await
+        .unwrap();
+    let key = env.key("default").await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(env.addr).await.unwrap();
+    let req = format!(
+        "GET /v1/sessions/{}/files/big.bin HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {key}\r\n\r\n",
+        row.id
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    // The head, and whatever of the body came with it.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(PATIENCE, s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    let mut body = got.len() - head_end;
+    env.store
+        .revoke_key(auth::key_id(&key).unwrap())
+        .await
+        .unwrap();
+    let mut pace = env.tcp().await;
+    let cut = loop {
+        assert_eq!(healthz_on(&mut pace).await.status, 200);
+        match tokio::time::timeout(PATIENCE, s.read(&mut buf)).await {
+            Err(_) => panic!("nothing arrived and the connection stayed open"),
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => body += n,
+        }
+        if body >= SIZE {
+            break false;
+        }
+    };
+    assert!(
+        cut,
+        "the revoked key's download of {SIZE} bytes was read to its end"
+    );
+}
+
 /// A connection from `ip` (a loopback address: each is another peer).
 async fn tcp_from(env: &Env, ip: &str) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -768,6 +842,66 @@ async fn a_keyed_request_is_served_when_unauthenticated_connections_fill_the_lis
     let mut second = tcp_from(&env, "127.0.2.2").await;
     let a = Env::get_on(&mut second, "/v1/sessions?limit=1", &key).await;
     assert_eq!(a.status, 200, "{a:?}");
+}
+
+/// A connection keeps its place only while its requests pass the key check. An attacker
+/// who authenticated connections with a key used to keep them for good: after the key
+/// was revoked (its requests now refused), or going on with requests that need no key
+/// (`/healthz`, an unknown path) to stay clear of the idle timeout, they were never
+/// displaced, and a key holder's new connection was answered 503. Now each is again the
+/// oldest connection that did not authenticate, and makes way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_whose_requests_stop_passing_the_key_check_makes_way() {
+    let env = Env::start(|s| {
+        s.serve.max_connections = 3;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        // Each request reads its key again: the revocation is seen at once.
+        s.auth.cache_ttl = Duration::ZERO;
+    })
+    .await;
+    let doomed = env.key("default").await;
+    let pinger = env.key("default").await;
+    let holder = env.key("default").await;
+    let path = "/v1/sessions?limit=1";
+    let mut held = Vec::new();
+    for key in [&doomed, &pinger, &pinger] {
+        let mut s = env.tcp().await;
+        assert_eq!(Env::get_on(&mut s, path, key).await.status, 200);
+        held.push(s);
+    }
+    let (a, _) = env.get("/healthz").await;
+    assert_eq!(a.status, 503, "{a:?}");
+    env.store
+        .revoke_key(auth::key_id(&doomed).unwrap())
+        .await
+        .unwrap();
+    // Each goes on without passing the key check.
+    let a = Env::get_on(&mut held[0], path, &doomed).await;
+    assert_eq!(a.status, 401, "{a:?}");
+    assert_eq!(healthz_on(&mut held[1]).await.status, 200);
+    held[2]
+        .write_all(b"GET /no/such/route HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut held[2]).await.status, 404);
+    // A key holder's connections take their places, one after the other.
+    let mut holders = Vec::new();
+    for _ in 0..3 {
+        let mut s = env.tcp().await;
+        let a = Env::get_on(&mut s, path, &holder).await;
+        assert_eq!(a.status, 200, "{a:?}");
+        holders.push(s);
+    }
+    for (i, s) in held.iter_mut().enumerate() {
+        assert!(
+            closed_by_server(s, b"").await.is_some(),
+            "connection {i} kept its place"
+        );
+    }
+    // Connections that authenticate again are kept: none of the holder's is displaced.
+    for s in &mut holders {
+        assert_eq!(Env::get_on(s, path, &holder).await.status, 200);
+    }
 }
 
 /// A stored key of `tenant` that may create sessions.
@@ -882,4 +1016,53 @@ async fn batches_past_the_decode_budget_get_a_503() {
         let a = read_answer(&mut c).await;
         assert_eq!(a.status, 201, "{a:?}");
     }
+}
+
+/// A batch sent in chunks, without a `Content-Length`, is held to the decode budget as it
+/// arrives: past the tenant's half it is a 413 naming the setting, and the bytes it held
+/// go back (a batch of the same tenant as large as that half is read next).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_batch_is_granted_as_it_arrives() {
+    let env = Env::start(|s| {
+        s.batch_decode_bytes = 200_000;
+        s.serve.header_read_timeout = Duration::from_secs(600);
+        s.serve.body_read_timeout = Duration::from_secs(600);
+    })
+    .await;
+    let t1 = writer_key(&env, "t1").await;
+    let mut c = env.tcp().await;
+    let head = format!(
+        "POST /v1/sessions/batch HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {t1}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    // 110,000 bytes of a batch that never ends, in chunks of 10,000.
+    let body = batch_of_len(200_000);
+    for piece in body.chunks(10_000).take(11) {
+        let chunk = [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
+        // The server may answer (and close) before the last chunk is sent.
+        if c.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let a = read_answer(&mut c).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert_eq!(a.json()["error"]["code"], "too_large");
+    assert!(
+        a.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batch_decode_bytes"),
+        "{a:?}"
+    );
+    // What it held was given back: the tenant's whole half is granted to the next one.
+    let full = batch_of_len(100_000);
+    let mut next = env.tcp().await;
+    next.write_all(batch_head(&t1, full.len()).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut next).await.status, 100);
+    next.write_all(&full).await.unwrap();
+    let a = read_answer(&mut next).await;
+    assert_eq!(a.status, 201, "{a:?}");
 }

@@ -6,6 +6,7 @@
 //! of the guardian's own provider key.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use agentq_agent::driver::Admission;
 use agentq_agent::provider::LlmProvider;
@@ -21,6 +22,9 @@ pub(crate) struct Admissions {
     pub(crate) session: Arc<dyn Admission>,
     /// Its guardian's reviews, when the operator configured a guardian.
     pub(crate) guardian: Option<Arc<dyn Admission>>,
+    /// What both have spent as this run knows it (ahead of the stored spend between
+    /// checkpoints).
+    pub(crate) spent: Arc<AtomicU64>,
 }
 
 /// The admission of `row`'s calls to `provider` and of its guardian's reviews;
@@ -38,6 +42,7 @@ pub(crate) fn admission_for(
         Arc::new(gate.sibling(limiter)) as Arc<dyn Admission>
     });
     Admissions {
+        spent: gate.spent(),
         session: Arc::new(gate),
         guardian,
     }

@@ -176,6 +176,12 @@ impl BudgetGate {
         }
     }
 
+    /// This session's spend as its run knows it, shared with its gates: a spawn draws its
+    /// child's grant after it (see [`agentq_core::budget::SpawnBudget::parent_spent`]).
+    pub(crate) fn spent(&self) -> Arc<AtomicU64> {
+        self.own.clone()
+    }
+
     /// The tree budget: the call starts only if what is left pays for its worst case (the
     /// prompt's estimate and all of `max_tokens`), so no session spends past its
     /// allowance by more than the estimate missed.

@@ -822,6 +822,7 @@ fn build_agent(
         .cloned()
         .collect();
     let mut tools = all.select(&builtin).map_err(|e| format!("tools: {e}"))?;
+    let admissions = crate::admission::admission_for(inner, row, spec.token_budget, &*provider);
     if builtin.len() < wanted.len() {
         tools.register(Arc::new(SpawnAgent {
             store: inner.store.clone(),
@@ -838,6 +839,7 @@ fn build_agent(
             policy: inner.cfg.policy.clone(),
             tenant: tenant(row).to_string(),
             inbox: parts.inbox.clone(),
+            parent_spent: admissions.spent.clone(),
             creating: tokio::sync::Mutex::new(()),
         }));
     }
@@ -865,7 +867,6 @@ fn build_agent(
         ..Guards::default()
     };
     inner.cfg.operator.apply(&mut guards);
-    let admissions = crate::admission::admission_for(inner, row, spec.token_budget, &*provider);
     guards.guardian_admission = admissions.guardian;
     Ok(Agent {
         provider,

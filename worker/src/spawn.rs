@@ -5,6 +5,7 @@
 //! resumes runs the call again and finds the same child.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -39,6 +40,9 @@ pub struct SpawnAgent {
     pub inbox: Arc<SessionInbox>,
     /// Sessions the parent's tree may create, root included (the tenant's policy).
     pub max_tree_sessions: u64,
+    /// The parent's spend as its run knows it (its budget gates count it as each call
+    /// settles): the guardian's reviews of this round are in it before they are stored.
+    pub parent_spent: Arc<AtomicU64>,
     /// Parallel calls of one response check the child limit and create under this lock,
     /// so the limit holds however many arrive at once.
     pub creating: tokio::sync::Mutex<()>,
@@ -282,6 +286,7 @@ impl Tool for SpawnAgent {
                     budget: self.parent.spec.token_budget.map(|b| SpawnBudget {
                         parent_allowance: b,
                         requested,
+                        parent_spent: self.parent_spent.load(Ordering::Relaxed),
                     }),
                 };
                 let (row, created) = match self

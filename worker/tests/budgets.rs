@@ -19,7 +19,7 @@ use agentq_core::{
     SweepStore, WorkQueue,
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{FakeLlm, FakeResponse, RedisServer, fixture, shared_postgres};
 use agentq_worker::{Worker, WorkerConfig};
 
 const ADMIN_KEY: &str = "budgets-admin-key";
@@ -921,5 +921,108 @@ async fn calls_wait_for_holds_and_fail_only_on_a_spent_tenant_budget() {
         .await
         .unwrap();
     assert_eq!(held, 0);
+    c.shutdown().await;
+}
+
+/// A caller cancels or interrupts its session while the LLM call is in flight: the
+/// provider has the prompt and bills it, but the call never answers with its usage. Such
+/// calls used to count nothing, so a caller repeating that (here with prompts of 5,000
+/// tokens against a tenant budget of 12,000) spent without end and the budget never saw
+/// it. A call abandoned in flight now counts its prompt's estimate on the session (its
+/// stored usage and its tree's budget) and on its tenant: the interrupted session ends
+/// `budget_exhausted` once the tenant's spend reaches the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_abandoned_in_flight_count_against_the_budget() {
+    let fake = FakeLlm::start().await.unwrap();
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    fake.set_handler(move |_| {
+        let _ = arrived.send(());
+        // Headers at once, then nothing for as long as the test runs: in flight.
+        Some(
+            FakeResponse::sse(fixture("openai_stream_text_usage.sse"), 64)
+                .with_delay(Duration::from_secs(600)),
+        )
+    });
+    let url = format!("{}/v1", fake.url);
+    let c = Cluster::start(json!({"turns": []}), 1, move |cfg| {
+        cfg.budgets = vec![tenant_budget(12_000, OnBudget::Fail)];
+        cfg.providers.openai_base_url = Some(url.clone());
+        cfg.providers.openai_api_key = Some("sk-abandoned-test".into());
+    })
+    .await;
+    let prompt = "x".repeat(20_000);
+    let spec = |s: &mut SessionSpec| {
+        s.provider = Some("openai".into());
+        s.model = Some("m".into());
+        s.tools = Some(vec![]);
+        s.max_tokens = 256;
+    };
+    let terminal = [
+        SessionStatus::Completed,
+        SessionStatus::Failed,
+        SessionStatus::Cancelled,
+    ];
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+
+    // Cancelled in flight: its prompt is counted on it and on the tenant.
+    let cancelled = c.submit(&prompt, spec).await;
+    tokio::time::timeout(Duration::from_secs(60), arrivals.recv())
+        .await
+        .expect("the call is made")
+        .unwrap();
+    let (st, body) = c
+        .post(&format!("/v1/sessions/{cancelled}/cancel"), json!({}))
+        .await;
+    assert_eq!(st, 202, "{body}");
+    let row = c
+        .wait_status(&cancelled, &terminal, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        row.status,
+        SessionStatus::Cancelled,
+        "{:?}",
+        row.finish_reason
+    );
+    assert!(row.usage.input_tokens >= 5_000, "{:?}", row.usage);
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    assert_eq!(spend.tokens, row.usage.total());
+
+    // Interrupted in flight, again and again: the budget ends it.
+    let interrupted = c.submit(&prompt, spec).await;
+    let mut calls = 0;
+    let row = loop {
+        tokio::select! {
+            a = tokio::time::timeout(Duration::from_secs(60), arrivals.recv()) => {
+                a.expect("a call or the end").unwrap();
+            }
+            row = c.wait_status(&interrupted, &terminal, Duration::from_secs(60)) => break row,
+        }
+        calls += 1;
+        assert!(
+            calls <= 6,
+            "{calls} calls abandoned and the session goes on"
+        );
+        let (st, body) = c
+            .post(
+                &format!("/v1/sessions/{interrupted}/messages"),
+                json!({"content": format!("stop {calls}"), "strategy": "interrupt"}),
+            )
+            .await;
+        assert_eq!(st, 202, "{body}");
+    };
+    assert_eq!(row.status, SessionStatus::Failed, "{:?}", row.error);
+    assert_eq!(
+        row.finish_reason,
+        Some(ExitReason::BudgetExhausted),
+        "{:?}",
+        row.error
+    );
+    assert!(
+        row.usage.input_tokens >= calls * 5_000,
+        "{calls} calls: {:?}",
+        row.usage
+    );
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    assert!(spend.tokens >= 12_000, "{spend:?}");
     c.shutdown().await;
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::schema::Role;
-use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_core::budget::{BudgetStore, day_key};
 use agentq_core::config::Settings;
 use agentq_core::pg::PgStore;
@@ -99,7 +99,7 @@ period = "day"
 tokens = 100000000
 
 [policy]
-tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch"]
+tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch", "spawn_agent"]
 "#,
         guard.url
     );
@@ -303,6 +303,110 @@ async fn the_token_budget_bounds_the_session_and_its_reviews() {
         guardian_metric(model, "input"),
         Some((reviews * REVIEW_INPUT) as f64)
     );
+}
+
+/// A prompt-injected model answers with a dozen sub-agents that wait (each drawing one
+/// token, each reviewed) and, last, one more asking for everything. The reviews before it
+/// were paid for but only recorded on the session with the round's checkpoint; the last
+/// spawn's grant used to be drawn from the stored ledger, which did not have them yet, so
+/// the tree's commitments (what the parent spent plus what its children hold) ended a
+/// dozen reviews past the budget (25,330 of 20,000). A spawn now draws from what the
+/// parent's run knows it spent: the tree stays within its budget plus one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_not_yet_checkpointed_count_against_a_spawns_grant() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let guard = fake_guardian("never").await;
+    let small = 12;
+    let mut calls: Vec<Value> = (0..small)
+        .map(|i| {
+            json!({"name": "spawn_agent", "arguments": {
+                "prompt": format!("helper {i}"), "label": format!("h{i}"),
+                "token_budget": 1, "wait": true,
+            }})
+        })
+        .collect();
+    calls.push(json!({"name": "spawn_agent", "arguments": {
+        "prompt": "take the rest", "label": "big", "token_budget": 1_000_000, "wait": false,
+    }}));
+    let script = json!({"turns": [{"text": "fanning out", "tool_calls": calls}]});
+    let cfg = config(dir.path(), &guard, "guard-spawn-model", "", &script);
+    let budget: u64 = 20_000;
+    let mut spec = SessionSpec::new("fan out");
+    spec.tools = Some(vec!["spawn_agent".into()]);
+    spec.token_budget = Some(budget);
+    spec.max_tokens = 256;
+    let (row, _) = store
+        .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
+        .await
+        .unwrap();
+    queue
+        .enqueue("default", &row.id, EnqueueReason::New)
+        .await
+        .unwrap();
+    let worker = Worker::new(store.clone(), queue.clone(), cfg);
+    let ds = queue
+        .read(
+            &["default".to_string()],
+            worker.consumer(),
+            10,
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap();
+    let d = ds.into_iter().find(|d| d.session_id == row.id).unwrap();
+    // It waits for its helpers.
+    assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
+
+    assert_eq!(
+        guard.requests().len(),
+        small + 1,
+        "every spawn was reviewed"
+    );
+    let parent = store.get(&row.id).await.unwrap().unwrap();
+    assert!(
+        parent.usage.total() >= (small as u64 + 1) * review_cost(),
+        "{parent:?}"
+    );
+    let ledger = store.ledger(&row.id).await.unwrap().unwrap();
+    assert_eq!(ledger.spent, parent.usage.total());
+    let committed = ledger.spent + ledger.held + ledger.children_spent;
+    assert!(
+        committed <= budget + review_cost(),
+        "the tree committed {committed} of its {budget}: {ledger:?}"
+    );
+}
+
+/// Calls the session's mode does not offer (think, plan, the plan phase of plan-act) are
+/// refused without running, so nothing of them is reviewed: a model cannot spend the
+/// guardian's key on calls that would never run. Sixteen different calls in each mode:
+/// no review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_refused_by_the_mode_are_not_reviewed() {
+    let (store, queue, _redis) = setup().await;
+    let calls: Vec<Value> = (0..16).map(|i| list(&format!("d{i}"))).collect();
+    let script = json!({"turns": [
+        {"text": "let me look", "tool_calls": calls},
+        {"text": "the plan: nothing to do"}
+    ]});
+    for mode in [Mode::Think, Mode::Plan, Mode::PlanAct] {
+        let dir = tempfile::tempdir().unwrap();
+        let guard = fake_guardian("never").await;
+        let cfg = config(dir.path(), &guard, "guard-mode-model", "", &script);
+        let mut spec = SessionSpec::new("plan something");
+        spec.tools = Some(vec!["list_dir".into()]);
+        spec.mode = mode;
+        let row = run_one(&store, &queue, cfg, spec).await;
+        let results = tool_results(&store, &row.id).await;
+        assert!(results.len() >= 16, "{mode:?}: {results:?}");
+        assert!(
+            results[..16]
+                .iter()
+                .all(|r| r.starts_with("Tool calls are not available")),
+            "{mode:?}: {results:?}"
+        );
+        assert_eq!(guard.requests().len(), 0, "{mode:?}: reviewed");
+    }
 }
 
 // ---------- item 3: a long argument cannot blind the guardian ----------

@@ -107,6 +107,17 @@ pub(crate) fn refusal_wait(
     asked.max(floor)
 }
 
+/// What a call abandoned in flight (interrupted, cancelled, timed out) is counted as
+/// having spent: its prompt's estimate. The provider had the prompt and bills it, but the
+/// answer that would report the usage never comes; counted as nothing, a caller who
+/// interrupts or cancels each call as it starts would spend without any budget seeing it.
+pub(crate) fn unanswered(ask: &CallAsk<'_>) -> Usage {
+    Usage {
+        input_tokens: ask.input_tokens,
+        ..Usage::default()
+    }
+}
+
 /// Prompt tokens of `request`, estimated as its text bytes / 4 (the usual rule of thumb
 /// for English text and JSON with BPE tokenizers). Good enough to reserve against a
 /// tokens-per-minute limit: the call settles with the usage the provider reports, and the
@@ -149,11 +160,29 @@ impl Agent {
     /// transient failures (transport, 5xx, an empty error finish) are retried up to
     /// `max_llm_retries` times with a growing delay that honours `Retry-After`; anything
     /// else ends the session with the provider's message.
+    ///
+    /// With how it ended, what a try abandoned in flight (interrupted, cancelled, past the
+    /// deadline) is counted as having spent: the admission settled it so (see
+    /// [`unanswered`]), and the session's usage must count it too.
     pub(super) async fn call_with_retry(
         &self,
         state: &SessionState,
         request: &LlmRequest<'_>,
         cancel: &CancellationToken,
+    ) -> (Attempt, Option<Usage>) {
+        let mut abandoned = None;
+        let attempt = self
+            .call_tries(state, request, cancel, &mut abandoned)
+            .await;
+        (attempt, abandoned)
+    }
+
+    async fn call_tries(
+        &self,
+        state: &SessionState,
+        request: &LlmRequest<'_>,
+        cancel: &CancellationToken,
+        abandoned: &mut Option<Usage>,
     ) -> Attempt {
         let ctx = CallCtx {
             seq: state.messages.len(),
@@ -186,7 +215,12 @@ impl Agent {
             let (tried, report) = self.try_once(&ctx, state, attempt).await;
             self.admission.settle(&ctx.ask, permit, &report).await;
             let (err, label) = match tried {
-                Try::Over(a) => return a,
+                Try::Over(a) => {
+                    if !matches!(a, Attempt::Got(_)) {
+                        *abandoned = report.usage;
+                    }
+                    return a;
+                }
                 Try::Failed { err, label } => (err, label),
             };
             if let Some(retry_after) = report.rate_limited {
@@ -403,6 +437,7 @@ impl Agent {
                     Ok(r) => r,
                     Err(_) => {
                         let report = CallReport {
+                            usage: Some(unanswered(&ctx.ask)),
                             limits: taken(limits),
                             ..CallReport::default()
                         };
@@ -424,10 +459,12 @@ impl Agent {
             ..CallReport::default()
         };
         let Some(result) = result else {
+            report.usage = Some(unanswered(&ctx.ask));
             return (Try::Over(Attempt::Interrupted), report);
         };
         match &result {
             Ok(r) => report.usage = r.message.usage,
+            Err(Error::Cancelled) => report.usage = Some(unanswered(&ctx.ask)),
             Err(e) => {
                 report.rate_limited = e.rate_limited();
                 if let Some(l) = e.rate_limits() {

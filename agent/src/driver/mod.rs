@@ -34,7 +34,7 @@ mod tools;
 pub use crate::state::{BackgroundResult, SuspendReason};
 pub use admission::{Admission, Admit, CallAsk, CallReport, NoAdmission, Permit};
 pub use llm::estimate_input_tokens;
-pub(crate) use llm::refusal_wait;
+pub(crate) use llm::{refusal_wait, unanswered};
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.

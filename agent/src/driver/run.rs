@@ -226,11 +226,15 @@ impl Agent {
         let request = state.request(&model, &run.specs);
         run.overhead.report(&*self.observer);
         let span = info_span!("iteration", iteration);
-        let attempt = self
+        let (attempt, abandoned) = self
             .call_with_retry(state, &request, cancel)
             .instrument(span)
             .await;
         drop(request);
+        // Recorded with the next checkpoint (the interrupting message's, or the end's).
+        if let Some(u) = &abandoned {
+            state.usage.add(u);
+        }
         match attempt {
             Attempt::Interrupted => Ok(None),
             Attempt::Ended(outcome) => {

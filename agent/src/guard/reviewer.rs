@@ -108,7 +108,8 @@ enum TryFailed {
 
 /// A permit not settled yet. Dropped unsettled — the review abandoned mid-call, when its
 /// tool round is interrupted — it is settled on its own task, so that neither the rate
-/// limiter nor a tenant's budget keeps holding for a call that is over.
+/// limiter nor a tenant's budget keeps holding for a call that is over, as a call
+/// abandoned in flight ([`crate::driver::unanswered`]: its prompt was sent and is billed).
 struct Unsettled {
     admission: Arc<dyn Admission>,
     model: String,
@@ -143,7 +144,11 @@ impl Drop for Unsettled {
                 max_output_tokens,
                 max_wait: Duration::ZERO,
             };
-            admission.settle(&ask, permit, &CallReport::default()).await;
+            let report = CallReport {
+                usage: Some(crate::driver::unanswered(&ask)),
+                ..CallReport::default()
+            };
+            admission.settle(&ask, permit, &report).await;
         });
     }
 }
@@ -240,7 +245,13 @@ impl LlmGuardian {
                 unsettled.settle(&ask, &CallReport::default()).await;
                 return (stop, spent);
             }
-            let (result, report) = self.try_once(request, gate, end).await;
+            let (result, mut report) = self.try_once(request, gate, end).await;
+            // Abandoned in flight: its prompt was sent, and is billed.
+            if matches!(result, Err(TryFailed::TimedOut | TryFailed::Cancelled))
+                && report.usage.is_none()
+            {
+                report.usage = Some(crate::driver::unanswered(&ask));
+            }
             unsettled.settle(&ask, &report).await;
             if let Some(u) = &report.usage {
                 spent.get_or_insert_with(Usage::default).add(u);

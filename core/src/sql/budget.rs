@@ -79,7 +79,7 @@ pub(crate) fn check_spawn(
     let parent =
         find(parent_id).ok_or_else(|| Error::NotFound(format!("the parent {parent_id}")))?;
     let l = ledger_of(parent);
-    let remaining = l.remaining(l.allowance.unwrap_or(b.parent_allowance), 0);
+    let remaining = l.remaining(l.allowance.unwrap_or(b.parent_allowance), b.parent_spent);
     match grant(remaining, b.requested) {
         Some(g) => Ok(Ok(Some(g))),
         None => Ok(Err(Spawned::NoBudget { remaining })),
@@ -251,8 +251,8 @@ impl NoRoom {
 ///
 /// A sub-agent draws again from its tree as a new child would: from the nearest ancestor
 /// that has not given its own allowance back (its parent while that runs, at the latest
-/// the root), at most what its own `token_budget` (`spec_budget`, a lifetime bound as a
-/// root's is) still lets it spend. What it consumed before moves from its parent's
+/// the root), at most what its own `token_budget` (`spec_budget`, a lifetime bound on it
+/// and its sub-agents, as a root's is) still lets them spend. What it consumed before moves from its parent's
 /// `children_spent` back into what the parent holds for it, with the new grant on top, so
 /// its spend is counted once, and its next give-back returns only what is new. A root
 /// needs what is left of its own budget (`root_budget`) to be more than nothing.
@@ -307,10 +307,13 @@ pub(crate) fn reopen(
     let remaining = link_ledger(s).remaining(allowance, 0);
     let x = &chain[0];
     let consumed = x.consumed.unwrap_or_else(|| x.consumption());
+    // Its budget bounds what its own sub-agents spent too (they drew from it), as a
+    // root's does: counting only its own spend would grant it its budget again for each
+    // re-opening of a sub-agent that spent through children of its own.
     let own_left = spec_budget
         .or(x.allowance)
         .unwrap_or(0)
-        .saturating_sub(x.own);
+        .saturating_sub(consumed);
     let Some(g) = grant(remaining, Some(own_left)) else {
         return Err(NoRoom {
             remaining,

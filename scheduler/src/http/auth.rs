@@ -16,7 +16,8 @@
 //! An answer still being sent when its key is revoked (an event stream, a download) is
 //! cut within `key_cache_secs` of the revocation (not before 250 ms), and at the key's
 //! expiry: while it is open, its key's row is read again every half cache life (shared
-//! through the cache by every answer of the key).
+//! through the cache by every answer of the key). What the connection was handed before
+//! the cut (its buffers, and at most one 64 KiB piece) still reaches the client.
 //!
 //! [`loopback_hosts`] is the DNS-rebinding defence of `agentq dev`: a browser page whose
 //! name was rebound to 127.0.0.1 still sends its own name as `Host`.
@@ -246,10 +247,45 @@ const MIN_RECHECK: Duration = Duration::from_millis(250);
 
 /// An answer's body that ends (as a failure: the connection is cut, so a download is
 /// never taken for complete) once its key may no longer be used. Only a body still being
-/// sent is watched: the watch starts the first time the body has nothing ready.
+/// sent is watched: the watch starts the first time the body has nothing ready, or once
+/// more than [`PIECE_BYTES`] of it were handed on. A large frame (a file read whole) is
+/// handed on in pieces of at most that: the connection asks for the next piece only as
+/// the client takes the last ones, so each ask is a chance to cut it; handed on whole, a
+/// slow client read it to its end however long after the revocation.
 struct KeyBound {
     inner: axum::body::Body,
     watch: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    /// What is left of the frame being handed on in pieces.
+    rest: axum::body::Bytes,
+    /// The watch has started.
+    watching: bool,
+}
+
+/// The largest piece of an answer handed on at once (see [`KeyBound`]).
+const PIECE_BYTES: usize = 64 * 1024;
+
+impl KeyBound {
+    fn new(
+        inner: axum::body::Body,
+        watch: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) -> Self {
+        KeyBound {
+            inner,
+            watch,
+            rest: axum::body::Bytes::new(),
+            watching: false,
+        }
+    }
+
+    /// The next piece of `rest`; the watch starts when more is left after it.
+    fn piece(&mut self) -> http_body::Frame<axum::body::Bytes> {
+        let n = self.rest.len().min(PIECE_BYTES);
+        let piece = self.rest.split_to(n);
+        if !self.rest.is_empty() {
+            self.watching = true;
+        }
+        http_body::Frame::data(piece)
+    }
 }
 
 impl http_body::Body for KeyBound {
@@ -262,23 +298,50 @@ impl http_body::Body for KeyBound {
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         use std::task::Poll;
         let this = self.get_mut();
-        if let Poll::Ready(frame) = std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
-        }
-        if this.watch.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(
+        let unusable = || {
+            Poll::Ready(Some(Err(
                 "the API key of this answer may no longer be used".into(),
-            )));
+            )))
+        };
+        if this.watching && this.watch.as_mut().poll(cx).is_ready() {
+            return unusable();
         }
-        Poll::Pending
+        if !this.rest.is_empty() {
+            return Poll::Ready(Some(Ok(this.piece())));
+        }
+        match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if data.len() > PIECE_BYTES => {
+                    this.rest = data;
+                    Poll::Ready(Some(Ok(this.piece())))
+                }
+                Ok(data) => Poll::Ready(Some(Ok(http_body::Frame::data(data)))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            Poll::Ready(other) => Poll::Ready(other.map(|f| f.map_err(Into::into))),
+            Poll::Pending => {
+                this.watching = true;
+                if this.watch.as_mut().poll(cx).is_ready() {
+                    return unusable();
+                }
+                Poll::Pending
+            }
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
     }
 }
 
@@ -341,10 +404,10 @@ pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Nex
                 // A key checked once would otherwise keep an event stream (or any answer
                 // still being sent) for as long as it lasts, revoked or expired.
                 Some(id) => resp.map(|inner| {
-                    axum::body::Body::new(KeyBound {
+                    axum::body::Body::new(KeyBound::new(
                         inner,
-                        watch: Box::pin(a.clone().until_unusable(id)),
-                    })
+                        Box::pin(a.clone().until_unusable(id)),
+                    ))
                 }),
                 None => resp,
             }
