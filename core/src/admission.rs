@@ -65,13 +65,13 @@ use agentq_agent::provider::LlmProvider;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, Script};
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LimitSettings;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+pub use agentq_types::limiter::{HoldState, LimiterState, RuleState};
 
 /// How often a worker reads the fleet's learned holds.
 pub const HOLD_REFRESH: Duration = Duration::from_millis(250);
@@ -902,38 +902,6 @@ fn now_ms() -> i64 {
 fn jitter(max_ms: u64) -> u64 {
     let r = uuid::Uuid::new_v4().as_u128();
     u64::try_from(r % u128::from(max_ms.max(1))).unwrap_or(0)
-}
-
-/// What the limiter holds for one rule key, for the admin view.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RuleState {
-    /// `provider:model glob:tenant|limit key` (the key digests the API key).
-    pub key: String,
-    /// The allowances per window, as the workers last applied them (0 = none).
-    pub requests_per_window: u64,
-    pub tokens_per_window: u64,
-    pub concurrency: u64,
-    pub window_ms: u64,
-    /// The counts in the current window.
-    pub requests: u64,
-    pub tokens: i64,
-    /// Calls reserved and not settled (nor expired).
-    pub in_flight: u64,
-}
-
-/// A learned hold.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HoldState {
-    /// `limit key|model`.
-    pub key: String,
-    pub until: chrono::DateTime<chrono::Utc>,
-}
-
-/// The limiter's state across the fleet.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct LimiterState {
-    pub rules: Vec<RuleState>,
-    pub holds: Vec<HoldState>,
 }
 
 /// Read the limiter's state from Redis (the admin route): every rule key in use with

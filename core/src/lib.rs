@@ -3,30 +3,42 @@
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
 pub mod admission;
-pub mod auth;
 pub mod blob;
-pub mod budget;
 pub mod checkpoint;
-pub mod config;
-pub mod error;
 pub mod hooks;
 pub mod lifecycle;
 pub mod mem_queue;
 pub mod metrics;
-pub mod model;
 pub mod pg;
-pub mod policy;
-pub mod protocol;
 pub mod queue;
 pub mod redis_queue;
 mod rowconv;
-pub mod scheduling;
 mod sql;
 pub mod sqlite;
 pub mod store;
-pub mod wait;
-pub mod workspace;
-pub mod workspace_path;
+
+pub use agentq_types::{auth, config, model, policy, protocol, scheduling, wait, workspace_path};
+
+/// The error every backend and process shares (the `agentq-error` crate), and the
+/// domain's (`agentq-types`), which converts into it variant for variant.
+pub mod error {
+    pub use agentq_error::{Error, Result};
+    pub use agentq_types::Error as DomainError;
+}
+
+/// Budgets: the arithmetic and types (`agentq-types`) and the store trait.
+pub mod budget {
+    pub use agentq_types::budget::*;
+
+    pub use crate::store::BudgetStore;
+}
+
+/// Workspaces: the types (`agentq-types`) and the store trait.
+pub mod workspace {
+    pub use agentq_types::workspace::*;
+
+    pub use crate::store::WorkspaceStore;
+}
 
 pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;

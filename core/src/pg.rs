@@ -46,7 +46,7 @@ use crate::model::{
     SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
-use crate::rowconv::{check_applied, parse_status, to_i64, unique_as_conflict};
+use crate::rowconv::{WokenRow, check_applied, parse_status, to_i64, unique_as_conflict, woken};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
@@ -843,32 +843,35 @@ impl SweepStore for PgStore {
     }
 
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>> {
-        Ok(sqlx::query_as(&SQL.wake_expired)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_expired)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        Ok(woken(rows))
     }
 
     async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>> {
-        Ok(sqlx::query_as(&SQL.wake_due)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_due)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        Ok(woken(rows))
     }
 
     async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>> {
-        Ok(sqlx::query_as(&SQL.wake_budget)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_budget)
             .bind(tenant)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
-            .await?)
+            .await?;
+        Ok(woken(rows))
     }
 
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>> {
         let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
             .fetch_all(&self.pool)
             .await?;
-        Ok(crate::wait::tally(rows))
+        Ok(crate::rowconv::tally(rows))
     }
 
     async fn held_by_queue(&self) -> Result<Vec<(String, u64)>> {

@@ -10,8 +10,9 @@ use agentq_agent::state::Phase;
 use sqlx::migrate::Migrator;
 
 use crate::error::{Error, Result};
-use crate::model::SessionStatus;
+use crate::model::{SessionStatus, Woken};
 use crate::protocol::parse_phase_name;
+use crate::wait::WaitReason;
 
 /// A value in the database this binary cannot read (not retryable).
 pub(crate) fn bad_data(what: impl Display) -> Error {
@@ -89,4 +90,21 @@ pub(crate) fn unique_as_conflict(e: sqlx::Error, what: &str) -> Error {
         }
         _ => e.into(),
     }
+}
+
+/// A woken session as the wake statements return it (`RETURNING id, queue, held`).
+pub(crate) type WokenRow = (String, String, bool);
+
+pub(crate) fn woken(rows: Vec<WokenRow>) -> Vec<Woken> {
+    rows.into_iter()
+        .map(|(id, queue, held)| Woken { id, queue, held })
+        .collect()
+}
+
+/// Counts per reason name as [`crate::store::SweepStore::waiting_by_reason`] reads them: a name
+/// this build does not know (a newer one wrote it) is left out.
+pub(crate) fn tally(rows: Vec<(String, i64)>) -> Vec<(WaitReason, u64)> {
+    rows.into_iter()
+        .filter_map(|(name, n)| Some((WaitReason::parse(&name)?, u64::try_from(n).unwrap_or(0))))
+        .collect()
 }

@@ -92,7 +92,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::queue::WorkQueue;
-use crate::rowconv::{check_applied, to_i64, unique_as_conflict};
+use crate::rowconv::{WokenRow, check_applied, to_i64, unique_as_conflict, woken};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, StoredMessage};
@@ -1039,43 +1039,43 @@ impl SweepStore for SqliteStore {
     async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
         // Read to the end inside the transaction (see the module docs on `RETURNING`).
-        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_expired)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_expired)
             .bind(i64::from(limit))
             .bind(now_us())
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(woken)
+        Ok(woken(rows))
     }
 
     async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
-        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_due)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_due)
             .bind(i64::from(limit))
             .bind(now_us())
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(woken)
+        Ok(woken(rows))
     }
 
     async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>> {
         let mut tx = self.write_tx().await?;
-        let woken: Vec<Woken> = sqlx::query_as(&SQL.wake_budget)
+        let rows: Vec<WokenRow> = sqlx::query_as(&SQL.wake_budget)
             .bind(tenant)
             .bind(i64::from(limit))
             .bind(now_us())
             .fetch_all(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(woken)
+        Ok(woken(rows))
     }
 
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>> {
         let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
             .fetch_all(&self.readers)
             .await?;
-        Ok(crate::wait::tally(rows))
+        Ok(crate::rowconv::tally(rows))
     }
 
     async fn held_by_queue(&self) -> Result<Vec<(String, u64)>> {

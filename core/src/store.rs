@@ -21,7 +21,10 @@ use agentq_agent::state::SessionState;
 use chrono::{DateTime, Utc};
 
 use crate::auth::{ApiKey, NewApiKey};
-use crate::budget::BudgetStore;
+use crate::blob::BlobStore;
+use crate::budget::{
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
+};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -31,7 +34,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
-use crate::workspace::WorkspaceStore;
+use crate::workspace::FileEntry;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
 /// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
@@ -372,4 +375,91 @@ pub struct LeaseStatus {
     /// heartbeat lost a race it cannot judge: the next checkpoint's fencing decides then.
     pub lost: bool,
     pub cancel_requested: bool,
+}
+
+/// The ledger, the cap on trees and tenant budgets and spend.
+#[async_trait]
+pub trait BudgetStore: Send + Sync {
+    /// Create the child `new` under `limits`, in one transaction: a session with the same
+    /// idempotency key is answered as it is; else the tree's count (on the root row) must
+    /// be below `max_tree_sessions`, and with a budget the parent's remaining budget must
+    /// give a grant ([`crate::budget::grant`]); the child is inserted with that grant as its spec's
+    /// `token_budget` and stored allowance, the parent holds it, and the root counts one
+    /// more session. Concurrent spawns in one tree (on any worker) are serialised by the
+    /// root's row, so two cannot both take the last slot or the last of the budget.
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned>;
+
+    /// The session's part of the ledger, `None` when there is no such session.
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>>;
+
+    /// A finished child gives its allowance back to its parent, with what it and its
+    /// subtree consumed (its own tokens, its finished children's, and what its live
+    /// children still hold). Once per child; `false` when there was nothing to do (not
+    /// finished, no allowance, done already). A child whose parent gave back already
+    /// changes what that parent consumed: the difference goes on up to the first
+    /// ancestor that has not given back (at the latest the root), so the root's ledger
+    /// counts every token of the tree once. Serialised per tree with spawns and
+    /// re-openings ([`crate::SessionStore::retry`], [`crate::InboxStore::follow_up`]).
+    async fn return_budget(&self, id: &str) -> Result<bool>;
+
+    /// Finished children whose allowance was not given back (up to `limit`), for the
+    /// sweeper.
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>>;
+
+    /// Usage per model over the sessions of the tree rooted at `root_id`.
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>>;
+
+    /// Add to what `tenant` spent on UTC day `day` (`YYYY-MM-DD`).
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()>;
+
+    /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
+    /// in one transaction serialised per tenant on every worker, refused with the first
+    /// budget that the tenant's recorded spend in its period has reached, else with the
+    /// first that this spend plus the unexpired holds of its other calls reaches (with
+    /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`
+    /// is stored (and the tenant's expired holds dropped). A call starts only while spend
+    /// and holds are below the budget, so the tenant ends within it plus one call,
+    /// however many run at once.
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: DateTime<Utc>,
+    ) -> Result<Option<HoldRefused>>;
+
+    /// The call of hold `id` ended having spent `spend`, counted on UTC day `day`: the
+    /// hold goes and the spend is added, in one step (a hold already gone, expired or
+    /// settled, only adds the spend).
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()>;
+
+    /// What `tenant` spent from day `from` to day `to`, both included.
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend>;
+
+    /// Store a tenant's budget (it overrides the configured one).
+    async fn set_tenant_budget(&self, budget: &TenantBudget) -> Result<()>;
+
+    /// The stored budgets (set through the admin API).
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>>;
+}
+
+/// A tree's committed workspace: read by the API and the CLI, and by a worker that
+/// materialises it; written by the checkpoints (see [`crate::Checkpoint::files`]) and by
+/// the creation of a session (its input files, or a fork of another tree's).
+#[async_trait]
+pub trait WorkspaceStore: BlobStore + Send + Sync {
+    /// Every committed file of the tree `root_id`, sorted by path.
+    async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>>;
+
+    /// One committed file and its bytes; `None` when the tree holds no such path.
+    async fn workspace_file(
+        &self,
+        root_id: &str,
+        path: &str,
+    ) -> Result<Option<(FileEntry, Vec<u8>)>>;
 }

@@ -3,7 +3,7 @@
 //!
 //! The tree's ledger lives on the session rows (migration 0009): a child's allowance is
 //! drawn from its parent's remaining budget in the spawn's transaction and given back,
-//! with what its subtree spent, when it ends ([`BudgetStore::return_budget`]). A child
+//! with what its subtree spent, when it ends (`BudgetStore::return_budget`). A child
 //! started again after it ended (a follow-up, a retry) draws from its tree again in the
 //! transaction that re-opens it, its earlier spend held again rather than counted twice
 //! (migration 0014), so a tree ends within its budget plus one call whatever happens to
@@ -18,7 +18,6 @@
 //! is the exception: it is counted when the call settles, at the price of that moment,
 //! because a budget in dollars must not move when a price is edited afterwards.
 
-use async_trait::async_trait;
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use globset::{Glob, GlobMatcher};
 use serde::{Deserialize, Serialize};
@@ -26,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use agentq_agent::schema::Usage;
 
 use crate::error::{Error, Result};
-use crate::model::{NewSession, SessionRow};
+use crate::model::SessionRow;
 
 /// The default of `policy.max_tree_sessions`: sessions one tree may create, root included.
 pub const DEFAULT_MAX_TREE_SESSIONS: u64 = 1_000;
@@ -65,7 +64,7 @@ pub struct SpawnBudget {
     pub requested: Option<u64>,
 }
 
-/// What [`BudgetStore::spawn_session`] did.
+/// What `BudgetStore::spawn_session` did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Spawned {
     /// The child is new; its spec's `token_budget` is the allowance it drew.
@@ -228,7 +227,7 @@ impl Spend {
 
 /// One LLM call's hold on its tenant's budgets: its worst case (the prompt's estimate and
 /// all of `max_tokens`, at its price) from its start to its end
-/// ([`BudgetStore::hold_tenant_spend`], [`BudgetStore::settle_tenant_hold`]).
+/// (`BudgetStore::hold_tenant_spend`, `BudgetStore::settle_tenant_hold`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantHold {
     /// Unique per call.
@@ -255,7 +254,7 @@ pub struct HoldRefused {
 /// The first of `budgets` that its recorded spend (`spent`, one per budget, in its period)
 /// has reached, else the first that it reaches with what the calls in flight hold
 /// (`held`, the first of whose holds expires at `held_expires`), for
-/// [`BudgetStore::hold_tenant_spend`].
+/// `BudgetStore::hold_tenant_spend`.
 pub fn first_reached(
     budgets: &[TenantBudget],
     spent: &[Spend],
@@ -321,77 +320,6 @@ pub struct ModelUsage {
     pub model: Option<String>,
     pub sessions: u64,
     pub usage: Usage,
-}
-
-/// The ledger, the cap on trees and tenant budgets and spend.
-#[async_trait]
-pub trait BudgetStore: Send + Sync {
-    /// Create the child `new` under `limits`, in one transaction: a session with the same
-    /// idempotency key is answered as it is; else the tree's count (on the root row) must
-    /// be below `max_tree_sessions`, and with a budget the parent's remaining budget must
-    /// give a grant ([`grant`]); the child is inserted with that grant as its spec's
-    /// `token_budget` and stored allowance, the parent holds it, and the root counts one
-    /// more session. Concurrent spawns in one tree (on any worker) are serialised by the
-    /// root's row, so two cannot both take the last slot or the last of the budget.
-    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned>;
-
-    /// The session's part of the ledger, `None` when there is no such session.
-    async fn ledger(&self, id: &str) -> Result<Option<Ledger>>;
-
-    /// A finished child gives its allowance back to its parent, with what it and its
-    /// subtree consumed (its own tokens, its finished children's, and what its live
-    /// children still hold). Once per child; `false` when there was nothing to do (not
-    /// finished, no allowance, done already). A child whose parent gave back already
-    /// changes what that parent consumed: the difference goes on up to the first
-    /// ancestor that has not given back (at the latest the root), so the root's ledger
-    /// counts every token of the tree once. Serialised per tree with spawns and
-    /// re-openings ([`crate::SessionStore::retry`], [`crate::InboxStore::follow_up`]).
-    async fn return_budget(&self, id: &str) -> Result<bool>;
-
-    /// Finished children whose allowance was not given back (up to `limit`), for the
-    /// sweeper.
-    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>>;
-
-    /// Usage per model over the sessions of the tree rooted at `root_id`.
-    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>>;
-
-    /// Add to what `tenant` spent on UTC day `day` (`YYYY-MM-DD`).
-    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()>;
-
-    /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
-    /// in one transaction serialised per tenant on every worker, refused with the first
-    /// budget that the tenant's recorded spend in its period has reached, else with the
-    /// first that this spend plus the unexpired holds of its other calls reaches (with
-    /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`
-    /// is stored (and the tenant's expired holds dropped). A call starts only while spend
-    /// and holds are below the budget, so the tenant ends within it plus one call,
-    /// however many run at once.
-    async fn hold_tenant_spend(
-        &self,
-        hold: &TenantHold,
-        budgets: &[TenantBudget],
-        now: DateTime<Utc>,
-    ) -> Result<Option<HoldRefused>>;
-
-    /// The call of hold `id` ended having spent `spend`, counted on UTC day `day`: the
-    /// hold goes and the spend is added, in one step (a hold already gone, expired or
-    /// settled, only adds the spend).
-    async fn settle_tenant_hold(
-        &self,
-        id: &str,
-        tenant: &str,
-        day: &str,
-        spend: Spend,
-    ) -> Result<()>;
-
-    /// What `tenant` spent from day `from` to day `to`, both included.
-    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend>;
-
-    /// Store a tenant's budget (it overrides the configured one).
-    async fn set_tenant_budget(&self, budget: &TenantBudget) -> Result<()>;
-
-    /// The stored budgets (set through the admin API).
-    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>>;
 }
 
 /// One `[[prices]]` entry: dollars per million tokens of a model (glob).

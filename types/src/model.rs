@@ -128,7 +128,7 @@ pub struct NewSession {
     pub files: Vec<crate::workspace::InputFile>,
     /// A session of the same tenant whose tree's committed files the new tree starts with
     /// (a copy: later changes of either tree do not reach the other). Another tenant's, or
-    /// an unknown session, is [`crate::Error::NotFound`].
+    /// an unknown session, is `Error::NotFound` (of agentq-core).
     #[serde(default)]
     pub workspace_from: Option<String>,
 }
@@ -292,7 +292,7 @@ pub struct Delivered {
 
 /// A session a waker sent back to the queue: the caller enqueues it, unless it is `held`
 /// for the dispatcher ([`SessionRow::capped`]).
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Woken {
     pub id: String,
     pub queue: String,

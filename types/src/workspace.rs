@@ -3,11 +3,7 @@
 //! content (sha256), once however many trees hold them; a tree's manifest maps its paths
 //! to contents and is written with the checkpoint of the tool result that changed it.
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-
-use crate::blob::BlobStore;
-use crate::error::Result;
 
 /// A file a request brings into its session's workspace. `path` is relative to the
 /// workspace root, already checked against the path rules; `data` the bytes.
@@ -28,22 +24,6 @@ pub struct FileEntry {
     /// The history position (message seq) of the step whose commit last changed it;
     /// 0 for a file that came with the request or from `workspace_from`.
     pub modified_at_seq: i64,
-}
-
-/// A tree's committed workspace: read by the API and the CLI, and by a worker that
-/// materialises it; written by the checkpoints (see [`crate::Checkpoint::files`]) and by
-/// the creation of a session (its input files, or a fork of another tree's).
-#[async_trait]
-pub trait WorkspaceStore: BlobStore + Send + Sync {
-    /// Every committed file of the tree `root_id`, sorted by path.
-    async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>>;
-
-    /// One committed file and its bytes; `None` when the tree holds no such path.
-    async fn workspace_file(
-        &self,
-        root_id: &str,
-        path: &str,
-    ) -> Result<Option<(FileEntry, Vec<u8>)>>;
 }
 
 /// The lower-case hex SHA-256 of `data`: a blob's key.

@@ -1,4 +1,6 @@
-//! The crate's error type. Classified where raised: a lost lease is final for the run that
+//! agentq-error: the one error every backend and process shares, `agentq_core::Error`:
+//! what the `Store` and `Queue` traits and the limiter return, so that a caller holds
+//! either in one type. Classified where raised: a lost lease is final for the run that
 //! sees it; database and Redis outages are retryable; bad input is the caller's; a value
 //! the database refuses for what it is ([`Error::Data`]) is final for the write that
 //! carries it, and for nothing else.
@@ -11,6 +13,9 @@
 //! and `SQLITE_MISMATCH`, plus a value the driver cannot encode. Retrying such a write
 //! fails the same way, so it is never retried; callers that write many rows at once
 //! (the group commit) split the write to find the row at fault.
+//!
+//! A domain error ([`agentq_types::Error`]) becomes the variant of the same name and
+//! message, through [`From`], so that `?` carries it unchanged.
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -108,6 +113,16 @@ impl Error {
         Error::Invalid {
             field: field.to_string(),
             message: message.into(),
+        }
+    }
+}
+
+impl From<agentq_types::Error> for Error {
+    fn from(e: agentq_types::Error) -> Self {
+        match e {
+            agentq_types::Error::Invalid { field, message } => Error::Invalid { field, message },
+            agentq_types::Error::Config(message) => Error::Config(message),
+            agentq_types::Error::Json(e) => Error::Json(e),
         }
     }
 }

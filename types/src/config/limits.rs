@@ -1,5 +1,5 @@
 //! `[[limits]]`: the rate limits the fleet keeps per provider endpoint and key (see
-//! [`crate::admission`] for how they are enforced).
+//! `agentq_core::admission`, of the `agentq-limiter` crate, for how they are enforced).
 
 use serde::{Deserialize, Serialize};
 

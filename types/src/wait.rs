@@ -49,14 +49,6 @@ impl fmt::Display for WaitReason {
     }
 }
 
-/// Counts per reason name as [`crate::SweepStore::waiting_by_reason`] reads them: a name
-/// this build does not know (a newer one wrote it) is left out.
-pub(crate) fn tally(rows: Vec<(String, i64)>) -> Vec<(WaitReason, u64)> {
-    rows.into_iter()
-        .filter_map(|(name, n)| Some((WaitReason::parse(&name)?, u64::try_from(n).unwrap_or(0))))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
