@@ -2,7 +2,6 @@
 //! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
 //! the embedded mode), configuration, the completion message and the metrics registry.
 
-pub mod admission;
 pub mod blob;
 pub mod checkpoint;
 pub mod hooks;
@@ -17,6 +16,7 @@ mod sql;
 pub mod sqlite;
 pub mod store;
 
+pub use agentq_limiter as admission;
 pub use agentq_types::{auth, config, model, policy, protocol, scheduling, wait, workspace_path};
 
 /// The error every backend and process shares (the `agentq-error` crate), and the

@@ -144,8 +144,13 @@ fn register(r: &Registry, c: Box<dyn prometheus::core::Collector>) {
 
 impl Metrics {
     /// A fresh registry with every metric (tests use their own; processes use [`global`]).
-    #[allow(clippy::too_many_lines)]
     pub fn new() -> Self {
+        Self::with_limiter_errors(fresh_limiter_errors())
+    }
+
+    /// A fresh registry with every metric, `limiter_errors` being this counter.
+    #[allow(clippy::too_many_lines)]
+    fn with_limiter_errors(limiter_errors: IntCounter) -> Self {
         let r = Registry::new();
         let m = Metrics {
             iterations: counter_vec(
@@ -205,11 +210,12 @@ impl Metrics {
                 &["provider", "model"],
                 ADMISSION_BUCKETS,
             ),
-            limiter_errors: counter(
-                &r,
-                "agentq_admission_limiter_errors_total",
-                "Rate-limiter round trips that failed (Redis down or erroring); the call was let through.",
-            ),
+            // The limiter's own counter (`agentq_limiter::errors`) in the process's
+            // registry, where every limiter counts; a fresh counter for any other.
+            limiter_errors: {
+                register(&r, Box::new(limiter_errors.clone()));
+                limiter_errors
+            },
             llm_reissued: counter(
                 &r,
                 "agentq_llm_reissued_total",
@@ -483,7 +489,13 @@ impl Default for Metrics {
 /// The process-wide registry.
 pub fn global() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(Metrics::new)
+    M.get_or_init(|| Metrics::with_limiter_errors(agentq_limiter::errors().clone()))
+}
+
+/// `agentq_admission_limiter_errors_total` for a registry no limiter counts in.
+fn fresh_limiter_errors() -> IntCounter {
+    IntCounter::new(agentq_limiter::ERRORS_METRIC, agentq_limiter::ERRORS_HELP)
+        .unwrap_or_else(|e| panic!("metric {}: {e}", agentq_limiter::ERRORS_METRIC))
 }
 
 /// Serve `GET /metrics` on `addr` until `stop` fires. A tiny HTTP/1.1 responder so that

@@ -1,4 +1,4 @@
-//! The fleet-wide rate limiter: the [`Admission`] every worker's LLM calls pass, kept in
+//! agentq-limiter (`agentq_core::admission`): the fleet-wide rate limiter: the [`Admission`] every worker's LLM calls pass, kept in
 //! Redis so that all workers share one count per provider endpoint and key.
 //!
 //! # Configured limits (`[[limits]]`)
@@ -57,20 +57,20 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
 use agentq_agent::provider::LlmProvider;
 use async_trait::async_trait;
+use prometheus::IntCounter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, IntoConnectionInfo, Script};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LimitSettings;
-use crate::error::{Error, Result};
-use crate::metrics::Metrics;
+use agentq_error::{Error, Result};
+use agentq_types::config::LimitSettings;
 pub use agentq_types::limiter::{HoldState, LimiterState, RuleState};
 
 /// How often a worker reads the fleet's learned holds.
@@ -123,6 +123,24 @@ const SETTLE_DELAY: Duration = Duration::from_secs(1);
 /// Settlements kept for the next round trip at most; past this the oldest are dropped
 /// (their tokens stay counted as reserved, their slots expire).
 const MAX_PENDING: usize = 10_000;
+
+/// The name and help of [`errors`].
+pub const ERRORS_METRIC: &str = "agentq_admission_limiter_errors_total";
+pub const ERRORS_HELP: &str =
+    "Rate-limiter round trips that failed (Redis down or erroring); the call was let through.";
+
+/// Round trips that failed, in this process: every [`Limiter`] counts here, and
+/// `agentq_core::metrics::global` exports this counter as `limiter_errors` (the limiter
+/// needs no metrics registry of its own, and counts even before one exists).
+pub fn errors() -> &'static IntCounter {
+    static ERRORS: OnceLock<IntCounter> = OnceLock::new();
+    ERRORS.get_or_init(|| {
+        // A constant name and help: a failure is a programming error, caught by every
+        // test that builds a limiter.
+        IntCounter::new(ERRORS_METRIC, ERRORS_HELP)
+            .unwrap_or_else(|e| panic!("metric {ERRORS_METRIC}: {e}"))
+    })
+}
 
 /// A `[[limits]]` rule, compiled.
 struct Rule {
@@ -185,7 +203,8 @@ pub struct Limiter {
     /// Reservations under a concurrency limit not yet settled: renewed while their call
     /// runs, so that a call longer than `reservation_ttl_secs` keeps its slot.
     live: Mutex<HashMap<String, Live>>,
-    metrics: &'static Metrics,
+    /// [`errors`], as the process's registry exports it.
+    errors: &'static IntCounter,
     last_warning: AtomicI64,
     script: Script,
 }
@@ -294,9 +313,9 @@ impl Limiter {
             flush: Arc::new(Notify::new()),
             urgent: AtomicBool::new(false),
             live: Mutex::new(HashMap::new()),
-            metrics: crate::metrics::global(),
+            errors: errors(),
             last_warning: AtomicI64::new(i64::MIN),
-            script: Script::new(include_str!("admission/admit.lua")),
+            script: Script::new(include_str!("admit.lua")),
         }
     }
 
@@ -406,7 +425,7 @@ impl Limiter {
 
     /// Let a call through because Redis failed: say so (not too often) and count it.
     fn failed_open(&self, what: &str, err: &redis::RedisError) {
-        self.metrics.limiter_errors.inc();
+        self.errors.inc();
         let now = now_ms();
         let last = self.last_warning.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= WARN_EVERY_MS
