@@ -6,17 +6,15 @@ pub mod blob;
 pub mod checkpoint;
 pub mod hooks;
 pub mod lifecycle;
-pub mod mem_queue;
 pub mod metrics;
 pub mod pg;
-pub mod queue;
-pub mod redis_queue;
 mod rowconv;
 mod sql;
 pub mod sqlite;
 pub mod store;
 
 pub use agentq_limiter as admission;
+pub use agentq_queue::{mem_queue, queue, redis_queue};
 pub use agentq_types::{auth, config, model, policy, protocol, scheduling, wait, workspace_path};
 
 /// The error every backend and process shares (the `agentq-error` crate), and the

@@ -1,5 +1,5 @@
 //! [`MemQueue`]: the [`crate::queue::Queue`] in process, for the embedded mode (with
-//! [`crate::sqlite::SqliteStore`]). It models what agentq uses of Redis Streams, with the
+//! `agentq_core::sqlite::SqliteStore`). It models what agentq uses of Redis Streams, with the
 //! same observable behaviour as [`crate::redis_queue::RedisQueue`]:
 //! - per queue, a log of entries with ids `<ms>-<seq>` (increasing) and one consumer
 //!   group: a cursor (the last entry delivered), and the pending entries (delivered, not
@@ -21,7 +21,7 @@
 //!
 //! Everything lives in memory and is lost with the process: on start, the embedded mode
 //! re-enqueues from the store every session that is queued or running
-//! ([`crate::sqlite::requeue_runnable`]). Like pub/sub, a subscriber only receives what
+//! (`agentq_core::sqlite::requeue_runnable`). Like pub/sub, a subscriber only receives what
 //! is published while it is subscribed; a subscriber that falls more than
 //! [`BROADCAST_CAPACITY`] messages behind skips the oldest ones (logged).
 //!
@@ -701,7 +701,7 @@ impl EventStreams for MemQueue {
 impl QueueHealth for MemQueue {
     /// Never: the entries live exactly as long as this queue, in the process that uses
     /// them, and an embedded process re-adds every runnable session from its store when it
-    /// starts ([`crate::sqlite::requeue_runnable`]), before anything reads the queue.
+    /// starts (`agentq_core::sqlite::requeue_runnable`), before anything reads the queue.
     async fn check_lost(&self, _queue: &str) -> Result<bool> {
         Ok(false)
     }
