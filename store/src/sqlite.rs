@@ -2,7 +2,7 @@
 //! columns and lease protocol as [`crate::pg::PgStore`], for running agentq as a single
 //! process without Postgres or Redis. This module owns that file: its connections, its
 //! schema and migrator, and the recovery step a restarted embedded process runs
-//! ([`requeue_runnable`]). The statements it shares with Postgres, and the mapping of rows
+//! (`agentq_core::sqlite::requeue_runnable`). The statements it shares with Postgres, and the mapping of rows
 //! to the model, are in `crate::sql`; the writes SQLite runs as several steps of one
 //! transaction (where Postgres runs one statement) are in `writes`.
 //!
@@ -50,8 +50,8 @@
 //! each statement (lease expiry is compared against it), never from SQLite's clock.
 //!
 //! # Recovery
-//! The embedded queue ([`crate::mem_queue::MemQueue`]) lives in memory and is lost with
-//! the process. On start, an embedded process calls [`requeue_runnable`]: every session
+//! The embedded queue (`agentq_core::mem_queue::MemQueue`) lives in memory and is lost with
+//! the process. On start, an embedded process calls `agentq_core::sqlite::requeue_runnable`: every session
 //! that is `queued` or `running` in the file gets a queue entry again. A `running` one
 //! whose lease is still live (its owner was the killed process) is answered `Busy` until
 //! the lease expires; the worker's reclaimer then hands the entry out again and the claim
@@ -81,17 +81,15 @@ use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::budget::{
-    BudgetStore, HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget,
-    TenantHold,
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{
-    ApprovalRecorded, CancelResult, Claim, Delivered, EnqueueReason, InboxItem, Lease, ListFilter,
-    NewSession, SessionRow, SessionStatus, Woken,
+    ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
+    SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
-use crate::queue::WorkQueue;
 use crate::rowconv::{WokenRow, check_applied, to_i64, unique_as_conflict, woken};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::escape::{escape_text, stored_ids, stored_json};
@@ -99,8 +97,8 @@ use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, Stor
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, SQLITE as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
-    SessionStore, Store, SweepStore, checkpoint_alone,
+    BudgetStore, Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    RetryResult, SessionStore, Store, SweepStore, checkpoint_alone,
 };
 use crate::wait::WaitReason;
 
@@ -339,29 +337,6 @@ impl SqliteStore {
     async fn get_record(&self, id: &str) -> Result<Option<SessionRecord>> {
         read::session(&self.readers, &SQL, id).await
     }
-}
-
-/// Put every runnable session of `store` back on `queue` (embedded mode, at start: the
-/// in-process queue lost its entries with the previous process). Marks them enqueued so
-/// the sweeper leaves them alone. Duplicates of entries that do exist are harmless: the
-/// lease decides. Returns how many entries were added.
-pub async fn requeue_runnable(store: &SqliteStore, queue: &dyn WorkQueue) -> Result<usize> {
-    let runnable = store.runnable_sessions().await?;
-    let mut by_queue: std::collections::BTreeMap<String, Vec<(String, EnqueueReason)>> =
-        std::collections::BTreeMap::new();
-    for (id, q) in &runnable {
-        by_queue
-            .entry(q.clone())
-            .or_default()
-            .push((id.clone(), EnqueueReason::Resume));
-    }
-    for (q, items) in &by_queue {
-        queue.ensure_queue(q).await?;
-        queue.enqueue_many(q, items).await?;
-    }
-    let ids: Vec<String> = runnable.into_iter().map(|(id, _)| id).collect();
-    store.mark_enqueued(&ids).await?;
-    Ok(ids.len())
 }
 
 /// Now, in unix microseconds.

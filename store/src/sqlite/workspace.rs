@@ -15,7 +15,8 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::NewSession;
 use crate::rowconv::{bad_data, to_i64, to_u64};
-use crate::workspace::{FileEntry, WorkspaceStore, sha256_hex, valid_path};
+use crate::store::WorkspaceStore;
+use crate::workspace::{FileEntry, sha256_hex, valid_path};
 
 use super::{SqliteStore, dur_us, now_us};
 use crate::blob::s3::S3Blobs;

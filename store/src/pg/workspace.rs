@@ -14,7 +14,8 @@ use crate::blob::{BlobStore, check_keys};
 use crate::error::{Error, Result};
 use crate::model::NewSession;
 use crate::rowconv::{bad_data, to_i64, to_u64};
-use crate::workspace::{FileEntry, WorkspaceStore, sha256_hex, valid_path};
+use crate::store::WorkspaceStore;
+use crate::workspace::{FileEntry, sha256_hex, valid_path};
 
 use super::{PgStore, secs};
 use crate::blob::s3::S3Blobs;

@@ -36,8 +36,7 @@ use agentq_agent::state::SessionState;
 
 use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::budget::{
-    BudgetStore, HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget,
-    TenantHold,
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -53,8 +52,8 @@ use crate::sql::record::{InboxRecord, KeyRecord, PendingRow, SessionRecord, Stor
 use crate::sql::statements::{self, APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::{
-    Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore, RetryResult,
-    SessionStore, Store, SweepStore, checkpoint_alone,
+    BudgetStore, Committed, InboxStore, KeyStore, LeaseStatus, LeaseStore, QueueCreate, QueueStore,
+    RetryResult, SessionStore, Store, SweepStore, checkpoint_alone,
 };
 use crate::wait::WaitReason;
 
