@@ -24,8 +24,8 @@ use anyhow::Context;
 
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{NewSession, SessionStore};
-use agentq_testkit::rate_limited::{Ask, Reply, Script};
-use agentq_testkit::{Limits, RateLimitedConfig, RateLimitedLlm};
+use agentq_fixtures::rate_limited::{Ask, Reply, Script};
+use agentq_fixtures::{Limits, RateLimitedConfig, RateLimitedLlm};
 
 use crate::procs::{check_alive, spawn_worker};
 use crate::workload::{BUILTIN, enqueue, spec};

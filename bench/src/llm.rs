@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use agentq_testkit::{FakeLlm, FakeResponse};
+use agentq_fixtures::{FakeLlm, FakeResponse};
 use bytes::Bytes;
 
 use crate::workload::BUILTIN;

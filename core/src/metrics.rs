@@ -492,10 +492,14 @@ pub fn global() -> &'static Metrics {
     M.get_or_init(|| Metrics::with_limiter_errors(agentq_limiter::errors().clone()))
 }
 
-/// `agentq_admission_limiter_errors_total` for a registry no limiter counts in.
+/// The name of the limiter's counter ([`agentq_limiter::errors`], which every limiter of
+/// the process counts in and [`global`] exports); a unit test holds the limiter to it.
+const LIMITER_ERRORS: &str = "agentq_admission_limiter_errors_total";
+
+/// [`LIMITER_ERRORS`] for a registry no limiter counts in.
 fn fresh_limiter_errors() -> IntCounter {
-    IntCounter::new(agentq_limiter::ERRORS_METRIC, agentq_limiter::ERRORS_HELP)
-        .unwrap_or_else(|e| panic!("metric {}: {e}", agentq_limiter::ERRORS_METRIC))
+    IntCounter::new(LIMITER_ERRORS, agentq_limiter::ERRORS_HELP)
+        .unwrap_or_else(|e| panic!("metric {LIMITER_ERRORS}: {e}"))
 }
 
 /// Serve `GET /metrics` on `addr` until `stop` fires. A tiny HTTP/1.1 responder so that
@@ -541,7 +545,17 @@ pub async fn serve_metrics(
 
 #[cfg(test)]
 mod tests {
+    use prometheus::core::Collector;
+
     use super::*;
+
+    #[test]
+    fn the_limiter_counts_under_the_name_defined_here() {
+        let desc = agentq_limiter::errors().desc();
+        assert_eq!(desc[0].fq_name, LIMITER_ERRORS);
+        let global = global().limiter_errors.desc();
+        assert_eq!(global[0].fq_name, LIMITER_ERRORS);
+    }
 
     #[test]
     fn all_metrics_register_and_render() {
