@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use agentq_agent::spec::ExitReason;
-use agentq_core::mem_queue::MemQueue;
-use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
-use agentq_core::protocol::WorkerSignal;
-use agentq_core::queue::{Delivery, EventRecord, Queue, QueueStats};
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EventStreams, QueueHealth, Signals, WorkQueue};
+use agentq_queue::mem_queue::MemQueue;
+use agentq_queue::queue::{Delivery, EventRecord, Queue, QueueStats};
+use agentq_queue::redis_queue::RedisQueue;
+use agentq_queue::{EventStreams, QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
+use agentq_types::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_types::protocol::WorkerSignal;
 
 const Q: &str = "default";
 
@@ -948,7 +948,7 @@ mod mem_only {
 
     #[tokio::test]
     async fn log_is_trimmed_of_acked_history_only() {
-        use agentq_core::mem_queue::QUEUE_MAXLEN;
+        use agentq_queue::mem_queue::QUEUE_MAXLEN;
         let q = MemQueue::new();
         let items: Vec<(String, EnqueueReason)> = (0..QUEUE_MAXLEN + 10)
             .map(|i| (format!("s{i}"), EnqueueReason::New))
@@ -977,7 +977,7 @@ mod mem_only {
 
     #[tokio::test]
     async fn event_streams_are_capped() {
-        use agentq_core::mem_queue::EVENTS_MAXLEN;
+        use agentq_queue::mem_queue::EVENTS_MAXLEN;
         let q = MemQueue::new();
         let batch: Vec<EventRecord> = (0..EVENTS_MAXLEN as u64 + 10)
             .map(|i| event("s", i, 1, "text_delta"))
@@ -991,7 +991,7 @@ mod mem_only {
         assert_eq!(all[0].seq, 10);
         assert!(matches!(
             q.read_events("s", "not-an-id", 1, None).await,
-            Err(agentq_core::Error::Invalid { .. })
+            Err(agentq_error::Error::Invalid { .. })
         ));
     }
 

@@ -14,13 +14,12 @@ use serde_json::json;
 use agentq_agent::schema::{Message, ToolCall, Usage};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
-use agentq_core::pg::PgStore;
-use agentq_core::store::Store;
-use agentq_core::{
-    CancelResult, Checkpoint, Claim, Error, Lease, ListFilter, NewSession, SessionStatus,
-};
-use agentq_core::{InboxStore, LeaseStore, SessionStore, SweepStore};
+use agentq_error::Error;
+use agentq_store::pg::PgStore;
+use agentq_store::store::Store;
+use agentq_store::{Checkpoint, InboxStore, LeaseStore, SessionStore, SweepStore};
 use agentq_testkit::{PostgresServer, shared_postgres};
+use agentq_types::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionStatus};
 
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(200);

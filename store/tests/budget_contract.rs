@@ -14,13 +14,15 @@ use std::time::Duration;
 use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
-use agentq_core::budget::{
+use agentq_error::Error;
+use agentq_store::RetryResult;
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::store::Store;
+use agentq_types::budget::{
     Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
-use agentq_core::pg::PgStore;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::store::Store;
-use agentq_core::{Claim, Error, NewSession, RetryResult, SessionStatus, new_session_id};
+use agentq_types::model::{Claim, NewSession, SessionStatus, new_session_id};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -181,7 +183,7 @@ async fn ledger_of(store: &dyn Store, id: &str, root_allowance: u64) -> (u64, u6
     (l.held, l.children_spent, raw)
 }
 
-fn as_new(row: &agentq_core::SessionRow) -> NewSession {
+fn as_new(row: &agentq_types::model::SessionRow) -> NewSession {
     NewSession {
         id: row.id.clone(),
         spec: row.spec.clone(),
@@ -218,7 +220,7 @@ async fn spend_on(store: &dyn Store, id: &str, input: u64, output: u64) {
     store.release(&lease).await.unwrap();
 }
 
-fn created(s: Spawned) -> agentq_core::SessionRow {
+fn created(s: Spawned) -> agentq_types::model::SessionRow {
     match s {
         Spawned::Created(row) => row,
         other => panic!("expected a new child, got {other:?}"),
@@ -340,7 +342,7 @@ async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
     assert_eq!((made, full), (4, 8));
     // Grandchildren count against the same root.
     let kids = store
-        .list(&agentq_core::ListFilter {
+        .list(&agentq_types::model::ListFilter {
             parent_id: Some(r.id.clone()),
             limit: 100,
             ..Default::default()
@@ -559,7 +561,7 @@ async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {
 /// money budget are held apart.
 async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
     let now = chrono::Utc::now();
-    let day = agentq_core::budget::day_key(now.date_naive());
+    let day = agentq_types::budget::day_key(now.date_naive());
     let tokens = |n: u64| TenantBudget {
         tenant: "acme".into(),
         period: Period::Day,
@@ -967,7 +969,7 @@ async fn budget_late_grandchild_and_its_reopening_reach_the_root(store: Arc<dyn 
 /// it reached by the recorded spend is refused for good. Settled holds free the budget.
 async fn budget_tenant_holds_make_calls_wait_and_spend_refuses(store: Arc<dyn Store>) {
     let now = chrono::Utc::now();
-    let day = agentq_core::budget::day_key(now.date_naive());
+    let day = agentq_types::budget::day_key(now.date_naive());
     let budgets = [TenantBudget {
         tenant: "acme".into(),
         period: Period::Day,
@@ -1077,8 +1079,10 @@ mod ledger_prop {
     use agentq_agent::schema::{Message, Usage};
     use agentq_agent::spec::ExitReason;
     use agentq_agent::state::{Outcome, SessionState};
-    use agentq_core::store::Store;
-    use agentq_core::{CancelResult, Claim, Error, Lease, RetryResult, SessionStatus};
+    use agentq_error::Error;
+    use agentq_store::RetryResult;
+    use agentq_store::store::Store;
+    use agentq_types::model::{CancelResult, Claim, Lease, SessionStatus};
 
     use super::{child_of, limits, root};
 
@@ -1138,7 +1142,7 @@ mod ledger_prop {
             format!("w{}", self.owners)
         }
 
-        async fn row(&self, i: usize) -> agentq_core::SessionRow {
+        async fn row(&self, i: usize) -> agentq_types::model::SessionRow {
             self.store.get(&self.sims[i].id).await.unwrap().unwrap()
         }
 
@@ -1170,7 +1174,7 @@ mod ledger_prop {
             store: &dyn Store,
             run: &mut (Lease, Box<SessionState>),
             spend: u64,
-        ) -> agentq_core::Result<()> {
+        ) -> agentq_error::Result<()> {
             let from = run.1.messages.len();
             let mut m = Message::assistant("working");
             m.usage = Some(Usage {
@@ -1244,13 +1248,16 @@ mod ledger_prop {
             }
             let parent = self.row(i).await;
             let _ = lease;
-            let new = child_of(&super::as_new(&parent), &agentq_core::new_session_id());
+            let new = child_of(
+                &super::as_new(&parent),
+                &agentq_types::model::new_session_id(),
+            );
             let spawned = self
                 .store
                 .spawn_session(&new, &limits(1_000, Some(self.sims[i].spec_budget), ask))
                 .await
                 .unwrap();
-            if let agentq_core::budget::Spawned::Created(row) = spawned {
+            if let agentq_types::budget::Spawned::Created(row) = spawned {
                 self.sims.push(Sim {
                     id: row.id,
                     parent: Some(i),
@@ -1263,7 +1270,7 @@ mod ledger_prop {
         }
 
         /// The same session and ledger as before a refused re-opening.
-        async fn unchanged(&self, i: usize, before: &agentq_core::SessionRow, e: Error) {
+        async fn unchanged(&self, i: usize, before: &agentq_types::model::SessionRow, e: Error) {
             assert!(matches!(e, Error::NoBudget(_)), "{e:?}");
             assert_eq!(&self.row(i).await, before);
         }
@@ -1273,7 +1280,7 @@ mod ledger_prop {
         async fn pick(
             &self,
             who: usize,
-            fits: impl Fn(&agentq_core::SessionRow, bool) -> bool,
+            fits: impl Fn(&agentq_types::model::SessionRow, bool) -> bool,
         ) -> Option<usize> {
             let mut found = Vec::new();
             for i in 0..self.sims.len() {
@@ -1285,12 +1292,13 @@ mod ledger_prop {
         }
 
         async fn apply(&mut self, op: &Op) {
-            let open = |r: &agentq_core::SessionRow, _: bool| !r.status.is_terminal();
-            let running = |r: &agentq_core::SessionRow, live: bool| {
+            let open = |r: &agentq_types::model::SessionRow, _: bool| !r.status.is_terminal();
+            let running = |r: &agentq_types::model::SessionRow, live: bool| {
                 live && r.status == SessionStatus::Running
             };
-            let finished = |r: &agentq_core::SessionRow, _: bool| r.status.is_terminal();
-            let failed = |r: &agentq_core::SessionRow, _: bool| r.status == SessionStatus::Failed;
+            let finished = |r: &agentq_types::model::SessionRow, _: bool| r.status.is_terminal();
+            let failed =
+                |r: &agentq_types::model::SessionRow, _: bool| r.status == SessionStatus::Failed;
             match *op {
                 Op::Step { who, spend } => {
                     if let Some(i) = self.pick(who, open).await {

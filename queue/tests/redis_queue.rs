@@ -6,14 +6,14 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use agentq_agent::spec::ExitReason;
-use agentq_core::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
-use agentq_core::protocol::WorkerSignal;
-use agentq_core::queue::{
+use agentq_queue::queue::{
     COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, GROUP, QueueStats, done_channel, queue_stream,
 };
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{QueueHealth, Signals, WorkQueue};
+use agentq_queue::redis_queue::RedisQueue;
+use agentq_queue::{QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
+use agentq_types::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_types::protocol::WorkerSignal;
 use futures::StreamExt;
 use redis::AsyncCommands;
 
@@ -54,7 +54,7 @@ async fn xrange(server: &RedisServer, key: &str) -> Vec<(String, HashMap<String,
         .collect()
 }
 
-fn sessions(ds: &[agentq_core::queue::Delivery]) -> Vec<&str> {
+fn sessions(ds: &[agentq_queue::queue::Delivery]) -> Vec<&str> {
     ds.iter().map(|d| d.session_id.as_str()).collect()
 }
 
@@ -62,7 +62,7 @@ fn sessions(ds: &[agentq_core::queue::Delivery]) -> Vec<&str> {
 async fn eventually<T, F, Fut>(bound: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = agentq_core::Result<T>>,
+    Fut: std::future::Future<Output = agentq_error::Result<T>>,
 {
     let deadline = Instant::now() + bound;
     loop {

@@ -9,8 +9,10 @@ use std::time::Duration;
 use sqlx::ConnectOptions;
 
 use agentq_agent::spec::SessionSpec;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Error, NewSession, SessionStore};
+use agentq_error::Error;
+use agentq_store::SessionStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_types::model::NewSession;
 
 async fn open(dir: &tempfile::TempDir) -> SqliteStore {
     let store = SqliteStore::open(&dir.path().join("agentq.db"))
@@ -49,7 +51,7 @@ fn big(i: usize) -> NewSession {
 }
 
 /// Writes until one fails; its error.
-async fn write_until_full(store: &SqliteStore) -> agentq_core::Error {
+async fn write_until_full(store: &SqliteStore) -> agentq_error::Error {
     for i in 0..1000 {
         if let Err(e) = store.create_session(&big(i)).await {
             return e;

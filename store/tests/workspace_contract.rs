@@ -11,13 +11,15 @@ use std::time::Duration;
 use agentq_agent::schema::Message;
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::{Outcome, SessionState};
-use agentq_core::blob::s3::S3Blobs;
-use agentq_core::config::S3Section;
-use agentq_core::pg::PgStore;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::store::Store;
-use agentq_core::workspace::{BlobRef, FileChange, InputFile, sha256_hex};
-use agentq_core::{Checkpoint, Claim, Error, Lease, NewSession};
+use agentq_error::Error;
+use agentq_store::Checkpoint;
+use agentq_store::blob::s3::S3Blobs;
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::store::Store;
+use agentq_types::config::S3Section;
+use agentq_types::model::{Claim, Lease, NewSession};
+use agentq_types::workspace::{BlobRef, FileChange, InputFile, sha256_hex};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -165,7 +167,7 @@ async fn step(
     lease: &Lease,
     state: &mut SessionState,
     files: Vec<FileChange>,
-) -> agentq_core::Result<()> {
+) -> agentq_error::Result<()> {
     let from = state.messages.len();
     state
         .messages
@@ -272,7 +274,7 @@ async fn contract_input_files_and_forks(store: &dyn Store) {
             .is_empty()
     );
     let mut unknown = with_files("unknown", "acme", vec![]);
-    unknown.workspace_from = Some(agentq_core::new_session_id());
+    unknown.workspace_from = Some(agentq_types::model::new_session_id());
     assert!(matches!(
         store.create_session(&unknown).await.unwrap_err(),
         Error::NotFound(_)

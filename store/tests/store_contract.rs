@@ -18,16 +18,18 @@ use serde_json::json;
 use agentq_agent::schema::{Message, ToolCall, Usage};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
-use agentq_core::SessionStore;
-use agentq_core::pg::PgStore;
-use agentq_core::protocol::{ChildOutcome, InboxKind, InboxPayload, SteerMessage, Strategy};
-use agentq_core::scheduling::Placement;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::store::Store;
-use agentq_core::{
-    ApprovalRecorded, CancelResult, Checkpoint, Claim, Delivered, Error, Lease, ListFilter,
-    NewSession, QueueCreate, RetryResult, SessionStatus, WaitReason, Woken,
+use agentq_error::Error;
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::store::Store;
+use agentq_store::{Checkpoint, QueueCreate, RetryResult, SessionStore};
+use agentq_types::model::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, Lease, ListFilter, NewSession, SessionStatus,
+    Woken,
 };
+use agentq_types::protocol::{ChildOutcome, InboxKind, InboxPayload, SteerMessage, Strategy};
+use agentq_types::scheduling::Placement;
+use agentq_types::wait::WaitReason;
 
 const TTL: Duration = Duration::from_secs(30);
 const SHORT_TTL: Duration = Duration::from_millis(200);
@@ -2581,7 +2583,7 @@ async fn contract_tenants_and_their_idempotency_keys(store: &dyn Store) {
     assert_eq!((out[2].0.id.as_str(), out[2].1), (rb.id.as_str(), false));
     // The default tenant.
     let (d, _) = store.create_session(&new_session("plain")).await.unwrap();
-    assert_eq!(d.tenant, agentq_core::auth::DEFAULT_TENANT);
+    assert_eq!(d.tenant, agentq_types::auth::DEFAULT_TENANT);
 
     // Listing by tenant, with cursors that never cross into another tenant.
     let only = |tenant: &str, cursor: Option<String>| ListFilter {
@@ -2614,7 +2616,7 @@ async fn contract_tenants_and_their_idempotency_keys(store: &dyn Store) {
 }
 
 async fn contract_api_keys(store: &dyn Store) {
-    use agentq_core::auth::{self, Scope};
+    use agentq_types::auth::{self, Scope};
     let (new, key) = auth::generate(
         "acme",
         vec![Scope::SessionsRead, Scope::SessionsWrite],

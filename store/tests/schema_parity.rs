@@ -12,9 +12,11 @@ use std::time::Duration;
 use agentq_agent::schema::Message;
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
-use agentq_core::pg::PgStore;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Claim, Error, InboxStore, LeaseStore, SessionStatus, SessionStore, Store};
+use agentq_error::Error;
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::{InboxStore, LeaseStore, SessionStore, Store};
+use agentq_types::model::{Claim, SessionStatus};
 
 /// (table, column) → (storage class, nullable).
 type Columns = BTreeMap<(String, String), (&'static str, bool)>;
@@ -225,7 +227,7 @@ async fn a_sqlite_file_from_before_0004_upgrades_in_place() {
     assert_eq!(store.messages(&id).await.unwrap(), want);
 
     // A session created after the upgrade stores no copy of its prompt.
-    let fresh = agentq_core::NewSession::root(SessionSpec::new("after"), "default");
+    let fresh = agentq_types::model::NewSession::root(SessionSpec::new("after"), "default");
     let (row, created) = store.create_session(&fresh).await.unwrap();
     assert!(created);
     assert_eq!(
