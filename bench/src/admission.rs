@@ -1,6 +1,6 @@
 //! `admission`: what the fleet-wide rate limiter costs and how close it runs to a limit.
 //! One `agentq worker` child per round, configured through `[[limits]]` in its
-//! configuration file as a deployment would be, runs sessions against the test kit's
+//! configuration file as a deployment would be, runs sessions against the fixtures'
 //! rate-limited fake LLM (which enforces its own limit per key over a sliding minute, as a
 //! provider does, and counts what it accepted and refused). Three rounds, each on a model
 //! of its own so that no limiter state crosses between them:
