@@ -10,7 +10,7 @@
 use serde::de::{self, Deserialize, Deserializer, Error as _, Visitor};
 use serde_json::Value;
 
-use agentq_core::protocol::Strategy;
+use agentq_types::protocol::Strategy;
 
 /// The field names `T` reads, in declaration order, as its derived `Deserialize` states
 /// them (renames applied). Empty for a type that is not a plain struct (one with a

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use agentq_agent::schema::Usage;
 use agentq_agent::spec::ExitReason;
-use agentq_core::protocol::EventKind;
+use agentq_types::protocol::EventKind;
 
 /// The SSE `event:` name of [`ResetEvent`].
 pub const RESET: &str = "reset";

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use agentq_core::workspace::FileEntry;
+pub use agentq_types::workspace::FileEntry;
 
 /// One file of a request's `files`, keyed by its path: text as a JSON string, anything
 /// else (bytes that are not UTF-8, or hold NUL) as `{"base64": "…"}` (standard alphabet,

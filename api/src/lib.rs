@@ -8,7 +8,7 @@
 //! and which fields are `null` rather than left out, are part of the contract.
 //!
 //! Session events (`GET /v1/sessions/{id}/events`) are the agent's own events
-//! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_core::protocol::EventKind`])
+//! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_types::protocol::EventKind`])
 //! with their position added; [`events`] has what the scheduler adds itself.
 
 pub mod bounds;

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use agentq_core::admission::{HoldState, RuleState};
-pub use agentq_core::config::LimitSettings;
+pub use agentq_types::config::LimitSettings;
+pub use agentq_types::limiter::{HoldState, RuleState};
 
 /// The limiter's state: the rules configured, the counters of every rule key in use
 /// (per provider endpoint and key digest), and the holds learned from providers.

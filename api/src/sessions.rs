@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_core::{SessionStatus, WaitReason};
+use agentq_types::model::SessionStatus;
+use agentq_types::wait::WaitReason;
 
 use crate::de::struct_fields;
 use crate::files::FileContent;

@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use agentq_core::SessionStatus;
-use agentq_core::protocol::Strategy;
+use agentq_types::model::SessionStatus;
+use agentq_types::protocol::Strategy;
 
 use crate::de;
 

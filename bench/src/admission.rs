@@ -1,6 +1,6 @@
 //! `admission`: what the fleet-wide rate limiter costs and how close it runs to a limit.
 //! One `agentq worker` child per round, configured through `[[limits]]` in its
-//! configuration file as a deployment would be, runs sessions against the test kit's
+//! configuration file as a deployment would be, runs sessions against the fixtures'
 //! rate-limited fake LLM (which enforces its own limit per key over a sliding minute, as a
 //! provider does, and counts what it accepted and refused). Three rounds, each on a model
 //! of its own so that no limiter state crosses between them:
@@ -24,8 +24,8 @@ use anyhow::Context;
 
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{NewSession, SessionStore};
-use agentq_testkit::rate_limited::{Ask, Reply, Script};
-use agentq_testkit::{Limits, RateLimitedConfig, RateLimitedLlm};
+use agentq_fixtures::rate_limited::{Ask, Reply, Script};
+use agentq_fixtures::{Limits, RateLimitedConfig, RateLimitedLlm};
 
 use crate::procs::{check_alive, spawn_worker};
 use crate::workload::{BUILTIN, enqueue, spec};

@@ -5,7 +5,7 @@
 //! stores as a malicious model's would.
 
 use agentq_agent::spec::{DEFAULT_MAX_ITERATIONS, SessionSpec};
-use agentq_testkit::FakeResponse;
+use agentq_fixtures::FakeResponse;
 use serde_json::json;
 
 use crate::llm::{

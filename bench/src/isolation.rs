@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{NewSession, SessionStore, WorkQueue};
-use agentq_testkit::FakeLlm;
+use agentq_fixtures::FakeLlm;
 
 use crate::hostile::{self, Kind};
 use crate::workload::{close, config, create_sessions, enqueue, start};

@@ -56,7 +56,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use agentq_core::pg::PgStore;
-use agentq_testkit::{Durability, PostgresOptions, PostgresServer, RedisServer};
+use agentq_fixtures::{Durability, PostgresOptions, PostgresServer, RedisServer};
 
 pub use report::Results;
 use workload::{BUILTIN, TRIVIAL};

@@ -1,12 +1,12 @@
 //! What the bench's model says, and the capacity part's fake OpenAI-compatible endpoint:
-//! the test kit's fake LLM in its stateless mode, which after a fixed latency streams (SSE)
+//! the fixtures' fake LLM in its stateless mode, which after a fixed latency streams (SSE)
 //! either a call to `list_dir` or, once the history holds `iterations - 1` assistant turns,
 //! a final answer. Stateless: the turn is read from the request, like the scripted
 //! provider, so any worker can continue a session.
 
 use std::time::Duration;
 
-use agentq_testkit::{FakeLlm, FakeResponse};
+use agentq_fixtures::{FakeLlm, FakeResponse};
 use bytes::Bytes;
 
 use crate::workload::BUILTIN;

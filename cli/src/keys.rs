@@ -124,7 +124,7 @@ fn row(k: &ApiKey) -> [String; 7] {
 pub async fn keys(args: KeysArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         KeysCommand::Create(c) => {
-            let scopes = Scope::parse_list(&c.scopes).map_err(|e| match e {
+            let scopes = Scope::parse_list(&c.scopes).map_err(|e| match Error::from(e) {
                 Error::Invalid { message, .. } => anyhow!("--scopes: {message}"),
                 e => anyhow!(e),
             })?;

@@ -1,32 +1,54 @@
-//! agentq-core: what the scheduler and the worker share — the session model, the `Store`
-//! (Postgres; SQLite for the embedded mode), the `Queue` (Redis Streams; in-process for
-//! the embedded mode), configuration, the completion message and the metrics registry.
+//! agentq-core: what the scheduler and the worker share. It owns the process glue: the
+//! session lifecycle steps built from `Store` and `Queue` calls ([`lifecycle`]), the
+//! operator's hooks and guardian built once per process ([`hooks`]) and the metrics
+//! registry ([`metrics`]). Everything else lives in the crates below it and is
+//! re-exported here under the paths it always had:
+//!
+//! - `agentq-types`: the domain without I/O — [`model`], [`protocol`], [`wait`],
+//!   [`scheduling`], [`auth`], [`policy`], [`budget`] and [`workspace`] types,
+//!   [`workspace_path`], the settings tree ([`config`]);
+//! - `agentq-error`: the [`Error`] every backend and process shares;
+//! - `agentq-store`: the `Store` traits ([`store`]), Postgres ([`pg`]), SQLite
+//!   ([`sqlite`]), blobs ([`blob`]), [`checkpoint`]s and the migrations;
+//! - `agentq-queue`: the `Queue` traits ([`queue`]), Redis Streams ([`redis_queue`]), in
+//!   process ([`mem_queue`]);
+//! - `agentq-limiter`: the fleet rate limiter ([`admission`]).
 
-pub mod admission;
-pub mod auth;
-pub mod blob;
-pub mod budget;
-pub mod checkpoint;
-pub mod config;
-pub mod error;
 pub mod hooks;
 pub mod lifecycle;
-pub mod mem_queue;
 pub mod metrics;
-pub mod model;
-pub mod pg;
-pub mod policy;
-pub mod protocol;
-pub mod queue;
-pub mod redis_queue;
-mod rowconv;
-pub mod scheduling;
-mod sql;
-pub mod sqlite;
-pub mod store;
-pub mod wait;
-pub mod workspace;
-pub mod workspace_path;
+
+pub use agentq_limiter as admission;
+pub use agentq_queue::{mem_queue, queue, redis_queue};
+pub use agentq_store::{blob, checkpoint, pg, store};
+pub use agentq_types::{auth, config, model, policy, protocol, scheduling, wait, workspace_path};
+
+/// The error every backend and process shares (the `agentq-error` crate), and the
+/// domain's (`agentq-types`), which converts into it variant for variant.
+pub mod error {
+    pub use agentq_error::{Error, Result};
+    pub use agentq_types::Error as DomainError;
+}
+
+/// Budgets: the arithmetic and types (`agentq-types`) and the store trait.
+pub mod budget {
+    pub use agentq_store::BudgetStore;
+    pub use agentq_types::budget::*;
+}
+
+/// Workspaces: the types (`agentq-types`) and the store trait.
+pub mod workspace {
+    pub use agentq_store::WorkspaceStore;
+    pub use agentq_types::workspace::*;
+}
+
+/// The embedded store (`agentq-store`), and the recovery an embedded process runs at
+/// start, which needs the queue too ([`lifecycle::requeue_runnable`]).
+pub mod sqlite {
+    pub use agentq_store::sqlite::*;
+
+    pub use crate::lifecycle::requeue_runnable;
+}
 
 pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;

@@ -1,6 +1,7 @@
 //! Session lifecycle steps that both the worker and the scheduler take, built from `Store`
 //! and `Queue` calls: waking a session (and queueing it), telling a parent its child
-//! finished, and cancelling a subtree.
+//! finished, and cancelling a subtree; and the embedded process's recovery at start
+//! ([`requeue_runnable`], also `agentq_core::sqlite::requeue_runnable`).
 
 use crate::Result;
 use crate::model::{
@@ -8,8 +9,9 @@ use crate::model::{
     inbox_past,
 };
 use crate::protocol::{ChildOutcome, InboxKind, InboxPayload, WorkerSignal};
-use crate::queue::Queue;
-use crate::store::Store;
+use crate::queue::{Queue, WorkQueue};
+use crate::sqlite::SqliteStore;
+use crate::store::{Store, SweepStore};
 
 /// Most descendants a cancel reaches (a runaway tree must not make it unbounded).
 pub const MAX_CANCEL_CASCADE: usize = 10_000;
@@ -198,4 +200,27 @@ pub async fn start_next_followup(
         }
         Err(e) => Err(e),
     }
+}
+
+/// Put every runnable session of `store` back on `queue` (embedded mode, at start: the
+/// in-process queue lost its entries with the previous process). Marks them enqueued so
+/// the sweeper leaves them alone. Duplicates of entries that do exist are harmless: the
+/// lease decides. Returns how many entries were added.
+pub async fn requeue_runnable(store: &SqliteStore, queue: &dyn WorkQueue) -> Result<usize> {
+    let runnable = store.runnable_sessions().await?;
+    let mut by_queue: std::collections::BTreeMap<String, Vec<(String, EnqueueReason)>> =
+        std::collections::BTreeMap::new();
+    for (id, q) in &runnable {
+        by_queue
+            .entry(q.clone())
+            .or_default()
+            .push((id.clone(), EnqueueReason::Resume));
+    }
+    for (q, items) in &by_queue {
+        queue.ensure_queue(q).await?;
+        queue.enqueue_many(q, items).await?;
+    }
+    let ids: Vec<String> = runnable.into_iter().map(|(id, _)| id).collect();
+    store.mark_enqueued(&ids).await?;
+    Ok(ids.len())
 }

@@ -144,8 +144,13 @@ fn register(r: &Registry, c: Box<dyn prometheus::core::Collector>) {
 
 impl Metrics {
     /// A fresh registry with every metric (tests use their own; processes use [`global`]).
-    #[allow(clippy::too_many_lines)]
     pub fn new() -> Self {
+        Self::with_limiter_errors(fresh_limiter_errors())
+    }
+
+    /// A fresh registry with every metric, `limiter_errors` being this counter.
+    #[allow(clippy::too_many_lines)]
+    fn with_limiter_errors(limiter_errors: IntCounter) -> Self {
         let r = Registry::new();
         let m = Metrics {
             iterations: counter_vec(
@@ -205,11 +210,12 @@ impl Metrics {
                 &["provider", "model"],
                 ADMISSION_BUCKETS,
             ),
-            limiter_errors: counter(
-                &r,
-                "agentq_admission_limiter_errors_total",
-                "Rate-limiter round trips that failed (Redis down or erroring); the call was let through.",
-            ),
+            // The limiter's own counter (`agentq_limiter::errors`) in the process's
+            // registry, where every limiter counts; a fresh counter for any other.
+            limiter_errors: {
+                register(&r, Box::new(limiter_errors.clone()));
+                limiter_errors
+            },
             llm_reissued: counter(
                 &r,
                 "agentq_llm_reissued_total",
@@ -483,7 +489,17 @@ impl Default for Metrics {
 /// The process-wide registry.
 pub fn global() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
-    M.get_or_init(Metrics::new)
+    M.get_or_init(|| Metrics::with_limiter_errors(agentq_limiter::errors().clone()))
+}
+
+/// The name of the limiter's counter ([`agentq_limiter::errors`], which every limiter of
+/// the process counts in and [`global`] exports); a unit test holds the limiter to it.
+const LIMITER_ERRORS: &str = "agentq_admission_limiter_errors_total";
+
+/// [`LIMITER_ERRORS`] for a registry no limiter counts in.
+fn fresh_limiter_errors() -> IntCounter {
+    IntCounter::new(LIMITER_ERRORS, agentq_limiter::ERRORS_HELP)
+        .unwrap_or_else(|e| panic!("metric {LIMITER_ERRORS}: {e}"))
 }
 
 /// Serve `GET /metrics` on `addr` until `stop` fires. A tiny HTTP/1.1 responder so that
@@ -529,7 +545,17 @@ pub async fn serve_metrics(
 
 #[cfg(test)]
 mod tests {
+    use prometheus::core::Collector;
+
     use super::*;
+
+    #[test]
+    fn the_limiter_counts_under_the_name_defined_here() {
+        let desc = agentq_limiter::errors().desc();
+        assert_eq!(desc[0].fq_name, LIMITER_ERRORS);
+        let global = global().limiter_errors.desc();
+        assert_eq!(global[0].fq_name, LIMITER_ERRORS);
+    }
 
     #[test]
     fn all_metrics_register_and_render() {

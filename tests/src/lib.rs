@@ -1,15 +1,13 @@
 //! agentq-testkit: what the tests share. A fake LLM HTTP server ([`fake_llm`]), one that
 //! enforces rate limits like a real provider ([`rate_limited`]), and private
-//! Redis and Postgres processes the tests start, stop and restart ([`services`]).
+//! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
+//! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
+//! tests' own helpers (the recorded provider responses, a graceful-stop check).
 
-pub mod fake_llm;
-pub mod rate_limited;
-pub mod services;
-
-pub use fake_llm::{FakeLlm, FakeResponse, RecordedRequest};
-pub use rate_limited::{Limits, RateLimitedConfig, RateLimitedLlm, RateStats, Reply};
-pub use services::{
-    Durability, MotoServer, PostgresOptions, PostgresServer, RedisServer, shared_postgres,
+pub use agentq_fixtures::{
+    Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,
+    RateLimitedConfig, RateLimitedLlm, RateStats, RecordedRequest, RedisServer, Reply, fake_llm,
+    rate_limited, services, shared_postgres,
 };
 
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running

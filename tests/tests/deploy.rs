@@ -379,7 +379,7 @@ fn k8s_manifests_agree_with_the_code() {
     // literals of the CLI, the config module and the provider factory.
     let mut known: BTreeSet<String> = BTreeSet::new();
     let mut sources = vec![
-        "core/src/config.rs".to_string(),
+        "types/src/config.rs".to_string(),
         "agent/src/provider/factory.rs".to_string(),
     ];
     for entry in std::fs::read_dir(workspace().join("cli/src")).unwrap() {

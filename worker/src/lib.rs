@@ -58,6 +58,14 @@ pub enum Error {
     Config(String),
 }
 
+/// A domain error (settings, policy) is a core error, as it was before the domain had a
+/// crate of its own.
+impl From<agentq_core::error::DomainError> for Error {
+    fn from(e: agentq_core::error::DomainError) -> Self {
+        Error::Core(e.into())
+    }
+}
+
 /// Providers by (the tenant whose own settings built it, or `None` for the shared ones;
 /// provider name; the session's base URL).
 type ProviderCache = HashMap<(Option<String>, String, Option<String>), Arc<dyn LlmProvider>>;

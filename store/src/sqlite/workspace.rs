@@ -1,0 +1,382 @@
+//! Workspaces on SQLite (the embedded mode): the `blobs` table as the blob store, each
+//! tree's manifest in `workspace_files`, a new session's files inside its creation's
+//! transaction, a checkpoint's manifest changes inside its commit's, and expiry and
+//! collection. Writes are serialized by the file lock, so a collection can never race a
+//! commit's statements; only an upload made before its commit relies on the grace period.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::SqliteConnection;
+
+use crate::blob::{BlobStore, check_keys};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::NewSession;
+use crate::rowconv::{bad_data, to_i64, to_u64};
+use crate::store::WorkspaceStore;
+use crate::workspace::{FileEntry, sha256_hex, valid_path};
+
+use super::{SqliteStore, dur_us, now_us};
+use crate::blob::s3::S3Blobs;
+
+const PUT_BLOB: &str = "
+INSERT INTO blobs (sha256, size, data, touched_at) VALUES ($1, $2, $3, $4)
+ON CONFLICT (sha256) DO UPDATE SET touched_at = excluded.touched_at,
+    data = COALESCE(blobs.data, excluded.data)";
+
+const PUT_INDEX: &str = "
+INSERT INTO blobs (sha256, size, data, touched_at) VALUES ($1, $2, NULL, $3)
+ON CONFLICT (sha256) DO UPDATE SET touched_at = excluded.touched_at";
+
+/// With an object store, the index row is the truth.
+const TOUCH_INDEX: &str = "UPDATE blobs SET touched_at = $2 WHERE sha256 = $1 RETURNING sha256";
+
+const TOUCH_BLOB: &str =
+    "UPDATE blobs SET touched_at = $2 WHERE sha256 = $1 AND data IS NOT NULL RETURNING sha256";
+
+const FILES: &str = "SELECT path, size, sha256, modified_at_seq FROM workspace_files \
+     WHERE root_id = $1 ORDER BY path";
+
+const FILE: &str = "SELECT w.path, w.size, w.sha256, w.modified_at_seq, b.data \
+     FROM workspace_files w LEFT JOIN blobs b ON b.sha256 = w.sha256 \
+     WHERE w.root_id = $1 AND w.path = $2";
+
+const PUT_FILE: &str = "
+INSERT INTO workspace_files (root_id, path, sha256, size, modified_at_seq)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (root_id, path) DO UPDATE SET sha256 = excluded.sha256, size = excluded.size,
+    modified_at_seq = excluded.modified_at_seq";
+
+const DELETE_FILE: &str = "DELETE FROM workspace_files WHERE root_id = $1 AND path = $2";
+
+type FileRow = (String, i64, String, i64);
+
+fn entry((path, size, sha256, seq): FileRow) -> Result<FileEntry> {
+    Ok(FileEntry {
+        path,
+        size: to_u64(size, "workspace_files.size")?,
+        sha256,
+        modified_at_seq: seq,
+    })
+}
+
+/// Store `blobs`, inside the caller's write transaction: in the table, or with an object
+/// store, their index rows and then their objects. The collector deletes index rows and
+/// then their objects inside its own write transaction, which this one cannot overlap, so
+/// no index row is ever left without its object.
+async fn put_blobs_in(
+    conn: &mut SqliteConnection,
+    blobs: &[(String, Vec<u8>)],
+    now: i64,
+    objects: Option<&S3Blobs>,
+) -> Result<()> {
+    check_keys(blobs)?;
+    if let Some(objects) = objects {
+        for (key, data) in blobs {
+            sqlx::query(PUT_INDEX)
+                .bind(key)
+                .bind(to_i64(data.len() as u64, "blob")?)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+        }
+        return objects.put_all(blobs).await;
+    }
+    for (key, data) in blobs {
+        put_blob(conn, key, data, now).await?;
+    }
+    Ok(())
+}
+
+/// One content's row in the table (touched if stored already).
+async fn put_blob(conn: &mut SqliteConnection, key: &str, data: &[u8], now: i64) -> Result<()> {
+    sqlx::query(PUT_BLOB)
+        .bind(key)
+        .bind(to_i64(data.len() as u64, "blob")?)
+        .bind(data)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The workspace of a session just inserted: the tree of `workspace_from` copied, then
+/// the input files over it; inside the creation's transaction.
+pub(super) async fn add_inputs(
+    conn: &mut SqliteConnection,
+    s: &NewSession,
+    now: i64,
+    objects: Option<&S3Blobs>,
+) -> Result<()> {
+    if let Some(from) = &s.workspace_from {
+        let source: Option<String> =
+            sqlx::query_scalar("SELECT root_id FROM sessions WHERE id = $1 AND tenant = $2")
+                .bind(from)
+                .bind(&s.tenant)
+                .fetch_optional(&mut *conn)
+                .await?;
+        // Another tenant's session is as unknown as a missing one.
+        let source = source.ok_or_else(|| Error::NotFound(from.clone()))?;
+        sqlx::query(
+            "UPDATE blobs SET touched_at = $2 \
+             WHERE sha256 IN (SELECT sha256 FROM workspace_files WHERE root_id = $1)",
+        )
+        .bind(&source)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(
+            "INSERT INTO workspace_files (root_id, path, sha256, size, modified_at_seq) \
+             SELECT $1, path, sha256, size, 0 FROM workspace_files WHERE root_id = $2 \
+             ON CONFLICT (root_id, path) DO NOTHING",
+        )
+        .bind(&s.root_id)
+        .bind(&source)
+        .execute(&mut *conn)
+        .await?;
+    }
+    let mut by_path: BTreeMap<&str, (String, i64)> = BTreeMap::new();
+    for f in &s.files {
+        if !valid_path(&f.path) {
+            return Err(Error::invalid(
+                "files",
+                format!(
+                    "path {:?} is not a relative path inside the workspace",
+                    f.path
+                ),
+            ));
+        }
+        let key = sha256_hex(&f.data);
+        put_blobs_in(conn, &[(key.clone(), f.data.clone())], now, objects).await?;
+        by_path.insert(&f.path, (key, to_i64(f.data.len() as u64, "files")?));
+    }
+    for (path, (key, size)) in by_path {
+        sqlx::query(PUT_FILE)
+            .bind(&s.root_id)
+            .bind(path)
+            .bind(key)
+            .bind(size)
+            .bind(0i64)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A checkpoint's manifest changes, after its fenced row update matched.
+pub(super) async fn commit_files(conn: &mut SqliteConnection, cp: &Checkpoint) -> Result<()> {
+    let root = &cp.lease.root_id;
+    let seq = cp.file_seq();
+    // The contents the checkpoint carries, in the same transaction as the manifest rows
+    // that reference them (no collector can come between the two).
+    let now = now_us();
+    for (key, data) in &cp.blobs {
+        put_blob(conn, key, data, now).await?;
+    }
+    for f in &cp.files {
+        match &f.blob {
+            Some(b) => {
+                sqlx::query(PUT_FILE)
+                    .bind(root)
+                    .bind(&f.path)
+                    .bind(&b.sha256)
+                    .bind(to_i64(b.size, "files")?)
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            None => {
+                sqlx::query(DELETE_FILE)
+                    .bind(root)
+                    .bind(&f.path)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl BlobStore for SqliteStore {
+    async fn put_blobs(&self, blobs: &[(String, Vec<u8>)]) -> Result<()> {
+        if blobs.is_empty() {
+            return Ok(());
+        }
+        check_keys(blobs)?;
+        let mut tx = self.write_tx().await?;
+        put_blobs_in(&mut tx, blobs, now_us(), self.objects.as_deref()).await?;
+        tx.commit().await
+    }
+
+    async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let row: Option<(Option<Vec<u8>>, i64)> =
+            sqlx::query_as("SELECT data, size FROM blobs WHERE sha256 = $1")
+                .bind(key)
+                .fetch_optional(&self.readers)
+                .await?;
+        match (row, &self.objects) {
+            (Some((Some(d), _)), _) => Ok(Some(d)),
+            (Some((None, size)), Some(o)) => o.get(key, to_u64(size, "blobs.size")?).await,
+            _ => Ok(None),
+        }
+    }
+
+    async fn missing_blobs(&self, keys: &[String]) -> Result<Vec<String>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = now_us();
+        let touch = if self.objects.is_some() {
+            TOUCH_INDEX
+        } else {
+            TOUCH_BLOB
+        };
+        let mut tx = self.write_tx().await?;
+        let mut missing = Vec::new();
+        for key in keys {
+            let found: Option<String> = sqlx::query_scalar(touch)
+                .bind(key)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if found.is_none() {
+                missing.push(key.clone());
+            }
+        }
+        tx.commit().await?;
+        Ok(missing)
+    }
+
+    async fn delete_blobs(&self, keys: &[String]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        let mut gone = Vec::new();
+        for key in keys {
+            let n = sqlx::query(
+                "DELETE FROM blobs WHERE sha256 = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = $1)",
+            )
+            .bind(key)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if n > 0 {
+                gone.push(key.clone());
+            }
+        }
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
+        // See `collect` on why a failed object delete still commits.
+        tx.commit().await?;
+        deleted
+    }
+
+    fn inline_limit(&self) -> u64 {
+        if self.objects.is_some() {
+            0
+        } else {
+            crate::blob::INLINE_BLOB_BYTES
+        }
+    }
+}
+
+#[async_trait]
+impl WorkspaceStore for SqliteStore {
+    async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>> {
+        let rows: Vec<FileRow> = sqlx::query_as(FILES)
+            .bind(root_id)
+            .fetch_all(&self.readers)
+            .await?;
+        rows.into_iter().map(entry).collect()
+    }
+
+    async fn workspace_file(
+        &self,
+        root_id: &str,
+        path: &str,
+    ) -> Result<Option<(FileEntry, Vec<u8>)>> {
+        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = sqlx::query_as(FILE)
+            .bind(root_id)
+            .bind(path)
+            .fetch_optional(&self.readers)
+            .await?;
+        let Some((p, size, sha, seq, data)) = row else {
+            return Ok(None);
+        };
+        let data = match (data, &self.objects) {
+            (Some(d), _) => Some(d),
+            (None, Some(o)) => o.get(&sha, to_u64(size, "workspace_files.size")?).await?,
+            (None, None) => None,
+        };
+        let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
+        Ok(Some((entry((p, size, sha, seq))?, data)))
+    }
+}
+
+impl SqliteStore {
+    /// [`crate::SweepStore::expire_workspaces`].
+    pub(super) async fn expire_trees(&self, ttl: Duration, limit: u32) -> Result<u64> {
+        let cutoff = now_us().saturating_sub(dur_us(ttl));
+        let mut tx = self.write_tx().await?;
+        let trees: Vec<String> = sqlx::query_scalar(
+            "SELECT s.id FROM sessions s \
+             WHERE s.parent_id IS NULL AND s.finished_at IS NOT NULL AND s.finished_at < $1 \
+               AND s.status IN ('completed', 'failed', 'cancelled') \
+               AND EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = s.id) \
+             ORDER BY s.finished_at LIMIT $2",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        for t in &trees {
+            sqlx::query("DELETE FROM workspace_files WHERE root_id = $1")
+                .bind(t)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(trees.len() as u64)
+    }
+
+    /// [`crate::SweepStore::collect_blobs`].
+    ///
+    /// With an object store, the index rows are deleted first and their objects then,
+    /// inside the write transaction (no upload can overlap it). A failed object delete
+    /// still commits the rows' deletion: the object is left as garbage, never an index
+    /// row pointing nowhere; the failure is reported for the log.
+    pub(super) async fn collect(&self, grace: Duration, limit: u32) -> Result<u64> {
+        let cutoff = now_us().saturating_sub(dur_us(grace));
+        let mut tx = self.write_tx().await?;
+        let gone: Vec<String> = sqlx::query_scalar(
+            "DELETE FROM blobs WHERE sha256 IN (SELECT b.sha256 FROM blobs b \
+                 WHERE b.touched_at < $1 \
+                   AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256) \
+                 ORDER BY b.touched_at LIMIT $2) RETURNING sha256",
+        )
+        .bind(cutoff)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let deleted = match &self.objects {
+            Some(o) => o.delete_all(&gone).await,
+            None => Ok(()),
+        };
+        tx.commit().await?;
+        deleted.map(|()| gone.len() as u64)
+    }
+
+    /// Keep the bytes of blobs in `objects` (an S3-compatible bucket) and only their
+    /// index in the `blobs` table. Contents stored in the table before stay readable.
+    pub fn with_objects(mut self, objects: std::sync::Arc<S3Blobs>) -> Self {
+        self.objects = Some(objects);
+        self
+    }
+}

@@ -1,0 +1,465 @@
+//! The `Store`: where the truth lives. Sessions, their append-only messages, leases with
+//! fencing. Implemented on Postgres ([`crate::pg::PgStore`]) and, for the embedded mode,
+//! SQLite ([`crate::sqlite::SqliteStore`]). Every write a worker makes after a claim is
+//! conditional on its lease epoch.
+//!
+//! The operations are split by caller, so that each caller can depend on only what it
+//! uses: [`SessionStore`] (the API and the CLI: create, read, cancel), [`LeaseStore`] (a
+//! worker running sessions: claim, checkpoint, heartbeat, release, suspend),
+//! [`InboxStore`] (whatever wakes a session: inbox items, approvals, follow-ups) and
+//! [`SweepStore`] (the scheduler's sweeper), [`KeyStore`] (API keys) and [`QueueStore`]
+//! (the queues an admin created). [`Store`] is all of them, plus the schema
+//! check a process runs once at start; `Arc<dyn Store>` is what the processes hold.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use agentq_agent::schema::{Message, ToolCall};
+use agentq_agent::state::SessionState;
+
+use chrono::{DateTime, Utc};
+
+use crate::auth::{ApiKey, NewApiKey};
+use crate::blob::BlobStore;
+use crate::budget::{
+    HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
+};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::{
+    ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
+    SessionRow, SessionStatus, Woken,
+};
+use crate::protocol::{InboxKind, InboxPayload};
+use crate::scheduling::{ActiveCount, Candidate};
+use crate::wait::WaitReason;
+use crate::workspace::FileEntry;
+
+/// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
+/// (outcome stored, lease given up, and whatever arrived meanwhile, such as a bumped
+/// `wake_seq`) when the store can return it with the commit, which spares the finishing
+/// worker a read; `None` for a step, or when the row must be read.
+pub type Committed = Option<Box<SessionRow>>;
+
+/// The whole store: every narrow trait below, and the schema check.
+///
+/// The schema check is the one operation of the database as a whole (not of sessions), run
+/// by a process before it serves anything; it is declared here rather than in a narrow
+/// trait so that `Store::check_schema(&store)` names it directly.
+#[async_trait]
+pub trait Store:
+    SessionStore
+    + LeaseStore
+    + InboxStore
+    + SweepStore
+    + KeyStore
+    + QueueStore
+    + BudgetStore
+    + WorkspaceStore
+{
+    /// Fail unless the schema is at least what this binary needs.
+    async fn check_schema(&self) -> Result<()>;
+}
+
+/// Sessions as the API and the CLI see them: create, read, list, cancel, fail.
+#[async_trait]
+pub trait SessionStore: Send + Sync {
+    /// Insert a queued session. With an idempotency key that exists already, return the
+    /// existing row and `false`.
+    async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)>;
+
+    /// Insert many in one transaction; same idempotency rule per item.
+    async fn create_sessions(&self, new: &[NewSession]) -> Result<Vec<(SessionRow, bool)>>;
+
+    async fn get(&self, id: &str) -> Result<Option<SessionRow>>;
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<SessionRow>>;
+
+    /// The stored history, in order.
+    async fn messages(&self, id: &str) -> Result<Vec<Message>>;
+
+    /// Mark a session failed from outside a run (dead letter), with the reason.
+    async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;
+
+    /// Cancel: a queued session is cancelled at once; a running one gets the flag.
+    async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
+
+    /// Redrive a session that failed with an error (its run's, or a dead letter): back
+    /// to `queued` without a stream entry (the caller enqueues it), resuming from its last
+    /// checkpoint, with its claim count reset and its outcome cleared; the lease epoch
+    /// moves on, fencing off any earlier holder. A session that is not failed that way is
+    /// left as it is ([`RetryResult::NotRetryable`]), so a repeated retry does nothing.
+    /// With `hold`, it waits for the dispatcher rather than for the caller's enqueue.
+    ///
+    /// In a tree with a token budget it is re-opened on the tree's ledger in the same
+    /// transaction, as [`InboxStore::follow_up`] says; `Error::NoBudget`, changing
+    /// nothing, when the tree has nothing left to give it.
+    async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult>;
+
+    /// Liveness of the database.
+    async fn ping(&self) -> Result<()>;
+
+    /// How many sessions are in each unfinished status (for the fleet's gauges).
+    async fn count_unfinished(&self) -> Result<Vec<(SessionStatus, u64)>>;
+}
+
+/// What a worker needs to run sessions: leases and the writes fenced by them.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
+    /// Take the session for `owner` if it is runnable and not leased by a live worker:
+    /// bump the epoch, set the lease, mark it running, and return its state.
+    /// `max_attempts`: past this many claims without finishing, return `Exhausted`.
+    async fn claim(&self, id: &str, owner: &str, ttl: Duration, max_attempts: u32)
+    -> Result<Claim>;
+
+    /// One round trip: append `state.messages[from..]` and update the row's scalars (and
+    /// its terminal status when `state.outcome` is set), only if `lease` still holds.
+    /// `Error::LeaseLost` when it does not. Safe to retry after an ambiguous failure.
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()>;
+
+    /// Group commit: many sessions' checkpoints in one durable commit (one statement on
+    /// Postgres). `Err` when the batch as a whole failed, in which case none of it was
+    /// written and all of it may be retried; otherwise one result per checkpoint, in
+    /// order, each `Ok` or `Error::LeaseLost` on its own: one fenced-off session does not
+    /// hold back the others. At most one checkpoint per session in a batch.
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>>;
+
+    /// Extend these leases. Returns, per lease, whether it still holds and whether a
+    /// cancel was requested for it.
+    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>>;
+
+    /// Give the session back (graceful shutdown): status `queued`, no owner, attempts
+    /// reset. Fenced by the lease.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Give the session up until something wakes it (fenced by the lease): status
+    /// `waiting` or `awaiting_approval`, no owner. If anything arrived after `seen_wake`
+    /// (the row's `wake_seq` at the claim), the session goes back to `queued` instead; if
+    /// a cancel was requested, it is cancelled. Returns the status set; `queued` means
+    /// the caller must enqueue it.
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow>;
+
+    /// [`LeaseStore::suspend`] to `waiting` for `reason`, recording it, and, with
+    /// `wake_at`, when the sweeper puts the session back on the queue by itself
+    /// ([`SweepStore::wake_due`]). Fenced and woken-or-cancelled like `suspend`.
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow>;
+}
+
+/// What wakes a session: its inbox, the decisions on its held tool calls, follow-up turns.
+#[async_trait]
+pub trait InboxStore: Send + Sync {
+    /// Append an item to a session's inbox (a no-op if `dedupe` was delivered before)
+    /// and bump its wake counter; a session whose status is in `wake` goes back to
+    /// `queued` (the caller enqueues it).
+    async fn deliver(
+        &self,
+        session_id: &str,
+        kind: InboxKind,
+        dedupe: &str,
+        payload: &InboxPayload,
+        wake: &[SessionStatus],
+    ) -> Result<Option<Delivered>>;
+
+    /// Inbox items of these kinds after position `after`, in order.
+    async fn inbox(
+        &self,
+        session_id: &str,
+        kinds: &[InboxKind],
+        after: u64,
+    ) -> Result<Vec<InboxItem>>;
+
+    /// Record a human's decision on a held tool call (first decision wins) and wake the
+    /// session if it awaits approval.
+    async fn decide_approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<ApprovalRecorded>;
+
+    /// The decision on a held call, if any: (approved, reason).
+    async fn approval(
+        &self,
+        session_id: &str,
+        tool_call_id: &str,
+    ) -> Result<Option<(bool, Option<String>)>>;
+
+    /// The calls of `held` (the row's [`SessionRow::held_calls`]) that still wait for a
+    /// decision: made by the session's latest response, without a result and without a
+    /// recorded decision; in the response's order, with their tool and arguments. Empty
+    /// when the turn has moved on past that response (a user message follows it). One
+    /// round trip.
+    async fn pending_approvals(&self, session_id: &str, held: &[String]) -> Result<Vec<ToolCall>>;
+
+    /// Start a new turn on a finished session: the user's message is appended to its
+    /// full history and it is queued again. `consume` is the inbox position of the
+    /// follow-up this came from (recorded so it runs once). `None` when the session is
+    /// not finished (or the follow-up ran already).
+    ///
+    /// In a tree with a token budget, in the same transaction (serialised per tree with
+    /// spawns and give-backs): a sub-agent draws a new allowance from its tree as a spawn
+    /// does, from the nearest ancestor that still holds its own (at the latest the root),
+    /// and at most what its own `token_budget` still lets it spend (a session's
+    /// `token_budget` bounds its spend over all its turns); what it consumed before goes
+    /// from its parent's finished children's spend back to what the parent holds for it,
+    /// so its tokens are counted once. A root keeps its budget and its spend. When the
+    /// tree (or its own budget) has nothing left: `Error::NoBudget`, changing nothing.
+    async fn follow_up(
+        &self,
+        session_id: &str,
+        text: &str,
+        consume: Option<u64>,
+    ) -> Result<Option<SessionRow>>;
+}
+
+/// What the sweeper needs: which sessions have queue entries, and expired approvals.
+#[async_trait]
+pub trait SweepStore: Send + Sync {
+    /// Remember that the session has a queue entry (so the sweeper leaves it alone).
+    async fn mark_enqueued(&self, ids: &[String]) -> Result<()>;
+
+    /// Forget that sessions of `queue` have queue entries (the queue lost its data): the
+    /// sweeper then re-adds every queued and running one. Returns how many.
+    async fn reset_enqueued(&self, queue: &str) -> Result<u64>;
+
+    /// Running sessions whose lease expired more than `grace` ago, with a queue entry added
+    /// before that lease: forget the entry, so that [`SweepStore::unenqueued`] returns them
+    /// and the sweeper adds a new one. The lease is the truth for liveness: whatever became
+    /// of the old entry (trimmed, lost with Redis, pending for a dead worker), the session
+    /// runs again, and a duplicate entry is harmless. A session whose entry was added after
+    /// its lease expired is left alone (each expiry is re-queued once). Up to `limit`,
+    /// longest expired first; returns how many.
+    async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64>;
+
+    /// Queued (or running) sessions without a queue entry, older than `age`.
+    async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;
+
+    /// Sessions awaiting an approval past their deadline go back to the queue (their
+    /// held calls are then denied with `timeout`). Returns (id, queue) to enqueue.
+    async fn wake_expired_approvals(&self, limit: u32) -> Result<Vec<Woken>>;
+
+    /// Sessions waiting with a wake time that has come (a rate limit's) go back to the
+    /// queue, those due longest first, up to `limit`. Returns (id, queue) to enqueue.
+    async fn wake_due(&self, limit: u32) -> Result<Vec<Woken>>;
+
+    /// `tenant`'s sessions parked for a spent budget go back to the queue (its budget was
+    /// raised or its period turned over), longest parked first, up to `limit`. Returns
+    /// (id, queue) to enqueue. A session that is still running when this is called and
+    /// parks afterwards is not woken by it.
+    async fn wake_budget_waiters(&self, tenant: &str, limit: u32) -> Result<Vec<Woken>>;
+
+    /// Suspended (`waiting`, `awaiting_approval`) sessions per wait reason (one query).
+    async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>>;
+    /// Queued sessions held in the store (behind a full delivery buffer or a cap on
+    /// running sessions), per queue; queues with none are absent.
+    async fn held_by_queue(&self) -> Result<Vec<(String, u64)>>;
+    /// Per (queue, tenant, batch): sessions running, and sessions queued and not held
+    /// (in the delivery buffer, or about to be). Groups with neither are absent.
+    async fn dispatch_load(&self) -> Result<Vec<ActiveCount>>;
+
+    /// The held sessions of `queue`: at most `per_group` of each (tenant, batch), the
+    /// best of each (higher priority, then older), and at most `limit` in all, lowest
+    /// ranks first.
+    async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>>;
+
+    /// Whether any session of `queue` is held (cheap: the first index entry).
+    async fn any_held(&self, queue: &str) -> Result<bool>;
+
+    /// Stop holding these sessions (the caller then enqueues them): only those still held
+    /// and queued, which are returned, so that of two racing callers one gets each.
+    async fn release_held(&self, ids: &[String]) -> Result<Vec<String>>;
+
+    /// Delete the workspaces (manifests) of up to `limit` trees whose root finished more
+    /// than `ttl` ago and did not run since; their blobs are then unreferenced, for
+    /// [`SweepStore::collect_blobs`]. Returns how many trees.
+    async fn expire_workspaces(&self, ttl: Duration, limit: u32) -> Result<u64>;
+
+    /// Delete up to `limit` blobs that no manifest references and that nothing touched for
+    /// `grace` (an upload about to be committed touched its blobs just before). Returns
+    /// how many.
+    async fn collect_blobs(&self, grace: Duration, limit: u32) -> Result<u64>;
+}
+
+/// What [`SessionStore::retry`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryResult {
+    /// Queued again; the caller enqueues it.
+    Retried(Box<SessionRow>),
+    /// It is not a session that failed with an error (as it stands now).
+    NotRetryable(Box<SessionRow>),
+    NotFound,
+}
+
+/// API keys (the hashes of them: a key itself is never stored).
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    /// Store a new key; `Error::Conflict` when its id exists already.
+    async fn create_key(&self, key: &NewApiKey) -> Result<ApiKey>;
+
+    /// Every key, oldest first (revoked and expired ones included).
+    async fn list_keys(&self) -> Result<Vec<ApiKey>>;
+
+    /// Revoke the key (a revoked key stays revoked, at its first revocation's time); the
+    /// key as stored now, `None` when there is no such key.
+    async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>>;
+
+    /// The key with this public id, whose stored hash a presented key is then compared
+    /// with (`auth::verify`, constant time).
+    async fn key(&self, id: &str) -> Result<Option<ApiKey>>;
+}
+
+/// The queues an admin created (the configured ones are in the configuration): a queue is
+/// a Redis stream and a label value of the metrics, so sessions may only name known ones.
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    /// Store the queue `name`, unless it is stored already or `limit` queues are; the
+    /// count and the insert are one step for every scheduler at once.
+    async fn create_queue(&self, name: &str, limit: usize) -> Result<QueueCreate>;
+
+    /// Every stored queue, oldest first.
+    async fn stored_queues(&self) -> Result<Vec<String>>;
+}
+
+/// What [`QueueStore::create_queue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueCreate {
+    Created,
+    /// It was stored already.
+    Exists,
+    /// `limit` queues are stored: none was added.
+    Full,
+}
+
+/// A single checkpoint written as a batch of one, as both stores do: one code path for
+/// fencing and retries whatever the batch size.
+pub(crate) async fn checkpoint_alone<S: LeaseStore + ?Sized>(
+    store: &S,
+    lease: &Lease,
+    state: &SessionState,
+    from: usize,
+) -> Result<()> {
+    let cp = Checkpoint::new(lease, state, from)?;
+    match store.checkpoint_batch(&[&cp]).await?.pop() {
+        Some(result) => result.map(|_| ()),
+        // A batch answers once per checkpoint: no answer is a store bug, not a success.
+        None => Err(Error::Conflict(format!(
+            "the store gave no answer for the checkpoint of session {}",
+            lease.session_id
+        ))),
+    }
+}
+
+/// What a heartbeat learned about one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseStatus {
+    pub session_id: String,
+    /// Still ours, and extended.
+    pub held: bool,
+    /// Someone else has it (a newer claim, or the row is gone): the run must stop. Not set
+    /// for a lease its holder gave up itself (a final checkpoint, a suspension or a
+    /// release that committed while the heartbeat was on its way), nor when the
+    /// heartbeat lost a race it cannot judge: the next checkpoint's fencing decides then.
+    pub lost: bool,
+    pub cancel_requested: bool,
+}
+
+/// The ledger, the cap on trees and tenant budgets and spend.
+#[async_trait]
+pub trait BudgetStore: Send + Sync {
+    /// Create the child `new` under `limits`, in one transaction: a session with the same
+    /// idempotency key is answered as it is; else the tree's count (on the root row) must
+    /// be below `max_tree_sessions`, and with a budget the parent's remaining budget must
+    /// give a grant ([`crate::budget::grant`]); the child is inserted with that grant as its spec's
+    /// `token_budget` and stored allowance, the parent holds it, and the root counts one
+    /// more session. Concurrent spawns in one tree (on any worker) are serialised by the
+    /// root's row, so two cannot both take the last slot or the last of the budget.
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned>;
+
+    /// The session's part of the ledger, `None` when there is no such session.
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>>;
+
+    /// A finished child gives its allowance back to its parent, with what it and its
+    /// subtree consumed (its own tokens, its finished children's, and what its live
+    /// children still hold). Once per child; `false` when there was nothing to do (not
+    /// finished, no allowance, done already). A child whose parent gave back already
+    /// changes what that parent consumed: the difference goes on up to the first
+    /// ancestor that has not given back (at the latest the root), so the root's ledger
+    /// counts every token of the tree once. Serialised per tree with spawns and
+    /// re-openings ([`crate::SessionStore::retry`], [`crate::InboxStore::follow_up`]).
+    async fn return_budget(&self, id: &str) -> Result<bool>;
+
+    /// Finished children whose allowance was not given back (up to `limit`), for the
+    /// sweeper.
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>>;
+
+    /// Usage per model over the sessions of the tree rooted at `root_id`.
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>>;
+
+    /// Add to what `tenant` spent on UTC day `day` (`YYYY-MM-DD`).
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()>;
+
+    /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
+    /// in one transaction serialised per tenant on every worker, refused with the first
+    /// budget that the tenant's recorded spend in its period has reached, else with the
+    /// first that this spend plus the unexpired holds of its other calls reaches (with
+    /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`
+    /// is stored (and the tenant's expired holds dropped). A call starts only while spend
+    /// and holds are below the budget, so the tenant ends within it plus one call,
+    /// however many run at once.
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: DateTime<Utc>,
+    ) -> Result<Option<HoldRefused>>;
+
+    /// The call of hold `id` ended having spent `spend`, counted on UTC day `day`: the
+    /// hold goes and the spend is added, in one step (a hold already gone, expired or
+    /// settled, only adds the spend).
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()>;
+
+    /// What `tenant` spent from day `from` to day `to`, both included.
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend>;
+
+    /// Store a tenant's budget (it overrides the configured one).
+    async fn set_tenant_budget(&self, budget: &TenantBudget) -> Result<()>;
+
+    /// The stored budgets (set through the admin API).
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>>;
+}
+
+/// A tree's committed workspace: read by the API and the CLI, and by a worker that
+/// materialises it; written by the checkpoints (see [`crate::Checkpoint::files`]) and by
+/// the creation of a session (its input files, or a fork of another tree's).
+#[async_trait]
+pub trait WorkspaceStore: BlobStore + Send + Sync {
+    /// Every committed file of the tree `root_id`, sorted by path.
+    async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>>;
+
+    /// One committed file and its bytes; `None` when the tree holds no such path.
+    async fn workspace_file(
+        &self,
+        root_id: &str,
+        path: &str,
+    ) -> Result<Option<(FileEntry, Vec<u8>)>>;
+}

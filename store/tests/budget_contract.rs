@@ -1,0 +1,1665 @@
+//! The `BudgetStore` contract, run against Postgres and SQLite like `store_contract.rs`:
+//! a child's allowance drawn from its parent's remaining budget and given back once, the
+//! cap on a tree's sessions, both under concurrent spawns, a finished sub-agent started
+//! again drawing from its tree, tree usage per model, tenant spend per day and stored
+//! tenant budgets, and tenant holds. A property test runs random sequences of spawns,
+//! calls, ends, cancels, dead workers, follow-ups, retries and sweeps against the tree
+//! ledger's invariants.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentq_agent::schema::{Message, Usage};
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::state::Outcome;
+use agentq_error::Error;
+use agentq_store::RetryResult;
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::store::Store;
+use agentq_types::budget::{
+    Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
+};
+use agentq_types::model::{Claim, NewSession, SessionStatus, new_session_id};
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn pg_store() -> PgStore {
+    let url = agentq_testkit::shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let store = PgStore::connect(&url, 8).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    (dir, store)
+}
+
+macro_rules! contract_tests {
+    ($($case:ident),* $(,)?) => {
+        mod pg {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let store = std::sync::Arc::new(super::pg_store().await);
+                    super::$case(store).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let (_dir, store) = super::sqlite_store().await;
+                    let store = std::sync::Arc::new(store);
+                    super::$case(store.clone()).await;
+                    store.close().await;
+                }
+            )*
+        }
+    };
+}
+
+contract_tests!(
+    budget_child_draws_and_gives_back_once,
+    budget_refuses_when_nothing_is_left,
+    budget_tree_cap_holds_under_concurrent_spawns,
+    budget_last_of_the_budget_goes_to_one_of_two_racing_spawns,
+    budget_repeated_spawn_answers_the_same_child,
+    budget_sweeper_finds_unreturned_allowances,
+    budget_tree_usage_per_model,
+    budget_tenant_spend_and_stored_budgets,
+    budget_tenant_holds_bound_the_calls_in_flight,
+    budget_reopened_child_draws_from_its_tree_and_counts_once,
+    budget_reopen_refused_when_the_tree_has_nothing_left,
+    budget_reopen_gives_back_first_when_its_worker_died,
+    budget_late_grandchild_and_its_reopening_reach_the_root,
+    budget_tenant_holds_make_calls_wait_and_spend_refuses,
+    budget_spawn_counts_the_spend_its_parent_has_not_checkpointed,
+    budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too,
+);
+
+fn root(budget: Option<u64>) -> NewSession {
+    let mut spec = SessionSpec::new("root");
+    spec.token_budget = budget;
+    NewSession::root(spec, "default")
+}
+
+fn child_of(parent: &NewSession, key: &str) -> NewSession {
+    let mut spec = SessionSpec::new("child");
+    spec.model = Some("child-model".into());
+    let id = new_session_id();
+    NewSession {
+        id,
+        spec,
+        queue: "default".into(),
+        parent_id: Some(parent.id.clone()),
+        root_id: parent.root_id.clone(),
+        depth: parent.depth + 1,
+        idempotency_key: Some(format!("spawn:{key}")),
+        idempotency_hash: None,
+        tenant: parent.tenant.clone(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    }
+}
+
+fn limits(max: u64, parent_allowance: Option<u64>, requested: Option<u64>) -> SpawnLimits {
+    SpawnLimits {
+        max_tree_sessions: max,
+        budget: parent_allowance.map(|b| SpawnBudget {
+            parent_allowance: b,
+            requested,
+            parent_spent: 0,
+        }),
+    }
+}
+
+/// Run `id` to a final checkpoint that spent `tokens` (input + output).
+async fn finish_spending(store: &dyn Store, id: &str, input: u64, output: u64) {
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = store.claim(id, "w", TTL, 10).await.unwrap()
+    else {
+        panic!("claim");
+    };
+    let from = state.messages.len();
+    let mut m = Message::assistant("done");
+    m.usage = Some(Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Default::default()
+    });
+    state.push_assistant(m);
+    state.outcome = Some(Outcome {
+        reason: ExitReason::Stop,
+        result: Some("done".into()),
+        error: None,
+    });
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    assert_eq!(
+        store.get(id).await.unwrap().unwrap().status,
+        SessionStatus::Completed
+    );
+}
+
+/// Run `id` to a final checkpoint for `reason` that spent `tokens`.
+async fn end_spending(store: &dyn Store, id: &str, tokens: u64, reason: ExitReason) {
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = store.claim(id, "w", TTL, 10).await.unwrap()
+    else {
+        panic!("claim");
+    };
+    let from = state.messages.len();
+    let mut m = Message::assistant("ended");
+    m.usage = Some(Usage {
+        input_tokens: tokens,
+        ..Default::default()
+    });
+    state.push_assistant(m);
+    state.outcome = Some(Outcome {
+        reason,
+        result: None,
+        error: Some("ended".into()),
+    });
+    store.checkpoint(&lease, &state, from).await.unwrap();
+}
+
+/// (held, children_spent, signed remaining) of `id`'s ledger, `allowance` for a root.
+async fn ledger_of(store: &dyn Store, id: &str, root_allowance: u64) -> (u64, u64, i128) {
+    let l = store.ledger(id).await.unwrap().unwrap();
+    let a = l.allowance.unwrap_or(root_allowance);
+    let raw =
+        i128::from(a) - i128::from(l.spent) - i128::from(l.held) - i128::from(l.children_spent);
+    (l.held, l.children_spent, raw)
+}
+
+fn as_new(row: &agentq_types::model::SessionRow) -> NewSession {
+    NewSession {
+        id: row.id.clone(),
+        spec: row.spec.clone(),
+        queue: row.queue.clone(),
+        parent_id: row.parent_id.clone(),
+        root_id: row.root_id.clone(),
+        depth: row.depth,
+        idempotency_key: None,
+        idempotency_hash: None,
+        tenant: row.tenant.clone(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    }
+}
+
+/// Spend `input + output` on `id` without finishing it.
+async fn spend_on(store: &dyn Store, id: &str, input: u64, output: u64) {
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = store.claim(id, "w", TTL, 10).await.unwrap()
+    else {
+        panic!("claim");
+    };
+    let from = state.messages.len();
+    let mut m = Message::assistant("working");
+    m.usage = Some(Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Default::default()
+    });
+    state.push_assistant(m);
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    store.release(&lease).await.unwrap();
+}
+
+fn created(s: Spawned) -> agentq_types::model::SessionRow {
+    match s {
+        Spawned::Created(row) => row,
+        other => panic!("expected a new child, got {other:?}"),
+    }
+}
+
+/// A spawn's grant is drawn from what is left after the parent's spend as its running
+/// worker knows it (`parent_spent`: its guardian's reviews are checkpointed only after the
+/// round), or the stored spend when that is larger: never from a count the parent has
+/// already passed.
+async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let with_spent = |requested, parent_spent| SpawnLimits {
+        max_tree_sessions: 10,
+        budget: Some(SpawnBudget {
+            parent_allowance: 1000,
+            requested,
+            parent_spent,
+        }),
+    };
+    // 400 spent as the run knows it: everything asked for is what is left after it.
+    let a = created(
+        store
+            .spawn_session(&child_of(&r, "a"), &with_spent(Some(5000), 400))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(a.spec.token_budget, Some(600));
+    assert_eq!(
+        store.ledger(&a.id).await.unwrap().unwrap().allowance,
+        Some(600)
+    );
+    // Nothing is left once the run's count is taken: refused, nothing written.
+    match store
+        .spawn_session(&child_of(&r, "b"), &with_spent(None, 400))
+        .await
+        .unwrap()
+    {
+        Spawned::NoBudget { remaining } => assert_eq!(remaining, 0),
+        other => panic!("{other:?}"),
+    }
+    // A count behind the stored spend is not believed over it.
+    finish_spending(store.as_ref(), &a.id, 100, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    let c = created(
+        store
+            .spawn_session(&child_of(&r, "c"), &with_spent(Some(5000), 0))
+            .await
+            .unwrap(),
+    );
+    // 1000 - 100 (stored, the root) - 100 (a spent).
+    assert_eq!(c.spec.token_budget, Some(800));
+}
+
+/// A sub-agent's `token_budget` bounds it and its own sub-agents over its whole life, as
+/// a root's does: one that spent its allowance through a sub-agent of its own cannot be
+/// started again for more. It used to count only its own spend, so that each follow-up
+/// granted it its budget less that (here 400 more, again and again), up to all its tree
+/// had left.
+async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
+    store: Arc<dyn Store>,
+) {
+    let r = root(Some(10_000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    let arow = created(
+        store
+            .spawn_session(&a, &limits(10, Some(10_000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    let g = child_of(&as_new(&arow), "g");
+    created(
+        store
+            .spawn_session(&g, &limits(10, Some(500), Some(400)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &g.id, 400, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    finish_spending(store.as_ref(), &a.id, 100, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    // `a` and its child consumed all of its 500.
+    assert_eq!(
+        ledger_of(store.as_ref(), &r.id, 10_000).await,
+        (0, 500, 9_500)
+    );
+    let before = store.get(&a.id).await.unwrap().unwrap();
+    match store.follow_up(&a.id, "more", None).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains(&a.id), "{m}"),
+        other => panic!("a sub-agent re-opened past its own token_budget: {other:?}"),
+    }
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap(), before);
+    assert_eq!(
+        ledger_of(store.as_ref(), &r.id, 10_000).await,
+        (0, 500, 9_500)
+    );
+
+    // One that consumed 300 of its 500 (100 itself, 200 through its child) gets 200 more.
+    let b = child_of(&r, "b");
+    let brow = created(
+        store
+            .spawn_session(&b, &limits(10, Some(10_000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    let h = child_of(&as_new(&brow), "h");
+    created(
+        store
+            .spawn_session(&h, &limits(10, Some(500), Some(300)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &h.id, 200, 0).await;
+    assert!(store.return_budget(&h.id).await.unwrap());
+    finish_spending(store.as_ref(), &b.id, 100, 0).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    store.follow_up(&b.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(
+        store.ledger(&b.id).await.unwrap().unwrap().allowance,
+        Some(500),
+        "its 300 consumed plus the 200 its token_budget still allows"
+    );
+}
+
+async fn budget_child_draws_and_gives_back_once(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 150, 50).await;
+    // 800 remain: the default grant is half of it.
+    let a = child_of(&r, "a");
+    let row = created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), None))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(row.spec.token_budget, Some(400));
+    assert_eq!(
+        store.get(&a.id).await.unwrap().unwrap().spec.token_budget,
+        Some(400)
+    );
+    let l = store.ledger(&r.id).await.unwrap().unwrap();
+    assert_eq!(
+        l,
+        Ledger {
+            allowance: None,
+            spent: 200,
+            held: 400,
+            children_spent: 0
+        }
+    );
+    assert_eq!(l.remaining(1000, 0), 400);
+    assert_eq!(
+        store.ledger(&a.id).await.unwrap().unwrap().allowance,
+        Some(400)
+    );
+    // A grandchild asks for more than its parent has: it gets all of it.
+    let g = child_of(&a, "g");
+    let grow = created(
+        store
+            .spawn_session(&g, &limits(10, Some(400), Some(10_000)))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(grow.spec.token_budget, Some(400));
+    // Not finished: nothing goes back.
+    assert!(!store.return_budget(&a.id).await.unwrap());
+    // The grandchild spends 70 and finishes: its parent holds nothing and counts 70.
+    finish_spending(store.as_ref(), &g.id, 60, 10).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    assert!(!store.return_budget(&g.id).await.unwrap(), "once only");
+    let la = store.ledger(&a.id).await.unwrap().unwrap();
+    assert_eq!((la.held, la.children_spent), (0, 70));
+    assert_eq!(la.remaining(400, 0), 330);
+    // The child spends 30 itself and finishes: the root gets back all but 100.
+    finish_spending(store.as_ref(), &a.id, 20, 10).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    let l = store.ledger(&r.id).await.unwrap().unwrap();
+    assert_eq!((l.held, l.children_spent), (0, 100));
+    assert_eq!(l.remaining(1000, 0), 700);
+    // A root gives nothing back (it has no parent).
+    finish_spending(store.as_ref(), &r.id, 0, 0).await;
+    assert!(!store.return_budget(&r.id).await.unwrap());
+}
+
+async fn budget_refuses_when_nothing_is_left(store: Arc<dyn Store>) {
+    let r = root(Some(100));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 90, 10).await;
+    let a = child_of(&r, "a");
+    assert_eq!(
+        store
+            .spawn_session(&a, &limits(10, Some(100), None))
+            .await
+            .unwrap(),
+        Spawned::NoBudget { remaining: 0 }
+    );
+    assert!(store.get(&a.id).await.unwrap().is_none(), "nothing created");
+    // Without a budget the same spawn passes (the cap alone applies).
+    let b = child_of(&r, "b");
+    let row = created(
+        store
+            .spawn_session(&b, &limits(10, None, None))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(row.spec.token_budget, None);
+}
+
+async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
+    let r = root(None);
+    store.create_session(&r).await.unwrap();
+    // A cap of 5: the root and four children, however many spawn at once.
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let store = store.clone();
+        let c = child_of(&r, &format!("c{i}"));
+        tasks.push(tokio::spawn(async move {
+            store
+                .spawn_session(&c, &limits(5, None, None))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut made = 0;
+    let mut full = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Spawned::Created(_) => made += 1,
+            Spawned::TreeFull { max } => {
+                assert_eq!(max, 5);
+                full += 1;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((made, full), (4, 8));
+    // Grandchildren count against the same root.
+    let kids = store
+        .list(&agentq_types::model::ListFilter {
+            parent_id: Some(r.id.clone()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(kids.len(), 4);
+    let k = &kids[0];
+    let parent = NewSession {
+        id: k.id.clone(),
+        spec: k.spec.clone(),
+        queue: k.queue.clone(),
+        parent_id: k.parent_id.clone(),
+        root_id: k.root_id.clone(),
+        depth: k.depth,
+        idempotency_key: None,
+        idempotency_hash: None,
+        tenant: k.tenant.clone(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    };
+    let gc = child_of(&parent, "gc");
+    assert_eq!(
+        store
+            .spawn_session(&gc, &limits(5, None, None))
+            .await
+            .unwrap(),
+        Spawned::TreeFull { max: 5 }
+    );
+}
+
+async fn budget_last_of_the_budget_goes_to_one_of_two_racing_spawns(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 900, 0).await;
+    // 100 left; each asks for all of it. However they interleave, one gets it.
+    for round in 0..3 {
+        let a = child_of(&r, &new_session_id());
+        let b = child_of(&r, &new_session_id());
+        let (sa, sb) = (store.clone(), store.clone());
+        let ta = tokio::spawn(async move {
+            sa.spawn_session(&a, &limits(100, Some(1000), Some(100)))
+                .await
+                .unwrap()
+        });
+        let tb = tokio::spawn(async move {
+            sb.spawn_session(&b, &limits(100, Some(1000), Some(100)))
+                .await
+                .unwrap()
+        });
+        let outcomes = [ta.await.unwrap(), tb.await.unwrap()];
+        let grants: Vec<u64> = outcomes
+            .iter()
+            .filter_map(|s| match s {
+                Spawned::Created(row) => row.spec.token_budget,
+                _ => None,
+            })
+            .collect();
+        // The first round: one of the two got the 100, the other nothing; later rounds
+        // find nothing left.
+        let want: Vec<u64> = if round == 0 { vec![100] } else { vec![] };
+        assert_eq!(grants, want, "{outcomes:?}");
+        let l = store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!((l.held, l.remaining(1000, 0)), (100, 0));
+    }
+}
+
+async fn budget_repeated_spawn_answers_the_same_child(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "same-call");
+    let first = created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), None))
+            .await
+            .unwrap(),
+    );
+    // The call runs again (a resumed parent): another id, the same key.
+    let mut again = child_of(&r, "same-call");
+    again.id = new_session_id();
+    match store
+        .spawn_session(&again, &limits(10, Some(1000), None))
+        .await
+        .unwrap()
+    {
+        Spawned::Existing(row) => assert_eq!(row.id, first.id),
+        other => panic!("{other:?}"),
+    }
+    let l = store.ledger(&r.id).await.unwrap().unwrap();
+    assert_eq!(l.held, 500, "drawn once");
+    // Even with the tree full, the repeat is answered.
+    match store
+        .spawn_session(&again, &limits(1, Some(1000), None))
+        .await
+        .unwrap()
+    {
+        Spawned::Existing(row) => assert_eq!(row.id, first.id),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn budget_sweeper_finds_unreturned_allowances(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), None))
+            .await
+            .unwrap(),
+    );
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    // Cancelled while queued: no worker ran it, so nobody gave its budget back.
+    store.request_cancel(&a.id).await.unwrap();
+    assert_eq!(
+        store.unreturned_budgets(10).await.unwrap(),
+        vec![a.id.clone()]
+    );
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    let l = store.ledger(&r.id).await.unwrap().unwrap();
+    assert_eq!((l.held, l.children_spent), (0, 0));
+}
+
+async fn budget_tree_usage_per_model(store: Arc<dyn Store>) {
+    let r = root(None);
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 10).await;
+    for k in ["a", "b"] {
+        let c = child_of(&r, k);
+        created(
+            store
+                .spawn_session(&c, &limits(10, None, None))
+                .await
+                .unwrap(),
+        );
+        spend_on(store.as_ref(), &c.id, 1000, 100).await;
+    }
+    let usage = store.tree_usage(&r.id).await.unwrap();
+    assert_eq!(usage.len(), 2, "{usage:?}");
+    let child = usage
+        .iter()
+        .find(|u| u.model.as_deref() == Some("child-model"))
+        .unwrap();
+    assert_eq!(child.sessions, 2);
+    assert_eq!(
+        (child.usage.input_tokens, child.usage.output_tokens),
+        (2000, 200)
+    );
+    let root = usage.iter().find(|u| u.model.is_none()).unwrap();
+    assert_eq!((root.sessions, root.usage.input_tokens), (1, 100));
+    assert!(store.tree_usage("no-such-root").await.unwrap().is_empty());
+}
+
+async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {
+    let s = |tokens, cost_nanos| Spend { tokens, cost_nanos };
+    store
+        .add_tenant_spend("acme", "2026-03-01", s(100, 5))
+        .await
+        .unwrap();
+    store
+        .add_tenant_spend("acme", "2026-03-01", s(50, 1))
+        .await
+        .unwrap();
+    store
+        .add_tenant_spend("acme", "2026-03-02", s(7, 0))
+        .await
+        .unwrap();
+    store
+        .add_tenant_spend("other", "2026-03-02", s(1000, 1000))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .tenant_spend("acme", "2026-03-01", "2026-03-01")
+            .await
+            .unwrap(),
+        s(150, 6)
+    );
+    assert_eq!(
+        store
+            .tenant_spend("acme", "2026-03-01", "2026-03-31")
+            .await
+            .unwrap(),
+        s(157, 6)
+    );
+    assert_eq!(
+        store
+            .tenant_spend("nobody", "2026-03-01", "2026-03-31")
+            .await
+            .unwrap(),
+        s(0, 0)
+    );
+    assert!(store.tenant_budgets().await.unwrap().is_empty());
+    let mut b = TenantBudget {
+        tenant: "acme".into(),
+        period: Period::Day,
+        tokens: Some(100),
+        usd_nanos: None,
+        on_budget: OnBudget::Park,
+    };
+    store.set_tenant_budget(&b).await.unwrap();
+    b.tokens = Some(1000);
+    b.period = Period::Month;
+    b.usd_nanos = Some(5_000_000_000);
+    store.set_tenant_budget(&b).await.unwrap();
+    assert_eq!(store.tenant_budgets().await.unwrap(), vec![b]);
+}
+
+/// Calls of a tenant with a budget hold their worst case while they run: of twelve calls
+/// asking at once (from as many tasks, as from many workers), only those that find the
+/// recorded spend plus the holds before them below the budget start, so the tenant cannot
+/// pass it by more than one call. A settled hold becomes the call's real spend, which
+/// frees the rest; an expired hold (a dead worker's) holds nothing; another tenant and a
+/// money budget are held apart.
+async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
+    let now = chrono::Utc::now();
+    let day = agentq_types::budget::day_key(now.date_naive());
+    let tokens = |n: u64| TenantBudget {
+        tenant: "acme".into(),
+        period: Period::Day,
+        tokens: Some(n),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    };
+    let hold = |tenant: &str, tokens: u64, ttl: Duration| TenantHold {
+        id: new_session_id(),
+        tenant: tenant.into(),
+        worst: Spend {
+            tokens,
+            cost_nanos: 0,
+        },
+        ttl,
+    };
+    store
+        .add_tenant_spend(
+            "acme",
+            &day,
+            Spend {
+                tokens: 100,
+                cost_nanos: 0,
+            },
+        )
+        .await
+        .unwrap();
+    let budgets = vec![tokens(1000)];
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let (store, budgets) = (store.clone(), budgets.clone());
+        let h = hold("acme", 300, TTL);
+        tasks.push(tokio::spawn(async move {
+            let refused = store.hold_tenant_spend(&h, &budgets, now).await.unwrap();
+            (h.id, refused)
+        }));
+    }
+    let mut held = Vec::new();
+    for t in tasks {
+        let (id, refused) = t.await.unwrap();
+        match refused {
+            None => held.push(id),
+            Some(r) => {
+                assert_eq!(r.budget, 0);
+                assert!(r.message.contains("1000 tokens"), "{}", r.message);
+            }
+        }
+    }
+    // 100 spent: holds start at 100, 400 and 700 (each below 1000); the fourth would
+    // start at 1000.
+    assert_eq!(held.len(), 3, "{held:?}");
+    // Another tenant is not held by these.
+    assert!(
+        store
+            .hold_tenant_spend(
+                &hold("other", 300, TTL),
+                &[TenantBudget {
+                    tenant: "other".into(),
+                    ..tokens(1000)
+                }],
+                now
+            )
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Two calls end having spent 50 each: their holds become 100 of spend, and a call
+    // starts again (100 + 100 + 300 held).
+    for id in &held[..2] {
+        store
+            .settle_tenant_hold(
+                id,
+                "acme",
+                &day,
+                Spend {
+                    tokens: 50,
+                    cost_nanos: 0,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store.tenant_spend("acme", &day, &day).await.unwrap().tokens,
+        200
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 300, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // 200 + 600 held: one more fits (800 < 1000), then none.
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 300, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&hold("acme", 1, TTL), &budgets, now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // A hold that expired (its worker died) holds nothing: counted, its 900 would have
+    // reached the 800.
+    let fresh = hold("late", 900, Duration::from_millis(1));
+    let late = |n| TenantBudget {
+        tenant: "late".into(),
+        ..tokens(n)
+    };
+    assert!(
+        store
+            .hold_tenant_spend(&fresh, &[late(800)], now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        store
+            .hold_tenant_spend(&hold("late", 900, TTL), &[late(800)], now)
+            .await
+            .unwrap()
+            .is_none(),
+        "an expired hold still counted"
+    );
+    // A money budget: the holds' cost counts the same way.
+    let usd = TenantBudget {
+        tenant: "money".into(),
+        period: Period::Month,
+        tokens: None,
+        usd_nanos: Some(1_000),
+        on_budget: OnBudget::Park,
+    };
+    let costly = |cost_nanos| TenantHold {
+        worst: Spend {
+            tokens: 1,
+            cost_nanos,
+        },
+        ..hold("money", 1, TTL)
+    };
+    assert!(
+        store
+            .hold_tenant_spend(&costly(999), std::slice::from_ref(&usd), now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&costly(1), std::slice::from_ref(&usd), now)
+            .await
+            .unwrap()
+            .is_none(),
+        "999 held is below 1000"
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&costly(1), &[usd], now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// A finished sub-agent started again (a follow-up, a retry) draws a new allowance from
+/// its tree in the same transaction, at most what its own token_budget still allows: what
+/// it spent before moves from its parent's finished children's spend back to what the
+/// parent holds for it, so each of its tokens is counted once, and its next give-back
+/// returns only what is new. The root's ledger always says budget minus what the tree
+/// spent and holds.
+async fn budget_reopened_child_draws_from_its_tree_and_counts_once(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let a = child_of(&r, "a");
+    created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(500)))
+            .await
+            .unwrap(),
+    );
+    finish_spending(store.as_ref(), &a.id, 200, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 200, 700));
+
+    // A follow-up: 700 left in the tree, but its own budget of 500 allows 300 more.
+    let row = store.follow_up(&a.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Queued);
+    let la = store.ledger(&a.id).await.unwrap().unwrap();
+    assert_eq!(la.allowance, Some(500), "its 200 spent plus a grant of 300");
+    assert_eq!(la.remaining(500, 0), 300);
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (500, 0, 400));
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    assert!(
+        !store.return_budget(&a.id).await.unwrap(),
+        "running again: nothing to give"
+    );
+
+    // It spends 250 more and ends: 450 counted once, the rest back.
+    finish_spending(store.as_ref(), &a.id, 250, 0).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert!(!store.return_budget(&a.id).await.unwrap(), "once only");
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 450));
+
+    // Again: 50 left of its own budget; cancelled before it runs, it gives all back.
+    store.follow_up(&a.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (500, 0, 400));
+    store.request_cancel(&a.id).await.unwrap();
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 450));
+
+    // A retry of a child that failed with an error draws the same way.
+    let b = child_of(&r, "b");
+    created(
+        store
+            .spawn_session(&b, &limits(10, Some(1000), Some(400)))
+            .await
+            .unwrap(),
+    );
+    end_spending(store.as_ref(), &b.id, 100, ExitReason::Error).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 550, 350));
+    match store.retry(&b.id, false).await.unwrap() {
+        RetryResult::Retried(row) => assert_eq!(row.status, SessionStatus::Queued),
+        other => panic!("{other:?}"),
+    }
+    let lb = store.ledger(&b.id).await.unwrap().unwrap();
+    assert_eq!(
+        lb.allowance,
+        Some(400),
+        "its 100 spent plus 300 of its own 400"
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (400, 450, 50));
+    finish_spending(store.as_ref(), &b.id, 300, 0).await;
+    assert!(store.return_budget(&b.id).await.unwrap());
+    // 100 (root) + 450 (a) + 400 (b): the ledger says exactly what the tree spent.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 850, 50));
+    let tree: u64 = store
+        .tree_usage(&r.id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.usage.input_tokens + m.usage.output_tokens)
+        .sum();
+    assert_eq!(tree, 950);
+
+    // A root keeps its one budget over its turns: its follow-up finds what is left.
+    finish_spending(store.as_ref(), &r.id, 0, 0).await;
+    store
+        .follow_up(&r.id, "and then", None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 850, 50));
+}
+
+/// With nothing left in the tree (or in its own budget), a follow-up or a retry is
+/// refused and changes nothing: not the session, not its history, not the ledger.
+async fn budget_reopen_refused_when_the_tree_has_nothing_left(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    spend_on(store.as_ref(), &r.id, 100, 0).await;
+    let a = child_of(&r, "a");
+    let b = child_of(&r, "b");
+    for (c, want) in [(&a, 450), (&b, 450)] {
+        created(
+            store
+                .spawn_session(c, &limits(10, Some(1000), Some(want)))
+                .await
+                .unwrap(),
+        );
+    }
+    finish_spending(store.as_ref(), &a.id, 450, 0).await;
+    end_spending(store.as_ref(), &b.id, 200, ExitReason::Error).await;
+    for c in [&a, &b] {
+        assert!(store.return_budget(&c.id).await.unwrap());
+    }
+    // 100 + 450 + 200 spent: 250 left, but `a` spent all of its own 450.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 250));
+    let before = store.get(&a.id).await.unwrap().unwrap();
+    let history = store.messages(&a.id).await.unwrap();
+    match store.follow_up(&a.id, "more", None).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains(&a.id), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&a.id).await.unwrap().unwrap(), before);
+    assert_eq!(store.messages(&a.id).await.unwrap(), history);
+    // The root spends the rest: the tree has nothing left for anyone.
+    spend_on(store.as_ref(), &r.id, 250, 0).await;
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 0));
+    let before_b = store.get(&b.id).await.unwrap().unwrap();
+    match store.retry(&b.id, false).await {
+        Err(Error::NoBudget(m)) => assert!(m.contains("0 tokens left"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.get(&b.id).await.unwrap().unwrap(), before_b);
+    let lb = store.ledger(&b.id).await.unwrap().unwrap();
+    assert_eq!(lb.allowance, Some(450));
+    finish_spending(store.as_ref(), &r.id, 0, 0).await;
+    assert!(matches!(
+        store.follow_up(&r.id, "more", None).await,
+        Err(Error::NoBudget(_))
+    ));
+    assert_eq!(
+        store.get(&r.id).await.unwrap().unwrap().status,
+        SessionStatus::Completed
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 0));
+    // A tree without a budget re-opens as before.
+    let free = root(None);
+    store.create_session(&free).await.unwrap();
+    finish_spending(store.as_ref(), &free.id, 10, 0).await;
+    assert!(
+        store
+            .follow_up(&free.id, "more", None)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// A child whose worker died after it ended, before giving its allowance back, is started
+/// again: what it consumed is given back first, then it draws; nothing counted twice.
+async fn budget_reopen_gives_back_first_when_its_worker_died(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
+            .await
+            .unwrap(),
+    );
+    end_spending(store.as_ref(), &a.id, 100, ExitReason::Error).await;
+    assert_eq!(
+        store.unreturned_budgets(10).await.unwrap(),
+        vec![a.id.clone()]
+    );
+    store.retry(&a.id, false).await.unwrap();
+    // Its 100 plus min(600 - 100, 1000 - 100) = 500 more.
+    assert_eq!(
+        store.ledger(&a.id).await.unwrap().unwrap().allowance,
+        Some(600)
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (600, 0, 400));
+    assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
+    finish_spending(store.as_ref(), &a.id, 0, 50).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 150, 850));
+}
+
+/// A grandchild that ends after its parent gave back changes what that parent consumed:
+/// the difference reaches the root. Started again, it draws from the nearest ancestor
+/// still holding its own allowance (here the root).
+async fn budget_late_grandchild_and_its_reopening_reach_the_root(store: Arc<dyn Store>) {
+    let r = root(Some(1000));
+    store.create_session(&r).await.unwrap();
+    let a = child_of(&r, "a");
+    let arow = created(
+        store
+            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
+            .await
+            .unwrap(),
+    );
+    let g = child_of(&as_new(&arow), "g");
+    created(
+        store
+            .spawn_session(&g, &limits(10, Some(600), Some(400)))
+            .await
+            .unwrap(),
+    );
+    // The parent ends (cancelled, say) while its child still runs: the child's whole
+    // allowance counts as consumed for now.
+    end_spending(store.as_ref(), &a.id, 50, ExitReason::Error).await;
+    assert!(store.return_budget(&a.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 550));
+    // The grandchild ends having spent 100: the 300 it did not spend reach the root.
+    finish_spending(store.as_ref(), &g.id, 100, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    assert_eq!(ledger_of(store.as_ref(), &a.id, 0).await.0, 0);
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 150, 850));
+    // A follow-up on the grandchild: 300 more of its own 400, drawn from the root.
+    store.follow_up(&g.id, "more", None).await.unwrap().unwrap();
+    assert_eq!(
+        store.ledger(&g.id).await.unwrap().unwrap().allowance,
+        Some(400)
+    );
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 550));
+    finish_spending(store.as_ref(), &g.id, 50, 0).await;
+    assert!(store.return_budget(&g.id).await.unwrap());
+    // 50 (a) + 150 (g): all the tree spent, counted once.
+    assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 200, 800));
+    let la = store.ledger(&a.id).await.unwrap().unwrap();
+    assert_eq!((la.held, la.children_spent), (0, 150));
+}
+
+/// A call that finds its tenant's budget reached only with the holds of the calls in
+/// flight is told to wait for them (with when the first of them expires); one that finds
+/// it reached by the recorded spend is refused for good. Settled holds free the budget.
+async fn budget_tenant_holds_make_calls_wait_and_spend_refuses(store: Arc<dyn Store>) {
+    let now = chrono::Utc::now();
+    let day = agentq_types::budget::day_key(now.date_naive());
+    let budgets = [TenantBudget {
+        tenant: "acme".into(),
+        period: Period::Day,
+        tokens: Some(1000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }];
+    let hold = |tokens: u64| TenantHold {
+        id: new_session_id(),
+        tenant: "acme".into(),
+        worst: Spend {
+            tokens,
+            cost_nanos: 0,
+        },
+        ttl: TTL,
+    };
+    let (a, b) = (hold(600), hold(600));
+    assert!(
+        store
+            .hold_tenant_spend(&a, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&b, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // 1200 held, nothing spent: wait, until at the latest the first hold expires.
+    let refused = store
+        .hold_tenant_spend(&hold(10), &budgets, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let expire = refused.holds_expire.expect("a wait for the holds");
+    assert!(expire > now && expire <= chrono::Utc::now() + chrono::Duration::seconds(31));
+    assert!(refused.message.contains("in flight"), "{}", refused.message);
+    // They settle having spent 100 each: the budget has room again.
+    for h in [&a, &b] {
+        store
+            .settle_tenant_hold(
+                &h.id,
+                "acme",
+                &day,
+                Spend {
+                    tokens: 100,
+                    cost_nanos: 0,
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let c = hold(900);
+    assert!(
+        store
+            .hold_tenant_spend(&c, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    store
+        .settle_tenant_hold(
+            &c.id,
+            "acme",
+            &day,
+            Spend {
+                tokens: 800,
+                cost_nanos: 0,
+            },
+        )
+        .await
+        .unwrap();
+    // 1000 spent: refused for good, holds or not.
+    let refused = store
+        .hold_tenant_spend(&hold(10), &budgets, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(refused.holds_expire, None);
+    assert!(
+        refused.message.contains("(1000 used)"),
+        "{}",
+        refused.message
+    );
+}
+
+/// The tree ledger under random sequences of what happens to a tree: spawns, calls (each
+/// made only when the session's ledger says the call's worst case fits, as the worker's
+/// gate does), ends (completed, failed with an error, the parent told or left to the
+/// sweeper), cancels, a worker dying mid-run (its lease expires, another claims the
+/// session, the dead one's late write is fenced off), follow-ups, retries and sweeps.
+/// After every step: the tree spent at most its budget plus one call; `tree_usage` agrees
+/// with the sessions' own spend; and every session's ledger says exactly its allowance
+/// minus its own spend and what its children take (a child that gave back: what its
+/// subtree spent; one that did not: its allowance). Once all is finished, the root's
+/// ledger says the budget minus what the tree spent.
+mod ledger_prop {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    use agentq_agent::schema::{Message, Usage};
+    use agentq_agent::spec::ExitReason;
+    use agentq_agent::state::{Outcome, SessionState};
+    use agentq_error::Error;
+    use agentq_store::RetryResult;
+    use agentq_store::store::Store;
+    use agentq_types::model::{CancelResult, Claim, Lease, SessionStatus};
+
+    use super::{child_of, limits, root};
+
+    /// The worst case of one call (its prompt's estimate and max_tokens).
+    const WORST: u64 = 300;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Step { who: usize, spend: u64 },
+        Spawn { who: usize, ask: Option<u64> },
+        End { who: usize, error: bool, tell: bool },
+        Cancel { who: usize },
+        Kill { who: usize },
+        FollowUp { who: usize },
+        Retry { who: usize },
+        Sweep,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (any::<usize>(), 1..=WORST).prop_map(|(who, spend)| Op::Step { who, spend }),
+            2 => (any::<usize>(), proptest::option::of(1u64..2_000))
+                .prop_map(|(who, ask)| Op::Spawn { who, ask }),
+            2 => (any::<usize>(), any::<bool>(), any::<bool>())
+                .prop_map(|(who, error, tell)| Op::End { who, error, tell }),
+            1 => any::<usize>().prop_map(|who| Op::Cancel { who }),
+            1 => any::<usize>().prop_map(|who| Op::Kill { who }),
+            2 => any::<usize>().prop_map(|who| Op::FollowUp { who }),
+            2 => any::<usize>().prop_map(|who| Op::Retry { who }),
+            1 => Just(Op::Sweep),
+        ]
+    }
+
+    struct Sim {
+        id: String,
+        parent: Option<usize>,
+        /// Its spec's token_budget: its lifetime bound, as the state machine applies it.
+        spec_budget: u64,
+        /// The run holding its lease (a live worker).
+        run: Option<(Lease, Box<SessionState>)>,
+        /// The run of a worker that died: its lease expired.
+        dead: Option<(Lease, Box<SessionState>)>,
+        /// Its allowance went back to its parent (as far as the calls made know).
+        returned: bool,
+    }
+
+    struct World {
+        store: Arc<dyn Store>,
+        budget: u64,
+        sims: Vec<Sim>,
+        owners: u64,
+    }
+
+    impl World {
+        fn owner(&mut self) -> String {
+            self.owners += 1;
+            format!("w{}", self.owners)
+        }
+
+        async fn row(&self, i: usize) -> agentq_types::model::SessionRow {
+            self.store.get(&self.sims[i].id).await.unwrap().unwrap()
+        }
+
+        /// What a finished session's notice to its parent does to the ledger.
+        async fn give_back(&mut self, i: usize) {
+            if self.store.return_budget(&self.sims[i].id).await.unwrap() {
+                self.sims[i].returned = true;
+            }
+        }
+
+        async fn end(&mut self, i: usize, reason: ExitReason, tell: bool) {
+            let Some((lease, mut state)) = self.sims[i].run.take() else {
+                return;
+            };
+            let from = state.messages.len();
+            state.outcome = Some(Outcome {
+                reason,
+                result: None,
+                error: Some("ended".into()),
+            });
+            self.store.checkpoint(&lease, &state, from).await.unwrap();
+            if tell {
+                self.give_back(i).await;
+            }
+        }
+
+        /// One call's checkpoint on `run`, spending `spend`.
+        async fn call(
+            store: &dyn Store,
+            run: &mut (Lease, Box<SessionState>),
+            spend: u64,
+        ) -> agentq_error::Result<()> {
+            let from = run.1.messages.len();
+            let mut m = Message::assistant("working");
+            m.usage = Some(Usage {
+                input_tokens: spend,
+                ..Default::default()
+            });
+            run.1.push_assistant(m);
+            store.checkpoint(&run.0, &run.1, from).await
+        }
+
+        async fn claim(&mut self, i: usize) {
+            let owner = self.owner();
+            // A lease of no length: expired at once, so that a worker that dies holding
+            // it is replaced by the next claim without waiting.
+            match self
+                .store
+                .claim(&self.sims[i].id, &owner, Duration::ZERO, 1_000)
+                .await
+                .unwrap()
+            {
+                Claim::Acquired { lease, state, .. } => {
+                    self.sims[i].run = Some((lease, state));
+                    // The dead worker wakes up and writes its call: fenced off.
+                    if let Some(mut dead) = self.sims[i].dead.take() {
+                        match Self::call(self.store.as_ref(), &mut dead, WORST).await {
+                            Err(Error::LeaseLost(_)) => {}
+                            other => panic!("a dead worker's write went through: {other:?}"),
+                        }
+                    }
+                }
+                Claim::Busy
+                | Claim::Terminal(_)
+                | Claim::NotRunnable(_)
+                | Claim::Exhausted(_)
+                | Claim::NotFound => {}
+            }
+        }
+
+        async fn step(&mut self, i: usize, spend: u64) {
+            let row = self.row(i).await;
+            let live = self.sims[i].run.is_some();
+            match row.status {
+                SessionStatus::Queued => return self.claim(i).await,
+                SessionStatus::Running if !live => return self.claim(i).await,
+                SessionStatus::Running => {}
+                _ => return,
+            }
+            if row.cancel_requested {
+                return self.end(i, ExitReason::Interrupted, true).await;
+            }
+            if row.usage.total() >= self.sims[i].spec_budget {
+                return self.end(i, ExitReason::BudgetExhausted, true).await;
+            }
+            let l = self.store.ledger(&self.sims[i].id).await.unwrap().unwrap();
+            let left = l.remaining(l.allowance.unwrap_or(self.budget), 0);
+            if left >= WORST {
+                let run = self.sims[i].run.as_mut().unwrap();
+                Self::call(self.store.as_ref(), run, spend).await.unwrap();
+            } else if l.held == 0 {
+                self.end(i, ExitReason::BudgetExhausted, true).await;
+            }
+            // Else its running sub-agents hold some: it waits for them.
+        }
+
+        async fn spawn(&mut self, i: usize, ask: Option<u64>) {
+            let Some((lease, _)) = &self.sims[i].run else {
+                return;
+            };
+            if self.row(i).await.status != SessionStatus::Running {
+                return;
+            }
+            let parent = self.row(i).await;
+            let _ = lease;
+            let new = child_of(
+                &super::as_new(&parent),
+                &agentq_types::model::new_session_id(),
+            );
+            let spawned = self
+                .store
+                .spawn_session(&new, &limits(1_000, Some(self.sims[i].spec_budget), ask))
+                .await
+                .unwrap();
+            if let agentq_types::budget::Spawned::Created(row) = spawned {
+                self.sims.push(Sim {
+                    id: row.id,
+                    parent: Some(i),
+                    spec_budget: row.spec.token_budget.unwrap(),
+                    run: None,
+                    dead: None,
+                    returned: false,
+                });
+            }
+        }
+
+        /// The same session and ledger as before a refused re-opening.
+        async fn unchanged(&self, i: usize, before: &agentq_types::model::SessionRow, e: Error) {
+            assert!(matches!(e, Error::NoBudget(_)), "{e:?}");
+            assert_eq!(&self.row(i).await, before);
+        }
+
+        /// The `who`th (modulo) session for which `fits` holds, given its row and whether
+        /// a live worker runs it; `None` when none does.
+        async fn pick(
+            &self,
+            who: usize,
+            fits: impl Fn(&agentq_types::model::SessionRow, bool) -> bool,
+        ) -> Option<usize> {
+            let mut found = Vec::new();
+            for i in 0..self.sims.len() {
+                if fits(&self.row(i).await, self.sims[i].run.is_some()) {
+                    found.push(i);
+                }
+            }
+            (!found.is_empty()).then(|| found[who % found.len()])
+        }
+
+        async fn apply(&mut self, op: &Op) {
+            let open = |r: &agentq_types::model::SessionRow, _: bool| !r.status.is_terminal();
+            let running = |r: &agentq_types::model::SessionRow, live: bool| {
+                live && r.status == SessionStatus::Running
+            };
+            let finished = |r: &agentq_types::model::SessionRow, _: bool| r.status.is_terminal();
+            let failed =
+                |r: &agentq_types::model::SessionRow, _: bool| r.status == SessionStatus::Failed;
+            match *op {
+                Op::Step { who, spend } => {
+                    if let Some(i) = self.pick(who, open).await {
+                        self.step(i, spend).await;
+                    }
+                }
+                Op::Spawn { who, ask } => {
+                    if let Some(i) = self.pick(who, running).await {
+                        self.spawn(i, ask).await;
+                    }
+                }
+                Op::End { who, error, tell } => {
+                    let reason = if error {
+                        ExitReason::Error
+                    } else {
+                        ExitReason::Stop
+                    };
+                    if let Some(i) = self.pick(who, running).await {
+                        self.end(i, reason, tell).await;
+                    }
+                }
+                Op::Cancel { who } => {
+                    let Some(i) = self.pick(who, open).await else {
+                        return;
+                    };
+                    if let CancelResult::CancelledNow(_) =
+                        self.store.request_cancel(&self.sims[i].id).await.unwrap()
+                    {
+                        self.give_back(i).await;
+                    }
+                }
+                Op::Kill { who } => {
+                    if let Some(i) = self.pick(who, running).await {
+                        let s = &mut self.sims[i];
+                        s.dead = s.run.take();
+                    }
+                }
+                Op::FollowUp { who } => {
+                    let Some(i) = self.pick(who, finished).await else {
+                        return;
+                    };
+                    let before = self.row(i).await;
+                    match self.store.follow_up(&self.sims[i].id, "more", None).await {
+                        Ok(Some(row)) => {
+                            assert_eq!(row.status, SessionStatus::Queued);
+                            self.sims[i].returned = false;
+                        }
+                        Ok(None) => panic!("a finished session was not started again"),
+                        Err(e) => self.unchanged(i, &before, e).await,
+                    }
+                }
+                Op::Retry { who } => {
+                    let Some(i) = self.pick(who, failed).await else {
+                        return;
+                    };
+                    let before = self.row(i).await;
+                    match self.store.retry(&self.sims[i].id, false).await {
+                        Ok(RetryResult::Retried(_)) => self.sims[i].returned = false,
+                        Ok(_) => {}
+                        Err(e) => self.unchanged(i, &before, e).await,
+                    }
+                }
+                Op::Sweep => self.sweep().await,
+            }
+        }
+
+        async fn sweep(&mut self) {
+            for id in self.store.unreturned_budgets(10_000).await.unwrap() {
+                if let Some(i) = self.sims.iter().position(|s| s.id == id) {
+                    self.give_back(i).await;
+                }
+            }
+        }
+
+        /// Cancel what runs, let every run end and the sweeper give back what is left.
+        async fn drain(&mut self) {
+            for _ in 0..10 {
+                let mut open = false;
+                for i in 0..self.sims.len() {
+                    let row = self.row(i).await;
+                    if row.status.is_terminal() {
+                        continue;
+                    }
+                    open = true;
+                    if let CancelResult::CancelledNow(_) =
+                        self.store.request_cancel(&self.sims[i].id).await.unwrap()
+                    {
+                        self.give_back(i).await;
+                        continue;
+                    }
+                    if self.sims[i].run.is_none() {
+                        self.claim(i).await;
+                    }
+                    self.end(i, ExitReason::Interrupted, false).await;
+                }
+                self.sweep().await;
+                if !open {
+                    return;
+                }
+            }
+            panic!("the tree did not finish");
+        }
+
+        /// What `i` takes of its parent's budget in the model: a child that gave back, what
+        /// its subtree spent (its own and its children's takes); else its allowance.
+        fn take(&self, i: usize, own: &[u64], allowance: &[Option<u64>]) -> i128 {
+            if self.sims[i].returned {
+                i128::from(own[i]) + self.children_take(i, own, allowance)
+            } else {
+                i128::from(allowance[i].unwrap_or(0))
+            }
+        }
+
+        fn children_take(&self, i: usize, own: &[u64], allowance: &[Option<u64>]) -> i128 {
+            (0..self.sims.len())
+                .filter(|&c| self.sims[c].parent == Some(i))
+                .map(|c| self.take(c, own, allowance))
+                .sum()
+        }
+
+        async fn check(&self, ops: &[Op]) -> i128 {
+            let mut own = Vec::new();
+            let mut ledgers = Vec::new();
+            for s in &self.sims {
+                let row = self.store.get(&s.id).await.unwrap().unwrap();
+                own.push(row.usage.total());
+                ledgers.push(self.store.ledger(&s.id).await.unwrap().unwrap());
+            }
+            let spent: u64 = own.iter().sum();
+            let usage: u64 = self
+                .store
+                .tree_usage(&self.sims[0].id)
+                .await
+                .unwrap()
+                .iter()
+                .map(|m| m.usage.total())
+                .sum();
+            assert_eq!(usage, spent, "tree_usage disagrees: {ops:?}");
+            assert!(
+                spent <= self.budget + WORST,
+                "the tree spent {spent} of {}: {ops:?}",
+                self.budget
+            );
+            let allowance: Vec<Option<u64>> = ledgers.iter().map(|l| l.allowance).collect();
+            let mut root_raw = 0;
+            for (i, l) in ledgers.iter().enumerate() {
+                assert_eq!(l.spent, own[i]);
+                let a = match (i, l.allowance) {
+                    (0, _) => self.budget,
+                    (_, Some(a)) => a,
+                    (_, None) => panic!("a child without an allowance: {ops:?}"),
+                };
+                let raw = i128::from(a)
+                    - i128::from(l.spent)
+                    - i128::from(l.held)
+                    - i128::from(l.children_spent);
+                let want =
+                    i128::from(a) - i128::from(own[i]) - self.children_take(i, &own, &allowance);
+                assert_eq!(raw, want, "ledger of session {i} ({l:?}): {ops:?}");
+                if i == 0 {
+                    root_raw = raw;
+                }
+            }
+            root_raw
+        }
+    }
+
+    async fn run(store: Arc<dyn Store>, budget: u64, ops: Vec<Op>) {
+        let r = root(Some(budget));
+        store.create_session(&r).await.unwrap();
+        let mut w = World {
+            store,
+            budget,
+            sims: vec![Sim {
+                id: r.id.clone(),
+                parent: None,
+                spec_budget: budget,
+                run: None,
+                dead: None,
+                returned: false,
+            }],
+            owners: 0,
+        };
+        for (k, op) in ops.iter().enumerate() {
+            w.apply(op).await;
+            w.check(&ops[..=k]).await;
+        }
+        w.drain().await;
+        let raw = w.check(&ops).await;
+        let mut spent = 0;
+        for s in &w.sims {
+            spent += w.store.get(&s.id).await.unwrap().unwrap().usage.total();
+            let l = w.store.ledger(&s.id).await.unwrap().unwrap();
+            assert_eq!(l.held, 0, "{ops:?}");
+        }
+        assert_eq!(raw, i128::from(budget) - i128::from(spent), "{ops:?}");
+    }
+
+    fn check_all(rt: &tokio::runtime::Runtime, store: Arc<dyn Store>) {
+        let mut runner = TestRunner::new(Config {
+            cases: 32,
+            failure_persistence: None,
+            max_shrink_iters: 512,
+            ..Config::default()
+        });
+        let strategy = (600u64..3_000, proptest::collection::vec(op(), 1..60));
+        let result = runner.run(&strategy, |(budget, ops)| {
+            rt.block_on(run(store.clone(), budget, ops));
+            Ok(())
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn pg_ledger_invariants_hold_under_random_histories() {
+        let rt = runtime();
+        let store: Arc<dyn Store> = Arc::new(rt.block_on(super::pg_store()));
+        check_all(&rt, store);
+    }
+
+    #[test]
+    fn sqlite_ledger_invariants_hold_under_random_histories() {
+        let rt = runtime();
+        let (dir, store) = rt.block_on(super::sqlite_store());
+        let store = Arc::new(store);
+        check_all(&rt, store.clone());
+        rt.block_on(store.close());
+        drop(dir);
+    }
+}
