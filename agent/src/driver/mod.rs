@@ -9,6 +9,7 @@
 //! - `stream`: assembling a streamed answer into a message (pure);
 //! - `tools`: a tool round and one call through the guards.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,11 +39,50 @@ pub(crate) use llm::refusal_wait;
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
-/// Returning [`Error::LeaseLost`](crate::Error::LeaseLost) stops the run at once, without
-/// any further write.
+/// Any error stops the run at once, without any further write: a lost lease is
+/// [`Error::LeaseLost`](crate::Error::LeaseLost), a store that refused or could not be
+/// reached [`Error::Checkpoint`](crate::Error::Checkpoint).
 #[async_trait]
 pub trait Checkpointer: Send + Sync {
-    async fn save(&self, state: &SessionState, from: usize) -> Result<()>;
+    /// What the host's store answered besides "durable" (see [`Receipt`]).
+    async fn save(&self, state: &SessionState, from: usize) -> Result<Receipt>;
+}
+
+/// What a durable checkpoint left the host, opaque to the driver: the last one a run got
+/// comes back from [`Agent::run_with_receipt`] (a worker: the row its final commit
+/// returned). Most checkpoints leave none, and none costs nothing.
+#[derive(Default)]
+pub struct Receipt(Option<Box<dyn Any + Send + Sync>>);
+
+impl Receipt {
+    /// Nothing to hand back.
+    pub const fn none() -> Self {
+        Receipt(None)
+    }
+
+    /// Hand back `value`, already boxed (no allocation here).
+    pub fn new<T: Any + Send + Sync>(value: Box<T>) -> Self {
+        Receipt(Some(value))
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The value, if it is a `T`.
+    pub fn take<T: Any>(self) -> Option<Box<T>> {
+        self.0?.downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Receipt(..)"
+        } else {
+            "Receipt(none)"
+        })
+    }
 }
 
 /// Keeps nothing: `agentq run` and tests that do not care.
@@ -50,8 +90,8 @@ pub struct NoCheckpoint;
 
 #[async_trait]
 impl Checkpointer for NoCheckpoint {
-    async fn save(&self, _state: &SessionState, _from: usize) -> Result<()> {
-        Ok(())
+    async fn save(&self, _state: &SessionState, _from: usize) -> Result<Receipt> {
+        Ok(Receipt::none())
     }
 }
 
@@ -173,6 +213,8 @@ struct Saved {
     /// where a redone step starts, and drops what older runs emitted from there on.
     run_from: usize,
     held: Option<Held>,
+    /// The last receipt a checkpoint of this run handed back.
+    receipt: Receipt,
 }
 
 /// A response not committed yet. Its iteration is announced (metric and
@@ -203,13 +245,28 @@ impl Agent {
         state: &mut SessionState,
         cancel: &CancellationToken,
     ) -> Result<RunEnd> {
+        self.run_with_receipt(state, cancel)
+            .await
+            .map(|(end, _)| end)
+    }
+
+    /// [`Agent::run`], with the last [`Receipt`] the run's checkpoints handed back: for a
+    /// finished session, its final checkpoint's when that one left any.
+    pub async fn run_with_receipt(
+        &self,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<(RunEnd, Receipt)> {
         let span =
             info_span!("session", session_id = %state.session_id, model = %self.model(state));
         self.run_inner(state, cancel).instrument(span).await
     }
 
     async fn checkpoint(&self, state: &SessionState, saved: &mut Saved) -> Result<()> {
-        self.checkpointer.save(state, saved.upto).await?;
+        let receipt = self.checkpointer.save(state, saved.upto).await?;
+        if !receipt.is_none() {
+            saved.receipt = receipt;
+        }
         saved.upto = state.messages.len();
         if let Some(h) = saved.held.take() {
             if h.counted {
