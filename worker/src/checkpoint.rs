@@ -277,4 +277,35 @@ mod tests {
         stop.cancel();
         w.await.unwrap();
     }
+
+    #[tokio::test]
+    async fn a_state_no_row_can_hold_is_refused_with_what_is_durable() {
+        let (_dir, store) = store().await;
+        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
+        let (commits, rx) = GroupCommit::channel();
+        let (m, stop, w) = start_writer(&store, rx, 16, 1);
+        let cp = StoreCheckpointer::new(
+            commits,
+            lease,
+            CancellationToken::new(),
+            Duration::from_secs(5),
+            m,
+        );
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("hello"));
+        state.iteration = u32::MAX;
+        let err = cp.save(&state, from).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                agentq_agent::Error::Checkpoint(CheckpointFailure::Refused { durable, .. })
+                    if *durable == from
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(batches(m).0, 0);
+        stop.cancel();
+        w.await.unwrap();
+    }
 }

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use agentq_agent::driver::{Agent, Interrupter, Receipt, RunEnd, SuspendReason};
-use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::factory;
 use agentq_agent::spec::SessionSpec;
@@ -620,20 +619,17 @@ async fn suspend(
     sink: &StreamSink,
     reason: SuspendReason,
 ) -> Processed {
-    let wait = match &reason {
-        SuspendReason::Children => WaitReason::Children,
-        SuspendReason::Approval { .. } => WaitReason::Approval,
-        SuspendReason::RateLimit { .. } => WaitReason::RateLimit,
-        SuspendReason::Budget { .. } => WaitReason::Budget,
-    };
+    let wait = wait_reason(&reason);
     let suspended = match reason {
         SuspendReason::Children => {
             inner
                 .store
-                .suspend(lease, SessionStatus::Waiting, row.wake_seq, None)
+                .suspend_for(lease, row.wake_seq, wait, None)
                 .await
         }
-        // Clamped: the spec may hold any number (a row written before the API bounded it).
+        // Its own status (`awaiting_approval`, with the decision's deadline), which the
+        // store records as waiting for an approval. Clamped: the spec may hold any number
+        // (a row written before the API bounded it).
         SuspendReason::Approval { .. } => {
             let deadline = bounds::after(chrono::Utc::now(), state.spec.approval_timeout_secs);
             inner
@@ -649,13 +645,7 @@ async fn suspend(
         // No lease and no slot until the sweeper wakes it at `until`.
         SuspendReason::RateLimit { until } => {
             info!(wake_at = %until, "suspending for a rate limit");
-            sink.emit(
-                state.messages.len(),
-                AgentEvent::SessionWaiting {
-                    reason: wait.as_str().into(),
-                    wake_at: Some(until),
-                },
-            );
+            sink.waiting(state.messages.len(), wait, Some(until));
             inner
                 .store
                 .suspend_for(lease, row.wake_seq, wait, Some(until))
@@ -666,13 +656,7 @@ async fn suspend(
         SuspendReason::Budget { message } => {
             info!(budget = %message, "parking for a spent budget");
             let wake_at = crate::budget::park_until(inner, &row.tenant).await;
-            sink.emit(
-                state.messages.len(),
-                AgentEvent::SessionWaiting {
-                    reason: wait.as_str().into(),
-                    wake_at,
-                },
-            );
+            sink.waiting(state.messages.len(), wait, wake_at);
             inner
                 .store
                 .suspend_for(lease, row.wake_seq, wait, wake_at)
@@ -729,6 +713,18 @@ async fn suspend(
             warn!(error = %e, "suspending failed");
             Processed::Left
         }
+    }
+}
+
+/// What the store, the event stream and the metrics call the wait a run suspended for:
+/// the one place an agent's [`SuspendReason`] becomes core's [`WaitReason`], which stays
+/// typed up to the store's column, the event's wire name and the metric's label.
+fn wait_reason(reason: &SuspendReason) -> WaitReason {
+    match reason {
+        SuspendReason::Children => WaitReason::Children,
+        SuspendReason::Approval { .. } => WaitReason::Approval,
+        SuspendReason::RateLimit { .. } => WaitReason::RateLimit,
+        SuspendReason::Budget { .. } => WaitReason::Budget,
     }
 }
 

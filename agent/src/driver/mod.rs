@@ -323,3 +323,130 @@ async fn due(at: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::error::{CheckpointFailure, Error, ErrorClass};
+    use crate::event::NullSink;
+    use crate::provider::scripted::{Script, ScriptedProvider, Turn};
+    use crate::spec::{ExitReason, SessionSpec};
+    use crate::tools::LocalWorkspace;
+
+    /// Counts its saves; a save of a finished state hands back its count. Fails every
+    /// save with `fail` when set.
+    #[derive(Default)]
+    struct Counting {
+        saves: Mutex<usize>,
+        fail: Option<CheckpointFailure>,
+    }
+
+    #[async_trait]
+    impl Checkpointer for Counting {
+        async fn save(&self, state: &SessionState, _from: usize) -> Result<Receipt> {
+            if let Some(f) = &self.fail {
+                return Err(Error::Checkpoint(f.clone()));
+            }
+            let mut saves = self.saves.lock().unwrap();
+            *saves += 1;
+            Ok(if state.outcome.is_some() {
+                Receipt::new(Box::new(*saves))
+            } else {
+                Receipt::none()
+            })
+        }
+    }
+
+    fn agent(checkpointer: Arc<Counting>, dir: &std::path::Path) -> Agent {
+        let script = Script {
+            turns: vec![Turn {
+                text: "done".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        Agent {
+            provider: Arc::new(ScriptedProvider::new(script)),
+            default_model: "test-model".into(),
+            tools: ToolRegistry::new(),
+            guards: Guards::default(),
+            events: Arc::new(NullSink),
+            checkpointer,
+            background: Arc::new(NoBackground),
+            workspace: Arc::new(LocalWorkspace::new(dir).unwrap()),
+            settings: Arc::new(ToolSettings::default()),
+            observer: Arc::new(crate::observe::NoObserver),
+            interrupter: Interrupter::new(),
+            admission: Arc::new(NoAdmission),
+            max_llm_retries: 0,
+            suspend_after: DEFAULT_SUSPEND_AFTER,
+            write_ahead_grace: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_receipt_of_the_finishing_checkpoint_comes_back_with_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let saves = Arc::new(Counting::default());
+        let mut state = SessionState::new("s1", SessionSpec::new("task"));
+        let (end, receipt) = agent(saves.clone(), dir.path())
+            .run_with_receipt(&mut state, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(matches!(end, RunEnd::Finished(ref o) if o.reason == ExitReason::Stop));
+        let last = *saves.saves.lock().unwrap();
+        assert!(
+            last > 1,
+            "the answer and the finish are two commits: {last}"
+        );
+        assert_eq!(receipt.take::<usize>().map(|n| *n), Some(last));
+    }
+
+    #[test]
+    fn a_receipt_is_only_what_it_holds() {
+        assert!(Receipt::none().is_none());
+        assert_eq!(Receipt::new(Box::new(7_u32)).take::<u64>(), None);
+        assert_eq!(
+            Receipt::new(Box::new(7_u32)).take::<u32>(),
+            Some(Box::new(7))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_failure_stops_the_run_as_the_checkpointer_typed_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for (fail, class) in [
+            (
+                CheckpointFailure::Refused {
+                    reason: "value out of range".into(),
+                    durable: 1,
+                },
+                ErrorClass::Fatal,
+            ),
+            (
+                CheckpointFailure::Unavailable("connection refused".into()),
+                ErrorClass::Retryable { after: None },
+            ),
+        ] {
+            let saves = Arc::new(Counting {
+                fail: Some(fail.clone()),
+                ..Default::default()
+            });
+            let mut state = SessionState::new("s1", SessionSpec::new("task"));
+            let err = agent(saves, dir.path())
+                .run_with_receipt(&mut state, &CancellationToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(err.class(), class);
+            assert_eq!(err.to_string(), format!("checkpoint failed: {fail}"));
+            let Error::Checkpoint(got) = err else {
+                panic!("{err:?}")
+            };
+            assert_eq!(got, fail);
+        }
+    }
+}
