@@ -57,15 +57,45 @@ pub enum Error {
     /// the session is intact and another worker resumes it.
     #[error("stopped at a checkpoint: the worker is shutting down")]
     Stopped,
-    /// The checkpoint store failed.
+    /// The checkpoint could not be made durable; the failure says whether trying again
+    /// can help.
     #[error("checkpoint failed: {0}")]
-    Checkpoint(String),
+    Checkpoint(CheckpointFailure),
     #[error("tool error: {0}")]
     Tool(String),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+}
+
+/// Why a [`Checkpointer`](crate::driver::Checkpointer) could not make a step durable
+/// (a lost lease is [`Error::LeaseLost`], a host stopping at a checkpoint
+/// [`Error::Stopped`]). Its text is the store's own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointFailure {
+    /// The store refused the step for what it holds (a value it cannot store, a state no
+    /// row can hold): the same step would be refused again, so the run cannot go on.
+    #[error("{reason}")]
+    Refused {
+        /// The store's reason.
+        reason: String,
+        /// How much of the history is durable: the refused step's messages start here.
+        durable: usize,
+    },
+    /// The store failed otherwise (unreachable for as long as the host kept trying):
+    /// the last durable checkpoint stands, and a later run can resume from it.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl CheckpointFailure {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            CheckpointFailure::Refused { .. } => ErrorClass::Fatal,
+            CheckpointFailure::Unavailable(_) => ErrorClass::Retryable { after: None },
+        }
+    }
 }
 
 impl Error {
@@ -96,7 +126,7 @@ impl Error {
                     ErrorClass::Fatal
                 }
             }
-            Error::Checkpoint(_) => ErrorClass::Retryable { after: None },
+            Error::Checkpoint(f) => f.class(),
             Error::ContextLength(_)
             | Error::Config(_)
             | Error::Cancelled

@@ -18,4 +18,4 @@ pub mod spec;
 pub mod state;
 pub mod tools;
 
-pub use error::{Error, ErrorClass, Result};
+pub use error::{CheckpointFailure, Error, ErrorClass, Result};

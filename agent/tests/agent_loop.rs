@@ -11,7 +11,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::driver::{
-    Agent, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, RunEnd, SuspendReason,
+    Agent, BackgroundResult, BackgroundSource, Checkpointer, NoBackground, Receipt, RunEnd,
+    SuspendReason,
 };
 use agentq_agent::event::AgentEvent;
 use agentq_agent::guard::{Guards, Hook, HookContext, HookDecision};
@@ -135,13 +136,13 @@ struct RecordingCheckpointer {
 
 #[async_trait]
 impl Checkpointer for RecordingCheckpointer {
-    async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
+    async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<Receipt> {
         let roles = state.messages[from..].iter().map(|m| m.role).collect();
         self.saves
             .lock()
             .unwrap()
             .push((state.messages.len(), roles, state.outcome.is_some()));
-        Ok(())
+        Ok(Receipt::none())
     }
 }
 

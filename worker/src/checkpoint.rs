@@ -2,8 +2,9 @@
 //! the lease. Rides out short store outages by retrying (a checkpoint is idempotent),
 //! stops the run at once when the lease is gone, and stops it right after a durable
 //! checkpoint when the worker is draining. A checkpoint the store refuses for its data
-//! (never retried: it would fail the same way) stops the run, and is remembered so that
-//! the session can be failed with the reason ([`StoreCheckpointer::take_refused`]).
+//! (never retried: it would fail the same way) stops the run with
+//! [`CheckpointFailure::Refused`], so that the session can be failed with the reason. The
+//! final checkpoint's commit hands back the finished row as the step's [`Receipt`].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,7 +13,8 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use agentq_agent::driver::Checkpointer;
+use agentq_agent::CheckpointFailure;
+use agentq_agent::driver::{Checkpointer, Receipt};
 use agentq_agent::state::SessionState;
 use agentq_core::{Checkpoint, Lease, SessionRow};
 
@@ -31,21 +33,8 @@ pub struct StoreCheckpointer {
     /// boundaries (after a tool round with nothing to inject, say) change nothing: such a
     /// step is already durable, and writing it again would cost a commit per iteration.
     pub last: Mutex<Option<Arc<Checkpoint>>>,
-    /// The row as the final checkpoint's commit left it, when the store returned it.
-    finished: Mutex<Option<Box<SessionRow>>>,
-    /// The checkpoint the store refused for its data, if one was.
-    refused: Mutex<Option<Refused>>,
     /// The tree's durable workspace: the file changes each step commits.
     pub workspace: Option<Arc<TreeSync>>,
-}
-
-/// A checkpoint the store refused for what it holds.
-#[derive(Debug, Clone)]
-pub struct Refused {
-    /// The store's reason.
-    pub reason: String,
-    /// How much of the history is durable: what the refused checkpoint came after.
-    pub durable: usize,
 }
 
 impl StoreCheckpointer {
@@ -63,8 +52,6 @@ impl StoreCheckpointer {
             give_up_after,
             metrics,
             last: Mutex::new(None),
-            finished: Mutex::new(None),
-            refused: Mutex::new(None),
             workspace: None,
         }
     }
@@ -94,22 +81,11 @@ impl StoreCheckpointer {
         }
     }
 
-    /// The checkpoint the store refused for its data, if the run stopped on one.
-    pub fn take_refused(&self) -> Option<Refused> {
-        self.refused
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-    }
-
-    /// The finished session's row, if the final checkpoint's commit brought it back
-    /// (otherwise the caller reads it).
-    pub fn take_finished(&self) -> Option<SessionRow> {
-        self.finished
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .map(|r| *r)
+    /// The finished session's row from a [`save`](Checkpointer::save)'s receipt: the
+    /// final checkpoint's commit brings it back on a store that returns it (otherwise the
+    /// caller reads it).
+    pub fn finished_row(receipt: Receipt) -> Option<SessionRow> {
+        receipt.take::<SessionRow>().map(|row| *row)
     }
 
     /// How much of the history this run has committed (`None` before its first commit).
@@ -133,19 +109,14 @@ impl StoreCheckpointer {
             .is_some_and(|prev| cp.changes_nothing_after(prev))
     }
 
-    /// Remember a checkpoint that can never be stored, and stop the run.
-    fn refuse(
-        &self,
-        state: &SessionState,
-        from: usize,
-        e: &agentq_core::Error,
-    ) -> agentq_agent::Error {
+    /// A checkpoint that can never be stored: the run stops, and the session fails with
+    /// the store's reason.
+    fn refuse(state: &SessionState, from: usize, e: &agentq_core::Error) -> agentq_agent::Error {
         warn!(session_id = %state.session_id, error = %e, "checkpoint cannot be stored; stopping the run");
-        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(Refused {
+        agentq_agent::Error::Checkpoint(CheckpointFailure::Refused {
             reason: e.to_string(),
             durable: from,
-        });
-        agentq_agent::Error::Checkpoint(e.to_string())
+        })
     }
 
     fn files_committed(&self, files: Pending) {
@@ -161,23 +132,29 @@ impl StoreCheckpointer {
     }
 
     /// A draining worker stops each run right after a durable checkpoint.
-    fn after_commit(&self, state: &SessionState) -> agentq_agent::Result<()> {
+    fn after_commit(
+        &self,
+        state: &SessionState,
+        receipt: Receipt,
+    ) -> agentq_agent::Result<Receipt> {
         if self.draining.is_cancelled() && state.outcome.is_none() {
             return Err(agentq_agent::Error::Stopped);
         }
-        Ok(())
+        Ok(receipt)
     }
 }
 
 #[async_trait]
 impl Checkpointer for StoreCheckpointer {
-    async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<()> {
+    /// The receipt of a commit that finished the session holds its row
+    /// ([`StoreCheckpointer::finished_row`]), when the store returned it.
+    async fn save(&self, state: &SessionState, from: usize) -> agentq_agent::Result<Receipt> {
         let started = Instant::now();
         let cp = match Checkpoint::new(&self.lease, state, from) {
             Ok(cp) => cp,
             // A state no row can hold (a count out of the column's range): as final as a
             // value the database refuses.
-            Err(e) => return Err(self.refuse(state, from, &e)),
+            Err(e) => return Err(Self::refuse(state, from, &e)),
         };
         let mut files = self.collect_files(&state.session_id, started).await;
         let cp = Arc::new(cp.with_files(
@@ -186,10 +163,10 @@ impl Checkpointer for StoreCheckpointer {
         ));
         if self.already_durable(&cp) {
             self.files_committed(files);
-            return self.after_commit(state);
+            return self.after_commit(state, Receipt::none());
         }
         let mut backoff = Backoff::new();
-        loop {
+        let receipt = loop {
             let t = Instant::now();
             match self.commits.commit(cp.clone()).await {
                 Ok(row) => {
@@ -202,10 +179,7 @@ impl Checkpointer for StoreCheckpointer {
                         Arc::new(cp.without_blobs())
                     };
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
-                    if row.is_some() {
-                        *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = row;
-                    }
-                    break;
+                    break row.map_or_else(Receipt::none, Receipt::new);
                 }
                 Err(agentq_core::Error::LeaseLost(_)) => {
                     self.files_not_committed(files);
@@ -224,13 +198,15 @@ impl Checkpointer for StoreCheckpointer {
                     // Another session of the tree running here commits them instead.
                     self.files_not_committed(files);
                     if e.is_data() {
-                        return Err(self.refuse(state, from, &e));
+                        return Err(Self::refuse(state, from, &e));
                     }
-                    return Err(agentq_agent::Error::Checkpoint(e.to_string()));
+                    return Err(agentq_agent::Error::Checkpoint(
+                        CheckpointFailure::Unavailable(e.to_string()),
+                    ));
                 }
             }
-        }
-        self.after_commit(state)
+        };
+        self.after_commit(state, receipt)
     }
 }
 
@@ -298,6 +274,37 @@ mod tests {
             store.messages(&lease.session_id).await.unwrap(),
             state.messages
         );
+        stop.cancel();
+        w.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_state_no_row_can_hold_is_refused_with_what_is_durable() {
+        let (_dir, store) = store().await;
+        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
+        let (commits, rx) = GroupCommit::channel();
+        let (m, stop, w) = start_writer(&store, rx, 16, 1);
+        let cp = StoreCheckpointer::new(
+            commits,
+            lease,
+            CancellationToken::new(),
+            Duration::from_secs(5),
+            m,
+        );
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("hello"));
+        state.iteration = u32::MAX;
+        let err = cp.save(&state, from).await.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                agentq_agent::Error::Checkpoint(CheckpointFailure::Refused { durable, .. })
+                    if *durable == from
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(batches(m).0, 0);
         stop.cancel();
         w.await.unwrap();
     }

@@ -12,10 +12,10 @@ use tracing::debug;
 
 use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::observe::{LlmCallInfo, Observer};
-use agentq_core::Queue;
 use agentq_core::metrics::Metrics;
 use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
+use agentq_core::{Queue, WaitReason};
 
 /// Metrics of one session run. Labels: queue, provider, model (a configured one, else
 /// `other`), tool — never the session.
@@ -233,6 +233,25 @@ pub struct StreamSink {
     pub session_id: String,
     pub epoch: i64,
     pub tx: EventSender,
+}
+
+impl StreamSink {
+    /// The session gave its slot up to wait without a lease (`session_waiting`): the
+    /// reason stays the store's type up to here, where the event names it on the wire.
+    pub fn waiting(
+        &self,
+        seq: usize,
+        reason: WaitReason,
+        wake_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        self.emit(
+            seq,
+            AgentEvent::SessionWaiting {
+                reason: reason.as_str().into(),
+                wake_at,
+            },
+        );
+    }
 }
 
 impl EventSink for StreamSink {

@@ -12,14 +12,13 @@ use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
-use agentq_agent::bounds;
-use agentq_agent::driver::{Agent, Interrupter, RunEnd, SuspendReason};
-use agentq_agent::event::{AgentEvent, EventSink};
+use agentq_agent::driver::{Agent, Interrupter, Receipt, RunEnd, SuspendReason};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::factory;
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_agent::tools::{LocalWorkspace, builtin_registry};
+use agentq_agent::{CheckpointFailure, bounds};
 use agentq_core::lifecycle;
 use agentq_core::policy::{Sent, SpawnContext};
 use agentq_core::queue::Delivery;
@@ -366,8 +365,9 @@ async fn run(
     let loaded = state.messages.len();
     let result = match built {
         Ok(agent) => {
+            let running = AssertUnwindSafe(agent.run_with_receipt(&mut state, &cancel));
             let ran = tokio::select! {
-                r = AssertUnwindSafe(agent.run(&mut state, &cancel)).catch_unwind() => Some(r),
+                r = running.catch_unwind() => Some(r),
                 _ = abort.cancelled() => None,
             };
             match ran {
@@ -387,8 +387,9 @@ async fn run(
             state.outcome = Some(Outcome::error(message));
             use agentq_agent::driver::Checkpointer;
             let from = state.messages.len();
-            Some(committed.save(&state, from).await.map(|_| {
-                RunEnd::Finished(state.outcome.clone().unwrap_or_else(|| Outcome::error("")))
+            Some(committed.save(&state, from).await.map(|receipt| {
+                let outcome = state.outcome.clone().unwrap_or_else(|| Outcome::error(""));
+                (RunEnd::Finished(outcome), receipt)
             }))
         }
     };
@@ -403,10 +404,10 @@ async fn run(
             warn!("run aborted: lease lost");
             Processed::LeaseLost
         }
-        Some(Ok(RunEnd::Finished(outcome))) => {
-            finished(&inner, &d, &state, &outcome, &committed).await
+        Some(Ok((RunEnd::Finished(outcome), receipt))) => {
+            finished(&inner, &d, &state, &outcome, receipt).await
         }
-        Some(Ok(RunEnd::Suspended(reason))) => {
+        Some(Ok((RunEnd::Suspended(reason), _))) => {
             suspend(&inner, &d, &lease, &row, &state, sink.as_ref(), reason).await
         }
         Some(Err(agentq_agent::Error::LeaseLost)) => {
@@ -425,10 +426,11 @@ async fn run(
                 Processed::Left
             }
         }
+        Some(Err(agentq_agent::Error::Checkpoint(CheckpointFailure::Refused {
+            reason,
+            durable,
+        }))) => fail_refused(&inner, &d, &reason, durable).await,
         Some(Err(e)) => {
-            if let Some(refused) = committed.take_refused() {
-                return fail_refused(&inner, &d, refused).await;
-            }
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
             error!(error = %e, "run stopped: checkpoint failed");
@@ -445,10 +447,11 @@ async fn run(
 async fn fail_refused(
     inner: &Arc<Inner>,
     d: &Delivery,
-    refused: crate::checkpoint::Refused,
+    refused: &str,
+    durable: usize,
 ) -> Processed {
-    let reason = format!("a checkpoint could not be stored: {}", refused.reason);
-    error!(%reason, durable = refused.durable, "failing the session");
+    let reason = format!("a checkpoint could not be stored: {refused}");
+    error!(%reason, durable, "failing the session");
     fail_and_settle(inner, d, &reason).await
 }
 
@@ -462,7 +465,7 @@ async fn fail_panicked(
     committed: &StoreCheckpointer,
     loaded: usize,
     message: String,
-) -> agentq_agent::Result<RunEnd> {
+) -> agentq_agent::Result<(RunEnd, Receipt)> {
     use agentq_agent::driver::Checkpointer;
     let error = format!("the run panicked: {message}");
     error!(%error, "session failed");
@@ -472,7 +475,7 @@ async fn fail_panicked(
     committed
         .save(state, from.min(state.messages.len()))
         .await
-        .map(|()| RunEnd::Finished(outcome))
+        .map(|receipt| (RunEnd::Finished(outcome), receipt))
 }
 
 /// The run's metrics; a resumed run whose predecessor died during an LLM call counts the
@@ -506,13 +509,13 @@ async fn observer_for(
 }
 
 /// The run finished the session: count it, let its event stream expire, and settle it
-/// with the row its final checkpoint returned (or read back).
+/// with the row its final checkpoint returned (the run's receipt), or read back.
 async fn finished(
     inner: &Arc<Inner>,
     d: &Delivery,
     state: &SessionState,
     outcome: &Outcome,
-    committed: &StoreCheckpointer,
+    receipt: Receipt,
 ) -> Processed {
     let m = inner.metrics;
     info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
@@ -529,7 +532,7 @@ async fn finished(
     {
         warn!(error = %e, "setting the event stream's expiry failed");
     }
-    let row = match committed.take_finished() {
+    let row = match StoreCheckpointer::finished_row(receipt) {
         Some(row) => Some(row),
         None => get_row(inner, &d.session_id).await,
     };
@@ -616,20 +619,17 @@ async fn suspend(
     sink: &StreamSink,
     reason: SuspendReason,
 ) -> Processed {
-    let wait = match &reason {
-        SuspendReason::Children => WaitReason::Children,
-        SuspendReason::Approval { .. } => WaitReason::Approval,
-        SuspendReason::RateLimit { .. } => WaitReason::RateLimit,
-        SuspendReason::Budget { .. } => WaitReason::Budget,
-    };
+    let wait = wait_reason(&reason);
     let suspended = match reason {
         SuspendReason::Children => {
             inner
                 .store
-                .suspend(lease, SessionStatus::Waiting, row.wake_seq, None)
+                .suspend_for(lease, row.wake_seq, wait, None)
                 .await
         }
-        // Clamped: the spec may hold any number (a row written before the API bounded it).
+        // Its own status (`awaiting_approval`, with the decision's deadline), which the
+        // store records as waiting for an approval. Clamped: the spec may hold any number
+        // (a row written before the API bounded it).
         SuspendReason::Approval { .. } => {
             let deadline = bounds::after(chrono::Utc::now(), state.spec.approval_timeout_secs);
             inner
@@ -645,13 +645,7 @@ async fn suspend(
         // No lease and no slot until the sweeper wakes it at `until`.
         SuspendReason::RateLimit { until } => {
             info!(wake_at = %until, "suspending for a rate limit");
-            sink.emit(
-                state.messages.len(),
-                AgentEvent::SessionWaiting {
-                    reason: wait.as_str().into(),
-                    wake_at: Some(until),
-                },
-            );
+            sink.waiting(state.messages.len(), wait, Some(until));
             inner
                 .store
                 .suspend_for(lease, row.wake_seq, wait, Some(until))
@@ -662,13 +656,7 @@ async fn suspend(
         SuspendReason::Budget { message } => {
             info!(budget = %message, "parking for a spent budget");
             let wake_at = crate::budget::park_until(inner, &row.tenant).await;
-            sink.emit(
-                state.messages.len(),
-                AgentEvent::SessionWaiting {
-                    reason: wait.as_str().into(),
-                    wake_at,
-                },
-            );
+            sink.waiting(state.messages.len(), wait, wake_at);
             inner
                 .store
                 .suspend_for(lease, row.wake_seq, wait, wake_at)
@@ -725,6 +713,18 @@ async fn suspend(
             warn!(error = %e, "suspending failed");
             Processed::Left
         }
+    }
+}
+
+/// What the store, the event stream and the metrics call the wait a run suspended for:
+/// the one place an agent's [`SuspendReason`] becomes core's [`WaitReason`], which stays
+/// typed up to the store's column, the event's wire name and the metric's label.
+fn wait_reason(reason: &SuspendReason) -> WaitReason {
+    match reason {
+        SuspendReason::Children => WaitReason::Children,
+        SuspendReason::Approval { .. } => WaitReason::Approval,
+        SuspendReason::RateLimit { .. } => WaitReason::RateLimit,
+        SuspendReason::Budget { .. } => WaitReason::Budget,
     }
 }
 

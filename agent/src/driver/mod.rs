@@ -9,6 +9,7 @@
 //! - `stream`: assembling a streamed answer into a message (pure);
 //! - `tools`: a tool round and one call through the guards.
 
+use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,11 +39,50 @@ pub(crate) use llm::{refusal_wait, unanswered};
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.
-/// Returning [`Error::LeaseLost`](crate::Error::LeaseLost) stops the run at once, without
-/// any further write.
+/// Any error stops the run at once, without any further write: a lost lease is
+/// [`Error::LeaseLost`](crate::Error::LeaseLost), a store that refused or could not be
+/// reached [`Error::Checkpoint`](crate::Error::Checkpoint).
 #[async_trait]
 pub trait Checkpointer: Send + Sync {
-    async fn save(&self, state: &SessionState, from: usize) -> Result<()>;
+    /// What the host's store answered besides "durable" (see [`Receipt`]).
+    async fn save(&self, state: &SessionState, from: usize) -> Result<Receipt>;
+}
+
+/// What a durable checkpoint left the host, opaque to the driver: the last one a run got
+/// comes back from [`Agent::run_with_receipt`] (a worker: the row its final commit
+/// returned). Most checkpoints leave none, and none costs nothing.
+#[derive(Default)]
+pub struct Receipt(Option<Box<dyn Any + Send + Sync>>);
+
+impl Receipt {
+    /// Nothing to hand back.
+    pub const fn none() -> Self {
+        Receipt(None)
+    }
+
+    /// Hand back `value`, already boxed (no allocation here).
+    pub fn new<T: Any + Send + Sync>(value: Box<T>) -> Self {
+        Receipt(Some(value))
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The value, if it is a `T`.
+    pub fn take<T: Any>(self) -> Option<Box<T>> {
+        self.0?.downcast().ok()
+    }
+}
+
+impl std::fmt::Debug for Receipt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Receipt(..)"
+        } else {
+            "Receipt(none)"
+        })
+    }
 }
 
 /// Keeps nothing: `agentq run` and tests that do not care.
@@ -50,8 +90,8 @@ pub struct NoCheckpoint;
 
 #[async_trait]
 impl Checkpointer for NoCheckpoint {
-    async fn save(&self, _state: &SessionState, _from: usize) -> Result<()> {
-        Ok(())
+    async fn save(&self, _state: &SessionState, _from: usize) -> Result<Receipt> {
+        Ok(Receipt::none())
     }
 }
 
@@ -173,6 +213,8 @@ struct Saved {
     /// where a redone step starts, and drops what older runs emitted from there on.
     run_from: usize,
     held: Option<Held>,
+    /// The last receipt a checkpoint of this run handed back.
+    receipt: Receipt,
 }
 
 /// A response not committed yet. Its iteration is announced (metric and
@@ -203,13 +245,28 @@ impl Agent {
         state: &mut SessionState,
         cancel: &CancellationToken,
     ) -> Result<RunEnd> {
+        self.run_with_receipt(state, cancel)
+            .await
+            .map(|(end, _)| end)
+    }
+
+    /// [`Agent::run`], with the last [`Receipt`] the run's checkpoints handed back: for a
+    /// finished session, its final checkpoint's when that one left any.
+    pub async fn run_with_receipt(
+        &self,
+        state: &mut SessionState,
+        cancel: &CancellationToken,
+    ) -> Result<(RunEnd, Receipt)> {
         let span =
             info_span!("session", session_id = %state.session_id, model = %self.model(state));
         self.run_inner(state, cancel).instrument(span).await
     }
 
     async fn checkpoint(&self, state: &SessionState, saved: &mut Saved) -> Result<()> {
-        self.checkpointer.save(state, saved.upto).await?;
+        let receipt = self.checkpointer.save(state, saved.upto).await?;
+        if !receipt.is_none() {
+            saved.receipt = receipt;
+        }
         saved.upto = state.messages.len();
         if let Some(h) = saved.held.take() {
             if h.counted {
@@ -264,5 +321,132 @@ async fn due(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::error::{CheckpointFailure, Error, ErrorClass};
+    use crate::event::NullSink;
+    use crate::provider::scripted::{Script, ScriptedProvider, Turn};
+    use crate::spec::{ExitReason, SessionSpec};
+    use crate::tools::LocalWorkspace;
+
+    /// Counts its saves; a save of a finished state hands back its count. Fails every
+    /// save with `fail` when set.
+    #[derive(Default)]
+    struct Counting {
+        saves: Mutex<usize>,
+        fail: Option<CheckpointFailure>,
+    }
+
+    #[async_trait]
+    impl Checkpointer for Counting {
+        async fn save(&self, state: &SessionState, _from: usize) -> Result<Receipt> {
+            if let Some(f) = &self.fail {
+                return Err(Error::Checkpoint(f.clone()));
+            }
+            let mut saves = self.saves.lock().unwrap();
+            *saves += 1;
+            Ok(if state.outcome.is_some() {
+                Receipt::new(Box::new(*saves))
+            } else {
+                Receipt::none()
+            })
+        }
+    }
+
+    fn agent(checkpointer: Arc<Counting>, dir: &std::path::Path) -> Agent {
+        let script = Script {
+            turns: vec![Turn {
+                text: "done".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        Agent {
+            provider: Arc::new(ScriptedProvider::new(script)),
+            default_model: "test-model".into(),
+            tools: ToolRegistry::new(),
+            guards: Guards::default(),
+            events: Arc::new(NullSink),
+            checkpointer,
+            background: Arc::new(NoBackground),
+            workspace: Arc::new(LocalWorkspace::new(dir).unwrap()),
+            settings: Arc::new(ToolSettings::default()),
+            observer: Arc::new(crate::observe::NoObserver),
+            interrupter: Interrupter::new(),
+            admission: Arc::new(NoAdmission),
+            max_llm_retries: 0,
+            suspend_after: DEFAULT_SUSPEND_AFTER,
+            write_ahead_grace: Duration::ZERO,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_receipt_of_the_finishing_checkpoint_comes_back_with_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let saves = Arc::new(Counting::default());
+        let mut state = SessionState::new("s1", SessionSpec::new("task"));
+        let (end, receipt) = agent(saves.clone(), dir.path())
+            .run_with_receipt(&mut state, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(matches!(end, RunEnd::Finished(ref o) if o.reason == ExitReason::Stop));
+        let last = *saves.saves.lock().unwrap();
+        assert!(
+            last > 1,
+            "the answer and the finish are two commits: {last}"
+        );
+        assert_eq!(receipt.take::<usize>().map(|n| *n), Some(last));
+    }
+
+    #[test]
+    fn a_receipt_is_only_what_it_holds() {
+        assert!(Receipt::none().is_none());
+        assert_eq!(Receipt::new(Box::new(7_u32)).take::<u64>(), None);
+        assert_eq!(
+            Receipt::new(Box::new(7_u32)).take::<u32>(),
+            Some(Box::new(7))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_failure_stops_the_run_as_the_checkpointer_typed_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for (fail, class) in [
+            (
+                CheckpointFailure::Refused {
+                    reason: "value out of range".into(),
+                    durable: 1,
+                },
+                ErrorClass::Fatal,
+            ),
+            (
+                CheckpointFailure::Unavailable("connection refused".into()),
+                ErrorClass::Retryable { after: None },
+            ),
+        ] {
+            let saves = Arc::new(Counting {
+                fail: Some(fail.clone()),
+                ..Default::default()
+            });
+            let mut state = SessionState::new("s1", SessionSpec::new("task"));
+            let err = agent(saves, dir.path())
+                .run_with_receipt(&mut state, &CancellationToken::new())
+                .await
+                .unwrap_err();
+            assert_eq!(err.class(), class);
+            assert_eq!(err.to_string(), format!("checkpoint failed: {fail}"));
+            let Error::Checkpoint(got) = err else {
+                panic!("{err:?}")
+            };
+            assert_eq!(got, fail);
+        }
     }
 }

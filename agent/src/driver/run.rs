@@ -9,7 +9,7 @@ use tracing::{Instrument, info_span};
 use super::llm::Attempt;
 use super::stream::Assembled;
 use super::tools::RoundIo;
-use super::{Agent, Held, RunEnd, Saved};
+use super::{Agent, Held, Receipt, RunEnd, Saved};
 use crate::error::Result;
 use crate::event::AgentEvent;
 use crate::observe::Observer;
@@ -49,7 +49,7 @@ impl Agent {
         &self,
         state: &mut SessionState,
         cancel: &CancellationToken,
-    ) -> Result<RunEnd> {
+    ) -> Result<(RunEnd, Receipt)> {
         let mut run = self.start(state).await;
         loop {
             let end = match state.decide(chrono::Utc::now(), cancel.is_cancelled()) {
@@ -90,7 +90,7 @@ impl Agent {
                 Step::CallLlm => self.iterate(state, &mut run, cancel).await?,
             };
             if let Some(end) = end {
-                return Ok(end);
+                return Ok((end, std::mem::take(&mut run.saved.receipt)));
             }
         }
     }
@@ -123,6 +123,7 @@ impl Agent {
                 upto: state.messages.len(),
                 run_from: state.messages.len(),
                 held: None,
+                receipt: Receipt::none(),
             },
             maybe_started,
             specs: self.tools.specs(),
