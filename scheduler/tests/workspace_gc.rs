@@ -92,7 +92,7 @@ async fn expiry_and_collection_spare_what_is_referenced() {
     );
     assert_eq!(store.workspace_files(&done).await.unwrap().len(), 1);
 
-    // Once the finished trees are a second old (the shortest TTL, by the store's clock),
+    // Once both finished trees are a second old (the shortest TTL, by the store's clock),
     // a pass collects them.
     let eager = WorkspaceSection {
         ttl_secs: 1,
@@ -102,11 +102,12 @@ async fn expiry_and_collection_spare_what_is_referenced() {
         ..WorkspaceSection::default()
     };
     wait_until(
-        "a pass to expire the finished tree",
+        "a pass to expire both finished trees",
         Duration::from_secs(10),
         || async {
             gc_pass(&store, &eager).await;
             store.workspace_files(&done).await.unwrap().is_empty()
+                && store.workspace_files(&shared_a).await.unwrap().is_empty()
         },
     )
     .await;
