@@ -29,7 +29,7 @@ use agentq_agent::tools::{
 };
 
 mod support;
-use support::BackgroundInbox;
+use support::{BackgroundInbox, Changes};
 
 // ---------- test doubles ----------
 
@@ -59,6 +59,7 @@ struct TestTool {
     name: &'static str,
     effect: SideEffect,
     calls: Arc<Mutex<Vec<Value>>>,
+    changes: Changes,
     behave: Behave,
 }
 
@@ -78,6 +79,7 @@ impl Tool for TestTool {
     }
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
         self.calls.lock().unwrap().push(args.clone());
+        self.changes.bump();
         (self.behave)(args).await
     }
 }
@@ -86,11 +88,9 @@ fn echo(args: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, T
     Box::pin(async move { Ok(ToolOutput::ok(format!("echo {args}"))) })
 }
 
+/// A call that never ends by itself: only a timeout or a cancel ends it.
 fn slow(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
-    Box::pin(async move {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        Ok(ToolOutput::ok("slow done"))
-    })
+    Box::pin(std::future::pending())
 }
 
 fn huge(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, ToolError>> {
@@ -132,6 +132,7 @@ fn rendezvous(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput
 struct RecordingCheckpointer {
     /// (number of messages persisted in total, roles of the new messages, outcome set?)
     saves: Mutex<Vec<(usize, Vec<Role>, bool)>>,
+    changes: Changes,
 }
 
 #[async_trait]
@@ -142,6 +143,7 @@ impl Checkpointer for RecordingCheckpointer {
             .lock()
             .unwrap()
             .push((state.messages.len(), roles, state.outcome.is_some()));
+        self.changes.bump();
         Ok(Receipt::none())
     }
 }
@@ -152,13 +154,16 @@ struct Harness {
     events: Arc<Mutex<Vec<AgentEvent>>>,
     calls: Arc<Mutex<Vec<Value>>>,
     checkpoints: Arc<RecordingCheckpointer>,
+    /// Bumped by the tools, the event sink and the checkpointer as they record.
+    changes: Changes,
     _dir: tempfile::TempDir,
 }
 
-struct Sink(Arc<Mutex<Vec<AgentEvent>>>);
+struct Sink(Arc<Mutex<Vec<AgentEvent>>>, Changes);
 impl agentq_agent::event::EventSink for Sink {
     fn emit(&self, _seq: usize, e: AgentEvent) {
         self.0.lock().unwrap().push(e);
+        self.1.bump();
     }
 }
 
@@ -168,24 +173,29 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         requests: Mutex::new(Vec::new()),
     });
     let calls = Arc::new(Mutex::new(Vec::new()));
+    let changes = Changes::default();
     let mut reg = ToolRegistry::new();
     for (name, effect, behave) in tools {
         reg.register(Arc::new(TestTool {
             name,
             effect,
             calls: calls.clone(),
+            changes: changes.clone(),
             behave,
         }));
     }
     let dir = tempfile::tempdir().unwrap();
     let events = Arc::new(Mutex::new(Vec::new()));
-    let checkpoints = Arc::new(RecordingCheckpointer::default());
+    let checkpoints = Arc::new(RecordingCheckpointer {
+        changes: changes.clone(),
+        ..Default::default()
+    });
     let agent = Agent {
         provider: provider.clone(),
         default_model: "test-model".into(),
         tools: reg,
         guards: Guards::default(),
-        events: Arc::new(Sink(events.clone())),
+        events: Arc::new(Sink(events.clone(), changes.clone())),
         checkpointer: checkpoints.clone(),
         background: Arc::new(NoBackground),
         workspace: Arc::new(LocalWorkspace::new(dir.path()).unwrap()),
@@ -203,6 +213,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         events,
         calls,
         checkpoints,
+        changes,
         _dir: dir,
     }
 }
@@ -403,7 +414,7 @@ fn gated(_: Value) -> futures::future::BoxFuture<'static, Result<ToolOutput, Too
     })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn pure_calls_past_the_grace_have_their_response_committed_while_they_run() {
     let mut h = harness(
         Script {
@@ -420,14 +431,12 @@ async fn pure_calls_past_the_grace_have_their_response_committed_while_they_run(
         let end = agent.run(&mut state, &CancellationToken::new()).await;
         (state, end)
     });
-    let started = std::time::Instant::now();
-    while h.checkpoints.saves.lock().unwrap().is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the response was not saved while its call ran"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let started = tokio::time::Instant::now();
+    h.changes
+        .until("the response saved while its call runs", || {
+            !h.checkpoints.saves.lock().unwrap().is_empty()
+        })
+        .await;
     // Saved alone at the grace, the call still running (it cannot end before the gate).
     assert!(started.elapsed() >= h.agent.write_ahead_grace);
     assert_eq!(
@@ -529,7 +538,7 @@ async fn max_iterations_stops_the_loop() {
     assert_paired(&state.messages);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn cancellation_mid_tool_interrupts_and_keeps_history_paired() {
     let h = harness(
         Script {
@@ -542,11 +551,11 @@ async fn cancellation_mid_tool_interrupts_and_keeps_history_paired() {
     let mut state = SessionState::new("s1", spec());
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
-    let calls = h.calls.clone();
+    let (calls, changes) = (h.calls.clone(), h.changes.clone());
     tokio::spawn(async move {
-        while calls.lock().unwrap().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        changes
+            .until("the call to start", || !calls.lock().unwrap().is_empty())
+            .await;
         c2.cancel();
     });
     let end = h.agent.run(&mut state, &cancel).await.unwrap();
@@ -557,7 +566,7 @@ async fn cancellation_mid_tool_interrupts_and_keeps_history_paired() {
     assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn tool_timeout_becomes_the_result() {
     let h = harness(
         Script {
@@ -1012,7 +1021,7 @@ async fn no_retry_on_client_errors() {
     assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
     let mut turn = text_turn("never");
     turn.fail = vec![ScriptedFailure {
@@ -1034,17 +1043,15 @@ async fn retry_after_is_honoured_and_cancel_interrupts_the_wait() {
     let mut state = SessionState::new("s1", spec());
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
-    let events = h.events.clone();
+    let (events, changes) = (h.events.clone(), h.changes.clone());
     tokio::spawn(async move {
-        loop {
-            let retrying = events.lock().unwrap().iter().any(|e| {
-                matches!(e, AgentEvent::RateLimited { wait_ms: 60_000, reason } if reason == "provider")
-            });
-            if retrying {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        changes
+            .until("the wait the provider asked for", || {
+                events.lock().unwrap().iter().any(|e| {
+                    matches!(e, AgentEvent::RateLimited { wait_ms: 60_000, reason } if reason == "provider")
+                })
+            })
+            .await;
         c2.cancel();
     });
     let end = h.agent.run(&mut state, &cancel).await.unwrap();
@@ -1274,6 +1281,7 @@ async fn guards_deny_with_the_stage_named() {
 #[derive(Default)]
 struct Lifecycle {
     seen: Mutex<Vec<String>>,
+    changes: Changes,
 }
 
 #[async_trait]
@@ -1292,6 +1300,7 @@ impl Hook for Lifecycle {
             .lock()
             .unwrap()
             .push(format!("post {} {}", call.name, output.content));
+        self.changes.bump();
     }
 }
 
@@ -1309,19 +1318,16 @@ async fn lifecycle_hooks_fire_once_each() {
     h.agent.guards.hooks.push(hook.clone());
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).reason, ExitReason::Stop);
-    // PostToolUse is fire and forget: give its task a moment.
-    for _ in 0..100 {
-        if hook
-            .seen
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|s| s.starts_with("post"))
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // PostToolUse is fire and forget: wait for its task.
+    hook.changes
+        .until("PostToolUse", || {
+            hook.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|s| s.starts_with("post"))
+        })
+        .await;
     let seen = hook.seen.lock().unwrap().clone();
     assert_eq!(seen.first().unwrap(), "start s1");
     assert!(seen.contains(&"end stop".to_string()), "{seen:?}");
@@ -1742,7 +1748,7 @@ async fn admission_waits_do_not_spend_the_retry_allowance() {
     assert!(state.outcome.is_some());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_429_waits_for_its_reset_without_spending_retries() {
     let limits = RateLimitInfo {
         limit_requests: Some(40),
@@ -1968,23 +1974,24 @@ async fn a_spent_budget_fails_or_parks_the_session() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn cancel_stops_an_admission_wait() {
     let mut h = harness(one_turn(text_turn("never")), vec![]);
     h.agent.admission = ScriptedAdmission::new(vec![wait(20_000, "rpm")]);
     let mut state = SessionState::new("s1", spec());
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
-    let events = h.events.clone();
+    let (events, changes) = (h.events.clone(), h.changes.clone());
     tokio::spawn(async move {
-        while !events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        changes
+            .until("the wait to be announced", || {
+                events
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
+            })
+            .await;
         c2.cancel();
     });
     let end = h.agent.run(&mut state, &cancel).await.unwrap();
@@ -2001,13 +2008,13 @@ fn booked(ms: u64, waits_for: &'static str) -> Admit {
     })
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_booked_start_is_waited_for_without_asking_again() {
     let mut h = harness(one_turn(text_turn("on time")), vec![]);
     let admission = ScriptedAdmission::new(vec![booked(40, "rpm")]);
     h.agent.admission = admission.clone();
     h.agent.suspend_after = Duration::from_secs(7);
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).result.as_deref(), Some("on time"));
     assert!(started.elapsed() >= Duration::from_millis(40));
@@ -2039,7 +2046,7 @@ async fn a_deadline_bounds_the_bookable_wait() {
     assert!(waits[0] <= Duration::from_secs(20) && waits[0] > Duration::from_secs(15));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn cancel_during_a_booked_start_settles_the_permit_and_calls_nothing() {
     let mut h = harness(one_turn(text_turn("never")), vec![]);
     let admission = ScriptedAdmission::new(vec![booked(20_000, "tpm")]);
@@ -2047,16 +2054,17 @@ async fn cancel_during_a_booked_start_settles_the_permit_and_calls_nothing() {
     let mut state = SessionState::new("s1", spec());
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
-    let events = h.events.clone();
+    let (events, changes) = (h.events.clone(), h.changes.clone());
     tokio::spawn(async move {
-        while !events
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        changes
+            .until("the wait to be announced", || {
+                events
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .any(|e| matches!(e, AgentEvent::RateLimited { .. }))
+            })
+            .await;
         c2.cancel();
     });
     let end = h.agent.run(&mut state, &cancel).await.unwrap();

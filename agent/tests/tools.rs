@@ -19,6 +19,9 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+mod support;
+use support::wait_until;
+
 fn ctx_with(dir: &TempDir, settings: ToolSettings) -> ToolContext {
     ToolContext {
         session_id: "s1".into(),
@@ -820,26 +823,8 @@ async fn shell_runs_in_the_workspace() {
 async fn shell_times_out() {
     let dir = TempDir::new().unwrap();
     let c = shell_ctx(&dir);
-    let start = Instant::now();
-    let r = run(
-        &Shell,
-        json!({"command": "echo started; sleep 30", "timeout_secs": 1}),
-        &c,
-    )
-    .await
-    .unwrap();
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        start.elapsed()
-    );
-    assert!(
-        r.is_error && r.content.starts_with("timed out after 1 s"),
-        "{r:?}"
-    );
-    assert!(r.content.contains("started"), "{r:?}");
-
-    // The host's limit caps the requested timeout.
+    // The host's limit caps the requested timeout: run beside the first, as the two
+    // timeouts are real seconds.
     let capped = ctx_with(
         &dir,
         ToolSettings {
@@ -848,14 +833,44 @@ async fn shell_times_out() {
             ..Default::default()
         },
     );
-    let r = run(
-        &Shell,
-        json!({"command": "sleep 30", "timeout_secs": 600}),
-        &capped,
-    )
-    .await
-    .unwrap();
+    let start = Instant::now();
+    let (r, capped) = tokio::join!(
+        async {
+            let r = run(
+                &Shell,
+                json!({"command": "echo started; sleep 30", "timeout_secs": 1}),
+                &c,
+            )
+            .await
+            .unwrap();
+            (r, start.elapsed())
+        },
+        run(
+            &Shell,
+            json!({"command": "sleep 30", "timeout_secs": 600}),
+            &capped,
+        )
+    );
+    let (r, took) = r;
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(
+        r.is_error && r.content.starts_with("timed out after 1 s"),
+        "{r:?}"
+    );
+    assert!(r.content.contains("started"), "{r:?}");
+    let r = capped.unwrap();
     assert!(r.content.starts_with("timed out after 1 s"), "{r:?}");
+}
+
+/// Whether process `pid` is gone: no longer there, or a zombie nobody reaped yet.
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command, which is in parentheses and may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
 }
 
 #[tokio::test]
@@ -863,15 +878,27 @@ async fn shell_is_killed_on_cancel_with_its_children() {
     let dir = TempDir::new().unwrap();
     let c = shell_ctx(&dir);
     let cancel = c.cancel.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        cancel.cancel();
+    let pid_file = dir.path().join("child.pid");
+    // Cancelled once the background child runs: the shell names it (written whole, by a
+    // rename) only after starting it.
+    let canceller = tokio::spawn({
+        let pid_file = pid_file.clone();
+        async move {
+            wait_until("the shell to start its background child", || {
+                let exists = pid_file.exists();
+                async move { exists }
+            })
+            .await;
+            cancel.cancel();
+            let pid = std::fs::read_to_string(&pid_file).unwrap();
+            pid.trim().parse::<u32>().unwrap()
+        }
     });
     let start = Instant::now();
     // The background child would create `late` after 2 s unless the group is killed.
     let r = run(
         &Shell,
-        json!({"command": "(sleep 2; touch late) & sleep 30"}),
+        json!({"command": "(sleep 2; touch late) & echo $! > child.tmp && mv child.tmp child.pid; sleep 30"}),
         &c,
     )
     .await;
@@ -881,7 +908,14 @@ async fn shell_is_killed_on_cancel_with_its_children() {
         start.elapsed()
     );
     assert_failed(r, "cancelled");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Killed, it ends without creating `late`; had it survived, it would end after
+    // creating it.
+    let child = canceller.await.unwrap();
+    wait_until("the background child to end", || {
+        let gone = process_gone(child);
+        async move { gone }
+    })
+    .await;
     assert!(
         !dir.path().join("late").exists(),
         "background child survived the cancel"

@@ -5,12 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use agentq_testkit::{RedisServer, shared_postgres};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use agentq_testkit::RedisServer;
 use serde_json::{Value, json};
+
+use common::{Procs, agentq, client_as, migrated_db, poll_until, text, wait_line};
 
 /// The operator allows the write this test holds (the default policy allows reads only).
 const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
@@ -18,67 +21,8 @@ const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
 /// The scheduler's operator key, which the client commands use too.
 const ADMIN_KEY: &str = "approvals-cli-admin-key";
 
-fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_SCRIPT",
-        "AGENTQ_POLICY_TOOLS",
-        "AGENTQ_ADMIN_KEY",
-        "AGENTQ_API_KEY",
-    ] {
-        c.env_remove(k);
-    }
-    c.current_dir(std::env::temp_dir());
-    c
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-/// Child processes, killed when the test ends however it ends.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The first stderr line containing `marker`; the rest is drained in the background.
-fn wait_line(stderr: ChildStderr, marker: &str) -> String {
-    let mut reader = BufReader::new(stderr);
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let n = reader.read_line(&mut line).unwrap();
-        assert!(n > 0, "stderr closed before {marker:?}: {seen}");
-        if line.contains(marker) {
-            std::thread::spawn(move || {
-                let mut sink = Vec::new();
-                let _ = reader.read_to_end(&mut sink);
-            });
-            return line;
-        }
-        seen.push_str(&line);
-    }
-}
-
 fn client(api: &str, args: &[&str]) -> Output {
-    agentq()
-        .env("AGENTQ_API_URL", api)
-        .env("AGENTQ_API_KEY", ADMIN_KEY)
-        .args(args)
-        .output()
-        .unwrap()
+    client_as(api, Some(ADMIN_KEY), args)
 }
 
 fn status(api: &str, id: &str) -> (Value, String) {
@@ -92,14 +36,8 @@ fn status(api: &str, id: &str) -> (Value, String) {
 
 #[test]
 fn status_names_the_held_call_and_watch_shows_the_request() {
-    let db = shared_postgres().unwrap().fresh_database().unwrap();
+    let db = migrated_db();
     let redis = RedisServer::start().unwrap();
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("script.json");
     std::fs::write(
@@ -124,7 +62,7 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let line = wait_line(scheduler.stderr.take().unwrap(), "listening on ");
+    let (line, _drain) = wait_line(scheduler.stderr.take().unwrap(), "listening on ");
     procs.0.push(scheduler);
     let api = line
         .trim()
@@ -164,18 +102,14 @@ fn status_names_the_held_call_and_watch_shows_the_request() {
     let id = text(&out.stdout).trim().to_string();
     assert_eq!(id.len(), 36, "{id}");
 
-    let started = Instant::now();
-    let (view, hints) = loop {
+    let (view, hints) = poll_until("the call to be held", Duration::from_secs(60), || {
         let (view, hints) = status(&api, &id);
         if view["status"] == "awaiting_approval" {
-            break (view, hints);
+            Ok((view, hints))
+        } else {
+            Err(view)
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "never held: {view}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
     // stdout stays the JSON view, with the held call in it.
     assert_eq!(view["pending_approvals"][0]["tool_call_id"], "call_w1");
     assert_eq!(view["pending_approvals"][0]["tool"], "write_file");

@@ -5,76 +5,27 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use agentq_testkit::{RedisServer, shared_postgres};
 use serde_json::Value;
 
-fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    // Only what each test sets.
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_ADMIN_KEY",
-        "AGENTQ_API_KEY",
-        "AGENTQ_METRICS_ADDR",
-    ] {
-        c.env_remove(k);
-    }
-    // Clients authenticate as the operator; the schedulers here accept that key.
-    c.env("AGENTQ_API_KEY", ADMIN_KEY);
-    c.current_dir(std::env::temp_dir());
-    c
-}
+use common::{Dev, migrated_db, text, wait_exit, wait_line};
 
 /// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start.
 const ADMIN_KEY: &str = "client-cli-admin-key";
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+/// `agentq` as the operator: the schedulers here accept that key.
+fn agentq() -> Command {
+    let mut c = common::agentq();
+    c.env("AGENTQ_API_KEY", ADMIN_KEY);
+    c
 }
 
-struct Scheduler {
-    child: Child,
-    url: String,
-    _stderr: std::thread::JoinHandle<()>,
-}
-
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Read stderr lines until one contains `marker`; the rest is drained in the background.
-fn wait_line(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHandle<()>) {
-    let mut reader = BufReader::new(stderr);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut seen = String::new();
-    loop {
-        assert!(Instant::now() < deadline, "no {marker:?} in: {seen}");
-        let mut line = String::new();
-        let n = reader.read_line(&mut line).unwrap();
-        assert!(n > 0, "stderr closed before {marker:?}: {seen}");
-        if line.contains(marker) {
-            let drain = std::thread::spawn(move || {
-                let mut sink = Vec::new();
-                let _ = reader.read_to_end(&mut sink);
-            });
-            return (line, drain);
-        }
-        seen.push_str(&line);
-    }
-}
-
-fn start_scheduler(db: &str, redis: &str) -> Scheduler {
+fn start_scheduler(db: &str, redis: &str) -> Dev {
     // The queues the batch case names: sessions may only name configured ones.
     let config = std::env::temp_dir().join(format!("client-cli-{}.toml", std::process::id()));
     std::fs::write(
@@ -82,34 +33,20 @@ fn start_scheduler(db: &str, redis: &str) -> Scheduler {
         "[scheduler]\nqueues = [\"default\", \"bulk\", \"other\"]\n",
     )
     .unwrap();
-    let mut child = agentq()
-        .env("AGENTQ_CONFIG", &config)
-        .args([
-            "scheduler",
-            "--addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
-        .env("AGENTQ_DATABASE_URL", db)
-        .env("AGENTQ_REDIS_URL", redis)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (line, drain) = wait_line(child.stderr.take().unwrap(), "listening on ");
-    let url = line
-        .trim()
-        .rsplit("listening on ")
-        .next()
-        .unwrap()
-        .to_string();
-    Scheduler {
-        child,
-        url,
-        _stderr: drain,
-    }
+    Dev::spawn(
+        agentq()
+            .env("AGENTQ_CONFIG", &config)
+            .args([
+                "scheduler",
+                "--addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
+            .env("AGENTQ_DATABASE_URL", db)
+            .env("AGENTQ_REDIS_URL", redis),
+    )
 }
 
 fn client(api: &str, args: &[&str]) -> Output {
@@ -118,17 +55,6 @@ fn client(api: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn migrated_db() -> String {
-    let db = shared_postgres().unwrap().fresh_database().unwrap();
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    db
 }
 
 #[test]
@@ -295,17 +221,7 @@ fn wait_then_cancel(api: &str, redis: Option<&str>) {
     let id = line.trim().rsplit(' ').next().unwrap().to_string();
     let out = client(api, &["cancel", &id]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "--wait did not end"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(20)).expect("--wait did not end");
     drain.join().unwrap();
     assert_eq!(status.code(), Some(1));
 }

@@ -5,38 +5,23 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use agentq_core::SessionStore;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::{ListFilter, SessionRow, SessionStatus};
 use serde_json::{Value, json};
 
+use common::{Dev, agentq, wait_exit, wait_session, wait_until};
+
 /// What every demo session writes to `notes.md` in its workspace (cli/src/demo.rs).
 const NOTES_CONTENT: &str = "# Notes\n\n- agentq runs agent sessions as durable jobs.\n\
     - Every step is checkpointed, so any worker can resume any session.\n";
-
-fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_DB",
-        "AGENTQ_SCRIPT",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-    ] {
-        c.env_remove(k);
-    }
-    c.current_dir(std::env::temp_dir());
-    c
-}
 
 /// Run to the end, killing the child past `limit`.
 fn run_with_limit(mut cmd: Command, limit: Duration) -> (bool, String, String) {
@@ -57,20 +42,11 @@ fn run_with_limit(mut cmd: Command, limit: Duration) -> (bool, String, String) {
         err.read_to_string(&mut s).unwrap();
         s
     });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "timed out after {limit:?}; stderr: {}",
-                err_t.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = wait_exit(&mut child, limit) else {
+        panic!(
+            "timed out after {limit:?}; stderr: {}",
+            err_t.join().unwrap()
+        );
     };
     (
         status.success(),
@@ -235,55 +211,16 @@ fn demo_prints_a_table_and_refuses_a_used_database() {
 
 // ---- agentq dev ----
 
-struct Dev {
-    child: Child,
-    url: String,
-    _drain: std::thread::JoinHandle<()>,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_dev(db: &Path, config: &Path, script: &Path) -> Dev {
-    let mut child = agentq()
-        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "2", "--db"])
-        .arg(db)
-        .arg("--config")
-        .arg(config)
-        .arg("--script")
-        .arg(script)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    let url = loop {
-        assert!(Instant::now() < deadline, "dev did not start: {seen}");
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "dev exited: {seen}"
-        );
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-        seen.push_str(&line);
-    };
-    let drain = std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Dev {
-        child,
-        url,
-        _drain: drain,
-    }
+    Dev::spawn(
+        agentq()
+            .args(["dev", "--addr", "127.0.0.1:0", "--workers", "2", "--db"])
+            .arg(db)
+            .arg("--config")
+            .arg(config)
+            .arg("--script")
+            .arg(script),
+    )
 }
 
 async fn submit(http: &reqwest::Client, dev: &Dev, prompt: &str) -> String {
@@ -296,35 +233,6 @@ async fn submit(http: &reqwest::Client, dev: &Dev, prompt: &str) -> String {
     assert_eq!(resp.status().as_u16(), 201);
     let v: Value = resp.json().await.unwrap();
     v["id"].as_str().unwrap().to_string()
-}
-
-async fn session(http: &reqwest::Client, dev: &Dev, id: &str) -> Value {
-    http.get(format!("{}/v1/sessions/{id}", dev.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Poll until `pred` holds for the session, or panic after `limit`.
-async fn wait_for(
-    http: &reqwest::Client,
-    dev: &Dev,
-    id: &str,
-    limit: Duration,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + limit;
-    loop {
-        let v = session(http, dev, id).await;
-        if pred(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out; session is {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[cfg(unix)]
@@ -361,7 +269,7 @@ async fn dev_serves_resumes_after_sigkill_and_stops_on_sigterm() {
     // 1. Submit and wait for completion.
     let mut dev = start_dev(&db, &config, &script);
     let first = submit(&http, &dev, "first").await;
-    let v = wait_for(&http, &dev, &first, Duration::from_secs(60), |v| {
+    let v = wait_session(&http, &dev.url, &first, Duration::from_secs(60), |v| {
         v["status"] == "completed"
     })
     .await;
@@ -369,7 +277,7 @@ async fn dev_serves_resumes_after_sigkill_and_stops_on_sigterm() {
 
     // 2. A second session: SIGKILL the process while it is in its long step.
     let second = submit(&http, &dev, "second").await;
-    wait_for(&http, &dev, &second, Duration::from_secs(60), |v| {
+    wait_session(&http, &dev.url, &second, Duration::from_secs(60), |v| {
         v["status"] == "running" && v["iterations"].as_u64().unwrap_or(0) >= 1
     })
     .await;
@@ -379,7 +287,7 @@ async fn dev_serves_resumes_after_sigkill_and_stops_on_sigterm() {
 
     // 3. Start again on the same file: the session resumes and completes.
     let mut dev = start_dev(&db, &config, &script);
-    let v = wait_for(&http, &dev, &second, Duration::from_secs(60), |v| {
+    let v = wait_session(&http, &dev.url, &second, Duration::from_secs(60), |v| {
         v["status"] == "completed"
     })
     .await;
@@ -464,13 +372,12 @@ async fn dev_is_not_ready_while_its_file_cannot_be_written() {
 
     sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
     other.close().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while ready().await != 200 {
-        assert!(Instant::now() < deadline, "never ready again");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until("ready again", Duration::from_secs(30), || async {
+        ready().await == 200
+    })
+    .await;
     let id = submit(&http, &dev, "after").await;
-    wait_for(&http, &dev, &id, Duration::from_secs(30), |v| {
+    wait_session(&http, &dev.url, &id, Duration::from_secs(30), |v| {
         v["status"] == "completed"
     })
     .await;

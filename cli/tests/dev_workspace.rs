@@ -6,90 +6,36 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-
-use std::sync::Arc;
 
 use agentq_core::WorkspaceStore;
 use agentq_core::blob::s3::S3Blobs;
 use agentq_core::config::S3Section;
 use agentq_core::sqlite::SqliteStore;
 
-fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_DB",
-        "AGENTQ_SCRIPT",
-        "OPENAI_API_KEY",
-        "ANTHROPIC_API_KEY",
-    ] {
-        c.env_remove(k);
-    }
-    c.current_dir(std::env::temp_dir());
-    c
-}
+use common::{Dev, agentq, wait_session};
 
-struct Dev {
-    child: Child,
-    url: String,
-    _drain: std::thread::JoinHandle<()>,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// How long a session may take to get where a test waits for it.
+const LIMIT: Duration = Duration::from_secs(60);
 
 fn start_dev(db: &Path, config: &Path, script: &Path) -> Dev {
-    let mut child = agentq()
-        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
-        .arg(db)
-        .arg("--config")
-        .arg(config)
-        .arg("--script")
-        .arg(script)
-        .env("DEV_S3_KEY", "test")
-        .env("DEV_S3_SECRET", "test")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    let url = loop {
-        assert!(Instant::now() < deadline, "dev did not start: {seen}");
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "dev exited: {seen}"
-        );
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-        seen.push_str(&line);
-    };
-    let drain = std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Dev {
-        child,
-        url,
-        _drain: drain,
-    }
+    Dev::spawn(
+        agentq()
+            .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+            .arg(db)
+            .arg("--config")
+            .arg(config)
+            .arg("--script")
+            .arg(script)
+            .env("DEV_S3_KEY", "test")
+            .env("DEV_S3_SECRET", "test"),
+    )
 }
 
 /// `s3`: the endpoint of the bucket `agentq-dev` to keep the contents in.
@@ -108,33 +54,6 @@ fn config(path: &Path, workspaces: &Path, s3: Option<&str>) {
         ));
     }
     std::fs::write(path, text).unwrap();
-}
-
-async fn session(http: &reqwest::Client, dev: &Dev, id: &str) -> Value {
-    http.get(format!("{}/v1/sessions/{id}", dev.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn wait_for(
-    http: &reqwest::Client,
-    dev: &Dev,
-    id: &str,
-    pred: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = session(http, dev, id).await;
-        if pred(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out; session is {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[cfg(unix)]
@@ -197,7 +116,7 @@ async fn resumes_after_sigkill(bucket: Option<(String, Arc<S3Blobs>)>) {
         .as_str()
         .unwrap()
         .to_string();
-    wait_for(&http, &dev, &id, |v| {
+    wait_session(&http, &dev.url, &id, LIMIT, |v| {
         v["status"] == "running" && v["iterations"].as_u64().unwrap_or(0) >= 1
     })
     .await;
@@ -208,7 +127,7 @@ async fn resumes_after_sigkill(bucket: Option<(String, Arc<S3Blobs>)>) {
 
     config(&cfg, &second_ws, s3.as_deref());
     let dev = start_dev(&db, &cfg, &script);
-    let v = wait_for(&http, &dev, &id, |v| v["status"] == "completed").await;
+    let v = wait_session(&http, &dev.url, &id, LIMIT, |v| v["status"] == "completed").await;
     let result = v["result"].as_str().unwrap_or_default();
     assert!(result.contains("kept across the crash"), "{v}");
     assert_eq!(

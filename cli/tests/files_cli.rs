@@ -11,86 +11,41 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use agentq_testkit::{RedisServer, shared_postgres};
+use std::process::{Command, Output, Stdio};
+
+use agentq_testkit::RedisServer;
+
+use common::{Dev, Procs, migrated_db, text};
 
 const ADMIN_KEY: &str = "files-cli-admin-key";
 
+/// `agentq` as the operator: the schedulers here accept that key.
 fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_ADMIN_KEY",
-        "AGENTQ_API_KEY",
-        "AGENTQ_METRICS_ADDR",
-    ] {
-        c.env_remove(k);
-    }
+    let mut c = common::agentq();
     c.env("AGENTQ_API_KEY", ADMIN_KEY);
-    c.current_dir(std::env::temp_dir());
     c
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-struct Scheduler {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The tools the end-to-end case's sessions use (and the workers' defaults).
 const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
 
-fn start_scheduler(db: &str, redis: &str) -> Scheduler {
-    let mut child = agentq()
-        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
-        .args([
-            "scheduler",
-            "--addr",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
-        .env("AGENTQ_DATABASE_URL", db)
-        .env("AGENTQ_REDIS_URL", redis)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let url = loop {
-        assert!(Instant::now() < deadline, "the scheduler did not start");
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "stderr closed");
-        if let Some(u) = line.trim().rsplit("listening on ").next()
-            && line.contains("listening on ")
-        {
-            break u.to_string();
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Scheduler { child, url }
+fn start_scheduler(db: &str, redis: &str) -> Dev {
+    Dev::spawn(
+        agentq()
+            .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+            .args([
+                "scheduler",
+                "--addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
+            .env("AGENTQ_DATABASE_URL", db)
+            .env("AGENTQ_REDIS_URL", redis),
+    )
 }
 
 fn client(api: &str, args: &[&str]) -> Output {
@@ -104,17 +59,6 @@ fn client(api: &str, args: &[&str]) -> Output {
 fn ok(out: &Output) -> String {
     assert!(out.status.success(), "{}", text(&out.stderr));
     text(&out.stdout)
-}
-
-fn migrated_db() -> String {
-    let db = shared_postgres().unwrap().fresh_database().unwrap();
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    db
 }
 
 #[test]
@@ -260,16 +204,6 @@ fn inputs_in_and_files_out() {
     );
 }
 
-/// A worker process, killed when dropped.
-struct Worker(Child);
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The messages of a session, as the API sends them.
 fn messages(api: &str, id: &str) -> String {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -319,7 +253,7 @@ fn a_session_reads_its_inputs_and_its_outputs_come_out() {
     let s = start_scheduler(&db, &redis.url());
     let tmp = tempfile::tempdir().unwrap();
     let script = write_script(tmp.path());
-    let _worker = Worker(
+    let _worker = Procs(vec![
         agentq()
             .arg("worker")
             .args(["--database-url", &db])
@@ -335,7 +269,7 @@ fn a_session_reads_its_inputs_and_its_outputs_come_out() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
-    );
+    ]);
     let inputs = tmp.path().join("in");
     std::fs::create_dir_all(&inputs).unwrap();
     std::fs::write(inputs.join("data.txt"), "hello input 42").unwrap();
@@ -436,36 +370,19 @@ fn a_session_reads_its_inputs_and_its_outputs_come_out() {
 }
 
 /// `agentq dev` on its embedded file, without keys on loopback.
-fn dev(db: &std::path::Path, ws: &std::path::Path, script: &std::path::Path) -> Scheduler {
-    let mut child = agentq()
-        .env_remove("AGENTQ_API_KEY")
-        .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
-        .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
-        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
-        .arg(db)
-        .arg("--script")
-        .arg(script)
-        .arg("--workspace-root")
-        .arg(ws)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let url = loop {
-        assert!(Instant::now() < deadline, "dev did not start");
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "dev exited");
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-    };
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Scheduler { child, url }
+fn dev(db: &std::path::Path, ws: &std::path::Path, script: &std::path::Path) -> Dev {
+    Dev::spawn(
+        agentq()
+            .env_remove("AGENTQ_API_KEY")
+            .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+            .env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
+            .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+            .arg(db)
+            .arg("--script")
+            .arg(script)
+            .arg("--workspace-root")
+            .arg(ws),
+    )
 }
 
 fn dev_client(api: &str, args: &[&str]) -> Output {

@@ -7,80 +7,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use agentq_testkit::{RedisServer, shared_postgres};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Output;
+use std::time::Duration;
+
+use agentq_testkit::RedisServer;
 use serde_json::Value;
 
-fn agentq() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_ADMIN_KEY",
-        "AGENTQ_API_KEY",
-        "AGENTQ_DB",
-        "AGENTQ_METRICS_ADDR",
-        "AGENTQ_KEY_CACHE_SECS",
-    ] {
-        c.env_remove(k);
-    }
-    c.current_dir(std::env::temp_dir());
-    c
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-struct Server {
-    child: Child,
-    url: String,
-    _drain: std::thread::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Spawn `cmd` and wait for its "listening on <url>" line.
-fn serve(mut cmd: Command) -> Server {
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    let url = loop {
-        assert!(Instant::now() < deadline, "no listening line: {seen}");
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).unwrap() > 0, "exited: {seen}");
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-        seen.push_str(&line);
-    };
-    let drain = std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Server {
-        child,
-        url,
-        _drain: drain,
-    }
-}
+use common::{Dev, agentq, client_as, migrated_db, poll_until, text};
 
 /// `agentq keys …` with `env`; its output.
 fn keys(env: &[(&str, &str)], args: &[&str]) -> Output {
@@ -104,26 +41,6 @@ fn create_key(env: &[(&str, &str)], args: &[&str]) -> (String, String) {
         .unwrap_or_else(|| panic!("the last line is not a key: {stdout}"))
         .to_string();
     (key, id)
-}
-
-fn client(api: &str, key: Option<&str>, args: &[&str]) -> Output {
-    let mut c = agentq();
-    c.env("AGENTQ_API_URL", api).args(args);
-    if let Some(k) = key {
-        c.env("AGENTQ_API_KEY", k);
-    }
-    c.output().unwrap()
-}
-
-fn migrated_db() -> String {
-    let db = shared_postgres().unwrap().fresh_database().unwrap();
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    db
 }
 
 /// A raw HTTP/1.1 request (so the `Host` header is exactly what the test says); the
@@ -246,10 +163,10 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
         .env("AGENTQ_DATABASE_URL", &db)
         .env("AGENTQ_REDIS_URL", redis.url())
         .env("AGENTQ_KEY_CACHE_SECS", "1");
-    let s = serve(sched);
+    let s = Dev::spawn(&mut sched);
 
     // No key: refused, and told where the key goes.
-    let out = client(&s.url, None, &["sessions", "--json"]);
+    let out = client_as(&s.url, None, &["sessions", "--json"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("401") && err.contains("unauthorized"), "{err}");
@@ -258,10 +175,10 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
         "{err}"
     );
     // The printed key works; the read-only one cannot submit.
-    let out = client(&s.url, Some(&rw), &["submit", "hello"]);
+    let out = client_as(&s.url, Some(&rw), &["submit", "hello"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let mine = text(&out.stdout).trim().to_string();
-    let out = client(&s.url, Some(&ro), &["submit", "hello"]);
+    let out = client_as(&s.url, Some(&ro), &["submit", "hello"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(
@@ -270,11 +187,11 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     );
     // Another tenant neither lists nor reads it.
     assert_eq!(
-        ids_of(&client(&s.url, Some(&ro), &["sessions", "--json"])),
+        ids_of(&client_as(&s.url, Some(&ro), &["sessions", "--json"])),
         std::slice::from_ref(&mine)
     );
-    assert!(ids_of(&client(&s.url, Some(&other), &["sessions", "--json"])).is_empty());
-    let out = client(&s.url, Some(&other), &["status", &mine]);
+    assert!(ids_of(&client_as(&s.url, Some(&other), &["sessions", "--json"])).is_empty());
+    let out = client_as(&s.url, Some(&other), &["status", &mine]);
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("not found"),
@@ -285,17 +202,19 @@ fn keys_created_by_the_binary_open_the_api_until_revoked() {
     // Revoked: refused once the scheduler's cached entry (1 s here) is stale.
     let out = keys(&env, &["revoke", &rw_id]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let out = client(&s.url, Some(&rw), &["sessions", "--json"]);
-        if !out.status.success() {
-            let err = text(&out.stderr);
-            assert!(err.contains("revoked"), "{err}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the revoked key still works");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let err = poll_until(
+        "the revoked key to stop working",
+        Duration::from_secs(30),
+        || {
+            let out = client_as(&s.url, Some(&rw), &["sessions", "--json"]);
+            if out.status.success() {
+                None
+            } else {
+                Some(text(&out.stderr))
+            }
+        },
+    );
+    assert!(err.contains("revoked"), "{err}");
     let listing = text(&keys(&env, &["list"]).stdout);
     let line = listing.lines().find(|l| l.starts_with(&rw_id)).unwrap();
     assert!(
@@ -324,26 +243,26 @@ fn dev_on_loopback_checks_hosts_and_presented_keys() {
     let mut cmd = agentq();
     cmd.args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
         .arg(&db);
-    let dev = serve(cmd);
+    let dev = Dev::spawn(&mut cmd);
 
     // Keyless on loopback: the tenant `default` (the two-command start).
-    let out = client(&dev.url, None, &["submit", "local"]);
+    let out = client_as(&dev.url, None, &["submit", "local"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let local = text(&out.stdout).trim().to_string();
     // A presented key is checked, and it names its tenant.
-    let out = client(&dev.url, Some(&acme), &["submit", "acme's"]);
+    let out = client_as(&dev.url, Some(&acme), &["submit", "acme's"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let theirs = text(&out.stdout).trim().to_string();
     assert_eq!(
-        ids_of(&client(&dev.url, None, &["sessions", "--json"])),
+        ids_of(&client_as(&dev.url, None, &["sessions", "--json"])),
         std::slice::from_ref(&local)
     );
     assert_eq!(
-        ids_of(&client(&dev.url, Some(&acme), &["sessions", "--json"])),
+        ids_of(&client_as(&dev.url, Some(&acme), &["sessions", "--json"])),
         [theirs]
     );
     let bad = format!("aq_{}_{}", "0".repeat(12), "1".repeat(64));
-    let out = client(&dev.url, Some(&bad), &["sessions", "--json"]);
+    let out = client_as(&dev.url, Some(&bad), &["sessions", "--json"]);
     assert!(!out.status.success());
 
     // DNS rebinding: a page at attacker.example that resolved to 127.0.0.1.
@@ -402,11 +321,11 @@ fn dev_refuses_a_public_address_without_an_admin_key() {
     ])
     .arg(&db)
     .env("AGENTQ_ADMIN_KEY", "dev-admin-key");
-    let _dev = serve(cmd);
+    let _dev = Dev::spawn(&mut cmd);
     let url = format!("http://127.0.0.1:{port}");
-    let out = client(&url, None, &["sessions", "--json"]);
+    let out = client_as(&url, None, &["sessions", "--json"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
-    let out = client(&url, Some("dev-admin-key"), &["sessions", "--json"]);
+    let out = client_as(&url, Some("dev-admin-key"), &["sessions", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }

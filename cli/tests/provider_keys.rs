@@ -6,29 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use serde_json::{Value, json};
 
+use common::{Dev, agentq, wait_finished};
+
 const OPENAI_CANARY: &str = "sk-canary-e2e-openai-5d1e";
 const ANTHROPIC_CANARY: &str = "sk-ant-canary-e2e-77aa";
-
-struct Dev {
-    child: Child,
-    url: String,
-    _drain: std::thread::JoinHandle<()>,
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The configuration file the test runs `agentq dev` with: shell enabled and allowed so
 /// `env` can be tried, and `allowed_base_urls` allowed as session base URLs (refused by
@@ -59,58 +48,20 @@ fn start_dev(dir: &Path, configured: &FakeLlm, allowed_base_urls: &[String]) -> 
         .to_string(),
     )
     .unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentq"));
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_DB",
-        "AGENTQ_SCRIPT",
-    ] {
-        cmd.env_remove(k);
-    }
-    let mut child = cmd
-        .current_dir(dir)
-        .env("OPENAI_API_KEY", OPENAI_CANARY)
-        .env("ANTHROPIC_API_KEY", ANTHROPIC_CANARY)
-        .env("OPENAI_BASE_URL", format!("{}/v1", configured.url))
-        .env("ANTHROPIC_BASE_URL", &configured.url)
-        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
-        .arg(dir.join("dev.db"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--script")
-        .arg(&script)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    let url = loop {
-        assert!(Instant::now() < deadline, "dev did not start: {seen}");
-        let mut line = String::new();
-        assert!(
-            reader.read_line(&mut line).unwrap() > 0,
-            "dev exited: {seen}"
-        );
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-        seen.push_str(&line);
-    };
-    let drain = std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    Dev {
-        child,
-        url,
-        _drain: drain,
-    }
+    Dev::spawn(
+        agentq()
+            .current_dir(dir)
+            .env("OPENAI_API_KEY", OPENAI_CANARY)
+            .env("ANTHROPIC_API_KEY", ANTHROPIC_CANARY)
+            .env("OPENAI_BASE_URL", format!("{}/v1", configured.url))
+            .env("ANTHROPIC_BASE_URL", &configured.url)
+            .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+            .arg(dir.join("dev.db"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--script")
+            .arg(&script),
+    )
 }
 
 async fn create(http: &reqwest::Client, dev: &Dev, body: Value) -> (u16, Value) {
@@ -125,25 +76,7 @@ async fn create(http: &reqwest::Client, dev: &Dev, body: Value) -> (u16, Value) 
 }
 
 async fn finished(http: &reqwest::Client, dev: &Dev, id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: Value = http
-            .get(format!("{}/v1/sessions/{id}", dev.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if matches!(
-            v["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_finished(http, &dev.url, id, Duration::from_secs(60)).await
 }
 
 fn base(provider: &str, fake: &FakeLlm) -> String {

@@ -7,12 +7,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::{Value, json};
+
+use common::{Dev, clean, wait_finished};
 
 const CANARY: &str = "sk-canary-parent-environ-9f3b";
 
@@ -62,50 +65,18 @@ async fn shell_cannot_read_the_workers_environment() {
     } else {
         Command::new(env!("CARGO_BIN_EXE_agentq"))
     };
-    for k in [
-        "AGENTQ_DATABASE_URL",
-        "AGENTQ_REDIS_URL",
-        "AGENTQ_API_URL",
-        "AGENTQ_API_ADDR",
-        "AGENTQ_CONFIG",
-        "AGENTQ_DB",
-        "AGENTQ_SCRIPT",
-        "AGENTQ_ADMIN_KEY",
-    ] {
-        cmd.env_remove(k);
-    }
-    let mut child = cmd
-        .current_dir(root)
-        .env("OPENAI_API_KEY", CANARY)
-        .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
-        .arg(root.join("dev.db"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--script")
-        .arg(&script)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut seen = String::new();
-    let url = loop {
-        assert!(Instant::now() < deadline, "dev did not start: {seen}");
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap() == 0 {
-            let _ = child.kill();
-            panic!("dev exited: {seen}");
-        }
-        if let Some(i) = line.find("listening on ") {
-            break line[i + "listening on ".len()..].trim().to_string();
-        }
-        seen.push_str(&line);
-    };
-    let _drain = std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
+    let dev = Dev::spawn(
+        clean(&mut cmd)
+            .current_dir(root)
+            .env("OPENAI_API_KEY", CANARY)
+            .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1", "--db"])
+            .arg(root.join("dev.db"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--script")
+            .arg(&script),
+    );
+    let url = dev.url.clone();
 
     let http = reqwest::Client::new();
     let v: Value = http
@@ -118,26 +89,8 @@ async fn shell_cannot_read_the_workers_environment() {
         .await
         .unwrap();
     let id = v["id"].as_str().expect("created").to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: Value = http
-            .get(format!("{url}/v1/sessions/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if matches!(
-            v["status"].as_str(),
-            Some("completed" | "failed" | "cancelled")
-        ) {
-            assert_eq!(v["status"], "completed", "{v}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "not finished: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let v = wait_finished(&http, &url, &id, Duration::from_secs(60)).await;
+    assert_eq!(v["status"], "completed", "{v}");
     let transcript = http
         .get(format!("{url}/v1/sessions/{id}/messages"))
         .send()
@@ -146,8 +99,7 @@ async fn shell_cannot_read_the_workers_environment() {
         .text()
         .await
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(dev);
     assert!(
         transcript.contains("ppid=") && transcript.contains("end"),
         "the shell did not run: {transcript}"

@@ -6,9 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -26,21 +28,11 @@ use agentq_scheduler::sweeper::sweep_once;
 use agentq_scheduler::{QueueRegistry, Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
+use common::{bearer_client, read, wait_until};
+
 /// The operator's key of these tests: every existing case runs as the admin (tenant
 /// `default`, every scope); the tenant and scope checks have their own tests (`auth.rs`).
 const ADMIN_KEY: &str = "test-admin-key";
-
-fn admin_client() -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::AUTHORIZATION,
-        format!("Bearer {ADMIN_KEY}").parse().unwrap(),
-    );
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap()
-}
 
 struct Env {
     base: String,
@@ -72,7 +64,7 @@ impl Env {
         tokio::spawn(async move { axum::serve(listener, app).await });
         Env {
             base: format!("http://{addr}"),
-            http: admin_client(),
+            http: bearer_client(ADMIN_KEY),
             store,
             queue,
             state,
@@ -131,13 +123,6 @@ impl Env {
     }
 }
 
-async fn read(r: reqwest::Response) -> (u16, Value) {
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, v)
-}
-
 fn assert_error(resp: &(u16, Value), status: u16, code: &str, field: Option<&str>) {
     let (s, v) = resp;
     assert_eq!(*s, status, "{v}");
@@ -151,14 +136,6 @@ fn assert_error(resp: &(u16, Value), status: u16, code: &str, field: Option<&str
     match field {
         Some(f) => assert_eq!(v["error"]["field"], f, "{v}"),
         None => assert!(v["error"]["field"].is_null(), "{v}"),
-    }
-}
-
-async fn wait_for<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -736,7 +713,7 @@ async fn sweeper_adds_entries_the_enqueue_missed() {
         None,
         token.clone(),
     ));
-    wait_for("the reports group", || async {
+    wait_until("the reports group", Duration::from_secs(10), || async {
         queue.stats("reports").await.is_ok_and(|s| s.lag == Some(0))
     })
     .await;
@@ -744,7 +721,7 @@ async fn sweeper_adds_entries_the_enqueue_missed() {
         .create_session(&NewSession::root(SessionSpec::new("lost 2"), "reports"))
         .await
         .unwrap();
-    wait_for("the sweeper", || async {
+    wait_until("the sweeper", Duration::from_secs(10), || async {
         queue.stats("reports").await.unwrap().length == 1
     })
     .await;
@@ -779,7 +756,7 @@ async fn readiness_follows_redis_and_draining() {
     assert_eq!(env.get("/healthz").await.0, 200);
 
     env.redis.restart().unwrap();
-    wait_for("ready again", || async {
+    wait_until("ready again", Duration::from_secs(10), || async {
         env.get("/readyz").await.0 == 200
     })
     .await;
@@ -803,16 +780,20 @@ async fn a_redis_outage_does_not_lose_a_created_session() {
 
     env.redis.restart().unwrap();
     let registry = QueueRegistry::new(vec!["default".into()]);
-    wait_for("the sweeper to enqueue", || async {
-        sweep_once(
-            env.store.as_ref(),
-            env.queue.as_ref(),
-            &registry,
-            Duration::ZERO,
-        )
-        .await
-        .is_ok_and(|n| n == 1)
-    })
+    wait_until(
+        "the sweeper to enqueue",
+        Duration::from_secs(10),
+        || async {
+            sweep_once(
+                env.store.as_ref(),
+                env.queue.as_ref(),
+                &registry,
+                Duration::ZERO,
+            )
+            .await
+            .is_ok_and(|n| n == 1)
+        },
+    )
     .await;
     assert_eq!(env.stream_len("default").await, 1);
     assert!(env.enqueued(&id));
@@ -861,7 +842,10 @@ async fn sessions_are_re_added_after_redis_comes_back_empty() {
 
     // Redis restarts without persistence: the entries are gone.
     redis.restart().unwrap();
-    wait_for("redis back", || async { queue.ping().await.is_ok() }).await;
+    wait_until("redis back", Duration::from_secs(10), || async {
+        queue.ping().await.is_ok()
+    })
+    .await;
     assert_eq!(queue.stats("default").await.unwrap().length, 0);
     recover_lost(&store, &queue, &registry).await;
     assert_eq!(

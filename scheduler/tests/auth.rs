@@ -9,6 +9,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,8 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{KeyStore, NewSession, SessionStore};
 use agentq_scheduler::{Access, Scheduler, SchedulerSettings, route_table, router};
 use agentq_testkit::{RedisServer, shared_postgres};
+
+use common::wait_until;
 
 const ADMIN_KEY: &str = "auth-test-admin-key";
 
@@ -450,7 +454,7 @@ async fn idempotency_keys_are_per_tenant_and_bound_to_the_request() {
 #[tokio::test(flavor = "multi_thread")]
 async fn revoked_and_expired_keys_are_refused() {
     // A short cache, so the test sees a revocation take effect.
-    let ttl = Duration::from_millis(300);
+    let ttl = Duration::from_millis(100);
     let env = Env::start(ttl).await;
     let key = env.key("acme", &[Scope::SessionsRead]).await;
     let (s, _) = env.get("/v1/sessions", &key).await;
@@ -458,8 +462,16 @@ async fn revoked_and_expired_keys_are_refused() {
     let id = auth::key_id(&key).unwrap().to_string();
     let revoked = env.store.revoke_key(&id).await.unwrap().unwrap();
     assert!(revoked.revoked_at.is_some());
-    tokio::time::sleep(ttl * 2).await;
-    let (s, v) = env.get("/v1/sessions", &key).await;
+    // Refused once the cached entry is stale.
+    let (s, v) = wait_until(
+        "the revocation to take effect",
+        Duration::from_secs(10),
+        || async {
+            let (s, v) = env.get("/v1/sessions", &key).await;
+            if s == 200 { Err(v) } else { Ok((s, v)) }
+        },
+    )
+    .await;
     assert_eq!(s, 401, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("revoked"),
@@ -470,15 +482,18 @@ async fn revoked_and_expired_keys_are_refused() {
         "acme",
         vec![Scope::SessionsRead],
         None,
-        Some(chrono::Utc::now() + chrono::Duration::milliseconds(200)),
+        Some(chrono::Utc::now() + chrono::Duration::seconds(1)),
     )
     .unwrap();
     env.store.create_key(&new).await.unwrap();
     let (s, _) = env.get("/v1/sessions", &expired).await;
     assert_eq!(s, 200);
-    // Expiry is checked on every request, cached row or not.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (s, v) = env.get("/v1/sessions", &expired).await;
+    // Expiry is checked on every request, cached row or not: refused once it passes.
+    let (s, v) = wait_until("the key to expire", Duration::from_secs(10), || async {
+        let (s, v) = env.get("/v1/sessions", &expired).await;
+        if s == 200 { Err(v) } else { Ok((s, v)) }
+    })
+    .await;
     assert_eq!(s, 401, "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains("expired"),

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use agentq_core::WorkQueue;
@@ -16,15 +18,7 @@ use agentq_scheduler::request::{Limits, parse_batch_bytes};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
-/// A `kB` line of `/proc/self/status`.
-fn status_kb(key: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in /proc/self/status"))
-}
+use common::{reset_peak, status_kb};
 
 /// `items` sessions of about `6 * size` bytes each.
 fn big_batch(items: usize, size: usize) -> Vec<u8> {
@@ -50,13 +44,6 @@ fn big_batch(items: usize, size: usize) -> Vec<u8> {
     }
     body.push(']');
     body.into_bytes()
-}
-
-/// The high-water mark from now on, starting at what is resident now (kB).
-fn reset_peak() -> u64 {
-    let now = status_kb("VmRSS:");
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    now
 }
 
 #[tokio::test]

@@ -6,24 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use agentq_scheduler::request::{Limits, parse_batch_bytes};
 
-/// A `kB` line of `/proc/self/status`.
-fn status_kb(key: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in /proc/self/status"))
-}
-
-/// The high-water mark from now on, starting at what is resident now (kB).
-fn reset_peak() -> u64 {
-    let now = status_kb("VmRSS:");
-    std::fs::write("/proc/self/clear_refs", "5").unwrap();
-    now
-}
+use common::{reset_peak, status_kb};
 
 #[test]
 fn a_batch_of_tiny_nested_values_is_parsed_within_twice_its_size_or_refused() {

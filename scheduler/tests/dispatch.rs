@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
@@ -16,6 +18,8 @@ use agentq_core::{Claim, LeaseStore, NewSession, SessionStore, SweepStore, WorkQ
 
 use agentq_scheduler::QueueRegistry;
 use agentq_scheduler::dispatch::{Dispatch, dispatch_once};
+
+use common::wait_until;
 
 fn held(tenant: &str, n: usize) -> Vec<NewSession> {
     (0..n)
@@ -188,9 +192,9 @@ async fn a_cap_holds_for_sessions_back_from_a_wait() {
         2
     );
     let (_, first) = read_tenants(&store, &queue, 10).await;
+    let wake_at = chrono::Utc::now() + chrono::Duration::milliseconds(50);
     for id in &first {
         let (lease, _, seen) = claim(id).await;
-        let wake_at = chrono::Utc::now() + chrono::Duration::milliseconds(50);
         store
             .suspend_for(&lease, seen, WaitReason::RateLimit, Some(wake_at))
             .await
@@ -209,10 +213,13 @@ async fn a_cap_holds_for_sessions_back_from_a_wait() {
         running.push(claim(id).await);
     }
 
-    // The waits end: both come back held, nothing for the sweeper to enqueue, and the
-    // dispatcher lets none in while two run.
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let woken = store.wake_due(100).await.unwrap();
+    // The waits end (together: one wake time): both come back held, nothing for the
+    // sweeper to enqueue, and the dispatcher lets none in while two run.
+    let woken = wait_until("the waits to end", Duration::from_secs(10), || async {
+        let woken = store.wake_due(100).await.unwrap();
+        (!woken.is_empty()).then_some(woken)
+    })
+    .await;
     assert_eq!(woken.len(), 2);
     assert!(woken.iter().all(|w| w.held), "{woken:?}");
     assert_eq!(

@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,21 +28,11 @@ use agentq_scheduler::events::READERS;
 use agentq_scheduler::{Scheduler, SchedulerSettings, metrics_router, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
+use common::bearer_client;
+
 /// The operator's key of these tests: every existing case runs as the admin (tenant
 /// `default`, every scope); the tenant and scope checks have their own tests (`auth.rs`).
 const ADMIN_KEY: &str = "test-admin-key";
-
-fn admin_client() -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::AUTHORIZATION,
-        format!("Bearer {ADMIN_KEY}").parse().unwrap(),
-    );
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap()
-}
 
 struct Env {
     base: String,
@@ -73,7 +65,7 @@ impl Env {
         Env {
             base: format!("http://{addr}"),
             metrics_base: format!("http://{metrics_addr}"),
-            http: admin_client(),
+            http: bearer_client(ADMIN_KEY),
             store,
             queue,
             redis,

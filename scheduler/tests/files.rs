@@ -11,6 +11,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,6 +30,8 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{KeyStore, ListFilter, SessionStore};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
+
+use common::wait_until;
 
 struct Env {
     addr: SocketAddr,
@@ -686,17 +690,16 @@ async fn postgres_down_refuses_files_in_and_out_and_loses_nothing() {
 
     tokio::task::block_in_place(|| pg.restart()).unwrap();
     // The refused request left nothing; the committed files are there, byte for byte.
-    let mut back = false;
-    for _ in 0..100 {
-        let (s, body) = get(format!("/v1/sessions/{id}/files/kept.txt")).await;
-        if s == 200 {
-            assert_eq!(body, b"kept");
-            back = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(back, "the scheduler never answered again");
+    let body = wait_until(
+        "the scheduler to answer again",
+        std::time::Duration::from_secs(10),
+        || async {
+            let (s, body) = get(format!("/v1/sessions/{id}/files/kept.txt")).await;
+            if s == 200 { Ok(body) } else { Err(s) }
+        },
+    )
+    .await;
+    assert_eq!(body, b"kept");
     let all = store
         .list(&ListFilter {
             limit: 100,

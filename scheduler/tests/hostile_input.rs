@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -15,6 +17,8 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
+
+use common::read;
 
 const ADMIN_KEY: &str = "hostile-input-admin-key";
 
@@ -98,13 +102,6 @@ impl Env {
         assert_eq!(s, 201, "{b}");
         b["id"].as_str().unwrap().to_string()
     }
-}
-
-async fn read(r: reqwest::Response) -> (u16, Value) {
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, v)
 }
 
 /// A 422 `invalid_field` naming `field`.

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +19,8 @@ use agentq_scheduler::{LimitsAdmin, Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+
+use common::wait_until;
 
 const ADMIN_KEY: &str = "limits-admin-key";
 
@@ -87,16 +91,16 @@ async fn the_admin_view_shows_rules_counts_and_holds() {
             (status, r.json::<Value>().await.unwrap_or(Value::Null))
         }
     };
-    let mut view = Value::Null;
-    for _ in 0..100 {
+    let view = wait_until("a hold to show", Duration::from_secs(10), || async {
         let (status, v) = get(ADMIN_KEY).await;
         assert_eq!(status, 200, "{v}");
         if v["holds"].as_array().is_some_and(|h| !h.is_empty()) {
-            view = v;
-            break;
+            Ok(v)
+        } else {
+            Err(v)
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     assert_eq!(view["enabled"], true, "{view}");
     assert_eq!(view["configured"][0]["rpm"], 60);
     let rule = &view["rules"][0];

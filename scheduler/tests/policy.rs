@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -16,6 +18,8 @@ use agentq_core::{SessionStore, WorkQueue};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
+use common::bearer_client;
+
 struct Env {
     base: String,
     http: reqwest::Client,
@@ -27,18 +31,6 @@ struct Env {
 /// Requests of these tests act as the admin (tenant `default`); `tenants_get_their_own_policy`
 /// uses keys of two tenants.
 const ADMIN_KEY: &str = "policy-test-admin-key";
-
-fn bearer_client(key: &str) -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    headers.insert(
-        reqwest::header::AUTHORIZATION,
-        format!("Bearer {key}").parse().unwrap(),
-    );
-    reqwest::Client::builder()
-        .default_headers(headers)
-        .build()
-        .unwrap()
-}
 
 fn admin_client() -> reqwest::Client {
     bearer_client(ADMIN_KEY)

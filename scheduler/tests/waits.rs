@@ -6,8 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +23,8 @@ use agentq_core::{
 use agentq_scheduler::SchedulerSettings;
 use agentq_testkit::{RedisServer, shared_postgres};
 
+use common::wait_until;
+
 const ADMIN_KEY: &str = "test-admin-key";
 
 async fn get(url: &str) -> (u16, Value) {
@@ -32,17 +36,6 @@ async fn get(url: &str) -> (u16, Value) {
         .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
-}
-
-async fn wait_for<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Create a session, claim it and suspend it for `reason`.
@@ -141,11 +134,13 @@ async fn waits_show_and_the_sweeper_wakes_rate_limited_sessions() {
     )
     .await;
     let before = queue.stats("default").await.map_or(0, |s| s.length);
-    wait_for("the sweeper wakes the due session", || async {
-        store.get(&due).await.unwrap().unwrap().status == SessionStatus::Queued
-    })
+    wait_until(
+        "the sweeper wakes the due session",
+        Duration::from_secs(30),
+        || async { store.get(&due).await.unwrap().unwrap().status == SessionStatus::Queued },
+    )
     .await;
-    wait_for("its entry", || async {
+    wait_until("its entry", Duration::from_secs(30), || async {
         queue.stats("default").await.map_or(0, |s| s.length) > before
     })
     .await;

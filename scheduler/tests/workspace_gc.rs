@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +22,8 @@ use agentq_core::workspace::{InputFile, sha256_hex};
 use agentq_core::{Claim, LeaseStore, NewSession, SessionStore, Store, WorkspaceStore};
 use agentq_scheduler::workspace_gc::{gc_pass, run_workspace_gc};
 use agentq_testkit::shared_postgres;
+
+use common::wait_until;
 
 async fn store() -> PgStore {
     let url = shared_postgres().unwrap().fresh_database().unwrap();
@@ -88,7 +92,8 @@ async fn expiry_and_collection_spare_what_is_referenced() {
     );
     assert_eq!(store.workspace_files(&done).await.unwrap().len(), 1);
 
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Once both finished trees are a second old (the shortest TTL, by the store's clock),
+    // a pass collects them.
     let eager = WorkspaceSection {
         ttl_secs: 1,
         blob_grace_secs: 0,
@@ -96,8 +101,16 @@ async fn expiry_and_collection_spare_what_is_referenced() {
         gc_batch: 1,
         ..WorkspaceSection::default()
     };
-    gc_pass(&store, &eager).await;
-    assert!(store.workspace_files(&done).await.unwrap().is_empty());
+    wait_until(
+        "a pass to expire both finished trees",
+        Duration::from_secs(10),
+        || async {
+            gc_pass(&store, &eager).await;
+            store.workspace_files(&done).await.unwrap().is_empty()
+                && store.workspace_files(&shared_a).await.unwrap().is_empty()
+        },
+    )
+    .await;
     assert!(store.workspace_files(&shared_a).await.unwrap().is_empty());
     assert_eq!(store.workspace_files(&live).await.unwrap().len(), 1);
     for (content, kept) in [

@@ -22,13 +22,13 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::Value;
 
 use agentq_core::{SessionStatus, SessionStore};
-use common::{Cluster, Hit, Script, Turn, WorkerOpts, agentq_bin, eventually};
+use common::{Cluster, Hit, POLL, Script, Turn, WorkerOpts, agentq_bin, eventually, poll};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -101,19 +101,19 @@ async fn start_scheduler_at(c: &Cluster, dir: &Path, addr: &str) -> (Proc, Strin
         .spawn()
         .expect("spawning agentq scheduler");
     let p = Proc { child, log };
-    let start = Instant::now();
-    loop {
-        if let Some(rest) = p.log().split("listening on ").nth(1) {
-            let url = rest.split_whitespace().next().unwrap().to_string();
-            return (p, url);
-        }
-        assert!(
-            start.elapsed() < T,
-            "the scheduler did not start: {}",
-            p.log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let listening = || p.log().split("listening on ").nth(1).map(str::to_string);
+    assert!(
+        poll(POLL, T, async || listening().is_some()).await,
+        "the scheduler did not start: {}",
+        p.log()
+    );
+    let url = listening()
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    (p, url)
 }
 
 /// The address worker `i` serves `/metrics` on (it binds port 0 and logs the address).
@@ -279,41 +279,43 @@ async fn scraped_counters_equal_what_the_fake_reported() {
 
     // The finished-session counter moves right after the terminal commit: poll briefly.
     let mut texts = Vec::new();
-    let start = Instant::now();
-    loop {
-        texts.clear();
-        for a in &addrs {
-            texts.push(get_text(&format!("http://{a}/metrics")).await);
-        }
-        let sum = |name: &str, with: &[&str]| -> f64 {
-            texts.iter().map(|t| sum_samples(t, name, with)).sum()
-        };
-        let got = (
-            sum("agentq_llm_tokens_total", &["type=\"input\""]),
-            sum("agentq_llm_tokens_total", &["type=\"output\""]),
-            sum("agentq_iterations_total", &[]),
-            sum(
-                "agentq_sessions_finished_total",
-                &["finish_reason=\"stop\""],
-            ),
-            sum("agentq_llm_requests_total", &["outcome=\"ok\""]),
-        );
-        let want = (
-            input,
-            output,
-            responses as f64,
-            N as f64,
-            turns.len() as f64,
-        );
-        if got == want {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "scraped (input, output, iterations, finished, ok requests) {got:?} != {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let want = (
+        input,
+        output,
+        responses as f64,
+        N as f64,
+        turns.len() as f64,
+    );
+    let mut got = Default::default();
+    let settled = poll(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        async || {
+            texts.clear();
+            for a in &addrs {
+                texts.push(get_text(&format!("http://{a}/metrics")).await);
+            }
+            let sum = |name: &str, with: &[&str]| -> f64 {
+                texts.iter().map(|t| sum_samples(t, name, with)).sum()
+            };
+            got = (
+                sum("agentq_llm_tokens_total", &["type=\"input\""]),
+                sum("agentq_llm_tokens_total", &["type=\"output\""]),
+                sum("agentq_iterations_total", &[]),
+                sum(
+                    "agentq_sessions_finished_total",
+                    &["finish_reason=\"stop\""],
+                ),
+                sum("agentq_llm_requests_total", &["outcome=\"ok\""]),
+            );
+            got == want
+        },
+    )
+    .await;
+    assert!(
+        settled,
+        "scraped (input, output, iterations, finished, ok requests) {got:?} != {want:?}"
+    );
     for t in &texts {
         assert!(
             t.contains(
@@ -708,17 +710,22 @@ async fn watch_survives_a_scheduler_restart() {
     })
     .await;
     drop(sched);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Back once `watch` has seen it go (and said it reconnects).
+    let said = || std::fs::read_to_string(dir.path().join("watch.err")).unwrap_or_default();
+    eventually("watch to notice the scheduler gone", T, async || {
+        said().contains("reconnecting")
+    })
+    .await;
     let (_sched, _) = start_scheduler_at(&c, dir.path(), &addr).await;
 
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = watch.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < T, "watch did not finish: {}", printed());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let mut status = None;
+    let finished = poll(POLL, T, async || {
+        status = watch.try_wait().unwrap();
+        status.is_some()
+    })
+    .await;
+    assert!(finished, "watch did not finish: {}", printed());
+    let status = status.unwrap();
     let out = printed();
     let err = std::fs::read_to_string(dir.path().join("watch.err")).unwrap_or_default();
     assert!(status.success(), "watch failed: {out}\n{err}");

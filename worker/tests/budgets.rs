@@ -5,267 +5,24 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_core::budget::{BudgetStore, OnBudget, Period, TenantBudget};
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
+use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use agentq_core::{
-    EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore, Signals,
-    SweepStore, WorkQueue,
+    EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, Signals, SweepStore,
+    WorkQueue,
 };
-use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_testkit::{FakeLlm, FakeResponse, RedisServer, fixture, shared_postgres};
-use agentq_worker::{Worker, WorkerConfig};
 
-const ADMIN_KEY: &str = "budgets-admin-key";
-const TENANT: &str = "acme";
+mod common;
 
-struct Cluster {
-    url: String,
-    script: Value,
-    store: Arc<PgStore>,
-    queue: Arc<RedisQueue>,
-    api: String,
-    http: reqwest::Client,
-    stop: CancellationToken,
-    workers: Vec<tokio::task::JoinHandle<()>>,
-    _redis: RedisServer,
-    _dir: tempfile::TempDir,
-}
+use common::{Cluster, TENANT, wait_until};
 
-/// A worker with its own pool, as a separate process has; stopped by its task's abort
-/// as a crash would stop it (no lease given back, no entry acked).
-async fn start_worker(
-    url: &str,
-    queue: &Arc<RedisQueue>,
-    script: &Value,
-    dir: &std::path::Path,
-    stop: &CancellationToken,
-    tweak: &impl Fn(&mut WorkerConfig),
-) -> tokio::task::JoinHandle<()> {
-    let mut cfg = WorkerConfig {
-        consumer: format!("w-{}", agentq_core::new_session_id()),
-        concurrency: 8,
-        read_block: Duration::from_millis(200),
-        heartbeat_interval: Duration::from_millis(300),
-        lease_ttl: Duration::from_secs(2),
-        reclaim_min_idle: Duration::from_secs(2),
-        reclaim_interval: Duration::from_millis(500),
-        workspace_root: dir.to_path_buf(),
-        ..WorkerConfig::default()
-    };
-    cfg.providers.script = Some(script.to_string());
-    tweak(&mut cfg);
-    let own = Arc::new(PgStore::connect(url, 8).await.unwrap());
-    let w = Worker::new(own, queue.clone(), cfg);
-    let stop = stop.child_token();
-    tokio::spawn(async move {
-        let _ = w.run(stop).await;
-    })
-}
-
-impl Cluster {
-    async fn start(script: Value, workers: usize, tweak: impl Fn(&mut WorkerConfig)) -> Cluster {
-        let url = shared_postgres().unwrap().fresh_database().unwrap();
-        let store = PgStore::connect(&url, 8).await.unwrap();
-        store.migrate().await.unwrap();
-        let store = Arc::new(store);
-        let redis = RedisServer::start().unwrap();
-        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-        queue.ensure_queue("default").await.unwrap();
-        let stop = CancellationToken::new();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api = format!("http://{}", listener.local_addr().unwrap());
-        let mut settings = SchedulerSettings {
-            sweep_interval: Duration::from_millis(200),
-            sweep_age: Duration::from_millis(500),
-            queues: vec!["default".into()],
-            ..Default::default()
-        };
-        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        // The scheduler reads the same [[budgets]] and [[prices]] as the workers.
-        let mut probe = WorkerConfig::default();
-        tweak(&mut probe);
-        settings.budgets = probe.budgets.clone();
-        settings.prices = probe.prices.clone();
-        tokio::spawn(run_scheduler(
-            store.clone(),
-            queue.clone(),
-            settings,
-            listener,
-            None,
-            stop.clone(),
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        let mut handles = Vec::new();
-        for _ in 0..workers {
-            handles.push(start_worker(&url, &queue, &script, dir.path(), &stop, &tweak).await);
-        }
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            reqwest::header::AUTHORIZATION,
-            format!("Bearer {ADMIN_KEY}").parse().unwrap(),
-        );
-        Cluster {
-            url,
-            script,
-            store,
-            queue,
-            api,
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .build()
-                .unwrap(),
-            stop,
-            workers: handles,
-            _redis: redis,
-            _dir: dir,
-        }
-    }
-
-    async fn submit(&self, prompt: &str, tweak: impl Fn(&mut SessionSpec)) -> String {
-        let mut spec = SessionSpec::new(prompt);
-        spec.tools = Some(vec!["spawn_agent".into(), "list_dir".into()]);
-        spec.retry_delay_ms = 10;
-        tweak(&mut spec);
-        let (row, _) = self
-            .store
-            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
-            .await
-            .unwrap();
-        self.queue
-            .enqueue("default", &row.id, EnqueueReason::New)
-            .await
-            .unwrap();
-        self.store
-            .mark_enqueued(std::slice::from_ref(&row.id))
-            .await
-            .unwrap();
-        row.id
-    }
-
-    async fn row(&self, id: &str) -> SessionRow {
-        self.store.get(id).await.unwrap().unwrap()
-    }
-
-    async fn wait_status(&self, id: &str, want: &[SessionStatus], limit: Duration) -> SessionRow {
-        let start = Instant::now();
-        loop {
-            let row = self.row(id).await;
-            if want.contains(&row.status) {
-                return row;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "session {id} is {} (wanted {want:?}): {row:?}",
-                row.status
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Every session of the tree rooted at `root`.
-    async fn tree(&self, root: &str) -> Vec<SessionRow> {
-        let all = self
-            .store
-            .list(&ListFilter {
-                limit: 10_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        all.into_iter().filter(|r| r.root_id == root).collect()
-    }
-
-    /// Wait until every session of the tree is finished and no sweep is left to do.
-    async fn settled_tree(&self, root: &str, limit: Duration) -> Vec<SessionRow> {
-        let start = Instant::now();
-        loop {
-            let tree = self.tree(root).await;
-            let unreturned = self.store.unreturned_budgets(1000).await.unwrap();
-            if tree.iter().all(|r| r.status.is_terminal()) && unreturned.is_empty() {
-                return tree;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "tree {root} did not settle: {:?}",
-                tree.iter().map(|r| (r.depth, r.status)).collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    /// Run `act` (a request that may start `id` again) and, when `started` says from its
-    /// answer that it did, wait for the session's next completion: subscribed before the
-    /// request, so it cannot be missed.
-    async fn start_again(
-        &self,
-        id: &str,
-        act: impl std::future::Future<Output = (u16, Value)>,
-        started: impl Fn(u16) -> bool,
-    ) -> (u16, Value) {
-        use futures::StreamExt;
-        let mut done = self.queue.subscribe_completion(id).await.unwrap();
-        let answer = act.await;
-        if started(answer.0) {
-            tokio::time::timeout(Duration::from_secs(60), done.next())
-                .await
-                .expect("the session ends")
-                .expect("a completion");
-        }
-        answer
-    }
-
-    async fn admin_get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.api))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    /// Crash worker `i` (its task aborted mid-flight) and start another in its place.
-    async fn crash_and_replace(&mut self, i: usize) {
-        self.workers[i].abort();
-        let fresh = start_worker(
-            &self.url,
-            &self.queue,
-            &self.script,
-            self._dir.path(),
-            &self.stop,
-            &|_| {},
-        )
-        .await;
-        self.workers[i] = fresh;
-    }
-
-    async fn shutdown(self) {
-        self.stop.cancel();
-        for w in self.workers {
-            let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
-        }
-    }
-}
+/// What the trees here may use: start sub-agents and work.
+const TREE_TOOLS: &[&str] = &["spawn_agent", "list_dir"];
 
 /// Each call of the scripted model costs this many tokens (input, output): about what the
 /// call path estimates for these prompts, as with a real model.
@@ -302,10 +59,10 @@ fn spent(tree: &[SessionRow]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fan_out_tree_ends_within_its_token_budget() {
-    let c = Cluster::start(fan_out_script(true), 2, |_| {}).await;
+    let c = Cluster::start(fan_out_script(true), 2, 8, |_| {}).await;
     const BUDGET: u64 = 20_000;
     let root = c
-        .submit("NODE root", |s| {
+        .submit("NODE root", TREE_TOOLS, |s| {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
         })
@@ -349,10 +106,10 @@ async fn a_fan_out_tree_ends_within_its_token_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn background_fan_out_on_two_workers_stays_within_the_budget() {
-    let c = Cluster::start(fan_out_script(false), 2, |_| {}).await;
+    let c = Cluster::start(fan_out_script(false), 2, 8, |_| {}).await;
     const BUDGET: u64 = 12_000;
     let root = c
-        .submit("NODE root", |s| {
+        .submit("NODE root", TREE_TOOLS, |s| {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
         })
@@ -371,7 +128,7 @@ async fn background_fan_out_on_two_workers_stays_within_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_session_cap_holds_across_two_workers() {
-    let c = Cluster::start(fan_out_script(false), 2, |cfg| {
+    let c = Cluster::start(fan_out_script(false), 2, 8, |cfg| {
         let section = agentq_core::config::PolicySection {
             max_tree_sessions: Some(7),
             ..Default::default()
@@ -379,7 +136,7 @@ async fn the_tree_session_cap_holds_across_two_workers() {
         cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
     })
     .await;
-    let root = c.submit("NODE root", |_| {}).await;
+    let root = c.submit("NODE root", TREE_TOOLS, |_| {}).await;
     let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
     assert_eq!(tree.len(), 7, "{tree:?}");
     // A refused spawn is a tool error naming the bound.
@@ -417,24 +174,17 @@ async fn a_spent_tenant_budget_fails_its_sessions() {
     let c = Cluster::start(
         json!({"turns": [{"text": "answer", "usage": usage()}]}),
         2,
+        8,
         |cfg| cfg.budgets = vec![tenant_budget(1000, OnBudget::Fail)],
     )
     .await;
     let mut ids = Vec::new();
     for _ in 0..6 {
-        let id = c.submit("one call", |s| s.tools = Some(vec![])).await;
-        let row = c
-            .wait_status(
-                &id,
-                &[
-                    SessionStatus::Completed,
-                    SessionStatus::Failed,
-                    SessionStatus::Cancelled,
-                ],
-                Duration::from_secs(60),
-            )
+        let id = c
+            .submit("one call", TREE_TOOLS, |s| s.tools = Some(vec![]))
             .await;
-        ids.push(row);
+        let row = c.wait_terminal(&[id], Duration::from_secs(60)).await;
+        ids.extend(row);
     }
     let completed = ids
         .iter()
@@ -466,13 +216,14 @@ async fn concurrent_sessions_stay_within_their_tenants_budget() {
     let c = Cluster::start(
         json!({"turns": [{"text": "answer", "usage": usage(), "delay_ms": 400}]}),
         2,
+        8,
         |cfg| cfg.budgets = vec![tenant_budget(2000, OnBudget::Fail)],
     )
     .await;
     let mut ids = Vec::new();
     for _ in 0..16 {
         ids.push(
-            c.submit("one call", |s| {
+            c.submit("one call", TREE_TOOLS, |s| {
                 s.tools = Some(vec![]);
                 // A call's hold (its prompt's estimate and all of max_tokens) covers what
                 // the script reports it used, as a real call's does.
@@ -481,21 +232,7 @@ async fn concurrent_sessions_stay_within_their_tenants_budget() {
             .await,
         );
     }
-    let mut rows = Vec::new();
-    for id in &ids {
-        rows.push(
-            c.wait_status(
-                id,
-                &[
-                    SessionStatus::Completed,
-                    SessionStatus::Failed,
-                    SessionStatus::Cancelled,
-                ],
-                Duration::from_secs(60),
-            )
-            .await,
-        );
-    }
+    let rows = c.wait_terminal(&ids, Duration::from_secs(60)).await;
     let completed = rows
         .iter()
         .filter(|r| r.status == SessionStatus::Completed)
@@ -525,15 +262,15 @@ async fn concurrent_sessions_stay_within_their_tenants_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
-    let c = Cluster::start(long_script(), 2, |cfg| {
+    let c = Cluster::start(long_script(), 2, 8, |cfg| {
         cfg.budgets = vec![tenant_budget(100, OnBudget::Park)];
     })
     .await;
     let a = c
-        .submit("A", |s| s.tools = Some(vec!["list_dir".into()]))
+        .submit("A", TREE_TOOLS, |s| s.tools = Some(vec!["list_dir".into()]))
         .await;
     let b = c
-        .submit("B", |s| s.tools = Some(vec!["list_dir".into()]))
+        .submit("B", TREE_TOOLS, |s| s.tools = Some(vec!["list_dir".into()]))
         .await;
     for id in [&a, &b] {
         let row = c
@@ -545,7 +282,7 @@ async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
         assert_eq!(row.wake_at, Some(tomorrow), "{row:?}");
     }
     // Parked, not failed: nothing more is spent while it waits.
-    let (status, body) = c.admin_get("/v1/admin/budgets").await;
+    let (status, body) = c.get("/v1/admin/budgets").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["budgets"][0]["source"], "config");
     assert!(body["budgets"][0]["spent_tokens"].as_u64().unwrap() >= 100);
@@ -559,23 +296,17 @@ async fn a_parked_tenant_resumes_when_its_budget_is_raised() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
-    for id in [&a, &b] {
-        let row = c
-            .wait_status(
-                id,
-                &[SessionStatus::Completed, SessionStatus::Failed],
-                Duration::from_secs(60),
-            )
-            .await;
+    for row in c
+        .wait_terminal(&[a.clone(), b.clone()], Duration::from_secs(60))
+        .await
+    {
         assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
         assert_eq!(row.result.as_deref(), Some("finished"));
     }
-    let (_, body) = c.admin_get("/v1/admin/budgets").await;
+    let (_, body) = c.get("/v1/admin/budgets").await;
     assert_eq!(body["budgets"][0]["source"], "stored");
     assert_eq!(body["budgets"][0]["tokens"], 100_000);
-    let (status, spend) = c
-        .admin_get(&format!("/v1/admin/tenants/{TENANT}/spend"))
-        .await;
+    let (status, spend) = c.get(&format!("/v1/admin/tenants/{TENANT}/spend")).await;
     assert_eq!(status, 200);
     // Five calls per session, all counted.
     assert_eq!(spend["day"]["tokens"], 2 * 5 * (CALL.0 + CALL.1));
@@ -600,10 +331,10 @@ async fn a_model_cannot_give_a_sub_agent_more_than_it_has() {
             {"when_prompt_contains": "LEAF", "turns": [{"text": "leaf", "usage": usage()}]}
         ]
     });
-    let c = Cluster::start(script, 1, |_| {}).await;
+    let c = Cluster::start(script, 1, 8, |_| {}).await;
     const BUDGET: u64 = 5_000;
     let root = c
-        .submit("GREEDY root", |s| {
+        .submit("GREEDY root", TREE_TOOLS, |s| {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
         })
@@ -642,20 +373,20 @@ async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
     for t in script["variants"][0]["turns"].as_array_mut().unwrap() {
         t["delay_ms"] = json!(150);
     }
-    let mut c = Cluster::start(script, 1, |_| {}).await;
+    let mut c = Cluster::start(script, 1, 8, |_| {}).await;
     const BUDGET: u64 = 12_000;
     let root = c
-        .submit("NODE root", |s| {
+        .submit("NODE root", TREE_TOOLS, |s| {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
         })
         .await;
     // Let the tree grow, then crash its only worker.
-    let start = Instant::now();
-    while c.tree(&root).await.len() < 4 {
-        assert!(start.elapsed() < Duration::from_secs(60));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("the tree to grow", Duration::from_secs(60), || async {
+        let n = c.tree(&root).await.len();
+        if n >= 4 { Ok(()) } else { Err(n) }
+    })
+    .await;
     c.crash_and_replace(0).await;
     let tree = c.settled_tree(&root, Duration::from_secs(180)).await;
     let total = spent(&tree);
@@ -713,10 +444,10 @@ async fn finished_sub_agents_started_again_draw_from_their_tree() {
         ]
     });
     // One worker: the scripted failure is played once per worker process.
-    let c = Cluster::start(script, 1, |_| {}).await;
+    let c = Cluster::start(script, 1, 8, |_| {}).await;
     const BUDGET: u64 = 6_000;
     let root = c
-        .submit("ROOT", |s| {
+        .submit("ROOT", TREE_TOOLS, |s| {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
             s.max_iterations = 100;
@@ -784,7 +515,7 @@ async fn finished_sub_agents_started_again_draw_from_their_tree() {
     );
     // What the API shows agrees with what was spent: the root's ledger counts every token
     // of the tree once, and holds nothing.
-    let (status, view) = c.admin_get(&format!("/v1/sessions/{root}")).await;
+    let (status, view) = c.get(&format!("/v1/sessions/{root}")).await;
     assert_eq!(status, 200, "{view}");
     let cost = &view["tree_cost"];
     let tree_tokens =
@@ -836,6 +567,7 @@ async fn calls_wait_for_holds_and_fail_only_on_a_spent_tenant_budget() {
         json!({"turns": [work.clone(), work,
                          {"text": "finished", "usage": usage(), "delay_ms": 150}]}),
         2,
+        8,
         |cfg| cfg.budgets = vec![tenant_budget(BUDGET, OnBudget::Fail)],
     )
     .await;

@@ -22,7 +22,7 @@ use agentq_worker::{Worker, WorkerConfig};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use common::setup;
+use common::{setup, wait_status, wait_terminal, wait_until};
 
 /// The session writes `out.txt`, then reports what the call came back with.
 const SCRIPT: &str = r#"{"turns":[
@@ -67,37 +67,9 @@ async fn run_one(
     cfg: WorkerConfig,
     spec: SessionSpec,
 ) -> (SessionRow, Vec<String>) {
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let (w, s) = (worker.clone(), stop.clone());
-        async move { w.run(s).await }
-    });
-    let start = std::time::Instant::now();
-    let done = loop {
-        let r = store.get(&row.id).await.unwrap().unwrap();
-        if r.status.is_terminal() {
-            break r;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "{r:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let (done, _) = common::run_one(store, queue, cfg, spec).await;
     let results = store
-        .messages(&row.id)
+        .messages(&done.id)
         .await
         .unwrap()
         .into_iter()
@@ -111,20 +83,25 @@ fn written(dir: &Path, row: &SessionRow) -> bool {
     dir.join("ws").join(&row.root_id).join("out.txt").exists()
 }
 
-/// Requests at `event`, waiting a while for fire-and-forget ones.
+/// Requests at `event`, waiting for the first of fire-and-forget ones.
 async fn events_at(hook: &FakeLlm, event: &str) -> Vec<RecordedRequest> {
-    for _ in 0..200 {
-        let seen: Vec<RecordedRequest> = hook
-            .requests()
-            .into_iter()
-            .filter(|r| r.body["event"] == event)
-            .collect();
-        if !seen.is_empty() {
-            return seen;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    Vec::new()
+    wait_until(
+        format_args!("a request at {event}"),
+        Duration::from_secs(10),
+        || async {
+            let seen: Vec<RecordedRequest> = hook
+                .requests()
+                .into_iter()
+                .filter(|r| r.body["event"] == event)
+                .collect();
+            if seen.is_empty() {
+                Err(hook.requests().len())
+            } else {
+                Ok(seen)
+            }
+        },
+    )
+    .await
 }
 
 fn verdict(behavior: &str, reason: &str) -> FakeResponse {
@@ -439,21 +416,13 @@ async fn a_resumed_session_starts_and_ends_once() {
         let (w, s) = (worker.clone(), stop.clone());
         async move { w.run(s).await }
     });
-    let wait_for = |want: fn(SessionStatus) -> bool| {
-        let store = store.clone();
-        let id = row.id.clone();
-        async move {
-            for _ in 0..600 {
-                let r = store.get(&id).await.unwrap().unwrap();
-                if want(r.status) {
-                    return r;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            panic!("session {id} never got there");
-        }
-    };
-    wait_for(|s| s == SessionStatus::AwaitingApproval).await;
+    wait_status(
+        &store,
+        &row.id,
+        &[SessionStatus::AwaitingApproval],
+        Duration::from_secs(30),
+    )
+    .await;
     let call = store.messages(&row.id).await.unwrap()[1].tool_calls[0]
         .id
         .clone();
@@ -471,7 +440,14 @@ async fn a_resumed_session_starts_and_ends_once() {
         }
         other => panic!("{other:?}"),
     }
-    let done = wait_for(|s| s.is_terminal()).await;
+    let done = wait_terminal(
+        &store,
+        &queue,
+        std::slice::from_ref(&row.id),
+        Duration::from_secs(30),
+    )
+    .await
+    .remove(0);
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(20), handle)
         .await

@@ -4,8 +4,10 @@
 //! tool. Real Postgres and Redis; the LLM is a local OpenAI-compatible fake.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -15,9 +17,8 @@ use agentq_core::pg::PgStore;
 use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
-use agentq_testkit::{FakeLlm, FakeResponse, RedisServer, shared_postgres};
-use agentq_worker::{Worker, WorkerConfig};
-use tokio_util::sync::CancellationToken;
+use agentq_testkit::{FakeLlm, FakeResponse, RedisServer};
+use agentq_worker::WorkerConfig;
 
 fn openai_answer(text: &str) -> String {
     let chunk = |delta: Value, finish: Option<&str>| {
@@ -43,15 +44,10 @@ struct Env {
 
 impl Env {
     async fn start() -> Env {
-        let url = shared_postgres().unwrap().fresh_database().unwrap();
-        let store = PgStore::connect(&url, 8).await.unwrap();
-        store.migrate().await.unwrap();
-        let redis = RedisServer::start().unwrap();
-        let queue = RedisQueue::connect(&redis.url()).await.unwrap();
-        queue.ensure_queue("default").await.unwrap();
+        let (store, queue, redis) = common::setup().await;
         Env {
-            store: Arc::new(store),
-            queue: Arc::new(queue),
+            store,
+            queue,
             fake: FakeLlm::start().await.unwrap(),
             _redis: redis,
             _dir: tempfile::tempdir().unwrap(),
@@ -90,30 +86,8 @@ impl Env {
     }
 
     async fn run_until_terminal(&self, cfg: WorkerConfig, ids: &[String]) -> Vec<SessionRow> {
-        let worker = Worker::new(self.store.clone(), self.queue.clone(), cfg);
-        let stop = CancellationToken::new();
-        let handle = tokio::spawn({
-            let s = stop.clone();
-            async move { worker.run(s).await }
-        });
-        let start = Instant::now();
-        let rows = loop {
-            let mut rows = Vec::new();
-            for id in ids {
-                rows.push(self.store.get(id).await.unwrap().unwrap());
-            }
-            if rows.iter().all(|r| r.status.is_terminal()) {
-                break rows;
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "{rows:?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
-        stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), handle)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let (rows, _) =
+            common::run_to_end(&self.store, &self.queue, cfg, ids, Duration::from_secs(60)).await;
         rows
     }
 }

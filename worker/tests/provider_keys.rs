@@ -16,10 +16,9 @@ use agentq_core::config::PolicySection;
 use agentq_core::pg::PgStore;
 use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
+use agentq_core::{SessionRow, SessionStatus};
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, fixture};
-use agentq_worker::{Worker, WorkerConfig};
-use tokio_util::sync::CancellationToken;
+use agentq_worker::WorkerConfig;
 
 use common::setup;
 
@@ -82,36 +81,7 @@ async fn run_one(
     cfg: WorkerConfig,
     spec: SessionSpec,
 ) -> SessionRow {
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let stop = stop.clone();
-        async move { worker.run(stop).await }
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let row = loop {
-        let r = store.get(&row.id).await.unwrap().unwrap();
-        if r.status.is_terminal() {
-            break r;
-        }
-        assert!(std::time::Instant::now() < deadline, "not finished: {r:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    stop.cancel();
-    tokio::time::timeout(Duration::from_secs(20), handle)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    row
+    common::run_one(store, queue, cfg, spec).await.0
 }
 
 fn assert_no_key(req: &RecordedRequest, keys: &[&str]) {

@@ -10,16 +10,14 @@ use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
-use agentq_core::queue::Delivery;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
-    EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, SweepStore,
-    WorkQueue,
+    EnqueueReason, InboxStore, SessionRow, SessionStatus, SessionStore, SweepStore, WorkQueue,
 };
 use agentq_worker::{Processed, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
-use common::setup;
+use common::{read_entry, row, setup, submit, wait_until};
 
 const SCRIPT: &str = r#"{"turns":[
   {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}]},
@@ -41,37 +39,6 @@ fn config(dir: &std::path::Path) -> WorkerConfig {
     cfg
 }
 
-async fn create(store: &PgStore, queue: &RedisQueue, spec: SessionSpec) -> String {
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    row.id
-}
-
-async fn entry(queue: &RedisQueue, consumer: &str, session_id: &str) -> Delivery {
-    let ds = queue
-        .read(
-            &["default".to_string()],
-            consumer,
-            10,
-            Duration::from_millis(500),
-        )
-        .await
-        .unwrap();
-    ds.into_iter()
-        .find(|d| d.session_id == session_id)
-        .expect("the session's entry")
-}
-
-async fn row(store: &PgStore, id: &str) -> SessionRow {
-    store.get(id).await.unwrap().unwrap()
-}
-
 /// `timeout_secs` of 9e15 used to panic computing the deadline inside the run: the
 /// session stayed `running`, its lease renewed forever. Now the deadline is clamped and
 /// the session runs to its answer.
@@ -86,8 +53,8 @@ async fn a_timeout_past_the_clock_runs_to_completion() {
         spec.tool_timeout_secs = u64::MAX;
         spec.retry_delay_ms = u64::MAX;
         spec.tool_output_max_chars = usize::MAX;
-        let id = create(&store, &queue, spec).await;
-        let d = entry(&queue, worker.consumer(), &id).await;
+        let id = submit(&store, &queue, spec).await;
+        let d = read_entry(&queue, worker.consumer(), &id).await;
         assert_eq!(
             worker.process(d).await.unwrap(),
             Processed::Finished { acked: true }
@@ -110,8 +77,8 @@ async fn a_huge_approval_timeout_suspends_and_resumes() {
     let mut spec = SessionSpec::new("list it once approved");
     spec.approval_timeout_secs = u64::MAX;
     spec.sensitive_tools = vec!["list_dir".into()];
-    let id = create(&store, &queue, spec).await;
-    let d = entry(&queue, worker.consumer(), &id).await;
+    let id = submit(&store, &queue, spec).await;
+    let d = read_entry(&queue, worker.consumer(), &id).await;
     assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
     let waiting = row(&store, &id).await;
     assert_eq!(
@@ -134,7 +101,7 @@ async fn a_huge_approval_timeout_suspends_and_resumes() {
         .enqueue("default", &id, EnqueueReason::Resume)
         .await
         .unwrap();
-    let d = entry(&queue, worker.consumer(), &id).await;
+    let d = read_entry(&queue, worker.consumer(), &id).await;
     assert_eq!(
         worker.process(d).await.unwrap(),
         Processed::Finished { acked: true }
@@ -182,20 +149,10 @@ fn boom_config(dir: &std::path::Path) -> WorkerConfig {
     cfg
 }
 
-async fn wait_terminal(store: &PgStore, id: &str) -> SessionRow {
-    let start = std::time::Instant::now();
-    loop {
-        let r = row(store, id).await;
-        if r.status.is_terminal() {
-            return r;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "still {:?}: {r:?}",
-            r.status
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn wait_terminal(store: &PgStore, queue: &RedisQueue, id: &str) -> SessionRow {
+    common::wait_terminal(store, queue, &[id.to_string()], Duration::from_secs(30))
+        .await
+        .remove(0)
 }
 
 /// A panic inside a tool fails that session with the panic's message, gives its lease
@@ -214,8 +171,8 @@ async fn a_panicking_tool_fails_its_session_and_the_worker_serves_on() {
 
     let mut spec = SessionSpec::new("blow up");
     spec.tools = Some(vec!["boom".into()]);
-    let id = create(&store, &queue, spec).await;
-    let failed = wait_terminal(&store, &id).await;
+    let id = submit(&store, &queue, spec).await;
+    let failed = wait_terminal(&store, &queue, &id).await;
     assert_eq!(failed.status, SessionStatus::Failed, "{failed:?}");
     let error = failed.error.clone().unwrap_or_default();
     assert!(error.contains("the boom tool exploded"), "{error}");
@@ -226,8 +183,8 @@ async fn a_panicking_tool_fails_its_session_and_the_worker_serves_on() {
     // `boom` is not a tool it has, so it gets an error result and answers).
     let mut spec = SessionSpec::new("bystander");
     spec.tools = Some(vec!["list_dir".into()]);
-    let other = create(&store, &queue, spec).await;
-    let done = wait_terminal(&store, &other).await;
+    let other = submit(&store, &queue, spec).await;
+    let done = wait_terminal(&store, &queue, &other).await;
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
     assert_eq!(done.result.as_deref(), Some("survived"));
     assert!(worker.active_sessions().is_empty());
@@ -249,8 +206,8 @@ async fn a_panic_under_process_fails_the_session_and_returns() {
     let worker = Worker::new(store.clone(), queue.clone(), boom_config(dir.path()));
     let mut spec = SessionSpec::new("blow up");
     spec.tools = Some(vec!["boom".into()]);
-    let id = create(&store, &queue, spec).await;
-    let d = entry(&queue, worker.consumer(), &id).await;
+    let id = submit(&store, &queue, spec).await;
+    let d = read_entry(&queue, worker.consumer(), &id).await;
     assert_eq!(
         worker.process(d).await.unwrap(),
         Processed::Finished { acked: true }
@@ -286,8 +243,8 @@ async fn absurd_usage_from_the_model_is_stored_saturated() {
         .into(),
     );
     let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let id = create(&store, &queue, SessionSpec::new("count this")).await;
-    let d = entry(&queue, worker.consumer(), &id).await;
+    let id = submit(&store, &queue, SessionSpec::new("count this")).await;
+    let d = read_entry(&queue, worker.consumer(), &id).await;
     assert_eq!(
         worker.process(d).await.unwrap(),
         Processed::Finished { acked: true }
@@ -318,8 +275,8 @@ async fn a_call_id_the_store_cannot_hold_times_out_its_approval() {
     let mut spec = SessionSpec::new("list it");
     spec.approval_timeout_secs = 1;
     spec.sensitive_tools = vec!["list_dir".into()];
-    let id = create(&store, &queue, spec).await;
-    let d = entry(&queue, worker.consumer(), &id).await;
+    let id = submit(&store, &queue, spec).await;
+    let d = read_entry(&queue, worker.consumer(), &id).await;
     assert_eq!(worker.process(d).await.unwrap(), Processed::Suspended);
     let waiting = row(&store, &id).await;
     assert_eq!(
@@ -327,15 +284,25 @@ async fn a_call_id_the_store_cannot_hold_times_out_its_approval() {
         SessionStatus::AwaitingApproval,
         "{waiting:?}"
     );
-    let deadline = waiting.approval_deadline.expect("a deadline");
-    while chrono::Utc::now() <= deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // What the sweeper does for a deadline that passed, at every sweep while it holds.
+    assert!(waiting.approval_deadline.is_some(), "a deadline");
+    // What the sweeper does for a deadline that passed, at every sweep while it holds:
+    // the first sweep past the deadline (the store's clock) wakes it.
+    let mut woken = wait_until(
+        "the approval deadline to pass",
+        Duration::from_secs(30),
+        || async {
+            let woken = SweepStore::wake_expired_approvals(store.as_ref(), 10)
+                .await
+                .unwrap();
+            if woken.is_empty() {
+                Err(woken)
+            } else {
+                Ok(woken)
+            }
+        },
+    )
+    .await;
     for _ in 0..3 {
-        let woken = SweepStore::wake_expired_approvals(store.as_ref(), 10)
-            .await
-            .unwrap();
         if woken.is_empty() {
             break;
         }
@@ -343,8 +310,11 @@ async fn a_call_id_the_store_cannot_hold_times_out_its_approval() {
             .enqueue("default", &id, EnqueueReason::Resume)
             .await
             .unwrap();
-        let d = entry(&queue, worker.consumer(), &id).await;
+        let d = read_entry(&queue, worker.consumer(), &id).await;
         worker.process(d).await.unwrap();
+        woken = SweepStore::wake_expired_approvals(store.as_ref(), 10)
+            .await
+            .unwrap();
     }
     let done = row(&store, &id).await;
     assert_eq!(done.status, SessionStatus::Completed, "{done:?}");

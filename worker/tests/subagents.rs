@@ -4,244 +4,18 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use agentq_agent::schema::{Message, Role};
 use agentq_agent::spec::SessionSpec;
-use agentq_core::pg::PgStore;
 use agentq_core::protocol::{InboxKind, InboxPayload, SteerMessage, Strategy};
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{
-    EnqueueReason, InboxStore, ListFilter, NewSession, SessionRow, SessionStatus, SessionStore,
-    SweepStore, WorkQueue,
-};
-use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_testkit::{RedisServer, shared_postgres};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_core::{InboxStore, SessionStatus, SessionStore};
 
-struct Cluster {
-    store: Arc<PgStore>,
-    queue: Arc<RedisQueue>,
-    api: String,
-    http: reqwest::Client,
-    stop: CancellationToken,
-    workers: Vec<tokio::task::JoinHandle<()>>,
-    _redis: RedisServer,
-    _dir: tempfile::TempDir,
-}
+mod common;
 
-/// The scheduler's operator key: the API calls here read every tenant.
-const ADMIN_KEY: &str = "subagents-admin-key";
-/// The tenant of every root session here; children must inherit it.
-const TENANT: &str = "acme";
-
-impl Cluster {
-    async fn start(
-        script: Value,
-        workers: usize,
-        concurrency: usize,
-        tweak: impl Fn(&mut WorkerConfig),
-    ) -> Cluster {
-        let url = shared_postgres().unwrap().fresh_database().unwrap();
-        let store = PgStore::connect(&url, 8).await.unwrap();
-        store.migrate().await.unwrap();
-        let store = Arc::new(store);
-        let redis = RedisServer::start().unwrap();
-        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-        queue.ensure_queue("default").await.unwrap();
-        let stop = CancellationToken::new();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let api = format!("http://{}", listener.local_addr().unwrap());
-        let mut settings = SchedulerSettings {
-            sweep_interval: Duration::from_millis(200),
-            sweep_age: Duration::from_millis(500),
-            queues: vec!["default".into()],
-            ..Default::default()
-        };
-        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        tokio::spawn(run_scheduler(
-            store.clone(),
-            queue.clone(),
-            settings,
-            listener,
-            None,
-            stop.clone(),
-        ));
-        let dir = tempfile::tempdir().unwrap();
-        let mut handles = Vec::new();
-        for i in 0..workers {
-            let mut cfg = WorkerConfig {
-                consumer: format!("w{i}-{}", uuid_like()),
-                concurrency,
-                read_block: Duration::from_millis(200),
-                heartbeat_interval: Duration::from_millis(300),
-                lease_ttl: Duration::from_secs(2),
-                reclaim_min_idle: Duration::from_secs(2),
-                reclaim_interval: Duration::from_millis(500),
-                workspace_root: dir.path().to_path_buf(),
-                ..WorkerConfig::default()
-            };
-            cfg.providers.script = Some(script.to_string());
-            tweak(&mut cfg);
-            // Each worker process has its own pool, as in production.
-            let own = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-            let w = Worker::new(own, queue.clone(), cfg);
-            let s = stop.clone();
-            handles.push(tokio::spawn(async move {
-                let _ = w.run(s).await;
-            }));
-        }
-        Cluster {
-            store,
-            queue,
-            api,
-            http: {
-                let mut headers = reqwest::header::HeaderMap::new();
-                headers.insert(
-                    reqwest::header::AUTHORIZATION,
-                    format!("Bearer {ADMIN_KEY}").parse().unwrap(),
-                );
-                reqwest::Client::builder()
-                    .default_headers(headers)
-                    .build()
-                    .unwrap()
-            },
-            stop,
-            workers: handles,
-            _redis: redis,
-            _dir: dir,
-        }
-    }
-
-    async fn submit(
-        &self,
-        prompt: &str,
-        tools: &[&str],
-        tweak: impl Fn(&mut SessionSpec),
-    ) -> String {
-        let mut spec = SessionSpec::new(prompt);
-        spec.tools = Some(tools.iter().map(|s| s.to_string()).collect());
-        spec.retry_delay_ms = 10;
-        tweak(&mut spec);
-        let (row, _) = self
-            .store
-            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
-            .await
-            .unwrap();
-        self.queue
-            .enqueue("default", &row.id, EnqueueReason::New)
-            .await
-            .unwrap();
-        self.store
-            .mark_enqueued(std::slice::from_ref(&row.id))
-            .await
-            .unwrap();
-        row.id
-    }
-
-    async fn row(&self, id: &str) -> SessionRow {
-        self.store.get(id).await.unwrap().unwrap()
-    }
-
-    async fn wait_status(&self, id: &str, want: &[SessionStatus], limit: Duration) -> SessionRow {
-        let start = Instant::now();
-        loop {
-            let row = self.row(id).await;
-            if want.contains(&row.status) {
-                return row;
-            }
-            assert!(
-                start.elapsed() < limit,
-                "session {id} is {} (wanted {want:?}): {row:?}",
-                row.status
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("{}{path}", self.api))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.api))
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    /// The session's events stream until `enough` says what was read suffices (or the
-    /// server ends it); `(event, data)` pairs.
-    async fn events_until(
-        &self,
-        id: &str,
-        enough: impl Fn(&[(String, Value)]) -> bool,
-    ) -> Vec<(String, Value)> {
-        use futures::StreamExt;
-        let resp = self
-            .http
-            .get(format!("{}/v1/sessions/{id}/events", self.api))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status().as_u16(), 200);
-        let mut body = resp.bytes_stream();
-        let (mut buf, mut out) = (String::new(), Vec::new());
-        while !enough(&out) {
-            let chunk = tokio::time::timeout(Duration::from_secs(30), body.next())
-                .await
-                .expect("no event within 30 s");
-            let Some(chunk) = chunk else { break };
-            buf.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-            while let Some(end) = buf.find("\n\n") {
-                let block: String = buf.drain(..end + 2).collect();
-                let event = block.lines().find_map(|l| l.strip_prefix("event: "));
-                let data = block.lines().find_map(|l| l.strip_prefix("data: "));
-                if let (Some(e), Some(d)) = (event, data) {
-                    out.push((e.to_string(), serde_json::from_str(d).unwrap()));
-                }
-            }
-        }
-        out
-    }
-
-    async fn children(&self, id: &str) -> Vec<SessionRow> {
-        self.store
-            .list(&ListFilter {
-                parent_id: Some(id.to_string()),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-    }
-
-    async fn shutdown(self) {
-        self.stop.cancel();
-        for w in self.workers {
-            let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
-        }
-    }
-}
-
-fn uuid_like() -> String {
-    agentq_core::new_session_id()
-}
+use common::{Cluster, TENANT, wait_until};
 
 fn spawn_call(prompt: &str, label: &str, wait: bool) -> Value {
     json!({"name": "spawn_agent", "arguments": {"prompt": prompt, "label": label, "wait": wait}})
@@ -676,23 +450,19 @@ async fn cancelling_a_parent_cancels_its_subtree() {
     let c = Cluster::start(script, 1, 8, |_| {}).await;
     let root = c.submit("ROOT cancel me", &["spawn_agent"], |_| {}).await;
     // Wait for the grandchild to be running (the parents wait, holding no slot).
-    let start = Instant::now();
-    let grand = loop {
+    let grand = wait_until("the grandchild to run", Duration::from_secs(30), || async {
         let kids = c.children(&root).await;
         if let Some(mid) = kids.first() {
             let g = c.children(&mid.id).await;
             if let Some(g) = g.first()
                 && g.status == SessionStatus::Running
             {
-                break g.id.clone();
+                return Ok(g.id.clone());
             }
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "grandchild never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        Err(kids)
+    })
+    .await;
     assert_eq!(c.row(&root).await.status, SessionStatus::Waiting);
     let (status, _) = c
         .post(&format!("/v1/sessions/{root}/cancel"), json!({}))
@@ -936,11 +706,11 @@ async fn pending_approvals_are_listed_and_announced() {
     assert_eq!(pending.len(), 1, "{view}");
     assert_eq!(pending[0]["tool_call_id"], w2.as_str());
     // The approved write runs; the session waits again for the other.
-    let start = Instant::now();
-    while tool_results(&c.store.messages(&id).await.unwrap()).len() < 2 {
-        assert!(start.elapsed() < Duration::from_secs(30), "w1 never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until("w1 to run", Duration::from_secs(30), || async {
+        let results = tool_results(&c.store.messages(&id).await.unwrap()).len();
+        if results >= 2 { Ok(()) } else { Err(results) }
+    })
+    .await;
     c.wait_status(
         &id,
         &[SessionStatus::AwaitingApproval],
@@ -1091,39 +861,45 @@ async fn steering_inject_enqueue_interrupt_reject() {
         )
         .await;
     assert_eq!(st, 202);
-    let start = Instant::now();
-    loop {
-        let msgs = c.store.messages(&s2).await.unwrap();
-        let row = c.row(&s2).await;
-        if row.status == SessionStatus::Completed
-            && msgs
-                .iter()
-                .any(|m| m.role == Role::User && m.content == "then summarise")
-        {
-            assert_eq!(
-                row.result.as_deref(),
-                Some("follow-up answered"),
-                "{msgs:#?}"
-            );
-            // The follow-up came after the first turn's answer.
-            let done = msgs.iter().position(|m| m.content == "done").unwrap();
-            let fu = msgs
-                .iter()
-                .position(|m| m.content == "then summarise")
-                .unwrap();
-            assert!(fu > done);
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(40), "{row:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (row, msgs) = wait_until(
+        "the enqueued turn to be answered",
+        Duration::from_secs(40),
+        || async {
+            let msgs = c.store.messages(&s2).await.unwrap();
+            let row = c.row(&s2).await;
+            if row.status == SessionStatus::Completed
+                && msgs
+                    .iter()
+                    .any(|m| m.role == Role::User && m.content == "then summarise")
+            {
+                Ok((row, msgs))
+            } else {
+                Err(row)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        row.result.as_deref(),
+        Some("follow-up answered"),
+        "{msgs:#?}"
+    );
+    // The follow-up came after the first turn's answer.
+    let done = msgs.iter().position(|m| m.content == "done").unwrap();
+    let fu = msgs
+        .iter()
+        .position(|m| m.content == "then summarise")
+        .unwrap();
+    assert!(fu > done);
 
     // interrupt: the current turn stops; the new message is answered from the saved
     // history.
     let s3 = c.submit("interrupt me", &["list_dir"], |_| {}).await;
     c.wait_status(&s3, &[SessionStatus::Running], Duration::from_secs(20))
         .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Sent while the first turn's model call (600 ms) runs.
+    c.events_until(&s3, |evs| evs.iter().any(|(e, _)| e == "iteration_started"))
+        .await;
     let (st, _) = c
         .post(
             &format!("/v1/sessions/{s3}/messages"),

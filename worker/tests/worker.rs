@@ -10,12 +10,12 @@ use std::time::Duration;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue};
+use agentq_core::{EnqueueReason, NewSession, QueueHealth, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Processed, Worker, WorkerConfig};
 use tokio_util::sync::CancellationToken;
 
-use common::setup;
+use common::{read_entry, run_one, setup, start, wait_terminal, wait_until};
 
 const SCRIPT: &str = r#"{"turns":[
   {"text":"listing","tool_calls":[{"name":"list_dir","arguments":{"path":"."}}],"usage":{"input_tokens":10,"output_tokens":3}},
@@ -58,85 +58,6 @@ async fn submit(store: &PgStore, queue: &RedisQueue, n: usize) -> Vec<String> {
     ids
 }
 
-async fn wait_terminal(store: &PgStore, ids: &[String], limit: Duration) {
-    let start = std::time::Instant::now();
-    loop {
-        let mut done = 0;
-        for id in ids {
-            if store.get(id).await.unwrap().unwrap().status.is_terminal() {
-                done += 1;
-            }
-        }
-        if done == ids.len() {
-            return;
-        }
-        assert!(start.elapsed() < limit, "{done}/{} finished", ids.len());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A worker running in the background until [`Running::stop`].
-struct Running {
-    worker: Worker,
-    stop: CancellationToken,
-    handle: tokio::task::JoinHandle<agentq_worker::Result<()>>,
-}
-
-fn start(store: &Arc<PgStore>, queue: &Arc<RedisQueue>, cfg: WorkerConfig) -> Running {
-    let worker = Worker::new(store.clone(), queue.clone(), cfg);
-    let stop = CancellationToken::new();
-    let handle = tokio::spawn({
-        let w = worker.clone();
-        let s = stop.clone();
-        async move { w.run(s).await }
-    });
-    Running {
-        worker,
-        stop,
-        handle,
-    }
-}
-
-impl Running {
-    /// Stop it and wait (20 s at most) for it to end cleanly.
-    async fn stop(self) -> Worker {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.handle)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        self.worker
-    }
-}
-
-/// Run one session of `spec` on a worker with `cfg` until it is terminal; the row, with
-/// the worker stopped again.
-async fn run_one(
-    store: &Arc<PgStore>,
-    queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
-    spec: SessionSpec,
-) -> (agentq_core::SessionRow, Worker) {
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, "default"))
-        .await
-        .unwrap();
-    queue
-        .enqueue("default", &row.id, EnqueueReason::New)
-        .await
-        .unwrap();
-    let running = start(store, queue, cfg);
-    wait_terminal(
-        store,
-        std::slice::from_ref(&row.id),
-        Duration::from_secs(30),
-    )
-    .await;
-    let worker = running.stop().await;
-    (store.get(&row.id).await.unwrap().unwrap(), worker)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_complete_and_duplicates_run_once() {
     let (store, queue, _redis) = setup().await;
@@ -148,7 +69,7 @@ async fn sessions_complete_and_duplicates_run_once() {
         .await
         .unwrap();
     let running = start(&store, &queue, config(dir.path()));
-    wait_terminal(&store, &ids, Duration::from_secs(60)).await;
+    wait_terminal(&store, &queue, &ids, Duration::from_secs(60)).await;
     for id in &ids {
         let row = store.get(id).await.unwrap().unwrap();
         assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
@@ -158,8 +79,17 @@ async fn sessions_complete_and_duplicates_run_once() {
         assert_eq!(msgs.len(), 4, "user, assistant+call, tool result, answer");
         assert!(msgs[3].content.starts_with("done: task"));
     }
-    // The duplicate ran nothing: still exactly 4 messages and 2 iterations above.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The duplicate ran nothing: still exactly 4 messages and 2 iterations above, and
+    // once every entry (the duplicate too) is delivered and acked, still 20 runs.
+    wait_until("every entry handled", Duration::from_secs(30), || async {
+        let stats = queue.stats("default").await.unwrap();
+        if stats.pending == 0 && stats.lag == Some(0) {
+            Ok(())
+        } else {
+            Err(stats)
+        }
+    })
+    .await;
     assert_eq!(
         running
             .worker
@@ -266,27 +196,6 @@ async fn sessions_call_the_embedding_programs_own_tools() {
         .find(|m| m.role == agentq_agent::schema::Role::Tool)
         .unwrap();
     assert_eq!(result.content, format!("stamped {}:call_0_0", done.id));
-}
-
-/// The entry of `session_id`, read from the queue as `consumer` (the consumer a worker
-/// would read it as).
-async fn read_entry(
-    queue: &RedisQueue,
-    consumer: &str,
-    session_id: &str,
-) -> agentq_core::queue::Delivery {
-    let ds = queue
-        .read(
-            &["default".to_string()],
-            consumer,
-            10,
-            Duration::from_millis(500),
-        )
-        .await
-        .unwrap();
-    ds.into_iter()
-        .find(|d| d.session_id == session_id)
-        .expect("the session's entry")
 }
 
 async fn pending(queue: &RedisQueue, consumer: &str) -> usize {
@@ -417,6 +326,7 @@ async fn a_session_dropped_mid_run_is_resumed_by_another_worker() {
     let second = start(&store, &queue, cfg());
     wait_terminal(
         &store,
+        &queue,
         std::slice::from_ref(&row.id),
         Duration::from_secs(30),
     )
@@ -466,7 +376,7 @@ async fn a_model_answering_with_nul_completes_and_reads_back_intact() {
     );
     let ids = submit(&store, &queue, 6).await;
     let running = start(&store, &queue, cfg);
-    wait_terminal(&store, &ids, Duration::from_secs(60)).await;
+    wait_terminal(&store, &queue, &ids, Duration::from_secs(60)).await;
     running.stop().await;
     for id in &ids {
         let row = store.get(id).await.unwrap().unwrap();
@@ -516,7 +426,7 @@ async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() 
     let running = start(&store, &queue, cfg);
     let mut all = bystanders.clone();
     all.push(poison.id.clone());
-    wait_terminal(&store, &all, Duration::from_secs(60)).await;
+    wait_terminal(&store, &queue, &all, Duration::from_secs(60)).await;
     running.stop().await;
 
     let row = store.get(&poison.id).await.unwrap().unwrap();
@@ -570,7 +480,7 @@ async fn callers_cannot_add_model_series() {
         .collect();
     queue.enqueue_many("default", &items).await.unwrap();
     let running = start(&store, &queue, cfg);
-    wait_terminal(&store, &ids, Duration::from_secs(300)).await;
+    wait_terminal(&store, &queue, &ids, Duration::from_secs(300)).await;
     running.stop().await;
 
     let text = agentq_core::metrics::global().render();

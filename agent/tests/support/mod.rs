@@ -1,7 +1,11 @@
-//! Test doubles shared by the agent crate's integration tests.
+//! Test doubles and waits shared by the agent crate's integration tests. Each test binary
+//! uses a part of them.
+#![allow(dead_code)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use agentq_agent::driver::{BackgroundResult, BackgroundSource};
 use async_trait::async_trait;
@@ -61,5 +65,57 @@ impl BackgroundSource for BackgroundInbox {
             _ = self.notify.notified() => true,
             _ = cancel.cancelled() => false,
         }
+    }
+}
+
+/// How long a test waits for something that should happen at once: generous, because a
+/// loaded machine is slow, and free, because a wait that succeeds ends at the event. On a
+/// paused clock it is virtual: a test that waits for what never comes fails as soon as
+/// nothing else is left to run.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// What the test doubles record, announced: each double that records something bumps it,
+/// and [`Changes::until`] checks its condition again at each bump, so a test waits for
+/// the event itself instead of sleeping and looking.
+#[derive(Clone)]
+pub struct Changes(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Changes(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Changes {
+    /// Something was recorded.
+    pub fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Wait until `cond` holds: checked now and after every bump from now on, so a bump
+    /// between the check and the wait is not missed. Panics naming `what` after
+    /// [`WAIT_LIMIT`].
+    pub async fn until(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let mut rx = self.0.subscribe();
+        tokio::time::timeout(WAIT_LIMIT, rx.wait_for(|_| cond()))
+            .await
+            .unwrap_or_else(|_| panic!("timed out after {WAIT_LIMIT:?} waiting for {what}"))
+            .expect("the sender lives as long as this handle");
+    }
+}
+
+/// Poll `cond` until it holds, for what announces nothing (a child process, a file);
+/// panics naming `what` after [`WAIT_LIMIT`]. Not for a paused clock: it sleeps between
+/// checks.
+pub async fn wait_until<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + WAIT_LIMIT;
+    let mut pause = Duration::from_millis(1);
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {WAIT_LIMIT:?} waiting for {what}"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }

@@ -106,7 +106,9 @@ async fn a_rate_limited_batch_on_three_workers_finishes_without_errors() {
 /// sleeping in it, and a session on another, unlimited model runs meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unlimited_model_runs_while_rate_limited_sessions_wait() {
-    let window = Duration::from_secs(30);
+    // Long enough that a wait for it gives the slot up (past 2 s, below) and that the
+    // unlimited session ends well before it frees up.
+    let window = Duration::from_secs(10);
     let llm = RateLimitedLlm::start(
         RateLimitedConfig::new(window, Limits::requests(3), list_dir_turns(2))
             .model("gpt-free", Limits::unlimited()),
@@ -115,7 +117,7 @@ async fn an_unlimited_model_runs_while_rate_limited_sessions_wait() {
     .unwrap();
     let mut c = Cluster::start().await;
     let stop = sweeper(&c).await;
-    // A wait longer than 2 s gives the slot up (the window frees up only after 30 s).
+    // A wait longer than 2 s gives the slot up (the window frees up only after 10 s).
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(config.path(), "[worker]\nrate_limit_suspend_secs = 2\n").unwrap();
     let mut one_slot = opts(&llm, 1);

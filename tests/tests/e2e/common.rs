@@ -42,7 +42,11 @@ const BLOCK: Duration = Duration::from_secs(120);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The `agentq` binary, built once per test binary (`CARGO_BIN_EXE_*` only exists for the
-/// cli crate's own tests).
+/// cli crate's own tests). A workspace-wide `cargo test` (what CI runs) has built it
+/// already, from these sources, with the features every test of the workspace unifies:
+/// building it again for the cli crate's features alone would rebuild much of the
+/// dependency tree (minutes on a 2-core box). So it is used as it is when it is newer than
+/// every file of the workspace, and built otherwise.
 pub fn agentq_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -50,12 +54,6 @@ pub fn agentq_bin() -> &'static Path {
             .parent()
             .expect("the testkit lives in the workspace")
             .to_path_buf();
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "agentq-cli", "--bin", "agentq"])
-            .current_dir(&workspace)
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "cargo build -p agentq-cli failed");
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace.join("target"));
@@ -65,9 +63,43 @@ pub fn agentq_bin() -> &'static Path {
             target
         };
         let bin = target.join("debug").join("agentq");
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        if built.is_none_or(|b| newest_file(&workspace, &target) >= b) {
+            let status = Command::new(env!("CARGO"))
+                .args(["build", "-p", "agentq-cli", "--bin", "agentq"])
+                .current_dir(&workspace)
+                .status()
+                .expect("running cargo build");
+            assert!(status.success(), "cargo build -p agentq-cli failed");
+        }
         assert!(bin.is_file(), "{} was not built", bin.display());
         bin
     })
+}
+
+/// When the newest file under `dir` was written, leaving out `skip` (the build's own
+/// output) and hidden entries (`.git`).
+fn newest_file(dir: &Path, skip: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path == skip || e.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                todo.push(path);
+            } else if let Ok(m) = meta.modified() {
+                newest = newest.max(m);
+            }
+        }
+    }
+    newest
 }
 
 // ---------------------------------------------------------------------------------------
@@ -620,21 +652,15 @@ impl Cluster {
 
     /// Wait for the worker to exit; `None` if it is still running after `timeout`.
     pub async fn wait_exit(&mut self, i: usize, timeout: Duration) -> Option<ExitStatus> {
-        let start = Instant::now();
-        loop {
-            let w = &mut self.workers[i];
-            if let Some(s) = w.exit {
-                return Some(s);
+        let w = &mut self.workers[i];
+        poll(POLL, timeout, async || {
+            if w.exit.is_none() {
+                w.exit = w.child.try_wait().expect("try_wait");
             }
-            if let Some(s) = w.child.try_wait().expect("try_wait") {
-                w.exit = Some(s);
-                return Some(s);
-            }
-            if start.elapsed() > timeout {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            w.exit.is_some()
+        })
+        .await;
+        w.exit
     }
 
     pub fn worker_log(&self, i: usize) -> String {
@@ -650,14 +676,7 @@ impl Cluster {
 
     /// Whether worker `i` logs `needle` within `timeout`.
     pub async fn log_appears(&self, i: usize, needle: &str, timeout: Duration) -> bool {
-        let start = Instant::now();
-        while !self.worker_log(i).contains(needle) {
-            if start.elapsed() > timeout {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        true
+        poll(POLL, timeout, async || self.worker_log(i).contains(needle)).await
     }
 
     // --- sessions ----------------------------------------------------------------------
@@ -896,33 +915,34 @@ impl Cluster {
     }
 
     /// Poll until every session is terminal; panics with a status summary on timeout.
+    /// Polled, not waited for on the completions: the tests restart Redis, and a message
+    /// published while a subscriber reconnects is lost.
     pub async fn wait_all_terminal(&self, ids: &[String], timeout: Duration) -> Vec<SessionRow> {
-        let start = Instant::now();
-        loop {
-            let mut rows = Vec::with_capacity(ids.len());
+        let mut rows = Vec::with_capacity(ids.len());
+        let ended = poll(Duration::from_millis(100), timeout, async || {
+            rows.clear();
             for id in ids {
                 // A restarting Postgres answers errors for a while: retry.
                 match self.store.get(id).await {
                     Ok(Some(r)) => rows.push(r),
                     Ok(None) => panic!("session {id} vanished"),
-                    Err(_) => break,
+                    Err(_) => return false,
                 }
             }
-            if rows.len() == ids.len() && rows.iter().all(|r| r.status.is_terminal()) {
-                return rows;
+            rows.iter().all(|r| r.status.is_terminal())
+        })
+        .await;
+        if !ended {
+            let mut by_status: HashMap<String, usize> = HashMap::new();
+            for r in &rows {
+                *by_status.entry(r.status.to_string()).or_default() += 1;
             }
-            if start.elapsed() > timeout {
-                let mut by_status: HashMap<String, usize> = HashMap::new();
-                for r in &rows {
-                    *by_status.entry(r.status.to_string()).or_default() += 1;
-                }
-                panic!(
-                    "{} sessions not all terminal within {timeout:?}: {by_status:?}",
-                    ids.len()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            panic!(
+                "{} sessions not all terminal within {timeout:?}: {by_status:?}",
+                ids.len()
+            );
         }
+        rows
     }
 
     // --- what the fake saw -------------------------------------------------------------
@@ -1074,14 +1094,29 @@ impl Drop for Cluster {
     }
 }
 
-/// Poll `cond` every 10 ms until it holds; panic naming `what` after `timeout`.
-pub async fn eventually(what: &str, timeout: Duration, mut cond: impl AsyncFnMut() -> bool) {
+/// How often [`eventually`] and the cluster's own waits look again.
+pub const POLL: Duration = Duration::from_millis(10);
+
+/// Check `cond` every `every` until it holds or `timeout` passes; whether it held. The
+/// one polling loop of these tests, for what announces nothing (a row, a log line, a
+/// process's exit, a stream's length).
+pub async fn poll(every: Duration, timeout: Duration, mut cond: impl AsyncFnMut() -> bool) -> bool {
     let start = Instant::now();
-    while !cond().await {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        tokio::time::sleep(every).await;
     }
+}
+
+/// Poll `cond` every 10 ms until it holds; panic naming `what` after `timeout`.
+pub async fn eventually(what: &str, timeout: Duration, cond: impl AsyncFnMut() -> bool) {
+    assert!(
+        poll(POLL, timeout, cond).await,
+        "timed out after {timeout:?} waiting for: {what}"
+    );
 }

@@ -254,8 +254,14 @@ async fn zombie_worker_cannot_write_after_wakeup() {
     let noticed = c
         .log_appears(a, "lease lost", Duration::from_secs(20))
         .await;
-    // Give it time to try anything else.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Whatever else it would try, it has tried once it has stopped: it is told to, and
+    // its exit waited for.
+    c.term_worker(a);
+    assert!(
+        c.wait_exit(a, Duration::from_secs(30)).await.is_some(),
+        "A did not stop:\n{}",
+        c.worker_log(a)
+    );
 
     assert_eq!(
         c.transcript(&victim).await,
@@ -304,23 +310,24 @@ async fn zombie_worker_cannot_write_after_wakeup() {
 
 /// Open the FIFO `path` for writing once a reader has it open (without one, a
 /// non-blocking open fails with ENXIO): proof that a `read_file` call is in it.
-fn writer_once_read(path: &std::path::Path) -> std::fs::File {
+async fn writer_once_read(path: &std::path::Path) -> std::fs::File {
     use std::os::unix::fs::OpenOptionsExt;
     const O_NONBLOCK: i32 = 0o4000;
-    let start = std::time::Instant::now();
-    loop {
+    let mut file = None;
+    eventually("a reader in the pipe", T, async || {
         match std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(O_NONBLOCK)
             .open(path)
         {
-            Ok(f) => return f,
-            Err(e) if e.raw_os_error() == Some(6) && start.elapsed() < T => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => panic!("no reader came to {}: {e}", path.display()),
+            Ok(f) => file = Some(f),
+            Err(e) if e.raw_os_error() == Some(6) => {}
+            Err(e) => panic!("opening {}: {e}", path.display()),
         }
-    }
+        file.is_some()
+    })
+    .await;
+    file.unwrap()
 }
 
 /// A worker SIGKILLed while a read-only call runs whose response it had not committed
@@ -354,12 +361,7 @@ async fn sigkill_while_a_held_response_reads_asks_the_model_again() {
     assert!(made.success());
 
     // Worker A is inside the read: its response is held, not stored.
-    let reader = {
-        let p = pipe.clone();
-        tokio::task::spawn_blocking(move || writer_once_read(&p))
-            .await
-            .unwrap()
-    };
+    let reader = writer_once_read(&pipe).await;
     assert_eq!(c.llm_requests(&victim, 0), 1);
     assert_eq!(
         c.message_count(&victim.id).await,
@@ -373,12 +375,7 @@ async fn sigkill_while_a_held_response_reads_asks_the_model_again() {
     // Worker B asks the model again, commits that response at the grace while its read
     // blocks, and then stores the result once the pipe speaks.
     c.spawn_worker(&WorkerOpts::default());
-    let writer = {
-        let p = pipe.clone();
-        tokio::task::spawn_blocking(move || writer_once_read(&p))
-            .await
-            .unwrap()
-    };
+    let writer = writer_once_read(&pipe).await;
     assert_eq!(c.llm_requests(&victim, 0), 2);
     eventually(
         "the response committed while its call runs",

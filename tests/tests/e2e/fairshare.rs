@@ -18,7 +18,7 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{ListFilter, Queue, SessionRow, SessionStatus, SessionStore, Store};
 use agentq_scheduler::SchedulerSettings;
 
-use crate::common::{Cluster, ClusterOpts, Script, Sub, Turn, WorkerOpts, eventually};
+use crate::common::{Cluster, ClusterOpts, Script, Sub, Turn, WorkerOpts, eventually, poll};
 
 const T: Duration = Duration::from_secs(240);
 
@@ -276,7 +276,8 @@ async fn caps_on_running_sessions_hold() {
     });
     let all: Vec<String> = ids(&capped).into_iter().chain(ids(&batched)).collect();
     let (mut max_capped, mut max_batched) = (0usize, 0usize);
-    loop {
+    // Sampled every 20 ms until all have ended: the caps hold at every sample.
+    let ended = poll(Duration::from_millis(20), T, async || {
         let running = |rows: &[SessionRow]| {
             rows.iter()
                 .filter(|r| r.status == SessionStatus::Running)
@@ -288,11 +289,10 @@ async fn caps_on_running_sessions_hold() {
         max_batched = max_batched.max(running(&br));
         assert!(running(&cr) <= TENANT_CAP as usize, "tenant cap: {cr:#?}");
         assert!(running(&br) <= BATCH_CAP, "batch cap: {br:#?}");
-        if cr.iter().chain(&br).all(|r| r.status.is_terminal()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        cr.iter().chain(&br).all(|r| r.status.is_terminal())
+    })
+    .await;
+    assert!(ended, "not all ended within {T:?}");
     eprintln!("most running: tenant {max_capped}, batch {max_batched}");
     assert!(max_capped >= 1 && max_batched >= 1);
     for r in c.wait_all_terminal(&all, T).await {

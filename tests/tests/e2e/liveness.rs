@@ -48,6 +48,11 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
     ));
 
     let a = c.spawn_ready_worker(&WorkerOpts::default()).await;
+    // A quick session first: its answer tells the worker's limiter that the model's key
+    // needs no waiting. Else the long sessions' first calls are its probes of the key,
+    // which do not end, and every other call would wait 5 s behind them.
+    let warm = c.submit(Script::new(vec![Turn::text("ok")])).await;
+    c.wait_all_terminal(std::slice::from_ref(&warm.id), T).await;
     let trimmed = c.submit(long_script()).await;
     let lost = c.submit(long_script()).await;
     eventually(
@@ -72,8 +77,14 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
             assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
         }
     }
-    // Let heartbeats touch the long sessions' entries and the sweeper trim meanwhile.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The flood's entries are acked: a trim as the sweeper makes at each tick (it runs
+    // meanwhile too) must take the acked history and leave the long sessions' entries.
+    agentq_scheduler::sweeper::trim_queues(
+        &c.queue,
+        &QueueRegistry::new(vec!["default".into()]),
+        STREAM_MAX_LEN,
+    )
+    .await;
 
     // The other long session's entry is gone from the pending list altogether, as when
     // Redis lost it: only the store still says it runs. (The trimming kept both entries.)

@@ -18,7 +18,7 @@ use agentq_core::{
 };
 use agentq_testkit::MotoServer;
 
-use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts};
+use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};
 
 const T: Duration = Duration::from_secs(90);
 
@@ -156,15 +156,18 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
     );
     assert!(!disk_a.join(&second).exists());
 
-    // Both workspaces expire; the collector deletes the index row and the object.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // Both workspaces expire (a second after their trees ended, by the store's clock);
+    // the collector deletes the index row and the object.
     let cfg = WorkspaceSection {
         ttl_secs: 1,
         blob_grace_secs: 0,
         ..WorkspaceSection::default()
     };
-    agentq_scheduler::workspace_gc::gc_pass(&store, &cfg).await;
-    assert!(store.workspace_files(&first).await.unwrap().is_empty());
-    assert!(store.workspace_files(&second).await.unwrap().is_empty());
+    eventually("a collection to expire both trees", T, async || {
+        agentq_scheduler::workspace_gc::gc_pass(&store, &cfg).await;
+        store.workspace_files(&first).await.unwrap().is_empty()
+            && store.workspace_files(&second).await.unwrap().is_empty()
+    })
+    .await;
     assert!(!objects.exists(&sha).await.unwrap());
 }
