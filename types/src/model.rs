@@ -251,7 +251,7 @@ pub struct SessionRow {
 
 impl SessionRow {
     /// Whether the session may have calls waiting for a decision, so that a reader looks
-    /// them up ([`crate::InboxStore::pending_approvals`]). A finished session holds none,
+    /// them up (`InboxStore::pending_approvals`). A finished session holds none,
     /// whatever its last run recorded (a cancel closes held calls without a decision).
     pub fn may_hold_calls(&self) -> bool {
         !self.held_calls.is_empty() && !self.status.is_terminal()
