@@ -1,5 +1,6 @@
-//! agentq-limiter (`agentq_core::admission`): the fleet-wide rate limiter: the [`Admission`] every worker's LLM calls pass, kept in
-//! Redis so that all workers share one count per provider endpoint and key.
+//! agentq-limiter (`agentq_core::admission`): the fleet-wide rate limiter, the
+//! [`Admission`] every worker's LLM calls pass, kept in Redis so that all workers share one
+//! count per provider endpoint and key.
 //!
 //! # Configured limits (`[[limits]]`)
 //! A call falls under every rule whose provider, model glob and tenant match. Each rule

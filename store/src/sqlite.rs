@@ -1,10 +1,11 @@
 //! The embedded [`Store`]: one SQLite file (`migrations_sqlite/`) with the same tables,
 //! columns and lease protocol as [`crate::pg::PgStore`], for running agentq as a single
 //! process without Postgres or Redis. This module owns that file: its connections, its
-//! schema and migrator, and the recovery step a restarted embedded process runs
-//! (`agentq_core::sqlite::requeue_runnable`). The statements it shares with Postgres, and the mapping of rows
-//! to the model, are in `crate::sql`; the writes SQLite runs as several steps of one
-//! transaction (where Postgres runs one statement) are in `writes`.
+//! schema and migrator, and what the recovery step a restarted embedded process runs
+//! (`agentq_core::sqlite::requeue_runnable`, which needs the queue too) reads and marks.
+//! The statements it shares with Postgres, and the mapping of rows to the model, are in
+//! `crate::sql`; the writes SQLite runs as several steps of one transaction (where
+//! Postgres runs one statement) are in `writes`.
 //!
 //! Semantics are Postgres': a claim bumps `lease_epoch`; every later write is conditional
 //! on `(lease_owner, lease_epoch)`; a checkpoint writes the row's scalars and only the new
@@ -50,9 +51,10 @@
 //! each statement (lease expiry is compared against it), never from SQLite's clock.
 //!
 //! # Recovery
-//! The embedded queue (`agentq_core::mem_queue::MemQueue`) lives in memory and is lost with
-//! the process. On start, an embedded process calls `agentq_core::sqlite::requeue_runnable`: every session
-//! that is `queued` or `running` in the file gets a queue entry again. A `running` one
+//! The embedded queue (`agentq_core::mem_queue::MemQueue`) lives in memory and is lost
+//! with the process. On start, an embedded process calls
+//! `agentq_core::sqlite::requeue_runnable`: every session that is `queued` or `running` in
+//! the file gets a queue entry again. A `running` one
 //! whose lease is still live (its owner was the killed process) is answered `Busy` until
 //! the lease expires; the worker's reclaimer then hands the entry out again and the claim
 //! resumes it from its last checkpoint.

@@ -383,9 +383,9 @@ pub trait BudgetStore: Send + Sync {
     /// Create the child `new` under `limits`, in one transaction: a session with the same
     /// idempotency key is answered as it is; else the tree's count (on the root row) must
     /// be below `max_tree_sessions`, and with a budget the parent's remaining budget must
-    /// give a grant ([`crate::budget::grant`]); the child is inserted with that grant as its spec's
-    /// `token_budget` and stored allowance, the parent holds it, and the root counts one
-    /// more session. Concurrent spawns in one tree (on any worker) are serialised by the
+    /// give a grant ([`crate::budget::grant`]); the child is inserted with that grant as its
+    /// spec's `token_budget` and stored allowance, the parent holds it, and the root counts
+    /// one more session. Concurrent spawns in one tree (on any worker) are serialised by the
     /// root's row, so two cannot both take the last slot or the last of the budget.
     async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned>;
 

@@ -24,6 +24,7 @@ pub enum SessionStatus {
 }
 
 impl SessionStatus {
+    #[inline]
     pub fn as_str(&self) -> &'static str {
         match self {
             SessionStatus::Queued => "queued",
@@ -36,6 +37,7 @@ impl SessionStatus {
         }
     }
 
+    #[inline]
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
             "queued" => SessionStatus::Queued,
@@ -49,6 +51,7 @@ impl SessionStatus {
         })
     }
 
+    #[inline]
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
@@ -86,6 +89,7 @@ pub enum EnqueueReason {
 }
 
 impl EnqueueReason {
+    #[inline]
     pub fn as_str(&self) -> &'static str {
         match self {
             EnqueueReason::New => "new",
@@ -94,6 +98,7 @@ impl EnqueueReason {
         }
     }
 
+    #[inline]
     pub fn parse(s: &str) -> Self {
         match s {
             "resume" => EnqueueReason::Resume,
@@ -246,7 +251,7 @@ pub struct SessionRow {
 
 impl SessionRow {
     /// Whether the session may have calls waiting for a decision, so that a reader looks
-    /// them up ([`crate::InboxStore::pending_approvals`]). A finished session holds none,
+    /// them up (`InboxStore::pending_approvals`). A finished session holds none,
     /// whatever its last run recorded (a cancel closes held calls without a decision).
     pub fn may_hold_calls(&self) -> bool {
         !self.held_calls.is_empty() && !self.status.is_terminal()
@@ -260,6 +265,7 @@ fn default_tenant() -> String {
 /// Whether a session whose row shows `wake_seq` may have inbox items past `cursor`: every
 /// item's position is the `wake_seq` it set, so nothing is past the cursor unless
 /// `wake_seq` is.
+#[inline]
 pub fn inbox_past(wake_seq: i64, cursor: u64) -> bool {
     u64::try_from(wake_seq).map_or(true, |w| w > cursor)
 }

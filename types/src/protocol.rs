@@ -350,6 +350,7 @@ impl std::fmt::Display for EventKind {
 }
 
 /// The stored name of a plan-act session's phase (the `phase` column).
+#[inline]
 pub const fn phase_name(phase: Phase) -> &'static str {
     match phase {
         Phase::Plan => "plan",
@@ -357,6 +358,7 @@ pub const fn phase_name(phase: Phase) -> &'static str {
     }
 }
 
+#[inline]
 pub fn parse_phase_name(s: &str) -> Option<Phase> {
     [Phase::Plan, Phase::Act]
         .into_iter()

@@ -32,7 +32,7 @@ pub struct Placement {
     /// Stored without a stream entry: the dispatcher adds it when its turn comes.
     pub held: bool,
     /// Its tenant or batch has a cap on running sessions: held for the dispatcher again
-    /// whenever it is queued again after a wait (see [`crate::SessionRow::capped`]).
+    /// whenever it is queued again after a wait (see [`crate::model::SessionRow::capped`]).
     pub capped: bool,
 }
 

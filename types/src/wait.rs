@@ -29,6 +29,7 @@ impl WaitReason {
         WaitReason::Budget,
     ];
 
+    #[inline]
     pub fn as_str(self) -> &'static str {
         match self {
             WaitReason::Children => "children",
@@ -38,6 +39,7 @@ impl WaitReason {
         }
     }
 
+    #[inline]
     pub fn parse(s: &str) -> Option<WaitReason> {
         WaitReason::ALL.into_iter().find(|r| r.as_str() == s)
     }

@@ -294,7 +294,7 @@ pub(super) async fn spend(pool: &PgPool, tenant: &str, from: &str, to: &str) -> 
     })
 }
 
-/// See [`crate::budget::BudgetStore::hold_tenant_spend`]: the advisory lock, then (each
+/// See [`crate::store::BudgetStore::hold_tenant_spend`]: the advisory lock, then (each
 /// read seeing what the tenant's calls committed before it) the holds and each budget's
 /// spend, then the insert.
 pub(super) async fn hold(

@@ -218,7 +218,7 @@ impl SqliteStore {
         })
     }
 
-    /// See [`crate::budget::BudgetStore::hold_tenant_spend`]: the write transaction
+    /// See [`crate::store::BudgetStore::hold_tenant_spend`]: the write transaction
     /// serialises it with every other writer.
     pub(super) async fn hold(
         &self,
