@@ -11,11 +11,11 @@ use serde_json::{Value, json};
 
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_core::budget::{BudgetStore, OnBudget, Period, TenantBudget};
-use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use agentq_core::{
     EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, Signals, SweepStore,
     WorkQueue,
 };
+use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 
 mod common;
 
@@ -676,7 +676,7 @@ async fn calls_abandoned_in_flight_count_against_the_budget() {
         )
     });
     let url = format!("{}/v1", fake.url);
-    let c = Cluster::start(json!({"turns": []}), 1, move |cfg| {
+    let c = Cluster::start(json!({"turns": []}), 1, 8, move |cfg| {
         cfg.budgets = vec![tenant_budget(12_000, OnBudget::Fail)];
         cfg.providers.openai_base_url = Some(url.clone());
         cfg.providers.openai_api_key = Some("sk-abandoned-test".into());
@@ -697,7 +697,7 @@ async fn calls_abandoned_in_flight_count_against_the_budget() {
     let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
 
     // Cancelled in flight: its prompt is counted on it and on the tenant.
-    let cancelled = c.submit(&prompt, spec).await;
+    let cancelled = c.submit(&prompt, TREE_TOOLS, spec).await;
     tokio::time::timeout(Duration::from_secs(60), arrivals.recv())
         .await
         .expect("the call is made")
@@ -720,7 +720,7 @@ async fn calls_abandoned_in_flight_count_against_the_budget() {
     assert_eq!(spend.tokens, row.usage.total());
 
     // Interrupted in flight, again and again: the budget ends it.
-    let interrupted = c.submit(&prompt, spec).await;
+    let interrupted = c.submit(&prompt, TREE_TOOLS, spec).await;
     let mut calls = 0;
     let row = loop {
         tokio::select! {
