@@ -37,7 +37,7 @@ use self::drive::drive;
 use self::outcome::record;
 use self::panic::{after_panic, panic_message};
 pub use self::processed::Processed;
-use self::settle::{ack, dead_letter, handed_back, settle_finished};
+use self::settle::{ack, dead_letter, hand_back, settle_finished};
 use self::tree_workspace::{WorkspaceOpen, open_workspace};
 use self::wiring::{Claimed, Wiring};
 use crate::error::Result;
@@ -158,7 +158,7 @@ async fn run_claimed(
         Ok(opened) => opened,
         Err(WorkspaceOpen::Unavailable(e)) => {
             warn!(error = %e, "the workspace cannot be restored now; handing the session back");
-            return handed_back(&inner, &d, &lease).await;
+            return hand_back(&inner, &d, &lease).await;
         }
         Err(WorkspaceOpen::Failed(e)) => (None, Err(e)),
     };

@@ -15,7 +15,7 @@ use agentq_core::queue::Delivery;
 
 use super::drive::Ran;
 use super::processed::Processed;
-use super::settle::{fail_and_settle, handed_back, settle_finished};
+use super::settle::{fail_and_settle, hand_back, settle_finished};
 use super::suspend::suspend;
 use super::wiring::Claimed;
 use crate::backoff::Backoff;
@@ -46,7 +46,7 @@ pub(super) async fn record(run: &Claimed<'_>, state: &SessionState, ran: Ran) ->
         }
         Some(Err(agentq_agent::Error::Stopped)) => {
             info!("stopped at a checkpoint for shutdown; handing the session back");
-            handed_back(inner, d, lease).await
+            hand_back(inner, d, lease).await
         }
         Some(Err(agentq_agent::Error::Checkpoint(CheckpointFailure::Refused {
             reason,

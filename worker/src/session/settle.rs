@@ -105,11 +105,12 @@ pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionR
 
 /// Give a session back after a graceful stop: release the lease, put a fresh entry on the
 /// queue so any worker resumes it at once, and ack the old one. A crash in between only
-/// leaves duplicates, which the lease makes harmless. Whether it got that far.
-pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> bool {
+/// leaves duplicates, which the lease makes harmless. `HandedBack` when it got that far,
+/// else `Left`.
+pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> Processed {
     if let Err(e) = inner.store.release(lease).await {
         warn!(error = %e, "releasing the lease failed; it will expire instead");
-        return false;
+        return Processed::Left;
     }
     if let Err(e) = inner
         .queue
@@ -117,14 +118,9 @@ pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -
         .await
     {
         warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
-        return false;
+        return Processed::Left;
     }
-    ack(inner, d).await
-}
-
-/// [`hand_back`], as what processing the delivery came to.
-pub(super) async fn handed_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> Processed {
-    if hand_back(inner, d, lease).await {
+    if ack(inner, d).await {
         Processed::HandedBack
     } else {
         Processed::Left
