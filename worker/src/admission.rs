@@ -12,9 +12,9 @@ use agentq_agent::driver::Admission;
 use agentq_agent::provider::LlmProvider;
 use agentq_core::model::SessionRow;
 
-use crate::Inner;
 use crate::budget::BudgetGate;
-use crate::session::tenant;
+use crate::inner::Inner;
+use crate::tenant::tenant;
 
 /// How a session's calls are admitted.
 pub(crate) struct Admissions {

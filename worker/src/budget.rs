@@ -17,11 +17,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use tokio::sync::Mutex;
 use tracing::warn;
 
 use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
@@ -29,11 +28,7 @@ use agentq_agent::schema::Usage;
 use agentq_core::SessionRow;
 use agentq_core::budget::{OnBudget, Spend, TenantBudget, TenantHold, day_key};
 
-use crate::Inner;
-
-/// How long a worker trusts the budgets it read from the store: a budget raised through
-/// the admin API binds every worker within this.
-const STORED_BUDGETS_TTL: Duration = Duration::from_secs(2);
+use crate::inner::Inner;
 
 /// How long a call waits when the store cannot say what is left: a budget is not
 /// enforced by guessing.
@@ -57,58 +52,10 @@ const HOLDS_WAIT_MAX: Duration = Duration::from_secs(1);
 /// The wait reason of a call waiting for the holds of its tenant's other calls.
 pub(crate) const HOLDS_REASON: &str = "budget_holds";
 
-/// The tenant budgets stored through the admin API, read at most every
-/// [`STORED_BUDGETS_TTL`] per worker. Every LLM call of the worker looks here, so a fresh
-/// copy is one uncontended lock; when it is stale, one caller reads the store while the
-/// others wait for that read rather than each making their own.
-#[derive(Default)]
-pub(crate) struct StoredBudgets {
-    cache: std::sync::Mutex<Option<(Instant, Arc<Vec<TenantBudget>>)>>,
-    refresh: Mutex<()>,
-}
-
-impl StoredBudgets {
-    fn fresh(&self) -> Option<Arc<Vec<TenantBudget>>> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        cache
-            .as_ref()
-            .filter(|(at, _)| at.elapsed() < STORED_BUDGETS_TTL)
-            .map(|(_, b)| b.clone())
-    }
-
-    /// Read the stored budgets again at the next use.
-    fn forget(&self) {
-        *self.cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    async fn get(&self, inner: &Inner) -> Option<Arc<Vec<TenantBudget>>> {
-        if let Some(b) = self.fresh() {
-            return Some(b);
-        }
-        let _one = self.refresh.lock().await;
-        // Read by the caller that held the refresh before this one.
-        if let Some(b) = self.fresh() {
-            return Some(b);
-        }
-        match inner.store.tenant_budgets().await {
-            Ok(b) => {
-                let b = Arc::new(b);
-                *self.cache.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((Instant::now(), b.clone()));
-                Some(b)
-            }
-            Err(e) => {
-                warn!(error = %e, "reading the stored tenant budgets failed");
-                None
-            }
-        }
-    }
-}
-
 /// The budgets that bind `tenant`: the one stored through the admin API if there is one,
 /// else the configured ones. `None` when the store could not be read.
 pub(crate) async fn tenant_budgets(inner: &Inner, tenant: &str) -> Option<Vec<TenantBudget>> {
-    let stored = inner.stored_budgets.get(inner).await?;
+    let stored = inner.stored_budgets.get(inner.store.as_ref()).await?;
     if let Some(b) = stored.iter().find(|b| b.tenant == tenant) {
         return Some(vec![b.clone()]);
     }

@@ -18,7 +18,7 @@ use agentq_agent::driver::{Checkpointer, Receipt};
 use agentq_agent::state::SessionState;
 use agentq_core::{Checkpoint, Lease, SessionRow};
 
-use crate::Backoff;
+use crate::backoff::Backoff;
 use crate::group_commit::GroupCommit;
 use crate::workspace::{Pending, TreeSync};
 

@@ -14,7 +14,7 @@ use agentq_core::config::Settings;
 use agentq_core::hooks::OperatorGuards;
 use agentq_core::policy::Policy;
 
-use crate::Result;
+use crate::error::Result;
 
 /// Everything a worker process is configured with.
 #[derive(Debug, Clone)]
@@ -96,7 +96,7 @@ impl WorkerConfig {
         // Only a worker needs the keys: the scheduler reads the same file without them.
         for (name, t) in &settings.providers.tenants {
             if let Some((field, var)) = t.missing_keys().first() {
-                return Err(crate::Error::Config(format!(
+                return Err(crate::error::Error::Config(format!(
                     "`providers.tenants.{name}.{field}`: the environment variable {var} is \
                      unset or empty"
                 )));

@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 
 use agentq_core::Lease;
 
-use crate::Inner;
+use crate::inner::Inner;
 
 pub(crate) async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(inner.cfg.heartbeat_interval);

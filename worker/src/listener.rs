@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use agentq_core::protocol::WorkerSignal;
 
-use crate::Inner;
+use crate::inner::Inner;
 
 pub(crate) async fn signal_listener(inner: Arc<Inner>, stop: CancellationToken) {
     let mut stream = loop {

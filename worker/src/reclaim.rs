@@ -1,5 +1,5 @@
 //! The reclaimer: every `reclaim_interval`, take over queue entries another consumer has
-//! left idle for `reclaim_min_idle` (a dead worker's sessions) and dispatch them here.
+//! left idle for `reclaim_min_idle` (a dead worker's sessions) and start them here.
 
 use std::sync::Arc;
 
@@ -7,7 +7,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
 
-use crate::{Inner, dispatch};
+use crate::delivery;
+use crate::inner::Inner;
 
 pub(crate) async fn reclaim_loop(
     inner: Arc<Inner>,
@@ -21,7 +22,7 @@ pub(crate) async fn reclaim_loop(
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        // Even with no slot free, take at least one: its dispatch then queues for the next
+        // Even with no slot free, take at least one: its start then queues for the next
         // slot in turn with new work, instead of waiting until the backlog has drained.
         let free = inner.slots.available_permits().max(1);
         for q in &inner.cfg.queues {
@@ -34,7 +35,7 @@ pub(crate) async fn reclaim_loop(
                     for d in ds {
                         info!(session_id = %d.session_id, "reclaimed an entry of a dead worker");
                         inner.metrics.sessions_reclaimed.inc();
-                        dispatch::dispatch(&inner, &tracker, d).await;
+                        delivery::start(&inner, &tracker, d).await;
                     }
                 }
                 Err(e) => debug!(error = %e, "reclaim failed"),

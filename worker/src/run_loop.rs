@@ -1,5 +1,5 @@
 //! [`crate::Worker::run`]: start the writers and the background duties, read the queue
-//! as fast as slots free up and dispatch every delivery, and on shutdown drain — running
+//! as fast as slots free up and start every delivery, and on shutdown drain — running
 //! sessions stop at their next checkpoint and are handed back — then stop everything in
 //! the order the sessions need it (checkpoints, then the background duties, then events).
 
@@ -10,35 +10,38 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::{Backoff, Error, Inner, Result, dispatch, heartbeat, listener, reclaim, retry_forever};
+use crate::backoff::{Backoff, retry_forever};
+use crate::error::{Error, Result};
+use crate::inner::Inner;
+use crate::{delivery, heartbeat, listener, reclaim};
 
 pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Result<()> {
     inner.store.check_schema().await?;
     for q in &inner.cfg.queues {
         retry_forever(&shutdown, || inner.queue.ensure_queue(q)).await;
     }
-    let mut redispatch_rx = inner
+    let mut undeferred_rx = inner
         .runs
-        .take_redispatch()
+        .take_undeferred()
         .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
     info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
     inner.start_pipeline();
     let tracker = TaskTracker::new();
     let bg_stop = CancellationToken::new();
-    let redispatcher = {
+    let undeferrer = {
         let (inner, tracker, stop) = (inner.clone(), tracker.clone(), shutdown.clone());
         tokio::spawn(async move {
             loop {
                 let d = tokio::select! {
-                    d = redispatch_rx.recv() => match d { Some(d) => d, None => return },
+                    d = undeferred_rx.recv() => match d { Some(d) => d, None => return },
                     _ = stop.cancelled() => return,
                 };
-                dispatch::dispatch(&inner, &tracker, d).await;
+                delivery::start(&inner, &tracker, d).await;
             }
         })
     };
     let background = vec![
-        redispatcher,
+        undeferrer,
         tokio::spawn(heartbeat::heartbeat_loop(inner.clone(), bg_stop.clone())),
         tokio::spawn(listener::signal_listener(inner.clone(), bg_stop.clone())),
         tokio::spawn(reclaim::reclaim_loop(
@@ -57,7 +60,7 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     {
         Ok(ds) => {
             for d in ds {
-                dispatch::dispatch(&inner, &tracker, d).await;
+                delivery::start(&inner, &tracker, d).await;
             }
         }
         Err(e) => warn!(error = %e, "reading own pending entries failed"),
@@ -95,7 +98,7 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     Ok(())
 }
 
-/// Read as many entries as there are free slots, dispatch them, until `shutdown`.
+/// Read as many entries as there are free slots, start them, until `shutdown`.
 async fn read_until(inner: &Arc<Inner>, tracker: &TaskTracker, shutdown: &CancellationToken) {
     let mut backoff = Backoff::new();
     loop {
@@ -120,7 +123,7 @@ async fn read_until(inner: &Arc<Inner>, tracker: &TaskTracker, shutdown: &Cancel
             Ok(ds) => {
                 backoff.reset();
                 for d in ds {
-                    dispatch::dispatch(inner, tracker, d).await;
+                    delivery::start(inner, tracker, d).await;
                 }
             }
             Err(e) => {

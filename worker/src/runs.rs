@@ -33,9 +33,9 @@ pub(crate) struct Active {
 
 /// Whether a delivery may start a run here.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Admission {
-    /// No run of its session here.
-    Run,
+pub(crate) enum Start {
+    /// No run of its session here: start one now.
+    Now,
     /// Another entry of a session running or settling here: it waits for that run.
     Deferred,
     /// This very entry is being processed here already.
@@ -99,15 +99,15 @@ impl MissedWakes {
 pub(crate) struct Runs {
     active: Mutex<HashMap<String, Active>>,
     /// Entries of a session that arrived while this worker was still running or settling
-    /// it: dispatched once it is done (acking them could lose a wake-up).
+    /// it: started once it is done (acking them could lose a wake-up).
     deferred: Mutex<HashMap<String, Vec<Delivery>>>,
     /// Wake-ups for sessions that were not running here when they came: one of them may
     /// be a session between its claim and its registration in `active`, which must not
     /// miss it (see [`Runs::register`]).
     missed_wakes: Mutex<MissedWakes>,
-    /// Deferred entries whose session's run has ended, for the run loop to dispatch.
-    redispatch: mpsc::UnboundedSender<Delivery>,
-    redispatch_rx: Mutex<Option<mpsc::UnboundedReceiver<Delivery>>>,
+    /// Deferred entries whose session's run has ended, for the run loop to start.
+    undeferred: mpsc::UnboundedSender<Delivery>,
+    undeferred_rx: Mutex<Option<mpsc::UnboundedReceiver<Delivery>>>,
 }
 
 impl Runs {
@@ -115,13 +115,13 @@ impl Runs {
         // It only carries entries already held in `deferred` (entries the queue delivered
         // while their session ran here), moved once their run ends; a send must not wait,
         // since it happens while a finished run settles.
-        let (redispatch, rx) = mpsc::unbounded_channel();
+        let (undeferred, rx) = mpsc::unbounded_channel();
         Runs {
             active: Mutex::new(HashMap::new()),
             deferred: Mutex::new(HashMap::new()),
             missed_wakes: Mutex::new(MissedWakes::default()),
-            redispatch,
-            redispatch_rx: Mutex::new(Some(rx)),
+            undeferred,
+            undeferred_rx: Mutex::new(Some(rx)),
         }
     }
 
@@ -133,23 +133,23 @@ impl Runs {
         self.lock().keys().cloned().collect()
     }
 
-    /// The receiver of entries to dispatch again; there is one, for the one run loop.
-    pub fn take_redispatch(&self) -> Option<mpsc::UnboundedReceiver<Delivery>> {
-        self.redispatch_rx
+    /// The receiver of entries to start now that their session's run has ended; there is one, for the one run loop.
+    pub fn take_undeferred(&self) -> Option<mpsc::UnboundedReceiver<Delivery>> {
+        self.undeferred_rx
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
     }
 
     /// Whether `d` may start a run; a deferred one is kept until its session's run ends.
-    pub fn admit(&self, d: &Delivery) -> Admission {
+    pub fn try_start(&self, d: &Delivery) -> Start {
         // Same lock order as `finish`: active, then deferred.
         let active = self.lock();
         let Some(a) = active.get(&d.session_id) else {
-            return Admission::Run;
+            return Start::Now;
         };
         if a.entry_id == d.entry_id {
-            return Admission::Duplicate;
+            return Start::Duplicate;
         }
         // Another entry of a session this worker is running or settling: it may be a
         // wake-up that arrived after the run's last look, so run it afterwards.
@@ -159,7 +159,7 @@ impl Runs {
             .entry(d.session_id.clone())
             .or_default()
             .push(d.clone());
-        Admission::Deferred
+        Start::Deferred
     }
 
     /// Make a claimed session's run reachable by signals. Returns whether a wake-up may
@@ -187,7 +187,7 @@ impl Runs {
 
     /// The session's run is settled: forget it, and hand on entries that waited for it.
     pub fn finish(&self, session_id: &str) {
-        // Same lock order as `admit`: active, then deferred.
+        // Same lock order as `try_start`: active, then deferred.
         let mut active = self.lock();
         active.remove(session_id);
         let waiting = self
@@ -200,7 +200,7 @@ impl Runs {
         for d in waiting {
             // Without a run loop (only `Worker::process`) nobody receives them: they stay
             // pending in the queue for the reclaimer.
-            let _ = self.redispatch.send(d);
+            let _ = self.undeferred.send(d);
         }
     }
 }
@@ -276,22 +276,22 @@ mod tests {
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::open(&dir.path().join("a.db")).await.unwrap());
         let runs = Runs::new();
-        let mut rx = runs.take_redispatch().unwrap();
-        assert!(runs.take_redispatch().is_none());
+        let mut rx = runs.take_undeferred().unwrap();
+        assert!(runs.take_undeferred().is_none());
         let delivery = |entry: &str| Delivery {
             queue: "default".into(),
             entry_id: entry.into(),
             session_id: "s".into(),
             reason: agentq_core::EnqueueReason::New,
         };
-        assert_eq!(runs.admit(&delivery("0-1")), Admission::Run);
+        assert_eq!(runs.try_start(&delivery("0-1")), Start::Now);
         runs.register("s", active(store, "s"), Instant::now());
-        assert_eq!(runs.admit(&delivery("0-1")), Admission::Duplicate);
-        assert_eq!(runs.admit(&delivery("0-2")), Admission::Deferred);
+        assert_eq!(runs.try_start(&delivery("0-1")), Start::Duplicate);
+        assert_eq!(runs.try_start(&delivery("0-2")), Start::Deferred);
         assert!(rx.try_recv().is_err());
         runs.finish("s");
         assert_eq!(rx.try_recv().unwrap().entry_id, "0-2");
-        assert_eq!(runs.admit(&delivery("0-2")), Admission::Run);
+        assert_eq!(runs.try_start(&delivery("0-2")), Start::Now);
     }
 
     #[test]

@@ -156,6 +156,189 @@ impl SpawnAgent {
     }
 }
 
+/// What one call asks for besides the child's spec.
+struct Request {
+    /// Suspend the parent until the child finishes (else its result is injected later).
+    wait: bool,
+    /// Tokens for the child, drawn from the parent's remaining budget.
+    requested: Option<u64>,
+    label: String,
+}
+
+impl Request {
+    fn parse(args: &Value) -> Result<Self, ToolError> {
+        if args.get("_raw").is_some() {
+            return Err(ToolError::InvalidArguments(
+                "the arguments were not valid JSON".into(),
+            ));
+        }
+        let wait = match args.get("wait") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`wait` must be a boolean".into(),
+                ));
+            }
+        };
+        let requested = match args.get("token_budget") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                ToolError::InvalidArguments("`token_budget` must be a positive integer".into())
+            })?),
+        };
+        let label = opt_str(args, "label")?
+            .map(str::to_string)
+            .unwrap_or_else(|| "sub-agent".to_string());
+        Ok(Request {
+            wait,
+            requested,
+            label,
+        })
+    }
+}
+
+fn start_failed(e: agentq_core::Error) -> ToolError {
+    ToolError::Failed(format!("cannot start the sub-agent: {e}"))
+}
+
+impl SpawnAgent {
+    /// The child this call started, found again if it ran before (the call is keyed by
+    /// its id), else created. Parallel calls of one response check the child limit and
+    /// create under [`SpawnAgent::creating`], so the limit holds however many arrive at
+    /// once.
+    async fn find_or_create(
+        &self,
+        args: &Value,
+        request: &Request,
+        info: &SpawnInfo,
+        depth: u32,
+        ctx: &ToolContext,
+    ) -> Result<SessionRow, ToolError> {
+        let _creating = self.creating.lock().await;
+        let children = self
+            .store
+            .list(&ListFilter {
+                parent_id: Some(self.parent.id.clone()),
+                limit: 10_000,
+                ..Default::default()
+            })
+            .await
+            .map_err(start_failed)?;
+        let existing = children
+            .iter()
+            .find(|c| SpawnInfo::of(&c.spec).is_some_and(|i| i.tool_call_id == ctx.tool_call_id))
+            .cloned();
+        if let Some(child) = existing {
+            return Ok(child);
+        }
+        if children.len() >= self.max_children {
+            return Err(ToolError::Denied(format!(
+                "this agent already started {} sub-agents, the most allowed",
+                self.max_children
+            )));
+        }
+        let mut spec = self.child_spec(args, info)?;
+        self.policy
+            .for_tenant(&self.tenant)
+            .admit(&mut spec, Sent::Stored, SpawnContext { depth })
+            .map_err(|v| ToolError::Denied(format!("refused by policy: {v}")))?;
+        let new = self.new_child(spec, depth, ctx);
+        let (row, created) = self.spawn(&new, request.requested).await?;
+        if created {
+            self.started(&row, request.wait).await;
+        }
+        Ok(row)
+    }
+
+    /// The child's row to create, in the parent's tree, queue and tenant.
+    fn new_child(
+        &self,
+        spec: agentq_agent::spec::SessionSpec,
+        depth: u32,
+        ctx: &ToolContext,
+    ) -> NewSession {
+        NewSession {
+            id: new_session_id(),
+            spec,
+            queue: self.parent.queue.clone(),
+            parent_id: Some(self.parent.id.clone()),
+            root_id: self.parent.root_id.clone(),
+            depth,
+            idempotency_key: Some(format!("spawn:{}", ctx.idempotency_key)),
+            idempotency_hash: None,
+            // A child acts for its parent's caller: it must not leave the tenant.
+            tenant: self.parent.tenant.clone(),
+            files: Vec::new(),
+            workspace_from: None,
+            // A child runs for a tree that was admitted already, at its parent's
+            // priority: it enters its queue at once, unless the tree is under a
+            // cap on running sessions, which holds for its sub-agents too (the
+            // dispatcher hands it out when the cap allows; a parent waiting
+            // for it runs nowhere, so the cap cannot starve it).
+            sched: agentq_core::scheduling::Placement {
+                priority: self.parent.priority,
+                held: self.parent.capped,
+                capped: self.parent.capped,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Create `new` in the store under the tree's limits; the row, and whether this call
+    /// created it (else an earlier run of the call did).
+    async fn spawn(
+        &self,
+        new: &NewSession,
+        requested: Option<u64>,
+    ) -> Result<(SessionRow, bool), ToolError> {
+        let limits = SpawnLimits {
+            max_tree_sessions: self.max_tree_sessions,
+            budget: self.parent.spec.token_budget.map(|b| SpawnBudget {
+                parent_allowance: b,
+                requested,
+                parent_spent: self.parent_spent.load(Ordering::Relaxed),
+            }),
+        };
+        match self
+            .store
+            .spawn_session(new, &limits)
+            .await
+            .map_err(start_failed)?
+        {
+            Spawned::Created(row) => Ok((row, true)),
+            Spawned::Existing(row) => Ok((row, false)),
+            Spawned::TreeFull { max } => Err(ToolError::Denied(format!(
+                "this session tree already holds {max} sessions, the most \
+                 allowed (policy.max_tree_sessions)"
+            ))),
+            Spawned::NoBudget { remaining } => Err(ToolError::Denied(format!(
+                "no token budget left to give a sub-agent ({remaining} tokens \
+                 remain of this agent's budget)"
+            ))),
+        }
+    }
+
+    /// A child this call created: counted among the parent's background children when it
+    /// is not waited for, and put on its queue.
+    async fn started(&self, row: &SessionRow, wait: bool) {
+        if !wait {
+            self.inbox.child_started();
+        }
+        // A held one is the dispatcher's to add.
+        if !row.held {
+            agentq_core::lifecycle::enqueue_one(
+                self.store.as_ref(),
+                self.queue.as_ref(),
+                &row.id,
+                &row.queue,
+                EnqueueReason::New,
+            )
+            .await;
+        }
+    }
+}
+
 #[async_trait]
 impl Tool for SpawnAgent {
     fn name(&self) -> &str {
@@ -191,32 +374,10 @@ impl Tool for SpawnAgent {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        if args.get("_raw").is_some() {
-            return Err(ToolError::InvalidArguments(
-                "the arguments were not valid JSON".into(),
-            ));
-        }
-        let wait = match args.get("wait") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ToolError::InvalidArguments(
-                    "`wait` must be a boolean".into(),
-                ));
-            }
-        };
-        let requested = match args.get("token_budget") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
-                ToolError::InvalidArguments("`token_budget` must be a positive integer".into())
-            })?),
-        };
-        let label = opt_str(&args, "label")?
-            .map(str::to_string)
-            .unwrap_or_else(|| "sub-agent".to_string());
+        let request = Request::parse(&args)?;
         let info = SpawnInfo {
-            label: label.clone(),
-            wait,
+            label: request.label.clone(),
+            wait: request.wait,
             tool_call_id: ctx.tool_call_id.clone(),
         };
         let depth = self.parent.depth.saturating_add(1);
@@ -226,111 +387,11 @@ impl Tool for SpawnAgent {
                 self.max_depth
             )));
         }
-        let failed =
-            |e: agentq_core::Error| ToolError::Failed(format!("cannot start the sub-agent: {e}"));
-        let guard = self.creating.lock().await;
-        let children = self
-            .store
-            .list(&ListFilter {
-                parent_id: Some(self.parent.id.clone()),
-                limit: 10_000,
-                ..Default::default()
-            })
-            .await
-            .map_err(failed)?;
-        let existing = children
-            .iter()
-            .find(|c| SpawnInfo::of(&c.spec).is_some_and(|i| i.tool_call_id == ctx.tool_call_id))
-            .cloned();
-        let child = match existing {
-            Some(c) => c,
-            None => {
-                if children.len() >= self.max_children {
-                    return Err(ToolError::Denied(format!(
-                        "this agent already started {} sub-agents, the most allowed",
-                        self.max_children
-                    )));
-                }
-                let mut spec = self.child_spec(&args, &info)?;
-                self.policy
-                    .for_tenant(&self.tenant)
-                    .admit(&mut spec, Sent::Stored, SpawnContext { depth })
-                    .map_err(|v| ToolError::Denied(format!("refused by policy: {v}")))?;
-                let new = NewSession {
-                    id: new_session_id(),
-                    spec,
-                    queue: self.parent.queue.clone(),
-                    parent_id: Some(self.parent.id.clone()),
-                    root_id: self.parent.root_id.clone(),
-                    depth,
-                    idempotency_key: Some(format!("spawn:{}", ctx.idempotency_key)),
-                    idempotency_hash: None,
-                    // A child acts for its parent's caller: it must not leave the tenant.
-                    tenant: self.parent.tenant.clone(),
-                    files: Vec::new(),
-                    workspace_from: None,
-                    // A child runs for a tree that was admitted already, at its parent's
-                    // priority: it enters its queue at once, unless the tree is under a
-                    // cap on running sessions, which holds for its sub-agents too (the
-                    // dispatcher hands it out when the cap allows; a parent waiting
-                    // for it runs nowhere, so the cap cannot starve it).
-                    sched: agentq_core::scheduling::Placement {
-                        priority: self.parent.priority,
-                        held: self.parent.capped,
-                        capped: self.parent.capped,
-                        ..Default::default()
-                    },
-                };
-                let limits = SpawnLimits {
-                    max_tree_sessions: self.max_tree_sessions,
-                    budget: self.parent.spec.token_budget.map(|b| SpawnBudget {
-                        parent_allowance: b,
-                        requested,
-                        parent_spent: self.parent_spent.load(Ordering::Relaxed),
-                    }),
-                };
-                let (row, created) = match self
-                    .store
-                    .spawn_session(&new, &limits)
-                    .await
-                    .map_err(failed)?
-                {
-                    Spawned::Created(row) => (row, true),
-                    Spawned::Existing(row) => (row, false),
-                    Spawned::TreeFull { max } => {
-                        return Err(ToolError::Denied(format!(
-                            "this session tree already holds {max} sessions, the most \
-                                 allowed (policy.max_tree_sessions)"
-                        )));
-                    }
-                    Spawned::NoBudget { remaining } => {
-                        return Err(ToolError::Denied(format!(
-                            "no token budget left to give a sub-agent ({remaining} tokens \
-                                 remain of this agent's budget)"
-                        )));
-                    }
-                };
-                if created {
-                    if !wait {
-                        self.inbox.child_started();
-                    }
-                    // A held one is the dispatcher's to add.
-                    if !row.held {
-                        agentq_core::lifecycle::enqueue_one(
-                            self.store.as_ref(),
-                            self.queue.as_ref(),
-                            &row.id,
-                            &row.queue,
-                            EnqueueReason::New,
-                        )
-                        .await;
-                    }
-                }
-                row
-            }
-        };
-        drop(guard);
-        if !wait {
+        let child = self
+            .find_or_create(&args, &request, &info, depth, ctx)
+            .await?;
+        let label = &request.label;
+        if !request.wait {
             return Ok(ToolOutput::ok(format!(
                 "Started background agent \"{label}\" ({}). Its result will be delivered to you when it finishes; carry on meanwhile.",
                 child.id

@@ -501,12 +501,13 @@ async fn a_refresh_leaves_alone_a_path_written_here_while_it_fetched() {
         let a = a.clone();
         async move { a.refresh().await.unwrap() }
     });
-    // Spun on every millisecond, not waited for with a backoff: the write must land while
-    // the refresh still fetches the 1,500 others. A refresh that failed ends the spin (its
-    // error is reported below).
+    // Spun on, yielding to the runtime between looks, not waited for with a backoff: the
+    // write must land while the refresh still fetches the 1,500 others. Nothing announces
+    // the first file's placement, and the spin ends with it. A refresh that failed ends
+    // the spin too (its error is reported below).
     let first = wa.root().join("f0000.txt");
     while std::fs::read(&first).unwrap() == b"old" && !refreshing.is_finished() {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
     }
     wa.write("zzz.txt", b"mine", LIMITS).await.unwrap();
     let r = refreshing.await.unwrap();

@@ -1,7 +1,7 @@
-//! From a delivery to a running session: admit it (one run per session here; another
-//! entry of a running session waits for it), take a slot, and process it — on a task of
-//! the worker's tracker for the run loop, on the caller's task for
-//! [`crate::Worker::process`]. Both go through [`session::handle`].
+//! From a delivery to a running session: may it start here (one run per session here;
+//! another entry of a running session waits for it), take a slot, and process it — on a
+//! task of the worker's tracker for the run loop ([`start`]), on the caller's task for
+//! [`crate::Worker::process`] ([`process`]). Both go through [`session::handle`].
 
 use std::sync::Arc;
 
@@ -9,13 +9,14 @@ use tokio_util::task::TaskTracker;
 
 use agentq_core::queue::Delivery;
 
-use crate::runs::Admission;
+use crate::error::{Error, Result};
+use crate::inner::Inner;
+use crate::runs::Start;
 use crate::session::{self, Processed};
-use crate::{Error, Inner, Result};
 
 /// Hand a delivery to a session task once a slot is free.
-pub(crate) async fn dispatch(inner: &Arc<Inner>, tracker: &TaskTracker, d: Delivery) {
-    if inner.runs.admit(&d) != Admission::Run {
+pub(crate) async fn start(inner: &Arc<Inner>, tracker: &TaskTracker, d: Delivery) {
+    if inner.runs.try_start(&d) != Start::Now {
         return;
     }
     let Ok(permit) = inner.slots.clone().acquire_owned().await else {
@@ -29,12 +30,12 @@ pub(crate) async fn dispatch(inner: &Arc<Inner>, tracker: &TaskTracker, d: Deliv
     });
 }
 
-/// [`dispatch`] on the caller's task, to the end of the session's processing.
+/// [`start`] on the caller's task, to the end of the session's processing.
 pub(crate) async fn process(inner: &Arc<Inner>, d: Delivery) -> Result<Processed> {
-    match inner.runs.admit(&d) {
-        Admission::Run => {}
-        Admission::Deferred => return Ok(Processed::Deferred),
-        Admission::Duplicate => return Ok(Processed::AlreadyRunning),
+    match inner.runs.try_start(&d) {
+        Start::Now => {}
+        Start::Deferred => return Ok(Processed::Deferred),
+        Start::Duplicate => return Ok(Processed::AlreadyRunning),
     }
     let _permit = inner
         .slots

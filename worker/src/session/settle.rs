@@ -1,0 +1,171 @@
+//! Settling a delivery's entry once its session is past running here: tell the family of a
+//! terminal session, start its follow-up turn, publish its completion and acknowledge the
+//! entry; hand a stopped session back to the queue; fail one outside any checkpoint;
+//! dead-letter one delivered too often. Every step is idempotent, so a redelivery after a
+//! crash at any point settles it again.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+use agentq_core::lifecycle;
+use agentq_core::queue::Delivery;
+use agentq_core::{Completion, Lease, SessionRow, SessionStatus};
+
+use super::processed::Processed;
+use crate::backoff::Backoff;
+use crate::inner::Inner;
+
+/// A session reached a terminal status: its parent learns (idempotently), a failed or
+/// cancelled one leaves no child running.
+pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
+    if let Err(e) = lifecycle::notify_parent(inner.store.as_ref(), inner.queue.as_ref(), row).await
+    {
+        warn!(error = %e, "notifying the parent failed; a redelivery retries");
+    }
+    if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
+        lifecycle::cancel_descendants(inner.store.as_ref(), inner.queue.as_ref(), &row.id).await;
+    }
+}
+
+/// Everything after a terminal commit, in an order that survives a crash at any point
+/// (each step is idempotent and the entry is acked last): parent, children, follow-up
+/// turn, completion, ack. Whether the entry was acked.
+pub(super) async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
+    tell_family(inner, row).await;
+    match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
+        Ok(true) => info!("started an enqueued follow-up turn"),
+        Ok(false) => {}
+        Err(e) => warn!(error = %e, "starting a follow-up turn failed; a redelivery retries"),
+    }
+    publish_and_ack(inner, d, row).await
+}
+
+/// Fail the session with `reason` outside any checkpoint (the state may be what cannot be
+/// stored, or unknown after a panic), then settle it like any finished session. If the
+/// store cannot be reached the entry is left: the lease expires and a redelivery decides.
+pub(super) async fn fail_and_settle(inner: &Arc<Inner>, d: &Delivery, reason: &str) -> Processed {
+    let failed = match inner.store.fail(&d.session_id, reason).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
+        }
+        Err(e) => {
+            warn!(error = %e, "failing the session failed; the lease expires instead");
+            return Processed::Left;
+        }
+    };
+    inner
+        .metrics
+        .sessions_finished
+        .with_label_values(&[d.queue.as_str(), "error"])
+        .inc();
+    Processed::Finished {
+        acked: settle_finished(inner, d, &failed).await,
+    }
+}
+
+/// The session was delivered `row.attempts` times and no run of it finished: it fails, and
+/// its entry moves to the dead-letter stream.
+pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> Processed {
+    let reason = format!(
+        "delivered {} times without finishing (each run died); moved to the dead-letter stream",
+        row.attempts
+    );
+    error!(%reason, "dead-lettering session");
+    let failed = match inner.store.fail(&d.session_id, &reason).await {
+        Ok(Some(r)) => r,
+        Ok(None) => {
+            ack(inner, d).await;
+            return Processed::Dropped;
+        }
+        Err(e) => {
+            warn!(error = %e, "failing an exhausted session failed; will retry");
+            return Processed::Left;
+        }
+    };
+    if let Err(e) = inner.queue.dead_letter(d, &reason).await {
+        warn!(error = %e, "dead-lettering failed; will retry");
+        return Processed::Left;
+    }
+    inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    inner.metrics.dead_letter.inc();
+    inner
+        .metrics
+        .sessions_finished
+        .with_label_values(&[d.queue.as_str(), "error"])
+        .inc();
+    tell_family(inner, &failed).await;
+    publish(inner, &failed).await;
+    Processed::DeadLettered
+}
+
+/// Give a session back after a graceful stop: release the lease, put a fresh entry on the
+/// queue so any worker resumes it at once, and ack the old one. A crash in between only
+/// leaves duplicates, which the lease makes harmless. `HandedBack` when it got that far,
+/// else `Left`.
+pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> Processed {
+    if let Err(e) = inner.store.release(lease).await {
+        warn!(error = %e, "releasing the lease failed; it will expire instead");
+        return Processed::Left;
+    }
+    if let Err(e) = inner
+        .queue
+        .enqueue(&d.queue, &d.session_id, agentq_core::EnqueueReason::Resume)
+        .await
+    {
+        warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
+        return Processed::Left;
+    }
+    if ack(inner, d).await {
+        Processed::HandedBack
+    } else {
+        Processed::Left
+    }
+}
+
+pub(super) async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
+    let completion = Completion::from_row(row);
+    let mut backoff = Backoff::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match inner.queue.publish_completion(&completion).await {
+            Ok(()) => return true,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let wait = backoff.next();
+                warn!(error = %e, ?wait, "publishing the completion failed; retrying");
+                tokio::time::sleep(wait).await;
+            }
+            Err(e) => {
+                error!(error = %e, "publishing the completion failed; the entry stays for redelivery");
+                return false;
+            }
+        }
+    }
+}
+
+async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
+    publish(inner, row).await && ack(inner, d).await
+}
+
+/// Whether the entry was acked (a few tries).
+pub(super) async fn ack(inner: &Arc<Inner>, d: &Delivery) -> bool {
+    let mut backoff = Backoff::new();
+    for _ in 0..10 {
+        match inner
+            .queue
+            .ack(&d.queue, std::slice::from_ref(&d.entry_id))
+            .await
+        {
+            Ok(()) => return true,
+            Err(e) => {
+                warn!(error = %e, "ack failed; retrying");
+                tokio::time::sleep(backoff.next()).await;
+            }
+        }
+    }
+    false
+}

@@ -1,0 +1,85 @@
+//! The local index of a tree's files (`workspace_root/.index/<root_id>.json`: each file's
+//! size, modification time and hash as last committed or materialised), and the cache of
+//! each tree in this process ([`TreeCache`]), shared by every session of the tree that
+//! runs here.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{Error, io};
+
+/// What the index knows of one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Indexed {
+    pub(super) size: u64,
+    pub(super) mtime_ns: i64,
+    pub(super) sha256: String,
+}
+
+pub(super) type Index = BTreeMap<String, Indexed>;
+
+/// The cache of one tree in this process, shared by every session of the tree that runs
+/// here.
+#[derive(Debug)]
+pub struct TreeCache {
+    pub(super) dir: PathBuf,
+    index_path: PathBuf,
+    index: Mutex<Index>,
+}
+
+impl TreeCache {
+    pub(super) fn load(dir: PathBuf, index_path: PathBuf) -> Self {
+        // An unreadable index is an empty one: every file is then checked by its hash.
+        let index = std::fs::read(&index_path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        TreeCache {
+            dir,
+            index_path,
+            index: Mutex::new(index),
+        }
+    }
+
+    pub(super) fn index(&self) -> std::sync::MutexGuard<'_, Index> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write the index next to the directory (through a rename, so a crash leaves the old
+    /// one or the new one).
+    pub(super) fn save(&self, index: &Index) -> Result<(), Error> {
+        if let Some(parent) = self.index_path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        let tmp = self.index_path.with_extension("json.tmp");
+        let bytes = serde_json::to_vec(index).map_err(|e| Error::Data(e.to_string()))?;
+        std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &self.index_path).map_err(io(&self.index_path))?;
+        Ok(())
+    }
+}
+
+/// The live caches of this process, by directory.
+fn registry() -> &'static Mutex<BTreeMap<PathBuf, Weak<TreeCache>>> {
+    static TREES: std::sync::LazyLock<Mutex<BTreeMap<PathBuf, Weak<TreeCache>>>> =
+        std::sync::LazyLock::new(Mutex::default);
+    &TREES
+}
+
+/// The cache of the tree `root_id` under `workspaces` (canonical), and whether another
+/// session of the tree holds it already in this process.
+pub(super) fn open_cache(workspaces: &Path, root_id: &str) -> (Arc<TreeCache>, bool) {
+    let dir = workspaces.join(root_id);
+    let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(cache) = all.get(&dir).and_then(Weak::upgrade) {
+        return (cache, true);
+    }
+    all.retain(|_, c| c.strong_count() > 0);
+    let index_path = workspaces.join(".index").join(format!("{root_id}.json"));
+    let cache = Arc::new(TreeCache::load(dir.clone(), index_path));
+    all.insert(dir, Arc::downgrade(&cache));
+    (cache, false)
+}
