@@ -463,7 +463,10 @@ async fn cancelling_a_parent_cancels_its_subtree() {
         Err(kids)
     })
     .await;
-    assert_eq!(c.row(&root).await.status, SessionStatus::Waiting);
+    // The root suspends after its spawn is committed, so on a loaded machine the grandchild
+    // may be running before the root's wait is: wait for the root's own step.
+    c.wait_status(&root, &[SessionStatus::Waiting], Duration::from_secs(20))
+        .await;
     let (status, _) = c
         .post(&format!("/v1/sessions/{root}/cancel"), json!({}))
         .await;
