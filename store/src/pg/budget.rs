@@ -5,6 +5,7 @@
 //! root row first: they run one at a time per tree, on every worker and scheduler, and
 //! never wait on each other's row locks crosswise.
 
+use async_trait::async_trait;
 use sqlx::postgres::{PgConnection, PgPool};
 
 use chrono::{DateTime, Utc};
@@ -22,8 +23,9 @@ use crate::sql::budget::{
 };
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
+use crate::store::BudgetStore;
 
-use super::create;
+use super::{PgStore, create};
 
 /// The rows a spawn checks, locked root first (`$2`; see the module docs), then by id.
 const LOCK_TREE: &str = "
@@ -380,4 +382,62 @@ pub(super) async fn set_budget(pool: &PgPool, b: &TenantBudget) -> Result<()> {
 pub(super) async fn budgets(pool: &PgPool) -> Result<Vec<TenantBudget>> {
     let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(pool).await?;
     rows.into_iter().map(budget_of).collect()
+}
+
+#[async_trait]
+impl BudgetStore for PgStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        spawn_session(&self.pool, new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        ledger(&self.pool, id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        return_budget(&self.pool, id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        unreturned(&self.pool, limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        tree_usage(&self.pool, root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        add_spend(&self.pool, tenant, day, spend).await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        spend(&self.pool, tenant, from, to).await
+    }
+
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        self::hold(&self.pool, hold, budgets, now).await
+    }
+
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()> {
+        settle_hold(&self.pool, id, tenant, day, spend).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        set_budget(&self.pool, b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        budgets(&self.pool).await
+    }
 }

@@ -1,8 +1,8 @@
 //! Budgets on SQLite: the same steps as on Postgres, each write inside one `BEGIN
 //! IMMEDIATE` transaction, which holds the file's write lock as the row locks do there.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-
 use sqlx::SqliteConnection;
 
 use crate::budget::{
@@ -16,8 +16,10 @@ use crate::sql::budget::{
     BudgetRow, CHAIN, ChainRow, LedgerRow, Link, UsageRow, WRITE_LINK, budget_of, changed,
     check_spawn, count, give_back, ledger_of, reopen, usage_of, with_grant,
 };
+use crate::store::BudgetStore;
 
-use super::{SqliteStore, now_us, writes};
+use super::tx::{now_us, record_in};
+use super::{SqliteStore, writes};
 
 const LEDGER: &str = "
 SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget_held,
@@ -92,7 +94,7 @@ impl SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
             if let Some(id) = id {
-                let rec = super::record_in(&mut tx, &id).await?;
+                let rec = record_in(&mut tx, &id).await?;
                 tx.commit().await?;
                 if let Some(r) = rec {
                     return Ok(Spawned::Existing(r.into_row()?));
@@ -345,7 +347,7 @@ pub(super) async fn reopen_in(conn: &mut SqliteConnection, row: &SessionRow) -> 
     let root_budget = if row.parent_id.is_none() {
         row.spec.token_budget
     } else {
-        super::record_in(conn, &row.root_id)
+        record_in(conn, &row.root_id)
             .await?
             .map(|r| r.into_row())
             .transpose()?
@@ -357,5 +359,63 @@ pub(super) async fn reopen_in(conn: &mut SqliteConnection, row: &SessionRow) -> 
         Ok(true) => write_links(conn, &before, &links).await,
         Ok(false) => Ok(()),
         Err(no_room) => Err(no_room.error(&row.id)),
+    }
+}
+
+#[async_trait]
+impl BudgetStore for SqliteStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        self.spawn_in_tree(new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        self.ledger_of(id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        self.give_back(id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        self.unreturned(limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        self.usage_of_tree(root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        self.add_spend(tenant, day, spend).await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        self.spend(tenant, from, to).await
+    }
+
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        self.hold(hold, budgets, now).await
+    }
+
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()> {
+        self.settle_hold(id, tenant, day, spend).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        self.set_budget(b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        self.budgets().await
     }
 }

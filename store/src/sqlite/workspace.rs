@@ -18,7 +18,8 @@ use crate::rowconv::{bad_data, to_i64, to_u64};
 use crate::store::WorkspaceStore;
 use crate::workspace::{FileEntry, sha256_hex, valid_path};
 
-use super::{SqliteStore, dur_us, now_us};
+use super::SqliteStore;
+use super::tx::{dur_us, now_us};
 use crate::blob::s3::S3Blobs;
 
 const PUT_BLOB: &str = "
