@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::error::Result;
 use crate::rowconv::unique_as_conflict;
+use crate::sql::read;
 use crate::sql::record::KeyRecord;
 use crate::sql::statements::POSTGRES as SQL;
 use crate::store::KeyStore;
@@ -28,8 +29,7 @@ impl KeyStore for PgStore {
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKey>> {
-        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys).fetch_all(&self.pool).await?;
-        recs.into_iter().map(KeyRecord::into_key).collect()
+        read::keys(&self.pool, &SQL).await
     }
 
     async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>> {
@@ -41,10 +41,6 @@ impl KeyStore for PgStore {
     }
 
     async fn key(&self, id: &str) -> Result<Option<ApiKey>> {
-        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.key_by_id)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        rec.map(KeyRecord::into_key).transpose()
+        read::key(&self.pool, &SQL, id).await
     }
 }

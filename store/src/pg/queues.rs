@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::sql::read;
 use crate::sql::statements::POSTGRES as SQL;
 use crate::store::{QueueCreate, QueueStore};
 
@@ -38,8 +39,6 @@ impl QueueStore for PgStore {
     }
 
     async fn stored_queues(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(&SQL.stored_queues)
-            .fetch_all(&self.pool)
-            .await?)
+        read::queues(&self.pool, &SQL).await
     }
 }

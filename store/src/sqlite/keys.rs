@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::auth::{ApiKey, NewApiKey, Scope};
 use crate::error::{Error, Result};
 use crate::rowconv::unique_as_conflict;
+use crate::sql::read;
 use crate::sql::record::KeyRecord;
 use crate::sql::statements::SQLITE as SQL;
 use crate::store::KeyStore;
@@ -32,10 +33,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn list_keys(&self) -> Result<Vec<ApiKey>> {
-        let recs: Vec<KeyRecord> = sqlx::query_as(&SQL.list_keys)
-            .fetch_all(&self.readers)
-            .await?;
-        recs.into_iter().map(KeyRecord::into_key).collect()
+        read::keys(&self.readers, &SQL).await
     }
 
     async fn revoke_key(&self, id: &str) -> Result<Option<ApiKey>> {
@@ -49,10 +47,6 @@ impl KeyStore for SqliteStore {
     }
 
     async fn key(&self, id: &str) -> Result<Option<ApiKey>> {
-        let rec: Option<KeyRecord> = sqlx::query_as(&SQL.key_by_id)
-            .bind(id)
-            .fetch_optional(&self.readers)
-            .await?;
-        rec.map(KeyRecord::into_key).transpose()
+        read::key(&self.readers, &SQL, id).await
     }
 }

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::sql::read;
 use crate::sql::statements::SQLITE as SQL;
 use crate::store::{QueueCreate, QueueStore};
 
@@ -37,8 +38,6 @@ impl QueueStore for SqliteStore {
     }
 
     async fn stored_queues(&self) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(&SQL.stored_queues)
-            .fetch_all(&self.readers)
-            .await?)
+        read::queues(&self.readers, &SQL).await
     }
 }

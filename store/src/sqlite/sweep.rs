@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::model::Woken;
 use crate::rowconv::{WokenRow, woken};
 use crate::scheduling::{ActiveCount, Candidate};
-use crate::sql::outcome;
+use crate::sql::dispatch;
 use crate::sql::statements::SQLITE as SQL;
 use crate::store::SweepStore;
 use crate::wait::WaitReason;
@@ -110,46 +110,23 @@ impl SweepStore for SqliteStore {
     }
 
     async fn waiting_by_reason(&self) -> Result<Vec<(WaitReason, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.waiting_by_reason)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(crate::rowconv::tally(rows))
+        dispatch::waiting_by_reason(&self.readers, &SQL).await
     }
 
     async fn held_by_queue(&self) -> Result<Vec<(String, u64)>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(&SQL.held_by_queue)
-            .fetch_all(&self.readers)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(q, n)| (q, u64::try_from(n).unwrap_or(0)))
-            .collect())
+        dispatch::held_by_queue(&self.readers, &SQL).await
     }
 
     async fn dispatch_load(&self) -> Result<Vec<ActiveCount>> {
-        let rows: Vec<outcome::LoadRow> = sqlx::query_as(&SQL.dispatch_load)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.into_iter().map(outcome::LoadRow::into_count).collect()
+        dispatch::load(&self.readers, &SQL).await
     }
 
     async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>> {
-        let rows: Vec<outcome::HeldRow> = sqlx::query_as(&SQL.held)
-            .bind(queue)
-            .bind(i64::from(per_group))
-            .bind(i64::from(limit))
-            .fetch_all(&self.readers)
-            .await?;
-        rows.into_iter()
-            .map(outcome::HeldRow::into_candidate)
-            .collect()
+        dispatch::held(&self.readers, &SQL, queue, per_group, limit).await
     }
 
     async fn any_held(&self, queue: &str) -> Result<bool> {
-        Ok(sqlx::query_scalar(&SQL.any_held)
-            .bind(queue)
-            .fetch_one(&self.readers)
-            .await?)
+        dispatch::any_held(&self.readers, &SQL, queue).await
     }
 
     async fn release_held(&self, ids: &[String]) -> Result<Vec<String>> {
