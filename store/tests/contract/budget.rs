@@ -1,12 +1,10 @@
-//! The `BudgetStore` contract, run against Postgres and SQLite like `store_contract.rs`:
-//! a child's allowance drawn from its parent's remaining budget and given back once, the
-//! cap on a tree's sessions, both under concurrent spawns, a finished sub-agent started
-//! again drawing from its tree, tree usage per model, tenant spend per day and stored
-//! tenant budgets, and tenant holds. A property test runs random sequences of spawns,
-//! calls, ends, cancels, dead workers, follow-ups, retries and sweeps against the tree
-//! ledger's invariants.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The `BudgetStore` contract, run against Postgres and SQLite like the rest of the
+//! contract: a child's allowance drawn from its parent's remaining budget and given back
+//! once, the cap on a tree's sessions, both under concurrent spawns, a finished sub-agent
+//! started again drawing from its tree, tree usage per model, tenant spend per day and
+//! stored tenant budgets, and tenant holds. A property test runs random sequences of
+//! spawns, calls, ends, cancels, dead workers, follow-ups, retries and sweeps against the
+//! tree ledger's invariants.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,42 +14,21 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
 use agentq_error::Error;
 use agentq_store::RetryResult;
-use agentq_store::pg::PgStore;
-use agentq_store::sqlite::SqliteStore;
 use agentq_store::store::Store;
 use agentq_types::budget::{
     Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
 use agentq_types::model::{Claim, NewSession, SessionStatus, new_session_id};
 
-const TTL: Duration = Duration::from_secs(30);
+use crate::common::{Backend, TTL};
 
-async fn pg_store() -> PgStore {
-    let url = agentq_testkit::shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, 8).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
-
-async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("agentq.db"))
-        .await
-        .expect("open");
-    store.migrate().await.expect("migrate");
-    (dir, store)
-}
-
-macro_rules! contract_tests {
+macro_rules! budget_contract_tests {
     ($($case:ident),* $(,)?) => {
         mod pg {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let store = std::sync::Arc::new(super::pg_store().await);
+                    let store = std::sync::Arc::new(crate::common::pg_store().await);
                     super::$case(store).await;
                 }
             )*
@@ -60,7 +37,7 @@ macro_rules! contract_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let (_dir, store) = super::sqlite_store().await;
+                    let (_dir, store) = crate::common::sqlite_store().await;
                     let store = std::sync::Arc::new(store);
                     super::$case(store.clone()).await;
                     store.close().await;
@@ -70,7 +47,7 @@ macro_rules! contract_tests {
     };
 }
 
-contract_tests!(
+budget_contract_tests!(
     budget_child_draws_and_gives_back_once,
     budget_refuses_when_nothing_is_left,
     budget_tree_cap_holds_under_concurrent_spawns,
@@ -683,7 +660,7 @@ async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {
 /// pass it by more than one call. A settled hold becomes the call's real spend, which
 /// frees the rest; an expired hold (a dead worker's) holds nothing; another tenant and a
 /// money budget are held apart.
-async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
+async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Backend>) {
     let now = chrono::Utc::now();
     let day = agentq_types::budget::day_key(now.date_naive());
     let tokens = |n: u64| TenantBudget {
@@ -808,7 +785,7 @@ async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Store>) {
             .unwrap()
             .is_none()
     );
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pass(Duration::from_millis(20)).await;
     assert!(
         store
             .hold_tenant_spend(&hold("late", 900, TTL), &[late(800)], now)
@@ -1649,14 +1626,14 @@ mod ledger_prop {
     #[test]
     fn pg_ledger_invariants_hold_under_random_histories() {
         let rt = runtime();
-        let store: Arc<dyn Store> = Arc::new(rt.block_on(super::pg_store()));
+        let store: Arc<dyn Store> = Arc::new(rt.block_on(crate::common::pg_store()));
         check_all(&rt, store);
     }
 
     #[test]
     fn sqlite_ledger_invariants_hold_under_random_histories() {
         let rt = runtime();
-        let (dir, store) = rt.block_on(super::sqlite_store());
+        let (dir, store) = rt.block_on(crate::common::sqlite_store());
         let store = Arc::new(store);
         check_all(&rt, store.clone());
         rt.block_on(store.close());
