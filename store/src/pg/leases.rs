@@ -15,6 +15,7 @@ use crate::model::{Claim, Lease, SessionRow, SessionStatus};
 use crate::sql::outcome;
 use crate::sql::record::{SessionRecord, StoredMessage};
 use crate::sql::statements::POSTGRES as SQL;
+use crate::sql::suspension::Suspension;
 use crate::store::{Committed, LeaseStatus, LeaseStore, checkpoint_alone};
 use crate::wait::WaitReason;
 
@@ -94,12 +95,8 @@ impl LeaseStore for PgStore {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
-        let reason = match status {
-            SessionStatus::AwaitingApproval => WaitReason::Approval,
-            _ => WaitReason::Children,
-        };
-        self.suspend_with(lease, status, seen_wake, approval_deadline, reason, None)
-            .await
+        let s = Suspension::of(status, seen_wake, approval_deadline);
+        self.suspend_with(lease, &s).await
     }
 
     async fn suspend_for(
@@ -109,38 +106,23 @@ impl LeaseStore for PgStore {
         reason: WaitReason,
         wake_at: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
-        self.suspend_with(
-            lease,
-            SessionStatus::Waiting,
-            seen_wake,
-            None,
-            reason,
-            wake_at,
-        )
-        .await
+        let s = Suspension::waiting(seen_wake, reason, wake_at);
+        self.suspend_with(lease, &s).await
     }
 }
 
 impl PgStore {
-    async fn suspend_with(
-        &self,
-        lease: &Lease,
-        status: SessionStatus,
-        seen_wake: i64,
-        approval_deadline: Option<DateTime<Utc>>,
-        reason: WaitReason,
-        wake_at: Option<DateTime<Utc>>,
-    ) -> Result<SessionRow> {
+    async fn suspend_with(&self, lease: &Lease, s: &Suspension) -> Result<SessionRow> {
         let rec: Option<SessionRecord> = sqlx::query_as(&SQL.suspend)
             .bind(&lease.root_id)
             .bind(&lease.session_id)
             .bind(lease.epoch)
-            .bind(status.as_str())
-            .bind(seen_wake)
-            .bind(approval_deadline)
+            .bind(s.status.as_str())
+            .bind(s.seen_wake)
+            .bind(s.approval_deadline)
             .bind(&lease.owner)
-            .bind(reason.as_str())
-            .bind(wake_at)
+            .bind(s.reason.as_str())
+            .bind(s.wake_at)
             .fetch_optional(&self.pool)
             .await?;
         match rec {

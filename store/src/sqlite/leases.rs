@@ -15,6 +15,7 @@ use crate::model::{Claim, Lease, SessionRow, SessionStatus};
 use crate::sql::outcome;
 use crate::sql::record::StoredMessage;
 use crate::sql::statements::SQLITE as SQL;
+use crate::sql::suspension::Suspension;
 use crate::store::{Committed, LeaseStatus, LeaseStore, checkpoint_alone};
 use crate::wait::WaitReason;
 
@@ -129,12 +130,8 @@ impl LeaseStore for SqliteStore {
         seen_wake: i64,
         approval_deadline: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
-        let reason = match status {
-            SessionStatus::AwaitingApproval => WaitReason::Approval,
-            _ => WaitReason::Children,
-        };
-        self.suspend_with(lease, status, seen_wake, approval_deadline, reason, None)
-            .await
+        let s = Suspension::of(status, seen_wake, approval_deadline);
+        self.suspend_with(lease, &s).await
     }
 
     async fn suspend_for(
@@ -144,28 +141,13 @@ impl LeaseStore for SqliteStore {
         reason: WaitReason,
         wake_at: Option<DateTime<Utc>>,
     ) -> Result<SessionRow> {
-        self.suspend_with(
-            lease,
-            SessionStatus::Waiting,
-            seen_wake,
-            None,
-            reason,
-            wake_at,
-        )
-        .await
+        let s = Suspension::waiting(seen_wake, reason, wake_at);
+        self.suspend_with(lease, &s).await
     }
 }
 
 impl SqliteStore {
-    async fn suspend_with(
-        &self,
-        lease: &Lease,
-        status: SessionStatus,
-        seen_wake: i64,
-        approval_deadline: Option<DateTime<Utc>>,
-        reason: WaitReason,
-        wake_at: Option<DateTime<Utc>>,
-    ) -> Result<SessionRow> {
+    async fn suspend_with(&self, lease: &Lease, s: &Suspension) -> Result<SessionRow> {
         let mut tx = self.write_tx().await?;
         let rec = returning_one(
             &mut tx,
@@ -173,12 +155,12 @@ impl SqliteStore {
                 .bind(&lease.root_id)
                 .bind(&lease.session_id)
                 .bind(lease.epoch)
-                .bind(status.as_str())
-                .bind(seen_wake)
-                .bind(approval_deadline.map(|t| t.timestamp_micros()))
+                .bind(s.status.as_str())
+                .bind(s.seen_wake)
+                .bind(s.approval_deadline.map(|t| t.timestamp_micros()))
                 .bind(&lease.owner)
-                .bind(reason.as_str())
-                .bind(wake_at.map(|t| t.timestamp_micros()))
+                .bind(s.reason.as_str())
+                .bind(s.wake_at.map(|t| t.timestamp_micros()))
                 .bind(now_us()),
         )
         .await?;
