@@ -31,6 +31,7 @@ mod create;
 mod inbox;
 mod keys;
 mod leases;
+mod params;
 mod queues;
 mod sessions;
 mod sweep;

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgArguments;
-use sqlx::{Arguments, Encode, Postgres, Type};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -17,39 +16,8 @@ use crate::protocol::phase_name;
 use crate::sql::record::SessionRecord;
 use crate::store::{Committed, LeaseStatus};
 
+use super::params::{Params, unnest, unnest_ordered};
 use super::{PgStore, secs};
-
-/// A statement's parameters, numbered in the order they are bound: binding a value
-/// answers the placeholder that names it, so no number is counted by hand.
-#[derive(Default)]
-struct Params {
-    args: PgArguments,
-    n: usize,
-}
-
-impl Params {
-    /// Bind one array (one element per row) of SQL type `ty[]`; the placeholder, cast to
-    /// it, for the statement.
-    fn array<'q, T>(&mut self, values: T, ty: &str) -> Result<String>
-    where
-        T: Encode<'q, Postgres> + Type<Postgres> + 'q,
-    {
-        Arguments::add(&mut self.args, values).map_err(sqlx::Error::Encode)?;
-        self.n += 1;
-        Ok(format!("${}::{ty}[]", self.n))
-    }
-}
-
-/// `UNNEST(arrays…) AS alias(names…)`: a table of parallel arrays, one column each.
-fn unnest(alias: &str, columns: &[(&str, String)]) -> String {
-    let arrays: Vec<&str> = columns.iter().map(|(_, p)| p.as_str()).collect();
-    let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
-    format!(
-        "UNNEST({}) AS {alias}({})",
-        arrays.join(", "),
-        names.join(", ")
-    )
-}
 
 /// Group commit: the checkpoints of many sessions in one statement (one round trip), each
 /// fenced by its own lease. Each update is fenced by its lease; the new messages are
@@ -162,11 +130,13 @@ fn files_ctes(gone: &str, files: &str, blobs: &str) -> String {
     )
 }
 
-/// All of a worker's leases in one statement; the answer keeps the input order.
-const HEARTBEAT: &str = "
+/// All of a worker's leases in one statement, `l` one array per column of a lease, `ttl`
+/// the new length in seconds; the answer keeps the input order.
+fn heartbeat(leases: &str, ttl: &str) -> String {
+    format!(
+        "
 WITH l AS (
-    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY
-        AS l(root_id, id, epoch, owner, ord)
+    SELECT * FROM {leases}
 ), locked AS (
     -- Key order, as a group commit takes them (no lock cycles between the two).
     SELECT s.root_id, s.id FROM sessions s
@@ -175,7 +145,7 @@ WITH l AS (
     ORDER BY s.root_id, s.id
     FOR UPDATE OF s
 ), upd AS (
-    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $5)
+    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => {ttl})
     FROM l, locked
     WHERE s.root_id = locked.root_id AND s.id = locked.id
       AND s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
@@ -192,7 +162,9 @@ SELECT l.id, (upd.id IS NOT NULL) AS held,
           AND (s.lease_owner IS NULL OR s.lease_owner = l.owner))) AS lost,
     COALESCE(upd.cancel_requested, false) AS cancel
 FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
-ORDER BY l.ord";
+ORDER BY l.ord"
+    )
+}
 
 /// A finished row as the final checkpoint returns it: the row's JSON object (`to_json`)
 /// and its spec's JSON text, joined into one object here rather than by Postgres (whose
@@ -420,7 +392,10 @@ impl BatchColumns<'_> {
         } else {
             String::new()
         };
-        Ok((checkpoint_batch(&checkpoints, &messages, &files), p.args))
+        Ok((
+            checkpoint_batch(&checkpoints, &messages, &files),
+            p.into_args(),
+        ))
     }
 
     /// [`files_ctes`] with the manifest changes and the contents bound.
@@ -510,12 +485,18 @@ impl PgStore {
         let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
-        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as(HEARTBEAT)
-            .bind(&roots)
-            .bind(&ids)
-            .bind(&epochs)
-            .bind(&owners)
-            .bind(secs(ttl))
+        let mut p = Params::default();
+        let leases = unnest_ordered(
+            "l",
+            &[
+                ("root_id", p.array(&roots, "text")?),
+                ("id", p.array(&ids, "text")?),
+                ("epoch", p.array(&epochs, "bigint")?),
+                ("owner", p.array(&owners, "text")?),
+            ],
+        );
+        let sql = heartbeat(&leases, &p.value(secs(ttl))?);
+        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, p.into_args())
             .fetch_all(&self.writer)
             .await?;
         Ok(rows
