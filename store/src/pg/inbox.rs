@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use agentq_agent::schema::{Message, ToolCall};
+use agentq_agent::schema::ToolCall;
 
 use crate::error::Result;
 use crate::model::{ApprovalRecorded, Delivered, InboxItem, SessionRow, SessionStatus};
@@ -13,7 +13,7 @@ use crate::rowconv::{parse_status, to_i64};
 use crate::sql::escape::{escape_opt, escape_text, stored_ids, stored_json};
 use crate::sql::record::{InboxRecord, PendingRow, SessionRecord};
 use crate::sql::statements::POSTGRES as SQL;
-use crate::sql::{outcome, read};
+use crate::sql::{outcome, read, write};
 use crate::store::InboxStore;
 
 use super::{PgStore, budget};
@@ -172,17 +172,10 @@ impl InboxStore for PgStore {
             tx.rollback().await?;
             return Ok(None);
         };
-        // The update bumped `history_len`, so the new message's seq is one less.
         let (root_id, id, seq) = (rec.root_id.clone(), rec.id.clone(), rec.history_len);
         let row = rec.into_row()?;
         budget::reopen_in(&mut tx, &row, &root).await?;
-        sqlx::query(&SQL.follow_up_message)
-            .bind(&root_id)
-            .bind(&id)
-            .bind(stored_json(&Message::user(text))?)
-            .bind(seq.map(|n| n - 1))
-            .execute(&mut *tx)
-            .await?;
+        write::follow_up_message::<sqlx::Postgres>(&mut tx, &SQL, &root_id, &id, seq, text).await?;
         tx.commit().await?;
         Ok(Some(row))
     }

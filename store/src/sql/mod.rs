@@ -4,8 +4,9 @@
 //! run alike on their own pools, generic over the database ([`read`], and the dispatcher's
 //! in [`dispatch`], the workspace's in [`files`]), the budget statements both run alike
 //! ([`ledger`], with the pure ledger arithmetic in [`budget`]), the answers built from what
-//! a statement found ([`outcome`]) and what a suspension writes ([`suspension`]), and the
-//! one rule by which both store text Postgres cannot hold, and read it back ([`escape`]).
+//! a statement found ([`outcome`]), what a suspension writes ([`suspension`]), the writes
+//! both run alike inside a transaction ([`write`]), and the one rule by which both store
+//! text Postgres cannot hold, and read it back ([`escape`]).
 
 pub(crate) mod budget;
 pub(crate) mod dispatch;
@@ -17,3 +18,4 @@ pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod statements;
 pub(crate) mod suspension;
+pub(crate) mod write;

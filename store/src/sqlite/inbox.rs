@@ -4,16 +4,16 @@
 
 use async_trait::async_trait;
 
-use agentq_agent::schema::{Message, ToolCall};
+use agentq_agent::schema::ToolCall;
 
 use crate::error::Result;
 use crate::model::{ApprovalRecorded, Delivered, InboxItem, SessionRow, SessionStatus};
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::rowconv::to_i64;
-use crate::sql::escape::{stored_ids, stored_json};
+use crate::sql::escape::stored_ids;
 use crate::sql::record::{InboxRecord, PendingRow};
 use crate::sql::statements::SQLITE as SQL;
-use crate::sql::{outcome, read};
+use crate::sql::{outcome, read, write};
 use crate::store::InboxStore;
 
 use super::tx::{now_us, returning_one};
@@ -136,14 +136,7 @@ impl InboxStore for SqliteStore {
             tx.rollback().await?;
             return Err(e);
         }
-        // The update bumped `history_len`, so the new message's seq is one less.
-        sqlx::query(&SQL.follow_up_message)
-            .bind(&root_id)
-            .bind(&id)
-            .bind(stored_json(&Message::user(text))?)
-            .bind(seq.map(|n| n - 1))
-            .execute(&mut *tx)
-            .await?;
+        write::follow_up_message::<sqlx::Sqlite>(&mut tx, &SQL, &root_id, &id, seq, text).await?;
         tx.commit().await?;
         Ok(Some(row))
     }
