@@ -6,12 +6,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use chrono::{SubsecRound, Utc};
-use serde_json::json;
 
-use agentq_agent::schema::{Message, ToolCall, Usage};
+use agentq_agent::schema::Message;
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
 use agentq_agent::state::{Outcome, Phase, SessionState};
 use agentq_error::Error;
@@ -21,8 +22,7 @@ use agentq_store::{Checkpoint, InboxStore, LeaseStore, SessionStore, SweepStore}
 use agentq_testkit::{PostgresServer, shared_postgres};
 use agentq_types::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionStatus};
 
-const TTL: Duration = Duration::from_secs(30);
-const SHORT_TTL: Duration = Duration::from_millis(200);
+use common::{Clock, SHORT_TTL, TTL, acquire, create, iterate, new_session};
 
 /// A fresh database of the shared server.
 fn fresh_url() -> String {
@@ -51,64 +51,6 @@ async fn store() -> PgStore {
 /// A migrated store with a main pool of `conns` on a fresh database of the shared server.
 async fn store_with(conns: u32) -> PgStore {
     migrated(&fresh_url(), conns).await
-}
-
-fn new_session(prompt: &str) -> NewSession {
-    NewSession::root(SessionSpec::new(prompt), "default")
-}
-
-async fn create(store: &PgStore, prompt: &str) -> String {
-    let (row, created) = store.create_session(&new_session(prompt)).await.unwrap();
-    assert!(created);
-    row.id
-}
-
-async fn acquire(store: &PgStore, id: &str, owner: &str, ttl: Duration) -> (Lease, SessionState) {
-    match store.claim(id, owner, ttl, 10).await.unwrap() {
-        Claim::Acquired { lease, state, row } => {
-            assert_eq!(row.status, SessionStatus::Running);
-            assert_eq!(row.lease_owner.as_deref(), Some(owner));
-            assert_eq!(row.lease_epoch, lease.epoch);
-            (lease, *state)
-        }
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-/// One iteration the way the driver does it: the assistant response (committed before its
-/// tool runs), then the tool's result; a checkpoint after each.
-async fn iterate(
-    store: &PgStore,
-    lease: &Lease,
-    state: &mut SessionState,
-    persisted: &mut usize,
-    i: usize,
-) {
-    let mut reply = Message::assistant(format!("step {i:05}: reading the file"));
-    reply.tool_calls = vec![ToolCall {
-        id: format!("call_{i:05}"),
-        name: "read_file".into(),
-        arguments: json!({ "path": "notes.txt" }),
-    }];
-    reply.usage = Some(Usage {
-        input_tokens: 100,
-        output_tokens: 20,
-        cache_read_tokens: 7,
-        cache_write_tokens: 3,
-        reasoning_tokens: 5,
-    });
-    reply.model = Some("test-model".into());
-    state.push_assistant(reply);
-    store.checkpoint(lease, state, *persisted).await.unwrap();
-    *persisted = state.messages.len();
-    state.messages.push(Message::tool_result(
-        format!("call_{i:05}"),
-        "read_file",
-        format!("contents of notes.txt at step {i:05}"),
-        false,
-    ));
-    store.checkpoint(lease, state, *persisted).await.unwrap();
-    *persisted = state.messages.len();
 }
 
 /// Follow a finished `history` up with `text`: it must land right after it. Returns the
@@ -268,7 +210,7 @@ async fn crashed_worker_is_resumed_from_its_checkpoint() {
         store.claim(&id, "worker-b", TTL, 10).await.unwrap(),
         Claim::Busy
     );
-    tokio::time::sleep(SHORT_TTL * 2).await;
+    store.pass(SHORT_TTL * 2).await;
 
     let (lease_b, resumed) = acquire(&store, &id, "worker-b", TTL).await;
     assert_eq!(lease_b.epoch, 2);
@@ -296,7 +238,7 @@ async fn fenced_attempts_ignore_stale_workers() {
     iterate(&store, &lease_a, &mut state_a, &mut persisted_a, 0).await;
 
     // A stalls past its lease; B takes over.
-    tokio::time::sleep(SHORT_TTL * 2).await;
+    store.pass(SHORT_TTL * 2).await;
     let (lease_b, state_b) = acquire(&store, &id, "worker-b", TTL).await;
     assert!(lease_b.epoch > lease_a.epoch);
     assert_eq!(state_b, state_a);
@@ -844,7 +786,7 @@ async fn request_cancel_queued_running_finished_missing() {
         store.get(&running).await.unwrap().unwrap().status,
         SessionStatus::Running
     );
-    tokio::time::sleep(SHORT_TTL * 2).await;
+    store.pass(SHORT_TTL * 2).await;
     match store.claim(&running, "w2", TTL, 10).await.unwrap() {
         Claim::Acquired { row, .. } => assert!(row.cancel_requested),
         other => panic!("expected Acquired, got {other:?}"),
@@ -867,7 +809,7 @@ async fn too_many_claims_exhaust_and_fail_dead_letters() {
     for attempt in 1..=2 {
         let (lease, _) = acquire(&store, &id, &format!("w{attempt}"), SHORT_TTL).await;
         assert_eq!(lease.epoch, attempt);
-        tokio::time::sleep(SHORT_TTL * 2).await;
+        store.pass(SHORT_TTL * 2).await;
     }
     let row = match store.claim(&id, "w3", TTL, 2).await.unwrap() {
         Claim::Exhausted(row) => *row,
@@ -935,7 +877,7 @@ async fn sweeper_sees_only_unenqueued_queued_rows() {
         create(&store, "2").await,
         create(&store, "3").await,
     ];
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pass(Duration::from_millis(20)).await;
     let mut found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
     found.sort();
     let mut want: Vec<(String, String)> = ids

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::postgres::PgArguments;
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -15,6 +16,7 @@ use crate::protocol::phase_name;
 use crate::sql::record::SessionRecord;
 use crate::store::{Committed, LeaseStatus};
 
+use super::params::{Params, unnest, unnest_ordered};
 use super::{PgStore, secs};
 
 /// Group commit: the checkpoints of many sessions in one statement (one round trip), each
@@ -22,20 +24,14 @@ use super::{PgStore, secs};
 /// inserted only from the update's output, so a fenced-off worker writes nothing at all,
 /// and only past the stored history, so a retry after an ambiguous failure is harmless.
 /// With an outcome the row becomes terminal and the lease is given up in the same
-/// statement. `$1..$24` are one array per column (one element per checkpoint), `$25..$27`
-/// one per new message; the answer is the ids whose lease held, with the row of each that
-/// finished.
-const CHECKPOINT_BATCH: &str = "
+/// statement. `c` is one array per column (one element per checkpoint), `m` one per new
+/// message; the answer is the ids whose lease held, with the row of each that finished.
+/// A batch that changes files has [`files_ctes`] before the answer.
+fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str) -> String {
+    format!(
+        "
 WITH c AS (
-    SELECT * FROM UNNEST(
-        $1::text[], $2::text[], $3::bigint[], $4::text[], $5::int[], $6::bigint[],
-        $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::int[], $12::bool[],
-        $13::text[], $14::timestamptz[], $15::text[], $16::text[], $17::text[], $18::text[],
-        $19::int[], $20::text[], $21::bigint[], $22::bigint[], $23::bool[], $24::int[]
-    ) AS c(root_id, id, epoch, owner, iteration, input_tokens, output_tokens,
-           cache_read_tokens, cache_write_tokens, reasoning_tokens, drain_rounds,
-           free_iteration, phase, started_at, status, finish_reason, result, error,
-           turn_base, not_started, bg_cursor, msg_cursor, has_new, history_len)
+    SELECT * FROM {checkpoints}
 ), locked AS (
     -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
     -- of one worker's sessions never wait on each other in a cycle.
@@ -90,60 +86,57 @@ WITH c AS (
     -- row from before it was kept checks its stored seqs instead).
     INSERT INTO messages (root_id, session_id, seq, body)
     SELECT upd.root_id::uuid, upd.id::uuid, m.seq, m.body::json
-    FROM UNNEST($25::text[], $26::int[], $27::text[]) AS m(id, seq, body)
+    FROM {messages}
     JOIN upd ON upd.id = m.id
     WHERE m.seq >= COALESCE(upd.stored_len, 0)
       AND (upd.stored_len IS NOT NULL OR NOT EXISTS (
           SELECT 1 FROM messages x
           WHERE x.root_id = upd.root_id::uuid AND x.session_id = upd.id::uuid
             AND x.seq = m.seq))
-)
-SELECT id, fin, fin_spec FROM upd";
-
-/// The last line of [`CHECKPOINT_BATCH`], before which [`FILES_CTES`] go.
-const BATCH_ANSWER: &str = "SELECT id, fin, fin_spec FROM upd";
+){files}
+SELECT id, fin, fin_spec FROM upd"
+    )
+}
 
 /// A batch's manifest changes, part of the same statement: only for sessions whose lease
-/// held (from `upd`), a deletion where the content is NULL, else an upsert. `$28..$32`
-/// are one array per column (one element per change: session id, path, content key,
-/// size, seq); a (tree, path) appears once in a batch. `$33..$35` are the contents the
-/// checkpoints carry (key, size, bytes; each key once), stored here with the rows that
-/// reference them, whatever became of the leases: a content no commit references is the
-/// collector's after its grace period, and one another session's commit references must
-/// not depend on whose lease held.
-const FILES_CTES: &str = ", bput AS (
+/// held (from `upd`), a deletion where the content is NULL, else an upsert. `f` is one
+/// array per column (one element per change: session id, path, content key, size, seq);
+/// a (tree, path) appears once in a batch; `gone` is its first three columns, for the
+/// deletions. `b` are the contents the checkpoints carry (key, size, bytes; each key
+/// once), stored here with the rows that reference them, whatever became of the leases:
+/// a content no commit references is the collector's after its grace period, and one
+/// another session's commit references must not depend on whose lease held.
+fn files_ctes(gone: &str, files: &str, blobs: &str) -> String {
+    format!(
+        ", bput AS (
     INSERT INTO blobs (sha256, size, data)
-    SELECT * FROM UNNEST($33::text[], $34::bigint[], $35::bytea[])
+    SELECT * FROM {blobs}
     ON CONFLICT (sha256) DO UPDATE SET touched_at = now(),
         data = COALESCE(blobs.data, EXCLUDED.data)
 ), fdel AS (
     DELETE FROM workspace_files w
-    USING UNNEST($28::text[], $29::text[], $30::text[]) AS f(id, path, sha256), upd
+    USING {gone}, upd
     WHERE f.sha256 IS NULL AND upd.id = f.id AND w.root_id = upd.root_id
       AND w.path = f.path
 ), fput AS (
     INSERT INTO workspace_files (root_id, path, sha256, size, modified_at_seq)
     SELECT upd.root_id, f.path, f.sha256, f.size, f.seq
-    FROM UNNEST($28::text[], $29::text[], $30::text[], $31::bigint[], $32::bigint[])
-        AS f(id, path, sha256, size, seq)
+    FROM {files}
     JOIN upd ON upd.id = f.id
     WHERE f.sha256 IS NOT NULL
     ON CONFLICT (root_id, path) DO UPDATE SET sha256 = EXCLUDED.sha256,
         size = EXCLUDED.size, modified_at_seq = EXCLUDED.modified_at_seq
-)
-";
+)"
+    )
+}
 
-/// [`CHECKPOINT_BATCH`] with [`FILES_CTES`]: the statement of a batch that changes files.
-/// A batch that changes none runs the plain one, exactly as before.
-static CHECKPOINT_BATCH_FILES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    CHECKPOINT_BATCH.replace(BATCH_ANSWER, &format!("{FILES_CTES}{BATCH_ANSWER}"))
-});
-
-/// All of a worker's leases in one statement; the answer keeps the input order.
-const HEARTBEAT: &str = "
+/// All of a worker's leases in one statement, `l` one array per column of a lease, `ttl`
+/// the new length in seconds; the answer keeps the input order.
+fn heartbeat(leases: &str, ttl: &str) -> String {
+    format!(
+        "
 WITH l AS (
-    SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[]) WITH ORDINALITY
-        AS l(root_id, id, epoch, owner, ord)
+    SELECT * FROM {leases}
 ), locked AS (
     -- Key order, as a group commit takes them (no lock cycles between the two).
     SELECT s.root_id, s.id FROM sessions s
@@ -152,7 +145,7 @@ WITH l AS (
     ORDER BY s.root_id, s.id
     FOR UPDATE OF s
 ), upd AS (
-    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => $5)
+    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => {ttl})
     FROM l, locked
     WHERE s.root_id = locked.root_id AND s.id = locked.id
       AND s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
@@ -169,7 +162,9 @@ SELECT l.id, (upd.id IS NOT NULL) AS held,
           AND (s.lease_owner IS NULL OR s.lease_owner = l.owner))) AS lost,
     COALESCE(upd.cancel_requested, false) AS cancel
 FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
-ORDER BY l.ord";
+ORDER BY l.ord"
+    )
+}
 
 /// A finished row as the final checkpoint returns it: the row's JSON object (`to_json`)
 /// and its spec's JSON text, joined into one object here rather than by Postgres (whose
@@ -185,7 +180,7 @@ fn finished_record(mut row: String, spec: &str) -> Option<SessionRecord> {
     serde_json::from_str(&row).ok()
 }
 
-/// The group commit's parameters: one array per column of [`CHECKPOINT_BATCH`], one
+/// The group commit's parameters: one array per column of [`checkpoint_batch`], one
 /// element per checkpoint, and one array per column of the new messages.
 #[derive(Default)]
 struct BatchColumns<'a> {
@@ -311,7 +306,7 @@ impl<'a> BatchColumns<'a> {
         }
     }
 
-    /// Whether the batch writes workspace rows: then its statement has [`FILES_CTES`].
+    /// Whether the batch writes workspace rows: then its statement has [`files_ctes`].
     fn has_files(&self) -> bool {
         !self.f_ids.is_empty() || !self.b_keys.is_empty()
     }
@@ -348,7 +343,84 @@ impl<'a> BatchColumns<'a> {
     }
 }
 
-/// What [`CHECKPOINT_BATCH`] answers per session whose lease held: its id, and for a
+impl BatchColumns<'_> {
+    /// The statement for this batch and its parameters, bound in the order the
+    /// placeholders number them: the checkpoints, their messages, then (only for a batch
+    /// that changes files; one that changes none runs the plain statement) the manifest
+    /// changes and the contents.
+    fn statement(&self) -> Result<(String, PgArguments)> {
+        let mut p = Params::default();
+        let checkpoints = unnest(
+            "c",
+            &[
+                ("root_id", p.array(&self.roots, "text")?),
+                ("id", p.array(&self.ids, "text")?),
+                ("epoch", p.array(&self.epochs, "bigint")?),
+                ("owner", p.array(&self.owners, "text")?),
+                ("iteration", p.array(&self.iterations, "int")?),
+                ("input_tokens", p.array(&self.input, "bigint")?),
+                ("output_tokens", p.array(&self.output, "bigint")?),
+                ("cache_read_tokens", p.array(&self.cache_read, "bigint")?),
+                ("cache_write_tokens", p.array(&self.cache_write, "bigint")?),
+                ("reasoning_tokens", p.array(&self.reasoning, "bigint")?),
+                ("drain_rounds", p.array(&self.drain_rounds, "int")?),
+                ("free_iteration", p.array(&self.free_iteration, "bool")?),
+                ("phase", p.array(&self.phases, "text")?),
+                ("started_at", p.array(&self.started_at, "timestamptz")?),
+                ("status", p.array(&self.statuses, "text")?),
+                ("finish_reason", p.array(&self.reasons, "text")?),
+                ("result", p.array(&self.results, "text")?),
+                ("error", p.array(&self.errors, "text")?),
+                ("turn_base", p.array(&self.turn_base, "int")?),
+                ("not_started", p.array(&self.not_started, "text")?),
+                ("bg_cursor", p.array(&self.bg_cursor, "bigint")?),
+                ("msg_cursor", p.array(&self.msg_cursor, "bigint")?),
+                ("has_new", p.array(&self.has_new, "bool")?),
+                ("history_len", p.array(&self.history_len, "int")?),
+            ],
+        );
+        let messages = unnest(
+            "m",
+            &[
+                ("id", p.array(&self.m_ids, "text")?),
+                ("seq", p.array(&self.m_seqs, "int")?),
+                ("body", p.array(&self.m_bodies, "text")?),
+            ],
+        );
+        let files = if self.has_files() {
+            self.files_ctes(&mut p)?
+        } else {
+            String::new()
+        };
+        Ok((
+            checkpoint_batch(&checkpoints, &messages, &files),
+            p.into_args(),
+        ))
+    }
+
+    /// [`files_ctes`] with the manifest changes and the contents bound.
+    fn files_ctes(&self, p: &mut Params) -> Result<String> {
+        let id = p.array(&self.f_ids, "text")?;
+        let path = p.array(&self.f_paths, "text")?;
+        let sha256 = p.array(&self.f_keys, "text")?;
+        let gone = [("id", id), ("path", path), ("sha256", sha256)];
+        let mut changed = gone.to_vec();
+        changed.push(("size", p.array(&self.f_sizes, "bigint")?));
+        changed.push(("seq", p.array(&self.f_seqs, "bigint")?));
+        let blobs = [
+            p.array(&self.b_keys, "text")?,
+            p.array(&self.b_sizes, "bigint")?,
+            p.array(&self.b_data, "bytea")?,
+        ];
+        Ok(files_ctes(
+            &unnest("f", &gone),
+            &unnest("f", &changed),
+            &format!("UNNEST({})", blobs.join(", ")),
+        ))
+    }
+}
+
+/// What [`checkpoint_batch`] answers per session whose lease held: its id, and for a
 /// finished one its row's JSON and its spec's.
 type Held = (String, Option<String>, Option<String>);
 
@@ -362,52 +434,10 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let c = BatchColumns::of(batch);
-        let sql = if c.has_files() {
-            CHECKPOINT_BATCH_FILES.as_str()
-        } else {
-            CHECKPOINT_BATCH
-        };
-        let q = sqlx::query_as(sql)
-            .bind(&c.roots)
-            .bind(&c.ids)
-            .bind(&c.epochs)
-            .bind(&c.owners)
-            .bind(&c.iterations)
-            .bind(&c.input)
-            .bind(&c.output)
-            .bind(&c.cache_read)
-            .bind(&c.cache_write)
-            .bind(&c.reasoning)
-            .bind(&c.drain_rounds)
-            .bind(&c.free_iteration)
-            .bind(&c.phases)
-            .bind(&c.started_at)
-            .bind(&c.statuses)
-            .bind(&c.reasons)
-            .bind(&c.results)
-            .bind(&c.errors)
-            .bind(&c.turn_base)
-            .bind(&c.not_started)
-            .bind(&c.bg_cursor)
-            .bind(&c.msg_cursor)
-            .bind(&c.has_new)
-            .bind(&c.history_len)
-            .bind(&c.m_ids)
-            .bind(&c.m_seqs)
-            .bind(&c.m_bodies);
-        let q = if c.has_files() {
-            q.bind(&c.f_ids)
-                .bind(&c.f_paths)
-                .bind(&c.f_keys)
-                .bind(&c.f_sizes)
-                .bind(&c.f_seqs)
-                .bind(&c.b_keys)
-                .bind(&c.b_sizes)
-                .bind(&c.b_data)
-        } else {
-            q
-        };
-        let held: Vec<Held> = q.fetch_all(&self.writer).await?;
+        let (sql, args) = c.statement()?;
+        let held: Vec<Held> = sqlx::query_as_with(&sql, args)
+            .fetch_all(&self.writer)
+            .await?;
         self.answers(batch, held).await
     }
 
@@ -455,12 +485,18 @@ impl PgStore {
         let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
-        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as(HEARTBEAT)
-            .bind(&roots)
-            .bind(&ids)
-            .bind(&epochs)
-            .bind(&owners)
-            .bind(secs(ttl))
+        let mut p = Params::default();
+        let leases = unnest_ordered(
+            "l",
+            &[
+                ("root_id", p.array(&roots, "text")?),
+                ("id", p.array(&ids, "text")?),
+                ("epoch", p.array(&epochs, "bigint")?),
+                ("owner", p.array(&owners, "text")?),
+            ],
+        );
+        let sql = heartbeat(&leases, &p.value(secs(ttl))?);
+        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, p.into_args())
             .fetch_all(&self.writer)
             .await?;
         Ok(rows

@@ -5,6 +5,8 @@
 //! root row first: they run one at a time per tree, on every worker and scheduler, and
 //! never wait on each other's row locks crosswise.
 
+use async_trait::async_trait;
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgPool};
 
 use chrono::{DateTime, Utc};
@@ -17,13 +19,14 @@ use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
-    BudgetRow, CHAIN, ChainRow, LedgerRow, Link, UsageRow, WRITE_LINK, budget_of, changed,
-    check_spawn, count, give_back, ledger_of, reopen, usage_of, with_grant,
+    LedgerRow, UsageRow, check_spawn, count, give_back, reopen, usage_of, with_grant,
 };
+use crate::sql::ledger;
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
+use crate::store::BudgetStore;
 
-use super::create;
+use super::{PgStore, create};
 
 /// The rows a spawn checks, locked root first (`$2`; see the module docs), then by id.
 const LOCK_TREE: &str = "
@@ -53,11 +56,11 @@ FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
 WHERE s.root_id = $1
 GROUP BY 1 ORDER BY 1";
 
-const ADD_SPEND: &str = "
-INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $4)
-ON CONFLICT (tenant, day) DO UPDATE SET
-    tokens = tenant_spend.tokens + excluded.tokens,
-    cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
+const SET_BUDGET: &str = "
+INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (tenant) DO UPDATE SET period = excluded.period, tokens = excluded.tokens,
+    usd_nanos = excluded.usd_nanos, on_budget = excluded.on_budget, updated_at = now()";
 
 const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint
@@ -86,15 +89,6 @@ INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $
 ON CONFLICT (tenant, day) DO UPDATE SET
     tokens = tenant_spend.tokens + excluded.tokens,
     cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
-
-const SET_BUDGET: &str = "
-INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
-VALUES ($1, $2, $3, $4, $5, now())
-ON CONFLICT (tenant) DO UPDATE SET period = excluded.period, tokens = excluded.tokens,
-    usd_nanos = excluded.usd_nanos, on_budget = excluded.on_budget, updated_at = now()";
-
-const BUDGETS: &str =
-    "SELECT tenant, period, tokens, usd_nanos, on_budget FROM tenant_budgets ORDER BY tenant";
 
 async fn existing(pool: &PgPool, new: &NewSession) -> Result<Option<Spawned>> {
     let Some(key) = &new.idempotency_key else {
@@ -141,36 +135,9 @@ pub(super) async fn spawn_session(
             .await?
             .ok_or_else(|| crate::sql::outcome::unreadable_conflict(new));
     };
-    sqlx::query("UPDATE sessions SET tree_sessions = tree_sessions + 1 WHERE id = $1")
-        .bind(&new.root_id)
-        .execute(&mut *tx)
-        .await?;
-    if let Some(g) = g {
-        let g = to_i64(g, "budget")?;
-        sqlx::query("UPDATE sessions SET budget_held = budget_held + $2 WHERE id = $1")
-            .bind(&parent)
-            .bind(g)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE sessions SET budget_allowance = $2 WHERE id = $1")
-            .bind(&child.id)
-            .bind(g)
-            .execute(&mut *tx)
-            .await?;
-    }
+    ledger::grant::<Postgres>(&mut tx, &new.root_id, &parent, &child.id, g).await?;
     tx.commit().await?;
     Ok(Spawned::Created(row))
-}
-
-pub(super) async fn ledger(pool: &PgPool, id: &str) -> Result<Option<Ledger>> {
-    let row: Option<LedgerRow> = sqlx::query_as(
-        "SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, \
-         budget_held, budget_children_spent FROM sessions WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.as_ref().map(ledger_of))
 }
 
 pub(super) async fn return_budget(pool: &PgPool, id: &str) -> Result<bool> {
@@ -193,12 +160,12 @@ pub(super) async fn return_budget(pool: &PgPool, id: &str) -> Result<bool> {
     if !due {
         return Ok(false);
     }
-    let mut links = chain(&mut tx, id).await?;
+    let mut links = ledger::chain::<Postgres>(&mut tx, id).await?;
     let before = links.clone();
     if !give_back(&mut links) {
         return Ok(false);
     }
-    write_links(&mut tx, &before, &links).await?;
+    ledger::write_links::<Postgres>(&mut tx, &before, &links).await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -217,26 +184,6 @@ pub(super) async fn lock_root(conn: &mut PgConnection, id: &str) -> Result<Optio
     rec.map(SessionRecord::into_row).transpose()
 }
 
-async fn chain(conn: &mut PgConnection, id: &str) -> Result<Vec<Link>> {
-    let rows: Vec<ChainRow> = sqlx::query_as(CHAIN).bind(id).fetch_all(&mut *conn).await?;
-    Ok(rows.into_iter().map(Link::of).collect())
-}
-
-async fn write_links(conn: &mut PgConnection, before: &[Link], after: &[Link]) -> Result<()> {
-    for l in changed(before, after) {
-        sqlx::query(WRITE_LINK)
-            .bind(&l.id)
-            .bind(l.allowance.map(|a| to_i64(a, "budget")).transpose()?)
-            .bind(to_i64(l.held, "budget")?)
-            .bind(to_i64(l.children_spent, "budget")?)
-            .bind(l.returned)
-            .bind(l.consumed.map(|c| to_i64(c, "budget")).transpose()?)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
-}
-
 /// Re-open `row` (just queued again by a follow-up or a retry, in this transaction) on
 /// its tree's ledger, under the lock of its tree's root `root` ([`lock_root`]): see
 /// [`crate::sql::budget::reopen`]. `Error::NoBudget` when the tree has nothing to give
@@ -246,10 +193,10 @@ pub(super) async fn reopen_in(
     row: &SessionRow,
     root: &SessionRow,
 ) -> Result<()> {
-    let mut links = chain(conn, &row.id).await?;
+    let mut links = ledger::chain::<Postgres>(conn, &row.id).await?;
     let before = links.clone();
     match reopen(&mut links, root.spec.token_budget, row.spec.token_budget) {
-        Ok(true) => write_links(conn, &before, &links).await,
+        Ok(true) => ledger::write_links::<Postgres>(conn, &before, &links).await,
         Ok(false) => Ok(()),
         Err(no_room) => Err(no_room.error(&row.id)),
     }
@@ -268,30 +215,6 @@ pub(super) async fn tree_usage(pool: &PgPool, root_id: &str) -> Result<Vec<Model
         .fetch_all(pool)
         .await?;
     Ok(usage_of(rows))
-}
-
-pub(super) async fn add_spend(pool: &PgPool, tenant: &str, day: &str, s: Spend) -> Result<()> {
-    sqlx::query(ADD_SPEND)
-        .bind(tenant)
-        .bind(day)
-        .bind(to_i64(s.tokens, "tokens")?)
-        .bind(to_i64(s.cost_nanos, "cost")?)
-        .execute(pool)
-        .await?;
-    Ok(())
-}
-
-pub(super) async fn spend(pool: &PgPool, tenant: &str, from: &str, to: &str) -> Result<Spend> {
-    let (t, c): (i64, i64) = sqlx::query_as(SPEND)
-        .bind(tenant)
-        .bind(from)
-        .bind(to)
-        .fetch_one(pool)
-        .await?;
-    Ok(Spend {
-        tokens: count(t),
-        cost_nanos: count(c),
-    })
 }
 
 /// See [`crate::store::BudgetStore::hold_tenant_spend`]: the advisory lock, then (each
@@ -316,20 +239,8 @@ pub(super) async fn hold(
         tokens: count(t),
         cost_nanos: count(c),
     };
-    let mut spent = Vec::with_capacity(budgets.len());
-    for b in budgets {
-        let (from, to) = b.period.days(now);
-        let (t, c): (i64, i64) = sqlx::query_as(SPEND)
-            .bind(&hold.tenant)
-            .bind(from)
-            .bind(to)
-            .fetch_one(&mut *tx)
-            .await?;
-        spent.push(Spend {
-            tokens: count(t),
-            cost_nanos: count(c),
-        });
-    }
+    let spent =
+        ledger::spent_per_budget::<Postgres>(&mut tx, SPEND, &hold.tenant, budgets, now).await?;
     let refused = first_reached(budgets, &spent, held, expires);
     if refused.is_some() {
         tx.rollback().await?;
@@ -377,7 +288,60 @@ pub(super) async fn set_budget(pool: &PgPool, b: &TenantBudget) -> Result<()> {
     Ok(())
 }
 
-pub(super) async fn budgets(pool: &PgPool) -> Result<Vec<TenantBudget>> {
-    let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(pool).await?;
-    rows.into_iter().map(budget_of).collect()
+#[async_trait]
+impl BudgetStore for PgStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        spawn_session(&self.pool, new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        ledger::ledger(&self.pool, id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        return_budget(&self.pool, id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        unreturned(&self.pool, limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        tree_usage(&self.pool, root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        ledger::add_spend(&self.pool, tenant, day, spend).await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        ledger::spend(&self.pool, SPEND, tenant, from, to).await
+    }
+
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        self::hold(&self.pool, hold, budgets, now).await
+    }
+
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()> {
+        settle_hold(&self.pool, id, tenant, day, spend).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        set_budget(&self.pool, b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        ledger::budgets(&self.pool).await
+    }
 }

@@ -15,18 +15,17 @@ use crate::sql::outcome::{fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
 
-/// `CREATE` for a batch: one multi-row insert from arrays, the specs beside the rows. A
-/// fresh history is the prompt alone, which the spec holds, so no message is stored
-/// (`history_len` 1). The spec is answered from the input: a statement does not see what
-/// its own other parts insert.
-const INSERT_SESSIONS: &str = "
+use super::params::{Params, unnest_ordered};
+
+/// `CREATE` for a batch: one multi-row insert from arrays (`input`, one per column of a
+/// new session, in order), the specs beside the rows. A fresh history is the prompt alone,
+/// which the spec holds, so no message is stored (`history_len` 1). The spec is answered
+/// from the input: a statement does not see what its own other parts insert.
+fn insert_sessions(input: &str) -> String {
+    format!(
+        "
 WITH input AS (
-    SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::int[], $5::text[],
-                         $6::text[], $7::text[], $8::text[], $9::text[], $10::text[],
-                         $11::int[], $12::text[], $13::int[], $14::bool[], $15::bool[])
-        WITH ORDINALITY AS i(id, root_id, parent_id, depth, queue, spec, phase,
-                             idempotency_key, idempotency_hash, tenant, priority, batch_id,
-                             batch_max_running, held, capped, ord)
+    SELECT * FROM {input}
 ), ins AS (
     INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                           idempotency_key, idempotency_hash, tenant, history_len,
@@ -40,7 +39,9 @@ WITH input AS (
     INSERT INTO session_specs (root_id, id, spec)
     SELECT ins.root_id, ins.id, input.spec::json FROM ins JOIN input ON input.id = ins.id
 )
-SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id";
+SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id"
+    )
+}
 
 /// Existing rows of sessions that were not inserted, by (tenant, idempotency key) and by
 /// id.
@@ -182,24 +183,30 @@ pub(super) async fn insert<'e>(
         hashes.push(s.idempotency_hash.as_deref());
         tenants.push(s.tenant.as_str());
     }
-    let inserted: Vec<SessionRecord> = sqlx::query_as(INSERT_SESSIONS)
-        .bind(&ids)
-        .bind(&roots)
-        .bind(&parents)
-        .bind(&depths)
-        .bind(&queues)
-        // By value: encoded into the statement's arguments at once, so the batch's
-        // specs are not held twice while the statement runs.
-        .bind(specs)
-        .bind(&phases)
-        .bind(&keys)
-        .bind(&hashes)
-        .bind(&tenants)
-        .bind(&priorities)
-        .bind(&batches)
-        .bind(&caps)
-        .bind(&held)
-        .bind(&capped)
+    let mut p = Params::default();
+    let input = unnest_ordered(
+        "i",
+        &[
+            ("id", p.array(&ids, "text")?),
+            ("root_id", p.array(&roots, "text")?),
+            ("parent_id", p.array(&parents, "text")?),
+            ("depth", p.array(&depths, "int")?),
+            ("queue", p.array(&queues, "text")?),
+            // By value: encoded into the statement's arguments at once, so the batch's
+            // specs are not held twice while the statement runs.
+            ("spec", p.array(specs, "text")?),
+            ("phase", p.array(&phases, "text")?),
+            ("idempotency_key", p.array(&keys, "text")?),
+            ("idempotency_hash", p.array(&hashes, "text")?),
+            ("tenant", p.array(&tenants, "text")?),
+            ("priority", p.array(&priorities, "int")?),
+            ("batch_id", p.array(&batches, "text")?),
+            ("batch_max_running", p.array(&caps, "int")?),
+            ("held", p.array(&held, "bool")?),
+            ("capped", p.array(&capped, "bool")?),
+        ],
+    );
+    let inserted: Vec<SessionRecord> = sqlx::query_as_with(&insert_sessions(&input), p.into_args())
         .fetch_all(pool)
         .await?;
     inserted

@@ -13,9 +13,10 @@ use sqlx::PgConnection;
 use crate::blob::{BlobStore, check_keys};
 use crate::error::{Error, Result};
 use crate::model::NewSession;
-use crate::rowconv::{bad_data, to_i64, to_u64};
+use crate::rowconv::{to_i64, to_u64};
+use crate::sql::files;
 use crate::store::WorkspaceStore;
-use crate::workspace::{FileEntry, sha256_hex, valid_path};
+use crate::workspace::FileEntry;
 
 use super::{PgStore, secs};
 use crate::blob::s3::S3Blobs;
@@ -38,8 +39,6 @@ ON CONFLICT (sha256) DO UPDATE SET touched_at = now()";
 const TOUCH_INDEX: &str = "
 UPDATE blobs SET touched_at = now() WHERE sha256 = ANY($1) RETURNING sha256";
 
-const GET_BLOB: &str = "SELECT data, size FROM blobs WHERE sha256 = $1";
-
 /// The stored ones of the keys, touched; the rest are missing. A blob the collector holds
 /// locked is waited for, and is then gone (so reported missing and uploaded again).
 const TOUCH_BLOBS: &str = "
@@ -57,11 +56,6 @@ RETURNING b.sha256";
 const FILES: &str = "
 SELECT path, size, sha256, modified_at_seq FROM workspace_files
 WHERE root_id = $1 ORDER BY path COLLATE \"C\"";
-
-const FILE: &str = "
-SELECT w.path, w.size, w.sha256, w.modified_at_seq, b.data
-FROM workspace_files w LEFT JOIN blobs b ON b.sha256 = w.sha256
-WHERE w.root_id = $1 AND w.path = $2";
 
 /// The tree (of the same tenant) whose files a new session forks.
 const FORK_SOURCE: &str = "SELECT root_id FROM sessions WHERE id = $1 AND tenant = $2";
@@ -111,17 +105,6 @@ WITH g AS (
 )
 DELETE FROM blobs b USING g WHERE b.sha256 = g.sha256
 RETURNING b.sha256";
-
-type FileRow = (String, i64, String, i64);
-
-fn entry((path, size, sha256, seq): FileRow) -> Result<FileEntry> {
-    Ok(FileEntry {
-        path,
-        size: to_u64(size, "workspace_files.size")?,
-        sha256,
-        modified_at_seq: seq,
-    })
-}
 
 /// Each key once (a batch may hold a content twice: one insert may not touch a row twice).
 fn dedupe(blobs: &[(String, Vec<u8>)]) -> BTreeMap<&str, &[u8]> {
@@ -210,26 +193,7 @@ pub(super) async fn add_inputs(
         if s.files.is_empty() {
             continue;
         }
-        // Last one wins for a path given twice.
-        let mut by_path: BTreeMap<&str, (String, i64)> = BTreeMap::new();
-        let mut blobs = Vec::with_capacity(s.files.len());
-        for f in &s.files {
-            if !valid_path(&f.path) {
-                return Err(Error::invalid(
-                    "files",
-                    format!(
-                        "path {:?} is not a relative path inside the workspace",
-                        f.path
-                    ),
-                ));
-            }
-            let key = sha256_hex(&f.data);
-            by_path.insert(
-                &f.path,
-                (key.clone(), to_i64(f.data.len() as u64, "files")?),
-            );
-            blobs.push((key, f.data.clone()));
-        }
+        let files::Inputs { by_path, blobs } = files::inputs(s)?;
         put_blobs_in(conn, &blobs, objects).await?;
         let paths: Vec<&str> = by_path.keys().copied().collect();
         let keys: Vec<&str> = by_path.values().map(|(k, _)| k.as_str()).collect();
@@ -258,15 +222,7 @@ impl BlobStore for PgStore {
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let row: Option<(Option<Vec<u8>>, i64)> = sqlx::query_as(GET_BLOB)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        match (row, &self.objects) {
-            (Some((Some(d), _)), _) => Ok(Some(d)),
-            (Some((None, size)), Some(o)) => o.get(key, to_u64(size, "blobs.size")?).await,
-            _ => Ok(None),
-        }
+        files::blob(&self.pool, self.objects.as_deref(), key).await
     }
 
     async fn missing_blobs(&self, keys: &[String]) -> Result<Vec<String>> {
@@ -310,22 +266,14 @@ impl BlobStore for PgStore {
     }
 
     fn inline_limit(&self) -> u64 {
-        if self.objects.is_some() {
-            0
-        } else {
-            crate::blob::INLINE_BLOB_BYTES
-        }
+        files::inline_limit(self.objects.as_deref())
     }
 }
 
 #[async_trait]
 impl WorkspaceStore for PgStore {
     async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>> {
-        let rows: Vec<FileRow> = sqlx::query_as(FILES)
-            .bind(root_id)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.into_iter().map(entry).collect()
+        files::files(&self.pool, FILES, root_id).await
     }
 
     async fn workspace_file(
@@ -333,21 +281,7 @@ impl WorkspaceStore for PgStore {
         root_id: &str,
         path: &str,
     ) -> Result<Option<(FileEntry, Vec<u8>)>> {
-        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = sqlx::query_as(FILE)
-            .bind(root_id)
-            .bind(path)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some((p, size, sha, seq, data)) = row else {
-            return Ok(None);
-        };
-        let data = match (data, &self.objects) {
-            (Some(d), _) => Some(d),
-            (None, Some(o)) => o.get(&sha, to_u64(size, "workspace_files.size")?).await?,
-            (None, None) => None,
-        };
-        let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
-        Ok(Some((entry((p, size, sha, seq))?, data)))
+        files::file(&self.pool, self.objects.as_deref(), root_id, path).await
     }
 }
 

@@ -1,17 +1,19 @@
 //! The reads both stores make the same way, each on the pool it reads from: the same
 //! statement text (see [`super::statements`]), decoded into the same rows, the same
-//! answer built from them.
+//! answer built from them: sessions, histories, approvals, the unfinished counts, API
+//! keys and queue names.
 
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use agentq_agent::schema::Message;
 
+use crate::auth::ApiKey;
 use crate::error::{Error, Result};
 use crate::model::SessionStatus;
 use crate::rowconv::unfinished_counts;
 
 use super::escape::{Text, escape_text};
-use super::record::{HistoryRow, SessionRecord, history_of};
+use super::record::{HistoryRow, KeyRecord, SessionRecord, history_of};
 use super::statements::{COUNT_UNFINISHED, Statements};
 
 /// A session's row, if it exists.
@@ -85,4 +87,48 @@ where
         .fetch_all(pool)
         .await?;
     unfinished_counts(rows)
+}
+
+/// Every API key, revoked ones included.
+pub(crate) async fn keys<DB>(pool: &Pool<DB>, sql: &Statements) -> Result<Vec<ApiKey>>
+where
+    DB: Database,
+    for<'r> KeyRecord: FromRow<'r, DB::Row>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let recs: Vec<KeyRecord> = sqlx::query_as::<DB, KeyRecord>(&sql.list_keys)
+        .fetch_all(pool)
+        .await?;
+    recs.into_iter().map(KeyRecord::into_key).collect()
+}
+
+/// One API key, if it exists.
+pub(crate) async fn key<DB>(pool: &Pool<DB>, sql: &Statements, id: &str) -> Result<Option<ApiKey>>
+where
+    DB: Database,
+    for<'r> KeyRecord: FromRow<'r, DB::Row>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let rec: Option<KeyRecord> = sqlx::query_as::<DB, KeyRecord>(&sql.key_by_id)
+        .bind(id)
+        .fetch_optional(pool)
+        .await?;
+    rec.map(KeyRecord::into_key).transpose()
+}
+
+/// The names of the stored queues.
+pub(crate) async fn queues<DB>(pool: &Pool<DB>, sql: &Statements) -> Result<Vec<String>>
+where
+    DB: Database,
+    for<'r> (String,): FromRow<'r, DB::Row>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let rows: Vec<(String,)> = sqlx::query_as::<DB, (String,)>(&sql.stored_queues)
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(name,)| name).collect())
 }

@@ -1,9 +1,9 @@
 //! Budgets on SQLite: the same steps as on Postgres, each write inside one `BEGIN
 //! IMMEDIATE` transaction, which holds the file's write lock as the row locks do there.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-
-use sqlx::SqliteConnection;
+use sqlx::{Sqlite, SqliteConnection};
 
 use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
@@ -13,11 +13,13 @@ use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
-    BudgetRow, CHAIN, ChainRow, LedgerRow, Link, UsageRow, WRITE_LINK, budget_of, changed,
-    check_spawn, count, give_back, ledger_of, reopen, usage_of, with_grant,
+    LedgerRow, UsageRow, check_spawn, count, give_back, reopen, usage_of, with_grant,
 };
+use crate::sql::ledger;
+use crate::store::BudgetStore;
 
-use super::{SqliteStore, now_us, writes};
+use super::tx::{now_us, record_in};
+use super::{SqliteStore, writes};
 
 const LEDGER: &str = "
 SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, budget_held,
@@ -43,12 +45,6 @@ FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
 WHERE s.root_id = $1
 GROUP BY 1 ORDER BY 1";
 
-const ADD_SPEND: &str = "
-INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ($1, $2, $3, $4)
-ON CONFLICT (tenant, day) DO UPDATE SET
-    tokens = tenant_spend.tokens + excluded.tokens,
-    cost_nanos = tenant_spend.cost_nanos + excluded.cost_nanos";
-
 const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
 FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
@@ -73,9 +69,6 @@ ON CONFLICT (tenant) DO UPDATE SET period = excluded.period, tokens = excluded.t
     usd_nanos = excluded.usd_nanos, on_budget = excluded.on_budget,
     updated_at = excluded.updated_at";
 
-const BUDGETS: &str =
-    "SELECT tenant, period, tokens, usd_nanos, on_budget FROM tenant_budgets ORDER BY tenant";
-
 impl SqliteStore {
     pub(super) async fn spawn_in_tree(
         &self,
@@ -92,7 +85,7 @@ impl SqliteStore {
             .fetch_optional(&mut *tx)
             .await?;
             if let Some(id) = id {
-                let rec = super::record_in(&mut tx, &id).await?;
+                let rec = record_in(&mut tx, &id).await?;
                 tx.commit().await?;
                 if let Some(r) = rec {
                     return Ok(Spawned::Existing(r.into_row()?));
@@ -119,36 +112,9 @@ impl SqliteStore {
             tx.commit().await?;
             return Ok(Spawned::Existing(row));
         }
-        sqlx::query("UPDATE sessions SET tree_sessions = tree_sessions + 1 WHERE id = $1")
-            .bind(&new.root_id)
-            .execute(&mut *tx)
-            .await?;
-        if let Some(g) = g {
-            let g = to_i64(g, "budget")?;
-            sqlx::query("UPDATE sessions SET budget_held = budget_held + $2 WHERE id = $1")
-                .bind(&parent)
-                .bind(g)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE sessions SET budget_allowance = $2 WHERE id = $1")
-                .bind(&child.id)
-                .bind(g)
-                .execute(&mut *tx)
-                .await?;
-        }
+        ledger::grant::<Sqlite>(&mut tx, &new.root_id, &parent, &child.id, g).await?;
         tx.commit().await?;
         Ok(Spawned::Created(row))
-    }
-
-    pub(super) async fn ledger_of(&self, id: &str) -> Result<Option<Ledger>> {
-        let row: Option<LedgerRow> = sqlx::query_as(
-            "SELECT id, tree_sessions, input_tokens + output_tokens, budget_allowance, \
-             budget_held, budget_children_spent FROM sessions WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.readers)
-        .await?;
-        Ok(row.as_ref().map(ledger_of))
     }
 
     pub(super) async fn give_back(&self, id: &str) -> Result<bool> {
@@ -170,10 +136,10 @@ impl SqliteStore {
             tx.commit().await?;
             return Ok(false);
         }
-        let mut links = chain(&mut tx, id).await?;
+        let mut links = ledger::chain::<Sqlite>(&mut tx, id).await?;
         let before = links.clone();
         let done = give_back(&mut links);
-        write_links(&mut tx, &before, &links).await?;
+        ledger::write_links::<Sqlite>(&mut tx, &before, &links).await?;
         tx.commit().await?;
         Ok(done)
     }
@@ -191,31 +157,6 @@ impl SqliteStore {
             .fetch_all(&self.readers)
             .await?;
         Ok(usage_of(rows))
-    }
-
-    pub(super) async fn add_spend(&self, tenant: &str, day: &str, s: Spend) -> Result<()> {
-        let mut tx = self.write_tx().await?;
-        sqlx::query(ADD_SPEND)
-            .bind(tenant)
-            .bind(day)
-            .bind(to_i64(s.tokens, "tokens")?)
-            .bind(to_i64(s.cost_nanos, "cost")?)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
-    }
-
-    pub(super) async fn spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
-        let (t, c): (i64, i64) = sqlx::query_as(SPEND)
-            .bind(tenant)
-            .bind(from)
-            .bind(to)
-            .fetch_one(&self.readers)
-            .await?;
-        Ok(Spend {
-            tokens: count(t),
-            cost_nanos: count(c),
-        })
     }
 
     /// See [`crate::store::BudgetStore::hold_tenant_spend`]: the write transaction
@@ -238,20 +179,8 @@ impl SqliteStore {
             tokens: count(t),
             cost_nanos: count(c),
         };
-        let mut spent = Vec::with_capacity(budgets.len());
-        for b in budgets {
-            let (from, to) = b.period.days(now);
-            let (t, c): (i64, i64) = sqlx::query_as(SPEND)
-                .bind(&hold.tenant)
-                .bind(from)
-                .bind(to)
-                .fetch_one(&mut *tx)
-                .await?;
-            spent.push(Spend {
-                tokens: count(t),
-                cost_nanos: count(c),
-            });
-        }
+        let spent =
+            ledger::spent_per_budget::<Sqlite>(&mut tx, SPEND, &hold.tenant, budgets, now).await?;
         let refused = first_reached(budgets, &spent, held, expires);
         if refused.is_some() {
             tx.rollback().await?;
@@ -287,13 +216,7 @@ impl SqliteStore {
             .bind(id)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(ADD_SPEND)
-            .bind(tenant)
-            .bind(day)
-            .bind(to_i64(s.tokens, "tokens")?)
-            .bind(to_i64(s.cost_nanos, "cost")?)
-            .execute(&mut *tx)
-            .await?;
+        ledger::add_spend(&mut *tx, tenant, day, s).await?;
         tx.commit().await
     }
 
@@ -310,31 +233,6 @@ impl SqliteStore {
             .await?;
         tx.commit().await
     }
-
-    pub(super) async fn budgets(&self) -> Result<Vec<TenantBudget>> {
-        let rows: Vec<BudgetRow> = sqlx::query_as(BUDGETS).fetch_all(&self.readers).await?;
-        rows.into_iter().map(budget_of).collect()
-    }
-}
-
-async fn chain(conn: &mut SqliteConnection, id: &str) -> Result<Vec<Link>> {
-    let rows: Vec<ChainRow> = sqlx::query_as(CHAIN).bind(id).fetch_all(&mut *conn).await?;
-    Ok(rows.into_iter().map(Link::of).collect())
-}
-
-async fn write_links(conn: &mut SqliteConnection, before: &[Link], after: &[Link]) -> Result<()> {
-    for l in changed(before, after) {
-        sqlx::query(WRITE_LINK)
-            .bind(&l.id)
-            .bind(l.allowance.map(|a| to_i64(a, "budget")).transpose()?)
-            .bind(to_i64(l.held, "budget")?)
-            .bind(to_i64(l.children_spent, "budget")?)
-            .bind(l.returned)
-            .bind(l.consumed.map(|c| to_i64(c, "budget")).transpose()?)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(())
 }
 
 /// Re-open `row` (just queued again by a follow-up or a retry, in this write
@@ -345,17 +243,77 @@ pub(super) async fn reopen_in(conn: &mut SqliteConnection, row: &SessionRow) -> 
     let root_budget = if row.parent_id.is_none() {
         row.spec.token_budget
     } else {
-        super::record_in(conn, &row.root_id)
+        record_in(conn, &row.root_id)
             .await?
             .map(|r| r.into_row())
             .transpose()?
             .and_then(|r| r.spec.token_budget)
     };
-    let mut links = chain(conn, &row.id).await?;
+    let mut links = ledger::chain::<Sqlite>(conn, &row.id).await?;
     let before = links.clone();
     match reopen(&mut links, root_budget, row.spec.token_budget) {
-        Ok(true) => write_links(conn, &before, &links).await,
+        Ok(true) => ledger::write_links::<Sqlite>(conn, &before, &links).await,
         Ok(false) => Ok(()),
         Err(no_room) => Err(no_room.error(&row.id)),
+    }
+}
+
+#[async_trait]
+impl BudgetStore for SqliteStore {
+    async fn spawn_session(&self, new: &NewSession, limits: &SpawnLimits) -> Result<Spawned> {
+        self.spawn_in_tree(new, limits).await
+    }
+
+    async fn ledger(&self, id: &str) -> Result<Option<Ledger>> {
+        ledger::ledger(&self.readers, id).await
+    }
+
+    async fn return_budget(&self, id: &str) -> Result<bool> {
+        self.give_back(id).await
+    }
+
+    async fn unreturned_budgets(&self, limit: u32) -> Result<Vec<String>> {
+        self.unreturned(limit).await
+    }
+
+    async fn tree_usage(&self, root_id: &str) -> Result<Vec<ModelUsage>> {
+        self.usage_of_tree(root_id).await
+    }
+
+    async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        ledger::add_spend(&mut *tx, tenant, day, spend).await?;
+        tx.commit().await
+    }
+
+    async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
+        ledger::spend(&self.readers, SPEND, tenant, from, to).await
+    }
+
+    async fn hold_tenant_spend(
+        &self,
+        hold: &TenantHold,
+        budgets: &[TenantBudget],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Option<HoldRefused>> {
+        self.hold(hold, budgets, now).await
+    }
+
+    async fn settle_tenant_hold(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<()> {
+        self.settle_hold(id, tenant, day, spend).await
+    }
+
+    async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
+        self.set_budget(b).await
+    }
+
+    async fn tenant_budgets(&self) -> Result<Vec<TenantBudget>> {
+        ledger::budgets(&self.readers).await
     }
 }

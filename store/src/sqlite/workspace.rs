@@ -4,7 +4,6 @@
 //! collection. Writes are serialized by the file lock, so a collection can never race a
 //! commit's statements; only an upload made before its commit relies on the grace period.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,11 +13,13 @@ use crate::blob::{BlobStore, check_keys};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::NewSession;
-use crate::rowconv::{bad_data, to_i64, to_u64};
+use crate::rowconv::to_i64;
+use crate::sql::files;
 use crate::store::WorkspaceStore;
-use crate::workspace::{FileEntry, sha256_hex, valid_path};
+use crate::workspace::FileEntry;
 
-use super::{SqliteStore, dur_us, now_us};
+use super::SqliteStore;
+use super::tx::{dur_us, now_us};
 use crate::blob::s3::S3Blobs;
 
 const PUT_BLOB: &str = "
@@ -39,10 +40,6 @@ const TOUCH_BLOB: &str =
 const FILES: &str = "SELECT path, size, sha256, modified_at_seq FROM workspace_files \
      WHERE root_id = $1 ORDER BY path";
 
-const FILE: &str = "SELECT w.path, w.size, w.sha256, w.modified_at_seq, b.data \
-     FROM workspace_files w LEFT JOIN blobs b ON b.sha256 = w.sha256 \
-     WHERE w.root_id = $1 AND w.path = $2";
-
 const PUT_FILE: &str = "
 INSERT INTO workspace_files (root_id, path, sha256, size, modified_at_seq)
 VALUES ($1, $2, $3, $4, $5)
@@ -50,17 +47,6 @@ ON CONFLICT (root_id, path) DO UPDATE SET sha256 = excluded.sha256, size = exclu
     modified_at_seq = excluded.modified_at_seq";
 
 const DELETE_FILE: &str = "DELETE FROM workspace_files WHERE root_id = $1 AND path = $2";
-
-type FileRow = (String, i64, String, i64);
-
-fn entry((path, size, sha256, seq): FileRow) -> Result<FileEntry> {
-    Ok(FileEntry {
-        path,
-        size: to_u64(size, "workspace_files.size")?,
-        sha256,
-        modified_at_seq: seq,
-    })
-}
 
 /// Store `blobs`, inside the caller's write transaction: in the table, or with an object
 /// store, their index rows and then their objects. The collector deletes index rows and
@@ -137,20 +123,9 @@ pub(super) async fn add_inputs(
         .execute(&mut *conn)
         .await?;
     }
-    let mut by_path: BTreeMap<&str, (String, i64)> = BTreeMap::new();
-    for f in &s.files {
-        if !valid_path(&f.path) {
-            return Err(Error::invalid(
-                "files",
-                format!(
-                    "path {:?} is not a relative path inside the workspace",
-                    f.path
-                ),
-            ));
-        }
-        let key = sha256_hex(&f.data);
-        put_blobs_in(conn, &[(key.clone(), f.data.clone())], now, objects).await?;
-        by_path.insert(&f.path, (key, to_i64(f.data.len() as u64, "files")?));
+    let files::Inputs { by_path, blobs } = files::inputs(s)?;
+    for blob in blobs {
+        put_blobs_in(conn, std::slice::from_ref(&blob), now, objects).await?;
     }
     for (path, (key, size)) in by_path {
         sqlx::query(PUT_FILE)
@@ -212,16 +187,7 @@ impl BlobStore for SqliteStore {
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let row: Option<(Option<Vec<u8>>, i64)> =
-            sqlx::query_as("SELECT data, size FROM blobs WHERE sha256 = $1")
-                .bind(key)
-                .fetch_optional(&self.readers)
-                .await?;
-        match (row, &self.objects) {
-            (Some((Some(d), _)), _) => Ok(Some(d)),
-            (Some((None, size)), Some(o)) => o.get(key, to_u64(size, "blobs.size")?).await,
-            _ => Ok(None),
-        }
+        files::blob(&self.readers, self.objects.as_deref(), key).await
     }
 
     async fn missing_blobs(&self, keys: &[String]) -> Result<Vec<String>> {
@@ -279,22 +245,14 @@ impl BlobStore for SqliteStore {
     }
 
     fn inline_limit(&self) -> u64 {
-        if self.objects.is_some() {
-            0
-        } else {
-            crate::blob::INLINE_BLOB_BYTES
-        }
+        files::inline_limit(self.objects.as_deref())
     }
 }
 
 #[async_trait]
 impl WorkspaceStore for SqliteStore {
     async fn workspace_files(&self, root_id: &str) -> Result<Vec<FileEntry>> {
-        let rows: Vec<FileRow> = sqlx::query_as(FILES)
-            .bind(root_id)
-            .fetch_all(&self.readers)
-            .await?;
-        rows.into_iter().map(entry).collect()
+        files::files(&self.readers, FILES, root_id).await
     }
 
     async fn workspace_file(
@@ -302,21 +260,7 @@ impl WorkspaceStore for SqliteStore {
         root_id: &str,
         path: &str,
     ) -> Result<Option<(FileEntry, Vec<u8>)>> {
-        let row: Option<(String, i64, String, i64, Option<Vec<u8>>)> = sqlx::query_as(FILE)
-            .bind(root_id)
-            .bind(path)
-            .fetch_optional(&self.readers)
-            .await?;
-        let Some((p, size, sha, seq, data)) = row else {
-            return Ok(None);
-        };
-        let data = match (data, &self.objects) {
-            (Some(d), _) => Some(d),
-            (None, Some(o)) => o.get(&sha, to_u64(size, "workspace_files.size")?).await?,
-            (None, None) => None,
-        };
-        let data = data.ok_or_else(|| bad_data(format_args!("blob {sha} of {p} is missing")))?;
-        Ok(Some((entry((p, size, sha, seq))?, data)))
+        files::file(&self.readers, self.objects.as_deref(), root_id, path).await
     }
 }
 

@@ -16,7 +16,7 @@ use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
 use crate::store::{Committed, LeaseStatus};
 
-use super::{gave_up_lease, record_in};
+use super::tx::{gave_up_lease, record_in};
 
 /// Messages per multi-row insert: 4 parameters each, far below SQLite's 32 766 limit.
 const INSERT_CHUNK: usize = 1000;

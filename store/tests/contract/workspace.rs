@@ -3,8 +3,6 @@
 //! commits (fenced like the rest of it), blobs by content, expiry of finished trees'
 //! workspaces and collection of unreferenced blobs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,32 +13,12 @@ use agentq_error::Error;
 use agentq_store::Checkpoint;
 use agentq_store::blob::s3::S3Blobs;
 use agentq_store::pg::PgStore;
-use agentq_store::sqlite::SqliteStore;
 use agentq_store::store::Store;
 use agentq_types::config::S3Section;
 use agentq_types::model::{Claim, Lease, NewSession};
 use agentq_types::workspace::{BlobRef, FileChange, InputFile, sha256_hex};
 
-const TTL: Duration = Duration::from_secs(30);
-
-async fn pg_store() -> PgStore {
-    let url = agentq_testkit::shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, 8).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
-}
-
-async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("agentq.db"))
-        .await
-        .expect("open");
-    store.migrate().await.expect("migrate");
-    (dir, store)
-}
+use crate::common::{Backend, TTL, pg_store, sqlite_store};
 
 /// One S3-compatible server for the test binary; each store gets a bucket of its own.
 fn moto() -> &'static agentq_testkit::MotoServer {
@@ -65,13 +43,13 @@ async fn objects() -> Arc<S3Blobs> {
     Arc::new(o)
 }
 
-macro_rules! contract_tests {
+macro_rules! workspace_contract_tests {
     ($($case:ident),* $(,)?) => {
         mod pg_s3 {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let store = super::pg_store().await.with_objects(super::objects().await);
+                    let store = crate::common::pg_store().await.with_objects(super::objects().await);
                     super::$case(&store).await;
                 }
             )*
@@ -80,7 +58,7 @@ macro_rules! contract_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let (_dir, store) = super::sqlite_store().await;
+                    let (_dir, store) = crate::common::sqlite_store().await;
                     let store = store.with_objects(super::objects().await);
                     super::$case(&store).await;
                     store.close().await;
@@ -91,7 +69,7 @@ macro_rules! contract_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let store = super::pg_store().await;
+                    let store = crate::common::pg_store().await;
                     super::$case(&store).await;
                 }
             )*
@@ -100,7 +78,7 @@ macro_rules! contract_tests {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
-                    let (_dir, store) = super::sqlite_store().await;
+                    let (_dir, store) = crate::common::sqlite_store().await;
                     super::$case(&store).await;
                     store.close().await;
                 }
@@ -109,7 +87,7 @@ macro_rules! contract_tests {
     };
 }
 
-contract_tests!(
+workspace_contract_tests!(
     contract_input_files_and_forks,
     contract_checkpoint_commits_file_changes,
     contract_group_commit_of_one_tree,
@@ -313,7 +291,7 @@ async fn contract_input_files_and_forks(store: &dyn Store) {
     );
 }
 
-async fn contract_checkpoint_commits_file_changes(store: &dyn Store) {
+async fn contract_checkpoint_commits_file_changes(store: &dyn Backend) {
     let (row, _) = store
         .create_session(&with_files(
             "cp",
@@ -362,7 +340,7 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Store) {
         .heartbeat(std::slice::from_ref(&lease), Duration::from_millis(1))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pass(Duration::from_millis(20)).await;
     let (lease2, mut state2) = acquire(store, &row.id, "w2").await;
     let stale = put(store, "out/a.txt", b"from the dead worker").await;
     let err = step(store, &lease, &mut state, vec![stale, delete("keep")])
@@ -472,7 +450,7 @@ fn carried(path: &str, data: &[u8]) -> (FileChange, (String, Arc<Vec<u8>>)) {
     )
 }
 
-async fn contract_a_commit_carries_its_contents(store: &dyn Store) {
+async fn contract_a_commit_carries_its_contents(store: &dyn Backend) {
     let (parent, _) = store
         .create_session(&with_files("parent", "default", vec![]))
         .await
@@ -539,7 +517,7 @@ async fn contract_a_commit_carries_its_contents(store: &dyn Store) {
         .heartbeat(std::slice::from_ref(&pl), Duration::from_millis(1))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.pass(Duration::from_millis(20)).await;
     let (_pl2, _) = acquire(store, &parent.id, "w2").await;
     let (late, late_blob) = carried("a.txt", b"from the dead worker");
     let from = ps.messages.len();
@@ -615,7 +593,7 @@ async fn contract_blobs_by_content(store: &dyn Store) {
     assert_eq!(store.get_blob(&key).await.unwrap().unwrap(), data);
 }
 
-async fn contract_expiry_and_collection(store: &dyn Store) {
+async fn contract_expiry_and_collection(store: &dyn Backend) {
     let (done, _) = store
         .create_session(&with_files(
             "done",
@@ -657,7 +635,7 @@ async fn contract_expiry_and_collection(store: &dyn Store) {
             .unwrap(),
         0
     );
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.pass(Duration::from_millis(5)).await;
     assert_eq!(
         store.expire_workspaces(Duration::ZERO, 100).await.unwrap(),
         1
@@ -702,7 +680,7 @@ async fn contract_expiry_and_collection(store: &dyn Store) {
 /// a content changed in the bucket behind the store's back is refused, never served; the
 /// collector deletes the index row and the object.
 async fn s3_case(
-    store: &dyn Store,
+    store: &dyn Backend,
     objects: &S3Blobs,
     index_data_is_null: impl AsyncFn(&str) -> bool,
 ) {
@@ -757,7 +735,7 @@ async fn s3_case(
     let orphan = b"nobody holds me".to_vec();
     let okey = sha256_hex(&orphan);
     store.put_blobs(&[(okey.clone(), orphan)]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    store.pass(Duration::from_millis(5)).await;
     assert_eq!(store.collect_blobs(Duration::ZERO, 100).await.unwrap(), 1);
     assert!(!objects.exists(&okey).await.unwrap());
     assert!(objects.exists(&key).await.unwrap());

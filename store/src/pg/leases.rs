@@ -1,0 +1,133 @@
+//! The lease protocol on Postgres: the claim, the fenced checkpoint, heartbeat, release
+//! and suspension of a running session. Every write after the claim is conditional on
+//! `(lease_owner, lease_epoch)`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use agentq_agent::state::SessionState;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::{Claim, Lease, SessionRow, SessionStatus};
+use crate::sql::outcome;
+use crate::sql::record::{SessionRecord, StoredMessage};
+use crate::sql::statements::POSTGRES as SQL;
+use crate::sql::suspension::Suspension;
+use crate::store::{Committed, LeaseStatus, LeaseStore, checkpoint_alone};
+use crate::wait::WaitReason;
+
+use super::{PgStore, secs};
+
+#[async_trait]
+impl LeaseStore for PgStore {
+    async fn claim(
+        &self,
+        id: &str,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: u32,
+    ) -> Result<Claim> {
+        let claimed: Option<SessionRecord> = sqlx::query_as(&SQL.claim)
+            .bind(id)
+            .bind(owner)
+            .bind(secs(ttl))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(rec) = claimed else {
+            return outcome::claim_refused(self.get_record(id).await?);
+        };
+        if outcome::exhausted(&rec, max_attempts) {
+            return outcome::exhausted_claim(rec);
+        }
+        // A second statement, after the claim committed: from here on the previous holder
+        // is fenced off, so this read sees everything it will ever have written. The
+        // claimed row is the latest version (the claim waited for any write in flight).
+        let messages: Vec<StoredMessage> = if rec.has_stored_history() {
+            sqlx::query_as(&SQL.claim_history)
+                .bind(&rec.root_id)
+                .bind(&rec.id)
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            Vec::new()
+        };
+        outcome::acquired(rec, owner, messages)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
+        checkpoint_alone(self, lease, state, from).await
+    }
+
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>> {
+        self.commit_batch(batch).await
+    }
+
+    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
+        self.extend_leases(leases, ttl).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let done = sqlx::query(&SQL.release)
+            .bind(&lease.root_id)
+            .bind(&lease.session_id)
+            .bind(lease.epoch)
+            .bind(&lease.owner)
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        if done > 0
+            || self
+                .gave_up_lease(lease, |s| s == SessionStatus::Queued)
+                .await?
+        {
+            return Ok(());
+        }
+        Err(Error::LeaseLost(lease.session_id.clone()))
+    }
+
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let s = Suspension::of(status, seen_wake, approval_deadline);
+        self.suspend_with(lease, &s).await
+    }
+
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let s = Suspension::waiting(seen_wake, reason, wake_at);
+        self.suspend_with(lease, &s).await
+    }
+}
+
+impl PgStore {
+    async fn suspend_with(&self, lease: &Lease, s: &Suspension) -> Result<SessionRow> {
+        let rec: Option<SessionRecord> = sqlx::query_as(&SQL.suspend)
+            .bind(&lease.root_id)
+            .bind(&lease.session_id)
+            .bind(lease.epoch)
+            .bind(s.status.as_str())
+            .bind(s.seen_wake)
+            .bind(s.approval_deadline)
+            .bind(&lease.owner)
+            .bind(s.reason.as_str())
+            .bind(s.wake_at)
+            .fetch_optional(&self.pool)
+            .await?;
+        match rec {
+            Some(r) => r.into_row(),
+            None => Err(Error::LeaseLost(lease.session_id.clone())),
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The lease protocol in the SQLite file: the claim, the fenced checkpoint (the group
+//! commit as one write transaction), heartbeat, release and suspension of a running
+//! session. Every write after the claim is conditional on `(lease_owner, lease_epoch)`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use agentq_agent::state::SessionState;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::model::{Claim, Lease, SessionRow, SessionStatus};
+use crate::sql::outcome;
+use crate::sql::record::StoredMessage;
+use crate::sql::statements::SQLITE as SQL;
+use crate::sql::suspension::Suspension;
+use crate::store::{Committed, LeaseStatus, LeaseStore, checkpoint_alone};
+use crate::wait::WaitReason;
+
+use super::tx::{dur_us, gave_up_lease, now_us, record_in, returning_one};
+use super::{SqliteStore, writes};
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn claim(
+        &self,
+        id: &str,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: u32,
+    ) -> Result<Claim> {
+        let now = now_us();
+        let mut tx = self.write_tx().await?;
+        let claimed = returning_one(
+            &mut tx,
+            sqlx::query_as(&SQL.claim)
+                .bind(id)
+                .bind(owner)
+                .bind(now.saturating_add(dur_us(ttl)))
+                .bind(now),
+        )
+        .await?;
+        let Some(rec) = claimed else {
+            // Why not? Read in the same transaction, so the answer is consistent.
+            let rec = record_in(&mut tx, id).await?;
+            tx.rollback().await?;
+            return outcome::claim_refused(rec);
+        };
+        if outcome::exhausted(&rec, max_attempts) {
+            // The claim itself stands (as on Postgres): the caller fails the session.
+            tx.commit().await?;
+            return outcome::exhausted_claim(rec);
+        }
+        // The history, read under the same write lock as the claim: exactly what the
+        // previous holder committed, which is all it will ever have written.
+        let messages: Vec<StoredMessage> = if rec.has_stored_history() {
+            sqlx::query_as(&SQL.claim_history)
+                .bind(&rec.root_id)
+                .bind(&rec.id)
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
+            Vec::new()
+        };
+        tx.commit().await?;
+        outcome::acquired(rec, owner, messages)
+    }
+
+    async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
+        checkpoint_alone(self, lease, state, from).await
+    }
+
+    /// Returns no rows: a read of an embedded database is cheap, and the caller makes it.
+    async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>> {
+        let now = now_us();
+        // One transaction for the whole batch (SQLite's group commit); within it each
+        // checkpoint's messages are written only if its fenced row update matched.
+        let mut tx = self.write_tx().await?;
+        let mut out = Vec::with_capacity(batch.len());
+        for cp in batch {
+            out.push(writes::checkpoint(&mut tx, cp, now).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let expires = now_us().saturating_add(dur_us(ttl));
+        let mut out = Vec::with_capacity(leases.len());
+        let mut tx = self.write_tx().await?;
+        for l in leases {
+            out.push(writes::extend_lease(&mut tx, l, expires).await?);
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        let done = sqlx::query(&SQL.release)
+            .bind(&lease.root_id)
+            .bind(&lease.session_id)
+            .bind(lease.epoch)
+            .bind(&lease.owner)
+            .bind(now_us())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if done > 0 {
+            tx.commit().await?;
+            return Ok(());
+        }
+        let retried = gave_up_lease(&mut tx, lease, |s| s == SessionStatus::Queued).await?;
+        tx.rollback().await?;
+        if retried {
+            return Ok(());
+        }
+        Err(Error::LeaseLost(lease.session_id.clone()))
+    }
+
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        status: SessionStatus,
+        seen_wake: i64,
+        approval_deadline: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let s = Suspension::of(status, seen_wake, approval_deadline);
+        self.suspend_with(lease, &s).await
+    }
+
+    async fn suspend_for(
+        &self,
+        lease: &Lease,
+        seen_wake: i64,
+        reason: WaitReason,
+        wake_at: Option<DateTime<Utc>>,
+    ) -> Result<SessionRow> {
+        let s = Suspension::waiting(seen_wake, reason, wake_at);
+        self.suspend_with(lease, &s).await
+    }
+}
+
+impl SqliteStore {
+    async fn suspend_with(&self, lease: &Lease, s: &Suspension) -> Result<SessionRow> {
+        let mut tx = self.write_tx().await?;
+        let rec = returning_one(
+            &mut tx,
+            sqlx::query_as(&SQL.suspend)
+                .bind(&lease.root_id)
+                .bind(&lease.session_id)
+                .bind(lease.epoch)
+                .bind(s.status.as_str())
+                .bind(s.seen_wake)
+                .bind(s.approval_deadline.map(|t| t.timestamp_micros()))
+                .bind(&lease.owner)
+                .bind(s.reason.as_str())
+                .bind(s.wake_at.map(|t| t.timestamp_micros()))
+                .bind(now_us()),
+        )
+        .await?;
+        match rec {
+            Some(r) => {
+                tx.commit().await?;
+                r.into_row()
+            }
+            None => {
+                tx.rollback().await?;
+                Err(Error::LeaseLost(lease.session_id.clone()))
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! What the store's test binaries share: a fresh store of each backend, the
+//! `contract_tests!` macro that runs one case against both, the database clock tests move
+//! instead of sleeping ([`clock`]), and the session steps the cases are written in
+//! ([`steps`]).
+
+// Each binary uses its own part of what is here.
+#![allow(dead_code, unused_imports, unused_macros)]
+
+pub mod clock;
+pub mod steps;
+
+use std::time::Duration;
+
+use agentq_store::pg::PgStore;
+use agentq_store::sqlite::SqliteStore;
+
+pub use clock::{Backend, Clock};
+pub use steps::*;
+
+/// A lease no test outlives.
+pub const TTL: Duration = Duration::from_secs(30);
+/// A lease a test lets expire, by moving the clock past it ([`Clock::pass`]). Long
+/// enough that it never expires on its own while a test runs on a loaded machine.
+pub const SHORT_TTL: Duration = Duration::from_secs(5);
+
+/// A migrated store on a fresh database of the testkit's shared Postgres.
+pub async fn pg_store() -> PgStore {
+    let url = agentq_testkit::shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let store = PgStore::connect(&url, 8).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// A migrated store on a file in a temporary directory (kept while the store is used).
+pub async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .expect("open");
+    store.migrate().await.expect("migrate");
+    (dir, store)
+}
+
+/// One `#[tokio::test]` per backend per case: `pg::<case>` and `sqlite::<case>`, each
+/// case an `async fn(&dyn Store)` (or `&dyn Backend`) of the invoking module.
+macro_rules! contract_tests {
+    ($($case:ident),* $(,)?) => {
+        mod pg {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let store = $crate::common::pg_store().await;
+                    super::$case(&store).await;
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let (_dir, store) = $crate::common::sqlite_store().await;
+                    super::$case(&store).await;
+                    store.close().await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use contract_tests;
