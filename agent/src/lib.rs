@@ -6,6 +6,7 @@
 //! built-in providers and tools. It knows nothing of Redis or SQL: persistence happens
 //! through the [`driver::Checkpointer`] it is handed.
 
+pub mod admission;
 pub mod bounds;
 pub mod driver;
 pub mod error;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::driver::Admission;
+use crate::admission::Admission;
 use crate::schema::ToolCall;
 use crate::spec::ExitReason;
 use crate::tools::{Tool, ToolOutput};

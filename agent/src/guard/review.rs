@@ -19,7 +19,7 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::{Guardian, HookContext, HookDecision};
-use crate::driver::Admission;
+use crate::admission::Admission;
 use crate::schema::{ToolCall, Usage};
 
 /// The most different calls of one model answer the guardian reviews. An answer asking
