@@ -27,10 +27,10 @@ use serde_json::json;
 use tracing::warn;
 
 use super::external::tool_globs;
-use super::review::{Review, ReviewCall, ReviewGate};
+use super::hook::{Behavior, HookContext, HookDecision, OnTruncated};
+use super::review::{Guardian, Review, ReviewCall, ReviewGate};
 use super::shown::Shown;
 use super::verdict::parse_verdict;
-use super::{Behavior, Guardian, HookContext, HookDecision, OnTruncated};
 use crate::admission::{
     Admission, Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
 };
