@@ -125,8 +125,11 @@ fn policy_section_with_tenants() {
     assert_eq!(c.policy.base_urls, vec!["http://a/v1", "http://b"]);
 }
 
+/// A setting's key, and a change to the defaults that breaks one of its rules.
+type Case = (&'static str, fn(&mut Settings));
+
 /// Each case breaks one rule; the error names the setting it breaks.
-fn assert_each_names_its_setting(cases: &[(&str, fn(&mut Settings))]) {
+fn assert_each_names_its_setting(cases: &[Case]) {
     for (key, tweak) in cases {
         let e = invalid_with(tweak);
         assert!(e.contains(&format!("`{key}")), "{key} not in {e}");
