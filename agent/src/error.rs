@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::provider::RateLimitInfo;
+use crate::provider::ratelimit::RateLimitInfo;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -27,7 +27,7 @@ use agentq_api::{
     ApprovalRequest, ApprovalResponse, BatchResponse, CancelResponse, ErrorBody, ListResponse,
     PostMessage, PostMessageResponse, SessionDetail, SessionRef, SessionView,
 };
-use agentq_core::config::Config;
+use agentq_core::config::Settings;
 use agentq_core::protocol::Strategy;
 use agentq_core::queue::DONE_CHANNEL;
 use agentq_core::{Completion, CompletionUsage, SessionStatus};
@@ -217,7 +217,7 @@ impl Api {
     pub(crate) fn new(args: &ApiArgs) -> anyhow::Result<Api> {
         let base = match &args.api_url {
             Some(u) if !u.trim().is_empty() => u.clone(),
-            _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
+            _ => Settings::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
         };
         let http = reqwest::Client::builder()
             .default_headers(args.headers()?)
@@ -559,7 +559,7 @@ type DoneStream = futures::stream::BoxStream<'static, Completion>;
 
 /// All completions (`agentq:done`), when a Redis URL is configured and reachable.
 async fn subscribe_done() -> Option<DoneStream> {
-    let url = match Config::load_only(None, |k| std::env::var(k).ok(), &["redis_url"]) {
+    let url = match Settings::load_only(None, |k| std::env::var(k).ok(), &["redis_url"]) {
         Ok(c) => c.redis_url?,
         Err(e) => {
             tracing::warn!(error = %e, "cannot load the configuration; polling the API");

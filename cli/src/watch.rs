@@ -22,7 +22,7 @@ use agentq_agent::event::AgentEvent;
 use agentq_agent::spec::ExitReason;
 use agentq_api::events::{self, CompletionEvent, ResetEvent};
 use agentq_core::SessionStatus;
-use agentq_core::config::Config;
+use agentq_core::config::Settings;
 use agentq_core::protocol::EventKind;
 
 use crate::client::{ApiArgs, decide_commands, one_line, shell_word};
@@ -264,7 +264,7 @@ fn backoff(failures: u32) -> Duration {
 pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let base = match &args.api.api_url {
         Some(u) if !u.trim().is_empty() => u.clone(),
-        _ => Config::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
+        _ => Settings::load_only(None, |k| std::env::var(k).ok(), &["api_url"])?.api_url,
     };
     let url = format!(
         "{}/v1/sessions/{}/events",

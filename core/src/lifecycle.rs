@@ -3,15 +3,17 @@
 //! finished, and cancelling a subtree; and the embedded process's recovery at start
 //! ([`requeue_runnable`], also `agentq_core::sqlite::requeue_runnable`).
 
-use crate::Result;
-use crate::model::{
+// The crates below core by their own paths, not core's root: the root re-exports
+// `requeue_runnable` from here, and a file must not import what imports it.
+use agentq_error::{Error, Result};
+use agentq_queue::queue::{Queue, WorkQueue};
+use agentq_store::sqlite::SqliteStore;
+use agentq_store::store::{Store, SweepStore};
+use agentq_types::model::{
     CancelResult, Completion, EnqueueReason, ListFilter, SessionRow, SessionStatus, SpawnInfo,
     inbox_past,
 };
-use crate::protocol::{ChildOutcome, InboxKind, InboxPayload, WorkerSignal};
-use crate::queue::{Queue, WorkQueue};
-use crate::sqlite::SqliteStore;
-use crate::store::{Store, SweepStore};
+use agentq_types::protocol::{ChildOutcome, InboxKind, InboxPayload, WorkerSignal};
 
 /// Most descendants a cancel reaches (a runaway tree must not make it unbounded).
 pub const MAX_CANCEL_CASCADE: usize = 10_000;
@@ -194,7 +196,7 @@ pub async fn start_next_followup(
         Ok(None) => Ok(false),
         // The tree's token budget has nothing left to give the session: the follow-up is
         // not started (nobody is there to be refused), and stays in the inbox unconsumed.
-        Err(crate::Error::NoBudget(message)) => {
+        Err(Error::NoBudget(message)) => {
             tracing::info!(session_id = %row.id, %message, "a queued follow-up is not started");
             Ok(false)
         }

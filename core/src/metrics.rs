@@ -5,46 +5,30 @@
 //! configured it ([`Metrics::label_models`]) and [`OTHER_MODEL`] otherwise: callers cannot
 //! add series.
 
+//!
+//! The families are registered by area in `families`; `serve` answers `GET /metrics`.
+
 use std::collections::HashSet;
 use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    TextEncoder,
 };
 
-/// LLM calls can stream for minutes: buckets reach well past 120 s.
-const LLM_BUCKETS: &[f64] = &[
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-];
-const TOOL_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-];
-const CHECKPOINT_BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-];
+use families::{
+    LimiterFamilies, LlmFamilies, QueueFamilies, SessionFamilies, StoreFamilies, TenantFamilies,
+    ToolFamilies,
+};
+
+mod families;
+mod serve;
+
+pub use serve::serve_metrics;
+
 /// The `model` label of every model the operator did not configure.
 pub const OTHER_MODEL: &str = "other";
-
-/// Waits for admission: most calls wait not at all (the first bucket), rate-limited ones
-/// up to a provider's minute window and beyond.
-const ADMISSION_BUCKETS: &[f64] = &[
-    0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
-];
-const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
-const ITERATION_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 40.0, 80.0, 160.0];
-const TOKEN_BUCKETS: &[f64] = &[
-    100.0,
-    1_000.0,
-    5_000.0,
-    10_000.0,
-    50_000.0,
-    100_000.0,
-    500_000.0,
-    1_000_000.0,
-    5_000_000.0,
-];
 
 pub struct Metrics {
     pub registry: Registry,
@@ -91,57 +75,6 @@ pub struct Metrics {
     tenants: RwLock<HashSet<String>>,
 }
 
-fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    register(r, Box::new(c.clone()));
-    c
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    register(r, Box::new(c.clone()));
-    c
-}
-
-fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    register(r, Box::new(g.clone()));
-    g
-}
-
-fn histogram_vec(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-    buckets: &[f64],
-) -> HistogramVec {
-    let h = HistogramVec::new(
-        HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-        labels,
-    )
-    .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    register(r, Box::new(h.clone()));
-    h
-}
-
-fn histogram(r: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    register(r, Box::new(h.clone()));
-    h
-}
-
-fn register(r: &Registry, c: Box<dyn prometheus::core::Collector>) {
-    // Names are constants of this file: a failure is a programming error caught by the
-    // unit test below, never by input.
-    if let Err(e) = r.register(c) {
-        panic!("registering a metric: {e}");
-    }
-}
-
 impl Metrics {
     /// A fresh registry with every metric (tests use their own; processes use [`global`]).
     pub fn new() -> Self {
@@ -149,240 +82,56 @@ impl Metrics {
     }
 
     /// A fresh registry with every metric, `limiter_errors` being this counter.
-    #[allow(clippy::too_many_lines)]
     fn with_limiter_errors(limiter_errors: IntCounter) -> Self {
         let r = Registry::new();
-        let m = Metrics {
-            iterations: counter_vec(
-                &r,
-                "agentq_iterations_total",
-                "Agent loop iterations completed (LLM responses committed).",
-                &["queue", "provider", "model"],
-            ),
-            llm_tokens: counter_vec(
-                &r,
-                "agentq_llm_tokens_total",
-                "Tokens reported by LLM providers, by kind (input, output, cache_read, cache_write, reasoning).",
-                &["provider", "model", "type"],
-            ),
-            guardian_tokens: counter_vec(
-                &r,
-                "agentq_guardian_tokens_total",
-                "Tokens reported by the guardian's review calls, by kind (input, output, cache_read, cache_write, reasoning); not in agentq_llm_tokens_total.",
-                &["provider", "model", "type"],
-            ),
-            llm_requests: counter_vec(
-                &r,
-                "agentq_llm_requests_total",
-                "LLM request attempts by outcome.",
-                &["provider", "model", "outcome"],
-            ),
-            llm_request_duration: histogram_vec(
-                &r,
-                "agentq_llm_request_duration_seconds",
-                "Duration of one LLM request attempt, to the end of its stream.",
-                &["provider", "model"],
-                LLM_BUCKETS,
-            ),
-            llm_ttft: histogram_vec(
-                &r,
-                "agentq_llm_time_to_first_token_seconds",
-                "Time from sending an LLM request to its first streamed token.",
-                &["provider", "model"],
-                LLM_BUCKETS,
-            ),
-            llm_retries: counter_vec(
-                &r,
-                "agentq_llm_retries_total",
-                "LLM request attempts that failed and were retried, by reason.",
-                &["provider", "reason"],
-            ),
-            llm_rate_limited: counter_vec(
-                &r,
-                "agentq_llm_rate_limited_total",
-                "LLM calls the provider refused for its rate limit (HTTP 429, or 529 overloaded).",
-                &["provider", "model"],
-            ),
-            admission_wait: histogram_vec(
-                &r,
-                "agentq_admission_wait_seconds",
-                "Time an LLM call waited for admission by the rate limiter before it started.",
-                &["provider", "model"],
-                ADMISSION_BUCKETS,
-            ),
-            // The limiter's own counter (`agentq_limiter::errors`) in the process's
-            // registry, where every limiter counts; a fresh counter for any other.
-            limiter_errors: {
-                register(&r, Box::new(limiter_errors.clone()));
-                limiter_errors
-            },
-            llm_reissued: counter(
-                &r,
-                "agentq_llm_reissued_total",
-                "LLM calls made again because the worker that made them died before their response was committed (mid-call, or while read-only calls ran under the write-ahead grace).",
-            ),
-            llm_reissued_tokens: counter(
-                &r,
-                "agentq_llm_reissued_tokens_total",
-                "Tokens (input + output) spent on re-issued LLM calls.",
-            ),
-            tool_calls: counter_vec(
-                &r,
-                "agentq_tool_calls_total",
-                "Tool calls by tool and outcome (ok, error, timeout, denied, cancelled).",
-                &["tool", "outcome"],
-            ),
-            hook_calls: counter_vec(
-                &r,
-                "agentq_hook_calls_total",
-                "Configured hooks and guardian asked, by point (pre_tool_use, post_tool_use, session_start, session_end, guardian) and outcome (allow, deny, ok; timeout, error, invalid: the configured behaviour applied; the guardian's truncated, budget, cancelled: denied without a verdict).",
-                &["point", "outcome"],
-            ),
-            tool_duration: histogram_vec(
-                &r,
-                "agentq_tool_duration_seconds",
-                "Tool execution time.",
-                &["tool"],
-                TOOL_BUCKETS,
-            ),
-            sessions_started: counter_vec(
-                &r,
-                "agentq_sessions_started_total",
-                "Session runs started (a resumed session starts again).",
-                &["queue"],
-            ),
-            sessions_finished: counter_vec(
-                &r,
-                "agentq_sessions_finished_total",
-                "Sessions that reached a terminal state, by finish reason.",
-                &["queue", "finish_reason"],
-            ),
-            sessions_active: {
-                let g = IntGauge::new("agentq_sessions_active", "Sessions this worker is running.")
-                    .unwrap_or_else(|e| panic!("metric: {e}"));
-                register(&r, Box::new(g.clone()));
-                g
-            },
-            sessions_waiting: gauge_vec(
-                &r,
-                "agentq_sessions_waiting",
-                "Sessions suspended, by what they wait for.",
-                &["reason"],
-            ),
-            sessions_held: gauge_vec(
-                &r,
-                "agentq_sessions_held",
-                "Queued sessions held in the store, behind a full delivery buffer or a cap on running sessions, per queue.",
-                &["queue"],
-            ),
-            sessions_suspended: counter_vec(
-                &r,
-                "agentq_sessions_suspended_total",
-                "Runs that gave their session up to wait without a lease, by what it waits for (children, approval, rate_limit, budget).",
-                &["reason"],
-            ),
-            session_iterations: histogram(
-                &r,
-                "agentq_session_iterations",
-                "Iterations per finished session.",
-                ITERATION_BUCKETS,
-            ),
-            session_tokens: histogram(
-                &r,
-                "agentq_session_tokens",
-                "Tokens (input + output) per finished session.",
-                TOKEN_BUCKETS,
-            ),
-            checkpoint_duration: histogram(
-                &r,
-                "agentq_checkpoint_duration_seconds",
-                "Time to commit one checkpoint.",
-                CHECKPOINT_BUCKETS,
-            ),
-            checkpoint_batch_size: histogram(
-                &r,
-                "agentq_checkpoint_batch_size",
-                "Checkpoints committed together by one group commit.",
-                BATCH_BUCKETS,
-            ),
-            iteration_overhead: histogram(
-                &r,
-                "agentq_iteration_overhead_seconds",
-                "The loop's own time per iteration, outside the LLM and the tools (checkpoints, events, bookkeeping).",
-                CHECKPOINT_BUCKETS,
-            ),
-            lease_lost: counter(
-                &r,
-                "agentq_lease_lost_total",
-                "Runs stopped because another worker took the session's lease.",
-            ),
-            sessions_reclaimed: counter(
-                &r,
-                "agentq_sessions_reclaimed_total",
-                "Queue entries taken over from workers that stopped heartbeating.",
-            ),
-            dead_letter: counter(
-                &r,
-                "agentq_dead_letter_total",
-                "Sessions moved to the dead-letter stream.",
-            ),
-            events_dropped: counter_vec(
-                &r,
-                "agentq_events_dropped_total",
-                "Session events a worker dropped instead of streaming them, because its event writer was behind (Redis slow or down); deltas go first.",
-                &["kind"],
-            ),
-            queue_length: gauge_vec(
-                &r,
-                "agentq_queue_length",
-                "Entries in the queue's stream (XLEN).",
-                &["queue"],
-            ),
-            queue_pending: gauge_vec(
-                &r,
-                "agentq_queue_pending",
-                "Entries delivered to workers and not acknowledged.",
-                &["queue"],
-            ),
-            queue_lag: gauge_vec(
-                &r,
-                "agentq_queue_lag",
-                "Entries not yet delivered to any worker.",
-                &["queue"],
-            ),
-            build_info: gauge_vec(
-                &r,
-                "agentq_build_info",
-                "Build information; the value is always 1.",
-                &["version"],
-            ),
-            tenant_tokens: counter_vec(
-                &r,
-                "agentq_tenant_tokens_total",
-                "Tokens spent by LLM calls per tenant, by kind (input, output, cache_read, cache_write).",
-                &["tenant", "kind"],
-            ),
-            tenant_cost_usd: {
-                let c = prometheus::CounterVec::new(
-                    Opts::new(
-                        "agentq_tenant_cost_usd_total",
-                        "Dollars spent by LLM calls per tenant, at the configured prices.",
-                    ),
-                    &["tenant"],
-                )
-                .unwrap_or_else(|e| panic!("metric agentq_tenant_cost_usd_total: {e}"));
-                r.register(Box::new(c.clone()))
-                    .unwrap_or_else(|e| panic!("metric agentq_tenant_cost_usd_total: {e}"));
-                c
-            },
+        let s = SessionFamilies::register(&r);
+        let llm = LlmFamilies::register(&r);
+        let limiter = LimiterFamilies::register(&r, limiter_errors);
+        let tools = ToolFamilies::register(&r);
+        let store = StoreFamilies::register(&r);
+        let queues = QueueFamilies::register(&r);
+        let tenants = TenantFamilies::register(&r);
+        Metrics {
+            build_info: families::build_info(&r),
             registry: r,
+            iterations: s.iterations,
+            llm_tokens: llm.llm_tokens,
+            guardian_tokens: llm.guardian_tokens,
+            llm_requests: llm.llm_requests,
+            llm_request_duration: llm.llm_request_duration,
+            llm_ttft: llm.llm_ttft,
+            llm_retries: llm.llm_retries,
+            llm_rate_limited: limiter.llm_rate_limited,
+            admission_wait: limiter.admission_wait,
+            limiter_errors: limiter.limiter_errors,
+            llm_reissued: llm.llm_reissued,
+            llm_reissued_tokens: llm.llm_reissued_tokens,
+            tool_calls: tools.tool_calls,
+            hook_calls: tools.hook_calls,
+            tool_duration: tools.tool_duration,
+            sessions_started: s.sessions_started,
+            sessions_finished: s.sessions_finished,
+            sessions_active: s.sessions_active,
+            sessions_waiting: s.sessions_waiting,
+            sessions_held: s.sessions_held,
+            sessions_suspended: s.sessions_suspended,
+            session_iterations: s.session_iterations,
+            session_tokens: s.session_tokens,
+            checkpoint_duration: store.checkpoint_duration,
+            checkpoint_batch_size: store.checkpoint_batch_size,
+            iteration_overhead: store.iteration_overhead,
+            lease_lost: s.lease_lost,
+            sessions_reclaimed: s.sessions_reclaimed,
+            dead_letter: s.dead_letter,
+            events_dropped: store.events_dropped,
+            queue_length: queues.queue_length,
+            queue_pending: queues.queue_pending,
+            queue_lag: queues.queue_lag,
+            tenant_tokens: tenants.tenant_tokens,
+            tenant_cost_usd: tenants.tenant_cost_usd,
             models: RwLock::default(),
             tenants: RwLock::default(),
-        };
-        m.build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        m
+        }
     }
 
     /// The text exposition format.
@@ -500,47 +249,6 @@ const LIMITER_ERRORS: &str = "agentq_admission_limiter_errors_total";
 fn fresh_limiter_errors() -> IntCounter {
     IntCounter::new(LIMITER_ERRORS, agentq_limiter::ERRORS_HELP)
         .unwrap_or_else(|e| panic!("metric {LIMITER_ERRORS}: {e}"))
-}
-
-/// Serve `GET /metrics` on `addr` until `stop` fires. A tiny HTTP/1.1 responder so that
-/// the worker (which has no HTTP API) needs no web framework.
-pub async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    loop {
-        let (mut sock, _) = tokio::select! {
-            a = listener.accept() => match a { Ok(a) => a, Err(_) => continue },
-            _ = stop.cancelled() => return,
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 4096];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let head = String::from_utf8_lossy(&buf[..n]);
-            let path = head.split_whitespace().nth(1).unwrap_or("/");
-            let (status, ctype, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    render(),
-                ),
-                "/healthz" => ("200 OK", "text/plain", "ok".to_string()),
-                _ => ("404 Not Found", "text/plain", "not found".to_string()),
-            };
-            let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = sock.write_all(resp.as_bytes()).await;
-            let _ = sock.shutdown().await;
-        });
-    }
 }
 
 #[cfg(test)]

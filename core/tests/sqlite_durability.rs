@@ -113,7 +113,9 @@ async fn child_process_body() {
         out.flush().unwrap();
     }
     println!("DONE");
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    // Wait to be killed: the parent kills this process (and drops it with
+    // `kill_on_drop`) whatever happens.
+    std::future::pending::<()>().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

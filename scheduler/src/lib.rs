@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use agentq_core::config::{SchedulerConfig, SchedulingSection, Settings};
+use agentq_core::config::{SchedulerSection, SchedulingSection, Settings};
 use agentq_core::policy::Policy;
 use agentq_core::{Queue, QueueStore, Store};
 
@@ -113,12 +113,12 @@ impl SchedulerSettings {
 
 impl Default for SchedulerSettings {
     fn default() -> Self {
-        (&SchedulerConfig::default()).into()
+        (&SchedulerSection::default()).into()
     }
 }
 
-impl From<&SchedulerConfig> for SchedulerSettings {
-    fn from(c: &SchedulerConfig) -> Self {
+impl From<&SchedulerSection> for SchedulerSettings {
+    fn from(c: &SchedulerSection) -> Self {
         SchedulerSettings {
             sweep_interval: Duration::from_secs(c.sweep_interval_secs),
             sweep_age: Duration::from_secs(c.sweep_age_secs),

@@ -63,7 +63,7 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use agentq_api::{ErrorBody, ErrorDetail};
-use agentq_core::config::SchedulerConfig;
+use agentq_core::config::SchedulerSection;
 
 use crate::error::ApiError;
 
@@ -97,7 +97,7 @@ pub struct ServeLimits {
 
 impl Default for ServeLimits {
     fn default() -> Self {
-        let c = SchedulerConfig::default();
+        let c = SchedulerSection::default();
         ServeLimits {
             max_connections: c.max_connections,
             max_connections_per_key: c.max_connections_per_key,

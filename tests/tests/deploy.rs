@@ -342,7 +342,7 @@ fn k8s_manifests_agree_with_the_code() {
         toml.push_str(line.strip_prefix("    ").unwrap_or(line));
         toml.push('\n');
     }
-    let cfg = agentq_core::config::Config::from_toml(&toml)
+    let cfg = agentq_core::config::Settings::from_toml(&toml)
         .unwrap_or_else(|e| panic!("agentq.toml of config.yaml: {e}\n{toml}"));
     // Every queue the workers read has its consumer group created by the scheduler (KEDA
     // needs the group) and a KEDA trigger.

@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, info_span};
 
 use super::Agent;
-use super::admission::{Admit, CallAsk, CallReport, Permit};
 use super::stream::{Assembled, StreamAssembler, is_token};
+use crate::admission::{
+    Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
+};
 use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
 use crate::event::AgentEvent;
@@ -63,11 +65,6 @@ struct CallCtx<'a> {
 /// spin on its round trips.
 const MIN_ADMISSION_WAIT: Duration = Duration::from_millis(5);
 
-/// The wait after a rate-limit refusal that named no wait of its own: doubling from this,
-/// up to [`MAX_REFUSAL_BACKOFF`].
-const REFUSAL_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_REFUSAL_BACKOFF: Duration = Duration::from_secs(60);
-
 /// The delay before the retry after failed try number `attempt` (0-based), or `None` when
 /// the failure is not worth retrying or the retries are spent. The delay grows linearly
 /// from `base` and never undercuts what the server asked for.
@@ -85,72 +82,6 @@ pub(super) fn retry_delay(
             Some(linear.max(after.unwrap_or(Duration::ZERO)))
         }
         _ => None,
-    }
-}
-
-/// The wait after the `refusals`-th (0-based) rate-limit refusal in a row of one call:
-/// what the provider asked for (`retry-after`, or the reset of the window its headers say
-/// is spent), and never less than a floor that doubles with each refusal, so that a
-/// server answering 429 with no (or a zero) wait is not hammered.
-pub(crate) fn refusal_wait(
-    retry_after: Option<Duration>,
-    limits: Option<&RateLimitInfo>,
-    refusals: u32,
-) -> Duration {
-    let floor = REFUSAL_BACKOFF
-        .checked_mul(1u32.checked_shl(refusals.min(16)).unwrap_or(u32::MAX))
-        .unwrap_or(MAX_REFUSAL_BACKOFF)
-        .min(MAX_REFUSAL_BACKOFF);
-    let asked = retry_after
-        .or_else(|| limits.and_then(RateLimitInfo::exhausted_for))
-        .unwrap_or(Duration::ZERO);
-    asked.max(floor)
-}
-
-/// What a call abandoned in flight (interrupted, cancelled, timed out) is counted as
-/// having spent: its prompt's estimate. The provider had the prompt and bills it, but the
-/// answer that would report the usage never comes; counted as nothing, a caller who
-/// interrupts or cancels each call as it starts would spend without any budget seeing it.
-pub(crate) fn unanswered(ask: &CallAsk<'_>) -> Usage {
-    Usage {
-        input_tokens: ask.input_tokens,
-        ..Usage::default()
-    }
-}
-
-/// Prompt tokens of `request`, estimated as its text bytes / 4 (the usual rule of thumb
-/// for English text and JSON with BPE tokenizers). Good enough to reserve against a
-/// tokens-per-minute limit: the call settles with the usage the provider reports, and the
-/// provider's own count differs from any local one anyway. Counts the text that goes
-/// out — system prompt, message contents, thinking, tool calls and tool schemas — without
-/// serializing the request a second time.
-pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
-    let mut bytes = request.system.as_deref().map_or(0, str::len);
-    for m in &request.messages {
-        bytes = bytes.saturating_add(m.content.len());
-        for t in &m.thinking {
-            bytes = bytes.saturating_add(t.text.len());
-        }
-        for c in &m.tool_calls {
-            bytes = bytes
-                .saturating_add(c.name.len())
-                .saturating_add(json_len(&c.arguments));
-        }
-    }
-    for t in request.tools.iter() {
-        bytes = bytes
-            .saturating_add(t.name.len())
-            .saturating_add(t.description.len())
-            .saturating_add(json_len(&t.parameters));
-    }
-    (bytes as u64).div_ceil(4)
-}
-
-fn json_len(v: &serde_json::Value) -> usize {
-    match v {
-        serde_json::Value::Null => 0,
-        serde_json::Value::String(s) => s.len(),
-        other => other.to_string().len(),
     }
 }
 

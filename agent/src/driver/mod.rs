@@ -26,16 +26,17 @@ use crate::schema::{Role, Usage};
 use crate::state::{Outcome, SessionState};
 use crate::tools::{ToolRegistry, ToolSettings, Workspace};
 
-pub mod admission;
 mod llm;
 mod run;
 mod stream;
 mod tools;
 
 pub use crate::state::{BackgroundResult, SuspendReason};
-pub use admission::{Admission, Admit, CallAsk, CallReport, NoAdmission, Permit};
-pub use llm::estimate_input_tokens;
-pub(crate) use llm::{refusal_wait, unanswered};
+// The admission lives beside the driver (the guardian's reviewer asks it too); its
+// names stay reachable here, where hosts have always found them.
+pub use crate::admission::{
+    Admission, Admit, CallAsk, CallReport, NoAdmission, Permit, estimate_input_tokens,
+};
 
 /// Persists the state after each step. `from` is the index of the first message not yet
 /// persisted; the scalar fields (iteration, usage, outcome…) are written every time.

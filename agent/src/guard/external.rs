@@ -21,8 +21,8 @@ use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tracing::warn;
 
+use super::hook::{Behavior, Hook, HookContext, HookDecision, HookPoint, bounded};
 use super::verdict::parse_verdict;
-use super::{Behavior, Hook, HookContext, HookDecision, HookPoint};
 use crate::error::{Error, Result};
 use crate::observe::Observer;
 use crate::schema::ToolCall;
@@ -470,7 +470,7 @@ impl Hook for ExternalHook {
         if self.point != HookPoint::PostToolUse || !self.applies_to(&call.name) {
             return;
         }
-        let content = super::bounded(&output.content, MAX_EVENT_OUTPUT_BYTES);
+        let content = bounded(&output.content, MAX_EVENT_OUTPUT_BYTES);
         let mut event = Event::new(self.point, ctx).with_call(call);
         event.output = Some(content);
         event.output_truncated = Some(content.len() < output.content.len());

@@ -4,24 +4,24 @@
 //! asked last, only about calls every automatic stage let through. Each stage that says no
 //! produces a tool result the model sees, naming the stage.
 //!
-//! The traits ([`Hook`], [`Guardian`], [`Approver`]) are what a host plugs in; `external`
-//! holds the hooks an operator configures (webhooks and commands), `reviewer` the LLM
-//! guardian, `review` the bounds on its reviews of one answer, `shown` what it is shown of
-//! a call, `verdict` the answer both hooks and the guardian give.
+//! The traits ([`Hook`], [`Guardian`], [`Approver`]) are what a host plugs in; `hook`
+//! holds what hooks and the pipeline say to each other, `external` the hooks an operator
+//! configures (webhooks and commands), `reviewer` the LLM guardian, `review` the
+//! [`Guardian`] trait and the bounds on its reviews of one answer, `shown` what it is shown
+//! of a call, `verdict` the answer both hooks and the guardian give.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 
-use crate::driver::Admission;
+use crate::admission::Admission;
 use crate::schema::ToolCall;
-use crate::spec::ExitReason;
 use crate::tools::{Tool, ToolOutput};
 
 pub mod external;
 pub mod firewall;
+pub mod hook;
 pub mod review;
 pub mod reviewer;
 pub mod shown;
@@ -29,129 +29,12 @@ pub mod verdict;
 
 pub use external::{ExternalHook, HookOptions, HookTarget};
 pub use firewall::Firewall;
-pub use review::{MAX_REVIEWS_PER_ANSWER, Review, ReviewCall, ReviewGate, ReviewRound};
+pub use hook::{
+    Behavior, CONTEXT_PROMPT_MAX_BYTES, Hook, HookContext, HookDecision, HookPoint, OnTruncated,
+    bounded,
+};
+pub use review::{Guardian, MAX_REVIEWS_PER_ANSWER, Review, ReviewCall, ReviewGate, ReviewRound};
 pub use reviewer::{DEFAULT_GUARDIAN_PROMPT, GuardianOptions, LlmGuardian};
-
-/// What a PreToolUse hook decides.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HookDecision {
-    Allow,
-    Deny(String),
-}
-
-/// What a stage decides when it cannot decide (no answer in time, a failure, an answer
-/// that is not a verdict).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Behavior {
-    Allow,
-    Deny,
-}
-
-/// What the guardian does with a call it could not see whole (an argument, or a target
-/// such as a path or URL, too long to show; see [`shown`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnTruncated {
-    /// Deny it without asking the model: what the reviewer cannot see may be the part
-    /// that matters.
-    #[default]
-    Deny,
-    /// Review what was shown, told which parts were cut.
-    Review,
-}
-
-/// Where in the pipeline a hook runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HookPoint {
-    PreToolUse,
-    PostToolUse,
-    SessionStart,
-    SessionEnd,
-}
-
-impl HookPoint {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            HookPoint::PreToolUse => "pre_tool_use",
-            HookPoint::PostToolUse => "post_tool_use",
-            HookPoint::SessionStart => "session_start",
-            HookPoint::SessionEnd => "session_end",
-        }
-    }
-}
-
-impl std::fmt::Display for HookPoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The most of a session's prompt a hook or the guardian is given: enough to judge a call
-/// against the task, bounded so a huge prompt is not copied into every review.
-pub const CONTEXT_PROMPT_MAX_BYTES: usize = 4 * 1024;
-
-/// Which session a hook or the guardian is asked about.
-#[derive(Debug, Clone, Copy)]
-pub struct HookContext<'a> {
-    pub session_id: &'a str,
-    /// The tenant the session belongs to.
-    pub tenant: &'a str,
-    /// Model responses so far (0 before the first).
-    pub iteration: u32,
-    /// The session's task, at most [`CONTEXT_PROMPT_MAX_BYTES`] (cut at a character
-    /// boundary).
-    pub prompt: &'a str,
-}
-
-/// `s` cut to at most `max` bytes at a character boundary.
-pub fn bounded(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while end > 0 && !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// Lifecycle hooks: PreToolUse, PostToolUse, SessionStart, SessionEnd.
-/// Every method has a do-nothing default so a hook implements only what it needs.
-///
-/// SessionStart fires when a session first runs (a resume after a suspension or a crash
-/// does not fire it again, unless the crash came before the first checkpoint); SessionEnd
-/// fires once the terminal checkpoint of a run is committed (each turn of a session with
-/// follow-ups ends once; a crash right after that commit skips it).
-#[async_trait]
-pub trait Hook: Send + Sync {
-    async fn session_start(&self, _ctx: &HookContext<'_>) {}
-    async fn session_end(&self, _ctx: &HookContext<'_>, _reason: ExitReason) {}
-    async fn pre_tool_use(&self, _ctx: &HookContext<'_>, _call: &ToolCall) -> HookDecision {
-        HookDecision::Allow
-    }
-    /// Fire and forget: runs on its own task, its outcome is never awaited by the loop.
-    async fn post_tool_use(&self, _ctx: &HookContext<'_>, _call: &ToolCall, _output: &ToolOutput) {}
-}
-
-/// An optional reviewer (e.g. an LLM judging the call in context) that can veto a call
-/// the static rules allowed.
-#[async_trait]
-pub trait Guardian: Send + Sync {
-    /// Whether calls of `tool` are reviewed at all (a call that is not costs nothing).
-    fn reviews(&self, _tool: &str) -> bool {
-        true
-    }
-    /// Review one call. An LLM call made for it is admitted by `gate` (and settled there),
-    /// is bounded by its cancellation and deadline, and its usage is returned.
-    async fn review(
-        &self,
-        ctx: &HookContext<'_>,
-        call: &ReviewCall<'_>,
-        gate: &ReviewGate,
-    ) -> Review;
-}
 
 /// The answer to an approval request for a sensitive tool.
 #[derive(Debug, Clone, PartialEq, Eq)]

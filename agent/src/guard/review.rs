@@ -15,12 +15,31 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use async_trait::async_trait;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
-use super::{Guardian, HookContext, HookDecision};
-use crate::driver::Admission;
+use super::hook::{HookContext, HookDecision};
+use crate::admission::Admission;
 use crate::schema::{ToolCall, Usage};
+
+/// An optional reviewer (e.g. an LLM judging the call in context) that can veto a call
+/// the static rules allowed.
+#[async_trait]
+pub trait Guardian: Send + Sync {
+    /// Whether calls of `tool` are reviewed at all (a call that is not costs nothing).
+    fn reviews(&self, _tool: &str) -> bool {
+        true
+    }
+    /// Review one call. An LLM call made for it is admitted by `gate` (and settled there),
+    /// is bounded by its cancellation and deadline, and its usage is returned.
+    async fn review(
+        &self,
+        ctx: &HookContext<'_>,
+        call: &ReviewCall<'_>,
+        gate: &ReviewGate,
+    ) -> Review;
+}
 
 /// The most different calls of one model answer the guardian reviews. An answer asking
 /// more is most likely a model trying to spend the operator's key (or to drown one call

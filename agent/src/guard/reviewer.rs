@@ -27,11 +27,13 @@ use serde_json::json;
 use tracing::warn;
 
 use super::external::tool_globs;
-use super::review::{Review, ReviewCall, ReviewGate};
+use super::hook::{Behavior, HookContext, HookDecision, OnTruncated};
+use super::review::{Guardian, Review, ReviewCall, ReviewGate};
 use super::shown::Shown;
 use super::verdict::parse_verdict;
-use super::{Behavior, Guardian, HookContext, HookDecision, OnTruncated};
-use crate::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use crate::admission::{
+    Admission, Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
+};
 use crate::error::{Error, Result};
 use crate::observe::{LlmCallInfo, Observer, outcome_of};
 use crate::provider::{LlmEvent, LlmProvider, LlmRequest, RateLimitInfo};
@@ -109,7 +111,7 @@ enum TryFailed {
 /// A permit not settled yet. Dropped unsettled — the review abandoned mid-call, when its
 /// tool round is interrupted — it is settled on its own task, so that neither the rate
 /// limiter nor a tenant's budget keeps holding for a call that is over, as a call
-/// abandoned in flight ([`crate::driver::unanswered`]: its prompt was sent and is billed).
+/// abandoned in flight ([`crate::admission::unanswered`]: its prompt was sent and is billed).
 struct Unsettled {
     admission: Arc<dyn Admission>,
     model: String,
@@ -145,7 +147,7 @@ impl Drop for Unsettled {
                 max_wait: Duration::ZERO,
             };
             let report = CallReport {
-                usage: Some(crate::driver::unanswered(&ask)),
+                usage: Some(unanswered(&ask)),
                 ..CallReport::default()
             };
             admission.settle(&ask, permit, &report).await;
@@ -206,7 +208,7 @@ impl LlmGuardian {
         gate: &ReviewGate,
         end: Instant,
     ) -> (Asked, Option<Usage>) {
-        let input_tokens = crate::driver::estimate_input_tokens(request);
+        let input_tokens = estimate_input_tokens(request);
         let max_output_tokens = u64::from(request.max_tokens);
         let mut spent: Option<Usage> = None;
         let mut refusals: u32 = 0;
@@ -250,7 +252,7 @@ impl LlmGuardian {
             if matches!(result, Err(TryFailed::TimedOut | TryFailed::Cancelled))
                 && report.usage.is_none()
             {
-                report.usage = Some(crate::driver::unanswered(&ask));
+                report.usage = Some(unanswered(&ask));
             }
             unsettled.settle(&ask, &report).await;
             if let Some(u) = &report.usage {
@@ -267,8 +269,7 @@ impl LlmGuardian {
                     let Some(retry_after) = e.rate_limited() else {
                         return (Asked::Failed(e.to_string()), spent);
                     };
-                    let pause =
-                        crate::driver::refusal_wait(retry_after, report.limits.as_ref(), refusals);
+                    let pause = refusal_wait(retry_after, report.limits.as_ref(), refusals);
                     refusals = refusals.saturating_add(1);
                     if let Some(stop) = wait(gate, pause, end).await {
                         return (stop, spent);

@@ -17,7 +17,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::bounded;
+use super::hook::bounded;
 
 /// The most of a call's non-target strings the reviewer is shown, in bytes, shared
 /// among them.

@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::HookDecision;
+use super::hook::HookDecision;
 
 /// The longest reason passed on to the model; a longer one is cut.
 pub const MAX_REASON_CHARS: usize = 1_000;

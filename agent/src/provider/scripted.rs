@@ -187,13 +187,11 @@ fn chunks(text: &str, size: usize) -> Vec<String> {
     chars.chunks(size).map(|c| c.iter().collect()).collect()
 }
 
-#[async_trait]
-impl LlmProvider for ScriptedProvider {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-
-    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
+impl ScriptedProvider {
+    /// The turn the request is at (the number of assistant messages in its history) and
+    /// what to play for it: from the variant whose marker the task contains, else the
+    /// main script.
+    fn turn_for(&self, request: &LlmRequest<'_>) -> (usize, Turn) {
         let index = request
             .messages
             .iter()
@@ -221,81 +219,108 @@ impl LlmProvider for ScriptedProvider {
                 ..Default::default()
             },
         };
-        let attempt = {
-            let mut a = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
-            let n = a.entry((request.session_id.clone(), index)).or_insert(0);
-            *n += 1;
-            *n - 1
-        };
+        (index, turn)
+    }
+
+    /// How many times turn `index` of this session was asked for before (0 the first
+    /// time): which of its scripted failures, if any, this try plays.
+    fn attempt(&self, session_id: &str, index: usize) -> usize {
+        let mut a = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = a.entry((session_id.to_string(), index)).or_insert(0);
+        *n += 1;
+        *n - 1
+    }
+}
+
+/// A scripted failure as the provider reports it: an error, or an answer that finishes
+/// with `error` and nothing else.
+fn failure(f: &ScriptedFailure) -> Result<LlmStream> {
+    if f.empty_error_finish {
+        let evs: Vec<Result<LlmEvent>> = vec![Ok(LlmEvent::Done(FinishReason::Error))];
+        return Ok(Box::pin(futures::stream::iter(evs)));
+    }
+    if f.status == 0 {
+        return Err(Error::Transport(f.message.clone()));
+    }
+    Err(Error::Http {
+        status: f.status,
+        message: f.message.clone(),
+        code: None,
+        retry_after: f.retry_after_ms.map(Duration::from_millis),
+        limits: f.limits.clone().map(Box::new),
+    })
+}
+
+/// The stream of a turn that succeeds: its rate limits, the model, thinking, tool calls,
+/// the text in chunks (each after `chunk_delay_ms`), the usage and the finish.
+fn play(turn: &Turn, request: &LlmRequest<'_>, index: usize) -> LlmStream {
+    use futures::StreamExt;
+    let mut events: Vec<LlmEvent> = turn
+        .limits
+        .clone()
+        .map(LlmEvent::RateLimits)
+        .into_iter()
+        .collect();
+    events.push(LlmEvent::Model(request.model.clone()));
+    if let Some(t) = &turn.thinking {
+        events.push(LlmEvent::ThinkingDelta(t.clone()));
+    }
+    let text = substitute(&turn.text, request);
+    let text_chunks = chunks(&text, turn.chunk_chars);
+    for (i, c) in turn.tool_calls.iter().enumerate() {
+        let args = c
+            .raw_arguments
+            .clone()
+            .unwrap_or_else(|| c.arguments.to_string());
+        events.push(LlmEvent::ToolCallDelta {
+            index: i,
+            id: Some(c.id.clone().unwrap_or_else(|| format!("call_{index}_{i}"))),
+            name: Some(c.name.clone()),
+            arguments: args,
+        });
+    }
+    let usage = turn.usage.unwrap_or(Usage {
+        input_tokens: request
+            .messages
+            .iter()
+            .map(|m| m.content.len() as u64 / 4)
+            .sum::<u64>()
+            + 10,
+        output_tokens: (text.len() as u64 / 4).max(1),
+        ..Default::default()
+    });
+    let finish = if turn.tool_calls.is_empty() {
+        FinishReason::Stop
+    } else {
+        FinishReason::ToolCalls
+    };
+    let chunk_delay = Duration::from_millis(turn.chunk_delay_ms);
+    let text_events = futures::stream::iter(text_chunks).then(move |c| async move {
+        if !chunk_delay.is_zero() {
+            tokio::time::sleep(chunk_delay).await;
+        }
+        Ok(LlmEvent::TextDelta(c))
+    });
+    let head = futures::stream::iter(events.into_iter().map(Ok));
+    let tail = futures::stream::iter(vec![Ok(LlmEvent::Usage(usage)), Ok(LlmEvent::Done(finish))]);
+    Box::pin(head.chain(text_events).chain(tail))
+}
+
+#[async_trait]
+impl LlmProvider for ScriptedProvider {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
+        let (index, turn) = self.turn_for(request);
+        let attempt = self.attempt(&request.session_id, index);
         if turn.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
         }
         if let Some(f) = turn.fail.get(attempt) {
-            if f.empty_error_finish {
-                let evs: Vec<Result<LlmEvent>> = vec![Ok(LlmEvent::Done(FinishReason::Error))];
-                return Ok(Box::pin(futures::stream::iter(evs)));
-            }
-            if f.status == 0 {
-                return Err(Error::Transport(f.message.clone()));
-            }
-            return Err(Error::Http {
-                status: f.status,
-                message: f.message.clone(),
-                code: None,
-                retry_after: f.retry_after_ms.map(Duration::from_millis),
-                limits: f.limits.clone().map(Box::new),
-            });
+            return failure(f);
         }
-        let mut events: Vec<LlmEvent> = turn
-            .limits
-            .clone()
-            .map(LlmEvent::RateLimits)
-            .into_iter()
-            .collect();
-        events.push(LlmEvent::Model(request.model.clone()));
-        if let Some(t) = &turn.thinking {
-            events.push(LlmEvent::ThinkingDelta(t.clone()));
-        }
-        let text = substitute(&turn.text, request);
-        let text_chunks = chunks(&text, turn.chunk_chars);
-        for (i, c) in turn.tool_calls.iter().enumerate() {
-            let args = c
-                .raw_arguments
-                .clone()
-                .unwrap_or_else(|| c.arguments.to_string());
-            events.push(LlmEvent::ToolCallDelta {
-                index: i,
-                id: Some(c.id.clone().unwrap_or_else(|| format!("call_{index}_{i}"))),
-                name: Some(c.name.clone()),
-                arguments: args,
-            });
-        }
-        let usage = turn.usage.unwrap_or(Usage {
-            input_tokens: request
-                .messages
-                .iter()
-                .map(|m| m.content.len() as u64 / 4)
-                .sum::<u64>()
-                + 10,
-            output_tokens: (text.len() as u64 / 4).max(1),
-            ..Default::default()
-        });
-        let finish = if turn.tool_calls.is_empty() {
-            FinishReason::Stop
-        } else {
-            FinishReason::ToolCalls
-        };
-        let chunk_delay = Duration::from_millis(turn.chunk_delay_ms);
-        let text_events = futures::stream::iter(text_chunks).then(move |c| async move {
-            if !chunk_delay.is_zero() {
-                tokio::time::sleep(chunk_delay).await;
-            }
-            Ok(LlmEvent::TextDelta(c))
-        });
-        let head = futures::stream::iter(events.into_iter().map(Ok));
-        let tail =
-            futures::stream::iter(vec![Ok(LlmEvent::Usage(usage)), Ok(LlmEvent::Done(finish))]);
-        use futures::StreamExt;
-        Ok(Box::pin(head.chain(text_events).chain(tail)))
+        Ok(play(&turn, request, index))
     }
 }

@@ -3,7 +3,7 @@
 //! `reqwest::Response` with an idle-between-chunks timeout (and no total timeout).
 //!
 //! Parsing follows the WHATWG "event stream interpretation" rules, with one deliberate
-//! departure: [`SseParser::finish`] dispatches a final event that is not followed by a blank
+//! departure: [`SseParser::finish`] emits a final event that is not followed by a blank
 //! line, because recorded and truncated-but-complete bodies often end that way.
 
 use std::collections::VecDeque;
@@ -117,7 +117,7 @@ impl SseParser {
         out
     }
 
-    /// End of stream: process an unterminated last line and dispatch a pending event as if
+    /// End of stream: process an unterminated last line and emit a pending event as if
     /// a blank line had followed.
     pub fn finish(&mut self) -> Vec<SseEvent> {
         let mut out = Vec::new();
@@ -128,7 +128,7 @@ impl SseParser {
             self.end_line(&mut out);
         }
         self.after_cr = false;
-        self.dispatch(&mut out);
+        self.emit_event(&mut out);
         out
     }
 
@@ -141,7 +141,7 @@ impl SseParser {
             }
         }
         if bytes.is_empty() {
-            self.dispatch(out);
+            self.emit_event(out);
             return;
         }
         let line = String::from_utf8_lossy(&bytes);
@@ -171,7 +171,9 @@ impl SseParser {
         }
     }
 
-    fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+    /// The event the lines so far make up, if it has data (the spec calls this
+    /// "dispatching" it; named apart from the scheduler's dispatcher).
+    fn emit_event(&mut self, out: &mut Vec<SseEvent>) {
         let event = std::mem::take(&mut self.event);
         if self.data.is_empty() {
             return;

@@ -19,12 +19,7 @@ mod think;
 mod view;
 
 pub use think::{Piece, ThinkSplitter, strip_think};
-pub use view::{normalize_history, request_view, truncate_output};
-
-/// The text a tool call gets when its result was lost (a crash between the assistant
-/// response and the result) and it was not re-run.
-pub const INTERRUPTED_RESULT: &str =
-    "interrupted: no result was recorded for this call (the run stopped before it finished)";
+pub use view::{INTERRUPTED_RESULT, normalize_history, request_view, truncate_output};
 
 /// The default system prompt: behaviour rules rather than a persona, because what makes an
 /// autonomous run go well is when to use tools and when to stop, not a character.

@@ -5,8 +5,12 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::INTERRUPTED_RESULT;
 use crate::schema::{Message, Role};
+
+/// The text a tool call gets when its result was lost (a crash between the assistant
+/// response and the result) and it was not re-run.
+pub const INTERRUPTED_RESULT: &str =
+    "interrupted: no result was recorded for this call (the run stopped before it finished)";
 
 /// Put each turn's tool results in call order (the store keeps them in the order they
 /// finished).

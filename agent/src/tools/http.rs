@@ -240,7 +240,36 @@ impl Tool for HttpFetch {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let a = Args::parse(&args, &["url", "method", "body", "headers"])?;
+        let fetch = Fetch::parse(&args)?;
+        let pinned = vet(&ctx.settings, &fetch.url).await?;
+        let client = client(pinned.as_ref())?;
+        let url = fetch.url.clone();
+        let mut request = client
+            .request(fetch.method, fetch.url)
+            .headers(fetch.headers);
+        if let Some(body) = fetch.body {
+            request = request.body(body);
+        }
+        let cap = ctx.settings.http_max_bytes;
+        let fetched = tokio::select! {
+            r = Fetched::read(request, &url, cap) => r?,
+            _ = ctx.cancel.cancelled() => return Err(ToolError::Failed("cancelled".into())),
+        };
+        Ok(fetched.output(cap))
+    }
+}
+
+/// The request `http_fetch` was asked to make, its arguments checked.
+struct Fetch {
+    method: Method,
+    url: Url,
+    body: Option<String>,
+    headers: HeaderMap,
+}
+
+impl Fetch {
+    fn parse(args: &Value) -> Result<Fetch, ToolError> {
+        let a = Args::parse(args, &["url", "method", "body", "headers"])?;
         let url_text = a.str("url")?;
         let method = match a
             .opt_str("method")?
@@ -271,62 +300,97 @@ impl Tool for HttpFetch {
                 url.scheme()
             )));
         }
+        Ok(Fetch {
+            method,
+            url,
+            body: body.map(str::to_string),
+            headers,
+        })
+    }
+}
 
-        let pinned = vet(&ctx.settings, &url).await?;
-        // Proxies are disabled: a proxy would resolve the host itself, undoing the vetting.
-        let mut builder = reqwest::Client::builder()
-            .redirect(redirect::Policy::none())
-            .no_proxy()
-            .timeout(TIMEOUT);
-        if let Some((host, addrs)) = &pinned {
-            builder = builder.resolve_to_addrs(host, addrs);
-        }
-        let client = builder
-            .build()
-            .map_err(|e| ToolError::Failed(format!("cannot build HTTP client: {e}")))?;
-        let mut request = client.request(method, url.clone()).headers(headers);
-        if let Some(body) = body {
-            request = request.body(body.to_string());
-        }
+/// A client that follows no redirect and, when the host was vetted, connects only to the
+/// addresses it was vetted at.
+fn client(pinned: Option<&(String, Vec<SocketAddr>)>) -> Result<reqwest::Client, ToolError> {
+    // Proxies are disabled: a proxy would resolve the host itself, undoing the vetting.
+    let mut builder = reqwest::Client::builder()
+        .redirect(redirect::Policy::none())
+        .no_proxy()
+        .timeout(TIMEOUT);
+    if let Some((host, addrs)) = pinned {
+        builder = builder.resolve_to_addrs(host, addrs);
+    }
+    builder
+        .build()
+        .map_err(|e| ToolError::Failed(format!("cannot build HTTP client: {e}")))
+}
 
-        let cap = ctx.settings.http_max_bytes;
-        let fetch = async {
-            let mut resp = request
-                .send()
-                .await
-                .map_err(|e| ToolError::Failed(format!("request to {url} failed: {e}")))?;
-            let status = resp.status();
-            let content_type = resp
-                .headers()
-                .get(CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string();
-            let location = resp
-                .headers()
-                .get(LOCATION)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let mut body = Vec::new();
-            let mut truncated = false;
-            while let Some(chunk) = resp.chunk().await.map_err(|e| {
-                ToolError::Failed(format!("reading the body from {url} failed: {e}"))
-            })? {
-                let room = cap - body.len();
-                if chunk.len() > room {
-                    body.extend_from_slice(&chunk[..room]);
-                    truncated = true;
-                    break;
-                }
-                body.extend_from_slice(&chunk);
+/// What came back: the status, the headers the model is shown, and the body up to the
+/// cap.
+struct Fetched {
+    status: reqwest::StatusCode,
+    content_type: String,
+    location: Option<String>,
+    body: Vec<u8>,
+    truncated: bool,
+}
+
+impl Fetched {
+    async fn read(
+        request: reqwest::RequestBuilder,
+        url: &Url,
+        cap: usize,
+    ) -> Result<Fetched, ToolError> {
+        let mut resp = request
+            .send()
+            .await
+            .map_err(|e| ToolError::Failed(format!("request to {url} failed: {e}")))?;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let location = resp
+            .headers()
+            .get(LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let mut body = Vec::new();
+        let mut truncated = false;
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| ToolError::Failed(format!("reading the body from {url} failed: {e}")))?
+        {
+            let room = cap - body.len();
+            if chunk.len() > room {
+                body.extend_from_slice(&chunk[..room]);
+                truncated = true;
+                break;
             }
-            Ok::<_, ToolError>((status, content_type, location, body, truncated))
-        };
-        let (status, content_type, location, body, truncated) = tokio::select! {
-            r = fetch => r?,
-            _ = ctx.cancel.cancelled() => return Err(ToolError::Failed("cancelled".into())),
-        };
+            body.extend_from_slice(&chunk);
+        }
+        Ok(Fetched {
+            status,
+            content_type,
+            location,
+            body,
+            truncated,
+        })
+    }
 
+    /// `HTTP <status>`, the content type, the unfollowed redirect's target, a blank line
+    /// and the body; an error result for a 4xx or 5xx.
+    fn output(self, cap: usize) -> ToolOutput {
+        let Fetched {
+            status,
+            content_type,
+            location,
+            body,
+            truncated,
+        } = self;
         let mut out = format!("HTTP {}\n{content_type}\n", status.as_u16());
         if status.is_redirection()
             && let Some(loc) = location
@@ -343,10 +407,10 @@ impl Tool for HttpFetch {
                 "\n[body truncated at {cap} bytes (http_max_bytes)]"
             ));
         }
-        Ok(ToolOutput {
+        ToolOutput {
             content: out,
             is_error: status.is_client_error() || status.is_server_error(),
             ..Default::default()
-        })
+        }
     }
 }

@@ -167,39 +167,14 @@ impl Tool for Shell {
     }
 
     async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError> {
-        let a = Args::parse(&args, &["command", "timeout_secs"])?;
-        let command = a.str("command")?;
-        if command.trim().is_empty() {
-            return Err(ToolError::InvalidArguments(
-                "field `command` is empty".into(),
-            ));
-        }
-        let max = ctx.settings.shell_timeout_secs.max(1);
-        let timeout_secs = match a.opt_u64("timeout_secs")? {
-            Some(0) => {
-                return Err(ToolError::InvalidArguments(
-                    "field `timeout_secs` must be at least 1".into(),
-                ));
-            }
-            Some(t) => t.min(max),
-            None => max,
-        };
+        let ShellArgs {
+            command,
+            timeout_secs,
+        } = ShellArgs::parse(&args, ctx.settings.shell_timeout_secs.max(1))?;
 
         ctx.workspace.ensure().await?;
         seal_host()?;
-        let mut child = Command::new("sh");
-        confine_env(&mut child, ctx.workspace.root());
-        let mut child = child
-            .arg("-c")
-            .arg(command)
-            .current_dir(ctx.workspace.root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| ToolError::Failed(format!("cannot start sh: {e}")))?;
+        let mut child = spawn(&command, ctx.workspace.root())?;
         let pid = child.id();
 
         let out = Arc::new(Mutex::new(Captured::default()));
@@ -213,11 +188,6 @@ impl Tool for Shell {
         }
         let readers = futures::future::join_all(readers);
 
-        enum End {
-            Exited(std::io::Result<std::process::ExitStatus>),
-            TimedOut,
-            Cancelled,
-        }
         let end = tokio::select! {
             s = child.wait() => End::Exited(s),
             _ = tokio::time::sleep(Duration::from_secs(timeout_secs)) => End::TimedOut,
@@ -236,20 +206,78 @@ impl Tool for Shell {
         // The command may have written anything: the next file tool's write measures the
         // workspace again against its quota.
         ctx.workspace.forget_usage();
+        end.report(timeout_secs, stdout, stderr)
+    }
+}
 
-        match end {
+/// `shell`'s arguments, checked: the command line and its timeout, capped by the host's.
+struct ShellArgs {
+    command: String,
+    timeout_secs: u64,
+}
+
+impl ShellArgs {
+    fn parse(args: &Value, max: u64) -> Result<ShellArgs, ToolError> {
+        let a = Args::parse(args, &["command", "timeout_secs"])?;
+        let command = a.str("command")?;
+        if command.trim().is_empty() {
+            return Err(ToolError::InvalidArguments(
+                "field `command` is empty".into(),
+            ));
+        }
+        let timeout_secs = match a.opt_u64("timeout_secs")? {
+            Some(0) => {
+                return Err(ToolError::InvalidArguments(
+                    "field `timeout_secs` must be at least 1".into(),
+                ));
+            }
+            Some(t) => t.min(max),
+            None => max,
+        };
+        Ok(ShellArgs {
+            command: command.to_string(),
+            timeout_secs,
+        })
+    }
+}
+
+/// `sh -c command` in `root`, in a process group of its own (so that what it starts is
+/// killed with it), with no stdin and both outputs piped.
+fn spawn(command: &str, root: &std::path::Path) -> Result<tokio::process::Child, ToolError> {
+    let mut child = Command::new("sh");
+    confine_env(&mut child, root);
+    child
+        .arg("-c")
+        .arg(command)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ToolError::Failed(format!("cannot start sh: {e}")))
+}
+
+/// How a command's run ended.
+enum End {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    TimedOut,
+    Cancelled,
+}
+
+impl End {
+    /// The tool's result: the exit line and both outputs, an error result unless the
+    /// command succeeded.
+    fn report(
+        self,
+        timeout_secs: u64,
+        stdout: (String, bool),
+        stderr: (String, bool),
+    ) -> Result<ToolOutput, ToolError> {
+        match self {
             End::Exited(Ok(status)) => {
-                let line = match status.code() {
-                    Some(code) => format!("exit code {code}"),
-                    None => {
-                        use std::os::unix::process::ExitStatusExt;
-                        match status.signal() {
-                            Some(sig) => format!("killed by signal {sig}"),
-                            None => "exit status unknown".to_string(),
-                        }
-                    }
-                };
-                let content = render(&line, stdout, stderr);
+                let content = render(&exit_line(status), stdout, stderr);
                 Ok(if status.success() {
                     ToolOutput::ok(content)
                 } else {
@@ -267,6 +295,20 @@ impl Tool for Shell {
             End::Cancelled => Err(ToolError::Failed(
                 "cancelled; the command was killed".into(),
             )),
+        }
+    }
+}
+
+/// `exit code N`, or the signal that killed the command.
+fn exit_line(status: std::process::ExitStatus) -> String {
+    match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => {
+            use std::os::unix::process::ExitStatusExt;
+            match status.signal() {
+                Some(sig) => format!("killed by signal {sig}"),
+                None => "exit status unknown".to_string(),
+            }
         }
     }
 }

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use super::{ToolError, ToolSettings};
+use super::error::ToolError;
+use super::settings::ToolSettings;
 
 /// Directories a workspace walk never descends into: version-control data and build or
 /// dependency trees are huge and almost never what a search is after.

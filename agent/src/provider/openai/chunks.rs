@@ -7,7 +7,7 @@ use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{MAX_RAW_ERROR, error_code, truncate};
+use super::errors::{MAX_RAW_ERROR, error_code, truncate};
 use crate::error::{Error, Result};
 use crate::provider::sse::SseEvent;
 use crate::provider::{LlmEvent, LlmStream};

@@ -1,0 +1,70 @@
+//! `[providers]`: the endpoints, the scripted provider's script and the keys (read from
+//! the environment only), shared and per tenant; and the names of the providers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::values::Secret;
+
+/// The providers a session (or `default_provider`) may name.
+pub const PROVIDERS: &[&str] = &["openai", "anthropic", "scripted"];
+
+/// `[providers]`: endpoints and the scripted provider's script from the file or the
+/// environment; keys from the environment only (never serialised, never read from the
+/// file).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProvidersSection {
+    pub openai_base_url: Option<String>,
+    pub anthropic_base_url: Option<String>,
+    /// A JSON script file for the scripted provider; `None` plays its built-in demo.
+    pub script: Option<PathBuf>,
+    #[serde(skip)]
+    pub openai_api_key: Option<Secret>,
+    #[serde(skip)]
+    pub anthropic_api_key: Option<Secret>,
+    /// Tenants with keys of their own (`[providers.tenants.<name>]`): their sessions use
+    /// these endpoints and keys, never the shared ones above.
+    pub tenants: BTreeMap<String, TenantProviders>,
+}
+
+/// `[providers.tenants.<name>]`: one tenant's provider endpoints and the environment
+/// variables holding its keys. A key this table names no variable for is no key: the
+/// tenant's sessions never fall back to the shared keys. An endpoint left unset is the
+/// shared one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TenantProviders {
+    pub openai_base_url: Option<String>,
+    pub anthropic_base_url: Option<String>,
+    /// The environment variable that holds this tenant's OpenAI key.
+    pub openai_key_env: Option<String>,
+    /// The environment variable that holds this tenant's Anthropic key.
+    pub anthropic_key_env: Option<String>,
+    #[serde(skip)]
+    pub openai_api_key: Option<Secret>,
+    #[serde(skip)]
+    pub anthropic_api_key: Option<Secret>,
+}
+
+impl TenantProviders {
+    /// Each named variable that is unset or empty, with the setting naming it.
+    pub fn missing_keys(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("openai_key_env", &self.openai_key_env, &self.openai_api_key),
+            (
+                "anthropic_key_env",
+                &self.anthropic_key_env,
+                &self.anthropic_api_key,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(field, var, key)| match (var, key) {
+            (Some(var), None) => Some((field, var.as_str())),
+            _ => None,
+        })
+        .collect()
+    }
+}
