@@ -66,9 +66,9 @@ use agentq_core::config::SchedulerConfig;
 use crate::error::ApiError;
 
 use answer::{REFUSE_WITHIN, refuse};
-use transport::{DeadlineBody, JsonParseErrors, WriteDeadline};
 use keys::KeyConnections;
 use slots::{Peer, Slots};
+use transport::{DeadlineBody, JsonParseErrors, WriteDeadline};
 
 pub use answer::{MAX_HEADER_BYTES, MAX_URI_BYTES};
 pub use keys::Connection;

@@ -495,6 +495,8 @@ pub fn normalize_base_url(raw: &str) -> std::result::Result<String, String> {
     endpoint::canonical(raw)
 }
 
+pub mod request;
+
 #[cfg(test)]
 #[path = "policy/tests.rs"]
 mod tests;

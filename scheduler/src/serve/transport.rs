@@ -27,7 +27,11 @@ pub(super) struct DeadlineBody {
 }
 
 impl DeadlineBody {
-    pub(super) fn new(inner: Incoming, deadline: tokio::time::Instant, timed_out: Arc<AtomicBool>) -> Self {
+    pub(super) fn new(
+        inner: Incoming,
+        deadline: tokio::time::Instant,
+        timed_out: Arc<AtomicBool>,
+    ) -> Self {
         DeadlineBody {
             inner,
             deadline,
