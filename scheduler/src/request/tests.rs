@@ -212,3 +212,66 @@ fn workspace_from_is_an_id() {
         assert_eq!(e.field(), Some("[1].workspace_from"));
     }
 }
+
+#[test]
+fn the_scheduler_and_the_worker_refuse_a_spec_beyond_policy_alike() {
+    use agentq_core::config::PolicySection;
+    use agentq_core::policy::{Policy, Sent, SpawnContext};
+
+    let policy = Policy::from_section(&PolicySection {
+        providers: vec!["openai".into()],
+        models: vec!["gpt-4o*".into()],
+        tools: vec!["read_file".into()],
+        queues: vec!["default".into()],
+        max_iterations: Some(10),
+        ..PolicySection::default()
+    })
+    .unwrap();
+    let p = policy.global();
+    for body in [
+        json!({"prompt": "p", "provider": "anthropic"}),
+        json!({"prompt": "p", "model": "other"}),
+        json!({"prompt": "p", "tools": ["shell"]}),
+        json!({"prompt": "p", "max_iterations": 11}),
+        json!({"prompt": "p", "queue": "bulk"}),
+        json!({"prompt": "p", "queue": "bulk", "max_iterations": 11}),
+    ] {
+        // The scheduler: the request as sent.
+        let mut req = parse_session(body.clone(), &LIMITS, "").unwrap();
+        let stored = req.spec.clone();
+        let e = check_policy(&mut req, p, "").unwrap_err();
+        // The worker: the stored row, every value counting as sent.
+        let mut spec = stored;
+        let v = p
+            .check_request(&req.queue, &mut spec, Sent::Stored, SpawnContext::default())
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_field", "{body}");
+        assert_eq!(e.field(), Some(v.field), "{body}");
+        assert_eq!(e.to_string(), v.message, "{body}");
+    }
+    // Within the policy, both pass.
+    let mut req = parse_session(json!({"prompt": "p", "max_iterations": 10}), &LIMITS, "").unwrap();
+    let mut spec = req.spec.clone();
+    check_policy(&mut req, p, "").unwrap();
+    p.check_request(&req.queue, &mut spec, Sent::Stored, SpawnContext::default())
+        .unwrap();
+}
+
+#[test]
+fn a_batch_names_the_item_beyond_policy() {
+    use agentq_core::config::PolicySection;
+    use agentq_core::policy::Policy;
+
+    let policy = Policy::from_section(&PolicySection {
+        queues: vec!["default".into()],
+        ..PolicySection::default()
+    })
+    .unwrap();
+    let mut reqs = parse_batch(
+        json!([{"prompt": "a"}, {"prompt": "b", "queue": "bulk"}]),
+        &LIMITS,
+    )
+    .unwrap();
+    let e = check_policy_batch(&mut reqs, policy.global()).unwrap_err();
+    assert_eq!(e.field(), Some("[1].queue"));
+}

@@ -115,3 +115,83 @@ fn lists_and_metadata_are_bounded() {
     s.metadata = json!({"a": {"x".repeat(MAX_METADATA_KEY_LEN): 1}});
     assert_eq!(field(&s), None);
 }
+
+#[test]
+fn the_shape_check_runs_validate_then_names_then_bounds() {
+    let check = |tweak: fn(&mut SessionSpec)| {
+        let mut s = SessionSpec::new("p");
+        tweak(&mut s);
+        check_spec(&s).err().map(|v| v.field)
+    };
+    assert_eq!(check(|s| s.prompt = " ".into()).as_deref(), Some("prompt"));
+    assert_eq!(
+        check(|s| s.provider = Some("gemini".into())).as_deref(),
+        Some("provider")
+    );
+    assert_eq!(
+        check(|s| s.model = Some("a b".into())).as_deref(),
+        Some("model")
+    );
+    assert_eq!(
+        check(|s| s.base_url = Some("ftp://llm.test/v1".into())).as_deref(),
+        Some("base_url")
+    );
+    assert_eq!(
+        check(|s| s.tools = Some(vec!["a".into(), "b c".into()])).as_deref(),
+        Some("tools[1]")
+    );
+    assert_eq!(
+        check(|s| s.sensitive_tools = vec!["".into()]).as_deref(),
+        Some("sensitive_tools[0]")
+    );
+    // A spec wrong twice is named by the earlier check.
+    assert_eq!(
+        check(|s| {
+            s.prompt = String::new();
+            s.timeout_secs = Some(0);
+        })
+        .as_deref(),
+        Some("prompt")
+    );
+    assert_eq!(
+        check(|s| {
+            s.model = Some(String::new());
+            s.timeout_secs = Some(0);
+        })
+        .as_deref(),
+        Some("model")
+    );
+}
+
+#[test]
+fn the_request_check_holds_the_queue_then_the_spec() {
+    use crate::config::PolicySection;
+    use crate::policy::Policy;
+
+    let policy = Policy::from_section(&PolicySection {
+        queues: vec!["default".into()],
+        max_iterations: Some(5),
+        ..PolicySection::default()
+    })
+    .unwrap();
+    let p = policy.global();
+    let mut spec = SessionSpec::new("p");
+    spec.max_iterations = 6;
+    let v = p
+        .check_request("bulk", &mut spec, Sent::Stored, SpawnContext::default())
+        .unwrap_err();
+    assert_eq!(v.field, "queue");
+    let v = p
+        .check_request("default", &mut spec, Sent::Stored, SpawnContext::default())
+        .unwrap_err();
+    assert_eq!(v.field, "max_iterations");
+    // The same as the two checks one after the other.
+    assert_eq!(
+        Err(v),
+        p.check_queue("default").and_then(|()| p.admit(
+            &mut spec,
+            Sent::Stored,
+            SpawnContext::default()
+        ))
+    );
+}
