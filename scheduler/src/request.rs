@@ -13,18 +13,18 @@
 //! `TenantPolicy::admit` (types), and the worker holding the stored row to the last two
 //! again by hand. Now:
 //!
-//! 1. bytes → [`scan`](crate::http::body::scan) (400 on a syntax error; a NUL character,
+//! 1. bytes → `http::body::scan` (400 on a syntax error; a NUL character,
 //!    a repeated key or an oversize object anywhere is a 422 naming it), then each item
-//!    (the body, or one batch item at a time: [`batch`]) is read as a JSON object;
-//! 2. the checks before any value is decoded ([`guard`]): unknown field refused; a field
+//!    (the body, or one batch item at a time: `batch`) is read as a JSON object;
+//! 2. the checks before any value is decoded (`guard`): unknown field refused; a field
 //!    named like a credential refused with its own code; `metadata`'s keys, type and
 //!    size;
 //! 3. the typed decode, field by field in the API's order, each failure a 422 naming its
 //!    field through `serde_path_to_error` (batch items prefixed `[i].`): the envelope
-//!    ([`envelope`]: `queue`, `idempotency_key`, `priority`), then the size of `prompt`
+//!    (`envelope`: `queue`, `idempotency_key`, `priority`), then the size of `prompt`
 //!    and `system` (a 413 even when another field is also wrong) and `prompt`'s
 //!    presence, `workspace_from`, the [`SessionSpec`](agentq_agent::spec::SessionSpec)
-//!    from the fields left, and `files` ([`files`]) last;
+//!    from the fields left, and `files` (`files`) last;
 //! 4. the spec's one shape check, `agentq_types::policy::request::check_spec`;
 //! 5. in the route, after the idempotency hash is taken: the tenant's policy
 //!    ([`check_policy`]), through `TenantPolicy::check_request`, the same check the
