@@ -8,7 +8,7 @@
 //! more JSON values than [`max_body_values`] allows for the body's size is a 413),
 //! then bytes → `serde_json::Value` (answered before the path is looked at), then, in
 //! the handler, `Value` → the request type through `serde_path_to_error`, so a wrong
-//! value names its field (422); a session request's steps are in `crate::request`.
+//! value names its field (422); a session request's steps are in the `request` module.
 //! NUL is refused at the door because a client never means it and ids, keys and cursors
 //! must compare byte for byte; duplicate keys because JSON parsers disagree on which one
 //! wins, so a proxy and the API could read different requests.
