@@ -5,10 +5,10 @@
 use agentq_core::auth::Caller;
 use agentq_core::workspace::InputFile;
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::body::path;
 use crate::request::SessionRequest;
+use crate::state::Scheduler;
 
 /// Every `workspace_from` of `reqs` names a session of the caller's own tenant (`batch`:
 /// the field is named by the item's index). Another tenant's session is refused exactly

@@ -18,17 +18,17 @@ use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::error::ApiError;
-use crate::http::decode::BatchBody;
+use crate::http::batch_body::BatchBody;
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
     session_view,
 };
 use crate::inputs::check_sources;
 use crate::request::{
-    Limits, ListQuery, SessionRequest, check_policy, check_policy_batch, parse_batch_bytes,
-    parse_session,
+    LIST_MAX_BYTES, Limits, ListQuery, SessionRequest, check_policy, check_policy_batch,
+    parse_batch_bytes, parse_session,
 };
-use crate::{LIST_MAX_BYTES, Scheduler};
+use crate::state::Scheduler;
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
