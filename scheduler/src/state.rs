@@ -102,7 +102,7 @@ impl Scheduler {
         BATCH_BODY_LIMIT.max(self.single_body_limit())
     }
 
-    /// Run the dispatcher for this scheduler until `cancel` (as [`run`] does); until it
+    /// Run the dispatcher for this scheduler until `cancel` (as `run` does); until it
     /// starts, and after it stops, every new session is enqueued at once.
     pub fn spawn_dispatcher(&self, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         // Before the first request is served: from now on sessions may be held.
