@@ -1,4 +1,4 @@
-//! A session's files: those a request brings in (`files` of [`crate::CreateSession`]) and
+//! A session's files: those a request brings in (`files` of `CreateSession`) and
 //! those its tree's workspace holds (`GET /v1/sessions/{id}/files`).
 
 use serde::{Deserialize, Serialize};

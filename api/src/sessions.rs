@@ -163,10 +163,10 @@ pub struct SessionDetail {
     pub cost_usd: Option<f64>,
     /// The spend of the tree the session belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tree_cost: Option<crate::TreeCost>,
+    pub tree_cost: Option<crate::budgets::TreeCost>,
     /// Its part of the tree's token budget; left out without a budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<crate::BudgetLedger>,
+    pub budget: Option<crate::budgets::BudgetLedger>,
 }
 
 /// A sensitive tool call held until someone approves or denies it.

@@ -34,7 +34,7 @@ use agentq_core::config::SchedulingSection;
 use agentq_core::scheduling::{ActiveCount, choose};
 use agentq_core::{EnqueueReason, Queue, Store};
 
-use crate::QueueRegistry;
+use crate::queues::QueueRegistry;
 
 /// Held sessions read per tick at most, whatever the room (the choice is in memory).
 const MAX_CANDIDATES: u32 = 10_000;

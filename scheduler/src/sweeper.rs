@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::{EnqueueReason, Queue, Store};
 
-use crate::QueueRegistry;
+use crate::queues::QueueRegistry;
 
 /// Rows fetched per query.
 pub const SWEEP_BATCH: u32 = 500;

@@ -1,8 +1,9 @@
 //! The operator's policy over sessions: which providers, models, endpoints and tools a
 //! tenant's sessions may use, and the upper bounds of their limits. Built once from
-//! `[policy]` ([`Policy::from_section`]); the scheduler admits each request with it and
-//! the worker admits each stored row again before running it, so a row written by an
-//! older or compromised scheduler cannot escalate. Pure: no I/O.
+//! `[policy]` ([`Policy::from_section`]); the scheduler holds each request to it and the
+//! worker holds each stored row to it again before running it, both through
+//! [`TenantPolicy::check_request`] ([`request`], with the rest of a request's checks), so
+//! a row written by an older or compromised scheduler cannot escalate. Pure: no I/O.
 //!
 //! A bound applies to what the client sent and to what it left at the default alike: a
 //! value the client sent above the bound is refused naming the field; a default above it
@@ -494,6 +495,8 @@ fn bound_unset<T: Copy + PartialOrd + std::fmt::Display>(
 pub fn normalize_base_url(raw: &str) -> std::result::Result<String, String> {
     endpoint::canonical(raw)
 }
+
+pub mod request;
 
 #[cfg(test)]
 #[path = "policy/tests.rs"]

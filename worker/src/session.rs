@@ -196,9 +196,15 @@ async fn run_claimed(
 fn admit(inner: &Arc<Inner>, row: &SessionRow, spec: &mut SessionSpec) -> Result<(), String> {
     let policy = inner.cfg.policy.for_tenant(tenant(row));
     let refused = |v: agentq_core::policy::PolicyViolation| format!("refused by policy: {v}");
-    policy.check_queue(&row.queue).map_err(refused)?;
+    // The scheduler's own policy check, again: a stored row counts as having sent
+    // everything it holds.
     policy
-        .admit(spec, Sent::Stored, SpawnContext { depth: row.depth })
+        .check_request(
+            &row.queue,
+            spec,
+            Sent::Stored,
+            SpawnContext { depth: row.depth },
+        )
         .map_err(refused)?;
     let provider = spec
         .provider

@@ -189,27 +189,8 @@ async fn wake_reader(queue: &dyn Queue, wake_id: &str) {
 async fn read_loop(shard: Arc<Shard>, queue: Arc<dyn Queue>, stop: CancellationToken) {
     let mut wake_after = StreamId(0, 0);
     loop {
-        let cursors = {
-            let mut st = shard.lock();
-            if st.subs.is_empty() || stop.is_cancelled() {
-                st.running = false;
-                st.reading = false;
-                // Subscribers left behind by a stop see their channel close.
-                st.subs.clear();
-                return;
-            }
-            st.reading = true;
-            st.woken = false;
-            let mut lowest: HashMap<&str, StreamId> = HashMap::new();
-            for sub in st.subs.values() {
-                let e = lowest.entry(sub.session_id.as_str()).or_insert(sub.after);
-                *e = (*e).min(sub.after);
-            }
-            let cursors: HashMap<String, StreamId> = lowest
-                .into_iter()
-                .map(|(s, a)| (s.to_string(), a))
-                .collect();
-            cursors
+        let Some(cursors) = shard.lock().start_read(stop.is_cancelled()) else {
+            return;
         };
         let mut from: Vec<(String, String)> = cursors
             .iter()
@@ -239,23 +220,71 @@ async fn read_loop(shard: Arc<Shard>, queue: Arc<dyn Queue>, stop: CancellationT
                 continue;
             }
         };
-        let mut by_session: HashMap<&str, Vec<(StreamId, &EventRecord)>> = HashMap::new();
-        for r in &records {
-            let Some(id) = StreamId::parse(&r.id) else {
-                continue;
-            };
-            if r.session_id == shard.wake_id {
-                wake_after = wake_after.max(id);
-                continue;
-            }
-            by_session
-                .entry(r.session_id.as_str())
-                .or_default()
-                .push((id, r));
+        let by_session = by_session(&records, &shard.wake_id, &mut wake_after);
+        shard.lock().hand_out(&cursors, &by_session);
+    }
+}
+
+/// A read's records by session, each with its parsed position; the reader's own wake-up
+/// entries only move `wake_after`.
+fn by_session<'a>(
+    records: &'a [EventRecord],
+    wake_id: &str,
+    wake_after: &mut StreamId,
+) -> HashMap<&'a str, Vec<(StreamId, &'a EventRecord)>> {
+    let mut by_session: HashMap<&str, Vec<(StreamId, &EventRecord)>> = HashMap::new();
+    for r in records {
+        let Some(id) = StreamId::parse(&r.id) else {
+            continue;
+        };
+        if r.session_id == wake_id {
+            *wake_after = (*wake_after).max(id);
+            continue;
         }
-        let mut st = shard.lock();
-        st.reading = false;
-        st.subs.retain(|_, sub| {
+        by_session
+            .entry(r.session_id.as_str())
+            .or_default()
+            .push((id, r));
+    }
+    by_session
+}
+
+impl ShardState {
+    /// The position to read each subscribed session from (the lowest any subscriber
+    /// holds), marking the shard as reading; `None` when the reader is to end (no
+    /// subscribers left, or `stopping`).
+    fn start_read(&mut self, stopping: bool) -> Option<HashMap<String, StreamId>> {
+        if self.subs.is_empty() || stopping {
+            self.running = false;
+            self.reading = false;
+            // Subscribers left behind by a stop see their channel close.
+            self.subs.clear();
+            return None;
+        }
+        self.reading = true;
+        self.woken = false;
+        let mut lowest: HashMap<&str, StreamId> = HashMap::new();
+        for sub in self.subs.values() {
+            let e = lowest.entry(sub.session_id.as_str()).or_insert(sub.after);
+            *e = (*e).min(sub.after);
+        }
+        Some(
+            lowest
+                .into_iter()
+                .map(|(s, a)| (s.to_string(), a))
+                .collect(),
+        )
+    }
+
+    /// Hand each subscriber what a read (from `cursors`) found past its own position,
+    /// dropping the ones whose channel is full (lagging) or closed.
+    fn hand_out(
+        &mut self,
+        cursors: &HashMap<String, StreamId>,
+        by_session: &HashMap<&str, Vec<(StreamId, &EventRecord)>>,
+    ) {
+        self.reading = false;
+        self.subs.retain(|_, sub| {
             // A subscriber that joined during the read, after a position the read started
             // past, is read from its own position next time.
             let read_from = cursors.get(&sub.session_id);

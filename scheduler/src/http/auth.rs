@@ -1,7 +1,7 @@
 //! Who is calling: the one check every route of the API passes through.
 //!
 //! [`require`] runs on every matched route (a `route_layer` of the router). It looks the
-//! route up in the access table the router is built from ([`crate::routes`]): a route
+//! route up in the access table the router is built from (`routes`): a route
 //! missing from the table is refused, so a new route cannot be served unchecked. An open
 //! route (`/healthz`, `/readyz`) passes; any other needs `Authorization: Bearer <key>`
 //! naming a key that exists, is neither expired nor revoked, and holds the route's scope.

@@ -7,10 +7,11 @@
 //! object, or an object of more than [`MAX_OBJECT_ENTRIES`] entries is a 422 naming it;
 //! more JSON values than [`max_body_values`] allows for the body's size is a 413),
 //! then bytes → `serde_json::Value` (answered before the path is looked at), then, in
-//! the handler, checks and `Value` → the request type through `serde_path_to_error`, so
-//! a wrong value names its field (422). NUL is refused at the door because a client never
-//! means it and ids, keys and cursors must compare byte for byte; duplicate keys because JSON parsers
-//! disagree on which one wins, so a proxy and the API could read different requests.
+//! the handler, `Value` → the request type through `serde_path_to_error`, so a wrong
+//! value names its field (422); a session request's steps are in the `request` module.
+//! NUL is refused at the door because a client never means it and ids, keys and cursors
+//! must compare byte for byte; duplicate keys because JSON parsers disagree on which one
+//! wins, so a proxy and the API could read different requests.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -423,15 +424,25 @@ pub fn decode_object<T: DeserializeOwned>(body: Value) -> Result<T, ApiError> {
 /// [`decode_object`] of a body known to be an object.
 pub fn decode_fields<T: DeserializeOwned>(mut body: Map<String, Value>) -> Result<T, ApiError> {
     known_fields::<T>(&body)?;
+    take_fields(&mut body, "")
+}
+
+/// Take the fields `T` declares out of `obj` and decode them into `T` in its declared
+/// order, each absent one as `null` (so the first declared bad field is the one named,
+/// under `prefix`); the other entries of `obj` stay.
+pub(crate) fn take_fields<T: DeserializeOwned>(
+    obj: &mut Map<String, Value>,
+    prefix: &str,
+) -> Result<T, ApiError> {
     let ordered: Vec<(String, Value)> = struct_fields::<T>()
         .iter()
         .map(|name| {
-            let v = body.remove(*name).unwrap_or(Value::Null);
+            let v = obj.remove(*name).unwrap_or(Value::Null);
             (name.to_string(), v)
         })
         .collect();
     let de = MapDeserializer::<_, serde_json::Error>::new(ordered.into_iter());
-    serde_path_to_error::deserialize(de).map_err(|e| field_error(e, ""))
+    serde_path_to_error::deserialize(de).map_err(|e| field_error(e, prefix))
 }
 
 /// `Value` → `T`, a failure naming its field under `prefix`.

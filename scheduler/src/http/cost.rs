@@ -11,7 +11,7 @@ use agentq_core::SessionRow;
 use agentq_core::budget::{NANOS_PER_USD, Spend, TenantBudget};
 
 use super::ApiResult;
-use crate::Scheduler;
+use crate::state::Scheduler;
 
 /// The model whose price applies to a session: the one it names (a session that names
 /// none is priced by a `*` entry, if any: the worker's default is not known here).

@@ -1,6 +1,6 @@
 //! The batch decode budget: how many bytes of `POST /v1/sessions/batch` bodies are read
-//! and decoded at once across all requests (`batch_decode_bytes`), and [`BatchBody`], the
-//! extractor that reads a batch's body under it.
+//! and decoded at once across all requests (`batch_decode_bytes`); the extractor that
+//! reads a batch's body under it is `BatchBody` (`http::batch_body`).
 //!
 //! A batch takes about four times its body while it is created (the body, the requests
 //! parsed from it, the statement's arguments and the rows it answers), so concurrent
@@ -17,17 +17,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
-use axum::http::header;
-use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use agentq_core::auth::Caller;
-
-use crate::Scheduler;
 use crate::error::ApiError;
-use crate::http::body::require_json;
 
 /// Seconds a batch refused for the budget is told to wait.
 const RETRY_AFTER_SECS: u64 = 1;
@@ -51,7 +43,7 @@ impl DecodeBudget {
         }
     }
 
-    fn grant(&self, tenant: &str) -> Grant {
+    pub(crate) fn grant(&self, tenant: &str) -> Grant {
         Grant {
             budget: self.clone(),
             tenant: tenant.to_string(),
@@ -66,13 +58,13 @@ impl DecodeBudget {
 pub struct Grant {
     budget: DecodeBudget,
     tenant: String,
-    held: usize,
+    pub(crate) held: usize,
     permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Grant {
     /// Hold `n` more bytes, or a 503 (no room now) or a 413 (never room).
-    fn take(&mut self, n: usize) -> Result<(), ApiError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<(), ApiError> {
         if n == 0 {
             return Ok(());
         }
@@ -137,59 +129,5 @@ impl Drop for Grant {
                 tenants.remove(&self.tenant);
             }
         }
-    }
-}
-
-/// The body of `POST /v1/sessions/batch` (JSON, as [`crate::http::RawJson`] requires),
-/// read under the decode budget. Hold `grant` until the batch is created.
-#[derive(Debug)]
-pub struct BatchBody {
-    pub bytes: Bytes,
-    pub grant: Grant,
-}
-
-impl FromRequest<Scheduler> for BatchBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, s: &Scheduler) -> Result<Self, ApiError> {
-        require_json(req.headers())?;
-        let Some(caller) = req.extensions().get::<Caller>() else {
-            tracing::error!("a batch body on a route that did not authenticate");
-            return Err(ApiError::Internal);
-        };
-        let mut grant = s.decoding.grant(&caller.tenant);
-        let limit = s.batch_body_limit();
-        let too_large = || ApiError::TooLarge {
-            field: None,
-            message: "request body is too large".into(),
-        };
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(too_large());
-        }
-        // Granted before a byte is buffered: the whole declared body at once.
-        grant.take(declared.unwrap_or(0))?;
-        let mut buf = Vec::with_capacity(declared.unwrap_or(0));
-        let mut body = req.into_body().into_data_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk
-                .map_err(|e| ApiError::InvalidJson(format!("cannot read the request body: {e}")))?;
-            let len = buf.len().saturating_add(chunk.len());
-            if len > limit {
-                return Err(too_large());
-            }
-            if len > grant.held {
-                grant.take(len - grant.held)?;
-            }
-            buf.extend_from_slice(&chunk);
-        }
-        Ok(BatchBody {
-            bytes: Bytes::from(buf),
-            grant,
-        })
     }
 }

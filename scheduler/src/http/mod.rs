@@ -12,10 +12,11 @@ use serde::Serialize;
 use agentq_core::SessionRow;
 use agentq_core::auth::Caller;
 
-use crate::Scheduler;
 use crate::error::ApiError;
+use crate::state::Scheduler;
 
 pub mod auth;
+pub mod batch_body;
 pub mod body;
 pub mod cost;
 pub mod decode;

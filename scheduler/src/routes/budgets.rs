@@ -11,10 +11,10 @@ use chrono::Utc;
 use agentq_api::{BudgetList, BudgetSet, SetBudget, TenantSpend};
 use agentq_core::budget::{OnBudget, Period, TenantBudget, usd_to_nanos};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::cost::{budget_view, effective_budgets, spend_view};
 use crate::http::{ApiResult, JsonBody, decode_object, respond};
+use crate::state::Scheduler;
 
 /// Longest tenant name in a path.
 const MAX_TENANT_LEN: usize = 128;

@@ -9,10 +9,10 @@ use axum::http::HeaderMap;
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::events::{LastId, follow};
 use crate::http::{ApiResult, Auth, check_id, get_row};
+use crate::state::Scheduler;
 
 /// Comments that keep an idle connection open through proxies.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);

@@ -20,10 +20,10 @@ use agentq_api::FileList;
 use agentq_core::workspace::FileEntry;
 use agentq_core::workspace_path::{FileLimits, MAX_PATH_BYTES, MAX_PATH_DEPTH, normalize};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::body::no_nul;
 use crate::http::{ApiResult, Auth, MAX_ID_LEN, get_row, not_found, respond};
+use crate::state::Scheduler;
 
 /// The longest and deepest path asked for: the hard bounds, whatever the policy.
 const ANY_PATH: FileLimits = FileLimits {

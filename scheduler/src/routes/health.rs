@@ -11,9 +11,9 @@ use axum::response::{IntoResponse, Response};
 use agentq_api::{Readiness, ReadyChecks, ReadyStatus};
 use agentq_core::metrics::global;
 
-use crate::Scheduler;
 use crate::http::respond;
 use crate::metrics::{CONTENT, STATS_TIMEOUT, record_held, record_queue, record_waiting};
+use crate::state::Scheduler;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 

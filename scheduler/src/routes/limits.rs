@@ -10,9 +10,9 @@ use axum::response::Response;
 use agentq_api::LimitsView;
 use agentq_core::admission::{LimiterState, read_state};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{ApiResult, respond};
+use crate::state::Scheduler;
 
 /// How long the view waits for Redis.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);

@@ -12,9 +12,9 @@ use axum::routing::{MethodRouter, get, post, put};
 
 use agentq_core::auth::Scope;
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
+use crate::state::Scheduler;
 
 mod budgets;
 mod events;

@@ -1,5 +1,5 @@
 //! The queues sessions may name: listing them, and creating one (admin). See
-//! [`crate::QueueRegistry`] for what makes a queue known.
+//! [`crate::queues::QueueRegistry`] for what makes a queue known.
 //!
 //! A queue's name tells which worker pool (often which customer's) runs its sessions, so
 //! a tenant is shown only the queues its policy lets it put sessions on (the operator's
@@ -12,10 +12,10 @@ use axum::response::Response;
 use agentq_api::{CreateQueue, QueueCreated, QueueList};
 use agentq_core::QueueCreate;
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{ApiResult, Auth, JsonBody, decode_object, respond};
 use crate::request::{MAX_QUEUE_NAME, valid_queue_name};
+use crate::state::Scheduler;
 
 /// `GET /v1/queues`
 pub(super) async fn list(State(s): State<Scheduler>, Auth(caller): Auth) -> ApiResult<Response> {

@@ -17,9 +17,9 @@ use axum::response::Response;
 use agentq_api::RetryResponse;
 use agentq_core::RetryResult;
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{ApiResult, Auth, check_id, get_row, not_found, respond};
+use crate::state::Scheduler;
 
 /// `POST /v1/sessions/{id}/retry`
 pub(super) async fn retry(

@@ -18,16 +18,17 @@ use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::error::ApiError;
-use crate::http::decode::BatchBody;
+use crate::http::batch_body::BatchBody;
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
     session_view,
 };
 use crate::inputs::check_sources;
 use crate::request::{
-    Limits, ListQuery, SessionRequest, admit, admit_batch, parse_batch_bytes, parse_session,
+    LIST_MAX_BYTES, Limits, ListQuery, SessionRequest, check_policy, check_policy_batch,
+    parse_batch_bytes, parse_session,
 };
-use crate::{LIST_MAX_BYTES, Scheduler};
+use crate::state::Scheduler;
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
@@ -181,7 +182,7 @@ pub(super) async fn create(
 ) -> ApiResult<Response> {
     let mut req = parse_session(body, &limits(&s, &caller), "")?;
     let hash = request_hash(&req)?;
-    admit(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
+    check_policy(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
     known_queues(&s, std::slice::from_ref(&req), false).await?;
     check_sources(&s, &caller, std::slice::from_ref(&req), false).await?;
     let mut new = new_session(req, &caller, hash);
@@ -236,7 +237,7 @@ pub(super) async fn create_batch(
         .iter()
         .map(request_hash)
         .collect::<ApiResult<Vec<_>>>()?;
-    admit_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
+    check_policy_batch(&mut reqs, s.cfg.policy.for_tenant(&caller.tenant))?;
     known_queues(&s, &reqs, true).await?;
     check_sources(&s, &caller, &reqs, true).await?;
     let mut new: Vec<NewSession> = reqs

@@ -17,12 +17,12 @@ use agentq_core::lifecycle;
 use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
 use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
 
-use crate::Scheduler;
 use crate::error::ApiError;
 use crate::http::{
     ApiResult, Auth, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields,
     not_found, object, respond, session_view,
 };
+use crate::state::Scheduler;
 
 /// Largest steering message accepted.
 const MAX_MESSAGE_BYTES: usize = 1_000_000;

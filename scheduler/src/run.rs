@@ -1,0 +1,98 @@
+//! The scheduler as a process: the configured queues' consumer groups, the API and
+//! `/metrics` listeners, the sweeper, the workspace collector and the dispatcher, until
+//! shutdown.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use agentq_core::{Queue, Store};
+
+use crate::routes::{metrics_router, router};
+use crate::serve::serve;
+use crate::settings::SchedulerSettings;
+use crate::state::Scheduler;
+use crate::{sweeper, workspace_gc};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("HTTP server: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Run the scheduler until `shutdown` is cancelled: create the configured queues' consumer
+/// groups, serve the API on `listener` (graceful: in-flight requests finish, `/readyz`
+/// turns 503 at once) and `/metrics` on `metrics` (a listener of its own: the scraper
+/// holds no API key), and run the sweeper and the dispatcher.
+pub async fn run(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    cfg: SchedulerSettings,
+    listener: TcpListener,
+    metrics: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    let state =
+        Scheduler::new(store.clone(), queue.clone(), cfg.clone()).with_shutdown(shutdown.clone());
+    // Not fatal when Redis is briefly away: the sweeper retries every tick.
+    if !state.queues().ensure_configured(queue.as_ref()).await {
+        tracing::warn!("some consumer groups could not be created yet; will retry");
+    }
+
+    // A child token: the sweeper also stops when the server ends on its own, without
+    // cancelling the caller's token.
+    let stop_sweeper = shutdown.child_token();
+    let workspace_gc = tokio::spawn(workspace_gc::run_workspace_gc(
+        store.clone(),
+        cfg.workspace.clone(),
+        stop_sweeper.clone(),
+    ));
+    let sweeper = tokio::spawn(sweeper::run_sweeper(
+        store,
+        queue,
+        state.queues().clone(),
+        cfg.sweep_interval,
+        cfg.sweep_age,
+        cfg.stream_max_len,
+        stop_sweeper.clone(),
+    ));
+    let dispatcher = state.spawn_dispatcher(stop_sweeper.clone());
+
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "scheduler listening");
+    }
+    let metrics_server = metrics.map(|m| {
+        if let Ok(addr) = m.local_addr() {
+            tracing::info!(%addr, "serving /metrics");
+        }
+        let token = shutdown.clone();
+        let app = metrics_router(state.clone());
+        tokio::spawn(async move {
+            let served = axum::serve(m, app)
+                .with_graceful_shutdown(async move { token.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                tracing::warn!(error = %e, "the /metrics server stopped");
+            }
+        })
+    });
+    let app = router(state);
+    let served = serve(listener, app, cfg.serve, shutdown.clone()).await;
+    stop_sweeper.cancel();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
+    if let Err(e) = sweeper.await {
+        tracing::error!(error = %e, "sweeper task failed");
+    }
+    if let Err(e) = dispatcher.await {
+        tracing::error!(error = %e, "dispatcher task failed");
+    }
+    if let Err(e) = workspace_gc.await {
+        tracing::error!(error = %e, "workspace collector task failed");
+    }
+    served?;
+    tracing::info!("scheduler stopped");
+    Ok(())
+}
