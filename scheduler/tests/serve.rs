@@ -707,9 +707,13 @@ async fn a_revoked_keys_download_is_cut_while_a_slow_client_reads_it() {
         .await
         .unwrap();
     let mut pace = env.tcp().await;
+    // A slow client: 1 KiB between two other requests, so that reading the whole body
+    // takes many times the key's re-check (a fast reader on an idle box used to finish
+    // 16 MiB first).
+    let mut slow = [0u8; 1024];
     let cut = loop {
         assert_eq!(healthz_on(&mut pace).await.status, 200);
-        match tokio::time::timeout(PATIENCE, s.read(&mut buf)).await {
+        match tokio::time::timeout(PATIENCE, s.read(&mut slow)).await {
             Err(_) => panic!("nothing arrived and the connection stayed open"),
             Ok(Ok(0)) | Ok(Err(_)) => break true,
             Ok(Ok(n)) => body += n,
