@@ -10,7 +10,7 @@
 //! (with the typed `CreateSession` used only as a list of field names) → `SessionSpec`
 //! → `SessionRequest` → `NewSession`, the spec held to `SessionSpec::validate` (agent),
 //! a host check here, `bounds::check_spec` (api), the queue check and
-//! `TenantPolicy::admit` (types), and the worker holding the stored row to the last two
+//! `TenantPolicy::apply` (types), and the worker holding the stored row to the last two
 //! again by hand. Now:
 //!
 //! 1. bytes → `http::body::scan` (400 on a syntax error; a NUL character,
@@ -28,7 +28,7 @@
 //! 4. the spec's one shape check, `agentq_types::policy::request::check_spec`;
 //! 5. in the route, after the idempotency hash is taken: the tenant's policy
 //!    ([`check_policy`]), through `TenantPolicy::check_request`, the same check the
-//!    worker's `admit` runs on the stored row (with `Sent::Stored`) before it runs it.
+//!    worker's `check_stored` runs on the stored row (with `Sent::Stored`) before it runs it.
 //!
 //! The result is a [`SessionRequest`] (the typed request, files normalised), which the
 //! route turns into the store's `NewSession`.

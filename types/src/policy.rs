@@ -366,11 +366,11 @@ impl TenantPolicy {
         self.bounds.max_children.map_or(host, |b| b.min(host))
     }
 
-    /// Admit `spec` under this policy: every value the client sent is within it, every
+    /// Hold `spec` to this policy: every value the client sent is within it, every
     /// default above a bound is lowered to the bound, and an unset `token_budget` or
     /// `timeout_secs` gets the bound. What the spec leaves to the host (no provider, no
     /// model, no tools) is checked where the host's defaults are known: the worker.
-    pub fn admit(
+    pub fn apply(
         &self,
         spec: &mut SessionSpec,
         sent: Sent<'_>,

@@ -164,7 +164,7 @@ async fn run_claimed(
     };
     let checkpointer = wiring.checkpointer(&inner, &lease, sync);
     m.sessions_active.inc();
-    let built = admit(&inner, &row, &mut state.spec).and_then(|()| {
+    let built = check_stored(&inner, &row, &mut state.spec).and_then(|()| {
         let parts = wiring.agent_parts(checkpointer.clone(), workspace?);
         build_agent(&inner, &row, &state.spec, parts)
     });
@@ -193,7 +193,11 @@ async fn run_claimed(
 /// direct insert). What the spec leaves to this host is checked as this host fills it in:
 /// the default provider and model must be allowed, and of the default tools the session
 /// gets those its tenant may use.
-fn admit(inner: &Arc<Inner>, row: &SessionRow, spec: &mut SessionSpec) -> Result<(), String> {
+fn check_stored(
+    inner: &Arc<Inner>,
+    row: &SessionRow,
+    spec: &mut SessionSpec,
+) -> Result<(), String> {
     let policy = inner.cfg.policy.for_tenant(tenant(row));
     let refused = |v: agentq_core::policy::PolicyViolation| format!("refused by policy: {v}");
     // The scheduler's own policy check, again: a stored row counts as having sent

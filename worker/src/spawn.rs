@@ -241,7 +241,7 @@ impl SpawnAgent {
         let mut spec = self.child_spec(args, info)?;
         self.policy
             .for_tenant(&self.tenant)
-            .admit(&mut spec, Sent::Stored, SpawnContext { depth })
+            .apply(&mut spec, Sent::Stored, SpawnContext { depth })
             .map_err(|v| ToolError::Denied(format!("refused by policy: {v}")))?;
         let new = self.new_child(spec, depth, ctx);
         let (row, created) = self.spawn(&new, request.requested).await?;

@@ -1,7 +1,7 @@
 //! What one session request may ask for, checked in one place: its spec's shape
 //! ([`check_spec`]: what [`SessionSpec::validate`] checks, the names and URL the host
 //! leaves to its caller, and the API's hard bounds) and its tenant's rules
-//! ([`TenantPolicy::check_request`]: the queue, then [`TenantPolicy::admit`]).
+//! ([`TenantPolicy::check_request`]: the queue, then [`TenantPolicy::apply`]).
 //!
 //! The scheduler runs both on every request before anything is written; the worker runs
 //! [`TenantPolicy::check_request`] again on every stored row before running it (with
@@ -137,7 +137,7 @@ fn check_names(spec: &SessionSpec) -> Result<(), Violation> {
 
 impl TenantPolicy {
     /// Hold a session request to this tenant's rules: its queue (the queue picks the
-    /// worker pool that runs it), then its spec ([`TenantPolicy::admit`]: a value beyond
+    /// worker pool that runs it), then its spec ([`TenantPolicy::apply`]: a value beyond
     /// a bound is refused naming the field, a default above one is lowered to it). The
     /// one policy check of a request, at the scheduler and again at the worker.
     pub fn check_request(
@@ -148,7 +148,7 @@ impl TenantPolicy {
         at: SpawnContext,
     ) -> Result<(), PolicyViolation> {
         self.check_queue(queue)?;
-        self.admit(spec, sent, at)
+        self.apply(spec, sent, at)
     }
 }
 

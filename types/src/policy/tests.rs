@@ -33,7 +33,7 @@ fn bounded() -> PolicySection {
     }
 }
 
-fn admit_sent(
+fn apply_sent(
     p: &TenantPolicy,
     tweak: impl FnOnce(&mut SessionSpec),
     fields: &[&str],
@@ -41,7 +41,7 @@ fn admit_sent(
     let mut spec = SessionSpec::new("hi");
     tweak(&mut spec);
     let f = sent(fields);
-    p.admit(&mut spec, Sent::Fields(&f), SpawnContext::default())
+    p.apply(&mut spec, Sent::Fields(&f), SpawnContext::default())
         .map(|()| spec)
 }
 
@@ -63,7 +63,7 @@ fn the_default_policy_allows_read_only_tools_and_spawning_and_no_base_url() {
     // The default section compiles (Policy::default relies on it).
     Policy::from_section(&PolicySection::default()).unwrap();
 
-    let e = admit_sent(
+    let e = apply_sent(
         p,
         |s| s.base_url = Some("http://127.0.0.1:7852/v1".into()),
         &["base_url"],
@@ -71,7 +71,7 @@ fn the_default_policy_allows_read_only_tools_and_spawning_and_no_base_url() {
     .unwrap_err();
     assert_eq!(e.field, "base_url");
     assert!(e.message.contains("none"), "{e}");
-    let e = admit_sent(
+    let e = apply_sent(
         p,
         |s| s.tools = Some(vec!["read_file".into(), "shell".into()]),
         &["tools"],
@@ -80,7 +80,7 @@ fn the_default_policy_allows_read_only_tools_and_spawning_and_no_base_url() {
     assert_eq!(e.field, "tools");
     assert!(e.message.contains("`shell`"), "{e}");
     // Nothing bounded by default: a request within the API's limits passes unchanged.
-    let spec = admit_sent(p, |s| s.max_iterations = 10_000, &["max_iterations"]).unwrap();
+    let spec = apply_sent(p, |s| s.max_iterations = 10_000, &["max_iterations"]).unwrap();
     assert_eq!(spec.max_iterations, 10_000);
     assert_eq!(spec.token_budget, None);
     assert_eq!(spec.timeout_secs, None);
@@ -118,24 +118,24 @@ fn every_refusal_names_its_field() {
         ("timeout_secs", |s| s.timeout_secs = Some(601)),
     ];
     for (field, tweak) in cases {
-        let e = admit_sent(p, tweak, &[field]).unwrap_err();
+        let e = apply_sent(p, tweak, &[field]).unwrap_err();
         assert_eq!(e.field, *field, "{e}");
         assert!(!e.message.is_empty());
     }
     // The same values stored in a row are refused as well (a stored row cannot tell a
     // default from a request).
-    let within = admit_sent(p, |_| {}, &[]).unwrap();
+    let within = apply_sent(p, |_| {}, &[]).unwrap();
     for (field, tweak) in cases {
         let mut spec = within.clone();
         tweak(&mut spec);
         let e = p
-            .admit(&mut spec, Sent::Stored, SpawnContext::default())
+            .apply(&mut spec, Sent::Stored, SpawnContext::default())
             .unwrap_err();
         assert_eq!(e.field, *field, "{e}");
     }
     // A default above a bound in a stored row is refused too: only a request can tell.
     let e = p
-        .admit(
+        .apply(
             &mut SessionSpec::new("hi"),
             Sent::Stored,
             SpawnContext::default(),
@@ -144,10 +144,10 @@ fn every_refusal_names_its_field() {
     assert_eq!(e.field, "max_iterations");
     let mut spec = within.clone();
     let e = p
-        .admit(&mut spec, Sent::Stored, SpawnContext { depth: 2 })
+        .apply(&mut spec, Sent::Stored, SpawnContext { depth: 2 })
         .unwrap_err();
     assert_eq!(e.field, "depth");
-    p.admit(&mut spec, Sent::Stored, SpawnContext { depth: 1 })
+    p.apply(&mut spec, Sent::Stored, SpawnContext { depth: 1 })
         .unwrap();
 }
 
@@ -156,7 +156,7 @@ fn defaults_above_a_bound_become_the_bound() {
     let policy = Policy::from_section(&bounded()).unwrap();
     let p = policy.global();
     // Nothing sent: every default above a bound is lowered, unset budgets get the bound.
-    let spec = admit_sent(p, |_| {}, &["prompt"]).unwrap();
+    let spec = apply_sent(p, |_| {}, &["prompt"]).unwrap();
     assert_eq!(spec.max_iterations, 10);
     assert_eq!(spec.max_tokens, 1000);
     assert_eq!(spec.tool_timeout_secs, 30);
@@ -164,7 +164,7 @@ fn defaults_above_a_bound_become_the_bound() {
     assert_eq!(spec.token_budget, Some(50_000));
     assert_eq!(spec.timeout_secs, Some(600));
     // Values within the bounds stay as sent.
-    let spec = admit_sent(
+    let spec = apply_sent(
         p,
         |s| {
             s.max_iterations = 3;
@@ -189,9 +189,9 @@ fn defaults_above_a_bound_become_the_bound() {
     assert_eq!(spec.max_iterations, 3);
     assert_eq!(spec.token_budget, Some(10));
     assert_eq!(spec.timeout_secs, Some(5));
-    // Admitting what was admitted changes nothing and passes as a stored row.
+    // Applying the policy twice changes nothing and passes as a stored row.
     let mut again = spec.clone();
-    p.admit(&mut again, Sent::Stored, SpawnContext::default())
+    p.apply(&mut again, Sent::Stored, SpawnContext::default())
         .unwrap();
     assert_eq!(again, spec);
 }
@@ -259,7 +259,7 @@ fn tenants_replace_the_fields_they_set() {
     assert_eq!(b.bounds.max_tokens, Some(1000));
     assert!(!b.allows_provider("anthropic"));
     assert!(b.allows_base_url("https://llm.example/v1"));
-    let spec = admit_sent(b, |s| s.max_iterations = 50, &["max_iterations"]).unwrap();
+    let spec = apply_sent(b, |s| s.max_iterations = 50, &["max_iterations"]).unwrap();
     assert_eq!(spec.max_iterations, 50);
 
     let o = policy.for_tenant("open");
@@ -270,7 +270,7 @@ fn tenants_replace_the_fields_they_set() {
     for t in ["default", "nobody"] {
         let g = policy.for_tenant(t);
         assert!(g.allows_tool("read_file") && !g.allows_tool("write_file"));
-        let e = admit_sent(g, |s| s.max_iterations = 50, &["max_iterations"]).unwrap_err();
+        let e = apply_sent(g, |s| s.max_iterations = 50, &["max_iterations"]).unwrap_err();
         assert_eq!(e.field, "max_iterations");
     }
 }

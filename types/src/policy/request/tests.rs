@@ -188,7 +188,7 @@ fn the_request_check_holds_the_queue_then_the_spec() {
     // The same as the two checks one after the other.
     assert_eq!(
         Err(v),
-        p.check_queue("default").and_then(|()| p.admit(
+        p.check_queue("default").and_then(|()| p.apply(
             &mut spec,
             Sent::Stored,
             SpawnContext::default()
