@@ -50,7 +50,7 @@ impl Figure {
 
 /// Run the A/B sitting that `args.baseline` asks for. `argv` is this process's arguments
 /// after `bench`: what each child gets, less the flags of [`OWN_FLAGS`].
-pub async fn run(args: &BenchArgs, argv: &[OsString]) -> anyhow::Result<ExitCode> {
+pub async fn compare(args: &BenchArgs, argv: &[OsString]) -> anyhow::Result<ExitCode> {
     let Some(baseline) = args.baseline.clone() else {
         bail!("--baseline is required for an A/B sitting");
     };

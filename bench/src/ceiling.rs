@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::cpu::Sample;
-use crate::llm::TURN_TEXT;
+use crate::turns::TURN_TEXT;
 use crate::{Env, Results};
 
 pub async fn ceiling(env: &Env, r: &mut Results) -> anyhow::Result<()> {

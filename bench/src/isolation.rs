@@ -194,33 +194,7 @@ async fn rounds(
     let (control_first, _) = alone("first control", true, hostiles).await?;
 
     let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
-    let mut outcomes = Outcomes::default();
-    let mut hostile_ids: HashMap<String, Kind> = HashMap::new();
-    for (i, kind) in kinds.iter().enumerate() {
-        // The kinds share the hostile sessions, the first ones one more when they do not
-        // divide evenly.
-        let n =
-            hostiles / kinds.len() as u32 + u32::from((i as u32) < hostiles % kinds.len() as u32);
-        if n == 0 {
-            continue;
-        }
-        let new: Vec<NewSession> = (0..n)
-            .map(|_| NewSession::root(kind.spec(a.iterations, &a.tool), queue))
-            .collect();
-        match env.store.create_sessions(&new).await {
-            Ok(rows) => hostile_ids.extend(rows.into_iter().map(|(row, _)| (row.id, *kind))),
-            Err(e) => {
-                let label = format!("not created: {}", reason(&e.to_string()));
-                *outcomes
-                    .by_kind
-                    .entry(kind.name().to_string())
-                    .or_default()
-                    .entry(label)
-                    .or_default() += u64::from(n);
-                outcomes.failed += u64::from(n);
-            }
-        }
-    }
+    let (hostile_ids, mut outcomes) = create_hostiles(env, queue, kinds, hostiles).await?;
     let mut hostile_list: Vec<String> = hostile_ids.keys().cloned().collect();
     hostile_list.sort();
     let order = interleave(&ids, &hostile_list);
@@ -250,6 +224,44 @@ async fn rounds(
             .saturating_add(failed_after),
         outcomes,
     })
+}
+
+/// The mixed round's hostile sessions, shared among `kinds` (the first ones one more when
+/// they do not divide evenly), with the kind of each; those the store refused are counted
+/// in the outcomes, as failed.
+async fn create_hostiles(
+    env: &Env,
+    queue: &str,
+    kinds: &[Kind],
+    hostiles: u32,
+) -> anyhow::Result<(HashMap<String, Kind>, Outcomes)> {
+    let a = &env.args;
+    let mut outcomes = Outcomes::default();
+    let mut hostile_ids: HashMap<String, Kind> = HashMap::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let n =
+            hostiles / kinds.len() as u32 + u32::from((i as u32) < hostiles % kinds.len() as u32);
+        if n == 0 {
+            continue;
+        }
+        let new: Vec<NewSession> = (0..n)
+            .map(|_| NewSession::root(kind.spec(a.iterations, &a.tool), queue))
+            .collect();
+        match env.store.create_sessions(&new).await {
+            Ok(rows) => hostile_ids.extend(rows.into_iter().map(|(row, _)| (row.id, *kind))),
+            Err(e) => {
+                let label = format!("not created: {}", reason(&e.to_string()));
+                *outcomes
+                    .by_kind
+                    .entry(kind.name().to_string())
+                    .or_default()
+                    .entry(label)
+                    .or_default() += u64::from(n);
+                outcomes.failed += u64::from(n);
+            }
+        }
+    }
+    Ok((hostile_ids, outcomes))
 }
 
 /// `bystanders` in order with `hostiles` spread evenly among them, so that both kinds are

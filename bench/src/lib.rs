@@ -45,6 +45,7 @@ mod procs;
 mod report;
 mod resume;
 mod storage;
+mod turns;
 mod workload;
 mod workspace;
 
@@ -59,7 +60,7 @@ use agentq_core::pg::PgStore;
 use agentq_fixtures::{Durability, PostgresOptions, PostgresServer, RedisServer};
 
 pub use report::Results;
-use workload::{BUILTIN, TRIVIAL};
+use turns::{BUILTIN, TRIVIAL};
 
 pub const PARTS: &[&str] = &[
     "ceiling",
@@ -245,7 +246,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             .skip_while(|a| a != "bench")
             .skip(1)
             .collect();
-        return ab::run(&args, &argv).await;
+        return ab::compare(&args, &argv).await;
     }
     let want = |p: &str| selected.iter().any(|s| s == p);
     let (db_url, redis_url, private) = services(&args)?;

@@ -18,7 +18,8 @@ use agentq_core::redis_queue::RedisQueue;
 
 use crate::llm;
 use crate::pools::SURVIVOR_CONCURRENCY;
-use crate::workload::{BUILTIN, close, create_sessions, enqueue, script, worker};
+use crate::turns::BUILTIN;
+use crate::workload::{close, create_sessions, enqueue, script, worker};
 use crate::{Env, Results, progress, quantile};
 
 /// Settings the environment could override; the children must run with the defaults.

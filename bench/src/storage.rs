@@ -5,7 +5,8 @@ use anyhow::bail;
 use agentq_agent::schema::Message;
 use agentq_core::pg::PgStore;
 
-use crate::workload::{PROMPT, Workload, run_workload};
+use crate::turns::PROMPT;
+use crate::workload::{Workload, run_workload};
 use crate::{Env, Results, progress};
 
 /// What autovacuum would do: trailing pages that concurrent inserts pre-allocated but
