@@ -19,8 +19,10 @@ use serde_json::{Map, Value, json};
 
 use agentq_core::pg::PgStore;
 
+use crate::args::BenchArgs;
+use crate::env::services;
+use crate::report::progress;
 use crate::storage::with_database;
-use crate::{BenchArgs, progress, services};
 
 /// The flags this mode owns or sets for each child itself: they are not passed on.
 /// (name, whether it takes a value)

@@ -27,10 +27,11 @@ use agentq_core::{NewSession, SessionStore};
 use agentq_fixtures::rate_limited::{Ask, Reply, Script};
 use agentq_fixtures::{Limits, RateLimitedConfig, RateLimitedLlm};
 
+use crate::env::Env;
 use crate::procs::{check_alive, spawn_worker};
-use crate::turns::{BUILTIN, FINAL_TEXT, TURN_TEXT};
-use crate::workload::{enqueue, spec};
-use crate::{Env, Results, progress};
+use crate::report::{Results, progress};
+use crate::turns::{BUILTIN, FINAL_TEXT, TURN_TEXT, spec};
+use crate::workload::enqueue;
 
 /// The fake's latency per call: short, so that the non-binding rounds measure the
 /// worker and the limiter rather than the model.

@@ -9,8 +9,7 @@ use agentq_fixtures::FakeResponse;
 use serde_json::json;
 
 use crate::llm::{answer_calling, assistant_turns, call_chunk, chunk, finish};
-use crate::turns::{FINAL_TEXT, PROMPT, TURN_TEXT};
-use crate::workload::spec;
+use crate::turns::{FINAL_TEXT, PROMPT, TURN_TEXT, spec};
 
 /// What a hostile session does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -3,7 +3,7 @@
 //! workers, Postgres and Redis, and what became of the hostile sessions. Every session's
 //! model is the fake OpenAI endpoint, so hostile output goes through the real provider.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +14,11 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{NewSession, SessionStore, WorkQueue};
 use agentq_fixtures::FakeLlm;
 
+use crate::env::Env;
 use crate::hostile::{self, Kind};
+use crate::llm;
+use crate::report::{Outcomes, Results, progress};
 use crate::workload::{close, config, create_sessions, enqueue, start};
-use crate::{Env, Results, llm, progress};
 
 /// How long hostile sessions get to end once the bystanders beside them have; those still
 /// going then are reported as unfinished (a zombie would never end).
@@ -25,18 +27,6 @@ const HOSTILE_GRACE: Duration = Duration::from_secs(60);
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// Longest error text kept in an outcome's label (the outcomes group sessions by label).
 const REASON_CHARS: usize = 120;
-
-/// What the hostile sessions of the mixed round came to.
-#[derive(Debug, Default)]
-pub struct Outcomes {
-    pub completed: u64,
-    /// Ended `failed` or `cancelled`, or could not be created.
-    pub failed: u64,
-    /// Not ended [`HOSTILE_GRACE`] after the bystanders.
-    pub unfinished: u64,
-    /// Per kind, sessions per outcome (`completed`, `failed: <reason>: <error>`, …).
-    pub by_kind: BTreeMap<String, BTreeMap<String, u64>>,
-}
 
 pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let a = &env.args;

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
 use agentq_agent::schema::Usage;
-use agentq_agent::spec::SessionSpec;
 use agentq_agent::tools::{
     SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings,
     builtin_registry,
@@ -22,8 +21,9 @@ use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, WorkQueue};
 use agentq_worker::{Worker, WorkerConfig};
 
 use crate::cpu::Sample;
-use crate::turns::{FINAL_TEXT, PROMPT, TRIVIAL, TURN_TEXT};
-use crate::{Env, Results, ms, progress, quantile};
+use crate::env::Env;
+use crate::report::{Results, ms, progress, quantile};
+use crate::turns::{FINAL_TEXT, TRIVIAL, TURN_TEXT, spec};
 
 struct Trivial;
 
@@ -90,16 +90,6 @@ pub fn script(iterations: u32, delay_ms: u64, tool: &str) -> String {
         ..Script::default()
     })
     .unwrap_or_default()
-}
-
-pub fn spec(iterations: u32, tool: &str) -> SessionSpec {
-    let mut spec = SessionSpec::new(PROMPT);
-    spec.tools = Some(vec![tool.into()]);
-    spec.max_iterations = iterations + 5;
-    // The whole history goes to the model (the scripted model picks its turn by counting
-    // the assistant turns it is sent).
-    spec.history_window = spec.history_window.max(2 * iterations as usize + 10);
-    spec
 }
 
 /// Create `n` sessions on `queue` (not enqueued). Returns their ids.

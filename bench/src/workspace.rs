@@ -19,9 +19,10 @@ use agentq_core::workspace::InputFile;
 use agentq_core::{NewSession, SessionStore};
 use agentq_worker::workspace::materialise;
 
+use crate::env::Env;
+use crate::report::{Results, ms, progress, quantile};
 use crate::turns::{FINAL_TEXT, TRIVIAL, TURN_TEXT};
 use crate::workload;
-use crate::{Env, Results, ms, progress, quantile};
 
 /// Rounds of each kind; the median is reported.
 const ROUNDS: usize = 3;

@@ -36,10 +36,10 @@
 //! or not they are acked, and the entry of a session that runs for hours is the oldest
 //! one pending; once it is gone, a touch (`XCLAIM`) drops it from the pending list and a
 //! dead worker's session is reclaimed by nobody. Acked history is dropped instead by
-//! [`crate::queue::WorkQueue::trim`] (the scheduler's sweeper, past a length it is configured with):
-//! `XTRIM MINID` at the oldest entry that is pending or not yet delivered, read before the
-//! trim (an entry delivered meanwhile is newer than the group's cursor read first, so it is
-//! kept). Entries are never `XDEL`eted, and the trim never passes the group's cursor, so
+//! [`crate::queue::WorkQueue::trim`] (the scheduler's sweeper, past a length it is
+//! configured with): `XTRIM MINID` at the oldest entry that is pending or not yet
+//! delivered, read before the trim (an entry delivered meanwhile is newer than the group's
+//! cursor read first, so it is kept). Entries are never `XDEL`eted, and the trim never passes the group's cursor, so
 //! the group's `lag` stays known. The dead-letter and completion streams are capped at
 //! [`HISTORY_MAXLEN`].
 

@@ -12,7 +12,7 @@ use redis::{
     AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, RedisError, RedisResult, Value,
 };
 
-use crate::error::Result;
+use agentq_error::Result;
 
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).

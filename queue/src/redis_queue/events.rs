@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::{Error, Result};
 use crate::queue::{EventRecord, EventStreams, events_stream};
+use agentq_error::{Error, Result};
 
 use super::EVENTS_MAXLEN;
 use super::connection::RedisQueue;

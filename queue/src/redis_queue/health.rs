@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use redis::Value;
 
-use crate::error::Result;
 use crate::queue::{GROUP, QueueHealth, QueueStats, queue_stream};
+use agentq_error::Result;
 
 use super::connection::RedisQueue;
 use super::reply::{value_items, value_pairs, value_string, value_u64};

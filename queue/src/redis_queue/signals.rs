@@ -5,10 +5,10 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
-use crate::error::Result;
-use crate::model::Completion;
-use crate::protocol::WorkerSignal;
 use crate::queue::{CANCEL_CHANNEL, COMPLETIONS_STREAM, DONE_CHANNEL, Signals, done_channel};
+use agentq_error::Result;
+use agentq_types::model::Completion;
+use agentq_types::protocol::WorkerSignal;
 
 use super::HISTORY_MAXLEN;
 use super::connection::RedisQueue;

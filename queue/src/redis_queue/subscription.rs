@@ -9,7 +9,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use redis::{Client, RedisError, RedisResult, Value};
 use tokio::time::Instant;
 
-use crate::error::Result;
+use agentq_error::Result;
 
 use super::connection::CONNECT_TIMEOUT;
 

@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::{Cmd, RedisError, Value};
 
-use crate::error::{Error, Result};
-use crate::model::EnqueueReason;
 use crate::queue::{DEAD_STREAM, Delivery, GROUP, WorkQueue, queue_stream};
+use agentq_error::{Error, Result};
+use agentq_types::model::EnqueueReason;
 
 use super::HISTORY_MAXLEN;
 use super::connection::RedisQueue;
