@@ -19,8 +19,10 @@ use serde_json::{Map, Value, json};
 
 use agentq_core::pg::PgStore;
 
+use crate::args::BenchArgs;
+use crate::env::services;
+use crate::report::progress;
 use crate::storage::with_database;
-use crate::{BenchArgs, progress, services};
 
 /// The flags this mode owns or sets for each child itself: they are not passed on.
 /// (name, whether it takes a value)
@@ -50,7 +52,7 @@ impl Figure {
 
 /// Run the A/B sitting that `args.baseline` asks for. `argv` is this process's arguments
 /// after `bench`: what each child gets, less the flags of [`OWN_FLAGS`].
-pub async fn run(args: &BenchArgs, argv: &[OsString]) -> anyhow::Result<ExitCode> {
+pub async fn compare(args: &BenchArgs, argv: &[OsString]) -> anyhow::Result<ExitCode> {
     let Some(baseline) = args.baseline.clone() else {
         bail!("--baseline is required for an A/B sitting");
     };

@@ -27,9 +27,11 @@ use agentq_core::{NewSession, SessionStore};
 use agentq_fixtures::rate_limited::{Ask, Reply, Script};
 use agentq_fixtures::{Limits, RateLimitedConfig, RateLimitedLlm};
 
+use crate::env::Env;
 use crate::procs::{check_alive, spawn_worker};
-use crate::workload::{BUILTIN, enqueue, spec};
-use crate::{Env, Results, progress};
+use crate::report::{Results, progress};
+use crate::turns::{BUILTIN, FINAL_TEXT, TURN_TEXT, spec};
+use crate::workload::enqueue;
 
 /// The fake's latency per call: short, so that the non-binding rounds measure the
 /// worker and the limiter rather than the model.
@@ -53,9 +55,9 @@ fn model(round: &str) -> String {
 fn script() -> Script {
     std::sync::Arc::new(|ask: &Ask<'_>| {
         Some(if ask.turn + 1 < TURNS as usize {
-            Reply::text(crate::llm::TURN_TEXT).tool(BUILTIN, serde_json::json!({"path": "."}))
+            Reply::text(TURN_TEXT).tool(BUILTIN, serde_json::json!({"path": "."}))
         } else {
-            Reply::text(crate::llm::FINAL_TEXT)
+            Reply::text(FINAL_TEXT)
         })
     })
 }

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::cpu::Sample;
-use crate::llm::TURN_TEXT;
-use crate::{Env, Results};
+use crate::env::Env;
+use crate::report::Results;
+use crate::turns::TURN_TEXT;
 
 pub async fn ceiling(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     // As many connections as the workers' main pools hold (see `crate::pools`).

@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 
-use crate::Env;
+use crate::env::Env;
 
 /// Remove every row, table and key of this run.
 pub async fn cleanup(env: &Env) -> anyhow::Result<()> {

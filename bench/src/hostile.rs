@@ -8,10 +8,8 @@ use agentq_agent::spec::{DEFAULT_MAX_ITERATIONS, SessionSpec};
 use agentq_fixtures::FakeResponse;
 use serde_json::json;
 
-use crate::llm::{
-    FINAL_TEXT, TURN_TEXT, answer_calling, assistant_turns, call_chunk, chunk, finish,
-};
-use crate::workload::{PROMPT, spec};
+use crate::llm::{answer_calling, assistant_turns, call_chunk, chunk, finish};
+use crate::turns::{FINAL_TEXT, PROMPT, TURN_TEXT, spec};
 
 /// What a hostile session does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -3,7 +3,7 @@
 //! workers, Postgres and Redis, and what became of the hostile sessions. Every session's
 //! model is the fake OpenAI endpoint, so hostile output goes through the real provider.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,9 +14,11 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{NewSession, SessionStore, WorkQueue};
 use agentq_fixtures::FakeLlm;
 
+use crate::env::Env;
 use crate::hostile::{self, Kind};
+use crate::llm;
+use crate::report::{Outcomes, Results, progress};
 use crate::workload::{close, config, create_sessions, enqueue, start};
-use crate::{Env, Results, llm, progress};
 
 /// How long hostile sessions get to end once the bystanders beside them have; those still
 /// going then are reported as unfinished (a zombie would never end).
@@ -25,18 +27,6 @@ const HOSTILE_GRACE: Duration = Duration::from_secs(60);
 const STOP_SLACK: Duration = Duration::from_secs(10);
 /// Longest error text kept in an outcome's label (the outcomes group sessions by label).
 const REASON_CHARS: usize = 120;
-
-/// What the hostile sessions of the mixed round came to.
-#[derive(Debug, Default)]
-pub struct Outcomes {
-    pub completed: u64,
-    /// Ended `failed` or `cancelled`, or could not be created.
-    pub failed: u64,
-    /// Not ended [`HOSTILE_GRACE`] after the bystanders.
-    pub unfinished: u64,
-    /// Per kind, sessions per outcome (`completed`, `failed: <reason>: <error>`, …).
-    pub by_kind: BTreeMap<String, BTreeMap<String, u64>>,
-}
 
 pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let a = &env.args;
@@ -194,33 +184,7 @@ async fn rounds(
     let (control_first, _) = alone("first control", true, hostiles).await?;
 
     let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
-    let mut outcomes = Outcomes::default();
-    let mut hostile_ids: HashMap<String, Kind> = HashMap::new();
-    for (i, kind) in kinds.iter().enumerate() {
-        // The kinds share the hostile sessions, the first ones one more when they do not
-        // divide evenly.
-        let n =
-            hostiles / kinds.len() as u32 + u32::from((i as u32) < hostiles % kinds.len() as u32);
-        if n == 0 {
-            continue;
-        }
-        let new: Vec<NewSession> = (0..n)
-            .map(|_| NewSession::root(kind.spec(a.iterations, &a.tool), queue))
-            .collect();
-        match env.store.create_sessions(&new).await {
-            Ok(rows) => hostile_ids.extend(rows.into_iter().map(|(row, _)| (row.id, *kind))),
-            Err(e) => {
-                let label = format!("not created: {}", reason(&e.to_string()));
-                *outcomes
-                    .by_kind
-                    .entry(kind.name().to_string())
-                    .or_default()
-                    .entry(label)
-                    .or_default() += u64::from(n);
-                outcomes.failed += u64::from(n);
-            }
-        }
-    }
+    let (hostile_ids, mut outcomes) = create_hostiles(env, queue, kinds, hostiles).await?;
     let mut hostile_list: Vec<String> = hostile_ids.keys().cloned().collect();
     hostile_list.sort();
     let order = interleave(&ids, &hostile_list);
@@ -250,6 +214,44 @@ async fn rounds(
             .saturating_add(failed_after),
         outcomes,
     })
+}
+
+/// The mixed round's hostile sessions, shared among `kinds` (the first ones one more when
+/// they do not divide evenly), with the kind of each; those the store refused are counted
+/// in the outcomes, as failed.
+async fn create_hostiles(
+    env: &Env,
+    queue: &str,
+    kinds: &[Kind],
+    hostiles: u32,
+) -> anyhow::Result<(HashMap<String, Kind>, Outcomes)> {
+    let a = &env.args;
+    let mut outcomes = Outcomes::default();
+    let mut hostile_ids: HashMap<String, Kind> = HashMap::new();
+    for (i, kind) in kinds.iter().enumerate() {
+        let n =
+            hostiles / kinds.len() as u32 + u32::from((i as u32) < hostiles % kinds.len() as u32);
+        if n == 0 {
+            continue;
+        }
+        let new: Vec<NewSession> = (0..n)
+            .map(|_| NewSession::root(kind.spec(a.iterations, &a.tool), queue))
+            .collect();
+        match env.store.create_sessions(&new).await {
+            Ok(rows) => hostile_ids.extend(rows.into_iter().map(|(row, _)| (row.id, *kind))),
+            Err(e) => {
+                let label = format!("not created: {}", reason(&e.to_string()));
+                *outcomes
+                    .by_kind
+                    .entry(kind.name().to_string())
+                    .or_default()
+                    .entry(label)
+                    .or_default() += u64::from(n);
+                outcomes.failed += u64::from(n);
+            }
+        }
+    }
+    Ok((hostile_ids, outcomes))
 }
 
 /// `bystanders` in order with `hostiles` spread evenly among them, so that both kinds are

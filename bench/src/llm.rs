@@ -9,13 +9,7 @@ use std::time::Duration;
 use agentq_fixtures::{FakeLlm, FakeResponse};
 use bytes::Bytes;
 
-use crate::workload::BUILTIN;
-
-/// What a turn says (a realistic, constant size).
-pub const TURN_TEXT: &str = "I will look at the workspace to see which files are there before answering; \
-     listing the directory is cheap and tells me where the relevant code lives.";
-pub const FINAL_TEXT: &str = "The workspace is empty: there are no files to summarise, so there is nothing \
-     further to do. Done.";
+use crate::turns::{BUILTIN, FINAL_TEXT, TURN_TEXT};
 
 /// Serve the endpoint on a free port of 127.0.0.1; its base URL (for `OPENAI_BASE_URL`)
 /// is [`base_url`]. It serves until the runtime ends.

@@ -13,7 +13,8 @@ use anyhow::{Context, bail};
 
 use agentq_core::pg::PgStore;
 
-use crate::{BenchArgs, progress};
+use crate::args::BenchArgs;
+use crate::report::progress;
 
 /// The bench's own store (sessions created, progress read, clean-up).
 pub const ADMIN_CONNECTIONS: u32 = 8;

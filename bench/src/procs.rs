@@ -1,6 +1,6 @@
 //! The parts that need a worker in a process of its own: capacity (its RSS must be a
 //! worker's, not the benchmark's) and recovery (it is SIGKILLed). The child is the `agentq`
-//! binary ([`BenchArgs::agentq_binary`](crate::BenchArgs::agentq_binary): by default this
+//! binary ([`BenchArgs::agentq_binary`](crate::args::BenchArgs::agentq_binary): by default this
 //! very process's executable) run as `agentq worker`, configured through flags and the
 //! environment exactly as a deployment would be.
 
@@ -16,10 +16,12 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::SessionStatus;
 use agentq_core::redis_queue::RedisQueue;
 
+use crate::env::Env;
 use crate::llm;
 use crate::pools::SURVIVOR_CONCURRENCY;
-use crate::workload::{BUILTIN, close, create_sessions, enqueue, script, worker};
-use crate::{Env, Results, progress, quantile};
+use crate::report::{Results, progress, quantile};
+use crate::turns::BUILTIN;
+use crate::workload::{close, create_sessions, enqueue, script, worker};
 
 /// Settings the environment could override; the children must run with the defaults.
 const OVERRIDABLE: &[&str] = &[

@@ -2,11 +2,23 @@
 //! for programs.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::BenchArgs;
-use crate::isolation::Outcomes;
+use crate::args::BenchArgs;
+
+/// What the hostile sessions of the mixed round came to.
+#[derive(Debug, Default)]
+pub struct Outcomes {
+    pub completed: u64,
+    /// Ended `failed` or `cancelled`, or could not be created.
+    pub failed: u64,
+    /// Not ended `HOSTILE_GRACE` after the bystanders.
+    pub unfinished: u64,
+    /// Per kind, sessions per outcome (`completed`, `failed: <reason>: <error>`, …).
+    pub by_kind: BTreeMap<String, BTreeMap<String, u64>>,
+}
 
 /// Every figure; `None` when its part did not run.
 #[derive(Debug, Default)]
@@ -665,4 +677,21 @@ fn layout(rows: &[[String; 4]]) -> String {
         line([&r[0], &r[1], &r[2], &r[3]], &mut out);
     }
     out
+}
+
+pub(crate) fn progress(msg: &str) {
+    eprintln!("agentq bench: {msg}");
+}
+
+/// The `q`-quantile (0..=1) of sorted samples, nearest rank.
+pub(crate) fn quantile(sorted: &[Duration], q: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted.get(rank - 1).copied()
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }

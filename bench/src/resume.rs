@@ -9,8 +9,9 @@ use agentq_agent::state::Step;
 use agentq_core::pg::PgStore;
 use agentq_core::{Claim, LeaseStore, SessionStore};
 
+use crate::env::Env;
+use crate::report::{Results, ms, quantile};
 use crate::workload::{Workload, run_workload, tools};
-use crate::{Env, Results, ms, quantile};
 
 /// Load a 160-iteration session on a fresh store and have its LLM request ready: the
 /// claim (row + history), the state, the request, and its OpenAI body.

@@ -5,8 +5,10 @@ use anyhow::bail;
 use agentq_agent::schema::Message;
 use agentq_core::pg::PgStore;
 
-use crate::workload::{PROMPT, Workload, run_workload};
-use crate::{Env, Results, progress};
+use crate::env::Env;
+use crate::report::{Results, progress};
+use crate::turns::PROMPT;
+use crate::workload::{Workload, run_workload};
 
 /// What autovacuum would do: trailing pages that concurrent inserts pre-allocated but
 /// never filled are given back, dead row versions become reusable space.

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
 use agentq_agent::schema::Usage;
-use agentq_agent::spec::SessionSpec;
 use agentq_agent::tools::{
     SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings,
     builtin_registry,
@@ -22,18 +21,9 @@ use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, WorkQueue};
 use agentq_worker::{Worker, WorkerConfig};
 
 use crate::cpu::Sample;
-use crate::llm::{FINAL_TEXT, TURN_TEXT};
-use crate::{Env, Results, ms, progress, quantile};
-
-/// The tool the in-process parts call every iteration unless `--tool` names another: it
-/// returns at once and touches nothing, so that the figures are agentq's own costs. It is
-/// registered through `WorkerConfig::tools`, as an embedding program's tool would be.
-pub const TRIVIAL: &str = "trivial";
-/// The tool of the parts that run `agentq worker` children, which have only the built-in
-/// tools (and of the in-process parts with `--tool list_dir`): one directory listing through
-/// tokio's blocking pool.
-pub const BUILTIN: &str = "list_dir";
-pub const PROMPT: &str = "Look at the workspace and tell me what is in it.";
+use crate::env::Env;
+use crate::report::{Results, ms, progress, quantile};
+use crate::turns::{FINAL_TEXT, TRIVIAL, TURN_TEXT, spec};
 
 struct Trivial;
 
@@ -100,16 +90,6 @@ pub fn script(iterations: u32, delay_ms: u64, tool: &str) -> String {
         ..Script::default()
     })
     .unwrap_or_default()
-}
-
-pub fn spec(iterations: u32, tool: &str) -> SessionSpec {
-    let mut spec = SessionSpec::new(PROMPT);
-    spec.tools = Some(vec![tool.into()]);
-    spec.max_iterations = iterations + 5;
-    // The whole history goes to the model (the scripted model picks its turn by counting
-    // the assistant turns it is sent).
-    spec.history_window = spec.history_window.max(2 * iterations as usize + 10);
-    spec
 }
 
 /// Create `n` sessions on `queue` (not enqueued). Returns their ids.
@@ -249,45 +229,20 @@ pub struct Ran {
 pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     let queue = env.queue(w.part);
     let tool = env.args.tool.as_str();
-    let script = script(w.iterations, 0, tool);
-    let shutdown = CancellationToken::new();
-    let mut workers = Vec::new();
-    let mut stores = Vec::new();
-    let mut handles = Vec::new();
-    for i in 0..env.args.workers {
-        let (wk, store) = worker(
-            env,
-            &queue,
-            &format!("{}-{i}", w.part),
-            env.args.concurrency,
-            &script,
-            tool,
-        )
-        .await?;
-        let (w2, s) = (wk.clone(), shutdown.clone());
-        handles.push(tokio::spawn(async move { w2.run(s).await }));
-        workers.push(wk);
-        stores.push(store);
-    }
+    let fleet = Fleet::start(env, w, &queue, tool).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     redis.ensure_queue(&queue).await?;
-    let done = || -> u64 {
-        workers
-            .iter()
-            .map(|w| w.stats().completed.load(Ordering::Relaxed))
-            .sum()
-    };
     let round = async |ids: &[String]| -> anyhow::Result<Duration> {
-        let total = done() + ids.len() as u64;
+        let total = fleet.completed() + ids.len() as u64;
         let started = Instant::now();
         enqueue(&redis, &queue, ids).await?;
         let deadline = started + Duration::from_secs(600);
-        while done() < total {
+        while fleet.completed() < total {
             if Instant::now() > deadline {
                 bail!(
                     "{}: only {} of {} sessions finished in 600 s",
                     w.part,
-                    done(),
+                    fleet.completed(),
                     ids.len()
                 );
             }
@@ -324,24 +279,11 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         anyhow::Ok((ids, all, elapsed?, overhead, cpu, cold, hist, commits))
     }
     .await;
-    shutdown.cancel();
-    for h in handles {
-        let _ = h.await;
-    }
-    for store in &stores {
-        close(store).await;
-    }
+    fleet.stop().await;
     let (ids, all, elapsed, overhead, cpu, cold, checkpoint_hist, commits) = measured?;
-    let (ok,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
-    )
-    .bind(&all)
-    .bind(i32::try_from(w.iterations)?)
-    .fetch_one(env.store.pool())
-    .await?;
     Ok(Ran {
         elapsed,
-        failed: (all.len() as u64).saturating_sub(u64::try_from(ok)?),
+        failed: not_completed(env, &all, w.iterations).await?,
         ids,
         overhead,
         cpu,
@@ -349,6 +291,77 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         checkpoint_hist,
         commits,
     })
+}
+
+/// The in-process workers of one workload, running until [`Fleet::stop`].
+struct Fleet {
+    workers: Vec<Worker>,
+    stores: Vec<PgStore>,
+    handles: Vec<tokio::task::JoinHandle<agentq_worker::Result<()>>>,
+    shutdown: CancellationToken,
+}
+
+impl Fleet {
+    /// `--workers` workers on `queue`, each with its own pools, running the workload's
+    /// script.
+    async fn start(env: &Env, w: &Workload, queue: &str, tool: &str) -> anyhow::Result<Fleet> {
+        let script = script(w.iterations, 0, tool);
+        let mut fleet = Fleet {
+            workers: Vec::new(),
+            stores: Vec::new(),
+            handles: Vec::new(),
+            shutdown: CancellationToken::new(),
+        };
+        for i in 0..env.args.workers {
+            let (wk, store) = worker(
+                env,
+                queue,
+                &format!("{}-{i}", w.part),
+                env.args.concurrency,
+                &script,
+                tool,
+            )
+            .await?;
+            let (w2, s) = (wk.clone(), fleet.shutdown.clone());
+            fleet
+                .handles
+                .push(tokio::spawn(async move { w2.run(s).await }));
+            fleet.workers.push(wk);
+            fleet.stores.push(store);
+        }
+        Ok(fleet)
+    }
+
+    /// Sessions the workers have completed so far.
+    fn completed(&self) -> u64 {
+        self.workers
+            .iter()
+            .map(|w| w.stats().completed.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Stop the workers and close their pools.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for h in self.handles {
+            let _ = h.await;
+        }
+        for store in &self.stores {
+            close(store).await;
+        }
+    }
+}
+
+/// How many of `ids` did not end `completed` with all `iterations`.
+async fn not_completed(env: &Env, ids: &[String], iterations: u32) -> anyhow::Result<u64> {
+    let (ok,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
+    )
+    .bind(ids)
+    .bind(i32::try_from(iterations)?)
+    .fetch_one(env.store.pool())
+    .await?;
+    Ok((ids.len() as u64).saturating_sub(u64::try_from(ok)?))
 }
 
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {

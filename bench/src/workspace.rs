@@ -19,8 +19,10 @@ use agentq_core::workspace::InputFile;
 use agentq_core::{NewSession, SessionStore};
 use agentq_worker::workspace::materialise;
 
-use crate::workload::{self, TRIVIAL};
-use crate::{Env, Results, ms, progress, quantile};
+use crate::env::Env;
+use crate::report::{Results, ms, progress, quantile};
+use crate::turns::{FINAL_TEXT, TRIVIAL, TURN_TEXT};
+use crate::workload;
 
 /// Rounds of each kind; the median is reported.
 const ROUNDS: usize = 3;
@@ -126,7 +128,7 @@ async fn rounds(env: &Env, r: &mut Results) -> anyhow::Result<()> {
 fn write_script(iterations: u32) -> String {
     let mut turns: Vec<Turn> = (1..iterations)
         .map(|i| Turn {
-            text: crate::llm::TURN_TEXT.into(),
+            text: TURN_TEXT.into(),
             tool_calls: vec![ScriptedCall {
                 name: "write_file".into(),
                 arguments: serde_json::json!({
@@ -139,7 +141,7 @@ fn write_script(iterations: u32) -> String {
         })
         .collect();
     turns.push(Turn {
-        text: crate::llm::FINAL_TEXT.into(),
+        text: FINAL_TEXT.into(),
         ..Default::default()
     });
     serde_json::to_string(&Script {

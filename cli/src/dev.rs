@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::Settings;
@@ -96,30 +97,10 @@ pub fn dev_auth(
 
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let (cfg, wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
-    let addr = cfg.api_addr.clone();
-    let mut queues = cfg.scheduler.queues.clone();
-    for q in &wcfg.queues {
-        if !queues.contains(q) {
-            queues.push(q.clone());
-        }
-    }
-    let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
-    let stack = match (cfg.database_url.as_deref(), cfg.redis_url.as_deref()) {
-        (Some(db), Some(redis)) => {
-            Stack::services(db, redis, wcfg.writer_connections(), objects).await?
-        }
-        (None, None) => Stack::embedded(&cfg.sqlite_path, &queues, true, objects).await?,
-        (Some(_), None) => bail!(
-            "AGENTQ_DATABASE_URL is set but AGENTQ_REDIS_URL is not: set both (Postgres and \
-             Redis) or neither (the embedded store)"
-        ),
-        (None, Some(_)) => bail!(
-            "AGENTQ_REDIS_URL is set but AGENTQ_DATABASE_URL is not: set both (Postgres and \
-             Redis) or neither (the embedded store)"
-        ),
-    };
+    let (cfg, mut wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
+    let stack = open_stack(&cfg, &wcfg).await?;
     let admin_key = crate::scheduler::admin_key_from_env();
+    let addr = cfg.api_addr.clone();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -131,54 +112,11 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
 
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
-
-    // With Redis the workers share the fleet's rate limiter, as `agentq worker` does; the
-    // embedded mode has nothing to share it through.
-    let mut wcfg = wcfg;
-    match cfg.redis_url.as_deref() {
-        Some(redis) => {
-            wcfg.limiter =
-                agentq_core::admission::Limiter::connect(redis, &cfg.limits, shutdown.clone())
-                    .await
-                    .with_context(|| {
-                        format!(
-                            "cannot connect the rate limiter to Redis at {}",
-                            crate::stack::redact(redis)
-                        )
-                    })?;
-        }
-        None if !cfg.limits.is_empty() => eprintln!(
-            "agentq dev: the [[limits]] of the configuration are not enforced on the embedded \
-             store (they are counted in Redis: set AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL)"
-        ),
-        None => {}
-    }
+    connect_limiter(&cfg, &mut wcfg, &shutdown).await?;
 
     let drain_timeout = wcfg.drain_timeout;
-    let mut workers = Vec::new();
-    for i in 0..args.workers {
-        let mut c = wcfg.clone();
-        c.consumer = format!("{}-dev{i}", agentq_worker::default_consumer_name());
-        let worker = Worker::new(stack.store.clone(), stack.queue.clone(), c);
-        let token = shutdown.clone();
-        workers.push(tokio::spawn(async move { worker.run(token).await }));
-    }
-    // As for `agentq worker`: a busy metrics port costs the metrics endpoint, not dev.
-    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
-        Ok(m) => {
-            if let Ok(at) = m.local_addr() {
-                eprintln!("agentq dev: /metrics on http://{at}");
-            }
-            Some(m)
-        }
-        Err(e) => {
-            eprintln!(
-                "agentq dev: cannot serve /metrics on {} (AGENTQ_METRICS_ADDR): {e}",
-                cfg.metrics_addr
-            );
-            None
-        }
-    };
+    let workers = spawn_workers(args.workers, &wcfg, &stack, &shutdown);
+    let metrics = bind_metrics(&cfg.metrics_addr).await;
     let mut scheduler_settings = SchedulerSettings::from_settings(&cfg)?;
     scheduler_settings.auth = auth;
     let scheduler = tokio::spawn(agentq_scheduler::run(
@@ -202,7 +140,127 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         args.workers, wcfg.concurrency
     );
 
-    // Runs until a signal — or until a component stops on its own, which is an error.
+    let (scheduler, failure) = run_until_stopped(scheduler, &shutdown).await;
+    eprintln!("agentq dev: shutting down (running sessions stop at their next checkpoint)");
+    if tokio::time::timeout(drain_timeout + SHUTDOWN_SLACK, finish(workers, scheduler))
+        .await
+        .is_err()
+    {
+        eprintln!("agentq dev: shutdown took too long; exiting anyway");
+    }
+    if let Some(sqlite) = &stack.sqlite
+        && tokio::time::timeout(Duration::from_secs(5), sqlite.close())
+            .await
+            .is_err()
+    {
+        eprintln!("agentq dev: the database did not close in time");
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    eprintln!("agentq dev: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The backend dev runs on: Postgres and Redis when both URLs are set, the embedded store
+/// (serving the scheduler's queues and the workers') when neither is.
+async fn open_stack(cfg: &Settings, wcfg: &WorkerConfig) -> anyhow::Result<Stack> {
+    let mut queues = cfg.scheduler.queues.clone();
+    for q in &wcfg.queues {
+        if !queues.contains(q) {
+            queues.push(q.clone());
+        }
+    }
+    let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
+    Ok(
+        match (cfg.database_url.as_deref(), cfg.redis_url.as_deref()) {
+            (Some(db), Some(redis)) => {
+                Stack::services(db, redis, wcfg.writer_connections(), objects).await?
+            }
+            (None, None) => Stack::embedded(&cfg.sqlite_path, &queues, true, objects).await?,
+            (Some(_), None) => bail!(
+                "AGENTQ_DATABASE_URL is set but AGENTQ_REDIS_URL is not: set both (Postgres and \
+                 Redis) or neither (the embedded store)"
+            ),
+            (None, Some(_)) => bail!(
+                "AGENTQ_REDIS_URL is set but AGENTQ_DATABASE_URL is not: set both (Postgres and \
+                 Redis) or neither (the embedded store)"
+            ),
+        },
+    )
+}
+
+/// With Redis the workers share the fleet's rate limiter, as `agentq worker` does; the
+/// embedded mode has nothing to share it through.
+async fn connect_limiter(
+    cfg: &Settings,
+    wcfg: &mut WorkerConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    match cfg.redis_url.as_deref() {
+        Some(redis) => {
+            wcfg.limiter =
+                agentq_core::admission::Limiter::connect(redis, &cfg.limits, shutdown.clone())
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot connect the rate limiter to Redis at {}",
+                            crate::stack::redact(redis)
+                        )
+                    })?;
+        }
+        None if !cfg.limits.is_empty() => eprintln!(
+            "agentq dev: the [[limits]] of the configuration are not enforced on the embedded \
+             store (they are counted in Redis: set AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL)"
+        ),
+        None => {}
+    }
+    Ok(())
+}
+
+/// `count` workers on the stack, each its own consumer.
+fn spawn_workers(
+    count: u32,
+    wcfg: &WorkerConfig,
+    stack: &Stack,
+    shutdown: &CancellationToken,
+) -> Vec<JoinHandle<agentq_worker::Result<()>>> {
+    (0..count)
+        .map(|i| {
+            let mut c = wcfg.clone();
+            c.consumer = format!("{}-dev{i}", agentq_worker::default_consumer_name());
+            let worker = Worker::new(stack.store.clone(), stack.queue.clone(), c);
+            let token = shutdown.clone();
+            tokio::spawn(async move { worker.run(token).await })
+        })
+        .collect()
+}
+
+/// The metrics listener. As for `agentq worker`: a busy metrics port costs the metrics
+/// endpoint, not dev.
+async fn bind_metrics(addr: &str) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(m) => {
+            if let Ok(at) = m.local_addr() {
+                eprintln!("agentq dev: /metrics on http://{at}");
+            }
+            Some(m)
+        }
+        Err(e) => {
+            eprintln!("agentq dev: cannot serve /metrics on {addr} (AGENTQ_METRICS_ADDR): {e}");
+            None
+        }
+    }
+}
+
+type SchedulerTask = JoinHandle<Result<(), agentq_scheduler::RunError>>;
+
+/// Runs until a signal — or until a component stops on its own, which is an error. Gives
+/// back the scheduler's task if it is still running, and the failure if there was one.
+async fn run_until_stopped(
+    scheduler: SchedulerTask,
+    shutdown: &CancellationToken,
+) -> (Option<SchedulerTask>, Option<anyhow::Error>) {
     let mut failure: Option<anyhow::Error> = None;
     let mut scheduler = Some(scheduler);
     tokio::select! {
@@ -221,41 +279,28 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    eprintln!("agentq dev: shutting down (running sessions stop at their next checkpoint)");
-    let finish = async {
-        for w in workers {
-            match w.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("agentq dev: worker: {e}"),
-                Err(e) => eprintln!("agentq dev: worker task failed: {e}"),
-            }
+    (scheduler, failure)
+}
+
+/// Wait for the workers and the scheduler to end, saying how any of them failed.
+async fn finish(
+    workers: Vec<JoinHandle<agentq_worker::Result<()>>>,
+    scheduler: Option<SchedulerTask>,
+) {
+    for w in workers {
+        match w.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("agentq dev: worker: {e}"),
+            Err(e) => eprintln!("agentq dev: worker task failed: {e}"),
         }
-        if let Some(s) = scheduler {
-            match s.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => eprintln!("agentq dev: scheduler: {e}"),
-                Err(e) => eprintln!("agentq dev: scheduler task failed: {e}"),
-            }
+    }
+    if let Some(s) = scheduler {
+        match s.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("agentq dev: scheduler: {e}"),
+            Err(e) => eprintln!("agentq dev: scheduler task failed: {e}"),
         }
-    };
-    if tokio::time::timeout(drain_timeout + SHUTDOWN_SLACK, finish)
-        .await
-        .is_err()
-    {
-        eprintln!("agentq dev: shutdown took too long; exiting anyway");
     }
-    if let Some(sqlite) = &stack.sqlite
-        && tokio::time::timeout(Duration::from_secs(5), sqlite.close())
-            .await
-            .is_err()
-    {
-        eprintln!("agentq dev: the database did not close in time");
-    }
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    eprintln!("agentq dev: stopped");
-    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

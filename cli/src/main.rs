@@ -10,6 +10,7 @@ mod demo;
 mod dev;
 mod files;
 mod flags;
+mod inputs;
 mod keys;
 #[cfg(feature = "otlp")]
 mod otlp;

@@ -14,7 +14,7 @@ use serde_json::json;
 use agentq_agent::spec::ExitReason;
 use agentq_api::{ListResponse, RetryResponse, SessionView};
 
-use crate::client::{Api, ApiArgs, ApiFailure, encode};
+use crate::client::api::{Api, ApiArgs, ApiFailure, encode};
 
 /// Sessions per listing page.
 const PAGE: u32 = 500;

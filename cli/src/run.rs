@@ -7,15 +7,19 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::driver::{Agent, NoBackground, NoCheckpoint, RunEnd};
 use agentq_agent::event::AgentEvent;
 use agentq_agent::guard::{Firewall, Guards};
+use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
-use agentq_agent::state::SessionState;
-use agentq_agent::tools::{LocalWorkspace, READ_ONLY_TOOLS, ToolSettings, builtin_registry};
+use agentq_agent::state::{Outcome, SessionState};
+use agentq_agent::tools::{
+    LocalWorkspace, READ_ONLY_TOOLS, ToolRegistry, ToolSettings, builtin_registry,
+};
 use agentq_core::config::Settings;
 use agentq_core::hooks::OperatorGuards;
 
@@ -72,71 +76,16 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let mut settings = ProviderSettings::from_env();
-    if let Some(path) = &args.script {
-        let json = std::fs::read_to_string(path)
-            .with_context(|| format!("--script: cannot read {}", path.display()))?;
-        settings.script = Some(json);
-    }
-    // `run` acts on the operator's own behalf: the environment's keys are its keys, and
-    // `--base-url` is an endpoint the operator chose, like OPENAI_BASE_URL, so the key of
-    // the environment goes there.
-    if let Some(url) = &args.base_url {
-        match args.provider.as_str() {
-            "anthropic" => settings.anthropic_base_url = Some(url.clone()),
-            _ => settings.openai_base_url = Some(url.clone()),
-        }
-    }
-    let provider = factory::build(&args.provider, None, &settings)
-        .map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
-    let model = args
-        .model
-        .clone()
-        .unwrap_or_else(|| factory::default_model(&args.provider).to_string());
-
+    let (provider, model) = provider_and_model(&args)?;
     let tool_settings = ToolSettings {
         shell_enabled: args.enable_shell,
         allow_private_network: args.allow_private_network,
         ..ToolSettings::default()
     };
-    let all = builtin_registry(&tool_settings);
-    let wanted: Vec<String> = match &args.tools {
-        Some(t) => t
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        None => READ_ONLY_TOOLS.iter().map(|s| s.to_string()).collect(),
-    };
-    let tools = match all.select(&wanted) {
-        Ok(t) => t,
-        Err(e) if wanted.iter().any(|t| t == "shell") && !args.enable_shell => {
-            bail!("--tools: {e} (the shell tool needs --enable-shell)")
-        }
-        Err(e) => bail!("--tools: {e}"),
-    };
+    let (tools, wanted) = select_tools(&args, &tool_settings)?;
     let workspace = LocalWorkspace::new(&args.workspace)
         .with_context(|| format!("--workspace: cannot use {}", args.workspace.display()))?;
-
-    let mut spec = SessionSpec::new(args.prompt.clone());
-    spec.provider = Some(args.provider.clone());
-    spec.model = Some(model.clone());
-    spec.base_url = args.base_url.clone();
-    spec.mode = args.mode;
-    spec.system = args.system.clone();
-    spec.tools = Some(wanted);
-    if let Some(n) = args.max_iterations {
-        spec.max_iterations = n;
-    }
-    if let Some(t) = args.temperature {
-        spec.temperature = t;
-    }
-    if let Some(t) = args.max_tokens {
-        spec.max_tokens = t;
-    }
-    if let Err((field, msg)) = spec.validate() {
-        bail!("--{}: {msg}", field.replace('_', "-"));
-    }
+    let spec = session_spec(&args, &model, wanted)?;
 
     let mut guards = Guards {
         tenant: "default".to_string(),
@@ -145,7 +94,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     operator_guards(args.config.as_deref())?.apply(&mut guards);
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AgentEvent>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<AgentEvent>();
     let agent = Agent {
         provider,
         default_model: model,
@@ -174,66 +123,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let mut state = SessionState::new(uuid_like(), spec);
     let json = args.json;
-    let printer = tokio::spawn(async move {
-        let mut out = std::io::stdout();
-        let mut at_line_start = true;
-        while let Some(ev) = rx.recv().await {
-            if json {
-                if let Ok(line) = serde_json::to_string(&ev) {
-                    let _ = writeln!(out, "{line}");
-                }
-                continue;
-            }
-            match ev {
-                AgentEvent::TextDelta { text } => {
-                    let _ = write!(out, "{text}");
-                    let _ = out.flush();
-                    at_line_start = text.ends_with('\n');
-                }
-                AgentEvent::ToolCall {
-                    name, arguments, ..
-                } => {
-                    if !at_line_start {
-                        let _ = writeln!(out);
-                        at_line_start = true;
-                    }
-                    let mut args = arguments.to_string();
-                    if args.len() > 120 {
-                        args.truncate(agentq_floor(&args, 117));
-                        args.push_str("...");
-                    }
-                    eprintln!("  → {name} {args}");
-                }
-                AgentEvent::ToolResult {
-                    name,
-                    content,
-                    is_error,
-                    ..
-                } => {
-                    let first = content.lines().next().unwrap_or("");
-                    let mark = if is_error { "✗" } else { "✓" };
-                    eprintln!(
-                        "  {mark} {name}: {} ({} chars)",
-                        shorten(first, 80),
-                        content.len()
-                    );
-                }
-                AgentEvent::Error {
-                    message,
-                    retrying: true,
-                } => {
-                    eprintln!("  ! {message}");
-                }
-                AgentEvent::RateLimited { wait_ms, reason } => {
-                    eprintln!("  … rate limit ({reason}): waiting {wait_ms} ms");
-                }
-                _ => {}
-            }
-        }
-        if !json && !at_line_start {
-            let _ = writeln!(out);
-        }
-    });
+    let printer = tokio::spawn(print_events(rx, json));
     let end = agent.run(&mut state, &cancel).await;
     drop(agent);
     let _ = printer.await;
@@ -244,8 +134,154 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
         Err(e) => bail!("{e}"),
     };
+    Ok(exit_code(&outcome, json))
+}
+
+/// The provider named by `--provider` (its script, and `--base-url`, applied) and the
+/// model the session asks for.
+fn provider_and_model(args: &RunArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, String)> {
+    let mut settings = ProviderSettings::from_env();
+    if let Some(path) = &args.script {
+        let json = std::fs::read_to_string(path)
+            .with_context(|| format!("--script: cannot read {}", path.display()))?;
+        settings.script = Some(json);
+    }
+    // `run` acts on the operator's own behalf: the environment's keys are its keys, and
+    // `--base-url` is an endpoint the operator chose, like OPENAI_BASE_URL, so the key of
+    // the environment goes there.
+    if let Some(url) = &args.base_url {
+        match args.provider.as_str() {
+            "anthropic" => settings.anthropic_base_url = Some(url.clone()),
+            _ => settings.openai_base_url = Some(url.clone()),
+        }
+    }
+    let provider = factory::build(&args.provider, None, &settings)
+        .map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
+    let model = args
+        .model
+        .clone()
+        .unwrap_or_else(|| factory::default_model(&args.provider).to_string());
+    Ok((provider, model))
+}
+
+/// The tools of `--tools` (default: the read-only set), and their names as the session
+/// lists them.
+fn select_tools(
+    args: &RunArgs,
+    tool_settings: &ToolSettings,
+) -> anyhow::Result<(ToolRegistry, Vec<String>)> {
+    let all = builtin_registry(tool_settings);
+    let wanted: Vec<String> = match &args.tools {
+        Some(t) => t
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        None => READ_ONLY_TOOLS.iter().map(|s| s.to_string()).collect(),
+    };
+    let tools = match all.select(&wanted) {
+        Ok(t) => t,
+        Err(e) if wanted.iter().any(|t| t == "shell") && !args.enable_shell => {
+            bail!("--tools: {e} (the shell tool needs --enable-shell)")
+        }
+        Err(e) => bail!("--tools: {e}"),
+    };
+    Ok((tools, wanted))
+}
+
+/// The session the flags describe, checked as the API checks one (a refusal names the
+/// flag).
+fn session_spec(args: &RunArgs, model: &str, tools: Vec<String>) -> anyhow::Result<SessionSpec> {
+    let mut spec = SessionSpec::new(args.prompt.clone());
+    spec.provider = Some(args.provider.clone());
+    spec.model = Some(model.to_string());
+    spec.base_url = args.base_url.clone();
+    spec.mode = args.mode;
+    spec.system = args.system.clone();
+    spec.tools = Some(tools);
+    if let Some(n) = args.max_iterations {
+        spec.max_iterations = n;
+    }
+    if let Some(t) = args.temperature {
+        spec.temperature = t;
+    }
+    if let Some(t) = args.max_tokens {
+        spec.max_tokens = t;
+    }
+    if let Err((field, msg)) = spec.validate() {
+        bail!("--{}: {msg}", field.replace('_', "-"));
+    }
+    Ok(spec)
+}
+
+/// Print the session's events until the agent drops its sender: one JSON line each with
+/// `--json`, else the text on stdout and the tool calls, results and waits on stderr.
+async fn print_events(mut rx: UnboundedReceiver<AgentEvent>, json: bool) {
+    let mut out = std::io::stdout();
+    let mut at_line_start = true;
+    while let Some(ev) = rx.recv().await {
+        if json {
+            if let Ok(line) = serde_json::to_string(&ev) {
+                let _ = writeln!(out, "{line}");
+            }
+            continue;
+        }
+        match ev {
+            AgentEvent::TextDelta { text } => {
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+                at_line_start = text.ends_with('\n');
+            }
+            AgentEvent::ToolCall {
+                name, arguments, ..
+            } => {
+                if !at_line_start {
+                    let _ = writeln!(out);
+                    at_line_start = true;
+                }
+                let mut args = arguments.to_string();
+                if args.len() > 120 {
+                    args.truncate(agentq_floor(&args, 117));
+                    args.push_str("...");
+                }
+                eprintln!("  → {name} {args}");
+            }
+            AgentEvent::ToolResult {
+                name,
+                content,
+                is_error,
+                ..
+            } => {
+                let first = content.lines().next().unwrap_or("");
+                let mark = if is_error { "✗" } else { "✓" };
+                eprintln!(
+                    "  {mark} {name}: {} ({} chars)",
+                    shorten(first, 80),
+                    content.len()
+                );
+            }
+            AgentEvent::Error {
+                message,
+                retrying: true,
+            } => {
+                eprintln!("  ! {message}");
+            }
+            AgentEvent::RateLimited { wait_ms, reason } => {
+                eprintln!("  … rate limit ({reason}): waiting {wait_ms} ms");
+            }
+            _ => {}
+        }
+    }
+    if !json && !at_line_start {
+        let _ = writeln!(out);
+    }
+}
+
+/// The exit code of a finished session (saying why on stderr unless `--json`): 0 when
+/// it stopped, 3 yielded, 130 interrupted, 1 otherwise.
+fn exit_code(outcome: &Outcome, json: bool) -> ExitCode {
     if outcome.reason == ExitReason::Stop {
-        return Ok(ExitCode::SUCCESS);
+        return ExitCode::SUCCESS;
     }
     if !json {
         let why = outcome.error.clone().unwrap_or_default();
@@ -256,12 +292,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             why
         );
     }
-    Ok(ExitCode::from(match outcome.reason {
+    ExitCode::from(match outcome.reason {
         ExitReason::Stop => 0,
         ExitReason::Yielded => 3,
         ExitReason::Interrupted => 130,
         _ => 1,
-    }))
+    })
 }
 
 /// The operator's hooks and guardian from the configuration file, as a worker runs them.

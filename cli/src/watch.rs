@@ -25,7 +25,8 @@ use agentq_core::SessionStatus;
 use agentq_core::config::Settings;
 use agentq_core::protocol::EventKind;
 
-use crate::client::{ApiArgs, decide_commands, one_line, shell_word};
+use crate::client::api::{ApiArgs, KEY_HINT};
+use crate::client::show::{decide_commands, one_line, shell_word};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -304,7 +305,7 @@ pub async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
                 let body = resp.text().await.unwrap_or_default();
                 eprintln!("agentq: the API refused to stream events: HTTP {status}: {body}");
                 if matches!(status.as_u16(), 401 | 403) {
-                    eprintln!("agentq: {}", crate::client::KEY_HINT);
+                    eprintln!("agentq: {}", KEY_HINT);
                 }
                 return Ok(ExitCode::from(1));
             }

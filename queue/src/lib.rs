@@ -8,6 +8,3 @@ pub mod queue;
 pub mod redis_queue;
 
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
-
-use agentq_error as error;
-use agentq_types::{model, protocol};

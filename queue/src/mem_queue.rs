@@ -39,12 +39,12 @@ use futures::stream::BoxStream;
 use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::model::{Completion, EnqueueReason};
-use crate::protocol::WorkerSignal;
 use crate::queue::{
     Delivery, EventRecord, EventStreams, QueueHealth, QueueStats, Signals, WorkQueue,
 };
+use agentq_error::{Error, Result};
+use agentq_types::model::{Completion, EnqueueReason};
+use agentq_types::protocol::WorkerSignal;
 
 /// Approximate cap on a queue's log: acked history beyond it is dropped (oldest first);
 /// undelivered and pending entries are always kept.

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
-use crate::model::{Completion, EnqueueReason};
-use crate::protocol::WorkerSignal;
+use agentq_error::Result;
+use agentq_types::model::{Completion, EnqueueReason};
+use agentq_types::protocol::WorkerSignal;
 
 /// Consumer group every worker reads with.
 pub const GROUP: &str = "agentq-workers";

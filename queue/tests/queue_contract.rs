@@ -19,10 +19,11 @@ use agentq_queue::queue::{Delivery, EventRecord, Queue, QueueStats};
 use agentq_queue::redis_queue::RedisQueue;
 use agentq_queue::{EventStreams, QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
-use agentq_types::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_types::model::{Completion, EnqueueReason, SessionStatus};
 use agentq_types::protocol::WorkerSignal;
 
-const Q: &str = "default";
+mod common;
+use common::{Q, completion, queues, sessions};
 
 /// One test per backend per case: `redis::<case>` and `mem::<case>`.
 macro_rules! contract_tests {
@@ -89,30 +90,6 @@ mod own_pending {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mem() {
         super::contract_own_pending(&super::MemQueue::new(), || {}).await;
-    }
-}
-
-fn queues() -> Vec<String> {
-    vec![Q.to_string()]
-}
-
-fn sessions(ds: &[Delivery]) -> Vec<&str> {
-    ds.iter().map(|d| d.session_id.as_str()).collect()
-}
-
-fn completion(id: &str) -> Completion {
-    Completion {
-        session_id: id.to_string(),
-        status: SessionStatus::Completed,
-        finish_reason: Some(ExitReason::Stop),
-        result: Some("42".to_string()),
-        error: None,
-        iterations: 3,
-        usage: CompletionUsage {
-            input_tokens: 10,
-            output_tokens: 5,
-        },
-        parent_id: None,
     }
 }
 
@@ -660,7 +637,8 @@ async fn contract_each_entry_goes_to_one_consumer(q: &dyn Queue) {
                 .map(|i| (format!("s{i:03}"), EnqueueReason::New))
                 .collect();
             q.enqueue_many(Q, &items).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            // Let the readers take some before the next chunk.
+            tokio::task::yield_now().await;
         }
     };
     let (per_consumer, ()) = tokio::join!(readers, producer);

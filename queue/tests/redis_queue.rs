@@ -5,23 +5,19 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use agentq_agent::spec::ExitReason;
 use agentq_queue::queue::{
     COMPLETIONS_STREAM, DEAD_STREAM, DONE_CHANNEL, GROUP, QueueStats, done_channel, queue_stream,
 };
 use agentq_queue::redis_queue::RedisQueue;
 use agentq_queue::{QueueHealth, Signals, WorkQueue};
 use agentq_testkit::services::RedisServer;
-use agentq_types::model::{Completion, CompletionUsage, EnqueueReason, SessionStatus};
+use agentq_types::model::{Completion, EnqueueReason};
 use agentq_types::protocol::WorkerSignal;
+
+mod common;
+use common::{Q, completion, queues, sessions};
 use futures::StreamExt;
 use redis::AsyncCommands;
-
-const Q: &str = "default";
-
-fn queues() -> Vec<String> {
-    vec![Q.to_string()]
-}
 
 async fn setup() -> (RedisServer, RedisQueue) {
     let server = RedisServer::start().expect("start redis-server");
@@ -52,10 +48,6 @@ async fn xrange(server: &RedisServer, key: &str) -> Vec<(String, HashMap<String,
         .into_iter()
         .map(|(id, kv)| (id, kv.into_iter().collect()))
         .collect()
-}
-
-fn sessions(ds: &[agentq_queue::queue::Delivery]) -> Vec<&str> {
-    ds.iter().map(|d| d.session_id.as_str()).collect()
 }
 
 /// Retry `f` until it succeeds, for at most `bound`.
@@ -207,7 +199,7 @@ async fn enqueue_creates_stream_and_group() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocking_read_longer_than_response_timeout() {
-    let (_server, q) = setup().await;
+    let (server, q) = setup().await;
     q.ensure_queue(Q).await.unwrap();
 
     // An entry arriving 800 ms into a 2 s block is returned then, without error.
@@ -246,7 +238,7 @@ async fn blocking_read_longer_than_response_timeout() {
         q3.read(&queues(), "w2", 10, Duration::from_millis(1500))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::task::block_in_place(|| server.wait_until_blocked(1, Duration::from_secs(5))).unwrap();
     let t = Instant::now();
     q.ping().await.unwrap();
     q.stats(Q).await.unwrap();
@@ -356,22 +348,6 @@ async fn dead_letter_moves_and_acks() {
             .unwrap()
             .is_empty()
     );
-}
-
-fn completion(id: &str) -> Completion {
-    Completion {
-        session_id: id.to_string(),
-        status: SessionStatus::Completed,
-        finish_reason: Some(ExitReason::Stop),
-        result: Some("42".to_string()),
-        error: None,
-        iterations: 3,
-        usage: CompletionUsage {
-            input_tokens: 10,
-            output_tokens: 5,
-        },
-        parent_id: None,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -628,7 +604,7 @@ async fn blocking_read_fails_when_redis_dies() {
     let q2 = q.clone();
     let reader =
         tokio::spawn(async move { q2.read(&queues(), "w", 10, Duration::from_secs(30)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| server.wait_until_blocked(1, Duration::from_secs(5))).unwrap();
     let t = Instant::now();
     server.kill();
     let r = tokio::time::timeout(Duration::from_secs(5), reader)

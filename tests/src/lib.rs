@@ -27,6 +27,13 @@ pub fn sigterm_and_wait(
     }
 }
 
+/// The root of the repository (the workspace's directory), for tests that read its
+/// files (deploy manifests, dashboards, the example configuration).
+pub fn repo_root() -> std::path::PathBuf {
+    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here).to_path_buf()
+}
+
 /// Directory of the recorded provider responses (`../shared/fixtures/llm`).
 pub fn fixtures_dir() -> std::path::PathBuf {
     if let Ok(d) = std::env::var("AGENTQ_FIXTURES") {

@@ -16,15 +16,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use agentq_testkit::repo_root;
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(workspace().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 fn succeeds(program: &str, args: &[&str]) -> bool {
@@ -47,7 +42,7 @@ fn compose_cli() -> Option<Vec<&'static str>> {
 
 #[test]
 fn compose_file_is_valid() {
-    let file = workspace().join("deploy/docker-compose.yml");
+    let file = repo_root().join("deploy/docker-compose.yml");
     match compose_cli() {
         Some(cli) => {
             let out = Command::new(cli[0])
@@ -55,7 +50,7 @@ fn compose_file_is_valid() {
                 .arg("-f")
                 .arg(&file)
                 .args(["config", "-q"])
-                .current_dir(workspace())
+                .current_dir(repo_root())
                 .output()
                 .unwrap();
             assert!(
@@ -95,7 +90,7 @@ fn compose_file_is_valid() {
     for line in text.lines() {
         if let Some(rest) = line.trim().strip_prefix("- ./") {
             let host = rest.split(':').next().unwrap();
-            let path = workspace().join("deploy").join(host);
+            let path = repo_root().join("deploy").join(host);
             assert!(path.exists(), "docker-compose.yml mounts missing {path:?}");
             mounts += 1;
         }
@@ -170,7 +165,7 @@ fn compose_stack_has_no_default_password_and_publishes_only_the_api() {
 
 /// (file, apiVersion, kind, name) of every document of every manifest in deploy/k8s.
 fn k8s_documents() -> Vec<(String, String, String, String)> {
-    let dir = workspace().join("deploy/k8s");
+    let dir = repo_root().join("deploy/k8s");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -299,7 +294,7 @@ fn k8s_manifests_parse_and_hold_the_expected_kinds() {
     .collect();
     assert_eq!(got, expected);
     // Manifests are namespace-agnostic: `kubectl -n <ns> apply` decides.
-    for entry in std::fs::read_dir(workspace().join("deploy/k8s")).unwrap() {
+    for entry in std::fs::read_dir(repo_root().join("deploy/k8s")).unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(
@@ -382,7 +377,7 @@ fn k8s_manifests_agree_with_the_code() {
         "types/src/config.rs".to_string(),
         "agent/src/provider/factory.rs".to_string(),
     ];
-    for entry in std::fs::read_dir(workspace().join("cli/src")).unwrap() {
+    for entry in std::fs::read_dir(repo_root().join("cli/src")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "rs") {
             sources.push(format!(
@@ -401,7 +396,7 @@ fn k8s_manifests_agree_with_the_code() {
         }
     }
     let mut files = vec!["deploy/docker-compose.yml".to_string()];
-    for entry in std::fs::read_dir(workspace().join("deploy/k8s")).unwrap() {
+    for entry in std::fs::read_dir(repo_root().join("deploy/k8s")).unwrap() {
         let path = entry.unwrap().path();
         files.push(format!(
             "deploy/k8s/{}",
@@ -487,7 +482,7 @@ fn dockerfile_copies_what_exists() {
         let parts: Vec<&str> = rest.split_whitespace().collect();
         for src in &parts[..parts.len() - 1] {
             assert!(
-                workspace().join(src).exists(),
+                repo_root().join(src).exists(),
                 "Dockerfile copies {src}, which does not exist"
             );
             copied.insert(src.to_string());

@@ -28,16 +28,10 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use agentq_core::{SessionStatus, SessionStore};
+use agentq_testkit::repo_root;
 use common::{Cluster, Hit, POLL, Script, Turn, WorkerOpts, agentq_bin, eventually, poll};
 
 const T: Duration = Duration::from_secs(60);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -174,7 +168,7 @@ fn promtool_check_metrics(what: &str, text: &str) {
 
 #[test]
 fn promtool_accepts_the_alert_rules_and_the_scrape_config() {
-    let dir = workspace().join("deploy/prometheus");
+    let dir = repo_root().join("deploy/prometheus");
     for args in [
         vec!["check", "rules", "alerts.yml"],
         vec!["check", "config", "prometheus.yml"],
@@ -195,7 +189,7 @@ fn promtool_accepts_the_alert_rules_and_the_scrape_config() {
     }
     // The dashboard is JSON Grafana can import, and every query uses exported names.
     let dash: Value = serde_json::from_str(
-        &std::fs::read_to_string(workspace().join("deploy/grafana/agentq-dashboard.json")).unwrap(),
+        &std::fs::read_to_string(repo_root().join("deploy/grafana/agentq-dashboard.json")).unwrap(),
     )
     .unwrap();
     let exprs: Vec<String> = dash["panels"]

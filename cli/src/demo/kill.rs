@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::{SessionStatus, Store};
 use agentq_worker::Worker;
 
-use super::{DRAIN_TIMEOUT, KILL_PATIENCE};
+/// How long the demo's workers drain at a shutdown; the killed worker's sessions are
+/// waited for past it.
+pub(super) const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the kill waits for a worker with sessions midway before taking any.
+const KILL_PATIENCE: Duration = Duration::from_secs(3);
 
 /// One demo worker: a [`Worker`] running on a runtime of its own, in a thread of its own,
 /// so that it can be killed (see the module docs).

@@ -38,7 +38,7 @@ use agentq_core::{EnqueueReason, NewSession, SessionStatus};
 use agentq_worker::{Worker, WorkerConfig};
 
 use crate::dev::Stack;
-use kill::{DemoWorker, pick_victim, taken_over};
+use kill::{DRAIN_TIMEOUT, DemoWorker, pick_victim, taken_over};
 use progress::Progress;
 use summary::{Summary, SummaryRun, all_sessions, llm_audit, print_table, summarize};
 
@@ -65,11 +65,8 @@ const LEASE_TTL: Duration = Duration::from_secs(2);
 const HEARTBEAT: Duration = Duration::from_millis(500);
 const RECLAIM_MIN_IDLE: Duration = Duration::from_millis(2500);
 const RECLAIM_INTERVAL: Duration = Duration::from_millis(500);
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// The kill comes when this share of the batch has completed (and at least one session).
 const KILL_AT: f64 = 0.4;
-/// How long the kill waits for a worker with sessions midway before taking any.
-const KILL_PATIENCE: Duration = Duration::from_secs(3);
 /// How often progress is sampled (and the kill condition checked).
 const TICK: Duration = Duration::from_millis(100);
 /// Plain progress lines (no terminal) come this often.

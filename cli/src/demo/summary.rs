@@ -221,6 +221,30 @@ fn percentile(sorted: &[u64], p: u64) -> u64 {
 }
 
 pub(super) fn print_table(s: &Summary, temporary: bool) {
+    let mut rows = count_rows(s);
+    rows.extend(recovery_rows(s));
+    rows.extend(speed_rows(s));
+    if !temporary {
+        rows.push(("database".to_string(), s.db.clone()));
+        rows.push(("workspaces".to_string(), s.workspaces.clone()));
+    }
+    let width = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    println!();
+    for (k, v) in rows {
+        println!("  {k:<width$}  {v}");
+    }
+    println!();
+    if s.all_completed {
+        println!("  every session completed.");
+    }
+}
+
+/// The rows of the table that count: sessions and how they ended, iterations, tokens.
+fn count_rows(s: &Summary) -> Vec<(String, String)> {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut push = |k: &str, v: String| rows.push((k.to_string(), v));
     push(
@@ -253,6 +277,13 @@ pub(super) fn print_table(s: &Summary, temporary: bool) {
             thousands(s.output_tokens)
         ),
     );
+    rows
+}
+
+/// The rows of the table about the killed worker and what its sessions asked again.
+fn recovery_rows(s: &Summary) -> Vec<(String, String)> {
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut push = |k: &str, v: String| rows.push((k.to_string(), v));
     match (&s.killed_worker, s.killed_at_secs) {
         (Some(w), Some(at)) => {
             push(
@@ -287,39 +318,29 @@ pub(super) fn print_table(s: &Summary, temporary: bool) {
             s.llm_answers_requested_again
         ),
     );
-    push("wall time", format!("{:.1} s", s.wall_secs));
-    push(
-        "throughput",
-        format!(
-            "{:.1} sessions/s, {:.1} iterations/s",
-            s.sessions_per_sec, s.iterations_per_sec
+    rows
+}
+
+/// The rows of the table about time: wall time, throughput, latency.
+fn speed_rows(s: &Summary) -> Vec<(String, String)> {
+    vec![
+        ("wall time".to_string(), format!("{:.1} s", s.wall_secs)),
+        (
+            "throughput".to_string(),
+            format!(
+                "{:.1} sessions/s, {:.1} iterations/s",
+                s.sessions_per_sec, s.iterations_per_sec
+            ),
         ),
-    );
-    push(
-        "latency p50 / p95",
-        format!(
-            "{:.2} s / {:.2} s  (created → finished)",
-            s.latency_p50_ms as f64 / 1000.0,
-            s.latency_p95_ms as f64 / 1000.0
+        (
+            "latency p50 / p95".to_string(),
+            format!(
+                "{:.2} s / {:.2} s  (created → finished)",
+                s.latency_p50_ms as f64 / 1000.0,
+                s.latency_p95_ms as f64 / 1000.0
+            ),
         ),
-    );
-    if !temporary {
-        push("database", s.db.clone());
-        push("workspaces", s.workspaces.clone());
-    }
-    let width = rows
-        .iter()
-        .map(|(k, _)| k.chars().count())
-        .max()
-        .unwrap_or(0);
-    println!();
-    for (k, v) in rows {
-        println!("  {k:<width$}  {v}");
-    }
-    println!();
-    if s.all_completed {
-        println!("  every session completed.");
-    }
+    ]
 }
 
 fn thousands(n: u64) -> String {

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use redis::Value;
 
-use crate::model::EnqueueReason;
 use crate::queue::{Delivery, EventRecord};
+use agentq_types::model::EnqueueReason;
 
 // ---------------------------------------------------------------------------------------
 

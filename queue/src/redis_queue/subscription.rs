@@ -9,9 +9,15 @@ use redis::aio::{PubSubSink, PubSubStream};
 use redis::{Client, RedisError, RedisResult, Value};
 use tokio::time::Instant;
 
-use crate::error::Result;
+use agentq_error::Result;
 
-use super::{CONNECT_TIMEOUT, SUB_BACKOFF_MAX, SUB_BACKOFF_MIN, SUB_PING_EVERY};
+use super::connection::CONNECT_TIMEOUT;
+
+/// Reconnect backoff of subscriptions.
+const SUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const SUB_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a subscription checks its connection with a PING.
+const SUB_PING_EVERY: Duration = Duration::from_secs(15);
 
 /// Subscribe to `channel` now (the subscription is active when this returns) and yield
 /// the payloads, reconnecting with backoff when the connection is lost.
