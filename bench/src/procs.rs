@@ -193,7 +193,7 @@ pub async fn recovery(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let script_json = script(iterations, 250, BUILTIN);
     // The child (default settings) and the survivor each use at most a connection per
     // session, besides their checkpoint writers and heartbeat.
-    let child_writers = agentq_worker::WorkerConfig::default().writer_connections();
+    let child_writers = agentq_worker::WorkerSettings::default().writer_connections();
     let survivor_pool = env.pools.main(SURVIVOR_CONCURRENCY);
     env.pools.check(
         "recovery",

@@ -7,7 +7,7 @@ use agentq_agent::spec::SessionSpec;
 
 /// The tool the in-process parts call every iteration unless `--tool` names another: it
 /// returns at once and touches nothing, so that the figures are agentq's own costs. It is
-/// registered through `WorkerConfig::tools`, as an embedding program's tool would be.
+/// registered through `WorkerSettings::tools`, as an embedding program's tool would be.
 pub const TRIVIAL: &str = "trivial";
 /// The tool of the parts that run `agentq worker` children, which have only the built-in
 /// tools (and of the in-process parts with `--tool list_dir`): one directory listing through

@@ -18,7 +18,7 @@ use agentq_agent::tools::{
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, WorkQueue};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 
 use crate::cpu::Sample;
 use crate::env::Env;
@@ -145,8 +145,8 @@ pub fn config(
     concurrency: u32,
     script: &str,
     tool: &str,
-) -> anyhow::Result<WorkerConfig> {
-    let mut cfg = WorkerConfig {
+) -> anyhow::Result<WorkerSettings> {
+    let mut cfg = WorkerSettings {
         consumer: format!("bench-{}-{name}", env.run),
         queues: vec![queue.to_string()],
         concurrency: concurrency as usize,
@@ -156,7 +156,7 @@ pub fn config(
         event_ttl: Duration::from_secs(60),
         checkpoint_batch_max: env.args.checkpoint_batch_max as usize,
         checkpoint_writers: env.args.checkpoint_writers as usize,
-        ..WorkerConfig::default()
+        ..WorkerSettings::default()
     };
     cfg.providers.script = Some(script.to_string());
     // The operator's policy of a bench worker allows the one tool its sessions call.
@@ -173,7 +173,7 @@ pub fn config(
 }
 
 /// A worker of `cfg` on its own pool and Redis connection, as [`worker`] describes.
-pub async fn start(env: &Env, cfg: WorkerConfig) -> anyhow::Result<(Worker, PgStore)> {
+pub async fn start(env: &Env, cfg: WorkerSettings) -> anyhow::Result<(Worker, PgStore)> {
     let concurrency = u32::try_from(cfg.concurrency)?;
     let store = PgStore::connect_for_worker(
         &env.db_url,

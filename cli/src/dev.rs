@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::Settings;
 use agentq_scheduler::{AuthSettings, SchedulerSettings};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
 // `agentq demo` opens its backend through here too.
@@ -63,9 +63,9 @@ impl DevArgs {
 pub fn dev_config(
     args: &DevArgs,
     env: impl Fn(&str) -> Option<String>,
-) -> anyhow::Result<(Settings, WorkerConfig)> {
+) -> anyhow::Result<(Settings, WorkerSettings)> {
     let settings = Settings::resolve(args.config.as_deref(), env, |s| args.apply(s))?;
-    let wcfg = WorkerConfig::from_settings(&settings)?;
+    let wcfg = WorkerSettings::from_settings(&settings)?;
     Ok((settings, wcfg))
 }
 
@@ -164,7 +164,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
 
 /// The backend dev runs on: Postgres and Redis when both URLs are set, the embedded store
 /// (serving the scheduler's queues and the workers') when neither is.
-async fn open_stack(cfg: &Settings, wcfg: &WorkerConfig) -> anyhow::Result<Stack> {
+async fn open_stack(cfg: &Settings, wcfg: &WorkerSettings) -> anyhow::Result<Stack> {
     let mut queues = cfg.scheduler.queues.clone();
     for q in &wcfg.queues {
         if !queues.contains(q) {
@@ -194,7 +194,7 @@ async fn open_stack(cfg: &Settings, wcfg: &WorkerConfig) -> anyhow::Result<Stack
 /// embedded mode has nothing to share it through.
 async fn connect_limiter(
     cfg: &Settings,
-    wcfg: &mut WorkerConfig,
+    wcfg: &mut WorkerSettings,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     match cfg.redis_url.as_deref() {
@@ -221,7 +221,7 @@ async fn connect_limiter(
 /// `count` workers on the stack, each its own consumer.
 fn spawn_workers(
     count: u32,
-    wcfg: &WorkerConfig,
+    wcfg: &WorkerSettings,
     stack: &Stack,
     shutdown: &CancellationToken,
 ) -> Vec<JoinHandle<agentq_worker::Result<()>>> {

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::config::Settings;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
 use crate::stack::redact;
@@ -55,7 +55,7 @@ impl WorkerArgs {
 fn worker_config(
     args: &WorkerArgs,
     env: impl Fn(&str) -> Option<String>,
-) -> anyhow::Result<(Settings, WorkerConfig, String, String)> {
+) -> anyhow::Result<(Settings, WorkerSettings, String, String)> {
     let settings = Settings::resolve(args.config.as_deref(), env, |s| args.apply(s))?;
     let db = settings
         .database_url
@@ -65,7 +65,7 @@ fn worker_config(
         .redis_url
         .clone()
         .context("--redis-url (or AGENTQ_REDIS_URL) is required")?;
-    let cfg = WorkerConfig::from_settings(&settings)?;
+    let cfg = WorkerSettings::from_settings(&settings)?;
     Ok((settings, cfg, db, redis))
 }
 

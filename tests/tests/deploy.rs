@@ -377,15 +377,19 @@ fn k8s_manifests_agree_with_the_code() {
         "types/src/config.rs".to_string(),
         "agent/src/provider/factory.rs".to_string(),
     ];
-    for entry in std::fs::read_dir(repo_root().join("cli/src")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            sources.push(format!(
-                "cli/src/{}",
-                path.file_name().unwrap().to_string_lossy()
-            ));
+    fn rust_files(dir: &str, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(repo_root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = format!("{dir}/{}", path.file_name().unwrap().to_string_lossy());
+            if path.is_dir() {
+                rust_files(&name, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(name);
+            }
         }
     }
+    rust_files("types/src/config", &mut sources);
+    rust_files("cli/src", &mut sources);
     for src in &sources {
         // Every piece between two quotes, wherever it lies: only string literals are
         // all capitals and underscores.

@@ -212,10 +212,14 @@ fn promtool_accepts_the_alert_rules_and_the_scrape_config() {
                     .trim_end_matches("_bucket")
                     .trim_end_matches("_sum")
                     .trim_end_matches("_count");
-                let src = include_str!("../../core/src/metrics.rs");
+                let src = [
+                    include_str!("../../core/src/metrics.rs"),
+                    include_str!("../../core/src/metrics/families.rs"),
+                ];
                 assert!(
-                    src.contains(&format!("\"agentq_{base}\"")),
-                    "the dashboard queries agentq_{name}, which core/src/metrics.rs does not define"
+                    src.iter()
+                        .any(|s| s.contains(&format!("\"agentq_{base}\""))),
+                    "the dashboard queries agentq_{name}, which core/src/metrics/ does not define"
                 );
             }
         }
@@ -563,7 +567,11 @@ async fn sse_resumes_across_a_worker_kill() {
     let dir = tempfile::tempdir().unwrap();
     let (_sched, api) = start_scheduler(&c, dir.path()).await;
     let w0 = c.spawn_ready_worker(&WorkerOpts::default()).await;
-    let subs = c.submit_many(vec![slow_script(), slow_script()]).await;
+    // A's second answer (the fake's turn 1) streams slowly the first time, so that the kill
+    // lands inside it however late a loaded machine relays its first delta.
+    let mut slow_a = slow_script();
+    slow_a.slow_once.insert(1, Duration::from_secs(2));
+    let subs = c.submit_many(vec![slow_a, slow_script()]).await;
     let (a, b) = (&subs[0], &subs[1]);
 
     let mut sse_a = Sse::connect(&api, &a.id, None).await;

@@ -18,7 +18,7 @@ use crate::error::Result;
 
 /// Everything a worker process is configured with.
 #[derive(Debug, Clone)]
-pub struct WorkerConfig {
+pub struct WorkerSettings {
     /// Consumer name in the group; unique per process.
     pub consumer: String,
     pub queues: Vec<String>,
@@ -87,11 +87,11 @@ pub struct WorkerConfig {
     pub budgets: Vec<agentq_core::budget::TenantBudget>,
 }
 
-impl WorkerConfig {
+impl WorkerSettings {
     /// The configuration of a worker process: `settings` validated (every command calls
     /// this, so every one refuses what [`Settings::validate`] refuses), the scripted
     /// provider's script read, and a consumer name unique to this process.
-    pub fn from_settings(settings: &Settings) -> Result<WorkerConfig> {
+    pub fn from_settings(settings: &Settings) -> Result<WorkerSettings> {
         settings.validate()?;
         // Only a worker needs the keys: the scheduler reads the same file without them.
         for (name, t) in &settings.providers.tenants {
@@ -114,9 +114,9 @@ impl WorkerConfig {
     }
 
     /// The settings as they are, without validating them or reading any file.
-    fn build(settings: &Settings) -> WorkerConfig {
+    fn build(settings: &Settings) -> WorkerSettings {
         let w = &settings.worker;
-        WorkerConfig {
+        WorkerSettings {
             consumer: unique_name("worker"),
             queues: w.queues.clone(),
             concurrency: w.concurrency,
@@ -215,14 +215,14 @@ impl WorkerConfig {
 }
 
 /// The settings' defaults, with no provider key and no script: this never reads the
-/// environment (use [`WorkerConfig::from_settings`] on loaded settings for that).
-impl Default for WorkerConfig {
+/// environment (use [`WorkerSettings::from_settings`] on loaded settings for that).
+impl Default for WorkerSettings {
     fn default() -> Self {
         Self::build(&Settings::default())
     }
 }
 
-/// [`WorkerConfig::pool_connections`] for a worker running `concurrency` sessions at once.
+/// [`WorkerSettings::pool_connections`] for a worker running `concurrency` sessions at once.
 pub fn pool_connections(concurrency: usize) -> u32 {
     u32::try_from(concurrency / 4)
         .unwrap_or(u32::MAX)
@@ -256,7 +256,7 @@ mod tests {
 
     #[test]
     fn defaults_are_the_settings_defaults() {
-        let c = WorkerConfig::default();
+        let c = WorkerSettings::default();
         assert_eq!(c.concurrency, 256);
         assert_eq!(c.queues, vec!["default"]);
         assert_eq!(c.lease_ttl, Duration::from_secs(6));
@@ -301,7 +301,7 @@ mod tests {
         s.worker.allowed_hosts = vec!["localhost".into()];
         s.worker.default_provider = "openai".into();
         s.providers.openai_base_url = Some("http://llm/v1".into());
-        let c = WorkerConfig::from_settings(&s).unwrap();
+        let c = WorkerSettings::from_settings(&s).unwrap();
         assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(c.lease_ttl, Duration::from_secs(2));
         assert_eq!(c.default_tools, vec!["grep"]);
@@ -314,12 +314,12 @@ mod tests {
         );
 
         s.worker.heartbeat_secs = Secs(2.0);
-        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        let e = WorkerSettings::from_settings(&s).unwrap_err().to_string();
         assert!(e.contains("worker.heartbeat_secs"), "{e}");
 
         let mut s = Settings::default();
         s.providers.script = Some("/nonexistent/script.json".into());
-        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        let e = WorkerSettings::from_settings(&s).unwrap_err().to_string();
         assert!(
             e.contains("AGENTQ_SCRIPT") && e.contains("/nonexistent/script.json"),
             "{e}"
@@ -340,7 +340,7 @@ mod tests {
             },
         );
         s.validate().unwrap();
-        let e = WorkerConfig::from_settings(&s).unwrap_err().to_string();
+        let e = WorkerSettings::from_settings(&s).unwrap_err().to_string();
         assert!(
             e.contains("providers.tenants.acme.anthropic_key_env") && e.contains("ACME_ANTHROPIC"),
             "{e}"
@@ -348,7 +348,7 @@ mod tests {
         if let Some(t) = s.providers.tenants.get_mut("acme") {
             t.anthropic_api_key = Some(agentq_core::config::Secret::new("sk-acme"));
         }
-        let c = WorkerConfig::from_settings(&s).unwrap();
+        let c = WorkerSettings::from_settings(&s).unwrap();
         assert_eq!(
             c.tenant_providers["acme"].anthropic_api_key.as_deref(),
             Some("sk-acme")

@@ -13,7 +13,7 @@ use agentq_agent::provider::factory;
 use agentq_core::metrics::Metrics;
 use agentq_core::{Queue, Store};
 
-use crate::config::WorkerConfig;
+use crate::config::WorkerSettings;
 use crate::group_commit;
 use crate::observe::EVENT_BUFFER;
 use crate::pipeline::Pipeline;
@@ -26,7 +26,7 @@ type ProviderCache = HashMap<(Option<String>, String, Option<String>), Arc<dyn L
 
 /// What a worker holds for all its sessions.
 pub(crate) struct Inner {
-    pub cfg: WorkerConfig,
+    pub cfg: WorkerSettings,
     pub store: Arc<dyn Store>,
     pub queue: Arc<dyn Queue>,
     pub metrics: &'static Metrics,
@@ -64,7 +64,7 @@ pub struct Stats {
 }
 
 impl Inner {
-    pub(crate) fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerSettings) -> Self {
         let metrics = agentq_core::metrics::global();
         metrics.label_models(cfg.labelled_models());
         metrics.label_tenants(cfg.labelled_tenants());

@@ -48,7 +48,7 @@ use agentq_core::{Queue, Store};
 use crate::inner::Inner;
 
 pub use checkpoint::StoreCheckpointer;
-pub use config::{WorkerConfig, default_consumer_name, pool_connections};
+pub use config::{WorkerSettings, default_consumer_name, pool_connections};
 pub use error::{Error, Result};
 pub use group_commit::GroupCommit;
 pub use inner::Stats;
@@ -62,7 +62,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerConfig) -> Self {
+    pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: WorkerSettings) -> Self {
         Worker {
             inner: Arc::new(Inner::new(store, queue, cfg)),
         }

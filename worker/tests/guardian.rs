@@ -19,7 +19,7 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest};
-use agentq_worker::{Processed, Worker, WorkerConfig};
+use agentq_worker::{Processed, Worker, WorkerSettings};
 use serde_json::{Value, json};
 
 use common::setup;
@@ -82,7 +82,7 @@ fn config(
     model: &str,
     guardian: &str,
     script: &Value,
-) -> WorkerConfig {
+) -> WorkerSettings {
     let toml = format!(
         r#"
 [providers]
@@ -109,7 +109,7 @@ tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch", "s
         (k == "OPENAI_API_KEY").then(|| "sk-guardian-test".to_string())
     })
     .unwrap();
-    let mut cfg = WorkerConfig::from_settings(&settings).unwrap();
+    let mut cfg = WorkerSettings::from_settings(&settings).unwrap();
     cfg.concurrency = 1;
     cfg.read_block = Duration::from_millis(200);
     cfg.workspace_root = dir.join("ws");
@@ -121,7 +121,7 @@ tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch", "s
 async fn run_one(
     store: &Arc<PgStore>,
     queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
+    cfg: WorkerSettings,
     spec: SessionSpec,
 ) -> SessionRow {
     let (row, _) = store

@@ -18,7 +18,7 @@ use agentq_core::{
     EnqueueReason, InboxStore, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue,
 };
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +31,7 @@ const SCRIPT: &str = r#"{"turns":[
 ]}"#;
 
 /// A worker configured by `toml` (an `agentq.toml`) with only `env` in its environment.
-fn config(dir: &Path, toml: &str, env: &[(&str, &str)]) -> WorkerConfig {
+fn config(dir: &Path, toml: &str, env: &[(&str, &str)]) -> WorkerSettings {
     let file = dir.join("agentq.toml");
     // The sessions here write: the tenant's policy must allow it.
     let toml = format!(
@@ -46,7 +46,7 @@ fn config(dir: &Path, toml: &str, env: &[(&str, &str)]) -> WorkerConfig {
         env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
     })
     .unwrap();
-    let mut cfg = WorkerConfig::from_settings(&settings).unwrap();
+    let mut cfg = WorkerSettings::from_settings(&settings).unwrap();
     cfg.concurrency = 4;
     cfg.read_block = Duration::from_millis(200);
     cfg.workspace_root = dir.join("ws");
@@ -64,7 +64,7 @@ fn spec(prompt: &str) -> SessionSpec {
 async fn run_one(
     store: &Arc<PgStore>,
     queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
+    cfg: WorkerSettings,
     spec: SessionSpec,
 ) -> (SessionRow, Vec<String>) {
     let (done, _) = common::run_one(store, queue, cfg, spec).await;

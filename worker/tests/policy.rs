@@ -18,7 +18,7 @@ use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{FakeLlm, FakeResponse, RedisServer};
-use agentq_worker::WorkerConfig;
+use agentq_worker::WorkerSettings;
 
 fn openai_answer(text: &str) -> String {
     let chunk = |delta: Value, finish: Option<&str>| {
@@ -54,8 +54,8 @@ impl Env {
         }
     }
 
-    fn config(&self, policy: PolicySection) -> WorkerConfig {
-        let mut cfg = WorkerConfig {
+    fn config(&self, policy: PolicySection) -> WorkerSettings {
+        let mut cfg = WorkerSettings {
             concurrency: 8,
             read_block: Duration::from_millis(200),
             heartbeat_interval: Duration::from_millis(300),
@@ -65,7 +65,7 @@ impl Env {
             workspace_root: self._dir.path().to_path_buf(),
             default_provider: "openai".into(),
             policy: Arc::new(Policy::from_section(&policy).unwrap()),
-            ..WorkerConfig::default()
+            ..WorkerSettings::default()
         };
         // The operator's endpoint and key: what a forbidden row would like to reach.
         cfg.providers.openai_base_url = Some(format!("{}/v1", self.fake.url));
@@ -85,7 +85,7 @@ impl Env {
         row.id
     }
 
-    async fn run_until_terminal(&self, cfg: WorkerConfig, ids: &[String]) -> Vec<SessionRow> {
+    async fn run_until_terminal(&self, cfg: WorkerSettings, ids: &[String]) -> Vec<SessionRow> {
         let (rows, _) =
             common::run_to_end(&self.store, &self.queue, cfg, ids, Duration::from_secs(60)).await;
         rows

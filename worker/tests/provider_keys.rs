@@ -18,7 +18,7 @@ use agentq_core::policy::Policy;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{SessionRow, SessionStatus};
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, fixture};
-use agentq_worker::WorkerConfig;
+use agentq_worker::WorkerSettings;
 
 use common::setup;
 
@@ -28,12 +28,12 @@ const ANTHROPIC_CANARY: &str = "sk-ant-canary-worker";
 /// A worker whose configuration holds canary keys for `configured`, and whose policy
 /// lets sessions name `allowed` as their base URL: an operator allowing an endpoint does
 /// not give it the keys.
-fn config(dir: &std::path::Path, configured: &FakeLlm, allowed: &[String]) -> WorkerConfig {
+fn config(dir: &std::path::Path, configured: &FakeLlm, allowed: &[String]) -> WorkerSettings {
     let policy = PolicySection {
         base_urls: allowed.to_vec(),
         ..PolicySection::default()
     };
-    WorkerConfig {
+    WorkerSettings {
         policy: Arc::new(Policy::from_section(&policy).unwrap()),
         read_block: Duration::from_millis(200),
         workspace_root: dir.to_path_buf(),
@@ -44,7 +44,7 @@ fn config(dir: &std::path::Path, configured: &FakeLlm, allowed: &[String]) -> Wo
             anthropic_api_key: Some(ANTHROPIC_CANARY.into()),
             script: None,
         },
-        ..WorkerConfig::default()
+        ..WorkerSettings::default()
     }
 }
 
@@ -78,7 +78,7 @@ fn spec(provider: &str, base_url: Option<String>) -> SessionSpec {
 async fn run_one(
     store: &Arc<PgStore>,
     queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
+    cfg: WorkerSettings,
     spec: SessionSpec,
 ) -> SessionRow {
     common::run_one(store, queue, cfg, spec).await.0

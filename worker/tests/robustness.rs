@@ -14,7 +14,7 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
     EnqueueReason, InboxStore, SessionRow, SessionStatus, SessionStore, SweepStore, WorkQueue,
 };
-use agentq_worker::{Processed, Worker, WorkerConfig};
+use agentq_worker::{Processed, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
 use common::{read_entry, row, setup, submit, wait_until};
@@ -24,8 +24,8 @@ const SCRIPT: &str = r#"{"turns":[
   {"text":"done: {{prompt}}"}
 ]}"#;
 
-fn config(dir: &std::path::Path) -> WorkerConfig {
-    let mut cfg = WorkerConfig {
+fn config(dir: &std::path::Path) -> WorkerSettings {
+    let mut cfg = WorkerSettings {
         concurrency: 1,
         read_block: Duration::from_millis(200),
         heartbeat_interval: Duration::from_millis(300),
@@ -33,7 +33,7 @@ fn config(dir: &std::path::Path) -> WorkerConfig {
         reclaim_min_idle: Duration::from_secs(2),
         reclaim_interval: Duration::from_millis(500),
         workspace_root: dir.to_path_buf(),
-        ..WorkerConfig::default()
+        ..WorkerSettings::default()
     };
     cfg.providers.script = Some(SCRIPT.into());
     cfg
@@ -133,7 +133,7 @@ impl agentq_agent::tools::Tool for Boom {
     }
 }
 
-fn boom_config(dir: &std::path::Path) -> WorkerConfig {
+fn boom_config(dir: &std::path::Path) -> WorkerSettings {
     let mut cfg = config(dir);
     cfg.tools.register(Arc::new(Boom));
     let mut section = agentq_core::config::PolicySection::default();

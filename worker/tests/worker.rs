@@ -12,7 +12,7 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, QueueHealth, SessionStatus, SessionStore, WorkQueue};
 use agentq_testkit::{RedisServer, shared_postgres};
-use agentq_worker::{Processed, Worker, WorkerConfig};
+use agentq_worker::{Processed, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
 use common::{read_entry, run_one, setup, start, wait_terminal, wait_until};
@@ -22,8 +22,8 @@ const SCRIPT: &str = r#"{"turns":[
   {"text":"done: {{prompt}}","usage":{"input_tokens":20,"output_tokens":4}}
 ]}"#;
 
-fn config(dir: &std::path::Path) -> WorkerConfig {
-    let mut cfg = WorkerConfig {
+fn config(dir: &std::path::Path) -> WorkerSettings {
+    let mut cfg = WorkerSettings {
         concurrency: 8,
         read_block: Duration::from_millis(200),
         heartbeat_interval: Duration::from_millis(300),
@@ -31,7 +31,7 @@ fn config(dir: &std::path::Path) -> WorkerConfig {
         reclaim_min_idle: Duration::from_secs(2),
         reclaim_interval: Duration::from_millis(500),
         workspace_root: dir.to_path_buf(),
-        ..WorkerConfig::default()
+        ..WorkerSettings::default()
     };
     cfg.providers.script = Some(SCRIPT.into());
     cfg

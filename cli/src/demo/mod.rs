@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::{EnqueueReason, NewSession, SessionStatus};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 
 use crate::dev::Stack;
 use kill::{DRAIN_TIMEOUT, DemoWorker, pick_victim, taken_over};
@@ -287,8 +287,8 @@ async fn open_stack(db: &Path) -> anyhow::Result<(Stack, SqliteStore)> {
 }
 
 /// The settings every demo worker shares (each gets its own consumer name).
-fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerConfig {
-    let mut base = WorkerConfig {
+fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerSettings {
+    let mut base = WorkerSettings {
         queues: vec![QUEUE.to_string()],
         concurrency: args.concurrency as usize,
         lease_ttl: LEASE_TTL,
@@ -302,7 +302,7 @@ fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerConfig {
         default_model: args.model.clone(),
         default_tools: demo_tools(),
         policy: std::sync::Arc::new(demo_policy()),
-        ..WorkerConfig::default()
+        ..WorkerSettings::default()
     };
     if args.provider == "scripted" {
         base.providers.script = Some(script().to_string());
@@ -319,7 +319,7 @@ fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerConfig {
 
 fn start_workers(
     stack: &Stack,
-    base: &WorkerConfig,
+    base: &WorkerSettings,
     n: u32,
     stop: &CancellationToken,
 ) -> anyhow::Result<Vec<DemoWorker>> {

@@ -27,7 +27,7 @@ use agentq_core::{
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
 use agentq_testkit::{RedisServer, shared_postgres};
-use agentq_worker::{Worker, WorkerConfig};
+use agentq_worker::{Worker, WorkerSettings};
 
 /// A migrated fresh database and a private Redis with the `default` queue; the server
 /// lives as long as the returned handle.
@@ -178,7 +178,7 @@ pub struct Running {
 }
 
 /// Start a worker with `cfg` in the background.
-pub fn start(store: &Arc<PgStore>, queue: &Arc<RedisQueue>, cfg: WorkerConfig) -> Running {
+pub fn start(store: &Arc<PgStore>, queue: &Arc<RedisQueue>, cfg: WorkerSettings) -> Running {
     let worker = Worker::new(store.clone(), queue.clone(), cfg);
     let stop = CancellationToken::new();
     let handle = tokio::spawn({
@@ -245,7 +245,7 @@ pub async fn read_entry(
 pub async fn run_to_end(
     store: &Arc<PgStore>,
     queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
+    cfg: WorkerSettings,
     ids: &[String],
     limit: Duration,
 ) -> (Vec<SessionRow>, Worker) {
@@ -259,7 +259,7 @@ pub async fn run_to_end(
 pub async fn run_one(
     store: &Arc<PgStore>,
     queue: &Arc<RedisQueue>,
-    cfg: WorkerConfig,
+    cfg: WorkerSettings,
     spec: SessionSpec,
 ) -> (SessionRow, Worker) {
     let id = submit(store, queue, spec).await;
@@ -297,7 +297,7 @@ impl Cluster {
         script: Value,
         workers: usize,
         concurrency: usize,
-        tweak: impl Fn(&mut WorkerConfig),
+        tweak: impl Fn(&mut WorkerSettings),
     ) -> Cluster {
         let url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&url, 8).await.unwrap();
@@ -316,7 +316,7 @@ impl Cluster {
             ..Default::default()
         };
         settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        let mut probe = WorkerConfig::default();
+        let mut probe = WorkerSettings::default();
         tweak(&mut probe);
         settings.budgets = probe.budgets.clone();
         settings.prices = probe.prices.clone();
@@ -361,9 +361,9 @@ impl Cluster {
     async fn start_worker(
         &self,
         i: usize,
-        tweak: &impl Fn(&mut WorkerConfig),
+        tweak: &impl Fn(&mut WorkerSettings),
     ) -> tokio::task::JoinHandle<()> {
-        let mut cfg = WorkerConfig {
+        let mut cfg = WorkerSettings {
             consumer: format!("w{i}-{}", agentq_core::new_session_id()),
             concurrency: self.concurrency,
             read_block: Duration::from_millis(200),
@@ -372,7 +372,7 @@ impl Cluster {
             reclaim_min_idle: Duration::from_secs(2),
             reclaim_interval: Duration::from_millis(500),
             workspace_root: self.dir.path().to_path_buf(),
-            ..WorkerConfig::default()
+            ..WorkerSettings::default()
         };
         cfg.providers.script = Some(self.script.to_string());
         tweak(&mut cfg);
