@@ -1080,6 +1080,18 @@ impl Drop for Cluster {
             for (i, w) in self.workers.iter().enumerate() {
                 let log = std::fs::read_to_string(&w.log).unwrap_or_default();
                 let lines: Vec<&str> = log.lines().collect();
+                // What went wrong early (a lost lease, a retried call) is past the tail.
+                let warned: Vec<&str> = lines
+                    .iter()
+                    .copied()
+                    .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                    .take(200)
+                    .collect();
+                eprintln!(
+                    "----- worker {i} warnings and errors ({}) -----\n{}",
+                    w.log.display(),
+                    warned.join("\n")
+                );
                 let tail = lines[lines.len().saturating_sub(60)..].join("\n");
                 eprintln!(
                     "----- worker {i} log tail ({}) -----\n{tail}",
