@@ -99,7 +99,8 @@ fn provider_of(w: &WorkerSettings) -> (String, String, bool) {
 
 /// Why a process ended, for its stop line.
 pub enum Stop<'a> {
-    /// A signal asked it to stop and it drained (`finished`) or gave up waiting.
+    /// It was asked to stop (by a signal, normally) and its sessions drained (`finished`)
+    /// or it stopped waiting for them.
     Drained { finished: bool },
     /// Something failed; the error is also what the process exits with.
     Failed(&'a anyhow::Error),
@@ -111,15 +112,15 @@ pub fn stopped(command: &str, why: Stop<'_>) {
             let signal = crate::signals::received();
             tracing::info!(
                 target: TARGET,
-                reason = if signal.is_some() { "signal" } else { "shutdown" },
-                signal = signal.unwrap_or("-"),
-                drain = if finished { "finished" } else { "timed out" },
+                reason = %if signal.is_some() { "signal" } else { "shutdown" },
+                signal = %signal.unwrap_or("-"),
+                drain = %if finished { "finished" } else { "timed-out" },
                 "agentq {command} stopped"
             );
         }
         Stop::Failed(e) => tracing::info!(
             target: TARGET,
-            reason = "error",
+            reason = %"error",
             error = %format_args!("{e:#}"),
             "agentq {command} stopped"
         ),
