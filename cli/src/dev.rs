@@ -17,6 +17,7 @@ use agentq_scheduler::{AuthSettings, SchedulerSettings};
 use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
+use crate::process::{Start, Stop, stopped};
 // `agentq demo` opens its backend through here too.
 pub use crate::stack::Stack;
 
@@ -37,6 +38,10 @@ pub struct DevArgs {
     /// Listen address of the HTTP API (AGENTQ_API_ADDR; default 127.0.0.1:7700).
     #[arg(long)]
     pub addr: Option<String>,
+    /// Where `/metrics` is served (AGENTQ_METRICS_ADDR; default 127.0.0.1:9464). A port
+    /// already in use is refused; 127.0.0.1:0 takes any free one.
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
     /// In-process workers.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
@@ -53,6 +58,9 @@ impl DevArgs {
         }
         if let Some(addr) = &self.addr {
             s.api_addr = addr.clone();
+        }
+        if let Some(addr) = &self.metrics_addr {
+            s.metrics_addr = addr.clone();
         }
     }
 }
@@ -98,6 +106,9 @@ pub fn dev_auth(
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let (cfg, mut wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
+    // First, so a port already taken is refused before the database is opened.
+    let (metrics, metrics_at) = crate::process::bind_metrics(&cfg.metrics_addr).await?;
+    eprintln!("agentq dev: /metrics on http://{metrics_at}");
     let stack = open_stack(&cfg, &wcfg).await?;
     let admin_key = crate::scheduler::admin_key_from_env();
     let addr = cfg.api_addr.clone();
@@ -115,8 +126,8 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     connect_limiter(&cfg, &mut wcfg, &shutdown).await?;
 
     let drain_timeout = wcfg.drain_timeout;
-    let workers = spawn_workers(args.workers, &wcfg, &stack, &shutdown);
-    let metrics = bind_metrics(&cfg.metrics_addr).await;
+    let id = format!("{}-dev", agentq_worker::default_consumer_name());
+    let workers = spawn_workers(&id, args.workers, &wcfg, &stack, &shutdown);
     let mut scheduler_settings = SchedulerSettings::from_settings(&cfg)?;
     scheduler_settings.auth = auth;
     let scheduler = tokio::spawn(agentq_scheduler::run(
@@ -124,7 +135,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         stack.queue.clone(),
         scheduler_settings,
         listener,
-        metrics,
+        Some(metrics),
         shutdown.clone(),
     ));
     eprintln!("agentq dev: {}", stack.description);
@@ -139,13 +150,25 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         "agentq dev: {} worker(s) × {} sessions; listening on http://{local}",
         args.workers, wcfg.concurrency
     );
+    Start {
+        id: match args.workers {
+            1 => format!("{id}0"),
+            n => format!("{id}0..{id}{}", n - 1),
+        },
+        store: stack.store_url.clone(),
+        queue: stack.queue_url.clone(),
+        api: local,
+        metrics: metrics_at.to_string(),
+        ..Start::for_workers("dev", String::new(), &wcfg)
+    }
+    .log();
 
     let (scheduler, failure) = run_until_stopped(scheduler, &shutdown).await;
     eprintln!("agentq dev: shutting down (running sessions stop at their next checkpoint)");
-    if tokio::time::timeout(drain_timeout + SHUTDOWN_SLACK, finish(workers, scheduler))
+    let finished = tokio::time::timeout(drain_timeout + SHUTDOWN_SLACK, finish(workers, scheduler))
         .await
-        .is_err()
-    {
+        .is_ok();
+    if !finished {
         eprintln!("agentq dev: shutdown took too long; exiting anyway");
     }
     if let Some(sqlite) = &stack.sqlite
@@ -156,8 +179,10 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         eprintln!("agentq dev: the database did not close in time");
     }
     if let Some(e) = failure {
+        stopped("dev", Stop::Failed(&e));
         return Err(e);
     }
+    stopped("dev", Stop::Drained { finished });
     eprintln!("agentq dev: stopped");
     Ok(ExitCode::SUCCESS)
 }
@@ -218,8 +243,9 @@ async fn connect_limiter(
     Ok(())
 }
 
-/// `count` workers on the stack, each its own consumer.
+/// `count` workers on the stack, each its own consumer (`id` and its number).
 fn spawn_workers(
+    id: &str,
     count: u32,
     wcfg: &WorkerSettings,
     stack: &Stack,
@@ -228,29 +254,12 @@ fn spawn_workers(
     (0..count)
         .map(|i| {
             let mut c = wcfg.clone();
-            c.consumer = format!("{}-dev{i}", agentq_worker::default_consumer_name());
+            c.consumer = format!("{id}{i}");
             let worker = Worker::new(stack.store.clone(), stack.queue.clone(), c);
             let token = shutdown.clone();
             tokio::spawn(async move { worker.run(token).await })
         })
         .collect()
-}
-
-/// The metrics listener. As for `agentq worker`: a busy metrics port costs the metrics
-/// endpoint, not dev.
-async fn bind_metrics(addr: &str) -> Option<tokio::net::TcpListener> {
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(m) => {
-            if let Ok(at) = m.local_addr() {
-                eprintln!("agentq dev: /metrics on http://{at}");
-            }
-            Some(m)
-        }
-        Err(e) => {
-            eprintln!("agentq dev: cannot serve /metrics on {addr} (AGENTQ_METRICS_ADDR): {e}");
-            None
-        }
-    }
 }
 
 type SchedulerTask = JoinHandle<Result<(), agentq_scheduler::RunError>>;

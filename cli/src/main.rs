@@ -14,6 +14,7 @@ mod inputs;
 mod keys;
 #[cfg(feature = "otlp")]
 mod otlp;
+mod process;
 mod retry;
 mod run;
 mod scheduler;
@@ -78,15 +79,21 @@ enum Command {
     Bench(agentq_bench::BenchArgs),
 }
 
-/// Logs on stderr as text or JSON (`AGENTQ_LOG_FORMAT=json`), filtered by `RUST_LOG`; with
-/// the `otlp` feature, spans also go to `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
+/// Logs on stderr as text (coloured on a terminal only) or JSON (`AGENTQ_LOG_FORMAT=json`),
+/// filtered by `RUST_LOG`; with the `otlp` feature, spans also go to
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` when it is set.
 fn init_tracing(default_filter: &str) {
+    use std::io::IsTerminal;
+
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::prelude::*;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let json = std::env::var("AGENTQ_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Escape codes are noise in a file or a log collector.
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     // The filter applies to the log lines only: exported spans have their own level.
     let fmt = if json {
         fmt.json().with_filter(filter).boxed()
@@ -103,10 +110,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo kills a worker on purpose: the warnings that follow (lost leases, retried
     // claims) are the expected story, told by its own output; RUST_LOG still shows them.
+    // Otherwise the start and stop lines of a process pass the default filter.
     init_tracing(if matches!(cli.command, Command::Demo(_)) {
         "error"
     } else {
-        "warn"
+        "warn,agentq::process=info"
     });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

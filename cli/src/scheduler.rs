@@ -16,6 +16,8 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Error, Store};
 use agentq_scheduler::SchedulerSettings;
 
+use crate::process::{Start, Stop, stopped};
+
 /// Connections of the scheduler's pool: the API's queries are short.
 const SCHEDULER_PG_CONNS: u32 = 16;
 
@@ -25,7 +27,7 @@ pub struct SchedulerArgs {
     #[arg(long)]
     pub addr: Option<String>,
     /// Where `/metrics` is served, apart from the API (Prometheus text format;
-    /// AGENTQ_METRICS_ADDR; default 127.0.0.1:9464).
+    /// AGENTQ_METRICS_ADDR; default 127.0.0.1:9464). A port already in use is refused.
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Configuration file (default: ./agentq.toml when present).
@@ -105,6 +107,9 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         },
     )?;
     let addr = cfg.api_addr.clone();
+    // First, so a port already taken is refused before anything connects.
+    let (metrics, metrics_at) = crate::process::bind_metrics(&cfg.metrics_addr).await?;
+    eprintln!("agentq scheduler: /metrics on http://{metrics_at}");
     let redis_url = cfg.redis_url.as_deref().ok_or_else(|| {
         anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
     })?;
@@ -129,24 +134,6 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr().map_or(addr, |a| a.to_string());
-    // As for workers: a busy metrics port costs the metrics endpoint, not the API.
-    let metrics = match tokio::net::TcpListener::bind(&cfg.metrics_addr).await {
-        Ok(m) => {
-            let at = m
-                .local_addr()
-                .map_or(cfg.metrics_addr.clone(), |a| a.to_string());
-            eprintln!("agentq scheduler: /metrics on http://{at}");
-            Some(m)
-        }
-        Err(e) => {
-            eprintln!(
-                "agentq scheduler: cannot serve /metrics on {} (--metrics-addr, \
-                 AGENTQ_METRICS_ADDR): {e}",
-                cfg.metrics_addr
-            );
-            None
-        }
-    };
 
     let mut settings = SchedulerSettings::from_settings(&cfg)?;
     match admin_key_from_env() {
@@ -159,15 +146,36 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     crate::signals::cancel_on_signal(shutdown.clone());
     eprintln!("agentq scheduler: listening on http://{local}");
-    agentq_scheduler::run(
+    Start {
+        command: "scheduler",
+        id: agentq_worker::default_consumer_name(),
+        queues: settings.queues.clone(),
+        concurrency: "-".into(),
+        provider: "-".into(),
+        model: "-".into(),
+        key_set: false,
+        store: String::new(),
+        queue: String::new(),
+        api: local,
+        metrics: metrics_at.to_string(),
+    }
+    .services(database_url(&cfg)?, redis_url)
+    .log();
+    let result = agentq_scheduler::run(
         Arc::new(store),
         Arc::new(queue),
         settings,
         listener,
-        metrics,
+        Some(metrics),
         shutdown,
     )
-    .await?;
+    .await;
+    if let Err(e) = result {
+        let e = anyhow!(e);
+        stopped("scheduler", Stop::Failed(&e));
+        return Err(e);
+    }
+    stopped("scheduler", Stop::Drained { finished: true });
     eprintln!("agentq scheduler: stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -30,6 +30,9 @@ pub struct Stack {
     pub mem_queue: Option<Arc<MemQueue>>,
     /// One line for the user: where the data lives.
     pub description: String,
+    /// The store and the queue for the start line, without secrets.
+    pub store_url: String,
+    pub queue_url: String,
     /// Sessions put back on the queue at start (embedded mode: left over by a previous
     /// process that was killed).
     pub requeued: usize,
@@ -78,6 +81,8 @@ impl Stack {
             sqlite: Some(store),
             mem_queue: Some(queue),
             description: format!("embedded store {}, in-process queue", path.display()),
+            store_url: format!("sqlite://{}", path.display()),
+            queue_url: "in-process".into(),
             requeued,
         })
     }
@@ -111,21 +116,50 @@ impl Stack {
                 redact(database_url),
                 redact(redis_url)
             ),
+            store_url: redact(database_url),
+            queue_url: redact(redis_url),
             requeued: 0,
         })
     }
 }
 
-/// Hide the password of a URL in messages.
+/// Hide the password of a URL in messages and logs: `postgres://u:***@h/db`. Anything
+/// that does not look like a URL with one is shown as it is.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
+    let Some(s) = url.find("://") else {
+        return url.to_string();
+    };
+    // A query may hold an `@` (an e-mail address); a password may hold a `/`.
+    let rest = &url[s + 3..];
+    let before_query = rest.find(['?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..before_query].rfind('@') else {
+        return url.to_string();
+    };
+    match rest[..at].find(':') {
+        Some(c) => format!("{}{}:***{}", &url[..s + 3], &rest[..c], &rest[at..]),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        for (url, shown) in [
+            ("postgres://u:p@h/db", "postgres://u:***@h/db"),
+            ("redis://:p@h:6379", "redis://:***@h:6379"),
+            ("postgres://u:p/q@h:5432/db", "postgres://u:***@h:5432/db"),
+            ("postgres://u:p@h/db?x=a@b", "postgres://u:***@h/db?x=a@b"),
+            ("redis://h:6379/0", "redis://h:6379/0"),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            ("redis://h:6379/?user=a:b@c", "redis://h:6379/?user=a:b@c"),
+            ("not a url", "not a url"),
+            ("://@", "://@"),
+            ("", ""),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
         }
-        _ => url.to_string(),
     }
 }

@@ -13,6 +13,7 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
+use crate::process::{Start, Stop, stopped};
 use crate::stack::redact;
 
 /// Every flag overrides its setting in `agentq.toml` and its environment variable.
@@ -27,7 +28,8 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub redis_url: Option<String>,
     /// Where `/metrics` is served (Prometheus text format; AGENTQ_METRICS_ADDR; default
-    /// 127.0.0.1:9464).
+    /// 127.0.0.1:9464). A port already in use is refused: give each worker on a host its
+    /// own, or 127.0.0.1:0 for any free one.
     #[arg(long)]
     pub metrics_addr: Option<String>,
     /// Configuration file (default: ./agentq.toml when present).
@@ -71,7 +73,9 @@ fn worker_config(
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (settings, cfg, db, redis) = worker_config(&args, |k| std::env::var(k).ok())?;
-    let metrics_addr = settings.metrics_addr.clone();
+    // First, so a second worker on a host refuses before it touches anything.
+    let (metrics_listener, metrics_at) =
+        crate::process::bind_metrics(&settings.metrics_addr).await?;
     let objects = agentq_core::blob::s3::from_workspace(&settings.workspace)?;
     let mut store =
         PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
@@ -101,27 +105,34 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
                     redact(&redis)
                 )
             })?;
+    let start = Start::for_workers("worker", cfg.consumer.clone(), &cfg).services(&db, &redis);
     let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
     crate::signals::cancel_on_signal(shutdown.clone());
     let metrics_stop = CancellationToken::new();
-    // Several workers on one host contend for the default port; a busy port costs the
-    // metrics endpoint, not the worker.
-    match tokio::net::TcpListener::bind(&metrics_addr).await {
-        Ok(listener) => {
-            if let Ok(addr) = listener.local_addr() {
-                tracing::info!(%addr, "serving /metrics");
-            }
-            tokio::spawn(agentq_core::metrics::serve_metrics(
-                listener,
-                Arc::new(|| agentq_core::metrics::global().render()),
-                metrics_stop.clone(),
-            ));
-        }
-        Err(e) => tracing::warn!(addr = %metrics_addr, error = %e, "cannot serve /metrics"),
+    tracing::info!(addr = %metrics_at, "serving /metrics");
+    tokio::spawn(agentq_core::metrics::serve_metrics(
+        metrics_listener,
+        Arc::new(|| agentq_core::metrics::global().render()),
+        metrics_stop.clone(),
+    ));
+    Start {
+        metrics: metrics_at.to_string(),
+        ..start
     }
-    worker.run(shutdown).await?;
+    .log();
+    let result = worker.run(shutdown).await;
     metrics_stop.cancel();
-    Ok(ExitCode::SUCCESS)
+    match result {
+        Ok(()) => {
+            stopped("worker", Stop::Drained { finished: true });
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            stopped("worker", Stop::Failed(&e));
+            Err(e)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -33,12 +33,14 @@ const INHERITED: &[&str] = &[
     "ANTHROPIC_API_KEY",
 ];
 
-/// Remove from `cmd` the environment a test does not set itself.
+/// Remove from `cmd` the environment a test does not set itself. Its `/metrics` goes on
+/// a free port: a process refuses a taken one, and tests run side by side (a test may
+/// still set its own).
 pub fn clean(cmd: &mut Command) -> &mut Command {
     for k in INHERITED {
         cmd.env_remove(k);
     }
-    cmd
+    cmd.env("AGENTQ_METRICS_ADDR", "127.0.0.1:0")
 }
 
 /// The `agentq` binary, with a clean environment, run in the temporary directory.
