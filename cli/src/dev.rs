@@ -106,11 +106,12 @@ pub fn dev_auth(
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let (cfg, mut wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
+    // Before anything is bound or opened: a bad key is the operator's to fix first.
+    let admin_key = crate::scheduler::admin_key_from_env()?;
     // First, so a port already taken is refused before the database is opened.
     let (metrics, metrics_at) = crate::process::bind_metrics(&cfg.metrics_addr).await?;
     eprintln!("agentq dev: /metrics on http://{metrics_at}");
     let stack = open_stack(&cfg, &wcfg).await?;
-    let admin_key = crate::scheduler::admin_key_from_env();
     let addr = cfg.api_addr.clone();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await

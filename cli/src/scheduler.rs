@@ -35,13 +35,28 @@ pub struct SchedulerArgs {
     pub config: Option<PathBuf>,
 }
 
+/// The shortest admin key accepted: it opens every tenant, so it must not be guessable.
+pub const MIN_ADMIN_KEY_BYTES: usize = 32;
+
 /// The operator's key (`AGENTQ_ADMIN_KEY`): every scope, every tenant. Unset or blank:
-/// none (keys come from `agentq keys create` only).
-pub fn admin_key_from_env() -> Option<String> {
-    std::env::var("AGENTQ_ADMIN_KEY")
+/// none (keys come from `agentq keys create` only). A key shorter than
+/// [`MIN_ADMIN_KEY_BYTES`] is refused.
+pub fn admin_key_from_env() -> anyhow::Result<Option<String>> {
+    let Some(key) = std::env::var("AGENTQ_ADMIN_KEY")
         .ok()
         .map(|k| k.trim().to_string())
         .filter(|k| !k.is_empty())
+    else {
+        return Ok(None);
+    };
+    if key.len() < MIN_ADMIN_KEY_BYTES {
+        anyhow::bail!(
+            "AGENTQ_ADMIN_KEY is {} bytes long; an admin key opens every tenant and must be at \
+             least {MIN_ADMIN_KEY_BYTES} (make one with `openssl rand -hex 32`)",
+            key.len()
+        );
+    }
+    Ok(Some(key))
 }
 
 #[derive(Args, Debug)]
@@ -107,6 +122,8 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         },
     )?;
     let addr = cfg.api_addr.clone();
+    // Before anything is bound or connected: a bad key is the operator's to fix first.
+    let admin_key = admin_key_from_env()?;
     // First, so a port already taken is refused before anything connects.
     let (metrics, metrics_at) = crate::process::bind_metrics(&cfg.metrics_addr).await?;
     eprintln!("agentq scheduler: /metrics on http://{metrics_at}");
@@ -136,7 +153,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     let local = listener.local_addr().map_or(addr, |a| a.to_string());
 
     let mut settings = SchedulerSettings::from_settings(&cfg)?;
-    match admin_key_from_env() {
+    match admin_key {
         Some(key) => settings.auth = settings.auth.with_admin_key(&key),
         None => eprintln!(
             "agentq scheduler: AGENTQ_ADMIN_KEY is not set; only keys from `agentq keys create` \

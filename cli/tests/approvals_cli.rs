@@ -19,7 +19,7 @@ use common::{Procs, agentq, client_as, migrated_db, poll_until, text, wait_line}
 const ALLOWED_TOOLS: &str = "read_file,list_dir,glob,grep,write_file";
 
 /// The scheduler's operator key, which the client commands use too.
-const ADMIN_KEY: &str = "approvals-cli-admin-key";
+const ADMIN_KEY: &str = "approvals-cli-admin-key-0123456789abcdef";
 
 fn client(api: &str, args: &[&str]) -> Output {
     client_as(api, Some(ADMIN_KEY), args)

@@ -16,7 +16,7 @@ use serde_json::Value;
 use common::{Dev, migrated_db, text, wait_exit, wait_line};
 
 /// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start.
-const ADMIN_KEY: &str = "client-cli-admin-key";
+const ADMIN_KEY: &str = "client-cli-admin-key-0123456789abcdef";
 
 /// `agentq` as the operator: the schedulers here accept that key.
 fn agentq() -> Command {

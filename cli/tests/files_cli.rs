@@ -19,7 +19,7 @@ use agentq_testkit::RedisServer;
 
 use common::{Dev, Procs, migrated_db, text};
 
-const ADMIN_KEY: &str = "files-cli-admin-key";
+const ADMIN_KEY: &str = "files-cli-admin-key-0123456789abcdef";
 
 /// `agentq` as the operator: the schedulers here accept that key.
 fn agentq() -> Command {

@@ -320,12 +320,56 @@ fn dev_refuses_a_public_address_without_an_admin_key() {
         "--db",
     ])
     .arg(&db)
-    .env("AGENTQ_ADMIN_KEY", "dev-admin-key");
+    .env("AGENTQ_ADMIN_KEY", "dev-admin-key-0123456789abcdef-0123");
     let _dev = Dev::spawn(&mut cmd);
     let url = format!("http://127.0.0.1:{port}");
     let out = client_as(&url, None, &["sessions", "--json"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
-    let out = client_as(&url, Some("dev-admin-key"), &["sessions", "--json"]);
+    let out = client_as(
+        &url,
+        Some("dev-admin-key-0123456789abcdef-0123"),
+        &["sessions", "--json"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// An admin key opens every tenant: one short enough to guess is refused at start, by the
+/// scheduler and by `dev`, before anything is opened, naming the variable and the bound.
+#[test]
+fn a_short_admin_key_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("agentq.db");
+    let short = "s3cret-but-31-bytes-long-012345";
+    assert_eq!(short.len(), 31);
+    // An address this host does not have: were the key let through, `dev` would fail to
+    // listen and exit rather than serve (and this test hang on it).
+    let dev = agentq()
+        .args(["dev", "--addr", "203.0.113.1:7700", "--workers", "1", "--db"])
+        .arg(&db)
+        .env("AGENTQ_ADMIN_KEY", short)
+        .output()
+        .unwrap();
+    // The scheduler is refused before it looks for Redis or Postgres (there are none).
+    let scheduler = agentq()
+        .args(["scheduler", "--addr", "127.0.0.1:0"])
+        .env("AGENTQ_ADMIN_KEY", short)
+        .env("AGENTQ_DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .env("AGENTQ_REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    for (what, out) in [("dev", dev), ("scheduler", scheduler)] {
+        assert!(!out.status.success(), "{what}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("AGENTQ_ADMIN_KEY is 31 bytes long") && err.contains("at least 32"),
+            "{what}: {err}"
+        );
+        assert!(!err.contains(short), "{what} printed the key: {err}");
+        assert!(!err.contains("started"), "{what}: {err}");
+    }
+    assert!(
+        !db.exists(),
+        "dev opened its database before refusing the key"
+    );
 }

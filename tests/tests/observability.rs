@@ -71,7 +71,7 @@ impl Drop for Proc {
 
 /// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start (and the key their clients
 /// send).
-const ADMIN_KEY: &str = "observability-admin-key";
+const ADMIN_KEY: &str = "observability-admin-key-0123456789abcdef";
 
 /// `agentq scheduler` on a free port; returns it and its base URL.
 async fn start_scheduler(c: &Cluster, dir: &Path) -> (Proc, String) {
