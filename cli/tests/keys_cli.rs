@@ -345,7 +345,14 @@ fn a_short_admin_key_is_refused_at_start() {
     // An address this host does not have: were the key let through, `dev` would fail to
     // listen and exit rather than serve (and this test hang on it).
     let dev = agentq()
-        .args(["dev", "--addr", "203.0.113.1:7700", "--workers", "1", "--db"])
+        .args([
+            "dev",
+            "--addr",
+            "203.0.113.1:7700",
+            "--workers",
+            "1",
+            "--db",
+        ])
         .arg(&db)
         .env("AGENTQ_ADMIN_KEY", short)
         .output()
