@@ -34,6 +34,28 @@ pub fn repo_root() -> std::path::PathBuf {
     here.parent().unwrap_or(here).to_path_buf()
 }
 
+/// Every `.rs` file under `dir`, recursively, in path order (unreadable entries are a
+/// test failure: a tree the tests read must be whole).
+pub fn rust_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            e.unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .path()
+        })
+        .collect();
+    entries.sort();
+    let mut files = Vec::new();
+    for p in entries {
+        if p.is_dir() {
+            files.extend(rust_files(&p));
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            files.push(p);
+        }
+    }
+    files
+}
+
 /// Directory of the recorded provider responses (`../shared/fixtures/llm`).
 pub fn fixtures_dir() -> std::path::PathBuf {
     if let Ok(d) = std::env::var("AGENTQ_FIXTURES") {

@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use agentq_testkit::repo_root;
+use agentq_testkit::{repo_root, rust_files};
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
@@ -377,19 +377,12 @@ fn k8s_manifests_agree_with_the_code() {
         "types/src/config.rs".to_string(),
         "agent/src/provider/factory.rs".to_string(),
     ];
-    fn rust_files(dir: &str, out: &mut Vec<String>) {
-        for entry in std::fs::read_dir(repo_root().join(dir)).unwrap() {
-            let path = entry.unwrap().path();
-            let name = format!("{dir}/{}", path.file_name().unwrap().to_string_lossy());
-            if path.is_dir() {
-                rust_files(&name, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(name);
-            }
+    for dir in ["types/src/config", "cli/src"] {
+        for path in rust_files(&repo_root().join(dir)) {
+            let rel = path.strip_prefix(repo_root()).unwrap();
+            sources.push(rel.to_string_lossy().into_owned());
         }
     }
-    rust_files("types/src/config", &mut sources);
-    rust_files("cli/src", &mut sources);
     for src in &sources {
         // Every piece between two quotes, wherever it lies: only string literals are
         // all capitals and underscores.

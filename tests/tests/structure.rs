@@ -10,19 +10,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use agentq_testkit::{repo_root, rust_files};
+
 const MAX_FILE_LINES: usize = 800;
 const MAX_FN_LINES: usize = 100;
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the test kit sits in the workspace")
-        .to_path_buf()
-}
-
 /// The workspace's crates: each member directory with a `src/`.
 fn crates() -> Vec<PathBuf> {
-    let root = workspace_root();
+    let root = repo_root();
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
     let members = manifest
         .lines()
@@ -37,25 +32,9 @@ fn crates() -> Vec<PathBuf> {
         .collect()
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|e| e == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// A crate's source files, test modules left out.
 fn source_files(krate: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    rust_files(&krate.join("src"), &mut files);
+    let mut files = rust_files(&krate.join("src"));
     files.retain(|f| {
         f.file_name().is_some_and(|n| n != "tests.rs")
             && !f.components().any(|c| c.as_os_str() == "tests")
@@ -252,7 +231,7 @@ fn functions(code: &str) -> Vec<(String, usize, usize)> {
 }
 
 fn relative(p: &Path) -> String {
-    p.strip_prefix(workspace_root())
+    p.strip_prefix(repo_root())
         .unwrap_or(p)
         .display()
         .to_string()
