@@ -50,6 +50,18 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 pub fn agentq_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        // `scripts/test` names the binary it has just built: rebuilding it here (a test-only
+        // file newer than the unchanged binary looks stale) would replace it under the
+        // tests of the other lane that run it.
+        if let Some(bin) = std::env::var_os("AGENTQ_TEST_BIN") {
+            let bin = PathBuf::from(bin);
+            assert!(
+                bin.is_file(),
+                "AGENTQ_TEST_BIN={} is no file",
+                bin.display()
+            );
+            return bin;
+        }
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("the testkit lives in the workspace")
