@@ -58,6 +58,12 @@ pub enum Admit {
         after: Duration,
         reason: &'static str,
     },
+    /// Not until the session's running sub-agents give back what they hold of its budget
+    /// (they give back what they do not spend when they end). A host that can suspend
+    /// gives its slot up and waits for them, as for children it waits on: the slot it
+    /// would hold could be the one they need to run. One that cannot (a guardian review)
+    /// asks again after `after`.
+    Children { after: Duration },
     /// A budget is spent: the session must not make the call. With `park` it waits until the
     /// budget is raised (or its period turns over); otherwise it ends with
     /// `budget_exhausted`. `message` says which budget.

@@ -113,6 +113,10 @@ pub struct SessionView {
     pub cancel_requested: bool,
     /// Claims since it last ran cleanly.
     pub attempts: u32,
+    /// Times a worker took it over from one that died holding it: 0 for a session that
+    /// ran without a crash.
+    #[serde(default)]
+    pub takeovers: u32,
     /// The worker running it, if one is.
     pub lease_owner: Option<String>,
     pub idempotency_key: Option<String>,
@@ -245,7 +249,7 @@ mod tests {
             "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
                       "cache_write_tokens": 0, "reasoning_tokens": 0},
             "parent_id": null, "root_id": id, "depth": 0, "queue": "default",
-            "cancel_requested": false, "attempts": 0, "lease_owner": null,
+            "cancel_requested": false, "attempts": 0, "takeovers": 0, "lease_owner": null,
             "idempotency_key": null, "created_at": "2026-12-01T08:36:45.123456Z",
             "updated_at": "2026-12-01T08:36:45.123456Z", "finished_at": null,
             "priority": 5, "batch_id": null,

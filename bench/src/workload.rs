@@ -297,7 +297,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
 struct Fleet {
     workers: Vec<Worker>,
     stores: Vec<PgStore>,
-    handles: Vec<tokio::task::JoinHandle<agentq_worker::Result<()>>>,
+    handles: Vec<tokio::task::JoinHandle<agentq_worker::Result<agentq_worker::Drain>>>,
     shutdown: CancellationToken,
 }
 

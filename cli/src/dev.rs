@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::Settings;
 use agentq_scheduler::{AuthSettings, SchedulerSettings};
-use agentq_worker::{Worker, WorkerSettings};
+use agentq_worker::{Drain, Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
 use crate::process::{Start, Stop, stopped};
@@ -168,7 +168,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     eprintln!("agentq dev: shutting down (running sessions stop at their next checkpoint)");
     let finished = tokio::time::timeout(drain_timeout + SHUTDOWN_SLACK, finish(workers, scheduler))
         .await
-        .is_ok();
+        .unwrap_or(false);
     if !finished {
         eprintln!("agentq dev: shutdown took too long; exiting anyway");
     }
@@ -251,7 +251,7 @@ fn spawn_workers(
     wcfg: &WorkerSettings,
     stack: &Stack,
     shutdown: &CancellationToken,
-) -> Vec<JoinHandle<agentq_worker::Result<()>>> {
+) -> Vec<JoinHandle<agentq_worker::Result<Drain>>> {
     (0..count)
         .map(|i| {
             let mut c = wcfg.clone();
@@ -293,15 +293,24 @@ async fn run_until_stopped(
 }
 
 /// Wait for the workers and the scheduler to end, saying how any of them failed.
+/// Wait for the workers and the scheduler to end; whether every worker drained in time.
 async fn finish(
-    workers: Vec<JoinHandle<agentq_worker::Result<()>>>,
+    workers: Vec<JoinHandle<agentq_worker::Result<Drain>>>,
     scheduler: Option<SchedulerTask>,
-) {
+) -> bool {
+    let mut drained = true;
     for w in workers {
         match w.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("agentq dev: worker: {e}"),
-            Err(e) => eprintln!("agentq dev: worker task failed: {e}"),
+            Ok(Ok(Drain::Finished)) => {}
+            Ok(Ok(Drain::TimedOut)) => drained = false,
+            Ok(Err(e)) => {
+                drained = false;
+                eprintln!("agentq dev: worker: {e}")
+            }
+            Err(e) => {
+                drained = false;
+                eprintln!("agentq dev: worker task failed: {e}")
+            }
         }
     }
     if let Some(s) = scheduler {
@@ -311,6 +320,7 @@ async fn finish(
             Err(e) => eprintln!("agentq dev: scheduler task failed: {e}"),
         }
     }
+    drained
 }
 
 #[cfg(test)]

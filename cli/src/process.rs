@@ -16,7 +16,7 @@ use agentq_worker::WorkerSettings;
 use crate::stack::redact;
 
 /// The tracing target of the start and stop lines (and the default filter's exception).
-pub const TARGET: &str = "agentq::process";
+pub use agentq_core::PROCESS_TARGET as TARGET;
 
 /// What a process runs with, as its start line says it. A field that does not apply to
 /// the process (the scheduler runs no sessions) is `-`.

@@ -123,8 +123,13 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let result = worker.run(shutdown).await;
     metrics_stop.cancel();
     match result {
-        Ok(()) => {
-            stopped("worker", Stop::Drained { finished: true });
+        Ok(drain) => {
+            stopped(
+                "worker",
+                Stop::Drained {
+                    finished: drain == agentq_worker::Drain::Finished,
+                },
+            );
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {

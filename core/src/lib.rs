@@ -14,6 +14,10 @@
 //!   process ([`mem_queue`]);
 //! - `agentq-limiter`: the fleet rate limiter ([`admission`]).
 
+/// The tracing target of the lines an operator sees with the default filter: a process's
+/// start and stop, and a worker taking over a dead worker's sessions.
+pub const PROCESS_TARGET: &str = "agentq::process";
+
 pub mod hooks;
 pub mod lifecycle;
 pub mod metrics;

@@ -54,6 +54,7 @@ async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
             Admit::Go(p) => return p,
             Admit::Wait { after, .. } => tokio::time::sleep(after).await,
             Admit::Exhausted { message, .. } => panic!("{message}"),
+            Admit::Children { .. } => panic!("the limiter keeps no budget"),
         }
     }
     panic!("never admitted")
@@ -440,6 +441,7 @@ async fn a_full_window_books_the_next_start_and_the_call_asks_once() {
                 break;
             }
             Admit::Exhausted { message, .. } => panic!("{message}"),
+            Admit::Children { .. } => panic!("the limiter keeps no budget"),
         }
     }
     // Ten now, ten booked a window later; the next would wait past what the call takes,

@@ -136,12 +136,21 @@ pub async fn wake_expired_approvals(store: &dyn Store, queue: &dyn Queue) {
 
 /// Finished sub-agents whose allowance did not go back to their parent (their worker died
 /// between the finish and the give-back, or they were cancelled or dead-lettered without
-/// a run) give it back now: a parent's budget is never held by a child that has ended.
-pub async fn return_budgets(store: &dyn Store) {
+/// a run) give it back now, and their parent hears of them: a parent's budget is never
+/// held by a child that has ended, and a parent waiting for what its children hold is
+/// woken (telling it twice is a no-op).
+pub async fn return_budgets(store: &dyn Store, queue: &dyn Queue) {
     match store.unreturned_budgets(SWEEP_BATCH).await {
         Ok(ids) => {
             for id in ids {
-                if let Err(e) = store.return_budget(&id).await {
+                let told = match store.get(&id).await {
+                    Ok(Some(child)) => {
+                        agentq_core::lifecycle::notify_parent(store, queue, &child).await
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = told {
                     tracing::warn!(session_id = %id, error = %e, "cannot give a finished sub-agent's budget back");
                 }
             }
@@ -222,7 +231,7 @@ pub async fn run_sweeper(
         queues.ensure_configured(queue.as_ref()).await;
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
-        return_budgets(store.as_ref()).await;
+        return_budgets(store.as_ref(), queue.as_ref()).await;
         wake_rate_limited(store.as_ref(), queue.as_ref()).await;
         if let Err(e) = requeue_expired(store.as_ref(), age).await {
             tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");

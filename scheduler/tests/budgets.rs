@@ -15,8 +15,12 @@ use agentq_agent::state::Outcome;
 use agentq_core::auth::{self, Scope};
 use agentq_core::budget::{BudgetStore, PriceEntry, Prices, SpawnBudget, SpawnLimits, Spawned};
 use agentq_core::pg::PgStore;
+use agentq_core::protocol::InboxKind;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, KeyStore, LeaseStore, NewSession, SessionStore, new_session_id};
+use agentq_core::{
+    Claim, InboxStore, KeyStore, LeaseStore, NewSession, SessionStatus, SessionStore, WaitReason,
+    new_session_id,
+};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
@@ -25,6 +29,7 @@ const ADMIN_KEY: &str = "budgets-api-admin-key";
 struct Env {
     base: String,
     store: Arc<PgStore>,
+    queue: Arc<RedisQueue>,
     _redis: RedisServer,
 }
 
@@ -56,13 +61,14 @@ impl Env {
             ])
             .unwrap(),
         );
-        let state = Scheduler::new(store.clone(), queue, settings);
+        let state = Scheduler::new(store.clone(), queue.clone(), settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router(state)).await });
         Env {
             base: format!("http://{addr}"),
             store,
+            queue,
             _redis: redis,
         }
     }
@@ -471,4 +477,84 @@ async fn starting_a_sub_agent_again_needs_budget_left_in_its_tree() {
     let view = get(root.id.clone()).await;
     assert_eq!(view["budget"]["remaining"], 0, "{view}");
     assert_eq!(view["budget"]["children_spent"], 600, "{view}");
+}
+
+/// A sub-agent that ended without giving its allowance back (cancelled while queued, or
+/// its worker died in between): the sweeper gives it back and tells the parent, which
+/// waits for what its children hold and is woken by it, once.
+#[tokio::test]
+async fn the_sweeper_wakes_a_parent_waiting_for_its_childrens_budget() {
+    let env = Env::start().await;
+    let mut spec = SessionSpec::new("root");
+    spec.token_budget = Some(1_000);
+    let root = NewSession::root(spec, "default").with_tenant("acme");
+    env.store.create_session(&root).await.unwrap();
+    let Claim::Acquired { lease, row, .. } = env
+        .store
+        .claim(&root.id, "w", Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    else {
+        panic!("claim");
+    };
+    // A background child (no spawn metadata: it was not waited on).
+    let child = NewSession {
+        id: new_session_id(),
+        spec: SessionSpec::new("child"),
+        queue: "default".into(),
+        parent_id: Some(root.id.clone()),
+        root_id: root.id.clone(),
+        depth: 1,
+        idempotency_key: Some("spawn:a".into()),
+        idempotency_hash: None,
+        tenant: "acme".into(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    };
+    let limits = SpawnLimits {
+        max_tree_sessions: 10,
+        budget: Some(SpawnBudget {
+            parent_allowance: 1_000,
+            requested: Some(600),
+            parent_spent: 0,
+        }),
+    };
+    assert!(matches!(
+        env.store.spawn_session(&child, &limits).await.unwrap(),
+        Spawned::Created(_)
+    ));
+    // The parent's next call waits for the 600 its child holds: it gives its slot up.
+    let waiting = env
+        .store
+        .suspend_for(&lease, row.wake_seq, WaitReason::Children, None)
+        .await
+        .unwrap();
+    assert_eq!(waiting.status, SessionStatus::Waiting);
+    // Cancelled while queued, with nobody to give its allowance back or tell the parent.
+    env.store.request_cancel(&child.id).await.unwrap();
+    assert_eq!(env.store.ledger(&root.id).await.unwrap().unwrap().held, 600);
+
+    agentq_scheduler::sweeper::return_budgets(env.store.as_ref(), env.queue.as_ref()).await;
+    let ledger = env.store.ledger(&root.id).await.unwrap().unwrap();
+    assert_eq!(ledger.held, 0, "{ledger:?}");
+    let parent = env.store.get(&root.id).await.unwrap().unwrap();
+    assert_eq!(parent.status, SessionStatus::Queued, "woken: {parent:?}");
+    let inbox = env
+        .store
+        .inbox(&root.id, &[InboxKind::ChildResult], 0)
+        .await
+        .unwrap();
+    assert_eq!(inbox.len(), 1, "{inbox:?}");
+
+    // Nothing left to sweep: a second pass tells nobody anything.
+    agentq_scheduler::sweeper::return_budgets(env.store.as_ref(), env.queue.as_ref()).await;
+    assert_eq!(
+        env.store
+            .inbox(&root.id, &[InboxKind::ChildResult], 0)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }

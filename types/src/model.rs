@@ -191,6 +191,9 @@ pub struct SessionRow {
     /// Claims since the session last ran cleanly; too many means its entry keeps
     /// killing workers.
     pub attempts: u32,
+    /// Times a worker took it over from one that died holding it (its lease expired).
+    #[serde(default)]
+    pub takeovers: u32,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
     /// Hash of the request that came with the idempotency key (`None` on rows from

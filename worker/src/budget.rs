@@ -39,7 +39,8 @@ const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
 /// still is counted when it ends, but holds nothing for its remaining time.
 const HOLD_TTL: Duration = Duration::from_secs(30 * 60);
 
-/// How often a session whose budget is held by its running sub-agents looks again.
+/// How often a guardian review whose session's budget is held by the session's running
+/// sub-agents looks again (a session itself gives its slot up and waits for them).
 const HELD_WAIT: Duration = Duration::from_secs(1);
 
 /// A call that finds its tenant's budget taken by the holds of other calls in flight looks
@@ -156,12 +157,11 @@ impl BudgetGate {
             return None;
         }
         // Running sub-agents hold some of it and give back what they do not spend: wait
-        // for them rather than end the session (which would cancel them).
+        // for them rather than end the session (which would cancel them), away from the
+        // worker's slots, which they may need: parents polling here on every slot starved
+        // their queued children forever.
         if ledger.held > 0 {
-            return Some(Admit::Wait {
-                after: HELD_WAIT,
-                reason: "budget",
-            });
+            return Some(Admit::Children { after: HELD_WAIT });
         }
         Some(Admit::Exhausted {
             message: format!(

@@ -55,6 +55,16 @@ pub use inner::Stats;
 pub use observe::{EVENT_BUFFER, OverheadTap, overhead_tap};
 pub use session::Processed;
 
+/// How a worker's drain ended, for its stop line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drain {
+    /// Every running session stopped at a checkpoint and was handed back.
+    Finished,
+    /// `drain_timeout` passed first: the sessions still running were aborted, to be
+    /// taken over once their leases expire.
+    TimedOut,
+}
+
 /// A worker process's engine. Cheap to clone.
 #[derive(Clone)]
 pub struct Worker {
@@ -87,10 +97,11 @@ impl Worker {
         self.inner.runs.ids()
     }
 
-    /// Run until `shutdown` fires, then drain: running sessions stop at their next
+    /// Run until `shutdown` fires, then drain (the answer says whether every session
+    /// stopped within the bound): running sessions stop at their next
     /// checkpoint (bounded by `drain_timeout`), leases are released and their sessions
     /// re-enqueued so another worker resumes them at once. Once per worker.
-    pub async fn run(&self, shutdown: CancellationToken) -> Result<()> {
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<Drain> {
         run_loop::run(self.inner.clone(), shutdown).await
     }
 

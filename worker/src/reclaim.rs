@@ -7,6 +7,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, info};
 
+use agentq_core::PROCESS_TARGET;
+
 use crate::delivery;
 use crate::inner::Inner;
 
@@ -33,7 +35,14 @@ pub(crate) async fn reclaim_loop(
             {
                 Ok(ds) => {
                     for d in ds {
-                        info!(session_id = %d.session_id, "reclaimed an entry of a dead worker");
+                        // Seen by default: a takeover is the trace of a crash elsewhere.
+                        info!(
+                            target: PROCESS_TARGET,
+                            session_id = %d.session_id,
+                            queue = %q,
+                            idle_at_least_secs = inner.cfg.reclaim_min_idle.as_secs(),
+                            "taking over a session a dead worker left"
+                        );
                         inner.metrics.sessions_reclaimed.inc();
                         delivery::start(&inner, &tracker, d).await;
                     }

@@ -13,9 +13,9 @@ use tracing::{info, warn};
 use crate::backoff::{Backoff, retry_forever};
 use crate::error::{Error, Result};
 use crate::inner::Inner;
-use crate::{delivery, heartbeat, listener, reclaim};
+use crate::{Drain, delivery, heartbeat, listener, reclaim};
 
-pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Result<()> {
+pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Result<Drain> {
     inner.store.check_schema().await?;
     for q in &inner.cfg.queues {
         retry_forever(&shutdown, || inner.queue.ensure_queue(q)).await;
@@ -71,10 +71,11 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     info!("worker draining");
     inner.draining.cancel();
     tracker.close();
-    if tokio::time::timeout(inner.cfg.drain_timeout, tracker.wait())
-        .await
-        .is_err()
-    {
+    let drain = match tokio::time::timeout(inner.cfg.drain_timeout, tracker.wait()).await {
+        Ok(()) => Drain::Finished,
+        Err(_) => Drain::TimedOut,
+    };
+    if drain == Drain::TimedOut {
         warn!("drain timeout: aborting the sessions still running");
         let actives: Vec<CancellationToken> = inner
             .runs
@@ -95,7 +96,7 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     }
     inner.pipeline.stop_events(Duration::from_secs(5)).await;
     info!("worker stopped");
-    Ok(())
+    Ok(drain)
 }
 
 /// Read as many entries as there are free slots, start them, until `shutdown`.

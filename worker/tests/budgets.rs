@@ -126,6 +126,34 @@ async fn background_fan_out_on_two_workers_stays_within_the_budget() {
     c.shutdown().await;
 }
 
+/// Parents whose next call must wait for what their running sub-agents hold give their
+/// slot up while they wait: on one worker of two slots, a background fan-out tree ends.
+/// Before, each parent waited holding its slot; two of them took both slots and the
+/// children they waited for stayed queued for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parents_waiting_for_their_childrens_budget_leave_them_the_slots() {
+    let c = Cluster::start(fan_out_script(false), 1, 2, |_| {}).await;
+    const BUDGET: u64 = 12_000;
+    let root = c
+        .submit("NODE root", TREE_TOOLS, |s| {
+            s.token_budget = Some(BUDGET);
+            s.max_tokens = 10;
+        })
+        .await;
+    let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
+    let total = spent(&tree);
+    assert!(
+        total <= BUDGET + CALL.0 + CALL.1,
+        "the tree spent {total} of {BUDGET} over {} sessions",
+        tree.len()
+    );
+    for r in &tree {
+        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
+    }
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tree_session_cap_holds_across_two_workers() {
     let c = Cluster::start(fan_out_script(false), 2, 8, |cfg| {

@@ -243,6 +243,17 @@ impl Agent {
                         return Err(end);
                     }
                 }
+                Admit::Children { after } => {
+                    if self.suspend_after.is_zero() {
+                        let after = after.max(MIN_ADMISSION_WAIT);
+                        if let Some(end) = self.wait_for_capacity(ctx, state, after, "budget").await
+                        {
+                            return Err(end);
+                        }
+                    } else {
+                        return Err(Attempt::Suspended(SuspendReason::Children));
+                    }
+                }
                 Admit::Exhausted { message, park } => {
                     self.events.emit(
                         ctx.seq,

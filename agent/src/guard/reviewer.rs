@@ -225,7 +225,7 @@ impl LlmGuardian {
             };
             let permit = match gate.admission.reserve(&ask).await {
                 Admit::Go(p) => p,
-                Admit::Wait { after, .. } => {
+                Admit::Wait { after, .. } | Admit::Children { after } => {
                     if let Some(stop) = wait(gate, after.max(MIN_ADMISSION_WAIT), end).await {
                         return (stop, spent);
                     }

@@ -44,7 +44,7 @@ impl DemoWorker {
                     .map_err(|e| format!("cannot start a runtime: {e}"))?;
                 let result = rt.block_on(async move {
                     tokio::select! {
-                        r = w.run(s) => r.map_err(|e| e.to_string()),
+                        r = w.run(s) => r.map(|_| ()).map_err(|e| e.to_string()),
                         // A dropped sender is not a kill: only `send` is.
                         Ok(()) = killed => Ok(()),
                     }

@@ -21,6 +21,7 @@ pub fn session_view(row: &SessionRow) -> SessionView {
         queue: row.queue.clone(),
         cancel_requested: row.cancel_requested,
         attempts: row.attempts,
+        takeovers: row.takeovers,
         lease_owner: row.lease_owner.clone(),
         idempotency_key: row.idempotency_key.clone(),
         created_at: row.created_at,

@@ -129,6 +129,9 @@ pub(crate) struct SessionRecord {
     pub lease_epoch: i64,
     pub lease_expires_at: Option<Stamp>,
     pub attempts: i32,
+    /// Absent from rows a statement returns as JSON before migration 0015.
+    #[serde(default)]
+    pub takeovers: i32,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
     pub idempotency_hash: Option<String>,
@@ -184,6 +187,7 @@ impl SessionRecord {
             iteration: to_u32(self.iteration, "iteration")?,
             usage: self.usage()?,
             attempts: to_u32(self.attempts, "attempts")?,
+            takeovers: to_u32(self.takeovers, "takeovers")?,
             followup_cursor: to_u64(self.followup_cursor, "followup_cursor")?,
             id: self.id,
             root_id: self.root_id,

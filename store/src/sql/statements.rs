@@ -28,7 +28,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
        AND p.id = sessions.id) AS spec, \
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
     reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
-    lease_owner, lease_epoch, lease_expires_at, attempts, cancel_requested, \
+    lease_owner, lease_epoch, lease_expires_at, attempts, takeovers, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \
     wait_reason, wake_at, priority, batch_id, retries, held, capped";
@@ -108,7 +108,8 @@ const SELECT_SESSION: Shared = Shared {
 };
 
 /// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
-/// lease or our own), never terminal or suspended. `$3`: the lease's length in seconds
+/// lease or our own), never terminal or suspended; taking a `running` row from another
+/// owner is a takeover, counted. `$3`: the lease's length in seconds
 /// (SQLite: its expiry).
 const CLAIM: Shared = Shared {
     text: "
@@ -118,6 +119,9 @@ UPDATE sessions SET
     lease_expires_at = now() + make_interval(secs => $3),
     status = 'running',
     attempts = attempts + 1,
+    takeovers = takeovers
+        + CASE WHEN status = 'running' AND lease_owner IS NOT NULL AND lease_owner <> $2
+          THEN 1 ELSE 0 END,
     held = false,
     updated_at = now()
 WHERE id = $1

@@ -174,7 +174,7 @@ pub async fn row(store: &PgStore, id: &str) -> SessionRow {
 pub struct Running {
     pub worker: Worker,
     stop: CancellationToken,
-    handle: tokio::task::JoinHandle<agentq_worker::Result<()>>,
+    handle: tokio::task::JoinHandle<agentq_worker::Result<agentq_worker::Drain>>,
 }
 
 /// Start a worker with `cfg` in the background.
@@ -274,6 +274,30 @@ pub const ADMIN_KEY: &str = "cluster-admin-key";
 /// The tenant of every root session a [`Cluster`] submits; children must inherit it.
 pub const TENANT: &str = "acme";
 
+/// A worker on a thread and runtime of its own.
+pub struct WorkerProcess {
+    crash: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl WorkerProcess {
+    /// Drop its runtime wherever its tasks are, and wait until it has.
+    async fn crash(self) {
+        let WorkerProcess { crash, thread } = self;
+        let _ = crash.send(());
+        join(thread, Duration::from_secs(20)).await;
+    }
+
+    /// Wait (at most `limit`) for it to end by itself (the cluster stopped).
+    async fn join(self, limit: Duration) {
+        join(self.thread, limit).await;
+    }
+}
+
+async fn join(thread: std::thread::JoinHandle<()>, limit: Duration) {
+    let _ = tokio::time::timeout(limit, tokio::task::spawn_blocking(move || thread.join())).await;
+}
+
 /// Workers, each with its own pool as a separate process has, behind the scheduler (its
 /// sweeper and routes), all playing `script` on the scripted provider.
 pub struct Cluster {
@@ -284,7 +308,7 @@ pub struct Cluster {
     pub api: String,
     pub http: reqwest::Client,
     pub stop: CancellationToken,
-    pub workers: Vec<tokio::task::JoinHandle<()>>,
+    pub workers: Vec<WorkerProcess>,
     concurrency: usize,
     _redis: RedisServer,
     dir: tempfile::TempDir,
@@ -356,39 +380,60 @@ impl Cluster {
         c
     }
 
-    /// Worker `i` (its consumer name starts `w<i>-`), stopped by the cluster's token or by
-    /// its task's abort, as a crash would stop it (no lease given back, no entry acked).
-    async fn start_worker(
-        &self,
-        i: usize,
-        tweak: &impl Fn(&mut WorkerSettings),
-    ) -> tokio::task::JoinHandle<()> {
+    /// Worker `i` (its consumer name starts `w<i>-`), stopped by the cluster's token, or
+    /// crashed by [`Cluster::crash_and_replace`]. It runs on a runtime of its own, with its
+    /// own connections, as a process would: aborting only its `run` task would leave its
+    /// heartbeats, reclaimer and sessions running, a zombie beside its replacement.
+    async fn start_worker(&self, i: usize, tweak: &impl Fn(&mut WorkerSettings)) -> WorkerProcess {
+        let consumer = format!("w{i}-{}", agentq_core::new_session_id());
         let mut cfg = WorkerSettings {
-            consumer: format!("w{i}-{}", agentq_core::new_session_id()),
+            // Its own directory, as another process would have its own workspace caches.
+            workspace_root: self.dir.path().join(&consumer),
+            consumer,
             concurrency: self.concurrency,
             read_block: Duration::from_millis(200),
             heartbeat_interval: Duration::from_millis(300),
             lease_ttl: Duration::from_secs(2),
             reclaim_min_idle: Duration::from_secs(2),
             reclaim_interval: Duration::from_millis(500),
-            workspace_root: self.dir.path().to_path_buf(),
             ..WorkerSettings::default()
         };
         cfg.providers.script = Some(self.script.to_string());
         tweak(&mut cfg);
-        let own = Arc::new(PgStore::connect(&self.url, 8).await.unwrap());
-        let w = Worker::new(own, self.queue.clone(), cfg);
+        let (url, redis_url) = (self.url.clone(), self._redis.url());
         let stop = self.stop.child_token();
-        tokio::spawn(async move {
-            let _ = w.run(stop).await;
-        })
+        let (crash, crashed) = tokio::sync::oneshot::channel::<()>();
+        let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
+                let queue = Arc::new(RedisQueue::connect(&redis_url).await.unwrap());
+                let w = Worker::new(store, queue, cfg);
+                let _ = started_tx.send(());
+                tokio::select! {
+                    _ = w.run(stop) => {}
+                    // A dropped sender is not a crash: only `send` is.
+                    Ok(()) = crashed => {}
+                }
+            });
+            // Every task the worker spawned dies with its runtime, unfinished.
+            rt.shutdown_background();
+        });
+        started.await.unwrap();
+        WorkerProcess { crash, thread }
     }
 
-    /// Crash worker `i` (its task aborted mid-flight) and start another (untweaked) in its
-    /// place.
+    /// Crash worker `i` (its runtime dropped mid-flight: no lease given back, no entry
+    /// acked, no task left behind) and start another (untweaked) in its place.
     pub async fn crash_and_replace(&mut self, i: usize) {
-        self.workers[i].abort();
-        self.workers[i] = self.start_worker(i, &|_| {}).await;
+        let next = self.start_worker(i, &|_| {}).await;
+        let old = std::mem::replace(&mut self.workers[i], next);
+        old.crash().await;
     }
 
     /// Submit a root session of tenant [`TENANT`] with `tools`, as the API does.
@@ -555,7 +600,7 @@ impl Cluster {
     pub async fn shutdown(self) {
         self.stop.cancel();
         for w in self.workers {
-            let _ = tokio::time::timeout(Duration::from_secs(20), w).await;
+            w.join(Duration::from_secs(20)).await;
         }
     }
 }
