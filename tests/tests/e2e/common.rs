@@ -430,6 +430,8 @@ pub struct WorkerOpts {
     pub workspace_quota_bytes: Option<u64>,
     /// `--enable-shell`.
     pub enable_shell: bool,
+    /// Without `RUST_LOG`: the lines an operator sees by default.
+    pub default_log: bool,
 }
 
 impl Default for WorkerOpts {
@@ -445,6 +447,7 @@ impl Default for WorkerOpts {
             workspace_root: None,
             workspace_quota_bytes: None,
             enable_shell: false,
+            default_log: false,
         }
     }
 }
@@ -601,6 +604,9 @@ impl Cluster {
         cmd.envs(opts.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         if opts.enable_shell {
             cmd.arg("--enable-shell");
+        }
+        if opts.default_log {
+            cmd.env_remove("RUST_LOG");
         }
         if let Some(n) = opts.workspace_quota_bytes {
             // A file may not be larger than the whole quota.

@@ -85,13 +85,25 @@ async fn sigkill_resumes_exactly(point: KillPoint) {
         }
     }
 
-    // A second worker resumes it (the reclaimer takes A's entry once its lease is gone).
-    c.spawn_worker(&WorkerOpts::default());
+    // A second worker resumes it (the reclaimer takes A's entry once its lease is gone),
+    // saying so with the default log filter.
+    let b = c.spawn_worker(&WorkerOpts {
+        default_log: true,
+        ..WorkerOpts::default()
+    });
     let row = c
         .wait_all_terminal(std::slice::from_ref(&victim.id), T)
         .await
         .remove(0);
     assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    assert_eq!(row.takeovers, 1, "{row:?}");
+    let log = c.worker_log(b);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("taking over a session a dead worker left")
+                && l.contains(&victim.id)),
+        "{log}"
+    );
     assert_eq!(c.transcript(&victim).await, expected);
     // Nothing counted twice, nothing lost.
     assert_eq!(row.iteration, ref_row.iteration);
