@@ -17,6 +17,7 @@ use agentq_store::sqlite::SqliteStore;
 
 pub use clock::{Backend, Clock};
 pub use rows::Rows;
+pub use steps::tree;
 pub use steps::*;
 
 /// A lease no test outlives.
