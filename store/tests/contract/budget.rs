@@ -20,7 +20,7 @@ use agentq_types::model::{SessionStatus, new_session_id};
 
 use crate::common::tree::{
     as_new, child_of, create_root, end_spending, finish_spending, ledger_of, limits, spawn_child,
-    spend_on,
+    spawn_with_sub, spend_on,
 };
 use crate::common::{Backend, TTL};
 
@@ -116,18 +116,11 @@ async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
     store: Arc<dyn Store>,
 ) {
     let r = create_root(store.as_ref(), Some(10_000)).await;
-    let (a, arow) = spawn_child(
+    let (a, g) = spawn_with_sub(
         store.as_ref(),
         &r,
-        "a",
-        &limits(10, Some(10_000), Some(500)),
-    )
-    .await;
-    let (g, _) = spawn_child(
-        store.as_ref(),
-        &as_new(&arow),
-        "g",
-        &limits(10, Some(500), Some(400)),
+        ("a", &limits(10, Some(10_000), Some(500))),
+        ("g", &limits(10, Some(500), Some(400))),
     )
     .await;
     finish_spending(store.as_ref(), &g.id, 400, 0).await;
@@ -151,18 +144,11 @@ async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
     );
 
     // One that consumed 300 of its 500 (100 itself, 200 through its child) gets 200 more.
-    let (b, brow) = spawn_child(
+    let (b, h) = spawn_with_sub(
         store.as_ref(),
         &r,
-        "b",
-        &limits(10, Some(10_000), Some(500)),
-    )
-    .await;
-    let (h, _) = spawn_child(
-        store.as_ref(),
-        &as_new(&brow),
-        "h",
-        &limits(10, Some(500), Some(300)),
+        ("b", &limits(10, Some(10_000), Some(500))),
+        ("h", &limits(10, Some(500), Some(300))),
     )
     .await;
     finish_spending(store.as_ref(), &h.id, 200, 0).await;
@@ -798,12 +784,11 @@ async fn budget_reopen_gives_back_first_when_its_worker_died(store: Arc<dyn Stor
 /// still holding its own allowance (here the root).
 async fn budget_late_grandchild_and_its_reopening_reach_the_root(store: Arc<dyn Store>) {
     let r = create_root(store.as_ref(), Some(1000)).await;
-    let (a, arow) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), Some(600))).await;
-    let (g, _) = spawn_child(
+    let (a, g) = spawn_with_sub(
         store.as_ref(),
-        &as_new(&arow),
-        "g",
-        &limits(10, Some(600), Some(400)),
+        &r,
+        ("a", &limits(10, Some(1000), Some(600))),
+        ("g", &limits(10, Some(600), Some(400))),
     )
     .await;
     // The parent ends (cancelled, say) while its child still runs: the child's whole

@@ -56,6 +56,19 @@ pub async fn spawn_child(
     (child, row)
 }
 
+/// A sub-agent of `parent` (call `key`, under `limits`) that spawned one of its own (call
+/// `sub`, under `sub_limits`): the two as asked for.
+pub async fn spawn_with_sub(
+    store: &dyn Store,
+    parent: &NewSession,
+    (key, limits): (&str, &SpawnLimits),
+    (sub, sub_limits): (&str, &SpawnLimits),
+) -> (NewSession, NewSession) {
+    let (child, row) = spawn_child(store, parent, key, limits).await;
+    let (grandchild, _) = spawn_child(store, &as_new(&row), sub, sub_limits).await;
+    (child, grandchild)
+}
+
 pub fn limits(max: u64, parent_allowance: Option<u64>, requested: Option<u64>) -> SpawnLimits {
     SpawnLimits {
         max_tree_sessions: max,
