@@ -17,8 +17,8 @@ use agentq_store::sqlite::SqliteStore;
 
 pub use clock::{Backend, Clock};
 pub use rows::Rows;
-pub use steps::tree;
 pub use steps::*;
+pub use steps::{files, tree};
 
 /// A lease no test outlives.
 pub const TTL: Duration = Duration::from_secs(30);

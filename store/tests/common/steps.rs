@@ -1,7 +1,9 @@
 //! The steps the contract cases are written in: sessions created, claimed, iterated the
 //! way the driver does it, finished; the payloads the API and a finished child deliver;
-//! the answers a waker gives for one session. Budget trees' steps are in [`tree`].
+//! the answers a waker gives for one session. Budget trees' steps are in [`tree`],
+//! workspaces' in [`files`].
 
+pub mod files;
 pub mod tree;
 
 use std::time::Duration;
