@@ -140,6 +140,17 @@ pub async fn acquire_seen(store: &dyn Store, id: &str, owner: &str) -> (Lease, S
     }
 }
 
+/// Claim `id` as `owner` and give it up to wait as `status` (nothing arrived meanwhile).
+pub async fn suspended(store: &dyn Store, id: &str, owner: &str, status: SessionStatus) {
+    let (lease, _, seen) = acquire_seen(store, id, owner).await;
+    store.suspend(&lease, status, seen, None).await.unwrap();
+}
+
+/// What the sweeper would enqueue now: every session without an entry, however new.
+pub async fn unenqueued_now(store: &dyn Store) -> Vec<(String, String)> {
+    store.unenqueued(Duration::ZERO, 100).await.unwrap()
+}
+
 /// Run a session to a final checkpoint with `answer`; returns its final state.
 pub async fn finish(store: &dyn Store, id: &str, answer: &str) -> SessionState {
     let (lease, mut state) = acquire(store, id, "finisher", TTL).await;

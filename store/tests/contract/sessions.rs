@@ -17,7 +17,7 @@ use agentq_types::protocol::InboxKind;
 
 use crate::common::{
     Backend, SHORT_TTL, TTL, acquire, acquire_seen, contract_tests, count_all, create,
-    default_queue, iterate, new_session, steer,
+    default_queue, iterate, new_session, steer, suspended,
 };
 
 contract_tests!(
@@ -298,11 +298,7 @@ async fn contract_count_unfinished(store: &dyn Store) {
     let a = create(store, "a").await;
     let _b = create(store, "b").await;
     let c = create(store, "c").await;
-    let (lease_a, _, seen) = acquire_seen(store, &a, "w1").await;
-    store
-        .suspend(&lease_a, SessionStatus::Waiting, seen, None)
-        .await
-        .unwrap();
+    suspended(store, &a, "w1", SessionStatus::Waiting).await;
     let _ = acquire_seen(store, &c, "w1").await;
     assert_eq!(
         counts(store.count_unfinished().await.unwrap()),
@@ -337,11 +333,7 @@ async fn contract_request_cancel(store: &dyn Backend) {
 
     // Suspended sessions are cancelled at once too, and not run.
     let waiting = create(store, "waiting").await;
-    let (lease, _, seen) = acquire_seen(store, &waiting, "w").await;
-    store
-        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
-        .await
-        .unwrap();
+    suspended(store, &waiting, "w", SessionStatus::AwaitingApproval).await;
     assert_eq!(
         store.claim(&waiting, "w", TTL, 10).await.unwrap(),
         Claim::NotRunnable(SessionStatus::AwaitingApproval)
