@@ -14,26 +14,21 @@ pub trait Rows: Sync {
     async fn rows(&self, table: &str) -> i64;
 }
 
-fn count(table: &str) -> String {
-    format!("SELECT count(*) FROM {table}")
+/// The same statement on each backend's pool.
+macro_rules! rows_by_count {
+    ($($store:ty),*) => {
+        $(
+            #[async_trait]
+            impl Rows for $store {
+                async fn rows(&self, table: &str) -> i64 {
+                    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+                        .fetch_one(self.pool())
+                        .await
+                        .unwrap()
+                }
+            }
+        )*
+    };
 }
 
-#[async_trait]
-impl Rows for PgStore {
-    async fn rows(&self, table: &str) -> i64 {
-        sqlx::query_scalar(&count(table))
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
-}
-
-#[async_trait]
-impl Rows for SqliteStore {
-    async fn rows(&self, table: &str) -> i64 {
-        sqlx::query_scalar(&count(table))
-            .fetch_one(self.pool())
-            .await
-            .unwrap()
-    }
-}
+rows_by_count!(PgStore, SqliteStore);
