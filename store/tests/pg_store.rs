@@ -1,8 +1,9 @@
-//! `PgStore` against a real Postgres (the testkit's private server): creation and
-//! idempotency, the lease protocol (claim, checkpoint, heartbeat, release, fencing),
-//! cancellation, the sweeper's queries, listing, schema checks and surviving a server
-//! crash. Each test takes a fresh database on the shared server, except those that need a
-//! server of their own (WAL measurement, SIGKILL).
+//! What only `PgStore` has, against a real Postgres (the testkit's private server): the row
+//! a final commit returns, rows written before migration 0005 or with JSON's NUL escape,
+//! WAL per checkpoint, its connection pools and query plans, schema checks on an empty
+//! database and surviving a server crash. What every backend does is the contract's
+//! (`contract/`). Each test takes a fresh database on the shared server, except those that
+//! need a server of their own (WAL measurement, SIGKILL, few connections left).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,19 +11,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use chrono::{SubsecRound, Utc};
-
 use agentq_agent::schema::Message;
-use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
-use agentq_agent::state::{Outcome, Phase, SessionState};
+use agentq_agent::spec::{ExitReason, SessionSpec};
+use agentq_agent::state::Outcome;
 use agentq_error::Error;
 use agentq_store::pg::PgStore;
 use agentq_store::store::Store;
-use agentq_store::{Checkpoint, InboxStore, LeaseStore, SessionStore, SweepStore};
+use agentq_store::{Checkpoint, InboxStore, LeaseStore, SessionStore};
 use agentq_testkit::{PostgresServer, shared_postgres};
-use agentq_types::model::{CancelResult, Claim, Lease, ListFilter, NewSession, SessionStatus};
+use agentq_types::model::SessionStatus;
 
-use common::{Clock, SHORT_TTL, TTL, acquire, create, iterate, new_session};
+use common::{TTL, acquire, create, iterate};
 
 /// A fresh database of the shared server.
 fn fresh_url() -> String {
@@ -70,243 +69,14 @@ async fn sql_i64(store: &PgStore, sql: &str) -> i64 {
         .unwrap()
 }
 
+/// Postgres' final commit brings the finished row back (the contract's
+/// `contract_terminal_checkpoint` allows a backend to leave it to a read), exactly as a read
+/// after it finds it.
 #[tokio::test]
-async fn create_returns_existing_row_for_a_repeated_idempotency_key() {
+async fn a_final_commit_returns_the_finished_row() {
     let store = store().await;
-    let mut first = new_session("summarise the repo");
-    first.idempotency_key = Some("req-1".into());
-    let (row, created) = store.create_session(&first).await.unwrap();
-    assert!(created);
-    assert_eq!(row.id, first.id);
-    assert_eq!(row.root_id, first.id);
-    assert_eq!(row.status, SessionStatus::Queued);
-    assert_eq!(row.spec, first.spec);
-    assert_eq!((row.lease_epoch, row.attempts, row.iteration), (0, 0, 0));
-    assert_eq!(row.idempotency_key.as_deref(), Some("req-1"));
-    assert!(row.lease_owner.is_none() && row.finished_at.is_none());
-
-    // The same request again (a client retry): a new id, the same key.
-    let mut again = new_session("summarise the repo");
-    again.idempotency_key = Some("req-1".into());
-    let (row2, created2) = store.create_session(&again).await.unwrap();
-    assert!(!created2);
-    assert_eq!(row2, row);
-    assert!(store.get(&again.id).await.unwrap().is_none());
-
-    // Re-sending the very same item (same id) is also a repeat.
-    let (row3, created3) = store.create_session(&first).await.unwrap();
-    assert!(!created3);
-    assert_eq!(row3.id, row.id);
-
-    // The history starts with the prompt, as a fresh state does.
-    let msgs = store.messages(&row.id).await.unwrap();
-    assert_eq!(msgs, vec![Message::user("summarise the repo")]);
-    assert!(matches!(
-        store.messages("nope").await,
-        Err(Error::NotFound(_))
-    ));
-
-    // Within one batch, a duplicate key maps to the first item's row.
-    let mut a = new_session("a");
-    a.idempotency_key = Some("k-a".into());
-    let mut b = new_session("b");
-    b.idempotency_key = Some("k-a".into());
-    let c = new_session("c");
-    let out = store
-        .create_sessions(&[a.clone(), b, c.clone()])
-        .await
-        .unwrap();
-    assert_eq!(out.len(), 3);
-    assert!(out[0].1 && !out[1].1 && out[2].1);
-    assert_eq!(out[0].0.id, a.id);
-    assert_eq!(out[1].0.id, a.id);
-    assert_eq!(out[2].0.id, c.id);
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM sessions").await, 3);
-}
-
-#[tokio::test]
-async fn batch_of_1000_then_10000() {
-    let store = store().await;
-    let batch: Vec<NewSession> = (0..1000)
-        .map(|i| {
-            let mut s = new_session(&format!("task {i}"));
-            s.idempotency_key = Some(format!("batch-{i}"));
-            s
-        })
-        .collect();
-    let out = store.create_sessions(&batch).await.unwrap();
-    assert_eq!(out.len(), 1000);
-    for (s, (row, created)) in batch.iter().zip(&out) {
-        assert!(created);
-        assert_eq!(row.id, s.id);
-        assert_eq!(row.spec.prompt, s.spec.prompt);
-    }
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM sessions").await, 1000);
-    // A fresh history is the prompt alone, which the spec holds: no message row.
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 0);
-    for (s, (row, _)) in batch.iter().zip(&out).step_by(97) {
-        assert_eq!(
-            store.messages(&row.id).await.unwrap(),
-            vec![Message::user(s.spec.prompt.clone())]
-        );
-    }
-
-    // The whole batch again: nothing new, every item answered with its row.
-    let again = store.create_sessions(&batch).await.unwrap();
-    assert!(again.iter().all(|(_, created)| !created));
-    assert!(again.iter().zip(&out).all(|(a, b)| a.0.id == b.0.id));
-
-    let big: Vec<NewSession> = (0..10_000)
-        .map(|i| new_session(&format!("big {i}")))
-        .collect();
-    let t = Instant::now();
-    let out = store.create_sessions(&big).await.unwrap();
-    let took = t.elapsed();
-    eprintln!("create_sessions(10_000) took {took:?}");
-    assert_eq!(out.len(), 10_000);
-    assert!(out.iter().all(|(_, c)| *c));
-    assert!(took < Duration::from_secs(20), "10k batch took {took:?}");
-    assert_eq!(
-        sql_i64(&store, "SELECT count(*) FROM sessions").await,
-        11_000
-    );
-}
-
-#[tokio::test]
-async fn crashed_worker_is_resumed_from_its_checkpoint() {
-    let store = store().await;
-    let mut spec = SessionSpec::new("plan then act");
-    spec.mode = Mode::PlanAct;
-    let (row, _) = store
-        .create_session(&NewSession::root(spec.clone(), "default"))
-        .await
-        .unwrap();
-    let id = row.id;
-
-    let (lease, mut state) = acquire(&store, &id, "worker-a", SHORT_TTL).await;
-    assert_eq!(lease.epoch, 1);
-    assert_eq!(state, SessionState::new(id.clone(), spec.clone()));
-    assert_eq!(state.phase, Phase::Plan);
-
-    // Postgres keeps microseconds.
-    state.started_at = Some(Utc::now().trunc_subsecs(6));
-    let mut persisted = state.messages.len();
-    for i in 0..3 {
-        iterate(&store, &lease, &mut state, &mut persisted, i).await;
-    }
-    state.phase = Phase::Act;
-    state.drain_rounds = 2;
-    state.free_iteration = true;
-    state
-        .messages
-        .push(Message::user("The plan above is accepted."));
-    store.checkpoint(&lease, &state, persisted).await.unwrap();
-    let checkpointed = state.clone();
-    // The worker dies here: no release, no further write.
-    drop(state);
-
-    // Its lease is still live: nobody else may take the session.
-    assert_eq!(
-        store.claim(&id, "worker-b", TTL, 10).await.unwrap(),
-        Claim::Busy
-    );
-    store.pass(SHORT_TTL * 2).await;
-
-    let (lease_b, resumed) = acquire(&store, &id, "worker-b", TTL).await;
-    assert_eq!(lease_b.epoch, 2);
-    assert_eq!(resumed, checkpointed);
-    assert_eq!(resumed.iteration, 3);
-    assert_eq!(resumed.usage.input_tokens, 300);
-    assert_eq!(resumed.usage.reasoning_tokens, 15);
-    assert_eq!(resumed.messages.len(), 8);
-
-    let row = store.get(&id).await.unwrap().unwrap();
-    // A's checkpoints saved progress, which resets the crash count; B's claim is the
-    // first claim since.
-    assert_eq!(row.attempts, 1);
-    assert_eq!(row.iteration, 3);
-    assert_eq!(row.usage, checkpointed.usage);
-    assert_eq!(store.messages(&id).await.unwrap(), checkpointed.messages);
-}
-
-#[tokio::test]
-async fn fenced_attempts_ignore_stale_workers() {
-    let store = store().await;
-    let id = create(&store, "fence me").await;
-    let (lease_a, mut state_a) = acquire(&store, &id, "worker-a", SHORT_TTL).await;
-    let mut persisted_a = state_a.messages.len();
-    iterate(&store, &lease_a, &mut state_a, &mut persisted_a, 0).await;
-
-    // A stalls past its lease; B takes over.
-    store.pass(SHORT_TTL * 2).await;
-    let (lease_b, state_b) = acquire(&store, &id, "worker-b", TTL).await;
-    assert!(lease_b.epoch > lease_a.epoch);
-    assert_eq!(state_b, state_a);
-    let row_before = store.get(&id).await.unwrap().unwrap();
-    let msgs_before = store.messages(&id).await.unwrap();
-
-    // A wakes up: every write it attempts is refused and changes nothing.
-    let mut stale = state_a.clone();
-    stale.push_assistant(Message::assistant("stale answer"));
-    let err = store
-        .checkpoint(&lease_a, &stale, persisted_a)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::LeaseLost(ref s) if s == &id),
-        "{err:?}"
-    );
-    stale.outcome = Some(Outcome {
-        reason: ExitReason::Stop,
-        result: Some("stale answer".into()),
-        error: None,
-    });
-    let err = store
-        .checkpoint(&lease_a, &stale, persisted_a)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
-    let hb = store
-        .heartbeat(std::slice::from_ref(&lease_a), TTL)
-        .await
-        .unwrap();
-    assert_eq!(hb.len(), 1);
-    assert!(!hb[0].held);
-    let err = store.release(&lease_a).await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
-    // A lease with the right epoch but another owner is no better.
-    let forged = Lease {
-        owner: "worker-a".into(),
-        ..lease_b.clone()
-    };
-    assert!(matches!(
-        store.checkpoint(&forged, &stale, persisted_a).await,
-        Err(Error::LeaseLost(_))
-    ));
-
-    assert_eq!(store.get(&id).await.unwrap().unwrap(), row_before);
-    assert_eq!(store.messages(&id).await.unwrap(), msgs_before);
-
-    // B still owns it and can write.
-    let mut state_b = state_b;
-    let mut persisted_b = state_b.messages.len();
-    iterate(&store, &lease_b, &mut state_b, &mut persisted_b, 1).await;
-    assert_eq!(store.messages(&id).await.unwrap().len(), 5);
-}
-
-#[tokio::test]
-async fn checkpoint_with_outcome_finishes_the_session_and_retries_are_harmless() {
-    let store = store().await;
-
-    // Completed.
     let id = create(&store, "answer me").await;
     let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
-    // A step's commit has no row to give back.
-    let step = Checkpoint::new(&lease, &state, state.messages.len()).unwrap();
-    assert!(matches!(
-        store.checkpoint_batch(&[&step]).await.unwrap().as_slice(),
-        [Ok(None)]
-    ));
     let persisted = state.messages.len();
     state.push_assistant(Message::assistant("42"));
     state.outcome = Some(Outcome {
@@ -314,130 +84,19 @@ async fn checkpoint_with_outcome_finishes_the_session_and_retries_are_harmless()
         result: Some("42".into()),
         error: None,
     });
-    // The final commit brings the finished row back, exactly as a read after it finds it.
     let cp = Checkpoint::new(&lease, &state, persisted).unwrap();
     let committed = store.checkpoint_batch(&[&cp]).await.unwrap().pop().unwrap();
     let row = store.get(&id).await.unwrap().unwrap();
     assert_eq!(committed.unwrap().as_deref(), Some(&row));
     assert_eq!(row.status, SessionStatus::Completed);
-    assert_eq!(row.finish_reason, Some(ExitReason::Stop));
-    assert_eq!(row.result.as_deref(), Some("42"));
-    assert!(row.error.is_none());
-    assert!(row.finished_at.is_some());
-    assert!(row.lease_owner.is_none() && row.lease_expires_at.is_none());
-    assert_eq!(row.iteration, 1);
-
-    // The same final checkpoint again (its answer was lost): harmless.
-    store.checkpoint(&lease, &state, persisted).await.unwrap();
-    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
-    assert_eq!(
-        store.get(&id).await.unwrap().unwrap().status,
-        SessionStatus::Completed
-    );
-
-    // A finished session is not run again.
-    match store.claim(&id, "w2", TTL, 10).await.unwrap() {
-        Claim::Terminal(r) => assert_eq!(r.status, SessionStatus::Completed),
-        other => panic!("expected Terminal, got {other:?}"),
-    }
-    assert!(matches!(
-        store.request_cancel(&id).await.unwrap(),
-        CancelResult::AlreadyFinished(_)
-    ));
-    // Nor failed from outside.
-    let after_fail = store.fail(&id, "dead letter").await.unwrap().unwrap();
-    assert_eq!(after_fail.status, SessionStatus::Completed);
-
-    // Failed with the reason; cancelled by an interrupt.
-    for (reason, status) in [
-        (ExitReason::MaxIterations, SessionStatus::Failed),
-        (ExitReason::Error, SessionStatus::Failed),
-        (ExitReason::Interrupted, SessionStatus::Cancelled),
-        (ExitReason::Yielded, SessionStatus::Completed),
-    ] {
-        let id = create(&store, "limit").await;
-        let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
-        state.outcome = Some(Outcome {
-            reason,
-            result: None,
-            error: Some(format!("ended: {reason}")),
-        });
-        store
-            .checkpoint(&lease, &state, state.messages.len())
-            .await
-            .unwrap();
-        let row = store.get(&id).await.unwrap().unwrap();
-        assert_eq!(row.status, status, "{reason}");
-        assert_eq!(row.finish_reason, Some(reason));
-        assert_eq!(row.error, Some(format!("ended: {reason}")));
-    }
 }
 
+/// A claim skips reading `messages` only for a history of the prompt alone (the contract
+/// covers fresh and re-opened sessions): a row from before `history_len` (migration 0005)
+/// with its first message stored comes back whole.
 #[tokio::test]
-async fn retried_checkpoint_writes_nothing_twice() {
+async fn claims_read_the_stored_history_of_a_row_without_its_length() {
     let store = store().await;
-    let id = create(&store, "retry").await;
-    let (lease, mut state) = acquire(&store, &id, "w", TTL).await;
-    let persisted = state.messages.len();
-    state.push_assistant(Message::assistant("one"));
-    state
-        .messages
-        .push(Message::tool_result("c1", "t", "r", false));
-    for _ in 0..3 {
-        store.checkpoint(&lease, &state, persisted).await.unwrap();
-    }
-    // The two new messages, once each (message 0, the prompt, is in the spec).
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
-    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
-    // An overlapping window (from an earlier index) is harmless too: nothing is stored
-    // twice, and message 0 stays in the spec.
-    store.checkpoint(&lease, &state, 0).await.unwrap();
-    store.checkpoint(&lease, &state, 1).await.unwrap();
-    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
-    // Nothing new: only the row is written.
-    store
-        .checkpoint(&lease, &state, state.messages.len())
-        .await
-        .unwrap();
-    assert_eq!(sql_i64(&store, "SELECT count(*) FROM messages").await, 2);
-}
-
-/// A claim skips reading `messages` only for a history of the prompt alone: a follow-up to
-/// a session cancelled before it ever ran, and a row from before `history_len` (migration
-/// 0005) with its first message stored, both come back whole.
-#[tokio::test]
-async fn claims_read_exactly_the_stored_history() {
-    let store = store().await;
-
-    // What the store relies on to keep message 0 only in the spec.
-    for mode in [Mode::Act, Mode::Think, Mode::Plan, Mode::PlanAct] {
-        let mut spec = SessionSpec::new("p");
-        spec.mode = mode;
-        assert_eq!(
-            SessionState::new("x", spec).messages,
-            vec![Message::user("p")]
-        );
-    }
-    let fresh = create(&store, "fresh").await;
-    let (_, state) = acquire(&store, &fresh, "w", TTL).await;
-    assert_eq!(state.messages, vec![Message::user("fresh")]);
-
-    let cancelled = create(&store, "never ran").await;
-    assert!(matches!(
-        store.request_cancel(&cancelled).await.unwrap(),
-        CancelResult::CancelledNow(_)
-    ));
-    let want = followed_up(
-        &store,
-        &cancelled,
-        &[Message::user("never ran")],
-        "and now this",
-    )
-    .await;
-    let (_, state) = acquire(&store, &cancelled, "w", TTL).await;
-    assert_eq!(state.messages, want);
-
     let legacy = create(&store, "legacy").await;
     let (lease, mut state) = acquire(&store, &legacy, "w", TTL).await;
     state.push_assistant(Message::assistant("one"));
@@ -603,60 +262,6 @@ async fn bytes_per_checkpoint_do_not_grow_with_history() {
     drop(server);
 }
 
-#[tokio::test]
-async fn heartbeat_extends_leases_and_reports_cancel_requests() {
-    let store = store().await;
-    let a = create(&store, "a").await;
-    let b = create(&store, "b").await;
-    let (lease_a, _) = acquire(&store, &a, "w", Duration::from_secs(5)).await;
-    let (lease_b, _) = acquire(&store, &b, "w", Duration::from_secs(5)).await;
-    let before = store
-        .get(&a)
-        .await
-        .unwrap()
-        .unwrap()
-        .lease_expires_at
-        .unwrap();
-
-    let hb = store
-        .heartbeat(&[lease_a.clone(), lease_b.clone()], TTL)
-        .await
-        .unwrap();
-    assert_eq!(hb.len(), 2);
-    assert_eq!(hb[0].session_id, a);
-    assert_eq!(hb[1].session_id, b);
-    assert!(hb.iter().all(|s| s.held && !s.cancel_requested));
-    let after = store
-        .get(&a)
-        .await
-        .unwrap()
-        .unwrap()
-        .lease_expires_at
-        .unwrap();
-    assert!(after - before > chrono::Duration::seconds(20));
-
-    match store.request_cancel(&b).await.unwrap() {
-        CancelResult::Requested(row) => {
-            assert_eq!(row.status, SessionStatus::Running);
-            assert!(row.cancel_requested);
-        }
-        other => panic!("expected Requested, got {other:?}"),
-    }
-    let stale = Lease {
-        epoch: 0,
-        ..lease_a.clone()
-    };
-    let hb = store
-        .heartbeat(&[lease_b.clone(), stale, lease_a.clone()], TTL)
-        .await
-        .unwrap();
-    assert_eq!(hb.len(), 3);
-    assert!(hb[0].held && hb[0].cancel_requested && hb[0].session_id == b);
-    assert!(!hb[1].held && !hb[1].cancel_requested && hb[1].session_id == a);
-    assert!(hb[2].held && !hb[2].cancel_requested && hb[2].session_id == a);
-    assert!(store.heartbeat(&[], TTL).await.unwrap().is_empty());
-}
-
 /// Checkpoints and heartbeats have connections of their own: with every connection of the
 /// main pool taken (a burst of claims, say), they still go through — before, they queued
 /// behind it and, held long enough, failed on the pool's acquire timeout.
@@ -734,278 +339,6 @@ async fn open_all_leaves_connections_for_others() {
         .expect("a late client still connects");
     late.ping().await.unwrap();
     drop(held);
-}
-
-#[tokio::test]
-async fn request_cancel_queued_running_finished_missing() {
-    let store = store().await;
-
-    let queued = create(&store, "queued").await;
-    match store.request_cancel(&queued).await.unwrap() {
-        CancelResult::CancelledNow(row) => {
-            assert_eq!(row.status, SessionStatus::Cancelled);
-            assert_eq!(row.finish_reason, Some(ExitReason::Interrupted));
-            assert!(row.finished_at.is_some());
-        }
-        other => panic!("expected CancelledNow, got {other:?}"),
-    }
-    assert!(matches!(
-        store.request_cancel(&queued).await.unwrap(),
-        CancelResult::AlreadyFinished(_)
-    ));
-    // Its stream entry, when a worker reads it, is not run.
-    assert!(matches!(
-        store.claim(&queued, "w", TTL, 10).await.unwrap(),
-        Claim::Terminal(_)
-    ));
-
-    // Suspended sessions are cancelled at once too.
-    let waiting = create(&store, "waiting").await;
-    sqlx::query("UPDATE sessions SET status = 'awaiting_approval' WHERE id = $1")
-        .bind(&waiting)
-        .execute(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(
-        store.claim(&waiting, "w", TTL, 10).await.unwrap(),
-        Claim::NotRunnable(SessionStatus::AwaitingApproval)
-    );
-    assert!(matches!(
-        store.request_cancel(&waiting).await.unwrap(),
-        CancelResult::CancelledNow(_)
-    ));
-
-    // Running: the owner is told; if it dies first, the next claimer sees the flag.
-    let running = create(&store, "running").await;
-    let (_lease, _) = acquire(&store, &running, "w1", SHORT_TTL).await;
-    assert!(matches!(
-        store.request_cancel(&running).await.unwrap(),
-        CancelResult::Requested(_)
-    ));
-    assert_eq!(
-        store.get(&running).await.unwrap().unwrap().status,
-        SessionStatus::Running
-    );
-    store.pass(SHORT_TTL * 2).await;
-    match store.claim(&running, "w2", TTL, 10).await.unwrap() {
-        Claim::Acquired { row, .. } => assert!(row.cancel_requested),
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-
-    assert_eq!(
-        store.request_cancel("missing").await.unwrap(),
-        CancelResult::NotFound
-    );
-    assert_eq!(
-        store.claim("missing", "w", TTL, 10).await.unwrap(),
-        Claim::NotFound
-    );
-}
-
-#[tokio::test]
-async fn too_many_claims_exhaust_and_fail_dead_letters() {
-    let store = store().await;
-    let id = create(&store, "poison").await;
-    for attempt in 1..=2 {
-        let (lease, _) = acquire(&store, &id, &format!("w{attempt}"), SHORT_TTL).await;
-        assert_eq!(lease.epoch, attempt);
-        store.pass(SHORT_TTL * 2).await;
-    }
-    let row = match store.claim(&id, "w3", TTL, 2).await.unwrap() {
-        Claim::Exhausted(row) => *row,
-        other => panic!("expected Exhausted, got {other:?}"),
-    };
-    assert_eq!(row.attempts, 3);
-
-    let failed = store
-        .fail(&id, "delivered 3 times without finishing")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(failed.status, SessionStatus::Failed);
-    assert_eq!(failed.finish_reason, Some(ExitReason::Error));
-    assert_eq!(
-        failed.error.as_deref(),
-        Some("delivered 3 times without finishing")
-    );
-    assert!(failed.lease_owner.is_none() && failed.finished_at.is_some());
-    // Failing again leaves the first reason.
-    let again = store.fail(&id, "other").await.unwrap().unwrap();
-    assert_eq!(
-        again.error.as_deref(),
-        Some("delivered 3 times without finishing")
-    );
-    assert!(store.fail("missing", "x").await.unwrap().is_none());
-}
-
-#[tokio::test]
-async fn release_hands_over_cleanly() {
-    let store = store().await;
-    let id = create(&store, "hand over").await;
-    let (lease, mut state) = acquire(&store, &id, "w1", TTL).await;
-    let mut persisted = state.messages.len();
-    iterate(&store, &lease, &mut state, &mut persisted, 0).await;
-    store.release(&lease).await.unwrap();
-    // A retried release is harmless.
-    store.release(&lease).await.unwrap();
-    let row = store.get(&id).await.unwrap().unwrap();
-    assert_eq!(row.status, SessionStatus::Queued);
-    assert_eq!(row.attempts, 0);
-    assert!(row.lease_owner.is_none() && row.lease_expires_at.is_none());
-
-    // Another worker resumes at once (no ttl to wait for), from the same state.
-    let (lease2, state2) = acquire(&store, &id, "w2", TTL).await;
-    assert_eq!(state2, state);
-    assert_eq!(store.get(&id).await.unwrap().unwrap().attempts, 1);
-    // The released lease is dead.
-    assert!(matches!(
-        store.checkpoint(&lease, &state, persisted).await,
-        Err(Error::LeaseLost(_))
-    ));
-    assert!(matches!(
-        store.release(&lease).await,
-        Err(Error::LeaseLost(_))
-    ));
-    store.release(&lease2).await.unwrap();
-}
-
-#[tokio::test]
-async fn sweeper_sees_only_unenqueued_queued_rows() {
-    let store = store().await;
-    let ids = [
-        create(&store, "1").await,
-        create(&store, "2").await,
-        create(&store, "3").await,
-    ];
-    store.pass(Duration::from_millis(20)).await;
-    let mut found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
-    found.sort();
-    let mut want: Vec<(String, String)> = ids
-        .iter()
-        .map(|i| (i.clone(), "default".to_string()))
-        .collect();
-    want.sort();
-    assert_eq!(found, want);
-    assert!(
-        store
-            .unenqueued(Duration::from_secs(3600), 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-    assert_eq!(store.unenqueued(Duration::ZERO, 2).await.unwrap().len(), 2);
-
-    store.mark_enqueued(&ids[..2]).await.unwrap();
-    store.mark_enqueued(&[]).await.unwrap();
-    let found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
-    assert_eq!(found, vec![(ids[2].clone(), "default".to_string())]);
-
-    // A running row without an entry (its queue lost its data) is the sweeper's too;
-    // once marked it is left alone.
-    let _ = acquire(&store, &ids[2], "w", TTL).await;
-    assert_eq!(
-        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
-        vec![(ids[2].clone(), "default".to_string())]
-    );
-    store.mark_enqueued(&ids[2..]).await.unwrap();
-    assert!(
-        store
-            .unenqueued(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
-}
-
-#[tokio::test]
-async fn list_pages_newest_first_with_filters() {
-    let store = store().await;
-    let mut all = Vec::new();
-    for i in 0..25 {
-        all.push(create(&store, &format!("s{i}")).await);
-    }
-    let root = all[0].clone();
-    let mut children = Vec::new();
-    for i in 0..3 {
-        let mut child = NewSession::root(SessionSpec::new(format!("child {i}")), "default");
-        child.parent_id = Some(root.clone());
-        child.root_id = root.clone();
-        child.depth = 1;
-        let (row, _) = store.create_session(&child).await.unwrap();
-        assert_eq!((row.root_id.as_str(), row.depth), (root.as_str(), 1));
-        children.push(row.id.clone());
-        all.push(row.id);
-    }
-    all.sort();
-    all.reverse();
-
-    let mut seen = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = store
-            .list(&ListFilter {
-                limit: 10,
-                cursor: cursor.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        if page.is_empty() {
-            break;
-        }
-        assert!(page.len() <= 10);
-        cursor = page.last().map(|r| r.id.clone());
-        seen.extend(page.into_iter().map(|r| r.id));
-    }
-    assert_eq!(seen, all);
-
-    for id in &all[..4] {
-        store.request_cancel(id).await.unwrap();
-    }
-    let cancelled = store
-        .list(&ListFilter {
-            status: Some(SessionStatus::Cancelled),
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        cancelled.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
-        all[..4].to_vec()
-    );
-    let queued = store
-        .list(&ListFilter {
-            status: Some(SessionStatus::Queued),
-            cursor: Some(all[10].clone()),
-            limit: 5,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        queued.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
-        all[11..16].to_vec()
-    );
-
-    let mut kids: Vec<String> = store
-        .list(&ListFilter {
-            parent_id: Some(root.clone()),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    kids.reverse();
-    children.sort();
-    assert_eq!(kids, children);
-    // limit 0 means the default page, not nothing.
-    assert_eq!(
-        store.list(&ListFilter::default()).await.unwrap().len(),
-        all.len()
-    );
 }
 
 #[tokio::test]

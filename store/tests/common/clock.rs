@@ -15,6 +15,8 @@ use agentq_store::pg::PgStore;
 use agentq_store::sqlite::SqliteStore;
 use agentq_store::store::Store;
 
+use super::rows::Rows;
+
 /// The columns of `sessions` moved; each `col = col - d` leaves a NULL as it is.
 const SESSION_TIMES: [&str; 6] = [
     "lease_expires_at",
@@ -36,10 +38,10 @@ pub trait Clock: Sync {
     async fn pass(&self, by: Duration);
 }
 
-/// A store under test whose clock the test moves.
-pub trait Backend: Store + Clock {}
+/// A store under test whose clock the test moves and whose tables it counts.
+pub trait Backend: Store + Clock + Rows {}
 
-impl<T: Store + Clock> Backend for T {}
+impl<T: Store + Clock + Rows> Backend for T {}
 
 /// `UPDATE table SET c = c - <by>, …` with `by` as the dialect spells a length of time.
 fn shift(table: &str, columns: &[&str], by: &str) -> String {

@@ -1,12 +1,13 @@
 //! What the store's test binaries share: a fresh store of each backend, the
 //! `contract_tests!` macro that runs one case against both, the database clock tests move
-//! instead of sleeping ([`clock`]), and the session steps the cases are written in
-//! ([`steps`]).
+//! instead of sleeping ([`clock`]), the tables they count ([`rows`]), and the session steps
+//! the cases are written in ([`steps`]).
 
 // Each binary uses its own part of what is here.
 #![allow(dead_code, unused_imports, unused_macros)]
 
 pub mod clock;
+pub mod rows;
 pub mod steps;
 
 use std::time::Duration;
@@ -15,7 +16,9 @@ use agentq_store::pg::PgStore;
 use agentq_store::sqlite::SqliteStore;
 
 pub use clock::{Backend, Clock};
+pub use rows::Rows;
 pub use steps::*;
+pub use steps::{files, tree};
 
 /// A lease no test outlives.
 pub const TTL: Duration = Duration::from_secs(30);

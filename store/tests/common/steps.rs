@@ -1,6 +1,10 @@
 //! The steps the contract cases are written in: sessions created, claimed, iterated the
 //! way the driver does it, finished; the payloads the API and a finished child deliver;
-//! the answers a waker gives for one session.
+//! the answers a waker gives for one session. Budget trees' steps are in [`tree`],
+//! workspaces' in [`files`].
+
+pub mod files;
+pub mod tree;
 
 use std::time::Duration;
 
@@ -134,6 +138,17 @@ pub async fn acquire_seen(store: &dyn Store, id: &str, owner: &str) -> (Lease, S
         Claim::Acquired { lease, state, row } => (lease, *state, row.wake_seq),
         other => panic!("expected Acquired, got {other:?}"),
     }
+}
+
+/// Claim `id` as `owner` and give it up to wait as `status` (nothing arrived meanwhile).
+pub async fn suspended(store: &dyn Store, id: &str, owner: &str, status: SessionStatus) {
+    let (lease, _, seen) = acquire_seen(store, id, owner).await;
+    store.suspend(&lease, status, seen, None).await.unwrap();
+}
+
+/// What the sweeper would enqueue now: every session without an entry, however new.
+pub async fn unenqueued_now(store: &dyn Store) -> Vec<(String, String)> {
+    store.unenqueued(Duration::ZERO, 100).await.unwrap()
 }
 
 /// Run a session to a final checkpoint with `answer`; returns its final state.

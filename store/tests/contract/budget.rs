@@ -9,17 +9,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_agent::schema::{Message, Usage};
-use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_agent::state::Outcome;
+use agentq_agent::spec::ExitReason;
 use agentq_error::Error;
 use agentq_store::RetryResult;
 use agentq_store::store::Store;
 use agentq_types::budget::{
     Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
-use agentq_types::model::{Claim, NewSession, SessionStatus, new_session_id};
+use agentq_types::model::{SessionStatus, new_session_id};
 
+use crate::common::tree::{
+    as_new, child_of, create_root, end_spending, finish_spending, ledger_of, limits, spawn_child,
+    spawn_with_sub, spend_on,
+};
 use crate::common::{Backend, TTL};
 
 macro_rules! budget_contract_tests {
@@ -66,154 +68,12 @@ budget_contract_tests!(
     budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too,
 );
 
-fn root(budget: Option<u64>) -> NewSession {
-    let mut spec = SessionSpec::new("root");
-    spec.token_budget = budget;
-    NewSession::root(spec, "default")
-}
-
-fn child_of(parent: &NewSession, key: &str) -> NewSession {
-    let mut spec = SessionSpec::new("child");
-    spec.model = Some("child-model".into());
-    let id = new_session_id();
-    NewSession {
-        id,
-        spec,
-        queue: "default".into(),
-        parent_id: Some(parent.id.clone()),
-        root_id: parent.root_id.clone(),
-        depth: parent.depth + 1,
-        idempotency_key: Some(format!("spawn:{key}")),
-        idempotency_hash: None,
-        tenant: parent.tenant.clone(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    }
-}
-
-fn limits(max: u64, parent_allowance: Option<u64>, requested: Option<u64>) -> SpawnLimits {
-    SpawnLimits {
-        max_tree_sessions: max,
-        budget: parent_allowance.map(|b| SpawnBudget {
-            parent_allowance: b,
-            requested,
-            parent_spent: 0,
-        }),
-    }
-}
-
-/// Run `id` to a final checkpoint that spent `tokens` (input + output).
-async fn finish_spending(store: &dyn Store, id: &str, input: u64, output: u64) {
-    let Claim::Acquired {
-        lease, mut state, ..
-    } = store.claim(id, "w", TTL, 10).await.unwrap()
-    else {
-        panic!("claim");
-    };
-    let from = state.messages.len();
-    let mut m = Message::assistant("done");
-    m.usage = Some(Usage {
-        input_tokens: input,
-        output_tokens: output,
-        ..Default::default()
-    });
-    state.push_assistant(m);
-    state.outcome = Some(Outcome {
-        reason: ExitReason::Stop,
-        result: Some("done".into()),
-        error: None,
-    });
-    store.checkpoint(&lease, &state, from).await.unwrap();
-    assert_eq!(
-        store.get(id).await.unwrap().unwrap().status,
-        SessionStatus::Completed
-    );
-}
-
-/// Run `id` to a final checkpoint for `reason` that spent `tokens`.
-async fn end_spending(store: &dyn Store, id: &str, tokens: u64, reason: ExitReason) {
-    let Claim::Acquired {
-        lease, mut state, ..
-    } = store.claim(id, "w", TTL, 10).await.unwrap()
-    else {
-        panic!("claim");
-    };
-    let from = state.messages.len();
-    let mut m = Message::assistant("ended");
-    m.usage = Some(Usage {
-        input_tokens: tokens,
-        ..Default::default()
-    });
-    state.push_assistant(m);
-    state.outcome = Some(Outcome {
-        reason,
-        result: None,
-        error: Some("ended".into()),
-    });
-    store.checkpoint(&lease, &state, from).await.unwrap();
-}
-
-/// (held, children_spent, signed remaining) of `id`'s ledger, `allowance` for a root.
-async fn ledger_of(store: &dyn Store, id: &str, root_allowance: u64) -> (u64, u64, i128) {
-    let l = store.ledger(id).await.unwrap().unwrap();
-    let a = l.allowance.unwrap_or(root_allowance);
-    let raw =
-        i128::from(a) - i128::from(l.spent) - i128::from(l.held) - i128::from(l.children_spent);
-    (l.held, l.children_spent, raw)
-}
-
-fn as_new(row: &agentq_types::model::SessionRow) -> NewSession {
-    NewSession {
-        id: row.id.clone(),
-        spec: row.spec.clone(),
-        queue: row.queue.clone(),
-        parent_id: row.parent_id.clone(),
-        root_id: row.root_id.clone(),
-        depth: row.depth,
-        idempotency_key: None,
-        idempotency_hash: None,
-        tenant: row.tenant.clone(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    }
-}
-
-/// Spend `input + output` on `id` without finishing it.
-async fn spend_on(store: &dyn Store, id: &str, input: u64, output: u64) {
-    let Claim::Acquired {
-        lease, mut state, ..
-    } = store.claim(id, "w", TTL, 10).await.unwrap()
-    else {
-        panic!("claim");
-    };
-    let from = state.messages.len();
-    let mut m = Message::assistant("working");
-    m.usage = Some(Usage {
-        input_tokens: input,
-        output_tokens: output,
-        ..Default::default()
-    });
-    state.push_assistant(m);
-    store.checkpoint(&lease, &state, from).await.unwrap();
-    store.release(&lease).await.unwrap();
-}
-
-fn created(s: Spawned) -> agentq_types::model::SessionRow {
-    match s {
-        Spawned::Created(row) => row,
-        other => panic!("expected a new child, got {other:?}"),
-    }
-}
-
 /// A spawn's grant is drawn from what is left after the parent's spend as its running
 /// worker knows it (`parent_spent`: its guardian's reviews are checkpointed only after the
 /// round), or the stored spend when that is larger: never from a count the parent has
 /// already passed.
 async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(1000)).await;
     spend_on(store.as_ref(), &r.id, 100, 0).await;
     let with_spent = |requested, parent_spent| SpawnLimits {
         max_tree_sessions: 10,
@@ -224,12 +84,7 @@ async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Ar
         }),
     };
     // 400 spent as the run knows it: everything asked for is what is left after it.
-    let a = created(
-        store
-            .spawn_session(&child_of(&r, "a"), &with_spent(Some(5000), 400))
-            .await
-            .unwrap(),
-    );
+    let (_, a) = spawn_child(store.as_ref(), &r, "a", &with_spent(Some(5000), 400)).await;
     assert_eq!(a.spec.token_budget, Some(600));
     assert_eq!(
         store.ledger(&a.id).await.unwrap().unwrap().allowance,
@@ -247,12 +102,7 @@ async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Ar
     // A count behind the stored spend is not believed over it.
     finish_spending(store.as_ref(), &a.id, 100, 0).await;
     assert!(store.return_budget(&a.id).await.unwrap());
-    let c = created(
-        store
-            .spawn_session(&child_of(&r, "c"), &with_spent(Some(5000), 0))
-            .await
-            .unwrap(),
-    );
+    let (_, c) = spawn_child(store.as_ref(), &r, "c", &with_spent(Some(5000), 0)).await;
     // 1000 - 100 (stored, the root) - 100 (a spent).
     assert_eq!(c.spec.token_budget, Some(800));
 }
@@ -265,22 +115,14 @@ async fn budget_spawn_counts_the_spend_its_parent_has_not_checkpointed(store: Ar
 async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
     store: Arc<dyn Store>,
 ) {
-    let r = root(Some(10_000));
-    store.create_session(&r).await.unwrap();
-    let a = child_of(&r, "a");
-    let arow = created(
-        store
-            .spawn_session(&a, &limits(10, Some(10_000), Some(500)))
-            .await
-            .unwrap(),
-    );
-    let g = child_of(&as_new(&arow), "g");
-    created(
-        store
-            .spawn_session(&g, &limits(10, Some(500), Some(400)))
-            .await
-            .unwrap(),
-    );
+    let r = create_root(store.as_ref(), Some(10_000)).await;
+    let (a, g) = spawn_with_sub(
+        store.as_ref(),
+        &r,
+        ("a", &limits(10, Some(10_000), Some(500))),
+        ("g", &limits(10, Some(500), Some(400))),
+    )
+    .await;
     finish_spending(store.as_ref(), &g.id, 400, 0).await;
     assert!(store.return_budget(&g.id).await.unwrap());
     finish_spending(store.as_ref(), &a.id, 100, 0).await;
@@ -302,20 +144,13 @@ async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
     );
 
     // One that consumed 300 of its 500 (100 itself, 200 through its child) gets 200 more.
-    let b = child_of(&r, "b");
-    let brow = created(
-        store
-            .spawn_session(&b, &limits(10, Some(10_000), Some(500)))
-            .await
-            .unwrap(),
-    );
-    let h = child_of(&as_new(&brow), "h");
-    created(
-        store
-            .spawn_session(&h, &limits(10, Some(500), Some(300)))
-            .await
-            .unwrap(),
-    );
+    let (b, h) = spawn_with_sub(
+        store.as_ref(),
+        &r,
+        ("b", &limits(10, Some(10_000), Some(500))),
+        ("h", &limits(10, Some(500), Some(300))),
+    )
+    .await;
     finish_spending(store.as_ref(), &h.id, 200, 0).await;
     assert!(store.return_budget(&h.id).await.unwrap());
     finish_spending(store.as_ref(), &b.id, 100, 0).await;
@@ -329,17 +164,10 @@ async fn budget_reopened_child_is_bounded_by_what_its_sub_agents_consumed_too(
 }
 
 async fn budget_child_draws_and_gives_back_once(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(1000)).await;
     spend_on(store.as_ref(), &r.id, 150, 50).await;
     // 800 remain: the default grant is half of it.
-    let a = child_of(&r, "a");
-    let row = created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), None))
-            .await
-            .unwrap(),
-    );
+    let (a, row) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), None)).await;
     assert_eq!(row.spec.token_budget, Some(400));
     assert_eq!(
         store.get(&a.id).await.unwrap().unwrap().spec.token_budget,
@@ -361,13 +189,13 @@ async fn budget_child_draws_and_gives_back_once(store: Arc<dyn Store>) {
         Some(400)
     );
     // A grandchild asks for more than its parent has: it gets all of it.
-    let g = child_of(&a, "g");
-    let grow = created(
-        store
-            .spawn_session(&g, &limits(10, Some(400), Some(10_000)))
-            .await
-            .unwrap(),
-    );
+    let (g, grow) = spawn_child(
+        store.as_ref(),
+        &a,
+        "g",
+        &limits(10, Some(400), Some(10_000)),
+    )
+    .await;
     assert_eq!(grow.spec.token_budget, Some(400));
     // Not finished: nothing goes back.
     assert!(!store.return_budget(&a.id).await.unwrap());
@@ -390,8 +218,7 @@ async fn budget_child_draws_and_gives_back_once(store: Arc<dyn Store>) {
 }
 
 async fn budget_refuses_when_nothing_is_left(store: Arc<dyn Store>) {
-    let r = root(Some(100));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(100)).await;
     spend_on(store.as_ref(), &r.id, 90, 10).await;
     let a = child_of(&r, "a");
     assert_eq!(
@@ -403,19 +230,12 @@ async fn budget_refuses_when_nothing_is_left(store: Arc<dyn Store>) {
     );
     assert!(store.get(&a.id).await.unwrap().is_none(), "nothing created");
     // Without a budget the same spawn passes (the cap alone applies).
-    let b = child_of(&r, "b");
-    let row = created(
-        store
-            .spawn_session(&b, &limits(10, None, None))
-            .await
-            .unwrap(),
-    );
+    let (_, row) = spawn_child(store.as_ref(), &r, "b", &limits(10, None, None)).await;
     assert_eq!(row.spec.token_budget, None);
 }
 
 async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
-    let r = root(None);
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), None).await;
     // A cap of 5: the root and four children, however many spawn at once.
     let mut tasks = Vec::new();
     for i in 0..12 {
@@ -451,22 +271,7 @@ async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
         .await
         .unwrap();
     assert_eq!(kids.len(), 4);
-    let k = &kids[0];
-    let parent = NewSession {
-        id: k.id.clone(),
-        spec: k.spec.clone(),
-        queue: k.queue.clone(),
-        parent_id: k.parent_id.clone(),
-        root_id: k.root_id.clone(),
-        depth: k.depth,
-        idempotency_key: None,
-        idempotency_hash: None,
-        tenant: k.tenant.clone(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    };
-    let gc = child_of(&parent, "gc");
+    let gc = child_of(&as_new(&kids[0]), "gc");
     assert_eq!(
         store
             .spawn_session(&gc, &limits(5, None, None))
@@ -477,8 +282,7 @@ async fn budget_tree_cap_holds_under_concurrent_spawns(store: Arc<dyn Store>) {
 }
 
 async fn budget_last_of_the_budget_goes_to_one_of_two_racing_spawns(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(1000)).await;
     spend_on(store.as_ref(), &r.id, 900, 0).await;
     // 100 left; each asks for all of it. However they interleave, one gets it.
     for round in 0..3 {
@@ -513,15 +317,14 @@ async fn budget_last_of_the_budget_goes_to_one_of_two_racing_spawns(store: Arc<d
 }
 
 async fn budget_repeated_spawn_answers_the_same_child(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
-    let a = child_of(&r, "same-call");
-    let first = created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), None))
-            .await
-            .unwrap(),
-    );
+    let r = create_root(store.as_ref(), Some(1000)).await;
+    let (_, first) = spawn_child(
+        store.as_ref(),
+        &r,
+        "same-call",
+        &limits(10, Some(1000), None),
+    )
+    .await;
     // The call runs again (a resumed parent): another id, the same key.
     let mut again = child_of(&r, "same-call");
     again.id = new_session_id();
@@ -547,15 +350,8 @@ async fn budget_repeated_spawn_answers_the_same_child(store: Arc<dyn Store>) {
 }
 
 async fn budget_sweeper_finds_unreturned_allowances(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
-    let a = child_of(&r, "a");
-    created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), None))
-            .await
-            .unwrap(),
-    );
+    let r = create_root(store.as_ref(), Some(1000)).await;
+    let (a, _) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), None)).await;
     assert!(store.unreturned_budgets(10).await.unwrap().is_empty());
     // Cancelled while queued: no worker ran it, so nobody gave its budget back.
     store.request_cancel(&a.id).await.unwrap();
@@ -570,17 +366,10 @@ async fn budget_sweeper_finds_unreturned_allowances(store: Arc<dyn Store>) {
 }
 
 async fn budget_tree_usage_per_model(store: Arc<dyn Store>) {
-    let r = root(None);
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), None).await;
     spend_on(store.as_ref(), &r.id, 100, 10).await;
     for k in ["a", "b"] {
-        let c = child_of(&r, k);
-        created(
-            store
-                .spawn_session(&c, &limits(10, None, None))
-                .await
-                .unwrap(),
-        );
+        let (c, _) = spawn_child(store.as_ref(), &r, k, &limits(10, None, None)).await;
         spend_on(store.as_ref(), &c.id, 1000, 100).await;
     }
     let usage = store.tree_usage(&r.id).await.unwrap();
@@ -840,16 +629,9 @@ async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Backend>) 
 /// returns only what is new. The root's ledger always says budget minus what the tree
 /// spent and holds.
 async fn budget_reopened_child_draws_from_its_tree_and_counts_once(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(1000)).await;
     spend_on(store.as_ref(), &r.id, 100, 0).await;
-    let a = child_of(&r, "a");
-    created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), Some(500)))
-            .await
-            .unwrap(),
-    );
+    let (a, _) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), Some(500))).await;
     finish_spending(store.as_ref(), &a.id, 200, 0).await;
     assert!(store.return_budget(&a.id).await.unwrap());
     assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 200, 700));
@@ -881,13 +663,7 @@ async fn budget_reopened_child_draws_from_its_tree_and_counts_once(store: Arc<dy
     assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 450, 450));
 
     // A retry of a child that failed with an error draws the same way.
-    let b = child_of(&r, "b");
-    created(
-        store
-            .spawn_session(&b, &limits(10, Some(1000), Some(400)))
-            .await
-            .unwrap(),
-    );
+    let (b, _) = spawn_child(store.as_ref(), &r, "b", &limits(10, Some(1000), Some(400))).await;
     end_spending(store.as_ref(), &b.id, 100, ExitReason::Error).await;
     assert!(store.return_budget(&b.id).await.unwrap());
     assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 550, 350));
@@ -928,19 +704,10 @@ async fn budget_reopened_child_draws_from_its_tree_and_counts_once(store: Arc<dy
 /// With nothing left in the tree (or in its own budget), a follow-up or a retry is
 /// refused and changes nothing: not the session, not its history, not the ledger.
 async fn budget_reopen_refused_when_the_tree_has_nothing_left(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(1000)).await;
     spend_on(store.as_ref(), &r.id, 100, 0).await;
-    let a = child_of(&r, "a");
-    let b = child_of(&r, "b");
-    for (c, want) in [(&a, 450), (&b, 450)] {
-        created(
-            store
-                .spawn_session(c, &limits(10, Some(1000), Some(want)))
-                .await
-                .unwrap(),
-        );
-    }
+    let (a, _) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), Some(450))).await;
+    let (b, _) = spawn_child(store.as_ref(), &r, "b", &limits(10, Some(1000), Some(450))).await;
     finish_spending(store.as_ref(), &a.id, 450, 0).await;
     end_spending(store.as_ref(), &b.id, 200, ExitReason::Error).await;
     for c in [&a, &b] {
@@ -978,8 +745,7 @@ async fn budget_reopen_refused_when_the_tree_has_nothing_left(store: Arc<dyn Sto
     );
     assert_eq!(ledger_of(store.as_ref(), &r.id, 1000).await, (0, 650, 0));
     // A tree without a budget re-opens as before.
-    let free = root(None);
-    store.create_session(&free).await.unwrap();
+    let free = create_root(store.as_ref(), None).await;
     finish_spending(store.as_ref(), &free.id, 10, 0).await;
     assert!(
         store
@@ -993,15 +759,8 @@ async fn budget_reopen_refused_when_the_tree_has_nothing_left(store: Arc<dyn Sto
 /// A child whose worker died after it ended, before giving its allowance back, is started
 /// again: what it consumed is given back first, then it draws; nothing counted twice.
 async fn budget_reopen_gives_back_first_when_its_worker_died(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
-    let a = child_of(&r, "a");
-    created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
-            .await
-            .unwrap(),
-    );
+    let r = create_root(store.as_ref(), Some(1000)).await;
+    let (a, _) = spawn_child(store.as_ref(), &r, "a", &limits(10, Some(1000), Some(600))).await;
     end_spending(store.as_ref(), &a.id, 100, ExitReason::Error).await;
     assert_eq!(
         store.unreturned_budgets(10).await.unwrap(),
@@ -1024,22 +783,14 @@ async fn budget_reopen_gives_back_first_when_its_worker_died(store: Arc<dyn Stor
 /// the difference reaches the root. Started again, it draws from the nearest ancestor
 /// still holding its own allowance (here the root).
 async fn budget_late_grandchild_and_its_reopening_reach_the_root(store: Arc<dyn Store>) {
-    let r = root(Some(1000));
-    store.create_session(&r).await.unwrap();
-    let a = child_of(&r, "a");
-    let arow = created(
-        store
-            .spawn_session(&a, &limits(10, Some(1000), Some(600)))
-            .await
-            .unwrap(),
-    );
-    let g = child_of(&as_new(&arow), "g");
-    created(
-        store
-            .spawn_session(&g, &limits(10, Some(600), Some(400)))
-            .await
-            .unwrap(),
-    );
+    let r = create_root(store.as_ref(), Some(1000)).await;
+    let (a, g) = spawn_with_sub(
+        store.as_ref(),
+        &r,
+        ("a", &limits(10, Some(1000), Some(600))),
+        ("g", &limits(10, Some(600), Some(400))),
+    )
+    .await;
     // The parent ends (cancelled, say) while its child still runs: the child's whole
     // allowance counts as consumed for now.
     end_spending(store.as_ref(), &a.id, 50, ExitReason::Error).await;

@@ -45,6 +45,7 @@ async fn contract_crashed_worker_resumes_from_checkpoint(store: &dyn Backend) {
     let (lease, mut state) = acquire(store, &id, "worker-a", SHORT_TTL).await;
     assert_eq!(lease.epoch, 1);
     assert_eq!(state, SessionState::new(id.clone(), spec.clone()));
+    assert_eq!(state.phase, Phase::Plan);
 
     // Both backends keep microseconds.
     state.started_at = Some(Utc::now().trunc_subsecs(6));
@@ -173,6 +174,12 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
     // Completed.
     let id = create(store, "answer me").await;
     let (lease, mut state) = acquire(store, &id, "w", TTL).await;
+    // A step's commit has no row to give back.
+    let step = Checkpoint::new(&lease, &state, state.messages.len()).unwrap();
+    assert!(matches!(
+        store.checkpoint_batch(&[&step]).await.unwrap().as_slice(),
+        [Ok(None)]
+    ));
     let persisted = state.messages.len();
     state.push_assistant(Message::assistant("42"));
     state.outcome = Some(Outcome {
@@ -180,8 +187,12 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
         result: Some("42".into()),
         error: None,
     });
-    store.checkpoint(&lease, &state, persisted).await.unwrap();
+    // The final commit may bring the finished row back (Postgres does, `pg_store.rs`):
+    // exactly as a read after it finds it.
+    let cp = Checkpoint::new(&lease, &state, persisted).unwrap();
+    let committed = store.checkpoint_batch(&[&cp]).await.unwrap().pop().unwrap();
     let row = store.get(&id).await.unwrap().unwrap();
+    assert!(committed.unwrap().is_none_or(|r| *r == row));
     assert_eq!(row.status, SessionStatus::Completed);
     assert_eq!(row.finish_reason, Some(ExitReason::Stop));
     assert_eq!(row.result.as_deref(), Some("42"));
@@ -254,7 +265,7 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
     }
 }
 
-async fn contract_retried_checkpoint(store: &dyn Store) {
+async fn contract_retried_checkpoint(store: &dyn Backend) {
     let id = create(store, "retry").await;
     let (lease, mut state) = acquire(store, &id, "w", TTL).await;
     let persisted = state.messages.len();
@@ -265,9 +276,21 @@ async fn contract_retried_checkpoint(store: &dyn Store) {
     for _ in 0..3 {
         store.checkpoint(&lease, &state, persisted).await.unwrap();
     }
-    // An overlapping window (from an earlier index) is harmless too.
-    store.checkpoint(&lease, &state, 0).await.unwrap();
+    // The two new messages, once each (message 0, the prompt, is in the spec).
+    assert_eq!(store.rows("messages").await, 2);
     assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    // An overlapping window (from an earlier index) is harmless too: nothing is stored
+    // twice, and message 0 stays in the spec.
+    store.checkpoint(&lease, &state, 0).await.unwrap();
+    store.checkpoint(&lease, &state, 1).await.unwrap();
+    assert_eq!(store.messages(&id).await.unwrap(), state.messages);
+    assert_eq!(store.rows("messages").await, 2);
+    // Nothing new: only the row is written.
+    store
+        .checkpoint(&lease, &state, state.messages.len())
+        .await
+        .unwrap();
+    assert_eq!(store.rows("messages").await, 2);
     // A window past the end writes only the scalars.
     state.iteration = 7;
     store.checkpoint(&lease, &state, 99).await.unwrap();

@@ -17,7 +17,7 @@ use agentq_types::protocol::InboxKind;
 
 use crate::common::{
     Backend, SHORT_TTL, TTL, acquire, acquire_seen, contract_tests, count_all, create,
-    default_queue, iterate, new_session, steer,
+    default_queue, iterate, new_session, steer, suspended,
 };
 
 contract_tests!(
@@ -31,7 +31,7 @@ contract_tests!(
     contract_text_postgres_cannot_hold_reads_back_exactly,
 );
 
-async fn contract_create_and_idempotency(store: &dyn Store) {
+async fn contract_create_and_idempotency(store: &dyn Backend) {
     store.check_schema().await.unwrap();
     store.ping().await.unwrap();
 
@@ -79,6 +79,17 @@ async fn contract_create_and_idempotency(store: &dyn Store) {
     ));
     assert!(store.get("nope").await.unwrap().is_none());
 
+    // What the stores rely on to keep message 0 only in the spec: in every mode, a fresh
+    // history is the prompt alone.
+    for mode in [Mode::Act, Mode::Think, Mode::Plan, Mode::PlanAct] {
+        let mut spec = SessionSpec::new("p");
+        spec.mode = mode;
+        assert_eq!(
+            SessionState::new("x", spec).messages,
+            vec![Message::user("p")]
+        );
+    }
+
     // A plan-act session starts in the plan phase; a claim returns exactly a fresh state.
     let mut spec = SessionSpec::new("plan first");
     spec.mode = Mode::PlanAct;
@@ -90,6 +101,7 @@ async fn contract_create_and_idempotency(store: &dyn Store) {
     let (_, state) = acquire(store, &planned.id, "w", TTL).await;
     assert_eq!(state.phase, Phase::Plan);
     assert_eq!(state, SessionState::new(planned.id.clone(), spec));
+    assert_eq!(state.messages, vec![Message::user("plan first")]);
 
     // A child session keeps its parent, root and depth.
     let mut child = new_session("child");
@@ -122,9 +134,10 @@ async fn contract_create_and_idempotency(store: &dyn Store) {
     assert_eq!(out[2].0.id, c.id);
     assert!(store.create_sessions(&[]).await.unwrap().is_empty());
     assert_eq!(count_all(store).await, 5);
+    assert_eq!(store.rows("sessions").await, 5);
 }
 
-async fn contract_batch(store: &dyn Store) {
+async fn contract_batch(store: &dyn Backend) {
     let batch: Vec<NewSession> = (0..1000)
         .map(|i| {
             let mut s = new_session(&format!("task {i}"));
@@ -140,27 +153,37 @@ async fn contract_batch(store: &dyn Store) {
         assert_eq!(row.spec.prompt, s.spec.prompt);
     }
     assert_eq!(count_all(store).await, 1000);
+    assert_eq!(store.rows("sessions").await, 1000);
+    // A fresh history is the prompt alone, which the spec holds: no message row.
+    assert_eq!(store.rows("messages").await, 0);
     assert_eq!(
         store.messages(&batch[999].id).await.unwrap(),
         [Message::user("task 999")]
     );
+    for (s, (row, _)) in batch.iter().zip(&out).step_by(97) {
+        assert_eq!(
+            store.messages(&row.id).await.unwrap(),
+            vec![Message::user(s.spec.prompt.clone())]
+        );
+    }
 
     // The whole batch again: nothing new, every item answered with its row.
     let again = store.create_sessions(&batch).await.unwrap();
     assert!(again.iter().all(|(_, created)| !created));
     assert!(again.iter().zip(&out).all(|(a, b)| a.0 == b.0));
 
-    let big: Vec<NewSession> = (0..5000)
+    let big: Vec<NewSession> = (0..10_000)
         .map(|i| new_session(&format!("big {i}")))
         .collect();
     let t = Instant::now();
     let out = store.create_sessions(&big).await.unwrap();
     let took = t.elapsed();
-    eprintln!("create_sessions(5_000) took {took:?}");
-    assert_eq!(out.len(), 5000);
+    eprintln!("create_sessions(10_000) took {took:?}");
+    assert_eq!(out.len(), 10_000);
     assert!(out.iter().all(|(_, c)| *c));
-    assert!(took < Duration::from_secs(20), "5k batch took {took:?}");
-    assert_eq!(count_all(store).await, 6000);
+    assert!(took < Duration::from_secs(20), "10k batch took {took:?}");
+    // Counted in the table: a listing stops at 10,000.
+    assert_eq!(store.rows("sessions").await, 11_000);
 }
 
 /// A missing session has no history (an error), a fresh one has its prompt.
@@ -275,11 +298,7 @@ async fn contract_count_unfinished(store: &dyn Store) {
     let a = create(store, "a").await;
     let _b = create(store, "b").await;
     let c = create(store, "c").await;
-    let (lease_a, _, seen) = acquire_seen(store, &a, "w1").await;
-    store
-        .suspend(&lease_a, SessionStatus::Waiting, seen, None)
-        .await
-        .unwrap();
+    suspended(store, &a, "w1", SessionStatus::Waiting).await;
     let _ = acquire_seen(store, &c, "w1").await;
     assert_eq!(
         counts(store.count_unfinished().await.unwrap()),
@@ -310,6 +329,18 @@ async fn contract_request_cancel(store: &dyn Backend) {
     assert!(matches!(
         store.claim(&queued, "w", TTL, 10).await.unwrap(),
         Claim::Terminal(_)
+    ));
+
+    // Suspended sessions are cancelled at once too, and not run.
+    let waiting = create(store, "waiting").await;
+    suspended(store, &waiting, "w", SessionStatus::AwaitingApproval).await;
+    assert_eq!(
+        store.claim(&waiting, "w", TTL, 10).await.unwrap(),
+        Claim::NotRunnable(SessionStatus::AwaitingApproval)
+    );
+    assert!(matches!(
+        store.request_cancel(&waiting).await.unwrap(),
+        CancelResult::CancelledNow(_)
     ));
 
     // Running: the owner is told; if it dies first, the next claimer sees the flag.

@@ -9,13 +9,13 @@ use agentq_agent::state::Outcome;
 use agentq_store::RetryResult;
 use agentq_store::store::Store;
 use agentq_types::model::{ApprovalRecorded, SessionStatus, Woken};
-use agentq_types::protocol::{InboxKind, InboxPayload, SteerMessage, Strategy};
+use agentq_types::protocol::InboxKind;
 use agentq_types::scheduling::Placement;
 use agentq_types::wait::WaitReason;
 
 use crate::common::{
     Backend, SHORT_TTL, TTL, acquire, acquire_seen, contract_tests, create, default_queue, finish,
-    new_session,
+    new_session, steer, suspended, unenqueued_now,
 };
 
 contract_tests!(
@@ -33,7 +33,7 @@ async fn contract_unenqueued(store: &dyn Backend) {
         create(store, "3").await,
     ];
     store.pass(Duration::from_millis(20)).await;
-    let mut found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    let mut found = unenqueued_now(store).await;
     found.sort();
     let mut want: Vec<(String, String)> = ids
         .iter()
@@ -58,24 +58,18 @@ async fn contract_unenqueued(store: &dyn Backend) {
     store.mark_enqueued(&ids[..1]).await.unwrap();
     store.mark_enqueued(&[]).await.unwrap();
     store.mark_enqueued(&["missing".to_string()]).await.unwrap();
-    let found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    let found = unenqueued_now(store).await;
     assert_eq!(found, vec![(ids[2].clone(), "default".to_string())]);
 
     // A running row without an entry (its queue lost its data) is the sweeper's too;
     // once marked it is left alone.
     let _ = acquire(store, &ids[2], "w", TTL).await;
     assert_eq!(
-        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        unenqueued_now(store).await,
         vec![(ids[2].clone(), "default".to_string())]
     );
     store.mark_enqueued(&ids[2..]).await.unwrap();
-    assert!(
-        store
-            .unenqueued(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(unenqueued_now(store).await.is_empty());
 }
 
 /// After the queue lost its data, every queued or running session of that queue is the
@@ -95,23 +89,12 @@ async fn contract_reset_enqueued(store: &dyn Backend) {
     ];
     store.mark_enqueued(&all).await.unwrap();
     let _ = acquire(store, &running, "w", TTL).await;
-    let (lease, mut state) = acquire(store, &finished, "w", TTL).await;
-    state.outcome = Some(Outcome::new(ExitReason::Stop));
-    store
-        .checkpoint(&lease, &state, state.messages.len())
-        .await
-        .unwrap();
+    finish(store, &finished, "done").await;
     store.pass(Duration::from_millis(20)).await;
-    assert!(
-        store
-            .unenqueued(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(unenqueued_now(store).await.is_empty());
 
     assert_eq!(store.reset_enqueued("default").await.unwrap(), 2);
-    let mut found = store.unenqueued(Duration::ZERO, 100).await.unwrap();
+    let mut found = unenqueued_now(store).await;
     found.sort();
     let mut want = vec![
         (queued.clone(), "default".to_string()),
@@ -123,13 +106,7 @@ async fn contract_reset_enqueued(store: &dyn Backend) {
     assert_eq!(store.reset_enqueued("default").await.unwrap(), 0);
     assert_eq!(store.reset_enqueued("nothing-here").await.unwrap(), 0);
     store.mark_enqueued(&[queued, running]).await.unwrap();
-    assert!(
-        store
-            .unenqueued(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(unenqueued_now(store).await.is_empty());
 }
 
 /// The lease is the truth for liveness: a running session whose lease ran out (past the
@@ -155,13 +132,7 @@ async fn contract_forget_expired_entries(store: &dyn Backend) {
             .unwrap(),
         0
     );
-    assert!(
-        store
-            .unenqueued(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(unenqueued_now(store).await.is_empty());
 
     // Expired: only the dead worker's session, which the sweep then re-adds.
     assert_eq!(
@@ -172,7 +143,7 @@ async fn contract_forget_expired_entries(store: &dyn Backend) {
         1
     );
     assert_eq!(
-        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        unenqueued_now(store).await,
         vec![(dead.clone(), "default".to_string())]
     );
     store
@@ -197,7 +168,7 @@ async fn contract_forget_expired_entries(store: &dyn Backend) {
         1
     );
     assert_eq!(
-        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
+        unenqueued_now(store).await,
         vec![(dead.clone(), "default".to_string())]
     );
 }
@@ -227,10 +198,7 @@ async fn contract_held_sessions(store: &dyn Store) {
     let ids: Vec<String> = rows.iter().map(|(r, _)| r.id.clone()).collect();
 
     // Held ones are the dispatcher's: the sweeper leaves them alone.
-    assert_eq!(
-        store.unenqueued(Duration::ZERO, 100).await.unwrap(),
-        default_queue(&ids[7])
-    );
+    assert_eq!(unenqueued_now(store).await, default_queue(&ids[7]));
     // Each group's best first, at most `per_group` of each.
     let held = store.held("default", 2, 100).await.unwrap();
     let got: Vec<(&str, u8, u32)> = held
@@ -310,12 +278,7 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Backend) {
         let r = store.get(id).await.unwrap().unwrap();
         assert_eq!(r.status, SessionStatus::Queued);
         assert!(
-            store
-                .unenqueued(Duration::ZERO, 100)
-                .await
-                .unwrap()
-                .iter()
-                .all(|(u, _)| u != id),
+            unenqueued_now(store).await.iter().all(|(u, _)| u != id),
             "the sweeper must leave a held session to the dispatcher"
         );
         r.held
@@ -327,16 +290,9 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Backend) {
 
     // Waiting for a child, woken by its result.
     for sid in [&id, &plain.id] {
-        let (lease, _, seen) = acquire_seen(store, sid, "w").await;
-        store
-            .suspend(&lease, SessionStatus::Waiting, seen, None)
-            .await
-            .unwrap();
+        suspended(store, sid, "w", SessionStatus::Waiting).await;
     }
-    let payload = InboxPayload::Steer(SteerMessage {
-        content: "news".into(),
-        strategy: Strategy::Inject,
-    });
+    let payload = steer("news");
     let d = store
         .deliver(
             &id,
@@ -389,11 +345,7 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Backend) {
     release(&id).await;
 
     // A decision on a held call.
-    let (lease, _, seen) = acquire_seen(store, &id, "w").await;
-    store
-        .suspend(&lease, SessionStatus::AwaitingApproval, seen, None)
-        .await
-        .unwrap();
+    suspended(store, &id, "w", SessionStatus::AwaitingApproval).await;
     assert_eq!(
         store
             .decide_approval(&id, "call_1", true, None)

@@ -616,8 +616,13 @@ async fn contract_follow_up(store: &dyn Store) {
         store.messages(&failed).await.unwrap(),
         vec![Message::user("will fail"), Message::user("try again")]
     );
+    // One cancelled before it ever ran: its claim reads the whole history, not the prompt
+    // alone.
     let cancelled = create(store, "cancelled").await;
-    store.request_cancel(&cancelled).await.unwrap();
+    assert!(matches!(
+        store.request_cancel(&cancelled).await.unwrap(),
+        CancelResult::CancelledNow(_)
+    ));
     let row = store
         .follow_up(&cancelled, "resume", None)
         .await
@@ -625,6 +630,9 @@ async fn contract_follow_up(store: &dyn Store) {
         .unwrap();
     assert_eq!(row.status, SessionStatus::Queued);
     assert!(!row.cancel_requested);
+    let want = vec![Message::user("cancelled"), Message::user("resume")];
+    assert_eq!(store.messages(&cancelled).await.unwrap(), want);
     let (_, state, _) = acquire_seen(store, &cancelled, "w").await;
     assert_eq!(state.messages.last(), Some(&Message::user("resume")));
+    assert_eq!(state.messages, want);
 }

@@ -7,18 +7,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::schema::Message;
-use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_agent::state::{Outcome, SessionState};
+use agentq_agent::spec::ExitReason;
+use agentq_agent::state::Outcome;
 use agentq_error::Error;
 use agentq_store::Checkpoint;
 use agentq_store::blob::s3::S3Blobs;
 use agentq_store::pg::PgStore;
 use agentq_store::store::Store;
 use agentq_types::config::S3Section;
-use agentq_types::model::{Claim, Lease, NewSession};
-use agentq_types::workspace::{BlobRef, FileChange, InputFile, sha256_hex};
+use agentq_types::model::Claim;
+use agentq_types::workspace::sha256_hex;
 
-use crate::common::{Backend, TTL, pg_store, sqlite_store};
+use crate::common::files::{
+    bytes, carried, commit_together, create_with_files, delete, fence_off, input, parent_and_child,
+    paths, put, step, with_files,
+};
+use crate::common::{Backend, TTL, acquire, pg_store, sqlite_store};
 
 /// One S3-compatible server for the test binary; each store gets a bucket of its own.
 fn moto() -> &'static agentq_testkit::MotoServer {
@@ -96,89 +100,6 @@ workspace_contract_tests!(
     contract_expiry_and_collection,
 );
 
-fn input(path: &str, data: &[u8]) -> InputFile {
-    InputFile {
-        path: path.into(),
-        data: data.to_vec(),
-    }
-}
-
-fn with_files(prompt: &str, tenant: &str, files: Vec<InputFile>) -> NewSession {
-    let mut s = NewSession::root(SessionSpec::new(prompt), "default").with_tenant(tenant);
-    s.files = files;
-    s
-}
-
-async fn acquire(store: &dyn Store, id: &str, owner: &str) -> (Lease, SessionState) {
-    match store.claim(id, owner, TTL, 10).await.unwrap() {
-        Claim::Acquired { lease, state, .. } => (lease, *state),
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-/// Upload `data` (as a worker does before its commit) and the change naming it.
-async fn put(store: &dyn Store, path: &str, data: &[u8]) -> FileChange {
-    let key = sha256_hex(data);
-    store
-        .put_blobs(&[(key.clone(), data.to_vec())])
-        .await
-        .unwrap();
-    FileChange {
-        path: path.into(),
-        blob: Some(BlobRef {
-            sha256: key,
-            size: data.len() as u64,
-        }),
-    }
-}
-
-fn delete(path: &str) -> FileChange {
-    FileChange {
-        path: path.into(),
-        blob: None,
-    }
-}
-
-/// A step of `state` that adds one message and commits `files`; the batch's answer.
-async fn step(
-    store: &dyn Store,
-    lease: &Lease,
-    state: &mut SessionState,
-    files: Vec<FileChange>,
-) -> agentq_error::Result<()> {
-    let from = state.messages.len();
-    state
-        .messages
-        .push(Message::assistant(format!("step {from}")));
-    let cp = Checkpoint::new(lease, state, from)
-        .unwrap()
-        .with_files(files, vec![]);
-    store
-        .checkpoint_batch(&[&cp])
-        .await?
-        .pop()
-        .unwrap()
-        .map(|_| ())
-}
-
-async fn paths(store: &dyn Store, root: &str) -> Vec<(String, u64, i64)> {
-    store
-        .workspace_files(root)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|f| (f.path, f.size, f.modified_at_seq))
-        .collect()
-}
-
-async fn bytes(store: &dyn Store, root: &str, path: &str) -> Option<Vec<u8>> {
-    store
-        .workspace_file(root, path)
-        .await
-        .unwrap()
-        .map(|(_, data)| data)
-}
-
 async fn contract_input_files_and_forks(store: &dyn Store) {
     let new = with_files(
         "inputs",
@@ -226,7 +147,7 @@ async fn contract_input_files_and_forks(store: &dyn Store) {
         b"forked"
     );
     // ... and changes of the fork do not reach the tree it came from.
-    let (lease, mut state) = acquire(store, &forked.id, "w").await;
+    let (lease, mut state) = acquire(store, &forked.id, "w", TTL).await;
     let change = put(store, "dir/a.txt", b"changed in the fork").await;
     step(store, &lease, &mut state, vec![change, delete("empty")])
         .await
@@ -292,14 +213,7 @@ async fn contract_input_files_and_forks(store: &dyn Store) {
 }
 
 async fn contract_checkpoint_commits_file_changes(store: &dyn Backend) {
-    let (row, _) = store
-        .create_session(&with_files(
-            "cp",
-            "default",
-            vec![input("keep", b"k"), input("gone", b"g")],
-        ))
-        .await
-        .unwrap();
+    let row = create_with_files(store, "cp", vec![input("keep", b"k"), input("gone", b"g")]).await;
     let root = row.root_id.clone();
     // A claim says whether the tree holds committed files (the worker then skips reading
     // an empty manifest); a tree without any says so too.
@@ -307,15 +221,12 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Backend) {
         Claim::Acquired { row, .. } => assert!(row.has_workspace, "inputs are committed"),
         other => panic!("expected Acquired, got {other:?}"),
     }
-    let (bare, _) = store
-        .create_session(&with_files("bare", "default", vec![]))
-        .await
-        .unwrap();
+    let bare = create_with_files(store, "bare", vec![]).await;
     match store.claim(&bare.id, "w0", TTL, 10).await.unwrap() {
         Claim::Acquired { row, .. } => assert!(!row.has_workspace, "no file anywhere"),
         other => panic!("expected Acquired, got {other:?}"),
     }
-    let (lease, mut state) = acquire(store, &row.id, "w1").await;
+    let (lease, mut state) = acquire(store, &row.id, "w1", TTL).await;
     let a = put(store, "out/a.txt", b"first").await;
     step(store, &lease, &mut state, vec![a, delete("gone")])
         .await
@@ -336,12 +247,7 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Backend) {
     assert_eq!(bytes(store, &root, "out/a.txt").await.unwrap(), b"second");
 
     // A worker fenced off by a newer claim commits no file at all.
-    store
-        .heartbeat(std::slice::from_ref(&lease), Duration::from_millis(1))
-        .await
-        .unwrap();
-    store.pass(Duration::from_millis(20)).await;
-    let (lease2, mut state2) = acquire(store, &row.id, "w2").await;
+    let (lease2, mut state2) = fence_off(store, &lease, &row.id, "w2").await;
     let stale = put(store, "out/a.txt", b"from the dead worker").await;
     let err = step(store, &lease, &mut state, vec![stale, delete("keep")])
         .await
@@ -379,44 +285,23 @@ async fn contract_checkpoint_commits_file_changes(store: &dyn Backend) {
 
 async fn contract_group_commit_of_one_tree(store: &dyn Store) {
     // A parent and its child: one tree, one workspace.
-    let (parent, _) = store
-        .create_session(&with_files("parent", "default", vec![]))
-        .await
-        .unwrap();
-    let mut child = NewSession::root(SessionSpec::new("child"), "default");
-    child.root_id = parent.root_id.clone();
-    child.parent_id = Some(parent.id.clone());
-    child.depth = 1;
-    let (child, _) = store.create_session(&child).await.unwrap();
-    let other = store
-        .create_session(&with_files("other", "default", vec![]))
-        .await
-        .unwrap()
-        .0;
-    let (pl, mut ps) = acquire(store, &parent.id, "w").await;
-    let (cl, mut cs) = acquire(store, &child.id, "w").await;
-    let (ol, mut os) = acquire(store, &other.id, "w").await;
+    let (parent, child) = parent_and_child(store).await;
+    let other = create_with_files(store, "other", vec![]).await;
+    let (pl, mut ps) = acquire(store, &parent.id, "w", TTL).await;
+    let (cl, mut cs) = acquire(store, &child.id, "w", TTL).await;
+    let (ol, mut os) = acquire(store, &other.id, "w", TTL).await;
     let p_change = put(store, "shared.txt", b"from the parent").await;
     let c_change = put(store, "shared.txt", b"from the child").await;
     let c_own = put(store, "child.txt", b"c").await;
-    let mut cps = Vec::new();
-    for (lease, state, files) in [
-        (&pl, &mut ps, vec![p_change]),
-        (&ol, &mut os, vec![]),
-        (&cl, &mut cs, vec![c_change, c_own]),
-    ] {
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("x"));
-        cps.push(
-            Checkpoint::new(lease, state, from)
-                .unwrap()
-                .with_files(files, vec![]),
-        );
-    }
-    let refs: Vec<&Checkpoint> = cps.iter().collect();
-    for r in store.checkpoint_batch(&refs).await.unwrap() {
-        r.unwrap();
-    }
+    commit_together(
+        store,
+        vec![
+            (&pl, &mut ps, vec![p_change], vec![]),
+            (&ol, &mut os, vec![], vec![]),
+            (&cl, &mut cs, vec![c_change, c_own], vec![]),
+        ],
+    )
+    .await;
     // The later writer of a path in the batch wins.
     assert_eq!(
         bytes(store, &parent.root_id, "shared.txt").await.unwrap(),
@@ -435,33 +320,10 @@ async fn contract_group_commit_of_one_tree(store: &dyn Store) {
     );
 }
 
-/// A change whose content the checkpoint carries, not stored before.
-fn carried(path: &str, data: &[u8]) -> (FileChange, (String, Arc<Vec<u8>>)) {
-    let key = sha256_hex(data);
-    (
-        FileChange {
-            path: path.into(),
-            blob: Some(BlobRef {
-                sha256: key.clone(),
-                size: data.len() as u64,
-            }),
-        },
-        (key, Arc::new(data.to_vec())),
-    )
-}
-
 async fn contract_a_commit_carries_its_contents(store: &dyn Backend) {
-    let (parent, _) = store
-        .create_session(&with_files("parent", "default", vec![]))
-        .await
-        .unwrap();
-    let mut child = NewSession::root(SessionSpec::new("child"), "default");
-    child.root_id = parent.root_id.clone();
-    child.parent_id = Some(parent.id.clone());
-    child.depth = 1;
-    let (child, _) = store.create_session(&child).await.unwrap();
-    let (pl, mut ps) = acquire(store, &parent.id, "w").await;
-    let (cl, mut cs) = acquire(store, &child.id, "w").await;
+    let (parent, child) = parent_and_child(store).await;
+    let (pl, mut ps) = acquire(store, &parent.id, "w", TTL).await;
+    let (cl, mut cs) = acquire(store, &child.id, "w", TTL).await;
     // One content carried by two checkpoints of one batch (and a second, new one), and a
     // content stored already carried again: each is stored once, with its references.
     let stored = put(store, "old.txt", b"stored before").await;
@@ -470,28 +332,19 @@ async fn contract_a_commit_carries_its_contents(store: &dyn Backend) {
     let (c, c_blob) = carried("c.txt", b"only here");
     let (again, again_blob) = carried("again.txt", b"stored before");
     assert_eq!(again.blob, stored.blob);
-    let mut cps = Vec::new();
-    for (lease, state, files, blobs) in [
-        (
-            &pl,
-            &mut ps,
-            vec![a, again],
-            vec![a_blob.clone(), again_blob],
-        ),
-        (&cl, &mut cs, vec![b, c], vec![b_blob, c_blob]),
-    ] {
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("x"));
-        cps.push(
-            Checkpoint::new(lease, state, from)
-                .unwrap()
-                .with_files(files, blobs),
-        );
-    }
-    let refs: Vec<&Checkpoint> = cps.iter().collect();
-    for r in store.checkpoint_batch(&refs).await.unwrap() {
-        r.unwrap();
-    }
+    commit_together(
+        store,
+        vec![
+            (
+                &pl,
+                &mut ps,
+                vec![a, again],
+                vec![a_blob.clone(), again_blob],
+            ),
+            (&cl, &mut cs, vec![b, c], vec![b_blob, c_blob]),
+        ],
+    )
+    .await;
     let root = &parent.root_id;
     assert_eq!(bytes(store, root, "a.txt").await.unwrap(), b"carried twice");
     assert_eq!(bytes(store, root, "b.txt").await.unwrap(), b"carried twice");
@@ -513,12 +366,7 @@ async fn contract_a_commit_carries_its_contents(store: &dyn Backend) {
     );
 
     // A worker whose lease is gone commits none of its changes, carried contents or not.
-    store
-        .heartbeat(std::slice::from_ref(&pl), Duration::from_millis(1))
-        .await
-        .unwrap();
-    store.pass(Duration::from_millis(20)).await;
-    let (_pl2, _) = acquire(store, &parent.id, "w2").await;
+    let (_pl2, _) = fence_off(store, &pl, &parent.id, "w2").await;
     let (late, late_blob) = carried("a.txt", b"from the dead worker");
     let from = ps.messages.len();
     ps.messages.push(Message::assistant("late"));
@@ -594,23 +442,9 @@ async fn contract_blobs_by_content(store: &dyn Store) {
 }
 
 async fn contract_expiry_and_collection(store: &dyn Backend) {
-    let (done, _) = store
-        .create_session(&with_files(
-            "done",
-            "default",
-            vec![input("old", b"old content")],
-        ))
-        .await
-        .unwrap();
-    let (live, _) = store
-        .create_session(&with_files(
-            "live",
-            "default",
-            vec![input("live", b"live content")],
-        ))
-        .await
-        .unwrap();
-    let (lease, mut state) = acquire(store, &done.id, "w").await;
+    let done = create_with_files(store, "done", vec![input("old", b"old content")]).await;
+    let live = create_with_files(store, "live", vec![input("live", b"live content")]).await;
+    let (lease, mut state) = acquire(store, &done.id, "w", TTL).await;
     let from = state.messages.len();
     state.messages.push(Message::assistant("done"));
     state.outcome = Some(Outcome::new(ExitReason::Stop));
@@ -702,10 +536,7 @@ async fn s3_case(
     );
 
     // A session's file read through the API's path is verified too.
-    let (s, _) = store
-        .create_session(&with_files("t", "default", vec![input("f.txt", &data)]))
-        .await
-        .unwrap();
+    let s = create_with_files(store, "t", vec![input("f.txt", &data)]).await;
     assert_eq!(bytes(store, &s.root_id, "f.txt").await.unwrap(), data);
 
     // Someone with write access to the bucket swaps the content.

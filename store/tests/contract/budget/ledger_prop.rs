@@ -23,7 +23,7 @@ use agentq_store::RetryResult;
 use agentq_store::store::Store;
 use agentq_types::model::{CancelResult, Claim, Lease, SessionStatus};
 
-use super::{child_of, limits, root};
+use crate::common::tree::{as_new, child_of, create_root, limits};
 
 /// The worst case of one call (its prompt's estimate and max_tokens).
 const WORST: u64 = 300;
@@ -187,10 +187,7 @@ impl World {
         }
         let parent = self.row(i).await;
         let _ = lease;
-        let new = child_of(
-            &super::as_new(&parent),
-            &agentq_types::model::new_session_id(),
-        );
+        let new = child_of(&as_new(&parent), &agentq_types::model::new_session_id());
         let spawned = self
             .store
             .spawn_session(&new, &limits(1_000, Some(self.sims[i].spec_budget), ask))
@@ -405,8 +402,7 @@ impl World {
 }
 
 async fn run(store: Arc<dyn Store>, budget: u64, ops: Vec<Op>) {
-    let r = root(Some(budget));
-    store.create_session(&r).await.unwrap();
+    let r = create_root(store.as_ref(), Some(budget)).await;
     let mut w = World {
         store,
         budget,
