@@ -138,6 +138,8 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/sessions/{id}/approvals" => json!({"tool_call_id": call_id, "approve": true}),
         "/v1/sessions/{id}/cancel" => json!({}),
         "/v1/sessions/{id}/retry" => json!({}),
+        "/v1/sessions/cancel" => json!({"batch_id": "b"}),
+        "/v1/sessions/retry" => json!({}),
         "/v1/queues" => json!({"name": "made-by-the-auth-test"}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
