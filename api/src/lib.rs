@@ -36,7 +36,7 @@ pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, LIST_PARAMS, ListResponse,
-    MessagesResponse,
-    PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView, TreeNode,
+    MessagesResponse, PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView,
+    TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

@@ -77,7 +77,9 @@ pub fn parse_since(v: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>>
 pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
     let by_filter = args.failed || args.batch.is_some();
     if !by_filter && args.ids.is_empty() {
-        bail!("give the ids of the sessions to retry, --batch ID, or --failed for every failed one");
+        bail!(
+            "give the ids of the sessions to retry, --batch ID, or --failed for every failed one"
+        );
     }
     let since = args
         .since

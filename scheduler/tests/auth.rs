@@ -699,18 +699,22 @@ async fn a_batch_is_out_of_another_tenants_reach() {
     // nothing, exactly as for a batch that does not exist.
     let missing = "00000000-0000-7000-8000-000000000000";
     for id in [batch.as_str(), missing] {
-        let (s, v) = env
-            .get(&format!("/v1/sessions?batch_id={id}"), &b)
-            .await;
+        let (s, v) = env.get(&format!("/v1/sessions?batch_id={id}"), &b).await;
         assert_eq!((s, listed(&v).len()), (200, 0), "{v}");
         let (s, v) = env
             .post("/v1/sessions/cancel", &b, &json!({"batch_id": id}))
             .await;
-        assert_eq!((s, &v), (200, &json!({"sessions": [], "next_cursor": null})));
+        assert_eq!(
+            (s, &v),
+            (200, &json!({"sessions": [], "next_cursor": null}))
+        );
         let (s, v) = env
             .post("/v1/sessions/retry", &b, &json!({"batch_id": id}))
             .await;
-        assert_eq!((s, &v), (200, &json!({"sessions": [], "next_cursor": null})));
+        assert_eq!(
+            (s, &v),
+            (200, &json!({"sessions": [], "next_cursor": null}))
+        );
         let (s, v) = env
             .post(
                 &format!("/v1/sessions/batch?batch_id={id}"),
@@ -747,9 +751,7 @@ async fn a_batch_is_out_of_another_tenants_reach() {
     assert_ne!(batch_ids(&other).1, batch);
     let mut all: Vec<String> = acme.iter().chain(&joined).cloned().collect();
     all.reverse();
-    let (s, v) = env
-        .get(&format!("/v1/sessions?batch_id={batch}"), &a)
-        .await;
+    let (s, v) = env.get(&format!("/v1/sessions?batch_id={batch}"), &a).await;
     assert_eq!((s, listed(&v)), (200, all.clone()), "{v}");
     // The admin sees it too.
     let (_, v) = env
@@ -760,9 +762,15 @@ async fn a_batch_is_out_of_another_tenants_reach() {
     // A session of it that failed is retried by the batch's filter; one failed outside
     // it is not.
     env.store.fail(&acme[0], "dead letter: boom").await.unwrap();
-    env.store.fail(&acme[1], "dead letter: other").await.unwrap();
+    env.store
+        .fail(&acme[1], "dead letter: other")
+        .await
+        .unwrap();
     let outsider = batch_ids(&other).0.remove(0);
-    env.store.fail(&outsider, "dead letter: boom").await.unwrap();
+    env.store
+        .fail(&outsider, "dead letter: boom")
+        .await
+        .unwrap();
     let (s, v) = env
         .post(
             "/v1/sessions/retry",
@@ -796,7 +804,10 @@ async fn a_batch_is_out_of_another_tenants_reach() {
     let want: Vec<String> = all.iter().filter(|id| **id != acme[1]).cloned().collect();
     assert_eq!(cancelled, want);
     let (_, v) = env
-        .get(&format!("/v1/sessions?batch_id={batch}&status=cancelled"), &a)
+        .get(
+            &format!("/v1/sessions?batch_id={batch}&status=cancelled"),
+            &a,
+        )
         .await;
     assert_eq!(listed(&v), want);
     let row = env.store.get(&outsider).await.unwrap().unwrap();
@@ -806,14 +817,20 @@ async fn a_batch_is_out_of_another_tenants_reach() {
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_query_parameters_and_bad_filters_are_422s_naming_them() {
     let env = Env::start(Duration::from_secs(30)).await;
-    let key = env.key("acme", &[Scope::SessionsRead, Scope::SessionsWrite]).await;
+    let key = env
+        .key("acme", &[Scope::SessionsRead, Scope::SessionsWrite])
+        .await;
     let refused = |(s, v): (u16, Value), code: &str, field: &str| {
         assert_eq!(s, 422, "{field}: {v}");
         assert_eq!(v["error"]["code"], code, "{v}");
         assert_eq!(v["error"]["field"], field, "{v}");
     };
     // `batch` is not `batch_id`: refused, not ignored (which would list everything).
-    refused(env.get("/v1/sessions?batch=x", &key).await, "unknown_field", "batch");
+    refused(
+        env.get("/v1/sessions?batch=x", &key).await,
+        "unknown_field",
+        "batch",
+    );
     let (_, v) = env.get("/v1/sessions?batch=x", &key).await;
     assert!(
         v["error"]["message"].as_str().unwrap().contains("batch_id"),
@@ -825,7 +842,8 @@ async fn unknown_query_parameters_and_bad_filters_are_422s_naming_them() {
         "statuss",
     );
     refused(
-        env.get("/v1/sessions?status=failed&status=queued", &key).await,
+        env.get("/v1/sessions?status=failed&status=queued", &key)
+            .await,
         "invalid_field",
         "status",
     );
@@ -838,8 +856,12 @@ async fn unknown_query_parameters_and_bad_filters_are_422s_naming_them() {
     let (s, v) = env.get("/v1/sessions?batch_id=&limit=", &key).await;
     assert_eq!(s, 200, "empty parameters are absent: {v}");
     refused(
-        env.post("/v1/sessions/batch?max_runing=3", &key, &json!([{"prompt": "a"}]))
-            .await,
+        env.post(
+            "/v1/sessions/batch?max_runing=3",
+            &key,
+            &json!([{"prompt": "a"}]),
+        )
+        .await,
         "unknown_field",
         "max_runing",
     );
@@ -850,7 +872,8 @@ async fn unknown_query_parameters_and_bad_filters_are_422s_naming_them() {
         "batch_id",
     );
     refused(
-        env.post("/v1/sessions/cancel", &key, &json!({"batch": "b"})).await,
+        env.post("/v1/sessions/cancel", &key, &json!({"batch": "b"}))
+            .await,
         "unknown_field",
         "batch",
     );

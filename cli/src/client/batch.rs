@@ -219,7 +219,11 @@ async fn read_batch(
         if let Some(c) = page.cost_usd {
             tally.cost_usd = Some(tally.cost_usd.unwrap_or(0.0) + c);
         }
-        for v in page.sessions.iter().filter(|v| wanted.contains(v.id.as_str())) {
+        for v in page
+            .sessions
+            .iter()
+            .filter(|v| wanted.contains(v.id.as_str()))
+        {
             tally.tokens = tally
                 .tokens
                 .saturating_add(v.usage.input_tokens)

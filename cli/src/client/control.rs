@@ -24,7 +24,7 @@ const CANCEL_EXAMPLES: &str = "Examples:
 #[command(after_help = CANCEL_EXAMPLES)]
 pub struct CancelArgs {
     /// The session to cancel.
-    #[arg(required_unless_present = "batch", conflicts_with = "batch")]
+    #[arg(conflicts_with = "batch")]
     pub id: Option<String>,
     /// Cancel every unfinished session of this batch (the id `submit --file/--each`
     /// prints); running ones stop at their next step.
@@ -73,8 +73,7 @@ async fn cancel_batch(api: &Api, batch: &str) -> anyhow::Result<ExitCode> {
     };
     let (mut now, mut requested) = (0usize, 0usize);
     loop {
-        let (_, page): (u16, BulkCancelResponse) =
-            api.post("/v1/sessions/cancel", &filter).await?;
+        let (_, page): (u16, BulkCancelResponse) = api.post("/v1/sessions/cancel", &filter).await?;
         for c in &page.sessions {
             if c.cancel_requested {
                 requested = requested.saturating_add(1);

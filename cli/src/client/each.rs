@@ -79,7 +79,8 @@ fn walk(
     matcher: &GlobMatcher,
     found: &mut Vec<PathBuf>,
 ) -> anyhow::Result<()> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    let entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
     for e in entries {
         let e = e.with_context(|| format!("cannot list {}", dir.display()))?;
         let Some(name) = e.file_name().to_str().map(str::to_string) else {
@@ -168,7 +169,12 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let d = root.path();
         std::fs::create_dir_all(d.join("tickets/old")).unwrap();
-        for f in ["tickets/b.txt", "tickets/a.txt", "tickets/c.md", "tickets/old/z.txt"] {
+        for f in [
+            "tickets/b.txt",
+            "tickets/a.txt",
+            "tickets/c.md",
+            "tickets/old/z.txt",
+        ] {
             std::fs::write(d.join(f), "x").unwrap();
         }
         std::os::unix::fs::symlink(d.join("tickets/a.txt"), d.join("tickets/l.txt")).unwrap();
@@ -189,7 +195,10 @@ mod tests {
         assert_eq!(names("tickets/{a,c}.*"), ["tickets/a.txt", "tickets/c.md"]);
         assert_eq!(names("tickets/a.txt"), ["tickets/a.txt"]);
         let e = expand(&format!("{base}/tickets/*.pdf")).unwrap_err();
-        assert!(e.to_string().starts_with("--each ") && e.to_string().ends_with("no file matches"), "{e}");
+        assert!(
+            e.to_string().starts_with("--each ") && e.to_string().ends_with("no file matches"),
+            "{e}"
+        );
         let e = expand(&format!("{base}/nowhere/*.txt")).unwrap_err();
         assert!(e.to_string().ends_with("no file matches"), "{e}");
         assert!(expand("[").unwrap_err().to_string().starts_with("--each"));
@@ -205,13 +214,21 @@ mod tests {
         defaults.insert("queue".into(), json!("bulk"));
         let mut shared = Map::new();
         shared.insert("guide.md".into(), json!("how to"));
-        let reqs = requests(std::slice::from_ref(&a), "Summarise {file}", &defaults, &shared)
-            .unwrap();
+        let reqs = requests(
+            std::slice::from_ref(&a),
+            "Summarise {file}",
+            &defaults,
+            &shared,
+        )
+        .unwrap();
         let (shown, body) = &reqs[0];
         assert_eq!(shown, &a.display().to_string());
         assert_eq!(body["prompt"], "Summarise a.txt");
         assert_eq!(body["queue"], "bulk");
-        assert_eq!(body["files"], json!({"a.txt": "ticket A", "guide.md": "how to"}));
+        assert_eq!(
+            body["files"],
+            json!({"a.txt": "ticket A", "guide.md": "how to"})
+        );
         assert_eq!(
             body["metadata"],
             json!({"team": "x", "file": a.display().to_string()})

@@ -89,7 +89,15 @@ pub async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     if args.batch.is_some() || finished {
         let rows: Vec<[String; 7]> = body.sessions.iter().map(outcome_row).collect();
         print_table(
-            &["ID", "STATUS", "REASON", "ITER", "TOKENS", "CREATED (UTC)", "ERROR"],
+            &[
+                "ID",
+                "STATUS",
+                "REASON",
+                "ITER",
+                "TOKENS",
+                "CREATED (UTC)",
+                "ERROR",
+            ],
             &rows,
         );
     } else {
@@ -110,7 +118,11 @@ pub async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
 pub(super) fn outcome_row(s: &SessionView) -> [String; 7] {
     let [id, status, iter, tokens, created, _] = table_row(s);
     let reason = s.finish_reason.map(|r| r.to_string()).unwrap_or_default();
-    let error = s.error.as_deref().map(|e| one_line(e, 80)).unwrap_or_default();
+    let error = s
+        .error
+        .as_deref()
+        .map(|e| one_line(e, 80))
+        .unwrap_or_default();
     [id, status, reason, iter, tokens, created, error]
 }
 

@@ -184,7 +184,8 @@ pub(super) fn parse_jsonl(
         if line.trim().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(&line).with_context(|| format!("{at}: not valid JSON"))?;
+        let v: Value =
+            serde_json::from_str(&line).with_context(|| format!("{at}: not valid JSON"))?;
         let Value::Object(mut obj) = v else {
             bail!("{at}: expected a JSON object");
         };

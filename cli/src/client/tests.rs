@@ -5,9 +5,9 @@ use serde_json::{Map, Value, json};
 use agentq_api::{SessionDetail, SessionView};
 
 use super::api::{ApiFailure, encode};
+use super::batch::{Item, Tally, batch_chunks, batch_error};
 use super::sessions::table_row;
 use super::show::{one_line, pending_lines, shell_word, truncate};
-use super::batch::{Item, Tally, batch_chunks, batch_error};
 use super::submit::parse_jsonl;
 use super::wait::completion_from_view;
 
@@ -25,7 +25,10 @@ fn jsonl_lines_get_flag_defaults() {
     assert_eq!(items[0].body["queue"], "bulk");
     assert_eq!(items[1].body["queue"], "q2");
     // Items are named by their line, from 1, blank lines counted.
-    assert_eq!((items[0].origin.as_str(), items[1].origin.as_str()), ("f:1", "f:3"));
+    assert_eq!(
+        (items[0].origin.as_str(), items[1].origin.as_str()),
+        ("f:1", "f:3")
+    );
     let e = parse_jsonl("{\"prompt\":\"a\"}\n[1]\n", "f.jsonl", &d).unwrap_err();
     assert_eq!(e.to_string(), "f.jsonl:2: expected a JSON object");
     let e = parse_jsonl("{oops\n", "f.jsonl", &d).unwrap_err();
@@ -159,7 +162,10 @@ fn batch_errors_name_the_line_the_user_wrote() {
     assert!(e.downcast_ref::<ApiFailure>().unwrap().field.is_none());
     // A field that names no item is left as the server wrote it.
     let e = batch_error(refused("max_running").into(), 0, 0, &items);
-    assert_eq!(format!("{e:#}"), "bad (field `max_running`) [HTTP 422 invalid_field]");
+    assert_eq!(
+        format!("{e:#}"),
+        "bad (field `max_running`) [HTTP 422 invalid_field]"
+    );
 }
 
 #[test]

@@ -11,8 +11,7 @@ use axum::response::Response;
 
 use agentq_agent::spec::ExitReason;
 use agentq_api::{
-    BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, CancelResponse, RetryResponse,
-    SessionFilter,
+    BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, CancelResponse, RetryResponse, SessionFilter,
 };
 use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, ListFilter, RetryResult, SessionRow, SessionStatus};
@@ -29,7 +28,9 @@ fn checked(
     status: Option<SessionStatus>,
 ) -> ApiResult<(ListFilter, u32)> {
     for (field, v) in [("batch_id", &f.batch_id), ("cursor", &f.cursor)] {
-        if v.as_ref().is_some_and(|v| v.is_empty() || v.len() > MAX_ID_LEN) {
+        if v.as_ref()
+            .is_some_and(|v| v.is_empty() || v.len() > MAX_ID_LEN)
+        {
             return Err(ApiError::invalid(field, "is not an id"));
         }
     }
@@ -101,8 +102,7 @@ pub(super) async fn cancel(
     let mut sessions = Vec::new();
     for row in rows.iter().filter(|r| !r.status.is_terminal()) {
         let result = s.store.request_cancel(&row.id).await?;
-        agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result)
-            .await;
+        agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
         let (row, requested) = match result {
             CancelResult::CancelledNow(row) => (row, false),
             CancelResult::Requested(row) => (row, true),
