@@ -29,6 +29,7 @@ const PLAIN_EVERY: Duration = Duration::from_secs(5);
 const PAGE: u32 = 1000;
 
 /// One request of a batch and where the user wrote it.
+#[derive(Debug)]
 pub(super) struct Item {
     pub(super) origin: String,
     pub(super) body: Value,
