@@ -13,6 +13,7 @@
 
 pub mod bounds;
 mod budgets;
+mod bulk;
 pub mod de;
 mod error;
 pub mod events;
@@ -26,6 +27,7 @@ mod steer;
 pub use budgets::{
     BudgetLedger, BudgetList, BudgetSet, BudgetView, SetBudget, SpendView, TenantSpend, TreeCost,
 };
+pub use bulk::{BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, SessionFilter};
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent};
 pub use files::{FileContent, FileEntry, FileList};
@@ -33,7 +35,8 @@ pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use sessions::{
-    BatchRequest, BatchResponse, CancelResponse, CreateSession, ListResponse, MessagesResponse,
-    PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView, TreeNode,
+    BatchRequest, BatchResponse, CancelResponse, CreateSession, LIST_PARAMS, ListResponse,
+    MessagesResponse, PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView,
+    TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};

@@ -82,10 +82,14 @@ pub struct SessionRef {
 }
 
 /// `POST /v1/sessions/batch`: the sessions in the order of the request (201 when any was
-/// created, 200 when all were repeats).
+/// created, 200 when all were repeats), and the batch they belong to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchResponse {
     pub sessions: Vec<SessionRef>,
+    /// The batch's id: a new one, or the one the request joined (`?batch_id=`). Absent
+    /// from a server that predates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// A session as the API shows it: its spec's fields at the top level beside its state.
@@ -194,14 +198,21 @@ pub struct TreeNode {
     pub children: Vec<TreeNode>,
 }
 
-/// `GET /v1/sessions?status=&limit=&cursor=&parent_id=`: a page of sessions, newest
-/// first.
+/// `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=`: a page of sessions,
+/// newest first. Any other query parameter is refused (422 naming it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ListResponse {
     pub sessions: Vec<SessionView>,
     /// Pass as `cursor` for the next page; `null` on the last one.
     pub next_cursor: Option<String>,
+    /// What the page's sessions cost together at the configured prices; left out when
+    /// none of them has a price (a client adds the pages up for a batch's cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
+
+/// The query parameters `GET /v1/sessions` accepts.
+pub const LIST_PARAMS: &[&str] = &["status", "limit", "cursor", "parent_id", "batch_id"];
 
 /// `GET /v1/sessions/{id}/messages`: the session's history, parallel tool results in the
 /// order of their calls.
@@ -314,6 +325,8 @@ mod tests {
         let b: BatchResponse = round_trip(json!({"sessions": [
             {"id": "s1", "status": "queued"}, {"id": "s2", "status": "cancelled"}]}));
         assert_eq!(b.sessions.len(), 2);
+        let b: BatchResponse = round_trip(json!({"sessions": [], "batch_id": "b1"}));
+        assert_eq!(b.batch_id.as_deref(), Some("b1"));
         let c: CancelResponse = round_trip(json!({"id": "s1", "status": "cancelled"}));
         assert!(!c.cancel_requested);
         let c: CancelResponse =
@@ -398,6 +411,9 @@ mod tests {
         assert_eq!(page.next_cursor.as_deref(), Some("s1"));
         let last: ListResponse = round_trip(json!({"sessions": [], "next_cursor": null}));
         assert!(last.next_cursor.is_none());
+        let costed: ListResponse =
+            round_trip(json!({"sessions": [], "next_cursor": null, "cost_usd": 0.25}));
+        assert_eq!(costed.cost_usd, Some(0.25));
     }
 
     #[test]

@@ -11,11 +11,15 @@
 //! now and then, because pub/sub drops messages while a connection is down.
 //!
 //! `api` is the HTTP plumbing the commands share, `show` how they print, `submit` and
-//! `wait` the submission and its `--wait`, `sessions` the commands that read sessions,
-//! `control` those that act on one.
+//! `wait` the submission and its `--wait`, `batch` a batch's submission and its `--wait`
+//! (listed by batch id, with a progress line), `each` the files of `submit --each`,
+//! `sessions` the commands that read sessions, `control` those that act on one or on a
+//! batch.
 
 pub(crate) mod api;
+mod batch;
 mod control;
+mod each;
 mod sessions;
 pub(crate) mod show;
 mod submit;

@@ -15,6 +15,7 @@ mod keys;
 #[cfg(feature = "otlp")]
 mod otlp;
 mod process;
+mod progress;
 mod retry;
 mod run;
 mod scheduler;

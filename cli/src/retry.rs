@@ -1,37 +1,46 @@
-//! `agentq retry`: redrive failed sessions through `POST /v1/sessions/{id}/retry`, by id,
-//! or with `--failed` every session of the caller's tenant that failed with an error
-//! (found by listing `status=failed`), narrowed by `--since` (finished at or after a time,
-//! or within a duration like `1h`) and `--reason` (a substring of the error). Prints each
-//! session retried; a session the server refuses is reported and the rest go on.
+//! `agentq retry`: redrive sessions that failed with an error, from their last
+//! checkpoint: by id (`POST /v1/sessions/{id}/retry` each), or by filter with one server
+//! route (`POST /v1/sessions/retry`, a page at a time): `--failed` every such session of
+//! the caller's tenant, `--batch` those of a batch, narrowed by `--since` (finished at or
+//! after a time, or within a duration like `1h`) and `--reason` (a substring of the
+//! error). Prints each session retried; by id, a session the server refuses is reported
+//! and the rest go on.
 
 use std::process::ExitCode;
 
 use anyhow::bail;
 use chrono::{DateTime, Utc};
-use clap::Args;
+use clap::{ArgGroup, Args};
 use serde_json::json;
 
-use agentq_agent::spec::ExitReason;
-use agentq_api::{ListResponse, RetryResponse, SessionView};
+use agentq_api::{BulkRetryResponse, RetryResponse, SessionFilter};
 
 use crate::client::api::{Api, ApiArgs, ApiFailure, encode};
 
-/// Sessions per listing page.
-const PAGE: u32 = 500;
+const EXAMPLES: &str = "Examples:
+  agentq retry 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d
+  agentq retry --batch 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d
+  agentq retry --batch 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d --reason 'rate limit' --since 1h
+  agentq retry --failed --since 2026-01-31T12:00:00Z";
 
 #[derive(Args, Debug)]
+#[command(after_help = EXAMPLES, group(ArgGroup::new("by_filter").args(["failed", "batch"]).multiple(true)))]
 pub struct RetryArgs {
     /// Sessions to retry.
+    #[arg(conflicts_with = "by_filter")]
     pub ids: Vec<String>,
     /// Retry every session that failed with an error.
     #[arg(long)]
     pub failed: bool,
-    /// With --failed: only sessions that finished at or after this time (RFC 3339, e.g.
-    /// 2026-01-31T12:00:00Z) or within this duration (e.g. 90s, 30m, 1h, 2d).
-    #[arg(long, requires = "failed")]
+    /// Retry the sessions of this batch that failed with an error.
+    #[arg(long, value_name = "ID")]
+    pub batch: Option<String>,
+    /// With --failed or --batch: only sessions that finished at or after this time (RFC
+    /// 3339, e.g. 2026-01-31T12:00:00Z) or within this duration (e.g. 90s, 30m, 1h, 2d).
+    #[arg(long, requires = "by_filter")]
     pub since: Option<String>,
-    /// With --failed: only sessions whose error contains this text.
-    #[arg(long, requires = "failed")]
+    /// With --failed or --batch: only sessions whose error contains this text.
+    #[arg(long, requires = "by_filter")]
     pub reason: Option<String>,
     #[command(flatten)]
     pub api: ApiArgs,
@@ -64,20 +73,13 @@ pub fn parse_since(v: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>>
     now.checked_sub_signed(d).ok_or_else(bad)
 }
 
-/// Whether a listed session is one `--failed` asks for.
-pub fn matches(s: &SessionView, since: Option<DateTime<Utc>>, reason: Option<&str>) -> bool {
-    s.finish_reason == Some(ExitReason::Error)
-        && since.is_none_or(|t| s.finished_at.is_some_and(|f| f >= t))
-        && reason.is_none_or(|r| s.error.as_deref().is_some_and(|e| e.contains(r)))
-}
-
 /// `agentq retry`
 pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
-    if args.failed && !args.ids.is_empty() {
-        bail!("--failed: give either session ids or --failed, not both");
-    }
-    if !args.failed && args.ids.is_empty() {
-        bail!("give the ids of the sessions to retry, or --failed for every failed one");
+    let by_filter = args.failed || args.batch.is_some();
+    if !by_filter && args.ids.is_empty() {
+        bail!(
+            "give the ids of the sessions to retry, --batch ID, or --failed for every failed one"
+        );
     }
     let since = args
         .since
@@ -85,18 +87,17 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
         .map(|v| parse_since(v, Utc::now()))
         .transpose()?;
     let api = Api::new(&args.api)?;
-    let ids = if args.failed {
-        let found = failed(&api, since, args.reason.as_deref()).await?;
-        if found.is_empty() {
-            println!("no failed session matched");
-            return Ok(ExitCode::SUCCESS);
-        }
-        found
-    } else {
-        args.ids
-    };
+    if by_filter {
+        let filter = SessionFilter {
+            batch_id: args.batch.clone(),
+            error_contains: args.reason.clone(),
+            finished_since: since,
+            ..SessionFilter::default()
+        };
+        return by_filter_retry(&api, filter).await;
+    }
     let mut refused = 0usize;
-    for id in &ids {
+    for id in &args.ids {
         let answer: anyhow::Result<(u16, RetryResponse)> = api
             .post(&format!("/v1/sessions/{}/retry", encode(id)), &json!({}))
             .await;
@@ -118,35 +119,29 @@ pub async fn retry(args: RetryArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Every session of the caller's tenant that failed with an error and matches, oldest
-/// first (so a redrive runs them in the order they were submitted).
-async fn failed(
-    api: &Api,
-    since: Option<DateTime<Utc>>,
-    reason: Option<&str>,
-) -> anyhow::Result<Vec<String>> {
-    let mut ids = Vec::new();
-    let mut cursor: Option<String> = None;
+/// Every page of `POST /v1/sessions/retry` for `filter`.
+async fn by_filter_retry(api: &Api, mut filter: SessionFilter) -> anyhow::Result<ExitCode> {
+    let mut retried = 0usize;
     loop {
-        let mut path = format!("/v1/sessions?status=failed&limit={PAGE}");
-        if let Some(c) = &cursor {
-            path.push_str(&format!("&cursor={}", encode(c)));
+        let (_, page): (u16, BulkRetryResponse) = api.post("/v1/sessions/retry", &filter).await?;
+        for r in &page.sessions {
+            println!("retried {} ({})", r.id, r.status);
         }
-        let page: ListResponse = api.get(&path).await?;
-        ids.extend(
-            page.sessions
-                .iter()
-                .filter(|s| matches(s, since, reason))
-                .map(|s| s.id.clone()),
-        );
+        retried = retried.saturating_add(page.sessions.len());
         match page.next_cursor {
             // A cursor that does not move would page forever.
-            Some(next) if cursor.as_deref() != Some(next.as_str()) => cursor = Some(next),
+            Some(next) if filter.cursor.as_deref() != Some(next.as_str()) => {
+                filter.cursor = Some(next);
+            }
             _ => break,
         }
     }
-    ids.reverse();
-    Ok(ids)
+    if retried == 0 {
+        println!("no failed session matched");
+    } else {
+        eprintln!("{retried} sessions retried");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_core::auth::{self, Scope};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{KeyStore, NewSession, SessionStore};
+use agentq_core::{KeyStore, NewSession, SessionStatus, SessionStore};
 use agentq_scheduler::{Access, Scheduler, SchedulerSettings, route_table, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 
@@ -138,6 +138,8 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/sessions/{id}/approvals" => json!({"tool_call_id": call_id, "approve": true}),
         "/v1/sessions/{id}/cancel" => json!({}),
         "/v1/sessions/{id}/retry" => json!({}),
+        "/v1/sessions/cancel" => json!({"batch_id": "b"}),
+        "/v1/sessions/retry" => json!({}),
         "/v1/queues" => json!({"name": "made-by-the-auth-test"}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
@@ -655,5 +657,252 @@ async fn a_keyless_server_refuses_writes_a_web_page_could_send() {
         (status, &v["error"]["code"]),
         (409, &json!("not_failed")),
         "{v}"
+    );
+}
+
+/// The ids of a batch answer's sessions, and its batch id.
+fn batch_ids(v: &Value) -> (Vec<String>, String) {
+    let ids = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    (ids, v["batch_id"].as_str().unwrap().to_string())
+}
+
+fn listed(v: &Value) -> Vec<String> {
+    v["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_is_out_of_another_tenants_reach() {
+    let env = Env::start(Duration::from_secs(30)).await;
+    let rw = [Scope::SessionsRead, Scope::SessionsWrite];
+    let a = env.key("acme", &rw).await;
+    let b = env.key("globex", &rw).await;
+    let (s, v) = env
+        .post(
+            "/v1/sessions/batch",
+            &a,
+            &json!([{"prompt": "a0"}, {"prompt": "a1"}, {"prompt": "a2"}]),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (acme, batch) = batch_ids(&v);
+    // Another tenant first: its listing, cancel, retry and join of acme's batch reach
+    // nothing, exactly as for a batch that does not exist.
+    let missing = "00000000-0000-7000-8000-000000000000";
+    for id in [batch.as_str(), missing] {
+        let (s, v) = env.get(&format!("/v1/sessions?batch_id={id}"), &b).await;
+        assert_eq!((s, listed(&v).len()), (200, 0), "{v}");
+        let (s, v) = env
+            .post("/v1/sessions/cancel", &b, &json!({"batch_id": id}))
+            .await;
+        assert_eq!(
+            (s, &v),
+            (200, &json!({"sessions": [], "next_cursor": null}))
+        );
+        let (s, v) = env
+            .post("/v1/sessions/retry", &b, &json!({"batch_id": id}))
+            .await;
+        assert_eq!(
+            (s, &v),
+            (200, &json!({"sessions": [], "next_cursor": null}))
+        );
+        let (s, v) = env
+            .post(
+                &format!("/v1/sessions/batch?batch_id={id}"),
+                &b,
+                &json!([{"prompt": "intruder"}]),
+            )
+            .await;
+        assert_eq!(s, 422, "{v}");
+        assert_eq!(v["error"]["field"], "batch_id", "{v}");
+        assert_eq!(
+            v["error"]["message"].as_str().unwrap().replace(id, "X"),
+            "no batch \"X\" of yours"
+        );
+    }
+    for id in &acme {
+        let row = env.store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.status, SessionStatus::Queued, "{id}");
+    }
+
+    // Its own tenant joins the batch, lists it, and cancels it a page at a time.
+    let (s, v) = env
+        .post(
+            &format!("/v1/sessions/batch?batch_id={batch}&max_running=2"),
+            &a,
+            &json!([{"prompt": "a3"}]),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (joined, same) = batch_ids(&v);
+    assert_eq!(same, batch);
+    let (_, other) = env
+        .post("/v1/sessions/batch", &a, &json!([{"prompt": "x"}]))
+        .await;
+    assert_ne!(batch_ids(&other).1, batch);
+    let mut all: Vec<String> = acme.iter().chain(&joined).cloned().collect();
+    all.reverse();
+    let (s, v) = env.get(&format!("/v1/sessions?batch_id={batch}"), &a).await;
+    assert_eq!((s, listed(&v)), (200, all.clone()), "{v}");
+    // The admin sees it too.
+    let (_, v) = env
+        .get(&format!("/v1/sessions?batch_id={batch}"), ADMIN_KEY)
+        .await;
+    assert_eq!(listed(&v), all);
+
+    // A session of it that failed is retried by the batch's filter; one failed outside
+    // it is not.
+    env.store.fail(&acme[0], "dead letter: boom").await.unwrap();
+    env.store
+        .fail(&acme[1], "dead letter: other")
+        .await
+        .unwrap();
+    let outsider = batch_ids(&other).0.remove(0);
+    env.store
+        .fail(&outsider, "dead letter: boom")
+        .await
+        .unwrap();
+    let (s, v) = env
+        .post(
+            "/v1/sessions/retry",
+            &a,
+            &json!({"batch_id": batch, "error_contains": "boom"}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(listed(&v), [acme[0].clone()]);
+    let (_, v) = env
+        .get(&format!("/v1/sessions?batch_id={batch}&status=failed"), &a)
+        .await;
+    assert_eq!(listed(&v), [acme[1].clone()]);
+
+    let mut cancelled = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut body = json!({"batch_id": batch, "limit": 2});
+        if let Some(c) = &cursor {
+            body["cursor"] = json!(c);
+        }
+        let (s, v) = env.post("/v1/sessions/cancel", &a, &body).await;
+        assert_eq!(s, 200, "{v}");
+        cancelled.extend(listed(&v));
+        match v["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    // Every unfinished one (the failed one stays failed).
+    let want: Vec<String> = all.iter().filter(|id| **id != acme[1]).cloned().collect();
+    assert_eq!(cancelled, want);
+    let (_, v) = env
+        .get(
+            &format!("/v1/sessions?batch_id={batch}&status=cancelled"),
+            &a,
+        )
+        .await;
+    assert_eq!(listed(&v), want);
+    let row = env.store.get(&outsider).await.unwrap().unwrap();
+    assert_eq!(row.status, SessionStatus::Failed);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_query_parameters_and_bad_filters_are_422s_naming_them() {
+    let env = Env::start(Duration::from_secs(30)).await;
+    let key = env
+        .key("acme", &[Scope::SessionsRead, Scope::SessionsWrite])
+        .await;
+    let refused = |(s, v): (u16, Value), code: &str, field: &str| {
+        assert_eq!(s, 422, "{field}: {v}");
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    };
+    // `batch` is not `batch_id`: refused, not ignored (which would list everything).
+    refused(
+        env.get("/v1/sessions?batch=x", &key).await,
+        "unknown_field",
+        "batch",
+    );
+    let (_, v) = env.get("/v1/sessions?batch=x", &key).await;
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("batch_id"),
+        "{v}"
+    );
+    refused(
+        env.get("/v1/sessions?status=failed&statuss=x", &key).await,
+        "unknown_field",
+        "statuss",
+    );
+    refused(
+        env.get("/v1/sessions?status=failed&status=queued", &key)
+            .await,
+        "invalid_field",
+        "status",
+    );
+    refused(
+        env.get(&format!("/v1/sessions?batch_id={}", "x".repeat(200)), &key)
+            .await,
+        "invalid_field",
+        "batch_id",
+    );
+    let (s, v) = env.get("/v1/sessions?batch_id=&limit=", &key).await;
+    assert_eq!(s, 200, "empty parameters are absent: {v}");
+    refused(
+        env.post(
+            "/v1/sessions/batch?max_runing=3",
+            &key,
+            &json!([{"prompt": "a"}]),
+        )
+        .await,
+        "unknown_field",
+        "max_runing",
+    );
+    // The bodies of the filtered actions.
+    refused(
+        env.post("/v1/sessions/cancel", &key, &json!({})).await,
+        "invalid_field",
+        "batch_id",
+    );
+    refused(
+        env.post("/v1/sessions/cancel", &key, &json!({"batch": "b"}))
+            .await,
+        "unknown_field",
+        "batch",
+    );
+    refused(
+        env.post(
+            "/v1/sessions/cancel",
+            &key,
+            &json!({"batch_id": "b", "error_contains": "x"}),
+        )
+        .await,
+        "invalid_field",
+        "error_contains",
+    );
+    for limit in [json!(0), json!(1001), json!("ten")] {
+        refused(
+            env.post("/v1/sessions/retry", &key, &json!({"limit": limit}))
+                .await,
+            "invalid_field",
+            "limit",
+        );
+    }
+    refused(
+        env.post(
+            "/v1/sessions/retry",
+            &key,
+            &json!({"finished_since": "yesterday"}),
+        )
+        .await,
+        "invalid_field",
+        "finished_since",
     );
 }

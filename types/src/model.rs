@@ -416,6 +416,8 @@ pub struct ListFilter {
     pub tenant: Option<String>,
     pub status: Option<SessionStatus>,
     pub parent_id: Option<String>,
+    /// Only the sessions one `POST /v1/sessions/batch` request created (or joined).
+    pub batch_id: Option<String>,
     pub limit: u32,
     /// Return sessions with an id strictly below this one (ids are time-ordered; newest first).
     pub cursor: Option<String>,

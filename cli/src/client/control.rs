@@ -1,42 +1,57 @@
-//! The commands that act on a session: `agentq cancel`, `agentq approve`/`deny` (decide a
-//! held tool call) and `agentq send` (steer it, or start a follow-up turn).
+//! The commands that act on a session: `agentq cancel` (or on a batch: `--batch`),
+//! `agentq approve`/`deny` (decide a held tool call) and `agentq send` (steer it, or
+//! start a follow-up turn).
 
 use std::process::ExitCode;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 use clap::Args;
 use serde_json::json;
 
 use agentq_api::{
-    ApprovalRequest, ApprovalResponse, CancelResponse, PostMessage, PostMessageResponse,
+    ApprovalRequest, ApprovalResponse, BulkCancelResponse, CancelResponse, PostMessage,
+    PostMessageResponse, SessionFilter,
 };
 use agentq_core::protocol::Strategy;
 
 use super::api::{Api, ApiArgs, ApiFailure};
 
+const CANCEL_EXAMPLES: &str = "Examples:
+  agentq cancel 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d
+  agentq cancel --batch 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d";
+
 #[derive(Args, Debug)]
+#[command(after_help = CANCEL_EXAMPLES)]
 pub struct CancelArgs {
-    pub id: String,
+    /// The session to cancel.
+    #[arg(conflicts_with = "batch")]
+    pub id: Option<String>,
+    /// Cancel every unfinished session of this batch (the id `submit --file/--each`
+    /// prints); running ones stop at their next step.
+    #[arg(long, value_name = "ID")]
+    pub batch: Option<String>,
     #[command(flatten)]
     pub api: ApiArgs,
 }
 
-/// `agentq cancel ID`
+/// `agentq cancel ID` / `agentq cancel --batch ID`
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
+    let id = match (&args.id, &args.batch) {
+        (_, Some(batch)) => return cancel_batch(&api, batch).await,
+        (Some(id), None) => id,
+        (None, None) => bail!("give the id of the session to cancel, or --batch ID"),
+    };
     let answer: anyhow::Result<(u16, CancelResponse)> = api
-        .post(&format!("/v1/sessions/{}/cancel", args.id), &json!({}))
+        .post(&format!("/v1/sessions/{id}/cancel"), &json!({}))
         .await;
     match answer {
         Ok((202, _)) => {
-            println!(
-                "cancel requested for {} (running; its worker stops it at the next step)",
-                args.id
-            );
+            println!("cancel requested for {id} (running; its worker stops it at the next step)");
             Ok(ExitCode::SUCCESS)
         }
         Ok(_) => {
-            println!("cancelled {}", args.id);
+            println!("cancelled {id}");
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => match e.downcast_ref::<ApiFailure>() {
@@ -47,6 +62,42 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
             _ => Err(e),
         },
     }
+}
+
+/// Every page of `POST /v1/sessions/cancel` for the batch; exit 1 when nothing was left
+/// to cancel (as for a session that already finished).
+async fn cancel_batch(api: &Api, batch: &str) -> anyhow::Result<ExitCode> {
+    let mut filter = SessionFilter {
+        batch_id: Some(batch.to_string()),
+        ..SessionFilter::default()
+    };
+    let (mut now, mut requested) = (0usize, 0usize);
+    loop {
+        let (_, page): (u16, BulkCancelResponse) = api.post("/v1/sessions/cancel", &filter).await?;
+        for c in &page.sessions {
+            if c.cancel_requested {
+                requested = requested.saturating_add(1);
+            } else {
+                now = now.saturating_add(1);
+            }
+        }
+        match page.next_cursor {
+            // A cursor that does not move would page forever.
+            Some(next) if filter.cursor.as_deref() != Some(next.as_str()) => {
+                filter.cursor = Some(next);
+            }
+            _ => break,
+        }
+    }
+    if now == 0 && requested == 0 {
+        eprintln!("agentq: batch {batch} has no unfinished session");
+        return Ok(ExitCode::from(1));
+    }
+    println!(
+        "batch {batch}: cancelled {now}; cancel requested for {requested} running (their \
+         workers stop them at the next step)"
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args, Debug)]

@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use clap::Args;
 
 use agentq_api::{ListResponse, SessionDetail, SessionView};
+use agentq_core::SessionStatus;
 
 use super::api::{Api, ApiArgs, encode};
-use super::show::{pending_lines, pretty, truncate};
+use super::show::{one_line, pending_lines, pretty, shell_word, truncate};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -29,11 +30,21 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+const SESSIONS_EXAMPLES: &str = "Examples:
+  agentq sessions --status running
+  agentq sessions --batch 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d --status failed
+  agentq sessions --batch 0190c2d4-5e6f-7a8b-9c0d-1e2f3a4b5c6d --limit 1000 --json > batch.json";
+
 #[derive(Args, Debug)]
+#[command(after_help = SESSIONS_EXAMPLES)]
 pub struct SessionsArgs {
     /// queued, running, waiting, awaiting_approval, completed, failed or cancelled.
     #[arg(long)]
     pub status: Option<String>,
+    /// Only the sessions of this batch (the id `submit --file/--each` prints); the table
+    /// then shows why each finished and its error.
+    #[arg(long, value_name = "ID")]
+    pub batch: Option<String>,
     #[arg(long, default_value_t = 50)]
     pub limit: u32,
     /// Continue after this session id (the `next` cursor printed by the previous page).
@@ -50,8 +61,15 @@ pub struct SessionsArgs {
 pub async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
     let mut q = vec![format!("limit={}", args.limit)];
-    if let Some(s) = &args.status {
-        q.push(format!("status={}", encode(s)));
+    let mut more = Vec::new();
+    for (name, flag, v) in [
+        ("status", "--status", &args.status),
+        ("batch_id", "--batch", &args.batch),
+    ] {
+        if let Some(v) = v {
+            q.push(format!("{name}={}", encode(v)));
+            more.push(format!("{flag} {}", shell_word(v)));
+        }
     }
     if let Some(c) = &args.cursor {
         q.push(format!("cursor={}", encode(c)));
@@ -61,15 +79,51 @@ pub async fn sessions(args: SessionsArgs) -> anyhow::Result<ExitCode> {
         println!("{}", pretty(&body)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let rows: Vec<[String; 6]> = body.sessions.iter().map(table_row).collect();
-    print_table(
-        &["ID", "STATUS", "ITER", "TOKENS", "CREATED (UTC)", "PROMPT"],
-        &rows,
-    );
+    // Why a session ended matters most where sessions have ended: a batch, or a listing
+    // of finished ones.
+    let finished = args
+        .status
+        .as_deref()
+        .and_then(SessionStatus::parse)
+        .is_some_and(|s| s.is_terminal());
+    if args.batch.is_some() || finished {
+        let rows: Vec<[String; 7]> = body.sessions.iter().map(outcome_row).collect();
+        print_table(
+            &[
+                "ID",
+                "STATUS",
+                "REASON",
+                "ITER",
+                "TOKENS",
+                "CREATED (UTC)",
+                "ERROR",
+            ],
+            &rows,
+        );
+    } else {
+        let rows: Vec<[String; 6]> = body.sessions.iter().map(table_row).collect();
+        print_table(
+            &["ID", "STATUS", "ITER", "TOKENS", "CREATED (UTC)", "PROMPT"],
+            &rows,
+        );
+    }
     if let Some(next) = &body.next_cursor {
-        eprintln!("more: agentq sessions --cursor {next}");
+        more.push(format!("--cursor {next}"));
+        eprintln!("more: agentq sessions {}", more.join(" "));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// ID, STATUS, REASON, ITER, TOKENS, CREATED (UTC), ERROR.
+pub(super) fn outcome_row(s: &SessionView) -> [String; 7] {
+    let [id, status, iter, tokens, created, _] = table_row(s);
+    let reason = s.finish_reason.map(|r| r.to_string()).unwrap_or_default();
+    let error = s
+        .error
+        .as_deref()
+        .map(|e| one_line(e, 80))
+        .unwrap_or_default();
+    [id, status, reason, iter, tokens, created, error]
 }
 
 /// ID, STATUS, ITER, TOKENS, CREATED (UTC), PROMPT.
@@ -85,7 +139,7 @@ pub(super) fn table_row(s: &SessionView) -> [String; 6] {
     ]
 }
 
-fn print_table(header: &[&str; 6], rows: &[[String; 6]]) {
+fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     let mut widths = header.map(|h| h.chars().count());
     for r in rows {
         for (w, c) in widths.iter_mut().zip(r) {

@@ -5,9 +5,10 @@ use serde_json::{Map, Value, json};
 use agentq_api::{SessionDetail, SessionView};
 
 use super::api::{ApiFailure, encode};
+use super::batch::{Item, Tally, batch_chunks, batch_error};
 use super::sessions::table_row;
 use super::show::{one_line, pending_lines, shell_word, truncate};
-use super::submit::{batch_chunks, batch_error, parse_jsonl};
+use super::submit::parse_jsonl;
 use super::wait::completion_from_view;
 
 #[test]
@@ -21,8 +22,13 @@ fn jsonl_lines_get_flag_defaults() {
     )
     .unwrap();
     assert_eq!(items.len(), 2);
-    assert_eq!(items[0]["queue"], "bulk");
-    assert_eq!(items[1]["queue"], "q2");
+    assert_eq!(items[0].body["queue"], "bulk");
+    assert_eq!(items[1].body["queue"], "q2");
+    // Items are named by their line, from 1, blank lines counted.
+    assert_eq!(
+        (items[0].origin.as_str(), items[1].origin.as_str()),
+        ("f:1", "f:3")
+    );
     let e = parse_jsonl("{\"prompt\":\"a\"}\n[1]\n", "f.jsonl", &d).unwrap_err();
     assert_eq!(e.to_string(), "f.jsonl:2: expected a JSON object");
     let e = parse_jsonl("{oops\n", "f.jsonl", &d).unwrap_err();
@@ -123,17 +129,60 @@ fn batches_are_cut_by_count_and_by_size() {
 }
 
 #[test]
-fn batch_error_fields_are_file_relative() {
-    let f = ApiFailure {
+fn batch_errors_name_the_line_the_user_wrote() {
+    let items: Vec<Item> = (0..20_005)
+        .map(|i| Item {
+            // Line i + 2: the file starts with a blank line.
+            origin: format!("tasks.jsonl:{}", i + 2),
+            body: json!({}),
+        })
+        .collect();
+    let refused = |field: &str| ApiFailure {
         status: 422,
         code: "invalid_field".into(),
         message: "bad".into(),
-        field: Some("[3].mode".into()),
+        field: Some(field.into()),
     };
-    let e = batch_error(f.into(), 20_000, 20_000);
+    // Item 3 of the chunk starting at item 20,000: item 20,003, line 20,005.
+    let e = batch_error(refused("[3].mode").into(), 20_000, 20_000, &items);
     let inner = e.downcast_ref::<ApiFailure>().unwrap();
-    assert_eq!(inner.field.as_deref(), Some("[20003].mode"));
-    assert!(format!("{e:#}").contains("20000 sessions"));
+    assert_eq!(inner.field.as_deref(), Some("mode"));
+    let text = format!("{e:#}");
+    assert!(text.contains("20000 sessions"), "{text}");
+    assert!(
+        text.ends_with("tasks.jsonl:20005: bad (field `mode`) [HTTP 422 invalid_field]"),
+        "{text}"
+    );
+    // An item refused as a whole names no field; one of the first chunk, nothing before.
+    let e = batch_error(refused("[0]").into(), 0, 0, &items);
+    assert_eq!(
+        format!("{e:#}"),
+        "tasks.jsonl:2: bad [HTTP 422 invalid_field]"
+    );
+    assert!(e.downcast_ref::<ApiFailure>().unwrap().field.is_none());
+    // A field that names no item is left as the server wrote it.
+    let e = batch_error(refused("max_running").into(), 0, 0, &items);
+    assert_eq!(
+        format!("{e:#}"),
+        "bad (field `max_running`) [HTTP 422 invalid_field]"
+    );
+}
+
+#[test]
+fn the_progress_line_counts_and_costs() {
+    let t = Tally {
+        done: 12,
+        failed: 2,
+        running: 3,
+        tokens: 15_234,
+        cost_usd: Some(0.01234),
+    };
+    assert_eq!(
+        t.line(20),
+        "12/20 done · 2 failed · 3 running · 15234 tokens · $0.0123"
+    );
+    let t = Tally::default();
+    assert_eq!(t.line(1), "0/1 done · 0 failed · 0 running · 0 tokens");
 }
 
 #[test]

@@ -16,10 +16,10 @@
 //! no drain, no release and no ack — what SIGKILL does to a worker process.
 //!
 //! The module owns the demo's workload (the scripted model's script and the sessions'
-//! specs), the kill, the progress display and the summary (table or `--json`).
+//! specs), the kill and the summary (table or `--json`); its progress display is
+//! `crate::progress`, shared with `submit --wait`.
 
 mod kill;
-mod progress;
 mod summary;
 
 use std::collections::BTreeMap;
@@ -38,8 +38,8 @@ use agentq_core::{EnqueueReason, NewSession, SessionStatus};
 use agentq_worker::{Worker, WorkerSettings};
 
 use crate::dev::Stack;
+use crate::progress::Progress;
 use kill::{DRAIN_TIMEOUT, DemoWorker, pick_victim, taken_over};
-use progress::Progress;
 use summary::{Summary, SummaryRun, all_sessions, llm_audit, print_table, summarize};
 
 /// The queue the demo's sessions go through.
@@ -193,7 +193,9 @@ pub async fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let t0 = Instant::now();
     submit(&stack, &args).await?;
     let total = u64::from(args.sessions);
-    let progress = Progress::new(total, args.json);
+    // The bar only when the summary on stdout is a table on a terminal too.
+    let bar = std::io::IsTerminal::is_terminal(&std::io::stdout()) && !args.json;
+    let progress = Progress::new(total, bar, PLAIN_EVERY);
     progress.note(&format!(
         "agentq demo: {total} sessions, {} workers × {}, {}",
         args.workers,
@@ -393,7 +395,6 @@ impl Batch<'_> {
         };
         let mut target_reached: Option<Instant> = None;
         let deadline = self.t0 + Duration::from_secs(args.timeout_secs);
-        let mut last_plain = Instant::now();
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
@@ -425,15 +426,7 @@ impl Batch<'_> {
                     None => String::new(),
                 }
             );
-            let progress = self.progress;
-            progress.update(done, &line, self.t0.elapsed());
-            if !progress.is_bar() && last_plain.elapsed() >= PLAIN_EVERY {
-                last_plain = Instant::now();
-                progress.note(&format!(
-                    "[{:5.1}s] {line}",
-                    self.t0.elapsed().as_secs_f64()
-                ));
-            }
+            self.progress.update(done, &line, self.t0.elapsed());
             if done >= total {
                 break;
             }

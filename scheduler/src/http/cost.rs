@@ -58,6 +58,14 @@ pub async fn of_session(
     Ok((own, Some(tree), budget))
 }
 
+/// What `rows` cost together at the configured prices; `None` when none has a price.
+pub fn of_rows(s: &Scheduler, rows: &[SessionRow]) -> Option<f64> {
+    let prices = &s.cfg.prices;
+    rows.iter()
+        .filter_map(|r| prices.cost_usd(model_of(r), &r.usage))
+        .reduce(|a, b| a + b)
+}
+
 pub fn spend_view(s: Spend) -> SpendView {
     SpendView {
         tokens: s.tokens,

@@ -1,5 +1,5 @@
 //! What every route shares: the JSON body extractor and decoding ([`body`]), the session
-//! views ([`view`]), the id check, and answering with an API type. Routes import from
+//! views ([`view`]), query strings ([`query`]), the id check, and answering with an API type. Routes import from
 //! here, never from each other.
 
 use axum::Json;
@@ -20,6 +20,7 @@ pub mod batch_body;
 pub mod body;
 pub mod cost;
 pub mod decode;
+pub mod query;
 pub mod view;
 
 pub use auth::Auth;

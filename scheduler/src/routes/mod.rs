@@ -17,6 +17,7 @@ use crate::http::auth::{self, Access, Authenticator};
 use crate::state::Scheduler;
 
 mod budgets;
+mod bulk;
 mod events;
 mod files;
 mod health;
@@ -72,6 +73,8 @@ fn table(state: &Scheduler) -> Vec<Route> {
             // `BatchBody` reads the body itself, under the decode budget and this limit.
             post(sessions::create_batch).layer(DefaultBodyLimit::max(state.batch_body_limit())),
         ),
+        route(p.clone(), "/v1/sessions/cancel", WRITE, post(bulk::cancel)),
+        route(p.clone(), "/v1/sessions/retry", WRITE, post(bulk::retry)),
         route(g.clone(), "/v1/sessions/{id}", READ, get(sessions::get)),
         route(
             g.clone(),

@@ -12,13 +12,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use agentq_api::{
-    BatchResponse, CancelResponse, ListResponse, MessagesResponse, SessionDetail, SessionRef,
+    BatchResponse, CancelResponse, LIST_PARAMS, ListResponse, MessagesResponse, SessionDetail,
+    SessionRef,
 };
 use agentq_core::auth::Caller;
 use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::error::ApiError;
 use crate::http::batch_body::BatchBody;
+use crate::http::query::params;
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
     session_view,
@@ -83,17 +85,30 @@ fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewS
     n
 }
 
-/// `POST /v1/sessions/batch?max_running=N`: at most N of the batch's sessions running
-/// (or buffered) at once.
-#[derive(Debug, Default, serde::Deserialize)]
+/// `POST /v1/sessions/batch?max_running=N&batch_id=B`: at most N of the batch's sessions
+/// running (or buffered) at once; with `batch_id`, the sessions join that batch of the
+/// caller's tenant (a client sending one batch in several requests) instead of a new one.
+#[derive(Debug, Default)]
 pub(super) struct BatchQuery {
     max_running: Option<String>,
+    batch_id: Option<String>,
 }
 
+/// The query parameters `POST /v1/sessions/batch` accepts.
+const BATCH_PARAMS: &[&str] = &["max_running", "batch_id"];
+
 impl BatchQuery {
+    fn from_params(mut p: BTreeMap<String, String>) -> BatchQuery {
+        let mut take = |k: &str| p.remove(k).filter(|v| !v.is_empty());
+        BatchQuery {
+            max_running: take("max_running"),
+            batch_id: take("batch_id"),
+        }
+    }
+
     fn max_running(&self) -> ApiResult<Option<u32>> {
         match self.max_running.as_deref() {
-            None | Some("") => Ok(None),
+            None => Ok(None),
             Some(v) => v
                 .parse::<u32>()
                 .ok()
@@ -106,6 +121,31 @@ impl BatchQuery {
                     )
                 }),
         }
+    }
+
+    /// The batch to join: one that has sessions of the caller's own tenant (another
+    /// tenant's batch is refused exactly as one that does not exist).
+    async fn joined(&self, s: &Scheduler, caller: &Caller) -> ApiResult<Option<String>> {
+        let Some(id) = &self.batch_id else {
+            return Ok(None);
+        };
+        let unknown = || ApiError::invalid("batch_id", format!("no batch {id:?} of yours"));
+        if id.len() > MAX_ID_LEN {
+            return Err(unknown());
+        }
+        let found = s
+            .store
+            .list(&ListFilter {
+                tenant: Some(caller.tenant.clone()),
+                batch_id: Some(id.clone()),
+                limit: 1,
+                ..Default::default()
+            })
+            .await?;
+        if found.is_empty() {
+            return Err(unknown());
+        }
+        Ok(Some(id.clone()))
     }
 }
 
@@ -221,15 +261,16 @@ pub(super) async fn create(
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
-    query: Result<Query<BatchQuery>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     // Its grant of the decode budget is held until the batch is created.
     BatchBody {
         bytes: body,
         grant: _grant,
     }: BatchBody,
 ) -> ApiResult<Response> {
-    let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    let q = BatchQuery::from_params(params(query, BATCH_PARAMS)?);
     let max_running = q.max_running()?;
+    let joined = q.joined(&s, &caller).await?;
     let mut reqs = parse_batch_bytes(&body, &limits(&s, &caller))?;
     // The requests own what they need; the body's bytes go before the store's work.
     drop(body);
@@ -245,8 +286,9 @@ pub(super) async fn create_batch(
         .zip(hashes)
         .map(|(r, h)| new_session(r, &caller, h))
         .collect();
-    // One batch id per request: fair share among a tenant's batches, and their caps.
-    let batch_id = agentq_core::new_session_id();
+    // One batch id per request (or the one it joins): fair share among a tenant's
+    // batches, and their caps.
+    let batch_id = joined.unwrap_or_else(agentq_core::new_session_id);
     let mut per_queue: BTreeMap<String, usize> = BTreeMap::new();
     for n in &new {
         *per_queue.entry(n.queue.clone()).or_default() += 1;
@@ -305,6 +347,7 @@ pub(super) async fn create_batch(
                 status: row.status,
             })
             .collect(),
+        batch_id: Some(batch_id),
     };
     let status = if any_created {
         StatusCode::CREATED
@@ -393,12 +436,11 @@ fn row_bytes(row: &SessionRow) -> usize {
 pub(super) async fn list(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
-    query: Result<Query<ListQuery>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let Query(q) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
-    q.check_text()?;
+    let q = ListQuery::from_params(params(query, LIST_PARAMS)?)?;
     let limit = match q.limit.as_deref() {
-        None | Some("") => DEFAULT_LIST_LIMIT,
+        None => DEFAULT_LIST_LIMIT,
         Some(l) => l
             .parse::<u32>()
             .ok()
@@ -411,7 +453,7 @@ pub(super) async fn list(
             })?,
     };
     let status = match q.status.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(st) => Some(SessionStatus::parse(st).ok_or_else(|| {
             ApiError::invalid(
                 "status",
@@ -422,17 +464,13 @@ pub(super) async fn list(
             )
         })?),
     };
-    for (field, v) in [("cursor", &q.cursor), ("parent_id", &q.parent_id)] {
-        if v.as_ref().is_some_and(|v| v.len() > MAX_ID_LEN) {
-            return Err(ApiError::invalid(field, "is not a session id"));
-        }
-    }
     let mut filter = ListFilter {
         tenant: caller.tenant_filter(),
         status,
-        parent_id: q.parent_id.filter(|p| !p.is_empty()),
+        parent_id: q.parent_id,
+        batch_id: q.batch_id,
         limit: 0,
-        cursor: q.cursor.filter(|c| !c.is_empty()),
+        cursor: q.cursor,
     };
     // Read a few rows at a time, and end the page early once it holds
     // `LIST_MAX_BYTES`: a session may carry megabytes, so `limit` rows could be gigabytes.
@@ -468,6 +506,7 @@ pub(super) async fn list(
         &ListResponse {
             sessions: rows.iter().map(session_view).collect(),
             next_cursor,
+            cost_usd: crate::http::cost::of_rows(&s, &rows),
         },
     )
 }

@@ -59,6 +59,9 @@ where
     if let Some(parent) = &filter.parent_id {
         qb.push(" AND parent_id = ").push_bind(parent.as_str());
     }
+    if let Some(batch) = &filter.batch_id {
+        qb.push(" AND batch_id = ").push_bind(batch.as_str());
+    }
     if let Some(cursor) = &filter.cursor {
         qb.push(" AND id < ").push_bind(cursor.as_str());
     }
