@@ -10,7 +10,7 @@ use serde_json::json;
 
 use agentq_api::{
     ApprovalRequest, ApprovalResponse, BulkCancelResponse, CancelResponse, PostMessage,
-    PostMessageResponse, SessionFilter,
+    PostMessageResponse, SessionDetail, SessionFilter,
 };
 use agentq_core::protocol::Strategy;
 
@@ -104,8 +104,9 @@ async fn cancel_batch(api: &Api, batch: &str) -> anyhow::Result<ExitCode> {
 pub struct DecideArgs {
     /// The session holding the call.
     pub id: String,
-    /// The held tool call's id (`agentq status ID` lists the calls a session holds).
-    pub tool_call_id: String,
+    /// The held tool call's id (`agentq status ID` lists the calls a session holds); may
+    /// be left out when the session holds one call only.
+    pub tool_call_id: Option<String>,
     /// Why (shown to the model when denied).
     #[arg(long)]
     pub reason: Option<String>,
@@ -116,8 +117,12 @@ pub struct DecideArgs {
 /// `agentq approve` / `agentq deny`
 pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode> {
     let api = Api::new(&args.api)?;
+    let tool_call_id = match &args.tool_call_id {
+        Some(call) => call.clone(),
+        None => the_held_call(&api, &args.id).await?,
+    };
     let body = ApprovalRequest {
-        tool_call_id: args.tool_call_id.clone(),
+        tool_call_id: tool_call_id.clone(),
         approve,
         reason: args.reason.clone(),
     };
@@ -128,11 +133,34 @@ pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode>
     let resumed = resp.resumed;
     println!(
         "{verb} {} of {}{}",
-        args.tool_call_id,
+        tool_call_id,
         args.id,
         if resumed { "; the session resumes" } else { "" }
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The one call `id` holds for a decision; with none or several, the error says which to
+/// name.
+async fn the_held_call(api: &Api, id: &str) -> anyhow::Result<String> {
+    let session: SessionDetail = api.get(&format!("/v1/sessions/{id}")).await?;
+    let mut held = session.pending_approvals.iter().map(|p| p.tool_call_id.clone());
+    match (held.next(), held.next()) {
+        (Some(call), None) => Ok(call),
+        (None, _) => bail!("session {id} holds no tool call for a decision (`agentq status {id}`)"),
+        (Some(_), Some(_)) => {
+            let all: Vec<&str> = session
+                .pending_approvals
+                .iter()
+                .map(|p| p.tool_call_id.as_str())
+                .collect();
+            bail!(
+                "session {id} holds {} calls for a decision: name one ({})",
+                all.len(),
+                all.join(", ")
+            )
+        }
+    }
 }
 
 #[derive(Args, Debug)]
