@@ -73,6 +73,7 @@ fn worker_config(
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (settings, cfg, db, redis) = worker_config(&args, |k| std::env::var(k).ok())?;
+    crate::process::warn_without_model("worker", &cfg);
     // First, so a second worker on a host refuses before it touches anything.
     let (metrics_listener, metrics_at) =
         crate::process::bind_metrics(&settings.metrics_addr).await?;
@@ -178,7 +179,7 @@ mod tests {
             cfg.heartbeat_interval,
             std::time::Duration::from_millis(500)
         );
-        assert_eq!(cfg.default_provider, "anthropic");
+        assert_eq!(cfg.default_provider.as_deref(), Some("anthropic"));
 
         let e = worker_config(&parse(&[]), |_| None)
             .unwrap_err()
