@@ -14,7 +14,7 @@ use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
 use crate::process::{Start, Stop, stopped};
-use crate::stack::redact;
+use crate::stack::{connect_error, redact};
 
 /// Every flag overrides its setting in `agentq.toml` and its environment variable.
 #[derive(Args, Debug)]
@@ -81,7 +81,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let mut store =
         PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
             .await
-            .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+            .map_err(|e| connect_error(e, "Postgres", &db))?;
     if let Some(o) = objects {
         store = store.with_objects(o);
     }
@@ -94,7 +94,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let queue = RedisQueue::connect(&redis)
         .await
-        .with_context(|| format!("cannot connect to Redis at {}", redact(&redis)))?;
+        .map_err(|e| connect_error(e, "Redis", &redis))?;
     let shutdown = CancellationToken::new();
     let mut cfg = cfg;
     cfg.limiter =
