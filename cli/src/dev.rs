@@ -132,6 +132,12 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let workers = spawn_workers(&id, args.workers, &wcfg, &stack, &shutdown);
     let mut scheduler_settings = SchedulerSettings::from_settings(&cfg)?;
     scheduler_settings.auth = auth;
+    // Sessions may name every queue dev's own workers read (`--queues`).
+    for q in &wcfg.queues {
+        if !scheduler_settings.queues.contains(q) {
+            scheduler_settings.queues.push(q.clone());
+        }
+    }
     let scheduler = tokio::spawn(agentq_scheduler::run(
         stack.store.clone(),
         stack.queue.clone(),
