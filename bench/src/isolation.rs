@@ -56,7 +56,7 @@ pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             "",
             &tool,
         )?;
-        cfg.default_provider = "openai".into();
+        cfg.default_provider = Some("openai".into());
         cfg.providers.openai_base_url = Some(llm::base_url(&fake));
         cfg.providers.openai_api_key = Some("bench".into());
         cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(

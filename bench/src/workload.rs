@@ -151,7 +151,7 @@ pub fn config(
         queues: vec![queue.to_string()],
         concurrency: concurrency as usize,
         workspace_root: env.scratch.join("workspaces"),
-        default_provider: "scripted".into(),
+        default_provider: Some("scripted".into()),
         default_tools: vec![tool.into()],
         event_ttl: Duration::from_secs(60),
         checkpoint_batch_max: env.args.checkpoint_batch_max as usize,

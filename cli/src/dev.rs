@@ -106,6 +106,7 @@ pub fn dev_auth(
 /// `agentq dev`: serve the API and run the workers until SIGTERM/SIGINT, then drain.
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let (cfg, mut wcfg) = dev_config(&args, |k| std::env::var(k).ok())?;
+    crate::process::warn_without_model("dev", &wcfg);
     // Before anything is bound or opened: a bad key is the operator's to fix first.
     let admin_key = crate::scheduler::admin_key_from_env()?;
     // First, so a port already taken is refused before the database is opened.
@@ -131,6 +132,12 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     let workers = spawn_workers(&id, args.workers, &wcfg, &stack, &shutdown);
     let mut scheduler_settings = SchedulerSettings::from_settings(&cfg)?;
     scheduler_settings.auth = auth;
+    // Sessions may name every queue dev's own workers read (`--queues`).
+    for q in &wcfg.queues {
+        if !scheduler_settings.queues.contains(q) {
+            scheduler_settings.queues.push(q.clone());
+        }
+    }
     let scheduler = tokio::spawn(agentq_scheduler::run(
         stack.store.clone(),
         stack.queue.clone(),
@@ -375,7 +382,7 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(wcfg.default_provider, "openai");
+        assert_eq!(wcfg.default_provider.as_deref(), Some("openai"));
         assert_eq!(wcfg.default_model.as_deref(), Some("gpt-test"));
         assert_eq!(
             wcfg.providers.openai_base_url.as_deref(),

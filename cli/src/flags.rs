@@ -60,14 +60,16 @@ pub struct WorkerFlags {
     #[arg(long)]
     pub workspace_root: Option<PathBuf>,
     /// Provider for sessions that name none: openai, anthropic or scripted
-    /// (AGENTQ_DEFAULT_PROVIDER; default scripted).
+    /// (AGENTQ_DEFAULT_PROVIDER). Default: scripted when --script is given, else openai
+    /// when OPENAI_API_KEY or OPENAI_BASE_URL is set, else anthropic when ANTHROPIC_API_KEY
+    /// or ANTHROPIC_BASE_URL is; else none, and such sessions fail saying so.
     #[arg(long)]
     pub default_provider: Option<String>,
     /// Model for sessions that name none (AGENTQ_DEFAULT_MODEL; default: the provider's).
     #[arg(long)]
     pub default_model: Option<String>,
-    /// JSON script for the scripted provider (AGENTQ_SCRIPT; default: its built-in demo
-    /// script).
+    /// JSON script for the scripted provider, which it then is by default (AGENTQ_SCRIPT;
+    /// `--default-provider scripted` alone plays its built-in demo script).
     #[arg(long)]
     pub script: Option<PathBuf>,
     /// Let http_fetch reach these private hosts (host or host:port), comma-separated
@@ -123,7 +125,7 @@ impl WorkerFlags {
             w.workspace_root = v.clone();
         }
         if let Some(v) = &self.default_provider {
-            w.default_provider = v.clone();
+            w.default_provider = Some(v.clone());
         }
         if self.default_model.is_some() {
             w.default_model = self.default_model.clone();

@@ -60,12 +60,10 @@ async fn open_store(config: Option<&std::path::Path>) -> anyhow::Result<Arc<dyn 
         Some(url) => {
             let store = PgStore::connect(url, 2)
                 .await
-                .context("cannot connect to Postgres")?;
+                .map_err(|e| crate::stack::connect_error(e, "Postgres", url))?;
             match store.check_schema().await {
                 Ok(()) => {}
-                Err(Error::SchemaBehind { .. }) => {
-                    bail!("database schema is behind: run `agentq migrate`")
-                }
+                Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
                 Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
             }
             Arc::new(store)

@@ -82,19 +82,27 @@ impl Start {
 }
 
 /// The default provider, its model, and whether a key for it is configured (never the
-/// key). The scripted provider needs none, so it has none.
+/// key). The scripted provider needs none, so it has none; without a provider both are
+/// `none`.
 fn provider_of(w: &WorkerSettings) -> (String, String, bool) {
-    let provider = w.default_provider.clone();
-    let model = w
-        .default_model
-        .clone()
-        .unwrap_or_else(|| agentq_agent::provider::factory::default_model(&provider).to_string());
+    let Some(provider) = w.default_provider.clone() else {
+        return ("none".into(), "none".into(), false);
+    };
+    let model = w.default_model().unwrap_or("none").to_string();
     let key_set = match provider.as_str() {
         "openai" => w.providers.openai_api_key.is_some(),
         "anthropic" => w.providers.anthropic_api_key.is_some(),
         _ => false,
     };
     (provider, model, key_set)
+}
+
+/// One line on stderr when no model is configured: every session that names no provider
+/// will fail, and the operator should hear why before the first one does.
+pub fn warn_without_model(command: &str, w: &WorkerSettings) {
+    if w.default_provider.is_none() {
+        eprintln!("agentq {command}: {}", agentq_core::config::NO_MODEL);
+    }
 }
 
 /// Why a process ended, for its stop line.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +17,7 @@ use agentq_core::{Error, Store};
 use agentq_scheduler::SchedulerSettings;
 
 use crate::process::{Start, Stop, stopped};
+use crate::stack::connect_error;
 
 /// Connections of the scheduler's pool: the API's queries are short.
 const SCHEDULER_PG_CONNS: u32 = 16;
@@ -75,9 +76,10 @@ fn database_url(cfg: &Settings) -> anyhow::Result<&str> {
 /// `agentq migrate`: bring the Postgres schema up to this binary's version.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let cfg = Settings::resolve(args.config.as_deref(), |k| std::env::var(k).ok(), |_| {})?;
-    let store = PgStore::connect(database_url(&cfg)?, 2)
+    let url = database_url(&cfg)?;
+    let store = PgStore::connect(url, 2)
         .await
-        .context("cannot connect to Postgres")?;
+        .map_err(|e| connect_error(e, "Postgres", url))?;
     let latest = MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -131,22 +133,21 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
     })?;
     let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
-    let mut store = PgStore::connect(database_url(&cfg)?, SCHEDULER_PG_CONNS)
+    let url = database_url(&cfg)?;
+    let mut store = PgStore::connect(url, SCHEDULER_PG_CONNS)
         .await
-        .context("cannot connect to Postgres")?;
+        .map_err(|e| connect_error(e, "Postgres", url))?;
     if let Some(o) = objects {
         store = store.with_objects(o);
     }
     match store.check_schema().await {
         Ok(()) => {}
-        Err(Error::SchemaBehind { .. }) => {
-            bail!("database schema is behind: run `agentq migrate`")
-        }
+        Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
         Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
     }
     let queue = RedisQueue::connect(redis_url)
         .await
-        .context("cannot connect to Redis")?;
+        .map_err(|e| connect_error(e, "Redis", redis_url))?;
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;

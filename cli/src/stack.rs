@@ -98,14 +98,14 @@ impl Stack {
     ) -> anyhow::Result<Self> {
         let mut store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
             .await
-            .with_context(|| format!("cannot connect to Postgres at {}", redact(database_url)))?;
+            .map_err(|e| connect_error(e, "Postgres", database_url))?;
         if let Some(o) = objects {
             store = store.with_objects(o);
         }
         store.migrate().await.context("migration failed")?;
         let queue = RedisQueue::connect(redis_url)
             .await
-            .with_context(|| format!("cannot connect to Redis at {}", redact(redis_url)))?;
+            .map_err(|e| connect_error(e, "Redis", redis_url))?;
         Ok(Stack {
             store: Arc::new(store),
             queue: Arc::new(queue),
@@ -120,6 +120,18 @@ impl Stack {
             queue_url: redact(redis_url),
             requeued: 0,
         })
+    }
+}
+
+/// A failed connection to `service` at `url` as a process reports it: an unreachable
+/// server already says where and why (once); any other failure gets the service and the
+/// URL without its password.
+pub fn connect_error(e: agentq_core::Error, service: &str, url: &str) -> anyhow::Error {
+    match e {
+        agentq_core::Error::Unreachable { .. } => anyhow::Error::new(e),
+        e => {
+            anyhow::Error::new(e).context(format!("cannot connect to {service} at {}", redact(url)))
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use agentq_worker::{Worker, WorkerSettings};
 
 use crate::flags::WorkerFlags;
 use crate::process::{Start, Stop, stopped};
-use crate::stack::redact;
+use crate::stack::{connect_error, redact};
 
 /// Every flag overrides its setting in `agentq.toml` and its environment variable.
 #[derive(Args, Debug)]
@@ -73,6 +73,7 @@ fn worker_config(
 
 pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (settings, cfg, db, redis) = worker_config(&args, |k| std::env::var(k).ok())?;
+    crate::process::warn_without_model("worker", &cfg);
     // First, so a second worker on a host refuses before it touches anything.
     let (metrics_listener, metrics_at) =
         crate::process::bind_metrics(&settings.metrics_addr).await?;
@@ -80,7 +81,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let mut store =
         PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
             .await
-            .with_context(|| format!("cannot connect to Postgres at {}", redact(&db)))?;
+            .map_err(|e| connect_error(e, "Postgres", &db))?;
     if let Some(o) = objects {
         store = store.with_objects(o);
     }
@@ -93,7 +94,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let queue = RedisQueue::connect(&redis)
         .await
-        .with_context(|| format!("cannot connect to Redis at {}", redact(&redis)))?;
+        .map_err(|e| connect_error(e, "Redis", &redis))?;
     let shutdown = CancellationToken::new();
     let mut cfg = cfg;
     cfg.limiter =
@@ -178,7 +179,7 @@ mod tests {
             cfg.heartbeat_interval,
             std::time::Duration::from_millis(500)
         );
-        assert_eq!(cfg.default_provider, "anthropic");
+        assert_eq!(cfg.default_provider.as_deref(), Some("anthropic"));
 
         let e = worker_config(&parse(&[]), |_| None)
             .unwrap_err()

@@ -250,7 +250,8 @@ fn unreachable_api_is_one_clear_line() {
     assert_eq!(
         err.trim(),
         format!(
-            "agentq: cannot reach the API at {api}: connection refused (is `agentq scheduler` running?)"
+            "agentq: cannot reach the API at {api}: connection refused (is `agentq dev` or \
+             `agentq scheduler` running there?)"
         )
     );
 }

@@ -120,6 +120,8 @@ fn dev_says_what_it_runs_and_why_it_stopped() {
             .current_dir(dir.path())
             .args(["dev", "--addr", "127.0.0.1:0", "--workers", "1"])
             .args(["--queues", "default,nightly", "--concurrency", "5"])
+            // The scripted model is opted into, never the default.
+            .args(["--default-provider", "scripted"])
             .arg("--db")
             .arg(&db),
     );
@@ -161,6 +163,7 @@ fn worker_and_scheduler_say_what_they_run_without_passwords() {
             .current_dir(dir.path())
             .args(["worker", "--database-url", &db, "--redis-url", &redis.url()])
             .args(["--queues", "default,nightly", "--concurrency", "7"])
+            .args(["--default-provider", "scripted"])
             .arg("--workspace-root")
             .arg(dir.path().join("ws")),
     );

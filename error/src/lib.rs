@@ -37,10 +37,21 @@ pub enum Error {
     #[error("invalid {field}: {message}")]
     Invalid { field: String, message: String },
     /// The database schema is older than this binary.
-    #[error("database schema is behind (at {current:?}, need {required}): run `agentq migrate`")]
+    #[error(
+        "database schema is behind ({}; this binary needs version {required}): run `agentq migrate`",
+        schema_at(*.current)
+    )]
     SchemaBehind { current: Option<i64>, required: i64 },
     #[error("database error: {0}")]
     Db(sqlx::Error),
+    /// A service (Postgres, Redis) could not be reached at all, said once with its
+    /// address and cause. Retryable: it may be starting.
+    #[error("cannot connect to {service} at {address}: {cause}")]
+    Unreachable {
+        service: &'static str,
+        address: String,
+        cause: String,
+    },
     /// The database refused a value of this write for what it is (see the module docs):
     /// not retryable, and not an outage.
     #[error("the database refused the data{code}: {0}", code = sqlstate(.0))]
@@ -92,7 +103,7 @@ impl Error {
                 e.kind(),
                 redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse
             ),
-            Error::Pool(_) => true,
+            Error::Pool(_) | Error::Unreachable { .. } => true,
             Error::ObjectStore { retryable, .. } => *retryable,
             Error::Shared(e) => e.is_retryable(),
             _ => false,
@@ -114,6 +125,28 @@ impl Error {
             field: field.to_string(),
             message: message.into(),
         }
+    }
+}
+
+/// Where a schema that is behind stands, for [`Error::SchemaBehind`]'s message.
+fn schema_at(current: Option<i64>) -> String {
+    match current {
+        Some(v) => format!("at version {v}"),
+        None => "no migration applied".into(),
+    }
+}
+
+/// What a failed connection attempt says once: the kind of the common transport failures
+/// in a few words ("connection refused"), else the error's own text.
+pub fn connect_cause(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".into(),
+        K::ConnectionReset => "connection reset".into(),
+        K::TimedOut => "timed out".into(),
+        K::NotFound => "no such socket".into(),
+        K::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
     }
 }
 

@@ -18,6 +18,9 @@ pub struct QueueRegistry {
     /// Admin-created queues learned from the store.
     created: Arc<Mutex<HashSet<String>>>,
     ensured: Arc<Mutex<HashSet<String>>>,
+    /// No caller can create queues here (a keyless `agentq dev`): an unknown queue is
+    /// then pointed to the setting alone, not to an admin route nobody may call.
+    settings_only: bool,
 }
 
 impl QueueRegistry {
@@ -26,7 +29,14 @@ impl QueueRegistry {
             configured: Arc::new(configured),
             created: Arc::default(),
             ensured: Arc::default(),
+            settings_only: false,
         }
+    }
+
+    /// A registry of a server without admin callers (see [`QueueRegistry::settings_only`]).
+    pub fn settings_only(mut self) -> Self {
+        self.settings_only = true;
+        self
     }
 
     pub fn is_configured(&self, name: &str) -> bool {
@@ -79,13 +89,18 @@ impl QueueRegistry {
         if learned() {
             return Ok(());
         }
-        Err(ApiError::invalid(
-            field,
+        let message = if self.settings_only {
             format!(
-                "unknown queue {queue:?}: name a configured queue or one an admin created \
-                 (POST /v1/queues)"
-            ),
-        ))
+                "unknown queue {queue:?}: the queues are configured by `scheduler.queues` in \
+                 agentq.toml (or `agentq dev --queues`)"
+            )
+        } else {
+            format!(
+                "unknown queue {queue:?}: name one of `scheduler.queues` (agentq.toml) or one \
+                 an admin created (POST /v1/queues)"
+            )
+        };
+        Err(ApiError::invalid(field, message))
     }
 
     fn is_ensured(&self, name: &str) -> bool {

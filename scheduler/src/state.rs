@@ -41,7 +41,10 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(store: Arc<dyn Store>, queue: Arc<dyn Queue>, cfg: SchedulerSettings) -> Self {
-        let queues = QueueRegistry::new(cfg.queues.clone());
+        let queues = match cfg.auth.keyless {
+            true => QueueRegistry::new(cfg.queues.clone()).settings_only(),
+            false => QueueRegistry::new(cfg.queues.clone()),
+        };
         let streams = events::StreamCaps::new(cfg.streams);
         let dispatch = dispatch::Dispatch::new(cfg.scheduling.clone());
         let decoding = DecodeBudget::new(cfg.batch_decode_bytes);

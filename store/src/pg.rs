@@ -40,8 +40,9 @@ mod workspace;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use sqlx::Connection;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 
 use crate::error::Result;
 use crate::model::{Lease, SessionStatus};
@@ -56,6 +57,35 @@ const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The migrations this binary was built with.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// How long the first connection attempt may take before Postgres counts as unreachable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One connection attempt before a pool is opened: a server that is down is reported at
+/// once with its address and cause, where a pool retries until its acquire timeout and
+/// then says only that it timed out. Any other failure (a refused password, a missing
+/// database) is the driver's own error.
+async fn probe(url: &str) -> Result<()> {
+    let options: PgConnectOptions = url.parse()?;
+    let unreachable = |cause: String| crate::Error::Unreachable {
+        service: "Postgres",
+        address: format!("{}:{}", options.get_host(), options.get_port()),
+        cause,
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Err(_) => Err(unreachable(format!(
+            "no answer within {} s",
+            PROBE_TIMEOUT.as_secs()
+        ))),
+        Ok(Err(sqlx::Error::Io(e))) => Err(unreachable(crate::error::connect_cause(&e))),
+        Ok(Err(e)) => Err(e.into()),
+        Ok(Ok(conn)) => {
+            // The server is there; how it closes this connection does not matter.
+            let _ = conn.close().await;
+            Ok(())
+        }
+    }
+}
 
 /// The Postgres store. Cheap to clone (the pools are shared).
 #[derive(Debug, Clone)]
@@ -102,6 +132,7 @@ impl PgStore {
     /// and up to [`DEFAULT_WRITER_CONNECTIONS`] for those, opened only when first used (a
     /// scheduler or a CLI command never checkpoints).
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        probe(url).await?;
         let pool = Self::options(max_connections).connect(url).await?;
         let writer = Self::generic_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
         Ok(Self {
@@ -137,6 +168,7 @@ impl PgStore {
     }
 
     async fn open(url: &str, main: PgPoolOptions, writers: u32) -> Result<Self> {
+        probe(url).await?;
         let pool = main.connect(url).await?;
         let writers = writers.max(1);
         let writer = Self::generic_plan_options(writers)

@@ -43,7 +43,7 @@ pub use hooks::{
 pub use limits::LimitSettings;
 pub use load::is_credential_name;
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
-pub use providers::{PROVIDERS, ProvidersSection, TenantProviders};
+pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};
 pub use registry::{SETTINGS, Setting, describe};
 pub use scheduler::{SchedulerSection, SchedulingSection, TenantScheduling};
 pub use settings::{

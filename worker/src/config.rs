@@ -37,7 +37,10 @@ pub struct WorkerSettings {
     pub read_block: Duration,
     /// Per-tree workspaces live under here.
     pub workspace_root: PathBuf,
-    pub default_provider: String,
+    /// Provider of sessions that name none (see
+    /// [`Settings::default_provider`]); `None`: no model is configured, and such sessions
+    /// fail saying how to configure one ([`agentq_core::config::NO_MODEL`]).
+    pub default_provider: Option<String>,
     pub default_model: Option<String>,
     /// Tools a session gets when it names none.
     pub default_tools: Vec<String>,
@@ -128,7 +131,7 @@ impl WorkerSettings {
             drain_timeout: w.drain_timeout_secs.duration(),
             read_block: Duration::from_millis(w.read_block_ms),
             workspace_root: w.workspace_root.clone(),
-            default_provider: w.default_provider.clone(),
+            default_provider: settings.default_provider().map(str::to_string),
             default_model: w.default_model.clone(),
             default_tools: match &w.default_tools {
                 Some(tools) => tools.clone(),
@@ -187,9 +190,7 @@ impl WorkerSettings {
     /// label from it would let callers add series at will.
     pub fn labelled_models(&self) -> Vec<String> {
         let mut models = self.policy.named_models();
-        models.push(self.default_model.clone().unwrap_or_else(|| {
-            agentq_agent::provider::factory::default_model(&self.default_provider).to_string()
-        }));
+        models.extend(self.default_model().map(str::to_string));
         models.extend(
             agentq_core::config::PROVIDERS
                 .iter()
@@ -197,6 +198,16 @@ impl WorkerSettings {
         );
         models.extend(self.operator.guardian_model.clone());
         models
+    }
+
+    /// The model of sessions that name none: the configured one, else the default
+    /// provider's own; `None` when no provider is configured.
+    pub fn default_model(&self) -> Option<&str> {
+        match (&self.default_model, &self.default_provider) {
+            (Some(m), _) => Some(m),
+            (None, Some(p)) => Some(agentq_agent::provider::factory::default_model(p)),
+            (None, None) => None,
+        }
     }
 
     /// Store connections for everything but checkpoints and heartbeats: a quarter of the
@@ -266,7 +277,8 @@ mod tests {
         assert_eq!(c.max_attempts, 5);
         assert_eq!(c.drain_timeout, Duration::from_secs(30));
         assert_eq!(c.read_block, Duration::from_secs(2));
-        assert_eq!(c.default_provider, "scripted");
+        // No fake model unless asked for.
+        assert_eq!(c.default_provider, None);
         assert_eq!(c.default_tools, agentq_agent::tools::READ_ONLY_TOOLS);
         assert_eq!(c.event_ttl, Duration::from_secs(24 * 3600));
         assert_eq!(c.max_depth, 3);
@@ -299,7 +311,7 @@ mod tests {
         s.worker.default_tools = Some(vec!["grep".into()]);
         s.worker.shell_enabled = true;
         s.worker.allowed_hosts = vec!["localhost".into()];
-        s.worker.default_provider = "openai".into();
+        s.worker.default_provider = Some("openai".into());
         s.providers.openai_base_url = Some("http://llm/v1".into());
         let c = WorkerSettings::from_settings(&s).unwrap();
         assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
@@ -307,7 +319,7 @@ mod tests {
         assert_eq!(c.default_tools, vec!["grep"]);
         assert!(c.tool_settings.shell_enabled);
         assert_eq!(c.tool_settings.allowed_hosts, vec!["localhost"]);
-        assert_eq!(c.default_provider, "openai");
+        assert_eq!(c.default_provider.as_deref(), Some("openai"));
         assert_eq!(
             c.providers.openai_base_url.as_deref(),
             Some("http://llm/v1")

@@ -32,7 +32,7 @@ use agentq_core::policy::{Sent, SpawnContext};
 use agentq_core::queue::Delivery;
 use agentq_core::{Claim, Lease, SessionRow};
 
-use self::agent::build_agent;
+use self::agent::{build_agent, provider_of};
 use self::drive::drive;
 use self::outcome::record;
 use self::panic::{after_panic, panic_message};
@@ -210,10 +210,7 @@ fn check_stored(
             SpawnContext { depth: row.depth },
         )
         .map_err(refused)?;
-    let provider = spec
-        .provider
-        .clone()
-        .unwrap_or_else(|| inner.cfg.default_provider.clone());
+    let provider = provider_of(inner, spec)?;
     policy.check_provider(&provider).map_err(refused)?;
     let model = spec
         .model

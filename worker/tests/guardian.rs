@@ -113,6 +113,8 @@ tools = ["read_file", "list_dir", "glob", "grep", "write_file", "http_fetch", "s
     cfg.concurrency = 1;
     cfg.read_block = Duration::from_millis(200);
     cfg.workspace_root = dir.join("ws");
+    // The scripted model is opted into, never the default.
+    cfg.default_provider = Some("scripted".into());
     cfg.providers.script = Some(script.to_string());
     cfg
 }

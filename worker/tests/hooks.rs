@@ -50,6 +50,8 @@ fn config(dir: &Path, toml: &str, env: &[(&str, &str)]) -> WorkerSettings {
     cfg.concurrency = 4;
     cfg.read_block = Duration::from_millis(200);
     cfg.workspace_root = dir.join("ws");
+    // The scripted model is opted into, never the default.
+    cfg.default_provider = Some("scripted".into());
     cfg.providers.script = Some(SCRIPT.into());
     cfg
 }

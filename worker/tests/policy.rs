@@ -63,7 +63,7 @@ impl Env {
             reclaim_min_idle: Duration::from_secs(2),
             reclaim_interval: Duration::from_millis(500),
             workspace_root: self._dir.path().to_path_buf(),
-            default_provider: "openai".into(),
+            default_provider: Some("openai".into()),
             policy: Arc::new(Policy::from_section(&policy).unwrap()),
             ..WorkerSettings::default()
         };

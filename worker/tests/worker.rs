@@ -33,6 +33,8 @@ fn config(dir: &std::path::Path) -> WorkerSettings {
         workspace_root: dir.to_path_buf(),
         ..WorkerSettings::default()
     };
+    // The scripted model is opted into, never the default.
+    cfg.default_provider = Some("scripted".into());
     cfg.providers.script = Some(SCRIPT.into());
     cfg
 }

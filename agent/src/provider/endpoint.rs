@@ -126,6 +126,34 @@ pub(crate) fn redirect_error(url: &str, resp: &reqwest::Response) -> Error {
     }
 }
 
+/// A 401 says where the key comes from, the operator's next step: `var` (or a tenant's
+/// own key variable) when a key was sent, else that none was.
+pub(crate) fn name_the_key(err: Error, var: &str, keyed: bool) -> Error {
+    match err {
+        Error::Http {
+            status: 401,
+            message,
+            code,
+            retry_after,
+            limits,
+        } => Error::Http {
+            status: 401,
+            message: if keyed {
+                format!(
+                    "{message} (the key sent is {var}, or the tenant's own variable \
+                     `providers.tenants.<name>.*_key_env`: check it)"
+                )
+            } else {
+                format!("{message} (no key was sent: set {var})")
+            },
+            code,
+            retry_after,
+            limits,
+        },
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -139,7 +139,8 @@ impl Api {
         let cause = root_cause(&e);
         if e.is_connect() {
             anyhow!(
-                "cannot reach the API at {}: {cause} (is `agentq scheduler` running?)",
+                "cannot reach the API at {}: {cause} (is `agentq dev` or `agentq scheduler` \
+                 running there?)",
                 self.base
             )
         } else if e.is_timeout() {

@@ -300,7 +300,7 @@ fn worker_config(args: &DemoArgs, workspaces: &Path) -> WorkerSettings {
         drain_timeout: DRAIN_TIMEOUT,
         read_block: Duration::from_millis(500),
         workspace_root: workspaces.to_path_buf(),
-        default_provider: args.provider.clone(),
+        default_provider: Some(args.provider.clone()),
         default_model: args.model.clone(),
         default_tools: demo_tools(),
         policy: std::sync::Arc::new(demo_policy()),

@@ -57,7 +57,9 @@ impl RedisQueue {
             .set_response_timeout(Some(COMMAND_TIMEOUT))
             .set_number_of_retries(COMMAND_RECONNECT_RETRIES)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(|e| unreachable(&client, e))?;
         Ok(RedisQueue {
             client,
             conn,
@@ -154,4 +156,24 @@ fn tcp_settings() -> TcpSettings {
     #[cfg(target_os = "linux")]
     let settings = settings.set_user_timeout(Duration::from_secs(60));
     settings
+}
+
+/// A failed first connection as the operator should read it: a server that cannot be
+/// reached is said once, with its address and cause (not the client's retries); any other
+/// refusal (a wrong password) is Redis's own error.
+fn unreachable(client: &Client, e: RedisError) -> agentq_error::Error {
+    let cause = if e.is_connection_refusal() {
+        "connection refused".to_string()
+    } else if e.is_timeout() {
+        "timed out".to_string()
+    } else if e.is_io_error() {
+        e.to_string()
+    } else {
+        return e.into();
+    };
+    agentq_error::Error::Unreachable {
+        service: "Redis",
+        address: client.get_connection_info().addr().to_string(),
+        cause,
+    }
 }

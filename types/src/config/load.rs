@@ -141,6 +141,27 @@ impl Settings {
         }
     }
 
+    /// The provider of sessions that name none: `worker.default_provider` when set; else
+    /// `scripted` when a script is given (choosing a script is choosing that provider);
+    /// else the provider the environment configures, OpenAI before Anthropic (a key or an
+    /// endpoint); else none, and such sessions fail with
+    /// [`NO_MODEL`](super::providers::NO_MODEL). A fake model is never the default: its
+    /// answers look real.
+    pub fn default_provider(&self) -> Option<&str> {
+        let p = &self.providers;
+        if let Some(explicit) = &self.worker.default_provider {
+            Some(explicit)
+        } else if p.script.is_some() {
+            Some("scripted")
+        } else if p.openai_api_key.is_some() || p.openai_base_url.is_some() {
+            Some("openai")
+        } else if p.anthropic_api_key.is_some() || p.anthropic_base_url.is_some() {
+            Some("anthropic")
+        } else {
+            None
+        }
+    }
+
     /// What the agent's provider factory needs: endpoints and keys (the script is read
     /// separately, by [`ProvidersSection::read_script`]).
     pub fn provider_settings(&self) -> ProviderSettings {

@@ -11,6 +11,13 @@ use super::values::Secret;
 /// The providers a session (or `default_provider`) may name.
 pub const PROVIDERS: &[&str] = &["openai", "anthropic", "scripted"];
 
+/// Why a session that names no provider cannot run when
+/// [`Settings::default_provider`](super::Settings::default_provider) is `None`, and how to
+/// configure one: said at a worker's start and as the session's error.
+pub const NO_MODEL: &str = "no model configured: set OPENAI_API_KEY (and OPENAI_BASE_URL \
+     for another OpenAI-compatible server) or ANTHROPIC_API_KEY, or name a provider with \
+     AGENTQ_DEFAULT_PROVIDER (--default-provider; `scripted` plays a script, no model)";
+
 /// `[providers]`: endpoints and the scripted provider's script from the file or the
 /// environment; keys from the environment only (never serialised, never read from the
 /// file).

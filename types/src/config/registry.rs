@@ -97,7 +97,7 @@ settings! {
     worker.drain_timeout_secs = "AGENTQ_DRAIN_TIMEOUT_SECS" as parse, "--drain-timeout-secs";
     worker.read_block_ms;
     worker.workspace_root = "AGENTQ_WORKSPACE_ROOT" as path, "--workspace-root";
-    worker.default_provider = "AGENTQ_DEFAULT_PROVIDER" as trimmed, "--default-provider";
+    worker.default_provider = "AGENTQ_DEFAULT_PROVIDER" as some_trimmed, "--default-provider";
     worker.default_model = "AGENTQ_DEFAULT_MODEL" as some_trimmed, "--default-model";
     worker.default_tools;
     worker.shell_enabled = "AGENTQ_SHELL_ENABLED" as boolean, "--enable-shell";
@@ -214,10 +214,6 @@ fn text(v: &str) -> Read<String> {
 
 fn some_text(v: &str) -> Read<Option<String>> {
     Ok(Some(v.to_string()))
-}
-
-fn trimmed(v: &str) -> Read<String> {
-    Ok(v.trim().to_string())
 }
 
 fn some_trimmed(v: &str) -> Read<Option<String>> {

@@ -19,7 +19,7 @@ impl Settings {
         process::worker_limits(&self.worker)?;
         process::scheduler(&self.scheduler)?;
         process::scheduling(&self.scheduling)?;
-        policy::policy(&self.policy, &self.worker)?;
+        policy::policy(&self.policy, &self.worker, self.default_provider())?;
         for (i, hook) in self.hooks.iter().enumerate() {
             hooks::hook_rules(i, hook)?;
         }

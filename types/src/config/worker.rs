@@ -27,8 +27,9 @@ section! {
         /// How long one read of the queue waits for entries.
         pub read_block_ms: u64 = 2_000,
         pub workspace_root: PathBuf = PathBuf::from("./agentq-workspaces"),
-        /// Provider of sessions that name none.
-        pub default_provider: String = "scripted".to_string(),
+        /// Provider of sessions that name none; `None`: the one the environment configures
+        /// ([`Settings::default_provider`](super::Settings::default_provider)).
+        pub default_provider: Option<String> = None,
         pub default_model: Option<String> = None,
         /// Tools of sessions that name none; `None` means the agent's read-only set.
         pub default_tools: Option<Vec<String>> = None,

@@ -41,10 +41,7 @@ pub(super) fn build_agent(
     parts: AgentParts,
 ) -> Result<Agent, String> {
     let policy = inner.cfg.policy.for_tenant(tenant(row));
-    let provider_name = spec
-        .provider
-        .clone()
-        .unwrap_or_else(|| inner.cfg.default_provider.clone());
+    let provider_name = provider_of(inner, spec)?;
     let provider = inner
         .provider(tenant(row), &provider_name, spec.base_url.as_deref())
         .map_err(|e| format!("provider: {e}"))?;
@@ -100,6 +97,15 @@ pub(super) fn build_agent(
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,
     })
+}
+
+/// The provider `spec` runs on: its own, else this worker's default; with neither, why
+/// not and how to configure one (a made-up answer is worse than none).
+pub(super) fn provider_of(inner: &Inner, spec: &SessionSpec) -> Result<String, String> {
+    spec.provider
+        .clone()
+        .or_else(|| inner.cfg.default_provider.clone())
+        .ok_or_else(|| agentq_core::config::NO_MODEL.to_string())
 }
 
 /// The session whose run may start sub-agents, as its `spawn_agent` tool sees it.

@@ -398,6 +398,8 @@ impl Cluster {
             reclaim_interval: Duration::from_millis(500),
             ..WorkerSettings::default()
         };
+        // The scripted model is opted into, never the default.
+        cfg.default_provider = Some("scripted".into());
         cfg.providers.script = Some(self.script.to_string());
         tweak(&mut cfg);
         let (url, redis_url) = (self.url.clone(), self._redis.url());

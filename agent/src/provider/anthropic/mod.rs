@@ -171,7 +171,9 @@ impl LlmProvider for AnthropicProvider {
             return Err(endpoint::redirect_error(&self.url, &resp));
         }
         if !status.is_success() {
-            return Err(http_error(resp, self.config.timeouts.idle).await);
+            let err = http_error(resp, self.config.timeouts.idle).await;
+            let keyed = self.config.api_key.is_some();
+            return Err(endpoint::name_the_key(err, "ANTHROPIC_API_KEY", keyed));
         }
         let limits = RateLimitInfo::from_anthropic_headers(resp.headers());
         let events = sse_events(resp, self.config.timeouts.idle);

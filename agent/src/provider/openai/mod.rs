@@ -76,6 +76,8 @@ pub struct OpenAiProvider {
     reasoning_replay_field: Option<String>,
     /// [`LlmProvider::limit_key`], computed once (it digests the key).
     limit_key: String,
+    /// Whether a key goes with each request (for what a 401 says).
+    keyed: bool,
 }
 
 impl std::fmt::Debug for OpenAiProvider {
@@ -111,6 +113,7 @@ impl OpenAiProvider {
             headers.insert(AUTHORIZATION, value);
         }
 
+        let headers_have_key = headers.contains_key(AUTHORIZATION);
         let client = endpoint::http_client(config.timeouts)?;
         let limit_key = super::limit_key("openai", base, config.api_key.as_deref());
 
@@ -121,6 +124,7 @@ impl OpenAiProvider {
             idle: config.timeouts.idle,
             reasoning_replay_field: None,
             limit_key,
+            keyed: headers_have_key,
         })
     }
 
@@ -186,7 +190,8 @@ impl LlmProvider for OpenAiProvider {
             return Err(endpoint::redirect_error(&self.url, &resp));
         }
         if !status.is_success() {
-            return Err(http_error(resp, self.idle).await);
+            let err = http_error(resp, self.idle).await;
+            return Err(endpoint::name_the_key(err, "OPENAI_API_KEY", self.keyed));
         }
 
         let limits = RateLimitInfo::from_openai_headers(resp.headers());

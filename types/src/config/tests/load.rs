@@ -28,7 +28,9 @@ fn defaults() {
         c.worker.workspace_root,
         PathBuf::from("./agentq-workspaces")
     );
-    assert_eq!(c.worker.default_provider, "scripted");
+    assert_eq!(c.worker.default_provider, None);
+    // No fake model unless asked for: nothing configures one here.
+    assert_eq!(c.default_provider(), None);
     assert_eq!(c.worker.default_model, None);
     assert_eq!(c.worker.default_tools, None);
     assert!(!c.worker.shell_enabled);
@@ -93,7 +95,7 @@ fn file_sections() {
     assert_eq!(c.metrics_addr, DEFAULT_METRICS_ADDR);
     assert_eq!(c.worker.concurrency, 8);
     assert_eq!(c.worker.queues, vec!["default", "batch"]);
-    assert_eq!(c.worker.default_provider, "openai");
+    assert_eq!(c.worker.default_provider.as_deref(), Some("openai"));
     assert_eq!(c.worker.default_model.as_deref(), Some("gpt-4o"));
     assert_eq!(c.worker.default_tools, Some(vec!["read_file".to_string()]));
     assert!(c.worker.shell_enabled);
@@ -161,7 +163,7 @@ fn load_file_then_env() {
     assert_eq!(c.metrics_addr, "127.0.0.1:9998");
     assert_eq!(c.api_url, "http://api:1");
     assert_eq!(c.worker.concurrency, 9);
-    assert_eq!(c.worker.default_provider, "openai");
+    assert_eq!(c.worker.default_provider.as_deref(), Some("openai"));
     assert_eq!(
         c.providers.anthropic_base_url.as_deref(),
         Some("http://env")
@@ -222,7 +224,7 @@ fn every_worker_variable_sets_its_setting() {
     assert_eq!(w.checkpoint_writers, 4);
     assert_eq!(w.write_ahead_grace_ms, 0);
     assert_eq!(w.workspace_root, PathBuf::from("/ws"));
-    assert_eq!(w.default_provider, "anthropic");
+    assert_eq!(w.default_provider.as_deref(), Some("anthropic"));
     assert_eq!(w.default_model.as_deref(), Some("claude-x"));
     assert_eq!(c.providers.script, Some(PathBuf::from("/s.json")));
     assert_eq!(w.allowed_hosts, vec!["localhost:8080", "10.0.0.1"]);
@@ -357,4 +359,45 @@ fn credential_names() {
     for n in ["token_budget", "max_tokens", "prompt", "keywords", "monkey"] {
         assert!(!is_credential_name(n), "{n}");
     }
+}
+
+/// The scripted model once answered for anyone who had not configured a real one: the
+/// default is now what the environment configures, the script only when one is given,
+/// else none.
+#[test]
+fn the_default_provider_is_the_one_configured() {
+    let resolved = |pairs: &[(&str, &str)]| {
+        let c = Settings::load_with(None, env_of(pairs)).unwrap();
+        c.default_provider().map(str::to_string)
+    };
+    assert_eq!(resolved(&[]), None);
+    assert_eq!(
+        resolved(&[("OPENAI_API_KEY", "sk")]).as_deref(),
+        Some("openai")
+    );
+    // A local OpenAI-compatible server needs no key.
+    assert_eq!(
+        resolved(&[("OPENAI_BASE_URL", "http://llm/v1")]).as_deref(),
+        Some("openai")
+    );
+    assert_eq!(
+        resolved(&[("ANTHROPIC_API_KEY", "sk-ant")]).as_deref(),
+        Some("anthropic")
+    );
+    assert_eq!(
+        resolved(&[("ANTHROPIC_API_KEY", "sk-ant"), ("OPENAI_API_KEY", "sk")]).as_deref(),
+        Some("openai")
+    );
+    assert_eq!(
+        resolved(&[("OPENAI_API_KEY", "sk"), ("AGENTQ_SCRIPT", "/s.json")]).as_deref(),
+        Some("scripted")
+    );
+    assert_eq!(
+        resolved(&[
+            ("OPENAI_API_KEY", "sk"),
+            ("AGENTQ_DEFAULT_PROVIDER", "anthropic")
+        ])
+        .as_deref(),
+        Some("anthropic")
+    );
 }

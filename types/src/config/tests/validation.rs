@@ -65,7 +65,7 @@ fn validation_names_the_setting_its_variable_and_its_flag() {
         }),
         ("worker.queues", |s| s.worker.queues.clear()),
         ("worker.default_provider", |s| {
-            s.worker.default_provider = "gpt".into()
+            s.worker.default_provider = Some("gpt".into())
         }),
         ("scheduler.sweep_interval_secs", |s| {
             s.scheduler.sweep_interval_secs = 0
@@ -148,6 +148,12 @@ fn policy_validation_names_the_worker_default_it_forbids() {
             s.policy.tools = vec!["read_file".into()]
         }),
         ("worker.default_provider", |s| {
+            s.worker.default_provider = Some("scripted".into());
+            s.policy.providers = vec!["openai".into()]
+        }),
+        // The provider the environment implies is the default, and held to the policy.
+        ("worker.default_provider", |s| {
+            s.providers.anthropic_api_key = Some(Secret::new("sk-ant"));
             s.policy.providers = vec!["openai".into()]
         }),
         ("worker.default_model", |s| {

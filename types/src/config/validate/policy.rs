@@ -82,7 +82,11 @@ fn input_bounds(k: &dyn Fn(&str) -> String, p: &TenantPolicySection) -> Result<(
 /// `[policy]` compiles, and the worker's own defaults are within the global policy: a
 /// worker whose default provider or tools its policy forbids would fail every session
 /// that relies on them.
-pub(super) fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
+pub(super) fn policy(
+    p: &PolicySection,
+    w: &WorkerSection,
+    default_provider: Option<&str>,
+) -> Result<()> {
     let global = TenantPolicySection {
         providers: Some(p.providers.clone()),
         models: Some(p.models.clone()),
@@ -115,14 +119,12 @@ pub(super) fn policy(p: &PolicySection, w: &WorkerSection) -> Result<()> {
     }
     let compiled = Policy::from_section(p)?;
     let g = compiled.global();
-    if !g.allows_provider(&w.default_provider) {
+    if let Some(p) = default_provider
+        && !g.allows_provider(p)
+    {
         return Err(invalid(
             "worker.default_provider",
-            format!(
-                "`{}` is not allowed by {}",
-                w.default_provider,
-                describe("policy.providers")
-            ),
+            format!("`{p}` is not allowed by {}", describe("policy.providers")),
         ));
     }
     if let Some(m) = &w.default_model

@@ -109,14 +109,12 @@ pub(super) fn worker_limits(w: &WorkerSection) -> Result<()> {
     if let Some(tools) = &w.default_tools {
         names("worker.default_tools", tools)?;
     }
-    if !PROVIDERS.contains(&w.default_provider.as_str()) {
+    if let Some(p) = &w.default_provider
+        && !PROVIDERS.contains(&p.as_str())
+    {
         return Err(invalid(
             "worker.default_provider",
-            format!(
-                "unknown provider `{}` (expected {})",
-                w.default_provider,
-                PROVIDERS.join(", ")
-            ),
+            format!("unknown provider `{p}` (expected {})", PROVIDERS.join(", ")),
         ));
     }
     if w.default_model
