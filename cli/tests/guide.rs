@@ -27,7 +27,11 @@ fn guide_script(readme: &str) -> String {
         if line.trim() != "<!-- guide -->" {
             continue;
         }
-        assert_eq!(lines.next().map(str::trim), Some("```sh"), "a guide block is ```sh");
+        assert_eq!(
+            lines.next().map(str::trim),
+            Some("```sh"),
+            "a guide block is ```sh"
+        );
         for l in lines.by_ref() {
             if l.trim_start().starts_with("```") {
                 break;
@@ -99,10 +103,13 @@ fn logs(dir: &Path) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_guide_works_as_written() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
     let mut script = guide_script(&readme);
-    assert!(script.contains("agentq dev") && script.contains("agentq worker"), "{script}");
+    assert!(
+        script.contains("agentq dev") && script.contains("agentq worker"),
+        "{script}"
+    );
 
     let fake = FakeLlm::start_stateless(Duration::from_millis(20), model)
         .await
@@ -124,7 +131,11 @@ async fn the_readme_guide_works_as_written() {
 
     let dir = tempfile::tempdir().unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_agentq")).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let mut cmd = Command::new("bash");
     clean(&mut cmd)
         .args(["-euo", "pipefail", "-c", &script])
@@ -164,9 +175,14 @@ async fn the_readme_guide_works_as_written() {
     assert!(stdout.contains("key_set=true"), "{report}");
     assert!(stdout.contains("A printer jams on A3 paper."), "{report}");
     assert!(stdout.contains("All printers work again."), "{report}");
-    let batch = std::fs::read_to_string(dir.path().join("batch.tsv")).unwrap();
-    assert_eq!(batch.lines().count(), 20, "{batch}");
-    let cluster = std::fs::read_to_string(dir.path().join("cluster.tsv")).unwrap();
-    assert_eq!(cluster.lines().count(), 20, "{cluster}");
+    // `ID<TAB>file` per session, then (under --wait) `ID<TAB>status<TAB>…` per session.
+    for file in ["batch.tsv", "cluster.tsv"] {
+        let out = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        let ids: std::collections::BTreeSet<&str> =
+            out.lines().filter_map(|l| l.split('\t').next()).collect();
+        assert_eq!(ids.len(), 20, "{file}: {out}");
+        let completed = out.lines().filter(|l| l.contains("\tcompleted\t")).count();
+        assert_eq!(completed, 20, "{file}: {out}");
+    }
     assert!(fake.request_count() >= 42, "{report}");
 }

@@ -144,7 +144,10 @@ pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode>
 /// name.
 async fn the_held_call(api: &Api, id: &str) -> anyhow::Result<String> {
     let session: SessionDetail = api.get(&format!("/v1/sessions/{id}")).await?;
-    let mut held = session.pending_approvals.iter().map(|p| p.tool_call_id.clone());
+    let mut held = session
+        .pending_approvals
+        .iter()
+        .map(|p| p.tool_call_id.clone());
     match (held.next(), held.next()) {
         (Some(call), None) => Ok(call),
         (None, _) => bail!("session {id} holds no tool call for a decision (`agentq status {id}`)"),
