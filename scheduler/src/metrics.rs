@@ -172,7 +172,10 @@ mod tests {
                 lag: Some(1),
             }),
         );
-        assert!(m.render().contains("agentq_queue_length{queue=\"default\"} 3"));
+        assert!(
+            m.render()
+                .contains("agentq_queue_length{queue=\"default\"} 3")
+        );
         record_queue(&m, "default", None);
         assert!(!m.render().contains("agentq_queue_length{"));
     }
