@@ -71,7 +71,9 @@ fn migrate_then_scheduler_then_sigterm() {
         .unwrap();
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("database schema is behind: run `agentq migrate`"),
+        text(&out.stderr)
+            .contains("database schema is behind (no migration applied; this binary needs version")
+            && text(&out.stderr).contains("): run `agentq migrate`"),
         "{}",
         text(&out.stderr)
     );

@@ -203,7 +203,21 @@ pub trait QueueHealth: Send + Sync {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueStats {
+    /// Entries in the stream, acknowledged history included (`XLEN`).
     pub length: u64,
     pub pending: u64,
     pub lag: Option<u64>,
+}
+
+impl QueueStats {
+    /// What waits for a worker: entries not delivered to the group yet (the lag) and
+    /// those delivered and not acknowledged (pending). The stream keeps acknowledged
+    /// entries as history, so its length says how much ever came, not how much waits;
+    /// only when the lag is unknown (entries deleted mid-stream) is it the bound left.
+    pub fn waiting(&self) -> u64 {
+        match self.lag {
+            Some(lag) => lag.saturating_add(self.pending),
+            None => self.length,
+        }
+    }
 }

@@ -604,6 +604,10 @@ async fn contract_stats(q: &dyn Queue) {
             lag: Some(1)
         }
     );
+    // What waits is the undelivered one and the unacknowledged one, not the history.
+    assert_eq!(q.stats(Q).await.unwrap().waiting(), 2);
+    q.ack(Q, &[ds[1].entry_id.clone()]).await.unwrap();
+    assert_eq!(q.stats(Q).await.unwrap().waiting(), 1);
 }
 
 async fn contract_each_entry_goes_to_one_consumer(q: &dyn Queue) {

@@ -1,6 +1,7 @@
 //! The gauges `GET /metrics` refreshes before it renders the process registry
 //! ([`agentq_core::metrics::global`]) in the Prometheus text format: on every
-//! scrape (`XINFO GROUPS` + `XLEN` per queue): `agentq_queue_length`,
+//! scrape (`XINFO GROUPS` + `XLEN` per queue): `agentq_queue_length` (what waits: lag plus
+//! pending, [`QueueStats::waiting`], not the stream's acknowledged history),
 //! `agentq_queue_pending` and `agentq_queue_lag` for the configured queues and any other
 //! queue this scheduler has enqueued to.
 //!
@@ -27,7 +28,7 @@ pub fn record_queue(m: &Metrics, queue: &str, stats: Option<QueueStats>) {
         Some(st) => {
             m.queue_length
                 .with_label_values(&[queue])
-                .set(gauge_i64(st.length));
+                .set(gauge_i64(st.waiting()));
             m.queue_pending
                 .with_label_values(&[queue])
                 .set(gauge_i64(st.pending));
@@ -161,6 +162,20 @@ mod tests {
             }),
         );
         assert!(!m.render().contains("agentq_queue_lag{"));
+        // Acknowledged history in the stream is not what waits.
+        record_queue(
+            &m,
+            "default",
+            Some(QueueStats {
+                length: 1000,
+                pending: 2,
+                lag: Some(1),
+            }),
+        );
+        assert!(
+            m.render()
+                .contains("agentq_queue_length{queue=\"default\"} 3")
+        );
         record_queue(&m, "default", None);
         assert!(!m.render().contains("agentq_queue_length{"));
     }

@@ -313,7 +313,8 @@ impl QueueFamilies {
             queue_length: gauge_vec(
                 r,
                 "agentq_queue_length",
-                "Entries in the queue's stream (XLEN).",
+                "Entries waiting in the queue: not yet delivered plus delivered and not \
+                 acknowledged (lag + pending; the stream's length when the lag is unknown).",
                 &["queue"],
             ),
             queue_pending: gauge_vec(
