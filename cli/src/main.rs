@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod client;
 mod demo;
 mod dev;
+mod examples;
 mod files;
 mod flags;
 mod inputs;
@@ -39,26 +40,35 @@ struct Cli {
 enum Command {
     /// Run a batch of sessions end to end on the embedded store, kill a worker midway,
     /// and summarise — no services needed.
+    #[command(after_help = examples::DEMO)]
     Demo(demo::DemoArgs),
     /// The HTTP API and workers in one process, on the embedded store (./agentq.db) or on
     /// Postgres and Redis when AGENTQ_DATABASE_URL and AGENTQ_REDIS_URL are set.
+    #[command(after_help = examples::DEV)]
     Dev(dev::DevArgs),
     /// Run one session in this process, streaming it to the terminal.
+    #[command(after_help = examples::RUN)]
     Run(run::RunArgs),
     /// Consume sessions from Redis Streams and run them, checkpointing to Postgres.
+    #[command(after_help = examples::WORKER)]
     Worker(worker_cmd::WorkerArgs),
     /// Serve the HTTP API (and the sweeper) against Postgres and Redis.
+    #[command(after_help = examples::SCHEDULER)]
     Scheduler(scheduler::SchedulerArgs),
     /// Create or upgrade the Postgres schema.
+    #[command(after_help = examples::MIGRATE)]
     Migrate(scheduler::MigrateArgs),
     /// Create, list or revoke API keys in the configured store.
+    #[command(after_help = examples::KEYS)]
     Keys(keys::KeysArgs),
     /// Submit a session (or a JSON Lines batch) to the HTTP API.
     Submit(client::SubmitArgs),
     /// Show a session as JSON (on stderr: the tool calls it holds for approval, with the
     /// commands that decide them).
+    #[command(after_help = examples::STATUS)]
     Status(client::StatusArgs),
     /// Follow a session's events live (replayed from the start), until it finishes.
+    #[command(after_help = examples::WATCH)]
     Watch(watch::WatchArgs),
     /// Cancel a session.
     Cancel(client::CancelArgs),
@@ -66,17 +76,22 @@ enum Command {
     /// `--failed` every session that failed with an error (`--since`, `--reason` narrow it).
     Retry(retry::RetryArgs),
     /// Approve a tool call a session holds for a human (`agentq status ID` lists them).
+    #[command(after_help = examples::APPROVE)]
     Approve(client::DecideArgs),
     /// Deny a tool call a session holds for a human.
+    #[command(after_help = examples::DENY)]
     Deny(client::DecideArgs),
     /// Send a message to a session (steer it, or start a follow-up turn).
+    #[command(after_help = examples::SEND)]
     Send(client::SendArgs),
     /// List sessions, newest first.
     Sessions(client::SessionsArgs),
     /// List a session's files, print one, or save one or all of them (-o DIR).
+    #[command(after_help = examples::FILES)]
     Files(files::FilesArgs),
     /// Measure throughput, checkpoint cost, storage growth, capacity and recovery against
     /// what this Postgres and Redis can physically do.
+    #[command(after_help = examples::BENCH)]
     Bench(agentq_bench::BenchArgs),
 }
 
@@ -160,6 +175,29 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("agentq: {e:#}");
             ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// Every command's `--help` ends with examples.
+    #[test]
+    fn every_help_has_examples() {
+        let mut cli = Cli::command();
+        cli.build();
+        // (clap's own `help` subcommand excepted)
+        for sub in cli.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let help = sub.render_long_help().to_string();
+            assert!(
+                help.contains("Examples:"),
+                "agentq {} --help:\n{help}",
+                sub.get_name()
+            );
         }
     }
 }

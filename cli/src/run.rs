@@ -27,9 +27,10 @@ use agentq_core::hooks::OperatorGuards;
 pub struct RunArgs {
     /// The task for the agent.
     pub prompt: String,
-    /// openai, anthropic or scripted.
-    #[arg(long, default_value = "scripted")]
-    pub provider: String,
+    /// openai, anthropic or scripted (default: scripted with --script, else the provider
+    /// the environment configures: OPENAI_API_KEY or OPENAI_BASE_URL, then ANTHROPIC_*).
+    #[arg(long)]
+    pub provider: Option<String>,
     #[arg(long)]
     pub model: Option<String>,
     /// Endpoint of the provider (OpenAI-compatible servers: vLLM, Ollama, OpenRouter…);
@@ -75,14 +76,14 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
 }
 
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let (provider, model) = provider_and_model(&args)?;
+pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     let tool_settings = ToolSettings {
         shell_enabled: args.enable_shell,
         allow_private_network: args.allow_private_network,
         ..ToolSettings::default()
     };
     let (tools, wanted) = select_tools(&args, &tool_settings)?;
+    let (provider, model) = provider_and_model(&mut args)?;
     let workspace = LocalWorkspace::new(&args.workspace)
         .with_context(|| format!("--workspace: cannot use {}", args.workspace.display()))?;
     let spec = session_spec(&args, &model, wanted)?;
@@ -139,8 +140,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// The provider named by `--provider` (its script, and `--base-url`, applied) and the
 /// model the session asks for.
-fn provider_and_model(args: &RunArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, String)> {
+fn provider_and_model(args: &mut RunArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, String)> {
     let mut settings = ProviderSettings::from_env();
+    let name = match (&args.provider, &args.script) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => "scripted".into(),
+        (None, None) => {
+            match implied_provider(&settings).or(args.base_url.as_ref().map(|_| "openai")) {
+                Some(p) => p.into(),
+                // A made-up answer is worse than none: the scripted model only when asked.
+                None => bail!(
+                    "no model configured: set OPENAI_API_KEY (and OPENAI_BASE_URL for another \
+                 OpenAI-compatible server) or ANTHROPIC_API_KEY, or pass --provider \
+                 (--provider scripted plays a built-in demo script)"
+                ),
+            }
+        }
+    };
+    args.provider = Some(name.clone());
     if let Some(path) = &args.script {
         let json = std::fs::read_to_string(path)
             .with_context(|| format!("--script: cannot read {}", path.display()))?;
@@ -150,18 +167,30 @@ fn provider_and_model(args: &RunArgs) -> anyhow::Result<(Arc<dyn LlmProvider>, S
     // `--base-url` is an endpoint the operator chose, like OPENAI_BASE_URL, so the key of
     // the environment goes there.
     if let Some(url) = &args.base_url {
-        match args.provider.as_str() {
+        match name.as_str() {
             "anthropic" => settings.anthropic_base_url = Some(url.clone()),
             _ => settings.openai_base_url = Some(url.clone()),
         }
     }
-    let provider = factory::build(&args.provider, None, &settings)
-        .map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
+    let provider =
+        factory::build(&name, None, &settings).map_err(|e| anyhow::anyhow!("--provider: {e}"))?;
     let model = args
         .model
         .clone()
-        .unwrap_or_else(|| factory::default_model(&args.provider).to_string());
+        .unwrap_or_else(|| factory::default_model(&name).to_string());
     Ok((provider, model))
+}
+
+/// The provider the environment configures, as the workers pick theirs: OpenAI's
+/// variables first, then Anthropic's.
+fn implied_provider(s: &ProviderSettings) -> Option<&'static str> {
+    if s.openai_api_key.is_some() || s.openai_base_url.is_some() {
+        Some("openai")
+    } else if s.anthropic_api_key.is_some() || s.anthropic_base_url.is_some() {
+        Some("anthropic")
+    } else {
+        None
+    }
 }
 
 /// The tools of `--tools` (default: the read-only set), and their names as the session
@@ -193,7 +222,7 @@ fn select_tools(
 /// flag).
 fn session_spec(args: &RunArgs, model: &str, tools: Vec<String>) -> anyhow::Result<SessionSpec> {
     let mut spec = SessionSpec::new(args.prompt.clone());
-    spec.provider = Some(args.provider.clone());
+    spec.provider = args.provider.clone();
     spec.model = Some(model.to_string());
     spec.base_url = args.base_url.clone();
     spec.mode = args.mode;

@@ -276,11 +276,13 @@ fn bad_flags_and_unreachable_endpoints_give_one_clear_line() {
     );
 }
 
+/// The scripted model, asked for (it is no default: see
+/// `without_a_model_run_says_how_to_configure_one`), needs no service.
 #[test]
-fn scripted_default_runs_with_no_services() {
+fn the_scripted_model_runs_with_no_services() {
     let ws = workspace();
     let out = agentq()
-        .arg("run")
+        .args(["run", "--provider", "scripted"])
         .arg("--workspace")
         .arg(ws.path())
         .arg("what is here?")
@@ -441,5 +443,40 @@ command = ["sh", "-c", "cat >/dev/null; printf '{\"behavior\":\"deny\",\"reason\
     assert!(
         stderr.contains("--config") && stderr.contains("hooks[0].url"),
         "{stderr}"
+    );
+}
+
+/// Without a provider named or configured, `run` says how to configure one instead of
+/// answering from a script; the scripted model is there when asked for.
+#[test]
+fn without_a_model_run_says_how_to_configure_one() {
+    let no_model = |args: &[&str]| {
+        agentq()
+            .args(args)
+            .env_remove("OPENAI_BASE_URL")
+            .env_remove("ANTHROPIC_BASE_URL")
+            .output()
+            .unwrap()
+    };
+    let out = no_model(&["run", "hi"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no model configured")
+            && err.contains("OPENAI_API_KEY")
+            && err.contains("--provider"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let out = no_model(&["run", "--provider", "scripted", "--tools", "list_dir", "hi"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
