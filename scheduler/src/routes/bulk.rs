@@ -161,17 +161,7 @@ pub(super) async fn retry(
             // Retried or changed by someone else meanwhile.
             continue;
         };
-        if row.held {
-            held = true;
-        } else {
-            agentq_core::lifecycle::enqueue_woken(
-                s.store.as_ref(),
-                s.queue.as_ref(),
-                &row.id,
-                &row.queue,
-            )
-            .await;
-        }
+        held |= super::redrive::requeue_retried(&s, &row).await;
         sessions.push(RetryResponse {
             id: row.id,
             status: row.status,

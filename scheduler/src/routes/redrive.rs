@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use agentq_api::RetryResponse;
-use agentq_core::RetryResult;
+use agentq_core::{RetryResult, SessionRow};
 
 use crate::error::ApiError;
 use crate::http::{ApiResult, Auth, check_id, get_row, not_found, respond};
@@ -36,16 +36,8 @@ pub(super) async fn retry(
     match s.store.retry(&id, hold).await? {
         RetryResult::Retried(row) => {
             tracing::info!(session_id = %row.id, held = row.held, "session retried");
-            if row.held {
+            if requeue_retried(&s, &row).await {
                 s.dispatch().nudge();
-            } else {
-                agentq_core::lifecycle::enqueue_woken(
-                    s.store.as_ref(),
-                    s.queue.as_ref(),
-                    &row.id,
-                    &row.queue,
-                )
-                .await;
             }
             respond(
                 StatusCode::OK,
@@ -71,4 +63,19 @@ pub(super) async fn retry(
         }),
         RetryResult::NotFound => Err(not_found(&id)),
     }
+}
+
+/// Put a session just retried back in line: on its queue now, or, held for the
+/// dispatcher (`true`), left for the caller to nudge it (once for a whole page of them).
+pub(super) async fn requeue_retried(s: &Scheduler, row: &SessionRow) -> bool {
+    if !row.held {
+        agentq_core::lifecycle::enqueue_woken(
+            s.store.as_ref(),
+            s.queue.as_ref(),
+            &row.id,
+            &row.queue,
+        )
+        .await;
+    }
+    row.held
 }
