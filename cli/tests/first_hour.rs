@@ -93,19 +93,8 @@ async fn without_a_model_dev_says_so_and_a_session_fails_naming_the_variable() {
         1,
         "{seen}"
     );
-    let start = seen
-        .lines()
-        .find(|l| l.contains("agentq dev started"))
-        .unwrap();
-    for f in ["provider=none", "model=none", "key_set=false"] {
-        assert!(start.contains(f), "{f} not in {start}");
-    }
-
-    let http = reqwest::Client::new();
-    let (status, body) = create(&http, &url, json!({"prompt": "Summarise"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["id"].as_str().unwrap();
-    let done = wait_finished(&http, &url, id, Duration::from_secs(60)).await;
+    assert_start_line(&seen, &["provider=none", "model=none", "key_set=false"]);
+    let done = one_session(&url).await;
     assert_eq!(done["status"], "failed", "{done}");
     let error = done["error"].as_str().unwrap();
     assert!(
@@ -114,6 +103,26 @@ async fn without_a_model_dev_says_so_and_a_session_fails_naming_the_variable() {
     );
     // Failed for good (not retried), and nothing made up.
     assert_eq!(done["result"], Value::Null, "{done}");
+}
+
+/// The start line of `agentq dev` in `seen` holds each of `fields`.
+fn assert_start_line(seen: &str, fields: &[&str]) {
+    let start = seen
+        .lines()
+        .find(|l| l.contains("agentq dev started"))
+        .unwrap();
+    for f in fields {
+        assert!(start.contains(f), "{f} not in {start}");
+    }
+}
+
+/// One session through the API at `url`, followed to its end.
+async fn one_session(url: &str) -> Value {
+    let http = reqwest::Client::new();
+    let (status, body) = create(&http, url, json!({"prompt": "Summarise"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_str().unwrap();
+    wait_finished(&http, url, id, Duration::from_secs(60)).await
 }
 
 /// With a key and an endpoint in the environment, OpenAI is the default provider: the
@@ -133,19 +142,11 @@ async fn an_openai_key_in_the_environment_makes_openai_the_default() {
     );
     let _procs = Procs(vec![child]);
     assert!(!seen.contains("no model configured"), "{seen}");
-    let start = seen
-        .lines()
-        .find(|l| l.contains("agentq dev started"))
-        .unwrap();
-    for f in ["provider=openai", "model=gpt-4o-mini", "key_set=true"] {
-        assert!(start.contains(f), "{f} not in {start}");
-    }
-
-    let http = reqwest::Client::new();
-    let (status, body) = create(&http, &url, json!({"prompt": "Summarise"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["id"].as_str().unwrap();
-    let done = wait_finished(&http, &url, id, Duration::from_secs(60)).await;
+    assert_start_line(
+        &seen,
+        &["provider=openai", "model=gpt-4o-mini", "key_set=true"],
+    );
+    let done = one_session(&url).await;
     assert_eq!(done["status"], "completed", "{done}");
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 1);

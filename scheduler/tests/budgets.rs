@@ -141,6 +141,40 @@ impl Env {
     }
 }
 
+/// A child of `root` (tenant acme) as a spawn with idempotency key `spawn:<key>` makes it.
+fn child_of(root: &NewSession, spec: SessionSpec, key: &str) -> NewSession {
+    NewSession {
+        id: new_session_id(),
+        spec,
+        queue: "default".into(),
+        parent_id: Some(root.id.clone()),
+        root_id: root.id.clone(),
+        depth: 1,
+        idempotency_key: Some(format!("spawn:{key}")),
+        idempotency_hash: None,
+        tenant: "acme".into(),
+        sched: Default::default(),
+        files: Vec::new(),
+        workspace_from: None,
+    }
+}
+
+/// Spawn `child` drawing `requested` from a parent allowance of `allowance` (nothing spent).
+async fn spawn(env: &Env, child: &NewSession, allowance: u64, requested: u64) {
+    let limits = SpawnLimits {
+        max_tree_sessions: 10,
+        budget: Some(SpawnBudget {
+            parent_allowance: allowance,
+            requested: Some(requested),
+            parent_spent: 0,
+        }),
+    };
+    assert!(matches!(
+        env.store.spawn_session(child, &limits).await.unwrap(),
+        Spawned::Created(_)
+    ));
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
@@ -166,32 +200,8 @@ async fn cost_of_a_session_and_its_tree_at_the_configured_prices() {
     .await;
     let mut cspec = SessionSpec::new("child");
     cspec.model = Some("gpt-4o".into());
-    let child = NewSession {
-        id: new_session_id(),
-        spec: cspec,
-        queue: "default".into(),
-        parent_id: Some(root.id.clone()),
-        root_id: root.id.clone(),
-        depth: 1,
-        idempotency_key: Some("spawn:c".into()),
-        idempotency_hash: None,
-        tenant: "acme".into(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    };
-    let limits = SpawnLimits {
-        max_tree_sessions: 10,
-        budget: Some(SpawnBudget {
-            parent_allowance: 10_000_000,
-            requested: Some(4_000_000),
-            parent_spent: 0,
-        }),
-    };
-    assert!(matches!(
-        env.store.spawn_session(&child, &limits).await.unwrap(),
-        Spawned::Created(_)
-    ));
+    let child = child_of(&root, cspec, "c");
+    spawn(&env, &child, 10_000_000, 4_000_000).await;
     // 100k input at 2.5, 10k output at 10: 0.25 + 0.10.
     env.spent(
         &child,
@@ -372,34 +382,10 @@ async fn starting_a_sub_agent_again_needs_budget_left_in_its_tree() {
     spec.token_budget = Some(1_000);
     let root = NewSession::root(spec, "default").with_tenant("acme");
     env.store.create_session(&root).await.unwrap();
-    let child = |key: &str| NewSession {
-        id: new_session_id(),
-        spec: SessionSpec::new("child"),
-        queue: "default".into(),
-        parent_id: Some(root.id.clone()),
-        root_id: root.id.clone(),
-        depth: 1,
-        idempotency_key: Some(format!("spawn:{key}")),
-        idempotency_hash: None,
-        tenant: "acme".into(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    };
+    let child = |key: &str| child_of(&root, SessionSpec::new("child"), key);
     let (a, b) = (child("a"), child("b"));
     for c in [&a, &b] {
-        let limits = SpawnLimits {
-            max_tree_sessions: 10,
-            budget: Some(SpawnBudget {
-                parent_allowance: 1_000,
-                requested: Some(500),
-                parent_spent: 0,
-            }),
-        };
-        assert!(matches!(
-            env.store.spawn_session(c, &limits).await.unwrap(),
-            Spawned::Created(_)
-        ));
+        spawn(&env, c, 1_000, 500).await;
     }
     env.ended(&a, 200, ExitReason::Stop).await;
     env.ended(&b, 100, ExitReason::Error).await;
@@ -498,32 +484,8 @@ async fn the_sweeper_wakes_a_parent_waiting_for_its_childrens_budget() {
         panic!("claim");
     };
     // A background child (no spawn metadata: it was not waited on).
-    let child = NewSession {
-        id: new_session_id(),
-        spec: SessionSpec::new("child"),
-        queue: "default".into(),
-        parent_id: Some(root.id.clone()),
-        root_id: root.id.clone(),
-        depth: 1,
-        idempotency_key: Some("spawn:a".into()),
-        idempotency_hash: None,
-        tenant: "acme".into(),
-        sched: Default::default(),
-        files: Vec::new(),
-        workspace_from: None,
-    };
-    let limits = SpawnLimits {
-        max_tree_sessions: 10,
-        budget: Some(SpawnBudget {
-            parent_allowance: 1_000,
-            requested: Some(600),
-            parent_spent: 0,
-        }),
-    };
-    assert!(matches!(
-        env.store.spawn_session(&child, &limits).await.unwrap(),
-        Spawned::Created(_)
-    ));
+    let child = child_of(&root, SessionSpec::new("child"), "a");
+    spawn(&env, &child, 1_000, 600).await;
     // The parent's next call waits for the 600 its child holds: it gives its slot up.
     let waiting = env
         .store

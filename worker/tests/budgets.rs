@@ -53,6 +53,23 @@ fn fan_out_script(wait: bool) -> Value {
     })
 }
 
+/// A fan-out root of the tree budget `budget`, its calls of 10 output tokens at most.
+async fn submit_tree(c: &Cluster, budget: u64) -> String {
+    c.submit("NODE root", TREE_TOOLS, |s| {
+        s.token_budget = Some(budget);
+        s.max_tokens = 10;
+    })
+    .await
+}
+
+/// No session of `tree` holds any of its budget (every allowance went back).
+async fn assert_nothing_held(c: &Cluster, tree: &[SessionRow]) {
+    for r in tree {
+        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
+        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
+    }
+}
+
 fn spent(tree: &[SessionRow]) -> u64 {
     tree.iter().map(|r| r.usage.total()).sum()
 }
@@ -61,12 +78,7 @@ fn spent(tree: &[SessionRow]) -> u64 {
 async fn a_fan_out_tree_ends_within_its_token_budget() {
     let c = Cluster::start(fan_out_script(true), 2, 8, |_| {}).await;
     const BUDGET: u64 = 20_000;
-    let root = c
-        .submit("NODE root", TREE_TOOLS, |s| {
-            s.token_budget = Some(BUDGET);
-            s.max_tokens = 10;
-        })
-        .await;
+    let root = submit_tree(&c, BUDGET).await;
     let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
     let total = spent(&tree);
     eprintln!("tree: {} sessions, {total} tokens of {BUDGET}", tree.len());
@@ -108,12 +120,7 @@ async fn a_fan_out_tree_ends_within_its_token_budget() {
 async fn background_fan_out_on_two_workers_stays_within_the_budget() {
     let c = Cluster::start(fan_out_script(false), 2, 8, |_| {}).await;
     const BUDGET: u64 = 12_000;
-    let root = c
-        .submit("NODE root", TREE_TOOLS, |s| {
-            s.token_budget = Some(BUDGET);
-            s.max_tokens = 10;
-        })
-        .await;
+    let root = submit_tree(&c, BUDGET).await;
     let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
     let total = spent(&tree);
     eprintln!("tree: {} sessions, {total} tokens of {BUDGET}", tree.len());
@@ -134,12 +141,7 @@ async fn background_fan_out_on_two_workers_stays_within_the_budget() {
 async fn parents_waiting_for_their_childrens_budget_leave_them_the_slots() {
     let c = Cluster::start(fan_out_script(false), 1, 2, |_| {}).await;
     const BUDGET: u64 = 12_000;
-    let root = c
-        .submit("NODE root", TREE_TOOLS, |s| {
-            s.token_budget = Some(BUDGET);
-            s.max_tokens = 10;
-        })
-        .await;
+    let root = submit_tree(&c, BUDGET).await;
     let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
     let total = spent(&tree);
     assert!(
@@ -147,10 +149,7 @@ async fn parents_waiting_for_their_childrens_budget_leave_them_the_slots() {
         "the tree spent {total} of {BUDGET} over {} sessions",
         tree.len()
     );
-    for r in &tree {
-        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
-        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
-    }
+    assert_nothing_held(&c, &tree).await;
     c.shutdown().await;
 }
 
@@ -403,12 +402,7 @@ async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
     }
     let mut c = Cluster::start(script, 1, 8, |_| {}).await;
     const BUDGET: u64 = 12_000;
-    let root = c
-        .submit("NODE root", TREE_TOOLS, |s| {
-            s.token_budget = Some(BUDGET);
-            s.max_tokens = 10;
-        })
-        .await;
+    let root = submit_tree(&c, BUDGET).await;
     // Let the tree grow, then crash its only worker.
     wait_until("the tree to grow", Duration::from_secs(60), || async {
         let n = c.tree(&root).await.len();
@@ -428,10 +422,7 @@ async fn a_crashed_worker_leaks_no_budget_and_the_tree_stays_within_it() {
         total <= BUDGET + CALL.0 + CALL.1,
         "the tree spent {total} of {BUDGET}"
     );
-    for r in &tree {
-        let l = c.store.ledger(&r.id).await.unwrap().unwrap();
-        assert_eq!(l.held, 0, "{r:?} still holds {l:?}");
-    }
+    assert_nothing_held(&c, &tree).await;
     c.shutdown().await;
 }
 
