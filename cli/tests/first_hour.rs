@@ -16,7 +16,7 @@ use std::time::Duration;
 use agentq_testkit::{FakeLlm, FakeResponse, fixture, shared_postgres};
 use serde_json::{Value, json};
 
-use common::{Procs, agentq, migrated_db, wait_exit, wait_finished};
+use common::{Procs, agentq, client_as, migrated_db, text, wait_exit, wait_finished};
 
 /// A closed port: bound, then let go.
 fn closed_port() -> u16 {
@@ -154,6 +154,12 @@ async fn an_openai_key_in_the_environment_makes_openai_the_default() {
         reqs[0].header("authorization"),
         Some("Bearer sk-first-hour")
     );
+    // The request named no model: `agentq status` shows the one that answered.
+    assert_eq!(reqs[0].body["model"], "gpt-4o-mini");
+    let out = client_as(&url, None, &["status", done["id"].as_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["model"], "gpt-4o-mini", "{shown}");
 }
 
 /// A key the provider refuses: the session's error names the variable that holds it.

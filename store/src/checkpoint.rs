@@ -54,6 +54,8 @@ pub struct Checkpoint {
     /// which whoever reads the bytes checks (a wrong key would serve other trees the wrong
     /// content).
     pub blobs: Vec<(String, Arc<Vec<u8>>)>,
+    /// The model the run calls, for the row's `model_used`; `None` keeps what is stored.
+    pub model_used: Option<String>,
 }
 
 /// The terminal part of a final checkpoint; its texts as stored.
@@ -106,6 +108,7 @@ impl Checkpoint {
             history_len,
             files: Vec::new(),
             blobs: Vec::new(),
+            model_used: None,
         })
     }
 
@@ -119,6 +122,12 @@ impl Checkpoint {
         debug_assert!(blobs.iter().all(|(k, d)| sha256_hex(d) == *k));
         self.files = files;
         self.blobs = blobs;
+        self
+    }
+
+    /// The same checkpoint, recording that the run calls `model`.
+    pub fn with_model(mut self, model: Option<String>) -> Self {
+        self.model_used = model;
         self
     }
 
@@ -159,6 +168,7 @@ impl Checkpoint {
             && self.bg_cursor == prev.bg_cursor
             && self.msg_cursor == prev.msg_cursor
             && self.finish == prev.finish
+            && self.model_used == prev.model_used
             && self.files.is_empty()
     }
 

@@ -194,6 +194,10 @@ pub struct SessionRow {
     /// Times a worker took it over from one that died holding it (its lease expired).
     #[serde(default)]
     pub takeovers: u32,
+    /// The model its worker chose: the spec's, or that worker's default when the spec
+    /// names none. `None` until a worker has checkpointed it.
+    #[serde(default)]
+    pub model_used: Option<String>,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
     /// Hash of the request that came with the idempotency key (`None` on rows from

@@ -35,6 +35,8 @@ pub struct StoreCheckpointer {
     pub last: Mutex<Option<Arc<Checkpoint>>>,
     /// The tree's durable workspace: the file changes each step commits.
     pub workspace: Option<Arc<TreeSync>>,
+    /// The model the run calls, stored with its checkpoints (the spec may name none).
+    pub model_used: Option<String>,
 }
 
 impl StoreCheckpointer {
@@ -53,6 +55,7 @@ impl StoreCheckpointer {
             metrics,
             last: Mutex::new(None),
             workspace: None,
+            model_used: None,
         }
     }
 
@@ -157,10 +160,13 @@ impl Checkpointer for StoreCheckpointer {
             Err(e) => return Err(Self::refuse(state, from, &e)),
         };
         let mut files = self.collect_files(&state.session_id, started).await;
-        let cp = Arc::new(cp.with_files(
-            std::mem::take(&mut files.changes),
-            std::mem::take(&mut files.blobs),
-        ));
+        let cp = Arc::new(
+            cp.with_files(
+                std::mem::take(&mut files.changes),
+                std::mem::take(&mut files.blobs),
+            )
+            .with_model(self.model_used.clone()),
+        );
         if self.already_durable(&cp) {
             self.files_committed(files);
             return self.after_commit(state, Receipt::none());

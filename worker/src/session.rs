@@ -162,9 +162,10 @@ async fn run_claimed(
         }
         Err(WorkspaceOpen::Failed(e)) => (None, Err(e)),
     };
-    let checkpointer = wiring.checkpointer(&inner, &lease, sync);
+    let checked = check_stored(&inner, &row, &mut state.spec);
+    let checkpointer = wiring.checkpointer(&inner, &lease, sync, checked.clone().ok());
     m.sessions_active.inc();
-    let built = check_stored(&inner, &row, &mut state.spec).and_then(|()| {
+    let built = checked.and_then(|_| {
         let parts = wiring.agent_parts(checkpointer.clone(), workspace?);
         build_agent(&inner, &row, &state.spec, parts)
     });
@@ -192,12 +193,12 @@ async fn run_claimed(
 /// been written by something that did not check it (an older or compromised scheduler, a
 /// direct insert). What the spec leaves to this host is checked as this host fills it in:
 /// the default provider and model must be allowed, and of the default tools the session
-/// gets those its tenant may use.
+/// gets those its tenant may use. The answer is the model the session calls.
 fn check_stored(
     inner: &Arc<Inner>,
     row: &SessionRow,
     spec: &mut SessionSpec,
-) -> Result<(), String> {
+) -> Result<String, String> {
     let policy = inner.cfg.policy.for_tenant(tenant(row));
     let refused = |v: agentq_core::policy::PolicyViolation| format!("refused by policy: {v}");
     // The scheduler's own policy check, again: a stored row counts as having sent
@@ -225,5 +226,5 @@ fn check_stored(
             spec.tools = Some(allowed.into_iter().cloned().collect());
         }
     }
-    Ok(())
+    Ok(model)
 }

@@ -13,10 +13,14 @@ use agentq_core::budget::{NANOS_PER_USD, Spend, TenantBudget};
 use super::ApiResult;
 use crate::state::Scheduler;
 
-/// The model whose price applies to a session: the one it names (a session that names
-/// none is priced by a `*` entry, if any: the worker's default is not known here).
+/// The model whose price applies to a session: the one its worker called, else the one
+/// it names (a session no worker has run and that names none is priced by a `*` entry,
+/// if any).
 fn model_of(row: &SessionRow) -> &str {
-    row.spec.model.as_deref().unwrap_or("")
+    row.model_used
+        .as_deref()
+        .or(row.spec.model.as_deref())
+        .unwrap_or("")
 }
 
 /// The cost fields of `GET /v1/sessions/{id}`.

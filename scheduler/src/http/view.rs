@@ -4,10 +4,16 @@ use agentq_agent::schema::ToolCall;
 use agentq_api::{PendingApproval, SessionView};
 use agentq_core::{SessionRow, SessionStatus, WaitReason};
 
-/// The view of a row: its spec's fields beside its state.
+/// The view of a row: its spec's fields beside its state. Its `model` is the one the
+/// session runs on once a worker has chosen it (a request that names none gets that
+/// worker's default), the requested one (or none) before.
 pub fn session_view(row: &SessionRow) -> SessionView {
+    let mut spec = row.spec.clone();
+    if let Some(m) = &row.model_used {
+        spec.model = Some(m.clone());
+    }
     SessionView {
-        spec: row.spec.clone(),
+        spec,
         id: row.id.clone(),
         status: row.status,
         finish_reason: row.finish_reason,

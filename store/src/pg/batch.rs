@@ -67,6 +67,7 @@ WITH c AS (
         -- Progress: a run that saves new steps is not a crash loop, so the count of
         -- claims that died without finishing starts again.
         attempts = CASE WHEN c.has_new THEN 0 ELSE s.attempts END,
+        model_used = COALESCE(c.model_used, s.model_used),
         updated_at = now()
     FROM c, locked
     WHERE s.root_id = locked.root_id AND s.id = locked.id
@@ -208,6 +209,7 @@ struct BatchColumns<'a> {
     msg_cursor: Vec<i64>,
     has_new: Vec<bool>,
     history_len: Vec<i32>,
+    model_used: Vec<Option<&'a str>>,
     m_ids: Vec<&'a str>,
     m_seqs: Vec<i32>,
     m_bodies: Vec<&'a str>,
@@ -249,6 +251,7 @@ impl<'a> BatchColumns<'a> {
             msg_cursor: Vec::with_capacity(n),
             has_new: Vec::with_capacity(n),
             history_len: Vec::with_capacity(n),
+            model_used: Vec::with_capacity(n),
             ..BatchColumns::default()
         };
         for cp in batch {
@@ -278,6 +281,7 @@ impl<'a> BatchColumns<'a> {
             c.msg_cursor.push(cp.msg_cursor);
             c.has_new.push(!cp.messages.is_empty());
             c.history_len.push(cp.history_len);
+            c.model_used.push(cp.model_used.as_deref());
             for (seq, body) in cp.seqs().zip(&cp.messages) {
                 c.m_ids.push(l.session_id.as_str());
                 c.m_seqs.push(seq);
@@ -377,6 +381,7 @@ impl BatchColumns<'_> {
                 ("msg_cursor", p.array(&self.msg_cursor, "bigint")?),
                 ("has_new", p.array(&self.has_new, "bool")?),
                 ("history_len", p.array(&self.history_len, "int")?),
+                ("model_used", p.array(&self.model_used, "text")?),
             ],
         );
         let messages = unnest(

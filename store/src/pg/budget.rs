@@ -47,9 +47,10 @@ WHERE budget_allowance IS NOT NULL AND budget_returned = false
   AND status IN ('completed', 'failed', 'cancelled')
 ORDER BY id LIMIT $1";
 
-/// Usage per model of a tree. The model is the spec's (JSON), read from the specs table.
+/// Usage per model of a tree: the model its worker called, else the spec's (JSON, read
+/// from the specs table).
 const TREE_USAGE: &str = "
-SELECT p.spec->>'model', count(*), sum(s.input_tokens)::bigint, sum(s.output_tokens)::bigint,
+SELECT COALESCE(s.model_used, p.spec->>'model'), count(*), sum(s.input_tokens)::bigint, sum(s.output_tokens)::bigint,
        sum(s.cache_read_tokens)::bigint, sum(s.cache_write_tokens)::bigint,
        sum(s.reasoning_tokens)::bigint
 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id

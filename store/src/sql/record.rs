@@ -132,6 +132,9 @@ pub(crate) struct SessionRecord {
     /// Absent from rows a statement returns as JSON before migration 0015.
     #[serde(default)]
     pub takeovers: i32,
+    /// Absent from rows a statement returns as JSON before migration 0017.
+    #[serde(default)]
+    pub model_used: Option<String>,
     pub cancel_requested: bool,
     pub idempotency_key: Option<String>,
     pub idempotency_hash: Option<String>,
@@ -188,6 +191,7 @@ impl SessionRecord {
             usage: self.usage()?,
             attempts: to_u32(self.attempts, "attempts")?,
             takeovers: to_u32(self.takeovers, "takeovers")?,
+            model_used: self.model_used,
             followup_cursor: to_u64(self.followup_cursor, "followup_cursor")?,
             id: self.id,
             root_id: self.root_id,

@@ -39,7 +39,7 @@ WHERE budget_allowance IS NOT NULL AND budget_returned = 0
 ORDER BY id LIMIT $1";
 
 const TREE_USAGE: &str = "
-SELECT json_extract(p.spec, '$.model'), count(*), sum(s.input_tokens), sum(s.output_tokens),
+SELECT COALESCE(s.model_used, json_extract(p.spec, '$.model')), count(*), sum(s.input_tokens), sum(s.output_tokens),
        sum(s.cache_read_tokens), sum(s.cache_write_tokens), sum(s.reasoning_tokens)
 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
 WHERE s.root_id = $1

@@ -9,14 +9,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::ExitReason;
 use agentq_error::Error;
+use agentq_store::Checkpoint;
 use agentq_store::RetryResult;
 use agentq_store::store::Store;
 use agentq_types::budget::{
     Ledger, OnBudget, Period, SpawnBudget, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
-use agentq_types::model::{SessionStatus, new_session_id};
+use agentq_types::model::{Claim, SessionStatus, new_session_id};
 
 use crate::common::tree::{
     as_new, child_of, create_root, end_spending, finish_spending, ledger_of, limits, spawn_child,
@@ -57,6 +59,7 @@ budget_contract_tests!(
     budget_repeated_spawn_answers_the_same_child,
     budget_sweeper_finds_unreturned_allowances,
     budget_tree_usage_per_model,
+    budget_tree_usage_counts_the_model_a_worker_called,
     budget_tenant_spend_and_stored_budgets,
     budget_tenant_holds_bound_the_calls_in_flight,
     budget_reopened_child_draws_from_its_tree_and_counts_once,
@@ -386,6 +389,56 @@ async fn budget_tree_usage_per_model(store: Arc<dyn Store>) {
     let root = usage.iter().find(|u| u.model.is_none()).unwrap();
     assert_eq!((root.sessions, root.usage.input_tokens), (1, 100));
     assert!(store.tree_usage("no-such-root").await.unwrap().is_empty());
+}
+
+/// A session that names no model runs on its worker's default: the checkpoint stores it
+/// (one without a model keeps it), the row shows it, and the tree's usage counts under it.
+async fn budget_tree_usage_counts_the_model_a_worker_called(store: Arc<dyn Store>) {
+    let r = create_root(store.as_ref(), None).await;
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = store.claim(&r.id, "w", TTL, 10).await.unwrap()
+    else {
+        panic!("claim");
+    };
+    assert_eq!(store.get(&r.id).await.unwrap().unwrap().model_used, None);
+    let mut m = Message::assistant("working");
+    m.usage = Some(Usage {
+        input_tokens: 40,
+        output_tokens: 4,
+        ..Default::default()
+    });
+    state.push_assistant(m);
+    let cp = Checkpoint::new(&lease, &state, 0)
+        .unwrap()
+        .with_model(Some("worker-default".into()));
+    store
+        .checkpoint_batch(&[&cp])
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store
+            .get(&r.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .model_used
+            .as_deref(),
+        Some("worker-default")
+    );
+    state.messages.push(Message::user("more"));
+    let from = state.messages.len() - 1;
+    store.checkpoint(&lease, &state, from).await.unwrap();
+    let row = store.get(&r.id).await.unwrap().unwrap();
+    assert_eq!(row.model_used.as_deref(), Some("worker-default"));
+    assert_eq!(row.spec.model, None, "the request stays as it was sent");
+    let usage = store.tree_usage(&r.id).await.unwrap();
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    assert_eq!(usage[0].model.as_deref(), Some("worker-default"));
+    assert_eq!(usage[0].usage.input_tokens, 40);
 }
 
 async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {

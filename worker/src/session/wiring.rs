@@ -130,6 +130,7 @@ impl Wiring {
         inner: &Inner,
         lease: &Lease,
         sync: Option<Arc<TreeSync>>,
+        model_used: Option<String>,
     ) -> Arc<StoreCheckpointer> {
         let mut checkpointer = StoreCheckpointer::new(
             inner.pipeline.commits.clone(),
@@ -142,6 +143,7 @@ impl Wiring {
             self.inbox.set_workspace(sync.clone());
         }
         checkpointer.workspace = sync;
+        checkpointer.model_used = model_used;
         Arc::new(checkpointer)
     }
 
