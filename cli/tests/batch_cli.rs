@@ -130,11 +130,7 @@ fn each_file_is_a_session_of_one_batch_followed_retried_and_cancelled() {
         .collect();
     let files: Vec<&str> = submitted.iter().map(|(_, f)| *f).collect();
     assert_eq!(files, ["tickets/a.txt", "tickets/b.txt", "tickets/bad.txt"]);
-    let batch = stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("batch ")?.split(':').next())
-        .unwrap()
-        .to_string();
+    let batch = batch_of(&stderr);
     assert!(
         stderr.contains(&format!("agentq sessions --batch {batch}")),
         "{stderr}"
@@ -216,10 +212,7 @@ fn each_file_is_a_session_of_one_batch_followed_retried_and_cancelled() {
         &["submit", "--each", "tickets/[ab].txt", "slow: {file}"],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let slow = text(&out.stderr)
-        .lines()
-        .find_map(|l| Some(l.strip_prefix("batch ")?.split(':').next()?.to_string()))
-        .unwrap();
+    let slow = batch_of(&text(&out.stderr));
     let out = client(&dev.url, dir, &["cancel", "--batch", &slow]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -231,21 +224,7 @@ fn each_file_is_a_session_of_one_batch_followed_retried_and_cancelled() {
     rt.block_on(wait_until(
         "the slow batch cancelled",
         Duration::from_secs(60),
-        || async {
-            let page = json_of(&client(
-                &dev.url,
-                dir,
-                &[
-                    "sessions",
-                    "--batch",
-                    &slow,
-                    "--status",
-                    "cancelled",
-                    "--json",
-                ],
-            ));
-            page["sessions"].as_array().unwrap().len() == 2
-        },
+        || async { in_batch(&dev.url, dir, &slow, "cancelled") == 2 },
     ));
     let out = client(&dev.url, dir, &["cancel", "--batch", &slow]);
     assert_eq!(out.status.code(), Some(1));
@@ -259,22 +238,23 @@ fn each_file_is_a_session_of_one_batch_followed_retried_and_cancelled() {
     rt.block_on(wait_until(
         "the retried session completed",
         Duration::from_secs(60),
-        || async {
-            let page = json_of(&client(
-                &dev.url,
-                dir,
-                &[
-                    "sessions",
-                    "--batch",
-                    &batch,
-                    "--status",
-                    "completed",
-                    "--json",
-                ],
-            ));
-            page["sessions"].as_array().unwrap().len() == 3
-        },
+        || async { in_batch(&dev.url, dir, &batch, "completed") == 3 },
     ));
+}
+
+/// The batch id `submit` printed on stderr (`batch ID: …`).
+fn batch_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| Some(l.strip_prefix("batch ")?.split(':').next()?.to_string()))
+        .unwrap_or_else(|| panic!("no batch line: {stderr}"))
+}
+
+/// How many sessions of `batch` have `status`, as `agentq sessions --json` lists them.
+fn in_batch(url: &str, dir: &Path, batch: &str, status: &str) -> usize {
+    let args = ["sessions", "--batch", batch, "--status", status, "--json"];
+    let page = json_of(&client(url, dir, &args));
+    page["sessions"].as_array().unwrap().len()
 }
 
 fn usage_error(out: &Output, needle: &str) -> String {

@@ -8,15 +8,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use agentq_testkit::{FakeLlm, FakeResponse, fixture, shared_postgres};
 use serde_json::{Value, json};
 
-use common::{Procs, agentq, client_as, migrated_db, text, wait_exit, wait_finished};
+use common::{Dev, agentq, client_as, create_session, migrated_db, text, wait_exit, wait_finished};
 
 /// A closed port: bound, then let go.
 fn closed_port() -> u16 {
@@ -27,36 +27,9 @@ fn closed_port() -> u16 {
         .port()
 }
 
-/// `agentq dev` started by `cmd`; what it wrote on stderr up to and including its start
-/// line, and the URL it serves. The rest of stderr is drained in the background.
-fn start_dev(cmd: &mut Command) -> (Child, String, String) {
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let n = reader.read_line(&mut line).unwrap();
-        assert!(n > 0, "stderr closed before the start line: {seen}");
-        seen.push_str(&line);
-        if line.contains("agentq dev started") {
-            break;
-        }
-    }
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    let url = seen
-        .lines()
-        .find_map(|l| l.split("listening on ").nth(1))
-        .unwrap()
-        .trim()
-        .to_string();
-    (child, seen, url)
+/// `agentq dev` started by `cmd`, up to its start line.
+fn start_dev(cmd: &mut Command) -> Dev {
+    Dev::spawn_until(cmd, "agentq dev started")
 }
 
 fn dev_in(dir: &Path) -> Command {
@@ -69,24 +42,13 @@ fn dev_in(dir: &Path) -> Command {
     cmd
 }
 
-async fn create(http: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
-    let resp = http
-        .post(format!("{url}/v1/sessions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 /// With no provider configured, dev says so at start (one line, and in its start line),
 /// and a session fails with how to configure one, never a made-up answer.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_model_dev_says_so_and_a_session_fails_naming_the_variable() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, seen, url) = start_dev(&mut dev_in(dir.path()));
-    let _procs = Procs(vec![child]);
+    let dev = start_dev(&mut dev_in(dir.path()));
+    let (seen, url) = (dev.started.clone(), dev.url.clone());
     assert_eq!(
         seen.matches("agentq dev: no model configured: set OPENAI_API_KEY")
             .count(),
@@ -119,7 +81,7 @@ fn assert_start_line(seen: &str, fields: &[&str]) {
 /// One session through the API at `url`, followed to its end.
 async fn one_session(url: &str) -> Value {
     let http = reqwest::Client::new();
-    let (status, body) = create(&http, url, json!({"prompt": "Summarise"})).await;
+    let (status, body) = create_session(&http, url, json!({"prompt": "Summarise"})).await;
     assert_eq!(status, 201, "{body}");
     let id = body["id"].as_str().unwrap();
     wait_finished(&http, url, id, Duration::from_secs(60)).await
@@ -135,12 +97,12 @@ async fn an_openai_key_in_the_environment_makes_openai_the_default() {
         fixture("openai_stream_text_usage.sse"),
         64,
     ));
-    let (child, seen, url) = start_dev(
+    let dev = start_dev(
         dev_in(dir.path())
             .env("OPENAI_API_KEY", "sk-first-hour")
             .env("OPENAI_BASE_URL", format!("{}/v1", fake.url)),
     );
-    let _procs = Procs(vec![child]);
+    let (seen, url) = (dev.started.clone(), dev.url.clone());
     assert!(!seen.contains("no model configured"), "{seen}");
     assert_start_line(
         &seen,
@@ -171,14 +133,14 @@ async fn a_refused_key_names_its_variable() {
         401,
         r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#,
     ));
-    let (child, _, url) = start_dev(
+    let dev = start_dev(
         dev_in(dir.path())
             .env("OPENAI_API_KEY", "sk-wrong")
             .env("OPENAI_BASE_URL", format!("{}/v1", fake.url)),
     );
-    let _procs = Procs(vec![child]);
+    let url = dev.url.clone();
     let http = reqwest::Client::new();
-    let (_, body) = create(&http, &url, json!({"prompt": "Summarise"})).await;
+    let (_, body) = create_session(&http, &url, json!({"prompt": "Summarise"})).await;
     let id = body["id"].as_str().unwrap();
     let done = wait_finished(&http, &url, id, Duration::from_secs(60)).await;
     assert_eq!(done["status"], "failed", "{done}");
@@ -194,14 +156,15 @@ async fn a_refused_key_names_its_variable() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unknown_queue_in_dev_points_to_the_setting() {
     let dir = tempfile::tempdir().unwrap();
-    let (child, _, url) = start_dev(
+    let dev = start_dev(
         dev_in(dir.path())
             .args(["--queues", "default,nightly"])
             .args(["--default-provider", "scripted"]),
     );
-    let _procs = Procs(vec![child]);
+    let url = dev.url.clone();
     let http = reqwest::Client::new();
-    let (status, body) = create(&http, &url, json!({"prompt": "x", "queue": "weekly"})).await;
+    let (status, body) =
+        create_session(&http, &url, json!({"prompt": "x", "queue": "weekly"})).await;
     assert_eq!(status, 422, "{body}");
     let text = body.to_string();
     assert!(
@@ -209,7 +172,8 @@ async fn an_unknown_queue_in_dev_points_to_the_setting() {
         "{text}"
     );
     assert!(!text.contains("/v1/queues"), "{text}");
-    let (status, body) = create(&http, &url, json!({"prompt": "x", "queue": "nightly"})).await;
+    let (status, body) =
+        create_session(&http, &url, json!({"prompt": "x", "queue": "nightly"})).await;
     assert_eq!(status, 201, "{body}");
 }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use serde_json::{Value, json};
 
-use common::{Dev, agentq, wait_finished};
+use common::{Dev, agentq, create_session, wait_finished};
 
 const OPENAI_CANARY: &str = "sk-canary-e2e-openai-5d1e";
 const ANTHROPIC_CANARY: &str = "sk-ant-canary-e2e-77aa";
@@ -64,17 +64,6 @@ fn start_dev(dir: &Path, configured: &FakeLlm, allowed_base_urls: &[String]) -> 
     )
 }
 
-async fn create(http: &reqwest::Client, dev: &Dev, body: Value) -> (u16, Value) {
-    let resp = http
-        .post(format!("{}/v1/sessions", dev.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
-
 async fn finished(http: &reqwest::Client, dev: &Dev, id: &str) -> Value {
     wait_finished(http, &dev.url, id, Duration::from_secs(60)).await
 }
@@ -118,9 +107,9 @@ async fn provider_keys_never_leave_the_worker() {
     // 1. A session naming the attacker's listener: it gets the request, never a key.
     for provider in ["openai", "anthropic"] {
         attacker.push(answer(provider));
-        let (status, v) = create(
+        let (status, v) = create_session(
             &http,
-            &dev,
+            &dev.url,
             json!({"prompt": "hi", "provider": provider, "model": "m",
                    "base_url": base(provider, &attacker), "tools": []}),
         )
@@ -144,9 +133,9 @@ async fn provider_keys_never_leave_the_worker() {
     let ok = answer("openai");
     elsewhere.set_handler(move |_| Some(ok.clone()));
     for provider in ["openai", "anthropic"] {
-        let (status, v) = create(
+        let (status, v) = create_session(
             &http,
-            &dev,
+            &dev.url,
             json!({"prompt": "hi", "provider": provider, "model": "m", "tools": []}),
         )
         .await;
@@ -168,9 +157,9 @@ async fn provider_keys_never_leave_the_worker() {
     assert_eq!(keyed[1].header("x-api-key"), Some(ANTHROPIC_CANARY));
 
     // 3. `shell` running `env` in the worker shows none of its environment.
-    let (status, v) = create(
+    let (status, v) = create_session(
         &http,
-        &dev,
+        &dev.url,
         json!({"prompt": "env", "provider": "scripted", "tools": ["shell"]}),
     )
     .await;
@@ -207,9 +196,9 @@ async fn provider_keys_never_leave_the_worker() {
         format!("http://{host}/v1#f"),
         format!("ftp://{host}/v1"),
     ] {
-        let (status, v) = create(
+        let (status, v) = create_session(
             &http,
-            &dev,
+            &dev.url,
             json!({"prompt": "hi", "provider": "openai", "base_url": bad}),
         )
         .await;

@@ -83,20 +83,27 @@ impl Drop for Procs {
 /// ready); that line, and the thread draining the rest (so the process never blocks on
 /// a full pipe). Panics if the stream ends first.
 pub fn wait_line(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHandle<()>) {
+    let (seen, drain) = wait_lines(stderr, marker);
+    let line = seen.lines().last().unwrap_or_default().to_string();
+    (line, drain)
+}
+
+/// As [`wait_line`], with every line read up to and including the marker's.
+pub fn wait_lines(stderr: ChildStderr, marker: &str) -> (String, std::thread::JoinHandle<()>) {
     let mut reader = BufReader::new(stderr);
     let mut seen = String::new();
     loop {
         let mut line = String::new();
         let n = reader.read_line(&mut line).unwrap();
         assert!(n > 0, "stderr closed before {marker:?}: {seen}");
+        seen.push_str(&line);
         if line.contains(marker) {
             let drain = std::thread::spawn(move || {
                 let mut sink = Vec::new();
                 let _ = reader.read_to_end(&mut sink);
             });
-            return (line, drain);
+            return (seen, drain);
         }
-        seen.push_str(&line);
     }
 }
 
@@ -128,31 +135,53 @@ pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 pub struct Dev {
     pub child: Child,
     pub url: String,
+    /// What it wrote on stderr until it was ready.
+    pub started: String,
     _drain: std::thread::JoinHandle<()>,
 }
 
 impl Dev {
     /// Start `cmd` and wait until it serves.
     pub fn spawn(cmd: &mut Command) -> Dev {
+        Dev::spawn_until(cmd, "listening on ")
+    }
+
+    /// Start `cmd` and wait until it has written `marker` (at or after its `listening on`
+    /// line).
+    pub fn spawn_until(cmd: &mut Command, marker: &str) -> Dev {
         let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stderr = child.stderr.take().unwrap();
-        let (line, drain) = wait_line(stderr, "listening on ");
-        let url = line
-            .split("listening on ")
-            .nth(1)
+        let (started, drain) = wait_lines(stderr, marker);
+        let url = started
+            .lines()
+            .find_map(|l| l.split("listening on ").nth(1))
             .unwrap()
             .trim()
             .to_string();
         Dev {
             child,
             url,
+            started,
             _drain: drain,
         }
     }
+}
+
+/// `POST /v1/sessions` with `body` at `url`: the status and the JSON answer (`null` when
+/// there is none).
+pub async fn create_session(http: &reqwest::Client, url: &str, body: Value) -> (u16, Value) {
+    let resp = http
+        .post(format!("{url}/v1/sessions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
 }
 
 impl Drop for Dev {
