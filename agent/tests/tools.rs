@@ -1465,3 +1465,179 @@ async fn sessions_sharing_a_workspace_share_its_quota() {
         .sum();
     assert!(total <= 1_000, "{total} bytes");
 }
+
+// --- load_skill: the operator's skills, read under the file tools' rules ---
+
+mod skills {
+    use super::*;
+    use agentq_agent::tools::skills::{LoadSkill, SkillLibrary, front_matter};
+
+    fn skill_md(name: &str, description: &str, body: &str) -> String {
+        format!("---\nname: {name}\ndescription: {description}\n---\n{body}")
+    }
+
+    /// Two skills under one folder, a file beside one of them, and a secret next to the
+    /// folder that no path may reach.
+    fn library() -> (TempDir, Arc<SkillLibrary>) {
+        let root = TempDir::new().unwrap();
+        write(&root, "secret.txt", b"operator secret");
+        write(
+            &root,
+            "skills/summarise/SKILL.md",
+            skill_md(
+                "summarise",
+                "Summarise a ticket in three lines.",
+                "Use template.md.",
+            )
+            .as_bytes(),
+        );
+        write(
+            &root,
+            "skills/summarise/template.md",
+            b"1. what\n2. why\n3. next",
+        );
+        write(&root, "skills/summarise/bin.dat", b"\0\x01\x02");
+        write(
+            &root,
+            "skills/triage/SKILL.md",
+            skill_md("triage", "Label a ticket by urgency.", "Be brief.").as_bytes(),
+        );
+        // A folder without a SKILL.md is not a skill.
+        write(&root, "skills/notes/readme.txt", b"not a skill");
+        let lib = SkillLibrary::load(&[root.path().join("skills")]).unwrap();
+        (root, Arc::new(lib))
+    }
+
+    #[test]
+    fn front_matter_is_checked_naming_what_is_wrong() {
+        assert_eq!(
+            front_matter("---\nname: a-1\ndescription: \"Does A.\"\n---\nbody").unwrap(),
+            ("a-1".to_string(), "Does A.".to_string())
+        );
+        for (text, says) in [
+            ("name: a\n", "front matter"),
+            ("---\nname: a\ndescription: d\n", "closing"),
+            ("---\ndescription: d\n---\n", "no `name`"),
+            ("---\nname: a\n---\n", "no `description`"),
+            ("---\nname: A b\ndescription: d\n---\n", "a-z"),
+            ("---\nname: ../x\ndescription: d\n---\n", "a-z"),
+        ] {
+            let e = front_matter(text).unwrap_err();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
+        let long = format!("---\nname: a\ndescription: {}\n---\n", "x".repeat(2000));
+        assert!(front_matter(&long).unwrap_err().contains("description"));
+    }
+
+    #[test]
+    fn a_library_refuses_twins_and_names_the_broken_file() {
+        let root = TempDir::new().unwrap();
+        for dir in ["one/a", "two/a"] {
+            write(
+                &root,
+                &format!("{dir}/SKILL.md"),
+                skill_md("same", "d", "").as_bytes(),
+            );
+        }
+        let e =
+            SkillLibrary::load(&[root.path().join("one"), root.path().join("two")]).unwrap_err();
+        assert!(e.contains("`same` is defined twice"), "{e}");
+        write(&root, "bad/x/SKILL.md", b"no front matter");
+        let e = SkillLibrary::load(&[root.path().join("bad")]).unwrap_err();
+        assert!(
+            e.contains("x/SKILL.md") && e.contains("front matter"),
+            "{e}"
+        );
+        let e = SkillLibrary::load(&[root.path().join("missing")]).unwrap_err();
+        assert!(e.contains("missing"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_model_sees_the_list_and_loads_instructions_and_files() {
+        let (_root, lib) = library();
+        let ws = TempDir::new().unwrap();
+        let tool = LoadSkill::new(lib);
+        assert_eq!(tool.side_effect(&json!({})), SideEffect::Pure);
+        let d = tool.description();
+        assert!(
+            d.contains("- summarise: Summarise a ticket in three lines."),
+            "{d}"
+        );
+        assert!(d.contains("- triage: Label a ticket by urgency."), "{d}");
+        assert!(!d.contains("notes"), "{d}");
+        assert_eq!(
+            tool.parameters()["properties"]["name"]["enum"],
+            json!(["summarise", "triage"])
+        );
+
+        let out = ok(&tool, json!({"name": "summarise"}), &ctx(&ws)).await;
+        assert!(out.starts_with("---\nname: summarise"), "{out}");
+        assert!(out.contains("Use template.md."), "{out}");
+        assert!(out.contains("- template.md"), "{out}");
+        let out = ok(
+            &tool,
+            json!({"name": "summarise", "file": "template.md"}),
+            &ctx(&ws),
+        )
+        .await;
+        assert_eq!(out, "1. what\n2. why\n3. next");
+        // Nothing was written to the session's workspace.
+        assert_eq!(std::fs::read_dir(ws.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn no_path_leaves_the_skill_and_reads_stay_bounded() {
+        let (root, lib) = library();
+        let ws = TempDir::new().unwrap();
+        let tool = LoadSkill::new(lib);
+        let c = ctx(&ws);
+        for file in [
+            "../secret.txt",
+            "../../secret.txt",
+            "/etc/passwd",
+            "../triage/SKILL.md",
+        ] {
+            let r = run(&tool, json!({"name": "summarise", "file": file}), &c).await;
+            assert!(
+                r.is_err() && !format!("{r:?}").contains("operator secret"),
+                "{file}: {r:?}"
+            );
+        }
+        // A symlink inside the skill that points out of it.
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(
+                root.path().join("secret.txt"),
+                root.path().join("skills/summarise/link.txt"),
+            )
+            .unwrap();
+            let r = run(&tool, json!({"name": "summarise", "file": "link.txt"}), &c).await;
+            assert!(r.is_err(), "{r:?}");
+        }
+        let r = run(&tool, json!({"name": "nope"}), &c).await;
+        let e = format!("{:?}", r.unwrap_err());
+        assert!(
+            e.contains("`name`") && e.contains("summarise, triage"),
+            "{e}"
+        );
+        let r = run(&tool, json!({"name": "summarise", "extra": 1}), &c).await;
+        assert!(matches!(r, Err(ToolError::InvalidArguments(_))), "{r:?}");
+        let r = run(&tool, json!({"name": "summarise", "file": "bin.dat"}), &c).await;
+        assert!(format!("{r:?}").contains("binary"), "{r:?}");
+        // The read limit of the file tools holds.
+        let small = ctx_with(
+            &ws,
+            ToolSettings {
+                read_max_bytes: 5,
+                ..ToolSettings::default()
+            },
+        );
+        let out = ok(
+            &tool,
+            json!({"name": "summarise", "file": "template.md"}),
+            &small,
+        )
+        .await;
+        assert_eq!(out, "1. wh\n[cut at 5 bytes]");
+    }
+}

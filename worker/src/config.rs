@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use agentq_agent::provider::factory::ProviderSettings;
 use agentq_agent::tools::ToolSettings;
+use agentq_agent::tools::skills::{LoadSkill, SkillLibrary};
 use agentq_core::config::Settings;
 use agentq_core::hooks::OperatorGuards;
 use agentq_core::policy::Policy;
@@ -111,6 +112,12 @@ impl WorkerSettings {
         cfg.operator = OperatorGuards::from_settings(settings, agentq_core::metrics::global())?;
         for own in cfg.tenant_providers.values_mut() {
             own.script.clone_from(&cfg.providers.script);
+        }
+        if !settings.worker.skills_dirs.is_empty() {
+            let library = SkillLibrary::load(&settings.worker.skills_dirs)
+                .map_err(|e| crate::error::Error::Config(format!("`worker.skills_dirs`: {e}")))?;
+            cfg.tools
+                .register(Arc::new(LoadSkill::new(Arc::new(library))));
         }
         cfg.consumer = default_consumer_name();
         Ok(cfg)

@@ -152,7 +152,7 @@ fn path_arg(args: &Value, field: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn is_binary(data: &[u8]) -> bool {
+pub(crate) fn is_binary(data: &[u8]) -> bool {
     data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0)
 }
 

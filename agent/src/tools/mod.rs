@@ -16,6 +16,7 @@ pub mod fs;
 pub mod http;
 mod settings;
 pub mod shell;
+pub mod skills;
 pub mod workspace;
 
 pub use error::ToolError;

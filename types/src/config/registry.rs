@@ -106,6 +106,7 @@ settings! {
     worker.max_file_bytes = "AGENTQ_MAX_FILE_BYTES" as parse, "--max-file-bytes";
     worker.workspace_quota_bytes = "AGENTQ_WORKSPACE_QUOTA_BYTES" as parse,
         "--workspace-quota-bytes";
+    worker.skills_dirs;
     worker.sensitive_tools;
     worker.event_ttl_secs;
     worker.max_depth;

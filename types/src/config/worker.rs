@@ -42,6 +42,9 @@ section! {
         /// Most bytes the files of one workspace (a session tree's directory) may hold,
         /// checked before every write of a file tool.
         pub workspace_quota_bytes: u64 = agentq_agent::tools::DEFAULT_WORKSPACE_QUOTA_BYTES,
+        /// Folders of skills (each subfolder with a `SKILL.md` is one), offered to
+        /// sessions through the `load_skill` tool.
+        pub skills_dirs: Vec<PathBuf> = Vec::new(),
         /// Tools that need approval in every session, on top of each session's own list.
         pub sensitive_tools: Vec<String> = Vec::new(),
         /// How long a finished session's event stream is kept.
