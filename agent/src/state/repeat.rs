@@ -15,7 +15,7 @@ use super::SessionState;
 use crate::schema::{Message, Role, ToolCall};
 
 /// The most earlier turns a count looks back over when no limit ends the session first
-/// (`max_repeated_calls` = 0): the warning then says "at least" this many.
+/// (`max_repeated_calls` = 0): past it, the note says "more than" this many.
 pub const REPEAT_LOOKBACK: u32 = 100;
 
 /// The model made the same call `max_repeated_calls` times in a row: the session ends
