@@ -14,6 +14,9 @@ pub const DEFAULT_TOOL_TIMEOUT_SECS: u64 = 300;
 pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 300;
 pub const DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS: u32 = 3;
 pub const DEFAULT_HISTORY_WINDOW: usize = 100;
+/// See `docs/stuck.md` for the transcripts these two were chosen from.
+pub const DEFAULT_MAX_REPEATED_CALLS: u32 = 5;
+pub const DEFAULT_WARN_REPEATED_CALLS: u32 = 2;
 
 /// How much a session may do: run tools, or only answer or plan (a model asked for a plan
 /// or an answer from knowledge must not touch the workspace).
@@ -68,6 +71,8 @@ pub enum ExitReason {
     Error,
     Yielded,
     BudgetExhausted,
+    /// The model made the same call `max_repeated_calls` times in a row.
+    Stuck,
 }
 
 impl ExitReason {
@@ -80,6 +85,7 @@ impl ExitReason {
             ExitReason::Error => "error",
             ExitReason::Yielded => "yielded",
             ExitReason::BudgetExhausted => "budget_exhausted",
+            ExitReason::Stuck => "stuck",
         }
     }
 }
@@ -113,6 +119,12 @@ fn d_retry_delay() -> u64 {
 }
 fn d_drain_rounds() -> u32 {
     DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS
+}
+fn d_max_repeated_calls() -> u32 {
+    DEFAULT_MAX_REPEATED_CALLS
+}
+fn d_warn_repeated_calls() -> u32 {
+    DEFAULT_WARN_REPEATED_CALLS
 }
 fn d_output_max() -> usize {
     TOOL_RESULT_MAX_CHARS
@@ -169,6 +181,14 @@ pub struct SessionSpec {
     pub max_background_drain_rounds: u32,
     #[serde(default = "d_output_max")]
     pub tool_output_max_chars: usize,
+    /// End the session `stuck` when the model makes the same call (same tool, equal
+    /// arguments) this many times in a row with the same result each time; 0: never.
+    #[serde(default = "d_max_repeated_calls")]
+    pub max_repeated_calls: u32,
+    /// From this many same calls in a row with the same result on, the result tells the
+    /// model so; 0: never.
+    #[serde(default = "d_warn_repeated_calls")]
+    pub warn_repeated_calls: u32,
     /// Tools that need a human's approval before they run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sensitive_tools: Vec<String>,
@@ -199,6 +219,8 @@ impl SessionSpec {
             retry_delay_ms: DEFAULT_RETRY_DELAY_MS,
             max_background_drain_rounds: DEFAULT_MAX_BACKGROUND_DRAIN_ROUNDS,
             tool_output_max_chars: TOOL_RESULT_MAX_CHARS,
+            max_repeated_calls: DEFAULT_MAX_REPEATED_CALLS,
+            warn_repeated_calls: DEFAULT_WARN_REPEATED_CALLS,
             sensitive_tools: Vec::new(),
             metadata: Value::Null,
         }

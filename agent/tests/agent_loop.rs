@@ -1176,6 +1176,8 @@ async fn compaction_shortens_old_tool_outputs_in_the_request_only() {
     );
     let mut s = spec();
     s.context_budget_chars = Some(8_000);
+    // The same call three times: no repeat note, so that every stored output is the tool's.
+    s.warn_repeated_calls = 0;
     let (state, _) = run(&h, s).await;
     let reqs = h.provider.requests.lock().unwrap();
     let last = &reqs[3].messages;

@@ -254,6 +254,7 @@ mod tests {
             "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
             "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
             "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
+            "max_repeated_calls": 4, "warn_repeated_calls": 3,
             "tools": ["read_file", "grep"], "metadata": {"user": "u1"},
             "id": id, "status": "queued", "finish_reason": null, "result": null,
             "error": null, "iterations": 0,
@@ -276,6 +277,7 @@ mod tests {
             "max_tokens": 4096, "tool_timeout_secs": 60, "approval_timeout_secs": 3600,
             "history_window": 200, "max_llm_retries": 3, "retry_delay_ms": 1000,
             "max_background_drain_rounds": 20, "tool_output_max_chars": 50000,
+            "max_repeated_calls": 4, "warn_repeated_calls": 3,
             "metadata": {"user": "u"}}),
         );
         assert_eq!(req.queue.as_deref(), Some("batch.v2"));

@@ -29,5 +29,9 @@ pub fn spec(iterations: u32, tool: &str) -> SessionSpec {
     // The whole history goes to the model (the scripted model picks its turn by counting
     // the assistant turns it is sent).
     spec.history_window = spec.history_window.max(2 * iterations as usize + 10);
+    // The scripted model makes the same call every turn by design: the bench measures the
+    // system, so no session of it ends `stuck` or carries repeat notes.
+    spec.max_repeated_calls = 0;
+    spec.warn_repeated_calls = 0;
     spec
 }

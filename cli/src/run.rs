@@ -42,6 +42,10 @@ pub struct RunArgs {
     pub mode: Mode,
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_iterations: Option<u32>,
+    /// End the session `stuck` when the model makes the same call this many times in a
+    /// row with the same result (default 5; 0: never).
+    #[arg(long, value_parser = parse_repeat_limit)]
+    pub max_repeated_calls: Option<u32>,
     /// Comma-separated tool names (default: the read-only set).
     #[arg(long, value_delimiter = ',')]
     pub tools: Option<Vec<String>>,
@@ -218,6 +222,16 @@ fn select_tools(
     Ok((tools, wanted))
 }
 
+/// `--max-repeated-calls`: 0, or 2 to 100 (the API's bounds: 1 would end a session at
+/// its first call).
+fn parse_repeat_limit(v: &str) -> Result<u32, String> {
+    let max = agentq_core::policy::request::MAX_REPEATED_CALLS;
+    match v.parse::<u32>() {
+        Ok(n) if n == 0 || (2..=max).contains(&n) => Ok(n),
+        _ => Err(format!("expected 0 (never) or 2 to {max}, got {v:?}")),
+    }
+}
+
 /// The session the flags describe, checked as the API checks one (a refusal names the
 /// flag).
 fn session_spec(args: &RunArgs, model: &str, tools: Vec<String>) -> anyhow::Result<SessionSpec> {
@@ -230,6 +244,9 @@ fn session_spec(args: &RunArgs, model: &str, tools: Vec<String>) -> anyhow::Resu
     spec.tools = Some(tools);
     if let Some(n) = args.max_iterations {
         spec.max_iterations = n;
+    }
+    if let Some(n) = args.max_repeated_calls {
+        spec.max_repeated_calls = n;
     }
     if let Some(t) = args.temperature {
         spec.temperature = t;

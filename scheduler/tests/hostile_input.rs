@@ -326,6 +326,8 @@ async fn every_number_has_an_upper_bound_checked_at_submit() {
         "max_background_drain_rounds",
         "max_llm_retries",
         "retry_delay_ms",
+        "max_repeated_calls",
+        "warn_repeated_calls",
     ] {
         let mut body = json!({"prompt": "p"});
         body[field] = json!(huge);

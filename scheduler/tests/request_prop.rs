@@ -75,6 +75,7 @@ fn key() -> impl Strategy<Value = String> {
             "max_tokens", "timeout_secs", "approval_timeout_secs", "tool_timeout_secs",
             "token_budget", "history_window", "context_budget_chars", "tool_output_max_chars",
             "max_background_drain_rounds", "max_llm_retries", "retry_delay_ms", "content",
+            "max_repeated_calls", "warn_repeated_calls",
             "strategy", "tool_call_id", "approve", "reason", "api_key",
         ])
         .prop_map(str::to_string),

@@ -68,7 +68,8 @@ impl SessionStatus {
             ExitReason::MaxIterations
             | ExitReason::Timeout
             | ExitReason::Error
-            | ExitReason::BudgetExhausted => SessionStatus::Failed,
+            | ExitReason::BudgetExhausted
+            | ExitReason::Stuck => SessionStatus::Failed,
         }
     }
 }

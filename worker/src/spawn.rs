@@ -88,6 +88,8 @@ impl SpawnAgent {
         spec.sensitive_tools = parent.sensitive_tools.clone();
         spec.max_llm_retries = parent.max_llm_retries;
         spec.retry_delay_ms = parent.retry_delay_ms;
+        spec.max_repeated_calls = parent.max_repeated_calls;
+        spec.warn_repeated_calls = parent.warn_repeated_calls;
         spec.max_iterations = match args.get("max_iterations") {
             None | Some(Value::Null) => parent.max_iterations,
             Some(v) => v

@@ -58,6 +58,8 @@ async fn submit_tree(c: &Cluster, budget: u64) -> String {
     c.submit("NODE root", TREE_TOOLS, |s| {
         s.token_budget = Some(budget);
         s.max_tokens = 10;
+        // Every node works on with the same call: the budget, not a repeat, must end it.
+        s.max_repeated_calls = 0;
     })
     .await
 }
@@ -163,7 +165,10 @@ async fn the_tree_session_cap_holds_across_two_workers() {
         cfg.policy = Arc::new(agentq_core::policy::Policy::from_section(&section).unwrap());
     })
     .await;
-    let root = c.submit("NODE root", TREE_TOOLS, |_| {}).await;
+    // Every node works on with the same call: the cap, not a repeat, must bound the tree.
+    let root = c
+        .submit("NODE root", TREE_TOOLS, |s| s.max_repeated_calls = 0)
+        .await;
     let tree = c.settled_tree(&root, Duration::from_secs(120)).await;
     assert_eq!(tree.len(), 7, "{tree:?}");
     // A refused spawn is a tool error naming the bound.
@@ -470,6 +475,8 @@ async fn finished_sub_agents_started_again_draw_from_their_tree() {
             s.token_budget = Some(BUDGET);
             s.max_tokens = 10;
             s.max_iterations = 100;
+            // The tree works on with the same call: the budget, not a repeat, must end it.
+            s.max_repeated_calls = 0;
         })
         .await;
     let tree = c.settled_tree(&root, Duration::from_secs(60)).await;

@@ -279,6 +279,8 @@ async fn the_token_budget_bounds_the_session_and_its_reviews() {
     spec.tools = Some(vec!["list_dir".into()]);
     spec.token_budget = Some(budget);
     spec.max_tokens = 256;
+    // The same calls every turn: the budget, not a repeat, must end it.
+    spec.max_repeated_calls = 0;
     let row = run_one(&store, &queue, cfg, spec).await;
 
     assert_eq!(row.status, SessionStatus::Failed, "{row:?}");

@@ -169,7 +169,11 @@ async fn a_background_childs_files_reach_its_running_parent_on_another_machine()
         .submit(
             "ROOT task",
             &["spawn_agent", "read_file", "write_file"],
-            |s| s.max_iterations = 30,
+            |s| {
+                s.max_iterations = 30;
+                // It polls with the same reads until the child's result comes.
+                s.max_repeated_calls = 0;
+            },
         )
         .await;
     let row = c

@@ -503,3 +503,67 @@ async fn callers_cannot_add_model_series() {
         "{model_series} series carry a model label"
     );
 }
+
+/// `agentq_sessions_finished_total` on the default queue for `reason`.
+fn finished_total(reason: &str) -> f64 {
+    let label = format!("finish_reason=\"{reason}\"");
+    agentq_core::metrics::global()
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("agentq_sessions_finished_total{"))
+        .filter(|l| l.contains(&label) && l.contains("queue=\"default\""))
+        .find_map(|l| l.rsplit(' ').next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// A model that makes the same call every turn (as small real models do) is told so from
+/// the second time on, and at the fifth the session ends `stuck` without running it: the
+/// stored row, the transcript and the finish-reason counter all say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_repeating_one_call_ends_stuck_warned_and_counted() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.providers.script = Some(
+        r#"{"turns":[{"text":"looking again",
+            "tool_calls":[{"name":"list_dir","arguments":{"path":"."}}]}],
+           "repeat_last":true}"#
+            .into(),
+    );
+    let before = finished_total("stuck");
+    let (row, _) = run_one(&store, &queue, cfg, SessionSpec::new("what is here?")).await;
+
+    assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
+    assert_eq!(
+        row.finish_reason,
+        Some(agentq_agent::spec::ExitReason::Stuck),
+        "{row:?}"
+    );
+    assert_eq!(row.iteration, 5, "ended at the fifth same call, not at 40");
+    let error = row.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("`list_dir` was called 5 times in a row"),
+        "{error}"
+    );
+    let results: Vec<String> = store
+        .messages(&row.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| m.role == agentq_agent::schema::Role::Tool)
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(results.len(), 5, "{results:#?}");
+    assert!(!results[0].contains("[agentq:"), "{}", results[0]);
+    for (i, r) in results[1..4].iter().enumerate() {
+        assert!(
+            r.contains(&format!(
+                "[agentq: you have called `list_dir` with these same arguments {} times in a row",
+                i + 2
+            )),
+            "{r}"
+        );
+    }
+    assert!(results[4].starts_with("Not run:"), "{}", results[4]);
+    assert_eq!(finished_total("stuck"), before + 1.0);
+}

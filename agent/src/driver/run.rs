@@ -81,6 +81,13 @@ impl Agent {
                     self.checkpoint(state, &mut run.saved).await?;
                     None
                 }
+                Step::Stuck(stuck) => {
+                    let from = state.messages.len();
+                    state.end_stuck(stuck);
+                    self.emit_results(state, from);
+                    self.checkpoint(state, &mut run.saved).await?;
+                    None
+                }
                 Step::StartAct => {
                     state.start_act();
                     self.checkpoint(state, &mut run.saved).await?;

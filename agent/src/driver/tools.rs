@@ -202,7 +202,7 @@ impl Agent {
                 return Ok(());
             }
         };
-        let content = truncate_output(out.content, max_chars);
+        let content = state.with_repeat_note(&call, truncate_output(out.content, max_chars));
         self.events.emit(
             state.messages.len(),
             AgentEvent::ToolResult {

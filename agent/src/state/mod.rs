@@ -15,9 +15,11 @@ use crate::provider::LlmRequest;
 use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
 use crate::spec::{ExitReason, Mode, SessionSpec};
 
+mod repeat;
 mod think;
 mod view;
 
+pub use repeat::{REPEAT_LOOKBACK, Stuck};
 pub use think::{Piece, ThinkSplitter, strip_think};
 pub use view::{INTERRUPTED_RESULT, normalize_history, request_view, truncate_output};
 
@@ -88,6 +90,10 @@ pub enum Step {
     /// past the limit with a refusal ([`SessionState::refuse_excess_calls`]) before
     /// any runs.
     RefuseExcessCalls(Vec<ToolCall>),
+    /// The model made the same call `max_repeated_calls` times in a row, getting the same
+    /// result each time: answer the open calls without running them and end the session
+    /// `stuck` ([`SessionState::end_stuck`]).
+    Stuck(Stuck),
     /// The plan phase of a plan-act session produced its plan: switch to acting
     /// ([`SessionState::start_act`]).
     StartAct,
@@ -370,6 +376,9 @@ impl SessionState {
             return Step::RefuseExcessCalls(excess);
         }
         if !pending.is_empty() {
+            if let Some(stuck) = self.stuck(&pending) {
+                return Step::Stuck(stuck);
+            }
             return Step::RunTools(pending);
         }
         if let Some(d) = self.deadline()

@@ -43,6 +43,9 @@ pub const MAX_LLM_RETRIES: u32 = 100;
 pub const MAX_RETRY_DELAY_MS: u64 = 3_600_000;
 /// Largest `max_background_drain_rounds`.
 pub const MAX_DRAIN_ROUNDS: u32 = 1_000;
+/// Largest `max_repeated_calls` and `warn_repeated_calls`: the look-back that counts
+/// repeats walks at most this many turns.
+pub const MAX_REPEATED_CALLS: u32 = agentq_agent::state::REPEAT_LOOKBACK;
 /// Most entries of `tools` and of `sensitive_tools`.
 pub const MAX_TOOLS: usize = 256;
 /// Longest tool name, `model` and `base_url` (bytes).
@@ -209,6 +212,25 @@ fn check_bounds(spec: &SessionSpec) -> Result<(), Violation> {
         spec.max_background_drain_rounds.into(),
         0,
         MAX_DRAIN_ROUNDS.into(),
+    )?;
+    // 1 would end a session at its first call of any tool: nothing repeats yet.
+    if spec.max_repeated_calls == 1 {
+        return Err(violation(
+            "max_repeated_calls",
+            format!("must be 0 (never) or between 2 and {MAX_REPEATED_CALLS}, got 1"),
+        ));
+    }
+    within(
+        "max_repeated_calls",
+        spec.max_repeated_calls.into(),
+        0,
+        MAX_REPEATED_CALLS.into(),
+    )?;
+    within(
+        "warn_repeated_calls",
+        spec.warn_repeated_calls.into(),
+        0,
+        MAX_REPEATED_CALLS.into(),
     )?;
     within(
         "tool_output_max_chars",

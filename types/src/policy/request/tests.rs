@@ -55,6 +55,12 @@ fn each_number_has_an_upper_bound_naming_its_field() {
         ("tool_output_max_chars", |s, at| {
             s.tool_output_max_chars = 10_000_000 + usize::from(!at)
         }),
+        ("max_repeated_calls", |s, at| {
+            s.max_repeated_calls = MAX_REPEATED_CALLS + u32::from(!at)
+        }),
+        ("warn_repeated_calls", |s, at| {
+            s.warn_repeated_calls = MAX_REPEATED_CALLS + u32::from(!at)
+        }),
         ("temperature", |s, at| {
             s.temperature = if at { MAX_TEMPERATURE } else { 2.01 }
         }),
@@ -81,6 +87,23 @@ fn each_number_has_an_upper_bound_naming_its_field() {
     let mut s = SessionSpec::new("p");
     s.timeout_secs = Some(0);
     assert_eq!(field(&s).as_deref(), Some("timeout_secs"));
+}
+
+#[test]
+fn a_repeat_limit_is_off_or_counts_a_repeat() {
+    for (max, ok) in [(0, true), (1, false), (2, true), (MAX_REPEATED_CALLS, true)] {
+        let mut s = SessionSpec::new("p");
+        s.max_repeated_calls = max;
+        let got = check_bounds(&s);
+        assert_eq!(got.is_ok(), ok, "{max}: {got:?}");
+        if let Err(v) = got {
+            assert_eq!(v.field, "max_repeated_calls");
+            assert!(v.message.contains("0 (never)"), "{}", v.message);
+        }
+    }
+    let mut s = SessionSpec::new("p");
+    s.warn_repeated_calls = 0;
+    assert_eq!(check_bounds(&s), Ok(()));
 }
 
 #[test]
