@@ -8,6 +8,7 @@
 //! no state of its own: Postgres is the truth, Redis carries the work, so any number of
 //! schedulers can run side by side.
 
+mod actions;
 pub mod dispatch;
 pub mod error;
 pub mod events;
