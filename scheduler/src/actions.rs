@@ -15,4 +15,4 @@ pub(crate) use create::{
     Created, check_repeat, create_session, enqueue, known_queues, limits, new_session, request_hash,
 };
 pub(crate) use files::{ANY_PATH, FileRead, list_files, read_file};
-pub(crate) use read::{cancel_session, session_detail};
+pub(crate) use read::{cancel_session, detail_of, session_detail};

@@ -22,6 +22,7 @@ mod events;
 mod files;
 mod health;
 mod limits;
+mod mcp;
 mod queues;
 mod redrive;
 mod sessions;
@@ -56,7 +57,9 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const READ: Access = Access::Scope(Scope::SessionsRead);
     const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
     const ADMIN: Access = Access::Scope(Scope::Admin);
+    const KEY: Access = Access::Key;
     let single_limit = state.single_body_limit();
+    let mcp = mcp::Mcp::new(state);
     let (g, p) = (Method::GET, Method::POST);
     vec![
         route(
@@ -136,6 +139,13 @@ fn table(state: &Scheduler) -> Vec<Route> {
             get(budgets::spend),
         ),
         route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
+        // Each tool checks the scope of its REST route.
+        route(
+            p.clone(),
+            "/mcp",
+            KEY,
+            post(move |req: axum::extract::Request| mcp.handle(req)),
+        ),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]
