@@ -32,6 +32,8 @@ const ALL: [Scope; 3] = [
     Scope::ApprovalsWrite,
 ];
 const MISSING: &str = "00000000-0000-7000-8000-000000000000";
+/// The policy's bound on a request's files here (bytes, in all).
+const MAX_INPUT_BYTES: u64 = 4096;
 /// The file every held session's workspace holds.
 const HELD_FILE: &str = "out/report.txt";
 
@@ -63,6 +65,7 @@ impl Env {
         // that read), at the API and at the worker alike.
         let mut section = PolicySection::default();
         section.tools.push("write_file".into());
+        section.max_input_bytes = MAX_INPUT_BYTES;
         let policy = Arc::new(Policy::from_section(&section).unwrap());
         let settings = SchedulerSettings {
             policy: policy.clone(),
@@ -428,6 +431,50 @@ async fn a_bad_argument_names_the_field() {
     let rows = env.sessions_of("acme").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, SessionStatus::AwaitingApproval);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_limits_of_post_v1_sessions_hold() {
+    let env = Env::start(None).await;
+    let key = env.key("acme", &ALL).await;
+    // Files past the policy's bytes: the REST check, naming the file.
+    let big = "x".repeat(usize::try_from(MAX_INPUT_BYTES).unwrap() + 1);
+    let (err, v) = env
+        .tool(
+            &key,
+            "submit_session",
+            json!({"prompt": "x", "files": [{"path": "big.txt", "content": big}]}),
+        )
+        .await;
+    assert!(err, "{v}");
+    assert_eq!(v["error"]["code"], "too_large", "{v}");
+    assert_eq!(v["error"]["field"], "files[\"big.txt\"]", "{v}");
+    // The files' bound is what the schema says.
+    let (_, tools) = env.rpc(Some(&key), "tools/list", json!({})).await;
+    let submit = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "submit_session")
+        .unwrap();
+    let files = &submit["inputSchema"]["properties"]["files"];
+    assert_eq!(files["maxItems"], 1000, "{files}");
+    assert!(
+        files["description"].as_str().unwrap().contains("4096"),
+        "{files}"
+    );
+    assert_eq!(submit["inputSchema"]["additionalProperties"], false);
+    // A body past the limit of `POST /v1/sessions` (two prompts, the files twice over and
+    // a MiB) is refused before it is read whole.
+    let huge = "y".repeat(4 * 1024 * 1024);
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "submit_session", "arguments": {"prompt": huge}}});
+    let (s, v) = env
+        .post_raw(Some(&key), serde_json::to_vec(&body).unwrap())
+        .await;
+    assert_eq!(s, 413, "{v}");
+    assert_eq!(v["error"]["code"], "too_large", "{v}");
+    assert!(env.sessions_of("acme").await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -57,9 +57,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const READ: Access = Access::Scope(Scope::SessionsRead);
     const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
     const ADMIN: Access = Access::Scope(Scope::Admin);
-    const KEY: Access = Access::Key;
     let single_limit = state.single_body_limit();
-    let mcp = mcp::Mcp::new(state);
     let (g, p) = (Method::GET, Method::POST);
     vec![
         route(
@@ -140,12 +138,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
         ),
         route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
         // Each tool checks the scope of its REST route.
-        route(
-            p.clone(),
-            "/mcp",
-            KEY,
-            post(move |req: axum::extract::Request| mcp.handle(req)),
-        ),
+        route(p.clone(), "/mcp", Access::Key, mcp::handler(state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]

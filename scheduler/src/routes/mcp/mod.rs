@@ -20,6 +20,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
 use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientJsonRpcMessage, ContentBlock,
@@ -48,15 +49,21 @@ const INSTRUCTIONS: &str = "agentq runs LLM agent sessions as durable background
     or get_session follow it; list_files and read_file read what it wrote; list_approvals \
     and decide_approval answer the tool calls it holds for a human; cancel_session stops it.";
 
+/// The handler of `POST /mcp` on `state`.
+pub(in crate::routes) fn handler(state: &Scheduler) -> MethodRouter<Scheduler> {
+    let mcp = Mcp::new(state);
+    post(move |req: Request| mcp.handle(req))
+}
+
 /// The MCP service of `/mcp`.
 #[derive(Clone)]
-pub(super) struct Mcp {
+struct Mcp {
     service: StreamableHttpService<Server, NeverSessionManager>,
     body_limit: usize,
 }
 
 impl Mcp {
-    pub(super) fn new(state: &Scheduler) -> Mcp {
+    fn new(state: &Scheduler) -> Mcp {
         let body_limit = state.single_body_limit();
         let config = StreamableHttpServerConfig::default()
             .with_legacy_session_mode(false)
@@ -77,7 +84,7 @@ impl Mcp {
     }
 
     /// Answer one request of `/mcp`.
-    pub(super) async fn handle(self, req: Request) -> Response {
+    async fn handle(self, req: Request) -> Response {
         if let Err(e) = require_json(req.headers()) {
             return e.into_response();
         }
