@@ -11,8 +11,8 @@
 //! `Mcp-Session-Id`), so any scheduler replica answers any request and nothing is held
 //! between requests; a GET (a server-initiated stream) is 405. Before rmcp reads it, a
 //! body passes the checks every body of the API passes ([`scan_envelope`]; a tool's
-//! arguments then pass the whole scan), within the body
-//! limit of `POST /v1/sessions` (a `submit_session` may carry files).
+//! arguments then pass the whole scan), within the body limit of `POST /v1/sessions` (a
+//! `submit_session` may carry files).
 
 use std::sync::Arc;
 

@@ -147,7 +147,7 @@ fn submit_schema(b: Bounds) -> Arc<JsonObject> {
     object(
         json!({
             "prompt": {"type": "string", "minLength": 1, "maxLength": b.max_prompt_bytes,
-                "description": "The task for the agent."},
+                "description": "The task for the agent (the bound is in bytes)."},
             "system": {"type": "string", "maxLength": b.max_prompt_bytes,
                 "description": "A system prompt replacing the default one."},
             "provider": {"type": "string", "enum": ["openai", "anthropic", "scripted"],
