@@ -572,11 +572,31 @@ async fn the_session_tools_do_what_their_routes_do() {
             json!({"session_id": id, "path": "a/b.txt", "max_bytes": 2}),
         )
         .await;
-    // Cut inside `é`: the text up to it, said to be cut.
+    // Cut inside `é`: the text up to it, said to be cut, and where the rest begins.
     assert_eq!(
         (&f["content"], &f["encoding"], &f["truncated"], &f["size"]),
         (&json!("h"), &json!("utf-8"), &json!(true), &json!(6))
     );
+    assert_eq!(f["next_offset"], 1, "{f}");
+    let (_, rest) = env
+        .tool(
+            &key,
+            "read_file",
+            json!({"session_id": id, "path": "a/b.txt", "offset": 1}),
+        )
+        .await;
+    assert_eq!(
+        (&rest["content"], &rest["truncated"], &rest["next_offset"]),
+        (&json!("éllo"), &json!(false), &Value::Null)
+    );
+    let (err, past) = env
+        .tool(
+            &key,
+            "read_file",
+            json!({"session_id": id, "path": "a/b.txt", "offset": 7}),
+        )
+        .await;
+    assert!(err && past["error"]["field"] == "offset", "{past}");
     // No worker: the wait runs out and says so.
     let (err, w) = env
         .tool(

@@ -44,6 +44,8 @@ struct ReadArgs {
     #[serde(deserialize_with = "de::required_string")]
     path: String,
     #[serde(default)]
+    offset: Option<u64>,
+    #[serde(default)]
     max_bytes: Option<u64>,
 }
 
@@ -215,11 +217,14 @@ fn files_object(files: Value) -> ApiResult<Value> {
     Ok(Value::Object(out))
 }
 
-/// `read_file`: at most `max_bytes` of the file, as text when those bytes are UTF-8.
+/// `read_file`: at most `max_bytes` of the file from `offset`, as text when those bytes
+/// are UTF-8 (a cut inside a character ends the text before it); `next_offset` says where
+/// the rest begins.
 async fn read_file(s: &Scheduler, caller: &Caller, args: Map<String, Value>) -> ApiResult<Value> {
     let ReadArgs {
         session_id,
         path,
+        offset,
         max_bytes,
     } = decode_fields(args)?;
     check_session_id(&session_id)?;
@@ -230,32 +235,53 @@ async fn read_file(s: &Scheduler, caller: &Caller, args: Map<String, Value>) -> 
             format!("must be between 1 and {MAX_READ_BYTES}, got {max}"),
         ));
     }
-    let FileRead { entry, mut data } =
+    let FileRead { entry, data } =
         actions::read_file(s, caller, &session_id, &path, "path").await?;
-    let keep = usize::try_from(max).unwrap_or(usize::MAX);
-    let truncated = data.len() > keep;
-    data.truncate(keep);
-    let (encoding, content) = match String::from_utf8(data) {
-        Ok(text) => ("utf-8", text),
-        // A cut may split a character: the text up to it is still text.
-        Err(e) if truncated && e.utf8_error().error_len().is_none() => {
+    let offset = offset.unwrap_or(0);
+    let start = usize::try_from(offset)
+        .ok()
+        .filter(|o| *o <= data.len())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "offset",
+                format!("is past the end of the file ({} bytes)", data.len()),
+            )
+        })?;
+    let end = start
+        .saturating_add(usize::try_from(max).unwrap_or(usize::MAX))
+        .min(data.len());
+    let cut = end < data.len();
+    let mut piece = data;
+    piece.truncate(end);
+    piece.drain(..start);
+    let (encoding, content, taken) = match String::from_utf8(piece) {
+        Ok(text) => {
+            let n = text.len();
+            ("utf-8", text, n)
+        }
+        Err(e) if cut && e.utf8_error().error_len().is_none() => {
             let valid = e.utf8_error().valid_up_to();
             let mut bytes = e.into_bytes();
             bytes.truncate(valid);
-            ("utf-8", String::from_utf8(bytes).unwrap_or_default())
+            ("utf-8", String::from_utf8(bytes).unwrap_or_default(), valid)
         }
-        Err(e) => (
-            "base64",
-            base64::engine::general_purpose::STANDARD.encode(e.into_bytes()),
-        ),
+        Err(e) => {
+            let bytes = e.into_bytes();
+            let n = bytes.len();
+            let text = base64::engine::general_purpose::STANDARD.encode(bytes);
+            ("base64", text, n)
+        }
     };
+    let next = start.saturating_add(taken);
     Ok(json!({
         "path": entry.path,
         "size": entry.size,
         "sha256": entry.sha256,
         "encoding": encoding,
         "content": content,
-        "truncated": truncated,
+        "offset": start,
+        "truncated": cut,
+        "next_offset": cut.then_some(next),
     }))
 }
 

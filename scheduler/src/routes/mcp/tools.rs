@@ -214,6 +214,8 @@ fn input_schema(name: Name, b: Bounds) -> Arc<JsonObject> {
                 "session_id": session_id(),
                 "path": {"type": "string", "minLength": 1, "maxLength": b.files.max_path_bytes.max(1),
                     "description": "A path as list_files shows it."},
+                "offset": {"type": "integer", "minimum": 0, "default": 0,
+                    "description": "Where to start: the next_offset of the last read."},
                 "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_READ_BYTES,
                     "default": DEFAULT_READ_BYTES},
             }),
@@ -251,8 +253,8 @@ fn description(name: Name) -> String {
         }
         Name::ListFiles => "The files of a session's workspace: path, size and SHA-256.",
         Name::ReadFile => {
-            "One file of a session's workspace, as text (or base64 when it is not UTF-8), \
-             at most max_bytes of it."
+            "One file of a session's workspace, as text (or base64 when it is not UTF-8): \
+             at most max_bytes from offset; next_offset says where the rest begins."
         }
         Name::ListApprovals => {
             "The tool calls waiting for a human decision: of one session, or of your \
