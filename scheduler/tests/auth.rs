@@ -220,6 +220,28 @@ async fn every_route_is_checked() {
         .await;
 
     for (method, path, access) in env.routes.clone() {
+        if access == Access::Key {
+            // `/mcp`: the gate lets any valid key in and each tool checks the scope of its
+            // REST route (tests/mcp.rs); without a valid key nothing gets through.
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+            let (s, v, h) = env.call(&method, path, None, Some(&body)).await;
+            assert_eq!(s, 401, "{method} {path} without a key: {v}");
+            assert_eq!(error_code(&v), "unauthorized", "{method} {path}: {v}");
+            assert_eq!(h["www-authenticate"], "Bearer", "{method} {path}");
+            for k in ["nonsense", bad.as_str()] {
+                let (s, v, _) = env.call(&method, path, Some(k), Some(&body)).await;
+                assert_eq!(s, 401, "{method} {path} with key {k}: {v}");
+            }
+            for scope in Scope::ALL {
+                let key = env.key("acme", &[scope]).await;
+                let (s, v, _) = env.call(&method, path, Some(&key), Some(&body)).await;
+                assert!(
+                    s != 401 && s != 403,
+                    "{method} {path} with {scope}: {s} {v}"
+                );
+            }
+            continue;
+        }
         let Access::Scope(scope) = access else {
             let (s, _, _) = env.call(&method, path, None, None).await;
             assert!(s == 200 || s == 503, "{method} {path}: {s}");

@@ -2,13 +2,16 @@
 //! enforces rate limits like a real provider ([`rate_limited`]), and private
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
-//! tests' own helpers (the recorded provider responses, a graceful-stop check).
+//! tests' own helpers (the recorded provider responses, a graceful-stop check, a Python
+//! with the MCP SDK: [`python`]).
 
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,
     RateLimitedConfig, RateLimitedLlm, RateStats, RecordedRequest, RedisServer, Reply, fake_llm,
     rate_limited, services, shared_postgres,
 };
+
+pub mod python;
 
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running
 /// after `timeout`. For tests that check a process stops gracefully.

@@ -4,7 +4,9 @@
 //! route up in the access table the router is built from (`routes`): a route
 //! missing from the table is refused, so a new route cannot be served unchecked. An open
 //! route (`/healthz`, `/readyz`) passes; any other needs `Authorization: Bearer <key>`
-//! naming a key that exists, is neither expired nor revoked, and holds the route's scope.
+//! naming a key that exists, is neither expired nor revoked, and holds the route's scope
+//! (a route of [`Access::Key`], `/mcp`, takes any valid key and checks the scope of each
+//! operation it serves with [`require_scope`]).
 //! The [`Caller`] it runs as goes into the request's extensions, where handlers take it
 //! with the [`Auth`] extractor and scope every read and write by its tenant.
 //!
@@ -52,6 +54,10 @@ pub enum Access {
     Open,
     /// A key holding this scope (or `admin`).
     Scope(Scope),
+    /// Any valid key, whatever its scopes: the route serves several operations and its
+    /// handler checks the scope of each (`/mcp`, whose tools need what their REST routes
+    /// need).
+    Key,
 }
 
 /// How the API authenticates.
@@ -427,7 +433,8 @@ async fn check(
     let access = path.and_then(|p| a.access(method, p));
     let scope = match access {
         Some(Access::Open) => return Ok(None),
-        Some(Access::Scope(scope)) => scope,
+        Some(Access::Scope(scope)) => Some(scope),
+        Some(Access::Key) => None,
         None => {
             tracing::error!(%method, path = ?path, "route missing from the access table");
             return Err(ApiError::Forbidden {
@@ -441,13 +448,21 @@ async fn check(
         None if a.settings.keyless => Caller::local(),
         None => return Err(unauthorized("no API key")),
     };
-    if !caller.allows(scope) {
-        return Err(ApiError::Forbidden {
-            field: None,
-            message: format!("the API key lacks the scope `{scope}`"),
-        });
+    if let Some(scope) = scope {
+        require_scope(&caller, scope)?;
     }
     Ok(Some(caller))
+}
+
+/// A 403 naming `scope` unless `caller` holds it.
+pub fn require_scope(caller: &Caller, scope: Scope) -> Result<(), ApiError> {
+    if caller.allows(scope) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden {
+        field: None,
+        message: format!("the API key lacks the scope `{scope}`"),
+    })
 }
 
 /// Whether `host` (a `Host` header: a name or address, maybe with a port) is loopback.

@@ -134,7 +134,23 @@ impl Shape {
 /// `bytes` unless escaped), at most [`MAX_OBJECT_ENTRIES`] per object; nesting is bounded
 /// by the JSON parser's recursion limit.
 pub fn scan(bytes: &[u8]) -> Result<Shape, ApiError> {
-    let mut scanner = Scanner::default();
+    scan_with(bytes, Scanner::default())
+}
+
+/// [`scan`] but for NUL characters in string values (one in a key is still refused): for
+/// an envelope whose values are checked later, each by the scan of its own body (`/mcp`:
+/// a tool's arguments, so that a bad one is the tool's error naming its field).
+pub fn scan_envelope(bytes: &[u8]) -> Result<Shape, ApiError> {
+    scan_with(
+        bytes,
+        Scanner {
+            nul_values: true,
+            ..Scanner::default()
+        },
+    )
+}
+
+fn scan_with<'de>(bytes: &'de [u8], mut scanner: Scanner<'de>) -> Result<Shape, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let shape = Node(&mut scanner)
         .deserialize(&mut de)
@@ -169,6 +185,8 @@ struct Scanner<'de> {
     found: Option<ApiError>,
     /// JSON values seen so far (each costs memory once the body is parsed).
     values: usize,
+    /// NUL characters in string values pass (see [`scan_envelope`]).
+    nul_values: bool,
 }
 
 enum Seg<'de> {
@@ -230,7 +248,7 @@ impl Scanner<'_> {
     }
 
     fn string(&mut self, s: &str) {
-        if self.found.is_none() && s.contains('\0') {
+        if self.found.is_none() && !self.nul_values && s.contains('\0') {
             self.report("must not contain a NUL character (\\u0000)");
         }
     }

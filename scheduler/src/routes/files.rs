@@ -16,21 +16,14 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use agentq_api::FileList;
 use agentq_core::workspace::FileEntry;
-use agentq_core::workspace_path::{FileLimits, MAX_PATH_BYTES, MAX_PATH_DEPTH, normalize};
+use agentq_core::workspace_path::normalize;
 
+use crate::actions::{self, ANY_PATH, FileRead};
 use crate::error::ApiError;
 use crate::http::body::no_nul;
-use crate::http::{ApiResult, Auth, MAX_ID_LEN, get_row, not_found, respond};
+use crate::http::{ApiResult, Auth, MAX_ID_LEN, not_found, respond};
 use crate::state::Scheduler;
-
-/// The longest and deepest path asked for: the hard bounds, whatever the policy.
-const ANY_PATH: FileLimits = FileLimits {
-    max_path_bytes: MAX_PATH_BYTES,
-    max_path_depth: MAX_PATH_DEPTH,
-    ..FileLimits::DEFAULT
-};
 
 /// Query of `GET /v1/sessions/{id}/files`.
 #[derive(Debug, Default, Deserialize)]
@@ -58,12 +51,11 @@ pub(super) async fn list(
             ));
         }
     };
-    let row = get_row(&s, &caller, &id).await?;
-    let files = s.store.workspace_files(&row.root_id).await?;
+    let (root_id, list) = actions::list_files(&s, &caller, &id).await?;
     if !tar {
-        return respond(StatusCode::OK, &FileList { files });
+        return respond(StatusCode::OK, &list);
     }
-    let body = Body::from_stream(tar_stream(s.clone(), row.root_id.clone(), files));
+    let body = Body::from_stream(tar_stream(s.clone(), root_id, list.files));
     let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
     h.insert(
@@ -163,15 +155,7 @@ pub(super) async fn get(
     if id.is_empty() || id.len() > MAX_ID_LEN {
         return Err(not_found(&id.chars().take(MAX_ID_LEN).collect::<String>()));
     }
-    let row = get_row(&s, &caller, &id).await?;
-    no_nul("path", &asked)?;
-    let path = normalize(&asked, &ANY_PATH).map_err(|m| ApiError::invalid("path", m))?;
-    let Some((entry, data)) = s.store.workspace_file(&row.root_id, &path).await? else {
-        return Err(ApiError::NotFound(format!(
-            "session {id} has no file {}",
-            serde_json::to_string(&path.chars().take(256).collect::<String>()).unwrap_or_default()
-        )));
-    };
+    let FileRead { entry, data } = actions::read_file(&s, &caller, &id, &asked, "path").await?;
     let (content_type, render_risk) = content_type(&entry.path);
     let mut resp = (StatusCode::OK, Body::from(data)).into_response();
     let h = resp.headers_mut();

@@ -22,6 +22,7 @@ mod events;
 mod files;
 mod health;
 mod limits;
+mod mcp;
 mod queues;
 mod redrive;
 mod sessions;
@@ -136,6 +137,8 @@ fn table(state: &Scheduler) -> Vec<Route> {
             get(budgets::spend),
         ),
         route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
+        // Each tool checks the scope of its REST route.
+        route(p.clone(), "/mcp", Access::Key, mcp::handler(state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
     ]

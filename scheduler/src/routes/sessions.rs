@@ -1,8 +1,5 @@
-//! Creating, reading, listing and cancelling sessions.
-//!
-//! Enqueue is "insert the row, then `XADD`, then mark the row enqueued". The row is the
-//! commitment: once it is in Postgres the request succeeds, even if Redis is down at that
-//! moment — the sweeper adds the missing entry later.
+//! Creating, reading, listing and cancelling sessions (what one session's routes do is
+//! in [`crate::actions`], shared with the MCP tools).
 
 use std::collections::BTreeMap;
 
@@ -11,79 +8,25 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use agentq_api::{
-    BatchResponse, CancelResponse, LIST_PARAMS, ListResponse, MessagesResponse, SessionDetail,
-    SessionRef,
-};
+use agentq_api::{BatchResponse, LIST_PARAMS, ListResponse, MessagesResponse, SessionRef};
 use agentq_core::auth::Caller;
-use agentq_core::{CancelResult, EnqueueReason, ListFilter, NewSession, SessionRow, SessionStatus};
+use agentq_core::{ListFilter, NewSession, SessionRow, SessionStatus};
 
+use crate::actions::{
+    self, Created, check_repeat, enqueue, known_queues, limits, new_session, request_hash,
+};
 use crate::error::ApiError;
 use crate::http::batch_body::BatchBody;
 use crate::http::query::params;
 use crate::http::{
-    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, not_found, pending_approval, respond,
-    session_view,
+    ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, respond, session_view,
 };
 use crate::inputs::check_sources;
-use crate::request::{
-    LIST_MAX_BYTES, Limits, ListQuery, SessionRequest, check_policy, check_policy_batch,
-    parse_batch_bytes, parse_session,
-};
+use crate::request::{LIST_MAX_BYTES, ListQuery, check_policy_batch, parse_batch_bytes};
 use crate::state::Scheduler;
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 pub const MAX_LIST_LIMIT: u32 = agentq_api::bounds::MAX_LIST_LIMIT;
-/// Children listed in a session's view.
-const MAX_CHILDREN: u32 = 1000;
-
-fn limits(s: &Scheduler, caller: &Caller) -> Limits {
-    Limits {
-        max_prompt_bytes: s.cfg.max_prompt_bytes,
-        max_batch: s.cfg.max_batch,
-        files: s.cfg.policy.for_tenant(&caller.tenant).files,
-    }
-}
-
-/// The hash an idempotency key is bound to: of what was asked (the validated spec and
-/// queue, before the tenant's policy fills in its bounds), so that key order, spacing and
-/// spelled-out defaults do not count as a different request, and neither does a policy
-/// change between a request and its repeat.
-fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
-    if r.idempotency_key.is_none() {
-        return Ok(None);
-    }
-    // A request without a workspace hashes as it always has, so keys stored before
-    // workspaces existed still match their repeats.
-    // Likewise a priority other than the default is part of what was asked; the default
-    // one hashes as before priorities existed.
-    let priority = (r.priority != agentq_core::scheduling::DEFAULT_PRIORITY).then_some(r.priority);
-    let asked = match (r.files.is_empty() && r.workspace_from.is_none(), priority) {
-        (true, None) => serde_json::to_string(&(&r.spec, &r.queue)),
-        (true, Some(p)) => serde_json::to_string(&(&r.spec, &r.queue, p)),
-        (false, p) => {
-            let files = crate::inputs::files_digest(&r.files);
-            match p {
-                None => serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from)),
-                Some(p) => serde_json::to_string(&(&r.spec, &r.queue, files, &r.workspace_from, p)),
-            }
-        }
-    };
-    Ok(Some(agentq_core::auth::digest(
-        &asked.map_err(|_| ApiError::Internal)?,
-    )))
-}
-
-/// The session a request creates, owned by the caller's tenant.
-fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewSession {
-    let mut n = NewSession::root(r.spec, r.queue).with_tenant(&caller.tenant);
-    n.idempotency_key = r.idempotency_key;
-    n.idempotency_hash = hash;
-    n.sched.priority = r.priority;
-    n.files = r.files;
-    n.workspace_from = r.workspace_from;
-    n
-}
 
 /// `POST /v1/sessions/batch?max_running=N&batch_id=B`: at most N of the batch's sessions
 /// running (or buffered) at once; with `batch_id`, the sessions join that batch of the
@@ -149,112 +92,19 @@ impl BatchQuery {
     }
 }
 
-/// A repeated idempotency key must come with the request it was first used with.
-fn check_repeat(new: &NewSession, row: &SessionRow, field: String) -> ApiResult<()> {
-    match (&new.idempotency_hash, &row.idempotency_hash) {
-        (Some(asked), Some(stored)) if asked != stored => Err(ApiError::ConflictOn {
-            field,
-            message: format!(
-                "idempotency key {:?} was used for a different request (session {})",
-                new.idempotency_key.as_deref().unwrap_or_default(),
-                row.id
-            ),
-        }),
-        _ => Ok(()),
-    }
-}
-
-/// `XADD` the new sessions of one queue and mark them enqueued. Failures are logged,
-/// not returned: the rows are committed and the sweeper adds what is missing.
-async fn enqueue(s: &Scheduler, queue: &str, ids: &[String]) {
-    if ids.is_empty() {
-        return;
-    }
-    if !s.queues().ensure(s.queue.as_ref(), queue).await {
-        tracing::warn!(
-            queue,
-            sessions = ids.len(),
-            "queue unavailable; the sweeper will enqueue these sessions"
-        );
-        return;
-    }
-    let added = match ids {
-        [id] => s.queue.enqueue(queue, id, EnqueueReason::New).await,
-        _ => {
-            let items: Vec<(String, EnqueueReason)> = ids
-                .iter()
-                .map(|id| (id.clone(), EnqueueReason::New))
-                .collect();
-            s.queue.enqueue_many(queue, &items).await
-        }
-    };
-    if let Err(e) = added {
-        tracing::warn!(queue, sessions = ids.len(), error = %e, "XADD failed; the sweeper will enqueue these sessions");
-        return;
-    }
-    if let Err(e) = s.store.mark_enqueued(ids).await {
-        // The entries exist; the sweeper may add duplicates, which the lease absorbs.
-        tracing::warn!(queue, sessions = ids.len(), error = %e, "cannot mark sessions enqueued");
-    }
-}
-
-/// Sessions may only name known queues (configured, or created by an admin); `batch`
-/// names the field by the item's index.
-async fn known_queues(s: &Scheduler, reqs: &[SessionRequest], batch: bool) -> ApiResult<()> {
-    for (i, r) in reqs.iter().enumerate() {
-        let field = if batch {
-            format!("[{i}].queue")
-        } else {
-            "queue".to_string()
-        };
-        s.queues()
-            .check_known(s.store.as_ref(), &r.queue, &field)
-            .await?;
-    }
-    Ok(())
-}
-
 /// `POST /v1/sessions`
 pub(super) async fn create(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
-    let mut req = parse_session(body, &limits(&s, &caller), "")?;
-    let hash = request_hash(&req)?;
-    check_policy(&mut req, s.cfg.policy.for_tenant(&caller.tenant), "")?;
-    known_queues(&s, std::slice::from_ref(&req), false).await?;
-    check_sources(&s, &caller, std::slice::from_ref(&req), false).await?;
-    let mut new = new_session(req, &caller, hash);
-    new.sched.held = s.dispatch().hold(&new.queue, &new.tenant, 1, None);
-    new.sched.capped = s.dispatch().capped(&new.tenant, None);
-    let (row, created) = s.store.create_session(&new).await?;
-    if !created {
-        check_repeat(&new, &row, "idempotency_key".into())?;
-    }
-    if created {
-        tracing::info!(session_id = %row.id, queue = %row.queue, held = new.sched.held, "session created");
-        if new.sched.held {
-            s.dispatch().nudge();
-        } else {
-            enqueue(&s, &row.queue, std::slice::from_ref(&row.id)).await;
-        }
-        respond(
-            StatusCode::CREATED,
-            &SessionRef {
-                id: row.id,
-                status: SessionStatus::Queued,
-            },
-        )
+    let Created { session, created } = actions::create_session(&s, &caller, body).await?;
+    let status = if created {
+        StatusCode::CREATED
     } else {
-        respond(
-            StatusCode::OK,
-            &SessionRef {
-                id: row.id,
-                status: row.status,
-            },
-        )
-    }
+        StatusCode::OK
+    };
+    respond(status, &session)
 }
 
 /// `POST /v1/sessions/batch`
@@ -364,39 +214,9 @@ pub(super) async fn get(
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    let row = get_row(&s, &caller, &id).await?;
-    let children: Vec<String> = s
-        .store
-        .list(&ListFilter {
-            tenant: caller.tenant_filter(),
-            parent_id: Some(id.clone()),
-            limit: MAX_CHILDREN,
-            ..Default::default()
-        })
-        .await?
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    // Only a session whose row shows held calls costs a read for them.
-    let pending_approvals = if row.may_hold_calls() {
-        let held = s.store.pending_approvals(&id, &row.held_calls).await?;
-        held.into_iter()
-            .map(|c| pending_approval(&row, c))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let (cost_usd, tree_cost, budget) = crate::http::cost::of_session(&s, &row).await?;
     respond(
         StatusCode::OK,
-        &SessionDetail {
-            session: session_view(&row),
-            children,
-            pending_approvals,
-            cost_usd,
-            tree_cost,
-            budget,
-        },
+        &actions::session_detail(&s, &caller, &id).await?,
     )
 }
 
@@ -518,40 +338,11 @@ pub(super) async fn cancel(
     id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    get_row(&s, &caller, &id).await?;
-    let result = s.store.request_cancel(&id).await?;
-    agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
-    match result {
-        CancelResult::CancelledNow(row) => {
-            tracing::info!(session_id = %row.id, "session cancelled before running");
-            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
-                .await;
-            respond(
-                StatusCode::OK,
-                &CancelResponse {
-                    id: row.id,
-                    status: row.status,
-                    cancel_requested: false,
-                },
-            )
-        }
-        CancelResult::Requested(row) => {
-            tracing::info!(session_id = %row.id, owner = ?row.lease_owner, "cancel requested");
-            agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id)
-                .await;
-            respond(
-                StatusCode::ACCEPTED,
-                &CancelResponse {
-                    id: row.id,
-                    status: row.status,
-                    cancel_requested: true,
-                },
-            )
-        }
-        CancelResult::AlreadyFinished(row) => Err(ApiError::Conflict {
-            code: "already_finished",
-            message: format!("session {} already finished ({})", row.id, row.status),
-        }),
-        CancelResult::NotFound => Err(not_found(&id)),
-    }
+    let answer = actions::cancel_session(&s, &caller, &id).await?;
+    let status = if answer.cancel_requested {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    respond(status, &answer)
 }

@@ -8,19 +8,17 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use agentq_agent::schema::Role;
-use agentq_api::{
-    ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse, TreeNode,
-};
+use agentq_api::{Delivery, PostMessage, PostMessageResponse, TreeNode};
 use agentq_core::auth::Caller;
 use agentq_core::lifecycle;
 use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
-use agentq_core::{ApprovalRecorded, ListFilter, SessionRow, SessionStatus};
+use agentq_core::{ListFilter, SessionRow, SessionStatus};
 
+use crate::actions;
 use crate::error::ApiError;
 use crate::http::{
-    ApiResult, Auth, JsonBody, check_id, decode_fields, decode_object, get_row, known_fields,
-    not_found, object, respond, session_view,
+    ApiResult, Auth, JsonBody, check_id, decode_fields, get_row, known_fields, not_found, object,
+    respond, session_view,
 };
 use crate::state::Scheduler;
 
@@ -147,25 +145,6 @@ pub(super) async fn post_message(
     )
 }
 
-/// Whether `call_id` is a call the session is holding: a pending call of its last turn.
-async fn is_pending(s: &Scheduler, id: &str, call_id: &str) -> ApiResult<bool> {
-    let messages = s.store.messages(id).await?;
-    Ok(messages
-        .iter()
-        .rposition(|m| m.role == Role::Assistant)
-        .map(|pos| {
-            let answered: Vec<&str> = messages[pos + 1..]
-                .iter()
-                .filter_map(|m| m.tool_call_id.as_deref())
-                .collect();
-            messages[pos]
-                .tool_calls
-                .iter()
-                .any(|c| c.id == call_id && !answered.contains(&c.id.as_str()))
-        })
-        .unwrap_or(false))
-}
-
 /// `POST /v1/sessions/{id}/approvals`
 pub(super) async fn approvals(
     State(s): State<Scheduler>,
@@ -174,52 +153,10 @@ pub(super) async fn approvals(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let id = check_id(id)?;
-    get_row(&s, &caller, &id).await?;
-    let req: ApprovalRequest = decode_object(body)?;
-    req.check()
-        .map_err(|v| ApiError::invalid(v.field, v.message))?;
-    let ApprovalRequest {
-        tool_call_id,
-        approve,
-        reason,
-    } = req;
-    if !is_pending(&s, &id, &tool_call_id).await? {
-        return Err(ApiError::invalid(
-            "tool_call_id",
-            format!("session {id} has no pending tool call `{tool_call_id}`"),
-        ));
-    }
-    match s
-        .store
-        .decide_approval(&id, &tool_call_id, approve, reason.as_deref())
-        .await?
-    {
-        ApprovalRecorded::Recorded { woken, held, queue } => {
-            if woken {
-                lifecycle::enqueue_woken(s.store.as_ref(), s.queue.as_ref(), &id, &queue).await;
-            } else if held {
-                s.dispatch().nudge();
-            }
-            respond(
-                StatusCode::OK,
-                &ApprovalResponse {
-                    id,
-                    tool_call_id,
-                    approve,
-                    resumed: woken,
-                },
-            )
-        }
-        ApprovalRecorded::AlreadyDecided => Err(ApiError::Conflict {
-            code: "already_decided",
-            message: format!("tool call `{tool_call_id}` was already decided"),
-        }),
-        ApprovalRecorded::Finished(status) => Err(ApiError::Conflict {
-            code: "already_finished",
-            message: format!("session {id} already finished ({status})"),
-        }),
-        ApprovalRecorded::NotFound => Err(not_found(&id)),
-    }
+    respond(
+        StatusCode::OK,
+        &actions::decide_approval(&s, &caller, &id, body).await?,
+    )
 }
 
 /// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested.

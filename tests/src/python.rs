@@ -1,0 +1,103 @@
+//! A Python with the official MCP SDK (`mcp` from PyPI), for tests that drive `/mcp` with
+//! the client other agents use. It lives in a virtual environment under the test cache
+//! ([`cache_dir`]), made on first use: a fresh machine needs only `python3` with its
+//! `venv` module (`scripts/test` installs it) and access to PyPI once.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, bail};
+
+/// The SDK the tests' clients run, pinned: a new release must not change a test's outcome.
+pub const MCP_PACKAGE: &str = "mcp==2.3.0";
+
+/// Where tests keep what they install once for every run: `$AGENTQ_TEST_CACHE`, else
+/// `$XDG_CACHE_HOME/agentq-tests`, else `~/.cache/agentq-tests`, else the workspace's
+/// `target/agentq-tests`.
+pub fn cache_dir() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("AGENTQ_TEST_CACHE") {
+        return d;
+    }
+    if let Some(d) = env("XDG_CACHE_HOME") {
+        return d.join("agentq-tests");
+    }
+    if let Some(h) = env("HOME") {
+        return h.join(".cache/agentq-tests");
+    }
+    crate::repo_root().join("target/agentq-tests")
+}
+
+/// The `python` of a virtual environment holding [`MCP_PACKAGE`], made if missing. The
+/// base interpreter is `$AGENTQ_PYTHON`, else `python3`.
+pub fn mcp_python() -> Result<PathBuf> {
+    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| make_venv().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+fn has_mcp(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import mcp.client.streamable_http"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("starting {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn make_venv() -> Result<PathBuf> {
+    let cache = cache_dir();
+    let name = MCP_PACKAGE.replace("==", "-");
+    let venv = cache.join(format!("venv-{name}"));
+    let python = venv.join("bin/python");
+    if has_mcp(&python) {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+    // Made beside it and renamed into place: two test binaries at once never use a
+    // half-made environment, and the loser of the race uses the winner's.
+    let tmp = cache.join(format!(".venv-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let base = std::env::var_os("AGENTQ_PYTHON").unwrap_or_else(|| "python3".into());
+    run(
+        Command::new(&base).arg("-m").arg("venv").arg(&tmp),
+        "python3 -m venv (install python3-venv; scripts/test does)",
+    )?;
+    run(
+        Command::new(tmp.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(MCP_PACKAGE),
+        &format!("pip install {MCP_PACKAGE}"),
+    )?;
+    if std::fs::rename(&tmp, &venv).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    if !has_mcp(&python) {
+        bail!("{} cannot import mcp after installing it", python.display());
+    }
+    Ok(python)
+}
