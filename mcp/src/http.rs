@@ -208,10 +208,7 @@ fn too_big(server: &str, max: usize, e: String) -> String {
 }
 
 /// The body, failing as soon as it passes `max` bytes.
-async fn read_bounded(
-    resp: reqwest::Response,
-    max: usize,
-) -> std::result::Result<Vec<u8>, String> {
+async fn read_bounded(resp: reqwest::Response, max: usize) -> std::result::Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let mut body = resp.bytes_stream();
     while let Some(chunk) = body.next().await {

@@ -30,7 +30,10 @@ fn check_at(v: &Value, s: &Map<String, Value>, at: &str, depth: usize) -> Result
     if let Some(Value::Array(allowed)) = s.get("enum")
         && !allowed.contains(v)
     {
-        return Err(format!("{at} must be one of {}", Value::Array(allowed.clone())));
+        return Err(format!(
+            "{at} must be one of {}",
+            Value::Array(allowed.clone())
+        ));
     }
     if let Some(c) = s.get("const")
         && c != v
@@ -85,7 +88,8 @@ fn check_type(v: &Value, t: &Value, at: &str) -> Result<(), String> {
 
 /// `1.0` is an integer to JSON Schema.
 fn is_whole(v: &Value) -> bool {
-    v.as_f64().is_some_and(|f| f.is_finite() && f.fract() == 0.0)
+    v.as_f64()
+        .is_some_and(|f| f.is_finite() && f.fract() == 0.0)
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -130,12 +134,7 @@ fn check_object(
     Ok(())
 }
 
-fn check_array(
-    a: &[Value],
-    s: &Map<String, Value>,
-    at: &str,
-    depth: usize,
-) -> Result<(), String> {
+fn check_array(a: &[Value], s: &Map<String, Value>, at: &str, depth: usize) -> Result<(), String> {
     let n = a.len() as u64;
     if let Some(min) = s.get("minItems").and_then(Value::as_u64)
         && n < min
@@ -196,7 +195,11 @@ fn check_combinators(
         check_at(v, sub, at, depth + 1)?;
     }
     let any = schemas("anyOf");
-    if !any.is_empty() && !any.iter().any(|sub| check_at(v, sub, at, depth + 1).is_ok()) {
+    if !any.is_empty()
+        && !any
+            .iter()
+            .any(|sub| check_at(v, sub, at, depth + 1).is_ok())
+    {
         return Err(format!("{at} fits none of the allowed shapes (anyOf)"));
     }
     let one = schemas("oneOf");

@@ -123,17 +123,28 @@ impl McpServer {
     /// `bound`.
     pub async fn settled(&self, bound: Duration) {
         let mut rx = self.state.subscribe();
-        let _ = tokio::time::timeout(
-            bound,
-            rx.wait_for(|s| !matches!(s, State::Starting)),
-        )
-        .await;
+        let _ = tokio::time::timeout(bound, rx.wait_for(|s| !matches!(s, State::Starting))).await;
     }
 
     /// Wait until the server is up with a tool list, at most `bound`.
     pub async fn up(&self, bound: Duration) -> bool {
         let mut rx = self.state.subscribe();
         tokio::time::timeout(bound, rx.wait_for(|s| matches!(s, State::Up(_))))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Wait until the server is up and lists `tool`, at most `bound`.
+    pub async fn lists(&self, tool: &str, bound: Duration) -> bool {
+        let mut rx = self.state.subscribe();
+        let listed = |s: &State| match s {
+            State::Up(live) => live
+                .tools
+                .read()
+                .is_ok_and(|t| t.iter().any(|d| d.name == tool)),
+            _ => false,
+        };
+        tokio::time::timeout(bound, rx.wait_for(listed))
             .await
             .is_ok_and(|r| r.is_ok())
     }
@@ -203,8 +214,12 @@ impl McpServer {
                     Err(e) => format!("the connection's task failed: {e}"),
                 },
                 _ = changed.notified() => {
-                    if let Err(why) = self.relist(&live).await {
-                        tracing::warn!(server = %self.name(), "cannot relist tools: {why}");
+                    match self.relist(&live).await {
+                        // Whoever waits on the server's state sees the new list.
+                        Ok(()) => self.state.send_modify(|_| {}),
+                        Err(why) => {
+                            tracing::warn!(server = %self.name(), "cannot relist tools: {why}");
+                        }
                     }
                 }
                 _ = live.restart.cancelled() => {
@@ -229,7 +244,10 @@ impl McpServer {
         &self,
         handler: Handler,
         fault: Fault,
-    ) -> Result<(RunningService<RoleClient, Handler>, Option<tokio::process::Child>)> {
+    ) -> Result<(
+        RunningService<RoleClient, Handler>,
+        Option<tokio::process::Child>,
+    )> {
         let protocol = |e: rmcp::service::ClientInitializeError| Error::Protocol {
             server: self.name().to_string(),
             why: format!("handshake failed: {e}"),
@@ -251,7 +269,12 @@ impl McpServer {
     async fn relist(&self, live: &Live) -> std::result::Result<(), String> {
         let listed = tokio::time::timeout(self.call_timeout(), live.peer.list_all_tools())
             .await
-            .map_err(|_| format!("MCP server `{}` did not list its tools in time", self.name()))?
+            .map_err(|_| {
+                format!(
+                    "MCP server `{}` did not list its tools in time",
+                    self.name()
+                )
+            })?
             .map_err(|e| format!("MCP server `{}` cannot list its tools: {e}", self.name()))?;
         if let Ok(mut t) = live.tools.write() {
             *t = Arc::new(listed);
@@ -328,9 +351,9 @@ impl McpServer {
             ServiceError::McpError(err) => {
                 format!("MCP server `{name}` refused the call: {}", err.message)
             }
-            ServiceError::TransportClosed => format!(
-                "MCP server `{name}` stopped during the call (it is being restarted)"
-            ),
+            ServiceError::TransportClosed => {
+                format!("MCP server `{name}` stopped during the call (it is being restarted)")
+            }
             other => format!("MCP server `{name}`: {other}"),
         }
     }

@@ -94,7 +94,8 @@ impl McpServers {
         let mut out = McpTools::default();
         let add = |tool: McpTool, out: &mut McpTools| {
             if tool.is_sensitive() {
-                out.sensitive.push(agentq_agent::tools::Tool::name(&tool).to_string());
+                out.sensitive
+                    .push(agentq_agent::tools::Tool::name(&tool).to_string());
             }
             out.registry.register(Arc::new(tool));
         };
@@ -118,7 +119,10 @@ impl McpServers {
                 let m = glob.compile_matcher();
                 for def in listed.iter() {
                     if m.is_match(mcp_tool_name(server_name, &def.name)) {
-                        add(McpTool::new(server.clone(), &def.name, Some(def.clone())), &mut out);
+                        add(
+                            McpTool::new(server.clone(), &def.name, Some(def.clone())),
+                            &mut out,
+                        );
                     }
                 }
             } else {

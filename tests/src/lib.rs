@@ -2,7 +2,10 @@
 //! enforces rate limits like a real provider ([`rate_limited`]), and private
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
-//! tests' own helpers (the recorded provider responses, a graceful-stop check).
+//! tests' own helpers (the recorded provider responses, a graceful-stop check, the real
+//! MCP servers in [`mcp`]).
+
+pub mod mcp;
 
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,

@@ -118,15 +118,35 @@ fn refused(tweak: impl FnOnce(&mut McpServerSettings)) -> String {
 
 #[test]
 fn each_rule_names_the_key_it_refuses() {
-    for bad in ["", "Time", "a__b", "_a", "a_", "a.b", "a b", &"x".repeat(33)] {
+    for bad in [
+        "",
+        "Time",
+        "a__b",
+        "_a",
+        "a_",
+        "a.b",
+        "a b",
+        &"x".repeat(33),
+    ] {
         let e = refused(|s| s.name = bad.to_string());
         assert!(e.contains("mcp.servers[0].name"), "{bad}: {e}");
     }
     let e = refused(|s| s.url = Some("https://x/mcp".into()));
-    assert!(e.contains("mcp.servers[0].url") && e.contains("not both"), "{e}");
+    assert!(
+        e.contains("mcp.servers[0].url") && e.contains("not both"),
+        "{e}"
+    );
     let e = refused(|s| s.command = None);
-    assert!(e.contains("mcp.servers[0]") && e.contains("`command`"), "{e}");
-    for url in ["ftp://x/mcp", "file:///etc/passwd", "https://user:pw@x/mcp", "x"] {
+    assert!(
+        e.contains("mcp.servers[0]") && e.contains("`command`"),
+        "{e}"
+    );
+    for url in [
+        "ftp://x/mcp",
+        "file:///etc/passwd",
+        "https://user:pw@x/mcp",
+        "x",
+    ] {
         let e = refused(|s| {
             s.command = None;
             s.url = Some(url.into());
@@ -157,7 +177,10 @@ fn each_rule_names_the_key_it_refuses() {
     let mut s = Settings::default();
     s.mcp.servers = vec![server("time"), server("time")];
     let e = s.validate().unwrap_err().to_string();
-    assert!(e.contains("mcp.servers[1].name") && e.contains("two servers"), "{e}");
+    assert!(
+        e.contains("mcp.servers[1].name") && e.contains("two servers"),
+        "{e}"
+    );
     s.mcp.servers = vec![server("time"), server("my-tickets_2")];
     s.validate().unwrap();
 }

@@ -67,7 +67,10 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
                 return Err(invalid(&key("command"), "must name a program"));
             }
             if !s.headers.is_empty() {
-                return Err(invalid(&key("headers"), "only a `url` server is sent headers"));
+                return Err(invalid(
+                    &key("headers"),
+                    "only a `url` server is sent headers",
+                ));
             }
         }
         (None, Some(url)) => {
@@ -105,7 +108,12 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
             ));
         }
     }
-    range(&key("timeout_secs"), s.timeout_secs, 1, MAX_MCP_TIMEOUT_SECS)?;
+    range(
+        &key("timeout_secs"),
+        s.timeout_secs,
+        1,
+        MAX_MCP_TIMEOUT_SECS,
+    )?;
     range(
         &key("max_concurrent_calls"),
         s.max_concurrent_calls,
