@@ -213,8 +213,10 @@ impl Tool for Unavailable {
         json!({"type": "object"})
     }
 
+    /// What the tool would do is not known here: a call another worker started before it
+    /// died is reported as of unknown outcome, never taken for done.
     fn side_effect(&self, _args: &Value) -> SideEffect {
-        SideEffect::Pure
+        SideEffect::Unsafe
     }
 
     async fn call(&self, _args: Value, _ctx: &ToolContext) -> Result<ToolOutput, ToolError> {

@@ -54,6 +54,8 @@ TOOLS = [
      "inputSchema": schema({})},
     {"name": "slow", "description": "Answer only when cancelled (never).",
      "inputSchema": schema({}), "annotations": {"idempotentHint": True}},
+    {"name": "hold", "description": "Like slow, with no annotation (unsafe).",
+     "inputSchema": schema({})},
     {"name": "big", "description": "Answer `bytes` bytes of text.",
      "inputSchema": schema({"bytes": {"type": "integer", "minimum": 0}}, ["bytes"]),
      "annotations": {"readOnlyHint": True}},
@@ -78,7 +80,7 @@ def call(msg_id, name, args):
     if name == "hang":
         with out_lock:
             time.sleep(3600)
-    if name == "slow":
+    if name in ("slow", "hold"):
         ev = cancelled.setdefault(msg_id, threading.Event())
         ev.wait(3600)
         return None

@@ -247,18 +247,20 @@ async fn a_batch_item_beyond_policy_is_named_by_its_index_and_nothing_is_written
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_refuses_any_base_url_and_tools_that_change_things() {
     let env = Env::start(PolicySection::default()).await;
-    for (field, value) in [
-        ("base_url", json!("http://127.0.0.1:7852/v1")),
-        ("base_url", json!("https://api.openai.com/v1")),
-        ("tools", json!(["write_file"])),
-        ("tools", json!(["edit_file"])),
-        ("tools", json!(["shell"])),
-        ("tools", json!(["http_fetch"])),
+    for (field, value, named) in [
+        ("base_url", json!("http://127.0.0.1:7852/v1"), "base_url"),
+        ("base_url", json!("https://api.openai.com/v1"), "base_url"),
+        ("tools", json!(["write_file"]), "tools[0]"),
+        ("tools", json!(["edit_file"]), "tools[0]"),
+        ("tools", json!(["shell"]), "tools[0]"),
+        ("tools", json!(["http_fetch"]), "tools[0]"),
+        // No MCP server's tools unless the policy names them.
+        ("tools", json!(["read_file", "mcp__time__*"]), "tools[1]"),
     ] {
         let mut body = json!({"prompt": "p"});
         body[field] = value;
         let (status, answer) = env.post("/v1/sessions", &body).await;
-        assert_refused(status, &answer, field);
+        assert_refused(status, &answer, named);
     }
     assert_eq!(env.row_count(), 0);
     let (status, answer) = env
@@ -291,7 +293,7 @@ async fn the_requests_tenant_override_replaces_the_global_rule() {
             &json!({"prompt": "p", "tools": ["read_file"]}),
         )
         .await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     let (status, answer) = env
         .post("/v1/sessions", &json!({"prompt": "p", "max_iterations": 6}))
         .await;
@@ -362,11 +364,11 @@ async fn each_tenant_is_held_to_its_own_policy() {
         .unwrap();
     assert_eq!(row.tenant, "acme");
     let (status, answer) = post(&keys[1], &["write_file"]).await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     let (status, answer) = post(&keys[1], &["list_dir"]).await;
     assert_eq!(status, 201, "{answer}");
     let (status, answer) = post(&keys[0], &["list_dir"]).await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     // The admin's own tenant (`default`) has the global policy: reads only.
     let (status, answer) = env
         .post(
@@ -374,7 +376,7 @@ async fn each_tenant_is_held_to_its_own_policy() {
             &json!({"prompt": "p", "tools": ["write_file"]}),
         )
         .await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
 }
 
 /// A tenant picks its session's `queue`, and so the worker pool that runs it (pools may

@@ -115,3 +115,77 @@ async fn a_tenant_whose_policy_does_not_allow_the_server_cannot_use_it() {
     assert!(error.contains("mcp__time__*"), "{error}");
     assert!(tool_results(&store, &row.id).await.is_empty());
 }
+
+/// The fault server (see `mcp/tests/fault_server.py`), logging its calls to `log`.
+fn fault_server(log: &Path) -> agentq_core::config::McpServerSettings {
+    let python = agentq_testkit::mcp::test_cache().join("mcp/venv/bin/python3");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../mcp/tests/fault_server.py");
+    Settings::from_toml(&format!(
+        "[[mcp.servers]]\nname = \"fault\"\ncommand = {:?}\nargs = [{:?}, {:?}]\n\
+         timeout_secs = 3\n",
+        python.display().to_string(),
+        script.display().to_string(),
+        log.display().to_string(),
+    ))
+    .unwrap()
+    .mcp
+    .servers
+    .remove(0)
+}
+
+fn calls_of(log: &Path, tool: &str) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|m| m["method"] == "tools/call" && m["params"]["name"] == tool)
+        .count()
+}
+
+/// A worker dies in the middle of an MCP call of `tool`; its replacement resumes the
+/// session. What the model was told, and how many times the server saw the call.
+async fn crash_mid_call(tool: &str) -> (Vec<String>, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls");
+    let server = fault_server(&log);
+    let name = format!("mcp__fault__{tool}");
+    let script = serde_json::json!({"turns": [
+        {"text": "calling", "tool_calls": [{"name": name, "arguments": {}}]},
+        {"text": "result: {{last_tool_result}}"}
+    ]});
+    let tweak = move |cfg: &mut WorkerSettings| {
+        cfg.mcp_servers = vec![server.clone()];
+        let mut policy = agentq_core::config::PolicySection::default();
+        policy.tools.push("mcp__fault__*".into());
+        cfg.policy = std::sync::Arc::new(agentq_core::policy::Policy::from_section(&policy).unwrap());
+    };
+    let mut c = common::Cluster::start(script, 1, 1, &tweak).await;
+    let id = c.submit("call it", &[name.as_str()], |_| {}).await;
+    common::wait_until(
+        format_args!("the call of {tool} reaching the server"),
+        Duration::from_secs(60),
+        || async { (calls_of(&log, tool) == 1).then_some(()) },
+    )
+    .await;
+    c.crash_and_replace_with(0, &tweak).await;
+    let rows = c.wait_terminal(std::slice::from_ref(&id), Duration::from_secs(60)).await;
+    assert_eq!(rows[0].status, SessionStatus::Completed, "{:?}", rows[0].error);
+    let results = tool_results(&c.store, &id).await;
+    let calls = calls_of(&log, tool);
+    c.shutdown().await;
+    (results, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_mcp_call_cut_by_a_crash_is_run_once_more() {
+    let (results, calls) = crash_mid_call("slow").await;
+    assert_eq!(calls, 2, "re-run once: {results:?}");
+    assert!(results[0].contains("did not answer"), "{results:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsafe_mcp_call_cut_by_a_crash_is_never_run_twice() {
+    let (results, calls) = crash_mid_call("hold").await;
+    assert_eq!(calls, 1, "never run twice: {results:?}");
+    assert!(results[0].contains("outcome unknown"), "{results:?}");
+}
