@@ -115,8 +115,16 @@ fn refusals() -> Vec<(&'static str, Value, &'static str)> {
         ("provider", json!("anthropic"), "provider"),
         ("model", json!("gpt-5"), "model"),
         ("base_url", json!("http://llm.internal:8000/v2"), "base_url"),
-        ("base_url", json!("http://llm.internal:8000/v1/chat"), "base_url"),
-        ("base_url", json!("https://llm.internal:8000/v1"), "base_url"),
+        (
+            "base_url",
+            json!("http://llm.internal:8000/v1/chat"),
+            "base_url",
+        ),
+        (
+            "base_url",
+            json!("https://llm.internal:8000/v1"),
+            "base_url",
+        ),
         ("base_url", json!("http://127.0.0.1:7852/v1"), "base_url"),
         ("tools", json!(["read_file", "shell"]), "tools[1]"),
         ("tools", json!(["http_fetch"]), "tools[0]"),

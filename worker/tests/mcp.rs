@@ -157,7 +157,8 @@ async fn crash_mid_call(tool: &str) -> (Vec<String>, usize) {
         cfg.mcp_servers = vec![server.clone()];
         let mut policy = agentq_core::config::PolicySection::default();
         policy.tools.push("mcp__fault__*".into());
-        cfg.policy = std::sync::Arc::new(agentq_core::policy::Policy::from_section(&policy).unwrap());
+        cfg.policy =
+            std::sync::Arc::new(agentq_core::policy::Policy::from_section(&policy).unwrap());
     };
     let mut c = common::Cluster::start(script, 1, 1, &tweak).await;
     let id = c.submit("call it", &[name.as_str()], |_| {}).await;
@@ -168,8 +169,15 @@ async fn crash_mid_call(tool: &str) -> (Vec<String>, usize) {
     )
     .await;
     c.crash_and_replace_with(0, &tweak).await;
-    let rows = c.wait_terminal(std::slice::from_ref(&id), Duration::from_secs(60)).await;
-    assert_eq!(rows[0].status, SessionStatus::Completed, "{:?}", rows[0].error);
+    let rows = c
+        .wait_terminal(std::slice::from_ref(&id), Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        rows[0].status,
+        SessionStatus::Completed,
+        "{:?}",
+        rows[0].error
+    );
     let results = tool_results(&c.store, &id).await;
     let calls = calls_of(&log, tool);
     c.shutdown().await;
