@@ -197,3 +197,40 @@ async fn an_unsafe_mcp_call_cut_by_a_crash_is_never_run_twice() {
     assert_eq!(calls, 1, "never run twice: {results:?}");
     assert!(results[0].contains("outcome unknown"), "{results:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_hooks_decide_over_mcp_calls_like_any_other() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("calls");
+    let server = fault_server(&log);
+    let file = dir.path().join("agentq.toml");
+    std::fs::write(
+        &file,
+        "[[hooks]]\non = \"pre_tool_use\"\ntools = [\"mcp__*\"]\n\
+         command = [\"sh\", \"-c\", \"cat >/dev/null; printf '{\\\"behavior\\\":\\\"deny\\\",\\\"reason\\\":\\\"not that server\\\"}'\"]\n\
+         [policy]\ntools = [\"read_file\", \"list_dir\", \"glob\", \"grep\", \"mcp__fault__*\"]\n",
+    )
+    .unwrap();
+    let settings = Settings::load_with(Some(&file), |_| None).unwrap();
+    let mut cfg = WorkerSettings::from_settings(&settings).unwrap();
+    cfg.mcp_servers = vec![server];
+    cfg.read_block = Duration::from_millis(200);
+    cfg.workspace_root = dir.path().join("ws");
+    cfg.default_provider = Some("scripted".into());
+    cfg.providers.script = Some(
+        r#"{"turns":[
+  {"text":"echo","tool_calls":[{"name":"mcp__fault__echo","arguments":{"text":"hi"}}]},
+  {"text":"result: {{last_tool_result}}"}
+]}"#
+        .into(),
+    );
+    let (row, _) = common::run_one(&store, &queue, cfg, spec(&["mcp__fault__echo"])).await;
+    assert_eq!(row.status, SessionStatus::Completed, "{:?}", row.error);
+    let results = tool_results(&store, &row.id).await;
+    assert_eq!(
+        results,
+        vec!["Tool call denied by PreToolUse hook: not that server"]
+    );
+    assert_eq!(calls_of(&log, "echo"), 0, "the server never saw the call");
+}
