@@ -202,7 +202,10 @@ async fn the_default_policy_refuses_base_urls_and_writing_tools() {
     let rows = env
         .run_until_terminal(env.config(PolicySection::default()), &ids)
         .await;
-    for (row, field) in rows.iter().zip(["base_url", "tools[0]", "tools[0]", "tools[0]"]) {
+    for (row, field) in rows
+        .iter()
+        .zip(["base_url", "tools[0]", "tools[0]", "tools[0]"])
+    {
         assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
         let error = row.error.clone().unwrap_or_default();
         assert!(error.contains(&format!("{field}:")), "{error}");
