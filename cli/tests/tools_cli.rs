@@ -116,7 +116,7 @@ async fn a_session_loads_a_configured_skill() {
     )
     .await;
     assert_eq!(status, 422, "{body}");
-    assert_eq!(body["error"]["field"], "tools", "{body}");
+    assert_eq!(body["error"]["field"], "tools[1]", "{body}");
     assert!(
         body["error"]["message"]
             .as_str()

@@ -94,6 +94,7 @@ fn bounded() -> PolicySection {
             "read_file".into(),
             "write_file".into(),
             "spawn_agent".into(),
+            "mcp__time__*".into(),
         ],
         max_iterations: Some(10),
         max_tokens: Some(4096),
@@ -107,23 +108,35 @@ fn bounded() -> PolicySection {
     }
 }
 
-/// Each field with a value the bounded policy refuses.
-fn refusals() -> Vec<(&'static str, Value)> {
+/// Each field with a value the bounded policy refuses, and the field the refusal names
+/// (a tool by its place in the list).
+fn refusals() -> Vec<(&'static str, Value, &'static str)> {
     vec![
-        ("provider", json!("anthropic")),
-        ("model", json!("gpt-5")),
-        ("base_url", json!("http://llm.internal:8000/v2")),
-        ("base_url", json!("http://llm.internal:8000/v1/chat")),
-        ("base_url", json!("https://llm.internal:8000/v1")),
-        ("base_url", json!("http://127.0.0.1:7852/v1")),
-        ("tools", json!(["read_file", "shell"])),
-        ("tools", json!(["http_fetch"])),
-        ("max_iterations", json!(11)),
-        ("max_tokens", json!(4097)),
-        ("token_budget", json!(10_001)),
-        ("tool_timeout_secs", json!(61)),
-        ("approval_timeout_secs", json!(121)),
-        ("timeout_secs", json!(601)),
+        ("provider", json!("anthropic"), "provider"),
+        ("model", json!("gpt-5"), "model"),
+        ("base_url", json!("http://llm.internal:8000/v2"), "base_url"),
+        (
+            "base_url",
+            json!("http://llm.internal:8000/v1/chat"),
+            "base_url",
+        ),
+        (
+            "base_url",
+            json!("https://llm.internal:8000/v1"),
+            "base_url",
+        ),
+        ("base_url", json!("http://127.0.0.1:7852/v1"), "base_url"),
+        ("tools", json!(["read_file", "shell"]), "tools[1]"),
+        ("tools", json!(["http_fetch"]), "tools[0]"),
+        // An MCP server's tools are tools like any other: the policy names them.
+        ("tools", json!(["read_file", "mcp__tickets__*"]), "tools[1]"),
+        ("tools", json!(["mcp__tickets__close"]), "tools[0]"),
+        ("max_iterations", json!(11), "max_iterations"),
+        ("max_tokens", json!(4097), "max_tokens"),
+        ("token_budget", json!(10_001), "token_budget"),
+        ("tool_timeout_secs", json!(61), "tool_timeout_secs"),
+        ("approval_timeout_secs", json!(121), "approval_timeout_secs"),
+        ("timeout_secs", json!(601), "timeout_secs"),
     ]
 }
 
@@ -138,11 +151,11 @@ fn assert_refused(status: u16, body: &Value, field: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_a_422_naming_its_field_and_writes_nothing() {
     let env = Env::start(bounded()).await;
-    for (field, value) in refusals() {
+    for (field, value, named) in refusals() {
         let mut body = json!({"prompt": "p"});
         body[field] = value;
         let (status, answer) = env.post("/v1/sessions", &body).await;
-        assert_refused(status, &answer, field);
+        assert_refused(status, &answer, named);
     }
     assert_eq!(env.row_count(), 0);
 
@@ -151,7 +164,8 @@ async fn every_refusal_is_a_422_naming_its_field_and_writes_nothing() {
         .post(
             "/v1/sessions",
             &json!({"prompt": "p", "provider": "openai", "model": "gpt-4o-mini",
-                    "base_url": "http://LLM.Internal:8000/v1/", "tools": ["write_file"],
+                    "base_url": "http://LLM.Internal:8000/v1/",
+                    "tools": ["write_file", "mcp__time__*", "mcp__time__get_current_time"],
                     "max_iterations": 10, "max_tokens": 4096, "token_budget": 10_000,
                     "tool_timeout_secs": 60, "approval_timeout_secs": 120, "timeout_secs": 600}),
         )
@@ -164,7 +178,14 @@ async fn every_refusal_is_a_422_naming_its_field_and_writes_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(row.spec.max_iterations, 10);
-    assert_eq!(row.spec.tools, Some(vec!["write_file".to_string()]));
+    assert_eq!(
+        row.spec.tools,
+        Some(vec![
+            "write_file".to_string(),
+            "mcp__time__*".to_string(),
+            "mcp__time__get_current_time".to_string()
+        ])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,12 +227,12 @@ async fn unsent_limits_above_a_bound_are_stored_as_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_item_beyond_policy_is_named_by_its_index_and_nothing_is_written() {
     let env = Env::start(bounded()).await;
-    for (field, value) in refusals() {
+    for (field, value, named) in refusals() {
         let mut bad = json!({"prompt": "bad"});
         bad[field] = value;
         let batch = json!([{"prompt": "a"}, {"prompt": "b"}, bad, {"prompt": "d"}]);
         let (status, answer) = env.post("/v1/sessions/batch", &batch).await;
-        assert_refused(status, &answer, &format!("[2].{field}"));
+        assert_refused(status, &answer, &format!("[2].{named}"));
     }
     assert_eq!(env.row_count(), 0);
     let (status, answer) = env
@@ -234,18 +255,20 @@ async fn a_batch_item_beyond_policy_is_named_by_its_index_and_nothing_is_written
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_policy_refuses_any_base_url_and_tools_that_change_things() {
     let env = Env::start(PolicySection::default()).await;
-    for (field, value) in [
-        ("base_url", json!("http://127.0.0.1:7852/v1")),
-        ("base_url", json!("https://api.openai.com/v1")),
-        ("tools", json!(["write_file"])),
-        ("tools", json!(["edit_file"])),
-        ("tools", json!(["shell"])),
-        ("tools", json!(["http_fetch"])),
+    for (field, value, named) in [
+        ("base_url", json!("http://127.0.0.1:7852/v1"), "base_url"),
+        ("base_url", json!("https://api.openai.com/v1"), "base_url"),
+        ("tools", json!(["write_file"]), "tools[0]"),
+        ("tools", json!(["edit_file"]), "tools[0]"),
+        ("tools", json!(["shell"]), "tools[0]"),
+        ("tools", json!(["http_fetch"]), "tools[0]"),
+        // No MCP server's tools unless the policy names them.
+        ("tools", json!(["read_file", "mcp__time__*"]), "tools[1]"),
     ] {
         let mut body = json!({"prompt": "p"});
         body[field] = value;
         let (status, answer) = env.post("/v1/sessions", &body).await;
-        assert_refused(status, &answer, field);
+        assert_refused(status, &answer, named);
     }
     assert_eq!(env.row_count(), 0);
     let (status, answer) = env
@@ -278,7 +301,7 @@ async fn the_requests_tenant_override_replaces_the_global_rule() {
             &json!({"prompt": "p", "tools": ["read_file"]}),
         )
         .await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     let (status, answer) = env
         .post("/v1/sessions", &json!({"prompt": "p", "max_iterations": 6}))
         .await;
@@ -349,11 +372,11 @@ async fn each_tenant_is_held_to_its_own_policy() {
         .unwrap();
     assert_eq!(row.tenant, "acme");
     let (status, answer) = post(&keys[1], &["write_file"]).await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     let (status, answer) = post(&keys[1], &["list_dir"]).await;
     assert_eq!(status, 201, "{answer}");
     let (status, answer) = post(&keys[0], &["list_dir"]).await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
     // The admin's own tenant (`default`) has the global policy: reads only.
     let (status, answer) = env
         .post(
@@ -361,7 +384,7 @@ async fn each_tenant_is_held_to_its_own_policy() {
             &json!({"prompt": "p", "tools": ["write_file"]}),
         )
         .await;
-    assert_refused(status, &answer, "tools");
+    assert_refused(status, &answer, "tools[0]");
 }
 
 /// A tenant picks its session's `queue`, and so the worker pool that runs it (pools may

@@ -3,7 +3,9 @@
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
 //! tests' own helpers (the recorded provider responses, a graceful-stop check, a Python
-//! with the MCP SDK: [`python`]).
+//! with the MCP SDK: [`python`], the real MCP servers: [`mcp`]).
+
+pub mod mcp;
 
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,

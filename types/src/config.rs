@@ -3,7 +3,7 @@
 //! then the environment, then the command's flags; then [`Settings::validate`].
 //!
 //! This module owns the file format (the top level and the sections `[worker]`,
-//! `[scheduler]`, `[providers]`, `[policy]`, `[[hooks]]`, `[guardian]`), every default,
+//! `[scheduler]`, `[providers]`, `[policy]`, `[[hooks]]`, `[guardian]`, `[mcp]`), every default,
 //! the environment variables that override settings ([`SETTINGS`]), and every rule a
 //! setting must follow. `Default` never reads the environment: reading it is the
 //! explicit [`Settings::load_with`] step, with the lookup given as a function so tests can
@@ -25,6 +25,7 @@
 mod hooks;
 mod limits;
 mod load;
+mod mcp;
 mod policy;
 mod providers;
 mod registry;
@@ -42,6 +43,11 @@ pub use hooks::{
 };
 pub use limits::LimitSettings;
 pub use load::is_credential_name;
+pub use mcp::{
+    DEFAULT_MCP_MAX_CONCURRENT_CALLS, DEFAULT_MCP_MAX_RESULT_BYTES, DEFAULT_MCP_TIMEOUT_SECS,
+    MCP_SEPARATOR, MCP_TOOL_PREFIX, McpSection, McpServerSettings, McpToolSettings,
+    SideEffectSetting, mcp_server_of, mcp_tool_name,
+};
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
 pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};
 pub use registry::{SETTINGS, Setting, describe};

@@ -28,13 +28,13 @@ pub use crate::auth::DEFAULT_TENANT;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct PolicyViolation {
-    pub field: &'static str,
+    pub field: String,
     pub message: String,
 }
 
-fn violation(field: &'static str, message: impl Into<String>) -> PolicyViolation {
+fn violation(field: impl Into<String>, message: impl Into<String>) -> PolicyViolation {
     PolicyViolation {
-        field,
+        field: field.into(),
         message: message.into(),
     }
 }
@@ -315,12 +315,13 @@ impl TenantPolicy {
         ))
     }
 
-    /// The first of `tools` the policy does not allow, as a violation of `tools`.
+    /// The first of `tools` the policy does not allow, as a violation of `tools[i]` (an
+    /// MCP server's tools, `mcp__<server>__*`, are allowed like any other name).
     pub fn check_tools(&self, tools: &[String]) -> std::result::Result<(), PolicyViolation> {
-        match tools.iter().find(|t| !self.allows_tool(t)) {
+        match tools.iter().enumerate().find(|(_, t)| !self.allows_tool(t)) {
             None => Ok(()),
-            Some(t) => Err(violation(
-                "tools",
+            Some((i, t)) => Err(violation(
+                format!("tools[{i}]"),
                 format!(
                     "tool `{t}` is not allowed by policy (allowed: {})",
                     self.tools.describe()

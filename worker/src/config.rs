@@ -79,6 +79,9 @@ pub struct WorkerSettings {
     /// the built-in. Declare each one's [`agentq_agent::tools::SideEffect`] truthfully:
     /// resumes and the write-ahead rule depend on it.
     pub tools: agentq_agent::tools::ToolRegistry,
+    /// The MCP servers this worker starts (`[mcp]`): sessions call their tools as
+    /// `mcp__<server>__<tool>`.
+    pub mcp_servers: Vec<agentq_core::config::McpServerSettings>,
     /// The operator's policy (`[policy]`): every session is admitted under its tenant's
     /// rules before it runs, and its sub-agents too.
     pub policy: Arc<Policy>,
@@ -169,6 +172,7 @@ impl WorkerSettings {
             rate_limit_suspend_after: w.rate_limit_suspend_secs.duration(),
             limiter: agentq_core::admission::Limiter::disabled(),
             tools: agentq_agent::tools::ToolRegistry::new(),
+            mcp_servers: settings.mcp.servers.clone(),
             // Unvalidated settings whose policy does not compile allow nothing.
             policy: Arc::new(
                 Policy::from_section(&settings.policy).unwrap_or_else(|_| Policy::deny_all()),

@@ -12,6 +12,7 @@ use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory;
 use agentq_core::metrics::Metrics;
 use agentq_core::{Queue, Store};
+use agentq_mcp::McpServers;
 
 use crate::config::WorkerSettings;
 use crate::group_commit;
@@ -43,6 +44,11 @@ pub(crate) struct Inner {
     shared: Shared,
     /// The tenant budgets stored through the admin API, as last read.
     pub stored_budgets: StoredBudgets,
+    /// The MCP servers of `cfg.mcp_servers`, started with the worker's run (or the first
+    /// session processed without one).
+    mcp: std::sync::OnceLock<McpServers>,
+    /// Stops the MCP servers once the worker has drained.
+    pub mcp_stop: CancellationToken,
 }
 
 /// What sessions share and nobody needs before the first one: providers (one HTTP
@@ -81,6 +87,31 @@ impl Inner {
             draining: CancellationToken::new(),
             shared: Shared::default(),
             stored_budgets: StoredBudgets::default(),
+            mcp: std::sync::OnceLock::new(),
+            mcp_stop: CancellationToken::new(),
+        }
+    }
+
+    /// The MCP servers, started on first use (they need the runtime, which `new` may not
+    /// have).
+    pub(crate) fn mcp(&self) -> &McpServers {
+        self.mcp.get_or_init(|| {
+            McpServers::start(
+                &self.cfg.mcp_servers,
+                &self.cfg.tool_settings,
+                &self.cfg.consumer,
+                &self.mcp_stop,
+            )
+        })
+    }
+
+    /// Stop the MCP servers (if started) and wait, within `bound`, until they are.
+    pub(crate) async fn stop_mcp(&self, bound: std::time::Duration) {
+        self.mcp_stop.cancel();
+        if let Some(m) = self.mcp.get()
+            && tokio::time::timeout(bound, m.stopped()).await.is_err()
+        {
+            tracing::warn!("MCP servers still closing after {bound:?}; their processes are killed");
         }
     }
 

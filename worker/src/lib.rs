@@ -105,6 +105,13 @@ impl Worker {
         run_loop::run(self.inner.clone(), shutdown).await
     }
 
+    /// Start this worker's MCP servers unless `run` has, and wait (at most `bound`) until
+    /// each has answered or failed once: a session built before sees no tools of a
+    /// server still starting.
+    pub async fn start_mcp(&self, bound: std::time::Duration) {
+        self.inner.mcp().settled(bound).await;
+    }
+
     /// Process one delivery to its end on the caller's task: the path [`Worker::run`]
     /// gives each delivery it reads (a slot, the claim, the run, settling the entry), so a
     /// test can drive one delivery, or drop the future at an exact point to stand for a

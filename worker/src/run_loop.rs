@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::{Drain, delivery, heartbeat, listener, reclaim};
 
+/// How long a starting worker waits for its MCP servers' first answer (or failure).
+const MCP_START_BOUND: Duration = Duration::from_secs(30);
+
 pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Result<Drain> {
     inner.store.check_schema().await?;
     for q in &inner.cfg.queues {
@@ -26,6 +29,11 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
     info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
     inner.start_pipeline();
+    // A session that starts before its servers have answered would not see their tools.
+    tokio::select! {
+        _ = inner.mcp().settled(MCP_START_BOUND) => {}
+        _ = shutdown.cancelled() => {}
+    }
     let tracker = TaskTracker::new();
     let bg_stop = CancellationToken::new();
     let undeferrer = {
@@ -95,6 +103,7 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
     }
     inner.pipeline.stop_events(Duration::from_secs(5)).await;
+    inner.stop_mcp(Duration::from_secs(5)).await;
     info!("worker stopped");
     Ok(drain)
 }

@@ -124,7 +124,7 @@ async fn stored_rows_beyond_policy_fail_naming_the_field_without_any_llm_call() 
     type Tweak = fn(&mut SessionSpec);
     let forbidden: Vec<(&str, Tweak, u32)> = vec![
         (
-            "tools",
+            "tools[1]",
             |s| s.tools = Some(vec!["read_file".into(), "write_file".into()]),
             0,
         ),
@@ -202,7 +202,10 @@ async fn the_default_policy_refuses_base_urls_and_writing_tools() {
     let rows = env
         .run_until_terminal(env.config(PolicySection::default()), &ids)
         .await;
-    for (row, field) in rows.iter().zip(["base_url", "tools", "tools", "tools"]) {
+    for (row, field) in rows
+        .iter()
+        .zip(["base_url", "tools[0]", "tools[0]", "tools[0]"])
+    {
         assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
         let error = row.error.clone().unwrap_or_default();
         assert!(error.contains(&format!("{field}:")), "{error}");
@@ -235,7 +238,7 @@ async fn the_sessions_tenant_override_replaces_the_global_rule() {
     assert_eq!(rows[0].status, SessionStatus::Failed, "{:?}", rows[0]);
     let error = rows[0].error.clone().unwrap_or_default();
     assert!(
-        error.contains("tools:") && error.contains("read_file"),
+        error.contains("tools[0]:") && error.contains("read_file"),
         "{error}"
     );
     assert_eq!(rows[1].status, SessionStatus::Completed, "{:?}", rows[1]);
@@ -276,7 +279,7 @@ async fn each_row_runs_under_its_own_tenants_policy() {
     assert_eq!(rows[1].status, SessionStatus::Failed, "{:?}", rows[1]);
     let error = rows[1].error.clone().unwrap_or_default();
     assert!(
-        error.contains("tools:") && error.contains("read_file"),
+        error.contains("tools[0]:") && error.contains("read_file"),
         "{error}"
     );
     assert_eq!(env.fake.request_count(), 1);

@@ -124,9 +124,10 @@ fn host_allowed(settings: &ToolSettings, host: &str, port: u16) -> bool {
     })
 }
 
-/// Where a request may connect: `None` when no pinning is needed (the host is an IP
+/// Where a request may connect (for `http_fetch` and any other client held to its network
+/// policy, such as an MCP server's): `None` when no pinning is needed (the host is an IP
 /// literal, or policy lets it go anywhere), otherwise the vetted addresses of the host.
-async fn vet(
+pub async fn vet(
     settings: &ToolSettings,
     url: &Url,
 ) -> Result<Option<(String, Vec<SocketAddr>)>, ToolError> {

@@ -22,7 +22,7 @@ pub fn check_policy(
             Sent::Fields(&req.sent),
             SpawnContext::default(),
         )
-        .map_err(|v| ApiError::invalid(path(prefix, v.field), v.message))
+        .map_err(|v| ApiError::invalid(path(prefix, &v.field), v.message))
 }
 
 /// [`check_policy`] for every item of a batch, each named by its index (`[3].base_url`).

@@ -246,7 +246,7 @@ fn the_scheduler_and_the_worker_refuse_a_spec_beyond_policy_alike() {
             .check_request(&req.queue, &mut spec, Sent::Stored, SpawnContext::default())
             .unwrap_err();
         assert_eq!(e.code(), "invalid_field", "{body}");
-        assert_eq!(e.field(), Some(v.field), "{body}");
+        assert_eq!(e.field(), Some(v.field.as_str()), "{body}");
         assert_eq!(e.to_string(), v.message, "{body}");
     }
     // Within the policy, both pass.

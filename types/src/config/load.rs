@@ -120,7 +120,7 @@ impl Settings {
     }
 
     /// The secrets, each from the variable that holds it: the provider keys, the hooks'
-    /// headers and the tenants' keys.
+    /// headers, the MCP servers' variables and headers, and the tenants' keys.
     fn apply_secrets(&mut self, var: impl Fn(&str) -> Option<String>) {
         for (name, set) in KEYS {
             set(&mut self.providers, var(name).map(Secret::new));
@@ -129,6 +129,18 @@ impl Settings {
             if let Some(name) = &hook.header_env {
                 hook.header_value = var(name).map(Secret::new);
             }
+        }
+        for server in &mut self.mcp.servers {
+            server.env_values = server
+                .env
+                .iter()
+                .filter_map(|n| var(n).map(|v| (n.clone(), Secret::new(v))))
+                .collect();
+            server.header_values = server
+                .headers
+                .iter()
+                .filter_map(|(h, n)| var(n).map(|v| (h.clone(), Secret::new(v.trim()))))
+                .collect();
         }
         for t in self.providers.tenants.values_mut() {
             let read = |name: &Option<String>| {

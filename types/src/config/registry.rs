@@ -181,6 +181,7 @@ settings! {
     workspace.s3.prefix;
     workspace.s3.access_key_env;
     workspace.s3.secret_key_env;
+    mcp.servers;
 }
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hooks::{GuardianSection, HookSettings};
 use super::limits::LimitSettings;
+use super::mcp::McpSection;
 use super::policy::{BudgetSettings, PolicySection};
 use super::providers::ProvidersSection;
 use super::scheduler::{SchedulerSection, SchedulingSection};
@@ -57,5 +58,7 @@ section! {
         /// them).
         pub budgets: Vec<BudgetSettings> = Vec::new(),
         pub workspace: WorkspaceSection = WorkspaceSection::default(),
+        /// `[mcp]`: the MCP servers every worker starts, whose tools sessions may call.
+        pub mcp: McpSection = McpSection::default(),
     }
 }

@@ -1,5 +1,5 @@
 //! The settings tree's tests, by concern: loading the file and the environment
-//! (`load`), the registry and `agentq.example.toml` (`registry`), the rules and their
+//! (`load`), the registry and `agentq.example.toml` (`registry`), `[mcp]` (`mcp`), the rules and their
 //! messages (`validation`), and the sections with tables of their own (`sections`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use super::*;
 
 mod load;
+mod mcp;
 mod registry;
 mod sections;
 mod validation;

@@ -7,6 +7,7 @@ use crate::error::Result;
 
 mod endpoints;
 mod hooks;
+mod mcp;
 mod policy;
 mod process;
 mod rules;
@@ -24,6 +25,7 @@ impl Settings {
             hooks::hook_rules(i, hook)?;
         }
         hooks::guardian(&self.guardian)?;
+        mcp::mcp(&self.mcp)?;
         for (i, l) in self.limits.iter().enumerate() {
             endpoints::limit_rules(i, l)?;
         }

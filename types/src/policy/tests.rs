@@ -77,7 +77,7 @@ fn the_default_policy_allows_read_only_tools_and_spawning_and_no_base_url() {
         &["tools"],
     )
     .unwrap_err();
-    assert_eq!(e.field, "tools");
+    assert_eq!(e.field, "tools[1]");
     assert!(e.message.contains("`shell`"), "{e}");
     // Nothing bounded by default: a request within the API's limits passes unchanged.
     let spec = apply_sent(p, |s| s.max_iterations = 10_000, &["max_iterations"]).unwrap();
@@ -117,9 +117,14 @@ fn every_refusal_names_its_field() {
         ("token_budget", |s| s.token_budget = Some(50_001)),
         ("timeout_secs", |s| s.timeout_secs = Some(601)),
     ];
+    // A refused tool is named by its place in the list.
+    let named = |field: &str| match field {
+        "tools" => "tools[0]".to_string(),
+        other => other.to_string(),
+    };
     for (field, tweak) in cases {
         let e = apply_sent(p, tweak, &[field]).unwrap_err();
-        assert_eq!(e.field, *field, "{e}");
+        assert_eq!(e.field, named(field), "{e}");
         assert!(!e.message.is_empty());
     }
     // The same values stored in a row are refused as well (a stored row cannot tell a
@@ -131,7 +136,7 @@ fn every_refusal_names_its_field() {
         let e = p
             .apply(&mut spec, Sent::Stored, SpawnContext::default())
             .unwrap_err();
-        assert_eq!(e.field, *field, "{e}");
+        assert_eq!(e.field, named(field), "{e}");
     }
     // A default above a bound in a stored row is refused too: only a request can tell.
     let e = p
@@ -302,7 +307,7 @@ fn defaults_of_the_host_are_filtered_and_checked() {
     p.check_model("gpt-4o-mini").unwrap();
     assert_eq!(
         p.check_tools(&defaults).unwrap_err().field,
-        "tools",
+        "tools[1]",
         "grep is not allowed"
     );
 }

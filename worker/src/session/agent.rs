@@ -1,7 +1,8 @@
 //! Building a run's agent from the session's admitted spec and this worker's settings:
 //! its provider and default model, the tools it may use (with `spawn_agent` bound to this
-//! session), the guard pipeline under its tenant's policy and the operator's guards, and
-//! the admission its LLM calls pass.
+//! session, and the MCP tools it names from this worker's servers), the guard pipeline
+//! under its tenant's policy and the operator's guards, and the admission its LLM calls
+//! pass.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -12,6 +13,7 @@ use agentq_agent::provider::factory;
 use agentq_agent::spec::SessionSpec;
 use agentq_agent::tools::{LocalWorkspace, ToolRegistry, builtin_registry};
 use agentq_core::SessionRow;
+use agentq_core::config::MCP_TOOL_PREFIX;
 use agentq_core::policy::TenantPolicy;
 
 use crate::admission::admission_for;
@@ -56,14 +58,18 @@ pub(super) fn build_agent(
         .tools
         .clone()
         .unwrap_or_else(|| inner.cfg.default_tools.clone());
-    let builtin: Vec<String> = wanted
+    // MCP tools (exact names and globs) come from this worker's servers; a server it
+    // lacks gives tools whose calls say so, rather than a session that cannot start.
+    let (mcp_names, builtin): (Vec<String>, Vec<String>) = wanted
         .iter()
         .filter(|t| t.as_str() != spawn::NAME)
         .cloned()
-        .collect();
+        .partition(|t| t.starts_with(MCP_TOOL_PREFIX));
     let mut tools = all.select(&builtin).map_err(|e| format!("tools: {e}"))?;
+    let mcp = inner.mcp().select(&mcp_names);
+    tools.extend(&mcp.registry);
     let admissions = admission_for(inner, row, spec.token_budget, &*provider);
-    if builtin.len() < wanted.len() {
+    if wanted.iter().any(|t| t == spawn::NAME) {
         let child_of = Parent {
             row,
             spec,
@@ -79,6 +85,7 @@ pub(super) fn build_agent(
     // blocking call on the runtime).
     let workspace = parts.workspace;
     let mut guards = guards_for(inner, row, policy, &tools, &parts.inbox);
+    guards.sensitive_tools.extend(mcp.sensitive);
     guards.guardian_admission = admissions.guardian;
     Ok(Agent {
         provider,

@@ -433,7 +433,12 @@ impl Cluster {
     /// Crash worker `i` (its runtime dropped mid-flight: no lease given back, no entry
     /// acked, no task left behind) and start another (untweaked) in its place.
     pub async fn crash_and_replace(&mut self, i: usize) {
-        let next = self.start_worker(i, &|_| {}).await;
+        self.crash_and_replace_with(i, &|_| {}).await;
+    }
+
+    /// [`Cluster::crash_and_replace`], the new worker's settings changed by `tweak`.
+    pub async fn crash_and_replace_with(&mut self, i: usize, tweak: &impl Fn(&mut WorkerSettings)) {
+        let next = self.start_worker(i, tweak).await;
         let old = std::mem::replace(&mut self.workers[i], next);
         old.crash().await;
     }

@@ -98,7 +98,7 @@ pub(super) fn hook_rules(i: usize, h: &HookSettings) -> Result<()> {
 
 /// An http(s) URL with a host and no credentials (they belong in a header read from the
 /// environment).
-fn webhook_url(key: &str, url: &str) -> Result<()> {
+pub(super) fn webhook_url(key: &str, url: &str) -> Result<()> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
@@ -117,7 +117,7 @@ fn webhook_url(key: &str, url: &str) -> Result<()> {
 }
 
 /// `tchar` of RFC 9110: what a header name may be made of.
-fn is_token_byte(b: u8) -> bool {
+pub(super) fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
