@@ -73,6 +73,9 @@ pub struct Metrics {
     /// The tenants that are their own `tenant` label value: the configured ones (a
     /// tenant is any string an API key names, so the rest share [`OTHER_MODEL`]'s `other`).
     tenants: RwLock<HashSet<String>>,
+    /// The MCP servers whose tools share a `tool` label value of their own
+    /// (`mcp__<server>`): the configured ones.
+    mcp_servers: RwLock<HashSet<String>>,
 }
 
 impl Metrics {
@@ -131,6 +134,7 @@ impl Metrics {
             tenant_cost_usd: tenants.tenant_cost_usd,
             models: RwLock::default(),
             tenants: RwLock::default(),
+            mcp_servers: RwLock::default(),
         }
     }
 
@@ -185,6 +189,35 @@ impl Metrics {
             tenant
         } else {
             OTHER_MODEL
+        }
+    }
+
+    /// Let the tools of these MCP servers be labelled by their server.
+    pub fn label_mcp_servers(&self, servers: impl IntoIterator<Item = String>) {
+        self.mcp_servers
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(servers);
+    }
+
+    /// The `tool` label value of `tool`: itself, except an MCP tool's
+    /// (`mcp__<server>__<tool>`), whose name its server chooses, or the session for a
+    /// server this worker lacks: `mcp__<server>` for a configured server, else
+    /// `mcp__other`, so neither can add series at will.
+    pub fn tool_label<'a>(&self, tool: &'a str) -> &'a str {
+        const PREFIX: &str = "mcp__";
+        let Some(rest) = tool.strip_prefix(PREFIX) else {
+            return tool;
+        };
+        let server = rest.split("__").next().unwrap_or_default();
+        let known = self
+            .mcp_servers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(server);
+        match tool.get(..PREFIX.len() + server.len()) {
+            Some(label) if known => label,
+            _ => "mcp__other",
         }
     }
 
@@ -278,5 +311,19 @@ mod tests {
         assert!(text.contains("agentq_iterations_total{"));
         assert!(text.contains("agentq_build_info{version="));
         assert!(text.contains("agentq_llm_request_duration_seconds_bucket"));
+    }
+
+    /// An MCP server names its tools and a session names the tools of servers a worker
+    /// lacks: neither may add `tool` series.
+    #[test]
+    fn mcp_tools_are_labelled_by_their_configured_server() {
+        let m = Metrics::new();
+        m.label_mcp_servers(["time".to_string()]);
+        assert_eq!(m.tool_label("read_file"), "read_file");
+        assert_eq!(m.tool_label("mcp__time__get_current_time"), "mcp__time");
+        assert_eq!(m.tool_label("mcp__time__anything_else"), "mcp__time");
+        assert_eq!(m.tool_label("mcp__evil__x1"), "mcp__other");
+        assert_eq!(m.tool_label("mcp__"), "mcp__other");
+        assert_eq!(m.tool_label("mcp__time"), "mcp__time");
     }
 }

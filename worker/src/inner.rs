@@ -74,6 +74,7 @@ impl Inner {
         let metrics = agentq_core::metrics::global();
         metrics.label_models(cfg.labelled_models());
         metrics.label_tenants(cfg.labelled_tenants());
+        metrics.label_mcp_servers(cfg.mcp_servers.iter().map(|s| s.name.clone()));
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
         Inner {
             cfg,

@@ -86,6 +86,7 @@ impl Observer for SessionObserver {
     }
 
     fn tool_call(&self, tool: &str, outcome: &str, duration: Duration) {
+        let tool = self.metrics.tool_label(tool);
         self.metrics
             .tool_calls
             .with_label_values(&[tool, outcome])
