@@ -5,7 +5,7 @@
 //! re-exported here under the paths it always had:
 //!
 //! - `agentq-types`: the domain without I/O — [`model`], [`protocol`], [`wait`],
-//!   [`scheduling`], [`auth`], [`policy`], [`budget`] and [`workspace`] types,
+//!   [`scheduling`], [`auth`], [`policy`], [`budget`], [`batch`] and [`workspace`] types,
 //!   [`workspace_path`], the settings tree ([`config`]);
 //! - `agentq-error`: the [`Error`] every backend and process shares;
 //! - `agentq-store`: the `Store` traits ([`store`]), Postgres ([`pg`]), SQLite
@@ -34,6 +34,12 @@ pub mod error {
     pub use agentq_types::Error as DomainError;
 }
 
+/// Batches as objects of the API: the types (`agentq-types`) and the store traits.
+pub mod batch {
+    pub use agentq_store::{BatchSource, BatchStore};
+    pub use agentq_types::batch::*;
+}
+
 /// Budgets: the arithmetic and types (`agentq-types`) and the store trait.
 pub mod budget {
     pub use agentq_store::BudgetStore;
@@ -60,7 +66,7 @@ pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
-    Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
+    BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
     SessionStore, Store, SweepStore,
 };
 pub use wait::WaitReason;

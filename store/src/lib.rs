@@ -1,5 +1,5 @@
 //! agentq-store: where the truth lives. The `Store` traits ([`store`]: sessions, leases,
-//! inboxes, the sweeper's, keys, queues, budgets and workspaces), their two backends,
+//! inboxes, the sweeper's, keys, queues, budgets, workspaces and batches), their two backends,
 //! Postgres ([`pg`]) and, for the embedded mode, SQLite ([`sqlite`]), with the statements
 //! and row decoding they share (`sql/`), the migrations they embed (`migrations/` and
 //! `migrations_sqlite/` at the repository root), the blob store ([`blob`], in the database
@@ -17,12 +17,12 @@ pub mod store;
 pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
 pub use store::{
-    BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
-    SessionStore, Store, SweepStore, WorkspaceStore,
+    BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,
+    QueueStore, RetryResult, SessionStore, Store, SweepStore, WorkspaceStore,
 };
 
 // The domain under the paths this code has always used (`crate::model::…`).
 use agentq_error as error;
-use agentq_types::{auth, budget, config, model, protocol, scheduling, wait, workspace};
+use agentq_types::{auth, batch, budget, config, model, protocol, scheduling, wait, workspace};
 use error::{Error, Result};
 use model::{Lease, SessionStatus};

@@ -23,9 +23,10 @@
 //! trait's implementation has its own module: `sessions` (rows, reads, changes from
 //! outside a run), `leases` (claim, checkpoint, heartbeat, release, suspension), `inbox`
 //! (deliveries, approvals, follow-ups), `sweep` (the sweeper's and the dispatcher's),
-//! `keys`, `queues`, `budget` and `workspace`.
+//! `keys`, `queues`, `budget`, `workspace` and `batches` (batches as objects of the API).
 
 mod batch;
+mod batches;
 mod budget;
 mod create;
 mod inbox;

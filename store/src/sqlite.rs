@@ -9,8 +9,8 @@
 //!
 //! This file owns the store itself (its connections, the migrator, the schema check);
 //! the write transaction and the clock are in `tx`, and each trait's implementation has
-//! its own module: `sessions`, `leases`, `inbox`, `sweep`, `keys`, `queues`, `budget`
-//! and `workspace`.
+//! its own module: `sessions`, `leases`, `inbox`, `sweep`, `keys`, `queues`, `budget`,
+//! `workspace` and `batches`.
 //!
 //! Semantics are Postgres': a claim bumps `lease_epoch`; every later write is conditional
 //! on `(lease_owner, lease_epoch)`; a checkpoint writes the row's scalars and only the new
@@ -64,6 +64,7 @@
 //! the lease expires; the worker's reclaimer then hands the entry out again and the claim
 //! resumes it from its last checkpoint.
 
+mod batches;
 mod budget;
 mod inbox;
 mod keys;

@@ -7,8 +7,8 @@
 //! uses: [`SessionStore`] (the API and the CLI: create, read, cancel), [`LeaseStore`] (a
 //! worker running sessions: claim, checkpoint, heartbeat, release, suspend),
 //! [`InboxStore`] (whatever wakes a session: inbox items, approvals, follow-ups) and
-//! [`SweepStore`] (the scheduler's sweeper), [`KeyStore`] (API keys) and [`QueueStore`]
-//! (the queues an admin created). [`Store`] is all of them, plus the schema
+//! [`SweepStore`] (the scheduler's sweeper), [`KeyStore`] (API keys), [`QueueStore`]
+//! (the queues an admin created) and [`BatchStore`] (batches as objects of the API). [`Store`] is all of them, plus the schema
 //! check a process runs once at start; `Arc<dyn Store>` is what the processes hold.
 
 use std::time::Duration;
@@ -21,6 +21,7 @@ use agentq_agent::state::SessionState;
 use chrono::{DateTime, Utc};
 
 use crate::auth::{ApiKey, NewApiKey};
+use crate::batch::{BatchCreate, BatchItem, BatchOutcome, BatchRow, BatchTally, NewBatch};
 use crate::blob::BlobStore;
 use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
@@ -57,6 +58,7 @@ pub trait Store:
     + QueueStore
     + BudgetStore
     + WorkspaceStore
+    + BatchStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
@@ -462,4 +464,63 @@ pub trait WorkspaceStore: BlobStore + Send + Sync {
         root_id: &str,
         path: &str,
     ) -> Result<Option<(FileEntry, Vec<u8>)>>;
+}
+
+/// Where the items of a batch being created come from: the caller reads and checks them a
+/// chunk at a time while the store writes, so a batch is never whole in memory.
+#[async_trait]
+pub trait BatchSource: Send {
+    /// The next items (a chunk), `None` after the last. An error ends the creation with
+    /// nothing written.
+    async fn next_chunk(&mut self) -> Result<Option<Vec<BatchItem>>>;
+}
+
+/// Batches as objects of the API: a batch's row, and its sessions read by its id. A batch
+/// is counted from its sessions when it is read (through the index of their `batch_id`),
+/// never written to as they run.
+#[async_trait]
+pub trait BatchStore: Send + Sync {
+    /// Create `batch` and one session per item of `items`, read a chunk at a time, all in
+    /// one transaction: a refused item ([`BatchCreate::Refused`]: a `custom_id` repeated
+    /// within the batch, an idempotency key that names a session already) or an error
+    /// (of the store, or of `items`) leaves nothing written. Each session is created as
+    /// [`SessionStore::create_sessions`] creates one, with the item's `custom_id`; its
+    /// `sched` (batch id, cap, hold) is the caller's to set. The row records how many
+    /// sessions the batch was created with.
+    async fn create_batch(
+        &self,
+        batch: &NewBatch,
+        items: &mut dyn BatchSource,
+    ) -> Result<BatchCreate>;
+
+    /// The batch `id`, of any tenant (the caller checks whose it is).
+    async fn batch(&self, id: &str) -> Result<Option<BatchRow>>;
+
+    /// Batches newest first (of `tenant`, or of every tenant), after `cursor` (a batch id
+    /// of the previous page), at most `limit`.
+    async fn list_batches(
+        &self,
+        tenant: Option<&str>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<BatchRow>>;
+
+    /// The sessions of the batches `ids`, grouped by batch, status, finish reason and model
+    /// (one statement for all of them).
+    async fn batch_tally(&self, ids: &[String]) -> Result<Vec<BatchTally>>;
+
+    /// The sessions of batch `id` in id order, those after `after` (every one when
+    /// `None`), at most `limit`, finished or not.
+    async fn batch_outcomes(
+        &self,
+        id: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<BatchOutcome>>;
+
+    /// Record that batch `id` is cancelled (its first cancel's time stays) and cancel at
+    /// once up to `limit` of its sessions that are queued and never started (so have no
+    /// sub-agents), as [`SessionStore::request_cancel`] cancels a queued one; the rows
+    /// cancelled, none when none is left. The caller cancels the others one by one.
+    async fn cancel_batch(&self, id: &str, limit: u32) -> Result<Vec<SessionRow>>;
 }

@@ -1,4 +1,4 @@
-//! agentq-types: the domain, without I/O. The session model, the cross-process protocol,
+//! agentq-types: the domain, without I/O. The session model and batches, the cross-process protocol,
 //! what a session waits for, scheduling, API keys and callers, the operator's policy,
 //! budget arithmetic, workspace types and path rules, the limiter's state as the admin
 //! view reads it, and the settings tree with its validation. No database, Redis, object
@@ -6,6 +6,7 @@
 //! `agentq-queue`, `agentq-limiter`) build on it, and `agentq-api` needs nothing else.
 
 pub mod auth;
+pub mod batch;
 pub mod budget;
 pub mod config;
 pub mod error;

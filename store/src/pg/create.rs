@@ -2,10 +2,10 @@
 //! rows that already existed (a repeated idempotency key or id) are read in one more
 //! statement.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use sqlx::PgExecutor;
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgArguments, PgPool};
 
 use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
@@ -19,9 +19,9 @@ use super::params::{Params, unnest_ordered};
 
 /// `CREATE` for a batch: one multi-row insert from arrays (`input`, one per column of a
 /// new session, in order), the specs beside the rows. A fresh history is the prompt alone,
-/// which the spec holds, so no message is stored (`history_len` 1). The spec is answered
-/// from the input: a statement does not see what its own other parts insert.
-fn insert_sessions(input: &str) -> String {
+/// which the spec holds, so no message is stored (`history_len` 1). `answer` selects what
+/// comes back from `ins` (the rows inserted), joined to `input`: [`ROWS`] or [`IDS`].
+fn insert_sessions(input: &str, answer: &str) -> String {
     format!(
         "
 WITH input AS (
@@ -29,9 +29,10 @@ WITH input AS (
 ), ins AS (
     INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                           idempotency_key, idempotency_hash, tenant, history_len,
-                          priority, batch_id, batch_max_running, held, capped)
+                          priority, batch_id, batch_max_running, held, capped, custom_id)
     SELECT id, root_id, parent_id, depth, queue, 'queued', phase, idempotency_key,
-           idempotency_hash, tenant, 1, priority, batch_id, batch_max_running, held, capped
+           idempotency_hash, tenant, 1, priority, batch_id, batch_max_running, held, capped,
+           custom_id
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING *
@@ -39,9 +40,15 @@ WITH input AS (
     INSERT INTO session_specs (root_id, id, spec)
     SELECT ins.root_id, ins.id, input.spec::json FROM ins JOIN input ON input.id = ins.id
 )
-SELECT ins.*, input.spec::json AS spec FROM ins JOIN input ON input.id = ins.id"
+SELECT {answer} FROM ins JOIN input ON input.id = ins.id"
     )
 }
+
+/// The rows inserted, whole. The spec is answered from the input: a statement does not
+/// see what its own other parts insert.
+const ROWS: &str = "ins.*, input.spec::json AS spec";
+/// Only the ids inserted (a batch object's creation, which answers no row).
+const IDS: &str = "ins.id";
 
 /// Existing rows of sessions that were not inserted, by (tenant, idempotency key) and by
 /// id.
@@ -145,6 +152,32 @@ pub(super) async fn insert<'e>(
     pool: impl PgExecutor<'e>,
     new: &[NewSession],
 ) -> Result<HashMap<String, SessionRow>> {
+    let (input, args) = input(new, &[])?;
+    let inserted: Vec<SessionRecord> = sqlx::query_as_with(&insert_sessions(&input, ROWS), args)
+        .fetch_all(pool)
+        .await?;
+    inserted
+        .into_iter()
+        .map(|r| r.into_row().map(|row| (row.id.clone(), row)))
+        .collect()
+}
+
+/// Insert the batch, item `i` with `custom_ids[i]`; the ids inserted.
+pub(super) async fn insert_ids<'e>(
+    pool: impl PgExecutor<'e>,
+    new: &[NewSession],
+    custom_ids: &[Option<&str>],
+) -> Result<HashSet<String>> {
+    let (input, args) = input(new, custom_ids)?;
+    let ids: Vec<String> = sqlx::query_scalar_with(&insert_sessions(&input, IDS), args)
+        .fetch_all(pool)
+        .await?;
+    Ok(ids.into_iter().collect())
+}
+
+/// The `input` of [`insert_sessions`] and its arguments: one array per column, item `i`
+/// with `custom_ids[i]` (none past its end).
+fn input(new: &[NewSession], custom_ids: &[Option<&str>]) -> Result<(String, PgArguments)> {
     let n = new.len();
     let mut ids = Vec::with_capacity(n);
     let mut roots = Vec::with_capacity(n);
@@ -161,7 +194,8 @@ pub(super) async fn insert<'e>(
     let mut caps = Vec::with_capacity(n);
     let mut held = Vec::with_capacity(n);
     let mut capped = Vec::with_capacity(n);
-    for s in new {
+    let mut customs = Vec::with_capacity(n);
+    for (i, s) in new.iter().enumerate() {
         priorities.push(i32::from(s.sched.priority));
         batches.push(s.sched.batch_id.as_deref());
         caps.push(
@@ -182,6 +216,7 @@ pub(super) async fn insert<'e>(
         keys.push(s.idempotency_key.as_deref());
         hashes.push(s.idempotency_hash.as_deref());
         tenants.push(s.tenant.as_str());
+        customs.push(custom_ids.get(i).copied().flatten());
     }
     let mut p = Params::default();
     let input = unnest_ordered(
@@ -204,15 +239,10 @@ pub(super) async fn insert<'e>(
             ("batch_max_running", p.array(&caps, "int")?),
             ("held", p.array(&held, "bool")?),
             ("capped", p.array(&capped, "bool")?),
+            ("custom_id", p.array(&customs, "text")?),
         ],
     );
-    let inserted: Vec<SessionRecord> = sqlx::query_as_with(&insert_sessions(&input), p.into_args())
-        .fetch_all(pool)
-        .await?;
-    inserted
-        .into_iter()
-        .map(|r| r.into_row().map(|row| (row.id.clone(), row)))
-        .collect()
+    Ok((input, p.into_args()))
 }
 
 /// The existing rows of `missing`, in one statement.

@@ -6,8 +6,10 @@
 //! ([`ledger`], with the pure ledger arithmetic in [`budget`]), the answers built from what
 //! a statement found ([`outcome`]), what a suspension writes ([`suspension`]), the writes
 //! both run alike inside a transaction ([`write`]), and the one rule by which both store
-//! text Postgres cannot hold, and read it back ([`escape`]).
+//! text Postgres cannot hold, and read it back ([`escape`]); batches as objects of the API
+//! have their statements, rows and reads in [`batches`].
 
+pub(crate) mod batches;
 pub(crate) mod budget;
 pub(crate) mod dispatch;
 pub(crate) mod escape;

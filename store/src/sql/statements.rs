@@ -81,9 +81,9 @@ pub(crate) const COUNT_UNFINISHED: &str = "SELECT status, count(*) FROM sessions
 
 /// A statement of both stores: Postgres' text (`COLS` stands for [`COLS`]) and which
 /// parameter SQLite's store binds "now" to, if the statement reads the clock.
-struct Shared {
-    text: &'static str,
-    sqlite_now: Option<u8>,
+pub(crate) struct Shared {
+    pub(crate) text: &'static str,
+    pub(crate) sqlite_now: Option<u8>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub(crate) enum Dialect {
 }
 
 impl Shared {
-    fn render(&self, dialect: Dialect) -> String {
+    pub(crate) fn render(&self, dialect: Dialect) -> String {
         let text = self
             .text
             .replace("KEY_FIELDS", KEY_FIELDS)

@@ -27,8 +27,9 @@ const INSERT_SESSION: &str = "
 INSERT INTO sessions (id, root_id, parent_id, depth, queue, status, phase,
                       idempotency_key, history_len, created_at, updated_at,
                       idempotency_hash, tenant, priority, batch_id, batch_max_running, held,
-                      capped)
-VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10, $11, $12, $13, $14, $15)
+                      capped, custom_id)
+VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, 1, $8, $8, $9, $10, $11, $12, $13, $14, $15,
+        $16)
 ON CONFLICT DO NOTHING";
 
 const INSERT_SPEC: &str = "INSERT INTO session_specs (root_id, id, spec) VALUES ($1, $2, $3)";
@@ -67,12 +68,14 @@ UPDATE sessions SET
     model_used = COALESCE($26, model_used)
 WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18";
 
-/// Insert one session (and its spec) unless it exists; the row, and whether it is new.
-pub(super) async fn create(
+/// Insert one session (with `custom_id`, and its spec) unless it conflicts with a stored
+/// one (its id, its tenant's idempotency key, its batch's `custom_id`); whether it did.
+pub(super) async fn insert(
     conn: &mut SqliteConnection,
     s: &NewSession,
+    custom_id: Option<&str>,
     now: i64,
-) -> Result<(SessionRow, bool)> {
+) -> Result<bool> {
     let inserted = sqlx::query(INSERT_SESSION)
         .bind(&s.id)
         .bind(&s.root_id)
@@ -89,6 +92,7 @@ pub(super) async fn create(
         .bind(s.sched.batch_max_running.map(i64::from))
         .bind(s.sched.held)
         .bind(s.sched.capped)
+        .bind(custom_id)
         .execute(&mut *conn)
         .await?
         .rows_affected()
@@ -100,6 +104,17 @@ pub(super) async fn create(
             .bind(stored_json(&s.spec)?)
             .execute(&mut *conn)
             .await?;
+    }
+    Ok(inserted)
+}
+
+/// Insert one session (and its spec) unless it exists; the row, and whether it is new.
+pub(super) async fn create(
+    conn: &mut SqliteConnection,
+    s: &NewSession,
+    now: i64,
+) -> Result<(SessionRow, bool)> {
+    if insert(conn, s, None, now).await? {
         let rec = record_in(conn, &s.id).await?;
         return Ok((rec.ok_or_else(|| unreadable_conflict(s))?.into_row()?, true));
     }
