@@ -17,6 +17,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod batches;
 mod budget;
 mod inbox;
 mod leases;
