@@ -11,6 +11,7 @@
 //! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_types::protocol::EventKind`])
 //! with their position added; [`events`] has what the scheduler adds itself.
 
+mod batches;
 pub mod bounds;
 mod budgets;
 mod bulk;
@@ -24,6 +25,12 @@ mod queues;
 mod sessions;
 mod steer;
 
+pub use batches::{
+    BatchCounts, BatchList, BatchRequestItem, BatchResult, BatchStatus, BatchView, CREATE_PARAMS,
+    CreateBatch, DEFAULT_BATCH_LIST, DEFAULT_RESULTS, JSONL_CONTENT_TYPE, LIST_BATCHES_PARAMS,
+    MAX_BATCH_LIST, MAX_BATCH_RUNNING, MAX_CUSTOM_ID, MAX_RESULTS, NEXT_HEADER, RESULTS_HEADER,
+    RESULTS_PARAMS, ResultsEnd,
+};
 pub use budgets::{
     BudgetLedger, BudgetList, BudgetSet, BudgetView, SetBudget, SpendView, TenantSpend, TreeCost,
 };

@@ -99,6 +99,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
         [
             "api_keys",
             "approvals",
+            "batches",
             "blobs",
             "inbox",
             "messages",
