@@ -15,6 +15,9 @@ pub enum ApiError {
     /// The body is not JSON at all (syntax error, truncated, not UTF-8).
     #[error("{0}")]
     InvalidJson(String),
+    /// One named part of a body is not JSON (a line of an upload: `line 17`).
+    #[error("{message}")]
+    InvalidJsonAt { field: String, message: String },
     /// A query string that cannot be decoded.
     #[error("{0}")]
     InvalidQuery(String),
@@ -86,7 +89,9 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidJson(_) | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidJson(_)
+            | ApiError::InvalidJsonAt { .. }
+            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -107,7 +112,7 @@ impl ApiError {
 
     pub fn code(&self) -> &'static str {
         match self {
-            ApiError::InvalidJson(_) => "invalid_json",
+            ApiError::InvalidJson(_) | ApiError::InvalidJsonAt { .. } => "invalid_json",
             ApiError::InvalidQuery(_) => "invalid_query",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::TooLarge { .. } => "too_large",
@@ -132,7 +137,9 @@ impl ApiError {
             ApiError::TooLarge { field, .. }
             | ApiError::Invalid { field, .. }
             | ApiError::Forbidden { field, .. } => field.as_deref(),
-            ApiError::ConflictOn { field, .. } => Some(field),
+            ApiError::ConflictOn { field, .. } | ApiError::InvalidJsonAt { field, .. } => {
+                Some(field)
+            }
             _ => None,
         }
     }

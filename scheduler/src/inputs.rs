@@ -11,9 +11,7 @@ use crate::request::SessionRequest;
 use crate::state::Scheduler;
 
 /// Every `workspace_from` of `reqs` names a session of the caller's own tenant (`batch`:
-/// the field is named by the item's index). Another tenant's session is refused exactly
-/// like one that does not exist, so that ids of other tenants cannot be probed; the
-/// operator's key, which reads every tenant, still only forks into its own.
+/// the field is named by the item's index). See [`Sources::check`].
 pub async fn check_sources(
     s: &Scheduler,
     caller: &Caller,
@@ -21,12 +19,40 @@ pub async fn check_sources(
     batch: bool,
 ) -> Result<(), ApiError> {
     // A batch may fork many sessions from a few sources: each is looked up once.
-    let mut seen = std::collections::HashMap::<&str, bool>::new();
+    let mut seen = Sources::default();
     for (i, r) in reqs.iter().enumerate() {
-        let Some(id) = &r.workspace_from else {
-            continue;
+        let prefix = if batch {
+            format!("[{i}]")
+        } else {
+            String::new()
         };
-        let found = match seen.get(id.as_str()) {
+        seen.check(s, caller, r, &prefix).await?;
+    }
+    Ok(())
+}
+
+/// The `workspace_from` sessions one request's items named, each looked up once.
+#[derive(Debug, Default)]
+pub struct Sources {
+    found: std::collections::HashMap<String, bool>,
+}
+
+impl Sources {
+    /// `r`'s `workspace_from`, if any, names a session of the caller's own tenant
+    /// (`prefix` names the item). Another tenant's session is refused exactly like one
+    /// that does not exist, so that ids of other tenants cannot be probed; the operator's
+    /// key, which reads every tenant, still only forks into its own.
+    pub async fn check(
+        &mut self,
+        s: &Scheduler,
+        caller: &Caller,
+        r: &SessionRequest,
+        prefix: &str,
+    ) -> Result<(), ApiError> {
+        let Some(id) = &r.workspace_from else {
+            return Ok(());
+        };
+        let found = match self.found.get(id.as_str()) {
             Some(found) => *found,
             None => {
                 let found = s
@@ -34,24 +60,19 @@ pub async fn check_sources(
                     .get(id)
                     .await?
                     .is_some_and(|row| row.tenant == caller.tenant);
-                seen.insert(id, found);
+                self.found.insert(id.clone(), found);
                 found
             }
         };
         if !found {
-            let prefix = if batch {
-                format!("[{i}]")
-            } else {
-                String::new()
-            };
             return Err(ApiError::Invalid {
                 code: "not_found",
-                field: Some(path(&prefix, "workspace_from")),
+                field: Some(path(prefix, "workspace_from")),
                 message: format!("session {id} not found"),
             });
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// What the idempotency hash of a request with files binds them by: each path and the

@@ -1,5 +1,5 @@
 //! agentq-scheduler: the front door of the distributed deployment. It owns the HTTP API
-//! (`/v1/sessions…`, `/healthz`, `/readyz`: [`router`]; its bodies are the types of
+//! (`/v1/sessions…`, `/v1/batches…`, `/healthz`, `/readyz`: [`router`]; its bodies are the types of
 //! `agentq-api`), enqueueing (insert the row, then `XADD`), the consumer groups of the
 //! configured queues (created at start so KEDA's lag scaler sees them before the first
 //! session) and the sweeper that repairs a crash between insert and `XADD` ([`sweeper`]),
@@ -10,6 +10,7 @@
 //! schedulers can run side by side.
 
 mod actions;
+mod batches;
 pub mod dispatch;
 pub mod error;
 pub mod events;
@@ -26,6 +27,7 @@ mod state;
 pub mod sweeper;
 pub mod workspace_gc;
 
+pub use batches::MAX_UPLOAD_BYTES;
 pub use error::ApiError;
 pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};

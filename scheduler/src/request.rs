@@ -31,9 +31,12 @@
 //!    worker's `check_stored` runs on the stored row (with `Sent::Stored`) before it runs it.
 //!
 //! The result is a [`SessionRequest`] (the typed request, files normalised), which the
-//! route turns into the store's `NewSession`.
+//! route turns into the store's `NewSession`. An item of a batch object (`POST
+//! /v1/batches`) is one such request with its `custom_id` taken out first
+//! (`batch_item`), named `requests[3]` or `line 17`.
 
 mod batch;
+mod batch_item;
 mod envelope;
 mod files;
 mod guard;
@@ -42,6 +45,7 @@ mod list;
 mod policy;
 
 pub use batch::{parse_batch, parse_batch_bytes};
+pub use batch_item::{BatchOptions, parse_batch_item};
 pub use envelope::{MAX_IDEMPOTENCY_KEY, MAX_QUEUE_NAME, valid_queue_name};
 pub use guard::MAX_METADATA_BYTES;
 pub use item::{DEFAULT_QUEUE, Limits, SessionRequest, parse_session};

@@ -19,6 +19,8 @@ pub struct SchedulerSettings {
     pub sweep_age: Duration,
     pub max_prompt_bytes: usize,
     pub max_batch: usize,
+    /// Items of one JSON Lines upload of `POST /v1/batches`.
+    pub max_batch_items: usize,
     /// Queues whose consumer group is created at start.
     pub queues: Vec<String>,
     /// Most queues there may be (configured and admin-created).
@@ -89,6 +91,7 @@ impl From<&SchedulerSection> for SchedulerSettings {
             sweep_age: Duration::from_secs(c.sweep_age_secs),
             max_prompt_bytes: c.max_prompt_bytes,
             max_batch: c.max_batch,
+            max_batch_items: c.max_batch_items,
             queues: c.queues.clone(),
             max_queues: c.max_queues,
             stream_max_len: c.stream_max_len,

@@ -553,7 +553,10 @@ fn cross_site_write(method: &Method, headers: &axum::http::HeaderMap) -> Option<
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !crate::http::body::is_json_content_type(ct) {
+    // A JSON Lines upload needs a preflight as JSON does.
+    if !(crate::http::body::is_json_content_type(ct)
+        || crate::http::body::is_jsonl_content_type(ct))
+    {
         return Some(ApiError::Forbidden {
             field: Some("Content-Type".into()),
             message: format!(
@@ -569,7 +572,7 @@ fn cross_site_write(method: &Method, headers: &axum::http::HeaderMap) -> Option<
 
 /// The cross-site defence of a keyless server (`agentq dev` on loopback, where the
 /// browser's own machine is trusted): every request that may change state (not GET,
-/// HEAD, OPTIONS) must be JSON and, when a browser says where it comes from (`Origin`),
+/// HEAD, OPTIONS) must be JSON (or JSON Lines) and, when a browser says where it comes from (`Origin`),
 /// come from a page of this server. A page elsewhere can make a browser send a form or a
 /// `text/plain` POST anywhere without asking, but not a JSON one (that needs a CORS
 /// preflight, which this API never grants), and a browser always names the page's

@@ -386,6 +386,18 @@ pub(crate) fn is_json_content_type(ct: &str) -> bool {
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
+/// A JSON Lines upload's content type (`application/x-ndjson`, or `application/jsonl`).
+/// Like JSON, neither is one a web page may send cross-site without a CORS preflight.
+pub(crate) fn is_jsonl_content_type(ct: &str) -> bool {
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == agentq_api::JSONL_CONTENT_TYPE || essence == "application/jsonl"
+}
+
 /// `prefix.name`, or `name` at the top level (`prefix` names an item of a batch: `[17]`).
 /// An empty key is written `""`, so that a field is never named by an empty string.
 pub(crate) fn path(prefix: &str, name: &str) -> String {

@@ -16,6 +16,7 @@ use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
 use crate::state::Scheduler;
 
+mod batches;
 mod budgets;
 mod bulk;
 mod events;
@@ -120,6 +121,28 @@ fn table(state: &Scheduler) -> Vec<Route> {
             "/v1/sessions/{id}/events",
             READ,
             get(events::events),
+        ),
+        route(
+            p.clone(),
+            "/v1/batches",
+            WRITE,
+            // A JSON body is read under the batch limit and the decode budget; an upload
+            // as a stream, under its own bounds (`crate::batches`).
+            post(batches::create).layer(DefaultBodyLimit::max(state.batch_body_limit())),
+        ),
+        route(g.clone(), "/v1/batches", READ, get(batches::list)),
+        route(g.clone(), "/v1/batches/{id}", READ, get(batches::get)),
+        route(
+            p.clone(),
+            "/v1/batches/{id}/cancel",
+            WRITE,
+            post(batches::cancel),
+        ),
+        route(
+            g.clone(),
+            "/v1/batches/{id}/results",
+            READ,
+            get(batches::results),
         ),
         route(g.clone(), "/v1/queues", READ, get(queues::list)),
         route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),

@@ -122,6 +122,7 @@ settings! {
     scheduler.sweep_age_secs;
     scheduler.max_prompt_bytes;
     scheduler.max_batch;
+    scheduler.max_batch_items;
     scheduler.queues;
     scheduler.max_queues;
     scheduler.stream_max_len;

@@ -18,8 +18,12 @@ section! {
         /// and the `XADD` of a live request).
         pub sweep_age_secs: u64 = 10,
         pub max_prompt_bytes: usize = 1_000_000,
-        /// Items of one `POST /v1/sessions/batch`.
+        /// Items of one `POST /v1/sessions/batch`, and of one `POST /v1/batches` with a
+        /// JSON body.
         pub max_batch: usize = 10_000,
+        /// Items of one `POST /v1/batches` uploaded as JSON Lines (read as a stream: the
+        /// scheduler holds a line and a chunk of items at a time, whatever the count).
+        pub max_batch_items: usize = 100_000,
         /// Queues whose consumer group is created at start.
         pub queues: Vec<String> = vec!["default".to_string()],
         /// Most queues there may be, the configured ones and those an admin creates: each

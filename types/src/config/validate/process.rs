@@ -141,6 +141,12 @@ pub(super) fn scheduler(s: &SchedulerSection) -> Result<()> {
         usize::MAX,
     )?;
     range("scheduler.max_batch", s.max_batch, 1, 1_000_000)?;
+    range(
+        "scheduler.max_batch_items",
+        s.max_batch_items,
+        1,
+        10_000_000,
+    )?;
     range("scheduler.key_cache_secs", s.key_cache_secs, 0, 3_600)?;
     range("scheduler.max_connections", s.max_connections, 1, 1_000_000)?;
     range(
