@@ -1,5 +1,5 @@
 //! The client commands — `agentq submit`, `status`, `cancel`, `sessions`, `approve`,
-//! `deny`, `send` — over the HTTP API at `AGENTQ_API_URL` (or `api_url` of `agentq.toml`;
+//! `deny`, `send`, `batch` — over the HTTP API at `AGENTQ_API_URL` (or `api_url` of `agentq.toml`;
 //! default `http://127.0.0.1:7700`). Answers are read as the `agentq-api` types the
 //! scheduler sends. Session requests are sent as the user wrote them (flags and JSON
 //! Lines alike), so that the server, not the client, judges them and names a bad field.
@@ -12,12 +12,14 @@
 //!
 //! `api` is the HTTP plumbing the commands share, `show` how they print, `submit` and
 //! `wait` the submission and its `--wait`, `batch` a batch's submission and its `--wait`
-//! (listed by batch id, with a progress line), `each` the files of `submit --each`,
+//! (listed by batch id, with a progress line), `batches` the `agentq batch` commands
+//! (batches as objects: `/v1/batches`), `each` the files of `submit --each`,
 //! `sessions` the commands that read sessions, `control` those that act on one or on a
 //! batch.
 
 pub(crate) mod api;
 mod batch;
+mod batches;
 mod control;
 mod each;
 mod sessions;
@@ -27,6 +29,7 @@ mod submit;
 mod tests;
 mod wait;
 
+pub use batches::{BatchArgs, EXAMPLES as BATCH_EXAMPLES, batch};
 pub use control::{CancelArgs, DecideArgs, SendArgs, cancel, decide, send};
 pub use sessions::{SessionsArgs, StatusArgs, sessions, status};
 pub use submit::{SubmitArgs, submit};

@@ -29,11 +29,18 @@ pub struct KeysArgs {
 #[derive(Subcommand, Debug)]
 pub enum KeysCommand {
     /// Create a key and print it (once, as the last line).
+    #[command(after_help = "Examples:
+  agentq keys create --tenant acme --scopes sessions:read,sessions:write --label ci
+  agentq keys create --tenant ops --scopes admin --expires 2027-01-31")]
     Create(CreateArgs),
     /// List the keys (never their secrets).
+    #[command(after_help = "Examples:
+  agentq keys list")]
     List,
     /// Revoke a key by its id (schedulers refuse it once their key cache has expired,
     /// `key_cache_secs`).
+    #[command(after_help = "Examples:
+  agentq keys revoke KEY_ID                     # the id `agentq keys list` shows")]
     Revoke { id: String },
 }
 

@@ -63,6 +63,10 @@ enum Command {
     Keys(keys::KeysArgs),
     /// Submit a session (or a JSON Lines batch) to the HTTP API.
     Submit(client::SubmitArgs),
+    /// Batches as objects: submit a JSON Lines file as one batch, follow it, read its
+    /// results, cancel it, list them.
+    #[command(after_help = client::BATCH_EXAMPLES)]
+    Batch(client::BatchArgs),
     /// Show a session as JSON (on stderr: the tool calls it holds for approval, with the
     /// commands that decide them).
     #[command(after_help = examples::STATUS)]
@@ -151,6 +155,7 @@ fn main() -> ExitCode {
             Command::Migrate(args) => scheduler::migrate(args).await,
             Command::Keys(args) => keys::keys(args).await,
             Command::Submit(args) => client::submit(args).await,
+            Command::Batch(args) => client::batch(args).await,
             Command::Status(args) => client::status(args).await,
             Command::Watch(args) => watch::watch(args).await,
             Command::Cancel(args) => client::cancel(args).await,
@@ -198,6 +203,16 @@ mod tests {
                 "agentq {} --help:\n{help}",
                 sub.get_name()
             );
+            // And each of its own subcommands (`agentq batch submit`, …).
+            let name = sub.get_name().to_string();
+            for nested in sub.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+                let help = nested.render_long_help().to_string();
+                assert!(
+                    help.contains("Examples:"),
+                    "agentq {name} {} --help:\n{help}",
+                    nested.get_name()
+                );
+            }
         }
     }
 }

@@ -141,6 +141,8 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/sessions/cancel" => json!({"batch_id": "b"}),
         "/v1/sessions/retry" => json!({}),
         "/v1/queues" => json!({"name": "made-by-the-auth-test"}),
+        "/v1/batches" => json!({"requests": [{"prompt": "a"}], "metadata": {"k": "v"}}),
+        "/v1/batches/{id}/cancel" => json!({}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
 }
@@ -183,6 +185,15 @@ async fn held_session(env: &Env, tenant: &str) -> (String, String) {
         .await
         .unwrap();
     (new.id, call.id)
+}
+
+/// A batch of two sessions of `tenant`, made through the API; its id.
+async fn batch_of(env: &Env, tenant: &str) -> String {
+    let key = env.key(tenant, &[Scope::SessionsWrite]).await;
+    let body = json!({"requests": [{"prompt": "a"}, {"prompt": "b", "custom_id": "b"}]});
+    let (s, v) = env.post("/v1/batches", &key, &body).await;
+    assert_eq!(s, 201, "{v}");
+    v["id"].as_str().unwrap().to_string()
 }
 
 /// The file every held session's workspace holds, for the routes that read one.
@@ -253,6 +264,12 @@ async fn every_route_is_checked() {
             // Only a failed session can be retried: dead-letter this one.
             env.store.fail(&id, "dead letter").await.unwrap();
         }
+        // A batch's routes act on a batch of acme's (as a session's act on a session).
+        let id = if path.starts_with("/v1/batches/{id}") {
+            batch_of(&env, "acme").await
+        } else {
+            id
+        };
         let url = concrete(path, &id);
         let body = body_for(&method, path, &call_id);
 

@@ -169,6 +169,45 @@ impl Api {
             .map_err(|e| self.transport_error(e))
     }
 
+    /// The bytes and headers of a 2xx answer to a GET of `path` (a page of a listing
+    /// whose cursor is in a header), any other as an [`ApiFailure`].
+    pub(crate) async fn get_page(
+        &self,
+        path: &str,
+    ) -> anyhow::Result<(Vec<u8>, reqwest::header::HeaderMap)> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        if status >= 400 {
+            let text = resp.text().await.map_err(|e| self.transport_error(e))?;
+            return Err(ApiFailure::of(status, &text).into());
+        }
+        let body = resp.bytes().await.map_err(|e| self.transport_error(e))?;
+        Ok((body.to_vec(), headers))
+    }
+
+    /// POST `body` (a stream, sent as it is read) as `content_type`; the answer as
+    /// [`Api::post`] reads it.
+    pub(crate) async fn post_stream<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: reqwest::Body,
+    ) -> anyhow::Result<(u16, T)> {
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body),
+        )
+        .await
+    }
+
     pub(crate) async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
         Ok(self
             .send(self.http.get(format!("{}{path}", self.base)))

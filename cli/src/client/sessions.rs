@@ -9,7 +9,7 @@ use agentq_api::{ListResponse, SessionDetail, SessionView};
 use agentq_core::SessionStatus;
 
 use super::api::{Api, ApiArgs, encode};
-use super::show::{one_line, pending_lines, pretty, shell_word, truncate};
+use super::show::{one_line, pending_lines, pretty, print_table, shell_word, truncate};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -137,28 +137,4 @@ pub(super) fn table_row(s: &SessionView) -> [String; 6] {
         s.created_at.format("%Y-%m-%d %H:%M:%S").to_string(),
         truncate(&s.spec.prompt.replace('\n', " "), 50),
     ]
-}
-
-fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let mut widths = header.map(|h| h.chars().count());
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cells: &[&str]| {
-        let mut out = String::new();
-        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(c);
-            } else {
-                out.push_str(&format!("{c:<w$}  "));
-            }
-        }
-        println!("{}", out.trim_end());
-    };
-    line(header);
-    for r in rows {
-        line(&r.each_ref().map(String::as_str));
-    }
 }

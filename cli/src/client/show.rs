@@ -1,6 +1,6 @@
 //! How the client commands put things on a terminal: text cut to one line, pretty JSON,
-//! ids quoted as shell words, and the calls a session holds with the commands that decide
-//! them.
+//! ids quoted as shell words, tables, and the calls a session holds with the commands that
+//! decide them.
 
 use serde::Serialize;
 
@@ -90,4 +90,30 @@ pub fn pending_lines(session_id: &str, pending: &[agentq_api::PendingApproval]) 
         ));
     }
     out
+}
+
+/// `rows` under `header` in columns as wide as their widest cell (the last column as it
+/// is), on stdout.
+pub(crate) fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(|h| h.chars().count());
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[&str]| {
+        let mut out = String::new();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header);
+    for r in rows {
+        line(&r.each_ref().map(String::as_str));
+    }
 }

@@ -108,7 +108,7 @@ pub struct SubmitArgs {
 }
 
 /// `--metadata KEY=VALUE`
-fn parse_metadata(v: &str) -> Result<(String, String), String> {
+pub(super) fn parse_metadata(v: &str) -> Result<(String, String), String> {
     match v.split_once('=') {
         Some((k, val)) if !k.trim().is_empty() => Ok((k.trim().to_string(), val.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {v:?}")),
