@@ -228,36 +228,23 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
     let unfinished =
         BatchTotals::of(&s.store.batch_tally(std::slice::from_ref(&row.id)).await?).unfinished;
     let (mut one_by_one, mut requested) = (0usize, false);
-    let mut after: Option<String> = None;
-    while unfinished > 0 {
-        let page = s
-            .store
-            .batch_outcomes(&row.id, after.as_deref(), CANCEL_CHUNK)
-            .await?;
-        let Some(last) = page.last() else {
-            break;
-        };
-        after = Some(last.id.clone());
-        for o in page.iter().filter(|o| !o.status.is_terminal()) {
-            let result = s.store.request_cancel(&o.id).await?;
-            agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result)
-                .await;
-            let cancelled = match result {
-                CancelResult::CancelledNow(r) => r,
-                CancelResult::Requested(r) => {
-                    requested = true;
-                    r
-                }
-                // It finished meanwhile, or went: nothing to cancel.
-                CancelResult::AlreadyFinished(_) | CancelResult::NotFound => continue,
+    if unfinished > 0 {
+        let mut after: Option<String> = None;
+        loop {
+            let page = s
+                .store
+                .batch_outcomes(&row.id, after.as_deref(), CANCEL_CHUNK)
+                .await?;
+            let Some(last) = page.last() else {
+                break;
             };
-            one_by_one = one_by_one.saturating_add(1);
-            agentq_core::lifecycle::cancel_descendants(
-                s.store.as_ref(),
-                s.queue.as_ref(),
-                &cancelled.id,
-            )
-            .await;
+            after = Some(last.id.clone());
+            for o in page.iter().filter(|o| !o.status.is_terminal()) {
+                if let Some(asked) = cancel_one(s, &o.id).await? {
+                    requested |= asked;
+                    one_by_one = one_by_one.saturating_add(1);
+                }
+            }
         }
     }
     tracing::info!(
@@ -267,4 +254,19 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
         "batch cancel"
     );
     Ok(requested)
+}
+
+/// Cancel session `id` as its own cancel does (its sub-agents too): `Some(true)` when its
+/// worker was asked to stop it, `Some(false)` when it was cancelled at once, `None` when
+/// it had finished meanwhile (or went).
+async fn cancel_one(s: &Scheduler, id: &str) -> Result<Option<bool>, ApiError> {
+    let result = s.store.request_cancel(id).await?;
+    agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
+    let (row, asked) = match result {
+        CancelResult::CancelledNow(r) => (r, false),
+        CancelResult::Requested(r) => (r, true),
+        CancelResult::AlreadyFinished(_) | CancelResult::NotFound => return Ok(None),
+    };
+    agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id).await;
+    Ok(Some(asked))
 }

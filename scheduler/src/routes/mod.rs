@@ -60,7 +60,7 @@ fn table(state: &Scheduler) -> Vec<Route> {
     const ADMIN: Access = Access::Scope(Scope::Admin);
     let single_limit = state.single_body_limit();
     let (g, p) = (Method::GET, Method::POST);
-    vec![
+    let mut routes = vec![
         route(
             p.clone(),
             "/v1/sessions",
@@ -122,28 +122,6 @@ fn table(state: &Scheduler) -> Vec<Route> {
             READ,
             get(events::events),
         ),
-        route(
-            p.clone(),
-            "/v1/batches",
-            WRITE,
-            // A JSON body is read under the batch limit and the decode budget; an upload
-            // as a stream, under its own bounds (`crate::batches`).
-            post(batches::create).layer(DefaultBodyLimit::max(state.batch_body_limit())),
-        ),
-        route(g.clone(), "/v1/batches", READ, get(batches::list)),
-        route(g.clone(), "/v1/batches/{id}", READ, get(batches::get)),
-        route(
-            p.clone(),
-            "/v1/batches/{id}/cancel",
-            WRITE,
-            post(batches::cancel),
-        ),
-        route(
-            g.clone(),
-            "/v1/batches/{id}/results",
-            READ,
-            get(batches::results),
-        ),
         route(g.clone(), "/v1/queues", READ, get(queues::list)),
         route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),
         route(g.clone(), "/v1/admin/budgets", ADMIN, get(budgets::list)),
@@ -164,6 +142,29 @@ fn table(state: &Scheduler) -> Vec<Route> {
         route(p.clone(), "/mcp", Access::Key, mcp::handler(state)),
         route(g.clone(), "/healthz", Open, get(health::healthz)),
         route(g, "/readyz", Open, get(health::readyz)),
+    ];
+    routes.extend(batch_routes(state));
+    routes
+}
+
+/// The routes of batches as objects (`/v1/batches…`), with the session routes' scopes.
+fn batch_routes(state: &Scheduler) -> Vec<Route> {
+    const WRITE: Access = Access::Scope(Scope::SessionsWrite);
+    const READ: Access = Access::Scope(Scope::SessionsRead);
+    let (g, p) = (Method::GET, Method::POST);
+    vec![
+        route(
+            p.clone(),
+            "/v1/batches",
+            WRITE,
+            // A JSON body is read under the batch limit and the decode budget; an upload
+            // as a stream, under its own bounds (`crate::batches`).
+            post(batches::create).layer(DefaultBodyLimit::max(state.batch_body_limit())),
+        ),
+        route(g.clone(), "/v1/batches", READ, get(batches::list)),
+        route(g.clone(), "/v1/batches/{id}", READ, get(batches::get)),
+        route(p, "/v1/batches/{id}/cancel", WRITE, post(batches::cancel)),
+        route(g, "/v1/batches/{id}/results", READ, get(batches::results)),
     ]
 }
 
