@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     System,
@@ -15,7 +16,7 @@ pub enum Role {
 
 /// A tool call requested by the model. `arguments` is always a JSON value: arguments that
 /// were not valid JSON are kept as `{"_raw": "<text>"}` so the model can see and fix them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -40,7 +41,7 @@ impl ToolCall {
 
 /// Reasoning the model produced. Anthropic thinking blocks must be replayed verbatim with
 /// their `signature`; `redacted` holds the opaque data of a `redacted_thinking` block.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
 pub struct ThinkingBlock {
     #[serde(default)]
     pub text: String,
@@ -50,7 +51,7 @@ pub struct ThinkingBlock {
     pub redacted: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
     #[serde(default)]
     pub input_tokens: u64,
@@ -85,7 +86,7 @@ impl Usage {
 }
 
 /// Why one LLM response ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     #[default]
@@ -99,7 +100,7 @@ pub enum FinishReason {
 
 /// One entry of a session's history. Assistant messages carry their tool calls; each tool
 /// result is its own `Tool` message paired by `tool_call_id`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Message {
     pub role: Role,
     #[serde(default)]

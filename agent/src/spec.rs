@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 40;
 pub const DEFAULT_TEMPERATURE: f32 = 0.1;
@@ -20,7 +21,7 @@ pub const DEFAULT_WARN_REPEATED_CALLS: u32 = 2;
 
 /// How much a session may do: run tools, or only answer or plan (a model asked for a plan
 /// or an answer from knowledge must not touch the workspace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Tools are offered and run automatically.
@@ -61,7 +62,7 @@ impl std::fmt::Display for Mode {
 }
 
 /// Why a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitReason {
     Stop,
@@ -132,7 +133,7 @@ fn d_output_max() -> usize {
 
 /// A session's request: the prompt plus every per-session override. Serialisable: it is
 /// stored with the session and sent over the API. Provider credentials are never here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionSpec {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -29,7 +29,7 @@ pub use budgets::{
 };
 pub use bulk::{BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, SessionFilter};
 pub use error::{ErrorBody, ErrorDetail};
-pub use events::{CompletionEvent, ResetEvent};
+pub use events::{CompletionEvent, ResetEvent, SessionEvent};
 pub use files::{FileContent, FileEntry, FileList};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;

@@ -55,7 +55,7 @@ impl Env {
         settings.auth.cache_ttl = cache_ttl;
         tune(&mut settings);
         let state = Scheduler::new(store.clone(), queue, settings);
-        let routes = route_table(&state);
+        let routes = route_table();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router(state)).await });
