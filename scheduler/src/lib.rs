@@ -32,7 +32,8 @@ pub use http::auth::{Access, AuthSettings, is_loopback_host};
 pub use queues::QueueRegistry;
 pub use request::LIST_MAX_BYTES;
 pub use routes::openapi::{
-    SECURITY_SCHEME, document as openapi_document, document_json as openapi_json, sse_events,
+    SECURITY_SCHEME, STREAM_EVENT, document as openapi_document, document_json as openapi_json,
+    sse_events,
 };
 pub use routes::{metrics_router, route_table, router};
 pub use run::{RunError, run};

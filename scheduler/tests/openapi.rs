@@ -11,7 +11,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use agentq_scheduler::{Access, SECURITY_SCHEME, openapi_json, route_table, sse_events};
+use agentq_scheduler::{
+    Access, SECURITY_SCHEME, STREAM_EVENT, openapi_json, route_table, sse_events,
+};
 
 /// The committed copy.
 fn committed_path() -> PathBuf {
@@ -196,26 +198,45 @@ fn every_operation_names_its_scope_and_its_errors() {
 #[test]
 fn the_event_stream_names_every_event() {
     let doc = document();
-    let content = &doc["paths"]["/v1/sessions/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];
-    let events = content["x-agentq-events"].as_object().unwrap();
-    let names: BTreeSet<&str> = events.keys().map(String::as_str).collect();
-    let expected: BTreeSet<&str> = sse_events().into_keys().collect();
-    assert_eq!(names, expected);
-    for kind in agentq_core::protocol::EventKind::ALL {
-        assert!(names.contains(kind.as_str()), "{}", kind.as_str());
+    let content = &doc["paths"]["/v1/sessions/{id}/events"]["get"]["responses"]["200"]["content"]
+        ["text/event-stream"];
+    let reference = format!("#/components/schemas/{STREAM_EVENT}");
+    assert_eq!(content["schema"]["$ref"], reference.as_str());
+    // Each event name, with the schema its `data` is described by.
+    let mut described = BTreeMap::new();
+    for kind in doc["components"]["schemas"][STREAM_EVENT]["oneOf"]
+        .as_array()
+        .unwrap()
+    {
+        let data = &kind["properties"]["data"];
+        assert_eq!(data["contentMediaType"], "application/json");
+        let Some(schema) = data["contentSchema"]["$ref"].as_str() else {
+            // An unknown kind: a plain message.
+            assert_eq!(kind["properties"]["event"]["enum"], serde_json::json!(["message"]));
+            continue;
+        };
+        let schema = schema.strip_prefix("#/components/schemas/").unwrap().to_string();
+        for name in kind["properties"]["event"]["enum"].as_array().unwrap() {
+            let name = name.as_str().unwrap().to_string();
+            assert!(described.insert(name.clone(), schema.clone()).is_none(), "{name} twice");
+        }
     }
-    assert!(names.contains("reset"));
-    // Every event of the agent is one of the stream's event schema's variants.
+    let expected: BTreeMap<String, String> = sse_events()
+        .into_iter()
+        .map(|(name, schema)| (name.to_string(), schema))
+        .collect();
+    assert_eq!(described, expected);
+    for kind in agentq_core::protocol::EventKind::ALL {
+        assert!(described.contains_key(kind.as_str()), "{}", kind.as_str());
+    }
+    assert_eq!(described["reset"], "ResetEvent");
+    assert_eq!(described["session_completed"], "CompletionEvent");
+    // Every event of the agent is a variant of the schema its stream events' data has.
     let variants = doc["components"]["schemas"]["AgentEvent"]["oneOf"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| {
-            v["properties"]["type"]["enum"][0]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
+        .map(|v| v["properties"]["type"]["enum"][0].as_str().unwrap().to_string())
         .collect::<BTreeSet<_>>();
     for kind in agentq_core::protocol::EventKind::ALL {
         assert!(variants.contains(kind.as_str()), "{}", kind.as_str());

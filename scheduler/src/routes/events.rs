@@ -34,8 +34,8 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this \
             event (`<ms>-<n>` or `t-<seq>-<k>`)."),
     ),
-    responses((status = 200, description = "The event stream (`x-agentq-events` names the \
-        schema of each event's `data`)", content_type = "text/event-stream", body = String)),
+    responses((status = 200, description = "The event stream", content_type = "text/event-stream",
+        body = String)),
 )]
 pub(super) async fn events(
     State(s): State<Scheduler>,

@@ -12,9 +12,12 @@
 //! - the errors every route of its kind can answer (a keyed route: 401; a JSON body: 400,
 //!   413, 415, 422; a path or query parameter: 404 or 400, and 422; every route: 403,
 //!   408, 414, 431, 500, 503), each the one error body, as a shared response.
-//! - the events of an SSE answer (`x-agentq-events`: each `event:` name with the schema
-//!   of its `data`), from [`EventKind::ALL`], since OpenAPI 3.1 has no keyword for the
-//!   items of a stream.
+//! - links from the answer of `POST /v1/sessions` to every operation on the session it
+//!   names (`{id}` is its `id`), for clients and for a fuzzer that follows them.
+//! - the events of an SSE answer: in OpenAPI 3.1 the `schema` of `text/event-stream`
+//!   describes one event as a reader parses it (`event`, `id`, `data`); each kind of
+//!   event (from [`EventKind::ALL`]) names the schema of its `data` with JSON Schema's
+//!   `contentMediaType` and `contentSchema`.
 //!
 //! The committed copy (`api/openapi.json`) is the test fixture: `scheduler/tests/openapi.rs`
 //! regenerates it and fails on any difference.
@@ -25,10 +28,11 @@ use std::sync::LazyLock;
 use axum::body::Bytes;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde_json::Value;
 use utoipa::ToSchema;
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, Paths};
-use utoipa::openapi::schema::{Components, Schema, Type};
+use utoipa::openapi::schema::{Components, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
     ContentBuilder, HeaderBuilder, InfoBuilder, ObjectBuilder, OpenApi, OpenApiBuilder, Ref, RefOr,
@@ -81,6 +85,7 @@ pub fn document() -> OpenApi {
     for r in table().iter().chain(&metrics_table()) {
         paths.add_path_operation((r.doc.path)(), (r.doc.methods)(), operation(r));
     }
+    link_created_sessions(&mut paths);
     let mut components = Components::new();
     components.schemas = schemas();
     components.responses = errors::responses();
@@ -176,6 +181,42 @@ fn operation(r: &Route) -> Operation {
     op
 }
 
+/// The path of `POST` that creates a session: its answers name the session every
+/// operation on a `/v1/sessions/{id}` path takes.
+const CREATE_SESSION: &str = "/v1/sessions";
+
+/// Link each answer of [`CREATE_SESSION`] to the operations on the session it names.
+fn link_created_sessions(paths: &mut Paths) {
+    let mut targets = Vec::new();
+    for (path, item) in &paths.paths {
+        if !path.starts_with("/v1/sessions/{id}") {
+            continue;
+        }
+        let ops = [&item.get, &item.post, &item.put];
+        for op in ops.into_iter().flatten() {
+            if let Some(id) = &op.operation_id {
+                targets.push(id.clone());
+            }
+        }
+    }
+    let Some(create) = paths.paths.get_mut(CREATE_SESSION).and_then(|item| item.post.as_mut()) else {
+        return;
+    };
+    for (status, answer) in create.responses.responses.iter_mut() {
+        let RefOr::T(answer) = answer else { continue };
+        if !status.starts_with('2') {
+            continue;
+        }
+        for target in &targets {
+            let link = LinkBuilder::new()
+                .operation_id(target.clone())
+                .parameter("id", "$response.body#/id")
+                .build();
+            answer.links.insert(target.clone(), RefOr::T(link));
+        }
+    }
+}
+
 /// The SSE event names and the schema of each one's `data`.
 pub fn sse_events() -> BTreeMap<&'static str, String> {
     let mut events: BTreeMap<&'static str, String> = EventKind::ALL
@@ -192,24 +233,64 @@ pub fn sse_events() -> BTreeMap<&'static str, String> {
     events
 }
 
-/// Name the events of every `text/event-stream` answer of `op`.
+/// The named schema of one event of a stream.
+pub const STREAM_EVENT: &str = "StreamEvent";
+
+/// One server-sent event, as a reader parses it (`event`, `id`, `data`): for each kind
+/// of event, its `event:` names and the schema of its `data`, JSON text.
+fn stream_event() -> RefOr<Schema> {
+    let mut by_schema: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (name, schema) in sse_events() {
+        by_schema.entry(schema).or_default().push(name);
+    }
+    let text = || ObjectBuilder::new().schema_type(Type::String);
+    let json_text = || text().content_media_type("application/json");
+    let mut kinds = OneOfBuilder::new().description(Some(
+        "One event of the stream: `event` names its kind, `data` is its JSON. `id` (every \
+         event but `reset`) resumes the stream after it as `Last-Event-ID`.",
+    ));
+    for (schema, names) in by_schema {
+        let mut kind = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("event", text().enum_values(Some(names)))
+            .required("event")
+            .property(
+                "data",
+                json_text().content_schema(Some(Ref::from_schema_name(schema.clone()))),
+            )
+            .required("data");
+        if schema != api::ResetEvent::name() {
+            kind = kind.property("id", text());
+        }
+        kinds = kinds.item(kind);
+    }
+    // A kind of a newer worker that this server does not know goes out as a plain
+    // message (no `event:` line, which a reader takes as `message`), its JSON as stored.
+    let unknown = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("type", text())
+        .required("type")
+        .property("seq", ObjectBuilder::new().schema_type(Type::Integer))
+        .required("seq");
+    kinds = kinds.item(
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property("event", text().enum_values(Some(["message"])))
+            .property("data", json_text().content_schema(Some(unknown)))
+            .required("data")
+            .property("id", text()),
+    );
+    kinds.into()
+}
+
+/// Every `text/event-stream` answer of `op` is a stream of [`STREAM_EVENT`]s: in OpenAPI
+/// 3.1 the `schema` of an event stream describes each event.
 fn describe_events(op: &mut Operation) {
     for answer in op.responses.responses.values_mut() {
         let RefOr::T(answer) = answer else { continue };
-        let Some(RefOr::T(content)) = answer.content.get_mut("text/event-stream") else {
-            continue;
-        };
-        let events: serde_json::Map<String, Value> = sse_events()
-            .into_iter()
-            .map(|(name, schema)| {
-                let reference = format!("#/components/schemas/{schema}");
-                (name.to_string(), json!({"$ref": reference}))
-            })
-            .collect();
-        content
-            .extensions
-            .get_or_insert_with(Default::default)
-            .insert("x-agentq-events".into(), Value::Object(events));
+        if let Some(RefOr::T(content)) = answer.content.get_mut("text/event-stream") {
+            content.schema = Some(RefOr::Ref(Ref::from_schema_name(STREAM_EVENT)));
+        }
     }
 }
 
@@ -252,6 +333,7 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::ResetEvent>(&mut all);
     add::<api::CompletionEvent>(&mut all);
     add::<agentq_core::SessionStatus>(&mut all);
+    all.push((STREAM_EVENT.to_string(), stream_event()));
     all.into_iter().collect()
 }
 
