@@ -52,17 +52,22 @@ pub fn mcp_python() -> Result<PathBuf> {
         .map_err(|e| anyhow::anyhow!(e))
 }
 
-/// The `st` command of a virtual environment holding [`SCHEMATHESIS_PACKAGE`], made if
-/// missing.
-pub fn schemathesis() -> Result<PathBuf> {
-    static ST: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    ST.get_or_init(|| {
-        let python = venv_with(SCHEMATHESIS_PACKAGE, &["-m", "schemathesis.cli", "--version"])
-            .map_err(|e| format!("{e:#}"))?;
-        Ok(python.with_file_name("st"))
-    })
-    .clone()
-    .map_err(|e| anyhow::anyhow!(e))
+/// Schemathesis's command line (`st`), from a virtual environment holding
+/// [`SCHEMATHESIS_PACKAGE`], made if missing. Run through its `python`: the environment
+/// was made under another name and renamed, which its scripts' `#!` lines do not follow.
+pub fn schemathesis() -> Result<Command> {
+    const CLI: [&str; 2] = ["-m", "schemathesis.cli"];
+    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let python = PYTHON
+        .get_or_init(|| {
+            venv_with(SCHEMATHESIS_PACKAGE, &[CLI[0], CLI[1], "--version"])
+                .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut st = Command::new(python);
+    st.args(CLI);
+    Ok(st)
 }
 
 /// Whether `python` runs `probe` (its arguments) successfully.
