@@ -116,8 +116,8 @@ async fn dev_answers_as_its_document_says() {
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "application/json");
     let served = resp.text().await.unwrap();
-    let committed = std::fs::read_to_string(agentq_testkit::repo_root().join("api/openapi.json"))
-        .unwrap();
+    let committed =
+        std::fs::read_to_string(agentq_testkit::repo_root().join("api/openapi.json")).unwrap();
     assert!(served == committed, "/openapi.json is not api/openapi.json");
     let refused = http
         .get(format!("{}/v1/sessions", dev.url))

@@ -198,8 +198,7 @@ fn every_operation_names_its_scope_and_its_errors() {
 #[test]
 fn the_event_stream_names_every_event() {
     let doc = document();
-    let content = &doc["paths"]["/v1/sessions/{id}/events"]["get"]["responses"]["200"]["content"]
-        ["text/event-stream"];
+    let content = &doc["paths"]["/v1/sessions/{id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"];
     let reference = format!("#/components/schemas/{STREAM_EVENT}");
     assert_eq!(content["schema"]["$ref"], reference.as_str());
     // Each event name, with the schema its `data` is described by.
@@ -212,13 +211,22 @@ fn the_event_stream_names_every_event() {
         assert_eq!(data["contentMediaType"], "application/json");
         let Some(schema) = data["contentSchema"]["$ref"].as_str() else {
             // An unknown kind: a plain message.
-            assert_eq!(kind["properties"]["event"]["enum"], serde_json::json!(["message"]));
+            assert_eq!(
+                kind["properties"]["event"]["enum"],
+                serde_json::json!(["message"])
+            );
             continue;
         };
-        let schema = schema.strip_prefix("#/components/schemas/").unwrap().to_string();
+        let schema = schema
+            .strip_prefix("#/components/schemas/")
+            .unwrap()
+            .to_string();
         for name in kind["properties"]["event"]["enum"].as_array().unwrap() {
             let name = name.as_str().unwrap().to_string();
-            assert!(described.insert(name.clone(), schema.clone()).is_none(), "{name} twice");
+            assert!(
+                described.insert(name.clone(), schema.clone()).is_none(),
+                "{name} twice"
+            );
         }
     }
     let expected: BTreeMap<String, String> = sse_events()
@@ -236,7 +244,12 @@ fn the_event_stream_names_every_event() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| v["properties"]["type"]["enum"][0].as_str().unwrap().to_string())
+        .map(|v| {
+            v["properties"]["type"]["enum"][0]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
         .collect::<BTreeSet<_>>();
     for kind in agentq_core::protocol::EventKind::ALL {
         assert!(variants.contains(kind.as_str()), "{}", kind.as_str());

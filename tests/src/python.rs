@@ -127,7 +127,10 @@ fn venv_with(package: &str, probe: &[&str]) -> Result<PathBuf> {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     if !works(&python, probe) {
-        bail!("{} cannot run {probe:?} after installing {package}", python.display());
+        bail!(
+            "{} cannot run {probe:?} after installing {package}",
+            python.display()
+        );
     }
     Ok(python)
 }

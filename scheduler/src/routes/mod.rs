@@ -84,25 +84,31 @@ const ADMIN: Access = Access::Scope(Scope::Admin);
 
 /// Every route of the API (see the module docs).
 fn table() -> Vec<Route> {
-    use Access::Open;
-    let (g, p) = (Method::GET, Method::POST);
+    let mut routes = session_routes();
+    routes.extend(one_session_routes());
+    routes.extend(service_routes());
+    routes
+}
+
+/// Creating, listing and acting on many sessions.
+fn session_routes() -> Vec<Route> {
     vec![
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions",
             WRITE,
             |s| post(sessions::create).layer(DefaultBodyLimit::max(s.single_body_limit())),
             doc::<sessions::__path_create>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions",
             READ,
             |_| get(sessions::list),
             doc::<sessions::__path_list>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/batch",
             WRITE,
             // `BatchBody` reads the body itself, under the decode budget and this limit.
@@ -110,105 +116,117 @@ fn table() -> Vec<Route> {
             doc::<sessions::__path_create_batch>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/cancel",
             WRITE,
             |_| post(bulk::cancel),
             doc::<bulk::__path_cancel>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/retry",
             WRITE,
             |_| post(bulk::retry),
             doc::<bulk::__path_retry>(),
         ),
+    ]
+}
+
+/// The routes of one session (`{id}`).
+fn one_session_routes() -> Vec<Route> {
+    vec![
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}",
             READ,
             |_| get(sessions::get),
             doc::<sessions::__path_get>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}/messages",
             READ,
             |_| get(sessions::messages),
             doc::<sessions::__path_messages>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/{id}/messages",
             WRITE,
             |_| post(steer::post_message),
             doc::<steer::__path_post_message>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/{id}/approvals",
             APPROVE,
             |_| post(steer::approvals),
             doc::<steer::__path_approvals>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}/tree",
             READ,
             |_| get(steer::tree),
             doc::<steer::__path_tree>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}/files",
             READ,
             |_| get(files::list),
             doc::<files::__path_list>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}/files/{*path}",
             READ,
             |_| get(files::get),
             doc::<files::__path_get>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/{id}/cancel",
             WRITE,
             |_| post(sessions::cancel),
             doc::<sessions::__path_cancel>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/sessions/{id}/retry",
             WRITE,
             |_| post(redrive::retry),
             doc::<redrive::__path_retry>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/sessions/{id}/events",
             READ,
             |_| get(events::events),
             doc::<events::__path_events>(),
         ),
+    ]
+}
+
+/// Queues, the admin's routes, `/mcp`, the probes and this API's description.
+fn service_routes() -> Vec<Route> {
+    vec![
         route(
-            g.clone(),
+            Method::GET,
             "/v1/queues",
             READ,
             |_| get(queues::list),
             doc::<queues::__path_list>(),
         ),
         route(
-            p.clone(),
+            Method::POST,
             "/v1/queues",
             ADMIN,
             |_| post(queues::create),
             doc::<queues::__path_create>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/admin/budgets",
             ADMIN,
             |_| get(budgets::list),
@@ -222,14 +240,14 @@ fn table() -> Vec<Route> {
             doc::<budgets::__path_set>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/admin/tenants/{tenant}/spend",
             ADMIN,
             |_| get(budgets::spend),
             doc::<budgets::__path_spend>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/v1/admin/limits",
             ADMIN,
             |_| get(limits::state),
@@ -237,30 +255,30 @@ fn table() -> Vec<Route> {
         ),
         // Each tool checks the scope of its REST route.
         route(
-            p,
+            Method::POST,
             "/mcp",
             Access::Key,
             mcp::handler,
             doc::<mcp::__path_handler>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/healthz",
-            Open,
+            Access::Open,
             |_| get(health::healthz),
             doc::<health::__path_healthz>(),
         ),
         route(
-            g.clone(),
+            Method::GET,
             "/readyz",
-            Open,
+            Access::Open,
             |_| get(health::readyz),
             doc::<health::__path_readyz>(),
         ),
         route(
-            g,
+            Method::GET,
             "/openapi.json",
-            Open,
+            Access::Open,
             |_| get(openapi::serve),
             doc::<openapi::__path_serve>(),
         ),

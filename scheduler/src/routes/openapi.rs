@@ -199,7 +199,11 @@ fn link_created_sessions(paths: &mut Paths) {
             }
         }
     }
-    let Some(create) = paths.paths.get_mut(CREATE_SESSION).and_then(|item| item.post.as_mut()) else {
+    let Some(create) = paths
+        .paths
+        .get_mut(CREATE_SESSION)
+        .and_then(|item| item.post.as_mut())
+    else {
         return;
     };
     for (status, answer) in create.responses.responses.iter_mut() {
