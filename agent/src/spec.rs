@@ -138,7 +138,7 @@ pub struct SessionSpec {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    /// `openai`, `anthropic` or `scripted`; `None` means the host's default.
+    /// `openai`, `anthropic` or `scripted`; absent means the host's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,7 +153,7 @@ pub struct SessionSpec {
     pub temperature: f32,
     #[serde(default = "d_max_tokens")]
     pub max_tokens: u32,
-    /// Names of the tools this session may use; `None` means the host's default set.
+    /// Names of the tools this session may use; absent means the host's default set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
     #[serde(default = "d_tool_timeout")]
@@ -173,7 +173,7 @@ pub struct SessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     /// Retries of an LLM call after real failures (transport, 5xx, undecodable answers);
-    /// rate-limit waits never count. `None`: the host's setting.
+    /// rate-limit waits never count. Absent: the host's setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_llm_retries: Option<u32>,
     #[serde(default = "d_retry_delay")]

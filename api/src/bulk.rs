@@ -32,7 +32,7 @@ pub struct SessionFilter {
     /// Continue after this session id: the `next_cursor` of the previous answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
-    /// Sessions examined by this call: 1 to [`BULK_LIMIT`] (the default).
+    /// Sessions examined by this call: 1 to 1000 (`BULK_LIMIT`, the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }

@@ -16,7 +16,7 @@ use crate::files::FileContent;
 
 /// `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
 ///
-/// The spec's fields ([`SessionSpec`]: `prompt`, `mode`, `max_iterations`, …) sit at the
+/// The spec's fields (`SessionSpec`: `prompt`, `mode`, `max_iterations`, …) sit at the
 /// top level beside `queue` and `idempotency_key`. Any other field is refused rather than
 /// ignored (a typo such as `max_iteration` would otherwise run the session with the
 /// default silently), and fields named like credentials are refused anywhere in the body:
@@ -75,7 +75,7 @@ pub type BatchRequest = Vec<CreateSession>;
 
 /// A session's id and status: the answer to `POST /v1/sessions` (201 when created, 200
 /// for a repeat of an idempotency key, with the existing session's status) and each item
-/// of [`BatchResponse`].
+/// of `BatchResponse`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionRef {
     pub id: String,

@@ -248,7 +248,7 @@ impl WorkerSignal {
     }
 }
 
-/// The `type` of an event on a session's stream: the variants of [`AgentEvent`], plus
+/// The `type` of an event on a session's stream: the variants of `AgentEvent`, plus
 /// what a reader adds itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
