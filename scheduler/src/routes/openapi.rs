@@ -125,8 +125,7 @@ pub fn document() -> OpenApi {
         .build()
 }
 
-/// The tags of the document, in order: each operation takes the first whose path prefix
-/// its path starts with.
+/// The tags of the document, in order ([`tag_of`] gives an operation its own).
 const TAGS: &[(&str, &str)] = &[
     (
         "sessions",
