@@ -626,3 +626,127 @@ async fn an_http_answer_past_the_bound_fails() {
     );
     r.stop().await;
 }
+
+// --- A hostile server: what it says is an attacker's, and every bound holds ---
+
+/// The hostile server in `mode` (see `hostile_server.py`), logging what it receives.
+fn hostile(log: &Path, mode: &str, extra: &str) -> McpServerSettings {
+    let python = agentq_testkit::python::cache_dir().join("mcp/venv/bin/python3");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_server.py");
+    server_settings(&format!(
+        "name = \"hostile\"\ncommand = {:?}\nargs = [{:?}, {:?}, {mode:?}]\ntimeout_secs = 30\n{extra}",
+        python.display().to_string(),
+        script.display().to_string(),
+        log.display().to_string(),
+    ))
+}
+
+#[tokio::test]
+async fn a_tool_list_without_end_is_cut_at_the_page_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "pages", "")], ToolSettings::default()).await;
+    let server = r.servers.get("hostile").unwrap();
+    // Without the bound the listing runs until the timeout and the server is down.
+    assert_eq!(server.status(), ServerStatus::Up);
+    assert_eq!(server.tools().len(), agentq_mcp::MAX_PAGES);
+    let pages = logged(&log)
+        .iter()
+        .filter(|m| m["method"] == "tools/list")
+        .count();
+    assert_eq!(pages, agentq_mcp::MAX_PAGES);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_hundred_thousand_tools_are_cut_to_the_tool_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let settings = hostile(&log, "many", "max_result_bytes = 67108864\n");
+    let r = Running::start(vec![settings], ToolSettings::default()).await;
+    let server = r.servers.get("hostile").unwrap();
+    assert_eq!(server.status(), ServerStatus::Up);
+    assert_eq!(server.tools().len(), agentq_mcp::MAX_TOOLS);
+    let picked = r.servers.select(&["mcp__hostile__*".to_string()]);
+    assert_eq!(picked.registry.names().len(), agentq_mcp::MAX_TOOLS);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn tool_names_a_provider_would_refuse_are_left_out_and_a_twin_is_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "names", "")], ToolSettings::default()).await;
+    let mut names = r
+        .servers
+        .select(&["mcp__hostile__*".to_string()])
+        .registry
+        .names();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "mcp__hostile__also-good_1",
+            "mcp__hostile__dup",
+            "mcp__hostile__good"
+        ]
+    );
+    for n in &names {
+        assert!(n.len() <= agentq_mcp::MAX_TOOL_NAME, "{n}");
+    }
+    // A bad name asked for exactly is not offered by the server: its calls say so.
+    let picked = r.servers.select(&["mcp__hostile__spaced name".to_string()]);
+    if let Some(t) = picked.registry.get("mcp__hostile__spaced name") {
+        let out = t.call(json!({}), &r.ctx).await.unwrap();
+        assert!(
+            out.is_error && out.content.contains("does not offer"),
+            "{out:?}"
+        );
+    }
+    assert!(
+        !logged(&log).iter().any(|m| m["method"] == "tools/call"),
+        "a refused name never reaches the server"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_gets_no_llm_call_no_human_and_no_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "asks", "")], ToolSettings::default()).await;
+    // The client offered none of them.
+    let init = logged(&log)
+        .into_iter()
+        .find(|m| m["method"] == "initialize")
+        .unwrap();
+    let caps = &init["params"]["capabilities"];
+    for cap in ["sampling", "elicitation", "roots"] {
+        assert!(caps.get(cap).is_none(), "{cap} offered: {caps}");
+    }
+    let out = r.call("mcp__hostile__ask", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    let got: Value = serde_json::from_str(&out.content).unwrap();
+    for id in ["s1", "s2", "s3"] {
+        assert_eq!(got[id]["code"], json!(-32601), "{id}: {got}");
+    }
+    assert!(
+        got["s1"]["message"].as_str().unwrap().contains("sampling"),
+        "{got}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_notifications_a_stray_answer_and_bytes_not_utf8_do_not_take_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "asks", "")], ToolSettings::default()).await;
+    let out = r.call("mcp__hostile__flood", json!({})).await;
+    // Either the answer, or a tool error naming the server: never a hang or a panic.
+    assert!(
+        out.content == "flooded" || (out.is_error && out.content.contains("hostile")),
+        "{out:?}"
+    );
+    r.stop().await;
+}
