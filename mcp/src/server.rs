@@ -7,10 +7,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, CreateMessageRequestParams,
-    CreateMessageResult, ElicitRequestParams, ElicitResult, ErrorCode, ErrorData, ListRootsResult,
-    PaginatedRequestParams, PingRequest, Tool as McpToolDef,
+    CallToolRequestParams, CallToolResult, ClientRequest, ElicitRequestParams, ElicitResult,
+    ErrorCode, ErrorData, PaginatedRequestParams, PingRequest, Tool as McpToolDef,
 };
+// Sampling and roots are deprecated by the protocol, yet a server may still ask for them:
+// they are refused explicitly rather than left to a default that may change.
+#[allow(deprecated)]
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
 use rmcp::service::{NotificationContext, Peer, RequestContext, RunningService, ServiceError};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
@@ -43,6 +46,12 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_TOOLS: usize = 1000;
 /// Most pages of a tool list read.
 pub const MAX_PAGES: usize = 100;
+/// Longest description of a tool kept (longer ones are cut): it goes to the model with
+/// every request.
+pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
+/// Largest input schema of a tool kept (as JSON; a tool with a larger one is left out):
+/// it too goes to the model with every request, and arguments are checked against it.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Longest tool name, `mcp__<server>__<tool>` included: the shortest bound among the
 /// model providers' (OpenAI's function names).
 pub const MAX_TOOL_NAME: usize = 64;
@@ -87,6 +96,7 @@ struct Handler {
     changed: Arc<Notify>,
 }
 
+#[allow(deprecated)]
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.changed.notify_one();
@@ -411,8 +421,9 @@ impl McpServer {
 /// The server's tools, page after page, at most [`MAX_TOOLS`] of them over at most
 /// [`MAX_PAGES`] pages: a server that pages without end, or lists more tools than any
 /// model can be offered, is cut there (and a warning says so) instead of filling the
-/// worker's memory until the timeout. A tool whose name a model provider would refuse,
-/// or that was listed before, is left out ([`usable_name`]).
+/// worker's memory until the timeout. A tool whose name a model provider would refuse
+/// ([`usable_name`]), whose schema is too large, or that was listed before, is left out;
+/// a description too long is cut.
 async fn list_tools(
     peer: &Peer<RoleClient>,
     server: &str,
@@ -435,9 +446,24 @@ async fn list_tools(
                 tracing::warn!(server, tool = ?shown, "MCP tool left out: its name is not 1 to {MAX_TOOL_NAME} of A-Z, a-z, 0-9, _ and - once prefixed");
                 continue;
             }
+            let schema_bytes = serde_json::to_vec(&*t.input_schema).map_or(usize::MAX, |b| b.len());
+            if schema_bytes > MAX_SCHEMA_BYTES {
+                tracing::warn!(server, tool = %t.name, "MCP tool left out: its input schema is over {MAX_SCHEMA_BYTES} bytes");
+                continue;
+            }
             if tools.iter().any(|seen| seen.name == t.name) {
                 tracing::warn!(server, tool = %t.name, "MCP tool listed twice; the first is used");
                 continue;
+            }
+            let mut t = t;
+            if let Some(d) = &t.description
+                && d.len() > MAX_DESCRIPTION_BYTES
+            {
+                let mut end = MAX_DESCRIPTION_BYTES;
+                while !d.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t.description = Some(d[..end].to_string().into());
             }
             tools.push(t);
         }

@@ -7,7 +7,8 @@ the client sent back. MODE:
 - `pages`: a tool list without end, one tool a page, each page naming a next cursor.
 - `many`: 100,000 tools in one page.
 - `names`: tools whose names a model provider refuses (control characters, spaces,
-  10,000 characters, empty) beside good ones, one of them listed twice.
+  10,000 characters, empty) beside good ones, one of them listed twice; a tool with
+  a description of 600,000 bytes and one with a schema of 650,000.
 - `asks`: tool `ask` sends the client a sampling request (an LLM call), an elicitation
   and a roots request, and answers with what the client said to each; tool `flood`
   sends 20,000 progress and logging notifications and an answer for a request id that
@@ -55,7 +56,13 @@ def tools_page(cursor):
     if MODE == "names":
         names = ["good", "bad\nname", "spaced name", "x" * 10000, "", "dup",
                  "dup", "also-good_1", "caf\u00e9"]
-        return {"tools": [tool(n) for n in names]}
+        tools = [tool(n) for n in names]
+        fat = tool("fat")
+        fat["description"] = "\u00e9" * 300000
+        deep = tool("deep")
+        deep["inputSchema"] = {"type": "object", "properties": {
+            "p%d" % i: {"type": "string", "description": "z" * 100} for i in range(5000)}}
+        return {"tools": tools + [fat, deep]}
     return {"tools": [tool("ask"), tool("flood")]}
 
 

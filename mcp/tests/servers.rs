@@ -688,8 +688,18 @@ async fn tool_names_a_provider_would_refuse_are_left_out_and_a_twin_is_listed_on
         [
             "mcp__hostile__also-good_1",
             "mcp__hostile__dup",
+            "mcp__hostile__fat",
             "mcp__hostile__good"
         ]
+    );
+    // A description past the bound is cut (on a character); a schema past it leaves
+    // the tool out: both would go to the model with every request.
+    let fat = r.tool("mcp__hostile__fat");
+    assert!(
+        fat.description().len() <= agentq_mcp::MAX_DESCRIPTION_BYTES
+            && fat.description().starts_with('\u{e9}'),
+        "{}",
+        fat.description().len()
     );
     for n in &names {
         assert!(n.len() <= agentq_mcp::MAX_TOOL_NAME, "{n}");
