@@ -760,3 +760,29 @@ async fn a_flood_of_notifications_a_stray_answer_and_bytes_not_utf8_do_not_take_
     );
     r.stop().await;
 }
+
+#[test]
+fn a_wide_schema_against_long_arguments_is_checked_within_a_bound() {
+    use agentq_mcp::schema::check;
+    // Each item fits only the last of 1,500 shapes (a schema under the 64 KiB kept), and
+    // the last item fits none: unbounded, 30,000 items cost 45 million visits before the
+    // misfit is found, holding the worker's thread for seconds.
+    let mut shapes: Vec<Value> = (0..1499)
+        .map(|i| json!({"type": "string", "minLength": 100_000 + i}))
+        .collect();
+    shapes.push(json!({"type": "string"}));
+    let schema = json!({"type": "object", "properties": {
+        "xs": {"type": "array", "items": {"anyOf": shapes}}}});
+    assert!(serde_json::to_vec(&schema).unwrap().len() <= agentq_mcp::MAX_SCHEMA_BYTES);
+    let schema = schema.as_object().unwrap();
+    let items = |n: usize| {
+        let mut xs = vec![json!("a"); n];
+        xs.push(json!(5));
+        json!({"xs": xs})
+    };
+    // Within the bound the misfit is found and named.
+    let e = check(&items(10), schema).unwrap_err();
+    assert!(e.contains("arguments.xs[10]") && e.contains("anyOf"), "{e}");
+    // Past it the check gives up and leaves the server to judge.
+    assert_eq!(check(&items(30_000), schema), Ok(()));
+}
