@@ -510,6 +510,13 @@ async fn http_server() -> std::net::SocketAddr {
             _ => json!({}),
         };
         let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        if msg["params"]["arguments"]["stall"] == true {
+            // A slow loris: an event stream that starts, then never says anything more.
+            use futures::StreamExt;
+            let first = futures::stream::once(async { Ok::<_, std::io::Error>(": hi\n") });
+            let body = axum::body::Body::from_stream(first.chain(futures::stream::pending()));
+            return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
+        }
         if msg["params"]["arguments"]["sse"] == true {
             let body = format!("event: message\ndata: {reply}\n\n");
             ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
@@ -785,4 +792,31 @@ fn a_wide_schema_against_long_arguments_is_checked_within_a_bound() {
     assert!(e.contains("arguments.xs[10]") && e.contains("anyOf"), "{e}");
     // Past it the check gives up and leaves the server to judge.
     assert_eq!(check(&items(30_000), schema), Ok(()));
+}
+
+#[tokio::test]
+async fn an_http_answer_that_never_ends_times_the_call_out_and_the_server_serves_again() {
+    let addr = http_server().await;
+    let r = Running::start(vec![http_settings(addr, "/mcp")], loopback_allowed()).await;
+    let out = r
+        .call("mcp__remote__echo", json!({"text": "x", "stall": true}))
+        .await;
+    assert!(
+        out.is_error && out.content.contains("`remote`") && out.content.contains("within 5s"),
+        "{out:?}"
+    );
+    // The stalled stream does not hold the connection: calls are answered again, on it
+    // or on the connection that replaced it.
+    let mut answered = None;
+    for _ in 0..20 {
+        let server = r.servers.get("remote").unwrap();
+        assert!(server.up(BOUND).await, "{:?}", server.status());
+        let out = r.call("mcp__remote__echo", json!({"text": "after"})).await;
+        if !out.is_error {
+            answered = Some(out.content);
+            break;
+        }
+    }
+    assert_eq!(answered.as_deref(), Some("after"));
+    r.stop().await;
 }
