@@ -55,6 +55,11 @@ impl Drop for Env {
 impl Env {
     /// The API, and a worker playing `script` on the scripted model when one is given.
     async fn start(script: Option<Value>) -> Env {
+        Env::start_with(script, |_| {}).await
+    }
+
+    /// [`Env::start`] with the scheduler's settings changed by `tune`.
+    async fn start_with(script: Option<Value>, tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
         let db_url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
@@ -67,10 +72,11 @@ impl Env {
         section.tools.push("write_file".into());
         section.max_input_bytes = MAX_INPUT_BYTES;
         let policy = Arc::new(Policy::from_section(&section).unwrap());
-        let settings = SchedulerSettings {
+        let mut settings = SchedulerSettings {
             policy: policy.clone(),
             ..SchedulerSettings::default()
         };
+        tune(&mut settings);
         let state = Scheduler::new(store.clone(), queue.clone(), settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -905,4 +911,63 @@ async fn read_file_offsets_and_wait_bounds_out_of_range_name_their_field() {
         .await;
     assert!(!err, "{v}");
     assert_eq!(v["content"], "", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waits_past_the_keys_stream_cap_are_refused_and_an_abandoned_wait_lets_go() {
+    let env = Env::start_with(None, |s| s.streams.per_key = 2).await;
+    let key = env.key("acme", &ALL).await;
+    // No worker: the session stays queued, so every wait on it holds a permit.
+    let (err, made) = env
+        .tool(&key, "submit_session", json!({"prompt": "x"}))
+        .await;
+    assert!(!err, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let long = json!({"session_id": id, "timeout_secs": 120});
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "wait_session", "arguments": long.clone()}});
+            let req = env
+                .http
+                .post(env.url())
+                .bearer_auth(&key)
+                .header("accept", "application/json, text/event-stream")
+                .json(&body);
+            tokio::spawn(async move { req.send().await })
+        })
+        .collect();
+    // A third wait is refused (a 503's error as a tool result) once both hold theirs.
+    let short = json!({"session_id": id, "timeout_secs": 1});
+    let mut refused = None;
+    for _ in 0..60 {
+        let (err, v) = env.tool(&key, "wait_session", short.clone()).await;
+        if err {
+            refused = Some(v);
+            break;
+        }
+    }
+    let v = refused.expect("the key's cap never refused a wait");
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this API key"),
+        "{v}"
+    );
+    // The callers go away: their waits end and give their permits back.
+    for h in holders {
+        h.abort();
+    }
+    let mut served = None;
+    for _ in 0..60 {
+        let (err, v) = env.tool(&key, "wait_session", short.clone()).await;
+        if !err {
+            served = Some(v);
+            break;
+        }
+    }
+    let v = served.expect("an abandoned wait kept its permit");
+    assert_eq!(v["ended"], false, "{v}");
 }
