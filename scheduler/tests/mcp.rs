@@ -924,17 +924,31 @@ async fn waits_past_the_keys_stream_cap_are_refused_and_an_abandoned_wait_lets_g
     assert!(!err, "{made}");
     let id = made["id"].as_str().unwrap().to_string();
     let long = json!({"session_id": id, "timeout_secs": 120});
+    // Each holder asks again while it is refused (the probes below hold a permit for a
+    // moment too), until its wait is the one that holds.
     let holders: Vec<_> = (0..2)
         .map(|_| {
+            let (http, url, key) = (env.http.clone(), env.url(), key.clone());
             let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": "wait_session", "arguments": long.clone()}});
-            let req = env
-                .http
-                .post(env.url())
-                .bearer_auth(&key)
-                .header("accept", "application/json, text/event-stream")
-                .json(&body);
-            tokio::spawn(async move { req.send().await })
+            tokio::spawn(async move {
+                loop {
+                    let resp = http
+                        .post(&url)
+                        .bearer_auth(&key)
+                        .header("accept", "application/json, text/event-stream")
+                        .json(&body)
+                        .send()
+                        .await;
+                    let text = match resp {
+                        Ok(r) => r.text().await.unwrap_or_default(),
+                        Err(e) => return e.to_string(),
+                    };
+                    if !text.contains("overloaded") {
+                        return text;
+                    }
+                }
+            })
         })
         .collect();
     // A third wait is refused (a 503's error as a tool result) once both hold theirs.
