@@ -520,6 +520,33 @@ fn a_repeated_call_with_the_same_result_is_told_so_from_the_second_time() {
 }
 
 #[test]
+fn spelling_the_same_arguments_another_way_does_not_evade_the_count() {
+    let mut s = state(Mode::Act);
+    // Key order, spacing in the model's JSON text, and a number written as 5, 5.0 or
+    // 5e0 are the same call to any tool that reads the arguments.
+    let spellings = [
+        r#"{"path": "n.txt", "opts": {"limit": 5, "deep": [1, 2.0]}}"#,
+        r#"{"opts":{"deep":[1.0,2],"limit":5.0},"path":"n.txt"}"#,
+        "{ \"opts\" : { \"limit\" : 5e0 , \"deep\" : [ 1 , 2 ] } ,\n \"path\" : \"n.txt\" }",
+    ];
+    let notes: Vec<String> = spellings
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            let args = ToolCall::parse_arguments(raw);
+            turn(&mut s, &[read(&format!("r{i}"), args)], "x").remove(0)
+        })
+        .collect();
+    assert_eq!(notes[0], "");
+    assert!(notes[1].contains("2 times in a row"), "{notes:?}");
+    assert!(notes[2].contains("3 times in a row"), "{notes:?}");
+    // Numbers that differ, even past what a float holds exactly, are other calls.
+    let big = |id: &str, n: u64| read(id, json!({"path": "n.txt", "offset": n}));
+    turn(&mut s, &[big("b1", 9_007_199_254_740_992)], "x");
+    assert_eq!(turn(&mut s, &[big("b2", 9_007_199_254_740_993)], "x"), [""]);
+}
+
+#[test]
 fn other_arguments_another_tool_between_or_a_changed_result_start_the_count_again() {
     let mut s = state(Mode::Act);
     let a = || read("a", json!({"path": "a.txt"}));
