@@ -23,7 +23,10 @@ pub struct McpFigures {
     /// What an MCP call adds: the difference of the time per iteration (the inverse of
     /// iterations/s), over the calls per iteration.
     pub overhead_ms_per_call: f64,
-    /// The servers' own CPU per call of the measured rounds.
+    /// CPU per call of the measured rounds: what this process (the workers, the MCP
+    /// client) spent more per iteration with the MCP tool, over the calls per iteration;
+    /// and the servers' own.
+    pub client_cpu_ms_per_call: Option<f64>,
     pub server_cpu_ms_per_call: Option<f64>,
     /// Calls the MCP rounds' sessions made, and calls their servers answered (warm-up
     /// rounds included).
@@ -75,12 +78,16 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<Ran> {
     let rate = |ran: &Ran| ran.iterations / ran.elapsed.as_secs_f64();
     let (builtin_rate, mcp_rate) = (rate(&builtin), rate(&mcp));
     let measured_calls = mcp.iterations * calls_per_iteration;
+    let own_per_iteration = |ran: &Ran| ran.cpu.own.map(|s| s * 1000.0 / ran.iterations);
     let figures = McpFigures {
         pairs,
         builtin_iterations_per_s: builtin_rate,
         mcp_iterations_per_s: mcp_rate,
         calls_per_iteration,
         overhead_ms_per_call: overhead_ms_per_call(builtin_rate, mcp_rate, calls_per_iteration),
+        client_cpu_ms_per_call: own_per_iteration(&mcp)
+            .zip(own_per_iteration(&builtin))
+            .map(|(m, b)| (m - b) / calls_per_iteration),
         server_cpu_ms_per_call: mcp.cpu.mcp_servers.map(|s| s * 1000.0 / measured_calls),
         calls_made,
         calls_served,
@@ -127,6 +134,10 @@ pub fn to_json(m: Option<&McpFigures>) -> Vec<(&'static str, Value)> {
             num(m.map(|m| m.overhead_ms_per_call), 4),
         ),
         (
+            "mcp_client_cpu_ms_per_call",
+            num(m.and_then(|m| m.client_cpu_ms_per_call), 4),
+        ),
+        (
             "mcp_server_cpu_ms_per_call",
             num(m.and_then(|m| m.server_cpu_ms_per_call), 4),
         ),
@@ -151,13 +162,19 @@ pub fn rows(r: &Results, rows: &mut Rows) {
     };
     rows.add(
         "mcp",
-        format!("iterations/s, {TRIVIAL} in process ({} round(s))", m.pairs),
+        format!(
+            "iterations/s, {TRIVIAL} in process ({} measured rounds)",
+            m.pairs
+        ),
         format!("{:.0}", m.builtin_iterations_per_s),
         String::new(),
     );
     rows.add(
         "",
-        format!("iterations/s, {MCP_TOOL} over stdio ({} round(s))", m.pairs),
+        format!(
+            "iterations/s, {MCP_TOOL} over stdio ({} measured rounds)",
+            m.pairs
+        ),
         format!("{:.0}", m.mcp_iterations_per_s),
         String::new(),
     );
@@ -170,11 +187,11 @@ pub fn rows(r: &Results, rows: &mut Rows) {
         format!("{:.3} ms", m.overhead_ms_per_call),
         String::new(),
     );
-    if let Some(cpu) = m.server_cpu_ms_per_call {
+    if let (Some(client), Some(server)) = (m.client_cpu_ms_per_call, m.server_cpu_ms_per_call) {
         rows.add(
             "",
-            "of which the servers' own CPU per call".into(),
-            format!("{cpu:.3} ms"),
+            "CPU per MCP call: workers (client) + servers".into(),
+            format!("{client:.3} + {server:.3} ms"),
             String::new(),
         );
     }
@@ -213,6 +230,7 @@ mod tests {
             mcp_iterations_per_s: 800.0,
             calls_per_iteration: 0.5,
             overhead_ms_per_call: 0.5,
+            client_cpu_ms_per_call: None,
             server_cpu_ms_per_call: None,
             calls_made: 10,
             calls_served: 10,
