@@ -9,7 +9,7 @@ use std::path::Path;
 
 use agentq_core::pg::PgStore;
 
-use crate::mcp_server::MCP_SERVER_COMMAND;
+use crate::turns::MCP_SERVER_COMMAND;
 
 /// `/proc` reports process times in USER_HZ, which Linux fixes at 100 for userspace.
 const USER_HZ: f64 = 100.0;

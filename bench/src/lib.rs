@@ -63,9 +63,10 @@ use agentq_core::pg::PgStore;
 
 pub use args::{BenchArgs, PARTS};
 use env::{Env, services};
-pub use mcp_server::{MCP_SERVER_COMMAND, McpServerArgs, serve as serve_mcp};
+pub use mcp_server::{McpServerArgs, serve as serve_mcp};
 pub use report::Results;
 use report::progress;
+pub use turns::MCP_SERVER_COMMAND;
 
 /// Run the parts `args` select and print their figures (a table, and with `--json` one
 /// JSON object on the last line). Progress goes to stderr.
@@ -142,7 +143,11 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
             "throughput: {} sessions x {} iterations on {} workers",
             env.args.sessions, env.args.iterations, env.args.workers
         ));
-        workload::throughput(env, r).await?;
+        if env.tool() == turns::MCP_TOOL {
+            mcp::throughput(env, r).await?;
+        } else {
+            workload::throughput(env, r).await?;
+        }
     }
     if want("overhead") {
         progress(&format!(

@@ -31,10 +31,9 @@ use agentq_core::config::{
 };
 
 use crate::env::Env;
-use crate::turns::{MCP_REMOTE_TOOL, MCP_SERVER, TOOL_DESCRIPTION, tool_answer, tool_parameters};
-
-/// The subcommand that serves it (hidden from `agentq --help`).
-pub const MCP_SERVER_COMMAND: &str = "bench-mcp-server";
+use crate::turns::{
+    MCP_REMOTE_TOOL, MCP_SERVER, MCP_SERVER_COMMAND, TOOL_DESCRIPTION, tool_answer, tool_parameters,
+};
 
 /// The longest count file the bench reads: a number and a newline.
 const MAX_SERVED_BYTES: u64 = 64;

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use self::mcp::McpFigures;
 use crate::args::BenchArgs;
-use crate::mcp::McpFigures;
+
+pub(crate) mod mcp;
 
 /// What the hostile sessions of the mixed round came to.
 #[derive(Debug, Default)]
@@ -226,7 +228,7 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
             m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
             m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
         }
-        for (key, value) in crate::mcp::to_json(r.mcp.as_ref()) {
+        for (key, value) in mcp::to_json(r.mcp.as_ref()) {
             m.insert(key.into(), value);
         }
     }
@@ -252,7 +254,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     let mut rows = Rows::default();
     ceiling_rows(r, &mut rows);
     throughput_rows(r, args, &mut rows);
-    crate::mcp::rows(r, &mut rows);
+    mcp::rows(r, &mut rows);
     overhead_rows(r, &mut rows);
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);

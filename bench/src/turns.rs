@@ -18,6 +18,8 @@ pub const BUILTIN: &str = "list_dir";
 /// server answers (`agentq bench-mcp-server`, one per worker), against [`TRIVIAL`] in the
 /// same run.
 pub const MCP: &str = "mcp";
+/// The subcommand of the `agentq` binary that serves it (hidden from `agentq --help`).
+pub const MCP_SERVER_COMMAND: &str = "bench-mcp-server";
 /// The bench's MCP server as the workers' settings name it.
 pub const MCP_SERVER: &str = "bench";
 /// Its one tool, as the server names it.

@@ -470,14 +470,16 @@ pub fn throughput_workload(env: &Env, tool: &'static str) -> Workload {
     }
 }
 
-/// The throughput part: its figures are those of `--tool`'s rounds (with the MCP tool,
-/// beside rounds with the trivial one: [`crate::mcp::throughput`]).
+/// The throughput part with the trivial tool or `list_dir` (the MCP tool's is
+/// `mcp::throughput`).
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
-    let ran = if env.tool() == MCP_TOOL {
-        crate::mcp::throughput(env, r).await?
-    } else {
-        run_workload(env, &throughput_workload(env, env.tool())).await?
-    };
+    let ran = run_workload(env, &throughput_workload(env, env.tool())).await?;
+    record_throughput(r, &ran);
+    Ok(())
+}
+
+/// The throughput part's figures, from its measured round(s).
+pub fn record_throughput(r: &mut Results, ran: &Ran) {
     let iterations = ran.iterations;
     let rate = iterations / ran.elapsed.as_secs_f64();
     r.iterations_per_s = Some(rate);
@@ -487,8 +489,8 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.worker_cpu_ms_per_iteration = per_iteration(ran.cpu.own);
     r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
     r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
-    r.throughput_failed = Some(ran.failed + r.mcp.as_ref().map_or(0, |m| m.builtin_failed));
-    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead);
+    r.throughput_failed = Some(ran.failed);
+    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead.clone());
     r.checkpoint_p50_ms = hist_quantile(&ran.checkpoint_hist, 0.5).map(|s| s * 1000.0);
     let (commits, batched) = ran.commits;
     r.checkpoint_batch_mean = (commits > 0).then(|| batched / commits as f64);
@@ -501,7 +503,6 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         ran.failed,
         r.checkpoint_batch_mean.unwrap_or(0.0)
     ));
-    Ok(())
 }
 
 /// Iterations of the session the overhead part runs alone.
