@@ -83,7 +83,7 @@ pub fn rows(r: &Results, rows: &mut Rows) {
     rows.add(
         "mcp",
         format!(
-            "iterations/s, {TRIVIAL} in process ({} measured rounds)",
+            "iterations/s, {TRIVIAL} in process (measured rounds: {})",
             m.pairs
         ),
         format!("{:.0}", m.builtin_iterations_per_s),
@@ -92,7 +92,7 @@ pub fn rows(r: &Results, rows: &mut Rows) {
     rows.add(
         "",
         format!(
-            "iterations/s, {MCP_TOOL} over stdio ({} measured rounds)",
+            "iterations/s, {MCP_TOOL} over stdio (measured rounds: {})",
             m.pairs
         ),
         format!("{:.0}", m.mcp_iterations_per_s),
