@@ -231,7 +231,7 @@ impl Agent {
         self.events
             .emit(seq, AgentEvent::IterationStarted { iteration });
         let model = self.model(state);
-        let request = state.request(&model, &run.specs);
+        let request = state.request(&model, &run.specs, self.web_search.as_ref());
         run.overhead.report(&*self.observer);
         let span = info_span!("iteration", iteration);
         let (attempt, abandoned) = self

@@ -1,7 +1,10 @@
 //! Assembling one streamed LLM answer: the [`LlmEvent`]s a provider yields become the
 //! assistant [`Message`] (text, thinking blocks, tool calls, usage, model, finish reason).
 //! `<think>` spans inside the text are split out as thinking, whatever the chunking, and
-//! tool-call fragments are joined by their index.
+//! tool-call fragments are joined by their index. When the provider ran a tool of its own
+//! during the answer (web search), the answer is also kept block by block, in order, as
+//! the message's `server_content` (the provider wants it back so); those uses are never
+//! tool calls.
 //!
 //! Pure: no I/O and no waiting. The driver feeds events as they arrive and forwards the
 //! text and thinking deltas the assembler hands back (each delta string is moved, not
@@ -9,9 +12,11 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::Value;
+
 use crate::event::AgentEvent;
 use crate::provider::LlmEvent;
-use crate::schema::{FinishReason, Message, ThinkingBlock, ToolCall, Usage};
+use crate::schema::{FinishReason, Message, ServerBlock, ThinkingBlock, ToolCall, Usage};
 use crate::state::{Piece, ThinkSplitter};
 
 /// One streamed answer, assembled.
@@ -30,10 +35,33 @@ struct PartialCall {
     arguments: String,
 }
 
+/// Where a block of the answer begins in its text, and what it is.
+#[derive(Debug)]
+struct Mark {
+    at: usize,
+    kind: MarkKind,
+}
+
+#[derive(Debug)]
+enum MarkKind {
+    Text {
+        citations: Vec<Value>,
+    },
+    /// A use of the provider's own tool, streamed like a tool call.
+    Use(PartialCall),
+    Result(ServerBlock),
+}
+
 /// Builds the assistant message from the events of one response.
 #[derive(Debug, Default)]
 pub(crate) struct StreamAssembler {
     text: String,
+    /// The answer's blocks by where they begin in `text`: kept as `server_content` only
+    /// when the provider ran a tool of its own.
+    marks: Vec<Mark>,
+    /// The uses of the provider's tools being streamed: their index in `marks`, by the
+    /// provider's index.
+    server_uses: BTreeMap<usize, usize>,
     splitter: ThinkSplitter,
     thinking: Vec<ThinkingBlock>,
     /// The last thinking block still takes text (no signature or redaction closed it).
@@ -49,7 +77,10 @@ pub(crate) struct StreamAssembler {
 pub(crate) fn is_token(ev: &LlmEvent) -> bool {
     matches!(
         ev,
-        LlmEvent::TextDelta(_) | LlmEvent::ThinkingDelta(_) | LlmEvent::ToolCallDelta { .. }
+        LlmEvent::TextDelta(_)
+            | LlmEvent::ThinkingDelta(_)
+            | LlmEvent::ToolCallDelta { .. }
+            | LlmEvent::ServerToolDelta { .. }
     )
 }
 
@@ -106,6 +137,31 @@ impl StreamAssembler {
                 }
                 entry.arguments.push_str(&arguments);
             }
+            LlmEvent::TextBlock => self.mark(MarkKind::Text {
+                citations: Vec::new(),
+            }),
+            LlmEvent::Citation(c) => match self.marks.last_mut() {
+                Some(Mark {
+                    kind: MarkKind::Text { citations },
+                    ..
+                }) => citations.push(c),
+                _ => self.mark(MarkKind::Text { citations: vec![c] }),
+            },
+            LlmEvent::ServerToolDelta {
+                index,
+                id,
+                name,
+                input,
+            } => self.server_use(index, id, name, &input),
+            LlmEvent::ServerToolResult {
+                tool_use_id,
+                kind,
+                content,
+            } => self.mark(MarkKind::Result(ServerBlock::ToolResult {
+                tool_use_id,
+                kind,
+                content,
+            })),
             // Providers report usage as a running total.
             LlmEvent::Usage(u) => self.usage = u,
             LlmEvent::Model(m) => self.model = Some(m),
@@ -139,7 +195,9 @@ impl StreamAssembler {
         let empty_error = self.finish == Some(FinishReason::Error)
             && self.text.trim().is_empty()
             && tool_calls.is_empty();
+        let server_content = server_content(&self.text, std::mem::take(&mut self.marks));
         let mut message = Message::assistant(self.text);
+        message.server_content = server_content;
         message.thinking = self.thinking;
         message.tool_calls = tool_calls;
         message.usage = Some(self.usage);
@@ -164,6 +222,45 @@ impl StreamAssembler {
         }
     }
 
+    /// A block begins here.
+    fn mark(&mut self, kind: MarkKind) {
+        self.marks.push(Mark {
+            at: self.text.len(),
+            kind,
+        });
+    }
+
+    /// A fragment of a use of the provider's tool: the first of its index marks its place;
+    /// the first non-empty id and name win, as for a tool call.
+    fn server_use(&mut self, index: usize, id: Option<String>, name: Option<String>, input: &str) {
+        let at = match self.server_uses.get(&index) {
+            Some(&at) => at,
+            None => {
+                self.mark(MarkKind::Use(PartialCall::default()));
+                let at = self.marks.len() - 1;
+                self.server_uses.insert(index, at);
+                at
+            }
+        };
+        if let Some(Mark {
+            kind: MarkKind::Use(call),
+            ..
+        }) = self.marks.get_mut(at)
+        {
+            if let Some(id) = id.filter(|s| !s.is_empty())
+                && call.id.is_empty()
+            {
+                call.id = id;
+            }
+            if let Some(n) = name.filter(|s| !s.is_empty())
+                && call.name.is_empty()
+            {
+                call.name = n;
+            }
+            call.arguments.push_str(input);
+        }
+    }
+
     /// Append to the open thinking block, opening one if none is.
     fn think(&mut self, s: &str) {
         if !self.open_thinking {
@@ -174,6 +271,64 @@ impl StreamAssembler {
             b.text.push_str(s);
         }
     }
+}
+
+/// The answer block by block, from `marks` into `text`, when the provider ran a tool of its
+/// own in it; empty otherwise. A use without an id or a name cannot be sent back, and
+/// neither can a result whose use is not kept; empty text blocks are left out.
+fn server_content(text: &str, marks: Vec<Mark>) -> Vec<ServerBlock> {
+    let uses = marks
+        .iter()
+        .any(|m| matches!(&m.kind, MarkKind::Use(c) if !c.id.is_empty() && !c.name.is_empty()));
+    if !uses {
+        return Vec::new();
+    }
+    let ends: Vec<usize> = marks
+        .iter()
+        .skip(1)
+        .map(|m| m.at)
+        .chain(std::iter::once(text.len()))
+        .collect();
+    let slice = |from: usize, to: usize| text.get(from..to).unwrap_or_default().to_string();
+    let mut out = Vec::with_capacity(marks.len().saturating_add(1));
+    let push_text = |out: &mut Vec<ServerBlock>, text: String, citations: Vec<Value>| {
+        if !text.is_empty() {
+            out.push(ServerBlock::Text { text, citations });
+        }
+    };
+    push_text(
+        &mut out,
+        slice(0, marks.first().map_or(0, |m| m.at)),
+        Vec::new(),
+    );
+    let mut kept: Vec<String> = Vec::new();
+    for (mark, end) in marks.into_iter().zip(ends) {
+        let mut after = mark.at;
+        match mark.kind {
+            MarkKind::Text { citations } => {
+                push_text(&mut out, slice(mark.at, end), citations);
+                after = end;
+            }
+            MarkKind::Use(c) if !c.id.is_empty() && !c.name.is_empty() => {
+                kept.push(c.id.clone());
+                out.push(ServerBlock::ToolUse {
+                    input: ToolCall::parse_arguments(&c.arguments),
+                    id: c.id,
+                    name: c.name,
+                });
+            }
+            MarkKind::Result(r @ ServerBlock::ToolResult { .. }) => {
+                if matches!(&r, ServerBlock::ToolResult { tool_use_id, .. } if kept.contains(tool_use_id))
+                {
+                    out.push(r);
+                }
+            }
+            MarkKind::Use(_) | MarkKind::Result(_) => {}
+        }
+        // Text after a tool's block that no block start announced.
+        push_text(&mut out, slice(after, end), Vec::new());
+    }
+    out
 }
 
 #[cfg(test)]
