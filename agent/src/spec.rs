@@ -31,13 +31,14 @@ pub const MAX_WEB_SEARCH_DOMAINS: usize = 100;
 
 /// How the provider's own web search ([`WEB_SEARCH_TOOL`]) may search: how often per LLM
 /// call, and where. Applies when the session has the tool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebSearch {
-    /// Searches one LLM call may run (1 to [`MAX_WEB_SEARCH_MAX_USES`]); past it the
-    /// provider answers the search with an error the model sees.
-    #[serde(default = "d_web_search_max_uses")]
-    pub max_uses: u32,
+    /// Searches one LLM call may run (1 to [`MAX_WEB_SEARCH_MAX_USES`]; unset:
+    /// [`DEFAULT_WEB_SEARCH_MAX_USES`]); past it the provider answers the search with an
+    /// error the model sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
     /// Only results from these domains (no scheme: `example.com`); not with
     /// `blocked_domains`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -47,26 +48,20 @@ pub struct WebSearch {
     pub blocked_domains: Vec<String>,
 }
 
-impl Default for WebSearch {
-    fn default() -> Self {
-        WebSearch {
-            max_uses: DEFAULT_WEB_SEARCH_MAX_USES,
-            allowed_domains: Vec::new(),
-            blocked_domains: Vec::new(),
-        }
-    }
-}
-
 impl WebSearch {
+    /// Searches one LLM call may run.
+    pub fn max_uses(&self) -> u32 {
+        self.max_uses.unwrap_or(DEFAULT_WEB_SEARCH_MAX_USES)
+    }
+
     /// Check the options a client sent; the error names the field (below `web_search`).
     pub fn validate(&self) -> Result<(), (String, String)> {
-        if !(1..=MAX_WEB_SEARCH_MAX_USES).contains(&self.max_uses) {
+        if let Some(n) = self.max_uses
+            && !(1..=MAX_WEB_SEARCH_MAX_USES).contains(&n)
+        {
             return Err((
                 "web_search.max_uses".into(),
-                format!(
-                    "must be between 1 and {MAX_WEB_SEARCH_MAX_USES}, got {}",
-                    self.max_uses
-                ),
+                format!("must be between 1 and {MAX_WEB_SEARCH_MAX_USES}, got {n}"),
             ));
         }
         if !self.allowed_domains.is_empty() && !self.blocked_domains.is_empty() {
@@ -224,9 +219,6 @@ fn d_warn_repeated_calls() -> u32 {
 }
 fn d_output_max() -> usize {
     TOOL_RESULT_MAX_CHARS
-}
-fn d_web_search_max_uses() -> u32 {
-    DEFAULT_WEB_SEARCH_MAX_USES
 }
 
 /// A session's request: the prompt plus every per-session override. Serialisable: it is

@@ -129,7 +129,7 @@ impl Agent {
                 web_searches: request
                     .web_search
                     .as_ref()
-                    .map_or(0, |w| u64::from(w.max_uses)),
+                    .map_or(0, |w| u64::from(w.max_uses())),
                 max_wait: self.bookable_wait(state),
             },
         };

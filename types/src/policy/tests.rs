@@ -25,6 +25,7 @@ fn bounded() -> PolicySection {
         max_children: Some(2),
         max_depth: Some(1),
         max_tree_sessions: None,
+        max_web_search_uses: None,
         max_input_files: 5,
         max_input_bytes: 100,
         max_path_bytes: 20,

@@ -189,7 +189,7 @@ fn wire_tools<'a>(tools: &'a [ToolSpec], web_search: Option<&'a WebSearch>) -> V
         out.push(WireTool::WebSearch {
             kind: WEB_SEARCH_TYPE,
             name: WEB_SEARCH_TOOL,
-            max_uses: w.max_uses,
+            max_uses: w.max_uses(),
             allowed_domains: &w.allowed_domains,
             blocked_domains: &w.blocked_domains,
         });
