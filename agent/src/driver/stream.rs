@@ -713,6 +713,83 @@ mod tests {
         assert!(!a.empty_error, "an error finish with calls is kept");
     }
 
+    fn server_delta(index: usize, id: Option<&str>, name: Option<&str>, input: &str) -> LlmEvent {
+        LlmEvent::ServerToolDelta {
+            index,
+            id: id.map(str::to_string),
+            name: name.map(str::to_string),
+            input: input.into(),
+        }
+    }
+
+    fn server_result(id: &str) -> LlmEvent {
+        LlmEvent::ServerToolResult {
+            tool_use_id: id.into(),
+            kind: "web_search_tool_result".into(),
+            content: json!([{"url": id}]),
+        }
+    }
+
+    #[test]
+    fn server_content_keeps_the_blocks_in_order_and_only_what_can_go_back() {
+        let a = assemble(vec![
+            // Text before any block start, and a use whose input comes in fragments.
+            text("Let me "),
+            text("look."),
+            server_delta(0, Some("s1"), Some("web_search"), ""),
+            server_delta(0, None, None, "{\"query\":"),
+            server_delta(0, Some("other"), Some("renamed"), "\"q\"}"),
+            server_result("s1"),
+            // A use that never named itself cannot go back, nor its result; a result
+            // for no use of this answer neither.
+            server_delta(1, Some("s2"), None, "{}"),
+            server_result("s2"),
+            server_result("nobody"),
+            LlmEvent::TextBlock,
+            LlmEvent::Citation(json!({"cited_text": "q"})),
+            text("Found "),
+            text("it"),
+            LlmEvent::TextBlock,
+            LlmEvent::TextBlock,
+            text("."),
+            call_delta(0, Some("c1"), Some("read_file"), "{}"),
+            LlmEvent::Done(FinishReason::ToolCalls),
+        ]);
+        assert_eq!(a.message.content, "Let me look.Found it.");
+        assert_eq!(calls(&a), vec![("c1", "read_file", json!({}))]);
+        let kept: Vec<serde_json::Value> = a
+            .message
+            .server_content
+            .iter()
+            .map(|b| serde_json::to_value(b).unwrap())
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                json!({"type": "text", "text": "Let me look."}),
+                json!({"type": "tool_use", "id": "s1", "name": "web_search",
+                       "input": {"query": "q"}}),
+                json!({"type": "tool_result", "tool_use_id": "s1",
+                       "kind": "web_search_tool_result", "content": [{"url": "s1"}]}),
+                json!({"type": "text", "text": "Found it", "citations": [{"cited_text": "q"}]}),
+                json!({"type": "text", "text": "."}),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_server_tool_there_is_no_server_content() {
+        let a = assemble(vec![
+            LlmEvent::TextBlock,
+            LlmEvent::Citation(json!({"cited_text": "q"})),
+            text("plain"),
+            server_delta(0, None, Some("web_search"), "{}"),
+            LlmEvent::Done(FinishReason::Stop),
+        ]);
+        assert_eq!(a.message.content, "plain");
+        assert!(a.message.server_content.is_empty());
+    }
+
     #[test]
     fn first_token_events() {
         assert!(is_token(&text("")));
