@@ -15,7 +15,10 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use agentq_agent::driver::{Agent, Checkpointer, NoBackground, Receipt, RunEnd};
+use agentq_agent::driver::{
+    Admission, Admit, Agent, CallAsk, CallReport, Checkpointer, NoBackground, Permit, Receipt,
+    RunEnd,
+};
 use agentq_agent::error::Error;
 use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::guard::Guards;
@@ -121,12 +124,32 @@ fn final_answer(text: &str) -> Vec<Value> {
     answer(vec![text_block(0, text)], "end_turn", 0)
 }
 
+/// The run's events; cancels `cancel_on` when a text delta `cancel_at` arrives.
 #[derive(Default)]
-struct Events(Mutex<Vec<AgentEvent>>);
+struct Events(Mutex<Vec<AgentEvent>>, Option<(String, CancellationToken)>);
 
 impl EventSink for Events {
     fn emit(&self, _seq: usize, e: AgentEvent) {
+        if let (AgentEvent::TextDelta { text }, Some((at, cancel))) = (&e, &self.1)
+            && text == at
+        {
+            cancel.cancel();
+        }
         self.0.lock().unwrap().push(e);
+    }
+}
+
+/// Admits every call and keeps what each was settled with.
+#[derive(Default)]
+struct Settled(Mutex<Vec<CallReport>>);
+
+#[async_trait]
+impl Admission for Settled {
+    async fn reserve(&self, _ask: &CallAsk<'_>) -> Admit {
+        Admit::Go(Permit::default())
+    }
+    async fn settle(&self, _ask: &CallAsk<'_>, _permit: Permit, report: &CallReport) {
+        self.0.lock().unwrap().push(report.clone());
     }
 }
 
@@ -673,4 +696,52 @@ async fn a_provider_that_cannot_search_refuses_a_request_for_it() {
         let p = factory::build(name, None, &settings).unwrap();
         assert_eq!(p.web_search(), factory::searches_the_web(name), "{name}");
     }
+}
+
+/// A call abandoned after the provider had started a search (here: cancelled while the
+/// answer streams) is counted with that search, on the session's usage and in what its
+/// admission is told: the provider bills a search it started whether or not the answer
+/// arrives.
+#[tokio::test]
+async fn an_abandoned_call_counts_the_searches_it_had_started() {
+    let fake = FakeLlm::start().await.unwrap();
+    let head = answer(
+        vec![
+            text_block(0, "Searching."),
+            server_use(1, "srvtoolu_a", WEB_SEARCH_TOOL, json!({"query": "a"})),
+            text_block(2, "still going"),
+        ],
+        "end_turn",
+        1,
+    );
+    // Everything up to the last text arrives at once; the end of the answer never does
+    // (the fake holds it back far past the test).
+    let cut = head.len() - 3;
+    let frame = |events: &[Value]| {
+        let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+        bytes::Bytes::from(FakeResponse::anthropic_jsonl(&lines.join("\n")))
+    };
+    let mut response = FakeResponse::sse_chunks(vec![frame(&head[..cut]), frame(&head[cut..])]);
+    response.chunks[1].0 = Duration::from_secs(600);
+    fake.push(response);
+    let mut run = agent(&fake, &[], Some(WebSearch::default()), Saves::default());
+    let cancel = CancellationToken::new();
+    let events = Arc::new(Events(
+        Mutex::default(),
+        Some(("still going".into(), cancel.clone())),
+    ));
+    run.agent.events = events.clone();
+    let settled = Arc::new(Settled::default());
+    run.agent.admission = settled.clone();
+    let mut state = SessionState::new("s1", spec("look it up", &[WEB_SEARCH_TOOL]));
+    let end = run.agent.run(&mut state, &cancel).await.unwrap();
+    assert!(
+        matches!(end, RunEnd::Finished(ref o) if o.reason == ExitReason::Interrupted),
+        "{end:?}"
+    );
+    assert_eq!(state.usage.web_search_requests, 1);
+    assert!(state.usage.input_tokens > 0, "the prompt's estimate");
+    let reports = settled.0.lock().unwrap();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].usage.unwrap().web_search_requests, 1);
 }
