@@ -33,7 +33,8 @@ use crate::state::{Outcome, SessionState, SuspendReason};
 
 /// How an LLM call (with its retries) ended.
 pub(super) enum Attempt {
-    Got(Assembled),
+    /// Boxed: an answer is far larger than the other outcomes.
+    Got(Box<Assembled>),
     Ended(Outcome),
     /// The user interrupted the turn: drop the call, keep looping.
     Interrupted,
@@ -459,7 +460,7 @@ impl Agent {
                 }
                 let model = r.message.model.as_deref().unwrap_or(&ctx.request.model);
                 report(model, "ok", usage);
-                return Try::Over(Attempt::Got(r));
+                return Try::Over(Attempt::Got(Box::new(r)));
             }
             Ok(_) => Error::Stream {
                 message: "the model returned an error finish with no content".into(),

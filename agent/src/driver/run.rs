@@ -260,7 +260,7 @@ impl Agent {
                 Ok(Some(RunEnd::Suspended(reason)))
             }
             Attempt::Got(response) => {
-                self.record_response(state, run, response, seq, model)
+                self.record_response(state, run, *response, seq, model)
                     .await?;
                 Ok(None)
             }
