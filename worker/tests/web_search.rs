@@ -567,3 +567,54 @@ async fn a_session_that_may_not_or_cannot_search_fails_naming_the_tool() {
     );
     assert_eq!(fake.request_count(), 0, "no request was made");
 }
+
+/// A sub-agent searches within its parent's options: the parent's domain filter and
+/// `max_uses` go with the search to every session of its tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_searches_within_its_parents_options() {
+    let (store, queue, _redis) = setup().await;
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeLlm::start().await.unwrap();
+    let spawn = answer(
+        vec![block(
+            0,
+            json!({"type": "tool_use", "id": "toolu_spawn", "name": "spawn_agent",
+                   "input": {"prompt": "find it", "tools": [WEB_SEARCH_TOOL], "wait": true}}),
+            &[],
+        )],
+        "tool_use",
+        50,
+        10,
+        0,
+    );
+    fake.push(stream(&spawn));
+    fake.push(stream(&final_answer("child: found")));
+    fake.push(stream(&final_answer("parent: done")));
+    let mut cfg = WorkerSettings {
+        read_block: Duration::from_millis(200),
+        workspace_root: dir.path().to_path_buf(),
+        ..WorkerSettings::default()
+    };
+    anthropic_at(&mut cfg, &fake, &[]);
+    let mut spec = search_spec("delegate", &["spawn_agent", WEB_SEARCH_TOOL], 2);
+    spec.web_search = Some(WebSearch {
+        max_uses: Some(2),
+        allowed_domains: vec!["docs.rs".into()],
+        blocked_domains: Vec::new(),
+    });
+    let (done, _) = run_one(&store, &queue, cfg, spec).await;
+    assert_eq!(done.status, SessionStatus::Completed, "{done:?}");
+    assert_eq!(done.result.as_deref(), Some("parent: done"));
+    let requests = fake.requests();
+    assert_eq!(requests.len(), 3);
+    let child = &requests[1];
+    assert_eq!(child.body["messages"][0]["content"], "find it");
+    let expected = json!({"type": "web_search_20250305", "name": "web_search", "max_uses": 2,
+                          "allowed_domains": ["docs.rs"]});
+    for r in &requests {
+        assert_eq!(
+            r.body["tools"].as_array().unwrap().last().unwrap(),
+            &expected
+        );
+    }
+}
