@@ -464,6 +464,56 @@ mod tests {
     }
 
     #[test]
+    fn what_a_search_ran_goes_back_only_while_the_search_is_offered() {
+        let mut a = Message::assistant("Searching.Found.");
+        a.server_content = vec![
+            ServerBlock::Text {
+                text: "Searching.".into(),
+                citations: Vec::new(),
+            },
+            ServerBlock::ToolUse {
+                id: "srvtoolu_1".into(),
+                name: "web_search".into(),
+                input: json!({"query": "q"}),
+            },
+            ServerBlock::ToolResult {
+                tool_use_id: "srvtoolu_1".into(),
+                kind: "web_search_tool_result".into(),
+                content: json!([{"type": "web_search_result", "encrypted_content": "e"}]),
+            },
+            ServerBlock::Text {
+                text: String::new(),
+                citations: vec![json!({"encrypted_index": "i"})],
+            },
+            ServerBlock::Text {
+                text: "Found.".into(),
+                citations: vec![json!({"encrypted_index": "i"})],
+            },
+        ];
+        let mut r = req(vec![Message::user("hi"), a, Message::user("and?")]);
+        // Without the search (a session that lost it, a mode without tools) the provider
+        // would refuse its blocks: the answer's text goes back alone.
+        let body = build_body(&r, None);
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([{"type": "text", "text": "Searching.Found."}])
+        );
+        r.web_search = Some(WebSearch::default());
+        let body = build_body(&r, None);
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "text", "text": "Searching."},
+                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+                 "input": {"query": "q"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+                 "content": [{"type": "web_search_result", "encrypted_content": "e"}]},
+                {"type": "text", "text": "Found.", "citations": [{"encrypted_index": "i"}]},
+            ])
+        );
+    }
+
+    #[test]
     fn thinking_budget_drops_temperature_and_keeps_room() {
         let body = build_body(&req(vec![Message::user("hi")]), Some(2048));
         assert!(body.get("temperature").is_none());
