@@ -614,9 +614,16 @@ fn event_bytes(ev: &LlmEvent) -> usize {
             .saturating_add(tool_use_id.len())
             .saturating_add(kind.len()),
         LlmEvent::Citation(c) => json_bytes(c),
-        LlmEvent::TextBlock | LlmEvent::Usage(_) | LlmEvent::Done(_) | LlmEvent::RateLimits(_) => 0,
+        // A block start costs the assembler a mark: counted, so that an endless run of
+        // empty blocks meets the bound too.
+        LlmEvent::TextBlock => BLOCK_MARK_BYTES,
+        LlmEvent::Usage(_) | LlmEvent::Done(_) | LlmEvent::RateLimits(_) => 0,
     }
 }
+
+/// What a text block's start is counted as towards the answer's bound (about what the
+/// assembler keeps for it).
+const BLOCK_MARK_BYTES: usize = 64;
 
 /// The length of `v` as JSON, counted without writing it anywhere.
 fn json_bytes(v: &serde_json::Value) -> usize {

@@ -301,7 +301,7 @@ fn server_content(text: &str, marks: Vec<Mark>) -> Vec<ServerBlock> {
         slice(0, marks.first().map_or(0, |m| m.at)),
         Vec::new(),
     );
-    let mut kept: Vec<String> = Vec::new();
+    let mut kept: std::collections::HashSet<String> = Default::default();
     for (mark, end) in marks.into_iter().zip(ends) {
         let mut after = mark.at;
         match mark.kind {
@@ -310,7 +310,7 @@ fn server_content(text: &str, marks: Vec<Mark>) -> Vec<ServerBlock> {
                 after = end;
             }
             MarkKind::Use(c) if !c.id.is_empty() && !c.name.is_empty() => {
-                kept.push(c.id.clone());
+                kept.insert(c.id.clone());
                 out.push(ServerBlock::ToolUse {
                     input: ToolCall::parse_arguments(&c.arguments),
                     id: c.id,

@@ -1,7 +1,7 @@
 //! Decoding the Messages API stream: SSE events into [`LlmEvent`]s, with the event JSON
 //! parsed into typed structs that are lenient the way the API's own SDKs are.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -37,9 +37,11 @@ pub struct StreamDecoder {
     finish: Option<FinishReason>,
     tools: usize,
     blocks: HashMap<u64, Block>,
-    /// The ids of this answer's `server_tool_use` blocks: a result block is kept only for
-    /// one of them, so that what is sent back pairs every result with its use.
-    server_uses: Vec<String>,
+    /// The `server_tool_use` blocks of this answer so far.
+    server_uses: usize,
+    /// Their ids: a result block is kept only for one of them, so that what is sent back
+    /// pairs every result with its use.
+    server_ids: HashSet<String>,
     done: bool,
 }
 
@@ -151,8 +153,11 @@ impl StreamDecoder {
             }
             // Run by Anthropic during the answer (web search): kept, never a tool call.
             "server_tool_use" => {
-                let ordinal = self.server_uses.len();
-                self.server_uses.push(cb.id.clone().unwrap_or_default());
+                let ordinal = self.server_uses;
+                self.server_uses += 1;
+                if let Some(id) = cb.id.as_ref().filter(|id| !id.is_empty()) {
+                    self.server_ids.insert(id.clone());
+                }
                 let (input, whole) = whole_input(&cb.input);
                 out.push(LlmEvent::ServerToolDelta {
                     index: ordinal,
@@ -163,7 +168,7 @@ impl StreamDecoder {
                 Block::Server { ordinal, whole }
             }
             kind if kind.ends_with("_tool_result") && kind != "tool_result" => {
-                if let Some(id) = cb.tool_use_id.filter(|id| self.server_uses.contains(id)) {
+                if let Some(id) = cb.tool_use_id.filter(|id| self.server_ids.contains(id)) {
                     out.push(LlmEvent::ServerToolResult {
                         tool_use_id: id,
                         kind: kind.to_string(),
