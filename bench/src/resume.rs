@@ -85,7 +85,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
                 state.iteration
             );
         }
-        let request = state.request("gpt-4o-mini", &specs);
+        let request = state.request("gpt-4o-mini", &specs, None);
         let body = serde_json::to_vec(&openai.request_body(&request))?;
         let d = t.elapsed();
         std::hint::black_box(body);

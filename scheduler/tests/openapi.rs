@@ -295,3 +295,34 @@ fn every_reference_resolves_and_every_component_is_used() {
     }
     assert_eq!(doc["openapi"], "3.1.0");
 }
+
+/// Every `description` in `v`, with where it is.
+fn descriptions(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("description", Value::String(d)) => out.push((at.to_string(), d.clone())),
+                    _ => descriptions(x, &format!("{at}/{k}"), out),
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                descriptions(x, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The descriptions come from the code's doc comments, written for Rust readers; a client's
+/// reader cannot follow a link to a Rust item, so none may be left in the document.
+#[test]
+fn no_description_links_to_a_rust_item() {
+    let mut all = Vec::new();
+    descriptions(&document(), "", &mut all);
+    assert!(all.len() > 50, "{}", all.len());
+    let linked: Vec<_> = all.iter().filter(|(_, d)| d.contains("[`")).collect();
+    assert!(linked.is_empty(), "Rust links in descriptions: {linked:#?}");
+}
