@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use crate::provider::LlmRequest;
 use crate::provider::ratelimit::RateLimitInfo;
-use crate::schema::Usage;
+use crate::schema::{ServerBlock, Usage};
 
 /// What the loop knows about a call before it starts.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +25,9 @@ pub struct CallAsk<'a> {
     pub input_tokens: u64,
     /// The request's `max_tokens`: the most the answer can cost.
     pub max_output_tokens: u64,
+    /// The most web searches the provider may run for the call (its `max_uses`; 0 when
+    /// the request offers no search): priced per search, part of its worst case.
+    pub web_searches: u64,
     /// The longest the call may be told to wait before it starts ([`Permit::start_after`]):
     /// an admission that can book a later start takes no more than this. Zero books
     /// nothing: the answer is go now, or wait and ask again.
@@ -131,12 +134,14 @@ pub(crate) fn refusal_wait(
 }
 
 /// What a call abandoned in flight (interrupted, cancelled, timed out) is counted as
-/// having spent: its prompt's estimate. The provider had the prompt and bills it, but the
-/// answer that would report the usage never comes; counted as nothing, a caller who
+/// having spent: its prompt's estimate, and the web searches the answer had started
+/// (`searches`, each billed once started). The provider had the prompt and bills it, but
+/// the answer that would report the usage never comes; counted as nothing, a caller who
 /// interrupts or cancels each call as it starts would spend without any budget seeing it.
-pub(crate) fn unanswered(ask: &CallAsk<'_>) -> Usage {
+pub(crate) fn unanswered(ask: &CallAsk<'_>, searches: u64) -> Usage {
     Usage {
         input_tokens: ask.input_tokens,
+        web_search_requests: searches,
         ..Usage::default()
     }
 }
@@ -145,12 +150,16 @@ pub(crate) fn unanswered(ask: &CallAsk<'_>) -> Usage {
 /// for English text and JSON with BPE tokenizers). Good enough to reserve against a
 /// tokens-per-minute limit: the call settles with the usage the provider reports, and the
 /// provider's own count differs from any local one anyway. Counts the text that goes
-/// out — system prompt, message contents, thinking, tool calls and tool schemas — without
-/// serializing the request a second time.
+/// out — system prompt, message contents, thinking, tool calls, what the provider's own
+/// tools ran in earlier answers, and tool schemas — without serializing the request a
+/// second time.
 pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
     let mut bytes = request.system.as_deref().map_or(0, str::len);
     for m in &request.messages {
         bytes = bytes.saturating_add(m.content.len());
+        if request.web_search.is_some() {
+            bytes = bytes.saturating_add(server_content_len(&m.server_content));
+        }
         for t in &m.thinking {
             bytes = bytes.saturating_add(t.text.len());
         }
@@ -167,6 +176,22 @@ pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
             .saturating_add(json_len(&t.parameters));
     }
     (bytes as u64).div_ceil(4)
+}
+
+/// What an answer's server blocks add to a request beside its text (which `content`
+/// holds already): the uses' inputs and the results, as JSON.
+fn server_content_len(blocks: &[ServerBlock]) -> usize {
+    blocks
+        .iter()
+        .map(|b| match b {
+            ServerBlock::Text { citations, .. } => citations
+                .iter()
+                .map(json_len)
+                .fold(0, usize::saturating_add),
+            ServerBlock::ToolUse { name, input, .. } => name.len().saturating_add(json_len(input)),
+            ServerBlock::ToolResult { content, .. } => json_len(content),
+        })
+        .fold(0usize, usize::saturating_add)
 }
 
 fn json_len(v: &serde_json::Value) -> usize {

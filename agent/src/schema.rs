@@ -3,8 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     System,
@@ -15,7 +16,7 @@ pub enum Role {
 
 /// A tool call requested by the model. `arguments` is always a JSON value: arguments that
 /// were not valid JSON are kept as `{"_raw": "<text>"}` so the model can see and fix them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -40,7 +41,7 @@ impl ToolCall {
 
 /// Reasoning the model produced. Anthropic thinking blocks must be replayed verbatim with
 /// their `signature`; `redacted` holds the opaque data of a `redacted_thinking` block.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
 pub struct ThinkingBlock {
     #[serde(default)]
     pub text: String,
@@ -50,7 +51,9 @@ pub struct ThinkingBlock {
     pub redacted: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// What one LLM call (or a session, summed) spent: tokens, and the searches a provider ran
+/// for it server-side, which are billed per search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 pub struct Usage {
     #[serde(default)]
     pub input_tokens: u64,
@@ -62,6 +65,14 @@ pub struct Usage {
     pub cache_write_tokens: u64,
     #[serde(default)]
     pub reasoning_tokens: u64,
+    /// Web searches the provider ran during the call. Left out of the stored and served
+    /// form while 0, so a usage without searches reads and writes as it always has.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub web_search_requests: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Usage {
@@ -77,15 +88,17 @@ impl Usage {
         self.cache_read_tokens = sum(self.cache_read_tokens, other.cache_read_tokens);
         self.cache_write_tokens = sum(self.cache_write_tokens, other.cache_write_tokens);
         self.reasoning_tokens = sum(self.reasoning_tokens, other.reasoning_tokens);
+        self.web_search_requests = sum(self.web_search_requests, other.web_search_requests);
     }
 
+    /// Tokens in and out: what token budgets count (searches are priced, not tokens).
     pub fn total(&self) -> u64 {
         self.input_tokens.saturating_add(self.output_tokens)
     }
 }
 
 /// Why one LLM response ended.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     #[default]
@@ -94,12 +107,15 @@ pub enum FinishReason {
     Length,
     ContentFilter,
     Error,
+    /// The provider paused a long turn (its own tools ran long): sent back as it is, the
+    /// answer goes on. Not an answer yet.
+    Paused,
     Other(String),
 }
 
 /// One entry of a session's history. Assistant messages carry their tool calls; each tool
 /// result is its own `Tool` message paired by `tool_call_id`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Message {
     pub role: Role,
     #[serde(default)]
@@ -108,6 +124,12 @@ pub struct Message {
     pub thinking: Vec<ThinkingBlock>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// For assistant messages in which the provider ran a tool of its own (web search):
+    /// the answer's text blocks and those tools' uses and results, in the order they came
+    /// (`content` still holds the whole text). The provider needs them back as it sent
+    /// them; they are never `tool_calls` and never run here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_content: Vec<ServerBlock>,
     /// For `Tool` messages: the call this answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
@@ -132,6 +154,7 @@ impl Message {
             content: content.into(),
             thinking: Vec::new(),
             tool_calls: Vec::new(),
+            server_content: Vec::new(),
             tool_call_id: None,
             name: None,
             is_error: false,
@@ -164,6 +187,42 @@ impl Message {
         m.name = Some(name.into());
         m.is_error = is_error;
         m
+    }
+}
+
+/// One block of an answer in which the provider ran a tool of its own
+/// (a message's `server_content`). The provider's data in it (a search's results, which
+/// carry encrypted content; a citation's reference into them) is opaque and kept as it came.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerBlock {
+    /// A block of the answer's text, with the provider's citations of it.
+    Text {
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        citations: Vec<Value>,
+    },
+    /// The model used one of the provider's own tools (`web_search`): the provider ran it.
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    /// What that tool gave back: a block of type `kind` (`web_search_tool_result`) whose
+    /// `content` is sent back as it came.
+    ToolResult {
+        tool_use_id: String,
+        kind: String,
+        #[serde(default)]
+        content: Value,
+    },
+}
+
+impl ServerBlock {
+    /// Whether this is a use of the provider's tool `name`.
+    pub fn is_use_of(&self, name: &str) -> bool {
+        matches!(self, ServerBlock::ToolUse { name: n, .. } if n == name)
     }
 }
 

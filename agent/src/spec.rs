@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::ToSchema;
 
 pub const DEFAULT_MAX_ITERATIONS: u32 = 40;
 pub const DEFAULT_TEMPERATURE: f32 = 0.1;
@@ -18,9 +19,100 @@ pub const DEFAULT_HISTORY_WINDOW: usize = 100;
 pub const DEFAULT_MAX_REPEATED_CALLS: u32 = 5;
 pub const DEFAULT_WARN_REPEATED_CALLS: u32 = 2;
 
+/// The tool name a session lists in `tools` to have its provider search the web itself
+/// (a server tool: the provider runs the searches during its answer, and bills them per
+/// search). Never a local tool: no registry may hold one of this name.
+pub const WEB_SEARCH_TOOL: &str = "web_search";
+/// Searches one LLM call may run when the session does not say.
+pub const DEFAULT_WEB_SEARCH_MAX_USES: u32 = 5;
+/// The most searches one LLM call may run, whatever the session says.
+pub const MAX_WEB_SEARCH_MAX_USES: u32 = 50;
+/// The most entries of `web_search.allowed_domains` and of `blocked_domains`.
+pub const MAX_WEB_SEARCH_DOMAINS: usize = 100;
+
+/// How the provider's own web search (the `web_search` tool) may search: how often per LLM
+/// call, and where. Applies when the session has the tool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WebSearch {
+    /// Searches one LLM call may run (1 to 50; unset: 5, or the tenant's bound when
+    /// lower); past it the provider answers the search with an
+    /// error the model sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
+    /// Only results from these domains (no scheme: `example.com`); not with
+    /// `blocked_domains`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_domains: Vec<String>,
+    /// Never results from these domains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked_domains: Vec<String>,
+}
+
+impl WebSearch {
+    /// Searches one LLM call may run.
+    pub fn max_uses(&self) -> u32 {
+        self.max_uses.unwrap_or(DEFAULT_WEB_SEARCH_MAX_USES)
+    }
+
+    /// Check the options a client sent; the error names the field (below `web_search`).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        if let Some(n) = self.max_uses
+            && !(1..=MAX_WEB_SEARCH_MAX_USES).contains(&n)
+        {
+            return Err((
+                "web_search.max_uses".into(),
+                format!("must be between 1 and {MAX_WEB_SEARCH_MAX_USES}, got {n}"),
+            ));
+        }
+        if !self.allowed_domains.is_empty() && !self.blocked_domains.is_empty() {
+            return Err((
+                "web_search.blocked_domains".into(),
+                "cannot be combined with allowed_domains".into(),
+            ));
+        }
+        for (field, list) in [
+            ("allowed_domains", &self.allowed_domains),
+            ("blocked_domains", &self.blocked_domains),
+        ] {
+            if list.len() > MAX_WEB_SEARCH_DOMAINS {
+                return Err((
+                    format!("web_search.{field}"),
+                    format!(
+                        "holds at most {MAX_WEB_SEARCH_DOMAINS} domains, got {}",
+                        list.len()
+                    ),
+                ));
+            }
+            if let Some(i) = list.iter().position(|d| !domain_ok(d)) {
+                return Err((
+                    format!("web_search.{field}[{i}]"),
+                    "must be a domain without scheme or spaces, such as `example.com` or \
+                     `docs.example.com/guide` (at most 253 characters)"
+                        .into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A domain filter as the provider takes it: a host, optionally with a path, no scheme.
+fn domain_ok(d: &str) -> bool {
+    let host = d.split('/').next().unwrap_or_default();
+    !d.is_empty()
+        && d.len() <= 253
+        && !d.contains("://")
+        && !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '*'))
+        && !d.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
 /// How much a session may do: run tools, or only answer or plan (a model asked for a plan
 /// or an answer from knowledge must not touch the workspace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// Tools are offered and run automatically.
@@ -61,7 +153,7 @@ impl std::fmt::Display for Mode {
 }
 
 /// Why a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ExitReason {
     Stop,
@@ -132,12 +224,12 @@ fn d_output_max() -> usize {
 
 /// A session's request: the prompt plus every per-session override. Serialisable: it is
 /// stored with the session and sent over the API. Provider credentials are never here.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionSpec {
     pub prompt: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    /// `openai`, `anthropic` or `scripted`; `None` means the host's default.
+    /// `openai`, `anthropic` or `scripted`; absent means the host's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,7 +244,7 @@ pub struct SessionSpec {
     pub temperature: f32,
     #[serde(default = "d_max_tokens")]
     pub max_tokens: u32,
-    /// Names of the tools this session may use; `None` means the host's default set.
+    /// Names of the tools this session may use; absent means the host's default set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<String>>,
     #[serde(default = "d_tool_timeout")]
@@ -172,7 +264,7 @@ pub struct SessionSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
     /// Retries of an LLM call after real failures (transport, 5xx, undecodable answers);
-    /// rate-limit waits never count. `None`: the host's setting.
+    /// rate-limit waits never count. Absent: the host's setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_llm_retries: Option<u32>,
     #[serde(default = "d_retry_delay")]
@@ -192,6 +284,10 @@ pub struct SessionSpec {
     /// Tools that need a human's approval before they run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sensitive_tools: Vec<String>,
+    /// How the provider's web search may search, when the session has the `web_search` tool
+    /// (unset: its defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search: Option<WebSearch>,
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub metadata: Value,
 }
@@ -222,6 +318,7 @@ impl SessionSpec {
             max_repeated_calls: DEFAULT_MAX_REPEATED_CALLS,
             warn_repeated_calls: DEFAULT_WARN_REPEATED_CALLS,
             sensitive_tools: Vec::new(),
+            web_search: None,
             metadata: Value::Null,
         }
     }
@@ -261,5 +358,19 @@ impl SessionSpec {
             crate::provider::endpoint::check_base_url(url).map_err(|why| ("base_url", why))?;
         }
         Ok(())
+    }
+
+    /// Where the session's `tools` name the provider's web search; `None` when they do
+    /// not (or it names no tools, and the host's defaults decide).
+    pub fn web_search_index(&self) -> Option<usize> {
+        self.tools
+            .as_deref()?
+            .iter()
+            .position(|t| t == WEB_SEARCH_TOOL)
+    }
+
+    /// The web search options this session runs with: its own, or the defaults.
+    pub fn web_search_options(&self) -> WebSearch {
+        self.web_search.clone().unwrap_or_default()
     }
 }

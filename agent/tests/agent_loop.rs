@@ -194,6 +194,7 @@ fn harness(script: Script, tools: Vec<(&'static str, SideEffect, Behave)>) -> Ha
         provider: provider.clone(),
         default_model: "test-model".into(),
         tools: reg,
+        web_search: None,
         guards: Guards::default(),
         events: Arc::new(Sink(events.clone(), changes.clone())),
         checkpointer: checkpoints.clone(),
@@ -1133,7 +1134,7 @@ async fn resume_repairs_history_and_reruns_only_safe_calls() {
         .push(Message::tool_result("c3", "done", "already done", false));
 
     // The request view repairs the gap without touching the stored history.
-    let view = state.request("m", &[]).messages;
+    let view = state.request("m", &[], None).messages;
     assert_paired(&view);
     assert_eq!(view[2].content, INTERRUPTED_RESULT);
     assert_eq!(view[4].content, "already done");

@@ -53,6 +53,7 @@ fn request(messages: Vec<Message>) -> LlmRequest<'static> {
         temperature: 0.1,
         max_tokens: 1024,
         session_id: "s-1".into(),
+        web_search: None,
     }
 }
 
@@ -127,6 +128,11 @@ impl Collected {
             LlmEvent::Usage(u) => self.usage = Some(u),
             LlmEvent::Model(m) => self.model = Some(m),
             LlmEvent::Done(f) => self.finish = Some(f),
+            // Block boundaries and the server tools' blocks: `web_search.rs` holds them.
+            LlmEvent::TextBlock
+            | LlmEvent::Citation(_)
+            | LlmEvent::ServerToolDelta { .. }
+            | LlmEvent::ServerToolResult { .. } => {}
         }
     }
 

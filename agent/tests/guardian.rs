@@ -190,6 +190,7 @@ const SESSION_USAGE: Usage = Usage {
     cache_read_tokens: 0,
     cache_write_tokens: 0,
     reasoning_tokens: 0,
+    web_search_requests: 0,
 };
 
 const REVIEW_USAGE: Usage = Usage {
@@ -198,6 +199,7 @@ const REVIEW_USAGE: Usage = Usage {
     cache_read_tokens: 0,
     cache_write_tokens: 0,
     reasoning_tokens: 0,
+    web_search_requests: 0,
 };
 
 fn verdict(text: &str) -> Turn {
@@ -294,6 +296,7 @@ fn harness(
         provider: session.clone(),
         default_model: "session-model".into(),
         tools,
+        web_search: None,
         guards: Guards {
             guardian: Some(Arc::new(reviewer)),
             guardian_admission: Some(gate.clone()),

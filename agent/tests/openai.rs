@@ -125,6 +125,7 @@ fn request() -> LlmRequest<'static> {
         temperature: 0.1,
         max_tokens: 8192,
         session_id: "s1".into(),
+        web_search: None,
     }
 }
 
@@ -260,6 +261,7 @@ async fn deepseek_reasoning_then_tool_with_usage_in_finish_chunk() {
             cache_read_tokens: 320,
             cache_write_tokens: 0,
             reasoning_tokens: 39,
+            web_search_requests: 0,
         })
     );
     assert_eq!(c.finish, Some(FinishReason::ToolCalls));
@@ -324,6 +326,7 @@ async fn xai_reasoning_and_whole_tool_call() {
             cache_read_tokens: 306,
             cache_write_tokens: 0,
             reasoning_tokens: 227,
+            web_search_requests: 0,
         })
     );
     assert_eq!(c.finish, Some(FinishReason::ToolCalls));

@@ -26,6 +26,7 @@ fn request() -> LlmRequest<'static> {
         temperature: 0.0,
         max_tokens: 16,
         session_id: "s1".into(),
+        web_search: None,
     }
 }
 

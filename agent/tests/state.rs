@@ -5,8 +5,8 @@
 //! driver would be told to do.
 
 use agentq_agent::driver::{BackgroundResult, SuspendReason};
-use agentq_agent::schema::{Message, Role, ToolCall};
-use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
+use agentq_agent::schema::{FinishReason, Message, Role, ToolCall};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec, WebSearch};
 use agentq_agent::state::{
     AfterTools, CANCELLED_RESULT, Drain, INTERRUPTED_BY_USER_RESULT, Outcome, PLAN_TO_ACT, Phase,
     SessionState, Step, Stuck,
@@ -520,6 +520,33 @@ fn a_repeated_call_with_the_same_result_is_told_so_from_the_second_time() {
 }
 
 #[test]
+fn spelling_the_same_arguments_another_way_does_not_evade_the_count() {
+    let mut s = state(Mode::Act);
+    // Key order, spacing in the model's JSON text, and a number written as 5, 5.0 or
+    // 5e0 are the same call to any tool that reads the arguments.
+    let spellings = [
+        r#"{"path": "n.txt", "opts": {"limit": 5, "deep": [1, 2.0]}}"#,
+        r#"{"opts":{"deep":[1.0,2],"limit":5.0},"path":"n.txt"}"#,
+        "{ \"opts\" : { \"limit\" : 5e0 , \"deep\" : [ 1 , 2 ] } ,\n \"path\" : \"n.txt\" }",
+    ];
+    let notes: Vec<String> = spellings
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| {
+            let args = ToolCall::parse_arguments(raw);
+            turn(&mut s, &[read(&format!("r{i}"), args)], "x").remove(0)
+        })
+        .collect();
+    assert_eq!(notes[0], "");
+    assert!(notes[1].contains("2 times in a row"), "{notes:?}");
+    assert!(notes[2].contains("3 times in a row"), "{notes:?}");
+    // Numbers that differ, even past what a float holds exactly, are other calls.
+    let big = |id: &str, n: u64| read(id, json!({"path": "n.txt", "offset": n}));
+    turn(&mut s, &[big("b1", 9_007_199_254_740_992)], "x");
+    assert_eq!(turn(&mut s, &[big("b2", 9_007_199_254_740_993)], "x"), [""]);
+}
+
+#[test]
 fn other_arguments_another_tool_between_or_a_changed_result_start_the_count_again() {
     let mut s = state(Mode::Act);
     let a = || read("a", json!({"path": "a.txt"}));
@@ -697,4 +724,82 @@ fn a_forged_note_in_an_output_does_no_more_than_its_own_text_could() {
     turn(&mut s, &[a()], &forged(1));
     let note = turn(&mut s, &[a()], &forged(2)).remove(0);
     assert!(note.contains("2 times in a row"), "{note}");
+}
+
+#[test]
+fn a_paused_turn_is_no_answer_the_model_is_called_again_within_the_limits() {
+    let paused = || {
+        let mut m = Message::assistant("Searching.");
+        m.finish_reason = Some(FinishReason::Paused);
+        m
+    };
+    let mut s = state(Mode::Act);
+    s.spec.max_background_drain_rounds = 0;
+    s.push_assistant(paused());
+    assert_eq!(step(&s), Step::CallLlm);
+    assert_eq!(s.decide(Utc::now(), true), Step::Cancel);
+    // The same text finished normally is the answer.
+    let mut done = state(Mode::Act);
+    done.spec.max_background_drain_rounds = 0;
+    done.push_assistant(Message::assistant("Searching."));
+    assert_eq!(step(&done), Step::Done(stop("Searching.")));
+    // A paused turn counts as an iteration like any answer.
+    s.spec.max_iterations = 1;
+    assert!(matches!(step(&s), Step::Done(o) if o.reason == ExitReason::MaxIterations));
+}
+
+#[test]
+fn the_web_search_is_offered_whenever_tools_are() {
+    let search = WebSearch {
+        max_uses: Some(2),
+        ..WebSearch::default()
+    };
+    let act = state(Mode::Act);
+    assert_eq!(
+        act.request("m", &[], Some(&search)).web_search,
+        Some(search.clone())
+    );
+    assert_eq!(act.request("m", &[], None).web_search, None);
+    for mode in [Mode::Think, Mode::Plan, Mode::PlanAct] {
+        let s = state(mode);
+        assert_eq!(
+            s.request("m", &[], Some(&search)).web_search,
+            None,
+            "{mode}"
+        );
+    }
+}
+
+/// A checkpoint written before server content, searches and the web search options
+/// existed reads back as it was, with none of them; and what has none of them is written
+/// as it always was.
+#[test]
+fn a_checkpoint_from_before_web_search_reads_and_writes_as_it_did() {
+    let old = json!({
+        "session_id": "s",
+        "spec": {"prompt": "do the task", "tools": ["read_file"], "max_iterations": 40},
+        "messages": [
+            {"role": "user", "content": "do the task"},
+            {"role": "assistant", "content": "reading",
+             "tool_calls": [{"id": "c1", "name": "read_file", "arguments": {"path": "a"}}],
+             "usage": {"input_tokens": 10, "output_tokens": 2, "cache_read_tokens": 0,
+                       "cache_write_tokens": 0, "reasoning_tokens": 0},
+             "model": "m", "finish_reason": "tool_calls"},
+            {"role": "tool", "content": "x", "tool_call_id": "c1", "name": "read_file"}
+        ],
+        "iteration": 1,
+        "usage": {"input_tokens": 10, "output_tokens": 2, "cache_read_tokens": 0,
+                  "cache_write_tokens": 0, "reasoning_tokens": 0},
+        "drain_rounds": 0
+    });
+    let s: SessionState = serde_json::from_value(old.clone()).unwrap();
+    assert_eq!(s.usage.web_search_requests, 0);
+    assert_eq!(s.spec.web_search, None);
+    assert!(s.messages.iter().all(|m| m.server_content.is_empty()));
+    assert_eq!(s.messages[1].usage.unwrap().web_search_requests, 0);
+    let written = serde_json::to_value(&s.messages[1]).unwrap();
+    assert_eq!(written, old["messages"][1]);
+    assert_eq!(serde_json::to_value(s.usage).unwrap(), old["usage"]);
+    let spec = serde_json::to_value(&s.spec).unwrap();
+    assert!(spec.get("web_search").is_none(), "{spec}");
 }

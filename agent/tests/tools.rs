@@ -1586,6 +1586,77 @@ mod skills {
     }
 
     #[tokio::test]
+    async fn a_name_that_is_a_path_or_a_folder_linked_out_reads_nothing_outside() {
+        let (root, lib) = library();
+        let ws = TempDir::new().unwrap();
+        let tool = LoadSkill::new(lib);
+        let c = ctx(&ws);
+        for name in [
+            "../summarise",
+            "summarise/../triage",
+            "/etc",
+            "summarise/",
+            "..",
+        ] {
+            let r = run(&tool, json!({"name": name}), &c).await;
+            assert!(
+                matches!(r, Err(ToolError::InvalidArguments(ref e)) if e.contains("`name`")),
+                "{name}: {r:?}"
+            );
+        }
+        for file in [
+            "sub/../../secret.txt",
+            "./../secret.txt",
+            "template.md/../../secret.txt",
+        ] {
+            let r = run(&tool, json!({"name": "summarise", "file": file}), &c).await;
+            assert!(
+                r.is_err() && !format!("{r:?}").contains("operator secret"),
+                "{file}: {r:?}"
+            );
+        }
+        #[cfg(unix)]
+        {
+            // A folder inside the skill linked to the folder above it.
+            std::os::unix::fs::symlink(root.path(), root.path().join("skills/summarise/up"))
+                .unwrap();
+            let r = run(
+                &tool,
+                json!({"name": "summarise", "file": "up/secret.txt"}),
+                &c,
+            )
+            .await;
+            assert!(
+                r.is_err() && !format!("{r:?}").contains("operator secret"),
+                "{r:?}"
+            );
+            // Its listing does not walk out through the link either.
+            let out = ok(&tool, json!({"name": "summarise"}), &c).await;
+            assert!(!out.contains("secret.txt"), "{out}");
+        }
+        // A file far past the read limit is cut, not read whole.
+        write(
+            &root,
+            "skills/summarise/huge.txt",
+            "y".repeat(1 << 20).as_bytes(),
+        );
+        let small = ctx_with(
+            &ws,
+            ToolSettings {
+                read_max_bytes: 10,
+                ..ToolSettings::default()
+            },
+        );
+        let out = ok(
+            &tool,
+            json!({"name": "summarise", "file": "huge.txt"}),
+            &small,
+        )
+        .await;
+        assert_eq!(out, format!("{}\n[cut at 10 bytes]", "y".repeat(10)));
+    }
+
+    #[tokio::test]
     async fn no_path_leaves_the_skill_and_reads_stay_bounded() {
         let (root, lib) = library();
         let ws = TempDir::new().unwrap();

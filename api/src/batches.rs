@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use agentq_agent::schema::Usage;
 use agentq_agent::spec::ExitReason;
@@ -49,35 +50,39 @@ pub const NEXT_HEADER: &str = "agentq-next";
 pub const RESULTS_HEADER: &str = "agentq-results";
 
 /// `POST /v1/batches` with a JSON body. Any other field is refused.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CreateBatch {
     /// The sessions: 1 to `max_batch` (10,000 by default). A larger batch is uploaded as
     /// JSON Lines.
+    #[schema(min_items = 1)]
     pub requests: Vec<BatchRequestItem>,
     /// At most this many of its sessions running (or buffered for a worker) at once: 1 to
     /// 1,000,000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_running: Option<u32>,
     /// Kept with the batch and shown with it: a JSON object of at most 64 KiB.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
+    #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
 }
 
 /// One item of a batch (an element of `requests`, or a line of an upload): a session
 /// request as `POST /v1/sessions` takes it, checked the same way, and the client's name
 /// for it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BatchRequestItem {
     /// The client's name of the item, given back with its result: a string of 1 to 256
     /// bytes, unique within the batch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 256)]
     pub custom_id: Option<String>,
     #[serde(flatten)]
     pub request: CreateSession,
 }
 
 /// Where a batch stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchStatus {
     /// Some of its sessions have not finished.
@@ -91,7 +96,7 @@ pub enum BatchStatus {
 }
 
 /// A batch's sessions per status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BatchCounts {
     pub queued: u64,
     pub running: u64,
@@ -104,7 +109,7 @@ pub struct BatchCounts {
 
 /// `GET /v1/batches/{id}`, the answer to its creation (201) and its cancel: what the
 /// batch's sessions did so far, counted from them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BatchView {
     pub id: String,
     pub status: BatchStatus,
@@ -118,6 +123,7 @@ pub struct BatchView {
     pub usage: Usage,
     /// Their cost at the configured prices; `null` when none of them has a price.
     pub cost_usd: Option<f64>,
+    #[schema(value_type = Object)]
     pub metadata: Map<String, Value>,
     pub max_running: Option<u32>,
     pub created_at: DateTime<Utc>,
@@ -132,7 +138,7 @@ pub struct BatchView {
 }
 
 /// `GET /v1/batches?limit=&cursor=`: the caller's batches, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BatchList {
     pub batches: Vec<BatchView>,
     /// Pass as `cursor` for the next page; `null` on the last one.
@@ -140,7 +146,7 @@ pub struct BatchList {
 }
 
 /// One line of `GET /v1/batches/{id}/results`: a finished item.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BatchResult {
     /// The item's `custom_id`; `null` when it had none.
     pub custom_id: Option<String>,

@@ -3,11 +3,12 @@
 //! /v1/admin/tenants/{tenant}/spend`, and the cost fields of `GET /v1/sessions/{id}`.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `PUT /v1/admin/budgets/{tenant}` (admin): the tenant's budget from now on, stored; it
 /// replaces the tenant's configured `[[budgets]]`. Its parked sessions are woken (those
 /// still over the new budget park again).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SetBudget {
     /// `day` or `month` (UTC).
@@ -24,7 +25,7 @@ pub struct SetBudget {
 }
 
 /// A tenant's budget and what it spent in the current period.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BudgetView {
     pub tenant: String,
     pub period: String,
@@ -38,7 +39,7 @@ pub struct BudgetView {
 }
 
 /// The answer of `PUT /v1/admin/budgets/{tenant}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BudgetSet {
     pub budget: BudgetView,
     /// Parked sessions put back on the queue.
@@ -46,20 +47,20 @@ pub struct BudgetSet {
 }
 
 /// `GET /v1/admin/budgets`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BudgetList {
     pub budgets: Vec<BudgetView>,
 }
 
 /// What a tenant spent, counted per call for tenants with a budget.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SpendView {
     pub tokens: u64,
     pub usd: f64,
 }
 
 /// `GET /v1/admin/tenants/{tenant}/spend`: today and this month (UTC).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TenantSpend {
     pub tenant: String,
     pub day: SpendView,
@@ -67,7 +68,7 @@ pub struct TenantSpend {
 }
 
 /// A session tree's spend, on `GET /v1/sessions/{id}` (the tree the session belongs to).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TreeCost {
     pub root_id: String,
     pub sessions: u64,
@@ -78,7 +79,7 @@ pub struct TreeCost {
 }
 
 /// A session's part of its tree's token budget, on `GET /v1/sessions/{id}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct BudgetLedger {
     /// The tokens this session and its sub-agents may spend.
     pub allowance: u64,

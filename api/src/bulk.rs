@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::sessions::{CancelResponse, RetryResponse};
 
@@ -17,7 +18,7 @@ pub const BULK_LIMIT: u32 = 1_000;
 /// Retry redrives the sessions that failed with an error (as `POST
 /// /v1/sessions/{id}/retry` does), narrowed by every field given; with none, every such
 /// session of the caller's tenant.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionFilter {
     /// Only the sessions of this batch (`batch_id` of a session).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -31,14 +32,14 @@ pub struct SessionFilter {
     /// Continue after this session id: the `next_cursor` of the previous answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
-    /// Sessions examined by this call: 1 to [`BULK_LIMIT`] (the default).
+    /// Sessions examined by this call: 1 to 1000 (`BULK_LIMIT`, the default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
 }
 
 /// `POST /v1/sessions/cancel`: the sessions cancelled (or asked to stop, when running),
 /// newest first, and where to continue.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BulkCancelResponse {
     pub sessions: Vec<CancelResponse>,
     /// More sessions may match: call again with this as `cursor`. `null` when done.
@@ -47,7 +48,7 @@ pub struct BulkCancelResponse {
 
 /// `POST /v1/sessions/retry`: the sessions queued again, newest first, and where to
 /// continue.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BulkRetryResponse {
     pub sessions: Vec<RetryResponse>,
     /// More sessions may match: call again with this as `cursor`. `null` when done.

@@ -1,15 +1,16 @@
 //! The one error body of every route.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// Every 4xx and 5xx answer: `{"error": {"code", "message", "field"}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 /// What went wrong.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable and machine-readable: `invalid_json`, `invalid_field`, `unknown_field`,
     /// `credential_not_allowed`, `too_large`, `not_found`, `already_finished`,

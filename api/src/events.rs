@@ -2,7 +2,9 @@
 //! `data` carries `seq`, the position in the session's history it belongs to.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
+use agentq_agent::event::AgentEvent;
 use agentq_agent::schema::Usage;
 use agentq_agent::spec::ExitReason;
 use agentq_types::protocol::EventKind;
@@ -12,15 +14,24 @@ pub const RESET: &str = "reset";
 
 /// `event: reset` (sent without an `id`): a step the client received events of is being
 /// redone by another worker; discard what was received for positions `>= seq`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ResetEvent {
+    pub seq: u64,
+}
+
+/// The `data` of every event but `reset` and `session_completed`: the agent's own event,
+/// tagged by `type` (the SSE `event:` name), with the position it belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SessionEvent {
+    #[serde(flatten)]
+    pub event: AgentEvent,
     pub seq: u64,
 }
 
 /// The `data` of `event: session_completed`: the agent's completion event, or one the
 /// scheduler rebuilt from a terminal session whose worker never wrote it (then
 /// `finish_reason` may be `null`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CompletionEvent {
     /// Always `session_completed`.
     #[serde(rename = "type")]
@@ -66,8 +77,19 @@ mod tests {
         };
         let mut v = serde_json::to_value(&ev).unwrap();
         v["seq"] = json!(9);
-        let c: CompletionEvent = serde_json::from_value(v).unwrap();
+        let c: CompletionEvent = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(c.finish_reason, Some(ExitReason::Stop));
         assert_eq!(c.seq, 9);
+        // Any event of the stream reads as the agent's event with its position.
+        let s: SessionEvent = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!((&s.event, s.seq), (&ev, 9));
+        assert_eq!(serde_json::to_value(&s).unwrap(), v);
+        let wire = json!({"type": "text_delta", "text": "hi", "seq": 2});
+        let s: SessionEvent = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(
+            s.event,
+            agentq_agent::event::AgentEvent::TextDelta { text: "hi".into() }
+        );
+        assert_eq!(serde_json::to_value(&s).unwrap(), wire);
     }
 }

@@ -2,13 +2,14 @@
 //! those its tree's workspace holds (`GET /v1/sessions/{id}/files`).
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 pub use agentq_types::workspace::FileEntry;
 
 /// One file of a request's `files`, keyed by its path: text as a JSON string, anything
 /// else (bytes that are not UTF-8, or hold NUL) as `{"base64": "…"}` (standard alphabet,
 /// padded; white space is ignored).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum FileContent {
     Text(String),
@@ -18,7 +19,7 @@ pub enum FileContent {
 /// `GET /v1/sessions/{id}/files`: every committed file of the session's tree, sorted by
 /// path (with `?format=tar`, a tar of them instead). A sub-agent shares its tree's
 /// workspace, so it answers the same list as its root.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FileList {
     pub files: Vec<FileEntry>,
 }

@@ -1,10 +1,11 @@
 //! `GET /readyz`.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `GET /readyz`: 200 with `{"status": "ready"}`, or 503 while draining or while a
 /// backend is down (then with `down` and `checks`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Readiness {
     pub status: ReadyStatus,
     /// The backends that failed their check (`postgres`, `redis`).
@@ -14,7 +15,7 @@ pub struct Readiness {
     pub checks: Option<ReadyChecks>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReadyStatus {
     Ready,
@@ -24,7 +25,7 @@ pub enum ReadyStatus {
 }
 
 /// Each backend's check: `ok`, or why it failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReadyChecks {
     pub postgres: String,
     pub redis: String,

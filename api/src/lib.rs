@@ -3,9 +3,11 @@
 //! types, so a route and its client cannot drift apart.
 //!
 //! Types only: no HTTP framework and no storage. Every type names the route it belongs
-//! to and says what its fields mean, so that an OpenAPI description can be generated from
-//! them later. The JSON forms are the ones deployed clients already read: field names,
-//! and which fields are `null` rather than left out, are part of the contract.
+//! to and says what its fields mean, and derives its OpenAPI schema (`utoipa::ToSchema`,
+//! its doc comments the descriptions): the scheduler's document (`/openapi.json`, the
+//! committed `api/openapi.json`) is built from them. The JSON forms are the ones deployed
+//! clients already read: field names, and which fields are `null` rather than left out,
+//! are part of the contract.
 //!
 //! Session events (`GET /v1/sessions/{id}/events`) are the agent's own events
 //! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_types::protocol::EventKind`])
@@ -36,7 +38,7 @@ pub use budgets::{
 };
 pub use bulk::{BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, SessionFilter};
 pub use error::{ErrorBody, ErrorDetail};
-pub use events::{CompletionEvent, ResetEvent};
+pub use events::{CompletionEvent, ResetEvent, SessionEvent};
 pub use files::{FileContent, FileEntry, FileList};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;

@@ -3,9 +3,10 @@
 //! configured (`[scheduler] queues`) or created by an admin, up to `scheduler.max_queues`.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// `POST /v1/queues` (admin).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateQueue {
     /// 1 to 64 of `A-Z a-z 0-9 _ . -`.
@@ -13,7 +14,7 @@ pub struct CreateQueue {
 }
 
 /// The answer of `POST /v1/queues`: 201 when created, 200 when it existed already.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueCreated {
     pub name: String,
     pub created: bool,
@@ -21,7 +22,7 @@ pub struct QueueCreated {
 
 /// `GET /v1/queues`: every queue the caller may put sessions on (the admin: every queue),
 /// configured ones first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueList {
     pub queues: Vec<String>,
     /// `scheduler.max_queues`.

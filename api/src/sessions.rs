@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use agentq_agent::schema::{Message, Usage};
 use agentq_agent::spec::{ExitReason, SessionSpec};
@@ -15,12 +16,12 @@ use crate::files::FileContent;
 
 /// `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
 ///
-/// The spec's fields ([`SessionSpec`]: `prompt`, `mode`, `max_iterations`, …) sit at the
+/// The spec's fields (`SessionSpec`: `prompt`, `mode`, `max_iterations`, …) sit at the
 /// top level beside `queue` and `idempotency_key`. Any other field is refused rather than
 /// ignored (a typo such as `max_iteration` would otherwise run the session with the
 /// default silently), and fields named like credentials are refused anywhere in the body:
 /// provider keys belong to the workers' configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct CreateSession {
     #[serde(flatten)]
     pub spec: SessionSpec,
@@ -74,8 +75,8 @@ pub type BatchRequest = Vec<CreateSession>;
 
 /// A session's id and status: the answer to `POST /v1/sessions` (201 when created, 200
 /// for a repeat of an idempotency key, with the existing session's status) and each item
-/// of [`BatchResponse`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// of `BatchResponse`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionRef {
     pub id: String,
     pub status: SessionStatus,
@@ -83,7 +84,7 @@ pub struct SessionRef {
 
 /// `POST /v1/sessions/batch`: the sessions in the order of the request (201 when any was
 /// created, 200 when all were repeats), and the batch they belong to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct BatchResponse {
     pub sessions: Vec<SessionRef>,
     /// The batch's id: a new one, or the one the request joined (`?batch_id=`). Absent
@@ -93,7 +94,7 @@ pub struct BatchResponse {
 }
 
 /// A session as the API shows it: its spec's fields at the top level beside its state.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionView {
     #[serde(flatten)]
     pub spec: SessionSpec,
@@ -147,7 +148,7 @@ fn default_priority() -> u8 {
 }
 
 /// `POST /v1/sessions/{id}/retry`: the session queued again from its last checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RetryResponse {
     pub id: String,
     pub status: SessionStatus,
@@ -155,7 +156,7 @@ pub struct RetryResponse {
 
 /// `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at
 /// most 1000) and the tool calls it holds for a human decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct SessionDetail {
     #[serde(flatten)]
     pub session: SessionView,
@@ -178,7 +179,7 @@ pub struct SessionDetail {
 }
 
 /// A sensitive tool call held until someone approves or denies it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct PendingApproval {
     /// What `POST /v1/sessions/{id}/approvals` names as `tool_call_id`.
     pub tool_call_id: String,
@@ -191,16 +192,18 @@ pub struct PendingApproval {
 
 /// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested, oldest child
 /// first (at most 10,000 sessions in all).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct TreeNode {
     #[serde(flatten)]
     pub session: SessionView,
+    // Named by reference: the derived schema list must not recurse into itself.
+    #[schema(no_recursion)]
     pub children: Vec<TreeNode>,
 }
 
 /// `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=`: a page of sessions,
 /// newest first. Any other query parameter is refused (422 naming it).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ListResponse {
     pub sessions: Vec<SessionView>,
     /// Pass as `cursor` for the next page; `null` on the last one.
@@ -216,7 +219,7 @@ pub const LIST_PARAMS: &[&str] = &["status", "limit", "cursor", "parent_id", "ba
 
 /// `GET /v1/sessions/{id}/messages`: the session's history, parallel tool results in the
 /// order of their calls.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct MessagesResponse {
     pub messages: Vec<Message>,
 }
@@ -224,7 +227,7 @@ pub struct MessagesResponse {
 /// `POST /v1/sessions/{id}/cancel`: 200 when it was cancelled at once (it was not
 /// running), 202 with `cancel_requested: true` when its worker stops it at its next
 /// check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CancelResponse {
     pub id: String,
     pub status: SessionStatus,

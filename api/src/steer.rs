@@ -2,6 +2,7 @@
 //! calls.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use agentq_types::model::SessionStatus;
 use agentq_types::protocol::Strategy;
@@ -10,7 +11,7 @@ use crate::de;
 
 /// `POST /v1/sessions/{id}/messages`: a message for a running session, or a follow-up
 /// turn for a finished one (which then continues with its full history).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PostMessage {
     /// Up to 1,000,000 bytes, not only white space.
@@ -22,7 +23,7 @@ pub struct PostMessage {
 }
 
 /// `POST /v1/sessions/{id}/messages` (202): how the message was taken.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct PostMessageResponse {
     pub id: String,
     /// The session's status when the message arrived (for a follow-up: after reopening).
@@ -52,6 +53,41 @@ impl Delivery {
     }
 }
 
+/// Written by hand: the derive cannot express a plain variant beside an untagged one. On
+/// the wire it is one string, `follow_up` or a [`Strategy`].
+impl utoipa::PartialSchema for Delivery {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([Delivery::FollowUp.as_str()])),
+            )
+            .item(utoipa::openapi::Ref::from_schema_name(Strategy::name()))
+            .description(Some(
+                "`follow_up` (a new turn of a finished session) or the strategy it was \
+                 delivered by",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for Delivery {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((
+            Strategy::name().into(),
+            <Strategy as utoipa::PartialSchema>::schema(),
+        ));
+        <Strategy as ToSchema>::schemas(schemas);
+    }
+}
+
 impl std::fmt::Display for Delivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -60,7 +96,7 @@ impl std::fmt::Display for Delivery {
 
 /// `POST /v1/sessions/{id}/approvals`: a human's decision on a tool call the session is
 /// holding (a pending call of its last turn).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRequest {
     #[serde(deserialize_with = "de::required_string")]
@@ -103,7 +139,7 @@ impl ApprovalRequest {
 }
 
 /// `POST /v1/sessions/{id}/approvals` (200): the decision was recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApprovalResponse {
     pub id: String,
     pub tool_call_id: String,

@@ -71,7 +71,7 @@ pub async fn compare(args: &BenchArgs, argv: &[OsString]) -> anyhow::Result<Exit
 
     let mut figures: BTreeMap<String, Figure> = BTreeMap::new();
     for pair in 0..args.pairs {
-        let order: [(&str, &Path); 2] = if pair % 2 == 0 {
+        let order: [(&str, &Path); 2] = if pair.is_multiple_of(2) {
             [("other", &baseline), ("this", &this)]
         } else {
             [("this", &this), ("other", &baseline)]
@@ -231,7 +231,7 @@ fn median(xs: &[f64]) -> Option<f64> {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    Some(if v.len() % 2 == 0 {
+    Some(if v.len().is_multiple_of(2) {
         (v[mid - 1] + v[mid]) / 2.0
     } else {
         v[mid]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::hostile;
-use crate::turns::{BUILTIN, TRIVIAL};
+use crate::turns::{BUILTIN, MCP, TRIVIAL};
 
 pub const PARTS: &[&str] = &[
     "ceiling",
@@ -74,11 +74,19 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub checkpoint_writers: u32,
     /// The tool every turn but the last calls in the in-process parts (throughput,
-    /// overhead, storage, resume): `trivial` answers at once from memory; `list_dir` is the
-    /// built-in, one directory listing through tokio's blocking pool. Capacity and recovery
-    /// run `agentq worker` children, which always call `list_dir`.
-    #[arg(long, default_value = TRIVIAL, value_parser = [TRIVIAL, BUILTIN])]
+    /// overhead, storage, resume, isolation): `trivial` answers at once from memory;
+    /// `list_dir` is the built-in, one directory listing through tokio's blocking pool;
+    /// `mcp` is an MCP tool that a tiny stdio MCP server (one per worker) answers at once,
+    /// and the throughput part then also runs `trivial` to give the overhead per MCP call.
+    /// Capacity and recovery run `agentq worker` children, which always call `list_dir`.
+    #[arg(long, default_value = TRIVIAL, value_parser = [TRIVIAL, BUILTIN, MCP])]
     pub tool: String,
+    /// With `--tool mcp`: pairs of throughput rounds, each a round with `trivial` and one
+    /// with the MCP tool on fresh workers, in alternating order (`trivial` first in the
+    /// first pair, the MCP tool first in the second, …), so that a drift over the run
+    /// weighs on both alike.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub mcp_pairs: u32,
     /// The isolation part's hostile kinds (comma-separated; all when not given): nul
     /// (NUL characters in the model's text), edit_bomb (write_file 16 KiB, then edit_file
     /// replace_all expanding it 1 000 times, twice), big_output (write_file, read_file and

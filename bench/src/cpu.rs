@@ -2,11 +2,14 @@
 //! as CPU per operation and per process, on any machine: the bench process itself (it
 //! hosts the in-process workers), the Postgres server when it runs on this machine (found
 //! through a backend's pid and its parent, the postmaster), and Redis (which reports its
-//! own through `INFO cpu`, wherever it runs). A figure that cannot be had is `None`.
+//! own through `INFO cpu`, wherever it runs), and the MCP servers of `--tool mcp` (this
+//! process's `agentq bench-mcp-server` children). A figure that cannot be had is `None`.
 
 use std::path::Path;
 
 use agentq_core::pg::PgStore;
+
+use crate::turns::MCP_SERVER_COMMAND;
 
 /// `/proc` reports process times in USER_HZ, which Linux fixes at 100 for userspace.
 const USER_HZ: f64 = 100.0;
@@ -24,6 +27,9 @@ pub struct Sample {
     pub own: Option<f64>,
     pub postgres: Option<f64>,
     pub redis: Option<f64>,
+    /// This process's MCP server children alive at the sample (a server that exits
+    /// between two samples makes the difference `None`).
+    pub mcp_servers: Option<f64>,
 }
 
 impl Sample {
@@ -34,6 +40,7 @@ impl Sample {
             own: d(self.own, before.own),
             postgres: d(self.postgres, before.postgres),
             redis: d(self.redis, before.redis),
+            mcp_servers: d(self.mcp_servers, before.mcp_servers),
         }
     }
 }
@@ -68,6 +75,7 @@ impl Cpu {
                 Some(c) => redis_secs(&mut c.clone()).await,
                 None => None,
             },
+            mcp_servers: mcp_servers_secs(),
         }
     }
 }
@@ -121,6 +129,33 @@ fn postgres_secs(postmaster: u32) -> Option<f64> {
             && ppid == postmaster
         {
             total += exact_secs(&entry.path()).unwrap_or(t.own);
+        }
+    }
+    Some(total)
+}
+
+/// Every live child of this process that runs `agentq bench-mcp-server`, all its
+/// threads (to the tick: a server is multi-threaded, and `schedstat` is one thread's).
+fn mcp_servers_secs() -> Option<f64> {
+    let me = std::process::id();
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Some((ppid, t)) = stat(&entry.path().join("stat")) else {
+            continue;
+        };
+        if ppid != me {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg == MCP_SERVER_COMMAND.as_bytes())
+        {
+            total += t.own;
         }
     }
     Some(total)

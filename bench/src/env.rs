@@ -50,6 +50,20 @@ impl Env {
         format!("bench-{}-{part}", self.run)
     }
 
+    /// The tool the in-process parts' sessions call (`--tool`, as sessions name it).
+    pub fn tool(&self) -> &'static str {
+        crate::turns::session_tool(&self.args.tool)
+    }
+
+    /// The `agentq` binary whose subcommands the bench starts as children (workers, the
+    /// MCP server): [`BenchArgs::agentq_binary`], by default this very executable.
+    pub fn agentq_binary(&self) -> anyhow::Result<PathBuf> {
+        match &self.args.agentq_binary {
+            Some(exe) => Ok(exe.clone()),
+            None => std::env::current_exe().context("locating the agentq binary"),
+        }
+    }
+
     /// The same run against another database (a scratch one of the storage part).
     pub fn derived(&self, db_url: String, store: PgStore) -> Env {
         Env {

@@ -34,7 +34,7 @@ pub async fn isolation(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let (bystanders, iterations) = (a.sessions, a.iterations);
     let hostiles = hostile::count(bystanders, a.hostile_percent);
     let bytes = usize::try_from(a.hostile_bytes)?;
-    let tool = a.tool.clone();
+    let tool = env.tool().to_string();
     let fake = {
         let tool = tool.clone();
         FakeLlm::start_stateless(Duration::ZERO, move |body| {
@@ -148,9 +148,9 @@ async fn rounds(
     // A round of bystanders only: its time and its failed bystanders. Before the mixed
     // round a failure is the run's error; after it, hostile sessions may still be going.
     let alone = async |label: &str, strict: bool, benign: u32| -> anyhow::Result<(Duration, u64)> {
-        let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
+        let ids = create_sessions(env, queue, a.sessions, a.iterations, env.tool()).await?;
         let extra = if benign > 0 {
-            create_sessions(env, queue, benign, a.iterations, &a.tool).await?
+            create_sessions(env, queue, benign, a.iterations, env.tool()).await?
         } else {
             Vec::new()
         };
@@ -183,7 +183,7 @@ async fn rounds(
     let (first, _) = alone("first alone", true, 0).await?;
     let (control_first, _) = alone("first control", true, hostiles).await?;
 
-    let ids = create_sessions(env, queue, a.sessions, a.iterations, &a.tool).await?;
+    let ids = create_sessions(env, queue, a.sessions, a.iterations, env.tool()).await?;
     let (hostile_ids, mut outcomes) = create_hostiles(env, queue, kinds, hostiles).await?;
     let mut hostile_list: Vec<String> = hostile_ids.keys().cloned().collect();
     hostile_list.sort();
@@ -235,7 +235,7 @@ async fn create_hostiles(
             continue;
         }
         let new: Vec<NewSession> = (0..n)
-            .map(|_| NewSession::root(kind.spec(a.iterations, &a.tool), queue))
+            .map(|_| NewSession::root(kind.spec(a.iterations, env.tool()), queue))
             .collect();
         match env.store.create_sessions(&new).await {
             Ok(rows) => hostile_ids.extend(rows.into_iter().map(|(row, _)| (row.id, *kind))),

@@ -5,9 +5,10 @@
 //!
 //! 1. `ceiling` — raw one-row durable INSERT commits/s of this Postgres, and raw
 //!    XADD/XREADGROUP/XACK round trips/s of this Redis, at the workers' connection count;
-//! 2. `throughput` — N sessions × K iterations (scripted provider, a trivial in-memory tool
-//!    or `--tool list_dir`) on W in-process workers: iterations/s, and that over the commit
-//!    ceiling;
+//! 2. `throughput` — N sessions × K iterations (scripted provider, a trivial in-memory tool,
+//!    `--tool list_dir`, or `--tool mcp`: an MCP tool of the bench's own stdio server) on W
+//!    in-process workers: iterations/s, and that over the commit ceiling; with `--tool mcp`
+//!    also the trivial tool's rounds beside the MCP tool's, and the overhead per MCP call;
 //! 3. `overhead` — p50/p99 of the loop's own time per iteration: in the same run, and with
 //!    one session alone (the worker's own cost, without queueing behind other sessions);
 //! 4. `storage` — bytes stored per iteration for K = 10, 40, 160;
@@ -30,7 +31,8 @@
 //!
 //! The crate is a library so that `agentq bench` stays a subcommand of the one `agentq`
 //! binary: [`run`] with the [`BenchArgs`] clap parsed. The capacity and recovery parts run
-//! that binary as `agentq worker` children ([`BenchArgs::agentq_binary`]).
+//! that binary as `agentq worker` children ([`BenchArgs::agentq_binary`]), and the workers
+//! of `--tool mcp` start it as their MCP server (`agentq bench-mcp-server`, [`serve_mcp`]).
 
 mod ab;
 mod admission;
@@ -42,6 +44,8 @@ mod env;
 mod hostile;
 mod isolation;
 mod llm;
+mod mcp;
+mod mcp_server;
 mod pools;
 mod procs;
 mod report;
@@ -59,13 +63,16 @@ use agentq_core::pg::PgStore;
 
 pub use args::{BenchArgs, PARTS};
 use env::{Env, services};
+pub use mcp_server::{McpServerArgs, serve as serve_mcp};
 pub use report::Results;
 use report::progress;
+pub use turns::MCP_SERVER_COMMAND;
 
 /// Run the parts `args` select and print their figures (a table, and with `--json` one
 /// JSON object on the last line). Progress goes to stderr.
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let selected = selection(&args.only)?;
+    check_mcp_flags(&args)?;
     if args.baseline.is_some() {
         // The children get what followed `bench` on this command line.
         let argv: Vec<_> = std::env::args_os()
@@ -136,7 +143,11 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
             "throughput: {} sessions x {} iterations on {} workers",
             env.args.sessions, env.args.iterations, env.args.workers
         ));
-        workload::throughput(env, r).await?;
+        if env.tool() == turns::MCP_TOOL {
+            mcp::throughput(env, r).await?;
+        } else {
+            workload::throughput(env, r).await?;
+        }
     }
     if want("overhead") {
         progress(&format!(
@@ -180,6 +191,25 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
     }
     if want("workspace") {
         workspace::workspace(env, r).await?;
+    }
+    Ok(())
+}
+
+/// `--tool mcp` needs a tool call per session to measure, and `--mcp-pairs` means nothing
+/// without it.
+fn check_mcp_flags(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.tool == turns::MCP && args.iterations < 2 {
+        bail!(
+            "--iterations {}: --tool mcp needs 2 or more (every iteration but the last makes \
+             the MCP call)",
+            args.iterations
+        );
+    }
+    if args.tool != turns::MCP && args.mcp_pairs > 1 {
+        bail!(
+            "--mcp-pairs is for --tool mcp (this run's --tool is {})",
+            args.tool
+        );
     }
     Ok(())
 }

@@ -45,10 +45,7 @@ pub(crate) fn spawn_worker(
     vars: &[(&str, &str)],
     log: &Path,
 ) -> anyhow::Result<Child> {
-    let exe = match &env.args.agentq_binary {
-        Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("locating the agentq binary")?,
-    };
+    let exe = env.agentq_binary()?;
     let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(&exe);
     cmd.arg("worker")

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use self::mcp::McpFigures;
 use crate::args::BenchArgs;
+
+pub(crate) mod mcp;
 
 /// What the hostile sessions of the mixed round came to.
 #[derive(Debug, Default)]
@@ -103,6 +106,8 @@ pub struct Results {
     pub admission_nonbinding_iterations_per_s: Option<f64>,
     pub admission_unlimited_iterations_per_s: Option<f64>,
     pub admission_nonbinding_ratio: Option<f64>,
+    /// `--tool mcp`: the throughput part's rounds with the MCP tool and the trivial one.
+    pub mcp: Option<McpFigures>,
 }
 
 impl Results {
@@ -122,7 +127,7 @@ fn round(v: f64, digits: i32) -> f64 {
     (v * f).round() / f
 }
 
-fn num(v: Option<f64>, digits: i32) -> Value {
+pub(crate) fn num(v: Option<f64>, digits: i32) -> Value {
     match v {
         Some(x) if x.is_finite() => json!(round(x, digits)),
         _ => Value::Null,
@@ -223,21 +228,24 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
             m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
             m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
         }
+        for (key, value) in mcp::to_json(r.mcp.as_ref()) {
+            m.insert(key.into(), value);
+        }
     }
     v
 }
 
 /// `met`/`missed` against a target.
-fn verdict(ok: bool) -> &'static str {
+pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }
 }
 
 /// The table's rows: part, figure, value, target.
 #[derive(Default)]
-struct Rows(Vec<[String; 4]>);
+pub(crate) struct Rows(Vec<[String; 4]>);
 
 impl Rows {
-    fn add(&mut self, part: &str, figure: String, value: String, target: String) {
+    pub(crate) fn add(&mut self, part: &str, figure: String, value: String, target: String) {
         self.0.push([part.to_string(), figure, value, target]);
     }
 }
@@ -246,6 +254,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     let mut rows = Rows::default();
     ceiling_rows(r, &mut rows);
     throughput_rows(r, args, &mut rows);
+    mcp::rows(r, &mut rows);
     overhead_rows(r, &mut rows);
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);

@@ -20,6 +20,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         env,
         &Workload {
             part: "resume",
+            tool: env.tool(),
             sessions: env.args.sessions.min(20),
             iterations: 160,
             warm_up: false,
@@ -50,7 +51,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let store = PgStore::connect(&env.db_url, 2).await?;
     store.ping().await?;
     let specs = tools()
-        .select(std::slice::from_ref(&env.args.tool))
+        .select(&[env.tool().to_string()])
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .specs();
     let openai = OpenAiProvider::new(OpenAiConfig {
@@ -84,7 +85,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
                 state.iteration
             );
         }
-        let request = state.request("gpt-4o-mini", &specs);
+        let request = state.request("gpt-4o-mini", &specs, None);
         let body = serde_json::to_vec(&openai.request_body(&request))?;
         let d = t.elapsed();
         std::hint::black_box(body);

@@ -107,6 +107,7 @@ async fn storage_run(
         env,
         &Workload {
             part,
+            tool: env.tool(),
             sessions: n,
             iterations: k,
             warm_up: false,

@@ -1,6 +1,6 @@
 //! The scripted workload of the in-process parts: its tool, script and sessions, workers
-//! configured as `agentq worker` configures them, and the timed runs of the throughput and
-//! overhead parts.
+//! configured as `agentq worker` configures them (with the bench's MCP server when the
+//! tool is the MCP one), and the timed runs of the throughput and overhead parts.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,21 +22,25 @@ use agentq_worker::{Worker, WorkerSettings};
 
 use crate::cpu::Sample;
 use crate::env::Env;
+use crate::mcp_server;
 use crate::report::{Results, ms, progress, quantile};
-use crate::turns::{FINAL_TEXT, TRIVIAL, TURN_TEXT, spec};
+use crate::turns::{
+    FINAL_TEXT, MCP_TOOL, TOOL_DESCRIPTION, TRIVIAL, TURN_TEXT, spec, tool_answer, tool_parameters,
+};
 
-struct Trivial;
+/// [`TRIVIAL`], or (only to describe it, in [`tools`]) the MCP tool, which says the same.
+struct Trivial(&'static str);
 
 #[async_trait::async_trait]
 impl Tool for Trivial {
     fn name(&self) -> &str {
-        TRIVIAL
+        self.0
     }
     fn description(&self) -> &str {
-        "List a directory of the workspace (answers at once: the workspace is empty)."
+        TOOL_DESCRIPTION
     }
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({"type": "object", "properties": {"path": {"type": "string"}}})
+        serde_json::Value::Object(tool_parameters())
     }
     fn side_effect(&self, _args: &serde_json::Value) -> SideEffect {
         SideEffect::Pure
@@ -46,16 +50,16 @@ impl Tool for Trivial {
         args: serde_json::Value,
         _ctx: &ToolContext,
     ) -> Result<ToolOutput, ToolError> {
-        // What `list_dir` says of an empty workspace, so that messages weigh the same.
-        let path = args.get("path").and_then(|p| p.as_str()).unwrap_or(".");
-        Ok(ToolOutput::ok(format!("{path}: (empty directory)")))
+        Ok(ToolOutput::ok(tool_answer(args.as_object())))
     }
 }
 
-/// The built-in tools and the trivial one.
+/// The built-in tools, the trivial one and, as the model is shown it, the MCP one: what a
+/// request holds of each. Never a worker's registry: there the MCP tool is the server's.
 pub fn tools() -> ToolRegistry {
     let mut all = builtin_registry(&ToolSettings::default());
-    all.register(Arc::new(Trivial));
+    all.register(Arc::new(Trivial(TRIVIAL)));
+    all.register(Arc::new(Trivial(MCP_TOOL)));
     all
 }
 
@@ -166,8 +170,13 @@ pub fn config(
             ..Default::default()
         },
     )?);
-    if tool == TRIVIAL {
-        cfg.tools.register(Arc::new(Trivial));
+    match tool {
+        TRIVIAL => cfg.tools.register(Arc::new(Trivial(TRIVIAL))),
+        // Started by the worker as any `[[mcp.servers]]` entry is.
+        MCP_TOOL => {
+            cfg.mcp_servers = vec![mcp_server::server_settings(env, name, cfg.concurrency)?];
+        }
+        _ => {}
     }
     Ok(cfg)
 }
@@ -198,6 +207,8 @@ pub async fn close(store: &PgStore) {
 
 pub struct Workload {
     pub part: &'static str,
+    /// What every turn but the last calls (as sessions name it).
+    pub tool: &'static str,
     pub sessions: u32,
     pub iterations: u32,
     /// Run the same workload once on the same workers before the measured one.
@@ -205,6 +216,8 @@ pub struct Workload {
 }
 
 pub struct Ran {
+    /// The measured round's iterations (sessions × iterations).
+    pub iterations: f64,
     pub elapsed: Duration,
     pub ids: Vec<String>,
     pub overhead: Vec<Duration>,
@@ -215,10 +228,49 @@ pub struct Ran {
     /// The warm-up round's time from the enqueue to the last completion: the workload as
     /// the first burst on fresh workers runs it.
     pub cold: Option<Duration>,
-    /// The checkpoint latency histogram before and after the measured round.
-    pub checkpoint_hist: (Hist, Hist),
+    /// The checkpoint latency histogram's counts in the measured round.
+    pub checkpoint_hist: Hist,
     /// Group commits in the measured round, and the checkpoints they carried.
     pub commits: (u64, f64),
+    /// With the MCP tool: the tool calls the servers answered (warm-up included), and
+    /// those the sessions that completed made.
+    pub mcp_calls: Option<(u64, u64)>,
+}
+
+impl Ran {
+    /// Two rounds of the same workload as one: their times, samples and counts added.
+    pub fn merge(self, o: Ran) -> Ran {
+        let add = |a: Option<f64>, b: Option<f64>| Some(a? + b?);
+        let mut ids = self.ids;
+        ids.extend(o.ids);
+        let mut overhead = self.overhead;
+        overhead.extend(o.overhead);
+        Ran {
+            iterations: self.iterations + o.iterations,
+            elapsed: self.elapsed + o.elapsed,
+            ids,
+            overhead,
+            failed: self.failed + o.failed,
+            cpu: Sample {
+                own: add(self.cpu.own, o.cpu.own),
+                postgres: add(self.cpu.postgres, o.cpu.postgres),
+                redis: add(self.cpu.redis, o.cpu.redis),
+                mcp_servers: add(self.cpu.mcp_servers, o.cpu.mcp_servers),
+            },
+            cold: self.cold.zip(o.cold).map(|(a, b)| a + b),
+            checkpoint_hist: self
+                .checkpoint_hist
+                .iter()
+                .zip(&o.checkpoint_hist)
+                .map(|((ub, a), (_, b))| (*ub, a + b))
+                .collect(),
+            commits: (self.commits.0 + o.commits.0, self.commits.1 + o.commits.1),
+            mcp_calls: self
+                .mcp_calls
+                .zip(o.mcp_calls)
+                .map(|((a, b), (c, d))| (a + c, b + d)),
+        }
+    }
 }
 
 /// N sessions × K iterations on W in-process workers, timed from the enqueue to the last
@@ -228,7 +280,7 @@ pub struct Ran {
 /// (a fork, then each backend's catalog caches and each statement's preparation).
 pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     let queue = env.queue(w.part);
-    let tool = env.args.tool.as_str();
+    let tool = w.tool;
     let fleet = Fleet::start(env, w, &queue, tool).await?;
     let redis = RedisQueue::connect(&env.redis_url).await?;
     redis.ensure_queue(&queue).await?;
@@ -275,59 +327,95 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
             batches.get_sample_count().saturating_sub(batches_before.0),
             batches.get_sample_sum() - batches_before.1,
         );
-        let hist = (hist_before, checkpoint_hist());
+        let hist = hist_delta(&hist_before, &checkpoint_hist());
         anyhow::Ok((ids, all, elapsed?, overhead, cpu, cold, hist, commits))
     }
     .await;
-    fleet.stop().await;
+    let served = fleet.stop().await;
     let (ids, all, elapsed, overhead, cpu, cold, checkpoint_hist, commits) = measured?;
+    let failed = not_completed(env, &all, w.iterations).await?;
+    let mcp_calls = match served {
+        Some(served) => {
+            // A completed session made a call every turn but the last.
+            let made = (all.len() as u64).saturating_sub(failed)
+                * u64::from(w.iterations.saturating_sub(1));
+            let served = served?;
+            if served < made {
+                bail!(
+                    "{}: the MCP servers answered {served} tool calls, fewer than the {made} \
+                     that the completed sessions made: calls failed, so the figures would not \
+                     be those of MCP calls",
+                    w.part
+                );
+            }
+            Some((served, made))
+        }
+        None => None,
+    };
     Ok(Ran {
+        iterations: f64::from(w.sessions) * f64::from(w.iterations),
         elapsed,
-        failed: not_completed(env, &all, w.iterations).await?,
+        failed,
         ids,
         overhead,
         cpu,
         cold,
         checkpoint_hist,
         commits,
+        mcp_calls,
     })
 }
+
+/// How long a fleet waits for its MCP servers' first answer (or failure) before its rounds.
+const MCP_START_BOUND: Duration = Duration::from_secs(30);
 
 /// The in-process workers of one workload, running until [`Fleet::stop`].
 struct Fleet {
     workers: Vec<Worker>,
     stores: Vec<PgStore>,
+    /// With the MCP tool: where each worker's server keeps its count of calls answered.
+    served: Option<Vec<std::path::PathBuf>>,
     handles: Vec<tokio::task::JoinHandle<agentq_worker::Result<agentq_worker::Drain>>>,
     shutdown: CancellationToken,
 }
 
 impl Fleet {
     /// `--workers` workers on `queue`, each with its own pools, running the workload's
-    /// script.
+    /// script; with the MCP tool, once each worker's server has answered (or failed).
     async fn start(env: &Env, w: &Workload, queue: &str, tool: &str) -> anyhow::Result<Fleet> {
         let script = script(w.iterations, 0, tool);
         let mut fleet = Fleet {
             workers: Vec::new(),
             stores: Vec::new(),
+            served: (tool == MCP_TOOL).then(Vec::new),
             handles: Vec::new(),
             shutdown: CancellationToken::new(),
         };
         for i in 0..env.args.workers {
-            let (wk, store) = worker(
-                env,
-                queue,
-                &format!("{}-{i}", w.part),
-                env.args.concurrency,
-                &script,
-                tool,
-            )
-            .await?;
+            let name = format!("{}-{i}", w.part);
+            if let Some(served) = &mut fleet.served {
+                // A count left by an earlier round's server must not pass for this one's.
+                let path = mcp_server::served_path(env, &name);
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        bail!("removing {}: {e}", path.display())
+                    }
+                    _ => served.push(path),
+                }
+            }
+            let (wk, store) =
+                worker(env, queue, &name, env.args.concurrency, &script, tool).await?;
             let (w2, s) = (wk.clone(), fleet.shutdown.clone());
             fleet
                 .handles
                 .push(tokio::spawn(async move { w2.run(s).await }));
             fleet.workers.push(wk);
             fleet.stores.push(store);
+        }
+        if fleet.served.is_some() {
+            for wk in &fleet.workers {
+                wk.start_mcp(MCP_START_BOUND).await;
+            }
         }
         Ok(fleet)
     }
@@ -340,8 +428,9 @@ impl Fleet {
             .sum()
     }
 
-    /// Stop the workers and close their pools.
-    async fn stop(self) {
+    /// Stop the workers (and their MCP servers) and close their pools; with the MCP tool,
+    /// the calls the servers answered.
+    async fn stop(self) -> Option<anyhow::Result<u64>> {
         self.shutdown.cancel();
         for h in self.handles {
             let _ = h.await;
@@ -349,6 +438,12 @@ impl Fleet {
         for store in &self.stores {
             close(store).await;
         }
+        let served = self.served?;
+        Some(
+            served
+                .iter()
+                .try_fold(0u64, |n, p| Ok(n.saturating_add(mcp_server::served(p)?))),
+        )
     }
 }
 
@@ -364,18 +459,28 @@ async fn not_completed(env: &Env, ids: &[String], iterations: u32) -> anyhow::Re
     Ok((ids.len() as u64).saturating_sub(u64::try_from(ok)?))
 }
 
+/// The throughput part's workload with `tool`.
+pub fn throughput_workload(env: &Env, tool: &'static str) -> Workload {
+    Workload {
+        part: "throughput",
+        tool,
+        sessions: env.args.sessions,
+        iterations: env.args.iterations,
+        warm_up: true,
+    }
+}
+
+/// The throughput part with the trivial tool or `list_dir` (the MCP tool's is
+/// `mcp::throughput`).
 pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
-    let ran = run_workload(
-        env,
-        &Workload {
-            part: "throughput",
-            sessions: env.args.sessions,
-            iterations: env.args.iterations,
-            warm_up: true,
-        },
-    )
-    .await?;
-    let iterations = f64::from(env.args.sessions) * f64::from(env.args.iterations);
+    let ran = run_workload(env, &throughput_workload(env, env.tool())).await?;
+    record_throughput(r, &ran);
+    Ok(())
+}
+
+/// The throughput part's figures, from its measured round(s).
+pub fn record_throughput(r: &mut Results, ran: &Ran) {
+    let iterations = ran.iterations;
     let rate = iterations / ran.elapsed.as_secs_f64();
     r.iterations_per_s = Some(rate);
     r.iterations_per_s_cold = ran.cold.map(|d| iterations / d.as_secs_f64());
@@ -385,9 +490,8 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
     r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
     r.throughput_failed = Some(ran.failed);
-    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead);
-    let (before, after) = &ran.checkpoint_hist;
-    r.checkpoint_p50_ms = hist_quantile(before, after, 0.5).map(|s| s * 1000.0);
+    (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead.clone());
+    r.checkpoint_p50_ms = hist_quantile(&ran.checkpoint_hist, 0.5).map(|s| s * 1000.0);
     let (commits, batched) = ran.commits;
     r.checkpoint_batch_mean = (commits > 0).then(|| batched / commits as f64);
     progress(&format!(
@@ -399,7 +503,6 @@ pub async fn throughput(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         ran.failed,
         r.checkpoint_batch_mean.unwrap_or(0.0)
     ));
-    Ok(())
 }
 
 /// Iterations of the session the overhead part runs alone.
@@ -413,6 +516,7 @@ pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         env,
         &Workload {
             part: "overhead",
+            tool: env.tool(),
             sessions: 1,
             iterations: ALONE_ITERATIONS,
             warm_up: true,
@@ -462,20 +566,25 @@ fn checkpoint_hist() -> Hist {
         .unwrap_or_default()
 }
 
-/// A quantile of the observations between two snapshots, interpolated in its bucket.
-fn hist_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> Option<f64> {
-    let deltas: Vec<(f64, u64)> = after
+/// The observations between two snapshots of a histogram, per bucket (cumulative).
+fn hist_delta(before: &[(f64, u64)], after: &[(f64, u64)]) -> Hist {
+    after
         .iter()
         .enumerate()
-        .map(|(i, (ub, c))| (*ub, c - before.get(i).map_or(0, |b| b.1)))
-        .collect();
+        .map(|(i, (ub, c))| (*ub, c.saturating_sub(before.get(i).map_or(0, |b| b.1))))
+        .collect()
+}
+
+/// A quantile of a histogram's observations (cumulative counts), interpolated in its
+/// bucket.
+fn hist_quantile(deltas: &[(f64, u64)], q: f64) -> Option<f64> {
     let total = deltas.last()?.1;
     if total == 0 {
         return None;
     }
     let want = q * total as f64;
     let mut lo = (0.0, 0u64);
-    for (ub, c) in deltas {
+    for &(ub, c) in deltas {
         if c as f64 >= want {
             let span = (c - lo.1) as f64;
             let frac = if span > 0.0 {

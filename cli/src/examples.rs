@@ -58,4 +58,9 @@ pub const FILES: &str = "Examples:
 
 pub const BENCH: &str = "Examples:
   agentq bench --only throughput --sessions 200 --iterations 10
-  agentq bench --only ceiling,throughput --baseline ./agentq-main --pairs 6";
+  agentq bench --only ceiling,throughput --baseline ./agentq-main --pairs 6
+  agentq bench --private --only throughput --tool mcp --mcp-pairs 3";
+
+pub const BENCH_MCP_SERVER: &str = "Examples:
+  agentq bench --private --only throughput --tool mcp   (starts it, once per worker)
+  agentq bench-mcp-server --served /tmp/served          (speaks MCP on stdin/stdout)";

@@ -97,6 +97,10 @@ enum Command {
     /// what this Postgres and Redis can physically do.
     #[command(after_help = examples::BENCH)]
     Bench(agentq_bench::BenchArgs),
+    /// The MCP server of `agentq bench --tool mcp`, on stdin/stdout: one read-only tool
+    /// that answers at once, and a file counting the calls it answered.
+    #[command(name = agentq_bench::MCP_SERVER_COMMAND, hide = true, after_help = examples::BENCH_MCP_SERVER)]
+    BenchMcpServer(agentq_bench::McpServerArgs),
 }
 
 /// Logs on stderr as text (coloured on a terminal only) or JSON (`AGENTQ_LOG_FORMAT=json`),
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
             Command::Files(args) => files::files(args).await,
             Command::Worker(args) => worker_cmd::worker(args).await,
             Command::Bench(args) => agentq_bench::run(args).await,
+            Command::BenchMcpServer(args) => agentq_bench::serve_mcp(args).await,
         }
     });
     // The exporter's blocking client must be flushed outside the runtime.

@@ -15,7 +15,7 @@ use agentq_agent::event::AgentEvent;
 use agentq_agent::guard::{Firewall, Guards};
 use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory::{self, ProviderSettings};
-use agentq_agent::spec::{ExitReason, Mode, SessionSpec};
+use agentq_agent::spec::{ExitReason, Mode, SessionSpec, WEB_SEARCH_TOOL, WebSearch};
 use agentq_agent::state::{Outcome, SessionState};
 use agentq_agent::tools::{
     LocalWorkspace, READ_ONLY_TOOLS, ToolRegistry, ToolSettings, builtin_registry,
@@ -88,6 +88,21 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let (tools, wanted) = select_tools(&args, &tool_settings)?;
     let (provider, model) = provider_and_model(&mut args)?;
+    let web_search = wanted
+        .iter()
+        .any(|t| t == WEB_SEARCH_TOOL)
+        .then(|| {
+            if provider.web_search() {
+                Ok(WebSearch::default())
+            } else {
+                Err(anyhow::anyhow!(
+                    "--tools: `{WEB_SEARCH_TOOL}` is a search the provider runs itself, and \
+                     provider `{}` cannot (use --provider anthropic)",
+                    provider.name()
+                ))
+            }
+        })
+        .transpose()?;
     let workspace = LocalWorkspace::new(&args.workspace)
         .with_context(|| format!("--workspace: cannot use {}", args.workspace.display()))?;
     let spec = session_spec(&args, &model, wanted)?;
@@ -98,12 +113,16 @@ pub async fn run(mut args: RunArgs) -> anyhow::Result<ExitCode> {
         ..Guards::default()
     };
     operator_guards(args.config.as_deref())?.apply(&mut guards);
+    if web_search.is_some() {
+        guards.native_tools.insert(WEB_SEARCH_TOOL.to_string());
+    }
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<AgentEvent>();
     let agent = Agent {
         provider,
         default_model: model,
         tools,
+        web_search,
         guards,
         events: Arc::new(tx),
         checkpointer: Arc::new(NoCheckpoint),
@@ -212,7 +231,13 @@ fn select_tools(
             .collect(),
         None => READ_ONLY_TOOLS.iter().map(|s| s.to_string()).collect(),
     };
-    let tools = match all.select(&wanted) {
+    // The web search is the provider's own, not a tool of this registry.
+    let local: Vec<String> = wanted
+        .iter()
+        .filter(|t| *t != WEB_SEARCH_TOOL)
+        .cloned()
+        .collect();
+    let tools = match all.select(&local) {
         Ok(t) => t,
         Err(e) if wanted.iter().any(|t| t == "shell") && !args.enable_shell => {
             bail!("--tools: {e} (the shell tool needs --enable-shell)")

@@ -95,6 +95,121 @@ fn bench_prints_every_figure_as_json() {
     assert!(stdout.contains("ceiling"), "{stdout}");
 }
 
+/// `--tool mcp`, tiny: the throughput part runs the trivial tool and the MCP tool (served
+/// by `agentq bench-mcp-server`, one per worker) in the same run. Both rates and the
+/// overhead per MCP call are reported, and the servers answered exactly the calls the
+/// sessions made (warm-up rounds included): the MCP figure is not that of failed calls.
+#[test]
+fn bench_throughput_with_an_mcp_tool_reports_both_rates_and_the_calls_served() {
+    let (sessions, iterations, pairs) = (12u64, 4u64, 2u64);
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--only", "throughput", "--json"])
+        .args(["--tool", "mcp", "--mcp-pairs", &pairs.to_string()])
+        .args(["--sessions", &sessions.to_string()])
+        .args(["--iterations", &iterations.to_string()])
+        .args([
+            "--workers",
+            "2",
+            "--concurrency",
+            "8",
+            "--ceiling-secs",
+            "0.3",
+        ])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "agentq bench failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let last = stdout.lines().last().expect("no output");
+    let v: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(v["tool"], "mcp", "{v}");
+    assert_eq!(v["mcp_builtin_tool"], "trivial", "{v}");
+    assert_eq!(v["mcp_pairs"], pairs, "{v}");
+    for key in [
+        "iterations_per_s",
+        "mcp_iterations_per_s",
+        "mcp_builtin_iterations_per_s",
+    ] {
+        let x = v[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing or not a number in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    // Noise may make it negative on a tiny run: it is a number, not a sign.
+    let overhead = v["mcp_overhead_ms_per_call"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("mcp_overhead_ms_per_call in {v}"));
+    assert!(overhead.is_finite(), "{overhead}");
+    // The servers are this process's children on this machine: their CPU is found.
+    let server_cpu = v["mcp_server_cpu_ms_per_call"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("mcp_server_cpu_ms_per_call in {v}"));
+    assert!(server_cpu.is_finite() && server_cpu >= 0.0, "{server_cpu}");
+    let client_cpu = v["mcp_client_cpu_ms_per_call"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("mcp_client_cpu_ms_per_call in {v}"));
+    assert!(client_cpu.is_finite(), "{client_cpu}");
+    assert_eq!(v["mcp_calls_per_iteration"], 0.75, "{v}");
+    // Every turn but the last calls the tool; each MCP round has a warm-up round too.
+    let made = pairs * 2 * sessions * (iterations - 1);
+    assert_eq!(v["mcp_calls_made"], made, "{v}");
+    assert_eq!(v["mcp_calls_served"], made, "{v}");
+    assert_eq!(v["throughput_failed_sessions"], 0, "{v}");
+    // Pairs alternate their order, and each round is reported.
+    let rounds: Vec<&str> = v["mcp_rounds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("mcp_rounds in {v}"))
+        .iter()
+        .map(|r| r["tool"].as_str().expect("a tool"))
+        .collect();
+    assert_eq!(
+        rounds,
+        [
+            "trivial",
+            "mcp__bench__list_dir",
+            "mcp__bench__list_dir",
+            "trivial"
+        ]
+    );
+    assert!(stdout.contains("overhead per MCP call"), "{stdout}");
+}
+
+#[test]
+fn an_mcp_run_without_a_call_to_measure_is_refused_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--tool", "mcp", "--iterations", "1"])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--iterations"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(["bench", "--private", "--mcp-pairs", "3"])
+        .output()
+        .expect("running agentq bench");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--mcp-pairs"), "{stderr}");
+}
+
+/// The server's subcommand is for the bench: not in the binary's help.
+#[test]
+fn the_mcp_server_subcommand_is_hidden() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .arg("--help")
+        .output()
+        .expect("running agentq --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("bench"), "{help}");
+    assert!(!help.contains("bench-mcp-server"), "{help}");
+}
+
 #[test]
 fn an_unknown_tool_is_refused_naming_the_flag() {
     let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
@@ -105,7 +220,7 @@ fn an_unknown_tool_is_refused_naming_the_flag() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--tool"), "{stderr}");
     assert!(
-        stderr.contains("trivial") && stderr.contains("list_dir"),
+        stderr.contains("trivial") && stderr.contains("list_dir") && stderr.contains("mcp"),
         "{stderr}"
     );
 }

@@ -256,6 +256,26 @@ fn bad_flags_and_unreachable_endpoints_give_one_clear_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--tools") && err.contains("teleport"), "{err}");
 
+    // The web search is the provider's own: one that cannot run it is refused, naming
+    // the flag, before any call.
+    let out = agentq()
+        .args([
+            "run",
+            "--provider",
+            "scripted",
+            "--tools",
+            "read_file,web_search",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--tools") && err.contains("`web_search`") && err.contains("scripted"),
+        "{err}"
+    );
+
     let out = agentq()
         .args([
             "run",

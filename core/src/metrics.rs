@@ -34,6 +34,7 @@ pub struct Metrics {
     pub registry: Registry,
     pub iterations: IntCounterVec,
     pub llm_tokens: IntCounterVec,
+    pub llm_web_searches: IntCounterVec,
     pub guardian_tokens: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_request_duration: HistogramVec,
@@ -67,6 +68,7 @@ pub struct Metrics {
     pub queue_lag: IntGaugeVec,
     pub build_info: IntGaugeVec,
     pub tenant_tokens: IntCounterVec,
+    pub tenant_web_searches: IntCounterVec,
     pub tenant_cost_usd: prometheus::CounterVec,
     /// The models that are their own `model` label value (see the module docs).
     models: RwLock<HashSet<String>>,
@@ -99,6 +101,7 @@ impl Metrics {
             registry: r,
             iterations: s.iterations,
             llm_tokens: llm.llm_tokens,
+            llm_web_searches: llm.llm_web_searches,
             guardian_tokens: llm.guardian_tokens,
             llm_requests: llm.llm_requests,
             llm_request_duration: llm.llm_request_duration,
@@ -131,6 +134,7 @@ impl Metrics {
             queue_pending: queues.queue_pending,
             queue_lag: queues.queue_lag,
             tenant_tokens: tenants.tenant_tokens,
+            tenant_web_searches: tenants.tenant_web_searches,
             tenant_cost_usd: tenants.tenant_cost_usd,
             models: RwLock::default(),
             tenants: RwLock::default(),
@@ -221,9 +225,14 @@ impl Metrics {
         }
     }
 
-    /// An LLM call of `tenant` spent `usage`, costing `usd`.
+    /// An LLM call of `tenant` spent `usage`, costing `usd` (its searches included).
     pub fn tenant_spent(&self, tenant: &str, usage: &agentq_agent::schema::Usage, usd: f64) {
         let t = self.tenant_label(tenant);
+        if usage.web_search_requests > 0 {
+            self.tenant_web_searches
+                .with_label_values(&[t])
+                .inc_by(usage.web_search_requests);
+        }
         for (kind, n) in [
             ("input", usage.input_tokens),
             ("output", usage.output_tokens),

@@ -43,6 +43,7 @@ fn ask(input: u64, max_out: u64) -> CallAsk<'static> {
         model: "gpt-4o",
         input_tokens: input,
         max_output_tokens: max_out,
+        web_searches: 0,
         max_wait: Duration::ZERO,
     }
 }
@@ -588,6 +589,7 @@ async fn naming_ten_thousand_models_keeps_the_per_model_hashes_bounded() {
             model: &model,
             input_tokens: 3,
             max_output_tokens: 5,
+            web_searches: 0,
             max_wait: Duration::ZERO,
         };
         let p = admitted(&*w, &a).await;

@@ -23,6 +23,9 @@ mod stdio;
 mod tool;
 
 pub use error::{Error, Result};
-pub use server::{McpServer, ServerStatus};
+pub use server::{
+    MAX_DESCRIPTION_BYTES, MAX_PAGES, MAX_SCHEMA_BYTES, MAX_TOOL_NAME, MAX_TOOLS, McpServer,
+    ServerStatus,
+};
 pub use servers::{McpServers, McpTools};
 pub use tool::McpTool;

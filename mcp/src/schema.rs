@@ -6,22 +6,60 @@
 //! `minimum`/`maximum`/`exclusiveMinimum`/`exclusiveMaximum` (numbers), `anyOf`, `oneOf`
 //! and `allOf`. Anything else (`$ref`, `pattern`, `format`…) is not checked: the server
 //! remains the judge of what it accepts, this only spares it (and the model) calls that
-//! cannot be right.
+//! cannot be right. The check is bounded in depth and in work ([`MAX_STEPS`]): past the
+//! bound it gives up and the server judges.
 
 use serde_json::{Map, Value};
 
 /// Deeper schemas are not followed further: a server cannot make the check recurse
 /// without bound.
 const MAX_DEPTH: usize = 32;
+/// Most (value, schema) pairs one check visits. The work is the schema's size times the
+/// arguments' (each array item against `items`, each branch of `anyOf`): a server's wide
+/// schema and a model's long arguments together could otherwise hold a worker's thread
+/// for seconds. Past it the check gives up and the server judges, as for what the
+/// subset does not check.
+pub const MAX_STEPS: usize = 100_000;
+
+/// The visits left to a check; once spent, every part of it passes.
+struct Budget {
+    left: usize,
+}
+
+impl Budget {
+    /// Take one visit; `false` once none is left.
+    fn take(&mut self) -> bool {
+        match self.left.checked_sub(1) {
+            Some(n) => {
+                self.left = n;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn spent(&self) -> bool {
+        self.left == 0
+    }
+}
 
 /// Why `args` does not fit `schema`, naming the path of the first misfit (`arguments`,
 /// `arguments.city`, `arguments.tags[2]`).
 pub fn check(args: &Value, schema: &Map<String, Value>) -> Result<(), String> {
-    check_at(args, schema, "arguments", 0)
+    let mut b = Budget { left: MAX_STEPS };
+    let r = check_at(args, schema, "arguments", 0, &mut b);
+    // A verdict reached after the budget ran out may rest on parts that passed unchecked.
+    if b.spent() { Ok(()) } else { r }
 }
 
-fn check_at(v: &Value, s: &Map<String, Value>, at: &str, depth: usize) -> Result<(), String> {
-    if depth > MAX_DEPTH {
+fn check_at(
+    v: &Value,
+    s: &Map<String, Value>,
+    at: &str,
+    depth: usize,
+    b: &mut Budget,
+) -> Result<(), String> {
+    if depth > MAX_DEPTH || !b.take() {
         return Ok(());
     }
     if let Some(t) = s.get("type") {
@@ -41,8 +79,8 @@ fn check_at(v: &Value, s: &Map<String, Value>, at: &str, depth: usize) -> Result
         return Err(format!("{at} must be {c}"));
     }
     match v {
-        Value::Object(o) => check_object(o, s, at, depth)?,
-        Value::Array(a) => check_array(a, s, at, depth)?,
+        Value::Object(o) => check_object(o, s, at, depth, b)?,
+        Value::Array(a) => check_array(a, s, at, depth, b)?,
         Value::String(text) => {
             let n = text.chars().count() as u64;
             if let Some(min) = s.get("minLength").and_then(Value::as_u64)
@@ -59,7 +97,7 @@ fn check_at(v: &Value, s: &Map<String, Value>, at: &str, depth: usize) -> Result
         Value::Number(n) => check_number(n.as_f64().unwrap_or(f64::NAN), s, at)?,
         Value::Bool(_) | Value::Null => {}
     }
-    check_combinators(v, s, at, depth)
+    check_combinators(v, s, at, depth, b)
 }
 
 fn check_type(v: &Value, t: &Value, at: &str) -> Result<(), String> {
@@ -108,6 +146,7 @@ fn check_object(
     s: &Map<String, Value>,
     at: &str,
     depth: usize,
+    b: &mut Budget,
 ) -> Result<(), String> {
     if let Some(Value::Array(required)) = s.get("required") {
         for name in required.iter().filter_map(Value::as_str) {
@@ -120,13 +159,13 @@ fn check_object(
     for (k, val) in o {
         let path = format!("{at}.{k}");
         match props.and_then(|p| p.get(k)) {
-            Some(Value::Object(ps)) => check_at(val, ps, &path, depth + 1)?,
+            Some(Value::Object(ps)) => check_at(val, ps, &path, depth + 1, b)?,
             Some(_) => {}
             None => match s.get("additionalProperties") {
                 Some(Value::Bool(false)) => {
                     return Err(format!("{path} is not a known argument"));
                 }
-                Some(Value::Object(extra)) => check_at(val, extra, &path, depth + 1)?,
+                Some(Value::Object(extra)) => check_at(val, extra, &path, depth + 1, b)?,
                 _ => {}
             },
         }
@@ -134,7 +173,13 @@ fn check_object(
     Ok(())
 }
 
-fn check_array(a: &[Value], s: &Map<String, Value>, at: &str, depth: usize) -> Result<(), String> {
+fn check_array(
+    a: &[Value],
+    s: &Map<String, Value>,
+    at: &str,
+    depth: usize,
+    b: &mut Budget,
+) -> Result<(), String> {
     let n = a.len() as u64;
     if let Some(min) = s.get("minItems").and_then(Value::as_u64)
         && n < min
@@ -148,7 +193,10 @@ fn check_array(a: &[Value], s: &Map<String, Value>, at: &str, depth: usize) -> R
     }
     if let Some(Value::Object(items)) = s.get("items") {
         for (i, item) in a.iter().enumerate() {
-            check_at(item, items, &format!("{at}[{i}]"), depth + 1)?;
+            if b.spent() {
+                break;
+            }
+            check_at(item, items, &format!("{at}[{i}]"), depth + 1, b)?;
         }
     }
     Ok(())
@@ -184,6 +232,7 @@ fn check_combinators(
     s: &Map<String, Value>,
     at: &str,
     depth: usize,
+    b: &mut Budget,
 ) -> Result<(), String> {
     let schemas = |key: &str| -> Vec<&Map<String, Value>> {
         s.get(key)
@@ -192,13 +241,13 @@ fn check_combinators(
             .unwrap_or_default()
     };
     for sub in schemas("allOf") {
-        check_at(v, sub, at, depth + 1)?;
+        check_at(v, sub, at, depth + 1, b)?;
     }
     let any = schemas("anyOf");
     if !any.is_empty()
         && !any
             .iter()
-            .any(|sub| check_at(v, sub, at, depth + 1).is_ok())
+            .any(|sub| check_at(v, sub, at, depth + 1, b).is_ok())
     {
         return Err(format!("{at} fits none of the allowed shapes (anyOf)"));
     }
@@ -206,7 +255,7 @@ fn check_combinators(
     if !one.is_empty() {
         let fits = one
             .iter()
-            .filter(|sub| check_at(v, sub, at, depth + 1).is_ok())
+            .filter(|sub| check_at(v, sub, at, depth + 1, b).is_ok())
             .count();
         if fits != 1 {
             return Err(format!(

@@ -7,9 +7,14 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, PingRequest, Tool as McpToolDef,
+    CallToolRequestParams, CallToolResult, ClientRequest, ElicitRequestParams, ElicitResult,
+    ErrorCode, ErrorData, PaginatedRequestParams, PingRequest, Tool as McpToolDef,
 };
-use rmcp::service::{NotificationContext, Peer, RunningService, ServiceError};
+// Sampling and roots are deprecated by the protocol, yet a server may still ask for them:
+// they are refused explicitly rather than left to a default that may change.
+#[allow(deprecated)]
+use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ListRootsResult};
+use rmcp::service::{NotificationContext, Peer, RequestContext, RunningService, ServiceError};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value};
@@ -18,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::tools::ToolSettings;
-use agentq_types::config::McpServerSettings;
+use agentq_types::config::{McpServerSettings, mcp_tool_name};
 
 use crate::error::{Error, Result};
 use crate::http::HttpTransport;
@@ -36,6 +41,20 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a stopping connection may take to close before it is dropped (and its
 /// process killed).
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most tools taken from one server: each goes to the model with every request of a
+/// session that asks for the server's tools by a glob.
+pub const MAX_TOOLS: usize = 1000;
+/// Most pages of a tool list read.
+pub const MAX_PAGES: usize = 100;
+/// Longest description of a tool kept (longer ones are cut): it goes to the model with
+/// every request.
+pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
+/// Largest input schema of a tool kept (as JSON; a tool with a larger one is left out):
+/// it too goes to the model with every request, and arguments are checked against it.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// Longest tool name, `mcp__<server>__<tool>` included: the shortest bound among the
+/// model providers' (OpenAI's function names).
+pub const MAX_TOOL_NAME: usize = 64;
 
 /// Where a server is, as the worker reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +96,49 @@ struct Handler {
     changed: Arc<Notify>,
 }
 
+#[allow(deprecated)]
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.changed.notify_one();
+    }
+
+    /// Refused: an LLM call a server asked for would be made outside every session's
+    /// budget and metering, on a prompt the server wrote.
+    async fn create_message(
+        &self,
+        _params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> std::result::Result<CreateMessageResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "agentq does not make LLM calls for an MCP server (sampling)",
+            None,
+        ))
+    }
+
+    /// Refused: no human watches a session to answer a server's questions.
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> std::result::Result<ElicitResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "agentq does not ask a human for an MCP server (elicitation)",
+            None,
+        ))
+    }
+
+    /// Refused: the worker's folders are not the server's business.
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> std::result::Result<ListRootsResult, ErrorData> {
+        Err(ErrorData::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            "agentq lists no roots to an MCP server",
+            None,
+        ))
     }
 }
 
@@ -267,7 +326,7 @@ impl McpServer {
     }
 
     async fn relist(&self, live: &Live) -> std::result::Result<(), String> {
-        let listed = tokio::time::timeout(self.call_timeout(), live.peer.list_all_tools())
+        let listed = tokio::time::timeout(self.call_timeout(), list_tools(&live.peer, self.name()))
             .await
             .map_err(|_| {
                 format!(
@@ -357,6 +416,79 @@ impl McpServer {
             other => format!("MCP server `{name}`: {other}"),
         }
     }
+}
+
+/// The server's tools, page after page, at most [`MAX_TOOLS`] of them over at most
+/// [`MAX_PAGES`] pages: a server that pages without end, or lists more tools than any
+/// model can be offered, is cut there (and a warning says so) instead of filling the
+/// worker's memory until the timeout. A tool whose name a model provider would refuse
+/// ([`usable_name`]), whose schema is too large, or that was listed before, is left out;
+/// a description too long is cut.
+async fn list_tools(
+    peer: &Peer<RoleClient>,
+    server: &str,
+) -> std::result::Result<Vec<McpToolDef>, ServiceError> {
+    let mut tools: Vec<McpToolDef> = Vec::new();
+    let mut cursor = None;
+    for _ in 0..MAX_PAGES {
+        let params = PaginatedRequestParams::default().with_cursor(cursor);
+        let page = peer.list_tools(Some(params)).await?;
+        for t in page.tools {
+            if tools.len() >= MAX_TOOLS {
+                tracing::warn!(
+                    server,
+                    "MCP server lists more than {MAX_TOOLS} tools; the first {MAX_TOOLS} are used"
+                );
+                return Ok(tools);
+            }
+            if !usable_name(server, &t.name) {
+                let shown: String = t.name.chars().take(64).collect();
+                tracing::warn!(server, tool = ?shown, "MCP tool left out: its name is not 1 to {MAX_TOOL_NAME} of A-Z, a-z, 0-9, _ and - once prefixed");
+                continue;
+            }
+            let schema_bytes = serde_json::to_vec(&*t.input_schema).map_or(usize::MAX, |b| b.len());
+            if schema_bytes > MAX_SCHEMA_BYTES {
+                tracing::warn!(server, tool = %t.name, "MCP tool left out: its input schema is over {MAX_SCHEMA_BYTES} bytes");
+                continue;
+            }
+            if tools.iter().any(|seen| seen.name == t.name) {
+                tracing::warn!(server, tool = %t.name, "MCP tool listed twice; the first is used");
+                continue;
+            }
+            let mut t = t;
+            if let Some(d) = &t.description
+                && d.len() > MAX_DESCRIPTION_BYTES
+            {
+                let mut end = MAX_DESCRIPTION_BYTES;
+                while !d.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t.description = Some(d[..end].to_string().into());
+            }
+            tools.push(t);
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            return Ok(tools);
+        }
+    }
+    tracing::warn!(
+        server,
+        "MCP server's tool list goes on past {MAX_PAGES} pages; the first {MAX_PAGES} are used"
+    );
+    Ok(tools)
+}
+
+/// Whether `mcp__<server>__<tool>` is a name every model provider takes for a function:
+/// 1 to [`MAX_TOOL_NAME`] of `A-Z a-z 0-9 _ -`. Another name (a control character, a
+/// space, thousands of characters) would make the provider refuse the whole request of
+/// every session offered the tool.
+fn usable_name(server: &str, tool: &str) -> bool {
+    !tool.is_empty()
+        && mcp_tool_name(server, tool).len() <= MAX_TOOL_NAME
+        && tool
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Ask a server that let a call time out whether it still answers; restart it if not.

@@ -510,6 +510,13 @@ async fn http_server() -> std::net::SocketAddr {
             _ => json!({}),
         };
         let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+        if msg["params"]["arguments"]["stall"] == true {
+            // A slow loris: an event stream that starts, then never says anything more.
+            use futures::StreamExt;
+            let first = futures::stream::once(async { Ok::<_, std::io::Error>(": hi\n") });
+            let body = axum::body::Body::from_stream(first.chain(futures::stream::pending()));
+            return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
+        }
         if msg["params"]["arguments"]["sse"] == true {
             let body = format!("event: message\ndata: {reply}\n\n");
             ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
@@ -624,5 +631,192 @@ async fn an_http_answer_past_the_bound_fails() {
         "{}",
         out.content
     );
+    r.stop().await;
+}
+
+// --- A hostile server: what it says is an attacker's, and every bound holds ---
+
+/// The hostile server in `mode` (see `hostile_server.py`), logging what it receives.
+fn hostile(log: &Path, mode: &str, extra: &str) -> McpServerSettings {
+    let python = agentq_testkit::python::cache_dir().join("mcp/venv/bin/python3");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile_server.py");
+    server_settings(&format!(
+        "name = \"hostile\"\ncommand = {:?}\nargs = [{:?}, {:?}, {mode:?}]\ntimeout_secs = 30\n{extra}",
+        python.display().to_string(),
+        script.display().to_string(),
+        log.display().to_string(),
+    ))
+}
+
+#[tokio::test]
+async fn a_tool_list_without_end_is_cut_at_the_page_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "pages", "")], ToolSettings::default()).await;
+    let server = r.servers.get("hostile").unwrap();
+    // Without the bound the listing runs until the timeout and the server is down.
+    assert_eq!(server.status(), ServerStatus::Up);
+    assert_eq!(server.tools().len(), agentq_mcp::MAX_PAGES);
+    let pages = logged(&log)
+        .iter()
+        .filter(|m| m["method"] == "tools/list")
+        .count();
+    assert_eq!(pages, agentq_mcp::MAX_PAGES);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_hundred_thousand_tools_are_cut_to_the_tool_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let settings = hostile(&log, "many", "max_result_bytes = 67108864\n");
+    let r = Running::start(vec![settings], ToolSettings::default()).await;
+    let server = r.servers.get("hostile").unwrap();
+    assert_eq!(server.status(), ServerStatus::Up);
+    assert_eq!(server.tools().len(), agentq_mcp::MAX_TOOLS);
+    let picked = r.servers.select(&["mcp__hostile__*".to_string()]);
+    assert_eq!(picked.registry.names().len(), agentq_mcp::MAX_TOOLS);
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn tool_names_a_provider_would_refuse_are_left_out_and_a_twin_is_listed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "names", "")], ToolSettings::default()).await;
+    let mut names = r
+        .servers
+        .select(&["mcp__hostile__*".to_string()])
+        .registry
+        .names();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "mcp__hostile__also-good_1",
+            "mcp__hostile__dup",
+            "mcp__hostile__fat",
+            "mcp__hostile__good"
+        ]
+    );
+    // A description past the bound is cut (on a character); a schema past it leaves
+    // the tool out: both would go to the model with every request.
+    let fat = r.tool("mcp__hostile__fat");
+    assert!(
+        fat.description().len() <= agentq_mcp::MAX_DESCRIPTION_BYTES
+            && fat.description().starts_with('\u{e9}'),
+        "{}",
+        fat.description().len()
+    );
+    for n in &names {
+        assert!(n.len() <= agentq_mcp::MAX_TOOL_NAME, "{n}");
+    }
+    // A bad name asked for exactly is not offered by the server: its calls say so.
+    let picked = r.servers.select(&["mcp__hostile__spaced name".to_string()]);
+    if let Some(t) = picked.registry.get("mcp__hostile__spaced name") {
+        let out = t.call(json!({}), &r.ctx).await.unwrap();
+        assert!(
+            out.is_error && out.content.contains("does not offer"),
+            "{out:?}"
+        );
+    }
+    assert!(
+        !logged(&log).iter().any(|m| m["method"] == "tools/call"),
+        "a refused name never reaches the server"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_gets_no_llm_call_no_human_and_no_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "asks", "")], ToolSettings::default()).await;
+    // The client offered none of them.
+    let init = logged(&log)
+        .into_iter()
+        .find(|m| m["method"] == "initialize")
+        .unwrap();
+    let caps = &init["params"]["capabilities"];
+    for cap in ["sampling", "elicitation", "roots"] {
+        assert!(caps.get(cap).is_none(), "{cap} offered: {caps}");
+    }
+    let out = r.call("mcp__hostile__ask", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    let got: Value = serde_json::from_str(&out.content).unwrap();
+    for id in ["s1", "s2", "s3"] {
+        assert_eq!(got[id]["code"], json!(-32601), "{id}: {got}");
+    }
+    assert!(
+        got["s1"]["message"].as_str().unwrap().contains("sampling"),
+        "{got}"
+    );
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_notifications_a_stray_answer_and_bytes_not_utf8_do_not_take_the_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let r = Running::start(vec![hostile(&log, "asks", "")], ToolSettings::default()).await;
+    let out = r.call("mcp__hostile__flood", json!({})).await;
+    // Either the answer, or a tool error naming the server: never a hang or a panic.
+    assert!(
+        out.content == "flooded" || (out.is_error && out.content.contains("hostile")),
+        "{out:?}"
+    );
+    r.stop().await;
+}
+
+#[test]
+fn a_wide_schema_against_long_arguments_is_checked_within_a_bound() {
+    use agentq_mcp::schema::check;
+    // Each item fits only the last of 1,500 shapes (a schema under the 64 KiB kept), and
+    // the last item fits none: unbounded, 30,000 items cost 45 million visits before the
+    // misfit is found, holding the worker's thread for seconds.
+    let mut shapes: Vec<Value> = (0..1499)
+        .map(|i| json!({"type": "string", "minLength": 100_000 + i}))
+        .collect();
+    shapes.push(json!({"type": "string"}));
+    let schema = json!({"type": "object", "properties": {
+        "xs": {"type": "array", "items": {"anyOf": shapes}}}});
+    assert!(serde_json::to_vec(&schema).unwrap().len() <= agentq_mcp::MAX_SCHEMA_BYTES);
+    let schema = schema.as_object().unwrap();
+    let items = |n: usize| {
+        let mut xs = vec![json!("a"); n];
+        xs.push(json!(5));
+        json!({"xs": xs})
+    };
+    // Within the bound the misfit is found and named.
+    let e = check(&items(10), schema).unwrap_err();
+    assert!(e.contains("arguments.xs[10]") && e.contains("anyOf"), "{e}");
+    // Past it the check gives up and leaves the server to judge.
+    assert_eq!(check(&items(30_000), schema), Ok(()));
+}
+
+#[tokio::test]
+async fn an_http_answer_that_never_ends_times_the_call_out_and_the_server_serves_again() {
+    let addr = http_server().await;
+    let r = Running::start(vec![http_settings(addr, "/mcp")], loopback_allowed()).await;
+    let out = r
+        .call("mcp__remote__echo", json!({"text": "x", "stall": true}))
+        .await;
+    assert!(
+        out.is_error && out.content.contains("`remote`") && out.content.contains("within 5s"),
+        "{out:?}"
+    );
+    // The stalled stream does not hold the connection: calls are answered again, on it
+    // or on the connection that replaced it.
+    let mut answered = None;
+    for _ in 0..20 {
+        let server = r.servers.get("remote").unwrap();
+        assert!(server.up(BOUND).await, "{:?}", server.status());
+        let out = r.call("mcp__remote__echo", json!({"text": "after"})).await;
+        if !out.is_error {
+            answered = Some(out.content);
+            break;
+        }
+    }
+    assert_eq!(answered.as_deref(), Some("after"));
     r.stop().await;
 }

@@ -4,8 +4,9 @@
 //! configured queues (created at start so KEDA's lag scaler sees them before the first
 //! session) and the sweeper that repairs a crash between insert and `XADD` ([`sweeper`]),
 //! the session event streams over SSE ([`events`]), the same session routes as MCP tools
-//! at `/mcp` (`routes::mcp`), API keys checked on every route (`http::auth`) and
-//! `/metrics` on a listener of its own ([`metrics`]). It holds
+//! at `/mcp` (`routes::mcp`), API keys checked on every route (`http::auth`), the API's
+//! OpenAPI document derived from its route table ([`openapi_document`], served at
+//! `/openapi.json`) and `/metrics` on a listener of its own ([`metrics`]). It holds
 //! no state of its own: Postgres is the truth, Redis carries the work, so any number of
 //! schedulers can run side by side.
 
@@ -33,6 +34,10 @@ pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};
 pub use queues::QueueRegistry;
 pub use request::LIST_MAX_BYTES;
+pub use routes::openapi::{
+    SECURITY_SCHEME, STREAM_EVENT, document as openapi_document, document_json as openapi_json,
+    sse_events,
+};
 pub use routes::{metrics_router, route_table, router};
 pub use run::{RunError, run};
 pub use serve::{ServeLimits, serve};

@@ -51,6 +51,7 @@ impl Env {
                     output: 0.60,
                     cache_read: 0.075,
                     cache_write: 0.0,
+                    web_search: None,
                 },
                 PriceEntry {
                     model: "gpt-4o*".into(),

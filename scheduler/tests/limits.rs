@@ -63,6 +63,7 @@ async fn the_admin_view_shows_rules_counts_and_holds() {
         model: "m",
         input_tokens: 5,
         max_output_tokens: 5,
+        web_searches: 0,
         max_wait: Duration::ZERO,
     };
     let Admit::Go(_in_flight) = gate.reserve(&ask).await else {

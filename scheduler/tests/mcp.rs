@@ -55,6 +55,11 @@ impl Drop for Env {
 impl Env {
     /// The API, and a worker playing `script` on the scripted model when one is given.
     async fn start(script: Option<Value>) -> Env {
+        Env::start_with(script, |_| {}).await
+    }
+
+    /// [`Env::start`] with the scheduler's settings changed by `tune`.
+    async fn start_with(script: Option<Value>, tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
         let db_url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
@@ -67,10 +72,11 @@ impl Env {
         section.tools.push("write_file".into());
         section.max_input_bytes = MAX_INPUT_BYTES;
         let policy = Arc::new(Policy::from_section(&section).unwrap());
-        let settings = SchedulerSettings {
+        let mut settings = SchedulerSettings {
             policy: policy.clone(),
             ..SchedulerSettings::default()
         };
+        tune(&mut settings);
         let state = Scheduler::new(store.clone(), queue.clone(), settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -722,4 +728,260 @@ async fn the_python_sdk_runs_a_session() {
     let rows = env.sessions_of("acme").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].id, seen["submit"]["id"].as_str().unwrap());
+}
+
+// --- Attacks on the boundaries: each passes only if the boundary holds ---
+
+impl Env {
+    /// `POST /v1/sessions` with `body`, as the REST client would.
+    async fn rest_submit(&self, key: &str, body: &Value) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(format!("{}/v1/sessions", self.base))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        common::read(resp).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_over_mcp_is_refused_exactly_as_post_v1_sessions_refuses_it() {
+    let env = Env::start(None).await;
+    let key = env.key("acme", &ALL).await;
+    for args in [
+        json!({"prompt": "x", "tools": ["shell"]}),
+        json!({"prompt": "x", "tools": ["mcp__time__*"]}),
+        json!({"prompt": "x", "tools": ["mcp__time__get_current_time"]}),
+        json!({"prompt": "x", "provider": "evil"}),
+        json!({"prompt": "x", "tools": ["spawn_agent", "../shell"]}),
+        json!({"prompt": "x", "tools": ["*"]}),
+        json!({"prompt": "x", "max_iterations": 0}),
+        json!({"prompt": "x", "token_budget": -1}),
+        json!({"prompt": "x", "timeout_secs": u64::MAX}),
+        json!({"prompt": "x", "queue": "../x"}),
+        json!({"prompt": "x", "priority": 1_000_000}),
+        json!({"prompt": "x", "workspace_from": MISSING}),
+    ] {
+        let (err, mcp) = env.tool(&key, "submit_session", args.clone()).await;
+        let (status, rest) = env.rest_submit(&key, &args).await;
+        assert!(err, "{args}: accepted over /mcp: {mcp}");
+        assert!((400..500).contains(&status), "{args}: REST {status} {rest}");
+        assert_eq!(mcp["error"], rest["error"], "{args}");
+    }
+    // What the REST body has and the tool does not take is refused, never passed on.
+    for field in ["base_url", "api_key", "tenant", "parent_id", "depth"] {
+        let (err, v) = env
+            .tool(&key, "submit_session", json!({"prompt": "x", field: "y"}))
+            .await;
+        assert!(err, "{field}: {v}");
+        assert_eq!(v["error"]["field"], field, "{v}");
+    }
+    assert!(env.sessions_of("acme").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenants_session_is_no_workspace_and_its_idempotency_key_is_its_own() {
+    let env = Env::start(None).await;
+    let (theirs, _) = env.held_session("acme").await;
+    let acme = env.key("acme", &ALL).await;
+    let globex = env.key("globex", &ALL).await;
+    // Acme's file cannot be copied into a globex session.
+    let (err, v) = env
+        .tool(
+            &globex,
+            "submit_session",
+            json!({"prompt": "x", "workspace_from": theirs}),
+        )
+        .await;
+    let (merr, mv) = env
+        .tool(
+            &globex,
+            "submit_session",
+            json!({"prompt": "x", "workspace_from": MISSING}),
+        )
+        .await;
+    assert!(err && merr, "{v} / {mv}");
+    assert_eq!(v.to_string().replace(&theirs, MISSING), mv.to_string());
+    // The same idempotency key in two tenants makes two sessions, each its tenant's.
+    let args = json!({"prompt": "same", "idempotency_key": "k-1"});
+    let (err, a) = env.tool(&acme, "submit_session", args.clone()).await;
+    assert!(!err, "{a}");
+    let (err, g) = env.tool(&globex, "submit_session", args).await;
+    assert!(!err, "{g}");
+    assert_ne!(a["id"], g["id"]);
+    assert_eq!(g["created"], true, "{g}");
+    assert_eq!(env.sessions_of("globex").await.len(), 1);
+    assert!(env.sessions_of("globex").await[0].id != theirs);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_a_notification_or_an_answer_creates_nothing() {
+    let env = Env::start(None).await;
+    let key = env.key("acme", &ALL).await;
+    let call = |id: u32| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "submit_session", "arguments": {"prompt": "x"}}})
+    };
+    let batch = serde_json::to_vec(&json!([call(1), call(2), call(3)])).unwrap();
+    let (s, v) = env.post_raw(Some(&key), batch).await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    // A tools/call sent as a notification (no id) runs nothing.
+    let note = json!({"jsonrpc": "2.0", "method": "tools/call",
+        "params": {"name": "submit_session", "arguments": {"prompt": "x"}}});
+    let (s, v) = env
+        .post_raw(Some(&key), serde_json::to_vec(&note).unwrap())
+        .await;
+    assert!(s == 202 || s == 400, "{s} {v}");
+    // An answer to a request the server never made is taken for nothing.
+    let answer = json!({"jsonrpc": "2.0", "id": 99, "result": {}});
+    let (s, v) = env
+        .post_raw(Some(&key), serde_json::to_vec(&answer).unwrap())
+        .await;
+    assert!(s == 202 || s == 400, "{s} {v}");
+    assert!(env.sessions_of("acme").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_file_offsets_and_wait_bounds_out_of_range_name_their_field() {
+    let env = Env::start(None).await;
+    let (id, _) = env.held_session("acme").await;
+    let key = env.key("acme", &ALL).await;
+    for (name, args, field) in [
+        (
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "offset": -1}),
+            "offset",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "offset": u64::MAX}),
+            "offset",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "offset": 5}),
+            "offset",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "max_bytes": u64::MAX}),
+            "max_bytes",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "offset": 1.5}),
+            "offset",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": "/etc/passwd"}),
+            "path",
+        ),
+        (
+            "read_file",
+            json!({"session_id": id, "path": "out/../../x"}),
+            "path",
+        ),
+        (
+            "wait_session",
+            json!({"session_id": id, "timeout_secs": 0}),
+            "timeout_secs",
+        ),
+        (
+            "wait_session",
+            json!({"session_id": id, "timeout_secs": -5}),
+            "timeout_secs",
+        ),
+    ] {
+        let (err, v) = env.tool(&key, name, args.clone()).await;
+        assert!(err, "{name} {args}: {v}");
+        assert_eq!(v["error"]["field"], field, "{name} {args}: {v}");
+    }
+    // The end of the file is a valid offset: nothing more to read.
+    let (err, v) = env
+        .tool(
+            &key,
+            "read_file",
+            json!({"session_id": id, "path": HELD_FILE, "offset": 4}),
+        )
+        .await;
+    assert!(!err, "{v}");
+    assert_eq!(v["content"], "", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waits_past_the_keys_stream_cap_are_refused_and_an_abandoned_wait_lets_go() {
+    let env = Env::start_with(None, |s| s.streams.per_key = 2).await;
+    let key = env.key("acme", &ALL).await;
+    // No worker: the session stays queued, so every wait on it holds a permit.
+    let (err, made) = env
+        .tool(&key, "submit_session", json!({"prompt": "x"}))
+        .await;
+    assert!(!err, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let long = json!({"session_id": id, "timeout_secs": 120});
+    // Each holder asks again while it is refused (the probes below hold a permit for a
+    // moment too), until its wait is the one that holds.
+    let holders: Vec<_> = (0..2)
+        .map(|_| {
+            let (http, url, key) = (env.http.clone(), env.url(), key.clone());
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "wait_session", "arguments": long.clone()}});
+            tokio::spawn(async move {
+                loop {
+                    let resp = http
+                        .post(&url)
+                        .bearer_auth(&key)
+                        .header("accept", "application/json, text/event-stream")
+                        .json(&body)
+                        .send()
+                        .await;
+                    let text = match resp {
+                        Ok(r) => r.text().await.unwrap_or_default(),
+                        Err(e) => return e.to_string(),
+                    };
+                    if !text.contains("overloaded") {
+                        return text;
+                    }
+                }
+            })
+        })
+        .collect();
+    // A third wait is refused (a 503's error as a tool result) once both hold theirs.
+    let short = json!({"session_id": id, "timeout_secs": 1});
+    let mut refused = None;
+    for _ in 0..60 {
+        let (err, v) = env.tool(&key, "wait_session", short.clone()).await;
+        if err {
+            refused = Some(v);
+            break;
+        }
+    }
+    let v = refused.expect("the key's cap never refused a wait");
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this API key"),
+        "{v}"
+    );
+    // The callers go away: their waits end and give their permits back.
+    for h in holders {
+        h.abort();
+    }
+    let mut served = None;
+    for _ in 0..60 {
+        let (err, v) = env.tool(&key, "wait_session", short.clone()).await;
+        if !err {
+            served = Some(v);
+            break;
+        }
+    }
+    let v = served.expect("an abandoned wait kept its permit");
+    assert_eq!(v["ended"], false, "{v}");
 }

@@ -30,6 +30,7 @@ pub struct Checkpoint {
     pub cache_read_tokens: i64,
     pub cache_write_tokens: i64,
     pub reasoning_tokens: i64,
+    pub web_search_requests: i64,
     pub drain_rounds: i32,
     pub free_iteration: bool,
     pub phase: Phase,
@@ -91,6 +92,7 @@ impl Checkpoint {
             cache_read_tokens: to_i64(u.cache_read_tokens, "cache_read_tokens")?,
             cache_write_tokens: to_i64(u.cache_write_tokens, "cache_write_tokens")?,
             reasoning_tokens: to_i64(u.reasoning_tokens, "reasoning_tokens")?,
+            web_search_requests: to_i64(u.web_search_requests, "web_search_requests")?,
             drain_rounds: to_i32(state.drain_rounds, "drain_rounds")?,
             free_iteration: state.free_iteration,
             phase: state.phase,
@@ -159,6 +161,7 @@ impl Checkpoint {
             && self.cache_read_tokens == prev.cache_read_tokens
             && self.cache_write_tokens == prev.cache_write_tokens
             && self.reasoning_tokens == prev.reasoning_tokens
+            && self.web_search_requests == prev.web_search_requests
             && self.drain_rounds == prev.drain_rounds
             && self.free_iteration == prev.free_iteration
             && self.phase == prev.phase

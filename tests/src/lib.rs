@@ -2,8 +2,8 @@
 //! enforces rate limits like a real provider ([`rate_limited`]), and private
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
-//! tests' own helpers (the recorded provider responses, a graceful-stop check, a Python
-//! with the MCP SDK: [`python`], the real MCP servers: [`mcp`]).
+//! tests' own helpers (the recorded provider responses, a graceful-stop check, Pythons
+//! with the MCP SDK and with schemathesis: [`python`], the real MCP servers: [`mcp`]).
 
 pub mod mcp;
 

@@ -1,7 +1,9 @@
-//! A Python with the official MCP SDK (`mcp` from PyPI), for tests that drive `/mcp` with
-//! the client other agents use. It lives in a virtual environment under the test cache
-//! ([`cache_dir`]), made on first use: a fresh machine needs only `python3` with its
-//! `venv` module (`scripts/test` installs it) and access to PyPI once.
+//! Pythons with a pinned package from PyPI, each in a virtual environment under the test
+//! cache ([`cache_dir`]), made on first use: the official MCP SDK (`mcp`), for tests that
+//! drive `/mcp` with the client other agents use ([`mcp_python`]), and schemathesis, which
+//! fuzzes the API against its OpenAPI document ([`schemathesis`]). A fresh machine needs
+//! only `python3` with its `venv` module (`scripts/test` installs it) and access to PyPI
+//! once.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,6 +13,10 @@ use anyhow::{Context, Result, bail};
 
 /// The SDK the tests' clients run, pinned: a new release must not change a test's outcome.
 pub const MCP_PACKAGE: &str = "mcp==2.3.0";
+
+/// The API fuzzer, pinned for the same reason (its checks and its generation change
+/// between releases).
+pub const SCHEMATHESIS_PACKAGE: &str = "schemathesis==4.32.5";
 
 /// Where tests keep what they install once for every run: `$AGENTQ_TEST_CACHE`, else
 /// `$XDG_CACHE_HOME/agentq-tests`, else `~/.cache/agentq-tests`, else the workspace's
@@ -38,14 +44,36 @@ pub fn cache_dir() -> PathBuf {
 pub fn mcp_python() -> Result<PathBuf> {
     static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     PYTHON
-        .get_or_init(|| make_venv().map_err(|e| format!("{e:#}")))
+        .get_or_init(|| {
+            venv_with(MCP_PACKAGE, &["-c", "import mcp.client.streamable_http"])
+                .map_err(|e| format!("{e:#}"))
+        })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))
 }
 
-fn has_mcp(python: &Path) -> bool {
+/// Schemathesis's command line (`st`), from a virtual environment holding
+/// [`SCHEMATHESIS_PACKAGE`], made if missing. Run through its `python`: the environment
+/// was made under another name and renamed, which its scripts' `#!` lines do not follow.
+pub fn schemathesis() -> Result<Command> {
+    const CLI: [&str; 2] = ["-m", "schemathesis.cli"];
+    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    let python = PYTHON
+        .get_or_init(|| {
+            venv_with(SCHEMATHESIS_PACKAGE, &[CLI[0], CLI[1], "--version"])
+                .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut st = Command::new(python);
+    st.args(CLI);
+    Ok(st)
+}
+
+/// Whether `python` runs `probe` (its arguments) successfully.
+fn works(python: &Path, probe: &[&str]) -> bool {
     Command::new(python)
-        .args(["-c", "import mcp.client.streamable_http"])
+        .args(probe)
         .output()
         .is_ok_and(|o| o.status.success())
 }
@@ -63,12 +91,14 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn make_venv() -> Result<PathBuf> {
+/// The `python` of the virtual environment of `package` (`name==version`), made if
+/// missing; `probe` (arguments to it) tells a working one from a half-made one.
+fn venv_with(package: &str, probe: &[&str]) -> Result<PathBuf> {
     let cache = cache_dir();
-    let name = MCP_PACKAGE.replace("==", "-");
+    let name = package.replace("==", "-");
     let venv = cache.join(format!("venv-{name}"));
     let python = venv.join("bin/python");
-    if has_mcp(&python) {
+    if works(&python, probe) {
         return Ok(python);
     }
     std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
@@ -90,14 +120,17 @@ fn make_venv() -> Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .arg(MCP_PACKAGE),
-        &format!("pip install {MCP_PACKAGE}"),
+            .arg(package),
+        &format!("pip install {package}"),
     )?;
     if std::fs::rename(&tmp, &venv).is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
-    if !has_mcp(&python) {
-        bail!("{} cannot import mcp after installing it", python.display());
+    if !works(&python, probe) {
+        bail!(
+            "{} cannot run {probe:?} after installing {package}",
+            python.display()
+        );
     }
     Ok(python)
 }

@@ -174,6 +174,7 @@ fn request(model: &str) -> LlmRequest<'static> {
         temperature: 0.0,
         max_tokens: 100,
         session_id: "s".into(),
+        web_search: None,
     }
 }
 

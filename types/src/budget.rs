@@ -327,7 +327,12 @@ pub struct ModelUsage {
     pub usage: Usage,
 }
 
-/// One `[[prices]]` entry: dollars per million tokens of a model (glob).
+/// What a web search the provider runs costs when a price entry does not say: Anthropic's
+/// list price, $10 per 1,000 searches (the only provider whose searches agentq offers).
+pub const DEFAULT_WEB_SEARCH_USD_PER_1K: f64 = 10.0;
+
+/// One `[[prices]]` entry: dollars per million tokens of a model (glob), and per 1,000
+/// web searches its provider runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct PriceEntry {
@@ -340,6 +345,9 @@ pub struct PriceEntry {
     pub cache_read: f64,
     #[serde(default)]
     pub cache_write: f64,
+    /// Dollars per 1,000 web searches; unset: [`DEFAULT_WEB_SEARCH_USD_PER_1K`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search: Option<f64>,
 }
 
 /// The configured prices, matched in order (first match wins).
@@ -370,7 +378,7 @@ impl Prices {
     /// What `usage` of `model` cost, in dollars; `None` when the model has no price.
     /// Input tokens are billed at the input price except those read from or written to
     /// the cache, which are billed at the cache prices (providers report them within the
-    /// input count).
+    /// input count); web searches at the search price.
     pub fn cost_usd(&self, model: &str, usage: &Usage) -> Option<f64> {
         let p = self.of(model)?;
         let cached = usage
@@ -378,11 +386,13 @@ impl Prices {
             .saturating_add(usage.cache_write_tokens);
         let plain = usage.input_tokens.saturating_sub(cached);
         let m = 1e6;
+        let per_search = p.web_search.unwrap_or(DEFAULT_WEB_SEARCH_USD_PER_1K) / 1e3;
         Some(
             plain as f64 * p.input / m
                 + usage.output_tokens as f64 * p.output / m
                 + usage.cache_read_tokens as f64 * p.cache_read / m
-                + usage.cache_write_tokens as f64 * p.cache_write / m,
+                + usage.cache_write_tokens as f64 * p.cache_write / m
+                + usage.web_search_requests as f64 * per_search,
         )
     }
 
@@ -456,6 +466,7 @@ mod tests {
                 output: 0.60,
                 cache_read: 0.075,
                 cache_write: 0.0,
+                web_search: None,
             },
             PriceEntry {
                 model: "gpt-4o*".into(),
@@ -479,6 +490,39 @@ mod tests {
         assert!((c - (2.0 + 5.0)).abs() < 1e-9, "{c}");
         assert_eq!(prices.cost_usd("claude", &usage), None);
         assert_eq!(prices.cost_nanos("claude", &usage), 0);
+    }
+
+    #[test]
+    fn searches_cost_the_list_price_unless_the_entry_says() {
+        let prices = Prices::new(&[
+            PriceEntry {
+                model: "claude-cheap*".into(),
+                input: 3.0,
+                web_search: Some(5.0),
+                ..Default::default()
+            },
+            PriceEntry {
+                model: "claude-*".into(),
+                input: 3.0,
+                ..Default::default()
+            },
+        ])
+        .unwrap();
+        let usage = Usage {
+            input_tokens: 1_000_000,
+            web_search_requests: 3,
+            ..Default::default()
+        };
+        // $3 of input and 3 searches at $10 per 1,000.
+        assert_eq!(prices.cost_nanos("claude-x", &usage), 3_030_000_000);
+        assert_eq!(prices.cost_nanos("claude-cheap-1", &usage), 3_015_000_000);
+        let searches_only = Usage {
+            web_search_requests: 1,
+            ..Default::default()
+        };
+        assert_eq!(prices.cost_nanos("claude-x", &searches_only), 10_000_000);
+        // An unpriced model's searches are as unknown as its tokens.
+        assert_eq!(prices.cost_usd("gpt-4o", &searches_only), None);
     }
 
     #[test]

@@ -45,8 +45,8 @@ pub use limits::LimitSettings;
 pub use load::is_credential_name;
 pub use mcp::{
     DEFAULT_MCP_MAX_CONCURRENT_CALLS, DEFAULT_MCP_MAX_RESULT_BYTES, DEFAULT_MCP_TIMEOUT_SECS,
-    MCP_SEPARATOR, MCP_TOOL_PREFIX, McpSection, McpServerSettings, McpToolSettings,
-    SideEffectSetting, mcp_server_of, mcp_tool_name,
+    MAX_MCP_CONCURRENT_CALLS, MCP_SEPARATOR, MCP_TOOL_PREFIX, McpSection, McpServerSettings,
+    McpToolSettings, SideEffectSetting, mcp_server_of, mcp_tool_name,
 };
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
 pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};

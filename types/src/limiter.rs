@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// What the limiter holds for one rule key, for the admin view.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RuleState {
     /// `provider:model glob:tenant|limit key` (the key digests the API key).
     pub key: String,
@@ -22,7 +22,7 @@ pub struct RuleState {
 }
 
 /// A learned hold.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HoldState {
     /// `limit key|model`.
     pub key: String,

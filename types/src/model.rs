@@ -10,7 +10,7 @@ use agentq_agent::state::Outcome;
 
 /// Lifecycle of a session. `waiting` and `awaiting_approval` hold no lease: the event
 /// they wait for re-enqueues them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     Queued,

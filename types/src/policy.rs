@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 
 use agentq_agent::provider::endpoint;
-use agentq_agent::spec::SessionSpec;
+use agentq_agent::spec::{DEFAULT_WEB_SEARCH_MAX_USES, SessionSpec};
 
 use crate::config::{PROVIDERS, PolicySection};
 use crate::error::{Error, Result};
@@ -114,6 +114,7 @@ pub struct Bounds {
     pub max_children: Option<usize>,
     pub max_depth: Option<u32>,
     pub max_tree_sessions: Option<u64>,
+    pub max_web_search_uses: Option<u32>,
 }
 
 /// One tenant's rules, compiled.
@@ -259,6 +260,7 @@ impl TenantPolicy {
                 max_children: s.max_children,
                 max_depth: s.max_depth,
                 max_tree_sessions: s.max_tree_sessions,
+                max_web_search_uses: s.max_web_search_uses,
             },
             files: FileLimits {
                 max_files: s.max_input_files,
@@ -419,6 +421,7 @@ impl TenantPolicy {
         )?;
         bound_unset("token_budget", &mut spec.token_budget, b.token_budget)?;
         bound_unset("timeout_secs", &mut spec.timeout_secs, b.timeout_secs)?;
+        bound_web_search(spec, b.max_web_search_uses)?;
         if let Some(max) = b.max_depth
             && at.depth > max
         {
@@ -431,6 +434,34 @@ impl TenantPolicy {
             ));
         }
         Ok(())
+    }
+}
+
+/// `web_search.max_uses`: a value above the bound is refused; a session that may search
+/// (it names the tool, or names no tools and leaves them to the host) and sets none gets
+/// the bound when the default is above it.
+fn bound_web_search(
+    spec: &mut SessionSpec,
+    max: Option<u32>,
+) -> std::result::Result<(), PolicyViolation> {
+    let Some(max) = max else {
+        return Ok(());
+    };
+    match spec.web_search.as_ref().and_then(|w| w.max_uses) {
+        Some(n) if n > max => Err(violation(
+            "web_search.max_uses",
+            format!("must be at most {max} by policy, not {n}"),
+        )),
+        Some(_) => Ok(()),
+        None => {
+            let may_search = spec.tools.is_none() || spec.web_search_index().is_some();
+            if may_search && DEFAULT_WEB_SEARCH_MAX_USES > max {
+                spec.web_search
+                    .get_or_insert_with(Default::default)
+                    .max_uses = Some(max);
+            }
+            Ok(())
+        }
     }
 }
 

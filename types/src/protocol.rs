@@ -101,7 +101,9 @@ impl ChildOutcome {
 }
 
 /// How a steering message is delivered to a session that has not finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Strategy {
     /// Added at the next iteration boundary.
@@ -246,9 +248,9 @@ impl WorkerSignal {
     }
 }
 
-/// The `type` of an event on a session's stream: the variants of [`AgentEvent`], plus
+/// The `type` of an event on a session's stream: the variants of `AgentEvent`, plus
 /// what a reader adds itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EventKind {
     IterationStarted,

@@ -14,7 +14,7 @@ pub struct InputFile {
 }
 
 /// One file of a tree's committed workspace.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FileEntry {
     /// Relative to the workspace root, `/`-separated.
     pub path: String,

@@ -200,9 +200,11 @@ impl BudgetGate {
         if budgets.is_empty() {
             return None;
         }
+        // Searches are priced per search: a call that may run them holds their price too.
         let worst = Usage {
             input_tokens: ask.input_tokens,
             output_tokens: ask.max_output_tokens,
+            web_search_requests: ask.web_searches,
             ..Usage::default()
         };
         let hold = TenantHold {

@@ -56,6 +56,11 @@ impl Observer for SessionObserver {
                         .inc_by(n);
                 }
             }
+            if u.web_search_requests > 0 {
+                m.llm_web_searches
+                    .with_label_values(&[info.provider, model])
+                    .inc_by(u.web_search_requests);
+            }
             if self.reissue_pending.swap(false, Ordering::SeqCst) {
                 m.llm_reissued.inc();
                 m.llm_reissued_tokens

@@ -86,6 +86,9 @@ impl SpawnAgent {
         spec.tool_timeout_secs = parent.tool_timeout_secs;
         spec.approval_timeout_secs = parent.approval_timeout_secs;
         spec.sensitive_tools = parent.sensitive_tools.clone();
+        // Where and how often its search may look is the parent's (a child cannot widen
+        // a search its parent was held to; without the tool the options do nothing).
+        spec.web_search = parent.web_search.clone();
         spec.max_llm_retries = parent.max_llm_retries;
         spec.retry_delay_ms = parent.retry_delay_ms;
         spec.max_repeated_calls = parent.max_repeated_calls;

@@ -10,6 +10,7 @@
 //! host wakes it when capacity is expected back.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -27,12 +28,13 @@ use crate::event::AgentEvent;
 use crate::observe::{LlmCallInfo, outcome_of};
 use crate::provider::{LlmEvent, LlmRequest, RateLimitInfo};
 use crate::schema::Usage;
-use crate::spec::ExitReason;
+use crate::spec::{ExitReason, WEB_SEARCH_TOOL};
 use crate::state::{Outcome, SessionState, SuspendReason};
 
 /// How an LLM call (with its retries) ended.
 pub(super) enum Attempt {
-    Got(Assembled),
+    /// Boxed: an answer is far larger than the other outcomes.
+    Got(Box<Assembled>),
     Ended(Outcome),
     /// The user interrupted the turn: drop the call, keep looping.
     Interrupted,
@@ -125,6 +127,10 @@ impl Agent {
                 model: &request.model,
                 input_tokens: estimate_input_tokens(request),
                 max_output_tokens: u64::from(request.max_tokens),
+                web_searches: request
+                    .web_search
+                    .as_ref()
+                    .map_or(0, |w| u64::from(w.max_uses())),
                 max_wait: self.bookable_wait(state),
             },
         };
@@ -358,17 +364,22 @@ impl Agent {
             attempt,
         );
         let started = Instant::now();
-        let ttft = Mutex::new(None::<Duration>);
-        let limits = Mutex::new(None::<RateLimitInfo>);
+        let seen = Seen::default();
         let call = async {
             tokio::select! {
-                r = self.call_once(ctx.seq, request, ctx.cancel, started, &ttft, &limits) => Some(r),
+                r = self.call_once(ctx.seq, request, ctx.cancel, started, &seen) => Some(r),
                 _ = ctx.interrupt.cancelled() => None,
             }
         }
         .instrument(span.clone());
+        let Seen {
+            first_token: ttft,
+            limits,
+            searches,
+        } = &seen;
+        let unanswered = || unanswered(&ctx.ask, searches.load(Ordering::Relaxed));
         let taken =
-            |m: Mutex<Option<RateLimitInfo>>| m.into_inner().unwrap_or_else(|e| e.into_inner());
+            |m: &Mutex<Option<RateLimitInfo>>| m.lock().unwrap_or_else(|e| e.into_inner()).take();
         let result = match state.deadline() {
             Some(d) => {
                 let left = d
@@ -379,7 +390,7 @@ impl Agent {
                     Ok(r) => r,
                     Err(_) => {
                         let report = CallReport {
-                            usage: Some(unanswered(&ctx.ask)),
+                            usage: Some(unanswered()),
                             limits: taken(limits),
                             ..CallReport::default()
                         };
@@ -401,12 +412,12 @@ impl Agent {
             ..CallReport::default()
         };
         let Some(result) = result else {
-            report.usage = Some(unanswered(&ctx.ask));
+            report.usage = Some(unanswered());
             return (Try::Over(Attempt::Interrupted), report);
         };
         match &result {
             Ok(r) => report.usage = r.message.usage,
-            Err(Error::Cancelled) => report.usage = Some(unanswered(&ctx.ask)),
+            Err(Error::Cancelled) => report.usage = Some(unanswered()),
             Err(e) => {
                 report.rate_limited = e.rate_limited();
                 if let Some(l) = e.rate_limits() {
@@ -449,7 +460,7 @@ impl Agent {
                 }
                 let model = r.message.model.as_deref().unwrap_or(&ctx.request.model);
                 report(model, "ok", usage);
-                return Try::Over(Attempt::Got(r));
+                return Try::Over(Attempt::Got(Box::new(r)));
             }
             Ok(_) => Error::Stream {
                 message: "the model returned an error finish with no content".into(),
@@ -471,16 +482,21 @@ impl Agent {
     }
 
     /// One streamed call, assembled into an assistant message. Text and thinking deltas
-    /// are emitted as they arrive.
+    /// are emitted as they arrive; what a try that is abandoned must still be counted
+    /// for is noted in `seen`.
     async fn call_once(
         &self,
         seq: usize,
         request: &LlmRequest<'_>,
         cancel: &CancellationToken,
         started: Instant,
-        first_token: &Mutex<Option<Duration>>,
-        limits: &Mutex<Option<RateLimitInfo>>,
+        seen: &Seen,
     ) -> Result<Assembled> {
+        let Seen {
+            first_token,
+            limits,
+            searches,
+        } = seen;
         let mut stream = tokio::select! {
             s = self.provider.stream(request) => s?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
@@ -508,6 +524,13 @@ impl Agent {
                 if f.is_none() {
                     *f = Some(started.elapsed());
                 }
+            }
+            if let LlmEvent::ServerToolDelta {
+                name: Some(name), ..
+            } = &ev
+                && name == WEB_SEARCH_TOOL
+            {
+                searches.fetch_add(1, Ordering::Relaxed);
             }
             bytes = bytes.saturating_add(event_bytes(&ev));
             output = output.saturating_add(output_bytes(&ev));
@@ -538,12 +561,24 @@ impl Agent {
     }
 }
 
-/// The bytes of output tokens `ev` carries: text, thinking and tool-call arguments
-/// (signatures and ids are not tokens the model generates).
+/// What one try has seen of its answer so far, kept past the try when it is abandoned.
+#[derive(Default)]
+struct Seen {
+    first_token: Mutex<Option<Duration>>,
+    /// The rate-limit state the answer's headers announced.
+    limits: Mutex<Option<RateLimitInfo>>,
+    /// Web searches the answer started (the provider bills each).
+    searches: AtomicU64,
+}
+
+/// The bytes of output tokens `ev` carries: text, thinking, tool-call arguments and the
+/// input of a use of the provider's own tool (signatures, ids and what the provider's
+/// tools gave back are not tokens the model generates).
 fn output_bytes(ev: &LlmEvent) -> usize {
     match ev {
         LlmEvent::TextDelta(s) | LlmEvent::ThinkingDelta(s) => s.len(),
         LlmEvent::ToolCallDelta { arguments, .. } => arguments.len(),
+        LlmEvent::ServerToolDelta { input, .. } => input.len(),
         _ => 0,
     }
 }
@@ -561,12 +596,51 @@ fn event_bytes(ev: &LlmEvent) -> usize {
             name,
             arguments,
             ..
+        }
+        | LlmEvent::ServerToolDelta {
+            id,
+            name,
+            input: arguments,
+            ..
         } => arguments
             .len()
             .saturating_add(id.as_deref().map_or(0, str::len))
             .saturating_add(name.as_deref().map_or(0, str::len)),
+        LlmEvent::ServerToolResult {
+            tool_use_id,
+            kind,
+            content,
+        } => json_bytes(content)
+            .saturating_add(tool_use_id.len())
+            .saturating_add(kind.len()),
+        LlmEvent::Citation(c) => json_bytes(c),
+        // A block start costs the assembler a mark: counted, so that an endless run of
+        // empty blocks meets the bound too.
+        LlmEvent::TextBlock => BLOCK_MARK_BYTES,
         LlmEvent::Usage(_) | LlmEvent::Done(_) | LlmEvent::RateLimits(_) => 0,
     }
+}
+
+/// What a text block's start is counted as towards the answer's bound (about what the
+/// assembler keeps for it).
+const BLOCK_MARK_BYTES: usize = 64;
+
+/// The length of `v` as JSON, counted without writing it anywhere.
+fn json_bytes(v: &serde_json::Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
 }
 
 #[cfg(test)]

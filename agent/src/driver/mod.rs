@@ -173,6 +173,10 @@ pub struct Agent {
     pub default_model: String,
     /// The tools this session may use (already narrowed to its `tools` list).
     pub tools: ToolRegistry,
+    /// The provider's own web search, offered beside `tools` when set: the host sets it
+    /// only for a session that has the tool, on a provider that runs it
+    /// ([`LlmProvider::web_search`]). What the provider runs is never run here.
+    pub web_search: Option<crate::spec::WebSearch>,
     pub guards: Guards,
     pub events: Arc<dyn EventSink>,
     pub checkpointer: Arc<dyn Checkpointer>,
@@ -374,6 +378,7 @@ mod tests {
             provider: Arc::new(ScriptedProvider::new(script)),
             default_model: "test-model".into(),
             tools: ToolRegistry::new(),
+            web_search: None,
             guards: Guards::default(),
             events: Arc::new(NullSink),
             checkpointer,

@@ -231,7 +231,7 @@ impl Agent {
         self.events
             .emit(seq, AgentEvent::IterationStarted { iteration });
         let model = self.model(state);
-        let request = state.request(&model, &run.specs);
+        let request = state.request(&model, &run.specs, self.web_search.as_ref());
         run.overhead.report(&*self.observer);
         let span = info_span!("iteration", iteration);
         let (attempt, abandoned) = self
@@ -260,7 +260,7 @@ impl Agent {
                 Ok(Some(RunEnd::Suspended(reason)))
             }
             Attempt::Got(response) => {
-                self.record_response(state, run, response, seq, model)
+                self.record_response(state, run, *response, seq, model)
                     .await?;
                 Ok(None)
             }

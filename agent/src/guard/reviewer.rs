@@ -144,10 +144,11 @@ impl Drop for Unsettled {
                 model: &model,
                 input_tokens,
                 max_output_tokens,
+                web_searches: 0,
                 max_wait: Duration::ZERO,
             };
             let report = CallReport {
-                usage: Some(unanswered(&ask)),
+                usage: Some(unanswered(&ask, 0)),
                 ..CallReport::default()
             };
             admission.settle(&ask, permit, &report).await;
@@ -221,6 +222,7 @@ impl LlmGuardian {
                 model: &request.model,
                 input_tokens,
                 max_output_tokens,
+                web_searches: 0,
                 max_wait: left,
             };
             let permit = match gate.admission.reserve(&ask).await {
@@ -252,7 +254,7 @@ impl LlmGuardian {
             if matches!(result, Err(TryFailed::TimedOut | TryFailed::Cancelled))
                 && report.usage.is_none()
             {
-                report.usage = Some(unanswered(&ask));
+                report.usage = Some(unanswered(&ask, 0));
             }
             unsettled.settle(&ask, &report).await;
             if let Some(u) = &report.usage {
@@ -393,6 +395,7 @@ impl Guardian for LlmGuardian {
             temperature: 0.0,
             max_tokens: self.opts.max_tokens,
             session_id: ctx.session_id.to_string(),
+            web_search: None,
         };
         let mut end = crate::bounds::instant_after(Instant::now(), self.opts.timeout);
         if let Some(deadline) = gate.deadline {

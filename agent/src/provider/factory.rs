@@ -62,6 +62,13 @@ pub fn default_model(provider: &str) -> &'static str {
     }
 }
 
+/// Whether the named provider runs a web search itself ([`LlmProvider::web_search`]),
+/// known from the name alone, for a check made before any provider is built (a request
+/// naming its provider).
+pub fn searches_the_web(provider: &str) -> bool {
+    provider == "anthropic"
+}
+
 /// Build the named provider from `settings` alone; nothing here reads the environment.
 /// `base_url` (a session's) replaces the configured endpoint; the configured key goes
 /// with it only when it names that same endpoint ([`endpoint::resolve`]), so a session

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::schema::{FinishReason, Message, ToolSpec, Usage};
+use crate::spec::WebSearch;
 
 pub use ratelimit::RateLimitInfo;
 
@@ -39,6 +40,11 @@ pub struct LlmRequest<'a> {
     /// The session this request belongs to; providers may use it as a user/trace id.
     #[serde(default)]
     pub session_id: String,
+    /// Offer the provider's own web search beside `tools` (it runs the searches; see
+    /// [`LlmProvider::web_search`]). Only sent to a provider that can: one that cannot
+    /// refuses the request rather than answer without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search: Option<WebSearch>,
 }
 
 impl LlmRequest<'_> {
@@ -56,6 +62,7 @@ impl LlmRequest<'_> {
             temperature: self.temperature,
             max_tokens: self.max_tokens,
             session_id: self.session_id,
+            web_search: self.web_search,
         }
     }
 }
@@ -77,6 +84,26 @@ pub enum LlmEvent {
         id: Option<String>,
         name: Option<String>,
         arguments: String,
+    },
+    /// A text block of the answer begins (providers whose answers are made of blocks):
+    /// what follows is a block of its own where the answer is kept block by block.
+    TextBlock,
+    /// A citation of the text block being streamed, as the provider sent it (opaque).
+    Citation(serde_json::Value),
+    /// A fragment of a use of the provider's own tool (web search), keyed by `index` like
+    /// a tool call's: kept in the transcript, never run here.
+    ServerToolDelta {
+        index: usize,
+        id: Option<String>,
+        name: Option<String>,
+        input: String,
+    },
+    /// What the provider's own tool gave back for the use `tool_use_id`: a block of type
+    /// `kind`, kept as it came.
+    ServerToolResult {
+        tool_use_id: String,
+        kind: String,
+        content: serde_json::Value,
     },
     /// The usage so far, as a total: the assembler assigns, never adds.
     Usage(Usage),
@@ -107,6 +134,23 @@ pub trait LlmProvider: Send + Sync {
     fn limit_key(&self) -> String {
         self.name().to_string()
     }
+
+    /// Whether the provider runs a web search itself when a request offers one
+    /// ([`LlmRequest::web_search`]). A host never runs a session that asks for it on a
+    /// provider that cannot: there is no local stand-in.
+    fn web_search(&self) -> bool {
+        false
+    }
+}
+
+/// What a provider that cannot search the web answers a request that offers the search
+/// (hosts check [`LlmProvider::web_search`] first; this is the last line).
+pub(crate) fn no_web_search(provider: &str) -> crate::error::Error {
+    crate::error::Error::Config(format!(
+        "`{}` is a search the provider runs itself, and provider `{provider}` cannot: \
+         run the session on anthropic, or leave the tool out",
+        crate::spec::WEB_SEARCH_TOOL
+    ))
 }
 
 /// Timeouts for streaming HTTP providers. There is deliberately no total timeout: a long

@@ -313,6 +313,9 @@ impl LlmProvider for ScriptedProvider {
     }
 
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
+        if request.web_search.is_some() {
+            return Err(crate::provider::no_web_search("scripted"));
+        }
         let (index, turn) = self.turn_for(request);
         let attempt = self.attempt(&request.session_id, index);
         if turn.delay_ms > 0 {

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds;
 use crate::provider::LlmRequest;
-use crate::schema::{Message, Role, ToolCall, ToolSpec, Usage};
-use crate::spec::{ExitReason, Mode, SessionSpec};
+use crate::schema::{FinishReason, Message, Role, ToolCall, ToolSpec, Usage};
+use crate::spec::{ExitReason, Mode, SessionSpec, WebSearch};
 
 mod repeat;
 mod think;
@@ -419,13 +419,18 @@ impl SessionState {
     }
 
     /// The text of the model's final answer when nothing has acted on it yet (no plan→act
-    /// switch, no drain, no outcome): the last message is an assistant turn without calls.
+    /// switch, no drain, no outcome): the last message is an assistant turn without calls
+    /// that the provider did not pause (a paused turn is no answer yet: the next call,
+    /// sent it as it is, goes on with it).
     fn unsettled_answer(&self) -> Option<&str> {
         if self.outcome.is_some() {
             return None;
         }
         let last = self.messages.last()?;
-        (last.role == Role::Assistant && last.tool_calls.is_empty()).then_some(&*last.content)
+        (last.role == Role::Assistant
+            && last.tool_calls.is_empty()
+            && last.finish_reason != Some(FinishReason::Paused))
+        .then_some(&*last.content)
     }
 
     /// [`Step::StartAct`]: the plan stands; the act phase begins with tools.
@@ -638,7 +643,14 @@ impl SessionState {
     /// The stored history is never changed by this. The request borrows the history and
     /// the tool specs (it is built every iteration, and the history can be long): only a
     /// message the view changes (a synthesized result, a compacted output) is a copy.
-    pub fn request<'a>(&'a self, model: &str, tools: &'a [ToolSpec]) -> LlmRequest<'a> {
+    /// `web_search` (the provider's own search, when the session has it) is offered
+    /// whenever tools are.
+    pub fn request<'a>(
+        &'a self,
+        model: &str,
+        tools: &'a [ToolSpec],
+        web_search: Option<&WebSearch>,
+    ) -> LlmRequest<'a> {
         LlmRequest {
             model: model.to_string(),
             system: Some(self.system_prompt()),
@@ -655,6 +667,7 @@ impl SessionState {
             temperature: self.spec.temperature,
             max_tokens: self.spec.max_tokens,
             session_id: self.session_id.clone(),
+            web_search: web_search.filter(|_| self.tools_enabled()).cloned(),
         }
     }
 }

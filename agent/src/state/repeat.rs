@@ -4,8 +4,8 @@
 //! aside, so a resumed session counts exactly as the run before it did; the look-back
 //! stops at the first turn that breaks the run of repeats, so it costs a few turns at most.
 //!
-//! A repeat is the same tool with equal arguments (JSON equality: key order does not
-//! matter) in consecutive assistant turns, each of which got the same result as the one
+//! A repeat is the same tool with equal arguments (as JSON values: key order, spacing
+//! and how a number is written do not matter) in consecutive assistant turns, each of which got the same result as the one
 //! before. A turn without the call, a changed result or a user message (a follow-up,
 //! steering, a background result) ends the run: the model then has something new.
 
@@ -46,9 +46,35 @@ fn same_call(a: &ToolCall, b: &ToolCall) -> bool {
     a.name == b.name && same_arguments(&a.arguments, &b.arguments)
 }
 
-/// `serde_json`'s equality compares objects as maps, whatever order their keys came in.
+/// Equal as JSON values, which is what a tool reads: objects as maps (whatever order
+/// their keys came in; spacing was gone once parsed), and numbers by value, so that `5`,
+/// `5.0` and `5e0` are one number. Without that, a model could go round forever writing
+/// the same number another way each time.
 fn same_arguments(a: &Value, b: &Value) -> bool {
-    a == b
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => same_number(x, y),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_arguments(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_arguments(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Integers compare exactly (two above 2^53 that a float would confuse stay apart); a
+/// number written with a fraction or an exponent compares by its value as a float.
+fn same_number(x: &serde_json::Number, y: &serde_json::Number) -> bool {
+    if x == y {
+        return true;
+    }
+    if x.is_f64() || y.is_f64() {
+        return matches!((x.as_f64(), y.as_f64()), (Some(a), Some(b)) if a == b);
+    }
+    false
 }
 
 /// The result of call `id` among `answers` (the messages after the call's answer).

@@ -131,6 +131,7 @@ impl SessionFamilies {
 /// LLM calls: tokens, attempts and their outcomes, latency, retries and re-issues.
 pub(super) struct LlmFamilies {
     pub llm_tokens: IntCounterVec,
+    pub llm_web_searches: IntCounterVec,
     pub guardian_tokens: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_request_duration: HistogramVec,
@@ -148,6 +149,12 @@ impl LlmFamilies {
                 "agentq_llm_tokens_total",
                 "Tokens reported by LLM providers, by kind (input, output, cache_read, cache_write, reasoning).",
                 &["provider", "model", "type"],
+            ),
+            llm_web_searches: counter_vec(
+                r,
+                "agentq_llm_web_searches_total",
+                "Web searches LLM providers ran for the calls themselves (their own search tool, billed per search).",
+                &["provider", "model"],
             ),
             guardian_tokens: counter_vec(
                 r,
@@ -336,6 +343,7 @@ impl QueueFamilies {
 /// What tenants spent, in tokens and dollars.
 pub(super) struct TenantFamilies {
     pub tenant_tokens: IntCounterVec,
+    pub tenant_web_searches: IntCounterVec,
     pub tenant_cost_usd: CounterVec,
 }
 
@@ -347,6 +355,12 @@ impl TenantFamilies {
                 "agentq_tenant_tokens_total",
                 "Tokens spent by LLM calls per tenant, by kind (input, output, cache_read, cache_write).",
                 &["tenant", "kind"],
+            ),
+            tenant_web_searches: counter_vec(
+                r,
+                "agentq_tenant_web_searches_total",
+                "Web searches LLM providers ran for a tenant's calls (in agentq_tenant_cost_usd_total at their price).",
+                &["tenant"],
             ),
             tenant_cost_usd: {
                 let c = CounterVec::new(

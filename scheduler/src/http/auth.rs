@@ -389,15 +389,15 @@ pub async fn require(State(a): State<Authenticator>, mut req: Request, next: Nex
             // Count the connection against the key (see `serve`); one over the key's cap
             // is closed after the answer, freeing the slot it took.
             let conn = req.extensions().get::<crate::serve::Connection>();
-            if let (Some(key), Some(conn)) = (caller.key_id.as_deref(), conn) {
-                if let Err(e) = conn.bind(key) {
-                    let mut resp = e.into_response();
-                    resp.headers_mut().insert(
-                        header::CONNECTION,
-                        axum::http::HeaderValue::from_static("close"),
-                    );
-                    return resp;
-                }
+            if let (Some(key), Some(conn)) = (caller.key_id.as_deref(), conn)
+                && let Err(e) = conn.bind(key)
+            {
+                let mut resp = e.into_response();
+                resp.headers_mut().insert(
+                    header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return resp;
             }
             // Authenticated: no longer a connection a newer one may displace (`serve`).
             if let Some(conn) = conn {

@@ -41,6 +41,11 @@ fn every_spec_field_is_accepted() {
     spec.timeout_secs = Some(1);
     spec.max_llm_retries = Some(1);
     spec.sensitive_tools = vec!["shell".into()];
+    spec.web_search = Some(agentq_agent::spec::WebSearch {
+        max_uses: Some(2),
+        allowed_domains: vec!["docs.rs".into()],
+        blocked_domains: Vec::new(),
+    });
     spec.metadata = json!({"k": 1});
     let Value::Object(m) = serde_json::to_value(&spec).unwrap() else {
         panic!()

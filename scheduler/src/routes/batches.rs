@@ -10,7 +10,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use agentq_api::{
-    CREATE_PARAMS, DEFAULT_BATCH_LIST, DEFAULT_RESULTS, JSONL_CONTENT_TYPE, LIST_BATCHES_PARAMS,
+    BatchList, BatchRequestItem, BatchResult, BatchView, CREATE_PARAMS, CreateBatch,
+    DEFAULT_BATCH_LIST, DEFAULT_RESULTS, ErrorBody, JSONL_CONTENT_TYPE, LIST_BATCHES_PARAMS,
     MAX_BATCH_LIST, MAX_RESULTS, NEXT_HEADER, RESULTS_HEADER, RESULTS_PARAMS,
 };
 
@@ -23,8 +24,40 @@ use crate::http::{ApiResult, Auth, MAX_ID_LEN, respond};
 use crate::request::BatchOptions;
 use crate::state::Scheduler;
 
-/// `POST /v1/batches`: JSON Lines when the content type says so (the options in the
-/// query), else a JSON body (the options in it, and no query).
+/// Submit a batch
+///
+/// A batch of session requests as one object: a JSON body (`requests`, `max_running`,
+/// `metadata`; no query), or JSON Lines (`application/x-ndjson`: one request a line, each
+/// with an optional `custom_id`; the options in the query), read as a stream. Every item is
+/// checked as `POST /v1/sessions` checks one, and the batch is created all or none: a bad
+/// one is named where it is (`requests[3].mode`, `line 17.mode`); a line that is not JSON
+/// is a 400 naming it; the item past `max_batch_items` (100,000), a line longer than a
+/// session's body limit and an upload over 1 GiB are 413s naming the line.
+#[utoipa::path(
+    post,
+    path = "/v1/batches",
+    operation_id = "submit_batch",
+    params(
+        ("max_running" = Option<u32>, Query, minimum = 1, maximum = 1000000,
+            description = "JSON Lines only: at most this many of the batch's sessions run at \
+            once."),
+        ("metadata" = Option<String>, Query, description = "JSON Lines only: the batch's \
+            metadata, a JSON object (URL-encoded)."),
+    ),
+    request_body(
+        description = "A JSON body, or JSON Lines of items (one `BatchRequestItem` a line).",
+        content(
+            (CreateBatch = "application/json"),
+            (BatchRequestItem = "application/x-ndjson"),
+        ),
+    ),
+    responses(
+        (status = 201, description = "Created: every session queued", body = BatchView),
+        (status = 409, description = "`conflict`: an item's `idempotency_key` names a session \
+            already (`field`: `line 2.idempotency_key`, `requests[1].idempotency_key`)",
+            body = ErrorBody),
+    ),
+)]
 pub(super) async fn create(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -54,7 +87,22 @@ pub(super) async fn create(
     respond(StatusCode::CREATED, &view)
 }
 
-/// `GET /v1/batches?limit=&cursor=`
+/// List batches
+///
+/// The caller's batches, newest first (every tenant's for an `admin` key), each as `GET
+/// /v1/batches/{id}` shows it.
+#[utoipa::path(
+    get,
+    path = "/v1/batches",
+    operation_id = "list_batches",
+    params(
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 100,
+            description = "Batches per page (20 when absent)."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous \
+            page."),
+    ),
+    responses((status = 200, description = "A page", body = BatchList)),
+)]
 pub(super) async fn list(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -67,7 +115,17 @@ pub(super) async fn list(
     respond(StatusCode::OK, &page)
 }
 
-/// `GET /v1/batches/{id}`
+/// Get a batch
+///
+/// Counted from its sessions now: by status and finish reason, their tokens and cost, the
+/// first start, the last finish, and the time left at the rate the finished ones went.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}",
+    operation_id = "get_batch",
+    params(("id" = String, Path, description = "The batch's id")),
+    responses((status = 200, description = "The batch", body = BatchView)),
+)]
 pub(super) async fn get(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -77,8 +135,22 @@ pub(super) async fn get(
     respond(StatusCode::OK, &batches::view_of(&s, row).await?)
 }
 
-/// `POST /v1/batches/{id}/cancel`: 202 when a running session was asked to stop (its
-/// worker stops it at its next check), else 200.
+/// Cancel a batch
+///
+/// Every session of it that has not finished: those that never started at once, a running
+/// one at its next step (202), each with its sub-agents. Repeating it is harmless.
+#[utoipa::path(
+    post,
+    path = "/v1/batches/{id}/cancel",
+    operation_id = "cancel_batch",
+    params(("id" = String, Path, description = "The batch's id")),
+    request_body(content = Object, description = "`{}`: nothing to send"),
+    responses(
+        (status = 200, description = "Every unfinished session was cancelled", body = BatchView),
+        (status = 202, description = "Cancelled; running sessions stop at their next step",
+            body = BatchView),
+    ),
+)]
 pub(super) async fn cancel(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -96,8 +168,31 @@ pub(super) async fn cancel(
     respond(status, &batches::view_of(&s, row).await?)
 }
 
-/// `GET /v1/batches/{id}/results?after=&limit=`: JSON Lines of the finished items in id
-/// order, with the next page's `after` and why this one ends in headers.
+/// Read a batch's results
+///
+/// JSON Lines, one `BatchResult` per finished session in id order (the order of the
+/// requests) after `after`, up to the first that has not finished, at most `limit` and
+/// 16 MiB a page. `agentq-results` says why the page ends (`complete`, `more`: ask again
+/// at once, `waiting`: ask again later), `agentq-next` is the next call's `after`.
+#[utoipa::path(
+    get,
+    path = "/v1/batches/{id}/results",
+    operation_id = "get_batch_results",
+    params(
+        ("id" = String, Path, description = "The batch's id"),
+        ("after" = Option<String>, Query, description = "Start after this session (the \
+            `agentq-next` of the previous page, or the last id read)."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 10000,
+            description = "Results per page (1,000 when absent)."),
+    ),
+    responses((status = 200, description = "A page of results, one JSON object a line",
+        content_type = "application/x-ndjson", body = BatchResult,
+        headers(
+            ("agentq-results" = String, description = "`complete`, `more` or `waiting`"),
+            ("agentq-next" = String, description = "The `after` of the next page, when more \
+                may follow"),
+        ))),
+)]
 pub(super) async fn results(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

@@ -39,7 +39,18 @@ fn tenant_of(path: Result<Path<String>, PathRejection>) -> ApiResult<String> {
     Ok(t)
 }
 
-/// `PUT /v1/admin/budgets/{tenant}`
+/// Set a tenant's budget
+///
+/// Stored, it replaces the tenant's configured `[[budgets]]`; its parked sessions are
+/// woken (those still over the new budget park again).
+#[utoipa::path(
+    put,
+    path = "/v1/admin/budgets/{tenant}",
+    operation_id = "set_budget",
+    params(("tenant" = String, Path, description = "The tenant")),
+    request_body = SetBudget,
+    responses((status = 200, description = "Set", body = BudgetSet)),
+)]
 pub(super) async fn set(
     State(s): State<Scheduler>,
     path: Result<Path<String>, PathRejection>,
@@ -110,7 +121,15 @@ pub(super) async fn set(
     )
 }
 
-/// `GET /v1/admin/budgets`
+/// List budgets
+///
+/// Every tenant's budget, configured or stored, with what it spent this period.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/budgets",
+    operation_id = "list_budgets",
+    responses((status = 200, description = "The budgets", body = BudgetList)),
+)]
 pub(super) async fn list(State(s): State<Scheduler>) -> ApiResult<Response> {
     let mut budgets = Vec::new();
     for (b, source) in effective_budgets(&s).await? {
@@ -119,7 +138,16 @@ pub(super) async fn list(State(s): State<Scheduler>) -> ApiResult<Response> {
     respond(StatusCode::OK, &BudgetList { budgets })
 }
 
-/// `GET /v1/admin/tenants/{tenant}/spend`
+/// Read a tenant's spend
+///
+/// What the tenant spent today and this month (UTC).
+#[utoipa::path(
+    get,
+    path = "/v1/admin/tenants/{tenant}/spend",
+    operation_id = "get_tenant_spend",
+    params(("tenant" = String, Path, description = "The tenant")),
+    responses((status = 200, description = "The spend", body = TenantSpend)),
+)]
 pub(super) async fn spend(
     State(s): State<Scheduler>,
     path: Result<Path<String>, PathRejection>,

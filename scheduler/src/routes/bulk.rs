@@ -73,7 +73,18 @@ async fn page(
     Ok((rows, next))
 }
 
-/// `POST /v1/sessions/cancel`
+/// Cancel a batch
+///
+/// The unfinished sessions of `batch_id` (required; `error_contains` and
+/// `finished_since` are refused), at most `limit` examined per call, newest first.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/cancel",
+    operation_id = "cancel_sessions",
+    request_body = SessionFilter,
+    responses((status = 200, description = "The sessions cancelled or asked to stop, and \
+        where to continue", body = BulkCancelResponse)),
+)]
 pub(super) async fn cancel(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -142,7 +153,18 @@ fn retryable(row: &SessionRow, f: &SessionFilter) -> bool {
             .is_none_or(|text| row.error.as_deref().is_some_and(|e| e.contains(text)))
 }
 
-/// `POST /v1/sessions/retry`
+/// Retry failed sessions
+///
+/// Queue again, from their last checkpoint, the caller's sessions that failed with an
+/// error and match every field given, at most `limit` examined per call, newest first.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/retry",
+    operation_id = "retry_sessions",
+    request_body = SessionFilter,
+    responses((status = 200, description = "The sessions queued again, and where to \
+        continue", body = BulkRetryResponse)),
+)]
 pub(super) async fn retry(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

@@ -17,6 +17,26 @@ use crate::state::Scheduler;
 /// Comments that keep an idle connection open through proxies.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// Follow a session's events
+///
+/// Server-sent events: what is stored is replayed, then the stream follows the session
+/// live until `session_completed`. Each event's `id:` resumes the stream
+/// (`Last-Event-ID`), its `event:` is the event's `type` and its `data:` the event's JSON
+/// with `seq`, the history position it belongs to. `event: reset` (no `id`) tells the
+/// client to discard what it received for positions `>= seq`: a step is being redone by
+/// another worker.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/events",
+    operation_id = "stream_events",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this \
+            event (`<ms>-<n>` or `t-<seq>-<k>`)."),
+    ),
+    responses((status = 200, description = "The event stream", content_type = "text/event-stream",
+        body = String)),
+)]
 pub(super) async fn events(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

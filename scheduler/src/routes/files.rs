@@ -16,6 +16,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use agentq_api::FileList;
 use agentq_core::workspace::FileEntry;
 use agentq_core::workspace_path::normalize;
 
@@ -31,7 +32,23 @@ pub(super) struct ListQuery {
     format: Option<String>,
 }
 
-/// `GET /v1/sessions/{id}/files`
+/// List a session's files
+///
+/// Every committed file of the session's tree (a sub-agent shares its root's), sorted by
+/// path; with `?format=tar`, one tar of them instead.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files",
+    operation_id = "list_files",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("format" = Option<String>, Query, description = "`json` (the default) or `tar`."),
+    ),
+    responses((status = 200, description = "The files", content(
+        (FileList = "application/json"),
+        ("application/x-tar"),
+    ))),
+)]
 pub(super) async fn list(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -138,9 +155,23 @@ fn tar_stream(
     })
 }
 
-/// `GET /v1/sessions/{id}/files/{path}`: the path may hold `/` (and `%2F`); it is held
-/// to the same rules as a request's files, so `..` or an absolute path is a 422 naming
-/// `path`, never a file outside the tree.
+/// Read a session's file
+///
+/// The bytes of one committed file of the session's tree. The path may hold `/` (and
+/// `%2F`); it is held to the same rules as a request's files, so `..` or an absolute path
+/// is a 422 naming `path`, never a file outside the tree. A type a browser would render
+/// (HTML, SVG, scripts) is served as plain text and as an attachment.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/files/{path}",
+    operation_id = "get_file",
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("path" = String, Path, description = "The file's path in the workspace"),
+    ),
+    responses((status = 200, description = "The file's bytes, typed by its extension",
+        content_type = "*/*")),
+)]
 pub(super) async fn get(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

@@ -17,7 +17,15 @@ use crate::state::Scheduler;
 
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `GET /healthz`: the process serves requests (whatever the backends do).
+/// Liveness
+///
+/// The process serves requests (whatever its backends do).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String)),
+)]
 pub(super) async fn healthz() -> &'static str {
     "ok"
 }
@@ -30,7 +38,19 @@ fn readiness(status: ReadyStatus) -> Readiness {
     }
 }
 
-/// `GET /readyz`
+/// Readiness
+///
+/// Both backends answer and the scheduler is not draining.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "Draining, or a backend is down (`down`, `checks`)",
+            body = Readiness),
+    ),
+)]
 pub(super) async fn readyz(State(s): State<Scheduler>) -> Response {
     let answer = ready(&s).await;
     let status = if answer.status == ReadyStatus::Ready {
@@ -75,8 +95,19 @@ async fn ready(s: &Scheduler) -> Readiness {
     }
 }
 
-/// `GET /metrics`: the process registry in the Prometheus text format, the queue and
-/// waiting-session gauges refreshed first.
+/// Metrics
+///
+/// The process's metrics in the Prometheus text format, served on the metrics listener
+/// (`metrics_addr`), not the API's.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    servers((url = "http://127.0.0.1:9464", description = "The metrics listener \
+        (`metrics_addr`; this is its default)")),
+    responses((status = 200, description = "The Prometheus text exposition",
+        content_type = "text/plain", body = String)),
+)]
 pub(super) async fn metrics(State(s): State<Scheduler>) -> Response {
     let m = global();
     for queue in s.queues().names() {

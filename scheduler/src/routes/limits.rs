@@ -17,7 +17,16 @@ use crate::state::Scheduler;
 /// How long the view waits for Redis.
 const READ_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// `GET /v1/admin/limits`
+/// Read the rate limiter
+///
+/// The fleet's rate limiter as it stands: the rules configured, the counters of every
+/// rule key in use, and the holds learned from providers.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/limits",
+    operation_id = "get_limits",
+    responses((status = 200, description = "The limiter's state", body = LimitsView)),
+)]
 pub(super) async fn state(State(s): State<Scheduler>) -> ApiResult<Response> {
     let limits = &s.cfg.limits;
     let Some(url) = limits.redis_url.as_deref() else {

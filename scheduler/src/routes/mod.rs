@@ -1,14 +1,18 @@
 //! The HTTP API's routes. Each module serves one part of the API and imports only the
 //! shared helpers of [`crate::http`], never another route module.
 //!
-//! [`table`] is every route with what it requires; the router is built from it and the
-//! authentication layer reads it, so a route cannot be served without an entry.
+//! [`table`] is every route with what it requires and its OpenAPI operation (the
+//! `#[utoipa::path]` of its handler); the router is built from it, the authentication
+//! layer reads it and the OpenAPI document ([`openapi`]) is derived from it, so a route
+//! cannot be served without an entry, nor without its description.
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::middleware;
 use axum::routing::{MethodRouter, get, post, put};
+use utoipa::openapi::HttpMethod;
+use utoipa::openapi::path::Operation;
 
 use agentq_core::auth::Scope;
 
@@ -24,153 +28,322 @@ mod files;
 mod health;
 mod limits;
 mod mcp;
+pub(crate) mod openapi;
 mod queues;
 mod redrive;
 mod sessions;
 mod steer;
 
-/// One route: its method, its path pattern, what it requires, and its handler.
+/// One route: its method, its path pattern, what it requires, its handler (made for a
+/// scheduler: a body limit, the MCP service) and its OpenAPI operation.
 struct Route {
     method: Method,
     path: &'static str,
     access: Access,
-    handler: MethodRouter<Scheduler>,
+    handler: fn(&Scheduler) -> MethodRouter<Scheduler>,
+    doc: Doc,
+}
+
+/// A route's OpenAPI description: what the `#[utoipa::path]` of its handler states (the
+/// struct that attribute makes, `__path_<handler>`, implements [`utoipa::Path`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Doc {
+    /// The path the attribute states, in OpenAPI's form (`{path}`, not `{*path}`).
+    pub(crate) path: fn() -> String,
+    pub(crate) methods: fn() -> Vec<HttpMethod>,
+    pub(crate) operation: fn() -> Operation,
+}
+
+fn doc<P: utoipa::Path>() -> Doc {
+    Doc {
+        path: P::path,
+        methods: P::methods,
+        operation: P::operation,
+    }
 }
 
 fn route(
     method: Method,
     path: &'static str,
     access: Access,
-    handler: MethodRouter<Scheduler>,
+    handler: fn(&Scheduler) -> MethodRouter<Scheduler>,
+    doc: Doc,
 ) -> Route {
     Route {
         method,
         path,
         access,
         handler,
+        doc,
     }
 }
 
+const WRITE: Access = Access::Scope(Scope::SessionsWrite);
+const READ: Access = Access::Scope(Scope::SessionsRead);
+const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
+const ADMIN: Access = Access::Scope(Scope::Admin);
+
 /// Every route of the API (see the module docs).
-fn table(state: &Scheduler) -> Vec<Route> {
-    use Access::Open;
-    const WRITE: Access = Access::Scope(Scope::SessionsWrite);
-    const READ: Access = Access::Scope(Scope::SessionsRead);
-    const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
-    const ADMIN: Access = Access::Scope(Scope::Admin);
-    let single_limit = state.single_body_limit();
-    let (g, p) = (Method::GET, Method::POST);
-    let mut routes = vec![
-        route(
-            p.clone(),
-            "/v1/sessions",
-            WRITE,
-            post(sessions::create).layer(DefaultBodyLimit::max(single_limit)),
-        ),
-        route(g.clone(), "/v1/sessions", READ, get(sessions::list)),
-        route(
-            p.clone(),
-            "/v1/sessions/batch",
-            WRITE,
-            // `BatchBody` reads the body itself, under the decode budget and this limit.
-            post(sessions::create_batch).layer(DefaultBodyLimit::max(state.batch_body_limit())),
-        ),
-        route(p.clone(), "/v1/sessions/cancel", WRITE, post(bulk::cancel)),
-        route(p.clone(), "/v1/sessions/retry", WRITE, post(bulk::retry)),
-        route(g.clone(), "/v1/sessions/{id}", READ, get(sessions::get)),
-        route(
-            g.clone(),
-            "/v1/sessions/{id}/messages",
-            READ,
-            get(sessions::messages),
-        ),
-        route(
-            p.clone(),
-            "/v1/sessions/{id}/messages",
-            WRITE,
-            post(steer::post_message),
-        ),
-        route(
-            p.clone(),
-            "/v1/sessions/{id}/approvals",
-            APPROVE,
-            post(steer::approvals),
-        ),
-        route(g.clone(), "/v1/sessions/{id}/tree", READ, get(steer::tree)),
-        route(g.clone(), "/v1/sessions/{id}/files", READ, get(files::list)),
-        route(
-            g.clone(),
-            "/v1/sessions/{id}/files/{*path}",
-            READ,
-            get(files::get),
-        ),
-        route(
-            p.clone(),
-            "/v1/sessions/{id}/cancel",
-            WRITE,
-            post(sessions::cancel),
-        ),
-        route(
-            p.clone(),
-            "/v1/sessions/{id}/retry",
-            WRITE,
-            post(redrive::retry),
-        ),
-        route(
-            g.clone(),
-            "/v1/sessions/{id}/events",
-            READ,
-            get(events::events),
-        ),
-        route(g.clone(), "/v1/queues", READ, get(queues::list)),
-        route(p.clone(), "/v1/queues", ADMIN, post(queues::create)),
-        route(g.clone(), "/v1/admin/budgets", ADMIN, get(budgets::list)),
-        route(
-            Method::PUT,
-            "/v1/admin/budgets/{tenant}",
-            ADMIN,
-            put(budgets::set),
-        ),
-        route(
-            g.clone(),
-            "/v1/admin/tenants/{tenant}/spend",
-            ADMIN,
-            get(budgets::spend),
-        ),
-        route(g.clone(), "/v1/admin/limits", ADMIN, get(limits::state)),
-        // Each tool checks the scope of its REST route.
-        route(p.clone(), "/mcp", Access::Key, mcp::handler(state)),
-        route(g.clone(), "/healthz", Open, get(health::healthz)),
-        route(g, "/readyz", Open, get(health::readyz)),
-    ];
-    routes.extend(batch_routes(state));
+fn table() -> Vec<Route> {
+    let mut routes = session_routes();
+    routes.extend(one_session_routes());
+    routes.extend(batch_routes());
+    routes.extend(service_routes());
     routes
 }
 
-/// The routes of batches as objects (`/v1/batches…`), with the session routes' scopes.
-fn batch_routes(state: &Scheduler) -> Vec<Route> {
-    const WRITE: Access = Access::Scope(Scope::SessionsWrite);
-    const READ: Access = Access::Scope(Scope::SessionsRead);
-    let (g, p) = (Method::GET, Method::POST);
+/// Creating, listing and acting on many sessions.
+fn session_routes() -> Vec<Route> {
     vec![
         route(
-            p.clone(),
+            Method::POST,
+            "/v1/sessions",
+            WRITE,
+            |s| post(sessions::create).layer(DefaultBodyLimit::max(s.single_body_limit())),
+            doc::<sessions::__path_create>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions",
+            READ,
+            |_| get(sessions::list),
+            doc::<sessions::__path_list>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/batch",
+            WRITE,
+            // `BatchBody` reads the body itself, under the decode budget and this limit.
+            |s| post(sessions::create_batch).layer(DefaultBodyLimit::max(s.batch_body_limit())),
+            doc::<sessions::__path_create_batch>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/cancel",
+            WRITE,
+            |_| post(bulk::cancel),
+            doc::<bulk::__path_cancel>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/retry",
+            WRITE,
+            |_| post(bulk::retry),
+            doc::<bulk::__path_retry>(),
+        ),
+    ]
+}
+
+/// The routes of one session (`{id}`).
+fn one_session_routes() -> Vec<Route> {
+    vec![
+        route(
+            Method::GET,
+            "/v1/sessions/{id}",
+            READ,
+            |_| get(sessions::get),
+            doc::<sessions::__path_get>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/messages",
+            READ,
+            |_| get(sessions::messages),
+            doc::<sessions::__path_messages>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/messages",
+            WRITE,
+            |_| post(steer::post_message),
+            doc::<steer::__path_post_message>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/approvals",
+            APPROVE,
+            |_| post(steer::approvals),
+            doc::<steer::__path_approvals>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/tree",
+            READ,
+            |_| get(steer::tree),
+            doc::<steer::__path_tree>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/files",
+            READ,
+            |_| get(files::list),
+            doc::<files::__path_list>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/files/{*path}",
+            READ,
+            |_| get(files::get),
+            doc::<files::__path_get>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/cancel",
+            WRITE,
+            |_| post(sessions::cancel),
+            doc::<sessions::__path_cancel>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/retry",
+            WRITE,
+            |_| post(redrive::retry),
+            doc::<redrive::__path_retry>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/{id}/events",
+            READ,
+            |_| get(events::events),
+            doc::<events::__path_events>(),
+        ),
+    ]
+}
+
+/// Batches as objects (`/v1/batches…`), with the session routes' scopes.
+fn batch_routes() -> Vec<Route> {
+    vec![
+        route(
+            Method::POST,
             "/v1/batches",
             WRITE,
             // A JSON body is read under the batch limit and the decode budget; an upload
             // as a stream, under its own bounds (`crate::batches`).
-            post(batches::create).layer(DefaultBodyLimit::max(state.batch_body_limit())),
+            |s| post(batches::create).layer(DefaultBodyLimit::max(s.batch_body_limit())),
+            doc::<batches::__path_create>(),
         ),
-        route(g.clone(), "/v1/batches", READ, get(batches::list)),
-        route(g.clone(), "/v1/batches/{id}", READ, get(batches::get)),
-        route(p, "/v1/batches/{id}/cancel", WRITE, post(batches::cancel)),
-        route(g, "/v1/batches/{id}/results", READ, get(batches::results)),
+        route(
+            Method::GET,
+            "/v1/batches",
+            READ,
+            |_| get(batches::list),
+            doc::<batches::__path_list>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/batches/{id}",
+            READ,
+            |_| get(batches::get),
+            doc::<batches::__path_get>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/batches/{id}/cancel",
+            WRITE,
+            |_| post(batches::cancel),
+            doc::<batches::__path_cancel>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/batches/{id}/results",
+            READ,
+            |_| get(batches::results),
+            doc::<batches::__path_results>(),
+        ),
     ]
 }
 
+/// Queues, the admin's routes, `/mcp`, the probes and this API's description.
+fn service_routes() -> Vec<Route> {
+    vec![
+        route(
+            Method::GET,
+            "/v1/queues",
+            READ,
+            |_| get(queues::list),
+            doc::<queues::__path_list>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/queues",
+            ADMIN,
+            |_| post(queues::create),
+            doc::<queues::__path_create>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/budgets",
+            ADMIN,
+            |_| get(budgets::list),
+            doc::<budgets::__path_list>(),
+        ),
+        route(
+            Method::PUT,
+            "/v1/admin/budgets/{tenant}",
+            ADMIN,
+            |_| put(budgets::set),
+            doc::<budgets::__path_set>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/tenants/{tenant}/spend",
+            ADMIN,
+            |_| get(budgets::spend),
+            doc::<budgets::__path_spend>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/limits",
+            ADMIN,
+            |_| get(limits::state),
+            doc::<limits::__path_state>(),
+        ),
+        // Each tool checks the scope of its REST route.
+        route(
+            Method::POST,
+            "/mcp",
+            Access::Key,
+            mcp::handler,
+            doc::<mcp::__path_handler>(),
+        ),
+        route(
+            Method::GET,
+            "/healthz",
+            Access::Open,
+            |_| get(health::healthz),
+            doc::<health::__path_healthz>(),
+        ),
+        route(
+            Method::GET,
+            "/readyz",
+            Access::Open,
+            |_| get(health::readyz),
+            doc::<health::__path_readyz>(),
+        ),
+        route(
+            Method::GET,
+            "/openapi.json",
+            Access::Open,
+            |_| get(openapi::serve),
+            doc::<openapi::__path_serve>(),
+        ),
+    ]
+}
+
+/// The routes of [`metrics_router`], served on a listener of their own.
+fn metrics_table() -> Vec<Route> {
+    vec![route(
+        Method::GET,
+        "/metrics",
+        Access::Open,
+        |_| get(health::metrics),
+        doc::<health::__path_metrics>(),
+    )]
+}
+
 /// Every route of [`router`]: (method, path pattern, what it requires).
-pub fn route_table(state: &Scheduler) -> Vec<(Method, &'static str, Access)> {
-    table(state)
+pub fn route_table() -> Vec<(Method, &'static str, Access)> {
+    table()
         .into_iter()
         .map(|r| (r.method, r.path, r.access))
         .collect()
@@ -178,7 +351,7 @@ pub fn route_table(state: &Scheduler) -> Vec<(Method, &'static str, Access)> {
 
 /// The API on `state`. Serve it with `axum::serve` (the tests bind port 0).
 pub fn router(state: Scheduler) -> Router {
-    let routes = table(&state);
+    let routes = table();
     let authn = Authenticator::new(
         state.store.clone(),
         state.cfg.auth.clone(),
@@ -186,7 +359,7 @@ pub fn router(state: Scheduler) -> Router {
     );
     let mut app = Router::new();
     for r in routes {
-        app = app.route(r.path, r.handler);
+        app = app.route(r.path, (r.handler)(&state));
     }
     app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
         .fallback(not_found)
@@ -202,10 +375,11 @@ pub fn router(state: Scheduler) -> Router {
 /// `/metrics` alone, for a listener of its own: the API's port is for keyed clients,
 /// the metrics port for the scraper (which holds no key).
 pub fn metrics_router(state: Scheduler) -> Router {
-    Router::new()
-        .route("/metrics", get(health::metrics))
-        .fallback(not_found)
-        .with_state(state)
+    let mut app = Router::new();
+    for r in metrics_table() {
+        app = app.route(r.path, (r.handler)(&state));
+    }
+    app.fallback(not_found).with_state(state)
 }
 
 async fn not_found() -> ApiError {

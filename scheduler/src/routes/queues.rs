@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use agentq_api::{CreateQueue, QueueCreated, QueueList};
+use agentq_api::{CreateQueue, ErrorBody, QueueCreated, QueueList};
 use agentq_core::QueueCreate;
 
 use crate::error::ApiError;
@@ -17,7 +17,16 @@ use crate::http::{ApiResult, Auth, JsonBody, decode_object, respond};
 use crate::request::{MAX_QUEUE_NAME, valid_queue_name};
 use crate::state::Scheduler;
 
-/// `GET /v1/queues`
+/// List queues
+///
+/// Every queue the caller may put sessions on (the admin: every queue), configured ones
+/// first.
+#[utoipa::path(
+    get,
+    path = "/v1/queues",
+    operation_id = "list_queues",
+    responses((status = 200, description = "The queues", body = QueueList)),
+)]
 pub(super) async fn list(State(s): State<Scheduler>, Auth(caller): Auth) -> ApiResult<Response> {
     let mut queues = s.queues().known(s.store.as_ref()).await?;
     if !caller.is_admin() {
@@ -33,7 +42,21 @@ pub(super) async fn list(State(s): State<Scheduler>, Auth(caller): Auth) -> ApiR
     )
 }
 
-/// `POST /v1/queues`
+/// Create a queue
+///
+/// A queue sessions may then name, up to `scheduler.max_queues`.
+#[utoipa::path(
+    post,
+    path = "/v1/queues",
+    operation_id = "create_queue",
+    request_body = CreateQueue,
+    responses(
+        (status = 201, description = "Created", body = QueueCreated),
+        (status = 200, description = "It existed already", body = QueueCreated),
+        (status = 409, description = "`conflict`: `scheduler.max_queues` reached (`field`: \
+            `name`)", body = ErrorBody),
+    ),
+)]
 pub(super) async fn create(
     State(s): State<Scheduler>,
     JsonBody(body): JsonBody,

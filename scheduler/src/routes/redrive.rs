@@ -14,14 +14,28 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use agentq_api::RetryResponse;
+use agentq_api::{ErrorBody, RetryResponse};
 use agentq_core::{RetryResult, SessionRow};
 
 use crate::error::ApiError;
 use crate::http::{ApiResult, Auth, check_id, get_row, not_found, respond};
 use crate::state::Scheduler;
 
-/// `POST /v1/sessions/{id}/retry`
+/// Retry a failed session
+///
+/// Queue a session that failed with an error (or was dead-lettered) again, to resume
+/// from its last checkpoint with a fresh allowance of claims. No body is read.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/retry",
+    operation_id = "retry_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Queued again", body = RetryResponse),
+        (status = 409, description = "`not_failed`: only a session that failed with an \
+            error can be retried; `budget_exhausted`", body = ErrorBody),
+    ),
+)]
 pub(super) async fn retry(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

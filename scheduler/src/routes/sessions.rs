@@ -8,7 +8,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use agentq_api::{BatchResponse, LIST_PARAMS, ListResponse, MessagesResponse, SessionRef};
+use agentq_api::{
+    BatchResponse, CancelResponse, CreateSession, ErrorBody, LIST_PARAMS, ListResponse,
+    MessagesResponse, SessionDetail, SessionRef,
+};
 use agentq_core::auth::Caller;
 use agentq_core::{ListFilter, NewSession, SessionRow, SessionStatus};
 
@@ -92,7 +95,26 @@ impl BatchQuery {
     }
 }
 
-/// `POST /v1/sessions`
+/// Create a session
+///
+/// The session is queued at once; follow it with `GET /v1/sessions/{id}` or its events.
+/// The spec's fields sit at the top level beside `queue` and `idempotency_key`; any other
+/// field is refused (422 `unknown_field`), and so is a field named like a credential
+/// anywhere in the body (422 `credential_not_allowed`): provider keys belong to the
+/// workers.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "create_session",
+    request_body = CreateSession,
+    responses(
+        (status = 201, description = "Created and queued", body = SessionRef),
+        (status = 200, description = "A repeat of an `idempotency_key`: the session it \
+            created", body = SessionRef),
+        (status = 409, description = "`conflict`: the `idempotency_key` was used for another \
+            request (`field`: `idempotency_key`)", body = ErrorBody),
+    ),
+)]
 pub(super) async fn create(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -107,7 +129,29 @@ pub(super) async fn create(
     respond(status, &session)
 }
 
-/// `POST /v1/sessions/batch`
+/// Create a batch of sessions
+///
+/// 1 to `max_batch` sessions (10,000 by default), created all or none: one bad item
+/// refuses the batch, naming it (`[17].mode`).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/batch",
+    operation_id = "create_batch",
+    params(
+        ("max_running" = Option<u32>, Query, minimum = 1, maximum = 1000000,
+            description = "At most this many of the batch's sessions run at once."),
+        ("batch_id" = Option<String>, Query, description = "Join this batch of the \
+            caller's tenant (a batch sent in several requests) instead of a new one."),
+    ),
+    request_body = Vec<CreateSession>,
+    responses(
+        (status = 201, description = "Created (any of them)", body = BatchResponse),
+        (status = 200, description = "Every item was a repeat of its `idempotency_key`",
+            body = BatchResponse),
+        (status = 409, description = "`conflict`: an `idempotency_key` was used for another \
+            request (`field`: `[i].idempotency_key`)", body = ErrorBody),
+    ),
+)]
 pub(super) async fn create_batch(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -207,7 +251,17 @@ pub(super) async fn create_batch(
     respond(status, &answer)
 }
 
-/// `GET /v1/sessions/{id}`
+/// Read a session
+///
+/// The session, the ids of its children (newest first, at most 1000), the tool calls it
+/// holds for a human decision, and what it cost.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "get_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The session", body = SessionDetail)),
+)]
 pub(super) async fn get(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -220,7 +274,16 @@ pub(super) async fn get(
     )
 }
 
-/// `GET /v1/sessions/{id}/messages`
+/// Read a session's history
+///
+/// Every message, parallel tool results in the order of their calls.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/messages",
+    operation_id = "get_messages",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The history", body = MessagesResponse)),
+)]
 pub(super) async fn messages(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -252,7 +315,27 @@ fn row_bytes(row: &SessionRow) -> usize {
     .fold(0usize, |n, b| n.saturating_add(*b))
 }
 
-/// `GET /v1/sessions`
+/// List sessions
+///
+/// A page of the caller's sessions, newest first. Any other query parameter is refused
+/// (422 naming it).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    operation_id = "list_sessions",
+    params(
+        ("status" = Option<SessionStatus>, Query, description = "Only sessions in this \
+            status."),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
+            description = "Sessions per page (50 when absent)."),
+        ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous \
+            page."),
+        ("parent_id" = Option<String>, Query, description = "Only the children of this \
+            session."),
+        ("batch_id" = Option<String>, Query, description = "Only the sessions of this batch."),
+    ),
+    responses((status = 200, description = "A page", body = ListResponse)),
+)]
 pub(super) async fn list(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -331,7 +414,22 @@ pub(super) async fn list(
     )
 }
 
-/// `POST /v1/sessions/{id}/cancel`
+/// Cancel a session
+///
+/// Its unfinished sub-agents are cancelled with it. No body is read.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/cancel",
+    operation_id = "cancel_session",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Cancelled at once (it was not running)",
+            body = CancelResponse),
+        (status = 202, description = "`cancel_requested`: its worker stops it at its next \
+            check", body = CancelResponse),
+        (status = 409, description = "`already_finished`", body = ErrorBody),
+    ),
+)]
 pub(super) async fn cancel(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

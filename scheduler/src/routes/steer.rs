@@ -8,7 +8,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use agentq_api::{Delivery, PostMessage, PostMessageResponse, TreeNode};
+use agentq_api::{
+    ApprovalRequest, ApprovalResponse, Delivery, ErrorBody, PostMessage, PostMessageResponse,
+    TreeNode,
+};
 use agentq_core::auth::Caller;
 use agentq_core::lifecycle;
 use agentq_core::protocol::{InboxPayload, SteerMessage, Strategy, WorkerSignal};
@@ -75,7 +78,23 @@ fn check_content_size(body: &Map<String, Value>) -> ApiResult<()> {
     Ok(())
 }
 
-/// `POST /v1/sessions/{id}/messages`
+/// Send a session a message
+///
+/// To a running session, delivered by its `strategy`; to a finished one, a follow-up turn
+/// with its full history (it is queued again).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/messages",
+    operation_id = "post_message",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = PostMessage,
+    responses(
+        (status = 202, description = "Taken", body = PostMessageResponse),
+        (status = 409, description = "`session_busy`: `reject` and the session has not \
+            finished; `conflict`: it changed status meanwhile (retry); `budget_exhausted`: \
+            its tree's token budget has nothing left for a follow-up", body = ErrorBody),
+    ),
+)]
 pub(super) async fn post_message(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -145,7 +164,21 @@ pub(super) async fn post_message(
     )
 }
 
-/// `POST /v1/sessions/{id}/approvals`
+/// Decide on a held tool call
+///
+/// Approve or deny a call the session holds for a human (one of `pending_approvals`).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/approvals",
+    operation_id = "decide_approval",
+    params(("id" = String, Path, description = "The session's id")),
+    request_body = ApprovalRequest,
+    responses(
+        (status = 200, description = "Recorded", body = ApprovalResponse),
+        (status = 409, description = "`already_decided`, or `already_finished`",
+            body = ErrorBody),
+    ),
+)]
 pub(super) async fn approvals(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
@@ -159,7 +192,17 @@ pub(super) async fn approvals(
     )
 }
 
-/// `GET /v1/sessions/{id}/tree`: the session and its descendants, nested.
+/// Read a session tree
+///
+/// The session and its descendants, nested, oldest child first (at most 10,000
+/// sessions).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/tree",
+    operation_id = "get_tree",
+    params(("id" = String, Path, description = "The session's id")),
+    responses((status = 200, description = "The tree", body = TreeNode)),
+)]
 pub(super) async fn tree(
     State(s): State<Scheduler>,
     Auth(caller): Auth,

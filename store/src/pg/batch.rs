@@ -48,6 +48,7 @@ WITH c AS (
         cache_read_tokens = c.cache_read_tokens,
         cache_write_tokens = c.cache_write_tokens,
         reasoning_tokens = c.reasoning_tokens,
+        web_search_requests = c.web_search_requests,
         drain_rounds = c.drain_rounds,
         free_iteration = c.free_iteration,
         phase = c.phase,
@@ -195,6 +196,7 @@ struct BatchColumns<'a> {
     cache_read: Vec<i64>,
     cache_write: Vec<i64>,
     reasoning: Vec<i64>,
+    web_searches: Vec<i64>,
     drain_rounds: Vec<i32>,
     free_iteration: Vec<bool>,
     phases: Vec<&'a str>,
@@ -237,6 +239,7 @@ impl<'a> BatchColumns<'a> {
             cache_read: Vec::with_capacity(n),
             cache_write: Vec::with_capacity(n),
             reasoning: Vec::with_capacity(n),
+            web_searches: Vec::with_capacity(n),
             drain_rounds: Vec::with_capacity(n),
             free_iteration: Vec::with_capacity(n),
             phases: Vec::with_capacity(n),
@@ -266,6 +269,7 @@ impl<'a> BatchColumns<'a> {
             c.cache_read.push(cp.cache_read_tokens);
             c.cache_write.push(cp.cache_write_tokens);
             c.reasoning.push(cp.reasoning_tokens);
+            c.web_searches.push(cp.web_search_requests);
             c.drain_rounds.push(cp.drain_rounds);
             c.free_iteration.push(cp.free_iteration);
             c.phases.push(phase_name(cp.phase));
@@ -367,6 +371,10 @@ impl BatchColumns<'_> {
                 ("cache_read_tokens", p.array(&self.cache_read, "bigint")?),
                 ("cache_write_tokens", p.array(&self.cache_write, "bigint")?),
                 ("reasoning_tokens", p.array(&self.reasoning, "bigint")?),
+                (
+                    "web_search_requests",
+                    p.array(&self.web_searches, "bigint")?,
+                ),
                 ("drain_rounds", p.array(&self.drain_rounds, "int")?),
                 ("free_iteration", p.array(&self.free_iteration, "bool")?),
                 ("phase", p.array(&self.phases, "text")?),

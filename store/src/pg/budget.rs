@@ -52,7 +52,7 @@ ORDER BY id LIMIT $1";
 const TREE_USAGE: &str = "
 SELECT COALESCE(s.model_used, p.spec->>'model'), count(*), sum(s.input_tokens)::bigint, sum(s.output_tokens)::bigint,
        sum(s.cache_read_tokens)::bigint, sum(s.cache_write_tokens)::bigint,
-       sum(s.reasoning_tokens)::bigint
+       sum(s.reasoning_tokens)::bigint, sum(s.web_search_requests)::bigint
 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
 WHERE s.root_id = $1
 GROUP BY 1 ORDER BY 1";

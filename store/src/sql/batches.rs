@@ -56,6 +56,7 @@ const TALLY: Shared = Shared {
                   sum(cache_read_tokens)::bigint AS cache_read_tokens, \
                   sum(cache_write_tokens)::bigint AS cache_write_tokens, \
                   sum(reasoning_tokens)::bigint AS reasoning_tokens, \
+                  sum(web_search_requests)::bigint AS web_search_requests, \
                   min(started_at) AS first_started, max(finished_at) AS last_finished \
            FROM sessions WHERE batch_id = ANY($1) \
            GROUP BY batch_id, status, finish_reason, model_used",
@@ -66,7 +67,7 @@ const TALLY: Shared = Shared {
 const OUTCOMES: Shared = Shared {
     text: "SELECT id, custom_id, status, finish_reason, result, error, input_tokens, \
                   output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, \
-                  model_used \
+                  web_search_requests, model_used \
            FROM sessions WHERE batch_id = $1 AND id > $2 ORDER BY id LIMIT $3",
     sqlite_now: None,
 };
@@ -159,7 +160,7 @@ impl BatchRecord {
     }
 }
 
-/// The token columns of a session (or their sums), by their names.
+/// The usage columns of a session (or their sums), by their names.
 #[derive(Debug, FromRow)]
 struct Tokens {
     input_tokens: i64,
@@ -167,6 +168,7 @@ struct Tokens {
     cache_read_tokens: i64,
     cache_write_tokens: i64,
     reasoning_tokens: i64,
+    web_search_requests: i64,
 }
 
 impl Tokens {
@@ -177,6 +179,7 @@ impl Tokens {
             cache_read_tokens: to_u64(self.cache_read_tokens, "cache_read_tokens")?,
             cache_write_tokens: to_u64(self.cache_write_tokens, "cache_write_tokens")?,
             reasoning_tokens: to_u64(self.reasoning_tokens, "reasoning_tokens")?,
+            web_search_requests: to_u64(self.web_search_requests, "web_search_requests")?,
         })
     }
 }

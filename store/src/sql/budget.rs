@@ -10,8 +10,8 @@ use crate::model::NewSession;
 /// (id, tree_sessions, own tokens, allowance, held, children_spent)
 pub(crate) type LedgerRow = (String, i64, i64, Option<i64>, i64, i64);
 
-/// (model, sessions, input, output, cache read, cache write, reasoning)
-pub(crate) type UsageRow = (Option<String>, i64, i64, i64, i64, i64, i64);
+/// (model, sessions, input, output, cache read, cache write, reasoning, web searches)
+pub(crate) type UsageRow = (Option<String>, i64, i64, i64, i64, i64, i64, i64);
 
 /// (tenant, period, tokens, usd_nanos, on_budget)
 pub(crate) type BudgetRow = (String, String, Option<i64>, Option<i64>, String);
@@ -32,7 +32,7 @@ pub(crate) fn ledger_of(row: &LedgerRow) -> Ledger {
 
 pub(crate) fn usage_of(rows: Vec<UsageRow>) -> Vec<ModelUsage> {
     rows.into_iter()
-        .map(|(model, n, i, o, cr, cw, r)| ModelUsage {
+        .map(|(model, n, i, o, cr, cw, r, ws)| ModelUsage {
             model,
             sessions: count(n),
             usage: agentq_agent::schema::Usage {
@@ -41,6 +41,7 @@ pub(crate) fn usage_of(rows: Vec<UsageRow>) -> Vec<ModelUsage> {
                 cache_read_tokens: count(cr),
                 cache_write_tokens: count(cw),
                 reasoning_tokens: count(r),
+                web_search_requests: count(ws),
             },
         })
         .collect()

@@ -119,6 +119,9 @@ pub(crate) struct SessionRecord {
     pub cache_read_tokens: i64,
     pub cache_write_tokens: i64,
     pub reasoning_tokens: i64,
+    /// Absent from rows a statement returns as JSON before migration 0018.
+    #[serde(default)]
+    pub web_search_requests: i64,
     pub drain_rounds: i32,
     pub free_iteration: bool,
     pub phase: String,
@@ -175,6 +178,7 @@ impl SessionRecord {
             cache_read_tokens: to_u64(self.cache_read_tokens, "cache_read_tokens")?,
             cache_write_tokens: to_u64(self.cache_write_tokens, "cache_write_tokens")?,
             reasoning_tokens: to_u64(self.reasoning_tokens, "reasoning_tokens")?,
+            web_search_requests: to_u64(self.web_search_requests, "web_search_requests")?,
         })
     }
 

@@ -27,7 +27,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     (SELECT p.spec FROM session_specs p WHERE p.root_id = sessions.root_id \
        AND p.id = sessions.id) AS spec, \
     iteration, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
-    reasoning_tokens, drain_rounds, free_iteration, phase, started_at, result, error, \
+    reasoning_tokens, web_search_requests, drain_rounds, free_iteration, phase, started_at, result, error, \
     lease_owner, lease_epoch, lease_expires_at, attempts, takeovers, model_used, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \

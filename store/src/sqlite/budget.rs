@@ -40,7 +40,8 @@ ORDER BY id LIMIT $1";
 
 const TREE_USAGE: &str = "
 SELECT COALESCE(s.model_used, json_extract(p.spec, '$.model')), count(*), sum(s.input_tokens), sum(s.output_tokens),
-       sum(s.cache_read_tokens), sum(s.cache_write_tokens), sum(s.reasoning_tokens)
+       sum(s.cache_read_tokens), sum(s.cache_write_tokens), sum(s.reasoning_tokens),
+       sum(s.web_search_requests)
 FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id
 WHERE s.root_id = $1
 GROUP BY 1 ORDER BY 1";

@@ -38,7 +38,8 @@ const INSERT_SPEC: &str = "INSERT INTO session_specs (root_id, id, spec) VALUES 
 /// row becomes terminal and the lease is given up in the same statement. $19 = now; $22:
 /// new messages are saved (progress: the count of claims that died without finishing
 /// starts again); $23, $24: the inbox cursors, advanced with the history they delivered;
-/// $25: the history's length; $26: the model the run calls (`NULL` keeps the stored one).
+/// $25: the history's length; $26: the model the run calls (`NULL` keeps the stored one);
+/// $27: the web searches run.
 const CHECKPOINT: &str = "
 UPDATE sessions SET
     iteration = $4,
@@ -65,7 +66,8 @@ UPDATE sessions SET
     bg_cursor = $23,
     msg_cursor = $24,
     history_len = $25,
-    model_used = COALESCE($26, model_used)
+    model_used = COALESCE($26, model_used),
+    web_search_requests = $27
 WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $18";
 
 /// Insert one session (with `custom_id`, and its spec) unless it conflicts with a stored
@@ -174,6 +176,7 @@ pub(super) async fn checkpoint(
         .bind(cp.msg_cursor)
         .bind(cp.history_len)
         .bind(cp.model_used.as_deref())
+        .bind(cp.web_search_requests)
         .execute(&mut *conn)
         .await?
         .rows_affected();

@@ -88,6 +88,7 @@ pub async fn iterate(
         cache_read_tokens: 7,
         cache_write_tokens: 3,
         reasoning_tokens: 5,
+        web_search_requests: 1,
     });
     reply.model = Some("test-model".into());
     state.push_assistant(reply);

@@ -60,6 +60,7 @@ budget_contract_tests!(
     budget_sweeper_finds_unreturned_allowances,
     budget_tree_usage_per_model,
     budget_tree_usage_counts_the_model_a_worker_called,
+    budget_web_searches_are_stored_and_summed_per_tree,
     budget_tenant_spend_and_stored_budgets,
     budget_tenant_holds_bound_the_calls_in_flight,
     budget_reopened_child_draws_from_its_tree_and_counts_once,
@@ -439,6 +440,50 @@ async fn budget_tree_usage_counts_the_model_a_worker_called(store: Arc<dyn Store
     assert_eq!(usage.len(), 1, "{usage:?}");
     assert_eq!(usage[0].model.as_deref(), Some("worker-default"));
     assert_eq!(usage[0].usage.input_tokens, 40);
+}
+
+/// The web searches a session's provider ran are stored with its tokens (in the finished
+/// row a commit hands back too), and its tree's usage sums them.
+async fn budget_web_searches_are_stored_and_summed_per_tree(store: Arc<dyn Store>) {
+    let r = create_root(store.as_ref(), None).await;
+    let (c, _) = spawn_child(store.as_ref(), &r, "a", &limits(10, None, None)).await;
+    for (id, searches, ends) in [(&r.id, 2, false), (&c.id, 3, true)] {
+        let Claim::Acquired {
+            lease, mut state, ..
+        } = store.claim(id, "w", TTL, 10).await.unwrap()
+        else {
+            panic!("claim");
+        };
+        let mut m = Message::assistant("searched");
+        m.usage = Some(Usage {
+            input_tokens: 10,
+            output_tokens: 1,
+            web_search_requests: searches,
+            ..Default::default()
+        });
+        state.push_assistant(m);
+        if ends {
+            state.outcome = Some(agentq_agent::state::Outcome::new(ExitReason::Stop));
+        }
+        let cp = Checkpoint::new(&lease, &state, 0).unwrap();
+        let committed = store
+            .checkpoint_batch(&[&cp])
+            .await
+            .unwrap()
+            .pop()
+            .unwrap()
+            .unwrap();
+        if let Some(row) = committed {
+            assert!(ends);
+            assert_eq!(row.usage.web_search_requests, searches);
+        }
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.usage.web_search_requests, searches);
+        assert_eq!(row.usage.total(), 11, "searches are no tokens");
+    }
+    let usage = store.tree_usage(&r.id).await.unwrap();
+    let searches: u64 = usage.iter().map(|u| u.usage.web_search_requests).sum();
+    assert_eq!(searches, 5, "{usage:?}");
 }
 
 async fn budget_tenant_spend_and_stored_budgets(store: Arc<dyn Store>) {

@@ -79,6 +79,7 @@ async fn contract_crashed_worker_resumes_from_checkpoint(store: &dyn Backend) {
     assert_eq!(resumed.iteration, 3);
     assert_eq!(resumed.usage.input_tokens, 300);
     assert_eq!(resumed.usage.reasoning_tokens, 15);
+    assert_eq!(resumed.usage.web_search_requests, 3);
     assert_eq!(resumed.messages.len(), 8);
     assert_eq!(resumed.turn_base, 1);
     assert_eq!(resumed.not_started, ["call_00002"]);

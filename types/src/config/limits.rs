@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 /// One `[[limits]]` rule. A call falls under every rule whose provider, model glob and
 /// tenant match; each rule keeps its own counters per provider endpoint and key (and per
 /// tenant when it names one), shared by every model its glob matches.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitSettings {
     /// `openai`, `anthropic` or `scripted`.

@@ -47,6 +47,9 @@ section! {
         /// Sessions one tree may create, its root included (unset:
         /// [`crate::budget::DEFAULT_MAX_TREE_SESSIONS`]).
         pub max_tree_sessions: Option<u64> = None,
+        /// Web searches one LLM call of a session with `web_search` may run (its
+        /// `web_search.max_uses`).
+        pub max_web_search_uses: Option<u32> = None,
         /// Files one request may bring (`files`), and their bytes in all, decoded.
         pub max_input_files: usize = crate::workspace_path::FileLimits::DEFAULT.max_files,
         pub max_input_bytes: u64 = crate::workspace_path::FileLimits::DEFAULT.max_bytes,
@@ -99,6 +102,8 @@ pub struct TenantPolicySection {
     pub max_depth: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tree_sessions: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_web_search_uses: Option<u32>,
     pub max_input_files: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_input_bytes: Option<u64>,
@@ -128,7 +133,8 @@ impl PolicySection {
         replace!(providers, models, base_urls, tools, queues,
             max_input_files, max_input_bytes, max_path_bytes, max_path_depth;
             max_iterations, max_tokens, token_budget, tool_timeout_secs,
-            approval_timeout_secs, timeout_secs, max_children, max_depth, max_tree_sessions);
+            approval_timeout_secs, timeout_secs, max_children, max_depth, max_tree_sessions,
+            max_web_search_uses);
         p
     }
 }

@@ -157,6 +157,7 @@ settings! {
     policy.max_children;
     policy.max_depth;
     policy.max_tree_sessions;
+    policy.max_web_search_uses;
     prices;
     budgets;
     policy.max_input_files;

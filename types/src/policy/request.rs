@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 
-use agentq_agent::spec::SessionSpec;
+use agentq_agent::spec::{SessionSpec, WEB_SEARCH_TOOL};
 
 use super::{PolicyViolation, Sent, SpawnContext, TenantPolicy};
 
@@ -97,7 +97,31 @@ pub fn check_spec(spec: &SessionSpec) -> Result<(), Violation> {
     spec.validate()
         .map_err(|(field, message)| violation(field, message))?;
     check_names(spec)?;
-    check_bounds(spec)
+    check_bounds(spec)?;
+    check_web_search(spec)
+}
+
+/// The web search's options are within their bounds, and a session that names its
+/// provider asks for the search only of one that runs it: the search is the provider's
+/// own, with no local stand-in. (A session left to the host's provider is held to this
+/// by the worker, which knows it.)
+fn check_web_search(spec: &SessionSpec) -> Result<(), Violation> {
+    if let Some(w) = &spec.web_search {
+        w.validate()
+            .map_err(|(field, message)| violation(field, message))?;
+    }
+    if let (Some(i), Some(p)) = (spec.web_search_index(), spec.provider.as_deref())
+        && !agentq_agent::provider::factory::searches_the_web(p)
+    {
+        return Err(violation(
+            format!("tools[{i}]"),
+            format!(
+                "`{WEB_SEARCH_TOOL}` is a search the provider runs itself, and provider \
+                 `{p}` cannot (anthropic can)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `model`, `base_url` and tool names: 1 to [`MAX_NAME_LEN`] characters without white

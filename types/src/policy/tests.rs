@@ -25,6 +25,7 @@ fn bounded() -> PolicySection {
         max_children: Some(2),
         max_depth: Some(1),
         max_tree_sessions: None,
+        max_web_search_uses: None,
         max_input_files: 5,
         max_input_bytes: 100,
         max_path_bytes: 20,
@@ -392,4 +393,59 @@ fn file_limits_come_from_the_section_and_a_tenant_replaces_them() {
     );
     assert_eq!(p.max_input_bytes(), 5000);
     assert_eq!(Policy::deny_all().global().files.max_files, 0);
+}
+
+#[test]
+fn the_web_search_is_a_tool_the_policy_allows_with_its_uses_bounded() {
+    use agentq_agent::spec::{WEB_SEARCH_TOOL, WebSearch};
+    let search = |s: &mut SessionSpec| s.tools = Some(vec![WEB_SEARCH_TOOL.into()]);
+    // Off unless allowed: the default policy refuses it like any tool it does not list.
+    let policy = Policy::default();
+    let e = apply_sent(policy.for_tenant(DEFAULT_TENANT), search, &["tools"]).unwrap_err();
+    assert_eq!(e.field, "tools[0]");
+    assert!(e.message.contains("`web_search`"), "{e}");
+
+    let mut section = PolicySection::default();
+    section.tools.push(WEB_SEARCH_TOOL.into());
+    section.max_web_search_uses = Some(3);
+    section.tenants.insert(
+        "acme".into(),
+        TenantPolicySection {
+            max_web_search_uses: Some(1),
+            ..Default::default()
+        },
+    );
+    let policy = Policy::from_section(&section).unwrap();
+    let p = policy.global();
+    let uses = |w: Option<u32>| {
+        move |s: &mut SessionSpec| {
+            s.tools = Some(vec![WEB_SEARCH_TOOL.into()]);
+            s.web_search = w.map(|n| WebSearch {
+                max_uses: Some(n),
+                ..WebSearch::default()
+            });
+        }
+    };
+    let e = apply_sent(p, uses(Some(4)), &["tools", "web_search"]).unwrap_err();
+    assert_eq!(e.field, "web_search.max_uses");
+    assert!(e.message.contains("at most 3"), "{e}");
+    let ok = apply_sent(p, uses(Some(2)), &["tools", "web_search"]).unwrap();
+    assert_eq!(ok.web_search.unwrap().max_uses, Some(2));
+    // The default (5) is above the bound: a session that may search gets the bound.
+    let lowered = apply_sent(p, uses(None), &["tools"]).unwrap();
+    assert_eq!(lowered.web_search.unwrap().max_uses, Some(3));
+    let host_tools = apply_sent(p, |_| {}, &[]).unwrap();
+    assert_eq!(host_tools.web_search.unwrap().max_uses, Some(3));
+    let not_searching = apply_sent(p, |s| s.tools = Some(vec!["read_file".into()]), &["tools"]);
+    assert_eq!(not_searching.unwrap().web_search, None);
+    // A stored row is held to the same bound.
+    let mut stored = SessionSpec::new("hi");
+    uses(Some(4))(&mut stored);
+    let e = p
+        .apply(&mut stored, Sent::Stored, SpawnContext::default())
+        .unwrap_err();
+    assert_eq!(e.field, "web_search.max_uses");
+    // A tenant's bound replaces the global one.
+    let e = apply_sent(policy.for_tenant("acme"), uses(Some(2)), &["web_search"]).unwrap_err();
+    assert!(e.message.contains("at most 1"), "{e}");
 }

@@ -9,8 +9,8 @@ use std::sync::atomic::AtomicU64;
 
 use agentq_agent::driver::{Agent, Interrupter};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
-use agentq_agent::provider::factory;
-use agentq_agent::spec::SessionSpec;
+use agentq_agent::provider::{LlmProvider, factory};
+use agentq_agent::spec::{SessionSpec, WEB_SEARCH_TOOL, WebSearch};
 use agentq_agent::tools::{LocalWorkspace, ToolRegistry, builtin_registry};
 use agentq_core::SessionRow;
 use agentq_core::config::MCP_TOOL_PREFIX;
@@ -58,11 +58,13 @@ pub(super) fn build_agent(
         .tools
         .clone()
         .unwrap_or_else(|| inner.cfg.default_tools.clone());
+    let web_search = web_search_of(spec, &wanted, &provider_name, &*provider)?;
     // MCP tools (exact names and globs) come from this worker's servers; a server it
     // lacks gives tools whose calls say so, rather than a session that cannot start.
+    // The web search is the provider's: no local tool stands in for it.
     let (mcp_names, builtin): (Vec<String>, Vec<String>) = wanted
         .iter()
-        .filter(|t| t.as_str() != spawn::NAME)
+        .filter(|t| t.as_str() != spawn::NAME && t.as_str() != WEB_SEARCH_TOOL)
         .cloned()
         .partition(|t| t.starts_with(MCP_TOOL_PREFIX));
     let mut tools = all.select(&builtin).map_err(|e| format!("tools: {e}"))?;
@@ -86,11 +88,17 @@ pub(super) fn build_agent(
     let workspace = parts.workspace;
     let mut guards = guards_for(inner, row, policy, &tools, &parts.inbox);
     guards.sensitive_tools.extend(mcp.sensitive);
+    if web_search.is_some() {
+        // A call of the search's name in the model's own tool calls is not the
+        // provider's search: it is answered, never run.
+        guards.native_tools.insert(WEB_SEARCH_TOOL.to_string());
+    }
     guards.guardian_admission = admissions.guardian;
     Ok(Agent {
         provider,
         default_model,
         tools,
+        web_search,
         guards,
         events: parts.sink,
         checkpointer: parts.checkpointer,
@@ -104,6 +112,32 @@ pub(super) fn build_agent(
         max_llm_retries: inner.cfg.max_llm_retries,
         suspend_after: inner.cfg.rate_limit_suspend_after,
     })
+}
+
+/// The web search `spec` runs with: its options when its tools (`wanted`, its own or this
+/// worker's defaults, already held to its tenant's policy) name it, on a provider that
+/// runs it; a session asking for it of one that cannot fails, naming the tool, rather
+/// than run without it.
+fn web_search_of(
+    spec: &SessionSpec,
+    wanted: &[String],
+    provider_name: &str,
+    provider: &dyn LlmProvider,
+) -> Result<Option<WebSearch>, String> {
+    let Some(i) = wanted.iter().position(|t| t == WEB_SEARCH_TOOL) else {
+        return Ok(None);
+    };
+    if !provider.web_search() {
+        let field = match spec.tools {
+            Some(_) => format!("tools[{i}]"),
+            None => "worker.default_tools".to_string(),
+        };
+        return Err(format!(
+            "{field}: `{WEB_SEARCH_TOOL}` is a search the provider runs itself, and provider \
+             `{provider_name}` cannot (anthropic can)"
+        ));
+    }
+    Ok(Some(spec.web_search_options()))
 }
 
 /// The provider `spec` runs on: its own, else this worker's default; with neither, why

@@ -1,7 +1,7 @@
 //! Decoding the Messages API stream: SSE events into [`LlmEvent`]s, with the event JSON
 //! parsed into typed structs that are lenient the way the API's own SDKs are.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -22,6 +22,11 @@ enum Block {
         ordinal: usize,
         whole: bool,
     },
+    /// A use of Anthropic's own tool (`server_tool_use`): its ordinal among those uses.
+    Server {
+        ordinal: usize,
+        whole: bool,
+    },
     Ignored,
 }
 
@@ -32,6 +37,11 @@ pub struct StreamDecoder {
     finish: Option<FinishReason>,
     tools: usize,
     blocks: HashMap<u64, Block>,
+    /// The `server_tool_use` blocks of this answer so far.
+    server_uses: usize,
+    /// Their ids: a result block is kept only for one of them, so that what is sent back
+    /// pairs every result with its use.
+    server_ids: HashSet<String>,
     done: bool,
 }
 
@@ -109,12 +119,11 @@ impl StreamDecoder {
         Ok(out)
     }
 
-    fn block_start(&mut self, index: u64, cb: WireContentBlock, out: &mut Vec<LlmEvent>) {
-        let block = match cb.kind.as_deref().unwrap_or_default() {
+    fn block_start(&mut self, index: u64, mut cb: WireContentBlock, out: &mut Vec<LlmEvent>) {
+        let kind = cb.kind.take().unwrap_or_default();
+        let block = match kind.as_str() {
             "text" => {
-                if let Some(t) = cb.text.filter(|t| !t.is_empty()) {
-                    out.push(LlmEvent::TextDelta(t));
-                }
+                self.text_start(cb, out);
                 Block::Text
             }
             "thinking" => {
@@ -133,10 +142,7 @@ impl StreamDecoder {
                 let ordinal = self.tools;
                 self.tools += 1;
                 // Announce the call now: a tool without input gets no input_json_delta.
-                let (arguments, whole) = match &cb.input {
-                    Some(input @ Value::Object(o)) if !o.is_empty() => (input.to_string(), true),
-                    _ => (String::new(), false),
-                };
+                let (arguments, whole) = whole_input(&cb.input);
                 out.push(LlmEvent::ToolCallDelta {
                     index: ordinal,
                     id: cb.id,
@@ -145,10 +151,45 @@ impl StreamDecoder {
                 });
                 Block::Tool { ordinal, whole }
             }
-            // server_tool_use, web_search_tool_result, …: executed by Anthropic, not by us.
+            // Run by Anthropic during the answer (web search): kept, never a tool call.
+            "server_tool_use" => {
+                let ordinal = self.server_uses;
+                self.server_uses += 1;
+                if let Some(id) = cb.id.as_ref().filter(|id| !id.is_empty()) {
+                    self.server_ids.insert(id.clone());
+                }
+                let (input, whole) = whole_input(&cb.input);
+                out.push(LlmEvent::ServerToolDelta {
+                    index: ordinal,
+                    id: cb.id,
+                    name: cb.name,
+                    input,
+                });
+                Block::Server { ordinal, whole }
+            }
+            kind if kind.ends_with("_tool_result") && kind != "tool_result" => {
+                if let Some(id) = cb.tool_use_id.filter(|id| self.server_ids.contains(id)) {
+                    out.push(LlmEvent::ServerToolResult {
+                        tool_use_id: id,
+                        kind: kind.to_string(),
+                        content: cb.content.unwrap_or(Value::Null),
+                    });
+                }
+                Block::Ignored
+            }
             _ => Block::Ignored,
         };
         self.blocks.insert(index, block);
+    }
+
+    fn text_start(&mut self, cb: WireContentBlock, out: &mut Vec<LlmEvent>) {
+        out.push(LlmEvent::TextBlock);
+        if let Some(t) = cb.text.filter(|t| !t.is_empty()) {
+            out.push(LlmEvent::TextDelta(t));
+        }
+        if let Some(Value::Array(citations)) = cb.citations {
+            out.extend(citations.into_iter().map(LlmEvent::Citation));
+        }
     }
 
     fn block_delta(&mut self, index: u64, d: WireDelta, out: &mut Vec<LlmEvent>) {
@@ -159,7 +200,13 @@ impl StreamDecoder {
             "input_json_delta" => d.partial_json,
             "thinking_delta" => d.thinking,
             "signature_delta" => d.signature,
-            // citations_delta and later additions carry nothing the schema keeps.
+            "citations_delta" => {
+                if let (Some(Block::Text), Some(c @ Value::Object(_))) = (block, d.citation) {
+                    out.push(LlmEvent::Citation(c));
+                }
+                return;
+            }
+            // Later additions carry nothing the schema keeps.
             _ => return,
         };
         let Some(text) = text.filter(|t| !t.is_empty()) else {
@@ -179,6 +226,18 @@ impl StreamDecoder {
                 id: None,
                 name: None,
                 arguments: text,
+            },
+            (
+                "input_json_delta",
+                Some(Block::Server {
+                    ordinal,
+                    whole: false,
+                }),
+            ) => LlmEvent::ServerToolDelta {
+                index: ordinal,
+                id: None,
+                name: None,
+                input: text,
             },
             ("input_json_delta", _) => return,
             ("thinking_delta", _) => LlmEvent::ThinkingDelta(text),
@@ -200,6 +259,10 @@ impl StreamDecoder {
             (
                 u.output_tokens_details.thinking_tokens,
                 &mut self.usage.reasoning_tokens,
+            ),
+            (
+                u.server_tool_use.web_search_requests,
+                &mut self.usage.web_search_requests,
             ),
         ];
         for (reported, total) in fields {
@@ -276,6 +339,12 @@ struct WireContentBlock {
     #[serde(deserialize_with = "lenient::string")]
     name: Option<String>,
     input: Option<Value>,
+    /// A server tool's result block: the use it answers, and what it gave back.
+    #[serde(deserialize_with = "lenient::string")]
+    tool_use_id: Option<String>,
+    content: Option<Value>,
+    /// A text block's citations (streamed answers send them as deltas instead).
+    citations: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -293,6 +362,8 @@ struct WireDelta {
     signature: Option<String>,
     #[serde(deserialize_with = "lenient::string")]
     stop_reason: Option<String>,
+    /// `citations_delta`: one citation of the text block.
+    citation: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -308,6 +379,16 @@ struct WireUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(deserialize_with = "lenient::object")]
     output_tokens_details: WireUsageDetails,
+    #[serde(deserialize_with = "lenient::object")]
+    server_tool_use: WireServerToolUsage,
+}
+
+/// `usage.server_tool_use`: what Anthropic's own tools ran for the answer.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WireServerToolUsage {
+    #[serde(deserialize_with = "lenient::u64")]
+    web_search_requests: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -326,12 +407,22 @@ struct WireError {
     message: Option<String>,
 }
 
+/// A `tool_use` or `server_tool_use` block's input when its start event carries it whole
+/// (as JSON text, and `true`), else nothing (its deltas bring it).
+fn whole_input(input: &Option<Value>) -> (String, bool) {
+    match input {
+        Some(input @ Value::Object(o)) if !o.is_empty() => (input.to_string(), true),
+        _ => (String::new(), false),
+    }
+}
+
 fn map_stop_reason(r: &str) -> FinishReason {
     match r {
         "end_turn" | "stop_sequence" => FinishReason::Stop,
         "tool_use" => FinishReason::ToolCalls,
         "max_tokens" => FinishReason::Length,
         "refusal" => FinishReason::ContentFilter,
+        "pause_turn" => FinishReason::Paused,
         other => FinishReason::Other(other.to_string()),
     }
 }

@@ -135,6 +135,10 @@ impl LlmProvider for AnthropicProvider {
         self.limit_key.clone()
     }
 
+    fn web_search(&self) -> bool {
+        true
+    }
+
     async fn stream(&self, request: &LlmRequest<'_>) -> Result<LlmStream> {
         // Only the bytes wait for the answer, not a JSON tree several times their size (a
         // session's request is in flight for the model's whole latency).

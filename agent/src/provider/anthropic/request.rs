@@ -1,6 +1,8 @@
 //! The Messages API request body, built from typed wire structs that borrow from the
 //! neutral request: strict user/assistant alternation, tool results first in the user turn
-//! that answers the `tool_use` blocks, signed thinking replayed verbatim.
+//! that answers the `tool_use` blocks, signed thinking replayed verbatim, and the web
+//! search Anthropic runs itself offered as its server tool, with what it ran in earlier
+//! answers sent back as it came.
 
 use std::borrow::Cow;
 
@@ -8,7 +10,12 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::provider::{LlmRequest, f32_for_json};
-use crate::schema::{Message, Role, ToolCall, ToolSpec};
+use crate::schema::{Message, Role, ServerBlock, ToolCall, ToolSpec};
+use crate::spec::{WEB_SEARCH_TOOL, WebSearch};
+
+/// The version of Anthropic's web search tool this module speaks: the `type` of the
+/// tool offered, whose blocks (`server_tool_use`, `web_search_tool_result`) it decodes.
+pub(super) const WEB_SEARCH_TYPE: &str = "web_search_20250305";
 
 #[derive(Serialize)]
 pub(super) struct WireRequest<'a> {
@@ -34,11 +41,25 @@ struct WireThinking {
 }
 
 #[derive(Serialize)]
-struct WireTool<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    input_schema: Cow<'a, Value>,
+#[serde(untagged)]
+enum WireTool<'a> {
+    Custom {
+        name: &'a str,
+        #[serde(skip_serializing_if = "str::is_empty")]
+        description: &'a str,
+        input_schema: Cow<'a, Value>,
+    },
+    /// Anthropic's own web search: it runs the searches during the answer.
+    WebSearch {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        name: &'static str,
+        max_uses: u32,
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        allowed_domains: &'a [String],
+        #[serde(skip_serializing_if = "<[String]>::is_empty")]
+        blocked_domains: &'a [String],
+    },
 }
 
 #[derive(Serialize)]
@@ -60,6 +81,8 @@ enum TurnContent<'a> {
 enum WireBlock<'a> {
     Text {
         text: &'a str,
+        #[serde(skip_serializing_if = "<[Value]>::is_empty")]
+        citations: &'a [Value],
     },
     Thinking {
         thinking: &'a str,
@@ -79,6 +102,19 @@ enum WireBlock<'a> {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
     },
+    ServerToolUse {
+        id: String,
+        name: &'a str,
+        input: Cow<'a, Value>,
+    },
+    /// A server tool's result, whose type is the tool's own (`web_search_tool_result`).
+    #[serde(untagged)]
+    ServerToolResult {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        tool_use_id: String,
+        content: &'a Value,
+    },
 }
 
 /// One turn being built; blocks are only collapsed to a plain string at the end.
@@ -96,7 +132,9 @@ pub(super) fn wire_request<'a>(
     request: &'a LlmRequest<'a>,
     thinking_budget: Option<u32>,
 ) -> WireRequest<'a> {
-    let (messages, stray_system) = convert_messages(request.messages.iter().map(|m| &**m));
+    let searches = request.web_search.is_some();
+    let (messages, stray_system) =
+        convert_messages(request.messages.iter().map(|m| &**m), searches);
     let mut max_tokens = request.max_tokens;
     let (thinking, temperature) = match thinking_budget {
         Some(budget) => {
@@ -133,9 +171,30 @@ pub(super) fn wire_request<'a>(
         max_tokens,
         system: (!system.is_empty()).then(|| system.join("\n\n")),
         stream: true,
-        tools: request.tools.iter().map(wire_tool).collect(),
+        tools: wire_tools(&request.tools, request.web_search.as_ref()),
         messages,
     }
+}
+
+/// The session's tools, then the web search when the request offers it. A local tool
+/// of the search's name cannot be told from it by the model: it is left out (hosts
+/// never register one).
+fn wire_tools<'a>(tools: &'a [ToolSpec], web_search: Option<&'a WebSearch>) -> Vec<WireTool<'a>> {
+    let mut out: Vec<WireTool<'a>> = tools
+        .iter()
+        .filter(|t| web_search.is_none() || t.name != WEB_SEARCH_TOOL)
+        .map(wire_tool)
+        .collect();
+    if let Some(w) = web_search {
+        out.push(WireTool::WebSearch {
+            kind: WEB_SEARCH_TYPE,
+            name: WEB_SEARCH_TOOL,
+            max_uses: w.max_uses(),
+            allowed_domains: &w.allowed_domains,
+            blocked_domains: &w.blocked_domains,
+        });
+    }
+    out
 }
 
 fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
@@ -143,7 +202,7 @@ fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
         Value::Object(o) if !o.is_empty() => Cow::Borrowed(&t.parameters),
         _ => Cow::Owned(json!({"type": "object", "properties": {}})),
     };
-    WireTool {
+    WireTool::Custom {
         name: &t.name,
         description: &t.description,
         input_schema,
@@ -152,9 +211,11 @@ fn wire_tool(t: &ToolSpec) -> WireTool<'_> {
 
 /// Converts the history into alternating user/assistant turns. Returns the turns and the
 /// text of any `System` messages found in the history (the API takes those only in
-/// `system`).
+/// `system`). With `searches` (the request offers the web search), what the search ran in
+/// earlier answers goes back as it came; without, only their text does.
 fn convert_messages<'m>(
     messages: impl IntoIterator<Item = &'m Message>,
+    searches: bool,
 ) -> (Vec<WireTurn<'m>>, Vec<&'m str>) {
     let mut turns: Vec<Turn<'m>> = Vec::new();
     let mut stray_system = Vec::new();
@@ -170,7 +231,10 @@ fn convert_messages<'m>(
                 if m.content.is_empty() {
                     continue;
                 }
-                let block = WireBlock::Text { text: &m.content };
+                let block = WireBlock::Text {
+                    text: &m.content,
+                    citations: &[],
+                };
                 match turns.last_mut() {
                     Some(t) if t.role == "user" => t.blocks.push(block),
                     _ => turns.push(Turn {
@@ -180,7 +244,7 @@ fn convert_messages<'m>(
                 }
             }
             Role::Assistant => {
-                let blocks = assistant_blocks(m);
+                let blocks = assistant_blocks(m, searches);
                 if blocks.is_empty() {
                     continue;
                 }
@@ -221,7 +285,7 @@ fn convert_messages<'m>(
         .into_iter()
         .map(|t| {
             let content = match t.blocks.as_slice() {
-                [WireBlock::Text { text }] if t.role == "user" => TurnContent::Text(text),
+                [WireBlock::Text { text, .. }] if t.role == "user" => TurnContent::Text(text),
                 _ => TurnContent::Blocks(t.blocks),
             };
             WireTurn {
@@ -233,7 +297,7 @@ fn convert_messages<'m>(
     (out, stray_system)
 }
 
-fn assistant_blocks(m: &Message) -> Vec<WireBlock<'_>> {
+fn assistant_blocks(m: &Message, searches: bool) -> Vec<WireBlock<'_>> {
     let mut blocks = Vec::new();
     for t in &m.thinking {
         if let Some(data) = &t.redacted {
@@ -247,8 +311,13 @@ fn assistant_blocks(m: &Message) -> Vec<WireBlock<'_>> {
         // Unsigned reasoning (another model's `<think>` text) would be rejected as a
         // thinking block and is not worth replaying as text: it is dropped.
     }
-    if !m.content.is_empty() {
-        blocks.push(WireBlock::Text { text: &m.content });
+    if searches && !m.server_content.is_empty() {
+        blocks.extend(m.server_content.iter().filter_map(server_block));
+    } else if !m.content.is_empty() {
+        blocks.push(WireBlock::Text {
+            text: &m.content,
+            citations: &[],
+        });
     }
     for c in &m.tool_calls {
         blocks.push(WireBlock::ToolUse {
@@ -260,14 +329,45 @@ fn assistant_blocks(m: &Message) -> Vec<WireBlock<'_>> {
     blocks
 }
 
+/// One block of what a server tool ran in an answer, as it came (empty text, which the
+/// API refuses, left out).
+fn server_block(b: &ServerBlock) -> Option<WireBlock<'_>> {
+    Some(match b {
+        ServerBlock::Text { text, citations } => {
+            if text.is_empty() {
+                return None;
+            }
+            WireBlock::Text { text, citations }
+        }
+        ServerBlock::ToolUse { id, name, input } => WireBlock::ServerToolUse {
+            id: wire_id(id),
+            name,
+            input: object_input(input),
+        },
+        ServerBlock::ToolResult {
+            tool_use_id,
+            kind,
+            content,
+        } => WireBlock::ServerToolResult {
+            kind,
+            tool_use_id: wire_id(tool_use_id),
+            content,
+        },
+    })
+}
+
 /// `tool_use.input` must be an object; anything else is wrapped so the model sees it.
 fn tool_input(c: &ToolCall) -> Cow<'_, Value> {
-    match &c.arguments {
+    object_input(&c.arguments)
+}
+
+fn object_input(input: &Value) -> Cow<'_, Value> {
+    match input {
         Value::Object(o) => match o.get("_raw") {
             Some(raw) if o.len() == 1 && !raw.is_string() => {
                 Cow::Owned(json!({"_raw": raw.to_string()}))
             }
-            _ => Cow::Borrowed(&c.arguments),
+            _ => Cow::Borrowed(input),
         },
         Value::Null => Cow::Owned(json!({})),
         Value::String(s) => Cow::Owned(json!({"_raw": s})),
@@ -303,6 +403,7 @@ mod tests {
             temperature: 0.1,
             max_tokens: 100,
             session_id: String::new(),
+            web_search: None,
         }
     }
 
@@ -360,6 +461,56 @@ mod tests {
         assert_eq!(user[0]["is_error"], true);
         assert!(user[1].get("is_error").is_none());
         assert_eq!(user[3], json!({"type": "text", "text": "next"}));
+    }
+
+    #[test]
+    fn what_a_search_ran_goes_back_only_while_the_search_is_offered() {
+        let mut a = Message::assistant("Searching.Found.");
+        a.server_content = vec![
+            ServerBlock::Text {
+                text: "Searching.".into(),
+                citations: Vec::new(),
+            },
+            ServerBlock::ToolUse {
+                id: "srvtoolu_1".into(),
+                name: "web_search".into(),
+                input: json!({"query": "q"}),
+            },
+            ServerBlock::ToolResult {
+                tool_use_id: "srvtoolu_1".into(),
+                kind: "web_search_tool_result".into(),
+                content: json!([{"type": "web_search_result", "encrypted_content": "e"}]),
+            },
+            ServerBlock::Text {
+                text: String::new(),
+                citations: vec![json!({"encrypted_index": "i"})],
+            },
+            ServerBlock::Text {
+                text: "Found.".into(),
+                citations: vec![json!({"encrypted_index": "i"})],
+            },
+        ];
+        let mut r = req(vec![Message::user("hi"), a, Message::user("and?")]);
+        // Without the search (a session that lost it, a mode without tools) the provider
+        // would refuse its blocks: the answer's text goes back alone.
+        let body = build_body(&r, None);
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([{"type": "text", "text": "Searching.Found."}])
+        );
+        r.web_search = Some(WebSearch::default());
+        let body = build_body(&r, None);
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([
+                {"type": "text", "text": "Searching."},
+                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+                 "input": {"query": "q"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+                 "content": [{"type": "web_search_result", "encrypted_content": "e"}]},
+                {"type": "text", "text": "Found.", "citations": [{"encrypted_index": "i"}]},
+            ])
+        );
     }
 
     #[test]

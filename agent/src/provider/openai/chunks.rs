@@ -197,6 +197,7 @@ impl StreamState {
                     .completion_tokens_details
                     .and_then(|d| d.reasoning_tokens)
                     .unwrap_or(0),
+                web_search_requests: 0,
             };
             self.ready.push_back(Ok(LlmEvent::Usage(usage)));
         }

@@ -152,12 +152,24 @@ impl OpenAiProvider {
 
     /// The bytes POSTed for `request`: [`OpenAiProvider::request_body`], serialized
     /// straight from the wire structs.
+    /// A request offering the web search is refused (see [`no_web_search`]).
     pub fn request_bytes(&self, request: &LlmRequest<'_>) -> Result<Vec<u8>> {
+        no_web_search(request)?;
         Ok(serde_json::to_vec(&wire_request(
             request,
             self.reasoning_replay_field.as_deref(),
         ))?)
     }
+}
+
+/// Chat completions offer a search only to their search models, which take no tools: an
+/// agent's request cannot have both, so one asking for the web search is refused rather
+/// than answered without it.
+fn no_web_search(request: &LlmRequest<'_>) -> Result<()> {
+    if request.web_search.is_some() {
+        return Err(crate::provider::no_web_search("openai"));
+    }
+    Ok(())
 }
 
 #[async_trait]

@@ -50,6 +50,26 @@ const INSTRUCTIONS: &str = "agentq runs LLM agent sessions as durable background
     and decide_approval answer the tool calls it holds for a human; cancel_session stops it.";
 
 /// The handler of `POST /mcp` on `state`.
+#[utoipa::path(
+    post,
+    path = "/mcp",
+    operation_id = "mcp",
+    summary = "MCP (streamable HTTP)",
+    description = "One JSON-RPC 2.0 message per request, answered on its own as JSON (no \
+        `Mcp-Session-Id`): `initialize`, `tools/list`, `tools/call`, … The tools are the \
+        session routes, each needing the scope of its REST route; a refusal is a tool \
+        result with `isError: true` holding the API's error body. Send `Accept: \
+        application/json, text/event-stream`.",
+    request_body(content = Object, description = "A JSON-RPC request, notification or \
+        response", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The JSON-RPC answer", content_type = "application/json",
+            body = Object),
+        (status = 202, description = "A notification or response, taken"),
+        (status = 400, description = "A JSON-RPC error: not JSON (`-32700`), or not one \
+            JSON-RPC message (`-32600`)", content_type = "application/json", body = Object),
+    ),
+)]
 pub(in crate::routes) fn handler(state: &Scheduler) -> MethodRouter<Scheduler> {
     let mcp = Mcp::new(state);
     post(move |req: Request| mcp.handle(req))

@@ -173,6 +173,12 @@ fn prices_and_budgets_from_the_file() {
         output = 0.60
         cache_read = 0.075
 
+        [[prices]]
+        model = "claude-*"
+        input = 3.0
+        output = 15.0
+        web_search = 10.0
+
         [[budgets]]
         tenant = "acme"
         period = "month"
@@ -185,6 +191,8 @@ fn prices_and_budgets_from_the_file() {
     let s: Settings = toml::from_str(file).unwrap();
     s.validate().unwrap();
     assert_eq!(s.prices[0].cache_write, 0.0);
+    assert_eq!(s.prices[0].web_search, None);
+    assert_eq!(s.prices[1].web_search, Some(10.0));
     assert_eq!(s.policy.max_tree_sessions, Some(50));
     let b = s.budgets[0].budget();
     assert_eq!(b.usd_nanos, Some(20_000_000_000));

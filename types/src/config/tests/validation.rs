@@ -160,6 +160,12 @@ fn policy_validation_names_the_worker_default_it_forbids() {
             s.policy.models = vec!["gpt-*".into()];
             s.worker.default_model = Some("claude-x".into());
         }),
+        // The search is the default provider's own, and this one has none.
+        ("worker.default_tools", |s| {
+            s.policy.tools.push("web_search".into());
+            s.worker.default_tools = Some(vec!["read_file".into(), "web_search".into()]);
+            s.worker.default_provider = Some("openai".into());
+        }),
     ]);
 }
 
@@ -201,6 +207,9 @@ fn policy_validation_names_the_global_setting() {
         ("policy.max_path_depth", |s| s.policy.max_path_depth = 129),
         ("policy.max_tree_sessions", |s| {
             s.policy.max_tree_sessions = Some(0)
+        }),
+        ("policy.max_web_search_uses", |s| {
+            s.policy.max_web_search_uses = Some(51)
         }),
     ]);
 }
@@ -263,6 +272,13 @@ fn price_validation_names_the_entry() {
             s.prices = vec![crate::budget::PriceEntry {
                 model: "gpt-4o".into(),
                 input: -1.0,
+                ..Default::default()
+            }]
+        }),
+        ("prices[0].web_search", |s| {
+            s.prices = vec![crate::budget::PriceEntry {
+                model: "claude-*".into(),
+                web_search: Some(f64::INFINITY),
                 ..Default::default()
             }]
         }),

@@ -30,7 +30,38 @@ pub(super) fn mcp(m: &McpSection) -> Result<()> {
 
 fn server(i: usize, s: &McpServerSettings) -> Result<()> {
     let key = |field: &str| format!("mcp.servers[{i}].{field}");
-    let name = &s.name;
+    server_name(&key("name"), &s.name)?;
+    transport(i, s)?;
+    variables_and_headers(i, s)?;
+    range(
+        &key("timeout_secs"),
+        s.timeout_secs,
+        1,
+        MAX_MCP_TIMEOUT_SECS,
+    )?;
+    range(
+        &key("max_concurrent_calls"),
+        s.max_concurrent_calls,
+        1,
+        MAX_MCP_CONCURRENT_CALLS,
+    )?;
+    range(
+        &key("max_result_bytes"),
+        s.max_result_bytes,
+        1024,
+        MAX_MCP_MAX_RESULT_BYTES,
+    )?;
+    for tool in s.tools.keys() {
+        if tool.trim().is_empty() {
+            return Err(invalid(&key("tools"), "a tool's name must not be empty"));
+        }
+    }
+    Ok(())
+}
+
+/// A server's name sits inside `mcp__<server>__<tool>`, so it must not make those names
+/// ambiguous.
+fn server_name(field: &str, name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > MAX_SERVER_NAME_LEN
         || !name
@@ -41,7 +72,7 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
         || name.ends_with('_')
     {
         return Err(invalid(
-            &key("name"),
+            field,
             format!(
                 "`{name}` must be 1 to {MAX_SERVER_NAME_LEN} of a-z, 0-9, `_` and `-`, \
                  without `__` and not starting or ending with `_` (it sits inside \
@@ -49,6 +80,12 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Exactly one of `command` (stdio) and `url` (streamable HTTP), with only its own fields.
+fn transport(i: usize, s: &McpServerSettings) -> Result<()> {
+    let key = |field: &str| format!("mcp.servers[{i}].{field}");
     match (&s.command, &s.url) {
         (Some(_), Some(_)) => {
             return Err(invalid(
@@ -83,6 +120,12 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// Names of variables, and of the headers they fill.
+fn variables_and_headers(i: usize, s: &McpServerSettings) -> Result<()> {
+    let key = |field: &str| format!("mcp.servers[{i}].{field}");
     for var in &s.env {
         if !is_variable_name(var) {
             return Err(invalid(
@@ -106,29 +149,6 @@ fn server(i: usize, s: &McpServerSettings) -> Result<()> {
                      the variable holding the header's value, never the value)"
                 ),
             ));
-        }
-    }
-    range(
-        &key("timeout_secs"),
-        s.timeout_secs,
-        1,
-        MAX_MCP_TIMEOUT_SECS,
-    )?;
-    range(
-        &key("max_concurrent_calls"),
-        s.max_concurrent_calls,
-        1,
-        MAX_MCP_CONCURRENT_CALLS,
-    )?;
-    range(
-        &key("max_result_bytes"),
-        s.max_result_bytes,
-        1024,
-        MAX_MCP_MAX_RESULT_BYTES,
-    )?;
-    for tool in s.tools.keys() {
-        if tool.trim().is_empty() {
-            return Err(invalid(&key("tools"), "a tool's name must not be empty"));
         }
     }
     Ok(())

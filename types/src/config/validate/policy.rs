@@ -44,6 +44,10 @@ fn policy_bounds(key: &str, p: &TenantPolicySection) -> Result<()> {
     if let Some(v) = p.max_tree_sessions {
         range(&k("max_tree_sessions"), v, 1, 10_000_000)?;
     }
+    if let Some(v) = p.max_web_search_uses {
+        use agentq_agent::spec::MAX_WEB_SEARCH_MAX_USES;
+        range(&k("max_web_search_uses"), v, 1, MAX_WEB_SEARCH_MAX_USES)?;
+    }
     input_bounds(&k, p)?;
     for (f, list) in [
         ("providers", &p.providers),
@@ -102,6 +106,7 @@ pub(super) fn policy(
         max_children: p.max_children,
         max_depth: p.max_depth,
         max_tree_sessions: p.max_tree_sessions,
+        max_web_search_uses: p.max_web_search_uses,
         max_input_files: Some(p.max_input_files),
         max_input_bytes: Some(p.max_input_bytes),
         max_path_bytes: Some(p.max_path_bytes),
@@ -185,6 +190,14 @@ pub(super) fn prices(list: &[crate::budget::PriceEntry]) -> Result<()> {
                     format!("must be dollars per million tokens from 0 to 1000000, not {v}"),
                 ));
             }
+        }
+        if let Some(v) = p.web_search
+            && !(v.is_finite() && (0.0..=1_000_000.0).contains(&v))
+        {
+            return Err(invalid(
+                &format!("prices[{i}].web_search"),
+                format!("must be dollars per 1000 searches from 0 to 1000000, not {v}"),
+            ));
         }
     }
     Ok(())

@@ -108,6 +108,19 @@ pub(super) fn worker_limits(w: &WorkerSection) -> Result<()> {
     names("worker.queues", &w.queues)?;
     if let Some(tools) = &w.default_tools {
         names("worker.default_tools", tools)?;
+        let search = agentq_agent::spec::WEB_SEARCH_TOOL;
+        if let Some(p) = &w.default_provider
+            && tools.iter().any(|t| t == search)
+            && !agentq_agent::provider::factory::searches_the_web(p)
+        {
+            return Err(invalid(
+                "worker.default_tools",
+                format!(
+                    "`{search}` is a search the provider runs itself, and the default \
+                     provider `{p}` cannot (anthropic can)"
+                ),
+            ));
+        }
     }
     if let Some(p) = &w.default_provider
         && !PROVIDERS.contains(&p.as_str())

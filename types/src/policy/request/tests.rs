@@ -218,3 +218,93 @@ fn the_request_check_holds_the_queue_then_the_spec() {
         ))
     );
 }
+
+#[test]
+fn the_web_search_is_bounded_and_asked_only_of_a_provider_that_runs_it() {
+    use agentq_agent::spec::{MAX_WEB_SEARCH_MAX_USES, WEB_SEARCH_TOOL, WebSearch};
+    let check = |tweak: &dyn Fn(&mut SessionSpec)| {
+        let mut s = SessionSpec::new("p");
+        tweak(&mut s);
+        check_spec(&s).err()
+    };
+    let searching = |s: &mut SessionSpec| {
+        s.tools = Some(vec!["read_file".into(), WEB_SEARCH_TOOL.into()]);
+    };
+    // The provider is known from the request: refused naming the tool, never sent.
+    for provider in ["openai", "scripted"] {
+        let v = check(&|s| {
+            searching(s);
+            s.provider = Some(provider.into());
+        })
+        .unwrap();
+        assert_eq!(v.field, "tools[1]");
+        assert!(
+            v.message.contains("`web_search`") && v.message.contains(provider),
+            "{}",
+            v.message
+        );
+    }
+    assert_eq!(
+        check(&|s| {
+            searching(s);
+            s.provider = Some("anthropic".into());
+        }),
+        None
+    );
+    // Left to the host's provider: the worker, which knows it, checks.
+    assert_eq!(check(&searching), None);
+    let with = |w: WebSearch| {
+        move |s: &mut SessionSpec| {
+            searching(s);
+            s.web_search = Some(w.clone());
+        }
+    };
+    let field = |w: WebSearch| check(&with(w)).map(|v| v.field);
+    for n in [0, MAX_WEB_SEARCH_MAX_USES + 1] {
+        assert_eq!(
+            field(WebSearch {
+                max_uses: Some(n),
+                ..WebSearch::default()
+            })
+            .as_deref(),
+            Some("web_search.max_uses"),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        field(WebSearch {
+            max_uses: Some(MAX_WEB_SEARCH_MAX_USES),
+            allowed_domains: vec!["docs.rs".into(), "example.com/guide".into()],
+            ..WebSearch::default()
+        }),
+        None
+    );
+    assert_eq!(
+        field(WebSearch {
+            allowed_domains: vec!["a.example".into()],
+            blocked_domains: vec!["b.example".into()],
+            ..WebSearch::default()
+        })
+        .as_deref(),
+        Some("web_search.blocked_domains")
+    );
+    for bad in ["https://a.example", "", "a example", "a.example\n"] {
+        assert_eq!(
+            field(WebSearch {
+                blocked_domains: vec!["ok.example".into(), bad.into()],
+                ..WebSearch::default()
+            })
+            .as_deref(),
+            Some("web_search.blocked_domains[1]"),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        field(WebSearch {
+            allowed_domains: vec!["a.example".into(); 101],
+            ..WebSearch::default()
+        })
+        .as_deref(),
+        Some("web_search.allowed_domains")
+    );
+}

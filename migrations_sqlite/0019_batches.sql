@@ -1,4 +1,4 @@
--- Mirrors migrations/0018_batches.sql: batches as objects of the API, and the client's
+-- Mirrors migrations/0019_batches.sql: batches as objects of the API, and the client's
 -- name of each item of one (`custom_id`), unique within its batch.
 CREATE TABLE batches (
     id           TEXT    NOT NULL PRIMARY KEY,
