@@ -1,6 +1,6 @@
 //! The state the HTTP handlers share ([`Scheduler`]): the store, the queue, the settings
 //! and the per-process parts (queue registry, event fan-out, stream caps, the batch
-//! decode budget, the dispatcher's holds).
+//! decode budget, the turns to write batch objects, the dispatcher's holds).
 
 use std::sync::Arc;
 
@@ -20,6 +20,12 @@ use crate::settings::SchedulerSettings;
 /// 128 MiB of the scheduler's memory.
 pub const BATCH_BODY_LIMIT: usize = 32 * 1024 * 1024;
 
+/// Batch objects one scheduler writes to the store at once. Each holds a connection of
+/// the store's pool in its transaction for as long as its inserts take (seconds for
+/// 100,000 sessions); more batches at once would take the connections every other
+/// request needs. The others wait their turn, their items already checked and spooled.
+pub const BATCHES_WRITTEN_AT_ONCE: usize = 2;
+
 /// Shared state of the HTTP handlers. Cheap to clone.
 #[derive(Clone)]
 pub struct Scheduler {
@@ -35,6 +41,8 @@ pub struct Scheduler {
     pub(crate) streams: events::StreamCaps,
     /// The bytes of batch bodies being read and decoded, against `batch_decode_bytes`.
     pub(crate) decoding: DecodeBudget,
+    /// Turns to write a checked batch object to the store ([`BATCHES_WRITTEN_AT_ONCE`]).
+    pub(crate) batch_writes: Arc<tokio::sync::Semaphore>,
     /// Which new sessions wait in the store for the dispatcher.
     pub(crate) dispatch: dispatch::Dispatch,
 }
@@ -50,6 +58,7 @@ impl Scheduler {
         let decoding = DecodeBudget::new(cfg.batch_decode_bytes);
         Scheduler {
             decoding,
+            batch_writes: Arc::new(tokio::sync::Semaphore::new(BATCHES_WRITTEN_AT_ONCE)),
             store,
             queue,
             cfg,

@@ -897,3 +897,16 @@ async fn the_old_batch_route_and_listing_see_a_batch_object() {
         "every session finished; the batch itself was not cancelled"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sent_at_once_are_all_written() {
+    let env = Env::start().await;
+    // More than a scheduler writes at once: the others wait their turn, none is refused.
+    let lines = items(40);
+    let sent = futures::future::join_all((0..5).map(|_| env.upload("", &env.acme, &lines))).await;
+    for a in &sent {
+        assert_eq!(a.status, 201, "{}", a.text);
+        assert_eq!(a.json()["total"], 40);
+    }
+    assert_eq!(env.written(), (5, 200));
+}

@@ -135,7 +135,17 @@ pub(crate) async fn create(
         at: Vec::new(),
         failed: None,
     };
-    let made = match s.store.create_batch(&batch, &mut placed).await {
+    let made = {
+        // A turn among the batches written at once, for the transaction only (the
+        // semaphore is never closed: an error would be a bug).
+        let _turn = s
+            .batch_writes
+            .acquire()
+            .await
+            .map_err(|_| ApiError::Internal)?;
+        s.store.create_batch(&batch, &mut placed).await
+    };
+    let made = match made {
         Ok(made) => made,
         Err(e) => return Err(placed.failed.take().unwrap_or_else(|| e.into())),
     };
