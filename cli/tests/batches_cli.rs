@@ -266,15 +266,31 @@ fn errors_name_the_line_of_the_file_or_the_flag() {
         "{err}"
     );
     std::fs::write(dir.join("ok.jsonl"), lines(&[json!({"prompt": "a"})])).unwrap();
-    let err = text(
-        &client(
+    // A bad flag: refused by the client, or by the server and named as the flag.
+    let out = client(
+        &dev.url,
+        dir,
+        &["batch", "submit", "ok.jsonl", "--max-running", "0"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("'--max-running <N>'"),
+        "{}",
+        text(&out.stderr)
+    );
+    for _ in 0..5 {
+        // Refused before the server reads the upload: still answered, not cut off.
+        let out = client(
             &dev.url,
             dir,
-            &["batch", "submit", "ok.jsonl", "--max-running", "0"],
-        )
-        .stderr,
-    );
-    assert!(err.contains("--max-running: "), "{err}");
+            &["batch", "submit", "ok.jsonl", "--metadata", "api_key=sk-1"],
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("--metadata: ") && err.contains("credential"),
+            "{err}"
+        );
+    }
     let err = text(&client(&dev.url, dir, &["batch", "submit", "missing.jsonl"]).stderr);
     assert!(err.contains("cannot read missing.jsonl"), "{err}");
     let err = text(&client(&dev.url, dir, &["batch", "status", "no-such-batch"]).stderr);

@@ -96,8 +96,9 @@ const LIST_EXAMPLES: &str = "Examples:
 pub struct SubmitBatchArgs {
     /// The JSON Lines file (`-` for stdin): one session request a line.
     pub file: PathBuf,
-    /// At most this many of the batch's sessions run at once.
-    #[arg(long, value_name = "N")]
+    /// At most this many of the batch's sessions run at once (1 to 1000000).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(agentq_api::MAX_BATCH_RUNNING)))]
     pub max_running: Option<u32>,
     /// A metadata entry of the batch, `KEY=VALUE` (repeatable).
     #[arg(long, value_name = "KEY=VALUE", value_parser = parse_metadata)]

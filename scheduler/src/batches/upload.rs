@@ -176,20 +176,59 @@ pub(crate) async fn json_body(
 }
 
 /// A JSON Lines upload (see the module docs); blank lines are skipped, and counted in
-/// the line numbers.
+/// the line numbers. The options come from the query: `max_running` and `metadata`. On a
+/// refusal, what the client still sends of the body is read and dropped (up to
+/// [`DRAIN_BYTES`]) before the answer goes: a client that is still writing when the
+/// server answers and closes would see its write fail, not the answer.
 pub(crate) async fn json_lines(
     s: &Scheduler,
     caller: &Caller,
-    options: BatchOptions,
+    query: Result<BatchOptions, ApiError>,
     body: Body,
 ) -> Result<Checked, ApiError> {
+    let mut body = body.into_data_stream();
+    let checked = match query {
+        Ok(options) => read_lines(s, caller, options, &mut body).await,
+        Err(e) => Err(e),
+    };
+    if checked.is_err() {
+        drain(&mut body).await;
+    }
+    checked
+}
+
+/// Bytes of a refused upload read (and dropped) at most before the answer.
+pub const DRAIN_BYTES: usize = 4 * 1024 * 1024;
+
+/// Read what is left of `body`, up to [`DRAIN_BYTES`] (within the request's body
+/// timeout).
+async fn drain<S, E>(body: &mut S)
+where
+    S: futures::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
+{
+    use futures::StreamExt;
+    let mut read = 0usize;
+    while read <= DRAIN_BYTES {
+        match body.next().await {
+            Some(Ok(piece)) => read = read.saturating_add(piece.len()),
+            Some(Err(_)) | None => return,
+        }
+    }
+}
+
+/// The lines of `body`, each checked and spooled.
+async fn read_lines<S, E>(
+    s: &Scheduler,
+    caller: &Caller,
+    options: BatchOptions,
+    body: &mut S,
+) -> Result<Checked, ApiError>
+where
+    S: futures::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
     let grant = s.decoding.grant(&caller.tenant);
-    let mut lines = Lines::new(
-        body.into_data_stream(),
-        s.single_body_limit(),
-        MAX_UPLOAD_BYTES,
-        grant,
-    );
+    let mut lines = Lines::new(body, s.single_body_limit(), MAX_UPLOAD_BYTES, grant);
     let max = s.cfg.max_batch_items;
     let mut checker = Checker::new(s, caller).await?;
     while let Some((n, line)) = lines.next_line().await? {

@@ -70,11 +70,12 @@ pub(super) async fn create(
         .and_then(|v| v.to_str().ok())
         .is_some_and(is_jsonl_content_type);
     let checked = if lines {
-        let mut p = params(query, CREATE_PARAMS)?;
-        let options = BatchOptions::from_query(
-            p.remove("max_running").as_deref(),
-            p.remove("metadata").as_deref(),
-        )?;
+        let options = params(query, CREATE_PARAMS).and_then(|mut p| {
+            BatchOptions::from_query(
+                p.remove("max_running").as_deref(),
+                p.remove("metadata").as_deref(),
+            )
+        });
         let body: Body = req.into_body();
         batches::json_lines(&s, &caller, options, body).await?
     } else {
