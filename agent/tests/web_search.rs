@@ -29,7 +29,8 @@ use agentq_agent::schema::{FinishReason, Message, Role, ServerBlock, ToolSpec};
 use agentq_agent::spec::{ExitReason, SessionSpec, WEB_SEARCH_TOOL, WebSearch};
 use agentq_agent::state::SessionState;
 use agentq_agent::tools::{LocalWorkspace, ToolSettings, builtin_registry};
-use agentq_testkit::{FakeLlm, FakeResponse, fixture};
+use agentq_testkit::anthropic::{self, block, fixture_events, server_use, text_block};
+use agentq_testkit::{FakeLlm, FakeResponse};
 
 const CHUNK: usize = 7;
 const FIXTURE: &str = "anthropic_stream_web_search.written.chunks.jsonl";
@@ -51,47 +52,7 @@ fn anthropic(url: &str) -> Arc<AnthropicProvider> {
 
 /// An Anthropic stream of these events, in small chunks.
 fn stream(events: &[Value]) -> FakeResponse {
-    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
-    FakeResponse::sse(FakeResponse::anthropic_jsonl(&lines.join("\n")), CHUNK)
-}
-
-fn fixture_events() -> Vec<Value> {
-    String::from_utf8(fixture(FIXTURE))
-        .unwrap()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// The events of a block: its start (with `block`), its deltas, its stop.
-fn block(index: usize, block: Value, deltas: &[Value]) -> Vec<Value> {
-    let mut out =
-        vec![json!({"type": "content_block_start", "index": index, "content_block": block})];
-    out.extend(
-        deltas
-            .iter()
-            .map(|d| json!({"type": "content_block_delta", "index": index, "delta": d})),
-    );
-    out.push(json!({"type": "content_block_stop", "index": index}));
-    out
-}
-
-fn text_block(index: usize, text: &str) -> Vec<Value> {
-    block(
-        index,
-        json!({"type": "text", "text": ""}),
-        &[json!({"type": "text_delta", "text": text})],
-    )
-}
-
-/// A use of a server tool: `input` streamed after an empty start input, as documented.
-fn server_use(index: usize, id: &str, name: &str, input: Value) -> Vec<Value> {
-    block(
-        index,
-        json!({"type": "server_tool_use", "id": id, "name": name, "input": {}}),
-        &[json!({"type": "input_json_delta", "partial_json": input.to_string()})],
-    )
+    anthropic::stream(events, CHUNK)
 }
 
 fn search_result(index: usize, tool_use_id: &str, url: &str) -> Vec<Value> {
@@ -107,17 +68,12 @@ fn search_result(index: usize, tool_use_id: &str, url: &str) -> Vec<Value> {
 
 /// A whole answer: `blocks`' events between the message's start and its end.
 fn answer(blocks: Vec<Vec<Value>>, stop: &str, searches: u64) -> Vec<Value> {
-    let mut out = vec![json!({"type": "message_start", "message": {
-        "id": "msg_written", "type": "message", "role": "assistant",
-        "model": "claude-sonnet-4-5-20250929", "content": [],
-        "usage": {"input_tokens": 100, "output_tokens": 1}}})];
-    out.extend(blocks.into_iter().flatten());
-    out.push(
-        json!({"type": "message_delta", "delta": {"stop_reason": stop},
-        "usage": {"output_tokens": 20, "server_tool_use": {"web_search_requests": searches}}}),
-    );
-    out.push(json!({"type": "message_stop"}));
-    out
+    let spent = anthropic::Spent {
+        input: 100,
+        output: 20,
+        searches,
+    };
+    anthropic::answer("claude-sonnet-4-5-20250929", blocks, stop, spent)
 }
 
 fn final_answer(text: &str) -> Vec<Value> {
@@ -317,7 +273,7 @@ async fn the_search_is_offered_as_the_server_tool_within_the_sessions_options() 
 
 /// The documented blocks of the fixture, as the API wants them back.
 fn fixture_blocks() -> Vec<Value> {
-    let events = fixture_events();
+    let events = fixture_events(FIXTURE);
     let start = |i: u64| {
         events
             .iter()
@@ -350,7 +306,7 @@ fn fixture_blocks() -> Vec<Value> {
 #[tokio::test]
 async fn what_the_search_ran_is_kept_in_order_counted_and_sent_back_as_it_came() {
     let fake = FakeLlm::start().await.unwrap();
-    fake.push(stream(&fixture_events()));
+    fake.push(stream(&fixture_events(FIXTURE)));
     fake.push(stream(&final_answer("Released on July 25, 2024; noted.")));
     let run = agent(
         &fake,
@@ -447,14 +403,14 @@ async fn server_tool_uses_never_run_here_whatever_they_are_named() {
                 1,
                 "srvtoolu_shell",
                 "shell",
-                json!({"command": "touch pwned"}),
+                &json!({"command": "touch pwned"}),
             ),
             search_result(2, "srvtoolu_shell", "https://evil.example/1"),
             server_use(
                 3,
                 "srvtoolu_write",
                 "write_file",
-                json!({"path": "pwned.txt", "content": "owned"}),
+                &json!({"path": "pwned.txt", "content": "owned"}),
             ),
             search_result(4, "srvtoolu_write", "https://evil.example/2"),
             // A result for the model's own call below: not the provider's to answer.
@@ -570,14 +526,14 @@ async fn a_paused_turn_goes_on_after_a_restart_replaying_what_the_search_ran() {
     let paused = answer(
         vec![
             text_block(0, "Searching."),
-            server_use(1, "srvtoolu_a", WEB_SEARCH_TOOL, json!({"query": "a"})),
+            server_use(1, "srvtoolu_a", WEB_SEARCH_TOOL, &json!({"query": "a"})),
             search_result(2, "srvtoolu_a", "https://a.example"),
             // Named like a local tool the session has: recorded, never run.
             server_use(
                 3,
                 "srvtoolu_w",
                 "write_file",
-                json!({"path": "x.txt", "content": "x"}),
+                &json!({"path": "x.txt", "content": "x"}),
             ),
             search_result(4, "srvtoolu_w", "https://b.example"),
         ],
@@ -708,7 +664,7 @@ async fn an_abandoned_call_counts_the_searches_it_had_started() {
     let head = answer(
         vec![
             text_block(0, "Searching."),
-            server_use(1, "srvtoolu_a", WEB_SEARCH_TOOL, json!({"query": "a"})),
+            server_use(1, "srvtoolu_a", WEB_SEARCH_TOOL, &json!({"query": "a"})),
             text_block(2, "still going"),
         ],
         "end_turn",

@@ -3,8 +3,10 @@
 //! Redis and Postgres processes the tests start, stop and restart ([`services`]): all three
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
 //! tests' own helpers (the recorded provider responses, a graceful-stop check, Pythons
-//! with the MCP SDK and with schemathesis: [`python`], the real MCP servers: [`mcp`]).
+//! with the MCP SDK and with schemathesis: [`python`], the real MCP servers: [`mcp`],
+//! Anthropic answers written by hand: [`anthropic`]).
 
+pub mod anthropic;
 pub mod mcp;
 
 pub use agentq_fixtures::{

@@ -27,47 +27,20 @@ use agentq_core::budget::{BudgetStore, OnBudget, Period, PriceEntry, Prices, Ten
 use agentq_core::config::PolicySection;
 use agentq_core::policy::Policy;
 use agentq_core::{EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue};
-use agentq_testkit::{FakeLlm, FakeResponse, fixture};
+use agentq_testkit::anthropic::{self, block, fixture_events, server_use, text_block};
+use agentq_testkit::{FakeLlm, FakeResponse};
 use agentq_worker::{Worker, WorkerSettings};
 
 use common::{Cluster, TENANT, read_entry, run_one, setup, start, wait_terminal};
 
 const MODEL: &str = "claude-sonnet-4-5";
+const FIXTURE: &str = "anthropic_stream_web_search.written.chunks.jsonl";
 
 // --- answers ------------------------------------------------------------------------------
 
 /// An Anthropic stream of these events, in small chunks.
 fn stream(events: &[Value]) -> FakeResponse {
-    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
-    FakeResponse::sse(FakeResponse::anthropic_jsonl(&lines.join("\n")), 16)
-}
-
-fn block(index: usize, block: Value, deltas: &[Value]) -> Vec<Value> {
-    let mut out =
-        vec![json!({"type": "content_block_start", "index": index, "content_block": block})];
-    out.extend(
-        deltas
-            .iter()
-            .map(|d| json!({"type": "content_block_delta", "index": index, "delta": d})),
-    );
-    out.push(json!({"type": "content_block_stop", "index": index}));
-    out
-}
-
-fn text_block(index: usize, text: &str) -> Vec<Value> {
-    block(
-        index,
-        json!({"type": "text", "text": ""}),
-        &[json!({"type": "text_delta", "text": text})],
-    )
-}
-
-fn server_use(index: usize, id: &str, name: &str, input: &Value) -> Vec<Value> {
-    block(
-        index,
-        json!({"type": "server_tool_use", "id": id, "name": name, "input": {}}),
-        &[json!({"type": "input_json_delta", "partial_json": input.to_string()})],
-    )
+    anthropic::stream(events, 16)
 }
 
 fn search_result(index: usize, tool_use_id: &str) -> Vec<Value> {
@@ -88,29 +61,16 @@ fn answer(
     output: u64,
     searches: u64,
 ) -> Vec<Value> {
-    let mut out = vec![json!({"type": "message_start", "message": {
-        "id": "msg_written", "type": "message", "role": "assistant", "model": MODEL,
-        "content": [], "usage": {"input_tokens": input, "output_tokens": 1}}})];
-    out.extend(blocks.into_iter().flatten());
-    out.push(
-        json!({"type": "message_delta", "delta": {"stop_reason": stop},
-        "usage": {"output_tokens": output, "server_tool_use": {"web_search_requests": searches}}}),
-    );
-    out.push(json!({"type": "message_stop"}));
-    out
+    let spent = anthropic::Spent {
+        input,
+        output,
+        searches,
+    };
+    anthropic::answer(MODEL, blocks, stop, spent)
 }
 
 fn final_answer(text: &str) -> Vec<Value> {
     answer(vec![text_block(0, text)], "end_turn", 100, 20, 0)
-}
-
-fn fixture_events() -> Vec<Value> {
-    String::from_utf8(fixture("anthropic_stream_web_search.written.chunks.jsonl"))
-        .unwrap()
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
 }
 
 /// The blocks of an answer as its events start them, with each use's streamed input and
@@ -218,7 +178,7 @@ fn search_spec(prompt: &str, tools: &[&str], max_uses: u32) -> SessionSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_search_session_runs_through_the_stack_and_pays_for_its_searches() {
     let fake = FakeLlm::start().await.unwrap();
-    fake.push(stream(&fixture_events()));
+    fake.push(stream(&fixture_events(FIXTURE)));
     fake.push(stream(&final_answer("July 25, 2024.")));
     let c = Cluster::start(json!({"turns": []}), 1, 2, |cfg| {
         anthropic_at(cfg, &fake, &[]);
@@ -312,7 +272,10 @@ async fn a_search_session_runs_through_the_stack_and_pays_for_its_searches() {
     }
     let sent = &requests[1].body["messages"][1];
     assert_eq!(sent["role"], "assistant");
-    assert_eq!(sent["content"], Value::Array(blocks_of(&fixture_events())));
+    assert_eq!(
+        sent["content"],
+        Value::Array(blocks_of(&fixture_events(FIXTURE)))
+    );
 
     // Stored in the transcript (read back from Postgres) as the provider's, not as calls.
     let messages = c.store.messages(&id).await.unwrap();
