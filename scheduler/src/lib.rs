@@ -28,7 +28,7 @@ mod state;
 pub mod sweeper;
 pub mod workspace_gc;
 
-pub use batches::MAX_UPLOAD_BYTES;
+pub use batches::{DRAIN_BYTES, MAX_UPLOAD_BYTES};
 pub use error::ApiError;
 pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};

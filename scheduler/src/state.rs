@@ -96,8 +96,9 @@ impl Scheduler {
     /// Body limit of `POST /v1/sessions`: room for a prompt and a system prompt at their
     /// limit, plus metadata and escaping, and for files at the largest policy's bound,
     /// base64-encoded (or escaped text); the handler reports an oversize prompt or file
-    /// by name before this limit is reached.
-    pub(crate) fn single_body_limit(&self) -> usize {
+    /// by name before this limit is reached. It is also the longest line a JSON Lines
+    /// batch upload may hold.
+    pub fn single_body_limit(&self) -> usize {
         let files_room = usize::try_from(self.cfg.policy.max_input_bytes())
             .unwrap_or(usize::MAX)
             .saturating_mul(2);
