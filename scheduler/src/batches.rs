@@ -19,5 +19,5 @@ mod upload;
 
 pub(crate) use create::create;
 pub(crate) use read::{ResultsPage, batch_of, cancel, list, results, view_of};
-pub use upload::{DRAIN_BYTES, MAX_UPLOAD_BYTES};
+pub use upload::MAX_UPLOAD_BYTES;
 pub(crate) use upload::{json_body, json_lines};

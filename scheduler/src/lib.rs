@@ -28,10 +28,11 @@ mod state;
 pub mod sweeper;
 pub mod workspace_gc;
 
-pub use batches::{DRAIN_BYTES, MAX_UPLOAD_BYTES};
+pub use batches::MAX_UPLOAD_BYTES;
 pub use error::ApiError;
 pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};
+pub use http::refused_body::DRAIN_BYTES;
 pub use queues::QueueRegistry;
 pub use request::LIST_MAX_BYTES;
 pub use routes::openapi::{

@@ -3,7 +3,7 @@
 //! checkpoint, heartbeat, release), its connection pools and the embedded migrator.
 //!
 //! Every statement is runtime-checked (`sqlx::query` + `FromRow`), so the build needs no
-//! database; `store/tests/pg_store.rs` runs each one against a real server. The statements
+//! database; `store/tests/it/pg_store.rs` runs each one against a real server. The statements
 //! it shares with the SQLite store, and the mapping of rows to the model, are in
 //! `crate::sql`; what only Postgres can express is here: the group commit and the
 //! heartbeat as one array-driven statement each (`batch`), batched creation

@@ -22,6 +22,7 @@ use crate::actions::{limits, new_session, request_hash};
 use crate::error::ApiError;
 use crate::http::batch_body::BatchBody;
 use crate::http::body::{Shape, path, scan};
+use crate::http::refused_body::drain;
 use crate::inputs::Sources;
 use crate::request::{BatchOptions, Limits, check_policy, parse_batch_item};
 use crate::state::Scheduler;
@@ -178,7 +179,7 @@ pub(crate) async fn json_body(
 /// A JSON Lines upload (see the module docs); blank lines are skipped, and counted in
 /// the line numbers. The options come from the query: `max_running` and `metadata`. On a
 /// refusal, what the client still sends of the body is read and dropped (up to
-/// [`DRAIN_BYTES`]) before the answer goes: a client that is still writing when the
+/// [`DRAIN_BYTES`](crate::http::refused_body::DRAIN_BYTES)) before the answer goes: a client that is still writing when the
 /// server answers and closes would see its write fail, not the answer.
 pub(crate) async fn json_lines(
     s: &Scheduler,
@@ -195,25 +196,6 @@ pub(crate) async fn json_lines(
         drain(&mut body).await;
     }
     checked
-}
-
-/// Bytes of a refused upload read (and dropped) at most before the answer.
-pub const DRAIN_BYTES: usize = 4 * 1024 * 1024;
-
-/// Read what is left of `body`, up to [`DRAIN_BYTES`] (within the request's body
-/// timeout).
-async fn drain<S, E>(body: &mut S)
-where
-    S: futures::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
-{
-    use futures::StreamExt;
-    let mut read = 0usize;
-    while read <= DRAIN_BYTES {
-        match body.next().await {
-            Some(Ok(piece)) => read = read.saturating_add(piece.len()),
-            Some(Err(_)) | None => return,
-        }
-    }
 }
 
 /// The lines of `body`, each checked and spooled.

@@ -21,6 +21,7 @@ pub mod body;
 pub mod cost;
 pub mod decode;
 pub mod query;
+pub mod refused_body;
 pub mod view;
 
 pub use auth::Auth;

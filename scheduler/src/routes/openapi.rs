@@ -20,7 +20,7 @@
 //!   event (from [`EventKind::ALL`]) names the schema of its `data` with JSON Schema's
 //!   `contentMediaType` and `contentSchema`.
 //!
-//! The committed copy (`api/openapi.json`) is the test fixture: `scheduler/tests/openapi.rs`
+//! The committed copy (`api/openapi.json`) is the test fixture: `scheduler/tests/it/openapi.rs`
 //! regenerates it and fails on any difference.
 
 use std::collections::BTreeMap;

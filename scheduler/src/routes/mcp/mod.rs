@@ -36,6 +36,7 @@ use agentq_core::auth::Caller;
 
 use crate::error::ApiError;
 use crate::http::body::{require_json, scan_envelope};
+use crate::http::refused_body::read_at_most;
 use crate::state::Scheduler;
 
 mod calls;
@@ -109,15 +110,9 @@ impl Mcp {
             return e.into_response();
         }
         let (parts, body) = req.into_parts();
-        let bytes = match axum::body::to_bytes(body, self.body_limit).await {
+        let bytes = match read_at_most(body, self.body_limit).await {
             Ok(b) => b,
-            Err(_) => {
-                return ApiError::TooLarge {
-                    field: None,
-                    message: format!("request body is over {} bytes", self.body_limit),
-                }
-                .into_response();
-            }
+            Err(e) => return e.into_response(),
         };
         if let Err(refused) = check_message(&bytes) {
             return rpc_error(refused);

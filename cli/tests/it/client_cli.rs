@@ -1,0 +1,259 @@
+//! The real `agentq` binary as scheduler and as client: `migrate`, `scheduler` (refusing an
+//! unmigrated database, stopping on SIGTERM), `submit` (single, `--file`, `--wait` by
+//! pub/sub and by polling), `status`, `cancel`, `sessions`, and the one-line errors.
+//! No worker runs: waits end by cancelling the session.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use agentq_testkit::{RedisServer, shared_postgres};
+use serde_json::Value;
+
+use common::{Dev, migrated_db, text, wait_exit, wait_line};
+
+/// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start.
+const ADMIN_KEY: &str = "client-cli-admin-key-0123456789abcdef";
+
+/// `agentq` as the operator: the schedulers here accept that key.
+fn agentq() -> Command {
+    let mut c = common::agentq();
+    c.env("AGENTQ_API_KEY", ADMIN_KEY);
+    c
+}
+
+fn start_scheduler(db: &str, redis: &str) -> Dev {
+    // The queues the batch case names: sessions may only name configured ones.
+    let config = std::env::temp_dir().join(format!("client-cli-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        "[scheduler]\nqueues = [\"default\", \"bulk\", \"other\"]\n",
+    )
+    .unwrap();
+    Dev::spawn(
+        agentq()
+            .env("AGENTQ_CONFIG", &config)
+            .args([
+                "scheduler",
+                "--addr",
+                "127.0.0.1:0",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ])
+            .env("AGENTQ_ADMIN_KEY", ADMIN_KEY)
+            .env("AGENTQ_DATABASE_URL", db)
+            .env("AGENTQ_REDIS_URL", redis),
+    )
+}
+
+fn client(api: &str, args: &[&str]) -> Output {
+    agentq()
+        .env("AGENTQ_API_URL", api)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn migrate_then_scheduler_then_sigterm() {
+    let db = shared_postgres().unwrap().fresh_database().unwrap();
+    let redis = RedisServer::start().unwrap();
+
+    // An unmigrated database: the scheduler refuses to start.
+    let out = agentq()
+        .args(["scheduler", "--addr", "127.0.0.1:0"])
+        .env("AGENTQ_DATABASE_URL", &db)
+        .env("AGENTQ_REDIS_URL", redis.url())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr)
+            .contains("database schema is behind (no migration applied; this binary needs version")
+            && text(&out.stderr).contains("): run `agentq migrate`"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("applied"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", &db)
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("up to date"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let mut s = start_scheduler(&db, &redis.url());
+    let ready = client(&s.url, &["sessions"]);
+    assert!(ready.status.success(), "{}", text(&ready.stderr));
+
+    let status =
+        agentq_testkit::sigterm_and_wait(&mut s.child, Duration::from_secs(15), "agentq scheduler");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn submit_status_cancel_sessions() {
+    let db = migrated_db();
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(&db, &redis.url());
+
+    let out = client(
+        &s.url,
+        &[
+            "submit",
+            "--mode",
+            "think",
+            "--max-iterations",
+            "3",
+            "--tools",
+            "read_file,grep",
+            "hello",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    assert_eq!(id.len(), 36, "{id}");
+
+    let out = client(&s.url, &["status", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["status"], "queued");
+    assert_eq!(view["mode"], "think");
+    assert_eq!(view["max_iterations"], 3);
+    assert_eq!(view["tools"], serde_json::json!(["read_file", "grep"]));
+
+    let out = client(&s.url, &["sessions"]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(
+        table.contains(&id) && table.contains("queued") && table.contains("hello"),
+        "{table}"
+    );
+
+    let out = client(&s.url, &["cancel", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("cancelled"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = client(&s.url, &["cancel", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("already finished"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = client(&s.url, &["sessions", "--status", "cancelled"]);
+    assert!(text(&out.stdout).contains(&id));
+
+    // 4xx: the server's message and field, one line.
+    let out = client(&s.url, &["submit", "--mode", "turbo", "p"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("field `mode`") && err.contains("422"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let out = client(&s.url, &["status", "0190aaaa-0000-7000-8000-000000000000"]);
+    assert!(
+        text(&out.stderr).contains("not found"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A batch file.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("batch.jsonl");
+    std::fs::write(
+        &file,
+        "{\"prompt\": \"one\"}\n\n{\"prompt\": \"two\", \"queue\": \"other\"}\n{\"prompt\": \"three\"}\n",
+    )
+    .unwrap();
+    let out = client(
+        &s.url,
+        &[
+            "submit",
+            "--file",
+            file.to_str().unwrap(),
+            "--queue",
+            "bulk",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(ids.len(), 3);
+    let out = client(&s.url, &["status", &ids[1]]);
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["queue"], "other");
+    assert_eq!(view["prompt"], "two");
+    let out = client(&s.url, &["status", &ids[2]]);
+    let view: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["queue"], "bulk");
+}
+
+/// `submit --wait` ends when the session ends (here: cancelled, so exit 1).
+fn wait_then_cancel(api: &str, redis: Option<&str>) {
+    let mut cmd = agentq();
+    cmd.env("AGENTQ_API_URL", api)
+        .args(["submit", "--wait", "--wait-timeout", "30", "wait for me"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(r) = redis {
+        cmd.env("AGENTQ_REDIS_URL", r);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (line, drain) = wait_line(child.stderr.take().unwrap(), "submitted ");
+    let id = line.trim().rsplit(' ').next().unwrap().to_string();
+    let out = client(api, &["cancel", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let status = wait_exit(&mut child, Duration::from_secs(20)).expect("--wait did not end");
+    drain.join().unwrap();
+    assert_eq!(status.code(), Some(1));
+}
+
+#[test]
+fn submit_wait_by_pubsub_and_by_polling() {
+    let db = migrated_db();
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(&db, &redis.url());
+    wait_then_cancel(&s.url, Some(&redis.url()));
+    wait_then_cancel(&s.url, None);
+}
+
+#[test]
+fn unreachable_api_is_one_clear_line() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("http://127.0.0.1:{port}");
+    let out = client(&api, &["sessions"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "agentq: cannot reach the API at {api}: connection refused (is `agentq dev` or \
+             `agentq scheduler` running there?)"
+        )
+    );
+}

@@ -1,0 +1,18 @@
+//! The integration tests of this crate in one binary: one link and one copy of the
+//! shared helpers instead of one per file, and one private Postgres and Redis for
+//! them all (`scripts/test -p CRATE --test it FILTER` runs some). A file that must be
+//! alone in its process (it measures the process's memory, say) stays a binary of its
+//! own beside this directory.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+// The end-to-end binary's helpers (its own processes), which the observability tests use.
+#[allow(dead_code)]
+#[path = "../e2e/common.rs"]
+mod common;
+
+mod deploy;
+mod harness;
+mod observability;
+mod rate_limited;
+mod structure;
