@@ -216,7 +216,16 @@ async fn every_route_is_checked() {
         .filter(|(_, _, a)| *a == Access::Open)
         .map(|(_, p, _)| *p)
         .collect();
-    assert_eq!(open, ["/healthz", "/readyz", "/openapi.json"]);
+    assert_eq!(
+        open,
+        [
+            "/healthz",
+            "/readyz",
+            "/console",
+            "/console/{file}",
+            "/openapi.json"
+        ]
+    );
     assert!(env.routes.len() >= 12, "{:?}", env.routes);
 
     let bad = format!("aq_{}_{}", "0".repeat(12), "1".repeat(64));
