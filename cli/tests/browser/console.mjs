@@ -126,6 +126,81 @@ async function main() {
     await checkLabels(page, "session");
     await page.screenshot({ path: join(shots, "session.png"), fullPage: true });
 
+    step("a dropped event stream resumes with Last-Event-ID: nothing lost, nothing twice");
+    const resumed = await page.evaluate(async (id) => {
+      const { follow } = await import("/console/sse.js");
+      const path = `/v1/sessions/${id}/events`;
+      const whole = [];
+      await follow(path, { signal: new AbortController().signal, onEvent: (e) => whole.push(e.id) });
+      const real = window.fetch;
+      const lastIds = [];
+      window.fetch = async (input, init) => {
+        const resp = await real(input, init);
+        lastIds.push(init.headers["Last-Event-ID"] ?? null);
+        if (lastIds.length > 1) return resp;
+        // The first answer breaks halfway through its first piece.
+        const reader = resp.body.getReader();
+        const { value } = await reader.read();
+        reader.cancel();
+        let sent = false;
+        const body = new ReadableStream({
+          pull(c) {
+            if (sent) { c.error(new TypeError("connection reset")); return; }
+            sent = true;
+            c.enqueue(value.slice(0, Math.floor(value.length / 2)));
+          },
+        });
+        return new Response(body, { status: 200, headers: resp.headers });
+      };
+      const got = [];
+      try {
+        await follow(path, { signal: new AbortController().signal, onEvent: (e) => got.push(e.id) });
+      } finally {
+        window.fetch = real;
+      }
+      return { whole, got, lastIds };
+    }, live.id);
+    if (resumed.lastIds.length < 2) fail(`the stream was not resumed: ${JSON.stringify(resumed)}`);
+    if (resumed.lastIds[1] === null && resumed.got.length > 0 && resumed.got[0] !== resumed.whole[0]) {
+      fail(`resumed without Last-Event-ID: ${JSON.stringify(resumed)}`);
+    }
+    if (JSON.stringify(resumed.got) !== JSON.stringify(resumed.whole)) {
+      fail(`a resumed stream differs from a whole one: ${JSON.stringify(resumed)}`);
+    }
+
+    step("a transcript of 2,000 iterations is built step by step, long values collapsed");
+    const big = await page.evaluate(async () => {
+      const { Transcript } = await import("/console/transcript.js");
+      const t = new Transcript();
+      document.getElementById("main").append(t.el);
+      const frame = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r)));
+      t.push({ event: "iteration_started", data: { iteration: 0, seq: 0 } });
+      await frame();
+      const first = t.el.firstElementChild;
+      for (let i = 1; i <= 2000; i++) {
+        const seq = 2 * i;
+        t.push({ event: "iteration_started", data: { iteration: i, seq } });
+        t.push({ event: "text_delta", data: { text: "thinking about it ", seq } });
+        t.push({ event: "tool_call", data: { id: `c${i}`, name: "grep", arguments: { q: "y".repeat(1000) }, seq } });
+        t.push({ event: "tool_result", data: { id: `c${i}`, name: "grep", content: "z".repeat(5000), is_error: false, seq: seq + 1 } });
+        t.push({ event: "iteration_completed", data: { iteration: i, usage: { input_tokens: 1, output_tokens: 1 }, seq } });
+      }
+      await frame();
+      document.scrollingElement.scrollTop = 0;
+      await frame();
+      const result = {
+        same: t.el.firstElementChild === first,
+        steps: t.el.children.length,
+        collapsed: t.el.querySelectorAll("details.collapsed").length,
+        loaded: t.el.textContent.includes("z".repeat(5000)),
+      };
+      t.el.remove();
+      return result;
+    });
+    if (!big.same || big.steps !== 2001 || big.collapsed !== 4000 || big.loaded) {
+      fail(`the long transcript: ${JSON.stringify(big)}`);
+    }
+
     step("a filter finds the failed session, and it is retried");
     await page.goto(`${url}/console#/sessions`);
     await page.getByLabel("Status").selectOption("failed");
