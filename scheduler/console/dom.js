@@ -53,6 +53,7 @@ export function fmtTime(t) {
 
 export function fmtCost(usd) {
   if (usd === null || usd === undefined) return "—";
+  if (usd === 0) return "$0";
   return "$" + Number(usd).toFixed(usd < 0.01 ? 5 : 4);
 }
 

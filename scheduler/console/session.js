@@ -116,8 +116,12 @@ function showHead(head, d, base, status, afterAction) {
 }
 
 function showApprovals(box, d, base, fields, status, refresh) {
-  clear(box);
   const pending = d.pending_approvals || [];
+  // Drawn again only when the held calls change: a reason or an edit being typed stays.
+  const ids = pending.map((p) => p.tool_call_id).join("\n");
+  if (box.dataset.ids === ids && box.childElementCount) return;
+  box.dataset.ids = ids;
+  clear(box);
   box.hidden = pending.length === 0;
   if (!pending.length) return;
   box.append(h("h2", { id: "appr-h" }, `Held for approval (${pending.length})`));

@@ -110,6 +110,7 @@ async function main() {
     await page.locator("table.list tbody tr[data-id]").first().waitFor();
     if (page.url().includes(key)) fail("the key is in the URL");
     await checkLabels(page, "sessions");
+    await page.screenshot({ path: join(shots, "sessions.png"), fullPage: true });
 
     step("a live answer arrives on the session's page");
     const live = await call("POST", "/v1/sessions", {
@@ -213,7 +214,7 @@ async function main() {
       return false;
     });
     if (await page.locator(`tr[data-id="${live.id}"]`).count()) fail("the status filter shows a completed session");
-    await page.screenshot({ path: join(shots, "sessions.png"), fullPage: true });
+    await page.screenshot({ path: join(shots, "sessions-failed.png"), fullPage: true });
     await page.getByRole("link", { name: `Session ${failing.id}` }).click();
     await page.getByRole("button", { name: "Retry session" }).click();
     // The API took it back (the scripted refusal plays again on every run, so it ends
@@ -252,6 +253,23 @@ async function main() {
     await page.locator(".preview pre", { hasText: "report body" }).waitFor();
     // The tool result that came back holds the hostile text too.
     await checkSafe(page, "held session");
+
+    const doc = await (await fetch(`${url}/openapi.json`)).json();
+    if (doc.components.schemas.ApprovalRequest.properties.arguments) {
+      step("a held call approved with edited arguments");
+      const edit = await call("POST", "/v1/sessions", {
+        prompt: "hold: edit me", tools: ["write_file"], sensitive_tools: ["write_file"],
+      });
+      await page.goto(`${url}/console#/sessions/${edit.id}`);
+      await page.getByText("Approve with edited arguments").click();
+      await page.getByLabel("Arguments (JSON)").fill(JSON.stringify({ path: "report.txt", content: "edited body" }));
+      await page.getByRole("button", { name: /with edited arguments$/ }).click();
+      await page.locator(".facts .badge", { hasText: "completed" }).waitFor();
+      await page.getByRole("button", { name: "Preview report.txt" }).click();
+      await page.locator(".preview pre", { hasText: "edited body" }).waitFor();
+    } else {
+      step("skipped: this server takes no edited arguments (ApprovalRequest has no `arguments`)");
+    }
 
     step("the tree of a parent links to its child");
     await page.goto(`${url}/console#/sessions/${parent.id}`);
