@@ -116,7 +116,7 @@ pub(super) async fn index() -> Response {
     ))),
 )]
 pub(super) async fn file(file: Result<Path<String>, PathRejection>) -> Result<Response, ApiError> {
-    let Path(name) = file.map_err(|e| ApiError::invalid("file", &e.body_text()))?;
+    let Path(name) = file.map_err(|e| ApiError::invalid("file", e.body_text()))?;
     FILES
         .iter()
         .find(|(n, _, _)| *n == name)
