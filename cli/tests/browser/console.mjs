@@ -9,7 +9,8 @@
 // the page reports no Content-Security-Policy violation and no script error.
 
 import { chromium } from "playwright-core";
-import { readFileSync, mkdirSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 const [url, key, shots] = process.argv.slice(2);
@@ -244,7 +245,7 @@ async function main() {
     const dl = page.waitForEvent("download");
     await page.getByRole("button", { name: `Download ${fileName}` }).click();
     const download = await dl;
-    const saved = join(shots, "..", "console-download.txt");
+    const saved = join(mkdtempSync(join(tmpdir(), "agentq-console-")), fileName);
     await download.saveAs(saved);
     const content = readFileSync(saved, "utf8");
     if (!content.includes("report body")) fail(`downloaded ${JSON.stringify(content)}`);
