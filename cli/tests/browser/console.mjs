@@ -128,6 +128,13 @@ async function main() {
     await checkLabels(page, "session");
     await page.screenshot({ path: join(shots, "session.png"), fullPage: true });
 
+    step("a follow-up message reopens it, and its new turn streams into the same transcript");
+    await page.getByLabel("Message", { exact: true }).fill("one more thing");
+    await page.getByRole("button", { name: "Send message" }).click();
+    await page.getByText("Message taken (follow_up)").waitFor();
+    await page.locator(".answer", { hasText: "the script has no more turns" }).waitFor();
+    await until("the second finish", async () => (await page.getByText("Finished: stop").count()) === 2);
+
     step("a dropped event stream resumes with Last-Event-ID: nothing lost, nothing twice");
     const resumed = await page.evaluate(async (id) => {
       const { follow } = await import("/console/sse.js");
@@ -321,7 +328,7 @@ async function main() {
     await page.locator("table.list tbody tr[data-id]").first().waitFor();
     await page.getByRole("link", { name: `Session ${live.id}` }).focus();
     await page.keyboard.press("Enter");
-    await page.getByText("Finished: stop").waitFor();
+    await page.getByText("Finished: stop").first().waitFor();
 
     step("a narrow window (390 px)");
     await page.setViewportSize({ width: 390, height: 844 });
