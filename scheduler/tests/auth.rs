@@ -203,6 +203,7 @@ fn concrete(path: &str, id: &str) -> String {
     path.replace("{id}", id)
         .replace("{tenant}", "acme")
         .replace("{*path}", HELD_FILE)
+        .replace("{file}", "app.js")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -264,7 +265,7 @@ async fn every_route_is_checked() {
             continue;
         }
         let Access::Scope(scope) = access else {
-            let (s, _, _) = env.call(&method, path, None, None).await;
+            let (s, _, _) = env.call(&method, &concrete(path, "none"), None, None).await;
             assert!(s == 200 || s == 503, "{method} {path}: {s}");
             continue;
         };
