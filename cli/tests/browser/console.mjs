@@ -228,6 +228,17 @@ async function main() {
     // The API took it back (the scripted refusal plays again on every run, so it ends
     // failed again: what is checked is that the console's retry reached the server).
     await page.getByText("Retry: now queued").waitFor();
+    // Once it has failed again, every failed session the filter selects is retried at once
+    // (the button asks for a second click first).
+    await page.goto(`${url}/console#/sessions?status=failed`);
+    await until("the session failed again", async () => {
+      await page.reload();
+      await page.locator("table.list tbody tr").first().waitFor();
+      return (await page.locator(`tr[data-id="${failing.id}"]`).count()) > 0;
+    });
+    await page.getByRole("button", { name: "Retry failed matching" }).click();
+    await page.getByRole("button", { name: "Confirm: retry failed matching" }).click();
+    await page.getByText(/^Retried: [1-9]\d* session\(s\)\.$/).waitFor();
 
     step("a held call is approved from the inbox and the session finishes");
     await page.goto(`${url}/console#/approvals`);
