@@ -23,6 +23,7 @@ use crate::state::Scheduler;
 mod batches;
 mod budgets;
 mod bulk;
+mod console;
 mod events;
 mod files;
 mod health;
@@ -253,7 +254,7 @@ fn batch_routes() -> Vec<Route> {
     ]
 }
 
-/// Queues, the admin's routes, `/mcp`, the probes and this API's description.
+/// Queues, the admin's routes, `/mcp`, the probes, the console and this API's description.
 fn service_routes() -> Vec<Route> {
     vec![
         route(
@@ -319,6 +320,22 @@ fn service_routes() -> Vec<Route> {
             Access::Open,
             |_| get(health::readyz),
             doc::<health::__path_readyz>(),
+        ),
+        // The console's files: public like this document; what the page reads goes
+        // through the keyed routes above.
+        route(
+            Method::GET,
+            "/console",
+            Access::Open,
+            |_| get(console::index),
+            doc::<console::__path_index>(),
+        ),
+        route(
+            Method::GET,
+            "/console/{file}",
+            Access::Open,
+            |_| get(console::file),
+            doc::<console::__path_file>(),
         ),
         route(
             Method::GET,

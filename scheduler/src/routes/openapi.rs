@@ -142,6 +142,10 @@ const TAGS: &[(&str, &str)] = &[
         "Budgets, spend and the rate limiter (the `admin` scope).",
     ),
     ("mcp", "The session routes as MCP tools."),
+    (
+        "console",
+        "The browser console's page and files (it reads everything through this API).",
+    ),
     ("service", "Health, readiness, metrics and this document."),
 ];
 
@@ -156,6 +160,8 @@ fn tag_of(path: &str) -> &'static str {
         "admin"
     } else if path == "/mcp" {
         "mcp"
+    } else if path.starts_with("/console") {
+        "console"
     } else {
         "service"
     }
