@@ -119,6 +119,7 @@ impl Env {
     ) -> String {
         let mut spec = SessionSpec::new("hold");
         spec.metadata = metadata;
+        spec.approval_timeout_secs = APPROVAL_TIMEOUT as u64;
         let mut new = NewSession::root(spec, queue).with_tenant(tenant);
         new.sched.batch_id = batch.map(str::to_string);
         self.store.create_session(&new).await.unwrap();
@@ -146,7 +147,8 @@ impl Env {
         state.messages.push(held);
         self.store.checkpoint(&lease, &state, from).await.unwrap();
         let row = self.store.get(&new.id).await.unwrap().unwrap();
-        let deadline = chrono::Utc::now() + chrono::TimeDelta::hours(1);
+        // As a worker sets it: the session's approval timeout from when it suspends.
+        let deadline = chrono::Utc::now() + chrono::TimeDelta::seconds(APPROVAL_TIMEOUT);
         self.store
             .suspend(
                 &lease,
@@ -159,6 +161,9 @@ impl Env {
         new.id
     }
 }
+
+/// The approval timeout of every held session here.
+const APPROVAL_TIMEOUT: i64 = 3600;
 
 fn field(v: &Value) -> &str {
     v["error"]["field"].as_str().unwrap_or("")
@@ -253,7 +258,11 @@ async fn approvals_across_sessions_are_the_callers_filtered_and_paged() {
         serde_json::from_value(first["requested_at"].clone()).unwrap();
     let deadline: chrono::DateTime<chrono::Utc> =
         serde_json::from_value(first["deadline"].clone()).unwrap();
-    assert_eq!(deadline - requested, chrono::TimeDelta::hours(1));
+    assert_eq!(
+        deadline - requested,
+        chrono::TimeDelta::seconds(APPROVAL_TIMEOUT)
+    );
+    assert!((chrono::Utc::now() - requested).num_seconds().abs() < 600);
     assert_eq!(page["approvals"][2]["batch_id"], Value::Null);
 
     // Each filter, and filters together, a page of one at a time.
