@@ -45,16 +45,18 @@ impl Env {
         let store = Arc::new(store);
         let redis = RedisServer::start().unwrap();
         let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-        let mut settings = SchedulerSettings::default();
-        settings.prices = Arc::new(
-            Prices::new(&[PriceEntry {
-                model: "priced".into(),
-                input: 1.0,
-                output: 0.0,
-                ..Default::default()
-            }])
-            .unwrap(),
-        );
+        let settings = SchedulerSettings {
+            prices: Arc::new(
+                Prices::new(&[PriceEntry {
+                    model: "priced".into(),
+                    input: 1.0,
+                    output: 0.0,
+                    ..Default::default()
+                }])
+                .unwrap(),
+            ),
+            ..Default::default()
+        };
         let state = Scheduler::new(store.clone(), queue, settings);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();

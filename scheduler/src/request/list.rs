@@ -70,7 +70,9 @@ impl RowFilter {
             .all(|(k, v)| match row.spec.metadata.get(k) {
                 Some(Value::String(s)) => s == v,
                 // A number or a boolean matches its JSON text (`n=3`, `flag=true`).
-                Some(other @ (Value::Number(_) | Value::Bool(_))) => other.to_string() == *v,
+                Some(other @ (Value::Number(_) | Value::Bool(_))) => {
+                    serde_json::from_str::<Value>(v).is_ok_and(|given| given == *other)
+                }
                 _ => false,
             });
         // A session without a price has no cost to compare: a cost bound leaves it out.

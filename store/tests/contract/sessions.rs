@@ -638,7 +638,7 @@ async fn contract_list_filters(store: &dyn Backend) {
             ..Default::default()
         }))
         .await,
-        [failed.clone()]
+        std::slice::from_ref(&failed)
     );
     assert_eq!(
         list(by(ListFilter {
@@ -646,7 +646,7 @@ async fn contract_list_filters(store: &dyn Backend) {
             ..Default::default()
         }))
         .await,
-        [approval.clone()]
+        std::slice::from_ref(&approval)
     );
     assert_eq!(
         list(by(ListFilter {
@@ -654,7 +654,7 @@ async fn contract_list_filters(store: &dyn Backend) {
             ..Default::default()
         }))
         .await,
-        [children.clone()]
+        std::slice::from_ref(&children)
     );
     assert!(
         list(by(ListFilter {
@@ -671,7 +671,7 @@ async fn contract_list_filters(store: &dyn Backend) {
             ..Default::default()
         }))
         .await,
-        [other_queue.clone()]
+        std::slice::from_ref(&other_queue)
     );
     assert_eq!(
         list(by(ListFilter {
@@ -679,7 +679,7 @@ async fn contract_list_filters(store: &dyn Backend) {
             ..Default::default()
         }))
         .await,
-        [early.clone()]
+        std::slice::from_ref(&early)
     );
     let after = vec![
         children.clone(),
