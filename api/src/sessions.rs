@@ -202,7 +202,8 @@ pub struct TreeNode {
 }
 
 /// `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=&…`: a page of sessions,
-/// newest first (the parameters: [`LIST_PARAMS`]). Any other query parameter is refused (422 naming it).
+/// newest first, narrowed by every filter given. Any other query parameter, or a value a
+/// filter cannot take, is refused (422 naming it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ListResponse {
     pub sessions: Vec<SessionView>,

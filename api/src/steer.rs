@@ -111,9 +111,7 @@ pub struct ApprovalRequest {
     )]
     pub reason: Option<String>,
     /// With `approve: true` only: the call runs with these arguments instead of the
-    /// model's (a JSON object of at most
-    /// [`MAX_EDITED_ARGUMENTS_BYTES`](crate::bounds::MAX_EDITED_ARGUMENTS_BYTES) bytes,
-    /// 413 past it). They pass every check the model's arguments would (the tool's schema
+    /// model's (a JSON object of at most 256 KiB as JSON text, 413 past it). They pass every check the model's arguments would (the tool's schema
     /// and path rules, the policy, hooks, the guardian), and the transcript keeps both:
     /// the model's call, and its result's `edited_arguments`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
