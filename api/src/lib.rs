@@ -13,6 +13,7 @@
 //! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_types::protocol::EventKind`])
 //! with their position added; [`events`] has what the scheduler adds itself.
 
+mod approvals;
 mod batches;
 pub mod bounds;
 mod budgets;
@@ -27,6 +28,7 @@ mod queues;
 mod sessions;
 mod steer;
 
+pub use approvals::{APPROVALS_PARAMS, ApprovalItem, ApprovalList, DEFAULT_APPROVALS_LIMIT};
 pub use batches::{
     BatchCounts, BatchList, BatchRequestItem, BatchResult, BatchStatus, BatchView, CREATE_PARAMS,
     CreateBatch, DEFAULT_BATCH_LIST, DEFAULT_RESULTS, JSONL_CONTENT_TYPE, LIST_BATCHES_PARAMS,

@@ -184,21 +184,24 @@ pub trait InboxStore: Send + Sync {
     ) -> Result<Vec<InboxItem>>;
 
     /// Record a human's decision on a held tool call (first decision wins) and wake the
-    /// session if it awaits approval.
+    /// session if it awaits approval. `arguments` (an approval only): what the call runs
+    /// with instead of the model's arguments, as a JSON text.
     async fn decide_approval(
         &self,
         session_id: &str,
         tool_call_id: &str,
         approve: bool,
         reason: Option<&str>,
+        arguments: Option<&str>,
     ) -> Result<ApprovalRecorded>;
 
-    /// The decision on a held call, if any: (approved, reason).
+    /// The decision on a held call, if any: (approved, reason, edited arguments as a JSON
+    /// text).
     async fn approval(
         &self,
         session_id: &str,
         tool_call_id: &str,
-    ) -> Result<Option<(bool, Option<String>)>>;
+    ) -> Result<Option<(bool, Option<String>, Option<String>)>>;
 
     /// The calls of `held` (the row's [`SessionRow::held_calls`]) that still wait for a
     /// decision: made by the session's latest response, without a result and without a

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
 use crate::state::Scheduler;
 
+mod approvals;
 mod batches;
 mod budgets;
 mod bulk;
@@ -131,6 +132,13 @@ fn session_routes() -> Vec<Route> {
             WRITE,
             |_| post(bulk::retry),
             doc::<bulk::__path_retry>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/approvals",
+            READ,
+            |_| get(approvals::list),
+            doc::<approvals::__path_list>(),
         ),
     ]
 }

@@ -130,7 +130,7 @@ pub fn document() -> OpenApi {
 const TAGS: &[(&str, &str)] = &[
     (
         "sessions",
-        "Sessions: create, read, steer, cancel, retry, and their files and events.",
+        "Sessions: create, read, steer, cancel, retry, approve, and their files and events.",
     ),
     (
         "batches",
@@ -150,7 +150,8 @@ const TAGS: &[(&str, &str)] = &[
 ];
 
 fn tag_of(path: &str) -> &'static str {
-    if path.starts_with("/v1/sessions") {
+    // The held calls across sessions belong with the sessions' own approvals.
+    if path.starts_with("/v1/sessions") || path == "/v1/approvals" {
         "sessions"
     } else if path.starts_with("/v1/batches") {
         "batches"
@@ -343,6 +344,9 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::PostMessageResponse>(&mut all);
     add::<api::ApprovalRequest>(&mut all);
     add::<api::ApprovalResponse>(&mut all);
+    add::<api::ApprovalList>(&mut all);
+    add::<agentq_agent::spec::ExitReason>(&mut all);
+    add::<agentq_core::wait::WaitReason>(&mut all);
     add::<api::CreateBatch>(&mut all);
     add::<api::BatchRequestItem>(&mut all);
     add::<api::BatchView>(&mut all);
