@@ -10,6 +10,7 @@
 mod common;
 
 mod api;
+mod approvals;
 mod auth;
 mod batches;
 mod budgets;
