@@ -26,6 +26,7 @@ mod limits;
 mod queues;
 mod sessions;
 mod steer;
+mod webhooks;
 
 pub use batches::{
     BatchCounts, BatchList, BatchRequestItem, BatchResult, BatchStatus, BatchView, CREATE_PARAMS,
@@ -49,3 +50,9 @@ pub use sessions::{
     TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};
+pub use webhooks::{
+    CreateWebhook, DEFAULT_DELIVERIES, DEFAULT_OVERLAP_SECS, DELIVERY_PARAMS, DeliveryCountsView,
+    DeliveryList, DeliveryStateView, DeliveryView, MAX_DELIVERIES, MAX_OVERLAP_SECS,
+    MAX_WEBHOOK_DESCRIPTION, MAX_WEBHOOK_URL, Redriven, RotateWebhook, WEBHOOK_EVENTS,
+    WebhookFailure, WebhookList, WebhookPayload, WebhookStatus, WebhookView,
+};
