@@ -131,13 +131,21 @@ async fn a_pending_delivery_is_sent_after_a_sigkill_and_restart() {
     let dev = start_dev(&db, &cfg, &script);
     let entries = wait_until("the delivery after the restart", LIMIT, || {
         let entries = log(&hooks);
-        async move { entries.iter().any(|e| e["status"] == 200).then_some(entries) }
+        async move {
+            entries
+                .iter()
+                .any(|e| e["status"] == 200)
+                .then_some(entries)
+        }
     })
     .await;
     let first = &entries[0];
     assert_eq!(first["status"], 500);
     for e in &entries {
-        assert_eq!(e["id"], first["id"], "one id for every attempt: {entries:?}");
+        assert_eq!(
+            e["id"], first["id"],
+            "one id for every attempt: {entries:?}"
+        );
         assert_eq!(e["verified"], json!([true]), "{e}");
         assert_eq!(e["body"]["type"], "session.completed");
         assert_eq!(e["body"]["data"]["session_id"], id.as_str());

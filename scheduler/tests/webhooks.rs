@@ -30,7 +30,7 @@ use agentq_agent::state::Outcome;
 use agentq_core::auth::{self, Scope};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, KeyStore, LeaseStore, SessionStatus, Store};
+use agentq_core::{Claim, KeyStore, LeaseStore, SessionStatus};
 use agentq_scheduler::webhooks::{Deliverer, ManualClock, WebhookSettings};
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
@@ -751,7 +751,10 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends() {
     assert!(v["previous_secret_expires_at"].is_string(), "{v}");
     receiver.secrets(&[("/ok", vec![old, new])]);
 
-    let clock = Arc::new(ManualClock::new(chrono::Utc::now()));
+    // A minute ahead of the database, whose clock dates the events.
+    let clock = Arc::new(ManualClock::new(
+        chrono::Utc::now() + chrono::Duration::seconds(60),
+    ));
     let deliverer = env.deliverer(clock.clone());
     let s = env.session().await;
     env.finish(&s, ExitReason::Stop).await;

@@ -350,7 +350,9 @@ impl Deliverer {
         {
             secrets.push(self.settings.signer.secret(&endpoint.id, old));
         }
-        let timestamp = now.timestamp();
+        // The wire's time is the wall clock's: receivers hold it to their own (a
+        // tolerance of minutes), whatever clock decides the store's side.
+        let timestamp = Utc::now().timestamp();
         let signature = signature_header(&secrets, id, timestamp, body);
         let client = match client(pinned.as_ref(), self.settings.timeout) {
             Ok(c) => c,
@@ -378,11 +380,15 @@ impl Deliverer {
             Ok::<_, reqwest::Error>(resp.status())
         })
         .await;
-        match sent {
-            Err(_) => failed(
+        let late = || {
+            failed(
                 None,
                 format!("no answer within {} s", self.settings.timeout.as_secs()),
-            ),
+            )
+        };
+        match sent {
+            Err(_) => late(),
+            Ok(Err(e)) if e.is_timeout() => late(),
             Ok(Err(e)) => failed(None, format!("request failed: {}", error_chain(&e))),
             Ok(Ok(s)) if s.is_success() => AttemptOutcome::Delivered { status: s.as_u16() },
             Ok(Ok(s)) if s.is_redirection() => failed(
