@@ -357,7 +357,6 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::RotateWebhook>(&mut all);
     add::<api::DeliveryList>(&mut all);
     add::<api::Redriven>(&mut all);
-    add::<api::WebhookPayload>(&mut all);
     add::<api::QueueList>(&mut all);
     add::<api::CreateQueue>(&mut all);
     add::<api::QueueCreated>(&mut all);
