@@ -292,9 +292,8 @@ impl Env {
 
 fn assert_error(status: u16, v: &Value, want: u16, field: Option<&str>) {
     assert_eq!(status, want, "{v}");
-    match field {
-        Some(f) => assert_eq!(v["error"]["field"], f, "{v}"),
-        None => {}
+    if let Some(f) = field {
+        assert_eq!(v["error"]["field"], f, "{v}");
     }
     assert!(
         v["error"]["message"]

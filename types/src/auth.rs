@@ -139,6 +139,7 @@ impl Caller {
                 Scope::SessionsWrite,
                 Scope::SessionsRead,
                 Scope::ApprovalsWrite,
+                Scope::Webhooks,
             ],
             key_id: None,
         }

@@ -102,7 +102,7 @@ impl Deliverer {
         let tracker = TaskTracker::new();
         let mut passes: u32 = 0;
         while !cancel.is_cancelled() {
-            if passes % PASSES_PER_PRUNE == 0 {
+            if passes.is_multiple_of(PASSES_PER_PRUNE) {
                 self.prune().await;
             }
             passes = passes.wrapping_add(1);
