@@ -27,6 +27,7 @@ mod limits;
 mod queues;
 mod sessions;
 mod steer;
+mod webhooks;
 
 pub use approvals::{APPROVALS_PARAMS, ApprovalItem, ApprovalList, DEFAULT_APPROVALS_LIMIT};
 pub use batches::{
@@ -51,3 +52,9 @@ pub use sessions::{
     TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};
+pub use webhooks::{
+    CreateWebhook, DEFAULT_DELIVERIES, DEFAULT_OVERLAP_SECS, DELIVERY_PARAMS, DeliveryCountsView,
+    DeliveryList, DeliveryStateView, DeliveryView, MAX_DELIVERIES, MAX_OVERLAP_SECS,
+    MAX_WEBHOOK_DESCRIPTION, MAX_WEBHOOK_URL, Redriven, RotateWebhook, WEBHOOK_EVENTS,
+    WebhookFailure, WebhookList, WebhookPayload, WebhookStatus, WebhookView,
+};

@@ -27,3 +27,4 @@ mod provider_keys;
 mod run_cli;
 mod shell_parent_env;
 mod tools_cli;
+mod webhooks_dev;

@@ -136,6 +136,11 @@ const TAGS: &[(&str, &str)] = &[
         "batches",
         "Batches as objects: submit (JSON or JSON Lines), read, list, cancel, results.",
     ),
+    (
+        "webhooks",
+        "Signed webhooks: endpoints, their secrets, deliveries and dead letters (the \
+         `webhooks` scope).",
+    ),
     ("queues", "The queues sessions may name."),
     (
         "admin",
@@ -155,6 +160,8 @@ fn tag_of(path: &str) -> &'static str {
         "sessions"
     } else if path.starts_with("/v1/batches") {
         "batches"
+    } else if path.starts_with("/v1/webhooks") {
+        "webhooks"
     } else if path.starts_with("/v1/queues") {
         "queues"
     } else if path.starts_with("/v1/admin") {
@@ -199,6 +206,7 @@ fn operation(r: &Route) -> Operation {
 const CREATED: &[(&str, &str)] = &[
     ("/v1/sessions", "/v1/sessions/{id}"),
     ("/v1/batches", "/v1/batches/{id}"),
+    ("/v1/webhooks", "/v1/webhooks/{id}"),
 ];
 
 /// Link each answer of a [`CREATED`] creation to the operations on what it created.
@@ -353,6 +361,12 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::BatchList>(&mut all);
     add::<api::BatchResult>(&mut all);
     add::<api::FileList>(&mut all);
+    add::<api::CreateWebhook>(&mut all);
+    add::<api::WebhookView>(&mut all);
+    add::<api::WebhookList>(&mut all);
+    add::<api::RotateWebhook>(&mut all);
+    add::<api::DeliveryList>(&mut all);
+    add::<api::Redriven>(&mut all);
     add::<api::QueueList>(&mut all);
     add::<api::CreateQueue>(&mut all);
     add::<api::QueueCreated>(&mut all);

@@ -24,4 +24,5 @@ mod openapi;
 mod policy;
 mod request_prop;
 mod waits;
+mod webhooks;
 mod workspace_gc;
