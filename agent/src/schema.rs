@@ -145,6 +145,10 @@ pub struct Message {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<FinishReason>,
+    /// For `Tool` messages: the arguments the call ran with when a person edited the
+    /// model's before approving it (the model's stay on its call); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_arguments: Option<serde_json::Value>,
 }
 
 impl Message {
@@ -161,6 +165,7 @@ impl Message {
             usage: None,
             model: None,
             finish_reason: None,
+            edited_arguments: None,
         }
     }
 

@@ -36,3 +36,11 @@ pub const MAX_TOOL_CALL_ID_LEN: usize = 1_024;
 pub const MAX_REASON_BYTES: usize = 64 * 1024;
 /// Largest `limit` of `GET /v1/sessions`.
 pub const MAX_LIST_LIMIT: u32 = 1_000;
+/// Largest `arguments` of an approval that edits a call (bytes of its JSON text).
+pub const MAX_EDITED_ARGUMENTS_BYTES: usize = 256 * 1024;
+/// Largest `limit` of `GET /v1/approvals`.
+pub const MAX_APPROVALS_LIMIT: u32 = 100;
+/// Sessions one page of `GET /v1/sessions` or `GET /v1/approvals` reads at most when
+/// filters that the store cannot apply (metadata, cost, tool) leave rows out: past it the
+/// page ends early with a cursor, so a filter matching nothing costs a bounded read.
+pub const MAX_SCANNED_PER_PAGE: usize = 5_000;

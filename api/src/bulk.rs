@@ -6,6 +6,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use agentq_types::model::SessionStatus;
+
 use crate::sessions::{CancelResponse, RetryResponse};
 
 /// Sessions examined by one call when `limit` is absent, and at most.
@@ -29,6 +31,10 @@ pub struct SessionFilter {
     /// Retry only: sessions that finished at or after this time (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_since: Option<DateTime<Utc>>,
+    /// Retry only: sessions in this status; only `failed` (with an error) can be
+    /// retried, any other status is refused (422 naming `status`). `failed` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SessionStatus>,
     /// Continue after this session id: the `next_cursor` of the previous answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
@@ -81,6 +87,7 @@ mod tests {
                 "batch_id",
                 "error_contains",
                 "finished_since",
+                "status",
                 "cursor",
                 "limit"
             ]

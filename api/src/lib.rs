@@ -13,6 +13,7 @@
 //! ([`agentq_agent::event::AgentEvent`], tagged by [`agentq_types::protocol::EventKind`])
 //! with their position added; [`events`] has what the scheduler adds itself.
 
+mod approvals;
 mod batches;
 pub mod bounds;
 mod budgets;
@@ -26,7 +27,9 @@ mod limits;
 mod queues;
 mod sessions;
 mod steer;
+mod webhooks;
 
+pub use approvals::{APPROVALS_PARAMS, ApprovalItem, ApprovalList, DEFAULT_APPROVALS_LIMIT};
 pub use batches::{
     BatchCounts, BatchList, BatchRequestItem, BatchResult, BatchStatus, BatchView, CREATE_PARAMS,
     CreateBatch, DEFAULT_BATCH_LIST, DEFAULT_RESULTS, JSONL_CONTENT_TYPE, LIST_BATCHES_PARAMS,
@@ -49,3 +52,9 @@ pub use sessions::{
     TreeNode,
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};
+pub use webhooks::{
+    CreateWebhook, DEFAULT_DELIVERIES, DEFAULT_OVERLAP_SECS, DELIVERY_PARAMS, DeliveryCountsView,
+    DeliveryList, DeliveryStateView, DeliveryView, MAX_DELIVERIES, MAX_OVERLAP_SECS,
+    MAX_WEBHOOK_DESCRIPTION, MAX_WEBHOOK_URL, Redriven, RotateWebhook, WEBHOOK_EVENTS,
+    WebhookFailure, WebhookList, WebhookPayload, WebhookStatus, WebhookView,
+};

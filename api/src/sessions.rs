@@ -201,8 +201,9 @@ pub struct TreeNode {
     pub children: Vec<TreeNode>,
 }
 
-/// `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=`: a page of sessions,
-/// newest first. Any other query parameter is refused (422 naming it).
+/// `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=&…`: a page of sessions,
+/// newest first, narrowed by every filter given. Any other query parameter, or a value a
+/// filter cannot take, is refused (422 naming it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ListResponse {
     pub sessions: Vec<SessionView>,
@@ -214,8 +215,23 @@ pub struct ListResponse {
     pub cost_usd: Option<f64>,
 }
 
-/// The query parameters `GET /v1/sessions` accepts.
-pub const LIST_PARAMS: &[&str] = &["status", "limit", "cursor", "parent_id", "batch_id"];
+/// The query parameters `GET /v1/sessions` accepts (`metadata` may be repeated, each
+/// `key=value`, all of them required).
+pub const LIST_PARAMS: &[&str] = &[
+    "status",
+    "limit",
+    "cursor",
+    "parent_id",
+    "batch_id",
+    "finish_reason",
+    "wait_reason",
+    "queue",
+    "metadata",
+    "created_after",
+    "created_before",
+    "min_cost_usd",
+    "max_cost_usd",
+];
 
 /// `GET /v1/sessions/{id}/messages`: the session's history, parallel tool results in the
 /// order of their calls.

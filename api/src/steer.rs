@@ -110,6 +110,12 @@ pub struct ApprovalRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub reason: Option<String>,
+    /// With `approve: true` only: the call runs with these arguments instead of the
+    /// model's (a JSON object of at most 256 KiB as JSON text, 413 past it). They pass every check the model's arguments would (the tool's schema
+    /// and path rules, the policy, hooks, the guardian), and the transcript keeps both:
+    /// the model's call, and its result's `edited_arguments`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl ApprovalRequest {
@@ -132,6 +138,12 @@ impl ApprovalRequest {
             return Err(Violation {
                 field: "reason".into(),
                 message: format!("must be at most {MAX_REASON_BYTES} bytes"),
+            });
+        }
+        if self.arguments.is_some() && !self.approve {
+            return Err(Violation {
+                field: "arguments".into(),
+                message: "may only be given with `approve: true`".into(),
             });
         }
         Ok(())
@@ -195,12 +207,23 @@ mod tests {
         assert_eq!(a.reason.as_deref(), Some("not today"));
         assert_eq!(
             struct_fields::<ApprovalRequest>(),
-            ["tool_call_id", "approve", "reason"]
+            ["tool_call_id", "approve", "reason", "arguments"]
         );
+        let a: ApprovalRequest = round_trip(
+            json!({"tool_call_id": "c1", "approve": true, "arguments": {"path": "a.txt"}}),
+        );
+        assert_eq!(a.arguments.unwrap()["path"], "a.txt");
+        // Edited arguments go with an approval only.
+        let denied_with_edit: ApprovalRequest = serde_json::from_value(
+            json!({"tool_call_id": "c1", "approve": false, "arguments": {}}),
+        )
+        .unwrap();
+        assert_eq!(denied_with_edit.check().unwrap_err().field, "arguments");
         let long = |id: String, reason: Option<String>| ApprovalRequest {
             tool_call_id: id,
             approve: false,
             reason,
+            arguments: None,
         };
         assert_eq!(
             long("c".repeat(1024), Some("r".repeat(65536))).check(),

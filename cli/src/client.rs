@@ -18,6 +18,7 @@
 //! batch.
 
 pub(crate) mod api;
+mod approvals;
 mod batch;
 mod batches;
 mod control;
@@ -29,6 +30,7 @@ mod submit;
 mod tests;
 mod wait;
 
+pub use approvals::{ApprovalsArgs, EXAMPLES as APPROVALS_EXAMPLES, approvals};
 pub use batches::{BatchArgs, EXAMPLES as BATCH_EXAMPLES, batch};
 pub use control::{CancelArgs, DecideArgs, SendArgs, cancel, decide, send};
 pub use sessions::{SessionsArgs, StatusArgs, sessions, status};

@@ -42,7 +42,8 @@ pub const WATCH: &str = "Examples:
 
 pub const APPROVE: &str = "Examples:
   agentq approve ID                             # the one call the session holds
-  agentq approve ID CALL_ID --reason \"looks right\"";
+  agentq approve ID CALL_ID --reason \"looks right\"
+  agentq approve ID CALL_ID --arguments '{\"path\": \"out/report.md\"}'   # run it with these";
 
 pub const DENY: &str = "Examples:
   agentq deny ID CALL_ID --reason \"do not write outside out/\"";

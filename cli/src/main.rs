@@ -82,6 +82,9 @@ enum Command {
     /// Approve a tool call a session holds for a human (`agentq status ID` lists them).
     #[command(after_help = examples::APPROVE)]
     Approve(client::DecideArgs),
+    /// The tool calls your sessions hold for a human, across sessions (`approvals list`).
+    #[command(after_help = client::APPROVALS_EXAMPLES)]
+    Approvals(client::ApprovalsArgs),
     /// Deny a tool call a session holds for a human.
     #[command(after_help = examples::DENY)]
     Deny(client::DecideArgs),
@@ -166,6 +169,7 @@ fn main() -> ExitCode {
             Command::Retry(args) => retry::retry(args).await,
             Command::Approve(args) => client::decide(args, true).await,
             Command::Deny(args) => client::decide(args, false).await,
+            Command::Approvals(args) => client::approvals(args).await,
             Command::Send(args) => client::send(args).await,
             Command::Sessions(args) => client::sessions(args).await,
             Command::Files(args) => files::files(args).await,

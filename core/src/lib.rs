@@ -52,6 +52,12 @@ pub mod workspace {
     pub use agentq_types::workspace::*;
 }
 
+/// Webhooks: the endpoints and outbox rows (`agentq-types`) and the store trait.
+pub mod webhook {
+    pub use agentq_store::WebhookStore;
+    pub use agentq_types::webhook::*;
+}
+
 /// The embedded store (`agentq-store`), and the recovery an embedded process runs at
 /// start, which needs the queue too ([`lifecycle::requeue_runnable`]).
 pub mod sqlite {
@@ -67,7 +73,7 @@ pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
     BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
-    SessionStore, Store, SweepStore,
+    SessionStore, Store, SweepStore, WebhookStore,
 };
 pub use wait::WaitReason;
 pub use workspace::WorkspaceStore;

@@ -19,7 +19,7 @@ use prometheus::{
 
 use families::{
     LimiterFamilies, LlmFamilies, QueueFamilies, SessionFamilies, StoreFamilies, TenantFamilies,
-    ToolFamilies,
+    ToolFamilies, WebhookFamilies,
 };
 
 mod families;
@@ -70,6 +70,8 @@ pub struct Metrics {
     pub tenant_tokens: IntCounterVec,
     pub tenant_web_searches: IntCounterVec,
     pub tenant_cost_usd: prometheus::CounterVec,
+    pub webhook_attempts: IntCounterVec,
+    pub webhook_endpoints_disabled: IntCounter,
     /// The models that are their own `model` label value (see the module docs).
     models: RwLock<HashSet<String>>,
     /// The tenants that are their own `tenant` label value: the configured ones (a
@@ -96,6 +98,7 @@ impl Metrics {
         let store = StoreFamilies::register(&r);
         let queues = QueueFamilies::register(&r);
         let tenants = TenantFamilies::register(&r);
+        let webhooks = WebhookFamilies::register(&r);
         Metrics {
             build_info: families::build_info(&r),
             registry: r,
@@ -136,6 +139,8 @@ impl Metrics {
             tenant_tokens: tenants.tenant_tokens,
             tenant_web_searches: tenants.tenant_web_searches,
             tenant_cost_usd: tenants.tenant_cost_usd,
+            webhook_attempts: webhooks.webhook_attempts,
+            webhook_endpoints_disabled: webhooks.webhook_endpoints_disabled,
             models: RwLock::default(),
             tenants: RwLock::default(),
             mcp_servers: RwLock::default(),

@@ -5,11 +5,13 @@
 //! tool result. The scope a caller needs is checked before, by the auth layer for a route
 //! and by the tool for `/mcp`.
 
+mod approval_list;
 mod approvals;
 mod create;
 mod files;
 mod read;
 
+pub(crate) use approval_list::{ApprovalQuery, list_approvals};
 pub(crate) use approvals::{decide_approval, pending_approvals};
 pub(crate) use create::{
     Created, check_repeat, create_session, enqueue, known_queues, limits, new_session, request_hash,

@@ -26,6 +26,7 @@ pub mod serve;
 mod settings;
 mod state;
 pub mod sweeper;
+pub mod webhooks;
 pub mod workspace_gc;
 
 pub use batches::MAX_UPLOAD_BYTES;

@@ -49,7 +49,7 @@ pub use batch_item::{BatchOptions, parse_batch_item};
 pub use envelope::{MAX_IDEMPOTENCY_KEY, MAX_QUEUE_NAME, valid_queue_name};
 pub use guard::MAX_METADATA_BYTES;
 pub use item::{DEFAULT_QUEUE, Limits, SessionRequest, parse_session};
-pub use list::{LIST_MAX_BYTES, ListQuery};
+pub use list::{LIST_MAX_BYTES, ListQuery, RowFilter};
 pub use policy::{check_policy, check_policy_batch};
 
 pub use crate::http::body::{decode_json, decode_object};

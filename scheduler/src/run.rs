@@ -1,6 +1,6 @@
 //! The scheduler as a process: the configured queues' consumer groups, the API and
-//! `/metrics` listeners, the sweeper, the workspace collector and the dispatcher, until
-//! shutdown.
+//! `/metrics` listeners, the sweeper, the workspace collector, the dispatcher and the
+//! webhook delivery loop, until shutdown.
 
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use crate::routes::{metrics_router, router};
 use crate::serve::serve;
 use crate::settings::SchedulerSettings;
 use crate::state::Scheduler;
+use crate::webhooks::{Deliverer, SystemClock};
 use crate::{sweeper, workspace_gc};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,10 @@ pub async fn run(
         cfg.workspace.clone(),
         stop_sweeper.clone(),
     ));
+    let deliverer = tokio::spawn(
+        Deliverer::new(store.clone(), cfg.webhooks.clone(), Arc::new(SystemClock))
+            .run(stop_sweeper.clone()),
+    );
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
         queue,
@@ -88,6 +93,9 @@ pub async fn run(
     }
     if let Err(e) = dispatcher.await {
         tracing::error!(error = %e, "dispatcher task failed");
+    }
+    if let Err(e) = deliverer.await {
+        tracing::error!(error = %e, "webhook delivery task failed");
     }
     if let Err(e) = workspace_gc.await {
         tracing::error!(error = %e, "workspace collector task failed");

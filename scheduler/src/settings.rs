@@ -1,6 +1,6 @@
 //! The scheduler's runtime settings ([`SchedulerSettings`]), built from `[scheduler]`
 //! and the sections it reads besides (`[policy]`, `[[prices]]`, `[[budgets]]`,
-//! `[[limits]]`, `[scheduling]`, `[workspace]`).
+//! `[[limits]]`, `[scheduling]`, `[workspace]`, `[webhooks]`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use agentq_core::policy::Policy;
 use crate::events::StreamLimits;
 use crate::http::auth::AuthSettings;
 use crate::serve::ServeLimits;
+use crate::webhooks::WebhookSettings;
 
 /// The scheduler's knobs (from `[scheduler]` of the configuration).
 #[derive(Debug, Clone)]
@@ -50,6 +51,8 @@ pub struct SchedulerSettings {
     /// The fleet's rate limits as configured, and the Redis their state is kept in
     /// (`GET /v1/admin/limits`).
     pub limits: LimitsAdmin,
+    /// Webhook deliveries (`[webhooks]` and the operator's key).
+    pub webhooks: WebhookSettings,
 }
 
 /// What the limiter's admin view reads.
@@ -73,6 +76,7 @@ impl SchedulerSettings {
             },
             scheduling: s.scheduling.clone(),
             workspace: s.workspace.clone(),
+            webhooks: WebhookSettings::from_section(&s.webhooks)?,
             ..(&s.scheduler).into()
         })
     }
@@ -119,6 +123,7 @@ impl From<&SchedulerSection> for SchedulerSettings {
             prices: Arc::default(),
             budgets: Vec::new(),
             scheduling: SchedulingSection::default(),
+            webhooks: WebhookSettings::default(),
         }
     }
 }

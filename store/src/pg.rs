@@ -36,6 +36,7 @@ mod params;
 mod queues;
 mod sessions;
 mod sweep;
+mod webhooks;
 mod workspace;
 
 use std::time::Duration;

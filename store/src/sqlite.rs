@@ -73,6 +73,7 @@ mod queues;
 mod sessions;
 mod sweep;
 mod tx;
+mod webhooks;
 mod workspace;
 mod writes;
 

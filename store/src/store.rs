@@ -35,6 +35,10 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
+use crate::webhook::{
+    AttemptOutcome, DeliveryCounts, DeliveryRow, DeliveryState, NewWebhook, Recorded, RetryRule,
+    WebhookRow,
+};
 use crate::workspace::FileEntry;
 
 /// A committed checkpoint's answer. For a final checkpoint, the row as that commit left it
@@ -59,6 +63,7 @@ pub trait Store:
     + BudgetStore
     + WorkspaceStore
     + BatchStore
+    + WebhookStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
@@ -184,21 +189,24 @@ pub trait InboxStore: Send + Sync {
     ) -> Result<Vec<InboxItem>>;
 
     /// Record a human's decision on a held tool call (first decision wins) and wake the
-    /// session if it awaits approval.
+    /// session if it awaits approval. `arguments` (an approval only): what the call runs
+    /// with instead of the model's arguments, as a JSON text.
     async fn decide_approval(
         &self,
         session_id: &str,
         tool_call_id: &str,
         approve: bool,
         reason: Option<&str>,
+        arguments: Option<&str>,
     ) -> Result<ApprovalRecorded>;
 
-    /// The decision on a held call, if any: (approved, reason).
+    /// The decision on a held call, if any: (approved, reason, edited arguments as a JSON
+    /// text).
     async fn approval(
         &self,
         session_id: &str,
         tool_call_id: &str,
-    ) -> Result<Option<(bool, Option<String>)>>;
+    ) -> Result<Option<(bool, Option<String>, Option<String>)>>;
 
     /// The calls of `held` (the row's [`SessionRow::held_calls`]) that still wait for a
     /// decision: made by the session's latest response, without a result and without a
@@ -523,4 +531,77 @@ pub trait BatchStore: Send + Sync {
     /// sub-agents), as [`SessionStore::request_cancel`] cancels a queued one; the rows
     /// cancelled, none when none is left. The caller cancels the others one by one.
     async fn cancel_batch(&self, id: &str, limit: u32) -> Result<Vec<SessionRow>>;
+}
+
+/// Webhooks: a tenant's endpoints and the outbox of deliveries to them. The outbox rows
+/// are written by the database itself (triggers on `sessions`, in the transaction of the
+/// change they announce); these methods manage endpoints and drive deliveries. Every
+/// "now" is the caller's, so the delivery loop's clock can be injected.
+#[async_trait]
+pub trait WebhookStore: Send + Sync {
+    /// Add an endpoint unless its tenant has `max` already (false then).
+    async fn create_webhook(&self, new: &NewWebhook, max: u32) -> Result<bool>;
+
+    /// The endpoint `id`, of any tenant (the caller checks whose it is).
+    async fn webhook(&self, id: &str) -> Result<Option<WebhookRow>>;
+
+    /// A tenant's endpoints, oldest first.
+    async fn list_webhooks(&self, tenant: &str) -> Result<Vec<WebhookRow>>;
+
+    /// Delete endpoint `id` and its deliveries; false when there was none.
+    async fn delete_webhook(&self, id: &str) -> Result<bool>;
+
+    /// Sign with a secret derived from `salt` from now on; the current one signs too
+    /// until `old_until`. False when there is no such endpoint.
+    async fn rotate_webhook(&self, id: &str, salt: &str, old_until: DateTime<Utc>) -> Result<bool>;
+
+    /// Enable endpoint `id` again (forgetting its failure streak); false when none.
+    async fn enable_webhook(&self, id: &str) -> Result<bool>;
+
+    /// Endpoint `id`'s deliveries per state.
+    async fn delivery_counts(&self, id: &str) -> Result<DeliveryCounts>;
+
+    /// Endpoint `id`'s deliveries newest first, in `state` (any when `None`), after
+    /// `cursor` (a delivery id), at most `limit`.
+    async fn list_deliveries(
+        &self,
+        id: &str,
+        state: Option<DeliveryState>,
+        cursor: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRow>>;
+
+    /// Queue endpoint `id`'s dead letters again, due at `now` and retried for the full
+    /// time from then; how many.
+    async fn redrive_deliveries(&self, id: &str, now: DateTime<Utc>) -> Result<u64>;
+
+    /// Take up to `limit` deliveries due at `now`, oldest first, each counted as an
+    /// attempt and leased for `lease` (no other claimer takes it meanwhile; past it, one
+    /// may, so a claimer that died does not lose the delivery).
+    async fn claim_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<DeliveryRow>>;
+
+    /// Record what the attempt of `delivery` (as claimed: fenced by its attempt count)
+    /// did at `now`: delivered; or failed, due again at `rule.next_attempt_at` or dead
+    /// when that is `None`. A failure on an endpoint failing continuously for
+    /// `rule.disable_after` disables it and makes its pending deliveries dead letters.
+    async fn record_attempt(
+        &self,
+        delivery: &DeliveryRow,
+        now: DateTime<Utc>,
+        outcome: &AttemptOutcome,
+        rule: &RetryRule,
+    ) -> Result<Recorded>;
+
+    /// Settle up to `limit` of the batch checks the triggers left: a batch with no
+    /// unfinished session left is announced (`batch.completed`, once per endpoint and
+    /// batch) at `now`. How many announcements were written.
+    async fn announce_batches(&self, now: DateTime<Utc>, limit: u32) -> Result<u64>;
+
+    /// Delete up to `limit` deliveries delivered or dead before `before`.
+    async fn prune_deliveries(&self, before: DateTime<Utc>, limit: u32) -> Result<u64>;
 }

@@ -1,7 +1,9 @@
 //! Pythons with a pinned package from PyPI, each in a virtual environment under the test
 //! cache ([`cache_dir`]), made on first use: the official MCP SDK (`mcp`), for tests that
-//! drive `/mcp` with the client other agents use ([`mcp_python`]), and schemathesis, which
-//! fuzzes the API against its OpenAPI document ([`schemathesis`]). A fresh machine needs
+//! drive `/mcp` with the client other agents use ([`mcp_python`]), schemathesis, which
+//! fuzzes the API against its OpenAPI document ([`schemathesis`]), and the Standard
+//! Webhooks library the webhook tests' receiver verifies signatures with
+//! ([`webhooks_python`]). A fresh machine needs
 //! only `python3` with its `venv` module (`scripts/test` installs it) and access to PyPI
 //! once.
 
@@ -17,6 +19,10 @@ pub const MCP_PACKAGE: &str = "mcp==2.3.0";
 /// The API fuzzer, pinned for the same reason (its checks and its generation change
 /// between releases).
 pub const SCHEMATHESIS_PACKAGE: &str = "schemathesis==4.32.5";
+
+/// The Standard Webhooks reference library, pinned: the webhook tests' receiver verifies
+/// every delivery with it.
+pub const STANDARD_WEBHOOKS_PACKAGE: &str = "standardwebhooks==1.3.0";
 
 /// Where tests keep what they install once for every run: `$AGENTQ_TEST_CACHE`, else
 /// `$XDG_CACHE_HOME/agentq-tests`, else `~/.cache/agentq-tests`, else the workspace's
@@ -47,6 +53,22 @@ pub fn mcp_python() -> Result<PathBuf> {
         .get_or_init(|| {
             venv_with(MCP_PACKAGE, &["-c", "import mcp.client.streamable_http"])
                 .map_err(|e| format!("{e:#}"))
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// The `python` of a virtual environment holding [`STANDARD_WEBHOOKS_PACKAGE`], made if
+/// missing.
+pub fn webhooks_python() -> Result<PathBuf> {
+    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            venv_with(
+                STANDARD_WEBHOOKS_PACKAGE,
+                &["-c", "from standardwebhooks import Webhook"],
+            )
+            .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))

@@ -38,16 +38,21 @@ pub enum Scope {
     /// Decide on held tool calls.
     #[serde(rename = "approvals:write")]
     ApprovalsWrite,
+    /// Manage the tenant's webhook endpoints (`/v1/webhooks`): where its events are
+    /// sent, their signing secrets, redrives.
+    #[serde(rename = "webhooks")]
+    Webhooks,
     /// Everything, for every tenant.
     #[serde(rename = "admin")]
     Admin,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 4] = [
+    pub const ALL: [Scope; 5] = [
         Scope::SessionsWrite,
         Scope::SessionsRead,
         Scope::ApprovalsWrite,
+        Scope::Webhooks,
         Scope::Admin,
     ];
 
@@ -56,6 +61,7 @@ impl Scope {
             Scope::SessionsWrite => "sessions:write",
             Scope::SessionsRead => "sessions:read",
             Scope::ApprovalsWrite => "approvals:write",
+            Scope::Webhooks => "webhooks",
             Scope::Admin => "admin",
         }
     }
@@ -133,6 +139,7 @@ impl Caller {
                 Scope::SessionsWrite,
                 Scope::SessionsRead,
                 Scope::ApprovalsWrite,
+                Scope::Webhooks,
             ],
             key_id: None,
         }

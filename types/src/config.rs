@@ -34,6 +34,7 @@ mod section;
 mod settings;
 mod validate;
 mod values;
+mod webhooks;
 mod worker;
 mod workspace;
 
@@ -57,6 +58,7 @@ pub use settings::{
     Settings,
 };
 pub use values::{Secret, Secs};
+pub use webhooks::WebhooksSection;
 pub use worker::WorkerSection;
 pub use workspace::{BlobStoreKind, S3Section, WorkspaceSection};
 

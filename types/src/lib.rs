@@ -16,6 +16,7 @@ pub mod policy;
 pub mod protocol;
 pub mod scheduling;
 pub mod wait;
+pub mod webhook;
 pub mod workspace;
 pub mod workspace_path;
 

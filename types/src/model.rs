@@ -423,9 +423,22 @@ pub struct ListFilter {
     pub parent_id: Option<String>,
     /// Only the sessions one `POST /v1/sessions/batch` request created (or joined).
     pub batch_id: Option<String>,
+    /// Only sessions that finished for this reason.
+    pub finish_reason: Option<ExitReason>,
+    /// Only sessions waiting (`waiting` or `awaiting_approval`) for this.
+    pub wait_reason: Option<crate::wait::WaitReason>,
+    /// Only sessions of this queue.
+    pub queue: Option<String>,
+    /// Only sessions created at or after this time.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Only sessions created before this time.
+    pub created_before: Option<DateTime<Utc>>,
     pub limit: u32,
-    /// Return sessions with an id strictly below this one (ids are time-ordered; newest first).
+    /// Return sessions with an id strictly below this one (ids are time-ordered; newest
+    /// first), or strictly above it with [`ListFilter::oldest_first`].
     pub cursor: Option<String>,
+    /// Oldest first (ascending ids) instead of newest first.
+    pub oldest_first: bool,
 }
 
 /// Outcome of a cancel request.

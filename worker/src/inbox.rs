@@ -224,8 +224,22 @@ impl Approver for SessionInbox {
         _timeout: Duration,
     ) -> ApprovalDecision {
         let decision = match self.store.approval(session_id, &call.id).await {
-            Ok(Some((true, _))) => ApprovalDecision::Approved,
-            Ok(Some((false, reason))) => ApprovalDecision::Denied(
+            // Approved as the model made it, or with the arguments the call now carries
+            // (put on it before the pipeline by `edited_arguments`).
+            Ok(Some((true, _, None))) => ApprovalDecision::Approved,
+            Ok(Some((true, _, Some(edited)))) => {
+                if serde_json::from_str::<serde_json::Value>(&edited)
+                    .is_ok_and(|v| v == call.arguments)
+                {
+                    ApprovalDecision::Approved
+                } else {
+                    // Never the model's arguments when a person approved others.
+                    ApprovalDecision::Denied(
+                        "the approval was given for other arguments than these".to_string(),
+                    )
+                }
+            }
+            Ok(Some((false, reason, _))) => ApprovalDecision::Denied(
                 reason.unwrap_or_else(|| "a human denied this call".to_string()),
             ),
             Ok(None) => {
@@ -264,5 +278,24 @@ impl Approver for SessionInbox {
             },
         );
         decision
+    }
+
+    async fn edited_arguments(
+        &self,
+        session_id: &str,
+        call: &ToolCall,
+    ) -> Result<Option<serde_json::Value>, String> {
+        match self.store.approval(session_id, &call.id).await {
+            Ok(Some((true, _, Some(edited)))) => serde_json::from_str(&edited)
+                .map(Some)
+                .map_err(|e| format!("the edited arguments cannot be read: {e}")),
+            Ok(_) => Ok(None),
+            // Without the edit the pipeline sees the model's arguments, and the approval
+            // stage (which reads the decision again) holds the call to the edit.
+            Err(e) => {
+                warn!(session_id, error = %e, "reading an approval's arguments failed");
+                Ok(None)
+            }
+        }
     }
 }

@@ -32,6 +32,7 @@ mod stream;
 mod tools;
 
 pub use crate::state::{BackgroundResult, SuspendReason};
+pub use tools::EDITED_NOTE;
 // The admission lives beside the driver (the guardian's reviewer asks it too); its
 // names stay reachable here, where hosts have always found them.
 pub use crate::admission::{

@@ -4,6 +4,7 @@
 //! together with the response once the round is over or the grace has run out. What the
 //! guardian's reviews spent goes on the session's usage with the next of those commits.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -31,6 +32,9 @@ struct RoundCtx<'a> {
     cancel: &'a CancellationToken,
     /// The guardian's reviews of this round's calls (none without a guardian).
     reviews: Option<&'a ReviewRound>,
+    /// Calls whose approval carries edited arguments that cannot be read: refused, with
+    /// why (neither the model's arguments nor unreadable ones may run).
+    refused: &'a HashMap<String, String>,
 }
 
 /// What a round has seen so far of the calls that finished.
@@ -39,7 +43,13 @@ struct RoundState {
     /// The output of the first call (in finishing order) that yields the loop.
     yielded: Option<String>,
     suspend: Option<SuspendReason>,
+    /// Calls running with arguments a person edited (see [`Agent::apply_edits`]).
+    edited: HashSet<String>,
 }
+
+/// How a tool result tells the model that its call ran with a person's arguments.
+pub const EDITED_NOTE: &str =
+    "Note: a person approved this call with edited arguments; it ran with: ";
 
 /// The loop's bookkeeping a tool round updates.
 pub(super) struct RoundIo<'a> {
@@ -80,6 +90,7 @@ impl Agent {
         let session_id = state.session_id.clone();
         let sensitive = state.spec.sensitive_tools.clone();
         let prompt = bounded(&state.spec.prompt, CONTEXT_PROMPT_MAX_BYTES).to_string();
+        let (calls, edited, refused) = self.apply_edits(&session_id, &sensitive, calls).await;
         let reviews = self.review_round(state, &calls, cancel);
         let ctx = RoundCtx {
             hook: HookContext {
@@ -93,6 +104,7 @@ impl Agent {
             tool_timeout: bounds::secs(state.spec.tool_timeout_secs),
             cancel,
             reviews: reviews.as_ref(),
+            refused: &refused,
         };
         // The spec's own limit may be anything a row holds; the transcript never takes more
         // than the hard ceiling of one result.
@@ -107,7 +119,10 @@ impl Agent {
                 self.traced_call(&ctx, call, was_started)
             })
             .collect();
-        let mut round = RoundState::default();
+        let mut round = RoundState {
+            edited,
+            ..RoundState::default()
+        };
         let interrupt = self.interrupter.token();
         loop {
             let wait_started = Instant::now();
@@ -150,6 +165,41 @@ impl Agent {
             }
             AfterTools::Continue => Ok(None),
         }
+    }
+
+    /// Put a person's edited arguments on the held calls approved with them, before any
+    /// stage sees the calls: each then passes the whole pipeline with what it will run
+    /// with. Only calls that need an approval are asked about (one read each, and only on
+    /// the run after a decision). Returns the calls, the ids of those edited, and the
+    /// calls whose edit cannot be read, with why.
+    async fn apply_edits(
+        &self,
+        session_id: &str,
+        sensitive: &[String],
+        calls: Vec<ToolCall>,
+    ) -> (Vec<ToolCall>, HashSet<String>, HashMap<String, String>) {
+        let mut edited = HashSet::new();
+        let mut refused = HashMap::new();
+        let Some(approver) = &self.guards.approver else {
+            return (calls, edited, refused);
+        };
+        let mut out = Vec::with_capacity(calls.len());
+        for mut call in calls {
+            if self.guards.needs_approval(&call.name, sensitive) {
+                match approver.edited_arguments(session_id, &call).await {
+                    Ok(Some(arguments)) => {
+                        call.arguments = arguments;
+                        edited.insert(call.id.clone());
+                    }
+                    Ok(None) => {}
+                    Err(why) => {
+                        refused.insert(call.id.clone(), why);
+                    }
+                }
+            }
+            out.push(call);
+        }
+        (out, edited, refused)
     }
 
     /// The guardian's reviews of `calls`, admitted by its own gate or the session's.
@@ -202,7 +252,15 @@ impl Agent {
                 return Ok(());
             }
         };
-        let content = state.with_repeat_note(&call, truncate_output(out.content, max_chars));
+        let mut content = state.with_repeat_note(&call, truncate_output(out.content, max_chars));
+        let edited = round
+            .edited
+            .remove(&call.id)
+            .then(|| call.arguments.clone());
+        if let Some(arguments) = &edited {
+            // The model sees its call ran otherwise than it asked.
+            content = format!("{EDITED_NOTE}{arguments}\n\n{content}");
+        }
         self.events.emit(
             state.messages.len(),
             AgentEvent::ToolResult {
@@ -216,6 +274,9 @@ impl Agent {
             round.yielded = Some(content.clone());
         }
         state.push_tool_result(call, content, out.is_error);
+        if let Some(arguments) = edited {
+            state.mark_edited(arguments);
+        }
         // A held response is committed with all its results, in call order, by the
         // caller's checkpoint after the round.
         if saved.held.is_none() {
@@ -277,6 +338,9 @@ impl Agent {
     ) -> Option<ToolOutput> {
         if ctx.cancel.is_cancelled() {
             return Some(ToolOutput::error("interrupted: the session was cancelled"));
+        }
+        if let Some(why) = ctx.refused.get(&call.id) {
+            return Some(crate::guard::denied("approval", why));
         }
         let Some(tool) = self.tools.get(&call.name).cloned() else {
             if self.guards.native_tools.contains(&call.name) {

@@ -56,6 +56,19 @@ pub trait Approver: Send + Sync {
         call: &ToolCall,
         timeout: std::time::Duration,
     ) -> ApprovalDecision;
+
+    /// The arguments a person approved `call` with in place of the model's, asked before
+    /// the call enters the pipeline: it then passes every stage (permission, hooks,
+    /// firewall, guardian, the tool's own checks) with these, as a model's call would, so
+    /// an edit cannot reach what the model's call could not. `Err`: an edit was recorded
+    /// but cannot be read (the call must not run). An approver without edits has none.
+    async fn edited_arguments(
+        &self,
+        _session_id: &str,
+        _call: &ToolCall,
+    ) -> Result<Option<serde_json::Value>, String> {
+        Ok(None)
+    }
 }
 
 /// Which tools a tenant or channel role may use (the pipeline's permission stage).

@@ -559,6 +559,14 @@ impl SessionState {
             .push(Message::tool_result(call.id, call.name, content, is_error));
     }
 
+    /// The result just pushed ran with arguments a person edited: the transcript keeps
+    /// them beside the model's call.
+    pub fn mark_edited(&mut self, arguments: serde_json::Value) {
+        if let Some(m) = self.messages.last_mut() {
+            m.edited_arguments = Some(arguments);
+        }
+    }
+
     /// A tool round is over: put its results in call order and decide what follows. A
     /// suspension wins (its calls must not be lost), then a cancel (the next step closes
     /// the run), then a yield (the first yielding call's output, in finishing order).

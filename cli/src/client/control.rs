@@ -110,12 +110,25 @@ pub struct DecideArgs {
     /// Why (shown to the model when denied).
     #[arg(long)]
     pub reason: Option<String>,
+    /// Approve only: run the call with these arguments (a JSON object) instead of the
+    /// model's; they pass the same checks, and the transcript shows the edit.
+    #[arg(long, value_name = "JSON")]
+    pub arguments: Option<String>,
     #[command(flatten)]
     pub api: ApiArgs,
 }
 
 /// `agentq approve` / `agentq deny`
 pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode> {
+    let arguments = match &args.arguments {
+        None => None,
+        Some(_) if !approve => anyhow::bail!("--arguments goes with approve only"),
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(m)) => Some(m),
+            Ok(_) => anyhow::bail!("--arguments must be a JSON object"),
+            Err(e) => anyhow::bail!("--arguments is not JSON: {e}"),
+        },
+    };
     let api = Api::new(&args.api)?;
     let tool_call_id = match &args.tool_call_id {
         Some(call) => call.clone(),
@@ -125,6 +138,7 @@ pub async fn decide(args: DecideArgs, approve: bool) -> anyhow::Result<ExitCode>
         tool_call_id: tool_call_id.clone(),
         approve,
         reason: args.reason.clone(),
+        arguments,
     };
     let (_, resp): (u16, ApprovalResponse) = api
         .post(&format!("/v1/sessions/{}/approvals", args.id), &body)

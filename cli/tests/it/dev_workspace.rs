@@ -19,7 +19,7 @@ use agentq_core::blob::s3::S3Blobs;
 use agentq_core::config::S3Section;
 use agentq_core::sqlite::SqliteStore;
 
-use common::{Dev, agentq, wait_session};
+use common::{Dev, agentq, wait_session, wait_until};
 
 /// How long a session may take to get where a test waits for it.
 const LIMIT: Duration = Duration::from_secs(60);
@@ -116,8 +116,21 @@ async fn resumes_after_sigkill(bucket: Option<(String, Arc<S3Blobs>)>) {
         .as_str()
         .unwrap()
         .to_string();
-    wait_session(&http, &dev.url, &id, LIMIT, |v| {
-        v["status"] == "running" && v["iterations"].as_u64().unwrap_or(0) >= 1
+    // The write's result checkpointed (the model's first answer is, before its tool has
+    // run): the session is in its long second call.
+    wait_until(format_args!("{id}'s write_file result"), LIMIT, || async {
+        let v: Value = http
+            .get(format!("{}/v1/sessions/{id}/messages", dev.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let written = v["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+        if written { Ok(()) } else { Err(v) }
     })
     .await;
     assert!(first_ws.join(&id).join("notes/kept.txt").exists());

@@ -340,6 +340,33 @@ impl QueueFamilies {
     }
 }
 
+/// Webhook deliveries (the scheduler's delivery loop).
+pub(super) struct WebhookFamilies {
+    pub webhook_attempts: IntCounterVec,
+    pub webhook_endpoints_disabled: IntCounter,
+}
+
+impl WebhookFamilies {
+    pub(super) fn register(r: &Registry) -> Self {
+        let disabled = IntCounter::new(
+            "agentq_webhook_endpoints_disabled_total",
+            "Webhook endpoints disabled after failing continuously for webhooks.disable_after_secs.",
+        )
+        .unwrap_or_else(|e| panic!("defining a metric: {e}"));
+        register(r, Box::new(disabled.clone()));
+        WebhookFamilies {
+            webhook_attempts: counter_vec(
+                r,
+                "agentq_webhook_attempts_total",
+                "Webhook delivery attempts by outcome: delivered (2xx), failed (retried later) \
+                 or dead (failed, out of retries: a dead letter).",
+                &["outcome"],
+            ),
+            webhook_endpoints_disabled: disabled,
+        }
+    }
+}
+
 /// What tenants spent, in tokens and dollars.
 pub(super) struct TenantFamilies {
     pub tenant_tokens: IntCounterVec,

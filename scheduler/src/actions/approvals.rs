@@ -2,9 +2,10 @@
 //! (`GET /v1/sessions/{id}`'s `pending_approvals`, the MCP tool `list_approvals`) and a
 //! decision on one (`POST /v1/sessions/{id}/approvals`, `decide_approval`).
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use agentq_agent::schema::Role;
+use agentq_api::bounds::MAX_EDITED_ARGUMENTS_BYTES;
 use agentq_api::{ApprovalRequest, ApprovalResponse, PendingApproval};
 use agentq_core::auth::Caller;
 use agentq_core::lifecycle;
@@ -46,6 +47,22 @@ async fn is_pending(s: &Scheduler, id: &str, call_id: &str) -> ApiResult<bool> {
         .unwrap_or(false))
 }
 
+/// Edited arguments as stored (their JSON text), held to
+/// [`MAX_EDITED_ARGUMENTS_BYTES`] (413 naming `arguments` past it).
+fn edited_text(arguments: Option<Map<String, Value>>) -> ApiResult<Option<String>> {
+    let Some(arguments) = arguments else {
+        return Ok(None);
+    };
+    let text = serde_json::to_string(&arguments).map_err(|_| ApiError::Internal)?;
+    if text.len() > MAX_EDITED_ARGUMENTS_BYTES {
+        return Err(ApiError::TooLarge {
+            field: Some("arguments".into()),
+            message: format!("arguments are over {MAX_EDITED_ARGUMENTS_BYTES} bytes"),
+        });
+    }
+    Ok(Some(text))
+}
+
 /// Record the decision `body` (an [`ApprovalRequest`]) on a call session `id` of the
 /// caller's tenant holds, and wake the session.
 pub(crate) async fn decide_approval(
@@ -62,7 +79,9 @@ pub(crate) async fn decide_approval(
         tool_call_id,
         approve,
         reason,
+        arguments,
     } = req;
+    let arguments = edited_text(arguments)?;
     if !is_pending(s, id, &tool_call_id).await? {
         return Err(ApiError::invalid(
             "tool_call_id",
@@ -71,7 +90,13 @@ pub(crate) async fn decide_approval(
     }
     match s
         .store
-        .decide_approval(id, &tool_call_id, approve, reason.as_deref())
+        .decide_approval(
+            id,
+            &tool_call_id,
+            approve,
+            reason.as_deref(),
+            arguments.as_deref(),
+        )
         .await?
     {
         ApprovalRecorded::Recorded { woken, held, queue } => {

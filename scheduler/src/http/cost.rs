@@ -62,6 +62,11 @@ pub async fn of_session(
     Ok((own, Some(tree), budget))
 }
 
+/// What `row` costs at the configured prices; `None` when its model has no price.
+pub fn of_row(s: &Scheduler, row: &SessionRow) -> Option<f64> {
+    s.cfg.prices.cost_usd(model_of(row), &row.usage)
+}
+
 /// What `rows` cost together at the configured prices; `None` when none has a price.
 pub fn of_rows(s: &Scheduler, rows: &[SessionRow]) -> Option<f64> {
     let prices = &s.cfg.prices;

@@ -15,7 +15,23 @@ pub fn params(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
     known: &[&str],
 ) -> Result<BTreeMap<String, String>, ApiError> {
+    params_of(pairs(query)?, known)
+}
+
+/// The query's parameters in order, repeats included.
+pub fn pairs(
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Vec<(String, String)>, ApiError> {
     let Query(pairs) = query.map_err(|e| ApiError::InvalidQuery(e.body_text()))?;
+    Ok(pairs)
+}
+
+/// [`params`] of pairs already read (a route that takes a repeatable parameter out
+/// first).
+pub fn params_of(
+    pairs: Vec<(String, String)>,
+    known: &[&str],
+) -> Result<BTreeMap<String, String>, ApiError> {
     let mut out = BTreeMap::new();
     for (name, value) in pairs {
         if !known.contains(&name.as_str()) {

@@ -100,6 +100,7 @@ pub(super) async fn cancel(
     for (field, given) in [
         ("error_contains", f.error_contains.is_some()),
         ("finished_since", f.finished_since.is_some()),
+        ("status", f.status.is_some()),
     ] {
         if given {
             return Err(ApiError::invalid(
@@ -156,7 +157,7 @@ fn retryable(row: &SessionRow, f: &SessionFilter) -> bool {
 /// Retry failed sessions
 ///
 /// Queue again, from their last checkpoint, the caller's sessions that failed with an
-/// error and match every field given, at most `limit` examined per call, newest first.
+/// error (`status` may only be `failed`) and match every field given, at most `limit` examined per call, newest first.
 #[utoipa::path(
     post,
     path = "/v1/sessions/retry",
@@ -171,6 +172,16 @@ pub(super) async fn retry(
     JsonBody(body): JsonBody,
 ) -> ApiResult<Response> {
     let f: SessionFilter = decode_object(body)?;
+    // What a retry can redrive: a session that failed (with an error). Any other status
+    // would match nothing, which a caller would read as "nothing to retry".
+    if let Some(st) = f.status
+        && st != SessionStatus::Failed
+    {
+        return Err(ApiError::invalid(
+            "status",
+            format!("only failed sessions can be retried, not {st}"),
+        ));
+    }
     let (filter, limit) = checked(&f, &caller, Some(SessionStatus::Failed))?;
     let (rows, next_cursor) = page(&s, &filter, limit).await?;
     // As for one session: with a dispatcher, a redriven session takes its turn like a

@@ -10,7 +10,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::middleware;
-use axum::routing::{MethodRouter, get, post, put};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use utoipa::openapi::HttpMethod;
 use utoipa::openapi::path::Operation;
 
@@ -20,9 +20,11 @@ use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
 use crate::state::Scheduler;
 
+mod approvals;
 mod batches;
 mod budgets;
 mod bulk;
+mod console;
 mod events;
 mod files;
 mod health;
@@ -33,6 +35,7 @@ mod queues;
 mod redrive;
 mod sessions;
 mod steer;
+mod webhooks;
 
 /// One route: its method, its path pattern, what it requires, its handler (made for a
 /// scheduler: a body limit, the MCP service) and its OpenAPI operation.
@@ -82,12 +85,14 @@ const WRITE: Access = Access::Scope(Scope::SessionsWrite);
 const READ: Access = Access::Scope(Scope::SessionsRead);
 const APPROVE: Access = Access::Scope(Scope::ApprovalsWrite);
 const ADMIN: Access = Access::Scope(Scope::Admin);
+const WEBHOOKS: Access = Access::Scope(Scope::Webhooks);
 
 /// Every route of the API (see the module docs).
 fn table() -> Vec<Route> {
     let mut routes = session_routes();
     routes.extend(one_session_routes());
     routes.extend(batch_routes());
+    routes.extend(webhook_routes());
     routes.extend(service_routes());
     routes
 }
@@ -130,6 +135,13 @@ fn session_routes() -> Vec<Route> {
             WRITE,
             |_| post(bulk::retry),
             doc::<bulk::__path_retry>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/approvals",
+            READ,
+            |_| get(approvals::list),
+            doc::<approvals::__path_list>(),
         ),
     ]
 }
@@ -253,7 +265,70 @@ fn batch_routes() -> Vec<Route> {
     ]
 }
 
-/// Queues, the admin's routes, `/mcp`, the probes and this API's description.
+/// Webhook endpoints (`/v1/webhooks…`): their own scope, since an endpoint sends the
+/// tenant's events out of the system and its secret signs them.
+fn webhook_routes() -> Vec<Route> {
+    vec![
+        route(
+            Method::POST,
+            "/v1/webhooks",
+            WEBHOOKS,
+            |_| post(webhooks::create),
+            doc::<webhooks::__path_create>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/webhooks",
+            WEBHOOKS,
+            |_| get(webhooks::list),
+            doc::<webhooks::__path_list>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/webhooks/{id}",
+            WEBHOOKS,
+            |_| get(webhooks::get),
+            doc::<webhooks::__path_get>(),
+        ),
+        route(
+            Method::DELETE,
+            "/v1/webhooks/{id}",
+            WEBHOOKS,
+            |_| delete(webhooks::delete),
+            doc::<webhooks::__path_delete>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/webhooks/{id}/rotate",
+            WEBHOOKS,
+            |_| post(webhooks::rotate),
+            doc::<webhooks::__path_rotate>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/webhooks/{id}/enable",
+            WEBHOOKS,
+            |_| post(webhooks::enable),
+            doc::<webhooks::__path_enable>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/webhooks/{id}/deliveries",
+            WEBHOOKS,
+            |_| get(webhooks::deliveries),
+            doc::<webhooks::__path_deliveries>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/webhooks/{id}/redrive",
+            WEBHOOKS,
+            |_| post(webhooks::redrive),
+            doc::<webhooks::__path_redrive>(),
+        ),
+    ]
+}
+
+/// Queues, the admin's routes, `/mcp`, the probes, the console and this API's description.
 fn service_routes() -> Vec<Route> {
     vec![
         route(
@@ -319,6 +394,22 @@ fn service_routes() -> Vec<Route> {
             Access::Open,
             |_| get(health::readyz),
             doc::<health::__path_readyz>(),
+        ),
+        // The console's files: public like this document; what the page reads goes
+        // through the keyed routes above.
+        route(
+            Method::GET,
+            "/console",
+            Access::Open,
+            |_| get(console::index),
+            doc::<console::__path_index>(),
+        ),
+        route(
+            Method::GET,
+            "/console/{file}",
+            Access::Open,
+            |_| get(console::file),
+            doc::<console::__path_file>(),
         ),
         route(
             Method::GET,

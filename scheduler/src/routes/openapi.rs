@@ -130,11 +130,16 @@ pub fn document() -> OpenApi {
 const TAGS: &[(&str, &str)] = &[
     (
         "sessions",
-        "Sessions: create, read, steer, cancel, retry, and their files and events.",
+        "Sessions: create, read, steer, cancel, retry, approve, and their files and events.",
     ),
     (
         "batches",
         "Batches as objects: submit (JSON or JSON Lines), read, list, cancel, results.",
+    ),
+    (
+        "webhooks",
+        "Signed webhooks: endpoints, their secrets, deliveries and dead letters (the \
+         `webhooks` scope).",
     ),
     ("queues", "The queues sessions may name."),
     (
@@ -142,20 +147,29 @@ const TAGS: &[(&str, &str)] = &[
         "Budgets, spend and the rate limiter (the `admin` scope).",
     ),
     ("mcp", "The session routes as MCP tools."),
+    (
+        "console",
+        "The browser console's page and files (it reads everything through this API).",
+    ),
     ("service", "Health, readiness, metrics and this document."),
 ];
 
 fn tag_of(path: &str) -> &'static str {
-    if path.starts_with("/v1/sessions") {
+    // The held calls across sessions belong with the sessions' own approvals.
+    if path.starts_with("/v1/sessions") || path == "/v1/approvals" {
         "sessions"
     } else if path.starts_with("/v1/batches") {
         "batches"
+    } else if path.starts_with("/v1/webhooks") {
+        "webhooks"
     } else if path.starts_with("/v1/queues") {
         "queues"
     } else if path.starts_with("/v1/admin") {
         "admin"
     } else if path == "/mcp" {
         "mcp"
+    } else if path.starts_with("/console") {
+        "console"
     } else {
         "service"
     }
@@ -192,6 +206,7 @@ fn operation(r: &Route) -> Operation {
 const CREATED: &[(&str, &str)] = &[
     ("/v1/sessions", "/v1/sessions/{id}"),
     ("/v1/batches", "/v1/batches/{id}"),
+    ("/v1/webhooks", "/v1/webhooks/{id}"),
 ];
 
 /// Link each answer of a [`CREATED`] creation to the operations on what it created.
@@ -337,12 +352,21 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::PostMessageResponse>(&mut all);
     add::<api::ApprovalRequest>(&mut all);
     add::<api::ApprovalResponse>(&mut all);
+    add::<api::ApprovalList>(&mut all);
+    add::<agentq_agent::spec::ExitReason>(&mut all);
+    add::<agentq_core::wait::WaitReason>(&mut all);
     add::<api::CreateBatch>(&mut all);
     add::<api::BatchRequestItem>(&mut all);
     add::<api::BatchView>(&mut all);
     add::<api::BatchList>(&mut all);
     add::<api::BatchResult>(&mut all);
     add::<api::FileList>(&mut all);
+    add::<api::CreateWebhook>(&mut all);
+    add::<api::WebhookView>(&mut all);
+    add::<api::WebhookList>(&mut all);
+    add::<api::RotateWebhook>(&mut all);
+    add::<api::DeliveryList>(&mut all);
+    add::<api::Redriven>(&mut all);
     add::<api::QueueList>(&mut all);
     add::<api::CreateQueue>(&mut all);
     add::<api::QueueCreated>(&mut all);

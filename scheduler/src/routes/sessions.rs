@@ -8,11 +8,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use agentq_agent::spec::ExitReason;
+use agentq_api::bounds::MAX_SCANNED_PER_PAGE;
 use agentq_api::{
-    BatchResponse, CancelResponse, CreateSession, ErrorBody, LIST_PARAMS, ListResponse,
-    MessagesResponse, SessionDetail, SessionRef,
+    BatchResponse, CancelResponse, CreateSession, ErrorBody, ListResponse, MessagesResponse,
+    SessionDetail, SessionRef,
 };
 use agentq_core::auth::Caller;
+use agentq_core::wait::WaitReason;
 use agentq_core::{ListFilter, NewSession, SessionRow, SessionStatus};
 
 use crate::actions::{
@@ -20,12 +23,12 @@ use crate::actions::{
 };
 use crate::error::ApiError;
 use crate::http::batch_body::BatchBody;
-use crate::http::query::params;
+use crate::http::query::{pairs, params};
 use crate::http::{
     ApiResult, Auth, JsonBody, MAX_ID_LEN, check_id, get_row, respond, session_view,
 };
 use crate::inputs::check_sources;
-use crate::request::{LIST_MAX_BYTES, ListQuery, check_policy_batch, parse_batch_bytes};
+use crate::request::{LIST_MAX_BYTES, ListQuery, RowFilter, check_policy_batch, parse_batch_bytes};
 use crate::state::Scheduler;
 
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
@@ -317,8 +320,10 @@ fn row_bytes(row: &SessionRow) -> usize {
 
 /// List sessions
 ///
-/// A page of the caller's sessions, newest first. Any other query parameter is refused
-/// (422 naming it).
+/// A page of the caller's sessions, newest first, narrowed by every filter given. Any
+/// other query parameter, or a value a filter cannot take, is refused (422 naming it).
+/// With `metadata` or a cost bound a page reads at most 5,000 sessions: it may then hold
+/// fewer than `limit` (even none) with a `next_cursor` to go on from.
 #[utoipa::path(
     get,
     path = "/v1/sessions",
@@ -333,6 +338,22 @@ fn row_bytes(row: &SessionRow) -> usize {
         ("parent_id" = Option<String>, Query, description = "Only the children of this \
             session."),
         ("batch_id" = Option<String>, Query, description = "Only the sessions of this batch."),
+        ("finish_reason" = Option<ExitReason>, Query, description = "Only sessions that \
+            finished for this reason."),
+        ("wait_reason" = Option<WaitReason>, Query, description = "Only sessions waiting \
+            (`waiting` or `awaiting_approval`) for this."),
+        ("queue" = Option<String>, Query, description = "Only sessions of this queue."),
+        ("metadata" = Option<Vec<String>>, Query, style = Form, explode, description = "`key=value`: \
+            only sessions whose metadata has this entry (a string, or the JSON text of a \
+            number or boolean); repeat for several, all required (at most 16)."),
+        ("created_after" = Option<chrono::DateTime<chrono::Utc>>, Query, description = "Only \
+            sessions created at or after this time (RFC 3339)."),
+        ("created_before" = Option<chrono::DateTime<chrono::Utc>>, Query, description = "Only \
+            sessions created before this time (RFC 3339)."),
+        ("min_cost_usd" = Option<f64>, Query, description = "Only sessions that cost at \
+            least this at the configured prices (a session without a price is left out)."),
+        ("max_cost_usd" = Option<f64>, Query, description = "Only sessions that cost at \
+            most this at the configured prices (a session without a price is left out)."),
     ),
     responses((status = 200, description = "A page", body = ListResponse)),
 )]
@@ -341,7 +362,7 @@ pub(super) async fn list(
     Auth(caller): Auth,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> ApiResult<Response> {
-    let q = ListQuery::from_params(params(query, LIST_PARAMS)?)?;
+    let q = ListQuery::from_pairs(pairs(query)?)?;
     let limit = match q.limit.as_deref() {
         None => DEFAULT_LIST_LIMIT,
         Some(l) => l
@@ -355,55 +376,8 @@ pub(super) async fn list(
                 )
             })?,
     };
-    let status = match q.status.as_deref() {
-        None => None,
-        Some(st) => Some(SessionStatus::parse(st).ok_or_else(|| {
-            ApiError::invalid(
-                "status",
-                format!(
-                    "unknown status {st:?} (expected queued, running, waiting, \
-                     awaiting_approval, completed, failed or cancelled)"
-                ),
-            )
-        })?),
-    };
-    let mut filter = ListFilter {
-        tenant: caller.tenant_filter(),
-        status,
-        parent_id: q.parent_id,
-        batch_id: q.batch_id,
-        limit: 0,
-        cursor: q.cursor,
-    };
-    // Read a few rows at a time, and end the page early once it holds
-    // `LIST_MAX_BYTES`: a session may carry megabytes, so `limit` rows could be gigabytes.
-    let limit = limit as usize;
-    let mut rows: Vec<SessionRow> = Vec::new();
-    let mut bytes = 0usize;
-    let more = 'page: loop {
-        let want = limit.saturating_sub(rows.len()).min(LIST_CHUNK_ROWS);
-        // One more than asked tells whether another page exists.
-        filter.limit = u32::try_from(want.saturating_add(1)).unwrap_or(u32::MAX);
-        let chunk = s.store.list(&filter).await?;
-        let chunk_more = chunk.len() > want;
-        for row in chunk.into_iter().take(want) {
-            let size = row_bytes(&row);
-            if !rows.is_empty() && bytes.saturating_add(size) > LIST_MAX_BYTES {
-                break 'page true;
-            }
-            bytes = bytes.saturating_add(size);
-            rows.push(row);
-        }
-        if !chunk_more || rows.len() >= limit {
-            break chunk_more;
-        }
-        filter.cursor = rows.last().map(|r| r.id.clone());
-    };
-    let next_cursor = if more {
-        rows.last().map(|r| r.id.clone())
-    } else {
-        None
-    };
+    let (filter, keep) = q.filters(caller.tenant_filter())?;
+    let (rows, next_cursor) = read_page(&s, filter, &keep, limit as usize).await?;
     respond(
         StatusCode::OK,
         &ListResponse {
@@ -412,6 +386,65 @@ pub(super) async fn list(
             cost_usd: crate::http::cost::of_rows(&s, &rows),
         },
     )
+}
+
+/// A page of at most `limit` rows of `filter` that `keep` admits, and the cursor past
+/// what it read when more may follow. Reads a few rows at a time and ends the page early
+/// once it holds `LIST_MAX_BYTES` (a session may carry megabytes, so `limit` rows could
+/// be gigabytes) or, with conditions on the rows, once it has read
+/// `MAX_SCANNED_PER_PAGE` of them.
+async fn read_page(
+    s: &Scheduler,
+    mut filter: ListFilter,
+    keep: &RowFilter,
+    limit: usize,
+) -> ApiResult<(Vec<SessionRow>, Option<String>)> {
+    // Rows the conditions may leave out come in larger chunks.
+    let chunk_rows = if keep.is_empty() {
+        LIST_CHUNK_ROWS
+    } else {
+        LIST_CHUNK_ROWS * 8
+    };
+    let mut rows: Vec<SessionRow> = Vec::new();
+    let mut bytes = 0usize;
+    let mut scanned = 0usize;
+    // The last row read and consumed: where the next page starts.
+    let mut last: Option<String> = None;
+    let more = 'page: loop {
+        let want = if keep.is_empty() {
+            limit.saturating_sub(rows.len()).min(chunk_rows)
+        } else {
+            chunk_rows.min(MAX_SCANNED_PER_PAGE.saturating_sub(scanned))
+        };
+        // One more than asked tells whether another page exists.
+        filter.limit = u32::try_from(want.saturating_add(1)).unwrap_or(u32::MAX);
+        let chunk = s.store.list(&filter).await?;
+        let chunk_more = chunk.len() > want;
+        for row in chunk.into_iter().take(want) {
+            if rows.len() >= limit {
+                break 'page true;
+            }
+            scanned = scanned.saturating_add(1);
+            let id = row.id.clone();
+            if keep.is_empty() || keep.admits(&row, crate::http::cost::of_row(s, &row)) {
+                let size = row_bytes(&row);
+                if !rows.is_empty() && bytes.saturating_add(size) > LIST_MAX_BYTES {
+                    break 'page true;
+                }
+                bytes = bytes.saturating_add(size);
+                rows.push(row);
+            }
+            last = Some(id);
+        }
+        if !chunk_more {
+            break false;
+        }
+        if rows.len() >= limit || scanned >= MAX_SCANNED_PER_PAGE {
+            break true;
+        }
+        filter.cursor = last.clone();
+    };
+    Ok((rows, if more { last } else { None }))
 }
 
 /// Cancel a session

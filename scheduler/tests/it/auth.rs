@@ -203,20 +203,30 @@ fn concrete(path: &str, id: &str) -> String {
     path.replace("{id}", id)
         .replace("{tenant}", "acme")
         .replace("{*path}", HELD_FILE)
+        .replace("{file}", "app.js")
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_route_is_checked() {
     let env = Env::start(Duration::from_secs(30)).await;
-    // The router has every route of the table and nothing is open but the probes and the
-    // API's description.
+    // The router has every route of the table and nothing is open but the probes, the
+    // console's files (what they read needs a key) and the API's description.
     let open: Vec<&str> = env
         .routes
         .iter()
         .filter(|(_, _, a)| *a == Access::Open)
         .map(|(_, p, _)| *p)
         .collect();
-    assert_eq!(open, ["/healthz", "/readyz", "/openapi.json"]);
+    assert_eq!(
+        open,
+        [
+            "/healthz",
+            "/readyz",
+            "/console",
+            "/console/{file}",
+            "/openapi.json"
+        ]
+    );
     assert!(env.routes.len() >= 12, "{:?}", env.routes);
 
     let bad = format!("aq_{}_{}", "0".repeat(12), "1".repeat(64));
@@ -255,7 +265,7 @@ async fn every_route_is_checked() {
             continue;
         }
         let Access::Scope(scope) = access else {
-            let (s, _, _) = env.call(&method, path, None, None).await;
+            let (s, _, _) = env.call(&method, &concrete(path, "none"), None, None).await;
             assert!(s == 200 || s == 503, "{method} {path}: {s}");
             continue;
         };

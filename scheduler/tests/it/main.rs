@@ -10,6 +10,7 @@
 mod common;
 
 mod api;
+mod approvals;
 mod auth;
 mod batches;
 mod budgets;
@@ -23,4 +24,5 @@ mod openapi;
 mod policy;
 mod request_prop;
 mod waits;
+mod webhooks;
 mod workspace_gc;

@@ -45,8 +45,8 @@ const DECIDE: &str = "
 WITH p AS (
     SELECT root_id, id, queue, status FROM sessions WHERE id = $1 FOR UPDATE
 ), ins AS (
-    INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason)
-    SELECT p.root_id, p.id, $2, $3, $4 FROM p
+    INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason, arguments)
+    SELECT p.root_id, p.id, $2, $3, $4, $5 FROM p
     WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
     ON CONFLICT DO NOTHING
     RETURNING 1
@@ -112,12 +112,14 @@ impl InboxStore for PgStore {
         tool_call_id: &str,
         approve: bool,
         reason: Option<&str>,
+        arguments: Option<&str>,
     ) -> Result<ApprovalRecorded> {
         let row: Option<(String, String, bool, Option<String>, bool)> = sqlx::query_as(DECIDE)
             .bind(session_id)
             .bind(escape_text(tool_call_id).as_ref())
             .bind(approve)
             .bind(escape_opt(reason))
+            .bind(escape_opt(arguments))
             .fetch_optional(&self.pool)
             .await?;
         let Some((queue, old, inserted, new, held)) = row else {
@@ -135,7 +137,7 @@ impl InboxStore for PgStore {
         &self,
         session_id: &str,
         tool_call_id: &str,
-    ) -> Result<Option<(bool, Option<String>)>> {
+    ) -> Result<Option<(bool, Option<String>, Option<String>)>> {
         read::approval(&self.pool, &SQL, session_id, tool_call_id).await
     }
 

@@ -34,10 +34,11 @@ impl SessionStore for PgStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SessionRow>> {
-        let rows: Vec<SessionRecord> = statements::list::<sqlx::Postgres>(filter)
-            .build_query_as()
-            .fetch_all(&self.pool)
-            .await?;
+        let rows: Vec<SessionRecord> =
+            statements::list::<sqlx::Postgres>(filter, statements::Dialect::Postgres)
+                .build_query_as()
+                .fetch_all(&self.pool)
+                .await?;
         rows.into_iter().map(SessionRecord::into_row).collect()
     }
 

@@ -20,4 +20,5 @@ pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod statements;
 pub(crate) mod suspension;
+pub(crate) mod webhooks;
 pub(crate) mod write;

@@ -57,22 +57,28 @@ pub(crate) async fn approval<DB>(
     sql: &Statements,
     session_id: &str,
     tool_call_id: &str,
-) -> Result<Option<(bool, Option<String>)>>
+) -> Result<Option<(bool, Option<String>, Option<String>)>>
 where
     DB: Database,
-    for<'r> (bool, Option<Text>): FromRow<'r, DB::Row>,
+    for<'r> (bool, Option<Text>, Option<Text>): FromRow<'r, DB::Row>,
     for<'q> &'q str: Encode<'q, DB> + Type<DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
     // The id as stored: a model may name its call with anything, NUL included.
     let tool_call_id = escape_text(tool_call_id);
-    let found = sqlx::query_as::<DB, (bool, Option<Text>)>(&sql.approval)
+    let found = sqlx::query_as::<DB, (bool, Option<Text>, Option<Text>)>(&sql.approval)
         .bind(session_id)
         .bind(tool_call_id.as_ref())
         .fetch_optional(pool)
         .await?;
-    Ok(found.map(|(approve, reason)| (approve, reason.map(Text::into_inner))))
+    Ok(found.map(|(approve, reason, arguments)| {
+        (
+            approve,
+            reason.map(Text::into_inner),
+            arguments.map(Text::into_inner),
+        )
+    }))
 }
 
 /// How many sessions are in each unfinished status.

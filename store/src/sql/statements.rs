@@ -17,9 +17,11 @@
 
 use std::sync::LazyLock;
 
+use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use crate::model::ListFilter;
+use crate::wait::WaitReason;
 
 /// Every column [`super::record::SessionRecord`] reads, for `SELECT`/`RETURNING` lists on
 /// `sessions` (not aliased): the row's own, and its spec from `session_specs`.
@@ -37,13 +39,19 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
 const DEFAULT_LIST: u32 = 100;
 const MAX_LIST: u32 = 10_000;
 
-/// The listing for `filter`, newest first. Built per filter rather than as
-/// `($1 IS NULL OR …)`, so that each shape gets a plan that uses its index.
-pub(crate) fn list<'a, DB: Database>(filter: &'a ListFilter) -> QueryBuilder<'a, DB>
+/// The listing for `filter`, newest first (or oldest first). Built per filter rather
+/// than as `($1 IS NULL OR …)`, so that each shape gets a plan that uses its index.
+/// `dialect` says how a time is bound: Postgres compares `timestamptz`, SQLite the
+/// microseconds it stores.
+pub(crate) fn list<'a, DB: Database>(
+    filter: &'a ListFilter,
+    dialect: Dialect,
+) -> QueryBuilder<'a, DB>
 where
     DB::Arguments<'a>: Default,
     &'a str: Encode<'a, DB> + Type<DB>,
     i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
 {
     let limit = match filter.limit {
         0 => DEFAULT_LIST,
@@ -62,11 +70,43 @@ where
     if let Some(batch) = &filter.batch_id {
         qb.push(" AND batch_id = ").push_bind(batch.as_str());
     }
-    if let Some(cursor) = &filter.cursor {
-        qb.push(" AND id < ").push_bind(cursor.as_str());
+    if let Some(reason) = filter.finish_reason {
+        qb.push(" AND finish_reason = ").push_bind(reason.as_str());
     }
-    qb.push(" ORDER BY id DESC LIMIT ")
-        .push_bind(i64::from(limit));
+    if let Some(reason) = filter.wait_reason {
+        // As the API shows a reason: from the status first (a row's reason is stale once
+        // it runs again), and a waiting row stored without one waits for its children.
+        match reason {
+            WaitReason::Approval => qb.push(" AND status = 'awaiting_approval'"),
+            WaitReason::Children => qb.push(
+                " AND status = 'waiting' AND (wait_reason IS NULL OR wait_reason = 'children')",
+            ),
+            other => qb
+                .push(" AND status = 'waiting' AND wait_reason = ")
+                .push_bind(other.as_str()),
+        };
+    }
+    if let Some(queue) = &filter.queue {
+        qb.push(" AND queue = ").push_bind(queue.as_str());
+    }
+    for (op, at) in [(">=", filter.created_after), ("<", filter.created_before)] {
+        if let Some(at) = at {
+            qb.push(format!(" AND created_at {op} "));
+            match dialect {
+                Dialect::Postgres => qb.push_bind(at),
+                Dialect::Sqlite => qb.push_bind(at.timestamp_micros()),
+            };
+        }
+    }
+    let (after, order) = if filter.oldest_first {
+        (" AND id > ", " ORDER BY id ASC LIMIT ")
+    } else {
+        (" AND id < ", " ORDER BY id DESC LIMIT ")
+    };
+    if let Some(cursor) = &filter.cursor {
+        qb.push(after).push_bind(cursor.as_str());
+    }
+    qb.push(order).push_bind(i64::from(limit));
     qb
 }
 
@@ -402,7 +442,7 @@ const INBOX: Shared = Shared {
 };
 
 const APPROVAL: Shared = Shared {
-    text: "SELECT approve, reason FROM approvals \
+    text: "SELECT approve, reason, arguments FROM approvals \
            WHERE root_id = (SELECT root_id FROM sessions WHERE id = $1) \
              AND session_id = $1 AND tool_call_id = $2",
     sqlite_now: None,

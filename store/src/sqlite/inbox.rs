@@ -71,6 +71,7 @@ impl InboxStore for SqliteStore {
         tool_call_id: &str,
         approve: bool,
         reason: Option<&str>,
+        arguments: Option<&str>,
     ) -> Result<ApprovalRecorded> {
         // Under the write lock, like `deliver`: the decision and the wake-up are one step.
         let mut tx = self.write_tx().await?;
@@ -79,6 +80,7 @@ impl InboxStore for SqliteStore {
             tool_call_id,
             approve,
             reason,
+            arguments,
         };
         let recorded = writes::decide(&mut tx, &decision, now_us()).await?;
         match recorded {
@@ -92,7 +94,7 @@ impl InboxStore for SqliteStore {
         &self,
         session_id: &str,
         tool_call_id: &str,
-    ) -> Result<Option<(bool, Option<String>)>> {
+    ) -> Result<Option<(bool, Option<String>, Option<String>)>> {
         read::approval(&self.readers, &SQL, session_id, tool_call_id).await
     }
 

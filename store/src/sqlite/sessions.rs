@@ -54,10 +54,11 @@ impl SessionStore for SqliteStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<SessionRow>> {
-        let rows: Vec<SessionRecord> = statements::list::<Sqlite>(filter)
-            .build_query_as()
-            .fetch_all(&self.readers)
-            .await?;
+        let rows: Vec<SessionRecord> =
+            statements::list::<Sqlite>(filter, statements::Dialect::Sqlite)
+                .build_query_as()
+                .fetch_all(&self.readers)
+                .await?;
         rows.into_iter().map(SessionRecord::into_row).collect()
     }
 

@@ -336,6 +336,8 @@ pub(super) struct Decision<'a> {
     pub tool_call_id: &'a str,
     pub approve: bool,
     pub reason: Option<&'a str>,
+    /// Edited arguments of an approval, as a JSON text.
+    pub arguments: Option<&'a str>,
 }
 
 /// Record the decision (first one wins) and wake a session awaiting approval. The caller
@@ -359,8 +361,8 @@ pub(super) async fn decide(
     }
     let inserted = sqlx::query(
         "INSERT INTO approvals (root_id, session_id, tool_call_id, approve, reason, \
-             decided_at) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+             decided_at, arguments) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
     )
     .bind(&root_id)
     .bind(d.session_id)
@@ -368,6 +370,7 @@ pub(super) async fn decide(
     .bind(d.approve)
     .bind(escape_opt(d.reason).as_deref())
     .bind(now)
+    .bind(escape_opt(d.arguments).as_deref())
     .execute(&mut *conn)
     .await?
     .rows_affected()

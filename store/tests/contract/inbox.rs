@@ -19,6 +19,7 @@ use crate::common::{
 contract_tests!(
     contract_deliver_and_inbox,
     contract_approvals,
+    contract_approval_with_edited_arguments,
     contract_pending_approvals,
     contract_approvals_of_call_ids_postgres_cannot_hold,
 );
@@ -236,7 +237,7 @@ async fn contract_approvals(store: &dyn Store) {
     // The first decision is recorded and wakes the session.
     assert_eq!(
         store
-            .decide_approval(&id, "call_1", true, None)
+            .decide_approval(&id, "call_1", true, None, None)
             .await
             .unwrap(),
         ApprovalRecorded::Recorded {
@@ -255,7 +256,7 @@ async fn contract_approvals(store: &dyn Store) {
     // A second one (another reviewer, a retry) changes nothing.
     assert_eq!(
         store
-            .decide_approval(&id, "call_1", false, Some("changed my mind"))
+            .decide_approval(&id, "call_1", false, Some("changed my mind"), None)
             .await
             .unwrap(),
         ApprovalRecorded::AlreadyDecided
@@ -263,14 +264,14 @@ async fn contract_approvals(store: &dyn Store) {
     assert_eq!(wake_seq(store, &id).await, seen + 1);
     assert_eq!(
         store.approval(&id, "call_1").await.unwrap(),
-        Some((true, None))
+        Some((true, None, None))
     );
 
     // A decision while it runs is recorded and bumps the wake counter, without a wake-up.
     let (lease, _, seen) = acquire_seen(store, &id, "w").await;
     assert_eq!(
         store
-            .decide_approval(&id, "call_2", false, Some("too risky"))
+            .decide_approval(&id, "call_2", false, Some("too risky"), None)
             .await
             .unwrap(),
         ApprovalRecorded::Recorded {
@@ -281,7 +282,7 @@ async fn contract_approvals(store: &dyn Store) {
     );
     assert_eq!(
         store.approval(&id, "call_2").await.unwrap(),
-        Some((false, Some("too risky".into())))
+        Some((false, Some("too risky".into()), None))
     );
     let row = store.get(&id).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Running);
@@ -304,7 +305,7 @@ async fn contract_approvals(store: &dyn Store) {
     finish(store, &done, "ok").await;
     assert_eq!(
         store
-            .decide_approval(&done, "call_1", true, None)
+            .decide_approval(&done, "call_1", true, None, None)
             .await
             .unwrap(),
         ApprovalRecorded::Finished(SessionStatus::Completed)
@@ -312,7 +313,7 @@ async fn contract_approvals(store: &dyn Store) {
     assert!(store.approval(&done, "call_1").await.unwrap().is_none());
     assert_eq!(
         store
-            .decide_approval("missing", "call_1", true, None)
+            .decide_approval("missing", "call_1", true, None, None)
             .await
             .unwrap(),
         ApprovalRecorded::NotFound
@@ -371,7 +372,10 @@ async fn contract_pending_approvals(store: &dyn Store) {
     );
 
     // A decision takes its call off the list, even before a run acts on it.
-    store.decide_approval(&id, "w1", true, None).await.unwrap();
+    store
+        .decide_approval(&id, "w1", true, None, None)
+        .await
+        .unwrap();
     let row = store.get(&id).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Queued);
     assert_eq!(
@@ -449,12 +453,12 @@ async fn contract_approvals_of_call_ids_postgres_cannot_hold(store: &dyn Store) 
     );
     assert_eq!(store.approval(&id, &nul.id).await.unwrap(), None);
     store
-        .decide_approval(&id, &esc.id, false, Some("no"))
+        .decide_approval(&id, &esc.id, false, Some("no"), None)
         .await
         .unwrap();
     assert_eq!(
         store.approval(&id, &esc.id).await.unwrap(),
-        Some((false, Some("no".to_string())))
+        Some((false, Some("no".to_string()), None))
     );
     // `ESC 0` is not NUL: the two ids stay apart.
     assert_eq!(store.approval(&id, "c\0").await.unwrap(), None);
@@ -463,12 +467,12 @@ async fn contract_approvals_of_call_ids_postgres_cannot_hold(store: &dyn Store) 
         std::slice::from_ref(&nul)
     );
     store
-        .decide_approval(&id, &nul.id, true, None)
+        .decide_approval(&id, &nul.id, true, None, None)
         .await
         .unwrap();
     assert_eq!(
         store.approval(&id, &nul.id).await.unwrap(),
-        Some((true, None))
+        Some((true, None, None))
     );
     assert!(
         store
@@ -476,5 +480,34 @@ async fn contract_approvals_of_call_ids_postgres_cannot_hold(store: &dyn Store) 
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+/// An approval with edited arguments keeps them, exactly, as the first decision: a later
+/// decision (with or without arguments) changes neither the decision nor the arguments.
+async fn contract_approval_with_edited_arguments(store: &dyn Store) {
+    let id = create(store, "edited").await;
+    let edited = json!({"path": "b.txt", "content": "NUL \u{0} and \u{e9}"}).to_string();
+    assert!(matches!(
+        store
+            .decide_approval(&id, "call_1", true, None, Some(&edited))
+            .await
+            .unwrap(),
+        ApprovalRecorded::Recorded { .. }
+    ));
+    assert_eq!(
+        store.approval(&id, "call_1").await.unwrap(),
+        Some((true, None, Some(edited.clone())))
+    );
+    assert_eq!(
+        store
+            .decide_approval(&id, "call_1", true, None, Some("{}"))
+            .await
+            .unwrap(),
+        ApprovalRecorded::AlreadyDecided
+    );
+    assert_eq!(
+        store.approval(&id, "call_1").await.unwrap(),
+        Some((true, None, Some(edited)))
     );
 }

@@ -26,4 +26,5 @@ mod sqlite_only;
 mod sweeping;
 mod tenants;
 mod waits;
+mod webhooks;
 mod workspace;

@@ -14,6 +14,7 @@ use agentq_store::RetryResult;
 use agentq_store::store::Store;
 use agentq_types::model::{CancelResult, Claim, ListFilter, NewSession, SessionStatus};
 use agentq_types::protocol::InboxKind;
+use agentq_types::wait::WaitReason;
 
 use crate::common::{
     Backend, SHORT_TTL, TTL, acquire, acquire_seen, contract_tests, count_all, create,
@@ -25,6 +26,7 @@ contract_tests!(
     contract_batch,
     contract_messages_of_a_missing_session,
     contract_list_paging,
+    contract_list_filters,
     contract_count_unfinished,
     contract_request_cancel,
     contract_retry,
@@ -563,12 +565,12 @@ async fn contract_text_postgres_cannot_hold_reads_back_exactly(store: &dyn Store
     assert_eq!(items.len(), 1);
     assert_eq!(items[0].payload, steer(hostile).to_value().unwrap());
     store
-        .decide_approval(&id, "call_1", false, Some(hostile))
+        .decide_approval(&id, "call_1", false, Some(hostile), None)
         .await
         .unwrap();
     assert_eq!(
         store.approval(&id, "call_1").await.unwrap(),
-        Some((false, Some(hostile.to_string())))
+        Some((false, Some(hostile.to_string()), None))
     );
 
     // The final answer and the error are text columns.
@@ -605,4 +607,123 @@ async fn contract_text_postgres_cannot_hold_reads_back_exactly(store: &dyn Store
         .unwrap();
     assert_eq!(failed.error, Some(format!("reason {hostile}")));
     assert_eq!(store.get(&id).await.unwrap().unwrap(), failed);
+}
+
+/// Every filter of a listing, alone and together, newest first and oldest first, with the
+/// cursor: exactly the rows asked for, on both backends.
+async fn contract_list_filters(store: &dyn Backend) {
+    let ids = |rows: Vec<agentq_types::model::SessionRow>| -> Vec<String> {
+        rows.into_iter().map(|r| r.id).collect()
+    };
+    let list = |f: ListFilter| async move { ids(store.list(&f).await.unwrap()) };
+    let early = create(store, "early").await;
+    // An hour passes for the store: a time half an hour ago splits the sessions.
+    store.pass(Duration::from_secs(3600)).await;
+    let mid = Utc::now() - chrono::TimeDelta::minutes(30);
+    let mut other_queue = new_session("other queue");
+    other_queue.queue = "bulk".into();
+    other_queue.sched.batch_id = Some("b1".into());
+    let other_queue = store.create_session(&other_queue).await.unwrap().0.id;
+    let failed = create(store, "failed").await;
+    store.fail(&failed, "boom").await.unwrap();
+    let approval = create(store, "approval").await;
+    suspended(store, &approval, "o", SessionStatus::AwaitingApproval).await;
+    let children = create(store, "children").await;
+    suspended(store, &children, "o", SessionStatus::Waiting).await;
+
+    let by = |f: ListFilter| ListFilter { limit: 100, ..f };
+    assert_eq!(
+        list(by(ListFilter {
+            finish_reason: Some(ExitReason::Error),
+            ..Default::default()
+        }))
+        .await,
+        std::slice::from_ref(&failed)
+    );
+    assert_eq!(
+        list(by(ListFilter {
+            wait_reason: Some(WaitReason::Approval),
+            ..Default::default()
+        }))
+        .await,
+        std::slice::from_ref(&approval)
+    );
+    assert_eq!(
+        list(by(ListFilter {
+            wait_reason: Some(WaitReason::Children),
+            ..Default::default()
+        }))
+        .await,
+        std::slice::from_ref(&children)
+    );
+    assert!(
+        list(by(ListFilter {
+            wait_reason: Some(WaitReason::RateLimit),
+            ..Default::default()
+        }))
+        .await
+        .is_empty()
+    );
+    assert_eq!(
+        list(by(ListFilter {
+            queue: Some("bulk".into()),
+            batch_id: Some("b1".into()),
+            ..Default::default()
+        }))
+        .await,
+        std::slice::from_ref(&other_queue)
+    );
+    assert_eq!(
+        list(by(ListFilter {
+            created_before: Some(mid),
+            ..Default::default()
+        }))
+        .await,
+        std::slice::from_ref(&early)
+    );
+    let after = vec![
+        children.clone(),
+        approval.clone(),
+        failed.clone(),
+        other_queue.clone(),
+    ];
+    assert_eq!(
+        list(by(ListFilter {
+            created_after: Some(mid),
+            ..Default::default()
+        }))
+        .await,
+        after
+    );
+    // Oldest first, a page at a time past the cursor, with a filter.
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = list(ListFilter {
+            created_after: Some(mid),
+            oldest_first: true,
+            limit: 2,
+            cursor: cursor.clone(),
+            ..Default::default()
+        })
+        .await;
+        if page.is_empty() {
+            break;
+        }
+        cursor = page.last().cloned();
+        seen.extend(page);
+    }
+    let mut oldest = after.clone();
+    oldest.reverse();
+    assert_eq!(seen, oldest);
+    // Filters together: nothing matches both a queue and another one's reason.
+    assert!(
+        list(by(ListFilter {
+            queue: Some("bulk".into()),
+            finish_reason: Some(ExitReason::Error),
+            ..Default::default()
+        }))
+        .await
+        .is_empty()
+    );
 }

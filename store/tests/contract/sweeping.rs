@@ -348,7 +348,7 @@ async fn contract_capped_sessions_are_held_whenever_woken(store: &dyn Backend) {
     suspended(store, &id, "w", SessionStatus::AwaitingApproval).await;
     assert_eq!(
         store
-            .decide_approval(&id, "call_1", true, None)
+            .decide_approval(&id, "call_1", true, None, None)
             .await
             .unwrap(),
         ApprovalRecorded::Recorded {

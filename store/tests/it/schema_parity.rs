@@ -109,6 +109,9 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "tenant_budgets",
             "tenant_holds",
             "tenant_spend",
+            "webhook_batch_checks",
+            "webhook_deliveries",
+            "webhook_endpoints",
             "workspace_files",
         ]
     );

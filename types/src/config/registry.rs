@@ -184,6 +184,18 @@ settings! {
     workspace.s3.access_key_env;
     workspace.s3.secret_key_env;
     mcp.servers;
+    webhooks.allowed_hosts = "AGENTQ_WEBHOOKS_ALLOWED_HOSTS" as list;
+    webhooks.key_env;
+    webhooks.timeout_secs;
+    webhooks.max_response_bytes;
+    webhooks.retry_for_secs;
+    webhooks.max_backoff_secs;
+    webhooks.disable_after_secs;
+    webhooks.max_in_flight;
+    webhooks.max_in_flight_per_endpoint;
+    webhooks.max_endpoints;
+    webhooks.retention_secs;
+    webhooks.poll_interval_ms;
 }
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

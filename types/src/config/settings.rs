@@ -12,6 +12,7 @@ use super::policy::{BudgetSettings, PolicySection};
 use super::providers::ProvidersSection;
 use super::scheduler::{SchedulerSection, SchedulingSection};
 use super::section::section;
+use super::webhooks::WebhooksSection;
 use super::worker::WorkerSection;
 use super::workspace::WorkspaceSection;
 
@@ -60,5 +61,7 @@ section! {
         pub workspace: WorkspaceSection = WorkspaceSection::default(),
         /// `[mcp]`: the MCP servers every worker starts, whose tools sessions may call.
         pub mcp: McpSection = McpSection::default(),
+        /// `[webhooks]`: the delivery of signed webhooks to tenants' endpoints.
+        pub webhooks: WebhooksSection = WebhooksSection::default(),
     }
 }

@@ -11,6 +11,7 @@ mod mcp;
 mod policy;
 mod process;
 mod rules;
+mod webhooks;
 
 impl Settings {
     /// Every rule the settings must follow, checked once after all the layers; the error
@@ -31,6 +32,7 @@ impl Settings {
         }
         endpoints::workspace(&self.workspace, &self.worker)?;
         endpoints::providers(&self.providers)?;
+        webhooks::webhooks(&self.webhooks)?;
         policy::prices(&self.prices)?;
         policy::budgets(&self.budgets)?;
         for (key, addr) in [

@@ -429,7 +429,7 @@ async fn a_resumed_session_starts_and_ends_once() {
         .id
         .clone();
     match store
-        .decide_approval(&row.id, &call, true, None)
+        .decide_approval(&row.id, &call, true, None, None)
         .await
         .unwrap()
     {

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod approval_edits;
 mod budgets;
 mod guardian;
 mod hooks;

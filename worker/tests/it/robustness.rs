@@ -98,7 +98,10 @@ async fn a_huge_approval_timeout_suspends_and_resumes() {
     let held = store.messages(&id).await.unwrap()[1].tool_calls[0]
         .id
         .clone();
-    store.decide_approval(&id, &held, true, None).await.unwrap();
+    store
+        .decide_approval(&id, &held, true, None, None)
+        .await
+        .unwrap();
     queue
         .enqueue("default", &id, EnqueueReason::Resume)
         .await

@@ -6,20 +6,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use agentq_api::PendingApproval;
+use agentq_api::bounds::MAX_APPROVALS_LIMIT;
 use agentq_api::de;
 use agentq_core::auth::Caller;
-use agentq_core::{ListFilter, SessionStatus};
 
-use super::tools::{
-    DEFAULT_READ_BYTES, MAX_APPROVAL_SESSIONS, MAX_READ_BYTES, Name, SUBMIT_FIELDS,
-};
+use super::tools::{DEFAULT_READ_BYTES, MAX_READ_BYTES, Name, SUBMIT_FIELDS};
 use super::wait;
 use crate::actions::{self, Created, FileRead};
 use crate::error::ApiError;
 use crate::http::auth::require_scope;
 use crate::http::body::{decode_json, no_nul, path, scan};
-use crate::http::{ApiResult, MAX_ID_LEN, decode_fields, get_row, not_found};
+use crate::http::{ApiResult, MAX_ID_LEN, decode_fields, not_found};
 use crate::state::Scheduler;
 
 /// The arguments of a tool that names one session.
@@ -53,14 +50,6 @@ struct ReadArgs {
 struct ListApprovalsArgs {
     #[serde(default, deserialize_with = "de::optional_string")]
     session_id: Option<String>,
-}
-
-/// A held call, with the session that holds it.
-#[derive(Debug, Serialize)]
-struct HeldCall {
-    session_id: String,
-    #[serde(flatten)]
-    call: PendingApproval,
 }
 
 /// The session id of an argument: refused naming `session_id` when it holds a NUL, the
@@ -286,37 +275,21 @@ async fn read_file(s: &Scheduler, caller: &Caller, args: Map<String, Value>) -> 
 }
 
 /// `list_approvals`: the calls one session holds, or those of the caller's sessions
-/// awaiting approval (the newest [`MAX_APPROVAL_SESSIONS`]).
+/// awaiting approval (the first page of `GET /v1/approvals`, oldest session first).
 async fn list_approvals(
     s: &Scheduler,
     caller: &Caller,
     args: Map<String, Value>,
 ) -> ApiResult<Value> {
     let ListApprovalsArgs { session_id } = decode_fields(args)?;
-    let rows = match session_id {
-        Some(id) => {
-            check_session_id(&id)?;
-            vec![get_row(s, caller, &id).await?]
-        }
-        None => {
-            s.store
-                .list(&ListFilter {
-                    tenant: caller.tenant_filter(),
-                    status: Some(SessionStatus::AwaitingApproval),
-                    limit: MAX_APPROVAL_SESSIONS,
-                    ..Default::default()
-                })
-                .await?
-        }
-    };
-    let mut held = Vec::new();
-    for row in &rows {
-        for call in actions::pending_approvals(s, row).await? {
-            held.push(HeldCall {
-                session_id: row.id.clone(),
-                call,
-            });
-        }
+    if let Some(id) = &session_id {
+        check_session_id(id)?;
     }
-    Ok(json!({"approvals": to_value(&held)?}))
+    let q = actions::ApprovalQuery {
+        session_id,
+        limit: MAX_APPROVALS_LIMIT as usize,
+        ..Default::default()
+    };
+    let page = actions::list_approvals(s, caller, &q).await?;
+    Ok(json!({"approvals": to_value(&page.approvals)?}))
 }

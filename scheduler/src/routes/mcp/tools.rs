@@ -25,8 +25,6 @@ pub(super) const DEFAULT_WAIT_SECS: u64 = 30;
 pub(super) const MAX_READ_BYTES: u64 = 1024 * 1024;
 /// `read_file` without `max_bytes` answers with at most this many.
 pub(super) const DEFAULT_READ_BYTES: u64 = 256 * 1024;
-/// Most sessions `list_approvals` without `session_id` looks at.
-pub(super) const MAX_APPROVAL_SESSIONS: u32 = 50;
 
 /// The fields of `submit_session` that go to `POST /v1/sessions` as they are (`files`
 /// is turned from a list into the API's object).
@@ -229,6 +227,9 @@ fn input_schema(name: Name, b: Bounds) -> Arc<JsonObject> {
                 "approve": {"type": "boolean"},
                 "reason": {"type": "string", "maxLength": MAX_REASON_BYTES,
                     "description": "Shown to the agent when the call is denied."},
+                "arguments": {"type": "object",
+                    "description": "With approve true only: run the call with these arguments \
+                        instead of the agent's (they pass the same checks)."},
             }),
             &["session_id", "tool_call_id", "approve"],
         ),
