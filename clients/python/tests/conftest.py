@@ -1,0 +1,65 @@
+"""The suite runs against a real server: `AGENTQ_URL` and `AGENTQ_API_KEY` name it (the
+Rust test cli/tests/clients.rs starts `agentq dev`, then a scheduler and a worker, on
+the scripted model), `AGENTQ_FAULT_URL` the fault proxy in front of it
+(clients/testing/fault_proxy.py). Without them the server tests are skipped."""
+
+import os
+
+import httpx
+import pytest
+
+from agentq_client import Client
+
+# What the server's script does (cli/tests/clients.rs writes it): a plain prompt reads
+# `input.txt`, writes `out/result.txt` and answers `Done: <prompt>`; these markers in a
+# prompt pick the other scripts.
+HOLD = "HOLD-FOR-APPROVAL"
+FAIL_ONCE = "FAIL-ONCE"
+
+needs_server = pytest.mark.skipif(not os.environ.get("AGENTQ_URL"),
+                                  reason="AGENTQ_URL names no server")
+
+
+@pytest.fixture(scope="session")
+def url() -> str:
+    if not os.environ.get("AGENTQ_URL"):
+        pytest.skip("AGENTQ_URL names no server")
+    return os.environ["AGENTQ_URL"]
+
+
+@pytest.fixture(scope="session")
+def spec(url):
+    return httpx.get(f"{url}/openapi.json").json()
+
+
+@pytest.fixture
+def client(url):
+    with Client() as c:
+        yield c
+
+
+@pytest.fixture
+def fault_url():
+    u = os.environ.get("AGENTQ_FAULT_URL")
+    if not u:
+        pytest.skip("AGENTQ_FAULT_URL names no fault proxy")
+    httpx.post(f"{u}/__reset")
+    return u
+
+
+def proxy_stats(fault_url):
+    return httpx.get(f"{fault_url}/__stats").json()
+
+
+def has_path(spec, path, method="get"):
+    return method in spec.get("paths", {}).get(path, {})
+
+
+def has_param(spec, path, name, method="get"):
+    op = spec.get("paths", {}).get(path, {}).get(method, {})
+    return any(p.get("name") == name for p in op.get("parameters", []))
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"

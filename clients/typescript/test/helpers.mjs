@@ -1,0 +1,44 @@
+// What the tests share: the server and the fault proxy the Rust test started
+// (AGENTQ_URL, AGENTQ_API_KEY, AGENTQ_FAULT_URL; without them the server tests are
+// skipped), and the markers of the server's script (cli/tests/clients.rs writes it).
+
+export const URL_SET = Boolean(process.env.AGENTQ_URL);
+export const FAULT_URL = process.env.AGENTQ_FAULT_URL;
+export const HOLD = "HOLD-FOR-APPROVAL";
+export const FAIL_ONCE = "FAIL-ONCE";
+export const serverOnly = { skip: URL_SET ? false : "AGENTQ_URL names no server" };
+export const proxyOnly = { skip: URL_SET && FAULT_URL ? false : "no fault proxy" };
+
+export async function resetProxy() {
+  await fetch(`${FAULT_URL}/__reset`, { method: "POST" });
+}
+
+export async function proxyStats() {
+  return (await fetch(`${FAULT_URL}/__stats`)).json();
+}
+
+export async function collect(iter) {
+  const out = [];
+  for await (const x of iter) out.push(x);
+  return out;
+}
+
+let spec;
+export async function document() {
+  spec ??= await (await fetch(`${process.env.AGENTQ_URL}/openapi.json`)).json();
+  return spec;
+}
+
+/** A session holding a write for approval, followed through its events until the request
+ * comes: its id and the held call's id. */
+export async function held(client, prompt) {
+  const ref = await client.createSession(prompt, { sensitive_tools: ["write_file"] });
+  for await (const ev of client.events(ref.id, { timeoutMs: 120_000 })) {
+    if (ev.event === "approval_requested") {
+      let s = await client.getSession(ref.id);
+      while (s.status !== "awaiting_approval") s = await client.getSession(ref.id);
+      return [ref.id, ev.data.id, s];
+    }
+  }
+  throw new Error("the stream ended without an approval request");
+}
