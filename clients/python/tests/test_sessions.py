@@ -26,7 +26,7 @@ def test_create_with_files_wait_and_read_everything(client: Client):
     assert {"input.txt", "data/blob.bin", "out/result.txt"} <= set(paths)
     assert paths["data/blob.bin"].size == len(BINARY)
     assert client.download_file(ref.id, "data/blob.bin") == BINARY
-    assert client.download_file(ref.id, "out/result.txt") == b"hello there"
+    assert client.download_file(ref.id, "out/result.txt") == b"written by the script"
     with tarfile.open(fileobj=io.BytesIO(client.download_tar(ref.id))) as tar:
         names = tar.getnames()
         assert "out/result.txt" in names
@@ -148,7 +148,7 @@ async def test_the_async_client_does_the_same():
         assert kinds[-1] == "session_completed" and "tool_call" in kinds
         done = await aq.wait(ref.id, timeout=120)
         assert done.result == "Done: async"
-        assert await aq.download_file(ref.id, "out/result.txt") == b"from async"
+        assert await aq.download_file(ref.id, "out/result.txt") == b"written by the script"
         seen = [s.id async for s in aq.iter_sessions(limit=2)]
         assert ref.id in seen
         with pytest.raises(APIError) as e:

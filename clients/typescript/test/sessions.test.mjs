@@ -19,7 +19,7 @@ test("a session with files runs, and everything about it reads back", serverOnly
   const files = Object.fromEntries((await aq.listFiles(ref.id)).map((f) => [f.path, f]));
   assert.ok(files["out/result.txt"] && files["input.txt"]);
   assert.deepEqual(await aq.downloadFile(ref.id, "data/blob.bin"), bin);
-  assert.equal(dec(await aq.downloadFile(ref.id, "out/result.txt")), "hello there");
+  assert.equal(dec(await aq.downloadFile(ref.id, "out/result.txt")), "written by the script");
   const tar = await aq.downloadTar(ref.id);
   assert.equal(dec(tar.slice(257, 262)), "ustar");
   const msgs = await aq.messages(ref.id);
