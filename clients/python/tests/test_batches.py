@@ -59,8 +59,8 @@ def test_a_bad_item_is_named(client: Client, tmp_path):
 
 
 def test_cancelling_a_batch(client: Client):
-    batch = client.submit_batch([{"prompt": f"{HOLD} b{i}", "sensitive_tools": ["write_file"]}
-                                 for i in range(2)])
+    batch = client.submit_batch([{"prompt": f"{HOLD} b{i}", "tools": ["write_file"],
+                                  "sensitive_tools": ["write_file"]} for i in range(2)])
     cancelled = client.cancel_batch(batch.id)
     assert cancelled.status in ("cancelling", "cancelled")
     final = client.wait_batch(batch.id, timeout=120)

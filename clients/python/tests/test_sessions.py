@@ -14,7 +14,8 @@ BINARY = b"\x00\x01\xfe\xff"
 def test_create_with_files_wait_and_read_everything(client: Client):
     ref = client.create_session("summarise", files={"input.txt": "hello there",
                                                     "data/blob.bin": BINARY},
-                                metadata={"team": "clients"}, max_iterations=8)
+                                metadata={"team": "clients"}, max_iterations=8,
+                                tools=["read_file", "write_file"])
     assert ref.status == "queued"
     done = client.wait(ref.id, timeout=120)
     assert done.status == "completed", done
@@ -62,7 +63,7 @@ def test_a_bad_request_raises_with_its_field(client: Client):
 def held(client: Client, prompt: str) -> tuple[str, str]:
     """A session holding a write for approval, followed through its events until the
     request comes: its id and the held call's id."""
-    ref = client.create_session(prompt, sensitive_tools=["write_file"])
+    ref = client.create_session(prompt, tools=["write_file"], sensitive_tools=["write_file"])
     for ev in client.events(ref.id, timeout=120):
         if ev.event == "approval_requested":
             call = ev.data["id"]
@@ -143,7 +144,8 @@ def test_new_list_filters(client: Client, spec):
 @pytest.mark.anyio
 async def test_the_async_client_does_the_same():
     async with AsyncClient() as aq:
-        ref = await aq.create_session("async", files={"input.txt": "from async"})
+        ref = await aq.create_session("async", files={"input.txt": "from async"},
+                                      tools=["read_file", "write_file"])
         kinds = [ev.event async for ev in aq.events(ref.id, timeout=120)]
         assert kinds[-1] == "session_completed" and "tool_call" in kinds
         done = await aq.wait(ref.id, timeout=120)

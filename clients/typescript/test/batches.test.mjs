@@ -49,7 +49,7 @@ test("a batch from a JSON Lines file is streamed", serverOnly, async () => {
 test("a batch is cancelled", serverOnly, async () => {
   const aq = new AgentqClient();
   const batch = await aq.submitBatch([0, 1].map((i) =>
-    ({ prompt: `${HOLD} ts b${i}`, sensitive_tools: ["write_file"] })));
+    ({ prompt: `${HOLD} ts b${i}`, tools: ["write_file"], sensitive_tools: ["write_file"] })));
   const c = await aq.cancelBatch(batch.id);
   assert.ok(["cancelling", "cancelled"].includes(c.status));
   assert.equal((await aq.waitBatch(batch.id, { timeoutMs: 120_000 })).status, "cancelled");

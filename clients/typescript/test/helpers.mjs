@@ -32,7 +32,9 @@ export async function document() {
 /** A session holding a write for approval, followed through its events until the request
  * comes: its id and the held call's id. */
 export async function held(client, prompt) {
-  const ref = await client.createSession(prompt, { sensitive_tools: ["write_file"] });
+  const ref = await client.createSession(prompt, {
+    tools: ["write_file"], sensitive_tools: ["write_file"],
+  });
   for await (const ev of client.events(ref.id, { timeoutMs: 120_000 })) {
     if (ev.event === "approval_requested") {
       let s = await client.getSession(ref.id);

@@ -11,6 +11,7 @@ test("a session with files runs, and everything about it reads back", serverOnly
   const bin = new Uint8Array([0, 1, 254, 255]);
   const ref = await aq.createSession("summarise", {
     files: { "input.txt": "hello there", "data/blob.bin": bin }, metadata: { team: "ts" },
+    tools: ["read_file", "write_file"],
   });
   assert.equal(ref.status, "queued");
   const done = await aq.wait(ref.id, { timeoutMs: 120_000 });
