@@ -4,6 +4,7 @@ the scripted model), `AGENTQ_FAULT_URL` the fault proxy in front of it
 (clients/testing/fault_proxy.py). Without them the server tests are skipped."""
 
 import os
+import time
 
 import httpx
 import pytest
@@ -63,3 +64,15 @@ def has_param(spec, path, name, method="get"):
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+def poll(read, ready, timeout=60.0, pause=0.05):
+    """`read()` until `ready` holds for what it returns (a state that announces nothing),
+    for `timeout` seconds at most."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        if ready(value):
+            return value
+        assert time.monotonic() < deadline, f"timed out; last seen: {value!r}"
+        time.sleep(pause)

@@ -6,7 +6,7 @@ import tarfile
 import pytest
 
 from agentq_client import APIError, AsyncClient, Client
-from conftest import FAIL_ONCE, HOLD, has_param, has_path
+from conftest import FAIL_ONCE, HOLD, has_param, has_path, poll
 
 BINARY = b"\x00\x01\xfe\xff"
 
@@ -70,9 +70,8 @@ def held(client: Client, prompt: str) -> tuple[str, str]:
             break
     else:
         raise AssertionError("the stream ended without an approval request")
-    s = client.get_session(ref.id)
-    while s.status != "awaiting_approval":
-        s = client.get_session(ref.id)
+    # The request is sent before the run suspends: the status follows.
+    s = poll(lambda: client.get_session(ref.id), lambda s: s.status == "awaiting_approval")
     assert [p.tool_call_id for p in s.pending_approvals] == [call]
     return ref.id, call
 
@@ -151,6 +150,8 @@ async def test_the_async_client_does_the_same():
         done = await aq.wait(ref.id, timeout=120)
         assert done.result == "Done: async"
         assert await aq.download_file(ref.id, "out/result.txt") == b"written by the script"
+        batch = await aq.upload_batch([{"prompt": "async upload"}], metadata={"via": "async"})
+        assert batch.total == 1 and batch.metadata == {"via": "async"}
         seen = [s.id async for s in aq.iter_sessions(limit=2)]
         assert ref.id in seen
         with pytest.raises(APIError) as e:

@@ -37,8 +37,14 @@ export async function held(client, prompt) {
   });
   for await (const ev of client.events(ref.id, { timeoutMs: 120_000 })) {
     if (ev.event === "approval_requested") {
+      // The request is sent before the run suspends: the status follows.
+      const deadline = Date.now() + 60_000;
       let s = await client.getSession(ref.id);
-      while (s.status !== "awaiting_approval") s = await client.getSession(ref.id);
+      while (s.status !== "awaiting_approval") {
+        if (Date.now() > deadline) throw new Error(`still ${s.status}`);
+        await new Promise((r) => setTimeout(r, 50));
+        s = await client.getSession(ref.id);
+      }
       return [ref.id, ev.data.id, s];
     }
   }
