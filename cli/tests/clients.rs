@@ -255,7 +255,8 @@ fn suite_env(cmd: &mut Command, url: &str, proxy: &Dev) {
     common::clean(cmd);
     cmd.env("AGENTQ_URL", url)
         .env("AGENTQ_API_KEY", KEY)
-        .env("AGENTQ_FAULT_URL", &proxy.url);
+        .env("AGENTQ_FAULT_URL", &proxy.url)
+        .env("AGENTQ_OPENAPI", root().join("api/openapi.json"));
 }
 
 fn pytest(dir: &Path, url: &str) -> Output {
