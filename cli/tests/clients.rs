@@ -217,7 +217,13 @@ fn install_python_client(dir: &Path) -> PathBuf {
     copy_tree(&root().join("clients/python"), &src);
     run(
         Command::new(python())
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(["--no-deps", "--no-build-isolation", "--target"])
             .arg(dir.join("site"))
             .arg(&src),

@@ -37,7 +37,13 @@ pub fn node_modules(package_dir: &Path, probe: &str) -> Result<PathBuf> {
         std::fs::copy(package_dir.join(f), tmp.join(f))?;
     }
     let out = Command::new("npm")
-        .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts", "--loglevel=error"])
+        .args([
+            "ci",
+            "--no-audit",
+            "--no-fund",
+            "--ignore-scripts",
+            "--loglevel=error",
+        ])
         .current_dir(&tmp)
         .output()
         .context("starting npm (install nodejs and npm; scripts/test does)")?;

@@ -51,7 +51,7 @@ pub fn mcp_python() -> Result<PathBuf> {
                 &[MCP_PACKAGE],
                 &["-c", "import mcp.client.streamable_http"],
             )
-                .map_err(|e| format!("{e:#}"))
+            .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))
@@ -70,7 +70,7 @@ pub fn schemathesis() -> Result<Command> {
                 &[SCHEMATHESIS_PACKAGE],
                 &[CLI[0], CLI[1], "--version"],
             )
-                .map_err(|e| format!("{e:#}"))
+            .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))?;
