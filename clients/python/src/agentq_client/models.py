@@ -189,7 +189,7 @@ class ApprovalResult(Model):
 class Approval(Model):
     """One held call of `GET /v1/approvals` (a server that has the route)."""
 
-    __schema__ = "Approval"
+    __schema__ = "ApprovalItem"
     session_id: str
     tool_call_id: str
     tool: str
