@@ -130,7 +130,7 @@ fn start_distributed(dir: &Path) -> Server {
         .arg(dir.join("ws"))
         .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
         .spawn()
         .unwrap();
     procs.0.push(worker);
@@ -307,8 +307,12 @@ fn run_suites(dir: &Path, url: &str) {
         let ts = s.spawn(|| node_test(&dir.join("node"), url));
         (py.join().unwrap(), ts.join().unwrap())
     });
-    let py_report = format!("{}{}", text(&py.stdout), text(&py.stderr));
-    let ts_report = format!("{}{}", text(&ts.stdout), text(&ts.stderr));
+    // A worker's log (the distributed stack's) goes with a failure's report.
+    let log = std::fs::read_to_string(dir.join("worker.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+    let tail: String = tail.into_iter().rev().collect::<Vec<_>>().join("\n");
+    let py_report = format!("{}{}\n{tail}", text(&py.stdout), text(&py.stderr));
+    let ts_report = format!("{}{}\n{tail}", text(&ts.stdout), text(&ts.stderr));
     assert!(
         py.status.success(),
         "pytest failed against {url}:\n{py_report}"

@@ -5,7 +5,7 @@ import tarfile
 
 import pytest
 
-from agentq_client import APIError, AsyncClient, Client
+from agentq_client import APIError, AsyncClient, Client, WaitTimeout
 from conftest import FAIL_ONCE, HOLD, has_param, has_path, poll
 
 BINARY = b"\x00\x01\xfe\xff"
@@ -64,12 +64,18 @@ def held(client: Client, prompt: str) -> tuple[str, str]:
     """A session holding a write for approval, followed through its events until the
     request comes: its id and the held call's id."""
     ref = client.create_session(prompt, tools=["write_file"], sensitive_tools=["write_file"])
-    for ev in client.events(ref.id, timeout=120):
-        if ev.event == "approval_requested":
-            call = ev.data["id"]
-            break
-    else:
-        raise AssertionError("the stream ended without an approval request")
+    seen = []
+    try:
+        for ev in client.events(ref.id, timeout=120):
+            seen.append(ev)
+            if ev.event == "approval_requested":
+                call = ev.data["id"]
+                break
+        else:
+            raise AssertionError(f"the stream ended without an approval request: {seen}")
+    except WaitTimeout:
+        raise AssertionError(f"no approval request; events {seen}; "
+                             f"session {client.get_session(ref.id)!r}") from None
     # The request is sent before the run suspends: the status follows.
     s = poll(lambda: client.get_session(ref.id), lambda s: s.status == "awaiting_approval")
     assert [p.tool_call_id for p in s.pending_approvals] == [call]
