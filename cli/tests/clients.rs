@@ -38,7 +38,9 @@ fn root() -> PathBuf {
 /// What the model does (the suites' conftest.py and helpers.mjs name the markers): a
 /// plain prompt reads `input.txt`, writes `out/result.txt` and answers `Done: <prompt>` in
 /// small chunks (many events for a stream to be cut between); `HOLD-FOR-APPROVAL` writes
-/// `approved.txt` (held when the session names `write_file` sensitive); `FAIL-ONCE`'s
+/// `approved.txt` (held when the session names `write_file` sensitive); `STREAM-SLOWLY`
+/// starts after half a second and streams its answer slowly, so that a reader is there
+/// before its first event and while its last ones are written; `FAIL-ONCE`'s
 /// first call is refused for good (the session fails) and its retry answers.
 fn write_script(dir: &Path) -> PathBuf {
     let script = dir.join("script.json");
@@ -52,6 +54,11 @@ fn write_script(dir: &Path) -> PathBuf {
             {"text": "Done: {{prompt}}", "chunk_chars": 4},
         ],
         "variants": [
+            {"when_prompt_contains": "STREAM-SLOWLY", "turns": [
+                {"text": "Reading.", "delay_ms": 500, "tool_calls": [
+                    {"name": "read_file", "arguments": {"path": "input.txt"}}]},
+                {"text": "Done: {{prompt}}", "chunk_chars": 4, "chunk_delay_ms": 20},
+            ]},
             {"when_prompt_contains": "HOLD-FOR-APPROVAL", "turns": [
                 {"text": "Asking.", "tool_calls": [{"name": "write_file", "arguments":
                     {"path": "approved.txt", "content": "approved"}}]},

@@ -16,6 +16,7 @@ from agentq_client import Client
 # prompt pick the other scripts.
 HOLD = "HOLD-FOR-APPROVAL"
 FAIL_ONCE = "FAIL-ONCE"
+SLOW = "STREAM-SLOWLY"
 
 needs_server = pytest.mark.skipif(not os.environ.get("AGENTQ_URL"),
                                   reason="AGENTQ_URL names no server")

@@ -6,6 +6,7 @@ export const URL_SET = Boolean(process.env.AGENTQ_URL);
 export const FAULT_URL = process.env.AGENTQ_FAULT_URL;
 export const HOLD = "HOLD-FOR-APPROVAL";
 export const FAIL_ONCE = "FAIL-ONCE";
+export const SLOW = "STREAM-SLOWLY";
 export const serverOnly = { skip: URL_SET ? false : "AGENTQ_URL names no server" };
 export const proxyOnly = { skip: URL_SET && FAULT_URL ? false : "no fault proxy" };
 
@@ -29,24 +30,20 @@ export async function document() {
   return spec;
 }
 
-/** A session holding a write for approval, followed through its events until the request
- * comes: its id and the held call's id. */
+/** A session holding a write for approval, once it waits for the decision: its id, the
+ * held call's id and its view. Polled, not followed through the events: a stream opened
+ * while the worker's events are not yet in Redis is rebuilt from the transcript, which
+ * holds no `approval_requested` (a server matter, not the client's). */
 export async function held(client, prompt) {
   const ref = await client.createSession(prompt, {
     tools: ["write_file"], sensitive_tools: ["write_file"],
   });
-  for await (const ev of client.events(ref.id, { timeoutMs: 120_000 })) {
-    if (ev.event === "approval_requested") {
-      // The request is sent before the run suspends: the status follows.
-      const deadline = Date.now() + 60_000;
-      let s = await client.getSession(ref.id);
-      while (s.status !== "awaiting_approval") {
-        if (Date.now() > deadline) throw new Error(`still ${s.status}`);
-        await new Promise((r) => setTimeout(r, 50));
-        s = await client.getSession(ref.id);
-      }
-      return [ref.id, ev.data.id, s];
-    }
+  const deadline = Date.now() + 120_000;
+  let s = await client.getSession(ref.id);
+  while (s.status !== "awaiting_approval") {
+    if (Date.now() > deadline) throw new Error(`still ${s.status}`);
+    await new Promise((r) => setTimeout(r, 50));
+    s = await client.getSession(ref.id);
   }
-  throw new Error("the stream ended without an approval request");
+  return [ref.id, s.pending_approvals[0].tool_call_id, s];
 }
