@@ -4,10 +4,12 @@
 //! from `agentq-fixtures` (which `agentq bench` runs on too), re-exported here; and the
 //! tests' own helpers (the recorded provider responses, a graceful-stop check, Pythons
 //! with the MCP SDK and with schemathesis: [`python`], the real MCP servers: [`mcp`],
-//! Anthropic answers written by hand: [`anthropic`]).
+//! Anthropic answers written by hand: [`anthropic`], npm packages for the TypeScript
+//! client: [`node`]).
 
 pub mod anthropic;
 pub mod mcp;
+pub mod node;
 
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,

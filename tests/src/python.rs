@@ -1,11 +1,11 @@
-//! Pythons with a pinned package from PyPI, each in a virtual environment under the test
+//! Pythons with pinned packages from PyPI, each in a virtual environment under the test
 //! cache ([`cache_dir`]), made on first use: the official MCP SDK (`mcp`), for tests that
 //! drive `/mcp` with the client other agents use ([`mcp_python`]), schemathesis, which
-//! fuzzes the API against its OpenAPI document ([`schemathesis`]), and the Standard
-//! Webhooks library the webhook tests' receiver verifies signatures with
-//! ([`webhooks_python`]). A fresh machine needs
-//! only `python3` with its `venv` module (`scripts/test` installs it) and access to PyPI
-//! once.
+//! fuzzes the API against its OpenAPI document ([`schemathesis`]), the Standard Webhooks
+//! library the webhook tests' receiver verifies signatures with ([`webhooks_python`]), and
+//! the pinned requirements of a file ([`requirements_python`], the Python client's test
+//! suite). A fresh machine needs only `python3` with its `venv` module (`scripts/test`
+//! installs it) and access to PyPI once.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,8 +51,12 @@ pub fn mcp_python() -> Result<PathBuf> {
     static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     PYTHON
         .get_or_init(|| {
-            venv_with(MCP_PACKAGE, &["-c", "import mcp.client.streamable_http"])
-                .map_err(|e| format!("{e:#}"))
+            venv_with(
+                &MCP_PACKAGE.replace("==", "-"),
+                &[MCP_PACKAGE],
+                &["-c", "import mcp.client.streamable_http"],
+            )
+            .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))
@@ -65,7 +69,8 @@ pub fn webhooks_python() -> Result<PathBuf> {
     PYTHON
         .get_or_init(|| {
             venv_with(
-                STANDARD_WEBHOOKS_PACKAGE,
+                &STANDARD_WEBHOOKS_PACKAGE.replace("==", "-"),
+                &[STANDARD_WEBHOOKS_PACKAGE],
                 &["-c", "from standardwebhooks import Webhook"],
             )
             .map_err(|e| format!("{e:#}"))
@@ -82,14 +87,37 @@ pub fn schemathesis() -> Result<Command> {
     static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     let python = PYTHON
         .get_or_init(|| {
-            venv_with(SCHEMATHESIS_PACKAGE, &[CLI[0], CLI[1], "--version"])
-                .map_err(|e| format!("{e:#}"))
+            venv_with(
+                &SCHEMATHESIS_PACKAGE.replace("==", "-"),
+                &[SCHEMATHESIS_PACKAGE],
+                &[CLI[0], CLI[1], "--version"],
+            )
+            .map_err(|e| format!("{e:#}"))
         })
         .clone()
         .map_err(|e| anyhow::anyhow!(e))?;
     let mut st = Command::new(python);
     st.args(CLI);
     Ok(st)
+}
+
+/// The `python` of a virtual environment holding every package of the requirements
+/// file `requirements` (pinned, `name==version` a line), made if missing. The environment
+/// is named by a hash of the file: a changed pin makes a new one.
+pub fn requirements_python(requirements: &Path, probe: &[&str]) -> Result<PathBuf> {
+    let text = std::fs::read(requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let name = format!("req-{:016x}", fnv1a(&text));
+    let file = requirements.to_string_lossy().into_owned();
+    venv_with(&name, &["-r", &file], probe)
+}
+
+/// A stable hash of `bytes` (FNV-1a, 64 bits): a cache key that stays the same across
+/// builds and toolchains, unlike `std`'s hasher.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Whether `python` runs `probe` (its arguments) successfully.
@@ -113,11 +141,12 @@ fn run(cmd: &mut Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The `python` of the virtual environment of `package` (`name==version`), made if
-/// missing; `probe` (arguments to it) tells a working one from a half-made one.
-fn venv_with(package: &str, probe: &[&str]) -> Result<PathBuf> {
+/// The `python` of the virtual environment `venv-<name>`, made if missing by `pip install`
+/// with `install` (its arguments); `probe` (arguments to the python) tells a working one
+/// from a half-made one.
+fn venv_with(name: &str, install: &[&str], probe: &[&str]) -> Result<PathBuf> {
     let cache = cache_dir();
-    let name = package.replace("==", "-");
+    let what = install.join(" ");
     let venv = cache.join(format!("venv-{name}"));
     let python = venv.join("bin/python");
     if works(&python, probe) {
@@ -142,15 +171,15 @@ fn venv_with(package: &str, probe: &[&str]) -> Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .arg(package),
-        &format!("pip install {package}"),
+            .args(install),
+        &format!("pip install {what}"),
     )?;
     if std::fs::rename(&tmp, &venv).is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     if !works(&python, probe) {
         bail!(
-            "{} cannot run {probe:?} after installing {package}",
+            "{} cannot run {probe:?} after installing {what}",
             python.display()
         );
     }

@@ -14,6 +14,7 @@ mod batch_cli;
 mod batches_cli;
 mod bench;
 mod client_cli;
+mod clients;
 mod console;
 mod demo;
 mod dev_workspace;

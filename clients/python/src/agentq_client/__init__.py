@@ -1,0 +1,40 @@
+"""Python client for the agentq API (sync: `Client`, asyncio: `AsyncClient`).
+
+    from agentq_client import Client
+    with Client() as aq:  # AGENTQ_URL, AGENTQ_API_KEY
+        s = aq.create_session("Summarise notes.txt", files={"notes.txt": "..."})
+        print(aq.wait(s.id).result)
+"""
+
+from ._async import AsyncClient
+from ._core import AgentqError, APIError, StreamError, WaitTimeout
+from ._sync import Client
+from . import models
+from .models import (
+    Batch,
+    BatchResult,
+    Event,
+    FileEntry,
+    Message,
+    SessionDetail,
+    SessionRef,
+    SessionView,
+)
+
+__all__ = [
+    "APIError",
+    "AgentqError",
+    "AsyncClient",
+    "Batch",
+    "BatchResult",
+    "Client",
+    "Event",
+    "FileEntry",
+    "Message",
+    "SessionDetail",
+    "SessionRef",
+    "SessionView",
+    "StreamError",
+    "WaitTimeout",
+    "models",
+]

@@ -1,0 +1,275 @@
+"""The asyncio client: the blocking one's methods as coroutines, sending the same
+`Call`s of `_core.Ops`. Generated from `_sync.py` by scripts/gen_async.py: edit that
+file and run the script."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+from typing import Any, AsyncIterator, Iterable, Iterator, Mapping, Optional, TypeVar, Union
+
+import httpx
+
+from . import _core as c
+from . import models as m
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """The agentq API. `url` and `api_key` default to `AGENTQ_URL` and
+    `AGENTQ_API_KEY`."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
+                 timeout: float = 30.0, max_retries: int = c.DEFAULT_MAX_RETRIES,
+                 max_reconnects: int = c.DEFAULT_MAX_RECONNECTS,
+                 transport: Optional[httpx.AsyncBaseTransport] = None) -> None:
+        self.url, key = c.env_settings(url, api_key)
+        self.max_retries = max_retries
+        self.max_reconnects = max_reconnects
+        self._http = httpx.AsyncClient(base_url=self.url, headers=c.headers_for(key),
+                                  timeout=timeout, transport=transport)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # The one place requests are sent: 429/503 and refused connections are retried.
+    async def _send(self, call: c.Call[T]) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = await self._http.request(call.method, call.path, params=call.params,
+                                       json=call.json, content=call.content,
+                                       headers=call.headers)
+            except httpx.ConnectError:
+                if attempt > self.max_retries or call.content is not None:
+                    raise
+                await anyio.sleep(c.backoff(attempt))
+                continue
+            if r.is_success:
+                return call.parse(r)
+            # A streamed upload cannot be sent twice.
+            delay = None if call.content is not None else c.retry_delay(
+                r.status_code, r.headers, attempt, self.max_retries)
+            if delay is None:
+                raise c.APIError.from_response(r.status_code, r.headers, r.content)
+            await anyio.sleep(delay)
+
+    # Sessions
+
+    async def create_session(self, prompt: str, *, files: Optional[Mapping[str, c.FileValue]] = None,
+                       **fields: Any) -> m.SessionRef:
+        """Queue a session; `files` (path → text or bytes) start its workspace; any
+        other field of `CreateSession` (`mode`, `tools`, `queue`, `metadata`, …) by name."""
+        return await self._send(c.Ops.create_session(c.session_body(prompt, files, fields)))
+
+    async def get_session(self, id: str) -> m.SessionDetail:
+        return await self._send(c.Ops.get_session(id))
+
+    async def list_sessions(self, **filters: Any) -> m.SessionPage:
+        """One page: `status`, `limit`, `cursor`, `parent_id`, `batch_id`, and on newer
+        servers `finish_reason`, `wait_reason`, `queue`, `metadata` (a mapping),
+        `created_after`, `created_before`, `min_cost_usd`, `max_cost_usd`."""
+        return await self._send(c.Ops.list_sessions(**filters))
+
+    async def iter_sessions(self, **filters: Any) -> AsyncIterator[m.SessionView]:
+        """Every matching session, following the cursors."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = await self.list_sessions(cursor=cursor, **filters)
+            for s in page.sessions:
+                yield s
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel_session(self, id: str) -> m.CancelResult:
+        return await self._send(c.Ops.cancel_session(id))
+
+    async def cancel_sessions(self, batch_id: str, *, cursor: Optional[str] = None,
+                        limit: Optional[int] = None) -> m.BulkCancelResult:
+        return await self._send(c.Ops.cancel_sessions(
+            c.filter_body(batch_id=batch_id, cursor=cursor, limit=limit)))
+
+    async def retry_session(self, id: str) -> m.RetryResult:
+        return await self._send(c.Ops.retry_session(id))
+
+    async def retry_sessions(self, **filter: Any) -> m.BulkRetryResult:
+        """Redrive failed sessions: `batch_id`, `error_contains`, `finished_since`,
+        `status` (newer servers), `limit`, `cursor`."""
+        return await self._send(c.Ops.retry_sessions(c.filter_body(**filter)))
+
+    async def messages(self, id: str) -> list[m.Message]:
+        return await self._send(c.Ops.messages(id)).messages
+
+    async def post_message(self, id: str, content: str, *, strategy: Optional[str] = None
+                     ) -> m.PostMessageResult:
+        return await self._send(c.Ops.post_message(id, c.filter_body(content=content,
+                                                                strategy=strategy)))
+
+    async def approve(self, id: str, tool_call_id: str, *,
+                arguments: Optional[Mapping[str, Any]] = None) -> m.ApprovalResult:
+        """Approve a held call; `arguments` (newer servers) replace the model's."""
+        return await self._send(c.Ops.decide(id, c.filter_body(
+            tool_call_id=tool_call_id, approve=True, arguments=arguments)))
+
+    async def deny(self, id: str, tool_call_id: str, *, reason: Optional[str] = None
+             ) -> m.ApprovalResult:
+        return await self._send(c.Ops.decide(id, c.filter_body(
+            tool_call_id=tool_call_id, approve=False, reason=reason)))
+
+    async def list_approvals(self, **filters: Any) -> m.ApprovalPage:
+        """Held calls across sessions (newer servers): `queue`, `batch_id`, `tool`,
+        `session_id`, `limit`, `cursor`."""
+        return await self._send(c.Ops.list_approvals(**filters))
+
+    # Files
+
+    async def list_files(self, id: str) -> list[m.FileEntry]:
+        return await self._send(c.Ops.list_files(id)).files
+
+    async def download_file(self, id: str, path: str) -> bytes:
+        return await self._send(c.Ops.download_file(id, path))
+
+    async def download_tar(self, id: str) -> bytes:
+        """Every committed file of the session's tree, as one tar."""
+        return await self._send(c.Ops.download_tar(id))
+
+    # Events
+
+    async def events(self, id: str, *, last_event_id: Optional[str] = None,
+               timeout: Optional[float] = None) -> AsyncIterator[m.Event]:
+        """The session's events until `session_completed`, resuming after a dropped
+        connection from the last event's id: nothing is lost or repeated."""
+        state = c.StreamState(last_id=last_event_id, max_reconnects=self.max_reconnects)
+        deadline = c.deadline_after(timeout)
+        path = f"/v1/sessions/{c.seg(id)}/events"
+        attempt = 0
+        while not state.done:
+            c.check_deadline(deadline, f"the events of {id}")
+            cause: Optional[BaseException] = None
+            try:
+                async with self._http.stream("GET", path, headers=state.headers(),
+                                       timeout=httpx.Timeout(30.0, read=None)) as r:
+                    if not r.is_success:
+                        await r.aread()
+                        attempt += 1
+                        delay = c.retry_delay(r.status_code, r.headers, attempt,
+                                              self.max_retries)
+                        if delay is None:
+                            raise c.APIError.from_response(r.status_code, r.headers,
+                                                           r.content)
+                        await anyio.sleep(delay)
+                        continue
+                    attempt = 0
+                    decoder = c.SSEDecoder()
+                    async for line in r.aiter_lines():
+                        c.check_deadline(deadline, f"the events of {id}")
+                        ev = decoder.feed(line)
+                        if ev is None:
+                            continue
+                        state.seen(ev)
+                        yield ev
+                        if state.done:
+                            return
+            except c.TRANSPORT_ERRORS as e:
+                cause = e
+            await anyio.sleep(state.dropped(cause))
+
+    async def wait(self, id: str, *, timeout: Optional[float] = None,
+             poll_interval: Optional[float] = None) -> m.SessionDetail:
+        """The session once it has finished: followed through its events, or polled
+        every `poll_interval` seconds when one is given."""
+        deadline = c.deadline_after(timeout)
+        if poll_interval is None:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            async for _ in self.events(id, timeout=remaining):
+                pass
+            poll_interval = 0.2
+        while True:
+            s = await self.get_session(id)
+            if s.finished:
+                return s
+            c.check_deadline(deadline, f"session {id}")
+            await anyio.sleep(poll_interval)
+
+    # Batches
+
+    async def submit_batch(self, requests: Iterable[Mapping[str, Any]], *,
+                     max_running: Optional[int] = None,
+                     metadata: Optional[Mapping[str, Any]] = None) -> m.Batch:
+        """A batch from a list of session requests (each as `create_session` takes it,
+        with an optional `custom_id`), sent as one JSON body."""
+        return await self._send(c.Ops.submit_batch(c.batch_body(requests, max_running, metadata)))
+
+    async def upload_batch(self, source: Union[str, os.PathLike[str], Iterable[Mapping[str, Any]]], *,
+                     max_running: Optional[int] = None,
+                     metadata: Optional[Mapping[str, Any]] = None) -> m.Batch:
+        """A batch as JSON Lines, streamed: a file's path, or an iterable of requests
+        (never held in memory whole)."""
+        chunks = (c.file_chunks(source) if isinstance(source, (str, os.PathLike))
+                  else c.jsonl_chunks(source))
+        content = c.async_stream(chunks)
+        return await self._send(c.Ops.upload_batch(content, max_running, metadata))
+
+    async def get_batch(self, id: str) -> m.Batch:
+        return await self._send(c.Ops.get_batch(id))
+
+    async def list_batches(self, *, limit: Optional[int] = None, cursor: Optional[str] = None
+                     ) -> m.BatchPage:
+        return await self._send(c.Ops.list_batches(limit, cursor))
+
+    async def iter_batches(self, *, limit: Optional[int] = None) -> AsyncIterator[m.Batch]:
+        cursor = None
+        while True:
+            page = await self.list_batches(limit=limit, cursor=cursor)
+            for b in page.batches:
+                yield b
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def cancel_batch(self, id: str) -> m.Batch:
+        return await self._send(c.Ops.cancel_batch(id))
+
+    async def batch_results(self, id: str, *, wait: bool = True, poll_interval: float = 0.5,
+                      limit: Optional[int] = None, after: Optional[str] = None,
+                      timeout: Optional[float] = None) -> AsyncIterator[m.BatchResult]:
+        """The batch's results in request order, across pages; with `wait`, until the
+        last session finished (polling while the next one runs), else what is ready."""
+        deadline = c.deadline_after(timeout)
+        while True:
+            page = await self._send(c.Ops.batch_results(id, after, limit))
+            for res in page.results:
+                yield res
+            if page.results:
+                after = page.results[-1].id
+            if page.next_after:
+                after = page.next_after
+            if page.state == "complete" or (page.state == "waiting" and not wait):
+                return
+            if page.state == "waiting":
+                c.check_deadline(deadline, f"the results of batch {id}")
+                await anyio.sleep(poll_interval)
+
+    async def wait_batch(self, id: str, *, timeout: Optional[float] = None,
+                   poll_interval: float = 0.5) -> m.Batch:
+        deadline = c.deadline_after(timeout)
+        while True:
+            b = await self.get_batch(id)
+            if b.finished:
+                return b
+            c.check_deadline(deadline, f"batch {id}")
+            await anyio.sleep(poll_interval)
+
+    async def openapi(self) -> Any:
+        return await self._send(c.Ops.openapi())

@@ -1,0 +1,268 @@
+"""The blocking client: sends the `Call`s of `_core.Ops` with httpx."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Iterator, Mapping, Optional, TypeVar, Union
+
+import httpx
+
+from . import _core as c
+from . import models as m
+
+T = TypeVar("T")
+
+
+class Client:
+    """The agentq API. `url` and `api_key` default to `AGENTQ_URL` and
+    `AGENTQ_API_KEY`."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *,
+                 timeout: float = 30.0, max_retries: int = c.DEFAULT_MAX_RETRIES,
+                 max_reconnects: int = c.DEFAULT_MAX_RECONNECTS,
+                 transport: Optional[httpx.BaseTransport] = None) -> None:
+        self.url, key = c.env_settings(url, api_key)
+        self.max_retries = max_retries
+        self.max_reconnects = max_reconnects
+        self._http = httpx.Client(base_url=self.url, headers=c.headers_for(key),
+                                  timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # The one place requests are sent: 429/503 and refused connections are retried.
+    def _send(self, call: c.Call[T]) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                r = self._http.request(call.method, call.path, params=call.params,
+                                       json=call.json, content=call.content,
+                                       headers=call.headers)
+            except httpx.ConnectError:
+                if attempt > self.max_retries or call.content is not None:
+                    raise
+                time.sleep(c.backoff(attempt))
+                continue
+            if r.is_success:
+                return call.parse(r)
+            # A streamed upload cannot be sent twice.
+            delay = None if call.content is not None else c.retry_delay(
+                r.status_code, r.headers, attempt, self.max_retries)
+            if delay is None:
+                raise c.APIError.from_response(r.status_code, r.headers, r.content)
+            time.sleep(delay)
+
+    # Sessions
+
+    def create_session(self, prompt: str, *, files: Optional[Mapping[str, c.FileValue]] = None,
+                       **fields: Any) -> m.SessionRef:
+        """Queue a session; `files` (path → text or bytes) start its workspace; any
+        other field of `CreateSession` (`mode`, `tools`, `queue`, `metadata`, …) by name."""
+        return self._send(c.Ops.create_session(c.session_body(prompt, files, fields)))
+
+    def get_session(self, id: str) -> m.SessionDetail:
+        return self._send(c.Ops.get_session(id))
+
+    def list_sessions(self, **filters: Any) -> m.SessionPage:
+        """One page: `status`, `limit`, `cursor`, `parent_id`, `batch_id`, and on newer
+        servers `finish_reason`, `wait_reason`, `queue`, `metadata` (a mapping),
+        `created_after`, `created_before`, `min_cost_usd`, `max_cost_usd`."""
+        return self._send(c.Ops.list_sessions(**filters))
+
+    def iter_sessions(self, **filters: Any) -> Iterator[m.SessionView]:
+        """Every matching session, following the cursors."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = self.list_sessions(cursor=cursor, **filters)
+            yield from page.sessions
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel_session(self, id: str) -> m.CancelResult:
+        return self._send(c.Ops.cancel_session(id))
+
+    def cancel_sessions(self, batch_id: str, *, cursor: Optional[str] = None,
+                        limit: Optional[int] = None) -> m.BulkCancelResult:
+        return self._send(c.Ops.cancel_sessions(
+            c.filter_body(batch_id=batch_id, cursor=cursor, limit=limit)))
+
+    def retry_session(self, id: str) -> m.RetryResult:
+        return self._send(c.Ops.retry_session(id))
+
+    def retry_sessions(self, **filter: Any) -> m.BulkRetryResult:
+        """Redrive failed sessions: `batch_id`, `error_contains`, `finished_since`,
+        `status` (newer servers), `limit`, `cursor`."""
+        return self._send(c.Ops.retry_sessions(c.filter_body(**filter)))
+
+    def messages(self, id: str) -> list[m.Message]:
+        return self._send(c.Ops.messages(id)).messages
+
+    def post_message(self, id: str, content: str, *, strategy: Optional[str] = None
+                     ) -> m.PostMessageResult:
+        return self._send(c.Ops.post_message(id, c.filter_body(content=content,
+                                                                strategy=strategy)))
+
+    def approve(self, id: str, tool_call_id: str, *,
+                arguments: Optional[Mapping[str, Any]] = None) -> m.ApprovalResult:
+        """Approve a held call; `arguments` (newer servers) replace the model's."""
+        return self._send(c.Ops.decide(id, c.filter_body(
+            tool_call_id=tool_call_id, approve=True, arguments=arguments)))
+
+    def deny(self, id: str, tool_call_id: str, *, reason: Optional[str] = None
+             ) -> m.ApprovalResult:
+        return self._send(c.Ops.decide(id, c.filter_body(
+            tool_call_id=tool_call_id, approve=False, reason=reason)))
+
+    def list_approvals(self, **filters: Any) -> m.ApprovalPage:
+        """Held calls across sessions (newer servers): `queue`, `batch_id`, `tool`,
+        `session_id`, `limit`, `cursor`."""
+        return self._send(c.Ops.list_approvals(**filters))
+
+    # Files
+
+    def list_files(self, id: str) -> list[m.FileEntry]:
+        return self._send(c.Ops.list_files(id)).files
+
+    def download_file(self, id: str, path: str) -> bytes:
+        return self._send(c.Ops.download_file(id, path))
+
+    def download_tar(self, id: str) -> bytes:
+        """Every committed file of the session's tree, as one tar."""
+        return self._send(c.Ops.download_tar(id))
+
+    # Events
+
+    def events(self, id: str, *, last_event_id: Optional[str] = None,
+               timeout: Optional[float] = None) -> Iterator[m.Event]:
+        """The session's events until `session_completed`, resuming after a dropped
+        connection from the last event's id: nothing is lost or repeated."""
+        state = c.StreamState(last_id=last_event_id, max_reconnects=self.max_reconnects)
+        deadline = c.deadline_after(timeout)
+        path = f"/v1/sessions/{c.seg(id)}/events"
+        attempt = 0
+        while not state.done:
+            c.check_deadline(deadline, f"the events of {id}")
+            cause: Optional[BaseException] = None
+            try:
+                with self._http.stream("GET", path, headers=state.headers(),
+                                       timeout=httpx.Timeout(30.0, read=None)) as r:
+                    if not r.is_success:
+                        r.read()
+                        attempt += 1
+                        delay = c.retry_delay(r.status_code, r.headers, attempt,
+                                              self.max_retries)
+                        if delay is None:
+                            raise c.APIError.from_response(r.status_code, r.headers,
+                                                           r.content)
+                        time.sleep(delay)
+                        continue
+                    attempt = 0
+                    decoder = c.SSEDecoder()
+                    for line in r.iter_lines():
+                        c.check_deadline(deadline, f"the events of {id}")
+                        ev = decoder.feed(line)
+                        if ev is None:
+                            continue
+                        state.seen(ev)
+                        yield ev
+                        if state.done:
+                            return
+            except c.TRANSPORT_ERRORS as e:
+                cause = e
+            time.sleep(state.dropped(cause))
+
+    def wait(self, id: str, *, timeout: Optional[float] = None,
+             poll_interval: Optional[float] = None) -> m.SessionDetail:
+        """The session once it has finished: followed through its events, or polled
+        every `poll_interval` seconds when one is given."""
+        deadline = c.deadline_after(timeout)
+        if poll_interval is None:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for _ in self.events(id, timeout=remaining):
+                pass
+            poll_interval = 0.2
+        while True:
+            s = self.get_session(id)
+            if s.finished:
+                return s
+            c.check_deadline(deadline, f"session {id}")
+            time.sleep(poll_interval)
+
+    # Batches
+
+    def submit_batch(self, requests: Iterable[Mapping[str, Any]], *,
+                     max_running: Optional[int] = None,
+                     metadata: Optional[Mapping[str, Any]] = None) -> m.Batch:
+        """A batch from a list of session requests (each as `create_session` takes it,
+        with an optional `custom_id`), sent as one JSON body."""
+        return self._send(c.Ops.submit_batch(c.batch_body(requests, max_running, metadata)))
+
+    def upload_batch(self, source: Union[str, os.PathLike[str], Iterable[Mapping[str, Any]]], *,
+                     max_running: Optional[int] = None,
+                     metadata: Optional[Mapping[str, Any]] = None) -> m.Batch:
+        """A batch as JSON Lines, streamed: a file's path, or an iterable of requests
+        (never held in memory whole)."""
+        chunks = (c.file_chunks(source) if isinstance(source, (str, os.PathLike))
+                  else c.jsonl_chunks(source))
+        content = c.sync_stream(chunks)
+        return self._send(c.Ops.upload_batch(content, max_running, metadata))
+
+    def get_batch(self, id: str) -> m.Batch:
+        return self._send(c.Ops.get_batch(id))
+
+    def list_batches(self, *, limit: Optional[int] = None, cursor: Optional[str] = None
+                     ) -> m.BatchPage:
+        return self._send(c.Ops.list_batches(limit, cursor))
+
+    def iter_batches(self, *, limit: Optional[int] = None) -> Iterator[m.Batch]:
+        cursor = None
+        while True:
+            page = self.list_batches(limit=limit, cursor=cursor)
+            yield from page.batches
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel_batch(self, id: str) -> m.Batch:
+        return self._send(c.Ops.cancel_batch(id))
+
+    def batch_results(self, id: str, *, wait: bool = True, poll_interval: float = 0.5,
+                      limit: Optional[int] = None, after: Optional[str] = None,
+                      timeout: Optional[float] = None) -> Iterator[m.BatchResult]:
+        """The batch's results in request order, across pages; with `wait`, until the
+        last session finished (polling while the next one runs), else what is ready."""
+        deadline = c.deadline_after(timeout)
+        while True:
+            page = self._send(c.Ops.batch_results(id, after, limit))
+            yield from page.results
+            if page.results:
+                after = page.results[-1].id
+            if page.next_after:
+                after = page.next_after
+            if page.state == "complete" or (page.state == "waiting" and not wait):
+                return
+            if page.state == "waiting":
+                c.check_deadline(deadline, f"the results of batch {id}")
+                time.sleep(poll_interval)
+
+    def wait_batch(self, id: str, *, timeout: Optional[float] = None,
+                   poll_interval: float = 0.5) -> m.Batch:
+        deadline = c.deadline_after(timeout)
+        while True:
+            b = self.get_batch(id)
+            if b.finished:
+                return b
+            c.check_deadline(deadline, f"batch {id}")
+            time.sleep(poll_interval)
+
+    def openapi(self) -> Any:
+        return self._send(c.Ops.openapi())

@@ -1,0 +1,331 @@
+"""Typed views of the API's answers, written to match api/openapi.json.
+
+Each model names the spec schema it mirrors (`__schema__`); tests/test_models.py holds
+every model's fields to that schema's properties (and its required ones), so a change of
+the spec that these models do not follow fails the suite. Unknown fields from a newer
+server are kept (`extra="allow"`) rather than refused: an old client keeps working.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, ClassVar, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SessionStatus = Literal[
+    "queued", "running", "waiting", "awaiting_approval", "completed", "failed", "cancelled"
+]
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+BatchStatus = Literal["in_progress", "completed", "cancelling", "cancelled"]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    __schema__: ClassVar[str] = ""
+
+
+class Usage(Model):
+    __schema__ = "Usage"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
+    web_search_requests: int = 0
+
+
+class ErrorDetail(Model):
+    __schema__ = "ErrorDetail"
+    code: str
+    message: str
+    field: Optional[str] = None
+
+
+class SessionRef(Model):
+    __schema__ = "SessionRef"
+    id: str
+    status: SessionStatus
+
+
+class SessionSpec(Model):
+    """The request's fields as a session shows them (the server fills its defaults)."""
+
+    __schema__ = "SessionSpec"
+    prompt: str
+    approval_timeout_secs: Optional[int] = None
+    base_url: Optional[str] = None
+    context_budget_chars: Optional[int] = None
+    history_window: Optional[int] = None
+    max_background_drain_rounds: Optional[int] = None
+    max_iterations: Optional[int] = None
+    max_llm_retries: Optional[int] = None
+    max_repeated_calls: Optional[int] = None
+    max_tokens: Optional[int] = None
+    metadata: Any = None
+    mode: Optional[str] = None
+    model: Optional[str] = None
+    provider: Optional[str] = None
+    retry_delay_ms: Optional[int] = None
+    sensitive_tools: Optional[list[str]] = None
+    system: Optional[str] = None
+    temperature: Optional[float] = None
+    timeout_secs: Optional[int] = None
+    token_budget: Optional[int] = None
+    tool_output_max_chars: Optional[int] = None
+    tool_timeout_secs: Optional[int] = None
+    tools: Optional[list[str]] = None
+    warn_repeated_calls: Optional[int] = None
+    web_search: Any = None
+
+
+class SessionView(SessionSpec):
+    __schema__ = "SessionView"
+    id: str
+    status: SessionStatus
+    iterations: int
+    usage: Usage
+    root_id: str
+    depth: int
+    queue: str
+    cancel_requested: bool
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    batch_id: Optional[str] = None
+    error: Optional[str] = None
+    finish_reason: Optional[str] = None
+    finished_at: Optional[datetime] = None
+    idempotency_key: Optional[str] = None
+    lease_owner: Optional[str] = None
+    parent_id: Optional[str] = None
+    priority: Optional[int] = None
+    result: Optional[str] = None
+    takeovers: Optional[int] = None
+    wait_reason: Optional[str] = None
+    wake_at: Optional[datetime] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class PendingApproval(Model):
+    __schema__ = "PendingApproval"
+    tool_call_id: str
+    tool: str
+    arguments: Any
+    deadline: Optional[datetime] = None
+
+
+class BudgetLedger(Model):
+    __schema__ = "BudgetLedger"
+    allowance: int
+    spent: int
+    held: int
+    children_spent: int
+    remaining: int
+
+
+class TreeCost(Model):
+    __schema__ = "TreeCost"
+    root_id: str
+    sessions: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+class SessionDetail(SessionView):
+    __schema__ = "SessionDetail"
+    children: list[str]
+    budget: Optional[BudgetLedger] = None
+    cost_usd: Optional[float] = None
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)
+    tree_cost: Optional[TreeCost] = None
+
+
+class SessionPage(Model):
+    __schema__ = "ListResponse"
+    sessions: list[SessionView]
+    next_cursor: Optional[str] = None
+    cost_usd: Optional[float] = None
+
+
+class CancelResult(Model):
+    __schema__ = "CancelResponse"
+    id: str
+    status: SessionStatus
+    cancel_requested: Optional[bool] = None
+
+
+class RetryResult(Model):
+    __schema__ = "RetryResponse"
+    id: str
+    status: SessionStatus
+
+
+class BulkCancelResult(Model):
+    __schema__ = "BulkCancelResponse"
+    sessions: list[CancelResult]
+    next_cursor: Optional[str] = None
+
+
+class BulkRetryResult(Model):
+    __schema__ = "BulkRetryResponse"
+    sessions: list[RetryResult]
+    next_cursor: Optional[str] = None
+
+
+class ApprovalResult(Model):
+    __schema__ = "ApprovalResponse"
+    id: str
+    tool_call_id: str
+    approve: bool
+    resumed: bool
+
+
+class Approval(Model):
+    """One held call of `GET /v1/approvals` (a server that has the route)."""
+
+    __schema__ = "ApprovalItem"
+    session_id: str
+    tool_call_id: str
+    tool: str
+    arguments: Any = None
+    requested_at: Optional[datetime] = None
+    deadline: Optional[datetime] = None
+    queue: Optional[str] = None
+    batch_id: Optional[str] = None
+    metadata: Any = None
+
+
+class ApprovalPage(Model):
+    __schema__ = "ApprovalList"
+    approvals: list[Approval]
+    next_cursor: Optional[str] = None
+
+
+class ToolCall(Model):
+    __schema__ = "ToolCall"
+    id: str
+    name: str
+    arguments: Any
+
+
+class Message(Model):
+    __schema__ = "Message"
+    role: str
+    content: Optional[str] = None
+    finish_reason: Optional[str] = None
+    is_error: Optional[bool] = None
+    model: Optional[str] = None
+    name: Optional[str] = None
+    server_content: Optional[list[Any]] = None
+    thinking: Optional[list[Any]] = None
+    tool_call_id: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    usage: Optional[Usage] = None
+
+
+class MessageList(Model):
+    __schema__ = "MessagesResponse"
+    messages: list[Message]
+
+
+class PostMessageResult(Model):
+    __schema__ = "PostMessageResponse"
+    id: str
+    status: SessionStatus
+    delivery: str
+    seq: Optional[int] = None
+
+
+class FileEntry(Model):
+    __schema__ = "FileEntry"
+    path: str
+    size: int
+    sha256: str
+    modified_at_seq: int
+
+
+class FileList(Model):
+    __schema__ = "FileList"
+    files: list[FileEntry]
+
+
+class BatchCounts(Model):
+    __schema__ = "BatchCounts"
+    queued: int
+    running: int
+    waiting: int
+    awaiting_approval: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class Batch(Model):
+    __schema__ = "BatchView"
+    id: str
+    status: BatchStatus
+    total: int
+    counts: BatchCounts
+    finish_reasons: dict[str, int]
+    usage: Usage
+    metadata: Any
+    created_at: datetime
+    cancelled_at: Optional[datetime] = None
+    cost_usd: Optional[float] = None
+    eta_secs: Optional[int] = None
+    finished_at: Optional[datetime] = None
+    max_running: Optional[int] = None
+    started_at: Optional[datetime] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "cancelled")
+
+
+class BatchPage(Model):
+    __schema__ = "BatchList"
+    batches: list[Batch]
+    next_cursor: Optional[str] = None
+
+
+class BatchResult(Model):
+    __schema__ = "BatchResult"
+    id: str
+    status: SessionStatus
+    usage: Usage
+    custom_id: Optional[str] = None
+    error: Optional[str] = None
+    finish_reason: Optional[str] = None
+    result: Optional[str] = None
+
+
+class Event(BaseModel):
+    """One server-sent event of `GET /v1/sessions/{id}/events`.
+
+    `event` is its kind (`text_delta`, `tool_call`, …, `session_completed`, `reset`),
+    `data` its JSON, `id` what resumes the stream after it (`None` for `reset`). A `reset`
+    tells the reader to discard what it received for positions `>= seq`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    id: Optional[str] = None
+    event: str = "message"
+    data: Any = None
+
+    @property
+    def seq(self) -> Optional[int]:
+        return self.data.get("seq") if isinstance(self.data, dict) else None
+
+    @classmethod
+    def parse(cls, id: Optional[str], event: Optional[str], data: str) -> "Event":
+        try:
+            value: Any = json.loads(data)
+        except ValueError:
+            value = data
+        return cls(id=id, event=event or "message", data=value)
