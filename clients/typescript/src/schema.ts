@@ -4,6 +4,47 @@
  */
 
 export interface paths {
+    "/console": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The console
+         * @description The browser console's page (HTML). It reads everything through this API with the key
+         *     typed into it, or none on a keyless `agentq dev`.
+         */
+        get: operations["get_console"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/console/{file}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A file of the console
+         * @description One of the console's scripts (ES modules) or its style sheet.
+         */
+        get: operations["get_console_file"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -187,6 +228,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/approvals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List pending approvals
+         * @description The tool calls the caller's sessions hold for a decision
+         *     (`POST /v1/sessions/{id}/approvals`), oldest session first and each session's calls in
+         *     the order the model made them, with their arguments and deadlines. A page looks at
+         *     500 sessions at most: with `tool` it may hold fewer than `limit` with a `next_cursor`.
+         */
+        get: operations["list_approvals"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/batches": {
         parameters: {
             query?: never;
@@ -317,8 +381,10 @@ export interface paths {
         };
         /**
          * List sessions
-         * @description A page of the caller's sessions, newest first. Any other query parameter is refused
-         *     (422 naming it).
+         * @description A page of the caller's sessions, newest first, narrowed by every filter given. Any
+         *     other query parameter, or a value a filter cannot take, is refused (422 naming it).
+         *     With `metadata` or a cost bound a page reads at most 5,000 sessions: it may then hold
+         *     fewer than `limit` (even none) with a `next_cursor` to go on from.
          */
         get: operations["list_sessions"];
         put?: never;
@@ -391,7 +457,7 @@ export interface paths {
         /**
          * Retry failed sessions
          * @description Queue again, from their last checkpoint, the caller's sessions that failed with an
-         *     error and match every field given, at most `limit` examined per call, newest first.
+         *     error (`status` may only be `failed`) and match every field given, at most `limit` examined per call, newest first.
          */
         post: operations["retry_sessions"];
         delete?: never;
@@ -597,6 +663,145 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List webhook endpoints
+         * @description The caller's tenant's endpoints, oldest first, each as `GET /v1/webhooks/{id}` shows
+         *     it.
+         */
+        get: operations["list_webhooks"];
+        put?: never;
+        /**
+         * Register a webhook endpoint
+         * @description Deliveries of the chosen events (of the caller's tenant, optionally only one queue's
+         *     or one batch's) are POSTed to `url`, signed as the Standard Webhooks specification
+         *     says. The answer holds the signing `secret` (`whsec_…`): it is never shown again. A
+         *     URL whose host is private, loopback, link-local or reserved (and not in the operator's
+         *     `[webhooks] allowed_hosts`) is refused (422 naming `url`).
+         */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a webhook endpoint
+         * @description Whether it is enabled (and why not), its last failure and success, and its
+         *     deliveries per state.
+         */
+        get: operations["get_webhook"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a webhook endpoint
+         * @description With its deliveries, sent or not: nothing more is sent to it.
+         */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a webhook endpoint's deliveries
+         * @description Newest first: each message's state (pending, delivered, dead), attempts, last status
+         *     and error, and next attempt.
+         */
+        get: operations["list_webhook_deliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/enable": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Enable a webhook endpoint
+         * @description Again after it was disabled for failing continuously: new events are delivered to it
+         *     (redrive its dead letters to send the ones it missed). Harmless when enabled.
+         */
+        post: operations["enable_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/redrive": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Redrive a webhook endpoint's dead letters
+         * @description Every dead letter is queued again and retried for the full retry time from now. The
+         *     endpoint must be enabled (409 otherwise: enable it first).
+         */
+        post: operations["redrive_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{id}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rotate a webhook endpoint's secret
+         * @description A new secret, shown in this answer only. The previous one keeps signing too (both
+         *     signatures in `webhook-signature`) for `overlap_secs` (a day when absent, a week at
+         *     most), so receivers can switch without losing a delivery.
+         */
+        post: operations["rotate_webhook_secret"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -674,12 +879,56 @@ export interface components {
             /** Format: int64 */
             wait_ms: number;
         };
+        /** @description One held call waiting for `POST /v1/sessions/{session_id}/approvals`. */
+        ApprovalItem: {
+            /** @description The arguments as the model sent them. */
+            arguments: unknown;
+            batch_id?: string | null;
+            /**
+             * Format: date-time
+             * @description When an unanswered call counts as denied (`timeout`); `null` when unknown.
+             */
+            deadline?: string | null;
+            /** @description The session's `metadata`. */
+            metadata: {
+                [key: string]: unknown;
+            };
+            queue: string;
+            /**
+             * Format: date-time
+             * @description When the session stopped to wait for the decision.
+             */
+            requested_at: string;
+            session_id: string;
+            tool: string;
+            /** @description What the decision names as `tool_call_id`. */
+            tool_call_id: string;
+        };
+        /**
+         * @description `GET /v1/approvals?queue=&batch_id=&tool=&session_id=&limit=&cursor=`: a page of the
+         *     calls the caller's sessions hold, oldest session first and each session's calls in the
+         *     order the model made them.
+         */
+        ApprovalList: {
+            approvals: components["schemas"]["ApprovalItem"][];
+            /** @description Pass as `cursor` for the next page (opaque); `null` on the last one. */
+            next_cursor?: string | null;
+        };
         /**
          * @description `POST /v1/sessions/{id}/approvals`: a human's decision on a tool call the session is
          *     holding (a pending call of its last turn).
          */
         ApprovalRequest: {
             approve: boolean;
+            /**
+             * @description With `approve: true` only: the call runs with these arguments instead of the
+             *     model's (a JSON object of at most 256 KiB as JSON text, 413 past it). They pass every check the model's arguments would (the tool's schema
+             *     and path rules, the policy, hooks, the guardian), and the transcript keeps both:
+             *     the model's call, and its result's `edited_arguments`.
+             */
+            arguments?: {
+                [key: string]: unknown;
+            } | null;
             /** @description Shown to the model when the call is denied. */
             reason?: string | null;
             tool_call_id: string;
@@ -962,8 +1211,83 @@ export interface components {
              */
             workspace_from?: string | null;
         };
+        /** @description `POST /v1/webhooks`. Any other field is refused. */
+        CreateWebhook: {
+            /** @description Only this batch's sessions and its completion. */
+            batch_id?: string | null;
+            /** @description The caller's note, at most 1,024 bytes. */
+            description?: string | null;
+            /**
+             * @description The event types to send: `session.completed`, `session.failed` (failed or
+             *     cancelled), `session.waiting` (awaiting approval, with the held calls),
+             *     `batch.completed`. At least one, no repeats.
+             */
+            events: string[];
+            /** @description Only sessions of this queue (and batches whose sessions are in it). */
+            queue?: string | null;
+            /**
+             * @description Where deliveries are POSTed: an `http` or `https` URL of at most 2,048 bytes, with
+             *     no credentials in it, whose host resolves to public addresses only (or is in the
+             *     operator's `[webhooks] allowed_hosts`). Redirects are not followed.
+             */
+            url: string;
+        };
         /** @description `follow_up` (a new turn of a finished session) or the strategy it was delivered by */
         Delivery: "follow_up" | components["schemas"]["Strategy"];
+        /** @description An endpoint's deliveries per state. */
+        DeliveryCountsView: {
+            /**
+             * Format: int64
+             * @description Out of retries (dead letters), until a redrive.
+             */
+            dead: number;
+            /** Format: int64 */
+            delivered: number;
+            /**
+             * Format: int64
+             * @description To send, or being retried.
+             */
+            pending: number;
+        };
+        /** @description `GET /v1/webhooks/{id}/deliveries?state=&limit=&cursor=`: newest first. */
+        DeliveryList: {
+            deliveries: components["schemas"]["DeliveryView"][];
+            /** @description Pass as `cursor` for the next page; `null` on the last one. */
+            next_cursor?: string | null;
+        };
+        /**
+         * @description Where a delivery stands.
+         * @enum {string}
+         */
+        DeliveryStateView: "pending" | "delivered" | "dead";
+        /** @description One message to one endpoint and its attempts. */
+        DeliveryView: {
+            /** Format: int32 */
+            attempts: number;
+            batch_id?: string | null;
+            /** Format: date-time */
+            delivered_at?: string | null;
+            event: string;
+            /** @description The `webhook-id` every attempt carries. */
+            id: string;
+            /** Format: date-time */
+            last_attempt_at?: string | null;
+            last_error?: string | null;
+            /**
+             * Format: int32
+             * @description The HTTP status of the last attempt, when there was an answer.
+             */
+            last_status?: number | null;
+            /**
+             * Format: date-time
+             * @description The next attempt, while pending.
+             */
+            next_attempt_at?: string | null;
+            /** Format: date-time */
+            occurred_at: string;
+            session_id?: string | null;
+            state: components["schemas"]["DeliveryStateView"];
+        };
         /** @description Every 4xx and 5xx answer: `{"error": {"code", "message", "field"}}`. */
         ErrorBody: {
             error: components["schemas"]["ErrorDetail"];
@@ -1090,8 +1414,9 @@ export interface components {
             rules: components["schemas"]["RuleState"][];
         };
         /**
-         * @description `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=`: a page of sessions,
-         *     newest first. Any other query parameter is refused (422 naming it).
+         * @description `GET /v1/sessions?status=&limit=&cursor=&parent_id=&batch_id=&…`: a page of sessions,
+         *     newest first, narrowed by every filter given. Any other query parameter, or a value a
+         *     filter cannot take, is refused (422 naming it).
          */
         ListResponse: {
             /**
@@ -1110,6 +1435,11 @@ export interface components {
          */
         Message: {
             content?: string;
+            /**
+             * @description For `Tool` messages: the arguments the call ran with when a person edited the
+             *     model's before approving it (the model's stay on its call); absent otherwise.
+             */
+            edited_arguments?: unknown;
             finish_reason?: components["schemas"]["FinishReason"] | null;
             is_error?: boolean;
             model?: string | null;
@@ -1208,6 +1538,14 @@ export interface components {
         };
         /** @enum {string} */
         ReadyStatus: "ready" | "draining" | "unavailable";
+        /** @description The answer of `POST /v1/webhooks/{id}/redrive`. */
+        Redriven: {
+            /**
+             * Format: int64
+             * @description Dead letters queued again.
+             */
+            requeued: number;
+        };
         /**
          * @description `event: reset` (sent without an `id`): a step the client received events of is being
          *     redone by another worker; discard what was received for positions `>= seq`.
@@ -1223,6 +1561,15 @@ export interface components {
         };
         /** @enum {string} */
         Role: "system" | "user" | "assistant" | "tool";
+        /** @description `POST /v1/webhooks/{id}/rotate`. Any other field is refused. */
+        RotateWebhook: {
+            /**
+             * Format: int64
+             * @description Seconds the previous secret keeps signing beside the new one (both signatures in
+             *     `webhook-signature`): 0 to 604,800, a day when absent.
+             */
+            overlap_secs?: number | null;
+        };
         /** @description What the limiter holds for one rule key, for the admin view. */
         RuleState: {
             /** Format: int64 */
@@ -1329,6 +1676,7 @@ export interface components {
              * @description Sessions examined by this call: 1 to 1000 (`BULK_LIMIT`, the default).
              */
             limit?: number | null;
+            status?: components["schemas"]["SessionStatus"] | null;
         };
         /**
          * @description A session's id and status: the answer to `POST /v1/sessions` (201 when created, 200
@@ -1617,6 +1965,58 @@ export interface components {
              */
             max_uses?: number | null;
         };
+        /** @description The last failed attempt of an endpoint. */
+        WebhookFailure: {
+            /** Format: date-time */
+            at: string;
+            error: string;
+        };
+        /** @description `GET /v1/webhooks`: the caller's endpoints, oldest first. */
+        WebhookList: {
+            webhooks: components["schemas"]["WebhookView"][];
+        };
+        /**
+         * @description Whether an endpoint is sent to.
+         * @enum {string}
+         */
+        WebhookStatus: "enabled" | "disabled";
+        /**
+         * @description An endpoint: `GET /v1/webhooks/{id}`, and the answer of its creation and rotation,
+         *     which alone hold `secret`.
+         */
+        WebhookView: {
+            batch_id?: string | null;
+            counts: components["schemas"]["DeliveryCountsView"];
+            /** Format: date-time */
+            created_at: string;
+            description?: string | null;
+            /** Format: date-time */
+            disabled_at?: string | null;
+            disabled_reason?: string | null;
+            events: string[];
+            /**
+             * Format: date-time
+             * @description Since when every attempt failed; `null` after a success.
+             */
+            failing_since?: string | null;
+            id: string;
+            last_failure?: components["schemas"]["WebhookFailure"] | null;
+            /** Format: date-time */
+            last_success_at?: string | null;
+            /**
+             * Format: date-time
+             * @description Until when the secret before the last rotation signs too.
+             */
+            previous_secret_expires_at?: string | null;
+            queue?: string | null;
+            /**
+             * @description The signing secret (`whsec_…`), only in the answer of the creation and of a
+             *     rotation: it is never shown again.
+             */
+            secret?: string | null;
+            status: components["schemas"]["WebhookStatus"];
+            url: string;
+        };
     };
     responses: {
         /** @description `invalid_json`: the body (or the line of an upload named by `field`) is not JSON; `invalid_query`: the query string cannot be decoded. */
@@ -1739,6 +2139,64 @@ export interface components {
 }
 export type $defs = Record<string, never>;
 export interface operations {
+    get_console: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The console's page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    get_console_file: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The file's name, e.g. `app.js` */
+                file: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/css": unknown;
+                    "text/javascript": unknown;
+                };
+            };
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
     healthz: {
         parameters: {
             query?: never;
@@ -2019,6 +2477,48 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_approvals: {
+        parameters: {
+            query?: {
+                /** @description Only sessions of this queue. */
+                queue?: string;
+                /** @description Only sessions of this batch. */
+                batch_id?: string;
+                /** @description Only calls of this tool (its exact name). */
+                tool?: string;
+                /** @description Only this session's calls (404 when it is not one of the caller's). */
+                session_id?: string;
+                /** @description Approvals per page (50 when absent). */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page (opaque). */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ApprovalList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
             422: components["responses"]["Invalid"];
@@ -2328,6 +2828,22 @@ export interface operations {
                 parent_id?: string;
                 /** @description Only the sessions of this batch. */
                 batch_id?: string;
+                /** @description Only sessions that finished for this reason. */
+                finish_reason?: components["schemas"]["ExitReason"];
+                /** @description Only sessions waiting (`waiting` or `awaiting_approval`) for this. */
+                wait_reason?: components["schemas"]["WaitReason"];
+                /** @description Only sessions of this queue. */
+                queue?: string;
+                /** @description `key=value`: only sessions whose metadata has this entry (a string, or the JSON text of a number or boolean); repeat for several, all required (at most 16). */
+                metadata?: string[];
+                /** @description Only sessions created at or after this time (RFC 3339). */
+                created_after?: string;
+                /** @description Only sessions created before this time (RFC 3339). */
+                created_before?: string;
+                /** @description Only sessions that cost at least this at the configured prices (a session without a price is left out). */
+                min_cost_usd?: number;
+                /** @description Only sessions that cost at most this at the configured prices (a session without a price is left out). */
+                max_cost_usd?: number;
             };
             header?: never;
             path?: never;
@@ -2919,6 +3435,307 @@ export interface operations {
             404: components["responses"]["NotFound"];
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhook"];
+            };
+        };
+        responses: {
+            /** @description Registered; `secret` shown this once */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            /** @description `conflict`: the tenant has `[webhooks] max_endpoints` endpoints already (`field`: `url`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_webhook_deliveries: {
+        parameters: {
+            query?: {
+                /** @description Only `pending`, `delivered` or `dead` ones. */
+                state?: string;
+                /** @description Deliveries per page (50 when absent). */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeliveryList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    enable_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{}`: nothing to send */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Enabled */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    redrive_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{}`: nothing to send */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Queued again */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Redriven"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            /** @description `conflict`: the endpoint is disabled */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    rotate_webhook_secret: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RotateWebhook"];
+            };
+        };
+        responses: {
+            /** @description Rotated; the new `secret` shown this once */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
             422: components["responses"]["Invalid"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];

@@ -8,7 +8,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
