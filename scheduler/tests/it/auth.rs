@@ -143,6 +143,11 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/queues" => json!({"name": "made-by-the-auth-test"}),
         "/v1/batches" => json!({"requests": [{"prompt": "a"}], "metadata": {"k": "v"}}),
         "/v1/batches/{id}/cancel" => json!({}),
+        // An address literal that is public: no resolver needed.
+        "/v1/webhooks" => json!({"url": "http://93.184.215.14/in", "events": ["session.failed"]}),
+        "/v1/webhooks/{id}/rotate" => json!({"overlap_secs": 60}),
+        "/v1/webhooks/{id}/enable" => json!({}),
+        "/v1/webhooks/{id}/redrive" => json!({}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
 }
@@ -196,6 +201,26 @@ async fn batch_of(env: &Env, tenant: &str) -> String {
     v["id"].as_str().unwrap().to_string()
 }
 
+/// A webhook endpoint of `tenant`, made in the store; its id.
+async fn webhook_of(env: &Env, tenant: &str) -> String {
+    use agentq_core::webhook::{NewWebhook, WebhookEvent, WebhookStore};
+
+    let id = format!("wh_{}", uuid::Uuid::now_v7().simple());
+    let new = NewWebhook {
+        id: id.clone(),
+        tenant: tenant.into(),
+        url: "http://93.184.215.14/in".into(),
+        events: vec![WebhookEvent::SessionFailed],
+        queue: None,
+        batch_id: None,
+        description: None,
+        secret_salt: "salt".into(),
+        created_at: chrono::Utc::now(),
+    };
+    assert!(env.store.create_webhook(&new, 1_000).await.unwrap());
+    id
+}
+
 /// The file every held session's workspace holds, for the routes that read one.
 const HELD_FILE: &str = "out/report.txt";
 
@@ -237,6 +262,7 @@ async fn every_route_is_checked() {
                 Scope::SessionsRead,
                 Scope::SessionsWrite,
                 Scope::ApprovalsWrite,
+                Scope::Webhooks,
             ],
         )
         .await;
@@ -278,6 +304,8 @@ async fn every_route_is_checked() {
         // A batch's routes act on a batch of acme's (as a session's act on a session).
         let id = if path.starts_with("/v1/batches/{id}") {
             batch_of(&env, "acme").await
+        } else if path.starts_with("/v1/webhooks/{id}") {
+            webhook_of(&env, "acme").await
         } else {
             id
         };

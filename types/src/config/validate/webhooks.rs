@@ -79,10 +79,11 @@ fn is_host_entry(entry: &str) -> bool {
         }
         match after {
             "" => return true,
-            p => match p.strip_prefix(':') {
-                Some(p) => (v6, Some(p)),
-                None => return false,
-            },
+            p => {
+                return p
+                    .strip_prefix(':')
+                    .is_some_and(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+            }
         }
     } else {
         match e.split_once(':') {
