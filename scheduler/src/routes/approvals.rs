@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 
 use agentq_api::bounds::MAX_APPROVALS_LIMIT;
-use agentq_api::{APPROVALS_PARAMS, ApprovalList, DEFAULT_APPROVALS_LIMIT};
+use agentq_api::{APPROVALS_PARAMS, ApprovalList, DEFAULT_APPROVALS_LIMIT, ErrorBody};
 
 use crate::actions::{self, ApprovalQuery};
 use crate::error::ApiError;
@@ -38,7 +38,11 @@ use crate::state::Scheduler;
         ("cursor" = Option<String>, Query, description = "The `next_cursor` of the previous \
             page (opaque)."),
     ),
-    responses((status = 200, description = "A page", body = ApprovalList)),
+    responses(
+        (status = 200, description = "A page", body = ApprovalList),
+        (status = 404, description = "`not_found`: `session_id` names no session of the \
+            caller's", body = ErrorBody),
+    ),
 )]
 pub(super) async fn list(
     State(s): State<Scheduler>,

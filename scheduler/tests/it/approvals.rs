@@ -377,6 +377,8 @@ async fn the_approvals_listing_reads_an_index_of_waiting_sessions() {
         "EXPLAIN SELECT id FROM sessions WHERE true AND tenant = 'acme' \
          AND status = 'awaiting_approval' ORDER BY id ASC LIMIT 51",
     );
+    // Shown with `--nocapture`, for a reviewer.
+    println!("{plan}");
     assert!(plan.contains("sessions_awaiting_approval_idx"), "{plan}");
     assert!(!plan.contains("Seq Scan"), "{plan}");
 }
