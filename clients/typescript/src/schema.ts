@@ -2519,6 +2519,15 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            /** @description `not_found`: `session_id` names no session of the caller's */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
             422: components["responses"]["Invalid"];
