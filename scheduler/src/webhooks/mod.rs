@@ -79,9 +79,11 @@ impl WebhookSettings {
             Err(_) => None,
         };
         if key.is_none() {
-            tracing::info!(
+            tracing::warn!(
                 variable = %s.key_env,
-                "no webhook key: signing secrets are derived from the database alone"
+                "no webhook key: signing secrets are derived from the database alone, so a \
+                 reader of the database could sign deliveries; set the variable (32 bytes or \
+                 more) before registering endpoints"
             );
         }
         Ok(WebhookSettings::new(s, key))

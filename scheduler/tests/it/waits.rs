@@ -125,7 +125,9 @@ async fn waits_show_and_the_sweeper_wakes_rate_limited_sessions() {
         "{text}"
     );
 
-    // Due now: the sweeper queues it (an entry on its stream) and it shows no wait.
+    // Due now: the sweeper queues it (an entry on its stream) and it shows no wait. The
+    // stream is measured first: the sweeper may wake it as soon as it is stored.
+    let before = queue.stats("default").await.map_or(0, |s| s.length);
     let due = suspended(
         &store,
         "default",
@@ -133,7 +135,6 @@ async fn waits_show_and_the_sweeper_wakes_rate_limited_sessions() {
         Some(chrono::Utc::now()),
     )
     .await;
-    let before = queue.stats("default").await.map_or(0, |s| s.length);
     wait_until(
         "the sweeper wakes the due session",
         Duration::from_secs(30),

@@ -218,6 +218,7 @@ class Message(Model):
     __schema__ = "Message"
     role: str
     content: Optional[str] = None
+    edited_arguments: Optional[Any] = None
     finish_reason: Optional[str] = None
     is_error: Optional[bool] = None
     model: Optional[str] = None
