@@ -48,35 +48,23 @@ pub fn cache_dir() -> PathBuf {
 /// The `python` of a virtual environment holding [`MCP_PACKAGE`], made if missing. The
 /// base interpreter is `$AGENTQ_PYTHON`, else `python3`.
 pub fn mcp_python() -> Result<PathBuf> {
-    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            venv_with(
-                &MCP_PACKAGE.replace("==", "-"),
-                &[MCP_PACKAGE],
-                &["-c", "import mcp.client.streamable_http"],
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .map_err(|e| anyhow::anyhow!(e))
+    static PYTHON: Made = OnceLock::new();
+    pinned(
+        &PYTHON,
+        MCP_PACKAGE,
+        &["-c", "import mcp.client.streamable_http"],
+    )
 }
 
 /// The `python` of a virtual environment holding [`STANDARD_WEBHOOKS_PACKAGE`], made if
 /// missing.
 pub fn webhooks_python() -> Result<PathBuf> {
-    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            venv_with(
-                &STANDARD_WEBHOOKS_PACKAGE.replace("==", "-"),
-                &[STANDARD_WEBHOOKS_PACKAGE],
-                &["-c", "from standardwebhooks import Webhook"],
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .map_err(|e| anyhow::anyhow!(e))
+    static PYTHON: Made = OnceLock::new();
+    pinned(
+        &PYTHON,
+        STANDARD_WEBHOOKS_PACKAGE,
+        &["-c", "from standardwebhooks import Webhook"],
+    )
 }
 
 /// Schemathesis's command line (`st`), from a virtual environment holding
@@ -84,21 +72,29 @@ pub fn webhooks_python() -> Result<PathBuf> {
 /// was made under another name and renamed, which its scripts' `#!` lines do not follow.
 pub fn schemathesis() -> Result<Command> {
     const CLI: [&str; 2] = ["-m", "schemathesis.cli"];
-    static PYTHON: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    let python = PYTHON
-        .get_or_init(|| {
-            venv_with(
-                &SCHEMATHESIS_PACKAGE.replace("==", "-"),
-                &[SCHEMATHESIS_PACKAGE],
-                &[CLI[0], CLI[1], "--version"],
-            )
-            .map_err(|e| format!("{e:#}"))
-        })
-        .clone()
-        .map_err(|e| anyhow::anyhow!(e))?;
+    static PYTHON: Made = OnceLock::new();
+    let python = pinned(
+        &PYTHON,
+        SCHEMATHESIS_PACKAGE,
+        &[CLI[0], CLI[1], "--version"],
+    )?;
     let mut st = Command::new(python);
     st.args(CLI);
     Ok(st)
+}
+
+/// A virtual environment made at most once per test binary (its outcome kept, a failure
+/// included, so every test reports the same one).
+type Made = OnceLock<std::result::Result<PathBuf, String>>;
+
+/// The `python` of the environment `venv-<name>-<version>` holding the pinned `package`
+/// (`name==version`), made through `made` once per test binary.
+fn pinned(made: &Made, package: &str, probe: &[&str]) -> Result<PathBuf> {
+    made.get_or_init(|| {
+        venv_with(&package.replace("==", "-"), &[package], probe).map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(|e| anyhow::anyhow!(e))
 }
 
 /// The `python` of a virtual environment holding every package of the requirements
