@@ -194,10 +194,32 @@ fn server_content_len(blocks: &[ServerBlock]) -> usize {
         .fold(0usize, usize::saturating_add)
 }
 
-fn json_len(v: &serde_json::Value) -> usize {
+/// The length of `v` as compact JSON (a string's text alone), counted as it is written:
+/// every call counts every tool schema, and building each as a `String` to take its
+/// length was one allocation per schema per call on the hot path.
+pub fn json_len(v: &serde_json::Value) -> usize {
     match v {
         serde_json::Value::Null => 0,
         serde_json::Value::String(s) => s.len(),
-        other => other.to_string().len(),
+        other => {
+            let mut counter = ByteCount(0);
+            // Writing to a counter cannot fail, and a `Value` always encodes.
+            let _ = serde_json::to_writer(&mut counter, other);
+            counter.0
+        }
+    }
+}
+
+/// An `io::Write` that keeps only how many bytes went through it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

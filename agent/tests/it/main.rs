@@ -9,6 +9,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod admission;
 mod agent_loop;
 mod anthropic;
 mod guardian;

@@ -76,6 +76,28 @@ pub(super) struct TailState {
     pub(super) min_seq: u64,
     /// A visible `session_completed` was sent or is held by the client.
     pub(super) completed: bool,
+    /// The calls whose `approval_requested` the client holds. A call held after a
+    /// transcript replay read the history announces itself at the position of the step
+    /// that made it, below `min_seq`: it is passed on once, as it is news to the client.
+    pub(super) announced: Vec<String>,
+}
+
+impl TailState {
+    /// Whether `out`, an event below `min_seq`, is an approval request the client has
+    /// not seen (recorded as seen from now on).
+    pub(super) fn late_approval(&mut self, out: &Out) -> bool {
+        if out.kind != Some(EventKind::ApprovalRequested) {
+            return false;
+        }
+        let Some(id) = out.data.get("id").and_then(Value::as_str) else {
+            return false;
+        };
+        if self.announced.iter().any(|a| a == id) {
+            return false;
+        }
+        self.announced.push(id.to_string());
+        true
+    }
 }
 
 /// The client went away or the scheduler is stopping.

@@ -83,6 +83,7 @@ impl Follower {
             held_max_seq: None,
             min_seq: 0,
             completed: false,
+            announced: Vec::new(),
         };
         for (i, r) in records.iter().enumerate() {
             if dropped[i] {
@@ -126,6 +127,7 @@ impl Follower {
             None => None,
         };
         let mut completed = false;
+        let mut announced = Vec::new();
         for (seq, k, data) in rebuilt {
             let out = Out {
                 id: Some(format!("t-{seq}-{k}")),
@@ -133,6 +135,12 @@ impl Follower {
                 data,
             };
             completed |= out.is_completion();
+            if out.kind == Some(EventKind::ApprovalRequested)
+                && let Some(id) = out.data.get("id").and_then(|v| v.as_str())
+            {
+                // Held by the client whether sent now or before its reconnect.
+                announced.push(id.to_string());
+            }
             if after.is_none_or(|a| (seq, k) > a) {
                 self.send(out.into_event()).await?;
             }
@@ -147,6 +155,7 @@ impl Follower {
             held_max_seq: len.checked_sub(1),
             min_seq: len,
             completed: false,
+            announced,
         }))
     }
 }

@@ -427,6 +427,60 @@ async fn without_a_stream_the_transcript_is_replayed() {
     assert_eq!(rest, all[4..].to_vec());
 }
 
+/// A client that read the history before the worker held its call learns of the hold
+/// from the stream, although the event sits at the position of a step the rebuilt
+/// transcript already covered; once, however often it is appended.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_held_after_the_transcript_was_read_is_still_announced() {
+    let env = Env::start().await;
+    let id = env.session().await;
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = env
+        .store
+        .claim(&id, "w", Duration::from_secs(30), 5)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed")
+    };
+    let b = state.messages.len() as u64;
+    let mut a = Message::assistant("Writing.");
+    a.tool_calls.push(ToolCall {
+        id: "w1".into(),
+        name: "write_file".into(),
+        arguments: json!({"path": "report.txt"}),
+    });
+    state.messages.push(a);
+    env.store.checkpoint(&lease, &state, 0).await.unwrap();
+
+    let mut sse = env.connect(&id, None).await;
+    assert_eq!(
+        kinds(&sse.take(4).await),
+        [
+            format!("iteration_started@{b}"),
+            format!("text_delta:Writing.@{b}"),
+            format!("tool_call@{b}"),
+            format!("iteration_completed@{b}"),
+        ]
+    );
+    let held = json!({"type": "approval_requested", "id": "w1", "name": "write_file",
+                      "arguments": {"path": "report.txt"}});
+    // Appended twice (a redelivered step announces again), then a step that is news.
+    env.append(&id, &[(b, 1, held.clone()), (b, 1, held)]).await;
+    env.append(&id, &[(b + 1, 1, text("next"))]).await;
+    let got = sse.take(2).await;
+    assert_eq!(
+        kinds(&got),
+        [
+            format!("approval_requested@{b}"),
+            format!("text_delta:next@{}", b + 1)
+        ]
+    );
+    assert_eq!(got[0].data["id"], "w1");
+    assert_eq!(got[0].data["arguments"], json!({"path": "report.txt"}));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_export_queue_gauges() {
     let env = Env::start().await;

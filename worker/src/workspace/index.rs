@@ -62,6 +62,19 @@ impl TreeCache {
     }
 }
 
+impl Drop for TreeCache {
+    /// The last session of the tree here is gone: its entry leaves the registry, which so
+    /// holds live trees only without a sweep over all of them at every session's start.
+    fn drop(&mut self) {
+        let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
+        // A cache loaded outside the registry (materialising for another process) may share
+        // the directory of a live one: only a dead entry goes.
+        if all.get(&self.dir).is_some_and(|c| c.strong_count() == 0) {
+            all.remove(&self.dir);
+        }
+    }
+}
+
 /// The live caches of this process, by directory.
 fn registry() -> &'static Mutex<BTreeMap<PathBuf, Weak<TreeCache>>> {
     static TREES: std::sync::LazyLock<Mutex<BTreeMap<PathBuf, Weak<TreeCache>>>> =
@@ -77,9 +90,41 @@ pub(super) fn open_cache(workspaces: &Path, root_id: &str) -> (Arc<TreeCache>, b
     if let Some(cache) = all.get(&dir).and_then(Weak::upgrade) {
         return (cache, true);
     }
-    all.retain(|_, c| c.strong_count() > 0);
     let index_path = workspaces.join(".index").join(format!("{root_id}.json"));
     let cache = Arc::new(TreeCache::load(dir.clone(), index_path));
     all.insert(dir, Arc::downgrade(&cache));
     (cache, false)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn registered(dir: &Path) -> bool {
+        registry().lock().unwrap().contains_key(dir)
+    }
+
+    #[test]
+    fn a_tree_leaves_the_registry_with_its_last_session() {
+        let root = tempfile::tempdir().unwrap();
+        let (first, shared) = open_cache(root.path(), "tree-a");
+        assert!(!shared);
+        let (second, shared) = open_cache(root.path(), "tree-a");
+        assert!(shared);
+        assert!(Arc::ptr_eq(&first, &second));
+        let dir = root.path().join("tree-a");
+        // Another copy of the directory's cache, outside the registry, leaves it alone.
+        drop(TreeCache::load(dir.clone(), root.path().join("other.json")));
+        drop(first);
+        assert!(registered(&dir));
+        drop(second);
+        assert!(!registered(&dir));
+        // Opened again, it is a fresh cache, registered again.
+        let (again, shared) = open_cache(root.path(), "tree-a");
+        assert!(!shared);
+        assert!(registered(&dir));
+        drop(again);
+        assert!(!registered(&dir));
+    }
 }
