@@ -53,6 +53,10 @@ pub struct Results {
     pub worker_cpu_ms_per_iteration: Option<f64>,
     pub postgres_cpu_ms_per_iteration: Option<f64>,
     pub redis_cpu_ms_per_iteration: Option<f64>,
+    /// Postgres's write-ahead log per iteration of the throughput run (the whole server's:
+    /// nothing else writes to it during the round): what durability costs the disk, and
+    /// where a lost HOT update shows first.
+    pub wal_bytes_per_iteration: Option<f64>,
     pub bytes_per_iteration: BTreeMap<u32, f64>,
     pub message_bytes_per_iteration: BTreeMap<u32, f64>,
     pub resume_ms: Option<f64>,
@@ -206,6 +210,7 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
     // Beside the rest (one `json!` of every figure is past the macro's recursion limit).
     if let Value::Object(m) = &mut v {
         for (key, value) in [
+            ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
             ("workspace_files", json!(r.workspace_files)),
             ("workspace_bytes", json!(r.workspace_bytes)),
             (
@@ -329,6 +334,14 @@ fn throughput_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
                 "{w:.3} + {p:.3} + {:.3} ms",
                 r.redis_cpu_ms_per_iteration.unwrap_or(0.0)
             ),
+            String::new(),
+        );
+    }
+    if let Some(w) = r.wal_bytes_per_iteration {
+        rows.add(
+            "",
+            "Postgres WAL per iteration".into(),
+            format!("{w:.0} B"),
             String::new(),
         );
     }

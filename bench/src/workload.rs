@@ -225,6 +225,8 @@ pub struct Ran {
     pub failed: u64,
     /// CPU spent from the enqueue to the last completion.
     pub cpu: Sample,
+    /// Bytes of write-ahead log Postgres wrote over the same time.
+    pub wal_bytes: Option<f64>,
     /// The warm-up round's time from the enqueue to the last completion: the workload as
     /// the first burst on fresh workers runs it.
     pub cold: Option<Duration>,
@@ -257,6 +259,7 @@ impl Ran {
                 redis: add(self.cpu.redis, o.cpu.redis),
                 mcp_servers: add(self.cpu.mcp_servers, o.cpu.mcp_servers),
             },
+            wal_bytes: add(self.wal_bytes, o.wal_bytes),
             cold: self.cold.zip(o.cold).map(|(a, b)| a + b),
             checkpoint_hist: self
                 .checkpoint_hist
@@ -320,19 +323,30 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         let tap = agentq_worker::overhead_tap();
         tap.start();
         let cpu_before = env.cpu.sample().await;
+        let wal_before = wal_position(env).await;
         let elapsed = round(&ids).await;
         let overhead = tap.stop();
         let cpu = env.cpu.sample().await.since(&cpu_before);
+        let wal_bytes = wal_written(env, wal_before).await;
         let commits = (
             batches.get_sample_count().saturating_sub(batches_before.0),
             batches.get_sample_sum() - batches_before.1,
         );
         let hist = hist_delta(&hist_before, &checkpoint_hist());
-        anyhow::Ok((ids, all, elapsed?, overhead, cpu, cold, hist, commits))
+        anyhow::Ok((
+            ids,
+            all,
+            elapsed?,
+            overhead,
+            (cpu, wal_bytes),
+            cold,
+            hist,
+            commits,
+        ))
     }
     .await;
     let served = fleet.stop().await;
-    let (ids, all, elapsed, overhead, cpu, cold, checkpoint_hist, commits) = measured?;
+    let (ids, all, elapsed, overhead, (cpu, wal_bytes), cold, checkpoint_hist, commits) = measured?;
     let failed = not_completed(env, &all, w.iterations).await?;
     let mcp_calls = match served {
         Some(served) => {
@@ -359,11 +373,30 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         ids,
         overhead,
         cpu,
+        wal_bytes,
         cold,
         checkpoint_hist,
         commits,
         mcp_calls,
     })
+}
+
+/// Where Postgres's write-ahead log is, as text (`None` where the server will not say).
+async fn wal_position(env: &Env) -> Option<String> {
+    sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(env.store.pool())
+        .await
+        .ok()
+}
+
+/// Bytes of write-ahead log written since `before`.
+async fn wal_written(env: &Env, before: Option<String>) -> Option<f64> {
+    let before = before?;
+    sqlx::query_scalar::<_, f64>("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+        .bind(before)
+        .fetch_one(env.store.pool())
+        .await
+        .ok()
 }
 
 /// How long a fleet waits for its MCP servers' first answer (or failure) before its rounds.
@@ -489,6 +522,7 @@ pub fn record_throughput(r: &mut Results, ran: &Ran) {
     r.worker_cpu_ms_per_iteration = per_iteration(ran.cpu.own);
     r.postgres_cpu_ms_per_iteration = per_iteration(ran.cpu.postgres);
     r.redis_cpu_ms_per_iteration = per_iteration(ran.cpu.redis);
+    r.wal_bytes_per_iteration = ran.wal_bytes.map(|b| b / iterations);
     r.throughput_failed = Some(ran.failed);
     (r.overhead_samples, r.overhead_p50_ms, r.overhead_p99_ms) = p50_p99(ran.overhead.clone());
     r.checkpoint_p50_ms = hist_quantile(&ran.checkpoint_hist, 0.5).map(|s| s * 1000.0);
