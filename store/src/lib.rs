@@ -18,7 +18,8 @@ pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
 pub use store::{
     BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,
-    QueueStore, ReportStore, RetryResult, SessionStore, Store, SweepStore, WebhookStore, WorkspaceStore,
+    QueueStore, ReportStore, RetryResult, SessionStore, Store, SweepStore, WebhookStore,
+    WorkspaceStore,
 };
 
 // The domain under the paths this code has always used (`crate::model::…`).

@@ -33,7 +33,10 @@ pub(crate) type CostRecord = (
 /// Usage per tenant, model and UTC day of the sessions [`CostFilter`] selects, the most
 /// recent day first. Sub-agents are sessions of their own and add their own usage; a
 /// retried session's usage is what all its attempts used.
-pub(crate) fn costs<'a, DB: Database>(filter: &'a CostFilter, dialect: Dialect) -> QueryBuilder<'a, DB>
+pub(crate) fn costs<'a, DB: Database>(
+    filter: &'a CostFilter,
+    dialect: Dialect,
+) -> QueryBuilder<'a, DB>
 where
     DB::Arguments<'a>: Default,
     &'a str: Encode<'a, DB> + Type<DB>,

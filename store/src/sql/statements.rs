@@ -20,8 +20,8 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
-use crate::model::ListFilter;
 use super::escape::escape_text;
+use crate::model::ListFilter;
 use crate::wait::WaitReason;
 
 /// Every column [`super::record::SessionRecord`] reads, for `SELECT`/`RETURNING` lists on

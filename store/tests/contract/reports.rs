@@ -53,14 +53,22 @@ async fn contract_text_search_is_literal(store: &dyn Store) {
     let pct = make(store, "acme", "Fix the 100% bug in Billing").await;
     let under = make(store, "acme", "rename snake_case keys").await;
     let slash = make(store, "acme", r"path C:\temp\x is wrong").await;
-    let quote = make(store, "acme", "it's a 'quoted'; DROP TABLE sessions; -- prompt").await;
+    let quote = make(
+        store,
+        "acme",
+        "it's a 'quoted'; DROP TABLE sessions; -- prompt",
+    )
+    .await;
     let plain = make(store, "acme", "plain words 1000 and snakeXcase").await;
     let other = make(store, "globex", "Fix the 100% bug of another tenant").await;
 
     // Wildcards are literal: `%` and `_` match only themselves, `\` too.
     assert_eq!(search(store, Some("acme"), "%").await, [pct.clone()]);
     assert_eq!(search(store, Some("acme"), "100%").await, [pct.clone()]);
-    assert_eq!(search(store, Some("acme"), "snake_case").await, [under.clone()]);
+    assert_eq!(
+        search(store, Some("acme"), "snake_case").await,
+        [under.clone()]
+    );
     assert_eq!(search(store, Some("acme"), "_").await, [under.clone()]);
     assert_eq!(search(store, Some("acme"), r"\temp").await, [slash.clone()]);
     assert_eq!(search(store, Some("acme"), r"\").await, [slash.clone()]);
@@ -73,7 +81,10 @@ async fn contract_text_search_is_literal(store: &dyn Store) {
     // Case-insensitive (ASCII letters on both backends).
     assert_eq!(search(store, Some("acme"), "BILLING").await, [pct.clone()]);
     // An id prefix finds its session; the middle of an id does not.
-    assert_eq!(search(store, Some("acme"), &plain[..35]).await, [plain.clone()]);
+    assert_eq!(
+        search(store, Some("acme"), &plain[..35]).await,
+        [plain.clone()]
+    );
     assert!(search(store, Some("acme"), &plain[20..]).await.is_empty());
     // The tenant holds: another tenant's match stays out; the admin's view has both.
     assert_eq!(
