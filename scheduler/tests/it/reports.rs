@@ -395,3 +395,216 @@ on_both!(
     costs_are_bounded_and_priced,
     operations_show_queues_waits_and_workers,
 );
+
+/// The console's reads on a store of 10,000 sessions (Postgres, 3 tenants, 3 models, a
+/// prompt each, one transcript of 2,000 messages), each timed over the HTTP API (the
+/// median of 7, in ms) beside the plain listing page: the figures of
+/// docs/benchmarks.md. A measurement, not a check (nothing is timed-asserted); it checks
+/// only that the listing's plan walks an index. `scripts/test --release -p
+/// agentq-scheduler --test it reports::ten_thousand -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check: run it with --ignored"]
+async fn ten_thousand_sessions() {
+    use std::time::Instant;
+
+    use agentq_agent::schema::Message;
+    use agentq_agent::spec::SessionSpec;
+    use agentq_core::NewSession;
+
+    const SESSIONS: usize = 10_000;
+    const TRANSCRIPT: usize = 2_000;
+    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let pg = PgStore::connect(&db_url, 8).await.unwrap();
+    pg.migrate().await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(pg);
+    let redis = RedisServer::start().unwrap();
+    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+    queue.ensure_queue("default").await.unwrap();
+    let mut settings = SchedulerSettings::default();
+    settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
+    let state = Scheduler::new(store.clone(), queue, settings);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let (new_key, acme_key) =
+        auth::generate("acme", vec![Scope::SessionsRead], None, None).unwrap();
+    store.create_key(&new_key).await.unwrap();
+
+    let t0 = Instant::now();
+    let tenants = ["acme", "globex", "initech"];
+    let models = ["model-a", "model-b", "model-c"];
+    let words = [
+        "printer",
+        "invoice",
+        "refund",
+        "outage",
+        "migration",
+        "report",
+    ];
+    for chunk in (0..SESSIONS).collect::<Vec<_>>().chunks(500) {
+        let new: Vec<NewSession> = chunk
+            .iter()
+            .map(|&i| {
+                let mut spec = SessionSpec::new(format!(
+                    "Ticket {i}: the {} on floor {} needs a look; summarise the {} and answer \
+                     the customer politely, quoting the relevant policy.",
+                    words[i % words.len()],
+                    i % 11,
+                    words[(i / 7) % words.len()],
+                ));
+                spec.model = Some(models[i % models.len()].into());
+                NewSession::root(spec, "default").with_tenant(tenants[i % tenants.len()])
+            })
+            .collect();
+        store.create_sessions(&new).await.unwrap();
+    }
+    // Finished ones with usage, a few failed: what a console looks at.
+    let pg = shared_postgres().unwrap();
+    pg.psql(
+        &db_url,
+        "UPDATE sessions SET status = 'completed', finish_reason = 'stop', \
+         input_tokens = 1000 + length(id), output_tokens = 200, finished_at = now() \
+         WHERE right(id, 1) < 'c'; \
+         UPDATE sessions SET status = 'failed', finish_reason = 'error', error = 'boom' \
+         WHERE right(id, 1) = 'c'; ANALYZE sessions; ANALYZE session_specs;",
+    )
+    .unwrap();
+    // One long transcript.
+    let long = store
+        .list(&agentq_core::ListFilter {
+            tenant: Some("acme".into()),
+            status: Some(agentq_core::SessionStatus::Queued),
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .remove(0)
+        .id;
+    let Claim::Acquired { lease, state, .. } = store
+        .claim(&long, "filler", Duration::from_secs(600), 10)
+        .await
+        .unwrap()
+    else {
+        panic!("not claimed")
+    };
+    let mut state = *state;
+    let mut from = state.messages.len();
+    while state.messages.len() < TRANSCRIPT {
+        for _ in 0..100 {
+            state.push_assistant(Message::assistant(format!(
+                "step {}: looking at the printer logs again",
+                state.messages.len()
+            )));
+        }
+        store.checkpoint(&lease, &state, from).await.unwrap();
+        from = state.messages.len();
+    }
+    eprintln!(
+        "filled {SESSIONS} sessions and a {TRANSCRIPT}-message transcript in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+
+    // The listing's plan walks an index (newest first, by tenant).
+    let plan = pg
+        .psql(
+            &db_url,
+            "EXPLAIN SELECT id FROM sessions WHERE true AND tenant = 'acme' \
+             ORDER BY id DESC LIMIT 51",
+        )
+        .unwrap();
+    eprintln!("list plan:\n{plan}");
+    assert!(plan.contains("Index"), "{plan}");
+    for (what, sql) in [
+        (
+            "counts plan",
+            "EXPLAIN SELECT status, count(*) FROM sessions WHERE true AND tenant = 'acme' \
+             GROUP BY 1",
+        ),
+        (
+            "search plan",
+            "EXPLAIN SELECT id FROM sessions WHERE true AND tenant = 'acme' AND (id LIKE \
+             'zz%' ESCAPE '\\' OR EXISTS (SELECT 1 FROM session_specs p WHERE p.root_id = \
+             sessions.root_id AND p.id = sessions.id AND p.spec->>'prompt' ILIKE '%refund%' \
+             ESCAPE '\\')) ORDER BY id DESC LIMIT 51",
+        ),
+    ] {
+        eprintln!("{what}:\n{}", pg.psql(&db_url, sql).unwrap());
+    }
+
+    let http = reqwest::Client::new();
+    let time = |path: String, key: &str| {
+        let http = http.clone();
+        let url = format!("{base}{path}");
+        let key = key.to_string();
+        async move {
+            let mut ms = Vec::new();
+            for _ in 0..7 {
+                let t = Instant::now();
+                let r = http.get(&url).bearer_auth(&key).send().await.unwrap();
+                assert_eq!(r.status(), 200, "{url}");
+                r.bytes().await.unwrap();
+                ms.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            ms.sort_by(f64::total_cmp);
+            ms[ms.len() / 2]
+        }
+    };
+    let acme = acme_key.as_str();
+    for (what, path, key) in [
+        (
+            "list, page of 50 (admin)",
+            "/v1/sessions?limit=50".to_string(),
+            ADMIN_KEY,
+        ),
+        (
+            "list, page of 50 (a tenant)",
+            "/v1/sessions?limit=50".into(),
+            acme,
+        ),
+        (
+            "list, status=failed (a tenant)",
+            "/v1/sessions?limit=50&status=failed".into(),
+            acme,
+        ),
+        (
+            "counts (admin, all)",
+            "/v1/sessions/counts".into(),
+            ADMIN_KEY,
+        ),
+        ("counts (a tenant)", "/v1/sessions/counts".into(), acme),
+        (
+            "search q=refund, page (a tenant)",
+            "/v1/sessions?limit=50&q=refund".into(),
+            acme,
+        ),
+        (
+            "search q=refund, counts (a tenant)",
+            "/v1/sessions/counts?q=refund".into(),
+            acme,
+        ),
+        (
+            "search, no match (admin)",
+            "/v1/sessions?limit=50&q=nowhere".into(),
+            ADMIN_KEY,
+        ),
+        (
+            "costs, 30 days (admin)",
+            "/v1/admin/costs".into(),
+            ADMIN_KEY,
+        ),
+        (
+            "operations (admin)",
+            "/v1/admin/operations".into(),
+            ADMIN_KEY,
+        ),
+        (
+            "transcript of 2,000 messages",
+            format!("/v1/sessions/{long}/messages"),
+            acme,
+        ),
+        ("one session", format!("/v1/sessions/{long}"), acme),
+    ] {
+        eprintln!("{what}: {:.1} ms", time(path, key).await);
+    }
+}
