@@ -31,6 +31,14 @@ struct Env {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// A backend's store and queue, and what keeps them alive.
+type Parts = (
+    Arc<dyn Store>,
+    Arc<dyn Queue>,
+    Option<RedisServer>,
+    Option<tempfile::TempDir>,
+);
+
 #[derive(Clone, Copy)]
 enum Backend {
     Postgres,
@@ -39,12 +47,7 @@ enum Backend {
 
 impl Env {
     async fn start(backend: Backend) -> Env {
-        let (store, queue, redis, dir): (
-            Arc<dyn Store>,
-            Arc<dyn Queue>,
-            Option<RedisServer>,
-            Option<tempfile::TempDir>,
-        ) = match backend {
+        let (store, queue, redis, dir): Parts = match backend {
             Backend::Postgres => {
                 let db_url = shared_postgres().unwrap().fresh_database().unwrap();
                 let store = PgStore::connect(&db_url, 8).await.unwrap();
@@ -409,7 +412,7 @@ async fn ten_thousand_sessions() {
 
     use agentq_agent::schema::Message;
     use agentq_agent::spec::SessionSpec;
-    use agentq_core::NewSession;
+    use agentq_core::{NewSession, WorkQueue};
 
     const SESSIONS: usize = 10_000;
     const TRANSCRIPT: usize = 2_000;

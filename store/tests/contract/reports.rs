@@ -63,27 +63,30 @@ async fn contract_text_search_is_literal(store: &dyn Store) {
     let other = make(store, "globex", "Fix the 100% bug of another tenant").await;
 
     // Wildcards are literal: `%` and `_` match only themselves, `\` too.
-    assert_eq!(search(store, Some("acme"), "%").await, [pct.clone()]);
-    assert_eq!(search(store, Some("acme"), "100%").await, [pct.clone()]);
+    assert_eq!(search(store, Some("acme"), "%").await, [pct.as_str()]);
+    assert_eq!(search(store, Some("acme"), "100%").await, [pct.as_str()]);
     assert_eq!(
         search(store, Some("acme"), "snake_case").await,
-        [under.clone()]
+        [under.as_str()]
     );
-    assert_eq!(search(store, Some("acme"), "_").await, [under.clone()]);
-    assert_eq!(search(store, Some("acme"), r"\temp").await, [slash.clone()]);
-    assert_eq!(search(store, Some("acme"), r"\").await, [slash.clone()]);
+    assert_eq!(search(store, Some("acme"), "_").await, [under.as_str()]);
+    assert_eq!(
+        search(store, Some("acme"), r"\temp").await,
+        [slash.as_str()]
+    );
+    assert_eq!(search(store, Some("acme"), r"\").await, [slash.as_str()]);
     // Quotes are data, not SQL.
     assert_eq!(
         search(store, Some("acme"), "'; DROP TABLE sessions; --").await,
-        [quote.clone()]
+        [quote.as_str()]
     );
-    assert_eq!(search(store, Some("acme"), "'").await, [quote.clone()]);
+    assert_eq!(search(store, Some("acme"), "'").await, [quote.as_str()]);
     // Case-insensitive (ASCII letters on both backends).
-    assert_eq!(search(store, Some("acme"), "BILLING").await, [pct.clone()]);
+    assert_eq!(search(store, Some("acme"), "BILLING").await, [pct.as_str()]);
     // An id prefix finds its session; the middle of an id does not.
     assert_eq!(
         search(store, Some("acme"), &plain[..35]).await,
-        [plain.clone()]
+        [plain.as_str()]
     );
     assert!(search(store, Some("acme"), &plain[20..]).await.is_empty());
     // The tenant holds: another tenant's match stays out; the admin's view has both.
