@@ -406,8 +406,10 @@ async fn read_page(
     keep: &RowFilter,
     limit: usize,
 ) -> ApiResult<(Vec<SessionRow>, Option<String>)> {
-    // Rows the conditions may leave out come in larger chunks.
-    let chunk_rows = if keep.is_empty() {
+    // Rows the conditions may leave out come in larger chunks; so do those of a text
+    // search, whose every statement reads the prompts anew (one statement for a page of
+    // 50 rather than two: half the time on a 10,000-session store).
+    let chunk_rows = if keep.is_empty() && filter.text.is_none() {
         LIST_CHUNK_ROWS
     } else {
         LIST_CHUNK_ROWS * 8
