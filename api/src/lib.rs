@@ -25,6 +25,7 @@ pub mod files;
 mod health;
 mod limits;
 mod queues;
+mod reports;
 mod sessions;
 mod steer;
 mod webhooks;
@@ -46,6 +47,10 @@ pub use files::{FileContent, FileEntry, FileList};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};
+pub use reports::{
+    COSTS_PARAMS, COUNT_PARAMS, CostEntry, CostReport, MAX_COST_DAYS, MAX_COST_ROWS,
+    MAX_SEARCH_CHARS, Operations, QueueOps, SessionCounts, WorkerView,
+};
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, LIST_PARAMS, ListResponse,
     MessagesResponse, PendingApproval, RetryResponse, SessionDetail, SessionRef, SessionView,

@@ -231,6 +231,8 @@ pub const LIST_PARAMS: &[&str] = &[
     "created_before",
     "min_cost_usd",
     "max_cost_usd",
+    "q",
+    "tenant",
 ];
 
 /// `GET /v1/sessions/{id}/messages`: the session's history, parallel tool results in the

@@ -25,7 +25,9 @@ pub mod metrics;
 pub use agentq_limiter as admission;
 pub use agentq_queue::{mem_queue, queue, redis_queue};
 pub use agentq_store::{blob, checkpoint, pg, store};
-pub use agentq_types::{auth, config, model, policy, protocol, scheduling, wait, workspace_path};
+pub use agentq_types::{
+    auth, config, model, policy, protocol, report, scheduling, wait, workspace_path,
+};
 
 /// The error every backend and process shares (the `agentq-error` crate), and the
 /// domain's (`agentq-types`), which converts into it variant for variant.
@@ -72,8 +74,8 @@ pub use error::{Error, Result};
 pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
-    BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, RetryResult,
-    SessionStore, Store, SweepStore, WebhookStore,
+    BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, ReportStore,
+    RetryResult, SessionStore, Store, SweepStore, WebhookStore,
 };
 pub use wait::WaitReason;
 pub use workspace::WorkspaceStore;

@@ -1,7 +1,7 @@
-// Operations and costs: what the admin endpoints of this API expose (queues, the rate
-// limiter, tenants' budgets and spend), and a plain statement of what they do not.
+// Operations and costs: what the admin endpoints of this API expose (queues, waits and
+// workers, the rate limiter, tenants' budgets and spend, costs per tenant, model and day).
 
-import { api, serves } from "./api.js";
+import { api } from "./api.js";
 import { clear, fmtCost, fmtTime, h, notice } from "./dom.js";
 
 function table(caption, heads, rows) {
@@ -21,21 +21,32 @@ async function section(title, id, load) {
   return s;
 }
 
-const missing = (what) => h("p", { class: "muted" }, `Not available: ${what}`);
+const num = (n) => (n === null || n === undefined ? "—" : String(n));
 
 export async function opsPage() {
   const el = h("section", { class: "page", "aria-labelledby": "ops-h" }, h("h1", { id: "ops-h" }, "Operations"));
+  // One read for the queues, the waits and the workers; each section shows its part.
+  const ops = api("/v1/admin/operations");
   el.append(
     await section("Queues", "q-h", async () => {
-      const q = await api("/v1/queues");
-      return [table(`${q.queues.length} of at most ${q.max_queues} queues`, ["Queue", "Sessions"],
-        q.queues.map((name) => [name, h("a", { href: `#/sessions?${new URLSearchParams({ queue: name })}` }, "list")])),
-      missing("queue length, pending and held counts are on the metrics listener (/metrics), not the API.")];
+      const o = await ops;
+      return table(`${o.queues.length} queue(s)`, ["Queue", "Length", "Pending", "Held", "Sessions"],
+        o.queues.map((q) => [q.name, q.error ? q.error : num(q.length), num(q.pending), String(q.held),
+          h("a", { href: `#/sessions?${new URLSearchParams({ queue: q.name })}` }, `list ${q.name}`)]));
     }),
     await section("Waiting sessions", "w-h", async () => {
-      const links = ["children", "approval", "rate_limit", "budget"].map((r) =>
-        h("li", {}, h("a", { href: `#/sessions?${new URLSearchParams({ status: r === "approval" ? "awaiting_approval" : "waiting", wait_reason: r })}` }, `waiting for ${r.replace("_", " ")}`)));
-      return [h("ul", {}, links), missing("counts by reason are on /metrics (agentq_sessions_waiting); workers and their leases have no API.")];
+      const o = await ops;
+      return table("Sessions waiting, by reason", ["Reason", "Sessions"],
+        Object.entries(o.waiting).map(([r, n]) => [
+          h("a", { href: `#/sessions?${new URLSearchParams({ status: r === "approval" ? "awaiting_approval" : "waiting", wait_reason: r })}` },
+            `waiting for ${r.replace("_", " ")}`),
+          String(n)]));
+    }),
+    await section("Workers", "wk-h", async () => {
+      const o = await ops;
+      const caption = o.workers_truncated ? `The first ${o.workers.length} workers holding leases` : "Workers holding leases";
+      return table(caption, ["Worker", "Running sessions", "First lease expires", "Last lease expires"],
+        o.workers.map((w) => [w.worker, String(w.sessions), fmtTime(w.first_lease_expiry), fmtTime(w.last_lease_expiry)]));
     }),
     await section("Rate limiter", "l-h", async () => {
       const l = await api("/v1/admin/limits");
@@ -59,15 +70,16 @@ export async function opsPage() {
 
 export async function costsPage() {
   const el = h("section", { class: "page", "aria-labelledby": "costs-h" }, h("h1", { id: "costs-h" }, "Costs"));
-  if (await serves("get", "/v1/admin/costs")) {
-    el.append(await section("Per tenant, model and day", "c-h", async () => {
-      const c = await api("/v1/admin/costs");
-      return table("Cost", ["Day", "Tenant", "Model", "Input tokens", "Output tokens", "Cost"],
-        (c.rows || []).map((r) => [r.day, r.tenant, r.model, String(r.input_tokens), String(r.output_tokens), fmtCost(r.cost_usd)]));
-    }));
-  } else {
-    el.append(missing("a per-model and per-day breakdown: this API has no endpoint for it yet; what it has is each tenant's spend today and this month (below), each session's and tree's cost (on its page) and each batch's (on Batches)."));
-  }
+  el.append(await section("Per tenant, model and day", "c-h", async () => {
+    const c = await api("/v1/admin/costs");
+    return [
+      table(`Sessions created ${fmtTime(c.since)} to ${fmtTime(c.until)}: ${fmtCost(c.cost_usd)}`,
+        ["Day", "Tenant", "Model", "Sessions", "Input tokens", "Output tokens", "Cache read", "Cost"],
+        c.rows.map((r) => [r.day, r.tenant, r.model ?? "—", String(r.sessions), String(r.input_tokens),
+          String(r.output_tokens), String(r.cache_read_tokens), r.cost_usd === null ? "no price" : fmtCost(r.cost_usd)])),
+      c.truncated ? notice("More rows than one answer holds: the oldest are left out.") : null,
+    ].filter(Boolean);
+  }));
   const out = h("div", { "aria-live": "polite" });
   const input = h("input", { id: "spend-tenant", type: "text", required: true });
   const form = h("form", { class: "filters", "aria-label": "A tenant's spend" },

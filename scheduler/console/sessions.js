@@ -2,7 +2,7 @@
 // shared; a page at a time by cursor; and bulk cancel and retry of what the filter
 // selects, through the API's filter endpoints (never a loop over ids in the browser).
 
-import { api, queryParams, schemaFields } from "./api.js";
+import { api, getKey, queryParams, schemaFields, serves } from "./api.js";
 import { badge, clear, fmtCost, fmtTime, h, notice, shortId } from "./dom.js";
 import { navigate } from "./app.js";
 
@@ -13,6 +13,8 @@ const WAIT = ["children", "approval", "rate_limit", "budget"];
 /** Every filter the console knows: (query name, label, kind, choices). Only those this
  * server's `GET /v1/sessions` takes are shown. */
 const FILTERS = [
+  ["q", "Search (id or prompt)", "search"],
+  ["tenant", "Tenant", "text"],
   ["status", "Status", "select", STATUS],
   ["finish_reason", "Finish reason", "select", FINISH],
   ["wait_reason", "Wait reason", "select", WAIT],
@@ -28,12 +30,27 @@ const FILTERS = [
 
 const PAGE = "50";
 
+/** How often the counts refresh while the page is shown. */
+const COUNTS_EVERY_MS = 5000;
+
+let adminProbe = { key: null, answer: null };
+/** Whether the key in use has the admin scope (only an admin may filter by tenant): asked
+ * once per key, from an admin route that answers little. */
+async function isAdmin() {
+  const key = getKey();
+  if (adminProbe.key !== key || adminProbe.answer === null) {
+    adminProbe = { key, answer: api("/v1/admin/budgets").then(() => true, () => false) };
+  }
+  return adminProbe.answer;
+}
+
 export async function sessionsPage(query) {
-  const [params, retryFields] = await Promise.all([
+  const [params, retryFields, admin] = await Promise.all([
     queryParams("/v1/sessions"),
     schemaFields("SessionFilter"),
+    isAdmin(),
   ]);
-  const filters = FILTERS.filter(([name]) => params.has(name));
+  const filters = FILTERS.filter(([name]) => params.has(name) && (name !== "tenant" || admin));
   const el = h("section", { class: "page", "aria-labelledby": "sessions-h" },
     h("h1", { id: "sessions-h" }, "Sessions"));
 
@@ -47,7 +64,8 @@ export async function sessionsPage(query) {
         h("option", { value: "" }, "any"),
         choices.map((c) => h("option", { value: c, selected: c === value }, c)));
     } else {
-      input = h("input", { id, name, type: kind, value, step: kind === "number" ? "any" : undefined });
+      input = h("input", { id, name, type: kind, value, step: kind === "number" ? "any" : undefined,
+        maxLength: name === "q" ? 200 : undefined });
     }
     form.append(h("div", { class: "field" }, h("label", { for: id }, label), input));
   }
@@ -75,6 +93,25 @@ export async function sessionsPage(query) {
   }
   apiQuery.set("limit", PAGE);
   if (query.get("cursor")) apiQuery.set("cursor", query.get("cursor"));
+
+  const counts = h("div", { class: "counts", role: "group", "aria-label": "Counts of matching sessions" });
+  el.append(counts);
+  let timer = null;
+  if (await serves("get", "/v1/sessions/counts")) {
+    const countQuery = new URLSearchParams(apiQuery);
+    countQuery.delete("limit");
+    countQuery.delete("cursor");
+    const refresh = async () => {
+      try {
+        showCounts(counts, query, await api("/v1/sessions/counts", { query: countQuery }));
+      } catch (e) {
+        clear(counts);
+        counts.append(notice(`Cannot count sessions: ${e.message}`, "error"));
+      }
+    };
+    await refresh();
+    timer = setInterval(refresh, COUNTS_EVERY_MS);
+  }
 
   const status = h("div", { "aria-live": "polite" });
   const bulk = bulkActions(query, retryFields, status);
@@ -112,7 +149,28 @@ export async function sessionsPage(query) {
   } catch (e) {
     el.append(notice(`Cannot list sessions: ${e.message}`, "error"));
   }
-  return { el, title: "Sessions" };
+  return { el, title: "Sessions", stop: () => clearInterval(timer) };
+}
+
+/** The counts of the filter, each status (and waiting reason) a link narrowing to it. */
+function showCounts(box, query, c) {
+  const here = Object.fromEntries([...query.entries()].filter(([k]) => k !== "cursor"));
+  const link = (extra, text) => h("a", { href: "#/sessions?" + new URLSearchParams({ ...here, ...extra }) }, text);
+  const items = [h("strong", { class: "total" }, `${c.total} matching`)];
+  for (const st of STATUS) {
+    const n = c.by_status[st];
+    if (n) items.push(link({ status: st }, `${st.replace("_", " ")} ${n}`));
+  }
+  for (const r of WAIT) {
+    const n = c.by_wait_reason[r];
+    if (n) {
+      const st = r === "approval" ? "awaiting_approval" : "waiting";
+      items.push(link({ status: st, wait_reason: r }, `waiting for ${r.replace("_", " ")} ${n}`));
+    }
+  }
+  if (!c.complete) items.push(h("span", { class: "muted" }, "(of the newest 5,000 read)"));
+  clear(box);
+  box.append(...items);
 }
 
 function row(s) {

@@ -34,6 +34,7 @@ mod keys;
 mod leases;
 mod params;
 mod queues;
+mod report;
 mod sessions;
 mod sweep;
 mod webhooks;

@@ -70,6 +70,7 @@ mod inbox;
 mod keys;
 mod leases;
 mod queues;
+mod report;
 mod sessions;
 mod sweep;
 mod tx;

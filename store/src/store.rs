@@ -33,6 +33,7 @@ use crate::model::{
     SessionRow, SessionStatus, Woken,
 };
 use crate::protocol::{InboxKind, InboxPayload};
+use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
 use crate::webhook::{
@@ -64,9 +65,24 @@ pub trait Store:
     + WorkspaceStore
     + BatchStore
     + WebhookStore
+    + ReportStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
+}
+
+/// What the console's summaries read: bounded aggregates, never rows.
+#[async_trait]
+pub trait ReportStore: Send + Sync {
+    /// The sessions of `filter` (its `cursor`, `limit` and `oldest_first` aside) per status
+    /// and, waiting, per reason; statuses without sessions left out.
+    async fn count_sessions(&self, filter: &ListFilter) -> Result<Vec<StatusCount>>;
+
+    /// Usage per tenant, model and UTC day of creation, the most recent day first.
+    async fn costs(&self, filter: &CostFilter) -> Result<Vec<CostRow>>;
+
+    /// The owners of running sessions' leases (at most `limit`, by name).
+    async fn workers(&self, limit: u32) -> Result<Vec<WorkerLeases>>;
 }
 
 /// Sessions as the API and the CLI see them: create, read, list, cancel, fail.

@@ -14,6 +14,7 @@ pub mod limiter;
 pub mod model;
 pub mod policy;
 pub mod protocol;
+pub mod report;
 pub mod scheduling;
 pub mod wait;
 pub mod webhook;

@@ -433,6 +433,10 @@ pub struct ListFilter {
     pub created_after: Option<DateTime<Utc>>,
     /// Only sessions created before this time.
     pub created_before: Option<DateTime<Utc>>,
+    /// Only sessions whose id starts with this, or whose prompt holds it (case-insensitive:
+    /// any letter on Postgres, ASCII letters on SQLite). Matched literally: `%`, `_` and
+    /// `\` are no wildcards.
+    pub text: Option<String>,
     pub limit: u32,
     /// Return sessions with an id strictly below this one (ids are time-ordered; newest
     /// first), or strictly above it with [`ListFilter::oldest_first`].

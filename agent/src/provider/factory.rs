@@ -116,7 +116,7 @@ pub fn build(
             })?))
         }
         "scripted" => match &settings.script {
-            Some(json) => Ok(Arc::new(ScriptedProvider::from_json(json)?)),
+            Some(json) => Ok(Arc::new(ScriptedProvider::shared(json)?)),
             None => Ok(Arc::new(ScriptedProvider::demo())),
         },
         other => Err(Error::Config(format!(

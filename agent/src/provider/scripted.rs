@@ -7,7 +7,7 @@
 //! with the right turn.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -96,17 +96,23 @@ pub struct Turn {
     pub limits: Option<RateLimitInfo>,
 }
 
+/// Attempts per (session, turn), to play each turn's failures once.
+type Attempts = Mutex<HashMap<(String, usize), usize>>;
+
+/// The attempt counts of the providers [`ScriptedProvider::shared`] built, by script text.
+static SHARED_ATTEMPTS: LazyLock<Mutex<HashMap<String, Weak<Attempts>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
 pub struct ScriptedProvider {
     script: Script,
-    /// Attempts per (session, turn), to play each turn's failures once.
-    attempts: Mutex<HashMap<(String, usize), usize>>,
+    attempts: Arc<Attempts>,
 }
 
 impl ScriptedProvider {
     pub fn new(script: Script) -> Self {
         ScriptedProvider {
             script,
-            attempts: Mutex::new(HashMap::new()),
+            attempts: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -114,6 +120,25 @@ impl ScriptedProvider {
         let script: Script = serde_json::from_str(json)
             .map_err(|e| Error::Config(format!("invalid script: {e}")))?;
         Ok(Self::new(script))
+    }
+
+    /// As [`ScriptedProvider::from_json`], counting attempts together with every other
+    /// provider of this process built here from the same script (while one lives). Each
+    /// worker builds its own provider, and a process may run several workers (`agentq dev`
+    /// runs four): a session retried after a scripted failure may land on another one,
+    /// which must play the turn's next attempt, not its first failure again, as one model
+    /// server answers a session the same whichever worker calls it.
+    pub fn shared(json: &str) -> Result<Self> {
+        let mut p = Self::from_json(json)?;
+        let mut all = SHARED_ATTEMPTS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|_, w| w.strong_count() > 0);
+        match all.get(json).and_then(Weak::upgrade) {
+            Some(attempts) => p.attempts = attempts,
+            None => {
+                all.insert(json.to_string(), Arc::downgrade(&p.attempts));
+            }
+        }
+        Ok(p)
     }
 
     /// A built-in script: look at the workspace, then answer with what was seen.
@@ -325,5 +350,59 @@ impl LlmProvider for ScriptedProvider {
             return failure(f);
         }
         Ok(play(&turn, request, index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::borrow::Cow;
+
+    use super::*;
+    use crate::schema::Message;
+
+    fn request(session_id: &str) -> LlmRequest<'static> {
+        LlmRequest {
+            model: "scripted".into(),
+            system: None,
+            messages: vec![Cow::Owned(Message::user("fail: once"))],
+            tools: Vec::new().into(),
+            temperature: 0.0,
+            max_tokens: 100,
+            session_id: session_id.into(),
+            web_search: None,
+        }
+    }
+
+    /// A script whose only turn fails once; unique per test, so that no other test of
+    /// this process shares its counts.
+    fn failing_once(tag: &str) -> String {
+        serde_json::json!({
+            "turns": [{"text": tag, "fail": [{"status": 400, "message": "scripted"}]}]
+        })
+        .to_string()
+    }
+
+    #[tokio::test]
+    async fn providers_shared_from_one_script_count_attempts_together() {
+        let json = failing_once("shared");
+        // Two workers' providers: the retry lands on the other one and is answered.
+        let (a, b) = (
+            ScriptedProvider::shared(&json).unwrap(),
+            ScriptedProvider::shared(&json).unwrap(),
+        );
+        assert!(a.stream(&request("s1")).await.is_err());
+        assert!(b.stream(&request("s1")).await.is_ok());
+        // Another session has its own count.
+        assert!(b.stream(&request("s2")).await.is_err());
+        // Providers built on their own keep theirs.
+        let json = failing_once("apart");
+        let (c, d) = (
+            ScriptedProvider::from_json(&json).unwrap(),
+            ScriptedProvider::from_json(&json).unwrap(),
+        );
+        assert!(c.stream(&request("s1")).await.is_err());
+        assert!(d.stream(&request("s1")).await.is_err());
     }
 }

@@ -80,6 +80,8 @@ async function main() {
     prompt: "hold: write the report", tools: ["write_file"], sensitive_tools: ["write_file"],
   });
   const failing = await call("POST", "/v1/sessions", { prompt: "fail: this one fails first" });
+  // A second one for the bulk retry (the first recovers on its own retry).
+  const failingToo = await call("POST", "/v1/sessions", { prompt: "fail: this one fails too" });
   const parent = await call("POST", "/v1/sessions", { prompt: "parent: ask a helper", tools: ["spawn_agent"] });
   for (let i = 0; i < 4; i++) await call("POST", "/v1/sessions", { prompt: `filler ${i}` });
   const batch = await call("POST", "/v1/batches", {
@@ -110,8 +112,23 @@ async function main() {
     await page.getByRole("button", { name: "Use key" }).click();
     await page.locator("table.list tbody tr[data-id]").first().waitFor();
     if (page.url().includes(key)) fail("the key is in the URL");
+    // The live counts of the filter (every session here).
+    await page.locator(".counts .total", { hasText: /^\d+ matching$/ }).waitFor();
     await checkLabels(page, "sessions");
     await page.screenshot({ path: join(shots, "sessions.png"), fullPage: true });
+
+    step("the search finds a session by a word of its prompt, and the counts follow");
+    await page.getByLabel("Search (id or prompt)").fill("HELPER");
+    await page.getByRole("button", { name: "Apply filters" }).click();
+    await page.locator(".counts .total", { hasText: "1 matching" }).waitFor();
+    await page.locator(`tr[data-id="${parent.id}"]`).waitFor();
+    if (!page.url().includes("q=HELPER")) fail(`the search is not in the URL: ${page.url()}`);
+    if ((await page.locator("table.list tbody tr[data-id]").count()) !== 1) fail("the search shows other sessions");
+    // A `%` is matched as itself: no prompt here holds one.
+    await page.goto(`${url}/console#/sessions?q=${encodeURIComponent("%")}`);
+    await page.getByText("No session matches.").waitFor();
+    await page.locator(".counts .total", { hasText: "0 matching" }).waitFor();
+    await page.screenshot({ path: join(shots, "sessions-search.png"), fullPage: true });
 
     step("a live answer arrives on the session's page");
     const live = await call("POST", "/v1/sessions", {
@@ -225,20 +242,28 @@ async function main() {
     await page.screenshot({ path: join(shots, "sessions-failed.png"), fullPage: true });
     await page.getByRole("link", { name: `Session ${failing.id}` }).click();
     await page.getByRole("button", { name: "Retry session" }).click();
-    // The API took it back (the scripted refusal plays again on every run, so it ends
-    // failed again: what is checked is that the console's retry reached the server).
     await page.getByText("Retry: now queued").waitFor();
-    // Once it has failed again, every failed session the filter selects is retried at once
-    // (the button asks for a second click first).
+    // The scripted refusal plays once per session, whichever of dev's workers runs the
+    // retry: it recovers.
+    await until("the retried session to recover", async () => {
+      const s = await call("GET", `/v1/sessions/${failing.id}`);
+      return s.status === "completed" && s.result === "recovered on the retry";
+    });
+    // Every failed session the filter selects is retried at once (the button asks for a
+    // second click first).
     await page.goto(`${url}/console#/sessions?status=failed`);
-    await until("the session failed again", async () => {
+    await until("the other failed session", async () => {
       await page.reload();
       await page.locator("table.list tbody tr").first().waitFor();
-      return (await page.locator(`tr[data-id="${failing.id}"]`).count()) > 0;
+      return (await page.locator(`tr[data-id="${failingToo.id}"]`).count()) > 0;
     });
     await page.getByRole("button", { name: "Retry failed matching" }).click();
     await page.getByRole("button", { name: "Confirm: retry failed matching" }).click();
     await page.getByText(/^Retried: [1-9]\d* session\(s\)\.$/).waitFor();
+    await until("the bulk-retried session to recover", async () => {
+      const s = await call("GET", `/v1/sessions/${failingToo.id}`);
+      return s.status === "completed" && s.result === "recovered on the retry";
+    });
 
     step("a held call is approved from the inbox and the session finishes");
     await page.goto(`${url}/console#/approvals`);
@@ -310,12 +335,29 @@ async function main() {
     await page.screenshot({ path: join(shots, "batches.png"), fullPage: true });
     await page.getByRole("link", { name: `Batch ${batch.id}` }).click();
     await page.getByRole("button", { name: "Download results (JSON Lines)" }).waitFor();
+    // A session that runs for as long as the test does: a worker holds its lease.
+    const slow = await call("POST", "/v1/sessions", { prompt: "slow: take your time" });
+    await until("the slow session to run", async () => (await call("GET", `/v1/sessions/${slow.id}`)).status === "running");
     await page.goto(`${url}/console#/ops`);
     await page.getByRole("heading", { name: "Rate limiter" }).waitFor();
     await page.getByRole("heading", { name: "Budgets" }).waitFor();
+    const queueRow = page.locator("section[aria-labelledby=q-h] tbody tr", { hasText: "default" });
+    await queueRow.waitFor();
+    const queueCells = await queueRow.locator("td").allTextContents();
+    if (!/^\d+$/.test(queueCells[1]) || !/^\d+$/.test(queueCells[2]) || !/^\d+$/.test(queueCells[3])) {
+      fail(`the default queue's length, pending and held: ${JSON.stringify(queueCells)}`);
+    }
+    const workerRow = page.locator("section[aria-labelledby=wk-h] tbody tr").first();
+    const workerCells = await workerRow.locator("td").allTextContents();
+    if (workerCells.length !== 4 || !/^[1-9]\d*$/.test(workerCells[1])) {
+      fail(`a worker holding the slow session's lease: ${JSON.stringify(workerCells)}`);
+    }
+    await page.locator("section[aria-labelledby=w-h] tbody tr", { hasText: "waiting for approval" }).waitFor();
     await checkLabels(page, "operations");
     await page.screenshot({ path: join(shots, "ops.png"), fullPage: true });
     await page.goto(`${url}/console#/costs`);
+    // The scripted model's row (every session here ran on it).
+    await page.locator("section[aria-labelledby=c-h] tbody tr", { hasText: "scripted" }).first().waitFor();
     await page.getByRole("textbox", { name: "Tenant" }).fill("default");
     await page.getByRole("button", { name: "Show spend" }).click();
     await page.getByText("Spend of default").waitFor();

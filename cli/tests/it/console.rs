@@ -197,7 +197,9 @@ fn script(hostile: &str) -> Value {
                     "arguments": {"prompt": "child: help", "wait": true}}]},
                 {"text": "the helper said {{last_tool_result}}"}
             ]},
-            {"when_prompt_contains": "child:", "turns": [{"text": "helped"}]}
+            {"when_prompt_contains": "child:", "turns": [{"text": "helped"}]},
+            // Runs for as long as the test does: a worker holds its lease meanwhile.
+            {"when_prompt_contains": "slow:", "turns": [{"text": "at last", "delay_ms": 600_000}]}
         ]
     })
 }

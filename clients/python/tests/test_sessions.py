@@ -1,6 +1,7 @@
 """Sessions against the real server, through the sync and the async client."""
 
 import io
+import time
 import tarfile
 
 import pytest
@@ -153,3 +154,47 @@ async def test_the_async_client_does_the_same():
         with pytest.raises(APIError) as e:
             await aq.create_session("typo", max_iteration=3)
         assert e.value.field == "max_iteration"
+
+
+def test_counts_costs_and_operations(client: Client, spec):
+    if not has_path(spec, "/v1/sessions/counts"):
+        pytest.skip("the server has no counts")
+    word = f"countme{time.time_ns()}"
+    ref = client.create_session(f"count {word} please")
+    client.wait(ref.id, timeout=120)
+    counts = client.count_sessions(q=word)
+    listed = client.list_sessions(q=word).sessions
+    assert [s.id for s in listed] == [ref.id]
+    assert counts.total == len(listed) == 1 and counts.complete
+    assert counts.by_status == {"completed": 1}
+    # A `%` is literal: it matches no prompt here.
+    assert client.count_sessions(q=f"{word}%").total == 0
+    with pytest.raises(APIError) as e:
+        client.count_sessions(q="x" * 201)
+    assert e.value.field == "q"
+
+    report = client.costs()
+    assert report.since < report.until
+    assert any(r.sessions >= 1 for r in report.rows), report
+    with pytest.raises(APIError) as e:
+        client.costs(since="2020-01-01T00:00:00Z", until="2022-01-01T00:00:00Z")
+    assert e.value.field == "since"
+
+    ops = client.operations()
+    assert set(ops.waiting) == {"children", "approval", "rate_limit", "budget"}
+    default = next(q for q in ops.queues if q.name == "default")
+    assert default.error is None and default.length is not None and default.held >= 0
+
+
+@pytest.mark.anyio
+async def test_the_async_client_counts_costs_and_operations(spec):
+    if not has_path(spec, "/v1/sessions/counts"):
+        pytest.skip("the server has no counts")
+    async with AsyncClient() as aq:
+        word = f"asynccount{time.time_ns()}"
+        ref = await aq.create_session(f"count {word}")
+        await aq.wait(ref.id, timeout=120)
+        counts = await aq.count_sessions(q=word)
+        assert counts.total == 1 and counts.by_status == {"completed": 1}
+        assert (await aq.costs()).rows
+        assert any(q.name == "default" for q in (await aq.operations()).queues)

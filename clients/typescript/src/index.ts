@@ -30,6 +30,10 @@ export type BatchPage = S["BatchList"];
 export type BatchResult = S["BatchResult"];
 export type BatchRequestItem = S["BatchRequestItem"];
 export type ErrorDetail = S["ErrorDetail"];
+export type SessionCounts = S["SessionCounts"];
+export type CostReport = S["CostReport"];
+export type CostEntry = S["CostEntry"];
+export type Operations = S["Operations"];
 
 /** One held call of `GET /v1/approvals` (servers that have the route). */
 export interface Approval {
@@ -63,6 +67,20 @@ export interface SessionQuery {
   created_before?: string;
   min_cost_usd?: number;
   max_cost_usd?: number;
+  /** Text search: an id prefix or a piece of the prompt (case-insensitive, literal). */
+  q?: string;
+  /** Another tenant's sessions: for a key with the admin scope. */
+  tenant?: string;
+}
+
+/** The filters of `GET /v1/sessions/counts`: those of a listing without its paging. */
+export type CountQuery = Omit<SessionQuery, "limit" | "cursor">;
+
+/** `GET /v1/admin/costs`: sessions created in `[since, until)` (RFC 3339), at most 366 days. */
+export interface CostQuery {
+  since?: string;
+  until?: string;
+  tenant?: string;
 }
 
 /** One server-sent event: `event` its kind, `data` its JSON, `id` what resumes after
@@ -324,6 +342,21 @@ export class AgentqClient {
       if (!page.next_cursor) return;
       cursor = page.next_cursor;
     }
+  }
+
+  /** How many sessions `listSessions`' filters select, per status and wait reason. */
+  countSessions(q: CountQuery = {}): Promise<SessionCounts> {
+    return this.json("/v1/sessions/counts", { query: q as Query });
+  }
+
+  /** Tokens and dollars per tenant, model and day (an admin key). */
+  costs(q: CostQuery = {}): Promise<CostReport> {
+    return this.json("/v1/admin/costs", { query: q as Query });
+  }
+
+  /** Queues, sessions waiting by reason, and the workers holding leases (an admin key). */
+  operations(): Promise<Operations> {
+    return this.json("/v1/admin/operations");
   }
 
   cancelSession(id: string): Promise<CancelResult> {

@@ -187,6 +187,29 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/costs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read costs
+         * @description Tokens and their cost at the configured prices per tenant, model and day (UTC) of the
+         *     sessions created in `[since, until)`: sub-agents are sessions of their own, a retried
+         *     session counts every attempt. The range is at most 366 days; without `since`, the 30
+         *     days before `until` (now when absent).
+         */
+        get: operations["get_costs"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/admin/limits": {
         parameters: {
             query?: never;
@@ -200,6 +223,29 @@ export interface paths {
          *     rule key in use, and the holds learned from providers.
          */
         get: operations["get_limits"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/operations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Read the fleet's operations
+         * @description Per queue its stream (what waits for a worker, what is delivered and not yet
+         *     acknowledged) and the sessions the dispatcher holds back; the sessions waiting per
+         *     reason; the workers holding leases on running sessions. The rate limiter is
+         *     `GET /v1/admin/limits`, budgets `GET /v1/admin/budgets`.
+         */
+        get: operations["get_operations"];
         put?: never;
         post?: never;
         delete?: never;
@@ -439,6 +485,29 @@ export interface paths {
          *     `finished_since` are refused), at most `limit` examined per call, newest first.
          */
         post: operations["cancel_sessions"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/counts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Count sessions
+         * @description How many sessions the same filter of `GET /v1/sessions` selects, per status and, for
+         *     the waiting ones, per reason. With `metadata` or a cost bound the sessions must be read
+         *     to be counted: at most 5,000 of the newest are, and `complete` says whether that was
+         *     all of them.
+         */
+        get: operations["count_sessions"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1152,6 +1221,62 @@ export interface components {
             type: components["schemas"]["EventKind"];
             usage: components["schemas"]["Usage"];
         };
+        /**
+         * @description The sessions of one tenant and model created on one day (UTC): what they used, their
+         *     sub-agents each counted as sessions of their own, every attempt of a retried one
+         *     included.
+         */
+        CostEntry: {
+            /** Format: int64 */
+            cache_read_tokens: number;
+            /** Format: int64 */
+            cache_write_tokens: number;
+            /**
+             * Format: double
+             * @description At the configured prices; `null` when the model has no price.
+             */
+            cost_usd?: number | null;
+            /** @description `YYYY-MM-DD` (UTC). */
+            day: string;
+            /** Format: int64 */
+            input_tokens: number;
+            /** @description The model the worker called, else the one the sessions named; `null`: neither. */
+            model?: string | null;
+            /** Format: int64 */
+            output_tokens: number;
+            /** Format: int64 */
+            reasoning_tokens: number;
+            /** Format: int64 */
+            sessions: number;
+            tenant: string;
+            /** Format: int64 */
+            web_search_requests: number;
+        };
+        /** @description `GET /v1/admin/costs`: usage and its cost per tenant, model and day. */
+        CostReport: {
+            /**
+             * Format: double
+             * @description What the rows cost together (those with a price).
+             */
+            cost_usd: number;
+            /** @description The most recent day first; within a day by tenant, then model. */
+            rows: components["schemas"]["CostEntry"][];
+            /**
+             * Format: date-time
+             * @description Sessions created at or after this time are counted.
+             */
+            since: string;
+            /**
+             * @description `true` when there were more rows than one answer holds (10,000): narrow the range
+             *     or name a `tenant`.
+             */
+            truncated: boolean;
+            /**
+             * Format: date-time
+             * @description Sessions created before this time are counted.
+             */
+            until: string;
+        };
         /** @description `POST /v1/batches` with a JSON body. Any other field is refused. */
         CreateBatch: {
             /**
@@ -1472,6 +1597,24 @@ export interface components {
          * @enum {string}
          */
         Mode: "act" | "think" | "plan" | "plan-act";
+        /**
+         * @description `GET /v1/admin/operations`: what waits where, and who works on it. The rate limiter's
+         *     state is `GET /v1/admin/limits`, the tenants' budgets `GET /v1/admin/budgets`.
+         */
+        Operations: {
+            queues: components["schemas"]["QueueOps"][];
+            /**
+             * @description Sessions waiting (`waiting` or `awaiting_approval`) per reason, every reason named
+             *     (0 when none waits for it).
+             */
+            waiting: {
+                [key: string]: number;
+            };
+            /** @description The workers holding leases on running sessions, by name. */
+            workers: components["schemas"]["WorkerView"][];
+            /** @description `true` when more workers hold leases than the answer lists (1,000). */
+            workers_truncated: boolean;
+        };
         /** @description A sensitive tool call held until someone approves or denies it. */
         PendingApproval: {
             arguments: unknown;
@@ -1520,6 +1663,34 @@ export interface components {
             /** @description `scheduler.max_queues`. */
             max_queues: number;
             queues: string[];
+        };
+        /** @description One queue's stream and the sessions the dispatcher holds back from it. */
+        QueueOps: {
+            /** @description Why the stream could not be read, when it could not. */
+            error?: string | null;
+            /**
+             * Format: int64
+             * @description Queued sessions the dispatcher holds back (a batch's `max_running`, a tenant's
+             *     cap): not in the stream until released.
+             */
+            held: number;
+            /**
+             * Format: int64
+             * @description Entries not yet delivered; `null` when the stream cannot tell.
+             */
+            lag?: number | null;
+            /**
+             * Format: int64
+             * @description What waits for a worker: entries not yet delivered plus those delivered and not
+             *     acknowledged; `null` when the queue cannot be read now (see `error`).
+             */
+            length?: number | null;
+            name: string;
+            /**
+             * Format: int64
+             * @description Entries delivered to a worker and not acknowledged.
+             */
+            pending?: number | null;
         };
         /**
          * @description `GET /readyz`: 200 with `{"status": "ready"}`, or 503 while draining or while a
@@ -1620,6 +1791,34 @@ export interface components {
             tool_use_id: string;
             /** @enum {string} */
             type: "tool_result";
+        };
+        /**
+         * @description `GET /v1/sessions/counts`: how many sessions the same filter of `GET /v1/sessions`
+         *     selects, per status and, waiting, per reason.
+         */
+        SessionCounts: {
+            /** @description Sessions per status (`queued`, `running`, …); a status without any is left out. */
+            by_status: {
+                [key: string]: number;
+            };
+            /**
+             * @description Sessions waiting (`waiting` or `awaiting_approval`) per reason (`children`,
+             *     `approval`, `rate_limit`, `budget`); a reason without any is left out.
+             */
+            by_wait_reason: {
+                [key: string]: number;
+            };
+            /**
+             * @description `false` when a `metadata` or cost condition made the count read rows, and it
+             *     stopped at the bound on rows read: the counts are then of the newest sessions
+             *     only, a lower bound.
+             */
+            complete: boolean;
+            /**
+             * Format: int64
+             * @description Every session counted.
+             */
+            total: number;
         };
         /**
          * @description `GET /v1/sessions/{id}`: the session, the ids of its children (newest first, at
@@ -2016,6 +2215,26 @@ export interface components {
             secret?: string | null;
             status: components["schemas"]["WebhookStatus"];
             url: string;
+        };
+        /** @description A worker as the store knows it: the lease owner of running sessions. */
+        WorkerView: {
+            /**
+             * Format: date-time
+             * @description When its first lease expires unless it heartbeats.
+             */
+            first_lease_expiry?: string | null;
+            /**
+             * Format: date-time
+             * @description When its last lease expires: its latest heartbeat was one lease TTL before.
+             */
+            last_lease_expiry?: string | null;
+            /**
+             * Format: int64
+             * @description Running sessions it holds a lease on.
+             */
+            sessions: number;
+            /** @description The name the worker claims leases as. */
+            worker: string;
         };
     };
     responses: {
@@ -2426,6 +2645,42 @@ export interface operations {
             503: components["responses"]["Unavailable"];
         };
     };
+    get_costs: {
+        parameters: {
+            query?: {
+                /** @description Sessions created at or after this time (RFC 3339); 30 days before `until` when absent. */
+                since?: string;
+                /** @description Sessions created before this time (RFC 3339); now when absent. */
+                until?: string;
+                /** @description Only this tenant's sessions. */
+                tenant?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The costs */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CostReport"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
     get_limits: {
         parameters: {
             query?: never;
@@ -2442,6 +2697,33 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["LimitsView"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    get_operations: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The fleet's state */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Operations"];
                 };
             };
             401: components["responses"]["Unauthorized"];
@@ -2853,6 +3135,10 @@ export interface operations {
                 min_cost_usd?: number;
                 /** @description Only sessions that cost at most this at the configured prices (a session without a price is left out). */
                 max_cost_usd?: number;
+                /** @description Only sessions whose id starts with this or whose prompt holds it, ignoring case (on SQLite, of ASCII letters only); `%`, `_` and `\` are matched as themselves. At most 200 characters, no NUL. */
+                q?: string;
+                /** @description Only this tenant's sessions: for a key with the admin scope. Any other key may name only its own tenant (the same as naming none); another is refused (403 naming `tenant`). */
+                tenant?: string;
             };
             header?: never;
             path?: never;
@@ -3020,6 +3306,62 @@ export interface operations {
             413: components["responses"]["TooLarge"];
             414: components["responses"]["UriTooLong"];
             415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    count_sessions: {
+        parameters: {
+            query?: {
+                /** @description As `GET /v1/sessions`. */
+                status?: components["schemas"]["SessionStatus"];
+                /** @description As `GET /v1/sessions`. */
+                parent_id?: string;
+                /** @description As `GET /v1/sessions`. */
+                batch_id?: string;
+                /** @description As `GET /v1/sessions`. */
+                finish_reason?: components["schemas"]["ExitReason"];
+                /** @description As `GET /v1/sessions`. */
+                wait_reason?: components["schemas"]["WaitReason"];
+                /** @description As `GET /v1/sessions`. */
+                queue?: string;
+                /** @description As `GET /v1/sessions`. */
+                metadata?: string[];
+                /** @description As `GET /v1/sessions`. */
+                created_after?: string;
+                /** @description As `GET /v1/sessions`. */
+                created_before?: string;
+                /** @description As `GET /v1/sessions`. */
+                min_cost_usd?: number;
+                /** @description As `GET /v1/sessions`. */
+                max_cost_usd?: number;
+                /** @description As `GET /v1/sessions`. */
+                q?: string;
+                /** @description As `GET /v1/sessions`. */
+                tenant?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The counts */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionCounts"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
             422: components["responses"]["Invalid"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];

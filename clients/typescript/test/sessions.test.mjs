@@ -71,3 +71,28 @@ test("a failed session is retried", serverOnly, async () => {
   assert.equal((await aq.retrySession(ref.id)).status, "queued");
   assert.equal((await aq.wait(ref.id, { timeoutMs: 120_000 })).status, "completed");
 });
+
+test("counts, costs and operations", serverOnly, async () => {
+  const spec = await document();
+  if (!spec.paths["/v1/sessions/counts"]?.get) return;
+  const aq = new AgentqClient();
+  const word = `tscount${Date.now()}${Math.floor(Math.random() * 1e6)}`;
+  const ref = await aq.createSession(`count ${word} please`);
+  await aq.wait(ref.id, { timeoutMs: 120_000 });
+  const counts = await aq.countSessions({ q: word });
+  const page = await aq.listSessions({ q: word });
+  assert.deepEqual(page.sessions.map((s) => s.id), [ref.id]);
+  assert.equal(counts.total, 1);
+  assert.deepEqual(counts.by_status, { completed: 1 });
+  assert.equal((await aq.countSessions({ q: `${word}_` })).total, 0);
+  await assert.rejects(aq.countSessions({ q: "x".repeat(201) }),
+    (e) => e instanceof ApiError && e.field === "q");
+  const costs = await aq.costs();
+  assert.ok(costs.rows.some((r) => r.sessions >= 1));
+  await assert.rejects(aq.costs({ since: "2020-01-01T00:00:00Z", until: "2022-01-01T00:00:00Z" }),
+    (e) => e instanceof ApiError && e.field === "since");
+  const ops = await aq.operations();
+  assert.deepEqual(Object.keys(ops.waiting).sort(), ["approval", "budget", "children", "rate_limit"]);
+  const def = ops.queues.find((q) => q.name === "default");
+  assert.ok(def && def.length !== null && def.length !== undefined && def.held >= 0);
+});

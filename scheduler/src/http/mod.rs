@@ -26,7 +26,7 @@ pub mod view;
 
 pub use auth::Auth;
 pub use body::{JsonBody, RawJson, decode_fields, decode_object, known_fields, object};
-pub use view::{pending_approval, session_view};
+pub use view::{pending_approval, session_view, wait_reason};
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
 

@@ -43,7 +43,7 @@ pub fn session_view(row: &SessionRow) -> SessionView {
 /// What a suspended session waits for. A row suspended before reasons were stored waited
 /// for its children or for a human, as its status says; a running or finished one waits
 /// for nothing, whatever its last suspension left in the row.
-fn wait_reason(row: &SessionRow) -> Option<WaitReason> {
+pub fn wait_reason(row: &SessionRow) -> Option<WaitReason> {
     match row.status {
         SessionStatus::Waiting => Some(row.wait_reason.unwrap_or(WaitReason::Children)),
         SessionStatus::AwaitingApproval => Some(WaitReason::Approval),

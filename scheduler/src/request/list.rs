@@ -12,6 +12,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use agentq_agent::spec::ExitReason;
+use agentq_api::MAX_SEARCH_CHARS;
+use agentq_core::auth::{Caller, valid_tenant};
 use agentq_core::wait::WaitReason;
 use agentq_core::{ListFilter, SessionRow, SessionStatus};
 
@@ -43,6 +45,10 @@ pub struct ListQuery {
     pub created_before: Option<String>,
     pub min_cost_usd: Option<String>,
     pub max_cost_usd: Option<String>,
+    /// Text search: an id prefix or a piece of the prompt.
+    pub q: Option<String>,
+    /// An admin's tenant filter.
+    pub tenant: Option<String>,
     /// Every `metadata=key=value`, in order.
     pub metadata: Vec<String>,
 }
@@ -90,8 +96,17 @@ impl ListQuery {
     /// From the query's pairs: `metadata` may repeat, every other parameter of
     /// [`agentq_api::LIST_PARAMS`] is given at most once.
     pub fn from_pairs(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
+        ListQuery::from_pairs_of(pairs, agentq_api::LIST_PARAMS)
+    }
+
+    /// As [`ListQuery::from_pairs`], for a route that takes the parameters `known` (the
+    /// counts take the listing's filters without its paging).
+    pub fn from_pairs_of(
+        pairs: Vec<(String, String)>,
+        known: &[&str],
+    ) -> Result<ListQuery, ApiError> {
         let (meta, rest): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(k, _)| k == "metadata");
-        let mut p = params_of(rest, agentq_api::LIST_PARAMS)?;
+        let mut p = params_of(rest, known)?;
         let mut q = ListQuery::from_params(&mut p)?;
         if meta.len() > MAX_METADATA_FILTERS {
             return Err(ApiError::invalid(
@@ -121,8 +136,23 @@ impl ListQuery {
             created_before: take("created_before"),
             min_cost_usd: take("min_cost_usd"),
             max_cost_usd: take("max_cost_usd"),
+            q: take("q"),
+            tenant: take("tenant"),
             metadata: Vec::new(),
         };
+        if let Some(q) = &q.q {
+            crate::http::body::no_nul("q", q)?;
+            let n = q.chars().count();
+            if n > MAX_SEARCH_CHARS {
+                return Err(ApiError::invalid(
+                    "q",
+                    format!("at most {MAX_SEARCH_CHARS} characters, got {n}"),
+                ));
+            }
+        }
+        if q.tenant.as_deref().is_some_and(|t| !valid_tenant(t)) {
+            return Err(ApiError::invalid("tenant", "is not a tenant name"));
+        }
         for (field, v, what) in [
             ("cursor", &q.cursor, "is not a session id"),
             ("parent_id", &q.parent_id, "is not a session id"),
@@ -136,11 +166,27 @@ impl ListQuery {
         Ok(q)
     }
 
-    /// The store's filter (for the caller's `tenant`; its `limit` left to the reader) and
-    /// the conditions left to the rows.
-    pub fn filters(&self, tenant: Option<String>) -> Result<(ListFilter, RowFilter), ApiError> {
+    /// The tenant `caller` lists: an admin every tenant, or the one it names in `tenant`;
+    /// any other key its own. A key that names another tenant than its own is refused
+    /// (403 naming `tenant`) rather than shown its own sessions as if they were that
+    /// tenant's; naming its own is the same as naming none.
+    pub fn tenant_for(&self, caller: &Caller) -> Result<Option<String>, ApiError> {
+        match (&self.tenant, caller.is_admin()) {
+            (named, true) => Ok(named.clone()),
+            (Some(t), false) if *t != caller.tenant => Err(ApiError::Forbidden {
+                field: Some("tenant".into()),
+                message: "only a key with the admin scope may name another tenant".into(),
+            }),
+            (_, false) => Ok(Some(caller.tenant.clone())),
+        }
+    }
+
+    /// The store's filter (for `caller`'s tenants, see [`ListQuery::tenant_for`]; its
+    /// `limit` left to the reader) and the conditions left to the rows.
+    pub fn filters(&self, caller: &Caller) -> Result<(ListFilter, RowFilter), ApiError> {
         let filter = ListFilter {
-            tenant,
+            tenant: self.tenant_for(caller)?,
+            text: self.q.clone(),
             status: self.status.as_deref().map(status).transpose()?,
             parent_id: self.parent_id.clone(),
             batch_id: self.batch_id.clone(),

@@ -33,6 +33,7 @@ mod mcp;
 pub(crate) mod openapi;
 mod queues;
 mod redrive;
+mod reports;
 mod sessions;
 mod steer;
 mod webhooks;
@@ -113,6 +114,13 @@ fn session_routes() -> Vec<Route> {
             READ,
             |_| get(sessions::list),
             doc::<sessions::__path_list>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/sessions/counts",
+            READ,
+            |_| get(reports::counts),
+            doc::<reports::__path_counts>(),
         ),
         route(
             Method::POST,
@@ -365,6 +373,20 @@ fn service_routes() -> Vec<Route> {
             ADMIN,
             |_| get(budgets::spend),
             doc::<budgets::__path_spend>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/costs",
+            ADMIN,
+            |_| get(reports::costs),
+            doc::<reports::__path_costs>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/operations",
+            ADMIN,
+            |_| get(reports::operations),
+            doc::<reports::__path_operations>(),
         ),
         route(
             Method::GET,

@@ -375,6 +375,9 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::BudgetSet>(&mut all);
     add::<api::TenantSpend>(&mut all);
     add::<api::LimitsView>(&mut all);
+    add::<api::SessionCounts>(&mut all);
+    add::<api::CostReport>(&mut all);
+    add::<api::Operations>(&mut all);
     add::<api::Readiness>(&mut all);
     add::<api::ErrorBody>(&mut all);
     add::<api::SessionEvent>(&mut all);

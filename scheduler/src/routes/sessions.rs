@@ -354,6 +354,13 @@ fn row_bytes(row: &SessionRow) -> usize {
             least this at the configured prices (a session without a price is left out)."),
         ("max_cost_usd" = Option<f64>, Query, description = "Only sessions that cost at \
             most this at the configured prices (a session without a price is left out)."),
+        ("q" = Option<String>, Query, max_length = 200, description = "Only sessions whose \
+            id starts with this or whose prompt holds it, ignoring case (on SQLite, of ASCII \
+            letters only); `%`, `_` and `\\` are matched as themselves. At most 200 \
+            characters, no NUL."),
+        ("tenant" = Option<String>, Query, description = "Only this tenant's sessions: for \
+            a key with the admin scope. Any other key may name only its own tenant (the same \
+            as naming none); another is refused (403 naming `tenant`)."),
     ),
     responses((status = 200, description = "A page", body = ListResponse)),
 )]
@@ -376,7 +383,7 @@ pub(super) async fn list(
                 )
             })?,
     };
-    let (filter, keep) = q.filters(caller.tenant_filter())?;
+    let (filter, keep) = q.filters(&caller)?;
     let (rows, next_cursor) = read_page(&s, filter, &keep, limit as usize).await?;
     respond(
         StatusCode::OK,
@@ -399,8 +406,10 @@ async fn read_page(
     keep: &RowFilter,
     limit: usize,
 ) -> ApiResult<(Vec<SessionRow>, Option<String>)> {
-    // Rows the conditions may leave out come in larger chunks.
-    let chunk_rows = if keep.is_empty() {
+    // Rows the conditions may leave out come in larger chunks; so do those of a text
+    // search, whose every statement reads the prompts anew (one statement for a page of
+    // 50 rather than two: half the time on a 10,000-session store).
+    let chunk_rows = if keep.is_empty() && filter.text.is_none() {
         LIST_CHUNK_ROWS
     } else {
         LIST_CHUNK_ROWS * 8

@@ -22,6 +22,7 @@ mod limits;
 mod mcp;
 mod openapi;
 mod policy;
+mod reports;
 mod request_prop;
 mod waits;
 mod webhooks;

@@ -18,6 +18,7 @@ pub(crate) mod ledger;
 pub(crate) mod outcome;
 pub(crate) mod read;
 pub(crate) mod record;
+pub(crate) mod report;
 pub(crate) mod statements;
 pub(crate) mod suspension;
 pub(crate) mod webhooks;

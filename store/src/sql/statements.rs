@@ -20,6 +20,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
+use super::escape::escape_text;
 use crate::model::ListFilter;
 use crate::wait::WaitReason;
 
@@ -50,6 +51,7 @@ pub(crate) fn list<'a, DB: Database>(
 where
     DB::Arguments<'a>: Default,
     &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
     i64: Encode<'a, DB> + Type<DB>,
     DateTime<Utc>: Encode<'a, DB> + Type<DB>,
 {
@@ -58,6 +60,52 @@ where
         l => l.min(MAX_LIST),
     };
     let mut qb = QueryBuilder::new(format!("SELECT {COLS} FROM sessions WHERE true"));
+    push_conditions(&mut qb, filter, dialect);
+    let (after, order) = if filter.oldest_first {
+        (" AND id > ", " ORDER BY id ASC LIMIT ")
+    } else {
+        (" AND id < ", " ORDER BY id DESC LIMIT ")
+    };
+    if let Some(cursor) = &filter.cursor {
+        qb.push(after).push_bind(cursor.as_str());
+    }
+    qb.push(order).push_bind(i64::from(limit));
+    qb
+}
+
+/// Sessions of `filter` (its cursor and limit aside: a count is of the whole filter) per
+/// status and stored wait reason: `(status, wait_reason, count)`.
+pub(crate) fn count<'a, DB: Database>(
+    filter: &'a ListFilter,
+    dialect: Dialect,
+) -> QueryBuilder<'a, DB>
+where
+    DB::Arguments<'a>: Default,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
+{
+    let mut qb = QueryBuilder::new(
+        "SELECT status, CASE WHEN status = 'waiting' THEN wait_reason END AS reason, count(*) \
+         FROM sessions WHERE true",
+    );
+    push_conditions(&mut qb, filter, dialect);
+    qb.push(" GROUP BY 1, 2");
+    qb
+}
+
+/// The conditions of `filter` (all but its cursor), each ` AND …`.
+fn push_conditions<'a, DB: Database>(
+    qb: &mut QueryBuilder<'a, DB>,
+    filter: &'a ListFilter,
+    dialect: Dialect,
+) where
+    &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
+{
     if let Some(tenant) = &filter.tenant {
         qb.push(" AND tenant = ").push_bind(tenant.as_str());
     }
@@ -98,16 +146,37 @@ where
             };
         }
     }
-    let (after, order) = if filter.oldest_first {
-        (" AND id > ", " ORDER BY id ASC LIMIT ")
-    } else {
-        (" AND id < ", " ORDER BY id DESC LIMIT ")
-    };
-    if let Some(cursor) = &filter.cursor {
-        qb.push(after).push_bind(cursor.as_str());
+    if let Some(text) = &filter.text {
+        // The prompt as stored (escaped: see `escape`), matched literally: the caller's
+        // `%`, `_` and `\` are escaped for LIKE.
+        let text = like_literal(&escape_text(text));
+        // SQLite's LIKE ignores the case of ASCII letters; Postgres needs ILIKE.
+        let (prompt, like) = match dialect {
+            Dialect::Postgres => ("p.spec->>'prompt'", "ILIKE"),
+            Dialect::Sqlite => ("json_extract(p.spec, '$.prompt')", "LIKE"),
+        };
+        qb.push(" AND (id LIKE ")
+            .push_bind(format!("{text}%"))
+            .push(format!(
+                " ESCAPE '\\' OR EXISTS (SELECT 1 FROM session_specs p \
+                 WHERE p.root_id = sessions.root_id AND p.id = sessions.id \
+                 AND {prompt} {like} "
+            ))
+            .push_bind(format!("%{text}%"))
+            .push(" ESCAPE '\\'))");
     }
-    qb.push(order).push_bind(i64::from(limit));
-    qb
+}
+
+/// `s` as a LIKE pattern that matches exactly `s` (with `\` as the escape character).
+pub(crate) fn like_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '\\' | '%' | '_') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The applied migrations, as both stores read them.

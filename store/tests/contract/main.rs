@@ -21,6 +21,7 @@ mod batches;
 mod budget;
 mod inbox;
 mod leases;
+mod reports;
 mod sessions;
 mod sqlite_only;
 mod sweeping;

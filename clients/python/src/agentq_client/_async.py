@@ -92,6 +92,23 @@ class AsyncClient:
                 return
             cursor = page.next_cursor
 
+    async def count_sessions(self, **filters: Any) -> m.SessionCounts:
+        """How many sessions `list_sessions`' filters (without `limit` and `cursor`)
+        select, per status and per wait reason; `q` searches ids and prompts, `tenant`
+        (an admin key) names a tenant."""
+        return await self._send(c.Ops.count_sessions(**filters))
+
+    async def costs(self, *, since: Optional[Any] = None, until: Optional[Any] = None,
+              tenant: Optional[str] = None) -> m.CostReport:
+        """Tokens and dollars per tenant, model and day (an admin key): the sessions
+        created in `[since, until)`, at most 366 days."""
+        return await self._send(c.Ops.costs(since=since, until=until, tenant=tenant))
+
+    async def operations(self) -> m.Operations:
+        """Queues (length, pending, held), sessions waiting by reason and the workers
+        holding leases (an admin key)."""
+        return await self._send(c.Ops.operations())
+
     async def cancel_session(self, id: str) -> m.CancelResult:
         return await self._send(c.Ops.cancel_session(id))
 

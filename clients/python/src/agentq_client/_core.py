@@ -255,6 +255,18 @@ class Ops:
         return Call("GET", "/v1/sessions", model(m.SessionPage), params=query(**params))
 
     @staticmethod
+    def count_sessions(**params: Any) -> Call[m.SessionCounts]:
+        return Call("GET", "/v1/sessions/counts", model(m.SessionCounts), params=query(**params))
+
+    @staticmethod
+    def costs(**params: Any) -> Call[m.CostReport]:
+        return Call("GET", "/v1/admin/costs", model(m.CostReport), params=query(**params))
+
+    @staticmethod
+    def operations() -> Call[m.Operations]:
+        return Call("GET", "/v1/admin/operations", model(m.Operations))
+
+    @staticmethod
     def cancel_session(id: str) -> Call[m.CancelResult]:
         return Call("POST", f"/v1/sessions/{seg(id)}/cancel", model(m.CancelResult))
 

@@ -87,6 +87,23 @@ class Client:
                 return
             cursor = page.next_cursor
 
+    def count_sessions(self, **filters: Any) -> m.SessionCounts:
+        """How many sessions `list_sessions`' filters (without `limit` and `cursor`)
+        select, per status and per wait reason; `q` searches ids and prompts, `tenant`
+        (an admin key) names a tenant."""
+        return self._send(c.Ops.count_sessions(**filters))
+
+    def costs(self, *, since: Optional[Any] = None, until: Optional[Any] = None,
+              tenant: Optional[str] = None) -> m.CostReport:
+        """Tokens and dollars per tenant, model and day (an admin key): the sessions
+        created in `[since, until)`, at most 366 days."""
+        return self._send(c.Ops.costs(since=since, until=until, tenant=tenant))
+
+    def operations(self) -> m.Operations:
+        """Queues (length, pending, held), sessions waiting by reason and the workers
+        holding leases (an admin key)."""
+        return self._send(c.Ops.operations())
+
     def cancel_session(self, id: str) -> m.CancelResult:
         return self._send(c.Ops.cancel_session(id))
 

@@ -306,6 +306,64 @@ class BatchResult(Model):
     result: Optional[str] = None
 
 
+class SessionCounts(Model):
+    __schema__ = "SessionCounts"
+    total: int
+    by_status: dict[str, int]
+    by_wait_reason: dict[str, int]
+    complete: bool
+
+
+class CostEntry(Model):
+    __schema__ = "CostEntry"
+    day: str
+    tenant: str
+    sessions: int
+    input_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    reasoning_tokens: int
+    web_search_requests: int
+    model: Optional[str] = None
+    cost_usd: Optional[float] = None
+
+
+class CostReport(Model):
+    __schema__ = "CostReport"
+    since: datetime
+    until: datetime
+    rows: list[CostEntry]
+    cost_usd: float
+    truncated: bool
+
+
+class QueueOps(Model):
+    __schema__ = "QueueOps"
+    name: str
+    held: int
+    length: Optional[int] = None
+    pending: Optional[int] = None
+    lag: Optional[int] = None
+    error: Optional[str] = None
+
+
+class WorkerView(Model):
+    __schema__ = "WorkerView"
+    worker: str
+    sessions: int
+    first_lease_expiry: Optional[datetime] = None
+    last_lease_expiry: Optional[datetime] = None
+
+
+class Operations(Model):
+    __schema__ = "Operations"
+    queues: list[QueueOps]
+    waiting: dict[str, int]
+    workers: list[WorkerView]
+    workers_truncated: bool
+
+
 class Event(BaseModel):
     """One server-sent event of `GET /v1/sessions/{id}/events`.
 

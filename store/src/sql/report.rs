@@ -1,0 +1,143 @@
+//! The console's summaries, as both stores read them: sessions counted per status for a
+//! listing's filter, usage per tenant, model and day, and the workers holding leases.
+//! The statements differ only in how a time is bound and how a day is named.
+
+use chrono::{DateTime, Utc};
+use sqlx::{Database, Encode, QueryBuilder, Type};
+
+use crate::error::Result;
+use crate::model::SessionStatus;
+use crate::report::{CostFilter, CostRow, StatusCount};
+use crate::wait::WaitReason;
+
+use crate::rowconv::bad_data;
+
+use super::budget::count;
+use super::statements::Dialect;
+
+/// (tenant, model, day, sessions, input, output, cache read, cache write, reasoning,
+/// web searches)
+pub(crate) type CostRecord = (
+    String,
+    Option<String>,
+    String,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+);
+
+/// Usage per tenant, model and UTC day of the sessions [`CostFilter`] selects, the most
+/// recent day first. Sub-agents are sessions of their own and add their own usage; a
+/// retried session's usage is what all its attempts used.
+pub(crate) fn costs<'a, DB: Database>(
+    filter: &'a CostFilter,
+    dialect: Dialect,
+) -> QueryBuilder<'a, DB>
+where
+    DB::Arguments<'a>: Default,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
+{
+    let (model, day, sum) = match dialect {
+        Dialect::Postgres => (
+            "COALESCE(s.model_used, p.spec->>'model')",
+            "to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+            "::bigint",
+        ),
+        Dialect::Sqlite => (
+            "COALESCE(s.model_used, json_extract(p.spec, '$.model'))",
+            "strftime('%Y-%m-%d', s.created_at / 1000000, 'unixepoch')",
+            "",
+        ),
+    };
+    let mut qb = QueryBuilder::new(format!(
+        "SELECT s.tenant, {model}, {day}, count(*), sum(s.input_tokens){sum}, \
+         sum(s.output_tokens){sum}, sum(s.cache_read_tokens){sum}, \
+         sum(s.cache_write_tokens){sum}, sum(s.reasoning_tokens){sum}, \
+         sum(s.web_search_requests){sum} \
+         FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
+         WHERE s.created_at >= "
+    ));
+    match dialect {
+        Dialect::Postgres => {
+            qb.push_bind(filter.since)
+                .push(" AND s.created_at < ")
+                .push_bind(filter.until);
+        }
+        Dialect::Sqlite => {
+            qb.push_bind(filter.since.timestamp_micros())
+                .push(" AND s.created_at < ")
+                .push_bind(filter.until.timestamp_micros());
+        }
+    }
+    if let Some(tenant) = &filter.tenant {
+        qb.push(" AND s.tenant = ").push_bind(tenant.as_str());
+    }
+    qb.push(" GROUP BY 1, 2, 3 ORDER BY 3 DESC, 1, 2 LIMIT ")
+        .push_bind(i64::from(filter.limit));
+    qb
+}
+
+pub(crate) fn cost_rows(rows: Vec<CostRecord>) -> Vec<CostRow> {
+    rows.into_iter()
+        .map(|(tenant, model, day, n, i, o, cr, cw, r, ws)| CostRow {
+            tenant,
+            model,
+            day,
+            sessions: count(n),
+            usage: agentq_agent::schema::Usage {
+                input_tokens: count(i),
+                output_tokens: count(o),
+                cache_read_tokens: count(cr),
+                cache_write_tokens: count(cw),
+                reasoning_tokens: count(r),
+                web_search_requests: count(ws),
+            },
+        })
+        .collect()
+}
+
+/// The counts of [`super::statements::count`]'s rows, each waiting one with the reason the
+/// API shows (a waiting row stored without one waits for its children).
+pub(crate) fn status_counts(rows: Vec<(String, Option<String>, i64)>) -> Result<Vec<StatusCount>> {
+    let mut out: Vec<StatusCount> = Vec::new();
+    for (status, reason, n) in rows {
+        let status = SessionStatus::parse(&status)
+            .ok_or_else(|| bad_data(format_args!("status = {status:?}")))?;
+        let wait_reason = match status {
+            SessionStatus::AwaitingApproval => Some(WaitReason::Approval),
+            SessionStatus::Waiting => Some(
+                reason
+                    .as_deref()
+                    .and_then(WaitReason::parse)
+                    .unwrap_or(WaitReason::Children),
+            ),
+            _ => None,
+        };
+        // `children` stored and stored as NULL are one reason: one entry.
+        match out
+            .iter_mut()
+            .find(|c| c.status == status && c.wait_reason == wait_reason)
+        {
+            Some(c) => c.sessions = c.sessions.saturating_add(count(n)),
+            None => out.push(StatusCount {
+                status,
+                wait_reason,
+                sessions: count(n),
+            }),
+        }
+    }
+    out.sort_by_key(|c| (c.status.as_str(), c.wait_reason.map(WaitReason::as_str)));
+    Ok(out)
+}
+
+/// The running sessions' leases per owner: Postgres' text (SQLite's store reads the
+/// same columns, its times as microseconds).
+pub(crate) const WORKERS: &str = "SELECT lease_owner, count(*), min(lease_expires_at), \
+     max(lease_expires_at) FROM sessions WHERE status = 'running' AND lease_owner IS NOT NULL \
+     GROUP BY lease_owner ORDER BY lease_owner LIMIT $1";
