@@ -38,6 +38,8 @@ REPLACEMENTS = [
     ("= self.list_batches(", "= await self.list_batches("),
     ("yield from page.sessions", "for s in page.sessions:\n                yield s"),
     ("yield from page.batches", "for b in page.batches:\n                yield b"),
+    ("= self.list_deliveries(", "= await self.list_deliveries("),
+    ("yield from page.deliveries", "for d in page.deliveries:\n                yield d"),
     ("yield from page.results", "for res in page.results:\n                yield res"),
 ]
 
