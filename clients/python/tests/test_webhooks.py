@@ -176,6 +176,12 @@ async def test_the_async_client_manages_webhooks(url, receiver):
         finally:
             await aq.delete_webhook(hook.id)
         assert hook.id not in [w.id for w in await aq.list_webhooks()]
+        # The async methods that read a field of their answer (awaited first).
+        ref = await aq.create_session("async reads", files={"input.txt": "x"},
+                                      tools=["read_file", "write_file"])
+        assert (await aq.wait(ref.id, timeout=120)).status == "completed"
+        assert (await aq.messages(ref.id))[0].role == "user"
+        assert "out/result.txt" in {f.path for f in await aq.list_files(ref.id)}
 
 
 def test_the_specifications_example_signs_as_published():

@@ -109,7 +109,7 @@ class AsyncClient:
         return await self._send(c.Ops.retry_sessions(c.filter_body(**filter)))
 
     async def messages(self, id: str) -> list[m.Message]:
-        return await self._send(c.Ops.messages(id)).messages
+        return (await self._send(c.Ops.messages(id))).messages
 
     async def post_message(self, id: str, content: str, *, strategy: Optional[str] = None
                      ) -> m.PostMessageResult:
@@ -135,7 +135,7 @@ class AsyncClient:
     # Files
 
     async def list_files(self, id: str) -> list[m.FileEntry]:
-        return await self._send(c.Ops.list_files(id)).files
+        return (await self._send(c.Ops.list_files(id))).files
 
     async def download_file(self, id: str, path: str) -> bytes:
         return await self._send(c.Ops.download_file(id, path))
@@ -283,7 +283,7 @@ class AsyncClient:
             description=description)))
 
     async def list_webhooks(self) -> list[m.Webhook]:
-        return await self._send(c.Ops.list_webhooks()).webhooks
+        return (await self._send(c.Ops.list_webhooks())).webhooks
 
     async def get_webhook(self, id: str) -> m.Webhook:
         return await self._send(c.Ops.get_webhook(id))
