@@ -54,11 +54,10 @@ impl FromRequest<Scheduler> for BatchBody {
                 return Err(too_large(limit));
             }
             if len > grant.held {
-                // Over the tenant's decode budget: refused too, so drained the same way.
-                if let Err(e) = grant.take(len - grant.held) {
-                    drain(&mut body).await;
-                    return Err(e);
-                }
+                // Over the tenant's decode budget: answered at once, not drained. The budget
+                // bounds the scheduler's memory under load; draining would hold the
+                // connection for as long as the client takes to end its body.
+                grant.take(len - grant.held)?;
             }
             buf.extend_from_slice(&chunk);
         }
