@@ -58,8 +58,9 @@ pub use sessions::{
 };
 pub use steer::{ApprovalRequest, ApprovalResponse, Delivery, PostMessage, PostMessageResponse};
 pub use webhooks::{
-    CreateWebhook, DEFAULT_DELIVERIES, DEFAULT_OVERLAP_SECS, DELIVERY_PARAMS, DeliveryCountsView,
-    DeliveryList, DeliveryStateView, DeliveryView, MAX_DELIVERIES, MAX_OVERLAP_SECS,
-    MAX_WEBHOOK_DESCRIPTION, MAX_WEBHOOK_URL, Redriven, RotateWebhook, WEBHOOK_EVENTS,
-    WebhookFailure, WebhookList, WebhookPayload, WebhookStatus, WebhookView,
+    BatchChange, CreateWebhook, DEFAULT_DELIVERIES, DEFAULT_OVERLAP_SECS, DELIVERY_PARAMS,
+    DeliveryCountsView, DeliveryList, DeliveryStateView, DeliveryView, MAX_DELIVERIES,
+    MAX_OVERLAP_SECS, MAX_WEBHOOK_DESCRIPTION, MAX_WEBHOOK_URL, Redriven, RotateWebhook,
+    SessionChange, SessionWaitingChange, WEBHOOK_EVENTS, WebhookFailure, WebhookList,
+    WebhookPayload, WebhookStatus, WebhookView,
 };

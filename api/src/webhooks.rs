@@ -12,8 +12,12 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::ToSchema;
+
+use agentq_agent::spec::ExitReason;
+use agentq_types::model::SessionStatus;
+
+use crate::sessions::PendingApproval;
 
 /// The query parameters of `GET /v1/webhooks/{id}/deliveries`.
 pub const DELIVERY_PARAMS: &[&str] = &["state", "limit", "cursor"];
@@ -179,19 +183,86 @@ pub struct Redriven {
     pub requeued: u64,
 }
 
-/// The body of a delivery.
+/// The body of a delivery: `{"type", "timestamp", "data"}`, with `type` the event and
+/// `data` its own shape. One variant per event an endpoint can subscribe to, so that the
+/// document's `webhooks` (built from this type) and the bytes sent (serialized from it)
+/// are the same thing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct WebhookPayload {
-    /// The event type (`session.completed`, …).
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// When the change happened.
-    pub timestamp: DateTime<Utc>,
-    /// `session_id`, `queue`, `batch_id`, `status`, `finish_reason`; for
-    /// `session.waiting` also `calls` (each `tool_call_id`, `name`, `arguments`); for
-    /// `batch.completed` only `batch_id`.
-    #[schema(value_type = Object)]
-    pub data: Value,
+#[serde(tag = "type")]
+pub enum WebhookPayload {
+    /// A session finished with `completed`.
+    #[serde(rename = "session.completed")]
+    SessionCompleted {
+        /// When the change happened.
+        timestamp: DateTime<Utc>,
+        data: SessionChange,
+    },
+    /// A session finished `failed` or `cancelled` (`data.status` says which).
+    #[serde(rename = "session.failed")]
+    SessionFailed {
+        timestamp: DateTime<Utc>,
+        data: SessionChange,
+    },
+    /// A session suspended awaiting a human decision on the calls it holds.
+    #[serde(rename = "session.waiting")]
+    SessionWaiting {
+        timestamp: DateTime<Utc>,
+        data: SessionWaitingChange,
+    },
+    /// Every session of a batch finished.
+    #[serde(rename = "batch.completed")]
+    BatchCompleted {
+        timestamp: DateTime<Utc>,
+        data: BatchChange,
+    },
+}
+
+impl WebhookPayload {
+    /// The event type, as `type` and an endpoint's `events` name it.
+    pub fn event(&self) -> &'static str {
+        match self {
+            WebhookPayload::SessionCompleted { .. } => "session.completed",
+            WebhookPayload::SessionFailed { .. } => "session.failed",
+            WebhookPayload::SessionWaiting { .. } => "session.waiting",
+            WebhookPayload::BatchCompleted { .. } => "batch.completed",
+        }
+    }
+}
+
+/// The `data` of `session.completed` and `session.failed`: the session as the change left
+/// it (`GET /v1/sessions/{session_id}` has the rest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionChange {
+    pub session_id: String,
+    pub queue: String,
+    /// The batch it belongs to; `null` for a session created alone.
+    pub batch_id: Option<String>,
+    pub status: SessionStatus,
+    /// Why it ended; `null` when it did not run to an end (cancelled before it ran).
+    pub finish_reason: Option<ExitReason>,
+}
+
+/// The `data` of `session.waiting`: the session and the calls it holds, each decided by
+/// `POST /v1/sessions/{session_id}/approvals`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionWaitingChange {
+    pub session_id: String,
+    pub queue: String,
+    pub batch_id: Option<String>,
+    /// `awaiting_approval`.
+    pub status: SessionStatus,
+    /// The calls still held when the delivery was sent (a call decided meanwhile is left
+    /// out), in the order the model made them.
+    pub calls: Vec<PendingApproval>,
+}
+
+/// The `data` of `batch.completed` (`GET /v1/batches/{batch_id}` has its counts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchChange {
+    pub batch_id: String,
 }
 
 #[cfg(test)]
@@ -223,5 +294,35 @@ mod tests {
             serde_json::to_value(WebhookStatus::Disabled).unwrap(),
             json!("disabled")
         );
+    }
+
+    #[test]
+    fn a_payload_is_type_timestamp_and_data() {
+        let p = WebhookPayload::SessionWaiting {
+            timestamp: "2026-12-01T08:00:00Z".parse().unwrap(),
+            data: SessionWaitingChange {
+                session_id: "s1".into(),
+                queue: "default".into(),
+                batch_id: None,
+                status: SessionStatus::AwaitingApproval,
+                calls: vec![PendingApproval {
+                    tool_call_id: "c1".into(),
+                    tool: "write_file".into(),
+                    arguments: json!({"path": "a"}),
+                    deadline: None,
+                }],
+            },
+        };
+        let wire = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            wire,
+            json!({"type": "session.waiting", "timestamp": "2026-12-01T08:00:00Z",
+                   "data": {"session_id": "s1", "queue": "default", "batch_id": null,
+                            "status": "awaiting_approval",
+                            "calls": [{"tool_call_id": "c1", "tool": "write_file",
+                                       "arguments": {"path": "a"}, "deadline": null}]}})
+        );
+        assert_eq!(p.event(), "session.waiting");
+        assert_eq!(serde_json::from_value::<WebhookPayload>(wire).unwrap(), p);
     }
 }

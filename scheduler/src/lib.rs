@@ -33,14 +33,14 @@ pub use batches::MAX_UPLOAD_BYTES;
 pub use error::ApiError;
 pub use events::StreamLimits;
 pub use http::auth::{Access, AuthSettings, is_loopback_host};
-pub use http::refused_body::DRAIN_BYTES;
+pub use http::refused_body::{DEFAULT_BODY_LIMIT, DRAIN_BYTES};
 pub use queues::QueueRegistry;
 pub use request::LIST_MAX_BYTES;
 pub use routes::openapi::{
-    SECURITY_SCHEME, STREAM_EVENT, document as openapi_document, document_json as openapi_json,
-    sse_events,
+    SECURITY_SCHEME, STREAM_EVENT, WEBHOOK_HEADERS, document as openapi_document,
+    document_json as openapi_json, sse_events, webhook_bodies,
 };
-pub use routes::{metrics_router, route_table, router};
+pub use routes::{body_limit, metrics_router, route_table, router};
 pub use run::{RunError, run};
 pub use serve::{ServeLimits, serve};
 pub use settings::{LimitsAdmin, SchedulerSettings};

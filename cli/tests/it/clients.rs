@@ -35,6 +35,10 @@ fn root() -> PathBuf {
     agentq_testkit::repo_root()
 }
 
+/// The suites' webhook receivers listen on loopback, which deliveries may not reach
+/// unless the operator allows it.
+const WEBHOOK_ENV: [(&str, &str); 1] = [("AGENTQ_WEBHOOKS_ALLOWED_HOSTS", "127.0.0.1")];
+
 /// What the model does (the suites' conftest.py and helpers.mjs name the markers): a
 /// plain prompt reads `input.txt`, writes `out/result.txt` and answers `Done: <prompt>` in
 /// small chunks (many events for a stream to be cut between); `HOLD-FOR-APPROVAL` writes
@@ -92,7 +96,8 @@ fn start_dev(dir: &Path) -> Server {
             .arg("--workspace-root")
             .arg(dir.join("ws"))
             .env("AGENTQ_ADMIN_KEY", KEY)
-            .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS),
+            .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
+            .envs(WEBHOOK_ENV),
     );
     Server {
         url: dev.url.clone(),
@@ -113,6 +118,7 @@ fn start_distributed(dir: &Path) -> Server {
         .env("AGENTQ_REDIS_URL", redis.url())
         .env("AGENTQ_POLICY_TOOLS", ALLOWED_TOOLS)
         .env("AGENTQ_ADMIN_KEY", KEY)
+        .envs(WEBHOOK_ENV)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -156,7 +162,10 @@ fn python() -> PathBuf {
         .get_or_init(|| {
             agentq_testkit::python::requirements_python(
                 &root().join("clients/python/requirements-test.txt"),
-                &["-c", "import httpx, pydantic, pytest, setuptools"],
+                &[
+                    "-c",
+                    "import httpx, pydantic, pytest, setuptools, standardwebhooks",
+                ],
             )
             .expect("the Python client's test requirements from PyPI, in the test cache")
         })

@@ -38,6 +38,8 @@ REPLACEMENTS = [
     ("= self.list_batches(", "= await self.list_batches("),
     ("yield from page.sessions", "for s in page.sessions:\n                yield s"),
     ("yield from page.batches", "for b in page.batches:\n                yield b"),
+    ("= self.list_deliveries(", "= await self.list_deliveries("),
+    ("yield from page.deliveries", "for d in page.deliveries:\n                yield d"),
     ("yield from page.results", "for res in page.results:\n                yield res"),
 ]
 
@@ -48,6 +50,8 @@ def generate(src: str) -> str:
         if old not in out:
             raise SystemExit(f"gen_async: {old!r} no longer in _sync.py; update the script")
         out = out.replace(old, new)
+    # An attribute of an answer is read once it has been awaited, not of the coroutine.
+    out = re.sub(r"await (self\._send\(.*\))\.(\w+)$", r"(await \1).\2", out, flags=re.M)
     out = re.sub(r"\n    def (?!__init__)", "\n    async def ", out)
     out = re.sub(r"-> Iterator\[", "-> AsyncIterator[", out)
     return out

@@ -34,6 +34,16 @@ export type SessionCounts = S["SessionCounts"];
 export type CostReport = S["CostReport"];
 export type CostEntry = S["CostEntry"];
 export type Operations = S["Operations"];
+export type Webhook = S["WebhookView"];
+export type CreateWebhook = S["CreateWebhook"];
+export type Delivery = S["DeliveryView"];
+export type DeliveryPage = S["DeliveryList"];
+export type Redriven = S["Redriven"];
+
+export {
+  DEFAULT_TOLERANCE, WebhookVerificationError, signWebhook, verifyWebhook,
+} from "./webhooks.js";
+export type { WebhookHeaders, WebhookPayload } from "./webhooks.js";
 
 /** One held call of `GET /v1/approvals` (servers that have the route). */
 export interface Approval {
@@ -593,6 +603,63 @@ export class AgentqClient {
         await sleep((opts.pollMs ?? 500) / 1000);
       }
     }
+  }
+
+  // Webhooks (verify a delivery with `verifyWebhook`)
+
+  /** Register an endpoint; the answer's `secret` (`whsec_…`) is shown only here. */
+  createWebhook(url: string, events: string[],
+    opts: Omit<CreateWebhook, "url" | "events"> = {}): Promise<Webhook> {
+    return this.json("/v1/webhooks", { method: "POST", json: { ...opts, url, events } });
+  }
+
+  async listWebhooks(): Promise<Webhook[]> {
+    return (await this.json<S["WebhookList"]>("/v1/webhooks")).webhooks;
+  }
+
+  getWebhook(id: string): Promise<Webhook> {
+    return this.json(`/v1/webhooks/${seg(id)}`);
+  }
+
+  /** The endpoint and its deliveries, sent or not. */
+  async deleteWebhook(id: string): Promise<void> {
+    const r = await this.send(`/v1/webhooks/${seg(id)}`, { method: "DELETE" });
+    await r.body?.cancel();
+  }
+
+  /** A new `secret` (in this answer only); the old one signs too for `overlapSecs` (a day
+   * when absent). */
+  rotateWebhookSecret(id: string, opts: { overlapSecs?: number } = {}): Promise<Webhook> {
+    const body = opts.overlapSecs === undefined ? {} : { overlap_secs: opts.overlapSecs };
+    return this.json(`/v1/webhooks/${seg(id)}/rotate`, { method: "POST", json: body });
+  }
+
+  /** Send again to an endpoint disabled after failing for too long. */
+  enableWebhook(id: string): Promise<Webhook> {
+    return this.json(`/v1/webhooks/${seg(id)}/enable`, { method: "POST", json: {} });
+  }
+
+  /** One page of the endpoint's deliveries, newest first; `state: "dead"` gives its dead
+   * letters. */
+  listDeliveries(id: string, q: { state?: Delivery["state"]; limit?: number;
+    cursor?: string } = {}): Promise<DeliveryPage> {
+    return this.json(`/v1/webhooks/${seg(id)}/deliveries`, { query: q });
+  }
+
+  async *iterDeliveries(id: string, q: { state?: Delivery["state"]; limit?: number } = {})
+    : AsyncGenerator<Delivery> {
+    let cursor: string | undefined;
+    for (;;) {
+      const page = await this.listDeliveries(id, { ...q, cursor });
+      yield* page.deliveries;
+      if (!page.next_cursor) return;
+      cursor = page.next_cursor;
+    }
+  }
+
+  /** Queue the endpoint's dead letters again (it must be enabled). */
+  redriveWebhook(id: string): Promise<Redriven> {
+    return this.json(`/v1/webhooks/${seg(id)}/redrive`, { method: "POST", json: {} });
   }
 
   async waitBatch(id: string, opts: { timeoutMs?: number; pollMs?: number } = {})

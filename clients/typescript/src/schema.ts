@@ -872,7 +872,88 @@ export interface paths {
         trace?: never;
     };
 }
-export type webhooks = Record<string, never>;
+export interface webhooks {
+    "batch.completed": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * The `batch.completed` delivery
+         * @description A POST to each enabled endpoint subscribed to the event, signed as the Standard Webhooks specification says (see `docs/webhooks.md`). An answer of 2xx within the timeout delivers it; anything else is retried with backoff, with the same `webhook-id`, then dead-lettered.
+         */
+        post: operations["webhook_batch_completed"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "session.completed": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * The `session.completed` delivery
+         * @description A POST to each enabled endpoint subscribed to the event, signed as the Standard Webhooks specification says (see `docs/webhooks.md`). An answer of 2xx within the timeout delivers it; anything else is retried with backoff, with the same `webhook-id`, then dead-lettered.
+         */
+        post: operations["webhook_session_completed"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "session.failed": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * The `session.failed` delivery
+         * @description A POST to each enabled endpoint subscribed to the event, signed as the Standard Webhooks specification says (see `docs/webhooks.md`). An answer of 2xx within the timeout delivers it; anything else is retried with backoff, with the same `webhook-id`, then dead-lettered.
+         */
+        post: operations["webhook_session_failed"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "session.waiting": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * The `session.waiting` delivery
+         * @description A POST to each enabled endpoint subscribed to the event, signed as the Standard Webhooks specification says (see `docs/webhooks.md`). An answer of 2xx within the timeout delivers it; anything else is retried with backoff, with the same `webhook-id`, then dead-lettered.
+         */
+        post: operations["webhook_session_waiting"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+}
 export interface components {
     schemas: {
         AgentEvent: {
@@ -1009,6 +1090,10 @@ export interface components {
             /** @description The session was waiting on this decision and is queued again. */
             resumed: boolean;
             tool_call_id: string;
+        };
+        /** @description The `data` of `batch.completed` (`GET /v1/batches/{batch_id}` has its counts). */
+        BatchChange: {
+            batch_id: string;
         };
         /** @description A batch's sessions per status. */
         BatchCounts: {
@@ -1793,6 +1878,18 @@ export interface components {
             type: "tool_result";
         };
         /**
+         * @description The `data` of `session.completed` and `session.failed`: the session as the change left
+         *     it (`GET /v1/sessions/{session_id}` has the rest).
+         */
+        SessionChange: {
+            /** @description The batch it belongs to; `null` for a session created alone. */
+            batch_id?: string | null;
+            finish_reason?: components["schemas"]["ExitReason"] | null;
+            queue: string;
+            session_id: string;
+            status: components["schemas"]["SessionStatus"];
+        };
+        /**
          * @description `GET /v1/sessions/counts`: how many sessions the same filter of `GET /v1/sessions`
          *     selects, per status and, waiting, per reason.
          */
@@ -2018,6 +2115,22 @@ export interface components {
             wake_at?: string | null;
         };
         /**
+         * @description The `data` of `session.waiting`: the session and the calls it holds, each decided by
+         *     `POST /v1/sessions/{session_id}/approvals`.
+         */
+        SessionWaitingChange: {
+            batch_id?: string | null;
+            /**
+             * @description The calls still held when the delivery was sent (a call decided meanwhile is left
+             *     out), in the order the model made them.
+             */
+            calls: components["schemas"]["PendingApproval"][];
+            queue: string;
+            session_id: string;
+            /** @description `awaiting_approval`. */
+            status: components["schemas"]["SessionStatus"];
+        };
+        /**
          * @description `PUT /v1/admin/budgets/{tenant}` (admin): the tenant's budget from now on, stored; it
          *     replaces the tenant's configured `[[budgets]]`. Its parked sessions are woken (those
          *     still over the new budget park again).
@@ -2164,6 +2277,14 @@ export interface components {
              */
             max_uses?: number | null;
         };
+        /** @description Every session of a batch finished. */
+        WebhookBatchCompleted: {
+            data: components["schemas"]["BatchChange"];
+            /** Format: date-time */
+            timestamp: string;
+            /** @enum {string} */
+            type: "batch.completed";
+        };
         /** @description The last failed attempt of an endpoint. */
         WebhookFailure: {
             /** Format: date-time */
@@ -2173,6 +2294,35 @@ export interface components {
         /** @description `GET /v1/webhooks`: the caller's endpoints, oldest first. */
         WebhookList: {
             webhooks: components["schemas"]["WebhookView"][];
+        };
+        /** @description The body of a delivery: `type` names the event, `data` is that event's shape (see the document's `webhooks`). */
+        WebhookPayload: components["schemas"]["WebhookBatchCompleted"] | components["schemas"]["WebhookSessionCompleted"] | components["schemas"]["WebhookSessionFailed"] | components["schemas"]["WebhookSessionWaiting"];
+        /** @description A session finished with `completed`. */
+        WebhookSessionCompleted: {
+            data: components["schemas"]["SessionChange"];
+            /**
+             * Format: date-time
+             * @description When the change happened.
+             */
+            timestamp: string;
+            /** @enum {string} */
+            type: "session.completed";
+        };
+        /** @description A session finished `failed` or `cancelled` (`data.status` says which). */
+        WebhookSessionFailed: {
+            data: components["schemas"]["SessionChange"];
+            /** Format: date-time */
+            timestamp: string;
+            /** @enum {string} */
+            type: "session.failed";
+        };
+        /** @description A session suspended awaiting a human decision on the calls it holds. */
+        WebhookSessionWaiting: {
+            data: components["schemas"]["SessionWaitingChange"];
+            /** Format: date-time */
+            timestamp: string;
+            /** @enum {string} */
+            type: "session.waiting";
         };
         /**
          * @description Whether an endpoint is sent to.
@@ -4091,6 +4241,150 @@ export interface operations {
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];
+        };
+    };
+    webhook_batch_completed: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The delivery's id: the same at every attempt, so a receiver drops a repeat by it. */
+                "webhook-id": string;
+                /** @description When this attempt was signed, in seconds since the Unix epoch: refuse one too far from your clock (five minutes is usual), so a captured delivery cannot be replayed later. */
+                "webhook-timestamp": string;
+                /** @description `v1,<base64 HMAC-SHA256 of "{webhook-id}.{webhook-timestamp}.{body}">`, keyed with the endpoint's secret (the base64 after `whsec_`); during a rotation's overlap one per secret in force, separated by spaces: accept the delivery when any matches. */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookBatchCompleted"];
+            };
+        };
+        responses: {
+            /** @description Delivered: no retry follows. */
+            "2XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Any other answer, or none within the timeout: retried with backoff. */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_session_completed: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The delivery's id: the same at every attempt, so a receiver drops a repeat by it. */
+                "webhook-id": string;
+                /** @description When this attempt was signed, in seconds since the Unix epoch: refuse one too far from your clock (five minutes is usual), so a captured delivery cannot be replayed later. */
+                "webhook-timestamp": string;
+                /** @description `v1,<base64 HMAC-SHA256 of "{webhook-id}.{webhook-timestamp}.{body}">`, keyed with the endpoint's secret (the base64 after `whsec_`); during a rotation's overlap one per secret in force, separated by spaces: accept the delivery when any matches. */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookSessionCompleted"];
+            };
+        };
+        responses: {
+            /** @description Delivered: no retry follows. */
+            "2XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Any other answer, or none within the timeout: retried with backoff. */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_session_failed: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The delivery's id: the same at every attempt, so a receiver drops a repeat by it. */
+                "webhook-id": string;
+                /** @description When this attempt was signed, in seconds since the Unix epoch: refuse one too far from your clock (five minutes is usual), so a captured delivery cannot be replayed later. */
+                "webhook-timestamp": string;
+                /** @description `v1,<base64 HMAC-SHA256 of "{webhook-id}.{webhook-timestamp}.{body}">`, keyed with the endpoint's secret (the base64 after `whsec_`); during a rotation's overlap one per secret in force, separated by spaces: accept the delivery when any matches. */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookSessionFailed"];
+            };
+        };
+        responses: {
+            /** @description Delivered: no retry follows. */
+            "2XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Any other answer, or none within the timeout: retried with backoff. */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    webhook_session_waiting: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The delivery's id: the same at every attempt, so a receiver drops a repeat by it. */
+                "webhook-id": string;
+                /** @description When this attempt was signed, in seconds since the Unix epoch: refuse one too far from your clock (five minutes is usual), so a captured delivery cannot be replayed later. */
+                "webhook-timestamp": string;
+                /** @description `v1,<base64 HMAC-SHA256 of "{webhook-id}.{webhook-timestamp}.{body}">`, keyed with the endpoint's secret (the base64 after `whsec_`); during a rotation's overlap one per secret in force, separated by spaces: accept the delivery when any matches. */
+                "webhook-signature": string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookSessionWaiting"];
+            };
+        };
+        responses: {
+            /** @description Delivered: no retry follows. */
+            "2XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Any other answer, or none within the timeout: retried with backoff. */
+            default: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
         };
     };
 }

@@ -11,6 +11,7 @@ use agentq_core::auth::Caller;
 use crate::error::ApiError;
 use crate::http::body::require_json;
 use crate::http::decode::Grant;
+use crate::http::refused_body::{check_declared, drain, limit_of, too_large};
 use crate::state::Scheduler;
 
 /// The body of `POST /v1/sessions/batch` (JSON, as [`crate::http::RawJson`] requires),
@@ -31,19 +32,14 @@ impl FromRequest<Scheduler> for BatchBody {
             return Err(ApiError::Internal);
         };
         let mut grant = s.decoding.grant(&caller.tenant);
-        let limit = s.batch_body_limit();
-        let too_large = || ApiError::TooLarge {
-            field: None,
-            message: "request body is too large".into(),
-        };
+        let limit = limit_of(&req);
+        // Refused before the grant or a byte is read (see `refused_body`).
+        check_declared(req.headers(), u64::try_from(limit).unwrap_or(u64::MAX))?;
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(too_large());
-        }
         // Granted before a byte is buffered: the whole declared body at once.
         grant.take(declared.unwrap_or(0))?;
         let mut buf = Vec::with_capacity(declared.unwrap_or(0));
@@ -53,9 +49,14 @@ impl FromRequest<Scheduler> for BatchBody {
                 .map_err(|e| ApiError::InvalidJson(format!("cannot read the request body: {e}")))?;
             let len = buf.len().saturating_add(chunk.len());
             if len > limit {
-                return Err(too_large());
+                // What is still coming is read first, so the client reads the answer.
+                drain(&mut body).await;
+                return Err(too_large(limit));
             }
             if len > grant.held {
+                // Over the tenant's decode budget: answered at once, not drained. The budget
+                // bounds the scheduler's memory under load; draining would hold the
+                // connection for as long as the client takes to end its body.
                 grant.take(len - grant.held)?;
             }
             buf.extend_from_slice(&chunk);

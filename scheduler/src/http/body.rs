@@ -19,7 +19,7 @@ use std::fmt;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use serde::de::value::MapDeserializer;
 use serde::de::{DeserializeOwned, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -29,6 +29,7 @@ use agentq_api::de::{REQUIRED, struct_fields};
 use agentq_core::workspace_path::MAX_INPUT_FILES;
 
 use crate::error::ApiError;
+use crate::http::refused_body::{limit_of, read_at_most};
 
 /// A JSON body: requires a JSON content type and maps every failure to an [`ApiError`].
 ///
@@ -55,21 +56,11 @@ pub struct RawJson(pub Bytes);
 impl<S: Send + Sync> FromRequest<S> for RawJson {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
         require_json(req.headers())?;
-        Bytes::from_request(req, state)
-            .await
-            .map(RawJson)
-            .map_err(|r| {
-                if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::TooLarge {
-                        field: None,
-                        message: "request body is too large".into(),
-                    }
-                } else {
-                    ApiError::InvalidJson(format!("cannot read the request body: {r}"))
-                }
-            })
+        let limit = limit_of(&req);
+        let (parts, body) = req.into_parts();
+        read_at_most(&parts.headers, body, limit).await.map(RawJson)
     }
 }
 

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::http::batch_body::BatchBody;
 use crate::http::body::{is_jsonl_content_type, no_nul};
 use crate::http::query::params;
+use crate::http::refused_body::{IgnoredBody, check_declared};
 use crate::http::{ApiResult, Auth, MAX_ID_LEN, respond};
 use crate::request::BatchOptions;
 use crate::state::Scheduler;
@@ -70,6 +71,9 @@ pub(super) async fn create(
         .and_then(|v| v.to_str().ok())
         .is_some_and(is_jsonl_content_type);
     let checked = if lines {
+        // Each line is held to a session's limit as it is read; the whole, declared
+        // larger than an upload may be, is refused before a byte of it is.
+        check_declared(req.headers(), batches::MAX_UPLOAD_BYTES)?;
         let options = params(query, CREATE_PARAMS).and_then(|mut p| {
             BatchOptions::from_query(
                 p.remove("max_running").as_deref(),
@@ -156,6 +160,7 @@ pub(super) async fn cancel(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
+    _: IgnoredBody,
 ) -> ApiResult<Response> {
     let row = batches::batch_of(&s, &caller, &batch_id(id)?).await?;
     let requested = batches::cancel(&s, &row).await?;

@@ -6,11 +6,13 @@
 //! layer reads it and the OpenAPI document ([`openapi`]) is derived from it, so a route
 //! cannot be served without an entry, nor without its description.
 
-use axum::Router;
+use std::convert::Infallible;
+
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
 use axum::middleware;
 use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::{Extension, Router};
 use utoipa::openapi::HttpMethod;
 use utoipa::openapi::path::Operation;
 
@@ -18,6 +20,7 @@ use agentq_core::auth::Scope;
 
 use crate::error::ApiError;
 use crate::http::auth::{self, Access, Authenticator};
+use crate::http::refused_body::{BodyLimit, DEFAULT_BODY_LIMIT};
 use crate::state::Scheduler;
 
 mod approvals;
@@ -105,7 +108,7 @@ fn session_routes() -> Vec<Route> {
             Method::POST,
             "/v1/sessions",
             WRITE,
-            |s| post(sessions::create).layer(DefaultBodyLimit::max(s.single_body_limit())),
+            |_| post(sessions::create),
             doc::<sessions::__path_create>(),
         ),
         route(
@@ -126,8 +129,8 @@ fn session_routes() -> Vec<Route> {
             Method::POST,
             "/v1/sessions/batch",
             WRITE,
-            // `BatchBody` reads the body itself, under the decode budget and this limit.
-            |s| post(sessions::create_batch).layer(DefaultBodyLimit::max(s.batch_body_limit())),
+            // `BatchBody` reads the body itself, under the decode budget and its limit.
+            |_| post(sessions::create_batch),
             doc::<sessions::__path_create_batch>(),
         ),
         route(
@@ -239,7 +242,7 @@ fn batch_routes() -> Vec<Route> {
             WRITE,
             // A JSON body is read under the batch limit and the decode budget; an upload
             // as a stream, under its own bounds (`crate::batches`).
-            |s| post(batches::create).layer(DefaultBodyLimit::max(s.batch_body_limit())),
+            |_| post(batches::create),
             doc::<batches::__path_create>(),
         ),
         route(
@@ -462,6 +465,26 @@ pub fn route_table() -> Vec<(Method, &'static str, Access)> {
         .collect()
 }
 
+/// The most bytes the body of `method path` may hold; past it the route answers 413
+/// naming the limit (see `http::refused_body`). A session's body holds its prompt and
+/// files; a batch's, many sessions'; `/mcp` carries one session's call; every other JSON
+/// route takes small objects.
+pub fn body_limit(s: &Scheduler, method: &Method, path: &str) -> usize {
+    match (method, path) {
+        (&Method::POST, "/v1/sessions" | "/mcp") => s.single_body_limit(),
+        (&Method::POST, "/v1/sessions/batch" | "/v1/batches") => s.batch_body_limit(),
+        _ => DEFAULT_BODY_LIMIT,
+    }
+}
+
+/// `handler` with its route's body limit: for the body readers of `http` (an extension)
+/// and for any of axum's own (its default limit).
+fn with_body_limit(handler: MethodRouter<Scheduler>, limit: usize) -> MethodRouter<Scheduler> {
+    handler
+        .layer::<_, Infallible>(DefaultBodyLimit::max(limit))
+        .layer::<_, Infallible>(Extension(BodyLimit(limit)))
+}
+
 /// The API on `state`. Serve it with `axum::serve` (the tests bind port 0).
 pub fn router(state: Scheduler) -> Router {
     let routes = table();
@@ -472,7 +495,8 @@ pub fn router(state: Scheduler) -> Router {
     );
     let mut app = Router::new();
     for r in routes {
-        app = app.route(r.path, (r.handler)(&state));
+        let limit = body_limit(&state, &r.method, r.path);
+        app = app.route(r.path, with_body_limit((r.handler)(&state), limit));
     }
     app.route_layer(middleware::from_fn_with_state(authn.clone(), auth::require))
         .fallback(not_found)

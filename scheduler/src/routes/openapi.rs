@@ -30,15 +30,16 @@ use axum::body::Bytes;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use utoipa::ToSchema;
 use utoipa::openapi::link::LinkBuilder;
-use utoipa::openapi::path::{Operation, Paths};
+use utoipa::openapi::path::{Operation, OperationBuilder, ParameterBuilder, ParameterIn, Paths};
+use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::schema::{Components, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
-    ContentBuilder, HeaderBuilder, InfoBuilder, ObjectBuilder, OpenApi, OpenApiBuilder, Ref, RefOr,
-    ResponseBuilder, Tag,
+    ContentBuilder, HeaderBuilder, HttpMethod, InfoBuilder, ObjectBuilder, OpenApi, OpenApiBuilder,
+    Ref, RefOr, Required, ResponseBuilder, Tag,
 };
+use utoipa::{PartialSchema, ToSchema};
 
 use agentq_api as api;
 use agentq_core::protocol::EventKind;
@@ -117,6 +118,7 @@ pub fn document() -> OpenApi {
                 .build(),
         )
         .paths(paths)
+        .webhooks(Some(webhooks()))
         .components(Some(components))
         .tags(Some(TAGS.iter().map(|(name, description)| {
             let mut tag = Tag::new(*name);
@@ -328,6 +330,134 @@ fn describe_events(op: &mut Operation) {
     }
 }
 
+/// The headers of every delivery (the Standard Webhooks specification's), and what each
+/// holds.
+pub const WEBHOOK_HEADERS: &[(&str, &str)] = &[
+    (
+        "webhook-id",
+        "The delivery's id: the same at every attempt, so a receiver drops a repeat by it.",
+    ),
+    (
+        "webhook-timestamp",
+        "When this attempt was signed, in seconds since the Unix epoch: refuse one too far \
+         from your clock (five minutes is usual), so a captured delivery cannot be replayed \
+         later.",
+    ),
+    (
+        "webhook-signature",
+        "`v1,<base64 HMAC-SHA256 of \"{webhook-id}.{webhook-timestamp}.{body}\">`, keyed \
+         with the endpoint's secret (the base64 after `whsec_`); during a rotation's overlap \
+         one per secret in force, separated by spaces: accept the delivery when any matches.",
+    ),
+];
+
+/// The document's `webhooks`: for each event an endpoint can subscribe to, the POST that
+/// delivers it, its body the [`api::WebhookPayload`] variant of the event (taken from the
+/// type's own schema, so the document says what is serialized).
+pub fn webhooks() -> Paths {
+    let mut paths = Paths::new();
+    for event in webhook_bodies().into_keys() {
+        let body = Ref::from_schema_name(webhook_schema_name(&event));
+        let mut op = OperationBuilder::new()
+            .operation_id(Some(format!("webhook_{}", event.replace('.', "_"))))
+            .summary(Some(format!("The `{event}` delivery")))
+            .description(Some(
+                "A POST to each enabled endpoint subscribed to the event, signed as the \
+                 Standard Webhooks specification says (see `docs/webhooks.md`). An answer \
+                 of 2xx within the timeout delivers it; anything else is retried with \
+                 backoff, with the same `webhook-id`, then dead-lettered.",
+            ))
+            .tag(tag_of("/v1/webhooks"))
+            .request_body(Some(
+                RequestBodyBuilder::new()
+                    .required(Some(Required::True))
+                    .content(
+                        "application/json",
+                        ContentBuilder::new().schema(Some(body)).build(),
+                    )
+                    .build(),
+            ))
+            .response(
+                "2XX",
+                ResponseBuilder::new().description("Delivered: no retry follows."),
+            )
+            .response(
+                "default",
+                ResponseBuilder::new().description(
+                    "Any other answer, or none within the timeout: retried with backoff.",
+                ),
+            );
+        for (name, description) in WEBHOOK_HEADERS {
+            op = op.parameter(
+                ParameterBuilder::new()
+                    .name(*name)
+                    .parameter_in(ParameterIn::Header)
+                    .required(Required::True)
+                    .description(Some(*description))
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
+            );
+        }
+        paths.add_path_operation(event, vec![HttpMethod::Post], op.build());
+    }
+    paths
+}
+
+/// The named schema of `event`'s body: `session.completed` → `WebhookSessionCompleted`.
+pub fn webhook_schema_name(event: &str) -> String {
+    let mut name = String::from("Webhook");
+    for part in event.split(['.', '_']) {
+        let mut chars = part.chars();
+        if let Some(first) = chars.next() {
+            name.extend(first.to_uppercase());
+            name.push_str(chars.as_str());
+        }
+    }
+    name
+}
+
+/// [`api::WebhookPayload`] as named schemas: each event's body (what its entry of
+/// `webhooks` names), the payload as one of them, and the types they are made of.
+fn webhook_schemas(all: &mut Vec<(String, RefOr<Schema>)>) {
+    <api::WebhookPayload as ToSchema>::schemas(all);
+    let mut payload = OneOfBuilder::new().description(Some(
+        "The body of a delivery: `type` names the event, `data` is that event's shape (see \
+         the document's `webhooks`).",
+    ));
+    for (event, body) in webhook_bodies() {
+        let name = webhook_schema_name(&event);
+        payload = payload.item(Ref::from_schema_name(name.clone()));
+        all.push((name, body));
+    }
+    all.push((api::WebhookPayload::name().into_owned(), payload.into()));
+}
+
+/// Each event with the schema of its body: the variants of [`api::WebhookPayload`]'s
+/// schema, keyed by the one value of their `type`.
+pub fn webhook_bodies() -> BTreeMap<String, RefOr<Schema>> {
+    let mut bodies = BTreeMap::new();
+    let RefOr::T(Schema::OneOf(variants)) = <api::WebhookPayload as PartialSchema>::schema() else {
+        return bodies;
+    };
+    for variant in variants.items {
+        let RefOr::T(Schema::Object(object)) = &variant else {
+            continue;
+        };
+        let event = match object.properties.get("type") {
+            Some(RefOr::T(Schema::Object(kind))) => kind
+                .enum_values
+                .as_ref()
+                .and_then(|v| v.first())
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            _ => None,
+        };
+        if let Some(event) = event {
+            bodies.insert(event, variant);
+        }
+    }
+    bodies
+}
+
 /// Every named schema: each type of `agentq-api` an operation names, with the types
 /// they are made of.
 fn schemas() -> BTreeMap<String, RefOr<Schema>> {
@@ -367,6 +497,7 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::RotateWebhook>(&mut all);
     add::<api::DeliveryList>(&mut all);
     add::<api::Redriven>(&mut all);
+    webhook_schemas(&mut all);
     add::<api::QueueList>(&mut all);
     add::<api::CreateQueue>(&mut all);
     add::<api::QueueCreated>(&mut all);

@@ -18,6 +18,7 @@ use agentq_core::webhook::DeliveryState;
 
 use crate::error::ApiError;
 use crate::http::query::params;
+use crate::http::refused_body::IgnoredBody;
 use crate::http::{ApiResult, Auth, JsonBody, decode_object, respond};
 use crate::state::Scheduler;
 use crate::webhooks::manage::{delivery_view, endpoint_of, new_endpoint, view_of};
@@ -182,6 +183,7 @@ pub(super) async fn enable(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
+    _: IgnoredBody,
 ) -> ApiResult<Response> {
     let row = endpoint_of(&s, &caller, &path_id(id)?).await?;
     s.store.enable_webhook(&row.id).await?;
@@ -280,6 +282,7 @@ pub(super) async fn redrive(
     State(s): State<Scheduler>,
     Auth(caller): Auth,
     id: Result<Path<String>, PathRejection>,
+    _: IgnoredBody,
 ) -> ApiResult<Response> {
     let row = endpoint_of(&s, &caller, &path_id(id)?).await?;
     if row.disabled_at.is_some() {

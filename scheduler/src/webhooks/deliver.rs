@@ -17,17 +17,19 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderValue, USER_AGENT};
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use agentq_api::WebhookPayload;
-use agentq_core::Store;
+use agentq_agent::spec::ExitReason;
+use agentq_api::{BatchChange, SessionChange, SessionWaitingChange, WebhookPayload};
 use agentq_core::webhook::{AttemptOutcome, DeliveryRow, RetryRule, WebhookEvent, WebhookRow};
+use agentq_core::{SessionStatus, Store};
 
 use super::WebhookSettings;
 use super::sign::signature_header;
+use crate::http::pending_approval;
 
 /// "Now", for the store side of deliveries (leases, backoff, retry windows, disabling).
 pub trait Clock: Send + Sync {
@@ -209,17 +211,21 @@ impl Deliverer {
             // The endpoint is busy past the lease's room: the row is due again then.
             return;
         };
-        let body = match self.body(&d).await {
-            Ok(b) => b,
+        let outcome = match self.body(&d).await {
+            Ok(Ok(body)) => tokio::select! {
+                // Shutdown: the lease ends and another pass sends it again.
+                _ = cancel.cancelled() => return,
+                o = self.attempt(&endpoint, &d.id, &body) => o,
+            },
+            Ok(Err(error)) => AttemptOutcome::Failed {
+                status: None,
+                error,
+            },
             Err(e) => {
+                // The store is unreachable: the lease ends and another pass tries again.
                 tracing::warn!(error = %e, delivery = %d.id, "building a webhook body failed");
                 return;
             }
-        };
-        let outcome = tokio::select! {
-            // Shutdown: the lease ends and another pass sends it again.
-            _ = cancel.cancelled() => return,
-            o = self.attempt(&endpoint, &d.id, &body) => o,
         };
         let now = self.clock.now();
         let rule = RetryRule {
@@ -292,37 +298,88 @@ impl Deliverer {
     }
 
     /// The delivery's body: the same bytes at every attempt but for `session.waiting`'s
-    /// calls, read from the session's history (those still held).
-    async fn body(&self, d: &DeliveryRow) -> agentq_core::Result<Vec<u8>> {
-        let mut data = Map::new();
-        let mut put = |k: &str, v: &Option<String>| {
-            if let Some(v) = v {
-                data.insert(k.into(), Value::String(v.clone()));
+    /// calls, read from the session's history (those still held). A row no payload can be
+    /// made of (an event of a newer release, a session event without its session) is the
+    /// inner `Err`: a failed attempt, so that it ends as a dead letter the owner can see
+    /// rather than being claimed again forever.
+    async fn body(&self, d: &DeliveryRow) -> agentq_core::Result<Result<Vec<u8>, String>> {
+        let payload = match self.payload(d).await? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(format!("cannot build the body: {e}"))),
+        };
+        Ok(serde_json::to_vec(&payload).map_err(|e| format!("cannot encode the body: {e}")))
+    }
+
+    /// The typed body of `d` (see [`Deliverer::body`]).
+    async fn payload(
+        &self,
+        d: &DeliveryRow,
+    ) -> agentq_core::Result<Result<WebhookPayload, String>> {
+        let Some(event) = WebhookEvent::parse(&d.event) else {
+            return Ok(Err(format!("unknown event type `{}`", d.event)));
+        };
+        let timestamp = d.occurred_at;
+        if event == WebhookEvent::BatchCompleted {
+            let Some(batch_id) = d.batch_id.clone() else {
+                return Ok(Err("a batch event without its batch".into()));
+            };
+            let data = BatchChange { batch_id };
+            return Ok(Ok(WebhookPayload::BatchCompleted { timestamp, data }));
+        }
+        let (Some(session_id), Some(queue)) = (d.session_id.clone(), d.queue.clone()) else {
+            return Ok(Err("a session event without its session or queue".into()));
+        };
+        let Some(status) = d.status.as_deref().and_then(SessionStatus::parse) else {
+            return Ok(Err(format!("unknown session status {:?}", d.status)));
+        };
+        let finish_reason = match &d.finish_reason {
+            None => None,
+            Some(r) => match serde_json::from_value::<ExitReason>(Value::String(r.clone())) {
+                Ok(r) => Some(r),
+                Err(_) => return Ok(Err(format!("unknown finish reason `{r}`"))),
+            },
+        };
+        let batch_id = d.batch_id.clone();
+        Ok(Ok(match event {
+            WebhookEvent::SessionWaiting => {
+                let calls = match self.store.get(&session_id).await? {
+                    Some(row) => self
+                        .store
+                        .pending_approvals(&session_id, &d.held)
+                        .await?
+                        .into_iter()
+                        .map(|c| pending_approval(&row, c))
+                        .collect(),
+                    // Deleted since: nothing is held any more.
+                    None => Vec::new(),
+                };
+                let data = SessionWaitingChange {
+                    session_id,
+                    queue,
+                    batch_id,
+                    status,
+                    calls,
+                };
+                WebhookPayload::SessionWaiting { timestamp, data }
             }
-        };
-        put("session_id", &d.session_id);
-        put("batch_id", &d.batch_id);
-        if d.event != WebhookEvent::BatchCompleted.as_str() {
-            put("queue", &d.queue);
-            put("status", &d.status);
-            put("finish_reason", &d.finish_reason);
-        }
-        if d.event == WebhookEvent::SessionWaiting.as_str()
-            && let Some(session) = &d.session_id
-        {
-            let calls = self.store.pending_approvals(session, &d.held).await?;
-            let calls: Vec<Value> = calls
-                .into_iter()
-                .map(|c| json!({"tool_call_id": c.id, "name": c.name, "arguments": c.arguments}))
-                .collect();
-            data.insert("calls".into(), Value::Array(calls));
-        }
-        let payload = WebhookPayload {
-            kind: d.event.clone(),
-            timestamp: d.occurred_at,
-            data: Value::Object(data),
-        };
-        Ok(serde_json::to_vec(&payload)?)
+            WebhookEvent::SessionCompleted | WebhookEvent::SessionFailed => {
+                let data = SessionChange {
+                    session_id,
+                    queue,
+                    batch_id,
+                    status,
+                    finish_reason,
+                };
+                if event == WebhookEvent::SessionCompleted {
+                    WebhookPayload::SessionCompleted { timestamp, data }
+                } else {
+                    WebhookPayload::SessionFailed { timestamp, data }
+                }
+            }
+            WebhookEvent::BatchCompleted => {
+                return Ok(Err("a batch event handled as a session's".into()));
+            }
+        }))
     }
 
     /// One signed POST, within the timeout; what it did.

@@ -13,6 +13,7 @@ mod api;
 mod approvals;
 mod auth;
 mod batches;
+mod body_limits;
 mod budgets;
 mod dispatch;
 mod events;

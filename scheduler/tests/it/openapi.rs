@@ -285,6 +285,9 @@ fn every_reference_resolves_and_every_component_is_used() {
         );
         used.insert(format!("{kind}/{name}"));
     }
+    // The union of the webhook bodies is named for clients (a verified delivery's type);
+    // each delivery's own body is its event's schema.
+    used.insert("schemas/WebhookPayload".to_string());
     for kind in ["schemas", "responses"] {
         for name in doc["components"][kind].as_object().unwrap().keys() {
             assert!(
@@ -325,4 +328,228 @@ fn no_description_links_to_a_rust_item() {
     assert!(all.len() > 50, "{}", all.len());
     let linked: Vec<_> = all.iter().filter(|(_, d)| d.contains("[`")).collect();
     assert!(linked.is_empty(), "Rust links in descriptions: {linked:#?}");
+}
+
+/// Every event the store can announce is in the document's `webhooks`, and nothing else:
+/// each a POST with the Standard Webhooks headers and a body whose `type` is the event.
+#[test]
+fn every_webhook_event_is_described_as_its_delivery() {
+    let doc = document();
+    let described: BTreeSet<String> = doc["webhooks"]
+        .as_object()
+        .expect("the document has webhooks")
+        .keys()
+        .cloned()
+        .collect();
+    let emitted: BTreeSet<String> = agentq_core::webhook::WebhookEvent::ALL
+        .iter()
+        .map(|e| e.as_str().to_string())
+        .collect();
+    assert_eq!(described, emitted);
+    let subscribable: BTreeSet<String> = agentq_api::WEBHOOK_EVENTS
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(subscribable, emitted);
+    for event in &emitted {
+        let op = &doc["webhooks"][event]["post"];
+        let headers: BTreeSet<&str> = op["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["in"] == "header" && p["required"] == true)
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            headers,
+            BTreeSet::from(["webhook-id", "webhook-timestamp", "webhook-signature"]),
+            "{event}"
+        );
+        let body = &op["requestBody"]["content"]["application/json"]["schema"];
+        let name = body["$ref"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("#/components/schemas/");
+        let schema = &doc["components"]["schemas"][name];
+        assert_eq!(
+            schema["properties"]["type"]["enum"],
+            serde_json::json!([event])
+        );
+        // And the union of the bodies names it.
+        assert!(
+            doc["components"]["schemas"]["WebhookPayload"]["oneOf"]
+                .as_array()
+                .unwrap()
+                .contains(body),
+            "{event}"
+        );
+        let required: BTreeSet<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            required,
+            BTreeSet::from(["type", "timestamp", "data"]),
+            "{event}"
+        );
+    }
+}
+
+/// Check `value` against the document's `schema` (the parts of JSON Schema the document
+/// uses: `$ref`, `oneOf`/`anyOf`/`allOf`, `type`, `enum`, `properties`, `required`,
+/// `items`). An object with `properties` holds no other key: a field sent but not
+/// described is a difference too. The first difference, with where it is.
+pub fn check_against(doc: &Value, schema: &Value, value: &Value) -> Result<(), String> {
+    check_at(doc, schema, value, "$", true)
+}
+
+fn check_at(
+    doc: &Value,
+    schema: &Value,
+    value: &Value,
+    at: &str,
+    strict: bool,
+) -> Result<(), String> {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.trim_start_matches("#/components/schemas/");
+        return check_at(doc, &doc["components"]["schemas"][name], value, at, strict);
+    }
+    if let Some(all) = schema["allOf"].as_array() {
+        // Each part sees only its own fields; the union must cover the value's.
+        for part in all {
+            check_at(doc, part, value, at, false)?;
+        }
+        if strict && let Some(obj) = value.as_object() {
+            let mut known = BTreeSet::new();
+            for part in all {
+                known.extend(property_names(doc, part));
+            }
+            if let Some(extra) = obj.keys().find(|k| !known.contains(k.as_str())) {
+                return Err(format!("{at}.{extra}: not described"));
+            }
+        }
+        return Ok(());
+    }
+    for key in ["oneOf", "anyOf"] {
+        if let Some(options) = schema[key].as_array() {
+            let fits = options
+                .iter()
+                .filter(|o| check_at(doc, o, value, at, strict).is_ok())
+                .count();
+            let ok = if key == "oneOf" { fits == 1 } else { fits >= 1 };
+            if !ok {
+                return Err(format!("{at}: {fits} of the {key} options fit {value}"));
+            }
+            return Ok(());
+        }
+    }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(value)
+    {
+        return Err(format!("{at}: {value} is not one of {allowed:?}"));
+    }
+    let types: Vec<&str> = match &schema["type"] {
+        Value::String(t) => vec![t.as_str()],
+        Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    let kind = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    if !types.is_empty()
+        && !types
+            .iter()
+            .any(|t| *t == kind || (*t == "number" && kind == "integer"))
+    {
+        return Err(format!("{at}: a {kind} where the document says {types:?}"));
+    }
+    if let Value::Object(obj) = value {
+        for r in schema["required"].as_array().into_iter().flatten() {
+            let r = r.as_str().unwrap_or_default();
+            if !obj.contains_key(r) {
+                return Err(format!("{at}.{r}: required, not sent"));
+            }
+        }
+        if let Some(props) = schema["properties"].as_object() {
+            for (k, v) in obj {
+                match props.get(k) {
+                    Some(p) => check_at(doc, p, v, &format!("{at}.{k}"), true)?,
+                    None if strict => return Err(format!("{at}.{k}: not described")),
+                    None => {}
+                }
+            }
+        }
+    }
+    if let (Value::Array(items), Some(item)) = (value, schema.get("items")) {
+        for (i, v) in items.iter().enumerate() {
+            check_at(doc, item, v, &format!("{at}[{i}]"), true)?;
+        }
+    }
+    Ok(())
+}
+
+fn property_names(doc: &Value, schema: &Value) -> BTreeSet<String> {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.trim_start_matches("#/components/schemas/");
+        return property_names(doc, &doc["components"]["schemas"][name]);
+    }
+    let mut names: BTreeSet<String> = schema["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        names.extend(property_names(doc, part));
+    }
+    names
+}
+
+/// `body`, a delivery as received, is what the document's `webhooks` says of its `type`.
+pub fn assert_delivery_described(body: &Value) {
+    let doc = document();
+    let event = body["type"].as_str().unwrap_or_default();
+    let schema =
+        &doc["webhooks"][event]["post"]["requestBody"]["content"]["application/json"]["schema"];
+    assert!(
+        schema.is_object(),
+        "no webhook `{event}` in the document: {body}"
+    );
+    if let Err(e) = check_against(&doc, schema, body) {
+        panic!("the `{event}` delivery differs from the document: {e}\n{body}");
+    }
+}
+
+/// The checker refuses what differs: a field not described, a missing one, a wrong type.
+#[test]
+fn the_delivery_checker_sees_differences() {
+    let good = serde_json::to_value(agentq_api::WebhookPayload::BatchCompleted {
+        timestamp: chrono::Utc::now(),
+        data: agentq_api::BatchChange {
+            batch_id: "b1".into(),
+        },
+    })
+    .unwrap();
+    assert_delivery_described(&good);
+    let doc = document();
+    let schema = &doc["webhooks"]["batch.completed"]["post"]["requestBody"]["content"]["application/json"]
+        ["schema"];
+    let mut extra = good.clone();
+    extra["data"]["count"] = 1.into();
+    assert!(check_against(&doc, schema, &extra).is_err());
+    let mut missing = good.clone();
+    missing["data"].as_object_mut().unwrap().remove("batch_id");
+    assert!(check_against(&doc, schema, &missing).is_err());
+    let mut wrong = good.clone();
+    wrong["type"] = "session.completed".into();
+    assert!(check_against(&doc, schema, &wrong).is_err());
+    wrong = good;
+    wrong["data"]["batch_id"] = 7.into();
+    assert!(check_against(&doc, schema, &wrong).is_err());
 }

@@ -513,6 +513,8 @@ async fn every_event_arrives_signed_through_a_500_and_a_timeout_with_one_id_each
             json!([true]),
             "every attempt is signed: {entry}"
         );
+        // What is sent is what the document's `webhooks` describes.
+        crate::openapi::assert_delivery_described(&entry["body"]);
         let session = entry["body"]["data"]["session_id"]
             .as_str()
             .unwrap()
@@ -541,11 +543,19 @@ async fn every_event_arrives_signed_through_a_500_and_a_timeout_with_one_id_each
     assert_eq!(accepted[&cancelled]["type"], "session.failed");
     assert_eq!(accepted[&cancelled]["data"]["status"], "cancelled");
     assert_eq!(accepted[&held]["type"], "session.waiting");
+    // The held call as `GET /v1/sessions/{id}` shows it in `pending_approvals`.
+    let (_, detail) = env.get(&format!("/v1/sessions/{held}"), &env.acme).await;
     assert_eq!(
-        accepted[&held]["data"]["calls"],
-        json!([{"tool_call_id": "call_1", "name": "write_file",
-                "arguments": {"path": "a.txt", "content": "x"}}])
+        accepted[&held]["data"]["calls"], detail["pending_approvals"],
+        "{detail}"
     );
+    assert_eq!(
+        accepted[&held]["data"]["calls"][0]["tool"], "write_file",
+        "{}",
+        accepted[&held]
+    );
+    assert_eq!(accepted[&held]["data"]["status"], "awaiting_approval");
+    assert_eq!(accepted[&done]["data"]["batch_id"], Value::Null);
 
     // The owner sees it all.
     let (_, v) = env.get(&format!("/v1/webhooks/{hook}"), &env.acme).await;
@@ -813,4 +823,5 @@ async fn a_batch_is_announced_once_when_its_last_session_finishes() {
     assert_eq!(log[0]["body"]["type"], "batch.completed");
     assert_eq!(log[0]["body"]["data"]["batch_id"], batch_id);
     assert_eq!(log[0]["verified"], json!([true]));
+    crate::openapi::assert_delivery_described(&log[0]["body"]);
 }

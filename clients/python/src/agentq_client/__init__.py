@@ -9,7 +9,7 @@
 from ._async import AsyncClient
 from ._core import AgentqError, APIError, StreamError, WaitTimeout
 from ._sync import Client
-from . import models
+from . import models, webhooks
 from .models import (
     Batch,
     BatchResult,
@@ -19,7 +19,10 @@ from .models import (
     SessionDetail,
     SessionRef,
     SessionView,
+    Webhook,
+    WebhookPayload,
 )
+from .webhooks import WebhookVerificationError
 
 __all__ = [
     "APIError",
@@ -36,5 +39,9 @@ __all__ = [
     "SessionView",
     "StreamError",
     "WaitTimeout",
+    "Webhook",
+    "WebhookPayload",
+    "WebhookVerificationError",
     "models",
+    "webhooks",
 ]

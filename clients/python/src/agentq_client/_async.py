@@ -126,7 +126,7 @@ class AsyncClient:
         return await self._send(c.Ops.retry_sessions(c.filter_body(**filter)))
 
     async def messages(self, id: str) -> list[m.Message]:
-        return await self._send(c.Ops.messages(id)).messages
+        return (await self._send(c.Ops.messages(id))).messages
 
     async def post_message(self, id: str, content: str, *, strategy: Optional[str] = None
                      ) -> m.PostMessageResult:
@@ -152,7 +152,7 @@ class AsyncClient:
     # Files
 
     async def list_files(self, id: str) -> list[m.FileEntry]:
-        return await self._send(c.Ops.list_files(id)).files
+        return (await self._send(c.Ops.list_files(id))).files
 
     async def download_file(self, id: str, path: str) -> bytes:
         return await self._send(c.Ops.download_file(id, path))
@@ -287,6 +287,60 @@ class AsyncClient:
                 return b
             c.check_deadline(deadline, f"batch {id}")
             await anyio.sleep(poll_interval)
+
+    # Webhooks (verify a delivery with `agentq_client.webhooks.verify`)
+
+    async def create_webhook(self, url: str, events: Iterable[str], *, queue: Optional[str] = None,
+                       batch_id: Optional[str] = None,
+                       description: Optional[str] = None) -> m.Webhook:
+        """Register an endpoint for `events` (`session.completed`, `session.failed`,
+        `session.waiting`, `batch.completed`); the answer's `secret` is shown only here."""
+        return await self._send(c.Ops.create_webhook(c.filter_body(
+            url=url, events=list(events), queue=queue, batch_id=batch_id,
+            description=description)))
+
+    async def list_webhooks(self) -> list[m.Webhook]:
+        return (await self._send(c.Ops.list_webhooks())).webhooks
+
+    async def get_webhook(self, id: str) -> m.Webhook:
+        return await self._send(c.Ops.get_webhook(id))
+
+    async def delete_webhook(self, id: str) -> None:
+        """The endpoint and its deliveries, sent or not."""
+        await self._send(c.Ops.delete_webhook(id))
+
+    async def rotate_webhook_secret(self, id: str, *, overlap_secs: Optional[int] = None
+                              ) -> m.Webhook:
+        """A new `secret` (in this answer only); the old one signs too for `overlap_secs`
+        (a day when absent)."""
+        return await self._send(c.Ops.rotate_webhook_secret(id, c.filter_body(
+            overlap_secs=overlap_secs)))
+
+    async def enable_webhook(self, id: str) -> m.Webhook:
+        """Send again to an endpoint disabled after failing for too long."""
+        return await self._send(c.Ops.enable_webhook(id))
+
+    async def list_deliveries(self, id: str, *, state: Optional[str] = None,
+                        limit: Optional[int] = None, cursor: Optional[str] = None
+                        ) -> m.DeliveryPage:
+        """One page of the endpoint's deliveries, newest first; `state="dead"` gives its
+        dead letters."""
+        return await self._send(c.Ops.list_deliveries(id, state=state, limit=limit, cursor=cursor))
+
+    async def iter_deliveries(self, id: str, *, state: Optional[str] = None,
+                        limit: Optional[int] = None) -> AsyncIterator[m.Delivery]:
+        cursor = None
+        while True:
+            page = await self.list_deliveries(id, state=state, limit=limit, cursor=cursor)
+            for d in page.deliveries:
+                yield d
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def redrive_webhook(self, id: str) -> m.Redriven:
+        """Queue the endpoint's dead letters again (it must be enabled)."""
+        return await self._send(c.Ops.redrive_webhook(id))
 
     async def openapi(self) -> Any:
         return await self._send(c.Ops.openapi())

@@ -198,6 +198,11 @@ def model(cls: type[T]) -> Callable[[httpx.Response], T]:
     return lambda r: cls.model_validate_json(r.content)  # type: ignore[attr-defined]
 
 
+def nothing(r: httpx.Response) -> None:
+    """An answer without a body (204)."""
+    return None
+
+
 def raw(r: httpx.Response) -> bytes:
     return r.content
 
@@ -314,6 +319,39 @@ class Ops:
     def download_tar(id: str) -> Call[bytes]:
         return Call("GET", f"/v1/sessions/{seg(id)}/files", raw, params={"format": "tar"},
                     headers={"accept": "application/x-tar"})
+
+    @staticmethod
+    def create_webhook(body: dict[str, Any]) -> Call[m.Webhook]:
+        return Call("POST", "/v1/webhooks", model(m.Webhook), json=body)
+
+    @staticmethod
+    def list_webhooks() -> Call[m.WebhookList]:
+        return Call("GET", "/v1/webhooks", model(m.WebhookList))
+
+    @staticmethod
+    def get_webhook(id: str) -> Call[m.Webhook]:
+        return Call("GET", f"/v1/webhooks/{seg(id)}", model(m.Webhook))
+
+    @staticmethod
+    def delete_webhook(id: str) -> Call[None]:
+        return Call("DELETE", f"/v1/webhooks/{seg(id)}", nothing)
+
+    @staticmethod
+    def rotate_webhook_secret(id: str, body: dict[str, Any]) -> Call[m.Webhook]:
+        return Call("POST", f"/v1/webhooks/{seg(id)}/rotate", model(m.Webhook), json=body)
+
+    @staticmethod
+    def enable_webhook(id: str) -> Call[m.Webhook]:
+        return Call("POST", f"/v1/webhooks/{seg(id)}/enable", model(m.Webhook), json={})
+
+    @staticmethod
+    def list_deliveries(id: str, **params: Any) -> Call[m.DeliveryPage]:
+        return Call("GET", f"/v1/webhooks/{seg(id)}/deliveries", model(m.DeliveryPage),
+                    params=query(**params))
+
+    @staticmethod
+    def redrive_webhook(id: str) -> Call[m.Redriven]:
+        return Call("POST", f"/v1/webhooks/{seg(id)}/redrive", model(m.Redriven), json={})
 
     @staticmethod
     def submit_batch(body: dict[str, Any]) -> Call[m.Batch]:

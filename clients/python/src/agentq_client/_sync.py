@@ -281,5 +281,58 @@ class Client:
             c.check_deadline(deadline, f"batch {id}")
             time.sleep(poll_interval)
 
+    # Webhooks (verify a delivery with `agentq_client.webhooks.verify`)
+
+    def create_webhook(self, url: str, events: Iterable[str], *, queue: Optional[str] = None,
+                       batch_id: Optional[str] = None,
+                       description: Optional[str] = None) -> m.Webhook:
+        """Register an endpoint for `events` (`session.completed`, `session.failed`,
+        `session.waiting`, `batch.completed`); the answer's `secret` is shown only here."""
+        return self._send(c.Ops.create_webhook(c.filter_body(
+            url=url, events=list(events), queue=queue, batch_id=batch_id,
+            description=description)))
+
+    def list_webhooks(self) -> list[m.Webhook]:
+        return self._send(c.Ops.list_webhooks()).webhooks
+
+    def get_webhook(self, id: str) -> m.Webhook:
+        return self._send(c.Ops.get_webhook(id))
+
+    def delete_webhook(self, id: str) -> None:
+        """The endpoint and its deliveries, sent or not."""
+        self._send(c.Ops.delete_webhook(id))
+
+    def rotate_webhook_secret(self, id: str, *, overlap_secs: Optional[int] = None
+                              ) -> m.Webhook:
+        """A new `secret` (in this answer only); the old one signs too for `overlap_secs`
+        (a day when absent)."""
+        return self._send(c.Ops.rotate_webhook_secret(id, c.filter_body(
+            overlap_secs=overlap_secs)))
+
+    def enable_webhook(self, id: str) -> m.Webhook:
+        """Send again to an endpoint disabled after failing for too long."""
+        return self._send(c.Ops.enable_webhook(id))
+
+    def list_deliveries(self, id: str, *, state: Optional[str] = None,
+                        limit: Optional[int] = None, cursor: Optional[str] = None
+                        ) -> m.DeliveryPage:
+        """One page of the endpoint's deliveries, newest first; `state="dead"` gives its
+        dead letters."""
+        return self._send(c.Ops.list_deliveries(id, state=state, limit=limit, cursor=cursor))
+
+    def iter_deliveries(self, id: str, *, state: Optional[str] = None,
+                        limit: Optional[int] = None) -> Iterator[m.Delivery]:
+        cursor = None
+        while True:
+            page = self.list_deliveries(id, state=state, limit=limit, cursor=cursor)
+            yield from page.deliveries
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def redrive_webhook(self, id: str) -> m.Redriven:
+        """Queue the endpoint's dead letters again (it must be enabled)."""
+        return self._send(c.Ops.redrive_webhook(id))
+
     def openapi(self) -> Any:
         return self._send(c.Ops.openapi())

@@ -364,6 +364,90 @@ class Operations(Model):
     workers_truncated: bool
 
 
+WebhookStatus = Literal["enabled", "disabled"]
+DeliveryState = Literal["pending", "delivered", "dead"]
+
+
+class DeliveryCounts(Model):
+    __schema__ = "DeliveryCountsView"
+    pending: int = 0
+    delivered: int = 0
+    dead: int = 0
+
+
+class WebhookFailure(Model):
+    __schema__ = "WebhookFailure"
+    at: datetime
+    error: str
+
+
+class Webhook(Model):
+    """An endpoint. `secret` (`whsec_…`) is set only in the answer of its creation and of
+    a rotation: keep it then, it is never shown again."""
+
+    __schema__ = "WebhookView"
+    id: str
+    url: str
+    events: list[str]
+    status: WebhookStatus
+    counts: DeliveryCounts
+    created_at: datetime
+    queue: Optional[str] = None
+    batch_id: Optional[str] = None
+    description: Optional[str] = None
+    disabled_at: Optional[datetime] = None
+    disabled_reason: Optional[str] = None
+    failing_since: Optional[datetime] = None
+    last_failure: Optional[WebhookFailure] = None
+    last_success_at: Optional[datetime] = None
+    previous_secret_expires_at: Optional[datetime] = None
+    secret: Optional[str] = None
+
+
+class WebhookList(Model):
+    __schema__ = "WebhookList"
+    webhooks: list[Webhook]
+
+
+class Delivery(Model):
+    """One event to one endpoint and its attempts; `id` is the `webhook-id` each carries."""
+
+    __schema__ = "DeliveryView"
+    id: str
+    event: str
+    state: DeliveryState
+    attempts: int
+    occurred_at: datetime
+    session_id: Optional[str] = None
+    batch_id: Optional[str] = None
+    last_attempt_at: Optional[datetime] = None
+    next_attempt_at: Optional[datetime] = None
+    last_status: Optional[int] = None
+    last_error: Optional[str] = None
+    delivered_at: Optional[datetime] = None
+
+
+class DeliveryPage(Model):
+    __schema__ = "DeliveryList"
+    deliveries: list[Delivery]
+    next_cursor: Optional[str] = None
+
+
+class Redriven(Model):
+    __schema__ = "Redriven"
+    requeued: int
+
+
+class WebhookPayload(Model):
+    """The body of a delivery, once verified: `type` is the event (`session.completed`,
+    `session.failed`, `session.waiting`, `batch.completed`), `data` its fields as the
+    document's `webhooks` describe them."""
+
+    type: str
+    timestamp: datetime
+    data: dict[str, Any]
+
+
 class Event(BaseModel):
     """One server-sent event of `GET /v1/sessions/{id}/events`.
 

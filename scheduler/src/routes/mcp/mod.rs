@@ -110,7 +110,7 @@ impl Mcp {
             return e.into_response();
         }
         let (parts, body) = req.into_parts();
-        let bytes = match read_at_most(body, self.body_limit).await {
+        let bytes = match read_at_most(&parts.headers, body, self.body_limit).await {
             Ok(b) => b,
             Err(e) => return e.into_response(),
         };
