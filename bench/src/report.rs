@@ -207,37 +207,42 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
     if let (Value::Object(all), Value::Object(more)) = (&mut v, admission) {
         all.extend(more);
     }
-    // Beside the rest (one `json!` of every figure is past the macro's recursion limit).
     if let Value::Object(m) = &mut v {
-        for (key, value) in [
-            ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
-            ("workspace_files", json!(r.workspace_files)),
-            ("workspace_bytes", json!(r.workspace_bytes)),
-            (
-                "workspace_resume_cold_ms",
-                num(r.workspace_resume_cold_ms, 3),
-            ),
-            (
-                "workspace_resume_warm_ms",
-                num(r.workspace_resume_warm_ms, 3),
-            ),
-        ] {
-            m.insert(key.into(), value);
-        }
-        for (name, x) in [
-            ("nofile", r.workspace_round_nofile),
-            ("write", r.workspace_round_write),
-        ] {
-            let [commits, rows, bytes] = x.map_or([None; 3], |x| x.map(Some));
-            m.insert(format!("workspace_round_{name}_commits"), num(commits, 3));
-            m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
-            m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
-        }
-        for (key, value) in mcp::to_json(r.mcp.as_ref()) {
-            m.insert(key.into(), value);
-        }
+        add_the_rest(m, r);
     }
     v
+}
+
+/// The figures beside the rest: one `json!` of every figure is past the macro's recursion
+/// limit.
+fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
+    for (key, value) in [
+        ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
+        ("workspace_files", json!(r.workspace_files)),
+        ("workspace_bytes", json!(r.workspace_bytes)),
+        (
+            "workspace_resume_cold_ms",
+            num(r.workspace_resume_cold_ms, 3),
+        ),
+        (
+            "workspace_resume_warm_ms",
+            num(r.workspace_resume_warm_ms, 3),
+        ),
+    ] {
+        m.insert(key.into(), value);
+    }
+    for (name, x) in [
+        ("nofile", r.workspace_round_nofile),
+        ("write", r.workspace_round_write),
+    ] {
+        let [commits, rows, bytes] = x.map_or([None; 3], |x| x.map(Some));
+        m.insert(format!("workspace_round_{name}_commits"), num(commits, 3));
+        m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
+        m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
+    }
+    for (key, value) in mcp::to_json(r.mcp.as_ref()) {
+        m.insert(key.into(), value);
+    }
 }
 
 /// `met`/`missed` against a target.

@@ -71,6 +71,43 @@ impl Follower {
         }
     }
 
+    /// Send what `page` holds that the client may see and does not hold, keeping `st`.
+    async fn relay_page(&self, st: &mut TailState, page: &[EventRecord]) -> Result<(), Gone> {
+        for r in page {
+            st.after = r.id.clone();
+            if r.seq < st.min_seq {
+                // Covered by the transcript replay, except a call held since it read
+                // the history: sent as it is, leaving the epoch bookkeeping alone (the
+                // step it belongs to is not redone).
+                if let Some(out) = Out::from_record(r)
+                    && st.late_approval(&out)
+                {
+                    self.send(out.into_event()).await?;
+                }
+                continue;
+            }
+            if r.epoch < st.max_epoch {
+                continue;
+            }
+            if r.epoch > st.max_epoch {
+                // A new run redoes the step at `r.seq`: whatever the client holds from
+                // there on was thrown away.
+                if st.held_max_seq.is_some_and(|h| h >= r.seq) {
+                    self.send(reset_event(r.seq)).await?;
+                    st.held_max_seq = r.seq.checked_sub(1);
+                }
+                st.max_epoch = r.epoch;
+            }
+            let Some(out) = Out::from_record(r) else {
+                continue;
+            };
+            st.held_max_seq = st.held_max_seq.max(Some(r.seq));
+            st.completed |= out.is_completion();
+            self.send(out.into_event()).await?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn tail(&self, mut st: TailState) -> Result<(), Gone> {
         let mut errors = 0u32;
         let mut terminal_since: Option<Instant> = None;
@@ -116,38 +153,7 @@ impl Follower {
                     _ = self.stop.cancelled() => return Err(Gone),
                 }
             }
-            for r in &page {
-                st.after = r.id.clone();
-                if r.seq < st.min_seq {
-                    // Covered by the transcript replay, except a call held since it read
-                    // the history: sent as it is, leaving the epoch bookkeeping alone (the
-                    // step it belongs to is not redone).
-                    if let Some(out) = Out::from_record(r)
-                        && st.late_approval(&out)
-                    {
-                        self.send(out.into_event()).await?;
-                    }
-                    continue;
-                }
-                if r.epoch < st.max_epoch {
-                    continue;
-                }
-                if r.epoch > st.max_epoch {
-                    // A new run redoes the step at `r.seq`: whatever the client holds from
-                    // there on was thrown away.
-                    if st.held_max_seq.is_some_and(|h| h >= r.seq) {
-                        self.send(reset_event(r.seq)).await?;
-                        st.held_max_seq = r.seq.checked_sub(1);
-                    }
-                    st.max_epoch = r.epoch;
-                }
-                let Some(out) = Out::from_record(r) else {
-                    continue;
-                };
-                st.held_max_seq = st.held_max_seq.max(Some(r.seq));
-                st.completed |= out.is_completion();
-                self.send(out.into_event()).await?;
-            }
+            self.relay_page(&mut st, &page).await?;
             if st.completed {
                 if self.is_terminal().await.is_some() {
                     return Ok(());

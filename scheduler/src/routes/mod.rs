@@ -97,6 +97,7 @@ fn table() -> Vec<Route> {
     routes.extend(one_session_routes());
     routes.extend(batch_routes());
     routes.extend(webhook_routes());
+    routes.extend(admin_routes());
     routes.extend(service_routes());
     routes
 }
@@ -339,8 +340,8 @@ fn webhook_routes() -> Vec<Route> {
     ]
 }
 
-/// Queues, the admin's routes, `/mcp`, the probes, the console and this API's description.
-fn service_routes() -> Vec<Route> {
+/// Queues and the admin's routes.
+fn admin_routes() -> Vec<Route> {
     vec![
         route(
             Method::GET,
@@ -398,6 +399,12 @@ fn service_routes() -> Vec<Route> {
             |_| get(limits::state),
             doc::<limits::__path_state>(),
         ),
+    ]
+}
+
+/// `/mcp`, the probes, the console and this API's description.
+fn service_routes() -> Vec<Route> {
+    vec![
         // Each tool checks the scope of its REST route.
         route(
             Method::POST,

@@ -8,7 +8,7 @@ use crate::model::ListFilter;
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::sql::budget::count;
 use crate::sql::report::{self, CostRecord, WORKERS};
-use crate::sql::statements::{self, Dialect};
+use crate::sql::statements::Dialect;
 use crate::store::ReportStore;
 
 use super::PgStore;
@@ -17,7 +17,7 @@ use super::PgStore;
 impl ReportStore for PgStore {
     async fn count_sessions(&self, filter: &ListFilter) -> Result<Vec<StatusCount>> {
         let rows: Vec<(String, Option<String>, i64)> =
-            statements::count::<sqlx::Postgres>(filter, Dialect::Postgres)
+            report::count_statement::<sqlx::Postgres>(filter, Dialect::Postgres)
                 .build_query_as()
                 .fetch_all(&self.pool)
                 .await?;

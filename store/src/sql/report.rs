@@ -6,14 +6,36 @@ use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, QueryBuilder, Type};
 
 use crate::error::Result;
-use crate::model::SessionStatus;
+use crate::model::{ListFilter, SessionStatus};
 use crate::report::{CostFilter, CostRow, StatusCount};
 use crate::wait::WaitReason;
 
 use crate::rowconv::bad_data;
 
 use super::budget::count;
-use super::statements::Dialect;
+use super::statements::{Dialect, push_conditions};
+
+/// Sessions of `filter` (its cursor and limit aside: a count is of the whole filter) per
+/// status and stored wait reason: `(status, wait_reason, count)`.
+pub(crate) fn count_statement<'a, DB: Database>(
+    filter: &'a ListFilter,
+    dialect: Dialect,
+) -> QueryBuilder<'a, DB>
+where
+    DB::Arguments<'a>: Default,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
+{
+    let mut qb = QueryBuilder::new(
+        "SELECT status, CASE WHEN status = 'waiting' THEN wait_reason END AS reason, count(*) \
+         FROM sessions WHERE true",
+    );
+    push_conditions(&mut qb, filter, dialect);
+    qb.push(" GROUP BY 1, 2");
+    qb
+}
 
 /// (tenant, model, day, sessions, input, output, cache read, cache write, reasoning,
 /// web searches)
@@ -102,7 +124,7 @@ pub(crate) fn cost_rows(rows: Vec<CostRecord>) -> Vec<CostRow> {
         .collect()
 }
 
-/// The counts of [`super::statements::count`]'s rows, each waiting one with the reason the
+/// The counts of [`count_statement`]'s rows, each waiting one with the reason the
 /// API shows (a waiting row stored without one waits for its children).
 pub(crate) fn status_counts(rows: Vec<(String, Option<String>, i64)>) -> Result<Vec<StatusCount>> {
     let mut out: Vec<StatusCount> = Vec::new();

@@ -73,30 +73,8 @@ where
     qb
 }
 
-/// Sessions of `filter` (its cursor and limit aside: a count is of the whole filter) per
-/// status and stored wait reason: `(status, wait_reason, count)`.
-pub(crate) fn count<'a, DB: Database>(
-    filter: &'a ListFilter,
-    dialect: Dialect,
-) -> QueryBuilder<'a, DB>
-where
-    DB::Arguments<'a>: Default,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    String: Encode<'a, DB> + Type<DB>,
-    i64: Encode<'a, DB> + Type<DB>,
-    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
-{
-    let mut qb = QueryBuilder::new(
-        "SELECT status, CASE WHEN status = 'waiting' THEN wait_reason END AS reason, count(*) \
-         FROM sessions WHERE true",
-    );
-    push_conditions(&mut qb, filter, dialect);
-    qb.push(" GROUP BY 1, 2");
-    qb
-}
-
 /// The conditions of `filter` (all but its cursor), each ` AND …`.
-fn push_conditions<'a, DB: Database>(
+pub(super) fn push_conditions<'a, DB: Database>(
     qb: &mut QueryBuilder<'a, DB>,
     filter: &'a ListFilter,
     dialect: Dialect,

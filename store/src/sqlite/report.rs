@@ -10,7 +10,7 @@ use crate::model::ListFilter;
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::sql::budget::count;
 use crate::sql::report::{self, CostRecord, WORKERS};
-use crate::sql::statements::{self, Dialect};
+use crate::sql::statements::Dialect;
 use crate::store::ReportStore;
 
 use super::SqliteStore;
@@ -19,7 +19,7 @@ use super::SqliteStore;
 impl ReportStore for SqliteStore {
     async fn count_sessions(&self, filter: &ListFilter) -> Result<Vec<StatusCount>> {
         let rows: Vec<(String, Option<String>, i64)> =
-            statements::count::<Sqlite>(filter, Dialect::Sqlite)
+            report::count_statement::<Sqlite>(filter, Dialect::Sqlite)
                 .build_query_as()
                 .fetch_all(&self.readers)
                 .await?;
