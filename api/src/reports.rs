@@ -13,21 +13,7 @@ pub const MAX_SEARCH_CHARS: usize = 200;
 
 /// The query parameters `GET /v1/sessions/counts` accepts: the filters of
 /// `GET /v1/sessions` ([`crate::LIST_PARAMS`]), without its paging (`limit`, `cursor`).
-pub const COUNT_PARAMS: &[&str] = &[
-    "status",
-    "parent_id",
-    "batch_id",
-    "finish_reason",
-    "wait_reason",
-    "queue",
-    "metadata",
-    "created_after",
-    "created_before",
-    "min_cost_usd",
-    "max_cost_usd",
-    "q",
-    "tenant",
-];
+pub const COUNT_PARAMS: &[&str] = crate::sessions::LIST_PARAMS.split_at(2).1;
 
 /// `GET /v1/sessions/counts`: how many sessions the same filter of `GET /v1/sessions`
 /// selects, per status and, waiting, per reason.

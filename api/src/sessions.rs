@@ -218,9 +218,10 @@ pub struct ListResponse {
 /// The query parameters `GET /v1/sessions` accepts (`metadata` may be repeated, each
 /// `key=value`, all of them required).
 pub const LIST_PARAMS: &[&str] = &[
-    "status",
+    // The paging first: the rest is the filter, which `COUNT_PARAMS` is.
     "limit",
     "cursor",
+    "status",
     "parent_id",
     "batch_id",
     "finish_reason",

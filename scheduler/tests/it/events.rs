@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::spec::{ExitReason, SessionSpec};
-use agentq_agent::state::Outcome;
+use agentq_agent::state::{Outcome, SessionState};
 use agentq_core::pg::PgStore;
 use agentq_core::queue::EventRecord;
 use agentq_core::redis_queue::RedisQueue;
@@ -79,6 +79,19 @@ impl Env {
             .await
             .unwrap();
         row.id
+    }
+
+    /// A worker's claim of `id`: its lease and the state to resume from.
+    async fn claimed(&self, id: &str) -> (agentq_core::Lease, Box<SessionState>) {
+        let Claim::Acquired { lease, state, .. } = self
+            .store
+            .claim(id, "w", Duration::from_secs(30), 5)
+            .await
+            .unwrap()
+        else {
+            panic!("not claimed")
+        };
+        (lease, state)
     }
 
     async fn append(&self, id: &str, events: &[(u64, i64, Value)]) {
@@ -367,16 +380,7 @@ async fn terminal_session_without_a_completion_event_gets_one() {
 async fn without_a_stream_the_transcript_is_replayed() {
     let env = Env::start().await;
     let id = env.session().await;
-    let Claim::Acquired {
-        lease, mut state, ..
-    } = env
-        .store
-        .claim(&id, "w", Duration::from_secs(30), 5)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed")
-    };
+    let (lease, mut state) = env.claimed(&id).await;
     let base = state.messages.len();
     let mut a = Message::assistant("Fetching.");
     a.tool_calls.push(ToolCall {
@@ -434,16 +438,7 @@ async fn without_a_stream_the_transcript_is_replayed() {
 async fn a_call_held_after_the_transcript_was_read_is_still_announced() {
     let env = Env::start().await;
     let id = env.session().await;
-    let Claim::Acquired {
-        lease, mut state, ..
-    } = env
-        .store
-        .claim(&id, "w", Duration::from_secs(30), 5)
-        .await
-        .unwrap()
-    else {
-        panic!("not claimed")
-    };
+    let (lease, mut state) = env.claimed(&id).await;
     let b = state.messages.len() as u64;
     let mut a = Message::assistant("Writing.");
     a.tool_calls.push(ToolCall {
