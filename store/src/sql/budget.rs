@@ -35,16 +35,22 @@ pub(crate) fn usage_of(rows: Vec<UsageRow>) -> Vec<ModelUsage> {
         .map(|(model, n, i, o, cr, cw, r, ws)| ModelUsage {
             model,
             sessions: count(n),
-            usage: agentq_agent::schema::Usage {
-                input_tokens: count(i),
-                output_tokens: count(o),
-                cache_read_tokens: count(cr),
-                cache_write_tokens: count(cw),
-                reasoning_tokens: count(r),
-                web_search_requests: count(ws),
-            },
+            usage: usage_from([i, o, cr, cw, r, ws]),
         })
         .collect()
+}
+
+/// Usage from its stored sums, in the order the statements select them: input, output,
+/// cache read, cache write, reasoning, web searches.
+pub(crate) fn usage_from([i, o, cr, cw, r, ws]: [i64; 6]) -> agentq_agent::schema::Usage {
+    agentq_agent::schema::Usage {
+        input_tokens: count(i),
+        output_tokens: count(o),
+        cache_read_tokens: count(cr),
+        cache_write_tokens: count(cw),
+        reasoning_tokens: count(r),
+        web_search_requests: count(ws),
+    }
 }
 
 pub(crate) fn budget_of(row: BudgetRow) -> Result<TenantBudget> {

@@ -12,7 +12,7 @@ use crate::wait::WaitReason;
 
 use crate::rowconv::bad_data;
 
-use super::budget::count;
+use super::budget::{count, usage_from};
 use super::statements::{Dialect, push_conditions};
 
 /// Sessions of `filter` (its cursor and limit aside: a count is of the whole filter) per
@@ -112,14 +112,7 @@ pub(crate) fn cost_rows(rows: Vec<CostRecord>) -> Vec<CostRow> {
             model,
             day,
             sessions: count(n),
-            usage: agentq_agent::schema::Usage {
-                input_tokens: count(i),
-                output_tokens: count(o),
-                cache_read_tokens: count(cr),
-                cache_write_tokens: count(cw),
-                reasoning_tokens: count(r),
-                web_search_requests: count(ws),
-            },
+            usage: usage_from([i, o, cr, cw, r, ws]),
         })
         .collect()
 }
