@@ -86,10 +86,7 @@ impl TailState {
     /// Whether `out`, an event below `min_seq`, is an approval request the client has
     /// not seen (recorded as seen from now on).
     pub(super) fn late_approval(&mut self, out: &Out) -> bool {
-        if out.kind != Some(EventKind::ApprovalRequested) {
-            return false;
-        }
-        let Some(id) = out.data.get("id").and_then(Value::as_str) else {
+        let Some(id) = out.approval_id() else {
             return false;
         };
         if self.announced.iter().any(|a| a == id) {
@@ -147,6 +144,14 @@ impl Out {
             kind,
             data,
         })
+    }
+
+    /// The call an `approval_requested` event holds for approval.
+    pub(super) fn approval_id(&self) -> Option<&str> {
+        if self.kind != Some(EventKind::ApprovalRequested) {
+            return None;
+        }
+        self.data.get("id").and_then(Value::as_str)
     }
 
     pub(super) fn is_completion(&self) -> bool {

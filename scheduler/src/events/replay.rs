@@ -135,9 +135,7 @@ impl Follower {
                 data,
             };
             completed |= out.is_completion();
-            if out.kind == Some(EventKind::ApprovalRequested)
-                && let Some(id) = out.data.get("id").and_then(|v| v.as_str())
-            {
+            if let Some(id) = out.approval_id() {
                 // Held by the client whether sent now or before its reconnect.
                 announced.push(id.to_string());
             }
