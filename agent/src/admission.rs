@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use crate::provider::LlmRequest;
 use crate::provider::ratelimit::RateLimitInfo;
-use crate::schema::{ServerBlock, Usage};
+use crate::schema::{ServerBlock, ToolSpec, Usage};
 
 /// What the loop knows about a call before it starts.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,6 +154,27 @@ pub(crate) fn unanswered(ask: &CallAsk<'_>, searches: u64) -> Usage {
 /// tools ran in earlier answers, and tool schemas — without serializing the request a
 /// second time.
 pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
+    estimate_with_tools(request, tools_len(&request.tools))
+}
+
+/// The bytes [`estimate_input_tokens`] counts for `tools`: a run's tools are the same on
+/// every call, so the loop counts them once (their schemas are the largest part of a
+/// short history's estimate).
+pub fn tools_len(tools: &[ToolSpec]) -> usize {
+    tools
+        .iter()
+        .map(|t| {
+            t.name
+                .len()
+                .saturating_add(t.description.len())
+                .saturating_add(json_len(&t.parameters))
+        })
+        .fold(0, usize::saturating_add)
+}
+
+/// [`estimate_input_tokens`] with the tools counted already: `tools_bytes` is [`tools_len`]
+/// of the tools the request offers whenever it offers any (a request may offer none).
+pub fn estimate_with_tools(request: &LlmRequest<'_>, tools_bytes: usize) -> u64 {
     let mut bytes = request.system.as_deref().map_or(0, str::len);
     for m in &request.messages {
         bytes = bytes.saturating_add(m.content.len());
@@ -169,11 +190,8 @@ pub fn estimate_input_tokens(request: &LlmRequest<'_>) -> u64 {
                 .saturating_add(json_len(&c.arguments));
         }
     }
-    for t in request.tools.iter() {
-        bytes = bytes
-            .saturating_add(t.name.len())
-            .saturating_add(t.description.len())
-            .saturating_add(json_len(&t.parameters));
+    if !request.tools.is_empty() {
+        bytes = bytes.saturating_add(tools_bytes);
     }
     (bytes as u64).div_ceil(4)
 }

@@ -185,12 +185,21 @@ fn fingerprint(load: &[ActiveCount]) -> u64 {
 /// One tick: refill every queue's buffer from its held sessions. Returns how many were
 /// handed out. A queue whose `XADD` fails is left to the sweeper (the released rows are
 /// queued without an entry).
+///
+/// With nothing held anywhere (no cap, no full buffer) the tick reads one index entry and
+/// stops: the load it would count is every session in flight, which at scale is the
+/// costliest read of the fleet. The room submissions spend ([`Dispatch::hold`]) is then
+/// not refilled; once it runs out a submission is held, and the next tick counts the load
+/// and hands it out.
 pub async fn dispatch_once(
     store: &dyn Store,
     queue: &dyn Queue,
     queues: &QueueRegistry,
     dispatch: &Dispatch,
 ) -> agentq_core::Result<usize> {
+    if !store.any_held(None).await? {
+        return Ok(0);
+    }
     let mut load = store.dispatch_load().await?;
     let mut names: BTreeSet<String> = queues.names().into_iter().collect();
     let mut buffered: HashMap<String, u64> = HashMap::new();
@@ -210,7 +219,7 @@ pub async fn dispatch_once(
     let mut total = 0usize;
     for q in &names {
         let room = buffer.saturating_sub(buffered.get(q).copied().unwrap_or(0));
-        if !store.any_held(q).await? {
+        if !store.any_held(Some(q)).await? {
             dispatch.set_room(q, i64::try_from(room).unwrap_or(i64::MAX));
             dispatch.forget_blocked(q);
             continue;

@@ -302,8 +302,9 @@ pub trait SweepStore: Send + Sync {
     /// ranks first.
     async fn held(&self, queue: &str, per_group: u32, limit: u32) -> Result<Vec<Candidate>>;
 
-    /// Whether any session of `queue` is held (cheap: the first index entry).
-    async fn any_held(&self, queue: &str) -> Result<bool>;
+    /// Whether any session of `queue` (`None`: of any queue) is held (cheap: the first
+    /// index entry).
+    async fn any_held(&self, queue: Option<&str>) -> Result<bool>;
 
     /// Stop holding these sessions (the caller then enqueues them): only those still held
     /// and queued, which are returned, so that of two racing callers one gets each.

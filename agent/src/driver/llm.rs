@@ -20,7 +20,7 @@ use tracing::{Instrument, Span, info_span};
 use super::Agent;
 use super::stream::{Assembled, StreamAssembler, is_token};
 use crate::admission::{
-    Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
+    Admit, CallAsk, CallReport, Permit, estimate_with_tools, refusal_wait, unanswered,
 };
 use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
@@ -101,11 +101,12 @@ impl Agent {
         &self,
         state: &SessionState,
         request: &LlmRequest<'_>,
+        tools_bytes: usize,
         cancel: &CancellationToken,
     ) -> (Attempt, Option<Usage>) {
         let mut abandoned = None;
         let attempt = self
-            .call_tries(state, request, cancel, &mut abandoned)
+            .call_tries(state, request, tools_bytes, cancel, &mut abandoned)
             .await;
         (attempt, abandoned)
     }
@@ -114,6 +115,7 @@ impl Agent {
         &self,
         state: &SessionState,
         request: &LlmRequest<'_>,
+        tools_bytes: usize,
         cancel: &CancellationToken,
         abandoned: &mut Option<Usage>,
     ) -> Attempt {
@@ -125,7 +127,7 @@ impl Agent {
             provider: self.provider.name(),
             ask: CallAsk {
                 model: &request.model,
-                input_tokens: estimate_input_tokens(request),
+                input_tokens: estimate_with_tools(request, tools_bytes),
                 max_output_tokens: u64::from(request.max_tokens),
                 web_searches: request
                     .web_search

@@ -22,6 +22,8 @@ struct Run {
     /// Calls pending when this run started that a run that died may have started.
     maybe_started: Vec<String>,
     specs: Vec<ToolSpec>,
+    /// What `specs` add to every call's input estimate, counted once.
+    specs_bytes: usize,
     overhead: Overhead,
 }
 
@@ -125,6 +127,7 @@ impl Agent {
                 .filter(|id| !state.not_started.contains(id))
                 .collect()
         };
+        let specs = self.tools.specs();
         Run {
             saved: Saved {
                 upto: state.messages.len(),
@@ -133,7 +136,8 @@ impl Agent {
                 receipt: Receipt::none(),
             },
             maybe_started,
-            specs: self.tools.specs(),
+            specs_bytes: crate::admission::tools_len(&specs),
+            specs,
             overhead: Overhead::default(),
         }
     }
@@ -235,7 +239,7 @@ impl Agent {
         run.overhead.report(&*self.observer);
         let span = info_span!("iteration", iteration);
         let (attempt, abandoned) = self
-            .call_with_retry(state, &request, cancel)
+            .call_with_retry(state, &request, run.specs_bytes, cancel)
             .instrument(span)
             .await;
         drop(request);

@@ -60,21 +60,31 @@ pub struct Firewall {
 }
 
 impl Default for Firewall {
-    /// Built once per process and cloned: the compiled globs and regexes (~0.9 MiB) are
-    /// shared by the clones, and a worker makes one firewall per session it runs.
+    /// A copy of [`Firewall::shared`] (its glob sets are copied; prefer the shared one).
     fn default() -> Self {
-        static DEFAULT: std::sync::OnceLock<Firewall> = std::sync::OnceLock::new();
+        Firewall::clone(&Firewall::shared())
+    }
+}
+
+impl Firewall {
+    /// The default firewall, built once per process: a worker gives every session it runs
+    /// this one, since compiling (or copying) its globs and regexes per session cost more
+    /// than a step of the loop.
+    pub fn shared() -> std::sync::Arc<Firewall> {
+        static DEFAULT: std::sync::OnceLock<std::sync::Arc<Firewall>> = std::sync::OnceLock::new();
         DEFAULT
             .get_or_init(|| {
                 let strings = |xs: &[&str]| xs.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-                Firewall::new(
-                    strings(DEFAULT_DENY_PATHS),
-                    strings(DEFAULT_DENY_COMMANDS),
-                    strings(DEFAULT_DENY_HOSTS),
+                std::sync::Arc::new(
+                    Firewall::new(
+                        strings(DEFAULT_DENY_PATHS),
+                        strings(DEFAULT_DENY_COMMANDS),
+                        strings(DEFAULT_DENY_HOSTS),
+                    )
+                    // The defaults are constants covered by a test; an empty firewall is
+                    // never reached, it only spares a panic path.
+                    .unwrap_or_else(|_| Firewall::empty()),
                 )
-                // The defaults are constants covered by a test; an empty firewall is never
-                // reached, it only spares a panic path.
-                .unwrap_or_else(|_| Firewall::empty())
             })
             .clone()
     }
@@ -252,6 +262,14 @@ fn normalize_host(h: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_session_shares_one_default_firewall() {
+        let (a, b) = (Firewall::shared(), Firewall::shared());
+        assert!(std::sync::Arc::ptr_eq(&a, &b));
+        assert_eq!(a.deny_paths().len(), DEFAULT_DENY_PATHS.len());
+        assert!(a.denied_path("app/.env").is_some());
+    }
 
     #[test]
     fn defaults_compile() {

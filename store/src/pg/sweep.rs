@@ -105,7 +105,7 @@ impl SweepStore for PgStore {
         dispatch::held(&self.pool, &SQL, queue, per_group, limit).await
     }
 
-    async fn any_held(&self, queue: &str) -> Result<bool> {
+    async fn any_held(&self, queue: Option<&str>) -> Result<bool> {
         dispatch::any_held(&self.pool, &SQL, queue).await
     }
 

@@ -90,8 +90,12 @@ where
     rows.into_iter().map(HeldRow::into_candidate).collect()
 }
 
-/// Whether the queue holds any session.
-pub(crate) async fn any_held<DB>(pool: &Pool<DB>, sql: &Statements, queue: &str) -> Result<bool>
+/// Whether the queue holds any session (`None`: any queue).
+pub(crate) async fn any_held<DB>(
+    pool: &Pool<DB>,
+    sql: &Statements,
+    queue: Option<&str>,
+) -> Result<bool>
 where
     DB: Database,
     for<'r> (bool,): FromRow<'r, DB::Row>,
@@ -99,9 +103,18 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let (any,): (bool,) = sqlx::query_as::<DB, (bool,)>(&sql.any_held)
-        .bind(queue)
-        .fetch_one(pool)
-        .await?;
+    let (any,): (bool,) = match queue {
+        Some(queue) => {
+            sqlx::query_as::<DB, (bool,)>(&sql.any_held)
+                .bind(queue)
+                .fetch_one(pool)
+                .await?
+        }
+        None => {
+            sqlx::query_as::<DB, (bool,)>(&sql.any_held_anywhere)
+                .fetch_one(pool)
+                .await?
+        }
+    };
     Ok(any)
 }

@@ -473,6 +473,12 @@ const ANY_HELD: Shared = Shared {
     sqlite_now: None,
 };
 
+/// The same for every queue: the first entry of `sessions_held_idx`, if any.
+const ANY_HELD_ANYWHERE: Shared = Shared {
+    text: "SELECT EXISTS (SELECT 1 FROM sessions WHERE held AND status = 'queued')",
+    sqlite_now: None,
+};
+
 /// Held sessions the dispatcher moves to the buffer: only those still held, so of two
 /// dispatchers racing for one row, one gets it.
 const RELEASE_HELD: Shared = Shared {
@@ -581,6 +587,7 @@ pub(crate) struct Statements {
     pub dispatch_load: String,
     pub held: String,
     pub any_held: String,
+    pub any_held_anywhere: String,
     pub release_held: String,
     pub forget_expired: String,
     pub queue_exists: String,
@@ -621,6 +628,7 @@ impl Statements {
             dispatch_load: DISPATCH_LOAD.render(d),
             held: HELD.render(d),
             any_held: ANY_HELD.render(d),
+            any_held_anywhere: ANY_HELD_ANYWHERE.render(d),
             release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
@@ -762,6 +770,7 @@ mod tests {
                 &s.dispatch_load,
                 &s.held,
                 &s.any_held,
+                &s.any_held_anywhere,
                 &s.release_held,
                 &s.forget_expired,
                 &s.queue_exists,

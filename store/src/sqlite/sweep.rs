@@ -125,7 +125,7 @@ impl SweepStore for SqliteStore {
         dispatch::held(&self.readers, &SQL, queue, per_group, limit).await
     }
 
-    async fn any_held(&self, queue: &str) -> Result<bool> {
+    async fn any_held(&self, queue: Option<&str>) -> Result<bool> {
         dispatch::any_held(&self.readers, &SQL, queue).await
     }
 

@@ -185,6 +185,7 @@ async fn contract_held_sessions(store: &dyn Store) {
         };
         n
     };
+    assert!(!store.any_held(None).await.unwrap(), "nothing is held yet");
     let mut new = Vec::new();
     for i in 0..5u8 {
         new.push(placed("a", Some("b1"), i, true));
@@ -221,8 +222,9 @@ async fn contract_held_sessions(store: &dyn Store) {
     );
     assert_eq!(store.held("default", 10, 3).await.unwrap().len(), 3);
     assert!(store.held("other", 10, 10).await.unwrap().is_empty());
-    assert!(store.any_held("default").await.unwrap());
-    assert!(!store.any_held("other").await.unwrap());
+    assert!(store.any_held(Some("default")).await.unwrap());
+    assert!(!store.any_held(Some("other")).await.unwrap());
+    assert!(store.any_held(None).await.unwrap());
 
     // Load: only what is running or buffered (queued, not held).
     let load = store.dispatch_load().await.unwrap();

@@ -484,3 +484,56 @@ async fn rows_stored_with_json_nul_before_escaping_read_back() {
         "legacy \0 prompt"
     );
 }
+
+/// A lease renewal and a step's checkpoint (one not finishing the session) can be HOT
+/// updates: no index of `sessions` holds, in its key or its predicate, a column either
+/// of them writes. Every running session's row takes both many times a minute; an index
+/// on one of these columns would make each write a new row version with an entry in
+/// every index (a renewal wrote 790 B of WAL with one, 161 B without).
+#[tokio::test]
+async fn lease_renewals_and_step_checkpoints_touch_no_indexed_column() {
+    let store = store().await;
+    let defs: Vec<(String, String)> = sqlx::query_as(
+        "SELECT indexname::text, indexdef FROM pg_indexes \
+         WHERE schemaname = 'public' AND tablename = 'sessions'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    assert!(defs.len() > 5, "the sessions table's indexes: {defs:?}");
+    // What the heartbeat and a step's group commit set (see store/src/pg/batch.rs).
+    let written = [
+        "lease_expires_at",
+        "iteration",
+        "input_tokens",
+        "output_tokens",
+        "cache_read_tokens",
+        "cache_write_tokens",
+        "reasoning_tokens",
+        "web_search_requests",
+        "drain_rounds",
+        "free_iteration",
+        "phase",
+        "started_at",
+        "turn_base",
+        "not_started",
+        "bg_cursor",
+        "msg_cursor",
+        "history_len",
+        "attempts",
+        "model_used",
+        "updated_at",
+    ];
+    let word = |def: &str, column: &str| {
+        def.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .any(|w| w == column)
+    };
+    for (name, def) in &defs {
+        for column in written {
+            assert!(
+                !word(def, column),
+                "index {name} holds {column}, which every renewal or step writes: {def}"
+            );
+        }
+    }
+}

@@ -202,7 +202,7 @@ fn guards_for(
         .collect();
     let mut guards = Guards {
         tenant: tenant(row).to_string(),
-        firewall: Some(Arc::new(Firewall::default())),
+        firewall: Some(Firewall::shared()),
         sensitive_tools: inner.cfg.sensitive_tools.iter().cloned().collect(),
         approver: Some(inbox.clone()),
         permissions: Permissions {
