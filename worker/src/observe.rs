@@ -17,6 +17,8 @@ use agentq_core::protocol::EventKind;
 use agentq_core::queue::EventRecord;
 use agentq_core::{Queue, WaitReason};
 
+mod coalesce;
+
 /// Metrics of one session run. Labels: queue, provider, model (a configured one, else
 /// `other`), tool — never the session.
 pub struct SessionObserver {
@@ -280,7 +282,8 @@ impl EventSink for StreamSink {
 }
 
 /// One task per worker drains the event channel and appends in batches: text deltas
-/// arrive by the hundred per second per session, one round trip each would dominate.
+/// arrive by the hundred per second per session, one round trip each would dominate, and
+/// a batch's run of one session's deltas is one entry ([`coalesce::coalesce_deltas`]).
 /// Events are for following sessions live; losing some while Redis is down is accepted
 /// (the store holds the transcript).
 pub async fn event_writer(
@@ -300,6 +303,7 @@ pub async fn event_writer(
                 batch.push(e);
             }
             if !batch.is_empty() {
+                coalesce::coalesce_deltas(&mut batch);
                 let _ = queue.append_events(&batch).await;
             }
             return;
@@ -311,6 +315,7 @@ pub async fn event_writer(
                 Err(_) => break,
             }
         }
+        coalesce::coalesce_deltas(&mut batch);
         if let Err(e) = queue.append_events(&batch).await {
             debug!(error = %e, dropped = batch.len(), "appending events failed");
         }
