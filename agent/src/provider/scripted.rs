@@ -342,7 +342,13 @@ impl LlmProvider for ScriptedProvider {
             return Err(crate::provider::no_web_search("scripted"));
         }
         let (index, turn) = self.turn_for(request);
-        let attempt = self.attempt(&request.session_id, index);
+        // Only a turn that fails needs its tries counted: counting every turn of every
+        // session kept an entry per step for the life of the process.
+        let attempt = if turn.fail.is_empty() {
+            0
+        } else {
+            self.attempt(&request.session_id, index)
+        };
         if turn.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
         }
@@ -404,5 +410,17 @@ mod tests {
         );
         assert!(c.stream(&request("s1")).await.is_err());
         assert!(d.stream(&request("s1")).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn turns_that_never_fail_keep_no_count() {
+        let p = ScriptedProvider::from_json(r#"{"turns": [{"text": "fine"}]}"#).unwrap();
+        for i in 0..50 {
+            assert!(p.stream(&request(&format!("s{i}"))).await.is_ok());
+        }
+        assert!(p.attempts.lock().unwrap().is_empty());
+        let failing = ScriptedProvider::from_json(&failing_once("counted")).unwrap();
+        assert!(failing.stream(&request("s1")).await.is_err());
+        assert_eq!(failing.attempts.lock().unwrap().len(), 1);
     }
 }
