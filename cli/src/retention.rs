@@ -54,7 +54,10 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
         agentq_core::metrics::global(),
     )?;
     if args.dry_run {
-        let plan = r.plan().await.context("cannot read what retention would take")?;
+        let plan = r
+            .plan()
+            .await
+            .context("cannot read what retention would take")?;
         println!("tenant\tqueue\tkeep\tdays\ttrees\tsessions");
         let (mut trees, mut sessions) = (0u64, 0u64);
         for p in &plan {

@@ -18,8 +18,8 @@ use prometheus::{
 };
 
 use families::{
-    LimiterFamilies, LlmFamilies, QueueFamilies, SessionFamilies, StoreFamilies, TenantFamilies,
-    RetentionFamilies, ToolFamilies, WebhookFamilies,
+    LimiterFamilies, LlmFamilies, QueueFamilies, RetentionFamilies, SessionFamilies, StoreFamilies,
+    TenantFamilies, ToolFamilies, WebhookFamilies,
 };
 
 mod families;

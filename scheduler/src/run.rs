@@ -9,12 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::{Queue, Store};
 
+use crate::retention::Retention;
 use crate::routes::{metrics_router, router};
 use crate::serve::serve;
 use crate::settings::SchedulerSettings;
 use crate::state::Scheduler;
 use crate::webhooks::{Deliverer, SystemClock};
-use crate::retention::Retention;
 use crate::{sweeper, workspace_gc};
 
 #[derive(Debug, thiserror::Error)]

@@ -54,7 +54,12 @@ async fn dry_run_then_pass(env: &[(&str, &str)], store: &dyn Store, id: &str) {
     // Today nothing is due.
     let out = retention(&with_days, &["--dry-run"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout).lines().count(), 1, "{}", text(&out.stdout));
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
     // Forty days on, the tree would go: listed, not deleted.
     let out = retention(&with_days, &["--dry-run", "--at", &later]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -69,7 +74,10 @@ async fn dry_run_then_pass(env: &[(&str, &str)], store: &dyn Store, id: &str) {
     let out = retention(&with_days, &["--at", &later]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!((&report["trees"], &report["sessions"]), (&1.into(), &1.into()));
+    assert_eq!(
+        (&report["trees"], &report["sessions"]),
+        (&1.into(), &1.into())
+    );
     assert!(store.get(id).await.unwrap().is_none());
     // 0 days is a configuration error naming the key and its variable.
     let mut zero = env.to_vec();

@@ -90,12 +90,14 @@ impl Exporter {
             first.to_ascii_lowercase()
         );
         match self {
-            Exporter::Dir(dir) => write_durably(dir, &name, &body).await.map_err(|source| {
-                RetentionError::Export {
-                    path: dir.join(&name).display().to_string(),
-                    source,
-                }
-            })?,
+            Exporter::Dir(dir) => {
+                write_durably(dir, &name, &body)
+                    .await
+                    .map_err(|source| RetentionError::Export {
+                        path: dir.join(&name).display().to_string(),
+                        source,
+                    })?
+            }
             Exporter::S3(o) => o.put_export(&name, body).await?,
         }
         Ok(sessions)

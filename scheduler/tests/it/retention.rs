@@ -93,11 +93,7 @@ fn costs_of(tenant: &str) -> CostFilter {
     }
 }
 
-fn retention(
-    store: Arc<dyn Store>,
-    cfg: RetentionSection,
-    metrics: &'static Metrics,
-) -> Retention {
+fn retention(store: Arc<dyn Store>, cfg: RetentionSection, metrics: &'static Metrics) -> Retention {
     let workspace = WorkspaceSection {
         blob_grace_secs: 0,
         ..WorkspaceSection::default()
@@ -174,7 +170,11 @@ async fn beside_a_live_batch(store: Arc<dyn Store>, queue: Arc<dyn Queue>) {
             let store = store.clone();
             let id = id.clone();
             async move {
-                let row = store.get(&id).await.unwrap().expect("a live session was deleted");
+                let row = store
+                    .get(&id)
+                    .await
+                    .unwrap()
+                    .expect("a live session was deleted");
                 (row.status == SessionStatus::Completed).then_some(row)
             }
         })
@@ -203,10 +203,22 @@ async fn beside_a_live_batch(store: Arc<dyn Store>, queue: Arc<dyn Queue>) {
     assert_eq!(lines[0]["session"]["result"], json!("old answer"));
     assert!(lines[0]["transcript"].as_array().unwrap().len() >= 2);
     assert_eq!(lines[1]["session"]["id"], json!(old_child));
-    assert_eq!(metrics.retention_trees.with_label_values(&["none"]).get(), 1);
-    assert_eq!(metrics.retention_sessions.with_label_values(&["none"]).get(), 2);
+    assert_eq!(
+        metrics.retention_trees.with_label_values(&["none"]).get(),
+        1
+    );
+    assert_eq!(
+        metrics
+            .retention_sessions
+            .with_label_values(&["none"])
+            .get(),
+        2
+    );
     assert!(metrics.retention_messages.get() >= 2);
-    assert_eq!(metrics.retention_blob_bytes.get(), "notes of archive".len() as u64);
+    assert_eq!(
+        metrics.retention_blob_bytes.get(),
+        "notes of archive".len() as u64
+    );
 
     // Every item of the batch is there with its answer, the parked one still queued.
     for id in running {
@@ -239,7 +251,9 @@ async fn postgres_beside_a_live_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_beside_a_live_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("agentq.db")).await.unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     let queue = agentq_core::mem_queue::MemQueue::new();
     beside_a_live_batch(Arc::new(store), Arc::new(queue)).await;
@@ -264,7 +278,10 @@ async fn a_kept_result_still_answers() {
     let r = retention(store.clone(), cfg, metrics);
     let plan = r.plan().await.unwrap();
     assert_eq!(plan.len(), 1);
-    assert_eq!((plan[0].trees, plan[0].sessions, plan[0].keep), (1, 2, "result"));
+    assert_eq!(
+        (plan[0].trees, plan[0].sessions, plan[0].keep),
+        (1, 2, "result")
+    );
     assert_eq!(store.messages(&old).await.unwrap().len(), 2);
     let report = r.pass(&CancellationToken::new()).await.unwrap();
     assert_eq!((report.trees, report.sessions, report.pruned), (1, 0, 2));
@@ -310,7 +327,9 @@ async fn a_kept_result_still_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_stops_when_told() {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(&dir.path().join("agentq.db")).await.unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
     let cfg = RetentionSection {

@@ -139,7 +139,10 @@ impl S3Blobs {
                 .bytes()
                 .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'))
         {
-            return Err(Error::invalid("export", format!("{name:?} is not an export name")));
+            return Err(Error::invalid(
+                "export",
+                format!("{name:?} is not an export name"),
+            ));
         }
         self.put_object(&format!("{}retention/{name}", self.prefix), data)
             .await

@@ -71,12 +71,12 @@ impl RetentionStore for PgStore {
     }
 
     async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id",
+        Ok(
+            sqlx::query_scalar("SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id")
+                .bind(root_id)
+                .fetch_all(&self.pool)
+                .await?,
         )
-        .bind(root_id)
-        .fetch_all(&self.pool)
-        .await?)
     }
 
     async fn retire_trees(
@@ -90,11 +90,16 @@ impl RetentionStore for PgStore {
         }
         let limit = u32::try_from(roots.len()).unwrap_or(u32::MAX);
         let mut tx = self.pool.begin().await?;
-        let due: Vec<CandidateRow> =
-            candidates::<Postgres>(rule, rule.cutoff(now), Some(roots), limit, Dialect::Postgres)
-                .build_query_as()
-                .fetch_all(&mut *tx)
-                .await?;
+        let due: Vec<CandidateRow> = candidates::<Postgres>(
+            rule,
+            rule.cutoff(now),
+            Some(roots),
+            limit,
+            Dialect::Postgres,
+        )
+        .build_query_as()
+        .fetch_all(&mut *tx)
+        .await?;
         let roots: Vec<String> = due.into_iter().map(|r| r.0).collect();
         if roots.is_empty() {
             tx.rollback().await?;
@@ -130,8 +135,14 @@ impl RetentionStore for PgStore {
                     .bind(&roots)
                     .fetch_all(&mut *tx)
                     .await?;
-                sqlx::query(RETIRE_USAGE).bind(&roots).execute(&mut *tx).await?;
-                sqlx::query(DELETE_SPECS).bind(&roots).execute(&mut *tx).await?;
+                sqlx::query(RETIRE_USAGE)
+                    .bind(&roots)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(DELETE_SPECS)
+                    .bind(&roots)
+                    .execute(&mut *tx)
+                    .await?;
                 out.sessions = sqlx::query(DELETE_SESSIONS)
                     .bind(&roots)
                     .execute(&mut *tx)

@@ -91,12 +91,12 @@ impl RetentionStore for SqliteStore {
     }
 
     async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>> {
-        Ok(sqlx::query_scalar(
-            "SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id",
+        Ok(
+            sqlx::query_scalar("SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id")
+                .bind(root_id)
+                .fetch_all(&self.readers)
+                .await?,
         )
-        .bind(root_id)
-        .fetch_all(&self.readers)
-        .await?)
     }
 
     async fn retire_trees(
@@ -152,8 +152,14 @@ impl RetentionStore for SqliteStore {
                     .bind(&ids)
                     .fetch_all(&mut *tx)
                     .await?;
-                sqlx::query(RETIRE_USAGE).bind(&ids).execute(&mut *tx).await?;
-                sqlx::query(DELETE_SPECS).bind(&ids).execute(&mut *tx).await?;
+                sqlx::query(RETIRE_USAGE)
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(DELETE_SPECS)
+                    .bind(&ids)
+                    .execute(&mut *tx)
+                    .await?;
                 out.sessions = sqlx::query(DELETE_SESSIONS)
                     .bind(&ids)
                     .execute(&mut *tx)

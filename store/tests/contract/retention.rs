@@ -130,7 +130,12 @@ async fn contract_old_finished_trees_go_with_what_they_own(store: &dyn Backend) 
         .id;
     let _running = acquire(store, &c, "w2", TTL).await;
     // D: its root finished, its sub-agent not.
-    let d = store.create_session(&NewSession::root(SessionSpec::new("d"), "default")).await.unwrap().0.id;
+    let d = store
+        .create_session(&NewSession::root(SessionSpec::new("d"), "default"))
+        .await
+        .unwrap()
+        .0
+        .id;
     let _d_child = child_of(store, &d, "default").await;
     run_to_end(store, &d, "d done").await;
     // E: finished, in a batch whose other item still waits.
@@ -148,14 +153,24 @@ async fn contract_old_finished_trees_go_with_what_they_own(store: &dyn Backend) 
     assert!(roots(store, &rule, ahead(29)).await.is_empty());
     // Forty days on: only A (C runs, D's sub-agent and E's batch are not finished).
     assert_eq!(roots(store, &rule, ahead(40)).await, sorted([a.as_str()]));
-    let found = store.retention_candidates(&rule, ahead(40), 10).await.unwrap();
+    let found = store
+        .retention_candidates(&rule, ahead(40), 10)
+        .await
+        .unwrap();
     assert_eq!(found[0].sessions, 2);
-    assert_eq!((found[0].tenant.as_str(), found[0].queue.as_str()), ("default", "default"));
+    assert_eq!(
+        (found[0].tenant.as_str(), found[0].queue.as_str()),
+        ("default", "default")
+    );
 
     let costs = store.costs(&all_costs()).await.unwrap();
     let before = (store.rows("sessions").await, store.rows("messages").await);
     let retired = store
-        .retire_trees(&rule, ahead(40), &[a.clone(), c.clone(), d.clone(), e.clone()])
+        .retire_trees(
+            &rule,
+            ahead(40),
+            &[a.clone(), c.clone(), d.clone(), e.clone()],
+        )
         .await
         .unwrap();
     // Only what is due is taken, whatever the caller asked for.
@@ -213,7 +228,10 @@ async fn contract_keep_result_keeps_rows_and_answers(store: &dyn Backend) {
     let transcript = store.messages(&a).await.unwrap().len();
     assert!(transcript > 2);
     let rule = global(30, Keep::Result);
-    let retired = store.retire_trees(&rule, ahead(40), &[a.clone()]).await.unwrap();
+    let retired = store
+        .retire_trees(&rule, ahead(40), std::slice::from_ref(&a))
+        .await
+        .unwrap();
     assert_eq!((retired.sessions, retired.pruned), (0, 1));
     let row = store.get(&a).await.unwrap().unwrap();
     assert_eq!(row.result.as_deref(), Some("the answer"));
@@ -275,7 +293,11 @@ async fn contract_rules_by_tenant_and_queue(store: &dyn Backend) {
     assert_eq!(due(2).await, sorted([globex_scratch.as_str()]));
     assert_eq!(
         due(8).await,
-        sorted([acme.as_str(), acme_scratch.as_str(), globex_scratch.as_str()])
+        sorted([
+            acme.as_str(),
+            acme_scratch.as_str(),
+            globex_scratch.as_str()
+        ])
     );
     assert_eq!(
         due(31).await,

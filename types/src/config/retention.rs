@@ -72,9 +72,7 @@ impl RetentionSection {
         }
         match e.strip_prefix("dir:") {
             Some(p) if !p.trim().is_empty() => Ok(Some(ExportTarget::Dir(p.into()))),
-            _ => Err(format!(
-                "must be `dir:/path` or `s3`, not {e:?}"
-            )),
+            _ => Err(format!("must be `dir:/path` or `s3`, not {e:?}")),
         }
     }
 

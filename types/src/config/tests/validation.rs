@@ -358,7 +358,9 @@ fn retention_validation_names_the_setting() {
         ("retention.export", |s| {
             s.retention.export = Some("/tmp/x".into())
         }),
-        ("retention.export", |s| s.retention.export = Some("s3".into())),
+        ("retention.export", |s| {
+            s.retention.export = Some("s3".into())
+        }),
         ("retention.batch", |s| s.retention.batch = 0),
         ("retention.interval_secs", |s| s.retention.interval_secs = 0),
     ]);

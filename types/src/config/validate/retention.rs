@@ -17,7 +17,10 @@ pub(super) fn retention(r: &RetentionSection, w: &WorkspaceSection) -> Result<()
         for (name, o) in map {
             let key = format!("retention.{kind}.{name}.days");
             if name.trim().is_empty() {
-                return Err(invalid(&format!("retention.{kind}"), "names must not be empty"));
+                return Err(invalid(
+                    &format!("retention.{kind}"),
+                    "names must not be empty",
+                ));
             }
             if let Some(d) = o.days {
                 range(&key, d, 1, MAX_DAYS)?;
