@@ -28,6 +28,7 @@ contract_tests!(
     contract_old_finished_trees_go_with_what_they_own,
     contract_keep_result_keeps_rows_and_answers,
     contract_rules_by_tenant_and_queue,
+    contract_a_workspace_fork_keeps_its_files,
 );
 
 fn ahead(days: i64) -> DateTime<Utc> {
@@ -311,4 +312,32 @@ async fn contract_rules_by_tenant_and_queue(store: &dyn Backend) {
     // acme's rule keeps results.
     assert_eq!(rules[0].keep, Keep::Result);
     assert_eq!(rules[0].scope.tenant.as_deref(), Some("acme"));
+}
+
+/// A session started from an old tree's workspace holds a copy of its manifest: the old
+/// tree goes, the fork's files (their contents shared) stay readable, before and after the
+/// collector runs.
+async fn contract_a_workspace_fork_keeps_its_files(store: &dyn Backend) {
+    let data = b"the source's file";
+    let source = store
+        .create_session(&with_files("src", "default", vec![input("f.txt", data)]))
+        .await
+        .unwrap()
+        .0
+        .id;
+    run_to_end(store, &source, "done").await;
+    let mut fork = NewSession::root(SessionSpec::new("fork"), "default");
+    fork.workspace_from = Some(source.clone());
+    let fork = store.create_session(&fork).await.unwrap().0.id;
+    let rule = global(30, Keep::None);
+    let retired = store
+        .retire_trees(&rule, ahead(40), std::slice::from_ref(&source))
+        .await
+        .unwrap();
+    assert_eq!(retired.roots, vec![source.clone()]);
+    // The content is the fork's too: nothing was released.
+    assert_eq!(retired.blob_bytes, 0);
+    assert!(store.get(&source).await.unwrap().is_none());
+    store.collect_blobs(Duration::ZERO, 100).await.unwrap();
+    assert_eq!(bytes(store, &fork, "f.txt").await.unwrap(), data.to_vec());
 }
