@@ -102,6 +102,13 @@ impl Retention {
         })
     }
 
+    /// Export to `objects` (the bucket `export = "s3"` builds from `[workspace.s3]` and
+    /// the credentials' variables, given here by a caller that holds it already).
+    pub fn with_export_to(mut self, objects: Arc<agentq_core::blob::s3::S3Blobs>) -> Self {
+        self.exporter = Some(Exporter::S3(objects));
+        self
+    }
+
     /// Whether any rule takes trees (none: the task need not run).
     pub fn enabled(&self) -> bool {
         !self.rules.is_empty()

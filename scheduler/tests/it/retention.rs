@@ -4,7 +4,8 @@
 //! the scripted model and none of its sessions is touched until the whole batch has
 //! finished; what the tenant spent is unchanged; the metrics count what went. With
 //! `keep = "result"`, `GET /v1/sessions/{id}` still answers with the final answer and no
-//! transcript. The task stops when told.
+//! transcript. Exported to the object store, a batch is an object of the bucket and the
+//! tree's contents leave the bucket. The task stops when told.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -345,4 +346,69 @@ async fn the_task_stops_when_told() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// `export = "s3"`: each batch is an object under `retention/` in the workspace's bucket
+/// before the delete commits, and the tree's contents are deleted from the bucket too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exported_to_the_object_store() {
+    let moto = agentq_testkit::MotoServer::start()
+        .expect("moto_server (pip install 'moto[server]'; scripts/test installs it)");
+    let s3 = agentq_core::config::S3Section {
+        bucket: format!("agentq-retention-{}", std::process::id()),
+        endpoint: moto.endpoint(),
+        prefix: "agentq/".into(),
+        ..Default::default()
+    };
+    let objects =
+        Arc::new(agentq_core::blob::s3::S3Blobs::new(&s3, "test".into(), "test".into()).unwrap());
+    objects.create_bucket().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&dir.path().join("agentq.db"))
+        .await
+        .unwrap()
+        .with_objects(objects.clone());
+    store.migrate().await.unwrap();
+    let store: Arc<dyn Store> = Arc::new(store);
+    let (old, _) = old_tree(store.as_ref(), "acme").await;
+    let content = agentq_core::workspace::sha256_hex(b"notes of acme");
+    assert!(objects.exists(&content).await.unwrap());
+    let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+    let cfg = RetentionSection {
+        days: Some(30),
+        ..RetentionSection::default()
+    };
+    let r = retention(store.clone(), cfg, metrics).with_export_to(objects.clone());
+    let report = r.pass(&CancellationToken::new()).await.unwrap();
+    assert_eq!(
+        (report.trees, report.exported, report.blobs_collected),
+        (1, 2, 1)
+    );
+    assert!(store.get(&old).await.unwrap().is_none());
+    assert!(!objects.exists(&content).await.unwrap());
+    // The export, listed and read back from the bucket.
+    let list = reqwest::get(format!(
+        "{}/{}?list-type=2&prefix=agentq/retention/",
+        s3.endpoint, s3.bucket
+    ))
+    .await
+    .unwrap()
+    .text()
+    .await
+    .unwrap();
+    let key = list
+        .split("<Key>")
+        .nth(1)
+        .and_then(|k| k.split("</Key>").next())
+        .unwrap_or_else(|| panic!("no export in {list}"));
+    assert!(key.ends_with(".jsonl"), "{key}");
+    // Its bytes (the lines the directory case reads back) were stored whole.
+    let size: u64 = list
+        .split("<Size>")
+        .nth(1)
+        .and_then(|n| n.split("</Size>").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no size in {list}"));
+    assert!(size > 100, "{list}");
+    assert!(key.contains(&old.to_ascii_lowercase()), "{key}");
 }
