@@ -13,17 +13,19 @@ use super::statements::Dialect;
 /// The statuses of a finished session.
 const FINISHED: &str = "('completed', 'failed', 'cancelled')";
 
-/// RETENTION_STILL_REFERENCED: the references that keep a tree whose every session
-/// finished before the cutoff, `s` being its root. Both dialects run this text; every
-/// "still referenced" rule is one predicate here and nowhere else:
+/// The references that keep a tree whose every session finished before the cutoff, `s`
+/// being its root. Both dialects run this text; every "still referenced" rule is one
+/// predicate here and nowhere else:
 /// - a batch not yet finished holds a session of the tree (its other items are
 ///   running: the batch is reported whole when it completes);
-/// - (a session fork of one of its sessions joins here.)
+/// - a session fork of one of its sessions (`sessions.forked_from`) joins here, as
+///   `AND NOT EXISTS (SELECT 1 FROM sessions f WHERE f.forked_from IN
+///   (SELECT t.id FROM sessions t WHERE t.root_id = s.id) AND f.root_id <> s.id)`.
 ///
 /// A workspace fork (`workspace_from`) copies the tree's manifest when it is created, so
 /// it never needs the tree afterwards; the contents both hold stay, because a blob is
 /// collected only once no workspace references it.
-pub(crate) const STILL_REFERENCED: &str = " AND NOT EXISTS (SELECT 1 FROM sessions c \
+pub(crate) const RETENTION_STILL_REFERENCED: &str = " AND NOT EXISTS (SELECT 1 FROM sessions c \
        JOIN sessions m ON m.batch_id = c.batch_id \
        WHERE c.root_id = s.id AND c.batch_id IS NOT NULL \
          AND m.status NOT IN ('completed', 'failed', 'cancelled'))";
@@ -110,7 +112,7 @@ where
     ));
     push_time(&mut qb, cutoff, dialect);
     qb.push("))");
-    qb.push(STILL_REFERENCED);
+    qb.push(RETENTION_STILL_REFERENCED);
     qb.push(" ORDER BY s.finished_at LIMIT ")
         .push_bind(i64::from(limit));
     if only.is_some() && dialect == Dialect::Postgres {
