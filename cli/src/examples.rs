@@ -33,6 +33,11 @@ pub const KEYS: &str = "Examples:
   agentq keys list
   agentq keys revoke KEY_ID";
 
+pub const RETENTION: &str = "Examples:
+  AGENTQ_RETENTION_DAYS=90 agentq retention --dry-run   # what would go, per tenant and queue
+  agentq retention --dry-run --at 2027-03-01T00:00:00Z  # what would go on that date
+  agentq retention                              # one pass now (the scheduler runs them too)";
+
 pub const STATUS: &str = "Examples:
   agentq status ID                              # the session as JSON; held calls on stderr
   agentq status ID | jq -r .result";

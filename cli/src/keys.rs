@@ -63,9 +63,18 @@ pub struct CreateArgs {
 /// The store the keys live in (see the module docs).
 async fn open_store(config: Option<&std::path::Path>) -> anyhow::Result<Arc<dyn Store>> {
     let cfg = Settings::resolve(config, |k| std::env::var(k).ok(), |_| {})?;
+    open_configured(&cfg, None).await
+}
+
+/// The configured store (see the module docs), its blobs' bytes in `objects` when given
+/// (`[workspace] blob_store = "s3"`: what deletes a content must delete its object too).
+pub(crate) async fn open_configured(
+    cfg: &Settings,
+    objects: Option<Arc<agentq_core::blob::s3::S3Blobs>>,
+) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match cfg.database_url.as_deref() {
         Some(url) => {
-            let store = PgStore::connect(url, 2)
+            let mut store = PgStore::connect(url, 2)
                 .await
                 .map_err(|e| crate::stack::connect_error(e, "Postgres", url))?;
             match store.check_schema().await {
@@ -73,17 +82,23 @@ async fn open_store(config: Option<&std::path::Path>) -> anyhow::Result<Arc<dyn 
                 Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
                 Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
             }
+            if let Some(o) = objects {
+                store = store.with_objects(o);
+            }
             Arc::new(store)
         }
         None => {
             let path = &cfg.sqlite_path;
-            let store = SqliteStore::open(path)
+            let mut store = SqliteStore::open(path)
                 .await
                 .with_context(|| format!("cannot open the database {}", path.display()))?;
             store
                 .migrate()
                 .await
                 .with_context(|| format!("cannot migrate the database {}", path.display()))?;
+            if let Some(o) = objects {
+                store = store.with_objects(o);
+            }
             Arc::new(store)
         }
     };

@@ -17,6 +17,7 @@ mod keys;
 mod otlp;
 mod process;
 mod progress;
+mod retention;
 mod retry;
 mod run;
 mod scheduler;
@@ -58,6 +59,10 @@ enum Command {
     /// Create or upgrade the Postgres schema.
     #[command(after_help = examples::MIGRATE)]
     Migrate(scheduler::MigrateArgs),
+    /// Delete finished session trees older than `[retention] days` (one pass), or say
+    /// what would go (`--dry-run`).
+    #[command(after_help = examples::RETENTION)]
+    Retention(retention::RetentionArgs),
     /// Create, list or revoke API keys in the configured store.
     #[command(after_help = examples::KEYS)]
     Keys(keys::KeysArgs),
@@ -161,6 +166,7 @@ fn main() -> ExitCode {
             Command::Scheduler(args) => scheduler::scheduler(args).await,
             Command::Migrate(args) => scheduler::migrate(args).await,
             Command::Keys(args) => keys::keys(args).await,
+            Command::Retention(args) => retention::retention(args).await,
             Command::Submit(args) => client::submit(args).await,
             Command::Batch(args) => client::batch(args).await,
             Command::Status(args) => client::status(args).await,

@@ -60,6 +60,12 @@ pub mod webhook {
     pub use agentq_types::webhook::*;
 }
 
+/// Retention: the rules and answers (`agentq-types`) and the store trait.
+pub mod retention {
+    pub use agentq_store::RetentionStore;
+    pub use agentq_types::retention::*;
+}
+
 /// The embedded store (`agentq-store`), and the recovery an embedded process runs at
 /// start, which needs the queue too ([`lifecycle::requeue_runnable`]).
 pub mod sqlite {
@@ -75,7 +81,7 @@ pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
     BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, ReportStore,
-    RetryResult, SessionStore, Store, SweepStore, WebhookStore,
+    RetentionStore, RetryResult, SessionStore, Store, SweepStore, WebhookStore,
 };
 pub use wait::WaitReason;
 pub use workspace::WorkspaceStore;

@@ -18,8 +18,8 @@ use prometheus::{
 };
 
 use families::{
-    LimiterFamilies, LlmFamilies, QueueFamilies, SessionFamilies, StoreFamilies, TenantFamilies,
-    ToolFamilies, WebhookFamilies,
+    LimiterFamilies, LlmFamilies, QueueFamilies, RetentionFamilies, SessionFamilies, StoreFamilies,
+    TenantFamilies, ToolFamilies, WebhookFamilies,
 };
 
 mod families;
@@ -72,6 +72,10 @@ pub struct Metrics {
     pub tenant_cost_usd: prometheus::CounterVec,
     pub webhook_attempts: IntCounterVec,
     pub webhook_endpoints_disabled: IntCounter,
+    pub retention_trees: IntCounterVec,
+    pub retention_sessions: IntCounterVec,
+    pub retention_messages: IntCounter,
+    pub retention_blob_bytes: IntCounter,
     /// The models that are their own `model` label value (see the module docs).
     models: RwLock<HashSet<String>>,
     /// The tenants that are their own `tenant` label value: the configured ones (a
@@ -99,6 +103,7 @@ impl Metrics {
         let queues = QueueFamilies::register(&r);
         let tenants = TenantFamilies::register(&r);
         let webhooks = WebhookFamilies::register(&r);
+        let retention = RetentionFamilies::register(&r);
         Metrics {
             build_info: families::build_info(&r),
             registry: r,
@@ -141,6 +146,10 @@ impl Metrics {
             tenant_cost_usd: tenants.tenant_cost_usd,
             webhook_attempts: webhooks.webhook_attempts,
             webhook_endpoints_disabled: webhooks.webhook_endpoints_disabled,
+            retention_trees: retention.retention_trees,
+            retention_sessions: retention.retention_sessions,
+            retention_messages: retention.retention_messages,
+            retention_blob_bytes: retention.retention_blob_bytes,
             models: RwLock::default(),
             tenants: RwLock::default(),
             mcp_servers: RwLock::default(),

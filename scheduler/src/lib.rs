@@ -20,6 +20,7 @@ mod inputs;
 pub mod metrics;
 mod queues;
 pub mod request;
+pub mod retention;
 mod routes;
 mod run;
 pub mod serve;

@@ -1,6 +1,6 @@
 //! The scheduler as a process: the configured queues' consumer groups, the API and
-//! `/metrics` listeners, the sweeper, the workspace collector, the dispatcher and the
-//! webhook delivery loop, until shutdown.
+//! `/metrics` listeners, the sweeper, the workspace collector, retention, the dispatcher
+//! and the webhook delivery loop, until shutdown.
 
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::{Queue, Store};
 
+use crate::retention::Retention;
 use crate::routes::{metrics_router, router};
 use crate::serve::serve;
 use crate::settings::SchedulerSettings;
@@ -49,6 +50,20 @@ pub async fn run(
         cfg.workspace.clone(),
         stop_sweeper.clone(),
     ));
+    let retention = match Retention::new(
+        store.clone(),
+        cfg.retention.clone(),
+        cfg.workspace.clone(),
+        Arc::new(SystemClock),
+        agentq_core::metrics::global(),
+    ) {
+        Ok(r) if r.enabled() => Some(tokio::spawn(r.run(stop_sweeper.clone()))),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "retention cannot start; finished trees are kept");
+            None
+        }
+    };
     let deliverer = tokio::spawn(
         Deliverer::new(store.clone(), cfg.webhooks.clone(), Arc::new(SystemClock))
             .run(stop_sweeper.clone()),
@@ -96,6 +111,11 @@ pub async fn run(
     }
     if let Err(e) = deliverer.await {
         tracing::error!(error = %e, "webhook delivery task failed");
+    }
+    if let Some(r) = retention
+        && let Err(e) = r.await
+    {
+        tracing::error!(error = %e, "retention task failed");
     }
     if let Err(e) = workspace_gc.await {
         tracing::error!(error = %e, "workspace collector task failed");

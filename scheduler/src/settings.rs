@@ -42,6 +42,8 @@ pub struct SchedulerSettings {
     pub batch_decode_bytes: usize,
     /// Retention of durable workspaces (`[workspace]`).
     pub workspace: agentq_core::config::WorkspaceSection,
+    /// Retention of finished session trees (`[retention]`).
+    pub retention: agentq_core::config::RetentionSection,
     /// How the dispatcher shares the queues (`[scheduling]`).
     pub scheduling: SchedulingSection,
     /// Prices per model (`[[prices]]`): the cost fields of the API.
@@ -76,6 +78,7 @@ impl SchedulerSettings {
             },
             scheduling: s.scheduling.clone(),
             workspace: s.workspace.clone(),
+            retention: s.retention.clone(),
             webhooks: WebhookSettings::from_section(&s.webhooks)?,
             ..(&s.scheduler).into()
         })
@@ -102,6 +105,7 @@ impl From<&SchedulerSection> for SchedulerSettings {
             policy: Arc::new(Policy::default()),
             limits: LimitsAdmin::default(),
             workspace: agentq_core::config::WorkspaceSection::default(),
+            retention: agentq_core::config::RetentionSection::default(),
             auth: AuthSettings {
                 cache_ttl: Duration::from_secs(c.key_cache_secs),
                 ..AuthSettings::default()

@@ -35,6 +35,7 @@ mod leases;
 mod params;
 mod queues;
 mod report;
+mod retention;
 mod sessions;
 mod sweep;
 mod webhooks;

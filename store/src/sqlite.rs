@@ -71,6 +71,7 @@ mod keys;
 mod leases;
 mod queues;
 mod report;
+mod retention;
 mod sessions;
 mod sweep;
 mod tx;

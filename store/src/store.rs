@@ -34,6 +34,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
+use crate::retention::{RetentionCandidate, RetentionRule, Retired};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
 use crate::webhook::{
@@ -66,6 +67,7 @@ pub trait Store:
     + BatchStore
     + WebhookStore
     + ReportStore
+    + RetentionStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;
@@ -83,6 +85,39 @@ pub trait ReportStore: Send + Sync {
 
     /// The owners of running sessions' leases (at most `limit`, by name).
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerLeases>>;
+}
+
+/// Retention: the finished trees a rule takes, and their deletion. Every "now" is passed
+/// in (the scheduler's clock), so a test moves time by passing a later one.
+#[async_trait]
+pub trait RetentionStore: Send + Sync {
+    /// The roots of trees `rule` takes at `now`: every session of the tree finished more
+    /// than `rule.days` before `now`, and nothing still references it (a batch not yet
+    /// finished); with `Keep::Result`, only trees not pruned already. Oldest finish
+    /// first, at most `limit`. Reads only.
+    async fn retention_candidates(
+        &self,
+        rule: &RetentionRule,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<RetentionCandidate>>;
+
+    /// The ids of a tree's sessions, root first.
+    async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>>;
+
+    /// Take the trees of `roots` that `rule` still takes at `now` (checked again in the
+    /// deletion's transaction; those a writer holds are skipped), in one transaction:
+    /// their transcripts, inboxes, approvals and workspace manifests are deleted; with
+    /// `Keep::None` their session rows and specs too (their usage moved to the ledger
+    /// `GET /v1/admin/costs` reads, and a batch left without sessions deleted), with
+    /// `Keep::Result` the rows are kept and marked pruned. Contents no workspace holds
+    /// any more are left for [`SweepStore::collect_blobs`].
+    async fn retire_trees(
+        &self,
+        rule: &RetentionRule,
+        now: DateTime<Utc>,
+        roots: &[String],
+    ) -> Result<Retired>;
 }
 
 /// Sessions as the API and the CLI see them: create, read, list, cancel, fail.

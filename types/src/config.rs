@@ -29,6 +29,7 @@ mod mcp;
 mod policy;
 mod providers;
 mod registry;
+mod retention;
 mod scheduler;
 mod section;
 mod settings;
@@ -52,6 +53,7 @@ pub use mcp::{
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
 pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};
 pub use registry::{SETTINGS, Setting, describe};
+pub use retention::{ExportTarget, RetentionOverride, RetentionSection};
 pub use scheduler::{SchedulerSection, SchedulingSection, TenantScheduling};
 pub use settings::{
     DEFAULT_API_ADDR, DEFAULT_API_URL, DEFAULT_FILE, DEFAULT_METRICS_ADDR, DEFAULT_SQLITE_PATH,

@@ -25,6 +25,7 @@ mod keys_cli;
 mod openapi;
 mod process_lines;
 mod provider_keys;
+mod retention_cli;
 mod run_cli;
 mod shell_parent_env;
 mod tools_cli;

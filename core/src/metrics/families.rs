@@ -367,6 +367,45 @@ impl WebhookFamilies {
     }
 }
 
+/// Retention (the scheduler's pass over finished trees).
+pub(super) struct RetentionFamilies {
+    pub retention_trees: IntCounterVec,
+    pub retention_sessions: IntCounterVec,
+    pub retention_messages: IntCounter,
+    pub retention_blob_bytes: IntCounter,
+}
+
+impl RetentionFamilies {
+    pub(super) fn register(r: &Registry) -> Self {
+        RetentionFamilies {
+            retention_trees: counter_vec(
+                r,
+                "agentq_retention_trees_total",
+                "Finished session trees retention took, by what it kept of them (none: deleted; \
+                 result: rows and answers kept, transcripts dropped).",
+                &["keep"],
+            ),
+            retention_sessions: counter_vec(
+                r,
+                "agentq_retention_sessions_total",
+                "Sessions retention took, by what it kept of them.",
+                &["keep"],
+            ),
+            retention_messages: counter(
+                r,
+                "agentq_retention_messages_deleted_total",
+                "Transcript messages retention deleted.",
+            ),
+            retention_blob_bytes: counter(
+                r,
+                "agentq_retention_blob_bytes_released_total",
+                "Bytes of workspace contents that only the trees retention took held (then \
+                 deleted by the workspace collector).",
+            ),
+        }
+    }
+}
+
 /// What tenants spent, in tokens and dollars.
 pub(super) struct TenantFamilies {
     pub tenant_tokens: IntCounterVec,

@@ -25,6 +25,7 @@ mod openapi;
 mod policy;
 mod reports;
 mod request_prop;
+mod retention;
 mod waits;
 mod webhooks;
 mod workspace_gc;

@@ -130,13 +130,35 @@ impl S3Blobs {
         Ok(format!("{}{key}", self.prefix))
     }
 
+    /// Store `data` as the retention export `name` (`retention/<name>` under the prefix):
+    /// the one object of the bucket not named by a hash, its name made only of
+    /// `[a-z0-9._-]` by the caller's own choosing, never from input.
+    pub async fn put_export(&self, name: &str, data: Vec<u8>) -> Result<()> {
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|c| matches!(c, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'))
+        {
+            return Err(Error::invalid(
+                "export",
+                format!("{name:?} is not an export name"),
+            ));
+        }
+        self.put_object(&format!("{}retention/{name}", self.prefix), data)
+            .await
+    }
+
     /// Store `data` as the object of `key` (its SHA-256, checked by the caller). An
     /// object of that key holds the same bytes already, so writing it again is harmless.
     pub async fn put(&self, key: &str, data: Vec<u8>) -> Result<()> {
         let object = self.object(key)?;
+        self.put_object(&object, data).await
+    }
+
+    async fn put_object(&self, object: &str, data: Vec<u8>) -> Result<()> {
         let url = self
             .bucket
-            .put_object(Some(&self.credentials), &object)
+            .put_object(Some(&self.credentials), object)
             .sign(SIGN_FOR);
         let what = format!("PUT {object}");
         let resp = self

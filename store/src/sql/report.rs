@@ -68,23 +68,52 @@ where
     let (model, day, sum) = match dialect {
         Dialect::Postgres => (
             "COALESCE(s.model_used, p.spec->>'model')",
-            "to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+            "to_char(u.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
             "::bigint",
         ),
         Dialect::Sqlite => (
             "COALESCE(s.model_used, json_extract(p.spec, '$.model'))",
-            "strftime('%Y-%m-%d', s.created_at / 1000000, 'unixepoch')",
+            "strftime('%Y-%m-%d', u.created_at / 1000000, 'unixepoch')",
             "",
         ),
     };
+    // The live sessions' usage and that of the sessions retention deleted (each one row
+    // of `retired_usage`), each branch held to the filter where its index is.
     let mut qb = QueryBuilder::new(format!(
-        "SELECT s.tenant, {model}, {day}, count(*), sum(s.input_tokens){sum}, \
-         sum(s.output_tokens){sum}, sum(s.cache_read_tokens){sum}, \
-         sum(s.cache_write_tokens){sum}, sum(s.reasoning_tokens){sum}, \
-         sum(s.web_search_requests){sum} \
+        "SELECT u.tenant, u.model, {day}, count(*), sum(u.input_tokens){sum}, \
+         sum(u.output_tokens){sum}, sum(u.cache_read_tokens){sum}, \
+         sum(u.cache_write_tokens){sum}, sum(u.reasoning_tokens){sum}, \
+         sum(u.web_search_requests){sum} FROM (\
+         SELECT s.tenant, {model} AS model, s.created_at, s.input_tokens, s.output_tokens, \
+             s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens, \
+             s.web_search_requests \
          FROM sessions s JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
-         WHERE s.created_at >= "
+         WHERE "
     ));
+    push_cost_filter(&mut qb, filter, dialect);
+    qb.push(
+        " UNION ALL SELECT s.tenant, s.model, s.created_at, s.input_tokens, s.output_tokens, \
+             s.cache_read_tokens, s.cache_write_tokens, s.reasoning_tokens, \
+             s.web_search_requests FROM retired_usage s WHERE ",
+    );
+    push_cost_filter(&mut qb, filter, dialect);
+    qb.push(") u");
+    qb.push(" GROUP BY 1, 2, 3 ORDER BY 3 DESC, 1, 2 LIMIT ")
+        .push_bind(i64::from(filter.limit));
+    qb
+}
+
+/// `s`'s creation within the filter's range, and its tenant if it names one.
+fn push_cost_filter<'a, DB: Database>(
+    qb: &mut QueryBuilder<'a, DB>,
+    filter: &'a CostFilter,
+    dialect: Dialect,
+) where
+    &'a str: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+    DateTime<Utc>: Encode<'a, DB> + Type<DB>,
+{
+    qb.push("s.created_at >= ");
     match dialect {
         Dialect::Postgres => {
             qb.push_bind(filter.since)
@@ -100,9 +129,6 @@ where
     if let Some(tenant) = &filter.tenant {
         qb.push(" AND s.tenant = ").push_bind(tenant.as_str());
     }
-    qb.push(" GROUP BY 1, 2, 3 ORDER BY 3 DESC, 1, 2 LIMIT ")
-        .push_bind(i64::from(filter.limit));
-    qb
 }
 
 pub(crate) fn cost_rows(rows: Vec<CostRecord>) -> Vec<CostRow> {

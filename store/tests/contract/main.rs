@@ -22,6 +22,7 @@ mod budget;
 mod inbox;
 mod leases;
 mod reports;
+mod retention;
 mod sessions;
 mod sqlite_only;
 mod sweeping;

@@ -104,6 +104,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "inbox",
             "messages",
             "queues",
+            "retired_usage",
             "session_specs",
             "sessions",
             "tenant_budgets",

@@ -196,6 +196,13 @@ settings! {
     webhooks.max_endpoints;
     webhooks.retention_secs;
     webhooks.poll_interval_ms;
+    retention.days = "AGENTQ_RETENTION_DAYS" as some_parse;
+    retention.keep;
+    retention.export = "AGENTQ_RETENTION_EXPORT" as some_trimmed;
+    retention.batch;
+    retention.max_batches;
+    retention.pause_ms;
+    retention.interval_secs;
 }
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);
@@ -251,6 +258,13 @@ where
     v.trim()
         .parse()
         .map_err(|e| format!("`{v}` is not a valid value: {e}"))
+}
+
+fn some_parse<T: std::str::FromStr>(v: &str) -> Read<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    parse(v).map(Some)
 }
 
 /// A comma-separated list, blanks dropped.

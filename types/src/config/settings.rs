@@ -10,6 +10,7 @@ use super::limits::LimitSettings;
 use super::mcp::McpSection;
 use super::policy::{BudgetSettings, PolicySection};
 use super::providers::ProvidersSection;
+use super::retention::RetentionSection;
 use super::scheduler::{SchedulerSection, SchedulingSection};
 use super::section::section;
 use super::webhooks::WebhooksSection;
@@ -63,5 +64,7 @@ section! {
         pub mcp: McpSection = McpSection::default(),
         /// `[webhooks]`: the delivery of signed webhooks to tenants' endpoints.
         pub webhooks: WebhooksSection = WebhooksSection::default(),
+        /// `[retention]`: how long finished session trees are kept.
+        pub retention: RetentionSection = RetentionSection::default(),
     }
 }

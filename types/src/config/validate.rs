@@ -10,6 +10,7 @@ mod hooks;
 mod mcp;
 mod policy;
 mod process;
+mod retention;
 mod rules;
 mod webhooks;
 
@@ -33,6 +34,7 @@ impl Settings {
         endpoints::workspace(&self.workspace, &self.worker)?;
         endpoints::providers(&self.providers)?;
         webhooks::webhooks(&self.webhooks)?;
+        retention::retention(&self.retention, &self.workspace)?;
         policy::prices(&self.prices)?;
         policy::budgets(&self.budgets)?;
         for (key, addr) in [

@@ -347,3 +347,46 @@ fn provider_base_urls_are_checked_at_start() {
         .to_string();
     assert!(e.contains("providers.tenants.acme.openai_key_env"), "{e}");
 }
+
+/// `[retention]`: no retention of 0 days (nor of a century and more), per tenant and per
+/// queue too, and an export that names a target; the variable sets and names it.
+#[test]
+fn retention_validation_names_the_setting() {
+    assert_each_names_its_setting(&[
+        ("retention.days", |s| s.retention.days = Some(0)),
+        ("retention.days", |s| s.retention.days = Some(36_501)),
+        ("retention.export", |s| {
+            s.retention.export = Some("/tmp/x".into())
+        }),
+        ("retention.export", |s| {
+            s.retention.export = Some("s3".into())
+        }),
+        ("retention.batch", |s| s.retention.batch = 0),
+        ("retention.interval_secs", |s| s.retention.interval_secs = 0),
+    ]);
+    let e = Settings::from_toml("[retention.tenants.acme]\ndays = 0\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("retention.tenants.acme.days"), "{e}");
+    let e = Settings::from_toml("[retention.queues.q]\ndays = 0\n")
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("retention.queues.q.days"), "{e}");
+    let e = Settings::resolve(None, env_of(&[("AGENTQ_RETENTION_DAYS", "0")]), |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("retention.days") && e.contains("AGENTQ_RETENTION_DAYS"),
+        "{e}"
+    );
+    let s = Settings::resolve(None, env_of(&[("AGENTQ_RETENTION_DAYS", "30")]), |_| {}).unwrap();
+    assert_eq!(s.retention.days, Some(30));
+    assert_eq!(s.retention.rules().len(), 1);
+    assert!(Settings::default().retention.rules().is_empty());
+    let e = Settings::from_toml("[retention]\nkeep = \"transcript\"\n").unwrap_err();
+    assert!(e.to_string().contains("keep"), "{e}");
+}
