@@ -14,6 +14,7 @@ pub(crate) mod budget;
 pub(crate) mod dispatch;
 pub(crate) mod escape;
 pub(crate) mod files;
+pub(crate) mod fork;
 pub(crate) mod ledger;
 pub(crate) mod outcome;
 pub(crate) mod read;
