@@ -7,7 +7,7 @@ ALTER TABLE sessions ADD COLUMN fork_at INTEGER CHECK (fork_at >= 1);
 CREATE INDEX sessions_forked_from_idx ON sessions (forked_from) WHERE forked_from IS NOT NULL;
 
 CREATE TABLE workspace_versions (
-    ver       INTEGER PRIMARY KEY,
+    ver       INTEGER NOT NULL PRIMARY KEY,
     root_id   TEXT    NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
     path      TEXT    NOT NULL,
     sha256    TEXT,
