@@ -18,6 +18,7 @@ pub const PARTS: &[&str] = &[
     "isolation",
     "admission",
     "workspace",
+    "forks",
 ];
 
 #[derive(Args, Debug, Clone)]

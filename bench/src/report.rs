@@ -26,6 +26,8 @@ pub struct Outcomes {
 /// Every figure; `None` when its part did not run.
 #[derive(Debug, Default)]
 pub struct Results {
+    /// The forks part: one figure per prefix length.
+    pub forks: Vec<crate::forks::ForkFigure>,
     pub ceiling_connections: Option<u32>,
     pub ceiling_commits_per_s: Option<f64>,
     pub ceiling_redis_roundtrips_per_s: Option<f64>,
@@ -240,6 +242,9 @@ fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
         m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
         m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
     }
+    for (key, value) in crate::forks::to_json(r) {
+        m.insert(key, value);
+    }
     for (key, value) in mcp::to_json(r.mcp.as_ref()) {
         m.insert(key.into(), value);
     }
@@ -269,6 +274,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);
     workspace_rows(r, &mut rows);
+    crate::forks::rows(r, &mut rows);
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);

@@ -201,7 +201,7 @@ async def test_the_async_client_counts_costs_and_operations(spec):
 
 
 def _forks(spec) -> bool:
-    return has_path(spec, "/v1/sessions/{id}/fork")
+    return has_path(spec, "/v1/sessions/{id}/fork", "post")
 
 
 def test_a_session_is_forked_from_a_step(client: Client, spec):
