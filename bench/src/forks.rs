@@ -43,7 +43,9 @@ pub async fn forks(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let store = &env.store;
     let queue = format!("bench-{}-forks", env.run);
     for steps in PREFIXES {
-        crate::report::progress(&format!("forks: {FORKS} forks of a {steps}-iteration session"));
+        crate::report::progress(&format!(
+            "forks: {FORKS} forks of a {steps}-iteration session"
+        ));
         let origin = finished_session(store, &queue, steps).await?;
         let prefix_bytes: i64 = sqlx::query_scalar(
             "SELECT COALESCE(sum(pg_column_size(body)), 0)::bigint FROM messages \
@@ -102,13 +104,14 @@ async fn sizes(store: &PgStore) -> anyhow::Result<(i64, i64)> {
 /// size of a short real one), written as one checkpoint.
 async fn finished_session(store: &PgStore, queue: &str, steps: u32) -> anyhow::Result<String> {
     let spec = SessionSpec::new("Summarise the repository, file by file.");
-    let (row, _) = store
-        .create_session(&NewSession::root(spec, queue))
-        .await?;
+    let (row, _) = store.create_session(&NewSession::root(spec, queue)).await?;
     let claim = store
         .claim(&row.id, "bench-forks", Duration::from_secs(600), 10)
         .await?;
-    let Claim::Acquired { lease, mut state, .. } = claim else {
+    let Claim::Acquired {
+        lease, mut state, ..
+    } = claim
+    else {
         bail!("forks: cannot claim {}: {claim:?}", row.id);
     };
     for i in 0..steps {
@@ -164,7 +167,10 @@ pub(crate) fn to_json(r: &Results) -> Vec<(String, serde_json::Value)> {
         out.push((format!("fork_{s}_p50_ms"), json!(f.fork_p50_ms)));
         out.push((format!("fork_{s}_p99_ms"), json!(f.fork_p99_ms)));
         out.push((format!("fork_{s}_bytes"), json!(f.bytes_per_fork)));
-        out.push((format!("fork_{s}_message_rows"), json!(f.message_rows_per_fork)));
+        out.push((
+            format!("fork_{s}_message_rows"),
+            json!(f.message_rows_per_fork),
+        ));
     }
     out
 }

@@ -27,8 +27,8 @@ use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
 use crate::checkpoint::Checkpoint;
-use crate::fork::{ForkResult, NewFork};
 use crate::error::{Error, Result};
+use crate::fork::{ForkResult, NewFork};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus, Woken,

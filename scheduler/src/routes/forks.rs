@@ -12,12 +12,14 @@ use axum::response::Response;
 use serde_json::Value;
 
 use agentq_api::{ErrorBody, ForkRequest, ForkResponse};
-use agentq_core::fork::{ForkRefusal, ForkResult, NewFork};
 use agentq_core::SessionRow;
+use agentq_core::fork::{ForkRefusal, ForkResult, NewFork};
 
 use crate::actions::{enqueue, limits, new_session};
 use crate::error::ApiError;
-use crate::http::{ApiResult, Auth, JsonBody, check_id, decode_object, get_row, not_found, respond};
+use crate::http::{
+    ApiResult, Auth, JsonBody, check_id, decode_object, get_row, not_found, respond,
+};
 use crate::request::{check_policy, parse_session};
 use crate::state::Scheduler;
 

@@ -99,7 +99,9 @@ impl Env {
         let (s, v) = self.call(Some(&body), "/v1/sessions", &self.acme).await;
         assert_eq!(s, 201, "{v}");
         let id = v["id"].as_str().unwrap().to_string();
-        let Claim::Acquired { lease, mut state, .. } = self
+        let Claim::Acquired {
+            lease, mut state, ..
+        } = self
             .store
             .claim(&id, "w", Duration::from_secs(30), 10)
             .await
@@ -133,14 +135,18 @@ async fn a_fork_shares_the_prefix_takes_overrides_and_leaves_the_origin() {
     let msgs_before = env.call(None, &format!("{path}/messages"), &env.acme).await;
 
     let body = json!({"at_iteration": 1, "message": "try another way", "model": "gpt-b"});
-    let (s, v) = env.call(Some(&body), &format!("{path}/fork"), &env.acme).await;
+    let (s, v) = env
+        .call(Some(&body), &format!("{path}/fork"), &env.acme)
+        .await;
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["forked_from"], json!(id));
     assert_eq!(v["at_iteration"], json!(1));
     assert_eq!(v["status"], json!("queued"));
     let fork = v["id"].as_str().unwrap().to_string();
 
-    let (s, f) = env.call(None, &format!("/v1/sessions/{fork}"), &env.acme).await;
+    let (s, f) = env
+        .call(None, &format!("/v1/sessions/{fork}"), &env.acme)
+        .await;
     assert_eq!(s, 200, "{f}");
     assert_eq!(f["forked_from"], json!(id));
     assert_eq!(f["fork_at"], json!(2));
@@ -167,7 +173,9 @@ async fn a_fork_shares_the_prefix_takes_overrides_and_leaves_the_origin() {
         msgs_before
     );
     // Another tenant's session is not found, like a missing one.
-    let (s, v) = env.call(Some(&body), &format!("{path}/fork"), &env.globex).await;
+    let (s, v) = env
+        .call(Some(&body), &format!("{path}/fork"), &env.globex)
+        .await;
     assert_eq!(s, 404, "{v}");
     let (s, _) = env
         .call(Some(&body), "/v1/sessions/nope/fork", &env.acme)
@@ -187,8 +195,14 @@ async fn bad_forks_are_422_naming_the_field() {
         (json!({}), "at_iteration"),
         (json!({"at_iteration": "1"}), "at_iteration"),
         (json!({"at_iteration": 1, "model": "claude-x"}), "model"),
-        (json!({"at_iteration": 1, "token_budget": 5000}), "token_budget"),
-        (json!({"at_iteration": 1, "tools": ["no_such_tool"]}), "tools"),
+        (
+            json!({"at_iteration": 1, "token_budget": 5000}),
+            "token_budget",
+        ),
+        (
+            json!({"at_iteration": 1, "tools": ["no_such_tool"]}),
+            "tools",
+        ),
         (json!({"at_iteration": 1, "message": ""}), "message"),
         (json!({"at_iteration": 1, "prompt": "x"}), "prompt"),
     ] {
@@ -196,9 +210,14 @@ async fn bad_forks_are_422_naming_the_field() {
         assert_eq!(s, 422, "{body}: {v}");
         assert!(field(&v).starts_with(name), "{body}: {v}");
     }
-    let (_, v) = env.call(Some(&json!({"at_iteration": 3})), &path, &env.acme).await;
+    let (_, v) = env
+        .call(Some(&json!({"at_iteration": 3})), &path, &env.acme)
+        .await;
     assert!(
-        v["error"]["message"].as_str().unwrap().contains("2 iterations"),
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 iterations"),
         "{v}"
     );
     // Nothing was created.

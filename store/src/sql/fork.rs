@@ -47,7 +47,12 @@ macro_rules! chain_messages {
 
 /// The stored history a claim of a fork resumes from (`$1`: the fork).
 const HISTORY: Shared = Shared {
-    text: concat!(chain!(), "SELECT m.seq, m.body FROM ", chain_messages!(), "ORDER BY m.seq"),
+    text: concat!(
+        chain!(),
+        "SELECT m.seq, m.body FROM ",
+        chain_messages!(),
+        "ORDER BY m.seq"
+    ),
     sqlite_now: None,
 };
 
@@ -345,14 +350,8 @@ mod tests {
         assert_eq!(locate(&h, 0), Ok(1));
         assert_eq!(locate(&h, 1), Ok(4));
         assert_eq!(locate(&h, 2), Ok(6));
-        assert_eq!(
-            locate(&h, 3),
-            Err(ForkRefusal::PastEnd { iterations: 2 })
-        );
-        assert_eq!(
-            locate(&h[..2], 1),
-            Err(ForkRefusal::Unfinished { at: 1 })
-        );
+        assert_eq!(locate(&h, 3), Err(ForkRefusal::PastEnd { iterations: 2 }));
+        assert_eq!(locate(&h[..2], 1), Err(ForkRefusal::Unfinished { at: 1 }));
     }
 
     #[test]
@@ -368,7 +367,13 @@ mod tests {
         assert_eq!(origin_of(&links, 5), Ok("a".to_string()));
         assert_eq!(origin_of(&links, 1), Ok("a".to_string()));
         let deep: Vec<Link> = (0..=MAX_FORK_DEPTH)
-            .map(|i| (format!("s{i}"), Some(format!("s{}", i + 1)), Some(100 - i as i32)))
+            .map(|i| {
+                (
+                    format!("s{i}"),
+                    Some(format!("s{}", i + 1)),
+                    Some(100 - i as i32),
+                )
+            })
             .chain([("root".to_string(), None, None)])
             .collect();
         assert_eq!(origin_of(&deep, 200), Err(ForkRefusal::TooDeep));

@@ -14,7 +14,8 @@ impl SqliteStore {
         // The reads inside the write transaction: the origin's committed steps cannot
         // change under the plan.
         let mut tx = self.write_tx().await?;
-        let mut p = match fork::plan::<sqlx::Sqlite>(&mut tx, &SQL.select_session, &FORK, f).await? {
+        let mut p = match fork::plan::<sqlx::Sqlite>(&mut tx, &SQL.select_session, &FORK, f).await?
+        {
             Ok(p) => p,
             Err(answer) => {
                 tx.rollback().await?;
@@ -25,7 +26,10 @@ impl SqliteStore {
         new.spec.prompt = std::mem::take(&mut p.prompt);
         if !super::writes::insert(&mut tx, &new, None, now_us()).await? {
             tx.rollback().await?;
-            return Err(Error::Conflict(format!("session {} exists already", f.new.id)));
+            return Err(Error::Conflict(format!(
+                "session {} exists already",
+                f.new.id
+            )));
         }
         let rec = fork::write::<sqlx::Sqlite>(&mut tx, &FORK, f, &p).await?;
         tx.commit().await?;

@@ -142,7 +142,11 @@ async fn a_fork_never_changes_a_running_origin(store: &dyn Backend) {
     // The origin's latest iteration, still waiting for its tool result, is no step yet.
     state.push_assistant({
         let mut m = Message::assistant("one more");
-        m.tool_calls = vec![crate::common::call("c9", "read_file", serde_json::json!({}))];
+        m.tool_calls = vec![crate::common::call(
+            "c9",
+            "read_file",
+            serde_json::json!({}),
+        )];
         m
     });
     store.checkpoint(&lease, &state, persisted).await.unwrap();
@@ -225,9 +229,14 @@ async fn a_fork_starts_from_the_files_as_of_its_step(store: &dyn Backend) {
     let a2 = put(store, "a.txt", b"version two").await;
     let b = put(store, "b.txt", b"bee").await;
     step(store, &lease, &mut state, vec![a2, b]).await.unwrap();
-    step(store, &lease, &mut state, vec![crate::common::files::delete("b.txt")])
-        .await
-        .unwrap();
+    step(
+        store,
+        &lease,
+        &mut state,
+        vec![crate::common::files::delete("b.txt")],
+    )
+    .await
+    .unwrap();
     store.release(&lease).await.unwrap();
 
     let at2 = fork(store, &root.id, 2, None).await;
@@ -241,10 +250,7 @@ async fn a_fork_starts_from_the_files_as_of_its_step(store: &dyn Backend) {
         b"version two"
     );
     // Iteration 1's version was overwritten since: kept for the fork, never collected.
-    store
-        .collect_blobs(Duration::ZERO, 1000)
-        .await
-        .unwrap();
+    store.collect_blobs(Duration::ZERO, 1000).await.unwrap();
     let at1 = fork(store, &root.id, 1, None).await;
     assert_eq!(names(paths(store, &at1.id).await), ["a.txt", "in.txt"]);
     assert_eq!(
@@ -265,7 +271,10 @@ async fn a_fork_starts_from_the_files_as_of_its_step(store: &dyn Backend) {
         names(paths(store, &at2.id).await),
         ["a.txt", "b.txt", "c.txt", "in.txt"]
     );
-    assert_eq!(names(paths(store, &root.id).await), ["a.txt", "d.txt", "in.txt"]);
+    assert_eq!(
+        names(paths(store, &root.id).await),
+        ["a.txt", "d.txt", "in.txt"]
+    );
     // A fork of the fork past its fork point finds the fork's own files.
     let fs_len = fs.messages.len();
     drop(fs);

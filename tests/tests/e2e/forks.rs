@@ -52,9 +52,11 @@ async fn a_fork_resumes_after_sigkill_and_never_reruns_its_prefix() {
         .await
         .unwrap();
 
-    eventually("the fork's fast committed while its slow is in flight", T, async || {
-        c.tool_hits(&origin, "slow") == 2 && c.message_count(&fork.id).await == 5
-    })
+    eventually(
+        "the fork's fast committed while its slow is in flight",
+        T,
+        async || c.tool_hits(&origin, "slow") == 2 && c.message_count(&fork.id).await == 5,
+    )
     .await;
     c.kill_worker(a);
     c.spawn_worker(&WorkerOpts::default());
@@ -85,6 +87,9 @@ async fn a_fork_resumes_after_sigkill_and_never_reruns_its_prefix() {
     assert_eq!(row.usage.input_tokens, 100 + 101 + 102);
 
     // The origin, byte for byte.
-    assert_eq!(serde_json::to_string(&c.row(&origin.id).await).unwrap(), before);
+    assert_eq!(
+        serde_json::to_string(&c.row(&origin.id).await).unwrap(),
+        before
+    );
     assert_eq!(c.store.messages(&origin.id).await.unwrap(), origin_messages);
 }
