@@ -17,7 +17,7 @@ use agentq_core::pg::PgStore;
 use agentq_core::{Claim, LeaseStore, NewSession, SessionStore};
 
 use crate::env::Env;
-use crate::report::{Results, Rows, ms, quantile};
+use crate::report::{ForkFigure, Results, ms, quantile};
 
 /// The prefix lengths measured, in iterations.
 const PREFIXES: [u32; 3] = [10, 100, 1_000];
@@ -26,18 +26,6 @@ const FORKS: usize = 200;
 /// What a fork writes to.
 const TABLES: &str = "'sessions', 'session_specs', 'messages', 'workspace_files', \
      'workspace_versions'";
-
-/// One prefix length's figures.
-#[derive(Debug, Clone)]
-pub struct ForkFigure {
-    pub steps: u32,
-    /// The prefix's stored size (its `messages` rows' bodies).
-    pub prefix_bytes: i64,
-    pub fork_p50_ms: f64,
-    pub fork_p99_ms: f64,
-    pub bytes_per_fork: f64,
-    pub message_rows_per_fork: f64,
-}
 
 pub async fn forks(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let store = &env.store;
@@ -137,40 +125,4 @@ async fn finished_session(store: &PgStore, queue: &str, steps: u32) -> anyhow::R
     });
     store.checkpoint(&lease, &state, 1).await?;
     Ok(row.id)
-}
-
-/// The table's rows for the part.
-pub(crate) fn rows(r: &Results, rows: &mut Rows) {
-    for (i, f) in r.forks.iter().enumerate() {
-        rows.add(
-            if i == 0 { "forks" } else { "" },
-            format!(
-                "fork at step {} ({} KB of prefix): time p50 / p99, bytes and message rows \
-                 added per fork",
-                f.steps,
-                f.prefix_bytes / 1024
-            ),
-            format!(
-                "{:.2} / {:.2} ms, {:.0} B, {:.0}",
-                f.fork_p50_ms, f.fork_p99_ms, f.bytes_per_fork, f.message_rows_per_fork
-            ),
-            String::new(),
-        );
-    }
-}
-
-/// The JSON figures of the part.
-pub(crate) fn to_json(r: &Results) -> Vec<(String, serde_json::Value)> {
-    let mut out = Vec::new();
-    for f in &r.forks {
-        let s = f.steps;
-        out.push((format!("fork_{s}_p50_ms"), json!(f.fork_p50_ms)));
-        out.push((format!("fork_{s}_p99_ms"), json!(f.fork_p99_ms)));
-        out.push((format!("fork_{s}_bytes"), json!(f.bytes_per_fork)));
-        out.push((
-            format!("fork_{s}_message_rows"),
-            json!(f.message_rows_per_fork),
-        ));
-    }
-    out
 }

@@ -11,6 +11,7 @@
 
 pub(crate) mod batches;
 pub(crate) mod budget;
+pub(crate) mod chain;
 pub(crate) mod dispatch;
 pub(crate) mod escape;
 pub(crate) mod files;

@@ -229,6 +229,12 @@ const CLAIM_HISTORY: Shared = Shared {
     sqlite_now: None,
 };
 
+/// A session's history for reading (see `super::chain`).
+const HISTORY: Shared = Shared {
+    text: super::chain::HISTORY,
+    sqlite_now: None,
+};
+
 /// Cancel in one race-free statement: queued or suspended → cancelled now; running → the
 /// flag for its owner. Terminal rows do not match. (SET expressions all see the old row.)
 const CANCEL: Shared = Shared {
@@ -587,7 +593,7 @@ impl Statements {
             select_session: SELECT_SESSION.render(d),
             claim: CLAIM.render(d),
             claim_history: CLAIM_HISTORY.render(d),
-            history: super::fork::READ.render(d),
+            history: HISTORY.render(d),
             cancel: CANCEL.render(d),
             suspend: SUSPEND.render(d),
             release: RELEASE.render(d),
