@@ -22,6 +22,7 @@ pub mod de;
 mod error;
 pub mod events;
 pub mod files;
+mod forks;
 mod health;
 mod limits;
 mod queues;
@@ -44,6 +45,7 @@ pub use bulk::{BULK_LIMIT, BulkCancelResponse, BulkRetryResponse, SessionFilter}
 pub use error::{ErrorBody, ErrorDetail};
 pub use events::{CompletionEvent, ResetEvent, SessionEvent};
 pub use files::{FileContent, FileEntry, FileList};
+pub use forks::{ForkRequest, ForkResponse};
 pub use health::{Readiness, ReadyChecks, ReadyStatus};
 pub use limits::LimitsView;
 pub use queues::{CreateQueue, QueueCreated, QueueList};

@@ -135,6 +135,12 @@ pub struct SessionView {
     /// While waiting for a rate limit: when it goes back on the queue by itself.
     #[serde(default)]
     pub wake_at: Option<DateTime<Utc>>,
+    /// A fork's origin (`POST /v1/sessions/{id}/fork`): the session whose first
+    /// `fork_at` messages begin this one's history. Absent on other sessions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_at: Option<u32>,
     /// 0 (lowest) to 9.
     #[serde(default = "default_priority")]
     pub priority: u8,

@@ -18,6 +18,7 @@ pub const PARTS: &[&str] = &[
     "isolation",
     "admission",
     "workspace",
+    "forks",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -46,7 +47,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub concurrency: u32,
     /// Run only these parts (comma-separated): ceiling, throughput, overhead, storage,
-    /// resume, capacity, recovery, isolation, admission, workspace.
+    /// resume, capacity, recovery, isolation, admission, workspace, forks.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Print the results as one JSON object on the last line.

@@ -41,6 +41,7 @@ mod ceiling;
 mod cleanup;
 mod cpu;
 mod env;
+mod forks;
 mod hostile;
 mod isolation;
 mod llm;
@@ -191,6 +192,9 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
     }
     if want("workspace") {
         workspace::workspace(env, r).await?;
+    }
+    if want("forks") {
+        forks::forks(env, r).await?;
     }
     Ok(())
 }

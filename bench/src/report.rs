@@ -26,6 +26,8 @@ pub struct Outcomes {
 /// Every figure; `None` when its part did not run.
 #[derive(Debug, Default)]
 pub struct Results {
+    /// The forks part: one figure per prefix length.
+    pub forks: Vec<ForkFigure>,
     pub ceiling_connections: Option<u32>,
     pub ceiling_commits_per_s: Option<f64>,
     pub ceiling_redis_roundtrips_per_s: Option<f64>,
@@ -240,6 +242,9 @@ fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
         m.insert(format!("workspace_round_{name}_rows"), num(rows, 2));
         m.insert(format!("workspace_round_{name}_bytes"), num(bytes, 0));
     }
+    for (key, value) in fork_json(r) {
+        m.insert(key, value);
+    }
     for (key, value) in mcp::to_json(r.mcp.as_ref()) {
         m.insert(key.into(), value);
     }
@@ -269,6 +274,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     storage_rows(r, &mut rows);
     resume_rows(r, &mut rows);
     workspace_rows(r, &mut rows);
+    fork_rows(r, &mut rows);
     capacity_rows(r, args, &mut rows);
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);
@@ -721,4 +727,52 @@ pub(crate) fn quantile(sorted: &[Duration], q: f64) -> Option<Duration> {
 
 pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// The forks part's figures for one prefix length.
+#[derive(Debug, Clone)]
+pub struct ForkFigure {
+    pub steps: u32,
+    /// The prefix's stored size (its `messages` rows' bodies).
+    pub prefix_bytes: i64,
+    pub fork_p50_ms: f64,
+    pub fork_p99_ms: f64,
+    pub bytes_per_fork: f64,
+    pub message_rows_per_fork: f64,
+}
+
+/// The forks part's rows.
+fn fork_rows(r: &Results, rows: &mut Rows) {
+    for (i, f) in r.forks.iter().enumerate() {
+        rows.add(
+            if i == 0 { "forks" } else { "" },
+            format!(
+                "fork at step {} ({} KB of prefix): time p50 / p99, bytes and message rows \
+                 added per fork",
+                f.steps,
+                f.prefix_bytes / 1024
+            ),
+            format!(
+                "{:.2} / {:.2} ms, {:.0} B, {:.0}",
+                f.fork_p50_ms, f.fork_p99_ms, f.bytes_per_fork, f.message_rows_per_fork
+            ),
+            String::new(),
+        );
+    }
+}
+
+/// The forks part's JSON figures.
+fn fork_json(r: &Results) -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    for f in &r.forks {
+        let s = f.steps;
+        out.push((format!("fork_{s}_p50_ms"), json!(f.fork_p50_ms)));
+        out.push((format!("fork_{s}_p99_ms"), json!(f.fork_p99_ms)));
+        out.push((format!("fork_{s}_bytes"), json!(f.bytes_per_fork)));
+        out.push((
+            format!("fork_{s}_message_rows"),
+            json!(f.message_rows_per_fork),
+        ));
+    }
+    out
 }

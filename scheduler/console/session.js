@@ -16,10 +16,20 @@ export async function sessionPage(id) {
   const approvalFields = await schemaFields("ApprovalRequest");
   const el = h("section", { class: "page session", "aria-labelledby": "session-h" });
   const head = h("div", { class: "session-head" });
-  const status = h("div", { "aria-live": "polite" });
   const approvals = h("section", { class: "panel", "aria-labelledby": "appr-h" });
   const live = h("p", { class: "muted stream-state", "aria-live": "polite" }, "connecting…");
-  const transcript = new Transcript();
+  const status = h("div", { "aria-live": "polite" });
+  // A fork of this session from a finished step: a new session, opened at once.
+  const fork = async (k) => {
+    clear(status);
+    try {
+      const r = await api(`${base}/fork`, { method: "POST", body: { at_iteration: k } });
+      location.hash = `/sessions/${encodeURIComponent(r.id)}`;
+    } catch (e) {
+      status.append(notice(`Fork from step ${k} failed: ${e.message}`, "error"));
+    }
+  };
+  const transcript = new Transcript({ fork });
   const files = h("section", { class: "panel", "aria-labelledby": "files-h" });
   const tree = h("section", { class: "panel", "aria-labelledby": "tree-h" });
   el.append(
@@ -91,6 +101,9 @@ function showHead(head, d, base, status, afterAction) {
   fact("Created", fmtTime(d.created_at));
   if (d.finished_at) fact("Finished", fmtTime(d.finished_at));
   if (d.parent_id) fact("Parent", h("a", { href: `#/sessions/${encodeURIComponent(d.parent_id)}` }, d.parent_id));
+  if (d.forked_from) {
+    fact("Forked from", h("a", { href: `#/sessions/${encodeURIComponent(d.forked_from)}` }, d.forked_from));
+  }
   if (d.batch_id) fact("Batch", h("a", { href: `#/batches/${encodeURIComponent(d.batch_id)}` }, d.batch_id));
   if (d.attempts) fact("Attempts", String(d.attempts));
   const meta = d.metadata && Object.keys(d.metadata).length ? pretty(d.metadata) : null;

@@ -7,7 +7,9 @@
 import { fmtTokens, h, longText, pretty } from "./dom.js";
 
 export class Transcript {
-  constructor() {
+  /** `fork(k)`, when given, is offered on each finished step k ("Fork from here"). */
+  constructor({ fork } = {}) {
+    this.fork = fork;
     this.el = h("ol", { class: "transcript", "aria-label": "Transcript" });
     this.steps = new Map(); // seq -> {li, text, thinking}
     this.calls = new Map(); // tool call id -> element for its result
@@ -123,6 +125,13 @@ export class Transcript {
       case "iteration_completed": {
         const s = this.step(seq, `Step ${data.iteration}`);
         s.li.append(h("p", { class: "usage muted" }, `tokens: ${fmtTokens(data.usage)}`));
+        const k = Number(data.iteration);
+        if (this.fork && Number.isInteger(k) && !s.li.querySelector("button.fork")) {
+          s.li.append(h("button", {
+            type: "button", class: "fork", "aria-label": `Fork from step ${k}`,
+            onclick: () => this.fork(k),
+          }, "Fork from here"));
+        }
         return;
       }
       case "error":

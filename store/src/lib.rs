@@ -25,8 +25,8 @@ pub use store::{
 // The domain under the paths this code has always used (`crate::model::…`).
 use agentq_error as error;
 use agentq_types::{
-    auth, batch, budget, config, model, protocol, report, retention, scheduling, wait, webhook,
-    workspace,
+    auth, batch, budget, config, fork, model, protocol, report, retention, scheduling, wait,
+    webhook, workspace,
 };
 use error::{Error, Result};
 use model::{Lease, SessionStatus};

@@ -29,6 +29,7 @@ mod batch;
 mod batches;
 mod budget;
 mod create;
+mod fork;
 mod inbox;
 mod keys;
 mod leases;

@@ -66,6 +66,7 @@
 
 mod batches;
 mod budget;
+mod fork;
 mod inbox;
 mod keys;
 mod leases;

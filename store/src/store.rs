@@ -28,6 +28,7 @@ use crate::budget::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::fork::{ForkResult, NewFork};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
     SessionRow, SessionStatus, Woken,
@@ -136,6 +137,13 @@ pub trait SessionStore: Send + Sync {
 
     /// The stored history, in order.
     async fn messages(&self, id: &str) -> Result<Vec<Message>>;
+
+    /// Create a fork (see `agentq_types::fork`): a new queued root session whose history
+    /// is `fork.origin`'s up to iteration `fork.at_iteration` (shared, not copied), then
+    /// `fork.message`, and whose tree's files are the origin's as of that step. One
+    /// transaction; the origin is only read (its committed steps: it may be running).
+    /// An origin of another tenant than `fork.new`'s is `NotFound`.
+    async fn fork_session(&self, fork: &NewFork) -> Result<ForkResult>;
 
     /// Mark a session failed from outside a run (dead letter), with the reason.
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod budget;
 pub mod config;
 pub mod error;
+pub mod fork;
 pub mod limiter;
 pub mod model;
 pub mod policy;

@@ -255,6 +255,12 @@ pub struct SessionRow {
     /// the statements of a first claim. `false` on every other read.
     #[serde(default)]
     pub has_workspace: bool,
+    /// A fork's origin (`POST /v1/sessions/{id}/fork`): the session whose first
+    /// `fork_at` messages begin this one's history, read from there, never copied.
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    #[serde(default)]
+    pub fork_at: Option<u32>,
 }
 
 impl SessionRow {

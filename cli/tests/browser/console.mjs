@@ -145,6 +145,19 @@ async function main() {
     await checkLabels(page, "session");
     await page.screenshot({ path: join(shots, "session.png"), fullPage: true });
 
+    step("a step is forked: the fork opens, from the session it was forked from");
+    await page.getByRole("button", { name: "Fork from step 1" }).click();
+    await until("the fork's page", async () =>
+      page.url().includes("#/sessions/") && !page.url().includes(live.id));
+    const forkId = decodeURIComponent(page.url().split("#/sessions/")[1]);
+    await page.getByRole("link", { name: live.id }).first().waitFor();
+    const forked = await call("GET", `/v1/sessions/${forkId}`);
+    if (forked.forked_from !== live.id || forked.iterations !== 1) {
+      fail(`the fork: ${JSON.stringify(forked)}`);
+    }
+    await page.goto(`${url}/console#/sessions/${live.id}`);
+    await page.getByText("Finished: stop").waitFor();
+
     step("a follow-up message reopens it, and its new turn streams into the same transcript");
     await page.getByLabel("Message", { exact: true }).fill("one more thing");
     await page.getByRole("button", { name: "Send message" }).click();

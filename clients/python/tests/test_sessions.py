@@ -198,3 +198,46 @@ async def test_the_async_client_counts_costs_and_operations(spec):
         assert counts.total == 1 and counts.by_status == {"completed": 1}
         assert (await aq.costs()).rows
         assert any(q.name == "default" for q in (await aq.operations()).queues)
+
+
+def _forks(spec) -> bool:
+    return has_path(spec, "/v1/sessions/{id}/fork", "post")
+
+
+def test_a_session_is_forked_from_a_step(client: Client, spec):
+    if not _forks(spec):
+        pytest.skip("this server has no forks yet")
+    ref = client.create_session("fork me", files={"input.txt": "to fork"},
+                                tools=["read_file", "write_file"])
+    assert client.wait(ref.id, timeout=120).status == "completed"
+    origin = client.messages(ref.id)
+    fork = client.fork(ref.id, 1, message="once more")
+    assert fork.forked_from == ref.id and fork.at_iteration == 1 and fork.status == "queued"
+    detail = client.get_session(fork.id)
+    assert detail.forked_from == ref.id and detail.iterations == 1
+    msgs = client.messages(fork.id)
+    assert msgs[:3] == origin[:3] and msgs[3].content == "once more"
+    assert "input.txt" in {f.path for f in client.list_files(fork.id)}
+    assert client.wait(fork.id, timeout=120).finished
+    assert client.messages(ref.id) == origin
+    with pytest.raises(APIError) as e:
+        client.fork(ref.id, 99)
+    assert e.value.status == 422 and e.value.field == "at_iteration"
+
+
+@pytest.mark.anyio
+async def test_the_async_client_forks_too(spec):
+    if not _forks(spec):
+        pytest.skip("this server has no forks yet")
+    async with AsyncClient() as aq:
+        ref = await aq.create_session("async fork", files={"input.txt": "x"},
+                                      tools=["read_file", "write_file"])
+        await aq.wait(ref.id, timeout=120)
+        fork = await aq.fork(ref.id, 0)
+        assert (await aq.get_session(fork.id)).forked_from == ref.id
+        assert fork.at_iteration == 0
+        # It runs at once: its history starts with the prompt alone, then its own steps.
+        assert (await aq.messages(fork.id))[0].content == "async fork"
+        with pytest.raises(APIError) as e:
+            await aq.fork(ref.id, -1)
+        assert e.value.field == "at_iteration"

@@ -19,6 +19,8 @@ export type SessionPage = S["ListResponse"];
 export type SessionFilter = S["SessionFilter"];
 export type CancelResult = S["CancelResponse"];
 export type RetryResult = S["RetryResponse"];
+export type ForkResult = S["ForkResponse"];
+export type ForkRequest = S["ForkRequest"];
 export type BulkCancelResult = S["BulkCancelResponse"];
 export type BulkRetryResult = S["BulkRetryResponse"];
 export type ApprovalResult = S["ApprovalResponse"];
@@ -382,6 +384,18 @@ export class AgentqClient {
 
   retrySession(id: string): Promise<RetryResult> {
     return this.json(`/v1/sessions/${seg(id)}/retry`, { method: "POST" });
+  }
+
+  /**
+   * A new session whose history is this one's first `atIteration` iterations (shared,
+   * not re-run), then `message`; `model`, `tools` and `token_budget` override the
+   * original's spec (held to the tenant's policy). The original never changes.
+   */
+  forkSession(id: string, atIteration: number,
+    opts: Omit<ForkRequest, "at_iteration"> = {}): Promise<ForkResult> {
+    return this.json(`/v1/sessions/${seg(id)}/fork`, {
+      method: "POST", json: { at_iteration: atIteration, ...opts },
+    });
   }
 
   /** `status` is taken by servers that have it. */

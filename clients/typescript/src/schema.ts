@@ -665,6 +665,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork a session from a step
+         * @description A new queued session whose history is the first `at_iteration` iterations of this
+         *     one (shared with it in storage, not copied), then `message`, and whose workspace holds
+         *     the tree's files as of that step. No model call is made to get there: the fork's usage
+         *     starts at zero and its first call is iteration `at_iteration + 1`. The original is
+         *     never changed, and may be running (only its finished iterations can be forked).
+         */
+        post: operations["fork_session"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{id}/messages": {
         parameters: {
             query?: never;
@@ -1564,6 +1588,42 @@ export interface components {
         FinishReason: "stop" | "tool_calls" | "length" | "content_filter" | "error" | "paused" | {
             other: string;
         };
+        /**
+         * @description `POST /v1/sessions/{id}/fork`: a new session whose history is the first
+         *     `at_iteration` iterations of this one (each a model response and the tool results
+         *     answering its calls; 0: the prompt alone), read from the original rather than copied,
+         *     and whose workspace holds the tree's files as of that step. Reaching the step costs
+         *     nothing: the fork's first model call is iteration `at_iteration + 1`, its usage starts
+         *     at zero, and the original is never changed. The fork runs with the original's spec,
+         *     but for the overrides given here, held to the tenant's policy as a new session is.
+         */
+        ForkRequest: {
+            /**
+             * Format: int32
+             * @description How many iterations of the original to keep: 0 to its `iterations` (a running
+             *     original: to its last finished iteration).
+             */
+            at_iteration: number;
+            /** @description A user message after the kept history (1 to `max_prompt_bytes` bytes). */
+            message?: string | null;
+            /** @description Another model for the fork's own calls. */
+            model?: string | null;
+            /**
+             * Format: int64
+             * @description Another token budget for the fork's own calls (the kept history cost it nothing).
+             */
+            token_budget?: number | null;
+            /** @description Another tool list. */
+            tools?: string[] | null;
+        };
+        /** @description The fork, queued. */
+        ForkResponse: {
+            /** Format: int32 */
+            at_iteration: number;
+            forked_from: string;
+            id: string;
+            status: components["schemas"]["SessionStatus"];
+        };
         /** @description A learned hold. */
         HoldState: {
             /** @description `limit key|model`. */
@@ -2077,6 +2137,13 @@ export interface components {
             finish_reason?: components["schemas"]["ExitReason"] | null;
             /** Format: date-time */
             finished_at?: string | null;
+            /** Format: int32 */
+            fork_at?: number | null;
+            /**
+             * @description A fork's origin (`POST /v1/sessions/{id}/fork`): the session whose first
+             *     `fork_at` messages begin this one's history. Absent on other sessions.
+             */
+            forked_from?: string | null;
             id: string;
             idempotency_key?: string | null;
             /**
@@ -3784,6 +3851,61 @@ export interface operations {
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
             422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    fork_session: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The session to fork (a root session) */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description The fork, queued */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description No such session of the caller's tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            /** @description `invalid_field`: `at_iteration` past the end of the history, or inside an iteration that has not finished; an override the policy refuses (named); `id` of a sub-agent */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];

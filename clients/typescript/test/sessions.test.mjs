@@ -96,3 +96,25 @@ test("counts, costs and operations", serverOnly, async () => {
   const def = ops.queues.find((q) => q.name === "default");
   assert.ok(def && def.length !== null && def.length !== undefined && def.held >= 0);
 });
+
+test("a session is forked from a step", serverOnly, async () => {
+  const spec = await document();
+  if (!spec.paths["/v1/sessions/{id}/fork"]?.post) return;
+  const aq = new AgentqClient();
+  const ref = await aq.createSession("ts fork", {
+    files: { "input.txt": "to fork" }, tools: ["read_file", "write_file"],
+  });
+  assert.equal((await aq.wait(ref.id, { timeoutMs: 120_000 })).status, "completed");
+  const origin = await aq.messages(ref.id);
+  const fork = await aq.forkSession(ref.id, 1, { message: "once more" });
+  assert.equal(fork.forked_from, ref.id);
+  assert.equal(fork.at_iteration, 1);
+  const msgs = await aq.messages(fork.id);
+  assert.deepEqual(msgs.slice(0, 3), origin.slice(0, 3));
+  assert.equal(msgs[3].content, "once more");
+  assert.equal((await aq.getSession(fork.id)).forked_from, ref.id);
+  await aq.wait(fork.id, { timeoutMs: 120_000 });
+  assert.deepEqual(await aq.messages(ref.id), origin);
+  await assert.rejects(aq.forkSession(ref.id, 99), (e) =>
+    e instanceof ApiError && e.status === 422 && e.field === "at_iteration");
+});

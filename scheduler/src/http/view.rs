@@ -37,6 +37,8 @@ pub fn session_view(row: &SessionRow) -> SessionView {
         batch_id: row.batch_id.clone(),
         wait_reason: wait_reason(row),
         wake_at: row.wake_at.filter(|_| row.status == SessionStatus::Waiting),
+        forked_from: row.forked_from.clone(),
+        fork_at: row.fork_at,
     }
 }
 

@@ -30,6 +30,7 @@ mod bulk;
 mod console;
 mod events;
 mod files;
+mod forks;
 mod health;
 mod limits;
 mod mcp;
@@ -216,6 +217,13 @@ fn one_session_routes() -> Vec<Route> {
             WRITE,
             |_| post(sessions::cancel),
             doc::<sessions::__path_cancel>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/sessions/{id}/fork",
+            WRITE,
+            |_| post(forks::fork),
+            doc::<forks::__path_fork>(),
         ),
         route(
             Method::POST,

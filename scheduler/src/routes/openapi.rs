@@ -475,6 +475,8 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::MessagesResponse>(&mut all);
     add::<api::CancelResponse>(&mut all);
     add::<api::RetryResponse>(&mut all);
+    add::<api::ForkRequest>(&mut all);
+    add::<api::ForkResponse>(&mut all);
     add::<api::SessionFilter>(&mut all);
     add::<api::BulkCancelResponse>(&mut all);
     add::<api::BulkRetryResponse>(&mut all);

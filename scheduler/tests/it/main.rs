@@ -18,6 +18,7 @@ mod budgets;
 mod dispatch;
 mod events;
 mod files;
+mod forks;
 mod hostile_input;
 mod limits;
 mod mcp;

@@ -128,6 +128,16 @@ fn files_ctes(gone: &str, files: &str, blobs: &str) -> String {
     WHERE f.sha256 IS NOT NULL
     ON CONFLICT (root_id, path) DO UPDATE SET sha256 = EXCLUDED.sha256,
         size = EXCLUDED.size, modified_at_seq = EXCLUDED.modified_at_seq
+), fver AS (
+    -- Every change also as a version, for a fork's files as of a step (`sql::fork`): the
+    -- root's own at the history length it commits; a sub-agent's at the root's next.
+    INSERT INTO workspace_versions (root_id, path, sha256, size, step_len)
+    SELECT upd.root_id, f.path, f.sha256, f.size,
+        CASE WHEN upd.id = upd.root_id THEN f.seq + 1
+             ELSE COALESCE((SELECT r.history_len FROM sessions r WHERE r.id = upd.root_id), 0) + 1
+        END
+    FROM {files}
+    JOIN upd ON upd.id = f.id
 )"
     )
 }

@@ -45,14 +45,20 @@ impl LeaseStore for PgStore {
         // A second statement, after the claim committed: from here on the previous holder
         // is fenced off, so this read sees everything it will ever have written. The
         // claimed row is the latest version (the claim waited for any write in flight).
-        let messages: Vec<StoredMessage> = if rec.has_stored_history() {
+        let messages: Vec<StoredMessage> = if !rec.has_stored_history() {
+            Vec::new()
+        } else if rec.forked_from.is_some() {
+            // A fork's prefix is its origins' messages (`sql::fork`).
+            sqlx::query_as(&crate::sql::fork::POSTGRES.history)
+                .bind(&rec.id)
+                .fetch_all(&self.pool)
+                .await?
+        } else {
             sqlx::query_as(&SQL.claim_history)
                 .bind(&rec.root_id)
                 .bind(&rec.id)
                 .fetch_all(&self.pool)
                 .await?
-        } else {
-            Vec::new()
         };
         outcome::acquired(rec, owner, messages)
     }

@@ -46,6 +46,10 @@ impl SessionStore for PgStore {
         read::history(&self.pool, &SQL, id).await
     }
 
+    async fn fork_session(&self, fork: &crate::fork::NewFork) -> Result<crate::fork::ForkResult> {
+        self.fork(fork).await
+    }
+
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
         let failed: Option<SessionRecord> = sqlx::query_as(&SQL.fail)
             .bind(id)

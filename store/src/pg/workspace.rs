@@ -50,6 +50,7 @@ RETURNING sha256";
 const DELETE_BLOBS: &str = "
 DELETE FROM blobs b WHERE b.sha256 = ANY($1)
   AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256)
+  AND NOT EXISTS (SELECT 1 FROM workspace_versions v WHERE v.sha256 = b.sha256)
 RETURNING b.sha256";
 
 /// Byte order (`COLLATE \"C\"`), as SQLite sorts and as the API documents.
@@ -89,16 +90,19 @@ WITH t AS (
     LIMIT $2
 ), d AS (
     DELETE FROM workspace_files w USING t WHERE w.root_id = t.id
+), v AS (
+    DELETE FROM workspace_versions v USING t WHERE v.root_id = t.id
 )
 SELECT count(*) FROM t";
 
-/// Unreferenced blobs untouched for the grace period, locked (a concurrent check that
+/// Unreferenced blobs (by no tree's files, nor any earlier version of them) untouched for the grace period, locked (a concurrent check that
 /// would touch one waits, then finds it gone) and deleted in one statement.
 const COLLECT: &str = "
 WITH g AS (
     SELECT b.sha256 FROM blobs b
     WHERE b.touched_at < now() - make_interval(secs => $1)
       AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256)
+      AND NOT EXISTS (SELECT 1 FROM workspace_versions v WHERE v.sha256 = b.sha256)
     ORDER BY b.touched_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -190,19 +194,24 @@ pub(super) async fn add_inputs(
                 .execute(&mut *conn)
                 .await?;
         }
-        if s.files.is_empty() {
-            continue;
+        if !s.files.is_empty() {
+            let files::Inputs { by_path, blobs } = files::inputs(s)?;
+            put_blobs_in(conn, &blobs, objects).await?;
+            let paths: Vec<&str> = by_path.keys().copied().collect();
+            let keys: Vec<&str> = by_path.values().map(|(k, _)| k.as_str()).collect();
+            let sizes: Vec<i64> = by_path.values().map(|(_, n)| *n).collect();
+            sqlx::query(PUT_INPUTS)
+                .bind(&s.root_id)
+                .bind(&paths)
+                .bind(&keys)
+                .bind(&sizes)
+                .execute(&mut *conn)
+                .await?;
         }
-        let files::Inputs { by_path, blobs } = files::inputs(s)?;
-        put_blobs_in(conn, &blobs, objects).await?;
-        let paths: Vec<&str> = by_path.keys().copied().collect();
-        let keys: Vec<&str> = by_path.values().map(|(k, _)| k.as_str()).collect();
-        let sizes: Vec<i64> = by_path.values().map(|(_, n)| *n).collect();
-        sqlx::query(PUT_INPUTS)
+        // The tree's files as of its first step, for a fork of it (`sql::fork`).
+        sqlx::query(&crate::sql::fork::POSTGRES.versions)
             .bind(&s.root_id)
-            .bind(&paths)
-            .bind(&keys)
-            .bind(&sizes)
+            .bind(0i32)
             .execute(&mut *conn)
             .await?;
     }

@@ -11,9 +11,11 @@
 
 pub(crate) mod batches;
 pub(crate) mod budget;
+pub(crate) mod chain;
 pub(crate) mod dispatch;
 pub(crate) mod escape;
 pub(crate) mod files;
+pub(crate) mod fork;
 pub(crate) mod ledger;
 pub(crate) mod outcome;
 pub(crate) mod read;

@@ -164,6 +164,14 @@ pub(crate) struct SessionRecord {
     pub retries: i32,
     pub held: bool,
     pub capped: bool,
+    /// A fork's origin and how many of its messages the fork's history starts with (both
+    /// `None` on every other session; absent from rows before migration 0023).
+    #[sqlx(default)]
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    #[sqlx(default)]
+    #[serde(default)]
+    pub fork_at: Option<i32>,
     /// Returned by a claim only (see [`SessionRow::has_workspace`]).
     #[sqlx(default)]
     #[serde(default)]
@@ -228,6 +236,8 @@ impl SessionRecord {
             held: self.held,
             capped: self.capped,
             has_workspace: self.has_workspace,
+            fork_at: self.fork_at.map(|n| to_u32(n, "fork_at")).transpose()?,
+            forked_from: self.forked_from,
         })
     }
 

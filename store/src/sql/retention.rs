@@ -18,9 +18,9 @@ const FINISHED: &str = "('completed', 'failed', 'cancelled')";
 /// predicate here and nowhere else:
 /// - a batch not yet finished holds a session of the tree (its other items are
 ///   running: the batch is reported whole when it completes);
-/// - a session fork of one of its sessions (`sessions.forked_from`) joins here, as
-///   `AND NOT EXISTS (SELECT 1 FROM sessions f WHERE f.forked_from IN
-///   (SELECT t.id FROM sessions t WHERE t.root_id = s.id) AND f.root_id <> s.id)`.
+/// - a fork of one of its sessions (`sessions.forked_from`, another tree) reads its
+///   history up to the fork's step from this tree's messages: the tree stays while any
+///   fork of it exists (a fork that goes in turn lets it go at a later pass).
 ///
 /// A workspace fork (`workspace_from`) copies the tree's manifest when it is created, so
 /// it never needs the tree afterwards; the contents both hold stay, because a blob is
@@ -28,7 +28,9 @@ const FINISHED: &str = "('completed', 'failed', 'cancelled')";
 pub(crate) const RETENTION_STILL_REFERENCED: &str = " AND NOT EXISTS (SELECT 1 FROM sessions c \
        JOIN sessions m ON m.batch_id = c.batch_id \
        WHERE c.root_id = s.id AND c.batch_id IS NOT NULL \
-         AND m.status NOT IN ('completed', 'failed', 'cancelled'))";
+         AND m.status NOT IN ('completed', 'failed', 'cancelled')) \
+     AND NOT EXISTS (SELECT 1 FROM sessions f WHERE f.forked_from IN \
+       (SELECT t.id FROM sessions t WHERE t.root_id = s.id) AND f.root_id <> s.id)";
 
 /// `(root_id, tenant, queue, sessions of the tree)`
 pub(crate) type CandidateRow = (String, String, String, i64);

@@ -34,7 +34,7 @@ pub(crate) const COLS: &str = "id, root_id, parent_id, depth, queue, status, fin
     lease_owner, lease_epoch, lease_expires_at, attempts, takeovers, model_used, cancel_requested, \
     idempotency_key, idempotency_hash, tenant, created_at, updated_at, finished_at, turn_base, not_started, \
     wake_seq, approval_deadline, bg_cursor, msg_cursor, followup_cursor, history_len, \
-    wait_reason, wake_at, priority, batch_id, retries, held, capped";
+    wait_reason, wake_at, priority, batch_id, retries, held, capped, forked_from, fork_at";
 
 /// `list` without a limit gets this many rows; no request gets more than `MAX_LIST`.
 const DEFAULT_LIST: u32 = 100;
@@ -229,17 +229,9 @@ const CLAIM_HISTORY: Shared = Shared {
     sqlite_now: None,
 };
 
-/// A session's history for reading: through `sessions` so the lookup uses the
-/// (root_id, session_id) key; the LEFT JOIN tells a missing session (no row) from a
-/// history of the prompt alone (NULL seq), and brings, on the first row only, the spec
-/// for message 0's prompt (whole: Postgres refuses to take a field out of a JSON
-/// document holding `\u0000`, which a spec stored before the stores escaped NUL may hold).
+/// A session's history for reading (see `super::chain`).
 const HISTORY: Shared = Shared {
-    text: "SELECT CASE WHEN row_number() OVER (ORDER BY m.seq) = 1 THEN p.spec END, \
-                  m.seq, m.body FROM sessions s \
-           JOIN session_specs p ON p.root_id = s.root_id AND p.id = s.id \
-           LEFT JOIN messages m ON m.root_id = s.root_id::uuid AND m.session_id = s.id::uuid \
-           WHERE s.id = $1 ORDER BY m.seq",
+    text: super::chain::HISTORY,
     sqlite_now: None,
 };
 

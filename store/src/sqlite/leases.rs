@@ -55,14 +55,20 @@ impl LeaseStore for SqliteStore {
         }
         // The history, read under the same write lock as the claim: exactly what the
         // previous holder committed, which is all it will ever have written.
-        let messages: Vec<StoredMessage> = if rec.has_stored_history() {
+        let messages: Vec<StoredMessage> = if !rec.has_stored_history() {
+            Vec::new()
+        } else if rec.forked_from.is_some() {
+            // A fork's prefix is its origins' messages (`sql::fork`).
+            sqlx::query_as(&crate::sql::fork::SQLITE.history)
+                .bind(&rec.id)
+                .fetch_all(&mut *tx)
+                .await?
+        } else {
             sqlx::query_as(&SQL.claim_history)
                 .bind(&rec.root_id)
                 .bind(&rec.id)
                 .fetch_all(&mut *tx)
                 .await?
-        } else {
-            Vec::new()
         };
         tx.commit().await?;
         outcome::acquired(rec, owner, messages)

@@ -66,6 +66,10 @@ impl SessionStore for SqliteStore {
         read::history(&self.readers, &SQL, id).await
     }
 
+    async fn fork_session(&self, fork: &crate::fork::NewFork) -> Result<crate::fork::ForkResult> {
+        self.fork(fork).await
+    }
+
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>> {
         let mut tx = self.write_tx().await?;
         let failed = returning_one(

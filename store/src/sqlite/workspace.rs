@@ -48,6 +48,14 @@ ON CONFLICT (root_id, path) DO UPDATE SET sha256 = excluded.sha256, size = exclu
 
 const DELETE_FILE: &str = "DELETE FROM workspace_files WHERE root_id = $1 AND path = $2";
 
+/// A change as a version too (see `migrations/0023_forks.sql`): the root's own at the
+/// history length it commits (`$6`, the change's seq, plus one), a sub-agent's (`$5` not
+/// the root) at the root's next.
+const PUT_VERSION: &str = "
+INSERT INTO workspace_versions (root_id, path, sha256, size, step_len)
+VALUES ($1, $2, $3, $4, CASE WHEN $5 = $1 THEN $6 + 1
+    ELSE COALESCE((SELECT r.history_len FROM sessions r WHERE r.id = $1), 0) + 1 END)";
+
 /// Store `blobs`, inside the caller's write transaction: in the table, or with an object
 /// store, their index rows and then their objects. The collector deletes index rows and
 /// then their objects inside its own write transaction, which this one cannot overlap, so
@@ -137,6 +145,12 @@ pub(super) async fn add_inputs(
             .execute(&mut *conn)
             .await?;
     }
+    // The tree's files as of its first step, for a fork of it (`sql::fork`).
+    sqlx::query(&crate::sql::fork::SQLITE.versions)
+        .bind(&s.root_id)
+        .bind(0i32)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }
 
@@ -151,6 +165,15 @@ pub(super) async fn commit_files(conn: &mut SqliteConnection, cp: &Checkpoint) -
         put_blob(conn, key, data, now).await?;
     }
     for f in &cp.files {
+        sqlx::query(PUT_VERSION)
+            .bind(root)
+            .bind(&f.path)
+            .bind(f.blob.as_ref().map(|b| b.sha256.as_str()))
+            .bind(f.blob.as_ref().map_or(Ok(0), |b| to_i64(b.size, "files"))?)
+            .bind(&cp.lease.session_id)
+            .bind(seq)
+            .execute(&mut *conn)
+            .await?;
         match &f.blob {
             Some(b) => {
                 sqlx::query(PUT_FILE)
@@ -225,7 +248,8 @@ impl BlobStore for SqliteStore {
         for key in keys {
             let n = sqlx::query(
                 "DELETE FROM blobs WHERE sha256 = $1 \
-                 AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = $1)",
+                 AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = $1) \
+                 AND NOT EXISTS (SELECT 1 FROM workspace_versions v WHERE v.sha256 = $1)",
             )
             .bind(key)
             .execute(&mut *tx)
@@ -281,10 +305,12 @@ impl SqliteStore {
         .fetch_all(&mut *tx)
         .await?;
         for t in &trees {
-            sqlx::query("DELETE FROM workspace_files WHERE root_id = $1")
-                .bind(t)
-                .execute(&mut *tx)
-                .await?;
+            for table in ["workspace_files", "workspace_versions"] {
+                sqlx::query(&format!("DELETE FROM {table} WHERE root_id = $1"))
+                    .bind(t)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok(trees.len() as u64)
@@ -303,6 +329,7 @@ impl SqliteStore {
             "DELETE FROM blobs WHERE sha256 IN (SELECT b.sha256 FROM blobs b \
                  WHERE b.touched_at < $1 \
                    AND NOT EXISTS (SELECT 1 FROM workspace_files w WHERE w.sha256 = b.sha256) \
+                   AND NOT EXISTS (SELECT 1 FROM workspace_versions v WHERE v.sha256 = b.sha256) \
                  ORDER BY b.touched_at LIMIT $2) RETURNING sha256",
         )
         .bind(cutoff)

@@ -19,6 +19,7 @@ mod common;
 
 mod batches;
 mod budget;
+mod forks;
 mod inbox;
 mod leases;
 mod reports;

@@ -15,6 +15,7 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
 use agentq_store::store::Store;
 use agentq_types::config::{RetentionOverride, RetentionSection};
+use agentq_types::fork::{ForkResult, NewFork};
 use agentq_types::model::{NewSession, SessionStatus};
 use agentq_types::protocol::InboxKind;
 use agentq_types::report::CostFilter;
@@ -29,6 +30,7 @@ contract_tests!(
     contract_keep_result_keeps_rows_and_answers,
     contract_rules_by_tenant_and_queue,
     contract_a_workspace_fork_keeps_its_files,
+    contract_a_session_fork_keeps_the_tree_it_reads,
 );
 
 fn ahead(days: i64) -> DateTime<Utc> {
@@ -340,4 +342,45 @@ async fn contract_a_workspace_fork_keeps_its_files(store: &dyn Backend) {
     assert!(store.get(&source).await.unwrap().is_none());
     store.collect_blobs(Duration::ZERO, 100).await.unwrap();
     assert_eq!(bytes(store, &fork, "f.txt").await.unwrap(), data.to_vec());
+}
+
+/// A fork reads its history up to its step from the tree it was forked from: that tree
+/// stays while the fork exists, however old, and goes at a pass after the fork went.
+async fn contract_a_session_fork_keeps_the_tree_it_reads(store: &dyn Backend) {
+    let origin = store
+        .create_session(&NewSession::root(SessionSpec::new("origin"), "default"))
+        .await
+        .unwrap()
+        .0
+        .id;
+    run_to_end(store, &origin, "done").await;
+    let fork = match store
+        .fork_session(&NewFork {
+            new: NewSession::root(SessionSpec::new("ignored"), "default"),
+            origin: origin.clone(),
+            at_iteration: 1,
+            message: None,
+        })
+        .await
+        .unwrap()
+    {
+        ForkResult::Forked(row) => row.id,
+        other => panic!("expected a fork, got {other:?}"),
+    };
+    run_to_end(store, &fork, "forked").await;
+    let rule = global(30, Keep::None);
+    // Both are old and finished; only the fork may go.
+    assert_eq!(roots(store, &rule, ahead(40)).await, vec![fork.clone()]);
+    let retired = store
+        .retire_trees(&rule, ahead(40), std::slice::from_ref(&origin))
+        .await
+        .unwrap();
+    assert!(retired.roots.is_empty(), "{:?}", retired.roots);
+    assert!(store.get(&origin).await.unwrap().is_some());
+    let retired = store
+        .retire_trees(&rule, ahead(40), std::slice::from_ref(&fork))
+        .await
+        .unwrap();
+    assert_eq!(retired.roots, vec![fork.clone()]);
+    assert_eq!(roots(store, &rule, ahead(40)).await, vec![origin.clone()]);
 }

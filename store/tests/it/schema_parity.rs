@@ -114,6 +114,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "webhook_deliveries",
             "webhook_endpoints",
             "workspace_files",
+            "workspace_versions",
         ]
     );
     let names = |c: &Columns| c.keys().cloned().collect::<Vec<_>>();

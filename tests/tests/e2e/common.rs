@@ -707,6 +707,13 @@ impl Cluster {
         token
     }
 
+    /// The next hit of `sub`'s tool endpoint `name` blocks (as [`Script::block_tool_once`]).
+    pub fn block_tool_once(&self, sub: &Sub, name: &str) {
+        if let Some(s) = lock(&self.state.scripts).get_mut(&sub.token) {
+            s.block_tool_once.insert(name.into());
+        }
+    }
+
     /// The model answers the session playing `token` again (no more 500s).
     pub fn heal(&self, token: &str) {
         if let Some(s) = lock(&self.state.scripts).get_mut(token) {

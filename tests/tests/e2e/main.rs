@@ -11,6 +11,7 @@ mod common;
 mod crash;
 mod drain;
 mod fairshare;
+mod forks;
 mod limits;
 mod liveness;
 mod poison;

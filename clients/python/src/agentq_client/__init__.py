@@ -13,6 +13,7 @@ from . import models, webhooks
 from .models import (
     Batch,
     BatchResult,
+    ForkResult,
     Event,
     FileEntry,
     Message,
@@ -30,6 +31,7 @@ __all__ = [
     "AsyncClient",
     "Batch",
     "BatchResult",
+    "ForkResult",
     "Client",
     "Event",
     "FileEntry",

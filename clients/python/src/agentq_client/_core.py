@@ -284,6 +284,10 @@ class Ops:
         return Call("POST", f"/v1/sessions/{seg(id)}/retry", model(m.RetryResult))
 
     @staticmethod
+    def fork_session(id: str, body: dict[str, Any]) -> Call[m.ForkResult]:
+        return Call("POST", f"/v1/sessions/{seg(id)}/fork", model(m.ForkResult), json=body)
+
+    @staticmethod
     def retry_sessions(body: dict[str, Any]) -> Call[m.BulkRetryResult]:
         return Call("POST", "/v1/sessions/retry", model(m.BulkRetryResult), json=body)
 

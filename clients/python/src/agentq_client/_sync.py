@@ -115,6 +115,16 @@ class Client:
     def retry_session(self, id: str) -> m.RetryResult:
         return self._send(c.Ops.retry_session(id))
 
+    def fork(self, id: str, at_iteration: int, *, message: Optional[str] = None,
+             model: Optional[str] = None, tools: Optional[list[str]] = None,
+             token_budget: Optional[int] = None) -> m.ForkResult:
+        """A new session whose history is this one's first `at_iteration` iterations
+        (shared, not re-run), then `message`; `model`, `tools` and `token_budget` override
+        the original's spec (held to the tenant's policy). The original never changes."""
+        return self._send(c.Ops.fork_session(id, c.filter_body(
+            at_iteration=at_iteration, message=message, model=model, tools=tools,
+            token_budget=token_budget)))
+
     def retry_sessions(self, **filter: Any) -> m.BulkRetryResult:
         """Redrive failed sessions: `batch_id`, `error_contains`, `finished_since`,
         `status` (newer servers), `limit`, `cursor`."""

@@ -105,6 +105,8 @@ class SessionView(SessionSpec):
     takeovers: Optional[int] = None
     wait_reason: Optional[str] = None
     wake_at: Optional[datetime] = None
+    forked_from: Optional[str] = None
+    fork_at: Optional[int] = None
 
     @property
     def finished(self) -> bool:
@@ -164,6 +166,14 @@ class RetryResult(Model):
     __schema__ = "RetryResponse"
     id: str
     status: SessionStatus
+
+
+class ForkResult(Model):
+    __schema__ = "ForkResponse"
+    id: str
+    status: SessionStatus
+    forked_from: str
+    at_iteration: int
 
 
 class BulkCancelResult(Model):
