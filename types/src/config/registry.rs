@@ -85,6 +85,9 @@ settings! {
     api_url = "AGENTQ_API_URL" as text, "--api-url";
     hooks;
     limits;
+    redis.cluster = "AGENTQ_REDIS_CLUSTER" as boolean;
+    redis.partitions = "AGENTQ_REDIS_PARTITIONS" as some_parse;
+    limiter.on_unavailable;
     worker.concurrency = "AGENTQ_WORKER_CONCURRENCY" as parse, "--concurrency";
     worker.queues, "--queues";
     worker.lease_ttl_secs = "AGENTQ_LEASE_TTL_SECS" as parse, "--lease-ttl-secs";
@@ -251,6 +254,13 @@ where
     v.trim()
         .parse()
         .map_err(|e| format!("`{v}` is not a valid value: {e}"))
+}
+
+fn some_parse<T: std::str::FromStr>(v: &str) -> Read<Option<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    parse(v).map(Some)
 }
 
 /// A comma-separated list, blanks dropped.

@@ -10,6 +10,7 @@ use super::limits::LimitSettings;
 use super::mcp::McpSection;
 use super::policy::{BudgetSettings, PolicySection};
 use super::providers::ProvidersSection;
+use super::redis::{LimiterSection, RedisSection};
 use super::scheduler::{SchedulerSection, SchedulingSection};
 use super::section::section;
 use super::webhooks::WebhooksSection;
@@ -46,6 +47,10 @@ section! {
         pub hooks: Vec<HookSettings> = Vec::new(),
         /// The fleet's rate limits (`[[limits]]`), per provider endpoint and key.
         pub limits: Vec<LimitSettings> = Vec::new(),
+        /// `[redis]`: one server or a cluster, and the queues' partitions.
+        pub redis: RedisSection = RedisSection::default(),
+        /// `[limiter]`: what the rate limiter does while Redis cannot be reached.
+        pub limiter: LimiterSection = LimiterSection::default(),
         pub worker: WorkerSection = WorkerSection::default(),
         pub scheduler: SchedulerSection = SchedulerSection::default(),
         pub scheduling: SchedulingSection = SchedulingSection::default(),
