@@ -52,9 +52,7 @@ pub use mcp::{
 };
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
 pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};
-pub use redis::{
-    CLUSTER_PARTITIONS, LimiterSection, MAX_PARTITIONS, OnUnavailable, RedisSection,
-};
+pub use redis::{CLUSTER_PARTITIONS, LimiterSection, MAX_PARTITIONS, OnUnavailable, RedisSection};
 pub use registry::{SETTINGS, Setting, describe};
 pub use scheduler::{SchedulerSection, SchedulingSection, TenantScheduling};
 pub use settings::{

@@ -185,9 +185,7 @@ impl RedisQueue {
                         .await?,
                 )
             }
-            Target::Cluster { readers, .. } => {
-                Conn::Cluster(readers.get_async_connection().await?)
-            }
+            Target::Cluster { readers, .. } => Conn::Cluster(readers.get_async_connection().await?),
         };
         Ok((conn, false))
     }
@@ -228,8 +226,7 @@ pub(super) async fn blocking_on(
     block: Duration,
     pool: &Mutex<Vec<Conn>>,
 ) -> RedisResult<Value> {
-    let result = match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await
-    {
+    let result = match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await {
         Ok(r) => r,
         Err(_) => Err(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,

@@ -24,7 +24,12 @@ pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
 
 impl RedisQueue {
     /// One `XREAD` over `from`'s streams (they must share a slot on a cluster).
-    fn xread(&self, from: &[(String, String)], count: usize, block: Option<Duration>) -> redis::Cmd {
+    fn xread(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> redis::Cmd {
         let mut cmd = redis::cmd("XREAD");
         cmd.arg("COUNT").arg(count.max(1));
         if let Some(b) = block {

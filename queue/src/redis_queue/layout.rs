@@ -59,7 +59,10 @@ impl Layout {
     }
 
     pub(super) fn marker(&self, queue: &str, p: u32) -> String {
-        format!("agentq:marker:{}", self.tag(queue, p).as_deref().unwrap_or(queue))
+        format!(
+            "agentq:marker:{}",
+            self.tag(queue, p).as_deref().unwrap_or(queue)
+        )
     }
 
     pub(super) fn dead(&self, queue: &str, p: u32) -> String {

@@ -130,7 +130,13 @@ impl RedisQueue {
         let mut pending: HashSet<Part> = HashSet::new();
         for part in parts {
             let (conn, _) = self.checkout_reader().await?;
-            let cmd = self.xreadgroup(std::slice::from_ref(&part), consumer, count, Some(block), ">");
+            let cmd = self.xreadgroup(
+                std::slice::from_ref(&part),
+                consumer,
+                count,
+                Some(block),
+                ">",
+            );
             let pool = self.reader_pool();
             pending.insert(part.clone());
             reads.push(Box::pin(async move {
@@ -180,7 +186,12 @@ impl RedisQueue {
 
     /// Let the reads still running finish on their own; what they bring waits for the
     /// consumer's next read.
-    fn leave_running(&self, mut reads: FuturesUnordered<Read>, pending: HashSet<Part>, consumer: &str) {
+    fn leave_running(
+        &self,
+        mut reads: FuturesUnordered<Read>,
+        pending: HashSet<Part>,
+        consumer: &str,
+    ) {
         if reads.is_empty() {
             return;
         }

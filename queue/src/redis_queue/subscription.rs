@@ -41,7 +41,9 @@ pub(super) async fn subscribe(
     }
     let Some(conn) = conn else {
         return Err(failure
-            .unwrap_or_else(|| RedisError::from((redis::ErrorKind::Client, "no Redis to subscribe to")))
+            .unwrap_or_else(|| {
+                RedisError::from((redis::ErrorKind::Client, "no Redis to subscribe to"))
+            })
             .into());
     };
     let state = Subscription {

@@ -142,10 +142,7 @@ impl RedisQueue {
                         d.entry_id = self.layout.entry_id(*p, d.entry_id);
                         out.push(d);
                     }
-                    Err(id) => garbage
-                        .entry((queue.clone(), *p))
-                        .or_default()
-                        .push(id),
+                    Err(id) => garbage.entry((queue.clone(), *p)).or_default().push(id),
                 }
             }
         }
@@ -204,7 +201,12 @@ impl RedisQueue {
     }
 
     /// Add `items` to partition `p`'s stream, in one round trip (one slot).
-    async fn enqueue_part(&self, queue: &str, p: u32, items: &[&(String, EnqueueReason)]) -> Result<()> {
+    async fn enqueue_part(
+        &self,
+        queue: &str,
+        p: u32,
+        items: &[&(String, EnqueueReason)],
+    ) -> Result<()> {
         let stream = self.layout.stream(queue, p);
         let mut pipe = redis::pipe();
         for (session_id, reason) in items {

@@ -30,11 +30,8 @@ section! {
 impl RedisSection {
     /// The partitions each queue is split into.
     pub fn partitions(&self) -> u32 {
-        self.partitions.unwrap_or(if self.cluster {
-            CLUSTER_PARTITIONS
-        } else {
-            1
-        })
+        self.partitions
+            .unwrap_or(if self.cluster { CLUSTER_PARTITIONS } else { 1 })
     }
 }
 
