@@ -56,6 +56,7 @@
 mod connection;
 mod events;
 mod health;
+mod inflight;
 mod layout;
 mod read;
 mod reply;

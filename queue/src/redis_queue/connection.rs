@@ -20,7 +20,7 @@ use agentq_error::Result;
 use agentq_types::config::RedisSection;
 
 use super::layout::Layout;
-use super::read::Inflight;
+use super::inflight::Inflight;
 
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).

@@ -7,75 +7,24 @@
 //! with entries ends the read; the others are not dropped (a read dropped after Redis
 //! served it would strand its entries in the consumer's pending list) but left running
 //! to their end, and what they bring is kept for the consumer's next `read`
-//! ([`Inflight`]); a partition still being read is not read again meanwhile. A `read`
+//! (`inflight.rs`); a partition still being read is not read again meanwhile. A `read`
 //! itself dropped mid-flight drops its readers, as on one server: Redis stops serving a
 //! read whose connection closed, and what it had served stays pending for the consumer.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::StreamExt;
 use futures::future::{BoxFuture, join_all};
 use futures::stream::FuturesUnordered;
 use redis::{RedisResult, Value};
-use tokio::sync::Notify;
 
 use crate::queue::Delivery;
 use agentq_error::Result;
 
 use super::connection::{RedisQueue, blocking_on};
-use super::work::{Part, has_code};
-
-/// What reads left running past the `read` that started them bring, per consumer.
-#[derive(Default)]
-pub(crate) struct Inflight {
-    consumers: Mutex<HashMap<String, Left>>,
-    arrived: Notify,
-}
-
-#[derive(Default)]
-struct Left {
-    /// Replies not yet handed out.
-    replies: Vec<(Part, Value)>,
-    /// Partitions with a read still running.
-    running: HashSet<Part>,
-}
-
-impl Inflight {
-    fn take(&self, consumer: &str) -> (Vec<(Part, Value)>, HashSet<Part>) {
-        let mut all = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(left) = all.get_mut(consumer) else {
-            return (Vec::new(), HashSet::new());
-        };
-        let replies = std::mem::take(&mut left.replies);
-        let running = left.running.clone();
-        if left.running.is_empty() {
-            all.remove(consumer);
-        }
-        (replies, running)
-    }
-
-    fn start(&self, consumer: &str, part: &Part) {
-        let mut all = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        all.entry(consumer.to_string())
-            .or_default()
-            .running
-            .insert(part.clone());
-    }
-
-    fn finish(&self, consumer: &str, part: Part, reply: Option<Value>) {
-        {
-            let mut all = self.consumers.lock().unwrap_or_else(|e| e.into_inner());
-            let left = all.entry(consumer.to_string()).or_default();
-            left.running.remove(&part);
-            if let Some(v) = reply {
-                left.replies.push((part, v));
-            }
-        }
-        self.arrived.notify_waiters();
-    }
-}
+use super::inflight::Part;
+use super::work::has_code;
 
 type Read = BoxFuture<'static, (Part, RedisResult<Value>)>;
 
@@ -94,10 +43,15 @@ impl RedisQueue {
             .collect();
         let (left, running) = self.inflight.take(consumer);
         let mut out = self.from_replies(left).await;
-        let idle: Vec<Part> = parts.into_iter().filter(|p| !running.contains(p)).collect();
-        if !out.is_empty() {
+        if id == ">" && !out.is_empty() {
             return Ok(out);
         }
+        // A partition still being read is not read again for new entries meanwhile; its
+        // pending ones (`0`) may be.
+        let idle: Vec<Part> = parts
+            .into_iter()
+            .filter(|p| id != ">" || !running.contains(p))
+            .collect();
         // Every partition without blocking first (and only that for `0` or a zero block).
         let now = join_all(idle.iter().map(|part| async move {
             let cmd = self.xreadgroup(std::slice::from_ref(part), consumer, count, None, id);
@@ -111,6 +65,9 @@ impl RedisQueue {
                 Err(e) => return Err(e.into()),
             }
         }
+        // What a read left running brought is pending too: a `0` read sees it twice.
+        let mut seen = HashSet::new();
+        out.retain(|d| seen.insert((d.queue.clone(), d.entry_id.clone())));
         let block = block.filter(|b| !b.is_zero() && id == ">");
         match block {
             Some(block) if out.is_empty() => self.block_cluster(idle, consumer, count, block).await,

@@ -16,6 +16,7 @@ use agentq_types::model::EnqueueReason;
 
 use super::HISTORY_MAXLEN;
 use super::connection::RedisQueue;
+use super::inflight::Part;
 use super::reply::{
     parse_entries, stream_entries, value_items, value_pairs, value_string, value_u64,
 };
@@ -36,9 +37,6 @@ end
 redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
 return 1
 ";
-
-/// A queue partition: its queue's name and its number.
-pub(super) type Part = (String, u32);
 
 impl RedisQueue {
     /// `XREADGROUP` (blocking when `block` is set) over every partition of `queues`, with
