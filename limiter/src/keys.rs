@@ -10,8 +10,6 @@
 
 /// The tag of every key on one server (and of the constants below).
 pub(crate) const SINGLE_TAG: &str = "{limit}";
-/// The prefix of every key of the single-server layout.
-pub(crate) const PREFIX: &str = "agentq:{limit}:";
 /// The set of every rule key in use (the admin view lists them).
 pub const INDEX_KEY: &str = "agentq:{limit}:keys";
 /// Hash: `limit_key|model` → hold until (ms since the epoch).
@@ -92,7 +90,7 @@ mod tests {
         let one = Keys::of(&tag_of(false, "openai|https://a|k1"));
         assert_eq!(
             (one.prefix.as_str(), one.index.as_str(), one.holds.as_str()),
-            (PREFIX, INDEX_KEY, HOLDS_KEY)
+            ("agentq:{limit}:", INDEX_KEY, HOLDS_KEY)
         );
         assert_eq!(one.fields, FIELDS_KEY);
         let a = tag_of(true, "openai|https://a|k1");

@@ -19,8 +19,8 @@ use redis::{
 use agentq_error::Result;
 use agentq_types::config::RedisSection;
 
-use super::layout::Layout;
 use super::inflight::Inflight;
+use super::layout::Layout;
 
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).

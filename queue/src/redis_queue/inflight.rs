@@ -59,4 +59,3 @@ impl Inflight {
         self.arrived.notify_waiters();
     }
 }
-

@@ -42,7 +42,7 @@ impl RedisQueue {
             .flat_map(|q| self.layout.all().map(move |p| (q.clone(), p)))
             .collect();
         let (left, running) = self.inflight.take(consumer);
-        let mut out = self.from_replies(left).await;
+        let mut out = self.deliveries_of(left).await;
         if id == ">" && !out.is_empty() {
             return Ok(out);
         }
@@ -109,7 +109,7 @@ impl RedisQueue {
             arrived.as_mut().enable();
             // What reads left running by an earlier call brought meanwhile.
             let (left, _) = self.inflight.take(consumer);
-            let got = self.from_replies(left).await;
+            let got = self.deliveries_of(left).await;
             if !got.is_empty() {
                 self.leave_running(reads, pending, consumer);
                 return Ok(got);
@@ -170,7 +170,7 @@ impl RedisQueue {
         });
     }
 
-    async fn from_replies(&self, replies: Vec<(Part, Value)>) -> Vec<Delivery> {
+    async fn deliveries_of(&self, replies: Vec<(Part, Value)>) -> Vec<Delivery> {
         let mut out = Vec::new();
         for (part, v) in replies {
             out.extend(self.deliveries(std::slice::from_ref(&part), v).await);

@@ -60,7 +60,9 @@ async fn partitions_spread_queues_and_no_node_refuses_a_command() {
                     .await
                     .unwrap();
                 for d in &ds {
-                    q.ack(&d.queue, &[d.entry_id.clone()]).await.unwrap();
+                    q.ack(&d.queue, std::slice::from_ref(&d.entry_id))
+                        .await
+                        .unwrap();
                 }
                 seen_all.fetch_add(ds.len(), Ordering::SeqCst);
                 got.extend(ds);
@@ -76,7 +78,11 @@ async fn partitions_spread_queues_and_no_node_refuses_a_command() {
     let all: Vec<Delivery> = per_consumer.into_iter().flatten().collect();
     let mut seen: Vec<&str> = sessions(&all);
     seen.sort();
-    let mut want: Vec<&str> = want_a.iter().chain(&want_b).map(|(s, _)| s.as_str()).collect();
+    let mut want: Vec<&str> = want_a
+        .iter()
+        .chain(&want_b)
+        .map(|(s, _)| s.as_str())
+        .collect();
     want.sort();
     assert_eq!(seen, want, "every entry exactly once");
     let partitions: BTreeSet<&str> = all
@@ -92,7 +98,10 @@ async fn partitions_spread_queues_and_no_node_refuses_a_command() {
 
     // A dead letter: its XADD and XACK in one MULTI on the partition's slot.
     q.enqueue(Q, "doomed", EnqueueReason::Retry).await.unwrap();
-    let ds = q.read(&queues(), "w", 10, Duration::from_secs(1)).await.unwrap();
+    let ds = q
+        .read(&queues(), "w", 10, Duration::from_secs(1))
+        .await
+        .unwrap();
     assert_eq!(sessions(&ds), ["doomed"]);
     q.dead_letter(&ds[0], "delivered 5 times").await.unwrap();
     assert_eq!(q.stats(Q).await.unwrap().pending, 0);
@@ -147,8 +156,10 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
     let producer = async {
         let ids: Vec<String> = (0..total).map(|i| format!("s{i:03}")).collect();
         for chunk in ids.chunks(5) {
-            let items: Vec<(String, EnqueueReason)> =
-                chunk.iter().map(|s| (s.clone(), EnqueueReason::New)).collect();
+            let items: Vec<(String, EnqueueReason)> = chunk
+                .iter()
+                .map(|s| (s.clone(), EnqueueReason::New))
+                .collect();
             let deadline = Instant::now() + Duration::from_secs(30);
             while let Err(e) = q.enqueue_many(Q, &items).await {
                 assert!(Instant::now() < deadline, "enqueue kept failing: {e}");
@@ -172,7 +183,9 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
                     Err(_) => {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         // A read whose answer was lost left its entries pending to us.
-                        q.read_own_pending(&queues(), &me, 100).await.unwrap_or_default()
+                        q.read_own_pending(&queues(), &me, 100)
+                            .await
+                            .unwrap_or_default()
                     }
                 };
                 if ds.is_empty() && produced.load(Ordering::SeqCst) {
@@ -194,7 +207,10 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
     }));
     let fault = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!produced.load(Ordering::SeqCst), "the fault must come mid-run");
+        assert!(
+            !produced.load(Ordering::SeqCst),
+            "the fault must come mid-run"
+        );
         tokio::task::spawn_blocking(fault).await.unwrap();
     };
     let ((), per_consumer, ()) = tokio::join!(producer, consumers, fault);
@@ -208,7 +224,10 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
         match count.get(&s).copied().unwrap_or(0) {
             0 => panic!("{s} was never delivered"),
             1 => {}
-            n => assert!(retried.contains(&s), "{s} delivered {n} times, never re-enqueued"),
+            n => assert!(
+                retried.contains(&s),
+                "{s} delivered {n} times, never re-enqueued"
+            ),
         }
     }
     assert_eq!(q.stats(Q).await.unwrap().pending, 0);

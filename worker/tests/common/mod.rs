@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::budget::BudgetStore;
+use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
@@ -26,7 +27,6 @@ use agentq_core::{
     SweepStore, WorkQueue,
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_core::config::RedisSection;
 use agentq_testkit::{RedisCluster, RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerSettings};
 

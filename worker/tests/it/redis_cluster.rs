@@ -60,7 +60,9 @@ async fn sessions_on_two_queues_end_once_each_on_a_redis_cluster() {
     // A finished session's events replay through the scheduler (its relay reads many
     // sessions' streams, each a slot of its own).
     let events = c
-        .events_until(&ids[1], |seen| seen.iter().any(|(e, _)| e == "session_completed"))
+        .events_until(&ids[1], |seen| {
+            seen.iter().any(|(e, _)| e == "session_completed")
+        })
         .await;
     assert!(
         events.iter().any(|(e, _)| e == "session_completed"),
