@@ -145,7 +145,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
         Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
     }
-    let queue = RedisQueue::connect(redis_url)
+    let queue = RedisQueue::connect_with(redis_url, &cfg.redis)
         .await
         .map_err(|e| connect_error(e, "Redis", redis_url))?;
     let listener = tokio::net::TcpListener::bind(&addr)

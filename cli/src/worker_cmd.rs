@@ -92,20 +92,25 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     {
         tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
     }
-    let queue = RedisQueue::connect(&redis)
+    let queue = RedisQueue::connect_with(&redis, &settings.redis)
         .await
         .map_err(|e| connect_error(e, "Redis", &redis))?;
     let shutdown = CancellationToken::new();
     let mut cfg = cfg;
-    cfg.limiter =
-        agentq_core::admission::Limiter::connect(&redis, &settings.limits, shutdown.clone())
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect the rate limiter to Redis at {}",
-                    redact(&redis)
-                )
-            })?;
+    cfg.limiter = agentq_core::admission::Limiter::connect_with(
+        &redis,
+        settings.redis.cluster,
+        &settings.limiter,
+        &settings.limits,
+        shutdown.clone(),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "cannot connect the rate limiter to Redis at {}",
+            redact(&redis)
+        )
+    })?;
     let start = Start::for_workers("worker", cfg.consumer.clone(), &cfg).services(&db, &redis);
     let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
     crate::signals::cancel_on_signal(shutdown.clone());

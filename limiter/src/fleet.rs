@@ -8,21 +8,25 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
 use redis::{Client, IntoConnectionInfo};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use agentq_error::Result;
-use agentq_types::config::LimitSettings;
+use agentq_types::config::{LimitSettings, LimiterSection};
 
 use crate::clock::now_ms;
-use crate::keys::{ANNOUNCED_KEY, HOLDS_KEY, MAX_FIELDS};
+use crate::conn::Conn;
+use crate::keys::{Keys, MAX_FIELDS, SINGLE_TAG, TAGS_KEY, tag_in};
 use crate::limiter::Limiter;
-use crate::script::Ask;
 
 /// How often a worker reads the fleet's learned holds.
 pub const HOLD_REFRESH: Duration = Duration::from_millis(250);
-/// Redis answers a limiter waits for; past this the call goes (fail open).
+/// How long a call under a configured rule waits while Redis cannot be reached (with
+/// `on_unavailable = "closed"`) before it asks again.
+pub const CLOSED_RETRY: Duration = Duration::from_secs(1);
+/// Redis answers a limiter waits for; past this it counts as unreachable.
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -33,23 +37,52 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub(crate) const SETTLE_DELAY: Duration = Duration::from_secs(1);
 
 impl Limiter {
-    /// Connect to Redis at `url` and start reading the fleet's holds and writing this
-    /// worker's settlements until `cancel` (or until the limiter is dropped).
+    /// Connect to Redis at `url` (one server, `[limiter]` at its defaults) and start
+    /// reading the fleet's holds and writing this worker's settlements until `cancel` (or
+    /// until the limiter is dropped).
     pub async fn connect(
         url: &str,
         limits: &[LimitSettings],
         cancel: CancellationToken,
     ) -> Result<Arc<Limiter>> {
-        let client = Client::open(url.into_connection_info()?)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(COMMAND_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = ConnectionManager::new_with_config(client, config).await?;
-        let limiter = Arc::new(Limiter::new(limits, Some(conn))?);
-        // Loaded up front, so that no call's round trip is the one refused for an unknown
-        // script and sent again with its text.
+        Self::connect_with(url, false, &LimiterSection::default(), limits, cancel).await
+    }
+
+    /// As [`Limiter::connect`], to a Redis Cluster when `cluster` (`url` then holds one or
+    /// more seed nodes, comma-separated), and doing what `settings` says while Redis
+    /// cannot be reached.
+    pub async fn connect_with(
+        url: &str,
+        cluster: bool,
+        settings: &LimiterSection,
+        limits: &[LimitSettings],
+        cancel: CancellationToken,
+    ) -> Result<Arc<Limiter>> {
+        let conn = if cluster {
+            let mut seeds = Vec::new();
+            for u in url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                seeds.push(u.into_connection_info()?);
+            }
+            let client = ClusterClientBuilder::new(seeds)
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(COMMAND_TIMEOUT)
+                .retries(1)
+                .build()?;
+            Conn::Cluster(client.get_async_connection().await?)
+        } else {
+            let client = Client::open(url.into_connection_info()?)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(COMMAND_TIMEOUT))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(200));
+            Conn::Single(ConnectionManager::new_with_config(client, config).await?)
+        };
+        let mut limiter = Limiter::new(limits, Some(conn))?;
+        limiter.on_unavailable = settings.on_unavailable;
+        let limiter = Arc::new(limiter);
+        // Loaded up front (on every node of a cluster), so that no call's round trip is
+        // the one refused for an unknown script and sent again with its text.
         if let Some(mut c) = limiter.conn.clone() {
             let loaded: redis::RedisResult<String> =
                 limiter.script.prepare_invoke().load_async(&mut c).await;
@@ -65,6 +98,15 @@ impl Limiter {
         ));
         Ok(limiter)
     }
+
+    /// The tags whose holds this worker reads: the one tag on one server, every tag the
+    /// fleet listed on a cluster.
+    async fn tags_in_use(&self, conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
+        if !self.cluster {
+            return Ok(vec![SINGLE_TAG.to_string()]);
+        }
+        redis::cmd("SMEMBERS").arg(TAGS_KEY).query_async(conn).await
+    }
 }
 
 /// Read the fleet's holds every [`HOLD_REFRESH`] into the limiter, and renew the slots of
@@ -79,49 +121,111 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
         let Some(mut conn) = l.conn.clone() else {
             return;
         };
-        let mut pipe = redis::pipe();
-        pipe.cmd("HGETALL")
-            .arg(HOLDS_KEY)
-            .cmd("HGETALL")
-            .arg(ANNOUNCED_KEY);
-        for (id, keys, until) in l.due_renewals(now_ms()) {
-            for k in keys {
-                // XX: a slot already given back (or expired and taken) is not revived.
-                pipe.cmd("ZADD")
-                    .arg(format!("{k}:c"))
-                    .arg("XX")
-                    .arg("GT")
-                    .arg(until)
-                    .arg(&id)
-                    .ignore();
+        let tags = match l.tags_in_use(&mut conn).await {
+            Ok(t) => t,
+            Err(e) => {
+                l.failed_open("reading holds", &e);
+                continue;
+            }
+        };
+        let mut renewals = l.due_renewals(now_ms());
+        let mut remote: HashMap<String, i64> = HashMap::new();
+        let mut announced: HashMap<String, i64> = HashMap::new();
+        let mut failed = false;
+        for tag in &tags {
+            // One pipeline per tag: one slot each.
+            let keys = Keys::of(tag);
+            let mut pipe = redis::pipe();
+            pipe.cmd("HGETALL")
+                .arg(&keys.holds)
+                .cmd("HGETALL")
+                .arg(&keys.announced);
+            renew_in(&mut pipe, &mut renewals, Some(tag));
+            let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> =
+                pipe.query_async(&mut conn).await;
+            match read {
+                Ok((h, a)) => {
+                    remote.extend(h);
+                    announced.extend(a);
+                }
+                Err(e) => {
+                    failed = true;
+                    l.failed_open("reading holds", &e);
+                }
             }
         }
-        let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> =
-            pipe.query_async(&mut conn).await;
-        match read {
-            Ok((remote, announced)) => {
-                {
-                    let mut a = l.announced.write().unwrap_or_else(|e| e.into_inner());
-                    // Past the bound, what the fleet forgot is forgotten here too (fields
-                    // noted since the last write come back with their write).
-                    if a.len() > MAX_FIELDS {
-                        a.retain(|f| announced.contains_key(f));
-                    }
-                    a.extend(announced.into_keys());
-                }
-                let now = now_ms();
-                let mut holds = l.holds.write().unwrap_or_else(|e| e.into_inner());
-                holds.retain(|_, until| *until > now);
-                for (k, until) in remote {
-                    if until > now {
-                        let cur = holds.entry(k).or_insert(until);
-                        *cur = (*cur).max(until);
-                    }
-                }
+        // Slots of tags not listed yet (a worker's first call on a key races its listing).
+        while !renewals.is_empty() {
+            let mut pipe = redis::pipe();
+            renew_in(&mut pipe, &mut renewals, None);
+            let done: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
+            if let Err(e) = done {
+                l.failed_open("renewing slots", &e);
+                break;
             }
-            Err(e) => l.failed_open("reading holds", &e),
+        }
+        if failed {
+            continue;
+        }
+        {
+            let mut a = l.announced.write().unwrap_or_else(|e| e.into_inner());
+            // Past the bound, what the fleet forgot is forgotten here too (fields
+            // noted since the last write come back with their write).
+            if a.len() > MAX_FIELDS {
+                a.retain(|f| announced.contains_key(f));
+            }
+            a.extend(announced.into_keys());
+        }
+        let now = now_ms();
+        let mut holds = l.holds.write().unwrap_or_else(|e| e.into_inner());
+        holds.retain(|_, until| *until > now);
+        for (k, until) in remote {
+            if until > now {
+                let cur = holds.entry(k).or_insert(until);
+                *cur = (*cur).max(until);
+            }
         }
     }
+}
+
+/// Add to `pipe` the renewals of slots under `tag` (all of one tag, the first's, when
+/// `None`), taking them out of `renewals`.
+fn renew_in(
+    pipe: &mut redis::Pipeline,
+    renewals: &mut Vec<(String, Vec<String>, i64)>,
+    tag: Option<&str>,
+) {
+    let tag = match tag {
+        Some(t) => t.to_string(),
+        None => match renewals
+            .iter()
+            .flat_map(|(_, keys, _)| keys.iter())
+            .find_map(|k| tag_in(k))
+        {
+            Some(t) => t.to_string(),
+            None => {
+                renewals.clear();
+                return;
+            }
+        },
+    };
+    for (id, keys, until) in renewals.iter_mut() {
+        keys.retain(|k| {
+            if tag_in(k) != Some(tag.as_str()) {
+                return true;
+            }
+            // XX: a slot already given back (or expired and taken) is not revived.
+            pipe.cmd("ZADD")
+                .arg(format!("{k}:c"))
+                .arg("XX")
+                .arg("GT")
+                .arg(*until)
+                .arg(&*id)
+                .ignore();
+            false
+        });
+    }
+    renewals.retain(|(_, keys, _)| !keys.is_empty());
 }
 
 /// Write the settlements no reservation carried: at once when one is urgent, else after
@@ -147,7 +251,7 @@ async fn write_settlements(limiter: Weak<Limiter>, flush: Arc<Notify>, cancel: C
             }
         }
         let Some(l) = limiter.upgrade() else { return };
-        l.round_trip(Ask::Nothing, "settle").await;
+        l.settle_all().await;
         if stop {
             return;
         }

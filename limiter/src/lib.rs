@@ -63,6 +63,7 @@
 //! the admin view, `metric` the failures counted.
 
 mod clock;
+mod conn;
 mod fleet;
 mod keys;
 mod limiter;
@@ -73,8 +74,8 @@ mod session;
 mod state;
 
 pub use agentq_types::limiter::{HoldState, LimiterState, RuleState};
-pub use fleet::HOLD_REFRESH;
-pub use keys::{FIELDS_KEY, HOLDS_KEY, INDEX_KEY, MAX_FIELDS};
+pub use fleet::{CLOSED_RETRY, HOLD_REFRESH};
+pub use keys::{FIELDS_KEY, HOLDS_KEY, INDEX_KEY, MAX_FIELDS, TAGS_KEY};
 pub use limiter::Limiter;
 pub use metric::{ERRORS_HELP, ERRORS_METRIC, errors};
 pub use state::read_state;

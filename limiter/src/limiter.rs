@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use prometheus::IntCounter;
 use redis::Script;
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
 use agentq_error::Result;
-use agentq_types::config::LimitSettings;
+use agentq_types::config::{LimitSettings, OnUnavailable};
 
 use crate::clock::now_ms;
+use crate::conn::Conn;
 use crate::keys::MAX_FIELDS;
 use crate::metric::errors;
 use crate::rule::Rule;
@@ -30,7 +30,13 @@ const MAX_PENDING: usize = 10_000;
 pub struct Limiter {
     pub(crate) rules: Vec<Rule>,
     /// `None`: no Redis (the embedded mode): nothing is enforced.
-    pub(crate) conn: Option<ConnectionManager>,
+    pub(crate) conn: Option<Conn>,
+    /// Whether Redis is a cluster: each provider key's keys then carry a tag of their own.
+    pub(crate) cluster: bool,
+    /// What a call under a configured rule does while Redis cannot be reached.
+    pub(crate) on_unavailable: OnUnavailable,
+    /// The tags this worker has announced in `TAGS_KEY`.
+    pub(crate) tags: Mutex<HashSet<String>>,
     /// The fleet's holds as last read (and as this worker learned them since).
     pub(crate) holds: RwLock<HashMap<String, i64>>,
     /// The keys (and models) whose answers announce their limits: their calls go
@@ -74,6 +80,8 @@ pub(crate) struct Live {
 
 /// One finished call, as the script's settle part takes it.
 pub(crate) struct Settlement {
+    /// The tag of its provider key's keys: it goes with a round trip on that tag.
+    pub(crate) tag: String,
     pub(crate) id: String,
     pub(crate) used: i64,
     pub(crate) out: i64,
@@ -95,17 +103,18 @@ impl std::fmt::Debug for Limiter {
 }
 
 impl Limiter {
-    pub(crate) fn new(
-        limits: &[LimitSettings],
-        conn: Option<ConnectionManager>,
-    ) -> Result<Limiter> {
+    pub(crate) fn new(limits: &[LimitSettings], conn: Option<Conn>) -> Result<Limiter> {
         Ok(Limiter::with_rules(Rule::compile_all(limits)?, conn))
     }
 
-    pub(crate) fn with_rules(rules: Vec<Rule>, conn: Option<ConnectionManager>) -> Limiter {
+    pub(crate) fn with_rules(rules: Vec<Rule>, conn: Option<Conn>) -> Limiter {
+        let cluster = matches!(conn, Some(Conn::Cluster(_)));
         Limiter {
             rules,
             conn,
+            cluster,
+            on_unavailable: OnUnavailable::default(),
+            tags: Mutex::new(HashSet::new()),
             holds: RwLock::new(HashMap::new()),
             announced: RwLock::new(HashSet::new()),
             probes: Mutex::new(HashMap::new()),
@@ -176,7 +185,8 @@ impl Limiter {
         *cur = (*cur).max(until);
     }
 
-    /// Let a call through because Redis failed: say so (not too often) and count it.
+    /// Redis failed: say so (not too often) and count it. Whether the call goes is the
+    /// caller's (`on_unavailable`).
     pub(crate) fn failed_open(&self, what: &str, err: &redis::RedisError) {
         self.errors.inc();
         let now = now_ms();
@@ -187,7 +197,11 @@ impl Limiter {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(error = %err, "rate limiter {what} failed; letting calls through");
+            let then = match self.on_unavailable {
+                OnUnavailable::Open => "letting calls through",
+                OnUnavailable::Closed => "calls under configured rules wait",
+            };
+            tracing::warn!(error = %err, "rate limiter {what} failed; {then}");
         }
     }
 

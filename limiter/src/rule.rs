@@ -4,8 +4,6 @@
 use agentq_error::{Error, Result};
 use agentq_types::config::LimitSettings;
 
-use crate::keys::PREFIX;
-
 /// A `[[limits]]` rule, compiled.
 pub(crate) struct Rule {
     pub(crate) settings: LimitSettings,
@@ -36,12 +34,13 @@ impl Rule {
             && self.settings.tenant.as_deref().is_none_or(|t| t == tenant)
     }
 
-    /// The Redis prefix of this rule's counters for one provider key (and tenant).
-    pub(crate) fn key(&self, limit_key: &str) -> String {
+    /// The Redis prefix of this rule's counters for one provider key (and tenant), under
+    /// `prefix`, that key's (`Keys::prefix`).
+    pub(crate) fn key(&self, prefix: &str, limit_key: &str) -> String {
         let s = &self.settings;
         match &s.tenant {
-            Some(t) => format!("{PREFIX}{}:{}:{t}|{limit_key}", s.provider, s.model),
-            None => format!("{PREFIX}{}:{}:*|{limit_key}", s.provider, s.model),
+            Some(t) => format!("{prefix}{}:{}:{t}|{limit_key}", s.provider, s.model),
+            None => format!("{prefix}{}:{}:*|{limit_key}", s.provider, s.model),
         }
     }
 
@@ -84,8 +83,12 @@ mod tests {
         let t = rule("provider = \"openai\"\ntenant = \"acme\"\nrpm = 60");
         assert!(t.matches("openai", "anything", "acme"));
         assert!(!t.matches("openai", "anything", "other"));
-        assert_ne!(t.key("k"), r.key("k"), "a tenant's rule counts on its own");
-        assert_ne!(r.key("k1"), r.key("k2"), "per provider key");
+        assert_ne!(
+            t.key("p:", "k"),
+            r.key("p:", "k"),
+            "a tenant's rule counts on its own"
+        );
+        assert_ne!(r.key("p:", "k1"), r.key("p:", "k2"), "per provider key");
     }
 
     #[test]

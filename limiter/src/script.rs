@@ -5,9 +5,7 @@
 use agentq_agent::driver::CallAsk;
 
 use crate::clock::now_ms;
-use crate::keys::{
-    ANNOUNCED_KEY, AVERAGES_KEY, FIELD_PREFIX, FIELDS_KEY, HOLDS_KEY, INDEX_KEY, MAX_FIELDS,
-};
+use crate::keys::{Keys, MAX_FIELDS};
 use crate::limiter::{Limiter, Settlement};
 use crate::rule::Rule;
 
@@ -46,22 +44,64 @@ pub(crate) enum Ask<'a> {
 pub(crate) type Answer = (i64, u64, u64, i64, String);
 
 impl Limiter {
-    /// One round trip: the pending settlements, then `ask`. On failure the settlements
-    /// are kept for the next one.
-    pub(crate) async fn round_trip(&self, ask: Ask<'_>, what: &str) -> Option<Answer> {
+    /// One round trip on `tag`: the pending settlements of that tag, then `ask`; the
+    /// pending settlements of other tags go in round trips of their own (a script call is
+    /// one slot). On failure the settlements are kept for the next one.
+    pub(crate) async fn round_trip(&self, tag: &str, ask: Ask<'_>, what: &str) -> Option<Answer> {
+        self.conn.as_ref()?;
+        let mut mine = Vec::new();
+        let mut others: Vec<(String, Vec<Settlement>)> = Vec::new();
+        for s in self.take_pending() {
+            if s.tag == tag {
+                mine.push(s);
+            } else {
+                match others.iter_mut().find(|(t, _)| *t == s.tag) {
+                    Some((_, v)) => v.push(s),
+                    None => others.push((s.tag.clone(), vec![s])),
+                }
+            }
+        }
+        for (t, settlements) in others {
+            self.invoke(&t, settlements, Ask::Nothing, "settle").await;
+        }
+        self.invoke(tag, mine, ask, what).await
+    }
+
+    /// Every pending settlement, one round trip per tag.
+    pub(crate) async fn settle_all(&self) {
+        let mut by_tag: Vec<(String, Vec<Settlement>)> = Vec::new();
+        for s in self.take_pending() {
+            match by_tag.iter_mut().find(|(t, _)| *t == s.tag) {
+                Some((_, v)) => v.push(s),
+                None => by_tag.push((s.tag.clone(), vec![s])),
+            }
+        }
+        for (t, settlements) in by_tag {
+            self.invoke(&t, settlements, Ask::Nothing, "settle").await;
+        }
+    }
+
+    async fn invoke(
+        &self,
+        tag: &str,
+        settlements: Vec<Settlement>,
+        ask: Ask<'_>,
+        what: &str,
+    ) -> Option<Answer> {
         let mut conn = self.conn.clone()?;
-        let settlements = self.take_pending();
         if settlements.is_empty() && matches!(ask, Ask::Nothing) {
             return None;
         }
+        self.announce_tag(tag).await;
+        let keys = Keys::of(tag);
         let mut inv = self.script.prepare_invoke();
-        inv.key(AVERAGES_KEY)
-            .key(INDEX_KEY)
-            .key(HOLDS_KEY)
-            .key(ANNOUNCED_KEY)
-            .key(FIELDS_KEY)
+        inv.key(&keys.averages)
+            .key(&keys.index)
+            .key(&keys.holds)
+            .key(&keys.announced)
+            .key(&keys.fields)
             .arg(now_ms())
-            .arg(FIELD_PREFIX)
+            .arg(&keys.prefix)
             .arg(MAX_FIELDS)
             .arg(settlements.len());
         for s in &settlements {
@@ -89,7 +129,7 @@ impl Limiter {
                     .arg(rules.len());
                 for r in rules {
                     let s = &r.settings;
-                    inv.arg(r.key(limit_key))
+                    inv.arg(r.key(&keys.prefix, limit_key))
                         .arg(r.per_window(s.rpm))
                         .arg(r.per_window(s.tpm))
                         .arg(s.concurrency.unwrap_or(0))
@@ -109,6 +149,34 @@ impl Limiter {
                 self.failed_open(what, &e);
                 None
             }
+        }
+    }
+
+    /// On a cluster, list `tag` in `TAGS_KEY` the first time this worker uses it, so that
+    /// every worker's read of the holds and the admin view find its keys.
+    async fn announce_tag(&self, tag: &str) {
+        let Some(mut conn) = self.conn.clone() else {
+            return;
+        };
+        if !self.cluster
+            || self
+                .tags
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(tag)
+        {
+            return;
+        }
+        let added: redis::RedisResult<i64> = redis::cmd("SADD")
+            .arg(crate::keys::TAGS_KEY)
+            .arg(tag)
+            .query_async(&mut conn)
+            .await;
+        if added.is_ok() {
+            self.tags
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(tag.to_string());
         }
     }
 }

@@ -11,9 +11,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::clock::{jitter, now_ms};
+use crate::fleet::CLOSED_RETRY;
+use crate::keys::{Keys, tag_of};
 use crate::limiter::{Limiter, Live, Probe, Settlement, forget_quiet};
 use crate::rule::Rule;
 use crate::script::Ask;
+use agentq_types::config::OnUnavailable;
 
 /// Waiters on a hold wake spread over up to this long, not all in one instant.
 const HOLD_JITTER_MS: u64 = 200;
@@ -31,11 +34,15 @@ impl Limiter {
         tenant: &str,
         provider: &dyn LlmProvider,
     ) -> Arc<dyn Admission> {
+        let limit_key = provider.limit_key();
+        let tag = tag_of(self.cluster, &limit_key);
         Arc::new(SessionLimiter {
             limiter: self.clone(),
             tenant: tenant.to_string(),
             provider: provider.name().to_string(),
-            limit_key: provider.limit_key(),
+            prefix: Keys::of(&tag).prefix,
+            tag,
+            limit_key,
         })
     }
 }
@@ -46,6 +53,9 @@ struct SessionLimiter {
     tenant: String,
     provider: String,
     limit_key: String,
+    /// The hash tag of the key's Redis keys, and their prefix.
+    tag: String,
+    prefix: String,
 }
 
 impl SessionLimiter {
@@ -68,7 +78,7 @@ impl SessionLimiter {
         let tokens = ask.input_tokens.saturating_add(ask.max_output_tokens);
         match self
             .limiter
-            .round_trip(Ask::Learned { field, tokens }, "reserve")
+            .round_trip(&self.tag, Ask::Learned { field, tokens }, "reserve")
             .await
         {
             Some((0, wait_ms, ..)) => Admit::Wait {
@@ -95,6 +105,7 @@ impl SessionLimiter {
         let answer = self
             .limiter
             .round_trip(
+                &self.tag,
                 Ask::Rules {
                     id: &id,
                     ttl_ms,
@@ -107,7 +118,15 @@ impl SessionLimiter {
             )
             .await;
         let Some((go, n, delay, tight, why)) = answer else {
-            return Admit::Go(Permit::default());
+            // Redis is configured and could not be reached.
+            return match self.limiter.on_unavailable {
+                OnUnavailable::Closed if self.limiter.conn.is_some() => Admit::Wait {
+                    after: CLOSED_RETRY
+                        .saturating_add(Duration::from_millis(jitter(HOLD_JITTER_MS))),
+                    reason: "limiter",
+                },
+                _ => Admit::Go(Permit::default()),
+            };
         };
         let why = match why.as_str() {
             "rpm" => "rpm",
@@ -124,7 +143,7 @@ impl SessionLimiter {
         let conc: Vec<String> = rules
             .iter()
             .filter(|r| r.settings.concurrency.is_some_and(|c| c > 0))
-            .map(|r| r.key(&self.limit_key))
+            .map(|r| r.key(&self.prefix, &self.limit_key))
             .collect();
         if !conc.is_empty() {
             let ttl = i64::try_from(ttl_ms).unwrap_or(i64::MAX);
@@ -242,7 +261,7 @@ impl Admission for SessionLimiter {
         } else {
             self.rules(ask.model)
                 .iter()
-                .map(|r| r.key(&self.limit_key))
+                .map(|r| r.key(&self.prefix, &self.limit_key))
                 .collect()
         };
         if self.limiter.conn.is_none() || (keys.is_empty() && hold.is_none() && left.is_none()) {
@@ -256,6 +275,7 @@ impl Admission for SessionLimiter {
         };
         let count = |n: Option<u64>| n.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
         let settlement = Settlement {
+            tag: self.tag.clone(),
             id: permit.id,
             used: report.usage.map_or(-1, |u| {
                 i64::try_from(u.input_tokens.saturating_add(u.output_tokens)).unwrap_or(i64::MAX)
@@ -280,7 +300,9 @@ impl Admission for SessionLimiter {
             // they count against what it announced (once per key and worker).
             Some(found) => {
                 self.limiter.defer(settlement, false);
-                self.limiter.round_trip(Ask::Nothing, "settle").await;
+                self.limiter
+                    .round_trip(&self.tag, Ask::Nothing, "settle")
+                    .await;
                 self.limiter.end_probe(&field, found);
             }
             // Off the call path: the next reservation of this worker carries it, unless

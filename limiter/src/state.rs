@@ -7,16 +7,40 @@ use agentq_error::Result;
 use agentq_types::limiter::{HoldState, LimiterState, RuleState};
 
 use crate::clock::now_ms;
-use crate::keys::{HOLDS_KEY, INDEX_KEY, PREFIX};
+use crate::keys::{Keys, SINGLE_TAG, TAGS_KEY};
 
 /// Read the limiter's state from Redis (the admin route): every rule key in use with
-/// its counts, and the holds not yet past.
+/// its counts, and the holds not yet past; of one server's layout and of every tag a
+/// cluster's workers listed (give it a cluster connection on a cluster).
 pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
 ) -> Result<LimiterState> {
+    let mut tags: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(TAGS_KEY)
+        .query_async(conn)
+        .await?;
+    tags.insert(0, SINGLE_TAG.to_string());
+    let mut state = LimiterState {
+        rules: Vec::new(),
+        holds: Vec::new(),
+    };
+    for tag in tags {
+        let one = read_tag(conn, &Keys::of(&tag)).await?;
+        state.rules.extend(one.rules);
+        state.holds.extend(one.holds);
+    }
+    state.holds.sort_by(|a, b| a.key.cmp(&b.key));
+    state.rules.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(state)
+}
+
+async fn read_tag<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    tag: &Keys,
+) -> Result<LimiterState> {
     let now = now_ms();
     let keys: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(INDEX_KEY)
+        .arg(&tag.index)
         .query_async(conn)
         .await?;
     let mut rules = Vec::new();
@@ -47,7 +71,10 @@ pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
             .query_async(conn)
             .await?;
         rules.push(RuleState {
-            key: k.strip_prefix(PREFIX).unwrap_or(&k).to_string(),
+            key: k
+                .strip_prefix(tag.prefix.as_str())
+                .unwrap_or(&k)
+                .to_string(),
             requests_per_window: cfg.get("rpm").copied().unwrap_or(0),
             tokens_per_window: cfg.get("tpm").copied().unwrap_or(0),
             concurrency: cfg.get("concurrency").copied().unwrap_or(0),
@@ -59,13 +86,13 @@ pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
     }
     if !gone.is_empty() {
         let _: redis::RedisResult<i64> = redis::cmd("SREM")
-            .arg(INDEX_KEY)
+            .arg(&tag.index)
             .arg(&gone)
             .query_async(conn)
             .await;
     }
     let held: HashMap<String, i64> = redis::cmd("HGETALL")
-        .arg(HOLDS_KEY)
+        .arg(&tag.holds)
         .query_async(conn)
         .await?;
     let mut holds: Vec<HoldState> = held

@@ -1,11 +1,21 @@
 //! [`RedisQueue`]: the [`crate::queue::Queue`] on Redis Streams.
 //!
 //! This module owns every Redis key and channel agentq uses for work and news:
-//! - one stream per queue, `agentq:queue:<name>`, read by the consumer group
-//!   `agentq-workers` (created at id `0`, so entries added before the group are not lost);
-//!   entries carry `session_id` and `reason`;
-//! - the dead-letter stream `agentq:dead`, the completion stream `agentq:completions`;
+//! - one stream per queue partition (`layout.rs`: `agentq:queue:<name>` with one
+//!   partition on one server, else `agentq:queue:{<name>:<p>}`), read by the consumer
+//!   group `agentq-workers` (created at id `0`, so entries added before the group are not
+//!   lost); entries carry `session_id` and `reason`;
+//! - the dead-letter stream (`agentq:dead`, or each partition's `agentq:dead:{<name>:<p>}`),
+//!   the completion stream `agentq:completions`;
 //! - the pub/sub channels `agentq:done`, `agentq:done:<id>` and `agentq:cancel`.
+//!
+//! # Redis Cluster
+//! With `[redis] cluster`, the connections are cluster connections ([`connection`]'s
+//! `Conn` is either kind) and no command, pipeline, `MULTI` or `XREAD` spans two slots:
+//! the keys of a queue partition share a hash tag, a session's event stream is tagged with
+//! its id, a session's partition is a hash of its id, an enqueue of many is one pipeline
+//! per partition, and each partition is read by a blocking reader of its own (`read.rs`).
+//! Subscriptions connect to one seed node (a `PUBLISH` reaches every node's subscribers).
 //!
 //! # Connections
 //! - Ordinary commands share one [`redis::aio::ConnectionManager`] (multiplexed, reconnects by itself
@@ -46,12 +56,16 @@
 mod connection;
 mod events;
 mod health;
+mod inflight;
+mod layout;
+mod read;
 mod reply;
 mod signals;
 mod subscription;
 mod work;
 
 pub use connection::{READ_GRACE, RedisQueue};
+pub use events::CLUSTER_POLL;
 
 /// Approximate cap on `agentq:dead` and `agentq:completions`.
 pub const HISTORY_MAXLEN: usize = 100_000;

@@ -63,6 +63,8 @@ pub struct LimitsAdmin {
     pub configured: Vec<agentq_core::config::LimitSettings>,
     /// `None`: no Redis, so no fleet-wide limiter.
     pub redis_url: Option<String>,
+    /// `redis_url` names a Redis Cluster's seed nodes.
+    pub redis_cluster: bool,
 }
 
 impl SchedulerSettings {
@@ -75,6 +77,7 @@ impl SchedulerSettings {
             limits: LimitsAdmin {
                 configured: s.limits.clone(),
                 redis_url: s.redis_url.clone(),
+                redis_cluster: s.redis.cluster,
             },
             scheduling: s.scheduling.clone(),
             workspace: s.workspace.clone(),

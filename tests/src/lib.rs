@@ -13,8 +13,8 @@ pub mod node;
 
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,
-    RateLimitedConfig, RateLimitedLlm, RateStats, RecordedRequest, RedisServer, Reply, fake_llm,
-    rate_limited, services, shared_postgres,
+    RateLimitedConfig, RateLimitedLlm, RateStats, RecordedRequest, RedisCluster, RedisServer,
+    Reply, fake_llm, rate_limited, services, shared_postgres,
 };
 
 pub mod python;

@@ -28,6 +28,7 @@ mod load;
 mod mcp;
 mod policy;
 mod providers;
+mod redis;
 mod registry;
 mod retention;
 mod scheduler;
@@ -52,6 +53,7 @@ pub use mcp::{
 };
 pub use policy::{BudgetSettings, PolicySection, SPAWN_AGENT_TOOL, TenantPolicySection};
 pub use providers::{NO_MODEL, PROVIDERS, ProvidersSection, TenantProviders};
+pub use redis::{CLUSTER_PARTITIONS, LimiterSection, MAX_PARTITIONS, OnUnavailable, RedisSection};
 pub use registry::{SETTINGS, Setting, describe};
 pub use retention::{ExportTarget, RetentionOverride, RetentionSection};
 pub use scheduler::{SchedulerSection, SchedulingSection, TenantScheduling};

@@ -1,7 +1,7 @@
 //! The fleet-wide rate limiter against a real, private `redis-server`: its Lua scripts
 //! under many concurrent reservers, the expiry of a dead worker's reservation, token
 //! correction by the reported usage, a hold learned from a 429 shared by every worker,
-//! and failing open when Redis is gone.
+//! and failing open when Redis is gone and the configuration says so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -308,13 +308,25 @@ async fn a_429_holds_the_key_on_every_worker_and_no_other_key() {
     ));
 }
 
+/// `on_unavailable = "open"`, said explicitly: a limiter that cannot reach Redis lets
+/// calls through (and counts it). The default, closed, is `limiter_cluster.rs`'s.
 #[tokio::test]
-async fn redis_gone_lets_calls_through() {
+async fn redis_gone_lets_calls_through_when_open() {
     let mut server = RedisServer::start().unwrap();
     let rules = [limit("provider = \"openai\"\nrpm = 1")];
-    let gate = limiter(&server, &rules)
-        .await
-        .for_session("t", &provider("k"));
+    let open = agentq_core::config::LimiterSection {
+        on_unavailable: agentq_core::config::OnUnavailable::Open,
+    };
+    let gate = Limiter::connect_with(
+        &server.url(),
+        false,
+        &open,
+        &rules,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+    .for_session("t", &provider("k"));
     assert!(matches!(gate.reserve(&ask(1, 1)).await, Admit::Go(_)));
     assert!(matches!(gate.reserve(&ask(1, 1)).await, Admit::Wait { .. }));
     let errors = agentq_core::metrics::global().limiter_errors.get();

@@ -7,5 +7,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod limiter;
+mod limiter_cluster;
 mod redrive;
 mod sqlite_durability;

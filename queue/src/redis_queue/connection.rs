@@ -1,18 +1,26 @@
 //! The connections of a [`RedisQueue`]: the shared command connection and the reader
 //! connections that blocking reads check out one read at a time (see the parent module's
-//! docs for why a reader is never reused with a reply in flight).
+//! docs for why a reader is never reused with a reply in flight), to one server or to a
+//! Redis Cluster ([`Conn`] is either, so every command is written once).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, RedisError, RedisResult, Value,
+    AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
+    RedisResult, Value,
 };
 
 use agentq_error::Result;
+use agentq_types::config::RedisSection;
+
+use super::inflight::Inflight;
+use super::layout::Layout;
 
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).
@@ -27,48 +35,130 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// commands fail fast (retryably) while Redis is down; the next command tries again.
 const COMMAND_RECONNECT_RETRIES: usize = 2;
 /// Idle reader connections kept for reuse.
-const MAX_IDLE_READERS: usize = 8;
+const MAX_IDLE_READERS: usize = 32;
+
+/// A connection to one server or to a cluster. A cluster connection routes each command
+/// (and each pipeline, whose commands must then share a slot) to the node serving its
+/// keys, follows `MOVED`/`ASK` while slots migrate and reconnects to nodes that restart.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Reader(redis::aio::MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Reader(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Reader(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Reader(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where the queue's Redis is: one server, or a cluster found from its seed nodes.
+#[derive(Clone)]
+pub(super) enum Target {
+    Single(Client),
+    Cluster {
+        /// Readers' client: no response timeout (blocking reads put their own deadline).
+        readers: ClusterClient,
+        /// One client per seed node, for subscriptions (a `PUBLISH` reaches every node).
+        seeds: Vec<Client>,
+        addrs: Vec<String>,
+    },
+}
 
 /// The [`crate::queue::Queue`] on Redis Streams. Cheap to share behind an `Arc`; see the docs of
 /// [`crate::redis_queue`].
 pub struct RedisQueue {
-    pub(super) client: Client,
-    conn: ConnectionManager,
+    pub(super) target: Target,
+    conn: Conn,
     /// Idle reader connections for blocking reads (no response timeout).
-    readers: Mutex<Vec<MultiplexedConnection>>,
+    readers: Arc<Mutex<Vec<Conn>>>,
+    pub(super) layout: Layout,
+    /// Reads a cluster's consumer left running past its last `read` (see `read.rs`).
+    pub(super) inflight: Arc<Inflight>,
 }
 
 impl std::fmt::Debug for RedisQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let server = match &self.target {
+            Target::Single(c) => c.get_connection_info().addr().to_string(),
+            Target::Cluster { addrs, .. } => addrs.join(","),
+        };
         f.debug_struct("RedisQueue")
-            .field("server", &self.client.get_connection_info().addr())
+            .field("server", &server)
+            .field("layout", &self.layout)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisQueue {
-    /// Open the shared command connection to `url` (`redis://[:password@]host:port[/db]`).
-    /// Fails when Redis cannot be reached now; once connected, the queue survives Redis
-    /// restarts without being re-created.
+    /// Open the shared command connection to `url` (`redis://[:password@]host:port[/db]`),
+    /// one server, each queue one stream (`[redis]` at its defaults). Fails when Redis
+    /// cannot be reached now; once connected, the queue survives Redis restarts without
+    /// being re-created.
     pub async fn connect(url: &str) -> Result<Self> {
-        let client = Client::open(url.into_connection_info()?.set_tcp_settings(tcp_settings()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(COMMAND_TIMEOUT))
-            .set_number_of_retries(COMMAND_RECONNECT_RETRIES)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client.clone(), config)
-            .await
-            .map_err(|e| unreachable(&client, e))?;
+        Self::connect_with(url, &RedisSection::default()).await
+    }
+
+    /// As [`RedisQueue::connect`], as `[redis]` says: on a cluster, `url` is one or more
+    /// seed nodes, comma-separated; each queue is split into `partitions` streams.
+    pub async fn connect_with(url: &str, settings: &RedisSection) -> Result<Self> {
+        let layout = Layout::new(settings.cluster, settings.partitions());
+        let (target, conn) = if settings.cluster {
+            connect_cluster(url).await?
+        } else {
+            let client =
+                Client::open(url.into_connection_info()?.set_tcp_settings(tcp_settings()))?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(Some(COMMAND_TIMEOUT))
+                .set_number_of_retries(COMMAND_RECONNECT_RETRIES)
+                .set_max_delay(Duration::from_millis(500));
+            let conn = ConnectionManager::new_with_config(client.clone(), config)
+                .await
+                .map_err(|e| unreachable(&client.get_connection_info().addr().to_string(), e))?;
+            (Target::Single(client), Conn::Single(conn))
+        };
         Ok(RedisQueue {
-            client,
+            target,
             conn,
-            readers: Mutex::new(Vec::new()),
+            readers: Arc::new(Mutex::new(Vec::new())),
+            layout,
+            inflight: Arc::new(Inflight::default()),
         })
     }
 
-    pub(super) fn conn(&self) -> ConnectionManager {
+    pub(super) fn conn(&self) -> Conn {
         self.conn.clone()
+    }
+
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster { .. })
     }
 
     pub(super) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -77,28 +167,32 @@ impl RedisQueue {
 
     /// A reader connection: an idle one if any (`true`: it may have gone stale), else a
     /// new one.
-    async fn checkout_reader(&self) -> RedisResult<(MultiplexedConnection, bool)> {
+    pub(super) async fn checkout_reader(&self) -> RedisResult<(Conn, bool)> {
         let idle = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
         if let Some(conn) = idle {
             return Ok((conn, true));
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            // Blocking reads outlast any fixed response timeout; `blocking_query` puts its
-            // own deadline around each one.
-            .set_response_timeout(None);
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        let conn = match &self.target {
+            Target::Single(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    // Blocking reads outlast any fixed response timeout; `blocking_query`
+                    // puts its own deadline around each one.
+                    .set_response_timeout(None);
+                Conn::Reader(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                )
+            }
+            Target::Cluster { readers, .. } => Conn::Cluster(readers.get_async_connection().await?),
+        };
         Ok((conn, false))
     }
 
-    fn return_reader(&self, conn: MultiplexedConnection) {
-        let mut idle = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE_READERS {
-            idle.push(conn);
-        }
+    /// The idle list, for readers that outlive the call that checked them out.
+    pub(super) fn reader_pool(&self) -> Arc<Mutex<Vec<Conn>>> {
+        self.readers.clone()
     }
 
     /// Run a blocking command on a reader connection. A connection that was idle in the
@@ -106,29 +200,11 @@ impl RedisQueue {
     pub(super) async fn blocking_query(&self, cmd: &Cmd, block: Duration) -> RedisResult<Value> {
         let mut tried_fresh = false;
         loop {
-            let (mut conn, pooled) = self.checkout_reader().await?;
+            let (conn, pooled) = self.checkout_reader().await?;
             tried_fresh |= !pooled;
-            let result =
-                match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(RedisError::from(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "blocking read got no reply within its block + grace",
-                    ))),
-                };
-            match result {
-                Ok(v) => {
-                    self.return_reader(conn);
-                    return Ok(v);
-                }
-                // A server error (e.g. NOGROUP) leaves the connection in a clean state.
-                Err(e) if !e.is_io_error() && !e.is_unrecoverable_error() => {
-                    self.return_reader(conn);
-                    return Err(e);
-                }
+            match blocking_on(conn, cmd, block, &self.readers).await {
                 Err(e) if pooled && !tried_fresh && e.is_connection_dropped() => {
                     tracing::debug!(error = %e, "idle redis reader connection was dead; reconnecting");
-                    drop(conn);
                     // Drain the other idle readers too: they share the dead server.
                     self.readers
                         .lock()
@@ -136,10 +212,74 @@ impl RedisQueue {
                         .clear();
                     tried_fresh = true;
                 }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
     }
+}
+
+/// `cmd` on `conn` within `block` + [`READ_GRACE`]; the connection goes back to `pool`
+/// only after a complete reply (data or a server error such as `NOGROUP`).
+pub(super) async fn blocking_on(
+    mut conn: Conn,
+    cmd: &Cmd,
+    block: Duration,
+    pool: &Mutex<Vec<Conn>>,
+) -> RedisResult<Value> {
+    let result = match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await {
+        Ok(r) => r,
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "blocking read got no reply within its block + grace",
+        ))),
+    };
+    let clean = match &result {
+        Ok(_) => true,
+        // A server error leaves the connection in a clean state.
+        Err(e) => !e.is_io_error() && !e.is_unrecoverable_error() && !e.is_timeout(),
+    };
+    if clean {
+        let mut idle = pool.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+    result
+}
+
+/// The cluster's command connection, and the clients its readers and subscriptions use.
+async fn connect_cluster(urls: &str) -> Result<(Target, Conn)> {
+    let mut infos = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        infos.push(url.into_connection_info()?);
+    }
+    let addrs: Vec<String> = infos.iter().map(|i| i.addr().to_string()).collect();
+    let builder = |infos: Vec<redis::ConnectionInfo>| {
+        ClusterClientBuilder::new(infos)
+            .connection_timeout(CONNECT_TIMEOUT)
+            .tcp_settings(tcp_settings())
+    };
+    let commands = builder(infos.clone())
+        .response_timeout(COMMAND_TIMEOUT)
+        .retries(u32::try_from(COMMAND_RECONNECT_RETRIES).unwrap_or(2) + 1)
+        .build()?;
+    let readers = builder(infos.clone()).build()?;
+    let seeds = infos
+        .into_iter()
+        .map(Client::open)
+        .collect::<RedisResult<Vec<_>>>()?;
+    let conn = commands
+        .get_async_connection()
+        .await
+        .map_err(|e| unreachable(&addrs.join(","), e))?;
+    Ok((
+        Target::Cluster {
+            readers,
+            seeds,
+            addrs,
+        },
+        Conn::Cluster(conn),
+    ))
 }
 
 /// TCP settings of every connection: no Nagle delay on small request/response
@@ -161,7 +301,7 @@ fn tcp_settings() -> TcpSettings {
 /// A failed first connection as the operator should read it: a server that cannot be
 /// reached is said once, with its address and cause (not the client's retries); any other
 /// refusal (a wrong password) is Redis's own error.
-fn unreachable(client: &Client, e: RedisError) -> agentq_error::Error {
+fn unreachable(address: &str, e: RedisError) -> agentq_error::Error {
     let cause = if e.is_connection_refusal() {
         "connection refused".to_string()
     } else if e.is_timeout() {
@@ -173,7 +313,7 @@ fn unreachable(client: &Client, e: RedisError) -> agentq_error::Error {
     };
     agentq_error::Error::Unreachable {
         service: "Redis",
-        address: client.get_connection_info().addr().to_string(),
+        address: address.to_string(),
         cause,
     }
 }

@@ -1,16 +1,94 @@
 //! Each session's event stream on Redis: [`EventStreams`] for [`RedisQueue`] (capped at
-//! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections).
+//! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On a
+//! cluster every session's stream is a slot of its own: appends go one pipeline per
+//! session, and a read over many sessions is one `XREAD` per session, repeated every
+//! [`CLUSTER_POLL`] while it blocks (a blocking read per followed session would hold a
+//! connection each).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::try_join_all;
+use redis::Value;
 
-use crate::queue::{EventRecord, EventStreams, events_stream};
+use crate::queue::{EventRecord, EventStreams};
 use agentq_error::{Error, Result};
 
 use super::EVENTS_MAXLEN;
 use super::connection::RedisQueue;
 use super::reply::{event_record, parse_entries, stream_entries};
+
+/// How often a blocking read over many sessions looks again on a cluster.
+pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
+
+impl RedisQueue {
+    /// One `XREAD` over `from`'s streams (they must share a slot on a cluster).
+    fn xread(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count.max(1));
+        if let Some(b) = block {
+            cmd.arg("BLOCK")
+                .arg(u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+        }
+        cmd.arg("STREAMS");
+        for (session_id, _) in from {
+            cmd.arg(self.layout.events(session_id));
+        }
+        for (_, after) in from {
+            cmd.arg(after);
+        }
+        cmd
+    }
+
+    fn records(&self, from: &[(String, String)], reply: Value) -> Vec<EventRecord> {
+        let by_stream: HashMap<String, &str> = from
+            .iter()
+            .map(|(s, _)| (self.layout.events(s), s.as_str()))
+            .collect();
+        stream_entries(reply)
+            .into_iter()
+            .filter_map(|(stream, entries)| Some((*by_stream.get(&stream)?, entries)))
+            .flat_map(|(session_id, entries)| {
+                entries
+                    .into_iter()
+                    .filter_map(move |e| event_record(session_id, e))
+            })
+            .collect()
+    }
+
+    /// Every session of `from` read at once, one `XREAD` each; polled while `block`
+    /// lasts and nothing came.
+    async fn read_each(
+        &self,
+        from: &[(String, String)],
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<EventRecord>> {
+        let deadline = block.map(|b| tokio::time::Instant::now() + b);
+        loop {
+            let replies = try_join_all(from.iter().map(|one| async move {
+                let one = std::slice::from_ref(one);
+                let reply = self.query(&self.xread(one, count, None)).await?;
+                Ok::<_, Error>(self.records(one, reply))
+            }))
+            .await?;
+            let got: Vec<EventRecord> = replies.into_iter().flatten().collect();
+            match deadline {
+                Some(d) if got.is_empty() && tokio::time::Instant::now() < d => {
+                    tokio::time::sleep_until(d.min(tokio::time::Instant::now() + CLUSTER_POLL))
+                        .await;
+                }
+                _ => return Ok(got),
+            }
+        }
+    }
+}
 
 #[async_trait]
 impl EventStreams for RedisQueue {
@@ -18,10 +96,22 @@ impl EventStreams for RedisQueue {
         if events.is_empty() {
             return Ok(());
         }
-        let mut pipe = redis::pipe();
+        // One pipeline (per session on a cluster: a pipeline is one slot), in order.
+        let mut pipes: Vec<(Option<&str>, redis::Pipeline)> = Vec::new();
         for e in events {
+            let key = self.layout.is_cluster().then_some(e.session_id.as_str());
+            let pipe = match pipes.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, pipe)) => pipe,
+                None => {
+                    pipes.push((key, redis::pipe()));
+                    let Some((_, pipe)) = pipes.last_mut() else {
+                        continue;
+                    };
+                    pipe
+                }
+            };
             pipe.cmd("XADD")
-                .arg(events_stream(&e.session_id))
+                .arg(self.layout.events(&e.session_id))
                 .arg("MAXLEN")
                 .arg("~")
                 .arg(EVENTS_MAXLEN)
@@ -34,7 +124,11 @@ impl EventStreams for RedisQueue {
                 .arg(&e.data)
                 .ignore();
         }
-        let _: () = pipe.query_async(&mut self.conn()).await?;
+        try_join_all(pipes.iter().map(|(_, pipe)| async move {
+            let _: () = pipe.query_async(&mut self.conn()).await?;
+            Ok::<_, Error>(())
+        }))
+        .await?;
         Ok(())
     }
 
@@ -45,23 +139,14 @@ impl EventStreams for RedisQueue {
         count: usize,
         block: Option<Duration>,
     ) -> Result<Vec<EventRecord>> {
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count.max(1));
         let block = block.filter(|b| !b.is_zero());
-        if let Some(b) = block {
-            cmd.arg("BLOCK")
-                .arg(u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
-        }
-        cmd.arg("STREAMS").arg(events_stream(session_id)).arg(after);
+        let from = [(session_id.to_string(), after.to_string())];
+        let cmd = self.xread(&from, count, block);
         let reply = match block {
             Some(b) => self.blocking_query(&cmd, b).await?,
             None => self.query(&cmd).await?,
         };
-        Ok(stream_entries(reply)
-            .into_iter()
-            .flat_map(|(_, entries)| entries)
-            .filter_map(|e| event_record(session_id, e))
-            .collect())
+        Ok(self.records(&from, reply))
     }
 
     async fn read_events_many(
@@ -83,41 +168,20 @@ impl EventStreams for RedisQueue {
                 format!("{after:?}: read_events_many takes entry ids only"),
             ));
         }
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count.max(1));
-        if let Some(b) = block {
-            cmd.arg("BLOCK")
-                .arg(u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+        if self.layout.is_cluster() {
+            return self.read_each(from, count, block).await;
         }
-        cmd.arg("STREAMS");
-        for (session_id, _) in from {
-            cmd.arg(events_stream(session_id));
-        }
-        for (_, after) in from {
-            cmd.arg(after);
-        }
+        let cmd = self.xread(from, count, block);
         let reply = match block {
             Some(b) => self.blocking_query(&cmd, b).await?,
             None => self.query(&cmd).await?,
         };
-        let prefix = events_stream("");
-        Ok(stream_entries(reply)
-            .into_iter()
-            .filter_map(|(stream, entries)| {
-                let session_id = stream.strip_prefix(prefix.as_str())?.to_string();
-                Some((session_id, entries))
-            })
-            .flat_map(|(session_id, entries)| {
-                entries
-                    .into_iter()
-                    .filter_map(move |e| event_record(&session_id, e))
-            })
-            .collect())
+        Ok(self.records(from, reply))
     }
 
     async fn last_events(&self, session_id: &str, count: usize) -> Result<Vec<EventRecord>> {
         let mut cmd = redis::cmd("XREVRANGE");
-        cmd.arg(events_stream(session_id))
+        cmd.arg(self.layout.events(session_id))
             .arg("+")
             .arg("-")
             .arg("COUNT")
@@ -131,7 +195,7 @@ impl EventStreams for RedisQueue {
 
     async fn expire_events(&self, session_id: &str, ttl: Duration) -> Result<()> {
         let mut cmd = redis::cmd("PEXPIRE");
-        cmd.arg(events_stream(session_id))
+        cmd.arg(self.layout.events(session_id))
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         self.query(&cmd).await?;
         Ok(())

@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use futures::future::try_join_all;
 use futures::stream::BoxStream;
 
 use crate::queue::{CANCEL_CHANNEL, COMPLETIONS_STREAM, DONE_CHANNEL, Signals, done_channel};
@@ -11,23 +12,32 @@ use agentq_types::model::Completion;
 use agentq_types::protocol::WorkerSignal;
 
 use super::HISTORY_MAXLEN;
-use super::connection::RedisQueue;
+use super::connection::{RedisQueue, Target};
 use super::subscription::subscribe;
+
+impl RedisQueue {
+    /// Where subscriptions connect: the server, or each seed node of a cluster in turn
+    /// (a `PUBLISH` on any node reaches the subscribers of all of them).
+    fn subscribers(&self) -> Vec<redis::Client> {
+        match &self.target {
+            Target::Single(client) => vec![client.clone()],
+            Target::Cluster { seeds, .. } => seeds.clone(),
+        }
+    }
+}
 
 #[async_trait]
 impl Signals for RedisQueue {
     async fn publish_completion(&self, completion: &Completion) -> Result<()> {
         let json = serde_json::to_string(completion)?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("PUBLISH")
+        let mut per_session = redis::cmd("PUBLISH");
+        per_session
             .arg(done_channel(&completion.session_id))
-            .arg(&json)
-            .ignore()
-            .cmd("PUBLISH")
-            .arg(DONE_CHANNEL)
-            .arg(&json)
-            .ignore()
-            .cmd("XADD")
+            .arg(&json);
+        let mut all = redis::cmd("PUBLISH");
+        all.arg(DONE_CHANNEL).arg(&json);
+        let mut record = redis::cmd("XADD");
+        record
             .arg(COMPLETIONS_STREAM)
             .arg("MAXLEN")
             .arg("~")
@@ -36,7 +46,19 @@ impl Signals for RedisQueue {
             .arg("session_id")
             .arg(&completion.session_id)
             .arg("data")
-            .arg(&json)
+            .arg(&json);
+        if self.is_cluster() {
+            // A cluster routes each by its channel or key (three slots): three commands,
+            // at once. A PUBLISH reaches the subscribers of every node.
+            try_join_all([&per_session, &all, &record].map(|c| self.query(c))).await?;
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(per_session)
+            .ignore()
+            .add_command(all)
+            .ignore()
+            .add_command(record)
             .ignore();
         pipe.exec_async(&mut self.conn()).await?;
         Ok(())
@@ -50,7 +72,7 @@ impl Signals for RedisQueue {
     }
 
     async fn subscribe_signals(&self) -> Result<BoxStream<'static, WorkerSignal>> {
-        let raw = subscribe(self.client.clone(), CANCEL_CHANNEL.to_string()).await?;
+        let raw = subscribe(self.subscribers(), CANCEL_CHANNEL.to_string()).await?;
         Ok(raw.map(|msg| WorkerSignal::decode(&msg)).boxed())
     }
 
@@ -58,7 +80,7 @@ impl Signals for RedisQueue {
         &self,
         session_id: &str,
     ) -> Result<BoxStream<'static, Completion>> {
-        let raw = subscribe(self.client.clone(), done_channel(session_id)).await?;
+        let raw = subscribe(self.subscribers(), done_channel(session_id)).await?;
         Ok(raw
             .filter_map(|payload| async move {
                 match serde_json::from_str::<Completion>(&payload) {

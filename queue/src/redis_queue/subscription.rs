@@ -1,5 +1,6 @@
 //! Subscriptions: one pub/sub connection per subscription, re-subscribed with backoff when
-//! it is lost, and pinged so that a silently dead connection is noticed.
+//! it is lost (to the next node of a cluster's seeds, should its node be down), and
+//! pinged so that a silently dead connection is noticed.
 
 use std::time::Duration;
 
@@ -22,12 +23,32 @@ const SUB_PING_EVERY: Duration = Duration::from_secs(15);
 /// Subscribe to `channel` now (the subscription is active when this returns) and yield
 /// the payloads, reconnecting with backoff when the connection is lost.
 pub(super) async fn subscribe(
-    client: Client,
+    clients: Vec<Client>,
     channel: String,
 ) -> Result<BoxStream<'static, String>> {
-    let conn = connect_subscription(&client, &channel).await?;
+    let mut conn = None;
+    let mut next = 0;
+    let mut failure = None;
+    for (i, client) in clients.iter().enumerate() {
+        match connect_subscription(client, &channel).await {
+            Ok(c) => {
+                conn = Some(c);
+                next = i;
+                break;
+            }
+            Err(e) => failure = Some(e),
+        }
+    }
+    let Some(conn) = conn else {
+        return Err(failure
+            .unwrap_or_else(|| {
+                RedisError::from((redis::ErrorKind::Client, "no Redis to subscribe to"))
+            })
+            .into());
+    };
     let state = Subscription {
-        client,
+        clients,
+        next,
         channel,
         conn: Some(conn),
         backoff: SUB_BACKOFF_MIN,
@@ -59,7 +80,9 @@ async fn connect_subscription(
 }
 
 struct Subscription {
-    client: Client,
+    clients: Vec<Client>,
+    /// The client in use, or to try next.
+    next: usize,
     channel: String,
     /// `None` while disconnected.
     conn: Option<(PubSubSink, PubSubStream)>,
@@ -79,7 +102,11 @@ impl Subscription {
         loop {
             let Some((sink, stream)) = &mut self.conn else {
                 tokio::time::sleep(self.backoff).await;
-                match connect_subscription(&self.client, &self.channel).await {
+                // Never empty: `subscribe` connected through one of them.
+                let Some(client) = self.clients.get(self.next % self.clients.len().max(1)) else {
+                    continue;
+                };
+                match connect_subscription(client, &self.channel).await {
                     Ok(conn) => {
                         tracing::info!(channel = %self.channel, "redis subscription restored");
                         self.conn = Some(conn);
@@ -88,6 +115,7 @@ impl Subscription {
                     }
                     Err(e) => {
                         tracing::debug!(channel = %self.channel, error = %e, "redis resubscribe failed");
+                        self.next = self.next.wrapping_add(1);
                         self.backoff = (self.backoff * 2).min(SUB_BACKOFF_MAX);
                     }
                 }

@@ -1,19 +1,22 @@
-//! The work queue on Redis: [`WorkQueue`] for [`RedisQueue`] (one stream per queue read by
-//! one consumer group; enqueue, read, touch, reclaim, ack, trim and dead-letter, each
-//! re-creating a group that a Redis restart lost).
+//! The work queue on Redis: [`WorkQueue`] for [`RedisQueue`] (each queue's partitions are
+//! streams read by one consumer group; enqueue, read, touch, reclaim, ack, trim and
+//! dead-letter, each re-creating a group that a Redis restart lost). Reads on a cluster,
+//! one blocking reader per partition, are `read.rs`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::future::try_join_all;
 use redis::{Cmd, RedisError, Value};
 
-use crate::queue::{DEAD_STREAM, Delivery, GROUP, WorkQueue, queue_stream};
+use crate::queue::{Delivery, GROUP, WorkQueue};
 use agentq_error::{Error, Result};
 use agentq_types::model::EnqueueReason;
 
 use super::HISTORY_MAXLEN;
 use super::connection::RedisQueue;
+use super::inflight::Part;
 use super::reply::{
     parse_entries, stream_entries, value_items, value_pairs, value_string, value_u64,
 };
@@ -22,9 +25,22 @@ use super::reply::{
 /// the pending list).
 const RECLAIM_MAX_ROUNDS: usize = 16;
 
+/// Creates the stream and its group unless the group exists: one script, so that no
+/// process start makes Redis answer an error (`BUSYGROUP`), which its command statistics
+/// would count as a failed call.
+const ENSURE_GROUP: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+    if g[2] == ARGV[1] then return 0 end
+  end
+end
+redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM')
+return 1
+";
+
 impl RedisQueue {
-    /// `XREADGROUP` (blocking when `block` is set) over `queues` with `id` (`>` or `0`),
-    /// re-creating missing groups once.
+    /// `XREADGROUP` (blocking when `block` is set) over every partition of `queues`, with
+    /// `id` (`>` or `0`), re-creating missing groups once.
     async fn read_group(
         &self,
         queues: &[String],
@@ -40,30 +56,20 @@ impl RedisQueue {
             }
             return Ok(Vec::new());
         }
-        let streams: Vec<String> = queues.iter().map(|q| queue_stream(q)).collect();
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count.max(1));
-        if let Some(block) = block {
-            // BLOCK 0 would block forever: a zero block is a non-blocking read.
-            let ms = block.as_millis();
-            if ms > 0 {
-                cmd.arg("BLOCK").arg(u64::try_from(ms).unwrap_or(u64::MAX));
-            }
+        if self.is_cluster() {
+            return self.read_cluster(queues, consumer, count, block, id).await;
         }
-        cmd.arg("STREAMS").arg(&streams);
-        for _ in queues {
-            cmd.arg(id);
-        }
-
+        let parts: Vec<Part> = queues
+            .iter()
+            .flat_map(|q| self.layout.all().map(move |p| (q.clone(), p)))
+            .collect();
+        let block = block.filter(|b| !b.is_zero());
+        let cmd = self.xreadgroup(&parts, consumer, count, block, id);
         let mut healed = false;
         let reply = loop {
             let result = match block {
-                Some(block) if !block.is_zero() => self.blocking_query(&cmd, block).await,
-                _ => self.query(&cmd).await,
+                Some(block) => self.blocking_query(&cmd, block).await,
+                None => self.query(&cmd).await,
             };
             match result {
                 Ok(v) => break v,
@@ -80,31 +86,66 @@ impl RedisQueue {
                 Err(e) => return Err(e.into()),
             }
         };
+        Ok(self.deliveries(&parts, reply).await)
+    }
 
-        let by_stream: HashMap<&str, &String> = streams
+    /// `XREADGROUP GROUP … [BLOCK ms] STREAMS <the partitions' streams> <id…>`.
+    pub(super) fn xreadgroup(
+        &self,
+        parts: &[Part],
+        consumer: &str,
+        count: usize,
+        block: Option<Duration>,
+        id: &str,
+    ) -> Cmd {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count.max(1));
+        if let Some(block) = block {
+            // BLOCK 0 would block forever: a zero block is a non-blocking read.
+            let ms = block.as_millis();
+            if ms > 0 {
+                cmd.arg("BLOCK").arg(u64::try_from(ms).unwrap_or(u64::MAX));
+            }
+        }
+        cmd.arg("STREAMS");
+        for (q, p) in parts {
+            cmd.arg(self.layout.stream(q, *p));
+        }
+        for _ in parts {
+            cmd.arg(id);
+        }
+        cmd
+    }
+
+    /// The deliveries of an `XREADGROUP` reply over `parts`; entries without a session id
+    /// are acked out of the way.
+    pub(super) async fn deliveries(&self, parts: &[Part], reply: Value) -> Vec<Delivery> {
+        let by_stream: HashMap<String, &Part> = parts
             .iter()
-            .map(String::as_str)
-            .zip(queues.iter())
+            .map(|part| (self.layout.stream(&part.0, part.1), part))
             .collect();
         let mut out = Vec::new();
-        let mut garbage: HashMap<String, Vec<String>> = HashMap::new();
+        let mut garbage: HashMap<Part, Vec<String>> = HashMap::new();
         for (stream, entries) in stream_entries(reply) {
-            let queue = match by_stream.get(stream.as_str()) {
-                Some(q) => (*q).clone(),
-                None => match stream.strip_prefix("agentq:queue:") {
-                    Some(q) => q.to_string(),
-                    None => continue,
-                },
+            let Some((queue, p)) = by_stream.get(stream.as_str()).copied() else {
+                continue;
             };
             for entry in entries {
-                match entry.into_delivery(&queue) {
-                    Ok(d) => out.push(d),
-                    Err(id) => garbage.entry(queue.clone()).or_default().push(id),
+                match entry.into_delivery(queue) {
+                    Ok(mut d) => {
+                        d.entry_id = self.layout.entry_id(*p, d.entry_id);
+                        out.push(d);
+                    }
+                    Err(id) => garbage.entry((queue.clone(), *p)).or_default().push(id),
                 }
             }
         }
         self.ack_garbage(garbage).await;
-        Ok(out)
+        out
     }
 
     /// The consumer group's `last-delivered-id` on `stream`; `None` without the stream or
@@ -136,190 +177,19 @@ impl RedisQueue {
     /// Ack entries without a session id (or deleted ones left in the pending list) so they
     /// cannot wedge a worker. Failures are only logged: the entries stay pending and come
     /// back through the reclaimer, which tries again.
-    async fn ack_garbage(&self, garbage: HashMap<String, Vec<String>>) {
-        for (queue, ids) in garbage {
-            tracing::warn!(%queue, ?ids, "skipping queue entries without a session_id");
-            if let Err(e) = self.ack(&queue, &ids).await {
+    pub(super) async fn ack_garbage(&self, garbage: HashMap<Part, Vec<String>>) {
+        for ((queue, p), ids) in garbage {
+            tracing::warn!(%queue, partition = p, ?ids, "skipping queue entries without a session_id");
+            if let Err(e) = self.ack_raw(&queue, p, &ids).await {
                 tracing::warn!(%queue, error = %e, "could not ack malformed queue entries");
             }
         }
     }
-}
 
-#[async_trait]
-impl WorkQueue for RedisQueue {
-    async fn ensure_queue(&self, queue: &str) -> Result<()> {
-        let mut cmd = redis::cmd("XGROUP");
-        // Id 0, not `$`: entries added before the group existed must be delivered too.
-        cmd.arg("CREATE")
-            .arg(queue_stream(queue))
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM");
-        match self.query(&cmd).await {
-            Ok(_) => Ok(()),
-            Err(e) if has_code(&e, "BUSYGROUP") => Ok(()),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
-        self.enqueue_many(queue, &[(session_id.to_string(), reason)])
-            .await
-    }
-
-    async fn enqueue_many(&self, queue: &str, items: &[(String, EnqueueReason)]) -> Result<()> {
-        if items.is_empty() {
-            return Ok(());
-        }
-        let stream = queue_stream(queue);
-        let mut pipe = redis::pipe();
-        for (session_id, reason) in items {
-            // NOMKSTREAM: a nil reply means the stream (and so its group) is missing; we
-            // create both below instead of letting XADD create a stream without a group.
-            pipe.add_command(xadd_entry(&stream, true, session_id, *reason));
-        }
-        let replies: Vec<Value> = pipe.query_async(&mut self.conn()).await?;
-        let missing: Vec<&(String, EnqueueReason)> = items
-            .iter()
-            .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
-            .filter(|(_, r)| matches!(r, Value::Nil))
-            .map(|(item, _)| item)
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        self.ensure_queue(queue).await?;
-        let mut pipe = redis::pipe();
-        for (session_id, reason) in missing {
-            pipe.add_command(xadd_entry(&stream, false, session_id, *reason));
-        }
-        pipe.exec_async(&mut self.conn()).await?;
-        Ok(())
-    }
-
-    async fn read(
-        &self,
-        queues: &[String],
-        consumer: &str,
-        count: usize,
-        block: Duration,
-    ) -> Result<Vec<Delivery>> {
-        self.read_group(queues, consumer, count, Some(block), ">")
-            .await
-    }
-
-    async fn read_own_pending(
-        &self,
-        queues: &[String],
-        consumer: &str,
-        count: usize,
-    ) -> Result<Vec<Delivery>> {
-        self.read_group(queues, consumer, count, None, "0").await
-    }
-
-    async fn touch(&self, queue: &str, consumer: &str, entry_ids: &[String]) -> Result<()> {
-        if entry_ids.is_empty() {
-            return Ok(());
-        }
-        let mut cmd = redis::cmd("XCLAIM");
-        // min-idle 0 to ourselves: resets the idle time, keeps ownership; JUSTID does not
-        // bump the delivery counter.
-        cmd.arg(queue_stream(queue))
-            .arg(GROUP)
-            .arg(consumer)
-            .arg(0)
-            .arg(entry_ids)
-            .arg("JUSTID");
-        match self.query(&cmd).await {
-            Ok(_) => Ok(()),
-            Err(e) if has_code(&e, "NOGROUP") => {
-                // Redis lost the stream: nothing left to touch; restore the group for
-                // the next enqueue and read.
-                tracing::warn!(%queue, "consumer group missing on touch; re-creating");
-                self.ensure_queue(queue).await
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    async fn reclaim(
-        &self,
-        queue: &str,
-        consumer: &str,
-        min_idle: Duration,
-        count: usize,
-    ) -> Result<Vec<Delivery>> {
-        let stream = queue_stream(queue);
-        let min_idle_ms = u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX);
-        let mut cursor = "0-0".to_string();
-        let mut out = Vec::new();
-        let mut garbage = Vec::new();
-        for _ in 0..RECLAIM_MAX_ROUNDS {
-            let want = count.saturating_sub(out.len());
-            if want == 0 {
-                break;
-            }
-            let mut cmd = redis::cmd("XAUTOCLAIM");
-            cmd.arg(&stream)
-                .arg(GROUP)
-                .arg(consumer)
-                .arg(min_idle_ms)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(want);
-            let reply = match self.query(&cmd).await {
-                Ok(v) => v,
-                Err(e) if has_code(&e, "NOGROUP") => {
-                    tracing::warn!(%queue, "consumer group missing on reclaim; re-creating");
-                    self.ensure_queue(queue).await?;
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            let Value::Array(mut parts) = reply else {
-                return Err(unexpected("XAUTOCLAIM reply is not an array"));
-            };
-            // Redis ≥ 7 adds a third element: ids that were pending but no longer exist
-            // (trimmed); Redis removed them from the pending list already, nothing to do.
-            if parts.len() >= 3 {
-                let deleted = parts.remove(2);
-                if let Value::Array(ids) = &deleted
-                    && !ids.is_empty()
-                {
-                    tracing::debug!(%queue, n = ids.len(), "reclaim skipped deleted entries");
-                }
-            }
-            let entries = if parts.len() >= 2 {
-                parts.remove(1)
-            } else {
-                Value::Nil
-            };
-            let next = parts.first().and_then(value_string);
-            for entry in parse_entries(entries) {
-                match entry.into_delivery(queue) {
-                    Ok(d) => out.push(d),
-                    Err(id) => garbage.push(id),
-                }
-            }
-            match next {
-                Some(next) if next != "0-0" => cursor = next,
-                _ => break,
-            }
-        }
-        if !garbage.is_empty() {
-            self.ack_garbage(HashMap::from([(queue.to_string(), garbage)]))
-                .await;
-        }
-        Ok(out)
-    }
-
-    async fn ack(&self, queue: &str, entry_ids: &[String]) -> Result<()> {
-        if entry_ids.is_empty() {
-            return Ok(());
-        }
+    /// `XACK` of stream ids of one partition.
+    async fn ack_raw(&self, queue: &str, p: u32, ids: &[String]) -> Result<()> {
         let mut cmd = redis::cmd("XACK");
-        cmd.arg(queue_stream(queue)).arg(GROUP).arg(entry_ids);
+        cmd.arg(self.layout.stream(queue, p)).arg(GROUP).arg(ids);
         match self.query(&cmd).await {
             Ok(_) => Ok(()),
             // The group is gone (Redis restarted): nothing is pending any more.
@@ -328,8 +198,51 @@ impl WorkQueue for RedisQueue {
         }
     }
 
-    async fn trim(&self, queue: &str, max_len: u64) -> Result<u64> {
-        let stream = queue_stream(queue);
+    /// Add `items` to partition `p`'s stream, in one round trip (one slot).
+    async fn enqueue_part(
+        &self,
+        queue: &str,
+        p: u32,
+        items: &[&(String, EnqueueReason)],
+    ) -> Result<()> {
+        let stream = self.layout.stream(queue, p);
+        let mut pipe = redis::pipe();
+        for (session_id, reason) in items {
+            // NOMKSTREAM: a nil reply means the stream (and so its group) is missing; we
+            // create both below instead of letting XADD create a stream without a group.
+            pipe.add_command(xadd_entry(&stream, true, session_id, *reason));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.conn()).await?;
+        let missing: Vec<&&(String, EnqueueReason)> = items
+            .iter()
+            .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
+            .filter(|(_, r)| matches!(r, Value::Nil))
+            .map(|(item, _)| item)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        self.ensure_part(queue, p).await?;
+        let mut pipe = redis::pipe();
+        for (session_id, reason) in missing {
+            pipe.add_command(xadd_entry(&stream, false, session_id, *reason));
+        }
+        pipe.exec_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    async fn ensure_part(&self, queue: &str, p: u32) -> Result<()> {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(ENSURE_GROUP)
+            .arg(1)
+            .arg(self.layout.stream(queue, p))
+            .arg(GROUP);
+        self.query(&cmd).await?;
+        Ok(())
+    }
+
+    async fn trim_part(&self, queue: &str, p: u32, max_len: u64) -> Result<u64> {
+        let stream = self.layout.stream(queue, p);
         let mut xlen = redis::cmd("XLEN");
         xlen.arg(&stream);
         if value_u64(&self.query(&xlen).await?).unwrap_or(0) <= max_len {
@@ -363,11 +276,205 @@ impl WorkQueue for RedisQueue {
         Ok(value_u64(&self.query(&xtrim).await?).unwrap_or(0))
     }
 
+    /// Entries of partition `p` idle past `min_idle`, up to `count`, to `consumer`.
+    async fn reclaim_part(
+        &self,
+        queue: &str,
+        p: u32,
+        consumer: &str,
+        min_idle_ms: u64,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        let stream = self.layout.stream(queue, p);
+        let mut cursor = "0-0".to_string();
+        let mut out = Vec::new();
+        let mut garbage = Vec::new();
+        for _ in 0..RECLAIM_MAX_ROUNDS {
+            let want = count.saturating_sub(out.len());
+            if want == 0 {
+                break;
+            }
+            let mut cmd = redis::cmd("XAUTOCLAIM");
+            cmd.arg(&stream)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(min_idle_ms)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(want);
+            let reply = match self.query(&cmd).await {
+                Ok(v) => v,
+                Err(e) if has_code(&e, "NOGROUP") => {
+                    tracing::warn!(%queue, "consumer group missing on reclaim; re-creating");
+                    self.ensure_part(queue, p).await?;
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Value::Array(mut parts) = reply else {
+                return Err(unexpected("XAUTOCLAIM reply is not an array"));
+            };
+            // Redis ≥ 7 adds a third element: ids that were pending but no longer exist
+            // (trimmed); Redis removed them from the pending list already, nothing to do.
+            if parts.len() >= 3 {
+                let deleted = parts.remove(2);
+                if let Value::Array(ids) = &deleted
+                    && !ids.is_empty()
+                {
+                    tracing::debug!(%queue, n = ids.len(), "reclaim skipped deleted entries");
+                }
+            }
+            let entries = if parts.len() >= 2 {
+                parts.remove(1)
+            } else {
+                Value::Nil
+            };
+            let next = parts.first().and_then(value_string);
+            for entry in parse_entries(entries) {
+                match entry.into_delivery(queue) {
+                    Ok(mut d) => {
+                        d.entry_id = self.layout.entry_id(p, d.entry_id);
+                        out.push(d);
+                    }
+                    Err(id) => garbage.push(id),
+                }
+            }
+            match next {
+                Some(next) if next != "0-0" => cursor = next,
+                _ => break,
+            }
+        }
+        if !garbage.is_empty() {
+            self.ack_garbage(HashMap::from([((queue.to_string(), p), garbage)]))
+                .await;
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl WorkQueue for RedisQueue {
+    async fn ensure_queue(&self, queue: &str) -> Result<()> {
+        try_join_all(self.layout.all().map(|p| self.ensure_part(queue, p))).await?;
+        Ok(())
+    }
+
+    async fn enqueue(&self, queue: &str, session_id: &str, reason: EnqueueReason) -> Result<()> {
+        self.enqueue_many(queue, &[(session_id.to_string(), reason)])
+            .await
+    }
+
+    async fn enqueue_many(&self, queue: &str, items: &[(String, EnqueueReason)]) -> Result<()> {
+        // One pipeline per partition (one slot each), the partitions in parallel.
+        let mut parts: BTreeMap<u32, Vec<&(String, EnqueueReason)>> = BTreeMap::new();
+        for item in items {
+            parts
+                .entry(self.layout.partition_of(&item.0))
+                .or_default()
+                .push(item);
+        }
+        try_join_all(
+            parts
+                .iter()
+                .map(|(p, items)| self.enqueue_part(queue, *p, items)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn read(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        self.read_group(queues, consumer, count, Some(block), ">")
+            .await
+    }
+
+    async fn read_own_pending(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        self.read_group(queues, consumer, count, None, "0").await
+    }
+
+    async fn touch(&self, queue: &str, consumer: &str, entry_ids: &[String]) -> Result<()> {
+        for (p, ids) in self.layout.by_partition(entry_ids) {
+            let mut cmd = redis::cmd("XCLAIM");
+            // min-idle 0 to ourselves: resets the idle time, keeps ownership; JUSTID does
+            // not bump the delivery counter.
+            cmd.arg(self.layout.stream(queue, p))
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(0)
+                .arg(&ids)
+                .arg("JUSTID");
+            match self.query(&cmd).await {
+                Ok(_) => {}
+                Err(e) if has_code(&e, "NOGROUP") => {
+                    // Redis lost the stream: nothing left to touch; restore the group for
+                    // the next enqueue and read.
+                    tracing::warn!(%queue, "consumer group missing on touch; re-creating");
+                    self.ensure_part(queue, p).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    async fn reclaim(
+        &self,
+        queue: &str,
+        consumer: &str,
+        min_idle: Duration,
+        count: usize,
+    ) -> Result<Vec<Delivery>> {
+        let min_idle_ms = u64::try_from(min_idle.as_millis()).unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        for p in self.layout.all() {
+            let want = count.saturating_sub(out.len());
+            if want == 0 {
+                break;
+            }
+            out.extend(
+                self.reclaim_part(queue, p, consumer, min_idle_ms, want)
+                    .await?,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, queue: &str, entry_ids: &[String]) -> Result<()> {
+        let parts = self.layout.by_partition(entry_ids);
+        try_join_all(parts.iter().map(|(p, ids)| self.ack_raw(queue, *p, ids))).await?;
+        Ok(())
+    }
+
+    async fn trim(&self, queue: &str, max_len: u64) -> Result<u64> {
+        let mut dropped = 0u64;
+        for p in self.layout.all() {
+            dropped = dropped.saturating_add(self.trim_part(queue, p, max_len).await?);
+        }
+        Ok(dropped)
+    }
+
     async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<()> {
+        let Some((p, id)) = self.layout.split_id(&delivery.entry_id) else {
+            return Err(Error::invalid(
+                "entry_id",
+                format!("{:?} is not an entry id of this queue", delivery.entry_id),
+            ));
+        };
+        // The dead letter shares the partition's hash tag: one slot, so one MULTI.
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("XADD")
-            .arg(DEAD_STREAM)
+            .arg(self.layout.dead(&delivery.queue, p))
             .arg("MAXLEN")
             .arg("~")
             .arg(HISTORY_MAXLEN)
@@ -384,9 +491,9 @@ impl WorkQueue for RedisQueue {
             .arg(delivery.reason.as_str())
             .ignore()
             .cmd("XACK")
-            .arg(queue_stream(&delivery.queue))
+            .arg(self.layout.stream(&delivery.queue, p))
             .arg(GROUP)
-            .arg(&delivery.entry_id)
+            .arg(id)
             .ignore();
         pipe.exec_async(&mut self.conn()).await?;
         Ok(())
@@ -416,7 +523,7 @@ fn parse_id(id: &str) -> Option<(u64, u64)> {
 }
 
 /// Whether the error (or one of a pipeline's errors) carries the server code `code`.
-fn has_code(e: &RedisError, code: &str) -> bool {
+pub(super) fn has_code(e: &RedisError, code: &str) -> bool {
     if e.code() == Some(code) {
         return true;
     }

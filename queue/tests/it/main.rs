@@ -10,4 +10,5 @@
 mod common;
 
 mod queue_contract;
+mod redis_cluster;
 mod redis_queue;

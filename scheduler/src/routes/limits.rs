@@ -41,6 +41,17 @@ pub(super) async fn state(State(s): State<Scheduler>) -> ApiResult<Response> {
         );
     };
     let read = async {
+        if limits.redis_cluster {
+            // The limiter's keys are spread over the cluster's slots.
+            let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
+            let client =
+                redis::cluster::ClusterClient::new(seeds).map_err(agentq_core::Error::from)?;
+            let mut conn = client
+                .get_async_connection()
+                .await
+                .map_err(agentq_core::Error::from)?;
+            return read_state(&mut conn).await;
+        }
         let client = redis::Client::open(url).map_err(agentq_core::Error::from)?;
         let mut conn = client
             .get_multiplexed_async_connection()

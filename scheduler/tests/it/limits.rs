@@ -41,6 +41,7 @@ async fn the_admin_view_shows_rules_counts_and_holds() {
         limits: LimitsAdmin {
             configured: vec![rule.clone()],
             redis_url: Some(redis.url()),
+            redis_cluster: false,
         },
         ..SchedulerSettings::default()
     };

@@ -85,6 +85,9 @@ settings! {
     api_url = "AGENTQ_API_URL" as text, "--api-url";
     hooks;
     limits;
+    redis.cluster = "AGENTQ_REDIS_CLUSTER" as boolean;
+    redis.partitions = "AGENTQ_REDIS_PARTITIONS" as some_parse;
+    limiter.on_unavailable;
     worker.concurrency = "AGENTQ_WORKER_CONCURRENCY" as parse, "--concurrency";
     worker.queues, "--queues";
     worker.lease_ttl_secs = "AGENTQ_LEASE_TTL_SECS" as parse, "--lease-ttl-secs";

@@ -11,6 +11,7 @@ use super::mcp::McpSection;
 use super::policy::{BudgetSettings, PolicySection};
 use super::providers::ProvidersSection;
 use super::retention::RetentionSection;
+use super::redis::{LimiterSection, RedisSection};
 use super::scheduler::{SchedulerSection, SchedulingSection};
 use super::section::section;
 use super::webhooks::WebhooksSection;
@@ -47,6 +48,10 @@ section! {
         pub hooks: Vec<HookSettings> = Vec::new(),
         /// The fleet's rate limits (`[[limits]]`), per provider endpoint and key.
         pub limits: Vec<LimitSettings> = Vec::new(),
+        /// `[redis]`: one server or a cluster, and the queues' partitions.
+        pub redis: RedisSection = RedisSection::default(),
+        /// `[limiter]`: what the rate limiter does while Redis cannot be reached.
+        pub limiter: LimiterSection = LimiterSection::default(),
         pub worker: WorkerSection = WorkerSection::default(),
         pub scheduler: SchedulerSection = SchedulerSection::default(),
         pub scheduling: SchedulingSection = SchedulingSection::default(),

@@ -22,6 +22,7 @@ impl Settings {
         process::worker_limits(&self.worker)?;
         process::scheduler(&self.scheduler)?;
         process::scheduling(&self.scheduling)?;
+        process::redis(&self.redis, self.redis_url.as_deref())?;
         policy::policy(&self.policy, &self.worker, self.default_provider())?;
         for (i, hook) in self.hooks.iter().enumerate() {
             hooks::hook_rules(i, hook)?;

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::budget::BudgetStore;
+use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
@@ -26,7 +27,7 @@ use agentq_core::{
     SweepStore, WorkQueue,
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{RedisCluster, RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerSettings};
 
 /// A migrated fresh database and a private Redis with the `default` queue; the server
@@ -310,8 +311,31 @@ pub struct Cluster {
     pub stop: CancellationToken,
     pub workers: Vec<WorkerProcess>,
     concurrency: usize,
-    _redis: RedisServer,
+    pub redis: Redis,
     dir: tempfile::TempDir,
+}
+
+/// The Redis a [`Cluster`] runs on: one server, or a 3-master Redis Cluster.
+pub enum Redis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    pub fn url(&self) -> String {
+        match self {
+            Redis::Single(r) => r.url(),
+            Redis::Cluster(c) => c.url(),
+        }
+    }
+
+    /// `[redis]` as the processes are configured for it.
+    pub fn settings(&self) -> RedisSection {
+        RedisSection {
+            cluster: matches!(self, Redis::Cluster(_)),
+            ..RedisSection::default()
+        }
+    }
 }
 
 impl Cluster {
@@ -323,20 +347,38 @@ impl Cluster {
         concurrency: usize,
         tweak: impl Fn(&mut WorkerSettings),
     ) -> Cluster {
+        let redis = Redis::Single(RedisServer::start().unwrap());
+        Self::start_on(redis, &["default"], script, workers, concurrency, tweak).await
+    }
+
+    /// [`Cluster::start`] on `redis`, the scheduler serving `queues`.
+    pub async fn start_on(
+        redis: Redis,
+        queues: &[&str],
+        script: Value,
+        workers: usize,
+        concurrency: usize,
+        tweak: impl Fn(&mut WorkerSettings),
+    ) -> Cluster {
         let url = shared_postgres().unwrap().fresh_database().unwrap();
         let store = PgStore::connect(&url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);
-        let redis = RedisServer::start().unwrap();
-        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-        queue.ensure_queue("default").await.unwrap();
+        let queue = Arc::new(
+            RedisQueue::connect_with(&redis.url(), &redis.settings())
+                .await
+                .unwrap(),
+        );
+        for q in queues {
+            queue.ensure_queue(q).await.unwrap();
+        }
         let stop = CancellationToken::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let api = format!("http://{}", listener.local_addr().unwrap());
         let mut settings = SchedulerSettings {
             sweep_interval: Duration::from_millis(200),
             sweep_age: Duration::from_millis(500),
-            queues: vec!["default".into()],
+            queues: queues.iter().map(|q| q.to_string()).collect(),
             ..Default::default()
         };
         settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
@@ -370,7 +412,7 @@ impl Cluster {
             stop,
             workers: Vec::new(),
             concurrency,
-            _redis: redis,
+            redis,
             dir: tempfile::tempdir().unwrap(),
         };
         for i in 0..workers {
@@ -402,7 +444,7 @@ impl Cluster {
         cfg.default_provider = Some("scripted".into());
         cfg.providers.script = Some(self.script.to_string());
         tweak(&mut cfg);
-        let (url, redis_url) = (self.url.clone(), self._redis.url());
+        let (url, redis_url, redis) = (self.url.clone(), self.redis.url(), self.redis.settings());
         let stop = self.stop.child_token();
         let (crash, crashed) = tokio::sync::oneshot::channel::<()>();
         let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
@@ -414,7 +456,7 @@ impl Cluster {
                 .unwrap();
             rt.block_on(async move {
                 let store = Arc::new(PgStore::connect(&url, 8).await.unwrap());
-                let queue = Arc::new(RedisQueue::connect(&redis_url).await.unwrap());
+                let queue = Arc::new(RedisQueue::connect_with(&redis_url, &redis).await.unwrap());
                 let w = Worker::new(store, queue, cfg);
                 let _ = started_tx.send(());
                 tokio::select! {
@@ -450,17 +492,28 @@ impl Cluster {
         tools: &[&str],
         tweak: impl Fn(&mut SessionSpec),
     ) -> String {
+        self.submit_to("default", prompt, tools, tweak).await
+    }
+
+    /// [`Cluster::submit`] on `queue`.
+    pub async fn submit_to(
+        &self,
+        queue: &str,
+        prompt: &str,
+        tools: &[&str],
+        tweak: impl Fn(&mut SessionSpec),
+    ) -> String {
         let mut spec = SessionSpec::new(prompt);
         spec.tools = Some(tools.iter().map(|s| s.to_string()).collect());
         spec.retry_delay_ms = 10;
         tweak(&mut spec);
         let (row, _) = self
             .store
-            .create_session(&NewSession::root(spec, "default").with_tenant(TENANT))
+            .create_session(&NewSession::root(spec, queue).with_tenant(TENANT))
             .await
             .unwrap();
         self.queue
-            .enqueue("default", &row.id, EnqueueReason::New)
+            .enqueue(queue, &row.id, EnqueueReason::New)
             .await
             .unwrap();
         self.store

@@ -16,6 +16,7 @@ mod hooks;
 mod mcp;
 mod policy;
 mod provider_keys;
+mod redis_cluster;
 mod robustness;
 mod subagents;
 mod web_search;

@@ -390,3 +390,34 @@ fn retention_validation_names_the_setting() {
     let e = Settings::from_toml("[retention]\nkeep = \"transcript\"\n").unwrap_err();
     assert!(e.to_string().contains("keep"), "{e}");
 }
+
+/// `[redis]`: a cluster from the environment, with its seed nodes and the partitions
+/// it defaults to; a partition count out of range and several servers without `cluster`
+/// refused, naming the setting.
+#[test]
+fn redis_cluster_settings() {
+    let env = env_of(&[
+        ("AGENTQ_REDIS_URL", "redis://a:6379,redis://b:6379"),
+        ("AGENTQ_REDIS_CLUSTER", "true"),
+    ]);
+    let s = Settings::load_with(None, env).unwrap();
+    assert!(s.redis.cluster);
+    assert_eq!(s.redis.partitions(), CLUSTER_PARTITIONS);
+    assert_eq!(Settings::default().redis.partitions(), 1);
+    assert_eq!(s.limiter.on_unavailable, OnUnavailable::Closed);
+    let env = env_of(&[("AGENTQ_REDIS_PARTITIONS", "16")]);
+    assert_eq!(
+        Settings::load_with(None, env).unwrap().redis.partitions(),
+        16
+    );
+
+    for p in [0, MAX_PARTITIONS + 1] {
+        let e = invalid_with(|s| s.redis.partitions = Some(p));
+        assert!(e.contains("redis.partitions"), "{e}");
+    }
+    let e = invalid_with(|s| s.redis_url = Some("redis://a:6379,redis://b:6379".into()));
+    assert!(e.contains("redis_url") && e.contains("cluster"), "{e}");
+    let open: Settings = Settings::from_toml("[limiter]\non_unavailable = \"open\"\n").unwrap();
+    assert_eq!(open.limiter.on_unavailable, OnUnavailable::Open);
+    assert!(Settings::from_toml("[limiter]\non_unavailable = \"maybe\"\n").is_err());
+}

@@ -1,8 +1,9 @@
-//! The rules of the processes' own settings: `[worker]`, `[scheduler]` and
-//! `[scheduling]`.
+//! The rules of the processes' own settings: `[worker]`, `[scheduler]`,
+//! `[scheduling]` and `[redis]`.
 
 use super::rules::{invalid, names, range, timing};
 use crate::config::providers::PROVIDERS;
+use crate::config::redis::{MAX_PARTITIONS, RedisSection};
 use crate::config::registry::describe;
 use crate::config::scheduler::{SchedulerSection, SchedulingSection};
 use crate::config::worker::WorkerSection;
@@ -262,6 +263,22 @@ pub(super) fn scheduling(s: &SchedulingSection) -> Result<()> {
                 1_000_000,
             )?;
         }
+    }
+    Ok(())
+}
+
+/// `[redis]`: a partition count in range, and several seed URLs only for a cluster (one
+/// server has one address).
+pub(super) fn redis(r: &RedisSection, redis_url: Option<&str>) -> Result<()> {
+    if let Some(p) = r.partitions {
+        range("redis.partitions", p, 1, MAX_PARTITIONS)?;
+    }
+    if !r.cluster && redis_url.is_some_and(|u| u.contains(',')) {
+        return Err(invalid(
+            "redis_url",
+            "names several servers: set redis.cluster = true (AGENTQ_REDIS_CLUSTER) for a \
+             Redis Cluster's seed nodes",
+        ));
     }
     Ok(())
 }

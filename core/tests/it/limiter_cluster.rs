@@ -1,0 +1,154 @@
+//! The fleet's rate limiter on a Redis Cluster (each provider key's keys on a hash tag of
+//! their own, every script call one slot, no command a node refuses), and what it does
+//! while Redis cannot be reached: by default (`on_unavailable = "closed"`) a call under a
+//! configured rule waits, so a `concurrency = 1` rule never lets a second call run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::provider::HttpTimeouts;
+use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
+use agentq_core::admission::{Limiter, TAGS_KEY, read_state};
+use agentq_core::config::{LimitSettings, LimiterSection};
+use agentq_testkit::services::{RedisCluster, RedisServer};
+use tokio_util::sync::CancellationToken;
+
+fn provider(key: &str) -> OpenAiProvider {
+    OpenAiProvider::new(OpenAiConfig {
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: Some(key.into()),
+        timeouts: HttpTimeouts::default(),
+        extra_headers: Vec::new(),
+    })
+    .unwrap()
+}
+
+fn limit(toml: &str) -> LimitSettings {
+    toml::from_str(toml).unwrap()
+}
+
+fn ask() -> CallAsk<'static> {
+    CallAsk {
+        model: "gpt-4o",
+        input_tokens: 10,
+        max_output_tokens: 10,
+        web_searches: 0,
+        max_wait: Duration::ZERO,
+    }
+}
+
+async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
+    for _ in 0..10_000 {
+        match a.reserve(ask).await {
+            Admit::Go(p) => return p,
+            Admit::Wait { after, .. } => tokio::time::sleep(after).await,
+            other => panic!("{other:?}"),
+        }
+    }
+    panic!("never admitted")
+}
+
+/// Three workers on a 3-master cluster, two provider keys under one `concurrency = 2`
+/// rule: each key keeps its own count (never more than 2 in flight), on its own tag, and
+/// no node refused or failed a command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_keeps_each_provider_keys_count_on_its_own_tag() {
+    let cluster = RedisCluster::start(3).unwrap();
+    let rules = [limit("provider = \"openai\"\nconcurrency = 2")];
+    let mut limiters = Vec::new();
+    for _ in 0..3 {
+        limiters.push(
+            Limiter::connect_with(
+                &cluster.url(),
+                true,
+                &LimiterSection::default(),
+                &rules,
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let in_flight: Arc<HashMap<&str, AtomicUsize>> =
+        Arc::new([("k1", AtomicUsize::new(0)), ("k2", AtomicUsize::new(0))].into());
+    let most: Arc<HashMap<&str, AtomicUsize>> =
+        Arc::new([("k1", AtomicUsize::new(0)), ("k2", AtomicUsize::new(0))].into());
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let key = if i % 2 == 0 { "k1" } else { "k2" };
+        let gate = limiters[i % 3].for_session("t", &provider(key));
+        let (in_flight, most) = (in_flight.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            let a = ask();
+            let p = admitted(&*gate, &a).await;
+            let now = in_flight[key].fetch_add(1, Ordering::SeqCst) + 1;
+            most[key].fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            in_flight[key].fetch_sub(1, Ordering::SeqCst);
+            gate.settle(&a, p, &CallReport::default()).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for key in ["k1", "k2"] {
+        let m = most[key].load(Ordering::SeqCst);
+        assert!((1..=2).contains(&m), "{key}: {m} in flight at once");
+    }
+    let client =
+        redis::cluster::ClusterClient::new(cluster.url().split(',').collect::<Vec<_>>()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let tags: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(TAGS_KEY)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tags.len(), 2, "one tag per provider key: {tags:?}");
+    let state = read_state(&mut conn).await.unwrap();
+    assert_eq!(state.rules.len(), 2, "{state:?}");
+    assert!(state.rules.iter().all(|r| r.concurrency == 2));
+    assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
+}
+
+/// The default: Redis gone, a call under a `concurrency = 1` rule waits (reason
+/// `limiter`) while the first still holds the slot, however often it asks; a call on a
+/// key no rule names still goes.
+#[tokio::test]
+async fn redis_gone_admits_no_second_call_under_a_rule_by_default() {
+    let mut server = RedisServer::start().unwrap();
+    let rules = [limit(
+        "provider = \"openai\"\nmodel = \"gpt-4o*\"\nconcurrency = 1",
+    )];
+    let limiter = Limiter::connect(&server.url(), &rules, CancellationToken::new())
+        .await
+        .unwrap();
+    let gate = limiter.for_session("t", &provider("k"));
+    let first = gate.reserve(&ask()).await;
+    assert!(
+        matches!(&first, Admit::Go(p) if !p.id.is_empty()),
+        "{first:?}"
+    );
+    let errors = agentq_core::metrics::global().limiter_errors.get();
+    server.kill();
+    for _ in 0..3 {
+        match gate.reserve(&ask()).await {
+            Admit::Wait { after, reason } => {
+                assert_eq!(reason, "limiter");
+                assert!(after >= Duration::from_secs(1), "{after:?}");
+            }
+            other => panic!("a second call went while Redis was down: {other:?}"),
+        }
+    }
+    assert!(agentq_core::metrics::global().limiter_errors.get() >= errors + 3);
+    // A model no rule names: nothing configured to keep, so it goes.
+    let unruled = CallAsk {
+        model: "other-model",
+        ..ask()
+    };
+    assert!(matches!(gate.reserve(&unruled).await, Admit::Go(_)));
+}

@@ -1,0 +1,186 @@
+//! Reads on a Redis Cluster: a cluster refuses a command over keys of two slots, so each
+//! queue partition is read by a blocking reader of its own.
+//!
+//! A `read` first takes what earlier reads of the consumer left (below), then reads every
+//! partition at once without blocking, and only when all are empty blocks on every
+//! partition at once, each on its own reader connection. The first partition to answer
+//! with entries ends the read; the others are not dropped (a read dropped after Redis
+//! served it would strand its entries in the consumer's pending list) but left running
+//! to their end, and what they bring is kept for the consumer's next `read`
+//! (`inflight.rs`); a partition still being read is not read again meanwhile. A `read`
+//! itself dropped mid-flight drops its readers, as on one server: Redis stops serving a
+//! read whose connection closed, and what it had served stays pending for the consumer.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::{BoxFuture, join_all};
+use futures::stream::FuturesUnordered;
+use redis::{RedisResult, Value};
+
+use crate::queue::Delivery;
+use agentq_error::Result;
+
+use super::connection::{RedisQueue, blocking_on};
+use super::inflight::Part;
+use super::work::has_code;
+
+type Read = BoxFuture<'static, (Part, RedisResult<Value>)>;
+
+impl RedisQueue {
+    pub(super) async fn read_cluster(
+        &self,
+        queues: &[String],
+        consumer: &str,
+        count: usize,
+        block: Option<Duration>,
+        id: &str,
+    ) -> Result<Vec<Delivery>> {
+        let parts: Vec<Part> = queues
+            .iter()
+            .flat_map(|q| self.layout.all().map(move |p| (q.clone(), p)))
+            .collect();
+        let (left, running) = self.inflight.take(consumer);
+        let mut out = self.deliveries_of(left).await;
+        if id == ">" && !out.is_empty() {
+            return Ok(out);
+        }
+        // A partition still being read is not read again for new entries meanwhile; its
+        // pending ones (`0`) may be.
+        let idle: Vec<Part> = parts
+            .into_iter()
+            .filter(|p| id != ">" || !running.contains(p))
+            .collect();
+        // Every partition without blocking first (and only that for `0` or a zero block).
+        let now = join_all(idle.iter().map(|part| async move {
+            let cmd = self.xreadgroup(std::slice::from_ref(part), consumer, count, None, id);
+            (part.clone(), self.query(&cmd).await)
+        }))
+        .await;
+        for (part, reply) in now {
+            match reply {
+                Ok(v) => out.extend(self.deliveries(std::slice::from_ref(&part), v).await),
+                Err(e) if has_code(&e, "NOGROUP") => self.heal(&part).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // What a read left running brought is pending too: a `0` read sees it twice.
+        let mut seen = HashSet::new();
+        out.retain(|d| seen.insert((d.queue.clone(), d.entry_id.clone())));
+        let block = block.filter(|b| !b.is_zero() && id == ">");
+        match block {
+            Some(block) if out.is_empty() => self.block_cluster(idle, consumer, count, block).await,
+            _ => Ok(out),
+        }
+    }
+
+    /// Block on every partition in `parts` at once; see the module docs.
+    async fn block_cluster(
+        &self,
+        parts: Vec<Part>,
+        consumer: &str,
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<Delivery>> {
+        let mut reads: FuturesUnordered<Read> = FuturesUnordered::new();
+        let mut pending: HashSet<Part> = HashSet::new();
+        for part in parts {
+            let (conn, _) = self.checkout_reader().await?;
+            let cmd = self.xreadgroup(
+                std::slice::from_ref(&part),
+                consumer,
+                count,
+                Some(block),
+                ">",
+            );
+            let pool = self.reader_pool();
+            pending.insert(part.clone());
+            reads.push(Box::pin(async move {
+                let reply = blocking_on(conn, &cmd, block, &pool).await;
+                (part, reply)
+            }));
+        }
+        let deadline = tokio::time::Instant::now() + block;
+        let mut failure = None;
+        loop {
+            let arrived = self.inflight.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            // What reads left running by an earlier call brought meanwhile.
+            let (left, _) = self.inflight.take(consumer);
+            let got = self.deliveries_of(left).await;
+            if !got.is_empty() {
+                self.leave_running(reads, pending, consumer);
+                return Ok(got);
+            }
+            tokio::select! {
+                Some((part, reply)) = reads.next(), if !reads.is_empty() => {
+                    pending.remove(&part);
+                    match reply {
+                        Ok(v) => {
+                            let got = self.deliveries(std::slice::from_ref(&part), v).await;
+                            if !got.is_empty() {
+                                self.leave_running(reads, pending, consumer);
+                                return Ok(got);
+                            }
+                        }
+                        Err(e) if has_code(&e, "NOGROUP") => self.heal(&part).await?,
+                        Err(e) => failure = Some(e),
+                    }
+                }
+                () = &mut arrived => {}
+                () = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        // Replies at the deadline itself are not lost either.
+        self.leave_running(reads, pending, consumer);
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Let the reads still running finish on their own; what they bring waits for the
+    /// consumer's next read.
+    fn leave_running(
+        &self,
+        mut reads: FuturesUnordered<Read>,
+        pending: HashSet<Part>,
+        consumer: &str,
+    ) {
+        if reads.is_empty() {
+            return;
+        }
+        for part in &pending {
+            self.inflight.start(consumer, part);
+        }
+        let inflight = self.inflight.clone();
+        let consumer = consumer.to_string();
+        tokio::spawn(async move {
+            while let Some((part, reply)) = reads.next().await {
+                match reply {
+                    Ok(v) => inflight.finish(&consumer, part, Some(v)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, queue = %part.0, "a partition's read left running failed");
+                        inflight.finish(&consumer, part, None);
+                    }
+                }
+            }
+        });
+    }
+
+    async fn deliveries_of(&self, replies: Vec<(Part, Value)>) -> Vec<Delivery> {
+        let mut out = Vec::new();
+        for (part, v) in replies {
+            out.extend(self.deliveries(std::slice::from_ref(&part), v).await);
+        }
+        out
+    }
+
+    async fn heal(&self, part: &Part) -> Result<()> {
+        tracing::warn!(queue = %part.0, partition = part.1, "consumer group missing (redis restarted?); re-creating");
+        use crate::WorkQueue;
+        self.ensure_queue(&part.0).await
+    }
+}
