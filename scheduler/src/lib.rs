@@ -22,6 +22,7 @@ mod queues;
 pub mod request;
 mod routes;
 mod run;
+pub mod schedules;
 pub mod serve;
 mod settings;
 mod state;

@@ -1,6 +1,6 @@
 //! The scheduler as a process: the configured queues' consumer groups, the API and
-//! `/metrics` listeners, the sweeper, the workspace collector, the dispatcher and the
-//! webhook delivery loop, until shutdown.
+//! `/metrics` listeners, the sweeper, the workspace collector, the dispatcher, the
+//! webhook delivery loop and the schedules' fire loop, until shutdown.
 
 use std::sync::Arc;
 
@@ -10,11 +10,15 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::{Queue, Store};
 
 use crate::routes::{metrics_router, router};
+use crate::schedules::Firer;
 use crate::serve::serve;
 use crate::settings::SchedulerSettings;
 use crate::state::Scheduler;
 use crate::webhooks::{Deliverer, SystemClock};
 use crate::{sweeper, workspace_gc};
+
+/// How often the fire loop looks for due schedules: cron's finest unit is a second.
+const FIRE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -52,6 +56,9 @@ pub async fn run(
     let deliverer = tokio::spawn(
         Deliverer::new(store.clone(), cfg.webhooks.clone(), Arc::new(SystemClock))
             .run(stop_sweeper.clone()),
+    );
+    let firer = tokio::spawn(
+        Firer::new(state.clone(), Arc::new(SystemClock), FIRE_POLL).run(stop_sweeper.clone()),
     );
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
@@ -96,6 +103,9 @@ pub async fn run(
     }
     if let Err(e) = deliverer.await {
         tracing::error!(error = %e, "webhook delivery task failed");
+    }
+    if let Err(e) = firer.await {
+        tracing::error!(error = %e, "schedule fire task failed");
     }
     if let Err(e) = workspace_gc.await {
         tracing::error!(error = %e, "workspace collector task failed");

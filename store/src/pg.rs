@@ -37,6 +37,7 @@ mod queues;
 mod report;
 mod sessions;
 mod sweep;
+mod schedules;
 mod webhooks;
 mod workspace;
 

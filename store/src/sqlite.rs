@@ -74,6 +74,7 @@ mod report;
 mod sessions;
 mod sweep;
 mod tx;
+mod schedules;
 mod webhooks;
 mod workspace;
 mod writes;

@@ -15,6 +15,7 @@ pub mod model;
 pub mod policy;
 pub mod protocol;
 pub mod report;
+pub mod schedule;
 pub mod scheduling;
 pub mod wait;
 pub mod webhook;
