@@ -24,6 +24,7 @@ mod mcp;
 mod openapi;
 mod policy;
 mod reports;
+mod schedules;
 mod request_prop;
 mod waits;
 mod webhooks;
