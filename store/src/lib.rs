@@ -19,8 +19,7 @@ pub use checkpoint::Checkpoint;
 pub use store::{
     BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,
     QueueStore, ReportStore, RetryResult, ScheduleStore, SessionStore, Store, SweepStore,
-    WebhookStore,
-    WorkspaceStore,
+    WebhookStore, WorkspaceStore,
 };
 
 // The domain under the paths this code has always used (`crate::model::…`).

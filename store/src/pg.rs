@@ -35,9 +35,9 @@ mod leases;
 mod params;
 mod queues;
 mod report;
+mod schedules;
 mod sessions;
 mod sweep;
-mod schedules;
 mod webhooks;
 mod workspace;
 

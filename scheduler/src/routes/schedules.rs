@@ -220,7 +220,10 @@ pub(super) async fn trigger(
         Some(fire) => respond(StatusCode::OK, &fire_view(fire)),
         None => Err(ApiError::Conflict {
             code: "conflict",
-            message: format!("schedule {} is being fired at this moment; try again", row.id),
+            message: format!(
+                "schedule {} is being fired at this moment; try again",
+                row.id
+            ),
         }),
     }
 }
@@ -262,7 +265,10 @@ pub(super) async fn fires(
     let rows = s.store.list_fires(&row.id, before, limit).await?;
     let full = rows.len() == usize::try_from(limit).unwrap_or(usize::MAX);
     let next_cursor = full
-        .then(|| rows.last().map(|f| f.fire_time.timestamp_micros().to_string()))
+        .then(|| {
+            rows.last()
+                .map(|f| f.fire_time.timestamp_micros().to_string())
+        })
         .flatten();
     let fires = rows.into_iter().map(fire_view).collect();
     respond(StatusCode::OK, &FireList { fires, next_cursor })

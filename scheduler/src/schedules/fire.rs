@@ -149,7 +149,12 @@ impl Firer {
 
     /// Everything due of one claimed schedule: a buffered fire whose turn came, then the
     /// fire times passed (those older than the catch-up window recorded as missed).
-    async fn handle(&self, row: ScheduleRow, token: &str, now: DateTime<Utc>) -> Result<(), Failed> {
+    async fn handle(
+        &self,
+        row: ScheduleRow,
+        token: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), Failed> {
         let timing = Timing::parse(
             row.cron.as_deref(),
             row.cron.as_ref().map(|_| row.timezone.as_str()),
@@ -174,7 +179,8 @@ impl Firer {
             if now.signed_duration_since(t) > window {
                 if steps > MAX_STEPS {
                     // Long downtime: step to the window at once.
-                    t = timing.next_after(now - window - chrono::Duration::microseconds(1))
+                    t = timing
+                        .next_after(now - window - chrono::Duration::microseconds(1))
                         .unwrap_or(DateTime::<Utc>::MAX_UTC);
                     continue;
                 }
@@ -185,7 +191,12 @@ impl Firer {
             t = timing.next_after(t).unwrap_or(DateTime::<Utc>::MAX_UTC);
         }
         adv.next_fire_at = t;
-        if !self.s.store.record_fires(&row.id, token, &fires, &adv).await? {
+        if !self
+            .s
+            .store
+            .record_fires(&row.id, token, &fires, &adv)
+            .await?
+        {
             tracing::warn!(schedule_id = %row.id, "schedule lease lost before its fires were recorded");
         }
         Ok(())
@@ -200,11 +211,14 @@ impl Firer {
         adv: &mut Advance,
     ) -> Result<FireRow, Failed> {
         let now = self.clock.now();
-        if row.overlap == Overlap::AllowAll || !self.running(adv.last_session_id.as_deref()).await? {
+        if row.overlap == Overlap::AllowAll || !self.running(adv.last_session_id.as_deref()).await?
+        {
             return self.start(row, t, manual, None, adv).await;
         }
         match row.overlap {
-            Overlap::Skip | Overlap::AllowAll => Ok(fire_row(&row.id, t, FireOutcome::Skipped, now, manual)),
+            Overlap::Skip | Overlap::AllowAll => {
+                Ok(fire_row(&row.id, t, FireOutcome::Skipped, now, manual))
+            }
             Overlap::BufferOne if adv.buffered_fire_at.is_none() => {
                 adv.buffered_fire_at = Some(t);
                 Ok(fire_row(&row.id, t, FireOutcome::Buffered, now, manual))
@@ -213,7 +227,9 @@ impl Firer {
             Overlap::CancelOther => {
                 let other = adv.last_session_id.clone();
                 if let Some(id) = &other {
-                    cancel_session(&self.s, &owner(row), id).await.map_err(Failed::Api)?;
+                    cancel_session(&self.s, &owner(row), id)
+                        .await
+                        .map_err(Failed::Api)?;
                 }
                 self.start(row, t, manual, other, adv).await
             }
@@ -235,7 +251,10 @@ impl Firer {
         let mut body: Value = serde_json::from_str(&row.template)
             .map_err(|e| Failed::Data(format!("schedule {}: template: {e}", row.id)))?;
         if let Value::Object(m) = &mut body {
-            m.insert("idempotency_key".into(), Value::String(fire_key(&row.id, t)));
+            m.insert(
+                "idempotency_key".into(),
+                Value::String(fire_key(&row.id, t)),
+            );
         }
         let now = self.clock.now();
         let mut fire = fire_row(&row.id, t, FireOutcome::Started, now, manual);

@@ -85,7 +85,10 @@ pub(crate) async fn new_schedule(
 /// `idempotency_key` is each fire's own.
 async fn check_template(s: &Scheduler, caller: &Caller, session: &Value) -> ApiResult<()> {
     if session.is_null() {
-        return Err(ApiError::invalid(TEMPLATE, "is required: the session each fire creates"));
+        return Err(ApiError::invalid(
+            TEMPLATE,
+            "is required: the session each fire creates",
+        ));
     }
     if session.get("idempotency_key").is_some() {
         return Err(ApiError::invalid(

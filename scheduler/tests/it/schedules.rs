@@ -118,7 +118,8 @@ impl Env {
     }
 
     async fn post(&self, path: &str, key: &str, body: Value) -> (u16, Value) {
-        self.call(reqwest::Method::POST, path, key, Some(body)).await
+        self.call(reqwest::Method::POST, path, key, Some(body))
+            .await
     }
 
     async fn get(&self, path: &str, key: &str) -> (u16, Value) {
@@ -178,7 +179,11 @@ impl Env {
 
     async fn cancel(&self, session: &str) {
         let (status, v) = self
-            .post(&format!("/v1/sessions/{session}/cancel"), &self.acme, json!({}))
+            .post(
+                &format!("/v1/sessions/{session}/cancel"),
+                &self.acme,
+                json!({}),
+            )
             .await;
         assert_eq!(status, 200, "{v}");
     }
@@ -228,7 +233,10 @@ async fn bad_input_and_other_tenants_are_refused(backend: Backend) {
             "catchup_window_secs",
         ),
         (json!({"every_secs": 60}), "session"),
-        (json!({"every_secs": 60, "session": {"prompt": 5}}), "session.prompt"),
+        (
+            json!({"every_secs": 60, "session": {"prompt": 5}}),
+            "session.prompt",
+        ),
         (
             json!({"every_secs": 60, "session": {"prompt": "x", "model": 7}}),
             "session.model",
@@ -245,7 +253,10 @@ async fn bad_input_and_other_tenants_are_refused(backend: Backend) {
             json!({"every_secs": 60, "session": {"prompt": "x", "queue": "nope"}}),
             "session.queue",
         ),
-        (json!({"every_secs": 60, "session": session, "colour": "red"}), "colour"),
+        (
+            json!({"every_secs": 60, "session": session, "colour": "red"}),
+            "colour",
+        ),
     ];
     for (body, field) in cases {
         let (status, v) = env.post("/v1/schedules", &env.acme, body.clone()).await;
@@ -266,12 +277,21 @@ async fn bad_input_and_other_tenants_are_refused(backend: Backend) {
     }
     for action in ["pause", "resume", "trigger"] {
         let (status, _) = env
-            .post(&format!("/v1/schedules/{id}/{action}"), &env.globex, json!({}))
+            .post(
+                &format!("/v1/schedules/{id}/{action}"),
+                &env.globex,
+                json!({}),
+            )
             .await;
         assert_eq!(status, 404, "{action}");
     }
     let (status, _) = env
-        .call(reqwest::Method::DELETE, &format!("/v1/schedules/{id}"), &env.globex, None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/schedules/{id}"),
+            &env.globex,
+            None,
+        )
         .await;
     assert_eq!(status, 404);
     let (_, list) = env.get("/v1/schedules", &env.globex).await;
@@ -283,7 +303,12 @@ async fn bad_input_and_other_tenants_are_refused(backend: Backend) {
     let (status, v) = env.get(&format!("/v1/schedules/{id}"), &env.acme).await;
     assert_eq!((status, v["paused"].as_bool()), (200, Some(false)));
     let (status, _) = env
-        .call(reqwest::Method::DELETE, &format!("/v1/schedules/{id}"), &env.acme, None)
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/v1/schedules/{id}"),
+            &env.acme,
+            None,
+        )
         .await;
     assert_eq!(status, 204);
 }
@@ -378,7 +403,9 @@ async fn overlap_policies(backend: Backend) {
                 assert_eq!(env.status(&first).await, "cancelled");
                 assert_eq!(env.status(fires[1].1.as_ref().unwrap()).await, "cancelled");
                 assert_eq!(env.status(fires[2].1.as_ref().unwrap()).await, "queued");
-                let (_, v) = env.get(&format!("/v1/schedules/{id}/fires"), &env.acme).await;
+                let (_, v) = env
+                    .get(&format!("/v1/schedules/{id}/fires"), &env.acme)
+                    .await;
                 assert_eq!(v["fires"][0]["cancelled_session_id"], json!(fires[1].1));
             }
             _ => {
@@ -388,8 +415,13 @@ async fn overlap_policies(backend: Backend) {
                 }
             }
         }
-        env.call(reqwest::Method::DELETE, &format!("/v1/schedules/{id}"), &env.acme, None)
-            .await;
+        env.call(
+            reqwest::Method::DELETE,
+            &format!("/v1/schedules/{id}"),
+            &env.acme,
+            None,
+        )
+        .await;
     }
 }
 
@@ -426,8 +458,14 @@ async fn pause_resume_and_trigger(backend: Backend) {
         .post(&format!("/v1/schedules/{id}/trigger"), &env.acme, json!({}))
         .await;
     assert_eq!(status, 200, "{fire}");
-    assert_eq!((fire["outcome"].as_str(), fire["manual"].as_bool()), (Some("started"), Some(true)));
-    assert_eq!(env.sessions().await, vec![fire["session_id"].as_str().unwrap().to_string()]);
+    assert_eq!(
+        (fire["outcome"].as_str(), fire["manual"].as_bool()),
+        (Some("started"), Some(true))
+    );
+    assert_eq!(
+        env.sessions().await,
+        vec![fire["session_id"].as_str().unwrap().to_string()]
+    );
     let (status, v) = env
         .post(&format!("/v1/schedules/{id}/resume"), &env.acme, json!({}))
         .await;

@@ -73,9 +73,15 @@ impl ScheduleStore for PgStore {
         token: &str,
     ) -> Result<Option<ScheduleRow>> {
         let mut conn = self.pool.acquire().await?;
-        let rows =
-            sql::claim::<sqlx::Postgres>(&mut *conn, &SQL.claim_one, now, until, token, Which::One(id))
-                .await?;
+        let rows = sql::claim::<sqlx::Postgres>(
+            &mut *conn,
+            &SQL.claim_one,
+            now,
+            until,
+            token,
+            Which::One(id),
+        )
+        .await?;
         Ok(rows.into_iter().next())
     }
 

@@ -67,8 +67,9 @@ impl ScheduleStore for SqliteStore {
         limit: u32,
     ) -> Result<Vec<ScheduleRow>> {
         let mut tx = self.write_tx().await?;
-        let rows = sql::claim::<sqlx::Sqlite>(&mut *tx, &SQL.claim, now, until, token, Which::Due(limit))
-            .await?;
+        let rows =
+            sql::claim::<sqlx::Sqlite>(&mut *tx, &SQL.claim, now, until, token, Which::Due(limit))
+                .await?;
         tx.commit().await?;
         Ok(rows)
     }

@@ -22,6 +22,7 @@ mod budget;
 mod inbox;
 mod leases;
 mod reports;
+mod schedules;
 mod sessions;
 mod sqlite_only;
 mod sweeping;
