@@ -28,6 +28,9 @@ CREATE TABLE schedules (
     last_session_id      text,
     lease_token          text,
     lease_until          timestamptz,
+    -- When the lease was first taken: a claimer taking over from one that died keeps it,
+    -- so it judges the same fire times late (past the catch-up window) as the dead one did.
+    claimed_at           timestamptz,
     created_at           timestamptz NOT NULL
 );
 

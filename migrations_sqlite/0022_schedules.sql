@@ -18,6 +18,7 @@ CREATE TABLE schedules (
     last_session_id      TEXT,
     lease_token          TEXT,
     lease_until          INTEGER,
+    claimed_at           INTEGER,
     created_at           INTEGER NOT NULL
 ) STRICT;
 

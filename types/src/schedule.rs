@@ -125,6 +125,9 @@ pub struct ScheduleRow {
     /// The claim holding the schedule now (the token fences what the claimer records).
     pub lease_token: Option<String>,
     pub lease_until: Option<DateTime<Utc>>,
+    /// When the current lease was taken; a takeover from a claimer that died keeps that
+    /// claimer's time, so both judge the same fires late.
+    pub claimed_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
 

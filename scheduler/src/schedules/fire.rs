@@ -172,15 +172,19 @@ impl Firer {
         let window = chrono::Duration::seconds(
             i64::try_from(row.catchup_window_secs).unwrap_or(i64::MAX / 1_000_000),
         );
+        // Lateness is judged at the claim's time: a claimer taking over from one that died
+        // mid-claim judges as that one did (a fire it started is not "missed" for having
+        // waited out its lease).
+        let since = row.claimed_at.unwrap_or(now).min(now);
         let mut t = row.next_fire_at;
         let mut steps = 0;
         while t <= now && fires.len() < FIRES_PER_CLAIM {
             steps += 1;
-            if now.signed_duration_since(t) > window {
+            if since.signed_duration_since(t) > window {
                 if steps > MAX_STEPS {
                     // Long downtime: step to the window at once.
                     t = timing
-                        .next_after(now - window - chrono::Duration::microseconds(1))
+                        .next_after(since - window - chrono::Duration::microseconds(1))
                         .unwrap_or(DateTime::<Utc>::MAX_UTC);
                     continue;
                 }

@@ -19,7 +19,7 @@ use super::webhooks::{Affected, At};
 
 const FIELDS: &str = "id, tenant, cron, timezone, every_secs, template, overlap, \
     catchup_window_secs, description, paused, next_fire_at, buffered_fire_at, \
-    last_session_id, lease_token, lease_until, created_at";
+    last_session_id, lease_token, lease_until, claimed_at, created_at";
 
 const FIRE_FIELDS: &str = "schedule_id, fire_time, outcome, session_id, cancelled_session_id, \
     error, manual, recorded_at";
@@ -29,8 +29,10 @@ const INSERT: &str = "INSERT INTO schedules (id, tenant, cron, timezone, every_s
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
 
 /// Due (`next_fire_at` passed, or a buffered fire waiting) and not leased by anyone else:
-/// leased to token `$3` until `$2`.
-const CLAIM: &str = "UPDATE schedules SET lease_token = $3, lease_until = $2 \
+/// leased to token `$3` until `$2`. `claimed_at` is the claim's time, but a takeover (a
+/// lease left by a claimer that died) keeps the dead claimer's.
+const CLAIM: &str = "UPDATE schedules SET lease_token = $3, lease_until = $2, \
+    claimed_at = CASE WHEN lease_token IS NULL THEN $1 ELSE claimed_at END \
     WHERE id IN (SELECT id FROM schedules \
         WHERE NOT paused AND (next_fire_at <= $1 OR buffered_fire_at IS NOT NULL) \
           AND (lease_until IS NULL OR lease_until <= $1) \
@@ -38,7 +40,8 @@ const CLAIM: &str = "UPDATE schedules SET lease_token = $3, lease_until = $2 \
     RETURNING ";
 
 /// Schedule `$4` whether due or not (a trigger), unless another claimer holds it.
-const CLAIM_ONE: &str = "UPDATE schedules SET lease_token = $3, lease_until = $2 \
+const CLAIM_ONE: &str = "UPDATE schedules SET lease_token = $3, lease_until = $2, \
+    claimed_at = CASE WHEN lease_token IS NULL THEN $1 ELSE claimed_at END \
     WHERE id = $4 AND (lease_until IS NULL OR lease_until <= $1) \
     RETURNING ";
 
@@ -106,6 +109,7 @@ pub(crate) struct ScheduleRecord {
     last_session_id: Option<String>,
     lease_token: Option<String>,
     lease_until: Option<Stamp>,
+    claimed_at: Option<Stamp>,
     created_at: Stamp,
 }
 
@@ -132,6 +136,7 @@ impl ScheduleRecord {
             last_session_id: self.last_session_id,
             lease_token: self.lease_token,
             lease_until: self.lease_until.map(|s| s.0),
+            claimed_at: self.claimed_at.map(|s| s.0),
             created_at: self.created_at.0,
         })
     }
