@@ -34,6 +34,14 @@ use agentq_testkit::{RedisServer, shared_postgres};
 
 const ADMIN_KEY: &str = "schedules-test-admin-key";
 
+/// A backend's store and queue, and what keeps them alive.
+type Parts = (
+    Arc<dyn Store>,
+    Arc<dyn Queue>,
+    Option<RedisServer>,
+    Option<tempfile::TempDir>,
+);
+
 #[derive(Clone, Copy)]
 enum Backend {
     Postgres,
@@ -51,12 +59,7 @@ struct Env {
 
 impl Env {
     async fn start(backend: Backend) -> Env {
-        let (store, queue, redis, dir): (
-            Arc<dyn Store>,
-            Arc<dyn Queue>,
-            Option<RedisServer>,
-            Option<tempfile::TempDir>,
-        ) = match backend {
+        let (store, queue, redis, dir): Parts = match backend {
             Backend::Postgres => {
                 let db_url = shared_postgres().unwrap().fresh_database().unwrap();
                 let store = PgStore::connect(&db_url, 8).await.unwrap();

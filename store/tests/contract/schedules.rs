@@ -114,7 +114,7 @@ async fn contract_schedule_leases_fires_and_pause(store: &dyn Store) {
     let buffered = fire("sch_a", now, FireOutcome::Buffered, None);
     assert!(
         !store
-            .record_fires("sch_a", "t1", &[buffered.clone()], &adv)
+            .record_fires("sch_a", "t1", std::slice::from_ref(&buffered), &adv)
             .await
             .unwrap()
     );
@@ -153,7 +153,7 @@ async fn contract_schedule_leases_fires_and_pause(store: &dyn Store) {
     };
     assert!(
         store
-            .record_fires("sch_a", "t3", &[started.clone()], &adv)
+            .record_fires("sch_a", "t3", std::slice::from_ref(&started), &adv)
             .await
             .unwrap()
     );
