@@ -104,6 +104,8 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "inbox",
             "messages",
             "queues",
+            "schedule_fires",
+            "schedules",
             "session_specs",
             "sessions",
             "tenant_budgets",
