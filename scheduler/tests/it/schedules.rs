@@ -7,7 +7,8 @@
 //! many claimers run; a claimer stopped between creating a fire's session and recording
 //! the fire (as a SIGKILL there would) is taken over once its lease ends, without a
 //! second session; the four overlap policies; the catch-up window after downtime; pause,
-//! resume and trigger. Daylight-saving rules are held by pure tests of [`Timing`].
+//! resume and trigger; a template the policy of fire time refuses is a `failed` fire.
+//! Daylight-saving rules are held by pure tests of [`Timing`].
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -488,6 +489,43 @@ async fn pause_resume_and_trigger(backend: Backend) {
     assert!(next > Utc::now(), "{v}");
 }
 
+async fn a_template_the_policy_now_refuses_is_a_failed_fire(backend: Backend) {
+    let env = Env::start(backend).await;
+    let mut body = every(60, "allow_all");
+    body["session"]["model"] = json!("gpt-4o");
+    let view = env.schedule(body).await;
+    let id = view["id"].as_str().unwrap().to_string();
+    let clock = clock_at(&view);
+    // The operator's policy changed since: only other models.
+    let stricter = agentq_core::config::PolicySection {
+        models: vec!["claude-*".into()],
+        ..Default::default()
+    };
+    let settings = SchedulerSettings {
+        policy: Arc::new(agentq_core::policy::Policy::from_section(&stricter).unwrap()),
+        ..SchedulerSettings::default()
+    };
+    let state = Scheduler::new(env.state.store.clone(), env.state.queue.clone(), settings);
+    clock.advance(Duration::from_secs(61));
+    Firer::new(state, clock.clone(), Duration::from_secs(1))
+        .tick()
+        .await
+        .unwrap();
+    let (_, v) = env
+        .get(&format!("/v1/schedules/{id}/fires"), &env.acme)
+        .await;
+    assert_eq!(v["fires"][0]["outcome"], "failed", "{v}");
+    assert!(v["fires"][0]["session_id"].is_null(), "{v}");
+    assert!(
+        v["fires"][0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("model"),
+        "{v}"
+    );
+    assert!(env.sessions().await.is_empty());
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod pg {
@@ -516,6 +554,7 @@ on_both!(
     overlap_policies,
     missed_fires_older_than_the_window_are_recorded_not_fired,
     pause_resume_and_trigger,
+    a_template_the_policy_now_refuses_is_a_failed_fire,
 );
 
 fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> DateTime<Utc> {
