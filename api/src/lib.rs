@@ -27,6 +27,7 @@ mod health;
 mod limits;
 mod queues;
 mod reports;
+mod schedules;
 mod sessions;
 mod steer;
 mod webhooks;
@@ -52,6 +53,12 @@ pub use queues::{CreateQueue, QueueCreated, QueueList};
 pub use reports::{
     COSTS_PARAMS, COUNT_PARAMS, CostEntry, CostReport, MAX_COST_DAYS, MAX_COST_ROWS,
     MAX_SEARCH_CHARS, Operations, QueueOps, SessionCounts, WorkerView,
+};
+pub use schedules::{
+    CreateSchedule, DEFAULT_CATCHUP_WINDOW_SECS, DEFAULT_SCHEDULE_LIST, FireList, FireOutcomeView,
+    FireView, MAX_CATCHUP_WINDOW_SECS, MAX_CRON, MAX_EVERY_SECS, MAX_SCHEDULE_DESCRIPTION,
+    MAX_SCHEDULE_LIST, MIN_EVERY_SECS, SCHEDULE_LIST_PARAMS, ScheduleList, ScheduleOverlap,
+    ScheduleView,
 };
 pub use sessions::{
     BatchRequest, BatchResponse, CancelResponse, CreateSession, LIST_PARAMS, ListResponse,

@@ -54,6 +54,12 @@ pub mod workspace {
     pub use agentq_types::workspace::*;
 }
 
+/// Schedules: the schedules and their fires (`agentq-types`) and the store trait.
+pub mod schedule {
+    pub use agentq_store::ScheduleStore;
+    pub use agentq_types::schedule::*;
+}
+
 /// Webhooks: the endpoints and outbox rows (`agentq-types`) and the store trait.
 pub mod webhook {
     pub use agentq_store::WebhookStore;
@@ -81,7 +87,7 @@ pub use model::*;
 pub use queue::{EventStreams, Queue, QueueHealth, Signals, WorkQueue};
 pub use store::{
     BatchStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate, QueueStore, ReportStore,
-    RetentionStore, RetryResult, SessionStore, Store, SweepStore, WebhookStore,
+    RetentionStore, RetryResult, ScheduleStore, SessionStore, Store, SweepStore, WebhookStore,
 };
 pub use wait::WaitReason;
 pub use workspace::WorkspaceStore;

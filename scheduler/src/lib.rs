@@ -23,6 +23,7 @@ pub mod request;
 pub mod retention;
 mod routes;
 mod run;
+pub mod schedules;
 pub mod serve;
 mod settings;
 mod state;

@@ -1,6 +1,6 @@
 //! The scheduler as a process: the configured queues' consumer groups, the API and
-//! `/metrics` listeners, the sweeper, the workspace collector, retention, the dispatcher
-//! and the webhook delivery loop, until shutdown.
+//! `/metrics` listeners, the sweeper, the workspace collector, retention, the dispatcher,
+//! the webhook delivery loop and the schedules' fire loop, until shutdown.
 
 use std::sync::Arc;
 
@@ -11,11 +11,15 @@ use agentq_core::{Queue, Store};
 
 use crate::retention::Retention;
 use crate::routes::{metrics_router, router};
+use crate::schedules::Firer;
 use crate::serve::serve;
 use crate::settings::SchedulerSettings;
 use crate::state::Scheduler;
 use crate::webhooks::{Deliverer, SystemClock};
 use crate::{sweeper, workspace_gc};
+
+/// How often the fire loop looks for due schedules: cron's finest unit is a second.
+const FIRE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -68,6 +72,9 @@ pub async fn run(
         Deliverer::new(store.clone(), cfg.webhooks.clone(), Arc::new(SystemClock))
             .run(stop_sweeper.clone()),
     );
+    let firer = tokio::spawn(
+        Firer::new(state.clone(), Arc::new(SystemClock), FIRE_POLL).run(stop_sweeper.clone()),
+    );
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
         queue,
@@ -116,6 +123,9 @@ pub async fn run(
         && let Err(e) = r.await
     {
         tracing::error!(error = %e, "retention task failed");
+    }
+    if let Err(e) = firer.await {
+        tracing::error!(error = %e, "schedule fire task failed");
     }
     if let Err(e) = workspace_gc.await {
         tracing::error!(error = %e, "workspace collector task failed");

@@ -18,15 +18,15 @@ pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
 pub use store::{
     BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,
-    QueueStore, ReportStore, RetentionStore, RetryResult, SessionStore, Store, SweepStore,
-    WebhookStore, WorkspaceStore,
+    QueueStore, ReportStore, RetentionStore, RetryResult, ScheduleStore, SessionStore, Store,
+    SweepStore, WebhookStore, WorkspaceStore,
 };
 
 // The domain under the paths this code has always used (`crate::model::…`).
 use agentq_error as error;
 use agentq_types::{
-    auth, batch, budget, config, fork, model, protocol, report, retention, scheduling, wait,
-    webhook, workspace,
+    auth, batch, budget, config, fork, model, protocol, report, retention, schedule, scheduling,
+    wait, webhook, workspace,
 };
 use error::{Error, Result};
 use model::{Lease, SessionStatus};

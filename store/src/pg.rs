@@ -37,6 +37,7 @@ mod params;
 mod queues;
 mod report;
 mod retention;
+mod schedules;
 mod sessions;
 mod sweep;
 mod webhooks;

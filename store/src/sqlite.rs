@@ -73,6 +73,7 @@ mod leases;
 mod queues;
 mod report;
 mod retention;
+mod schedules;
 mod sessions;
 mod sweep;
 mod tx;

@@ -36,6 +36,7 @@ use crate::model::{
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::retention::{RetentionCandidate, RetentionRule, Retired};
+use crate::schedule::{Advance, FireRow, NewSchedule, ScheduleRow};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
 use crate::webhook::{
@@ -67,6 +68,7 @@ pub trait Store:
     + WorkspaceStore
     + BatchStore
     + WebhookStore
+    + ScheduleStore
     + ReportStore
     + RetentionStore
 {
@@ -664,4 +666,77 @@ pub trait WebhookStore: Send + Sync {
 
     /// Delete up to `limit` deliveries delivered or dead before `before`.
     async fn prune_deliveries(&self, before: DateTime<Utc>, limit: u32) -> Result<u64>;
+}
+
+/// Schedules: a tenant's schedules and the history of their fires. The fire loops of any
+/// number of schedulers claim due schedules with a lease (a token until a time); what a
+/// claimer records is fenced by its token. Every "now" is the caller's, so the fire
+/// loop's clock can be injected.
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
+    /// Add a schedule.
+    async fn create_schedule(&self, new: &NewSchedule) -> Result<()>;
+
+    /// The schedule `id`, of any tenant (the caller checks whose it is).
+    async fn schedule(&self, id: &str) -> Result<Option<ScheduleRow>>;
+
+    /// A tenant's schedules by id, after `after` (an id), at most `limit`.
+    async fn list_schedules(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<ScheduleRow>>;
+
+    /// Delete schedule `id` and its history; false when there was none.
+    async fn delete_schedule(&self, id: &str) -> Result<bool>;
+
+    /// Pause schedule `id` (a buffered fire is dropped), or resume it with its next fire
+    /// at `next_fire_at`; false when there is none.
+    async fn set_schedule_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        next_fire_at: DateTime<Utc>,
+    ) -> Result<bool>;
+
+    /// Lease up to `limit` schedules due at `now` (their next fire time passed, or a
+    /// buffered fire waiting) and not leased by another claimer, to `token` until
+    /// `until`.
+    async fn claim_schedules(
+        &self,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+        token: &str,
+        limit: u32,
+    ) -> Result<Vec<ScheduleRow>>;
+
+    /// Lease schedule `id`, due or not (a trigger), to `token` until `until`; `None`
+    /// when there is none or another claimer holds it.
+    async fn claim_schedule(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+        token: &str,
+    ) -> Result<Option<ScheduleRow>>;
+
+    /// As the holder of lease `token` on schedule `id`: record `fires` (one row per fire
+    /// time; a buffered one's row becomes what it did) and `advance`, and free the lease,
+    /// in one transaction. False, with nothing written, when the lease is not held.
+    async fn record_fires(
+        &self,
+        id: &str,
+        token: &str,
+        fires: &[FireRow],
+        advance: &Advance,
+    ) -> Result<bool>;
+
+    /// Schedule `id`'s fires newest first, before fire time `before`, at most `limit`.
+    async fn list_fires(
+        &self,
+        id: &str,
+        before: Option<DateTime<Utc>>,
+        limit: u32,
+    ) -> Result<Vec<FireRow>>;
 }

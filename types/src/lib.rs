@@ -17,6 +17,7 @@ pub mod policy;
 pub mod protocol;
 pub mod report;
 pub mod retention;
+pub mod schedule;
 pub mod scheduling;
 pub mod wait;
 pub mod webhook;

@@ -41,6 +41,11 @@ export type CreateWebhook = S["CreateWebhook"];
 export type Delivery = S["DeliveryView"];
 export type DeliveryPage = S["DeliveryList"];
 export type Redriven = S["Redriven"];
+export type Schedule = S["ScheduleView"];
+export type CreateSchedule = S["CreateSchedule"];
+export type SchedulePage = S["ScheduleList"];
+export type Fire = S["FireView"];
+export type FirePage = S["FireList"];
 
 export {
   DEFAULT_TOLERANCE, WebhookVerificationError, signWebhook, verifyWebhook,
@@ -674,6 +679,50 @@ export class AgentqClient {
   /** Queue the endpoint's dead letters again (it must be enabled). */
   redriveWebhook(id: string): Promise<Redriven> {
     return this.json(`/v1/webhooks/${seg(id)}/redrive`, { method: "POST", json: {} });
+  }
+
+  // Schedules
+
+  /** A session from `session` (what `createSession` sends) at each time of `cron` in
+   * `timezone`, or every `every_secs` seconds; `overlap` is `skip`, `buffer_one`,
+   * `cancel_other` or `allow_all`. */
+  createSchedule(session: CreateSchedule["session"],
+    opts: Omit<CreateSchedule, "session"> = {}): Promise<Schedule> {
+    return this.json("/v1/schedules", { method: "POST", json: { ...opts, session } });
+  }
+
+  listSchedules(q: { limit?: number; cursor?: string } = {}): Promise<SchedulePage> {
+    return this.json("/v1/schedules", { query: q });
+  }
+
+  getSchedule(id: string): Promise<Schedule> {
+    return this.json(`/v1/schedules/${seg(id)}`);
+  }
+
+  /** The schedule and its history (its sessions stay). */
+  async deleteSchedule(id: string): Promise<void> {
+    const r = await this.send(`/v1/schedules/${seg(id)}`, { method: "DELETE" });
+    await r.body?.cancel();
+  }
+
+  pauseSchedule(id: string): Promise<Schedule> {
+    return this.json(`/v1/schedules/${seg(id)}/pause`, { method: "POST", json: {} });
+  }
+
+  /** Fire again from the next time after now. */
+  resumeSchedule(id: string): Promise<Schedule> {
+    return this.json(`/v1/schedules/${seg(id)}/resume`, { method: "POST", json: {} });
+  }
+
+  /** One fire now, under the schedule's overlap policy. */
+  triggerSchedule(id: string): Promise<Fire> {
+    return this.json(`/v1/schedules/${seg(id)}/trigger`, { method: "POST", json: {} });
+  }
+
+  /** One page of the schedule's fires, newest first. */
+  listScheduleFires(id: string, q: { limit?: number; cursor?: string } = {})
+    : Promise<FirePage> {
+    return this.json(`/v1/schedules/${seg(id)}/fires`, { query: q });
   }
 
   async waitBatch(id: string, opts: { timeoutMs?: number; pollMs?: number } = {})

@@ -418,6 +418,139 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List schedules
+         * @description The caller's tenant's schedules by id, paged.
+         */
+        get: operations["list_schedules"];
+        put?: never;
+        /**
+         * Create a schedule
+         * @description A session from `session` (anything `POST /v1/sessions` takes but `idempotency_key`)
+         *     at each time of `cron` in `timezone`, or every `every_secs` seconds. The template is
+         *     checked now as `POST /v1/sessions` checks it (its fields named `session.…`), and
+         *     again at each fire against the tenant's policy of then. `overlap` says what a fire
+         *     does while the previous fire's session is unfinished; fires missed while no scheduler
+         *     ran fire on start when at most `catchup_window_secs` late.
+         */
+        post: operations["create_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get a schedule */
+        get: operations["get_schedule"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a schedule
+         * @description With its history of fires; the sessions it created stay.
+         */
+        delete: operations["delete_schedule"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{id}/fires": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a schedule's fires
+         * @description Newest first: each fire's time, what it did (started, skipped, buffered, missed,
+         *     failed) and the session it created.
+         */
+        get: operations["list_schedule_fires"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Pause a schedule
+         * @description No fire until resumed (a buffered fire is dropped). Harmless when paused.
+         */
+        post: operations["pause_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Resume a schedule
+         * @description Fires again from the next time after now: the times passed while paused are not
+         *     caught up. Harmless when running.
+         */
+        post: operations["resume_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{id}/trigger": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Trigger a schedule now
+         * @description One fire at this moment, outside its times (paused or not), as its overlap policy
+         *     says: the fire as recorded in its history.
+         */
+        post: operations["trigger_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions": {
         parameters: {
             query?: never;
@@ -1407,6 +1540,45 @@ export interface components {
             /** @description 1 to 64 of `A-Z a-z 0-9 _ . -`. */
             name: string;
         };
+        /** @description `POST /v1/schedules`. Any other field is refused. */
+        CreateSchedule: {
+            /**
+             * Format: int64
+             * @description Fires missed while no scheduler ran are fired on start when at most this many
+             *     seconds late (0 to 604,800; 60 when absent); older ones are recorded as `missed`.
+             */
+            catchup_window_secs?: number | null;
+            /**
+             * @description A cron expression (5 fields, minute to weekday; a sixth leading field for seconds;
+             *     `@hourly`, `@daily`… aliases), read in `timezone`. Exactly one of `cron` and
+             *     `every_secs`.
+             */
+            cron?: string | null;
+            /** @description The caller's note, at most 1,024 bytes. */
+            description?: string | null;
+            /**
+             * Format: int64
+             * @description Fire every this many seconds (1 to 31,536,000), the first one after as many
+             *     seconds from creation.
+             */
+            every_secs?: number | null;
+            overlap?: components["schemas"]["ScheduleOverlap"] | null;
+            /** @description Created paused (no fire until resumed). */
+            paused?: boolean | null;
+            /**
+             * @description The session each fire creates: anything `POST /v1/sessions` takes, `files`
+             *     included, but `idempotency_key` (each fire's is made of the schedule and the fire
+             *     time). Checked as that route checks it now, and again against the tenant's policy
+             *     at each fire.
+             */
+            session: components["schemas"]["CreateSession"];
+            /**
+             * @description The IANA time zone `cron` is read in (`Europe/Paris`); `UTC` when absent. A
+             *     skipped local time (spring forward) fires once, at the first instant after the
+             *     gap; a repeated one (fall back) fires once, at its first occurrence.
+             */
+            timezone?: string | null;
+        };
         /**
          * @description `POST /v1/sessions`, and each item of `POST /v1/sessions/batch`: a session to run.
          *
@@ -1587,6 +1759,34 @@ export interface components {
         /** @description Why one LLM response ended. */
         FinishReason: "stop" | "tool_calls" | "length" | "content_filter" | "error" | "paused" | {
             other: string;
+        };
+        /** @description `GET /v1/schedules/{id}/fires`: newest first. */
+        FireList: {
+            fires: components["schemas"]["FireView"][];
+            /** @description The `cursor` of the next page; `null` on the last. */
+            next_cursor?: string | null;
+        };
+        /**
+         * @description What one fire did.
+         * @enum {string}
+         */
+        FireOutcomeView: "started" | "skipped" | "buffered" | "missed" | "failed";
+        /** @description One fire of a schedule. */
+        FireView: {
+            /** @description The session `cancel_other` cancelled to make room for this one. */
+            cancelled_session_id?: string | null;
+            error?: string | null;
+            /**
+             * Format: date-time
+             * @description The time it was due (a trigger's: when it was asked for).
+             */
+            fire_time: string;
+            /** @description Fired by `POST /v1/schedules/{id}/trigger`. */
+            manual: boolean;
+            outcome: components["schemas"]["FireOutcomeView"];
+            /** Format: date-time */
+            recorded_at: string;
+            session_id?: string | null;
         };
         /**
          * @description `POST /v1/sessions/{id}/fork`: a new session whose history is the first
@@ -1913,6 +2113,46 @@ export interface components {
             tokens_per_window: number;
             /** Format: int64 */
             window_ms: number;
+        };
+        /** @description `GET /v1/schedules`: the caller's tenant's schedules by id. */
+        ScheduleList: {
+            /** @description The `cursor` of the next page; `null` on the last. */
+            next_cursor?: string | null;
+            schedules: components["schemas"]["ScheduleView"][];
+        };
+        /**
+         * @description What a fire does while the session of the schedule's last started fire is unfinished.
+         * @enum {string}
+         */
+        ScheduleOverlap: "skip" | "buffer_one" | "cancel_other" | "allow_all";
+        /** @description A schedule: `GET /v1/schedules/{id}`, and the answer of its creation, pause and resume. */
+        ScheduleView: {
+            /**
+             * Format: date-time
+             * @description The fire waiting for the running session to end (`buffer_one`).
+             */
+            buffered_fire_at?: string | null;
+            /** Format: int64 */
+            catchup_window_secs: number;
+            /** Format: date-time */
+            created_at: string;
+            cron?: string | null;
+            description?: string | null;
+            /** Format: int64 */
+            every_secs?: number | null;
+            id: string;
+            /** @description The session of the last started fire. */
+            last_session_id?: string | null;
+            /**
+             * Format: date-time
+             * @description The next fire time (while paused: the one it had; resuming fires from then on).
+             */
+            next_fire_at: string;
+            overlap: components["schemas"]["ScheduleOverlap"];
+            paused: boolean;
+            /** @description The session template, as sent. */
+            session: components["schemas"]["CreateSession"];
+            timezone: string;
         };
         /**
          * @description One block of an answer in which the provider ran a tool of its own
@@ -3306,6 +3546,304 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             /** @description `conflict`: `scheduler.max_queues` reached (`field`: `name`) */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_schedules: {
+        parameters: {
+            query?: {
+                /** @description Schedules per page (50 when absent). */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    create_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSchedule"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    get_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The schedule */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    delete_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_schedule_fires: {
+        parameters: {
+            query?: {
+                /** @description Fires per page (50 when absent). */
+                limit?: number;
+                /** @description The `next_cursor` of the previous page. */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FireList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    pause_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{}`: nothing to send */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Paused */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    resume_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{}`: nothing to send */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Resumed */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    trigger_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The schedule's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        /** @description `{}`: nothing to send */
+        requestBody: {
+            content: {
+                "application/json": Record<string, never>;
+            };
+        };
+        responses: {
+            /** @description Fired */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FireView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            /** @description `conflict`: a scheduler is firing it at this moment; try again */
             409: {
                 headers: {
                     [name: string]: unknown;

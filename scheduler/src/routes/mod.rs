@@ -38,6 +38,7 @@ pub(crate) mod openapi;
 mod queues;
 mod redrive;
 mod reports;
+mod schedules;
 mod sessions;
 mod steer;
 mod webhooks;
@@ -98,6 +99,7 @@ fn table() -> Vec<Route> {
     routes.extend(one_session_routes());
     routes.extend(batch_routes());
     routes.extend(webhook_routes());
+    routes.extend(schedule_routes());
     routes.extend(admin_routes());
     routes.extend(service_routes());
     routes
@@ -281,6 +283,69 @@ fn batch_routes() -> Vec<Route> {
             READ,
             |_| get(batches::results),
             doc::<batches::__path_results>(),
+        ),
+    ]
+}
+
+/// Schedules (`/v1/schedules…`), with the session routes' scopes: a schedule creates
+/// sessions.
+fn schedule_routes() -> Vec<Route> {
+    vec![
+        route(
+            Method::POST,
+            "/v1/schedules",
+            WRITE,
+            |_| post(schedules::create),
+            doc::<schedules::__path_create>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/schedules",
+            READ,
+            |_| get(schedules::list),
+            doc::<schedules::__path_list>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/schedules/{id}",
+            READ,
+            |_| get(schedules::get),
+            doc::<schedules::__path_get>(),
+        ),
+        route(
+            Method::DELETE,
+            "/v1/schedules/{id}",
+            WRITE,
+            |_| delete(schedules::delete),
+            doc::<schedules::__path_delete>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{id}/pause",
+            WRITE,
+            |_| post(schedules::pause),
+            doc::<schedules::__path_pause>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{id}/resume",
+            WRITE,
+            |_| post(schedules::resume),
+            doc::<schedules::__path_resume>(),
+        ),
+        route(
+            Method::POST,
+            "/v1/schedules/{id}/trigger",
+            WRITE,
+            |_| post(schedules::trigger),
+            doc::<schedules::__path_trigger>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/schedules/{id}/fires",
+            READ,
+            |_| get(schedules::fires),
+            doc::<schedules::__path_fires>(),
         ),
     ]
 }

@@ -143,6 +143,11 @@ const TAGS: &[(&str, &str)] = &[
         "Signed webhooks: endpoints, their secrets, deliveries and dead letters (the \
          `webhooks` scope).",
     ),
+    (
+        "schedules",
+        "Schedules: sessions started by cron in a time zone or by interval, their overlap \
+         policy, pause, resume, trigger and the history of fires.",
+    ),
     ("queues", "The queues sessions may name."),
     (
         "admin",
@@ -164,6 +169,8 @@ fn tag_of(path: &str) -> &'static str {
         "batches"
     } else if path.starts_with("/v1/webhooks") {
         "webhooks"
+    } else if path.starts_with("/v1/schedules") {
+        "schedules"
     } else if path.starts_with("/v1/queues") {
         "queues"
     } else if path.starts_with("/v1/admin") {
@@ -209,6 +216,7 @@ const CREATED: &[(&str, &str)] = &[
     ("/v1/sessions", "/v1/sessions/{id}"),
     ("/v1/batches", "/v1/batches/{id}"),
     ("/v1/webhooks", "/v1/webhooks/{id}"),
+    ("/v1/schedules", "/v1/schedules/{id}"),
 ];
 
 /// Link each answer of a [`CREATED`] creation to the operations on what it created.
@@ -499,6 +507,11 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::RotateWebhook>(&mut all);
     add::<api::DeliveryList>(&mut all);
     add::<api::Redriven>(&mut all);
+    add::<api::CreateSchedule>(&mut all);
+    add::<api::ScheduleView>(&mut all);
+    add::<api::ScheduleList>(&mut all);
+    add::<api::FireView>(&mut all);
+    add::<api::FireList>(&mut all);
     webhook_schemas(&mut all);
     add::<api::QueueList>(&mut all);
     add::<api::CreateQueue>(&mut all);

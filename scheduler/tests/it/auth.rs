@@ -148,6 +148,10 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/webhooks/{id}/rotate" => json!({"overlap_secs": 60}),
         "/v1/webhooks/{id}/enable" => json!({}),
         "/v1/webhooks/{id}/redrive" => json!({}),
+        "/v1/schedules" => json!({"every_secs": 3600, "session": {"prompt": "hi"}}),
+        "/v1/schedules/{id}/pause" => json!({}),
+        "/v1/schedules/{id}/resume" => json!({}),
+        "/v1/schedules/{id}/trigger" => json!({}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
 }
@@ -218,6 +222,30 @@ async fn webhook_of(env: &Env, tenant: &str) -> String {
         created_at: chrono::Utc::now(),
     };
     assert!(env.store.create_webhook(&new, 1_000).await.unwrap());
+    id
+}
+
+/// A schedule of `tenant`, made in the store; its id.
+async fn schedule_of(env: &Env, tenant: &str) -> String {
+    use agentq_core::schedule::{NewSchedule, Overlap, ScheduleStore};
+
+    let id = format!("sch_{}", uuid::Uuid::now_v7().simple());
+    let now = chrono::Utc::now();
+    let new = NewSchedule {
+        id: id.clone(),
+        tenant: tenant.into(),
+        cron: None,
+        timezone: "UTC".into(),
+        every_secs: Some(3_600),
+        template: r#"{"prompt":"hi"}"#.into(),
+        overlap: Overlap::Skip,
+        catchup_window_secs: 60,
+        description: None,
+        paused: false,
+        next_fire_at: now + chrono::Duration::hours(1),
+        created_at: now,
+    };
+    env.store.create_schedule(&new).await.unwrap();
     id
 }
 
@@ -306,6 +334,8 @@ async fn every_route_is_checked() {
             batch_of(&env, "acme").await
         } else if path.starts_with("/v1/webhooks/{id}") {
             webhook_of(&env, "acme").await
+        } else if path.starts_with("/v1/schedules/{id}") {
+            schedule_of(&env, "acme").await
         } else {
             id
         };

@@ -24,6 +24,7 @@ mod inbox;
 mod leases;
 mod reports;
 mod retention;
+mod schedules;
 mod sessions;
 mod sqlite_only;
 mod sweeping;

@@ -105,6 +105,8 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "messages",
             "queues",
             "retired_usage",
+            "schedule_fires",
+            "schedules",
             "session_specs",
             "sessions",
             "tenant_budgets",

@@ -352,5 +352,48 @@ class AsyncClient:
         """Queue the endpoint's dead letters again (it must be enabled)."""
         return await self._send(c.Ops.redrive_webhook(id))
 
+    # Schedules
+
+    async def create_schedule(self, session: Mapping[str, Any], *, cron: Optional[str] = None,
+                        timezone: Optional[str] = None, every_secs: Optional[int] = None,
+                        overlap: Optional[str] = None,
+                        catchup_window_secs: Optional[int] = None,
+                        description: Optional[str] = None,
+                        paused: Optional[bool] = None) -> m.Schedule:
+        """A session from `session` (what `create_session` sends, as a dict) at each time
+        of `cron` in `timezone`, or every `every_secs` seconds; `overlap` is `skip`,
+        `buffer_one`, `cancel_other` or `allow_all`."""
+        return await self._send(c.Ops.create_schedule(c.filter_body(
+            cron=cron, timezone=timezone, every_secs=every_secs, session=dict(session),
+            overlap=overlap, catchup_window_secs=catchup_window_secs,
+            description=description, paused=paused)))
+
+    async def list_schedules(self, *, limit: Optional[int] = None,
+                       cursor: Optional[str] = None) -> m.SchedulePage:
+        return await self._send(c.Ops.list_schedules(limit, cursor))
+
+    async def get_schedule(self, id: str) -> m.Schedule:
+        return await self._send(c.Ops.get_schedule(id))
+
+    async def delete_schedule(self, id: str) -> None:
+        """The schedule and its history (its sessions stay)."""
+        await self._send(c.Ops.delete_schedule(id))
+
+    async def pause_schedule(self, id: str) -> m.Schedule:
+        return await self._send(c.Ops.pause_schedule(id))
+
+    async def resume_schedule(self, id: str) -> m.Schedule:
+        """Fire again from the next time after now."""
+        return await self._send(c.Ops.resume_schedule(id))
+
+    async def trigger_schedule(self, id: str) -> m.Fire:
+        """One fire now, under the schedule's overlap policy."""
+        return await self._send(c.Ops.trigger_schedule(id))
+
+    async def list_schedule_fires(self, id: str, *, limit: Optional[int] = None,
+                            cursor: Optional[str] = None) -> m.FirePage:
+        """One page of the schedule's fires, newest first."""
+        return await self._send(c.Ops.list_schedule_fires(id, limit, cursor))
+
     async def openapi(self) -> Any:
         return await self._send(c.Ops.openapi())

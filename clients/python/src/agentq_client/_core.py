@@ -358,6 +358,41 @@ class Ops:
         return Call("POST", f"/v1/webhooks/{seg(id)}/redrive", model(m.Redriven), json={})
 
     @staticmethod
+    def create_schedule(body: dict[str, Any]) -> Call[m.Schedule]:
+        return Call("POST", "/v1/schedules", model(m.Schedule), json=body)
+
+    @staticmethod
+    def list_schedules(limit: Optional[int], cursor: Optional[str]) -> Call[m.SchedulePage]:
+        return Call("GET", "/v1/schedules", model(m.SchedulePage),
+                    params=query(limit=limit, cursor=cursor))
+
+    @staticmethod
+    def get_schedule(id: str) -> Call[m.Schedule]:
+        return Call("GET", f"/v1/schedules/{seg(id)}", model(m.Schedule))
+
+    @staticmethod
+    def delete_schedule(id: str) -> Call[None]:
+        return Call("DELETE", f"/v1/schedules/{seg(id)}", nothing)
+
+    @staticmethod
+    def pause_schedule(id: str) -> Call[m.Schedule]:
+        return Call("POST", f"/v1/schedules/{seg(id)}/pause", model(m.Schedule), json={})
+
+    @staticmethod
+    def resume_schedule(id: str) -> Call[m.Schedule]:
+        return Call("POST", f"/v1/schedules/{seg(id)}/resume", model(m.Schedule), json={})
+
+    @staticmethod
+    def trigger_schedule(id: str) -> Call[m.Fire]:
+        return Call("POST", f"/v1/schedules/{seg(id)}/trigger", model(m.Fire), json={})
+
+    @staticmethod
+    def list_schedule_fires(id: str, limit: Optional[int], cursor: Optional[str]
+                            ) -> Call[m.FirePage]:
+        return Call("GET", f"/v1/schedules/{seg(id)}/fires", model(m.FirePage),
+                    params=query(limit=limit, cursor=cursor))
+
+    @staticmethod
     def submit_batch(body: dict[str, Any]) -> Call[m.Batch]:
         return Call("POST", "/v1/batches", model(m.Batch), json=body)
 

@@ -344,5 +344,48 @@ class Client:
         """Queue the endpoint's dead letters again (it must be enabled)."""
         return self._send(c.Ops.redrive_webhook(id))
 
+    # Schedules
+
+    def create_schedule(self, session: Mapping[str, Any], *, cron: Optional[str] = None,
+                        timezone: Optional[str] = None, every_secs: Optional[int] = None,
+                        overlap: Optional[str] = None,
+                        catchup_window_secs: Optional[int] = None,
+                        description: Optional[str] = None,
+                        paused: Optional[bool] = None) -> m.Schedule:
+        """A session from `session` (what `create_session` sends, as a dict) at each time
+        of `cron` in `timezone`, or every `every_secs` seconds; `overlap` is `skip`,
+        `buffer_one`, `cancel_other` or `allow_all`."""
+        return self._send(c.Ops.create_schedule(c.filter_body(
+            cron=cron, timezone=timezone, every_secs=every_secs, session=dict(session),
+            overlap=overlap, catchup_window_secs=catchup_window_secs,
+            description=description, paused=paused)))
+
+    def list_schedules(self, *, limit: Optional[int] = None,
+                       cursor: Optional[str] = None) -> m.SchedulePage:
+        return self._send(c.Ops.list_schedules(limit, cursor))
+
+    def get_schedule(self, id: str) -> m.Schedule:
+        return self._send(c.Ops.get_schedule(id))
+
+    def delete_schedule(self, id: str) -> None:
+        """The schedule and its history (its sessions stay)."""
+        self._send(c.Ops.delete_schedule(id))
+
+    def pause_schedule(self, id: str) -> m.Schedule:
+        return self._send(c.Ops.pause_schedule(id))
+
+    def resume_schedule(self, id: str) -> m.Schedule:
+        """Fire again from the next time after now."""
+        return self._send(c.Ops.resume_schedule(id))
+
+    def trigger_schedule(self, id: str) -> m.Fire:
+        """One fire now, under the schedule's overlap policy."""
+        return self._send(c.Ops.trigger_schedule(id))
+
+    def list_schedule_fires(self, id: str, *, limit: Optional[int] = None,
+                            cursor: Optional[str] = None) -> m.FirePage:
+        """One page of the schedule's fires, newest first."""
+        return self._send(c.Ops.list_schedule_fires(id, limit, cursor))
+
     def openapi(self) -> Any:
         return self._send(c.Ops.openapi())

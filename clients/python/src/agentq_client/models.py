@@ -482,3 +482,52 @@ class Event(BaseModel):
         except ValueError:
             value = data
         return cls(id=id, event=event or "message", data=value)
+
+
+ScheduleOverlap = Literal["skip", "buffer_one", "cancel_other", "allow_all"]
+FireOutcome = Literal["started", "skipped", "buffered", "missed", "failed"]
+
+
+class Schedule(Model):
+    """A schedule: a session from `session` (the template) at each time of `cron` in
+    `timezone`, or every `every_secs` seconds."""
+
+    __schema__ = "ScheduleView"
+    id: str
+    timezone: str
+    session: Any
+    overlap: ScheduleOverlap
+    catchup_window_secs: int
+    paused: bool
+    next_fire_at: datetime
+    created_at: datetime
+    cron: Optional[str] = None
+    every_secs: Optional[int] = None
+    description: Optional[str] = None
+    buffered_fire_at: Optional[datetime] = None
+    last_session_id: Optional[str] = None
+
+
+class SchedulePage(Model):
+    __schema__ = "ScheduleList"
+    schedules: list[Schedule]
+    next_cursor: Optional[str] = None
+
+
+class Fire(Model):
+    """One fire of a schedule: what it did and the session it created."""
+
+    __schema__ = "FireView"
+    fire_time: datetime
+    outcome: FireOutcome
+    manual: bool
+    recorded_at: datetime
+    session_id: Optional[str] = None
+    cancelled_session_id: Optional[str] = None
+    error: Optional[str] = None
+
+
+class FirePage(Model):
+    __schema__ = "FireList"
+    fires: list[Fire]
+    next_cursor: Optional[str] = None
