@@ -110,25 +110,18 @@ pub async fn run(
     if let Some(m) = metrics_server {
         m.abort();
     }
-    if let Err(e) = sweeper.await {
-        tracing::error!(error = %e, "sweeper task failed");
-    }
-    if let Err(e) = dispatcher.await {
-        tracing::error!(error = %e, "dispatcher task failed");
-    }
-    if let Err(e) = deliverer.await {
-        tracing::error!(error = %e, "webhook delivery task failed");
-    }
-    if let Some(r) = retention
-        && let Err(e) = r.await
-    {
-        tracing::error!(error = %e, "retention task failed");
-    }
-    if let Err(e) = firer.await {
-        tracing::error!(error = %e, "schedule fire task failed");
-    }
-    if let Err(e) = workspace_gc.await {
-        tracing::error!(error = %e, "workspace collector task failed");
+    let mut background = vec![
+        ("sweeper", sweeper),
+        ("dispatcher", dispatcher),
+        ("webhook delivery", deliverer),
+        ("schedule fire", firer),
+        ("workspace collector", workspace_gc),
+    ];
+    background.extend(retention.map(|r| ("retention", r)));
+    for (task, handle) in background {
+        if let Err(e) = handle.await {
+            tracing::error!(error = %e, task, "a background task failed");
+        }
     }
     served?;
     tracing::info!("scheduler stopped");

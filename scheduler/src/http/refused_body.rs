@@ -1,8 +1,8 @@
 //! Bodies past their route's limit. Declared too large (`content-length`), a body is
-//! refused at once, before a byte of it is read: the client said what it would send, and
-//! reading it would only cost the server (a client that sends `Expect: 100-continue`
-//! never sends it at all). Found too large while read (a chunked body), what is left of it
-//! is read and dropped, up to [`DRAIN_BYTES`], before the answer goes: a client still
+//! refused at once, before a byte of it is read; when it is at most [`DRAIN_BYTES`] over
+//! the limit, what the client writes anyway is read and dropped beside the answer. Found
+//! too large while read (a chunked body), what is left of it is read and dropped, up to
+//! [`DRAIN_BYTES`], before the answer goes: a client still
 //! writing when the server answers and closes sees its write fail (a broken pipe), not the
 //! answer that says why; reading a bounded rest lets a body somewhat over a limit get its
 //! 413, and a far larger one still costs the server at most this much.
@@ -44,14 +44,18 @@ pub(crate) fn too_large(limit: impl std::fmt::Display) -> ApiError {
 
 /// A 413 when the request declares a body longer than `limit` bytes (nothing is read).
 pub(crate) fn check_declared(headers: &HeaderMap, limit: u64) -> Result<(), ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    match declared {
+    match declared(headers) {
         Some(n) if n > limit => Err(too_large(limit)),
         _ => Ok(()),
     }
+}
+
+/// The body's length as `content-length` declares it.
+fn declared(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
 
 /// Read what is left of `body`, up to [`DRAIN_BYTES`] (within the request's body timeout).
@@ -76,8 +80,17 @@ pub(crate) async fn read_at_most(
     body: Body,
     limit: usize,
 ) -> Result<Bytes, ApiError> {
-    check_declared(headers, u64::try_from(limit).unwrap_or(u64::MAX))?;
     let mut stream = body.into_data_stream();
+    if let Err(refused) = check_declared(headers, u64::try_from(limit).unwrap_or(u64::MAX)) {
+        // Somewhat over the limit: the answer goes at once, and what the client writes
+        // meanwhile is read and dropped beside it, so that a client writing the body whole
+        // (most do, whatever the answer) gets to read its 413.
+        let drainable = u64::try_from(limit.saturating_add(DRAIN_BYTES)).unwrap_or(u64::MAX);
+        if declared(headers).is_some_and(|n| n <= drainable) {
+            tokio::spawn(async move { drain(&mut stream).await });
+        }
+        return Err(refused);
+    }
     let mut bytes = Vec::new();
     while let Some(piece) = stream.next().await {
         let piece = piece

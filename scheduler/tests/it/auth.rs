@@ -152,6 +152,7 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
         "/v1/schedules/{id}/pause" => json!({}),
         "/v1/schedules/{id}/resume" => json!({}),
         "/v1/schedules/{id}/trigger" => json!({}),
+        "/v1/sessions/{id}/fork" => json!({"at_iteration": 0}),
         other => panic!("no request body for POST {other}: add one to this test"),
     })
 }
