@@ -49,7 +49,7 @@ fn ask(input: u64, max_out: u64) -> CallAsk<'static> {
 }
 
 /// Reserve until admitted (bounded), sleeping as told.
-async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
+pub(crate) async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
     for _ in 0..10_000 {
         match a.reserve(ask).await {
             Admit::Go(p) => return p,
@@ -59,6 +59,22 @@ async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
         }
     }
     panic!("never admitted")
+}
+
+/// One call through `gate`: admitted, counted in `in_flight` for a moment (`most` keeps
+/// the highest count seen), then settled.
+pub(crate) async fn call_counted(
+    gate: &dyn Admission,
+    ask: &CallAsk<'_>,
+    in_flight: &AtomicUsize,
+    most: &AtomicUsize,
+) {
+    let p = admitted(gate, ask).await;
+    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    in_flight.fetch_sub(1, Ordering::SeqCst);
+    gate.settle(ask, p, &CallReport::default()).await;
 }
 
 async fn raw(server: &RedisServer) -> redis::aio::ConnectionManager {
@@ -87,13 +103,7 @@ async fn concurrency_holds_across_many_reservers_on_several_workers() {
         let gate = gates[i % 3].clone();
         let (in_flight, most) = (in_flight.clone(), most.clone());
         tasks.push(tokio::spawn(async move {
-            let a = ask(10, 10);
-            let p = admitted(&*gate, &a).await;
-            let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(3)).await;
-            in_flight.fetch_sub(1, Ordering::SeqCst);
-            gate.settle(&a, p, &CallReport::default()).await;
+            call_counted(&*gate, &ask(10, 10), &in_flight, &most).await;
         }));
     }
     for t in tasks {

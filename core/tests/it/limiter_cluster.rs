@@ -10,13 +10,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
+use agentq_agent::driver::{Admit, CallAsk};
 use agentq_agent::provider::HttpTimeouts;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_core::admission::{Limiter, TAGS_KEY, read_state};
 use agentq_core::config::{LimitSettings, LimiterSection};
 use agentq_testkit::services::{RedisCluster, RedisServer};
 use tokio_util::sync::CancellationToken;
+
+use super::limiter::call_counted;
 
 fn provider(key: &str) -> OpenAiProvider {
     OpenAiProvider::new(OpenAiConfig {
@@ -40,17 +42,6 @@ fn ask() -> CallAsk<'static> {
         web_searches: 0,
         max_wait: Duration::ZERO,
     }
-}
-
-async fn admitted(a: &dyn Admission, ask: &CallAsk<'_>) -> Permit {
-    for _ in 0..10_000 {
-        match a.reserve(ask).await {
-            Admit::Go(p) => return p,
-            Admit::Wait { after, .. } => tokio::time::sleep(after).await,
-            other => panic!("{other:?}"),
-        }
-    }
-    panic!("never admitted")
 }
 
 /// Three workers on a 3-master cluster, two provider keys under one `concurrency = 2`
@@ -84,13 +75,7 @@ async fn a_cluster_keeps_each_provider_keys_count_on_its_own_tag() {
         let gate = limiters[i % 3].for_session("t", &provider(key));
         let (in_flight, most) = (in_flight.clone(), most.clone());
         tasks.push(tokio::spawn(async move {
-            let a = ask();
-            let p = admitted(&*gate, &a).await;
-            let now = in_flight[key].fetch_add(1, Ordering::SeqCst) + 1;
-            most[key].fetch_max(now, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(3)).await;
-            in_flight[key].fetch_sub(1, Ordering::SeqCst);
-            gate.settle(&a, p, &CallReport::default()).await;
+            call_counted(&*gate, &ask(), &in_flight[key], &most[key]).await;
         }));
     }
     for t in tasks {

@@ -153,9 +153,14 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
     let total = 200;
     let retried: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     let produced = AtomicBool::new(false);
+    // Half the sessions are in when the fault comes: mid-run whatever the machine's pace.
+    let half_in = tokio::sync::Notify::new();
     let producer = async {
         let ids: Vec<String> = (0..total).map(|i| format!("s{i:03}")).collect();
-        for chunk in ids.chunks(5) {
+        for (n, chunk) in ids.chunks(5).enumerate() {
+            if n * 5 == total / 2 {
+                half_in.notify_one();
+            }
             let items: Vec<(String, EnqueueReason)> = chunk
                 .iter()
                 .map(|s| (s.clone(), EnqueueReason::New))
@@ -206,7 +211,7 @@ async fn survives(url: &str, fault: impl FnOnce() + Send + 'static) {
         }
     }));
     let fault = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        half_in.notified().await;
         assert!(
             !produced.load(Ordering::SeqCst),
             "the fault must come mid-run"
