@@ -26,8 +26,7 @@ pub(super) fn coalesce_deltas(batch: &mut Vec<EventRecord>) {
     let mut joined: Vec<(usize, EventKind, String)> = Vec::new();
     for record in batch.drain(..) {
         let delta = delta_of(&record);
-        let session = record.session_id.clone();
-        match (delta, open.get_mut(&session)) {
+        match (delta, open.get_mut(record.session_id.as_str())) {
             (Some((kind, text)), Some((at, open_kind, gathered)))
                 if *open_kind == kind
                     && kept[*at].seq == record.seq
@@ -36,11 +35,11 @@ pub(super) fn coalesce_deltas(batch: &mut Vec<EventRecord>) {
                 gathered.push_str(&text);
             }
             (delta, _) => {
-                if let Some(done) = open.remove(&session) {
+                if let Some(done) = open.remove(record.session_id.as_str()) {
                     joined.push(done);
                 }
                 if let Some((kind, text)) = delta {
-                    open.insert(session, (kept.len(), kind, text));
+                    open.insert(record.session_id.clone(), (kept.len(), kind, text));
                 }
                 kept.push(record);
             }
@@ -59,12 +58,17 @@ pub(super) fn coalesce_deltas(batch: &mut Vec<EventRecord>) {
     *batch = kept;
 }
 
-/// The kind and text of a delta; `None` for any other event.
+/// The kind and text of a delta; `None` for any other event. The events are the
+/// worker's own serialization, tag first, so any other event is told by its first bytes
+/// without being parsed (the writer sees every event of the worker).
 fn delta_of(record: &EventRecord) -> Option<(EventKind, String)> {
-    let kind = EventKind::of_json(&record.data)?;
-    if !matches!(kind, EventKind::TextDelta | EventKind::ThinkingDelta) {
+    let kind = if record.data.starts_with(r#"{"type":"text_delta""#) {
+        EventKind::TextDelta
+    } else if record.data.starts_with(r#"{"type":"thinking_delta""#) {
+        EventKind::ThinkingDelta
+    } else {
         return None;
-    }
+    };
     match serde_json::from_str(&record.data).ok()? {
         AgentEvent::TextDelta { text } | AgentEvent::ThinkingDelta { text } => Some((kind, text)),
         _ => None,
