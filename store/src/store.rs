@@ -485,7 +485,8 @@ pub trait BudgetStore: Send + Sync {
     async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()>;
 
     /// Let an LLM call of `hold.tenant` start under `budgets` (the tenant's, as of `now`):
-    /// in one transaction serialised per tenant on every worker, refused with the first
+    /// ordered per tenant on every worker by the tenant's one totals row (a call below
+    /// every budget is one conditional update of it, whatever runs at once), refused with the first
     /// budget that the tenant's recorded spend in its period has reached, else with the
     /// first that this spend plus the unexpired holds of its other calls reaches (with
     /// [`HoldRefused::holds_expire`]: the caller waits for them to settle); else `hold`

@@ -256,6 +256,81 @@ pub struct HoldRefused {
     pub holds_expire: Option<DateTime<Utc>>,
 }
 
+/// A tenant's running totals (`tenant_ledger`): its spend on the latest UTC day and in
+/// the latest UTC month it spent in, and what its calls in flight hold. One row per
+/// tenant, so that letting a call start reads and updates one row.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantTotals {
+    /// `YYYY-MM-DD`.
+    pub day: String,
+    pub day_spend: Spend,
+    /// `YYYY-MM`.
+    pub month: String,
+    pub month_spend: Spend,
+    pub held: Spend,
+}
+
+impl TenantTotals {
+    /// The spend in each budget's current period as of `now`, in order: a counter of an
+    /// earlier day or month counts as nothing spent.
+    pub fn spent_per_budget(&self, budgets: &[TenantBudget], now: DateTime<Utc>) -> Vec<Spend> {
+        let today = day_key(now.date_naive());
+        budgets
+            .iter()
+            .map(|b| match b.period {
+                Period::Day if self.day == today => self.day_spend,
+                Period::Month
+                    if today.starts_with(self.month.as_str()) && !self.month.is_empty() =>
+                {
+                    self.month_spend
+                }
+                _ => Spend::default(),
+            })
+            .collect()
+    }
+}
+
+/// The tightest bound of each period and unit over a tenant's budgets: what a hold's
+/// conditional update compares the ledger row with (`None`: no bound). A bound past
+/// `i64::MAX` bounds nothing a database counter can reach, so it is `None` too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeriodBounds {
+    pub day_tokens: Option<i64>,
+    pub day_cost_nanos: Option<i64>,
+    pub month_tokens: Option<i64>,
+    pub month_cost_nanos: Option<i64>,
+}
+
+impl PeriodBounds {
+    pub fn of(budgets: &[TenantBudget]) -> Self {
+        fn tighter(a: Option<i64>, b: Option<u64>) -> Option<i64> {
+            let b = b.and_then(|b| i64::try_from(b).ok());
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        budgets.iter().fold(Self::default(), |mut acc, b| {
+            match b.period {
+                Period::Day => {
+                    acc.day_tokens = tighter(acc.day_tokens, b.tokens);
+                    acc.day_cost_nanos = tighter(acc.day_cost_nanos, b.usd_nanos);
+                }
+                Period::Month => {
+                    acc.month_tokens = tighter(acc.month_tokens, b.tokens);
+                    acc.month_cost_nanos = tighter(acc.month_cost_nanos, b.usd_nanos);
+                }
+            }
+            acc
+        })
+    }
+}
+
+/// The stored key of a UTC month (`YYYY-MM`).
+pub fn month_key(now: DateTime<Utc>) -> String {
+    now.format("%Y-%m").to_string()
+}
+
 /// The first of `budgets` that its recorded spend (`spent`, one per budget, in its period)
 /// has reached, else the first that it reaches with what the calls in flight hold
 /// (`held`, the first of whose holds expires at `held_expires`), for
@@ -575,6 +650,67 @@ mod tests {
             })
             .unwrap()
             .contains("$")
+        );
+    }
+
+    #[test]
+    fn period_bounds_take_the_tightest_of_each_period_and_unit() {
+        let b = |period, tokens, usd_nanos| TenantBudget {
+            tenant: "t".into(),
+            period,
+            tokens,
+            usd_nanos,
+            on_budget: OnBudget::Fail,
+        };
+        let bounds = PeriodBounds::of(&[
+            b(Period::Day, Some(500), None),
+            b(Period::Day, Some(300), Some(u64::MAX)),
+            b(Period::Month, None, Some(7)),
+        ]);
+        assert_eq!(
+            bounds,
+            PeriodBounds {
+                day_tokens: Some(300),
+                day_cost_nanos: None,
+                month_tokens: None,
+                month_cost_nanos: Some(7),
+            }
+        );
+        assert_eq!(PeriodBounds::of(&[]), PeriodBounds::default());
+    }
+
+    #[test]
+    fn totals_of_an_earlier_period_count_nothing() {
+        use chrono::TimeZone;
+        let now = Utc.with_ymd_and_hms(2031, 6, 1, 0, 0, 1).unwrap();
+        let t = TenantTotals {
+            day: "2031-05-31".into(),
+            day_spend: Spend {
+                tokens: 5,
+                cost_nanos: 1,
+            },
+            month: "2031-05".into(),
+            month_spend: Spend {
+                tokens: 9,
+                cost_nanos: 2,
+            },
+            held: Spend::default(),
+        };
+        let day = |period| TenantBudget {
+            tenant: "t".into(),
+            period,
+            tokens: Some(1),
+            usd_nanos: None,
+            on_budget: OnBudget::Fail,
+        };
+        assert_eq!(
+            t.spent_per_budget(&[day(Period::Day), day(Period::Month)], now),
+            vec![Spend::default(), Spend::default()]
+        );
+        let before = Utc.with_ymd_and_hms(2031, 5, 31, 23, 0, 0).unwrap();
+        assert_eq!(
+            t.spent_per_budget(&[day(Period::Day), day(Period::Month)], before),
+            vec![t.day_spend, t.month_spend]
         );
     }
 }

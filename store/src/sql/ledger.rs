@@ -4,7 +4,6 @@
 //! hands it (a pool, or the connection of its transaction, which holds the tree's lock);
 //! what differs between the dialects is only the text of a few reads, passed in.
 
-use chrono::{DateTime, Utc};
 use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::budget::{Ledger, Spend, TenantBudget};
@@ -176,30 +175,6 @@ where
         tokens: count(t),
         cost_nanos: count(c),
     })
-}
-
-/// The tenant's spend in each budget's current period as of `now`, in order, read on the
-/// hold's transaction (so after what the tenant's calls committed before it).
-pub(crate) async fn spent_per_budget<DB>(
-    conn: &mut DB::Connection,
-    sql: &str,
-    tenant: &str,
-    budgets: &[TenantBudget],
-    now: DateTime<Utc>,
-) -> Result<Vec<Spend>>
-where
-    DB: Database,
-    for<'r> (i64, i64): FromRow<'r, DB::Row>,
-    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    let mut spent = Vec::with_capacity(budgets.len());
-    for b in budgets {
-        let (from, to) = b.period.days(now);
-        spent.push(spend::<DB, _>(&mut *conn, sql, tenant, &from, &to).await?);
-    }
-    Ok(spent)
 }
 
 /// Every tenant budget, by tenant.

@@ -3,7 +3,8 @@
 //! from one text with the dialects' differences isolated ([`statements`]), the reads both
 //! run alike on their own pools, generic over the database ([`read`], and the dispatcher's
 //! in [`dispatch`], the workspace's in [`files`]), the budget statements both run alike
-//! ([`ledger`], with the pure ledger arithmetic in [`budget`]), the answers built from what
+//! ([`ledger`], with the pure ledger arithmetic in [`budget`]; a tenant's totals in
+//! [`totals`]), the answers built from what
 //! a statement found ([`outcome`]), what a suspension writes ([`suspension`]), the writes
 //! both run alike inside a transaction ([`write`]), and the one rule by which both store
 //! text Postgres cannot hold, and read it back ([`escape`]); batches as objects of the API
@@ -25,5 +26,6 @@ pub(crate) mod retention;
 pub(crate) mod schedules;
 pub(crate) mod statements;
 pub(crate) mod suspension;
+pub(crate) mod totals;
 pub(crate) mod webhooks;
 pub(crate) mod write;

@@ -7,7 +7,6 @@ use sqlx::{Sqlite, SqliteConnection};
 
 use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
-    first_reached,
 };
 use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
@@ -16,6 +15,7 @@ use crate::sql::budget::{
     LedgerRow, UsageRow, check_spawn, count, give_back, reopen, usage_of, with_grant,
 };
 use crate::sql::ledger;
+use crate::sql::totals;
 use crate::store::BudgetStore;
 
 use super::tx::{now_us, record_in};
@@ -50,18 +50,23 @@ const SPEND: &str = "
 SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0)
 FROM tenant_spend WHERE tenant = $1 AND day >= $2 AND day <= $3";
 
-/// What the tenant's calls in flight hold (expired holds are a dead worker's), and when
-/// the first of those holds expires; `$2`: now.
+/// What the tenant's calls in flight hold, and when the first of those holds expires
+/// (after [`DROP_EXPIRED`]).
 const HELD: &str = "
 SELECT COALESCE(sum(tokens), 0), COALESCE(sum(cost_nanos), 0), min(expires_at)
-FROM tenant_holds WHERE tenant = $1 AND expires_at > $2";
+FROM tenant_holds WHERE tenant = $1";
+
+/// A settled hold no longer counted in the tenant's totals.
+const UNHOLD: &str = "
+UPDATE tenant_ledger SET held_tokens = max(held_tokens - $2, 0),
+    held_cost_nanos = max(held_cost_nanos - $3, 0)
+WHERE tenant = $1";
 
 const DROP_EXPIRED: &str = "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= $2";
 
 const INSERT_HOLD: &str = "
 INSERT INTO tenant_holds (id, tenant, tokens, cost_nanos, expires_at)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (id) DO NOTHING";
+VALUES ($1, $2, $3, $4, $5)";
 
 const SET_BUDGET: &str = "
 INSERT INTO tenant_budgets (tenant, period, tokens, usd_nanos, on_budget, updated_at)
@@ -161,7 +166,8 @@ impl SqliteStore {
     }
 
     /// See [`crate::store::BudgetStore::hold_tenant_spend`]: the write transaction
-    /// serialises it with every other writer.
+    /// serialises it with every other writer, so it takes the way Postgres takes only when
+    /// its one statement refuses: the tenant's row, its holds recounted, the decision.
     pub(super) async fn hold(
         &self,
         hold: &TenantHold,
@@ -169,10 +175,30 @@ impl SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<Option<HoldRefused>> {
         let mut tx = self.write_tx().await?;
+        let exists: bool = sqlx::query_scalar(totals::HOLD_EXISTS)
+            .bind(&hold.id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if exists {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let (day, month) = totals::period_keys(now);
+        sqlx::query(totals::ENSURE)
+            .bind(&hold.tenant)
+            .bind(&day)
+            .bind(&month)
+            .execute(&mut *tx)
+            .await?;
+        let row = totals::totals::<Sqlite, _>(&mut *tx, totals::TOTALS, &hold.tenant).await?;
         let at = now_us();
-        let (t, c, expires): (i64, i64, Option<i64>) = sqlx::query_as(HELD)
+        sqlx::query(DROP_EXPIRED)
             .bind(&hold.tenant)
             .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        let (t, c, expires): (i64, i64, Option<i64>) = sqlx::query_as(HELD)
+            .bind(&hold.tenant)
             .fetch_one(&mut *tx)
             .await?;
         let expires = expires.and_then(DateTime::from_timestamp_micros);
@@ -180,29 +206,29 @@ impl SqliteStore {
             tokens: count(t),
             cost_nanos: count(c),
         };
-        let spent =
-            ledger::spent_per_budget::<Sqlite>(&mut tx, SPEND, &hold.tenant, budgets, now).await?;
-        let refused = first_reached(budgets, &spent, held, expires);
-        if refused.is_some() {
-            tx.rollback().await?;
-            return Ok(refused);
-        }
-        let ttl_us = i64::try_from(hold.ttl.as_micros()).unwrap_or(i64::MAX);
-        sqlx::query(DROP_EXPIRED)
+        let refused = totals::decide(&row, held, expires, budgets, now);
+        let held = if refused.is_some() {
+            held
+        } else {
+            let ttl_us = i64::try_from(hold.ttl.as_micros()).unwrap_or(i64::MAX);
+            sqlx::query(INSERT_HOLD)
+                .bind(&hold.id)
+                .bind(&hold.tenant)
+                .bind(to_i64(hold.worst.tokens, "tokens")?)
+                .bind(to_i64(hold.worst.cost_nanos, "cost")?)
+                .bind(at.saturating_add(ttl_us))
+                .execute(&mut *tx)
+                .await?;
+            held.plus(hold.worst)
+        };
+        sqlx::query(totals::SET_HELD)
             .bind(&hold.tenant)
-            .bind(at)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(INSERT_HOLD)
-            .bind(&hold.id)
-            .bind(&hold.tenant)
-            .bind(to_i64(hold.worst.tokens, "tokens")?)
-            .bind(to_i64(hold.worst.cost_nanos, "cost")?)
-            .bind(at.saturating_add(ttl_us))
+            .bind(to_i64(held.tokens, "tokens")?)
+            .bind(to_i64(held.cost_nanos, "cost")?)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(None)
+        Ok(refused)
     }
 
     pub(super) async fn settle_hold(
@@ -213,11 +239,21 @@ impl SqliteStore {
         s: Spend,
     ) -> Result<()> {
         let mut tx = self.write_tx().await?;
-        sqlx::query("DELETE FROM tenant_holds WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        let gone: Option<(i64, i64)> =
+            sqlx::query_as("DELETE FROM tenant_holds WHERE id = $1 RETURNING tokens, cost_nanos")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if let Some((t, c)) = gone {
+            sqlx::query(UNHOLD)
+                .bind(tenant)
+                .bind(t)
+                .bind(c)
+                .execute(&mut *tx)
+                .await?;
+        }
         ledger::add_spend(&mut *tx, tenant, day, s).await?;
+        totals::add_to_totals(&mut *tx, tenant, day, s).await?;
         tx.commit().await
     }
 
@@ -284,6 +320,7 @@ impl BudgetStore for SqliteStore {
     async fn add_tenant_spend(&self, tenant: &str, day: &str, spend: Spend) -> Result<()> {
         let mut tx = self.write_tx().await?;
         ledger::add_spend(&mut *tx, tenant, day, spend).await?;
+        totals::add_to_totals(&mut *tx, tenant, day, spend).await?;
         tx.commit().await
     }
 

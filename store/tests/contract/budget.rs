@@ -63,6 +63,7 @@ budget_contract_tests!(
     budget_web_searches_are_stored_and_summed_per_tree,
     budget_tenant_spend_and_stored_budgets,
     budget_tenant_holds_bound_the_calls_in_flight,
+    budget_tenant_totals_follow_days_months_retries_and_dead_holds,
     budget_reopened_child_draws_from_its_tree_and_counts_once,
     budget_reopen_refused_when_the_tree_has_nothing_left,
     budget_reopen_gives_back_first_when_its_worker_died,
@@ -717,6 +718,128 @@ async fn budget_tenant_holds_bound_the_calls_in_flight(store: Arc<dyn Backend>) 
             .await
             .unwrap()
             .is_some()
+    );
+}
+
+/// What a hold checks comes from the tenant's running totals (one row), so they must say
+/// what `tenant_spend` and the holds say: a spend of an earlier day counts for the month
+/// but not the day; a settled call of an earlier day (it ended across midnight) counts for
+/// its own day only; a retried hold (same id) is counted once; an expired hold (a dead
+/// worker's) stops counting, and its late settlement takes nothing off the others' holds.
+async fn budget_tenant_totals_follow_days_months_retries_and_dead_holds(store: Arc<dyn Backend>) {
+    use chrono::TimeZone;
+    let now = chrono::Utc.with_ymd_and_hms(2031, 5, 20, 12, 0, 0).unwrap();
+    let spend = |tokens| Spend {
+        tokens,
+        cost_nanos: 0,
+    };
+    let budget = |tenant: &str, period, n| TenantBudget {
+        tenant: tenant.into(),
+        period,
+        tokens: Some(n),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    };
+    let hold = |tenant: &str, tokens: u64, ttl: Duration| TenantHold {
+        id: new_session_id(),
+        tenant: tenant.into(),
+        worst: spend(tokens),
+        ttl,
+    };
+    let admits = |h: TenantHold, budgets: Vec<TenantBudget>| {
+        let store = store.clone();
+        async move {
+            store
+                .hold_tenant_spend(&h, &budgets, now)
+                .await
+                .unwrap()
+                .is_none()
+        }
+    };
+
+    // 100 spent yesterday, 60 today: a day budget of 100 sees 60, a month one of 150
+    // sees 160.
+    store
+        .add_tenant_spend("days", "2031-05-19", spend(100))
+        .await
+        .unwrap();
+    store
+        .add_tenant_spend("days", "2031-05-20", spend(60))
+        .await
+        .unwrap();
+    assert!(admits(hold("days", 1, TTL), vec![budget("days", Period::Day, 100)]).await);
+    assert!(
+        !admits(
+            hold("days", 1, TTL),
+            vec![budget("days", Period::Month, 150)]
+        )
+        .await
+    );
+    // Last month's spend counts for neither.
+    store
+        .add_tenant_spend("months", "2031-04-30", spend(500))
+        .await
+        .unwrap();
+    let month = vec![budget("months", Period::Month, 400)];
+    assert!(admits(hold("months", 1, TTL), month.clone()).await);
+    // A call of yesterday settled after today's: in yesterday's spend, not today's.
+    store
+        .add_tenant_spend("late", "2031-05-20", spend(10))
+        .await
+        .unwrap();
+    store
+        .add_tenant_spend("late", "2031-05-19", spend(95))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .tenant_spend("late", "2031-05-19", "2031-05-19")
+            .await
+            .unwrap(),
+        spend(95)
+    );
+    assert!(admits(hold("late", 1, TTL), vec![budget("late", Period::Day, 100)]).await);
+    assert!(
+        !admits(
+            hold("late", 1, TTL),
+            vec![budget("late", Period::Month, 100)]
+        )
+        .await
+    );
+
+    // A retried hold is counted once: 500 held of 1000 leaves room for one more.
+    let retried = hold("retry", 500, TTL);
+    let thousand = vec![budget("retry", Period::Day, 1000)];
+    assert!(admits(retried.clone(), thousand.clone()).await);
+    assert!(
+        admits(retried.clone(), thousand.clone()).await,
+        "a retry is admitted"
+    );
+    assert!(
+        admits(hold("retry", 500, TTL), thousand.clone()).await,
+        "counted once"
+    );
+    assert!(!admits(hold("retry", 1, TTL), thousand).await);
+
+    // A dead worker's hold of 900 expires; a call then finds the budget of 800 free, and
+    // the dead call's settlement (100 spent) takes nothing off that call's hold of 10.
+    let dead = hold("dead", 900, Duration::from_millis(1));
+    let eight = vec![budget("dead", Period::Day, 800)];
+    assert!(admits(dead.clone(), eight.clone()).await);
+    store.pass(Duration::from_millis(20)).await;
+    assert!(
+        admits(hold("dead", 10, TTL), eight.clone()).await,
+        "expired, not counted"
+    );
+    store
+        .settle_tenant_hold(&dead.id, "dead", "2031-05-20", spend(100))
+        .await
+        .unwrap();
+    // 100 spent + 10 held + 690 = 800: the next call finds the budget reached.
+    assert!(admits(hold("dead", 690, TTL), eight.clone()).await);
+    assert!(
+        !admits(hold("dead", 1, TTL), eight).await,
+        "the dead call's settlement took the live hold off the count"
     );
 }
 
