@@ -19,6 +19,7 @@ pub const PARTS: &[&str] = &[
     "admission",
     "workspace",
     "forks",
+    "scale",
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -122,6 +123,9 @@ pub struct BenchArgs {
     /// Megabytes (10^6 bytes) of the workspace part's tree, spread evenly over its files.
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub workspace_mb: u64,
+    /// Calls of each of the scale part's measures (budget holds, limiter calls), 64 at once.
+    #[arg(long, default_value_t = 6_400, value_parser = clap::value_parser!(u32).range(64..=1_000_000))]
+    pub scale_calls: u32,
     /// Another `agentq` binary (a path, or a name on PATH) to measure this one against: the
     /// same parts run with each, alternately, each on a fresh database of the same servers,
     /// and every figure is reported as this / other with its spread across pairs.

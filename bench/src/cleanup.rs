@@ -50,6 +50,13 @@ pub async fn cleanup(env: &Env) -> anyhow::Result<()> {
     .bind(&pattern)
     .execute(env.store.pool())
     .await?;
+    // The scale part's tenant.
+    for table in ["tenant_holds", "tenant_spend", "tenant_ledger"] {
+        sqlx::query(&format!("DELETE FROM {table} WHERE tenant LIKE $1"))
+            .bind(&pattern)
+            .execute(env.store.pool())
+            .await?;
+    }
     sqlx::query(&format!(
         "DROP TABLE IF EXISTS agentq_bench_ceiling_{}",
         env.run

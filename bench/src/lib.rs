@@ -26,6 +26,10 @@
 //! 10. `workspace` — time to have a tree's committed files on disk at a claim, for a
 //!     workspace of 1,000 files and 50 MB: cold (empty cache) and warm (cache as committed).
 //!
+//! 11. `forks` — time and bytes of a fork against the prefix's length;
+//! 12. `scale` — one tenant's budget holds/s, the WAL of a lease renewal, the limiter's
+//!     calls/s on this Redis and on a 3-master Redis Cluster.
+//!
 //! Everything it creates is named after a run id (`bench-<id>-…` queues) and removed at the
 //! end. The method and the figures are in `docs/benchmarks.md`.
 //!
@@ -51,6 +55,7 @@ mod pools;
 mod procs;
 mod report;
 mod resume;
+mod scale;
 mod storage;
 mod turns;
 mod workload;
@@ -195,6 +200,9 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
     }
     if want("forks") {
         forks::forks(env, r).await?;
+    }
+    if want("scale") {
+        scale::scale(env, r).await?;
     }
     Ok(())
 }

@@ -7,9 +7,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use self::mcp::McpFigures;
+pub use self::scale::ScaleFigures;
 use crate::args::BenchArgs;
 
 pub(crate) mod mcp;
+pub(crate) mod scale;
 
 /// What the hostile sessions of the mixed round came to.
 #[derive(Debug, Default)]
@@ -28,6 +30,8 @@ pub struct Outcomes {
 pub struct Results {
     /// The forks part: one figure per prefix length.
     pub forks: Vec<ForkFigure>,
+    /// The scale part.
+    pub scale: Option<ScaleFigures>,
     pub ceiling_connections: Option<u32>,
     pub ceiling_commits_per_s: Option<f64>,
     pub ceiling_redis_roundtrips_per_s: Option<f64>,
@@ -248,6 +252,9 @@ fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
     for (key, value) in mcp::to_json(r.mcp.as_ref()) {
         m.insert(key.into(), value);
     }
+    for (key, value) in scale::to_json(r) {
+        m.insert(key.into(), value);
+    }
 }
 
 /// `met`/`missed` against a target.
@@ -279,6 +286,7 @@ pub fn table(r: &Results, args: &BenchArgs) -> String {
     recovery_rows(r, &mut rows);
     isolation_rows(r, args, &mut rows);
     admission_rows(r, &mut rows);
+    scale::rows(r, &mut rows);
     layout(&rows.0)
 }
 

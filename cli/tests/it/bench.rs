@@ -537,6 +537,41 @@ fn bench_workspace_resumes_cold_and_warm() {
     assert!(stdout.contains("workspace"), "{stdout}");
 }
 
+/// The scale part: one tenant's budget holds, the WAL of a lease renewal, the limiter's
+/// calls on the private Redis and on a 3-master cluster it starts; every figure is there.
+#[test]
+fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args([
+            "bench",
+            "--private",
+            "--only",
+            "scale",
+            "--scale-calls",
+            "128",
+            "--json",
+        ])
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for key in [
+        "scale_budget_holds_per_s",
+        "scale_budget_hold_p50_ms",
+        "scale_heartbeat_wal_bytes_per_lease",
+        "scale_limiter_calls_per_s",
+        "scale_limiter_cluster_calls_per_s",
+    ] {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+    assert!(stdout.contains("3-master cluster"), "{stdout}");
+}
+
 /// `--baseline`: the same parts run with another binary and this one alternately, each on a
 /// fresh database of the same private servers, figures reported as ratios. Against itself
 /// every figure is there for both builds and every ratio is a positive number.

@@ -1,0 +1,227 @@
+//! The scale part: the costs that decide how far one Postgres and one Redis carry a fleet,
+//! each measured alone on this run's servers — a tenant budget's holds per second (one
+//! tenant, many calls at once: every call of a tenant with a budget holds it), the WAL one
+//! lease renewal writes, and the limiter's time per call under a rule with requests,
+//! tokens and concurrency, on this Redis and on a 3-master Redis Cluster started for it.
+//! On two cores none of these shows a gain from scaling out; they show what one call
+//! costs, which is what docs/scale.md multiplies.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport};
+use agentq_agent::provider::HttpTimeouts;
+use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
+use agentq_agent::spec::SessionSpec;
+use agentq_core::admission::Limiter;
+use agentq_core::budget::BudgetStore;
+use agentq_core::budget::{OnBudget, Period, Spend, TenantBudget, TenantHold};
+use agentq_core::config::{LimitSettings, LimiterSection};
+use agentq_core::pg::PgStore;
+use agentq_core::{Claim, LeaseStore, NewSession, SessionStore};
+use agentq_fixtures::RedisCluster;
+
+use crate::env::Env;
+use crate::report::{Results, ScaleFigures, ms, progress, quantile};
+
+/// Calls at once in the budget and limiter measures (as many as a worker's sessions).
+const CONCURRENT: usize = 64;
+/// Leases renewed, and how many times each, for the WAL figure.
+const LEASES: usize = 500;
+const RENEWALS: usize = 10;
+
+pub async fn scale(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    let mut f = ScaleFigures::default();
+    // Each of the tasks makes as many calls, so the measured count is a multiple of them.
+    let per_task = env.args.scale_calls as usize / CONCURRENT;
+    let calls = per_task * CONCURRENT;
+    progress(&format!(
+        "scale: {calls} tenant-budget holds, {CONCURRENT} at once"
+    ));
+    let (per_s, p50, p99) = budget_holds(env, per_task).await?;
+    f.budget_holds_per_s = per_s;
+    f.budget_hold_p50_ms = p50;
+    f.budget_hold_p99_ms = p99;
+    progress(&format!("scale: {LEASES} leases renewed {RENEWALS} times"));
+    f.heartbeat_wal_bytes_per_lease = heartbeat_wal(env).await?;
+    progress(&format!(
+        "scale: {calls} limiter calls, {CONCURRENT} at once, on this Redis"
+    ));
+    f.limiter_standalone = limiter_calls(&env.redis_url, false, per_task).await?;
+    progress("scale: the same on a 3-master Redis Cluster started for it");
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3))
+        .await?
+        .context("starting a Redis Cluster (redis-server and redis-cli on PATH)")?;
+    f.limiter_cluster = limiter_calls(&cluster.url(), true, per_task).await?;
+    r.scale = Some(f);
+    Ok(())
+}
+
+/// One tenant's calls, each a hold then its settlement, [`CONCURRENT`] tasks of
+/// `per_task` calls under a
+/// budget they never reach: holds/s over the run, and each hold's p50/p99.
+async fn budget_holds(env: &Env, per_task: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let store = Arc::new(
+        PgStore::connect(&env.db_url, CONCURRENT as u32)
+            .await
+            .context("connecting for the budget holds")?,
+    );
+    let tenant = format!("bench-{}-tenant", env.run);
+    let budgets = Arc::new(vec![TenantBudget {
+        tenant: tenant.clone(),
+        period: Period::Month,
+        tokens: Some(i64::MAX as u64 / 2),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }]);
+    let day = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(CONCURRENT);
+    for _ in 0..CONCURRENT {
+        let (store, budgets, tenant, day) =
+            (store.clone(), budgets.clone(), tenant.clone(), day.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut times = Vec::with_capacity(per_task);
+            for _ in 0..per_task {
+                let hold = TenantHold {
+                    id: uuid::Uuid::now_v7().to_string(),
+                    tenant: tenant.clone(),
+                    worst: Spend {
+                        tokens: 4_000,
+                        cost_nanos: 0,
+                    },
+                    ttl: Duration::from_secs(600),
+                };
+                let t = Instant::now();
+                if let Some(refused) = store
+                    .hold_tenant_spend(&hold, &budgets, chrono::Utc::now())
+                    .await?
+                {
+                    bail!("scale: a hold was refused: {}", refused.message);
+                }
+                times.push(t.elapsed());
+                let spent = Spend {
+                    tokens: 1_000,
+                    cost_nanos: 0,
+                };
+                store
+                    .settle_tenant_hold(&hold.id, &tenant, &day, spent)
+                    .await?;
+            }
+            Ok(times)
+        }));
+    }
+    let mut times = Vec::with_capacity(per_task * CONCURRENT);
+    for t in tasks {
+        times.extend(t.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    times.sort();
+    let q = |x: f64| quantile(&times, x).map_or(0.0, ms);
+    Ok((times.len() as f64 / elapsed, q(0.5), q(0.99)))
+}
+
+/// WAL bytes per renewed lease: [`LEASES`] sessions claimed, then renewed together
+/// [`RENEWALS`] times, as a worker's heartbeat does.
+async fn heartbeat_wal(env: &Env) -> anyhow::Result<f64> {
+    let store = &env.store;
+    let queue = env.queue("scale");
+    let owner = format!("bench-{}-beats", env.run);
+    let new: Vec<NewSession> = (0..LEASES)
+        .map(|_| NewSession::root(SessionSpec::new("bench"), queue.clone()))
+        .collect();
+    let mut leases = Vec::with_capacity(LEASES);
+    for (row, _) in store.create_sessions(&new).await? {
+        match store
+            .claim(&row.id, &owner, Duration::from_secs(600), 10)
+            .await?
+        {
+            Claim::Acquired { lease, .. } => leases.push(lease),
+            other => bail!("scale: cannot claim {}: {other:?}", row.id),
+        }
+    }
+    let before: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(store.pool())
+        .await?;
+    for _ in 0..RENEWALS {
+        store.heartbeat(&leases, Duration::from_secs(600)).await?;
+    }
+    let bytes: f64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")
+            .bind(&before)
+            .fetch_one(store.pool())
+            .await?;
+    Ok(bytes / (LEASES * RENEWALS) as f64)
+}
+
+/// The limiter's calls per second and each reservation's p50 (ms), [`CONCURRENT`] at once
+/// under a rule of requests, tokens and concurrency that none of them reaches.
+async fn limiter_calls(url: &str, cluster: bool, per_task: usize) -> anyhow::Result<(f64, f64)> {
+    let rule: LimitSettings = serde_json::from_value(json!({
+        "provider": "openai",
+        "rpm": 1_000_000_000u64,
+        "tpm": 1_000_000_000_000u64,
+        "concurrency": 100_000u64,
+    }))?;
+    let cancel = CancellationToken::new();
+    let limiter = Limiter::connect_with(
+        url,
+        cluster,
+        &LimiterSection::default(),
+        &[rule],
+        cancel.clone(),
+    )
+    .await
+    .with_context(|| format!("connecting the limiter to {url}"))?;
+    let provider = OpenAiProvider::new(OpenAiConfig {
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: Some("bench-key".into()),
+        timeouts: HttpTimeouts::default(),
+        extra_headers: Vec::new(),
+    })?;
+    let gate = limiter.for_session("bench", &provider);
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(CONCURRENT);
+    for _ in 0..CONCURRENT {
+        let gate = gate.clone();
+        tasks.push(tokio::spawn(
+            async move { calls(gate.as_ref(), per_task).await },
+        ));
+    }
+    let mut times = Vec::with_capacity(per_task * CONCURRENT);
+    for t in tasks {
+        times.extend(t.await??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    cancel.cancel();
+    times.sort();
+    Ok((
+        times.len() as f64 / elapsed,
+        quantile(&times, 0.5).map_or(0.0, ms),
+    ))
+}
+
+async fn calls(gate: &dyn Admission, per_task: usize) -> anyhow::Result<Vec<Duration>> {
+    let ask = CallAsk {
+        model: "gpt-4o",
+        input_tokens: 1_000,
+        max_output_tokens: 500,
+        web_searches: 0,
+        max_wait: Duration::ZERO,
+    };
+    let mut times = Vec::with_capacity(per_task);
+    for _ in 0..per_task {
+        let t = Instant::now();
+        let permit = match gate.reserve(&ask).await {
+            Admit::Go(p) => p,
+            other => bail!("scale: a limiter call under a rule it cannot reach: {other:?}"),
+        };
+        times.push(t.elapsed());
+        gate.settle(&ask, permit, &CallReport::default()).await;
+    }
+    Ok(times)
+}
