@@ -40,6 +40,7 @@ mod retention;
 mod schedules;
 mod sessions;
 mod sweep;
+mod tenant_rounds;
 mod webhooks;
 mod workspace;
 
@@ -105,6 +106,8 @@ pub struct PgStore {
     /// Where the bytes of blobs live when not in the `blobs` table (see
     /// [`PgStore::with_objects`]).
     objects: Option<std::sync::Arc<crate::blob::s3::S3Blobs>>,
+    /// Tenants' budget holds and settlements taken together (see [`tenant_rounds`]).
+    rounds: std::sync::Arc<tenant_rounds::Rounds>,
 }
 
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
@@ -145,6 +148,7 @@ impl PgStore {
             pool,
             writer,
             objects: None,
+            rounds: Default::default(),
         })
     }
 
@@ -185,6 +189,7 @@ impl PgStore {
             pool,
             writer,
             objects: None,
+            rounds: Default::default(),
         })
     }
 
@@ -246,6 +251,7 @@ impl PgStore {
             writer: pool.clone(),
             pool,
             objects: None,
+            rounds: Default::default(),
         }
     }
 

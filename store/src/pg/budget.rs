@@ -15,7 +15,7 @@ use crate::budget::{
     HoldRefused, Ledger, ModelUsage, PeriodBounds, SpawnLimits, Spawned, Spend, TenantBudget,
     TenantHold,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
@@ -27,6 +27,7 @@ use crate::sql::statements::COLS;
 use crate::sql::totals::{self, totals_set, totals_upsert};
 use crate::store::BudgetStore;
 
+use super::tenant_rounds::Op;
 use super::{PgStore, create};
 
 /// The rows a spawn checks, locked root first (`$2`; see the module docs), then by id.
@@ -93,8 +94,9 @@ SELECT $1, $2, $3, $4, now() + make_interval(secs => $5) FROM l
 RETURNING 1";
 
 /// The tenant's holds recounted: expired ones (their worker died) dropped first.
-const DROP_EXPIRED: &str = "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= now()";
-const HELD: &str = "
+pub(super) const DROP_EXPIRED: &str =
+    "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= now()";
+pub(super) const HELD: &str = "
 SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint, min(expires_at)
 FROM tenant_holds WHERE tenant = $1";
 
@@ -432,7 +434,15 @@ impl BudgetStore for PgStore {
         budgets: &[TenantBudget],
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Option<HoldRefused>> {
-        self::hold(&self.pool, hold, budgets, now).await
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let op = Op::Hold {
+            hold: hold.clone(),
+            budgets: budgets.to_vec(),
+            now,
+            done,
+        };
+        self.rounds.submit(&self.pool, &hold.tenant, op);
+        answer.await.map_err(|_| Error::Stopped)?
     }
 
     async fn settle_tenant_hold(
@@ -442,7 +452,15 @@ impl BudgetStore for PgStore {
         day: &str,
         spend: Spend,
     ) -> Result<()> {
-        settle_hold(&self.pool, id, tenant, day, spend).await
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let op = Op::Settle {
+            id: id.to_string(),
+            day: day.to_string(),
+            spend,
+            done,
+        };
+        self.rounds.submit(&self.pool, tenant, op);
+        answer.await.map_err(|_| Error::Stopped)?
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {

@@ -64,6 +64,7 @@ budget_contract_tests!(
     budget_tenant_spend_and_stored_budgets,
     budget_tenant_holds_bound_the_calls_in_flight,
     budget_tenant_totals_follow_days_months_retries_and_dead_holds,
+    budget_tenant_calls_in_rounds_end_within_the_budget,
     budget_reopened_child_draws_from_its_tree_and_counts_once,
     budget_reopen_refused_when_the_tree_has_nothing_left,
     budget_reopen_gives_back_first_when_its_worker_died,
@@ -840,6 +841,70 @@ async fn budget_tenant_totals_follow_days_months_retries_and_dead_holds(store: A
     assert!(
         !admits(hold("dead", 1, TTL), eight).await,
         "the dead call's settlement took the live hold off the count"
+    );
+}
+
+/// Many calls of one tenant hold and settle at once, as a busy worker's do (Postgres takes
+/// the ones that arrive together in one round): every call that started is counted, and
+/// the tenant ends within its budget plus one call's spend.
+async fn budget_tenant_calls_in_rounds_end_within_the_budget(store: Arc<dyn Backend>) {
+    let now = chrono::Utc::now();
+    let day = agentq_types::budget::day_key(now.date_naive());
+    let budgets = vec![TenantBudget {
+        tenant: "busy".into(),
+        period: Period::Day,
+        tokens: Some(10_000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }];
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (store, budgets, day) = (store.clone(), budgets.clone(), day.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut started = 0u64;
+            for _ in 0..20_000 {
+                let h = TenantHold {
+                    id: new_session_id(),
+                    tenant: "busy".into(),
+                    worst: Spend {
+                        tokens: 500,
+                        cost_nanos: 0,
+                    },
+                    ttl: TTL,
+                };
+                match store.hold_tenant_spend(&h, &budgets, now).await.unwrap() {
+                    None => {
+                        started += 1;
+                        let spent = Spend {
+                            tokens: 400,
+                            cost_nanos: 0,
+                        };
+                        store
+                            .settle_tenant_hold(&h.id, "busy", &day, spent)
+                            .await
+                            .unwrap();
+                    }
+                    // Others' holds: they settle soon.
+                    Some(r) if r.holds_expire.is_some() => tokio::task::yield_now().await,
+                    Some(_) => return started,
+                }
+            }
+            panic!("a call never learned the budget was spent");
+        }));
+    }
+    let mut started = 0;
+    for t in tasks {
+        started += t.await.unwrap();
+    }
+    let spent = store.tenant_spend("busy", &day, &day).await.unwrap().tokens;
+    assert_eq!(spent, started * 400, "every started call counted once");
+    assert!(
+        spent >= 10_000,
+        "calls stopped before the budget was spent: {spent}"
+    );
+    assert!(
+        spent < 10_000 + 400,
+        "past the budget by more than one call: {spent}"
     );
 }
 

@@ -1,0 +1,304 @@
+//! A tenant's budget holds and settlements from this process, taken together. Each of them
+//! updates the tenant's one totals row, and Postgres keeps a row's lock until the commit is
+//! on disk: one at a time, a tenant's calls are bounded by one durable commit each (a few
+//! hundred a second) whatever the statements cost. So the calls of one tenant that arrive
+//! while a round of its is in flight wait for it and go together in the next round, one
+//! transaction and one commit for all of them, as the group commit does for checkpoints.
+//! A call that finds nothing in flight goes alone, by the one statement it always took.
+//!
+//! The rounds of a tenant run on a task of their own, so a caller that gives up waiting
+//! (its session cancelled) never leaves the others behind a round nobody runs.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use sqlx::Postgres;
+use sqlx::postgres::PgPool;
+use tokio::sync::oneshot;
+
+use crate::budget::{HoldRefused, Spend, TenantBudget, TenantHold, first_reached};
+use crate::error::{Error, Result};
+use crate::rowconv::to_i64;
+use crate::sql::budget::count;
+use crate::sql::{ledger, totals};
+
+use super::budget::{DROP_EXPIRED, HELD, hold, settle_hold};
+
+/// The settled holds gone, in one statement, with what they held.
+const UNHOLD_MANY: &str = "
+WITH gone AS (DELETE FROM tenant_holds WHERE id = ANY($1) RETURNING tokens, cost_nanos)
+SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint FROM gone";
+
+const UNCOUNT: &str = "
+UPDATE tenant_ledger SET held_tokens = GREATEST(held_tokens - $2, 0),
+    held_cost_nanos = GREATEST(held_cost_nanos - $3, 0)
+WHERE tenant = $1";
+
+const STORED: &str = "SELECT id FROM tenant_holds WHERE id = ANY($1)";
+
+/// The admitted holds of a round, from arrays.
+const INSERT_HOLDS: &str = "
+INSERT INTO tenant_holds (id, tenant, tokens, cost_nanos, expires_at)
+SELECT i, $5, t, c, now() + make_interval(secs => s)
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::float8[]) AS u(i, t, c, s)";
+
+pub(crate) enum Op {
+    Hold {
+        hold: TenantHold,
+        budgets: Vec<TenantBudget>,
+        now: DateTime<Utc>,
+        done: oneshot::Sender<Result<Option<HoldRefused>>>,
+    },
+    Settle {
+        id: String,
+        day: String,
+        spend: Spend,
+        done: oneshot::Sender<Result<()>>,
+    },
+}
+
+/// The tenants with a round in flight, and what waits for their next one. A tenant is a
+/// key exactly while its task runs.
+#[derive(Default)]
+pub(crate) struct Rounds {
+    waiting: Mutex<HashMap<String, Vec<Op>>>,
+}
+
+impl std::fmt::Debug for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rounds").finish_non_exhaustive()
+    }
+}
+
+impl Rounds {
+    /// Queue `op` for `tenant`'s next round, starting the tenant's task if none runs.
+    pub(crate) fn submit(self: &Arc<Self>, pool: &PgPool, tenant: &str, op: Op) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ops) = waiting.get_mut(tenant) {
+            ops.push(op);
+            return;
+        }
+        waiting.insert(tenant.to_string(), vec![op]);
+        drop(waiting);
+        let (rounds, pool, tenant) = (self.clone(), pool.clone(), tenant.to_string());
+        tokio::spawn(async move { rounds.run(&pool, &tenant).await });
+    }
+
+    /// Rounds until nothing waits: each takes everything queued since the last.
+    async fn run(&self, pool: &PgPool, tenant: &str) {
+        loop {
+            let ops = {
+                let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+                match waiting.get_mut(tenant) {
+                    Some(ops) if !ops.is_empty() => std::mem::take(ops),
+                    _ => {
+                        waiting.remove(tenant);
+                        return;
+                    }
+                }
+            };
+            round(pool, tenant, ops).await;
+        }
+    }
+}
+
+async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
+    if ops.len() == 1
+        && let Some(op) = ops.pop()
+    {
+        match op {
+            Op::Hold {
+                hold: h,
+                budgets,
+                now,
+                done,
+            } => {
+                let _ = done.send(hold(pool, &h, &budgets, now).await);
+            }
+            Op::Settle {
+                id,
+                day,
+                spend,
+                done,
+            } => {
+                let _ = done.send(settle_hold(pool, &id, tenant, &day, spend).await);
+            }
+        }
+        return;
+    }
+    let mut settles = Vec::new();
+    let mut holds = Vec::new();
+    for op in ops {
+        match op {
+            Op::Settle {
+                id,
+                day,
+                spend,
+                done,
+            } => settles.push((id, day, spend, done)),
+            Op::Hold {
+                hold,
+                budgets,
+                now,
+                done,
+            } => holds.push((hold, budgets, now, done)),
+        }
+    }
+    let asks: Vec<_> = holds
+        .iter()
+        .map(|(h, b, n, _)| (h, b.as_slice(), *n))
+        .collect();
+    let settled: Vec<_> = settles
+        .iter()
+        .map(|(i, d, s, _)| (i.as_str(), d.as_str(), *s))
+        .collect();
+    match together(pool, tenant, &settled, &asks).await {
+        Ok(answers) => {
+            for ((.., done), answer) in holds.into_iter().zip(answers) {
+                let _ = done.send(Ok(answer));
+            }
+            for (.., done) in settles {
+                let _ = done.send(Ok(()));
+            }
+        }
+        Err(e) => {
+            let e = Arc::new(e);
+            for (.., done) in holds {
+                let _ = done.send(Err(Error::Shared(e.clone())));
+            }
+            for (.., done) in settles {
+                let _ = done.send(Err(Error::Shared(e.clone())));
+            }
+        }
+    }
+}
+
+/// One transaction for a round: the settlements first (they free room), then each hold
+/// in arrival order, decided as a hold alone would be on the totals as the ones before it
+/// left them.
+async fn together(
+    pool: &PgPool,
+    tenant: &str,
+    settles: &[(&str, &str, Spend)],
+    holds: &[(&TenantHold, &[TenantBudget], DateTime<Utc>)],
+) -> Result<Vec<Option<HoldRefused>>> {
+    let mut tx = pool.begin().await?;
+    if !settles.is_empty() {
+        let ids: Vec<&str> = settles.iter().map(|s| s.0).collect();
+        let (t, c): (i64, i64) = sqlx::query_as(UNHOLD_MANY)
+            .bind(&ids)
+            .fetch_one(&mut *tx)
+            .await?;
+        let mut per_day: BTreeMap<&str, Spend> = BTreeMap::new();
+        for (_, day, spend) in settles {
+            let d = per_day.entry(day).or_default();
+            *d = d.plus(*spend);
+        }
+        for (day, spend) in per_day {
+            ledger::add_spend(&mut *tx, tenant, day, spend).await?;
+            totals::add_to_totals(&mut *tx, tenant, day, spend).await?;
+        }
+        sqlx::query(UNCOUNT)
+            .bind(tenant)
+            .bind(t)
+            .bind(c)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let answers = if holds.is_empty() {
+        Vec::new()
+    } else {
+        hold_all(&mut tx, tenant, holds).await?
+    };
+    tx.commit().await?;
+    Ok(answers)
+}
+
+async fn hold_all(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    tenant: &str,
+    holds: &[(&TenantHold, &[TenantBudget], DateTime<Utc>)],
+) -> Result<Vec<Option<HoldRefused>>> {
+    let (day, month) = totals::period_keys(holds[0].2);
+    sqlx::query(totals::ENSURE)
+        .bind(tenant)
+        .bind(&day)
+        .bind(&month)
+        .execute(&mut **tx)
+        .await?;
+    let row = totals::totals::<Postgres, _>(&mut **tx, totals::TOTALS_LOCKED, tenant).await?;
+    let ids: Vec<&str> = holds.iter().map(|h| h.0.id.as_str()).collect();
+    let stored: Vec<String> = sqlx::query_scalar(STORED)
+        .bind(&ids)
+        .fetch_all(&mut **tx)
+        .await?;
+    let mut seen: HashSet<&str> = stored.iter().map(String::as_str).collect();
+    let mut held = row.held;
+    let mut expires = None;
+    let mut recounted = false;
+    let mut admitted: Vec<&TenantHold> = Vec::new();
+    let mut answers = Vec::with_capacity(holds.len());
+    for (h, budgets, now) in holds {
+        // A hold already stored (a retry, or twice in this round) counts once.
+        if !seen.insert(h.id.as_str()) {
+            answers.push(None);
+            continue;
+        }
+        let spent = row.spent_per_budget(budgets, *now);
+        let mut refused = first_reached(budgets, &spent, held, expires);
+        if refused.is_some() && !recounted {
+            // What the count says may include holds of dead workers: recount once, as a
+            // hold alone does before it refuses.
+            recounted = true;
+            sqlx::query(DROP_EXPIRED)
+                .bind(tenant)
+                .execute(&mut **tx)
+                .await?;
+            let (t, c, first): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(HELD)
+                .bind(tenant)
+                .fetch_one(&mut **tx)
+                .await?;
+            let this_round = admitted
+                .iter()
+                .fold(Spend::default(), |acc, a| acc.plus(a.worst));
+            held = Spend {
+                tokens: count(t),
+                cost_nanos: count(c),
+            }
+            .plus(this_round);
+            expires = first;
+            refused = first_reached(budgets, &spent, held, expires);
+        }
+        if refused.is_none() {
+            held = held.plus(h.worst);
+            admitted.push(h);
+        }
+        answers.push(refused);
+    }
+    if !admitted.is_empty() {
+        let mut tokens = Vec::with_capacity(admitted.len());
+        let mut costs = Vec::with_capacity(admitted.len());
+        for h in &admitted {
+            tokens.push(to_i64(h.worst.tokens, "tokens")?);
+            costs.push(to_i64(h.worst.cost_nanos, "cost")?);
+        }
+        let ids: Vec<&str> = admitted.iter().map(|h| h.id.as_str()).collect();
+        let ttls: Vec<f64> = admitted.iter().map(|h| h.ttl.as_secs_f64()).collect();
+        sqlx::query(INSERT_HOLDS)
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&costs)
+            .bind(&ttls)
+            .bind(tenant)
+            .execute(&mut **tx)
+            .await?;
+    }
+    sqlx::query(totals::SET_HELD)
+        .bind(tenant)
+        .bind(to_i64(held.tokens, "tokens")?)
+        .bind(to_i64(held.cost_nanos, "cost")?)
+        .execute(&mut **tx)
+        .await?;
+    Ok(answers)
+}
