@@ -1,6 +1,6 @@
 //! The scheduler's runtime settings ([`SchedulerSettings`]), built from `[scheduler]`
 //! and the sections it reads besides (`[policy]`, `[[prices]]`, `[[budgets]]`,
-//! `[[limits]]`, `[scheduling]`, `[workspace]`, `[webhooks]`).
+//! `[[limits]]`, `[scheduling]`, `[workspace]`, `[webhooks]`, `[schedules]`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use agentq_core::policy::Policy;
 
 use crate::events::StreamLimits;
 use crate::http::auth::AuthSettings;
+use crate::schedules::FireSettings;
 use crate::serve::ServeLimits;
 use crate::webhooks::WebhookSettings;
 
@@ -55,6 +56,8 @@ pub struct SchedulerSettings {
     pub limits: LimitsAdmin,
     /// Webhook deliveries (`[webhooks]` and the operator's key).
     pub webhooks: WebhookSettings,
+    /// The schedules' fire loop (`[schedules]`).
+    pub schedules: FireSettings,
 }
 
 /// What the limiter's admin view reads.
@@ -83,6 +86,7 @@ impl SchedulerSettings {
             workspace: s.workspace.clone(),
             retention: s.retention.clone(),
             webhooks: WebhookSettings::from_section(&s.webhooks)?,
+            schedules: FireSettings::from(&s.schedules),
             ..(&s.scheduler).into()
         })
     }
@@ -131,6 +135,7 @@ impl From<&SchedulerSection> for SchedulerSettings {
             budgets: Vec::new(),
             scheduling: SchedulingSection::default(),
             webhooks: WebhookSettings::default(),
+            schedules: FireSettings::default(),
         }
     }
 }

@@ -7,5 +7,5 @@ pub mod fire;
 pub(crate) mod manage;
 pub mod timing;
 
-pub use fire::{FaultHook, Firer, fire_key};
+pub use fire::{FaultHook, FireSettings, Firer, fire_key};
 pub use timing::Timing;

@@ -27,7 +27,6 @@ use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::sqlite::SqliteStore;
 use agentq_core::{Queue, Store};
-use agentq_scheduler::schedules::fire::LEASE;
 use agentq_scheduler::schedules::{Firer, Timing};
 use agentq_scheduler::webhooks::ManualClock;
 use agentq_scheduler::{Scheduler, SchedulerSettings, router};
@@ -138,7 +137,7 @@ impl Env {
     }
 
     fn firer(&self, clock: &Arc<ManualClock>) -> Firer {
-        Firer::new(self.state.clone(), clock.clone(), Duration::from_secs(1))
+        Firer::new(self.state.clone(), clock.clone())
     }
 
     /// Schedule `id`'s fires, oldest first, as (outcome, session id).
@@ -366,7 +365,7 @@ async fn a_claimer_killed_at_the_fire_is_taken_over_without_a_duplicate(backend:
     // Another scheduler: nothing while the dead one's lease holds, then the same fire.
     let other = env.firer(&clock);
     assert_eq!(other.tick().await.unwrap(), 0, "the lease holds");
-    clock.advance(LEASE);
+    clock.advance(env.state.cfg.schedules.lease);
     assert_eq!(other.tick().await.unwrap(), 1);
     // The killed fire, recorded with the session it made; the time that came due during
     // the lease is skipped (`skip`: that session is still queued).
@@ -507,10 +506,7 @@ async fn a_template_the_policy_now_refuses_is_a_failed_fire(backend: Backend) {
     };
     let state = Scheduler::new(env.state.store.clone(), env.state.queue.clone(), settings);
     clock.advance(Duration::from_secs(61));
-    Firer::new(state, clock.clone(), Duration::from_secs(1))
-        .tick()
-        .await
-        .unwrap();
+    Firer::new(state, clock.clone()).tick().await.unwrap();
     let (_, v) = env
         .get(&format!("/v1/schedules/{id}/fires"), &env.acme)
         .await;
