@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_core::config::{SchedulerSection, SchedulingSection, Settings};
+use agentq_core::config::{SchedulerSection, SchedulesSection, SchedulingSection, Settings};
 use agentq_core::policy::Policy;
 
 use crate::events::StreamLimits;
 use crate::http::auth::AuthSettings;
-use crate::schedules::FireSettings;
 use crate::serve::ServeLimits;
 use crate::webhooks::WebhookSettings;
 
@@ -136,6 +135,30 @@ impl From<&SchedulerSection> for SchedulerSettings {
             scheduling: SchedulingSection::default(),
             webhooks: WebhookSettings::default(),
             schedules: FireSettings::default(),
+        }
+    }
+}
+
+/// How the fire loop polls and leases (`[schedules]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FireSettings {
+    /// The pause between two passes.
+    pub poll: Duration,
+    /// How long a claim holds a schedule: past it, another claimer may take it over.
+    pub lease: Duration,
+}
+
+impl Default for FireSettings {
+    fn default() -> Self {
+        FireSettings::from(&SchedulesSection::default())
+    }
+}
+
+impl From<&SchedulesSection> for FireSettings {
+    fn from(s: &SchedulesSection) -> Self {
+        FireSettings {
+            poll: Duration::from_secs(s.poll_secs),
+            lease: Duration::from_secs(s.lease_secs),
         }
     }
 }

@@ -20,11 +20,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::auth::{Caller, Scope};
-use agentq_core::config::SchedulesSection;
 use agentq_core::schedule::{Advance, FireOutcome, FireRow, Overlap, ScheduleRow};
 
 use crate::actions::{cancel_session, create_session};
 use crate::error::ApiError;
+use crate::settings::FireSettings;
 use crate::state::Scheduler;
 use crate::webhooks::Clock;
 
@@ -38,30 +38,6 @@ const FIRES_PER_CLAIM: usize = 100;
 const MAX_STEPS: usize = 1_000;
 /// The longest error text kept with a fire.
 const MAX_ERROR_CHARS: usize = 500;
-
-/// How the fire loop polls and leases (`[schedules]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FireSettings {
-    /// The pause between two passes.
-    pub poll: Duration,
-    /// How long a claim holds a schedule: past it, another claimer may take it over.
-    pub lease: Duration,
-}
-
-impl Default for FireSettings {
-    fn default() -> Self {
-        FireSettings::from(&SchedulesSection::default())
-    }
-}
-
-impl From<&SchedulesSection> for FireSettings {
-    fn from(s: &SchedulesSection) -> Self {
-        FireSettings {
-            poll: Duration::from_secs(s.poll_secs),
-            lease: Duration::from_secs(s.lease_secs),
-        }
-    }
-}
 
 /// Called after a fire's session was created and before the fire is recorded (tests:
 /// answering true stops the claimer there, as a process killed at that moment would).
