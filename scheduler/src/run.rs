@@ -58,8 +58,8 @@ pub async fn run(
         Arc::new(SystemClock),
         agentq_core::metrics::global(),
     ) {
-        Ok(r) if r.enabled() => Some(tokio::spawn(r.run(stop_sweeper.clone()))),
-        Ok(_) => None,
+        // Always: a rule may be stored through the admin API at any time.
+        Ok(r) => Some(tokio::spawn(r.run(stop_sweeper.clone()))),
         Err(e) => {
             tracing::error!(error = %e, "retention cannot start; finished trees are kept");
             None

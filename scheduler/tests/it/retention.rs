@@ -338,7 +338,7 @@ async fn the_task_stops_when_told() {
         ..RetentionSection::default()
     };
     let r = retention(Arc::new(store), cfg, metrics);
-    assert!(r.enabled());
+    assert_eq!(r.rules().await.unwrap().len(), 1);
     let stop = CancellationToken::new();
     let task = tokio::spawn(r.run(stop.clone()));
     stop.cancel();

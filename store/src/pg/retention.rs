@@ -7,9 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Postgres;
 
 use crate::error::Result;
-use crate::retention::{Keep, RetentionCandidate, RetentionRule, Retired};
+use crate::retention::{
+    Keep, RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
+};
 use crate::rowconv::to_u64;
 use crate::sql::retention::{CandidateRow, candidate_of, candidates};
+use crate::sql::retention_rules as rules;
 use crate::sql::statements::Dialect;
 use crate::store::RetentionStore;
 
@@ -157,5 +160,20 @@ impl RetentionStore for PgStore {
         tx.commit().await?;
         out.roots = roots;
         Ok(out)
+    }
+
+    async fn retention_rules(&self) -> Result<Vec<StoredRetentionRule>> {
+        let mut conn = self.pool.acquire().await?;
+        rules::list::<Postgres>(&mut *conn).await
+    }
+
+    async fn set_retention_rule(&self, rule: &StoredRetentionRule) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        rules::set::<Postgres>(&mut *conn, rule).await
+    }
+
+    async fn delete_retention_rule(&self, kind: RuleKind, name: &str) -> Result<bool> {
+        let mut conn = self.pool.acquire().await?;
+        rules::delete::<Postgres>(&mut *conn, kind, name).await
     }
 }

@@ -7,9 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Sqlite;
 
 use crate::error::Result;
-use crate::retention::{Keep, RetentionCandidate, RetentionRule, Retired};
+use crate::retention::{
+    Keep, RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
+};
 use crate::rowconv::to_u64;
 use crate::sql::retention::{CandidateRow, candidate_of, candidates};
+use crate::sql::retention_rules as rules;
 use crate::sql::statements::Dialect;
 use crate::store::RetentionStore;
 
@@ -174,5 +177,24 @@ impl RetentionStore for SqliteStore {
         tx.commit().await?;
         out.roots = roots;
         Ok(out)
+    }
+
+    async fn retention_rules(&self) -> Result<Vec<StoredRetentionRule>> {
+        let mut conn = self.readers.acquire().await?;
+        rules::list::<Sqlite>(&mut *conn).await
+    }
+
+    async fn set_retention_rule(&self, rule: &StoredRetentionRule) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        rules::set::<Sqlite>(&mut *tx, rule).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_retention_rule(&self, kind: RuleKind, name: &str) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let deleted = rules::delete::<Sqlite>(&mut *tx, kind, name).await?;
+        tx.commit().await?;
+        Ok(deleted)
     }
 }
