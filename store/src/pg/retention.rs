@@ -11,7 +11,7 @@ use crate::retention::{
     Keep, RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
 };
 use crate::rowconv::to_u64;
-use crate::sql::retention::{CandidateRow, candidate_of, candidates};
+use crate::sql::retention::{self, CandidateRow, candidate_of, candidates};
 use crate::sql::retention_rules as rules;
 use crate::sql::statements::Dialect;
 use crate::store::RetentionStore;
@@ -74,12 +74,7 @@ impl RetentionStore for PgStore {
     }
 
     async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id")
-                .bind(root_id)
-                .fetch_all(&self.pool)
-                .await?,
-        )
+        retention::tree_ids::<Postgres>(&self.pool, root_id).await
     }
 
     async fn retire_trees(
