@@ -15,25 +15,21 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
-use agentq_core::auth::{self, Scope};
 use agentq_core::config::{RetentionOverride, RetentionSection, WorkspaceSection};
 use agentq_core::metrics::Metrics;
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
 use agentq_core::retention::Keep;
 use agentq_core::{NewSession, Store};
+use agentq_scheduler::SchedulerSettings;
 use agentq_scheduler::retention::Retention;
 use agentq_scheduler::webhooks::ManualClock;
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
 
-const ADMIN_KEY: &str = "retention-api-test-admin-key";
+use common::{ADMIN_KEY, Served};
 
+/// The served scheduler, and the calls these tests make of it.
 struct Env {
-    base: String,
+    served: Served,
     store: Arc<dyn Store>,
     tenant_key: String,
-    _redis: RedisServer,
 }
 
 impl Env {
@@ -44,7 +40,7 @@ impl Env {
         key: Option<&str>,
         body: Option<Value>,
     ) -> (u16, Value) {
-        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.base));
+        let mut req = reqwest::Client::new().request(method, format!("{}{path}", self.served.base));
         if let Some(k) = key {
             req = req.bearer_auth(k);
         }
@@ -78,30 +74,15 @@ fn configured() -> RetentionSection {
 }
 
 async fn start() -> Env {
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-    let store = PgStore::connect(&db_url, 4).await.unwrap();
-    store.migrate().await.unwrap();
-    let store: Arc<dyn Store> = Arc::new(store);
-    let redis = RedisServer::start().unwrap();
-    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-    let mut settings = SchedulerSettings {
+    let settings = SchedulerSettings {
         retention: configured(),
         ..SchedulerSettings::default()
     };
-    settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-    let state = Scheduler::new(store.clone(), queue, settings);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = router(state);
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let scopes = vec![Scope::SessionsRead, Scope::SessionsWrite];
-    let (new, tenant_key) = auth::generate("acme", scopes, None, None).unwrap();
-    store.create_key(&new).await.unwrap();
+    let served = Served::start(settings).await;
     Env {
-        base,
-        store,
-        tenant_key,
-        _redis: redis,
+        store: served.store.clone(),
+        tenant_key: served.acme.clone(),
+        served,
     }
 }
 
