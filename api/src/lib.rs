@@ -27,6 +27,7 @@ mod health;
 mod limits;
 mod queues;
 mod reports;
+mod retention;
 mod schedules;
 mod sessions;
 mod steer;
@@ -54,6 +55,7 @@ pub use reports::{
     COSTS_PARAMS, COUNT_PARAMS, CostEntry, CostReport, MAX_COST_DAYS, MAX_COST_ROWS,
     MAX_SEARCH_CHARS, Operations, QueueOps, SessionCounts, WorkerView,
 };
+pub use retention::{RetentionRuleView, RetentionRules, SetRetention};
 pub use schedules::{
     CreateSchedule, DEFAULT_CATCHUP_WINDOW_SECS, DEFAULT_SCHEDULE_LIST, FireList, FireOutcomeView,
     FireView, MAX_CATCHUP_WINDOW_SECS, MAX_CRON, MAX_EVERY_SECS, MAX_SCHEDULE_DESCRIPTION,

@@ -13,6 +13,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::config::Settings;
+use agentq_core::retention::{RetentionRule, RuleKind, StoredRetentionRule};
 use agentq_scheduler::retention::Retention;
 use agentq_scheduler::webhooks::ManualClock;
 
@@ -37,13 +38,6 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
             .map(|t| t.with_timezone(&Utc))
             .map_err(|e| anyhow!("--at: {v:?} is not an RFC 3339 time ({e})"))?,
     };
-    if cfg.retention.rules().is_empty() {
-        eprintln!(
-            "agentq retention: off (set [retention] days, AGENTQ_RETENTION_DAYS, or a tenant's \
-             or queue's override); nothing is deleted"
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
     let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
     let store = crate::keys::open_configured(&cfg, objects).await?;
     let r = Retention::new(
@@ -53,6 +47,21 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
         std::sync::Arc::new(ManualClock::new(now)),
         agentq_core::metrics::global(),
     )?;
+    let stored = r
+        .stored()
+        .await
+        .context("cannot read the stored retention rules")?;
+    let rules = cfg.retention.rules_with(&stored);
+    if rules.is_empty() {
+        eprintln!(
+            "agentq retention: off (set [retention] days, AGENTQ_RETENTION_DAYS, a tenant's \
+             or queue's override, or a rule through /v1/admin/retention); nothing is deleted"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for rule in &rules {
+        eprintln!("agentq retention: rule {}", describe(rule, &stored));
+    }
     if args.dry_run {
         let plan = r
             .plan()
@@ -84,4 +93,23 @@ pub async fn retention(args: RetentionArgs) -> anyhow::Result<ExitCode> {
         report.trees, report.sessions, report.pruned
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A rule in force as the operator reads it: what it covers, its days and keep, and
+/// where it comes from (`stored` through the admin API, else `config`).
+fn describe(rule: &RetentionRule, stored: &[StoredRetentionRule]) -> String {
+    let (what, kind, name) = match (&rule.scope.tenant, &rule.scope.queue) {
+        (Some(t), _) => (format!("tenant {t}"), Some(RuleKind::Tenant), t.as_str()),
+        (None, Some(q)) => (format!("queue {q}"), Some(RuleKind::Queue), q.as_str()),
+        (None, None) => ("global".to_string(), None, ""),
+    };
+    let source = match kind {
+        Some(k) if stored.iter().any(|s| s.kind == k && s.name == name) => "stored",
+        _ => "config",
+    };
+    format!(
+        "{what}: {} days, keep {} ({source})",
+        rule.days,
+        rule.keep.as_str()
+    )
 }

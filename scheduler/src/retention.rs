@@ -1,6 +1,7 @@
 //! Retention of finished session trees, run beside the sweeper: every
-//! `[retention] interval_secs`, each rule ([`RetentionSection::rules`]: per tenant, per
-//! queue, global) takes the trees whose every session finished more than its days ago
+//! `[retention] interval_secs`, each rule ([`RetentionSection::rules_with`]: per tenant, per
+//! queue, global; those stored through the admin API read at each pass, over the
+//! configured ones) takes the trees whose every session finished more than its days ago
 //! and that nothing still references, `batch` trees per transaction, pausing between
 //! batches and stopping after `max_batches`, so a backlog is worked off over passes and
 //! never holds the database for long. Each batch is exported first when configured
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use agentq_core::Store;
 use agentq_core::config::{RetentionSection, WorkspaceSection};
 use agentq_core::metrics::Metrics;
-use agentq_core::retention::{RetentionCandidate, RetentionRule};
+use agentq_core::retention::{RetentionCandidate, RetentionRule, StoredRetentionRule};
 
 use crate::webhooks::Clock;
 
@@ -74,7 +75,6 @@ pub struct PlanRow {
 pub struct Retention {
     store: Arc<dyn Store>,
     cfg: RetentionSection,
-    rules: Vec<RetentionRule>,
     workspace: WorkspaceSection,
     exporter: Option<Exporter>,
     clock: Arc<dyn Clock>,
@@ -92,7 +92,6 @@ impl Retention {
     ) -> agentq_core::Result<Self> {
         let exporter = Exporter::from_settings(&cfg, &workspace)?;
         Ok(Retention {
-            rules: cfg.rules(),
             store,
             cfg,
             workspace,
@@ -109,9 +108,15 @@ impl Retention {
         self
     }
 
-    /// Whether any rule takes trees (none: the task need not run).
-    pub fn enabled(&self) -> bool {
-        !self.rules.is_empty()
+    /// The rules in force: the configured ones with those stored through the admin API
+    /// (read now, so a rule set there applies from the next pass on).
+    pub async fn rules(&self) -> agentq_core::Result<Vec<RetentionRule>> {
+        Ok(self.cfg.rules_with(&self.stored().await?))
+    }
+
+    /// The rules stored through the admin API.
+    pub async fn stored(&self) -> agentq_core::Result<Vec<StoredRetentionRule>> {
+        self.store.retention_rules().await
     }
 
     /// What the next pass would take, per rule and per tenant and queue (at most `batch ×
@@ -120,7 +125,7 @@ impl Retention {
         let now = self.clock.now();
         let limit = self.cfg.batch.saturating_mul(self.cfg.max_batches);
         let mut out: Vec<PlanRow> = Vec::new();
-        for rule in &self.rules {
+        for rule in &self.rules().await? {
             let found = self.store.retention_candidates(rule, now, limit).await?;
             for c in found {
                 match out.iter_mut().find(|r| {
@@ -151,7 +156,7 @@ impl Retention {
         let mut report = PassReport::default();
         let now = self.clock.now();
         let pause = Duration::from_millis(self.cfg.pause_ms);
-        for rule in &self.rules {
+        for rule in &self.rules().await? {
             for _ in 0..self.cfg.max_batches {
                 if stop.is_cancelled() {
                     return Ok(report);

@@ -18,9 +18,6 @@ use crate::state::Scheduler;
 use crate::webhooks::{Deliverer, SystemClock};
 use crate::{sweeper, workspace_gc};
 
-/// How often the fire loop looks for due schedules: cron's finest unit is a second.
-const FIRE_POLL: std::time::Duration = std::time::Duration::from_secs(1);
-
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("HTTP server: {0}")]
@@ -61,8 +58,8 @@ pub async fn run(
         Arc::new(SystemClock),
         agentq_core::metrics::global(),
     ) {
-        Ok(r) if r.enabled() => Some(tokio::spawn(r.run(stop_sweeper.clone()))),
-        Ok(_) => None,
+        // Always: a rule may be stored through the admin API at any time.
+        Ok(r) => Some(tokio::spawn(r.run(stop_sweeper.clone()))),
         Err(e) => {
             tracing::error!(error = %e, "retention cannot start; finished trees are kept");
             None
@@ -72,9 +69,8 @@ pub async fn run(
         Deliverer::new(store.clone(), cfg.webhooks.clone(), Arc::new(SystemClock))
             .run(stop_sweeper.clone()),
     );
-    let firer = tokio::spawn(
-        Firer::new(state.clone(), Arc::new(SystemClock), FIRE_POLL).run(stop_sweeper.clone()),
-    );
+    let firer =
+        tokio::spawn(Firer::new(state.clone(), Arc::new(SystemClock)).run(stop_sweeper.clone()));
     let sweeper = tokio::spawn(sweeper::run_sweeper(
         store,
         queue,

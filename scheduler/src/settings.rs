@@ -1,11 +1,11 @@
 //! The scheduler's runtime settings ([`SchedulerSettings`]), built from `[scheduler]`
 //! and the sections it reads besides (`[policy]`, `[[prices]]`, `[[budgets]]`,
-//! `[[limits]]`, `[scheduling]`, `[workspace]`, `[webhooks]`).
+//! `[[limits]]`, `[scheduling]`, `[workspace]`, `[webhooks]`, `[schedules]`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_core::config::{SchedulerSection, SchedulingSection, Settings};
+use agentq_core::config::{SchedulerSection, SchedulesSection, SchedulingSection, Settings};
 use agentq_core::policy::Policy;
 
 use crate::events::StreamLimits;
@@ -55,6 +55,8 @@ pub struct SchedulerSettings {
     pub limits: LimitsAdmin,
     /// Webhook deliveries (`[webhooks]` and the operator's key).
     pub webhooks: WebhookSettings,
+    /// The schedules' fire loop (`[schedules]`).
+    pub schedules: FireSettings,
 }
 
 /// What the limiter's admin view reads.
@@ -83,6 +85,7 @@ impl SchedulerSettings {
             workspace: s.workspace.clone(),
             retention: s.retention.clone(),
             webhooks: WebhookSettings::from_section(&s.webhooks)?,
+            schedules: FireSettings::from(&s.schedules),
             ..(&s.scheduler).into()
         })
     }
@@ -131,6 +134,31 @@ impl From<&SchedulerSection> for SchedulerSettings {
             budgets: Vec::new(),
             scheduling: SchedulingSection::default(),
             webhooks: WebhookSettings::default(),
+            schedules: FireSettings::default(),
+        }
+    }
+}
+
+/// How the fire loop polls and leases (`[schedules]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FireSettings {
+    /// The pause between two passes.
+    pub poll: Duration,
+    /// How long a claim holds a schedule: past it, another claimer may take it over.
+    pub lease: Duration,
+}
+
+impl Default for FireSettings {
+    fn default() -> Self {
+        FireSettings::from(&SchedulesSection::default())
+    }
+}
+
+impl From<&SchedulesSection> for FireSettings {
+    fn from(s: &SchedulesSection) -> Self {
+        FireSettings {
+            poll: Duration::from_secs(s.poll_secs),
+            lease: Duration::from_secs(s.lease_secs),
         }
     }
 }

@@ -35,7 +35,7 @@ use crate::model::{
 };
 use crate::protocol::{InboxKind, InboxPayload};
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
-use crate::retention::{RetentionCandidate, RetentionRule, Retired};
+use crate::retention::{RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule};
 use crate::schedule::{Advance, FireRow, NewSchedule, ScheduleRow};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::wait::WaitReason;
@@ -121,6 +121,15 @@ pub trait RetentionStore: Send + Sync {
         now: DateTime<Utc>,
         roots: &[String],
     ) -> Result<Retired>;
+
+    /// The rules stored through the admin API, the tenants' by name, then the queues'.
+    async fn retention_rules(&self) -> Result<Vec<StoredRetentionRule>>;
+
+    /// Store `rule`, replacing the stored one of its tenant or queue.
+    async fn set_retention_rule(&self, rule: &StoredRetentionRule) -> Result<()>;
+
+    /// Delete the stored rule of `kind` `name`; whether there was one.
+    async fn delete_retention_rule(&self, kind: RuleKind, name: &str) -> Result<bool>;
 }
 
 /// Sessions as the API and the CLI see them: create, read, list, cancel, fail.

@@ -32,6 +32,7 @@ mod redis;
 mod registry;
 mod retention;
 mod scheduler;
+mod schedules;
 mod section;
 mod settings;
 mod validate;
@@ -57,6 +58,7 @@ pub use redis::{CLUSTER_PARTITIONS, LimiterSection, MAX_PARTITIONS, OnUnavailabl
 pub use registry::{SETTINGS, Setting, describe};
 pub use retention::{ExportTarget, RetentionOverride, RetentionSection};
 pub use scheduler::{SchedulerSection, SchedulingSection, TenantScheduling};
+pub use schedules::SchedulesSection;
 pub use settings::{
     DEFAULT_API_ADDR, DEFAULT_API_URL, DEFAULT_FILE, DEFAULT_METRICS_ADDR, DEFAULT_SQLITE_PATH,
     Settings,

@@ -1,7 +1,9 @@
 //! Retention of finished session trees, as the store and the scheduler's pass share it:
 //! which trees one rule covers ([`RetentionRule`], built from `[retention]` by
 //! [`crate::config::RetentionSection::rules`]), what is kept of them ([`Keep`]), the
-//! trees a pass would take ([`RetentionCandidate`]) and what it deleted ([`Retired`]).
+//! trees a pass would take ([`RetentionCandidate`]) and what it deleted ([`Retired`]);
+//! the rules an admin stores through the API ([`StoredRetentionRule`]), which replace the
+//! configured override of their tenant or queue.
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +27,55 @@ impl Keep {
             Keep::Result => "result",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Keep> {
+        match s {
+            "none" => Some(Keep::None),
+            "result" => Some(Keep::Result),
+            _ => None,
+        }
+    }
+}
+
+/// The most days a rule may keep trees: a century (past it a number is a typo, and a
+/// cutoff stays far from the calendar's end). The fewest is 1.
+pub const MAX_RETENTION_DAYS: u32 = 36_500;
+
+/// What a stored rule covers: one tenant's trees or one queue's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RuleKind {
+    Tenant,
+    Queue,
+}
+
+impl RuleKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuleKind::Tenant => "tenant",
+            RuleKind::Queue => "queue",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<RuleKind> {
+        match s {
+            "tenant" => Some(RuleKind::Tenant),
+            "queue" => Some(RuleKind::Queue),
+            _ => None,
+        }
+    }
+}
+
+/// A rule set through the admin API (`/v1/admin/retention`): the trees of one tenant or
+/// one queue go after `days`, keeping `keep`. It replaces the configured override of the
+/// same tenant or queue whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRetentionRule {
+    pub kind: RuleKind,
+    pub name: String,
+    /// 1 to [`MAX_RETENTION_DAYS`] (the API's rule).
+    pub days: u32,
+    pub keep: Keep,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The trees one rule covers, by their root's tenant and queue: the most specific

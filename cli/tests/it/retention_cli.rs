@@ -1,7 +1,8 @@
 //! `agentq retention` through the real binary, on the embedded file and on Postgres: a
 //! dry run lists what would go per tenant and queue and deletes nothing; a pass deletes
-//! it; `--at` judges ages as of another time (no test waits forty days); a retention of
-//! 0 days is refused naming the key and its variable.
+//! it; `--at` judges ages as of another time (no test waits forty days); a rule stored
+//! through the admin API wins over the configured one and the dry run names it; a
+//! retention of 0 days is refused naming the key and its variable.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,6 +14,7 @@ use std::time::Duration;
 use agentq_agent::schema::Message;
 use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
+use agentq_core::retention::{Keep, RuleKind, StoredRetentionRule};
 use agentq_core::{Claim, NewSession, Store};
 
 use common::{agentq, migrated_db, text};
@@ -70,6 +72,36 @@ async fn dry_run_then_pass(env: &[(&str, &str)], store: &dyn Store, id: &str) {
     );
     assert!(text(&out.stderr).contains("nothing was deleted"));
     assert!(store.get(id).await.unwrap().is_some());
+    // A rule stored through the API over the configured one: acme's trees are kept 50
+    // days, so forty days on nothing of acme would go; the dry run names the rule.
+    let acme = StoredRetentionRule {
+        kind: RuleKind::Tenant,
+        name: "acme".into(),
+        days: 50,
+        keep: Keep::Result,
+        updated_at: chrono::Utc::now(),
+    };
+    store.set_retention_rule(&acme).await.unwrap();
+    let out = retention(&with_days, &["--dry-run", "--at", &later]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("rule tenant acme: 50 days, keep result (stored)")
+            && stderr.contains("rule global: 30 days, keep none (config)"),
+        "{stderr}"
+    );
+    assert!(
+        store
+            .delete_retention_rule(RuleKind::Tenant, "acme")
+            .await
+            .unwrap()
+    );
     // The pass deletes it.
     let out = retention(&with_days, &["--at", &later]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -46,6 +46,9 @@ export type CreateSchedule = S["CreateSchedule"];
 export type SchedulePage = S["ScheduleList"];
 export type Fire = S["FireView"];
 export type FirePage = S["FireList"];
+export type RetentionRule = S["RetentionRuleView"];
+export type RetentionRules = S["RetentionRules"];
+export type SetRetention = S["SetRetention"];
 
 export {
   DEFAULT_TOLERANCE, WebhookVerificationError, signWebhook, verifyWebhook,
@@ -374,6 +377,36 @@ export class AgentqClient {
   /** Queues, sessions waiting by reason, and the workers holding leases (an admin key). */
   operations(): Promise<Operations> {
     return this.json("/v1/admin/operations");
+  }
+
+  /** The retention in force (an admin key): the global rule, each tenant's and queue's. */
+  retentionRules(): Promise<RetentionRules> {
+    return this.json("/v1/admin/retention");
+  }
+
+  /**
+   * Store a tenant's retention (an admin key): its finished trees go `days` after they
+   * finished, keeping `keep`; it replaces the tenant's configured rule.
+   */
+  setTenantRetention(tenant: string, rule: SetRetention): Promise<RetentionRule> {
+    return this.json(`/v1/admin/retention/tenants/${seg(tenant)}`, { method: "PUT", json: rule });
+  }
+
+  /** Drop a tenant's stored retention; its configured rule applies again. */
+  async deleteTenantRetention(tenant: string): Promise<void> {
+    const r = await this.send(`/v1/admin/retention/tenants/${seg(tenant)}`, { method: "DELETE" });
+    await r.body?.cancel();
+  }
+
+  /** Store a queue's retention (an admin key); a tenant's rule still wins. */
+  setQueueRetention(queue: string, rule: SetRetention): Promise<RetentionRule> {
+    return this.json(`/v1/admin/retention/queues/${seg(queue)}`, { method: "PUT", json: rule });
+  }
+
+  /** Drop a queue's stored retention; its configured rule applies again. */
+  async deleteQueueRetention(queue: string): Promise<void> {
+    const r = await this.send(`/v1/admin/retention/queues/${seg(queue)}`, { method: "DELETE" });
+    await r.body?.cancel();
   }
 
   cancelSession(id: string): Promise<CancelResult> {

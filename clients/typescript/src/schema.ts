@@ -254,6 +254,78 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/retention": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List the retention rules
+         * @description The global rule, and every tenant's and queue's in force: stored through this API or
+         *     configured (`[retention]`). A tenant's rule wins over a queue's, a queue's over the
+         *     global one; a stored rule replaces the configured one of its tenant or queue.
+         */
+        get: operations["list_retention_rules"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/retention/queues/{queue}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set a queue's retention
+         * @description Stored, it replaces the queue's configured `[retention.queues.<queue>]` for the trees
+         *     whose root ran on it (a tenant's rule still wins), from the next retention pass on.
+         */
+        put: operations["set_queue_retention"];
+        post?: never;
+        /**
+         * Delete a queue's stored retention
+         * @description The configured rule (if any) applies again from the next pass on.
+         */
+        delete: operations["delete_queue_retention"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/retention/tenants/{tenant}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Set a tenant's retention
+         * @description Stored, it replaces the tenant's configured `[retention.tenants.<tenant>]` and wins
+         *     over every queue's rule for the tenant's trees, from the next retention pass on.
+         */
+        put: operations["set_tenant_retention"];
+        post?: never;
+        /**
+         * Delete a tenant's stored retention
+         * @description The configured rule (if any) applies again from the next pass on.
+         */
+        delete: operations["delete_tenant_retention"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/admin/tenants/{tenant}/spend": {
         parameters: {
             query?: never;
@@ -2070,6 +2142,47 @@ export interface components {
             /** Format: int64 */
             seq: number;
         };
+        /** @description One tenant's or one queue's rule in force. */
+        RetentionRuleView: {
+            /**
+             * Format: int32
+             * @description Days a finished tree is kept; `null`: kept (a configured override without days
+             *     and no global days).
+             */
+            days?: number | null;
+            /** @description `none` or `result`. */
+            keep: string;
+            /** @description `tenant` or `queue`. */
+            kind: string;
+            /** @description The tenant or queue. */
+            name: string;
+            /**
+             * @description `stored` (set through this API) or `config` (`[retention.tenants.*]`,
+             *     `[retention.queues.*]`).
+             */
+            source: string;
+            /**
+             * Format: date-time
+             * @description When a stored rule was set.
+             */
+            updated_at?: string | null;
+        };
+        /**
+         * @description `GET /v1/admin/retention`: the global rule and every tenant's and queue's in force.
+         *     A tenant's rule wins over a queue's, and a queue's over the global one; a stored rule
+         *     replaces the configured one of its tenant or queue.
+         */
+        RetentionRules: {
+            /**
+             * Format: int32
+             * @description `[retention] days`: `null` keeps the trees no other rule covers.
+             */
+            days?: number | null;
+            /** @description `[retention] keep`. */
+            keep: string;
+            queues: components["schemas"]["RetentionRuleView"][];
+            tenants: components["schemas"]["RetentionRuleView"][];
+        };
         /** @description `POST /v1/sessions/{id}/retry`: the session queued again from its last checkpoint. */
         RetryResponse: {
             id: string;
@@ -2457,6 +2570,23 @@ export interface components {
              * @description Dollars per period, at the configured prices.
              */
             usd?: number | null;
+        };
+        /**
+         * @description `PUT /v1/admin/retention/tenants/{tenant}` or `…/queues/{queue}` (admin): the
+         *     finished trees of that tenant or queue go `days` after their last session finished,
+         *     keeping `keep` of them. Any other field is refused.
+         */
+        SetRetention: {
+            /**
+             * Format: int32
+             * @description Days a finished tree is kept: 1 to 36,500.
+             */
+            days: number;
+            /**
+             * @description `none` (everything goes) or `result` (the session rows and their final answers
+             *     stay); `none` when absent.
+             */
+            keep?: string | null;
         };
         /** @description What a tenant spent, counted per call for tenants with a budget. */
         SpendView: {
@@ -3187,6 +3317,171 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             408: components["responses"]["RequestTimeout"];
             414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    list_retention_rules: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The rules */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RetentionRules"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    set_queue_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The queue */
+                queue: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetRetention"];
+            };
+        };
+        responses: {
+            /** @description Stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RetentionRuleView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    delete_queue_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The queue */
+                queue: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    set_tenant_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SetRetention"];
+            };
+        };
+        responses: {
+            /** @description Stored */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RetentionRuleView"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            413: components["responses"]["TooLarge"];
+            414: components["responses"]["UriTooLong"];
+            415: components["responses"]["UnsupportedMediaType"];
+            422: components["responses"]["Invalid"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["Unavailable"];
+        };
+    };
+    delete_tenant_retention: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The tenant */
+                tenant: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            408: components["responses"]["RequestTimeout"];
+            414: components["responses"]["UriTooLong"];
+            422: components["responses"]["Invalid"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["Internal"];
             503: components["responses"]["Unavailable"];

@@ -38,6 +38,7 @@ pub(crate) mod openapi;
 mod queues;
 mod redrive;
 mod reports;
+mod retention;
 mod schedules;
 mod sessions;
 mod steer;
@@ -443,6 +444,41 @@ fn admin_routes() -> Vec<Route> {
             ADMIN,
             |_| put(budgets::set),
             doc::<budgets::__path_set>(),
+        ),
+        route(
+            Method::GET,
+            "/v1/admin/retention",
+            ADMIN,
+            |_| get(retention::list),
+            doc::<retention::__path_list>(),
+        ),
+        route(
+            Method::PUT,
+            "/v1/admin/retention/tenants/{tenant}",
+            ADMIN,
+            |_| put(retention::set_tenant),
+            doc::<retention::__path_set_tenant>(),
+        ),
+        route(
+            Method::DELETE,
+            "/v1/admin/retention/tenants/{tenant}",
+            ADMIN,
+            |_| delete(retention::delete_tenant),
+            doc::<retention::__path_delete_tenant>(),
+        ),
+        route(
+            Method::PUT,
+            "/v1/admin/retention/queues/{queue}",
+            ADMIN,
+            |_| put(retention::set_queue),
+            doc::<retention::__path_set_queue>(),
+        ),
+        route(
+            Method::DELETE,
+            "/v1/admin/retention/queues/{queue}",
+            ADMIN,
+            |_| delete(retention::delete_queue),
+            doc::<retention::__path_delete_queue>(),
         ),
         route(
             Method::GET,

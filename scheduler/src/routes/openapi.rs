@@ -520,6 +520,9 @@ fn schemas() -> BTreeMap<String, RefOr<Schema>> {
     add::<api::SetBudget>(&mut all);
     add::<api::BudgetSet>(&mut all);
     add::<api::TenantSpend>(&mut all);
+    add::<api::SetRetention>(&mut all);
+    add::<api::RetentionRuleView>(&mut all);
+    add::<api::RetentionRules>(&mut all);
     add::<api::LimitsView>(&mut all);
     add::<api::SessionCounts>(&mut all);
     add::<api::CostReport>(&mut all);

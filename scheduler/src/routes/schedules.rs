@@ -3,7 +3,6 @@
 //! are the HTTP parts.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
@@ -215,7 +214,7 @@ pub(super) async fn trigger(
     _: IgnoredBody,
 ) -> ApiResult<Response> {
     let row = schedule_of(&s, &caller, &path_id(id)?).await?;
-    let firer = Firer::new(s.clone(), Arc::new(SystemClock), Duration::from_secs(1));
+    let firer = Firer::new(s.clone(), Arc::new(SystemClock));
     match firer.trigger(&row).await? {
         Some(fire) => respond(StatusCode::OK, &fire_view(fire)),
         None => Err(ApiError::Conflict {

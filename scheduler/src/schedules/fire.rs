@@ -24,6 +24,7 @@ use agentq_core::schedule::{Advance, FireOutcome, FireRow, Overlap, ScheduleRow}
 
 use crate::actions::{cancel_session, create_session};
 use crate::error::ApiError;
+use crate::settings::FireSettings;
 use crate::state::Scheduler;
 use crate::webhooks::Clock;
 
@@ -31,8 +32,6 @@ use super::timing::Timing;
 
 /// Schedules claimed per pass.
 const CLAIM_BATCH: u32 = 50;
-/// How long a claim holds a schedule: past it, another claimer may take it over.
-pub const LEASE: Duration = Duration::from_secs(60);
 /// Fire times handled per schedule and claim; more are left for the next pass.
 const FIRES_PER_CLAIM: usize = 100;
 /// Missed fire times stepped over one by one before jumping to the catch-up window.
@@ -53,16 +52,18 @@ struct Killed;
 pub struct Firer {
     s: Scheduler,
     clock: Arc<dyn Clock>,
-    poll: Duration,
+    times: FireSettings,
     fault: Option<FaultHook>,
 }
 
 impl Firer {
-    pub fn new(s: Scheduler, clock: Arc<dyn Clock>, poll: Duration) -> Self {
+    /// The fire loop of scheduler `s`, polling and leasing as its settings say.
+    pub fn new(s: Scheduler, clock: Arc<dyn Clock>) -> Self {
+        let times = s.cfg.schedules;
         Firer {
             s,
             clock,
-            poll,
+            times,
             fault: None,
         }
     }
@@ -87,7 +88,7 @@ impl Firer {
             let pause = if claimed == CLAIM_BATCH as usize {
                 Duration::from_millis(10)
             } else {
-                self.poll
+                self.times.poll
             };
             tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -101,7 +102,7 @@ impl Firer {
     pub async fn tick(&self) -> agentq_core::Result<usize> {
         let now = self.clock.now();
         let token = uuid::Uuid::now_v7().simple().to_string();
-        let until = lease_end(now);
+        let until = self.lease_end(now);
         let rows = self
             .s
             .store
@@ -126,7 +127,7 @@ impl Firer {
         let Some(row) = self
             .s
             .store
-            .claim_schedule(&row.id, now, lease_end(now), &token)
+            .claim_schedule(&row.id, now, self.lease_end(now), &token)
             .await?
         else {
             return Ok(None);
@@ -287,6 +288,13 @@ impl Firer {
         }
     }
 
+    fn lease_end(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        chrono::Duration::from_std(self.times.lease)
+            .ok()
+            .and_then(|l| now.checked_add_signed(l))
+            .unwrap_or(now)
+    }
+
     /// Whether session `id` is unfinished (a missing one is not).
     async fn running(&self, id: Option<&str>) -> Result<bool, Failed> {
         let Some(id) = id else { return Ok(false) };
@@ -346,13 +354,6 @@ fn advance_of(row: &ScheduleRow) -> Advance {
         buffered_fire_at: row.buffered_fire_at,
         last_session_id: row.last_session_id.clone(),
     }
-}
-
-fn lease_end(now: DateTime<Utc>) -> DateTime<Utc> {
-    chrono::Duration::from_std(LEASE)
-        .ok()
-        .and_then(|l| now.checked_add_signed(l))
-        .unwrap_or(now)
 }
 
 fn fire_row(

@@ -7,5 +7,6 @@ pub mod fire;
 pub(crate) mod manage;
 pub mod timing;
 
+pub use crate::settings::FireSettings;
 pub use fire::{FaultHook, Firer, fire_key};
 pub use timing::Timing;

@@ -1,6 +1,7 @@
-//! What the scheduler's integration tests share: the bounded wait for what announces
-//! nothing, an HTTP client with a key, reading an answer, and this process's memory
-//! figures. Each test binary uses a part of this.
+//! What the scheduler's integration tests share: a scheduler served in process on a
+//! fresh store ([`served`]), the bounded wait for what announces nothing, an HTTP client
+//! with a key, reading an answer, and this process's memory figures. Each test binary
+//! uses a part of this.
 #![allow(dead_code)]
 
 use std::fmt::{Debug, Display};
@@ -9,6 +10,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::time::Instant;
+
+pub mod served;
+
+#[allow(unused_imports)]
+pub use served::{ADMIN_KEY, Backend, Served};
 
 /// What a check of [`wait_until`] found: ready with a value, or not yet (with what it saw,
 /// for the message if the wait runs out).

@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,31 +14,26 @@ use serde_json::{Value, json};
 use agentq_agent::schema::Message;
 use agentq_agent::spec::ExitReason;
 use agentq_agent::state::Outcome;
-use agentq_core::auth::{self, Scope};
+use agentq_core::Claim;
 use agentq_core::config::{PolicySection, TenantPolicySection};
-use agentq_core::pg::PgStore;
 use agentq_core::policy::Policy;
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, KeyStore, LeaseStore, SessionStore};
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_scheduler::SchedulerSettings;
 
-struct Env {
-    base: String,
-    store: Arc<PgStore>,
-    _redis: RedisServer,
-    acme: String,
-    globex: String,
+use crate::common::Served;
+
+/// The served scheduler (acme's policy: `gpt-*` models, a budget of 1,000 tokens), and
+/// the calls these tests make of it.
+struct Env(Served);
+
+impl std::ops::Deref for Env {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
 }
 
 impl Env {
     async fn start() -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-        let store = PgStore::connect(&db_url, 8).await.unwrap();
-        store.migrate().await.unwrap();
-        let store = Arc::new(store);
-        let redis = RedisServer::start().unwrap();
-        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
         let mut section = PolicySection::default();
         section.tenants.insert(
             "acme".into(),
@@ -53,29 +47,7 @@ impl Env {
             policy: Arc::new(Policy::from_section(&section).unwrap()),
             ..SchedulerSettings::default()
         };
-        let state = Scheduler::new(store.clone(), queue, settings);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, router(state)).await });
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            let (new, key) = auth::generate(
-                tenant,
-                vec![Scope::SessionsRead, Scope::SessionsWrite],
-                None,
-                None,
-            )
-            .unwrap();
-            store.create_key(&new).await.unwrap();
-            keys.push(key);
-        }
-        Env {
-            base: format!("http://{addr}"),
-            store,
-            _redis: redis,
-            globex: keys.pop().unwrap(),
-            acme: keys.pop().unwrap(),
-        }
+        Env(Served::start(settings).await)
     }
 
     async fn call(&self, post: Option<&Value>, path: &str, key: &str) -> (u16, Value) {

@@ -27,6 +27,7 @@ mod policy;
 mod reports;
 mod request_prop;
 mod retention;
+mod retention_api;
 mod schedules;
 mod waits;
 mod webhooks;

@@ -10,94 +10,40 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use agentq_core::auth::{self, Scope};
+use agentq_core::Claim;
+use agentq_core::auth::Scope;
 use agentq_core::budget::{PriceEntry, Prices};
-use agentq_core::mem_queue::MemQueue;
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Claim, Queue, Store};
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_scheduler::SchedulerSettings;
+use agentq_testkit::shared_postgres;
 
-const ADMIN_KEY: &str = "reports-test-admin-key";
+use crate::common::{ADMIN_KEY, Backend, Served};
 
-struct Env {
-    base: String,
-    store: Arc<dyn Store>,
-    acme: String,
-    globex: String,
-    _redis: Option<RedisServer>,
-    _dir: Option<tempfile::TempDir>,
-}
+/// The served scheduler (its prices: `priced-*` at $1 in and $2 out per million), and
+/// the calls these tests make of it.
+struct Env(Served);
 
-/// A backend's store and queue, and what keeps them alive.
-type Parts = (
-    Arc<dyn Store>,
-    Arc<dyn Queue>,
-    Option<RedisServer>,
-    Option<tempfile::TempDir>,
-);
-
-#[derive(Clone, Copy)]
-enum Backend {
-    Postgres,
-    Sqlite,
+impl std::ops::Deref for Env {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
 }
 
 impl Env {
     async fn start(backend: Backend) -> Env {
-        let (store, queue, redis, dir): Parts = match backend {
-            Backend::Postgres => {
-                let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-                let store = PgStore::connect(&db_url, 8).await.unwrap();
-                store.migrate().await.unwrap();
-                let redis = RedisServer::start().unwrap();
-                let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-                (Arc::new(store), queue, Some(redis), None)
-            }
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().unwrap();
-                let store = SqliteStore::open(&dir.path().join("agentq.db"))
-                    .await
-                    .unwrap();
-                store.migrate().await.unwrap();
-                (Arc::new(store), Arc::new(MemQueue::new()), None, Some(dir))
-            }
+        let settings = SchedulerSettings {
+            prices: Arc::new(
+                Prices::new(&[PriceEntry {
+                    model: "priced-*".into(),
+                    input: 1.0,
+                    output: 2.0,
+                    ..Default::default()
+                }])
+                .unwrap(),
+            ),
+            ..SchedulerSettings::default()
         };
-        queue.ensure_queue("default").await.unwrap();
-        let mut settings = SchedulerSettings::default();
-        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        settings.prices = Arc::new(
-            Prices::new(&[PriceEntry {
-                model: "priced-*".into(),
-                input: 1.0,
-                output: 2.0,
-                ..Default::default()
-            }])
-            .unwrap(),
-        );
-        let state = Scheduler::new(store.clone(), queue, settings);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, router(state)).await });
-        let scopes = [Scope::SessionsRead, Scope::SessionsWrite];
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            let (new, key) = auth::generate(tenant, scopes.to_vec(), None, None).unwrap();
-            store.create_key(&new).await.unwrap();
-            keys.push(key);
-        }
-        let globex = keys.pop().unwrap();
-        let acme = keys.pop().unwrap();
-        Env {
-            base,
-            store,
-            acme,
-            globex,
-            _redis: redis,
-            _dir: dir,
-        }
+        Env(Served::on(backend, settings).await)
     }
 
     async fn get(&self, path: &str, key: &str) -> (u16, Value) {
@@ -412,26 +358,14 @@ async fn ten_thousand_sessions() {
 
     use agentq_agent::schema::Message;
     use agentq_agent::spec::SessionSpec;
-    use agentq_core::{NewSession, WorkQueue};
+    use agentq_core::NewSession;
 
     const SESSIONS: usize = 10_000;
     const TRANSCRIPT: usize = 2_000;
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-    let pg = PgStore::connect(&db_url, 8).await.unwrap();
-    pg.migrate().await.unwrap();
-    let store: Arc<dyn Store> = Arc::new(pg);
-    let redis = RedisServer::start().unwrap();
-    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-    queue.ensure_queue("default").await.unwrap();
-    let mut settings = SchedulerSettings::default();
-    settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-    let state = Scheduler::new(store.clone(), queue, settings);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
-    let (new_key, acme_key) =
-        auth::generate("acme", vec![Scope::SessionsRead], None, None).unwrap();
-    store.create_key(&new_key).await.unwrap();
+    let served = Served::start(SchedulerSettings::default()).await;
+    let (store, base) = (served.store.clone(), served.base.clone());
+    let db_url = served.db_url.clone().unwrap();
+    let acme_key = served.key("acme", &[Scope::SessionsRead]).await;
 
     let t0 = Instant::now();
     let tenants = ["acme", "globex", "initech"];

@@ -28,16 +28,15 @@ use agentq_core::redis_queue::RedisQueue;
 use agentq_core::report::CostFilter;
 use agentq_core::retention::Keep;
 use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Claim, EnqueueReason, NewSession, Queue, SessionStatus, SessionStore, Store};
+use agentq_core::{Claim, EnqueueReason, NewSession, Queue, SessionStatus, Store};
+use agentq_scheduler::SchedulerSettings;
 use agentq_scheduler::retention::Retention;
 use agentq_scheduler::webhooks::ManualClock;
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
 use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerSettings};
 
-use common::wait_until;
+use common::{ADMIN_KEY, Served, wait_until};
 
-const ADMIN_KEY: &str = "retention-test-admin-key";
 const ITEMS: usize = 6;
 
 /// Run `id` to its end with some usage, as a worker would.
@@ -262,12 +261,8 @@ async fn sqlite_beside_a_live_batch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_result_still_answers() {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
-    let store = PgStore::connect(&url, 4).await.unwrap();
-    store.migrate().await.unwrap();
-    let store = Arc::new(store);
-    let redis = RedisServer::start().unwrap();
-    let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
+    let served = Served::start(SchedulerSettings::default()).await;
+    let (store, base) = (served.store.clone(), served.base.clone());
     let (old, _) = old_tree(store.as_ref(), "default").await;
     let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
     let cfg = RetentionSection {
@@ -289,18 +284,6 @@ async fn a_kept_result_still_answers() {
     // Taken once: the next pass finds nothing.
     assert_eq!(r.pass(&CancellationToken::new()).await.unwrap().trees, 0);
 
-    let mut settings = SchedulerSettings::default();
-    settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-    let state = Scheduler::new(store.clone(), queue, settings);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    let served = stop.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(served.cancelled_owned())
-            .await
-    });
     let http = common::bearer_client(ADMIN_KEY);
     let (status, v) = common::read(
         http.get(format!("{base}/v1/sessions/{old}"))
@@ -322,7 +305,6 @@ async fn a_kept_result_still_answers() {
     assert_eq!(status, 200, "{v}");
     // The prompt (kept with the spec) at most: the transcript went.
     assert!(v["messages"].as_array().map_or(0, Vec::len) <= 1, "{v}");
-    stop.cancel();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,7 +320,7 @@ async fn the_task_stops_when_told() {
         ..RetentionSection::default()
     };
     let r = retention(Arc::new(store), cfg, metrics);
-    assert!(r.enabled());
+    assert_eq!(r.rules().await.unwrap().len(), 1);
     let stop = CancellationToken::new();
     let task = tokio::spawn(r.run(stop.clone()));
     stop.cancel();

@@ -21,88 +21,25 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use serde_json::{Value, json};
 
-use agentq_core::auth::{self, Scope};
-use agentq_core::mem_queue::MemQueue;
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::sqlite::SqliteStore;
-use agentq_core::{Queue, Store};
-use agentq_scheduler::schedules::fire::LEASE;
 use agentq_scheduler::schedules::{Firer, Timing};
 use agentq_scheduler::webhooks::ManualClock;
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_scheduler::{Scheduler, SchedulerSettings};
 
-const ADMIN_KEY: &str = "schedules-test-admin-key";
+use common::{Backend, Served};
 
-/// A backend's store and queue, and what keeps them alive.
-type Parts = (
-    Arc<dyn Store>,
-    Arc<dyn Queue>,
-    Option<RedisServer>,
-    Option<tempfile::TempDir>,
-);
+/// The served scheduler, and the calls these tests make of it.
+struct Env(Served);
 
-#[derive(Clone, Copy)]
-enum Backend {
-    Postgres,
-    Sqlite,
-}
-
-struct Env {
-    base: String,
-    state: Scheduler,
-    acme: String,
-    globex: String,
-    _redis: Option<RedisServer>,
-    _dir: Option<tempfile::TempDir>,
+impl std::ops::Deref for Env {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
 }
 
 impl Env {
     async fn start(backend: Backend) -> Env {
-        let (store, queue, redis, dir): Parts = match backend {
-            Backend::Postgres => {
-                let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-                let store = PgStore::connect(&db_url, 8).await.unwrap();
-                store.migrate().await.unwrap();
-                let redis = RedisServer::start().unwrap();
-                let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
-                (Arc::new(store), queue, Some(redis), None)
-            }
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().unwrap();
-                let store = SqliteStore::open(&dir.path().join("agentq.db"))
-                    .await
-                    .unwrap();
-                store.migrate().await.unwrap();
-                (Arc::new(store), Arc::new(MemQueue::new()), None, Some(dir))
-            }
-        };
-        queue.ensure_queue("default").await.unwrap();
-        let mut settings = SchedulerSettings::default();
-        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        let state = Scheduler::new(store.clone(), queue, settings);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let app = router(state.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let scopes = [Scope::SessionsRead, Scope::SessionsWrite];
-        let mut keys = Vec::new();
-        for tenant in ["acme", "globex"] {
-            let (new, key) = auth::generate(tenant, scopes.to_vec(), None, None).unwrap();
-            store.create_key(&new).await.unwrap();
-            keys.push(key);
-        }
-        let globex = keys.pop().unwrap();
-        let acme = keys.pop().unwrap();
-        Env {
-            base,
-            state,
-            acme,
-            globex,
-            _redis: redis,
-            _dir: dir,
-        }
+        Env(Served::on(backend, SchedulerSettings::default()).await)
     }
 
     async fn call(
@@ -138,7 +75,7 @@ impl Env {
     }
 
     fn firer(&self, clock: &Arc<ManualClock>) -> Firer {
-        Firer::new(self.state.clone(), clock.clone(), Duration::from_secs(1))
+        Firer::new(self.state.clone(), clock.clone())
     }
 
     /// Schedule `id`'s fires, oldest first, as (outcome, session id).
@@ -366,7 +303,7 @@ async fn a_claimer_killed_at_the_fire_is_taken_over_without_a_duplicate(backend:
     // Another scheduler: nothing while the dead one's lease holds, then the same fire.
     let other = env.firer(&clock);
     assert_eq!(other.tick().await.unwrap(), 0, "the lease holds");
-    clock.advance(LEASE);
+    clock.advance(env.state.cfg.schedules.lease);
     assert_eq!(other.tick().await.unwrap(), 1);
     // The killed fire, recorded with the session it made; the time that came due during
     // the lease is skipped (`skip`: that session is still queued).
@@ -507,10 +444,7 @@ async fn a_template_the_policy_now_refuses_is_a_failed_fire(backend: Backend) {
     };
     let state = Scheduler::new(env.state.store.clone(), env.state.queue.clone(), settings);
     clock.advance(Duration::from_secs(61));
-    Firer::new(state, clock.clone(), Duration::from_secs(1))
-        .tick()
-        .await
-        .unwrap();
+    Firer::new(state, clock.clone()).tick().await.unwrap();
     let (_, v) = env
         .get(&format!("/v1/schedules/{id}/fires"), &env.acme)
         .await;

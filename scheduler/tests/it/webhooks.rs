@@ -16,7 +16,6 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -27,17 +26,13 @@ use serde_json::{Value, json};
 use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::spec::ExitReason;
 use agentq_agent::state::Outcome;
-use agentq_core::auth::{self, Scope};
-use agentq_core::pg::PgStore;
-use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Claim, KeyStore, LeaseStore, SessionStatus};
+use agentq_core::auth::Scope;
+use agentq_core::{Claim, SessionStatus, Store};
+use agentq_scheduler::SchedulerSettings;
 use agentq_scheduler::webhooks::{Deliverer, ManualClock, WebhookSettings};
-use agentq_scheduler::{Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::shared_postgres;
 
-use common::wait_until;
-
-const ADMIN_KEY: &str = "webhooks-test-admin-key";
+use common::{Served, wait_until};
 
 /// The receiver: a Python process and its directory.
 struct Receiver {
@@ -106,8 +101,8 @@ impl Drop for Receiver {
 struct Env {
     base: String,
     db_url: String,
-    store: Arc<PgStore>,
-    _redis: RedisServer,
+    store: Arc<dyn Store>,
+    _served: Served,
     acme: String,
     globex: String,
     /// acme's key without the `webhooks` scope.
@@ -118,14 +113,7 @@ struct Env {
 impl Env {
     /// A scheduler whose deliveries may reach `allowed` (the receiver's host and port).
     async fn start(allowed: Vec<String>) -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
-        let store = PgStore::connect(&db_url, 8).await.unwrap();
-        store.migrate().await.unwrap();
-        let store = Arc::new(store);
-        let redis = RedisServer::start().unwrap();
-        let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
         let mut settings = SchedulerSettings::default();
-        settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
         let section = agentq_core::config::WebhooksSection {
             allowed_hosts: allowed,
             timeout_secs: 2,
@@ -141,25 +129,16 @@ impl Env {
             )),
         );
         let hooks = settings.webhooks.clone();
-        let state = Scheduler::new(store.clone(), queue, settings);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        let app = router(state);
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let key =
-            |tenant: &str, scopes: Vec<Scope>| auth::generate(tenant, scopes, None, None).unwrap();
-        let all = vec![Scope::SessionsRead, Scope::SessionsWrite, Scope::Webhooks];
-        let (a, acme) = key("acme", all.clone());
-        let (g, globex) = key("globex", all);
-        let (s, acme_sessions_only) = key("acme", vec![Scope::SessionsRead, Scope::SessionsWrite]);
-        for k in [&a, &g, &s] {
-            store.create_key(k).await.unwrap();
-        }
+        let served = Served::start(settings).await;
+        let all = [Scope::SessionsRead, Scope::SessionsWrite, Scope::Webhooks];
+        let acme = served.key("acme", &all).await;
+        let globex = served.key("globex", &all).await;
+        let acme_sessions_only = served.acme.clone();
         Env {
-            base: format!("http://{addr}"),
-            db_url,
-            store,
-            _redis: redis,
+            base: served.base.clone(),
+            db_url: served.db_url.clone().unwrap(),
+            store: served.store.clone(),
+            _served: served,
             acme,
             globex,
             acme_sessions_only,

@@ -7,9 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Postgres;
 
 use crate::error::Result;
-use crate::retention::{Keep, RetentionCandidate, RetentionRule, Retired};
+use crate::retention::{
+    Keep, RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
+};
 use crate::rowconv::to_u64;
-use crate::sql::retention::{CandidateRow, candidate_of, candidates};
+use crate::sql::retention::{self, CandidateRow, candidate_of, candidates};
+use crate::sql::retention_rules as rules;
 use crate::sql::statements::Dialect;
 use crate::store::RetentionStore;
 
@@ -71,12 +74,7 @@ impl RetentionStore for PgStore {
     }
 
     async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id")
-                .bind(root_id)
-                .fetch_all(&self.pool)
-                .await?,
-        )
+        retention::tree_ids::<Postgres>(&self.pool, root_id).await
     }
 
     async fn retire_trees(
@@ -157,5 +155,20 @@ impl RetentionStore for PgStore {
         tx.commit().await?;
         out.roots = roots;
         Ok(out)
+    }
+
+    async fn retention_rules(&self) -> Result<Vec<StoredRetentionRule>> {
+        let mut conn = self.pool.acquire().await?;
+        rules::list::<Postgres>(&mut *conn).await
+    }
+
+    async fn set_retention_rule(&self, rule: &StoredRetentionRule) -> Result<()> {
+        let mut conn = self.pool.acquire().await?;
+        rules::set::<Postgres>(&mut *conn, rule).await
+    }
+
+    async fn delete_retention_rule(&self, kind: RuleKind, name: &str) -> Result<bool> {
+        let mut conn = self.pool.acquire().await?;
+        rules::delete::<Postgres>(&mut *conn, kind, name).await
     }
 }

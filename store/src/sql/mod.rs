@@ -23,6 +23,7 @@ pub(crate) mod read;
 pub(crate) mod record;
 pub(crate) mod report;
 pub(crate) mod retention;
+pub(crate) mod retention_rules;
 pub(crate) mod schedules;
 pub(crate) mod statements;
 pub(crate) mod suspension;

@@ -1,11 +1,15 @@
 //! Retention's scan, as both stores run it: the roots of finished trees a rule takes at a
 //! cutoff, oldest finish first, and the same test again inside the deletion's
-//! transaction (`only`), so that a tree that came back to life in between is left alone.
-//! The deletions themselves differ by dialect (`pg/retention.rs`, `sqlite/retention.rs`).
+//! transaction (`only`), so that a tree that came back to life in between is left alone;
+//! the read both make alike on the pool they read from ([`tree_ids`]; the scan's
+//! own read stays per dialect: a generic query builder's arguments are invariant in
+//! their lifetime, so the builder could not be borrowed for the fetch). The
+//! deletions themselves differ by dialect (`pg/retention.rs`, `sqlite/retention.rs`).
 
 use chrono::{DateTime, Utc};
-use sqlx::{Database, Encode, QueryBuilder, Type};
+use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Pool, QueryBuilder, Type};
 
+use crate::error::Result;
 use crate::retention::{Keep, RetentionRule};
 
 use super::statements::Dialect;
@@ -132,4 +136,22 @@ pub(crate) fn candidate_of(
         queue,
         sessions: super::budget::count(n),
     }
+}
+
+/// The ids of a tree's sessions, root first.
+pub(crate) async fn tree_ids<DB>(pool: &Pool<DB>, root_id: &str) -> Result<Vec<String>>
+where
+    DB: Database,
+    for<'r> (String,): FromRow<'r, DB::Row>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    let rows: Vec<(String,)> = sqlx::query_as::<DB, (String,)>(
+        "SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id",
+    )
+    .bind(root_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
 }

@@ -7,9 +7,12 @@ use chrono::{DateTime, Utc};
 use sqlx::Sqlite;
 
 use crate::error::Result;
-use crate::retention::{Keep, RetentionCandidate, RetentionRule, Retired};
+use crate::retention::{
+    Keep, RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
+};
 use crate::rowconv::to_u64;
-use crate::sql::retention::{CandidateRow, candidate_of, candidates};
+use crate::sql::retention::{self, CandidateRow, candidate_of, candidates};
+use crate::sql::retention_rules as rules;
 use crate::sql::statements::Dialect;
 use crate::store::RetentionStore;
 
@@ -91,12 +94,7 @@ impl RetentionStore for SqliteStore {
     }
 
     async fn tree_ids(&self, root_id: &str) -> Result<Vec<String>> {
-        Ok(
-            sqlx::query_scalar("SELECT id FROM sessions WHERE root_id = $1 ORDER BY depth, id")
-                .bind(root_id)
-                .fetch_all(&self.readers)
-                .await?,
-        )
+        retention::tree_ids::<Sqlite>(&self.readers, root_id).await
     }
 
     async fn retire_trees(
@@ -174,5 +172,24 @@ impl RetentionStore for SqliteStore {
         tx.commit().await?;
         out.roots = roots;
         Ok(out)
+    }
+
+    async fn retention_rules(&self) -> Result<Vec<StoredRetentionRule>> {
+        let mut conn = self.readers.acquire().await?;
+        rules::list::<Sqlite>(&mut *conn).await
+    }
+
+    async fn set_retention_rule(&self, rule: &StoredRetentionRule) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        rules::set::<Sqlite>(&mut *tx, rule).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn delete_retention_rule(&self, kind: RuleKind, name: &str) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let deleted = rules::delete::<Sqlite>(&mut *tx, kind, name).await?;
+        tx.commit().await?;
+        Ok(deleted)
     }
 }

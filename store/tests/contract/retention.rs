@@ -19,7 +19,7 @@ use agentq_types::fork::{ForkResult, NewFork};
 use agentq_types::model::{NewSession, SessionStatus};
 use agentq_types::protocol::InboxKind;
 use agentq_types::report::CostFilter;
-use agentq_types::retention::{Keep, RetentionRule, RetentionScope};
+use agentq_types::retention::{Keep, RetentionRule, RetentionScope, RuleKind, StoredRetentionRule};
 use agentq_types::workspace::sha256_hex;
 
 use crate::common::files::{bytes, input, with_files};
@@ -29,6 +29,7 @@ contract_tests!(
     contract_old_finished_trees_go_with_what_they_own,
     contract_keep_result_keeps_rows_and_answers,
     contract_rules_by_tenant_and_queue,
+    contract_stored_rules_replace_the_configured,
     contract_a_workspace_fork_keeps_its_files,
     contract_a_session_fork_keeps_the_tree_it_reads,
 );
@@ -314,6 +315,113 @@ async fn contract_rules_by_tenant_and_queue(store: &dyn Backend) {
     // acme's rule keeps results.
     assert_eq!(rules[0].keep, Keep::Result);
     assert_eq!(rules[0].scope.tenant.as_deref(), Some("acme"));
+}
+
+fn stored(kind: RuleKind, name: &str, days: u32, keep: Keep) -> StoredRetentionRule {
+    let at = DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap();
+    StoredRetentionRule {
+        kind,
+        name: name.into(),
+        days,
+        keep,
+        updated_at: at,
+    }
+}
+
+/// Rules stored through the API: read back as written (tenants first), a second set of
+/// one tenant replacing the first, a delete answering whether there was one; over the
+/// configuration they change what a pass takes and deletes (a stored tenant's rule over
+/// the configured one of that tenant, a stored queue's over the configured global).
+async fn contract_stored_rules_replace_the_configured(store: &dyn Backend) {
+    assert!(store.retention_rules().await.unwrap().is_empty());
+    let first = stored(RuleKind::Tenant, "acme", 3, Keep::None);
+    store.set_retention_rule(&first).await.unwrap();
+    let acme = stored(RuleKind::Tenant, "acme", 40, Keep::Result);
+    store.set_retention_rule(&acme).await.unwrap();
+    let scratch = stored(RuleKind::Queue, "scratch", 1, Keep::None);
+    store.set_retention_rule(&scratch).await.unwrap();
+    let gone = stored(RuleKind::Queue, "gone", 5, Keep::None);
+    store.set_retention_rule(&gone).await.unwrap();
+    assert!(
+        store
+            .delete_retention_rule(RuleKind::Queue, "gone")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete_retention_rule(RuleKind::Queue, "gone")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .delete_retention_rule(RuleKind::Queue, "acme")
+            .await
+            .unwrap()
+    );
+    let rules = store.retention_rules().await.unwrap();
+    assert_eq!(rules, vec![acme.clone(), scratch.clone()]);
+
+    let make = |tenant: &'static str, queue: &'static str| async move {
+        let n = NewSession::root(SessionSpec::new("p"), queue).with_tenant(tenant);
+        let id = store.create_session(&n).await.unwrap().0.id;
+        run_to_end(store, &id, "done").await;
+        id
+    };
+    let acme_id = make("acme", "default").await;
+    let globex_scratch = make("globex", "scratch").await;
+    let globex = make("globex", "default").await;
+    // Configured: 30 days, acme 7. Stored: acme 40 keeping results, scratch 1.
+    let cfg = RetentionSection {
+        days: Some(30),
+        tenants: [(
+            "acme".to_string(),
+            RetentionOverride {
+                days: Some(7),
+                keep: None,
+            },
+        )]
+        .into(),
+        ..RetentionSection::default()
+    };
+    let effective = cfg.rules_with(&rules);
+    let due = |days: i64| {
+        let rules = effective.clone();
+        async move {
+            let mut all = Vec::new();
+            for r in &rules {
+                all.extend(roots(store, r, ahead(days)).await);
+            }
+            all.sort();
+            all
+        }
+    };
+    assert_eq!(due(2).await, sorted([globex_scratch.as_str()]));
+    // Without the stored rules acme's 7 days would take it by now.
+    assert_eq!(due(8).await, sorted([globex_scratch.as_str()]));
+    assert_eq!(
+        due(31).await,
+        sorted([globex_scratch.as_str(), globex.as_str()])
+    );
+    assert_eq!(
+        due(41).await,
+        sorted([acme_id.as_str(), globex_scratch.as_str(), globex.as_str()])
+    );
+    // A pass at day 8 deletes the scratch tree only.
+    for rule in &effective {
+        let found = roots(store, rule, ahead(8)).await;
+        store.retire_trees(rule, ahead(8), &found).await.unwrap();
+    }
+    assert!(store.get(&globex_scratch).await.unwrap().is_none());
+    assert!(store.get(&globex).await.unwrap().is_some());
+    assert!(store.get(&acme_id).await.unwrap().is_some());
+    // The stored tenant rule keeps results when it takes acme's tree.
+    let acme_rule = effective
+        .iter()
+        .find(|r| r.scope.tenant.as_deref() == Some("acme"))
+        .unwrap();
+    assert_eq!((acme_rule.days, acme_rule.keep), (40, Keep::Result));
 }
 
 /// A session started from an old tree's workspace holds a copy of its manifest: the old

@@ -104,6 +104,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "inbox",
             "messages",
             "queues",
+            "retention_rules",
             "retired_usage",
             "schedule_fires",
             "schedules",

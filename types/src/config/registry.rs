@@ -206,6 +206,8 @@ settings! {
     retention.max_batches;
     retention.pause_ms;
     retention.interval_secs;
+    schedules.poll_secs = "AGENTQ_SCHEDULES_POLL_SECS" as parse;
+    schedules.lease_secs = "AGENTQ_SCHEDULES_LEASE_SECS" as parse;
 }
 
 type SetKey = fn(&mut ProvidersSection, Option<Secret>);

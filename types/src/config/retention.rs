@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::section::section;
-use crate::retention::{Keep, RetentionRule, RetentionScope};
+use crate::retention::{Keep, RetentionRule, RetentionScope, RuleKind, StoredRetentionRule};
 
 section! {
     /// `[retention]`: finished session trees older than `days` (by the finish of their
@@ -74,6 +74,32 @@ impl RetentionSection {
             Some(p) if !p.trim().is_empty() => Ok(Some(ExportTarget::Dir(p.into()))),
             _ => Err(format!("must be `dir:/path` or `s3`, not {e:?}")),
         }
+    }
+
+    /// The rules a pass applies with the rules stored through the API: a stored rule
+    /// replaces the configured override of its tenant or queue whole, so the order of
+    /// precedence is stored tenant, configured tenant, stored queue, configured queue,
+    /// global (a tenant's rule is the more specific: its owner's choice for all its
+    /// trees, whatever queue they ran on).
+    pub fn rules_with(&self, stored: &[StoredRetentionRule]) -> Vec<RetentionRule> {
+        if stored.is_empty() {
+            return self.rules();
+        }
+        let mut merged = self.clone();
+        for r in stored {
+            let map = match r.kind {
+                RuleKind::Tenant => &mut merged.tenants,
+                RuleKind::Queue => &mut merged.queues,
+            };
+            map.insert(
+                r.name.clone(),
+                RetentionOverride {
+                    days: Some(r.days),
+                    keep: Some(r.keep),
+                },
+            );
+        }
+        merged.rules()
     }
 
     /// The rules a pass applies, most specific first: one per tenant override, one per

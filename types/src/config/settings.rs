@@ -13,6 +13,7 @@ use super::providers::ProvidersSection;
 use super::redis::{LimiterSection, RedisSection};
 use super::retention::RetentionSection;
 use super::scheduler::{SchedulerSection, SchedulingSection};
+use super::schedules::SchedulesSection;
 use super::section::section;
 use super::webhooks::WebhooksSection;
 use super::worker::WorkerSection;
@@ -71,5 +72,7 @@ section! {
         pub webhooks: WebhooksSection = WebhooksSection::default(),
         /// `[retention]`: how long finished session trees are kept.
         pub retention: RetentionSection = RetentionSection::default(),
+        /// `[schedules]`: the schedules' fire loop.
+        pub schedules: SchedulesSection = SchedulesSection::default(),
     }
 }

@@ -12,6 +12,7 @@ mod policy;
 mod process;
 mod retention;
 mod rules;
+mod schedules;
 mod webhooks;
 
 impl Settings {
@@ -36,6 +37,7 @@ impl Settings {
         endpoints::providers(&self.providers)?;
         webhooks::webhooks(&self.webhooks)?;
         retention::retention(&self.retention, &self.workspace)?;
+        schedules::schedules(&self.schedules)?;
         policy::prices(&self.prices)?;
         policy::budgets(&self.budgets)?;
         for (key, addr) in [

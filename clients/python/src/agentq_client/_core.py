@@ -272,6 +272,19 @@ class Ops:
         return Call("GET", "/v1/admin/operations", model(m.Operations))
 
     @staticmethod
+    def retention_rules() -> Call[m.RetentionRules]:
+        return Call("GET", "/v1/admin/retention", model(m.RetentionRules))
+
+    @staticmethod
+    def set_retention(kind: str, name: str, body: dict[str, Any]) -> Call[m.RetentionRule]:
+        return Call("PUT", f"/v1/admin/retention/{kind}/{seg(name)}", model(m.RetentionRule),
+                    json=body)
+
+    @staticmethod
+    def delete_retention(kind: str, name: str) -> Call[None]:
+        return Call("DELETE", f"/v1/admin/retention/{kind}/{seg(name)}", nothing)
+
+    @staticmethod
     def cancel_session(id: str) -> Call[m.CancelResult]:
         return Call("POST", f"/v1/sessions/{seg(id)}/cancel", model(m.CancelResult))
 

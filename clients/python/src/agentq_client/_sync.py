@@ -104,6 +104,33 @@ class Client:
         holding leases (an admin key)."""
         return self._send(c.Ops.operations())
 
+    def retention_rules(self) -> m.RetentionRules:
+        """The retention in force (an admin key): the global rule and each tenant's and
+        queue's, stored or configured."""
+        return self._send(c.Ops.retention_rules())
+
+    def set_tenant_retention(self, tenant: str, days: int, *,
+                             keep: Optional[str] = None) -> m.RetentionRule:
+        """Store a tenant's retention (an admin key): its finished trees go `days` after
+        they finished, keeping `keep` (`none` or `result`). It replaces the configured
+        rule of the tenant from the next retention pass on."""
+        return self._send(c.Ops.set_retention(
+            "tenants", tenant, c.filter_body(days=days, keep=keep)))
+
+    def delete_tenant_retention(self, tenant: str) -> None:
+        """Drop a tenant's stored retention; its configured rule applies again."""
+        self._send(c.Ops.delete_retention("tenants", tenant))
+
+    def set_queue_retention(self, queue: str, days: int, *,
+                            keep: Optional[str] = None) -> m.RetentionRule:
+        """Store a queue's retention (an admin key); a tenant's rule still wins."""
+        return self._send(c.Ops.set_retention(
+            "queues", queue, c.filter_body(days=days, keep=keep)))
+
+    def delete_queue_retention(self, queue: str) -> None:
+        """Drop a queue's stored retention; its configured rule applies again."""
+        self._send(c.Ops.delete_retention("queues", queue))
+
     def cancel_session(self, id: str) -> m.CancelResult:
         return self._send(c.Ops.cancel_session(id))
 

@@ -374,6 +374,32 @@ class Operations(Model):
     workers_truncated: bool
 
 
+Keep = Literal["none", "result"]
+
+
+class RetentionRule(Model):
+    """One tenant's or queue's retention in force: stored through the API or
+    configured."""
+
+    __schema__ = "RetentionRuleView"
+    kind: Literal["tenant", "queue"]
+    name: str
+    keep: Keep
+    source: Literal["stored", "config"]
+    days: Optional[int] = None
+    updated_at: Optional[datetime] = None
+
+
+class RetentionRules(Model):
+    """The global retention and every tenant's and queue's in force."""
+
+    __schema__ = "RetentionRules"
+    keep: Keep
+    tenants: list[RetentionRule]
+    queues: list[RetentionRule]
+    days: Optional[int] = None
+
+
 WebhookStatus = Literal["enabled", "disabled"]
 DeliveryState = Literal["pending", "delivered", "dead"]
 

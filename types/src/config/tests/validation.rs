@@ -391,6 +391,45 @@ fn retention_validation_names_the_setting() {
     assert!(e.to_string().contains("keep"), "{e}");
 }
 
+/// `[schedules]`: a poll or lease of zero, of more than a day, or a lease not longer than
+/// the poll is refused naming the key and its variable; a negative one from the
+/// environment too.
+#[test]
+fn schedules_validation_names_the_setting() {
+    assert_each_names_its_setting(&[
+        ("schedules.poll_secs", |s| s.schedules.poll_secs = 0),
+        ("schedules.poll_secs", |s| s.schedules.poll_secs = 86_401),
+        ("schedules.lease_secs", |s| s.schedules.lease_secs = 0),
+        ("schedules.lease_secs", |s| s.schedules.lease_secs = 86_401),
+        ("schedules.lease_secs", |s| {
+            s.schedules.poll_secs = 5;
+            s.schedules.lease_secs = 5;
+        }),
+    ]);
+    for (var, value, key) in [
+        ("AGENTQ_SCHEDULES_POLL_SECS", "0", "schedules.poll_secs"),
+        ("AGENTQ_SCHEDULES_POLL_SECS", "-1", "schedules.poll_secs"),
+        ("AGENTQ_SCHEDULES_LEASE_SECS", "-5", "schedules.lease_secs"),
+        ("AGENTQ_SCHEDULES_LEASE_SECS", "1", "schedules.lease_secs"),
+        ("AGENTQ_SCHEDULES_LEASE_SECS", "1e9", "schedules.lease_secs"),
+    ] {
+        let e = Settings::resolve(None, env_of(&[(var, value)]), |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains(var), "{var}={value}: {e}");
+    }
+    let s = Settings::resolve(
+        None,
+        env_of(&[
+            ("AGENTQ_SCHEDULES_POLL_SECS", "1"),
+            ("AGENTQ_SCHEDULES_LEASE_SECS", "3"),
+        ]),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!((s.schedules.poll_secs, s.schedules.lease_secs), (1, 3));
+}
+
 /// `[redis]`: a cluster from the environment, with its seed nodes and the partitions
 /// it defaults to; a partition count out of range and several servers without `cluster`
 /// refused, naming the setting.

@@ -4,10 +4,7 @@ use super::rules::{invalid, range};
 use crate::config::retention::{ExportTarget, RetentionSection};
 use crate::config::workspace::{BlobStoreKind, WorkspaceSection};
 use crate::error::Result;
-
-/// A century: past it a number of days is a typo (and a cutoff stays far from the
-/// calendar's end).
-const MAX_DAYS: u32 = 36_500;
+use crate::retention::MAX_RETENTION_DAYS as MAX_DAYS;
 
 pub(super) fn retention(r: &RetentionSection, w: &WorkspaceSection) -> Result<()> {
     if let Some(d) = r.days {
