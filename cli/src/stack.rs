@@ -96,18 +96,23 @@ impl Stack {
         writers: u32,
         objects: Option<Arc<S3Blobs>>,
     ) -> anyhow::Result<Self> {
-        let mut store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
-            .await
-            .map_err(|e| connect_error(e, "Postgres", database_url))?;
-        if let Some(o) = objects {
-            store = store.with_objects(o);
+        let urls: Vec<String> = database_url
+            .split(',')
+            .map(|u| u.trim().to_string())
+            .collect();
+        let shards = crate::database::open_shards(&urls, objects, |u| async move {
+            PgStore::connect_with_writers(&u, DEV_PG_CONNS, writers).await
+        })
+        .await?;
+        for shard in &shards {
+            shard.migrate().await.context("migration failed")?;
         }
-        store.migrate().await.context("migration failed")?;
+        let store = crate::database::one_store(shards)?;
         let queue = RedisQueue::connect(redis_url)
             .await
             .map_err(|e| connect_error(e, "Redis", redis_url))?;
         Ok(Stack {
-            store: Arc::new(store),
+            store,
             queue: Arc::new(queue),
             sqlite: None,
             mem_queue: None,
@@ -136,8 +141,12 @@ pub fn connect_error(e: agentq_core::Error, service: &str, url: &str) -> anyhow:
 }
 
 /// Hide the password of a URL in messages and logs: `postgres://u:***@h/db`. Anything
-/// that does not look like a URL with one is shown as it is.
+/// that does not look like a URL with one is shown as it is; several URLs between commas
+/// (shards, seed nodes) each.
 pub fn redact(url: &str) -> String {
+    if url.contains(',') && url.contains("://") {
+        return url.split(',').map(redact).collect::<Vec<_>>().join(",");
+    }
     let Some(s) = url.find("://") else {
         return url.to_string();
     };
@@ -161,6 +170,10 @@ mod tests {
     fn redact_hides_passwords_only() {
         for (url, shown) in [
             ("postgres://u:p@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u:p@h/db,postgres://v:q@i/db",
+                "postgres://u:***@h/db,postgres://v:***@i/db",
+            ),
             ("redis://:p@h:6379", "redis://:***@h:6379"),
             ("postgres://u:p/q@h:5432/db", "postgres://u:***@h:5432/db"),
             ("postgres://u:p@h/db?x=a@b", "postgres://u:***@h/db?x=a@b"),

@@ -185,7 +185,19 @@ pub(super) async fn create_batch(
         .collect();
     // One batch id per request (or the one it joins): fair share among a tenant's
     // batches, and their caps.
-    let batch_id = joined.unwrap_or_else(agentq_core::new_session_id);
+    // Its sessions live beside the batch (one shard, one transaction): a joined batch's,
+    // else the partition of the first idempotency key, so a retried request lands where
+    // the first one did.
+    let batch_id =
+        joined.unwrap_or_else(
+            || match new.iter().find_map(|n| n.idempotency_key.as_deref()) {
+                Some(key) => agentq_core::shard::id_in(agentq_core::shard::key_partition(
+                    &caller.tenant,
+                    key,
+                )),
+                None => agentq_core::new_session_id(),
+            },
+        );
     let mut per_queue: BTreeMap<String, usize> = BTreeMap::new();
     for n in &new {
         *per_queue.entry(n.queue.clone()).or_default() += 1;
@@ -198,6 +210,8 @@ pub(super) async fn create_batch(
         })
         .collect();
     for n in &mut new {
+        n.id = agentq_core::shard::id_beside(&batch_id);
+        n.root_id = n.id.clone();
         n.sched.batch_id = Some(batch_id.clone());
         n.sched.batch_max_running = max_running;
         n.sched.held = held.get(&n.queue).copied().unwrap_or(false);

@@ -44,6 +44,33 @@ pub(super) fn reassemble<T>(len: usize, answers: Vec<(Vec<usize>, Vec<T>)>) -> R
         .collect()
 }
 
+/// Each shard's answer to its part of a batch: a part whose shard is down (a retryable
+/// failure) answered by `failed` (given the error and the part's positions), so that the
+/// other shards' answers stand; any other failure, or every part failing, is the batch's.
+pub(super) fn per_shard<T>(
+    answers: Vec<(Vec<usize>, Result<Vec<T>>)>,
+    failed: impl Fn(Error, &[usize]) -> Vec<T>,
+) -> Result<Vec<(Vec<usize>, Vec<T>)>> {
+    let parts = answers.len();
+    let mut out = Vec::with_capacity(parts);
+    let mut down = 0;
+    for (positions, answer) in answers {
+        match answer {
+            Ok(values) => out.push((positions, values)),
+            Err(e) if e.is_retryable() && parts > 1 => {
+                down += 1;
+                if down == parts {
+                    return Err(e);
+                }
+                let values = failed(e, &positions);
+                out.push((positions, values));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 /// One page out of every shard's page (each sorted by `key`, ascending or descending):
 /// merged in that order and cut at `limit`.
 pub(super) fn merge_pages<T, K: Ord>(

@@ -3,6 +3,7 @@
 //! split by shard, and the listings and counts, asked of every shard.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,9 +14,9 @@ use agentq_agent::state::SessionState;
 use agentq_types::shard::{id_beside, id_in, key_partition};
 
 use super::ShardedStore;
-use super::merge::{cap, fold, merge_pages, reassemble};
+use super::merge::{cap, fold, merge_pages, per_shard, reassemble};
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fork::{ForkResult, NewFork};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
@@ -153,31 +154,48 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
             .checkpoint(lease, state, from))
     }
 
-    /// One commit per shard, at once; the whole batch fails if one shard's commit failed
-    /// (the others' committed, and a retry of theirs finds them so, as for any retry).
+    /// One commit per shard, at once. A shard that is down (a retryable failure) fails
+    /// only its own checkpoints, each on its own, so the sessions of the other shards go
+    /// on; any other failure, or every shard down, fails the batch as a whole (nothing of
+    /// it may be assumed written, and the caller splits or retries it).
     async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>> {
         let groups = self.split(batch.iter().map(|c| c.lease.root_id.as_str()));
-        let calls =
-            groups.into_iter().map(|(i, positions)| {
-                let part: Vec<&Checkpoint> = positions.iter().map(|p| batch[*p]).collect();
-                async move {
-                    Ok::<_, crate::Error>((positions, self.on(i).checkpoint_batch(&part).await?))
-                }
-            });
-        let answers = futures::future::try_join_all(calls).await?;
+        let calls = groups.into_iter().map(|(i, positions)| {
+            let part: Vec<&Checkpoint> = positions.iter().map(|p| batch[*p]).collect();
+            async move { (positions, self.on(i).checkpoint_batch(&part).await) }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let answers = per_shard(answers, |e, positions| {
+            let e = Arc::new(e);
+            positions
+                .iter()
+                .map(|_| Err(Error::Shared(e.clone())))
+                .collect()
+        })?;
         reassemble(batch.len(), answers)
     }
 
+    /// Split by shard as the group commit is; the leases of a shard that is down are
+    /// answered neither held nor lost (the next checkpoint's fencing decides), so the
+    /// others' are still renewed.
     async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
         let groups = self.split(leases.iter().map(|l| l.root_id.as_str()));
-        let calls =
-            groups.into_iter().map(|(i, positions)| {
-                let part: Vec<Lease> = positions.iter().map(|p| leases[*p].clone()).collect();
-                async move {
-                    Ok::<_, crate::Error>((positions, self.on(i).heartbeat(&part, ttl).await?))
-                }
-            });
-        let answers = futures::future::try_join_all(calls).await?;
+        let calls = groups.into_iter().map(|(i, positions)| {
+            let part: Vec<Lease> = positions.iter().map(|p| leases[*p].clone()).collect();
+            async move { (positions, self.on(i).heartbeat(&part, ttl).await) }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let answers = per_shard(answers, |_, positions| {
+            positions
+                .iter()
+                .map(|p| LeaseStatus {
+                    session_id: leases[*p].session_id.clone(),
+                    held: false,
+                    lost: false,
+                    cancel_requested: false,
+                })
+                .collect()
+        })?;
         reassemble(leases.len(), answers)
     }
 

@@ -18,6 +18,7 @@ mod poison;
 mod redrive;
 mod restart;
 mod scale;
+mod shards;
 mod subagents;
 mod workspace;
 mod workspace_s3;
