@@ -74,12 +74,11 @@ pub(crate) async fn open_configured(
 ) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match cfg.database_url.as_deref() {
         Some(_) => {
-            let shards =
-                crate::database::open_shards(&cfg.database_urls(), objects, |u| async move {
-                    PgStore::connect(&u, 2).await
-                })
-                .await?;
-            let store = crate::database::one_store(shards)?;
+            let shards = crate::stack::open_shards(&cfg.database_urls(), objects, |u| async move {
+                PgStore::connect(&u, 2).await
+            })
+            .await?;
+            let store = crate::stack::one_store(shards)?;
             match store.check_schema().await {
                 Ok(()) => {}
                 Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod client;
-mod database;
 mod demo;
 mod dev;
 mod examples;

@@ -80,7 +80,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     database_url(&cfg)?;
     let urls = cfg.database_urls();
     let shards =
-        crate::database::open_shards(
+        crate::stack::open_shards(
             &urls,
             None,
             |u| async move { PgStore::connect(&u, 2).await },
@@ -151,11 +151,11 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     })?;
     let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
     database_url(&cfg)?;
-    let shards = crate::database::open_shards(&cfg.database_urls(), objects, |u| async move {
+    let shards = crate::stack::open_shards(&cfg.database_urls(), objects, |u| async move {
         PgStore::connect(&u, SCHEDULER_PG_CONNS).await
     })
     .await?;
-    let store = crate::database::one_store(shards)?;
+    let store = crate::stack::one_store(shards)?;
     match store.check_schema().await {
         Ok(()) => {}
         Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),

@@ -4,16 +4,18 @@
 //! the previous process died back on the queue — or Postgres and Redis. And [`redact`],
 //! which every command uses to show a URL without its password.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow};
 
 use agentq_core::WorkQueue;
 use agentq_core::blob::s3::S3Blobs;
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::sharded::ShardedStore;
 use agentq_core::sqlite::{SqliteStore, requeue_runnable};
 use agentq_core::{Queue, Store};
 
@@ -100,14 +102,14 @@ impl Stack {
             .split(',')
             .map(|u| u.trim().to_string())
             .collect();
-        let shards = crate::database::open_shards(&urls, objects, |u| async move {
+        let shards = open_shards(&urls, objects, |u| async move {
             PgStore::connect_with_writers(&u, DEV_PG_CONNS, writers).await
         })
         .await?;
         for shard in &shards {
             shard.migrate().await.context("migration failed")?;
         }
-        let store = crate::database::one_store(shards)?;
+        let store = one_store(shards)?;
         let queue = RedisQueue::connect(redis_url)
             .await
             .map_err(|e| connect_error(e, "Redis", redis_url))?;
@@ -138,6 +140,49 @@ pub fn connect_error(e: agentq_core::Error, service: &str, url: &str) -> anyhow:
             anyhow::Error::new(e).context(format!("cannot connect to {service} at {}", redact(url)))
         }
     }
+}
+
+// The Postgres a process opens from `database_url`: one URL, the plain `PgStore` as
+// always (no routing on the way); several between commas, a `ShardedStore` over one
+// `PgStore` per URL, the control shard first (see docs/scale.md).
+
+/// Every shard opened with `connect` (each its own pools), with the blob store's
+/// objects when given.
+pub(crate) async fn open_shards<F, Fut>(
+    urls: &[String],
+    objects: Option<Arc<S3Blobs>>,
+    connect: F,
+) -> anyhow::Result<Vec<PgStore>>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = agentq_core::Result<PgStore>>,
+{
+    if urls.is_empty() {
+        return Err(anyhow!(
+            "no database configured: set AGENTQ_DATABASE_URL (or database_url in agentq.toml)"
+        ));
+    }
+    let mut shards = Vec::with_capacity(urls.len());
+    for url in urls {
+        let mut store = connect(url.clone())
+            .await
+            .map_err(|e| connect_error(e, "Postgres", url))?;
+        if let Some(o) = &objects {
+            store = store.with_objects(o.clone());
+        }
+        shards.push(store);
+    }
+    Ok(shards)
+}
+
+/// One store over `shards`: the store itself when there is one.
+pub(crate) fn one_store(mut shards: Vec<PgStore>) -> anyhow::Result<Arc<dyn Store>> {
+    if shards.len() == 1
+        && let Some(store) = shards.pop()
+    {
+        return Ok(Arc::new(store));
+    }
+    Ok(Arc::new(ShardedStore::new(shards)?))
 }
 
 /// Hide the password of a URL in messages and logs: `postgres://u:***@h/db`. Anything

@@ -80,7 +80,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let objects = agentq_core::blob::s3::from_workspace(&settings.workspace)?;
     let urls = settings.database_urls();
     let (conns, writers) = (cfg.pool_connections(), cfg.writer_connections());
-    let shards = crate::database::open_shards(&urls, objects, |u| async move {
+    let shards = crate::stack::open_shards(&urls, objects, |u| async move {
         PgStore::connect_for_worker(&u, conns, writers).await
     })
     .await?;
@@ -93,7 +93,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
         }
     }
-    let store = crate::database::one_store(shards)?;
+    let store = crate::stack::one_store(shards)?;
     let queue = RedisQueue::connect_with(&redis, &settings.redis)
         .await
         .map_err(|e| connect_error(e, "Redis", &redis))?;

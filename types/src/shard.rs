@@ -76,6 +76,7 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -185,19 +185,7 @@ pub(super) async fn create_batch(
         .collect();
     // One batch id per request (or the one it joins): fair share among a tenant's
     // batches, and their caps.
-    // Its sessions live beside the batch (one shard, one transaction): a joined batch's,
-    // else the partition of the first idempotency key, so a retried request lands where
-    // the first one did.
-    let batch_id =
-        joined.unwrap_or_else(
-            || match new.iter().find_map(|n| n.idempotency_key.as_deref()) {
-                Some(key) => agentq_core::shard::id_in(agentq_core::shard::key_partition(
-                    &caller.tenant,
-                    key,
-                )),
-                None => agentq_core::new_session_id(),
-            },
-        );
+    let batch_id = batch_home(joined, &new, &caller.tenant);
     let mut per_queue: BTreeMap<String, usize> = BTreeMap::new();
     for n in &new {
         *per_queue.entry(n.queue.clone()).or_default() += 1;
@@ -499,4 +487,16 @@ pub(super) async fn cancel(
         StatusCode::OK
     };
     respond(status, &answer)
+}
+
+/// The id of a request's batch, which its sessions live beside (one shard): the joined
+/// batch's, else one in the partition of its first idempotency key, so that a retried
+/// request lands where the first one did and its keys find their sessions.
+fn batch_home(joined: Option<String>, new: &[NewSession], tenant: &str) -> String {
+    joined.unwrap_or_else(
+        || match new.iter().find_map(|n| n.idempotency_key.as_deref()) {
+            Some(key) => agentq_core::shard::id_in(agentq_core::shard::key_partition(tenant, key)),
+            None => agentq_core::new_session_id(),
+        },
+    )
 }

@@ -702,6 +702,15 @@ fn sqlite(sql: &str, now: Option<u8>) -> String {
     strip_casts(&sql).replace("GREATEST(", "max(")
 }
 
+/// The page a listing returns for `limit`: 0 is the default page, and no page is longer
+/// than the most a listing returns.
+pub(crate) fn list_limit(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_LIST,
+        l => l.min(MAX_LIST),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -782,14 +791,5 @@ mod tests {
                 }
             }
         }
-    }
-}
-
-/// The page a listing returns for `limit`: 0 is the default page, and no page is longer
-/// than the most a listing returns.
-pub(crate) fn list_limit(limit: u32) -> u32 {
-    match limit {
-        0 => DEFAULT_LIST,
-        l => l.min(MAX_LIST),
     }
 }

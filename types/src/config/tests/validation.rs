@@ -424,8 +424,10 @@ fn redis_cluster_settings() {
 
 #[test]
 fn several_database_urls_are_shards_and_a_bad_one_is_named_by_its_position() {
-    let mut s = Settings::default();
-    s.database_url = Some("postgres://a/x, postgresql://b/y".into());
+    let s = Settings {
+        database_url: Some("postgres://a/x, postgresql://b/y".into()),
+        ..Settings::default()
+    };
     s.validate().unwrap();
     assert_eq!(
         s.database_urls(),
