@@ -73,19 +73,18 @@ pub(crate) async fn open_configured(
     objects: Option<Arc<agentq_core::blob::s3::S3Blobs>>,
 ) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match cfg.database_url.as_deref() {
-        Some(url) => {
-            let mut store = PgStore::connect(url, 2)
-                .await
-                .map_err(|e| crate::stack::connect_error(e, "Postgres", url))?;
+        Some(_) => {
+            let shards = crate::stack::open_shards(&cfg.database_urls(), objects, |u| async move {
+                PgStore::connect(&u, 2).await
+            })
+            .await?;
+            let store = crate::stack::one_store(shards)?;
             match store.check_schema().await {
                 Ok(()) => {}
                 Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
                 Err(e) => return Err(anyhow!(e).context("cannot check the database schema")),
             }
-            if let Some(o) = objects {
-                store = store.with_objects(o);
-            }
-            Arc::new(store)
+            store
         }
         None => {
             let path = &cfg.sqlite_path;

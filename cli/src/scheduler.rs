@@ -73,13 +73,30 @@ fn database_url(cfg: &Settings) -> anyhow::Result<&str> {
     })
 }
 
-/// `agentq migrate`: bring the Postgres schema up to this binary's version.
+/// `agentq migrate`: bring the Postgres schema up to this binary's version, on every
+/// shard when `database_url` names several.
 pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let cfg = Settings::resolve(args.config.as_deref(), |k| std::env::var(k).ok(), |_| {})?;
-    let url = database_url(&cfg)?;
-    let store = PgStore::connect(url, 2)
-        .await
-        .map_err(|e| connect_error(e, "Postgres", url))?;
+    database_url(&cfg)?;
+    let urls = cfg.database_urls();
+    let shards =
+        crate::stack::open_shards(
+            &urls,
+            None,
+            |u| async move { PgStore::connect(&u, 2).await },
+        )
+        .await?;
+    let many = shards.len() > 1;
+    for (i, store) in shards.iter().enumerate() {
+        if many {
+            println!("shard {i}:");
+        }
+        migrate_one(store).await?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn migrate_one(store: &PgStore) -> anyhow::Result<()> {
     let latest = MIGRATOR
         .iter()
         .filter(|m| !m.migration_type.is_down_migration())
@@ -89,7 +106,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     let current = match store.check_schema().await {
         Ok(()) => {
             println!("database schema is up to date (version {latest})");
-            return Ok(ExitCode::SUCCESS);
+            return Ok(());
         }
         Err(Error::SchemaBehind { current, .. }) => current,
         Err(e) => return Err(anyhow!(e).context("cannot read the schema version")),
@@ -106,7 +123,7 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         Some(c) => println!("database schema migrated from version {c} to {latest}"),
         None => println!("database schema created (version {latest})"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// `agentq scheduler`: serve the HTTP API and sweep until SIGTERM/SIGINT.
@@ -133,13 +150,12 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         anyhow!("no Redis configured: set AGENTQ_REDIS_URL (or redis_url in agentq.toml)")
     })?;
     let objects = agentq_core::blob::s3::from_workspace(&cfg.workspace)?;
-    let url = database_url(&cfg)?;
-    let mut store = PgStore::connect(url, SCHEDULER_PG_CONNS)
-        .await
-        .map_err(|e| connect_error(e, "Postgres", url))?;
-    if let Some(o) = objects {
-        store = store.with_objects(o);
-    }
+    database_url(&cfg)?;
+    let shards = crate::stack::open_shards(&cfg.database_urls(), objects, |u| async move {
+        PgStore::connect(&u, SCHEDULER_PG_CONNS).await
+    })
+    .await?;
+    let store = crate::stack::one_store(shards)?;
     match store.check_schema().await {
         Ok(()) => {}
         Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),
@@ -180,7 +196,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
     .services(database_url(&cfg)?, redis_url)
     .log();
     let result = agentq_scheduler::run(
-        Arc::new(store),
+        store,
         Arc::new(queue),
         settings,
         listener,

@@ -4,16 +4,18 @@
 //! the previous process died back on the queue — or Postgres and Redis. And [`redact`],
 //! which every command uses to show a URL without its password.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Context;
+use anyhow::{Context, anyhow};
 
 use agentq_core::WorkQueue;
 use agentq_core::blob::s3::S3Blobs;
 use agentq_core::mem_queue::MemQueue;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
+use agentq_core::sharded::ShardedStore;
 use agentq_core::sqlite::{SqliteStore, requeue_runnable};
 use agentq_core::{Queue, Store};
 
@@ -96,18 +98,23 @@ impl Stack {
         writers: u32,
         objects: Option<Arc<S3Blobs>>,
     ) -> anyhow::Result<Self> {
-        let mut store = PgStore::connect_with_writers(database_url, DEV_PG_CONNS, writers)
-            .await
-            .map_err(|e| connect_error(e, "Postgres", database_url))?;
-        if let Some(o) = objects {
-            store = store.with_objects(o);
+        let urls: Vec<String> = database_url
+            .split(',')
+            .map(|u| u.trim().to_string())
+            .collect();
+        let shards = open_shards(&urls, objects, |u| async move {
+            PgStore::connect_with_writers(&u, DEV_PG_CONNS, writers).await
+        })
+        .await?;
+        for shard in &shards {
+            shard.migrate().await.context("migration failed")?;
         }
-        store.migrate().await.context("migration failed")?;
+        let store = one_store(shards)?;
         let queue = RedisQueue::connect(redis_url)
             .await
             .map_err(|e| connect_error(e, "Redis", redis_url))?;
         Ok(Stack {
-            store: Arc::new(store),
+            store,
             queue: Arc::new(queue),
             sqlite: None,
             mem_queue: None,
@@ -135,9 +142,56 @@ pub fn connect_error(e: agentq_core::Error, service: &str, url: &str) -> anyhow:
     }
 }
 
+// The Postgres a process opens from `database_url`: one URL, the plain `PgStore` as
+// always (no routing on the way); several between commas, a `ShardedStore` over one
+// `PgStore` per URL, the control shard first (see docs/scale.md).
+
+/// Every shard opened with `connect` (each its own pools), with the blob store's
+/// objects when given.
+pub(crate) async fn open_shards<F, Fut>(
+    urls: &[String],
+    objects: Option<Arc<S3Blobs>>,
+    connect: F,
+) -> anyhow::Result<Vec<PgStore>>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = agentq_core::Result<PgStore>>,
+{
+    if urls.is_empty() {
+        return Err(anyhow!(
+            "no database configured: set AGENTQ_DATABASE_URL (or database_url in agentq.toml)"
+        ));
+    }
+    let mut shards = Vec::with_capacity(urls.len());
+    for url in urls {
+        let mut store = connect(url.clone())
+            .await
+            .map_err(|e| connect_error(e, "Postgres", url))?;
+        if let Some(o) = &objects {
+            store = store.with_objects(o.clone());
+        }
+        shards.push(store);
+    }
+    Ok(shards)
+}
+
+/// One store over `shards`: the store itself when there is one.
+pub(crate) fn one_store(mut shards: Vec<PgStore>) -> anyhow::Result<Arc<dyn Store>> {
+    if shards.len() == 1
+        && let Some(store) = shards.pop()
+    {
+        return Ok(Arc::new(store));
+    }
+    Ok(Arc::new(ShardedStore::new(shards)?))
+}
+
 /// Hide the password of a URL in messages and logs: `postgres://u:***@h/db`. Anything
-/// that does not look like a URL with one is shown as it is.
+/// that does not look like a URL with one is shown as it is; several URLs between commas
+/// (shards, seed nodes) each.
 pub fn redact(url: &str) -> String {
+    if url.contains(',') && url.contains("://") {
+        return url.split(',').map(redact).collect::<Vec<_>>().join(",");
+    }
     let Some(s) = url.find("://") else {
         return url.to_string();
     };
@@ -161,6 +215,10 @@ mod tests {
     fn redact_hides_passwords_only() {
         for (url, shown) in [
             ("postgres://u:p@h/db", "postgres://u:***@h/db"),
+            (
+                "postgres://u:p@h/db,postgres://v:q@i/db",
+                "postgres://u:***@h/db,postgres://v:***@i/db",
+            ),
             ("redis://:p@h:6379", "redis://:***@h:6379"),
             ("postgres://u:p/q@h:5432/db", "postgres://u:***@h:5432/db"),
             ("postgres://u:p@h/db?x=a@b", "postgres://u:***@h/db?x=a@b"),

@@ -78,20 +78,22 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let (metrics_listener, metrics_at) =
         crate::process::bind_metrics(&settings.metrics_addr).await?;
     let objects = agentq_core::blob::s3::from_workspace(&settings.workspace)?;
-    let mut store =
-        PgStore::connect_for_worker(&db, cfg.pool_connections(), cfg.writer_connections())
-            .await
-            .map_err(|e| connect_error(e, "Postgres", &db))?;
-    if let Some(o) = objects {
-        store = store.with_objects(o);
-    }
+    let urls = settings.database_urls();
+    let (conns, writers) = (cfg.pool_connections(), cfg.writer_connections());
+    let shards = crate::stack::open_shards(&urls, objects, |u| async move {
+        PgStore::connect_for_worker(&u, conns, writers).await
+    })
+    .await?;
     // Backends started under the first burst of sessions cost that burst about a third of
     // its rate. A schema that is not there yet is `Worker::run`'s to report.
-    if agentq_core::Store::check_schema(&store).await.is_ok()
-        && let Err(e) = store.open_all().await
-    {
-        tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
+    for shard in &shards {
+        if agentq_core::Store::check_schema(shard).await.is_ok()
+            && let Err(e) = shard.open_all().await
+        {
+            tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
+        }
     }
+    let store = crate::stack::one_store(shards)?;
     let queue = RedisQueue::connect_with(&redis, &settings.redis)
         .await
         .map_err(|e| connect_error(e, "Redis", &redis))?;
@@ -112,7 +114,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let start = Start::for_workers("worker", cfg.consumer.clone(), &cfg).services(&db, &redis);
-    let worker = Worker::new(Arc::new(store), Arc::new(queue), cfg);
+    let worker = Worker::new(store, Arc::new(queue), cfg);
     crate::signals::cancel_on_signal(shutdown.clone());
     let metrics_stop = CancellationToken::new();
     tracing::info!(addr = %metrics_at, "serving /metrics");

@@ -24,9 +24,9 @@ pub mod metrics;
 
 pub use agentq_limiter as admission;
 pub use agentq_queue::{mem_queue, queue, redis_queue};
-pub use agentq_store::{blob, checkpoint, pg, store};
+pub use agentq_store::{blob, checkpoint, pg, sharded, store};
 pub use agentq_types::{
-    auth, config, fork, model, policy, protocol, report, scheduling, wait, workspace_path,
+    auth, config, fork, model, policy, protocol, report, scheduling, shard, wait, workspace_path,
 };
 
 /// The error every backend and process shares (the `agentq-error` crate), and the

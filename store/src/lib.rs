@@ -10,12 +10,14 @@ pub mod blob;
 pub mod checkpoint;
 pub mod pg;
 mod rowconv;
+pub mod sharded;
 mod sql;
 pub mod sqlite;
 pub mod store;
 
 pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
+pub use sharded::ShardedStore;
 pub use store::{
     BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,
     QueueStore, ReportStore, RetentionStore, RetryResult, ScheduleStore, SessionStore, Store,

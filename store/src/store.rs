@@ -630,6 +630,10 @@ pub trait WebhookStore: Send + Sync {
     /// Enable endpoint `id` again (forgetting its failure streak); false when none.
     async fn enable_webhook(&self, id: &str) -> Result<bool>;
 
+    /// Disable endpoint `id` at `now` for `reason` and make its pending deliveries dead
+    /// letters, as a failure streak does; false when none, or disabled already.
+    async fn disable_webhook(&self, id: &str, now: DateTime<Utc>, reason: &str) -> Result<bool>;
+
     /// Endpoint `id`'s deliveries per state.
     async fn delivery_counts(&self, id: &str) -> Result<DeliveryCounts>;
 

@@ -14,7 +14,7 @@ pub mod node;
 pub use agentq_fixtures::{
     Durability, FakeLlm, FakeResponse, Limits, MotoServer, PostgresOptions, PostgresServer,
     RateLimitedConfig, RateLimitedLlm, RateStats, RecordedRequest, RedisCluster, RedisServer,
-    Reply, fake_llm, rate_limited, services, shared_postgres,
+    Reply, fake_llm, rate_limited, services, shared_postgres, shared_postgres_shard,
 };
 
 pub mod python;

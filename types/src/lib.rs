@@ -19,6 +19,7 @@ pub mod report;
 pub mod retention;
 pub mod schedule;
 pub mod scheduling;
+pub mod shard;
 pub mod wait;
 pub mod webhook;
 pub mod workspace;

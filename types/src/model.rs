@@ -164,6 +164,17 @@ impl NewSession {
         self.tenant = tenant.into();
         self
     }
+
+    /// The same root session with an idempotency key, its id minted again in the key's
+    /// partition (`crate::shard`): a retry of the same submit lands on the same shard,
+    /// where the key finds the first one. Call after [`NewSession::with_tenant`].
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        let key = key.into();
+        self.id = crate::shard::id_in(crate::shard::key_partition(&self.tenant, &key));
+        self.root_id = self.id.clone();
+        self.idempotency_key = Some(key);
+        self
+    }
 }
 
 /// Time-ordered (UUID v7) so that ids sort by creation and index well.

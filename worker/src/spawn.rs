@@ -15,7 +15,6 @@ use agentq_core::budget::{SpawnBudget, SpawnLimits, Spawned};
 use agentq_core::policy::{Policy, Sent, SpawnContext};
 use agentq_core::{
     EnqueueReason, ListFilter, NewSession, Queue, SessionRow, SessionStatus, SpawnInfo, Store,
-    new_session_id,
 };
 
 use crate::inbox::SessionInbox;
@@ -264,7 +263,8 @@ impl SpawnAgent {
         ctx: &ToolContext,
     ) -> NewSession {
         NewSession {
-            id: new_session_id(),
+            // In its root's partition: a tree lives on one shard.
+            id: agentq_core::shard::id_beside(&self.parent.root_id),
             spec,
             queue: self.parent.queue.clone(),
             parent_id: Some(self.parent.id.clone()),

@@ -10,7 +10,7 @@ use crate::common;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{RedisServer, shared_postgres, shared_postgres_shard};
 use serde_json::Value;
 
 use common::{Dev, migrated_db, text, wait_exit, wait_line};
@@ -55,6 +55,45 @@ fn client(api: &str, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// Several URLs are several shards: `agentq migrate` migrates each; a malformed one is
+/// refused by its position, its text never shown.
+#[test]
+fn migrate_migrates_every_shard() {
+    let a = shared_postgres().unwrap().fresh_database().unwrap();
+    let b = shared_postgres_shard(1).unwrap().fresh_database().unwrap();
+    let both = format!("{a},{b}");
+    let migrate = |url: &str| {
+        agentq()
+            .arg("migrate")
+            .env("AGENTQ_DATABASE_URL", url)
+            .output()
+            .unwrap()
+    };
+    let out = migrate(&both);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("shard 0:") && shown.contains("shard 1:"),
+        "{shown}"
+    );
+    assert_eq!(
+        shown.matches("database schema created").count(),
+        2,
+        "{shown}"
+    );
+    let shown = text(&migrate(&both).stdout);
+    assert_eq!(shown.matches("up to date").count(), 2, "{shown}");
+
+    let out = migrate(&format!("{a},mysql://u:secret@h/db"));
+    assert!(!out.status.success());
+    let e = text(&out.stderr);
+    assert!(
+        e.contains("AGENTQ_DATABASE_URL") && e.contains("URL 2 of 2"),
+        "{e}"
+    );
+    assert!(!e.contains("secret"), "{e}");
 }
 
 #[test]

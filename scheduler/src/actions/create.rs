@@ -57,7 +57,16 @@ pub(crate) fn request_hash(r: &SessionRequest) -> ApiResult<Option<String>> {
 /// The session a request creates, owned by the caller's tenant.
 pub(crate) fn new_session(r: SessionRequest, caller: &Caller, hash: Option<String>) -> NewSession {
     let mut n = NewSession::root(r.spec, r.queue).with_tenant(&caller.tenant);
-    n.idempotency_key = r.idempotency_key;
+    // Where the tree lives (`agentq_core::shard`): beside the tree whose files it starts
+    // from (the copy is read there), else in its idempotency key's partition (a retry
+    // lands where the first submit did), else anywhere.
+    if let Some(key) = r.idempotency_key {
+        n = n.with_idempotency_key(key);
+    }
+    if let Some(from) = &r.workspace_from {
+        n.id = agentq_core::shard::id_beside(from);
+        n.root_id = n.id.clone();
+    }
     n.idempotency_hash = hash;
     n.sched.priority = r.priority;
     n.files = r.files;

@@ -67,6 +67,9 @@ impl BatchSource for Placed<'_> {
             };
             bytes = bytes.saturating_add(size);
             let mut session = entry.session;
+            // In the batch's partition: a batch and its sessions live on one shard.
+            session.id = agentq_core::shard::id_beside(&self.batch_id);
+            session.root_id = session.id.clone();
             let held = self.held.get(&session.queue).copied().unwrap_or(false);
             session.sched.batch_id = Some(self.batch_id.clone());
             session.sched.batch_max_running = self.max_running;

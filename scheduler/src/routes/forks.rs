@@ -72,6 +72,9 @@ pub(super) async fn fork(
         .collect::<BTreeSet<_>>();
     check_policy(&mut session, s.cfg.policy.for_tenant(&caller.tenant), "")?;
     let mut new = new_session(session, &caller, None);
+    // Beside its origin, whose history it reads in place (one shard).
+    new.id = agentq_core::shard::id_beside(&id);
+    new.root_id = new.id.clone();
     new.sched.held = s.dispatch().hold(&new.queue, &new.tenant, 1, None);
     new.sched.capped = s.dispatch().capped(&new.tenant, None);
     let fork = NewFork {

@@ -185,7 +185,7 @@ pub(super) async fn create_batch(
         .collect();
     // One batch id per request (or the one it joins): fair share among a tenant's
     // batches, and their caps.
-    let batch_id = joined.unwrap_or_else(agentq_core::new_session_id);
+    let batch_id = batch_home(joined, &new, &caller.tenant);
     let mut per_queue: BTreeMap<String, usize> = BTreeMap::new();
     for n in &new {
         *per_queue.entry(n.queue.clone()).or_default() += 1;
@@ -198,6 +198,8 @@ pub(super) async fn create_batch(
         })
         .collect();
     for n in &mut new {
+        n.id = agentq_core::shard::id_beside(&batch_id);
+        n.root_id = n.id.clone();
         n.sched.batch_id = Some(batch_id.clone());
         n.sched.batch_max_running = max_running;
         n.sched.held = held.get(&n.queue).copied().unwrap_or(false);
@@ -485,4 +487,16 @@ pub(super) async fn cancel(
         StatusCode::OK
     };
     respond(status, &answer)
+}
+
+/// The id of a request's batch, which its sessions live beside (one shard): the joined
+/// batch's, else one in the partition of its first idempotency key, so that a retried
+/// request lands where the first one did and its keys find their sessions.
+fn batch_home(joined: Option<String>, new: &[NewSession], tenant: &str) -> String {
+    joined.unwrap_or_else(
+        || match new.iter().find_map(|n| n.idempotency_key.as_deref()) {
+            Some(key) => agentq_core::shard::id_in(agentq_core::shard::key_partition(tenant, key)),
+            None => agentq_core::new_session_id(),
+        },
+    )
 }

@@ -51,6 +51,13 @@ impl WebhookStore for PgStore {
         Ok(sql::exec::<sqlx::Postgres>(&mut *conn, sql::ENABLE, id).await? > 0)
     }
 
+    async fn disable_webhook(&self, id: &str, now: DateTime<Utc>, reason: &str) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let disabled = sql::disable::<sqlx::Postgres>(&mut *tx, id, now, reason).await?;
+        tx.commit().await?;
+        Ok(disabled)
+    }
+
     async fn delivery_counts(&self, id: &str) -> Result<DeliveryCounts> {
         let mut conn = self.pool.acquire().await?;
         sql::counts::<sqlx::Postgres>(&mut *conn, id).await

@@ -55,10 +55,7 @@ where
     i64: Encode<'a, DB> + Type<DB>,
     DateTime<Utc>: Encode<'a, DB> + Type<DB>,
 {
-    let limit = match filter.limit {
-        0 => DEFAULT_LIST,
-        l => l.min(MAX_LIST),
-    };
+    let limit = list_limit(filter.limit);
     let mut qb = QueryBuilder::new(format!("SELECT {COLS} FROM sessions WHERE true"));
     push_conditions(&mut qb, filter, dialect);
     let (after, order) = if filter.oldest_first {
@@ -703,6 +700,15 @@ fn sqlite(sql: &str, now: Option<u8>) -> String {
         None => sql,
     };
     strip_casts(&sql).replace("GREATEST(", "max(")
+}
+
+/// The page a listing returns for `limit`: 0 is the default page, and no page is longer
+/// than the most a listing returns.
+pub(crate) fn list_limit(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_LIST,
+        l => l.min(MAX_LIST),
+    }
 }
 
 #[cfg(test)]

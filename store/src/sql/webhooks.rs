@@ -604,10 +604,29 @@ where
         "every delivery failed since {} (the last: {error})",
         since.0.to_rfc3339()
     );
+    disable::<DB>(conn, id, now, &reason).await
+}
+
+/// Disable the endpoint (unless it is) and bury its pending deliveries. Whether this
+/// disabled it.
+pub(crate) async fn disable<DB>(
+    conn: &mut DB::Connection,
+    id: &str,
+    now: DateTime<Utc>,
+    reason: &str,
+) -> Result<bool>
+where
+    DB: Database,
+    DB::QueryResult: Affected,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> At: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
     let disabled = sqlx::query::<DB>(DISABLE)
         .bind(id)
         .bind(At(now))
-        .bind(reason.as_str())
+        .bind(reason)
         .execute(&mut *conn)
         .await?
         .affected()

@@ -59,6 +59,13 @@ impl WebhookStore for SqliteStore {
         Ok(enabled)
     }
 
+    async fn disable_webhook(&self, id: &str, now: DateTime<Utc>, reason: &str) -> Result<bool> {
+        let mut tx = self.write_tx().await?;
+        let disabled = sql::disable::<sqlx::Sqlite>(&mut *tx, id, now, reason).await?;
+        tx.commit().await?;
+        Ok(disabled)
+    }
+
     async fn delivery_counts(&self, id: &str) -> Result<DeliveryCounts> {
         let mut conn = self.readers.acquire().await?;
         sql::counts::<sqlx::Sqlite>(&mut *conn, id).await

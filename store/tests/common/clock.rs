@@ -12,6 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use agentq_store::pg::PgStore;
+use agentq_store::sharded::ShardedStore;
 use agentq_store::sqlite::SqliteStore;
 use agentq_store::store::Store;
 
@@ -36,6 +37,12 @@ pub trait Clock: Sync {
     /// Let `by` pass for the store: every deadline it keeps is `by` nearer (or further
     /// behind), without waiting.
     async fn pass(&self, by: Duration);
+
+    /// How many shards the store spreads sessions over: the sweeper's limits hold per
+    /// shard.
+    fn shards(&self) -> usize {
+        1
+    }
 }
 
 /// A store under test whose clock the test moves and whose tables it counts.
@@ -69,6 +76,20 @@ impl Clock for PgStore {
                 .await
                 .unwrap();
         }
+    }
+}
+
+/// Time passes for every shard alike.
+#[async_trait]
+impl Clock for ShardedStore {
+    async fn pass(&self, by: Duration) {
+        for shard in ShardedStore::shards(self) {
+            shard.pass(by).await;
+        }
+    }
+
+    fn shards(&self) -> usize {
+        self.len()
     }
 }
 

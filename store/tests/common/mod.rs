@@ -13,6 +13,7 @@ pub mod steps;
 use std::time::Duration;
 
 use agentq_store::pg::PgStore;
+use agentq_store::sharded::{Probe, ShardedStore};
 use agentq_store::sqlite::SqliteStore;
 
 pub use clock::{Backend, Clock};
@@ -37,6 +38,36 @@ pub async fn pg_store() -> PgStore {
     store
 }
 
+/// A sharded store over two migrated Postgres stores, each on a fresh database of its own
+/// shared server, with the probe that records which shards each call about one session
+/// touched.
+pub async fn sharded_store() -> (ShardedStore, std::sync::Arc<Probe>) {
+    let mut shards = Vec::new();
+    for i in 0..2 {
+        let url = agentq_testkit::shared_postgres_shard(i)
+            .expect("shared postgres shard")
+            .fresh_database()
+            .expect("fresh database");
+        let store = PgStore::connect(&url, 8).await.expect("connect");
+        store.migrate().await.expect("migrate");
+        shards.push(store);
+    }
+    let probe = std::sync::Arc::new(Probe::new());
+    let store = ShardedStore::new(shards)
+        .expect("shards")
+        .with_probe(probe.clone());
+    (store, probe)
+}
+
+/// Every call about one session went to its shard and touched no other.
+pub fn assert_one_shard_per_call(probe: &Probe) {
+    let strays = probe.strays();
+    assert!(
+        strays.is_empty(),
+        "calls that touched other shards: {strays:?}"
+    );
+}
+
 /// A migrated store on a file in a temporary directory (kept while the store is used).
 pub async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
@@ -47,8 +78,10 @@ pub async fn sqlite_store() -> (tempfile::TempDir, SqliteStore) {
     (dir, store)
 }
 
-/// One `#[tokio::test]` per backend per case: `pg::<case>` and `sqlite::<case>`, each
-/// case an `async fn(&dyn Store)` (or `&dyn Backend`) of the invoking module.
+/// One `#[tokio::test]` per backend per case: `pg::<case>`, `sqlite::<case>` and
+/// `sharded::<case>` (two Postgres shards, every call about one session checked to touch
+/// one shard), each case an `async fn(&dyn Store)` (or `&dyn Backend`) of the invoking
+/// module.
 macro_rules! contract_tests {
     ($($case:ident),* $(,)?) => {
         mod pg {
@@ -67,6 +100,16 @@ macro_rules! contract_tests {
                     let (_dir, store) = $crate::common::sqlite_store().await;
                     super::$case(&store).await;
                     store.close().await;
+                }
+            )*
+        }
+        mod sharded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let (store, probe) = $crate::common::sharded_store().await;
+                    super::$case(&store).await;
+                    $crate::common::assert_one_shard_per_call(&probe);
                 }
             )*
         }

@@ -5,6 +5,7 @@
 use async_trait::async_trait;
 
 use agentq_store::pg::PgStore;
+use agentq_store::sharded::ShardedStore;
 use agentq_store::sqlite::SqliteStore;
 
 /// A backend whose tables a test can count.
@@ -32,3 +33,15 @@ macro_rules! rows_by_count {
 }
 
 rows_by_count!(PgStore, SqliteStore);
+
+/// The rows of every shard.
+#[async_trait]
+impl Rows for ShardedStore {
+    async fn rows(&self, table: &str) -> i64 {
+        let mut n = 0;
+        for shard in ShardedStore::shards(self) {
+            n += shard.rows(table).await;
+        }
+        n
+    }
+}

@@ -120,6 +120,31 @@ pub fn default_queue(id: &str) -> Vec<(String, String)> {
 }
 
 /// What a waker answers for one session of the default queue that is not capped.
+/// Two sweeps, the first limited to 1, then one for the rest: on one store exactly
+/// `want_first` then `want_rest`; on `shards` > 1, where the limit holds per shard, the
+/// first takes at most one per shard and the two take the same sessions in all.
+pub fn two_sweeps(
+    shards: usize,
+    (first, rest): (Vec<Woken>, Vec<Woken>),
+    want_first: Vec<Woken>,
+    want_rest: Vec<Woken>,
+) {
+    if shards == 1 {
+        assert_eq!(first, want_first);
+        assert_eq!(rest, want_rest);
+        return;
+    }
+    assert!(!first.is_empty() && first.len() <= shards, "{first:?}");
+    let by_id = |mut v: Vec<Woken>| {
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    };
+    assert_eq!(
+        by_id([first, rest].concat()),
+        by_id([want_first, want_rest].concat())
+    );
+}
+
 pub fn woken(id: &str) -> Vec<Woken> {
     vec![Woken {
         id: id.to_string(),

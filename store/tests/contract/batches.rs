@@ -64,6 +64,9 @@ fn new_batch(tenant: &str) -> NewBatch {
 /// An item of `batch` named `custom` (if any), as the API builds it.
 fn item(batch: &NewBatch, prompt: &str, custom: Option<&str>) -> BatchItem {
     let mut s = NewSession::root(SessionSpec::new(prompt), "default").with_tenant(&batch.tenant);
+    // In the batch's partition, as the API mints them: a batch lives on one shard.
+    s.id = agentq_types::shard::id_beside(&batch.id);
+    s.root_id = s.id.clone();
     s.sched.batch_id = Some(batch.id.clone());
     s.sched.batch_max_running = batch.max_running;
     BatchItem {
@@ -197,7 +200,10 @@ async fn contract_a_refused_item_or_a_failing_source_leaves_nothing(store: &dyn 
     let mut alone = NewSession::root(SessionSpec::new("alone"), "default").with_tenant("acme");
     alone.idempotency_key = Some("order-1".into());
     let (existing, _) = store.create_session(&alone).await.unwrap();
-    let b = new_batch("acme");
+    // A batch with keyed items is minted in its first key's partition (as the API does),
+    // so that its keys are checked where sessions with them live.
+    let mut b = new_batch("acme");
+    b.id = agentq_types::shard::id_in(agentq_types::shard::key_partition("acme", "order-1"));
     let mut keyed = item(&b, "keyed", None);
     keyed.session.idempotency_key = Some("order-1".into());
     let made = create(store, &b, vec![vec![item(&b, "fine", None), keyed]]).await;

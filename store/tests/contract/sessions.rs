@@ -37,8 +37,7 @@ async fn contract_create_and_idempotency(store: &dyn Backend) {
     store.check_schema().await.unwrap();
     store.ping().await.unwrap();
 
-    let mut first = new_session("summarise the repo");
-    first.idempotency_key = Some("req-1".into());
+    let first = new_session("summarise the repo").with_idempotency_key("req-1");
     let (row, created) = store.create_session(&first).await.unwrap();
     assert!(created);
     assert_eq!(row.id, first.id);
@@ -54,8 +53,7 @@ async fn contract_create_and_idempotency(store: &dyn Backend) {
     assert_eq!(store.get(&row.id).await.unwrap().unwrap(), row);
 
     // The same request again (a client retry): a new id, the same key.
-    let mut again = new_session("summarise the repo");
-    again.idempotency_key = Some("req-1".into());
+    let again = new_session("summarise the repo").with_idempotency_key("req-1");
     let (row2, created2) = store.create_session(&again).await.unwrap();
     assert!(!created2);
     assert_eq!(row2, row);
@@ -120,10 +118,8 @@ async fn contract_create_and_idempotency(store: &dyn Backend) {
     );
 
     // Within one batch, a duplicate key maps to the first item's row.
-    let mut a = new_session("a");
-    a.idempotency_key = Some("k-a".into());
-    let mut b = new_session("b");
-    b.idempotency_key = Some("k-a".into());
+    let a = new_session("a").with_idempotency_key("k-a");
+    let b = new_session("b").with_idempotency_key("k-a");
     let c = new_session("c");
     let out = store
         .create_sessions(&[a.clone(), b, c.clone()])
@@ -141,11 +137,7 @@ async fn contract_create_and_idempotency(store: &dyn Backend) {
 
 async fn contract_batch(store: &dyn Backend) {
     let batch: Vec<NewSession> = (0..1000)
-        .map(|i| {
-            let mut s = new_session(&format!("task {i}"));
-            s.idempotency_key = Some(format!("batch-{i}"));
-            s
-        })
+        .map(|i| new_session(&format!("task {i}")).with_idempotency_key(format!("batch-{i}")))
         .collect();
     let out = store.create_sessions(&batch).await.unwrap();
     assert_eq!(out.len(), 1000);

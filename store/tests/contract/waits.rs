@@ -16,7 +16,7 @@ use agentq_types::wait::WaitReason;
 
 use crate::common::{
     Backend, SHORT_TTL, TTL, acquire, acquire_seen, child, contract_tests, create, default_queue,
-    new_session, steer, wake_seq, woken,
+    new_session, steer, two_sweeps, wake_seq, woken,
 };
 
 contract_tests!(
@@ -196,7 +196,7 @@ async fn contract_suspend(store: &dyn Store) {
     assert_eq!(row.status, SessionStatus::Cancelled);
 }
 
-async fn contract_wake_expired_approvals(store: &dyn Store) {
+async fn contract_wake_expired_approvals(store: &dyn Backend) {
     let now = Utc::now();
     // (status, deadline) per session.
     let cases = [
@@ -231,13 +231,13 @@ async fn contract_wake_expired_approvals(store: &dyn Store) {
     }
     assert!(store.wake_expired_approvals(0).await.unwrap().is_empty());
     // Earliest deadline first, limited.
-    assert_eq!(
-        store.wake_expired_approvals(1).await.unwrap(),
-        woken(&ids[0])
-    );
-    assert_eq!(
-        store.wake_expired_approvals(100).await.unwrap(),
-        woken(&ids[1])
+    let first = store.wake_expired_approvals(1).await.unwrap();
+    let rest = store.wake_expired_approvals(100).await.unwrap();
+    two_sweeps(
+        store.shards(),
+        (first, rest),
+        woken(&ids[0]),
+        woken(&ids[1]),
     );
     assert!(store.wake_expired_approvals(100).await.unwrap().is_empty());
     for (i, want) in [
@@ -319,11 +319,10 @@ async fn contract_rate_limit_waits(store: &dyn Backend) {
     );
 
     assert!(store.wake_due(0).await.unwrap().is_empty());
-    assert_eq!(store.wake_due(1).await.unwrap(), woken(&ids[1]));
-    assert_eq!(
-        store.wake_due(100).await.unwrap(),
-        [woken(&ids[0]), woken(&ids[4])].concat()
-    );
+    let first = store.wake_due(1).await.unwrap();
+    let rest = store.wake_due(100).await.unwrap();
+    let want_rest = [woken(&ids[0]), woken(&ids[4])].concat();
+    two_sweeps(store.shards(), (first, rest), woken(&ids[1]), want_rest);
     assert!(store.wake_due(100).await.unwrap().is_empty());
     for (i, want) in [
         SessionStatus::Queued,
@@ -396,7 +395,7 @@ async fn contract_rate_limit_waits(store: &dyn Backend) {
     ));
 }
 
-async fn contract_budget_waits(store: &dyn Store) {
+async fn contract_budget_waits(store: &dyn Backend) {
     let mut ids = Vec::new();
     for (i, tenant) in ["acme", "acme", "globex", "acme"].into_iter().enumerate() {
         let (row, _) = store
@@ -423,13 +422,13 @@ async fn contract_budget_waits(store: &dyn Store) {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(
-        store.wake_budget_waiters("acme", 1).await.unwrap(),
-        woken(&ids[0])
-    );
-    assert_eq!(
-        store.wake_budget_waiters("acme", 100).await.unwrap(),
-        woken(&ids[1])
+    let first = store.wake_budget_waiters("acme", 1).await.unwrap();
+    let rest = store.wake_budget_waiters("acme", 100).await.unwrap();
+    two_sweeps(
+        store.shards(),
+        (first, rest),
+        woken(&ids[0]),
+        woken(&ids[1]),
     );
     // Another tenant's parked sessions and the tenant's rate-limited one stay.
     assert!(

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, SessionRow, SessionStore, SweepStore, WorkQueue};
+use agentq_core::sharded::ShardedStore;
+use agentq_core::{EnqueueReason, NewSession, SessionRow, Store, WorkQueue};
 use agentq_testkit::{
     FakeLlm, FakeResponse, PostgresServer, RecordedRequest, RedisServer, shared_postgres,
 };
@@ -468,10 +469,20 @@ pub struct ClusterOpts {
     pub persistent_redis: bool,
     /// A private crash-safe Postgres, for tests that kill and restart it.
     pub private_postgres: bool,
+    /// Postgres shards beyond the first (each a database on another server; the last a
+    /// private crash-safe server with `private_shard`): `database_url` names them all.
+    pub extra_shards: usize,
+    /// The last extra shard on a private crash-safe server, for tests that stop it.
+    pub private_shard: bool,
 }
 
 pub struct Cluster {
-    pub store: PgStore,
+    /// The store the processes use: a `PgStore`, or a `ShardedStore` over the shards.
+    pub store: Arc<dyn Store>,
+    /// Each shard's own store (one without extra shards).
+    pub shards: Vec<PgStore>,
+    /// The private server of the last shard (`ClusterOpts::private_shard`).
+    pub shard_pg: Option<PostgresServer>,
     pub queue: RedisQueue,
     pub db_url: String,
     pub redis: RedisServer,
@@ -482,6 +493,30 @@ pub struct Cluster {
     dir: tempfile::TempDir,
     started: Instant,
     _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+/// `db_url` and the databases of `opts.extra_shards` more shards, between commas; the
+/// last on a private crash-safe server with `opts.private_shard`, returned.
+fn with_extra_shards(db_url: String, opts: &ClusterOpts) -> (String, Option<PostgresServer>) {
+    let mut urls = vec![db_url];
+    let mut private = None;
+    for i in 1..=opts.extra_shards {
+        let url = if opts.private_shard && i == opts.extra_shards {
+            let pg = tokio::task::block_in_place(PostgresServer::start_crash_safe)
+                .expect("starting a private postgres shard");
+            let url = pg.fresh_database().expect("a database on the shard");
+            private = Some(pg);
+            url
+        } else {
+            tokio::task::block_in_place(|| {
+                agentq_testkit::shared_postgres_shard(i.min(2))
+                    .and_then(|pg| pg.fresh_database())
+                    .expect("a database on a shared postgres shard")
+            })
+        };
+        urls.push(url);
+    }
+    (urls.join(","), private)
 }
 
 impl Cluster {
@@ -511,10 +546,17 @@ impl Cluster {
             });
             (None, url)
         };
-        let store = PgStore::connect(&db_url, 8)
-            .await
-            .expect("connecting to pg");
-        store.migrate().await.expect("migrating");
+        let (db_url, shard_pg) = with_extra_shards(db_url, &opts);
+        let mut shards = Vec::new();
+        for url in db_url.split(',') {
+            let shard = PgStore::connect(url, 8).await.expect("connecting to pg");
+            shard.migrate().await.expect("migrating");
+            shards.push(shard);
+        }
+        let store: Arc<dyn Store> = match shards.as_slice() {
+            [one] => Arc::new(one.clone()),
+            _ => Arc::new(ShardedStore::new(shards.clone()).expect("shards")),
+        };
         let queue = RedisQueue::connect(&redis.url())
             .await
             .expect("connecting to redis");
@@ -529,6 +571,8 @@ impl Cluster {
         fake.set_handler(move |req| answer(&s, req));
         Cluster {
             store,
+            shards,
+            shard_pg,
             queue,
             db_url,
             redis,

@@ -15,7 +15,7 @@ use agentq_core::auth::{self, Scope};
 use agentq_core::config::{SchedulingSection, TenantScheduling};
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{ListFilter, Queue, SessionRow, SessionStatus, SessionStore, Store};
+use agentq_core::{ListFilter, Queue, SessionRow, SessionStatus, Store};
 use agentq_scheduler::SchedulerSettings;
 
 use crate::common::{Cluster, ClusterOpts, Script, Sub, Turn, WorkerOpts, eventually, poll};

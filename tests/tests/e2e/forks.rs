@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use agentq_core::fork::{ForkResult, NewFork};
-use agentq_core::{EnqueueReason, NewSession, SessionStatus, SessionStore, WorkQueue};
+use agentq_core::{EnqueueReason, NewSession, SessionStatus, WorkQueue};
 
 use crate::common::{Cluster, Script, Sub, WorkerOpts, eventually};
 

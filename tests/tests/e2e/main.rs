@@ -19,6 +19,7 @@ mod redrive;
 mod restart;
 mod scale;
 mod schedules;
+mod shards;
 mod subagents;
 mod workspace;
 mod workspace_s3;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use agentq_agent::spec::ExitReason;
-use agentq_core::{SessionStatus, SessionStore};
+use agentq_core::SessionStatus;
 
 use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, agentq_bin};
 use crate::fairshare::{Api, scheduling};

@@ -26,6 +26,7 @@ async fn restarted_mid_run(service: Service) {
     let mut c = Cluster::start_with(ClusterOpts {
         persistent_redis: service == Service::Redis,
         private_postgres: service == Service::Postgres,
+        ..ClusterOpts::default()
     })
     .await;
     c.spawn_ready_worker(&WorkerOpts::default()).await;

@@ -9,7 +9,6 @@ use std::time::Duration;
 use serde_json::json;
 
 use agentq_core::SessionStatus;
-use agentq_core::WorkspaceStore;
 use agentq_core::workspace::InputFile;
 
 use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};

@@ -25,7 +25,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::Value;
 
-use agentq_core::{SessionStatus, SessionStore};
+use agentq_core::SessionStatus;
 use agentq_testkit::repo_root;
 use common::{Cluster, Hit, POLL, Script, Turn, WorkerOpts, agentq_bin, eventually, poll};
 

@@ -16,6 +16,15 @@ mod schedules;
 mod webhooks;
 
 impl Settings {
+    /// The Postgres URLs of `database_url`, one per shard (the control shard first);
+    /// empty without one. Checked by [`Settings::validate`].
+    pub fn database_urls(&self) -> Vec<String> {
+        self.database_url
+            .as_deref()
+            .map(|u| u.split(',').map(|s| s.trim().to_string()).collect())
+            .unwrap_or_default()
+    }
+
     /// Every rule the settings must follow, checked once after all the layers; the error
     /// names the setting with its variable and flag.
     pub fn validate(&self) -> Result<()> {
@@ -24,6 +33,7 @@ impl Settings {
         process::scheduler(&self.scheduler)?;
         process::scheduling(&self.scheduling)?;
         process::redis(&self.redis, self.redis_url.as_deref())?;
+        process::database(self.database_url.as_deref())?;
         policy::policy(&self.policy, &self.worker, self.default_provider())?;
         for (i, hook) in self.hooks.iter().enumerate() {
             hooks::hook_rules(i, hook)?;

@@ -460,3 +460,26 @@ fn redis_cluster_settings() {
     assert_eq!(open.limiter.on_unavailable, OnUnavailable::Open);
     assert!(Settings::from_toml("[limiter]\non_unavailable = \"maybe\"\n").is_err());
 }
+
+#[test]
+fn several_database_urls_are_shards_and_a_bad_one_is_named_by_its_position() {
+    let s = Settings {
+        database_url: Some("postgres://a/x, postgresql://b/y".into()),
+        ..Settings::default()
+    };
+    s.validate().unwrap();
+    assert_eq!(
+        s.database_urls(),
+        ["postgres://a/x", "postgresql://b/y"].map(String::from)
+    );
+    let e = invalid_with(|s| {
+        s.database_url = Some("postgres://u:secret@a/x,mysql://u:secret@b/y".into())
+    });
+    for name in ["database_url", "AGENTQ_DATABASE_URL", "URL 2 of 2"] {
+        assert!(e.contains(name), "{name} not in {e}");
+    }
+    assert!(!e.contains("secret"), "{e}");
+    let e = invalid_with(|s| s.database_url = Some("postgres://a/x,".into()));
+    assert!(e.contains("URL 2 of 2"), "{e}");
+    assert!(Settings::default().database_urls().is_empty());
+}

@@ -282,3 +282,34 @@ pub(super) fn redis(r: &RedisSection, redis_url: Option<&str>) -> Result<()> {
     }
     Ok(())
 }
+
+/// `database_url`: one Postgres URL, or several between commas (one per shard, the
+/// control shard first), each a `postgres://` or `postgresql://` URL. A bad one is named by
+/// its position, never echoed (it may hold a password).
+pub(super) fn database(url: Option<&str>) -> Result<()> {
+    let Some(url) = url else {
+        return Ok(());
+    };
+    let urls: Vec<&str> = url.split(',').map(str::trim).collect();
+    let n = urls.len();
+    if n > usize::from(crate::shard::PARTITIONS) {
+        return Err(invalid(
+            "database_url",
+            format!("names {n} shards; at most {}", crate::shard::PARTITIONS),
+        ));
+    }
+    for (i, u) in urls.iter().enumerate() {
+        let postgres = u.starts_with("postgres://") || u.starts_with("postgresql://");
+        if !postgres || u.len() <= "postgres://".len() {
+            return Err(invalid(
+                "database_url",
+                format!(
+                    "URL {} of {n} is not a Postgres URL (postgres://user@host/db); several \
+                     shards are given between commas",
+                    i + 1
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
