@@ -28,6 +28,7 @@ mod reports;
 mod request_prop;
 mod retention;
 mod schedules;
+mod settling;
 mod waits;
 mod webhooks;
 mod workspace_gc;

@@ -184,7 +184,8 @@ impl Shared {
         let text = self
             .text
             .replace("KEY_FIELDS", KEY_FIELDS)
-            .replace("COLS", COLS);
+            .replace("COLS", COLS)
+            .replace("LEASE_DEAD", LEASE_DEAD);
         match dialect {
             Dialect::Postgres => text,
             Dialect::Sqlite => sqlite(&text, self.sqlite_now),
@@ -192,15 +193,121 @@ impl Shared {
     }
 }
 
+/// A running session's lease is dead (a condition on a `sessions` row, with `now()`): the
+/// session's own expiry is behind (set at the claim; a worker's heartbeat no longer
+/// renews it) and its owner has no live row in `workers`. A live worker renews one row
+/// per heartbeat for all its sessions; a claim not yet covered by a heartbeat, and a
+/// worker from before the `workers` table, are covered by the session's own expiry.
+pub(crate) const LEASE_DEAD: &str = "sessions.lease_expires_at < now() \
+    AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = sessions.lease_owner \
+                    AND w.expires_at >= now())";
+
+/// A worker's heartbeat: its liveness row, live for `$2` seconds more (SQLite: until
+/// `$2`). One small row whose only index is its key, so a renewal is a HOT update.
+const BEAT: Shared = Shared {
+    text: "INSERT INTO workers (id, expires_at, started_at) \
+           VALUES ($1, now() + make_interval(secs => $2), now()) \
+           ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+    sqlite_now: Some(3),
+};
+
+/// The running sessions a worker owns, as leases (`root_id, id, lease_epoch`) with
+/// their queue.
+const LEASES_OF: Shared = Shared {
+    text: "SELECT root_id, id, lease_epoch, queue FROM sessions \
+           WHERE status = 'running' AND lease_owner = $1",
+    sqlite_now: None,
+};
+
+/// A finished session's settle steps are done (its family told, its follow-up started,
+/// its completion published): the sweeper no longer re-drives them.
+const MARK_ANNOUNCED: Shared = Shared {
+    text: "UPDATE sessions SET announced_at = now() \
+           WHERE id = $1 AND announced_at IS NULL \
+             AND status IN ('completed', 'failed', 'cancelled')",
+    sqlite_now: Some(2),
+};
+
+/// Finished sessions whose settle steps were not marked done `$1` seconds after their
+/// finish (SQLite: before `$1`), those finished first first: their worker died between
+/// the terminal commit and the end of settling (the entry was acked at the claim, so no
+/// redelivery settles them). From the unannounced index alone.
+const UNANNOUNCED: Shared = Shared {
+    text: "SELECT COLS FROM sessions \
+           WHERE announced_at IS NULL AND status IN ('completed', 'failed', 'cancelled') \
+             AND finished_at < now() - make_interval(secs => $1) \
+           ORDER BY finished_at LIMIT $2",
+    sqlite_now: None,
+};
+
+/// A worker stopping: its row expires now, so whatever it still owns is taken over at once.
+const RETIRE: Shared = Shared {
+    text: "UPDATE workers SET expires_at = now() WHERE id = $1 AND expires_at > now()",
+    sqlite_now: Some(2),
+};
+
+/// What a heartbeat reads of each of its leases (no write): the row's epoch, owner and
+/// cancel flag.
+const LEASE_STATE: Shared = Shared {
+    text: "SELECT lease_epoch, lease_owner, cancel_requested FROM sessions \
+           WHERE root_id = $1 AND id = $2",
+    sqlite_now: None,
+};
+
+/// Running sessions of the queues `$1` whose owner's row expired (and whose own claim
+/// expiry is behind too) and whose entry was added while that owner lived, or is not
+/// recorded: forget the entry and return them, for the caller to add a new one at once.
+/// Driven by the `workers` rows that expired (few), through the running sessions' owner
+/// index, so a pass when nobody died reads no session. A session comes back until the
+/// caller records its new entry (after the owner's expiry: not again for that death);
+/// concurrent passes (every worker runs one) may both return it, and the duplicate entry
+/// is harmless.
+const REQUEUE_ORPHANS: Shared = Shared {
+    text: "UPDATE sessions SET enqueued_at = NULL \
+           WHERE id IN (SELECT s.id FROM workers w \
+                        JOIN sessions s ON s.lease_owner = w.id AND s.status = 'running' \
+                        WHERE w.expires_at < now() AND s.lease_expires_at < now() \
+                          AND (s.enqueued_at IS NULL OR s.enqueued_at < w.expires_at) \
+                          AND s.queue = ANY($1::text[]) \
+                        LIMIT $2) \
+             AND status = 'running' \
+           RETURNING id, queue",
+    sqlite_now: Some(3),
+};
+
+/// Rows of workers that stopped more than `$1` seconds ago (SQLite: before `$1`) and own
+/// no running session any more.
+const FORGET_WORKERS: Shared = Shared {
+    text: "DELETE FROM workers WHERE expires_at < now() - make_interval(secs => $1) \
+           AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = workers.id \
+                           AND s.status = 'running')",
+    sqlite_now: None,
+};
+
 const SELECT_SESSION: Shared = Shared {
     text: "SELECT COLS FROM sessions WHERE id = $1",
     sqlite_now: None,
 };
 
-/// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
-/// lease or our own), never terminal or suspended; taking a `running` row from another
-/// owner is a takeover, counted. `$3`: the lease's length in seconds
-/// (SQLite: its expiry).
+/// Every claimant has a liveness row, so that one dying before its first heartbeat is
+/// found like any other ([`REQUEUE_ORPHANS`]): created at the claim if missing, expired
+/// from the start (until its first heartbeat the claim's own expiry holds the lease).
+/// On SQLite a statement before [`CLAIM`]; on Postgres [`PG_ENSURE_WORKER`].
+const ENSURE_WORKER: Shared = Shared {
+    text: "INSERT INTO workers (id, expires_at, started_at) VALUES ($1, now(), now()) \
+           ON CONFLICT (id) DO NOTHING",
+    sqlite_now: Some(2),
+};
+
+/// [`ENSURE_WORKER`] as a prefix of Postgres' [`CLAIM`] (one round trip), with the
+/// claim's `$2`, the owner.
+const PG_ENSURE_WORKER: &str = "WITH ensured AS (INSERT INTO workers (id, expires_at, started_at) \
+     VALUES ($2, now(), now()) ON CONFLICT (id) DO NOTHING) ";
+
+/// The claim: one conditional update. Runnable (`queued`, or `running` under a dead lease
+/// (see [`LEASE_DEAD`]) or our own), never terminal or suspended; taking a `running` row
+/// from another owner is a takeover, counted. `$3`: the lease's length in seconds
+/// (SQLite: its expiry), which covers the claim until the owner's next heartbeat.
 const CLAIM: Shared = Shared {
     text: "
 UPDATE sessions SET
@@ -216,7 +323,7 @@ UPDATE sessions SET
     updated_at = now()
 WHERE id = $1
   AND status IN ('queued', 'running')
-  AND (lease_owner IS NULL OR lease_expires_at < now() OR lease_owner = $2)
+  AND (lease_owner IS NULL OR lease_owner = $2 OR (LEASE_DEAD))
 RETURNING COLS,
     EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = sessions.root_id) AS has_workspace",
     sqlite_now: Some(4),
@@ -276,10 +383,11 @@ RETURNING COLS",
     sqlite_now: Some(10),
 };
 
-/// Give a running session back (graceful shutdown), fenced by the lease.
+/// Give a running session back (graceful shutdown), fenced by the lease. Its entry is
+/// forgotten: the caller adds a new one, or, if it cannot, the sweeper does.
 const RELEASE: Shared = Shared {
     text: "UPDATE sessions SET status = 'queued', lease_owner = NULL, \
-               lease_expires_at = NULL, attempts = 0, updated_at = now() \
+               lease_expires_at = NULL, attempts = 0, enqueued_at = NULL, updated_at = now() \
            WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
              AND status = 'running'",
     sqlite_now: Some(5),
@@ -309,8 +417,9 @@ const FOLLOW_UP: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = false,
-    enqueued_at = NULL, held = capped, cancel_requested = false, attempts = 0,
+    finished_at = NULL, announced_at = NULL, turn_base = iteration, drain_rounds = 0,
+    free_iteration = false, enqueued_at = NULL, held = capped, cancel_requested = false,
+    attempts = 0,
     lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
     followup_cursor = GREATEST(followup_cursor, $2),
     history_len = history_len + 1,
@@ -397,13 +506,18 @@ const RESET_ENQUEUED: Shared = Shared {
 };
 
 /// Running sessions whose lease ran out more than `$1` seconds ago (SQLite: the cut-off
-/// time) and whose entry was added before that lease: forget the entry, so `UNENQUEUED`
-/// finds them. An entry added since the lease expired (`enqueued_at` after it) is left
-/// alone until a newer lease expires, so each expiry is re-queued once.
+/// time) and whose owner's row in `workers` expired as long ago or is missing (a worker
+/// from before that table; [`REQUEUE_ORPHANS`] finds the others sooner, this is the
+/// sweeper's net for every queue) and whose entry was added before that lease: forget the entry, so `UNENQUEUED` finds them. An entry
+/// added since the lease expired (`enqueued_at` after it) is left alone until a newer
+/// lease expires, so each expiry is re-queued once.
 const FORGET_EXPIRED: Shared = Shared {
     text: "UPDATE sessions SET enqueued_at = NULL \
            WHERE id IN (SELECT id FROM sessions WHERE status = 'running' \
                         AND lease_expires_at < now() - make_interval(secs => $1) \
+                        AND NOT EXISTS (SELECT 1 FROM workers w \
+                                        WHERE w.id = sessions.lease_owner \
+                                          AND w.expires_at >= now() - make_interval(secs => $1)) \
                         AND enqueued_at IS NOT NULL AND enqueued_at < lease_expires_at \
                         ORDER BY lease_expires_at LIMIT $2) \
              AND status = 'running' AND enqueued_at IS NOT NULL",
@@ -428,7 +542,7 @@ const RETRY: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, attempts = 0, cancel_requested = false,
+    finished_at = NULL, announced_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
     enqueued_at = NULL, held = ($2 OR capped), approval_deadline = NULL,
     retries = retries + 1, updated_at = now()
@@ -582,6 +696,15 @@ pub(crate) struct Statements {
     pub any_held_anywhere: String,
     pub release_held: String,
     pub forget_expired: String,
+    pub beat: String,
+    pub retire: String,
+    pub lease_state: String,
+    pub leases_of: String,
+    pub ensure_worker: String,
+    pub mark_announced: String,
+    pub unannounced: String,
+    pub requeue_orphans: String,
+    pub forget_workers: String,
     pub queue_exists: String,
     pub insert_queue: String,
     pub stored_queues: String,
@@ -598,7 +721,10 @@ impl Statements {
     fn new(d: Dialect) -> Self {
         Statements {
             select_session: SELECT_SESSION.render(d),
-            claim: CLAIM.render(d),
+            claim: match d {
+                Dialect::Postgres => format!("{PG_ENSURE_WORKER}{}", CLAIM.render(d)),
+                Dialect::Sqlite => CLAIM.render(d),
+            },
             claim_history: CLAIM_HISTORY.render(d),
             history: HISTORY.render(d),
             cancel: CANCEL.render(d),
@@ -623,6 +749,15 @@ impl Statements {
             any_held_anywhere: ANY_HELD_ANYWHERE.render(d),
             release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
+            beat: BEAT.render(d),
+            retire: RETIRE.render(d),
+            lease_state: LEASE_STATE.render(d),
+            leases_of: LEASES_OF.render(d),
+            ensure_worker: ENSURE_WORKER.render(d),
+            mark_announced: MARK_ANNOUNCED.render(d),
+            unannounced: UNANNOUNCED.render(d),
+            requeue_orphans: REQUEUE_ORPHANS.render(d),
+            forget_workers: FORGET_WORKERS.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
             insert_queue: INSERT_QUEUE.render(d),
             stored_queues: STORED_QUEUES.render(d),
@@ -765,6 +900,15 @@ mod tests {
                 &s.any_held_anywhere,
                 &s.release_held,
                 &s.forget_expired,
+                &s.beat,
+                &s.retire,
+                &s.lease_state,
+                &s.leases_of,
+                &s.ensure_worker,
+                &s.mark_announced,
+                &s.unannounced,
+                &s.requeue_orphans,
+                &s.forget_workers,
                 &s.queue_exists,
                 &s.insert_queue,
                 &s.stored_queues,
