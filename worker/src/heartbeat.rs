@@ -30,7 +30,7 @@ pub(crate) async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
         }
         beat(&inner).await;
         beats = beats.wrapping_add(1);
-        if inner.runs.audit_due.swap(false, Ordering::SeqCst) || beats % AUDIT_EVERY == 0 {
+        if inner.runs.audit_due.swap(false, Ordering::SeqCst) || beats.is_multiple_of(AUDIT_EVERY) {
             give_back_unhandled(&inner).await;
         }
     }

@@ -311,6 +311,7 @@ mod tests {
         let mut rx = runs.take_undeferred().unwrap();
         assert!(runs.take_undeferred().is_none());
         let delivery = |entry: &str| Delivery {
+            queue: "default".into(),
             entry_id: entry.into(),
             session_id: "s".into(),
             reason: agentq_core::EnqueueReason::New,

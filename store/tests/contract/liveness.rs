@@ -60,7 +60,10 @@ async fn contract_worker_row_holds_its_sessions(store: &dyn Backend) {
 async fn contract_retired_worker_is_taken_over_at_once(store: &dyn Backend) {
     let a = create(store, "a").await;
     let (lease, _) = acquire(store, &a, "w1", Duration::ZERO).await;
-    store.heartbeat("w1", &[lease.clone()], TTL).await.unwrap();
+    store
+        .heartbeat("w1", std::slice::from_ref(&lease), TTL)
+        .await
+        .unwrap();
     assert_eq!(store.claim(&a, "w2", TTL, 10).await.unwrap(), Claim::Busy);
     store.retire_worker("w1").await.unwrap();
     store.pass(Duration::from_millis(10)).await;

@@ -16,6 +16,13 @@ use tokio_util::sync::CancellationToken;
 use crate::common::{Cluster, Script, Turn, WorkerOpts, eventually};
 
 const T: Duration = Duration::from_secs(90);
+/// `XPENDING <stream> <group>`: count, first and last id, entries per consumer.
+type PendingSummary = (
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<Vec<(String, String)>>,
+);
 /// The stream cap of this test: far below the flood, so an `XADD … MAXLEN` would drop the
 /// long sessions' entries.
 const STREAM_MAX_LEN: u64 = 10;
@@ -90,12 +97,7 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
     .await;
     let stream = agentq_core::queue::queue_stream("default");
     let mut conn = c.redis_conn().await;
-    let pending: (
-        i64,
-        Option<String>,
-        Option<String>,
-        Option<Vec<(String, String)>>,
-    ) = redis::cmd("XPENDING")
+    let pending: PendingSummary = redis::cmd("XPENDING")
         .arg(&stream)
         .arg(agentq_core::queue::GROUP)
         .query_async(&mut conn)
