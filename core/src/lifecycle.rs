@@ -236,13 +236,13 @@ pub const ORPHANS_PER_PASS: u32 = 1_000;
 /// at once (a new entry each; the store says which, each to one caller among the workers
 /// and sweepers that look): another worker claims them and resumes from the last
 /// checkpoint. Workers run this every `reclaim_interval`, the scheduler's sweeper too. A
-/// failed enqueue leaves the session without an entry, which the sweeper adds later.
-/// Returns how many were re-queued.
+/// failed enqueue leaves the session without an entry, which the next pass (or the
+/// sweeper) adds. Returns the (id, queue) of each one re-queued.
 pub async fn requeue_orphans(
     store: &dyn Store,
     queue: &dyn Queue,
     queues: &[String],
-) -> Result<usize> {
+) -> Result<Vec<(String, String)>> {
     let orphans = store.requeue_orphans(queues, ORPHANS_PER_PASS).await?;
     let mut by_queue: std::collections::BTreeMap<String, Vec<(String, EnqueueReason)>> =
         std::collections::BTreeMap::new();
@@ -252,7 +252,7 @@ pub async fn requeue_orphans(
             .or_default()
             .push((id, EnqueueReason::Retry));
     }
-    let mut total = 0;
+    let mut requeued = Vec::new();
     for (q, items) in by_queue {
         if let Err(e) = queue.enqueue_many(&q, &items).await {
             tracing::warn!(queue = %q, sessions = items.len(), error = %e, "cannot re-queue a dead worker's sessions; the sweeper will");
@@ -260,10 +260,9 @@ pub async fn requeue_orphans(
         }
         let ids: Vec<String> = items.into_iter().map(|(id, _)| id).collect();
         store.mark_enqueued(&ids).await?;
-        tracing::warn!(queue = %q, sessions = ids.len(), "re-queued the sessions of a worker that stopped heartbeating");
-        total += ids.len();
+        requeued.extend(ids.into_iter().map(|id| (id, q.clone())));
     }
-    Ok(total)
+    Ok(requeued)
 }
 
 /// Put every runnable session of `store` back on `queue` (embedded mode, at start: the

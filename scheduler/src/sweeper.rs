@@ -267,10 +267,19 @@ pub async fn run_sweeper(
         settle_unannounced(store.as_ref(), queue.as_ref(), age).await;
         wake_rate_limited(store.as_ref(), queue.as_ref()).await;
         let names = queues.names();
-        if let Err(e) =
-            agentq_core::lifecycle::requeue_orphans(store.as_ref(), queue.as_ref(), &names).await
+        match agentq_core::lifecycle::requeue_orphans(store.as_ref(), queue.as_ref(), &names).await
         {
-            tracing::warn!(error = %e, "cannot look for dead workers' sessions; retrying next tick");
+            Ok(requeued) => {
+                if !requeued.is_empty() {
+                    tracing::warn!(
+                        sessions = requeued.len(),
+                        "sweeper: re-queued the sessions of workers that stopped heartbeating"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for dead workers' sessions; retrying next tick")
+            }
         }
         if let Err(e) = store.forget_workers(FORGET_WORKERS_AFTER).await {
             tracing::warn!(error = %e, "cannot forget stopped workers; retrying next tick");

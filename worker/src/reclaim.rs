@@ -33,10 +33,17 @@ pub(crate) async fn reclaim_loop(
         )
         .await
         {
-            Ok(0) => {}
-            Ok(n) => {
-                info!(target: PROCESS_TARGET, sessions = n, "re-queued the sessions of a worker that stopped heartbeating");
-                inner.metrics.sessions_reclaimed.inc_by(n as u64);
+            Ok(requeued) => {
+                for (session_id, queue) in requeued {
+                    // Seen by default: a takeover is the trace of a crash elsewhere.
+                    info!(
+                        target: PROCESS_TARGET,
+                        %session_id,
+                        %queue,
+                        "taking over a session a dead worker left (its liveness row expired)"
+                    );
+                    inner.metrics.sessions_reclaimed.inc();
+                }
             }
             Err(e) => debug!(error = %e, "cannot look for dead workers' sessions"),
         }
