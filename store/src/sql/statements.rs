@@ -15,6 +15,9 @@
 //! Statements that only one dialect can express (Postgres' array-driven batches, SQLite's
 //! per-row steps inside one write transaction) stay with their store.
 
+#[path = "liveness.rs"]
+mod liveness;
+
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -202,107 +205,10 @@ pub(crate) const LEASE_DEAD: &str = "sessions.lease_expires_at < now() \
     AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = sessions.lease_owner \
                     AND w.expires_at >= now())";
 
-/// A worker's heartbeat: its liveness row, live for `$2` seconds more (SQLite: until
-/// `$2`). One small row whose only index is its key, so a renewal is a HOT update.
-const BEAT: Shared = Shared {
-    text: "INSERT INTO workers (id, expires_at, started_at) \
-           VALUES ($1, now() + make_interval(secs => $2), now()) \
-           ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-    sqlite_now: Some(3),
-};
-
-/// The running sessions a worker owns, as leases (`root_id, id, lease_epoch`) with
-/// their queue.
-const LEASES_OF: Shared = Shared {
-    text: "SELECT root_id, id, lease_epoch, queue FROM sessions \
-           WHERE status = 'running' AND lease_owner = $1",
-    sqlite_now: None,
-};
-
-/// A finished session's settle steps are done (its family told, its follow-up started,
-/// its completion published): the sweeper no longer re-drives them.
-const MARK_ANNOUNCED: Shared = Shared {
-    text: "UPDATE sessions SET announced_at = now() \
-           WHERE id = $1 AND announced_at IS NULL \
-             AND status IN ('completed', 'failed', 'cancelled')",
-    sqlite_now: Some(2),
-};
-
-/// Finished sessions whose settle steps were not marked done `$1` seconds after their
-/// finish (SQLite: before `$1`), those finished first first: their worker died between
-/// the terminal commit and the end of settling (the entry was acked at the claim, so no
-/// redelivery settles them). From the unannounced index alone.
-const UNANNOUNCED: Shared = Shared {
-    text: "SELECT COLS FROM sessions \
-           WHERE announced_at IS NULL AND status IN ('completed', 'failed', 'cancelled') \
-             AND finished_at < now() - make_interval(secs => $1) \
-           ORDER BY finished_at LIMIT $2",
-    sqlite_now: None,
-};
-
-/// A worker stopping: its row expires now, so whatever it still owns is taken over at once.
-const RETIRE: Shared = Shared {
-    text: "UPDATE workers SET expires_at = now() WHERE id = $1 AND expires_at > now()",
-    sqlite_now: Some(2),
-};
-
-/// What a heartbeat reads of each of its leases (no write): the row's epoch, owner and
-/// cancel flag.
-const LEASE_STATE: Shared = Shared {
-    text: "SELECT lease_epoch, lease_owner, cancel_requested FROM sessions \
-           WHERE root_id = $1 AND id = $2",
-    sqlite_now: None,
-};
-
-/// Running sessions of the queues `$1` whose owner's row expired (and whose own claim
-/// expiry is behind too) and whose entry was added while that owner lived, or is not
-/// recorded: forget the entry and return them, for the caller to add a new one at once.
-/// Driven by the `workers` rows that expired (few), through the running sessions' owner
-/// index, so a pass when nobody died reads no session. A session comes back until the
-/// caller records its new entry (after the owner's expiry: not again for that death);
-/// concurrent passes (every worker runs one) may both return it, and the duplicate entry
-/// is harmless.
-const REQUEUE_ORPHANS: Shared = Shared {
-    text: "UPDATE sessions SET enqueued_at = NULL \
-           WHERE id IN (SELECT s.id FROM workers w \
-                        JOIN sessions s ON s.lease_owner = w.id AND s.status = 'running' \
-                        WHERE w.expires_at < now() AND s.lease_expires_at < now() \
-                          AND (s.enqueued_at IS NULL OR s.enqueued_at < w.expires_at) \
-                          AND s.queue = ANY($1::text[]) \
-                        LIMIT $2) \
-             AND status = 'running' \
-           RETURNING id, queue",
-    sqlite_now: Some(3),
-};
-
-/// Rows of workers that stopped more than `$1` seconds ago (SQLite: before `$1`) and own
-/// no running session any more.
-const FORGET_WORKERS: Shared = Shared {
-    text: "DELETE FROM workers WHERE expires_at < now() - make_interval(secs => $1) \
-           AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lease_owner = workers.id \
-                           AND s.status = 'running')",
-    sqlite_now: None,
-};
-
 const SELECT_SESSION: Shared = Shared {
     text: "SELECT COLS FROM sessions WHERE id = $1",
     sqlite_now: None,
 };
-
-/// Every claimant has a liveness row, so that one dying before its first heartbeat is
-/// found like any other ([`REQUEUE_ORPHANS`]): created at the claim if missing, expired
-/// from the start (until its first heartbeat the claim's own expiry holds the lease).
-/// On SQLite a statement before [`CLAIM`]; on Postgres [`PG_ENSURE_WORKER`].
-const ENSURE_WORKER: Shared = Shared {
-    text: "INSERT INTO workers (id, expires_at, started_at) VALUES ($1, now(), now()) \
-           ON CONFLICT (id) DO NOTHING",
-    sqlite_now: Some(2),
-};
-
-/// [`ENSURE_WORKER`] as a prefix of Postgres' [`CLAIM`] (one round trip), with the
-/// claim's `$2`, the owner.
-const PG_ENSURE_WORKER: &str = "WITH ensured AS (INSERT INTO workers (id, expires_at, started_at) \
-     VALUES ($2, now(), now()) ON CONFLICT (id) DO NOTHING) ";
 
 /// The claim: one conditional update. Runnable (`queued`, or `running` under a dead lease
 /// (see [`LEASE_DEAD`]) or our own), never terminal or suspended; taking a `running` row
@@ -507,7 +413,7 @@ const RESET_ENQUEUED: Shared = Shared {
 
 /// Running sessions whose lease ran out more than `$1` seconds ago (SQLite: the cut-off
 /// time) and whose owner's row in `workers` expired as long ago or is missing (a worker
-/// from before that table; [`REQUEUE_ORPHANS`] finds the others sooner, this is the
+/// from before that table; `liveness::REQUEUE_ORPHANS` finds the others sooner, this is the
 /// sweeper's net for every queue) and whose entry was added before that lease: forget the entry, so `UNENQUEUED` finds them. An entry
 /// added since the lease expired (`enqueued_at` after it) is left alone until a newer
 /// lease expires, so each expiry is re-queued once.
@@ -722,7 +628,7 @@ impl Statements {
         Statements {
             select_session: SELECT_SESSION.render(d),
             claim: match d {
-                Dialect::Postgres => format!("{PG_ENSURE_WORKER}{}", CLAIM.render(d)),
+                Dialect::Postgres => format!("{}{}", liveness::PG_ENSURE_WORKER, CLAIM.render(d)),
                 Dialect::Sqlite => CLAIM.render(d),
             },
             claim_history: CLAIM_HISTORY.render(d),
@@ -749,15 +655,15 @@ impl Statements {
             any_held_anywhere: ANY_HELD_ANYWHERE.render(d),
             release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
-            beat: BEAT.render(d),
-            retire: RETIRE.render(d),
-            lease_state: LEASE_STATE.render(d),
-            leases_of: LEASES_OF.render(d),
-            ensure_worker: ENSURE_WORKER.render(d),
-            mark_announced: MARK_ANNOUNCED.render(d),
-            unannounced: UNANNOUNCED.render(d),
-            requeue_orphans: REQUEUE_ORPHANS.render(d),
-            forget_workers: FORGET_WORKERS.render(d),
+            beat: liveness::BEAT.render(d),
+            retire: liveness::RETIRE.render(d),
+            lease_state: liveness::LEASE_STATE.render(d),
+            leases_of: liveness::LEASES_OF.render(d),
+            ensure_worker: liveness::ENSURE_WORKER.render(d),
+            mark_announced: liveness::MARK_ANNOUNCED.render(d),
+            unannounced: liveness::UNANNOUNCED.render(d),
+            requeue_orphans: liveness::REQUEUE_ORPHANS.render(d),
+            forget_workers: liveness::FORGET_WORKERS.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
             insert_queue: INSERT_QUEUE.render(d),
             stored_queues: STORED_QUEUES.render(d),
@@ -841,93 +747,5 @@ fn sqlite(sql: &str, now: Option<u8>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn sqlite_rendering_rewrites_only_the_dialect() {
-        assert_eq!(
-            sqlite(
-                "SET a = now() + make_interval(secs => $3), b = now()",
-                Some(4)
-            ),
-            "SET a = $3, b = $4"
-        );
-        assert_eq!(
-            sqlite("WHERE c < now() - make_interval(secs => $1) LIMIT $2", None),
-            "WHERE c < $1 LIMIT $2"
-        );
-        assert_eq!(
-            sqlite("kind = ANY($2::text[]) AND id = ANY($1)", None),
-            "kind IN (SELECT value FROM json_each($2)) AND id IN (SELECT value FROM json_each($1))"
-        );
-        assert_eq!(
-            sqlite("VALUES ($1::uuid, $3::json) x = GREATEST(x, $2)", None),
-            "VALUES ($1, $3) x = max(x, $2)"
-        );
-    }
-
-    #[test]
-    fn every_statement_renders_for_both() {
-        for d in [Dialect::Postgres, Dialect::Sqlite] {
-            let s = Statements::new(d);
-            for sql in [
-                &s.select_session,
-                &s.claim,
-                &s.claim_history,
-                &s.history,
-                &s.cancel,
-                &s.suspend,
-                &s.release,
-                &s.lease_of,
-                &s.fail,
-                &s.follow_up,
-                &s.follow_up_message,
-                &s.wake_expired,
-                &s.wake_due,
-                &s.wake_budget,
-                &s.waiting_by_reason,
-                &s.held_by_queue,
-                &s.mark_enqueued,
-                &s.reset_enqueued,
-                &s.unenqueued,
-                &s.retry,
-                &s.dispatch_load,
-                &s.held,
-                &s.any_held,
-                &s.any_held_anywhere,
-                &s.release_held,
-                &s.forget_expired,
-                &s.beat,
-                &s.retire,
-                &s.lease_state,
-                &s.leases_of,
-                &s.ensure_worker,
-                &s.mark_announced,
-                &s.unannounced,
-                &s.requeue_orphans,
-                &s.forget_workers,
-                &s.queue_exists,
-                &s.insert_queue,
-                &s.stored_queues,
-                &s.inbox,
-                &s.approval,
-                &s.insert_key,
-                &s.list_keys,
-                &s.revoke_key,
-                &s.key_by_id,
-                &s.pending_approvals,
-            ] {
-                assert!(!sql.contains("COLS"), "{sql}");
-                assert!(!sql.contains("KEY_FIELDS"), "{sql}");
-                if d == Dialect::Sqlite {
-                    for pg_only in ["now()", "::", "ANY(", "make_interval", "GREATEST"] {
-                        assert!(!sql.contains(pg_only), "{pg_only} in {sql}");
-                    }
-                }
-            }
-        }
-    }
-}
+#[path = "statements_tests.rs"]
+mod tests;
