@@ -18,19 +18,20 @@ pub struct WorkerFlags {
     /// Queues to consume, comma-separated (default: default).
     #[arg(long, value_delimiter = ',')]
     pub queues: Option<Vec<String>>,
-    /// Seconds a lease lasts without a heartbeat (AGENTQ_LEASE_TTL_SECS; default 6).
+    /// Seconds a worker's leases last without a heartbeat (AGENTQ_LEASE_TTL_SECS;
+    /// default 1.5).
     #[arg(long)]
     pub lease_ttl_secs: Option<f64>,
     /// Seconds between heartbeats, shorter than the lease TTL (AGENTQ_HEARTBEAT_SECS;
-    /// default 2).
+    /// default 0.5).
     #[arg(long)]
     pub heartbeat_secs: Option<f64>,
     /// Idle time after which another worker's entries are taken over
     /// (AGENTQ_RECLAIM_MIN_IDLE_SECS; default 6).
     #[arg(long)]
     pub reclaim_min_idle_secs: Option<f64>,
-    /// Seconds between looks for entries of dead workers (AGENTQ_RECLAIM_INTERVAL_SECS;
-    /// default 2).
+    /// Seconds between looks for sessions and entries of dead workers
+    /// (AGENTQ_RECLAIM_INTERVAL_SECS; default 0.5).
     #[arg(long)]
     pub reclaim_interval_secs: Option<f64>,
     /// Deliveries of one session without finishing before it is dead-lettered

@@ -1,6 +1,8 @@
 //! Session lifecycle steps that both the worker and the scheduler take, built from `Store`
 //! and `Queue` calls: waking a session (and queueing it), telling a parent its child
-//! finished, and cancelling a subtree; and the embedded process's recovery at start
+//! finished, and cancelling a subtree; settling again a finished session whose worker
+//! died before it was done ([`settle_again`]); re-queueing the sessions of workers that died
+//! ([`requeue_orphans`]); and the embedded process's recovery at start
 //! ([`requeue_runnable`], also `agentq_core::sqlite::requeue_runnable`).
 
 // The crates below core by their own paths, not core's root: the root re-exports
@@ -103,11 +105,18 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
 pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &CancelResult) {
     match result {
         CancelResult::CancelledNow(row) => {
+            let mut told = true;
             if let Err(e) = notify_parent(store, queue, row).await {
+                told = false;
                 tracing::warn!(session_id = %row.id, error = %e, "cannot notify the parent of a cancelled session");
             }
             if let Err(e) = queue.publish_completion(&Completion::from_row(row)).await {
+                told = false;
                 tracing::warn!(session_id = %row.id, error = %e, "cannot publish the completion of a cancelled session");
+            }
+            // Else the sweeper settles it again.
+            if told && let Err(e) = store.mark_announced(&row.id).await {
+                tracing::debug!(session_id = %row.id, error = %e, "cannot mark a cancelled session announced");
             }
         }
         CancelResult::Requested(row) => {
@@ -202,6 +211,58 @@ pub async fn start_next_followup(
         }
         Err(e) => Err(e),
     }
+}
+
+/// Settle a finished session again, as its worker would have ([`SweepStore::unannounced`]
+/// found it: that worker died between the terminal commit and the end of settling): tell
+/// its parent (once: the delivery is idempotent), cancel what it left running if it
+/// failed or was cancelled, start its next follow-up, publish its completion (at least
+/// once: a duplicate is possible if the worker published before it died), then mark it
+/// announced. A step that fails leaves it for the next pass.
+pub async fn settle_again(store: &dyn Store, queue: &dyn Queue, row: &SessionRow) -> Result<()> {
+    notify_parent(store, queue, row).await?;
+    if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
+        cancel_descendants(store, queue, &row.id).await;
+    }
+    start_next_followup(store, queue, row).await?;
+    queue.publish_completion(&Completion::from_row(row)).await?;
+    store.mark_announced(&row.id).await
+}
+
+/// Most sessions of dead workers one [`requeue_orphans`] pass re-queues.
+pub const ORPHANS_PER_PASS: u32 = 1_000;
+
+/// Running sessions of `queues` whose worker stopped heartbeating go back on their queue
+/// at once (a new entry each; the store says which, each to one caller among the workers
+/// and sweepers that look): another worker claims them and resumes from the last
+/// checkpoint. Workers run this every `reclaim_interval`, the scheduler's sweeper too. A
+/// failed enqueue leaves the session without an entry, which the next pass (or the
+/// sweeper) adds. Returns the (id, queue) of each one re-queued.
+pub async fn requeue_orphans(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    queues: &[String],
+) -> Result<Vec<(String, String)>> {
+    let orphans = store.requeue_orphans(queues, ORPHANS_PER_PASS).await?;
+    let mut by_queue: std::collections::BTreeMap<String, Vec<(String, EnqueueReason)>> =
+        std::collections::BTreeMap::new();
+    for (id, q) in orphans {
+        by_queue
+            .entry(q)
+            .or_default()
+            .push((id, EnqueueReason::Retry));
+    }
+    let mut requeued = Vec::new();
+    for (q, items) in by_queue {
+        if let Err(e) = queue.enqueue_many(&q, &items).await {
+            tracing::warn!(queue = %q, sessions = items.len(), error = %e, "cannot re-queue a dead worker's sessions; the sweeper will");
+            continue;
+        }
+        let ids: Vec<String> = items.into_iter().map(|(id, _)| id).collect();
+        store.mark_enqueued(&ids).await?;
+        requeued.extend(ids.into_iter().map(|id| (id, q.clone())));
+    }
+    Ok(requeued)
 }
 
 /// Put every runnable session of `store` back on `queue` (embedded mode, at start: the

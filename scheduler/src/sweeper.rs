@@ -4,12 +4,15 @@
 //! were never marked enqueued, then marks them. A duplicate entry (the `XADD` happened but
 //! the mark did not) is harmless: the lease decides who runs a session.
 //!
-//! The lease is also the truth for liveness: a running session whose lease expired more
-//! than `sweep_age` ago has lost its worker, and its stream entry may be gone too (lost
-//! with Redis, or never added), so the sweeper re-queues it from the store whatever became
-//! of the entry ([`requeue_expired`]). It also trims each queue's stream of acked history
+//! The store is also the truth for liveness: a running session whose worker's liveness row
+//! expired has lost its worker, and its stream entry may be gone too (lost with Redis, or
+//! never added, or acked at its claim), so the sweeper re-queues it from the store whatever
+//! became of the entry (`lifecycle::requeue_orphans`, which workers run too, more often;
+//! [`requeue_expired`] for an owner without a liveness row), and forgets the rows of
+//! workers long stopped. It also trims each queue's stream of acked history
 //! past `stream_max_len` entries ([`trim_queues`]), never an entry still pending. And it
-//! wakes what waits for time: approvals past their deadline ([`wake_expired_approvals`])
+//! settles again finished sessions whose worker died before it was done
+//! ([`settle_unannounced`]). It wakes what waits for time: approvals past their deadline ([`wake_expired_approvals`])
 //! and sessions suspended for a rate limit whose wake time has come
 //! ([`wake_rate_limited`]).
 
@@ -24,6 +27,8 @@ use crate::queues::QueueRegistry;
 
 /// Rows fetched per query.
 pub const SWEEP_BATCH: u32 = 500;
+/// How long the liveness row of a stopped worker is kept once it owns no running session.
+const FORGET_WORKERS_AFTER: Duration = Duration::from_secs(3_600);
 /// Batches per tick at most, so one tick of a large backlog stays bounded.
 const MAX_BATCHES_PER_TICK: usize = 20;
 
@@ -159,6 +164,33 @@ pub async fn return_budgets(store: &dyn Store, queue: &dyn Queue) {
     }
 }
 
+/// Finished sessions whose settling was not marked done `grace` after their finish (their
+/// worker died between the terminal commit and the end of settling; the entry was acked
+/// at the claim, so no redelivery does it) are settled again: parent told, follow-up
+/// started, completion published. Returns how many.
+pub async fn settle_unannounced(store: &dyn Store, queue: &dyn Queue, grace: Duration) -> usize {
+    let rows = match store.unannounced(grace, SWEEP_BATCH).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot look for unsettled finished sessions");
+            return 0;
+        }
+    };
+    let mut settled = 0;
+    for row in rows {
+        match agentq_core::lifecycle::settle_again(store, queue, &row).await {
+            Ok(()) => {
+                tracing::info!(session_id = %row.id, "settled a finished session its worker left unsettled");
+                settled += 1;
+            }
+            Err(e) => {
+                tracing::warn!(session_id = %row.id, error = %e, "cannot settle a finished session; retrying next tick")
+            }
+        }
+    }
+    settled
+}
+
 /// Sessions that suspended for a rate limit and whose wake time has come go back to the
 /// queue, those due longest first, up to `SWEEP_BATCH × 20` a tick. Returns how many.
 pub async fn wake_rate_limited(store: &dyn Store, queue: &dyn Queue) -> usize {
@@ -232,7 +264,26 @@ pub async fn run_sweeper(
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
         return_budgets(store.as_ref(), queue.as_ref()).await;
+        settle_unannounced(store.as_ref(), queue.as_ref(), age).await;
         wake_rate_limited(store.as_ref(), queue.as_ref()).await;
+        let names = queues.names();
+        match agentq_core::lifecycle::requeue_orphans(store.as_ref(), queue.as_ref(), &names).await
+        {
+            Ok(requeued) => {
+                if !requeued.is_empty() {
+                    tracing::warn!(
+                        sessions = requeued.len(),
+                        "sweeper: re-queued the sessions of workers that stopped heartbeating"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for dead workers' sessions; retrying next tick")
+            }
+        }
+        if let Err(e) = store.forget_workers(FORGET_WORKERS_AFTER).await {
+            tracing::warn!(error = %e, "cannot forget stopped workers; retrying next tick");
+        }
         if let Err(e) = requeue_expired(store.as_ref(), age).await {
             tracing::warn!(error = %e, "cannot look for expired leases; retrying next tick");
         }

@@ -159,6 +159,12 @@ pub trait SessionStore: Send + Sync {
     /// Mark a session failed from outside a run (dead letter), with the reason.
     async fn fail(&self, id: &str, reason: &str) -> Result<Option<SessionRow>>;
 
+    /// A finished session's settle steps are done: its parent was told, its follow-up
+    /// started and its completion published. Until then (and a grace) the sweeper
+    /// re-drives them ([`SweepStore::unannounced`]). A session not finished, or marked
+    /// already, is left as it is.
+    async fn mark_announced(&self, id: &str) -> Result<()>;
+
     /// Cancel: a queued session is cancelled at once; a running one gets the flag.
     async fn request_cancel(&self, id: &str) -> Result<CancelResult>;
 
@@ -202,12 +208,28 @@ pub trait LeaseStore: Send + Sync {
     /// hold back the others. At most one checkpoint per session in a batch.
     async fn checkpoint_batch(&self, batch: &[&Checkpoint]) -> Result<Vec<Result<Committed>>>;
 
-    /// Extend these leases. Returns, per lease, whether it still holds and whether a
-    /// cancel was requested for it.
-    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>>;
+    /// `worker`'s heartbeat, one round trip: its liveness row is live for `ttl` more, and
+    /// with it the lease of every session it owns (one row written, whatever the number
+    /// of sessions: no session row is). Returns, per lease of `leases` (the ones it runs),
+    /// whether it still holds and whether a cancel was requested for it.
+    async fn heartbeat(
+        &self,
+        worker: &str,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<LeaseStatus>>;
+
+    /// The running sessions `worker` owns, as leases with their queue: a worker gives
+    /// back the ones it no longer runs (a run that ended without settling).
+    async fn leases_of(&self, worker: &str) -> Result<Vec<(Lease, String)>>;
+
+    /// `worker` stops: its liveness row expires now, so any session it still owns is
+    /// taken over at once rather than after its heartbeats' `ttl`.
+    async fn retire_worker(&self, worker: &str) -> Result<()>;
 
     /// Give the session back (graceful shutdown): status `queued`, no owner, attempts
-    /// reset. Fenced by the lease.
+    /// reset, no queue entry recorded (the caller adds one; else the sweeper does).
+    /// Fenced by the lease.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
     /// Give the session up until something wakes it (fenced by the lease): status
@@ -316,7 +338,9 @@ pub trait SweepStore: Send + Sync {
     /// sweeper then re-adds every queued and running one. Returns how many.
     async fn reset_enqueued(&self, queue: &str) -> Result<u64>;
 
-    /// Running sessions whose lease expired more than `grace` ago, with a queue entry added
+    /// Running sessions whose lease expired more than `grace` ago and whose owner's
+    /// liveness row expired as long ago (or is missing: a worker from before those rows;
+    /// [`SweepStore::requeue_orphans`] finds the others sooner), with a queue entry added
     /// before that lease: forget the entry, so that [`SweepStore::unenqueued`] returns them
     /// and the sweeper adds a new one. The lease is the truth for liveness: whatever became
     /// of the old entry (trimmed, lost with Redis, pending for a dead worker), the session
@@ -324,6 +348,25 @@ pub trait SweepStore: Send + Sync {
     /// its lease expired is left alone (each expiry is re-queued once). Up to `limit`,
     /// longest expired first; returns how many.
     async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64>;
+
+    /// Running sessions of `queues` whose owner stopped heartbeating (its liveness row
+    /// expired, and the session's claim expiry is behind too) and whose queue entry was
+    /// added while that owner lived (or not recorded): forget the entry and return (id,
+    /// queue) of each, up to `limit`, for the caller to add a new one at once, then
+    /// [`SweepStore::mark_enqueued`]. Until then a session comes back at every call (to
+    /// concurrent callers, possibly to each: a duplicate entry is harmless, the claim
+    /// decides); once recorded, not again for that death.
+    async fn requeue_orphans(&self, queues: &[String], limit: u32)
+    -> Result<Vec<(String, String)>>;
+
+    /// Forget the liveness rows of workers that stopped more than `age` ago and own no
+    /// running session any more. Returns how many.
+    async fn forget_workers(&self, age: Duration) -> Result<u64>;
+
+    /// Finished sessions whose settle steps were not marked done ([`SessionStore::mark_announced`])
+    /// more than `grace` after they finished, those finished first first, up to `limit`:
+    /// the sweeper settles them again (every step is idempotent).
+    async fn unannounced(&self, grace: Duration, limit: u32) -> Result<Vec<SessionRow>>;
 
     /// Queued (or running) sessions without a queue entry, older than `age`.
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>>;

@@ -1,5 +1,7 @@
-//! The reclaimer: every `reclaim_interval`, take over queue entries another consumer has
-//! left idle for `reclaim_min_idle` (a dead worker's sessions) and start them here.
+//! The reclaimer: every `reclaim_interval`, put back on their queue the running sessions
+//! of workers that stopped heartbeating (the store's liveness rows say which), and take
+//! over queue entries another consumer has left idle for `reclaim_min_idle` (delivered to
+//! a worker that died before it claimed them) and start them here.
 
 use std::sync::Arc;
 
@@ -23,6 +25,27 @@ pub(crate) async fn reclaim_loop(
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
+        }
+        match agentq_core::lifecycle::requeue_orphans(
+            inner.store.as_ref(),
+            inner.queue.as_ref(),
+            &inner.cfg.queues,
+        )
+        .await
+        {
+            Ok(requeued) => {
+                for (session_id, queue) in requeued {
+                    // Seen by default: a takeover is the trace of a crash elsewhere.
+                    info!(
+                        target: PROCESS_TARGET,
+                        %session_id,
+                        %queue,
+                        "taking over a session a dead worker left (its liveness row expired)"
+                    );
+                    inner.metrics.sessions_reclaimed.inc();
+                }
+            }
+            Err(e) => debug!(error = %e, "cannot look for dead workers' sessions"),
         }
         // Even with no slot free, take at least one: its start then queues for the next
         // slot in turn with new work, instead of waiting until the backlog has drained.

@@ -102,10 +102,26 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     for b in background {
         let _ = tokio::time::timeout(Duration::from_secs(5), b).await;
     }
+    retire(&inner).await;
     inner.pipeline.stop_events(Duration::from_secs(5)).await;
     inner.stop_mcp(Duration::from_secs(5)).await;
     info!("worker stopped");
     Ok(drain)
+}
+
+/// No more heartbeats: whatever is still ours (a run aborted at the drain timeout) is
+/// taken over at once rather than when the liveness row would have expired.
+async fn retire(inner: &Inner) {
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        inner.store.retire_worker(&inner.cfg.consumer),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "cannot retire this worker's liveness row; it expires"),
+        Err(_) => warn!("retiring this worker's liveness row timed out; it expires"),
+    }
 }
 
 /// Read as many entries as there are free slots, start them, until `shutdown`.

@@ -18,7 +18,6 @@ use crate::inbox;
 /// A session this worker is running.
 pub(crate) struct Active {
     pub lease: Lease,
-    pub queue: String,
     pub entry_id: String,
     /// The user asked to cancel: the run ends `interrupted`.
     pub cancel: CancellationToken,
@@ -108,6 +107,13 @@ pub(crate) struct Runs {
     /// Deferred entries whose session's run has ended, for the run loop to start.
     undeferred: mpsc::UnboundedSender<Delivery>,
     undeferred_rx: Mutex<Option<mpsc::UnboundedReceiver<Delivery>>>,
+    /// Sessions with a delivery being handled here, from before its claim to after its
+    /// settling (how many deliveries each): a session this worker owns in the store but
+    /// does not handle was left by a run that could not settle it (see
+    /// [`crate::heartbeat`]).
+    handling: Mutex<HashMap<String, usize>>,
+    /// A run ended without settling its session: look for what this worker still owns.
+    pub audit_due: std::sync::atomic::AtomicBool,
 }
 
 impl Runs {
@@ -122,6 +128,8 @@ impl Runs {
             missed_wakes: Mutex::new(MissedWakes::default()),
             undeferred,
             undeferred_rx: Mutex::new(Some(rx)),
+            handling: Mutex::new(HashMap::new()),
+            audit_due: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -139,6 +147,31 @@ impl Runs {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// A delivery of `session_id` is being handled (until [`Runs::end_handling`]).
+    pub fn begin_handling(&self, session_id: &str) {
+        let mut h = self.handling.lock().unwrap_or_else(|e| e.into_inner());
+        *h.entry(session_id.to_string()).or_default() += 1;
+    }
+
+    /// The end of what [`Runs::begin_handling`] began.
+    pub fn end_handling(&self, session_id: &str) {
+        let mut h = self.handling.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = h.get_mut(session_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                h.remove(session_id);
+            }
+        }
+    }
+
+    /// Whether a delivery of `session_id` is being handled here.
+    pub fn is_handling(&self, session_id: &str) -> bool {
+        self.handling
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(session_id)
     }
 
     /// Whether `d` may start a run; a deferred one is kept until its session's run ends.
@@ -222,7 +255,6 @@ mod tests {
                 owner: "w".into(),
                 epoch: 1,
             },
-            queue: "default".into(),
             entry_id: "0-1".into(),
             cancel: CancellationToken::new(),
             abort: CancellationToken::new(),

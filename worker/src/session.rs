@@ -1,6 +1,8 @@
-//! One delivery, start to end: claim the session, run it, and settle the entry — publish
-//! and ack a finished session, hand back a drained one, dead-letter a poisonous one, and
-//! leave alone what another worker owns.
+//! One delivery, start to end: claim the session, ack its entry as soon as the claim
+//! commits (from then on the store's lease alone says who runs it, and a dead worker's
+//! sessions are re-queued from the store), run it, and settle it — publish a finished
+//! one and mark it announced, hand back a drained one, dead-letter a poisonous one, and
+//! drop what another live worker owns.
 //!
 //! The parts of a run, each in its own module: `wiring` (its collaborators and its
 //! registration here), `tree_workspace` (its tree's files restored), `agent` (the agent
@@ -49,6 +51,39 @@ use crate::tenant::tenant;
 /// lease and the slot are given back and the heartbeat forgets the run, so the session
 /// never stays `running` with nobody running it.
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
+    let _handling = Handling::begin(&inner, &d.session_id);
+    let handled = handle_caught(inner.clone(), d).await;
+    if matches!(handled, Ok(Processed::Left)) {
+        // The session may still be ours in the store with nobody running it: the
+        // heartbeat gives it back.
+        inner.runs.audit_due.store(true, Ordering::SeqCst);
+    }
+    handled
+}
+
+/// A delivery being handled, for as long as this lives (see [`crate::runs::Runs`]).
+struct Handling {
+    inner: Arc<Inner>,
+    session_id: String,
+}
+
+impl Handling {
+    fn begin(inner: &Arc<Inner>, session_id: &str) -> Handling {
+        inner.runs.begin_handling(session_id);
+        Handling {
+            inner: inner.clone(),
+            session_id: session_id.to_string(),
+        }
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.inner.runs.end_handling(&self.session_id);
+    }
+}
+
+async fn handle_caught(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     let span = info_span!("session", session_id = %d.session_id, queue = %d.queue);
     let handled = AssertUnwindSafe(handle_inner(inner.clone(), d.clone()))
         .catch_unwind()
@@ -92,6 +127,10 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     };
     Ok(match claim {
         Claim::Acquired { lease, state, row } => {
+            // The entry's work is the store's now: a pending entry would only be touched
+            // for as long as the run lasts, and pin the stream's trim. If the ack fails,
+            // the entry is reclaimed later and finds the session busy or done.
+            ack(&inner, &d).await;
             run_claimed(inner, d, lease, *state, *row, claimed_at).await
         }
         Claim::Terminal(row) => {
@@ -102,8 +141,9 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             }
         }
         Claim::Busy => {
-            // Another worker's live lease: leave the entry; if that worker dies, the
-            // reclaimer brings it back and the lease will have expired.
+            // Another worker's live lease: the entry is a duplicate. If that worker dies,
+            // the store's liveness re-queues the session.
+            ack(&inner, &d).await;
             Processed::Busy
         }
         Claim::NotRunnable(status) => {
@@ -143,16 +183,6 @@ async fn run_claimed(
     let wiring = Wiring::new(&inner, &d, &lease, &state, &row, resumed).await;
     // From here on the run is forgotten when this returns or unwinds.
     let _registered = wiring.register(&inner, &d, &lease, claimed_at);
-    // Reset the entry's idle time now: a long claim must not look like a dead worker.
-    let _ = inner
-        .queue
-        .touch(
-            &d.queue,
-            &inner.cfg.consumer,
-            std::slice::from_ref(&d.entry_id),
-        )
-        .await;
-
     // The tree's files as of its last commit, before anything runs.
     let (sync, workspace) = match open_workspace(&inner, &row).await {
         Ok(opened) => opened,

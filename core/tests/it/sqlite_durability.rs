@@ -104,7 +104,7 @@ async fn child_process_body() {
         // Keep the lease alive while we run; it expires CHILD_TTL after the kill.
         if n % 50 == 0 {
             store
-                .heartbeat(std::slice::from_ref(&lease), CHILD_TTL)
+                .heartbeat(&lease.owner, std::slice::from_ref(&lease), CHILD_TTL)
                 .await
                 .unwrap();
         }

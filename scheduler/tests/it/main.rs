@@ -29,6 +29,7 @@ mod request_prop;
 mod retention;
 mod retention_api;
 mod schedules;
+mod settling;
 mod waits;
 mod webhooks;
 mod workspace_gc;

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::model::Lease;
 use crate::protocol::phase_name;
 use crate::sql::record::SessionRecord;
+use crate::sql::statements::POSTGRES as SQL;
 use crate::store::{Committed, LeaseStatus};
 
 use super::params::{Params, unnest, unnest_ordered};
@@ -142,38 +143,28 @@ fn files_ctes(gone: &str, files: &str, blobs: &str) -> String {
     )
 }
 
-/// All of a worker's leases in one statement, `l` one array per column of a lease, `ttl`
-/// the new length in seconds; the answer keeps the input order.
-fn heartbeat(leases: &str, ttl: &str) -> String {
+/// A worker's heartbeat in one statement: its liveness row renewed (`beat`, the shared
+/// statement, with `worker` and `ttl` as its parameters), and what each of its leases `l`
+/// (one array per column of a lease) shows, read without writing any session row. The
+/// answer keeps the input order.
+fn heartbeat(beat: &str, leases: &str) -> String {
     format!(
         "
-WITH l AS (
+WITH beat AS (
+    {beat}
+    RETURNING 1
+), l AS (
     SELECT * FROM {leases}
-), locked AS (
-    -- Key order, as a group commit takes them (no lock cycles between the two).
-    SELECT s.root_id, s.id FROM sessions s
-    JOIN l ON s.root_id = l.root_id AND s.id = l.id
-    WHERE s.lease_epoch = l.epoch AND s.lease_owner = l.owner
-    ORDER BY s.root_id, s.id
-    FOR UPDATE OF s
-), upd AS (
-    UPDATE sessions s SET lease_expires_at = now() + make_interval(secs => {ttl})
-    FROM l, locked
-    WHERE s.root_id = locked.root_id AND s.id = locked.id
-      AND s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
-      AND s.lease_owner = l.owner
-    RETURNING s.id, s.lease_epoch, s.cancel_requested
 )
-SELECT l.id, (upd.id IS NOT NULL) AS held,
-    -- Lost only if the row (as of this statement's snapshot) shows another holder: a
-    -- lease given up by its holder keeps its epoch and has no owner, and one given up
-    -- just after the snapshot still shows ours.
-    (upd.id IS NULL AND NOT EXISTS (
-        SELECT 1 FROM sessions s
-        WHERE s.root_id = l.root_id AND s.id = l.id AND s.lease_epoch = l.epoch
-          AND (s.lease_owner IS NULL OR s.lease_owner = l.owner))) AS lost,
-    COALESCE(upd.cancel_requested, false) AS cancel
-FROM l LEFT JOIN upd ON upd.id = l.id AND upd.lease_epoch = l.epoch
+SELECT l.id,
+    COALESCE(s.lease_epoch = l.epoch AND s.lease_owner = l.owner, false) AS held,
+    -- Lost only if the row shows another holder: a lease given up by its holder keeps
+    -- its epoch and has no owner.
+    NOT COALESCE(s.lease_epoch = l.epoch
+                 AND (s.lease_owner IS NULL OR s.lease_owner = l.owner), false) AS lost,
+    COALESCE(s.lease_epoch = l.epoch AND s.lease_owner = l.owner AND s.cancel_requested,
+             false) AS cancel
+FROM l LEFT JOIN sessions s ON s.root_id = l.root_id AND s.id = l.id
 ORDER BY l.ord"
     )
 }
@@ -495,20 +486,22 @@ impl PgStore {
         Ok(out)
     }
 
-    /// [`crate::store::LeaseStore::heartbeat`]: one statement for all the leases.
+    /// [`crate::store::LeaseStore::heartbeat`]: one statement for the worker's row and
+    /// all its leases.
     pub(super) async fn extend_leases(
         &self,
+        worker: &str,
         leases: &[Lease],
         ttl: Duration,
     ) -> Result<Vec<LeaseStatus>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
         let roots: Vec<&str> = leases.iter().map(|l| l.root_id.as_str()).collect();
         let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
         let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+        // The shared statement's `$1` (worker) and `$2` (ttl) come first.
         let mut p = Params::default();
+        p.value(worker)?;
+        p.value(secs(ttl))?;
         let leases = unnest_ordered(
             "l",
             &[
@@ -518,7 +511,7 @@ impl PgStore {
                 ("owner", p.array(&owners, "text")?),
             ],
         );
-        let sql = heartbeat(&leases, &p.value(secs(ttl))?);
+        let sql = heartbeat(&SQL.beat, &leases);
         let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, p.into_args())
             .fetch_all(&self.writer)
             .await?;

@@ -71,8 +71,29 @@ impl LeaseStore for PgStore {
         self.commit_batch(batch).await
     }
 
-    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
-        self.extend_leases(leases, ttl).await
+    async fn heartbeat(
+        &self,
+        worker: &str,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<LeaseStatus>> {
+        self.extend_leases(worker, leases, ttl).await
+    }
+
+    async fn leases_of(&self, worker: &str) -> Result<Vec<(Lease, String)>> {
+        let rows: Vec<(String, String, i64, String)> = sqlx::query_as(&SQL.leases_of)
+            .bind(worker)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(crate::sql::outcome::leases(worker, rows))
+    }
+
+    async fn retire_worker(&self, worker: &str) -> Result<()> {
+        sqlx::query(&SQL.retire)
+            .bind(worker)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::model::ListFilter;
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::sql::budget::count;
-use crate::sql::report::{self, CostRecord, WORKERS};
+use crate::sql::report::{self, CostRecord, WORKERS_SQL};
 use crate::sql::statements::Dialect;
 use crate::store::ReportStore;
 
@@ -34,7 +34,7 @@ impl ReportStore for PgStore {
 
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerLeases>> {
         type Row = (String, i64, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-        let rows: Vec<Row> = sqlx::query_as(WORKERS)
+        let rows: Vec<Row> = sqlx::query_as(&WORKERS_SQL)
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;

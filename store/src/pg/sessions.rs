@@ -63,6 +63,14 @@ impl SessionStore for PgStore {
         }
     }
 
+    async fn mark_announced(&self, id: &str) -> Result<()> {
+        sqlx::query(&SQL.mark_announced)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
         // Under the tree's lock: a retried sub-agent draws from its tree again, in the
         // transaction that queues it (`budget::reopen_in`).

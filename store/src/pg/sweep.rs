@@ -6,10 +6,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::model::Woken;
+use crate::model::{SessionRow, Woken};
 use crate::rowconv::{WokenRow, woken};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::dispatch;
+use crate::sql::record::SessionRecord;
 use crate::sql::statements::POSTGRES as SQL;
 use crate::store::SweepStore;
 use crate::wait::WaitReason;
@@ -46,6 +47,39 @@ impl SweepStore for PgStore {
             .await?
             .rows_affected();
         Ok(n)
+    }
+
+    async fn requeue_orphans(
+        &self,
+        queues: &[String],
+        limit: u32,
+    ) -> Result<Vec<(String, String)>> {
+        if queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(sqlx::query_as(&SQL.requeue_orphans)
+            .bind(queues)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    async fn forget_workers(&self, age: Duration) -> Result<u64> {
+        let n = sqlx::query(&SQL.forget_workers)
+            .bind(secs(age))
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        Ok(n)
+    }
+
+    async fn unannounced(&self, grace: Duration, limit: u32) -> Result<Vec<SessionRow>> {
+        let recs: Vec<SessionRecord> = sqlx::query_as(&SQL.unannounced)
+            .bind(secs(grace))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        recs.into_iter().map(SessionRecord::into_row).collect()
     }
 
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>> {

@@ -254,3 +254,22 @@ impl HeldRow {
         })
     }
 }
+
+/// `(root_id, id, lease_epoch, queue)` rows of sessions `owner` holds, as its leases
+/// with their queue.
+pub(crate) fn leases(
+    owner: &str,
+    rows: Vec<(String, String, i64, String)>,
+) -> Vec<(Lease, String)> {
+    rows.into_iter()
+        .map(|(root_id, session_id, epoch, queue)| {
+            let lease = Lease {
+                session_id,
+                root_id,
+                owner: owner.to_string(),
+                epoch,
+            };
+            (lease, queue)
+        })
+        .collect()
+}

@@ -178,7 +178,18 @@ pub(crate) fn status_counts(rows: Vec<(String, Option<String>, i64)>) -> Result<
 }
 
 /// The running sessions' leases per owner: Postgres' text (SQLite's store reads the
-/// same columns, its times as microseconds).
-pub(crate) const WORKERS: &str = "SELECT lease_owner, count(*), min(lease_expires_at), \
-     max(lease_expires_at) FROM sessions WHERE status = 'running' AND lease_owner IS NOT NULL \
-     GROUP BY lease_owner ORDER BY lease_owner LIMIT $1";
+/// same columns, its times as microseconds). A lease runs to the later of the session's
+/// claim expiry and its owner's liveness row.
+pub(crate) const WORKERS: &str = "SELECT s.lease_owner, count(*), min(LEASE_END), \
+     max(LEASE_END) FROM sessions s LEFT JOIN workers w ON w.id = s.lease_owner \
+     WHERE s.status = 'running' AND s.lease_owner IS NOT NULL \
+     GROUP BY s.lease_owner ORDER BY s.lease_owner LIMIT $1";
+
+/// The end of a running session's lease in [`WORKERS`] (a NULL `w.expires_at`, no row,
+/// compares as unknown and leaves the session's own).
+const LEASE_END: &str = "CASE WHEN w.expires_at > s.lease_expires_at THEN w.expires_at \
+     ELSE s.lease_expires_at END";
+
+/// [`WORKERS`] as run.
+pub(crate) static WORKERS_SQL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| WORKERS.replace("LEASE_END", LEASE_END));

@@ -15,6 +15,9 @@
 //! Statements that only one dialect can express (Postgres' array-driven batches, SQLite's
 //! per-row steps inside one write transaction) stay with their store.
 
+#[path = "liveness.rs"]
+mod liveness;
+
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
@@ -181,7 +184,8 @@ impl Shared {
         let text = self
             .text
             .replace("KEY_FIELDS", KEY_FIELDS)
-            .replace("COLS", COLS);
+            .replace("COLS", COLS)
+            .replace("LEASE_DEAD", LEASE_DEAD);
         match dialect {
             Dialect::Postgres => text,
             Dialect::Sqlite => sqlite(&text, self.sqlite_now),
@@ -189,15 +193,24 @@ impl Shared {
     }
 }
 
+/// A running session's lease is dead (a condition on a `sessions` row, with `now()`): the
+/// session's own expiry is behind (set at the claim; a worker's heartbeat no longer
+/// renews it) and its owner has no live row in `workers`. A live worker renews one row
+/// per heartbeat for all its sessions; a claim not yet covered by a heartbeat, and a
+/// worker from before the `workers` table, are covered by the session's own expiry.
+pub(crate) const LEASE_DEAD: &str = "sessions.lease_expires_at < now() \
+    AND NOT EXISTS (SELECT 1 FROM workers w WHERE w.id = sessions.lease_owner \
+                    AND w.expires_at >= now())";
+
 const SELECT_SESSION: Shared = Shared {
     text: "SELECT COLS FROM sessions WHERE id = $1",
     sqlite_now: None,
 };
 
-/// The claim: one conditional update. Runnable (`queued`, or `running` under an expired
-/// lease or our own), never terminal or suspended; taking a `running` row from another
-/// owner is a takeover, counted. `$3`: the lease's length in seconds
-/// (SQLite: its expiry).
+/// The claim: one conditional update. Runnable (`queued`, or `running` under a dead lease
+/// (see [`LEASE_DEAD`]) or our own), never terminal or suspended; taking a `running` row
+/// from another owner is a takeover, counted. `$3`: the lease's length in seconds
+/// (SQLite: its expiry), which covers the claim until the owner's next heartbeat.
 const CLAIM: Shared = Shared {
     text: "
 UPDATE sessions SET
@@ -213,7 +226,7 @@ UPDATE sessions SET
     updated_at = now()
 WHERE id = $1
   AND status IN ('queued', 'running')
-  AND (lease_owner IS NULL OR lease_expires_at < now() OR lease_owner = $2)
+  AND (lease_owner IS NULL OR lease_owner = $2 OR (LEASE_DEAD))
 RETURNING COLS,
     EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = sessions.root_id) AS has_workspace",
     sqlite_now: Some(4),
@@ -273,10 +286,11 @@ RETURNING COLS",
     sqlite_now: Some(10),
 };
 
-/// Give a running session back (graceful shutdown), fenced by the lease.
+/// Give a running session back (graceful shutdown), fenced by the lease. Its entry is
+/// forgotten: the caller adds a new one, or, if it cannot, the sweeper does.
 const RELEASE: Shared = Shared {
     text: "UPDATE sessions SET status = 'queued', lease_owner = NULL, \
-               lease_expires_at = NULL, attempts = 0, updated_at = now() \
+               lease_expires_at = NULL, attempts = 0, enqueued_at = NULL, updated_at = now() \
            WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
              AND status = 'running'",
     sqlite_now: Some(5),
@@ -306,8 +320,9 @@ const FOLLOW_UP: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, turn_base = iteration, drain_rounds = 0, free_iteration = false,
-    enqueued_at = NULL, held = capped, cancel_requested = false, attempts = 0,
+    finished_at = NULL, announced_at = NULL, turn_base = iteration, drain_rounds = 0,
+    free_iteration = false, enqueued_at = NULL, held = capped, cancel_requested = false,
+    attempts = 0,
     lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
     followup_cursor = GREATEST(followup_cursor, $2),
     history_len = history_len + 1,
@@ -394,13 +409,18 @@ const RESET_ENQUEUED: Shared = Shared {
 };
 
 /// Running sessions whose lease ran out more than `$1` seconds ago (SQLite: the cut-off
-/// time) and whose entry was added before that lease: forget the entry, so `UNENQUEUED`
-/// finds them. An entry added since the lease expired (`enqueued_at` after it) is left
-/// alone until a newer lease expires, so each expiry is re-queued once.
+/// time) and whose owner's row in `workers` expired as long ago or is missing (a worker
+/// from before that table; `liveness::REQUEUE_ORPHANS` finds the others sooner, this is the
+/// sweeper's net for every queue) and whose entry was added before that lease: forget the entry, so `UNENQUEUED` finds them. An entry
+/// added since the lease expired (`enqueued_at` after it) is left alone until a newer
+/// lease expires, so each expiry is re-queued once.
 const FORGET_EXPIRED: Shared = Shared {
     text: "UPDATE sessions SET enqueued_at = NULL \
            WHERE id IN (SELECT id FROM sessions WHERE status = 'running' \
                         AND lease_expires_at < now() - make_interval(secs => $1) \
+                        AND NOT EXISTS (SELECT 1 FROM workers w \
+                                        WHERE w.id = sessions.lease_owner \
+                                          AND w.expires_at >= now() - make_interval(secs => $1)) \
                         AND enqueued_at IS NOT NULL AND enqueued_at < lease_expires_at \
                         ORDER BY lease_expires_at LIMIT $2) \
              AND status = 'running' AND enqueued_at IS NOT NULL",
@@ -425,7 +445,7 @@ const RETRY: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, attempts = 0, cancel_requested = false,
+    finished_at = NULL, announced_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
     enqueued_at = NULL, held = ($2 OR capped), approval_deadline = NULL,
     retries = retries + 1, updated_at = now()
@@ -579,6 +599,15 @@ pub(crate) struct Statements {
     pub any_held_anywhere: String,
     pub release_held: String,
     pub forget_expired: String,
+    pub beat: String,
+    pub retire: String,
+    pub lease_state: String,
+    pub leases_of: String,
+    pub ensure_worker: String,
+    pub mark_announced: String,
+    pub unannounced: String,
+    pub requeue_orphans: String,
+    pub forget_workers: String,
     pub queue_exists: String,
     pub insert_queue: String,
     pub stored_queues: String,
@@ -595,7 +624,10 @@ impl Statements {
     fn new(d: Dialect) -> Self {
         Statements {
             select_session: SELECT_SESSION.render(d),
-            claim: CLAIM.render(d),
+            claim: match d {
+                Dialect::Postgres => format!("{}{}", liveness::PG_ENSURE_WORKER, CLAIM.render(d)),
+                Dialect::Sqlite => CLAIM.render(d),
+            },
             claim_history: CLAIM_HISTORY.render(d),
             history: HISTORY.render(d),
             cancel: CANCEL.render(d),
@@ -620,6 +652,15 @@ impl Statements {
             any_held_anywhere: ANY_HELD_ANYWHERE.render(d),
             release_held: RELEASE_HELD.render(d),
             forget_expired: FORGET_EXPIRED.render(d),
+            beat: liveness::BEAT.render(d),
+            retire: liveness::RETIRE.render(d),
+            lease_state: liveness::LEASE_STATE.render(d),
+            leases_of: liveness::LEASES_OF.render(d),
+            ensure_worker: liveness::ENSURE_WORKER.render(d),
+            mark_announced: liveness::MARK_ANNOUNCED.render(d),
+            unannounced: liveness::UNANNOUNCED.render(d),
+            requeue_orphans: liveness::REQUEUE_ORPHANS.render(d),
+            forget_workers: liveness::FORGET_WORKERS.render(d),
             queue_exists: QUEUE_EXISTS.render(d),
             insert_queue: INSERT_QUEUE.render(d),
             stored_queues: STORED_QUEUES.render(d),
@@ -712,84 +753,5 @@ pub(crate) fn list_limit(limit: u32) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn sqlite_rendering_rewrites_only_the_dialect() {
-        assert_eq!(
-            sqlite(
-                "SET a = now() + make_interval(secs => $3), b = now()",
-                Some(4)
-            ),
-            "SET a = $3, b = $4"
-        );
-        assert_eq!(
-            sqlite("WHERE c < now() - make_interval(secs => $1) LIMIT $2", None),
-            "WHERE c < $1 LIMIT $2"
-        );
-        assert_eq!(
-            sqlite("kind = ANY($2::text[]) AND id = ANY($1)", None),
-            "kind IN (SELECT value FROM json_each($2)) AND id IN (SELECT value FROM json_each($1))"
-        );
-        assert_eq!(
-            sqlite("VALUES ($1::uuid, $3::json) x = GREATEST(x, $2)", None),
-            "VALUES ($1, $3) x = max(x, $2)"
-        );
-    }
-
-    #[test]
-    fn every_statement_renders_for_both() {
-        for d in [Dialect::Postgres, Dialect::Sqlite] {
-            let s = Statements::new(d);
-            for sql in [
-                &s.select_session,
-                &s.claim,
-                &s.claim_history,
-                &s.history,
-                &s.cancel,
-                &s.suspend,
-                &s.release,
-                &s.lease_of,
-                &s.fail,
-                &s.follow_up,
-                &s.follow_up_message,
-                &s.wake_expired,
-                &s.wake_due,
-                &s.wake_budget,
-                &s.waiting_by_reason,
-                &s.held_by_queue,
-                &s.mark_enqueued,
-                &s.reset_enqueued,
-                &s.unenqueued,
-                &s.retry,
-                &s.dispatch_load,
-                &s.held,
-                &s.any_held,
-                &s.any_held_anywhere,
-                &s.release_held,
-                &s.forget_expired,
-                &s.queue_exists,
-                &s.insert_queue,
-                &s.stored_queues,
-                &s.inbox,
-                &s.approval,
-                &s.insert_key,
-                &s.list_keys,
-                &s.revoke_key,
-                &s.key_by_id,
-                &s.pending_approvals,
-            ] {
-                assert!(!sql.contains("COLS"), "{sql}");
-                assert!(!sql.contains("KEY_FIELDS"), "{sql}");
-                if d == Dialect::Sqlite {
-                    for pg_only in ["now()", "::", "ANY(", "make_interval", "GREATEST"] {
-                        assert!(!sql.contains(pg_only), "{pg_only} in {sql}");
-                    }
-                }
-            }
-        }
-    }
-}
+#[path = "statements_tests.rs"]
+mod tests;

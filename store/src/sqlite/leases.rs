@@ -33,6 +33,11 @@ impl LeaseStore for SqliteStore {
     ) -> Result<Claim> {
         let now = now_us();
         let mut tx = self.write_tx().await?;
+        sqlx::query(&SQL.ensure_worker)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         let claimed = returning_one(
             &mut tx,
             sqlx::query_as(&SQL.claim)
@@ -92,18 +97,45 @@ impl LeaseStore for SqliteStore {
         Ok(out)
     }
 
-    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
-        if leases.is_empty() {
-            return Ok(Vec::new());
-        }
-        let expires = now_us().saturating_add(dur_us(ttl));
+    async fn heartbeat(
+        &self,
+        worker: &str,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<LeaseStatus>> {
+        let now = now_us();
         let mut out = Vec::with_capacity(leases.len());
         let mut tx = self.write_tx().await?;
+        sqlx::query(&SQL.beat)
+            .bind(worker)
+            .bind(now.saturating_add(dur_us(ttl)))
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
         for l in leases {
-            out.push(writes::extend_lease(&mut tx, l, expires).await?);
+            out.push(writes::lease_status(&mut tx, l).await?);
         }
         tx.commit().await?;
         Ok(out)
+    }
+
+    async fn leases_of(&self, worker: &str) -> Result<Vec<(Lease, String)>> {
+        let rows: Vec<(String, String, i64, String)> = sqlx::query_as(&SQL.leases_of)
+            .bind(worker)
+            .fetch_all(&self.readers)
+            .await?;
+        Ok(crate::sql::outcome::leases(worker, rows))
+    }
+
+    async fn retire_worker(&self, worker: &str) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(&SQL.retire)
+            .bind(worker)
+            .bind(now_us())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

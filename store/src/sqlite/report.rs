@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::model::ListFilter;
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
 use crate::sql::budget::count;
-use crate::sql::report::{self, CostRecord, WORKERS};
+use crate::sql::report::{self, CostRecord, WORKERS_SQL};
 use crate::sql::statements::Dialect;
 use crate::store::ReportStore;
 
@@ -36,7 +36,7 @@ impl ReportStore for SqliteStore {
 
     async fn workers(&self, limit: u32) -> Result<Vec<WorkerLeases>> {
         // Times are stored as microseconds (see the module docs of `crate::sqlite`).
-        let rows: Vec<(String, i64, Option<i64>, Option<i64>)> = sqlx::query_as(WORKERS)
+        let rows: Vec<(String, i64, Option<i64>, Option<i64>)> = sqlx::query_as(&WORKERS_SQL)
             .bind(i64::from(limit))
             .fetch_all(&self.readers)
             .await?;

@@ -88,6 +88,17 @@ impl SessionStore for SqliteStore {
         }
     }
 
+    async fn mark_announced(&self, id: &str) -> Result<()> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(&SQL.mark_announced)
+            .bind(id)
+            .bind(now_us())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {
         let mut tx = self.write_tx().await?;
         let retried = returning_one(

@@ -7,10 +7,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::model::Woken;
+use crate::model::{SessionRow, Woken};
 use crate::rowconv::{WokenRow, woken};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::sql::dispatch;
+use crate::sql::record::SessionRecord;
 use crate::sql::statements::SQLITE as SQL;
 use crate::store::SweepStore;
 use crate::wait::WaitReason;
@@ -56,6 +57,46 @@ impl SweepStore for SqliteStore {
             .rows_affected();
         tx.commit().await?;
         Ok(n)
+    }
+
+    async fn requeue_orphans(
+        &self,
+        queues: &[String],
+        limit: u32,
+    ) -> Result<Vec<(String, String)>> {
+        if queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write_tx().await?;
+        // Read to the end inside the transaction (see the module docs on `RETURNING`).
+        let rows: Vec<(String, String)> = sqlx::query_as(&SQL.requeue_orphans)
+            .bind(serde_json::to_string(queues)?)
+            .bind(i64::from(limit))
+            .bind(now_us())
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    async fn forget_workers(&self, age: Duration) -> Result<u64> {
+        let mut tx = self.write_tx().await?;
+        let n = sqlx::query(&SQL.forget_workers)
+            .bind(now_us().saturating_sub(dur_us(age)))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn unannounced(&self, grace: Duration, limit: u32) -> Result<Vec<SessionRow>> {
+        let recs: Vec<SessionRecord> = sqlx::query_as(&SQL.unannounced)
+            .bind(now_us().saturating_sub(dur_us(grace)))
+            .bind(i64::from(limit))
+            .fetch_all(&self.readers)
+            .await?;
+        recs.into_iter().map(SessionRecord::into_row).collect()
     }
 
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>> {

@@ -14,6 +14,7 @@ use crate::sql::escape::{escape_opt, escape_text, stored_json};
 use crate::sql::outcome::{approval_recorded, delivered, fresh_phase, unreadable_conflict};
 use crate::sql::record::SessionRecord;
 use crate::sql::statements::COLS;
+use crate::sql::statements::SQLITE as SQL;
 use crate::store::{Committed, LeaseStatus};
 
 use super::tx::{gave_up_lease, record_in};
@@ -224,33 +225,27 @@ async fn insert_messages(
     Ok(())
 }
 
-/// Extend one lease of a heartbeat to `expires`.
-pub(super) async fn extend_lease(
-    conn: &mut SqliteConnection,
-    l: &Lease,
-    expires: i64,
-) -> Result<LeaseStatus> {
-    let cancel: Option<bool> = sqlx::query_scalar(
-        "UPDATE sessions SET lease_expires_at = $5 \
-         WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
-         RETURNING cancel_requested",
-    )
-    .bind(&l.root_id)
-    .bind(&l.session_id)
-    .bind(l.epoch)
-    .bind(&l.owner)
-    .bind(expires)
-    .fetch_all(&mut *conn)
-    .await?
-    .pop();
-    // Write transactions are serialized: no race to allow for, only a lease given up by
-    // its holder (same epoch, no owner) to tell from a lost one.
-    let lost = cancel.is_none() && !gave_up_lease(conn, l, |_| true).await?;
+/// What one lease of a heartbeat shows (the heartbeat writes the worker's row, not the
+/// session's).
+pub(super) async fn lease_status(conn: &mut SqliteConnection, l: &Lease) -> Result<LeaseStatus> {
+    let row: Option<(i64, Option<String>, bool)> = sqlx::query_as(&SQL.lease_state)
+        .bind(&l.root_id)
+        .bind(&l.session_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let (held, lost, cancel) = match row {
+        Some((epoch, owner, cancel)) if epoch == l.epoch => {
+            let ours = owner.as_deref() == Some(l.owner.as_str());
+            // Same epoch and no owner: given up by its holder, not lost.
+            (ours, !ours && owner.is_some(), ours && cancel)
+        }
+        _ => (false, true, false),
+    };
     Ok(LeaseStatus {
         session_id: l.session_id.clone(),
-        held: cancel.is_some(),
+        held,
         lost,
-        cancel_requested: cancel.unwrap_or(false),
+        cancel_requested: cancel,
     })
 }
 

@@ -142,7 +142,7 @@ async fn contract_fencing(store: &dyn Backend) {
         .unwrap_err();
     assert!(matches!(err, Error::LeaseLost(_)), "{err:?}");
     let hb = store
-        .heartbeat(std::slice::from_ref(&lease_a), TTL)
+        .heartbeat(&lease_a.owner, std::slice::from_ref(&lease_a), TTL)
         .await
         .unwrap();
     assert_eq!(hb.len(), 1);
@@ -158,7 +158,7 @@ async fn contract_fencing(store: &dyn Backend) {
         store.checkpoint(&forged, &stale, persisted_a).await,
         Err(Error::LeaseLost(_))
     ));
-    let hb = store.heartbeat(&[forged], TTL).await.unwrap();
+    let hb = store.heartbeat("worker-a", &[forged], TTL).await.unwrap();
     assert!(!hb[0].held && hb[0].lost);
 
     assert_eq!(store.get(&id).await.unwrap().unwrap(), row_before);
@@ -205,7 +205,7 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
     // A heartbeat that raced the final checkpoint: not extended, but not lost either
     // (the holder gave it up itself).
     let hb = store
-        .heartbeat(std::slice::from_ref(&lease), TTL)
+        .heartbeat(&lease.owner, std::slice::from_ref(&lease), TTL)
         .await
         .unwrap();
     assert!(!hb[0].held && !hb[0].lost, "{hb:?}");
@@ -322,13 +322,14 @@ async fn contract_heartbeat_and_cancel_flag(store: &dyn Backend) {
         .unwrap();
 
     let hb = store
-        .heartbeat(&[lease_a.clone(), lease_b.clone()], TTL)
+        .heartbeat("w", &[lease_a.clone(), lease_b.clone()], TTL)
         .await
         .unwrap();
     assert_eq!(hb.len(), 2);
     assert_eq!(hb[0].session_id, a);
     assert_eq!(hb[1].session_id, b);
     assert!(hb.iter().all(|s| s.held && !s.cancel_requested));
+    // The worker's row carries the leases on: the sessions' rows are not written.
     let after = store
         .get(&a)
         .await
@@ -336,7 +337,11 @@ async fn contract_heartbeat_and_cancel_flag(store: &dyn Backend) {
         .unwrap()
         .lease_expires_at
         .unwrap();
-    assert!(after - before > chrono::Duration::seconds(20));
+    assert_eq!(after, before);
+    let w = store.workers(10).await.unwrap();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!((w[0].worker.as_str(), w[0].sessions), ("w", 2));
+    assert!(w[0].first_expiry.unwrap() - before > chrono::Duration::seconds(20));
 
     match store.request_cancel(&b).await.unwrap() {
         CancelResult::Requested(row) => {
@@ -355,14 +360,14 @@ async fn contract_heartbeat_and_cancel_flag(store: &dyn Backend) {
         ..lease_a.clone()
     };
     let hb = store
-        .heartbeat(&[lease_b.clone(), stale, lease_a.clone()], TTL)
+        .heartbeat("w", &[lease_b.clone(), stale, lease_a.clone()], TTL)
         .await
         .unwrap();
     assert_eq!(hb.len(), 3);
     assert!(hb[0].held && hb[0].cancel_requested && hb[0].session_id == b);
     assert!(!hb[1].held && !hb[1].cancel_requested && hb[1].session_id == a);
     assert!(hb[2].held && !hb[2].cancel_requested && hb[2].session_id == a);
-    assert!(store.heartbeat(&[], TTL).await.unwrap().is_empty());
+    assert!(store.heartbeat("w", &[], TTL).await.unwrap().is_empty());
 
     // A lease kept alive by heartbeats is not taken; one left to expire is.
     let (lease_c, _) = acquire(store, &a, "w", SHORT_TTL).await;
@@ -370,7 +375,7 @@ async fn contract_heartbeat_and_cancel_flag(store: &dyn Backend) {
         store.pass(SHORT_TTL / 2).await;
         assert!(
             store
-                .heartbeat(std::slice::from_ref(&lease_c), SHORT_TTL)
+                .heartbeat(&lease_c.owner, std::slice::from_ref(&lease_c), SHORT_TTL)
                 .await
                 .unwrap()[0]
                 .held
@@ -385,7 +390,7 @@ async fn contract_heartbeat_and_cancel_flag(store: &dyn Backend) {
     assert!(lease_d.epoch > lease_c.epoch);
     assert!(
         !store
-            .heartbeat(std::slice::from_ref(&lease_c), TTL)
+            .heartbeat(&lease_c.owner, std::slice::from_ref(&lease_c), TTL)
             .await
             .unwrap()[0]
             .held
@@ -682,8 +687,8 @@ async fn contract_group_commit_with_heartbeats(store: &dyn Store) {
         let (r1, r2, h1, h2) = tokio::join!(
             store.checkpoint_batch(first),
             store.checkpoint_batch(&backward),
-            store.heartbeat(&leases, TTL),
-            store.heartbeat(&reversed_leases, TTL),
+            store.heartbeat(&leases[0].owner, &leases, TTL),
+            store.heartbeat(&leases[0].owner, &reversed_leases, TTL),
         );
         for r in r1.unwrap().into_iter().chain(r2.unwrap()) {
             r.unwrap();

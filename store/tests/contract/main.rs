@@ -22,6 +22,7 @@ mod budget;
 mod forks;
 mod inbox;
 mod leases;
+mod liveness;
 mod reports;
 mod retention;
 mod schedules;

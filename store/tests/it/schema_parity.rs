@@ -116,6 +116,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "webhook_batch_checks",
             "webhook_deliveries",
             "webhook_endpoints",
+            "workers",
             "workspace_files",
             "workspace_versions",
         ]

@@ -85,8 +85,8 @@ async fn sigkill_resumes_exactly(point: KillPoint) {
         }
     }
 
-    // A second worker resumes it (the reclaimer takes A's entry once its lease is gone),
-    // saying so with the default log filter.
+    // A second worker resumes it (its reclaimer re-queues A's sessions from the store once
+    // A's liveness row has expired), saying so with the default log filter.
     let b = c.spawn_worker(&WorkerOpts {
         default_log: true,
         ..WorkerOpts::default()

@@ -15,11 +15,14 @@ section! {
         /// Sessions run at once by one worker process.
         pub concurrency: usize = 256,
         pub queues: Vec<String> = vec!["default".to_string()],
-        pub lease_ttl_secs: Secs = Secs(6.0),
-        pub heartbeat_secs: Secs = Secs(2.0),
+        /// How long a worker's liveness row (and with it the lease of every session it
+        /// runs) lasts without a heartbeat.
+        pub lease_ttl_secs: Secs = Secs(1.5),
+        pub heartbeat_secs: Secs = Secs(0.5),
         /// Entries idle this long in another consumer's pending list are taken over.
         pub reclaim_min_idle_secs: Secs = Secs(6.0),
-        pub reclaim_interval_secs: Secs = Secs(2.0),
+        /// Between looks for dead workers' sessions and entries.
+        pub reclaim_interval_secs: Secs = Secs(0.5),
         /// Deliveries of one entry before it is dead-lettered.
         pub max_attempts: u32 = 5,
         /// How long a SIGTERM'd worker lets running iterations reach a checkpoint.

@@ -6,8 +6,8 @@
 #[non_exhaustive]
 pub enum Processed {
     /// The session is terminal (it finished now, or in an earlier run): its parent was
-    /// told, its completion published and its entry acknowledged — unless `acked` is
-    /// false, when a step failed and the entry stays for a redelivery to settle it.
+    /// told, its completion published and it was marked announced — unless `acked` is
+    /// false, when a step failed and the sweeper settles it again.
     Finished { acked: bool },
     /// The run gave the session up to wait (for children, an approval, a message); the
     /// entry is acknowledged and whatever it waits for enqueues it again.
@@ -17,7 +17,8 @@ pub enum Processed {
     HandedBack,
     /// Another worker took the lease: the run stopped without writing anything more.
     LeaseLost,
-    /// Another worker's live lease: the entry is left for that worker (or the reclaimer).
+    /// Another worker's live lease: the entry was dropped (the store re-queues the session
+    /// if that worker dies).
     Busy,
     /// Not runnable now, or unknown: the entry was dropped.
     Dropped,
@@ -28,7 +29,8 @@ pub enum Processed {
     Deferred,
     /// This very entry is being processed here already.
     AlreadyRunning,
-    /// The store or the queue failed after the claim: the entry stays pending, the lease
-    /// expires, and a redelivery resumes from the last checkpoint.
+    /// The store or the queue failed after the claim: the heartbeat gives the session back
+    /// (or, if this worker dies, the store's liveness re-queues it), and a later run
+    /// resumes from the last checkpoint.
     Left,
 }

@@ -1,8 +1,8 @@
-//! Settling a delivery's entry once its session is past running here: tell the family of a
-//! terminal session, start its follow-up turn, publish its completion and acknowledge the
-//! entry; hand a stopped session back to the queue; fail one outside any checkpoint;
-//! dead-letter one delivered too often. Every step is idempotent, so a redelivery after a
-//! crash at any point settles it again.
+//! Settling a session once it is past running here: tell the family of a terminal
+//! session, start its follow-up turn, publish its completion and mark it announced; hand
+//! a stopped session back to the queue; fail one outside any checkpoint; dead-letter one
+//! delivered too often. Every step is idempotent: after a crash at any point before the
+//! mark, the sweeper settles the session again (`SweepStore::unannounced`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -23,7 +23,7 @@ use crate::inner::Inner;
 pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
     if let Err(e) = lifecycle::notify_parent(inner.store.as_ref(), inner.queue.as_ref(), row).await
     {
-        warn!(error = %e, "notifying the parent failed; a redelivery retries");
+        warn!(error = %e, "notifying the parent failed; the sweeper retries");
     }
     if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
         lifecycle::cancel_descendants(inner.store.as_ref(), inner.queue.as_ref(), &row.id).await;
@@ -31,14 +31,15 @@ pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
 }
 
 /// Everything after a terminal commit, in an order that survives a crash at any point
-/// (each step is idempotent and the entry is acked last): parent, children, follow-up
-/// turn, completion, ack. Whether the entry was acked.
+/// (each step is idempotent and the mark comes last): parent, children, follow-up turn,
+/// completion, the announced mark (and the entry's ack, for a delivery that found the
+/// session finished). Whether it got to the end.
 pub(super) async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
     tell_family(inner, row).await;
     match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
         Ok(true) => info!("started an enqueued follow-up turn"),
         Ok(false) => {}
-        Err(e) => warn!(error = %e, "starting a follow-up turn failed; a redelivery retries"),
+        Err(e) => warn!(error = %e, "starting a follow-up turn failed; the sweeper retries"),
     }
     publish_and_ack(inner, d, row).await
 }
@@ -99,13 +100,15 @@ pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionR
         .with_label_values(&[d.queue.as_str(), "error"])
         .inc();
     tell_family(inner, &failed).await;
-    publish(inner, &failed).await;
+    if publish(inner, &failed).await {
+        let _ = inner.store.mark_announced(&failed.id).await;
+    }
     Processed::DeadLettered
 }
 
 /// Give a session back after a graceful stop: release the lease, put a fresh entry on the
-/// queue so any worker resumes it at once, and ack the old one. A crash in between only
-/// leaves duplicates, which the lease makes harmless. `HandedBack` when it got that far,
+/// queue so any worker resumes it at once, and ack the old one (if the claim's ack did
+/// not). A crash in between only leaves duplicates, which the lease makes harmless. `HandedBack` when it got that far,
 /// else `Left`.
 pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> Processed {
     if let Err(e) = inner.store.release(lease).await {
@@ -117,9 +120,14 @@ pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -
         .enqueue(&d.queue, &d.session_id, agentq_core::EnqueueReason::Resume)
         .await
     {
-        warn!(error = %e, "re-enqueueing failed; the old entry stays for the reclaimer");
+        warn!(error = %e, "re-enqueueing failed; the sweeper adds an entry");
         return Processed::Left;
     }
+    // Else the sweeper adds another entry (the release forgot the old one).
+    let _ = inner
+        .store
+        .mark_enqueued(std::slice::from_ref(&d.session_id))
+        .await;
     if ack(inner, d).await {
         Processed::HandedBack
     } else {
@@ -140,7 +148,7 @@ pub(super) async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
                 tokio::time::sleep(wait).await;
             }
             Err(e) => {
-                error!(error = %e, "publishing the completion failed; the entry stays for redelivery");
+                error!(error = %e, "publishing the completion failed; the sweeper publishes it");
                 return false;
             }
         }
@@ -148,7 +156,14 @@ pub(super) async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
 }
 
 async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
-    publish(inner, row).await && ack(inner, d).await
+    if !publish(inner, row).await {
+        return false;
+    }
+    if let Err(e) = inner.store.mark_announced(&row.id).await {
+        warn!(error = %e, "marking the session announced failed; the sweeper settles it again");
+        return false;
+    }
+    ack(inner, d).await
 }
 
 /// Whether the entry was acked (a few tries).

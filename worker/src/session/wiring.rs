@@ -106,7 +106,6 @@ impl Wiring {
             &d.session_id,
             Active {
                 lease: lease.clone(),
-                queue: d.queue.clone(),
                 entry_id: d.entry_id.clone(),
                 cancel: self.cancel.clone(),
                 abort: self.abort.clone(),

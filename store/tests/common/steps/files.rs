@@ -148,10 +148,15 @@ pub async fn fence_off(
     owner: &str,
 ) -> (Lease, SessionState) {
     store
-        .heartbeat(std::slice::from_ref(lease), Duration::from_millis(1))
+        .heartbeat(
+            &lease.owner,
+            std::slice::from_ref(lease),
+            Duration::from_millis(1),
+        )
         .await
         .unwrap();
-    store.pass(Duration::from_millis(20)).await;
+    // Past the claim's own expiry too, which covers it until a first heartbeat.
+    store.pass(TTL + Duration::from_millis(20)).await;
     acquire(store, id, owner, TTL).await
 }
 

@@ -17,10 +17,10 @@ fn defaults() {
     assert_eq!(c.redis_url, None);
     assert_eq!(c.worker.concurrency, 256);
     assert_eq!(c.worker.queues, vec!["default"]);
-    assert_eq!(c.worker.lease_ttl_secs, Secs(6.0));
-    assert_eq!(c.worker.heartbeat_secs, Secs(2.0));
+    assert_eq!(c.worker.lease_ttl_secs, Secs(1.5));
+    assert_eq!(c.worker.heartbeat_secs, Secs(0.5));
     assert_eq!(c.worker.reclaim_min_idle_secs, Secs(6.0));
-    assert_eq!(c.worker.reclaim_interval_secs, Secs(2.0));
+    assert_eq!(c.worker.reclaim_interval_secs, Secs(0.5));
     assert_eq!(c.worker.max_attempts, 5);
     assert_eq!(c.worker.drain_timeout_secs, Secs(30.0));
     assert_eq!(c.worker.read_block_ms, 2000);
@@ -100,7 +100,7 @@ fn file_sections() {
     assert_eq!(c.worker.default_tools, Some(vec!["read_file".to_string()]));
     assert!(c.worker.shell_enabled);
     assert_eq!(c.worker.heartbeat_secs, Secs(0.5));
-    assert_eq!(c.worker.lease_ttl_secs, Secs(6.0));
+    assert_eq!(c.worker.lease_ttl_secs, Secs(1.5));
     assert_eq!(c.scheduler.sweep_interval_secs, 1);
     assert_eq!(c.scheduler.max_batch, 50);
     assert_eq!(c.scheduler.max_prompt_bytes, 1_000_000);

@@ -15,7 +15,7 @@ fn validation_names_the_setting_its_variable_and_its_flag() {
     ] {
         assert!(e.contains(name), "{name} not in {e}");
     }
-    let e = invalid_with(|s| s.worker.reclaim_min_idle_secs = Secs(1.0));
+    let e = invalid_with(|s| s.worker.reclaim_min_idle_secs = Secs(0.25));
     assert!(e.contains("worker.reclaim_min_idle_secs"), "{e}");
     for (key, tweak) in [
         (
