@@ -148,7 +148,9 @@ async fn heartbeat_wal(env: &Env) -> anyhow::Result<f64> {
         .fetch_one(store.pool())
         .await?;
     for _ in 0..RENEWALS {
-        store.heartbeat(&leases, Duration::from_secs(600)).await?;
+        store
+            .heartbeat(&owner, &leases, Duration::from_secs(600))
+            .await?;
     }
     let bytes: f64 =
         sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::float8")

@@ -119,6 +119,10 @@ impl<S: Store> SessionStore for ShardedStore<S> {
         by_id!(self, "fail", id, |s| s.fail(id, reason))
     }
 
+    async fn mark_announced(&self, id: &str) -> Result<()> {
+        by_id!(self, "mark_announced", id, |s| s.mark_announced(id))
+    }
+
     async fn request_cancel(&self, id: &str) -> Result<CancelResult> {
         by_id!(self, "request_cancel", id, |s| s.request_cancel(id))
     }
@@ -175,14 +179,23 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
         reassemble(batch.len(), answers)
     }
 
-    /// Split by shard as the group commit is; the leases of a shard that is down are
-    /// answered neither held nor lost (the next checkpoint's fencing decides), so the
-    /// others' are still renewed.
-    async fn heartbeat(&self, leases: &[Lease], ttl: Duration) -> Result<Vec<LeaseStatus>> {
-        let groups = self.split(leases.iter().map(|l| l.root_id.as_str()));
-        let calls = groups.into_iter().map(|(i, positions)| {
+    /// Split by shard as the group commit is, and sent to every shard, since each shard's
+    /// claims read the worker's liveness row there (a shard without its leases gets the
+    /// beat alone). The leases of a shard that is down are answered neither held nor lost
+    /// (the next checkpoint's fencing decides), so the others' are still renewed.
+    async fn heartbeat(
+        &self,
+        worker: &str,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<LeaseStatus>> {
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); self.len()];
+        for (i, positions) in self.split(leases.iter().map(|l| l.root_id.as_str())) {
+            groups[i] = positions;
+        }
+        let calls = groups.into_iter().enumerate().map(|(i, positions)| {
             let part: Vec<Lease> = positions.iter().map(|p| leases[*p].clone()).collect();
-            async move { (positions, self.on(i).heartbeat(&part, ttl).await) }
+            async move { (positions, self.on(i).heartbeat(worker, &part, ttl).await) }
         });
         let answers = futures::future::join_all(calls).await;
         let answers = per_shard(answers, |_, positions| {
@@ -197,6 +210,15 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
                 .collect()
         })?;
         reassemble(leases.len(), answers)
+    }
+
+    async fn leases_of(&self, worker: &str) -> Result<Vec<(Lease, String)>> {
+        self.concat(|s| s.leases_of(worker)).await
+    }
+
+    /// Every shard has the worker's row.
+    async fn retire_worker(&self, worker: &str) -> Result<()> {
+        self.each(|s| s.retire_worker(worker)).await.map(|_| ())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -14,9 +14,7 @@ use super::merge::{cap, fold, merge_pages};
 use crate::error::Result;
 use crate::model::Woken;
 use crate::report::{CostFilter, CostRow, StatusCount, WorkerLeases};
-use crate::retention::{
-    RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule,
-};
+use crate::retention::{RetentionCandidate, RetentionRule, Retired, RuleKind, StoredRetentionRule};
 use crate::scheduling::{ActiveCount, Candidate};
 use crate::store::{ReportStore, RetentionStore, Store, SweepStore};
 use crate::wait::WaitReason;
@@ -99,6 +97,30 @@ impl<S: Store> SweepStore for ShardedStore<S> {
 
     async fn forget_expired_entries(&self, grace: Duration, limit: u32) -> Result<u64> {
         self.sum(|s| s.forget_expired_entries(grace, limit)).await
+    }
+
+    /// Each shard's orphans, all of them (up to `limit` each): every one returned has had
+    /// its entry forgotten, and the caller queues each.
+    async fn requeue_orphans(
+        &self,
+        queues: &[String],
+        limit: u32,
+    ) -> Result<Vec<(String, String)>> {
+        self.concat(|s| s.requeue_orphans(queues, limit)).await
+    }
+
+    async fn forget_workers(&self, age: Duration) -> Result<u64> {
+        self.sum(|s| s.forget_workers(age)).await
+    }
+
+    async fn unannounced(
+        &self,
+        grace: Duration,
+        limit: u32,
+    ) -> Result<Vec<crate::model::SessionRow>> {
+        // A read: what is cut is found by the next pass.
+        let lists = self.each(|s| s.unannounced(grace, limit)).await?;
+        Ok(merge_pages(lists, |r| r.id.clone(), false, cap(limit)))
     }
 
     async fn unenqueued(&self, age: Duration, limit: u32) -> Result<Vec<(String, String)>> {

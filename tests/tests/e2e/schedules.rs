@@ -18,7 +18,6 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection, Row};
 
 use agentq_core::auth::{self, Scope};
-use agentq_core::store::KeyStore;
 use agentq_scheduler::schedules::fire_key;
 
 use crate::common::{Cluster, agentq_bin, eventually, poll};
