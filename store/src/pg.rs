@@ -40,6 +40,7 @@ mod retention;
 mod schedules;
 mod sessions;
 mod sweep;
+mod tenant_holds;
 mod tenant_rounds;
 mod webhooks;
 mod workspace;

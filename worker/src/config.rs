@@ -281,10 +281,10 @@ mod tests {
         let c = WorkerSettings::default();
         assert_eq!(c.concurrency, 256);
         assert_eq!(c.queues, vec!["default"]);
-        assert_eq!(c.lease_ttl, Duration::from_secs(6));
-        assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
+        assert_eq!(c.lease_ttl, Duration::from_millis(1500));
+        assert_eq!(c.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(c.reclaim_min_idle, Duration::from_secs(6));
-        assert_eq!(c.reclaim_interval, Duration::from_secs(2));
+        assert_eq!(c.reclaim_interval, Duration::from_millis(500));
         assert_eq!(c.max_attempts, 5);
         assert_eq!(c.drain_timeout, Duration::from_secs(30));
         assert_eq!(c.read_block, Duration::from_secs(2));

@@ -23,7 +23,7 @@ use crate::rowconv::to_i64;
 use crate::sql::budget::count;
 use crate::sql::{ledger, totals};
 
-use super::budget::{DROP_EXPIRED, HELD, hold, settle_hold};
+use super::tenant_holds::{DROP_EXPIRED, HELD, hold, settle_hold};
 
 /// The settled holds gone, in one statement, with what they held.
 const UNHOLD_MANY: &str = "

@@ -140,7 +140,14 @@ async fn contract_dead_workers_sessions_requeued_once(store: &dyn Backend) {
 
     // w1 still owns sessions: its row stays (the finisher's, made at its claim and
     // owning nothing now, goes); once they moved on, w1's goes too.
-    assert_eq!(store.forget_workers(Duration::ZERO).await.unwrap(), 1);
+    // Each shard keeps a worker's row where it beat or claimed, and forgets its own: on
+    // several shards a worker counts once per shard whose copy went (w1's copy on a
+    // shard where it owns nothing goes too).
+    let forgot = |n: u64, want: u64| {
+        let most = want * store.shards() as u64 + u64::from(store.shards() > 1);
+        assert!((want..=most).contains(&n), "{n} forgotten, {want} expected");
+    };
+    forgot(store.forget_workers(Duration::ZERO).await.unwrap(), 1);
     assert_eq!(store.leases_of("w1").await.unwrap().len(), 2);
     let _ = acquire(store, &dead, "w3", TTL).await;
     let _ = acquire(store, &unmarked, "w3", TTL).await;
@@ -152,5 +159,5 @@ async fn contract_dead_workers_sessions_requeued_once(store: &dyn Backend) {
             .unwrap(),
         0
     );
-    assert_eq!(store.forget_workers(Duration::ZERO).await.unwrap(), 1);
+    forgot(store.forget_workers(Duration::ZERO).await.unwrap(), 1);
 }
