@@ -128,6 +128,9 @@ fn body_for(method: &Method, path: &str, call_id: &str) -> Option<Value> {
     if method == Method::PUT && path == "/v1/admin/budgets/{tenant}" {
         return Some(json!({"period": "day", "tokens": 1000}));
     }
+    if method == Method::PUT && path.starts_with("/v1/admin/retention/") {
+        return Some(json!({"days": 30, "keep": "result"}));
+    }
     if method != Method::POST {
         return None;
     }
@@ -256,6 +259,7 @@ const HELD_FILE: &str = "out/report.txt";
 fn concrete(path: &str, id: &str) -> String {
     path.replace("{id}", id)
         .replace("{tenant}", "acme")
+        .replace("{queue}", "default")
         .replace("{*path}", HELD_FILE)
         .replace("{file}", "app.js")
 }

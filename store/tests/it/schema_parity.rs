@@ -112,6 +112,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "sessions",
             "tenant_budgets",
             "tenant_holds",
+            "tenant_ledger",
             "tenant_spend",
             "webhook_batch_checks",
             "webhook_deliveries",
