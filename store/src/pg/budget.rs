@@ -207,14 +207,7 @@ pub(super) async fn tree_usage(pool: &PgPool, root_id: &str) -> Result<Vec<Model
 }
 
 async fn add_spend(pool: &PgPool, tenant: &str, day: &str, s: Spend) -> Result<()> {
-    sqlx::query(ADD_SPEND)
-        .bind(tenant)
-        .bind(day)
-        .bind(to_i64(s.tokens, "tokens")?)
-        .bind(to_i64(s.cost_nanos, "cost")?)
-        .execute(pool)
-        .await?;
-    Ok(())
+    ledger::add_spend_by(pool, ADD_SPEND, tenant, day, s).await
 }
 
 pub(super) async fn set_budget(pool: &PgPool, b: &TenantBudget) -> Result<()> {

@@ -140,7 +140,26 @@ where
     for<'q> i64: Encode<'q, DB> + Type<DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
-    sqlx::query::<DB>(ADD_SPEND)
+    add_spend_by(ex, ADD_SPEND, tenant, day, s).await
+}
+
+/// Run `sql`, a statement that adds `$3` tokens and `$4` nano-dollars spent by `$1` on
+/// day `$2` (to the day's spend, the tenant's totals, or both).
+pub(crate) async fn add_spend_by<'c, DB, E>(
+    ex: E,
+    sql: &str,
+    tenant: &str,
+    day: &str,
+    s: Spend,
+) -> Result<()>
+where
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    sqlx::query::<DB>(sql)
         .bind(tenant)
         .bind(day)
         .bind(to_i64(s.tokens, "tokens")?)

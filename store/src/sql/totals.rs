@@ -13,7 +13,6 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::budget::{HoldRefused, Spend, TenantBudget, TenantTotals, first_reached, month_key};
 use crate::error::Result;
-use crate::rowconv::to_i64;
 
 use super::budget::count;
 
@@ -122,14 +121,7 @@ where
     for<'q> i64: Encode<'q, DB> + Type<DB>,
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
-    sqlx::query::<DB>(ADD_TO_TOTALS)
-        .bind(tenant)
-        .bind(day)
-        .bind(to_i64(s.tokens, "tokens")?)
-        .bind(to_i64(s.cost_nanos, "cost")?)
-        .execute(ex)
-        .await?;
-    Ok(())
+    super::ledger::add_spend_by(ex, ADD_TO_TOTALS, tenant, day, s).await
 }
 
 /// Today's day and month keys as of `now`, for [`ENSURE`].
