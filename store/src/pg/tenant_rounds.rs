@@ -35,6 +35,8 @@ UPDATE tenant_ledger SET held_tokens = GREATEST(held_tokens - $2, 0),
     held_cost_nanos = GREATEST(held_cost_nanos - $3, 0)
 WHERE tenant = $1";
 
+const LOCK_TOTALS: &str = "SELECT 1 FROM tenant_ledger WHERE tenant = $1 FOR UPDATE";
+
 const STORED: &str = "SELECT id FROM tenant_holds WHERE id = ANY($1)";
 
 /// The admitted holds of a round, from arrays.
@@ -114,7 +116,7 @@ async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
                 now,
                 done,
             } => {
-                let _ = done.send(hold(pool, &h, &budgets, now).await);
+                let _ = done.send(again(|| hold(pool, &h, &budgets, now)).await);
             }
             Op::Settle {
                 id,
@@ -122,7 +124,8 @@ async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
                 spend,
                 done,
             } => {
-                let _ = done.send(settle_hold(pool, &id, tenant, &day, spend).await);
+                let answer = again(|| settle_hold(pool, &id, tenant, &day, spend)).await;
+                let _ = done.send(answer);
             }
         }
         return;
@@ -153,7 +156,7 @@ async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
         .iter()
         .map(|(i, d, s, _)| (i.as_str(), d.as_str(), *s))
         .collect();
-    match together(pool, tenant, &settled, &asks).await {
+    match again(|| together(pool, tenant, &settled, &asks)).await {
         Ok(answers) => {
             for ((.., done), answer) in holds.into_iter().zip(answers) {
                 let _ = done.send(Ok(answer));
@@ -174,6 +177,31 @@ async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
     }
 }
 
+/// How many times a transaction the database aborted for a deadlock or a serialization
+/// failure is run again: it changed nothing, and a settlement given up is a spend lost
+/// and a hold left counted until it expires.
+const ATTEMPTS: u32 = 4;
+
+/// `op`, run again while the database aborts it for a conflict with another process's.
+async fn again<T, F, Fut>(mut op: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(e) if attempt < ATTEMPTS && aborted_for_conflict(&e) => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+fn aborted_for_conflict(e: &Error) -> bool {
+    matches!(e, Error::Db(sqlx::Error::Database(d))
+        if matches!(d.code().as_deref(), Some("40P01" | "40001")))
+}
+
 /// One transaction for a round: the settlements first (they free room), then each hold
 /// in arrival order, decided as a hold alone would be on the totals as the ones before it
 /// left them.
@@ -184,6 +212,20 @@ async fn together(
     holds: &[(&TenantHold, &[TenantBudget], DateTime<Utc>)],
 ) -> Result<Vec<Option<HoldRefused>>> {
     let mut tx = pool.begin().await?;
+    // The tenant's totals row first, as every other statement on a tenant's budget takes
+    // it (a hold's update, a single settlement's upsert, whose day's spend comes after):
+    // taking the day's spend first deadlocked with a settlement of another process.
+    let (day, month) = totals::period_keys(holds.first().map_or_else(Utc::now, |h| h.2));
+    sqlx::query(totals::ENSURE)
+        .bind(tenant)
+        .bind(&day)
+        .bind(&month)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(LOCK_TOTALS)
+        .bind(tenant)
+        .execute(&mut *tx)
+        .await?;
     if !settles.is_empty() {
         let ids: Vec<&str> = settles.iter().map(|s| s.0).collect();
         let (t, c): (i64, i64) = sqlx::query_as(UNHOLD_MANY)
@@ -220,13 +262,6 @@ async fn hold_all(
     tenant: &str,
     holds: &[(&TenantHold, &[TenantBudget], DateTime<Utc>)],
 ) -> Result<Vec<Option<HoldRefused>>> {
-    let (day, month) = totals::period_keys(holds[0].2);
-    sqlx::query(totals::ENSURE)
-        .bind(tenant)
-        .bind(&day)
-        .bind(&month)
-        .execute(&mut **tx)
-        .await?;
     let row = totals::totals::<Postgres, _>(&mut **tx, totals::TOTALS_LOCKED, tenant).await?;
     let ids: Vec<&str> = holds.iter().map(|h| h.0.id.as_str()).collect();
     let stored: Vec<String> = sqlx::query_scalar(STORED)

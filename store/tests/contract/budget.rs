@@ -848,6 +848,31 @@ async fn budget_tenant_totals_follow_days_months_retries_and_dead_holds(store: A
 /// the ones that arrive together in one round): every call that started is counted, and
 /// the tenant ends within its budget plus one call's spend.
 async fn budget_tenant_calls_in_rounds_end_within_the_budget(store: Arc<dyn Backend>) {
+    calls_in_rounds(&[store]).await;
+}
+
+/// Two processes' calls of one tenant at once: each takes its own rounds, a call alone
+/// goes by its single statements, and the two lock the tenant's rows in one order, so no
+/// settlement is lost to a deadlock (a lost one left its hold counted for half an hour
+/// and the tenant's other calls waiting on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_two_processes_calls_in_rounds_end_within_the_budget() {
+    let url = agentq_testkit::shared_postgres()
+        .expect("shared postgres")
+        .fresh_database()
+        .expect("fresh database");
+    let a = agentq_store::pg::PgStore::connect(&url, 8)
+        .await
+        .expect("connect");
+    a.migrate().await.expect("migrate");
+    let b = agentq_store::pg::PgStore::connect(&url, 8)
+        .await
+        .expect("connect");
+    calls_in_rounds(&[Arc::new(a), Arc::new(b)]).await;
+}
+
+/// 32 tasks, over one or two `stores`, hold and settle until the budget is spent.
+async fn calls_in_rounds(stores: &[Arc<dyn Backend>]) {
     let now = chrono::Utc::now();
     let day = agentq_types::budget::day_key(now.date_naive());
     let budgets = vec![TenantBudget {
@@ -858,8 +883,11 @@ async fn budget_tenant_calls_in_rounds_end_within_the_budget(store: Arc<dyn Back
         on_budget: OnBudget::Fail,
     }];
     let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (store, budgets, day) = (store.clone(), budgets.clone(), day.clone());
+    for i in 0..32 {
+        // With two stores, the first takes few calls (mostly alone, by the single
+        // statements) and the second many (in rounds): the two ways meet on one tenant.
+        let store = stores[usize::from(i >= 3) % stores.len()].clone();
+        let (budgets, day) = (budgets.clone(), day.clone());
         tasks.push(tokio::spawn(async move {
             let mut started = 0u64;
             for _ in 0..20_000 {
@@ -896,6 +924,7 @@ async fn budget_tenant_calls_in_rounds_end_within_the_budget(store: Arc<dyn Back
     for t in tasks {
         started += t.await.unwrap();
     }
+    let store = &stores[0];
     let spent = store.tenant_spend("busy", &day, &day).await.unwrap().tokens;
     assert_eq!(spent, started * 400, "every started call counted once");
     assert!(
