@@ -25,6 +25,7 @@
 //! (deliveries, approvals, follow-ups), `sweep` (the sweeper's and the dispatcher's),
 //! `keys`, `queues`, `budget`, `workspace` and `batches` (batches as objects of the API).
 
+mod announce_rounds;
 mod batch;
 mod batches;
 mod budget;
@@ -109,6 +110,8 @@ pub struct PgStore {
     objects: Option<std::sync::Arc<crate::blob::s3::S3Blobs>>,
     /// Tenants' budget holds and settlements taken together (see [`tenant_rounds`]).
     rounds: std::sync::Arc<tenant_rounds::Rounds>,
+    /// Marks of finished sessions announced, taken together (see [`announce_rounds`]).
+    announced: std::sync::Arc<announce_rounds::AnnounceRounds>,
 }
 
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
@@ -150,6 +153,7 @@ impl PgStore {
             writer,
             objects: None,
             rounds: Default::default(),
+            announced: Default::default(),
         })
     }
 
@@ -191,6 +195,7 @@ impl PgStore {
             writer,
             objects: None,
             rounds: Default::default(),
+            announced: Default::default(),
         })
     }
 
@@ -253,6 +258,7 @@ impl PgStore {
             pool,
             objects: None,
             rounds: Default::default(),
+            announced: Default::default(),
         }
     }
 

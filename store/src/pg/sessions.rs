@@ -64,11 +64,7 @@ impl SessionStore for PgStore {
     }
 
     async fn mark_announced(&self, id: &str) -> Result<()> {
-        sqlx::query(&SQL.mark_announced)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.announced.mark(&self.pool, id).await
     }
 
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {

@@ -23,23 +23,24 @@ pub(super) const LEASES_OF: Shared = Shared {
 };
 
 /// A finished session's settle steps are done (its family told, its follow-up started,
-/// its completion published): the sweeper no longer re-drives them.
+/// its completion published): the sweeper no longer re-drives them. Its row in
+/// `unannounced` (made by a trigger when the session finished) goes; the session's own
+/// row is not written again.
 pub(super) const MARK_ANNOUNCED: Shared = Shared {
-    text: "UPDATE sessions SET announced_at = now() \
-           WHERE id = $1 AND announced_at IS NULL \
-             AND status IN ('completed', 'failed', 'cancelled')",
-    sqlite_now: Some(2),
+    text: "DELETE FROM unannounced WHERE id = $1",
+    sqlite_now: None,
 };
 
 /// Finished sessions whose settle steps were not marked done `$1` seconds after their
 /// finish (SQLite: before `$1`), those finished first first: their worker died between
 /// the terminal commit and the end of settling (the entry was acked at the claim, so no
-/// redelivery settles them). From the unannounced index alone.
+/// redelivery settles them). Found through `unannounced`, which holds only those.
 pub(super) const UNANNOUNCED: Shared = Shared {
     text: "SELECT COLS FROM sessions \
-           WHERE announced_at IS NULL AND status IN ('completed', 'failed', 'cancelled') \
-             AND finished_at < now() - make_interval(secs => $1) \
-           ORDER BY finished_at LIMIT $2",
+           WHERE id IN (SELECT id FROM unannounced \
+                        WHERE finished_at < now() - make_interval(secs => $1) \
+                        ORDER BY finished_at LIMIT $2) \
+           ORDER BY finished_at",
     sqlite_now: None,
 };
 

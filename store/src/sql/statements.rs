@@ -320,7 +320,7 @@ const FOLLOW_UP: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, announced_at = NULL, turn_base = iteration, drain_rounds = 0,
+    finished_at = NULL, turn_base = iteration, drain_rounds = 0,
     free_iteration = false, enqueued_at = NULL, held = capped, cancel_requested = false,
     attempts = 0,
     lease_owner = NULL, lease_expires_at = NULL, approval_deadline = NULL,
@@ -445,7 +445,7 @@ const RETRY: Shared = Shared {
     text: "
 UPDATE sessions SET
     status = 'queued', finish_reason = NULL, result = NULL, error = NULL,
-    finished_at = NULL, announced_at = NULL, attempts = 0, cancel_requested = false,
+    finished_at = NULL, attempts = 0, cancel_requested = false,
     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1,
     enqueued_at = NULL, held = ($2 OR capped), approval_deadline = NULL,
     retries = retries + 1, updated_at = now()

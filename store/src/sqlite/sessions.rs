@@ -92,7 +92,6 @@ impl SessionStore for SqliteStore {
         let mut tx = self.write_tx().await?;
         sqlx::query(&SQL.mark_announced)
             .bind(id)
-            .bind(now_us())
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;

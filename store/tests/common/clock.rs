@@ -3,7 +3,8 @@
 //! so a test makes time pass for the store by moving every stored point in time that a
 //! statement compares with "now" back by the same amount, as if that much time had gone
 //! by: lease expiries, queue entries, creation and finish times, approval deadlines and
-//! wake-ups (`sessions`), tenant holds' expiry, blobs' last touch and workers' liveness. Relations between
+//! wake-ups (`sessions`), tenant holds' expiry, blobs' last touch, workers' liveness and
+//! the finish of sessions not announced yet. Relations between
 //! them (an entry added before a lease expired) are kept. `started_at`, which a resumed
 //! state carries, is not a deadline and stays.
 
@@ -29,10 +30,11 @@ const SESSION_TIMES: [&str; 6] = [
 ];
 
 /// `table` and its columns moved, after `sessions`.
-const OTHER_TIMES: [(&str, &str); 3] = [
+const OTHER_TIMES: [(&str, &str); 4] = [
     ("tenant_holds", "expires_at"),
     ("blobs", "touched_at"),
     ("workers", "expires_at"),
+    ("unannounced", "finished_at"),
 ];
 
 /// A backend whose clock a test can move.

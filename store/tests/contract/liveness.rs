@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use agentq_error::Error;
-use agentq_types::model::Claim;
+use agentq_types::model::{CancelResult, Claim, SessionRow, SessionStatus};
 
 use crate::common::{Backend, SHORT_TTL, TTL, acquire, contract_tests, create, finish};
 
@@ -14,6 +14,7 @@ contract_tests!(
     contract_worker_row_holds_its_sessions,
     contract_retired_worker_is_taken_over_at_once,
     contract_dead_workers_sessions_requeued_once,
+    contract_finished_sessions_wait_to_be_announced,
 );
 
 /// Heartbeats of the worker's row alone keep its sessions, long past their claim's own
@@ -160,4 +161,71 @@ async fn contract_dead_workers_sessions_requeued_once(store: &dyn Backend) {
         0
     );
     forgot(store.forget_workers(Duration::ZERO).await.unwrap(), 1);
+}
+
+/// A finished session waits to be announced (its settle steps marked done) whichever
+/// statement finished it: a worker's commit, a cancel of a queued session. Only past the
+/// grace, oldest first, at most the limit; a mark (twice is harmless) ends the wait; a
+/// session started again by a follow-up no longer waits, and waits again once it
+/// finishes again. A session never finished never waits.
+async fn contract_finished_sessions_wait_to_be_announced(store: &dyn Backend) {
+    let grace = Duration::from_secs(5);
+    let ids = |rows: Vec<SessionRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let a = create(store, "a").await;
+    let b = create(store, "b").await;
+    let _queued = create(store, "c").await;
+    finish(store, &a, "done").await;
+    store.pass(Duration::from_millis(10)).await;
+    assert!(matches!(
+        store.request_cancel(&b).await.unwrap(),
+        CancelResult::CancelledNow(_)
+    ));
+    assert!(store.unannounced(grace, 10).await.unwrap().is_empty());
+    store.pass(grace + Duration::from_secs(1)).await;
+    assert_eq!(
+        ids(store.unannounced(grace, 10).await.unwrap()),
+        [a.clone(), b.clone()]
+    );
+    assert_eq!(ids(store.unannounced(grace, 1).await.unwrap()), [a.clone()]);
+
+    store.mark_announced(&a).await.unwrap();
+    store.mark_announced(&a).await.unwrap();
+    assert_eq!(
+        ids(store.unannounced(grace, 10).await.unwrap()),
+        [b.clone()]
+    );
+    store.mark_announced(&b).await.unwrap();
+    assert!(store.unannounced(grace, 10).await.unwrap().is_empty());
+
+    // Finished again after a follow-up, it waits again; started again while it waits,
+    // it no longer does.
+    let reopened = store.follow_up(&a, "more", None).await.unwrap().unwrap();
+    assert_eq!(reopened.status, SessionStatus::Queued);
+    store.pass(grace + Duration::from_secs(1)).await;
+    assert!(store.unannounced(grace, 10).await.unwrap().is_empty());
+    finish(store, &a, "again").await;
+    store.pass(grace + Duration::from_secs(1)).await;
+    assert_eq!(
+        ids(store.unannounced(grace, 10).await.unwrap()),
+        [a.clone()]
+    );
+    let reopened = store.follow_up(&a, "more", None).await.unwrap().unwrap();
+    assert_eq!(reopened.status, SessionStatus::Queued);
+    store.pass(grace + Duration::from_secs(1)).await;
+    assert!(store.unannounced(grace, 10).await.unwrap().is_empty());
+
+    // Many marks at once (Postgres takes those that arrive together in one statement):
+    // each is answered, and each session's wait ends, no other's.
+    let mut many = Vec::new();
+    for i in 0..8 {
+        let id = create(store, &format!("m{i}")).await;
+        finish(store, &id, "done").await;
+        many.push(id);
+    }
+    store.pass(grace + Duration::from_secs(1)).await;
+    let marks = many[..6].iter().map(|id| store.mark_announced(id));
+    for r in futures::future::join_all(marks).await {
+        r.unwrap();
+    }
+    assert_eq!(ids(store.unannounced(grace, 10).await.unwrap()), many[6..]);
 }

@@ -114,6 +114,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "tenant_holds",
             "tenant_ledger",
             "tenant_spend",
+            "unannounced",
             "webhook_batch_checks",
             "webhook_deliveries",
             "webhook_endpoints",
