@@ -186,13 +186,16 @@ async fn contract_finished_sessions_wait_to_be_announced(store: &dyn Backend) {
         ids(store.unannounced(grace, 10).await.unwrap()),
         [a.clone(), b.clone()]
     );
-    assert_eq!(ids(store.unannounced(grace, 1).await.unwrap()), [a.clone()]);
+    assert_eq!(
+        ids(store.unannounced(grace, 1).await.unwrap()),
+        std::slice::from_ref(&a)
+    );
 
     store.mark_announced(&a).await.unwrap();
     store.mark_announced(&a).await.unwrap();
     assert_eq!(
         ids(store.unannounced(grace, 10).await.unwrap()),
-        [b.clone()]
+        std::slice::from_ref(&b)
     );
     store.mark_announced(&b).await.unwrap();
     assert!(store.unannounced(grace, 10).await.unwrap().is_empty());
@@ -207,7 +210,7 @@ async fn contract_finished_sessions_wait_to_be_announced(store: &dyn Backend) {
     store.pass(grace + Duration::from_secs(1)).await;
     assert_eq!(
         ids(store.unannounced(grace, 10).await.unwrap()),
-        [a.clone()]
+        std::slice::from_ref(&a)
     );
     let reopened = store.follow_up(&a, "more", None).await.unwrap().unwrap();
     assert_eq!(reopened.status, SessionStatus::Queued);
