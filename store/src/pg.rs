@@ -38,6 +38,7 @@ mod params;
 mod queues;
 mod report;
 mod retention;
+mod rounds;
 mod schedules;
 mod sessions;
 mod sweep;
@@ -109,9 +110,9 @@ pub struct PgStore {
     /// [`PgStore::with_objects`]).
     objects: Option<std::sync::Arc<crate::blob::s3::S3Blobs>>,
     /// Tenants' budget holds and settlements taken together (see [`tenant_rounds`]).
-    rounds: std::sync::Arc<tenant_rounds::Rounds>,
+    rounds: std::sync::Arc<rounds::Rounds<tenant_rounds::Op>>,
     /// Marks of finished sessions announced, taken together (see [`announce_rounds`]).
-    announced: std::sync::Arc<announce_rounds::AnnounceRounds>,
+    announced: std::sync::Arc<rounds::Rounds<announce_rounds::Mark>>,
 }
 
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 
 use agentq_api::{RetentionRuleView, RetentionRules, SetRetention};
-use agentq_core::auth::valid_tenant;
+use agentq_core::auth::{MAX_TENANT, valid_tenant};
 use agentq_core::config::RetentionOverride;
 use agentq_core::retention::{Keep, MAX_RETENTION_DAYS, RuleKind, StoredRetentionRule};
 
@@ -29,7 +29,7 @@ fn name_of(kind: RuleKind, path: Result<Path<String>, PathRejection>) -> ApiResu
     };
     if !ok {
         let most = match kind {
-            RuleKind::Tenant => 64,
+            RuleKind::Tenant => MAX_TENANT,
             RuleKind::Queue => MAX_QUEUE_NAME,
         };
         return Err(ApiError::invalid(

@@ -24,7 +24,7 @@ use crate::sql::statements::COLS;
 use crate::sql::totals::{totals_set, totals_upsert};
 use crate::store::BudgetStore;
 
-use super::tenant_rounds::Op;
+use super::tenant_rounds::{self, Op};
 use super::{PgStore, create};
 
 /// The rows a spawn checks, locked root first (`$2`; see the module docs), then by id.
@@ -265,7 +265,7 @@ impl BudgetStore for PgStore {
             now,
             done,
         };
-        self.rounds.submit(&self.pool, &hold.tenant, op);
+        tenant_rounds::submit(&self.rounds, &self.pool, &hold.tenant, op);
         answer.await.map_err(|_| Error::Stopped)?
     }
 
@@ -283,7 +283,7 @@ impl BudgetStore for PgStore {
             spend,
             done,
         };
-        self.rounds.submit(&self.pool, tenant, op);
+        tenant_rounds::submit(&self.rounds, &self.pool, tenant, op);
         answer.await.map_err(|_| Error::Stopped)?
     }
 

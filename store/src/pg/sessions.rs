@@ -64,7 +64,7 @@ impl SessionStore for PgStore {
     }
 
     async fn mark_announced(&self, id: &str) -> Result<()> {
-        self.announced.mark(&self.pool, id).await
+        super::announce_rounds::mark(&self.announced, &self.pool, id).await
     }
 
     async fn retry(&self, id: &str, hold: bool) -> Result<RetryResult> {

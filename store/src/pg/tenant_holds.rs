@@ -38,9 +38,8 @@ SELECT $1, $2, $3, $4, now() + make_interval(secs => $5) FROM l
 RETURNING 1";
 
 /// The tenant's holds recounted: expired ones (their worker died) dropped first.
-pub(super) const DROP_EXPIRED: &str =
-    "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= now()";
-pub(super) const HELD: &str = "
+const DROP_EXPIRED: &str = "DELETE FROM tenant_holds WHERE tenant = $1 AND expires_at <= now()";
+const HELD: &str = "
 SELECT COALESCE(sum(tokens), 0)::bigint, COALESCE(sum(cost_nanos), 0)::bigint, min(expires_at)
 FROM tenant_holds WHERE tenant = $1";
 
@@ -125,18 +124,7 @@ async fn slow_hold(
         tx.commit().await?;
         return Ok(None);
     }
-    sqlx::query(DROP_EXPIRED)
-        .bind(&hold.tenant)
-        .execute(&mut *tx)
-        .await?;
-    let (t, c, expires): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(HELD)
-        .bind(&hold.tenant)
-        .fetch_one(&mut *tx)
-        .await?;
-    let held = Spend {
-        tokens: count(t),
-        cost_nanos: count(c),
-    };
+    let (held, expires) = recount(&mut tx, &hold.tenant).await?;
     let refused = totals::decide(&row, held, expires, budgets, now);
     let held = if refused.is_some() {
         held
@@ -159,6 +147,27 @@ async fn slow_hold(
         .await?;
     tx.commit().await?;
     Ok(refused)
+}
+
+/// What `tenant`'s holds hold, recounted in `tx` after the expired ones (their worker
+/// died) are dropped, and when the first of the rest expires.
+pub(super) async fn recount(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    tenant: &str,
+) -> Result<(Spend, Option<DateTime<Utc>>)> {
+    sqlx::query(DROP_EXPIRED)
+        .bind(tenant)
+        .execute(&mut **tx)
+        .await?;
+    let (t, c, first): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(HELD)
+        .bind(tenant)
+        .fetch_one(&mut **tx)
+        .await?;
+    let held = Spend {
+        tokens: count(t),
+        cost_nanos: count(c),
+    };
+    Ok((held, first))
 }
 
 pub(super) async fn settle_hold(

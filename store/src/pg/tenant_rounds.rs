@@ -5,12 +5,10 @@
 //! while a round of its is in flight wait for it and go together in the next round, one
 //! transaction and one commit for all of them, as the group commit does for checkpoints.
 //! A call that finds nothing in flight goes alone, by the one statement it always took.
-//!
-//! The rounds of a tenant run on a task of their own, so a caller that gives up waiting
-//! (its session cancelled) never leaves the others behind a round nobody runs.
+//! The rounds are [`super::rounds`]'s, keyed by tenant.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use sqlx::Postgres;
@@ -20,10 +18,10 @@ use tokio::sync::oneshot;
 use crate::budget::{HoldRefused, Spend, TenantBudget, TenantHold, first_reached};
 use crate::error::{Error, Result};
 use crate::rowconv::to_i64;
-use crate::sql::budget::count;
 use crate::sql::{ledger, totals};
 
-use super::tenant_holds::{DROP_EXPIRED, HELD, hold, settle_hold};
+use super::rounds::Rounds;
+use super::tenant_holds::{hold, recount, settle_hold};
 
 /// The settled holds gone, in one statement, with what they held.
 const UNHOLD_MANY: &str = "
@@ -60,49 +58,13 @@ pub(crate) enum Op {
     },
 }
 
-/// The tenants with a round in flight, and what waits for their next one. A tenant is a
-/// key exactly while its task runs.
-#[derive(Default)]
-pub(crate) struct Rounds {
-    waiting: Mutex<HashMap<String, Vec<Op>>>,
-}
-
-impl std::fmt::Debug for Rounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Rounds").finish_non_exhaustive()
-    }
-}
-
-impl Rounds {
-    /// Queue `op` for `tenant`'s next round, starting the tenant's task if none runs.
-    pub(crate) fn submit(self: &Arc<Self>, pool: &PgPool, tenant: &str, op: Op) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(ops) = waiting.get_mut(tenant) {
-            ops.push(op);
-            return;
-        }
-        waiting.insert(tenant.to_string(), vec![op]);
-        drop(waiting);
-        let (rounds, pool, tenant) = (self.clone(), pool.clone(), tenant.to_string());
-        tokio::spawn(async move { rounds.run(&pool, &tenant).await });
-    }
-
-    /// Rounds until nothing waits: each takes everything queued since the last.
-    async fn run(&self, pool: &PgPool, tenant: &str) {
-        loop {
-            let ops = {
-                let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-                match waiting.get_mut(tenant) {
-                    Some(ops) if !ops.is_empty() => std::mem::take(ops),
-                    _ => {
-                        waiting.remove(tenant);
-                        return;
-                    }
-                }
-            };
-            round(pool, tenant, ops).await;
-        }
-    }
+/// Queue `op` for `tenant`'s next round.
+pub(crate) fn submit(rounds: &Arc<Rounds<Op>>, pool: &PgPool, tenant: &str, op: Op) {
+    let (pool, key) = (pool.clone(), tenant.to_string());
+    rounds.submit(tenant, op, move |ops| {
+        let (pool, tenant) = (pool.clone(), key.clone());
+        async move { round(&pool, &tenant, ops).await }
+    });
 }
 
 async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
@@ -286,22 +248,11 @@ async fn hold_all(
             // What the count says may include holds of dead workers: recount once, as a
             // hold alone does before it refuses.
             recounted = true;
-            sqlx::query(DROP_EXPIRED)
-                .bind(tenant)
-                .execute(&mut **tx)
-                .await?;
-            let (t, c, first): (i64, i64, Option<DateTime<Utc>>) = sqlx::query_as(HELD)
-                .bind(tenant)
-                .fetch_one(&mut **tx)
-                .await?;
+            let (stored, first) = recount(tx, tenant).await?;
             let this_round = admitted
                 .iter()
                 .fold(Spend::default(), |acc, a| acc.plus(a.worst));
-            held = Spend {
-                tokens: count(t),
-                cost_nanos: count(c),
-            }
-            .plus(this_round);
+            held = stored.plus(this_round);
             expires = first;
             refused = first_reached(budgets, &spent, held, expires);
         }
