@@ -12,7 +12,7 @@ use sqlx::postgres::{PgConnection, PgPool};
 use crate::budget::{
     HoldRefused, Ledger, ModelUsage, SpawnLimits, Spawned, Spend, TenantBudget, TenantHold,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::budget::{
@@ -258,15 +258,13 @@ impl BudgetStore for PgStore {
         budgets: &[TenantBudget],
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Option<HoldRefused>> {
-        let (done, answer) = tokio::sync::oneshot::channel();
-        let op = Op::Hold {
+        tenant_rounds::ask(&self.rounds, &self.pool, &hold.tenant, |done| Op::Hold {
             hold: hold.clone(),
             budgets: budgets.to_vec(),
             now,
             done,
-        };
-        tenant_rounds::submit(&self.rounds, &self.pool, &hold.tenant, op);
-        answer.await.map_err(|_| Error::Stopped)?
+        })
+        .await
     }
 
     async fn settle_tenant_hold(
@@ -276,15 +274,13 @@ impl BudgetStore for PgStore {
         day: &str,
         spend: Spend,
     ) -> Result<()> {
-        let (done, answer) = tokio::sync::oneshot::channel();
-        let op = Op::Settle {
+        tenant_rounds::ask(&self.rounds, &self.pool, tenant, |done| Op::Settle {
             id: id.to_string(),
             day: day.to_string(),
             spend,
             done,
-        };
-        tenant_rounds::submit(&self.rounds, &self.pool, tenant, op);
-        answer.await.map_err(|_| Error::Stopped)?
+        })
+        .await
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {

@@ -58,13 +58,21 @@ pub(crate) enum Op {
     },
 }
 
-/// Queue `op` for `tenant`'s next round.
-pub(crate) fn submit(rounds: &Arc<Rounds<Op>>, pool: &PgPool, tenant: &str, op: Op) {
+/// The answer to the op `make` builds around its answer's sender, in `tenant`'s next
+/// round.
+pub(crate) async fn ask<T>(
+    rounds: &Arc<Rounds<Op>>,
+    pool: &PgPool,
+    tenant: &str,
+    make: impl FnOnce(oneshot::Sender<Result<T>>) -> Op,
+) -> Result<T> {
+    let (done, answer) = oneshot::channel();
     let (pool, key) = (pool.clone(), tenant.to_string());
-    rounds.submit(tenant, op, move |ops| {
+    rounds.submit(tenant, make(done), move |ops| {
         let (pool, tenant) = (pool.clone(), key.clone());
         async move { round(&pool, &tenant, ops).await }
     });
+    answer.await.map_err(|_| Error::Stopped)?
 }
 
 async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
