@@ -50,6 +50,11 @@ impl Env {
         common::read(req.send().await.unwrap()).await
     }
 
+    /// A call of the admin key, with no body.
+    async fn admin(&self, method: reqwest::Method, path: &str) -> (u16, Value) {
+        self.call(method, path, Some(ADMIN_KEY), None).await
+    }
+
     async fn put(&self, path: &str, body: Value) -> (u16, Value) {
         self.call(reqwest::Method::PUT, path, Some(ADMIN_KEY), Some(body))
             .await
@@ -182,14 +187,7 @@ async fn retention_rules_over_the_admin_api() {
     // acme's old tree would go: the stored rule of 40 days keeps it.
     let acme = finished(env.store.as_ref(), "acme", "default").await;
     let globex = finished(env.store.as_ref(), "globex", "scratch").await;
-    let (status, v) = env
-        .call(
-            reqwest::Method::GET,
-            "/v1/admin/retention",
-            Some(ADMIN_KEY),
-            None,
-        )
-        .await;
+    let (status, v) = env.admin(reqwest::Method::GET, "/v1/admin/retention").await;
     assert_eq!(status, 200, "{v}");
     assert_eq!((&v["days"], &v["keep"]), (&json!(30), &json!("none")));
     assert_eq!(v["tenants"][0]["source"], "config", "{v}");
@@ -206,14 +204,7 @@ async fn retention_rules_over_the_admin_api() {
         .put("/v1/admin/retention/queues/scratch", json!({"days": 2}))
         .await;
     assert_eq!((status, &v["keep"]), (200, &json!("none")), "{v}");
-    let (status, v) = env
-        .call(
-            reqwest::Method::GET,
-            "/v1/admin/retention",
-            Some(ADMIN_KEY),
-            None,
-        )
-        .await;
+    let (status, v) = env.admin(reqwest::Method::GET, "/v1/admin/retention").await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["tenants"].as_array().map(Vec::len), Some(1), "{v}");
     assert_eq!(
@@ -235,21 +226,11 @@ async fn retention_rules_over_the_admin_api() {
 
     // Deleted, acme's configured rule is in force again, and the next pass takes it.
     let (status, _) = env
-        .call(
-            reqwest::Method::DELETE,
-            "/v1/admin/retention/tenants/acme",
-            Some(ADMIN_KEY),
-            None,
-        )
+        .admin(reqwest::Method::DELETE, "/v1/admin/retention/tenants/acme")
         .await;
     assert_eq!(status, 204);
     let (status, v) = env
-        .call(
-            reqwest::Method::DELETE,
-            "/v1/admin/retention/tenants/acme",
-            Some(ADMIN_KEY),
-            None,
-        )
+        .admin(reqwest::Method::DELETE, "/v1/admin/retention/tenants/acme")
         .await;
     assert_eq!(status, 404, "{v}");
     let stored = env.store.retention_rules().await.unwrap();

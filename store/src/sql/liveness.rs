@@ -25,7 +25,8 @@ pub(super) const LEASES_OF: Shared = Shared {
 /// A finished session's settle steps are done (its family told, its follow-up started,
 /// its completion published): the sweeper no longer re-drives them. Its row in
 /// `unannounced` (made by a trigger when the session finished) goes; the session's own
-/// row is not written again.
+/// row is not written again. (Postgres deletes the marks that arrive together in one
+/// statement: `pg/announce_rounds.rs`.)
 pub(super) const MARK_ANNOUNCED: Shared = Shared {
     text: "DELETE FROM unannounced WHERE id = $1",
     sqlite_now: None,

@@ -224,6 +224,29 @@ async fn every_two_secs(url: &str, key: &str) -> String {
     v["id"].as_str().unwrap().to_string()
 }
 
+/// A cluster, the schedulers' directory, a tenant key, a reader, and a connection of the
+/// test's own holding `table` locked in SHARE mode in an open transaction (until
+/// [`release`]): the statement of a fire that writes `table` waits on it.
+async fn locked(table: &str) -> (Cluster, PathBuf, String, Db, PgConnection) {
+    let c = Cluster::start().await;
+    let dir = c.dir("schedules");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = tenant_key(&c).await;
+    let db = Db::connect(&c).await;
+    let mut lock = PgConnection::connect(&c.db_url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+    sqlx::query(&format!("LOCK TABLE {table} IN SHARE MODE"))
+        .execute(&mut lock)
+        .await
+        .unwrap();
+    (c, dir, key, db, lock)
+}
+
+/// The lock [`locked`] holds, let go.
+async fn release(lock: &mut PgConnection) {
+    sqlx::query("ROLLBACK").execute(lock).await.unwrap();
+}
+
 /// Every fire of schedule `id` started one session of its own, with the fire's
 /// idempotency key, and no session of the schedule is without its fire; the fire times
 /// follow each other by the interval from `first`, none missing.
@@ -255,18 +278,8 @@ async fn assert_once_each(db: &mut Db, id: &str, first: DateTime<Utc>, at_least:
 /// idempotency key, records it, and goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
-    let c = Cluster::start().await;
-    let dir = c.dir("schedules");
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = tenant_key(&c).await;
-    let mut db = Db::connect(&c).await;
-    let mut holder = PgConnection::connect(&c.db_url).await.unwrap();
-    let mut lock = holder.begin().await.unwrap();
     // SHARE: the fire's INSERT waits for it; reads of the fires do not.
-    sqlx::query("LOCK TABLE schedule_fires IN SHARE MODE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let (c, dir, key, mut db, mut lock) = locked("schedule_fires").await;
 
     let mut a = SchedulerProc::start(&c, &dir, "scheduler-a").await;
     let id = every_two_secs(&a.url, &key).await;
@@ -283,7 +296,7 @@ async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
     let made = db.sessions(&id).await;
     assert_eq!(made.len(), 1, "{made:?}");
     let (first_session, first_key) = made[0].clone();
-    lock.rollback().await.unwrap();
+    release(&mut lock).await;
     // The dead scheduler's transaction never commits: the fire is not recorded.
     assert!(db.fires(&id).await.is_empty());
     let (_, next) = db.lease(&id).await;
@@ -312,17 +325,7 @@ async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
 /// scheduler waits out the dead one's lease, then fires that time once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_its_claim_before_any_session() {
-    let c = Cluster::start().await;
-    let dir = c.dir("schedules");
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = tenant_key(&c).await;
-    let mut db = Db::connect(&c).await;
-    let mut holder = PgConnection::connect(&c.db_url).await.unwrap();
-    let mut lock = holder.begin().await.unwrap();
-    sqlx::query("LOCK TABLE sessions IN SHARE MODE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let (c, dir, key, mut db, mut lock) = locked("sessions").await;
 
     let mut a = SchedulerProc::start(&c, &dir, "scheduler-a").await;
     let id = every_two_secs(&a.url, &key).await;
@@ -337,7 +340,7 @@ async fn a_scheduler_killed_after_its_claim_before_any_session() {
     let lease_until = lease_until.unwrap();
     assert!(db.sessions(&id).await.is_empty(), "nothing was created");
     assert!(db.fires(&id).await.is_empty());
-    lock.rollback().await.unwrap();
+    release(&mut lock).await;
 
     let mut b = SchedulerProc::start(&c, &dir, "scheduler-b").await;
     eventually(
