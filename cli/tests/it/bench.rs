@@ -8,6 +8,31 @@ use std::time::{Duration, Instant};
 
 use agentq_testkit::{PostgresOptions, PostgresServer, RedisServer};
 
+/// `agentq bench ARGS` on servers of its own (`--private` among the args; the
+/// environment's URLs removed), which must succeed: the JSON object of its last line, and
+/// its whole standard output.
+fn private_bench(args: &[&str]) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
+        .args(args)
+        .env_remove("AGENTQ_DATABASE_URL")
+        .env_remove("AGENTQ_REDIS_URL")
+        .output()
+        .expect("running agentq bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let v = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    (v, stdout)
+}
+
+/// Each of `keys` in `v` is a finite number above zero.
+fn assert_positive(v: &serde_json::Value, keys: &[&str]) {
+    for key in keys {
+        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
+        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
+    }
+}
+
 #[test]
 fn bench_prints_every_figure_as_json() {
     let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
@@ -499,40 +524,31 @@ fn an_admission_limit_of_zero_is_refused_naming_the_flag() {
 
 #[test]
 fn bench_workspace_resumes_cold_and_warm() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
-        .args([
-            "bench",
-            "--private",
-            "--only",
-            "workspace",
-            "--workspace-files",
-            "50",
-            "--workspace-mb",
-            "2",
-            "--json",
-        ])
-        .env_remove("AGENTQ_DATABASE_URL")
-        .env_remove("AGENTQ_REDIS_URL")
-        .output()
-        .expect("running agentq bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (v, stdout) = private_bench(&[
+        "bench",
+        "--private",
+        "--only",
+        "workspace",
+        "--workspace-files",
+        "50",
+        "--workspace-mb",
+        "2",
+        "--json",
+    ]);
     assert_eq!(v["workspace_files"], 50, "{v}");
     assert_eq!(v["workspace_bytes"], 2_000_000, "{v}");
-    for key in [
-        "workspace_resume_cold_ms",
-        "workspace_resume_warm_ms",
-        "workspace_round_nofile_commits",
-        "workspace_round_nofile_rows",
-        "workspace_round_write_commits",
-        "workspace_round_write_rows",
-        "workspace_round_write_bytes",
-    ] {
-        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
-        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
-    }
+    assert_positive(
+        &v,
+        &[
+            "workspace_resume_cold_ms",
+            "workspace_resume_warm_ms",
+            "workspace_round_nofile_commits",
+            "workspace_round_nofile_rows",
+            "workspace_round_write_commits",
+            "workspace_round_write_rows",
+            "workspace_round_write_bytes",
+        ],
+    );
 
     assert!(stdout.contains("workspace"), "{stdout}");
 }
@@ -541,34 +557,25 @@ fn bench_workspace_resumes_cold_and_warm() {
 /// calls on the private Redis and on a 3-master cluster it starts; every figure is there.
 #[test]
 fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
-    let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
-        .args([
-            "bench",
-            "--private",
-            "--only",
-            "scale",
-            "--scale-calls",
-            "128",
-            "--json",
-        ])
-        .env_remove("AGENTQ_DATABASE_URL")
-        .env_remove("AGENTQ_REDIS_URL")
-        .output()
-        .expect("running agentq bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    for key in [
-        "scale_budget_holds_per_s",
-        "scale_budget_hold_p50_ms",
-        "scale_heartbeat_wal_bytes_per_lease",
-        "scale_limiter_calls_per_s",
-        "scale_limiter_cluster_calls_per_s",
-    ] {
-        let x = v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"));
-        assert!(x.is_finite() && x > 0.0, "{key} = {x}");
-    }
+    let (v, stdout) = private_bench(&[
+        "bench",
+        "--private",
+        "--only",
+        "scale",
+        "--scale-calls",
+        "128",
+        "--json",
+    ]);
+    assert_positive(
+        &v,
+        &[
+            "scale_budget_holds_per_s",
+            "scale_budget_hold_p50_ms",
+            "scale_heartbeat_wal_bytes_per_lease",
+            "scale_limiter_calls_per_s",
+            "scale_limiter_cluster_calls_per_s",
+        ],
+    );
     assert!(stdout.contains("3-master cluster"), "{stdout}");
 }
 
