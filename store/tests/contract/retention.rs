@@ -267,16 +267,10 @@ async fn contract_keep_result_keeps_rows_and_answers(store: &dyn Backend) {
 }
 
 async fn contract_rules_by_tenant_and_queue(store: &dyn Backend) {
-    let make = |tenant: &'static str, queue: &'static str| async move {
-        let n = NewSession::root(SessionSpec::new("p"), queue).with_tenant(tenant);
-        let id = store.create_session(&n).await.unwrap().0.id;
-        run_to_end(store, &id, "done").await;
-        id
-    };
-    let acme = make("acme", "default").await;
-    let acme_scratch = make("acme", "scratch").await;
-    let globex_scratch = make("globex", "scratch").await;
-    let globex = make("globex", "default").await;
+    let acme = finished_root(store, "acme", "default").await;
+    let acme_scratch = finished_root(store, "acme", "scratch").await;
+    let globex_scratch = finished_root(store, "globex", "scratch").await;
+    let globex = finished_root(store, "globex", "default").await;
     let cfg = RetentionSection {
         days: Some(30),
         tenants: [(
@@ -380,15 +374,9 @@ async fn contract_stored_rules_replace_the_configured(store: &dyn Backend) {
     let rules = store.retention_rules().await.unwrap();
     assert_eq!(rules, vec![acme.clone(), scratch.clone()]);
 
-    let make = |tenant: &'static str, queue: &'static str| async move {
-        let n = NewSession::root(SessionSpec::new("p"), queue).with_tenant(tenant);
-        let id = store.create_session(&n).await.unwrap().0.id;
-        run_to_end(store, &id, "done").await;
-        id
-    };
-    let acme_id = make("acme", "default").await;
-    let globex_scratch = make("globex", "scratch").await;
-    let globex = make("globex", "default").await;
+    let acme_id = finished_root(store, "acme", "default").await;
+    let globex_scratch = finished_root(store, "globex", "scratch").await;
+    let globex = finished_root(store, "globex", "default").await;
     // Configured: 30 days, acme 7. Stored: acme 40 keeping results, scratch 1.
     let cfg = RetentionSection {
         days: Some(30),
@@ -508,4 +496,12 @@ async fn contract_a_session_fork_keeps_the_tree_it_reads(store: &dyn Backend) {
         .unwrap();
     assert_eq!(retired.roots, vec![fork.clone()]);
     assert_eq!(roots(store, &rule, ahead(40)).await, vec![origin.clone()]);
+}
+
+/// A root of `tenant` on `queue`, run to its end.
+async fn finished_root(store: &dyn Backend, tenant: &str, queue: &str) -> String {
+    let n = NewSession::root(SessionSpec::new("p"), queue).with_tenant(tenant);
+    let id = store.create_session(&n).await.unwrap().0.id;
+    run_to_end(store, &id, "done").await;
+    id
 }
