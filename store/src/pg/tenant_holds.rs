@@ -139,12 +139,7 @@ async fn slow_hold(
             .await?;
         held.plus(hold.worst)
     };
-    sqlx::query(totals::SET_HELD)
-        .bind(&hold.tenant)
-        .bind(to_i64(held.tokens, "tokens")?)
-        .bind(to_i64(held.cost_nanos, "cost")?)
-        .execute(&mut *tx)
-        .await?;
+    totals::set_held::<Postgres, _>(&mut *tx, &hold.tenant, held).await?;
     tx.commit().await?;
     Ok(refused)
 }

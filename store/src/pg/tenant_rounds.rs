@@ -288,11 +288,6 @@ async fn hold_all(
             .execute(&mut **tx)
             .await?;
     }
-    sqlx::query(totals::SET_HELD)
-        .bind(tenant)
-        .bind(to_i64(held.tokens, "tokens")?)
-        .bind(to_i64(held.cost_nanos, "cost")?)
-        .execute(&mut **tx)
-        .await?;
+    totals::set_held::<Postgres, _>(&mut **tx, tenant, held).await?;
     Ok(answers)
 }

@@ -13,6 +13,7 @@ use sqlx::{Database, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::budget::{HoldRefused, Spend, TenantBudget, TenantTotals, first_reached, month_key};
 use crate::error::Result;
+use crate::rowconv::to_i64;
 
 use super::budget::count;
 
@@ -74,7 +75,7 @@ pub(crate) const TOTALS_LOCKED: &str = "SELECT day, day_tokens, day_cost_nanos, 
      WHERE tenant = $1 FOR UPDATE";
 
 /// What the holds of the tenant count once recounted (`$2`, `$3`).
-pub(crate) const SET_HELD: &str =
+const SET_HELD: &str =
     "UPDATE tenant_ledger SET held_tokens = $2, held_cost_nanos = $3 WHERE tenant = $1";
 
 pub(crate) const HOLD_EXISTS: &str = "SELECT EXISTS (SELECT 1 FROM tenant_holds WHERE id = $1)";
@@ -122,6 +123,24 @@ where
     for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
 {
     super::ledger::add_spend_by(ex, ADD_TO_TOTALS, tenant, day, s).await
+}
+
+/// Count `held` as what the tenant's holds hold ([`SET_HELD`]).
+pub(crate) async fn set_held<'c, DB, E>(ex: E, tenant: &str, held: Spend) -> Result<()>
+where
+    DB: Database,
+    E: Executor<'c, Database = DB>,
+    for<'q> &'q str: Encode<'q, DB> + Type<DB>,
+    for<'q> i64: Encode<'q, DB> + Type<DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+{
+    sqlx::query::<DB>(SET_HELD)
+        .bind(tenant)
+        .bind(to_i64(held.tokens, "tokens")?)
+        .bind(to_i64(held.cost_nanos, "cost")?)
+        .execute(ex)
+        .await?;
+    Ok(())
 }
 
 /// Today's day and month keys as of `now`, for [`ENSURE`].

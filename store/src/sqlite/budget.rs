@@ -221,12 +221,7 @@ impl SqliteStore {
                 .await?;
             held.plus(hold.worst)
         };
-        sqlx::query(totals::SET_HELD)
-            .bind(&hold.tenant)
-            .bind(to_i64(held.tokens, "tokens")?)
-            .bind(to_i64(held.cost_nanos, "cost")?)
-            .execute(&mut *tx)
-            .await?;
+        totals::set_held::<Sqlite, _>(&mut *tx, &hold.tenant, held).await?;
         tx.commit().await?;
         Ok(refused)
     }
