@@ -19,6 +19,14 @@ pub use agentq_fixtures::{
 
 pub mod python;
 
+/// The last `n` lines of the log file at `path` (empty if it cannot be read): what a
+/// test prints of a process it started when it fails.
+pub fn log_tail(path: &std::path::Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running
 /// after `timeout`. For tests that check a process stops gracefully.
 pub fn sigterm_and_wait(

@@ -103,12 +103,10 @@ impl Drop for SchedulerProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            let log = self.log_text();
-            let lines: Vec<&str> = log.lines().collect();
             eprintln!(
                 "----- {} (tail) -----\n{}",
                 self.log.display(),
-                lines[lines.len().saturating_sub(40)..].join("\n")
+                agentq_testkit::log_tail(&self.log, 40)
             );
         }
     }

@@ -56,12 +56,10 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            let log = self.log();
-            let lines: Vec<&str> = log.lines().collect();
             eprintln!(
                 "----- {} (tail) -----\n{}",
                 self.log.display(),
-                lines[lines.len().saturating_sub(40)..].join("\n")
+                agentq_testkit::log_tail(&self.log, 40)
             );
         }
     }
