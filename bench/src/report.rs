@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use self::mcp::McpFigures;
-pub use self::scale::ScaleFigures;
+pub use self::scale::{RoutingFigure, ScaleFigures};
 use crate::args::BenchArgs;
 
 pub(crate) mod mcp;

@@ -2,9 +2,11 @@
 //! each measured alone on this run's servers — a tenant budget's holds per second (one
 //! tenant, many calls at once: every call of a tenant with a budget holds it), the WAL one
 //! lease renewal writes, and the limiter's time per call under a rule with requests,
-//! tokens and concurrency, on this Redis and on a 3-master Redis Cluster started for it.
-//! On two cores none of these shows a gain from scaling out; they show what one call
-//! costs, which is what docs/scale.md multiplies.
+//! tokens and concurrency, on this Redis and on a 3-master Redis Cluster started for it —
+//! and the throughput workload on one Postgres against two shards and on one Redis
+//! against the cluster. On two cores none of these shows a gain from scaling out; they
+//! show what one call costs, which is what docs/scale.md multiplies, and what the routing
+//! itself costs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,16 +19,20 @@ use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport};
 use agentq_agent::provider::HttpTimeouts;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_agent::spec::SessionSpec;
+use agentq_core::Store;
 use agentq_core::admission::Limiter;
 use agentq_core::budget::BudgetStore;
 use agentq_core::budget::{OnBudget, Period, Spend, TenantBudget, TenantHold};
+use agentq_core::config::RedisSection;
 use agentq_core::config::{LimitSettings, LimiterSection};
 use agentq_core::pg::PgStore;
+use agentq_core::sharded::ShardedStore;
 use agentq_core::{Claim, LeaseStore, NewSession, SessionStore};
-use agentq_fixtures::RedisCluster;
+use agentq_fixtures::{Durability, PostgresOptions, PostgresServer, RedisCluster, RedisServer};
 
 use crate::env::Env;
-use crate::report::{Results, ScaleFigures, ms, progress, quantile};
+use crate::report::{Results, RoutingFigure, ScaleFigures, ms, progress, quantile};
+use crate::workload::{Routing, Workload, run_workload_on, throughput_workload};
 
 /// Calls at once in the budget and limiter measures (as many as a worker's sessions).
 const CONCURRENT: usize = 64;
@@ -57,8 +63,121 @@ pub async fn scale(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         .await?
         .context("starting a Redis Cluster (redis-server and redis-cli on PATH)")?;
     f.limiter_cluster = limiter_calls(&cluster.url(), true, per_task).await?;
+    f.routing = routing(env, &cluster).await?;
     r.scale = Some(f);
     Ok(())
+}
+
+/// Rounds of each layout in [`routing`], alternating, so that a drift of the machine over
+/// the part touches every layout alike.
+const ROUTING_ROUNDS: usize = 2;
+
+/// The throughput workload (`--sessions` × `--iterations`, `--workers` in-process workers)
+/// on each layout a deployment may choose: one Postgres or two shards, one Redis or the
+/// cluster. Every layout's servers are started for it with the same settings (durable
+/// Postgres), and the same servers serve every layout that names them, so that the
+/// figures differ by the routing alone. Iterations/s of each round, per layout.
+async fn routing(env: &Env, cluster: &RedisCluster) -> anyhow::Result<Vec<RoutingFigure>> {
+    progress("scale: starting two durable Postgres and a Redis for the layouts");
+    let servers = tokio::task::spawn_blocking(|| {
+        let options = || PostgresOptions {
+            durability: Durability::Durable,
+            max_connections: 400,
+            shared_buffers_mb: 128,
+        };
+        anyhow::Ok((
+            PostgresServer::start_with(options())?,
+            PostgresServer::start_with(options())?,
+            RedisServer::start()?,
+        ))
+    })
+    .await??;
+    let (pg_a, pg_b, redis) = &servers;
+    let urls = [pg_a.database_url("postgres"), pg_b.database_url("postgres")];
+    let mut admin = Vec::with_capacity(urls.len());
+    for url in &urls {
+        let store = PgStore::connect(url, 4)
+            .await
+            .context("connecting to a layout's Postgres")?;
+        store
+            .migrate()
+            .await
+            .context("migrating a layout's Postgres")?;
+        admin.push(store);
+    }
+    let standalone = (redis.url(), RedisSection::default());
+    let clustered = (
+        cluster.url(),
+        RedisSection {
+            cluster: true,
+            ..RedisSection::default()
+        },
+    );
+    let layouts = [
+        ("1 Postgres, 1 Redis", 1, &standalone),
+        ("2 Postgres shards, 1 Redis", 2, &standalone),
+        ("1 Postgres, 3-master cluster", 1, &clustered),
+        ("2 Postgres shards, 3-master cluster", 2, &clustered),
+    ];
+    let mut figures: Vec<RoutingFigure> = layouts
+        .iter()
+        .map(|(name, ..)| RoutingFigure {
+            layout: name,
+            iterations_per_s: Vec::with_capacity(ROUTING_ROUNDS),
+        })
+        .collect();
+    for round in 0..ROUTING_ROUNDS {
+        for ((name, shards, (redis_url, redis)), figure) in layouts.iter().zip(&mut figures) {
+            progress(&format!(
+                "scale: round {} of {ROUTING_ROUNDS}: {} × {} on {name}",
+                round + 1,
+                env.args.sessions,
+                env.args.iterations
+            ));
+            let shards = admin[..*shards].to_vec();
+            let store: Arc<dyn Store> = match shards.as_slice() {
+                [one] => Arc::new(one.clone()),
+                _ => Arc::new(ShardedStore::new(shards.clone())?),
+            };
+            let routing = Routing {
+                db_urls: urls[..shards.len()].to_vec(),
+                redis_url: redis_url.clone(),
+                redis: redis.clone(),
+                shards,
+                store,
+            };
+            let ran = run_workload_on(env, &routing, &routing_workload(env)).await?;
+            if ran.failed > 0 {
+                bail!(
+                    "scale: {} of the sessions on {name} did not complete",
+                    ran.failed
+                );
+            }
+            // Two shards where every tree landed on one would measure one shard's routing.
+            for (i, shard) in routing.shards.iter().enumerate() {
+                let (n,): (i64,) =
+                    sqlx::query_as("SELECT count(*) FROM sessions WHERE id = ANY($1)")
+                        .bind(&ran.ids)
+                        .fetch_one(shard.pool())
+                        .await?;
+                if n == 0 {
+                    bail!("scale: on {name}, shard {i} got none of the sessions");
+                }
+            }
+            figure
+                .iterations_per_s
+                .push(ran.iterations / ran.elapsed.as_secs_f64());
+        }
+    }
+    Ok(figures)
+}
+
+/// The throughput workload under the scale part's name (its own queue).
+fn routing_workload(env: &Env) -> Workload {
+    Workload {
+        part: "scale",
+        ..throughput_workload(env, env.tool())
+    }
 }
 
 /// One tenant's calls, each a hold then its settlement, [`CONCURRENT`] tasks of

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use tokio_util::sync::CancellationToken;
 
 use agentq_agent::provider::scripted::{Script, ScriptedCall, Turn};
@@ -15,9 +15,11 @@ use agentq_agent::tools::{
     SideEffect, Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings,
     builtin_registry,
 };
+use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, WorkQueue};
+use agentq_core::sharded::ShardedStore;
+use agentq_core::{EnqueueReason, NewSession, Queue, SessionStore, Store, WorkQueue};
 use agentq_worker::{Worker, WorkerSettings};
 
 use crate::cpu::Sample;
@@ -104,12 +106,23 @@ pub async fn create_sessions(
     iterations: u32,
     tool: &str,
 ) -> anyhow::Result<Vec<String>> {
+    create_sessions_in(&env.store, queue, n, iterations, tool).await
+}
+
+/// [`create_sessions`] in `store` (one shard, or a sharded store over several).
+async fn create_sessions_in(
+    store: &dyn SessionStore,
+    queue: &str,
+    n: u32,
+    iterations: u32,
+    tool: &str,
+) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::with_capacity(n as usize);
     let all: Vec<NewSession> = (0..n)
         .map(|_| NewSession::root(spec(iterations, tool), queue))
         .collect();
     for chunk in all.chunks(1000) {
-        let rows = env.store.create_sessions(chunk).await?;
+        let rows = store.create_sessions(chunk).await?;
         ids.extend(rows.into_iter().map(|(r, _)| r.id));
     }
     Ok(ids)
@@ -183,19 +196,63 @@ pub fn config(
 
 /// A worker of `cfg` on its own pool and Redis connection, as [`worker`] describes.
 pub async fn start(env: &Env, cfg: WorkerSettings) -> anyhow::Result<(Worker, PgStore)> {
+    let (worker, mut stores) = start_on(env, &Routing::of(env), cfg).await?;
+    let store = stores
+        .pop()
+        .context("a worker on one Postgres has its store")?;
+    Ok((worker, store))
+}
+
+/// A worker of `cfg` on `routing`'s services: its own pools on each shard (a sharded store
+/// over them when there are several, as `agentq worker` opens them) and its own Redis
+/// connection. Returns the worker and its per-shard stores, to [`close`].
+async fn start_on(
+    env: &Env,
+    routing: &Routing,
+    cfg: WorkerSettings,
+) -> anyhow::Result<(Worker, Vec<PgStore>)> {
     let concurrency = u32::try_from(cfg.concurrency)?;
-    let store = PgStore::connect_for_worker(
-        &env.db_url,
-        env.pools.main(concurrency),
-        cfg.writer_connections(),
-    )
-    .await?;
-    store.open_all().await?;
-    let redis = RedisQueue::connect(&env.redis_url).await?;
-    Ok((
-        Worker::new(Arc::new(store.clone()), Arc::new(redis), cfg),
-        store,
-    ))
+    let mut stores = Vec::with_capacity(routing.db_urls.len());
+    for url in &routing.db_urls {
+        let store =
+            PgStore::connect_for_worker(url, env.pools.main(concurrency), cfg.writer_connections())
+                .await?;
+        store.open_all().await?;
+        stores.push(store);
+    }
+    let store: Arc<dyn Store> = match stores.as_slice() {
+        [one] => Arc::new(one.clone()),
+        _ => Arc::new(ShardedStore::new(stores.clone())?),
+    };
+    let redis = RedisQueue::connect_with(&routing.redis_url, &routing.redis).await?;
+    Ok((Worker::new(store, Arc::new(redis), cfg), stores))
+}
+
+/// Where a workload's workers and sessions live: by default the run's Postgres and Redis
+/// ([`Routing::of`]); for the scale part, several Postgres shards or a Redis Cluster.
+pub struct Routing {
+    /// Each shard's URL, the control shard first.
+    pub db_urls: Vec<String>,
+    pub redis_url: String,
+    pub redis: RedisSection,
+    /// An admin store per shard, in the same order: the workload's counts read each.
+    pub shards: Vec<PgStore>,
+    /// Where the workload's sessions are created: the one shard's store, or a sharded
+    /// store over `shards`, which spreads the trees over them as a deployment's API does.
+    pub store: Arc<dyn Store>,
+}
+
+impl Routing {
+    /// The run's own Postgres and Redis, as every part but the scale one uses them.
+    pub fn of(env: &Env) -> Routing {
+        Routing {
+            db_urls: vec![env.db_url.clone()],
+            redis_url: env.redis_url.clone(),
+            redis: RedisSection::default(),
+            shards: vec![env.store.clone()],
+            store: Arc::new(env.store.clone()),
+        }
+    }
 }
 
 /// Close a stopped worker's pools now, rather than whenever the last handle goes, so that
@@ -282,10 +339,16 @@ impl Ran {
 /// service rather than of their first burst, which opens every pooled Postgres connection
 /// (a fork, then each backend's catalog caches and each statement's preparation).
 pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
+    run_workload_on(env, &Routing::of(env), w).await
+}
+
+/// [`run_workload`] on `routing`'s services. Its CPU and WAL figures are those of the
+/// run's own servers, so only the iterations and times mean anything on others.
+pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyhow::Result<Ran> {
     let queue = env.queue(w.part);
     let tool = w.tool;
-    let fleet = Fleet::start(env, w, &queue, tool).await?;
-    let redis = RedisQueue::connect(&env.redis_url).await?;
+    let fleet = Fleet::start(env, routing, w, &queue, tool).await?;
+    let redis = RedisQueue::connect_with(&routing.redis_url, &routing.redis).await?;
     redis.ensure_queue(&queue).await?;
     let round = async |ids: &[String]| -> anyhow::Result<Duration> {
         let total = fleet.completed() + ids.len() as u64;
@@ -309,11 +372,25 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
         let mut cold = None;
         let mut all = Vec::new();
         if w.warm_up {
-            all = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
+            all = create_sessions_in(
+                routing.store.as_ref(),
+                &queue,
+                w.sessions,
+                w.iterations,
+                tool,
+            )
+            .await?;
             tokio::time::sleep(Duration::from_millis(300)).await;
             cold = Some(round(&all).await?);
         }
-        let ids = create_sessions(env, &queue, w.sessions, w.iterations, tool).await?;
+        let ids = create_sessions_in(
+            routing.store.as_ref(),
+            &queue,
+            w.sessions,
+            w.iterations,
+            tool,
+        )
+        .await?;
         all.extend(ids.iter().cloned());
         // Let the workers reach their first (next) XREADGROUP.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -347,7 +424,7 @@ pub async fn run_workload(env: &Env, w: &Workload) -> anyhow::Result<Ran> {
     .await;
     let served = fleet.stop().await;
     let (ids, all, elapsed, overhead, (cpu, wal_bytes), cold, checkpoint_hist, commits) = measured?;
-    let failed = not_completed(env, &all, w.iterations).await?;
+    let failed = not_completed(routing, &all, w.iterations).await?;
     let mcp_calls = match served {
         Some(served) => {
             // A completed session made a call every turn but the last.
@@ -415,7 +492,13 @@ struct Fleet {
 impl Fleet {
     /// `--workers` workers on `queue`, each with its own pools, running the workload's
     /// script; with the MCP tool, once each worker's server has answered (or failed).
-    async fn start(env: &Env, w: &Workload, queue: &str, tool: &str) -> anyhow::Result<Fleet> {
+    async fn start(
+        env: &Env,
+        routing: &Routing,
+        w: &Workload,
+        queue: &str,
+        tool: &str,
+    ) -> anyhow::Result<Fleet> {
         let script = script(w.iterations, 0, tool);
         let mut fleet = Fleet {
             workers: Vec::new(),
@@ -436,14 +519,14 @@ impl Fleet {
                     _ => served.push(path),
                 }
             }
-            let (wk, store) =
-                worker(env, queue, &name, env.args.concurrency, &script, tool).await?;
+            let cfg = config(env, queue, &name, env.args.concurrency, &script, tool)?;
+            let (wk, stores) = start_on(env, routing, cfg).await?;
             let (w2, s) = (wk.clone(), fleet.shutdown.clone());
             fleet
                 .handles
                 .push(tokio::spawn(async move { w2.run(s).await }));
             fleet.workers.push(wk);
-            fleet.stores.push(store);
+            fleet.stores.extend(stores);
         }
         if fleet.served.is_some() {
             for wk in &fleet.workers {
@@ -480,16 +563,20 @@ impl Fleet {
     }
 }
 
-/// How many of `ids` did not end `completed` with all `iterations`.
-async fn not_completed(env: &Env, ids: &[String], iterations: u32) -> anyhow::Result<u64> {
-    let (ok,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
-    )
-    .bind(ids)
-    .bind(i32::try_from(iterations)?)
-    .fetch_one(env.store.pool())
-    .await?;
-    Ok((ids.len() as u64).saturating_sub(u64::try_from(ok)?))
+/// How many of `ids` did not end `completed` with all `iterations`, on any shard.
+async fn not_completed(routing: &Routing, ids: &[String], iterations: u32) -> anyhow::Result<u64> {
+    let mut ok = 0u64;
+    for shard in &routing.shards {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM sessions WHERE id = ANY($1) AND status = 'completed' AND iteration = $2",
+        )
+        .bind(ids)
+        .bind(i32::try_from(iterations)?)
+        .fetch_one(shard.pool())
+        .await?;
+        ok = ok.saturating_add(u64::try_from(n)?);
+    }
+    Ok((ids.len() as u64).saturating_sub(ok))
 }
 
 /// The throughput part's workload with `tool`.

@@ -18,6 +18,21 @@ pub struct ScaleFigures {
     /// 3-master cluster.
     pub limiter_standalone: (f64, f64),
     pub limiter_cluster: (f64, f64),
+    /// The throughput workload's iterations/s on each layout, each round's.
+    pub routing: Vec<RoutingFigure>,
+}
+
+/// One layout of the routing figures (Postgres shards, Redis or cluster).
+#[derive(Debug, Clone)]
+pub struct RoutingFigure {
+    pub layout: &'static str,
+    pub iterations_per_s: Vec<f64>,
+}
+
+impl RoutingFigure {
+    pub fn mean(&self) -> f64 {
+        self.iterations_per_s.iter().sum::<f64>() / self.iterations_per_s.len().max(1) as f64
+    }
 }
 
 pub fn rows(r: &Results, rows: &mut Rows) {
@@ -45,6 +60,25 @@ pub fn rows(r: &Results, rows: &mut Rows) {
             "",
             format!("limiter calls/s (64 at once), reservation p50, {name}"),
             format!("{per_s:.0}, {:.0} µs", p50 * 1000.0),
+            String::new(),
+        );
+    }
+    // Each layout against the first (one Postgres, one Redis), measured in the same rounds.
+    let base = s.routing.first().map(RoutingFigure::mean);
+    for figure in &s.routing {
+        let rounds: Vec<String> = figure
+            .iterations_per_s
+            .iter()
+            .map(|x| format!("{x:.0}"))
+            .collect();
+        let ratio = base
+            .filter(|b| *b > 0.0)
+            .map(|b| format!(" (× {:.2})", figure.mean() / b))
+            .unwrap_or_default();
+        rows.add(
+            "",
+            format!("iterations/s, {}", figure.layout),
+            format!("{:.0}{ratio}; rounds {}", figure.mean(), rounds.join(", ")),
             String::new(),
         );
     }
@@ -85,6 +119,15 @@ pub fn to_json(r: &Results) -> Vec<(&'static str, Value)> {
         (
             "scale_limiter_cluster_p50_ms",
             json!(s.map(|s| s.limiter_cluster.1)),
+        ),
+        (
+            "scale_routing_iterations_per_s",
+            json!(s.map(|s| {
+                s.routing
+                    .iter()
+                    .map(|f| (f.layout.to_string(), json!(f.iterations_per_s)))
+                    .collect::<serde_json::Map<_, _>>()
+            })),
         ),
     ]
 }

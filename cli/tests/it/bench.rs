@@ -554,7 +554,9 @@ fn bench_workspace_resumes_cold_and_warm() {
 }
 
 /// The scale part: one tenant's budget holds, the WAL of a lease renewal, the limiter's
-/// calls on the private Redis and on a 3-master cluster it starts; every figure is there.
+/// calls on the private Redis and on a 3-master cluster it starts, and the workload on one
+/// Postgres and two shards, on one Redis and the cluster (each shard given sessions, every
+/// session completed, or the part fails); every figure is there.
 #[test]
 fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
     let (v, stdout) = private_bench(&[
@@ -564,8 +566,31 @@ fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
         "scale",
         "--scale-calls",
         "128",
+        "--sessions",
+        "20",
+        "--iterations",
+        "3",
         "--json",
     ]);
+    let layouts = v["scale_routing_iterations_per_s"]
+        .as_object()
+        .unwrap_or_else(|| panic!("scale_routing_iterations_per_s in {v}"));
+    let names: Vec<&str> = layouts.keys().map(String::as_str).collect();
+    for layout in [
+        "1 Postgres, 1 Redis",
+        "2 Postgres shards, 1 Redis",
+        "1 Postgres, 3-master cluster",
+        "2 Postgres shards, 3-master cluster",
+    ] {
+        let rounds = layouts[layout]
+            .as_array()
+            .unwrap_or_else(|| panic!("{layout} in {names:?}"));
+        assert_eq!(rounds.len(), 2, "{layout}: {rounds:?}");
+        for x in rounds {
+            assert!(x.as_f64().is_some_and(|x| x > 0.0), "{layout}: {rounds:?}");
+        }
+        assert!(stdout.contains(layout), "{stdout}");
+    }
     assert_positive(
         &v,
         &[
