@@ -563,6 +563,19 @@ pub trait BudgetStore: Send + Sync {
         spend: Spend,
     ) -> Result<()>;
 
+    /// [`BudgetStore::settle_tenant_hold`] only while hold `id` is still stored: `false`
+    /// (and nothing counted) when it is gone. A settlement whose answer was lost may have
+    /// committed; this is how it is tried again without counting its spend twice, up to
+    /// the hold's expiry (after it, a recount may have dropped the hold, and the spend is
+    /// not counted).
+    async fn settle_tenant_hold_if_held(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<bool>;
+
     /// What `tenant` spent from day `from` to day `to`, both included.
     async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend>;
 

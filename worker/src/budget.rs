@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use tokio::time::Instant;
 use tracing::warn;
 
 use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport, Permit};
@@ -29,6 +30,7 @@ use agentq_core::SessionRow;
 use agentq_core::budget::{OnBudget, Spend, TenantBudget, TenantHold, day_key};
 
 use crate::inner::Inner;
+use crate::settlements::Pending;
 
 /// How long a call waits when the store cannot say what is left: a budget is not
 /// enforced by guessing.
@@ -38,6 +40,10 @@ const STORE_DOWN_WAIT: Duration = Duration::from_secs(1);
 /// during the call leaves held. Longer than calls last in practice; one that runs longer
 /// still is counted when it ends, but holds nothing for its remaining time.
 const HOLD_TTL: Duration = Duration::from_secs(30 * 60);
+
+/// How much sooner than the database a worker takes a hold to have expired, when it stops
+/// trying a failed settlement again: the two clocks may differ by this much.
+const CLOCK_MARGIN: Duration = Duration::from_secs(60);
 
 /// How often a guardian review whose session's budget is held by the session's running
 /// sub-agents looks again (a session itself gives its slot up and waits for them).
@@ -82,8 +88,8 @@ pub(crate) struct BudgetGate {
     /// shared with its [`BudgetGate::sibling`].
     own: Arc<AtomicU64>,
     /// The hold of the call in flight on the tenant's budgets (a session makes one call
-    /// at a time), settled with it.
-    hold: std::sync::Mutex<Option<String>>,
+    /// at a time), settled with it, and until when a failed settlement is tried again.
+    hold: std::sync::Mutex<Option<(String, Instant)>>,
     /// How many looks in a row found the tenant's budget taken by other calls' holds.
     holds_waits: AtomicU32,
     next: Arc<dyn Admission>,
@@ -224,7 +230,8 @@ impl BudgetGate {
         {
             Ok(None) => {
                 self.holds_waits.store(0, Ordering::Relaxed);
-                *self.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some(hold.id);
+                let until = Instant::now() + HOLD_TTL.saturating_sub(CLOCK_MARGIN);
+                *self.hold.lock().unwrap_or_else(|e| e.into_inner()) = Some((hold.id, until));
                 None
             }
             // Reached only with what the other calls hold: they may spend less, so the
@@ -266,14 +273,30 @@ impl BudgetGate {
         let Some(hold) = self.hold.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };
+        self.settle_hold(hold, Spend::default()).await;
+    }
+
+    /// The hold becomes what its call spent; a settlement the store fails is tried again
+    /// in the background (see [`crate::settlements`]).
+    async fn settle_hold(&self, (hold, until): (String, Instant), spend: Spend) {
         let day = day_key(Utc::now().date_naive());
         if let Err(e) = self
             .inner
             .store
-            .settle_tenant_hold(&hold, &self.tenant, &day, Spend::default())
+            .settle_tenant_hold(&hold, &self.tenant, &day, spend)
             .await
         {
-            warn!(error = %e, tenant = %self.tenant, "releasing an unused hold failed; it expires");
+            warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed; it is tried again");
+            self.inner.settlements.retry(
+                &self.inner,
+                Pending {
+                    hold,
+                    tenant: self.tenant.clone(),
+                    day,
+                    spend,
+                    until,
+                },
+            );
         }
     }
 }
@@ -333,17 +356,8 @@ impl Admission for BudgetGate {
         };
         // Only a tenant with a budget holds, and pays a statement per call for its count:
         // the hold becomes what the call spent (nothing, for a call that never answered).
-        let Some(hold) = hold else {
-            return;
-        };
-        let day = day_key(Utc::now().date_naive());
-        if let Err(e) = self
-            .inner
-            .store
-            .settle_tenant_hold(&hold, &self.tenant, &day, spend)
-            .await
-        {
-            warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed; its hold expires");
+        if let Some(hold) = hold {
+            self.settle_hold(hold, spend).await;
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::group_commit;
 use crate::observe::EVENT_BUFFER;
 use crate::pipeline::Pipeline;
 use crate::runs::Runs;
+use crate::settlements::Settlements;
 use crate::stored_budgets::StoredBudgets;
 
 /// Providers by (the tenant whose own settings built it, or `None` for the shared ones;
@@ -49,6 +50,8 @@ pub(crate) struct Inner {
     mcp: std::sync::OnceLock<McpServers>,
     /// Stops the MCP servers once the worker has drained.
     pub mcp_stop: CancellationToken,
+    /// Settlements of tenant holds the store failed, to try again.
+    pub settlements: Settlements,
 }
 
 /// What sessions share and nobody needs before the first one: providers (one HTTP
@@ -90,6 +93,7 @@ impl Inner {
             stored_budgets: StoredBudgets::default(),
             mcp: std::sync::OnceLock::new(),
             mcp_stop: CancellationToken::new(),
+            settlements: Settlements::new(),
         }
     }
 

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use crate::backoff::{Backoff, retry_forever};
 use crate::error::{Error, Result};
 use crate::inner::Inner;
-use crate::{Drain, delivery, heartbeat, listener, reclaim};
+use crate::{Drain, delivery, heartbeat, listener, reclaim, settlements};
 
 /// How long a starting worker waits for its MCP servers' first answer (or failure).
 const MCP_START_BOUND: Duration = Duration::from_secs(30);
@@ -52,6 +52,7 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         undeferrer,
         tokio::spawn(heartbeat::heartbeat_loop(inner.clone(), bg_stop.clone())),
         tokio::spawn(listener::signal_listener(inner.clone(), bg_stop.clone())),
+        tokio::spawn(settlements::retry_loop(inner.clone(), bg_stop.clone())),
         tokio::spawn(reclaim::reclaim_loop(
             inner.clone(),
             tracker.clone(),

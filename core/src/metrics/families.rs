@@ -411,6 +411,7 @@ pub(super) struct TenantFamilies {
     pub tenant_tokens: IntCounterVec,
     pub tenant_web_searches: IntCounterVec,
     pub tenant_cost_usd: CounterVec,
+    pub tenant_settlements_retried: IntCounterVec,
 }
 
 impl TenantFamilies {
@@ -441,6 +442,12 @@ impl TenantFamilies {
                     .unwrap_or_else(|e| panic!("metric agentq_tenant_cost_usd_total: {e}"));
                 c
             },
+            tenant_settlements_retried: counter_vec(
+                r,
+                "agentq_tenant_settlements_retried_total",
+                "Settlements of a call's hold on its tenant's budgets tried again after the store failed them, by outcome: settled (on a later try), already (the failed try had committed), lost (given up when the hold expired or the worker stopped: the spend is not in the tenant's budget).",
+                &["outcome"],
+            ),
         }
     }
 }

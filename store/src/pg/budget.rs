@@ -24,6 +24,7 @@ use crate::sql::statements::COLS;
 use crate::sql::totals::{totals_set, totals_upsert};
 use crate::store::BudgetStore;
 
+use super::tenant_holds;
 use super::tenant_rounds::{self, Op};
 use super::{PgStore, create};
 
@@ -281,6 +282,17 @@ impl BudgetStore for PgStore {
             done,
         })
         .await
+    }
+
+    async fn settle_tenant_hold_if_held(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<bool> {
+        tenant_rounds::again(|| tenant_holds::settle_if_held(&self.pool, id, tenant, day, spend))
+            .await
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {

@@ -172,13 +172,52 @@ pub(super) async fn settle_hold(
     day: &str,
     s: Spend,
 ) -> Result<()> {
+    settle(pool, id, tenant, day, s).await
+}
+
+async fn settle<'e, E: sqlx::PgExecutor<'e>>(
+    conn: E,
+    id: &str,
+    tenant: &str,
+    day: &str,
+    s: Spend,
+) -> Result<()> {
     sqlx::query(SETTLE_HOLD)
         .bind(tenant)
         .bind(day)
         .bind(to_i64(s.tokens, "tokens")?)
         .bind(to_i64(s.cost_nanos, "cost")?)
         .bind(id)
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(())
+}
+
+/// See [`crate::store::BudgetStore::settle_tenant_hold_if_held`]. The tenant's totals row
+/// is locked first, as every statement on a tenant's budget locks it: a settlement of the
+/// same hold still in flight (the one whose answer was lost) holds that lock until it
+/// commits or rolls back, so the hold seen after it is the truth. No totals row: no hold.
+pub(super) async fn settle_if_held(
+    pool: &PgPool,
+    id: &str,
+    tenant: &str,
+    day: &str,
+    s: Spend,
+) -> Result<bool> {
+    let mut tx = pool.begin().await?;
+    let row: Option<i32> =
+        sqlx::query_scalar("SELECT 1 FROM tenant_ledger WHERE tenant = $1 FOR UPDATE")
+            .bind(tenant)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let held = row.is_some()
+        && sqlx::query_scalar::<_, bool>(totals::HOLD_EXISTS)
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if held {
+        settle(&mut *tx, id, tenant, day, s).await?;
+    }
+    tx.commit().await?;
+    Ok(held)
 }

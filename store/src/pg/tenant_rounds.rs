@@ -153,7 +153,7 @@ async fn round(pool: &PgPool, tenant: &str, mut ops: Vec<Op>) {
 const ATTEMPTS: u32 = 4;
 
 /// `op`, run again while the database aborts it for a conflict with another process's.
-async fn again<T, F, Fut>(mut op: F) -> Result<T>
+pub(super) async fn again<T, F, Fut>(mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,

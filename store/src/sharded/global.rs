@@ -96,6 +96,18 @@ impl<S: Store> BudgetStore for ShardedStore<S> {
             .await
     }
 
+    async fn settle_tenant_hold_if_held(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<bool> {
+        self.home(tenant)
+            .settle_tenant_hold_if_held(id, tenant, day, spend)
+            .await
+    }
+
     async fn tenant_spend(&self, tenant: &str, from: &str, to: &str) -> Result<Spend> {
         self.home(tenant).tenant_spend(tenant, from, to).await
     }

@@ -233,23 +233,47 @@ impl SqliteStore {
         day: &str,
         s: Spend,
     ) -> Result<()> {
+        self.settle_hold_when(id, tenant, day, s, false)
+            .await
+            .map(drop)
+    }
+
+    /// The settlement, or with `only_held` nothing when the hold is gone; whether it
+    /// counted the spend. One write transaction: the hold's presence cannot change
+    /// between the look and the settlement.
+    pub(super) async fn settle_hold_when(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        s: Spend,
+        only_held: bool,
+    ) -> Result<bool> {
         let mut tx = self.write_tx().await?;
         let gone: Option<(i64, i64)> =
             sqlx::query_as("DELETE FROM tenant_holds WHERE id = $1 RETURNING tokens, cost_nanos")
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if let Some((t, c)) = gone {
-            sqlx::query(UNHOLD)
-                .bind(tenant)
-                .bind(t)
-                .bind(c)
-                .execute(&mut *tx)
-                .await?;
+        match gone {
+            Some((t, c)) => {
+                sqlx::query(UNHOLD)
+                    .bind(tenant)
+                    .bind(t)
+                    .bind(c)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            None if only_held => {
+                tx.commit().await?;
+                return Ok(false);
+            }
+            None => {}
         }
         ledger::add_spend(&mut *tx, tenant, day, s).await?;
         totals::add_to_totals(&mut *tx, tenant, day, s).await?;
-        tx.commit().await
+        tx.commit().await?;
+        Ok(true)
     }
 
     pub(super) async fn set_budget(&self, b: &TenantBudget) -> Result<()> {
@@ -340,6 +364,16 @@ impl BudgetStore for SqliteStore {
         spend: Spend,
     ) -> Result<()> {
         self.settle_hold(id, tenant, day, spend).await
+    }
+
+    async fn settle_tenant_hold_if_held(
+        &self,
+        id: &str,
+        tenant: &str,
+        day: &str,
+        spend: Spend,
+    ) -> Result<bool> {
+        self.settle_hold_when(id, tenant, day, spend, true).await
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {

@@ -65,6 +65,7 @@ budget_contract_tests!(
     budget_tenant_holds_bound_the_calls_in_flight,
     budget_tenant_totals_follow_days_months_retries_and_dead_holds,
     budget_tenant_calls_in_rounds_end_within_the_budget,
+    budget_settlement_tried_again_counts_once,
     budget_reopened_child_draws_from_its_tree_and_counts_once,
     budget_reopen_refused_when_the_tree_has_nothing_left,
     budget_reopen_gives_back_first_when_its_worker_died,
@@ -841,6 +842,158 @@ async fn budget_tenant_totals_follow_days_months_retries_and_dead_holds(store: A
     assert!(
         !admits(hold("dead", 1, TTL), eight).await,
         "the dead call's settlement took the live hold off the count"
+    );
+}
+
+/// A settlement tried again (its first answer lost) counts the call's spend once: it
+/// settles only while the hold is there, and the hold goes with the first settlement.
+async fn budget_settlement_tried_again_counts_once(store: Arc<dyn Backend>) {
+    let now = chrono::Utc::now();
+    let day = agentq_types::budget::day_key(now.date_naive());
+    let tokens = |tokens| Spend {
+        tokens,
+        cost_nanos: 0,
+    };
+    let budgets = vec![TenantBudget {
+        tenant: "again".into(),
+        period: Period::Day,
+        tokens: Some(1000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }];
+    let hold = |n| TenantHold {
+        id: new_session_id(),
+        tenant: "again".into(),
+        worst: tokens(n),
+        ttl: TTL,
+    };
+    let call = hold(600);
+    assert!(
+        store
+            .hold_tenant_spend(&call, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for (try_, settles) in [(1, true), (2, false), (3, false)] {
+        assert_eq!(
+            store
+                .settle_tenant_hold_if_held(&call.id, "again", &day, tokens(100))
+                .await
+                .unwrap(),
+            settles,
+            "try {try_}"
+        );
+    }
+    assert_eq!(
+        store.tenant_spend("again", &day, &day).await.unwrap(),
+        tokens(100),
+        "counted once"
+    );
+    // The hold is off the count too: 100 spent leaves 900 to hold, and no more.
+    assert!(
+        store
+            .hold_tenant_spend(&hold(900), &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .hold_tenant_spend(&hold(1), &budgets, now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // No hold, no totals row: nothing counted, and no row made.
+    assert!(
+        !store
+            .settle_tenant_hold_if_held("never-held", "nobody", &day, tokens(5))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.tenant_spend("nobody", &day, &day).await.unwrap(),
+        tokens(0)
+    );
+}
+
+/// The settlement tried again while the first, whose answer was lost, is still
+/// committing: it waits for the tenant's row, then finds the hold gone and counts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_settlement_tried_again_while_the_first_commits_counts_once() {
+    use agentq_store::BudgetStore;
+    let store = Arc::new(crate::common::pg_store().await);
+    let now = chrono::Utc::now();
+    let day = agentq_types::budget::day_key(now.date_naive());
+    let tokens = |tokens| Spend {
+        tokens,
+        cost_nanos: 0,
+    };
+    let budgets = vec![TenantBudget {
+        tenant: "inflight".into(),
+        period: Period::Day,
+        tokens: Some(1000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }];
+    let call = TenantHold {
+        id: new_session_id(),
+        tenant: "inflight".into(),
+        worst: tokens(600),
+        ttl: TTL,
+    };
+    assert!(
+        store
+            .hold_tenant_spend(&call, &budgets, now)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The first settlement, as far as its transaction has gone when its connection drops
+    // after sending the commit: the tenant's row locked, the hold deleted, the spend added.
+    let mut first = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tenant_ledger WHERE tenant = 'inflight' FOR UPDATE")
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM tenant_holds WHERE id = $1")
+        .bind(&call.id)
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO tenant_spend (tenant, day, tokens, cost_nanos) VALUES ('inflight', $1, 100, 0)")
+        .bind(&day)
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    let again = {
+        let (store, id, day) = (store.clone(), call.id.clone(), day.clone());
+        tokio::spawn(async move {
+            store
+                .settle_tenant_hold_if_held(&id, "inflight", &day, tokens(100))
+                .await
+        })
+    };
+    // Wait on the event: the try's backend blocked on a lock the first one holds.
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    first.commit().await.unwrap();
+    assert!(!again.await.unwrap().unwrap(), "the hold was gone");
+    assert_eq!(
+        store.tenant_spend("inflight", &day, &day).await.unwrap(),
+        tokens(100)
     );
 }
 

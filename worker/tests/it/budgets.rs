@@ -784,3 +784,112 @@ async fn calls_abandoned_in_flight_count_against_the_budget() {
     assert!(spend.tokens >= 12_000, "{spend:?}");
     c.shutdown().await;
 }
+
+/// Settlements the store fails (Postgres raises on the tenant's spend while a fault is
+/// on): the sessions still complete, their calls' holds stay while the store fails, and
+/// once it answers again the worker's retries count each call's spend exactly once and
+/// free the holds, instead of leaving them held for half an hour and the spend uncounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_the_store_fails_are_counted_once_when_it_answers_again() {
+    let c = Cluster::start(
+        json!({"turns": [{"text": "answer", "usage": usage()}]}),
+        1,
+        4,
+        |cfg| cfg.budgets = vec![tenant_budget(1_000_000, OnBudget::Fail)],
+    )
+    .await;
+    let settled_before = retried("settled");
+    let (holds, spend) = three_calls_with_failing_settlements(&c).await;
+    // Each call's settlement failed: its hold is still there and nothing is counted.
+    assert_eq!(holds, 3);
+    assert_eq!(spend, 0);
+
+    let pool = c.store.pool();
+    let holds = || async { tenant_holds(&c).await };
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let spend = || async { c.store.tenant_spend(TENANT, &today, &today).await.unwrap() };
+    sqlx::query("DELETE FROM settle_fault")
+        .execute(pool)
+        .await
+        .unwrap();
+    wait_until(
+        "the retries to free the holds",
+        Duration::from_secs(60),
+        || async { holds().await == 0 },
+    )
+    .await;
+    assert_eq!(spend().await.tokens, 3 * (CALL.0 + CALL.1), "counted once");
+    assert!(retried("settled") >= settled_before + 3);
+    c.shutdown().await;
+}
+
+/// A worker that stops while the store still fails its settlements tries each once more
+/// and gives it up within its bound (counted as lost), rather than holding up its stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_still_failing_at_stop_are_given_up_within_the_bound() {
+    let c = Cluster::start(
+        json!({"turns": [{"text": "answer", "usage": usage()}]}),
+        1,
+        4,
+        |cfg| cfg.budgets = vec![tenant_budget(1_000_000, OnBudget::Fail)],
+    )
+    .await;
+    let lost_before = retried("lost");
+    assert_eq!(three_calls_with_failing_settlements(&c).await, (3, 0));
+    tokio::time::timeout(Duration::from_secs(60), c.shutdown())
+        .await
+        .expect("the worker stops");
+    assert!(retried("lost") >= lost_before + 3);
+}
+
+/// The worker's count of settlements tried again with `outcome` (other tests of this
+/// process may add to it, never take from it).
+fn retried(outcome: &str) -> u64 {
+    agentq_core::metrics::global()
+        .tenant_settlements_retried
+        .with_label_values(&[outcome])
+        .get()
+}
+
+/// Postgres made to fail every settlement (a trigger raises on the tenant's spend until
+/// `settle_fault` is emptied), then three one-call sessions of the tenant run to their
+/// end. Returns the tenant's holds and today's spent tokens after they ended.
+async fn three_calls_with_failing_settlements(c: &Cluster) -> (i64, u64) {
+    for statement in [
+        "CREATE TABLE settle_fault (since timestamptz)",
+        "INSERT INTO settle_fault VALUES (now())",
+        "CREATE FUNCTION settle_fault() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF EXISTS (SELECT 1 FROM settle_fault) THEN \
+         RAISE EXCEPTION 'injected: the store fails settlements'; END IF; RETURN NEW; END $$",
+        "CREATE TRIGGER settle_fault BEFORE INSERT OR UPDATE ON tenant_spend \
+         FOR EACH ROW EXECUTE FUNCTION settle_fault()",
+    ] {
+        sqlx::query(statement)
+            .execute(c.store.pool())
+            .await
+            .unwrap();
+    }
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            c.submit(&format!("call {i}"), TREE_TOOLS, |s| s.tools = Some(vec![]))
+                .await,
+        );
+    }
+    let rows = c.wait_terminal(&ids, Duration::from_secs(60)).await;
+    assert!(
+        rows.iter().all(|r| r.status == SessionStatus::Completed),
+        "{rows:?}"
+    );
+    let today = agentq_core::budget::day_key(chrono::Utc::now().date_naive());
+    let spend = c.store.tenant_spend(TENANT, &today, &today).await.unwrap();
+    (tenant_holds(c).await, spend.tokens)
+}
+
+async fn tenant_holds(c: &Cluster) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tenant_holds WHERE tenant = $1")
+        .bind(TENANT)
+        .fetch_one(c.store.pool())
+        .await
+        .unwrap()
+}
