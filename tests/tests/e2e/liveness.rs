@@ -130,3 +130,72 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
     stop.cancel();
     sweeper.await.unwrap();
 }
+
+/// A worker SIGKILLed after a session's end is committed and before its completion is
+/// published: Redis is paused for writes once the session's call is under way, so the
+/// commit goes through (it needs only Postgres) and the publish waits. The end is still
+/// unannounced in the store, and the sweeper publishes it, once; nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_between_the_end_commit_and_the_publish() {
+    let mut c = Cluster::start().await;
+    let a = c.spawn_ready_worker(&WorkerOpts::default()).await;
+    // As above: the key is known before the measured session, so its call needs no Redis.
+    let warm = c.submit(Script::new(vec![Turn::text("ok")])).await;
+    c.wait_all_terminal(std::slice::from_ref(&warm.id), T).await;
+    // The session's one call fails until healed: the gate that lets the test pause Redis
+    // while the call is under way.
+    let mut script = Script::new(vec![Turn::text("The answer.")]);
+    script.fail_from_turn = Some(0);
+    let sub = c.submit(script).await;
+    eventually("the session's call is under way", T, async || {
+        c.llm_requests_all(&sub) >= 1
+    })
+    .await;
+    let mut conn = c.redis_conn().await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600_000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    c.heal(&sub.token);
+    eventually("the session's end is committed", T, async || {
+        c.row(&sub.id).await.status == SessionStatus::Completed
+    })
+    .await;
+    c.kill_worker(a);
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.completion_entries().await.get(&sub.id),
+        None,
+        "published before the kill"
+    );
+
+    let store = PgStore::connect(&c.db_url, 2).await.unwrap();
+    let queue = RedisQueue::connect(&c.redis.url()).await.unwrap();
+    let announced =
+        agentq_scheduler::sweeper::settle_unannounced(&store, &queue, Duration::ZERO).await;
+    assert_eq!(announced, 1, "the sweeper found the end unannounced");
+    // Announced once, and not again by a later sweep.
+    assert_eq!(
+        agentq_scheduler::sweeper::settle_unannounced(&store, &queue, Duration::ZERO).await,
+        0
+    );
+    assert_eq!(c.completion_entries().await.get(&sub.id), Some(&1));
+    let row = c.row(&sub.id).await;
+    assert_eq!(row.status, SessionStatus::Completed);
+    assert_eq!(row.lease_epoch, 1, "never claimed again: {row:?}");
+    let answered = c.llm_requests_all(&sub);
+    // A second worker finds nothing of it to run.
+    c.spawn_ready_worker(&WorkerOpts::default()).await;
+    let after = c.submit(Script::new(vec![Turn::text("ok")])).await;
+    c.wait_all_terminal(std::slice::from_ref(&after.id), T)
+        .await;
+    assert_eq!(c.llm_requests_all(&sub), answered);
+    assert_eq!(c.lease_holder(&sub.id).await, None);
+}
