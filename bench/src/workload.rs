@@ -368,29 +368,24 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         }
         Ok(started.elapsed())
     };
-    let measured = async {
-        let mut cold = None;
-        let mut all = Vec::new();
-        if w.warm_up {
-            all = create_sessions_in(
-                routing.store.as_ref(),
-                &queue,
-                w.sessions,
-                w.iterations,
-                tool,
-            )
-            .await?;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            cold = Some(round(&all).await?);
-        }
-        let ids = create_sessions_in(
+    let create = || {
+        create_sessions_in(
             routing.store.as_ref(),
             &queue,
             w.sessions,
             w.iterations,
             tool,
         )
-        .await?;
+    };
+    let measured = async {
+        let mut cold = None;
+        let mut all = Vec::new();
+        if w.warm_up {
+            all = create().await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cold = Some(round(&all).await?);
+        }
+        let ids = create().await?;
         all.extend(ids.iter().cloned());
         // Let the workers reach their first (next) XREADGROUP.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -426,21 +421,7 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
     let (ids, all, elapsed, overhead, (cpu, wal_bytes), cold, checkpoint_hist, commits) = measured?;
     let failed = not_completed(routing, &all, w.iterations).await?;
     let mcp_calls = match served {
-        Some(served) => {
-            // A completed session made a call every turn but the last.
-            let made = (all.len() as u64).saturating_sub(failed)
-                * u64::from(w.iterations.saturating_sub(1));
-            let served = served?;
-            if served < made {
-                bail!(
-                    "{}: the MCP servers answered {served} tool calls, fewer than the {made} \
-                     that the completed sessions made: calls failed, so the figures would not \
-                     be those of MCP calls",
-                    w.part
-                );
-            }
-            Some((served, made))
-        }
+        Some(served) => Some(mcp_calls(w, served?, all.len(), failed)?),
         None => None,
     };
     Ok(Ran {
@@ -456,6 +437,27 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         commits,
         mcp_calls,
     })
+}
+
+/// With the MCP tool: the calls the servers answered and those the `sessions` sessions
+/// (`failed` of them not completed) made, a call every turn but the last; fewer answered
+/// than made means calls failed, and the figures would not be those of MCP calls.
+fn mcp_calls(
+    w: &Workload,
+    served: u64,
+    sessions: usize,
+    failed: u64,
+) -> anyhow::Result<(u64, u64)> {
+    let made = (sessions as u64).saturating_sub(failed) * u64::from(w.iterations.saturating_sub(1));
+    if served < made {
+        bail!(
+            "{}: the MCP servers answered {served} tool calls, fewer than the {made} that the \
+             completed sessions made: calls failed, so the figures would not be those of MCP \
+             calls",
+            w.part
+        );
+    }
+    Ok((served, made))
 }
 
 /// Where Postgres's write-ahead log is, as text (`None` where the server will not say).

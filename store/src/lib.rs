@@ -11,6 +11,7 @@ pub mod checkpoint;
 pub mod pg;
 mod rowconv;
 pub mod sharded;
+mod single_checkpoint;
 mod sql;
 pub mod sqlite;
 pub mod store;

@@ -288,7 +288,7 @@ impl BudgetGate {
         {
             warn!(error = %e, tenant = %self.tenant, "counting the tenant's spend failed; it is tried again");
             self.inner.settlements.retry(
-                &self.inner,
+                self.inner.metrics,
                 Pending {
                     hold,
                     tenant: self.tenant.clone(),

@@ -27,6 +27,10 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         .runs
         .take_undeferred()
         .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+    let settle_rx = inner
+        .settlements
+        .take_receiver()
+        .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
     info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
     inner.start_pipeline();
     // A session that starts before its servers have answered would not see their tools.
@@ -52,7 +56,14 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
         undeferrer,
         tokio::spawn(heartbeat::heartbeat_loop(inner.clone(), bg_stop.clone())),
         tokio::spawn(listener::signal_listener(inner.clone(), bg_stop.clone())),
-        tokio::spawn(settlements::retry_loop(inner.clone(), bg_stop.clone())),
+        tokio::spawn(settlements::retry_loop(
+            settlements::Retrier {
+                store: inner.store.clone(),
+                metrics: inner.metrics,
+            },
+            settle_rx,
+            bg_stop.clone(),
+        )),
         tokio::spawn(reclaim::reclaim_loop(
             inner.clone(),
             tracker.clone(),

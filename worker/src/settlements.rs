@@ -15,10 +15,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error};
 
+use agentq_core::Store;
 use agentq_core::budget::Spend;
+use agentq_core::metrics::Metrics;
 
 use crate::backoff::Backoff;
-use crate::inner::Inner;
 
 /// Settlements waiting for a retry at most; one more is given up at once (a store down
 /// long enough to fill it loses the rest to their holds' expiry anyway).
@@ -54,27 +55,35 @@ impl Settlements {
     }
 
     /// Queue `p` for a retry; a full queue gives it up (counted and logged).
-    pub(crate) fn retry(&self, inner: &Inner, p: Pending) {
+    pub(crate) fn retry(&self, metrics: &Metrics, p: Pending) {
         if let Err(e) = self.tx.try_send(p) {
             let p = match e {
                 mpsc::error::TrySendError::Full(p) | mpsc::error::TrySendError::Closed(p) => p,
             };
-            lost(inner, &p, "too many settlements are waiting for a retry");
+            lost(metrics, &p, "too many settlements are waiting for a retry");
         }
     }
 
-    fn take_receiver(&self) -> Option<mpsc::Receiver<Pending>> {
+    /// The queue's reading end, for [`retry_loop`]; `None` once taken.
+    pub(crate) fn take_receiver(&self) -> Option<mpsc::Receiver<Pending>> {
         self.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
+}
+
+/// What the retries use: the worker's store and metrics.
+pub(crate) struct Retrier {
+    pub store: Arc<dyn Store>,
+    pub metrics: &'static Metrics,
 }
 
 /// Try the queued settlements again, oldest first (a store that fails one fails the
 /// next), backing off while the store fails, until `stop`; then try each left once more
 /// within [`STOP_BOUND`].
-pub(crate) async fn retry_loop(inner: Arc<Inner>, stop: CancellationToken) {
-    let Some(mut rx) = inner.settlements.take_receiver() else {
-        return;
-    };
+pub(crate) async fn retry_loop(
+    inner: Retrier,
+    mut rx: mpsc::Receiver<Pending>,
+    stop: CancellationToken,
+) {
     let mut backoff = Backoff::new();
     'next: loop {
         let p = tokio::select! {
@@ -83,7 +92,11 @@ pub(crate) async fn retry_loop(inner: Arc<Inner>, stop: CancellationToken) {
         };
         loop {
             if Instant::now() >= p.until {
-                lost(&inner, &p, "the hold expired before the store came back");
+                lost(
+                    inner.metrics,
+                    &p,
+                    "the hold expired before the store came back",
+                );
                 continue 'next;
             }
             match try_once(&inner, &p).await {
@@ -113,7 +126,7 @@ pub(crate) async fn retry_loop(inner: Arc<Inner>, stop: CancellationToken) {
 }
 
 /// A stopping worker's one more try of each settlement left, within [`STOP_BOUND`].
-async fn last_tries(inner: &Inner, rest: Vec<Pending>) {
+async fn last_tries(inner: &Retrier, rest: Vec<Pending>) {
     let deadline = Instant::now() + STOP_BOUND;
     for p in rest {
         let failed = match tokio::time::timeout_at(deadline, try_once(inner, &p)).await {
@@ -121,12 +134,12 @@ async fn last_tries(inner: &Inner, rest: Vec<Pending>) {
             Ok(Err(e)) => e.to_string(),
             Err(_) => "the worker stopped".to_string(),
         };
-        lost(inner, &p, &failed);
+        lost(inner.metrics, &p, &failed);
     }
 }
 
 /// One try of `p`: counted by its outcome when the store answers.
-async fn try_once(inner: &Inner, p: &Pending) -> agentq_core::Result<()> {
+async fn try_once(inner: &Retrier, p: &Pending) -> agentq_core::Result<()> {
     let settled = inner
         .store
         .settle_tenant_hold_if_held(&p.hold, &p.tenant, &p.day, p.spend)
@@ -140,9 +153,8 @@ async fn try_once(inner: &Inner, p: &Pending) -> agentq_core::Result<()> {
     Ok(())
 }
 
-fn lost(inner: &Inner, p: &Pending, why: &str) {
-    inner
-        .metrics
+fn lost(metrics: &Metrics, p: &Pending, why: &str) {
+    metrics
         .tenant_settlements_retried
         .with_label_values(&["lost"])
         .inc();

@@ -150,9 +150,67 @@ fn migrate_then_scheduler_then_sigterm() {
 
 #[test]
 fn submit_status_cancel_sessions() {
-    let db = migrated_db();
+    submit_status_cancel_sessions_on(&migrated_db());
+}
+
+/// The same HTTP API on a scheduler over two Postgres shards (`AGENTQ_DATABASE_URL`
+/// naming both, migrated by `agentq migrate`): every call answers as on one, lists gather
+/// both shards, and a retried idempotent submit finds its session wherever its key put it.
+#[test]
+fn submit_status_cancel_sessions_over_two_shards() {
+    let a = shared_postgres().unwrap().fresh_database().unwrap();
+    let b = shared_postgres_shard(1).unwrap().fresh_database().unwrap();
+    let both = format!("{a},{b}");
+    let out = agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", &both)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids = submit_status_cancel_sessions_on(&both);
+
     let redis = RedisServer::start().unwrap();
-    let s = start_scheduler(&db, &redis.url());
+    let s = start_scheduler(&both, &redis.url());
+    // Sessions on both shards, each found by id and all in one list.
+    let mut many = ids.clone();
+    for i in 0..12 {
+        let out = client(&s.url, &["submit", &format!("spread {i}")]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        many.push(text(&out.stdout).trim().to_string());
+    }
+    let shards: std::collections::BTreeSet<usize> = many
+        .iter()
+        .map(|id| {
+            agentq_core::shard::partition_of(id)
+                .map_or(usize::MAX, |p| agentq_core::shard::shard_of(p, 2))
+        })
+        .collect();
+    assert_eq!(shards, [0, 1].into(), "{many:?}");
+    let out = client(&s.url, &["sessions", "--limit", "100"]);
+    let table = text(&out.stdout);
+    for id in &many {
+        assert!(table.contains(id.as_str()), "{id} missing from\n{table}");
+        let out = client(&s.url, &["status", id]);
+        assert!(out.status.success(), "{id}: {}", text(&out.stderr));
+    }
+    // An idempotent submit, retried: the same session, from whichever shard holds it.
+    let first = client(&s.url, &["submit", "--idempotency-key", "retry-me", "once"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let again = client(&s.url, &["submit", "--idempotency-key", "retry-me", "once"]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(text(&first.stdout), text(&again.stdout));
+    assert!(
+        text(&again.stderr).contains("existing session"),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
+/// Submit, read, list and cancel sessions through `agentq` against a scheduler on `db`
+/// (one URL or several); the ids it submitted.
+fn submit_status_cancel_sessions_on(db: &str) -> Vec<String> {
+    let redis = RedisServer::start().unwrap();
+    let s = start_scheduler(db, &redis.url());
 
     let out = client(
         &s.url,
@@ -245,6 +303,9 @@ fn submit_status_cancel_sessions() {
     let out = client(&s.url, &["status", &ids[2]]);
     let view: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(view["queue"], "bulk");
+    let mut all = vec![id];
+    all.extend(ids);
+    all
 }
 
 /// `submit --wait` ends when the session ends (here: cancelled, so exit 1).

@@ -12,11 +12,12 @@ use agentq_agent::state::SessionState;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::model::{Claim, Lease, SessionRow, SessionStatus};
+use crate::single_checkpoint::checkpoint_alone;
 use crate::sql::outcome;
 use crate::sql::record::{SessionRecord, StoredMessage};
 use crate::sql::statements::POSTGRES as SQL;
 use crate::sql::suspension::Suspension;
-use crate::store::{Committed, LeaseStatus, LeaseStore, checkpoint_alone};
+use crate::store::{Committed, LeaseStatus, LeaseStore};
 use crate::wait::WaitReason;
 
 use super::{PgStore, secs};
