@@ -36,24 +36,15 @@ impl Layout {
         0..self.partitions
     }
 
-    /// The partition of a session: its tree's, from the partition every id of a tree
-    /// carries (`agentq_types::shard`), modulo the partitions, so that a tree's entries
-    /// share one stream as its rows share one Postgres shard. An id that carries none (not
-    /// a UUID) by a stable hash of it (FNV-1a, the same in every process and release).
+    /// The partition of a session: a stable hash of its id (FNV-1a, the same in every
+    /// process and release), modulo the partitions.
     pub(super) fn partition_of(&self, session_id: &str) -> u32 {
-        let n = u64::from(self.partitions);
-        let h = match agentq_types::shard::partition_of(session_id) {
-            Some(tree) => u64::from(tree),
-            None => {
-                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-                for b in session_id.bytes() {
-                    h ^= u64::from(b);
-                    h = h.wrapping_mul(0x0100_0000_01b3);
-                }
-                h
-            }
-        };
-        u32::try_from(h % n).unwrap_or(0)
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in session_id.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        u32::try_from(h % u64::from(self.partitions)).unwrap_or(0)
     }
 
     fn tag(&self, queue: &str, p: u32) -> Option<String> {
@@ -126,34 +117,5 @@ impl Layout {
             }
         }
         out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use agentq_types::shard::{id_beside, id_in};
-
-    /// A tree's sessions share their root's partition; roots spread over all of them;
-    /// an id that is no UUID still finds one, the same each time.
-    #[test]
-    fn a_tree_shares_its_roots_partition_and_roots_spread() {
-        let layout = Layout::new(true, 8);
-        let mut seen = std::collections::BTreeSet::new();
-        for tree in 0..64u16 {
-            let root = id_in(tree * 7);
-            let p = layout.partition_of(&root);
-            assert!(p < 8);
-            let child = id_beside(&root);
-            let grandchild = id_beside(&child);
-            assert_eq!(layout.partition_of(&child), p, "{root} {child}");
-            assert_eq!(layout.partition_of(&grandchild), p);
-            seen.insert(p);
-        }
-        assert_eq!(seen.len(), 8, "{seen:?}");
-        let plain = layout.partition_of("not-a-uuid");
-        assert!(plain < 8);
-        assert_eq!(layout.partition_of("not-a-uuid"), plain);
-        assert_eq!(Layout::new(false, 1).partition_of(&id_in(5)), 0);
     }
 }
