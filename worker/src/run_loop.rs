@@ -23,14 +23,9 @@ pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) -> Resul
     for q in &inner.cfg.queues {
         retry_forever(&shutdown, || inner.queue.ensure_queue(q)).await;
     }
-    let mut undeferred_rx = inner
-        .runs
-        .take_undeferred()
-        .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
-    let settle_rx = inner
-        .settlements
-        .take_receiver()
-        .ok_or_else(|| Error::Config("Worker::run called twice".into()))?;
+    let twice = || Error::Config("Worker::run called twice".into());
+    let mut undeferred_rx = inner.runs.take_undeferred().ok_or_else(twice)?;
+    let settle_rx = inner.settlements.take_receiver().ok_or_else(twice)?;
     info!(consumer = %inner.cfg.consumer, queues = ?inner.cfg.queues, concurrency = inner.cfg.concurrency, "worker started");
     inner.start_pipeline();
     // A session that starts before its servers have answered would not see their tools.
