@@ -850,31 +850,17 @@ async fn budget_tenant_totals_follow_days_months_retries_and_dead_holds(store: A
 async fn budget_settlement_tried_again_counts_once(store: Arc<dyn Backend>) {
     let now = chrono::Utc::now();
     let day = agentq_types::budget::day_key(now.date_naive());
-    let tokens = |tokens| Spend {
-        tokens,
-        cost_nanos: 0,
-    };
-    let budgets = vec![TenantBudget {
-        tenant: "again".into(),
-        period: Period::Day,
-        tokens: Some(1000),
-        usd_nanos: None,
-        on_budget: OnBudget::Fail,
-    }];
-    let hold = |n| TenantHold {
-        id: new_session_id(),
-        tenant: "again".into(),
-        worst: tokens(n),
-        ttl: TTL,
-    };
-    let call = hold(600);
-    assert!(
+    let budgets = thousand_a_day("again");
+    let hold = |n| held_by("again", n);
+    let admits = async |h: &TenantHold| {
         store
-            .hold_tenant_spend(&call, &budgets, now)
+            .hold_tenant_spend(h, &budgets, now)
             .await
             .unwrap()
             .is_none()
-    );
+    };
+    let call = hold(600);
+    assert!(admits(&call).await);
     for (try_, settles) in [(1, true), (2, false), (3, false)] {
         assert_eq!(
             store
@@ -891,20 +877,8 @@ async fn budget_settlement_tried_again_counts_once(store: Arc<dyn Backend>) {
         "counted once"
     );
     // The hold is off the count too: 100 spent leaves 900 to hold, and no more.
-    assert!(
-        store
-            .hold_tenant_spend(&hold(900), &budgets, now)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        store
-            .hold_tenant_spend(&hold(1), &budgets, now)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(admits(&hold(900)).await);
+    assert!(!admits(&hold(1)).await);
     // No hold, no totals row: nothing counted, and no row made.
     assert!(
         !store
@@ -926,23 +900,8 @@ async fn pg_settlement_tried_again_while_the_first_commits_counts_once() {
     let store = Arc::new(crate::common::pg_store().await);
     let now = chrono::Utc::now();
     let day = agentq_types::budget::day_key(now.date_naive());
-    let tokens = |tokens| Spend {
-        tokens,
-        cost_nanos: 0,
-    };
-    let budgets = vec![TenantBudget {
-        tenant: "inflight".into(),
-        period: Period::Day,
-        tokens: Some(1000),
-        usd_nanos: None,
-        on_budget: OnBudget::Fail,
-    }];
-    let call = TenantHold {
-        id: new_session_id(),
-        tenant: "inflight".into(),
-        worst: tokens(600),
-        ttl: TTL,
-    };
+    let budgets = thousand_a_day("inflight");
+    let call = held_by("inflight", 600);
     assert!(
         store
             .hold_tenant_spend(&call, &budgets, now)
@@ -995,6 +954,35 @@ async fn pg_settlement_tried_again_while_the_first_commits_counts_once() {
         store.tenant_spend("inflight", &day, &day).await.unwrap(),
         tokens(100)
     );
+}
+
+/// `n` tokens, no cost.
+fn tokens(n: u64) -> Spend {
+    Spend {
+        tokens: n,
+        cost_nanos: 0,
+    }
+}
+
+/// A budget of 1,000 tokens a day for `tenant`, failing its sessions when spent.
+fn thousand_a_day(tenant: &str) -> Vec<TenantBudget> {
+    vec![TenantBudget {
+        tenant: tenant.into(),
+        period: Period::Day,
+        tokens: Some(1000),
+        usd_nanos: None,
+        on_budget: OnBudget::Fail,
+    }]
+}
+
+/// A new hold of `n` tokens by a call of `tenant`.
+fn held_by(tenant: &str, n: u64) -> TenantHold {
+    TenantHold {
+        id: new_session_id(),
+        tenant: tenant.into(),
+        worst: tokens(n),
+        ttl: TTL,
+    }
 }
 
 /// Many calls of one tenant hold and settle at once, as a busy worker's do (Postgres takes

@@ -791,13 +791,7 @@ async fn calls_abandoned_in_flight_count_against_the_budget() {
 /// free the holds, instead of leaving them held for half an hour and the spend uncounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settlements_the_store_fails_are_counted_once_when_it_answers_again() {
-    let c = Cluster::start(
-        json!({"turns": [{"text": "answer", "usage": usage()}]}),
-        1,
-        4,
-        |cfg| cfg.budgets = vec![tenant_budget(1_000_000, OnBudget::Fail)],
-    )
-    .await;
+    let c = one_call_worker().await;
     let settled_before = retried("settled");
     let (holds, spend) = three_calls_with_failing_settlements(&c).await;
     // Each call's settlement failed: its hold is still there and nothing is counted.
@@ -827,19 +821,25 @@ async fn settlements_the_store_fails_are_counted_once_when_it_answers_again() {
 /// and gives it up within its bound (counted as lost), rather than holding up its stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settlements_still_failing_at_stop_are_given_up_within_the_bound() {
-    let c = Cluster::start(
-        json!({"turns": [{"text": "answer", "usage": usage()}]}),
-        1,
-        4,
-        |cfg| cfg.budgets = vec![tenant_budget(1_000_000, OnBudget::Fail)],
-    )
-    .await;
+    let c = one_call_worker().await;
     let lost_before = retried("lost");
     assert_eq!(three_calls_with_failing_settlements(&c).await, (3, 0));
     tokio::time::timeout(Duration::from_secs(60), c.shutdown())
         .await
         .expect("the worker stops");
     assert!(retried("lost") >= lost_before + 3);
+}
+
+/// One worker of 4 slots whose sessions make one call each, for a tenant whose budget
+/// they never reach.
+async fn one_call_worker() -> Cluster {
+    Cluster::start(
+        json!({"turns": [{"text": "answer", "usage": usage()}]}),
+        1,
+        4,
+        |cfg| cfg.budgets = vec![tenant_budget(1_000_000, OnBudget::Fail)],
+    )
+    .await
 }
 
 /// The worker's count of settlements tried again with `outcome` (other tests of this
