@@ -165,17 +165,8 @@ pub(super) async fn recount(
     Ok((held, first))
 }
 
-pub(super) async fn settle_hold(
-    pool: &PgPool,
-    id: &str,
-    tenant: &str,
-    day: &str,
-    s: Spend,
-) -> Result<()> {
-    settle(pool, id, tenant, day, s).await
-}
-
-async fn settle<'e, E: sqlx::PgExecutor<'e>>(
+/// [`SETTLE_HOLD`], alone or in a transaction.
+pub(super) async fn settle_hold<'e, E: sqlx::PgExecutor<'e>>(
     conn: E,
     id: &str,
     tenant: &str,
@@ -205,18 +196,17 @@ pub(super) async fn settle_if_held(
     s: Spend,
 ) -> Result<bool> {
     let mut tx = pool.begin().await?;
-    let row: Option<i32> =
-        sqlx::query_scalar("SELECT 1 FROM tenant_ledger WHERE tenant = $1 FOR UPDATE")
-            .bind(tenant)
-            .fetch_optional(&mut *tx)
-            .await?;
+    let row: Option<i32> = sqlx::query_scalar(totals::LOCK)
+        .bind(tenant)
+        .fetch_optional(&mut *tx)
+        .await?;
     let held = row.is_some()
         && sqlx::query_scalar::<_, bool>(totals::HOLD_EXISTS)
             .bind(id)
             .fetch_one(&mut *tx)
             .await?;
     if held {
-        settle(&mut *tx, id, tenant, day, s).await?;
+        settle_hold(&mut *tx, id, tenant, day, s).await?;
     }
     tx.commit().await?;
     Ok(held)

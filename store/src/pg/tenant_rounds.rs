@@ -33,8 +33,6 @@ UPDATE tenant_ledger SET held_tokens = GREATEST(held_tokens - $2, 0),
     held_cost_nanos = GREATEST(held_cost_nanos - $3, 0)
 WHERE tenant = $1";
 
-const LOCK_TOTALS: &str = "SELECT 1 FROM tenant_ledger WHERE tenant = $1 FOR UPDATE";
-
 const STORED: &str = "SELECT id FROM tenant_holds WHERE id = ANY($1)";
 
 /// The admitted holds of a round, from arrays.
@@ -192,7 +190,7 @@ async fn together(
         .bind(&month)
         .execute(&mut *tx)
         .await?;
-    sqlx::query(LOCK_TOTALS)
+    sqlx::query(totals::LOCK)
         .bind(tenant)
         .execute(&mut *tx)
         .await?;

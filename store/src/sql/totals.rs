@@ -74,6 +74,10 @@ pub(crate) const TOTALS_LOCKED: &str = "SELECT day, day_tokens, day_cost_nanos, 
      month_tokens, month_cost_nanos, held_tokens, held_cost_nanos FROM tenant_ledger \
      WHERE tenant = $1 FOR UPDATE";
 
+/// The tenant's totals row locked for the rest of the transaction, nothing read (Postgres):
+/// taken first by every statement on a tenant's budget, so they all lock in one order.
+pub(crate) const LOCK: &str = "SELECT 1 FROM tenant_ledger WHERE tenant = $1 FOR UPDATE";
+
 /// What the holds of the tenant count once recounted (`$2`, `$3`).
 const SET_HELD: &str =
     "UPDATE tenant_ledger SET held_tokens = $2, held_cost_nanos = $3 WHERE tenant = $1";
