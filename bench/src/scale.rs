@@ -19,20 +19,18 @@ use agentq_agent::driver::{Admission, Admit, CallAsk, CallReport};
 use agentq_agent::provider::HttpTimeouts;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_agent::spec::SessionSpec;
-use agentq_core::Store;
 use agentq_core::admission::Limiter;
 use agentq_core::budget::BudgetStore;
 use agentq_core::budget::{OnBudget, Period, Spend, TenantBudget, TenantHold};
 use agentq_core::config::RedisSection;
 use agentq_core::config::{LimitSettings, LimiterSection};
 use agentq_core::pg::PgStore;
-use agentq_core::sharded::ShardedStore;
 use agentq_core::{Claim, LeaseStore, NewSession, SessionStore};
 use agentq_fixtures::{Durability, PostgresOptions, PostgresServer, RedisCluster, RedisServer};
 
 use crate::env::Env;
 use crate::report::{Results, RoutingFigure, ScaleFigures, ms, progress, quantile};
-use crate::workload::{Routing, Workload, run_workload_on, throughput_workload};
+use crate::workload::{Routing, Workload, one_store, run_workload_on, throughput_workload};
 
 /// Calls at once in the budget and limiter measures (as many as a worker's sessions).
 const CONCURRENT: usize = 64;
@@ -134,17 +132,12 @@ async fn routing(env: &Env, cluster: &RedisCluster) -> anyhow::Result<Vec<Routin
                 env.args.sessions,
                 env.args.iterations
             ));
-            let shards = admin[..*shards].to_vec();
-            let store: Arc<dyn Store> = match shards.as_slice() {
-                [one] => Arc::new(one.clone()),
-                _ => Arc::new(ShardedStore::new(shards.clone())?),
-            };
             let routing = Routing {
-                db_urls: urls[..shards.len()].to_vec(),
+                db_urls: urls[..*shards].to_vec(),
                 redis_url: redis_url.clone(),
                 redis: redis.clone(),
-                shards,
-                store,
+                shards: admin[..*shards].to_vec(),
+                store: one_store(&admin[..*shards])?,
             };
             let ran = run_workload_on(env, &routing, &routing_workload(env)).await?;
             if ran.failed > 0 {

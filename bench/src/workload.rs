@@ -220,12 +220,18 @@ async fn start_on(
         store.open_all().await?;
         stores.push(store);
     }
-    let store: Arc<dyn Store> = match stores.as_slice() {
-        [one] => Arc::new(one.clone()),
-        _ => Arc::new(ShardedStore::new(stores.clone())?),
-    };
+    let store = one_store(&stores)?;
     let redis = RedisQueue::connect_with(&routing.redis_url, &routing.redis).await?;
     Ok((Worker::new(store, Arc::new(redis), cfg), stores))
+}
+
+/// One store over `shards`, as `agentq worker` opens them: the store itself when there is
+/// one, else a sharded store over them.
+pub fn one_store(shards: &[PgStore]) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match shards {
+        [one] => Arc::new(one.clone()),
+        _ => Arc::new(ShardedStore::new(shards.to_vec())?),
+    })
 }
 
 /// Where a workload's workers and sessions live: by default the run's Postgres and Redis
