@@ -11,10 +11,9 @@
 //! running here and what waits for them), `pipeline` (the writers every run hands its
 //! checkpoints and events to), `checkpoint`, `inbox`, `observe`, [`workspace`] (a tree's
 //! files on this worker), [`spawn`] (the `spawn_agent` tool). The gate of a session's LLM
-//! calls is `admission`, made of `budget` (with `stored_budgets`, and `settlements`, which tries again what the
-//! store failed to count) and the fleet limiter;
-//! `tenant` says whose session it is, `backoff` how long to wait between tries, `error`
-//! what goes wrong.
+//! calls is `admission`, made of `budget` (with `stored_budgets`, and `settlements`, which
+//! tries again what the store failed to count) and the fleet limiter; `tenant` says whose
+//! session it is, `backoff` how long to wait between tries, `error` what goes wrong.
 
 mod admission;
 mod backoff;

@@ -77,76 +77,70 @@ pub(crate) struct Retrier {
 }
 
 /// Try the queued settlements again, oldest first (a store that fails one fails the
-/// next), backing off while the store fails, until `stop`; then try each left once more
-/// within [`STOP_BOUND`].
+/// next), backing off while the store fails, until `stop`; then try the one in hand and
+/// each left once more within [`STOP_BOUND`].
 pub(crate) async fn retry_loop(
-    inner: Retrier,
+    r: Retrier,
     mut rx: mpsc::Receiver<Pending>,
     stop: CancellationToken,
 ) {
     let mut backoff = Backoff::new();
-    'next: loop {
-        let p = tokio::select! {
-            p = rx.recv() => match p { Some(p) => p, None => return },
-            _ = stop.cancelled() => break,
+    // The settlement the store failed last, tried again before the next one.
+    let mut failing: Option<Pending> = None;
+    loop {
+        let p = match failing.take() {
+            Some(p) => p,
+            None => tokio::select! {
+                p = rx.recv() => match p { Some(p) => p, None => return },
+                _ = stop.cancelled() => break,
+            },
         };
-        loop {
-            if Instant::now() >= p.until {
-                lost(
-                    inner.metrics,
-                    &p,
-                    "the hold expired before the store came back",
-                );
-                continue 'next;
-            }
-            match try_once(&inner, &p).await {
-                Ok(()) => {
-                    backoff.reset();
-                    continue 'next;
-                }
-                Err(e) => {
-                    let wait = backoff.next();
-                    debug!(error = %e, ?wait, hold = %p.hold, "a settlement failed again");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.cancelled() => {
-                            rx.close();
-                            let rest = std::iter::once(p).chain(std::iter::from_fn(|| rx.try_recv().ok()));
-                            last_tries(&inner, rest.collect()).await;
-                            return;
-                        }
-                    }
+        if Instant::now() >= p.until {
+            lost(r.metrics, &p, "the hold expired before the store came back");
+            continue;
+        }
+        match try_once(&r, &p).await {
+            Ok(()) => backoff.reset(),
+            Err(e) => {
+                let wait = backoff.next();
+                debug!(error = %e, ?wait, hold = %p.hold, "a settlement failed again");
+                failing = Some(p);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop.cancelled() => break,
                 }
             }
         }
     }
     rx.close();
-    let rest = std::iter::from_fn(|| rx.try_recv().ok()).collect();
-    last_tries(&inner, rest).await;
+    let rest = failing
+        .into_iter()
+        .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+        .collect();
+    last_tries(&r, rest).await;
 }
 
 /// A stopping worker's one more try of each settlement left, within [`STOP_BOUND`].
-async fn last_tries(inner: &Retrier, rest: Vec<Pending>) {
+async fn last_tries(r: &Retrier, rest: Vec<Pending>) {
     let deadline = Instant::now() + STOP_BOUND;
     for p in rest {
-        let failed = match tokio::time::timeout_at(deadline, try_once(inner, &p)).await {
+        let failed = match tokio::time::timeout_at(deadline, try_once(r, &p)).await {
             Ok(Ok(())) => continue,
             Ok(Err(e)) => e.to_string(),
             Err(_) => "the worker stopped".to_string(),
         };
-        lost(inner.metrics, &p, &failed);
+        lost(r.metrics, &p, &failed);
     }
 }
 
 /// One try of `p`: counted by its outcome when the store answers.
-async fn try_once(inner: &Retrier, p: &Pending) -> agentq_core::Result<()> {
-    let settled = inner
+async fn try_once(r: &Retrier, p: &Pending) -> agentq_core::Result<()> {
+    let settled = r
         .store
         .settle_tenant_hold_if_held(&p.hold, &p.tenant, &p.day, p.spend)
         .await?;
     let outcome = if settled { "settled" } else { "already" };
-    inner
-        .metrics
+    r.metrics
         .tenant_settlements_retried
         .with_label_values(&[outcome])
         .inc();
