@@ -226,22 +226,10 @@ impl SqliteStore {
         Ok(refused)
     }
 
-    pub(super) async fn settle_hold(
-        &self,
-        id: &str,
-        tenant: &str,
-        day: &str,
-        s: Spend,
-    ) -> Result<()> {
-        self.settle_hold_when(id, tenant, day, s, false)
-            .await
-            .map(drop)
-    }
-
     /// The settlement, or with `only_held` nothing when the hold is gone; whether it
     /// counted the spend. One write transaction: the hold's presence cannot change
     /// between the look and the settlement.
-    pub(super) async fn settle_hold_when(
+    pub(super) async fn settle_hold(
         &self,
         id: &str,
         tenant: &str,
@@ -363,7 +351,9 @@ impl BudgetStore for SqliteStore {
         day: &str,
         spend: Spend,
     ) -> Result<()> {
-        self.settle_hold(id, tenant, day, spend).await
+        self.settle_hold(id, tenant, day, spend, false)
+            .await
+            .map(drop)
     }
 
     async fn settle_tenant_hold_if_held(
@@ -373,7 +363,7 @@ impl BudgetStore for SqliteStore {
         day: &str,
         spend: Spend,
     ) -> Result<bool> {
-        self.settle_hold_when(id, tenant, day, spend, true).await
+        self.settle_hold(id, tenant, day, spend, true).await
     }
 
     async fn set_tenant_budget(&self, b: &TenantBudget) -> Result<()> {
