@@ -78,7 +78,7 @@ pub(crate) async fn open_configured(
                 PgStore::connect(&u, 2).await
             })
             .await?;
-            let store = crate::stack::one_store(shards)?;
+            let store = crate::stack::one_store(shards).await?;
             match store.check_schema().await {
                 Ok(()) => {}
                 Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),

@@ -93,7 +93,27 @@ pub async fn migrate(args: MigrateArgs) -> anyhow::Result<ExitCode> {
         }
         migrate_one(store).await?;
     }
+    let recorded = agentq_core::pg::record_shard_map(&shards)
+        .await
+        .context("cannot record the shard map on the first database_url")?;
+    if many {
+        print_shard_map(&recorded);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The shard map as `agentq migrate` left it, each generation on a line.
+fn print_shard_map(recorded: &agentq_core::pg::MapRecorded) {
+    let generations = recorded.map.generations();
+    for (g, generation) in generations.iter().enumerate() {
+        let added = recorded.added.iter().any(|a| usize::from(*a) == g);
+        println!(
+            "shard map generation {g}: new trees over {} shard{}{}",
+            generation.shards,
+            if generation.shards == 1 { "" } else { "s" },
+            if added { " (added now)" } else { "" }
+        );
+    }
 }
 
 async fn migrate_one(store: &PgStore) -> anyhow::Result<()> {
@@ -155,7 +175,7 @@ pub async fn scheduler(args: SchedulerArgs) -> anyhow::Result<ExitCode> {
         PgStore::connect(&u, SCHEDULER_PG_CONNS).await
     })
     .await?;
-    let store = crate::stack::one_store(shards)?;
+    let store = crate::stack::one_store(shards).await?;
     match store.check_schema().await {
         Ok(()) => {}
         Err(e @ Error::SchemaBehind { .. }) => return Err(anyhow!(e)),

@@ -109,7 +109,7 @@ impl Stack {
         for shard in &shards {
             shard.migrate().await.context("migration failed")?;
         }
-        let store = one_store(shards)?;
+        let store = one_store(shards).await?;
         let queue = RedisQueue::connect(redis_url)
             .await
             .map_err(|e| connect_error(e, "Redis", redis_url))?;
@@ -175,14 +175,15 @@ where
     Ok(shards)
 }
 
-/// One store over `shards`: the store itself when there is one.
-pub(crate) fn one_store(mut shards: Vec<PgStore>) -> anyhow::Result<Arc<dyn Store>> {
+/// One store over `shards`: the store itself when there is one; else the sharded store,
+/// its shard map read and checked against the shards given.
+pub(crate) async fn one_store(mut shards: Vec<PgStore>) -> anyhow::Result<Arc<dyn Store>> {
     if shards.len() == 1
         && let Some(store) = shards.pop()
     {
         return Ok(Arc::new(store));
     }
-    Ok(Arc::new(ShardedStore::new(shards)?))
+    Ok(Arc::new(ShardedStore::open(shards).await?))
 }
 
 /// Hide the password of a URL in messages and logs: `postgres://u:***@h/db`. Anything

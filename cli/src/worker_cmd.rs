@@ -93,7 +93,7 @@ pub async fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             tracing::warn!(error = %e, "could not open the whole Postgres pool up front; it opens as sessions need it");
         }
     }
-    let store = crate::stack::one_store(shards)?;
+    let store = crate::stack::one_store(shards).await?;
     let queue = RedisQueue::connect_with(&redis, &settings.redis)
         .await
         .map_err(|e| connect_error(e, "Redis", &redis))?;

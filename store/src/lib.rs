@@ -10,6 +10,7 @@ pub mod blob;
 pub mod checkpoint;
 pub mod pg;
 mod rowconv;
+pub mod shard_map;
 pub mod sharded;
 mod single_checkpoint;
 mod sql;
@@ -18,6 +19,7 @@ pub mod store;
 
 pub use blob::BlobStore;
 pub use checkpoint::Checkpoint;
+pub use shard_map::ShardStore;
 pub use sharded::ShardedStore;
 pub use store::{
     BatchSource, BatchStore, BudgetStore, Committed, InboxStore, KeyStore, LeaseStore, QueueCreate,

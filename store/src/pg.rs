@@ -41,6 +41,7 @@ mod retention;
 mod rounds;
 mod schedules;
 mod sessions;
+mod shard_map;
 mod sweep;
 mod tenant_holds;
 mod tenant_rounds;
@@ -61,6 +62,8 @@ use crate::sql::record::SessionRecord;
 use crate::sql::statements::{APPLIED_MIGRATIONS, POSTGRES as SQL};
 use crate::sql::{outcome, read};
 use crate::store::Store;
+
+pub use shard_map::{MapRecorded, record_shard_map};
 
 /// Pooled connections idle at least this long are pinged before use.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);

@@ -20,8 +20,6 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use agentq_types::shard::{partition_of, shard_of, tenant_shard};
-
 use crate::error::{Error, Result};
 use crate::store::Store;
 
@@ -31,7 +29,7 @@ pub use probe::Probe;
 /// when there is one.
 macro_rules! by_id {
     ($self:ident, $name:literal, $key:expr, |$s:ident| $call:expr) => {{
-        let i = $self.index($key);
+        let i = $self.route($key).await?;
         match &$self.probe {
             None => {
                 let $s = $self.on(i);
@@ -53,6 +51,7 @@ mod global;
 mod hooks;
 mod merge;
 pub mod probe;
+mod routing;
 mod sessions;
 mod sweep;
 mod work;
@@ -61,6 +60,7 @@ mod work;
 pub struct ShardedStore<S = crate::pg::PgStore> {
     shards: Vec<S>,
     probe: Option<Arc<Probe>>,
+    routing: routing::Routing,
     /// Which shard each claimed webhook delivery came from (its id does not say), so that
     /// its attempt is recorded there; forgotten once recorded.
     deliveries: Mutex<HashMap<String, usize>>,
@@ -75,8 +75,9 @@ impl<S> std::fmt::Debug for ShardedStore<S> {
 }
 
 impl<S: Store> ShardedStore<S> {
-    /// A store over `shards` (the control shard first). Their order is the partition map:
-    /// it must stay the same for the life of the data.
+    /// A store over `shards` (the control shard first, then the others in the order they
+    /// were added: the shard map counts them so). It reads the shard map on its first call
+    /// about a session; [`ShardedStore::open`] reads it first and checks it.
     pub fn new(shards: Vec<S>) -> Result<Self> {
         if shards.is_empty() {
             return Err(Error::Config(
@@ -84,10 +85,35 @@ impl<S: Store> ShardedStore<S> {
             ));
         }
         Ok(Self {
+            routing: routing::Routing::new(shards.len()),
             shards,
             probe: None,
             deliveries: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// [`ShardedStore::new`], the shard map read from the control shard and checked to
+    /// span no more shards than given (a process started without a shard the map names
+    /// would not find that shard's sessions). More shards than the map spans are served
+    /// (their URLs given before `agentq migrate` adds them to the map); new trees go to
+    /// them once it has.
+    pub async fn open(shards: Vec<S>) -> Result<Self> {
+        let store = Self::new(shards)?;
+        let map = store.read_shard_map().await?;
+        if map.shards() > store.shards.len() {
+            return Err(Error::Config(format!(
+                "the shard map spans {} shards, and database_url names {}: give it every shard, in the order they were added",
+                map.shards(),
+                store.shards.len()
+            )));
+        }
+        Ok(store)
+    }
+
+    /// Read the shard map again this often instead of every 30 s (tests).
+    pub fn with_map_reread(self, every: std::time::Duration) -> Self {
+        self.routing.set_reread(every);
+        self
     }
 
     /// Record which shards each call about one session touched (tests).
@@ -110,10 +136,19 @@ impl<S: Store> ShardedStore<S> {
         self.shards.is_empty()
     }
 
-    /// The shard of a session or tree id (the control shard for an id that is no UUID:
-    /// no session has one, so any shard answers "none" alike).
+    /// The shard of a session or tree id by the map as last read (the control shard for
+    /// an id that is no UUID: no session has one, so any shard answers "none" alike). A
+    /// call about one session goes through [`ShardedStore::route`], which reads the map
+    /// again when the id asks for it and refuses a shard this store lacks; this is for the
+    /// ids such a call let in (the sessions a batch call names were created or claimed so).
     pub fn index(&self, id: &str) -> usize {
-        partition_of(id).map_or(0, |p| shard_of(p, self.shards.len()))
+        let i = self.routing.map().shard(id);
+        if i < self.shards.len() { i } else { 0 }
+    }
+
+    /// The shard map as last read.
+    pub fn shard_map(&self) -> Arc<agentq_types::shard::ShardMap> {
+        self.routing.map()
     }
 
     /// Shard `i`, noted by the probe.
@@ -131,7 +166,8 @@ impl<S: Store> ShardedStore<S> {
 
     /// Where `tenant`'s spend and holds live.
     fn home(&self, tenant: &str) -> &S {
-        self.on(tenant_shard(tenant, self.shards.len()))
+        let i = self.routing.map().tenant_shard(tenant);
+        self.on(if i < self.shards.len() { i } else { 0 })
     }
 
     /// `f` on every shard at once, the answers in shard order.
@@ -168,5 +204,21 @@ impl<S: Store> Store for ShardedStore<S> {
     /// Every shard must be migrated far enough.
     async fn check_schema(&self) -> Result<()> {
         self.each(|s| s.check_schema()).await.map(|_| ())
+    }
+}
+
+#[async_trait]
+impl<S: Store> crate::shard_map::ShardStore for ShardedStore<S> {
+    async fn shard_generations(&self) -> Result<Vec<agentq_types::shard::Generation>> {
+        self.control().shard_generations().await
+    }
+
+    async fn session_with_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<crate::model::SessionRow>> {
+        let found = self.each(|s| s.session_with_key(tenant, key)).await?;
+        Ok(found.into_iter().flatten().next())
     }
 }

@@ -311,3 +311,28 @@ fn not_a_database(e: &SqlxError) -> bool {
         _ => false,
     }
 }
+
+/// An embedded database is one shard: it records no map. It still answers which session a
+/// key created, as every store does.
+#[async_trait]
+impl crate::shard_map::ShardStore for SqliteStore {
+    async fn shard_generations(&self) -> Result<Vec<agentq_types::shard::Generation>> {
+        Ok(Vec::new())
+    }
+
+    async fn session_with_key(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<crate::model::SessionRow>> {
+        let owner: Option<String> = sqlx::query_scalar(&crate::sql::batches::SQLITE.key_owner)
+            .bind(tenant)
+            .bind(key)
+            .fetch_optional(&self.readers)
+            .await?;
+        match owner {
+            Some(id) => crate::store::SessionStore::get(self, &id).await,
+            None => Ok(None),
+        }
+    }
+}

@@ -71,6 +71,7 @@ pub trait Store:
     + ScheduleStore
     + ReportStore
     + RetentionStore
+    + crate::shard_map::ShardStore
 {
     /// Fail unless the schema is at least what this binary needs.
     async fn check_schema(&self) -> Result<()>;

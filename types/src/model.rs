@@ -177,9 +177,10 @@ impl NewSession {
     }
 }
 
-/// Time-ordered (UUID v7) so that ids sort by creation and index well.
+/// Time-ordered (UUID v7) so that ids sort by creation and index well, in a random
+/// partition of the shard map's current generation (`crate::shard`).
 pub fn new_session_id() -> String {
-    uuid::Uuid::now_v7().to_string()
+    crate::shard::fresh_id()
 }
 
 /// A session as stored.

@@ -96,6 +96,52 @@ fn migrate_migrates_every_shard() {
     assert!(!e.contains("secret"), "{e}");
 }
 
+/// A shard is added by giving `agentq migrate` one more URL: it migrates the new shard and
+/// adds a generation to the shard map. A shard left out again is refused, by `migrate` and
+/// by every process that opens the store.
+#[test]
+fn migrate_adds_a_shard_to_the_map_and_refuses_one_left_out() {
+    let urls: Vec<String> = (0..3)
+        .map(|i| shared_postgres_shard(i).unwrap().fresh_database().unwrap())
+        .collect();
+    let run = |args: &[&str], n: usize| {
+        agentq()
+            .args(args)
+            .env("AGENTQ_DATABASE_URL", urls[..n].join(","))
+            .output()
+            .unwrap()
+    };
+    let out = run(&["migrate"], 2);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("shard map generation 0: new trees over 2 shards (added now)"),
+        "{shown}"
+    );
+
+    let out = run(&["migrate"], 3);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(
+        shown.contains("shard 2:") && shown.contains("database schema created"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("shard map generation 0: new trees over 2 shards\n")
+            && shown.contains("shard map generation 1: new trees over 3 shards (added now)"),
+        "{shown}"
+    );
+    assert!(run(&["keys", "list"], 3).status.success());
+
+    for args in [&["migrate"][..], &["keys", "list"][..]] {
+        let out = run(args, 2);
+        assert!(!out.status.success(), "{args:?}");
+        let e = text(&out.stderr);
+        assert!(e.contains("database_url"), "{args:?}: {e}");
+        assert!(e.contains("3"), "{args:?}: {e}");
+    }
+}
+
 #[test]
 fn migrate_then_scheduler_then_sigterm() {
     let db = shared_postgres().unwrap().fresh_database().unwrap();

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 use agentq_agent::schema::{Message, ToolCall};
 use agentq_agent::state::SessionState;
-use agentq_types::shard::{id_beside, id_in, key_partition};
+use agentq_types::shard::{id_in, key_partition, partition_of};
 
 use super::ShardedStore;
 use super::merge::{cap, fold, merge_pages, per_shard, reassemble};
@@ -46,11 +46,35 @@ impl<S: Store> ShardedStore<S> {
             return Cow::Borrowed(new);
         }
         let mut moved = new.clone();
-        moved.id = id_beside(&anchor);
+        moved.id = self.shard_map().id_beside(&anchor);
         if is_root {
             moved.root_id = moved.id.clone();
         }
         Cow::Owned(moved)
+    }
+
+    /// The session a keyed root's retry finds on a shard its key picked in an earlier
+    /// generation of the map (a submit first made before a shard was added); none for
+    /// any other session, or with one generation.
+    async fn keyed_before(&self, new: &NewSession) -> Result<Option<SessionRow>> {
+        let Some(key) = new.idempotency_key.as_deref() else {
+            return Ok(None);
+        };
+        let map = self.shard_map();
+        let (Some(g), Some(p)) = (map.generation_of(&new.id), partition_of(&new.id)) else {
+            return Ok(None);
+        };
+        if new.parent_id.is_some() || new.root_id != new.id || new.workspace_from.is_some() {
+            return Ok(None);
+        }
+        for i in map.earlier_shards(g, p) {
+            if i < self.len()
+                && let Some(row) = self.on(i).session_with_key(&new.tenant, key).await?
+            {
+                return Ok(Some(row));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -58,6 +82,9 @@ impl<S: Store> ShardedStore<S> {
 impl<S: Store> SessionStore for ShardedStore<S> {
     async fn create_session(&self, new: &NewSession) -> Result<(SessionRow, bool)> {
         let new = self.placed(new);
+        if let Some(row) = self.keyed_before(&new).await? {
+            return Ok((row, false));
+        }
         by_id!(self, "create_session", &new.root_id, |s| s
             .create_session(&new))
     }
@@ -107,7 +134,7 @@ impl<S: Store> SessionStore for ShardedStore<S> {
             Cow::Borrowed(fork)
         } else {
             let mut moved = fork.clone();
-            moved.new.id = id_beside(&fork.origin);
+            moved.new.id = self.shard_map().id_beside(&fork.origin);
             moved.new.root_id = moved.new.id.clone();
             Cow::Owned(moved)
         };

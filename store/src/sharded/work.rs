@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 
-use agentq_types::shard::{partition_of, shard_of};
+use agentq_types::shard::ShardMap;
 
 use super::ShardedStore;
 use super::merge::{cap, merge_pages};
@@ -78,12 +78,12 @@ impl<S: Store> WorkspaceStore for ShardedStore<S> {
 struct Beside<'a> {
     items: &'a mut dyn BatchSource,
     batch_id: &'a str,
-    shards: usize,
+    map: std::sync::Arc<ShardMap>,
 }
 
 impl Beside<'_> {
     fn shard(&self, id: &str) -> usize {
-        partition_of(id).map_or(0, |p| shard_of(p, self.shards))
+        self.map.shard(id)
     }
 }
 
@@ -117,7 +117,7 @@ impl<S: Store> BatchStore for ShardedStore<S> {
         let mut beside = Beside {
             items,
             batch_id: &batch.id,
-            shards: self.len(),
+            map: self.shard_map(),
         };
         by_id!(self, "create_batch", &batch.id, |s| s
             .create_batch(batch, &mut beside))

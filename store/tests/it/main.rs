@@ -11,4 +11,5 @@ mod common;
 
 mod pg_store;
 mod schema_parity;
+mod shard_map;
 mod sqlite_faults;
