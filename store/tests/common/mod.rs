@@ -42,8 +42,19 @@ pub async fn pg_store() -> PgStore {
 /// shared server, with the probe that records which shards each call about one session
 /// touched.
 pub async fn sharded_store() -> (ShardedStore, std::sync::Arc<Probe>) {
+    let shards = pg_shards(2).await;
+    let probe = std::sync::Arc::new(Probe::new());
+    let store = ShardedStore::new(shards)
+        .expect("shards")
+        .with_probe(probe.clone());
+    (store, probe)
+}
+
+/// `n` migrated Postgres stores, each on a fresh database of the shared server of its
+/// index (at most 3).
+pub async fn pg_shards(n: usize) -> Vec<PgStore> {
     let mut shards = Vec::new();
-    for i in 0..2 {
+    for i in 0..n {
         let url = agentq_testkit::shared_postgres_shard(i)
             .expect("shared postgres shard")
             .fresh_database()
@@ -52,11 +63,7 @@ pub async fn sharded_store() -> (ShardedStore, std::sync::Arc<Probe>) {
         store.migrate().await.expect("migrate");
         shards.push(store);
     }
-    let probe = std::sync::Arc::new(Probe::new());
-    let store = ShardedStore::new(shards)
-        .expect("shards")
-        .with_probe(probe.clone());
-    (store, probe)
+    shards
 }
 
 /// Every call about one session went to its shard and touched no other.

@@ -17,28 +17,29 @@ use agentq_error::Error;
 use agentq_store::pg::{PgStore, record_shard_map};
 use agentq_store::sharded::{Probe, ShardedStore};
 use agentq_store::{SessionStore, ShardStore};
-use agentq_types::model::NewSession;
+use agentq_types::model::{NewSession, new_session_id};
 use agentq_types::shard::{GENERATIONS, ShardMap, id_beside, key_partition, mint_generation};
 
 use crate::common::assert_one_shard_per_call;
 
-/// Three migrated databases, one on each of the shared servers.
 async fn three_shards() -> Vec<PgStore> {
-    let mut shards = Vec::new();
-    for i in 0..3 {
-        let url = agentq_testkit::shared_postgres_shard(i)
-            .expect("shared postgres shard")
-            .fresh_database()
-            .expect("fresh database");
-        let store = PgStore::connect(&url, 4).await.expect("connect");
-        store.migrate().await.expect("migrate");
-        shards.push(store);
-    }
-    shards
+    crate::common::pg_shards(3).await
 }
 
 fn root(prompt: &str) -> NewSession {
     NewSession::root(SessionSpec::new(prompt), "default")
+}
+
+/// `n` roots created through `store`, with the ids `mint` gives, theirs as stored.
+async fn roots(store: &dyn SessionStore, n: usize, mint: impl Fn() -> String) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut new = root(&format!("root {i}"));
+        new.id = mint();
+        new.root_id = new.id.clone();
+        ids.push(store.create_session(&new).await.unwrap().0.id);
+    }
+    ids
 }
 
 /// The shard whose database holds `id`.
@@ -87,17 +88,7 @@ async fn a_shard_added_takes_new_trees_and_leaves_the_old_ones_where_they_are() 
     // Before: two shards. Roots, a child, a keyed submit and an id of an older build.
     let before = ShardedStore::open(two.clone()).await.unwrap();
     assert_eq!(mint_generation(), 0);
-    let mut old = Vec::new();
-    for i in 0..16 {
-        old.push(
-            before
-                .create_session(&root(&format!("old {i}")))
-                .await
-                .unwrap()
-                .0
-                .id,
-        );
-    }
+    let old = roots(&before, 16, new_session_id).await;
     let key = moving_key();
     let keyed = root("keyed").with_tenant("acme").with_idempotency_key(&key);
     let (first_keyed, created) = before.create_session(&keyed).await.unwrap();
@@ -148,13 +139,7 @@ async fn a_shard_added_takes_new_trees_and_leaves_the_old_ones_where_they_are() 
 
     // New roots over all three shards; children beside their roots, the legacy one's too.
     let mut on = BTreeSet::new();
-    for i in 0..60 {
-        let id = after
-            .create_session(&root(&format!("new {i}")))
-            .await
-            .unwrap()
-            .0
-            .id;
+    for id in roots(&after, 60, new_session_id).await {
         on.insert(holder(&shards, &id).await);
     }
     assert_eq!(on, BTreeSet::from([0, 1, 2]));
@@ -210,19 +195,8 @@ async fn a_shard_added_takes_new_trees_and_leaves_the_old_ones_where_they_are() 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_map_keeps_one_databases_sessions_where_they_are() {
     let shards = three_shards().await;
-    // One Postgres ran alone; its sessions carry random bits.
-    let alone = shards[0].clone();
-    let mut ids = Vec::new();
-    for i in 0..24 {
-        ids.push(
-            alone
-                .create_session(&root(&format!("alone {i}")))
-                .await
-                .unwrap()
-                .0
-                .id,
-        );
-    }
+    // One Postgres ran alone, with a build before the map: random bits in its ids.
+    let ids = roots(&shards[0], 24, || uuid::Uuid::now_v7().to_string()).await;
     let two = shards[..2].to_vec();
     let recorded = record_shard_map(&two).await.unwrap();
     assert_eq!(recorded.added, vec![0, 1]);
