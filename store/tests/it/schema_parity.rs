@@ -110,6 +110,7 @@ async fn postgres_and_sqlite_have_the_same_tables_and_columns() {
             "schedules",
             "session_specs",
             "sessions",
+            "shard_generations",
             "tenant_budgets",
             "tenant_holds",
             "tenant_ledger",
