@@ -111,8 +111,8 @@ impl<S: Store> ShardedStore<S> {
     }
 
     /// Read the shard map again this often instead of every 30 s (tests).
-    pub fn with_map_reread(self, every: std::time::Duration) -> Self {
-        self.routing.set_reread(every);
+    pub fn with_map_reread(mut self, every: std::time::Duration) -> Self {
+        self.routing.reread = every;
         self
     }
 
@@ -142,7 +142,12 @@ impl<S: Store> ShardedStore<S> {
     /// again when the id asks for it and refuses a shard this store lacks; this is for the
     /// ids such a call let in (the sessions a batch call names were created or claimed so).
     pub fn index(&self, id: &str) -> usize {
-        let i = self.routing.map().shard(id);
+        self.reachable(self.routing.map().shard(id))
+    }
+
+    /// Shard `i`, or the control shard when this store lacks it (a map over more shards
+    /// than given: see [`ShardedStore::index`]).
+    fn reachable(&self, i: usize) -> usize {
         if i < self.shards.len() { i } else { 0 }
     }
 
@@ -166,8 +171,7 @@ impl<S: Store> ShardedStore<S> {
 
     /// Where `tenant`'s spend and holds live.
     fn home(&self, tenant: &str) -> &S {
-        let i = self.routing.map().tenant_shard(tenant);
-        self.on(if i < self.shards.len() { i } else { 0 })
+        self.on(self.reachable(self.routing.map().tenant_shard(tenant)))
     }
 
     /// `f` on every shard at once, the answers in shard order.

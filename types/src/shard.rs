@@ -54,32 +54,57 @@ pub fn mint_generation() -> u8 {
     MINT_GENERATION.load(Ordering::Relaxed)
 }
 
-/// The last two bytes of an id, where its place is.
-fn place_bits(id: &str) -> Option<(u16, i64)> {
-    let uuid = Uuid::try_parse(id).ok()?;
-    let b = uuid.as_bytes();
-    let mut ms = [0u8; 8];
-    ms[2..].copy_from_slice(&b[..6]);
-    Some((u16::from_be_bytes([b[14], b[15]]), i64::from_be_bytes(ms)))
+/// What an id says of its place, read from it once.
+struct Place {
+    partition: u16,
+    /// The generation its bits name (random in an id minted before the map).
+    bits_generation: u8,
+    minted_ms: i64,
+}
+
+impl Place {
+    fn of(id: &str) -> Option<Self> {
+        let uuid = Uuid::try_parse(id).ok()?;
+        let b = uuid.as_bytes();
+        let bits = u16::from_be_bytes([b[14], b[15]]);
+        let mut ms = [0u8; 8];
+        ms[2..].copy_from_slice(&b[..6]);
+        Some(Self {
+            partition: bits & MASK,
+            bits_generation: place_generation(bits),
+            minted_ms: i64::from_be_bytes(ms),
+        })
+    }
+
+    fn bits(&self) -> u16 {
+        place_bits(self.bits_generation, self.partition)
+    }
+}
+
+fn place_generation(bits: u16) -> u8 {
+    ((bits & PLACE_MASK) >> GENERATION_SHIFT) as u8
+}
+
+fn place_bits(g: u8, partition: u16) -> u16 {
+    (u16::from(g % GENERATIONS) << GENERATION_SHIFT) | (partition & MASK)
 }
 
 /// A fresh root id: time-ordered, a random partition, the generation new roots are minted
 /// in.
 pub fn fresh_id() -> String {
-    let bytes = *Uuid::now_v7().as_bytes();
-    let random = u16::from_be_bytes([bytes[14], bytes[15]]) & MASK;
-    id_placed(mint_generation(), random)
+    let g = mint_generation();
+    mint(|random| place_bits(g, random))
 }
 
 /// When `id` was minted (its UUID time, Unix milliseconds); `None` for a text that is no
 /// UUID.
 pub fn minted_at_ms(id: &str) -> Option<i64> {
-    place_bits(id).map(|(_, ms)| ms)
+    Place::of(id).map(|p| p.minted_ms)
 }
 
 /// The partition an id carries; `None` for a text that is no UUID.
 pub fn partition_of(id: &str) -> Option<u16> {
-    place_bits(id).map(|(bits, _)| bits & MASK)
+    Place::of(id).map(|p| p.partition)
 }
 
 /// A fresh time-ordered id carrying `partition` (taken modulo [`PARTITIONS`]) in the
@@ -91,13 +116,14 @@ pub fn id_in(partition: u16) -> String {
 /// A fresh time-ordered id carrying generation `g` and `partition` (each taken modulo
 /// its count).
 pub fn id_placed(g: u8, partition: u16) -> String {
-    let place = (u16::from(g % GENERATIONS) << GENERATION_SHIFT) | (partition & MASK);
-    with_place(place)
+    mint(|_| place_bits(g, partition))
 }
 
-fn with_place(place: u16) -> String {
+/// A fresh UUID v7 whose place bits are `place` of its random ones.
+fn mint(place: impl FnOnce(u16) -> u16) -> String {
     let mut bytes = *Uuid::now_v7().as_bytes();
-    let [hi, lo] = (place & PLACE_MASK).to_be_bytes();
+    let random = u16::from_be_bytes([bytes[14], bytes[15]]);
+    let [hi, lo] = (place(random) & PLACE_MASK).to_be_bytes();
     bytes[14] = (bytes[14] & !((PLACE_MASK >> 8) as u8)) | hi;
     bytes[15] = lo;
     Uuid::from_bytes(bytes).to_string()
@@ -108,8 +134,8 @@ fn with_place(place: u16) -> String {
 /// copied as they are: [`ShardMap::id_beside`] reads them first, for an anchor minted
 /// before the map.
 pub fn id_beside(id: &str) -> String {
-    match place_bits(id) {
-        Some((bits, _)) => with_place(bits),
+    match Place::of(id) {
+        Some(p) => mint(|_| p.bits()),
         None => Uuid::now_v7().to_string(),
     }
 }
@@ -155,7 +181,8 @@ pub enum Route {
 
 impl ShardMap {
     /// One generation over `shards` shards: what a store without a recorded map reads.
-    pub fn uniform(shards: u16) -> Self {
+    pub fn uniform(shards: usize) -> Self {
+        let shards = u16::try_from(shards).unwrap_or(PARTITIONS);
         Self {
             generations: vec![Generation {
                 shards: shards.clamp(1, PARTITIONS),
@@ -205,13 +232,14 @@ impl ShardMap {
 
     /// The generation `id` is read in; `None` when its bits name one this map lacks.
     pub fn generation_of(&self, id: &str) -> Option<u8> {
-        let Some((bits, ms)) = place_bits(id) else {
-            return Some(0);
-        };
-        let g = (bits >> GENERATION_SHIFT) as u8 & (GENERATIONS - 1);
+        Place::of(id).map_or(Some(0), |p| self.generation_in(&p))
+    }
+
+    fn generation_in(&self, p: &Place) -> Option<u8> {
+        let g = p.bits_generation;
         match self.generations.get(usize::from(g)) {
             _ if g == 0 => Some(0),
-            Some(next) if ms >= next.since_ms => Some(g),
+            Some(next) if p.minted_ms >= next.since_ms => Some(g),
             Some(_) => Some(0),
             None => None,
         }
@@ -220,24 +248,21 @@ impl ShardMap {
     /// The shard of `id`'s tree (the control shard for an id that is no UUID: no session
     /// has one, so any shard answers "none" alike).
     pub fn route(&self, id: &str) -> Route {
-        let Some(p) = partition_of(id) else {
+        let Some(p) = Place::of(id) else {
             return Route::Shard(0);
         };
-        match self.generation_of(id) {
-            Some(g) => Route::Shard(self.shard_in(g, p)),
-            None => Route::Unknown(place_bits(id).map_or(0, |(b, _)| {
-                (b >> GENERATION_SHIFT) as u8 & (GENERATIONS - 1)
-            })),
+        match self.generation_in(&p) {
+            Some(g) => Route::Shard(self.shard_in(g, p.partition)),
+            None => Route::Unknown(p.bits_generation),
         }
     }
 
     /// [`ShardMap::route`], an id naming an unknown generation read in generation 0 (as
     /// one minted before the map, with random bits there).
     pub fn shard(&self, id: &str) -> usize {
-        match self.route(id) {
-            Route::Shard(i) => i,
-            Route::Unknown(_) => partition_of(id).map_or(0, |p| self.shard_in(0, p)),
-        }
+        Place::of(id).map_or(0, |p| {
+            self.shard_in(self.generation_in(&p).unwrap_or(0), p.partition)
+        })
     }
 
     fn shard_in(&self, g: u8, partition: u16) -> usize {
@@ -282,9 +307,12 @@ impl ShardMap {
     /// A fresh id beside `anchor`: its partition, in the generation it is read in (so that
     /// an anchor minted before the map, with random generation bits, is not read anew).
     pub fn id_beside(&self, anchor: &str) -> String {
-        match (partition_of(anchor), self.generation_of(anchor)) {
-            (Some(p), Some(g)) => id_placed(g, p),
-            _ => id_beside(anchor),
+        match Place::of(anchor) {
+            Some(p) => match self.generation_in(&p) {
+                Some(g) => id_placed(g, p.partition),
+                None => mint(|_| p.bits()),
+            },
+            None => Uuid::now_v7().to_string(),
         }
     }
 }

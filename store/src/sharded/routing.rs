@@ -4,8 +4,8 @@
 //! without a restart, provided `database_url` names it already. The generation new roots
 //! are minted in follows the map read.
 
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -27,26 +27,31 @@ const CLOCK_MARGIN_MS: i64 = 1_000;
 
 pub(super) struct Routing {
     map: RwLock<Arc<ShardMap>>,
-    /// When the map was last read (or a read of it failed); `None` before the first.
-    read_at: Mutex<Option<Instant>>,
+    /// What `tried_ms` counts from.
+    start: Instant,
+    /// When the map was last read, or a read of it failed, in milliseconds since `start`;
+    /// [`NEVER`] before the first.
+    tried_ms: AtomicU64,
     /// When the last successful read of the map began, by this machine's clock (Unix
     /// milliseconds).
     read_began_ms: AtomicI64,
     /// How often the map is read again ([`REREAD`] but in tests).
-    reread: Mutex<Duration>,
+    pub(super) reread: Duration,
     /// One read at a time.
     reading: tokio::sync::Mutex<()>,
 }
 
+const NEVER: u64 = u64::MAX;
+
 impl Routing {
     /// Until it is read: one generation over every shard given.
     pub(super) fn new(shards: usize) -> Self {
-        let shards = u16::try_from(shards).unwrap_or(u16::MAX);
         Self {
             map: RwLock::new(Arc::new(ShardMap::uniform(shards))),
-            read_at: Mutex::new(None),
+            start: Instant::now(),
+            tried_ms: AtomicU64::new(NEVER),
             read_began_ms: AtomicI64::new(i64::MIN),
-            reread: Mutex::new(REREAD),
+            reread: REREAD,
             reading: tokio::sync::Mutex::new(()),
         }
     }
@@ -58,33 +63,20 @@ impl Routing {
         }
     }
 
-    fn due(&self, age: Duration) -> bool {
-        let read_at = match self.read_at.lock() {
-            Ok(r) => *r,
-            Err(poisoned) => *poisoned.into_inner(),
-        };
-        read_at.is_none_or(|t| t.elapsed() >= age)
+    fn since_start_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(NEVER - 1)
     }
 
-    fn mark_read(&self) {
-        match self.read_at.lock() {
-            Ok(mut r) => *r = Some(Instant::now()),
-            Err(poisoned) => *poisoned.into_inner() = Some(Instant::now()),
-        }
+    /// Whether the map is to be read again.
+    fn due(&self) -> bool {
+        let tried = self.tried_ms.load(Ordering::Relaxed);
+        let every = u64::try_from(self.reread.as_millis()).unwrap_or(NEVER);
+        tried == NEVER || self.since_start_ms().saturating_sub(tried) >= every
     }
 
-    fn reread_every(&self) -> Duration {
-        match self.reread.lock() {
-            Ok(r) => *r,
-            Err(poisoned) => *poisoned.into_inner(),
-        }
-    }
-
-    pub(super) fn set_reread(&self, every: Duration) {
-        match self.reread.lock() {
-            Ok(mut r) => *r = every,
-            Err(poisoned) => *poisoned.into_inner() = every,
-        }
+    fn mark_tried(&self) {
+        self.tried_ms
+            .store(self.since_start_ms(), Ordering::Relaxed);
     }
 
     /// Whether `id`, naming a generation the map lacks, was minted before the map was
@@ -115,10 +107,10 @@ impl<S: Store> ShardedStore<S> {
         // shard for what it asked.
         let began_ms = chrono::Utc::now().timestamp_millis();
         let read = self.shards[0].shard_generations().await;
-        self.routing.mark_read();
+        self.routing.mark_tried();
         let generations = read?;
         let map = if generations.is_empty() {
-            ShardMap::uniform(u16::try_from(self.shards.len()).unwrap_or(u16::MAX))
+            ShardMap::uniform(self.shards.len())
         } else {
             ShardMap::new(generations).map_err(Error::Config)?
         };
@@ -129,10 +121,9 @@ impl<S: Store> ShardedStore<S> {
     /// The shard of a session or tree id, by the map as read; the map read again first
     /// when it is due, or when the id names a generation it lacks.
     pub(super) async fn route(&self, id: &str) -> Result<usize> {
-        let every = self.routing.reread_every();
-        if self.routing.due(every)
+        if self.routing.due()
             && let Ok(_one) = self.routing.reading.try_lock()
-            && self.routing.due(every)
+            && self.routing.due()
             && let Err(e) = self.read_shard_map().await
         {
             tracing::warn!(error = %e, "cannot read the shard map again; routing by the one read before");

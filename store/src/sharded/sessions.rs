@@ -35,7 +35,7 @@ impl<S: Store> ShardedStore<S> {
     /// already (`agentq_types::shard`); this keeps a caller that did not from writing a
     /// tree across shards.
     pub(super) fn placed<'a>(&self, new: &'a NewSession) -> Cow<'a, NewSession> {
-        let is_root = new.parent_id.is_none() && new.root_id == new.id;
+        let is_root = is_root(new);
         let anchor = match (&new.workspace_from, &new.idempotency_key, is_root) {
             (_, _, false) => new.root_id.clone(),
             (Some(from), _, true) => from.clone(),
@@ -57,16 +57,17 @@ impl<S: Store> ShardedStore<S> {
     /// generation of the map (a submit first made before a shard was added); none for
     /// any other session, or with one generation.
     async fn keyed_before(&self, new: &NewSession) -> Result<Option<SessionRow>> {
-        let Some(key) = new.idempotency_key.as_deref() else {
+        let (true, None, Some(key)) = (
+            is_root(new),
+            &new.workspace_from,
+            new.idempotency_key.as_deref(),
+        ) else {
             return Ok(None);
         };
         let map = self.shard_map();
         let (Some(g), Some(p)) = (map.generation_of(&new.id), partition_of(&new.id)) else {
             return Ok(None);
         };
-        if new.parent_id.is_some() || new.root_id != new.id || new.workspace_from.is_some() {
-            return Ok(None);
-        }
         for i in map.earlier_shards(g, p) {
             if i < self.len()
                 && let Some(row) = self.on(i).session_with_key(&new.tenant, key).await?
@@ -76,6 +77,11 @@ impl<S: Store> ShardedStore<S> {
         }
         Ok(None)
     }
+}
+
+/// A session without a parent, its own root.
+fn is_root(new: &NewSession) -> bool {
+    new.parent_id.is_none() && new.root_id == new.id
 }
 
 #[async_trait]
