@@ -55,15 +55,25 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// `agentq migrate` on `url` (one database, or several between commas).
+pub fn migrate(url: &str) -> std::process::Output {
+    agentq()
+        .arg("migrate")
+        .env("AGENTQ_DATABASE_URL", url)
+        .output()
+        .unwrap()
+}
+
+/// [`migrate`], which must succeed.
+pub fn migrated(url: &str) {
+    let out = migrate(url);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// A fresh database on the shared private Postgres, migrated by `agentq migrate`.
 pub fn migrated_db() -> String {
     let db = shared_postgres().unwrap().fresh_database().unwrap();
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    migrated(&db);
     db
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use agentq_testkit::{RedisServer, shared_postgres, shared_postgres_shard};
 use serde_json::Value;
 
-use common::{Dev, migrated_db, text, wait_exit, wait_line};
+use common::{Dev, migrate, migrated, migrated_db, text, wait_exit, wait_line};
 
 /// The `AGENTQ_ADMIN_KEY` of the schedulers these tests start.
 const ADMIN_KEY: &str = "client-cli-admin-key-0123456789abcdef";
@@ -64,13 +64,6 @@ fn migrate_migrates_every_shard() {
     let a = shared_postgres().unwrap().fresh_database().unwrap();
     let b = shared_postgres_shard(1).unwrap().fresh_database().unwrap();
     let both = format!("{a},{b}");
-    let migrate = |url: &str| {
-        agentq()
-            .arg("migrate")
-            .env("AGENTQ_DATABASE_URL", url)
-            .output()
-            .unwrap()
-    };
     let out = migrate(&both);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
@@ -163,22 +156,14 @@ fn migrate_then_scheduler_then_sigterm() {
         text(&out.stderr)
     );
 
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
+    let out = migrate(&db);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("applied"),
         "{}",
         text(&out.stdout)
     );
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &db)
-        .output()
-        .unwrap();
+    let out = migrate(&db);
     assert!(
         text(&out.stdout).contains("up to date"),
         "{}",
@@ -207,12 +192,7 @@ fn submit_status_cancel_sessions_over_two_shards() {
     let a = shared_postgres().unwrap().fresh_database().unwrap();
     let b = shared_postgres_shard(1).unwrap().fresh_database().unwrap();
     let both = format!("{a},{b}");
-    let out = agentq()
-        .arg("migrate")
-        .env("AGENTQ_DATABASE_URL", &both)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    migrated(&both);
     let ids = submit_status_cancel_sessions_on(&both);
 
     let redis = RedisServer::start().unwrap();
