@@ -14,11 +14,34 @@ use crate::inner::Inner;
 use crate::runs::Start;
 use crate::session::{self, Processed};
 
+/// The handling of a session [`crate::runs::Runs::try_start`] began, ended when this
+/// drops: after the delivery's processing, or without it (no slot).
+struct Handling {
+    inner: Arc<Inner>,
+    session_id: String,
+}
+
+impl Handling {
+    fn began(inner: &Arc<Inner>, session_id: &str) -> Handling {
+        Handling {
+            inner: inner.clone(),
+            session_id: session_id.to_string(),
+        }
+    }
+}
+
+impl Drop for Handling {
+    fn drop(&mut self) {
+        self.inner.runs.end_handling(&self.session_id);
+    }
+}
+
 /// Hand a delivery to a session task once a slot is free.
 pub(crate) async fn start(inner: &Arc<Inner>, tracker: &TaskTracker, d: Delivery) {
     if inner.runs.try_start(&d) != Start::Now {
         return;
     }
+    let handling = Handling::began(inner, &d.session_id);
     let Ok(permit) = inner.slots.clone().acquire_owned().await else {
         return;
     };
@@ -27,6 +50,7 @@ pub(crate) async fn start(inner: &Arc<Inner>, tracker: &TaskTracker, d: Delivery
         // The outcome is logged where it happens; the run loop has nothing to add.
         let _ = session::handle(inner, d).await;
         drop(permit);
+        drop(handling);
     });
 }
 
@@ -37,6 +61,7 @@ pub(crate) async fn process(inner: &Arc<Inner>, d: Delivery) -> Result<Processed
         Start::Deferred => return Ok(Processed::Deferred),
         Start::Duplicate => return Ok(Processed::AlreadyRunning),
     }
+    let _handling = Handling::began(inner, &d.session_id);
     let _permit = inner
         .slots
         .clone()

@@ -3,7 +3,7 @@
 //! before its run was registered (handed to that run). Heartbeats, the signal listener
 //! and the drain find runs here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -107,11 +107,12 @@ pub(crate) struct Runs {
     /// Deferred entries whose session's run has ended, for the run loop to start.
     undeferred: mpsc::UnboundedSender<Delivery>,
     undeferred_rx: Mutex<Option<mpsc::UnboundedReceiver<Delivery>>>,
-    /// Sessions with a delivery being handled here, from before its claim to after its
-    /// settling (how many deliveries each): a session this worker owns in the store but
-    /// does not handle was left by a run that could not settle it (see
-    /// [`crate::heartbeat`]).
-    handling: Mutex<HashMap<String, usize>>,
+    /// Sessions with a delivery being handled here, from [`Runs::try_start`] (before its
+    /// claim) to [`Runs::end_handling`] (after its settling): one delivery of a session at
+    /// a time, since two would each claim it, the second taking the lease from the first
+    /// after it had called the model. A session this worker owns in the store but does not
+    /// handle was left by a run that could not settle it (see [`crate::heartbeat`]).
+    handling: Mutex<HashSet<String>>,
     /// A run ended without settling its session: look for what this worker still owns.
     pub audit_due: std::sync::atomic::AtomicBool,
 }
@@ -128,7 +129,7 @@ impl Runs {
             missed_wakes: Mutex::new(MissedWakes::default()),
             undeferred,
             undeferred_rx: Mutex::new(Some(rx)),
-            handling: Mutex::new(HashMap::new()),
+            handling: Mutex::new(HashSet::new()),
             audit_due: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -149,21 +150,16 @@ impl Runs {
             .take()
     }
 
-    /// A delivery of `session_id` is being handled (until [`Runs::end_handling`]).
-    pub fn begin_handling(&self, session_id: &str) {
-        let mut h = self.handling.lock().unwrap_or_else(|e| e.into_inner());
-        *h.entry(session_id.to_string()).or_default() += 1;
-    }
-
-    /// The end of what [`Runs::begin_handling`] began.
+    /// The end of the handling [`Runs::try_start`] began: entries of the session that
+    /// arrived meanwhile are handed on (those that came during its run were already, when
+    /// it finished, and were deferred again until now).
     pub fn end_handling(&self, session_id: &str) {
-        let mut h = self.handling.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = h.get_mut(session_id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                h.remove(session_id);
-            }
-        }
+        // Same lock order as `try_start`: handling, then deferred.
+        let mut handling = self.handling.lock().unwrap_or_else(|e| e.into_inner());
+        handling.remove(session_id);
+        let waiting = self.take_deferred(session_id);
+        drop(handling);
+        self.hand_on(waiting);
     }
 
     /// Whether a delivery of `session_id` is being handled here.
@@ -171,21 +167,43 @@ impl Runs {
         self.handling
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key(session_id)
+            .contains(session_id)
+    }
+
+    fn take_deferred(&self, session_id: &str) -> Vec<Delivery> {
+        self.deferred
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(session_id)
+            .unwrap_or_default()
+    }
+
+    fn hand_on(&self, waiting: Vec<Delivery>) {
+        for d in waiting {
+            // Without a run loop (only `Worker::process`) nobody receives them: they stay
+            // pending in the queue for the reclaimer.
+            let _ = self.undeferred.send(d);
+        }
     }
 
     /// Whether `d` may start a run; a deferred one is kept until its session's run ends.
+    /// [`Start::Now`] begins the session's handling here, which the caller ends with
+    /// [`Runs::end_handling`] whatever becomes of the delivery.
     pub fn try_start(&self, d: &Delivery) -> Start {
-        // Same lock order as `finish`: active, then deferred.
+        // Same lock order as `finish` and `end_handling`: active, handling, deferred.
         let active = self.lock();
-        let Some(a) = active.get(&d.session_id) else {
-            return Start::Now;
-        };
-        if a.entry_id == d.entry_id {
+        if active
+            .get(&d.session_id)
+            .is_some_and(|a| a.entry_id == d.entry_id)
+        {
             return Start::Duplicate;
         }
-        // Another entry of a session this worker is running or settling: it may be a
-        // wake-up that arrived after the run's last look, so run it afterwards.
+        let mut handling = self.handling.lock().unwrap_or_else(|e| e.into_inner());
+        if handling.insert(d.session_id.clone()) {
+            return Start::Now;
+        }
+        // Another entry of a session this worker is claiming, running or settling: it may
+        // be a wake-up that arrived after the run's last look, so run it afterwards.
         self.deferred
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -223,18 +241,9 @@ impl Runs {
         // Same lock order as `try_start`: active, then deferred.
         let mut active = self.lock();
         active.remove(session_id);
-        let waiting = self
-            .deferred
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(session_id)
-            .unwrap_or_default();
+        let waiting = self.take_deferred(session_id);
         drop(active);
-        for d in waiting {
-            // Without a run loop (only `Worker::process`) nobody receives them: they stay
-            // pending in the queue for the reclaimer.
-            let _ = self.undeferred.send(d);
-        }
+        self.hand_on(waiting);
     }
 }
 
@@ -323,6 +332,38 @@ mod tests {
         assert!(rx.try_recv().is_err());
         runs.finish("s");
         assert_eq!(rx.try_recv().unwrap().entry_id, "0-2");
+        // Handed on while the first delivery's handling still settles: it waits for that.
+        assert_eq!(runs.try_start(&delivery("0-2")), Start::Deferred);
+        runs.end_handling("s");
+        assert_eq!(rx.try_recv().unwrap().entry_id, "0-2");
+        assert_eq!(runs.try_start(&delivery("0-2")), Start::Now);
+    }
+
+    /// Two entries of one session delivered together (two passes re-queued it): the second
+    /// waits while the first claims, instead of claiming too and taking the lease from the
+    /// run the first starts; it is handed on when the first's handling ends, whatever its
+    /// outcome (here none registered: the claim found the session busy or done).
+    #[test]
+    fn a_second_entry_waits_while_the_first_is_claimed() {
+        let runs = Runs::new();
+        let mut rx = runs.take_undeferred().unwrap();
+        let delivery = |entry: &str| Delivery {
+            queue: "default".into(),
+            entry_id: entry.into(),
+            session_id: "s".into(),
+            reason: agentq_core::EnqueueReason::Retry,
+        };
+        assert_eq!(runs.try_start(&delivery("0-1")), Start::Now);
+        assert!(runs.is_handling("s"));
+        assert_eq!(runs.try_start(&delivery("0-2")), Start::Deferred);
+        assert_eq!(runs.try_start(&delivery("0-1")), Start::Deferred);
+        assert!(rx.try_recv().is_err());
+        runs.end_handling("s");
+        assert!(!runs.is_handling("s"));
+        let handed: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+            .map(|d| d.entry_id)
+            .collect();
+        assert_eq!(handed, vec!["0-2", "0-1"]);
         assert_eq!(runs.try_start(&delivery("0-2")), Start::Now);
     }
 

@@ -51,7 +51,6 @@ use crate::tenant::tenant;
 /// lease and the slot are given back and the heartbeat forgets the run, so the session
 /// never stays `running` with nobody running it.
 pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
-    let _handling = Handling::begin(&inner, &d.session_id);
     let handled = handle_caught(inner.clone(), d).await;
     if matches!(handled, Ok(Processed::Left)) {
         // The session may still be ours in the store with nobody running it: the
@@ -59,28 +58,6 @@ pub(crate) async fn handle(inner: Arc<Inner>, d: Delivery) -> Result<Processed> 
         inner.runs.audit_due.store(true, Ordering::SeqCst);
     }
     handled
-}
-
-/// A delivery being handled, for as long as this lives (see [`crate::runs::Runs`]).
-struct Handling {
-    inner: Arc<Inner>,
-    session_id: String,
-}
-
-impl Handling {
-    fn begin(inner: &Arc<Inner>, session_id: &str) -> Handling {
-        inner.runs.begin_handling(session_id);
-        Handling {
-            inner: inner.clone(),
-            session_id: session_id.to_string(),
-        }
-    }
-}
-
-impl Drop for Handling {
-    fn drop(&mut self) {
-        self.inner.runs.end_handling(&self.session_id);
-    }
 }
 
 async fn handle_caught(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
