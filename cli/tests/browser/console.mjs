@@ -243,7 +243,11 @@ async function main() {
     step("a filter finds the failed session, and it is retried");
     await page.goto(`${url}/console#/sessions`);
     await page.getByLabel("Status").selectOption("failed");
+    // The view is built anew for the filter, its list fetched first: until then the page
+    // still shows the list it had, every status in it, under the filter's URL already.
+    const unfiltered = await page.locator("table.list").elementHandle();
     await page.getByRole("button", { name: "Apply filters" }).click();
+    await page.waitForFunction((table) => !table.isConnected, unfiltered);
     await until("the failed session in the filtered list", async () => {
       if (!page.url().includes("status=failed")) return false;
       if (await page.locator(`tr[data-id="${failing.id}"]`).count()) return true;
