@@ -384,8 +384,13 @@ pub enum Claim {
         state: Box<agentq_agent::state::SessionState>,
         row: Box<SessionRow>,
     },
-    /// Already finished: nothing to run (re-publish its completion, ack the entry).
+    /// Already finished, with settle steps not marked done (its worker may have died
+    /// between its end and its announcement): nothing to run; settle it again (tell its
+    /// family, start a follow-up, publish its completion) and ack the entry.
     Terminal(Box<SessionRow>),
+    /// Already finished and settled (announced): nothing to run or publish; ack the entry.
+    /// A duplicate entry of a finished session must not publish its completion again.
+    Settled,
     /// Another worker holds a live lease.
     Busy,
     /// Not runnable now (waiting on a child or an approval).

@@ -111,10 +111,19 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             run_claimed(inner, d, lease, *state, *row, claimed_at).await
         }
         Claim::Terminal(row) => {
-            // Finished already (its completion may not have gone out, nor its parent been
-            // told): settle again — every step is idempotent — never run again.
+            // Finished, not announced (its worker died before it was): settle again —
+            // every step is idempotent but the publication, which may repeat one that went
+            // out just before that death — never run again.
             Processed::Finished {
                 acked: settle_finished(&inner, &d, &row).await,
+            }
+        }
+        Claim::Settled => {
+            // Finished and announced already: the entry is a duplicate (two passes
+            // re-queued a dead worker's session, say); publishing again would tell the
+            // subscribers twice.
+            Processed::Finished {
+                acked: ack(&inner, &d).await,
             }
         }
         Claim::Busy => {

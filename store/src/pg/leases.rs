@@ -38,7 +38,17 @@ impl LeaseStore for PgStore {
             .fetch_optional(&self.pool)
             .await?;
         let Some(rec) = claimed else {
-            return outcome::claim_refused(self.get_record(id).await?);
+            let rec = self.get_record(id).await?;
+            let settled = match &rec {
+                Some(r) if r.status()?.is_terminal() => {
+                    sqlx::query_scalar(outcome::SETTLED)
+                        .bind(id)
+                        .fetch_one(&self.pool)
+                        .await?
+                }
+                _ => false,
+            };
+            return outcome::claim_refused(rec, settled);
         };
         if outcome::exhausted(&rec, max_attempts) {
             return outcome::exhausted_claim(rec);

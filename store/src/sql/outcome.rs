@@ -36,13 +36,18 @@ pub(crate) fn unreadable_conflict(new: &NewSession) -> Error {
     ))
 }
 
-/// Why a claim matched nothing, from the row as it is now (`None`: no such session). A
-/// race with another claim only changes which answer is right.
-pub(crate) fn claim_refused(rec: Option<SessionRecord>) -> Result<Claim> {
+/// Whether a finished session's settle steps are done: it has no row in `unannounced`.
+pub(crate) const SETTLED: &str = "SELECT NOT EXISTS (SELECT 1 FROM unannounced WHERE id = $1)";
+
+/// Why a claim matched nothing, from the row as it is now (`None`: no such session) and,
+/// for a finished one, whether it is settled ([`SETTLED`]). A race with another claim
+/// only changes which answer is right.
+pub(crate) fn claim_refused(rec: Option<SessionRecord>, settled: bool) -> Result<Claim> {
     let Some(rec) = rec else {
         return Ok(Claim::NotFound);
     };
     Ok(match rec.status()? {
+        s if s.is_terminal() && settled => Claim::Settled,
         s if s.is_terminal() => Claim::Terminal(Box::new(rec.into_row()?)),
         SessionStatus::Queued | SessionStatus::Running => Claim::Busy,
         s => Claim::NotRunnable(s),

@@ -51,8 +51,17 @@ impl LeaseStore for SqliteStore {
         let Some(rec) = claimed else {
             // Why not? Read in the same transaction, so the answer is consistent.
             let rec = record_in(&mut tx, id).await?;
+            let settled = match &rec {
+                Some(r) if r.status()?.is_terminal() => {
+                    sqlx::query_scalar(outcome::SETTLED)
+                        .bind(id)
+                        .fetch_one(&mut *tx)
+                        .await?
+                }
+                _ => false,
+            };
             tx.rollback().await?;
-            return outcome::claim_refused(rec);
+            return outcome::claim_refused(rec, settled);
         };
         if outcome::exhausted(&rec, max_attempts) {
             // The claim itself stands (as on Postgres): the caller fails the session.

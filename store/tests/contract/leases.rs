@@ -225,11 +225,17 @@ async fn contract_terminal_checkpoint(store: &dyn Store) {
         Err(Error::LeaseLost(_))
     ));
 
-    // A finished session is not run again.
+    // A finished session is not run again: settled again while it is not announced, only
+    // acked once it is (a duplicate entry must not publish its completion twice).
     match store.claim(&id, "w2", TTL, 10).await.unwrap() {
         Claim::Terminal(r) => assert_eq!(r.status, SessionStatus::Completed),
         other => panic!("expected Terminal, got {other:?}"),
     }
+    store.mark_announced(&id).await.unwrap();
+    assert_eq!(
+        store.claim(&id, "w2", TTL, 10).await.unwrap(),
+        Claim::Settled
+    );
     assert!(matches!(
         store.request_cancel(&id).await.unwrap(),
         CancelResult::AlreadyFinished(_)

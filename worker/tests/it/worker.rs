@@ -208,12 +208,23 @@ async fn pending(queue: &RedisQueue, consumer: &str) -> usize {
         .len()
 }
 
+/// How many completions were published (each is also added to the completions stream).
+async fn completions_published(redis: &RedisServer) -> usize {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("XLEN")
+        .arg(agentq_core::queue::COMPLETIONS_STREAM)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// `Worker::process` drives one delivery to its end on the test's task, without the run
 /// loop: the session completes and its entry is acknowledged; processing it again finds
-/// it finished and only settles it.
+/// it finished and announced, and only acks it (its completion is not published twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_runs_one_delivery_to_completion_and_acks_it() {
-    let (store, queue, _redis) = setup().await;
+    let (store, queue, redis) = setup().await;
     let dir = tempfile::tempdir().unwrap();
     let ids = submit(&store, &queue, 1).await;
     let worker = Worker::new(store.clone(), queue.clone(), config(dir.path()));
@@ -229,13 +240,16 @@ async fn process_runs_one_delivery_to_completion_and_acks_it() {
     assert_eq!(pending(&queue, worker.consumer()).await, 0);
     assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 1);
 
-    // A redelivery of a finished session runs nothing.
+    assert_eq!(completions_published(&redis).await, 1);
+
+    // A redelivery of a finished session runs nothing and publishes nothing.
     assert_eq!(
         worker.process(d).await.unwrap(),
         Processed::Finished { acked: true }
     );
     assert_eq!(store.messages(&ids[0]).await.unwrap().len(), 4);
     assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 1);
+    assert_eq!(completions_published(&redis).await, 1);
 }
 
 /// A tool that is not read-only (so the response that called it is committed before it

@@ -146,6 +146,7 @@ impl World {
             }
             Claim::Busy
             | Claim::Terminal(_)
+            | Claim::Settled
             | Claim::NotRunnable(_)
             | Claim::Exhausted(_)
             | Claim::NotFound => {}
