@@ -13,7 +13,7 @@
 //! With `[redis] cluster`, the connections are cluster connections ([`connection`]'s
 //! `Conn` is either kind) and no command, pipeline, `MULTI` or `XREAD` spans two slots:
 //! the keys of a queue partition share a hash tag, a session's event stream is tagged with
-//! its id, a session's partition is a hash of its id, an enqueue of many is one pipeline
+//! its event bucket (one of [`EVENT_BUCKETS`]), a session's partition is a hash of its id, an enqueue of many is one pipeline
 //! per partition, and each partition is read by a blocking reader of its own (`read.rs`).
 //! Subscriptions connect to one seed node (a `PUBLISH` reaches every node's subscribers).
 //!
@@ -59,6 +59,7 @@ mod health;
 mod inflight;
 mod layout;
 mod read;
+mod readers;
 mod reply;
 mod signals;
 mod subscription;
@@ -66,6 +67,7 @@ mod work;
 
 pub use connection::{READ_GRACE, RedisQueue};
 pub use events::CLUSTER_POLL;
+pub use layout::EVENT_BUCKETS;
 
 /// Approximate cap on `agentq:dead` and `agentq:completions`.
 pub const HISTORY_MAXLEN: usize = 100_000;

@@ -1,19 +1,17 @@
-//! The connections of a [`RedisQueue`]: the shared command connection and the reader
-//! connections that blocking reads check out one read at a time (see the parent module's
-//! docs for why a reader is never reused with a reply in flight), to one server or to a
-//! Redis Cluster ([`Conn`] is either, so every command is written once).
+//! The connections of a [`RedisQueue`]: the shared command connection, to one server or to
+//! a Redis Cluster ([`Conn`] is either, so every command is written once), and the reader
+//! connections that blocking reads check out one read at a time (`readers.rs`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture,
-    RedisResult, Value,
+    Client, Cmd, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, Value,
 };
 
 use agentq_error::Result;
@@ -21,6 +19,7 @@ use agentq_types::config::RedisSection;
 
 use super::inflight::Inflight;
 use super::layout::Layout;
+use super::readers::Readers;
 
 /// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
 /// connection (a half-open TCP connection would otherwise hang it forever).
@@ -34,8 +33,6 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reconnect attempts of the command connection before a command fails: kept small so
 /// commands fail fast (retryably) while Redis is down; the next command tries again.
 const COMMAND_RECONNECT_RETRIES: usize = 2;
-/// Idle reader connections kept for reuse.
-const MAX_IDLE_READERS: usize = 32;
 
 /// A connection to one server or to a cluster. A cluster connection routes each command
 /// (and each pipeline, whose commands must then share a slot) to the node serving its
@@ -43,7 +40,6 @@ const MAX_IDLE_READERS: usize = 32;
 #[derive(Clone)]
 pub(super) enum Conn {
     Single(ConnectionManager),
-    Reader(redis::aio::MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
@@ -51,7 +47,6 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Reader(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -64,7 +59,6 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Reader(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -72,7 +66,6 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Reader(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -83,8 +76,6 @@ impl ConnectionLike for Conn {
 pub(super) enum Target {
     Single(Client),
     Cluster {
-        /// Readers' client: no response timeout (blocking reads put their own deadline).
-        readers: ClusterClient,
         /// One client per seed node, for subscriptions (a `PUBLISH` reaches every node).
         seeds: Vec<Client>,
         addrs: Vec<String>,
@@ -96,8 +87,8 @@ pub(super) enum Target {
 pub struct RedisQueue {
     pub(super) target: Target,
     conn: Conn,
-    /// Idle reader connections for blocking reads (no response timeout).
-    readers: Arc<Mutex<Vec<Conn>>>,
+    /// Connections for blocking reads (no response timeout).
+    pub(super) readers: Arc<Readers>,
     pub(super) layout: Layout,
     /// Reads a cluster's consumer left running past its last `read` (see `read.rs`).
     pub(super) inflight: Arc<Inflight>,
@@ -129,7 +120,7 @@ impl RedisQueue {
     /// seed nodes, comma-separated; each queue is split into `partitions` streams.
     pub async fn connect_with(url: &str, settings: &RedisSection) -> Result<Self> {
         let layout = Layout::new(settings.cluster, settings.partitions());
-        let (target, conn) = if settings.cluster {
+        let (target, conn, readers) = if settings.cluster {
             connect_cluster(url).await?
         } else {
             let client =
@@ -142,12 +133,13 @@ impl RedisQueue {
             let conn = ConnectionManager::new_with_config(client.clone(), config)
                 .await
                 .map_err(|e| unreachable(&client.get_connection_info().addr().to_string(), e))?;
-            (Target::Single(client), Conn::Single(conn))
+            let readers = Readers::single(client.clone());
+            (Target::Single(client), Conn::Single(conn), readers)
         };
         Ok(RedisQueue {
             target,
             conn,
-            readers: Arc::new(Mutex::new(Vec::new())),
+            readers,
             layout,
             inflight: Arc::new(Inflight::default()),
         })
@@ -165,90 +157,19 @@ impl RedisQueue {
         cmd.query_async(&mut self.conn()).await
     }
 
-    /// A reader connection: an idle one if any (`true`: it may have gone stale), else a
-    /// new one.
-    pub(super) async fn checkout_reader(&self) -> RedisResult<(Conn, bool)> {
-        let idle = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        if let Some(conn) = idle {
-            return Ok((conn, true));
-        }
-        let conn = match &self.target {
-            Target::Single(client) => {
-                let config = AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
-                    // Blocking reads outlast any fixed response timeout; `blocking_query`
-                    // puts its own deadline around each one.
-                    .set_response_timeout(None);
-                Conn::Reader(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                )
-            }
-            Target::Cluster { readers, .. } => Conn::Cluster(readers.get_async_connection().await?),
-        };
-        Ok((conn, false))
-    }
-
-    /// The idle list, for readers that outlive the call that checked them out.
-    pub(super) fn reader_pool(&self) -> Arc<Mutex<Vec<Conn>>> {
-        self.readers.clone()
-    }
-
-    /// Run a blocking command on a reader connection. A connection that was idle in the
-    /// list and turns out dead (Redis restarted meanwhile) is replaced once.
-    pub(super) async fn blocking_query(&self, cmd: &Cmd, block: Duration) -> RedisResult<Value> {
-        let mut tried_fresh = false;
-        loop {
-            let (conn, pooled) = self.checkout_reader().await?;
-            tried_fresh |= !pooled;
-            match blocking_on(conn, cmd, block, &self.readers).await {
-                Err(e) if pooled && !tried_fresh && e.is_connection_dropped() => {
-                    tracing::debug!(error = %e, "idle redis reader connection was dead; reconnecting");
-                    // Drain the other idle readers too: they share the dead server.
-                    self.readers
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clear();
-                    tried_fresh = true;
-                }
-                other => return other,
-            }
-        }
+    /// Run a blocking command over `key` on a reader connection (see `readers.rs`).
+    pub(super) async fn blocking_query(
+        &self,
+        key: &str,
+        cmd: &Cmd,
+        block: Duration,
+    ) -> RedisResult<Value> {
+        self.readers.blocking(key, cmd, block).await
     }
 }
 
-/// `cmd` on `conn` within `block` + [`READ_GRACE`]; the connection goes back to `pool`
-/// only after a complete reply (data or a server error such as `NOGROUP`).
-pub(super) async fn blocking_on(
-    mut conn: Conn,
-    cmd: &Cmd,
-    block: Duration,
-    pool: &Mutex<Vec<Conn>>,
-) -> RedisResult<Value> {
-    let result = match tokio::time::timeout(block + READ_GRACE, cmd.query_async(&mut conn)).await {
-        Ok(r) => r,
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "blocking read got no reply within its block + grace",
-        ))),
-    };
-    let clean = match &result {
-        Ok(_) => true,
-        // A server error leaves the connection in a clean state.
-        Err(e) => !e.is_io_error() && !e.is_unrecoverable_error() && !e.is_timeout(),
-    };
-    if clean {
-        let mut idle = pool.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE_READERS {
-            idle.push(conn);
-        }
-    }
-    result
-}
-
-/// The cluster's command connection, and the clients its readers and subscriptions use.
-async fn connect_cluster(urls: &str) -> Result<(Target, Conn)> {
+/// The cluster's command connection, its readers, and the clients its subscriptions use.
+async fn connect_cluster(urls: &str) -> Result<(Target, Conn, Arc<Readers>)> {
     let mut infos = Vec::new();
     for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         infos.push(url.into_connection_info()?);
@@ -263,23 +184,24 @@ async fn connect_cluster(urls: &str) -> Result<(Target, Conn)> {
         .response_timeout(COMMAND_TIMEOUT)
         .retries(u32::try_from(COMMAND_RECONNECT_RETRIES).unwrap_or(2) + 1)
         .build()?;
-    let readers = builder(infos.clone()).build()?;
+    let Some(first) = infos.first().cloned() else {
+        return Err(agentq_error::Error::invalid(
+            "redis_url",
+            "a cluster needs at least one seed node",
+        ));
+    };
     let seeds = infos
         .into_iter()
         .map(Client::open)
         .collect::<RedisResult<Vec<_>>>()?;
-    let conn = commands
-        .get_async_connection()
-        .await
-        .map_err(|e| unreachable(&addrs.join(","), e))?;
-    Ok((
-        Target::Cluster {
-            readers,
-            seeds,
-            addrs,
-        },
-        Conn::Cluster(conn),
-    ))
+    let conn = Conn::Cluster(
+        commands
+            .get_async_connection()
+            .await
+            .map_err(|e| unreachable(&addrs.join(","), e))?,
+    );
+    let readers = Readers::cluster(first.set_tcp_settings(tcp_settings()), conn.clone());
+    Ok((Target::Cluster { seeds, addrs }, conn, readers))
 }
 
 /// TCP settings of every connection: no Nagle delay on small request/response

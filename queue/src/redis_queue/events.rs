@@ -1,11 +1,12 @@
 //! Each session's event stream on Redis: [`EventStreams`] for [`RedisQueue`] (capped at
 //! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On a
-//! cluster every session's stream is a slot of its own: appends go one pipeline per
-//! session, and a read over many sessions is one `XREAD` per session, repeated every
-//! [`CLUSTER_POLL`] while it blocks (a blocking read per followed session would hold a
-//! connection each).
+//! cluster a session's stream lies in its event bucket's slot: appends go one pipeline per
+//! bucket, and a read over many sessions is one `XREAD` per bucket. When the sessions span
+//! more than one bucket, a blocking read is repeated every [`CLUSTER_POLL`] instead (a
+//! blocking read per bucket would hold a connection each, and a new entry in one bucket
+//! could not end the others' waits).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -62,20 +63,31 @@ impl RedisQueue {
             .collect()
     }
 
-    /// Every session of `from` read at once, one `XREAD` each; polled while `block`
-    /// lasts and nothing came.
+    /// `from` split by slot group (event bucket on a cluster, one group on a server).
+    fn event_groups(&self, from: &[(String, String)]) -> Vec<Vec<(String, String)>> {
+        let mut groups: BTreeMap<u32, Vec<(String, String)>> = BTreeMap::new();
+        for one in from {
+            groups
+                .entry(self.layout.event_group(&one.0))
+                .or_default()
+                .push(one.clone());
+        }
+        groups.into_values().collect()
+    }
+
+    /// Sessions of several buckets read at once, one `XREAD` per bucket; polled while
+    /// `block` lasts and nothing came.
     async fn read_each(
         &self,
-        from: &[(String, String)],
+        groups: &[Vec<(String, String)>],
         count: usize,
         block: Option<Duration>,
     ) -> Result<Vec<EventRecord>> {
         let deadline = block.map(|b| tokio::time::Instant::now() + b);
         loop {
-            let replies = try_join_all(from.iter().map(|one| async move {
-                let one = std::slice::from_ref(one);
-                let reply = self.query(&self.xread(one, count, None)).await?;
-                Ok::<_, Error>(self.records(one, reply))
+            let replies = try_join_all(groups.iter().map(|group| async move {
+                let reply = self.query(&self.xread(group, count, None)).await?;
+                Ok::<_, Error>(self.records(group, reply))
             }))
             .await?;
             let got: Vec<EventRecord> = replies.into_iter().flatten().collect();
@@ -96,10 +108,10 @@ impl EventStreams for RedisQueue {
         if events.is_empty() {
             return Ok(());
         }
-        // One pipeline (per session on a cluster: a pipeline is one slot), in order.
-        let mut pipes: Vec<(Option<&str>, redis::Pipeline)> = Vec::new();
+        // One pipeline (per event bucket on a cluster: a pipeline is one slot), in order.
+        let mut pipes: Vec<(u32, redis::Pipeline)> = Vec::new();
         for e in events {
-            let key = self.layout.is_cluster().then_some(e.session_id.as_str());
+            let key = self.layout.event_group(&e.session_id);
             let pipe = match pipes.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, pipe)) => pipe,
                 None => {
@@ -143,7 +155,10 @@ impl EventStreams for RedisQueue {
         let from = [(session_id.to_string(), after.to_string())];
         let cmd = self.xread(&from, count, block);
         let reply = match block {
-            Some(b) => self.blocking_query(&cmd, b).await?,
+            Some(b) => {
+                self.blocking_query(&self.layout.events(session_id), &cmd, b)
+                    .await?
+            }
             None => self.query(&cmd).await?,
         };
         Ok(self.records(&from, reply))
@@ -169,11 +184,19 @@ impl EventStreams for RedisQueue {
             ));
         }
         if self.layout.is_cluster() {
-            return self.read_each(from, count, block).await;
+            let groups = self.event_groups(from);
+            if groups.len() > 1 {
+                return self.read_each(&groups, count, block).await;
+            }
         }
         let cmd = self.xread(from, count, block);
+        // One slot group: the first stream names the reader's node.
+        let key = from
+            .first()
+            .map(|(s, _)| self.layout.events(s))
+            .unwrap_or_default();
         let reply = match block {
-            Some(b) => self.blocking_query(&cmd, b).await?,
+            Some(b) => self.blocking_query(&key, &cmd, b).await?,
             None => self.query(&cmd).await?,
         };
         Ok(self.records(from, reply))

@@ -8,12 +8,28 @@
 //! `agentq:queue:{<queue>:<p>}`, `agentq:marker:{<queue>:<p>}` and
 //! `agentq:dead:{<queue>:<p>}`, so that a cluster keeps them in one slot and a dead letter
 //! (its `XADD` and `XACK` in one `MULTI`) never spans two. With more than one partition an
-//! entry id is `<p>/<stream id>`. A session's event stream is tagged with its id on a
-//! cluster.
+//! entry id is `<p>/<stream id>`. On a cluster a session's event stream is tagged with its
+//! event bucket (`agentq:events:{ev:<b>}<session>`, one of [`EVENT_BUCKETS`]), so that
+//! appends and reads over many sessions are one command per bucket, not per session.
 
 use std::collections::BTreeMap;
 
 use crate::queue::{DEAD_STREAM, events_stream, queue_stream};
+
+/// Event buckets of a cluster: slots that hold every session's event stream. Enough to
+/// spread the streams over as many nodes; few enough that a read over every followed
+/// session is a few commands.
+pub const EVENT_BUCKETS: u32 = 64;
+
+/// A stable hash of a session id (FNV-1a, the same in every process and release).
+fn fnv(session_id: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in session_id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Layout {
@@ -36,15 +52,19 @@ impl Layout {
         0..self.partitions
     }
 
-    /// The partition of a session: a stable hash of its id (FNV-1a, the same in every
-    /// process and release), modulo the partitions.
+    /// The partition of a session: a stable hash of its id modulo the partitions.
     pub(super) fn partition_of(&self, session_id: &str) -> u32 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in session_id.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        u32::try_from(fnv(session_id) % u64::from(self.partitions)).unwrap_or(0)
+    }
+
+    /// The slot group of a session's event stream: its event bucket on a cluster, the
+    /// same for every session on one server (where any keys go together).
+    pub(super) fn event_group(&self, session_id: &str) -> u32 {
+        if self.cluster {
+            u32::try_from(fnv(session_id) % u64::from(EVENT_BUCKETS)).unwrap_or(0)
+        } else {
+            0
         }
-        u32::try_from(h % u64::from(self.partitions)).unwrap_or(0)
     }
 
     fn tag(&self, queue: &str, p: u32) -> Option<String> {
@@ -72,12 +92,13 @@ impl Layout {
         }
     }
 
-    /// A session's event stream: `agentq:events:{<session>}` on a cluster (one slot for
-    /// the stream whatever its name holds), the earlier `agentq:events:<session>` on one
+    /// A session's event stream: `agentq:events:{ev:<bucket>}<session>` on a cluster (the
+    /// bucket's slot whatever the id holds), the earlier `agentq:events:<session>` on one
     /// server.
     pub(super) fn events(&self, session_id: &str) -> String {
         if self.cluster {
-            events_stream(&format!("{{{session_id}}}"))
+            let bucket = self.event_group(session_id);
+            events_stream(&format!("{{ev:{bucket}}}{session_id}"))
         } else {
             events_stream(session_id)
         }

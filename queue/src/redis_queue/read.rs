@@ -7,7 +7,9 @@
 //! with entries ends the read; the others are not dropped (a read dropped after Redis
 //! served it would strand its entries in the consumer's pending list) but left running
 //! to their end, and what they bring is kept for the consumer's next `read`
-//! (`inflight.rs`); a partition still being read is not read again meanwhile. A `read`
+//! (`inflight.rs`); a partition still being read is not read again meanwhile. When the
+//! block ends with nothing, the read waits a moment ([`END_GRACE`]) for its partitions'
+//! reads, which began a little after it, so that none is normally left running. A `read`
 //! itself dropped mid-flight drops its readers, as on one server: Redis stops serving a
 //! read whose connection closed, and what it had served stays pending for the consumer.
 
@@ -22,11 +24,18 @@ use redis::{RedisResult, Value};
 use crate::queue::Delivery;
 use agentq_error::Result;
 
-use super::connection::{RedisQueue, blocking_on};
+use super::connection::RedisQueue;
 use super::inflight::Part;
 use super::work::has_code;
 
 type Read = BoxFuture<'static, (Part, RedisResult<Value>)>;
+
+/// How long a read waits past its deadline for its partitions' reads to end. Each blocks
+/// on its node as long as the read does here but began a little later, so they end a
+/// moment after it; a read left running past its call would take entries enqueued after
+/// the call returned and hold them until the consumer's next read, so the read waits that
+/// moment rather than leave them running. Only a slow node's read is left running.
+const END_GRACE: Duration = Duration::from_millis(500);
 
 impl RedisQueue {
     pub(super) async fn read_cluster(
@@ -86,7 +95,9 @@ impl RedisQueue {
         let mut reads: FuturesUnordered<Read> = FuturesUnordered::new();
         let mut pending: HashSet<Part> = HashSet::new();
         for part in parts {
-            let (conn, _) = self.checkout_reader().await?;
+            // Connected before the deadline starts, so that no read begins late.
+            let key = self.layout.stream(&part.0, part.1);
+            let reader = self.readers.checkout_for(&key).await?;
             let cmd = self.xreadgroup(
                 std::slice::from_ref(&part),
                 consumer,
@@ -94,16 +105,21 @@ impl RedisQueue {
                 Some(block),
                 ">",
             );
-            let pool = self.reader_pool();
+            let readers = self.readers.clone();
             pending.insert(part.clone());
             reads.push(Box::pin(async move {
-                let reply = blocking_on(conn, &cmd, block, &pool).await;
+                let reply = readers.blocking_on(reader, &key, &cmd, block).await;
                 (part, reply)
             }));
         }
         let deadline = tokio::time::Instant::now() + block;
+        // Past the deadline, the reads still running get END_GRACE to end (see there).
+        let mut until = deadline;
         let mut failure = None;
         loop {
+            if until > deadline && reads.is_empty() {
+                break;
+            }
             let arrived = self.inflight.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
@@ -130,7 +146,12 @@ impl RedisQueue {
                     }
                 }
                 () = &mut arrived => {}
-                () = tokio::time::sleep_until(deadline) => break,
+                () = tokio::time::sleep_until(until) => {
+                    if until > deadline || reads.is_empty() {
+                        break;
+                    }
+                    until = deadline + END_GRACE;
+                }
             }
         }
         // Replies at the deadline itself are not lost either.

@@ -65,10 +65,15 @@ impl RedisQueue {
             .collect();
         let block = block.filter(|b| !b.is_zero());
         let cmd = self.xreadgroup(&parts, consumer, count, block, id);
+        // Every partition on one server: any of its keys names the reader's node.
+        let key = parts
+            .first()
+            .map(|(q, p)| self.layout.stream(q, *p))
+            .unwrap_or_default();
         let mut healed = false;
         let reply = loop {
             let result = match block {
-                Some(block) => self.blocking_query(&cmd, block).await,
+                Some(block) => self.blocking_query(&key, &cmd, block).await,
                 None => self.query(&cmd).await,
             };
             match result {

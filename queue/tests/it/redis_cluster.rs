@@ -137,6 +137,120 @@ async fn partitions_spread_queues_and_no_node_refuses_a_command() {
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
 
+/// Clients connected to the cluster's nodes, all together, leaving out the `redis-cli`
+/// that asks.
+fn connected_clients(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let info = cluster.cli(n.port(), &["INFO", "clients"]).unwrap();
+            let count: u64 = info
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("connected_clients:"))
+                .unwrap_or_else(|| panic!("{info}"))
+                .parse()
+                .unwrap();
+            count - 1
+        })
+        .sum()
+}
+
+/// A blocking read of a queue of 8 partitions on a 3-master cluster holds one connection
+/// per partition, to the node serving it (a cluster connection per reader would hold one
+/// to every node: 24), besides the command connection's one per node; reads again reuse
+/// them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_read_holds_one_connection_per_partition() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster");
+    let before = connected_clients(&cluster);
+    let q = connect(&cluster, 8).await;
+    q.ensure_queue(Q).await.unwrap();
+    for round in 0..3 {
+        let got = q
+            .read(&[Q.to_string()], "c", 5, Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(got.is_empty(), "{got:?}");
+        let held = connected_clients(&cluster) - before;
+        assert!(held <= 3 + 8, "round {round}: {held} connections");
+    }
+    // The readers read: an entry enqueued now is delivered by a blocking read.
+    let queues = [Q.to_string()];
+    let reading = q.read(&queues, "c", 5, Duration::from_secs(30));
+    let enqueue = async {
+        tokio::task::yield_now().await;
+        q.enqueue_many(Q, &[("late".to_string(), EnqueueReason::New)])
+            .await
+            .unwrap();
+    };
+    let (got, ()) = tokio::join!(reading, enqueue);
+    let got = got.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
+}
+
+/// Events of many sessions on a cluster are one pipeline and one `XREAD` per event bucket,
+/// not per session: 300 sessions' events appended in one call land on every node and are
+/// read back with at most one `XREAD` per bucket; a blocking read over them all returns an
+/// event appended while it waits; no node refused a command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_many_sessions_are_read_one_command_per_bucket() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster");
+    let q = connect(&cluster, 1).await;
+    let record = |session_id: String, seq: u64| agentq_queue::queue::EventRecord {
+        session_id,
+        id: String::new(),
+        seq,
+        epoch: 1,
+        data: "{}".to_string(),
+    };
+    let ids: Vec<String> = (0..300).map(|i| format!("sess-{i:03}")).collect();
+    let events: Vec<_> = ids.iter().map(|s| record(s.clone(), 1)).collect();
+    q.append_events(&events).await.unwrap();
+    for n in cluster.nodes() {
+        let keys = cluster.cli(n.port(), &["DBSIZE"]).unwrap();
+        assert!(
+            keys.trim().parse::<u64>().unwrap() > 0,
+            "node {}: {keys}",
+            n.port()
+        );
+    }
+
+    let from: Vec<(String, String)> = ids.iter().map(|s| (s.clone(), "0".into())).collect();
+    let before = cluster.command_calls("xread").unwrap();
+    let got = q.read_events_many(&from, 10, None).await.unwrap();
+    let reads = cluster.command_calls("xread").unwrap() - before;
+    let mut sessions: Vec<&str> = got.iter().map(|e| e.session_id.as_str()).collect();
+    sessions.sort_unstable();
+    assert_eq!(sessions, ids.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        (2..=u64::from(agentq_queue::redis_queue::EVENT_BUCKETS)).contains(&reads),
+        "{reads} XREADs for 300 sessions"
+    );
+
+    // Past every entry read, a blocking read waits; an event appended meanwhile ends it.
+    let after: Vec<(String, String)> = got
+        .iter()
+        .map(|e| (e.session_id.clone(), e.id.clone()))
+        .collect();
+    let waiting = q.read_events_many(&after, 10, Some(Duration::from_secs(30)));
+    let append = async {
+        tokio::task::yield_now().await;
+        q.append_events(&[record(ids[123].clone(), 2)])
+            .await
+            .unwrap();
+    };
+    let (woken, ()) = tokio::join!(waiting, append);
+    let woken = woken.unwrap();
+    assert_eq!(woken.len(), 1, "{woken:?}");
+    assert_eq!(
+        (woken[0].session_id.as_str(), woken[0].seq),
+        (ids[123].as_str(), 2)
+    );
+    assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
+}
+
 /// What a fault in the middle of a run may cost: sessions flow (a producer enqueueing in
 /// chunks, three consumers reading, acking what they got) while `fault` runs. Every
 /// command that fails is retried, as the processes do (the scheduler's sweeper re-adds a
