@@ -126,6 +126,10 @@ pub struct BenchArgs {
     /// Calls of each of the scale part's measures (budget holds, limiter calls), 64 at once.
     #[arg(long, default_value_t = 6_400, value_parser = clap::value_parser!(u32).range(64..=1_000_000))]
     pub scale_calls: u32,
+    /// Rounds of the scale part's layouts: each round runs the throughput workload on every
+    /// layout one after another, and each layout is compared with the first round by round.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub scale_rounds: u32,
     /// Another `agentq` binary (a path, or a name on PATH) to measure this one against: the
     /// same parts run with each, alternately, each on a fresh database of the same servers,
     /// and every figure is reported as this / other with its spread across pairs.

@@ -2,11 +2,13 @@
 //! each measured alone on this run's servers — a tenant budget's holds per second (one
 //! tenant, many calls at once: every call of a tenant with a budget holds it), the WAL one
 //! lease renewal writes, and the limiter's time per call under a rule with requests,
-//! tokens and concurrency, on this Redis and on a 3-master Redis Cluster started for it —
-//! and the throughput workload on one Postgres against two shards and on one Redis
-//! against the cluster. On two cores none of these shows a gain from scaling out; they
-//! show what one call costs, which is what docs/scale.md multiplies, and what the routing
-//! itself costs.
+//! tokens and concurrency, on this Redis, on a cluster of one node and on a 3-master Redis
+//! Cluster started for it — and the throughput workload on each layout: one Postgres or
+//! two shards, one Redis or a cluster. On two cores none of these shows a gain from
+//! scaling out; they show what one call costs, which is what docs/scale.md multiplies,
+//! and what the routing itself costs: the layouts that keep the servers and change only
+//! the routing (two shards as two databases of one Postgres, a cluster of one node) are
+//! the ones that show it, since the others also split two cores among more servers.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,26 +58,31 @@ pub async fn scale(env: &Env, r: &mut Results) -> anyhow::Result<()> {
         "scale: {calls} limiter calls, {CONCURRENT} at once, on this Redis"
     ));
     f.limiter_standalone = limiter_calls(&env.redis_url, false, per_task).await?;
-    progress("scale: the same on a 3-master Redis Cluster started for it");
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3))
-        .await?
-        .context("starting a Redis Cluster (redis-server and redis-cli on PATH)")?;
-    f.limiter_cluster = limiter_calls(&cluster.url(), true, per_task).await?;
-    f.routing = routing(env, &cluster).await?;
+    progress("scale: the same on a Redis Cluster of one node and on one of 3 masters");
+    let clusters = tokio::task::spawn_blocking(|| {
+        anyhow::Ok((RedisCluster::start(1)?, RedisCluster::start(3)?))
+    })
+    .await?
+    .context("starting a Redis Cluster (redis-server and redis-cli on PATH)")?;
+    f.limiter_one_node = limiter_calls(&clusters.0.url(), true, per_task).await?;
+    f.limiter_cluster = limiter_calls(&clusters.1.url(), true, per_task).await?;
+    f.routing = routing(env, &clusters).await?;
     r.scale = Some(f);
     Ok(())
 }
 
-/// Rounds of each layout in [`routing`], alternating, so that a drift of the machine over
-/// the part touches every layout alike.
-const ROUTING_ROUNDS: usize = 2;
-
 /// The throughput workload (`--sessions` × `--iterations`, `--workers` in-process workers)
-/// on each layout a deployment may choose: one Postgres or two shards, one Redis or the
+/// on each layout a deployment may choose: one Postgres or two shards, one Redis or a
 /// cluster. Every layout's servers are started for it with the same settings (durable
-/// Postgres), and the same servers serve every layout that names them, so that the
-/// figures differ by the routing alone. Iterations/s of each round, per layout.
-async fn routing(env: &Env, cluster: &RedisCluster) -> anyhow::Result<Vec<RoutingFigure>> {
+/// Postgres), and the same servers serve every layout that names them. Two layouts keep
+/// the first layout's servers and change only the routing: two shards that are two
+/// databases of its Postgres, and a cluster of one node beside its Redis. Iterations/s of
+/// each round (`--scale-rounds`: each round runs every layout, so that a drift of the
+/// machine touches every layout alike), per layout.
+async fn routing(
+    env: &Env,
+    (one_node, cluster): &(RedisCluster, RedisCluster),
+) -> anyhow::Result<Vec<RoutingFigure>> {
     progress("scale: starting two durable Postgres and a Redis for the layouts");
     let servers = tokio::task::spawn_blocking(|| {
         let options = || PostgresOptions {
@@ -91,7 +98,14 @@ async fn routing(env: &Env, cluster: &RedisCluster) -> anyhow::Result<Vec<Routin
     })
     .await??;
     let (pg_a, pg_b, redis) = &servers;
-    let urls = [pg_a.database_url("postgres"), pg_b.database_url("postgres")];
+    let beside = pg_a
+        .create_database("second_shard")
+        .context("creating a second database on a layout's Postgres")?;
+    let urls = [
+        pg_a.database_url("postgres"),
+        pg_b.database_url("postgres"),
+        beside,
+    ];
     let mut admin = Vec::with_capacity(urls.len());
     for url in &urls {
         let store = PgStore::connect(url, 4)
@@ -104,40 +118,53 @@ async fn routing(env: &Env, cluster: &RedisCluster) -> anyhow::Result<Vec<Routin
         admin.push(store);
     }
     let standalone = (redis.url(), RedisSection::default());
-    let clustered = (
-        cluster.url(),
-        RedisSection {
-            cluster: true,
-            ..RedisSection::default()
-        },
-    );
+    let clustered = |c: &RedisCluster| {
+        (
+            c.url(),
+            RedisSection {
+                cluster: true,
+                ..RedisSection::default()
+            },
+        )
+    };
+    let (one_node, clustered) = (clustered(one_node), clustered(cluster));
+    // The shards of each layout, as indices into `urls`.
+    let (one, two_servers, two_in_one): (&[usize], &[usize], &[usize]) = (&[0], &[0, 1], &[0, 2]);
     let layouts = [
-        ("1 Postgres, 1 Redis", 1, &standalone),
-        ("2 Postgres shards, 1 Redis", 2, &standalone),
-        ("1 Postgres, 3-master cluster", 1, &clustered),
-        ("2 Postgres shards, 3-master cluster", 2, &clustered),
+        ("1 Postgres, 1 Redis", one, &standalone),
+        ("2 shards in 1 Postgres, 1 Redis", two_in_one, &standalone),
+        ("1 Postgres, cluster of 1 node", one, &one_node),
+        ("2 Postgres shards, 1 Redis", two_servers, &standalone),
+        ("1 Postgres, 3-master cluster", one, &clustered),
+        (
+            "2 Postgres shards, 3-master cluster",
+            two_servers,
+            &clustered,
+        ),
     ];
+    let rounds = env.args.scale_rounds;
     let mut figures: Vec<RoutingFigure> = layouts
         .iter()
         .map(|(name, ..)| RoutingFigure {
             layout: name,
-            iterations_per_s: Vec::with_capacity(ROUTING_ROUNDS),
+            iterations_per_s: Vec::with_capacity(rounds as usize),
         })
         .collect();
-    for round in 0..ROUTING_ROUNDS {
+    for round in 0..rounds {
         for ((name, shards, (redis_url, redis)), figure) in layouts.iter().zip(&mut figures) {
             progress(&format!(
-                "scale: round {} of {ROUTING_ROUNDS}: {} × {} on {name}",
+                "scale: round {} of {rounds}: {} × {} on {name}",
                 round + 1,
                 env.args.sessions,
                 env.args.iterations
             ));
+            let chosen: Vec<PgStore> = shards.iter().map(|&i| admin[i].clone()).collect();
             let routing = Routing {
-                db_urls: urls[..*shards].to_vec(),
+                db_urls: shards.iter().map(|&i| urls[i].clone()).collect(),
                 redis_url: redis_url.clone(),
                 redis: redis.clone(),
-                shards: admin[..*shards].to_vec(),
-                store: one_store(&admin[..*shards])?,
+                store: one_store(&chosen)?,
+                shards: chosen,
             };
             let ran = run_workload_on(env, &routing, &routing_workload(env)).await?;
             if ran.failed > 0 {

@@ -14,9 +14,10 @@ pub struct ScaleFigures {
     pub budget_hold_p99_ms: f64,
     /// WAL bytes Postgres writes per lease renewed.
     pub heartbeat_wal_bytes_per_lease: f64,
-    /// The limiter's calls/s and a reservation's p50 in ms, on this Redis and on a
-    /// 3-master cluster.
+    /// The limiter's calls/s and a reservation's p50 in ms, on this Redis, on a cluster of
+    /// one node and on a 3-master cluster.
     pub limiter_standalone: (f64, f64),
+    pub limiter_one_node: (f64, f64),
     pub limiter_cluster: (f64, f64),
     /// The throughput workload's iterations/s on each layout, each round's.
     pub routing: Vec<RoutingFigure>,
@@ -32,6 +33,20 @@ pub struct RoutingFigure {
 impl RoutingFigure {
     pub fn mean(&self) -> f64 {
         self.iterations_per_s.iter().sum::<f64>() / self.iterations_per_s.len().max(1) as f64
+    }
+
+    /// This layout's iterations/s over `base`'s, round by round (each round ran every
+    /// layout one after another), sorted.
+    pub fn ratios(&self, base: &RoutingFigure) -> Vec<f64> {
+        let mut out: Vec<f64> = self
+            .iterations_per_s
+            .iter()
+            .zip(&base.iterations_per_s)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(x, b)| x / b)
+            .collect();
+        out.sort_by(f64::total_cmp);
+        out
     }
 }
 
@@ -54,6 +69,7 @@ pub fn rows(r: &Results, rows: &mut Rows) {
     );
     for (name, (per_s, p50)) in [
         ("one Redis", s.limiter_standalone),
+        ("cluster of 1 node", s.limiter_one_node),
         ("3-master cluster", s.limiter_cluster),
     ] {
         rows.add(
@@ -63,18 +79,22 @@ pub fn rows(r: &Results, rows: &mut Rows) {
             String::new(),
         );
     }
-    // Each layout against the first (one Postgres, one Redis), measured in the same rounds.
-    let base = s.routing.first().map(RoutingFigure::mean);
-    for figure in &s.routing {
+    // Each layout against the first (one Postgres, one Redis) round by round: the median
+    // of the rounds' ratios and their spread.
+    let base = s.routing.first();
+    for (i, figure) in s.routing.iter().enumerate() {
         let rounds: Vec<String> = figure
             .iterations_per_s
             .iter()
             .map(|x| format!("{x:.0}"))
             .collect();
-        let ratio = base
-            .filter(|b| *b > 0.0)
-            .map(|b| format!(" (× {:.2})", figure.mean() / b))
-            .unwrap_or_default();
+        let ratios = base.map(|b| figure.ratios(b)).unwrap_or_default();
+        let ratio = match (ratios.first(), ratios.last()) {
+            (Some(lo), Some(hi)) if i > 0 => {
+                format!(" (× {:.3}, {lo:.3}–{hi:.3})", ratios[ratios.len() / 2])
+            }
+            _ => String::new(),
+        };
         rows.add(
             "",
             format!("iterations/s, {}", figure.layout),
@@ -111,6 +131,14 @@ pub fn to_json(r: &Results) -> Vec<(&'static str, Value)> {
         (
             "scale_limiter_p50_ms",
             json!(s.map(|s| s.limiter_standalone.1)),
+        ),
+        (
+            "scale_limiter_one_node_calls_per_s",
+            json!(s.map(|s| s.limiter_one_node.0)),
+        ),
+        (
+            "scale_limiter_one_node_p50_ms",
+            json!(s.map(|s| s.limiter_one_node.1)),
         ),
         (
             "scale_limiter_cluster_calls_per_s",

@@ -566,6 +566,8 @@ fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
         "scale",
         "--scale-calls",
         "128",
+        "--scale-rounds",
+        "2",
         "--sessions",
         "20",
         "--iterations",
@@ -578,6 +580,8 @@ fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
     let names: Vec<&str> = layouts.keys().map(String::as_str).collect();
     for layout in [
         "1 Postgres, 1 Redis",
+        "2 shards in 1 Postgres, 1 Redis",
+        "1 Postgres, cluster of 1 node",
         "2 Postgres shards, 1 Redis",
         "1 Postgres, 3-master cluster",
         "2 Postgres shards, 3-master cluster",
@@ -598,6 +602,7 @@ fn bench_scale_measures_budget_holds_leases_and_the_limiter_on_a_cluster() {
             "scale_budget_hold_p50_ms",
             "scale_heartbeat_wal_bytes_per_lease",
             "scale_limiter_calls_per_s",
+            "scale_limiter_one_node_calls_per_s",
             "scale_limiter_cluster_calls_per_s",
         ],
     );
