@@ -227,7 +227,9 @@ impl Readers {
     /// The node serving `key`'s slot (empty on one server).
     async fn node_of(&self, key: &str) -> RedisResult<String> {
         let Nodes::Cluster {
-            commands, slots, ..
+            seed,
+            commands,
+            slots,
         } = &self.nodes
         else {
             return Ok(String::new());
@@ -241,12 +243,11 @@ impl Readers {
         if let Some(node) = find(&slots.lock().unwrap_or_else(|e| e.into_inner())) {
             return Ok(node);
         }
-        let map = slot_map(
-            redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut commands.clone())
-                .await?,
-        );
+        let reply = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut commands.clone())
+            .await?;
+        let map = slot_map(reply, &seed_host(seed));
         let node = find(&map);
         *slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
         node.ok_or_else(|| {
@@ -293,10 +294,20 @@ fn node_info(seed: &ConnectionInfo, node: &str) -> RedisResult<ConnectionInfo> {
     Ok(seed.clone().set_addr(addr))
 }
 
+/// The host of the seed node, for a node that does not know its own address.
+fn seed_host(seed: &ConnectionInfo) -> String {
+    match seed.addr() {
+        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host.clone(),
+        _ => "127.0.0.1".to_string(),
+    }
+}
+
 /// `CLUSTER SLOTS`'s answer as slot ranges and their masters' `host:port`; entries it
 /// cannot read are left out (the read then finds no node and fails, and the map is read
-/// again next time).
-fn slot_map(reply: Value) -> Vec<(u16, u16, String)> {
+/// again next time). A node that does not know its own address (one never introduced to
+/// another: a cluster of one) is named with an empty host or `?`: `unknown_host` stands
+/// for it, the seed's, which is the only node such a cluster has.
+fn slot_map(reply: Value, unknown_host: &str) -> Vec<(u16, u16, String)> {
     let Value::Array(ranges) = reply else {
         return Vec::new();
     };
@@ -320,6 +331,10 @@ fn slot_map(reply: Value) -> Vec<(u16, u16, String)> {
                 return None;
             };
             let (host, port) = (text(master.first()?)?, int(master.get(1)?)?);
+            let host = match host.as_str() {
+                "" | "?" => unknown_host,
+                known => known,
+            };
             Some((lo, hi, format!("{host}:{port}")))
         })
         .collect()
@@ -393,12 +408,12 @@ mod tests {
             Value::Int(3),
         ]);
         assert_eq!(
-            slot_map(reply),
+            slot_map(reply, "127.0.0.1"),
             vec![
                 (0, 5460, "127.0.0.1:7000".to_string()),
                 (5461, 16383, "10.0.0.2:7001".to_string())
             ]
         );
-        assert!(slot_map(Value::Nil).is_empty());
+        assert!(slot_map(Value::Nil, "h").is_empty());
     }
 }
