@@ -29,7 +29,7 @@ pub const READ_GRACE: Duration = Duration::from_secs(5);
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Response timeout of the shared command connection. Longer than redis-rs's 500 ms so a
 /// busy server or a large pipeline does not fail spuriously.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reconnect attempts of the command connection before a command fails: kept small so
 /// commands fail fast (retryably) while Redis is down; the next command tries again.
 const COMMAND_RECONNECT_RETRIES: usize = 2;

@@ -1,7 +1,8 @@
 //! Each session's event stream on Redis: [`EventStreams`] for [`RedisQueue`] (capped at
 //! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On a
 //! cluster a session's stream lies in its event bucket's slot: appends go one pipeline per
-//! bucket, and a read over many sessions is one `XREAD` per bucket. When the sessions span
+//! node (its commands over many buckets), and a read over many sessions is one `XREAD` per
+//! bucket. When the sessions span
 //! more than one bucket, a blocking read is repeated every [`CLUSTER_POLL`] instead (a
 //! blocking read per bucket would hold a connection each, and a new entry in one bucket
 //! could not end the others' waits).
@@ -19,6 +20,9 @@ use agentq_error::{Error, Result};
 use super::EVENTS_MAXLEN;
 use super::connection::RedisQueue;
 use super::reply::{event_record, parse_entries, stream_entries};
+
+/// Sends of a batch of events on a cluster, the slot map read anew before each again.
+const APPEND_ATTEMPTS: usize = 3;
 
 /// How often a blocking read over many sessions looks again on a cluster.
 pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
@@ -61,6 +65,93 @@ impl RedisQueue {
                     .filter_map(move |e| event_record(session_id, e))
             })
             .collect()
+    }
+
+    /// One pipeline per slot group (event bucket on a cluster, as the cluster client routes
+    /// a pipeline by its slot; one on a server), at once; in order within each.
+    async fn append_by_group(&self, events: &[EventRecord]) -> Result<()> {
+        let mut pipes: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
+        for e in events {
+            let pipe = pipes
+                .entry(self.layout.event_group(&e.session_id))
+                .or_insert_with(redis::pipe);
+            self.xadd(pipe, e);
+            pipe.ignore();
+        }
+        try_join_all(pipes.values().map(|pipe| async move {
+            let _: () = pipe.query_async(&mut self.conn()).await?;
+            Ok::<_, Error>(())
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// On a cluster: one pipeline per node, however many buckets its events span (a batch
+    /// of a worker's events spans most of them), at once; in order within each. Events a
+    /// node refused (their slot moved since the slot map was read) go again, to the nodes
+    /// a slot map read anew names, up to [`APPEND_ATTEMPTS`] times in all.
+    async fn append_by_node(&self, events: &[EventRecord]) -> Result<()> {
+        let mut left: Vec<&EventRecord> = events.iter().collect();
+        let mut refusal = None;
+        for _ in 0..APPEND_ATTEMPTS {
+            if refusal.is_some() {
+                self.readers.forget_slots();
+            }
+            let mut by_node: BTreeMap<String, Vec<&EventRecord>> = BTreeMap::new();
+            for e in left {
+                let node = self
+                    .readers
+                    .node_of(&self.layout.events(&e.session_id))
+                    .await?;
+                by_node.entry(node).or_default().push(e);
+            }
+            let sent = try_join_all(by_node.iter().map(|(node, group)| async move {
+                let mut pipe = redis::pipe();
+                for e in group {
+                    self.xadd(&mut pipe, e);
+                }
+                let replies = self.readers.pipeline_on(node, &pipe, group.len()).await?;
+                let refusals = (0..group.len()).map(move |i| match replies.get(i) {
+                    Some(Value::ServerError(e)) => Some(redis::RedisError::from(e.clone())),
+                    Some(_) => None,
+                    None => Some(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "a node answered fewer replies than the pipeline's commands",
+                    ))),
+                });
+                Ok::<_, Error>(group.iter().copied().zip(refusals).collect::<Vec<_>>())
+            }))
+            .await?;
+            left = Vec::new();
+            for (e, refused) in sent.into_iter().flatten() {
+                if let Some(why) = refused {
+                    left.push(e);
+                    refusal = Some(why);
+                }
+            }
+            if left.is_empty() {
+                return Ok(());
+            }
+        }
+        match refusal {
+            Some(why) => Err(why.into()),
+            None => Ok(()),
+        }
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, e: &EventRecord) {
+        pipe.cmd("XADD")
+            .arg(self.layout.events(&e.session_id))
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(EVENTS_MAXLEN)
+            .arg("*")
+            .arg("seq")
+            .arg(e.seq)
+            .arg("epoch")
+            .arg(e.epoch)
+            .arg("data")
+            .arg(&e.data);
     }
 
     /// `from` split by slot group (event bucket on a cluster, one group on a server).
@@ -108,40 +199,10 @@ impl EventStreams for RedisQueue {
         if events.is_empty() {
             return Ok(());
         }
-        // One pipeline (per event bucket on a cluster: a pipeline is one slot), in order.
-        let mut pipes: Vec<(u32, redis::Pipeline)> = Vec::new();
-        for e in events {
-            let key = self.layout.event_group(&e.session_id);
-            let pipe = match pipes.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, pipe)) => pipe,
-                None => {
-                    pipes.push((key, redis::pipe()));
-                    let Some((_, pipe)) = pipes.last_mut() else {
-                        continue;
-                    };
-                    pipe
-                }
-            };
-            pipe.cmd("XADD")
-                .arg(self.layout.events(&e.session_id))
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(EVENTS_MAXLEN)
-                .arg("*")
-                .arg("seq")
-                .arg(e.seq)
-                .arg("epoch")
-                .arg(e.epoch)
-                .arg("data")
-                .arg(&e.data)
-                .ignore();
+        if self.layout.is_cluster() {
+            return self.append_by_node(events).await;
         }
-        try_join_all(pipes.iter().map(|(_, pipe)| async move {
-            let _: () = pipe.query_async(&mut self.conn()).await?;
-            Ok::<_, Error>(())
-        }))
-        .await?;
-        Ok(())
+        self.append_by_group(events).await
     }
 
     async fn read_events(

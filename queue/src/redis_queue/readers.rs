@@ -10,6 +10,7 @@
 //! `ASK` answer (the slot is moving and the key already left) asks the node named, as a
 //! cluster client does.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use redis::{
     Value,
 };
 
-use super::connection::{CONNECT_TIMEOUT, Conn, READ_GRACE};
+use super::connection::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, Conn, READ_GRACE};
 
 /// Idle reader connections kept for reuse.
 const MAX_IDLE_READERS: usize = 32;
@@ -52,6 +53,9 @@ enum Nodes {
 pub(super) struct Readers {
     nodes: Nodes,
     idle: Mutex<Vec<Reader>>,
+    /// A shared connection per cluster node for pipelines over many slots of one node
+    /// (the cluster client routes a pipeline by one slot).
+    shared: tokio::sync::Mutex<HashMap<String, MultiplexedConnection>>,
 }
 
 impl Readers {
@@ -59,6 +63,7 @@ impl Readers {
         Arc::new(Readers {
             nodes: Nodes::Single(client),
             idle: Mutex::new(Vec::new()),
+            shared: Default::default(),
         })
     }
 
@@ -70,6 +75,7 @@ impl Readers {
                 slots: Mutex::new(Vec::new()),
             },
             idle: Mutex::new(Vec::new()),
+            shared: Default::default(),
         })
     }
 
@@ -192,6 +198,56 @@ impl Readers {
         result
     }
 
+    /// The `count` commands of `pipe` on `node` (`host:port`), however many slots of it
+    /// they span, on the node's shared connection: a reply per command, a server error
+    /// (`MOVED`) for one whose slot the node no longer serves. A connection that fails is
+    /// dropped (the next call connects again), and so is the slot map.
+    pub(super) async fn pipeline_on(
+        &self,
+        node: &str,
+        pipe: &redis::Pipeline,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut conn = {
+            let mut shared = self.shared.lock().await;
+            match shared.get(node) {
+                Some(conn) => conn.clone(),
+                None => {
+                    let conn = self.connect(node, Some(COMMAND_TIMEOUT)).await?;
+                    shared.insert(node.to_string(), conn.clone());
+                    conn
+                }
+            }
+        };
+        let replies =
+            redis::aio::ConnectionLike::req_packed_commands(&mut conn, pipe, 0, count).await;
+        if let Err(e) = &replies
+            && (e.is_io_error() || e.is_unrecoverable_error() || e.is_timeout())
+        {
+            self.shared.lock().await.remove(node);
+            self.forget_slots();
+        }
+        replies
+    }
+
+    /// A new connection to `node` (empty on one server).
+    async fn connect(
+        &self,
+        node: &str,
+        response_timeout: Option<Duration>,
+    ) -> RedisResult<MultiplexedConnection> {
+        let client = match &self.nodes {
+            Nodes::Single(client) => client.clone(),
+            Nodes::Cluster { seed, .. } => Client::open(node_info(seed, node)?)?,
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(response_timeout);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+
     /// An idle reader on `node` (`true`: it may have gone stale), else a new one.
     async fn checkout(&self, node: &str) -> RedisResult<(Reader, bool)> {
         let idle = {
@@ -203,18 +259,9 @@ impl Readers {
         if let Some(reader) = idle {
             return Ok((reader, true));
         }
-        let client = match &self.nodes {
-            Nodes::Single(client) => client.clone(),
-            Nodes::Cluster { seed, .. } => Client::open(node_info(seed, node)?)?,
-        };
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            // Blocking reads outlast any fixed response timeout; `run_on` puts its own
-            // deadline around each one.
-            .set_response_timeout(None);
-        let conn = client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
+        // Blocking reads outlast any fixed response timeout; `run_on` puts its own
+        // deadline around each one.
+        let conn = self.connect(node, None).await?;
         Ok((
             Reader {
                 node: node.to_string(),
@@ -225,7 +272,7 @@ impl Readers {
     }
 
     /// The node serving `key`'s slot (empty on one server).
-    async fn node_of(&self, key: &str) -> RedisResult<String> {
+    pub(super) async fn node_of(&self, key: &str) -> RedisResult<String> {
         let Nodes::Cluster {
             seed,
             commands,
@@ -259,7 +306,8 @@ impl Readers {
         })
     }
 
-    fn forget_slots(&self) {
+    /// Read the slot map again before the next use (a slot moved, or a node went away).
+    pub(super) fn forget_slots(&self) {
         if let Nodes::Cluster { slots, .. } = &self.nodes {
             slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }

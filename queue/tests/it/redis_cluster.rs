@@ -263,6 +263,46 @@ async fn events_of_many_sessions_are_read_one_command_per_bucket() {
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
 
+/// Events appended after slots moved to another node, with the queue's slot map from
+/// before: the old node refuses them (`MOVED`), and they go again to the new one; every
+/// session's stream holds each event once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_appended_after_slots_moved_land_once() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster");
+    let q = connect(&cluster, 1).await;
+    let ids: Vec<String> = (0..200).map(|i| format!("moved-{i:03}")).collect();
+    let append = |seq: u64| {
+        let events: Vec<_> = ids
+            .iter()
+            .map(|s| agentq_queue::queue::EventRecord {
+                session_id: s.clone(),
+                id: String::new(),
+                seq,
+                epoch: 1,
+                data: "{}".to_string(),
+            })
+            .collect();
+        let q = &q;
+        async move { q.append_events(&events).await.unwrap() }
+    };
+    append(1).await;
+    // Most of node 0's slots (so most of its buckets) move to node 1.
+    cluster.reshard(0, 1, 5000).unwrap();
+    append(2).await;
+    append(3).await;
+    for id in &ids {
+        let seqs: Vec<u64> = q
+            .last_events(id, 10)
+            .await
+            .unwrap()
+            .iter()
+            .rev()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2, 3], "{id}");
+    }
+}
+
 /// What a fault in the middle of a run may cost: sessions flow (a producer enqueueing in
 /// chunks, three consumers reading, acking what they got) while `fault` runs. Every
 /// command that fails is retried, as the processes do (the scheduler's sweeper re-adds a
