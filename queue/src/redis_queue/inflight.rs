@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
 
 use redis::Value;
 use tokio::sync::Notify;
@@ -15,6 +16,8 @@ pub(super) type Part = (String, u32);
 pub(crate) struct Inflight {
     consumers: Mutex<HashMap<String, Left>>,
     pub(super) arrived: Notify,
+    /// Which partition a read of new entries looks at first (taken in turn).
+    pub(super) turn: AtomicUsize,
 }
 
 #[derive(Default)]

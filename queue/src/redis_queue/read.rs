@@ -1,9 +1,11 @@
 //! Reads on a Redis Cluster: a cluster refuses a command over keys of two slots, so each
 //! queue partition is read by a blocking reader of its own.
 //!
-//! A `read` first takes what earlier reads of the consumer left (below), then reads every
-//! partition at once without blocking, and only when all are empty blocks on every
-//! partition at once, each on its own reader connection. The first partition to answer
+//! A `read` first takes what earlier reads of the consumer left (below), then reads
+//! without blocking: for new entries one partition first, taken in turn, and the others
+//! at once only if it did not fill the read (so a read of a busy queue is one command).
+//! Only when all are empty does it block on every partition at once, each on its own
+//! reader connection. The first partition to answer
 //! with entries ends the read; the others are not dropped (a read dropped after Redis
 //! served it would strand its entries in the consumer's pending list) but left running
 //! to their end, and what they bring is kept for the consumer's next `read`
@@ -14,6 +16,7 @@
 //! read whose connection closed, and what it had served stays pending for the consumer.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -62,8 +65,62 @@ impl RedisQueue {
             .filter(|p| id != ">" || !running.contains(p))
             .collect();
         // Every partition without blocking first (and only that for `0` or a zero block).
-        let now = join_all(idle.iter().map(|part| async move {
-            let cmd = self.xreadgroup(std::slice::from_ref(part), consumer, count, None, id);
+        // For new entries, one partition of each queue first, taken in turn, and a queue's
+        // others only when it did not fill the read (`count` is per queue): on a busy queue
+        // a read is one command, not one per partition, and every partition still comes
+        // first in its turn.
+        if id == ">" {
+            let turn = self.inflight.turn.fetch_add(1, Ordering::Relaxed);
+            let mut firsts = Vec::new();
+            let mut rests = Vec::new();
+            for queue in queues {
+                let mut own: Vec<Part> = idle.iter().filter(|p| p.0 == *queue).cloned().collect();
+                let n = own.len();
+                if n == 0 {
+                    continue;
+                }
+                own.rotate_left(turn % n);
+                let rest = own.split_off(1);
+                firsts.extend(own.into_iter().map(|p| (p, count)));
+                rests.push(rest);
+            }
+            self.read_now(&firsts, consumer, id, &mut out).await?;
+            let mut more = Vec::new();
+            for rest in rests {
+                let Some((queue, _)) = rest.first() else {
+                    continue;
+                };
+                let got = out.iter().filter(|d| d.queue == *queue).count();
+                if got < count {
+                    more.extend(rest.into_iter().map(|p| (p, count - got)));
+                }
+            }
+            self.read_now(&more, consumer, id, &mut out).await?;
+        } else {
+            let all: Vec<(Part, usize)> = idle.iter().map(|p| (p.clone(), count)).collect();
+            self.read_now(&all, consumer, id, &mut out).await?;
+        }
+        // What a read left running brought is pending too: a `0` read sees it twice.
+        let mut seen = HashSet::new();
+        out.retain(|d| seen.insert((d.queue.clone(), d.entry_id.clone())));
+        let block = block.filter(|b| !b.is_zero() && id == ">");
+        match block {
+            Some(block) if out.is_empty() => self.block_cluster(idle, consumer, count, block).await,
+            _ => Ok(out),
+        }
+    }
+
+    /// `parts` read at once without blocking, each up to its count of entries; what they
+    /// hold goes to `out`.
+    async fn read_now(
+        &self,
+        parts: &[(Part, usize)],
+        consumer: &str,
+        id: &str,
+        out: &mut Vec<Delivery>,
+    ) -> Result<()> {
+        let now = join_all(parts.iter().map(|(part, count)| async move {
+            let cmd = self.xreadgroup(std::slice::from_ref(part), consumer, *count, None, id);
             (part.clone(), self.query(&cmd).await)
         }))
         .await;
@@ -74,14 +131,7 @@ impl RedisQueue {
                 Err(e) => return Err(e.into()),
             }
         }
-        // What a read left running brought is pending too: a `0` read sees it twice.
-        let mut seen = HashSet::new();
-        out.retain(|d| seen.insert((d.queue.clone(), d.entry_id.clone())));
-        let block = block.filter(|b| !b.is_zero() && id == ">");
-        match block {
-            Some(block) if out.is_empty() => self.block_cluster(idle, consumer, count, block).await,
-            _ => Ok(out),
-        }
+        Ok(())
     }
 
     /// Block on every partition in `parts` at once; see the module docs.

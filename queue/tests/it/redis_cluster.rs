@@ -202,6 +202,35 @@ async fn blocking_reads_on(masters: usize) {
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
 
+/// A read of a busy queue of 8 partitions is one command: it looks at one partition first,
+/// each in its turn, and at the others only when that one did not fill it. Sixteen reads
+/// of one entry each take 16 `XREADGROUP`s (not 128) and take entries from every
+/// partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_of_a_busy_queue_is_one_command() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster");
+    let q = connect(&cluster, 8).await;
+    q.ensure_queue(Q).await.unwrap();
+    let items: Vec<(String, EnqueueReason)> = (0..400)
+        .map(|i| (format!("busy{i:03}"), EnqueueReason::New))
+        .collect();
+    q.enqueue_many(Q, &items).await.unwrap();
+    let before = cluster.command_calls("xreadgroup").unwrap();
+    let mut partitions = BTreeSet::new();
+    for _ in 0..16 {
+        let got = q
+            .read(&[Q.to_string()], "c", 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        let (p, _) = got[0].entry_id.split_once('/').unwrap();
+        partitions.insert(p.to_string());
+    }
+    let reads = cluster.command_calls("xreadgroup").unwrap() - before;
+    assert_eq!(reads, 16);
+    assert_eq!(partitions.len(), 8, "{partitions:?}");
+}
+
 /// Events of many sessions on a cluster are one pipeline and one `XREAD` per event bucket,
 /// not per session: 300 sessions' events appended in one call land on every node and are
 /// read back with at most one `XREAD` per bucket; a blocking read over them all returns an
