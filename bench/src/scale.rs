@@ -83,40 +83,8 @@ async fn routing(
     env: &Env,
     (one_node, cluster): &(RedisCluster, RedisCluster),
 ) -> anyhow::Result<Vec<RoutingFigure>> {
-    progress("scale: starting two durable Postgres and a Redis for the layouts");
-    let servers = tokio::task::spawn_blocking(|| {
-        let options = || PostgresOptions {
-            durability: Durability::Durable,
-            max_connections: 400,
-            shared_buffers_mb: 128,
-        };
-        anyhow::Ok((
-            PostgresServer::start_with(options())?,
-            PostgresServer::start_with(options())?,
-            RedisServer::start()?,
-        ))
-    })
-    .await??;
-    let (pg_a, pg_b, redis) = &servers;
-    let beside = pg_a
-        .create_database("second_shard")
-        .context("creating a second database on a layout's Postgres")?;
-    let urls = [
-        pg_a.database_url("postgres"),
-        pg_b.database_url("postgres"),
-        beside,
-    ];
-    let mut admin = Vec::with_capacity(urls.len());
-    for url in &urls {
-        let store = PgStore::connect(url, 4)
-            .await
-            .context("connecting to a layout's Postgres")?;
-        store
-            .migrate()
-            .await
-            .context("migrating a layout's Postgres")?;
-        admin.push(store);
-    }
+    let (servers, urls, admin) = layout_servers().await?;
+    let redis = &servers.2;
     let standalone = (redis.url(), RedisSection::default());
     let clustered = |c: &RedisCluster| {
         (
@@ -190,6 +158,51 @@ async fn routing(
         }
     }
     Ok(figures)
+}
+
+/// The servers of the layouts, started alike: two durable Postgres and a Redis; and the
+/// Postgres databases the layouts name, migrated: each server's, and a second on the
+/// first server (`urls` and `admin` in that order).
+async fn layout_servers() -> anyhow::Result<(
+    (PostgresServer, PostgresServer, RedisServer),
+    [String; 3],
+    Vec<PgStore>,
+)> {
+    progress("scale: starting two durable Postgres and a Redis for the layouts");
+    let servers = tokio::task::spawn_blocking(|| {
+        let options = || PostgresOptions {
+            durability: Durability::Durable,
+            max_connections: 400,
+            shared_buffers_mb: 128,
+        };
+        anyhow::Ok((
+            PostgresServer::start_with(options())?,
+            PostgresServer::start_with(options())?,
+            RedisServer::start()?,
+        ))
+    })
+    .await??;
+    let (pg_a, pg_b, _) = &servers;
+    let beside = pg_a
+        .create_database("second_shard")
+        .context("creating a second database on a layout's Postgres")?;
+    let urls = [
+        pg_a.database_url("postgres"),
+        pg_b.database_url("postgres"),
+        beside,
+    ];
+    let mut admin = Vec::with_capacity(urls.len());
+    for url in &urls {
+        let store = PgStore::connect(url, 4)
+            .await
+            .context("connecting to a layout's Postgres")?;
+        store
+            .migrate()
+            .await
+            .context("migrating a layout's Postgres")?;
+        admin.push(store);
+    }
+    Ok((servers, urls, admin))
 }
 
 /// The throughput workload under the scale part's name (its own queue).

@@ -65,9 +65,10 @@ mod signals;
 mod subscription;
 mod work;
 
-pub use connection::{READ_GRACE, RedisQueue};
+pub use connection::RedisQueue;
 pub use events::CLUSTER_POLL;
 pub use layout::EVENT_BUCKETS;
+pub use readers::READ_GRACE;
 
 /// Approximate cap on `agentq:dead` and `agentq:completions`.
 pub const HISTORY_MAXLEN: usize = 100_000;

@@ -19,17 +19,8 @@ use agentq_types::config::RedisSection;
 
 use super::inflight::Inflight;
 use super::layout::Layout;
-use super::readers::Readers;
+use super::readers::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, Readers};
 
-/// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
-/// connection (a half-open TCP connection would otherwise hang it forever).
-pub const READ_GRACE: Duration = Duration::from_secs(5);
-
-/// Connect timeout of every connection.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Response timeout of the shared command connection. Longer than redis-rs's 500 ms so a
-/// busy server or a large pipeline does not fail spuriously.
-pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reconnect attempts of the command connection before a command fails: kept small so
 /// commands fail fast (retryably) while Redis is down; the next command tries again.
 const COMMAND_RECONNECT_RETRIES: usize = 2;
@@ -194,14 +185,16 @@ async fn connect_cluster(urls: &str) -> Result<(Target, Conn, Arc<Readers>)> {
         .into_iter()
         .map(Client::open)
         .collect::<RedisResult<Vec<_>>>()?;
-    let conn = Conn::Cluster(
-        commands
-            .get_async_connection()
-            .await
-            .map_err(|e| unreachable(&addrs.join(","), e))?,
-    );
-    let readers = Readers::cluster(first.set_tcp_settings(tcp_settings()), conn.clone());
-    Ok((Target::Cluster { seeds, addrs }, conn, readers))
+    let cluster = commands
+        .get_async_connection()
+        .await
+        .map_err(|e| unreachable(&addrs.join(","), e))?;
+    let readers = Readers::cluster(first.set_tcp_settings(tcp_settings()), cluster.clone());
+    Ok((
+        Target::Cluster { seeds, addrs },
+        Conn::Cluster(cluster),
+        readers,
+    ))
 }
 
 /// TCP settings of every connection: no Nagle delay on small request/response

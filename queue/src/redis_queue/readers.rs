@@ -20,7 +20,16 @@ use redis::{
     Value,
 };
 
-use super::connection::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, Conn, READ_GRACE};
+use redis::cluster_async::ClusterConnection;
+
+/// How long a blocking read may take beyond its `BLOCK` before the reader gives up on the
+/// connection (a half-open TCP connection would otherwise hang it forever).
+pub const READ_GRACE: Duration = Duration::from_secs(5);
+/// Connect timeout of every connection.
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Response timeout of the shared command connections. Longer than redis-rs's 500 ms so a
+/// busy server or a large pipeline does not fail spuriously.
+pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Idle reader connections kept for reuse.
 const MAX_IDLE_READERS: usize = 32;
@@ -42,7 +51,7 @@ enum Nodes {
         /// The first seed's settings (password, TLS), given each node's address.
         seed: ConnectionInfo,
         /// The command connection, for `CLUSTER SLOTS`.
-        commands: Conn,
+        commands: ClusterConnection,
         /// Slot ranges and the master serving each; empty until first read, and again
         /// after a redirect or a lost node.
         slots: Mutex<Vec<(u16, u16, String)>>,
@@ -67,7 +76,7 @@ impl Readers {
         })
     }
 
-    pub(super) fn cluster(seed: ConnectionInfo, commands: Conn) -> Arc<Readers> {
+    pub(super) fn cluster(seed: ConnectionInfo, commands: ClusterConnection) -> Arc<Readers> {
         Arc::new(Readers {
             nodes: Nodes::Cluster {
                 seed,

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use agentq_error::Result;
 
-use super::connection::CONNECT_TIMEOUT;
+use super::readers::CONNECT_TIMEOUT;
 
 /// Reconnect backoff of subscriptions.
 const SUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
