@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use futures::future::try_join_all;
 use futures::stream::BoxStream;
+use redis::{Cmd, Value};
 
 use crate::queue::{CANCEL_CHANNEL, COMPLETIONS_STREAM, DONE_CHANNEL, Signals, done_channel};
 use agentq_error::Result;
@@ -22,6 +22,39 @@ impl RedisQueue {
         match &self.target {
             Target::Single(client) => vec![client.clone()],
             Target::Cluster { seeds, .. } => seeds.clone(),
+        }
+    }
+
+    /// `PUBLISH`es on a cluster, sent to the first seed node that answers: the node that
+    /// subscriptions connect to first. A cluster passes a message on to its other nodes
+    /// later, so a message published on another node could reach a subscription made
+    /// after it was published; on the subscriptions' own node, it cannot.
+    async fn publish_on_seed(&self, commands: &[&Cmd]) -> Result<()> {
+        let Target::Cluster { addrs, .. } = &self.target else {
+            return Ok(());
+        };
+        let mut pipe = redis::pipe();
+        for cmd in commands {
+            pipe.add_command((*cmd).clone());
+        }
+        let mut failure = None;
+        for node in addrs {
+            match self.readers.pipeline_on(node, &pipe, commands.len()).await {
+                Ok(replies) => {
+                    return match replies.into_iter().find_map(|v| match v {
+                        Value::ServerError(e) => Some(e),
+                        _ => None,
+                    }) {
+                        Some(e) => Err(redis::RedisError::from(e).into()),
+                        None => Ok(()),
+                    };
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
         }
     }
 }
@@ -48,9 +81,13 @@ impl Signals for RedisQueue {
             .arg("data")
             .arg(&json);
         if self.is_cluster() {
-            // A cluster routes each by its channel or key (three slots): three commands,
-            // at once. A PUBLISH reaches the subscribers of every node.
-            try_join_all([&per_session, &all, &record].map(|c| self.query(c))).await?;
+            // The record goes to its key's slot; the two PUBLISHes to the subscriptions'
+            // node (a PUBLISH reaches the subscribers of every node).
+            let publishes = [&per_session, &all];
+            let (published, recorded) =
+                tokio::join!(self.publish_on_seed(&publishes), self.query(&record));
+            published?;
+            recorded?;
             return Ok(());
         }
         let mut pipe = redis::pipe();
@@ -67,6 +104,9 @@ impl Signals for RedisQueue {
     async fn publish_signal(&self, signal: &WorkerSignal) -> Result<()> {
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(CANCEL_CHANNEL).arg(signal.encode());
+        if self.is_cluster() {
+            return self.publish_on_seed(&[&cmd]).await;
+        }
         self.query(&cmd).await?;
         Ok(())
     }
