@@ -2,10 +2,9 @@
 //! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On a
 //! cluster a session's stream lies in its event bucket's slot: appends go one pipeline per
 //! node (its commands over many buckets), and a read over many sessions is one `XREAD` per
-//! bucket. When the sessions span
-//! more than one bucket, a blocking read is repeated every [`CLUSTER_POLL`] instead (a
-//! blocking read per bucket would hold a connection each, and a new entry in one bucket
-//! could not end the others' waits).
+//! bucket. When the sessions span more than one bucket, a blocking read is repeated every
+//! [`CLUSTER_POLL`] instead (a blocking read per bucket would hold a connection each, and
+//! a new entry in one bucket could not end the others' waits).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -111,20 +110,12 @@ impl RedisQueue {
                     self.xadd(&mut pipe, e);
                 }
                 let replies = self.readers.pipeline_on(node, &pipe, group.len()).await?;
-                let refusals = (0..group.len()).map(move |i| match replies.get(i) {
-                    Some(Value::ServerError(e)) => Some(redis::RedisError::from(e.clone())),
-                    Some(_) => None,
-                    None => Some(redis::RedisError::from((
-                        redis::ErrorKind::Client,
-                        "a node answered fewer replies than the pipeline's commands",
-                    ))),
-                });
-                Ok::<_, Error>(group.iter().copied().zip(refusals).collect::<Vec<_>>())
+                Ok::<_, Error>(group.iter().copied().zip(replies).collect::<Vec<_>>())
             }))
             .await?;
             left = Vec::new();
-            for (e, refused) in sent.into_iter().flatten() {
-                if let Some(why) = refused {
+            for (e, reply) in sent.into_iter().flatten() {
+                if let Err(why) = reply {
                     left.push(e);
                     refusal = Some(why);
                 }

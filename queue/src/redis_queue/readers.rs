@@ -155,7 +155,7 @@ impl Readers {
                     tried_fresh = true;
                 }
                 Err(e) => {
-                    if e.is_io_error() || e.is_unrecoverable_error() || e.is_timeout() {
+                    if broken(&e) {
                         // A node gone may have been failed over: read the map again.
                         self.forget_slots();
                     }
@@ -193,12 +193,8 @@ impl Readers {
                 "blocking read got no reply within its block + grace",
             ))),
         };
-        let clean = match &result {
-            Ok(_) => true,
-            // A server error leaves the connection in a clean state.
-            Err(e) => !e.is_io_error() && !e.is_unrecoverable_error() && !e.is_timeout(),
-        };
-        if clean {
+        // A server error leaves the connection in a clean state.
+        if !result.as_ref().is_err_and(broken) {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             if idle.len() < MAX_IDLE_READERS {
                 idle.push(reader);
@@ -208,7 +204,7 @@ impl Readers {
     }
 
     /// The `count` commands of `pipe` on `node` (`host:port`), however many slots of it
-    /// they span, on the node's shared connection: a reply per command, a server error
+    /// they span, on the node's shared connection: a result per command, a server error
     /// (`MOVED`) for one whose slot the node no longer serves. A connection that fails is
     /// dropped (the next call connects again), and so is the slot map.
     pub(super) async fn pipeline_on(
@@ -216,7 +212,7 @@ impl Readers {
         node: &str,
         pipe: &redis::Pipeline,
         count: usize,
-    ) -> RedisResult<Vec<Value>> {
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         let mut conn = {
             let mut shared = self.shared.lock().await;
             match shared.get(node) {
@@ -231,12 +227,22 @@ impl Readers {
         let replies =
             redis::aio::ConnectionLike::req_packed_commands(&mut conn, pipe, 0, count).await;
         if let Err(e) = &replies
-            && (e.is_io_error() || e.is_unrecoverable_error() || e.is_timeout())
+            && broken(e)
         {
             self.shared.lock().await.remove(node);
             self.forget_slots();
         }
-        replies
+        let mut replies = replies?.into_iter();
+        Ok((0..count)
+            .map(|_| match replies.next() {
+                Some(Value::ServerError(e)) => Err(e.into()),
+                Some(v) => Ok(v),
+                None => Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a node answered fewer replies than the pipeline's commands",
+                ))),
+            })
+            .collect())
     }
 
     /// A new connection to `node` (empty on one server).
@@ -321,6 +327,12 @@ impl Readers {
             slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
     }
+}
+
+/// Whether `e` leaves its connection untrustworthy (gone, timed out, out of step), as a
+/// server's error answer does not.
+fn broken(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_unrecoverable_error() || e.is_timeout()
 }
 
 /// The seed's settings at `node` (`host:port`, as `CLUSTER SLOTS` and redirects name it).

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use redis::{Cmd, Value};
+use redis::Cmd;
 
 use crate::queue::{CANCEL_CHANNEL, COMPLETIONS_STREAM, DONE_CHANNEL, Signals, done_channel};
 use agentq_error::Result;
@@ -25,29 +25,28 @@ impl RedisQueue {
         }
     }
 
-    /// `PUBLISH`es on a cluster, sent to the first seed node that answers: the node that
-    /// subscriptions connect to first. A cluster passes a message on to its other nodes
-    /// later, so a message published on another node could reach a subscription made
-    /// after it was published; on the subscriptions' own node, it cannot.
-    async fn publish_on_seed(&self, commands: &[&Cmd]) -> Result<()> {
-        let Target::Cluster { addrs, .. } = &self.target else {
-            return Ok(());
-        };
+    /// `PUBLISH`es, in one pipeline. On a cluster they go to the first seed node that
+    /// answers: the node that subscriptions connect to first. A cluster passes a message on
+    /// to its other nodes later, so a message published on another node could reach a
+    /// subscription made after it was published; on the subscriptions' own node, it
+    /// cannot.
+    async fn publish(&self, commands: &[&Cmd]) -> Result<()> {
         let mut pipe = redis::pipe();
         for cmd in commands {
             pipe.add_command((*cmd).clone());
         }
+        let Target::Cluster { addrs, .. } = &self.target else {
+            pipe.exec_async(&mut self.conn()).await?;
+            return Ok(());
+        };
         let mut failure = None;
         for node in addrs {
             match self.readers.pipeline_on(node, &pipe, commands.len()).await {
                 Ok(replies) => {
-                    return match replies.into_iter().find_map(|v| match v {
-                        Value::ServerError(e) => Some(e),
-                        _ => None,
-                    }) {
-                        Some(e) => Err(redis::RedisError::from(e).into()),
-                        None => Ok(()),
-                    };
+                    replies
+                        .into_iter()
+                        .collect::<redis::RedisResult<Vec<_>>>()?;
+                    return Ok(());
                 }
                 Err(e) => failure = Some(e),
             }
@@ -84,8 +83,7 @@ impl Signals for RedisQueue {
             // The record goes to its key's slot; the two PUBLISHes to the subscriptions'
             // node (a PUBLISH reaches the subscribers of every node).
             let publishes = [&per_session, &all];
-            let (published, recorded) =
-                tokio::join!(self.publish_on_seed(&publishes), self.query(&record));
+            let (published, recorded) = tokio::join!(self.publish(&publishes), self.query(&record));
             published?;
             recorded?;
             return Ok(());
@@ -104,11 +102,7 @@ impl Signals for RedisQueue {
     async fn publish_signal(&self, signal: &WorkerSignal) -> Result<()> {
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(CANCEL_CHANNEL).arg(signal.encode());
-        if self.is_cluster() {
-            return self.publish_on_seed(&[&cmd]).await;
-        }
-        self.query(&cmd).await?;
-        Ok(())
+        self.publish(&[&cmd]).await
     }
 
     async fn subscribe_signals(&self) -> Result<BoxStream<'static, WorkerSignal>> {
