@@ -309,6 +309,16 @@ mod tests {
         assert!(runs.register("slow", active(store.clone(), "slow"), long_ago));
     }
 
+    /// Entry `entry` of session `s` on the default queue.
+    fn delivery_of_s(entry: &str, reason: agentq_core::EnqueueReason) -> Delivery {
+        Delivery {
+            queue: "default".into(),
+            entry_id: entry.into(),
+            session_id: "s".into(),
+            reason,
+        }
+    }
+
     /// An entry of a session running here waits for that run and is handed on when it
     /// ends; the same entry again is a duplicate, not queued twice.
     #[tokio::test]
@@ -319,12 +329,7 @@ mod tests {
         let runs = Runs::new();
         let mut rx = runs.take_undeferred().unwrap();
         assert!(runs.take_undeferred().is_none());
-        let delivery = |entry: &str| Delivery {
-            queue: "default".into(),
-            entry_id: entry.into(),
-            session_id: "s".into(),
-            reason: agentq_core::EnqueueReason::New,
-        };
+        let delivery = |entry: &str| delivery_of_s(entry, agentq_core::EnqueueReason::New);
         assert_eq!(runs.try_start(&delivery("0-1")), Start::Now);
         runs.register("s", active(store, "s"), Instant::now());
         assert_eq!(runs.try_start(&delivery("0-1")), Start::Duplicate);
@@ -347,12 +352,7 @@ mod tests {
     fn a_second_entry_waits_while_the_first_is_claimed() {
         let runs = Runs::new();
         let mut rx = runs.take_undeferred().unwrap();
-        let delivery = |entry: &str| Delivery {
-            queue: "default".into(),
-            entry_id: entry.into(),
-            session_id: "s".into(),
-            reason: agentq_core::EnqueueReason::Retry,
-        };
+        let delivery = |entry: &str| delivery_of_s(entry, agentq_core::EnqueueReason::Retry);
         assert_eq!(runs.try_start(&delivery("0-1")), Start::Now);
         assert!(runs.is_handling("s"));
         assert_eq!(runs.try_start(&delivery("0-2")), Start::Deferred);
