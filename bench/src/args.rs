@@ -139,9 +139,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 6, requires = "baseline", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub pairs: u32,
     /// The `agentq` binary the capacity and recovery parts run as `agentq worker`
-    /// children. Not a flag: `None` is this process's own executable, which is that binary
-    /// when the bench runs as `agentq bench`; a program that embeds the bench (its tests)
-    /// names the binary here.
-    #[arg(skip)]
+    /// children. `None` is this process's own executable, which is that binary when the
+    /// bench runs as `agentq bench`; a program that embeds the bench (its tests) names the
+    /// binary here. A hidden flag: a script that runs a profiler on the real binary
+    /// (docs/benchmarks.md, "Profiling the worker process") is how a child is measured.
+    #[arg(long, hide = true)]
     pub agentq_binary: Option<PathBuf>,
 }

@@ -26,6 +26,12 @@ mod stack;
 mod watch;
 mod worker_cmd;
 
+/// A worker holds many small, long-lived allocations per session in flight (its task, its
+/// HTTP connection's buffers, its history), which the system allocator's arenas fragment.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "agentq",

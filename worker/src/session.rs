@@ -108,7 +108,7 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             // for as long as the run lasts, and pin the stream's trim. If the ack fails,
             // the entry is reclaimed later and finds the session busy or done.
             ack(&inner, &d).await;
-            run_claimed(inner, d, lease, *state, *row, claimed_at).await
+            run_claimed(inner, d, lease, state, row, claimed_at).await
         }
         Claim::Terminal(row) => {
             // Finished, not announced (its worker died before it was): settle again —
@@ -152,8 +152,8 @@ async fn run_claimed(
     inner: Arc<Inner>,
     d: Delivery,
     lease: Lease,
-    mut state: SessionState,
-    row: SessionRow,
+    mut state: Box<SessionState>,
+    row: Box<SessionRow>,
     claimed_at: Instant,
 ) -> Processed {
     // A later claim of the session (its first run may have died before checkpointing
@@ -183,7 +183,9 @@ async fn run_claimed(
     m.sessions_active.inc();
     let built = checked.and_then(|_| {
         let parts = wiring.agent_parts(checkpointer.clone(), workspace?);
-        build_agent(&inner, &row, &state.spec, parts)
+        // Boxed: the agent would otherwise be copied into each frame of the session's
+        // task, which every session in flight holds while it waits on its model.
+        build_agent(&inner, &row, &state.spec, parts).map(Box::new)
     });
     let ran = drive(
         built,
@@ -202,7 +204,9 @@ async fn run_claimed(
         row: &row,
         sink: &wiring.sink,
     };
-    record(&run, &state, ran).await
+    // Boxed: recording is larger than the run's wait on its model, and the task's size is
+    // its largest state, held by every session in flight.
+    Box::pin(record(&run, &state, ran)).await
 }
 
 /// The stored spec under its tenant's policy, checked again here because the row may have

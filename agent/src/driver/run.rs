@@ -1,6 +1,7 @@
 //! The run loop: ask the state for the next [`Step`], perform the I/O it names, record
 //! the results, checkpoint, repeat — until the session finishes or suspends.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,8 @@ struct Run {
     saved: Saved,
     /// Calls pending when this run started that a run that died may have started.
     maybe_started: Vec<String>,
-    specs: Vec<ToolSpec>,
+    /// Shared with every other run that offers the same tools.
+    specs: Arc<[ToolSpec]>,
     /// What `specs` add to every call's input estimate, counted once.
     specs_bytes: usize,
     overhead: Overhead,
@@ -127,7 +129,7 @@ impl Agent {
                 .filter(|id| !state.not_started.contains(id))
                 .collect()
         };
-        let specs = self.tools.specs();
+        let specs = crate::tools::shared_specs::share(self.tools.specs());
         Run {
             saved: Saved {
                 upto: state.messages.len(),

@@ -15,6 +15,7 @@ mod error;
 pub mod fs;
 pub mod http;
 mod settings;
+pub mod shared_specs;
 pub mod shell;
 pub mod skills;
 pub mod workspace;

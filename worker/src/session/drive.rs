@@ -20,7 +20,7 @@ pub(super) type Ran = Option<agentq_agent::Result<(RunEnd, Receipt)>>;
 /// Run `built` on `state` until it ends, `cancel` interrupting it and `abort` dropping it;
 /// `committed` is the run's own checkpointer, which records a failure of its own.
 pub(super) async fn drive(
-    built: Result<Agent, String>,
+    built: Result<Box<Agent>, String>,
     state: &mut SessionState,
     cancel: &CancellationToken,
     abort: &CancellationToken,
