@@ -129,7 +129,7 @@ impl Agent {
                 .filter(|id| !state.not_started.contains(id))
                 .collect()
         };
-        let specs = crate::tools::shared_specs::share(self.tools.specs());
+        let (specs, specs_bytes) = crate::tools::shared_specs::share(self.tools.specs());
         Run {
             saved: Saved {
                 upto: state.messages.len(),
@@ -138,7 +138,7 @@ impl Agent {
                 receipt: Receipt::none(),
             },
             maybe_started,
-            specs_bytes: crate::admission::tools_len(&specs),
+            specs_bytes,
             specs,
             overhead: Overhead::default(),
         }
