@@ -18,7 +18,7 @@ use agentq_types::config::{LimitSettings, LimiterSection};
 
 use crate::clock::now_ms;
 use crate::conn::Conn;
-use crate::keys::{Keys, MAX_FIELDS, SINGLE_TAG, TAGS_KEY, tag_in};
+use crate::keys::{Keys, MAX_FIELDS, SINGLE_TAG, TAG_IDLE_MS, TAG_RENEW_MS, live_tags, tag_in};
 use crate::limiter::Limiter;
 
 /// How often a worker reads the fleet's learned holds.
@@ -100,12 +100,23 @@ impl Limiter {
     }
 
     /// The tags whose holds this worker reads: the one tag on one server, every tag the
-    /// fleet listed on a cluster.
+    /// fleet listed on a cluster and used within its idle time.
     async fn tags_in_use(&self, conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
         if !self.cluster {
             return Ok(vec![SINGLE_TAG.to_string()]);
         }
-        redis::cmd("SMEMBERS").arg(TAGS_KEY).query_async(conn).await
+        live_tags(conn, now_ms()).await
+    }
+
+    /// Whether the keys of the listed tags are due to be renewed (every
+    /// [`TAG_RENEW_MS`]); `true` marks them renewed now.
+    fn keep_due(&self, now: i64) -> bool {
+        let last = self.tags_kept.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= TAG_RENEW_MS
+            && self
+                .tags_kept
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 }
 
@@ -129,6 +140,7 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
             }
         };
         let mut renewals = l.due_renewals(now_ms());
+        let keep = l.cluster && l.keep_due(now_ms());
         let mut remote: HashMap<String, i64> = HashMap::new();
         let mut announced: HashMap<String, i64> = HashMap::new();
         let mut failed = false;
@@ -141,6 +153,13 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
                 .cmd("HGETALL")
                 .arg(&keys.announced);
             renew_in(&mut pipe, &mut renewals, Some(tag));
+            if keep {
+                // A listed tag's keys outlive its last use by the listing's idle time,
+                // then expire with no one to renew them.
+                for key in keys.kept() {
+                    pipe.cmd("PEXPIRE").arg(key).arg(TAG_IDLE_MS).ignore();
+                }
+            }
             let read: redis::RedisResult<(HashMap<String, i64>, HashMap<String, i64>)> =
                 pipe.query_async(&mut conn).await;
             match read {

@@ -6,7 +6,9 @@
 //! cluster each provider key (endpoint and API key, `LlmProvider::limit_key`) has a tag of
 //! its own, `{limit:<hash of the key>}`, so that the fleet's calls spread over the shards
 //! instead of all waiting on one; the tags in use are listed in [`TAGS_KEY`] (a key of
-//! its own slot) for the periodic read of the holds and the admin view.
+//! its own slot) for the periodic read of the holds and the admin view. A tag no worker
+//! used for [`TAG_IDLE_MS`] leaves that list, and its keys expire with it: a fleet that
+//! saw many provider keys come and go keeps only the ones still in use.
 
 /// The tag of every key on one server (and of the constants below).
 pub(crate) const SINGLE_TAG: &str = "{limit}";
@@ -17,8 +19,19 @@ pub const HOLDS_KEY: &str = "agentq:{limit}:holds";
 /// Sorted set: every `limit_key|model` the hashes may hold a field of, scored by its last
 /// settlement (ms).
 pub const FIELDS_KEY: &str = "agentq:{limit}:fields";
-/// Set: every tag in use on a cluster (with its keys, one per provider key).
-pub const TAGS_KEY: &str = "agentq:limit:tags";
+/// Sorted set: every tag in use on a cluster (with its keys, one per provider key),
+/// scored by when a worker last announced it (ms since the epoch). An earlier layout kept
+/// a plain set, never trimmed, under `agentq:limit:tags`; this one has a name of its own
+/// so that the two never meet as one key of two types.
+pub const TAGS_KEY: &str = "agentq:limit:tags_seen";
+/// How long a tag stays listed, and its keys kept, after a worker last announced it.
+pub const TAG_IDLE_MS: i64 = 24 * 60 * 60 * 1000;
+/// How often a worker announces again a tag it still uses: well within [`TAG_IDLE_MS`],
+/// so a tag in use never lapses.
+pub(crate) const TAG_RENEW_MS: i64 = 60 * 60 * 1000;
+/// The most tags [`TAGS_KEY`] lists (and each worker's read of the holds reads): past it
+/// the ones announced least recently are dropped.
+pub const MAX_TAGS: usize = 4096;
 
 /// The most `limit_key|model` fields the limiter keeps in Redis per tag (and each worker
 /// in memory). A session names its model, so without a bound every model string a
@@ -49,6 +62,23 @@ pub(crate) fn tag_in(key: &str) -> Option<&str> {
     Some(&key[start..=end])
 }
 
+/// The tags listed in [`TAGS_KEY`] and announced within [`TAG_IDLE_MS`] of `now`, the
+/// most recent first, at most [`MAX_TAGS`].
+pub(crate) async fn live_tags<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    now: i64,
+) -> redis::RedisResult<Vec<String>> {
+    redis::cmd("ZREVRANGEBYSCORE")
+        .arg(TAGS_KEY)
+        .arg("+inf")
+        .arg(now.saturating_sub(TAG_IDLE_MS))
+        .arg("LIMIT")
+        .arg(0)
+        .arg(MAX_TAGS)
+        .query_async(conn)
+        .await
+}
+
 /// The keys of one tag.
 pub(crate) struct Keys {
     /// The prefix of rule keys and of the per-model counters the script names.
@@ -66,6 +96,18 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
+    /// The keys that live as long as their tag is in use (the rule keys under `prefix`
+    /// expire on their own).
+    pub(crate) fn kept(&self) -> [&str; 5] {
+        [
+            &self.index,
+            &self.holds,
+            &self.announced,
+            &self.averages,
+            &self.fields,
+        ]
+    }
+
     pub(crate) fn of(tag: &str) -> Keys {
         let prefix = format!("agentq:{tag}:");
         Keys {
@@ -98,13 +140,7 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a, tag_of(true, "openai|https://a|k1"));
         let keys = Keys::of(&a);
-        for k in [
-            &keys.index,
-            &keys.holds,
-            &keys.announced,
-            &keys.averages,
-            &keys.fields,
-        ] {
+        for k in keys.kept() {
             assert_eq!(tag_in(k), Some(a.as_str()));
         }
     }

@@ -75,7 +75,7 @@ mod state;
 
 pub use agentq_types::limiter::{HoldState, LimiterState, RuleState};
 pub use fleet::{CLOSED_RETRY, HOLD_REFRESH};
-pub use keys::{FIELDS_KEY, HOLDS_KEY, INDEX_KEY, MAX_FIELDS, TAGS_KEY};
+pub use keys::{FIELDS_KEY, HOLDS_KEY, INDEX_KEY, MAX_FIELDS, MAX_TAGS, TAG_IDLE_MS, TAGS_KEY};
 pub use limiter::Limiter;
 pub use metric::{ERRORS_HELP, ERRORS_METRIC, errors};
 pub use state::read_state;

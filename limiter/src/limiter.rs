@@ -35,8 +35,10 @@ pub struct Limiter {
     pub(crate) cluster: bool,
     /// What a call under a configured rule does while Redis cannot be reached.
     pub(crate) on_unavailable: OnUnavailable,
-    /// The tags this worker has announced in `TAGS_KEY`.
-    pub(crate) tags: Mutex<HashSet<String>>,
+    /// The tags this worker has announced in `TAGS_KEY`, and when.
+    pub(crate) tags: Mutex<HashMap<String, i64>>,
+    /// When this worker last renewed the keys of the tags listed (ms).
+    pub(crate) tags_kept: AtomicI64,
     /// The fleet's holds as last read (and as this worker learned them since).
     pub(crate) holds: RwLock<HashMap<String, i64>>,
     /// The keys (and models) whose answers announce their limits: their calls go
@@ -114,7 +116,8 @@ impl Limiter {
             conn,
             cluster,
             on_unavailable: OnUnavailable::default(),
-            tags: Mutex::new(HashSet::new()),
+            tags: Mutex::new(HashMap::new()),
+            tags_kept: AtomicI64::new(0),
             holds: RwLock::new(HashMap::new()),
             announced: RwLock::new(HashSet::new()),
             probes: Mutex::new(HashMap::new()),

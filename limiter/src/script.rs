@@ -2,10 +2,12 @@
 //! then what it asks for (nothing more, a call under configured rules, or a call on a key
 //! paced by what it announces), and the script's answer.
 
+use std::collections::HashMap;
+
 use agentq_agent::driver::CallAsk;
 
 use crate::clock::now_ms;
-use crate::keys::{Keys, MAX_FIELDS};
+use crate::keys::{Keys, MAX_FIELDS, MAX_TAGS, TAG_IDLE_MS, TAG_RENEW_MS, TAGS_KEY};
 use crate::limiter::{Limiter, Settlement};
 use crate::rule::Rule;
 
@@ -152,31 +154,48 @@ impl Limiter {
         }
     }
 
-    /// On a cluster, list `tag` in `TAGS_KEY` the first time this worker uses it, so that
-    /// every worker's read of the holds and the admin view find its keys.
+    /// On a cluster, list `tag` in `TAGS_KEY` the first time this worker uses it, and
+    /// again every [`TAG_RENEW_MS`] while it does, so that every worker's read of the holds
+    /// and the admin view find its keys. The listing trims the tags idle past
+    /// [`TAG_IDLE_MS`] (and the oldest beyond [`MAX_TAGS`]); the read of the holds keeps
+    /// the keys of the tags listed (`fleet.rs`).
     async fn announce_tag(&self, tag: &str) {
         let Some(mut conn) = self.conn.clone() else {
             return;
         };
-        if !self.cluster
-            || self
-                .tags
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(tag)
-        {
+        let now = now_ms();
+        let due = |tags: &HashMap<String, i64>| {
+            tags.get(tag)
+                .is_none_or(|at| now.saturating_sub(*at) >= TAG_RENEW_MS)
+        };
+        if !self.cluster || !due(&self.tags.lock().unwrap_or_else(|e| e.into_inner())) {
             return;
         }
-        let added: redis::RedisResult<i64> = redis::cmd("SADD")
-            .arg(crate::keys::TAGS_KEY)
+        let mut listing = redis::pipe();
+        listing
+            .cmd("ZADD")
+            .arg(TAGS_KEY)
+            .arg(now)
             .arg(tag)
-            .query_async(&mut conn)
-            .await;
-        if added.is_ok() {
-            self.tags
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(tag.to_string());
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(TAGS_KEY)
+            .arg("-inf")
+            .arg(format!("({}", now.saturating_sub(TAG_IDLE_MS)))
+            .ignore()
+            .cmd("ZREMRANGEBYRANK")
+            .arg(TAGS_KEY)
+            .arg(0)
+            .arg(-1 - i64::try_from(MAX_TAGS).unwrap_or(i64::MAX - 1))
+            .ignore();
+        let listed: redis::RedisResult<()> = listing.query_async(&mut conn).await;
+        if listed.is_ok() {
+            let mut tags = self.tags.lock().unwrap_or_else(|e| e.into_inner());
+            // Forgetting what was announced costs only announcing it again.
+            if tags.len() >= MAX_TAGS {
+                tags.clear();
+            }
+            tags.insert(tag.to_string(), now);
         }
     }
 }

@@ -7,7 +7,7 @@ use agentq_error::Result;
 use agentq_types::limiter::{HoldState, LimiterState, RuleState};
 
 use crate::clock::now_ms;
-use crate::keys::{Keys, SINGLE_TAG, TAGS_KEY};
+use crate::keys::{Keys, SINGLE_TAG, live_tags};
 
 /// Read the limiter's state from Redis (the admin route): every rule key in use with
 /// its counts, and the holds not yet past; of one server's layout and of every tag a
@@ -15,10 +15,7 @@ use crate::keys::{Keys, SINGLE_TAG, TAGS_KEY};
 pub async fn read_state<C: redis::aio::ConnectionLike + Send>(
     conn: &mut C,
 ) -> Result<LimiterState> {
-    let mut tags: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(TAGS_KEY)
-        .query_async(conn)
-        .await?;
+    let mut tags = live_tags(conn, now_ms()).await?;
     tags.insert(0, SINGLE_TAG.to_string());
     let mut state = LimiterState {
         rules: Vec::new(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use agentq_agent::driver::{Admit, CallAsk};
 use agentq_agent::provider::HttpTimeouts;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
-use agentq_core::admission::{Limiter, TAGS_KEY, read_state};
+use agentq_core::admission::{Limiter, MAX_TAGS, TAG_IDLE_MS, TAGS_KEY, read_state};
 use agentq_core::config::{LimitSettings, LimiterSection};
 use agentq_testkit::services::{RedisCluster, RedisServer};
 use tokio_util::sync::CancellationToken;
@@ -88,8 +88,10 @@ async fn a_cluster_keeps_each_provider_keys_count_on_its_own_tag() {
     let client =
         redis::cluster::ClusterClient::new(cluster.url().split(',').collect::<Vec<_>>()).unwrap();
     let mut conn = client.get_async_connection().await.unwrap();
-    let tags: Vec<String> = redis::cmd("SMEMBERS")
+    let tags: Vec<String> = redis::cmd("ZRANGE")
         .arg(TAGS_KEY)
+        .arg(0)
+        .arg(-1)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -97,6 +99,91 @@ async fn a_cluster_keeps_each_provider_keys_count_on_its_own_tag() {
     let state = read_state(&mut conn).await.unwrap();
     assert_eq!(state.rules.len(), 2, "{state:?}");
     assert!(state.rules.iter().all(|r| r.concurrency == 2));
+    assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
+}
+
+/// The list of tags in use on a cluster is bounded: a tag no worker announced within a
+/// day is neither read (the admin view, each worker's read of the holds) nor kept (the
+/// next announcement trims it, and past [`MAX_TAGS`] the oldest go), and the keys of a
+/// tag still listed are given that day to live, so a tag's keys go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_forgets_the_tags_no_worker_used_for_a_day() {
+    let cluster = RedisCluster::start(1).unwrap();
+    let client =
+        redis::cluster::ClusterClient::new(cluster.url().split(',').collect::<Vec<_>>()).unwrap();
+    let mut conn = client.get_async_connection().await.unwrap();
+    let now = chrono::Utc::now().timestamp_millis();
+    // A tag last announced a day and a minute ago, with a hold still in the future.
+    let dead = "{limit:dead}";
+    let _: () = redis::cmd("ZADD")
+        .arg(TAGS_KEY)
+        .arg(now - TAG_IDLE_MS - 60_000)
+        .arg(dead)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("agentq:{dead}:holds"))
+        .arg("openai|x|k|gpt-4o")
+        .arg(now + 3_600_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let state = read_state(&mut conn).await.unwrap();
+    assert!(state.holds.is_empty(), "a dead tag was read: {state:?}");
+    // As many recent tags as the list keeps, all older than the next announcement.
+    let mut fill = redis::cmd("ZADD");
+    fill.arg(TAGS_KEY);
+    for i in 0..MAX_TAGS {
+        fill.arg(now - 1_000 - i64::try_from(i).unwrap())
+            .arg(format!("{{limit:fill{i}}}"));
+    }
+    let _: () = fill.query_async(&mut conn).await.unwrap();
+
+    let rules = [limit("provider = \"openai\"\nconcurrency = 2")];
+    let limiter = Limiter::connect_with(
+        &cluster.url(),
+        true,
+        &LimiterSection::default(),
+        &rules,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let gate = limiter.for_session("t", &provider("k1"));
+    assert!(matches!(gate.reserve(&ask()).await, Admit::Go(_)));
+
+    let listed: Vec<(String, i64)> = redis::cmd("ZRANGE")
+        .arg(TAGS_KEY)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), MAX_TAGS);
+    let names: Vec<&str> = listed.iter().map(|(t, _)| t.as_str()).collect();
+    assert!(!names.contains(&dead));
+    // The oldest of the recent ones made room for the new one.
+    assert!(!names.contains(&format!("{{limit:fill{}}}", MAX_TAGS - 1).as_str()));
+    assert!(names.contains(&"{limit:fill0}"));
+    let (newest, at) = listed.last().unwrap();
+    assert!(*at >= now, "{newest} announced at {at}, before {now}");
+    // Its keys are kept for a day once the worker's read of the holds comes round.
+    let index = format!("agentq:{newest}:keys");
+    let mut ttl = -1;
+    for _ in 0..400 {
+        ttl = redis::cmd("PTTL")
+            .arg(&index)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if ttl > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ttl > 0 && ttl <= TAG_IDLE_MS, "{index}: ttl {ttl}");
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
 

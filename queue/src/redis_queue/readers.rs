@@ -63,9 +63,14 @@ pub(super) struct Readers {
     nodes: Nodes,
     idle: Mutex<Vec<Reader>>,
     /// A shared connection per cluster node for pipelines over many slots of one node
-    /// (the cluster client routes a pipeline by one slot).
-    shared: tokio::sync::Mutex<HashMap<String, MultiplexedConnection>>,
+    /// (the cluster client routes a pipeline by one slot). Each node's is connected in its
+    /// own cell, outside the map's lock: a node slow to answer (up to [`CONNECT_TIMEOUT`])
+    /// delays only the pipelines bound for it.
+    shared: Mutex<HashMap<String, Arc<SharedConn>>>,
 }
+
+/// One node's shared connection, connected by the first pipeline that needs it.
+type SharedConn = tokio::sync::OnceCell<MultiplexedConnection>;
 
 impl Readers {
     pub(super) fn single(client: Client) -> Arc<Readers> {
@@ -213,23 +218,33 @@ impl Readers {
         pipe: &redis::Pipeline,
         count: usize,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
-        let mut conn = {
-            let mut shared = self.shared.lock().await;
-            match shared.get(node) {
-                Some(conn) => conn.clone(),
-                None => {
-                    let conn = self.connect(node, Some(COMMAND_TIMEOUT)).await?;
-                    shared.insert(node.to_string(), conn.clone());
-                    conn
-                }
+        let cell = Arc::clone(
+            self.shared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(node.to_string())
+                .or_default(),
+        );
+        // A failed connect leaves the cell empty: the next pipeline tries again.
+        let connected = cell
+            .get_or_try_init(|| self.connect(node, Some(COMMAND_TIMEOUT)))
+            .await;
+        let replies = match connected {
+            Ok(conn) => {
+                redis::aio::ConnectionLike::req_packed_commands(&mut conn.clone(), pipe, 0, count)
+                    .await
             }
+            Err(e) => Err(e),
         };
-        let replies =
-            redis::aio::ConnectionLike::req_packed_commands(&mut conn, pipe, 0, count).await;
         if let Err(e) = &replies
             && broken(e)
         {
-            self.shared.lock().await.remove(node);
+            // Only this connection: another pipeline may already have put a new one.
+            let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            if shared.get(node).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                shared.remove(node);
+            }
+            drop(shared);
             self.forget_slots();
         }
         let mut replies = replies?.into_iter();
@@ -484,5 +499,55 @@ mod tests {
             ]
         );
         assert!(slot_map(Value::Nil, "h").is_empty());
+    }
+
+    /// A node that accepts connections and never answers keeps its pipelines waiting for
+    /// the connect timeout, and only those: a pipeline to another node goes on at once
+    /// (the map of shared connections was locked across a connect).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::expect_used, clippy::unwrap_used)]
+    async fn a_silent_node_delays_only_its_own_pipelines() {
+        use redis::IntoConnectionInfo;
+        let cluster = agentq_testkit::services::RedisCluster::start(1).expect("a cluster");
+        let seed = cluster.url().into_connection_info().unwrap();
+        let commands = redis::cluster::ClusterClient::new(vec![seed.clone()])
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
+        let readers = Readers::cluster(seed, commands);
+        let live = readers.node_of("k").await.unwrap();
+
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_node = silent.local_addr().unwrap().to_string();
+        let (accepted_tx, accepted) = tokio::sync::oneshot::channel();
+        let holder = tokio::spawn(async move {
+            let (stream, _) = silent.accept().await.unwrap();
+            let _ = accepted_tx.send(());
+            // Held open, never answered, until the test ends.
+            std::future::pending::<()>().await;
+            drop(stream);
+        });
+
+        let mut ping = redis::pipe();
+        ping.cmd("PING");
+        let stuck = {
+            let (readers, node, ping) = (Arc::clone(&readers), silent_node.clone(), ping.clone());
+            tokio::spawn(async move { readers.pipeline_on(&node, &ping, 1).await })
+        };
+        accepted
+            .await
+            .expect("the pipeline connects to the silent node");
+        let replies = readers.pipeline_on(&live, &ping, 1).await.unwrap();
+        assert!(matches!(&replies[..], [Ok(Value::SimpleString(s))] if s == "PONG"));
+        assert!(
+            !stuck.is_finished(),
+            "the silent node's pipeline ended before the live node's"
+        );
+        let stuck = stuck.await.unwrap();
+        assert!(stuck.is_err_and(|e| broken(&e)));
+        // The failed connect left nothing behind: the next pipeline connects again.
+        assert!(readers.shared.lock().unwrap().get(&silent_node).is_none());
+        holder.abort();
     }
 }
