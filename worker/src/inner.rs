@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory;
+use agentq_agent::tools::{ToolRegistry, builtin_registry};
 use agentq_core::metrics::Metrics;
 use agentq_core::{Queue, Store};
 use agentq_mcp::McpServers;
@@ -55,10 +56,13 @@ pub(crate) struct Inner {
 }
 
 /// What sessions share and nobody needs before the first one: providers (one HTTP
-/// connection pool per endpoint) and the workspace root.
+/// connection pool per endpoint), the tools sessions choose from, and the workspace root.
 #[derive(Default)]
 struct Shared {
     providers: Mutex<ProviderCache>,
+    /// The built-in tools (as `cfg.tool_settings` allows) and `cfg.tools`: the same for
+    /// every session, so built once instead of per session.
+    tools: std::sync::OnceLock<ToolRegistry>,
     /// `cfg.workspace_root`, made and canonicalized by the first session that needs it.
     workspaces: std::sync::OnceLock<std::path::PathBuf>,
 }
@@ -95,6 +99,15 @@ impl Inner {
             mcp_stop: CancellationToken::new(),
             settlements: Settlements::new(),
         }
+    }
+
+    /// The tools a session chooses its own from (MCP tools and `spawn` aside).
+    pub(crate) fn tools(&self) -> &ToolRegistry {
+        self.shared.tools.get_or_init(|| {
+            let mut all = builtin_registry(&self.cfg.tool_settings);
+            all.extend(&self.cfg.tools);
+            all
+        })
     }
 
     /// The MCP servers, started on first use (they need the runtime, which `new` may not

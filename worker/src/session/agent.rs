@@ -11,7 +11,7 @@ use agentq_agent::driver::{Agent, Interrupter};
 use agentq_agent::guard::{Firewall, Guards, Permissions};
 use agentq_agent::provider::{LlmProvider, factory};
 use agentq_agent::spec::{SessionSpec, WEB_SEARCH_TOOL, WebSearch};
-use agentq_agent::tools::{LocalWorkspace, ToolRegistry, builtin_registry};
+use agentq_agent::tools::{LocalWorkspace, ToolRegistry};
 use agentq_core::SessionRow;
 use agentq_core::config::MCP_TOOL_PREFIX;
 use agentq_core::policy::TenantPolicy;
@@ -52,8 +52,6 @@ pub(super) fn build_agent(
         .default_model
         .clone()
         .unwrap_or_else(|| factory::default_model(&provider_name).to_string());
-    let mut all = builtin_registry(&inner.cfg.tool_settings);
-    all.extend(&inner.cfg.tools);
     let wanted = spec
         .tools
         .clone()
@@ -67,7 +65,9 @@ pub(super) fn build_agent(
         .filter(|t| t.as_str() != spawn::NAME && t.as_str() != WEB_SEARCH_TOOL)
         .cloned()
         .partition(|t| t.starts_with(MCP_TOOL_PREFIX));
-    let mut tools = all.select(&builtin).map_err(|e| format!("tools: {e}"))?;
+    let mut tools = inner
+        .tools()
+        .select(&builtin).map_err(|e| format!("tools: {e}"))?;
     let mcp = inner.mcp().select(&mcp_names);
     tools.extend(&mcp.registry);
     let admissions = admission_for(inner, row, spec.token_budget, &*provider);
