@@ -17,12 +17,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agentq_agent::spec::SessionSpec;
+use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::sharded::ShardedStore;
 use agentq_core::{EnqueueReason, NewSession, SessionRow, Store, WorkQueue};
 use agentq_testkit::{
-    FakeLlm, FakeResponse, PostgresServer, RecordedRequest, RedisServer, shared_postgres,
+    FakeLlm, FakeResponse, PostgresServer, RecordedRequest, RedisCluster, RedisServer,
+    shared_postgres,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -474,6 +476,60 @@ pub struct ClusterOpts {
     pub extra_shards: usize,
     /// The last extra shard on a private crash-safe server, for tests that stop it.
     pub private_shard: bool,
+    /// A 3-master Redis Cluster instead of one Redis (the processes are told
+    /// `AGENTQ_REDIS_CLUSTER=true`; each queue in its default 8 partitions).
+    pub redis_cluster: bool,
+}
+
+impl ClusterOpts {
+    /// The scale-out layout: a 3-master Redis Cluster and two Postgres shards (tests that
+    /// also run on the default layout run on this one with it).
+    pub fn scaled_out() -> ClusterOpts {
+        ClusterOpts {
+            redis_cluster: true,
+            extra_shards: 1,
+            ..ClusterOpts::default()
+        }
+    }
+}
+
+/// The cluster's Redis: one server, or a Redis Cluster.
+pub enum Redis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    /// What `--redis-url` takes: the server, or every seed node comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            Redis::Single(r) => r.url(),
+            Redis::Cluster(c) => c.url(),
+        }
+    }
+
+    /// `[redis]` as the processes are configured for it.
+    pub fn settings(&self) -> RedisSection {
+        RedisSection {
+            cluster: matches!(self, Redis::Cluster(_)),
+            ..RedisSection::default()
+        }
+    }
+
+    /// The one server, for a test that kills or restarts it.
+    pub fn server(&mut self) -> &mut RedisServer {
+        match self {
+            Redis::Single(r) => r,
+            Redis::Cluster(_) => panic!("this test restarts one Redis; it runs on a cluster"),
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        match self {
+            Redis::Single(r) => r.log_tail(),
+            Redis::Cluster(c) => c.nodes().iter().map(RedisServer::log_tail).collect(),
+        }
+    }
 }
 
 pub struct Cluster {
@@ -485,7 +541,7 @@ pub struct Cluster {
     pub shard_pg: Option<PostgresServer>,
     pub queue: RedisQueue,
     pub db_url: String,
-    pub redis: RedisServer,
+    pub redis: Redis,
     pub pg: Option<PostgresServer>,
     pub fake: FakeLlm,
     state: Arc<FakeState>,
@@ -527,12 +583,14 @@ impl Cluster {
     pub async fn start_with(opts: ClusterOpts) -> Cluster {
         let serial = SERIAL.lock().await;
         tokio::task::block_in_place(agentq_bin);
-        let redis = if opts.persistent_redis {
-            RedisServer::start_persistent()
+        let redis = if opts.redis_cluster {
+            let cluster = tokio::task::block_in_place(|| RedisCluster::start_in_memory(3));
+            Redis::Cluster(cluster.expect("starting a redis cluster"))
+        } else if opts.persistent_redis {
+            Redis::Single(RedisServer::start_persistent().expect("starting redis"))
         } else {
-            RedisServer::start()
-        }
-        .expect("starting redis");
+            Redis::Single(RedisServer::start().expect("starting redis"))
+        };
         let (pg, db_url) = if opts.private_postgres {
             let pg = tokio::task::block_in_place(PostgresServer::start_crash_safe)
                 .expect("starting a private postgres");
@@ -557,7 +615,7 @@ impl Cluster {
             [one] => Arc::new(one.clone()),
             _ => Arc::new(ShardedStore::new(shards.clone()).expect("shards")),
         };
-        let queue = RedisQueue::connect(&redis.url())
+        let queue = RedisQueue::connect_with(&redis.url(), &redis.settings())
             .await
             .expect("connecting to redis");
         queue.ensure_queue("default").await.expect("ensure_queue");
@@ -604,6 +662,10 @@ impl Cluster {
         cmd.arg("worker")
             .args(["--database-url", &self.db_url])
             .args(["--redis-url", &self.redis.url()])
+            .env(
+                "AGENTQ_REDIS_CLUSTER",
+                self.redis.settings().cluster.to_string(),
+            )
             .args(["--concurrency", &opts.concurrency.to_string()])
             .args(["--lease-ttl-secs", LEASE_TTL_SECS])
             .args(["--heartbeat-secs", HEARTBEAT_SECS])

@@ -6,7 +6,7 @@ use std::time::Duration;
 use agentq_core::{SessionStatus, Signals};
 use futures::StreamExt;
 
-use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};
+use crate::common::{Cluster, ClusterOpts, Script, ToolUse, Turn, WorkerOpts, eventually};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -22,8 +22,8 @@ enum KillPoint {
 
 /// Script [`Script::three_turns`]: turn 0 GETs `t0a`; turn 1 GETs `fast` and `slow` in
 /// parallel; turn 2 answers.
-async fn sigkill_resumes_exactly(point: KillPoint) {
-    let mut c = Cluster::start().await;
+async fn sigkill_resumes_exactly(point: KillPoint, opts: ClusterOpts) {
+    let mut c = Cluster::start_with(opts).await;
     let a = c.spawn_ready_worker(&WorkerOpts::default()).await;
 
     // The reference: the same script, run without interruption.
@@ -143,17 +143,24 @@ async fn sigkill_resumes_exactly(point: KillPoint) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_llm_stream_resumes_exactly() {
-    sigkill_resumes_exactly(KillPoint::LlmStream).await;
+    sigkill_resumes_exactly(KillPoint::LlmStream, ClusterOpts::default()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_while_tool_runs_resumes_exactly() {
-    sigkill_resumes_exactly(KillPoint::ToolRunning).await;
+    sigkill_resumes_exactly(KillPoint::ToolRunning, ClusterOpts::default()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_between_tool_results_resumes_exactly() {
-    sigkill_resumes_exactly(KillPoint::BetweenResults).await;
+    sigkill_resumes_exactly(KillPoint::BetweenResults, ClusterOpts::default()).await;
+}
+
+/// The same on the scale-out layout: the worker's sessions in partitions of a Redis
+/// Cluster, the session on one of two Postgres shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_while_tool_runs_on_a_redis_cluster_and_two_shards_resumes_exactly() {
+    sigkill_resumes_exactly(KillPoint::ToolRunning, ClusterOpts::scaled_out()).await;
 }
 
 /// An unsafe call (a POST) in flight at the crash is not repeated: the resumed session

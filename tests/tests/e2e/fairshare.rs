@@ -332,9 +332,9 @@ async fn a_redis_restart_under_a_held_backlog_loses_and_repeats_nothing() {
         .filter(|r| r.status == SessionStatus::Queued)
         .count();
     assert!(held_before > 20, "the backlog drained before the restart");
-    c.redis.kill();
+    c.redis.server().kill();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    tokio::task::block_in_place(|| c.redis.restart()).expect("restarting redis");
+    tokio::task::block_in_place(|| c.redis.server().restart()).expect("restarting redis");
     for r in c.wait_all_terminal(&all, T).await {
         assert_eq!(r.status, SessionStatus::Completed, "{r:?}");
     }

@@ -58,9 +58,9 @@ async fn restarted_mid_run(service: Service) {
 
     match service {
         Service::Redis => {
-            c.redis.kill();
+            c.redis.server().kill();
             tokio::time::sleep(Duration::from_secs(1)).await;
-            tokio::task::block_in_place(|| c.redis.restart()).expect("restarting redis");
+            tokio::task::block_in_place(|| c.redis.server().restart()).expect("restarting redis");
         }
         Service::Postgres => {
             let pg = c.pg.as_mut().expect("a private postgres");

@@ -19,7 +19,18 @@ fn user_texts(t: &[Value]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_of_the_parents_worker_while_a_background_child_runs() {
-    let mut c = Cluster::start().await;
+    parents_worker_killed_while_a_background_child_runs(ClusterOpts::default()).await;
+}
+
+/// The same on the scale-out layout: the tree on one of two Postgres shards (the child on
+/// its root's), its entries and events on a Redis Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_of_the_parents_worker_on_a_redis_cluster_and_two_shards() {
+    parents_worker_killed_while_a_background_child_runs(ClusterOpts::scaled_out()).await;
+}
+
+async fn parents_worker_killed_while_a_background_child_runs(opts: ClusterOpts) {
+    let mut c = Cluster::start_with(opts).await;
     let w0 = c.spawn_ready_worker(&WorkerOpts::default()).await;
     let _w1 = c.spawn_ready_worker(&WorkerOpts::default()).await;
     // The child streams slowly, so it is still running while the parent streams its own
@@ -69,6 +80,15 @@ async fn sigkill_of_the_parents_worker_while_a_background_child_runs() {
     let kids = c.children(&root.id).await;
     assert_eq!(kids.len(), 1, "the spawn was not repeated: one child");
     assert_eq!(kids[0].status, agentq_core::SessionStatus::Completed);
+    let shard = |id: &str| {
+        agentq_core::shard::partition_of(id)
+            .map_or(0, |p| agentq_core::shard::shard_of(p, c.shards.len()))
+    };
+    assert_eq!(
+        shard(&kids[0].id),
+        shard(&root.id),
+        "the child on its root's shard"
+    );
     let t = c.transcript(&root).await;
     let delivered: Vec<String> = user_texts(&t)
         .into_iter()

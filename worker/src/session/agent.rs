@@ -67,7 +67,8 @@ pub(super) fn build_agent(
         .partition(|t| t.starts_with(MCP_TOOL_PREFIX));
     let mut tools = inner
         .tools()
-        .select(&builtin).map_err(|e| format!("tools: {e}"))?;
+        .select(&builtin)
+        .map_err(|e| format!("tools: {e}"))?;
     let mcp = inner.mcp().select(&mcp_names);
     tools.extend(&mcp.registry);
     let admissions = admission_for(inner, row, spec.token_budget, &*provider);
