@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
-use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Queue, SessionStatus, Store, WaitReason};
 use agentq_scheduler::QueueRegistry;
@@ -25,8 +24,12 @@ const T: Duration = Duration::from_secs(300);
 /// The scheduler's sweeper beside the workers, ticking fast: it wakes sessions whose
 /// rate-limit wait is over.
 async fn sweeper(c: &Cluster) -> CancellationToken {
-    let store: Arc<dyn Store> = Arc::new(PgStore::connect(&c.db_url, 4).await.unwrap());
-    let queue: Arc<dyn Queue> = Arc::new(RedisQueue::connect(&c.redis.url()).await.unwrap());
+    let store: Arc<dyn Store> = c.open_store(4).await;
+    let queue: Arc<dyn Queue> = Arc::new(
+        RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
+            .await
+            .unwrap(),
+    );
     let stop = CancellationToken::new();
     tokio::spawn(run_sweeper(
         store,

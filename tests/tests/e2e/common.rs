@@ -491,6 +491,23 @@ impl ClusterOpts {
             ..ClusterOpts::default()
         }
     }
+
+    /// With `AGENTQ_E2E_LAYOUT=scaled-out`, a test that asks for no servers of its own
+    /// (a Redis or Postgres it restarts, more shards) runs on the scale-out layout: the
+    /// whole suite on a Redis Cluster and two shards, run by hand (CI runs it on the
+    /// default layout, and the tests named for the scale-out layout on that).
+    fn or_layout_from_env(self) -> ClusterOpts {
+        let asks_nothing = !self.persistent_redis
+            && !self.private_postgres
+            && self.extra_shards == 0
+            && !self.redis_cluster;
+        let scaled_out = std::env::var("AGENTQ_E2E_LAYOUT").is_ok_and(|v| v == "scaled-out");
+        if asks_nothing && scaled_out {
+            ClusterOpts::scaled_out()
+        } else {
+            self
+        }
+    }
 }
 
 /// The cluster's Redis: one server, or a Redis Cluster.
@@ -513,6 +530,14 @@ impl Redis {
         RedisSection {
             cluster: matches!(self, Redis::Cluster(_)),
             ..RedisSection::default()
+        }
+    }
+
+    /// Where the processes publish (the first seed node of a cluster), to subscribe to.
+    pub fn publish_url(&self) -> String {
+        match self {
+            Redis::Single(r) => r.url(),
+            Redis::Cluster(c) => c.nodes()[0].url(),
         }
     }
 
@@ -581,6 +606,7 @@ impl Cluster {
     }
 
     pub async fn start_with(opts: ClusterOpts) -> Cluster {
+        let opts = opts.or_layout_from_env();
         let serial = SERIAL.lock().await;
         tokio::task::block_in_place(agentq_bin);
         let redis = if opts.redis_cluster {
@@ -642,6 +668,24 @@ impl Cluster {
             started: Instant::now(),
             _serial: serial,
         }
+    }
+
+    /// A store of its own over the cluster's database (each shard's), as another process
+    /// (a scheduler beside the workers) opens it.
+    pub async fn open_store(&self, pool: u32) -> Arc<dyn Store> {
+        let mut shards = Vec::new();
+        for url in self.db_url.split(',') {
+            shards.push(PgStore::connect(url, pool).await.expect("connecting to pg"));
+        }
+        match shards.as_slice() {
+            [one] => Arc::new(one.clone()),
+            _ => Arc::new(ShardedStore::new(shards).expect("shards")),
+        }
+    }
+
+    /// The control shard's URL (the only one without extra shards).
+    pub fn control_db_url(&self) -> &str {
+        self.db_url.split(',').next().unwrap_or(&self.db_url)
     }
 
     // --- workers -----------------------------------------------------------------------
@@ -1113,7 +1157,10 @@ impl Cluster {
     // --- redis -------------------------------------------------------------------------
 
     pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis.url())
+        let Redis::Single(server) = &self.redis else {
+            panic!("this test reads one Redis's keys by name; it runs on a cluster");
+        };
+        redis::Client::open(server.url())
             .expect("a redis client")
             .get_multiplexed_async_connection()
             .await
@@ -1166,7 +1213,7 @@ impl Cluster {
     /// per session id from then on.
     pub async fn count_done_messages(&self) -> Arc<Mutex<HashMap<String, usize>>> {
         let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
-        let client = redis::Client::open(self.redis.url()).expect("a redis client");
+        let client = redis::Client::open(self.redis.publish_url()).expect("a redis client");
         let mut pubsub = client
             .get_async_pubsub()
             .await

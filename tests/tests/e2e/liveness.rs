@@ -42,8 +42,12 @@ fn long_script() -> Script {
 async fn a_long_session_survives_trimming_and_a_killed_worker() {
     let mut c = Cluster::start().await;
     // The scheduler's sweeper, with short timings and the small cap.
-    let store: Arc<dyn Store> = Arc::new(PgStore::connect(&c.db_url, 4).await.unwrap());
-    let queue: Arc<dyn Queue> = Arc::new(RedisQueue::connect(&c.redis.url()).await.unwrap());
+    let store: Arc<dyn Store> = c.open_store(4).await;
+    let queue: Arc<dyn Queue> = Arc::new(
+        RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
+            .await
+            .unwrap(),
+    );
     let stop = CancellationToken::new();
     let sweeper = tokio::spawn(run_sweeper(
         store,
@@ -177,7 +181,9 @@ async fn a_worker_killed_between_the_end_commit_and_the_publish() {
     );
 
     let store = PgStore::connect(&c.db_url, 2).await.unwrap();
-    let queue = RedisQueue::connect(&c.redis.url()).await.unwrap();
+    let queue = RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
+        .await
+        .unwrap();
     let announced =
         agentq_scheduler::sweeper::settle_unannounced(&store, &queue, Duration::ZERO).await;
     assert_eq!(announced, 1, "the sweeper found the end unannounced");

@@ -46,6 +46,10 @@ impl SchedulerProc {
             .args(["--metrics-addr", "127.0.0.1:0"])
             .env("AGENTQ_DATABASE_URL", &c.db_url)
             .env("AGENTQ_REDIS_URL", c.redis.url())
+            .env(
+                "AGENTQ_REDIS_CLUSTER",
+                c.redis.settings().cluster.to_string(),
+            )
             .env("AGENTQ_SCHEDULES_POLL_SECS", POLL_SECS)
             .env("AGENTQ_SCHEDULES_LEASE_SECS", LEASE_SECS)
             .env("RUST_LOG", "info")
@@ -129,7 +133,7 @@ struct Db {
 impl Db {
     async fn connect(c: &Cluster) -> Db {
         Db {
-            conn: PgConnection::connect(&c.db_url).await.unwrap(),
+            conn: PgConnection::connect(c.control_db_url()).await.unwrap(),
         }
     }
 
@@ -231,7 +235,7 @@ async fn locked(table: &str) -> (Cluster, PathBuf, String, Db, PgConnection) {
     std::fs::create_dir_all(&dir).unwrap();
     let key = tenant_key(&c).await;
     let db = Db::connect(&c).await;
-    let mut lock = PgConnection::connect(&c.db_url).await.unwrap();
+    let mut lock = PgConnection::connect(c.control_db_url()).await.unwrap();
     sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
     sqlx::query(&format!("LOCK TABLE {table} IN SHARE MODE"))
         .execute(&mut lock)
