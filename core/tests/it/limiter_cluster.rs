@@ -34,6 +34,19 @@ fn limit(toml: &str) -> LimitSettings {
     toml::from_str(toml).unwrap()
 }
 
+/// A worker's limiter on `cluster` under `rules`.
+async fn on_cluster(cluster: &RedisCluster, rules: &[LimitSettings]) -> Arc<Limiter> {
+    Limiter::connect_with(
+        &cluster.url(),
+        true,
+        &LimiterSection::default(),
+        rules,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
+
 fn ask() -> CallAsk<'static> {
     CallAsk {
         model: "gpt-4o",
@@ -53,17 +66,7 @@ async fn a_cluster_keeps_each_provider_keys_count_on_its_own_tag() {
     let rules = [limit("provider = \"openai\"\nconcurrency = 2")];
     let mut limiters = Vec::new();
     for _ in 0..3 {
-        limiters.push(
-            Limiter::connect_with(
-                &cluster.url(),
-                true,
-                &LimiterSection::default(),
-                &rules,
-                CancellationToken::new(),
-            )
-            .await
-            .unwrap(),
-        );
+        limiters.push(on_cluster(&cluster, &rules).await);
     }
     let in_flight: Arc<HashMap<&str, AtomicUsize>> =
         Arc::new([("k1", AtomicUsize::new(0)), ("k2", AtomicUsize::new(0))].into());
@@ -141,15 +144,7 @@ async fn a_cluster_forgets_the_tags_no_worker_used_for_a_day() {
     let _: () = fill.query_async(&mut conn).await.unwrap();
 
     let rules = [limit("provider = \"openai\"\nconcurrency = 2")];
-    let limiter = Limiter::connect_with(
-        &cluster.url(),
-        true,
-        &LimiterSection::default(),
-        &rules,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let limiter = on_cluster(&cluster, &rules).await;
     let gate = limiter.for_session("t", &provider("k1"));
     assert!(matches!(gate.reserve(&ask()).await, Admit::Go(_)));
 

@@ -17,7 +17,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use agentq_agent::spec::SessionSpec;
-use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::sharded::ShardedStore;
@@ -510,52 +509,7 @@ impl ClusterOpts {
     }
 }
 
-/// The cluster's Redis: one server, or a Redis Cluster.
-pub enum Redis {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Redis {
-    /// What `--redis-url` takes: the server, or every seed node comma-separated.
-    pub fn url(&self) -> String {
-        match self {
-            Redis::Single(r) => r.url(),
-            Redis::Cluster(c) => c.url(),
-        }
-    }
-
-    /// `[redis]` as the processes are configured for it.
-    pub fn settings(&self) -> RedisSection {
-        RedisSection {
-            cluster: matches!(self, Redis::Cluster(_)),
-            ..RedisSection::default()
-        }
-    }
-
-    /// Where the processes publish (the first seed node of a cluster), to subscribe to.
-    pub fn publish_url(&self) -> String {
-        match self {
-            Redis::Single(r) => r.url(),
-            Redis::Cluster(c) => c.nodes()[0].url(),
-        }
-    }
-
-    /// The one server, for a test that kills or restarts it.
-    pub fn server(&mut self) -> &mut RedisServer {
-        match self {
-            Redis::Single(r) => r,
-            Redis::Cluster(_) => panic!("this test restarts one Redis; it runs on a cluster"),
-        }
-    }
-
-    pub fn log_tail(&self) -> String {
-        match self {
-            Redis::Single(r) => r.log_tail(),
-            Redis::Cluster(c) => c.nodes().iter().map(RedisServer::log_tail).collect(),
-        }
-    }
-}
+pub use agentq_testkit::Redis;
 
 pub struct Cluster {
     /// The store the processes use: a `PgStore`, or a `ShardedStore` over the shards.

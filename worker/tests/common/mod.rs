@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::budget::BudgetStore;
-use agentq_core::config::RedisSection;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
@@ -27,7 +26,7 @@ use agentq_core::{
     SweepStore, WorkQueue,
 };
 use agentq_scheduler::{SchedulerSettings, run as run_scheduler};
-use agentq_testkit::{RedisCluster, RedisServer, shared_postgres};
+use agentq_testkit::{RedisServer, shared_postgres};
 use agentq_worker::{Worker, WorkerSettings};
 
 /// A migrated fresh database and a private Redis with the `default` queue; the server
@@ -315,28 +314,7 @@ pub struct Cluster {
     dir: tempfile::TempDir,
 }
 
-/// The Redis a [`Cluster`] runs on: one server, or a 3-master Redis Cluster.
-pub enum Redis {
-    Single(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Redis {
-    pub fn url(&self) -> String {
-        match self {
-            Redis::Single(r) => r.url(),
-            Redis::Cluster(c) => c.url(),
-        }
-    }
-
-    /// `[redis]` as the processes are configured for it.
-    pub fn settings(&self) -> RedisSection {
-        RedisSection {
-            cluster: matches!(self, Redis::Cluster(_)),
-            ..RedisSection::default()
-        }
-    }
-}
+pub use agentq_testkit::Redis;
 
 impl Cluster {
     /// `workers` workers of `concurrency` slots each, their settings changed by `tweak`

@@ -1,0 +1,52 @@
+//! The Redis a test's processes run on, [`Redis`]: one server or a Redis Cluster, and
+//! what the processes and the test's own clients are given for either.
+
+use agentq_fixtures::{RedisCluster, RedisServer};
+use agentq_types::config::RedisSection;
+
+/// The Redis a test's processes run on: one server, or a Redis Cluster.
+pub enum Redis {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    /// What `--redis-url` takes: the server, or every seed node comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            Redis::Single(r) => r.url(),
+            Redis::Cluster(c) => c.url(),
+        }
+    }
+
+    /// `[redis]` as the processes are configured for it.
+    pub fn settings(&self) -> RedisSection {
+        RedisSection {
+            cluster: matches!(self, Redis::Cluster(_)),
+            ..RedisSection::default()
+        }
+    }
+
+    /// Where the processes publish (the first seed node of a cluster), to subscribe to.
+    pub fn publish_url(&self) -> String {
+        match self {
+            Redis::Single(r) => r.url(),
+            Redis::Cluster(c) => c.nodes()[0].url(),
+        }
+    }
+
+    /// The one server, for a test that kills or restarts it.
+    pub fn server(&mut self) -> &mut RedisServer {
+        match self {
+            Redis::Single(r) => r,
+            Redis::Cluster(_) => panic!("this test restarts one Redis; it runs on a cluster"),
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        match self {
+            Redis::Single(r) => r.log_tail(),
+            Redis::Cluster(c) => c.nodes().iter().map(RedisServer::log_tail).collect(),
+        }
+    }
+}
