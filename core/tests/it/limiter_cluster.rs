@@ -16,6 +16,7 @@ use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_core::admission::{Limiter, MAX_TAGS, TAG_IDLE_MS, TAGS_KEY, read_state};
 use agentq_core::config::{LimitSettings, LimiterSection};
 use agentq_testkit::services::{RedisCluster, RedisServer};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::limiter::call_counted;
@@ -164,20 +165,39 @@ async fn a_cluster_forgets_the_tags_no_worker_used_for_a_day() {
     assert!(names.contains(&"{limit:fill0}"));
     let (newest, at) = listed.last().unwrap();
     assert!(*at >= now, "{newest} announced at {at}, before {now}");
-    // Its keys are kept for a day once the worker's read of the holds comes round.
+    // Its keys are kept for a day by a worker's read of the holds: waited for as the
+    // node announces the expiry set on the tag's index (a worker started now reads the
+    // tags listed, this one among them, within its first refresh).
     let index = format!("agentq:{newest}:keys");
-    let mut ttl = -1;
-    for _ in 0..400 {
-        ttl = redis::cmd("PTTL")
-            .arg(&index)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if ttl > 0 {
-            break;
+    let node = redis::Client::open(cluster.nodes()[0].url()).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kg")
+        .query_async(&mut node.get_multiplexed_async_connection().await.unwrap())
+        .await
+        .unwrap();
+    let mut events = node.get_async_pubsub().await.unwrap();
+    events
+        .subscribe(format!("__keyspace@0__:{index}"))
+        .await
+        .unwrap();
+    let _reader = on_cluster(&cluster, &rules).await;
+    let mut events = events.on_message();
+    let kept = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(m) = events.next().await {
+            if m.get_payload::<String>().is_ok_and(|e| e == "expire") {
+                return;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    })
+    .await;
+    assert!(kept.is_ok(), "no worker gave {index} a time to live");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&index)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     assert!(ttl > 0 && ttl <= TAG_IDLE_MS, "{index}: ttl {ttl}");
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
