@@ -12,31 +12,42 @@ pub fn received() -> Option<&'static str> {
     RECEIVED.get().copied()
 }
 
+/// The handlers are installed before this returns, not in the task it spawns: a process
+/// that has said it started and is then sent SIGTERM must stop through the token, and a
+/// task not yet polled would leave the default action (death, with no stop line).
 pub fn cancel_on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let mut term = match signal(SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let term = signal(SignalKind::terminate());
+        let int = signal(SignalKind::interrupt());
+        tokio::spawn(async move {
+            let name = match (term, int) {
+                (Ok(mut term), Ok(mut int)) => tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                },
+                (Ok(mut term), Err(_)) => {
+                    term.recv().await;
+                    "SIGTERM"
+                }
+                (Err(_), Ok(mut int)) => {
+                    int.recv().await;
+                    "SIGINT"
+                }
+                (Err(_), Err(_)) => {
                     let _ = tokio::signal::ctrl_c().await;
-                    let _ = RECEIVED.set("SIGINT");
-                    token.cancel();
-                    return;
+                    "SIGINT"
                 }
             };
-            let name = tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            };
             let _ = RECEIVED.set(name);
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-            let _ = RECEIVED.set("Ctrl-C");
-        }
+            token.cancel();
+        });
+    }
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = RECEIVED.set("Ctrl-C");
         token.cancel();
     });
 }
