@@ -17,6 +17,9 @@ use crate::observe::Observer;
 use crate::schema::{ToolCall, ToolSpec};
 use crate::state::{Drain, SessionState, Step};
 
+/// Spare room left in a history before each call: an answer and its calls' results.
+const HISTORY_SPARE: usize = 4;
+
 /// What one run keeps between steps.
 struct Run {
     saved: Saved,
@@ -237,6 +240,11 @@ impl Agent {
         self.events
             .emit(seq, AgentEvent::IterationStarted { iteration });
         let model = self.model(state);
+        // The history is held through the call's whole latency, and a vector's doubling
+        // can leave as many spare messages (288 bytes each) as it holds; a few spare slots
+        // take the turn the answer adds without growing it again.
+        let spare = state.messages.len().saturating_add(HISTORY_SPARE);
+        state.messages.shrink_to(spare);
         let request = state.request(&model, &run.specs, self.web_search.as_ref());
         run.overhead.report(&*self.observer);
         let span = info_span!("iteration", iteration);

@@ -36,7 +36,7 @@ use crate::admission::{
 };
 use crate::error::{Error, Result};
 use crate::observe::{LlmCallInfo, Observer, outcome_of};
-use crate::provider::{LlmEvent, LlmProvider, LlmRequest, RateLimitInfo};
+use crate::provider::{LlmEvent, LlmProvider, LlmRequest, RateLimitInfo, ViewMessage};
 use crate::schema::{Message, ToolCall, Usage};
 
 pub use super::shown::MAX_ARGUMENTS_BYTES;
@@ -389,8 +389,8 @@ impl Guardian for LlmGuardian {
         let messages = [Message::user(Self::request_text(ctx, call.call, &shown))];
         let request = LlmRequest {
             model: self.opts.model.clone(),
-            system: Some(format!("{}\n\n{CONTRACT}", self.opts.prompt.trim())),
-            messages: messages.iter().map(Cow::Borrowed).collect(),
+            system: Some(format!("{}\n\n{CONTRACT}", self.opts.prompt.trim()).into()),
+            messages: messages.iter().map(ViewMessage::from).collect(),
             tools: Cow::Borrowed(&[]),
             temperature: 0.0,
             max_tokens: self.opts.max_tokens,

@@ -2,6 +2,7 @@
 //! its wire structs and converts at this boundary; vendor payloads never leave this folder.
 
 use std::borrow::Cow;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -32,8 +33,8 @@ pub mod sse;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlmRequest<'a> {
     pub model: String,
-    pub system: Option<String>,
-    pub messages: Vec<Cow<'a, Message>>,
+    pub system: Option<Cow<'a, str>>,
+    pub messages: Vec<ViewMessage<'a>>,
     pub tools: Cow<'a, [ToolSpec]>,
     pub temperature: f32,
     pub max_tokens: u32,
@@ -52,11 +53,11 @@ impl LlmRequest<'_> {
     pub fn into_owned(self) -> LlmRequest<'static> {
         LlmRequest {
             model: self.model,
-            system: self.system,
+            system: self.system.map(|s| Cow::Owned(s.into_owned())),
             messages: self
                 .messages
                 .into_iter()
-                .map(|m| Cow::Owned(m.into_owned()))
+                .map(|m| ViewMessage::from(m.into_owned()))
                 .collect(),
             tools: Cow::Owned(self.tools.into_owned()),
             temperature: self.temperature,
@@ -64,6 +65,84 @@ impl LlmRequest<'_> {
             session_id: self.session_id,
             web_search: self.web_search,
         }
+    }
+}
+
+/// One message of a request's view: the history's own, borrowed, or one the view made (a
+/// synthesized result, a compacted output). A pointer either way: a request is held for
+/// its call's whole latency, and a `Cow<Message>` is as large as a message (288 bytes)
+/// for every message the view shows.
+#[derive(Debug, Clone)]
+pub enum ViewMessage<'a> {
+    Borrowed(&'a Message),
+    Owned(Box<Message>),
+}
+
+impl ViewMessage<'_> {
+    /// The message, made the view's own copy first if it was borrowed.
+    pub fn to_mut(&mut self) -> &mut Message {
+        if let ViewMessage::Borrowed(m) = *self {
+            *self = ViewMessage::Owned(Box::new(m.clone()));
+        }
+        match self {
+            ViewMessage::Owned(m) => m,
+            ViewMessage::Borrowed(_) => unreachable!("made owned above"),
+        }
+    }
+
+    pub fn into_owned(self) -> Message {
+        match self {
+            ViewMessage::Borrowed(m) => m.clone(),
+            ViewMessage::Owned(m) => *m,
+        }
+    }
+}
+
+impl Deref for ViewMessage<'_> {
+    type Target = Message;
+
+    fn deref(&self) -> &Message {
+        match self {
+            ViewMessage::Borrowed(m) => m,
+            ViewMessage::Owned(m) => m,
+        }
+    }
+}
+
+impl std::borrow::Borrow<Message> for ViewMessage<'_> {
+    fn borrow(&self) -> &Message {
+        self
+    }
+}
+
+impl<'a> From<&'a Message> for ViewMessage<'a> {
+    fn from(m: &'a Message) -> Self {
+        ViewMessage::Borrowed(m)
+    }
+}
+
+impl From<Message> for ViewMessage<'_> {
+    fn from(m: Message) -> Self {
+        ViewMessage::Owned(Box::new(m))
+    }
+}
+
+/// Equal when the messages are, borrowed or not.
+impl PartialEq for ViewMessage<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Serialize for ViewMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        (**self).serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ViewMessage<'_> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Message::deserialize(d).map(ViewMessage::from)
     }
 }
 
@@ -241,5 +320,32 @@ fn normalize_endpoint(endpoint: &str) -> String {
         // `Url` lowercases the scheme and host and drops a default port.
         Ok(u) => u.as_str().trim_end_matches('/').to_string(),
         Err(_) => trimmed.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_message_is_a_pointer_and_copies_only_when_changed() {
+        // What a request holds per message for its call's whole latency.
+        assert!(std::mem::size_of::<ViewMessage<'_>>() <= 2 * std::mem::size_of::<usize>());
+        let history = Message::user("task");
+        let mut shown = ViewMessage::from(&history);
+        assert!(matches!(shown, ViewMessage::Borrowed(_)));
+        shown.to_mut().content.push_str(" (shortened)");
+        assert!(matches!(shown, ViewMessage::Owned(_)));
+        assert_eq!(history.content, "task");
+        assert_eq!(shown.content, "task (shortened)");
+        assert_ne!(shown, ViewMessage::from(&history));
+        assert_eq!(
+            ViewMessage::from(history.clone()),
+            ViewMessage::from(&history)
+        );
+        let json = serde_json::to_string(&shown).unwrap();
+        let back: ViewMessage<'_> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, shown);
     }
 }

@@ -363,8 +363,6 @@ impl LlmProvider for ScriptedProvider {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::borrow::Cow;
-
     use super::*;
     use crate::schema::Message;
 
@@ -372,7 +370,7 @@ mod tests {
         LlmRequest {
             model: "scripted".into(),
             system: None,
-            messages: vec![Cow::Owned(Message::user("fail: once"))],
+            messages: vec![Message::user("fail: once").into()],
             tools: Vec::new().into(),
             temperature: 0.0,
             max_tokens: 100,

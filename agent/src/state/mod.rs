@@ -632,18 +632,14 @@ impl SessionState {
 
     /// The system prompt sent with every request: the session's own (or the default),
     /// plus the instructions of the current mode.
-    pub fn system_prompt(&self) -> String {
-        let base = self
-            .spec
-            .system
-            .clone()
-            .unwrap_or_else(|| DEFAULT_SYSTEM_PROMPT.to_string());
+    pub fn system_prompt(&self) -> Cow<'_, str> {
+        let base = self.spec.system.as_deref().unwrap_or(DEFAULT_SYSTEM_PROMPT);
         match (self.spec.mode, self.phase) {
             (Mode::Plan, _) | (Mode::PlanAct, Phase::Plan) => {
-                format!("{base}\n\n{PLAN_INSTRUCTIONS}")
+                Cow::Owned(format!("{base}\n\n{PLAN_INSTRUCTIONS}"))
             }
-            (Mode::Think, _) => format!("{base}\n\n{THINK_INSTRUCTIONS}"),
-            _ => base,
+            (Mode::Think, _) => Cow::Owned(format!("{base}\n\n{THINK_INSTRUCTIONS}")),
+            _ => Cow::Borrowed(base),
         }
     }
 

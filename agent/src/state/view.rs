@@ -2,9 +2,9 @@
 //! repaired (every call answered), windowed and compacted for one request, without the
 //! stored history changing; and tool outputs cut to their limit.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 
+use crate::provider::ViewMessage;
 use crate::schema::{Message, Role};
 
 /// The text a tool call gets when its result was lost (a crash between the assistant
@@ -54,7 +54,7 @@ pub fn request_view(
     history: &[Message],
     window: usize,
     budget_chars: Option<usize>,
-) -> Vec<Cow<'_, Message>> {
+) -> Vec<ViewMessage<'_>> {
     let repaired = repair(history);
     let mut view = apply_window(repaired, window);
     if let Some(budget) = budget_chars {
@@ -63,7 +63,7 @@ pub fn request_view(
     view
 }
 
-fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
+fn repair(history: &[Message]) -> Vec<ViewMessage<'_>> {
     let mut out = Vec::with_capacity(history.len());
     let mut i = 0;
     while i < history.len() {
@@ -77,7 +77,7 @@ fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
                 i += 1;
             }
             Role::Assistant if !m.tool_calls.is_empty() => {
-                out.push(Cow::Borrowed(m));
+                out.push(ViewMessage::Borrowed(m));
                 let start = i + 1;
                 let end = history[start..]
                     .iter()
@@ -89,8 +89,8 @@ fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
                         .iter()
                         .find(|r| r.tool_call_id.as_deref() == Some(call.id.as_str()))
                     {
-                        Some(r) => out.push(Cow::Borrowed(r)),
-                        None => out.push(Cow::Owned(Message::tool_result(
+                        Some(r) => out.push(ViewMessage::Borrowed(r)),
+                        None => out.push(ViewMessage::from(Message::tool_result(
                             call.id.clone(),
                             call.name.clone(),
                             INTERRUPTED_RESULT,
@@ -101,7 +101,7 @@ fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
                 i = end;
             }
             _ => {
-                out.push(Cow::Borrowed(m));
+                out.push(ViewMessage::Borrowed(m));
                 i += 1;
             }
         }
@@ -109,7 +109,7 @@ fn repair(history: &[Message]) -> Vec<Cow<'_, Message>> {
     out
 }
 
-fn apply_window(view: Vec<Cow<'_, Message>>, window: usize) -> Vec<Cow<'_, Message>> {
+fn apply_window(view: Vec<ViewMessage<'_>>, window: usize) -> Vec<ViewMessage<'_>> {
     if view.len() <= window {
         return view;
     }
@@ -129,7 +129,7 @@ fn apply_window(view: Vec<Cow<'_, Message>>, window: usize) -> Vec<Cow<'_, Messa
     out
 }
 
-fn view_chars(view: &[Cow<'_, Message>]) -> usize {
+fn view_chars(view: &[ViewMessage<'_>]) -> usize {
     view.iter()
         .map(|m| {
             m.content.len()
@@ -143,7 +143,7 @@ fn view_chars(view: &[Cow<'_, Message>]) -> usize {
 
 const COMPACT_KEEP_CHARS: usize = 200;
 
-fn compact(view: &mut [Cow<'_, Message>], budget: usize) {
+fn compact(view: &mut [ViewMessage<'_>], budget: usize) {
     let mut total = view_chars(view);
     if total <= budget {
         return;

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use agentq_agent::admission::{estimate_input_tokens, estimate_with_tools, json_len, tools_len};
-use agentq_agent::provider::LlmRequest;
+use agentq_agent::provider::{LlmRequest, ViewMessage};
 use agentq_agent::schema::{Message, ToolSpec};
 use serde_json::json;
 
@@ -35,7 +35,7 @@ fn request<'a>(tools: &'a [ToolSpec], messages: &'a [Message]) -> LlmRequest<'a>
     LlmRequest {
         model: "m".into(),
         system: Some("be brief".into()),
-        messages: messages.iter().map(Cow::Borrowed).collect(),
+        messages: messages.iter().map(ViewMessage::from).collect(),
         tools: Cow::Borrowed(tools),
         temperature: 0.0,
         max_tokens: 100,

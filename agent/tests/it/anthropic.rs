@@ -9,7 +9,7 @@ use std::time::Duration;
 use agentq_agent::error::{Error, ErrorClass};
 use agentq_agent::provider::anthropic::{AnthropicConfig, AnthropicProvider};
 use agentq_agent::provider::{
-    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo,
+    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, ViewMessage,
 };
 use agentq_agent::schema::{FinishReason, Message, ThinkingBlock, ToolCall, ToolSpec, Usage};
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
@@ -48,7 +48,7 @@ fn request(messages: Vec<Message>) -> LlmRequest<'static> {
     LlmRequest {
         model: "claude-sonnet-4-20250514".into(),
         system: Some("You are a weather bot.".into()),
-        messages: messages.into_iter().map(Cow::Owned).collect(),
+        messages: messages.into_iter().map(ViewMessage::from).collect(),
         tools: vec![weather_tool()].into(),
         temperature: 0.1,
         max_tokens: 1024,

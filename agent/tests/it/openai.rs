@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use agentq_agent::Error;
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
-use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, RateLimitInfo};
+use agentq_agent::provider::{
+    HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, RateLimitInfo, ViewMessage,
+};
 use agentq_agent::schema::{FinishReason, Message, ToolCall, ToolSpec, Usage};
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use futures::StreamExt;
@@ -115,7 +117,7 @@ fn request() -> LlmRequest<'static> {
     LlmRequest {
         model: "gpt-4o".into(),
         system: Some("You are terse.".into()),
-        messages: vec![Cow::Owned(Message::user("What's the weather like in SF?"))],
+        messages: vec![Message::user("What's the weather like in SF?").into()],
         tools: vec![ToolSpec {
             name: "weather".into(),
             description: "Current weather".into(),
@@ -688,19 +690,20 @@ async fn request_shape() {
             arguments: json!({"_raw": "{\"location\": \"LA"}),
         },
     ];
-    req.messages.push(Cow::Owned(assistant));
-    req.messages.push(Cow::Owned(Message::tool_result(
+    req.messages.push(ViewMessage::from(assistant));
+    req.messages.push(ViewMessage::from(Message::tool_result(
         "call_1", "weather", "sunny", false,
     )));
-    req.messages.push(Cow::Owned(Message::tool_result(
+    req.messages.push(ViewMessage::from(Message::tool_result(
         "call_2",
         "weather",
         "invalid JSON",
         true,
     )));
     req.messages
-        .push(Cow::Owned(Message::assistant("It is sunny in SF.")));
-    req.messages.push(Cow::Owned(Message::user("Thanks")));
+        .push(ViewMessage::from(Message::assistant("It is sunny in SF.")));
+    req.messages
+        .push(ViewMessage::from(Message::user("Thanks")));
 
     let c = collect(&p, &req).await;
     assert_clean(&c);
@@ -795,8 +798,8 @@ async fn reasoning_replay_hook() {
         text: "think".into(),
         ..Default::default()
     }];
-    req.messages.push(Cow::Owned(a));
-    req.messages.push(Cow::Owned(Message::user("again")));
+    req.messages.push(ViewMessage::from(a));
+    req.messages.push(ViewMessage::from(Message::user("again")));
     collect(&p, &req).await;
     let body = &fake.requests()[0].body;
     assert_eq!(body["messages"][2]["reasoning_content"], "think");

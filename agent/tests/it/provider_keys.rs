@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::borrow::Cow;
-
 use agentq_agent::Error;
 use agentq_agent::provider::factory::{self, ProviderSettings};
 use agentq_agent::provider::{LlmProvider, LlmRequest};
@@ -21,7 +19,7 @@ fn request() -> LlmRequest<'static> {
     LlmRequest {
         model: "m".into(),
         system: None,
-        messages: vec![Cow::Owned(Message::user("hi"))],
+        messages: vec![Message::user("hi").into()],
         tools: Vec::new().into(),
         temperature: 0.0,
         max_tokens: 16,

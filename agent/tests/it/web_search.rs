@@ -217,7 +217,7 @@ async fn the_search_is_offered_as_the_server_tool_within_the_sessions_options() 
     let mut request = LlmRequest {
         model: "claude-sonnet-4-5".into(),
         system: None,
-        messages: vec![std::borrow::Cow::Owned(Message::user("when?"))],
+        messages: vec![Message::user("when?").into()],
         tools: tools.clone().into(),
         temperature: 0.0,
         max_tokens: 100,
@@ -627,7 +627,7 @@ async fn a_provider_that_cannot_search_refuses_a_request_for_it() {
     let request = LlmRequest {
         model: "gpt-4o-search-preview".into(),
         system: None,
-        messages: vec![std::borrow::Cow::Owned(Message::user("news?"))],
+        messages: vec![Message::user("news?").into()],
         tools: Vec::new().into(),
         temperature: 0.0,
         max_tokens: 100,

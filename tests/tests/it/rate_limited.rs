@@ -2,7 +2,6 @@
 //! window, tells the truth in its headers, and is understood by the real providers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use agentq_agent::Error;
@@ -169,7 +168,7 @@ fn request(model: &str) -> LlmRequest<'static> {
     LlmRequest {
         model: model.into(),
         system: None,
-        messages: vec![Cow::Owned(Message::user("go"))],
+        messages: vec![Message::user("go").into()],
         tools: Vec::new().into(),
         temperature: 0.0,
         max_tokens: 100,

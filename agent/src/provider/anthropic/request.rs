@@ -398,7 +398,10 @@ mod tests {
         LlmRequest {
             model: "claude-test".into(),
             system: Some("sys".into()),
-            messages: messages.into_iter().map(std::borrow::Cow::Owned).collect(),
+            messages: messages
+                .into_iter()
+                .map(crate::provider::ViewMessage::from)
+                .collect(),
             tools: Vec::new().into(),
             temperature: 0.1,
             max_tokens: 100,
