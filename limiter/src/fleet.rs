@@ -140,7 +140,9 @@ async fn refresh_holds(limiter: Weak<Limiter>, cancel: CancellationToken) {
             }
         };
         let mut renewals = l.due_renewals(now_ms());
-        let keep = l.cluster && l.keep_due(now_ms());
+        // Not taken while nothing is listed: a worker's first read comes before its first
+        // call lists a tag, and would have put the renewal off for an hour.
+        let keep = l.cluster && !tags.is_empty() && l.keep_due(now_ms());
         let mut remote: HashMap<String, i64> = HashMap::new();
         let mut announced: HashMap<String, i64> = HashMap::new();
         let mut failed = false;

@@ -132,7 +132,7 @@ impl Agent {
                 .filter(|id| !state.not_started.contains(id))
                 .collect()
         };
-        let (specs, specs_bytes) = crate::tools::shared_specs::share(self.tools.specs());
+        let (specs, specs_bytes) = crate::tools::shared_specs::share_registry(&self.tools);
         Run {
             saved: Saved {
                 upto: state.messages.len(),

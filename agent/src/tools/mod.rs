@@ -93,6 +93,8 @@ pub trait Tool: Send + Sync {
     }
     async fn call(&self, args: Value, ctx: &ToolContext) -> Result<ToolOutput, ToolError>;
 
+    /// The same for the tool object's whole life: runs offering these very tool objects
+    /// share the specs one of them built ([`shared_specs::share_registry`]).
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: self.name().to_string(),

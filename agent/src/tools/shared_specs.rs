@@ -8,6 +8,11 @@
 //! input estimate ([`crate::admission::tools_len`], counted when the set is first seen);
 //! the table keeps only weak references, so a set of specs no run offers any more is freed
 //! with its last run.
+//!
+//! Before that, a registry's specs are looked up by the identity of its tools
+//! ([`share_registry`]): a worker builds its tools once and every session's registry holds
+//! the same tool objects, so a run start builds and hashes no schema at all when another
+//! run offered the same tools.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -16,12 +21,27 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use crate::admission::tools_len;
 use crate::schema::ToolSpec;
+use crate::tools::{Tool, ToolRegistry};
 
 /// Entries the table holds before it first drops the dead ones.
 const FIRST_PRUNE: usize = 64;
 
 /// A set some run may still hold, with its [`tools_len`].
 type Held = (Weak<[ToolSpec]>, usize);
+
+/// The set some tools made. The weak references to the tools keep their allocations (not
+/// the tools) alive, so the addresses that key the entry name no other tool meanwhile.
+struct Made {
+    tools: Vec<Weak<dyn Tool>>,
+    specs: Weak<[ToolSpec]>,
+    bytes: usize,
+}
+
+impl Made {
+    fn alive(&self) -> bool {
+        self.specs.strong_count() > 0 && self.tools.iter().all(|t| t.strong_count() > 0)
+    }
+}
 
 #[derive(Default)]
 struct Table {
@@ -30,14 +50,53 @@ struct Table {
     /// Drop dead entries once `entries` reaches this: twice what was alive at the last
     /// pruning, so pruning costs O(1) per share over time.
     prune_at: usize,
+    /// By the addresses of the tools that made the set, in the registry's order.
+    by_tools: HashMap<Vec<usize>, Made>,
+    /// As `prune_at`, for `by_tools`.
+    made_prune_at: usize,
 }
 
 static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
     Mutex::new(Table {
         prune_at: FIRST_PRUNE,
+        made_prune_at: FIRST_PRUNE,
         ..Table::default()
     })
 });
+
+/// The specs of `registry`'s tools as [`share`] gives them, built only when these very
+/// tool objects have not made a set that some run still holds.
+pub fn share_registry(registry: &ToolRegistry) -> (Arc<[ToolSpec]>, usize) {
+    let key: Vec<usize> = registry
+        .tools
+        .values()
+        .map(|t| Arc::as_ptr(t).cast::<()>() as usize)
+        .collect();
+    {
+        let table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(made) = table.by_tools.get(&key)
+            && let Some(specs) = made.specs.upgrade()
+        {
+            return (specs, made.bytes);
+        }
+    }
+    // Built without the lock: a tool's spec is its own code.
+    let (specs, bytes) = share(registry.specs());
+    let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+    table.by_tools.insert(
+        key,
+        Made {
+            tools: registry.tools.values().map(Arc::downgrade).collect(),
+            specs: Arc::downgrade(&specs),
+            bytes,
+        },
+    );
+    if table.by_tools.len() >= table.made_prune_at {
+        table.by_tools.retain(|_, made| made.alive());
+        table.made_prune_at = table.by_tools.len().saturating_mul(2).max(FIRST_PRUNE);
+    }
+    (specs, bytes)
+}
 
 /// `specs`, or an equal set of specs that another run holds already, and their
 /// [`tools_len`].
@@ -149,5 +208,88 @@ mod tests {
         // Without pruning the table would hold every one of them.
         let table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
         assert!(table.entries < FIRST_PRUNE, "{} entries", table.entries);
+    }
+
+    /// A tool that counts how often its schema is built.
+    struct Counted {
+        name: String,
+        built: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl Tool for Counted {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn description(&self) -> &str {
+            "counts"
+        }
+        fn parameters(&self) -> serde_json::Value {
+            self.built
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            json!({"type": "object"})
+        }
+        async fn call(
+            &self,
+            _args: serde_json::Value,
+            _ctx: &crate::tools::ToolContext,
+        ) -> Result<crate::tools::ToolOutput, crate::tools::ToolError> {
+            Ok(crate::tools::ToolOutput::ok("counted"))
+        }
+    }
+
+    fn counted(name: &str) -> (Arc<dyn Tool>, Arc<std::sync::atomic::AtomicUsize>) {
+        let built = Arc::default();
+        let tool: Arc<dyn Tool> = Arc::new(Counted {
+            name: name.into(),
+            built: Arc::clone(&built),
+        });
+        (tool, built)
+    }
+
+    fn registry(tools: &[&Arc<dyn Tool>]) -> ToolRegistry {
+        let mut r = ToolRegistry::new();
+        for t in tools {
+            r.register(Arc::clone(t));
+        }
+        r
+    }
+
+    #[test]
+    fn the_same_tool_objects_build_their_specs_once_while_a_run_holds_them() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (a, a_built) = counted("shared_specs_reg_a");
+        let (b, b_built) = counted("shared_specs_reg_b");
+        let (first, first_bytes) = share_registry(&registry(&[&a, &b]));
+        // Another session's registry, holding the same tool objects.
+        let (second, second_bytes) = share_registry(&registry(&[&b, &a]));
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(first_bytes, second_bytes);
+        assert_eq!((a_built.load(Relaxed), b_built.load(Relaxed)), (1, 1));
+        // Other objects that say the same are built once, then share by content.
+        let (c, c_built) = counted("shared_specs_reg_a");
+        let (third, _) = share_registry(&registry(&[&c, &b]));
+        assert!(Arc::ptr_eq(&first, &third));
+        assert_eq!((c_built.load(Relaxed), b_built.load(Relaxed)), (1, 2));
+        // Once no run holds the set, the next run builds it again.
+        drop((first, second, third));
+        share_registry(&registry(&[&a, &b]));
+        assert_eq!(a_built.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn entries_of_dropped_tools_are_pruned() {
+        let mut held = Vec::new();
+        for i in 0..FIRST_PRUNE * 4 {
+            let (t, _) = counted(&format!("shared_specs_reg_churn_{i}"));
+            // The specs outlive the tool (another run could hold the same content).
+            held.push(share_registry(&registry(&[&t])).0);
+        }
+        let table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+        assert!(
+            table.by_tools.len() < FIRST_PRUNE * 2,
+            "{} entries",
+            table.by_tools.len()
+        );
     }
 }
