@@ -95,6 +95,11 @@ pub fn resolve<'k>(
 /// would carry the request (reqwest keeps custom headers such as `x-api-key` across
 /// origins) to a place nobody configured. Only a connect timeout: a total timeout would
 /// kill long but healthy streams (the idle timeout is enforced per chunk).
+///
+/// HTTP/1.1 only (the client's `http2` feature is off): its pool would carry every call
+/// to an endpoint on one HTTP/2 connection and queue those past the server's stream limit
+/// (often 100) instead of opening another, capping a worker's calls in flight per
+/// provider there. One connection per call costs memory instead (docs/benchmarks.md).
 pub(crate) fn http_client(timeouts: HttpTimeouts) -> Result<reqwest::Client> {
     reqwest::Client::builder()
         .connect_timeout(timeouts.connect)
