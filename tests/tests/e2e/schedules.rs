@@ -125,15 +125,23 @@ struct Fire {
     recorded_at: DateTime<Utc>,
 }
 
-/// The test's view of the database, on connections of its own.
+/// The test's view of the database, on connections of its own: the control shard (the
+/// schedules and their fires), and every shard, where the fires' sessions are (each on its
+/// own tree's).
 struct Db {
     conn: PgConnection,
+    shards: Vec<PgConnection>,
 }
 
 impl Db {
     async fn connect(c: &Cluster) -> Db {
+        let mut shards = Vec::new();
+        for url in c.db_url.split(',') {
+            shards.push(PgConnection::connect(url).await.unwrap());
+        }
         Db {
             conn: PgConnection::connect(c.control_db_url()).await.unwrap(),
+            shards,
         }
     }
 
@@ -158,31 +166,38 @@ impl Db {
 
     /// The sessions schedule `id` created, as (id, idempotency key), by key.
     async fn sessions(&mut self, id: &str) -> Vec<(String, String)> {
-        sqlx::query(
-            "SELECT id, idempotency_key FROM sessions WHERE idempotency_key LIKE $1 \
-             ORDER BY idempotency_key",
-        )
-        .bind(format!("schedule:{id}:%"))
-        .fetch_all(&mut self.conn)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+        let mut all = Vec::new();
+        for shard in &mut self.shards {
+            let rows = sqlx::query(
+                "SELECT id, idempotency_key FROM sessions WHERE idempotency_key LIKE $1",
+            )
+            .bind(format!("schedule:{id}:%"))
+            .fetch_all(&mut *shard)
+            .await
+            .unwrap();
+            all.extend(rows.into_iter().map(|r| (r.get(0), r.get(1))));
+        }
+        all.sort_by(|a: &(String, String), b| a.1.cmp(&b.1));
+        all
     }
 
-    /// Backends of this database waiting for a lock while running a statement that
+    /// Backends of the shards' databases waiting for a lock while running a statement that
     /// contains `needle`.
     async fn blocked_on(&mut self, needle: &str) -> i64 {
-        sqlx::query(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND position($1 in query) > 0",
-        )
-        .bind(needle)
-        .fetch_one(&mut self.conn)
-        .await
-        .unwrap()
-        .get(0)
+        let mut blocked = 0;
+        for shard in &mut self.shards {
+            let n: i64 = sqlx::query(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND wait_event_type = 'Lock' AND position($1 in query) > 0",
+            )
+            .bind(needle)
+            .fetch_one(&mut *shard)
+            .await
+            .unwrap()
+            .get(0);
+            blocked += n;
+        }
+        blocked
     }
 
     /// Schedule `id`'s lease (its end), and its next fire time.
@@ -229,24 +244,31 @@ async fn every_two_secs(url: &str, key: &str) -> String {
 /// A cluster, the schedulers' directory, a tenant key, a reader, and a connection of the
 /// test's own holding `table` locked in SHARE mode in an open transaction (until
 /// [`release`]): the statement of a fire that writes `table` waits on it.
-async fn locked(table: &str) -> (Cluster, PathBuf, String, Db, PgConnection) {
+async fn locked(table: &str) -> (Cluster, PathBuf, String, Db, Vec<PgConnection>) {
     let c = Cluster::start().await;
     let dir = c.dir("schedules");
     std::fs::create_dir_all(&dir).unwrap();
     let key = tenant_key(&c).await;
     let db = Db::connect(&c).await;
-    let mut lock = PgConnection::connect(c.control_db_url()).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
-    sqlx::query(&format!("LOCK TABLE {table} IN SHARE MODE"))
-        .execute(&mut lock)
-        .await
-        .unwrap();
-    (c, dir, key, db, lock)
+    // On every shard: a fire's session is written on its own tree's.
+    let mut locks = Vec::new();
+    for url in c.db_url.split(',') {
+        let mut lock = PgConnection::connect(url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut lock).await.unwrap();
+        sqlx::query(&format!("LOCK TABLE {table} IN SHARE MODE"))
+            .execute(&mut lock)
+            .await
+            .unwrap();
+        locks.push(lock);
+    }
+    (c, dir, key, db, locks)
 }
 
-/// The lock [`locked`] holds, let go.
-async fn release(lock: &mut PgConnection) {
-    sqlx::query("ROLLBACK").execute(lock).await.unwrap();
+/// The locks [`locked`] holds, let go.
+async fn release(locks: &mut [PgConnection]) {
+    for lock in locks {
+        sqlx::query("ROLLBACK").execute(lock).await.unwrap();
+    }
 }
 
 /// Every fire of schedule `id` started one session of its own, with the fire's
@@ -281,7 +303,7 @@ async fn assert_once_each(db: &mut Db, id: &str, first: DateTime<Utc>, at_least:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
     // SHARE: the fire's INSERT waits for it; reads of the fires do not.
-    let (c, dir, key, mut db, mut lock) = locked("schedule_fires").await;
+    let (c, dir, key, mut db, mut locks) = locked("schedule_fires").await;
 
     let mut a = SchedulerProc::start(&c, &dir, "scheduler-a").await;
     let id = every_two_secs(&a.url, &key).await;
@@ -298,7 +320,7 @@ async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
     let made = db.sessions(&id).await;
     assert_eq!(made.len(), 1, "{made:?}");
     let (first_session, first_key) = made[0].clone();
-    release(&mut lock).await;
+    release(&mut locks).await;
     // The dead scheduler's transaction never commits: the fire is not recorded.
     assert!(db.fires(&id).await.is_empty());
     let (_, next) = db.lease(&id).await;
@@ -327,7 +349,7 @@ async fn a_scheduler_killed_between_a_fires_session_and_its_record() {
 /// scheduler waits out the dead one's lease, then fires that time once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_killed_after_its_claim_before_any_session() {
-    let (c, dir, key, mut db, mut lock) = locked("sessions").await;
+    let (c, dir, key, mut db, mut locks) = locked("sessions").await;
 
     let mut a = SchedulerProc::start(&c, &dir, "scheduler-a").await;
     let id = every_two_secs(&a.url, &key).await;
@@ -342,7 +364,7 @@ async fn a_scheduler_killed_after_its_claim_before_any_session() {
     let lease_until = lease_until.unwrap();
     assert!(db.sessions(&id).await.is_empty(), "nothing was created");
     assert!(db.fires(&id).await.is_empty());
-    release(&mut lock).await;
+    release(&mut locks).await;
 
     let mut b = SchedulerProc::start(&c, &dir, "scheduler-b").await;
     eventually(
