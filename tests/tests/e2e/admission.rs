@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
 use agentq_core::redis_queue::RedisQueue;
-use agentq_core::{Queue, SessionStatus, Store, WaitReason};
+use agentq_core::{EventStreams, Queue, SessionStatus, Store, WaitReason};
 use agentq_scheduler::QueueRegistry;
 use agentq_scheduler::sweeper::run_sweeper;
 use agentq_testkit::rate_limited::list_dir_turns;
@@ -166,13 +166,16 @@ async fn an_unlimited_model_runs_while_rate_limited_sessions_wait() {
 
     // The wait shows on the session's event stream.
     let waiting = waiting.unwrap();
+    // Read as the API reads it, from the stream the queue keeps it in on either layout.
     let events = c
-        .stream_entries(&agentq_core::queue::events_stream(&waiting))
-        .await;
+        .queue
+        .read_events(&waiting, "0", 10_000, None)
+        .await
+        .unwrap();
     assert!(
         events
             .iter()
-            .any(|(_, f)| f.values().any(|v| v.contains("\"session_waiting\""))),
+            .any(|e| e.data.contains("\"session_waiting\"")),
         "no session_waiting event: {events:?}"
     );
 

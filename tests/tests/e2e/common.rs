@@ -511,6 +511,44 @@ impl ClusterOpts {
 
 pub use agentq_testkit::Redis;
 
+/// A test's own connection to one Redis or to a cluster ([`Cluster::redis_conn`]).
+#[derive(Clone)]
+pub enum TestConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for TestConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            TestConn::Single(c) => c.req_packed_command(cmd),
+            TestConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            TestConn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            TestConn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            TestConn::Single(c) => c.get_db(),
+            TestConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub struct Cluster {
     /// The store the processes use: a `PgStore`, or a `ShardedStore` over the shards.
     pub store: Arc<dyn Store>,
@@ -627,9 +665,21 @@ impl Cluster {
     /// A store of its own over the cluster's database (each shard's), as another process
     /// (a scheduler beside the workers) opens it.
     pub async fn open_store(&self, pool: u32) -> Arc<dyn Store> {
+        self.open_store_with(pool, |shard| shard).await
+    }
+
+    /// [`Cluster::open_store`], each shard's store made by `each` from its plain one (a
+    /// blob store beside it, say).
+    pub async fn open_store_with(
+        &self,
+        pool: u32,
+        each: impl Fn(PgStore) -> PgStore,
+    ) -> Arc<dyn Store> {
         let mut shards = Vec::new();
         for url in self.db_url.split(',') {
-            shards.push(PgStore::connect(url, pool).await.expect("connecting to pg"));
+            shards.push(each(
+                PgStore::connect(url, pool).await.expect("connecting to pg"),
+            ));
         }
         match shards.as_slice() {
             [one] => Arc::new(one.clone()),
@@ -1110,15 +1160,76 @@ impl Cluster {
 
     // --- redis -------------------------------------------------------------------------
 
-    pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
-        let Redis::Single(server) = &self.redis else {
-            panic!("this test reads one Redis's keys by name; it runs on a cluster");
+    /// A connection of the test's own to the processes' Redis: the server's, or the
+    /// cluster's, which sends each command to the node that holds its key.
+    pub async fn redis_conn(&self) -> TestConn {
+        match &self.redis {
+            Redis::Single(server) => TestConn::Single(
+                redis::Client::open(server.url())
+                    .expect("a redis client")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connecting to redis"),
+            ),
+            Redis::Cluster(cluster) => TestConn::Cluster(
+                redis::cluster::ClusterClient::new(
+                    cluster.nodes().iter().map(|n| n.url()).collect::<Vec<_>>(),
+                )
+                .expect("a cluster client")
+                .get_async_connection()
+                .await
+                .expect("connecting to the cluster"),
+            ),
+        }
+    }
+
+    /// The streams of queue `queue`: one server's one stream, or each partition's on a
+    /// cluster (`agentq:queue:{<queue>:<p>}`).
+    pub fn queue_streams(&self, queue: &str) -> Vec<String> {
+        match &self.redis {
+            Redis::Single(_) => vec![agentq_core::queue::queue_stream(queue)],
+            Redis::Cluster(_) => (0..self.redis.settings().partitions())
+                .map(|p| agentq_core::queue::queue_stream(&format!("{{{queue}:{p}}}")))
+                .collect(),
+        }
+    }
+
+    /// `CLIENT PAUSE <ms> WRITE` (or, with `ms` `None`, `CLIENT UNPAUSE`) on the server,
+    /// or on every node of the cluster.
+    pub async fn pause_writes(&self, ms: Option<u64>) {
+        let urls = match &self.redis {
+            Redis::Single(server) => vec![server.url()],
+            Redis::Cluster(cluster) => cluster.nodes().iter().map(|n| n.url()).collect(),
         };
-        redis::Client::open(server.url())
-            .expect("a redis client")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connecting to redis")
+        for url in urls {
+            let mut conn = redis::Client::open(url)
+                .expect("a redis client")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connecting to a redis node");
+            let mut cmd = redis::cmd("CLIENT");
+            match ms {
+                Some(ms) => cmd.arg("PAUSE").arg(ms).arg("WRITE"),
+                None => cmd.arg("UNPAUSE"),
+            };
+            let () = cmd.query_async(&mut conn).await.expect("CLIENT PAUSE");
+        }
+    }
+
+    /// Every dead letter of queue `default`: the one stream of one Redis, or each
+    /// partition's on a cluster (`agentq:dead:{default:<p>}`).
+    pub async fn dead_letters(&self) -> Vec<(String, HashMap<String, String>)> {
+        match &self.redis {
+            Redis::Single(_) => self.stream_entries(agentq_core::queue::DEAD_STREAM).await,
+            Redis::Cluster(_) => {
+                let mut all = Vec::new();
+                for p in 0..self.redis.settings().partitions() {
+                    let stream = format!("{}:{{default:{p}}}", agentq_core::queue::DEAD_STREAM);
+                    all.extend(self.stream_entries(&stream).await);
+                }
+                all
+            }
+        }
     }
 
     /// Every entry of a stream, as (entry id, fields).

@@ -11,7 +11,7 @@ use agentq_core::admission::read_state;
 use agentq_testkit::rate_limited::list_dir_turns;
 use agentq_testkit::{Limits, RateLimitedConfig, RateLimitedLlm};
 
-use crate::common::{Cluster, WorkerOpts, eventually};
+use crate::common::{Cluster, TestConn, WorkerOpts, eventually};
 
 const T: Duration = Duration::from_secs(300);
 
@@ -98,7 +98,7 @@ async fn a_worker_killed_mid_call_leaks_no_reservation() {
     let first = c.spawn_ready_worker(&opts).await;
     let ids = c.submit_specs(vec![spec(0)]).await;
     let conn = c.redis_conn().await;
-    let in_flight = async |conn: &redis::aio::MultiplexedConnection| {
+    let in_flight = async |conn: &TestConn| {
         let mut conn = conn.clone();
         read_state(&mut conn)
             .await

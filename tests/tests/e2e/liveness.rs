@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Queue, SessionStatus, Store};
 use agentq_scheduler::QueueRegistry;
@@ -99,22 +98,32 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
         STREAM_MAX_LEN,
     )
     .await;
-    let stream = agentq_core::queue::queue_stream("default");
+    // Each partition's stream on a cluster, the one stream on one server.
+    let streams = c.queue_streams("default");
     let mut conn = c.redis_conn().await;
-    let pending: PendingSummary = redis::cmd("XPENDING")
-        .arg(&stream)
-        .arg(agentq_core::queue::GROUP)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        pending.0, 0,
-        "entries pending while sessions run: {pending:?}"
-    );
+    for stream in &streams {
+        let pending: PendingSummary = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(agentq_core::queue::GROUP)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            pending.0, 0,
+            "entries pending in {stream} while sessions run: {pending:?}"
+        );
+    }
     eventually(
-        "the stream is trimmed while the long sessions run",
+        "the streams are trimmed while the long sessions run",
         T,
-        async || c.stream_entries(&stream).await.len() as u64 <= STREAM_MAX_LEN,
+        async || {
+            for stream in &streams {
+                if c.stream_entries(stream).await.len() as u64 > STREAM_MAX_LEN {
+                    return false;
+                }
+            }
+            true
+        },
     )
     .await;
     assert_eq!(c.row(&trimmed.id).await.status, SessionStatus::Running);
@@ -155,41 +164,30 @@ async fn a_worker_killed_between_the_end_commit_and_the_publish() {
         c.llm_requests_all(&sub) >= 1
     })
     .await;
-    let mut conn = c.redis_conn().await;
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(600_000)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    c.pause_writes(Some(600_000)).await;
     c.heal(&sub.token);
     eventually("the session's end is committed", T, async || {
         c.row(&sub.id).await.status == SessionStatus::Completed
     })
     .await;
     c.kill_worker(a);
-    let () = redis::cmd("CLIENT")
-        .arg("UNPAUSE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    c.pause_writes(None).await;
     assert_eq!(
         c.completion_entries().await.get(&sub.id),
         None,
         "published before the kill"
     );
 
-    let store = PgStore::connect(&c.db_url, 2).await.unwrap();
+    let store = c.open_store(2).await;
     let queue = RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
         .await
         .unwrap();
     let announced =
-        agentq_scheduler::sweeper::settle_unannounced(&store, &queue, Duration::ZERO).await;
+        agentq_scheduler::sweeper::settle_unannounced(&*store, &queue, Duration::ZERO).await;
     assert_eq!(announced, 1, "the sweeper found the end unannounced");
     // Announced once, and not again by a later sweep.
     assert_eq!(
-        agentq_scheduler::sweeper::settle_unannounced(&store, &queue, Duration::ZERO).await,
+        agentq_scheduler::sweeper::settle_unannounced(&*store, &queue, Duration::ZERO).await,
         0
     );
     assert_eq!(c.completion_entries().await.get(&sub.id), Some(&1));

@@ -94,7 +94,7 @@ async fn crash_looping_entry_is_dead_lettered() {
     assert!(error.contains("delivered 4 times"), "{error:?}");
     assert_eq!(c.llm_requests_all(p), 3, "the 4th claim must not run it");
 
-    let dead = c.stream_entries(agentq_core::queue::DEAD_STREAM).await;
+    let dead = c.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(dead[0].1.get("session_id"), Some(&p.id));
     let reason = dead[0].1.get("reason").cloned().unwrap_or_default();
@@ -114,10 +114,5 @@ async fn crash_looping_entry_is_dead_lettered() {
         rows.iter().all(|r| r.status == SessionStatus::Completed),
         "{rows:?}"
     );
-    assert_eq!(
-        c.stream_entries(agentq_core::queue::DEAD_STREAM)
-            .await
-            .len(),
-        1
-    );
+    assert_eq!(c.dead_letters().await.len(), 1);
 }

@@ -12,10 +12,7 @@ use serde_json::json;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::blob::s3::S3Blobs;
 use agentq_core::config::{S3Section, WorkspaceSection};
-use agentq_core::pg::PgStore;
-use agentq_core::{
-    EnqueueReason, NewSession, SessionStatus, SessionStore, SweepStore, WorkQueue, WorkspaceStore,
-};
+use agentq_core::{EnqueueReason, NewSession, SessionStatus, Store, WorkQueue};
 use agentq_testkit::MotoServer;
 
 use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};
@@ -23,7 +20,7 @@ use crate::common::{Cluster, Script, ToolUse, Turn, WorkerOpts, eventually};
 const T: Duration = Duration::from_secs(90);
 
 /// A session of `script` (forking `from`'s files when given), created through `store`.
-async fn submit(c: &Cluster, store: &PgStore, script: Script, from: Option<&str>) -> String {
+async fn submit(c: &Cluster, store: &dyn Store, script: Script, from: Option<&str>) -> String {
     let token = c.register(script);
     let mut spec = SessionSpec::new(format!("Follow the e2e script <<{token}>>."));
     spec.tools = Some(vec!["read_file".into(), "write_file".into()]);
@@ -72,10 +69,10 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
         ("E2E_S3_KEY".to_string(), "test".to_string()),
         ("E2E_S3_SECRET".to_string(), "test".to_string()),
     ];
-    let store = PgStore::connect(&c.db_url, 2)
-        .await
-        .unwrap()
-        .with_objects(objects.clone());
+    // Every shard's store with the bucket: a session's files are indexed on its tree's.
+    let store = c
+        .open_store_with(2, |shard| shard.with_objects(objects.clone()))
+        .await;
 
     // Machine A writes a file.
     let disk_a = c.dir("machine-a");
@@ -88,7 +85,7 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
         .await;
     let first = submit(
         &c,
-        &store,
+        &*store,
         Script::new(vec![
             Turn {
                 text: "Writing.".into(),
@@ -134,7 +131,7 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
     });
     let second = submit(
         &c,
-        &store,
+        &*store,
         Script::new(vec![
             Turn {
                 text: "Reading.".into(),
@@ -164,7 +161,7 @@ async fn files_live_in_the_bucket_and_follow_the_session() {
         ..WorkspaceSection::default()
     };
     eventually("a collection to expire both trees", T, async || {
-        agentq_scheduler::workspace_gc::gc_pass(&store, &cfg).await;
+        agentq_scheduler::workspace_gc::gc_pass(&*store, &cfg).await;
         store.workspace_files(&first).await.unwrap().is_empty()
             && store.workspace_files(&second).await.unwrap().is_empty()
     })
