@@ -27,6 +27,14 @@ impl Redis {
         }
     }
 
+    /// Every node's URL: the server's alone, or each node of the cluster's.
+    pub fn node_urls(&self) -> Vec<String> {
+        match self {
+            Redis::Single(r) => vec![r.url()],
+            Redis::Cluster(c) => c.nodes().iter().map(RedisServer::url).collect(),
+        }
+    }
+
     /// Where the processes publish (the first seed node of a cluster), to subscribe to.
     pub fn publish_url(&self) -> String {
         match self {

@@ -136,6 +136,24 @@ impl RedisQueue {
         })
     }
 
+    /// The keys of `queue`'s streams, one per partition, as this queue names them: for a
+    /// reader of the keys themselves (an operator's `redis-cli`, a test) on either layout.
+    pub fn stream_keys(&self, queue: &str) -> Vec<String> {
+        self.layout
+            .all()
+            .map(|p| self.layout.stream(queue, p))
+            .collect()
+    }
+
+    /// The keys of `queue`'s dead letters, as [`RedisQueue::stream_keys`] (one server with
+    /// one partition keeps the shared `agentq:dead`).
+    pub fn dead_letter_keys(&self, queue: &str) -> Vec<String> {
+        self.layout
+            .all()
+            .map(|p| self.layout.dead(queue, p))
+            .collect()
+    }
+
     pub(super) fn conn(&self) -> Conn {
         self.conn.clone()
     }

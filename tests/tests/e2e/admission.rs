@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentq_agent::spec::SessionSpec;
-use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EventStreams, Queue, SessionStatus, Store, WaitReason};
 use agentq_scheduler::QueueRegistry;
 use agentq_scheduler::sweeper::run_sweeper;
@@ -25,11 +24,7 @@ const T: Duration = Duration::from_secs(300);
 /// rate-limit wait is over.
 async fn sweeper(c: &Cluster) -> CancellationToken {
     let store: Arc<dyn Store> = c.open_store(4).await;
-    let queue: Arc<dyn Queue> = Arc::new(
-        RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
-            .await
-            .unwrap(),
-    );
+    let queue: Arc<dyn Queue> = Arc::new(c.open_queue().await);
     let stop = CancellationToken::new();
     tokio::spawn(run_sweeper(
         store,

@@ -1171,37 +1171,20 @@ impl Cluster {
                     .await
                     .expect("connecting to redis"),
             ),
-            Redis::Cluster(cluster) => TestConn::Cluster(
-                redis::cluster::ClusterClient::new(
-                    cluster.nodes().iter().map(|n| n.url()).collect::<Vec<_>>(),
-                )
-                .expect("a cluster client")
-                .get_async_connection()
-                .await
-                .expect("connecting to the cluster"),
+            Redis::Cluster(_) => TestConn::Cluster(
+                redis::cluster::ClusterClient::new(self.redis.node_urls())
+                    .expect("a cluster client")
+                    .get_async_connection()
+                    .await
+                    .expect("connecting to the cluster"),
             ),
-        }
-    }
-
-    /// The streams of queue `queue`: one server's one stream, or each partition's on a
-    /// cluster (`agentq:queue:{<queue>:<p>}`).
-    pub fn queue_streams(&self, queue: &str) -> Vec<String> {
-        match &self.redis {
-            Redis::Single(_) => vec![agentq_core::queue::queue_stream(queue)],
-            Redis::Cluster(_) => (0..self.redis.settings().partitions())
-                .map(|p| agentq_core::queue::queue_stream(&format!("{{{queue}:{p}}}")))
-                .collect(),
         }
     }
 
     /// `CLIENT PAUSE <ms> WRITE` (or, with `ms` `None`, `CLIENT UNPAUSE`) on the server,
     /// or on every node of the cluster.
     pub async fn pause_writes(&self, ms: Option<u64>) {
-        let urls = match &self.redis {
-            Redis::Single(server) => vec![server.url()],
-            Redis::Cluster(cluster) => cluster.nodes().iter().map(|n| n.url()).collect(),
-        };
-        for url in urls {
+        for url in self.redis.node_urls() {
             let mut conn = redis::Client::open(url)
                 .expect("a redis client")
                 .get_multiplexed_async_connection()
@@ -1216,20 +1199,20 @@ impl Cluster {
         }
     }
 
-    /// Every dead letter of queue `default`: the one stream of one Redis, or each
-    /// partition's on a cluster (`agentq:dead:{default:<p>}`).
+    /// Every dead letter of queue `default`, from each of its partitions' streams.
     pub async fn dead_letters(&self) -> Vec<(String, HashMap<String, String>)> {
-        match &self.redis {
-            Redis::Single(_) => self.stream_entries(agentq_core::queue::DEAD_STREAM).await,
-            Redis::Cluster(_) => {
-                let mut all = Vec::new();
-                for p in 0..self.redis.settings().partitions() {
-                    let stream = format!("{}:{{default:{p}}}", agentq_core::queue::DEAD_STREAM);
-                    all.extend(self.stream_entries(&stream).await);
-                }
-                all
-            }
+        let mut all = Vec::new();
+        for stream in self.queue.dead_letter_keys("default") {
+            all.extend(self.stream_entries(&stream).await);
         }
+        all
+    }
+
+    /// A queue of its own on the cluster's Redis, as another process opens it.
+    pub async fn open_queue(&self) -> RedisQueue {
+        RedisQueue::connect_with(&self.redis.url(), &self.redis.settings())
+            .await
+            .expect("connecting to redis")
     }
 
     /// Every entry of a stream, as (entry id, fields).

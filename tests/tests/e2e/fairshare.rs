@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 use agentq_core::auth::{self, Scope};
 use agentq_core::config::{SchedulingSection, TenantScheduling};
-use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{ListFilter, Queue, SessionRow, SessionStatus, Store};
 use agentq_scheduler::SchedulerSettings;
 
@@ -33,11 +32,7 @@ pub struct Api {
 impl Api {
     pub async fn start(c: &Cluster, scheduling: SchedulingSection, tenants: &[&str]) -> Api {
         let store: Arc<dyn Store> = c.open_store(8).await;
-        let queue: Arc<dyn Queue> = Arc::new(
-            RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
-                .await
-                .unwrap(),
-        );
+        let queue: Arc<dyn Queue> = Arc::new(c.open_queue().await);
         let mut keys = HashMap::new();
         for t in tenants {
             let (new, key) = auth::generate(

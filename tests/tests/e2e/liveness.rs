@@ -6,7 +6,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{Queue, SessionStatus, Store};
 use agentq_scheduler::QueueRegistry;
 use agentq_scheduler::sweeper::run_sweeper;
@@ -42,11 +41,7 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
     let mut c = Cluster::start().await;
     // The scheduler's sweeper, with short timings and the small cap.
     let store: Arc<dyn Store> = c.open_store(4).await;
-    let queue: Arc<dyn Queue> = Arc::new(
-        RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
-            .await
-            .unwrap(),
-    );
+    let queue: Arc<dyn Queue> = Arc::new(c.open_queue().await);
     let stop = CancellationToken::new();
     let sweeper = tokio::spawn(run_sweeper(
         store,
@@ -99,7 +94,7 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
     )
     .await;
     // Each partition's stream on a cluster, the one stream on one server.
-    let streams = c.queue_streams("default");
+    let streams = c.queue.stream_keys("default");
     let mut conn = c.redis_conn().await;
     for stream in &streams {
         let pending: PendingSummary = redis::cmd("XPENDING")
@@ -179,9 +174,7 @@ async fn a_worker_killed_between_the_end_commit_and_the_publish() {
     );
 
     let store = c.open_store(2).await;
-    let queue = RedisQueue::connect_with(&c.redis.url(), &c.redis.settings())
-        .await
-        .unwrap();
+    let queue = c.open_queue().await;
     let announced =
         agentq_scheduler::sweeper::settle_unannounced(&*store, &queue, Duration::ZERO).await;
     assert_eq!(announced, 1, "the sweeper found the end unannounced");
