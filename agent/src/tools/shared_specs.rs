@@ -93,14 +93,14 @@ pub fn share_registry(registry: &ToolRegistry) -> (Arc<[ToolSpec]>, usize) {
     );
     if table.by_tools.len() >= table.made_prune_at {
         table.by_tools.retain(|_, made| made.alive());
-        table.made_prune_at = table.by_tools.len().saturating_mul(2).max(FIRST_PRUNE);
+        table.made_prune_at = next_prune(table.by_tools.len());
     }
     (specs, bytes)
 }
 
 /// `specs`, or an equal set of specs that another run holds already, and their
 /// [`tools_len`].
-pub fn share(specs: Vec<ToolSpec>) -> (Arc<[ToolSpec]>, usize) {
+fn share(specs: Vec<ToolSpec>) -> (Arc<[ToolSpec]>, usize) {
     let key = content_hash(&specs);
     // The table is only ever left consistent: a panic elsewhere cannot poison its meaning.
     let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
@@ -132,8 +132,14 @@ impl Table {
             !list.is_empty()
         });
         self.entries = self.by_hash.values().map(Vec::len).sum();
-        self.prune_at = self.entries.saturating_mul(2).max(FIRST_PRUNE);
+        self.prune_at = next_prune(self.entries);
     }
+}
+
+/// When a table with `alive` live entries after a pruning prunes next: at twice that, so
+/// pruning costs O(1) per share over time.
+fn next_prune(alive: usize) -> usize {
+    alive.saturating_mul(2).max(FIRST_PRUNE)
 }
 
 /// A hash of what `specs` say, their schemas hashed as the JSON they encode to (a `Value`
