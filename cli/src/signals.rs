@@ -18,26 +18,26 @@ pub fn received() -> Option<&'static str> {
 pub fn cancel_on_signal(token: CancellationToken) {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let term = signal(SignalKind::terminate());
-        let int = signal(SignalKind::interrupt());
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        /// The next of these signals; never, for one that could not be installed.
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut int = signal(SignalKind::interrupt()).ok();
         tokio::spawn(async move {
-            let name = match (term, int) {
-                (Ok(mut term), Ok(mut int)) => tokio::select! {
-                    _ = term.recv() => "SIGTERM",
-                    _ = int.recv() => "SIGINT",
-                },
-                (Ok(mut term), Err(_)) => {
-                    term.recv().await;
-                    "SIGTERM"
-                }
-                (Err(_), Ok(mut int)) => {
-                    int.recv().await;
-                    "SIGINT"
-                }
-                (Err(_), Err(_)) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    "SIGINT"
+            let name = if term.is_none() && int.is_none() {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            } else {
+                tokio::select! {
+                    _ = next(&mut term) => "SIGTERM",
+                    _ = next(&mut int) => "SIGINT",
                 }
             };
             let _ = RECEIVED.set(name);
