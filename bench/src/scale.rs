@@ -340,6 +340,7 @@ async fn limiter_calls(url: &str, cluster: bool, per_task: usize) -> anyhow::Res
         base_url: "http://127.0.0.1:9/v1".into(),
         api_key: Some("bench-key".into()),
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })?;
     let gate = limiter.for_session("bench", &provider);

@@ -1,12 +1,9 @@
 //! Provider endpoints: which base URLs are acceptable at all, when two spellings name the
-//! same endpoint (the rule that decides whether a configured key may be sent), the HTTP
-//! client every provider uses (no redirects), and the error a redirect answer becomes.
+//! same endpoint (the rule that decides whether a configured key may be sent), the error a
+//! redirect answer becomes (providers follow none), and what a 401 says of the key.
 
 use reqwest::Url;
-use reqwest::redirect;
 
-use super::HttpTimeouts;
-use super::sse::error_chain;
 use crate::error::{Error, Result};
 
 /// Longest `Location` quoted in a redirect error.
@@ -89,23 +86,6 @@ pub fn resolve<'k>(
     check_base_url(requested).map_err(|why| Error::Config(format!("base_url: {why}")))?;
     let key = key.filter(|_| same_endpoint(configured, requested));
     Ok((requested.trim().to_string(), key))
-}
-
-/// The HTTP client of a streaming provider. Redirects are never followed: a redirect
-/// would carry the request (reqwest keeps custom headers such as `x-api-key` across
-/// origins) to a place nobody configured. Only a connect timeout: a total timeout would
-/// kill long but healthy streams (the idle timeout is enforced per chunk).
-///
-/// HTTP/1.1 only (the client's `http2` feature is off): its pool would carry every call
-/// to an endpoint on one HTTP/2 connection and queue those past the server's stream limit
-/// (often 100) instead of opening another, capping a worker's calls in flight per
-/// provider there. One connection per call costs memory instead (docs/benchmarks.md).
-pub(crate) fn http_client(timeouts: HttpTimeouts) -> Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .connect_timeout(timeouts.connect)
-        .redirect(redirect::Policy::none())
-        .build()
-        .map_err(|e| Error::Config(format!("HTTP client: {}", error_chain(&e))))
 }
 
 /// The error for a redirect answer from `url`: fatal, since the same request gets the same

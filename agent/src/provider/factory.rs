@@ -10,6 +10,7 @@ use crate::provider::anthropic::{self, AnthropicConfig, AnthropicProvider};
 use crate::provider::endpoint;
 use crate::provider::openai::{self, OpenAiConfig, OpenAiProvider};
 use crate::provider::scripted::ScriptedProvider;
+use crate::provider::transport::Transport;
 use crate::provider::{HttpTimeouts, LlmProvider};
 
 /// Host-side provider settings: keys and the endpoints they belong to. An endpoint left
@@ -22,6 +23,8 @@ pub struct ProviderSettings {
     pub anthropic_api_key: Option<String>,
     /// JSON script for the scripted provider; `None` plays the built-in demo script.
     pub script: Option<String>,
+    /// How the HTTP providers' calls travel to their endpoints.
+    pub transport: Transport,
 }
 
 impl std::fmt::Debug for ProviderSettings {
@@ -34,6 +37,7 @@ impl std::fmt::Debug for ProviderSettings {
             .field("anthropic_base_url", &self.anthropic_base_url)
             .field("anthropic_api_key", &key(&self.anthropic_api_key))
             .field("script", &self.script.as_ref().map(|s| s.len()))
+            .field("transport", &self.transport)
             .finish()
     }
 }
@@ -49,6 +53,7 @@ impl ProviderSettings {
             anthropic_base_url: var("ANTHROPIC_BASE_URL"),
             anthropic_api_key: var("ANTHROPIC_API_KEY"),
             script: None,
+            transport: Transport::default(),
         }
     }
 }
@@ -95,6 +100,7 @@ pub fn build(
                 base_url: url,
                 api_key: key.map(str::to_string),
                 timeouts: HttpTimeouts::default(),
+                transport: settings.transport,
                 extra_headers: Vec::new(),
             })?))
         }
@@ -112,6 +118,7 @@ pub fn build(
             Ok(Arc::new(AnthropicProvider::new(AnthropicConfig {
                 base_url: url,
                 api_key: key.map(str::to_string),
+                transport: settings.transport,
                 ..AnthropicConfig::default()
             })?))
         }

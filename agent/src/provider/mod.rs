@@ -24,6 +24,7 @@ pub mod openai;
 pub mod ratelimit;
 pub mod scripted;
 pub mod sse;
+pub mod transport;
 
 /// One request to a model. `messages` is the request view: already windowed, compacted and
 /// repaired by the loop; it never contains `System` messages (the prompt is in `system`).

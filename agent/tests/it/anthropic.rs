@@ -27,6 +27,7 @@ fn provider(url: &str, thinking_budget: Option<u32>) -> AnthropicProvider {
             connect: Duration::from_secs(2),
             idle: Duration::from_secs(5),
         },
+        transport: Default::default(),
         thinking_budget,
     })
     .unwrap()

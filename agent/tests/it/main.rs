@@ -18,4 +18,5 @@ mod provider_keys;
 mod sse_prop;
 mod state;
 mod tools;
+mod transport;
 mod web_search;

@@ -108,6 +108,7 @@ fn provider(fake: &FakeLlm) -> OpenAiProvider {
             connect: Duration::from_secs(2),
             idle: Duration::from_secs(5),
         },
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .expect("provider")
@@ -477,6 +478,7 @@ async fn idle_timeout_between_chunks() {
             connect: Duration::from_secs(2),
             idle: Duration::from_millis(200),
         },
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap();
@@ -627,6 +629,7 @@ async fn connect_error_names_the_url() {
         base_url: format!("http://{addr}/v1/"),
         api_key: None,
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap();
@@ -649,6 +652,7 @@ fn bad_config_is_a_config_error() {
         base_url: "not a url".into(),
         api_key: None,
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     });
     assert!(matches!(bad, Err(Error::Config(_))));
@@ -667,6 +671,7 @@ async fn request_shape() {
         base_url: format!("{}/v1/", fake.url),
         api_key: Some("sk-test".into()),
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: vec![("X-Title".into(), "agentq".into())],
     })
     .unwrap();
@@ -769,6 +774,7 @@ async fn no_tools_key_and_no_auth_without_key() {
         base_url: fake.url.clone(),
         api_key: None,
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap();
@@ -819,6 +825,7 @@ async fn temperature_is_sent_as_the_decimal_asked_for() {
             base_url: "http://127.0.0.1:9/v1".into(),
             api_key: None,
             timeouts: HttpTimeouts::default(),
+            transport: Default::default(),
             extra_headers: Vec::new(),
         })
         .unwrap();
@@ -924,6 +931,7 @@ fn limit_keys_share_an_endpoint_and_key_and_never_hold_the_key() {
             base_url: url.into(),
             api_key: k.map(str::to_string),
             timeouts: HttpTimeouts::default(),
+            transport: Default::default(),
             extra_headers: Vec::new(),
         })
         .unwrap()

@@ -50,6 +50,7 @@ fn settings(endpoint: &str) -> ProviderSettings {
         anthropic_base_url: Some(endpoint.to_string()),
         anthropic_api_key: Some(ANTHROPIC_CANARY.into()),
         script: None,
+        transport: Default::default(),
     }
 }
 

@@ -621,6 +621,7 @@ async fn a_provider_that_cannot_search_refuses_a_request_for_it() {
         base_url: format!("{}/v1", fake.url),
         api_key: Some("sk-test".into()),
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap();

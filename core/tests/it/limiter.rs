@@ -23,6 +23,7 @@ fn provider(key: &str) -> OpenAiProvider {
         base_url: "http://127.0.0.1:9/v1".into(),
         api_key: Some(key.into()),
         timeouts: HttpTimeouts::default(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap()

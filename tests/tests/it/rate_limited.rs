@@ -213,6 +213,7 @@ async fn the_real_providers_read_answers_and_refusals() {
         base_url: format!("{}/v1", llm.url),
         api_key: Some("sk-o".into()),
         timeouts: timeouts(),
+        transport: Default::default(),
         extra_headers: Vec::new(),
     })
     .unwrap();

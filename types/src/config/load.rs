@@ -185,6 +185,7 @@ impl Settings {
             anthropic_base_url: p.anthropic_base_url.clone(),
             anthropic_api_key: key(&p.anthropic_api_key),
             script: None,
+            transport: p.transport(),
         }
     }
 
@@ -208,6 +209,7 @@ impl Settings {
                         .or_else(|| p.anthropic_base_url.clone()),
                     anthropic_api_key: key(&t.anthropic_api_key),
                     script: None,
+                    transport: p.transport(),
                 };
                 (name.clone(), own)
             })

@@ -146,6 +146,8 @@ settings! {
     providers.openai_base_url = "OPENAI_BASE_URL" as some_trimmed;
     providers.anthropic_base_url = "ANTHROPIC_BASE_URL" as some_trimmed;
     providers.script = "AGENTQ_SCRIPT" as some_path, "--script";
+    providers.http = "AGENTQ_PROVIDERS_HTTP" as parse;
+    providers.streams_per_connection = "AGENTQ_PROVIDERS_STREAMS_PER_CONNECTION" as parse;
     policy.providers = "AGENTQ_POLICY_PROVIDERS" as list;
     policy.models = "AGENTQ_POLICY_MODELS" as list;
     policy.base_urls = "AGENTQ_POLICY_BASE_URLS" as list;

@@ -43,6 +43,7 @@ fn config(dir: &std::path::Path, configured: &FakeLlm, allowed: &[String]) -> Wo
             anthropic_base_url: Some(configured.url.clone()),
             anthropic_api_key: Some(ANTHROPIC_CANARY.into()),
             script: None,
+            transport: Default::default(),
         },
         ..WorkerSettings::default()
     }

@@ -149,6 +149,7 @@ fn anthropic_at(cfg: &mut WorkerSettings, fake: &FakeLlm, extra: &[&str]) {
         openai_base_url: Some(format!("{}/v1", fake.url)),
         openai_api_key: Some("sk-test".into()),
         script: None,
+        transport: Default::default(),
     };
     cfg.default_provider = Some("anthropic".into());
     let mut tools = vec![WEB_SEARCH_TOOL];

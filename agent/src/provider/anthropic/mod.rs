@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::provider::endpoint;
 use crate::provider::sse::{SseEvent, error_body, error_chain, sse_events};
+use crate::provider::transport::{HttpPool, Transport};
 use crate::provider::{
     HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after,
     with_limits,
@@ -38,6 +39,7 @@ pub struct AnthropicConfig {
     /// The `anthropic-version` header.
     pub version: String,
     pub timeouts: HttpTimeouts,
+    pub transport: Transport,
     /// Enables extended thinking with this token budget.
     pub thinking_budget: Option<u32>,
 }
@@ -49,6 +51,7 @@ impl Default for AnthropicConfig {
             api_key: None,
             version: DEFAULT_VERSION.to_string(),
             timeouts: HttpTimeouts::default(),
+            transport: Transport::default(),
             thinking_budget: None,
         }
     }
@@ -69,7 +72,7 @@ impl AnthropicConfig {
 }
 
 pub struct AnthropicProvider {
-    client: reqwest::Client,
+    http: HttpPool,
     config: AnthropicConfig,
     url: String,
     /// [`LlmProvider::limit_key`], computed once (it digests the key).
@@ -100,10 +103,10 @@ impl AnthropicProvider {
                 "ANTHROPIC_API_KEY contains characters not allowed in a header".into(),
             ));
         }
-        let client = endpoint::http_client(config.timeouts)?;
+        let http = HttpPool::new(config.timeouts, config.transport)?;
         let limit_key = crate::provider::limit_key("anthropic", base, config.api_key.as_deref());
         Ok(AnthropicProvider {
-            client,
+            http,
             config,
             url,
             limit_key,
@@ -143,8 +146,9 @@ impl LlmProvider for AnthropicProvider {
         // Only the bytes wait for the answer, not a JSON tree several times their size (a
         // session's request is in flight for the model's whole latency).
         let body = self.request_bytes(request)?;
-        let mut req = self
-            .client
+        let call = self.http.call()?;
+        let mut req = call
+            .client()
             .post(&self.url)
             .header("anthropic-version", &self.config.version)
             .header("content-type", "application/json")
@@ -180,7 +184,7 @@ impl LlmProvider for AnthropicProvider {
             return Err(endpoint::name_the_key(err, "ANTHROPIC_API_KEY", keyed));
         }
         let limits = RateLimitInfo::from_anthropic_headers(resp.headers());
-        let events = sse_events(resp, self.config.timeouts.idle);
+        let events = call.hold(sse_events(resp, self.config.timeouts.idle));
         Ok(with_limits(limits, decode_stream(events)))
     }
 }

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use super::endpoint;
 use super::sse::{error_body, error_chain, sse_events};
+use super::transport::{HttpPool, Transport};
 use super::{
     HttpTimeouts, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after, with_limits,
 };
@@ -40,6 +41,7 @@ pub struct OpenAiConfig {
     pub base_url: String,
     pub api_key: Option<String>,
     pub timeouts: HttpTimeouts,
+    pub transport: Transport,
     /// Sent with every request (e.g. OpenRouter's `HTTP-Referer`, an org or project id).
     pub extra_headers: Vec<(String, String)>,
 }
@@ -60,13 +62,14 @@ impl OpenAiConfig {
             base_url: non_empty("OPENAI_BASE_URL").unwrap_or_else(|| DEFAULT_BASE_URL.into()),
             api_key: non_empty("OPENAI_API_KEY"),
             timeouts: HttpTimeouts::default(),
+            transport: Transport::default(),
             extra_headers: Vec::new(),
         }
     }
 }
 
 pub struct OpenAiProvider {
-    client: reqwest::Client,
+    http: HttpPool,
     url: String,
     headers: HeaderMap,
     idle: Duration,
@@ -114,11 +117,11 @@ impl OpenAiProvider {
         }
 
         let headers_have_key = headers.contains_key(AUTHORIZATION);
-        let client = endpoint::http_client(config.timeouts)?;
+        let http = HttpPool::new(config.timeouts, config.transport)?;
         let limit_key = super::limit_key("openai", base, config.api_key.as_deref());
 
         Ok(OpenAiProvider {
-            client,
+            http,
             url,
             headers,
             idle: config.timeouts.idle,
@@ -188,8 +191,9 @@ impl LlmProvider for OpenAiProvider {
         // for the model's whole latency (the bench's 5 000 sessions peaked at 968 MiB with
         // trees, 726 without).
         let body = self.request_bytes(request)?;
-        let resp = self
-            .client
+        let call = self.http.call()?;
+        let resp = call
+            .client()
             .post(&self.url)
             .headers(self.headers.clone())
             .body(body)
@@ -209,7 +213,7 @@ impl LlmProvider for OpenAiProvider {
         let limits = RateLimitInfo::from_openai_headers(resp.headers());
         Ok(with_limits(
             limits,
-            decode_stream(sse_events(resp, self.idle)),
+            decode_stream(call.hold(sse_events(resp, self.idle))),
         ))
     }
 }

@@ -2,6 +2,7 @@
 
 use super::{budget, env_of, invalid_with};
 use crate::config::*;
+use agentq_agent::provider::transport::{HttpVersion, MAX_STREAMS_PER_CONNECTION, Transport};
 
 #[test]
 fn validation_names_the_setting_its_variable_and_its_flag() {
@@ -482,4 +483,53 @@ fn several_database_urls_are_shards_and_a_bad_one_is_named_by_its_position() {
     let e = invalid_with(|s| s.database_url = Some("postgres://a/x,".into()));
     assert!(e.contains("URL 2 of 2"), "{e}");
     assert!(Settings::default().database_urls().is_empty());
+}
+
+#[test]
+fn provider_transport_is_read_and_checked() {
+    let c = Settings::load_with(
+        None,
+        env_of(&[
+            ("AGENTQ_PROVIDERS_HTTP", "http2"),
+            ("AGENTQ_PROVIDERS_STREAMS_PER_CONNECTION", "250"),
+        ]),
+    )
+    .unwrap();
+    let t = c.provider_settings().transport;
+    assert_eq!(t.http, HttpVersion::Http2);
+    assert_eq!(t.streams_per_connection, 250);
+    // Each tenant's providers travel the same way.
+    let c = Settings::from_toml(
+        "[providers]\nhttp = \"http1\"\n[providers.tenants.acme]\nopenai_key_env = \"A\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.tenant_provider_settings()["acme"].transport.http,
+        HttpVersion::Http1
+    );
+    assert_eq!(
+        Settings::default().providers.transport(),
+        Transport::default()
+    );
+
+    let e = Settings::load_with(None, env_of(&[("AGENTQ_PROVIDERS_HTTP", "h3")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("AGENTQ_PROVIDERS_HTTP") && e.contains("auto, http1 or http2"),
+        "{e}"
+    );
+    let e = Settings::from_toml("[providers]\nhttp = \"spdy\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("http"), "{e}");
+    for bad in [0, MAX_STREAMS_PER_CONNECTION + 1] {
+        let e = invalid_with(|s| s.providers.streams_per_connection = bad);
+        assert!(
+            e.contains(
+                "`providers.streams_per_connection` (AGENTQ_PROVIDERS_STREAMS_PER_CONNECTION)"
+            ),
+            "{e}"
+        );
+    }
 }

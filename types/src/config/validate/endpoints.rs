@@ -3,6 +3,7 @@
 //! live (`[workspace]`, `[workspace.s3]`).
 
 use agentq_agent::provider::endpoint::check_base_url;
+use agentq_agent::provider::transport::MAX_STREAMS_PER_CONNECTION;
 
 use super::rules::{invalid, range};
 use crate::config::limits::LimitSettings;
@@ -20,6 +21,12 @@ pub(super) fn providers(p: &ProvidersSection) -> Result<()> {
     };
     url("providers.openai_base_url", &p.openai_base_url)?;
     url("providers.anthropic_base_url", &p.anthropic_base_url)?;
+    range(
+        "providers.streams_per_connection",
+        p.streams_per_connection,
+        1,
+        MAX_STREAMS_PER_CONNECTION,
+    )?;
     for (name, t) in &p.tenants {
         let at = |field: &str| format!("providers.tenants.{name}.{field}");
         if name.trim().is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {

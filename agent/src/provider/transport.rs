@@ -1,0 +1,292 @@
+//! How a provider's calls reach its endpoint: which HTTP version it speaks
+//! ([`HttpVersion`]), and the clients that carry the calls ([`HttpPool`]), so that no call
+//! waits for another's stream to end while the endpoint could take it.
+//!
+//! The HTTP client's own pool keeps one HTTP/2 connection per origin and queues the
+//! requests past the server's concurrent-stream limit on it (commonly 100 to 250) instead
+//! of opening a second connection: a worker with thousands of sessions in flight would
+//! have only that many calls at a time per provider. [`HttpPool`] holds clients
+//! ("lanes"), each with a pool of its own, and gives a call the first lane with fewer
+//! than [`Transport::streams_per_connection`] calls in flight, opening a lane when every
+//! one is full. On HTTP/2 a lane is one connection, so calls in flight cost a stream
+//! each instead of a connection each (about 25 KB of buffers, channel and task per
+//! HTTP/1.1 connection, more with TLS: docs/benchmarks.md).
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{Stream, StreamExt};
+use reqwest::redirect;
+use serde::{Deserialize, Serialize};
+
+use super::HttpTimeouts;
+use super::sse::error_chain;
+use crate::error::{Error, Result};
+
+/// The HTTP version a provider speaks to its endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HttpVersion {
+    /// HTTP/2 where the endpoint's TLS handshake agrees to it (ALPN), else HTTP/1.1: every
+    /// plain-`http` endpoint speaks HTTP/1.1.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only, a connection per call in flight.
+    Http1,
+    /// HTTP/2 only, without asking first ("prior knowledge"): for a plain-`http` endpoint
+    /// known to speak it. One that does not fails every call.
+    Http2,
+}
+
+impl HttpVersion {
+    pub const NAMES: &'static str = "auto, http1 or http2";
+}
+
+impl FromStr for HttpVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(HttpVersion::Auto),
+            "http1" => Ok(HttpVersion::Http1),
+            "http2" => Ok(HttpVersion::Http2),
+            other => Err(format!("{other:?} is not {}", Self::NAMES)),
+        }
+    }
+}
+
+/// The default [`Transport::streams_per_connection`]: the least concurrent-stream limit
+/// the HTTP/2 specification recommends a server to allow.
+pub const DEFAULT_STREAMS_PER_CONNECTION: u32 = 100;
+
+/// The most [`Transport::streams_per_connection`] may be: past this, one connection's
+/// flow control and its one TCP stream carry more calls than they serve well.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 10_000;
+
+/// How a provider's calls travel: the HTTP version, and the most calls one connection
+/// carries at a time before another is opened (set it no higher than what the endpoint
+/// allows, its `SETTINGS_MAX_CONCURRENT_STREAMS`: calls past that limit wait).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transport {
+    pub http: HttpVersion,
+    pub streams_per_connection: u32,
+}
+
+impl Default for Transport {
+    fn default() -> Self {
+        Transport {
+            http: HttpVersion::Auto,
+            streams_per_connection: DEFAULT_STREAMS_PER_CONNECTION,
+        }
+    }
+}
+
+/// The clients of one provider, each a lane with its own connection pool; see the module
+/// docs.
+pub(crate) struct HttpPool {
+    timeouts: HttpTimeouts,
+    http: HttpVersion,
+    /// Calls a lane takes at once; unbounded where calls never share a connection.
+    per_lane: usize,
+    lanes: RwLock<Vec<Arc<Lane>>>,
+}
+
+struct Lane {
+    client: reqwest::Client,
+    calls: AtomicUsize,
+}
+
+impl Lane {
+    /// Count one more call on this lane if it has room.
+    fn try_take(&self, limit: usize) -> bool {
+        self.calls
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
+}
+
+/// One call's place on a lane, held until its answer has been read (or dropped).
+pub(crate) struct Call {
+    lane: Arc<Lane>,
+}
+
+impl Call {
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.lane.client
+    }
+
+    /// `events` (an answer's), holding this call's place on its lane until they are
+    /// dropped: the answer's stream is the call's use of the connection.
+    pub(crate) fn hold<S>(self, events: S) -> impl Stream<Item = S::Item> + Send + 'static
+    where
+        S: Stream + Send + 'static,
+    {
+        events.map(move |event| {
+            let _place = &self;
+            event
+        })
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.lane.calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl HttpPool {
+    /// A pool with its first lane built, so that a client that cannot be built is a
+    /// configuration error at the provider's construction, not at a call.
+    pub(crate) fn new(timeouts: HttpTimeouts, transport: Transport) -> Result<Self> {
+        // Over plain HTTP/1.1 every call has a connection of its own whichever lane it
+        // takes: one lane, whose pool keeps the idle ones for the next calls.
+        let per_lane = match transport.http {
+            HttpVersion::Http1 => usize::MAX,
+            _ => usize::try_from(transport.streams_per_connection.max(1)).unwrap_or(usize::MAX),
+        };
+        let first = Arc::new(Lane {
+            client: http_client(timeouts, transport.http)?,
+            calls: AtomicUsize::new(0),
+        });
+        Ok(HttpPool {
+            timeouts,
+            http: transport.http,
+            per_lane,
+            lanes: RwLock::new(vec![first]),
+        })
+    }
+
+    /// A place for one call: on the first lane with room, else on a new lane.
+    pub(crate) fn call(&self) -> Result<Call> {
+        {
+            let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(call) = self.take(&lanes) {
+                return Ok(call);
+            }
+        }
+        let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
+        // Another call may have opened a lane, or ended, since the read.
+        if let Some(call) = self.take(&lanes) {
+            return Ok(call);
+        }
+        let lane = Arc::new(Lane {
+            client: http_client(self.timeouts, self.http)?,
+            calls: AtomicUsize::new(1),
+        });
+        lanes.push(lane.clone());
+        Ok(Call { lane })
+    }
+
+    /// The first lane with room, filled in order so that calls gather on few connections
+    /// and the last lanes' idle connections close.
+    fn take(&self, lanes: &[Arc<Lane>]) -> Option<Call> {
+        lanes
+            .iter()
+            .find(|lane| lane.try_take(self.per_lane))
+            .map(|lane| Call { lane: lane.clone() })
+    }
+
+    #[cfg(test)]
+    fn lanes(&self) -> Vec<usize> {
+        let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
+        lanes
+            .iter()
+            .map(|l| l.calls.load(Ordering::Acquire))
+            .collect()
+    }
+}
+
+/// One lane's HTTP client. Redirects are never followed: a redirect would carry the
+/// request (the client keeps custom headers such as `x-api-key` across origins) to a
+/// place nobody configured. Only a connect timeout: a total timeout would kill long but
+/// healthy streams (the idle timeout is enforced per chunk).
+fn http_client(timeouts: HttpTimeouts, http: HttpVersion) -> Result<reqwest::Client> {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(timeouts.connect)
+        .redirect(redirect::Policy::none());
+    let builder = match http {
+        HttpVersion::Auto => builder,
+        HttpVersion::Http1 => builder.http1_only(),
+        HttpVersion::Http2 => builder.http2_prior_knowledge(),
+    };
+    builder
+        .build()
+        .map_err(|e| Error::Config(format!("HTTP client: {}", error_chain(&e))))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn pool(http: HttpVersion, streams: u32) -> HttpPool {
+        HttpPool::new(
+            HttpTimeouts::default(),
+            Transport {
+                http,
+                streams_per_connection: streams,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn calls_fill_the_first_lane_with_room_and_open_one_when_all_are_full() {
+        let p = pool(HttpVersion::Http2, 2);
+        let a = p.call().unwrap();
+        let b = p.call().unwrap();
+        assert_eq!(p.lanes(), [2]);
+        let c = p.call().unwrap();
+        assert_eq!(p.lanes(), [2, 1]);
+        assert!(!Arc::ptr_eq(&a.lane, &c.lane) && Arc::ptr_eq(&a.lane, &b.lane));
+        // A place freed on the first lane is taken before the second lane's.
+        drop(a);
+        assert_eq!(p.lanes(), [1, 1]);
+        let d = p.call().unwrap();
+        assert_eq!(p.lanes(), [2, 1]);
+        drop((b, c, d));
+        assert_eq!(p.lanes(), [0, 0]);
+    }
+
+    #[test]
+    fn over_http1_every_call_takes_the_one_lane() {
+        let p = pool(HttpVersion::Http1, 1);
+        let calls: Vec<Call> = (0..500).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [500]);
+        drop(calls);
+        assert_eq!(p.lanes(), [0]);
+    }
+
+    #[test]
+    fn concurrent_calls_never_overfill_a_lane() {
+        let p = Arc::new(pool(HttpVersion::Auto, 3));
+        let held: Vec<Vec<Call>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let p = p.clone();
+                    s.spawn(move || (0..25).map(|_| p.call().unwrap()).collect::<Vec<_>>())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let lanes = p.lanes();
+        assert_eq!(lanes.iter().sum::<usize>(), 200);
+        assert!(lanes.iter().all(|&n| n <= 3), "{lanes:?}");
+        // No lane is opened while another has room: all but possibly the last are full.
+        assert_eq!(lanes.len(), 67, "{lanes:?}");
+        drop(held);
+        assert!(p.lanes().iter().all(|&n| n == 0));
+    }
+
+    #[test]
+    fn a_version_is_named_as_configured_and_nothing_else_is_one() {
+        assert_eq!("http2".parse(), Ok(HttpVersion::Http2));
+        assert_eq!(" auto ".parse(), Ok(HttpVersion::Auto));
+        let e = "h2".parse::<HttpVersion>().unwrap_err();
+        assert!(e.contains("auto, http1 or http2"), "{e}");
+    }
+}
