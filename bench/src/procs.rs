@@ -175,6 +175,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.capacity_sessions = Some(u64::try_from(min_running.max(0))?);
     r.capacity_iterations_per_s = Some((i1 - i0) as f64 / dt);
     r.capacity_rss_bytes = rss;
+    r.capacity_http2 = Some(fake.http2_request_count() > fake.request_count() / 2);
     progress(&format!(
         "capacity: {:.0} iterations/s, {} LLM requests served",
         (i1 - i0) as f64 / dt,

@@ -81,6 +81,9 @@ pub struct Results {
     pub capacity_sessions: Option<u64>,
     pub capacity_iterations_per_s: Option<f64>,
     pub capacity_rss_bytes: Option<u64>,
+    /// Whether most of the capacity part's calls came over HTTP/2 (the worker's
+    /// `AGENTQ_PROVIDERS_HTTP`, inherited from the bench's environment).
+    pub capacity_http2: Option<bool>,
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
     pub recovery_sessions: Option<usize>,
@@ -224,6 +227,7 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
 fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
     for (key, value) in [
         ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
+        ("capacity_http2", json!(r.capacity_http2)),
         ("workspace_files", json!(r.workspace_files)),
         ("workspace_bytes", json!(r.workspace_bytes)),
         (
@@ -523,9 +527,14 @@ fn capacity_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
         rows.add(
             "capacity",
             format!(
-                "sessions in flight, one worker ({} offered, {} ms LLM)",
+                "sessions in flight, one worker ({} offered, {} ms LLM, {})",
                 r.capacity_offered.unwrap_or(0),
-                args.llm_latency_ms
+                args.llm_latency_ms,
+                if r.capacity_http2 == Some(true) {
+                    "HTTP/2"
+                } else {
+                    "HTTP/1.1"
+                }
             ),
             n.to_string(),
             format!(

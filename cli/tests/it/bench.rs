@@ -268,7 +268,8 @@ fn an_unknown_hostile_kind_is_refused_naming_the_flag_and_the_kinds() {
 /// A stock Postgres accepts 100 connections; the default run (2 workers at concurrency 256,
 /// whose pools `agentq worker` would size to 64 + 3 connections each) fits into that by
 /// sharing them, says so naming `--concurrency`, and runs the parts with worker processes
-/// too, instead of waiting half a minute for refused connections.
+/// too, instead of waiting half a minute for refused connections. Its capacity part's
+/// worker process is configured for HTTP/2 from the environment, as a deployment would be.
 #[test]
 fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
     let pg = PostgresServer::start_with(PostgresOptions {
@@ -292,6 +293,10 @@ fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
         .args(["--only", "ceiling,throughput,capacity,recovery"])
         .args(["--capacity-sessions", "40", "--llm-latency-ms", "50"])
         .args(["--capacity-secs", "2", "--json"])
+        // The worker process inherits these: its calls go over HTTP/2, eight to a
+        // connection.
+        .env("AGENTQ_PROVIDERS_HTTP", "http2")
+        .env("AGENTQ_PROVIDERS_STREAMS_PER_CONNECTION", "8")
         .env_remove("AGENTQ_DATABASE_URL")
         .env_remove("AGENTQ_REDIS_URL")
         .output()
@@ -327,8 +332,10 @@ fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
             .unwrap_or_else(|| panic!("{key} missing in {v}"));
         assert!(x.is_finite() && x > 0.0, "{key} = {x}");
     }
-    // Every offered session was in flight at once on the worker process.
+    // Every offered session was in flight at once on the worker process, its calls on
+    // HTTP/2.
     assert_eq!(v["capacity_sessions"], 40, "{v}");
+    assert_eq!(v["capacity_http2"], true, "{v}");
 }
 
 /// Too few connections for even the smallest pools: refused before any part runs, naming
