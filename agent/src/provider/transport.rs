@@ -15,6 +15,7 @@
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use reqwest::redirect;
@@ -114,8 +115,28 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    pub(crate) fn client(&self) -> &reqwest::Client {
-        &self.lane.client
+    /// A POST to `url` on this call's lane.
+    pub(crate) fn post(&self, url: &str) -> reqwest::RequestBuilder {
+        self.lane.client.post(url)
+    }
+
+    /// Send `request` (to `url`) and wait for the answer's head, at most `idle`: the wait
+    /// is silence before the first chunk, bounded like every later one. A request the
+    /// endpoint never answers (or one queued behind a server's stream limit) fails as a
+    /// retryable transport error instead of holding its session.
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+        idle: Duration,
+    ) -> Result<reqwest::Response> {
+        match tokio::time::timeout(idle, request.send()).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(Error::Transport(format!("POST {url}: {}", error_chain(&e)))),
+            Err(_) => Err(Error::Transport(format!(
+                "POST {url}: no response within {idle:?}"
+            ))),
+        }
     }
 
     /// `events` (an answer's), holding this call's place on its lane until they are

@@ -196,3 +196,42 @@ async fn an_endpoint_that_does_not_speak_http2_fails_the_call_clearly() {
     assert!(matches!(err, agentq_agent::Error::Transport(_)), "{err:?}");
     assert!(err.to_string().contains("POST"), "{err}");
 }
+
+#[tokio::test]
+async fn an_endpoint_that_never_answers_fails_the_call_after_the_idle_timeout() {
+    // It takes the request and says nothing: the wait for the answer's head is silence
+    // before the first chunk, bounded as every later silence is.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    for http in [HttpVersion::Http1, HttpVersion::Http2] {
+        let p = OpenAiProvider::new(OpenAiConfig {
+            base_url: url.clone(),
+            api_key: None,
+            timeouts: HttpTimeouts {
+                connect: Duration::from_secs(5),
+                idle: Duration::from_millis(200),
+            },
+            transport: Transport {
+                http,
+                streams_per_connection: 100,
+            },
+            extra_headers: Vec::new(),
+        })
+        .unwrap();
+        let err = match p.stream(&request()).await {
+            Ok(_) => panic!("no answer is no stream"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(err, agentq_agent::Error::Transport(ref m) if m.contains("no response within")),
+            "{http:?}: {err:?}"
+        );
+        assert!(err.is_retryable(), "{err:?}");
+    }
+}

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::provider::endpoint;
-use crate::provider::sse::{SseEvent, error_body, error_chain, sse_events};
+use crate::provider::sse::{SseEvent, error_body, sse_events};
 use crate::provider::transport::{HttpPool, Transport};
 use crate::provider::{
     HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after,
@@ -148,7 +148,6 @@ impl LlmProvider for AnthropicProvider {
         let body = self.request_bytes(request)?;
         let call = self.http.call()?;
         let mut req = call
-            .client()
             .post(&self.url)
             .header("anthropic-version", &self.config.version)
             .header("content-type", "application/json")
@@ -157,23 +156,7 @@ impl LlmProvider for AnthropicProvider {
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key);
         }
-        // Waiting for the response head counts as silence before the first chunk.
-        let resp = match tokio::time::timeout(self.config.timeouts.idle, req.send()).await {
-            Ok(Ok(resp)) => resp,
-            Ok(Err(e)) => {
-                return Err(Error::Transport(format!(
-                    "POST {}: {}",
-                    self.url,
-                    error_chain(&e)
-                )));
-            }
-            Err(_) => {
-                return Err(Error::Transport(format!(
-                    "POST {}: no response within {:?}",
-                    self.url, self.config.timeouts.idle
-                )));
-            }
-        };
+        let resp = call.send(req, &self.url, self.config.timeouts.idle).await?;
         let status = resp.status();
         if status.is_redirection() {
             return Err(endpoint::redirect_error(&self.url, &resp));

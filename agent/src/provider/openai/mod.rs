@@ -16,7 +16,7 @@ use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, Header
 use serde_json::Value;
 
 use super::endpoint;
-use super::sse::{error_body, error_chain, sse_events};
+use super::sse::{error_body, sse_events};
 use super::transport::{HttpPool, Transport};
 use super::{
     HttpTimeouts, LlmProvider, LlmRequest, LlmStream, RateLimitInfo, retry_after, with_limits,
@@ -192,14 +192,11 @@ impl LlmProvider for OpenAiProvider {
         // trees, 726 without).
         let body = self.request_bytes(request)?;
         let call = self.http.call()?;
-        let resp = call
-            .client()
+        let req = call
             .post(&self.url)
             .headers(self.headers.clone())
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| Error::Transport(format!("POST {}: {}", self.url, error_chain(&e))))?;
+            .body(body);
+        let resp = call.send(req, &self.url, self.idle).await?;
 
         let status = resp.status();
         if status.is_redirection() {
