@@ -159,13 +159,19 @@ impl Drop for Call {
 }
 
 impl HttpPool {
-    /// A pool with its first lane built, so that a client that cannot be built is a
-    /// configuration error at the provider's construction, not at a call.
-    pub(crate) fn new(timeouts: HttpTimeouts, transport: Transport) -> Result<Self> {
-        // Over plain HTTP/1.1 every call has a connection of its own whichever lane it
-        // takes: one lane, whose pool keeps the idle ones for the next calls.
+    /// A pool for calls to `url`, with its first lane built, so that a client that cannot
+    /// be built is a configuration error at the provider's construction, not at a call.
+    pub(crate) fn new(timeouts: HttpTimeouts, transport: Transport, url: &str) -> Result<Self> {
+        // Over HTTP/1.1 every call has a connection of its own whichever lane it takes: one
+        // lane, whose pool keeps the idle ones for the next calls. `auto` asks for HTTP/2
+        // only in a TLS handshake, so a plain endpoint gets HTTP/1.1.
+        let plain = url
+            .trim_start()
+            .get(..7)
+            .is_some_and(|s| s.eq_ignore_ascii_case("http://"));
         let per_lane = match transport.http {
             HttpVersion::Http1 => usize::MAX,
+            HttpVersion::Auto if plain => usize::MAX,
             _ => usize::try_from(transport.streams_per_connection.max(1)).unwrap_or(usize::MAX),
         };
         let first = Arc::new(Lane {
@@ -182,15 +188,20 @@ impl HttpPool {
 
     /// A place for one call: on the first lane with room, else on a new lane.
     pub(crate) fn call(&self) -> Result<Call> {
-        {
+        let taken = {
             let lanes = self.lanes.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(call) = self.take(&lanes) {
-                return Ok(call);
+            self.take(&lanes).map(|(at, call)| (at, call, lanes.len()))
+        };
+        if let Some((at, call, len)) = taken {
+            // Calls gather on the first lanes: two past this one mean the load fell.
+            if at.saturating_add(2) < len {
+                self.prune();
             }
+            return Ok(call);
         }
         let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
         // Another call may have opened a lane, or ended, since the read.
-        if let Some(call) = self.take(&lanes) {
+        if let Some((_, call)) = self.take(&lanes) {
             return Ok(call);
         }
         let lane = Arc::new(Lane {
@@ -201,13 +212,30 @@ impl HttpPool {
         Ok(Call { lane })
     }
 
-    /// The first lane with room, filled in order so that calls gather on few connections
-    /// and the last lanes' idle connections close.
-    fn take(&self, lanes: &[Arc<Lane>]) -> Option<Call> {
+    /// The first lane with room (its index, and the place), filled in order so that calls
+    /// gather on few connections.
+    fn take(&self, lanes: &[Arc<Lane>]) -> Option<(usize, Call)> {
         lanes
             .iter()
-            .find(|lane| lane.try_take(self.per_lane))
-            .map(|lane| Call { lane: lane.clone() })
+            .enumerate()
+            .find(|(_, lane)| lane.try_take(self.per_lane))
+            .map(|(at, lane)| (at, Call { lane: lane.clone() }))
+    }
+
+    /// Drop the idle lanes at the end but one (kept for the next rise), and with them
+    /// their clients and idle connections: a burst's lanes do not outlive it. Skipped when
+    /// another call holds the lanes; a later call prunes. A lane is only taken under the
+    /// read lock, so one without calls here stays without; a call that ends after its
+    /// lane is dropped counts down on its own reference to it.
+    fn prune(&self) {
+        let Ok(mut lanes) = self.lanes.try_write() else {
+            return;
+        };
+        let idle =
+            |lane: Option<&Arc<Lane>>| lane.is_some_and(|l| l.calls.load(Ordering::Acquire) == 0);
+        while lanes.len() > 2 && idle(lanes.last()) && idle(lanes.iter().rev().nth(1)) {
+            lanes.pop();
+        }
     }
 
     #[cfg(test)]
@@ -245,12 +273,17 @@ mod tests {
     use super::*;
 
     fn pool(http: HttpVersion, streams: u32) -> HttpPool {
+        pool_for("https://llm.example/v1", http, streams)
+    }
+
+    fn pool_for(url: &str, http: HttpVersion, streams: u32) -> HttpPool {
         HttpPool::new(
             HttpTimeouts::default(),
             Transport {
                 http,
                 streams_per_connection: streams,
             },
+            url,
         )
         .unwrap()
     }
@@ -275,11 +308,40 @@ mod tests {
 
     #[test]
     fn over_http1_every_call_takes_the_one_lane() {
-        let p = pool(HttpVersion::Http1, 1);
-        let calls: Vec<Call> = (0..500).map(|_| p.call().unwrap()).collect();
-        assert_eq!(p.lanes(), [500]);
+        for p in [
+            pool(HttpVersion::Http1, 1),
+            // `auto` on a plain endpoint is HTTP/1.1.
+            pool_for("http://127.0.0.1:8000/v1", HttpVersion::Auto, 1),
+            pool_for("HTTP://llm/v1", HttpVersion::Auto, 1),
+        ] {
+            let calls: Vec<Call> = (0..500).map(|_| p.call().unwrap()).collect();
+            assert_eq!(p.lanes(), [500]);
+            drop(calls);
+            assert_eq!(p.lanes(), [0]);
+        }
+        // Told to speak HTTP/2 there, it keeps to the limit.
+        let p = pool_for("http://127.0.0.1:8000/v1", HttpVersion::Http2, 1);
+        let calls: Vec<Call> = (0..3).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [1, 1, 1]);
         drop(calls);
-        assert_eq!(p.lanes(), [0]);
+    }
+
+    #[test]
+    fn a_bursts_lanes_are_dropped_once_it_is_over_but_one_spare() {
+        let p = pool(HttpVersion::Http2, 2);
+        let burst: Vec<Call> = (0..10).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [2, 2, 2, 2, 2]);
+        drop(burst);
+        let a = p.call().unwrap();
+        assert_eq!(p.lanes(), [1, 0]);
+        // A lane still in use is kept, with the idle one after it.
+        let held: Vec<Call> = (0..5).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [2, 2, 2]);
+        drop(a);
+        drop(held);
+        let b = p.call().unwrap();
+        assert_eq!(p.lanes(), [1, 0]);
+        drop(b);
     }
 
     #[test]

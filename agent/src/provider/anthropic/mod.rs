@@ -103,7 +103,7 @@ impl AnthropicProvider {
                 "ANTHROPIC_API_KEY contains characters not allowed in a header".into(),
             ));
         }
-        let http = HttpPool::new(config.timeouts, config.transport)?;
+        let http = HttpPool::new(config.timeouts, config.transport, &url)?;
         let limit_key = crate::provider::limit_key("anthropic", base, config.api_key.as_deref());
         Ok(AnthropicProvider {
             http,

@@ -117,7 +117,7 @@ impl OpenAiProvider {
         }
 
         let headers_have_key = headers.contains_key(AUTHORIZATION);
-        let http = HttpPool::new(config.timeouts, config.transport)?;
+        let http = HttpPool::new(config.timeouts, config.transport, &url)?;
         let limit_key = super::limit_key("openai", base, config.api_key.as_deref());
 
         Ok(OpenAiProvider {
