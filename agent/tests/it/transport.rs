@@ -235,3 +235,23 @@ async fn an_endpoint_that_never_answers_fails_the_call_after_the_idle_timeout() 
         assert!(err.is_retryable(), "{err:?}");
     }
 }
+
+#[tokio::test]
+async fn a_hostile_endpoints_huge_head_fails_the_call_on_either_version() {
+    // A megabyte of header: neither version's client reads a head that large into memory
+    // and hands it on; the call fails as a transport error.
+    let fake = FakeLlm::start().await.unwrap();
+    let huge = "x".repeat(1 << 20);
+    fake.set_handler(move |_| Some(FakeResponse::sse(ANSWER, 64).with_header("x-junk", &huge)));
+    for http in [HttpVersion::Http1, HttpVersion::Http2] {
+        let p = openai(&fake, http, 100);
+        let err = match p.stream(&request()).await {
+            Ok(_) => panic!("{http:?}: a megabyte of header was taken"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(err, agentq_agent::Error::Transport(_)),
+            "{http:?}: {err:?}"
+        );
+    }
+}
