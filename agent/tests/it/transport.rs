@@ -18,18 +18,24 @@ use futures::StreamExt;
 const ANSWER: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\
                       \"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
 
-fn timeouts() -> HttpTimeouts {
+const IDLE: Duration = Duration::from_secs(30);
+
+fn timeouts(idle: Duration) -> HttpTimeouts {
     HttpTimeouts {
         connect: Duration::from_secs(5),
-        idle: Duration::from_secs(30),
+        idle,
     }
 }
 
 fn openai(fake: &FakeLlm, http: HttpVersion, streams: u32) -> OpenAiProvider {
+    openai_at(&fake.url, http, streams, IDLE)
+}
+
+fn openai_at(url: &str, http: HttpVersion, streams: u32, idle: Duration) -> OpenAiProvider {
     OpenAiProvider::new(OpenAiConfig {
-        base_url: fake.url.clone(),
+        base_url: url.to_string(),
         api_key: Some("sk-test".into()),
-        timeouts: timeouts(),
+        timeouts: timeouts(idle),
         transport: Transport {
             http,
             streams_per_connection: streams,
@@ -146,7 +152,7 @@ async fn the_anthropic_provider_travels_the_same_way() {
     let p = AnthropicProvider::new(AnthropicConfig {
         base_url: fake.url.clone(),
         api_key: Some("sk-ant-test".into()),
-        timeouts: timeouts(),
+        timeouts: timeouts(IDLE),
         transport: Transport {
             http: HttpVersion::Http2,
             streams_per_connection: 2,
@@ -178,17 +184,7 @@ async fn an_endpoint_that_does_not_speak_http2_fails_the_call_clearly() {
                 .await;
         }
     });
-    let p = OpenAiProvider::new(OpenAiConfig {
-        base_url: url,
-        api_key: None,
-        timeouts: timeouts(),
-        transport: Transport {
-            http: HttpVersion::Http2,
-            streams_per_connection: 100,
-        },
-        extra_headers: Vec::new(),
-    })
-    .unwrap();
+    let p = openai_at(&url, HttpVersion::Http2, 100, IDLE);
     let err = match p.stream(&request()).await {
         Ok(_) => panic!("an HTTP/1.1 answer to HTTP/2 is no stream"),
         Err(e) => e,
@@ -210,20 +206,7 @@ async fn an_endpoint_that_never_answers_fails_the_call_after_the_idle_timeout() 
         }
     });
     for http in [HttpVersion::Http1, HttpVersion::Http2] {
-        let p = OpenAiProvider::new(OpenAiConfig {
-            base_url: url.clone(),
-            api_key: None,
-            timeouts: HttpTimeouts {
-                connect: Duration::from_secs(5),
-                idle: Duration::from_millis(200),
-            },
-            transport: Transport {
-                http,
-                streams_per_connection: 100,
-            },
-            extra_headers: Vec::new(),
-        })
-        .unwrap();
+        let p = openai_at(&url, http, 100, Duration::from_millis(200));
         let err = match p.stream(&request()).await {
             Ok(_) => panic!("no answer is no stream"),
             Err(e) => e,
