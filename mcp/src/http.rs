@@ -63,9 +63,12 @@ impl HttpTransport {
             .map_err(|e| start(format!("url: {e}")))?;
         let pinned = vet(net, &url).await.map_err(|e| start(e.to_string()))?;
         // Proxies are off: a proxy would resolve the host itself, undoing the vetting.
+        // HTTP/1.1, a connection per request in flight: one HTTP/2 connection would queue
+        // a worker's calls past the server's stream limit.
         let mut builder = reqwest::Client::builder()
             .redirect(redirect::Policy::none())
             .no_proxy()
+            .http1_only()
             .connect_timeout(CONNECT_TIMEOUT);
         if let Some((host, addrs)) = &pinned {
             builder = builder.resolve_to_addrs(host, addrs);

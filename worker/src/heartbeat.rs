@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -24,20 +26,29 @@ const AUDIT_EVERY: u32 = 60;
 /// so the statement must end well within the lease's TTL: one that read 12,000 rows on a
 /// loaded Postgres took up to 1.9 s, past the default 1.5 s, and the worker's 50,000
 /// sessions were taken for a dead worker's. A worker with more runs checks them in turns
-/// ([`part_of`]); a lost lease is caught by the run's next checkpoint meanwhile (each is
-/// fenced by its lease), and a cancel is signalled to the worker directly first.
+/// ([`part_of`]). Another worker can take a session only once this one's liveness row has
+/// lapsed, so after a beat that may have let it lapse the next reads every run's row
+/// ([`lapsed`]); a cancel is signalled to the worker directly first.
 pub(crate) const CHECKED_PER_BEAT: usize = 2_000;
 
 pub(crate) async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(inner.cfg.heartbeat_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut beats: u32 = 0;
+    // The start of the last beat that renewed the row, and whether the next reads every
+    // run's row (the first does).
+    let mut renewed_at: Option<Instant> = None;
+    let mut read_all = true;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => return,
         }
-        beat(&inner, beats).await;
+        let started = Instant::now();
+        if beat(&inner, beats, read_all).await {
+            read_all = lapsed(renewed_at, Instant::now(), inner.cfg.lease_ttl);
+            renewed_at = Some(started);
+        }
         beats = beats.wrapping_add(1);
         if inner.runs.audit_due.swap(false, Ordering::SeqCst) || beats.is_multiple_of(AUDIT_EVERY) {
             give_back_unhandled(&inner).await;
@@ -45,10 +56,23 @@ pub(crate) async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
     }
 }
 
-async fn beat(inner: &Inner, beats: u32) {
+/// Whether the liveness row may have lapsed before a renewal that ended `now`: it was live
+/// until the last renewal's start (`renewed_at`) plus `ttl`, and the store's clock started
+/// it no earlier than this one's.
+fn lapsed(renewed_at: Option<Instant>, now: Instant, ttl: Duration) -> bool {
+    renewed_at.is_some_and(|at| now.saturating_duration_since(at) >= ttl)
+}
+
+/// One beat: the row renewed, and this beat's turn of the runs' rows read (every one when
+/// `read_all`). Whether the row was renewed.
+async fn beat(inner: &Inner, beats: u32, read_all: bool) -> bool {
     let leases: Vec<Lease> = {
         let runs = inner.runs.lock();
-        let parts = parts(runs.len(), CHECKED_PER_BEAT);
+        let parts = if read_all {
+            1
+        } else {
+            parts(runs.len(), CHECKED_PER_BEAT)
+        };
         let part = beats % parts;
         runs.values()
             .filter(|a| !a.settling.load(Ordering::SeqCst))
@@ -74,8 +98,12 @@ async fn beat(inner: &Inner, beats: u32) {
                     a.cancel.cancel();
                 }
             }
+            true
         }
-        Err(e) => warn!(error = %e, "heartbeat failed"),
+        Err(e) => {
+            warn!(error = %e, "heartbeat failed");
+            false
+        }
     }
 }
 
@@ -142,6 +170,18 @@ async fn give_back_unhandled(inner: &Inner) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_renewal_that_ends_a_ttl_after_the_last_ones_start_may_have_lapsed() {
+        let ttl = Duration::from_millis(1500);
+        let at = Instant::now();
+        assert!(!lapsed(None, at, ttl));
+        assert!(!lapsed(Some(at), at + Duration::from_millis(1499), ttl));
+        assert!(lapsed(Some(at), at + ttl, ttl));
+        assert!(lapsed(Some(at), at + Duration::from_secs(60), ttl));
+        // A clock read before the start (it cannot be) is no lapse.
+        assert!(!lapsed(Some(at + ttl), at, ttl));
+    }
 
     #[test]
     fn a_few_runs_are_all_read_at_every_beat() {

@@ -83,13 +83,19 @@ impl Default for Transport {
     }
 }
 
+/// How often a quiet HTTP/2 connection is pinged, and how long its answer may take before
+/// the connection is closed (with its calls, which fail as retryable transport errors).
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The clients of one provider, each a lane with its own connection pool; see the module
 /// docs.
 pub(crate) struct HttpPool {
     timeouts: HttpTimeouts,
     http: HttpVersion,
-    /// Calls a lane takes at once; unbounded where calls never share a connection.
-    per_lane: usize,
+    /// Calls a lane takes at once; unbounded where calls never share a connection (and
+    /// made so when an `auto` endpoint answers in HTTP/1.1).
+    per_lane: AtomicUsize,
     lanes: RwLock<Vec<Arc<Lane>>>,
 }
 
@@ -118,25 +124,6 @@ impl Call {
     /// A POST to `url` on this call's lane.
     pub(crate) fn post(&self, url: &str) -> reqwest::RequestBuilder {
         self.lane.client.post(url)
-    }
-
-    /// Send `request` (to `url`) and wait for the answer's head, at most `idle`: the wait
-    /// is silence before the first chunk, bounded like every later one. A request the
-    /// endpoint never answers (or one queued behind a server's stream limit) fails as a
-    /// retryable transport error instead of holding its session.
-    pub(crate) async fn send(
-        &self,
-        request: reqwest::RequestBuilder,
-        url: &str,
-        idle: Duration,
-    ) -> Result<reqwest::Response> {
-        match tokio::time::timeout(idle, request.send()).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(Error::Transport(format!("POST {url}: {}", error_chain(&e)))),
-            Err(_) => Err(Error::Transport(format!(
-                "POST {url}: no response within {idle:?}"
-            ))),
-        }
     }
 
     /// `events` (an answer's), holding this call's place on its lane until they are
@@ -181,9 +168,41 @@ impl HttpPool {
         Ok(HttpPool {
             timeouts,
             http: transport.http,
-            per_lane,
+            per_lane: AtomicUsize::new(per_lane),
             lanes: RwLock::new(vec![first]),
         })
+    }
+
+    /// Send `request` (to `url`, made by a [`Call::post`]) and wait for the answer's head, at most
+    /// `idle`: the wait is silence before the first chunk, bounded like every later one. A
+    /// request the endpoint never answers (or one queued behind a server's stream limit)
+    /// fails as a retryable transport error instead of holding its session.
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        url: &str,
+        idle: Duration,
+    ) -> Result<reqwest::Response> {
+        match tokio::time::timeout(idle, request.send()).await {
+            Ok(Ok(resp)) => {
+                self.answered(resp.version());
+                Ok(resp)
+            }
+            Ok(Err(e)) => Err(Error::Transport(format!("POST {url}: {}", error_chain(&e)))),
+            Err(_) => Err(Error::Transport(format!(
+                "POST {url}: no response within {idle:?}"
+            ))),
+        }
+    }
+
+    /// An `auto` endpoint that answers in HTTP/1.1 (its TLS handshake did not agree to
+    /// HTTP/2) gives every call a connection of its own: calls then keep to one lane, whose
+    /// pool reuses the idle connections, instead of spreading over lanes that would each
+    /// keep their own.
+    fn answered(&self, version: reqwest::Version) {
+        if self.http == HttpVersion::Auto && version < reqwest::Version::HTTP_2 {
+            self.per_lane.store(usize::MAX, Ordering::Release);
+        }
     }
 
     /// A place for one call: on the first lane with room, else on a new lane.
@@ -199,13 +218,15 @@ impl HttpPool {
             }
             return Ok(call);
         }
+        // Built before the lock, which blocks its thread: a client takes a while to make.
+        let client = http_client(self.timeouts, self.http)?;
         let mut lanes = self.lanes.write().unwrap_or_else(|e| e.into_inner());
         // Another call may have opened a lane, or ended, since the read.
         if let Some((_, call)) = self.take(&lanes) {
             return Ok(call);
         }
         let lane = Arc::new(Lane {
-            client: http_client(self.timeouts, self.http)?,
+            client,
             calls: AtomicUsize::new(1),
         });
         lanes.push(lane.clone());
@@ -215,10 +236,11 @@ impl HttpPool {
     /// The first lane with room (its index, and the place), filled in order so that calls
     /// gather on few connections.
     fn take(&self, lanes: &[Arc<Lane>]) -> Option<(usize, Call)> {
+        let limit = self.per_lane.load(Ordering::Acquire);
         lanes
             .iter()
             .enumerate()
-            .find(|(_, lane)| lane.try_take(self.per_lane))
+            .find(|(_, lane)| lane.try_take(limit))
             .map(|(at, lane)| (at, Call { lane: lane.clone() }))
     }
 
@@ -251,11 +273,17 @@ impl HttpPool {
 /// One lane's HTTP client. Redirects are never followed: a redirect would carry the
 /// request (the client keeps custom headers such as `x-api-key` across origins) to a
 /// place nobody configured. Only a connect timeout: a total timeout would kill long but
-/// healthy streams (the idle timeout is enforced per chunk).
+/// healthy streams (the idle timeout is enforced per chunk). An HTTP/2 connection is
+/// pinged when quiet: one that died silently (a dropped NAT entry, a half-open TCP
+/// connection) would otherwise take every new call of its lane, each waiting out the idle
+/// timeout, where on HTTP/1.1 it would have failed one call.
 fn http_client(timeouts: HttpTimeouts, http: HttpVersion) -> Result<reqwest::Client> {
     let builder = reqwest::Client::builder()
         .connect_timeout(timeouts.connect)
-        .redirect(redirect::Policy::none());
+        .redirect(redirect::Policy::none())
+        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .http2_keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .http2_keep_alive_while_idle(true);
     let builder = match http {
         HttpVersion::Auto => builder,
         HttpVersion::Http1 => builder.http1_only(),
@@ -324,6 +352,27 @@ mod tests {
         let calls: Vec<Call> = (0..3).map(|_| p.call().unwrap()).collect();
         assert_eq!(p.lanes(), [1, 1, 1]);
         drop(calls);
+    }
+
+    #[test]
+    fn an_auto_endpoint_that_answers_in_http1_keeps_its_calls_on_one_lane() {
+        let p = pool(HttpVersion::Auto, 2);
+        let held: Vec<Call> = (0..3).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [2, 1]);
+        // HTTP/2 answers change nothing.
+        p.answered(reqwest::Version::HTTP_2);
+        let more = p.call().unwrap();
+        assert_eq!(p.lanes(), [2, 2]);
+        p.answered(reqwest::Version::HTTP_11);
+        let rest: Vec<Call> = (0..10).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [12, 2]);
+        drop((held, more, rest));
+        // Told to speak HTTP/2, a pool keeps its limit whatever it hears.
+        let p = pool(HttpVersion::Http2, 2);
+        p.answered(reqwest::Version::HTTP_11);
+        let held: Vec<Call> = (0..3).map(|_| p.call().unwrap()).collect();
+        assert_eq!(p.lanes(), [2, 1]);
+        drop(held);
     }
 
     #[test]

@@ -108,10 +108,13 @@ impl S3Blobs {
         })?;
         let bucket = Bucket::new(endpoint, UrlStyle::Path, s.bucket.clone(), s.region.clone())
             .map_err(|e| Error::Config(format!("`workspace.s3.bucket`: {e}")))?;
+        // HTTP/1.1, a connection per transfer in flight: one HTTP/2 connection would queue
+        // a worker's transfers past the server's stream limit.
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT)
             .redirect(reqwest::redirect::Policy::none())
+            .http1_only()
             .build()
             .map_err(|e| Error::Config(format!("object store client: {e}")))?;
         Ok(S3Blobs {

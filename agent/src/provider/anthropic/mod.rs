@@ -156,7 +156,10 @@ impl LlmProvider for AnthropicProvider {
         if let Some(key) = &self.config.api_key {
             req = req.header("x-api-key", key);
         }
-        let resp = call.send(req, &self.url, self.config.timeouts.idle).await?;
+        let resp = self
+            .http
+            .send(req, &self.url, self.config.timeouts.idle)
+            .await?;
         let status = resp.status();
         if status.is_redirection() {
             return Err(endpoint::redirect_error(&self.url, &resp));

@@ -196,7 +196,7 @@ impl LlmProvider for OpenAiProvider {
             .post(&self.url)
             .headers(self.headers.clone())
             .body(body);
-        let resp = call.send(req, &self.url, self.idle).await?;
+        let resp = self.http.send(req, &self.url, self.idle).await?;
 
         let status = resp.status();
         if status.is_redirection() {
