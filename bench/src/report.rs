@@ -81,8 +81,7 @@ pub struct Results {
     pub capacity_sessions: Option<u64>,
     pub capacity_iterations_per_s: Option<f64>,
     pub capacity_rss_bytes: Option<u64>,
-    /// Whether most of the capacity part's calls came over HTTP/2 (the worker's
-    /// `AGENTQ_PROVIDERS_HTTP`, inherited from the bench's environment).
+    /// Most capacity calls came over HTTP/2 (the worker inherits `AGENTQ_PROVIDERS_HTTP`).
     pub capacity_http2: Option<bool>,
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
@@ -530,11 +529,9 @@ fn capacity_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
                 "sessions in flight, one worker ({} offered, {} ms LLM, {})",
                 r.capacity_offered.unwrap_or(0),
                 args.llm_latency_ms,
-                if r.capacity_http2 == Some(true) {
-                    "HTTP/2"
-                } else {
-                    "HTTP/1.1"
-                }
+                r.capacity_http2
+                    .filter(|&h2| h2)
+                    .map_or("HTTP/1.1", |_| "HTTP/2")
             ),
             n.to_string(),
             format!(
