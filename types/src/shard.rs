@@ -317,9 +317,10 @@ impl ShardMap {
     }
 }
 
-/// FNV-1a: stable across builds and platforms (std's hasher promises neither), and the
-/// inputs are the caller's own keys, so no adversary picks collisions that matter.
-fn fnv1a(parts: &[&[u8]]) -> u64 {
+/// FNV-1a of `parts` one after the other: stable across builds, platforms and processes
+/// (std's hasher promises none of these), for keys the system made itself (ids, tenants),
+/// so no adversary picks collisions that matter.
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in parts.iter().flat_map(|p| p.iter()) {
         h ^= u64::from(*b);

@@ -120,11 +120,9 @@ fn part_of(session_id: &str, parts: u32) -> u32 {
     if parts <= 1 {
         return 0;
     }
-    // FNV-1a: stable across processes and cheap enough for every run at every beat.
-    let hash = session_id.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    hash % parts
+    // Stable, and cheap enough for every run at every beat.
+    let hash = agentq_core::shard::fnv1a(&[session_id.as_bytes()]);
+    u32::try_from(hash % u64::from(parts)).unwrap_or(0)
 }
 
 /// Sessions this worker owns in the store with no delivery of them handled here: each is

@@ -23,12 +23,7 @@ pub const EVENT_BUCKETS: u32 = 64;
 
 /// A stable hash of a session id (FNV-1a, the same in every process and release).
 fn fnv(session_id: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in session_id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    agentq_types::shard::fnv1a(&[session_id.as_bytes()])
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
