@@ -148,14 +148,15 @@ impl Drop for Call {
 impl HttpPool {
     /// A pool for calls to `url`, with its first lane built, so that a client that cannot
     /// be built is a configuration error at the provider's construction, not at a call.
-    pub(crate) fn new(timeouts: HttpTimeouts, transport: Transport, url: &str) -> Result<Self> {
+    pub(crate) fn new(
+        timeouts: HttpTimeouts,
+        transport: Transport,
+        url: &reqwest::Url,
+    ) -> Result<Self> {
         // Over HTTP/1.1 every call has a connection of its own whichever lane it takes: one
         // lane, whose pool keeps the idle ones for the next calls. `auto` asks for HTTP/2
         // only in a TLS handshake, so a plain endpoint gets HTTP/1.1.
-        let plain = url
-            .trim_start()
-            .get(..7)
-            .is_some_and(|s| s.eq_ignore_ascii_case("http://"));
+        let plain = url.scheme() == "http";
         let per_lane = match transport.http {
             HttpVersion::Http1 => usize::MAX,
             HttpVersion::Auto if plain => usize::MAX,
@@ -311,7 +312,7 @@ mod tests {
                 http,
                 streams_per_connection: streams,
             },
-            url,
+            &reqwest::Url::parse(url).unwrap(),
         )
         .unwrap()
     }

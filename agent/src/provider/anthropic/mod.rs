@@ -94,7 +94,7 @@ impl AnthropicProvider {
     pub fn new(config: AnthropicConfig) -> Result<Self> {
         let base = config.base_url.trim().trim_end_matches('/');
         let url = format!("{base}/v1/messages");
-        reqwest::Url::parse(&url)
+        let parsed = reqwest::Url::parse(&url)
             .map_err(|e| Error::Config(format!("anthropic base URL {base:?}: {e}")))?;
         if let Some(key) = &config.api_key
             && reqwest::header::HeaderValue::from_str(key).is_err()
@@ -103,7 +103,7 @@ impl AnthropicProvider {
                 "ANTHROPIC_API_KEY contains characters not allowed in a header".into(),
             ));
         }
-        let http = HttpPool::new(config.timeouts, config.transport, &url)?;
+        let http = HttpPool::new(config.timeouts, config.transport, &parsed)?;
         let limit_key = crate::provider::limit_key("anthropic", base, config.api_key.as_deref());
         Ok(AnthropicProvider {
             http,

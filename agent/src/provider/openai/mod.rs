@@ -97,7 +97,7 @@ impl OpenAiProvider {
     pub fn new(config: OpenAiConfig) -> Result<Self> {
         let base = config.base_url.trim().trim_end_matches('/');
         let url = format!("{base}/chat/completions");
-        reqwest::Url::parse(&url)
+        let parsed = reqwest::Url::parse(&url)
             .map_err(|e| Error::Config(format!("OpenAI base URL {base:?}: {e}")))?;
 
         let mut headers = HeaderMap::new();
@@ -117,7 +117,7 @@ impl OpenAiProvider {
         }
 
         let headers_have_key = headers.contains_key(AUTHORIZATION);
-        let http = HttpPool::new(config.timeouts, config.transport, &url)?;
+        let http = HttpPool::new(config.timeouts, config.transport, &parsed)?;
         let limit_key = super::limit_key("openai", base, config.api_key.as_deref());
 
         Ok(OpenAiProvider {
