@@ -6,27 +6,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use agentq_agent::Error;
+use agentq_agent::provider::LlmProvider;
 use agentq_agent::provider::factory::{self, ProviderSettings};
-use agentq_agent::provider::{LlmProvider, LlmRequest};
-use agentq_agent::schema::Message;
 use agentq_testkit::{FakeLlm, FakeResponse, RecordedRequest, fixture};
 use futures::StreamExt;
 
+use crate::support::hello_request;
+
 const OPENAI_CANARY: &str = "sk-canary-openai-7f3a";
 const ANTHROPIC_CANARY: &str = "sk-ant-canary-91bc";
-
-fn request() -> LlmRequest<'static> {
-    LlmRequest {
-        model: "m".into(),
-        system: None,
-        messages: vec![Message::user("hi").into()],
-        tools: Vec::new().into(),
-        temperature: 0.0,
-        max_tokens: 16,
-        session_id: "s1".into(),
-        web_search: None,
-    }
-}
 
 /// The provider's path under a base URL, and a stream that ends the answer cleanly.
 fn answer(provider: &str) -> (&'static str, FakeResponse) {
@@ -64,7 +52,7 @@ fn base(provider: &str, fake: &FakeLlm) -> String {
 
 /// Send one request and read the answer to its end; the first error, if any.
 async fn call(p: &dyn LlmProvider) -> Option<Error> {
-    match p.stream(&request()).await {
+    match p.stream(&hello_request()).await {
         Err(e) => Some(e),
         Ok(mut s) => {
             while let Some(item) = s.next().await {

@@ -10,10 +10,11 @@ use std::time::Duration;
 use agentq_agent::provider::anthropic::{AnthropicConfig, AnthropicProvider};
 use agentq_agent::provider::openai::{OpenAiConfig, OpenAiProvider};
 use agentq_agent::provider::transport::{HttpVersion, Transport};
-use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmRequest, LlmStream};
-use agentq_agent::schema::Message;
+use agentq_agent::provider::{HttpTimeouts, LlmEvent, LlmProvider, LlmStream};
 use agentq_testkit::{FakeLlm, FakeResponse, fixture};
 use futures::StreamExt;
+
+use crate::support::hello_request;
 
 const ANSWER: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\
                       \"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
@@ -45,19 +46,6 @@ fn openai_at(url: &str, http: HttpVersion, streams: u32, idle: Duration) -> Open
     .unwrap()
 }
 
-fn request() -> LlmRequest<'static> {
-    LlmRequest {
-        model: "m".into(),
-        system: None,
-        messages: vec![Message::user("hello").into()],
-        tools: Vec::new().into(),
-        temperature: 0.0,
-        max_tokens: 64,
-        session_id: "s".into(),
-        web_search: None,
-    }
-}
-
 async fn answering(body: &'static str) -> FakeLlm {
     let fake = FakeLlm::start().await.unwrap();
     fake.set_handler(move |_| Some(FakeResponse::sse(body, 64)));
@@ -67,7 +55,7 @@ async fn answering(body: &'static str) -> FakeLlm {
 /// `n` calls all in flight at once (each holds its place until its answer is read, and
 /// every answer's head has come before any is read), then each read to its end.
 async fn calls_at_once(p: &dyn LlmProvider, n: usize) -> Vec<String> {
-    let req = request();
+    let req = hello_request();
     let streams: Vec<LlmStream> = futures::future::join_all((0..n).map(|_| p.stream(&req)))
         .await
         .into_iter()
@@ -185,7 +173,7 @@ async fn an_endpoint_that_does_not_speak_http2_fails_the_call_clearly() {
         }
     });
     let p = openai_at(&url, HttpVersion::Http2, 100, IDLE);
-    let err = match p.stream(&request()).await {
+    let err = match p.stream(&hello_request()).await {
         Ok(_) => panic!("an HTTP/1.1 answer to HTTP/2 is no stream"),
         Err(e) => e,
     };
@@ -207,7 +195,7 @@ async fn an_endpoint_that_never_answers_fails_the_call_after_the_idle_timeout() 
     });
     for http in [HttpVersion::Http1, HttpVersion::Http2] {
         let p = openai_at(&url, http, 100, Duration::from_millis(200));
-        let err = match p.stream(&request()).await {
+        let err = match p.stream(&hello_request()).await {
             Ok(_) => panic!("no answer is no stream"),
             Err(e) => e,
         };
@@ -228,7 +216,7 @@ async fn a_hostile_endpoints_huge_head_fails_the_call_on_either_version() {
     fake.set_handler(move |_| Some(FakeResponse::sse(ANSWER, 64).with_header("x-junk", &huge)));
     for http in [HttpVersion::Http1, HttpVersion::Http2] {
         let p = openai(&fake, http, 100);
-        let err = match p.stream(&request()).await {
+        let err = match p.stream(&hello_request()).await {
             Ok(_) => panic!("{http:?}: a megabyte of header was taken"),
             Err(e) => e,
         };

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentq_agent::driver::{BackgroundResult, BackgroundSource};
+use agentq_agent::provider::LlmRequest;
+use agentq_agent::schema::Message;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
@@ -117,5 +119,20 @@ pub async fn wait_until<F: Future<Output = bool>>(what: &str, mut cond: impl FnM
         );
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// One user message, no tools: a request for tests about how a call travels, not what
+/// it says.
+pub fn hello_request() -> LlmRequest<'static> {
+    LlmRequest {
+        model: "m".into(),
+        system: None,
+        messages: vec![Message::user("hello").into()],
+        tools: Vec::new().into(),
+        temperature: 0.0,
+        max_tokens: 64,
+        session_id: "s".into(),
+        web_search: None,
     }
 }
