@@ -152,9 +152,9 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             break;
         }
     }
+    let ramp = started.elapsed().as_secs_f64();
     progress(&format!(
-        "capacity: {running} sessions in flight after {:.1} s; measuring for {} s",
-        started.elapsed().as_secs_f64(),
+        "capacity: {running} sessions in flight after {ramp:.1} s; measuring for {} s",
         a.capacity_secs
     ));
     let (_, i0) = progress_of(env, &queue).await?;
@@ -176,6 +176,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.capacity_iterations_per_s = Some((i1 - i0) as f64 / dt);
     r.capacity_rss_bytes = rss;
     r.capacity_http2 = Some(fake.http2_request_count() > fake.request_count() / 2);
+    r.capacity_ramp_s = (running >= i64::from(offered)).then_some(ramp);
     progress(&format!(
         "capacity: {:.0} iterations/s, {} LLM requests served",
         (i1 - i0) as f64 / dt,

@@ -7,10 +7,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use self::mcp::McpFigures;
+use self::procs::{capacity_rows, recovery_rows};
 pub use self::scale::{RoutingFigure, ScaleFigures};
 use crate::args::BenchArgs;
 
 pub(crate) mod mcp;
+mod procs;
 pub(crate) mod scale;
 
 /// What the hostile sessions of the mixed round came to.
@@ -83,6 +85,8 @@ pub struct Results {
     pub capacity_rss_bytes: Option<u64>,
     /// Most capacity calls came over HTTP/2 (the worker inherits `AGENTQ_PROVIDERS_HTTP`).
     pub capacity_http2: Option<bool>,
+    /// Seconds from the worker's start until every offered session was in flight.
+    pub capacity_ramp_s: Option<f64>,
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
     pub recovery_sessions: Option<usize>,
@@ -227,6 +231,7 @@ fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
     for (key, value) in [
         ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
         ("capacity_http2", json!(r.capacity_http2)),
+        ("capacity_ramp_s", num(r.capacity_ramp_s, 2)),
         ("workspace_files", json!(r.workspace_files)),
         ("workspace_bytes", json!(r.workspace_bytes)),
         (
@@ -509,64 +514,6 @@ fn workspace_rows(r: &Results, rows: &mut Rows) {
                 String::new(),
             );
         }
-    }
-}
-
-/// One worker process under many slow sessions.
-fn capacity_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
-    if let Some(n) = r.capacity_sessions {
-        let rss = r.capacity_rss_bytes.unwrap_or(0);
-        // The default offer's target, and the one for a worker holding 50,000 sessions
-        // (`--capacity-sessions 50000`).
-        let (want, gib) = if r.capacity_offered.unwrap_or(0) >= 50_000 {
-            (50_000, 2u64)
-        } else {
-            (5_000, 1)
-        };
-        rows.add(
-            "capacity",
-            format!(
-                "sessions in flight, one worker ({} offered, {} ms LLM, {})",
-                r.capacity_offered.unwrap_or(0),
-                args.llm_latency_ms,
-                r.capacity_http2
-                    .filter(|&h2| h2)
-                    .map_or("HTTP/1.1", |_| "HTTP/2")
-            ),
-            n.to_string(),
-            format!(
-                ">= {want} under {gib} GiB {}",
-                verdict(n >= want && rss < gib << 30)
-            ),
-        );
-        rows.add(
-            "",
-            "iterations/s at that load".into(),
-            format!("{:.0}", r.capacity_iterations_per_s.unwrap_or(0.0)),
-            String::new(),
-        );
-        rows.add(
-            "",
-            "worker peak RSS (VmHWM)".into(),
-            format!("{:.0} MiB", rss as f64 / (1u64 << 20) as f64),
-            String::new(),
-        );
-    }
-}
-
-/// A SIGKILLed worker's sessions, resumed elsewhere.
-fn recovery_rows(r: &Results, rows: &mut Rows) {
-    if let Some(x) = r.recovery_s {
-        rows.add(
-            "recovery",
-            format!(
-                "SIGKILL to next iteration elsewhere, max of {} (p50 {:.2} s)",
-                r.recovery_sessions.unwrap_or(0),
-                r.recovery_p50_s.unwrap_or(0.0)
-            ),
-            format!("{x:.2} s"),
-            format!("< 10 s {}", verdict(x < 10.0)),
-        );
     }
 }
 

@@ -111,6 +111,7 @@ fn bench_prints_every_figure_as_json() {
         "capacity_sessions",
         "capacity_iterations_per_s",
         "capacity_rss_bytes",
+        "capacity_ramp_s",
         "recovery_s",
     ] {
         assert!(v.get(key).is_some_and(|x| x.is_null()), "{key} in {v}");
@@ -325,6 +326,7 @@ fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
         "ceiling_commits_per_s",
         "iterations_per_s",
         "capacity_iterations_per_s",
+        "capacity_ramp_s",
         "recovery_s",
     ] {
         let x = v[key]
