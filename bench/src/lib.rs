@@ -157,7 +157,8 @@ async fn run_parts(env: &Env, want: &dyn Fn(&str) -> bool, r: &mut Results) -> a
     }
     if want("overhead") {
         progress(&format!(
-            "overhead: one session alone, {} iterations",
+            "overhead: {} sessions, each alone, {} iterations each",
+            workload::ALONE_ROUNDS,
             workload::ALONE_ITERATIONS
         ));
         workload::overhead_alone(env, r).await?;

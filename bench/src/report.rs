@@ -407,7 +407,7 @@ fn overhead_rows(r: &Results, rows: &mut Rows) {
                 r.overhead_alone_samples.unwrap_or(0)
             ),
             format!("{p50:.2} / {p99:.2} ms"),
-            format!("< 2 / < 10 ms {}", verdict(p50 < 2.0 && p99 < 10.0)),
+            format!("<= 0.5 / <= 2 ms {}", verdict(p50 <= 0.5 && p99 <= 2.0)),
         );
     }
 }

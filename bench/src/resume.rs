@@ -24,6 +24,7 @@ pub async fn resume(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             sessions: env.args.sessions.min(20),
             iterations: 160,
             warm_up: false,
+            rounds: 1,
         },
     )
     .await?;

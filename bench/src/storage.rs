@@ -111,6 +111,7 @@ async fn storage_run(
             sessions: n,
             iterations: k,
             warm_up: false,
+            rounds: 1,
         },
     )
     .await?;

@@ -276,6 +276,8 @@ pub struct Workload {
     pub iterations: u32,
     /// Run the same workload once on the same workers before the measured one.
     pub warm_up: bool,
+    /// Measured rounds, one after the other, each with sessions of its own (at least one).
+    pub rounds: u32,
 }
 
 pub struct Ran {
@@ -391,8 +393,13 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
             tokio::time::sleep(Duration::from_millis(300)).await;
             cold = Some(round(&all).await?);
         }
-        let ids = create().await?;
-        all.extend(ids.iter().cloned());
+        let rounds = w.rounds.max(1);
+        let mut sets = Vec::new();
+        for _ in 0..rounds {
+            let ids = create().await?;
+            all.extend(ids.iter().cloned());
+            sets.push(ids);
+        }
         // Let the workers reach their first (next) XREADGROUP.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let batches = &agentq_core::metrics::global().checkpoint_batch_size;
@@ -402,7 +409,17 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         tap.start();
         let cpu_before = env.cpu.sample().await;
         let wal_before = wal_position(env).await;
-        let elapsed = round(&ids).await;
+        let mut elapsed = Ok(Duration::ZERO);
+        for ids in &sets {
+            match round(ids).await {
+                Ok(d) => elapsed = elapsed.map(|e| e + d),
+                Err(e) => {
+                    elapsed = Err(e);
+                    break;
+                }
+            }
+        }
+        let ids: Vec<String> = sets.concat();
         let overhead = tap.stop();
         let cpu = env.cpu.sample().await.since(&cpu_before);
         let wal_bytes = wal_written(env, wal_before).await;
@@ -431,7 +448,7 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         None => None,
     };
     Ok(Ran {
-        iterations: f64::from(w.sessions) * f64::from(w.iterations),
+        iterations: f64::from(w.sessions) * f64::from(w.iterations) * f64::from(w.rounds.max(1)),
         elapsed,
         failed,
         ids,
@@ -595,6 +612,7 @@ pub fn throughput_workload(env: &Env, tool: &'static str) -> Workload {
         sessions: env.args.sessions,
         iterations: env.args.iterations,
         warm_up: true,
+        rounds: 1,
     }
 }
 
@@ -634,12 +652,17 @@ pub fn record_throughput(r: &mut Results, ran: &Ran) {
     ));
 }
 
-/// Iterations of the session the overhead part runs alone.
+/// Iterations of each session the overhead part runs alone.
 pub const ALONE_ITERATIONS: u32 = 100;
 
-/// The overhead with one session alone, on workers set up as the throughput run's: what
-/// the loop costs per iteration when nothing queues ahead of it (under load, Little's law
-/// makes the per-iteration time sessions in flight / throughput, whatever the loop costs).
+/// Sessions the overhead part runs alone, one after the other: 1,000 samples, so that
+/// the p99 is the tenth-worst iteration rather than the second-worst of 100.
+pub const ALONE_ROUNDS: u32 = 10;
+
+/// The overhead with one session alone ([`ALONE_ROUNDS`] of them, each alone), on workers
+/// set up as the throughput run's: what the loop costs per iteration when nothing queues
+/// ahead of it (under load, Little's law makes the per-iteration time sessions in flight /
+/// throughput, whatever the loop costs).
 pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     let ran = run_workload(
         env,
@@ -649,6 +672,7 @@ pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
             sessions: 1,
             iterations: ALONE_ITERATIONS,
             warm_up: true,
+            rounds: ALONE_ROUNDS,
         },
     )
     .await?;
