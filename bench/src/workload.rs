@@ -393,51 +393,25 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
             tokio::time::sleep(Duration::from_millis(300)).await;
             cold = Some(round(&all).await?);
         }
-        let rounds = w.rounds.max(1);
         let mut sets = Vec::new();
-        for _ in 0..rounds {
-            let ids = create().await?;
-            all.extend(ids.iter().cloned());
-            sets.push(ids);
-        }
-        // Let the workers reach their first (next) XREADGROUP.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let batches = &agentq_core::metrics::global().checkpoint_batch_size;
-        let batches_before = (batches.get_sample_count(), batches.get_sample_sum());
-        let hist_before = checkpoint_hist();
-        let tap = agentq_worker::overhead_tap();
-        tap.start();
-        let cpu_before = env.cpu.sample().await;
-        let wal_before = wal_position(env).await;
-        let mut elapsed = Ok(Duration::ZERO);
-        for ids in &sets {
-            match round(ids).await {
-                Ok(d) => elapsed = elapsed.map(|e| e + d),
-                Err(e) => {
-                    elapsed = Err(e);
-                    break;
-                }
-            }
+        for _ in 0..w.rounds.max(1) {
+            sets.push(create().await?);
         }
         let ids: Vec<String> = sets.concat();
-        let overhead = tap.stop();
-        let cpu = env.cpu.sample().await.since(&cpu_before);
-        let wal_bytes = wal_written(env, wal_before).await;
-        let commits = (
-            batches.get_sample_count().saturating_sub(batches_before.0),
-            batches.get_sample_sum() - batches_before.1,
-        );
-        let hist = hist_delta(&hist_before, &checkpoint_hist());
-        anyhow::Ok((
-            ids,
-            all,
-            elapsed?,
-            overhead,
-            (cpu, wal_bytes),
-            cold,
-            hist,
-            commits,
-        ))
+        all.extend(ids.iter().cloned());
+        // Let the workers reach their first (next) XREADGROUP.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let meters = Meters::start(env).await;
+        let elapsed = async {
+            let mut total = Duration::ZERO;
+            for set in &sets {
+                total += round(set).await?;
+            }
+            anyhow::Ok(total)
+        }
+        .await;
+        let (overhead, cpu_wal, hist, commits) = meters.stop(env).await;
+        anyhow::Ok((ids, all, elapsed?, overhead, cpu_wal, cold, hist, commits))
     }
     .await;
     let served = fleet.stop().await;
@@ -460,6 +434,50 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         commits,
         mcp_calls,
     })
+}
+
+/// What [`Meters::stop`] read: the overhead samples, CPU and WAL bytes, checkpoint
+/// histogram and (commits, checkpoints committed).
+type Measured = (Vec<Duration>, (Sample, Option<f64>), Hist, (u64, f64));
+
+/// What a measured round is read from: the overhead tap, the commits' batch sizes and
+/// durations, the servers' CPU and the WAL, each as it stood before the round.
+struct Meters {
+    batches: (u64, f64),
+    hist: Hist,
+    cpu: Sample,
+    wal: Option<String>,
+}
+
+impl Meters {
+    async fn start(env: &Env) -> Meters {
+        let batches = &agentq_core::metrics::global().checkpoint_batch_size;
+        let batches = (batches.get_sample_count(), batches.get_sample_sum());
+        let hist = checkpoint_hist();
+        agentq_worker::overhead_tap().start();
+        let cpu = env.cpu.sample().await;
+        let wal = wal_position(env).await;
+        Meters {
+            batches,
+            hist,
+            cpu,
+            wal,
+        }
+    }
+
+    /// What changed since [`Meters::start`].
+    async fn stop(self, env: &Env) -> Measured {
+        let overhead = agentq_worker::overhead_tap().stop();
+        let cpu = env.cpu.sample().await.since(&self.cpu);
+        let wal_bytes = wal_written(env, self.wal).await;
+        let batches = &agentq_core::metrics::global().checkpoint_batch_size;
+        let commits = (
+            batches.get_sample_count().saturating_sub(self.batches.0),
+            batches.get_sample_sum() - self.batches.1,
+        );
+        let hist = hist_delta(&self.hist, &checkpoint_hist());
+        (overhead, (cpu, wal_bytes), hist, commits)
+    }
 }
 
 /// With the MCP tool: the calls the servers answered and those the `sessions` sessions
