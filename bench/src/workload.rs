@@ -274,7 +274,8 @@ pub struct Workload {
     pub tool: &'static str,
     pub sessions: u32,
     pub iterations: u32,
-    /// Run the same workload once on the same workers before the measured one.
+    /// Run the same workload (its rounds included) once on the same workers before the
+    /// measured one.
     pub warm_up: bool,
     /// Measured rounds, one after the other, each with sessions of its own (at least one).
     pub rounds: u32,
@@ -376,40 +377,48 @@ pub async fn run_workload_on(env: &Env, routing: &Routing, w: &Workload) -> anyh
         }
         Ok(started.elapsed())
     };
-    let create = || {
-        create_sessions_in(
-            routing.store.as_ref(),
-            &queue,
-            w.sessions,
-            w.iterations,
-            tool,
-        )
+    // Each measured round (and each warm-up round) with sessions of its own.
+    let create = async || -> anyhow::Result<Vec<Vec<String>>> {
+        let mut sets = Vec::new();
+        for _ in 0..w.rounds.max(1) {
+            sets.push(
+                create_sessions_in(
+                    routing.store.as_ref(),
+                    &queue,
+                    w.sessions,
+                    w.iterations,
+                    tool,
+                )
+                .await?,
+            );
+        }
+        Ok(sets)
+    };
+    let rounds = async |sets: &[Vec<String>]| -> anyhow::Result<Duration> {
+        let mut total = Duration::ZERO;
+        for set in sets {
+            total += round(set).await?;
+        }
+        Ok(total)
     };
     let measured = async {
         let mut cold = None;
         let mut all = Vec::new();
         if w.warm_up {
-            all = create().await?;
+            // Its rounds too: one lone session would leave most of the workers' pooled
+            // connections cold for the measured rounds.
+            let sets = create().await?;
+            all = sets.concat();
             tokio::time::sleep(Duration::from_millis(300)).await;
-            cold = Some(round(&all).await?);
+            cold = Some(rounds(&sets).await?);
         }
-        let mut sets = Vec::new();
-        for _ in 0..w.rounds.max(1) {
-            sets.push(create().await?);
-        }
+        let sets = create().await?;
         let ids: Vec<String> = sets.concat();
         all.extend(ids.iter().cloned());
         // Let the workers reach their first (next) XREADGROUP.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let meters = Meters::start(env).await;
-        let elapsed = async {
-            let mut total = Duration::ZERO;
-            for set in &sets {
-                total += round(set).await?;
-            }
-            anyhow::Ok(total)
-        }
-        .await;
+        let elapsed = rounds(&sets).await;
         let (overhead, cpu_wal, hist, commits) = meters.stop(env).await;
         anyhow::Ok((ids, all, elapsed?, overhead, cpu_wal, cold, hist, commits))
     }
