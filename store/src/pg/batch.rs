@@ -17,7 +17,7 @@ use crate::sql::record::SessionRecord;
 use crate::sql::statements::POSTGRES as SQL;
 use crate::store::{Committed, LeaseStatus};
 
-use super::params::{Params, unnest, unnest_ordered};
+use super::params::{Params, one_row, unnest, unnest_ordered};
 use super::{PgStore, secs};
 
 /// Group commit: the checkpoints of many sessions in one statement (one round trip), each
@@ -25,9 +25,10 @@ use super::{PgStore, secs};
 /// inserted only from the update's output, so a fenced-off worker writes nothing at all,
 /// and only past the stored history, so a retry after an ambiguous failure is harmless.
 /// With an outcome the row becomes terminal and the lease is given up in the same
-/// statement. `c` is one array per column (one element per checkpoint), `m` one per new
-/// message; the answer is the ids whose lease held, with the row of each that finished.
-/// A batch that changes files has [`files_ctes`] before the answer.
+/// statement. `c` is one array per column (one element per checkpoint; a lone checkpoint's
+/// `c` is one row of single values), `m` one per new message; the answer is the ids whose
+/// lease held, with the row of each that finished. A batch that changes files has
+/// [`files_ctes`] before the answer.
 fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str) -> String {
     format!(
         "
@@ -359,40 +360,60 @@ impl BatchColumns<'_> {
     /// changes and the contents.
     fn statement(&self) -> Result<(String, PgArguments)> {
         let mut p = Params::default();
-        let checkpoints = unnest(
-            "c",
-            &[
-                ("root_id", p.array(&self.roots, "text")?),
-                ("id", p.array(&self.ids, "text")?),
-                ("epoch", p.array(&self.epochs, "bigint")?),
-                ("owner", p.array(&self.owners, "text")?),
-                ("iteration", p.array(&self.iterations, "int")?),
-                ("input_tokens", p.array(&self.input, "bigint")?),
-                ("output_tokens", p.array(&self.output, "bigint")?),
-                ("cache_read_tokens", p.array(&self.cache_read, "bigint")?),
-                ("cache_write_tokens", p.array(&self.cache_write, "bigint")?),
-                ("reasoning_tokens", p.array(&self.reasoning, "bigint")?),
-                (
-                    "web_search_requests",
-                    p.array(&self.web_searches, "bigint")?,
-                ),
-                ("drain_rounds", p.array(&self.drain_rounds, "int")?),
-                ("free_iteration", p.array(&self.free_iteration, "bool")?),
-                ("phase", p.array(&self.phases, "text")?),
-                ("started_at", p.array(&self.started_at, "timestamptz")?),
-                ("status", p.array(&self.statuses, "text")?),
-                ("finish_reason", p.array(&self.reasons, "text")?),
-                ("result", p.array(&self.results, "text")?),
-                ("error", p.array(&self.errors, "text")?),
-                ("turn_base", p.array(&self.turn_base, "int")?),
-                ("not_started", p.array(&self.not_started, "text")?),
-                ("bg_cursor", p.array(&self.bg_cursor, "bigint")?),
-                ("msg_cursor", p.array(&self.msg_cursor, "bigint")?),
-                ("has_new", p.array(&self.has_new, "bool")?),
-                ("history_len", p.array(&self.history_len, "int")?),
-                ("model_used", p.array(&self.model_used, "text")?),
-            ],
-        );
+        // A lone checkpoint (the common case on an idle worker) binds single values: the
+        // same statement over a one-row table, planned and bound more cheaply.
+        let row = self.ids.len() == 1;
+        let columns = [
+            ("root_id", p.column(&self.roots, "text", row)?),
+            ("id", p.column(&self.ids, "text", row)?),
+            ("epoch", p.column(&self.epochs, "bigint", row)?),
+            ("owner", p.column(&self.owners, "text", row)?),
+            ("iteration", p.column(&self.iterations, "int", row)?),
+            ("input_tokens", p.column(&self.input, "bigint", row)?),
+            ("output_tokens", p.column(&self.output, "bigint", row)?),
+            (
+                "cache_read_tokens",
+                p.column(&self.cache_read, "bigint", row)?,
+            ),
+            (
+                "cache_write_tokens",
+                p.column(&self.cache_write, "bigint", row)?,
+            ),
+            (
+                "reasoning_tokens",
+                p.column(&self.reasoning, "bigint", row)?,
+            ),
+            (
+                "web_search_requests",
+                p.column(&self.web_searches, "bigint", row)?,
+            ),
+            ("drain_rounds", p.column(&self.drain_rounds, "int", row)?),
+            (
+                "free_iteration",
+                p.column(&self.free_iteration, "bool", row)?,
+            ),
+            ("phase", p.column(&self.phases, "text", row)?),
+            (
+                "started_at",
+                p.column(&self.started_at, "timestamptz", row)?,
+            ),
+            ("status", p.column(&self.statuses, "text", row)?),
+            ("finish_reason", p.column(&self.reasons, "text", row)?),
+            ("result", p.column(&self.results, "text", row)?),
+            ("error", p.column(&self.errors, "text", row)?),
+            ("turn_base", p.column(&self.turn_base, "int", row)?),
+            ("not_started", p.column(&self.not_started, "text", row)?),
+            ("bg_cursor", p.column(&self.bg_cursor, "bigint", row)?),
+            ("msg_cursor", p.column(&self.msg_cursor, "bigint", row)?),
+            ("has_new", p.column(&self.has_new, "bool", row)?),
+            ("history_len", p.column(&self.history_len, "int", row)?),
+            ("model_used", p.column(&self.model_used, "text", row)?),
+        ];
+        let checkpoints = if row {
+            one_row("c", &columns)
+        } else {
+            unnest("c", &columns)
+        };
         let messages = unnest(
             "m",
             &[

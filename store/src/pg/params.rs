@@ -35,6 +35,20 @@ impl Params {
         Ok(format!("{}::{ty}[]", self.value(values)?))
     }
 
+    /// A column of a table that has one row (`row` binds its value alone, cast to `ty`,
+    /// which Postgres binds and plans for more cheaply than an array of one) or of many
+    /// (an array, as [`Params::array`]).
+    pub(super) fn column<'q, E>(&mut self, values: &'q [E], ty: &str, row: bool) -> Result<String>
+    where
+        E: Encode<'q, Postgres> + Type<Postgres> + 'q,
+        &'q [E]: Encode<'q, Postgres> + Type<Postgres>,
+    {
+        match values {
+            [one] if row => Ok(format!("{}::{ty}", self.value(one)?)),
+            _ => self.array(values, ty),
+        }
+    }
+
     /// The arguments, for `sqlx::query_with` and its kin.
     pub(super) fn into_args(self) -> PgArguments {
         self.args
@@ -45,6 +59,13 @@ impl Params {
 pub(super) fn unnest(alias: &str, columns: &[(&str, String)]) -> String {
     let (arrays, names) = split(columns);
     format!("UNNEST({arrays}) AS {alias}({names})")
+}
+
+/// `(VALUES (values…)) AS alias(names…)`: a table of one row, its columns bound by
+/// [`Params::column`] as single values.
+pub(super) fn one_row(alias: &str, columns: &[(&str, String)]) -> String {
+    let (values, names) = split(columns);
+    format!("(VALUES ({values})) AS {alias}({names})")
 }
 
 /// [`unnest`] with each row's position (from 1) as its last column, `ord`.
@@ -58,4 +79,27 @@ fn split(columns: &[(&str, String)]) -> (String, String) {
     let arrays: Vec<&str> = columns.iter().map(|(_, p)| p.as_str()).collect();
     let names: Vec<&str> = columns.iter().map(|(n, _)| *n).collect();
     (arrays.join(", "), names.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_table_of_one_row_binds_values_and_of_more_binds_arrays() {
+        let mut p = Params::default();
+        let one = [("id", p.column(&["a"], "text", true).unwrap())];
+        assert_eq!(one_row("c", &one), "(VALUES ($1::text)) AS c(id)");
+        // Two values make a table of two rows whatever the caller asked.
+        let two = [
+            ("id", p.column(&["a", "b"], "text", true).unwrap()),
+            ("n", p.column(&[1_i64, 2], "bigint", false).unwrap()),
+        ];
+        assert_eq!(
+            unnest("c", &two),
+            "UNNEST($2::text[], $3::bigint[]) AS c(id, n)"
+        );
+    }
 }

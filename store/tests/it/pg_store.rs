@@ -91,6 +91,82 @@ async fn a_final_commit_returns_the_finished_row() {
     assert_eq!(row.status, SessionStatus::Completed);
 }
 
+/// A lone checkpoint binds single values where a batch binds arrays (the same statement
+/// over a table of one row): twin sessions taking the same steps, one committed alone and
+/// one in a batch beside a third, end with the same row and the same history.
+#[tokio::test]
+async fn a_lone_checkpoint_stores_what_a_batch_stores() {
+    let store = store().await;
+    let mut runs = Vec::new();
+    for prompt in ["twin", "twin", "bystander"] {
+        let id = create(&store, prompt).await;
+        runs.push(acquire(&store, &id, "w", TTL).await);
+    }
+    let mut persisted: Vec<usize> = runs.iter().map(|(_, s)| s.messages.len()).collect();
+    for step in 0..3 {
+        for (_, state) in &mut runs {
+            let mut reply = Message::assistant(format!("step {step}"));
+            reply.usage = Some(agentq_agent::schema::Usage {
+                input_tokens: 100,
+                output_tokens: 20,
+                reasoning_tokens: 5,
+                ..Default::default()
+            });
+            reply.model = Some("test-model".into());
+            state.push_assistant(reply);
+            if step == 2 {
+                state.outcome = Some(Outcome {
+                    reason: ExitReason::Stop,
+                    result: Some("done".into()),
+                    error: None,
+                });
+            }
+        }
+        let cps: Vec<Checkpoint> = runs
+            .iter()
+            .zip(&persisted)
+            .map(|((lease, state), from)| Checkpoint::new(lease, state, *from).unwrap())
+            .collect();
+        let alone = store.checkpoint_batch(&[&cps[0]]).await.unwrap();
+        let batch = store.checkpoint_batch(&[&cps[1], &cps[2]]).await.unwrap();
+        assert_eq!((alone.len(), batch.len()), (1, 2));
+        let rows: Vec<_> = alone.into_iter().chain(batch).map(Result::unwrap).collect();
+        // Only the final step brings the finished rows back, alone as in the batch.
+        assert!(rows.iter().all(|r| r.is_some() == (step == 2)), "{rows:?}");
+        for (from, (_, state)) in persisted.iter_mut().zip(&runs) {
+            *from = state.messages.len();
+        }
+    }
+    let (a, b) = (&runs[0].0.session_id, &runs[1].0.session_id);
+    assert_eq!(store.messages(a).await.unwrap(), runs[0].1.messages);
+    assert_eq!(
+        store.messages(a).await.unwrap(),
+        store.messages(b).await.unwrap()
+    );
+    let comparable = |row: agentq_types::model::SessionRow| {
+        let mut v = serde_json::to_value(row).unwrap();
+        let o = v.as_object_mut().unwrap();
+        for volatile in [
+            "id",
+            "root_id",
+            "created_at",
+            "updated_at",
+            "finished_at",
+            "started_at",
+        ] {
+            o.remove(volatile);
+        }
+        v
+    };
+    let row_a = store.get(a).await.unwrap().unwrap();
+    assert_eq!(row_a.status, SessionStatus::Completed);
+    assert_eq!(row_a.usage.input_tokens, 300);
+    assert_eq!(
+        comparable(row_a),
+        comparable(store.get(b).await.unwrap().unwrap())
+    );
+}
+
 /// A claim skips reading `messages` only for a history of the prompt alone (the contract
 /// covers fresh and re-opened sessions): a row from before `history_len` (migration 0005)
 /// with its first message stored comes back whole.
