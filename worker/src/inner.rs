@@ -16,6 +16,7 @@ use agentq_core::{Queue, Store};
 use agentq_mcp::McpServers;
 
 use crate::config::WorkerSettings;
+use crate::group_claim::{ClaimTerms, GroupClaim};
 use crate::group_commit;
 use crate::observe::EVENT_BUFFER;
 use crate::pipeline::Pipeline;
@@ -38,6 +39,8 @@ pub(crate) struct Inner {
     pub runs: Runs,
     /// The writers every run hands its checkpoints and events to.
     pub pipeline: Pipeline,
+    /// Every delivery's claim goes through it.
+    pub claims: GroupClaim,
     /// A session runs only with one of these (`cfg.concurrency` of them).
     pub slots: Arc<Semaphore>,
     /// Set on shutdown: runs stop at their next checkpoint.
@@ -83,6 +86,11 @@ impl Inner {
         metrics.label_tenants(cfg.labelled_tenants());
         metrics.label_mcp_servers(cfg.mcp_servers.iter().map(|s| s.name.clone()));
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
+        let claims = GroupClaim::new(ClaimTerms {
+            owner: cfg.consumer.clone(),
+            ttl: cfg.lease_ttl,
+            max_attempts: cfg.max_attempts,
+        });
         Inner {
             cfg,
             store,
@@ -91,6 +99,7 @@ impl Inner {
             stats: Stats::default(),
             runs: Runs::new(),
             pipeline: Pipeline::new(EVENT_BUFFER, metrics),
+            claims,
             slots,
             draining: CancellationToken::new(),
             shared: Shared::default(),

@@ -22,6 +22,7 @@ mod checkpoint;
 pub mod config;
 mod delivery;
 mod error;
+mod group_claim;
 mod group_commit;
 mod heartbeat;
 mod inbox;

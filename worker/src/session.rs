@@ -85,19 +85,14 @@ async fn handle_caught(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
 
 async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
     let claimed_at = Instant::now();
-    let claim = inner
-        .store
-        .claim(
-            &d.session_id,
-            &inner.cfg.consumer,
-            inner.cfg.lease_ttl,
-            inner.cfg.max_attempts,
-        )
-        .await;
+    let claim = inner.claims.claim(&inner.store, &d.session_id).await;
     let claim = match claim {
         Ok(c) => c,
         Err(e) => {
-            // The entry stays pending; the reclaimer hands it out again later.
+            // The entry stays pending; the reclaimer hands it out again later. The claim
+            // may have committed unanswered: the heartbeat's audit gives back a session
+            // that is ours with nobody running it.
+            inner.runs.audit_due.store(true, Ordering::SeqCst);
             warn!(error = %e, "claim failed; leaving the entry for a retry");
             return Err(e.into());
         }

@@ -2,6 +2,7 @@
 //! and suspension of a running session. Every write after the claim is conditional on
 //! `(lease_owner, lease_epoch)`.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -37,41 +38,46 @@ impl LeaseStore for PgStore {
             .bind(secs(ttl))
             .fetch_optional(&self.pool)
             .await?;
-        let Some(rec) = claimed else {
-            let rec = self.get_record(id).await?;
-            let settled = match &rec {
-                Some(r) if r.status()?.is_terminal() => {
-                    sqlx::query_scalar(outcome::SETTLED)
-                        .bind(id)
-                        .fetch_one(&self.pool)
-                        .await?
-                }
-                _ => false,
-            };
-            return outcome::claim_refused(rec, settled);
-        };
-        if outcome::exhausted(&rec, max_attempts) {
-            return outcome::exhausted_claim(rec);
+        match claimed {
+            Some(rec) => self.taken(rec, owner, max_attempts).await,
+            None => self.refused(id).await,
         }
-        // A second statement, after the claim committed: from here on the previous holder
-        // is fenced off, so this read sees everything it will ever have written. The
-        // claimed row is the latest version (the claim waited for any write in flight).
-        let messages: Vec<StoredMessage> = if !rec.has_stored_history() {
-            Vec::new()
-        } else if rec.forked_from.is_some() {
-            // A fork's prefix is its origins' messages (`sql::fork`).
-            sqlx::query_as(&crate::sql::fork::POSTGRES.history)
-                .bind(&rec.id)
-                .fetch_all(&self.pool)
-                .await?
-        } else {
-            sqlx::query_as(&SQL.claim_history)
-                .bind(&rec.root_id)
-                .bind(&rec.id)
-                .fetch_all(&self.pool)
-                .await?
-        };
-        outcome::acquired(rec, owner, messages)
+    }
+
+    /// One statement for every claim of the batch (a batch of one is [`Self::claim`]'s
+    /// own statement); the reads after it (a claimed session's history, why a claim was
+    /// refused) go one per session, as for a lone claim.
+    async fn claim_batch(
+        &self,
+        ids: &[&str],
+        owner: &str,
+        ttl: Duration,
+        max_attempts: u32,
+    ) -> Result<Vec<Result<Claim>>> {
+        if let [id] = ids {
+            return Ok(vec![self.claim(id, owner, ttl, max_attempts).await]);
+        }
+        let claimed: Vec<SessionRecord> = sqlx::query_as(&SQL.claim_batch)
+            .bind(ids)
+            .bind(owner)
+            .bind(secs(ttl))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut claimed: HashMap<String, SessionRecord> =
+            claimed.into_iter().map(|r| (r.id.clone(), r)).collect();
+        let mut seen = HashSet::with_capacity(ids.len());
+        let answers = ids.iter().map(|id| {
+            let first = seen.insert(*id);
+            let rec = claimed.remove(*id);
+            async move {
+                match rec {
+                    _ if !first => Ok(Claim::Busy),
+                    Some(rec) => self.taken(rec, owner, max_attempts).await,
+                    None => self.refused(id).await,
+                }
+            }
+        });
+        Ok(futures::future::join_all(answers).await)
     }
 
     async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
@@ -150,6 +156,48 @@ impl LeaseStore for PgStore {
 }
 
 impl PgStore {
+    /// The answer for a row the claim took: `Exhausted` past `max_attempts` (the claim
+    /// stands), else the lease with the session's state.
+    async fn taken(&self, rec: SessionRecord, owner: &str, max_attempts: u32) -> Result<Claim> {
+        if outcome::exhausted(&rec, max_attempts) {
+            return outcome::exhausted_claim(rec);
+        }
+        // A second statement, after the claim committed: from here on the previous holder
+        // is fenced off, so this read sees everything it will ever have written. The
+        // claimed row is the latest version (the claim waited for any write in flight).
+        let messages: Vec<StoredMessage> = if !rec.has_stored_history() {
+            Vec::new()
+        } else if rec.forked_from.is_some() {
+            // A fork's prefix is its origins' messages (`sql::fork`).
+            sqlx::query_as(&crate::sql::fork::POSTGRES.history)
+                .bind(&rec.id)
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            sqlx::query_as(&SQL.claim_history)
+                .bind(&rec.root_id)
+                .bind(&rec.id)
+                .fetch_all(&self.pool)
+                .await?
+        };
+        outcome::acquired(rec, owner, messages)
+    }
+
+    /// Why a claim of `id` took nothing, from the row as it is now.
+    async fn refused(&self, id: &str) -> Result<Claim> {
+        let rec = self.get_record(id).await?;
+        let settled = match &rec {
+            Some(r) if r.status()?.is_terminal() => {
+                sqlx::query_scalar(outcome::SETTLED)
+                    .bind(id)
+                    .fetch_one(&self.pool)
+                    .await?
+            }
+            _ => false,
+        };
+        outcome::claim_refused(rec, settled)
+    }
+
     async fn suspend_with(&self, lease: &Lease, s: &Suspension) -> Result<SessionRow> {
         let rec: Option<SessionRecord> = sqlx::query_as(&SQL.suspend)
             .bind(&lease.root_id)

@@ -3,6 +3,7 @@
 //! split by shard, and the listings and counts, asked of every shard.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,6 +185,46 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
         max_attempts: u32,
     ) -> Result<Claim> {
         by_id!(self, "claim", id, |s| s.claim(id, owner, ttl, max_attempts))
+    }
+
+    /// One group claim per shard, at once, each session's routed as its lone claim is (an
+    /// id that cannot be routed is answered with that error alone). A shard that is down
+    /// fails only its own claims, as the group commit does.
+    async fn claim_batch(
+        &self,
+        ids: &[&str],
+        owner: &str,
+        ttl: Duration,
+        max_attempts: u32,
+    ) -> Result<Vec<Result<Claim>>> {
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut unrouted = Vec::new();
+        for (pos, id) in ids.iter().enumerate() {
+            match self.route(id).await {
+                Ok(i) => groups.entry(i).or_default().push(pos),
+                Err(e) => unrouted.push((vec![pos], vec![Err(e)])),
+            }
+        }
+        let calls = groups.into_iter().map(|(i, positions)| {
+            let part: Vec<&str> = positions.iter().map(|p| ids[*p]).collect();
+            async move {
+                let answer = self
+                    .on(i)
+                    .claim_batch(&part, owner, ttl, max_attempts)
+                    .await;
+                (positions, answer)
+            }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let mut answers = per_shard(answers, |e, positions| {
+            let e = Arc::new(e);
+            positions
+                .iter()
+                .map(|_| Err(Error::Shared(e.clone())))
+                .collect()
+        })?;
+        answers.extend(unrouted);
+        reassemble(ids.len(), answers)
     }
 
     async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {

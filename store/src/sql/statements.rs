@@ -183,6 +183,9 @@ impl Shared {
     pub(crate) fn render(&self, dialect: Dialect) -> String {
         let text = self
             .text
+            .replace("CLAIM_SET", CLAIM_SET)
+            .replace("CLAIM_RUNNABLE", CLAIM_RUNNABLE)
+            .replace("CLAIMED", CLAIMED)
             .replace("KEY_FIELDS", KEY_FIELDS)
             .replace("COLS", COLS)
             .replace("LEASE_DEAD", LEASE_DEAD);
@@ -213,7 +216,14 @@ const SELECT_SESSION: Shared = Shared {
 /// (SQLite: its expiry), which covers the claim until the owner's next heartbeat.
 const CLAIM: Shared = Shared {
     text: "
-UPDATE sessions SET
+UPDATE sessions SET CLAIM_SET
+WHERE id = $1 AND CLAIM_RUNNABLE
+RETURNING CLAIMED",
+    sqlite_now: Some(4),
+};
+
+/// What a claim writes, with `$2` the owner and `$3` the lease's length.
+const CLAIM_SET: &str = "
     lease_owner = $2,
     lease_epoch = lease_epoch + 1,
     lease_expires_at = now() + make_interval(secs => $3),
@@ -223,13 +233,37 @@ UPDATE sessions SET
         + CASE WHEN status = 'running' AND lease_owner IS NOT NULL AND lease_owner <> $2
           THEN 1 ELSE 0 END,
     held = false,
-    updated_at = now()
-WHERE id = $1
-  AND status IN ('queued', 'running')
-  AND (lease_owner IS NULL OR lease_owner = $2 OR (LEASE_DEAD))
-RETURNING COLS,
-    EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = sessions.root_id) AS has_workspace",
-    sqlite_now: Some(4),
+    updated_at = now()";
+
+/// Whether `sessions`' row may be claimed by `$2`.
+const CLAIM_RUNNABLE: &str = "status IN ('queued', 'running') \
+    AND (lease_owner IS NULL OR lease_owner = $2 OR (LEASE_DEAD))";
+
+/// What a claim answers: the claimed row and whether its tree has files.
+const CLAIMED: &str = "COLS,
+    EXISTS (SELECT 1 FROM workspace_files w WHERE w.root_id = sessions.root_id) AS has_workspace";
+
+/// Postgres' group claim: [`CLAIM`] for every id of `$1` at once (one statement, one
+/// durable commit), each row on the same conditions. The rows are locked in key order, as
+/// the group commit locks them, so that two such statements never wait on each other in a
+/// cycle; a locked row is then updated by that lock's holder alone, so the update writes
+/// what the condition was checked on.
+const CLAIM_BATCH: Shared = Shared {
+    text: "
+c AS (
+    SELECT DISTINCT unnest($1::text[]) AS id
+), locked AS (
+    SELECT sessions.root_id AS claimed_root, sessions.id AS claimed_id
+    FROM sessions JOIN c ON sessions.id = c.id
+    WHERE CLAIM_RUNNABLE
+    ORDER BY sessions.root_id, sessions.id
+    FOR UPDATE OF sessions
+)
+UPDATE sessions SET CLAIM_SET
+FROM locked
+WHERE sessions.root_id = locked.claimed_root AND sessions.id = locked.claimed_id
+RETURNING CLAIMED",
+    sqlite_now: None,
 };
 
 /// The stored history a claim resumes from.
@@ -575,6 +609,8 @@ const STORED_QUEUES: Shared = Shared {
 pub(crate) struct Statements {
     pub select_session: String,
     pub claim: String,
+    /// Postgres only (SQLite claims one session per statement).
+    pub claim_batch: String,
     pub claim_history: String,
     pub history: String,
     pub cancel: String,
@@ -628,6 +664,11 @@ impl Statements {
                 Dialect::Postgres => format!("{}{}", liveness::PG_ENSURE_WORKER, CLAIM.render(d)),
                 Dialect::Sqlite => CLAIM.render(d),
             },
+            claim_batch: format!(
+                "{}, {}",
+                liveness::PG_ENSURE_WORKER.trim_end(),
+                CLAIM_BATCH.render(d)
+            ),
             claim_history: CLAIM_HISTORY.render(d),
             history: HISTORY.render(d),
             cancel: CANCEL.render(d),

@@ -1,5 +1,5 @@
 //! The lease protocol: claims, resumption from a checkpoint, fencing, final and retried
-//! checkpoints, heartbeats, exhaustion, release, and the group commit.
+//! checkpoints, heartbeats, exhaustion, release, the group commit and the group claim.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,8 @@ use agentq_store::store::Store;
 use agentq_types::model::{CancelResult, Claim, Lease, NewSession, SessionStatus};
 
 use crate::common::{
-    Backend, SHORT_TTL, TTL, acquire, contract_tests, create, iterate, new_session,
+    Backend, SHORT_TTL, TTL, acquire, contract_tests, create, finish, iterate, new_session,
+    suspended,
 };
 
 contract_tests!(
@@ -31,6 +32,8 @@ contract_tests!(
     contract_checkpoint_cursors,
     contract_group_commit,
     contract_group_commit_with_heartbeats,
+    contract_group_claim,
+    contract_racing_group_claims,
 );
 
 async fn contract_crashed_worker_resumes_from_checkpoint(store: &dyn Backend) {
@@ -707,5 +710,178 @@ async fn contract_group_commit_with_heartbeats(store: &dyn Store) {
             store.messages(&lease.session_id).await.unwrap(),
             state.messages
         );
+    }
+}
+
+/// One group claim answers each session as a claim of it alone would: fresh, resumed (its
+/// stored history back), taken over from a dead lease (counted), our own lease again, a
+/// live lease of another worker, exhausted, finished (settled or not), suspended, unknown,
+/// and the same id twice.
+async fn contract_group_claim(store: &dyn Backend) {
+    // The leases that must be dead by the batch first, then one pass of the clock.
+    let exhausted = create(store, "exhausted").await;
+    for owner in ["x1", "x2", "x3"] {
+        acquire(store, &exhausted, owner, SHORT_TTL).await;
+        if owner != "x3" {
+            store.pass(SHORT_TTL * 2).await;
+        }
+    }
+    let dead = create(store, "dead lease").await;
+    acquire(store, &dead, "crashed", SHORT_TTL).await;
+    store.pass(SHORT_TTL * 2).await;
+    let fresh = create(store, "fresh").await;
+    let resumed = create(store, "resumed").await;
+    let (lease, mut state) = acquire(store, &resumed, "w1", TTL).await;
+    let mut persisted = state.messages.len();
+    iterate(store, &lease, &mut state, &mut persisted, 0).await;
+    store.release(&lease).await.unwrap();
+    let resumed_state = state;
+    let ours = create(store, "our own").await;
+    let (our_lease, _) = acquire(store, &ours, "w", TTL).await;
+    let busy = create(store, "busy").await;
+    acquire(store, &busy, "other", TTL).await;
+    let finished = create(store, "finished").await;
+    finish(store, &finished, "done").await;
+    let settled = create(store, "settled").await;
+    finish(store, &settled, "done").await;
+    store.mark_announced(&settled).await.unwrap();
+    let waiting = create(store, "waiting").await;
+    suspended(store, &waiting, "w2", SessionStatus::Waiting).await;
+
+    let ids = [
+        fresh.as_str(),
+        resumed.as_str(),
+        dead.as_str(),
+        ours.as_str(),
+        busy.as_str(),
+        exhausted.as_str(),
+        finished.as_str(),
+        settled.as_str(),
+        waiting.as_str(),
+        "no-such-session",
+        fresh.as_str(),
+    ];
+    let answers = store.claim_batch(&ids, "w", TTL, 3).await.unwrap();
+    assert_eq!(answers.len(), ids.len());
+    let mut answers = answers.into_iter().map(|a| a.unwrap());
+    let mut next = || answers.next().unwrap();
+    let acquired = |c: Claim, epoch: i64| match c {
+        Claim::Acquired { lease, state, row } => {
+            assert_eq!(lease.owner, "w");
+            assert_eq!(lease.epoch, epoch);
+            assert_eq!(row.status, SessionStatus::Running);
+            assert_eq!(row.lease_owner.as_deref(), Some("w"));
+            assert_eq!(row.lease_epoch, epoch);
+            (*state, *row)
+        }
+        other => panic!("expected Acquired at epoch {epoch}, got {other:?}"),
+    };
+    let (state, row) = acquired(next(), 1);
+    assert_eq!(
+        (state.messages.len(), row.attempts, row.takeovers),
+        (1, 1, 0)
+    );
+    let (state, _) = acquired(next(), 2);
+    assert_eq!(state, resumed_state);
+    let (_, row) = acquired(next(), 2);
+    assert_eq!((row.attempts, row.takeovers), (2, 1));
+    let (_, row) = acquired(next(), our_lease.epoch + 1);
+    assert_eq!((row.attempts, row.takeovers), (2, 0));
+    assert!(matches!(next(), Claim::Busy));
+    match next() {
+        Claim::Exhausted(row) => assert_eq!(row.attempts, 4),
+        other => panic!("expected Exhausted, got {other:?}"),
+    }
+    match next() {
+        Claim::Terminal(row) => assert_eq!(row.status, SessionStatus::Completed),
+        other => panic!("expected Terminal, got {other:?}"),
+    }
+    assert!(matches!(next(), Claim::Settled));
+    assert!(matches!(next(), Claim::NotRunnable(SessionStatus::Waiting)));
+    assert!(matches!(next(), Claim::NotFound));
+    assert!(matches!(next(), Claim::Busy));
+
+    // What was refused is unchanged; the busy session is still the other worker's.
+    let row = store.get(&busy).await.unwrap().unwrap();
+    assert_eq!(
+        (row.lease_owner.as_deref(), row.lease_epoch),
+        (Some("other"), 1)
+    );
+    assert_eq!(
+        store.get(&waiting).await.unwrap().unwrap().status,
+        SessionStatus::Waiting
+    );
+    // Our first lease of `ours` is fenced off by the second.
+    let stale = store.get(&ours).await.unwrap().unwrap();
+    assert_eq!(stale.lease_epoch, our_lease.epoch + 1);
+    // An empty batch claims nothing.
+    assert!(
+        store
+            .claim_batch(&[], "w", TTL, 3)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Group claims of the same sessions in opposite orders, beside lone claims, from several
+/// workers at once: each session is taken exactly once, and none waits on another in a
+/// cycle (Postgres would abort one of them as a deadlock).
+async fn contract_racing_group_claims(store: &dyn Store) {
+    let ids: Vec<String> = store
+        .create_sessions(
+            &(0..30)
+                .map(|i| new_session(&format!("g{i}")))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(r, _)| r.id)
+        .collect();
+    let forward: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let backward: Vec<&str> = forward.iter().rev().copied().collect();
+    let odd: Vec<&str> = forward.iter().skip(1).step_by(2).copied().collect();
+    let batches = [
+        ("a", forward.clone()),
+        ("b", backward.clone()),
+        ("c", odd),
+        ("d", backward),
+    ];
+    let grouped = futures::future::join_all(batches.iter().map(|(owner, ids)| async move {
+        let answers = store.claim_batch(ids, owner, TTL, 10).await.unwrap();
+        assert_eq!(answers.len(), ids.len());
+        ids.iter()
+            .zip(answers)
+            .map(|(id, a)| (id.to_string(), a.unwrap()))
+            .collect::<Vec<_>>()
+    }));
+    let lone =
+        futures::future::join_all(forward.iter().map(|id| async move {
+            (id.to_string(), store.claim(id, "e", TTL, 10).await.unwrap())
+        }));
+    let (grouped, lone) = tokio::join!(grouped, lone);
+    let all: Vec<(String, Claim)> = grouped.into_iter().flatten().chain(lone).collect();
+    for id in &ids {
+        let mine: Vec<&Claim> = all
+            .iter()
+            .filter(|(i, _)| i == id)
+            .map(|(_, c)| c)
+            .collect();
+        let won: Vec<&Lease> = mine
+            .iter()
+            .filter_map(|c| match c {
+                Claim::Acquired { lease, .. } => Some(lease),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(won.len(), 1, "{id}: {mine:?}");
+        assert!(
+            mine.iter()
+                .all(|c| matches!(c, Claim::Acquired { .. } | Claim::Busy))
+        );
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!(row.lease_owner.as_deref(), Some(won[0].owner.as_str()));
+        assert_eq!((row.lease_epoch, row.attempts), (1, 1));
     }
 }
