@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tracing::debug;
 
 use agentq_core::{Claim, Error, Store};
 
@@ -117,39 +118,51 @@ impl GroupClaim {
     }
 }
 
-/// One statement's claims, each answered; the slot is free again once they are.
+/// One statement's claims, each answered; the slot is free again once they are. A
+/// statement the store will never take as it is (a value it refuses, a row it cannot
+/// decode: not an outage) is split in two and each half claimed on its own, so that one
+/// hostile or broken entry fails only its own claim, as it would alone, and never holds
+/// back the claims it came with. A half that committed before failing is claimed again by
+/// the same owner, which takes its own lease again.
 async fn run<C: Claimer + ?Sized>(
     store: Arc<C>,
     terms: ClaimTerms,
     batch: Vec<Job>,
     _slot: OwnedSemaphorePermit,
 ) {
-    let ids: Vec<&str> = batch.iter().map(|j| j.id.as_str()).collect();
-    let answers = store.claim_batch(&ids, &terms).await;
-    match answers {
-        Ok(answers) if answers.len() == batch.len() => {
-            for (job, a) in batch.into_iter().zip(answers) {
-                let _ = job.reply.send(a);
+    let mut parts = vec![batch];
+    while let Some(mut part) = parts.pop() {
+        let ids: Vec<&str> = part.iter().map(|j| j.id.as_str()).collect();
+        match store.claim_batch(&ids, &terms).await {
+            Ok(answers) if answers.len() == part.len() => {
+                for (job, a) in part.into_iter().zip(answers) {
+                    let _ = job.reply.send(a);
+                }
             }
-        }
-        Ok(answers) => {
-            let e = Arc::new(Error::Conflict(format!(
-                "the store answered {} of {} claims",
-                answers.len(),
-                batch.len()
-            )));
-            for job in batch {
-                let _ = job.reply.send(Err(Error::Shared(e.clone())));
+            Ok(answers) => {
+                let e = Error::Conflict(format!(
+                    "the store answered {} of {} claims",
+                    answers.len(),
+                    part.len()
+                ));
+                fail(part, e);
             }
-        }
-        // Each delivery's entry stays pending and is handed out again; a claim that
-        // committed unanswered is taken again by this worker's next claim of it.
-        Err(e) => {
-            let e = Arc::new(e);
-            for job in batch {
-                let _ = job.reply.send(Err(Error::Shared(e.clone())));
+            Err(e) if part.len() > 1 && !e.is_retryable() => {
+                debug!(error = %e, size = part.len(), "group claim refused; splitting it");
+                let second = part.split_off(part.len() / 2);
+                parts.push(second);
+                parts.push(part);
             }
+            // Each delivery's entry stays pending and is handed out again.
+            Err(e) => fail(part, e),
         }
+    }
+}
+
+fn fail(part: Vec<Job>, e: Error) {
+    let e = Arc::new(e);
+    for job in part {
+        let _ = job.reply.send(Err(Error::Shared(e.clone())));
     }
 }
 
@@ -164,8 +177,9 @@ mod tests {
     use super::*;
 
     /// Records each statement's ids and holds it until the test lets one through; answers
-    /// `NotRunnable(Waiting)` for ids starting with `w`, `NotFound` for the rest, or fails
-    /// the whole statement when `fail` is set.
+    /// `NotRunnable(Waiting)` for ids starting with `w`, `NotFound` for the rest; fails
+    /// the whole statement when `fail` is set (an outage), or when it holds an id starting
+    /// with `poison` (a value the store refuses).
     struct Gated {
         batches: Mutex<Vec<Vec<String>>>,
         gate: Semaphore,
@@ -184,6 +198,9 @@ mod tests {
                 .unwrap()
                 .push(ids.iter().map(|s| s.to_string()).collect());
             self.gate.acquire().await.unwrap().forget();
+            if ids.iter().any(|id| id.starts_with("poison")) {
+                return Err(Error::Conflict("a value the store refuses".into()));
+            }
             if self.fail.load(Ordering::SeqCst) {
                 return Err(Error::Pool("the statement failed".into()));
             }
@@ -294,5 +311,41 @@ mod tests {
         let mut third = batches[2].clone();
         third.sort();
         assert_eq!(third, ["p", "q"]);
+    }
+
+    /// A claim the store refuses fails alone: the statement it came in is split until
+    /// it is alone, and every other claim of it is answered.
+    #[tokio::test]
+    async fn a_refused_claim_fails_alone() {
+        let (group, gate) = (group(), gated());
+        // Both slots taken by claims that wait, so the next ones gather in one statement.
+        let first = started(&group, &gate, "a");
+        let second = started(&group, &gate, "b");
+        until(|| gate.batches.lock().unwrap().len() == 2).await;
+        let ids = ["c", "w-d", "poison-e", "f", "w-g"];
+        let waiting: Vec<_> = ids.iter().map(|id| started(&group, &gate, id)).collect();
+        until(|| group.lock().len() == ids.len()).await;
+        gate.gate.add_permits(1_000);
+        first.await.unwrap().unwrap();
+        second.await.unwrap().unwrap();
+        for (id, task) in ids.iter().zip(waiting) {
+            let answer = task.await.unwrap();
+            match *id {
+                "poison-e" => assert!(
+                    matches!(&answer, Err(Error::Shared(e)) if matches!(**e, Error::Conflict(_))),
+                    "{answer:?}"
+                ),
+                id if id.starts_with('w') => {
+                    assert!(
+                        matches!(answer, Ok(Claim::NotRunnable(_))),
+                        "{id}: {answer:?}"
+                    )
+                }
+                id => assert!(matches!(answer, Ok(Claim::NotFound)), "{id}: {answer:?}"),
+            }
+        }
+        let batches = gate.batches.lock().unwrap().clone();
+        assert_eq!(batches[2].len(), ids.len(), "{batches:?}");
+        assert!(batches.iter().any(|b| b == &["poison-e".to_string()]));
     }
 }

@@ -676,3 +676,31 @@ async fn a_heartbeat_writes_the_workers_row_and_no_session_row() {
     assert_eq!(indexes.len(), 1, "{indexes:?}");
     assert!(indexes[0].contains("workers_pkey"), "{indexes:?}");
 }
+
+/// A group claim naming an id Postgres refuses (a NUL byte, which no text value holds)
+/// fails as a whole and writes nothing, so the worker can split it and claim the others
+/// (`worker/src/group_claim.rs`); the failure is the value's, not an outage.
+#[tokio::test]
+async fn a_group_claim_with_a_refused_id_fails_whole_and_writes_nothing() {
+    let store = store().await;
+    let good = create(&store, "good").await;
+    let other = create(&store, "other").await;
+    let err = store
+        .claim_batch(&[good.as_str(), "bad\0id", other.as_str()], "w", TTL, 10)
+        .await
+        .unwrap_err();
+    assert!(err.is_data() && !err.is_retryable(), "{err:?}");
+    for id in [&good, &other] {
+        let row = store.get(id).await.unwrap().unwrap();
+        assert_eq!((row.status, row.lease_epoch), (SessionStatus::Queued, 0));
+    }
+    let answers = store
+        .claim_batch(&[good.as_str(), other.as_str()], "w", TTL, 10)
+        .await
+        .unwrap();
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(agentq_types::model::Claim::Acquired { .. })))
+    );
+}
