@@ -71,6 +71,16 @@ pub(super) fn per_shard<T>(
     Ok(out)
 }
 
+/// The answers of a part whose shard is down, for [`per_shard`]: that failure, for each
+/// item of the part on its own.
+pub(super) fn each_failed<T>(e: Error, positions: &[usize]) -> Vec<Result<T>> {
+    let e = std::sync::Arc::new(e);
+    positions
+        .iter()
+        .map(|_| Err(Error::Shared(e.clone())))
+        .collect()
+}
+
 /// One page out of every shard's page (each sorted by `key`, ascending or descending):
 /// merged in that order and cut at `limit`.
 pub(super) fn merge_pages<T, K: Ord>(

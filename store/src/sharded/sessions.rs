@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -15,9 +14,9 @@ use agentq_agent::state::SessionState;
 use agentq_types::shard::{id_in, key_partition, partition_of};
 
 use super::ShardedStore;
-use super::merge::{cap, fold, merge_pages, per_shard, reassemble};
+use super::merge::{cap, each_failed, fold, merge_pages, per_shard, reassemble};
 use crate::checkpoint::Checkpoint;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fork::{ForkResult, NewFork};
 use crate::model::{
     ApprovalRecorded, CancelResult, Claim, Delivered, InboxItem, Lease, ListFilter, NewSession,
@@ -216,13 +215,7 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
             }
         });
         let answers = futures::future::join_all(calls).await;
-        let mut answers = per_shard(answers, |e, positions| {
-            let e = Arc::new(e);
-            positions
-                .iter()
-                .map(|_| Err(Error::Shared(e.clone())))
-                .collect()
-        })?;
+        let mut answers = per_shard(answers, each_failed)?;
         answers.extend(unrouted);
         reassemble(ids.len(), answers)
     }
@@ -243,13 +236,7 @@ impl<S: Store> LeaseStore for ShardedStore<S> {
             async move { (positions, self.on(i).checkpoint_batch(&part).await) }
         });
         let answers = futures::future::join_all(calls).await;
-        let answers = per_shard(answers, |e, positions| {
-            let e = Arc::new(e);
-            positions
-                .iter()
-                .map(|_| Err(Error::Shared(e.clone())))
-                .collect()
-        })?;
+        let answers = per_shard(answers, each_failed)?;
         reassemble(batch.len(), answers)
     }
 

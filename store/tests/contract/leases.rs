@@ -481,17 +481,7 @@ async fn contract_release(store: &dyn Store) {
 /// Many tasks at once: one claim wins per session, and concurrent checkpoints of many
 /// sessions all land (SQLite: writes queue for the one writer instead of failing busy).
 async fn contract_concurrent_claims_and_checkpoints(store: &dyn Store) {
-    let ids: Vec<String> = store
-        .create_sessions(
-            &(0..20)
-                .map(|i| new_session(&format!("c{i}")))
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(r, _)| r.id)
-        .collect();
+    let ids = created(store, 20, "c").await;
 
     // Race 8 claimers for each session.
     let results = futures::future::join_all(ids.iter().flat_map(|id| {
@@ -828,17 +818,7 @@ async fn contract_group_claim(store: &dyn Backend) {
 /// workers at once: each session is taken exactly once, and none waits on another in a
 /// cycle (Postgres would abort one of them as a deadlock).
 async fn contract_racing_group_claims(store: &dyn Store) {
-    let ids: Vec<String> = store
-        .create_sessions(
-            &(0..30)
-                .map(|i| new_session(&format!("g{i}")))
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(r, _)| r.id)
-        .collect();
+    let ids = created(store, 30, "g").await;
     let forward: Vec<&str> = ids.iter().map(String::as_str).collect();
     let backward: Vec<&str> = forward.iter().rev().copied().collect();
     let odd: Vec<&str> = forward.iter().skip(1).step_by(2).copied().collect();
@@ -884,4 +864,13 @@ async fn contract_racing_group_claims(store: &dyn Store) {
         assert_eq!(row.lease_owner.as_deref(), Some(won[0].owner.as_str()));
         assert_eq!((row.lease_epoch, row.attempts), (1, 1));
     }
+}
+
+/// `n` queued sessions created in one call, their prompts `prefix` and a number.
+async fn created(store: &dyn Store, n: usize, prefix: &str) -> Vec<String> {
+    let new: Vec<NewSession> = (0..n)
+        .map(|i| new_session(&format!("{prefix}{i}")))
+        .collect();
+    let rows = store.create_sessions(&new).await.unwrap();
+    rows.into_iter().map(|(r, _)| r.id).collect()
 }
