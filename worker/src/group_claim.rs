@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tracing::debug;
 
+use agentq_core::metrics::Metrics;
 use agentq_core::{Claim, Error, Store};
 
 /// Claim statements in flight at once (each on its own connection of the store's pool).
@@ -64,14 +65,16 @@ impl Claimer for dyn Store {
 /// A worker's claims, batched.
 pub(crate) struct GroupClaim {
     terms: ClaimTerms,
+    metrics: &'static Metrics,
     waiting: Mutex<Vec<Job>>,
     slots: Arc<Semaphore>,
 }
 
 impl GroupClaim {
-    pub(crate) fn new(terms: ClaimTerms) -> Self {
+    pub(crate) fn new(terms: ClaimTerms, metrics: &'static Metrics) -> Self {
         GroupClaim {
             terms,
+            metrics,
             waiting: Mutex::new(Vec::new()),
             slots: Arc::new(Semaphore::new(IN_FLIGHT)),
         }
@@ -109,7 +112,8 @@ impl GroupClaim {
                 drop(slot);
                 return answer.await.unwrap_or(Err(Error::Stopped));
             }
-            tokio::spawn(run(store.clone(), self.terms.clone(), batch, slot));
+            let terms = self.terms.clone();
+            tokio::spawn(run(store.clone(), terms, batch, self.metrics, slot));
         }
     }
 
@@ -128,10 +132,12 @@ async fn run<C: Claimer + ?Sized>(
     store: Arc<C>,
     terms: ClaimTerms,
     batch: Vec<Job>,
+    metrics: &'static Metrics,
     _slot: OwnedSemaphorePermit,
 ) {
     let mut parts = vec![batch];
     while let Some(mut part) = parts.pop() {
+        metrics.claim_batch_size.observe(part.len() as f64);
         let ids: Vec<&str> = part.iter().map(|j| j.id.as_str()).collect();
         match store.claim_batch(&ids, &terms).await {
             Ok(answers) if answers.len() == part.len() => {
@@ -226,11 +232,12 @@ mod tests {
     }
 
     fn group() -> Arc<GroupClaim> {
-        Arc::new(GroupClaim::new(ClaimTerms {
+        let terms = ClaimTerms {
             owner: "w".into(),
             ttl: Duration::from_secs(30),
             max_attempts: 10,
-        }))
+        };
+        Arc::new(GroupClaim::new(terms, agentq_core::metrics::global()))
     }
 
     fn started(

@@ -86,11 +86,12 @@ impl Inner {
         metrics.label_tenants(cfg.labelled_tenants());
         metrics.label_mcp_servers(cfg.mcp_servers.iter().map(|s| s.name.clone()));
         let slots = Arc::new(Semaphore::new(cfg.concurrency.max(1)));
-        let claims = GroupClaim::new(ClaimTerms {
+        let terms = ClaimTerms {
             owner: cfg.consumer.clone(),
             ttl: cfg.lease_ttl,
             max_attempts: cfg.max_attempts,
-        });
+        };
+        let claims = GroupClaim::new(terms, metrics);
         Inner {
             cfg,
             store,

@@ -268,10 +268,11 @@ impl ToolFamilies {
 }
 
 /// What a worker writes to the store and the event streams: checkpoints, their group
-/// commits, the loop's own time around them, and the events it had to drop.
+/// commits, its group claims, the loop's own time around them, and the events it had to drop.
 pub(super) struct StoreFamilies {
     pub checkpoint_duration: Histogram,
     pub checkpoint_batch_size: Histogram,
+    pub claim_batch_size: Histogram,
     pub iteration_overhead: Histogram,
     pub events_dropped: IntCounterVec,
 }
@@ -289,6 +290,12 @@ impl StoreFamilies {
                 r,
                 "agentq_checkpoint_batch_size",
                 "Checkpoints committed together by one group commit.",
+                BATCH_BUCKETS,
+            ),
+            claim_batch_size: histogram(
+                r,
+                "agentq_claim_batch_size",
+                "Claims sent to the store together by one group claim (a claim that found a slot free goes alone).",
                 BATCH_BUCKETS,
             ),
             iteration_overhead: histogram(
