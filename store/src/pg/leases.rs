@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 
 use agentq_agent::state::SessionState;
 
@@ -22,6 +23,10 @@ use crate::store::{Committed, LeaseStatus, LeaseStore};
 use crate::wait::WaitReason;
 
 use super::{PgStore, secs};
+
+/// A group claim's reads after its statement in flight at once (each on a connection of
+/// the main pool).
+const READS_AT_ONCE: usize = 8;
 
 #[async_trait]
 impl LeaseStore for PgStore {
@@ -46,7 +51,7 @@ impl LeaseStore for PgStore {
 
     /// One statement for every claim of the batch (a batch of one is [`Self::claim`]'s
     /// own statement); the reads after it (a claimed session's history, why a claim was
-    /// refused) go one per session, as for a lone claim.
+    /// refused) go one per session, as for a lone claim, [`READS_AT_ONCE`] at a time.
     async fn claim_batch(
         &self,
         ids: &[&str],
@@ -66,18 +71,24 @@ impl LeaseStore for PgStore {
         let mut claimed: HashMap<String, SessionRecord> =
             claimed.into_iter().map(|r| (r.id.clone(), r)).collect();
         let mut seen = HashSet::with_capacity(ids.len());
-        let answers = ids.iter().map(|id| {
+        let mut answers = Vec::with_capacity(ids.len());
+        for id in ids {
             let first = seen.insert(*id);
             let rec = claimed.remove(*id);
-            async move {
+            answers.push(async move {
                 match rec {
                     _ if !first => Ok(Claim::Busy),
                     Some(rec) => self.taken(rec, owner, max_attempts).await,
                     None => self.refused(id).await,
                 }
-            }
-        });
-        Ok(futures::future::join_all(answers).await)
+            });
+        }
+        // In order, a few at a time: a batch of entries for sessions that are gone (or
+        // hostile ids) must not take the whole pool for its reads.
+        Ok(futures::stream::iter(answers)
+            .buffered(READS_AT_ONCE)
+            .collect()
+            .await)
     }
 
     async fn checkpoint(&self, lease: &Lease, state: &SessionState, from: usize) -> Result<()> {
