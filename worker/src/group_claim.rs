@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
-use tracing::debug;
 
 use agentq_core::metrics::Metrics;
 use agentq_core::{Claim, Error, Store};
+
+use crate::in_parts::in_parts;
 
 /// Claim statements in flight at once (each on its own connection of the store's pool).
 const IN_FLIGHT: usize = 2;
@@ -123,11 +124,10 @@ impl GroupClaim {
 }
 
 /// One statement's claims, each answered; the slot is free again once they are. A
-/// statement the store will never take as it is (a value it refuses, a row it cannot
-/// decode: not an outage) is split in two and each half claimed on its own, so that one
-/// hostile or broken entry fails only its own claim, as it would alone, and never holds
-/// back the claims it came with. A half that committed before failing is claimed again by
-/// the same owner, which takes its own lease again.
+/// statement refused for a value is split ([`in_parts`]), so that one hostile or broken
+/// entry fails only its own claim, as it would alone, and never holds back the claims it
+/// came with. A half that committed before failing is claimed again by the same owner,
+/// which takes its own lease again.
 async fn run<C: Claimer + ?Sized>(
     store: Arc<C>,
     terms: ClaimTerms,
@@ -135,41 +135,23 @@ async fn run<C: Claimer + ?Sized>(
     metrics: &'static Metrics,
     _slot: OwnedSemaphorePermit,
 ) {
-    let mut parts = vec![batch];
-    while let Some(mut part) = parts.pop() {
-        metrics.claim_batch_size.observe(part.len() as f64);
-        let ids: Vec<&str> = part.iter().map(|j| j.id.as_str()).collect();
-        match store.claim_batch(&ids, &terms).await {
-            Ok(answers) if answers.len() == part.len() => {
-                for (job, a) in part.into_iter().zip(answers) {
-                    let _ = job.reply.send(a);
-                }
+    in_parts(
+        batch,
+        "group claim",
+        |job| job.id.clone(),
+        |ids| {
+            let (store, terms) = (&store, &terms);
+            async move {
+                metrics.claim_batch_size.observe(ids.len() as f64);
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                store.claim_batch(&ids, terms).await
             }
-            Ok(answers) => {
-                let e = Error::Conflict(format!(
-                    "the store answered {} of {} claims",
-                    answers.len(),
-                    part.len()
-                ));
-                fail(part, e);
-            }
-            Err(e) if part.len() > 1 && !e.is_retryable() => {
-                debug!(error = %e, size = part.len(), "group claim refused; splitting it");
-                let second = part.split_off(part.len() / 2);
-                parts.push(second);
-                parts.push(part);
-            }
-            // Each delivery's entry stays pending and is handed out again.
-            Err(e) => fail(part, e),
-        }
-    }
-}
-
-fn fail(part: Vec<Job>, e: Error) {
-    let e = Arc::new(e);
-    for job in part {
-        let _ = job.reply.send(Err(Error::Shared(e.clone())));
-    }
+        },
+        |job, a| {
+            let _ = job.reply.send(a);
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

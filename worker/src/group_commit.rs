@@ -12,10 +12,11 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
 use agentq_core::metrics::Metrics;
 use agentq_core::{Checkpoint, Committed, Error, Store};
+
+use crate::in_parts::in_parts;
 
 pub(crate) struct Job {
     cp: Arc<Checkpoint>,
@@ -124,35 +125,19 @@ pub(crate) async fn writer(
 
 async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
     metrics.checkpoint_batch_size.observe(batch.len() as f64);
-    // Parts still to commit. A part the store will never take as it is (a value it
-    // refuses, not an outage) is split in two and each half committed on its own, so that
-    // only the checkpoint at fault fails, after about 2·log2(n) more commits, and every
-    // other one of the batch is committed in the same round.
-    let mut parts = vec![batch];
-    while let Some(mut part) = parts.pop() {
-        let refs: Vec<&Checkpoint> = part.iter().map(|j| &*j.cp).collect();
-        match store.checkpoint_batch(&refs).await {
-            Ok(results) => {
-                for (job, r) in part.into_iter().zip(results) {
-                    let _ = job.reply.send(r);
-                }
-            }
-            Err(e) if part.len() > 1 && !e.is_retryable() => {
-                debug!(error = %e, size = part.len(), "group commit rejected; splitting it");
-                let second = part.split_off(part.len() / 2);
-                parts.push(second);
-                parts.push(part);
-            }
-            // Nothing of the part was written: each session sees the failure, and retries
-            // on its own schedule if it is worth retrying.
-            Err(e) => {
-                let e = Arc::new(e);
-                for job in part {
-                    let _ = job.reply.send(Err(Error::Shared(e.clone())));
-                }
-            }
-        }
-    }
+    in_parts(
+        batch,
+        "group commit",
+        |job| job.cp.clone(),
+        |cps| async move {
+            let refs: Vec<&Checkpoint> = cps.iter().map(|c| &**c).collect();
+            store.checkpoint_batch(&refs).await
+        },
+        |job, r| {
+            let _ = job.reply.send(r);
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

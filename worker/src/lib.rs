@@ -25,6 +25,7 @@ mod error;
 mod group_claim;
 mod group_commit;
 mod heartbeat;
+mod in_parts;
 mod inbox;
 mod inner;
 mod listener;
