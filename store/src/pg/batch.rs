@@ -20,6 +20,25 @@ use crate::store::{Committed, LeaseStatus};
 use super::params::{Params, one_row, unnest, unnest_ordered};
 use super::{PgStore, secs};
 
+/// The outcome's columns, written by a batch in which a session finishes. A statement
+/// that names `status` in its `SET` has Postgres evaluate the conditions of the triggers
+/// on `status` changes (migrations 0020, 0030) for each row, rebuilding them from their
+/// stored text once per statement: a batch that finishes nothing leaves them out.
+const FINISH_SET: &str = "
+        status = COALESCE(c.status, s.status),
+        finish_reason = CASE WHEN c.status IS NULL THEN s.finish_reason ELSE c.finish_reason END,
+        result = CASE WHEN c.status IS NULL THEN s.result ELSE c.result END,
+        error = CASE WHEN c.status IS NULL THEN s.error ELSE c.error END,
+        finished_at = CASE WHEN c.status IS NULL THEN s.finished_at ELSE now() END,
+        lease_owner = CASE WHEN c.status IS NULL THEN s.lease_owner ELSE NULL END,
+        lease_expires_at = CASE WHEN c.status IS NULL THEN s.lease_expires_at ELSE NULL END,";
+
+/// A finished session's row and spec, in the answer of a batch in which one finishes.
+const FINISHED_ROW: &str = "
+        CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin,
+        CASE WHEN c.status IS NOT NULL THEN (SELECT p.spec::text FROM session_specs p
+            WHERE p.root_id = s.root_id AND p.id = s.id) END AS fin_spec";
+
 /// Group commit: the checkpoints of many sessions in one statement (one round trip), each
 /// fenced by its own lease. Each update is fenced by its lease; the new messages are
 /// inserted only from the update's output, so a fenced-off worker writes nothing at all,
@@ -28,8 +47,14 @@ use super::{PgStore, secs};
 /// statement. `c` is one array per column (one element per checkpoint; a lone checkpoint's
 /// `c` is one row of single values), `m` one per new message; the answer is the ids whose
 /// lease held, with the row of each that finished. A batch that changes files has
-/// [`files_ctes`] before the answer.
-fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str) -> String {
+/// [`files_ctes`] before the answer. A batch that finishes no session neither binds nor
+/// writes the outcome's columns ([`FINISH_SET`]).
+fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str, finishing: bool) -> String {
+    let (finish_set, finished) = if finishing {
+        (FINISH_SET, FINISHED_ROW)
+    } else {
+        ("", "NULL::text AS fin, NULL::text AS fin_spec")
+    };
     format!(
         "
 WITH c AS (
@@ -54,14 +79,7 @@ WITH c AS (
         drain_rounds = c.drain_rounds,
         free_iteration = c.free_iteration,
         phase = c.phase,
-        started_at = c.started_at,
-        status = COALESCE(c.status, s.status),
-        finish_reason = CASE WHEN c.status IS NULL THEN s.finish_reason ELSE c.finish_reason END,
-        result = CASE WHEN c.status IS NULL THEN s.result ELSE c.result END,
-        error = CASE WHEN c.status IS NULL THEN s.error ELSE c.error END,
-        finished_at = CASE WHEN c.status IS NULL THEN s.finished_at ELSE now() END,
-        lease_owner = CASE WHEN c.status IS NULL THEN s.lease_owner ELSE NULL END,
-        lease_expires_at = CASE WHEN c.status IS NULL THEN s.lease_expires_at ELSE NULL END,
+        started_at = c.started_at,{finish_set}
         turn_base = c.turn_base,
         not_started = c.not_started::jsonb,
         bg_cursor = c.bg_cursor,
@@ -79,10 +97,7 @@ WITH c AS (
     -- A finished session's row comes back whole: its worker needs it (to tell the parent,
     -- start a follow-up, publish the result), and a read after the commit would be one
     -- more statement per session.
-    RETURNING s.root_id, s.id, locked.stored_len,
-        CASE WHEN c.status IS NOT NULL THEN to_json(s.*)::text END AS fin,
-        CASE WHEN c.status IS NOT NULL THEN (SELECT p.spec::text FROM session_specs p
-            WHERE p.root_id = s.root_id AND p.id = s.id) END AS fin_spec
+    RETURNING s.root_id, s.id, locked.stored_len, {finished}
 ), ins AS (
     -- Only messages not stored yet, so that a retry after an ambiguous failure, or an
     -- overlapping window, stores nothing twice: the row lock orders this against every
@@ -363,7 +378,8 @@ impl BatchColumns<'_> {
         // A lone checkpoint (the common case on an idle worker) binds single values: the
         // same statement over a one-row table, planned and bound more cheaply.
         let row = self.ids.len() == 1;
-        let columns = [
+        let finishing = self.statuses.iter().any(Option::is_some);
+        let mut columns = vec![
             ("root_id", p.column(&self.roots, "text", row)?),
             ("id", p.column(&self.ids, "text", row)?),
             ("epoch", p.column(&self.epochs, "bigint", row)?),
@@ -397,10 +413,16 @@ impl BatchColumns<'_> {
                 "started_at",
                 p.column(&self.started_at, "timestamptz", row)?,
             ),
-            ("status", p.column(&self.statuses, "text", row)?),
-            ("finish_reason", p.column(&self.reasons, "text", row)?),
-            ("result", p.column(&self.results, "text", row)?),
-            ("error", p.column(&self.errors, "text", row)?),
+        ];
+        if finishing {
+            columns.extend([
+                ("status", p.column(&self.statuses, "text", row)?),
+                ("finish_reason", p.column(&self.reasons, "text", row)?),
+                ("result", p.column(&self.results, "text", row)?),
+                ("error", p.column(&self.errors, "text", row)?),
+            ]);
+        }
+        columns.extend([
             ("turn_base", p.column(&self.turn_base, "int", row)?),
             ("not_started", p.column(&self.not_started, "text", row)?),
             ("bg_cursor", p.column(&self.bg_cursor, "bigint", row)?),
@@ -408,7 +430,7 @@ impl BatchColumns<'_> {
             ("has_new", p.column(&self.has_new, "bool", row)?),
             ("history_len", p.column(&self.history_len, "int", row)?),
             ("model_used", p.column(&self.model_used, "text", row)?),
-        ];
+        ]);
         let checkpoints = if row {
             one_row("c", &columns)
         } else {
@@ -428,7 +450,7 @@ impl BatchColumns<'_> {
             String::new()
         };
         Ok((
-            checkpoint_batch(&checkpoints, &messages, &files),
+            checkpoint_batch(&checkpoints, &messages, &files, finishing),
             p.into_args(),
         ))
     }
@@ -545,5 +567,43 @@ impl PgStore {
                 cancel_requested,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch that finishes no session does not name `status` in its `SET` (so that the
+    /// triggers on `status` changes are not built for it) nor any outcome column; one
+    /// that finishes a session writes the outcome and returns the row.
+    #[test]
+    fn only_a_finishing_batch_writes_the_outcome() {
+        let step = checkpoint_batch("c", "m", "", false);
+        let set = |sql: &str| {
+            let from = sql.find("UPDATE sessions s SET").unwrap_or(0);
+            let to = sql.find("FROM c, locked").unwrap_or(sql.len());
+            sql[from..to].to_owned()
+        };
+        for column in [
+            "status",
+            "finish_reason",
+            "result",
+            "error",
+            "finished_at",
+            "lease_owner",
+        ] {
+            assert!(
+                !set(&step).contains(&format!("{column} =")),
+                "{column} in {step}"
+            );
+        }
+        assert!(!step.contains("c.status"), "{step}");
+        let last = checkpoint_batch("c", "m", "", true);
+        assert!(
+            set(&last).contains("status = COALESCE(c.status, s.status)"),
+            "{last}"
+        );
+        assert!(last.contains("to_json(s.*)"), "{last}");
     }
 }

@@ -13,3 +13,4 @@ mod pg_store;
 mod schema_parity;
 mod shard_map;
 mod sqlite_faults;
+mod value_rules;
