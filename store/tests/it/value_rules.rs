@@ -8,18 +8,29 @@
 use crate::common;
 
 use agentq_store::pg::PgStore;
-use agentq_testkit::shared_postgres;
 
-use common::create;
+use common::{create, pg_store as store};
 
-async fn store() -> PgStore {
-    let url = shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect(&url, 2).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    store
+/// Run `sql` (with `id` as `$1` where it has one), which must fail: the SQLSTATE it
+/// failed with.
+async fn refused(store: &PgStore, sql: &str, id: &str) -> Option<String> {
+    let err = sqlx::query(sql)
+        .bind(id)
+        .execute(store.pool())
+        .await
+        .expect_err(&format!("stored: {sql}"));
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}
+
+/// The row as JSON, to compare before and after.
+async fn row(store: &PgStore, id: &str) -> String {
+    sqlx::query_scalar("SELECT to_jsonb(s)::text FROM sessions s WHERE id = $1")
+        .bind(id)
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
 }
 
 /// Neither `sessions` nor `messages` has a table CHECK constraint: a new one would cost
@@ -45,7 +56,7 @@ async fn the_step_tables_have_no_table_check_constraint() {
 async fn the_domains_refuse_what_the_table_constraints_refused() {
     let store = store().await;
     let id = create(&store, "rules").await;
-    let refused = [
+    let rules = [
         ("iteration", "-1"),
         ("attempts", "-1"),
         ("turn_base", "-1"),
@@ -61,60 +72,28 @@ async fn the_domains_refuse_what_the_table_constraints_refused() {
         ("status", "'finished'"),
         ("phase", "'think'"),
     ];
-    let before: String =
-        sqlx::query_scalar("SELECT to_jsonb(s)::text FROM sessions s WHERE id = $1")
-            .bind(&id)
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-    for (column, value) in refused {
-        let err = sqlx::query(&format!(
-            "UPDATE sessions SET {column} = {value} WHERE id = $1"
-        ))
-        .bind(&id)
-        .execute(store.pool())
-        .await
-        .expect_err(&format!("{column} = {value} was stored"));
-        let code = err
-            .as_database_error()
-            .and_then(|e| e.code())
-            .map(|c| c.into_owned());
-        assert_eq!(code.as_deref(), Some("23514"), "{column} = {value}: {err}");
-    }
-    let after: String =
-        sqlx::query_scalar("SELECT to_jsonb(s)::text FROM sessions s WHERE id = $1")
-            .bind(&id)
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
-    assert_eq!(before, after);
-    // On insert too: a copy of the row with one bad value.
-    let err = sqlx::query(
+    let before = row(&store, &id).await;
+    let mut writes: Vec<String> = rules
+        .iter()
+        .map(|(column, value)| format!("UPDATE sessions SET {column} = {value} WHERE id = $1"))
+        .collect();
+    // On insert too: a copy of the row with one bad value, and a message.
+    writes.push(
         "INSERT INTO sessions SELECT (jsonb_populate_record(s, \
              jsonb_build_object('id', 'copy', 'root_id', 'copy', 'output_tokens', -1))).* \
-         FROM sessions s WHERE id = $1",
-    )
-    .bind(&id)
-    .execute(store.pool())
-    .await
-    .expect_err("a negative token count was inserted");
-    let code = err
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned());
-    assert_eq!(code.as_deref(), Some("23514"), "{err}");
-    let err = sqlx::query(
+         FROM sessions s WHERE id = $1"
+            .into(),
+    );
+    writes.push(
         "INSERT INTO messages (root_id, session_id, seq, body) \
-         VALUES (gen_random_uuid(), gen_random_uuid(), -1, '{}')",
-    )
-    .execute(store.pool())
-    .await
-    .expect_err("a negative seq was inserted");
-    let code = err
-        .as_database_error()
-        .and_then(|e| e.code())
-        .map(|c| c.into_owned());
-    assert_eq!(code.as_deref(), Some("23514"), "{err}");
+         SELECT gen_random_uuid(), gen_random_uuid(), -1, '{}' WHERE $1 <> ''"
+            .into(),
+    );
+    for sql in &writes {
+        let code = refused(&store, sql, &id).await;
+        assert_eq!(code.as_deref(), Some("23514"), "{sql}");
+    }
+    assert_eq!(row(&store, &id).await, before);
     // And the values the rules allow at their edges are stored.
     for (column, value) in [("iteration", "0"), ("history_len", "1"), ("priority", "9")] {
         sqlx::query(&format!(
