@@ -12,7 +12,10 @@
 -- Without a rule a domain changes nothing stored, so the columns change type without a
 -- rewrite of the table; the rules are then added back on the domains. They are added NOT
 -- VALID, since the constraints dropped in this same transaction held for every stored
--- row: validating them again would scan the table once per domain for nothing.
+-- row: validating them again would scan the table once per domain for nothing. Postgres
+-- builds again the nine partial indexes of `sessions` whose condition names a changed
+-- column (one scan of the table each, under its lock; they hold only live or waiting
+-- sessions, so what they write is small) and keeps the others as they are.
 CREATE DOMAIN count_bigint AS bigint;
 CREATE DOMAIN count_int AS integer;
 CREATE DOMAIN positive_int AS integer;

@@ -11,8 +11,7 @@ use agentq_store::pg::PgStore;
 
 use common::{create, pg_store as store};
 
-/// Run `sql` (with `id` as `$1` where it has one), which must fail: the SQLSTATE it
-/// failed with.
+/// Run `sql` with `id` as `$1`; it must fail: the SQLSTATE it failed with.
 async fn refused(store: &PgStore, sql: &str, id: &str) -> Option<String> {
     let err = sqlx::query(sql)
         .bind(id)
