@@ -198,19 +198,24 @@ fn submit_status_cancel_sessions_over_two_shards() {
     let redis = RedisServer::start().unwrap();
     let s = start_scheduler(&both, &redis.url());
     // Sessions on both shards, each found by id and all in one list.
+    // A root's partition is random: at least 12 roots, and more until both shards hold
+    // one (64 all on one shard would be a chance of 2^-63, not bad luck).
     let mut many = ids.clone();
-    for i in 0..12 {
+    let shard = |id: &String| {
+        agentq_core::shard::partition_of(id)
+            .map_or(usize::MAX, |p| agentq_core::shard::shard_of(p, 2))
+    };
+    let mut shards: std::collections::BTreeSet<usize> = many.iter().map(shard).collect();
+    for i in 0..64 {
+        if i >= 12 && shards.len() == 2 {
+            break;
+        }
         let out = client(&s.url, &["submit", &format!("spread {i}")]);
         assert!(out.status.success(), "{}", text(&out.stderr));
-        many.push(text(&out.stdout).trim().to_string());
+        let id = text(&out.stdout).trim().to_string();
+        shards.insert(shard(&id));
+        many.push(id);
     }
-    let shards: std::collections::BTreeSet<usize> = many
-        .iter()
-        .map(|id| {
-            agentq_core::shard::partition_of(id)
-                .map_or(usize::MAX, |p| agentq_core::shard::shard_of(p, 2))
-        })
-        .collect();
     assert_eq!(shards, [0, 1].into(), "{many:?}");
     let out = client(&s.url, &["sessions", "--limit", "100"]);
     let table = text(&out.stdout);
