@@ -222,11 +222,7 @@ mod tests {
         Arc::new(GroupClaim::new(terms, agentq_core::metrics::global()))
     }
 
-    fn started(
-        group: &Arc<GroupClaim>,
-        store: &Arc<Gated>,
-        id: &str,
-    ) -> tokio::task::JoinHandle<agentq_core::Result<Claim>> {
+    fn started(group: &Arc<GroupClaim>, store: &Arc<Gated>, id: &str) -> Started {
         let (group, store, id) = (group.clone(), store.clone(), id.to_string());
         tokio::spawn(async move { group.claim(&store, &id).await })
     }
@@ -237,20 +233,35 @@ mod tests {
         }
     }
 
+    type Started = tokio::task::JoinHandle<agentq_core::Result<Claim>>;
+
+    /// Both claim slots taken by statements the gate holds (`busy`, one claim each), then
+    /// `ids` started while they are: the returned tasks, busy first, once all of `ids`
+    /// wait for a slot.
+    async fn while_busy(
+        group: &Arc<GroupClaim>,
+        store: &Arc<Gated>,
+        busy: [&str; 2],
+        ids: &[&str],
+    ) -> (Vec<Started>, Vec<Started>) {
+        let busy: Vec<_> = busy.iter().map(|id| started(group, store, id)).collect();
+        until(|| store.batches.lock().unwrap().len() == 2).await;
+        let waiting: Vec<_> = ids.iter().map(|id| started(group, store, id)).collect();
+        until(|| group.lock().len() == ids.len()).await;
+        assert_eq!(store.batches.lock().unwrap().len(), 2, "no slot was free");
+        (busy, waiting)
+    }
+
     /// A claim with a slot free goes alone and at once; those that come while both slots
     /// are busy wait and then go in one statement; each caller gets its own answer.
     #[tokio::test]
     async fn claims_that_wait_for_a_slot_go_together() {
         let (group, store) = (group(), gated());
-        let first = started(&group, &store, "a");
-        let second = started(&group, &store, "w-b");
-        until(|| store.batches.lock().unwrap().len() == 2).await;
         let ids = ["c", "w-d", "e", "w-f", "g"];
-        let waiting: Vec<_> = ids.iter().map(|id| started(&group, &store, id)).collect();
-        until(|| group.lock().len() == ids.len()).await;
-        assert_eq!(store.batches.lock().unwrap().len(), 2, "no slot was free");
+        let (busy, waiting) = while_busy(&group, &store, ["a", "w-b"], &ids).await;
 
         store.gate.add_permits(3);
+        let [first, second] = <[Started; 2]>::try_from(busy).unwrap();
         assert!(matches!(first.await.unwrap(), Ok(Claim::NotFound)));
         assert!(matches!(
             second.await.unwrap(),
@@ -276,14 +287,8 @@ mod tests {
     #[tokio::test]
     async fn a_failed_statement_fails_its_claims_and_a_dropped_caller_stops_nobody() {
         let (group, store) = (group(), gated());
-        let blockers: Vec<_> = ["x", "y"]
-            .iter()
-            .map(|id| started(&group, &store, id))
-            .collect();
-        until(|| store.batches.lock().unwrap().len() == 2).await;
-        let leader = started(&group, &store, "p");
-        let follower = started(&group, &store, "q");
-        until(|| group.lock().len() == 2).await;
+        let (blockers, waiting) = while_busy(&group, &store, ["x", "y"], &["p", "q"]).await;
+        let [leader, follower] = <[Started; 2]>::try_from(waiting).unwrap();
         store.fail.store(true, Ordering::SeqCst);
         store.gate.add_permits(1);
         until(|| store.batches.lock().unwrap().len() == 3).await;
@@ -308,15 +313,12 @@ mod tests {
     async fn a_refused_claim_fails_alone() {
         let (group, gate) = (group(), gated());
         // Both slots taken by claims that wait, so the next ones gather in one statement.
-        let first = started(&group, &gate, "a");
-        let second = started(&group, &gate, "b");
-        until(|| gate.batches.lock().unwrap().len() == 2).await;
         let ids = ["c", "w-d", "poison-e", "f", "w-g"];
-        let waiting: Vec<_> = ids.iter().map(|id| started(&group, &gate, id)).collect();
-        until(|| group.lock().len() == ids.len()).await;
+        let (busy, waiting) = while_busy(&group, &gate, ["a", "b"], &ids).await;
         gate.gate.add_permits(1_000);
-        first.await.unwrap().unwrap();
-        second.await.unwrap().unwrap();
+        for b in busy {
+            b.await.unwrap().unwrap();
+        }
         for (id, task) in ids.iter().zip(waiting) {
             let answer = task.await.unwrap();
             match *id {
