@@ -228,3 +228,76 @@ impl PgStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Rows of `sessions` a plan's nodes read (returned or filtered out), and rows any
+    /// join compared and dropped, over all their loops (`EXPLAIN` gives each per loop).
+    fn rows_read(node: &Value) -> f64 {
+        let n = |key: &str| node[key].as_f64().unwrap_or(0.0);
+        let own = if node["Relation Name"] == "sessions" {
+            n("Actual Rows") + n("Rows Removed by Filter") + n("Rows Removed by Index Recheck")
+        } else {
+            0.0
+        };
+        let joined = n("Rows Removed by Join Filter");
+        let this = (own + joined) * n("Actual Loops");
+        let below: f64 = node["Plans"]
+            .as_array()
+            .map(|plans| plans.iter().map(rows_read).sum())
+            .unwrap_or(0.0);
+        this + below
+    }
+
+    /// A group claim reads its own sessions' rows, whatever the backlog and whatever the
+    /// statistics say: here 2,000 sessions, all finished when the table was analyzed
+    /// (so the planner expects few runnable rows), then all queued again, and the plan
+    /// generic, as on a worker's connections. As a join, the claim read the whole
+    /// backlog, once per id.
+    #[tokio::test]
+    async fn a_group_claim_reads_only_its_own_rows() {
+        let url = agentq_testkit::shared_postgres()
+            .expect("shared postgres")
+            .fresh_database()
+            .expect("fresh database");
+        let store = PgStore::connect(&url, 2).await.unwrap();
+        store.migrate().await.unwrap();
+        let mut conn = store.pool().acquire().await.unwrap();
+        for sql in [
+            "INSERT INTO sessions (id, root_id, queue, status, finished_at) \
+             SELECT 's' || g, 's' || g, 'q', 'completed', now() FROM generate_series(1, 2000) g",
+            "ANALYZE sessions",
+            "UPDATE sessions SET status = 'queued', finished_at = NULL",
+            "SET plan_cache_mode = force_generic_plan",
+        ] {
+            sqlx::query(sql).execute(&mut *conn).await.unwrap();
+        }
+        sqlx::query(&format!("PREPARE claim AS {}", SQL.claim_batch))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+        // `EXPLAIN` takes no parameters of its own: the ids go in as a literal.
+        let plan: Value = sqlx::query_scalar(
+            "EXPLAIN (ANALYZE, FORMAT JSON) \
+             EXECUTE claim('{s7, s1500, s42, s7, absent}'::text[], 'w1', 30)",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+        let root = &plan[0]["Plan"];
+        assert_eq!(root["Actual Rows"].as_f64(), Some(3.0), "{plan:#}");
+        // Each of the four distinct ids is looked up, and each of the three claimed is
+        // read twice more (locked, updated): ten rows, a few more as `EXPLAIN` rounds each
+        // loop's rows up; never the other 1,997.
+        let read = rows_read(root);
+        assert!(read <= 20.0, "read {read} rows of sessions: {plan:#}");
+    }
+}

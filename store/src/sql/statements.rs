@@ -248,16 +248,28 @@ const CLAIMED: &str = "COLS,
 /// the group commit locks them, so that two such statements never wait on each other in a
 /// cycle; a locked row is then updated by that lock's holder alone, so the update writes
 /// what the condition was checked on.
+///
+/// Each id is looked up by itself (a `LATERAL` subquery with a `LIMIT`, which Postgres
+/// cannot turn into a join): as a join, the worker's generic plan, which expects ten ids
+/// and, from statistics taken while most sessions had finished, few runnable rows, read
+/// every runnable session and compared it with every id, so that a claim cost in
+/// proportion to the backlog times the batch.
 const CLAIM_BATCH: Shared = Shared {
     text: "
 c AS (
     SELECT DISTINCT unnest($1::text[]) AS id
+), found AS (
+    SELECT f.root_id, f.id FROM c
+    CROSS JOIN LATERAL (SELECT root_id, id FROM sessions WHERE sessions.id = c.id LIMIT 1) f
+    ORDER BY f.root_id, f.id
 ), locked AS (
-    SELECT sessions.root_id AS claimed_root, sessions.id AS claimed_id
-    FROM sessions JOIN c ON sessions.id = c.id
-    WHERE CLAIM_RUNNABLE
-    ORDER BY sessions.root_id, sessions.id
-    FOR UPDATE OF sessions
+    SELECT l.claimed_root, l.claimed_id FROM found
+    CROSS JOIN LATERAL (
+        SELECT sessions.root_id AS claimed_root, sessions.id AS claimed_id FROM sessions
+        WHERE sessions.root_id = found.root_id AND sessions.id = found.id AND CLAIM_RUNNABLE
+        LIMIT 1
+        FOR UPDATE OF sessions
+    ) l
 )
 UPDATE sessions SET CLAIM_SET
 FROM locked
