@@ -255,13 +255,36 @@ mod tests {
         this + below
     }
 
-    /// A group claim reads its own sessions' rows, whatever the backlog and whatever the
-    /// statistics say: here 2,000 sessions, all finished when the table was analyzed
-    /// (so the planner expects few runnable rows), then all queued again, and the plan
-    /// generic, as on a worker's connections. As a join, the claim read the whole
-    /// backlog, once per id.
+    /// The plan `statement` (prepared as `name`) ran on `args` (a literal: `EXPLAIN`
+    /// takes no parameters of its own), in a transaction rolled back after it.
+    async fn explained(
+        conn: &mut sqlx::PgConnection,
+        name: &str,
+        statement: &str,
+        args: &str,
+    ) -> Value {
+        sqlx::query(&format!("PREPARE {name} AS {statement}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+        let plan: Value = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})"
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+        plan[0]["Plan"].clone()
+    }
+
+    /// A claim, alone or in a group, reads its own sessions' rows, whatever the backlog
+    /// and whatever the statistics say: here 2,000 sessions, all finished when the table
+    /// was analyzed (so the planner expects few runnable rows), then all queued again,
+    /// and the plans generic, as on a worker's connections. As a join, the group claim
+    /// read the whole backlog, once per id.
     #[tokio::test]
-    async fn a_group_claim_reads_only_its_own_rows() {
+    async fn a_claim_reads_only_its_own_rows() {
         let url = agentq_testkit::shared_postgres()
             .expect("shared postgres")
             .fresh_database()
@@ -278,26 +301,23 @@ mod tests {
         ] {
             sqlx::query(sql).execute(&mut *conn).await.unwrap();
         }
-        sqlx::query(&format!("PREPARE claim AS {}", SQL.claim_batch))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-        // `EXPLAIN` takes no parameters of its own: the ids go in as a literal.
-        let plan: Value = sqlx::query_scalar(
-            "EXPLAIN (ANALYZE, FORMAT JSON) \
-             EXECUTE claim('{s7, s1500, s42, s7, absent}'::text[], 'w1', 30)",
+        let group = explained(
+            &mut conn,
+            "group_claim",
+            &SQL.claim_batch,
+            "'{s7, s1500, s42, s7, absent}'::text[], 'w1', 30",
         )
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-        sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
-        let root = &plan[0]["Plan"];
-        assert_eq!(root["Actual Rows"].as_f64(), Some(3.0), "{plan:#}");
+        .await;
+        assert_eq!(group["Actual Rows"].as_f64(), Some(3.0), "{group:#}");
         // Each of the four distinct ids is looked up, and each of the three claimed is
         // read twice more (locked, updated): ten rows, a few more as `EXPLAIN` rounds each
         // loop's rows up; never the other 1,997.
-        let read = rows_read(root);
-        assert!(read <= 20.0, "read {read} rows of sessions: {plan:#}");
+        let read = rows_read(&group);
+        assert!(read <= 20.0, "read {read} rows of sessions: {group:#}");
+
+        let lone = explained(&mut conn, "claim", &SQL.claim, "'s9', 'w1', 30").await;
+        assert_eq!(lone["Actual Rows"].as_f64(), Some(1.0), "{lone:#}");
+        let read = rows_read(&lone);
+        assert!(read <= 2.0, "read {read} rows of sessions: {lone:#}");
     }
 }
