@@ -250,9 +250,10 @@ const CLAIMED: &str = "COLS,
 /// what the condition was checked on.
 ///
 /// Each id is looked up by itself (a `LATERAL` subquery with a `LIMIT`, which Postgres
-/// cannot turn into a join): as a join, the worker's generic plan, which expects ten ids
-/// and, from statistics taken while most sessions had finished, few runnable rows, read
-/// every runnable session and compared it with every id, so that a claim cost in
+/// cannot turn into a join), and each row is then locked by itself, once per key of
+/// `found` in its sorted order. As a join, the worker's generic plan, which expects ten
+/// ids and, from statistics taken while most sessions had finished, few runnable rows,
+/// read every runnable session and compared it with every id, so that a claim cost in
 /// proportion to the backlog times the batch.
 const CLAIM_BATCH: Shared = Shared {
     text: "
