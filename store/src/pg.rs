@@ -35,6 +35,8 @@ mod inbox;
 mod keys;
 mod leases;
 mod params;
+#[cfg(test)]
+mod plan_tests;
 mod queues;
 mod report;
 mod retention;
@@ -107,7 +109,7 @@ pub struct PgStore {
     /// The group commit's and the heartbeat's own connections. They are kept apart so that
     /// a burst of claims or reads queued for the main pool never holds up the checkpoints
     /// that every session in flight waits on, nor the heartbeat that keeps its lease.
-    /// They also run their statements with generic plans (see [`GENERIC_PLANS`]).
+    /// They also run their statements with generic plans of key lookups (see [`KEYED_PLANS`]).
     writer: PgPool,
     /// Where the bytes of blobs live when not in the `blobs` table (see
     /// [`PgStore::with_objects`]).
@@ -122,14 +124,26 @@ pub struct PgStore {
 /// default) and the heartbeat.
 pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 
-/// Session settings of the writer connections (and of a worker's main pool). The batched
-/// checkpoint and the heartbeat look every row up by its key; planned afresh for each call
-/// (Postgres's choice while a connection has run a statement fewer than five times, and
-/// whenever the array lengths make a custom plan look cheaper) the checkpoint cost about a
-/// millisecond of Postgres CPU per commit, about a third of Postgres's CPU per iteration. A
-/// generic plan is made once per connection and made again whenever `sessions` or
-/// `messages` is analyzed, so it follows the tables as they grow.
-const GENERIC_PLANS: &str = "SET plan_cache_mode = force_generic_plan";
+/// Session settings of the writer connections (and of a worker's main pool), whose
+/// statements all look their rows up by key.
+///
+/// Generic plans: planned afresh for each call (Postgres's choice while a connection has
+/// run a statement fewer than five times, and whenever the array lengths make a custom
+/// plan look cheaper) the checkpoint cost about a millisecond of Postgres CPU per commit,
+/// about a third of Postgres's CPU per iteration. A generic plan is made once per
+/// connection and made again whenever `sessions` or `messages` is analyzed.
+///
+/// No sequential scan and no merge join: a plan is made with the table's size at that
+/// moment, and a worker's connections make theirs at its start, when `sessions` may be
+/// empty (a new installation, or one whose rows retention removed) and about to take a
+/// burst of thousands. Planned on an empty table, the heartbeat scanned the whole table
+/// once per lease until the next `ANALYZE` (4.5 s for 237 leases of 20,000 sessions, three
+/// times the lease's length). With these off, a key lookup (each statement names its rows
+/// by key, in a `LATERAL` subquery where it names many) can only be an index probe, and a
+/// sequential scan is still made where a statement has no index to use (no worker's
+/// statement on `sessions` or `messages` is such).
+const KEYED_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
+    set_config('enable_seqscan', 'off', false), set_config('enable_mergejoin', 'off', false)";
 
 /// Connections the server can still accept from ordinary roles.
 const HEADROOM: &str = "SELECT (current_setting('max_connections')::int \
@@ -151,7 +165,7 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         probe(url).await?;
         let pool = Self::options(max_connections).connect(url).await?;
-        let writer = Self::generic_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
+        let writer = Self::keyed_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
         Ok(Self {
             pool,
             writer,
@@ -175,7 +189,7 @@ impl PgStore {
         Self::open(url, Self::options(max_connections), writers).await
     }
 
-    /// A worker's store: [`PgStore::connect_with_writers`], with generic plans on the main
+    /// A worker's store: [`PgStore::connect_with_writers`], with keyed plans on the main
     /// pool too. Everything a worker runs there (claims, session and message reads, inbox
     /// and child writes) finds its rows by key, so a plan never depends on the values; and
     /// Postgres plans a statement afresh on each connection until it has run there five
@@ -183,14 +197,14 @@ impl PgStore {
     /// (about 8 % of Postgres's CPU per iteration in `agentq bench`). Not for a store that
     /// also serves the API, whose listings filter on skewed columns (`status`).
     pub async fn connect_for_worker(url: &str, max_connections: u32, writers: u32) -> Result<Self> {
-        Self::open(url, Self::generic_plan_options(max_connections), writers).await
+        Self::open(url, Self::keyed_plan_options(max_connections), writers).await
     }
 
     async fn open(url: &str, main: PgPoolOptions, writers: u32) -> Result<Self> {
         probe(url).await?;
         let pool = main.connect(url).await?;
         let writers = writers.max(1);
-        let writer = Self::generic_plan_options(writers)
+        let writer = Self::keyed_plan_options(writers)
             .min_connections(writers)
             .connect(url)
             .await?;
@@ -203,10 +217,10 @@ impl PgStore {
         })
     }
 
-    fn generic_plan_options(max_connections: u32) -> PgPoolOptions {
+    fn keyed_plan_options(max_connections: u32) -> PgPoolOptions {
         Self::options(max_connections).after_connect(|conn, _| {
             Box::pin(async move {
-                sqlx::Executor::execute(conn, GENERIC_PLANS).await?;
+                sqlx::Executor::execute(conn, KEYED_PLANS).await?;
                 Ok(())
             })
         })

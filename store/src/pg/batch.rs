@@ -1,6 +1,6 @@
 //! The two statements every session in flight waits on, each one round trip for a whole
 //! batch: the group commit of checkpoints and the heartbeat of a worker's leases. They run
-//! on the writer pool (generic plans, see [`super::GENERIC_PLANS`]) and are benchmarked:
+//! on the writer pool (generic plans of key lookups, see [`super::KEYED_PLANS`]) and are benchmarked:
 //! their texts and their parameters' types are part of their performance.
 
 use std::collections::HashMap;
@@ -59,14 +59,21 @@ fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str, finishing: b
         "
 WITH c AS (
     SELECT * FROM {checkpoints}
+), keys AS (
+    SELECT c.root_id, c.id, c.epoch, c.owner FROM c ORDER BY c.root_id, c.id
 ), locked AS (
-    -- Row locks in key order, as the heartbeat takes them, so that two multi-row writes
-    -- of one worker's sessions never wait on each other in a cycle.
-    SELECT s.root_id, s.id, s.history_len AS stored_len FROM sessions s
-    JOIN c ON s.root_id = c.root_id AND s.id = c.id
-    WHERE s.lease_epoch = c.epoch AND s.lease_owner = c.owner
-    ORDER BY s.root_id, s.id
-    FOR UPDATE OF s
+    -- Row locks in key order, as the group claim takes them, so that two multi-row
+    -- writes of one worker's sessions never wait on each other in a cycle: one lookup
+    -- per key of the sorted `keys` (a `LATERAL` subquery, never a join that a plan made
+    -- on a small table could turn into a scan of the whole table).
+    SELECT l.root_id, l.id, l.stored_len FROM keys
+    CROSS JOIN LATERAL (
+        SELECT s.root_id, s.id, s.history_len AS stored_len FROM sessions s
+        WHERE s.root_id = keys.root_id AND s.id = keys.id
+          AND s.lease_epoch = keys.epoch AND s.lease_owner = keys.owner
+        LIMIT 1
+        FOR UPDATE OF s
+    ) l
 ), upd AS (
     UPDATE sessions s SET
         iteration = c.iteration,
@@ -180,7 +187,13 @@ SELECT l.id,
                  AND (s.lease_owner IS NULL OR s.lease_owner = l.owner), false) AS lost,
     COALESCE(s.lease_epoch = l.epoch AND s.lease_owner = l.owner AND s.cancel_requested,
              false) AS cancel
-FROM l LEFT JOIN sessions s ON s.root_id = l.root_id AND s.id = l.id
+FROM l LEFT JOIN LATERAL (
+    -- One lookup per lease: as a join, a plan made while `sessions` was empty read the
+    -- whole table once per lease.
+    SELECT s.lease_epoch, s.lease_owner, s.cancel_requested FROM sessions s
+    WHERE s.root_id = l.root_id AND s.id = l.id
+    LIMIT 1
+) s ON true
 ORDER BY l.ord"
     )
 }
@@ -477,6 +490,37 @@ impl BatchColumns<'_> {
     }
 }
 
+/// The group commit's statement for `batch` and its parameters.
+pub(super) fn batch_statement(batch: &[&Checkpoint]) -> Result<(String, PgArguments)> {
+    BatchColumns::of(batch).statement()
+}
+
+/// The heartbeat's statement for `worker`'s `leases` and its parameters.
+pub(super) fn heartbeat_statement(
+    worker: &str,
+    leases: &[Lease],
+    ttl: Duration,
+) -> Result<(String, PgArguments)> {
+    let roots: Vec<&str> = leases.iter().map(|l| l.root_id.as_str()).collect();
+    let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
+    let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
+    let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
+    // The shared statement's `$1` (worker) and `$2` (ttl) come first.
+    let mut p = Params::default();
+    p.value(worker)?;
+    p.value(secs(ttl))?;
+    let leases = unnest_ordered(
+        "l",
+        &[
+            ("root_id", p.array(&roots, "text")?),
+            ("id", p.array(&ids, "text")?),
+            ("epoch", p.array(&epochs, "bigint")?),
+            ("owner", p.array(&owners, "text")?),
+        ],
+    );
+    Ok((heartbeat(&SQL.beat, &leases), p.into_args()))
+}
+
 /// What [`checkpoint_batch`] answers per session whose lease held: its id, and for a
 /// finished one its row's JSON and its spec's.
 type Held = (String, Option<String>, Option<String>);
@@ -490,8 +534,7 @@ impl PgStore {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let c = BatchColumns::of(batch);
-        let (sql, args) = c.statement()?;
+        let (sql, args) = batch_statement(batch)?;
         let held: Vec<Held> = sqlx::query_as_with(&sql, args)
             .fetch_all(&self.writer)
             .await?;
@@ -537,25 +580,8 @@ impl PgStore {
         leases: &[Lease],
         ttl: Duration,
     ) -> Result<Vec<LeaseStatus>> {
-        let roots: Vec<&str> = leases.iter().map(|l| l.root_id.as_str()).collect();
-        let ids: Vec<&str> = leases.iter().map(|l| l.session_id.as_str()).collect();
-        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch).collect();
-        let owners: Vec<&str> = leases.iter().map(|l| l.owner.as_str()).collect();
-        // The shared statement's `$1` (worker) and `$2` (ttl) come first.
-        let mut p = Params::default();
-        p.value(worker)?;
-        p.value(secs(ttl))?;
-        let leases = unnest_ordered(
-            "l",
-            &[
-                ("root_id", p.array(&roots, "text")?),
-                ("id", p.array(&ids, "text")?),
-                ("epoch", p.array(&epochs, "bigint")?),
-                ("owner", p.array(&owners, "text")?),
-            ],
-        );
-        let sql = heartbeat(&SQL.beat, &leases);
-        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, p.into_args())
+        let (sql, args) = heartbeat_statement(worker, leases, ttl)?;
+        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, args)
             .fetch_all(&self.writer)
             .await?;
         Ok(rows

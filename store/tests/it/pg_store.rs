@@ -495,20 +495,28 @@ async fn store_recovers_after_postgres_is_killed_and_restarted() {
 #[tokio::test]
 async fn a_workers_store_plans_generically_on_both_pools() {
     let url = fresh_url();
-    let mode = async |pool: &sqlx::PgPool| -> String {
-        sqlx::query_scalar("SHOW plan_cache_mode")
-            .fetch_one(pool)
-            .await
-            .unwrap()
+    // The plan cache's mode, and whether sequential scans and merge joins are allowed.
+    let mode = async |pool: &sqlx::PgPool| -> (String, String, String) {
+        sqlx::query_as(
+            "SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'), \
+                 current_setting('enable_mergejoin')",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
     };
+    let keyed = || ("force_generic_plan".into(), "off".into(), "off".into());
     let worker = PgStore::connect_for_worker(&url, 2, 1).await.unwrap();
     worker.migrate().await.unwrap();
-    assert_eq!(mode(worker.pool()).await, "force_generic_plan");
-    assert_eq!(mode(worker.writer_pool()).await, "force_generic_plan");
-    // A store that may serve the API keeps Postgres's choice on its main pool.
+    assert_eq!(mode(worker.pool()).await, keyed());
+    assert_eq!(mode(worker.writer_pool()).await, keyed());
+    // A store that may serve the API keeps Postgres's choices on its main pool.
     let shared = PgStore::connect_with_writers(&url, 2, 1).await.unwrap();
-    assert_eq!(mode(shared.pool()).await, "auto");
-    assert_eq!(mode(shared.writer_pool()).await, "force_generic_plan");
+    assert_eq!(
+        mode(shared.pool()).await,
+        ("auto".into(), "on".into(), "on".into())
+    );
+    assert_eq!(mode(shared.writer_pool()).await, keyed());
     // And a worker's store runs the worker's statements.
     let id = create(&worker, "generic").await;
     let (lease, mut state) = acquire(&worker, &id, "w", TTL).await;
