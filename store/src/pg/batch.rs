@@ -1,7 +1,7 @@
 //! The two statements every session in flight waits on, each one round trip for a whole
 //! batch: the group commit of checkpoints and the heartbeat of a worker's leases. They run
-//! on the writer pool (generic plans of key lookups, see [`super::KEYED_PLANS`]) and are benchmarked:
-//! their texts and their parameters' types are part of their performance.
+//! on the writer pool (generic plans of key lookups, see [`super::KEYED_PLANS`]) and are
+//! benchmarked: their texts and their parameters' types are part of their performance.
 
 use std::collections::HashMap;
 use std::time::Duration;
