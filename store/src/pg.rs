@@ -118,6 +118,8 @@ pub struct PgStore {
     rounds: std::sync::Arc<rounds::Rounds<tenant_rounds::Op>>,
     /// Marks of finished sessions announced, taken together (see [`announce_rounds`]).
     announced: std::sync::Arc<rounds::Rounds<announce_rounds::Mark>>,
+    /// When the heartbeat may next analyze `sessions` (see [`PgStore::extend_leases`]).
+    next_analysis: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
@@ -172,6 +174,7 @@ impl PgStore {
             objects: None,
             rounds: Default::default(),
             announced: Default::default(),
+            next_analysis: Default::default(),
         })
     }
 
@@ -214,6 +217,7 @@ impl PgStore {
             objects: None,
             rounds: Default::default(),
             announced: Default::default(),
+            next_analysis: Default::default(),
         })
     }
 
@@ -277,6 +281,7 @@ impl PgStore {
             objects: None,
             rounds: Default::default(),
             announced: Default::default(),
+            next_analysis: Default::default(),
         }
     }
 

@@ -58,19 +58,19 @@ fn checkpoint_batch(checkpoints: &str, messages: &str, files: &str, finishing: b
     format!(
         "
 WITH c AS (
-    SELECT * FROM {checkpoints}
-), keys AS (
-    SELECT c.root_id, c.id, c.epoch, c.owner FROM c ORDER BY c.root_id, c.id
+    -- The checkpoints in key order, each carrying its columns through the lock to the
+    -- update, so that nothing joins them back to the rows they locked.
+    SELECT * FROM {checkpoints} ORDER BY c.root_id, c.id
 ), locked AS (
     -- Row locks in key order, as the group claim takes them, so that two multi-row
     -- writes of one worker's sessions never wait on each other in a cycle: one lookup
-    -- per key of the sorted `keys` (a `LATERAL` subquery, never a join that a plan made
-    -- on a small table could turn into a scan of the whole table).
-    SELECT l.root_id, l.id, l.stored_len FROM keys
+    -- per key (a `LATERAL` subquery, never a join that a plan made on a small table
+    -- could turn into a scan of the whole table).
+    SELECT c.*, l.stored_len FROM c
     CROSS JOIN LATERAL (
-        SELECT s.root_id, s.id, s.history_len AS stored_len FROM sessions s
-        WHERE s.root_id = keys.root_id AND s.id = keys.id
-          AND s.lease_epoch = keys.epoch AND s.lease_owner = keys.owner
+        SELECT s.history_len AS stored_len FROM sessions s
+        WHERE s.root_id = c.root_id AND s.id = c.id
+          AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
         LIMIT 1
         FOR UPDATE OF s
     ) l
@@ -97,14 +97,13 @@ WITH c AS (
         attempts = CASE WHEN c.has_new THEN 0 ELSE s.attempts END,
         model_used = COALESCE(c.model_used, s.model_used),
         updated_at = now()
-    FROM c, locked
-    WHERE s.root_id = locked.root_id AND s.id = locked.id
-      AND c.root_id = s.root_id AND c.id = s.id
+    FROM locked c
+    WHERE s.root_id = c.root_id AND s.id = c.id
       AND s.lease_epoch = c.epoch AND s.lease_owner = c.owner
     -- A finished session's row comes back whole: its worker needs it (to tell the parent,
     -- start a follow-up, publish the result), and a read after the commit would be one
     -- more statement per session.
-    RETURNING s.root_id, s.id, locked.stored_len, {finished}
+    RETURNING s.root_id, s.id, c.stored_len, {finished}
 ), ins AS (
     -- Only messages not stored yet, so that a retry after an ambiguous failure, or an
     -- overlapping window, stores nothing twice: the row lock orders this against every
@@ -186,7 +185,9 @@ SELECT l.id,
     NOT COALESCE(s.lease_epoch = l.epoch
                  AND (s.lease_owner IS NULL OR s.lease_owner = l.owner), false) AS lost,
     COALESCE(s.lease_epoch = l.epoch AND s.lease_owner = l.owner AND s.cancel_requested,
-             false) AS cancel
+             false) AS cancel,
+    -- Statistics that say `sessions` is empty (see `PgStore::analyze_sessions`).
+    (SELECT c.reltuples = 0 FROM pg_class c WHERE c.oid = 'sessions'::regclass) AS unknown
 FROM l LEFT JOIN LATERAL (
     -- One lookup per lease: as a join, a plan made while `sessions` was empty read the
     -- whole table once per lease.
@@ -521,6 +522,11 @@ pub(super) fn heartbeat_statement(
     Ok((heartbeat(&SQL.beat, &leases), p.into_args()))
 }
 
+/// How often the heartbeat may analyze `sessions` at most: an analysis that could not
+/// change the statistics (the role does not own the table, or it timed out) is not
+/// retried on every beat.
+const ANALYSIS_EVERY: Duration = Duration::from_secs(10);
+
 /// What [`checkpoint_batch`] answers per session whose lease held: its id, and for a
 /// finished one its row's JSON and its spec's.
 type Held = (String, Option<String>, Option<String>);
@@ -572,6 +578,47 @@ impl PgStore {
         Ok(out)
     }
 
+    /// Statistics of `sessions` that say it is empty, while this worker holds leases on
+    /// its rows, are made again here. Postgres keeps them from the table's last analysis
+    /// or vacuum, which may have found it empty (a new deployment's first minute, or
+    /// after retention removed every row), until the next one, up to a minute into a
+    /// burst; meanwhile it plans every statement on `sessions` as if the table had one
+    /// row. Every index then looks alike, and an update joined to a batch's rows passes
+    /// over a whole index instead of looking each row up, once per commit. A worker's
+    /// connections keep such plans (generic plans) until the statistics change:
+    /// analyzing the table has them made again from its rows. At most once per
+    /// [`ANALYSIS_EVERY`], bounded by a quarter of the lease so that the next beat is not
+    /// late, and skipped if another analysis holds the table; a failure is logged, never
+    /// the heartbeat's.
+    async fn analyze_sessions(&self, ttl: Duration) {
+        {
+            let Ok(mut next) = self.next_analysis.lock() else {
+                return;
+            };
+            let now = tokio::time::Instant::now();
+            if next.is_some_and(|at| now < at) {
+                return;
+            }
+            *next = Some(now + ANALYSIS_EVERY);
+        }
+        let timeout_ms = (ttl / 4).as_millis().max(1);
+        let analyzed: Result<()> = async {
+            let mut tx = self.writer.begin().await?;
+            sqlx::query(&format!("SET LOCAL statement_timeout = {timeout_ms}"))
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("ANALYZE (SKIP_LOCKED) sessions")
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+        .await;
+        if let Err(e) = analyzed {
+            tracing::warn!(error = %e, "analyzing sessions, whose statistics said it was empty");
+        }
+    }
+
     /// [`crate::store::LeaseStore::heartbeat`]: one statement for the worker's row and
     /// all its leases.
     pub(super) async fn extend_leases(
@@ -581,17 +628,22 @@ impl PgStore {
         ttl: Duration,
     ) -> Result<Vec<LeaseStatus>> {
         let (sql, args) = heartbeat_statement(worker, leases, ttl)?;
-        let rows: Vec<(String, bool, bool, bool)> = sqlx::query_as_with(&sql, args)
+        let rows: Vec<(String, bool, bool, bool, Option<bool>)> = sqlx::query_as_with(&sql, args)
             .fetch_all(&self.writer)
             .await?;
+        if rows.iter().any(|r| r.4 == Some(true)) {
+            self.analyze_sessions(ttl).await;
+        }
         Ok(rows
             .into_iter()
-            .map(|(session_id, held, lost, cancel_requested)| LeaseStatus {
-                session_id,
-                held,
-                lost,
-                cancel_requested,
-            })
+            .map(
+                |(session_id, held, lost, cancel_requested, _)| LeaseStatus {
+                    session_id,
+                    held,
+                    lost,
+                    cancel_requested,
+                },
+            )
             .collect())
     }
 }
@@ -608,7 +660,7 @@ mod tests {
         let step = checkpoint_batch("c", "m", "", false);
         let set = |sql: &str| {
             let from = sql.find("UPDATE sessions s SET").unwrap_or(0);
-            let to = sql.find("FROM c, locked").unwrap_or(sql.len());
+            let to = sql.find("FROM locked c").unwrap_or(sql.len());
             sql[from..to].to_owned()
         };
         for column in [

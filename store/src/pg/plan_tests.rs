@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -130,17 +131,21 @@ const SESSIONS: i64 = 2_000;
 const LEASED: [u32; 2] = [7, 1500];
 const QUEUED: [u32; 2] = [1700, 1800];
 
-/// What each statement read of `sessions` (its name, the rows it answered, sequential
-/// scans, rows they read, rows fetched by index), run for two sessions (one for the lone
+/// What a statement read of `sessions`: its name, the rows it answered, sequential scans,
+/// rows they read, rows fetched by index.
+type Read = (&'static str, usize, i64, i64, i64);
+
+/// What each statement read of `sessions` ([`Read`]) and how its plan reaches the rows
+/// ([`index_lookups`]), run for two sessions (one for the lone
 /// forms) of [`SESSIONS`], on a worker's connection that planned it while the table was
 /// empty: as a worker that started on a new installation (never analyzed) or on one
 /// whose rows retention removed (`analyzed` empty) does, and keeps those plans until the
 /// table is analyzed again, while a burst of sessions arrives.
-async fn reads_of_plans_made_empty(analyzed: bool) -> Vec<(&'static str, usize, i64, i64, i64)> {
+async fn reads_of_plans_made_empty(empty: Statistics) -> (Vec<Read>, Vec<(Lookup, bool)>) {
     let store = worker_store().await;
     // No analysis during the test, which would have the plans made again.
     let mut setup = vec!["ALTER TABLE sessions SET (autovacuum_enabled = false)"];
-    if analyzed {
+    if empty != Statistics::None {
         setup.push("ANALYZE sessions");
     }
     for sql in setup {
@@ -153,6 +158,7 @@ async fn reads_of_plans_made_empty(analyzed: bool) -> Vec<(&'static str, usize, 
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
     }
+    let mut lookups = index_lookups(&mut conn).await;
 
     let burst = format!(
         "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
@@ -170,6 +176,15 @@ async fn reads_of_plans_made_empty(analyzed: bool) -> Vec<(&'static str, usize, 
     .execute(store.pool())
     .await
     .unwrap();
+    if empty == Statistics::EmptyThenBeat {
+        // The heartbeat needs the writer pool's one connection.
+        drop(conn);
+        let leases = LEASED.map(|n| lease(&key(n)));
+        let beat = store.extend_leases(OWNER, &leases, TTL).await.unwrap();
+        assert!(beat.iter().all(|l| l.held), "{beat:?}");
+        conn = store.writer_pool().acquire().await.unwrap();
+        lookups = index_lookups(&mut conn).await;
+    }
     let mut read = Vec::new();
     for (name, sql, args) in statements(LEASED, QUEUED) {
         sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
@@ -190,20 +205,125 @@ async fn reads_of_plans_made_empty(analyzed: bool) -> Vec<(&'static str, usize, 
             after.2 - before.2,
         ));
     }
-    read
+    (read, lookups)
+}
+
+/// An index scan of `sessions` in a plan: the statement's name, the index, and the
+/// condition the scan starts from (`None` for a pass over the whole index).
+type Lookup = (&'static str, String, Option<String>);
+
+/// The scans of `sessions`' indexes in the plans this connection makes now for each of
+/// [`statements`] (prepared anew, as a worker's connection plans each statement at its
+/// first run), each with whether its condition names the index's first column: if not,
+/// the scan reads the whole index, whatever it finds.
+async fn index_lookups(conn: &mut PgConnection) -> Vec<(Lookup, bool)> {
+    let first: HashMap<String, String> = sqlx::query_as(
+        "SELECT i.relname::text, a.attname::text FROM pg_index x \
+         JOIN pg_class i ON i.oid = x.indexrelid \
+         JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] \
+         WHERE x.indrelid = 'sessions'::regclass",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    let mut lookups = Vec::new();
+    for (n, (name, sql, _)) in statements([9001, 9002], [9003, 9004])
+        .into_iter()
+        .enumerate()
+    {
+        let prepared = format!("lookup_{n}");
+        sqlx::query(&format!("PREPARE {prepared} AS {sql}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The generic plan, which takes no values: every parameter NULL.
+        let nulls = vec!["NULL"; parameters(&sql)].join(", ");
+        let plan: Value = sqlx::query_scalar(&format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE {prepared}({nulls})"
+        ))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        sqlx::query(&format!("DEALLOCATE {prepared}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        let mut scans = Vec::new();
+        index_scans(&plan[0]["Plan"], &mut scans);
+        for (index, cond) in scans {
+            let Some(column) = first.get(&index) else {
+                continue;
+            };
+            let keyed = cond.as_deref().is_some_and(|c| names(c, column));
+            lookups.push(((name, index, cond), keyed));
+        }
+    }
+    lookups
+}
+
+/// The number of parameters `sql` takes (its highest `$n`).
+fn parameters(sql: &str) -> usize {
+    sql.split('$')
+        .skip(1)
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every index scan below `node`: its index and its condition.
+fn index_scans(node: &Value, out: &mut Vec<(String, Option<String>)>) {
+    if let Some(index) = node["Index Name"].as_str() {
+        let cond = node["Index Cond"].as_str().map(str::to_owned);
+        out.push((index.to_owned(), cond));
+    }
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        index_scans(child, out);
+    }
+}
+
+/// Whether an index condition compares `column` (`EXPLAIN` writes it bare, or cast).
+fn names(cond: &str, column: &str) -> bool {
+    [format!("({column} "), format!("(({column})")]
+        .iter()
+        .any(|at| cond.contains(at.as_str()))
 }
 
 /// Each statement's rows answered: two (one for the lone forms), every one found, locked
 /// and updated.
 const ANSWERED: [usize; 5] = [2, 2, 1, 2, 1];
 
+/// What `sessions`' statistics said when a worker's connection planned its statements.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Statistics {
+    /// Never analyzed: a new installation.
+    None,
+    /// Analyzed empty: one whose rows retention removed.
+    Empty,
+    /// Analyzed empty, then a heartbeat after the sessions came.
+    EmptyThenBeat,
+}
+
 /// That every statement of `read` answered its rows, scanned nothing and fetched at most
-/// `most` rows by index.
-fn assert_read(read: &[(&str, usize, i64, i64, i64)], most: i64) {
+/// `most` rows by index; that every index scan with a condition has one on the index's
+/// first column; and, unless `passes`, that every index scan has a condition.
+fn assert_read((read, lookups): &(Vec<Read>, Vec<(Lookup, bool)>), most: i64, passes: bool) {
     for ((name, rows, scans, scanned, fetched), want) in read.iter().zip(ANSWERED) {
         assert_eq!(*rows, want, "{name} answered {rows} rows: {read:?}");
         assert_eq!((*scans, *scanned), (0, 0), "{name} scanned: {read:?}");
         assert!(*fetched <= most, "{name} fetched {fetched} rows: {read:?}");
+    }
+    assert!(!lookups.is_empty());
+    for (lookup, keyed) in lookups {
+        let pass = lookup.2.is_none();
+        assert!(
+            *keyed || (passes && pass),
+            "a pass over a whole index: {lookup:?} in {lookups:#?}"
+        );
     }
 }
 
@@ -211,17 +331,37 @@ fn assert_read(read: &[(&str, usize, i64, i64, i64)], most: i64) {
 /// as joins, the heartbeat, the group commit and the group claim each scanned the table.
 #[tokio::test]
 async fn plans_made_on_a_new_installation_read_only_the_rows_named() {
-    assert_read(&reads_of_plans_made_empty(false).await, 8);
+    assert_read(&reads_of_plans_made_empty(Statistics::None).await, 8, false);
 }
 
-/// Where the table was analyzed empty, the planner takes every path to it as free: until
-/// the next analysis it may pass over an index (the update's join once, a lookup on an
-/// index's second column once per row), but no statement scans the table. Planned as
-/// joins, the heartbeat scanned the whole table once per lease, and the group claim five
-/// times for two sessions.
+/// Where the table was analyzed empty, the planner takes every index as one page and
+/// one row: until the statistics change, an update joined to the rows it names passes
+/// over a whole index once (the commits', the group claim's), but no statement scans
+/// the table, and every lookup goes through an index that starts with the key. Planned
+/// as joins, the heartbeat scanned the whole table once per lease, and the group claim
+/// five times for two sessions; with the listings' indexes usable for a key (before
+/// migration 0033), every lookup passed over `sessions_status_id_idx`, the index made
+/// last, which Postgres takes where all look alike.
 #[tokio::test]
 async fn plans_made_on_a_table_analyzed_empty_never_scan_it() {
-    assert_read(&reads_of_plans_made_empty(true).await, SESSIONS + 8);
+    assert_read(
+        &reads_of_plans_made_empty(Statistics::Empty).await,
+        SESSIONS + 8,
+        true,
+    );
+}
+
+/// A worker's heartbeat that finds the table's statistics empty while it holds leases
+/// has it analyzed, and its connections make their plans again: every statement then
+/// reads its rows by key and nothing else. Without it, each commit and group claim
+/// passed over a whole index (2,000 rows fetched for two).
+#[tokio::test]
+async fn a_heartbeat_has_plans_made_on_empty_statistics_made_again() {
+    assert_read(
+        &reads_of_plans_made_empty(Statistics::EmptyThenBeat).await,
+        8,
+        false,
+    );
 }
 
 /// Rows of `sessions` a plan's nodes read (returned or filtered out), and rows any
