@@ -525,7 +525,7 @@ pub(super) fn heartbeat_statement(
 /// How often the heartbeat may analyze `sessions` at most: an analysis that could not
 /// change the statistics (the role does not own the table, or it timed out) is not
 /// retried on every beat.
-const ANALYSIS_EVERY: Duration = Duration::from_secs(10);
+pub(super) const ANALYSIS_EVERY: Duration = Duration::from_secs(10);
 
 /// What [`checkpoint_batch`] answers per session whose lease held: its id, and for a
 /// finished one its row's JSON and its spec's.

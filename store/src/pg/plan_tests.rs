@@ -1,7 +1,8 @@
 //! The statements every session in flight waits on (the heartbeat, the group commit, the
 //! claims) read only the rows they name on a worker's connections (see
-//! [`super::KEYED_PLANS`]), whatever `sessions` held when a connection planned them and
-//! whatever its statistics say.
+//! [`super::KEYED_PLANS`]), whatever `sessions` held when a connection planned them; where
+//! its statistics say it is empty, from the worker's next heartbeat on, which has the
+//! table analyzed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -138,9 +139,10 @@ type Read = (&'static str, usize, i64, i64, i64);
 /// What each statement read of `sessions` ([`Read`]) and how its plan reaches the rows
 /// ([`index_lookups`]), run for two sessions (one for the lone
 /// forms) of [`SESSIONS`], on a worker's connection that planned it while the table was
-/// empty: as a worker that started on a new installation (never analyzed) or on one
-/// whose rows retention removed (`analyzed` empty) does, and keeps those plans until the
-/// table is analyzed again, while a burst of sessions arrives.
+/// empty, as a worker that started on a new installation (never analyzed) or on one
+/// whose rows retention removed (analyzed empty) does, and keeps those plans until the
+/// table is analyzed again, while a burst of sessions arrives; with
+/// [`Statistics::EmptyThenBeat`], after the worker's next heartbeat.
 async fn reads_of_plans_made_empty(empty: Statistics) -> (Vec<Read>, Vec<(Lookup, bool)>) {
     let store = worker_store().await;
     // No analysis during the test, which would have the plans made again.
@@ -362,6 +364,37 @@ async fn a_heartbeat_has_plans_made_on_empty_statistics_made_again() {
         8,
         false,
     );
+}
+
+/// The heartbeat analyzes the table at most once per [`super::batch::ANALYSIS_EVERY`]:
+/// statistics an analysis could not change (the role does not own the table) are not
+/// analyzed again on every beat.
+#[tokio::test]
+async fn a_heartbeat_analyzes_the_table_at_most_once_in_a_while() {
+    let store = worker_store().await;
+    let pool = store.pool();
+    for sql in [
+        "ALTER TABLE sessions SET (autovacuum_enabled = false)",
+        "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
+             lease_expires_at, history_len) \
+         SELECT k, k, 'q', 'running', 'w1', 1, now() + interval '1 hour', 1 \
+         FROM unnest(ARRAY['00000000-0000-0000-0000-000000000001', \
+             '00000000-0000-0000-0000-000000000002']) k",
+    ] {
+        sqlx::query(sql).execute(pool).await.unwrap();
+    }
+    let leases = [lease(&key(1)), lease(&key(2))];
+    let emptied = "UPDATE pg_class SET reltuples = 0 WHERE oid = 'sessions'::regclass";
+    let tuples = "SELECT reltuples FROM pg_class WHERE oid = 'sessions'::regclass";
+    sqlx::query(emptied).execute(pool).await.unwrap();
+    store.extend_leases(OWNER, &leases, TTL).await.unwrap();
+    let analyzed: f32 = sqlx::query_scalar(tuples).fetch_one(pool).await.unwrap();
+    assert_eq!(analyzed, 2.0);
+
+    sqlx::query(emptied).execute(pool).await.unwrap();
+    store.extend_leases(OWNER, &leases, TTL).await.unwrap();
+    let again: f32 = sqlx::query_scalar(tuples).fetch_one(pool).await.unwrap();
+    assert_eq!(again, 0.0, "analyzed again at the next beat");
 }
 
 /// Rows of `sessions` a plan's nodes read (returned or filtered out), and rows any
