@@ -118,7 +118,7 @@ pub struct PgStore {
     rounds: std::sync::Arc<rounds::Rounds<tenant_rounds::Op>>,
     /// Marks of finished sessions announced, taken together (see [`announce_rounds`]).
     announced: std::sync::Arc<rounds::Rounds<announce_rounds::Mark>>,
-    /// When the heartbeat may next analyze `sessions` (see [`PgStore::extend_leases`]).
+    /// When the heartbeat may next analyze `sessions` (see `PgStore::analyze_sessions`).
     next_analysis: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
@@ -143,7 +143,8 @@ pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 /// times the lease's length). With these off, a key lookup (each statement names its rows
 /// by key, in a `LATERAL` subquery where it names many) can only be an index probe, and a
 /// sequential scan is still made where a statement has no index to use (no worker's
-/// statement on `sessions` or `messages` is such).
+/// statement on `sessions` or `messages` is such). Statistics that say the table is
+/// empty while it is not are the heartbeat's to mend (`PgStore::analyze_sessions`).
 const KEYED_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
     set_config('enable_seqscan', 'off', false), set_config('enable_mergejoin', 'off', false)";
 

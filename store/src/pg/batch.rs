@@ -187,7 +187,7 @@ SELECT l.id,
     COALESCE(s.lease_epoch = l.epoch AND s.lease_owner = l.owner AND s.cancel_requested,
              false) AS cancel,
     -- Statistics that say `sessions` is empty (see `PgStore::analyze_sessions`).
-    (SELECT c.reltuples = 0 FROM pg_class c WHERE c.oid = 'sessions'::regclass) AS unknown
+    (SELECT c.reltuples = 0 FROM pg_class c WHERE c.oid = 'sessions'::regclass) AS stats_empty
 FROM l LEFT JOIN LATERAL (
     -- One lookup per lease: as a join, a plan made while `sessions` was empty read the
     -- whole table once per lease.
@@ -603,7 +603,8 @@ impl PgStore {
         }
         let timeout_ms = (ttl / 4).as_millis().max(1);
         let analyzed: Result<()> = async {
-            let mut tx = self.writer.begin().await?;
+            // On the main pool: the writers' connections are the commits'.
+            let mut tx = self.pool.begin().await?;
             sqlx::query(&format!("SET LOCAL statement_timeout = {timeout_ms}"))
                 .execute(&mut *tx)
                 .await?;
