@@ -124,6 +124,21 @@ async fn worker_store() -> PgStore {
     store
 }
 
+/// Sessions `key(1)` to `key(n)`, running under [`lease`].
+async fn add_leased(pool: &sqlx::PgPool, n: i64) {
+    sqlx::query(
+        "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
+             lease_expires_at, history_len) \
+         SELECT k, k, 'q', 'running', 'w1', 1, now() + interval '1 hour', 1 \
+         FROM generate_series(1, $1) g, \
+             LATERAL (SELECT '00000000-0000-0000-0000-' || lpad(g::text, 12, '0') AS k) k",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Sessions in the table when the statements run.
 const SESSIONS: i64 = 2_000;
 
@@ -162,14 +177,7 @@ async fn reads_of_plans_made_empty(empty: Statistics) -> (Vec<Read>, Vec<(Lookup
     }
     let mut lookups = index_lookups(&mut conn).await;
 
-    let burst = format!(
-        "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
-             lease_expires_at, history_len) \
-         SELECT k, k, 'q', 'running', 'w1', 1, now() + interval '1 hour', 1 \
-         FROM generate_series(1, {SESSIONS}) g, \
-             LATERAL (SELECT '00000000-0000-0000-0000-' || lpad(g::text, 12, '0') AS k) k"
-    );
-    sqlx::query(&burst).execute(store.pool()).await.unwrap();
+    add_leased(store.pool(), SESSIONS).await;
     sqlx::query(
         "UPDATE sessions SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL \
          WHERE id = ANY($1)",
@@ -235,25 +243,11 @@ async fn index_lookups(conn: &mut PgConnection) -> Vec<(Lookup, bool)> {
         .into_iter()
         .enumerate()
     {
-        let prepared = format!("lookup_{n}");
-        sqlx::query(&format!("PREPARE {prepared} AS {sql}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
         // The generic plan, which takes no values: every parameter NULL.
         let nulls = vec!["NULL"; parameters(&sql)].join(", ");
-        let plan: Value = sqlx::query_scalar(&format!(
-            "EXPLAIN (FORMAT JSON) EXECUTE {prepared}({nulls})"
-        ))
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-        sqlx::query(&format!("DEALLOCATE {prepared}"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+        let plan = explained(conn, &format!("lookup_{n}"), &sql, &nulls, false).await;
         let mut scans = Vec::new();
-        index_scans(&plan[0]["Plan"], &mut scans);
+        index_scans(&plan, &mut scans);
         for (index, cond) in scans {
             let Some(column) = first.get(&index) else {
                 continue;
@@ -373,16 +367,11 @@ async fn a_heartbeat_has_plans_made_on_empty_statistics_made_again() {
 async fn a_heartbeat_analyzes_the_table_at_most_once_in_a_while() {
     let store = worker_store().await;
     let pool = store.pool();
-    for sql in [
-        "ALTER TABLE sessions SET (autovacuum_enabled = false)",
-        "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
-             lease_expires_at, history_len) \
-         SELECT k, k, 'q', 'running', 'w1', 1, now() + interval '1 hour', 1 \
-         FROM unnest(ARRAY['00000000-0000-0000-0000-000000000001', \
-             '00000000-0000-0000-0000-000000000002']) k",
-    ] {
-        sqlx::query(sql).execute(pool).await.unwrap();
-    }
+    sqlx::query("ALTER TABLE sessions SET (autovacuum_enabled = false)")
+        .execute(pool)
+        .await
+        .unwrap();
+    add_leased(pool, 2).await;
     let leases = [lease(&key(1)), lease(&key(2))];
     let emptied = "UPDATE pg_class SET reltuples = 0 WHERE oid = 'sessions'::regclass";
     let tuples = "SELECT reltuples FROM pg_class WHERE oid = 'sessions'::regclass";
@@ -415,21 +404,35 @@ fn rows_read(node: &Value) -> f64 {
     this + below
 }
 
-/// The plan `statement` (prepared as `name`) ran on `args` (a literal: `EXPLAIN`
-/// takes no parameters of its own), in a transaction rolled back after it.
-async fn explained(conn: &mut PgConnection, name: &str, statement: &str, args: &str) -> Value {
+/// The plan of `statement` (prepared as `name`) on `args` (a literal: `EXPLAIN` takes no
+/// parameters of its own). With `run`, as it ran, in a transaction rolled back after it;
+/// without, the plan alone.
+async fn explained(
+    conn: &mut PgConnection,
+    name: &str,
+    statement: &str,
+    args: &str,
+    run: bool,
+) -> Value {
     sqlx::query(&format!("PREPARE {name} AS {statement}"))
         .execute(&mut *conn)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let options = if run {
+        "ANALYZE, FORMAT JSON"
+    } else {
+        "FORMAT JSON"
+    };
     sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
-    let plan: Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})"
-    ))
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
+    let plan: Value = sqlx::query_scalar(&format!("EXPLAIN ({options}) EXECUTE {name}({args})"))
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     sqlx::query("ROLLBACK").execute(&mut *conn).await.unwrap();
+    sqlx::query(&format!("DEALLOCATE {name}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
     plan[0]["Plan"].clone()
 }
 
@@ -454,6 +457,7 @@ async fn a_claim_reads_only_its_own_rows() {
         "group_claim",
         &SQL.claim_batch,
         "'{s7, s1500, s42, s7, absent}'::text[], 'w1', 30",
+        true,
     )
     .await;
     assert_eq!(group["Actual Rows"].as_f64(), Some(3.0), "{group:#}");
@@ -463,7 +467,7 @@ async fn a_claim_reads_only_its_own_rows() {
     let read = rows_read(&group);
     assert!(read <= 20.0, "read {read} rows of sessions: {group:#}");
 
-    let lone = explained(&mut conn, "claim", &SQL.claim, "'s9', 'w1', 30").await;
+    let lone = explained(&mut conn, "claim", &SQL.claim, "'s9', 'w1', 30", true).await;
     assert_eq!(lone["Actual Rows"].as_f64(), Some(1.0), "{lone:#}");
     let read = rows_read(&lone);
     assert!(read <= 2.0, "read {read} rows of sessions: {lone:#}");
