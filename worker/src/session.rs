@@ -102,15 +102,15 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             // The entry's work is the store's now: a pending entry would only be touched
             // for as long as the run lasts, and pin the stream's trim. If the ack fails,
             // the entry is reclaimed later and finds the session busy or done.
-            ack(&inner, &d).await;
-            run_claimed(inner, d, lease, state, row, claimed_at).await
+            let acked = ack(&inner, &d).await;
+            run_claimed(inner, d, lease, state, row, claimed_at, acked).await
         }
         Claim::Terminal(row) => {
             // Finished, not announced (its worker died before it was): settle again —
             // every step is idempotent but the publication, which may repeat one that went
             // out just before that death — never run again.
             Processed::Finished {
-                acked: settle_finished(&inner, &d, &row).await,
+                acked: settle_finished(&inner, &d, &row, false).await,
             }
         }
         Claim::Settled => {
@@ -150,6 +150,7 @@ async fn run_claimed(
     mut state: Box<SessionState>,
     row: Box<SessionRow>,
     claimed_at: Instant,
+    acked: bool,
 ) -> Processed {
     // A later claim of the session (its first run may have died before checkpointing
     // anything, so `started_at` alone would miss it).
@@ -169,7 +170,7 @@ async fn run_claimed(
         Ok(opened) => opened,
         Err(WorkspaceOpen::Unavailable(e)) => {
             warn!(error = %e, "the workspace cannot be restored now; handing the session back");
-            return hand_back(&inner, &d, &lease).await;
+            return hand_back(&inner, &d, &lease, acked).await;
         }
         Err(WorkspaceOpen::Failed(e)) => (None, Err(e)),
     };
@@ -198,6 +199,7 @@ async fn run_claimed(
         lease: &lease,
         row: &row,
         sink: &wiring.sink,
+        acked,
     };
     // Boxed: recording is larger than the run's wait on its model, and the task's size is
     // its largest state, held by every session in flight.

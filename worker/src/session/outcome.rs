@@ -25,7 +25,11 @@ use crate::inner::Inner;
 /// Record what the run came to (`ran`), with the session's state as the run left it.
 pub(super) async fn record(run: &Claimed<'_>, state: &SessionState, ran: Ran) -> Processed {
     let Claimed {
-        inner, d, lease, ..
+        inner,
+        d,
+        lease,
+        acked,
+        ..
     } = *run;
     match ran {
         None => {
@@ -34,7 +38,7 @@ pub(super) async fn record(run: &Claimed<'_>, state: &SessionState, ran: Ran) ->
             Processed::LeaseLost
         }
         Some(Ok((RunEnd::Finished(outcome), receipt))) => {
-            finished(inner, d, state, &outcome, receipt).await
+            finished(inner, d, state, &outcome, receipt, acked).await
         }
         Some(Ok((RunEnd::Suspended(reason), _))) => suspend(run, state, reason).await,
         Some(Err(agentq_agent::Error::LeaseLost)) => {
@@ -46,12 +50,12 @@ pub(super) async fn record(run: &Claimed<'_>, state: &SessionState, ran: Ran) ->
         }
         Some(Err(agentq_agent::Error::Stopped)) => {
             info!("stopped at a checkpoint for shutdown; handing the session back");
-            hand_back(inner, d, lease).await
+            hand_back(inner, d, lease, acked).await
         }
         Some(Err(agentq_agent::Error::Checkpoint(CheckpointFailure::Refused {
             reason,
             durable,
-        }))) => fail_refused(inner, d, &reason, durable).await,
+        }))) => fail_refused(inner, d, &reason, durable, acked).await,
         Some(Err(e)) => {
             // The store stayed unreachable: leave everything; the lease expires and the
             // reclaimer resumes the session from its last checkpoint.
@@ -77,10 +81,11 @@ async fn fail_refused(
     d: &Delivery,
     refused: &str,
     durable: usize,
+    acked: bool,
 ) -> Processed {
     let reason = format!("a checkpoint could not be stored: {refused}");
     error!(%reason, durable, "failing the session");
-    fail_and_settle(inner, d, &reason).await
+    fail_and_settle(inner, d, &reason, acked).await
 }
 
 /// The run finished the session: count it, let its event stream expire, and settle it
@@ -91,6 +96,7 @@ async fn finished(
     state: &SessionState,
     outcome: &Outcome,
     receipt: Receipt,
+    acked: bool,
 ) -> Processed {
     let m = inner.metrics;
     info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
@@ -112,7 +118,7 @@ async fn finished(
         None => get_row(inner, &d.session_id).await,
     };
     let acked = match row {
-        Some(row) => settle_finished(inner, d, &row).await,
+        Some(row) => settle_finished(inner, d, &row, acked).await,
         None => {
             warn!("finished, but its row could not be read; the entry will be redelivered");
             false

@@ -56,5 +56,5 @@ pub(super) async fn after_panic(inner: &Arc<Inner>, d: &Delivery, message: Strin
             return Processed::Left;
         }
     }
-    fail_and_settle(inner, d, &reason).await
+    fail_and_settle(inner, d, &reason, false).await
 }

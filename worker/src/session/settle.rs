@@ -32,26 +32,37 @@ pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
 
 /// Everything after a terminal commit, in an order that survives a crash at any point
 /// (each step is idempotent and the mark comes last): parent, children, follow-up turn,
-/// completion, the announced mark (and the entry's ack, for a delivery that found the
-/// session finished). Whether it got to the end.
-pub(super) async fn settle_finished(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
+/// completion, the announced mark (and the entry's ack, unless `acked`: the claim acked it
+/// already). Whether it got to the end.
+pub(super) async fn settle_finished(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    row: &SessionRow,
+    acked: bool,
+) -> bool {
     tell_family(inner, row).await;
     match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
         Ok(true) => info!("started an enqueued follow-up turn"),
         Ok(false) => {}
         Err(e) => warn!(error = %e, "starting a follow-up turn failed; the sweeper retries"),
     }
-    publish_and_ack(inner, d, row).await
+    publish_and_ack(inner, d, row, acked).await
 }
 
 /// Fail the session with `reason` outside any checkpoint (the state may be what cannot be
-/// stored, or unknown after a panic), then settle it like any finished session. If the
-/// store cannot be reached the entry is left: the lease expires and a redelivery decides.
-pub(super) async fn fail_and_settle(inner: &Arc<Inner>, d: &Delivery, reason: &str) -> Processed {
+/// stored, or unknown after a panic), then settle it like any finished session (`acked`:
+/// the claim acked its entry). If the store cannot be reached the entry is left: the lease
+/// expires and a redelivery decides.
+pub(super) async fn fail_and_settle(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    reason: &str,
+    acked: bool,
+) -> Processed {
     let failed = match inner.store.fail(&d.session_id, reason).await {
         Ok(Some(row)) => row,
         Ok(None) => {
-            ack(inner, d).await;
+            ack_unless(inner, d, acked).await;
             return Processed::Dropped;
         }
         Err(e) => {
@@ -65,7 +76,7 @@ pub(super) async fn fail_and_settle(inner: &Arc<Inner>, d: &Delivery, reason: &s
         .with_label_values(&[d.queue.as_str(), "error"])
         .inc();
     Processed::Finished {
-        acked: settle_finished(inner, d, &failed).await,
+        acked: settle_finished(inner, d, &failed, acked).await,
     }
 }
 
@@ -107,10 +118,15 @@ pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionR
 }
 
 /// Give a session back after a graceful stop: release the lease, put a fresh entry on the
-/// queue so any worker resumes it at once, and ack the old one (if the claim's ack did
-/// not). A crash in between only leaves duplicates, which the lease makes harmless. `HandedBack` when it got that far,
-/// else `Left`.
-pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -> Processed {
+/// queue so any worker resumes it at once, and ack the old one (unless `acked`: the claim
+/// did). A crash in between only leaves duplicates, which the lease makes harmless.
+/// `HandedBack` when it got that far, else `Left`.
+pub(super) async fn hand_back(
+    inner: &Arc<Inner>,
+    d: &Delivery,
+    lease: &Lease,
+    acked: bool,
+) -> Processed {
     if let Err(e) = inner.store.release(lease).await {
         warn!(error = %e, "releasing the lease failed; it will expire instead");
         return Processed::Left;
@@ -128,7 +144,7 @@ pub(super) async fn hand_back(inner: &Arc<Inner>, d: &Delivery, lease: &Lease) -
         .store
         .mark_enqueued(std::slice::from_ref(&d.session_id))
         .await;
-    if ack(inner, d).await {
+    if ack_unless(inner, d, acked).await {
         Processed::HandedBack
     } else {
         Processed::Left
@@ -155,7 +171,7 @@ pub(super) async fn publish(inner: &Arc<Inner>, row: &SessionRow) -> bool {
     }
 }
 
-async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> bool {
+async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow, acked: bool) -> bool {
     if !publish(inner, row).await {
         return false;
     }
@@ -163,7 +179,13 @@ async fn publish_and_ack(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> 
         warn!(error = %e, "marking the session announced failed; the sweeper settles it again");
         return false;
     }
-    ack(inner, d).await
+    ack_unless(inner, d, acked).await
+}
+
+/// [`ack`] unless the entry is acked already (`acked`: the claim's ack went through), which
+/// spares every finished run a second round trip to Redis for the same entry.
+pub(super) async fn ack_unless(inner: &Arc<Inner>, d: &Delivery, acked: bool) -> bool {
+    acked || ack(inner, d).await
 }
 
 /// Whether the entry was acked (a few tries).

@@ -13,7 +13,7 @@ use agentq_core::lifecycle;
 use agentq_core::{SessionRow, SessionStatus, WaitReason};
 
 use super::processed::Processed;
-use super::settle::{ack, publish, tell_family};
+use super::settle::{ack_unless, publish, tell_family};
 use super::wiring::Claimed;
 
 /// The run gave its session up to wait (children, an approval): record that, fenced, and
@@ -133,12 +133,12 @@ async fn settle_suspended(run: &Claimed<'_>, wait: WaitReason, now: SessionRow) 
                 return Processed::Finished { acked: false };
             }
             return Processed::Finished {
-                acked: ack(inner, d).await,
+                acked: ack_unless(inner, d, run.acked).await,
             };
         }
         _ => {}
     }
-    ack(inner, d).await;
+    ack_unless(inner, d, run.acked).await;
     Processed::Suspended
 }
 

@@ -179,6 +179,8 @@ pub(super) struct Claimed<'a> {
     /// The row as claimed.
     pub(super) row: &'a SessionRow,
     pub(super) sink: &'a StreamSink,
+    /// Whether the claim acked the session's queue entry (settling then leaves it).
+    pub(super) acked: bool,
 }
 
 /// Removes the session from the worker's active set when the run is fully settled.

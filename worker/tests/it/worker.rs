@@ -219,9 +219,24 @@ async fn completions_published(redis: &RedisServer) -> usize {
         .unwrap()
 }
 
+/// How many `XACK`s the server has answered since it started (`INFO commandstats`).
+async fn xacks(redis: &RedisServer) -> u64 {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xack:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
 /// `Worker::process` drives one delivery to its end on the test's task, without the run
-/// loop: the session completes and its entry is acknowledged; processing it again finds
-/// it finished and announced, and only acks it (its completion is not published twice).
+/// loop: the session completes and its entry is acknowledged once (at the claim, which
+/// settling does not repeat); processing it again finds it finished and announced, and
+/// only acks it (its completion is not published twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_runs_one_delivery_to_completion_and_acks_it() {
     let (store, queue, redis) = setup().await;
@@ -231,8 +246,10 @@ async fn process_runs_one_delivery_to_completion_and_acks_it() {
     let d = read_entry(&queue, worker.consumer(), &ids[0]).await;
     assert_eq!(pending(&queue, worker.consumer()).await, 1);
 
+    let before = xacks(&redis).await;
     let done = worker.process(d.clone()).await.unwrap();
     assert_eq!(done, Processed::Finished { acked: true });
+    assert_eq!(xacks(&redis).await - before, 1, "one ack per run");
     let row = store.get(&ids[0]).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
     assert_eq!(row.iteration, 2);
