@@ -195,6 +195,7 @@ impl Inner {
                 max_batch: self.cfg.checkpoint_batch_max,
                 in_flight: self.cfg.checkpoint_writers,
             },
+            self.cfg.event_ttl,
         );
     }
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use agentq_agent::event::{AgentEvent, EventSink};
 use agentq_agent::observe::{LlmCallInfo, Observer};
@@ -181,16 +182,28 @@ pub const EVENT_BUFFER: usize = 16_384;
 /// event stream is for following it live.
 #[derive(Clone)]
 pub struct EventSender {
-    tx: mpsc::Sender<EventRecord>,
+    tx: mpsc::Sender<Outgoing>,
     metrics: &'static Metrics,
     dropped: Arc<AtomicU64>,
 }
+
+/// What the sessions hand the event writer, in the order they hand it.
+pub enum Outgoing {
+    Event(EventRecord),
+    /// A finished session's stream is to expire, once every event of it handed over
+    /// before is appended.
+    Expire(String),
+}
+
+/// How long a finished session waits for room in a full channel to hand over its
+/// stream's expiry, before it sets the expiry itself.
+const EXPIRE_WAIT: Duration = Duration::from_secs(1);
 
 /// A bounded event channel of `capacity` records (at least 4).
 pub fn event_channel(
     capacity: usize,
     metrics: &'static Metrics,
-) -> (EventSender, mpsc::Receiver<EventRecord>) {
+) -> (EventSender, mpsc::Receiver<Outgoing>) {
     let (tx, rx) = mpsc::channel(capacity.max(4));
     (
         EventSender {
@@ -210,7 +223,7 @@ impl EventSender {
             self.drop_one(kind);
             return false;
         }
-        match self.tx.try_send(record) {
+        match self.tx.try_send(Outgoing::Event(record)) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.drop_one(kind);
@@ -219,6 +232,17 @@ impl EventSender {
             // The writer has stopped: the worker is shutting down.
             Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
+    }
+
+    /// Have the writer let `session_id`'s stream expire after the events of it handed
+    /// over before (waiting up to [`EXPIRE_WAIT`] for room); whether it went. A stream
+    /// does not expire unless it exists when its expiry is set, and an event still in the
+    /// channel makes it only when appended.
+    pub async fn expire(&self, session_id: &str) -> bool {
+        self.tx
+            .send_timeout(Outgoing::Expire(session_id.to_string()), EXPIRE_WAIT)
+            .await
+            .is_ok()
     }
 
     /// Events dropped so far because the channel was full.
@@ -285,13 +309,15 @@ impl EventSink for StreamSink {
 /// arrive by the hundred per second per session, one round trip each would dominate, and
 /// a batch's run of one session's deltas is one entry ([`coalesce::coalesce_deltas`]).
 /// Events are for following sessions live; losing some while Redis is down is accepted
-/// (the store holds the transcript).
+/// (the store holds the transcript). The finished sessions' expiries handed over with
+/// the events are set after the batch they came in (`ttl` each).
 pub async fn event_writer(
     queue: Arc<dyn Queue>,
-    mut rx: mpsc::Receiver<EventRecord>,
+    mut rx: mpsc::Receiver<Outgoing>,
     stop: CancellationToken,
+    ttl: Duration,
 ) {
-    let mut batch = Vec::with_capacity(256);
+    let mut out = Batch::default();
     loop {
         let first = tokio::select! {
             e = rx.recv() => e,
@@ -299,27 +325,62 @@ pub async fn event_writer(
         };
         let Some(first) = first else {
             // Flush whatever is left, then stop.
-            while let Ok(e) = rx.try_recv() {
-                batch.push(e);
+            while let Ok(o) = rx.try_recv() {
+                out.take(o);
             }
-            if !batch.is_empty() {
-                coalesce::coalesce_deltas(&mut batch);
-                let _ = queue.append_events(&batch).await;
-            }
+            out.flush(queue.as_ref(), ttl).await;
             return;
         };
-        batch.push(first);
-        while batch.len() < 512 {
+        out.take(first);
+        while out.len() < 512 {
             match rx.try_recv() {
-                Ok(e) => batch.push(e),
+                Ok(o) => out.take(o),
                 Err(_) => break,
             }
         }
-        coalesce::coalesce_deltas(&mut batch);
-        if let Err(e) = queue.append_events(&batch).await {
-            debug!(error = %e, dropped = batch.len(), "appending events failed");
+        out.flush(queue.as_ref(), ttl).await;
+    }
+}
+
+/// What the writer took from the channel for one round trip.
+#[derive(Default)]
+struct Batch {
+    events: Vec<EventRecord>,
+    /// Sessions whose streams are to expire once `events` are appended.
+    expiring: Vec<String>,
+}
+
+impl Batch {
+    fn take(&mut self, o: Outgoing) {
+        match o {
+            Outgoing::Event(e) => self.events.push(e),
+            Outgoing::Expire(id) => self.expiring.push(id),
         }
-        batch.clear();
+    }
+
+    fn len(&self) -> usize {
+        self.events.len().saturating_add(self.expiring.len())
+    }
+
+    /// Append the events, then set the expiries: after the appends, because an append
+    /// makes a stream that does not exist yet, without an expiry, and one made after its
+    /// expiry was set would never expire.
+    async fn flush(&mut self, queue: &dyn Queue, ttl: Duration) {
+        if !self.events.is_empty() {
+            coalesce::coalesce_deltas(&mut self.events);
+            if let Err(e) = queue.append_events(&self.events).await {
+                debug!(error = %e, dropped = self.events.len(), "appending events failed");
+            }
+            self.events.clear();
+        }
+        // At once: a multiplexed connection sends them in one write.
+        let set = join_all(self.expiring.iter().map(|id| queue.expire_events(id, ttl))).await;
+        for (id, result) in self.expiring.iter().zip(set) {
+            if let Err(e) = result {
+                warn!(session_id = %id, error = %e, "setting the event stream's expiry failed");
+            }
+        }
+        self.expiring.clear();
     }
 }
 
@@ -350,7 +411,7 @@ mod tests {
 
     use super::*;
 
-    fn sink(capacity: usize) -> (StreamSink, mpsc::Receiver<EventRecord>, &'static Metrics) {
+    fn sink(capacity: usize) -> (StreamSink, mpsc::Receiver<Outgoing>, &'static Metrics) {
         let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
         let (tx, rx) = event_channel(capacity, metrics);
         let sink = StreamSink {
@@ -359,6 +420,13 @@ mod tests {
             tx,
         };
         (sink, rx, metrics)
+    }
+
+    fn event(o: Outgoing) -> EventRecord {
+        match o {
+            Outgoing::Event(e) => e,
+            Outgoing::Expire(id) => panic!("an expiry of {id} where an event was"),
+        }
     }
 
     fn delta() -> AgentEvent {
@@ -392,20 +460,60 @@ mod tests {
         assert_eq!(dropped("tool_call"), 3);
 
         let mut got = Vec::new();
-        while let Ok(r) = rx.try_recv() {
-            got.push(EventKind::of_json(&r.data).unwrap());
+        while let Ok(o) = rx.try_recv() {
+            got.push(EventKind::of_json(&event(o).data).unwrap());
         }
         assert_eq!(got.len(), 8);
         assert_eq!(got.iter().filter(|k| **k == EventKind::ToolCall).count(), 2);
 
         // Drained, deltas flow again.
         sink.emit(30, delta());
-        assert_eq!(rx.try_recv().unwrap().seq, 30);
+        assert_eq!(event(rx.try_recv().unwrap()).seq, 30);
         assert_eq!(sink.tx.dropped(), 17);
 
         // A stopped writer is a shutdown, not a drop.
         drop(rx);
         sink.emit(31, call());
         assert_eq!(sink.tx.dropped(), 17);
+    }
+
+    /// A finished session's expiry goes through the writer behind the session's events,
+    /// so a stream the writer makes late expires too. Set at once instead (as the run's
+    /// settling did), it found no stream while the events waited in the channel, and the
+    /// stream their append made then never expired.
+    #[tokio::test(start_paused = true)]
+    async fn a_streams_expiry_is_set_after_the_events_before_it() {
+        use agentq_core::EventStreams;
+
+        let queue = Arc::new(agentq_core::mem_queue::MemQueue::new());
+        let ttl = Duration::from_secs(60);
+        let (sink, rx, _) = sink(16);
+        sink.emit(1, call());
+        assert!(sink.tx.expire("s").await);
+        // Set at once, before its events are appended: lost.
+        let late = StreamSink {
+            session_id: "t".into(),
+            epoch: 1,
+            tx: sink.tx.clone(),
+        };
+        late.emit(1, call());
+        queue.expire_events("t", ttl).await.unwrap();
+
+        let stop = CancellationToken::new();
+        stop.cancel();
+        event_writer(queue.clone(), rx, stop, ttl).await;
+        assert_eq!(queue.last_events("s", 10).await.unwrap().len(), 1);
+        assert_eq!(queue.last_events("t", 10).await.unwrap().len(), 1);
+
+        tokio::time::advance(ttl + Duration::from_secs(1)).await;
+        assert!(
+            queue.last_events("s", 10).await.unwrap().is_empty(),
+            "expired"
+        );
+        assert_eq!(
+            queue.last_events("t", 10).await.unwrap().len(),
+            1,
+            "an expiry set before the stream existed never applies"
+        );
     }
 }

@@ -11,7 +11,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use agentq_core::metrics::Metrics;
-use agentq_core::queue::EventRecord;
 use agentq_core::{Queue, Store};
 
 use crate::group_commit::{self, GroupCommit, JobReceiver};
@@ -27,7 +26,7 @@ pub(crate) struct Pipeline {
 #[derive(Default)]
 struct State {
     /// The receivers, until the writers take them.
-    idle: Option<(JobReceiver, tokio::sync::mpsc::Receiver<EventRecord>)>,
+    idle: Option<(JobReceiver, tokio::sync::mpsc::Receiver<observe::Outgoing>)>,
     committer: Option<Writer>,
     events: Option<Writer>,
 }
@@ -61,12 +60,14 @@ impl Pipeline {
         }
     }
 
-    /// Start both writers; nothing if they run already or have been stopped.
+    /// Start both writers; nothing if they run already or have been stopped. `event_ttl`:
+    /// how long a finished session's stream is kept.
     pub fn start(
         &self,
         store: Arc<dyn Store>,
         queue: Arc<dyn Queue>,
         limits: group_commit::Limits,
+        event_ttl: Duration,
     ) {
         let mut state = self.lock();
         let Some((commits, events)) = state.idle.take() else {
@@ -85,7 +86,12 @@ impl Pipeline {
         });
         let events_stop = CancellationToken::new();
         state.events = Some(Writer {
-            task: tokio::spawn(observe::event_writer(queue, events, events_stop.clone())),
+            task: tokio::spawn(observe::event_writer(
+                queue,
+                events,
+                events_stop.clone(),
+                event_ttl,
+            )),
             stop: events_stop,
         });
     }

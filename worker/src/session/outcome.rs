@@ -38,7 +38,7 @@ pub(super) async fn record(run: &Claimed<'_>, state: &SessionState, ran: Ran) ->
             Processed::LeaseLost
         }
         Some(Ok((RunEnd::Finished(outcome), receipt))) => {
-            finished(inner, d, state, &outcome, receipt, acked).await
+            finished(run, state, &outcome, receipt).await
         }
         Some(Ok((RunEnd::Suspended(reason), _))) => suspend(run, state, reason).await,
         Some(Err(agentq_agent::Error::LeaseLost)) => {
@@ -91,13 +91,18 @@ async fn fail_refused(
 /// The run finished the session: count it, let its event stream expire, and settle it
 /// with the row its final checkpoint returned (the run's receipt), or read back.
 async fn finished(
-    inner: &Arc<Inner>,
-    d: &Delivery,
+    run: &Claimed<'_>,
     state: &SessionState,
     outcome: &Outcome,
     receipt: Receipt,
-    acked: bool,
 ) -> Processed {
+    let Claimed {
+        inner,
+        d,
+        sink,
+        acked,
+        ..
+    } = *run;
     let m = inner.metrics;
     info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
     inner.stats.completed.fetch_add(1, Ordering::Relaxed);
@@ -106,10 +111,14 @@ async fn finished(
         .inc();
     m.session_iterations.observe(f64::from(state.iteration));
     m.session_tokens.observe(state.usage.total() as f64);
-    if let Err(e) = inner
-        .queue
-        .expire_events(&d.session_id, inner.cfg.event_ttl)
-        .await
+    // Through the event writer, behind the run's events still on their way; set here
+    // only if its channel stayed full (or it stopped), which may miss a stream that one
+    // of those events makes afterwards.
+    if !sink.tx.expire(&d.session_id).await
+        && let Err(e) = inner
+            .queue
+            .expire_events(&d.session_id, inner.cfg.event_ttl)
+            .await
     {
         warn!(error = %e, "setting the event stream's expiry failed");
     }

@@ -233,10 +233,22 @@ async fn xacks(redis: &RedisServer) -> u64 {
         .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
 }
 
+/// The milliseconds before `key` expires (`PTTL`: -1 without an expiry, -2 if missing).
+async fn pttl(redis: &RedisServer, key: &str) -> i64 {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("PTTL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
 /// `Worker::process` drives one delivery to its end on the test's task, without the run
 /// loop: the session completes and its entry is acknowledged once (at the claim, which
-/// settling does not repeat); processing it again finds it finished and announced, and
-/// only acks it (its completion is not published twice).
+/// settling does not repeat), and its event stream expires (the expiry set by the event
+/// writer, behind the run's events); processing it again finds it finished and
+/// announced, and only acks it (its completion is not published twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_runs_one_delivery_to_completion_and_acks_it() {
     let (store, queue, redis) = setup().await;
@@ -258,6 +270,16 @@ async fn process_runs_one_delivery_to_completion_and_acks_it() {
     assert_eq!(worker.stats().completed.load(Ordering::SeqCst), 1);
 
     assert_eq!(completions_published(&redis).await, 1);
+    let stream = agentq_core::queue::events_stream(&ids[0]);
+    common::wait_until(
+        "the event stream's expiry",
+        Duration::from_secs(30),
+        || async {
+            let left = pttl(&redis, &stream).await;
+            if left > 0 { Ok(()) } else { Err(left) }
+        },
+    )
+    .await;
 
     // A redelivery of a finished session runs nothing and publishes nothing.
     assert_eq!(
