@@ -15,7 +15,7 @@ use agentq_core::queue::Delivery;
 
 use super::drive::Ran;
 use super::processed::Processed;
-use super::settle::{fail_and_settle, hand_back, settle_finished};
+use super::settle::{expire_stream, fail_and_settle, hand_back, settle_finished};
 use super::suspend::suspend;
 use super::wiring::Claimed;
 use crate::backoff::Backoff;
@@ -97,11 +97,7 @@ async fn finished(
     receipt: Receipt,
 ) -> Processed {
     let Claimed {
-        inner,
-        d,
-        sink,
-        acked,
-        ..
+        inner, d, acked, ..
     } = *run;
     let m = inner.metrics;
     info!(finish_reason = %outcome.reason, iterations = state.iteration, "session finished");
@@ -111,17 +107,7 @@ async fn finished(
         .inc();
     m.session_iterations.observe(f64::from(state.iteration));
     m.session_tokens.observe(state.usage.total() as f64);
-    // Through the event writer, behind the run's events still on their way; set here
-    // only if its channel stayed full (or it stopped), which may miss a stream that one
-    // of those events makes afterwards.
-    if !sink.tx.expire(&d.session_id).await
-        && let Err(e) = inner
-            .queue
-            .expire_events(&d.session_id, inner.cfg.event_ttl)
-            .await
-    {
-        warn!(error = %e, "setting the event stream's expiry failed");
-    }
+    expire_stream(inner, &d.session_id).await;
     let row = match StoreCheckpointer::finished_row(receipt) {
         Some(row) => Some(row),
         None => get_row(inner, &d.session_id).await,

@@ -49,6 +49,24 @@ pub(super) async fn settle_finished(
     publish_and_ack(inner, d, row, acked).await
 }
 
+/// Let a terminal session's event stream expire (after `event_ttl`): through the event
+/// writer, behind the session's events still on their way, or here if the writer's
+/// channel stayed full (or it stopped), which misses a stream one of those events makes
+/// afterwards. Every way a session ends here passes through this, or its stream (made
+/// without an expiry) would be kept for good.
+pub(super) async fn expire_stream(inner: &Arc<Inner>, session_id: &str) {
+    if inner.pipeline.events.expire(session_id).await {
+        return;
+    }
+    if let Err(e) = inner
+        .queue
+        .expire_events(session_id, inner.cfg.event_ttl)
+        .await
+    {
+        warn!(error = %e, "setting the event stream's expiry failed");
+    }
+}
+
 /// Fail the session with `reason` outside any checkpoint (the state may be what cannot be
 /// stored, or unknown after a panic), then settle it like any finished session (`acked`:
 /// the claim acked its entry). If the store cannot be reached the entry is left: the lease
@@ -75,6 +93,7 @@ pub(super) async fn fail_and_settle(
         .sessions_finished
         .with_label_values(&[d.queue.as_str(), "error"])
         .inc();
+    expire_stream(inner, &d.session_id).await;
     Processed::Finished {
         acked: settle_finished(inner, d, &failed, acked).await,
     }
@@ -104,6 +123,7 @@ pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionR
         return Processed::Left;
     }
     inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+    expire_stream(inner, &d.session_id).await;
     inner.metrics.dead_letter.inc();
     inner
         .metrics

@@ -13,7 +13,7 @@ use agentq_core::lifecycle;
 use agentq_core::{SessionRow, SessionStatus, WaitReason};
 
 use super::processed::Processed;
-use super::settle::{ack_unless, publish, tell_family};
+use super::settle::{ack_unless, expire_stream, publish, tell_family};
 use super::wiring::Claimed;
 
 /// The run gave its session up to wait (children, an approval): record that, fenced, and
@@ -128,6 +128,7 @@ async fn settle_suspended(run: &Claimed<'_>, wait: WaitReason, now: SessionRow) 
             .await;
         }
         s if s.is_terminal() => {
+            expire_stream(inner, &now.id).await;
             tell_family(inner, &now).await;
             if !publish(inner, &now).await {
                 return Processed::Finished { acked: false };

@@ -450,10 +450,11 @@ async fn a_model_answering_with_nul_completes_and_reads_back_intact() {
 /// A step the database refuses as data (here a trigger raising SQLSTATE 22023 on one
 /// session's answer, as Postgres does for a value it cannot hold) is not retried: that
 /// session fails at once with the reason and its lease given up, on its first delivery,
-/// and the bystanders committing beside it on the same worker complete.
+/// and the bystanders committing beside it on the same worker complete. Every one's event
+/// stream expires, the failed one's too (the worker's drain writes the expiries last).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() {
-    let (store, queue, _redis) = setup().await;
+    let (store, queue, redis) = setup().await;
     sqlx::raw_sql(
         r#"CREATE FUNCTION refuse_poison() RETURNS trigger AS $$
            BEGIN
@@ -501,6 +502,10 @@ async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() 
     for id in &bystanders {
         let row = store.get(id).await.unwrap().unwrap();
         assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
+    }
+    for id in &all {
+        let left = pttl(&redis, &agentq_core::queue::events_stream(id)).await;
+        assert!(left > 0, "{id}'s event stream expires in {left} ms");
     }
 }
 
