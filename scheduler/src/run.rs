@@ -75,9 +75,12 @@ pub async fn run(
         store,
         queue,
         state.queues().clone(),
-        cfg.sweep_interval,
-        cfg.sweep_age,
-        cfg.stream_max_len,
+        sweeper::SweepSettings {
+            interval: cfg.sweep_interval,
+            age: cfg.sweep_age,
+            stream_max_len: cfg.stream_max_len,
+            event_ttl: cfg.event_ttl,
+        },
         stop_sweeper.clone(),
     ));
     let dispatcher = state.spawn_dispatcher(stop_sweeper.clone());

@@ -28,6 +28,9 @@ pub struct SchedulerSettings {
     pub max_queues: usize,
     /// Length past which the sweeper trims a queue stream's acked history.
     pub stream_max_len: u64,
+    /// How long a finished session's event stream is kept (`worker.event_ttl_secs`): the
+    /// sweeper sets it on the sessions it settles in a dead worker's place.
+    pub event_ttl: Duration,
     /// Who may call the API (the admin key is not part of the configuration file: the
     /// process reads it from `AGENTQ_ADMIN_KEY`).
     pub auth: AuthSettings,
@@ -86,6 +89,7 @@ impl SchedulerSettings {
             retention: s.retention.clone(),
             webhooks: WebhookSettings::from_section(&s.webhooks)?,
             schedules: FireSettings::from(&s.schedules),
+            event_ttl: s.worker.event_ttl_secs.duration(),
             ..(&s.scheduler).into()
         })
     }
@@ -108,6 +112,9 @@ impl From<&SchedulerSection> for SchedulerSettings {
             queues: c.queues.clone(),
             max_queues: c.max_queues,
             stream_max_len: c.stream_max_len,
+            event_ttl: agentq_core::config::WorkerSection::default()
+                .event_ttl_secs
+                .duration(),
             policy: Arc::new(Policy::default()),
             limits: LimitsAdmin::default(),
             workspace: agentq_core::config::WorkspaceSection::default(),

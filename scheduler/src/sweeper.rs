@@ -164,11 +164,30 @@ pub async fn return_budgets(store: &dyn Store, queue: &dyn Queue) {
     }
 }
 
+/// The sweeper's pace and bounds ([`run_sweeper`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SweepSettings {
+    /// How often it passes.
+    pub interval: Duration,
+    /// How long a queued row without an entry, a finished session not announced or an
+    /// expired lease is left to its worker before the sweeper acts on it.
+    pub age: Duration,
+    /// Length past which a queue stream's acked history is trimmed.
+    pub stream_max_len: u64,
+    /// How long the event stream of a finished session it settles is kept.
+    pub event_ttl: Duration,
+}
+
 /// Finished sessions whose settling was not marked done `grace` after their finish (their
 /// worker died between the terminal commit and the end of settling; the entry was acked
-/// at the claim, so no redelivery does it) are settled again: parent told, follow-up
-/// started, completion published. Returns how many.
-pub async fn settle_unannounced(store: &dyn Store, queue: &dyn Queue, grace: Duration) -> usize {
+/// at the claim, so no redelivery does it) are settled again: stream expiry set (`event_ttl`),
+/// parent told, follow-up started, completion published. Returns how many.
+pub async fn settle_unannounced(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    grace: Duration,
+    event_ttl: Duration,
+) -> usize {
     let rows = match store.unannounced(grace, SWEEP_BATCH).await {
         Ok(rows) => rows,
         Err(e) => {
@@ -178,6 +197,12 @@ pub async fn settle_unannounced(store: &dyn Store, queue: &dyn Queue, grace: Dur
     };
     let mut settled = 0;
     for row in rows {
+        // The dead worker may not have got to its stream's expiry (it is set before the
+        // rest of the settling); a stream without one is kept for good.
+        if let Err(e) = queue.expire_events(&row.id, event_ttl).await {
+            tracing::warn!(session_id = %row.id, error = %e, "setting the event stream's expiry failed; retrying next tick");
+            continue;
+        }
         match agentq_core::lifecycle::settle_again(store, queue, &row).await {
             Ok(()) => {
                 tracing::info!(session_id = %row.id, "settled a finished session its worker left unsettled");
@@ -241,17 +266,21 @@ pub async fn wake_rate_limited(store: &dyn Store, queue: &dyn Queue) -> usize {
     total
 }
 
-/// Sweep every `interval` until `shutdown` is cancelled. Errors are logged; the next tick
-/// tries again.
+/// Sweep every `sweep.interval` until `shutdown` is cancelled. Errors are logged; the next
+/// tick tries again.
 pub async fn run_sweeper(
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
     queues: QueueRegistry,
-    interval: Duration,
-    age: Duration,
-    stream_max_len: u64,
+    sweep: SweepSettings,
     shutdown: CancellationToken,
 ) {
+    let SweepSettings {
+        interval,
+        age,
+        stream_max_len,
+        event_ttl,
+    } = sweep;
     let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -264,7 +293,7 @@ pub async fn run_sweeper(
         recover_lost(store.as_ref(), queue.as_ref(), &queues).await;
         wake_expired_approvals(store.as_ref(), queue.as_ref()).await;
         return_budgets(store.as_ref(), queue.as_ref()).await;
-        settle_unannounced(store.as_ref(), queue.as_ref(), age).await;
+        settle_unannounced(store.as_ref(), queue.as_ref(), age, event_ttl).await;
         wake_rate_limited(store.as_ref(), queue.as_ref()).await;
         let names = queues.names();
         match agentq_core::lifecycle::requeue_orphans(store.as_ref(), queue.as_ref(), &names).await

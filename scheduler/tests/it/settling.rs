@@ -1,7 +1,7 @@
 //! A worker that dies between a session's terminal commit and the end of its settling
 //! leaves no redelivery behind (its entry was acked at the claim): the sweeper finds the
-//! finished session unannounced and settles it again — its completion published, its
-//! waiting parent told and woken once — and a second pass, or the worker's own settle
+//! finished session unannounced and settles it again — its event stream's expiry set, its
+//! completion published, its waiting parent told and woken once — and a second pass, or the worker's own settle
 //! arriving late, adds nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,6 +22,9 @@ use agentq_core::{
 };
 use agentq_scheduler::sweeper::settle_unannounced;
 use agentq_testkit::{RedisServer, shared_postgres};
+
+/// How long a settled session's event stream is kept.
+const TTL: Duration = Duration::from_secs(3600);
 
 fn child_of(root: &NewSession) -> NewSession {
     NewSession {
@@ -96,14 +99,43 @@ async fn the_sweeper_settles_a_session_whose_worker_died_after_its_end() {
     });
     store.checkpoint(&lease, &state, from).await.unwrap();
     assert_eq!(completions(&redis, &child.id).await, 0);
+    // Its events were written, their stream's expiry not.
+    let stream = agentq_core::queue::events_stream(&child.id);
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("*")
+        .arg("seq")
+        .arg(1)
+        .arg("epoch")
+        .arg(1)
+        .arg("data")
+        .arg(r#"{"type":"iteration_started","iteration":1}"#)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let pttl = async |conn: &mut redis::aio::MultiplexedConnection| -> i64 {
+        redis::cmd("PTTL")
+            .arg(&stream)
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
 
     // Within the grace, the worker may still be settling: left alone.
     assert_eq!(
-        settle_unannounced(&store, &queue, Duration::from_secs(3600)).await,
+        settle_unannounced(&store, &queue, Duration::from_secs(3600), TTL).await,
         0
     );
-    assert_eq!(settle_unannounced(&store, &queue, Duration::ZERO).await, 1);
+    assert_eq!(pttl(&mut conn).await, -1);
+    assert_eq!(
+        settle_unannounced(&store, &queue, Duration::ZERO, TTL).await,
+        1
+    );
     assert_eq!(completions(&redis, &child.id).await, 1);
+    let left = pttl(&mut conn).await;
+    assert!(left > 0, "the stream expires in {left} ms");
     let parent = store.get(&root.id).await.unwrap().unwrap();
     assert_eq!(parent.status, SessionStatus::Queued, "woken: {parent:?}");
     let told = async || {
@@ -117,7 +149,10 @@ async fn the_sweeper_settles_a_session_whose_worker_died_after_its_end() {
 
     // Settled: a second pass does nothing; the worker's own settle, arriving late, tells
     // the parent nothing new.
-    assert_eq!(settle_unannounced(&store, &queue, Duration::ZERO).await, 0);
+    assert_eq!(
+        settle_unannounced(&store, &queue, Duration::ZERO, TTL).await,
+        0
+    );
     let finished = store.get(&child.id).await.unwrap().unwrap();
     agentq_core::lifecycle::notify_parent(&store, &queue, &finished)
         .await

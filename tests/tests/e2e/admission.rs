@@ -11,7 +11,7 @@ use std::time::Duration;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::{EventStreams, Queue, SessionStatus, Store, WaitReason};
 use agentq_scheduler::QueueRegistry;
-use agentq_scheduler::sweeper::run_sweeper;
+use agentq_scheduler::sweeper::{SweepSettings, run_sweeper};
 use agentq_testkit::rate_limited::list_dir_turns;
 use agentq_testkit::{Limits, RateLimitedConfig, RateLimitedLlm};
 use tokio_util::sync::CancellationToken;
@@ -30,9 +30,12 @@ async fn sweeper(c: &Cluster) -> CancellationToken {
         store,
         queue,
         QueueRegistry::new(vec!["default".into()]),
-        Duration::from_millis(200),
-        Duration::from_secs(1),
-        10_000,
+        SweepSettings {
+            interval: Duration::from_millis(200),
+            age: Duration::from_secs(1),
+            stream_max_len: 10_000,
+            event_ttl: Duration::from_secs(3600),
+        },
         stop.clone(),
     ));
     stop

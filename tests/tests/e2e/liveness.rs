@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use agentq_core::{Queue, SessionStatus, Store};
 use agentq_scheduler::QueueRegistry;
-use agentq_scheduler::sweeper::run_sweeper;
+use agentq_scheduler::sweeper::{SweepSettings, run_sweeper};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{Cluster, Script, Turn, WorkerOpts, eventually};
@@ -47,9 +47,12 @@ async fn a_long_session_survives_trimming_and_a_killed_worker() {
         store,
         queue,
         QueueRegistry::new(vec!["default".into()]),
-        Duration::from_millis(300),
-        Duration::from_secs(1),
-        STREAM_MAX_LEN,
+        SweepSettings {
+            interval: Duration::from_millis(300),
+            age: Duration::from_secs(1),
+            stream_max_len: STREAM_MAX_LEN,
+            event_ttl: Duration::from_secs(3600),
+        },
         stop.clone(),
     ));
 
@@ -175,12 +178,23 @@ async fn a_worker_killed_between_the_end_commit_and_the_publish() {
 
     let store = c.open_store(2).await;
     let queue = c.open_queue().await;
-    let announced =
-        agentq_scheduler::sweeper::settle_unannounced(&*store, &queue, Duration::ZERO).await;
+    let announced = agentq_scheduler::sweeper::settle_unannounced(
+        &*store,
+        &queue,
+        Duration::ZERO,
+        Duration::from_secs(3600),
+    )
+    .await;
     assert_eq!(announced, 1, "the sweeper found the end unannounced");
     // Announced once, and not again by a later sweep.
     assert_eq!(
-        agentq_scheduler::sweeper::settle_unannounced(&*store, &queue, Duration::ZERO).await,
+        agentq_scheduler::sweeper::settle_unannounced(
+            &*store,
+            &queue,
+            Duration::ZERO,
+            Duration::from_secs(3600)
+        )
+        .await,
         0
     );
     assert_eq!(c.completion_entries().await.get(&sub.id), Some(&1));
