@@ -39,7 +39,7 @@ use self::drive::drive;
 use self::outcome::record;
 use self::panic::{after_panic, panic_message};
 pub use self::processed::Processed;
-use self::settle::{ack, dead_letter, expire_stream, hand_back, settle_finished};
+use self::settle::{ack, dead_letter, hand_back, settle_finished};
 use self::tree_workspace::{WorkspaceOpen, open_workspace};
 use self::wiring::{Claimed, Wiring};
 use crate::error::Result;
@@ -109,7 +109,6 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             // Finished, not announced (its worker died before it was): settle again —
             // every step is idempotent but the publication, which may repeat one that went
             // out just before that death — never run again.
-            expire_stream(&inner, &d.session_id).await;
             Processed::Finished {
                 acked: settle_finished(&inner, &d, &row, false).await,
             }

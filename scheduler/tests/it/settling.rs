@@ -1,8 +1,8 @@
 //! A worker that dies between a session's terminal commit and the end of its settling
 //! leaves no redelivery behind (its entry was acked at the claim): the sweeper finds the
 //! finished session unannounced and settles it again — its event stream's expiry set, its
-//! completion published, its waiting parent told and woken once — and a second pass, or the worker's own settle
-//! arriving late, adds nothing.
+//! completion published, its waiting parent told and woken once — and a second pass, or
+//! the worker's own settle arriving late, adds nothing.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -88,8 +88,8 @@ async fn fail_refused(
     fail_and_settle(inner, d, &reason, acked).await
 }
 
-/// The run finished the session: count it, let its event stream expire, and settle it
-/// with the row its final checkpoint returned (the run's receipt), or read back.
+/// The run finished the session: count it, and settle it (its event stream's expiry
+/// first) with the row its final checkpoint returned (the run's receipt), or read back.
 async fn finished(
     run: &Claimed<'_>,
     state: &SessionState,
@@ -107,7 +107,6 @@ async fn finished(
         .inc();
     m.session_iterations.observe(f64::from(state.iteration));
     m.session_tokens.observe(state.usage.total() as f64);
-    expire_stream(inner, &d.session_id).await;
     let row = match StoreCheckpointer::finished_row(receipt) {
         Some(row) => Some(row),
         None => get_row(inner, &d.session_id).await,
@@ -116,6 +115,8 @@ async fn finished(
         Some(row) => settle_finished(inner, d, &row, acked).await,
         None => {
             warn!("finished, but its row could not be read; the entry will be redelivered");
+            // Unsettled, but its run is over: its stream still expires.
+            expire_stream(inner, &d.session_id).await;
             false
         }
     };

@@ -31,15 +31,16 @@ pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
 }
 
 /// Everything after a terminal commit, in an order that survives a crash at any point
-/// (each step is idempotent and the mark comes last): parent, children, follow-up turn,
-/// completion, the announced mark (and the entry's ack, unless `acked`: the claim acked it
-/// already). Whether it got to the end.
+/// (each step is idempotent and the mark comes last): the event stream's expiry, parent,
+/// children, follow-up turn, completion, the announced mark (and the entry's ack, unless
+/// `acked`: the claim acked it already). Whether it got to the end.
 pub(super) async fn settle_finished(
     inner: &Arc<Inner>,
     d: &Delivery,
     row: &SessionRow,
     acked: bool,
 ) -> bool {
+    expire_stream(inner, &row.id).await;
     tell_family(inner, row).await;
     match lifecycle::start_next_followup(inner.store.as_ref(), inner.queue.as_ref(), row).await {
         Ok(true) => info!("started an enqueued follow-up turn"),
@@ -52,8 +53,9 @@ pub(super) async fn settle_finished(
 /// Let a terminal session's event stream expire (after `event_ttl`): through the event
 /// writer, behind the session's events still on their way, or here if the writer's
 /// channel stayed full (or it stopped), which misses a stream one of those events makes
-/// afterwards. Every way a session ends here passes through this, or its stream (made
-/// without an expiry) would be kept for good.
+/// afterwards. Every way a session ends here passes through this ([`settle_finished`],
+/// or beside it where a session is settled otherwise), or its stream (made without an
+/// expiry) would be kept for good.
 pub(super) async fn expire_stream(inner: &Arc<Inner>, session_id: &str) {
     if inner.pipeline.events.expire(session_id).await {
         return;
@@ -93,7 +95,6 @@ pub(super) async fn fail_and_settle(
         .sessions_finished
         .with_label_values(&[d.queue.as_str(), "error"])
         .inc();
-    expire_stream(inner, &d.session_id).await;
     Processed::Finished {
         acked: settle_finished(inner, d, &failed, acked).await,
     }
