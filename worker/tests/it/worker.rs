@@ -219,20 +219,6 @@ async fn completions_published(redis: &RedisServer) -> usize {
         .unwrap()
 }
 
-/// How many `XACK`s the server has answered since it started (`INFO commandstats`).
-async fn xacks(redis: &RedisServer) -> u64 {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_xack:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 /// The milliseconds before `key` expires (`PTTL`: -1 without an expiry, -2 if missing).
 async fn pttl(redis: &RedisServer, key: &str) -> i64 {
     let client = redis::Client::open(redis.url()).unwrap();
@@ -258,10 +244,14 @@ async fn process_runs_one_delivery_to_completion_and_acks_it() {
     let d = read_entry(&queue, worker.consumer(), &ids[0]).await;
     assert_eq!(pending(&queue, worker.consumer()).await, 1);
 
-    let before = xacks(&redis).await;
+    let before = redis.command_calls("xack").unwrap();
     let done = worker.process(d.clone()).await.unwrap();
     assert_eq!(done, Processed::Finished { acked: true });
-    assert_eq!(xacks(&redis).await - before, 1, "one ack per run");
+    assert_eq!(
+        redis.command_calls("xack").unwrap() - before,
+        1,
+        "one ack per run"
+    );
     let row = store.get(&ids[0]).await.unwrap().unwrap();
     assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
     assert_eq!(row.iteration, 2);
