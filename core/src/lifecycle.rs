@@ -7,6 +7,8 @@
 
 // The crates below core by their own paths, not core's root: the root re-exports
 // `requeue_runnable` from here, and a file must not import what imports it.
+use std::time::Duration;
+
 use agentq_error::{Error, Result};
 use agentq_queue::queue::{Queue, WorkQueue};
 use agentq_store::sqlite::SqliteStore;
@@ -99,13 +101,25 @@ pub async fn notify_parent(store: &dyn Store, queue: &dyn Queue, child: &Session
     Ok(())
 }
 
-/// Tell the world about a cancel: a completion for a session cancelled now (and its
-/// parent), a cancel request to the owning worker for a running one. Best effort: the row
-/// is the truth (a worker that misses the message sees the flag at its next heartbeat).
-pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &CancelResult) {
+/// Tell the world about a cancel: for a session cancelled now, its event stream's expiry
+/// (`event_ttl`; a session cancelled while waiting has a stream from its earlier runs, and
+/// no worker settles it), its parent and its completion; a cancel request to the owning
+/// worker for a running one. Best effort: the row is the truth (a worker that misses the
+/// message sees the flag at its next heartbeat; what is not told now, the sweeper settles
+/// again, the expiry included).
+pub async fn announce_cancel(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    result: &CancelResult,
+    event_ttl: Duration,
+) {
     match result {
         CancelResult::CancelledNow(row) => {
             let mut told = true;
+            if let Err(e) = queue.expire_events(&row.id, event_ttl).await {
+                told = false;
+                tracing::warn!(session_id = %row.id, error = %e, "cannot set the event stream's expiry of a cancelled session");
+            }
             if let Err(e) = notify_parent(store, queue, row).await {
                 told = false;
                 tracing::warn!(session_id = %row.id, error = %e, "cannot notify the parent of a cancelled session");
@@ -131,7 +145,13 @@ pub async fn announce_cancel(store: &dyn Store, queue: &dyn Queue, result: &Canc
 
 /// Cancel every unfinished descendant of `root`, breadth first: cancelling a parent
 /// cancels its children, and a parent that fails leaves no orphan running up its bill.
-pub async fn cancel_descendants(store: &dyn Store, queue: &dyn Queue, root: &str) {
+/// `event_ttl`: how long the stream of one cancelled now is kept ([`announce_cancel`]).
+pub async fn cancel_descendants(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    root: &str,
+    event_ttl: Duration,
+) {
     let mut frontier = vec![root.to_string()];
     let mut reached = 0usize;
     while let Some(parent) = frontier.pop() {
@@ -159,7 +179,7 @@ pub async fn cancel_descendants(store: &dyn Store, queue: &dyn Queue, root: &str
                 return;
             }
             match store.request_cancel(&child.id).await {
-                Ok(r) => announce_cancel(store, queue, &r).await,
+                Ok(r) => announce_cancel(store, queue, &r, event_ttl).await,
                 Err(e) => tracing::warn!(session_id = %child.id, error = %e, "cannot cancel child"),
             }
             frontier.push(child.id);
@@ -214,15 +234,22 @@ pub async fn start_next_followup(
 }
 
 /// Settle a finished session again, as its worker would have ([`SweepStore::unannounced`]
-/// found it: that worker died between the terminal commit and the end of settling): tell
-/// its parent (once: the delivery is idempotent), cancel what it left running if it
-/// failed or was cancelled, start its next follow-up, publish its completion (at least
-/// once: a duplicate is possible if the worker published before it died), then mark it
-/// announced. A step that fails leaves it for the next pass.
-pub async fn settle_again(store: &dyn Store, queue: &dyn Queue, row: &SessionRow) -> Result<()> {
+/// found it: that worker died between the terminal commit and the end of settling): set
+/// its event stream's expiry (`event_ttl`; the worker may not have got to it, and a stream
+/// without one is kept for good), tell its parent (once: the delivery is idempotent),
+/// cancel what it left running if it failed or was cancelled, start its next follow-up,
+/// publish its completion (at least once: a duplicate is possible if the worker published
+/// before it died), then mark it announced. A step that fails leaves it for the next pass.
+pub async fn settle_again(
+    store: &dyn Store,
+    queue: &dyn Queue,
+    row: &SessionRow,
+    event_ttl: Duration,
+) -> Result<()> {
+    queue.expire_events(&row.id, event_ttl).await?;
     notify_parent(store, queue, row).await?;
     if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
-        cancel_descendants(store, queue, &row.id).await;
+        cancel_descendants(store, queue, &row.id, event_ttl).await;
     }
     start_next_followup(store, queue, row).await?;
     queue.publish_completion(&Completion::from_row(row)).await?;

@@ -197,13 +197,7 @@ pub async fn settle_unannounced(
     };
     let mut settled = 0;
     for row in rows {
-        // The dead worker may not have got to its stream's expiry (it is set before the
-        // rest of the settling); a stream without one is kept for good.
-        if let Err(e) = queue.expire_events(&row.id, event_ttl).await {
-            tracing::warn!(session_id = %row.id, error = %e, "setting the event stream's expiry failed; retrying next tick");
-            continue;
-        }
-        match agentq_core::lifecycle::settle_again(store, queue, &row).await {
+        match agentq_core::lifecycle::settle_again(store, queue, &row, event_ttl).await {
             Ok(()) => {
                 tracing::info!(session_id = %row.id, "settled a finished session its worker left unsettled");
                 settled += 1;

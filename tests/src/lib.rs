@@ -19,7 +19,7 @@ pub use agentq_fixtures::{
 
 pub mod python;
 mod redis;
-pub use redis::Redis;
+pub use redis::{Redis, pttl};
 
 /// The last `n` lines of the log file at `path` (empty if it cannot be read): what a
 /// test prints of a process it started when it fails.

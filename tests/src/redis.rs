@@ -1,5 +1,6 @@
 //! The Redis a test's processes run on, [`Redis`]: one server or a Redis Cluster, and
-//! what the processes and the test's own clients are given for either.
+//! what the processes and the test's own clients are given for either; and what a test
+//! reads of a key there ([`pttl`]).
 
 use agentq_fixtures::{RedisCluster, RedisServer};
 use agentq_types::config::RedisSection;
@@ -57,4 +58,12 @@ impl Redis {
             Redis::Cluster(c) => c.nodes().iter().map(RedisServer::log_tail).collect(),
         }
     }
+}
+
+/// The milliseconds before `key` expires on the server at `url` (`PTTL`: -1 without an
+/// expiry, -2 if the key is missing).
+pub async fn pttl(url: &str, key: &str) -> anyhow::Result<i64> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    Ok(redis::cmd("PTTL").arg(key).query_async(&mut conn).await?)
 }

@@ -220,8 +220,13 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
         futures::stream::iter(rows)
             .for_each_concurrent(PUBLISH_AT_ONCE, |r| async move {
                 let done = CancelResult::CancelledNow(Box::new(r));
-                agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &done)
-                    .await;
+                agentq_core::lifecycle::announce_cancel(
+                    s.store.as_ref(),
+                    s.queue.as_ref(),
+                    &done,
+                    s.cfg.event_ttl,
+                )
+                .await;
             })
             .await;
     }
@@ -261,12 +266,24 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
 /// it had finished meanwhile (or went).
 async fn cancel_one(s: &Scheduler, id: &str) -> Result<Option<bool>, ApiError> {
     let result = s.store.request_cancel(id).await?;
-    agentq_core::lifecycle::announce_cancel(s.store.as_ref(), s.queue.as_ref(), &result).await;
+    agentq_core::lifecycle::announce_cancel(
+        s.store.as_ref(),
+        s.queue.as_ref(),
+        &result,
+        s.cfg.event_ttl,
+    )
+    .await;
     let (row, asked) = match result {
         CancelResult::CancelledNow(r) => (r, false),
         CancelResult::Requested(r) => (r, true),
         CancelResult::AlreadyFinished(_) | CancelResult::NotFound => return Ok(None),
     };
-    agentq_core::lifecycle::cancel_descendants(s.store.as_ref(), s.queue.as_ref(), &row.id).await;
+    agentq_core::lifecycle::cancel_descendants(
+        s.store.as_ref(),
+        s.queue.as_ref(),
+        &row.id,
+        s.cfg.event_ttl,
+    )
+    .await;
     Ok(Some(asked))
 }

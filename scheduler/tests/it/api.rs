@@ -19,14 +19,15 @@ use tokio_util::sync::CancellationToken;
 use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::protocol::WorkerSignal;
+use agentq_core::queue::EventRecord;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
-    LeaseStore, NewSession, QueueHealth, SessionStatus, SessionStore, Signals, SweepStore,
-    WorkQueue,
+    EventStreams, LeaseStore, NewSession, QueueHealth, SessionStatus, SessionStore, Signals,
+    SweepStore, WaitReason, WorkQueue,
 };
 use agentq_scheduler::sweeper::sweep_once;
 use agentq_scheduler::{QueueRegistry, Scheduler, SchedulerSettings, router};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{RedisServer, pttl, shared_postgres};
 
 use common::{bearer_client, read, wait_until};
 
@@ -423,11 +424,22 @@ async fn cancel_a_running_session_notifies_workers() {
     assert!(env.store.get(&id).await.unwrap().unwrap().cancel_requested);
 }
 
+/// Cancelling a parent waiting for its child cancels both now, and lets both event
+/// streams expire: no worker settles a session cancelled while it waited, and the stream
+/// its earlier runs wrote would otherwise be kept for good.
 #[tokio::test]
 async fn cancelling_a_parent_cancels_its_children() {
     let env = Env::start().await;
     let parent = NewSession::root(SessionSpec::new("parent"), "default");
     env.store.create_session(&parent).await.unwrap();
+    let agentq_core::Claim::Acquired { lease, row, .. } = env
+        .store
+        .claim(&parent.id, "w1", Duration::from_secs(30), 10)
+        .await
+        .unwrap()
+    else {
+        panic!("claim the parent");
+    };
     let child = NewSession {
         id: agentq_core::model::new_session_id(),
         spec: SessionSpec::new("child"),
@@ -443,6 +455,31 @@ async fn cancelling_a_parent_cancels_its_children() {
         workspace_from: None,
     };
     env.store.create_session(&child).await.unwrap();
+    let waiting = env
+        .store
+        .suspend_for(&lease, row.wake_seq, WaitReason::Children, None)
+        .await
+        .unwrap();
+    assert_eq!(waiting.status, SessionStatus::Waiting);
+    // What the parent's run wrote, and a child's (one woken from a wait of its own).
+    for id in [&parent.id, &child.id] {
+        env.queue
+            .append_events(&[EventRecord {
+                session_id: id.clone(),
+                id: String::new(),
+                seq: 1,
+                epoch: 1,
+                data: r#"{"type":"iteration_started","iteration":1}"#.into(),
+            }])
+            .await
+            .unwrap();
+    }
+    let stream_ttl = async |id: &str| {
+        pttl(&env.redis.url(), &agentq_core::queue::events_stream(id))
+            .await
+            .unwrap()
+    };
+    assert_eq!(stream_ttl(&parent.id).await, -1);
 
     let (_, view) = env.get(&format!("/v1/sessions/{}", parent.id)).await;
     assert_eq!(view["children"], json!([child.id]));
@@ -451,8 +488,13 @@ async fn cancelling_a_parent_cancels_its_children() {
         .post(&format!("/v1/sessions/{}/cancel", parent.id), &json!({}))
         .await;
     assert_eq!(r.0, 200, "{}", r.1);
+    assert_eq!(r.1["status"], "cancelled", "{}", r.1);
     let c = env.store.get(&child.id).await.unwrap().unwrap();
     assert_eq!(c.status, SessionStatus::Cancelled);
+    for id in [&parent.id, &child.id] {
+        let left = stream_ttl(id).await;
+        assert!(left > 0, "the stream of {id} expires in {left} ms");
+    }
 }
 
 #[tokio::test]

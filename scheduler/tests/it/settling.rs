@@ -21,7 +21,7 @@ use agentq_core::{
     new_session_id,
 };
 use agentq_scheduler::sweeper::settle_unannounced;
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{RedisServer, pttl, shared_postgres};
 
 /// How long a settled session's event stream is kept.
 const TTL: Duration = Duration::from_secs(3600);
@@ -115,26 +115,20 @@ async fn the_sweeper_settles_a_session_whose_worker_died_after_its_end() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let pttl = async |conn: &mut redis::aio::MultiplexedConnection| -> i64 {
-        redis::cmd("PTTL")
-            .arg(&stream)
-            .query_async(conn)
-            .await
-            .unwrap()
-    };
+    let stream_ttl = async || pttl(&redis.url(), &stream).await.unwrap();
 
     // Within the grace, the worker may still be settling: left alone.
     assert_eq!(
         settle_unannounced(&store, &queue, Duration::from_secs(3600), TTL).await,
         0
     );
-    assert_eq!(pttl(&mut conn).await, -1);
+    assert_eq!(stream_ttl().await, -1);
     assert_eq!(
         settle_unannounced(&store, &queue, Duration::ZERO, TTL).await,
         1
     );
     assert_eq!(completions(&redis, &child.id).await, 1);
-    let left = pttl(&mut conn).await;
+    let left = stream_ttl().await;
     assert!(left > 0, "the stream expires in {left} ms");
     let parent = store.get(&root.id).await.unwrap().unwrap();
     assert_eq!(parent.status, SessionStatus::Queued, "woken: {parent:?}");

@@ -26,7 +26,13 @@ pub(super) async fn tell_family(inner: &Arc<Inner>, row: &SessionRow) {
         warn!(error = %e, "notifying the parent failed; the sweeper retries");
     }
     if matches!(row.status, SessionStatus::Failed | SessionStatus::Cancelled) {
-        lifecycle::cancel_descendants(inner.store.as_ref(), inner.queue.as_ref(), &row.id).await;
+        lifecycle::cancel_descendants(
+            inner.store.as_ref(),
+            inner.queue.as_ref(),
+            &row.id,
+            inner.cfg.event_ttl,
+        )
+        .await;
     }
 }
 

@@ -11,7 +11,7 @@ use agentq_agent::spec::SessionSpec;
 use agentq_core::pg::PgStore;
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{EnqueueReason, NewSession, QueueHealth, SessionStatus, SessionStore, WorkQueue};
-use agentq_testkit::{RedisServer, shared_postgres};
+use agentq_testkit::{RedisServer, pttl, shared_postgres};
 use agentq_worker::{Processed, Worker, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
@@ -219,17 +219,6 @@ async fn completions_published(redis: &RedisServer) -> usize {
         .unwrap()
 }
 
-/// The milliseconds before `key` expires (`PTTL`: -1 without an expiry, -2 if missing).
-async fn pttl(redis: &RedisServer, key: &str) -> i64 {
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    redis::cmd("PTTL")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
 /// `Worker::process` drives one delivery to its end on the test's task, without the run
 /// loop: the session completes and its entry is acknowledged once (at the claim, which
 /// settling does not repeat), and its event stream expires (the expiry set by the event
@@ -265,7 +254,7 @@ async fn process_runs_one_delivery_to_completion_and_acks_it() {
         "the event stream's expiry",
         Duration::from_secs(30),
         || async {
-            let left = pttl(&redis, &stream).await;
+            let left = pttl(&redis.url(), &stream).await.unwrap();
             if left > 0 { Ok(()) } else { Err(left) }
         },
     )
@@ -494,7 +483,9 @@ async fn a_checkpoint_that_cannot_be_stored_fails_its_session_with_the_reason() 
         assert_eq!(row.status, SessionStatus::Completed, "{row:?}");
     }
     for id in &all {
-        let left = pttl(&redis, &agentq_core::queue::events_stream(id)).await;
+        let left = pttl(&redis.url(), &agentq_core::queue::events_stream(id))
+            .await
+            .unwrap();
         assert!(left > 0, "{id}'s event stream expires in {left} ms");
     }
 }
