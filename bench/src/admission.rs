@@ -82,21 +82,7 @@ async fn command_calls(redis_url: &str) -> anyhow::Result<HashMap<String, u64>> 
         .arg("commandstats")
         .query_async(&mut c)
         .await?;
-    Ok(parse_commandstats(&info))
-}
-
-fn parse_commandstats(info: &str) -> HashMap<String, u64> {
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
+    Ok(agentq_fixtures::services::command_calls(&info))
 }
 
 fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>, script: bool) -> u64 {
@@ -271,7 +257,7 @@ mod tests {
     fn commandstats_are_read_per_command() {
         let info = "# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.5\r\n\
                     cmdstat_xadd:calls=7,usec=1,usec_per_call=0.1\r\ncmdstat_fcall:calls=1,usec=1\r\n";
-        let after = parse_commandstats(info);
+        let after = agentq_fixtures::services::command_calls(info);
         assert_eq!(after["evalsha"], 12);
         assert_eq!(after["xadd"], 7);
         let before: HashMap<String, u64> = [("evalsha".to_string(), 2)].into();

@@ -428,17 +428,10 @@ async fn script_calls(conn: &mut redis::aio::ConnectionManager) -> u64 {
         .query_async(conn)
         .await
         .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            if !name.starts_with("eval") {
-                return None;
-            }
-            rest.split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))?
-                .parse::<u64>()
-                .ok()
-        })
+    agentq_testkit::services::command_calls(&info)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("eval"))
+        .map(|(_, calls)| calls)
         .sum()
 }
 

@@ -592,9 +592,11 @@ impl PgStore {
     /// the heartbeat's.
     async fn analyze_sessions(&self, ttl: Duration) {
         {
-            let Ok(mut next) = self.next_analysis.lock() else {
-                return;
-            };
+            // Only a time is kept under the lock, valid whatever a panicking holder left.
+            let mut next = self
+                .next_analysis
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let now = tokio::time::Instant::now();
             if next.is_some_and(|at| now < at) {
                 return;
