@@ -71,11 +71,18 @@ async fn handle_caught(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
         Err(panic) => panic,
     };
     // Settling may be what panicked: a second panic leaves the entry pending and the
-    // lease to expire (the run is forgotten already), and the task still survives.
-    let settled = AssertUnwindSafe(after_panic(&inner, &d, panic_message(panic.as_ref())))
-        .catch_unwind()
-        .instrument(span)
-        .await;
+    // lease to expire (the run is forgotten already), and the task still survives. Boxed,
+    // as every way a session ends here but the run's own: the task's size is its largest
+    // state, held by every session in flight, and these are larger than the run's wait
+    // on its model.
+    let settled = AssertUnwindSafe(Box::pin(after_panic(
+        &inner,
+        &d,
+        panic_message(panic.as_ref()),
+    )))
+    .catch_unwind()
+    .instrument(span)
+    .await;
     Ok(settled.unwrap_or_else(|again| {
         error!(panic = %panic_message(again.as_ref()), "failing a panicked session panicked too; leaving its entry");
         inner.runs.finish(&d.session_id);
@@ -110,7 +117,8 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             // every step is idempotent but the publication, which may repeat one that went
             // out just before that death — never run again.
             Processed::Finished {
-                acked: settle_finished(&inner, &d, &row, false).await,
+                // Boxed, as the settling after a panic is (`handle_caught`).
+                acked: Box::pin(settle_finished(&inner, &d, &row, false)).await,
             }
         }
         Claim::Settled => {
@@ -137,7 +145,8 @@ async fn handle_inner(inner: Arc<Inner>, d: Delivery) -> Result<Processed> {
             ack(&inner, &d).await;
             Processed::Dropped
         }
-        Claim::Exhausted(row) => dead_letter(&inner, &d, &row).await,
+        // Boxed, as the settling after a panic is (`handle_caught`).
+        Claim::Exhausted(row) => Box::pin(dead_letter(&inner, &d, &row)).await,
     })
 }
 

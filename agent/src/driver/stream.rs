@@ -177,7 +177,7 @@ impl StreamAssembler {
         for piece in self.splitter.finish() {
             self.piece(piece, emit);
         }
-        let tool_calls: Vec<ToolCall> = self
+        let mut tool_calls: Vec<ToolCall> = self
             .calls
             .into_values()
             // A fragment stream that never named its tool cannot be run or replayed.
@@ -192,6 +192,11 @@ impl StreamAssembler {
                 arguments: ToolCall::parse_arguments(&c.arguments),
             })
             .collect();
+        // What the message keeps is kept for the session's life, by every session in
+        // flight: the calls without the room the filter's collect reserves (four), the text
+        // without what its growth left spare.
+        tool_calls.shrink_to_fit();
+        self.text.shrink_to_fit();
         let empty_error = self.finish == Some(FinishReason::Error)
             && self.text.trim().is_empty()
             && tool_calls.is_empty();

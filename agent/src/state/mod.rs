@@ -553,8 +553,10 @@ impl SessionState {
     }
 
     /// Record a call's result (already truncated).
-    pub fn push_tool_result(&mut self, call: ToolCall, content: String, is_error: bool) {
+    pub fn push_tool_result(&mut self, call: ToolCall, mut content: String, is_error: bool) {
         self.not_started.retain(|id| id != &call.id);
+        // Kept for the session's life: without the room the output's growth left spare.
+        content.shrink_to_fit();
         self.messages
             .push(Message::tool_result(call.id, call.name, content, is_error));
     }

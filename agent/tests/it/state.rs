@@ -803,3 +803,17 @@ fn a_checkpoint_from_before_web_search_reads_and_writes_as_it_did() {
     let spec = serde_json::to_value(&s.spec).unwrap();
     assert!(spec.get("web_search").is_none(), "{spec}");
 }
+
+/// A tool's output is kept for the session's life by every session in flight: the
+/// history keeps it without the room its growth left spare.
+#[test]
+fn a_tool_result_is_kept_without_spare_room() {
+    let mut s = state(Mode::Act);
+    s.push_assistant(with_calls(&["c"]));
+    let mut output = String::with_capacity(4096);
+    output.push_str("a.txt\nb.txt\n");
+    s.push_tool_result(call("c"), output, false);
+    let kept = &s.messages.last().unwrap().content;
+    assert_eq!(kept, "a.txt\nb.txt\n");
+    assert_eq!(kept.capacity(), kept.len());
+}

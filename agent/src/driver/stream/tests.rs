@@ -351,6 +351,30 @@ fn tool_fragments_first_id_and_name_win_and_nameless_calls_are_dropped() {
     assert_ne!(got[0].0, got[2].0);
 }
 
+/// The message is kept for the session's life by every session in flight: it keeps no
+/// room its assembly grew and did not use.
+#[test]
+fn the_assembled_message_keeps_no_spare_room() {
+    let long = "a sentence the model streams in pieces; ".repeat(3);
+    let mut events: Vec<LlmEvent> = long
+        .as_bytes()
+        .chunks(7)
+        .map(|c| text(std::str::from_utf8(c).unwrap()))
+        .collect();
+    events.push(call_delta(
+        0,
+        Some("a"),
+        Some("list_dir"),
+        "{\"path\": \".\"}",
+    ));
+    events.push(LlmEvent::Done(FinishReason::ToolCalls));
+    let a = assemble(events);
+    assert_eq!(a.message.content, long);
+    assert_eq!(a.message.content.capacity(), long.len());
+    assert_eq!(a.message.tool_calls.len(), 1);
+    assert_eq!(a.message.tool_calls.capacity(), 1);
+}
+
 #[test]
 fn usage_is_assigned_and_an_empty_error_finish_is_flagged() {
     let u = |i, o| Usage {
