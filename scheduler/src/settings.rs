@@ -28,8 +28,9 @@ pub struct SchedulerSettings {
     pub max_queues: usize,
     /// Length past which the sweeper trims a queue stream's acked history.
     pub stream_max_len: u64,
-    /// How long a finished session's event stream is kept (`worker.event_ttl_secs`): the
-    /// sweeper sets it on the sessions it settles in a dead worker's place.
+    /// How long a finished session's event stream is kept (`worker.event_ttl_secs`): set
+    /// on the sessions cancelled here before a worker runs them, and on those the sweeper
+    /// settles in a dead worker's place.
     pub event_ttl: Duration,
     /// Who may call the API (the admin key is not part of the configuration file: the
     /// process reads it from `AGENTQ_ADMIN_KEY`).
