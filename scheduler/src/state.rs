@@ -76,6 +76,30 @@ impl Scheduler {
         self
     }
 
+    /// Tell the world about a cancel made here ([`agentq_core::lifecycle::announce_cancel`],
+    /// with this configuration's event stream expiry).
+    pub(crate) async fn announce_cancel(&self, result: &agentq_core::CancelResult) {
+        agentq_core::lifecycle::announce_cancel(
+            self.store.as_ref(),
+            self.queue.as_ref(),
+            result,
+            self.cfg.event_ttl,
+        )
+        .await;
+    }
+
+    /// Cancel every unfinished descendant of `root`
+    /// ([`agentq_core::lifecycle::cancel_descendants`]).
+    pub(crate) async fn cancel_descendants(&self, root: &str) {
+        agentq_core::lifecycle::cancel_descendants(
+            self.store.as_ref(),
+            self.queue.as_ref(),
+            root,
+            self.cfg.event_ttl,
+        )
+        .await;
+    }
+
     /// Make `/readyz` answer 503 from now on (load balancers stop sending traffic).
     pub fn begin_drain(&self) {
         self.draining.cancel();

@@ -63,13 +63,7 @@ pub(crate) async fn cancel_session(
 ) -> ApiResult<CancelResponse> {
     get_row(s, caller, id).await?;
     let result = s.store.request_cancel(id).await?;
-    agentq_core::lifecycle::announce_cancel(
-        s.store.as_ref(),
-        s.queue.as_ref(),
-        &result,
-        s.cfg.event_ttl,
-    )
-    .await;
+    s.announce_cancel(&result).await;
     let (row, cancel_requested) = match result {
         CancelResult::CancelledNow(row) => {
             tracing::info!(session_id = %row.id, "session cancelled before running");
@@ -87,13 +81,7 @@ pub(crate) async fn cancel_session(
         }
         CancelResult::NotFound => return Err(not_found(id)),
     };
-    agentq_core::lifecycle::cancel_descendants(
-        s.store.as_ref(),
-        s.queue.as_ref(),
-        &row.id,
-        s.cfg.event_ttl,
-    )
-    .await;
+    s.cancel_descendants(&row.id).await;
     Ok(CancelResponse {
         id: row.id,
         status: row.status,

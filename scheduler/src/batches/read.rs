@@ -220,13 +220,7 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
         futures::stream::iter(rows)
             .for_each_concurrent(PUBLISH_AT_ONCE, |r| async move {
                 let done = CancelResult::CancelledNow(Box::new(r));
-                agentq_core::lifecycle::announce_cancel(
-                    s.store.as_ref(),
-                    s.queue.as_ref(),
-                    &done,
-                    s.cfg.event_ttl,
-                )
-                .await;
+                s.announce_cancel(&done).await;
             })
             .await;
     }
@@ -266,24 +260,12 @@ pub(crate) async fn cancel(s: &Scheduler, row: &BatchRow) -> Result<bool, ApiErr
 /// it had finished meanwhile (or went).
 async fn cancel_one(s: &Scheduler, id: &str) -> Result<Option<bool>, ApiError> {
     let result = s.store.request_cancel(id).await?;
-    agentq_core::lifecycle::announce_cancel(
-        s.store.as_ref(),
-        s.queue.as_ref(),
-        &result,
-        s.cfg.event_ttl,
-    )
-    .await;
+    s.announce_cancel(&result).await;
     let (row, asked) = match result {
         CancelResult::CancelledNow(r) => (r, false),
         CancelResult::Requested(r) => (r, true),
         CancelResult::AlreadyFinished(_) | CancelResult::NotFound => return Ok(None),
     };
-    agentq_core::lifecycle::cancel_descendants(
-        s.store.as_ref(),
-        s.queue.as_ref(),
-        &row.id,
-        s.cfg.event_ttl,
-    )
-    .await;
+    s.cancel_descendants(&row.id).await;
     Ok(Some(asked))
 }

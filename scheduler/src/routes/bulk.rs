@@ -114,26 +114,14 @@ pub(super) async fn cancel(
     let mut sessions = Vec::new();
     for row in rows.iter().filter(|r| !r.status.is_terminal()) {
         let result = s.store.request_cancel(&row.id).await?;
-        agentq_core::lifecycle::announce_cancel(
-            s.store.as_ref(),
-            s.queue.as_ref(),
-            &result,
-            s.cfg.event_ttl,
-        )
-        .await;
+        s.announce_cancel(&result).await;
         let (row, requested) = match result {
             CancelResult::CancelledNow(row) => (row, false),
             CancelResult::Requested(row) => (row, true),
             // It finished meanwhile, or went: nothing to cancel.
             CancelResult::AlreadyFinished(_) | CancelResult::NotFound => continue,
         };
-        agentq_core::lifecycle::cancel_descendants(
-            s.store.as_ref(),
-            s.queue.as_ref(),
-            &row.id,
-            s.cfg.event_ttl,
-        )
-        .await;
+        s.cancel_descendants(&row.id).await;
         sessions.push(CancelResponse {
             id: row.id,
             status: row.status,
