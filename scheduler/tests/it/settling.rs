@@ -13,12 +13,11 @@ use agentq_agent::spec::{ExitReason, SessionSpec};
 use agentq_agent::state::Outcome;
 use agentq_core::pg::PgStore;
 use agentq_core::protocol::InboxKind;
-use agentq_core::queue::COMPLETIONS_STREAM;
-use agentq_core::queue::WorkQueue;
+use agentq_core::queue::{COMPLETIONS_STREAM, EventRecord, WorkQueue};
 use agentq_core::redis_queue::RedisQueue;
 use agentq_core::{
-    Claim, InboxStore, LeaseStore, NewSession, SessionStatus, SessionStore, WaitReason,
-    new_session_id,
+    Claim, EventStreams, InboxStore, LeaseStore, NewSession, SessionStatus, SessionStore,
+    WaitReason, new_session_id,
 };
 use agentq_scheduler::sweeper::settle_unannounced;
 use agentq_testkit::{RedisServer, pttl, shared_postgres};
@@ -100,21 +99,17 @@ async fn the_sweeper_settles_a_session_whose_worker_died_after_its_end() {
     store.checkpoint(&lease, &state, from).await.unwrap();
     assert_eq!(completions(&redis, &child.id).await, 0);
     // Its events were written, their stream's expiry not.
-    let stream = agentq_core::queue::events_stream(&child.id);
-    let client = redis::Client::open(redis.url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("*")
-        .arg("seq")
-        .arg(1)
-        .arg("epoch")
-        .arg(1)
-        .arg("data")
-        .arg(r#"{"type":"iteration_started","iteration":1}"#)
-        .query_async(&mut conn)
+    queue
+        .append_events(&[EventRecord {
+            session_id: child.id.clone(),
+            id: String::new(),
+            seq: 1,
+            epoch: 1,
+            data: r#"{"type":"iteration_started","iteration":1}"#.into(),
+        }])
         .await
         .unwrap();
+    let stream = agentq_core::queue::events_stream(&child.id);
     let stream_ttl = async || pttl(&redis.url(), &stream).await.unwrap();
 
     // Within the grace, the worker may still be settling: left alone.
