@@ -177,6 +177,7 @@ pub async fn capacity(env: &Env, r: &mut Results) -> anyhow::Result<()> {
     r.capacity_rss_bytes = rss;
     r.capacity_http2 = Some(fake.http2_request_count() > fake.request_count() / 2);
     r.capacity_ramp_s = (running >= i64::from(offered)).then_some(ramp);
+    r.capacity_iterations_per_session = Some(i1 as f64 / f64::from(offered.max(1)));
     progress(&format!(
         "capacity: {:.0} iterations/s, {} LLM requests served",
         (i1 - i0) as f64 / dt,

@@ -87,6 +87,10 @@ pub struct Results {
     pub capacity_http2: Option<bool>,
     /// Seconds from the worker's start until every offered session was in flight.
     pub capacity_ramp_s: Option<f64>,
+    /// Iterations per session made by the window's end, when the peak RSS is read: how
+    /// much history each session held, which the peak grows with. Runs of different
+    /// speeds compare by it, not by their seconds.
+    pub capacity_iterations_per_session: Option<f64>,
     pub recovery_s: Option<f64>,
     pub recovery_p50_s: Option<f64>,
     pub recovery_sessions: Option<usize>,
@@ -232,6 +236,10 @@ fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
         ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
         ("capacity_http2", json!(r.capacity_http2)),
         ("capacity_ramp_s", num(r.capacity_ramp_s, 2)),
+        (
+            "capacity_iterations_per_session",
+            num(r.capacity_iterations_per_session, 2),
+        ),
         ("workspace_files", json!(r.workspace_files)),
         ("workspace_bytes", json!(r.workspace_bytes)),
         (

@@ -20,7 +20,7 @@ use crate::{Error, Lease, Result, SessionStatus};
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub lease: Lease,
-    /// The seq of `messages[0]`.
+    /// The seq of `messages[0]`; with no message, where the next one goes.
     pub from: i32,
     /// The JSON body of each new message (its role is inside), as stored.
     pub messages: Vec<String>,
@@ -133,13 +133,25 @@ impl Checkpoint {
         self
     }
 
-    /// The same checkpoint without the contents it carried (they are stored): what is
-    /// kept of it after its commit.
-    pub fn without_blobs(&self) -> Self {
-        Checkpoint {
-            blobs: Vec::new(),
-            ..self.clone()
+    /// What a run keeps of this checkpoint once it is committed, until its next commit:
+    /// the row's values, for [`Checkpoint::changes_nothing_after`] and for how far the
+    /// history is stored (`from`, now where the next message goes), without what is
+    /// stored and no longer needed: the new messages' bodies, the file changes and the
+    /// contents they carried. Kept whole, a step's messages (a tool's whole output among
+    /// them, as JSON) would be held a second time beside the run's history.
+    pub fn committed(mut self) -> Self {
+        // `new` checked that the end fits; a checkpoint built otherwise keeps its
+        // messages rather than a wrong position.
+        if let Some(end) = i32::try_from(self.messages.len())
+            .ok()
+            .and_then(|n| self.from.checked_add(n))
+        {
+            self.from = end;
+            self.messages = Vec::new();
         }
+        self.files = Vec::new();
+        self.blobs = Vec::new();
+        self
     }
 
     /// The history position a file this checkpoint changes was last modified at: the

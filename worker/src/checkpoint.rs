@@ -29,10 +29,11 @@ pub struct StoreCheckpointer {
     /// How long to keep retrying a store that does not answer.
     pub give_up_after: Duration,
     pub metrics: &'static agentq_core::metrics::Metrics,
-    /// What this run last committed. The loop checkpoints at every boundary, and some
-    /// boundaries (after a tool round with nothing to inject, say) change nothing: such a
-    /// step is already durable, and writing it again would cost a commit per iteration.
-    pub last: Mutex<Option<Arc<Checkpoint>>>,
+    /// What this run last committed ([`Checkpoint::committed`]: without what is stored).
+    /// The loop checkpoints at every boundary, and some boundaries (after a tool round
+    /// with nothing to inject, say) change nothing: such a step is already durable, and
+    /// writing it again would cost a commit per iteration.
+    pub last: Mutex<Option<Checkpoint>>,
     /// The tree's durable workspace: the file changes each step commits.
     pub workspace: Option<Arc<TreeSync>>,
     /// The model the run calls, stored with its checkpoints (the spec may name none).
@@ -178,12 +179,9 @@ impl Checkpointer for StoreCheckpointer {
                 Ok(row) => {
                     self.files_committed(std::mem::take(&mut files));
                     self.metrics.observe_checkpoint(t.elapsed());
-                    // The contents it carried are stored: not kept in memory with it.
-                    let kept = if cp.blobs.is_empty() {
-                        cp
-                    } else {
-                        Arc::new(cp.without_blobs())
-                    };
+                    // The writer let go of it before answering, so this takes it
+                    // without a copy.
+                    let kept = Arc::unwrap_or_clone(cp).committed();
                     *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
                     break row.map_or_else(Receipt::none, Receipt::new);
                 }
@@ -280,6 +278,53 @@ mod tests {
             store.messages(&lease.session_id).await.unwrap(),
             state.messages
         );
+        stop.cancel();
+        w.await.unwrap();
+    }
+
+    /// A run keeps its last commit's values until its next commit, not the step's
+    /// messages: a tool's large output is held once, in the history.
+    #[tokio::test]
+    async fn what_a_run_keeps_of_its_last_commit_holds_no_message() {
+        let (_dir, store) = store().await;
+        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
+        let (commits, rx) = GroupCommit::channel();
+        let (m, stop, w) = start_writer(&store, rx, 16, 1);
+        let cp = StoreCheckpointer::new(
+            commits,
+            lease.clone(),
+            CancellationToken::new(),
+            Duration::from_secs(5),
+            m,
+        );
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("reading"));
+        state.messages.push(Message::tool_result(
+            "c1",
+            "read_file",
+            "x".repeat(1 << 20),
+            false,
+        ));
+        cp.save(&state, from).await.unwrap();
+        {
+            let last = cp.last.lock().unwrap();
+            let last = last.as_ref().expect("the commit is kept");
+            assert!(last.messages.is_empty(), "{} kept", last.messages.len());
+            assert!(last.messages.capacity() == 0);
+        }
+        assert_eq!(cp.committed_len(), Some(state.messages.len()));
+        assert_eq!(
+            store.messages(&lease.session_id).await.unwrap(),
+            state.messages
+        );
+        // What is kept still tells a step with nothing new from one with a message.
+        cp.save(&state, state.messages.len()).await.unwrap();
+        assert_eq!(batches(m).0, 1);
+        let from = state.messages.len();
+        state.messages.push(Message::assistant("done"));
+        cp.save(&state, from).await.unwrap();
+        assert_eq!(batches(m).0, 2);
+        assert_eq!(cp.committed_len(), Some(state.messages.len()));
         stop.cancel();
         w.await.unwrap();
     }

@@ -134,7 +134,11 @@ async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
             store.checkpoint_batch(&refs).await
         },
         |job, r| {
-            let _ = job.reply.send(r);
+            // Its checkpoint let go of first: the session, woken by the answer, then
+            // mostly holds the only one, and keeps what it needs of it without a copy.
+            let Job { cp, reply } = job;
+            drop(cp);
+            let _ = reply.send(r);
         },
     )
     .await;

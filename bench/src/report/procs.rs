@@ -51,6 +51,16 @@ pub(super) fn capacity_rows(r: &Results, args: &BenchArgs, rows: &mut Rows) {
             format!("{:.0} MiB", rss as f64 / (1u64 << 20) as f64),
             String::new(),
         );
+        if let Some(turns) = r.capacity_iterations_per_session {
+            // The peak grows with the history the sessions hold: a faster machine's run
+            // reaches more turns in the same seconds.
+            rows.add(
+                "",
+                "iterations per session at the peak".into(),
+                format!("{turns:.1}"),
+                String::new(),
+            );
+        }
     }
 }
 

@@ -112,6 +112,7 @@ fn bench_prints_every_figure_as_json() {
         "capacity_iterations_per_s",
         "capacity_rss_bytes",
         "capacity_ramp_s",
+        "capacity_iterations_per_session",
         "recovery_s",
     ] {
         assert!(v.get(key).is_some_and(|x| x.is_null()), "{key} in {v}");
@@ -327,6 +328,7 @@ fn a_stock_postgres_runs_the_defaults_in_the_connections_it_has() {
         "iterations_per_s",
         "capacity_iterations_per_s",
         "capacity_ramp_s",
+        "capacity_iterations_per_session",
         "recovery_s",
     ] {
         let x = v[key]
