@@ -221,131 +221,142 @@ mod tests {
     use agentq_agent::schema::Message;
     use agentq_agent::spec::ExitReason;
     use agentq_agent::state::Outcome;
-    use agentq_core::SessionStore;
+    use agentq_agent::state::SessionState;
+    use agentq_core::metrics::Metrics;
+    use agentq_core::sqlite::SqliteStore;
+    use agentq_core::{Lease, SessionStore};
 
     use super::*;
     use crate::group_commit::tests::{batches, leased, start_writer, store};
 
-    #[tokio::test]
-    async fn a_step_that_changes_nothing_is_not_written_again() {
+    /// One claimed session's run: its checkpointer on a writer of its own.
+    struct Run {
+        _dir: tempfile::TempDir,
+        store: Arc<SqliteStore>,
+        lease: Lease,
+        state: SessionState,
+        cp: StoreCheckpointer,
+        m: &'static Metrics,
+        stop: CancellationToken,
+        w: tokio::task::JoinHandle<()>,
+    }
+
+    async fn run(draining: CancellationToken) -> Run {
         let (_dir, store) = store().await;
-        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
+        let (lease, state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
         let (commits, rx) = GroupCommit::channel();
         let (m, stop, w) = start_writer(&store, rx, 16, 1);
-        let draining = CancellationToken::new();
-        let cp = StoreCheckpointer::new(
-            commits,
-            lease.clone(),
-            draining.clone(),
-            Duration::from_secs(5),
+        let cp =
+            StoreCheckpointer::new(commits, lease.clone(), draining, Duration::from_secs(5), m);
+        Run {
+            _dir,
+            store,
+            lease,
+            state,
+            cp,
             m,
-        );
+            stop,
+            w,
+        }
+    }
+
+    impl Run {
+        /// The store holds the state's whole history.
+        async fn assert_history_stored(&self) {
+            assert_eq!(
+                self.store.messages(&self.lease.session_id).await.unwrap(),
+                self.state.messages
+            );
+        }
+
+        async fn finish(self) {
+            self.stop.cancel();
+            self.w.await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_that_changes_nothing_is_not_written_again() {
+        let draining = CancellationToken::new();
+        let mut r = run(draining.clone()).await;
 
         // The first step of a run is always written, even with nothing new.
-        cp.save(&state, state.messages.len()).await.unwrap();
-        assert_eq!(batches(m).0, 1);
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("hello"));
-        cp.save(&state, from).await.unwrap();
-        assert_eq!(batches(m).0, 2);
+        r.cp.save(&r.state, r.state.messages.len()).await.unwrap();
+        assert_eq!(batches(r.m).0, 1);
+        let from = r.state.messages.len();
+        r.state.messages.push(Message::assistant("hello"));
+        r.cp.save(&r.state, from).await.unwrap();
+        assert_eq!(batches(r.m).0, 2);
 
         // Nothing new since: already durable.
-        cp.save(&state, state.messages.len()).await.unwrap();
-        assert_eq!(batches(m).0, 2);
+        r.cp.save(&r.state, r.state.messages.len()).await.unwrap();
+        assert_eq!(batches(r.m).0, 2);
 
         // A scalar alone is a change.
-        state.bg_cursor += 1;
-        cp.save(&state, state.messages.len()).await.unwrap();
-        assert_eq!(batches(m).0, 3);
-        let stored = store.get(&lease.session_id).await.unwrap().unwrap();
+        r.state.bg_cursor += 1;
+        r.cp.save(&r.state, r.state.messages.len()).await.unwrap();
+        assert_eq!(batches(r.m).0, 3);
+        let stored = r.store.get(&r.lease.session_id).await.unwrap().unwrap();
         assert_eq!(stored.status.as_str(), "running");
 
         // A skipped step still stops a draining worker's run, as a written one would.
         draining.cancel();
         assert!(matches!(
-            cp.save(&state, state.messages.len()).await,
+            r.cp.save(&r.state, r.state.messages.len()).await,
             Err(agentq_agent::Error::Stopped)
         ));
-        assert_eq!(batches(m).0, 3);
+        assert_eq!(batches(r.m).0, 3);
 
         // The outcome is a change too, and the final step is written even while draining.
-        state.outcome = Some(Outcome::new(ExitReason::Stop));
-        cp.save(&state, state.messages.len()).await.unwrap();
-        assert_eq!(batches(m).0, 4);
-        let stored = store.get(&lease.session_id).await.unwrap().unwrap();
+        r.state.outcome = Some(Outcome::new(ExitReason::Stop));
+        r.cp.save(&r.state, r.state.messages.len()).await.unwrap();
+        assert_eq!(batches(r.m).0, 4);
+        let stored = r.store.get(&r.lease.session_id).await.unwrap().unwrap();
         assert!(stored.status.is_terminal(), "{:?}", stored.status);
-        assert_eq!(
-            store.messages(&lease.session_id).await.unwrap(),
-            state.messages
-        );
-        stop.cancel();
-        w.await.unwrap();
+        r.assert_history_stored().await;
+        r.finish().await;
     }
 
     /// A run keeps its last commit's values until its next commit, not the step's
     /// messages: a tool's large output is held once, in the history.
     #[tokio::test]
     async fn what_a_run_keeps_of_its_last_commit_holds_no_message() {
-        let (_dir, store) = store().await;
-        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
-        let (commits, rx) = GroupCommit::channel();
-        let (m, stop, w) = start_writer(&store, rx, 16, 1);
-        let cp = StoreCheckpointer::new(
-            commits,
-            lease.clone(),
-            CancellationToken::new(),
-            Duration::from_secs(5),
-            m,
-        );
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("reading"));
-        state.messages.push(Message::tool_result(
+        let mut r = run(CancellationToken::new()).await;
+        let from = r.state.messages.len();
+        r.state.messages.push(Message::assistant("reading"));
+        r.state.messages.push(Message::tool_result(
             "c1",
             "read_file",
             "x".repeat(1 << 20),
             false,
         ));
-        cp.save(&state, from).await.unwrap();
+        r.cp.save(&r.state, from).await.unwrap();
         {
-            let last = cp.last.lock().unwrap();
+            let last = r.cp.last.lock().unwrap();
             let last = last.as_ref().expect("the commit is kept");
             assert!(last.messages.is_empty(), "{} kept", last.messages.len());
             assert!(last.messages.capacity() == 0);
         }
-        assert_eq!(cp.committed_len(), Some(state.messages.len()));
-        assert_eq!(
-            store.messages(&lease.session_id).await.unwrap(),
-            state.messages
-        );
+        assert_eq!(r.cp.committed_len(), Some(r.state.messages.len()));
+        r.assert_history_stored().await;
         // What is kept still tells a step with nothing new from one with a message.
-        cp.save(&state, state.messages.len()).await.unwrap();
-        assert_eq!(batches(m).0, 1);
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("done"));
-        cp.save(&state, from).await.unwrap();
-        assert_eq!(batches(m).0, 2);
-        assert_eq!(cp.committed_len(), Some(state.messages.len()));
-        stop.cancel();
-        w.await.unwrap();
+        r.cp.save(&r.state, r.state.messages.len()).await.unwrap();
+        assert_eq!(batches(r.m).0, 1);
+        let from = r.state.messages.len();
+        r.state.messages.push(Message::assistant("done"));
+        r.cp.save(&r.state, from).await.unwrap();
+        assert_eq!(batches(r.m).0, 2);
+        assert_eq!(r.cp.committed_len(), Some(r.state.messages.len()));
+        r.finish().await;
     }
 
     #[tokio::test]
     async fn a_state_no_row_can_hold_is_refused_with_what_is_durable() {
-        let (_dir, store) = store().await;
-        let (lease, mut state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
-        let (commits, rx) = GroupCommit::channel();
-        let (m, stop, w) = start_writer(&store, rx, 16, 1);
-        let cp = StoreCheckpointer::new(
-            commits,
-            lease,
-            CancellationToken::new(),
-            Duration::from_secs(5),
-            m,
-        );
-        let from = state.messages.len();
-        state.messages.push(Message::assistant("hello"));
-        state.iteration = u32::MAX;
-        let err = cp.save(&state, from).await.unwrap_err();
+        let mut r = run(CancellationToken::new()).await;
+        let from = r.state.messages.len();
+        r.state.messages.push(Message::assistant("hello"));
+        r.state.iteration = u32::MAX;
+        let err = r.cp.save(&r.state, from).await.unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -355,8 +366,7 @@ mod tests {
             "{err:?}"
         );
         assert!(!err.is_retryable());
-        assert_eq!(batches(m).0, 0);
-        stop.cancel();
-        w.await.unwrap();
+        assert_eq!(batches(r.m).0, 0);
+        r.finish().await;
     }
 }
