@@ -450,6 +450,13 @@ impl Cluster {
         WorkerProcess { crash, thread }
     }
 
+    /// Start one more worker, its settings changed by `tweak`: a test that must look at a
+    /// session before any worker can take it starts the cluster with none, then adds one.
+    pub async fn add_worker(&mut self, tweak: &impl Fn(&mut WorkerSettings)) {
+        let w = self.start_worker(self.workers.len(), tweak).await;
+        self.workers.push(w);
+    }
+
     /// Crash worker `i` (its runtime dropped mid-flight: no lease given back, no entry
     /// acked, no task left behind) and start another (untweaked) in its place.
     pub async fn crash_and_replace(&mut self, i: usize) {

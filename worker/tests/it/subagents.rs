@@ -12,6 +12,7 @@ use agentq_agent::schema::{Message, Role};
 use agentq_agent::spec::SessionSpec;
 use agentq_core::protocol::{InboxKind, InboxPayload, SteerMessage, Strategy};
 use agentq_core::{InboxStore, SessionStatus, SessionStore};
+use agentq_worker::WorkerSettings;
 
 use crate::common;
 
@@ -635,10 +636,11 @@ fn approval_requests(events: &[(String, Value)]) -> Vec<&Value> {
 /// on replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_approvals_are_listed_and_announced() {
-    let c = Cluster::start(two_writes_script(), 1, 4, |cfg| {
+    let tweak = |cfg: &mut WorkerSettings| {
         cfg.policy = policy_with(|p| p.tools.push("write_file".into()));
-    })
-    .await;
+    };
+    // No worker yet, so the session cannot have run when it is first looked at.
+    let mut c = Cluster::start(two_writes_script(), 0, 4, tweak).await;
     let id = c
         .submit("write two files", &["write_file", "list_dir"], |s| {
             s.sensitive_tools = vec!["write_file".into()];
@@ -648,6 +650,7 @@ async fn pending_approvals_are_listed_and_announced() {
     let (st, view) = c.get(&format!("/v1/sessions/{id}")).await;
     assert_eq!(st, 200, "{view}");
     assert_eq!(view["pending_approvals"], json!([]));
+    c.add_worker(&tweak).await;
 
     c.wait_status(
         &id,
