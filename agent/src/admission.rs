@@ -187,7 +187,7 @@ pub fn estimate_with_tools(request: &LlmRequest<'_>, tools_bytes: usize) -> u64 
         for c in &m.tool_calls {
             bytes = bytes
                 .saturating_add(c.name.len())
-                .saturating_add(json_len(&c.arguments));
+                .saturating_add(c.arguments.text().len());
         }
     }
     if !request.tools.is_empty() {

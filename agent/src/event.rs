@@ -2,10 +2,9 @@
 //! worker forwards them to the session's event stream.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::schema::Usage;
+use crate::schema::{Arguments, Usage};
 use crate::spec::ExitReason;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -23,7 +22,8 @@ pub enum AgentEvent {
     ToolCall {
         id: String,
         name: String,
-        arguments: Value,
+        #[schema(value_type = Value)]
+        arguments: Arguments,
     },
     ToolResult {
         id: String,
@@ -38,7 +38,8 @@ pub enum AgentEvent {
     ApprovalRequested {
         id: String,
         name: String,
-        arguments: Value,
+        #[schema(value_type = Value)]
+        arguments: Arguments,
     },
     /// A run found the decision on a call it asked a human about: approved, or not (with
     /// the reason the model is told: the reviewer's, or `timeout`). Emitted by the host's

@@ -20,22 +20,112 @@ pub enum Role {
 pub struct ToolCall {
     pub id: String,
     pub name: String,
-    pub arguments: Value,
+    #[schema(value_type = Value)]
+    pub arguments: Arguments,
 }
 
 impl ToolCall {
     /// Parse streamed argument text tolerantly, so a malformed call goes back to the model
     /// to fix instead of failing the turn: empty means `{}`, invalid JSON
     /// becomes `{"_raw": text}`.
-    pub fn parse_arguments(raw: &str) -> Value {
+    pub fn parse_arguments(raw: &str) -> Arguments {
         let trimmed = raw.trim();
         if trimmed.is_empty() {
-            return Value::Object(Default::default());
+            return Arguments::from(&Value::Object(Default::default()));
         }
         match serde_json::from_str::<Value>(trimmed) {
-            Ok(v) => v,
-            Err(_) => serde_json::json!({ "_raw": raw }),
+            Ok(v) => Arguments::from(&v),
+            Err(_) => Arguments::from(&serde_json::json!({ "_raw": raw })),
         }
+    }
+}
+
+/// A tool call's arguments, kept as their compact JSON text rather than as a parsed
+/// value. Every call stays in its session's history, which a session holds in memory for
+/// its whole life and sends back with every request: a parsed object is a B-tree node of
+/// about 630 bytes even for `{"path": "."}`, its text a few bytes, and the text is written
+/// into each request and each stored message as it is. What reads the arguments (a tool,
+/// a guard, a policy) parses them with [`Arguments::value`].
+///
+/// The text is always that of a parsed value written again (keys in order, no spaces), so
+/// two equal values have equal texts and equality compares the texts.
+#[derive(Clone)]
+pub struct Arguments(Box<serde_json::value::RawValue>);
+
+impl Arguments {
+    /// The arguments as a JSON value, parsed anew.
+    pub fn value(&self) -> Value {
+        // The text was written from a value, so it parses; `Null` is only a guard.
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+
+    /// The compact JSON text.
+    pub fn text(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The text, to be written into JSON as it is.
+    pub fn raw(&self) -> &serde_json::value::RawValue {
+        &self.0
+    }
+}
+
+impl From<&Value> for Arguments {
+    fn from(v: &Value) -> Self {
+        // Writing a `Value` cannot fail (its keys are strings); the fallback is a guard.
+        let raw = serde_json::value::to_raw_value(v)
+            .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
+        Arguments(raw)
+    }
+}
+
+impl From<Value> for Arguments {
+    fn from(v: Value) -> Self {
+        Arguments::from(&v)
+    }
+}
+
+impl Default for Arguments {
+    fn default() -> Self {
+        Arguments::from(&Value::Object(Default::default()))
+    }
+}
+
+impl PartialEq for Arguments {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl PartialEq<Value> for Arguments {
+    fn eq(&self, other: &Value) -> bool {
+        self.value() == *other
+    }
+}
+
+impl std::fmt::Debug for Arguments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+impl std::fmt::Display for Arguments {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+impl Serialize for Arguments {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Arguments {
+    /// Through a parsed value, whatever the input's form: the text is then the canonical
+    /// one (see the type), and a deserializer that is not reading JSON text works too.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Value::deserialize(d).map(|v| Arguments::from(&v))
     }
 }
 
@@ -238,4 +328,56 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON Schema of the arguments object.
     pub parameters: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_are_kept_as_canonical_text() {
+        // Key order and spacing are the model's; the text kept is the value's.
+        let a =
+            ToolCall::parse_arguments(" { \"b\": [1, 2.5], \"a\": {\"y\": null, \"x\": \"é\"} } ");
+        assert_eq!(a.text(), r#"{"a":{"x":"é","y":null},"b":[1,2.5]}"#);
+        assert_eq!(
+            a,
+            ToolCall::parse_arguments(r#"{"a":{"y":null,"x":"é"},"b":[1,2.5]}"#)
+        );
+        assert_eq!(a, json!({"a": {"x": "é", "y": null}, "b": [1, 2.5]}));
+        assert_ne!(a, ToolCall::parse_arguments(r#"{"a":{},"b":[1,2.5]}"#));
+        assert_eq!(ToolCall::parse_arguments("  ").text(), "{}");
+        assert_eq!(
+            ToolCall::parse_arguments("{\"path\": ").value(),
+            json!({"_raw": "{\"path\": "})
+        );
+        // A fat pointer to the text, where a `Value` is 32 bytes and an object's map a
+        // B-tree node of about 630.
+        assert_eq!(std::mem::size_of::<Arguments>(), 16);
+    }
+
+    #[test]
+    fn a_call_reads_and_writes_as_it_did_with_parsed_arguments() {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "write_file".into(),
+            arguments: json!({"path": "a.txt", "content": "x\ny"}).into(),
+        };
+        let text = serde_json::to_string(&call).unwrap();
+        assert_eq!(
+            text,
+            r#"{"id":"c1","name":"write_file","arguments":{"content":"x\ny","path":"a.txt"}}"#
+        );
+        assert_eq!(serde_json::from_str::<ToolCall>(&text).unwrap(), call);
+        // Through a `Value` both ways, as the API's views and the stores' rows go.
+        let value = serde_json::to_value(&call).unwrap();
+        assert_eq!(value["arguments"]["path"], "a.txt");
+        assert_eq!(serde_json::from_value::<ToolCall>(value).unwrap(), call);
+        // Written in the model's own spacing, read back canonical.
+        let spaced =
+            r#"{"id":"c1","name":"write_file","arguments":{ "path" : "a.txt", "content":"x\ny" }}"#;
+        assert_eq!(serde_json::from_str::<ToolCall>(spaced).unwrap(), call);
+    }
 }

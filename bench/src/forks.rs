@@ -107,7 +107,7 @@ async fn finished_session(store: &PgStore, queue: &str, steps: u32) -> anyhow::R
         m.tool_calls = vec![ToolCall {
             id: format!("call_{i}"),
             name: "read_file".into(),
-            arguments: json!({ "path": format!("src/file_{i}.rs") }),
+            arguments: json!({ "path": format!("src/file_{i}.rs") }).into(),
         }];
         state.push_assistant(m);
         state.messages.push(Message::tool_result(

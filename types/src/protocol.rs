@@ -435,7 +435,7 @@ mod tests {
         let held = AgentEvent::ApprovalRequested {
             id: "c".into(),
             name: "write_file".into(),
-            arguments: serde_json::json!({"path": "a"}),
+            arguments: serde_json::json!({"path": "a"}).into(),
         };
         let json = serde_json::to_string(&held).unwrap();
         assert_eq!(

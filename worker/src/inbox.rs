@@ -229,7 +229,7 @@ impl Approver for SessionInbox {
             Ok(Some((true, _, None))) => ApprovalDecision::Approved,
             Ok(Some((true, _, Some(edited)))) => {
                 if serde_json::from_str::<serde_json::Value>(&edited)
-                    .is_ok_and(|v| v == call.arguments)
+                    .is_ok_and(|v| call.arguments == v)
                 {
                     ApprovalDecision::Approved
                 } else {

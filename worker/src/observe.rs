@@ -437,7 +437,7 @@ mod tests {
         AgentEvent::ToolCall {
             id: "c".into(),
             name: "read_file".into(),
-            arguments: serde_json::json!({}),
+            arguments: serde_json::json!({}).into(),
         }
     }
 

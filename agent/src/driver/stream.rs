@@ -317,7 +317,7 @@ fn server_content(text: &str, marks: Vec<Mark>) -> Vec<ServerBlock> {
             MarkKind::Use(c) if !c.id.is_empty() && !c.name.is_empty() => {
                 kept.insert(c.id.clone());
                 out.push(ServerBlock::ToolUse {
-                    input: ToolCall::parse_arguments(&c.arguments),
+                    input: ToolCall::parse_arguments(&c.arguments).value(),
                     id: c.id,
                     name: c.name,
                 });

@@ -19,7 +19,7 @@ use crate::event::AgentEvent;
 use crate::guard::{
     CONTEXT_PROMPT_MAX_BYTES, HookContext, ReviewGate, ReviewRound, Verdict, bounded,
 };
-use crate::schema::ToolCall;
+use crate::schema::{Arguments, ToolCall};
 use crate::state::{AfterTools, SessionState, SuspendReason, truncate_output};
 use crate::tools::{SideEffect, ToolContext, ToolOutput};
 
@@ -70,7 +70,7 @@ impl Agent {
             && calls.iter().all(|c| {
                 self.tools
                     .get(&c.name)
-                    .is_some_and(|t| t.side_effect(&c.arguments) == SideEffect::Pure)
+                    .is_some_and(|t| t.side_effect(&c.arguments.value()) == SideEffect::Pure)
                     && !self
                         .guards
                         .reaches_out(&c.name, &state.spec.sensitive_tools)
@@ -188,7 +188,7 @@ impl Agent {
             if self.guards.needs_approval(&call.name, sensitive) {
                 match approver.edited_arguments(session_id, &call).await {
                     Ok(Some(arguments)) => {
-                        call.arguments = arguments;
+                        call.arguments = Arguments::from(arguments);
                         edited.insert(call.id.clone());
                     }
                     Ok(None) => {}
@@ -275,7 +275,7 @@ impl Agent {
         }
         state.push_tool_result(call, content, out.is_error);
         if let Some(arguments) = edited {
-            state.mark_edited(arguments);
+            state.mark_edited(arguments.value());
         }
         // A held response is committed with all its results, in call order, by the
         // caller's checkpoint after the round.
@@ -354,7 +354,7 @@ impl Agent {
                 self.tools.names().join(", ")
             )));
         };
-        if was_started && tool.side_effect(&call.arguments) == SideEffect::Unsafe {
+        if was_started && tool.side_effect(&call.arguments.value()) == SideEffect::Unsafe {
             return Some(ToolOutput::error(
                 "interrupted before completion; outcome unknown. This call may or may not have taken effect: check before repeating it.",
             ));
@@ -389,7 +389,7 @@ impl Agent {
             cancel: ctx.cancel.child_token(),
         };
         debug!(tool = %call.name, "executing tool");
-        let fut = tool.call(call.arguments.clone(), &tool_ctx);
+        let fut = tool.call(call.arguments.value(), &tool_ctx);
         let (out, outcome) = tokio::select! {
             r = tokio::time::timeout(ctx.tool_timeout, fut) => match r {
                 Ok(Ok(o)) => {

@@ -17,7 +17,6 @@ use async_trait::async_trait;
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use reqwest::header::{HeaderName, HeaderValue};
 use serde::Serialize;
-use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tracing::warn;
 
@@ -25,7 +24,7 @@ use super::hook::{Behavior, Hook, HookContext, HookDecision, HookPoint, bounded}
 use super::verdict::parse_verdict;
 use crate::error::{Error, Result};
 use crate::observe::Observer;
-use crate::schema::ToolCall;
+use crate::schema::{Arguments, ToolCall};
 use crate::spec::ExitReason;
 use crate::tools::ToolOutput;
 
@@ -143,7 +142,7 @@ struct Event<'a> {
 struct ToolRef<'a> {
     id: &'a str,
     name: &'a str,
-    arguments: &'a Value,
+    arguments: &'a Arguments,
 }
 
 impl<'a> Event<'a> {

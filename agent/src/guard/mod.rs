@@ -172,8 +172,9 @@ impl Guards {
                 return Verdict::Result(denied("PreToolUse hook", &reason));
             }
         }
+        let arguments = call.arguments.value();
         if let Some(fw) = &self.firewall
-            && let Err(reason) = fw.check(tool, &call.arguments)
+            && let Err(reason) = fw.check(tool, &arguments)
         {
             return Verdict::Result(denied("firewall", &reason));
         }
@@ -181,7 +182,7 @@ impl Guards {
             && g.reviews(&call.name)
         {
             let decision = match reviews {
-                Some(round) => round.review(ctx, call, &tool.paths(&call.arguments)).await,
+                Some(round) => round.review(ctx, call, &tool.paths(&arguments)).await,
                 // Never reached through the driver; a host that forgets the round must
                 // not get its calls through unreviewed.
                 None => HookDecision::Deny("the guardian could not review the call".into()),

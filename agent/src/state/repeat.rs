@@ -43,7 +43,9 @@ fn without_note(content: &str) -> &str {
 
 /// Same tool, equal arguments.
 fn same_call(a: &ToolCall, b: &ToolCall) -> bool {
-    a.name == b.name && same_arguments(&a.arguments, &b.arguments)
+    a.name == b.name
+        && (a.arguments == b.arguments
+            || same_arguments(&a.arguments.value(), &b.arguments.value()))
 }
 
 /// Equal as JSON values, which is what a tool reads: objects as maps (whatever order

@@ -135,7 +135,7 @@ fn view_chars(view: &[ViewMessage<'_>]) -> usize {
             m.content.len()
                 + m.tool_calls
                     .iter()
-                    .map(|c| c.arguments.to_string().len())
+                    .map(|c| c.arguments.text().len())
                     .sum::<usize>()
         })
         .sum()

@@ -706,7 +706,7 @@ async fn malformed_arguments_go_back_to_the_model_as_raw() {
     );
     let reqs = h.provider.requests.lock().unwrap();
     assert_eq!(
-        reqs[1].messages[1].tool_calls[0].arguments["_raw"],
+        reqs[1].messages[1].tool_calls[0].arguments.value()["_raw"],
         "{\"path\": \"a.txt\""
     );
 }
@@ -1115,17 +1115,17 @@ async fn resume_repairs_history_and_reruns_only_safe_calls() {
         ToolCall {
             id: "c1".into(),
             name: "pure".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
         ToolCall {
             id: "c2".into(),
             name: "unsafe".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
         ToolCall {
             id: "c3".into(),
             name: "done".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
     ];
     state.push_assistant(assistant);
@@ -1212,7 +1212,7 @@ async fn history_window_keeps_the_task_and_cuts_at_a_turn_boundary() {
         a.tool_calls = vec![ToolCall {
             id: format!("c{i}"),
             name: "t".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         }];
         history.push(a);
         history.push(Message::tool_result(format!("c{i}"), "t", "r", false));
@@ -1382,7 +1382,7 @@ fn approval_requests(events: &Mutex<Vec<(usize, AgentEvent)>>) -> Vec<(usize, St
                 id,
                 name,
                 arguments,
-            } => Some((*seq, format!("{name}:{id}"), arguments.clone())),
+            } => Some((*seq, format!("{name}:{id}"), arguments.value())),
             _ => None,
         })
         .collect()
@@ -1493,12 +1493,12 @@ async fn a_hold_after_a_handover_is_announced_no_earlier_than_the_run_began() {
         ToolCall {
             id: "r1".into(),
             name: "echo".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
         ToolCall {
             id: "w1".into(),
             name: "write".into(),
-            arguments: json!({"path": "a"}),
+            arguments: json!({"path": "a"}).into(),
         },
     ];
     state.push_assistant(reply);
@@ -1506,7 +1506,7 @@ async fn a_hold_after_a_handover_is_announced_no_earlier_than_the_run_began() {
         ToolCall {
             id: "r1".into(),
             name: "echo".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         },
         "echo {}".into(),
         false,

@@ -138,7 +138,7 @@ impl Collected {
     }
 
     fn args(&self, index: usize) -> Value {
-        ToolCall::parse_arguments(&self.tools[&index].2)
+        ToolCall::parse_arguments(&self.tools[&index].2).value()
     }
 
     fn into_message(self) -> Message {
@@ -534,7 +534,7 @@ fn history_conversion_merges_turns() {
     a1.tool_calls = vec![ToolCall {
         id: "call_1".into(),
         name: "get_weather".into(),
-        arguments: json!({"_raw": "{\"location\": \"Par"}),
+        arguments: json!({"_raw": "{\"location\": \"Par"}).into(),
     }];
     let history = vec![
         Message::user("first"),

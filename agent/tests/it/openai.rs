@@ -194,6 +194,7 @@ async fn parallel_tool_calls_are_assembled_by_index() {
     for call in c.calls.values() {
         assert!(
             ToolCall::parse_arguments(&call.arguments)
+                .value()
                 .get("_raw")
                 .is_none()
         );
@@ -687,12 +688,12 @@ async fn request_shape() {
         ToolCall {
             id: "call_1".into(),
             name: "weather".into(),
-            arguments: json!({"location": "SF"}),
+            arguments: json!({"location": "SF"}).into(),
         },
         ToolCall {
             id: "call_2".into(),
             name: "weather".into(),
-            arguments: json!({"_raw": "{\"location\": \"LA"}),
+            arguments: json!({"_raw": "{\"location\": \"LA"}).into(),
         },
     ];
     req.messages.push(ViewMessage::from(assistant));

@@ -24,7 +24,7 @@ fn call(id: &str) -> ToolCall {
     ToolCall {
         id: id.into(),
         name: "echo".into(),
-        arguments: json!({}),
+        arguments: json!({}).into(),
     }
 }
 
@@ -450,7 +450,7 @@ fn read(id: &str, args: serde_json::Value) -> ToolCall {
     ToolCall {
         id: id.into(),
         name: "read_file".into(),
-        arguments: args,
+        arguments: args.into(),
     }
 }
 
@@ -534,7 +534,7 @@ fn spelling_the_same_arguments_another_way_does_not_evade_the_count() {
         .enumerate()
         .map(|(i, raw)| {
             let args = ToolCall::parse_arguments(raw);
-            turn(&mut s, &[read(&format!("r{i}"), args)], "x").remove(0)
+            turn(&mut s, &[read(&format!("r{i}"), args.value())], "x").remove(0)
         })
         .collect();
     assert_eq!(notes[0], "");
@@ -559,7 +559,7 @@ fn other_arguments_another_tool_between_or_a_changed_result_start_the_count_agai
     let write = ToolCall {
         id: "w".into(),
         name: "write_file".into(),
-        arguments: json!({"path": "a.txt", "content": "y"}),
+        arguments: json!({"path": "a.txt", "content": "y"}).into(),
     };
     turn(&mut s, &[write], "wrote");
     assert_eq!(

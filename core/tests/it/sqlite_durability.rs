@@ -47,7 +47,7 @@ fn apply_step(state: &mut SessionState, n: u64) {
         reply.tool_calls = vec![ToolCall {
             id: call,
             name: "read_file".into(),
-            arguments: json!({ "path": "notes.txt", "step": n }),
+            arguments: json!({ "path": "notes.txt", "step": n }).into(),
         }];
         reply.usage = Some(Usage {
             input_tokens: 100,

@@ -93,7 +93,7 @@ mod tests {
         a.tool_calls.push(agentq_agent::schema::ToolCall {
             id: "c1".into(),
             name: "http_fetch".into(),
-            arguments: json!({"url": "u"}),
+            arguments: json!({"url": "u"}).into(),
         });
         let msgs = vec![
             Message::user("do it"),
@@ -129,7 +129,7 @@ mod tests {
             a.tool_calls.push(agentq_agent::schema::ToolCall {
                 id: id.into(),
                 name: "write_file".into(),
-                arguments: json!({"path": path}),
+                arguments: json!({"path": path}).into(),
             });
         }
         let msgs = vec![

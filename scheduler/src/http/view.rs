@@ -59,7 +59,7 @@ pub fn pending_approval(row: &SessionRow, call: ToolCall) -> PendingApproval {
     PendingApproval {
         tool_call_id: call.id,
         tool: call.name,
-        arguments: call.arguments,
+        arguments: call.arguments.value(),
         deadline: row.approval_deadline,
     }
 }

@@ -140,7 +140,7 @@ impl Env {
             .map(|(i, t)| ToolCall {
                 id: format!("call_{i}"),
                 name: t.to_string(),
-                arguments: json!({"n": i}),
+                arguments: json!({"n": i}).into(),
             })
             .collect();
         state.not_started = held.tool_calls.iter().map(|c| c.id.clone()).collect();

@@ -186,7 +186,7 @@ async fn held_session(env: &Env, tenant: &str) -> (String, String) {
     let call = ToolCall {
         id: "call_1".into(),
         name: "write_file".into(),
-        arguments: json!({}),
+        arguments: json!({}).into(),
     };
     let mut held = Message::assistant("");
     held.tool_calls = vec![call.clone()];

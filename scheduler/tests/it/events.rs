@@ -386,7 +386,7 @@ async fn without_a_stream_the_transcript_is_replayed() {
     a.tool_calls.push(ToolCall {
         id: "c1".into(),
         name: "http_fetch".into(),
-        arguments: json!({"url": "u"}),
+        arguments: json!({"url": "u"}).into(),
     });
     state.messages.push(a);
     state
@@ -444,7 +444,7 @@ async fn a_call_held_after_the_transcript_was_read_is_still_announced() {
     a.tool_calls.push(ToolCall {
         id: "w1".into(),
         name: "write_file".into(),
-        arguments: json!({"path": "report.txt"}),
+        arguments: json!({"path": "report.txt"}).into(),
     });
     state.messages.push(a);
     env.store.checkpoint(&lease, &state, 0).await.unwrap();

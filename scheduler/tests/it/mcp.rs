@@ -209,7 +209,7 @@ impl Env {
         let call = ToolCall {
             id: "call_1".into(),
             name: "write_file".into(),
-            arguments: json!({}),
+            arguments: json!({}).into(),
         };
         let mut held = Message::assistant("");
         held.tool_calls = vec![call.clone()];

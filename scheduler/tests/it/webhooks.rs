@@ -246,7 +246,7 @@ impl Env {
         m.tool_calls = vec![ToolCall {
             id: "call_1".into(),
             name: "write_file".into(),
-            arguments: json!({"path": "a.txt", "content": "x"}),
+            arguments: json!({"path": "a.txt", "content": "x"}).into(),
         }];
         state.push_assistant(m);
         state.not_started = vec!["call_1".into()];

@@ -80,7 +80,7 @@ pub async fn iterate(
     reply.tool_calls = vec![ToolCall {
         id: format!("call_{i:05}"),
         name: "read_file".into(),
-        arguments: json!({ "path": "notes.txt" }),
+        arguments: json!({ "path": "notes.txt" }).into(),
     }];
     reply.usage = Some(Usage {
         input_tokens: 100,
@@ -199,6 +199,6 @@ pub fn call(id: &str, tool: &str, arguments: serde_json::Value) -> ToolCall {
     ToolCall {
         id: id.into(),
         name: tool.into(),
-        arguments,
+        arguments: arguments.into(),
     }
 }

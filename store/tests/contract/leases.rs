@@ -588,7 +588,7 @@ async fn contract_group_commit(store: &dyn Backend) {
     reply.tool_calls = vec![ToolCall {
         id: "call_1".into(),
         name: "read_file".into(),
-        arguments: json!({ "path": "x" }),
+        arguments: json!({ "path": "x" }).into(),
     }];
     state_a.push_assistant(reply);
     state_a.messages.push(Message::tool_result(

@@ -520,7 +520,7 @@ async fn contract_text_postgres_cannot_hold_reads_back_exactly(store: &dyn Store
     reply.tool_calls = vec![ToolCall {
         id: "call_1".into(),
         name: "read_file".into(),
-        arguments: json!({ "path": hostile }),
+        arguments: json!({ "path": hostile }).into(),
     }];
     state.push_assistant(reply);
     state.messages.push(Message::tool_result(

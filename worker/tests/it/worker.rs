@@ -420,7 +420,7 @@ async fn a_model_answering_with_nul_completes_and_reads_back_intact() {
         let msgs = store.messages(id).await.unwrap();
         assert_eq!(msgs.len(), 4, "{msgs:?}");
         assert_eq!(msgs[1].content, "thinking \0 aloud");
-        assert_eq!(msgs[1].tool_calls[0].arguments["path"], ".\0");
+        assert_eq!(msgs[1].tool_calls[0].arguments.value()["path"], ".\0");
         assert!(msgs[3].content.starts_with("done \0 task"), "{msgs:?}");
         assert_eq!(row.result.as_deref(), Some(msgs[3].content.as_str()));
     }

@@ -70,7 +70,7 @@ fn calls(a: &Assembled) -> Vec<(&str, &str, serde_json::Value)> {
     a.message
         .tool_calls
         .iter()
-        .map(|c| (&*c.id, &*c.name, c.arguments.clone()))
+        .map(|c| (&*c.id, &*c.name, c.arguments.value()))
         .collect()
 }
 

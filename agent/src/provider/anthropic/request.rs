@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::provider::{LlmRequest, f32_for_json};
@@ -94,7 +95,7 @@ enum WireBlock<'a> {
     ToolUse {
         id: String,
         name: &'a str,
-        input: Cow<'a, Value>,
+        input: ToolInput<'a>,
     },
     ToolResult {
         tool_use_id: String,
@@ -356,9 +357,23 @@ fn server_block(b: &ServerBlock) -> Option<WireBlock<'_>> {
     })
 }
 
+/// A call's `tool_use.input`: its arguments' text as it is kept when that is an object
+/// the model wrote, else the value [`object_input`] makes of it.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ToolInput<'a> {
+    Text(&'a RawValue),
+    Value(Value),
+}
+
 /// `tool_use.input` must be an object; anything else is wrapped so the model sees it.
-fn tool_input(c: &ToolCall) -> Cow<'_, Value> {
-    object_input(&c.arguments)
+fn tool_input(c: &ToolCall) -> ToolInput<'_> {
+    let text = c.arguments.text();
+    // The text is canonical (no spaces), so an object of the `_raw` wrapper starts so.
+    if text.starts_with('{') && !text.starts_with("{\"_raw\":") {
+        return ToolInput::Text(c.arguments.raw());
+    }
+    ToolInput::Value(object_input(&c.arguments.value()).into_owned())
 }
 
 fn object_input(input: &Value) -> Cow<'_, Value> {
@@ -414,7 +429,7 @@ mod tests {
         ToolCall {
             id: id.into(),
             name: "t".into(),
-            arguments: args,
+            arguments: args.into(),
         }
     }
 

@@ -175,13 +175,16 @@ impl Serialize for Replay<'_> {
 /// Tool-call arguments as the JSON string the API wants. Arguments that were not valid JSON
 /// were stored as `{"_raw": text}`: the model gets its own text back, not our wrapper.
 fn arguments_string(call: &ToolCall) -> String {
-    if let Value::Object(map) = &call.arguments
+    let text = call.arguments.text();
+    // The text is canonical (no spaces), so the `_raw` wrapper's starts so.
+    if text.starts_with("{\"_raw\":")
+        && let Value::Object(map) = call.arguments.value()
         && map.len() == 1
         && let Some(Value::String(raw)) = map.get("_raw")
     {
         return raw.clone();
     }
-    call.arguments.to_string()
+    text.to_owned()
 }
 
 #[cfg(test)]
@@ -194,11 +197,11 @@ mod tests {
         let call = ToolCall {
             id: "c".into(),
             name: "f".into(),
-            arguments: json!({"_raw": "{\"a\": 1"}),
+            arguments: json!({"_raw": "{\"a\": 1"}).into(),
         };
         assert_eq!(arguments_string(&call), "{\"a\": 1");
         let call = ToolCall {
-            arguments: json!({"a": 1}),
+            arguments: json!({"a": 1}).into(),
             ..call
         };
         assert_eq!(arguments_string(&call), "{\"a\":1}");
