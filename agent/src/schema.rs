@@ -238,7 +238,8 @@ pub struct Message {
     /// For `Tool` messages: the arguments the call ran with when a person edited the
     /// model's before approving it (the model's stay on its call); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub edited_arguments: Option<serde_json::Value>,
+    #[schema(value_type = Option<Value>)]
+    pub edited_arguments: Option<Arguments>,
 }
 
 impl Message {

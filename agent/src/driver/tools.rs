@@ -275,7 +275,7 @@ impl Agent {
         }
         state.push_tool_result(call, content, out.is_error);
         if let Some(arguments) = edited {
-            state.mark_edited(arguments.value());
+            state.mark_edited(arguments);
         }
         // A held response is committed with all its results, in call order, by the
         // caller's checkpoint after the round.

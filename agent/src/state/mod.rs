@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bounds;
 use crate::provider::LlmRequest;
-use crate::schema::{FinishReason, Message, Role, ToolCall, ToolSpec, Usage};
+use crate::schema::{Arguments, FinishReason, Message, Role, ToolCall, ToolSpec, Usage};
 use crate::spec::{ExitReason, Mode, SessionSpec, WebSearch};
 
 mod repeat;
@@ -563,7 +563,7 @@ impl SessionState {
 
     /// The result just pushed ran with arguments a person edited: the transcript keeps
     /// them beside the model's call.
-    pub fn mark_edited(&mut self, arguments: serde_json::Value) {
+    pub fn mark_edited(&mut self, arguments: Arguments) {
         if let Some(m) = self.messages.last_mut() {
             m.edited_arguments = Some(arguments);
         }

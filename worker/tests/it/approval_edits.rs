@@ -119,7 +119,10 @@ async fn an_approval_with_edited_arguments_runs_them_and_says_so() {
     );
     let result = tool_result(&msgs);
     assert!(!result.is_error, "{}", result.content);
-    assert_eq!(result.edited_arguments.as_ref(), Some(&edited));
+    assert_eq!(
+        result.edited_arguments.as_ref(),
+        Some(&edited.clone().into())
+    );
     assert!(
         result
             .content
@@ -160,7 +163,7 @@ async fn edited_arguments_pass_the_same_checks_as_the_models() {
         let result = tool_result(&msgs);
         assert!(result.is_error, "{path}: {}", result.content);
         assert_eq!(
-            result.edited_arguments.as_ref().unwrap()["path"],
+            result.edited_arguments.as_ref().unwrap().value()["path"],
             path,
             "the refusal is recorded against the edit"
         );
