@@ -31,7 +31,7 @@ impl ToolCall {
     pub fn parse_arguments(raw: &str) -> Arguments {
         let trimmed = raw.trim();
         if trimmed.is_empty() {
-            return Arguments::from(&Value::Object(Default::default()));
+            return Arguments::default();
         }
         match serde_json::from_str::<Value>(trimmed) {
             Ok(v) => Arguments::from(&v),
@@ -67,6 +67,14 @@ impl Arguments {
     /// The text, to be written into JSON as it is.
     pub fn raw(&self) -> &serde_json::value::RawValue {
         &self.0
+    }
+
+    /// Whether these may be the `{"_raw": text}` that [`ToolCall::parse_arguments`] makes
+    /// of text that was not JSON: an object whose first key is `_raw`. The text is
+    /// canonical (keys in order, no spaces), so that is a prefix; a provider that gives the
+    /// model its own text back checks the value only then.
+    pub fn may_be_raw_wrapper(&self) -> bool {
+        self.text().starts_with(r#"{"_raw":"#)
     }
 }
 
@@ -354,6 +362,10 @@ mod tests {
             ToolCall::parse_arguments("{\"path\": ").value(),
             json!({"_raw": "{\"path\": "})
         );
+        assert!(ToolCall::parse_arguments("{\"path\": ").may_be_raw_wrapper());
+        assert!(!a.may_be_raw_wrapper());
+        // A model's own `_raw` key, spaced or not, is found the same way.
+        assert!(ToolCall::parse_arguments(r#"{ "_raw" : 5 }"#).may_be_raw_wrapper());
         // A fat pointer to the text, where a `Value` is 32 bytes and an object's map a
         // B-tree node of about 630.
         assert_eq!(std::mem::size_of::<Arguments>(), 16);

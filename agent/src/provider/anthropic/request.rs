@@ -368,9 +368,7 @@ enum ToolInput<'a> {
 
 /// `tool_use.input` must be an object; anything else is wrapped so the model sees it.
 fn tool_input(c: &ToolCall) -> ToolInput<'_> {
-    let text = c.arguments.text();
-    // The text is canonical (no spaces), so an object of the `_raw` wrapper starts so.
-    if text.starts_with('{') && !text.starts_with("{\"_raw\":") {
+    if c.arguments.text().starts_with('{') && !c.arguments.may_be_raw_wrapper() {
         return ToolInput::Text(c.arguments.raw());
     }
     ToolInput::Value(object_input(&c.arguments.value()).into_owned())

@@ -175,16 +175,14 @@ impl Serialize for Replay<'_> {
 /// Tool-call arguments as the JSON string the API wants. Arguments that were not valid JSON
 /// were stored as `{"_raw": text}`: the model gets its own text back, not our wrapper.
 fn arguments_string(call: &ToolCall) -> String {
-    let text = call.arguments.text();
-    // The text is canonical (no spaces), so the `_raw` wrapper's starts so.
-    if text.starts_with("{\"_raw\":")
+    if call.arguments.may_be_raw_wrapper()
         && let Value::Object(map) = call.arguments.value()
         && map.len() == 1
         && let Some(Value::String(raw)) = map.get("_raw")
     {
         return raw.clone();
     }
-    text.to_owned()
+    call.arguments.text().to_owned()
 }
 
 #[cfg(test)]
