@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
 use agentq_testkit::{PostgresServer, RedisServer, shared_postgres};
@@ -25,6 +27,7 @@ fn redis_starts_pings_and_restarts_on_the_same_port() {
     redis.kill();
     assert!(!redis.is_running());
     assert!(redis.ping().is_err(), "a killed redis must not answer");
+    assert_port_is_held(port);
     let t = Instant::now();
     redis.restart().unwrap();
     eprintln!("redis restart after SIGKILL: {:?}", t.elapsed());
@@ -32,8 +35,23 @@ fn redis_starts_pings_and_restarts_on_the_same_port() {
 
     redis.stop().unwrap();
     assert!(redis.ping().is_err(), "a stopped redis must not answer");
+    assert_port_is_held(port);
     redis.restart().unwrap();
     redis.ping().unwrap();
+}
+
+/// A down server's port refuses connections and cannot be bound by another process until
+/// the server starts again: left free, another test's server could take it, and the down
+/// server's clients would reach that one and wait for answers instead of being refused.
+fn assert_port_is_held(port: u16) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let refused = TcpStream::connect(addr).unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::ConnectionRefused, "{refused}");
+    // Binding without SO_REUSEADDR conflicts with any socket bound to the port, as binding
+    // port 0 skips every port in use.
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    let taken = other.bind(addr).unwrap_err();
+    assert_eq!(taken.kind(), ErrorKind::AddrInUse, "{taken}");
 }
 
 #[test]
@@ -102,6 +120,7 @@ fn private_postgres_survives_sigkill_and_restarts() {
         pg.psql(&db, "select 1").is_err(),
         "a killed postgres must not answer"
     );
+    assert_port_is_held(port);
 
     let t = Instant::now();
     pg.restart().unwrap();
