@@ -267,10 +267,15 @@ RETURNING COLS",
 };
 
 /// Give a running session back (graceful shutdown), fenced by the lease. Its entry is
-/// forgotten: the caller adds a new one, or, if it cannot, the sweeper does.
+/// forgotten: the caller adds a new one, or, if it cannot, the sweeper does. The claim
+/// that took it no longer counts as an attempt (a give-back is not a crash), but the
+/// claims before it that died still do: a session given back after its claims ran out
+/// (its dead letter not written) is exhausted again at its next claim.
 const RELEASE: Shared = Shared {
     text: "UPDATE sessions SET status = 'queued', lease_owner = NULL, \
-               lease_expires_at = NULL, attempts = 0, enqueued_at = NULL, updated_at = now() \
+               lease_expires_at = NULL, \
+               attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END, \
+               enqueued_at = NULL, updated_at = now() \
            WHERE root_id = $1 AND id = $2 AND lease_epoch = $3 AND lease_owner = $4 \
              AND status = 'running'",
     sqlite_now: Some(5),

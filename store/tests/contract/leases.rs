@@ -413,6 +413,10 @@ async fn contract_exhausted_then_fail(store: &dyn Backend) {
         assert_eq!(lease.epoch, attempt);
         store.pass(SHORT_TTL * 2).await;
     }
+    // A claim given back does not count; the two that died before it still do.
+    let (lease, _) = acquire(store, &id, "w2b", TTL).await;
+    store.release(&lease).await.unwrap();
+    assert_eq!(store.get(&id).await.unwrap().unwrap().attempts, 2);
     let row = match store.claim(&id, "w3", TTL, 2).await.unwrap() {
         Claim::Exhausted(row) => *row,
         other => panic!("expected Exhausted, got {other:?}"),

@@ -116,3 +116,65 @@ async fn crash_looping_entry_is_dead_lettered() {
     );
     assert_eq!(c.dead_letters().await.len(), 1);
 }
+
+/// A dead letter that cannot be written (here its stream's key holds a string, so `XADD`
+/// fails) leaves the session as it was, not failed with a reason that names an entry
+/// nobody wrote; once the stream can be written, the session's next claim dead-letters it
+/// and fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_failed_only_once_its_dead_letter_is_written() {
+    let mut c = Cluster::start().await;
+    let opts = WorkerOpts {
+        max_attempts: 1,
+        ..WorkerOpts::default()
+    };
+    let w = c.spawn_ready_worker(&opts).await;
+    let mut poison = Script::two_turns();
+    poison.hang = true;
+    let p = c.submit(poison).await;
+    eventually("the poison session's LLM request", T, async || {
+        c.llm_requests_all(&p) == 1
+    })
+    .await;
+    let dead_keys = c.queue.dead_letter_keys("default");
+    let mut conn = c.redis_conn().await;
+    for key in &dead_keys {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg("not a stream")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    c.kill_worker(w);
+    let w = c.spawn_ready_worker(&opts).await;
+
+    // The second claim finds the first run dead: exhausted, and its dead letter refused.
+    c.wait_log(w, "dead-lettering failed", T).await;
+    let row = c.row(&p.id).await;
+    assert!(!row.status.is_terminal(), "{row:?}");
+    assert_eq!(row.error, None, "{row:?}");
+
+    for key in &dead_keys {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let row = c
+        .wait_all_terminal(std::slice::from_ref(&p.id), T)
+        .await
+        .remove(0);
+    assert_eq!(row.status, SessionStatus::Failed, "{row:?}");
+    let error = row.error.clone().unwrap_or_default();
+    assert!(error.contains("dead-letter stream"), "{error:?}");
+    assert_eq!(
+        c.llm_requests_all(&p),
+        1,
+        "an exhausted session must not run again"
+    );
+    let dead = c.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].1.get("session_id"), Some(&p.id));
+}

@@ -106,29 +106,35 @@ pub(super) async fn fail_and_settle(
     }
 }
 
-/// The session was delivered `row.attempts` times and no run of it finished: it fails, and
-/// its entry moves to the dead-letter stream.
+/// The session was delivered `row.attempts` times and no run of it finished: its entry
+/// moves to the dead-letter stream, and then it fails.
+///
+/// In that order: a row that says "moved to the dead-letter stream" is never without its
+/// entry there. Failed first, a dead letter that could not be written (Redis down, the
+/// worker gone) was never written: the entry's next delivery finds the session finished.
+/// Dead-lettered first, the entry is acked and the claim's lease stands: a row that could
+/// not be failed is given back by this worker's heartbeat (or its lease expires, if the
+/// worker died) and queued again, and its next claim, exhausted again, dead-letters it
+/// again. The dead-letter stream is at least once, as the queue is.
 pub(super) async fn dead_letter(inner: &Arc<Inner>, d: &Delivery, row: &SessionRow) -> Processed {
     let reason = format!(
         "delivered {} times without finishing (each run died); moved to the dead-letter stream",
         row.attempts
     );
     error!(%reason, "dead-lettering session");
-    let failed = match inner.store.fail(&d.session_id, &reason).await {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            ack(inner, d).await;
-            return Processed::Dropped;
-        }
-        Err(e) => {
-            warn!(error = %e, "failing an exhausted session failed; will retry");
-            return Processed::Left;
-        }
-    };
     if let Err(e) = inner.queue.dead_letter(d, &reason).await {
         warn!(error = %e, "dead-lettering failed; will retry");
         return Processed::Left;
     }
+    let failed = match inner.store.fail(&d.session_id, &reason).await {
+        Ok(Some(r)) => r,
+        // Finished meanwhile by someone else (a cancel): its entry is acked already.
+        Ok(None) => return Processed::Dropped,
+        Err(e) => {
+            warn!(error = %e, "failing a dead-lettered session failed; it is given back");
+            return Processed::Left;
+        }
+    };
     inner.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
     expire_stream(inner, &d.session_id).await;
     inner.metrics.dead_letter.inc();
