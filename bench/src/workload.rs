@@ -264,8 +264,7 @@ impl Routing {
 /// Close a stopped worker's pools now, rather than whenever the last handle goes, so that
 /// the next part finds their connections free.
 pub async fn close(store: &PgStore) {
-    store.pool().close().await;
-    store.writer_pool().close().await;
+    store.close().await;
 }
 
 pub struct Workload {

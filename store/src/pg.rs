@@ -29,6 +29,9 @@ mod announce_rounds;
 mod batch;
 mod batches;
 mod budget;
+mod commit_conns;
+#[cfg(test)]
+mod commit_conns_tests;
 mod create;
 mod fork;
 mod inbox;
@@ -68,7 +71,7 @@ use crate::store::Store;
 pub use shard_map::{MapRecorded, record_shard_map};
 
 /// Pooled connections idle at least this long are pinged before use.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// The migrations this binary was built with.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
@@ -111,6 +114,8 @@ pub struct PgStore {
     /// that every session in flight waits on, nor the heartbeat that keeps its lease.
     /// They also run their statements with generic plans of key lookups (see [`KEYED_PLANS`]).
     writer: PgPool,
+    /// The group commit's connections, outside any pool (see [`commit_conns`]).
+    commits: std::sync::Arc<commit_conns::CommitConnections>,
     /// Where the bytes of blobs live when not in the `blobs` table (see
     /// [`PgStore::with_objects`]).
     objects: Option<std::sync::Arc<crate::blob::s3::S3Blobs>>,
@@ -125,6 +130,11 @@ pub struct PgStore {
 /// Writer connections [`PgStore::connect`] allows: two commits in flight (the worker's
 /// default) and the heartbeat.
 pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
+
+/// The commits' share of `writers` writer connections: all but the heartbeat's one.
+fn commit_connections(writers: u32) -> usize {
+    usize::try_from(writers.saturating_sub(1).max(1)).unwrap_or(1)
+}
 
 /// Session settings of the writer connections (and of a worker's main pool), whose
 /// statements all look their rows up by key.
@@ -145,7 +155,7 @@ pub const DEFAULT_WRITER_CONNECTIONS: u32 = 3;
 /// sequential scan is still made where a statement has no index to use (no worker's
 /// statement on `sessions` or `messages` is such). Statistics that say the table is
 /// empty while it is not are the heartbeat's to mend (`PgStore::analyze_sessions`).
-const KEYED_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
+pub(crate) const KEYED_PLANS: &str = "SELECT set_config('plan_cache_mode', 'force_generic_plan', false), \
     set_config('enable_seqscan', 'off', false), set_config('enable_mergejoin', 'off', false)";
 
 /// Connections the server can still accept from ordinary roles.
@@ -168,10 +178,15 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         probe(url).await?;
         let pool = Self::options(max_connections).connect(url).await?;
-        let writer = Self::keyed_plan_options(DEFAULT_WRITER_CONNECTIONS).connect_lazy(url)?;
+        let writer = Self::keyed_plan_options(1).connect_lazy(url)?;
+        let commits = commit_conns::CommitConnections::new(
+            writer.connect_options(),
+            commit_connections(DEFAULT_WRITER_CONNECTIONS),
+        );
         Ok(Self {
             pool,
             writer,
+            commits: std::sync::Arc::new(commits),
             objects: None,
             rounds: Default::default(),
             announced: Default::default(),
@@ -207,14 +222,19 @@ impl PgStore {
     async fn open(url: &str, main: PgPoolOptions, writers: u32) -> Result<Self> {
         probe(url).await?;
         let pool = main.connect(url).await?;
-        let writers = writers.max(1);
-        let writer = Self::keyed_plan_options(writers)
-            .min_connections(writers)
+        let writer = Self::keyed_plan_options(1)
+            .min_connections(1)
             .connect(url)
             .await?;
+        let commits = commit_conns::CommitConnections::new(
+            writer.connect_options(),
+            commit_connections(writers),
+        );
+        commits.fill().await?;
         Ok(Self {
             pool,
             writer,
+            commits: std::sync::Arc::new(commits),
             objects: None,
             rounds: Default::default(),
             announced: Default::default(),
@@ -278,6 +298,10 @@ impl PgStore {
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
             writer: pool.clone(),
+            commits: std::sync::Arc::new(commit_conns::CommitConnections::new(
+                pool.connect_options(),
+                commit_connections(DEFAULT_WRITER_CONNECTIONS),
+            )),
             pool,
             objects: None,
             rounds: Default::default(),
@@ -290,9 +314,17 @@ impl PgStore {
         &self.pool
     }
 
-    /// The connections of checkpoints and heartbeats.
+    /// The connections of heartbeats (checkpoints have their own, outside any pool).
     pub fn writer_pool(&self) -> &PgPool {
         &self.writer
+    }
+
+    /// Close the pools and the commits' idle connections now, rather than whenever the
+    /// last handle goes, so that their connections are free for others at once.
+    pub async fn close(&self) {
+        self.pool.close().await;
+        self.writer.close().await;
+        self.commits.close().await;
     }
 
     /// Apply the embedded migrations (idempotent; sqlx takes an advisory lock, so

@@ -1,7 +1,8 @@
 //! The two statements every session in flight waits on, each one round trip for a whole
-//! batch: the group commit of checkpoints and the heartbeat of a worker's leases. They run
-//! on the writer pool (generic plans of key lookups, see [`super::KEYED_PLANS`]) and are
-//! benchmarked: their texts and their parameters' types are part of their performance.
+//! batch: the group commit of checkpoints and the heartbeat of a worker's leases. The
+//! commit runs on its own connections ([`super::commit_conns`]), the heartbeat on the
+//! writer pool, both with generic plans of key lookups (see [`super::KEYED_PLANS`]); they
+//! are benchmarked: their texts and their parameters' types are part of their performance.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -541,9 +542,11 @@ impl PgStore {
             return Ok(Vec::new());
         }
         let (sql, args) = batch_statement(batch)?;
-        let held: Vec<Held> = sqlx::query_as_with(&sql, args)
-            .fetch_all(&self.writer)
-            .await?;
+        // Given back only once the statement succeeded: one that failed, or whose future
+        // was dropped part-way, leaves its connection in a state no one should reuse.
+        let mut conn = self.commits.take().await?;
+        let held: Vec<Held> = sqlx::query_as_with(&sql, args).fetch_all(&mut conn).await?;
+        self.commits.give_back(conn);
         self.answers(batch, held).await
     }
 

@@ -27,11 +27,11 @@ const OWNER: &str = "w1";
 const TTL: Duration = Duration::from_secs(30);
 
 /// Session `n`'s id (messages key their rows by uuid).
-fn key(n: u32) -> String {
+pub(super) fn key(n: u32) -> String {
     format!("00000000-0000-0000-0000-{n:012}")
 }
 
-fn lease(id: &str) -> Lease {
+pub(super) fn lease(id: &str) -> Lease {
     Lease {
         session_id: id.to_owned(),
         root_id: id.to_owned(),
@@ -41,7 +41,7 @@ fn lease(id: &str) -> Lease {
 }
 
 /// A step of `id` under [`lease`]: one new message after the prompt.
-fn step(id: &str) -> Checkpoint {
+pub(super) fn step(id: &str) -> Checkpoint {
     Checkpoint {
         lease: lease(id),
         from: 1,
@@ -125,7 +125,7 @@ async fn worker_store() -> PgStore {
 }
 
 /// Sessions `key(1)` to `key(n)`, running under [`lease`].
-async fn add_leased(pool: &sqlx::PgPool, n: i64) {
+pub(super) async fn add_leased(pool: &sqlx::PgPool, n: i64) {
     sqlx::query(
         "INSERT INTO sessions (id, root_id, queue, status, lease_owner, lease_epoch, \
              lease_expires_at, history_len) \
