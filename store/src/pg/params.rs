@@ -13,9 +13,20 @@ use crate::error::Result;
 pub(super) struct Params {
     args: PgArguments,
     n: usize,
+    /// Bind without writing placeholders (every one is empty): for a statement whose text
+    /// is already known.
+    values_only: bool,
 }
 
 impl Params {
+    /// Parameters of a statement whose text is known already: binding writes no text.
+    pub(super) fn values_only() -> Self {
+        Self {
+            values_only: true,
+            ..Self::default()
+        }
+    }
+
     /// Bind one value; its placeholder (`$n`).
     pub(super) fn value<'q, T>(&mut self, value: T) -> Result<String>
     where
@@ -23,6 +34,9 @@ impl Params {
     {
         Arguments::add(&mut self.args, value).map_err(sqlx::Error::Encode)?;
         self.n += 1;
+        if self.values_only {
+            return Ok(String::new());
+        }
         Ok(format!("${}", self.n))
     }
 

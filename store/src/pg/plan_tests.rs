@@ -93,8 +93,8 @@ fn statements(ids: [u32; 2], queued: [u32; 2]) -> Vec<(&'static str, String, PgA
     let claim = claim_args(queued[1].clone());
     vec![
         ("heartbeat", beat, beat_args),
-        ("group commit", group, group_args),
-        ("lone commit", lone, lone_args),
+        ("group commit", group.to_owned(), group_args),
+        ("lone commit", lone.to_owned(), lone_args),
         ("group claim", SQL.claim_batch.clone(), claims),
         ("lone claim", SQL.claim.clone(), claim),
     ]
