@@ -410,9 +410,10 @@ impl BatchColumns<'_> {
         }
     }
 
-    /// Bind the batch's values to `p`, and the statement's text (empty if `p` writes no
-    /// placeholders).
+    /// Bind the batch's values to `p`, and the statement's text (empty, and not written,
+    /// if `p` writes no text).
     fn bind(&self, mut p: Params, shape: Shape) -> Result<(String, PgArguments)> {
+        let text = p.writes_text();
         let Shape {
             row,
             finishing,
@@ -470,28 +471,26 @@ impl BatchColumns<'_> {
             ("history_len", p.column(&self.history_len, "int", row)?),
             ("model_used", p.column(&self.model_used, "text", row)?),
         ]);
-        let checkpoints = if row {
-            one_row("c", &columns)
-        } else {
-            unnest("c", &columns)
-        };
-        let messages = unnest(
-            "m",
-            &[
-                ("id", p.array(&self.m_ids, "text")?),
-                ("seq", p.array(&self.m_seqs, "int")?),
-                ("body", p.array(&self.m_bodies, "text")?),
-            ],
-        );
+        let messages = [
+            ("id", p.array(&self.m_ids, "text")?),
+            ("seq", p.array(&self.m_seqs, "int")?),
+            ("body", p.array(&self.m_bodies, "text")?),
+        ];
         let files = if files {
             self.files_ctes(&mut p)?
         } else {
             String::new()
         };
-        Ok((
-            checkpoint_batch(&checkpoints, &messages, &files, finishing),
-            p.into_args(),
-        ))
+        if !text {
+            return Ok((String::new(), p.into_args()));
+        }
+        let checkpoints = if row {
+            one_row("c", &columns)
+        } else {
+            unnest("c", &columns)
+        };
+        let sql = checkpoint_batch(&checkpoints, &unnest("m", &messages), &files, finishing);
+        Ok((sql, p.into_args()))
     }
 
     /// [`files_ctes`] with the manifest changes and the contents bound.
@@ -508,6 +507,9 @@ impl BatchColumns<'_> {
             p.array(&self.b_sizes, "bigint")?,
             p.array(&self.b_data, "bytea")?,
         ];
+        if !p.writes_text() {
+            return Ok(String::new());
+        }
         Ok(files_ctes(
             &unnest("f", &gone),
             &unnest("f", &changed),

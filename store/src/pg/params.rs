@@ -27,6 +27,11 @@ impl Params {
         }
     }
 
+    /// Whether binding writes the statement's text (see [`Params::values_only`]).
+    pub(super) fn writes_text(&self) -> bool {
+        !self.values_only
+    }
+
     /// Bind one value; its placeholder (`$n`).
     pub(super) fn value<'q, T>(&mut self, value: T) -> Result<String>
     where
