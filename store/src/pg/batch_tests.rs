@@ -8,7 +8,7 @@ use std::sync::Arc;
 use agentq_types::workspace::{BlobRef, FileChange};
 use sqlx::Arguments;
 
-use super::super::plan_tests::{key, step};
+use super::super::plan_tests::{key, parameters, step};
 use super::*;
 
 /// Checkpoint `n` of a batch: finishing its session or not, changing `files` files.
@@ -36,18 +36,6 @@ fn checkpoint(n: u32, finishing: bool, files: usize) -> Checkpoint {
     cp
 }
 
-/// The highest `$n` in a statement's text.
-fn placeholders(sql: &str) -> usize {
-    sql.split('$')
-        .skip(1)
-        .filter_map(|s| {
-            let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 /// Every batch of a shape runs its shape's one text, with as many values as it has
 /// placeholders, whatever its size: the text written once per shape is the one every
 /// such batch would have written.
@@ -63,10 +51,10 @@ fn a_shape_has_one_text_for_every_batch_of_it() {
                 let columns = BatchColumns::of(&batch);
                 let shape = columns.shape();
                 let (written, args) = columns.bind(Params::default(), shape).unwrap();
-                assert_eq!(placeholders(&written), args.len());
+                assert_eq!(parameters(&written), args.len());
                 let (text, args) = batch_statement(&batch).unwrap();
                 assert_eq!(text, written, "{size} checkpoints, {files} files");
-                assert_eq!(args.len(), placeholders(text));
+                assert_eq!(args.len(), parameters(text));
             }
         }
     }

@@ -260,7 +260,7 @@ async fn index_lookups(conn: &mut PgConnection) -> Vec<(Lookup, bool)> {
 }
 
 /// The number of parameters `sql` takes (its highest `$n`).
-fn parameters(sql: &str) -> usize {
+pub(super) fn parameters(sql: &str) -> usize {
     sql.split('$')
         .skip(1)
         .filter_map(|rest| {
