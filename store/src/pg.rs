@@ -109,10 +109,11 @@ async fn probe(url: &str) -> Result<()> {
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
-    /// The group commit's and the heartbeat's own connections. They are kept apart so that
-    /// a burst of claims or reads queued for the main pool never holds up the checkpoints
-    /// that every session in flight waits on, nor the heartbeat that keeps its lease.
-    /// They also run their statements with generic plans of key lookups (see [`KEYED_PLANS`]).
+    /// The heartbeat's own connection, and (`commits`) the group commit's. They are kept
+    /// apart so that a burst of claims or reads queued for the main pool never holds up
+    /// the checkpoints that every session in flight waits on, nor the heartbeat that keeps
+    /// its lease. They also run their statements with generic plans of key lookups (see
+    /// [`KEYED_PLANS`]).
     writer: PgPool,
     /// The group commit's connections, outside any pool (see [`commit_conns`]).
     commits: std::sync::Arc<commit_conns::CommitConnections>,
