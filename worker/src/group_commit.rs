@@ -4,10 +4,13 @@
 //! checkpoint would make the store's commit rate, not the sessions, bound a worker. A
 //! lone checkpoint goes out at once (nothing waits to fill a batch); under load the next
 //! batch gathers while the previous ones commit, so the commit rate, not the session
-//! count, bounds the store's work.
+//! count, bounds the store's work. A checkpoint that finds nothing queued and a commit
+//! slot free is committed by its session's own task in that slot: the writer would have
+//! sent it alone all the same, one wake-up of another thread later.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -23,12 +26,32 @@ pub(crate) struct Job {
     reply: oneshot::Sender<agentq_core::Result<Committed>>,
 }
 
-pub(crate) type JobReceiver = mpsc::UnboundedReceiver<Job>;
+/// The writer's side of the channel.
+pub(crate) struct JobReceiver {
+    rx: mpsc::UnboundedReceiver<Job>,
+    shared: Arc<Shared>,
+}
+
+/// What the sessions and the writer share: the jobs queued and not yet taken, and, once
+/// the writer runs, what a session needs to commit in one of its slots.
+#[derive(Default)]
+struct Shared {
+    queued: AtomicUsize,
+    direct: OnceLock<Direct>,
+}
+
+struct Direct {
+    store: Arc<dyn Store>,
+    slots: Arc<Semaphore>,
+    metrics: &'static Metrics,
+    stop: CancellationToken,
+}
 
 /// The sessions' side: hand a checkpoint to the writer and wait for its commit.
 #[derive(Clone)]
 pub struct GroupCommit {
     tx: mpsc::UnboundedSender<Job>,
+    shared: Arc<Shared>,
 }
 
 impl GroupCommit {
@@ -37,7 +60,14 @@ impl GroupCommit {
         // commit before its next, so the queue never holds more than the worker's
         // concurrency. A bounded channel would only add a semaphore to every commit.
         let (tx, rx) = mpsc::unbounded_channel();
-        (GroupCommit { tx }, rx)
+        let shared = Arc::new(Shared::default());
+        (
+            GroupCommit {
+                tx,
+                shared: shared.clone(),
+            },
+            JobReceiver { rx, shared },
+        )
     }
 
     /// `Ok` once the checkpoint is durable (with the finished row, for a final checkpoint
@@ -45,10 +75,41 @@ impl GroupCommit {
     /// `Error::Stopped` when the worker has stopped its writer (hard shutdown).
     pub async fn commit(&self, cp: Arc<Checkpoint>) -> agentq_core::Result<Committed> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Job { cp, reply })
-            .map_err(|_| Error::Stopped)?;
+        let job = Job { cp, reply };
+        if let Some(d) = self.shared.direct.get()
+            && self.shared.queued.load(Ordering::Acquire) == 0
+            && !d.stop.is_cancelled()
+            && let Ok(slot) = d.slots.clone().try_acquire_owned()
+        {
+            commit(&*d.store, vec![job], d.metrics).await;
+            drop(slot);
+        } else {
+            self.shared.queued.fetch_add(1, Ordering::AcqRel);
+            if self.tx.send(job).is_err() {
+                self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+                return Err(Error::Stopped);
+            }
+        }
         rx.await.unwrap_or(Err(Error::Stopped))
+    }
+}
+
+impl JobReceiver {
+    async fn recv(&mut self) -> Option<Job> {
+        let job = self.rx.recv().await;
+        self.took(job)
+    }
+
+    fn try_recv(&mut self) -> Option<Job> {
+        let job = self.rx.try_recv().ok();
+        self.took(job)
+    }
+
+    fn took(&self, job: Option<Job>) -> Option<Job> {
+        if job.is_some() {
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        job
     }
 }
 
@@ -71,7 +132,14 @@ pub(crate) async fn writer(
     metrics: &'static Metrics,
     stop: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.in_flight.max(1)));
+    let in_flight = limits.in_flight.max(1);
+    let slots = Arc::new(Semaphore::new(in_flight));
+    let _ = rx.shared.direct.set(Direct {
+        store: store.clone(),
+        slots: slots.clone(),
+        metrics,
+        stop: stop.clone(),
+    });
     let max_batch = limits.max_batch.max(1);
     let mut commits = JoinSet::new();
     // A second checkpoint of a session already in the batch being built waits for the
@@ -98,12 +166,12 @@ pub(crate) async fn writer(
         sessions.insert(batch[0].cp.lease.session_id.clone());
         while batch.len() < max_batch {
             match rx.try_recv() {
-                Ok(j) if sessions.insert(j.cp.lease.session_id.clone()) => batch.push(j),
-                Ok(j) => {
+                Some(j) if sessions.insert(j.cp.lease.session_id.clone()) => batch.push(j),
+                Some(j) => {
                     carried = Some(j);
                     break;
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         let store = store.clone();
@@ -113,14 +181,18 @@ pub(crate) async fn writer(
         });
         while commits.try_join_next().is_some() {}
     }
-    rx.close();
+    rx.rx.close();
     if let Some(j) = carried {
         let _ = j.reply.send(Err(Error::Stopped));
     }
-    while let Ok(j) = rx.try_recv() {
+    while let Some(j) = rx.try_recv() {
         let _ = j.reply.send(Err(Error::Stopped));
     }
     while commits.join_next().await.is_some() {}
+    // And the sessions' own commits in flight: every slot back.
+    let _ = slots
+        .acquire_many(u32::try_from(in_flight).unwrap_or(u32::MAX))
+        .await;
 }
 
 async fn commit(store: &dyn Store, batch: Vec<Job>, metrics: &'static Metrics) {
@@ -363,5 +435,89 @@ pub(crate) mod tests {
         }
         stop.cancel();
         w.await.unwrap();
+    }
+
+    /// With the writer idle, a session commits in the writer's free slot itself; a
+    /// checkpoint that comes meanwhile waits for that slot, and a stop waits for the
+    /// session's commit to end (real Postgres; a row lock holds the commit in flight).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_in_a_free_slot_holds_it_and_a_stop_waits_for_it() {
+        let url = agentq_testkit::shared_postgres()
+            .unwrap()
+            .fresh_database()
+            .unwrap();
+        let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
+        pg.migrate().await.unwrap();
+        let pool = pg.pool().clone();
+        let store: Arc<dyn Store> = Arc::new(pg);
+        let mut sessions = leased(&*store, 2, Duration::from_secs(30)).await;
+        let (commits, rx) = GroupCommit::channel();
+        let m = metrics();
+        let limits = Limits {
+            max_batch: 16,
+            in_flight: 1,
+        };
+        let stop = CancellationToken::new();
+        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        while commits.shared.direct.get().is_none() {
+            tokio::task::yield_now().await;
+        }
+        let mut blocker = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
+            .bind(&sessions[0].0.session_id)
+            .execute(&mut *blocker)
+            .await
+            .unwrap();
+        let (lease, state) = &mut sessions[0];
+        let (c, cp) = (commits.clone(), step(lease, state, "first"));
+        let first = tokio::spawn(async move { c.commit(cp).await });
+        // The first commit waits on the row, in the writer's one slot.
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+        }
+        assert_eq!(
+            commits
+                .shared
+                .direct
+                .get()
+                .unwrap()
+                .slots
+                .available_permits(),
+            0
+        );
+        let (lease, state) = &mut sessions[1];
+        let (c, cp) = (commits.clone(), step(lease, state, "second"));
+        let second = tokio::spawn(async move { c.commit(cp).await });
+        // The second is queued behind the slot; the stop answers it and then waits.
+        stop.cancel();
+        assert!(matches!(second.await.unwrap(), Err(Error::Stopped)));
+        assert!(
+            !w.is_finished(),
+            "the writer waits for the session's commit"
+        );
+        blocker.rollback().await.unwrap();
+        first.await.unwrap().unwrap();
+        w.await.unwrap();
+        assert_eq!(
+            store.messages(&sessions[0].0.session_id).await.unwrap(),
+            sessions[0].1.messages
+        );
+        assert_eq!(
+            store
+                .messages(&sessions[1].0.session_id)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
     }
 }
