@@ -245,7 +245,7 @@ mod tests {
         let (_dir, store) = store().await;
         let (lease, state) = leased(&*store, 1, Duration::from_secs(30)).await.remove(0);
         let (commits, rx) = GroupCommit::channel();
-        let (m, stop, w) = start_writer(&store, rx, 16, 1);
+        let (m, stop, w) = start_writer(store.clone(), rx, 16, 1);
         let cp =
             StoreCheckpointer::new(commits, lease.clone(), draining, Duration::from_secs(5), m);
         Run {

@@ -274,7 +274,7 @@ pub(crate) mod tests {
 
     /// A writer on `store` with these limits: its metrics, its stop token, its task.
     pub(crate) fn start_writer(
-        store: &Arc<SqliteStore>,
+        store: Arc<dyn Store>,
         rx: JobReceiver,
         max_batch: usize,
         in_flight: usize,
@@ -289,7 +289,7 @@ pub(crate) mod tests {
             max_batch,
             in_flight,
         };
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let w = tokio::spawn(writer(store, rx, limits, m, stop.clone()));
         (m, stop, w)
     }
 
@@ -315,7 +315,7 @@ pub(crate) mod tests {
         let mut sessions = leased(&*store, 50, Duration::from_secs(30)).await;
         let (commits, rx) = GroupCommit::channel();
         let waiting = hand_over(&commits, &mut sessions, "one").await;
-        let (m, stop, w) = start_writer(&store, rx, 16, 1);
+        let (m, stop, w) = start_writer(store.clone(), rx, 16, 1);
         for t in waiting {
             t.await.unwrap().unwrap();
         }
@@ -358,7 +358,7 @@ pub(crate) mod tests {
         ));
         let (commits, rx) = GroupCommit::channel();
         let waiting = hand_over(&commits, &mut sessions, "step").await;
-        let (m, _stop, w) = start_writer(&store, rx, 256, 2);
+        let (m, _stop, w) = start_writer(store.clone(), rx, 256, 2);
         let mut out = Vec::new();
         for t in waiting {
             out.push(t.await.unwrap());
@@ -379,19 +379,24 @@ pub(crate) mod tests {
             .unwrap();
     }
 
-    /// One checkpoint the database refuses (a raw NUL in a text column, as before the
-    /// stores escaped it) among bystanders, all in one group commit on real Postgres:
-    /// every bystander is committed in that round, only the poisoned one fails, with a
-    /// data error, which is not retried.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_refused_checkpoint_fails_alone_on_postgres() {
+    /// A store on a fresh database of the shared Postgres.
+    async fn postgres() -> agentq_core::pg::PgStore {
         let url = agentq_testkit::shared_postgres()
             .unwrap()
             .fresh_database()
             .unwrap();
         let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
         pg.migrate().await.unwrap();
-        let store: Arc<dyn Store> = Arc::new(pg);
+        pg
+    }
+
+    /// One checkpoint the database refuses (a raw NUL in a text column, as before the
+    /// stores escaped it) among bystanders, all in one group commit on real Postgres:
+    /// every bystander is committed in that round, only the poisoned one fails, with a
+    /// data error, which is not retried.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_checkpoint_fails_alone_on_postgres() {
+        let store: Arc<dyn Store> = Arc::new(postgres().await);
         let mut sessions = leased(&*store, 9, Duration::from_secs(30)).await;
         let (commits, rx) = GroupCommit::channel();
         let mut waiting = Vec::new();
@@ -409,13 +414,7 @@ pub(crate) mod tests {
             waiting.push(tokio::spawn(async move { c.commit(Arc::new(cp)).await }));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let m = metrics();
-        let limits = Limits {
-            max_batch: 64,
-            in_flight: 1,
-        };
-        let stop = CancellationToken::new();
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let (m, stop, w) = start_writer(store.clone(), rx, 64, 1);
         let mut out = Vec::new();
         for t in waiting {
             out.push(t.await.unwrap());
@@ -442,23 +441,12 @@ pub(crate) mod tests {
     /// session's commit to end (real Postgres; a row lock holds the commit in flight).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_commit_in_a_free_slot_holds_it_and_a_stop_waits_for_it() {
-        let url = agentq_testkit::shared_postgres()
-            .unwrap()
-            .fresh_database()
-            .unwrap();
-        let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
-        pg.migrate().await.unwrap();
+        let pg = postgres().await;
         let pool = pg.pool().clone();
         let store: Arc<dyn Store> = Arc::new(pg);
         let mut sessions = leased(&*store, 2, Duration::from_secs(30)).await;
         let (commits, rx) = GroupCommit::channel();
-        let m = metrics();
-        let limits = Limits {
-            max_batch: 16,
-            in_flight: 1,
-        };
-        let stop = CancellationToken::new();
-        let w = tokio::spawn(writer(store.clone(), rx, limits, m, stop.clone()));
+        let (_, stop, w) = start_writer(store.clone(), rx, 16, 1);
         while commits.shared.direct.get().is_none() {
             tokio::task::yield_now().await;
         }
