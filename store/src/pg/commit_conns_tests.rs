@@ -11,19 +11,14 @@ use sqlx::PgPool;
 use crate::checkpoint::Checkpoint;
 
 use super::PgStore;
-use super::plan_tests::{add_leased, key, step};
+use super::plan_tests::{add_leased, key, step, worker_store_with};
 
 /// A worker's store on a fresh database, with `sessions` leased sessions: two commit
 /// connections (three writer connections, one of them the heartbeat's).
-async fn store(sessions: i64) -> (PgStore, String) {
-    let url = agentq_testkit::shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
-    let store = PgStore::connect_for_worker(&url, 2, 3).await.unwrap();
-    store.migrate().await.unwrap();
+async fn store(sessions: i64) -> PgStore {
+    let store = worker_store_with(2, 3).await;
     add_leased(store.pool(), sessions).await;
-    (store, url)
+    store
 }
 
 /// The backends of this test's database, other than the asking one, by pid.
@@ -52,7 +47,7 @@ fn step_of(n: u32, steps: i32) -> Checkpoint {
 
 #[tokio::test]
 async fn a_commit_connection_is_reused_with_keyed_plans() {
-    let (store, _) = store(1).await;
+    let store = store(1).await;
     assert_eq!(store.commits.idle_count(), 2, "opened up front");
     let before = idle_backends(&store).await;
     for steps in 0..3 {
@@ -91,7 +86,7 @@ async fn idle_backends(store: &PgStore) -> Vec<i32> {
 
 #[tokio::test]
 async fn a_connection_whose_statement_failed_is_closed_and_the_next_commit_opens_another() {
-    let (store, _) = store(1).await;
+    let store = store(1).await;
     // A value Postgres refuses (a NUL in text): the statement fails on its connection.
     let mut bad = step_of(1, 0);
     bad.not_started = "\0".to_owned();
@@ -117,7 +112,7 @@ async fn a_connection_whose_statement_failed_is_closed_and_the_next_commit_opens
 
 #[tokio::test]
 async fn a_connection_idle_past_the_ping_age_whose_backend_died_is_replaced() {
-    let (store, _) = store(1).await;
+    let store = store(1).await;
     // Both idle connections' backends gone (as after a restart), and both idle long
     // enough to be pinged before use.
     let killed = idle_backends(&store).await;
@@ -147,7 +142,7 @@ async fn a_connection_idle_past_the_ping_age_whose_backend_died_is_replaced() {
 
 #[tokio::test]
 async fn a_commit_dropped_while_its_statement_runs_does_not_give_its_connection_back() {
-    let (store, _) = store(1).await;
+    let store = store(1).await;
     // Another transaction holds the session's row: the commit's statement waits on it.
     let mut blocker = store.pool().begin().await.unwrap();
     sqlx::query("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE")
@@ -196,7 +191,7 @@ async fn lock_waiters(pool: &PgPool) -> i64 {
 
 #[tokio::test]
 async fn commits_beyond_the_kept_connections_close_theirs_after() {
-    let (store, _) = store(4).await;
+    let store = store(4).await;
     let before = backends(store.pool()).await.len();
     // Four commits at once, held on their rows so that all four are in flight together.
     let mut blocker = store.pool().begin().await.unwrap();

@@ -115,11 +115,19 @@ async fn reads(conn: &mut PgConnection) -> (i64, i64, i64) {
 /// A worker's store on a fresh database: one connection in each pool, so that every
 /// statement on the writer pool runs on the connection that planned it.
 async fn worker_store() -> PgStore {
+    worker_store_with(1, 1).await
+}
+
+/// A worker's store on a fresh database, migrated, with `connections` in its main pool
+/// and `writers` writer connections.
+pub(super) async fn worker_store_with(connections: u32, writers: u32) -> PgStore {
     let url = agentq_testkit::shared_postgres()
         .expect("shared postgres")
         .fresh_database()
         .expect("fresh database");
-    let store = PgStore::connect_for_worker(&url, 1, 1).await.unwrap();
+    let store = PgStore::connect_for_worker(&url, connections, writers)
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     store
 }
