@@ -534,8 +534,8 @@ impl Shape {
 }
 
 /// The statement's text for each [`Shape`], written at its first use: writing the text
-/// (about 3 KB from some thirty placeholders) was a tenth of the worker's CPU per lone
-/// commit.
+/// (about 3 KB from some thirty placeholders) was part of the 11–12 µs a lone commit
+/// spent building its statement, of about 70 µs of the worker's own per lone step.
 static STATEMENTS: [std::sync::OnceLock<String>; 8] = [const { std::sync::OnceLock::new() }; 8];
 
 /// The group commit's statement for `batch` and its parameters.
