@@ -103,14 +103,29 @@ async fn routing(
     let (one_node, clustered) = (clustered(one_node), clustered(cluster));
     // The shards of each layout, as indices into `urls`.
     let (one, two_servers, two_in_one): (&[usize], &[usize], &[usize]) = (&[0], &[0, 1], &[0, 2]);
+    // Each layout on a queue of its own: the workers of the layout before, stopped in
+    // this process, may leave a blocking read on the same Redis that the server answers
+    // with the next layout's first entries, which then wait for the reclaimer (seconds of
+    // nothing, measured as the layout's rate).
     let layouts = [
-        ("1 Postgres, 1 Redis", one, &standalone),
-        ("2 shards in 1 Postgres, 1 Redis", two_in_one, &standalone),
-        ("1 Postgres, cluster of 1 node", one, &one_node),
-        ("2 Postgres shards, 1 Redis", two_servers, &standalone),
-        ("1 Postgres, 3-master cluster", one, &clustered),
+        ("1 Postgres, 1 Redis", "scale-a", one, &standalone),
+        (
+            "2 shards in 1 Postgres, 1 Redis",
+            "scale-b",
+            two_in_one,
+            &standalone,
+        ),
+        ("1 Postgres, cluster of 1 node", "scale-c", one, &one_node),
+        (
+            "2 Postgres shards, 1 Redis",
+            "scale-d",
+            two_servers,
+            &standalone,
+        ),
+        ("1 Postgres, 3-master cluster", "scale-e", one, &clustered),
         (
             "2 Postgres shards, 3-master cluster",
+            "scale-f",
             two_servers,
             &clustered,
         ),
@@ -124,7 +139,7 @@ async fn routing(
         })
         .collect();
     for round in 0..rounds {
-        for ((name, shards, (redis_url, redis)), figure) in layouts.iter().zip(&mut figures) {
+        for ((name, part, shards, (redis_url, redis)), figure) in layouts.iter().zip(&mut figures) {
             progress(&format!(
                 "scale: round {} of {rounds}: {} × {} on {name}",
                 round + 1,
@@ -139,7 +154,7 @@ async fn routing(
                 store: one_store(&chosen)?,
                 shards: chosen,
             };
-            let ran = run_workload_on(env, &routing, &routing_workload(env)).await?;
+            let ran = run_workload_on(env, &routing, &routing_workload(env, part)).await?;
             if ran.failed > 0 {
                 bail!(
                     "scale: {} of the sessions on {name} did not complete",
@@ -210,10 +225,10 @@ async fn layout_servers() -> anyhow::Result<(
     Ok((servers, urls, admin))
 }
 
-/// The throughput workload under the scale part's name (its own queue).
-fn routing_workload(env: &Env) -> Workload {
+/// The throughput workload under one of the scale part's names (its own queue).
+fn routing_workload(env: &Env, part: &'static str) -> Workload {
     Workload {
-        part: "scale",
+        part,
         ..throughput_workload(env, env.tool())
     }
 }
