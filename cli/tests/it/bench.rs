@@ -483,7 +483,7 @@ fn bench_admission_prints_the_limiter_figures_as_json() {
     let out = Command::new(env!("CARGO_BIN_EXE_agentq"))
         .args(["bench", "--private", "--only", "admission", "--json"])
         .args(["--admission-rpm", "600", "--admission-sessions", "8"])
-        .args(["--admission-secs", "5"])
+        .args(["--admission-secs", "2"])
         .env_remove("AGENTQ_DATABASE_URL")
         .env_remove("AGENTQ_REDIS_URL")
         .output()

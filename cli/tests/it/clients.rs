@@ -7,8 +7,8 @@
 //! What the suites need is installed once into the test cache: the Python client's pinned
 //! requirements in a virtual environment, the TypeScript client's locked npm
 //! dependencies. The Python package itself is built and installed (`pip install`) into a
-//! temporary directory at every run, and the TypeScript one compiled with `tsc`, so the
-//! tests run the code of this checkout. The TypeScript types are regenerated from
+//! temporary directory at every run (once, for both servers), and the TypeScript one
+//! compiled with `tsc`, so the tests run the code of this checkout. The TypeScript types are regenerated from
 //! `api/openapi.json` and must be the committed `src/schema.ts`
 //! (`AGENTQ_UPDATE_OPENAPI=1` rewrites it).
 
@@ -281,20 +281,52 @@ fn suite_env(cmd: &mut Command, url: &str, proxy: &Dev) {
         .env("AGENTQ_OPENAPI", root().join("api/openapi.json"));
 }
 
-fn pytest(dir: &Path, url: &str) -> Output {
-    let src = install_python_client(dir);
+/// Both clients built from this checkout, once per test binary: the suites only read
+/// them (no bytecode, no pytest cache, `tsc`'s output already written), so the two
+/// servers' runs share one `pip install` and one `tsc`.
+struct Built {
+    _dir: tempfile::TempDir,
+    /// The Python client's installed package (for `PYTHONPATH`).
+    site: PathBuf,
+    /// The Python client's source, its tests in `tests`.
+    py_src: PathBuf,
+    /// The TypeScript client's compiled package.
+    ts: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let (py, ts) = (dir.path().join("py"), dir.path().join("node"));
+        let (py_src, ts) = std::thread::scope(|s| {
+            let py_src = s.spawn(|| install_python_client(&py));
+            let ts = s.spawn(|| build_typescript_client(&ts));
+            (py_src.join().unwrap(), ts.join().unwrap())
+        });
+        Built {
+            site: py.join("site"),
+            py_src,
+            ts,
+            _dir: dir,
+        }
+    })
+}
+
+fn pytest(url: &str) -> Output {
+    let built = built();
     let proxy = fault_proxy(url);
     let mut cmd = Command::new(python());
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
-        .current_dir(&src)
-        .env("PYTHONPATH", dir.join("site"))
+        .current_dir(&built.py_src)
+        .env("PYTHONPATH", &built.site)
         .env("PYTHONDONTWRITEBYTECODE", "1");
     suite_env(&mut cmd, url, &proxy);
     cmd.output().unwrap()
 }
 
-fn node_test(dir: &Path, url: &str) -> Output {
-    let pkg = build_typescript_client(dir);
+fn node_test(url: &str) -> Output {
+    let pkg = &built().ts;
     let proxy = fault_proxy(url);
     let mut files: Vec<_> = std::fs::read_dir(pkg.join("test"))
         .unwrap()
@@ -307,7 +339,7 @@ fn node_test(dir: &Path, url: &str) -> Output {
     // One file at a time: the fault proxy's counts are per suite.
     cmd.args(["--test", "--test-concurrency=1"])
         .args(&files)
-        .current_dir(&pkg);
+        .current_dir(pkg);
     suite_env(&mut cmd, url, &proxy);
     cmd.output().unwrap()
 }
@@ -315,12 +347,14 @@ fn node_test(dir: &Path, url: &str) -> Output {
 /// Both suites against `url` side by side (each with its own proxy); panics with their
 /// reports unless both passed and ran tests against the server.
 fn run_suites(dir: &Path, url: &str) {
-    // Installed before the suites start, once per test binary (both tests use them).
+    // Installed and built before the suites start, once per test binary (both tests use
+    // them).
     python();
     node_modules();
+    built();
     let (py, ts) = std::thread::scope(|s| {
-        let py = s.spawn(|| pytest(&dir.join("py"), url));
-        let ts = s.spawn(|| node_test(&dir.join("node"), url));
+        let py = s.spawn(|| pytest(url));
+        let ts = s.spawn(|| node_test(url));
         (py.join().unwrap(), ts.join().unwrap())
     });
     // A worker's log (the distributed stack's) goes with a failure's report.
