@@ -29,13 +29,35 @@ pub const SHORT_TTL: Duration = Duration::from_secs(5);
 
 /// A migrated store on a fresh database of the testkit's shared Postgres.
 pub async fn pg_store() -> PgStore {
-    let url = agentq_testkit::shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
+    let url = migrated_database(agentq_testkit::shared_postgres().expect("shared postgres"));
     let store = PgStore::connect(&url, 8).await.expect("connect");
     store.migrate().await.expect("migrate");
     store
+}
+
+/// A fresh database on `server`, a copy of one migrated once per server (the stores then
+/// find nothing to migrate, and check that): the schema's migrations ran on a fresh
+/// database per test, hundreds of statements each, most of the store tests' Postgres time.
+fn migrated_database(server: &agentq_testkit::PostgresServer) -> String {
+    server
+        .fresh_database_from("agentq_migrated", |url| {
+            let url = url.to_string();
+            // On a thread of its own: the caller may be on a runtime's thread already.
+            std::thread::spawn(move || {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(async {
+                        let store = PgStore::connect(&url, 1).await?;
+                        store.migrate().await?;
+                        store.close().await;
+                        anyhow::Ok(())
+                    })
+            })
+            .join()
+            .expect("the template's migration panicked")
+        })
+        .expect("a fresh migrated database")
 }
 
 /// A sharded store over two migrated Postgres stores, each on a fresh database of its own
@@ -55,10 +77,9 @@ pub async fn sharded_store() -> (ShardedStore, std::sync::Arc<Probe>) {
 pub async fn pg_shards(n: usize) -> Vec<PgStore> {
     let mut shards = Vec::new();
     for i in 0..n {
-        let url = agentq_testkit::shared_postgres_shard(i)
-            .expect("shared postgres shard")
-            .fresh_database()
-            .expect("fresh database");
+        let url = migrated_database(
+            agentq_testkit::shared_postgres_shard(i).expect("shared postgres shard"),
+        );
         let store = PgStore::connect(&url, 8).await.expect("connect");
         store.migrate().await.expect("migrate");
         shards.push(store);
