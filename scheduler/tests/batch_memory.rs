@@ -113,7 +113,7 @@ struct Env {
 
 impl Env {
     async fn start() -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 4).await.unwrap();
         store.migrate().await.unwrap();
         let redis = RedisServer::start().unwrap();

@@ -76,7 +76,7 @@ async fn hundred_thousand_items() {
 /// Submit a batch of each of `sizes`, printing the time and the memory each took; the
 /// last one's peak above the baseline must stay under `bound_kb`.
 async fn measure(sizes: &[usize], bound_kb: u64) {
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();

@@ -48,7 +48,7 @@ impl Drop for Env {
 
 impl Env {
     async fn start(tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);
@@ -438,7 +438,7 @@ async fn stream_memory() {
     let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());
     let env = {
         let q = queue.clone();
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

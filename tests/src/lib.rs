@@ -29,6 +29,31 @@ pub fn log_tail(path: &std::path::Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// A fresh database on `server`, a copy of one migrated once per server and test binary
+/// (a store opened on it finds nothing to migrate, and checks that): the schema's
+/// migrations on a fresh database per test were hundreds of statements each, most of the
+/// tests' Postgres time. For a test that needs an empty database,
+/// [`PostgresServer::fresh_database`].
+pub fn migrated_database(server: &PostgresServer) -> anyhow::Result<String> {
+    server.fresh_database_from("agentq_migrated", |url| {
+        let url = url.to_string();
+        // On a thread of its own: the caller may be on a runtime's thread already.
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(async {
+                    let store = agentq_store::pg::PgStore::connect(&url, 1).await?;
+                    store.migrate().await?;
+                    store.close().await;
+                    anyhow::Ok(())
+                })
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the template's migration panicked"))?
+    })
+}
+
 /// SIGTERM `child` and wait for it to exit; panics (naming `what`) if it is still running
 /// after `timeout`. For tests that check a process stops gracefully.
 pub fn sigterm_and_wait(

@@ -53,7 +53,8 @@ impl Served {
         let (store, queue, db_url, redis, dir): (Arc<dyn Store>, Arc<dyn Queue>, _, _, _) =
             match backend {
                 Backend::Postgres => {
-                    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+                    let db_url =
+                        agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
                     let store = PgStore::connect(&db_url, 8).await.unwrap();
                     store.migrate().await.unwrap();
                     let redis = RedisServer::start().unwrap();

@@ -52,7 +52,7 @@ impl Env {
 
     async fn start_with(mut settings: SchedulerSettings) -> Env {
         settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);
@@ -705,7 +705,7 @@ async fn steering_and_approval_bodies_are_checked_and_answers_keep_their_shape()
 
 #[tokio::test]
 async fn sweeper_adds_entries_the_enqueue_missed() {
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let store = Arc::new(store);
@@ -844,7 +844,7 @@ async fn a_redis_outage_does_not_lose_a_created_session() {
 #[tokio::test]
 async fn sessions_are_re_added_after_redis_comes_back_empty() {
     use agentq_scheduler::sweeper::recover_lost;
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let mut redis = RedisServer::start().unwrap();

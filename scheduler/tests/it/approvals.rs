@@ -37,7 +37,7 @@ struct Env {
 
 impl Env {
     async fn start() -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

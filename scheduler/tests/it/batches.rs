@@ -74,7 +74,7 @@ impl Env {
     }
 
     async fn start_with(tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

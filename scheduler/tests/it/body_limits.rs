@@ -146,7 +146,7 @@ async fn chunked(addr: &str, method: &Method, path: &str, limit: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_json_route_answers_a_body_past_its_limit_with_its_413() {
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();

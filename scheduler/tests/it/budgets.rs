@@ -35,7 +35,7 @@ struct Env {
 
 impl Env {
     async fn start() -> Env {
-        let url = shared_postgres().unwrap().fresh_database().unwrap();
+        let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

@@ -46,7 +46,7 @@ async fn the_admin_view_shows_rules_counts_and_holds() {
         ..SchedulerSettings::default()
     };
     settings.auth = settings.auth.with_admin_key(ADMIN_KEY);
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&db_url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let queue = Arc::new(RedisQueue::connect(&redis.url()).await.unwrap());

@@ -60,7 +60,7 @@ impl Env {
 
     /// [`Env::start`] with the scheduler's settings changed by `tune`.
     async fn start_with(script: Option<Value>, tune: impl FnOnce(&mut SchedulerSettings)) -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

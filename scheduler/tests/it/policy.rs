@@ -38,7 +38,7 @@ fn admin_client() -> reqwest::Client {
 
 impl Env {
     async fn start(policy: PolicySection) -> Env {
-        let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+        let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&db_url, 4).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);

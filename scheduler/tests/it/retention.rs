@@ -240,7 +240,7 @@ async fn beside_a_live_batch(store: Arc<dyn Store>, queue: Arc<dyn Queue>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_beside_a_live_batch() {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&url, 8).await.unwrap();
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();

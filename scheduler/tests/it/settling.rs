@@ -54,7 +54,7 @@ async fn completions(redis: &RedisServer, id: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_settles_a_session_whose_worker_died_after_its_end() {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&url, 4).await.unwrap();
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();

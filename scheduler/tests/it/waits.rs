@@ -66,7 +66,7 @@ async fn suspended(
 
 #[tokio::test]
 async fn waits_show_and_the_sweeper_wakes_rate_limited_sessions() {
-    let db_url = shared_postgres().unwrap().fresh_database().unwrap();
+    let db_url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = Arc::new(PgStore::connect(&db_url, 4).await.unwrap());
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();

@@ -26,7 +26,7 @@ use agentq_testkit::shared_postgres;
 use common::wait_until;
 
 async fn store() -> PgStore {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&url, 4).await.unwrap();
     store.migrate().await.unwrap();
     store

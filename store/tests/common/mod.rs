@@ -29,35 +29,13 @@ pub const SHORT_TTL: Duration = Duration::from_secs(5);
 
 /// A migrated store on a fresh database of the testkit's shared Postgres.
 pub async fn pg_store() -> PgStore {
-    let url = migrated_database(agentq_testkit::shared_postgres().expect("shared postgres"));
+    let url = agentq_testkit::migrated_database(
+        agentq_testkit::shared_postgres().expect("shared postgres"),
+    )
+    .expect("a fresh migrated database");
     let store = PgStore::connect(&url, 8).await.expect("connect");
     store.migrate().await.expect("migrate");
     store
-}
-
-/// A fresh database on `server`, a copy of one migrated once per server (the stores then
-/// find nothing to migrate, and check that): the schema's migrations ran on a fresh
-/// database per test, hundreds of statements each, most of the store tests' Postgres time.
-fn migrated_database(server: &agentq_testkit::PostgresServer) -> String {
-    server
-        .fresh_database_from("agentq_migrated", |url| {
-            let url = url.to_string();
-            // On a thread of its own: the caller may be on a runtime's thread already.
-            std::thread::spawn(move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?
-                    .block_on(async {
-                        let store = PgStore::connect(&url, 1).await?;
-                        store.migrate().await?;
-                        store.close().await;
-                        anyhow::Ok(())
-                    })
-            })
-            .join()
-            .expect("the template's migration panicked")
-        })
-        .expect("a fresh migrated database")
 }
 
 /// A sharded store over two migrated Postgres stores, each on a fresh database of its own
@@ -77,9 +55,10 @@ pub async fn sharded_store() -> (ShardedStore, std::sync::Arc<Probe>) {
 pub async fn pg_shards(n: usize) -> Vec<PgStore> {
     let mut shards = Vec::new();
     for i in 0..n {
-        let url = migrated_database(
+        let url = agentq_testkit::migrated_database(
             agentq_testkit::shared_postgres_shard(i).expect("shared postgres shard"),
-        );
+        )
+        .expect("a fresh migrated database");
         let store = PgStore::connect(&url, 8).await.expect("connect");
         store.migrate().await.expect("migrate");
         shards.push(store);

@@ -582,9 +582,11 @@ fn with_extra_shards(db_url: String, opts: &ClusterOpts) -> (String, Option<Post
             url
         } else {
             tokio::task::block_in_place(|| {
-                agentq_testkit::shared_postgres_shard(i.min(2))
-                    .and_then(|pg| pg.fresh_database())
-                    .expect("a database on a shared postgres shard")
+                agentq_testkit::migrated_database(
+                    agentq_testkit::shared_postgres_shard(i.min(2))
+                        .expect("a shared postgres shard"),
+                )
+                .expect("a migrated database on a shared postgres shard")
             })
         };
         urls.push(url);
@@ -616,9 +618,8 @@ impl Cluster {
             (Some(pg), url)
         } else {
             let url = tokio::task::block_in_place(|| {
-                shared_postgres()
-                    .and_then(|pg| pg.fresh_database())
-                    .expect("a database on the shared postgres")
+                agentq_testkit::migrated_database(shared_postgres().expect("the shared postgres"))
+                    .expect("a migrated database on the shared postgres")
             });
             (None, url)
         };

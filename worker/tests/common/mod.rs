@@ -32,7 +32,7 @@ use agentq_worker::{Worker, WorkerSettings};
 /// A migrated fresh database and a private Redis with the `default` queue; the server
 /// lives as long as the returned handle.
 pub async fn setup() -> (Arc<PgStore>, Arc<RedisQueue>, RedisServer) {
-    let url = shared_postgres().unwrap().fresh_database().unwrap();
+    let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
     let store = PgStore::connect(&url, 8).await.unwrap();
     store.migrate().await.unwrap();
     let redis = RedisServer::start().unwrap();
@@ -338,7 +338,7 @@ impl Cluster {
         concurrency: usize,
         tweak: impl Fn(&mut WorkerSettings),
     ) -> Cluster {
-        let url = shared_postgres().unwrap().fresh_database().unwrap();
+        let url = agentq_testkit::migrated_database(shared_postgres().unwrap()).unwrap();
         let store = PgStore::connect(&url, 8).await.unwrap();
         store.migrate().await.unwrap();
         let store = Arc::new(store);
