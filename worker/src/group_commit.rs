@@ -379,12 +379,10 @@ pub(crate) mod tests {
             .unwrap();
     }
 
-    /// A store on a fresh database of the shared Postgres.
+    /// A store on a fresh migrated database of the shared Postgres.
     async fn postgres() -> agentq_core::pg::PgStore {
-        let url = agentq_testkit::shared_postgres()
-            .unwrap()
-            .fresh_database()
-            .unwrap();
+        let url =
+            agentq_testkit::migrated_database(agentq_testkit::shared_postgres().unwrap()).unwrap();
         let pg = agentq_core::pg::PgStore::connect(&url, 4).await.unwrap();
         pg.migrate().await.unwrap();
         pg

@@ -121,10 +121,10 @@ async fn worker_store() -> PgStore {
 /// A worker's store on a fresh database, migrated, with `connections` in its main pool
 /// and `writers` writer connections.
 pub(super) async fn worker_store_with(connections: u32, writers: u32) -> PgStore {
-    let url = agentq_testkit::shared_postgres()
-        .expect("shared postgres")
-        .fresh_database()
-        .expect("fresh database");
+    let url = agentq_testkit::migrated_database(
+        agentq_testkit::shared_postgres().expect("shared postgres"),
+    )
+    .expect("a fresh migrated database");
     let store = PgStore::connect_for_worker(&url, connections, writers)
         .await
         .unwrap();
