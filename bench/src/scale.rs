@@ -103,10 +103,9 @@ async fn routing(
     let (one_node, clustered) = (clustered(one_node), clustered(cluster));
     // The shards of each layout, as indices into `urls`.
     let (one, two_servers, two_in_one): (&[usize], &[usize], &[usize]) = (&[0], &[0, 1], &[0, 2]);
-    // Each layout on a queue of its own: the workers of the layout before, stopped in
-    // this process, may leave a blocking read on the same Redis that the server answers
-    // with the next layout's first entries, which then wait for the reclaimer (seconds of
-    // nothing, measured as the layout's rate).
+    // Each layout on a queue of its own, so that nothing the layout before left behind
+    // on the same Redis (its workers' consumers, their pending entries) is measured in
+    // the next one's rate.
     let layouts = [
         ("1 Postgres, 1 Redis", "scale-a", one, &standalone),
         (

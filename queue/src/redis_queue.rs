@@ -56,7 +56,6 @@
 mod connection;
 mod events;
 mod health;
-mod inflight;
 mod layout;
 mod read;
 mod readers;

@@ -3,6 +3,7 @@
 //! connections that blocking reads check out one read at a time (`readers.rs`).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -17,7 +18,6 @@ use redis::{
 use agentq_error::Result;
 use agentq_types::config::RedisSection;
 
-use super::inflight::Inflight;
 use super::layout::Layout;
 use super::readers::{COMMAND_TIMEOUT, CONNECT_TIMEOUT, Readers};
 
@@ -81,8 +81,9 @@ pub struct RedisQueue {
     /// Connections for blocking reads (no response timeout).
     pub(super) readers: Arc<Readers>,
     pub(super) layout: Layout,
-    /// Reads a cluster's consumer left running past its last `read` (see `read.rs`).
-    pub(super) inflight: Arc<Inflight>,
+    /// Which partition a cluster's read of new entries looks at first, taken in turn
+    /// (see `read.rs`).
+    pub(super) turn: AtomicUsize,
 }
 
 impl std::fmt::Debug for RedisQueue {
@@ -132,7 +133,7 @@ impl RedisQueue {
             conn,
             readers,
             layout,
-            inflight: Arc::new(Inflight::default()),
+            turn: AtomicUsize::new(0),
         })
     }
 

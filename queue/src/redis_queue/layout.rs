@@ -26,6 +26,9 @@ fn fnv(session_id: &str) -> u64 {
     agentq_types::shard::fnv1a(&[session_id.as_bytes()])
 }
 
+/// A queue partition: its queue's name and its number.
+pub(super) type Part = (String, u32);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Layout {
     cluster: bool,

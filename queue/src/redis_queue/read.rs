@@ -1,21 +1,22 @@
 //! Reads on a Redis Cluster: a cluster refuses a command over keys of two slots, so each
 //! queue partition is read by a blocking reader of its own.
 //!
-//! A `read` first takes what earlier reads of the consumer left (below), then reads
-//! without blocking: for new entries one partition first, taken in turn, and the others
-//! at once only if it did not fill the read (so a read of a busy queue is one command).
-//! Only when all are empty does it block on every partition at once, each on its own
-//! reader connection. The first partition to answer
-//! with entries ends the read; the others are not dropped (a read dropped after Redis
-//! served it would strand its entries in the consumer's pending list) but left running
-//! to their end, and what they bring is kept for the consumer's next `read`
-//! (`inflight.rs`); a partition still being read is not read again meanwhile. When the
-//! block ends with nothing, the read waits a moment ([`END_GRACE`]) for its partitions'
-//! reads, which began a little after it, so that none is normally left running. A `read`
-//! itself dropped mid-flight drops its readers, as on one server: Redis stops serving a
-//! read whose connection closed, and what it had served stays pending for the consumer.
+//! A `read` reads without blocking first: for new entries one partition first, taken in
+//! turn, and the others at once only if it did not fill the read (so a read of a busy
+//! queue is one command). Only when all are empty does it block on every partition at
+//! once, each on its own reader connection. The first partition to answer with entries
+//! ends the read, and so does the block's end (the partitions' reads, which began a
+//! little after it, get a moment to end by themselves); the reads still blocked are then
+//! ended in Redis (`CLIENT UNBLOCK`) and their answers taken before the read returns: one
+//! the server served meanwhile answers with its entries, which the read returns too. No read
+//! outlives the call that started it, so a consumer that stops reading (a worker
+//! draining) holds nothing taken after its last read; a read left blocked would take the
+//! next entries of its partition into a pending list that only the reclaimer empties. A
+//! `read` itself dropped mid-flight drops its readers, as on one server: a connection
+//! closed ends its read in Redis, and what the server had served stays pending for the
+//! consumer.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -28,16 +29,15 @@ use crate::queue::Delivery;
 use agentq_error::Result;
 
 use super::connection::RedisQueue;
-use super::inflight::Part;
+use super::layout::Part;
 use super::work::has_code;
 
 type Read = BoxFuture<'static, (Part, RedisResult<Value>)>;
 
-/// How long a read waits past its deadline for its partitions' reads to end. Each blocks
-/// on its node as long as the read does here but began a little later, so they end a
-/// moment after it; a read left running past its call would take entries enqueued after
-/// the call returned and hold them until the consumer's next read, so the read waits that
-/// moment rather than leave them running. Only a slow node's read is left running.
+/// How long a read waits past its deadline for its partitions' reads to end by
+/// themselves (each began a little after it), and then for the answers of those it had
+/// to end. A node slower than that has its reads dropped: their connections close, which
+/// ends them in Redis too.
 const END_GRACE: Duration = Duration::from_millis(500);
 
 impl RedisQueue {
@@ -53,28 +53,18 @@ impl RedisQueue {
             .iter()
             .flat_map(|q| self.layout.all().map(move |p| (q.clone(), p)))
             .collect();
-        let (left, running) = self.inflight.take(consumer);
-        let mut out = self.deliveries_of(left).await;
-        if id == ">" && !out.is_empty() {
-            return Ok(out);
-        }
-        // A partition still being read is not read again for new entries meanwhile; its
-        // pending ones (`0`) may be.
-        let idle: Vec<Part> = parts
-            .into_iter()
-            .filter(|p| id != ">" || !running.contains(p))
-            .collect();
+        let mut out = Vec::new();
         // Every partition without blocking first (and only that for `0` or a zero block).
         // For new entries, one partition of each queue first, taken in turn, and a queue's
         // others only when it did not fill the read (`count` is per queue): on a busy queue
         // a read is one command, not one per partition, and every partition still comes
         // first in its turn.
         if id == ">" {
-            let turn = self.inflight.turn.fetch_add(1, Ordering::Relaxed);
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed);
             let mut firsts = Vec::new();
             let mut rests = Vec::new();
             for queue in queues {
-                let mut own: Vec<Part> = idle.iter().filter(|p| p.0 == *queue).cloned().collect();
+                let mut own: Vec<Part> = parts.iter().filter(|p| p.0 == *queue).cloned().collect();
                 let n = own.len();
                 if n == 0 {
                     continue;
@@ -97,15 +87,14 @@ impl RedisQueue {
             }
             self.read_now(&more, consumer, id, &mut out).await?;
         } else {
-            let all: Vec<(Part, usize)> = idle.iter().map(|p| (p.clone(), count)).collect();
+            let all: Vec<(Part, usize)> = parts.iter().map(|p| (p.clone(), count)).collect();
             self.read_now(&all, consumer, id, &mut out).await?;
         }
-        // What a read left running brought is pending too: a `0` read sees it twice.
-        let mut seen = HashSet::new();
-        out.retain(|d| seen.insert((d.queue.clone(), d.entry_id.clone())));
         let block = block.filter(|b| !b.is_zero() && id == ">");
         match block {
-            Some(block) if out.is_empty() => self.block_cluster(idle, consumer, count, block).await,
+            Some(block) if out.is_empty() => {
+                self.block_cluster(parts, consumer, count, block).await
+            }
             _ => Ok(out),
         }
     }
@@ -143,11 +132,13 @@ impl RedisQueue {
         block: Duration,
     ) -> Result<Vec<Delivery>> {
         let mut reads: FuturesUnordered<Read> = FuturesUnordered::new();
-        let mut pending: HashSet<Part> = HashSet::new();
+        // The node and connection of each read still blocked, to end it.
+        let mut blocked: HashMap<Part, Option<(String, i64)>> = HashMap::new();
         for part in parts {
             // Connected before the deadline starts, so that no read begins late.
             let key = self.layout.stream(&part.0, part.1);
             let reader = self.readers.checkout_for(&key).await?;
+            blocked.insert(part.clone(), reader.0.blocked_as());
             let cmd = self.xreadgroup(
                 std::slice::from_ref(&part),
                 consumer,
@@ -156,97 +147,88 @@ impl RedisQueue {
                 ">",
             );
             let readers = self.readers.clone();
-            pending.insert(part.clone());
             reads.push(Box::pin(async move {
                 let reply = readers.blocking_on(reader, &key, &cmd, block).await;
                 (part, reply)
             }));
         }
+        // Past the deadline the reads still blocked get END_GRACE to end by themselves:
+        // each began a little after it, and ending them costs a command per node.
         let deadline = tokio::time::Instant::now() + block;
-        // Past the deadline, the reads still running get END_GRACE to end (see there).
         let mut until = deadline;
+        let mut out = Vec::new();
         let mut failure = None;
-        loop {
-            if until > deadline && reads.is_empty() {
-                break;
-            }
-            let arrived = self.inflight.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            // What reads left running by an earlier call brought meanwhile.
-            let (left, _) = self.inflight.take(consumer);
-            let got = self.deliveries_of(left).await;
-            if !got.is_empty() {
-                self.leave_running(reads, pending, consumer);
-                return Ok(got);
-            }
+        while out.is_empty() && !reads.is_empty() {
             tokio::select! {
-                Some((part, reply)) = reads.next(), if !reads.is_empty() => {
-                    pending.remove(&part);
-                    match reply {
-                        Ok(v) => {
-                            let got = self.deliveries(std::slice::from_ref(&part), v).await;
-                            if !got.is_empty() {
-                                self.leave_running(reads, pending, consumer);
-                                return Ok(got);
-                            }
-                        }
-                        Err(e) if has_code(&e, "NOGROUP") => self.heal(&part).await?,
-                        Err(e) => failure = Some(e),
-                    }
+                Some((part, reply)) = reads.next() => {
+                    blocked.remove(&part);
+                    self.take_reply(part, reply, &mut out, &mut failure).await?;
                 }
-                () = &mut arrived => {}
                 () = tokio::time::sleep_until(until) => {
-                    if until > deadline || reads.is_empty() {
+                    if until > deadline {
                         break;
                     }
                     until = deadline + END_GRACE;
                 }
             }
         }
-        // Replies at the deadline itself are not lost either.
-        self.leave_running(reads, pending, consumer);
-        match failure {
-            Some(e) => Err(e.into()),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// Let the reads still running finish on their own; what they bring waits for the
-    /// consumer's next read.
-    fn leave_running(
-        &self,
-        mut reads: FuturesUnordered<Read>,
-        pending: HashSet<Part>,
-        consumer: &str,
-    ) {
-        if reads.is_empty() {
-            return;
-        }
-        for part in &pending {
-            self.inflight.start(consumer, part);
-        }
-        let inflight = self.inflight.clone();
-        let consumer = consumer.to_string();
-        tokio::spawn(async move {
-            while let Some((part, reply)) = reads.next().await {
-                match reply {
-                    Ok(v) => inflight.finish(&consumer, part, Some(v)),
-                    Err(e) => {
-                        tracing::debug!(error = %e, queue = %part.0, "a partition's read left running failed");
-                        inflight.finish(&consumer, part, None);
-                    }
+        if !reads.is_empty() {
+            self.end_reads(&blocked).await;
+            let rest = async {
+                while let Some((part, reply)) = reads.next().await {
+                    self.take_reply(part, reply, &mut out, &mut failure).await?;
                 }
+                Ok::<(), agentq_error::Error>(())
+            };
+            match tokio::time::timeout(END_GRACE, rest).await {
+                Ok(done) => done?,
+                Err(_) => tracing::debug!(
+                    reads = reads.len(),
+                    "blocking reads did not end when asked; their connections are dropped"
+                ),
             }
-        });
+        }
+        match failure {
+            Some(e) if out.is_empty() => Err(e.into()),
+            _ => Ok(out),
+        }
     }
 
-    async fn deliveries_of(&self, replies: Vec<(Part, Value)>) -> Vec<Delivery> {
-        let mut out = Vec::new();
-        for (part, v) in replies {
-            out.extend(self.deliveries(std::slice::from_ref(&part), v).await);
+    /// A partition's answer: its entries to `out`, a missing group re-created, any other
+    /// failure kept in `failure` (it fails the read only if nothing was read).
+    async fn take_reply(
+        &self,
+        part: Part,
+        reply: RedisResult<Value>,
+        out: &mut Vec<Delivery>,
+        failure: &mut Option<redis::RedisError>,
+    ) -> Result<()> {
+        match reply {
+            Ok(v) => out.extend(self.deliveries(std::slice::from_ref(&part), v).await),
+            Err(e) if has_code(&e, "NOGROUP") => self.heal(&part).await?,
+            Err(e) => *failure = Some(e),
         }
-        out
+        Ok(())
+    }
+
+    /// Ask each node to end the reads still blocked on it. A read not ended (a node that
+    /// failed to answer) ends at its block, or when its connection is dropped.
+    async fn end_reads(&self, blocked: &HashMap<Part, Option<(String, i64)>>) {
+        let mut by_node: HashMap<&str, Vec<i64>> = HashMap::new();
+        for (node, id) in blocked.values().flatten() {
+            by_node.entry(node.as_str()).or_default().push(*id);
+        }
+        let asked = join_all(
+            by_node
+                .iter()
+                .map(|(node, ids)| async move { (*node, self.readers.unblock(node, ids).await) }),
+        )
+        .await;
+        for (node, result) in asked {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, node, "cannot end blocking reads on a node");
+            }
+        }
     }
 
     async fn heal(&self, part: &Part) -> Result<()> {

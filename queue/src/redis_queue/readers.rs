@@ -42,6 +42,17 @@ const SLOTS: u16 = 16_384;
 pub(super) struct Reader {
     node: String,
     conn: MultiplexedConnection,
+    /// The connection's `CLIENT ID` on a cluster's node, where a read that is no longer
+    /// wanted is ended with `CLIENT UNBLOCK` (see `read.rs`); `None` on one server, whose
+    /// reads end with their connection, and where a node would not say.
+    id: Option<i64>,
+}
+
+impl Reader {
+    /// The node and the `CLIENT ID` that end a read on this reader ([`Readers::unblock`]).
+    pub(super) fn blocked_as(&self) -> Option<(String, i64)> {
+        self.id.map(|id| (self.node.clone(), id))
+    }
 }
 
 /// Where readers connect.
@@ -260,6 +271,21 @@ impl Readers {
             .collect())
     }
 
+    /// End the blocking reads of the connections `ids` on `node` as their blocks' ends
+    /// would (`CLIENT UNBLOCK`), on the node's shared connection: a read the server has
+    /// not served yet answers with nothing, one it has served answers with its entries.
+    /// A read that is no longer blocked (it answered meanwhile) is left alone.
+    pub(super) async fn unblock(&self, node: &str, ids: &[i64]) -> RedisResult<()> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("CLIENT").arg("UNBLOCK").arg(*id);
+        }
+        for reply in self.pipeline_on(node, &pipe, ids.len()).await? {
+            reply?;
+        }
+        Ok(())
+    }
+
     /// A new connection to `node` (empty on one server).
     async fn connect(
         &self,
@@ -291,11 +317,16 @@ impl Readers {
         }
         // Blocking reads outlast any fixed response timeout; `run_on` puts its own
         // deadline around each one.
-        let conn = self.connect(node, None).await?;
+        let mut conn = self.connect(node, None).await?;
+        let id = match self.nodes {
+            Nodes::Single(_) => None,
+            Nodes::Cluster { .. } => client_id(&mut conn).await?,
+        };
         Ok((
             Reader {
                 node: node.to_string(),
                 conn,
+                id,
             },
             false,
         ))
@@ -341,6 +372,22 @@ impl Readers {
         if let Nodes::Cluster { slots, .. } = &self.nodes {
             slots.lock().unwrap_or_else(|e| e.into_inner()).clear();
         }
+    }
+}
+
+/// The `CLIENT ID` of a new reader connection; `None` from a node that refuses the
+/// command (its reads then end at their blocks).
+async fn client_id(conn: &mut MultiplexedConnection) -> RedisResult<Option<i64>> {
+    let mut cmd = redis::cmd("CLIENT");
+    cmd.arg("ID");
+    match tokio::time::timeout(COMMAND_TIMEOUT, cmd.query_async::<i64>(conn)).await {
+        Ok(Ok(id)) => Ok(Some(id)),
+        Ok(Err(e)) if !broken(&e) => Ok(None),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "a new reader connection did not answer CLIENT ID",
+        ))),
     }
 }
 

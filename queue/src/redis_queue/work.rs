@@ -16,7 +16,7 @@ use agentq_types::model::EnqueueReason;
 
 use super::HISTORY_MAXLEN;
 use super::connection::RedisQueue;
-use super::inflight::Part;
+use super::layout::Part;
 use super::reply::{
     parse_entries, stream_entries, value_items, value_pairs, value_string, value_u64,
 };

@@ -202,6 +202,47 @@ async fn blocking_reads_on(masters: usize) {
     assert_eq!(cluster.command_errors().unwrap(), Vec::<String>::new());
 }
 
+/// A blocking read that one partition answers ends its other partitions' reads before it
+/// returns: a consumer that reads no more after it (a worker draining) holds nothing, and
+/// entries enqueued afterwards are the other consumers' at once, not taken by a read left
+/// running, to wait in the stopped consumer's pending list for the reclaimer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_read_leaves_no_read_running() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster");
+    let q = Arc::new(connect(&cluster, 8).await);
+    q.ensure_queue(Q).await.unwrap();
+    let queues = [Q.to_string()];
+    // A block far longer than the bounds below: only its end in Redis unblocks a read.
+    let reader = q.clone();
+    let reading = tokio::spawn(async move {
+        let queues = [Q.to_string()];
+        reader
+            .read(&queues, "draining", 5, Duration::from_secs(600))
+            .await
+    });
+    tokio::task::block_in_place(|| cluster.wait_for_blocked(Duration::from_secs(10), |b| b >= 8))
+        .unwrap();
+    q.enqueue(Q, "first", EnqueueReason::New).await.unwrap();
+    assert_eq!(sessions(&reading.await.unwrap().unwrap()), ["first"]);
+    tokio::task::block_in_place(|| {
+        cluster.wait_for_blocked(Duration::from_secs(10), |blocked| blocked == 0)
+    })
+    .expect("reads of the other partitions still block");
+
+    let later: Vec<(String, EnqueueReason)> = (0..40)
+        .map(|i| (format!("later{i:02}"), EnqueueReason::New))
+        .collect();
+    q.enqueue_many(Q, &later).await.unwrap();
+    let mut taken = BTreeSet::new();
+    for _ in 0..8 {
+        let got = q.read(&queues, "other", 40, Duration::ZERO).await.unwrap();
+        taken.extend(got.into_iter().map(|d| d.session_id));
+    }
+    assert_eq!(taken.len(), 40, "{taken:?}");
+    let held = q.read_own_pending(&queues, "draining", 50).await.unwrap();
+    assert_eq!(sessions(&held), ["first"]);
+}
+
 /// A read of a busy queue of 8 partitions is one command: it looks at one partition first,
 /// each in its turn, and at the others only when that one did not fill it. Sixteen reads
 /// of one entry each take 16 `XREADGROUP`s (not 128) and take entries from every

@@ -260,6 +260,43 @@ async fn blocking_read_longer_than_response_timeout() {
     assert!(t.elapsed() < Duration::from_millis(500));
 }
 
+/// A blocking read its caller stopped waiting for (a draining worker's, dropped at its
+/// shutdown) ends in Redis as well, its reader connection closed with it: an entry
+/// enqueued afterwards is another consumer's at once, not taken by the abandoned read to
+/// wait in its pending list for the reclaimer. (A cluster's read: `redis_cluster.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_blocking_read_takes_nothing() {
+    let (server, q) = setup().await;
+    q.ensure_queue(Q).await.unwrap();
+    let q = std::sync::Arc::new(q);
+    let reader = q.clone();
+    // A block far longer than the bounds below: only its end in Redis unblocks it.
+    let read = tokio::spawn(async move {
+        reader
+            .read(&queues(), "draining", 10, Duration::from_secs(600))
+            .await
+    });
+    tokio::task::block_in_place(|| server.wait_until_blocked(1, Duration::from_secs(10))).unwrap();
+    read.abort();
+    assert!(read.await.unwrap_err().is_cancelled());
+    tokio::task::block_in_place(|| server.wait_until_unblocked(Duration::from_secs(10)))
+        .expect("the abandoned read still blocks in Redis");
+
+    q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
+    let ds = q
+        .read(&queues(), "other", 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(sessions(&ds), ["s1"]);
+    // The abandoned consumer holds nothing.
+    assert!(
+        q.read_own_pending(&queues(), "draining", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn touch_protects_from_reclaim() {
     let (_server, q) = setup().await;
