@@ -1,5 +1,6 @@
 //! The raw ceilings: durable one-row commits/s of this Postgres and XADD/XREADGROUP/XACK
-//! round trips/s of this Redis, at the workers' connection count.
+//! round trips/s of this Redis, at the workers' connection count; and the floor under one
+//! session alone: the round trip of one such commit with nothing else running.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +77,19 @@ where
     })
 }
 
+/// The ceiling's table and its one-row INSERT, about the size of one message: the
+/// statement and its value.
+async fn commit_table(env: &Env, pool: &sqlx::PgPool) -> anyhow::Result<(Arc<str>, Arc<str>)> {
+    let table = format!("agentq_bench_ceiling_{}", env.run);
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, k text NOT NULL, v text NOT NULL)"
+    ))
+    .execute(pool)
+    .await?;
+    let sql: Arc<str> = Arc::from(format!("INSERT INTO {table} (k, v) VALUES ($1, $2)"));
+    Ok((sql, Arc::from(TURN_TEXT.repeat(2))))
+}
+
 /// One-row INSERTs, each its own durable commit, on `conns` connections at once.
 async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<Measured> {
     let pool = PgPoolOptions::new()
@@ -83,15 +97,7 @@ async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<Mea
         .min_connections(conns)
         .connect(&env.db_url)
         .await?;
-    let table = format!("agentq_bench_ceiling_{}", env.run);
-    sqlx::query(&format!(
-        "CREATE TABLE IF NOT EXISTS {table} (id bigserial PRIMARY KEY, k text NOT NULL, v text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await?;
-    let sql: Arc<str> = Arc::from(format!("INSERT INTO {table} (k, v) VALUES ($1, $2)"));
-    // A row about the size of one message.
-    let value: Arc<str> = Arc::from(TURN_TEXT.repeat(2));
+    let (sql, value) = commit_table(env, &pool).await?;
     let measured = measure(env, conns, secs, |i, count, end| {
         let pool = pool.clone();
         let value = value.clone();
@@ -113,6 +119,40 @@ async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<Mea
     .await?;
     pool.close().await;
     Ok(measured)
+}
+
+/// Commits [`lone_commits`] times before it measures.
+const LONE_WARM_UP: usize = 100;
+/// Commits [`lone_commits`] measures: as many as the overhead part's samples.
+const LONE_SAMPLES: usize = 1_000;
+
+/// The round trip of each of [`LONE_SAMPLES`] one-row durable commits (the ceiling's),
+/// one at a time on one connection, nothing else running: what one session alone waits
+/// for at least once per iteration (one commit's round trip, its fsync, the wake-ups of
+/// the two processes), whatever agentq does. It moves with the machine: on this VM its
+/// p50 has varied about threefold within an hour.
+pub async fn lone_commits(env: &Env) -> anyhow::Result<Vec<Duration>> {
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&env.db_url)
+        .await?;
+    let (sql, value) = commit_table(env, &pool).await?;
+    let mut conn = pool.acquire().await?;
+    let mut samples = Vec::with_capacity(LONE_SAMPLES);
+    for i in 0..LONE_WARM_UP + LONE_SAMPLES {
+        let t = Instant::now();
+        sqlx::query(&sql)
+            .bind("lone")
+            .bind(&*value)
+            .execute(&mut *conn)
+            .await?;
+        if i >= LONE_WARM_UP {
+            samples.push(t.elapsed());
+        }
+    }
+    drop(conn);
+    pool.close().await;
+    Ok(samples)
 }
 
 /// XADD, XREADGROUP (one entry), XACK in a loop; each command is one round trip. One

@@ -51,6 +51,9 @@ pub struct Results {
     pub overhead_alone_p50_ms: Option<f64>,
     pub overhead_alone_p99_ms: Option<f64>,
     pub overhead_alone_samples: Option<usize>,
+    /// One durable one-row commit's round trip alone, just before (`ceiling::lone_commits`).
+    pub lone_commit_p50_ms: Option<f64>,
+    pub lone_commit_p99_ms: Option<f64>,
     pub checkpoint_p50_ms: Option<f64>,
     /// Checkpoints per group commit, on average, during the throughput run.
     pub checkpoint_batch_mean: Option<f64>,
@@ -133,6 +136,14 @@ pub struct Results {
 impl Results {
     /// What an iteration costs in CPU (all processes), counted in ceiling commits (client
     /// and Postgres): on a CPU-bound machine, `1 /` this bounds `ratio_to_ceiling`.
+    /// One session alone's overhead p50 in lone commits' p50: how many of this machine's
+    /// bare durable commit round trips an iteration's own time is, which divides out how
+    /// fast the machine's fsync and wake-ups are that hour.
+    pub fn overhead_alone_in_commits(&self) -> Option<f64> {
+        let commit = self.lone_commit_p50_ms.filter(|c| *c > 0.0)?;
+        Some(self.overhead_alone_p50_ms? / commit)
+    }
+
     pub fn iteration_cpu_in_ceiling_commits(&self) -> Option<f64> {
         let per_iteration = self.worker_cpu_ms_per_iteration?
             + self.postgres_cpu_ms_per_iteration?
@@ -233,6 +244,12 @@ pub fn to_json(r: &Results, args: &BenchArgs) -> Value {
 /// limit.
 fn add_the_rest(m: &mut serde_json::Map<String, Value>, r: &Results) {
     for (key, value) in [
+        ("lone_commit_p50_ms", num(r.lone_commit_p50_ms, 3)),
+        ("lone_commit_p99_ms", num(r.lone_commit_p99_ms, 3)),
+        (
+            "overhead_alone_in_commits",
+            num(r.overhead_alone_in_commits(), 2),
+        ),
         ("wal_bytes_per_iteration", num(r.wal_bytes_per_iteration, 1)),
         ("capacity_http2", json!(r.capacity_http2)),
         ("capacity_ramp_s", num(r.capacity_ramp_s, 2)),
@@ -416,6 +433,22 @@ fn overhead_rows(r: &Results, rows: &mut Rows) {
             ),
             format!("{p50:.2} / {p99:.2} ms"),
             format!("<= 0.5 / <= 2 ms {}", verdict(p50 <= 0.5 && p99 <= 2.0)),
+        );
+    }
+    if let (Some(p50), Some(p99)) = (r.lone_commit_p50_ms, r.lone_commit_p99_ms) {
+        rows.add(
+            "",
+            "one durable one-row commit alone, p50 / p99 (the machine's floor)".into(),
+            format!("{p50:.2} / {p99:.2} ms"),
+            String::new(),
+        );
+    }
+    if let Some(x) = r.overhead_alone_in_commits() {
+        rows.add(
+            "",
+            "one session alone's p50, in lone commits' p50".into(),
+            format!("{x:.2}"),
+            String::new(),
         );
     }
 }

@@ -690,6 +690,9 @@ pub const ALONE_ROUNDS: u32 = 10;
 /// ahead of it (under load, Little's law makes the per-iteration time sessions in flight /
 /// throughput, whatever the loop costs).
 pub async fn overhead_alone(env: &Env, r: &mut Results) -> anyhow::Result<()> {
+    // The machine's floor, measured just before, on the same servers.
+    (_, r.lone_commit_p50_ms, r.lone_commit_p99_ms) =
+        p50_p99(crate::ceiling::lone_commits(env).await?);
     let ran = run_workload(
         env,
         &Workload {

@@ -84,6 +84,10 @@ fn bench_prints_every_figure_as_json() {
         // One session alone on the workers.
         "overhead_alone_p50_ms",
         "overhead_alone_p99_ms",
+        // The machine's floor under it, measured in the same part.
+        "lone_commit_p50_ms",
+        "lone_commit_p99_ms",
+        "overhead_alone_in_commits",
         "resume_ms",
         // The ceiling keeps both cores busy for a second: its CPU cannot round to zero.
         "ceiling_cpu_ms_per_commit",
