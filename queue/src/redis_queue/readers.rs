@@ -69,7 +69,7 @@ enum Nodes {
     },
 }
 
-/// The reader connections: cheap to share, and what a read left running holds.
+/// The reader connections: cheap to share, and what each blocking read holds.
 pub(super) struct Readers {
     nodes: Nodes,
     idle: Mutex<Vec<Reader>>,
