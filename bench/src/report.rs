@@ -134,8 +134,6 @@ pub struct Results {
 }
 
 impl Results {
-    /// What an iteration costs in CPU (all processes), counted in ceiling commits (client
-    /// and Postgres): on a CPU-bound machine, `1 /` this bounds `ratio_to_ceiling`.
     /// One session alone's overhead p50 in lone commits' p50: how many of this machine's
     /// bare durable commit round trips an iteration's own time is, which divides out how
     /// fast the machine's fsync and wake-ups are that hour.
@@ -144,6 +142,8 @@ impl Results {
         Some(self.overhead_alone_p50_ms? / commit)
     }
 
+    /// What an iteration costs in CPU (all processes), counted in ceiling commits (client
+    /// and Postgres): on a CPU-bound machine, `1 /` this bounds `ratio_to_ceiling`.
     pub fn iteration_cpu_in_ceiling_commits(&self) -> Option<f64> {
         let per_iteration = self.worker_cpu_ms_per_iteration?
             + self.postgres_cpu_ms_per_iteration?
