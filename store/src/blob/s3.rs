@@ -25,12 +25,20 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// Requests of one batch in flight at once.
 const PARALLEL: usize = 8;
+/// Sends of one request the service answers with its own trouble (5xx, throttling, a
+/// request timeout): such an answer is transient by the protocol's own account, and one
+/// failed upload would otherwise fail a whole checkpoint. Transport errors are not sent
+/// again here: an unreachable service is an outage, which the caller's retry outlasts.
+const SENDS: u32 = 3;
+/// The wait before the second send, doubled before each later one.
+const FIRST_WAIT: Duration = Duration::from_millis(100);
 
 pub struct S3Blobs {
     bucket: Bucket,
     credentials: Credentials,
     prefix: String,
     http: reqwest::Client,
+    first_wait: Duration,
 }
 
 impl std::fmt::Debug for S3Blobs {
@@ -60,12 +68,15 @@ fn transport(what: &str, e: &reqwest::Error) -> Error {
 
 /// A refusal is final (bad credentials, a missing bucket, a refused request); the
 /// service's own trouble, throttling and timeouts are worth another try.
-fn status_error(what: &str, status: reqwest::StatusCode) -> Error {
-    let retryable = status.is_server_error()
+fn transient(status: reqwest::StatusCode) -> bool {
+    status.is_server_error()
         || status == reqwest::StatusCode::TOO_MANY_REQUESTS
-        || status == reqwest::StatusCode::REQUEST_TIMEOUT;
+        || status == reqwest::StatusCode::REQUEST_TIMEOUT
+}
+
+fn status_error(what: &str, status: reqwest::StatusCode) -> Error {
     Error::ObjectStore {
-        retryable,
+        retryable: transient(status),
         message: format!("{what}: HTTP {status}"),
     }
 }
@@ -122,7 +133,39 @@ impl S3Blobs {
             credentials,
             prefix: s.prefix.clone(),
             http,
+            first_wait: FIRST_WAIT,
         })
+    }
+
+    /// The same store waiting `first_wait` (doubled each time) before sending a request
+    /// again after a transient answer.
+    pub fn with_first_wait(mut self, first_wait: Duration) -> Self {
+        self.first_wait = first_wait;
+        self
+    }
+
+    /// The answer to the request `build` makes, sent again (up to `SENDS` in all) while
+    /// the service answers with a transient status. Every request here is idempotent: a
+    /// content's object holds the same bytes whoever writes it, and a delete of an absent
+    /// object is no error.
+    async fn send(
+        &self,
+        what: &str,
+        build: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response> {
+        let mut wait = self.first_wait;
+        let mut sent = 1;
+        loop {
+            let resp = build().send().await.map_err(|e| transport(what, &e))?;
+            if !transient(resp.status()) || sent >= SENDS {
+                return Ok(resp);
+            }
+            tracing::debug!(what, status = %resp.status(), ?wait, "object store answer is transient; sending again");
+            drop(resp);
+            tokio::time::sleep(wait).await;
+            wait = wait.saturating_mul(2);
+            sent += 1;
+        }
     }
 
     fn object(&self, key: &str) -> Result<String> {
@@ -164,13 +207,10 @@ impl S3Blobs {
             .put_object(Some(&self.credentials), object)
             .sign(SIGN_FOR);
         let what = format!("PUT {object}");
+        let data = bytes::Bytes::from(data);
         let resp = self
-            .http
-            .put(url)
-            .body(data)
-            .send()
-            .await
-            .map_err(|e| transport(&what, &e))?;
+            .send(&what, || self.http.put(url.clone()).body(data.clone()))
+            .await?;
         if !resp.status().is_success() {
             return Err(status_error(&what, resp.status()));
         }
@@ -187,12 +227,7 @@ impl S3Blobs {
             .get_object(Some(&self.credentials), &object)
             .sign(SIGN_FOR);
         let what = format!("GET {object}");
-        let mut resp = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| transport(&what, &e))?;
+        let mut resp = self.send(&what, || self.http.get(url.clone())).await?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -229,12 +264,7 @@ impl S3Blobs {
             .head_object(Some(&self.credentials), &object)
             .sign(SIGN_FOR);
         let what = format!("HEAD {object}");
-        let resp = self
-            .http
-            .head(url)
-            .send()
-            .await
-            .map_err(|e| transport(&what, &e))?;
+        let resp = self.send(&what, || self.http.head(url.clone())).await?;
         match resp.status() {
             s if s.is_success() => Ok(true),
             reqwest::StatusCode::NOT_FOUND => Ok(false),
@@ -250,12 +280,7 @@ impl S3Blobs {
             .delete_object(Some(&self.credentials), &object)
             .sign(SIGN_FOR);
         let what = format!("DELETE {object}");
-        let resp = self
-            .http
-            .delete(url)
-            .send()
-            .await
-            .map_err(|e| transport(&what, &e))?;
+        let resp = self.send(&what, || self.http.delete(url.clone())).await?;
         let s = resp.status();
         if s.is_success() || s == reqwest::StatusCode::NOT_FOUND {
             Ok(())
@@ -264,9 +289,15 @@ impl S3Blobs {
         }
     }
 
-    /// Store every `(key, bytes)`, a few at a time.
+    /// Store every `(key, bytes)`, a few at a time, each key once: two writes of one
+    /// object at once are one too many, and a service may refuse the race.
     pub async fn put_all(&self, blobs: &[(String, Vec<u8>)]) -> Result<()> {
-        for chunk in blobs.chunks(PARALLEL) {
+        let mut seen = std::collections::HashSet::with_capacity(blobs.len());
+        let unique: Vec<&(String, Vec<u8>)> = blobs
+            .iter()
+            .filter(|(k, _)| seen.insert(k.as_str()))
+            .collect();
+        for chunk in unique.chunks(PARALLEL) {
             futures::future::try_join_all(chunk.iter().map(|(k, d)| self.put(k, d.clone())))
                 .await?;
         }

@@ -677,3 +677,75 @@ async fn s3_outage_is_retryable_and_leaves_no_index_row() {
     let err = objects.get(&kkey, 100).await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
 }
+
+/// A service's transient answers (5xx, throttling) are sent again a bounded number of
+/// times and then returned as retryable; a refusal is returned at once; and a batch that
+/// names one content twice writes its object once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_transient_answers_are_sent_again_a_bounded_number_of_times() {
+    use agentq_testkit::{FakeLlm, FakeResponse};
+    let fake = FakeLlm::start().await.unwrap();
+    let s = S3Section {
+        bucket: "agentq-flaky".to_string(),
+        endpoint: fake.url.clone(),
+        ..S3Section::default()
+    };
+    let o = S3Blobs::new(&s, "test".into(), "test".into())
+        .unwrap()
+        .with_first_wait(Duration::ZERO);
+    let data = b"sent again".to_vec();
+    let key = sha256_hex(&data);
+    let ok = || FakeResponse::json(200, "");
+
+    fake.push(FakeResponse::json(
+        500,
+        "<Error><Code>InternalError</Code></Error>",
+    ));
+    fake.push(FakeResponse::json(
+        503,
+        "<Error><Code>SlowDown</Code></Error>",
+    ));
+    fake.push(ok());
+    o.put(&key, data.clone()).await.unwrap();
+    assert_eq!(fake.request_count(), 3);
+    let sent = fake.requests();
+    assert!(sent.iter().all(|r| r.path.ends_with(&key)), "{sent:?}");
+
+    for _ in 0..3 {
+        fake.push(FakeResponse::json(500, ""));
+    }
+    let err = o.put(&key, data.clone()).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(fake.request_count(), 6, "three sends, no more");
+
+    fake.push(FakeResponse::json(429, ""));
+    fake.push(FakeResponse {
+        status: 200,
+        headers: vec![],
+        chunks: vec![(Duration::ZERO, data.clone().into())],
+        cut: false,
+    });
+    assert_eq!(o.get(&key, 100).await.unwrap(), Some(data.clone()));
+    assert_eq!(fake.request_count(), 8, "a throttled read is sent again");
+
+    let refused_before = fake.request_count();
+    fake.push(FakeResponse::json(500, ""));
+    fake.push(FakeResponse::json(
+        403,
+        "<Error><Code>AccessDenied</Code></Error>",
+    ));
+    let err = o.put(&key, data.clone()).await.unwrap_err();
+    assert!(!err.is_retryable(), "{err:?}");
+    assert_eq!(
+        fake.request_count(),
+        refused_before + 2,
+        "a refusal is final"
+    );
+
+    let before = fake.request_count();
+    fake.push(ok());
+    o.put_all(&[(key.clone(), data.clone()), (key.clone(), data.clone())])
+        .await
+        .unwrap();
+    assert_eq!(fake.request_count(), before + 1, "one object written once");
+}
