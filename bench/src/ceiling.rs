@@ -3,7 +3,7 @@
 //! session alone: the round trip of one such commit with nothing else running.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgPoolOptions;
@@ -45,28 +45,42 @@ impl Measured {
     }
 }
 
-/// Rate of counted operations between a warm-up and the end, over `tasks` loops.
+/// Operations a measurement counts at least: a window in which a stalled server (a
+/// saturated machine, an fsync that hangs) finished next to none is not a rate.
+const MIN_COUNTED: u64 = 100;
+/// How far past its planned end a measurement runs waiting for [`MIN_COUNTED`], in
+/// planned lengths.
+const MAX_STRETCH: u32 = 20;
+
+/// Rate of counted operations between a warm-up and the end, over `tasks` loops that run
+/// until told to stop. The end is put off (up to [`MAX_STRETCH`] times the length) until
+/// [`MIN_COUNTED`] operations were counted in it.
 async fn measure<F, Fut>(env: &Env, tasks: u32, secs: Duration, make: F) -> anyhow::Result<Measured>
 where
-    F: Fn(u32, Arc<AtomicU64>, Instant) -> Fut,
+    F: Fn(u32, Arc<AtomicU64>, Arc<AtomicBool>) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
     let warm = Duration::from_millis(500);
     let start = Instant::now();
-    let end = start + warm + secs;
     let mut hs = Vec::new();
     for i in 0..tasks {
-        hs.push(tokio::spawn(make(i, count.clone(), end)));
+        hs.push(tokio::spawn(make(i, count.clone(), stop.clone())));
     }
     tokio::time::sleep_until((start + warm).into()).await;
     let cpu0 = env.cpu.sample().await;
     let c0 = count.load(Ordering::Relaxed);
     let t0 = Instant::now();
-    tokio::time::sleep_until(end.into()).await;
+    tokio::time::sleep_until((t0 + secs).into()).await;
+    let longest = secs.saturating_mul(MAX_STRETCH);
+    while count.load(Ordering::Relaxed).saturating_sub(c0) < MIN_COUNTED && t0.elapsed() < longest {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let c1 = count.load(Ordering::Relaxed);
     let dt = t0.elapsed();
     let cpu = env.cpu.sample().await.since(&cpu0);
+    stop.store(true, Ordering::Relaxed);
     for h in hs {
         h.await??;
     }
@@ -98,14 +112,14 @@ async fn pg_ceiling(env: &Env, conns: u32, secs: Duration) -> anyhow::Result<Mea
         .connect(&env.db_url)
         .await?;
     let (sql, value) = commit_table(env, &pool).await?;
-    let measured = measure(env, conns, secs, |i, count, end| {
+    let measured = measure(env, conns, secs, |i, count, stop| {
         let pool = pool.clone();
         let value = value.clone();
         let sql = sql.clone();
         async move {
             let mut conn = pool.acquire().await?;
             let key = format!("task-{i}");
-            while Instant::now() < end {
+            while !stop.load(Ordering::Relaxed) {
                 sqlx::query(&sql)
                     .bind(&key)
                     .bind(&*value)
@@ -175,11 +189,11 @@ async fn redis_ceiling(env: &Env, tasks: u32, secs: Duration) -> anyhow::Result<
             .query_async(&mut c)
             .await;
     }
-    let measured = measure(env, tasks, secs, |i, count, end| {
+    let measured = measure(env, tasks, secs, |i, count, stop| {
         let mut c = conns[i as usize % conns.len()].clone();
         let key = format!("{prefix}:{i}");
         async move {
-            while Instant::now() < end {
+            while !stop.load(Ordering::Relaxed) {
                 let _: String = redis::cmd("XADD")
                     .arg(&key)
                     .arg("MAXLEN")

@@ -1,7 +1,7 @@
 //! Session rows: creation and its idempotency, batches, reads and listings, the counts, and
 //! the changes made from outside a run (cancel, retry), with text Postgres cannot hold.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::json;
@@ -169,13 +169,10 @@ async fn contract_batch(store: &dyn Backend) {
     let big: Vec<NewSession> = (0..10_000)
         .map(|i| new_session(&format!("big {i}")))
         .collect();
-    let t = Instant::now();
+    // Its time is the batch scale test's and the bench's to measure, not this one's.
     let out = store.create_sessions(&big).await.unwrap();
-    let took = t.elapsed();
-    eprintln!("create_sessions(10_000) took {took:?}");
     assert_eq!(out.len(), 10_000);
     assert!(out.iter().all(|(_, c)| *c));
-    assert!(took < Duration::from_secs(20), "10k batch took {took:?}");
     // Counted in the table: a listing stops at 10,000.
     assert_eq!(store.rows("sessions").await, 11_000);
 }
