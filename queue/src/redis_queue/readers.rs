@@ -202,13 +202,12 @@ impl Readers {
                 cmd.query_async(&mut reader.conn).await
             }
         };
-        let result = match tokio::time::timeout(block + READ_GRACE, query).await {
-            Ok(r) => r,
-            Err(_) => Err(RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "blocking read got no reply within its block + grace",
-            ))),
-        };
+        let result = within(
+            block + READ_GRACE,
+            "blocking read got no reply within its block + grace",
+            query,
+        )
+        .await;
         // A server error leaves the connection in a clean state.
         if !result.as_ref().is_err_and(broken) {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -380,15 +379,33 @@ impl Readers {
 async fn client_id(conn: &mut MultiplexedConnection) -> RedisResult<Option<i64>> {
     let mut cmd = redis::cmd("CLIENT");
     cmd.arg("ID");
-    match tokio::time::timeout(COMMAND_TIMEOUT, cmd.query_async::<i64>(conn)).await {
-        Ok(Ok(id)) => Ok(Some(id)),
-        Ok(Err(e)) if !broken(&e) => Ok(None),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "a new reader connection did not answer CLIENT ID",
-        ))),
+    let asked = within(
+        COMMAND_TIMEOUT,
+        "a new reader connection did not answer CLIENT ID",
+        cmd.query_async::<i64>(conn),
+    );
+    match asked.await {
+        Ok(id) => Ok(Some(id)),
+        Err(e) if !broken(&e) => Ok(None),
+        Err(e) => Err(e),
     }
+}
+
+/// `query`'s answer, or once `limit` passed, a timeout (an I/O error: the connection is
+/// then out of step) saying `what` did not answer.
+pub(super) async fn within<T>(
+    limit: Duration,
+    what: &'static str,
+    query: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    tokio::time::timeout(limit, query)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                what,
+            )))
+        })
 }
 
 /// Whether `e` leaves its connection untrustworthy (gone, timed out, out of step), as a

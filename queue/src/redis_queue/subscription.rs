@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use agentq_error::Result;
 
-use super::readers::CONNECT_TIMEOUT;
+use super::readers::{CONNECT_TIMEOUT, within};
 
 /// Reconnect backoff of subscriptions.
 const SUB_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -70,13 +70,7 @@ async fn connect_subscription(
         sink.subscribe(channel).await?;
         Ok::<_, RedisError>((sink, stream))
     };
-    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
-        Ok(r) => r,
-        Err(_) => Err(RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "subscribing timed out",
-        ))),
-    }
+    within(CONNECT_TIMEOUT, "subscribing timed out", connect).await
 }
 
 struct Subscription {
