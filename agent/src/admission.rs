@@ -48,6 +48,25 @@ pub struct Permit {
     pub start_after: Duration,
     /// What the booked wait waits for (`rpm`, `tpm`), empty when there is none.
     pub waits_for: &'static str,
+    /// The call counts where the admission booked it only if it starts within this long
+    /// after its booked start (zero: whenever it starts). A call later than that (its
+    /// worker starved, its host paused) gives its booking back ([`CallReport::unsent`])
+    /// and asks again, at most [`MAX_LATE_ASKS`] times: a booking honoured late would
+    /// put calls booked a window apart into one window of the provider's.
+    pub late_after: Duration,
+}
+
+/// The most times one try gives back a booking it would honour late and asks again;
+/// past that it goes late (the provider's refusal, if it comes, is handled as any).
+pub const MAX_LATE_ASKS: u32 = 3;
+
+impl Permit {
+    /// Whether a call whose admission was asked at `asked` would start later now than
+    /// its booking allows ([`Permit::late_after`]).
+    pub fn is_late(&self, asked: tokio::time::Instant) -> bool {
+        !self.late_after.is_zero()
+            && asked.elapsed() > self.start_after.saturating_add(self.late_after)
+    }
 }
 
 /// The answer to [`Admission::reserve`].
@@ -83,6 +102,19 @@ pub struct CallReport {
     /// The provider refused the call for its rate limit (HTTP 429, or Anthropic's 529):
     /// `Some(retry_after)`, the wait it asked for when it said.
     pub rate_limited: Option<Option<Duration>>,
+    /// The call was never sent (abandoned before its start, refused by a later gate, or
+    /// given back as late): the admission takes its booking back as if never made.
+    pub unsent: bool,
+}
+
+impl CallReport {
+    /// The report of a call that never went out.
+    pub const UNSENT: CallReport = CallReport {
+        usage: None,
+        limits: None,
+        rate_limited: None,
+        unsent: true,
+    };
 }
 
 /// The gate every LLM call passes. One value serves one session (the host builds it with

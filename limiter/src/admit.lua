@@ -46,17 +46,27 @@ local function touch(field)
 end
 
 -- A settlement: id, total tokens used (-1 unknown), output tokens (-1 unknown), the
--- field, hold until ms (0 none), then what the answer announced: requests left and their
--- reset ms, tokens left and their reset ms, the limits of requests and tokens (-1 each
--- unknown), then the number of rule prefixes the call was reserved under and those.
+-- field, hold until ms (0 none), whether the call never went out (1: its place in the
+-- windows is given back, as if never booked), then what the answer announced: requests
+-- left and their reset ms, tokens left and their reset ms, the limits of requests and
+-- tokens (-1 each unknown), then the number of rule prefixes the call was reserved under
+-- and those.
 local function settle()
   local id, used, out, field, hold = str(), num(), num(), str(), num()
+  local unsent = num() == 1
   local rl, rr, tl, tr, lr, lt = num(), num(), num(), num(), num(), num()
   local nk = num()
   for _ = 1, nk do
     local k = str()
     redis.call('ZREM', k .. ':c', id)
-    if used >= 0 then
+    if unsent then
+      redis.call('ZREM', k .. ':r', id)
+      local was = tonumber(redis.call('HGET', k .. ':tk', id))
+      if was and redis.call('ZREM', k .. ':t', id) == 1 then
+        redis.call('HDEL', k .. ':tk', id)
+        redis.call('DECRBY', k .. ':tt', was)
+      end
+    elseif used >= 0 then
       local was = tonumber(redis.call('HGET', k .. ':tk', id))
       if was then
         redis.call('HSET', k .. ':tk', id, used)

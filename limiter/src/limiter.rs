@@ -93,6 +93,8 @@ pub(crate) struct Settlement {
     /// requests and of tokens (-1: not announced).
     pub(crate) announced: [i64; 6],
     pub(crate) keys: Vec<String>,
+    /// The call never went out: its place in the windows is given back.
+    pub(crate) unsent: bool,
 }
 
 impl std::fmt::Debug for Limiter {

@@ -1,6 +1,8 @@
 //! A `[[limits]]` rule, compiled: which calls it governs, the Redis prefix of its
 //! counters and its allowances scaled to its window.
 
+use std::time::Duration;
+
 use agentq_error::{Error, Result};
 use agentq_types::config::LimitSettings;
 
@@ -44,15 +46,33 @@ impl Rule {
         }
     }
 
-    /// The window the counts are kept over: the configured one, plus a guard for the
-    /// time between admitting a call and its request reaching the provider. Callers
-    /// waiting on a full window all wake when its oldest call leaves it, so the next
-    /// window's calls leave in a burst; without the guard, the provider (which counts at
-    /// arrival) sees the late arrivals of one burst and the early ones of the next in
-    /// one of its windows.
+    /// The window the counts are kept over: the configured one, plus [`Rule::guard_ms`].
     pub(crate) fn window_ms(&self) -> u64 {
-        let window = self.settings.window_secs.clamp(1, 60).saturating_mul(1000);
-        window.saturating_add((window / 20).clamp(50, 250))
+        self.configured_ms().saturating_add(self.guard_ms())
+    }
+
+    fn configured_ms(&self) -> u64 {
+        self.settings.window_secs.clamp(1, 60).saturating_mul(1000)
+    }
+
+    /// A guard for the time between admitting a call and its request reaching the
+    /// provider. Callers waiting on a full window all wake when its oldest call leaves
+    /// it, so the next window's calls leave in a burst; without the guard, the provider
+    /// (which counts at arrival) sees the late arrivals of one burst and the early ones
+    /// of the next in one of its windows.
+    fn guard_ms(&self) -> u64 {
+        (self.configured_ms() / 20).clamp(50, 250)
+    }
+
+    /// How late after its booked start a call under this rule may still go (zero: any
+    /// time, for a rule of calls in flight only): half the guard, the other half left
+    /// for its request's way to the provider. A call later than that could arrive in one
+    /// window of the provider's with calls booked a window after it.
+    pub(crate) fn lateness(&self) -> Duration {
+        if self.settings.rpm.is_none() && self.settings.tpm.is_none() {
+            return Duration::ZERO;
+        }
+        Duration::from_millis(self.guard_ms() / 2)
     }
 
     /// A per-minute allowance scaled to the rule's window (at least 1).
@@ -100,5 +120,21 @@ mod tests {
         assert_eq!(r.window_ms(), 1050, "with its arrival guard");
         let r = rule("provider = \"openai\"\nrpm = 600");
         assert_eq!(r.window_ms(), 60_250);
+    }
+
+    #[test]
+    fn a_call_may_start_late_by_half_the_arrival_guard() {
+        let r = rule("provider = \"openai\"\nrpm = 600\nwindow_secs = 4");
+        assert_eq!(r.lateness(), Duration::from_millis(100));
+        let r = rule("provider = \"openai\"\ntpm = 6000");
+        assert_eq!(r.lateness(), Duration::from_millis(125));
+        let r = rule("provider = \"openai\"\nrpm = 600\nwindow_secs = 1");
+        assert_eq!(r.lateness(), Duration::from_millis(25));
+        let r = rule("provider = \"openai\"\nconcurrency = 4");
+        assert_eq!(
+            r.lateness(),
+            Duration::ZERO,
+            "a slot in flight is not booked ahead"
+        );
     }
 }

@@ -18,6 +18,7 @@ impl Settlement {
             .arg(self.out)
             .arg(&self.field)
             .arg(self.hold)
+            .arg(i32::from(self.unsent))
             .arg(&self.announced[..])
             .arg(self.keys.len())
             .arg(&self.keys);

@@ -167,6 +167,12 @@ impl SessionLimiter {
             reserved_tokens: n,
             start_after: Duration::from_millis(delay),
             waits_for: why,
+            late_after: rules
+                .iter()
+                .map(|r| r.lateness())
+                .filter(|l| !l.is_zero())
+                .min()
+                .unwrap_or_default(),
         })
     }
 }
@@ -294,6 +300,7 @@ impl Admission for SessionLimiter {
                 count(left.and_then(|l| l.limit_tokens)),
             ],
             keys,
+            unsent: report.unsent,
         };
         match probe {
             // A probe's answer is recorded before the calls waiting for it go, so that

@@ -332,7 +332,7 @@ impl Admission for BudgetGate {
         };
         if let Some(refused) = self.tenant(ask).await {
             // No call: the limiter's reservation goes back unused.
-            self.next.settle(ask, permit, &CallReport::default()).await;
+            self.next.settle(ask, permit, &CallReport::UNSENT).await;
             return refused;
         }
         Admit::Go(permit)

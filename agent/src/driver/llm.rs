@@ -20,7 +20,8 @@ use tracing::{Instrument, Span, info_span};
 use super::Agent;
 use super::stream::{Assembled, StreamAssembler, is_token};
 use crate::admission::{
-    Admit, CallAsk, CallReport, Permit, estimate_with_tools, refusal_wait, unanswered,
+    Admit, CallAsk, CallReport, MAX_LATE_ASKS, Permit, estimate_with_tools, refusal_wait,
+    unanswered,
 };
 use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
@@ -212,7 +213,9 @@ impl Agent {
     /// Ask the admission until it lets the try start (`Ok`), or the call cannot go on.
     async fn admit(&self, ctx: &CallCtx<'_>, state: &SessionState) -> Result<Permit, Attempt> {
         let started = Instant::now();
+        let mut late_asks = 0u32;
         loop {
+            let asked = tokio::time::Instant::now();
             match self.admission.reserve(&ctx.ask).await {
                 Admit::Go(permit) => {
                     if !permit.start_after.is_zero() {
@@ -233,10 +236,24 @@ impl Agent {
                         };
                         if let Some(stop) = stop {
                             self.admission
-                                .settle(&ctx.ask, permit, &CallReport::default())
+                                .settle(&ctx.ask, permit, &CallReport::UNSENT)
                                 .await;
                             return Err(stop);
                         }
+                    }
+                    if late_asks < MAX_LATE_ASKS && permit.is_late(asked) {
+                        late_asks += 1;
+                        tracing::info!(
+                            late_ms = asked
+                                .elapsed()
+                                .saturating_sub(permit.start_after)
+                                .as_millis(),
+                            "LLM call would start late for its booking; asking again"
+                        );
+                        self.admission
+                            .settle(&ctx.ask, permit, &CallReport::UNSENT)
+                            .await;
+                        continue;
                     }
                     self.observer.admission_wait(
                         ctx.provider,

@@ -36,7 +36,8 @@ pub use tools::EDITED_NOTE;
 // The admission lives beside the driver (the guardian's reviewer asks it too); its
 // names stay reachable here, where hosts have always found them.
 pub use crate::admission::{
-    Admission, Admit, CallAsk, CallReport, NoAdmission, Permit, estimate_input_tokens,
+    Admission, Admit, CallAsk, CallReport, MAX_LATE_ASKS, NoAdmission, Permit,
+    estimate_input_tokens,
 };
 
 /// Persists the state after each step. `from` is the index of the first message not yet

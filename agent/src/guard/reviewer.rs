@@ -32,7 +32,8 @@ use super::review::{Guardian, Review, ReviewCall, ReviewGate};
 use super::shown::Shown;
 use super::verdict::parse_verdict;
 use crate::admission::{
-    Admission, Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
+    Admission, Admit, CallAsk, CallReport, MAX_LATE_ASKS, Permit, estimate_input_tokens,
+    refusal_wait, unanswered,
 };
 use crate::error::{Error, Result};
 use crate::observe::{LlmCallInfo, Observer, outcome_of};
@@ -213,7 +214,9 @@ impl LlmGuardian {
         let max_output_tokens = u64::from(request.max_tokens);
         let mut spent: Option<Usage> = None;
         let mut refusals: u32 = 0;
+        let mut late_asks = 0u32;
         loop {
+            let asked = tokio::time::Instant::now();
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return (Asked::TimedOut, spent);
@@ -246,8 +249,15 @@ impl LlmGuardian {
             if !start_after.is_zero()
                 && let Some(stop) = wait(gate, start_after, end).await
             {
-                unsettled.settle(&ask, &CallReport::default()).await;
+                unsettled.settle(&ask, &CallReport::UNSENT).await;
                 return (stop, spent);
+            }
+            if late_asks < MAX_LATE_ASKS
+                && unsettled.permit.as_ref().is_some_and(|p| p.is_late(asked))
+            {
+                late_asks += 1;
+                unsettled.settle(&ask, &CallReport::UNSENT).await;
+                continue;
             }
             let (result, mut report) = self.try_once(request, gate, end).await;
             // Abandoned in flight: its prompt was sent, and is billed.
@@ -321,7 +331,7 @@ impl LlmGuardian {
         let mut report = CallReport {
             usage,
             limits,
-            rate_limited: None,
+            ..CallReport::default()
         };
         let outcome = match &result {
             Ok(_) => "ok",

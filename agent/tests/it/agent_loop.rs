@@ -1621,6 +1621,8 @@ use agentq_agent::provider::RateLimitInfo;
 #[derive(Default)]
 struct ScriptedAdmission {
     answers: Mutex<std::collections::VecDeque<Admit>>,
+    /// How long each answer takes to come (a starved worker, a slow round trip).
+    slow: Mutex<std::collections::VecDeque<Duration>>,
     asks: Mutex<Vec<(String, u64, u64)>>,
     max_waits: Mutex<Vec<Duration>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
@@ -1648,6 +1650,10 @@ impl Admission for ScriptedAdmission {
             ask.max_output_tokens,
         ));
         self.max_waits.lock().unwrap().push(ask.max_wait);
+        let slow = self.slow.lock().unwrap().pop_front();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         if let Some(a) = self.answers.lock().unwrap().pop_front() {
             return a;
         }
@@ -2076,5 +2082,69 @@ async fn cancel_during_a_booked_start_settles_the_permit_and_calls_nothing() {
     let settled = admission.settled();
     assert_eq!(settled.len(), 1, "the booked place is given back");
     assert_eq!(settled[0].0.id, "booked");
-    assert_eq!(settled[0].1, CallReport::default());
+    assert_eq!(settled[0].1, CallReport::UNSENT);
+}
+
+fn late(id: &str, start_ms: u64) -> Admit {
+    Admit::Go(Permit {
+        id: id.into(),
+        start_after: Duration::from_millis(start_ms),
+        waits_for: if start_ms > 0 { "rpm" } else { "" },
+        late_after: Duration::from_millis(10),
+        ..Permit::default()
+    })
+}
+
+/// A call whose admission answered for a start it can no longer make (the answer came
+/// slowly: a starved worker) gives the booking back and asks again, so that calls booked
+/// a window apart never reach the provider within one; a booked start waited out on
+/// time goes.
+#[tokio::test(start_paused = true)]
+async fn a_call_too_late_for_its_booking_gives_it_back_and_asks_again() {
+    let mut h = harness(one_turn(text_turn("on time")), vec![]);
+    let admission = ScriptedAdmission::new(vec![late("a", 0), late("b", 40), late("c", 40)]);
+    admission.slow.lock().unwrap().extend([
+        Duration::from_millis(11),
+        Duration::from_millis(30),
+        Duration::from_millis(5),
+    ]);
+    h.agent.admission = admission.clone();
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("on time"));
+    assert_eq!(admission.asks.lock().unwrap().len(), 3);
+    let settled = admission.settled();
+    let ids: Vec<&str> = settled.iter().map(|(p, _)| p.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(settled[0].1, CallReport::UNSENT);
+    assert_eq!(settled[1].1, CallReport::UNSENT);
+    assert!(settled[2].1.usage.is_some() && !settled[2].1.unsent);
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
+}
+
+/// Lateness asks again a bounded number of times: past that the call goes late (a
+/// refusal it may meet is waited out like any other).
+#[tokio::test(start_paused = true)]
+async fn a_call_late_again_and_again_goes_after_a_bounded_number_of_asks() {
+    let mut h = harness(one_turn(text_turn("late")), vec![]);
+    let n = agentq_agent::driver::MAX_LATE_ASKS as usize + 1;
+    let ids: Vec<String> = (0..n).map(|i| format!("late{i}")).collect();
+    let admission = ScriptedAdmission::new(ids.iter().map(|id| late(id, 0)).collect());
+    admission
+        .slow
+        .lock()
+        .unwrap()
+        .extend(std::iter::repeat_n(Duration::from_millis(50), n));
+    h.agent.admission = admission.clone();
+    let (_, end) = run(&h, spec()).await;
+    assert_eq!(finished(&end).result.as_deref(), Some("late"));
+    let settled = admission.settled();
+    assert_eq!(settled.len(), n);
+    assert!(
+        settled[..n - 1]
+            .iter()
+            .all(|(_, r)| *r == CallReport::UNSENT)
+    );
+    assert_eq!(settled[n - 1].0.id, ids[n - 1]);
+    assert!(settled[n - 1].1.usage.is_some());
+    assert_eq!(h.provider.requests.lock().unwrap().len(), 1);
 }

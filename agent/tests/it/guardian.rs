@@ -87,6 +87,8 @@ impl LlmProvider for Recording {
 #[derive(Default)]
 struct ScriptedAdmission {
     answers: Mutex<VecDeque<Admit>>,
+    /// How long each answer takes to come (a starved worker, a slow round trip).
+    slow: Mutex<VecDeque<Duration>>,
     reserves: Mutex<Vec<(String, u64, u64)>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
     granted: AtomicUsize,
@@ -115,6 +117,10 @@ impl Admission for ScriptedAdmission {
             ask.input_tokens,
             ask.max_output_tokens,
         ));
+        let slow = self.slow.lock().unwrap().pop_front();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
         if let Some(a) = self.answers.lock().unwrap().pop_front() {
             return a;
         }
@@ -473,6 +479,43 @@ async fn a_review_waits_for_admission() {
     assert_eq!(results(&state), ["done"]);
     assert_eq!(h.gate.reserves().len(), 3);
     assert_eq!(h.gate.settled().len(), 1);
+    assert_eq!(h.guardian.count(), 1);
+}
+
+/// A review admitted for a start it makes too late (its answer came slowly) gives the
+/// booking back and asks again: the reviewer is metered as the loop is.
+#[tokio::test(start_paused = true)]
+async fn a_review_too_late_for_its_booking_asks_again() {
+    let late = |id: &str| {
+        Admit::Go(Permit {
+            id: id.into(),
+            late_after: Duration::from_millis(10),
+            ..Permit::default()
+        })
+    };
+    let h = harness(
+        session_script(vec![("act", json!({}))]),
+        guardian_script("never"),
+        vec![late("late"), late("on time")],
+        |_| {},
+    );
+    h.gate
+        .slow
+        .lock()
+        .unwrap()
+        .extend([Duration::from_millis(50), Duration::from_millis(5)]);
+    let (state, outcome) = run(&h, SessionSpec::new("do it")).await;
+    assert_eq!(outcome.reason, ExitReason::Stop, "{outcome:?}");
+    assert_eq!(results(&state), ["done"]);
+    assert_eq!(h.gate.reserves().len(), 2);
+    let settled = h.gate.settled();
+    assert_eq!(settled.len(), 2);
+    assert_eq!(
+        (settled[0].0.id.as_str(), &settled[0].1),
+        ("late", &CallReport::UNSENT)
+    );
+    assert_eq!(settled[1].0.id, "on time");
+    assert_eq!(settled[1].1.usage, Some(REVIEW_USAGE));
     assert_eq!(h.guardian.count(), 1);
 }
 

@@ -487,6 +487,101 @@ async fn a_full_window_books_the_next_start_and_the_call_asks_once() {
     assert_eq!(state.rules[0].requests, 20, "the refusal booked nothing");
 }
 
+/// A call that never went out (cancelled before its booked start, refused by the budget
+/// after the limiter, or too late for its booking) gives its place in the windows back:
+/// requests and tokens as if it had never been booked, carried by the next round trip.
+#[tokio::test]
+async fn a_booking_given_back_unsent_leaves_the_windows_as_if_never_made() {
+    let server = RedisServer::start().unwrap();
+    // 2 requests and 1000 tokens per one-second window; calls in flight counted too.
+    let rules = [limit(
+        "provider = \"openai\"\nrpm = 120\ntpm = 60000\nconcurrency = 10\nwindow_secs = 1",
+    )];
+    let l = limiter(&server, &rules).await;
+    let gate = l.for_session("t", &provider("k"));
+    let mut conn = raw(&server).await;
+    let a = CallAsk {
+        max_wait: Duration::from_secs(5),
+        ..ask(100, 100)
+    };
+    let go = |admit: Admit| match admit {
+        Admit::Go(p) => p,
+        other => panic!("{other:?}"),
+    };
+    let first = go(gate.reserve(&a).await);
+    let second = go(gate.reserve(&a).await);
+    let booked = go(gate.reserve(&a).await);
+    assert!(first.start_after.is_zero() && second.start_after.is_zero());
+    assert!(
+        booked.start_after > Duration::from_millis(900),
+        "{booked:?}"
+    );
+    // Half the arrival guard of a one-second window (50 ms).
+    assert_eq!(first.late_after, Duration::from_millis(25));
+    let state = read_state(&mut conn).await.unwrap();
+    assert_eq!(
+        (
+            state.rules[0].requests,
+            state.rules[0].tokens,
+            state.rules[0].in_flight
+        ),
+        (3, 600, 3),
+        "the counts include the booked call"
+    );
+
+    gate.settle(&a, booked, &CallReport::UNSENT).await;
+    // The settlement waits for the next round trip: this reservation carries it, and
+    // the place it gave back is this call's, not one a window later.
+    let again = go(gate.reserve(&a).await);
+    assert!(
+        again.start_after > Duration::from_millis(900)
+            && again.start_after <= Duration::from_millis(1050),
+        "{again:?}"
+    );
+    let state = read_state(&mut conn).await.unwrap();
+    assert_eq!(
+        (
+            state.rules[0].requests,
+            state.rules[0].tokens,
+            state.rules[0].in_flight
+        ),
+        (3, 600, 3)
+    );
+
+    // A settled call that was sent keeps its place: only the slot in flight goes.
+    gate.settle(&a, first, &CallReport::default()).await;
+    gate.settle(&a, second, &CallReport::UNSENT).await;
+    gate.settle(&a, again, &CallReport::UNSENT).await;
+    // A call larger than the window's tokens, taking no wait: refused, it books nothing
+    // and carries the settlements.
+    let too_big = CallAsk {
+        max_wait: Duration::ZERO,
+        ..ask(1_000, 1_000)
+    };
+    assert!(matches!(gate.reserve(&too_big).await, Admit::Wait { .. }));
+    let state = read_state(&mut conn).await.unwrap();
+    assert_eq!(
+        (
+            state.rules[0].requests,
+            state.rules[0].tokens,
+            state.rules[0].in_flight
+        ),
+        (1, 200, 0)
+    );
+    let rule_keys: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("agentq:{limit}:keys")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rule_keys.len(), 1);
+    let tokens: i64 = redis::cmd("HLEN")
+        .arg(format!("{}:tk", rule_keys[0]))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(tokens, 1, "the token records of unsent calls are gone");
+}
+
 #[tokio::test]
 async fn a_settlement_rides_on_the_next_reservation() {
     let server = RedisServer::start().unwrap();
@@ -597,6 +692,7 @@ async fn naming_ten_thousand_models_keeps_the_per_model_hashes_bounded() {
             reset_requests: Some(Duration::from_secs(60)),
             ..Default::default()
         }),
+        unsent: false,
     };
     let n = 10_000;
     for i in 0..n {
