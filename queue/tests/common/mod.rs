@@ -9,6 +9,11 @@ use agentq_types::model::{Completion, CompletionUsage, SessionStatus};
 
 pub const Q: &str = "default";
 
+/// How long a call that must return by itself may take before the test calls it hung: a
+/// guard against a test that never ends, not a measure of speed (a loaded machine may be
+/// slow, never this slow).
+pub const HANG: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub fn queues() -> Vec<String> {
     vec![Q.to_string()]
 }
