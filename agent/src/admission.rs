@@ -48,12 +48,13 @@ pub struct Permit {
     pub start_after: Duration,
     /// What the booked wait waits for (`rpm`, `tpm`), empty when there is none.
     pub waits_for: &'static str,
-    /// The call counts where the admission booked it only if it starts within this long
-    /// after its booked start (zero: whenever it starts). A call later than that (its
-    /// worker starved, its host paused) gives its booking back ([`CallReport::unsent`])
-    /// and asks again, at most [`MAX_LATE_ASKS`] times: a booking honoured late would
-    /// put calls booked a window apart into one window of the provider's.
-    pub late_after: Duration,
+    /// The latest the call may start and still count where the admission booked it
+    /// (`None`: whenever it starts). A call later than that (its worker starved, its
+    /// host paused, its gates slow to answer) gives its booking back
+    /// ([`CallReport::unsent`]) and asks again, at most [`MAX_LATE_ASKS`] times: a
+    /// booking honoured late would put calls booked a window apart into one window of
+    /// the provider's.
+    pub start_by: Option<tokio::time::Instant>,
 }
 
 /// The most times one try gives back a booking it would honour late and asks again;
@@ -61,11 +62,11 @@ pub struct Permit {
 pub const MAX_LATE_ASKS: u32 = 3;
 
 impl Permit {
-    /// Whether a call whose admission was asked at `asked` would start later now than
-    /// its booking allows ([`Permit::late_after`]).
-    pub fn is_late(&self, asked: tokio::time::Instant) -> bool {
-        !self.late_after.is_zero()
-            && asked.elapsed() > self.start_after.saturating_add(self.late_after)
+    /// Whether the call would start later now than its booking allows
+    /// ([`Permit::start_by`]).
+    pub fn is_late(&self) -> bool {
+        self.start_by
+            .is_some_and(|by| tokio::time::Instant::now() > by)
     }
 }
 

@@ -15,10 +15,11 @@
 //! usage the provider reported and frees the slot. A reservation of a worker that died is
 //! scored by its expiry and purged by the next reserve after `reservation_ttl_secs`; a
 //! live call's slot is pushed out every third of that while it runs, so a long call
-//! keeps it. A call that never went out ([`CallReport::unsent`](agentq_agent::driver::CallReport::unsent)) gives its
-//! place in the windows back; the loop sends that report for a call that would start
-//! later than its booking allows ([`Permit::late_after`](agentq_agent::driver::Permit::late_after), half the window's arrival
-//! guard) and asks again.
+//! keeps it. A call that never went out
+//! ([`CallReport::unsent`](agentq_agent::driver::CallReport::unsent)) gives its place in
+//! the windows back; the loop sends that report for a call that would start later than
+//! its booking allows ([`Permit::start_by`](agentq_agent::driver::Permit::start_by): half
+//! the window's arrival guard after its booked start) and asks again.
 //!
 //! # Learned (nothing configured)
 //! - A provider's refusal (429, 529) or an answer announcing a spent window (`remaining`

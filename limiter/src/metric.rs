@@ -10,7 +10,7 @@ pub const ERRORS_METRIC: &str = "agentq_admission_limiter_errors_total";
 pub const ERRORS_HELP: &str =
     "Rate-limiter round trips that failed (Redis down or erroring); the call was let through.";
 
-/// Round trips that failed, in this process: every [`Limiter`] counts here, and
+/// Round trips that failed, in this process: every [`Limiter`](crate::Limiter) counts here, and
 /// `agentq_core::metrics::global` exports this counter as `limiter_errors` (the limiter
 /// needs no metrics registry of its own, and counts even before one exists).
 pub fn errors() -> &'static IntCounter {

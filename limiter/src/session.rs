@@ -102,6 +102,8 @@ impl SessionLimiter {
             .map(|r| r.settings.reservation_ttl_secs.saturating_mul(1000))
             .max()
             .unwrap_or(300_000);
+        // The script scores the booking by this worker's clock as the trip leaves.
+        let asked = tokio::time::Instant::now();
         let answer = self
             .limiter
             .round_trip(
@@ -167,12 +169,12 @@ impl SessionLimiter {
             reserved_tokens: n,
             start_after: Duration::from_millis(delay),
             waits_for: why,
-            late_after: rules
+            start_by: rules
                 .iter()
                 .map(|r| r.lateness())
                 .filter(|l| !l.is_zero())
                 .min()
-                .unwrap_or_default(),
+                .and_then(|l| asked.checked_add(Duration::from_millis(delay).saturating_add(l))),
         })
     }
 }

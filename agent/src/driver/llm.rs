@@ -215,7 +215,6 @@ impl Agent {
         let started = Instant::now();
         let mut late_asks = 0u32;
         loop {
-            let asked = tokio::time::Instant::now();
             match self.admission.reserve(&ctx.ask).await {
                 Admit::Go(permit) => {
                     if !permit.start_after.is_zero() {
@@ -241,15 +240,9 @@ impl Agent {
                             return Err(stop);
                         }
                     }
-                    if late_asks < MAX_LATE_ASKS && permit.is_late(asked) {
+                    if late_asks < MAX_LATE_ASKS && permit.is_late() {
                         late_asks += 1;
-                        tracing::info!(
-                            late_ms = asked
-                                .elapsed()
-                                .saturating_sub(permit.start_after)
-                                .as_millis(),
-                            "LLM call would start late for its booking; asking again"
-                        );
+                        tracing::info!("LLM call would start late for its booking; asking again");
                         self.admission
                             .settle(&ctx.ask, permit, &CallReport::UNSENT)
                             .await;

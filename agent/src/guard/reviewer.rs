@@ -216,7 +216,6 @@ impl LlmGuardian {
         let mut refusals: u32 = 0;
         let mut late_asks = 0u32;
         loop {
-            let asked = tokio::time::Instant::now();
             let left = end.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return (Asked::TimedOut, spent);
@@ -252,9 +251,7 @@ impl LlmGuardian {
                 unsettled.settle(&ask, &CallReport::UNSENT).await;
                 return (stop, spent);
             }
-            if late_asks < MAX_LATE_ASKS
-                && unsettled.permit.as_ref().is_some_and(|p| p.is_late(asked))
-            {
+            if late_asks < MAX_LATE_ASKS && unsettled.permit.as_ref().is_some_and(Permit::is_late) {
                 late_asks += 1;
                 unsettled.settle(&ask, &CallReport::UNSENT).await;
                 continue;

@@ -1623,6 +1623,9 @@ struct ScriptedAdmission {
     answers: Mutex<std::collections::VecDeque<Admit>>,
     /// How long each answer takes to come (a starved worker, a slow round trip).
     slow: Mutex<std::collections::VecDeque<Duration>>,
+    /// Each call it lets through may start this long after its booked start at most,
+    /// counted from when it was asked (as a limiter stamps its booking).
+    late_after: Mutex<Option<Duration>>,
     asks: Mutex<Vec<(String, u64, u64)>>,
     max_waits: Mutex<Vec<Duration>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
@@ -1650,11 +1653,16 @@ impl Admission for ScriptedAdmission {
             ask.max_output_tokens,
         ));
         self.max_waits.lock().unwrap().push(ask.max_wait);
+        let asked = tokio::time::Instant::now();
         let slow = self.slow.lock().unwrap().pop_front();
         if let Some(d) = slow {
             tokio::time::sleep(d).await;
         }
-        if let Some(a) = self.answers.lock().unwrap().pop_front() {
+        let late_after = *self.late_after.lock().unwrap();
+        if let Some(mut a) = self.answers.lock().unwrap().pop_front() {
+            if let (Admit::Go(p), Some(l)) = (&mut a, late_after) {
+                p.start_by = Some(asked + p.start_after + l);
+            }
             return a;
         }
         let n = self
@@ -2090,7 +2098,6 @@ fn late(id: &str, start_ms: u64) -> Admit {
         id: id.into(),
         start_after: Duration::from_millis(start_ms),
         waits_for: if start_ms > 0 { "rpm" } else { "" },
-        late_after: Duration::from_millis(10),
         ..Permit::default()
     })
 }
@@ -2108,6 +2115,7 @@ async fn a_call_too_late_for_its_booking_gives_it_back_and_asks_again() {
         Duration::from_millis(30),
         Duration::from_millis(5),
     ]);
+    *admission.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     h.agent.admission = admission.clone();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).result.as_deref(), Some("on time"));
@@ -2134,6 +2142,7 @@ async fn a_call_late_again_and_again_goes_after_a_bounded_number_of_asks() {
         .lock()
         .unwrap()
         .extend(std::iter::repeat_n(Duration::from_millis(50), n));
+    *admission.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     h.agent.admission = admission.clone();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).result.as_deref(), Some("late"));

@@ -89,6 +89,9 @@ struct ScriptedAdmission {
     answers: Mutex<VecDeque<Admit>>,
     /// How long each answer takes to come (a starved worker, a slow round trip).
     slow: Mutex<VecDeque<Duration>>,
+    /// Each call it lets through may start this long after its booked start at most,
+    /// counted from when it was asked (as a limiter stamps its booking).
+    late_after: Mutex<Option<Duration>>,
     reserves: Mutex<Vec<(String, u64, u64)>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
     granted: AtomicUsize,
@@ -117,11 +120,16 @@ impl Admission for ScriptedAdmission {
             ask.input_tokens,
             ask.max_output_tokens,
         ));
+        let asked = tokio::time::Instant::now();
         let slow = self.slow.lock().unwrap().pop_front();
         if let Some(d) = slow {
             tokio::time::sleep(d).await;
         }
-        if let Some(a) = self.answers.lock().unwrap().pop_front() {
+        let late_after = *self.late_after.lock().unwrap();
+        if let Some(mut a) = self.answers.lock().unwrap().pop_front() {
+            if let (Admit::Go(p), Some(l)) = (&mut a, late_after) {
+                p.start_by = Some(asked + p.start_after + l);
+            }
             return a;
         }
         let n = self.granted.fetch_add(1, Ordering::SeqCst);
@@ -489,7 +497,6 @@ async fn a_review_too_late_for_its_booking_asks_again() {
     let late = |id: &str| {
         Admit::Go(Permit {
             id: id.into(),
-            late_after: Duration::from_millis(10),
             ..Permit::default()
         })
     };
@@ -504,6 +511,7 @@ async fn a_review_too_late_for_its_booking_asks_again() {
         .lock()
         .unwrap()
         .extend([Duration::from_millis(50), Duration::from_millis(5)]);
+    *h.gate.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     let (state, outcome) = run(&h, SessionSpec::new("do it")).await;
     assert_eq!(outcome.reason, ExitReason::Stop, "{outcome:?}");
     assert_eq!(results(&state), ["done"]);
