@@ -239,6 +239,85 @@ async fn a_spent_tenant_budget_fails_its_sessions() {
     c.shutdown().await;
 }
 
+/// A call the rate limiter lets through and the tenant's budget then refuses never goes
+/// out: its place in the limiter's windows is given back, so a spent tenant does not use
+/// up the requests the rest of the fleet shares with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_tenant_budget_refuses_gives_back_its_rate_limit_place() {
+    use agentq_core::admission::{Limiter, read_state};
+    use agentq_core::config::LimitSettings;
+    use agentq_testkit::{Redis, RedisServer};
+
+    let server = RedisServer::start().unwrap();
+    let rule = LimitSettings {
+        provider: "scripted".into(),
+        model: "*".into(),
+        tenant: None,
+        rpm: Some(1000),
+        tpm: None,
+        concurrency: None,
+        window_secs: 60,
+        reservation_ttl_secs: 300,
+    };
+    let limiter = Limiter::connect(
+        &server.url(),
+        &[rule],
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let c = Cluster::start_on(
+        Redis::Single(server),
+        &["default"],
+        json!({"turns": [{"text": "answer", "usage": usage()}]}),
+        1,
+        8,
+        |cfg| {
+            cfg.budgets = vec![tenant_budget(1000, OnBudget::Fail)];
+            cfg.limiter = limiter.clone();
+        },
+    )
+    .await;
+    let mut rows = Vec::new();
+    for _ in 0..6 {
+        let id = c
+            .submit("one call", TREE_TOOLS, |s| s.tools = Some(vec![]))
+            .await;
+        rows.extend(c.wait_terminal(&[id], Duration::from_secs(60)).await);
+    }
+    let completed = rows
+        .iter()
+        .filter(|r| r.status == SessionStatus::Completed)
+        .count();
+    // 410 tokens a call: three calls reach 1000, the other three are refused.
+    assert_eq!(completed, 3, "{rows:?}");
+    // Six admitted by the limiter, three sent: the refused ones' places come back (with
+    // the next round trip, or the settlement writer within its delay).
+    wait_until(
+        "the refused calls' places to come back",
+        Duration::from_secs(30),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let state = read_state(&mut conn).await.unwrap();
+                let requests = state.rules.first().map(|r| r.requests);
+                if requests == Some(3) {
+                    Ok(())
+                } else {
+                    Err(format!("{requests:?}"))
+                }
+            }
+        },
+    )
+    .await;
+    c.shutdown().await;
+}
+
 /// Sessions of one tenant running at once on two workers: each call holds its worst case
 /// on the tenant's budget while it runs, so however many start together the tenant ends
 /// within its budget plus one call (without the holds, all sixteen calls in flight would
