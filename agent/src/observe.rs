@@ -46,6 +46,9 @@ pub trait Observer: Send + Sync {
     fn llm_rate_limited(&self, _provider: &str, _model: &str) {}
     /// A try of an LLM call was admitted after waiting this long (zero: at once).
     fn admission_wait(&self, _provider: &str, _model: &str, _waited: Duration) {}
+    /// A call would have started later than its admission's booking allowed: the
+    /// booking was given back and the call asks again.
+    fn admission_late(&self, _provider: &str, _model: &str) {}
 }
 
 /// Measures nothing.

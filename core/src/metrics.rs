@@ -42,6 +42,8 @@ pub struct Metrics {
     pub llm_retries: IntCounterVec,
     pub llm_rate_limited: IntCounterVec,
     pub admission_wait: HistogramVec,
+    /// Calls given back late to the rate limiter and asked again.
+    pub admission_late: IntCounterVec,
     pub limiter_errors: IntCounter,
     pub llm_reissued: IntCounter,
     pub llm_reissued_tokens: IntCounter,
@@ -119,6 +121,7 @@ impl Metrics {
             llm_retries: llm.llm_retries,
             llm_rate_limited: limiter.llm_rate_limited,
             admission_wait: limiter.admission_wait,
+            admission_late: limiter.admission_late,
             limiter_errors: limiter.limiter_errors,
             llm_reissued: llm.llm_reissued,
             llm_reissued_tokens: llm.llm_reissued_tokens,

@@ -86,6 +86,13 @@ impl Observer for SessionObserver {
             .observe(waited.as_secs_f64());
     }
 
+    fn admission_late(&self, provider: &str, model: &str) {
+        let m = self.metrics;
+        m.admission_late
+            .with_label_values(&[provider, m.model_label(model)])
+            .inc();
+    }
+
     fn llm_retry(&self, provider: &str, reason: &str) {
         self.metrics
             .llm_retries

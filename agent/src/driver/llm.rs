@@ -243,6 +243,8 @@ impl Agent {
                     if late_asks < MAX_LATE_ASKS && permit.is_late() {
                         late_asks += 1;
                         tracing::info!("LLM call would start late for its booking; asking again");
+                        self.observer
+                            .admission_late(ctx.provider, &ctx.request.model);
                         self.admission
                             .settle(&ctx.ask, permit, &CallReport::UNSENT)
                             .await;

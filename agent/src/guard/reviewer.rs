@@ -253,6 +253,8 @@ impl LlmGuardian {
             }
             if late_asks < MAX_LATE_ASKS && unsettled.permit.as_ref().is_some_and(Permit::is_late) {
                 late_asks += 1;
+                self.observer
+                    .admission_late(self.provider.name(), &request.model);
                 unsettled.settle(&ask, &CallReport::UNSENT).await;
                 continue;
             }

@@ -2093,6 +2093,16 @@ async fn cancel_during_a_booked_start_settles_the_permit_and_calls_nothing() {
     assert_eq!(settled[0].1, CallReport::UNSENT);
 }
 
+/// Counts the calls given back late, as the worker's metric does.
+#[derive(Default)]
+struct LateCounter(std::sync::atomic::AtomicUsize);
+
+impl agentq_agent::observe::Observer for LateCounter {
+    fn admission_late(&self, _provider: &str, _model: &str) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn late(id: &str, start_ms: u64) -> Admit {
     Admit::Go(Permit {
         id: id.into(),
@@ -2117,8 +2127,11 @@ async fn a_call_too_late_for_its_booking_gives_it_back_and_asks_again() {
     ]);
     *admission.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     h.agent.admission = admission.clone();
+    let counted = Arc::new(LateCounter::default());
+    h.agent.observer = counted.clone();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).result.as_deref(), Some("on time"));
+    assert_eq!(counted.0.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert_eq!(admission.asks.lock().unwrap().len(), 3);
     let settled = admission.settled();
     let ids: Vec<&str> = settled.iter().map(|(p, _)| p.id.as_str()).collect();

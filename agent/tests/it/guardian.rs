@@ -148,6 +148,8 @@ impl Admission for ScriptedAdmission {
 struct GuardianTokens {
     tokens: Mutex<Vec<(String, u64)>>,
     hooks: Mutex<Vec<String>>,
+    /// The reviews given back late to their admission: (provider, model).
+    late: Mutex<Vec<(String, String)>>,
 }
 
 impl Observer for GuardianTokens {
@@ -164,6 +166,12 @@ impl Observer for GuardianTokens {
             .lock()
             .unwrap()
             .push(format!("{point}:{outcome}"));
+    }
+    fn admission_late(&self, provider: &str, model: &str) {
+        self.late
+            .lock()
+            .unwrap()
+            .push((provider.to_string(), model.to_string()));
     }
 }
 
@@ -525,6 +533,9 @@ async fn a_review_too_late_for_its_booking_asks_again() {
     assert_eq!(settled[1].0.id, "on time");
     assert_eq!(settled[1].1.usage, Some(REVIEW_USAGE));
     assert_eq!(h.guardian.count(), 1);
+    let late = h.observer.late.lock().unwrap().clone();
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].1, "guard-model");
 }
 
 /// The guardian's endpoint refuses a review for its rate limit: each try is settled

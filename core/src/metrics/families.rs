@@ -207,6 +207,7 @@ impl LlmFamilies {
 pub(super) struct LimiterFamilies {
     pub llm_rate_limited: IntCounterVec,
     pub admission_wait: HistogramVec,
+    pub admission_late: IntCounterVec,
     pub limiter_errors: IntCounter,
 }
 
@@ -228,6 +229,14 @@ impl LimiterFamilies {
                 "Time an LLM call waited for admission by the rate limiter before it started.",
                 &["provider", "model"],
                 ADMISSION_BUCKETS,
+            ),
+            admission_late: counter_vec(
+                r,
+                "agentq_admission_late_total",
+                "LLM calls that would have started later than the rate limiter's booking \
+                 allowed (a starved worker, a slow gate): the booking was given back and the \
+                 call asked again.",
+                &["provider", "model"],
             ),
             limiter_errors,
         }
