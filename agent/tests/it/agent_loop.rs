@@ -1620,12 +1620,7 @@ use agentq_agent::provider::RateLimitInfo;
 /// Answers `reserve` from a script (then `Go`), and records every ask and settle.
 #[derive(Default)]
 struct ScriptedAdmission {
-    answers: Mutex<std::collections::VecDeque<Admit>>,
-    /// How long each answer takes to come (a starved worker, a slow round trip).
-    slow: Mutex<std::collections::VecDeque<Duration>>,
-    /// Each call it lets through may start this long after its booked start at most,
-    /// counted from when it was asked (as a limiter stamps its booking).
-    late_after: Mutex<Option<Duration>>,
+    script: crate::support::AdmissionScript,
     asks: Mutex<Vec<(String, u64, u64)>>,
     max_waits: Mutex<Vec<Duration>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
@@ -1635,7 +1630,7 @@ struct ScriptedAdmission {
 impl ScriptedAdmission {
     fn new(answers: Vec<Admit>) -> Arc<Self> {
         Arc::new(ScriptedAdmission {
-            answers: Mutex::new(answers.into()),
+            script: crate::support::AdmissionScript::new(answers),
             ..Default::default()
         })
     }
@@ -1653,16 +1648,7 @@ impl Admission for ScriptedAdmission {
             ask.max_output_tokens,
         ));
         self.max_waits.lock().unwrap().push(ask.max_wait);
-        let asked = tokio::time::Instant::now();
-        let slow = self.slow.lock().unwrap().pop_front();
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
-        let late_after = *self.late_after.lock().unwrap();
-        if let Some(mut a) = self.answers.lock().unwrap().pop_front() {
-            if let (Admit::Go(p), Some(l)) = (&mut a, late_after) {
-                p.start_by = Some(asked + p.start_after + l);
-            }
+        if let Some(a) = self.script.next().await {
             return a;
         }
         let n = self
@@ -1889,6 +1875,7 @@ async fn a_long_admission_wait_suspends_without_recording_the_call() {
     let cancel = CancellationToken::new();
     // First run: one call, its tool round; then the wait.
     admission
+        .script
         .answers
         .lock()
         .unwrap()
@@ -2120,12 +2107,12 @@ fn late(id: &str, start_ms: u64) -> Admit {
 async fn a_call_too_late_for_its_booking_gives_it_back_and_asks_again() {
     let mut h = harness(one_turn(text_turn("on time")), vec![]);
     let admission = ScriptedAdmission::new(vec![late("a", 0), late("b", 40), late("c", 40)]);
-    admission.slow.lock().unwrap().extend([
+    admission.script.slow.lock().unwrap().extend([
         Duration::from_millis(11),
         Duration::from_millis(30),
         Duration::from_millis(5),
     ]);
-    *admission.late_after.lock().unwrap() = Some(Duration::from_millis(10));
+    *admission.script.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     h.agent.admission = admission.clone();
     let counted = Arc::new(LateCounter::default());
     h.agent.observer = counted.clone();
@@ -2151,11 +2138,12 @@ async fn a_call_late_again_and_again_goes_after_a_bounded_number_of_asks() {
     let ids: Vec<String> = (0..n).map(|i| format!("late{i}")).collect();
     let admission = ScriptedAdmission::new(ids.iter().map(|id| late(id, 0)).collect());
     admission
+        .script
         .slow
         .lock()
         .unwrap()
         .extend(std::iter::repeat_n(Duration::from_millis(50), n));
-    *admission.late_after.lock().unwrap() = Some(Duration::from_millis(10));
+    *admission.script.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     h.agent.admission = admission.clone();
     let (_, end) = run(&h, spec()).await;
     assert_eq!(finished(&end).result.as_deref(), Some("late"));

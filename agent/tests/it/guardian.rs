@@ -7,7 +7,6 @@
 //! a call targets from the reviewer. The session model and the guardian are the scripted
 //! provider (recording what it is sent); the guardian's gate is a scripted admission.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,6 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use crate::support::AdmissionScript;
 
 use agentq_agent::driver::{
     Admission, Admit, Agent, CallAsk, CallReport, NoAdmission, NoBackground, NoCheckpoint, Permit,
@@ -86,12 +87,7 @@ impl LlmProvider for Recording {
 /// Answers `reserve` from a script (then `Go`), and records every ask and settle.
 #[derive(Default)]
 struct ScriptedAdmission {
-    answers: Mutex<VecDeque<Admit>>,
-    /// How long each answer takes to come (a starved worker, a slow round trip).
-    slow: Mutex<VecDeque<Duration>>,
-    /// Each call it lets through may start this long after its booked start at most,
-    /// counted from when it was asked (as a limiter stamps its booking).
-    late_after: Mutex<Option<Duration>>,
+    script: AdmissionScript,
     reserves: Mutex<Vec<(String, u64, u64)>>,
     settled: Mutex<Vec<(Permit, CallReport)>>,
     granted: AtomicUsize,
@@ -100,7 +96,7 @@ struct ScriptedAdmission {
 impl ScriptedAdmission {
     fn new(answers: Vec<Admit>) -> Arc<Self> {
         Arc::new(ScriptedAdmission {
-            answers: Mutex::new(answers.into()),
+            script: AdmissionScript::new(answers),
             ..Default::default()
         })
     }
@@ -120,16 +116,7 @@ impl Admission for ScriptedAdmission {
             ask.input_tokens,
             ask.max_output_tokens,
         ));
-        let asked = tokio::time::Instant::now();
-        let slow = self.slow.lock().unwrap().pop_front();
-        if let Some(d) = slow {
-            tokio::time::sleep(d).await;
-        }
-        let late_after = *self.late_after.lock().unwrap();
-        if let Some(mut a) = self.answers.lock().unwrap().pop_front() {
-            if let (Admit::Go(p), Some(l)) = (&mut a, late_after) {
-                p.start_by = Some(asked + p.start_after + l);
-            }
+        if let Some(a) = self.script.next().await {
             return a;
         }
         let n = self.granted.fetch_add(1, Ordering::SeqCst);
@@ -515,11 +502,12 @@ async fn a_review_too_late_for_its_booking_asks_again() {
         |_| {},
     );
     h.gate
+        .script
         .slow
         .lock()
         .unwrap()
         .extend([Duration::from_millis(50), Duration::from_millis(5)]);
-    *h.gate.late_after.lock().unwrap() = Some(Duration::from_millis(10));
+    *h.gate.script.late_after.lock().unwrap() = Some(Duration::from_millis(10));
     let (state, outcome) = run(&h, SessionSpec::new("do it")).await;
     assert_eq!(outcome.reason, ExitReason::Stop, "{outcome:?}");
     assert_eq!(results(&state), ["done"]);

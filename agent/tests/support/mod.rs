@@ -2,12 +2,14 @@
 //! uses a part of them.
 #![allow(dead_code)]
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentq_agent::driver::{BackgroundResult, BackgroundSource};
+use agentq_agent::driver::{Admit, BackgroundResult, BackgroundSource};
 use agentq_agent::provider::LlmRequest;
 use agentq_agent::schema::Message;
 use async_trait::async_trait;
@@ -134,5 +136,41 @@ pub fn hello_request() -> LlmRequest<'static> {
         max_tokens: 64,
         session_id: "s".into(),
         web_search: None,
+    }
+}
+
+/// The scripted answers of a test's admission: each ask takes the next one (none left:
+/// the admission's own default), after the delay queued for it (a slow round trip, a
+/// starved worker), and a `Go` gets the latest start a limiter would stamp on it, counted
+/// from when it was asked.
+#[derive(Default)]
+pub struct AdmissionScript {
+    pub answers: Mutex<VecDeque<Admit>>,
+    pub slow: Mutex<VecDeque<Duration>>,
+    /// How long after its booked start each call let through may still start.
+    pub late_after: Mutex<Option<Duration>>,
+}
+
+impl AdmissionScript {
+    pub fn new(answers: Vec<Admit>) -> Self {
+        AdmissionScript {
+            answers: Mutex::new(answers.into()),
+            ..Default::default()
+        }
+    }
+
+    /// The next scripted answer, once its delay is over.
+    pub async fn next(&self) -> Option<Admit> {
+        let asked = tokio::time::Instant::now();
+        let slow = self.slow.lock().unwrap().pop_front();
+        if let Some(d) = slow {
+            tokio::time::sleep(d).await;
+        }
+        let late_after = *self.late_after.lock().unwrap();
+        let mut answer = self.answers.lock().unwrap().pop_front()?;
+        if let (Admit::Go(p), Some(l)) = (&mut answer, late_after) {
+            p.start_by = Some(asked + p.start_after + l);
+        }
+        Some(answer)
     }
 }
