@@ -102,7 +102,9 @@ impl SessionLimiter {
             .map(|r| r.settings.reservation_ttl_secs.saturating_mul(1000))
             .max()
             .unwrap_or(300_000);
-        // The script scores the booking by this worker's clock as the trip leaves.
+        // The script scores the booking by this worker's clock when it is sent, which is
+        // no earlier than this (a trip that first carries another tag's settlements only
+        // makes the call's latest start earlier: it asks again sooner, never later).
         let asked = tokio::time::Instant::now();
         let answer = self
             .limiter
