@@ -141,8 +141,9 @@ pub fn hello_request() -> LlmRequest<'static> {
 
 /// The scripted answers of a test's admission: each ask takes the next one (none left:
 /// the admission's own default), after the delay queued for it (a slow round trip, a
-/// starved worker), and a `Go` gets the latest start a limiter would stamp on it, counted
-/// from when it was asked.
+/// starved worker; taken on the paused clock, which a test queuing delays runs on), and
+/// a `Go` gets the latest start a limiter would stamp on it, counted from when it was
+/// asked.
 #[derive(Default)]
 pub struct AdmissionScript {
     pub answers: Mutex<VecDeque<Admit>>,
@@ -164,7 +165,8 @@ impl AdmissionScript {
         let asked = tokio::time::Instant::now();
         let slow = self.slow.lock().unwrap().pop_front();
         if let Some(d) = slow {
-            tokio::time::sleep(d).await;
+            // The answer's round trip takes `d` of the test's paused clock.
+            tokio::time::advance(d).await;
         }
         let late_after = *self.late_after.lock().unwrap();
         let mut answer = self.answers.lock().unwrap().pop_front()?;
