@@ -487,6 +487,14 @@ async fn a_full_window_books_the_next_start_and_the_call_asks_once() {
     assert_eq!(state.rules[0].requests, 20, "the refusal booked nothing");
 }
 
+/// The one rule's counts as the admin view reads them: requests and tokens in its
+/// window (bookings included), calls in flight.
+async fn rule_counts(conn: &mut redis::aio::ConnectionManager) -> (u64, i64, u64) {
+    let state = read_state(conn).await.unwrap();
+    let r = &state.rules[0];
+    (r.requests, r.tokens, r.in_flight)
+}
+
 /// A call that never went out (cancelled before its booked start, refused by the budget
 /// after the limiter, or too late for its booking) gives its place in the windows back:
 /// requests and tokens as if it had never been booked, carried by the next round trip.
@@ -527,13 +535,8 @@ async fn a_booking_given_back_unsent_leaves_the_windows_as_if_never_made() {
         .start_by
         .expect("a rule of requests bounds the start");
     assert!(by >= before + booked.start_after + late, "{booked:?}");
-    let state = read_state(&mut conn).await.unwrap();
     assert_eq!(
-        (
-            state.rules[0].requests,
-            state.rules[0].tokens,
-            state.rules[0].in_flight
-        ),
+        rule_counts(&mut conn).await,
         (3, 600, 3),
         "the counts include the booked call"
     );
@@ -547,15 +550,7 @@ async fn a_booking_given_back_unsent_leaves_the_windows_as_if_never_made() {
             && again.start_after <= Duration::from_millis(1050),
         "{again:?}"
     );
-    let state = read_state(&mut conn).await.unwrap();
-    assert_eq!(
-        (
-            state.rules[0].requests,
-            state.rules[0].tokens,
-            state.rules[0].in_flight
-        ),
-        (3, 600, 3)
-    );
+    assert_eq!(rule_counts(&mut conn).await, (3, 600, 3));
 
     // A settled call that was sent keeps its place: only the slot in flight goes.
     gate.settle(&a, first, &CallReport::default()).await;
@@ -568,15 +563,7 @@ async fn a_booking_given_back_unsent_leaves_the_windows_as_if_never_made() {
         ..ask(1_000, 1_000)
     };
     assert!(matches!(gate.reserve(&too_big).await, Admit::Wait { .. }));
-    let state = read_state(&mut conn).await.unwrap();
-    assert_eq!(
-        (
-            state.rules[0].requests,
-            state.rules[0].tokens,
-            state.rules[0].in_flight
-        ),
-        (1, 200, 0)
-    );
+    assert_eq!(rule_counts(&mut conn).await, (1, 200, 0));
     let rule_keys: Vec<String> = redis::cmd("SMEMBERS")
         .arg("agentq:{limit}:keys")
         .query_async(&mut conn)
