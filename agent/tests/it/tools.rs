@@ -819,6 +819,10 @@ async fn shell_runs_in_the_workspace() {
     );
 }
 
+/// How soon a command the shell tool must stop (600 s long) is seen to have stopped: a
+/// guard that tells stopped from left running on a loaded machine, not a measure of speed.
+const STOPPED_WITHIN: Duration = Duration::from_secs(60);
+
 #[tokio::test]
 async fn shell_times_out() {
     let dir = TempDir::new().unwrap();
@@ -838,7 +842,7 @@ async fn shell_times_out() {
         async {
             let r = run(
                 &Shell,
-                json!({"command": "echo started; sleep 30", "timeout_secs": 1}),
+                json!({"command": "echo started; sleep 600", "timeout_secs": 1}),
                 &c,
             )
             .await
@@ -847,12 +851,12 @@ async fn shell_times_out() {
         },
         run(
             &Shell,
-            json!({"command": "sleep 30", "timeout_secs": 600}),
+            json!({"command": "sleep 600", "timeout_secs": 600}),
             &capped,
         )
     );
     let (r, took) = r;
-    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(took < STOPPED_WITHIN, "{took:?}");
     assert!(
         r.is_error && r.content.starts_with("timed out after 1 s"),
         "{r:?}"
@@ -898,15 +902,11 @@ async fn shell_is_killed_on_cancel_with_its_children() {
     // The background child would create `late` after 2 s unless the group is killed.
     let r = run(
         &Shell,
-        json!({"command": "(sleep 2; touch late) & echo $! > child.tmp && mv child.tmp child.pid; sleep 30"}),
+        json!({"command": "(sleep 2; touch late) & echo $! > child.tmp && mv child.tmp child.pid; sleep 600"}),
         &c,
     )
     .await;
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
+    assert!(start.elapsed() < STOPPED_WITHIN, "{:?}", start.elapsed());
     assert_failed(r, "cancelled");
     // Killed, it ends without creating `late`; had it survived, it would end after
     // creating it.

@@ -237,17 +237,25 @@ async fn contract_blocking_read(q: &dyn Queue) {
     q.ensure_queue(Q).await.unwrap();
     let qs = queues();
 
-    // An entry arriving 500 ms into a 2 s block is returned then, without error.
+    // An entry arriving 500 ms into a block is returned then, without error: the read
+    // returns long before its block would end.
     let t = Instant::now();
-    let (ds, ()) = tokio::join!(q.read(&qs, "w", 10, Duration::from_secs(2)), async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
-    });
-    let took = t.elapsed();
+    let (ds, ()) = tokio::join!(
+        async {
+            tokio::time::timeout(HANG, q.read(&qs, "w", 10, 2 * HANG))
+                .await
+                .expect("the read waited out its block instead of returning the entry")
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            q.enqueue(Q, "s1", EnqueueReason::New).await.unwrap();
+        }
+    );
     assert_eq!(sessions(&ds.unwrap()), ["s1"]);
     assert!(
-        took >= Duration::from_millis(400) && took < Duration::from_millis(1500),
-        "{took:?}"
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
     );
 
     // An entry on another queue does not end the block.
@@ -265,17 +273,17 @@ async fn contract_blocking_read(q: &dyn Queue) {
         t.elapsed()
     );
 
-    // Nothing arrives: empty after the full block, no error.
+    // Nothing arrives: empty after the full block (and not never), no error.
     let t = Instant::now();
-    let ds = q
-        .read(&queues(), "w", 10, Duration::from_millis(800))
+    let ds = tokio::time::timeout(HANG, q.read(&queues(), "w", 10, Duration::from_millis(800)))
         .await
+        .expect("the read outlived its block")
         .unwrap();
     assert!(ds.is_empty());
-    let took = t.elapsed();
     assert!(
-        took >= Duration::from_millis(750) && took < Duration::from_millis(2000),
-        "{took:?}"
+        t.elapsed() >= Duration::from_millis(750),
+        "{:?}",
+        t.elapsed()
     );
 
     // Two blocked readers: one entry goes to exactly one of them.
@@ -732,11 +740,15 @@ async fn contract_event_streams(q: &dyn Queue) {
     assert_eq!(last, vec![all[2].clone(), all[1].clone()]);
     assert_eq!(q.last_events("s2", 10).await.unwrap().len(), 1);
 
-    // A blocking read returns when an event arrives, and times out empty otherwise.
+    // A blocking read returns when an event arrives (long before its block would end),
+    // and times out empty otherwise.
     let after = all[2].id.clone();
-    let t = Instant::now();
     let (got, ()) = tokio::join!(
-        q.read_events("s1", &after, 10, Some(Duration::from_secs(3))),
+        async {
+            tokio::time::timeout(HANG, q.read_events("s1", &after, 10, Some(2 * HANG)))
+                .await
+                .expect("the read waited out its block instead of returning the event")
+        },
         async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             q.append_events(&[event("s2", 2, 1, "other")])
@@ -752,11 +764,6 @@ async fn contract_event_streams(q: &dyn Queue) {
     assert_eq!(
         got.into_iter().map(unstored).collect::<Vec<_>>(),
         [event("s1", 3, 2, "iteration_started")]
-    );
-    assert!(
-        t.elapsed() < Duration::from_millis(2500),
-        "{:?}",
-        t.elapsed()
     );
     let t = Instant::now();
     assert!(
