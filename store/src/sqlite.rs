@@ -129,6 +129,13 @@ pub struct SqliteStore {
     /// Where the bytes of blobs live when not in the `blobs` table (see
     /// [`SqliteStore::with_objects`]).
     objects: Option<Arc<crate::blob::s3::S3Blobs>>,
+    /// Uploads to `objects` hold it shared from before their first object until their
+    /// index rows commit; a collection holds it alone while it deletes rows and objects.
+    /// An upload is not made inside a write transaction, whose file lock would stop every
+    /// other writer (every session's checkpoint) for as long as the object store takes;
+    /// this keeps a collection from deleting an object between its upload and its row.
+    /// The embedded store's uploads and collections run in its one process.
+    uploads: Arc<tokio::sync::RwLock<()>>,
 }
 
 /// A committed write that leaves nothing behind: whether the file takes writes.
@@ -203,6 +210,7 @@ impl SqliteStore {
             readers,
             write_suspect: Arc::default(),
             objects: None,
+            uploads: Arc::default(),
         })
     }
 
@@ -223,6 +231,7 @@ impl SqliteStore {
             readers: pool,
             write_suspect: Arc::default(),
             objects: None,
+            uploads: Arc::default(),
         })
     }
 

@@ -13,6 +13,7 @@ use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::batches::{self, SQLITE as SQL};
 use crate::sql::escape::to_stored_json;
+use crate::sql::files;
 use crate::sql::record::SessionRecord;
 use crate::store::{BatchSource, BatchStore};
 
@@ -27,6 +28,10 @@ impl BatchStore for SqliteStore {
         items: &mut dyn BatchSource,
     ) -> Result<BatchCreate> {
         let now = now_us();
+        // A batch streams its items into one transaction, so its input files' contents
+        // are uploaded inside it (`add_item`), under the upload guard taken first, as
+        // every upload takes it (see `SqliteStore::uploads`).
+        let _uploading = self.upload(&[]).await?;
         let mut tx = self.write_tx().await?;
         sqlx::query(&SQL.insert_batch)
             .bind(&batch.id)
@@ -135,7 +140,12 @@ impl SqliteStore {
             return Ok(Some(refused_why(conn, s).await?));
         }
         if !s.files.is_empty() || s.workspace_from.is_some() {
-            workspace::add_inputs(conn, s, now, self.objects.as_deref()).await?;
+            if let Some(objects) = &self.objects
+                && let Ok(inputs) = files::inputs(s)
+            {
+                objects.put_all(&inputs.blobs).await?;
+            }
+            workspace::add_inputs(conn, s, now, self.objects.is_some()).await?;
         }
         Ok(None)
     }

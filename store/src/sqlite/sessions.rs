@@ -30,6 +30,9 @@ impl SessionStore for SqliteStore {
         if new.is_empty() {
             return Ok(Vec::new());
         }
+        // The input files' contents go to the object store (if any) before the file lock
+        // is taken, and their guard is held until the commit.
+        let uploaded = self.upload_inputs(new).await?;
         let now = now_us();
         // One transaction for the batch; statements are in-process calls, so a few per
         // item cost little, and each sees the rows of the items before it.
@@ -38,11 +41,12 @@ impl SessionStore for SqliteStore {
         for s in new {
             let created = writes::create(&mut tx, s, now).await?;
             if created.1 && (!s.files.is_empty() || s.workspace_from.is_some()) {
-                workspace::add_inputs(&mut tx, s, now, self.objects.as_deref()).await?;
+                workspace::add_inputs(&mut tx, s, now, uploaded.is_some()).await?;
             }
             out.push(created);
         }
         tx.commit().await?;
+        drop(uploaded);
         Ok(out)
     }
 

@@ -3,6 +3,8 @@
 //! transaction, a checkpoint's manifest changes inside its commit's, and expiry and
 //! collection. Writes are serialized by the file lock, so a collection can never race a
 //! commit's statements; only an upload made before its commit relies on the grace period.
+//! With an object store, contents are uploaded before the write transaction that indexes
+//! them, under the store's upload guard (see `SqliteStore::uploads`), never inside it.
 
 use std::time::Duration;
 
@@ -57,31 +59,75 @@ VALUES ($1, $2, $3, $4, CASE WHEN $5 = $1 THEN $6 + 1
     ELSE COALESCE((SELECT r.history_len FROM sessions r WHERE r.id = $1), 0) + 1 END)";
 
 /// Store `blobs`, inside the caller's write transaction: in the table, or with an object
-/// store, their index rows and then their objects. The collector deletes index rows and
-/// then their objects inside its own write transaction, which this one cannot overlap, so
-/// no index row is ever left without its object.
+/// store (`indexed`) only their index rows, their objects uploaded already by
+/// [`SqliteStore::upload`], whose guard the caller holds until this transaction ends: no
+/// collection can come between an object and its row, so no index row is ever left
+/// without its object.
 async fn put_blobs_in(
     conn: &mut SqliteConnection,
     blobs: &[(String, Vec<u8>)],
     now: i64,
-    objects: Option<&S3Blobs>,
+    indexed: bool,
 ) -> Result<()> {
     check_keys(blobs)?;
-    if let Some(objects) = objects {
-        for (key, data) in blobs {
+    for (key, data) in blobs {
+        if indexed {
             sqlx::query(PUT_INDEX)
                 .bind(key)
                 .bind(to_i64(data.len() as u64, "blob")?)
                 .bind(now)
                 .execute(&mut *conn)
                 .await?;
+        } else {
+            put_blob(conn, key, data, now).await?;
         }
-        return objects.put_all(blobs).await;
-    }
-    for (key, data) in blobs {
-        put_blob(conn, key, data, now).await?;
     }
     Ok(())
+}
+
+/// Held from before a content's upload until the write transaction that indexes it ends
+/// (see `SqliteStore::uploads`); `None` without an object store.
+pub(super) type Uploading = Option<tokio::sync::OwnedRwLockReadGuard<()>>;
+
+impl SqliteStore {
+    /// Upload `blobs` to the object store, if there is one, before the write transaction
+    /// that indexes them: the file lock is not held while the object store answers. The
+    /// guard returned is to be held until that transaction ends, and taken before it
+    /// begins (the guard, then the file lock, as a collection takes them).
+    pub(super) async fn upload(&self, blobs: &[(String, Vec<u8>)]) -> Result<Uploading> {
+        let Some(objects) = &self.objects else {
+            return Ok(None);
+        };
+        let guard = self.uploads.clone().read_owned().await;
+        if !blobs.is_empty() {
+            objects.put_all(blobs).await?;
+        }
+        Ok(Some(guard))
+    }
+
+    /// [`Self::upload`] of the input files of the sessions of `new` that have any. A
+    /// session whose files are refused is left for its creation to refuse.
+    pub(super) async fn upload_inputs(&self, new: &[NewSession]) -> Result<Uploading> {
+        if self.objects.is_none() {
+            return Ok(None);
+        }
+        let mut blobs = Vec::new();
+        for s in new.iter().filter(|s| !s.files.is_empty()) {
+            if let Ok(inputs) = files::inputs(s) {
+                blobs.extend(inputs.blobs);
+            }
+        }
+        self.upload(&blobs).await
+    }
+
+    /// A collection's hold on the uploads: none runs while it deletes contents' rows and
+    /// objects (see `SqliteStore::uploads`); `None` without an object store.
+    async fn collecting(&self) -> Option<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        match self.objects {
+            Some(_) => Some(self.uploads.write().await),
+            None => None,
+        }
+    }
 }
 
 /// One content's row in the table (touched if stored already).
@@ -97,12 +143,13 @@ async fn put_blob(conn: &mut SqliteConnection, key: &str, data: &[u8], now: i64)
 }
 
 /// The workspace of a session just inserted: the tree of `workspace_from` copied, then
-/// the input files over it; inside the creation's transaction.
+/// the input files over it; inside the creation's transaction. With an object store
+/// (`indexed`), the files' contents were uploaded before it ([`SqliteStore::upload`]).
 pub(super) async fn add_inputs(
     conn: &mut SqliteConnection,
     s: &NewSession,
     now: i64,
-    objects: Option<&S3Blobs>,
+    indexed: bool,
 ) -> Result<()> {
     if let Some(from) = &s.workspace_from {
         let source: Option<String> =
@@ -133,7 +180,7 @@ pub(super) async fn add_inputs(
     }
     let files::Inputs { by_path, blobs } = files::inputs(s)?;
     for blob in blobs {
-        put_blobs_in(conn, std::slice::from_ref(&blob), now, objects).await?;
+        put_blobs_in(conn, std::slice::from_ref(&blob), now, indexed).await?;
     }
     for (path, (key, size)) in by_path {
         sqlx::query(PUT_FILE)
@@ -204,9 +251,12 @@ impl BlobStore for SqliteStore {
             return Ok(());
         }
         check_keys(blobs)?;
+        let uploaded = self.upload(blobs).await?;
         let mut tx = self.write_tx().await?;
-        put_blobs_in(&mut tx, blobs, now_us(), self.objects.as_deref()).await?;
-        tx.commit().await
+        put_blobs_in(&mut tx, blobs, now_us(), uploaded.is_some()).await?;
+        let committed = tx.commit().await;
+        drop(uploaded);
+        committed
     }
 
     async fn get_blob(&self, key: &str) -> Result<Option<Vec<u8>>> {
@@ -243,6 +293,7 @@ impl BlobStore for SqliteStore {
         if keys.is_empty() {
             return Ok(());
         }
+        let _alone = self.collecting().await;
         let mut tx = self.write_tx().await?;
         let mut gone = Vec::new();
         for key in keys {
@@ -259,13 +310,12 @@ impl BlobStore for SqliteStore {
                 gone.push(key.clone());
             }
         }
-        let deleted = match &self.objects {
+        tx.commit().await?;
+        // See `collect` on the objects' deletion after the rows'.
+        match &self.objects {
             Some(o) => o.delete_all(&gone).await,
             None => Ok(()),
-        };
-        // See `collect` on why a failed object delete still commits.
-        tx.commit().await?;
-        deleted
+        }
     }
 
     fn inline_limit(&self) -> u64 {
@@ -318,12 +368,14 @@ impl SqliteStore {
 
     /// [`crate::SweepStore::collect_blobs`].
     ///
-    /// With an object store, the index rows are deleted first and their objects then,
-    /// inside the write transaction (no upload can overlap it). A failed object delete
-    /// still commits the rows' deletion: the object is left as garbage, never an index
-    /// row pointing nowhere; the failure is reported for the log.
+    /// With an object store, the index rows are deleted and committed first, and their
+    /// objects deleted then, with no upload running from before the rows' deletion to
+    /// after the objects' (the upload guard), and no other write held up by the object
+    /// store (the file lock is let go first). A failed object delete leaves the object as
+    /// garbage, never an index row pointing nowhere; the failure is reported for the log.
     pub(super) async fn collect(&self, grace: Duration, limit: u32) -> Result<u64> {
         let cutoff = now_us().saturating_sub(dur_us(grace));
+        let _alone = self.collecting().await;
         let mut tx = self.write_tx().await?;
         let gone: Vec<String> = sqlx::query_scalar(
             "DELETE FROM blobs WHERE sha256 IN (SELECT b.sha256 FROM blobs b \
@@ -336,12 +388,12 @@ impl SqliteStore {
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
         .await?;
-        let deleted = match &self.objects {
+        tx.commit().await?;
+        match &self.objects {
             Some(o) => o.delete_all(&gone).await,
             None => Ok(()),
-        };
-        tx.commit().await?;
-        deleted.map(|()| gone.len() as u64)
+        }
+        .map(|()| gone.len() as u64)
     }
 
     /// Keep the bytes of blobs in `objects` (an S3-compatible bucket) and only their

@@ -22,7 +22,7 @@ use crate::common::files::{
     bytes, carried, commit_together, create_with_files, delete, fence_off, input, parent_and_child,
     paths, put, step, with_files,
 };
-use crate::common::{Backend, TTL, acquire, pg_store, sqlite_store};
+use crate::common::{Backend, TTL, acquire, new_session, pg_store, sqlite_store};
 
 /// One S3-compatible server for the test binary; each store gets a bucket of its own.
 fn moto() -> &'static agentq_testkit::MotoServer {
@@ -622,6 +622,80 @@ async fn sqlite_s3_bytes_in_the_bucket_verified_and_collected() {
     })
     .await;
     store.close().await;
+}
+
+/// How long a write that must not wait for an upload may take before the test calls it
+/// held up: a guard against a hang, not a measure of speed.
+const HANG: Duration = Duration::from_secs(60);
+
+/// An upload to a slow object store holds up no other write of the embedded store (whose
+/// file lock every checkpoint of every session takes): the lock is taken only to index
+/// contents already uploaded. Two uploads are never answered here, one of blobs and one
+/// of a new session's input file; a session is created meanwhile, and once the uploads
+/// are given up nothing of them is indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_s3_a_slow_upload_holds_up_no_other_write() {
+    use tokio::io::AsyncReadExt;
+    // An object store that takes every request and never answers (a response's headers
+    // would end an upload).
+    let slow = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", slow.local_addr().unwrap());
+    let (arrived, mut arrivals) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut conn, _)) = slow.accept().await {
+            let mut first = [0u8; 512];
+            if conn.read(&mut first).await.unwrap_or(0) > 0 {
+                let _ = arrived.send(());
+            }
+            held.push(conn);
+        }
+    });
+    let s = S3Section {
+        bucket: "agentq-slow".to_string(),
+        endpoint,
+        ..S3Section::default()
+    };
+    let objects = Arc::new(S3Blobs::new(&s, "test".into(), "test".into()).unwrap());
+    let (_dir, sqlite) = sqlite_store().await;
+    let sqlite = sqlite.with_objects(objects);
+    let store: Arc<dyn Store> = Arc::new(sqlite.clone());
+    let data = b"slow to upload".to_vec();
+    let key = sha256_hex(&data);
+    let blobs = tokio::spawn({
+        let store = store.clone();
+        let blobs = vec![(key.clone(), data)];
+        async move { store.put_blobs(&blobs).await }
+    });
+    let input_file = b"slow as well";
+    let inputs = tokio::spawn({
+        let store = store.clone();
+        let new = with_files("slow input", "acme", vec![input("a.txt", input_file)]);
+        async move { store.create_session(&new).await }
+    });
+    // Both uploads in flight at once: neither waits for the other.
+    tokio::time::timeout(HANG, async {
+        for _ in 0..2 {
+            arrivals.recv().await.unwrap();
+        }
+    })
+    .await
+    .expect("an upload waited for another");
+    let (row, created) =
+        tokio::time::timeout(HANG, store.create_session(&new_session("meanwhile")))
+            .await
+            .expect("a write waited for an upload")
+            .unwrap();
+    assert!(created);
+    assert!(store.get(&row.id).await.unwrap().is_some());
+    blobs.abort();
+    inputs.abort();
+    assert!(blobs.await.unwrap_err().is_cancelled());
+    assert!(inputs.await.unwrap_err().is_cancelled());
+    let keys = vec![key, sha256_hex(input_file)];
+    assert_eq!(store.missing_blobs(&keys).await.unwrap(), keys);
+    assert_eq!(store.list(&Default::default()).await.unwrap().len(), 1);
+    sqlite.close().await;
 }
 
 /// Refused credentials are a fatal error, not one retried forever.
