@@ -62,11 +62,18 @@ pub struct Permit {
 pub const MAX_LATE_ASKS: u32 = 3;
 
 impl Permit {
-    /// Whether the call would start later now than its booking allows
-    /// ([`Permit::start_by`]).
-    pub fn is_late(&self) -> bool {
-        self.start_by
-            .is_some_and(|by| tokio::time::Instant::now() > by)
+    /// Whether the call gives this permit back and asks again: it would start later now
+    /// than its booking allows ([`Permit::start_by`]), and its try has asked again fewer
+    /// than [`MAX_LATE_ASKS`] times (`late_asks`, counted here).
+    pub fn ask_again(&self, late_asks: &mut u32) -> bool {
+        let again = *late_asks < MAX_LATE_ASKS
+            && self
+                .start_by
+                .is_some_and(|by| tokio::time::Instant::now() > by);
+        if again {
+            *late_asks += 1;
+        }
+        again
     }
 }
 

@@ -20,8 +20,7 @@ use tracing::{Instrument, Span, info_span};
 use super::Agent;
 use super::stream::{Assembled, StreamAssembler, is_token};
 use crate::admission::{
-    Admit, CallAsk, CallReport, MAX_LATE_ASKS, Permit, estimate_with_tools, refusal_wait,
-    unanswered,
+    Admit, CallAsk, CallReport, Permit, estimate_with_tools, refusal_wait, unanswered,
 };
 use crate::bounds;
 use crate::error::{Error, ErrorClass, Result};
@@ -240,8 +239,7 @@ impl Agent {
                             return Err(stop);
                         }
                     }
-                    if late_asks < MAX_LATE_ASKS && permit.is_late() {
-                        late_asks += 1;
+                    if permit.ask_again(&mut late_asks) {
                         tracing::info!("LLM call would start late for its booking; asking again");
                         self.observer
                             .admission_late(ctx.provider, &ctx.request.model);

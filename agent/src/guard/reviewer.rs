@@ -32,8 +32,7 @@ use super::review::{Guardian, Review, ReviewCall, ReviewGate};
 use super::shown::Shown;
 use super::verdict::parse_verdict;
 use crate::admission::{
-    Admission, Admit, CallAsk, CallReport, MAX_LATE_ASKS, Permit, estimate_input_tokens,
-    refusal_wait, unanswered,
+    Admission, Admit, CallAsk, CallReport, Permit, estimate_input_tokens, refusal_wait, unanswered,
 };
 use crate::error::{Error, Result};
 use crate::observe::{LlmCallInfo, Observer, outcome_of};
@@ -251,8 +250,11 @@ impl LlmGuardian {
                 unsettled.settle(&ask, &CallReport::UNSENT).await;
                 return (stop, spent);
             }
-            if late_asks < MAX_LATE_ASKS && unsettled.permit.as_ref().is_some_and(Permit::is_late) {
-                late_asks += 1;
+            if unsettled
+                .permit
+                .as_ref()
+                .is_some_and(|p| p.ask_again(&mut late_asks))
+            {
                 self.observer
                     .admission_late(self.provider.name(), &request.model);
                 unsettled.settle(&ask, &CallReport::UNSENT).await;
