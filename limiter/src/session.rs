@@ -67,8 +67,9 @@ impl SessionLimiter {
             .collect()
     }
 
+    /// Joined, not formatted: every call and every settlement asks for it.
     fn field(&self, model: &str) -> String {
-        format!("{}|{model}", self.limit_key)
+        [self.limit_key.as_str(), "|", model].concat()
     }
 
     /// A call on a key with no rule whose answers announce their limits: it goes while

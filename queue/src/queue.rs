@@ -34,7 +34,8 @@ pub fn queue_stream(queue: &str) -> String {
 /// The per-session event stream: every event the loop emits, in order, so that a client
 /// can follow a session live and replay what it missed.
 pub fn events_stream(session_id: &str) -> String {
-    format!("agentq:events:{session_id}")
+    // Built once per event appended: joined, not formatted.
+    ["agentq:events:", session_id].concat()
 }
 
 /// One event of a session's stream. `seq` is the history position the event belongs to

@@ -290,18 +290,48 @@ impl Changes {
     }
 }
 
+/// The value of each root some live handle holds, one per root: the handles of a root
+/// share it. Roots no handle holds any more are forgotten as new ones come, all at once
+/// when the map has doubled since the last time, so a new root costs the same however
+/// many sessions' workspaces are open.
+struct PerRoot<T> {
+    live: std::collections::HashMap<PathBuf, std::sync::Weak<Mutex<T>>>,
+    /// The size at which the map is next swept.
+    sweep_at: usize,
+}
+
+/// The least size at which [`PerRoot`] is swept.
+const PER_ROOT_SWEEP: usize = 64;
+
+impl<T> PerRoot<T> {
+    fn new() -> Mutex<Self> {
+        Mutex::new(PerRoot {
+            live: std::collections::HashMap::new(),
+            sweep_at: PER_ROOT_SWEEP,
+        })
+    }
+
+    /// The value of `root`, and whether a live handle held it already (else `make`'s).
+    fn of(this: &Mutex<Self>, root: &Path, make: impl FnOnce() -> T) -> (Arc<Mutex<T>>, bool) {
+        let mut all = this.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = all.live.get(root).and_then(std::sync::Weak::upgrade) {
+            return (held, true);
+        }
+        if all.live.len() >= all.sweep_at {
+            all.live.retain(|_, v| v.strong_count() > 0);
+            all.sweep_at = all.live.len().saturating_mul(2).max(PER_ROOT_SWEEP);
+        }
+        let value = Arc::new(Mutex::new(make()));
+        all.live.insert(root.to_path_buf(), Arc::downgrade(&value));
+        (value, false)
+    }
+}
+
 /// The change set of `root`, the one every live handle on it holds.
 fn shared_changes(root: &Path) -> Arc<Mutex<Changes>> {
-    type Handles = std::collections::HashMap<PathBuf, std::sync::Weak<Mutex<Changes>>>;
-    static CHANGES: std::sync::LazyLock<Mutex<Handles>> = std::sync::LazyLock::new(Mutex::default);
-    let mut all = CHANGES.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(changes) = all.get(root).and_then(std::sync::Weak::upgrade) {
-        return changes;
-    }
-    all.retain(|_, c| c.strong_count() > 0);
-    let changes = Arc::new(Mutex::new(Changes::default()));
-    all.insert(root.to_path_buf(), Arc::downgrade(&changes));
-    changes
+    static CHANGES: std::sync::LazyLock<Mutex<PerRoot<Changes>>> =
+        std::sync::LazyLock::new(PerRoot::new);
+    PerRoot::of(&CHANGES, root, Changes::default).0
 }
 
 /// A workspace's byte count, `None` until measured.
@@ -311,18 +341,12 @@ type Usage = Arc<Mutex<Option<u64>>>;
 /// session starting on the tree) has it measured again at the next write, so what was
 /// written meanwhile by other means is counted.
 fn shared_usage(root: &Path) -> Usage {
-    type Handles = std::collections::HashMap<PathBuf, std::sync::Weak<Mutex<Option<u64>>>>;
-    static USAGE: std::sync::LazyLock<Mutex<Handles>> = std::sync::LazyLock::new(Mutex::default);
-    let mut all = USAGE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(usage) = all.get(root).and_then(std::sync::Weak::upgrade) {
-        drop(all);
+    static USAGE: std::sync::LazyLock<Mutex<PerRoot<Option<u64>>>> =
+        std::sync::LazyLock::new(PerRoot::new);
+    let (usage, held) = PerRoot::of(&USAGE, root, || None);
+    if held {
         *usage.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        return usage;
     }
-    // Roots no handle holds any more are forgotten as new ones come.
-    all.retain(|_, u| u.strong_count() > 0);
-    let usage = Arc::new(Mutex::new(None));
-    all.insert(root.to_path_buf(), Arc::downgrade(&usage));
     usage
 }
 
@@ -687,5 +711,36 @@ impl Workspace for LocalWorkspace {
             return Ok(());
         }
         self.blocking(true, |_, _| Ok(())).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Handles of one root share its value while any lives; roots no handle holds are
+    /// forgotten as new ones come, so the map stays bounded by the live roots, not by
+    /// every root ever opened.
+    #[test]
+    fn per_root_shares_a_live_value_and_forgets_dead_roots() {
+        let roots = PerRoot::<u32>::new();
+        let (kept, held) = PerRoot::of(&roots, Path::new("/kept"), || 7);
+        assert!(!held);
+        for i in 0..1000 {
+            let root = PathBuf::from(format!("/gone/{i}"));
+            let (_, held) = PerRoot::of(&roots, &root, || 0);
+            assert!(!held);
+        }
+        assert!(roots.lock().unwrap().live.len() <= PER_ROOT_SWEEP);
+        let (again, held) = PerRoot::of(&roots, Path::new("/kept"), || 0);
+        assert!(held);
+        assert!(Arc::ptr_eq(&kept, &again));
+        assert_eq!(*again.lock().unwrap(), 7);
+        drop((kept, again));
+        let (fresh, held) = PerRoot::of(&roots, Path::new("/kept"), || 9);
+        assert!(!held, "the last handle gone, the root starts afresh");
+        assert_eq!(*fresh.lock().unwrap(), 9);
     }
 }

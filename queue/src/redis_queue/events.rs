@@ -23,6 +23,11 @@ use super::reply::{event_record, parse_entries, stream_entries};
 /// Sends of a batch of events on a cluster, the slot map read anew before each again.
 const APPEND_ATTEMPTS: usize = 3;
 
+/// The arguments of an event's `XADD`, and the bytes of all of them but its stream and
+/// its data (the numbers at their longest).
+const XADD_ARGS: usize = 12;
+const XADD_FIXED_BYTES: usize = 4 + 6 + 1 + 20 + 1 + 3 + 20 + 5 + 20 + 4;
+
 /// How often a blocking read over many sessions looks again on a cluster.
 pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
 
@@ -130,9 +135,18 @@ impl RedisQueue {
         }
     }
 
+    /// The command sized for its arguments up front: built argument by argument, its
+    /// buffers grew several times per event, and every event of the worker passes here.
     fn xadd(&self, pipe: &mut redis::Pipeline, e: &EventRecord) {
-        pipe.cmd("XADD")
-            .arg(self.layout.events(&e.session_id))
+        let key = self.layout.events(&e.session_id);
+        let mut cmd = redis::Cmd::with_capacity(
+            XADD_ARGS,
+            XADD_FIXED_BYTES
+                .saturating_add(key.len())
+                .saturating_add(e.data.len()),
+        );
+        cmd.arg("XADD")
+            .arg(key)
             .arg("MAXLEN")
             .arg("~")
             .arg(EVENTS_MAXLEN)
@@ -143,6 +157,7 @@ impl RedisQueue {
             .arg(e.epoch)
             .arg("data")
             .arg(&e.data);
+        pipe.add_command(cmd);
     }
 
     /// `from` split by slot group (event bucket on a cluster, one group on a server).

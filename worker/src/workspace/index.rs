@@ -44,6 +44,15 @@ impl TreeCache {
         }
     }
 
+    /// A cache whose index is empty, without reading the one on disk.
+    fn empty(dir: PathBuf, index_path: PathBuf) -> Self {
+        TreeCache {
+            dir,
+            index_path,
+            index: Mutex::new(Index::new()),
+        }
+    }
+
     pub(super) fn index(&self) -> std::sync::MutexGuard<'_, Index> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -82,18 +91,40 @@ fn registry() -> &'static Mutex<BTreeMap<PathBuf, Weak<TreeCache>>> {
     &TREES
 }
 
-/// The cache of the tree `root_id` under `workspaces` (canonical), and whether another
-/// session of the tree holds it already in this process.
-pub(super) fn open_cache(workspaces: &Path, root_id: &str) -> (Arc<TreeCache>, bool) {
+/// How a session finds its tree's cache when it opens it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Opened {
+    /// Another session of the tree holds it already in this process.
+    InUse,
+    /// Nothing on this disk and nothing committed: there is nothing to restore or undo.
+    Nothing,
+    /// Loaded from this disk, to be brought to what is committed.
+    Loaded,
+}
+
+/// The cache of the tree `root_id` under `workspaces` (canonical), and how it was found.
+/// `committed`: whether the tree has committed files. Without any, and without the
+/// directory, the index on disk is not read: with nothing committed it can only be empty
+/// or left over, and a session that writes nothing (the most) pays one file-system call.
+pub(super) fn open_cache(
+    workspaces: &Path,
+    root_id: &str,
+    committed: bool,
+) -> (Arc<TreeCache>, Opened) {
     let dir = workspaces.join(root_id);
     let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(cache) = all.get(&dir).and_then(Weak::upgrade) {
-        return (cache, true);
+        return (cache, Opened::InUse);
     }
-    let index_path = workspaces.join(".index").join(format!("{root_id}.json"));
-    let cache = Arc::new(TreeCache::load(dir.clone(), index_path));
+    let index_path = workspaces.join(".index").join([root_id, ".json"].concat());
+    let (cache, opened) = if !committed && std::fs::symlink_metadata(&dir).is_err() {
+        (TreeCache::empty(dir.clone(), index_path), Opened::Nothing)
+    } else {
+        (TreeCache::load(dir.clone(), index_path), Opened::Loaded)
+    };
+    let cache = Arc::new(cache);
     all.insert(dir, Arc::downgrade(&cache));
-    (cache, false)
+    (cache, opened)
 }
 
 #[cfg(test)]
@@ -108,10 +139,10 @@ mod tests {
     #[test]
     fn a_tree_leaves_the_registry_with_its_last_session() {
         let root = tempfile::tempdir().unwrap();
-        let (first, shared) = open_cache(root.path(), "tree-a");
-        assert!(!shared);
-        let (second, shared) = open_cache(root.path(), "tree-a");
-        assert!(shared);
+        let (first, found) = open_cache(root.path(), "tree-a", false);
+        assert_eq!(found, Opened::Nothing);
+        let (second, found) = open_cache(root.path(), "tree-a", false);
+        assert_eq!(found, Opened::InUse);
         assert!(Arc::ptr_eq(&first, &second));
         let dir = root.path().join("tree-a");
         // Another copy of the directory's cache, outside the registry, leaves it alone.
@@ -121,10 +152,39 @@ mod tests {
         drop(second);
         assert!(!registered(&dir));
         // Opened again, it is a fresh cache, registered again.
-        let (again, shared) = open_cache(root.path(), "tree-a");
-        assert!(!shared);
+        let (again, found) = open_cache(root.path(), "tree-a", true);
+        assert_eq!(found, Opened::Loaded);
         assert!(registered(&dir));
         drop(again);
         assert!(!registered(&dir));
+    }
+
+    /// With nothing committed and no directory, an index left on disk is not read (it
+    /// could only name files that are not there); with committed files it is.
+    #[test]
+    fn a_tree_with_nothing_committed_and_no_directory_starts_empty() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join(".index")).unwrap();
+        let left: Index = [(
+            "a.txt".to_string(),
+            Indexed {
+                size: 1,
+                mtime_ns: 1,
+                sha256: "x".into(),
+            },
+        )]
+        .into();
+        std::fs::write(
+            root.path().join(".index").join("tree-b.json"),
+            serde_json::to_vec(&left).unwrap(),
+        )
+        .unwrap();
+        let (cache, found) = open_cache(root.path(), "tree-b", false);
+        assert_eq!(found, Opened::Nothing);
+        assert!(cache.index().is_empty());
+        drop(cache);
+        let (cache, found) = open_cache(root.path(), "tree-b", true);
+        assert_eq!(found, Opened::Loaded);
+        assert_eq!(*cache.index(), left);
     }
 }

@@ -15,7 +15,7 @@ use agentq_core::workspace::{BlobRef, FileChange};
 use super::changes::{Found, find_changes};
 use super::disk::blocking;
 use super::error::{Error, io};
-use super::index::{Indexed, TreeCache, open_cache};
+use super::index::{Indexed, Opened, TreeCache, open_cache};
 use super::materialise::materialise_into;
 use super::refresh::{Refreshed, refresh};
 use super::upload::upload;
@@ -56,8 +56,7 @@ impl TreeSync {
         committed: bool,
     ) -> Result<(Self, LocalWorkspace), Error> {
         let workspace = LocalWorkspace::lazy(workspaces, root_id).map_err(io(workspaces))?;
-        let (cache, in_use) = open_cache(workspaces, root_id);
-        let nothing = !committed && std::fs::symlink_metadata(&cache.dir).is_err();
+        let (cache, opened) = open_cache(workspaces, root_id, committed);
         let sync = TreeSync {
             store,
             root_id: root_id.to_string(),
@@ -65,11 +64,11 @@ impl TreeSync {
             cache,
             max_file_bytes,
         };
-        if in_use {
+        if opened == Opened::InUse {
             // Another session of the tree runs here: its uncommitted changes stay, and
             // only what sessions elsewhere committed since is brought in.
             sync.refresh().await?;
-        } else if !nothing {
+        } else if opened == Opened::Loaded {
             let done = materialise_into(sync.store.as_ref(), root_id, &sync.cache).await?;
             if done.files > 0 || done.deleted > 0 {
                 workspace.mark_made();
