@@ -1,8 +1,9 @@
 //! Each session's event stream on Redis: [`EventStreams`] for [`RedisQueue`] (capped at
-//! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On a
-//! cluster a session's stream lies in its event bucket's slot: appends go one pipeline per
-//! node (its commands over many buckets), and a read over many sessions is one `XREAD` per
-//! bucket. When the sessions span more than one bucket, a blocking read is repeated every
+//! [`EVENTS_MAXLEN`], read live with blocking `XREAD`s on reader connections). On one
+//! server a batch of appends is a few script calls ([`APPEND_SCRIPT`]). On a cluster a
+//! session's stream lies in its event bucket's slot: appends go one pipeline of `XADD`s
+//! per node (its commands over many buckets, which one script could not touch), and a
+//! read over many sessions is one `XREAD` per bucket. When the sessions span more than one bucket, a blocking read is repeated every
 //! [`CLUSTER_POLL`] instead (a blocking read per bucket would hold a connection each, and
 //! a new entry in one bucket could not end the others' waits).
 
@@ -27,6 +28,14 @@ const APPEND_ATTEMPTS: usize = 3;
 /// its data (the numbers at their longest).
 const XADD_ARGS: usize = 12;
 const XADD_FIXED_BYTES: usize = 4 + 6 + 1 + 20 + 1 + 3 + 20 + 5 + 20 + 4;
+
+/// The script that appends a chunk of events on one server. Sent whole each time (the
+/// server keeps it compiled, found by its digest), so a restarted server needs no reload.
+const APPEND_SCRIPT: &str = include_str!("append_events.lua");
+/// Events a script call appends at most, and the data it carries at most (past the first
+/// event): a script holds the server while it runs.
+const SCRIPT_EVENTS: usize = 64;
+const SCRIPT_BYTES: usize = 256 * 1024;
 
 /// How often a blocking read over many sessions looks again on a cluster.
 pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
@@ -71,23 +80,57 @@ impl RedisQueue {
             .collect()
     }
 
-    /// One pipeline per slot group (event bucket on a cluster, as the cluster client routes
-    /// a pipeline by its slot; one on a server), at once; in order within each.
-    async fn append_by_group(&self, events: &[EventRecord]) -> Result<()> {
-        let mut pipes: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
-        for e in events {
-            let pipe = pipes
-                .entry(self.layout.event_group(&e.session_id))
-                .or_insert_with(redis::pipe);
-            self.xadd(pipe, e);
-            pipe.ignore();
+    /// On one server: the events in chunks of [`SCRIPT_EVENTS`] (or
+    /// [`SCRIPT_BYTES`] of data), each one script call that appends them all, the chunks
+    /// in one pipeline. An `XADD` per event answered each with its entry's id, and
+    /// reading those answers was most of the worker's Redis work; a chunk is answered
+    /// once. Chunked, a call holds the server (a script runs alone) a bounded time.
+    async fn append_on_server(&self, events: &[EventRecord]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        let mut rest = events;
+        while !rest.is_empty() {
+            let mut n = 0;
+            let mut bytes = 0usize;
+            for e in rest.iter().take(SCRIPT_EVENTS) {
+                if n > 0 && bytes.saturating_add(e.data.len()) > SCRIPT_BYTES {
+                    break;
+                }
+                bytes = bytes.saturating_add(e.data.len());
+                n += 1;
+            }
+            let (chunk, after) = rest.split_at(n);
+            pipe.add_command(self.append_script(chunk, bytes)).ignore();
+            rest = after;
         }
-        try_join_all(pipes.values().map(|pipe| async move {
-            let _: () = pipe.query_async(&mut self.conn()).await?;
-            Ok::<_, Error>(())
-        }))
-        .await?;
+        let _: () = pipe.query_async(&mut self.conn()).await?;
         Ok(())
+    }
+
+    /// The script call that appends `chunk` (`data_bytes` of data in all), sized up front.
+    fn append_script(&self, chunk: &[EventRecord], data_bytes: usize) -> redis::Cmd {
+        let keys: Vec<String> = chunk
+            .iter()
+            .map(|e| self.layout.events(&e.session_id))
+            .collect();
+        let bytes = keys
+            .iter()
+            .map(String::len)
+            .fold(
+                APPEND_SCRIPT.len().saturating_add(data_bytes),
+                usize::saturating_add,
+            )
+            .saturating_add(chunk.len().saturating_mul(40));
+        let mut cmd =
+            redis::Cmd::with_capacity(chunk.len().saturating_mul(4).saturating_add(4), bytes);
+        cmd.arg("EVAL").arg(APPEND_SCRIPT).arg(chunk.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        cmd.arg(EVENTS_MAXLEN);
+        for e in chunk {
+            cmd.arg(e.seq).arg(e.epoch).arg(&e.data);
+        }
+        cmd
     }
 
     /// On a cluster: one pipeline per node, however many buckets its events span (a batch
@@ -208,7 +251,7 @@ impl EventStreams for RedisQueue {
         if self.layout.is_cluster() {
             return self.append_by_node(events).await;
         }
-        self.append_by_group(events).await
+        self.append_on_server(events).await
     }
 
     async fn read_events(

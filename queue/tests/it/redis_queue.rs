@@ -654,3 +654,84 @@ async fn blocking_read_fails_when_redis_dies() {
     .await;
     assert_eq!(sessions(&ds), ["s1"]);
 }
+
+/// Events appended on one server go in script calls of a bounded size: a batch of many
+/// sessions, more events than one call takes and more data than one call carries, comes
+/// out whole and in each session's order, data byte for byte (a script's arguments are
+/// data, never code: quotes, newlines, Lua and a NUL pass through). An append that fails
+/// (a stream key of another type) fails the batch's call, and every other event of the
+/// batch is appended still, as a pipeline of `XADD`s did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_go_in_bounded_script_calls_each_append_tried() {
+    use agentq_queue::EventStreams;
+    use agentq_queue::queue::{EventRecord, events_stream};
+
+    let (server, q) = setup().await;
+    let record = |session: &str, seq: u64, data: String| EventRecord {
+        session_id: session.into(),
+        id: String::new(),
+        seq,
+        epoch: 3,
+        data,
+    };
+    let hostile = "\"end'); redis.call('FLUSHALL') --\n\0]]";
+    let big = "x".repeat(100 * 1024);
+    let mut batch = Vec::new();
+    for seq in 0..150u64 {
+        for s in ["a", "b"] {
+            batch.push(record(s, seq, format!("{s}{seq}{hostile}")));
+        }
+    }
+    // Six entries of 100 KiB: more than one call's worth of data (256 KiB).
+    for seq in 0..6u64 {
+        batch.push(record("c", seq, format!("{seq}{big}")));
+    }
+    q.append_events(&batch).await.unwrap();
+    for s in ["a", "b", "c"] {
+        let want: Vec<(u64, String)> = batch
+            .iter()
+            .filter(|e| e.session_id == s)
+            .map(|e| (e.seq, e.data.clone()))
+            .collect();
+        let got: Vec<(u64, String)> = xrange(&server, &events_stream(s))
+            .await
+            .into_iter()
+            .map(|(_, f)| {
+                assert_eq!(f["epoch"], "3");
+                (f["seq"].parse().unwrap(), f["data"].clone())
+            })
+            .collect();
+        assert_eq!(got, want, "{s}");
+    }
+    // 300 small events: four calls of 64 and one of the last 44 with the first two big
+    // ones (the third would pass the call's data bound), then two calls of two big ones.
+    let mut c = raw(&server).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let evals = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_eval:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or("0");
+    assert_eq!(evals, "7", "{stats}");
+
+    let _: () = c.set(events_stream("taken"), "not a stream").await.unwrap();
+    let mixed = [
+        record("d", 1, "before".into()),
+        record("taken", 1, "refused".into()),
+        record("d", 2, "after".into()),
+    ];
+    let failed = q.append_events(&mixed).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let d: Vec<String> = xrange(&server, &events_stream("d"))
+        .await
+        .into_iter()
+        .map(|(_, f)| f["data"].clone())
+        .collect();
+    assert_eq!(d, ["before", "after"]);
+    let kept: String = c.get(events_stream("taken")).await.unwrap();
+    assert_eq!(kept, "not a stream");
+}
