@@ -19,82 +19,31 @@ use agentq_core::queue::EventRecord;
 use agentq_core::{Queue, WaitReason};
 
 mod coalesce;
-mod series;
-
-use prometheus::{Histogram, IntCounter};
-use series::Series;
 
 /// Metrics of one session run. Labels: queue, provider, model (a configured one, else
-/// `other`), tool — never the session. The run keeps the series it used
-/// ([`series::Series`]), by the values it was given (the label a value maps to is worked
-/// out once).
+/// `other`), tool — never the session.
 pub struct SessionObserver {
     pub metrics: &'static Metrics,
     pub queue: String,
     /// The previous run died during an LLM call (or before committing its response): the
     /// next successful call re-issues it.
     pub reissue_pending: AtomicBool,
-    /// By provider, model and outcome.
-    llm_requests: Series<IntCounter>,
-    /// By provider and model.
-    llm_duration: Series<Histogram>,
-    llm_ttft: Series<Histogram>,
-    /// By provider, model and token kind.
-    llm_tokens: Series<IntCounter>,
-    /// By provider and model.
-    iterations: Series<IntCounter>,
-    /// By tool and outcome.
-    tool_calls: Series<IntCounter>,
-    /// By tool.
-    tool_duration: Series<Histogram>,
-}
-
-impl SessionObserver {
-    pub fn new(metrics: &'static Metrics, queue: String) -> Self {
-        SessionObserver {
-            metrics,
-            queue,
-            reissue_pending: AtomicBool::new(false),
-            llm_requests: Series::default(),
-            llm_duration: Series::default(),
-            llm_ttft: Series::default(),
-            llm_tokens: Series::default(),
-            iterations: Series::default(),
-            tool_calls: Series::default(),
-            tool_duration: Series::default(),
-        }
-    }
 }
 
 impl Observer for SessionObserver {
     fn llm_call(&self, info: &LlmCallInfo<'_>) {
         let m = self.metrics;
-        let (provider, model) = (info.provider, info.model);
-        self.llm_requests.with(
-            &[provider, model, info.outcome],
-            || {
-                m.llm_requests
-                    .with_label_values(&[provider, m.model_label(model), info.outcome])
-            },
-            IntCounter::inc,
-        );
-        self.llm_duration.with(
-            &[provider, model],
-            || {
-                m.llm_request_duration
-                    .with_label_values(&[provider, m.model_label(model)])
-            },
-            |h| h.observe(info.duration.as_secs_f64()),
-        );
+        let model = m.model_label(info.model);
+        m.llm_requests
+            .with_label_values(&[info.provider, model, info.outcome])
+            .inc();
+        m.llm_request_duration
+            .with_label_values(&[info.provider, model])
+            .observe(info.duration.as_secs_f64());
         if let Some(t) = info.time_to_first_token {
-            self.llm_ttft.with(
-                &[provider, model],
-                || {
-                    m.llm_ttft
-                        .with_label_values(&[provider, m.model_label(model)])
-                },
-                |h| h.observe(t.as_secs_f64()),
-            );
+            m.llm_ttft
+                .with_label_values(&[info.provider, model])
+                .observe(t.as_secs_f64());
         }
         if let Some(u) = &info.usage {
             for (kind, n) in [
@@ -105,19 +54,14 @@ impl Observer for SessionObserver {
                 ("reasoning", u.reasoning_tokens),
             ] {
                 if n > 0 {
-                    self.llm_tokens.with(
-                        &[provider, model, kind],
-                        || {
-                            m.llm_tokens
-                                .with_label_values(&[provider, m.model_label(model), kind])
-                        },
-                        |c| c.inc_by(n),
-                    );
+                    m.llm_tokens
+                        .with_label_values(&[info.provider, model, kind])
+                        .inc_by(n);
                 }
             }
             if u.web_search_requests > 0 {
                 m.llm_web_searches
-                    .with_label_values(&[provider, m.model_label(model)])
+                    .with_label_values(&[info.provider, model])
                     .inc_by(u.web_search_requests);
             }
             if self.reissue_pending.swap(false, Ordering::SeqCst) {
@@ -157,34 +101,24 @@ impl Observer for SessionObserver {
     }
 
     fn tool_call(&self, tool: &str, outcome: &str, duration: Duration) {
-        let m = self.metrics;
-        self.tool_calls.with(
-            &[tool, outcome],
-            || {
-                m.tool_calls
-                    .with_label_values(&[m.tool_label(tool), outcome])
-            },
-            IntCounter::inc,
-        );
+        let tool = self.metrics.tool_label(tool);
+        self.metrics
+            .tool_calls
+            .with_label_values(&[tool, outcome])
+            .inc();
         if outcome != "denied" {
-            self.tool_duration.with(
-                &[tool],
-                || m.tool_duration.with_label_values(&[m.tool_label(tool)]),
-                |h| h.observe(duration.as_secs_f64()),
-            );
+            self.metrics
+                .tool_duration
+                .with_label_values(&[tool])
+                .observe(duration.as_secs_f64());
         }
     }
 
     fn iteration(&self, provider: &str, model: &str) {
-        let m = self.metrics;
-        self.iterations.with(
-            &[provider, model],
-            || {
-                m.iterations
-                    .with_label_values(&[&self.queue, provider, m.model_label(model)])
-            },
-            IntCounter::inc,
-        );
+        self.metrics
+            .iterations
+            .with_label_values(&[&self.queue, provider, self.metrics.model_label(model)])
+            .inc();
     }
 
     fn iteration_overhead(&self, overhead: Duration) {

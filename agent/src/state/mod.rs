@@ -283,15 +283,17 @@ impl SessionState {
         else {
             return Vec::new();
         };
-        let answered: std::collections::HashSet<&str> = self.messages[pos + 1..]
+        // Sorted and searched, not hashed: asked at every step, of a handful of ids.
+        let mut answered: Vec<&str> = self.messages[pos + 1..]
             .iter()
             .filter(|m| m.role == Role::Tool)
             .filter_map(|m| m.tool_call_id.as_deref())
             .collect();
+        answered.sort_unstable();
         self.messages[pos]
             .tool_calls
             .iter()
-            .filter(|c| !answered.contains(c.id.as_str()))
+            .filter(|c| answered.binary_search(&c.id.as_str()).is_err())
             .cloned()
             .collect()
     }

@@ -602,14 +602,22 @@ impl PgStore {
         batch: &[&Checkpoint],
         held: Vec<Held>,
     ) -> Result<Vec<Result<Committed>>> {
-        let mut held: HashMap<String, (Option<String>, Option<String>)> = held
+        // Sorted and searched, not hashed: a batch's ids are few and each is looked up
+        // once. An id answers one checkpoint at most (a batch holds a session once).
+        let mut held: Vec<(String, Option<(Option<String>, Option<String>)>)> = held
             .into_iter()
-            .map(|(id, fin, spec)| (id, (fin, spec)))
+            .map(|(id, fin, spec)| (id, Some((fin, spec))))
             .collect();
+        held.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut out = Vec::with_capacity(batch.len());
         for cp in batch {
             let lease = &cp.lease;
-            if let Some((fin, spec)) = held.remove(&lease.session_id) {
+            let found = held
+                .binary_search_by(|(id, _)| id.as_str().cmp(lease.session_id.as_str()))
+                .ok()
+                .and_then(|at| held.get_mut(at))
+                .and_then(|(_, answer)| answer.take());
+            if let Some((fin, spec)) = found {
                 // Committed either way; a row that does not decode is read again by the
                 // caller, which then reports what is wrong with it.
                 let row = fin

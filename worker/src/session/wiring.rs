@@ -201,7 +201,11 @@ async fn observer_for(
     lease: &Lease,
     resumed: bool,
 ) -> Arc<SessionObserver> {
-    let observer = Arc::new(SessionObserver::new(inner.metrics, d.queue.clone()));
+    let observer = Arc::new(SessionObserver {
+        metrics: inner.metrics,
+        queue: d.queue.clone(),
+        reissue_pending: AtomicBool::new(false),
+    });
     if resumed
         && state.outcome.is_none()
         && state.pending_calls().is_empty()

@@ -4,6 +4,7 @@
 //! runs here.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -78,15 +79,19 @@ impl Drop for TreeCache {
         let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
         // A cache loaded outside the registry (materialising for another process) may share
         // the directory of a live one: only a dead entry goes.
-        if all.get(&self.dir).is_some_and(|c| c.strong_count() == 0) {
-            all.remove(&self.dir);
+        if all
+            .get(self.dir.as_os_str())
+            .is_some_and(|c| c.strong_count() == 0)
+        {
+            all.remove(self.dir.as_os_str());
         }
     }
 }
 
-/// The live caches of this process, by directory.
-fn registry() -> &'static Mutex<BTreeMap<PathBuf, Weak<TreeCache>>> {
-    static TREES: std::sync::LazyLock<Mutex<BTreeMap<PathBuf, Weak<TreeCache>>>> =
+/// The live caches of this process, by directory: its bytes, which compare as bytes
+/// (a path compares component by component, parsing both at every step of a search).
+fn registry() -> &'static Mutex<BTreeMap<OsString, Weak<TreeCache>>> {
+    static TREES: std::sync::LazyLock<Mutex<BTreeMap<OsString, Weak<TreeCache>>>> =
         std::sync::LazyLock::new(Mutex::default);
     &TREES
 }
@@ -113,7 +118,7 @@ pub(super) fn open_cache(
 ) -> (Arc<TreeCache>, Opened) {
     let dir = workspaces.join(root_id);
     let mut all = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(cache) = all.get(&dir).and_then(Weak::upgrade) {
+    if let Some(cache) = all.get(dir.as_os_str()).and_then(Weak::upgrade) {
         return (cache, Opened::InUse);
     }
     let index_path = workspaces.join(".index").join([root_id, ".json"].concat());
@@ -123,7 +128,7 @@ pub(super) fn open_cache(
         (TreeCache::load(dir.clone(), index_path), Opened::Loaded)
     };
     let cache = Arc::new(cache);
-    all.insert(dir, Arc::downgrade(&cache));
+    all.insert(dir.into_os_string(), Arc::downgrade(&cache));
     (cache, opened)
 }
 
@@ -133,7 +138,7 @@ mod tests {
     use super::*;
 
     fn registered(dir: &Path) -> bool {
-        registry().lock().unwrap().contains_key(dir)
+        registry().lock().unwrap().contains_key(dir.as_os_str())
     }
 
     #[test]
