@@ -577,6 +577,8 @@ pub(super) const ANALYSIS_EVERY: Duration = Duration::from_secs(10);
 /// What [`checkpoint_batch`] answers per session whose lease held: its id, and for a
 /// finished one its row's JSON and its spec's.
 type Held = (String, Option<String>, Option<String>);
+/// A held session's answer past its id: the finished row and its spec, when it finished.
+type Answer = (Option<String>, Option<String>);
 
 impl PgStore {
     /// [`crate::store::LeaseStore::checkpoint_batch`]: one statement for the batch.
@@ -604,7 +606,7 @@ impl PgStore {
     ) -> Result<Vec<Result<Committed>>> {
         // Sorted and searched, not hashed: a batch's ids are few and each is looked up
         // once. An id answers one checkpoint at most (a batch holds a session once).
-        let mut held: Vec<(String, Option<(Option<String>, Option<String>)>)> = held
+        let mut held: Vec<(String, Option<Answer>)> = held
             .into_iter()
             .map(|(id, fin, spec)| (id, Some((fin, spec))))
             .collect();
