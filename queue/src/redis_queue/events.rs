@@ -3,9 +3,10 @@
 //! server a batch of appends is a few script calls ([`APPEND_SCRIPT`]). On a cluster a
 //! session's stream lies in its event bucket's slot: appends go one pipeline of `XADD`s
 //! per node (its commands over many buckets, which one script could not touch), and a
-//! read over many sessions is one `XREAD` per bucket. When the sessions span more than one bucket, a blocking read is repeated every
-//! [`CLUSTER_POLL`] instead (a blocking read per bucket would hold a connection each, and
-//! a new entry in one bucket could not end the others' waits).
+//! read over many sessions is one `XREAD` per bucket. When the sessions span more than
+//! one bucket, a blocking read is repeated every [`CLUSTER_POLL`] instead (a blocking
+//! read per bucket would hold a connection each, and a new entry in one bucket could not
+//! end the others' waits).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -26,7 +27,7 @@ const APPEND_ATTEMPTS: usize = 3;
 
 /// The arguments of an event's `XADD`, and the bytes of all of them but its stream and
 /// its data (the numbers at their longest).
-const XADD_ARGS: usize = 12;
+const XADD_ARGS: usize = 13;
 const XADD_FIXED_BYTES: usize = 4 + 6 + 1 + 20 + 1 + 3 + 20 + 5 + 20 + 4;
 
 /// The script that appends a chunk of events on one server. Sent whole each time (the
