@@ -276,6 +276,19 @@ impl SessionState {
 
     /// The calls of the last assistant turn that have no result yet, in call order.
     pub fn pending_calls(&self) -> Vec<ToolCall> {
+        self.unanswered_calls(0)
+    }
+
+    /// The unanswered calls of the last assistant message past
+    /// [`bounds::MAX_TOOL_CALLS_PER_RESPONSE`] in its order.
+    fn excess_calls(&self) -> Vec<ToolCall> {
+        self.unanswered_calls(bounds::MAX_TOOL_CALLS_PER_RESPONSE)
+    }
+
+    /// The calls of the last assistant turn from its `skip`th on that have no result yet,
+    /// in call order. Asked at every step: nothing is gathered when there are no such
+    /// calls, and the answered ids, a handful, are sorted and searched, not hashed.
+    fn unanswered_calls(&self, skip: usize) -> Vec<ToolCall> {
         let Some(pos) = self
             .messages
             .iter()
@@ -283,43 +296,22 @@ impl SessionState {
         else {
             return Vec::new();
         };
-        // Sorted and searched, not hashed: asked at every step, of a handful of ids.
+        let calls = self.messages[pos]
+            .tool_calls
+            .get(skip..)
+            .unwrap_or_default();
+        if calls.is_empty() {
+            return Vec::new();
+        }
         let mut answered: Vec<&str> = self.messages[pos + 1..]
             .iter()
             .filter(|m| m.role == Role::Tool)
             .filter_map(|m| m.tool_call_id.as_deref())
             .collect();
         answered.sort_unstable();
-        self.messages[pos]
-            .tool_calls
+        calls
             .iter()
             .filter(|c| answered.binary_search(&c.id.as_str()).is_err())
-            .cloned()
-            .collect()
-    }
-
-    /// The unanswered calls of the last assistant message past
-    /// [`bounds::MAX_TOOL_CALLS_PER_RESPONSE`] in its order.
-    fn excess_calls(&self) -> Vec<ToolCall> {
-        let Some(pos) = self
-            .messages
-            .iter()
-            .rposition(|m| m.role == Role::Assistant)
-        else {
-            return Vec::new();
-        };
-        let calls = &self.messages[pos].tool_calls;
-        if calls.len() <= bounds::MAX_TOOL_CALLS_PER_RESPONSE {
-            return Vec::new();
-        }
-        let answered: std::collections::HashSet<&str> = self.messages[pos + 1..]
-            .iter()
-            .filter(|m| m.role == Role::Tool)
-            .filter_map(|m| m.tool_call_id.as_deref())
-            .collect();
-        calls[bounds::MAX_TOOL_CALLS_PER_RESPONSE..]
-            .iter()
-            .filter(|c| !answered.contains(c.id.as_str()))
             .cloned()
             .collect()
     }
