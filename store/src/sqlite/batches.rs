@@ -13,7 +13,6 @@ use crate::model::{NewSession, SessionRow};
 use crate::rowconv::to_i64;
 use crate::sql::batches::{self, SQLITE as SQL};
 use crate::sql::escape::to_stored_json;
-use crate::sql::files;
 use crate::sql::record::SessionRecord;
 use crate::store::{BatchSource, BatchStore};
 
@@ -140,10 +139,12 @@ impl SqliteStore {
             return Ok(Some(refused_why(conn, s).await?));
         }
         if !s.files.is_empty() || s.workspace_from.is_some() {
-            if let Some(objects) = &self.objects
-                && let Ok(inputs) = files::inputs(s)
-            {
-                objects.put_all(&inputs.blobs).await?;
+            // Under the guard `create_batch` holds (a second read of it could wait
+            // behind a collection waiting for the first).
+            if let Some(objects) = &self.objects {
+                objects
+                    .put_all(&workspace::input_blobs(std::slice::from_ref(s)))
+                    .await?;
             }
             workspace::add_inputs(conn, s, now, self.objects.is_some()).await?;
         }

@@ -85,6 +85,19 @@ async fn put_blobs_in(
     Ok(())
 }
 
+/// The contents of the input files of the sessions of `new` that have any, to upload
+/// before their creation's transaction. A session whose files are refused is left for its
+/// creation to refuse.
+pub(super) fn input_blobs(new: &[NewSession]) -> Vec<(String, Vec<u8>)> {
+    let mut blobs = Vec::new();
+    for s in new.iter().filter(|s| !s.files.is_empty()) {
+        if let Ok(inputs) = files::inputs(s) {
+            blobs.extend(inputs.blobs);
+        }
+    }
+    blobs
+}
+
 /// Held from before a content's upload until the write transaction that indexes it ends
 /// (see `SqliteStore::uploads`); `None` without an object store.
 pub(super) type Uploading = Option<tokio::sync::OwnedRwLockReadGuard<()>>;
@@ -105,19 +118,21 @@ impl SqliteStore {
         Ok(Some(guard))
     }
 
-    /// [`Self::upload`] of the input files of the sessions of `new` that have any. A
-    /// session whose files are refused is left for its creation to refuse.
+    /// [`Self::upload`] of the input files of the sessions of `new`.
     pub(super) async fn upload_inputs(&self, new: &[NewSession]) -> Result<Uploading> {
         if self.objects.is_none() {
             return Ok(None);
         }
-        let mut blobs = Vec::new();
-        for s in new.iter().filter(|s| !s.files.is_empty()) {
-            if let Ok(inputs) = files::inputs(s) {
-                blobs.extend(inputs.blobs);
-            }
+        self.upload(&input_blobs(new)).await
+    }
+
+    /// The objects of `gone` (contents whose rows a collection deleted and committed)
+    /// deleted from the object store, if there is one.
+    async fn delete_objects(&self, gone: &[String]) -> Result<()> {
+        match &self.objects {
+            Some(o) => o.delete_all(gone).await,
+            None => Ok(()),
         }
-        self.upload(&blobs).await
     }
 
     /// A collection's hold on the uploads: none runs while it deletes contents' rows and
@@ -312,10 +327,7 @@ impl BlobStore for SqliteStore {
         }
         tx.commit().await?;
         // See `collect` on the objects' deletion after the rows'.
-        match &self.objects {
-            Some(o) => o.delete_all(&gone).await,
-            None => Ok(()),
-        }
+        self.delete_objects(&gone).await
     }
 
     fn inline_limit(&self) -> u64 {
@@ -389,11 +401,7 @@ impl SqliteStore {
         .fetch_all(&mut *tx)
         .await?;
         tx.commit().await?;
-        match &self.objects {
-            Some(o) => o.delete_all(&gone).await,
-            None => Ok(()),
-        }
-        .map(|()| gone.len() as u64)
+        self.delete_objects(&gone).await.map(|()| gone.len() as u64)
     }
 
     /// Keep the bytes of blobs in `objects` (an S3-compatible bucket) and only their
